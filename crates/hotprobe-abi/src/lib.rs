@@ -1,0 +1,1 @@
+//! hotprobe-abi (being written).

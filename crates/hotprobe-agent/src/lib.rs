@@ -1,0 +1,1 @@
+//! hotprobe-agent (being written).

@@ -1,0 +1,1 @@
+//! hotprobe-coldpatch (being written).

@@ -1,0 +1,1 @@
+//! hotprobe-guest (being written).

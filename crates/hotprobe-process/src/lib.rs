@@ -1,0 +1,1 @@
+//! hotprobe-process (being written).

@@ -1,0 +1,1 @@
+//! hotprobe-symbols (being written).

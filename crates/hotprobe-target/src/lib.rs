@@ -1,0 +1,268 @@
+//! The Target model shared by every hotprobe target and the engine.
+//!
+//! A *target* is something whose instructions can be probed: a Linux process
+//! (ptrace) or a VM guest kernel (GDB stub). The engine in the `hotprobe` crate
+//! implements the probe semantics (pre/post handlers, out-of-line execution,
+//! boosting, return probes) once, on top of the small [`Target`] trait defined
+//! here. Optional capabilities (scratch memory in the target, how return probes
+//! are implemented) are separate, opt-in methods.
+
+mod addr;
+mod regs;
+
+pub use addr::{GuestPhys, GuestVirt, LinkAddr, LoadBias, RuntimeAddr};
+pub use regs::Registers;
+
+use std::time::Duration;
+
+/// Identifies one thread of execution in a target: a Linux tid, or a vCPU's
+/// thread id as the GDB stub numbers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ThreadId(pub u64);
+
+impl std::fmt::Display for ThreadId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// How a stopped thread is to be resumed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResumeMode {
+    /// Run freely until the next event.
+    Continue,
+    /// Execute exactly one instruction, then report [`TargetEvent::Stepped`].
+    Step,
+}
+
+/// Something that happened in a target, as reported by [`Target::wait`].
+///
+/// Every event that names a thread leaves that thread stopped: the engine
+/// resumes it with [`Target::resume`]. Signals and other events that the
+/// engine does not need to see are handled inside the target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TargetEvent {
+    /// A thread reached a breakpoint inserted with
+    /// [`Target::insert_breakpoint`]. `regs.rip` equals `addr` (the target
+    /// rewinds the instruction pointer where the CPU reports it past the trap).
+    Breakpoint {
+        /// The thread that hit it.
+        thread: ThreadId,
+        /// The breakpoint's address.
+        addr: RuntimeAddr,
+        /// The thread's registers at the hit.
+        regs: Registers,
+    },
+    /// A thread resumed with [`ResumeMode::Step`] executed one instruction.
+    Stepped {
+        /// The thread that stepped.
+        thread: ThreadId,
+        /// Its registers after the step.
+        regs: Registers,
+    },
+    /// A new thread appeared (it is already running; nothing to resume).
+    ThreadCreated(ThreadId),
+    /// A thread ended; whatever the engine kept for it can be dropped.
+    ThreadExited(ThreadId),
+    /// The target forked a child; the target has already removed every
+    /// breakpoint from the child's copy of memory and let it run.
+    Forked {
+        /// The child's process id.
+        child: u64,
+    },
+    /// The target replaced its program image (execve): every probe address is
+    /// now meaningless. The target has not re-inserted anything.
+    Exec,
+    /// The target is gone (exit, kill, or the guest/stub went away). The
+    /// engine drops its probes.
+    Exited(ExitStatus),
+    /// [`Target::wait`] timed out with nothing to report.
+    Timeout,
+}
+
+/// How a target ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExitStatus {
+    /// The process called exit with this code.
+    Code(i32),
+    /// The process was killed by this signal.
+    Signal(i32),
+    /// The connection to the target was lost (guest stub closed, VM died).
+    Disconnected(String),
+}
+
+impl std::fmt::Display for ExitStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExitStatus::Code(c) => write!(f, "exited with code {c}"),
+            ExitStatus::Signal(s) => write!(f, "killed by signal {s}"),
+            ExitStatus::Disconnected(why) => write!(f, "disconnected: {why}"),
+        }
+    }
+}
+
+/// How return probes get control back when a probed function returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReturnStrategy {
+    /// Swap the return address on the stack for a trampoline in scratch
+    /// memory (Kprobes' kretprobe): needs [`Target::alloc_scratch`].
+    Trampoline,
+    /// Leave the stack alone and put a breakpoint at the real return address,
+    /// matching hits to live instances by stack pointer (for targets whose
+    /// memory must not be written but for breakpoints).
+    BreakpointAtReturn,
+}
+
+/// A block of executable memory in the target that the engine may fill with
+/// out-of-line instruction slots and trampolines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScratchRegion {
+    /// First byte.
+    pub start: RuntimeAddr,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+impl ScratchRegion {
+    /// Whether `addr` lies inside this region.
+    pub fn contains(&self, addr: RuntimeAddr) -> bool {
+        addr.0 >= self.start.0 && addr.0 < self.start.0 + self.len
+    }
+}
+
+/// Errors a target reports.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    /// A system call on the target failed.
+    #[error("{call} failed on {target}: {source}")]
+    Sys {
+        /// The call (e.g. `ptrace(PTRACE_GETREGS)`).
+        call: &'static str,
+        /// The target it was made for (e.g. `pid 42, tid 43`).
+        target: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Memory could not be read or written.
+    #[error("cannot {op} {len} bytes at {addr:#x} in {target}")]
+    Memory {
+        /// `read` or `write`.
+        op: &'static str,
+        /// The address.
+        addr: u64,
+        /// How many bytes.
+        len: usize,
+        /// The target.
+        target: String,
+    },
+    /// The target is gone.
+    #[error("{target} is gone ({status})")]
+    Gone {
+        /// The target.
+        target: String,
+        /// How it ended.
+        status: ExitStatus,
+    },
+    /// The thread is unknown or not stopped.
+    #[error("thread {thread} of {target} is not a stopped thread")]
+    NoSuchThread {
+        /// The thread.
+        thread: ThreadId,
+        /// The target.
+        target: String,
+    },
+    /// A breakpoint already exists at this address, or none exists to remove.
+    #[error("breakpoint at {addr:#x} in {target}: {why}")]
+    Breakpoint {
+        /// Address.
+        addr: u64,
+        /// Target.
+        target: String,
+        /// What is wrong.
+        why: &'static str,
+    },
+    /// The target has no scratch memory to give near this address.
+    #[error("no scratch memory within reach of {near:#x} in {target}: {why}")]
+    NoScratch {
+        /// The address the scratch memory had to be near.
+        near: u64,
+        /// The target.
+        target: String,
+        /// Why.
+        why: String,
+    },
+    /// A protocol-level failure talking to the target (GDB stub).
+    #[error("{target}: protocol error: {why}")]
+    Protocol {
+        /// The target.
+        target: String,
+        /// What went wrong.
+        why: String,
+    },
+}
+
+/// A probeable target: a process or a guest kernel.
+///
+/// Required methods are the primitives every target has; the engine builds
+/// probes, out-of-line execution and return probes on top of them.
+pub trait Target {
+    /// A short human name for messages: `pid 4242`, `guest 127.0.0.1:1234`.
+    fn describe(&self) -> String;
+
+    /// The threads currently known (all of them stopped or running).
+    fn threads(&self) -> Vec<ThreadId>;
+
+    /// Read `buf.len()` bytes at `addr`.
+    fn read_memory(&mut self, addr: RuntimeAddr, buf: &mut [u8]) -> Result<(), TargetError>;
+
+    /// Write `data` at `addr`, even into read-only text.
+    fn write_memory(&mut self, addr: RuntimeAddr, data: &[u8]) -> Result<(), TargetError>;
+
+    /// Registers of a stopped thread.
+    fn registers(&mut self, thread: ThreadId) -> Result<Registers, TargetError>;
+
+    /// Replace the registers of a stopped thread.
+    fn set_registers(&mut self, thread: ThreadId, regs: &Registers) -> Result<(), TargetError>;
+
+    /// Resume one stopped thread.
+    fn resume(&mut self, thread: ThreadId, mode: ResumeMode) -> Result<(), TargetError>;
+
+    /// Wait for the next event, at most `timeout` (forever if `None`).
+    fn wait(&mut self, timeout: Option<Duration>) -> Result<TargetEvent, TargetError>;
+
+    /// Insert a breakpoint at `addr` (an instruction boundary). Hits are
+    /// reported as [`TargetEvent::Breakpoint`]; the original instruction is
+    /// kept by the target and [`Target::read_memory`] keeps returning the
+    /// original bytes.
+    fn insert_breakpoint(&mut self, addr: RuntimeAddr) -> Result<(), TargetError>;
+
+    /// Remove a breakpoint inserted earlier, restoring the original bytes.
+    fn remove_breakpoint(&mut self, addr: RuntimeAddr) -> Result<(), TargetError>;
+
+    /// Stop every thread (stop-the-world, for patching); events that arrive
+    /// meanwhile are kept for later [`Target::wait`] calls.
+    fn stop_all(&mut self) -> Result<(), TargetError>;
+
+    /// Resume every thread stopped by [`Target::stop_all`].
+    fn resume_all(&mut self) -> Result<(), TargetError>;
+
+    /// Detach: every breakpoint removed, scratch memory released, the target
+    /// left running on its own. The engine restores return addresses first.
+    fn detach(&mut self) -> Result<(), TargetError>;
+
+    /// Executable memory of at least `len` bytes within ±2 GiB of `near`, for
+    /// out-of-line slots and trampolines. Targets that cannot give any
+    /// return `TargetError::NoScratch`; the engine then single-steps in place.
+    fn alloc_scratch(&mut self, near: RuntimeAddr, len: u64) -> Result<ScratchRegion, TargetError> {
+        Err(TargetError::NoScratch {
+            near: near.0,
+            target: self.describe(),
+            why: "this target has no scratch memory".into(),
+        })
+    }
+
+    /// How this target implements return probes.
+    fn return_strategy(&self) -> ReturnStrategy {
+        ReturnStrategy::Trampoline
+    }
+}

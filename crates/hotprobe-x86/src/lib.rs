@@ -1,0 +1,1 @@
+//! hotprobe-x86 (being written).

@@ -1,0 +1,1 @@
+//! hotprobe (being written).

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Installs every system package hotprobe needs on Debian 12 (run as root; idempotent).
+# - build tools and the tracee compiler (gcc), gdb, peers for the benchmarks
+# - QEMU 10 from bookworm-backports (its gdbstub and TCG plugin API), busybox-static, cpio
+# - a Debian linux-image package, downloaded and unpacked into .cache/ (never installed)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+# 1. A bookworm-backports entry beside the existing Debian entry, same mirror address.
+SRC=/etc/apt/sources.list.d/debian.sources
+BP=/etc/apt/sources.list.d/hotprobe-backports.sources
+if [ ! -f "$BP" ]; then
+    uri=""
+    if [ -f "$SRC" ]; then
+        # The URIs of the stanza whose Suites name plain 'bookworm'.
+        uri=$(awk 'BEGIN{RS="";FS="\n"} /Suites:[^\n]*bookworm( |$|\n)/ {for(i=1;i<=NF;i++) if($i ~ /^URIs:/){sub(/^URIs:[ ]*/,"",$i); print $i; exit}}' "$SRC")
+    fi
+    if [ -z "$uri" ] && [ -f /etc/apt/sources.list ]; then
+        uri=$(awk '$1=="deb" && $3=="bookworm" {print $2; exit}' /etc/apt/sources.list)
+    fi
+    if [ -z "$uri" ]; then
+        echo "setup.sh: cannot find the Debian bookworm mirror in $SRC or /etc/apt/sources.list" >&2
+        exit 1
+    fi
+    $SUDO tee "$BP" >/dev/null <<EOT
+Types: deb
+URIs: $uri
+Suites: bookworm-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+EOT
+    NEED_UPDATE=1
+fi
+
+stamp=/var/lib/apt/periodic/hotprobe-update-stamp
+if [ "${NEED_UPDATE:-0}" = 1 ] || [ ! -f "$stamp" ] || [ -n "$(find "$stamp" -mmin +1440 2>/dev/null)" ]; then
+    $SUDO apt-get update -qq
+    $SUDO mkdir -p "$(dirname "$stamp")" && $SUDO touch "$stamp"
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+PKGS=(build-essential gcc g++ make pkg-config libc6-dbg gdb cpio busybox-static
+      uftrace bpftrace babeltrace2 python3 python3-pip)
+missing=()
+for p in "${PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# QEMU 10 from backports (7.2's gdbstub and plugin API are not enough).
+qver=$(dpkg-query -W -f='${Version}' qemu-system-x86 2>/dev/null || true)
+case "$qver" in
+    1[0-9]:*|1:1[0-9]*) ;;
+    *) $SUDO apt-get install -y -qq --no-install-recommends -t bookworm-backports qemu-system-x86 ;;
+esac
+
+# Rust toolchain pieces used by the checks.
+if command -v rustup >/dev/null 2>&1; then
+    rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
+fi
+
+# 2. A Debian guest kernel, unpacked (not installed) into the git-ignored cache.
+KDIR=$ROOT/.cache/kernel
+if [ ! -f "$KDIR/vmlinuz" ]; then
+    mkdir -p "$KDIR/deb"
+    pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+    if [ -z "$pkg" ]; then echo "setup.sh: cannot resolve linux-image-amd64" >&2; exit 1; fi
+    (cd "$KDIR/deb" && rm -f ./*.deb && apt-get download "$pkg" >/dev/null)
+    rm -rf "$KDIR/root" && dpkg -x "$KDIR"/deb/*.deb "$KDIR/root"
+    cp "$(ls "$KDIR"/root/boot/vmlinuz-* | head -n1)" "$KDIR/vmlinuz"
+    rm -rf "$KDIR/root"
+fi
+echo "setup.sh: done ($(qemu-system-x86_64 --version | head -n1))"
