@@ -253,7 +253,7 @@ pub trait Target {
     /// Executable memory of at least `len` bytes within ±2 GiB of `near`, for
     /// out-of-line slots and trampolines. Targets that cannot give any
     /// return `TargetError::NoScratch`; the engine then single-steps in place.
-    fn alloc_scratch(&mut self, near: RuntimeAddr, len: u64) -> Result<ScratchRegion, TargetError> {
+    fn alloc_scratch(&mut self, near: RuntimeAddr, _len: u64) -> Result<ScratchRegion, TargetError> {
         Err(TargetError::NoScratch {
             near: near.0,
             target: self.describe(),
