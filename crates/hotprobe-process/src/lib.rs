@@ -1,1 +1,1149 @@
-//! hotprobe-process (being written).
+//! The process target: a Linux process probed through ptrace.
+//!
+//! [`ProcessTarget`] spawns (`-- CMD ARGS`) or attaches to (`-p PID`) a
+//! process, follows every thread (existing ones and new ones through clone),
+//! passes signals through untouched (holding them while a thread single-steps
+//! an out-of-line slot), cleans breakpoints out of forked children, notices
+//! exec and exit, and maps scratch pages near the code with remote `mmap`
+//! calls. It implements [`hotprobe_target::Target`]; the probe semantics live
+//! in the `hotprobe` engine.
+
+mod maps;
+mod remote;
+pub mod sys;
+
+use hotprobe_target::{
+    ExitStatus, Registers, ResumeMode, RuntimeAddr, ScratchRegion, Target, TargetError,
+    TargetEvent, ThreadId,
+};
+use std::collections::{HashMap, VecDeque};
+use std::ffi::{CString, OsStr, OsString};
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use sys::SysError;
+
+pub use maps::{find_free_gap, parse_maps_lines, MapLine};
+
+/// How a spawned child's standard streams are set up (inherited where `None`).
+#[derive(Debug, Default)]
+pub struct SpawnOptions {
+    /// Standard input.
+    pub stdin: Option<File>,
+    /// Standard output.
+    pub stdout: Option<File>,
+    /// Standard error.
+    pub stderr: Option<File>,
+}
+
+/// The int3 opcode.
+const INT3: u8 = 0xCC;
+
+/// ptrace options set on every traced thread.
+const TRACE_OPTIONS: i32 = libc::PTRACE_O_TRACECLONE
+    | libc::PTRACE_O_TRACEFORK
+    | libc::PTRACE_O_TRACEVFORK
+    | libc::PTRACE_O_TRACEEXEC;
+
+/// Errors starting or attaching to a process.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    /// No process with this pid.
+    #[error("no such process: {pid}")]
+    NoSuchProcess {
+        /// The pid asked for.
+        pid: i32,
+    },
+    /// ptrace was refused.
+    #[error("not permitted to ptrace pid {pid}: run as root or grant CAP_SYS_PTRACE (or set /proc/sys/kernel/yama/ptrace_scope to 0); is another tracer (gdb, strace) attached?")]
+    PermissionDenied {
+        /// The pid.
+        pid: i32,
+    },
+    /// The program could not be started.
+    #[error("cannot run {program}: {source}")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The process ended before it could be probed.
+    #[error("{program} ended before it could be probed ({status})")]
+    EndedEarly {
+        /// The program or pid.
+        program: String,
+        /// How it ended.
+        status: ExitStatus,
+    },
+    /// A system call failed.
+    #[error(transparent)]
+    Sys(#[from] SysError),
+    /// Any other target-level failure.
+    #[error(transparent)]
+    Target(#[from] TargetError),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RunState {
+    /// Running freely.
+    Running,
+    /// Stopped with an event the engine owns (it will resume the thread).
+    Event,
+    /// Stopped by [`Target::stop_all`] (resumed by `resume_all`).
+    Parked,
+}
+
+#[derive(Debug)]
+struct Thread {
+    state: RunState,
+    /// Resumed with [`ResumeMode::Step`]; the next SIGTRAP is the step.
+    stepping: bool,
+    /// A PTRACE_INTERRUPT was sent and its stop has not arrived yet.
+    interrupt_pending: bool,
+    /// Signals that arrived while stepping, delivered on the next continue.
+    held_signals: VecDeque<i32>,
+    /// Registers as last read or written while stopped.
+    regs: Option<Registers>,
+    /// The kernel's rip is one past this breakpoint (not yet rewound).
+    unrewound_breakpoint: Option<u64>,
+}
+
+impl Thread {
+    fn new(state: RunState) -> Self {
+        Thread {
+            state,
+            stepping: false,
+            interrupt_pending: false,
+            held_signals: VecDeque::new(),
+            regs: None,
+            unrewound_breakpoint: None,
+        }
+    }
+}
+
+/// A Linux process under ptrace: the process implementation of [`Target`].
+#[derive(Debug)]
+pub struct ProcessTarget {
+    pid: i32,
+    program: PathBuf,
+    mem: File,
+    threads: HashMap<i32, Thread>,
+    /// vfork children sharing our memory until they exec or exit: they are
+    /// followed like threads (their hits are real executions of probed code).
+    vfork_children: Vec<i32>,
+    /// Forked children held stopped until the engine releases them.
+    forked_children: Vec<i32>,
+    breakpoints: HashMap<u64, u8>,
+    scratch: Vec<ScratchRegion>,
+    pending: VecDeque<TargetEvent>,
+    /// Stops of pids not known yet (a new thread's first stop can arrive
+    /// before its parent's clone event).
+    early_stops: HashMap<i32, i32>,
+    exited: Option<ExitStatus>,
+    spawned: bool,
+    attached: bool,
+    syscall_insn: Option<u64>,
+}
+
+impl ProcessTarget {
+    /// Start `program` with `args` under ptrace and run it to its entry point
+    /// (after the dynamic loader mapped its libraries), stopped there.
+    pub fn spawn(program: &Path, args: &[OsString]) -> Result<Self, ProcessError> {
+        Self::spawn_with(program, args, &SpawnOptions::default())
+    }
+
+    /// As [`ProcessTarget::spawn`], with the child's standard streams
+    /// redirected as `opts` says.
+    pub fn spawn_with(
+        program: &Path,
+        args: &[OsString],
+        opts: &SpawnOptions,
+    ) -> Result<Self, ProcessError> {
+        let redirects: [(Option<i32>, i32); 3] = [
+            (opts.stdin.as_ref().map(|f| f.as_raw_fd()), 0),
+            (opts.stdout.as_ref().map(|f| f.as_raw_fd()), 1),
+            (opts.stderr.as_ref().map(|f| f.as_raw_fd()), 2),
+        ];
+        let resolved = resolve_program(program).ok_or_else(|| ProcessError::Spawn {
+            program: program.display().to_string(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "not found (nor in PATH)"),
+        })?;
+        let path_c =
+            CString::new(resolved.as_os_str().as_bytes()).map_err(|_| ProcessError::Spawn {
+                program: program.display().to_string(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in path"),
+            })?;
+        let mut argv_c = vec![CString::new(program.as_os_str().as_bytes()).unwrap_or_default()];
+        for a in args {
+            argv_c.push(CString::new(a.as_bytes()).map_err(|_| ProcessError::Spawn {
+                program: program.display().to_string(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in argument"),
+            })?);
+        }
+        let mut argv: Vec<*const libc::c_char> = argv_c.iter().map(|c| c.as_ptr()).collect();
+        argv.push(std::ptr::null());
+
+        let (go_r, go_w) = pipe_cloexec()?;
+        let (err_r, err_w) = pipe_cloexec()?;
+        // SAFETY: fork; the child only calls async-signal-safe functions
+        // (read, write, execv, _exit) on data prepared before the fork.
+        let child = unsafe { libc::fork() };
+        if child == -1 {
+            return Err(ProcessError::Spawn {
+                program: program.display().to_string(),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        if child == 0 {
+            // SAFETY: async-signal-safe calls only, see above.
+            unsafe {
+                libc::close(go_w);
+                libc::close(err_r);
+                let mut b = 0u8;
+                libc::read(go_r, &mut b as *mut u8 as *mut libc::c_void, 1);
+                for (from, to) in redirects {
+                    if let Some(fd) = from {
+                        libc::dup2(fd, to);
+                    }
+                }
+                libc::execv(path_c.as_ptr(), argv.as_ptr());
+                let errno = *libc::__errno_location();
+                libc::write(err_w, &errno as *const i32 as *const libc::c_void, 4);
+                libc::_exit(127);
+            }
+        }
+        close_fd(go_r);
+        close_fd(err_w);
+        let seized = sys::seize(child, TRACE_OPTIONS | libc::PTRACE_O_EXITKILL);
+        // Let the child exec.
+        // SAFETY: writing one byte from a live local to our pipe.
+        unsafe { libc::write(go_w, b"g".as_ptr() as *const libc::c_void, 1) };
+        close_fd(go_w);
+        if let Err(e) = seized {
+            let _ = sys::kill(child, libc::SIGKILL);
+            let _ = sys::waitpid(child, 0);
+            close_fd(err_r);
+            return Err(e.into());
+        }
+        let mut errno = 0i32;
+        // SAFETY: reading 4 bytes into a live local; returns 0 on CLOEXEC close.
+        let n = unsafe { libc::read(err_r, &mut errno as *mut i32 as *mut libc::c_void, 4) };
+        close_fd(err_r);
+        if n == 4 {
+            let _ = sys::waitpid(child, 0);
+            return Err(ProcessError::Spawn {
+                program: program.display().to_string(),
+                source: std::io::Error::from_raw_os_error(errno),
+            });
+        }
+        let mem = open_mem(child)?;
+        let mut t = ProcessTarget {
+            pid: child,
+            program: resolved,
+            mem,
+            threads: HashMap::new(),
+            vfork_children: Vec::new(),
+            forked_children: Vec::new(),
+            breakpoints: HashMap::new(),
+            scratch: Vec::new(),
+            pending: VecDeque::new(),
+            early_stops: HashMap::new(),
+            exited: None,
+            spawned: true,
+            attached: true,
+            syscall_insn: None,
+        };
+        t.threads.insert(child, Thread::new(RunState::Running));
+        // Wait for the exec stop.
+        loop {
+            let (pid, status) = sys::waitpid(child, 0)?.expect("blocking waitpid returns a pid");
+            if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+                t.attached = false;
+                return Err(ProcessError::EndedEarly {
+                    program: program.display().to_string(),
+                    status: exit_status(status),
+                });
+            }
+            if libc::WIFSTOPPED(status) && status >> 16 == libc::PTRACE_EVENT_EXEC {
+                t.threads.get_mut(&pid).expect("leader").state = RunState::Parked;
+                break;
+            }
+            // Anything else before exec (the seize's own stop): keep going.
+            sys::cont(pid, 0)?;
+        }
+        // The exec replaced the memory: reopen /proc/PID/mem.
+        t.mem = open_mem(child)?;
+        t.run_to_entry()?;
+        Ok(t)
+    }
+
+    /// Attach to a running process and every one of its threads, leaving
+    /// them all stopped (call [`Target::resume_all`] once probes are in).
+    pub fn attach(pid: i32) -> Result<Self, ProcessError> {
+        if pid <= 0 || !Path::new(&format!("/proc/{pid}")).exists() {
+            return Err(ProcessError::NoSuchProcess { pid });
+        }
+        let program = std::fs::read_link(format!("/proc/{pid}/exe")).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::PermissionDenied {
+                ProcessError::PermissionDenied { pid }
+            } else {
+                ProcessError::NoSuchProcess { pid }
+            }
+        })?;
+        let mem = open_mem(pid).map_err(|e| match e {
+            ProcessError::Sys(s) if s.errno() == libc::EACCES || s.errno() == libc::EPERM => {
+                ProcessError::PermissionDenied { pid }
+            }
+            other => other,
+        })?;
+        let mut t = ProcessTarget {
+            pid,
+            program,
+            mem,
+            threads: HashMap::new(),
+            vfork_children: Vec::new(),
+            forked_children: Vec::new(),
+            breakpoints: HashMap::new(),
+            scratch: Vec::new(),
+            pending: VecDeque::new(),
+            early_stops: HashMap::new(),
+            exited: None,
+            spawned: false,
+            attached: true,
+            syscall_insn: None,
+        };
+        // Seize threads until the list is stable (threads may be created
+        // while we attach; those made by seized threads are auto-attached).
+        loop {
+            let mut new = 0;
+            for tid in list_tasks(pid) {
+                if t.threads.contains_key(&tid) {
+                    continue;
+                }
+                match sys::seize(tid, TRACE_OPTIONS) {
+                    Ok(()) => {}
+                    Err(e) if e.errno() == libc::EPERM => {
+                        t.attached = !t.threads.is_empty();
+                        if t.threads.is_empty() {
+                            return Err(ProcessError::PermissionDenied { pid });
+                        }
+                        return Err(e.into());
+                    }
+                    Err(e) if e.errno() == libc::ESRCH => continue,
+                    Err(e) => return Err(e.into()),
+                }
+                let mut th = Thread::new(RunState::Running);
+                th.interrupt_pending = true;
+                sys::interrupt(tid)?;
+                t.threads.insert(tid, th);
+                new += 1;
+            }
+            if new == 0 {
+                break;
+            }
+        }
+        t.wait_parked()?;
+        if t.threads.is_empty() {
+            t.attached = false;
+            return Err(ProcessError::NoSuchProcess { pid });
+        }
+        Ok(t)
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// The executable's path (/proc/PID/exe at start).
+    pub fn program(&self) -> &Path {
+        &self.program
+    }
+
+    /// Whether this target was started by us (and is killed on drop unless
+    /// detached) rather than attached to.
+    pub fn is_spawned(&self) -> bool {
+        self.spawned
+    }
+
+    /// How the process ended, once it has.
+    pub fn exit_status(&self) -> Option<&ExitStatus> {
+        self.exited.as_ref()
+    }
+
+    /// Stop the process (SIGKILL) and reap it.
+    pub fn kill(&mut self) {
+        if self.exited.is_none() {
+            let _ = sys::kill(self.pid, libc::SIGKILL);
+            while let Ok(Some((p, st))) = sys::waitpid(-1, 0) {
+                if p == self.pid && (libc::WIFEXITED(st) || libc::WIFSIGNALED(st)) {
+                    self.exited = Some(exit_status(st));
+                    break;
+                }
+            }
+            self.attached = false;
+        }
+    }
+
+    fn describe_tid(&self, tid: i32) -> String {
+        if tid == self.pid {
+            format!("pid {}", self.pid)
+        } else {
+            format!("pid {}, tid {tid}", self.pid)
+        }
+    }
+
+    fn sys_err(&self, e: SysError) -> TargetError {
+        if e.errno() == libc::ESRCH {
+            if let Some(st) = &self.exited {
+                return TargetError::Gone {
+                    target: self.describe(),
+                    status: st.clone(),
+                };
+            }
+        }
+        TargetError::Sys {
+            call: e.call,
+            target: self.describe_tid(e.pid),
+            source: e.source,
+        }
+    }
+
+    /// Run from the exec stop to the program's entry point (AT_ENTRY) so that
+    /// the dynamic loader has mapped every DT_NEEDED library.
+    fn run_to_entry(&mut self) -> Result<(), ProcessError> {
+        let entry = read_auxv_entry(self.pid).ok_or_else(|| ProcessError::Spawn {
+            program: self.program.display().to_string(),
+            source: std::io::Error::other("no AT_ENTRY in /proc/PID/auxv"),
+        })?;
+        let addr = RuntimeAddr(entry);
+        self.insert_breakpoint(addr)?;
+        self.resume(ThreadId(self.pid as u64), ResumeMode::Continue)?;
+        loop {
+            match self.wait(None)? {
+                TargetEvent::Breakpoint {
+                    thread,
+                    addr: a,
+                    mut regs,
+                } if a == addr => {
+                    self.remove_breakpoint(addr)?;
+                    regs.rip = entry;
+                    self.set_registers(thread, &regs)?;
+                    self.threads.get_mut(&self.pid).expect("leader").state = RunState::Parked;
+                    return Ok(());
+                }
+                TargetEvent::Exited(status) => {
+                    return Err(ProcessError::EndedEarly {
+                        program: self.program.display().to_string(),
+                        status,
+                    })
+                }
+                TargetEvent::Breakpoint { thread, .. } | TargetEvent::Stepped { thread, .. } => {
+                    self.resume(thread, ResumeMode::Continue)?;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Wait until every thread with a pending interrupt is parked (or gone).
+    fn wait_parked(&mut self) -> Result<(), TargetError> {
+        loop {
+            let Some(tid) = self
+                .threads
+                .iter()
+                .find(|(_, t)| t.interrupt_pending)
+                .map(|(tid, _)| *tid)
+            else {
+                return Ok(());
+            };
+            let r = match self.early_stops.remove(&tid) {
+                Some(st) => Some((tid, st)),
+                None => match sys::waitpid(tid, 0) {
+                    Ok(r) => r,
+                    Err(e) if e.errno() == libc::ECHILD => {
+                        self.threads.remove(&tid);
+                        continue;
+                    }
+                    Err(e) => return Err(self.sys_err(e)),
+                },
+            };
+            if let Some((p, st)) = r {
+                if let Some(ev) = self.handle_status(p, st, true)? {
+                    self.pending.push_back(ev);
+                }
+            }
+        }
+    }
+
+    /// Turn one waitpid status into an event for the engine, or handle it
+    /// here and return `None`.
+    fn handle_status(
+        &mut self,
+        pid: i32,
+        status: i32,
+        stopping: bool,
+    ) -> Result<Option<TargetEvent>, TargetError> {
+        if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+            if pid == self.pid {
+                self.threads.clear();
+                self.attached = false;
+                let st = exit_status(status);
+                self.exited = Some(st.clone());
+                return Ok(Some(TargetEvent::Exited(st)));
+            }
+            if self.threads.remove(&pid).is_some() {
+                self.vfork_children.retain(|c| *c != pid);
+                return Ok(Some(TargetEvent::ThreadExited(ThreadId(pid as u64))));
+            }
+            return Ok(None);
+        }
+        if !libc::WIFSTOPPED(status) {
+            return Ok(None);
+        }
+        if !self.threads.contains_key(&pid) {
+            self.early_stops.insert(pid, status);
+            return Ok(None);
+        }
+        let sig = libc::WSTOPSIG(status);
+        let event = status >> 16;
+        {
+            let t = self.threads.get_mut(&pid).expect("known thread");
+            t.state = RunState::Event;
+            t.regs = None;
+        }
+        match event {
+            libc::PTRACE_EVENT_CLONE | libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK => {
+                let new = sys::geteventmsg(pid).map_err(|e| self.sys_err(e))? as i32;
+                // The new task starts with a stop of its own.
+                let st = match self.early_stops.remove(&new) {
+                    Some(st) => st,
+                    None => sys::waitpid(new, 0)
+                        .map_err(|e| self.sys_err(e))?
+                        .map(|x| x.1)
+                        .unwrap_or(0),
+                };
+                let alive = libc::WIFSTOPPED(st);
+                if event == libc::PTRACE_EVENT_CLONE || event == libc::PTRACE_EVENT_VFORK {
+                    if event == libc::PTRACE_EVENT_VFORK {
+                        self.vfork_children.push(new);
+                    }
+                    if alive {
+                        let mut th = Thread::new(RunState::Running);
+                        if stopping {
+                            th.state = RunState::Parked;
+                        } else {
+                            sys::cont(new, 0).map_err(|e| self.sys_err(e))?;
+                        }
+                        self.threads.insert(new, th);
+                    }
+                    self.park_or_continue(pid, stopping)?;
+                    return Ok(if alive {
+                        Some(TargetEvent::ThreadCreated(ThreadId(new as u64)))
+                    } else {
+                        None
+                    });
+                }
+                // fork: a separate address space with our breakpoints in it.
+                if alive {
+                    if let Ok(child_mem) = open_mem(new) {
+                        for (addr, orig) in &self.breakpoints {
+                            let _ = child_mem.write_at(&[*orig], *addr);
+                        }
+                    }
+                    self.forked_children.push(new);
+                }
+                return Ok(Some(TargetEvent::Forked {
+                    thread: ThreadId(pid as u64),
+                    child: new as u64,
+                }));
+            }
+            libc::PTRACE_EVENT_EXEC => {
+                if self.vfork_children.contains(&pid)
+                    || pid != self.pid && !self.threads.contains_key(&self.pid)
+                {
+                    // A vfork child ran exec: it is a process of its own now.
+                    self.vfork_children.retain(|c| *c != pid);
+                    self.threads.remove(&pid);
+                    let _ = sys::detach(pid, 0);
+                    return Ok(None);
+                }
+                // The target replaced its image; other threads are gone.
+                self.threads.retain(|tid, _| *tid == pid);
+                self.breakpoints.clear();
+                self.scratch.clear();
+                self.syscall_insn = None;
+                self.mem = open_mem(self.pid).map_err(|e| match e {
+                    ProcessError::Sys(s) => self.sys_err(s),
+                    other => TargetError::Protocol {
+                        target: self.describe(),
+                        why: other.to_string(),
+                    },
+                })?;
+                return Ok(Some(TargetEvent::Exec));
+            }
+            libc::PTRACE_EVENT_STOP => {
+                let t = self.threads.get_mut(&pid).expect("known thread");
+                if t.interrupt_pending {
+                    t.interrupt_pending = false;
+                    if stopping {
+                        t.state = RunState::Parked;
+                    } else {
+                        t.state = RunState::Running;
+                        let sig = if t.stepping { 0 } else { 0 };
+                        if t.stepping {
+                            sys::step(pid, sig).map_err(|e| self.sys_err(e))?;
+                        } else {
+                            sys::cont(pid, sig).map_err(|e| self.sys_err(e))?;
+                        }
+                    }
+                    return Ok(None);
+                }
+                if matches!(
+                    sig,
+                    libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU
+                ) {
+                    // A group-stop of the program's own: stay stopped, keep listening.
+                    t.state = RunState::Running;
+                    sys::listen(pid).map_err(|e| self.sys_err(e))?;
+                    return Ok(None);
+                }
+                // The first stop of an auto-attached task, or a spurious one.
+                self.park_or_continue(pid, stopping)?;
+                return Ok(None);
+            }
+            _ => {}
+        }
+        // A signal-delivery stop.
+        if sig == libc::SIGTRAP {
+            let regs = self.fetch_regs(pid)?;
+            let t = self.threads.get_mut(&pid).expect("known thread");
+            if t.stepping {
+                t.stepping = false;
+                t.regs = Some(regs);
+                return Ok(Some(TargetEvent::Stepped {
+                    thread: ThreadId(pid as u64),
+                    regs,
+                }));
+            }
+            let bp = regs.rip.wrapping_sub(1);
+            if self.breakpoints.contains_key(&bp) {
+                let mut r = regs;
+                r.rip = bp;
+                let t = self.threads.get_mut(&pid).expect("known thread");
+                t.regs = Some(r);
+                t.unrewound_breakpoint = Some(bp);
+                return Ok(Some(TargetEvent::Breakpoint {
+                    thread: ThreadId(pid as u64),
+                    addr: RuntimeAddr(bp),
+                    regs: r,
+                }));
+            }
+        }
+        // Pass the signal through untouched, unless the thread is stepping
+        // an out-of-line slot: then hold it until the step is done.
+        let t = self.threads.get_mut(&pid).expect("known thread");
+        if t.stepping {
+            t.held_signals.push_back(sig);
+            t.state = RunState::Running;
+            sys::step(pid, 0).map_err(|e| self.sys_err(e))?;
+            return Ok(None);
+        }
+        if stopping && t.interrupt_pending {
+            // Deliver it now; the pending interrupt will park the thread.
+            t.state = RunState::Running;
+            sys::cont(pid, sig).map_err(|e| self.sys_err(e))?;
+            return Ok(None);
+        }
+        t.state = RunState::Running;
+        sys::cont(pid, sig).map_err(|e| self.sys_err(e))?;
+        Ok(None)
+    }
+
+    fn park_or_continue(&mut self, pid: i32, stopping: bool) -> Result<(), TargetError> {
+        let t = self.threads.get_mut(&pid).expect("known thread");
+        if stopping {
+            t.state = RunState::Parked;
+            Ok(())
+        } else {
+            t.state = RunState::Running;
+            sys::cont(pid, 0).map_err(|e| self.sys_err(e))
+        }
+    }
+
+    fn fetch_regs(&self, tid: i32) -> Result<Registers, TargetError> {
+        sys::getregs(tid)
+            .map(|r| sys::regs_from_user(&r))
+            .map_err(|e| self.sys_err(e))
+    }
+
+    fn stopped_thread(&mut self, tid: ThreadId) -> Result<&mut Thread, TargetError> {
+        let target = self.describe();
+        match self.threads.get_mut(&(tid.0 as i32)) {
+            Some(t) if t.state != RunState::Running => Ok(t),
+            _ => Err(TargetError::NoSuchThread {
+                thread: tid,
+                target,
+            }),
+        }
+    }
+
+    /// A thread that is stopped, for remote syscalls.
+    fn any_stopped_thread(&self) -> Option<i32> {
+        let mut tids: Vec<i32> = self
+            .threads
+            .iter()
+            .filter(|(tid, t)| {
+                t.state != RunState::Running && !t.stepping && !self.vfork_children.contains(tid)
+            })
+            .map(|(tid, _)| *tid)
+            .collect();
+        tids.sort();
+        tids.first().copied()
+    }
+
+    /// Read a little-endian u64 from the target.
+    pub fn read_u64(&mut self, addr: RuntimeAddr) -> Result<u64, TargetError> {
+        let mut b = [0u8; 8];
+        self.read_memory(addr, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+}
+
+impl Target for ProcessTarget {
+    fn describe(&self) -> String {
+        format!("pid {}", self.pid)
+    }
+
+    fn threads(&self) -> Vec<ThreadId> {
+        let mut v: Vec<ThreadId> = self.threads.keys().map(|t| ThreadId(*t as u64)).collect();
+        v.sort();
+        v
+    }
+
+    fn read_memory(&mut self, addr: RuntimeAddr, buf: &mut [u8]) -> Result<(), TargetError> {
+        let len = buf.len();
+        let err = |me: &Self| TargetError::Memory {
+            op: "read",
+            addr: addr.0,
+            len,
+            target: me.describe(),
+        };
+        if addr.0 > i64::MAX as u64 {
+            return Err(err(self));
+        }
+        match self.mem.read_at(buf, addr.0) {
+            Ok(n) if n == buf.len() => {}
+            _ => return Err(err(self)),
+        }
+        if !self.breakpoints.is_empty() {
+            let end = addr.0.saturating_add(buf.len() as u64);
+            if buf.len() <= 64 {
+                for (i, b) in buf.iter_mut().enumerate() {
+                    if let Some(orig) = self.breakpoints.get(&(addr.0 + i as u64)) {
+                        *b = *orig;
+                    }
+                }
+            } else {
+                for (a, orig) in &self.breakpoints {
+                    if *a >= addr.0 && *a < end {
+                        buf[(*a - addr.0) as usize] = *orig;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn write_memory(&mut self, addr: RuntimeAddr, data: &[u8]) -> Result<(), TargetError> {
+        let mut data = data.to_vec();
+        // Bytes under a breakpoint: remember them as the new original and keep the int3.
+        for (i, b) in data.iter_mut().enumerate() {
+            if let Some(orig) = self.breakpoints.get_mut(&(addr.0 + i as u64)) {
+                *orig = *b;
+                *b = INT3;
+            }
+        }
+        match self.mem.write_at(&data, addr.0) {
+            Ok(n) if n == data.len() => Ok(()),
+            _ => Err(TargetError::Memory {
+                op: "write",
+                addr: addr.0,
+                len: data.len(),
+                target: self.describe(),
+            }),
+        }
+    }
+
+    fn registers(&mut self, thread: ThreadId) -> Result<Registers, TargetError> {
+        let t = self.stopped_thread(thread)?;
+        if let Some(r) = t.regs {
+            return Ok(r);
+        }
+        let r = self.fetch_regs(thread.0 as i32)?;
+        self.stopped_thread(thread)?.regs = Some(r);
+        Ok(r)
+    }
+
+    fn set_registers(&mut self, thread: ThreadId, regs: &Registers) -> Result<(), TargetError> {
+        self.stopped_thread(thread)?;
+        sys::setregs(thread.0 as i32, &sys::regs_to_user(regs)).map_err(|e| self.sys_err(e))?;
+        let t = self.stopped_thread(thread)?;
+        t.regs = Some(*regs);
+        t.unrewound_breakpoint = None;
+        Ok(())
+    }
+
+    fn resume(&mut self, thread: ThreadId, mode: ResumeMode) -> Result<(), TargetError> {
+        let tid = thread.0 as i32;
+        let t = self.stopped_thread(thread)?;
+        if let Some(bp) = t.unrewound_breakpoint.take() {
+            // The engine did not move the thread: it re-executes the breakpoint
+            // address (only meaningful if the breakpoint was removed).
+            let mut r = t.regs.unwrap_or_default();
+            r.rip = bp;
+            sys::setregs(tid, &sys::regs_to_user(&r)).map_err(|e| self.sys_err(e))?;
+        }
+        let t = self.stopped_thread(thread)?;
+        t.regs = None;
+        t.state = RunState::Running;
+        let r = match mode {
+            ResumeMode::Continue => {
+                let sig = t.held_signals.pop_front().unwrap_or(0);
+                let rest: Vec<i32> = t.held_signals.drain(..).collect();
+                for s in rest {
+                    let _ = sys::tgkill(self.pid, tid, s);
+                }
+                sys::cont(tid, sig)
+            }
+            ResumeMode::Step => {
+                t.stepping = true;
+                sys::step(tid, 0)
+            }
+        };
+        r.map_err(|e| self.sys_err(e))
+    }
+
+    fn wait(&mut self, timeout: Option<Duration>) -> Result<TargetEvent, TargetError> {
+        if let Some(ev) = self.pending.pop_front() {
+            return Ok(ev);
+        }
+        if let Some(st) = &self.exited {
+            return Ok(TargetEvent::Exited(st.clone()));
+        }
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut nap = Duration::from_micros(20);
+        loop {
+            let flags = if deadline.is_some() { libc::WNOHANG } else { 0 };
+            let r = match sys::waitpid(-1, flags | libc::__WNOTHREAD) {
+                Ok(r) => r,
+                Err(e) if e.errno() == libc::EINTR => return Ok(TargetEvent::Timeout),
+                Err(e) if e.errno() == libc::ECHILD => {
+                    let st = ExitStatus::Disconnected("no traced task left".into());
+                    self.exited = Some(st.clone());
+                    self.attached = false;
+                    return Ok(TargetEvent::Exited(st));
+                }
+                Err(e) => return Err(self.sys_err(e)),
+            };
+            match r {
+                Some((pid, status)) => {
+                    if let Some(ev) = self.handle_status(pid, status, false)? {
+                        return Ok(ev);
+                    }
+                    if let Some(ev) = self.pending.pop_front() {
+                        return Ok(ev);
+                    }
+                }
+                None => {
+                    let d = deadline.expect("WNOHANG only with a deadline");
+                    let now = Instant::now();
+                    if now >= d {
+                        return Ok(TargetEvent::Timeout);
+                    }
+                    std::thread::sleep(nap.min(d - now));
+                    nap = (nap * 2).min(Duration::from_millis(2));
+                }
+            }
+        }
+    }
+
+    fn insert_breakpoint(&mut self, addr: RuntimeAddr) -> Result<(), TargetError> {
+        if self.breakpoints.contains_key(&addr.0) {
+            return Err(TargetError::Breakpoint {
+                addr: addr.0,
+                target: self.describe(),
+                why: "already inserted",
+            });
+        }
+        let mut orig = [0u8];
+        self.read_memory(addr, &mut orig)?;
+        self.mem
+            .write_at(&[INT3], addr.0)
+            .map_err(|_| TargetError::Memory {
+                op: "write",
+                addr: addr.0,
+                len: 1,
+                target: self.describe(),
+            })?;
+        self.breakpoints.insert(addr.0, orig[0]);
+        Ok(())
+    }
+
+    fn remove_breakpoint(&mut self, addr: RuntimeAddr) -> Result<(), TargetError> {
+        let Some(orig) = self.breakpoints.remove(&addr.0) else {
+            return Err(TargetError::Breakpoint {
+                addr: addr.0,
+                target: self.describe(),
+                why: "not inserted",
+            });
+        };
+        self.mem
+            .write_at(&[orig], addr.0)
+            .map_err(|_| TargetError::Memory {
+                op: "write",
+                addr: addr.0,
+                len: 1,
+                target: self.describe(),
+            })?;
+        Ok(())
+    }
+
+    fn stop_all(&mut self) -> Result<(), TargetError> {
+        let running: Vec<i32> = self
+            .threads
+            .iter()
+            .filter(|(_, t)| t.state == RunState::Running && !t.interrupt_pending)
+            .map(|(tid, _)| *tid)
+            .collect();
+        for tid in running {
+            match sys::interrupt(tid) {
+                Ok(()) => self.threads.get_mut(&tid).expect("known").interrupt_pending = true,
+                Err(e) if e.errno() == libc::ESRCH => {}
+                Err(e) => return Err(self.sys_err(e)),
+            }
+        }
+        self.wait_parked()
+    }
+
+    fn resume_all(&mut self) -> Result<(), TargetError> {
+        let parked: Vec<i32> = self
+            .threads
+            .iter()
+            .filter(|(_, t)| t.state == RunState::Parked)
+            .map(|(tid, _)| *tid)
+            .collect();
+        for tid in parked {
+            self.resume(ThreadId(tid as u64), ResumeMode::Continue)?;
+        }
+        Ok(())
+    }
+
+    fn detach(&mut self) -> Result<(), TargetError> {
+        if !self.attached {
+            return Ok(());
+        }
+        self.stop_all()?;
+        // Threads whose breakpoint event the engine never handled re-execute
+        // the (restored) original instruction.
+        let tids: Vec<i32> = self.threads.keys().copied().collect();
+        for tid in &tids {
+            if let Some(bp) = self.threads.get(tid).and_then(|t| t.unrewound_breakpoint) {
+                if let Ok(mut r) = self.fetch_regs(*tid) {
+                    r.rip = bp;
+                    let _ = sys::setregs(*tid, &sys::regs_to_user(&r));
+                }
+            }
+        }
+        let bps: Vec<u64> = self.breakpoints.keys().copied().collect();
+        for a in bps {
+            self.remove_breakpoint(RuntimeAddr(a))?;
+        }
+        // Release scratch memory no thread is executing in.
+        let regions = std::mem::take(&mut self.scratch);
+        for region in regions {
+            let busy = tids.iter().any(|tid| {
+                self.fetch_regs(*tid)
+                    .map(|r| region.contains(RuntimeAddr(r.rip)))
+                    .unwrap_or(false)
+            });
+            if !busy {
+                if let Some(tid) = self.any_stopped_thread() {
+                    let _ = remote::syscall(
+                        self,
+                        tid,
+                        libc::SYS_munmap as u64,
+                        &[region.start.0, region.len],
+                    );
+                }
+            }
+        }
+        for child in std::mem::take(&mut self.forked_children) {
+            let _ = sys::detach(child, 0);
+        }
+        for tid in tids {
+            let sig = self
+                .threads
+                .get_mut(&tid)
+                .and_then(|t| t.held_signals.pop_front())
+                .unwrap_or(0);
+            let _ = sys::detach(tid, sig);
+        }
+        self.threads.clear();
+        self.attached = false;
+        Ok(())
+    }
+
+    fn release_fork_child(
+        &mut self,
+        child: u64,
+        stack_fixes: &[(RuntimeAddr, u64)],
+    ) -> Result<(), TargetError> {
+        let child = child as i32;
+        if !self.forked_children.contains(&child) {
+            return Ok(());
+        }
+        self.forked_children.retain(|c| *c != child);
+        if !stack_fixes.is_empty() {
+            if let Ok(mem) = open_mem(child) {
+                for (addr, value) in stack_fixes {
+                    let _ = mem.write_at(&value.to_le_bytes(), addr.0);
+                }
+            }
+        }
+        sys::detach(child, 0).map_err(|e| self.sys_err(e))
+    }
+
+    fn alloc_scratch(&mut self, near: RuntimeAddr, len: u64) -> Result<ScratchRegion, TargetError> {
+        let no = |why: String, me: &Self| TargetError::NoScratch {
+            near: near.0,
+            target: me.describe(),
+            why,
+        };
+        let len = (len + 0xfff) & !0xfff;
+        let maps_text = std::fs::read_to_string(format!("/proc/{}/maps", self.pid))
+            .map_err(|e| no(format!("cannot read maps: {e}"), self))?;
+        let lines = parse_maps_lines(&maps_text);
+        let Some(addr) = find_free_gap(&lines, near.0, len) else {
+            return Err(no("no free gap within ±1 GiB".into(), self));
+        };
+        let Some(tid) = self.any_stopped_thread() else {
+            return Err(no("no stopped thread to make the mmap call".into(), self));
+        };
+        let prot = (libc::PROT_READ | libc::PROT_EXEC) as u64;
+        let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64;
+        let r = remote::syscall(
+            self,
+            tid,
+            libc::SYS_mmap as u64,
+            &[addr, len, prot, flags, u64::MAX, 0],
+        )?;
+        if r != addr {
+            if (r as i64) > 0 {
+                let _ = remote::syscall(self, tid, libc::SYS_munmap as u64, &[r, len]);
+            }
+            return Err(no(
+                format!("remote mmap at {addr:#x} returned {:#x}", r),
+                self,
+            ));
+        }
+        let region = ScratchRegion {
+            start: RuntimeAddr(addr),
+            len,
+        };
+        // Fill with int3 so a stray jump into unused scratch traps.
+        self.write_memory(region.start, &vec![INT3; len as usize])?;
+        self.scratch.push(region);
+        Ok(region)
+    }
+}
+
+impl Drop for ProcessTarget {
+    fn drop(&mut self) {
+        if !self.attached {
+            return;
+        }
+        if self.spawned {
+            self.kill();
+        } else {
+            let _ = self.detach();
+        }
+    }
+}
+
+fn exit_status(status: i32) -> ExitStatus {
+    if libc::WIFEXITED(status) {
+        ExitStatus::Code(libc::WEXITSTATUS(status))
+    } else {
+        ExitStatus::Signal(libc::WTERMSIG(status))
+    }
+}
+
+fn open_mem(pid: i32) -> Result<File, ProcessError> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/{pid}/mem"))
+        .map_err(|e| {
+            ProcessError::Sys(SysError {
+                call: "open(/proc/PID/mem)",
+                pid,
+                source: e,
+            })
+        })
+}
+
+fn list_tasks(pid: i32) -> Vec<i32> {
+    let mut v: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+fn read_auxv_entry(pid: i32) -> Option<u64> {
+    let data = std::fs::read(format!("/proc/{pid}/auxv")).ok()?;
+    for pair in data.chunks_exact(16) {
+        let key = u64::from_le_bytes(pair[0..8].try_into().ok()?);
+        let val = u64::from_le_bytes(pair[8..16].try_into().ok()?);
+        if key == libc::AT_ENTRY {
+            return Some(val);
+        }
+    }
+    None
+}
+
+fn resolve_program(program: &Path) -> Option<PathBuf> {
+    if program.as_os_str().as_bytes().contains(&b'/') {
+        return program.exists().then(|| program.to_path_buf());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| OsStr::new("/usr/bin:/bin").to_owned());
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}
+
+fn pipe_cloexec() -> Result<(i32, i32), ProcessError> {
+    let mut fds = [0i32; 2];
+    // SAFETY: fds is a valid 2-element array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == -1 {
+        return Err(ProcessError::Sys(SysError {
+            call: "pipe2",
+            pid: 0,
+            source: std::io::Error::last_os_error(),
+        }));
+    }
+    Ok((fds[0], fds[1]))
+}
+
+fn close_fd(fd: i32) {
+    // SAFETY: closing a descriptor we own.
+    unsafe { libc::close(fd) };
+}

@@ -64,9 +64,13 @@ pub enum TargetEvent {
     ThreadCreated(ThreadId),
     /// A thread ended; whatever the engine kept for it can be dropped.
     ThreadExited(ThreadId),
-    /// The target forked a child; the target has already removed every
-    /// breakpoint from the child's copy of memory and let it run.
+    /// `thread` forked a child. The target has already removed every
+    /// breakpoint from the child's copy of memory; the child stays stopped
+    /// until the engine calls [`Target::release_fork_child`] (after putting
+    /// back, in the child's stack, return addresses it had swapped).
     Forked {
+        /// The forking thread (stopped).
+        thread: ThreadId,
         /// The child's process id.
         child: u64,
     },
@@ -253,12 +257,27 @@ pub trait Target {
     /// Executable memory of at least `len` bytes within ±2 GiB of `near`, for
     /// out-of-line slots and trampolines. Targets that cannot give any
     /// return `TargetError::NoScratch`; the engine then single-steps in place.
-    fn alloc_scratch(&mut self, near: RuntimeAddr, _len: u64) -> Result<ScratchRegion, TargetError> {
+    fn alloc_scratch(
+        &mut self,
+        near: RuntimeAddr,
+        _len: u64,
+    ) -> Result<ScratchRegion, TargetError> {
         Err(TargetError::NoScratch {
             near: near.0,
             target: self.describe(),
             why: "this target has no scratch memory".into(),
         })
+    }
+
+    /// Let a forked child (see [`TargetEvent::Forked`]) run on its own, after
+    /// writing `stack_fixes` (address, original return address) into its
+    /// memory.
+    fn release_fork_child(
+        &mut self,
+        _child: u64,
+        _stack_fixes: &[(RuntimeAddr, u64)],
+    ) -> Result<(), TargetError> {
+        Ok(())
     }
 
     /// How this target implements return probes.

@@ -1,0 +1,95 @@
+//! System calls made inside the target on one of its stopped threads: the
+//! thread's registers are saved, pointed at a `syscall` instruction found in
+//! the target's own code (no text is written), single-stepped once, and
+//! restored. Used to map and unmap scratch pages near the probed code.
+
+use crate::{sys, ProcessTarget};
+use hotprobe_target::{RuntimeAddr, Target, TargetError};
+
+/// Run system call `nr` with up to six arguments on stopped thread `tid`;
+/// returns the raw result (a negative errno on failure).
+pub(crate) fn syscall(
+    t: &mut ProcessTarget,
+    tid: i32,
+    nr: u64,
+    args: &[u64],
+) -> Result<u64, TargetError> {
+    let insn = find_syscall_insn(t)?;
+    let saved = sys::getregs(tid).map_err(|e| t.sys_err(e))?;
+    let mut regs = saved;
+    regs.rip = insn;
+    regs.rax = nr;
+    // Not inside a system call any more: no restart logic for ours.
+    regs.orig_rax = u64::MAX;
+    let a = |i: usize| args.get(i).copied().unwrap_or(0);
+    regs.rdi = a(0);
+    regs.rsi = a(1);
+    regs.rdx = a(2);
+    regs.r10 = a(3);
+    regs.r8 = a(4);
+    regs.r9 = a(5);
+    sys::setregs(tid, &regs).map_err(|e| t.sys_err(e))?;
+    let mut held = Vec::new();
+    let result = loop {
+        sys::step(tid, 0).map_err(|e| t.sys_err(e))?;
+        let Some((_, status)) = sys::waitpid(tid, 0).map_err(|e| t.sys_err(e))? else {
+            continue;
+        };
+        if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+            return Err(TargetError::Gone {
+                target: t.describe(),
+                status: crate::exit_status(status),
+            });
+        }
+        let sig = libc::WSTOPSIG(status);
+        if status >> 16 == libc::PTRACE_EVENT_STOP {
+            // A pending interrupt was consumed; step again.
+            if let Some(th) = t.threads.get_mut(&tid) {
+                th.interrupt_pending = false;
+            }
+            continue;
+        }
+        if sig == libc::SIGTRAP {
+            let after = sys::getregs(tid).map_err(|e| t.sys_err(e))?;
+            if after.rip == insn + 2 {
+                break after.rax;
+            }
+            continue;
+        }
+        held.push(sig);
+    };
+    sys::setregs(tid, &saved).map_err(|e| t.sys_err(e))?;
+    if let Some(th) = t.threads.get_mut(&tid) {
+        th.held_signals.extend(held);
+        th.regs = None;
+    }
+    Ok(result)
+}
+
+/// The address of a `syscall` instruction (0f 05) in the target's code: in
+/// the vDSO if it has one, else in any executable mapping.
+fn find_syscall_insn(t: &mut ProcessTarget) -> Result<u64, TargetError> {
+    if let Some(a) = t.syscall_insn {
+        return Ok(a);
+    }
+    let text = std::fs::read_to_string(format!("/proc/{}/maps", t.pid)).unwrap_or_default();
+    let lines = crate::parse_maps_lines(&text);
+    let mut candidates: Vec<&crate::MapLine> = lines.iter().filter(|l| l.exec).collect();
+    candidates.sort_by_key(|l| if l.name == "[vdso]" { 0 } else { 1 });
+    for l in candidates {
+        let len = (l.end - l.start).min(4 << 20) as usize;
+        let mut buf = vec![0u8; len];
+        if t.read_memory(RuntimeAddr(l.start), &mut buf).is_err() {
+            continue;
+        }
+        if let Some(i) = buf.windows(2).position(|w| w == [0x0f, 0x05]) {
+            let a = l.start + i as u64;
+            t.syscall_insn = Some(a);
+            return Ok(a);
+        }
+    }
+    Err(TargetError::Protocol {
+        target: t.describe(),
+        why: "no syscall instruction found in the target's code".into(),
+    })
+}

@@ -1,0 +1,303 @@
+//! The one chokepoint for the system calls the process target makes
+//! (ptrace, waitpid, tgkill, pread/pwrite on /proc/PID/mem). Each returns a
+//! [`SysError`] naming the call and the errno.
+//!
+//! Written on raw `libc` rather than nix because ptrace must pass every
+//! signal number through untouched, realtime signals included, which nix's
+//! `Signal` enum cannot represent.
+
+use std::io;
+
+/// A failed system call: which call, for which pid/tid, and the OS error.
+#[derive(Debug, thiserror::Error)]
+#[error("{call} on {pid}: {source}")]
+pub struct SysError {
+    /// The call, e.g. `ptrace(PTRACE_GETREGS)`.
+    pub call: &'static str,
+    /// The pid or tid it was made for.
+    pub pid: i32,
+    /// The OS error.
+    pub source: io::Error,
+}
+
+impl SysError {
+    fn last(call: &'static str, pid: i32) -> Self {
+        SysError {
+            call,
+            pid,
+            source: io::Error::last_os_error(),
+        }
+    }
+
+    /// The errno, if any.
+    pub fn errno(&self) -> i32 {
+        self.source.raw_os_error().unwrap_or(0)
+    }
+}
+
+/// `ptrace(2)` with a request, an address and a data word.
+fn ptrace(
+    call: &'static str,
+    req: libc::c_uint,
+    pid: i32,
+    addr: usize,
+    data: usize,
+) -> Result<libc::c_long, SysError> {
+    // SAFETY: ptrace with the given request; callers pass addr/data that are
+    // either plain integers or pointers to live, correctly sized buffers.
+    let r = unsafe {
+        libc::ptrace(
+            req,
+            pid,
+            addr as *mut libc::c_void,
+            data as *mut libc::c_void,
+        )
+    };
+    if r == -1 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error().unwrap_or(0) != 0 {
+            return Err(SysError {
+                call,
+                pid,
+                source: e,
+            });
+        }
+    }
+    Ok(r)
+}
+
+/// PTRACE_SEIZE with options.
+pub fn seize(pid: i32, options: i32) -> Result<(), SysError> {
+    ptrace(
+        "ptrace(PTRACE_SEIZE)",
+        libc::PTRACE_SEIZE,
+        pid,
+        0,
+        options as usize,
+    )
+    .map(drop)
+}
+
+/// PTRACE_INTERRUPT: stop a seized thread (reported as a PTRACE_EVENT_STOP).
+pub fn interrupt(pid: i32) -> Result<(), SysError> {
+    ptrace(
+        "ptrace(PTRACE_INTERRUPT)",
+        libc::PTRACE_INTERRUPT,
+        pid,
+        0,
+        0,
+    )
+    .map(drop)
+}
+
+/// PTRACE_CONT, delivering `sig` (0 for none).
+pub fn cont(pid: i32, sig: i32) -> Result<(), SysError> {
+    ptrace(
+        "ptrace(PTRACE_CONT)",
+        libc::PTRACE_CONT,
+        pid,
+        0,
+        sig as usize,
+    )
+    .map(drop)
+}
+
+/// PTRACE_SINGLESTEP, delivering `sig` (0 for none).
+pub fn step(pid: i32, sig: i32) -> Result<(), SysError> {
+    ptrace(
+        "ptrace(PTRACE_SINGLESTEP)",
+        libc::PTRACE_SINGLESTEP,
+        pid,
+        0,
+        sig as usize,
+    )
+    .map(drop)
+}
+
+/// PTRACE_LISTEN: leave a thread in group-stop while still being notified.
+pub fn listen(pid: i32) -> Result<(), SysError> {
+    ptrace("ptrace(PTRACE_LISTEN)", libc::PTRACE_LISTEN, pid, 0, 0).map(drop)
+}
+
+/// PTRACE_DETACH, delivering `sig` (0 for none).
+pub fn detach(pid: i32, sig: i32) -> Result<(), SysError> {
+    ptrace(
+        "ptrace(PTRACE_DETACH)",
+        libc::PTRACE_DETACH,
+        pid,
+        0,
+        sig as usize,
+    )
+    .map(drop)
+}
+
+/// PTRACE_GETEVENTMSG (new tid/pid for clone/fork events).
+pub fn geteventmsg(pid: i32) -> Result<u64, SysError> {
+    let mut msg: libc::c_ulong = 0;
+    ptrace(
+        "ptrace(PTRACE_GETEVENTMSG)",
+        libc::PTRACE_GETEVENTMSG,
+        pid,
+        0,
+        &mut msg as *mut libc::c_ulong as usize,
+    )?;
+    Ok(msg)
+}
+
+/// PTRACE_GETSIGINFO.
+pub fn getsiginfo(pid: i32) -> Result<libc::siginfo_t, SysError> {
+    // SAFETY: siginfo_t is plain old data; all-zero is a valid value.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    ptrace(
+        "ptrace(PTRACE_GETSIGINFO)",
+        libc::PTRACE_GETSIGINFO,
+        pid,
+        0,
+        &mut info as *mut libc::siginfo_t as usize,
+    )?;
+    Ok(info)
+}
+
+/// PTRACE_GETREGS.
+pub fn getregs(pid: i32) -> Result<libc::user_regs_struct, SysError> {
+    // SAFETY: user_regs_struct is plain old data; all-zero is a valid value.
+    let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+    ptrace(
+        "ptrace(PTRACE_GETREGS)",
+        libc::PTRACE_GETREGS,
+        pid,
+        0,
+        &mut regs as *mut libc::user_regs_struct as usize,
+    )?;
+    Ok(regs)
+}
+
+/// PTRACE_SETREGS.
+pub fn setregs(pid: i32, regs: &libc::user_regs_struct) -> Result<(), SysError> {
+    ptrace(
+        "ptrace(PTRACE_SETREGS)",
+        libc::PTRACE_SETREGS,
+        pid,
+        0,
+        regs as *const libc::user_regs_struct as usize,
+    )
+    .map(drop)
+}
+
+/// PTRACE_SETOPTIONS.
+pub fn setoptions(pid: i32, options: i32) -> Result<(), SysError> {
+    ptrace(
+        "ptrace(PTRACE_SETOPTIONS)",
+        libc::PTRACE_SETOPTIONS,
+        pid,
+        0,
+        options as usize,
+    )
+    .map(drop)
+}
+
+/// `waitpid(pid, __WALL | extra)`: `Ok(None)` when WNOHANG found nothing.
+pub fn waitpid(pid: i32, extra_flags: i32) -> Result<Option<(i32, i32)>, SysError> {
+    let mut status = 0;
+    loop {
+        // SAFETY: status is a valid out pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::__WALL | extra_flags) };
+        if r == -1 {
+            let e = SysError::last("waitpid", pid);
+            if e.errno() == libc::EINTR {
+                return Err(e);
+            }
+            return Err(e);
+        }
+        if r == 0 {
+            return Ok(None);
+        }
+        return Ok(Some((r, status)));
+    }
+}
+
+/// `tgkill(tgid, tid, sig)`.
+pub fn tgkill(tgid: i32, tid: i32, sig: i32) -> Result<(), SysError> {
+    // SAFETY: plain syscall with integer arguments.
+    let r = unsafe { libc::syscall(libc::SYS_tgkill, tgid, tid, sig) };
+    if r == -1 {
+        return Err(SysError::last("tgkill", tid));
+    }
+    Ok(())
+}
+
+/// `kill(pid, sig)`.
+pub fn kill(pid: i32, sig: i32) -> Result<(), SysError> {
+    // SAFETY: plain syscall with integer arguments.
+    if unsafe { libc::kill(pid, sig) } == -1 {
+        return Err(SysError::last("kill", pid));
+    }
+    Ok(())
+}
+
+/// Convert kernel registers to the engine's register file.
+pub fn regs_from_user(r: &libc::user_regs_struct) -> hotprobe_target::Registers {
+    hotprobe_target::Registers {
+        rax: r.rax,
+        rbx: r.rbx,
+        rcx: r.rcx,
+        rdx: r.rdx,
+        rsi: r.rsi,
+        rdi: r.rdi,
+        rbp: r.rbp,
+        rsp: r.rsp,
+        r8: r.r8,
+        r9: r.r9,
+        r10: r.r10,
+        r11: r.r11,
+        r12: r.r12,
+        r13: r.r13,
+        r14: r.r14,
+        r15: r.r15,
+        rip: r.rip,
+        rflags: r.eflags,
+        cs: r.cs,
+        ss: r.ss,
+        ds: r.ds,
+        es: r.es,
+        fs: r.fs,
+        gs: r.gs,
+        fs_base: r.fs_base,
+        gs_base: r.gs_base,
+        orig_rax: r.orig_rax,
+        cr3: 0,
+    }
+}
+
+/// Convert the engine's register file back to kernel registers.
+pub fn regs_to_user(r: &hotprobe_target::Registers) -> libc::user_regs_struct {
+    libc::user_regs_struct {
+        r15: r.r15,
+        r14: r.r14,
+        r13: r.r13,
+        r12: r.r12,
+        rbp: r.rbp,
+        rbx: r.rbx,
+        r11: r.r11,
+        r10: r.r10,
+        r9: r.r9,
+        r8: r.r8,
+        rax: r.rax,
+        rcx: r.rcx,
+        rdx: r.rdx,
+        rsi: r.rsi,
+        rdi: r.rdi,
+        orig_rax: r.orig_rax,
+        rip: r.rip,
+        cs: r.cs,
+        eflags: r.rflags,
+        rsp: r.rsp,
+        ss: r.ss,
+        fs_base: r.fs_base,
+        gs_base: r.gs_base,
+        ds: r.ds,
+        es: r.es,
+        fs: r.fs,
+        gs: r.gs,
+    }
+}

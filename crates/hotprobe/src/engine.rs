@@ -1,0 +1,990 @@
+//! The probe engine for one target: the probe table, out-of-line slots,
+//! boosting, emulation, single-step fixups, return-probe instances, and the
+//! handling of every [`TargetEvent`]. Written once for any [`Target`].
+
+use crate::handler::{EntryInfo, Handler, HitContext, HitKind, ProbeId, RetProbe, Symbolizer};
+use crate::EngineError;
+use hotprobe_target::{
+    ExitStatus, Registers, ResumeMode, ReturnStrategy, RuntimeAddr, ScratchRegion, Target,
+    TargetError, TargetEvent, ThreadId,
+};
+use hotprobe_x86::{Execution, ProbePlan, SLOT_SIZE};
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::time::Instant;
+
+/// Size of each scratch region asked of the target (2048 slots).
+const SCRATCH_CHUNK: u64 = 64 * 1024;
+
+/// A hasher for addresses: one multiply (Fibonacci hashing), so a hit finds
+/// its site in O(1) without SipHash's cost.
+#[derive(Default)]
+pub(crate) struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ *b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(n as u64)
+    }
+}
+
+pub(crate) type AddrMap<V> = HashMap<u64, V, BuildHasherDefault<AddrHasher>>;
+
+/// What a probe does when its site is hit.
+pub(crate) enum ProbeKind {
+    /// A plain probe.
+    Plain {
+        pre: Option<Handler>,
+        post: Option<Handler>,
+    },
+    /// A return probe's entry half.
+    Ret {
+        entry: Option<Handler>,
+        ret: Option<Handler>,
+        maxactive: usize,
+        live: usize,
+    },
+}
+
+/// One registered probe.
+pub(crate) struct ProbeEntry {
+    pub addr: RuntimeAddr,
+    pub kind: ProbeKind,
+    pub enabled: bool,
+    pub hits: u64,
+    pub nmissed: u64,
+    pub returns: u64,
+}
+
+/// A probed address: the instruction's plan, its slot, and the probes on it.
+struct Site {
+    plan: ProbePlan,
+    slot: Option<RuntimeAddr>,
+    probes: Vec<ProbeId>,
+    /// Return-breakpoint references (targets with BreakpointAtReturn).
+    return_refs: usize,
+    /// The breakpoint is in the target.
+    armed: bool,
+}
+
+/// A followed call of a return-probed function.
+#[derive(Clone, Copy, Debug)]
+struct Instance {
+    probe: ProbeId,
+    /// Where the return address lives on the stack (rsp at entry).
+    slot: u64,
+    /// The real return address.
+    return_addr: u64,
+    entry: EntryInfo,
+}
+
+/// A thread's single-step in progress.
+#[derive(Clone, Copy, Debug)]
+struct StepState {
+    site: u64,
+    /// Stepping in place (no slot): the breakpoint was lifted and must be put back.
+    in_place: bool,
+    /// Post handlers to run after the step (false on re-entry).
+    run_post: bool,
+}
+
+/// How a pass over the event loop ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// A handler asked to stop.
+    Stopped,
+    /// The target is gone.
+    Exited(ExitStatus),
+    /// Nothing happened within the timeout.
+    Idle,
+    /// An event was handled.
+    Handled,
+}
+
+/// Counts kept per probe.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProbeStats {
+    /// Times the probe's site was hit with the probe enabled.
+    pub hits: u64,
+    /// Hits not handled (re-entry) or return instances not followed
+    /// (beyond `maxactive`, or abandoned frames).
+    pub nmissed: u64,
+    /// Return handler runs (return probes).
+    pub returns: u64,
+}
+
+/// The engine for one target.
+pub struct Engine {
+    target: Box<dyn Target>,
+    symbolizer: Option<Box<dyn Symbolizer>>,
+    sites: AddrMap<Site>,
+    pub(crate) probes: HashMap<ProbeId, ProbeEntry>,
+    next_probe: u32,
+    id_base: u32,
+    scratch: Vec<(ScratchRegion, u64)>,
+    trampoline: Option<RuntimeAddr>,
+    shadow: HashMap<ThreadId, Vec<Instance>>,
+    stepping: HashMap<ThreadId, Vec<StepState>>,
+    /// Return breakpoints (BreakpointAtReturn): return address -> instances.
+    return_waiters: AddrMap<Vec<Instance>>,
+    strategy: ReturnStrategy,
+    gone: Option<ExitStatus>,
+    stop: bool,
+    /// The target was let run by `Session::start` (before that, every
+    /// thread is stopped and probes go in without stopping the world).
+    pub(crate) started: bool,
+    /// Notices for the user (exec, fork, dropped probes).
+    pub(crate) notices: Vec<String>,
+}
+
+impl Engine {
+    /// An engine driving `target`; probe ids start at `id_base`.
+    pub fn new(target: Box<dyn Target>, id_base: u32) -> Self {
+        let strategy = target.return_strategy();
+        Engine {
+            target,
+            symbolizer: None,
+            sites: AddrMap::default(),
+            probes: HashMap::new(),
+            next_probe: 0,
+            id_base,
+            scratch: Vec::new(),
+            trampoline: None,
+            shadow: HashMap::new(),
+            stepping: HashMap::new(),
+            return_waiters: AddrMap::default(),
+            strategy,
+            gone: None,
+            stop: false,
+            started: false,
+            notices: Vec::new(),
+        }
+    }
+
+    /// Set the symbolizer handlers use.
+    pub fn set_symbolizer(&mut self, s: Box<dyn Symbolizer>) {
+        self.symbolizer = Some(s);
+    }
+
+    /// The target.
+    pub fn target(&mut self) -> &mut dyn Target {
+        self.target.as_mut()
+    }
+
+    /// How the target ended, if it has.
+    pub fn gone(&self) -> Option<&ExitStatus> {
+        self.gone.as_ref()
+    }
+
+    /// Whether `addr` lies in scratch memory the engine owns.
+    pub fn in_scratch(&self, addr: RuntimeAddr) -> bool {
+        self.scratch.iter().any(|(r, _)| r.contains(addr))
+    }
+
+    fn alloc_slot(
+        &mut self,
+        near: RuntimeAddr,
+        len: u64,
+    ) -> Result<Option<RuntimeAddr>, TargetError> {
+        for (region, used) in &mut self.scratch {
+            let dist = region.start.0.abs_diff(near.0);
+            if *used + len <= region.len && dist < (1 << 30) {
+                let a = RuntimeAddr(region.start.0 + *used);
+                *used += len;
+                return Ok(Some(a));
+            }
+        }
+        match self.target.alloc_scratch(near, SCRATCH_CHUNK) {
+            Ok(region) => {
+                self.scratch.push((region, len));
+                Ok(Some(region.start))
+            }
+            Err(TargetError::NoScratch { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn new_id(&mut self) -> ProbeId {
+        let id = ProbeId(self.id_base + self.next_probe);
+        self.next_probe += 1;
+        id
+    }
+
+    /// Plan (and arm) the site at `addr` if it is new.
+    fn ensure_site(&mut self, addr: RuntimeAddr) -> Result<(), EngineError> {
+        if self.sites.contains_key(&addr.0) {
+            return Ok(());
+        }
+        if self.in_scratch(addr) {
+            return Err(EngineError::Refused {
+                addr: addr.0,
+                reason: "the address is in hotprobe's scratch memory".into(),
+            });
+        }
+        let mut code = [0u8; hotprobe_x86::MAX_INSN_LEN];
+        // Read what is there; near the end of a mapping fewer bytes may do.
+        let mut n = code.len();
+        while n > 0 && self.target.read_memory(addr, &mut code[..n]).is_err() {
+            n -= 1;
+        }
+        if n == 0 {
+            return Err(EngineError::Target(TargetError::Memory {
+                op: "read",
+                addr: addr.0,
+                len: 1,
+                target: self.target.describe(),
+            }));
+        }
+        // Plan against a provisional slot address to learn whether a slot is needed.
+        let probe_plan = hotprobe_x86::plan_probe(&code[..n], addr.0, addr.0).map_err(|e| {
+            EngineError::Refused {
+                addr: addr.0,
+                reason: e.to_string(),
+            }
+        })?;
+        let (plan, slot) = if probe_plan.slot.is_some() {
+            match self.alloc_slot(addr, SLOT_SIZE as u64)? {
+                Some(slot) => {
+                    let plan =
+                        hotprobe_x86::plan_probe(&code[..n], addr.0, slot.0).map_err(|e| {
+                            EngineError::Refused {
+                                addr: addr.0,
+                                reason: e.to_string(),
+                            }
+                        })?;
+                    let image = plan.slot.as_ref().expect("slot plan");
+                    self.target.write_memory(slot, &image.bytes)?;
+                    (plan, Some(slot))
+                }
+                None => (probe_plan, None),
+            }
+        } else {
+            (probe_plan, None)
+        };
+        self.target.insert_breakpoint(addr)?;
+        self.sites.insert(
+            addr.0,
+            Site {
+                plan,
+                slot,
+                probes: Vec::new(),
+                return_refs: 0,
+                armed: true,
+            },
+        );
+        Ok(())
+    }
+
+    /// Add a probe at `addr`.
+    pub fn add_probe(
+        &mut self,
+        addr: RuntimeAddr,
+        probe: crate::Probe,
+    ) -> Result<ProbeId, EngineError> {
+        self.check_alive()?;
+        self.ensure_site(addr)?;
+        let id = self.new_id();
+        self.sites.get_mut(&addr.0).expect("site").probes.push(id);
+        self.probes.insert(
+            id,
+            ProbeEntry {
+                addr,
+                kind: ProbeKind::Plain {
+                    pre: probe.pre,
+                    post: probe.post,
+                },
+                enabled: true,
+                hits: 0,
+                nmissed: 0,
+                returns: 0,
+            },
+        );
+        Ok(id)
+    }
+
+    /// Add a return probe on the function entered at `addr`.
+    pub fn add_retprobe(
+        &mut self,
+        addr: RuntimeAddr,
+        rp: RetProbe,
+    ) -> Result<ProbeId, EngineError> {
+        self.check_alive()?;
+        if rp.maxactive == 0 {
+            return Err(EngineError::Refused {
+                addr: addr.0,
+                reason: "maxactive must be at least 1".into(),
+            });
+        }
+        if self.strategy == ReturnStrategy::Trampoline && self.trampoline.is_none() {
+            let Some(t) = self.alloc_slot(addr, 16)? else {
+                return Err(EngineError::Refused {
+                    addr: addr.0,
+                    reason: "return probes need scratch memory for their trampoline, and this target has none".into(),
+                });
+            };
+            self.target.write_memory(t, &[0x90; 16])?;
+            self.target.insert_breakpoint(t)?;
+            self.trampoline = Some(t);
+        }
+        self.ensure_site(addr)?;
+        let id = self.new_id();
+        self.sites.get_mut(&addr.0).expect("site").probes.push(id);
+        self.probes.insert(
+            id,
+            ProbeEntry {
+                addr,
+                kind: ProbeKind::Ret {
+                    entry: rp.entry,
+                    ret: rp.ret,
+                    maxactive: rp.maxactive,
+                    live: 0,
+                },
+                enabled: true,
+                hits: 0,
+                nmissed: 0,
+                returns: 0,
+            },
+        );
+        Ok(id)
+    }
+
+    fn check_alive(&self) -> Result<(), EngineError> {
+        match &self.gone {
+            Some(st) => Err(EngineError::Target(TargetError::Gone {
+                target: self.target.describe(),
+                status: st.clone(),
+            })),
+            None => Ok(()),
+        }
+    }
+
+    /// Enable or disable a probe; a site with no enabled probe keeps its
+    /// breakpoint (hits are passed straight through).
+    pub fn set_enabled(&mut self, id: ProbeId, enabled: bool) -> Result<(), EngineError> {
+        let p = self
+            .probes
+            .get_mut(&id)
+            .ok_or(EngineError::NoSuchProbe(id))?;
+        p.enabled = enabled;
+        Ok(())
+    }
+
+    /// Remove a probe; the site's breakpoint goes when its last probe does.
+    pub fn remove_probe(&mut self, id: ProbeId) -> Result<(), EngineError> {
+        let p = self
+            .probes
+            .remove(&id)
+            .ok_or(EngineError::NoSuchProbe(id))?;
+        if let Some(site) = self.sites.get_mut(&p.addr.0) {
+            site.probes.retain(|x| *x != id);
+            if site.probes.is_empty() && site.return_refs == 0 && self.gone.is_none() {
+                let busy = self.stepping.values().flatten().any(|s| s.site == p.addr.0);
+                if !busy {
+                    if site.armed {
+                        self.target.remove_breakpoint(p.addr)?;
+                    }
+                    self.sites.remove(&p.addr.0);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts of a probe.
+    pub fn stats(&self, id: ProbeId) -> Option<ProbeStats> {
+        self.probes.get(&id).map(|p| ProbeStats {
+            hits: p.hits,
+            nmissed: p.nmissed,
+            returns: p.returns,
+        })
+    }
+
+    /// Whether a handler asked to stop (cleared by reading).
+    pub fn take_stop(&mut self) -> bool {
+        std::mem::take(&mut self.stop)
+    }
+
+    /// How a hit at `addr` would be executed: "boosted", "emulated", "stepped" or "stepped in place".
+    pub fn execution_of(&self, addr: RuntimeAddr) -> Option<&'static str> {
+        let site = self.sites.get(&addr.0)?;
+        Some(match (&site.plan.execution, site.slot) {
+            (Execution::Emulate(_), _) => "emulated",
+            (_, None) => "stepped in place",
+            (Execution::Boost, Some(_)) => "boosted",
+            (Execution::Step(_), Some(_)) => "stepped",
+        })
+    }
+
+    /// Wait for one event (at most `timeout`) and handle it.
+    pub fn poll(&mut self, timeout: Option<std::time::Duration>) -> Result<Outcome, EngineError> {
+        if let Some(st) = &self.gone {
+            return Ok(Outcome::Exited(st.clone()));
+        }
+        let ev = self.target.wait(timeout)?;
+        self.handle(ev)?;
+        if let Some(st) = &self.gone {
+            return Ok(Outcome::Exited(st.clone()));
+        }
+        if self.stop {
+            return Ok(Outcome::Stopped);
+        }
+        Ok(Outcome::Handled)
+    }
+
+    /// Handle one event from the target.
+    pub fn handle(&mut self, ev: TargetEvent) -> Result<(), EngineError> {
+        match ev {
+            TargetEvent::Breakpoint { thread, addr, regs } => {
+                self.on_breakpoint(thread, addr, regs)
+            }
+            TargetEvent::Stepped { thread, regs } => self.on_stepped(thread, regs),
+            TargetEvent::ThreadCreated(_) => Ok(()),
+            TargetEvent::ThreadExited(t) => {
+                self.drop_thread(t);
+                Ok(())
+            }
+            TargetEvent::Forked { thread, child } => {
+                let fixes: Vec<(RuntimeAddr, u64)> = match self.strategy {
+                    ReturnStrategy::Trampoline => self
+                        .shadow
+                        .get(&thread)
+                        .map(|v| {
+                            v.iter()
+                                .map(|i| (RuntimeAddr(i.slot), i.return_addr))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                    ReturnStrategy::BreakpointAtReturn => Vec::new(),
+                };
+                self.target.release_fork_child(child, &fixes)?;
+                self.notices.push(format!(
+                    "{}: forked child {child} (released without probes)",
+                    self.target.describe()
+                ));
+                self.target.resume(thread, ResumeMode::Continue)?;
+                Ok(())
+            }
+            TargetEvent::Exec => {
+                let n = self.probes.len();
+                self.sites.clear();
+                self.shadow.clear();
+                self.stepping.clear();
+                self.return_waiters.clear();
+                self.scratch.clear();
+                self.trampoline = None;
+                self.probes.clear();
+                self.notices.push(format!(
+                    "{}: exec: {n} probes dropped",
+                    self.target.describe()
+                ));
+                for t in self.target.threads() {
+                    let _ = self.target.resume(t, ResumeMode::Continue);
+                }
+                Ok(())
+            }
+            TargetEvent::Exited(st) => {
+                self.notices.push(format!(
+                    "{} {st}: its {} probes are dropped",
+                    self.target.describe(),
+                    self.probes.len()
+                ));
+                self.gone = Some(st);
+                self.sites.clear();
+                self.shadow.clear();
+                self.stepping.clear();
+                Ok(())
+            }
+            TargetEvent::Timeout => Ok(()),
+        }
+    }
+
+    fn drop_thread(&mut self, t: ThreadId) {
+        if let Some(stack) = self.shadow.remove(&t) {
+            for inst in stack {
+                if let Some(ProbeEntry {
+                    kind: ProbeKind::Ret { live, .. },
+                    nmissed,
+                    ..
+                }) = self.probes.get_mut(&inst.probe)
+                {
+                    *live = live.saturating_sub(1);
+                    *nmissed += 1;
+                }
+            }
+        }
+        self.stepping.remove(&t);
+    }
+
+    fn run_handler(
+        &mut self,
+        id: ProbeId,
+        which: HitKind,
+        thread: ThreadId,
+        regs: &mut Registers,
+        entry: Option<EntryInfo>,
+    ) {
+        let Some(p) = self.probes.get_mut(&id) else {
+            return;
+        };
+        let addr = p.addr;
+        let slot = match (&mut p.kind, which) {
+            (ProbeKind::Plain { pre, .. }, HitKind::Pre) => pre.take(),
+            (ProbeKind::Plain { post, .. }, HitKind::Post) => post.take(),
+            (ProbeKind::Ret { entry, .. }, HitKind::Entry) => entry.take(),
+            (ProbeKind::Ret { ret, .. }, HitKind::Return) => ret.take(),
+            _ => None,
+        };
+        let Some(mut f) = slot else { return };
+        {
+            let mut ctx = HitContext {
+                target: self.target.as_mut(),
+                thread,
+                regs,
+                probe: id,
+                addr,
+                kind: which,
+                stop: &mut self.stop,
+                symbolizer: self.symbolizer.as_deref(),
+                entry,
+            };
+            f(&mut ctx);
+        }
+        if let Some(p) = self.probes.get_mut(&id) {
+            match (&mut p.kind, which) {
+                (ProbeKind::Plain { pre, .. }, HitKind::Pre) => *pre = Some(f),
+                (ProbeKind::Plain { post, .. }, HitKind::Post) => *post = Some(f),
+                (ProbeKind::Ret { entry, .. }, HitKind::Entry) => *entry = Some(f),
+                (ProbeKind::Ret { ret, .. }, HitKind::Return) => *ret = Some(f),
+                _ => {}
+            }
+        }
+    }
+
+    fn on_breakpoint(
+        &mut self,
+        thread: ThreadId,
+        addr: RuntimeAddr,
+        mut regs: Registers,
+    ) -> Result<(), EngineError> {
+        if Some(addr) == self.trampoline {
+            return self.on_trampoline(thread, regs);
+        }
+        if self.strategy == ReturnStrategy::BreakpointAtReturn {
+            self.match_return_breakpoint(thread, addr, &mut regs)?;
+        }
+        let Some(site) = self.sites.get(&addr.0) else {
+            // Not ours any more (removed meanwhile): run on.
+            self.target.set_registers(thread, &regs)?;
+            self.target.resume(thread, ResumeMode::Continue)?;
+            return Ok(());
+        };
+        let probes = site.probes.clone();
+        let reentry = self.stepping.get(&thread).is_some_and(|s| !s.is_empty());
+        let mut needs_post = false;
+        for id in &probes {
+            let Some(p) = self.probes.get_mut(id) else {
+                continue;
+            };
+            if !p.enabled {
+                continue;
+            }
+            if reentry {
+                // Kprobes' re-entry: count it, run no handler, execute the instruction.
+                p.nmissed += 1;
+                continue;
+            }
+            p.hits += 1;
+            match &p.kind {
+                ProbeKind::Plain { post, .. } => {
+                    needs_post |= post.is_some();
+                    self.run_handler(*id, HitKind::Pre, thread, &mut regs, None);
+                }
+                ProbeKind::Ret { .. } => self.ret_entry(*id, thread, &mut regs)?,
+            }
+        }
+        if regs.rip != addr.0 {
+            // A handler redirected the thread: skip the instruction (Kprobes' pre returning 1).
+            self.target.set_registers(thread, &regs)?;
+            self.target.resume(thread, ResumeMode::Continue)?;
+            return Ok(());
+        }
+        let site = self.sites.get(&addr.0).expect("site still there");
+        match (site.plan.execution, site.slot) {
+            (Execution::Emulate(e), _) => {
+                let len = site.plan.len;
+                let target = &mut self.target;
+                let mut read_stack = |a: u64| -> Result<u64, hotprobe_x86::X86Error> {
+                    let mut b = [0u8; 8];
+                    target.read_memory(RuntimeAddr(a), &mut b).map_err(|e| {
+                        hotprobe_x86::X86Error::StackRead {
+                            addr: a,
+                            reason: e.to_string(),
+                        }
+                    })?;
+                    Ok(u64::from_le_bytes(b))
+                };
+                let write = hotprobe_x86::emulate(&e, addr.0, len, &mut regs, &mut read_stack)
+                    .map_err(|e| EngineError::Refused {
+                        addr: addr.0,
+                        reason: e.to_string(),
+                    })?;
+                if let Some(w) = write {
+                    self.target.write_memory(RuntimeAddr(w.addr), &w.bytes)?;
+                }
+                if needs_post {
+                    self.run_posts(&probes, thread, &mut regs);
+                }
+                self.target.set_registers(thread, &regs)?;
+                self.target.resume(thread, ResumeMode::Continue)?;
+            }
+            (Execution::Boost, Some(slot)) if !needs_post => {
+                regs.rip = slot.0;
+                self.target.set_registers(thread, &regs)?;
+                self.target.resume(thread, ResumeMode::Continue)?;
+            }
+            (_, Some(slot)) => {
+                regs.rip = slot.0;
+                self.target.set_registers(thread, &regs)?;
+                self.stepping.entry(thread).or_default().push(StepState {
+                    site: addr.0,
+                    in_place: false,
+                    run_post: !reentry,
+                });
+                self.target.resume(thread, ResumeMode::Step)?;
+            }
+            (_, None) => {
+                // No scratch memory: lift the breakpoint and step in place.
+                self.target.remove_breakpoint(addr)?;
+                self.sites.get_mut(&addr.0).expect("site").armed = false;
+                self.target.set_registers(thread, &regs)?;
+                self.stepping.entry(thread).or_default().push(StepState {
+                    site: addr.0,
+                    in_place: true,
+                    run_post: !reentry,
+                });
+                self.target.resume(thread, ResumeMode::Step)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn run_posts(&mut self, probes: &[ProbeId], thread: ThreadId, regs: &mut Registers) {
+        for id in probes {
+            if self.probes.get(id).is_some_and(|p| p.enabled) {
+                self.run_handler(*id, HitKind::Post, thread, regs, None);
+            }
+        }
+    }
+
+    fn on_stepped(&mut self, thread: ThreadId, mut regs: Registers) -> Result<(), EngineError> {
+        let Some(st) = self.stepping.get_mut(&thread).and_then(|s| s.pop()) else {
+            // A step we did not ask for: run on.
+            self.target.resume(thread, ResumeMode::Continue)?;
+            return Ok(());
+        };
+        let Some(site) = self.sites.get_mut(&st.site) else {
+            self.target.resume(thread, ResumeMode::Continue)?;
+            return Ok(());
+        };
+        if st.in_place {
+            if !site.armed {
+                site.armed = true;
+                self.target.insert_breakpoint(RuntimeAddr(st.site))?;
+            }
+        } else if let Some(slot) = site.slot {
+            if regs.rip == slot.0 {
+                // The instruction did not complete (a rep iteration): step again.
+                self.stepping.entry(thread).or_default().push(st);
+                self.target.resume(thread, ResumeMode::Step)?;
+                return Ok(());
+            }
+            if let Some(w) = hotprobe_x86::fixup_after_step(&site.plan, st.site, slot.0, &mut regs)
+            {
+                self.target.write_memory(RuntimeAddr(w.addr), &w.bytes)?;
+            }
+        }
+        if st.run_post {
+            let probes = site.probes.clone();
+            self.run_posts(&probes, thread, &mut regs);
+        }
+        self.target.set_registers(thread, &regs)?;
+        self.target.resume(thread, ResumeMode::Continue)?;
+        Ok(())
+    }
+
+    /// Kprobes' pre_handler_kretprobe: follow this call if a slot is free.
+    fn ret_entry(
+        &mut self,
+        id: ProbeId,
+        thread: ThreadId,
+        regs: &mut Registers,
+    ) -> Result<(), EngineError> {
+        let Some(ProbeEntry {
+            kind: ProbeKind::Ret {
+                maxactive, live, ..
+            },
+            nmissed,
+            ..
+        }) = self.probes.get_mut(&id)
+        else {
+            return Ok(());
+        };
+        if *live >= *maxactive {
+            *nmissed += 1;
+            return Ok(());
+        }
+        let mut b = [0u8; 8];
+        self.target.read_memory(RuntimeAddr(regs.rsp), &mut b)?;
+        let return_addr = u64::from_le_bytes(b);
+        let depth = self.shadow.get(&thread).map_or(0, |s| s.len());
+        let inst = Instance {
+            probe: id,
+            slot: regs.rsp,
+            return_addr,
+            entry: EntryInfo {
+                regs: *regs,
+                time: Instant::now(),
+                depth,
+                return_addr,
+            },
+        };
+        match self.strategy {
+            ReturnStrategy::Trampoline => {
+                let t = self
+                    .trampoline
+                    .expect("trampoline made with the return probe");
+                self.target
+                    .write_memory(RuntimeAddr(regs.rsp), &t.0.to_le_bytes())?;
+                self.shadow.entry(thread).or_default().push(inst);
+            }
+            ReturnStrategy::BreakpointAtReturn => {
+                let ra = RuntimeAddr(return_addr);
+                if !self.sites.contains_key(&ra.0) {
+                    // A breakpoint only for returns: plan it like any site.
+                    self.ensure_site(ra)?;
+                }
+                self.sites.get_mut(&ra.0).expect("site").return_refs += 1;
+                self.return_waiters.entry(ra.0).or_default().push(inst);
+                self.shadow.entry(thread).or_default().push(inst);
+            }
+        }
+        if let Some(ProbeEntry {
+            kind: ProbeKind::Ret { live, .. },
+            ..
+        }) = self.probes.get_mut(&id)
+        {
+            *live += 1;
+        }
+        self.run_handler(id, HitKind::Entry, thread, regs, None);
+        Ok(())
+    }
+
+    fn finish_instance(&mut self, inst: Instance, thread: ThreadId, regs: &mut Registers) {
+        if let Some(ProbeEntry {
+            kind: ProbeKind::Ret { live, .. },
+            returns,
+            ..
+        }) = self.probes.get_mut(&inst.probe)
+        {
+            *live = live.saturating_sub(1);
+            *returns += 1;
+        } else {
+            return;
+        }
+        self.run_handler(inst.probe, HitKind::Return, thread, regs, Some(inst.entry));
+    }
+
+    fn miss_instance(&mut self, inst: &Instance) {
+        if let Some(ProbeEntry {
+            kind: ProbeKind::Ret { live, .. },
+            nmissed,
+            ..
+        }) = self.probes.get_mut(&inst.probe)
+        {
+            *live = live.saturating_sub(1);
+            *nmissed += 1;
+        }
+    }
+
+    /// A return through the trampoline: pop this thread's instance whose
+    /// return-address slot was just popped (rsp - 8); instances above it are
+    /// frames abandoned by longjmp or an exception.
+    fn on_trampoline(&mut self, thread: ThreadId, mut regs: Registers) -> Result<(), EngineError> {
+        let popped_slot = regs.rsp.wrapping_sub(8);
+        let stack = self.shadow.entry(thread).or_default();
+        let Some(pos) = stack.iter().rposition(|i| i.slot == popped_slot) else {
+            return Err(EngineError::Lost {
+                thread,
+                why: format!(
+                    "returned through the trampoline with rsp {:#x} matching no followed call",
+                    regs.rsp
+                ),
+            });
+        };
+        let stale: Vec<Instance> = stack.drain(pos + 1..).collect();
+        let inst = stack.pop().expect("found above");
+        for s in &stale {
+            self.miss_instance(s);
+        }
+        regs.rip = inst.return_addr;
+        self.finish_instance(inst, thread, &mut regs);
+        self.target.set_registers(thread, &regs)?;
+        self.target.resume(thread, ResumeMode::Continue)?;
+        Ok(())
+    }
+
+    /// BreakpointAtReturn: a hit at a return address may close followed calls
+    /// whose stack slot was just popped.
+    fn match_return_breakpoint(
+        &mut self,
+        thread: ThreadId,
+        addr: RuntimeAddr,
+        regs: &mut Registers,
+    ) -> Result<(), EngineError> {
+        let Some(waiters) = self.return_waiters.get_mut(&addr.0) else {
+            return Ok(());
+        };
+        let popped_slot = regs.rsp.wrapping_sub(8);
+        let Some(pos) = waiters.iter().position(|i| i.slot == popped_slot) else {
+            return Ok(());
+        };
+        let inst = waiters.remove(pos);
+        if waiters.is_empty() {
+            self.return_waiters.remove(&addr.0);
+        }
+        // Drop it (and abandoned frames beneath it) from whichever thread's shadow stack holds it.
+        for stack in self.shadow.values_mut() {
+            if let Some(p) = stack
+                .iter()
+                .position(|i| i.slot == inst.slot && i.probe == inst.probe)
+            {
+                stack.truncate(p);
+                break;
+            }
+        }
+        self.finish_instance(inst, thread, regs);
+        let release = {
+            let site = self.sites.get_mut(&addr.0).expect("return site");
+            site.return_refs -= 1;
+            site.return_refs == 0 && site.probes.is_empty()
+        };
+        if release {
+            let site = self.sites.remove(&addr.0).expect("site");
+            if site.armed {
+                self.target.remove_breakpoint(addr)?;
+            }
+            // Nothing else to run at this address: resume in place.
+            self.target.set_registers(thread, regs)?;
+        }
+        Ok(())
+    }
+
+    /// Detach: no handler runs any more; threads are moved out of slots,
+    /// live return addresses put back, breakpoints and scratch removed.
+    pub fn detach(&mut self) -> Result<(), EngineError> {
+        if self.gone.is_some() {
+            return Ok(());
+        }
+        for p in self.probes.values_mut() {
+            p.enabled = false;
+        }
+        self.target.stop_all()?;
+        // Finish what the target reported meanwhile, without handlers.
+        loop {
+            match self.target.wait(Some(std::time::Duration::ZERO))? {
+                TargetEvent::Timeout => break,
+                TargetEvent::Stepped { thread, mut regs } => {
+                    if let Some(st) = self.stepping.get_mut(&thread).and_then(|s| s.pop()) {
+                        if let Some(site) = self.sites.get(&st.site) {
+                            if let Some(slot) = site.slot {
+                                if let Some(w) = hotprobe_x86::fixup_after_step(
+                                    &site.plan, st.site, slot.0, &mut regs,
+                                ) {
+                                    self.target.write_memory(RuntimeAddr(w.addr), &w.bytes)?;
+                                }
+                            }
+                        }
+                        self.target.set_registers(thread, &regs)?;
+                    }
+                }
+                TargetEvent::Breakpoint {
+                    thread,
+                    addr,
+                    mut regs,
+                } if Some(addr) == self.trampoline => {
+                    let popped = regs.rsp.wrapping_sub(8);
+                    if let Some(stack) = self.shadow.get_mut(&thread) {
+                        if let Some(pos) = stack.iter().rposition(|i| i.slot == popped) {
+                            regs.rip = stack[pos].return_addr;
+                            stack.truncate(pos);
+                            self.target.set_registers(thread, &regs)?;
+                        }
+                    }
+                }
+                TargetEvent::Exited(st) => {
+                    self.gone = Some(st);
+                    return Ok(());
+                }
+                // A breakpoint hit: the target rewinds it at detach.
+                _ => {}
+            }
+        }
+        // Threads inside a slot go back to the original code.
+        for thread in self.target.threads() {
+            let Ok(mut regs) = self.target.registers(thread) else {
+                continue;
+            };
+            if !self.in_scratch(RuntimeAddr(regs.rip)) {
+                continue;
+            }
+            let mapped = self.sites.iter().find_map(|(addr, s)| {
+                let slot = s.slot?;
+                hotprobe_x86::slot_to_original(&s.plan, *addr, slot.0, regs.rip)
+            });
+            match mapped {
+                Some(orig) => {
+                    regs.rip = orig;
+                    self.target.set_registers(thread, &regs)?;
+                }
+                None => self.notices.push(format!(
+                    "thread {thread} left at {:#x} in scratch memory",
+                    regs.rip
+                )),
+            }
+        }
+        // Put back every return address still swapped for the trampoline.
+        if let Some(t) = self.trampoline {
+            for stack in self.shadow.values() {
+                for inst in stack {
+                    let mut b = [0u8; 8];
+                    if self
+                        .target
+                        .read_memory(RuntimeAddr(inst.slot), &mut b)
+                        .is_ok()
+                        && u64::from_le_bytes(b) == t.0
+                    {
+                        self.target.write_memory(
+                            RuntimeAddr(inst.slot),
+                            &inst.return_addr.to_le_bytes(),
+                        )?;
+                    }
+                }
+            }
+        }
+        self.shadow.clear();
+        self.sites.clear();
+        self.target.detach()?;
+        self.gone = Some(ExitStatus::Disconnected("detached".into()));
+        Ok(())
+    }
+}

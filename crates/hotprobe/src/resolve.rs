@@ -1,0 +1,157 @@
+//! From probe specs to checked addresses: symbol resolution per target kind
+//! and the blacklist of unsafe probe points.
+
+use crate::handler::Symbolizer;
+use hotprobe_symbols::{ProbeSpec, ProcessSymbols, ResolvedProbe, SymbolError};
+use hotprobe_target::{RuntimeAddr, Target};
+use std::sync::Arc;
+
+/// An address range where probes are refused, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlacklistEntry {
+    /// First address.
+    pub start: RuntimeAddr,
+    /// One past the last.
+    pub end: RuntimeAddr,
+    /// What it is (`.plt of libc.so.6`, `__restore_rt (signal return)`).
+    pub what: String,
+}
+
+/// Resolves probe specs for one target and knows its unsafe points.
+pub trait Resolver {
+    /// Addresses a spec names (the symbol tables are refreshed first, so
+    /// libraries loaded since are seen).
+    fn resolve(
+        &mut self,
+        spec: &ProbeSpec,
+        target: &mut dyn Target,
+    ) -> Result<Vec<ResolvedProbe>, SymbolError>;
+
+    /// `Err(reason)` if the resolved address must not be probed: in the
+    /// blacklist, or not on an instruction boundary.
+    fn check(&self, probe: &ResolvedProbe, target: &mut dyn Target) -> Result<(), String>;
+
+    /// The blacklist.
+    fn blacklist(&self) -> Vec<BlacklistEntry>;
+
+    /// A symbolizer for handlers.
+    fn symbolizer(&self) -> Box<dyn Symbolizer>;
+}
+
+/// Signal-return trampolines: probing them breaks every signal delivery.
+const SIGRETURN_SYMBOLS: &[&str] = &["__restore_rt", "__restore", "__vdso_rt_sigreturn"];
+
+/// Resolver for a Linux process, over /proc/PID/maps and its ELF files.
+pub struct ProcessResolver {
+    pid: i32,
+    symbols: Arc<ProcessSymbols>,
+}
+
+impl ProcessResolver {
+    /// Read the process's modules.
+    pub fn new(pid: i32) -> Result<Self, SymbolError> {
+        Ok(ProcessResolver {
+            pid,
+            symbols: Arc::new(ProcessSymbols::for_pid(pid as u32)?),
+        })
+    }
+
+    /// The process's symbols as last read.
+    pub fn symbols(&self) -> &ProcessSymbols {
+        &self.symbols
+    }
+}
+
+struct ArcSymbolizer(Arc<ProcessSymbols>);
+
+impl Symbolizer for ArcSymbolizer {
+    fn symbolize(&self, addr: RuntimeAddr) -> Option<String> {
+        self.0.symbolize(addr).map(|s| s.to_string())
+    }
+}
+
+impl Resolver for ProcessResolver {
+    fn resolve(
+        &mut self,
+        spec: &ProbeSpec,
+        _target: &mut dyn Target,
+    ) -> Result<Vec<ResolvedProbe>, SymbolError> {
+        if let Ok(fresh) = ProcessSymbols::for_pid(self.pid as u32) {
+            self.symbols = Arc::new(fresh);
+        }
+        self.symbols.resolve(spec)
+    }
+
+    fn check(&self, probe: &ResolvedProbe, target: &mut dyn Target) -> Result<(), String> {
+        if probe.in_plt {
+            return Err(format!(
+                "{:#x} is in a PLT stub ({}): probe the function it calls instead",
+                probe.addr.0, probe.module
+            ));
+        }
+        for b in self.blacklist() {
+            if probe.addr >= b.start && probe.addr < b.end {
+                return Err(format!("{:#x} is blacklisted: {}", probe.addr.0, b.what));
+            }
+        }
+        let Some(range) = &probe.function_range else {
+            return Ok(());
+        };
+        if probe.addr == range.start {
+            return Ok(());
+        }
+        // Not the function's first byte: it must start an instruction.
+        let len = (range.end.0.saturating_sub(range.start.0)).min(1 << 20) as usize;
+        let mut code = vec![0u8; len];
+        if target.read_memory(range.start, &mut code).is_err() {
+            return Err(format!(
+                "cannot read the code of {} to check instruction boundaries",
+                probe.function.as_deref().unwrap_or("?")
+            ));
+        }
+        if !hotprobe_x86::is_instruction_boundary(&code, range.start.0, probe.addr.0) {
+            return Err(format!(
+                "{:#x} ({}+{:#x}) is in the middle of an instruction",
+                probe.addr.0,
+                probe.function.as_deref().unwrap_or("?"),
+                probe.offset
+            ));
+        }
+        Ok(())
+    }
+
+    fn blacklist(&self) -> Vec<BlacklistEntry> {
+        let mut v = Vec::new();
+        for m in self.symbols.modules() {
+            for r in m.module.plt_ranges() {
+                v.push(BlacklistEntry {
+                    start: m.runtime(r.start),
+                    end: m.runtime(r.end),
+                    what: format!("PLT stubs of {}", m.name),
+                });
+            }
+            for name in SIGRETURN_SYMBOLS {
+                if let Some(sym) = m.module.find(name) {
+                    let start = m.runtime(sym.addr);
+                    v.push(BlacklistEntry {
+                        start,
+                        end: RuntimeAddr(start.0 + sym.size.max(1)),
+                        what: format!("{name} in {} (signal return trampoline)", m.name),
+                    });
+                }
+            }
+            if m.name.starts_with("libhotprobe_agent") {
+                v.push(BlacklistEntry {
+                    start: m.ranges.iter().map(|r| r.start).min().unwrap_or_default(),
+                    end: m.ranges.iter().map(|r| r.end).max().unwrap_or_default(),
+                    what: "the hotprobe agent".into(),
+                });
+            }
+        }
+        v
+    }
+
+    fn symbolizer(&self) -> Box<dyn Symbolizer> {
+        Box::new(ArcSymbolizer(self.symbols.clone()))
+    }
+}

@@ -1,0 +1,76 @@
+//! Test support: compile the C tracees in tests/programs with gcc at test
+//! time, spawn them under a Session with captured output.
+#![allow(dead_code)]
+
+use hotprobe::{Session, SpawnOptions, TargetId};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+/// Compile tests/programs/NAME.c with `flags` (cached by flags), return the binary.
+pub fn program(name: &str, flags: &[&str]) -> PathBuf {
+    let src = repo_root().join("tests/programs").join(format!("{name}.c"));
+    let tag: String = flags.join("").chars().filter(|c| c.is_ascii_alphanumeric()).collect();
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("programs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(format!("{name}-{tag}"));
+    let fresh = out.metadata().and_then(|m| m.modified()).ok()
+        >= src.metadata().and_then(|m| m.modified()).ok();
+    if out.exists() && fresh {
+        return out;
+    }
+    let tmp = dir.join(format!("{name}-{tag}.{}.tmp", std::process::id()));
+    let st = Command::new("gcc")
+        .args(flags)
+        .arg("-g")
+        .arg("-o")
+        .arg(&tmp)
+        .arg(&src)
+        .arg("-lpthread")
+        .status()
+        .expect("gcc runs");
+    assert!(st.success(), "gcc failed on {}", src.display());
+    std::fs::rename(&tmp, &out).unwrap();
+    out
+}
+
+/// A spawned tracee whose stdout goes to a file.
+pub struct Captured {
+    pub session: Session,
+    pub target: TargetId,
+    pub out: PathBuf,
+}
+
+impl Captured {
+    /// Everything the tracee printed so far.
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+}
+
+/// Spawn `bin args` under a new session, stdout captured.
+pub fn spawn(bin: &Path, args: &[&str]) -> Captured {
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "out-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let f = std::fs::File::create(&out).unwrap();
+    let mut session = Session::new();
+    let args: Vec<std::ffi::OsString> = args.iter().map(|a| a.into()).collect();
+    let target = session
+        .spawn_with(bin, &args, &SpawnOptions { stdout: Some(f), ..Default::default() })
+        .expect("spawn");
+    Captured { session, target, out }
+}
+
+static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Lines of `out` that start with `prefix`.
+pub fn lines_with<'a>(out: &'a str, prefix: &str) -> Vec<&'a str> {
+    out.lines().filter(|l| l.starts_with(prefix)).collect()
+}
