@@ -1,1 +1,31 @@
-//! hotprobe-symbols (being written).
+//! Symbols for hotprobe: everything that turns a probe spec into addresses
+//! and addresses back into names, without touching a live process.
+//!
+//! - [`ElfModule`]: one ELF file's function symbols (`.symtab`, `.dynsym`,
+//!   demangled Rust and C++ names), PLT sections, executable segments,
+//!   build id, DWARF line table, and the load bias of one of its mappings.
+//!   Separate debug files under `/usr/lib/debug/.build-id` are merged in.
+//! - [`parse_maps`] / [`read_maps`]: `/proc/PID/maps`.
+//! - [`ProcessSymbols`]: every module mapped in a process, with biases;
+//!   resolves a [`ProbeSpec`] to run-time addresses and symbolizes them.
+//! - [`ProbeSpec`]: `[module:]function[+offset]`, `[module:]0xADDR`,
+//!   `file.c:LINE`, each with an optional `%return`.
+//! - [`KernelSymbols`]: `/proc/kallsyms`, `System.map` or vmlinux symbols.
+
+mod demangle;
+mod elf;
+mod error;
+mod kernel;
+mod maps;
+mod process;
+mod spec;
+
+pub use demangle::demangle;
+pub use elf::{ElfModule, Symbol, DEBUG_ROOT};
+pub use error::SymbolError;
+pub use kernel::{KernelSymbols, MAX_KALLSYMS_SIZE};
+pub use maps::{parse_maps, read_maps, Mapping, Perms};
+pub use process::{LoadedModule, ModuleCache, ProcessSymbols, ResolvedProbe, SymbolizedAddr};
+pub use spec::{ProbeSpec, MAX_SPEC_LEN, RETURN_SUFFIX};
+
+pub use hotprobe_target::{LinkAddr, LoadBias, RuntimeAddr};

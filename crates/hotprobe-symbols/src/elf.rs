@@ -1,0 +1,747 @@
+//! One ELF file: its function symbols, program headers, PLT and DWARF.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use hotprobe_target::{LinkAddr, LoadBias};
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SegmentFlags, SymbolKind};
+
+use crate::demangle::{demangle, lookup_keys, short_name, similar_names, strip_version};
+use crate::error::SymbolError;
+use crate::maps::Mapping;
+
+/// Where separate debug files live, indexed by build id.
+pub const DEBUG_ROOT: &str = "/usr/lib/debug";
+
+/// Page size used for load-bias arithmetic (x86-64).
+const PAGE: u64 = 4096;
+
+/// A function symbol of an ELF file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Symbol {
+    /// Demangled name (Rust names keep their `::h<hash>`).
+    pub name: String,
+    /// The name as stored in the symbol table (mangled, maybe versioned).
+    pub raw_name: String,
+    /// Link-time address (`st_value`).
+    pub addr: LinkAddr,
+    /// Size in bytes (`st_size`); 0 when unknown.
+    pub size: u64,
+}
+
+impl Symbol {
+    /// Whether `addr` lies inside this symbol (for size 0: equals its start).
+    pub fn contains(&self, addr: LinkAddr) -> bool {
+        match addr.0.checked_sub(self.addr.0) {
+            Some(0) => true,
+            Some(off) => off < self.size,
+            None => false,
+        }
+    }
+}
+
+/// A loadable segment (PT_LOAD) as the program header states it.
+#[derive(Clone, Copy, Debug)]
+struct Segment {
+    vaddr: u64,
+    offset: u64,
+    filesz: u64,
+    memsz: u64,
+    flags: u32,
+}
+
+const PF_X: u32 = 1;
+const PF_W: u32 = 2;
+
+/// The DWARF reader type: owns its bytes, so the module is self-contained.
+type Reader = gimli::EndianArcSlice<gimli::RunTimeEndian>;
+
+/// An opened ELF file (executable, shared library, vmlinux or debug file),
+/// holding its bytes.
+pub struct ElfModule {
+    path: PathBuf,
+    /// The bytes holding DWARF: this file's or a separate debug file's.
+    dwarf_bytes: Option<(PathBuf, Arc<[u8]>)>,
+    is_pie: bool,
+    entry: LinkAddr,
+    functions: Vec<Symbol>,
+    /// Preference of each function among aliases (lower is better).
+    ranks: Vec<u8>,
+    raw_index: HashMap<String, Vec<u32>>,
+    alias_index: HashMap<String, Vec<u32>>,
+    plt: Vec<Range<LinkAddr>>,
+    segments: Vec<Segment>,
+    build_id: Option<Vec<u8>>,
+    debug_file: Option<PathBuf>,
+    dwarf: OnceLock<Option<Arc<gimli::Dwarf<Reader>>>>,
+    a2l: Mutex<Option<addr2line::Context<Reader>>>,
+}
+
+impl std::fmt::Debug for ElfModule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ElfModule")
+            .field("path", &self.path)
+            .field("is_pie", &self.is_pie)
+            .field("entry", &self.entry)
+            .field("functions", &self.functions.len())
+            .field("debug_file", &self.debug_file)
+            .finish_non_exhaustive()
+    }
+}
+
+fn not_elf(path: &Path, e: impl std::fmt::Display) -> SymbolError {
+    SymbolError::NotElf {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    }
+}
+
+/// A function symbol before sorting, with its alias preference.
+struct RawFunc {
+    raw: String,
+    addr: u64,
+    size: u64,
+    rank: u8,
+}
+
+fn collect_functions<'d>(file: &object::File<'d>, out: &mut HashMap<(u64, String), RawFunc>) {
+    let tables = file.symbols().chain(file.dynamic_symbols());
+    for sym in tables {
+        if sym.kind() != SymbolKind::Text || sym.is_undefined() {
+            continue;
+        }
+        let Ok(raw) = sym.name() else { continue };
+        if raw.is_empty() {
+            continue;
+        }
+        let rank = if sym.is_global() {
+            0
+        } else if sym.is_weak() {
+            1
+        } else {
+            2
+        };
+        let key = (sym.address(), strip_version(raw).to_string());
+        let new = RawFunc {
+            raw: raw.to_string(),
+            addr: sym.address(),
+            size: sym.size(),
+            rank,
+        };
+        match out.get_mut(&key) {
+            None => {
+                out.insert(key, new);
+            }
+            Some(old) => {
+                // Prefer the unversioned spelling, the larger size, the better binding.
+                if old.raw.contains('@') && !new.raw.contains('@') {
+                    old.raw = new.raw;
+                }
+                old.size = old.size.max(new.size);
+                old.rank = old.rank.min(new.rank);
+            }
+        }
+    }
+}
+
+fn has_section(file: &object::File<'_>, name: &str) -> bool {
+    file.section_by_name(name)
+        .is_some_and(|s| s.size() > 0 && s.kind() != object::SectionKind::UninitializedData)
+}
+
+fn has_dwarf(file: &object::File<'_>) -> bool {
+    has_section(file, ".debug_line") || has_section(file, ".debug_info")
+}
+
+fn has_symtab(file: &object::File<'_>) -> bool {
+    file.symbols().next().is_some()
+}
+
+/// The separate debug file for a build id, if one is installed.
+fn debug_file_for(build_id: &[u8]) -> Option<PathBuf> {
+    if build_id.len() < 2 {
+        return None;
+    }
+    let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
+    let p = Path::new(DEBUG_ROOT)
+        .join(".build-id")
+        .join(&hex[..2])
+        .join(format!("{}.debug", &hex[2..]));
+    p.is_file().then_some(p)
+}
+
+impl ElfModule {
+    /// Read and parse the ELF file at `path`.
+    pub fn open(path: &Path) -> Result<Self, SymbolError> {
+        let bytes = std::fs::read(path).map_err(|source| SymbolError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_bytes(path.to_path_buf(), bytes)
+    }
+
+    /// Parse an ELF file already in memory; `path` is used for messages and
+    /// as the module's name.
+    pub fn from_bytes(path: PathBuf, bytes: Vec<u8>) -> Result<Self, SymbolError> {
+        let bytes: Arc<[u8]> = Arc::from(bytes);
+        let file = object::File::parse(&*bytes).map_err(|e| not_elf(&path, e))?;
+        if file.format() != object::BinaryFormat::Elf {
+            return Err(not_elf(&path, "not ELF"));
+        }
+        let is_pie = file.kind() == object::ObjectKind::Dynamic;
+        let entry = LinkAddr(file.entry());
+        let build_id = file.build_id().ok().flatten().map(<[u8]>::to_vec);
+
+        let mut segments = Vec::new();
+        for seg in file.segments() {
+            let (offset, filesz) = seg.file_range();
+            let flags = match seg.flags() {
+                SegmentFlags::Elf { p_flags } => p_flags,
+                _ => 0,
+            };
+            segments.push(Segment {
+                vaddr: seg.address(),
+                offset,
+                filesz,
+                memsz: seg.size(),
+                flags,
+            });
+        }
+
+        let mut plt = Vec::new();
+        for name in [".plt", ".plt.sec", ".plt.got"] {
+            if let Some(sec) = file.section_by_name(name) {
+                let start = sec.address();
+                if let Some(end) = start.checked_add(sec.size()) {
+                    if end > start {
+                        plt.push(LinkAddr(start)..LinkAddr(end));
+                    }
+                }
+            }
+        }
+        plt.sort_by_key(|r| r.start);
+
+        let mut raw_funcs = HashMap::new();
+        collect_functions(&file, &mut raw_funcs);
+
+        let own_symtab = has_symtab(&file);
+        let own_dwarf = has_dwarf(&file);
+        let mut debug_file = None;
+        let mut dwarf_bytes = own_dwarf.then(|| (path.clone(), bytes.clone()));
+        if !own_symtab || !own_dwarf {
+            if let Some(dbg_path) = build_id.as_deref().and_then(debug_file_for) {
+                if let Ok(dbg_bytes) = std::fs::read(&dbg_path) {
+                    let dbg_bytes: Arc<[u8]> = Arc::from(dbg_bytes);
+                    if let Ok(dbg) = object::File::parse(&*dbg_bytes) {
+                        let same = dbg.build_id().ok().flatten() == build_id.as_deref();
+                        if same {
+                            if !own_symtab {
+                                collect_functions(&dbg, &mut raw_funcs);
+                            }
+                            if !own_dwarf && has_dwarf(&dbg) {
+                                dwarf_bytes = Some((dbg_path.clone(), dbg_bytes.clone()));
+                            }
+                            debug_file = Some(dbg_path);
+                        }
+                    }
+                }
+            }
+        }
+        drop(file);
+
+        let mut funcs: Vec<RawFunc> = raw_funcs.into_values().collect();
+        funcs.sort_by(|a, b| {
+            let under = |s: &str| s.bytes().take_while(|&c| c == b'_').count();
+            (a.addr, a.rank, under(&a.raw), a.raw.len(), &a.raw).cmp(&(
+                b.addr,
+                b.rank,
+                under(&b.raw),
+                b.raw.len(),
+                &b.raw,
+            ))
+        });
+
+        let mut functions = Vec::with_capacity(funcs.len());
+        let mut ranks = Vec::with_capacity(funcs.len());
+        let mut raw_index: HashMap<String, Vec<u32>> = HashMap::new();
+        let mut alias_index: HashMap<String, Vec<u32>> = HashMap::new();
+        for (i, f) in funcs.into_iter().enumerate() {
+            let Ok(i) = u32::try_from(i) else { break };
+            let name = demangle(&f.raw);
+            raw_index.entry(f.raw.clone()).or_default().push(i);
+            for key in lookup_keys(&f.raw, &name) {
+                if key != f.raw {
+                    alias_index.entry(key).or_default().push(i);
+                }
+            }
+            ranks.push(f.rank);
+            functions.push(Symbol {
+                name,
+                raw_name: f.raw,
+                addr: LinkAddr(f.addr),
+                size: f.size,
+            });
+        }
+
+        Ok(ElfModule {
+            path,
+            dwarf_bytes,
+            is_pie,
+            entry,
+            functions,
+            ranks,
+            raw_index,
+            alias_index,
+            plt,
+            segments,
+            build_id,
+            debug_file,
+            dwarf: OnceLock::new(),
+            a2l: Mutex::new(None),
+        })
+    }
+
+    /// The file's path (as given to [`ElfModule::open`]).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file name (last path component), for messages and module names.
+    pub fn file_name(&self) -> String {
+        self.path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| self.path.display().to_string())
+    }
+
+    /// Whether the file is position independent (`ET_DYN`: PIE or shared
+    /// library), i.e. loaded at a non-zero bias.
+    pub fn is_pie(&self) -> bool {
+        self.is_pie
+    }
+
+    /// The entry point (`e_entry`).
+    pub fn entry(&self) -> LinkAddr {
+        self.entry
+    }
+
+    /// The separate debug file whose symbols or DWARF were merged in, if any.
+    pub fn debug_file(&self) -> Option<&Path> {
+        self.debug_file.as_deref()
+    }
+
+    /// Function symbols (`STT_FUNC`, `STT_GNU_IFUNC`) from `.symtab` and
+    /// `.dynsym`, deduplicated and sorted by address; among aliases at one
+    /// address the preferred one (global, fewer leading underscores) comes
+    /// first.
+    pub fn functions(&self) -> &[Symbol] {
+        &self.functions
+    }
+
+    fn best_of(&self, idxs: &[u32]) -> Option<&Symbol> {
+        let best = idxs
+            .iter()
+            .filter_map(|&i| usize::try_from(i).ok())
+            .min_by_key(|&i| (self.ranks.get(i).copied().unwrap_or(u8::MAX), i))?;
+        self.functions.get(best)
+    }
+
+    /// Find a function by raw (mangled) name, demangled name, Rust name
+    /// without hash, C++ name without parameter list, or unversioned name.
+    /// Among several matches the global one at the lowest address wins.
+    pub fn lookup(&self, name: &str) -> Result<&Symbol, SymbolError> {
+        self.find(name).ok_or_else(|| SymbolError::SymbolNotFound {
+            symbol: name.to_string(),
+            module: self.path.display().to_string(),
+            similar: self.similar(name),
+        })
+    }
+
+    /// [`ElfModule::lookup`] without building an error (cheap when absent).
+    pub fn find(&self, name: &str) -> Option<&Symbol> {
+        self.raw_index
+            .get(name)
+            .and_then(|v| self.best_of(v))
+            .or_else(|| self.alias_index.get(name).and_then(|v| self.best_of(v)))
+    }
+
+    /// Up to five function names that look like `name`.
+    pub fn similar(&self, name: &str) -> Vec<String> {
+        let shorts: BTreeSet<String> = self
+            .functions
+            .iter()
+            .map(|s| short_name(&s.raw_name))
+            .collect();
+        similar_names(name, shorts.iter().map(String::as_str), 5)
+    }
+
+    /// The function containing `addr` and the offset into it. Functions of
+    /// size 0 only match their exact start.
+    pub fn symbolize(&self, addr: LinkAddr) -> Option<(&Symbol, u64)> {
+        let end = self.functions.partition_point(|s| s.addr <= addr);
+        let mut i = end;
+        let mut found: Option<usize> = None;
+        let mut scanned = 0;
+        while i > 0 && scanned < 4096 {
+            i -= 1;
+            scanned += 1;
+            let s = self.functions.get(i)?;
+            if let Some(f) = found {
+                // Keep walking back over aliases at the same address.
+                if self.functions.get(f).map(|x| x.addr) != Some(s.addr) {
+                    break;
+                }
+            }
+            if s.contains(addr) {
+                found = Some(i);
+            }
+        }
+        let s = self.functions.get(found?)?;
+        Some((s, addr.0 - s.addr.0))
+    }
+
+    /// The link addresses where code for `file:line` starts, from the DWARF
+    /// line table: of the `is_stmt` rows for that line in files whose path
+    /// ends with `file` (component-wise), the lowest address in each function
+    /// (or line-table sequence, outside known functions). Sorted, deduplicated.
+    pub fn line_addresses(&self, file: &str, line: u32) -> Result<Vec<LinkAddr>, SymbolError> {
+        let dwarf = self.dwarf().ok_or_else(|| SymbolError::NoDebugInfo {
+            path: self.path.clone(),
+        })?;
+        let exec = self.exec_ranges();
+        let mut hits: BTreeMap<(u8, u64, u64), u64> = BTreeMap::new();
+        let mut file_seen = false;
+        let mut lines_seen: BTreeSet<u64> = BTreeSet::new();
+        let mut units = dwarf.units();
+        let mut unit_no: u64 = 0;
+        while let Ok(Some(header)) = units.next() {
+            unit_no += 1;
+            let Ok(unit) = dwarf.unit(header) else {
+                continue;
+            };
+            let Some(program) = unit.line_program.clone() else {
+                continue;
+            };
+            let mut matches: HashMap<u64, bool> = HashMap::new();
+            let mut seq: u64 = 0;
+            let mut rows = program.rows();
+            while let Ok(Some((lh, row))) = rows.next_row() {
+                if row.end_sequence() {
+                    seq += 1;
+                    continue;
+                }
+                if !row.is_stmt() {
+                    continue;
+                }
+                let fidx = row.file_index();
+                let is_match = *matches.entry(fidx).or_insert_with(|| {
+                    lh.file(fidx)
+                        .and_then(|f| file_path(dwarf, &unit, lh, f))
+                        .is_some_and(|p| path_suffix_matches(&p, file))
+                });
+                if !is_match {
+                    continue;
+                }
+                file_seen = true;
+                let Some(l) = row.line() else { continue };
+                let addr = LinkAddr(row.address());
+                if !exec.is_empty() && !exec.iter().any(|r| r.contains(&addr)) {
+                    continue;
+                }
+                lines_seen.insert(l.get());
+                if l.get() != u64::from(line) {
+                    continue;
+                }
+                let key = match self.symbolize(addr) {
+                    Some((s, _)) => (0, s.addr.0, 0),
+                    None => (1, unit_no, seq),
+                };
+                let e = hits.entry(key).or_insert(addr.0);
+                *e = (*e).min(addr.0);
+            }
+        }
+        let mut out: Vec<LinkAddr> = hits.into_values().map(LinkAddr).collect();
+        out.sort();
+        out.dedup();
+        if out.is_empty() {
+            let hint = if !file_seen {
+                format!("no compilation unit has a source file ending in {file:?}")
+            } else {
+                let after = lines_seen.range(u64::from(line)..).take(3);
+                let before = lines_seen.range(..u64::from(line)).rev().take(3);
+                let mut near: Vec<u64> = before.chain(after).copied().collect();
+                near.sort();
+                if near.is_empty() {
+                    String::new()
+                } else {
+                    let near: Vec<String> = near.iter().map(u64::to_string).collect();
+                    format!("lines nearby with code: {}", near.join(", "))
+                }
+            };
+            return Err(SymbolError::LineNotFound {
+                file: file.to_string(),
+                line,
+                where_: self.path.display().to_string(),
+                hint,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The source file and line of `addr`, from DWARF.
+    pub fn source_location(&self, addr: LinkAddr) -> Option<(String, u32)> {
+        let dwarf = self.dwarf()?;
+        let mut guard = self.a2l.lock().ok()?;
+        if guard.is_none() {
+            *guard = Some(addr2line::Context::from_arc_dwarf(dwarf.clone()).ok()?);
+        }
+        let ctx = guard.as_ref()?;
+        let loc = ctx.find_location(addr.0).ok()??;
+        Some((loc.file?.to_string(), loc.line?))
+    }
+
+    /// Whether this module (or its debug file) has DWARF information.
+    pub fn has_dwarf(&self) -> bool {
+        self.dwarf().is_some()
+    }
+
+    fn dwarf(&self) -> Option<&Arc<gimli::Dwarf<Reader>>> {
+        self.dwarf
+            .get_or_init(|| {
+                let (_, bytes) = self.dwarf_bytes.as_ref()?;
+                load_dwarf(bytes).map(Arc::new)
+            })
+            .as_ref()
+    }
+
+    /// The PLT sections (`.plt`, `.plt.sec`, `.plt.got`).
+    pub fn plt_ranges(&self) -> Vec<Range<LinkAddr>> {
+        self.plt.clone()
+    }
+
+    /// Whether `addr` lies in a PLT section.
+    pub fn in_plt(&self, addr: LinkAddr) -> bool {
+        self.plt.iter().any(|r| r.contains(&addr))
+    }
+
+    /// Executable PT_LOAD segments (`p_vaddr..p_vaddr + p_memsz`).
+    pub fn exec_ranges(&self) -> Vec<Range<LinkAddr>> {
+        self.segments
+            .iter()
+            .filter(|s| s.flags & PF_X != 0 && s.memsz > 0)
+            .map(|s| LinkAddr(s.vaddr)..LinkAddr(s.vaddr.saturating_add(s.memsz)))
+            .collect()
+    }
+
+    /// Whether `addr` lies in an executable segment.
+    pub fn is_executable(&self, addr: LinkAddr) -> bool {
+        self.exec_ranges().iter().any(|r| r.contains(&addr))
+    }
+
+    /// The biases one mapping could imply, one per PT_LOAD segment whose
+    /// page-aligned file range holds `m.offset`, with how well the
+    /// segment's permissions match the mapping's (higher is better).
+    fn bias_candidates(&self, m: &Mapping) -> Vec<(u32, LoadBias)> {
+        let mut out = Vec::new();
+        for seg in &self.segments {
+            if seg.filesz == 0 {
+                continue;
+            }
+            let first_page = seg.offset & !(PAGE - 1);
+            let Some(end) = seg.offset.checked_add(seg.filesz) else {
+                continue;
+            };
+            if m.offset < first_page || m.offset >= end {
+                continue;
+            }
+            // File offset m.offset sits at link address vaddr + (m.offset - offset).
+            let link = seg.vaddr.wrapping_sub(seg.offset).wrapping_add(m.offset);
+            let bias = LoadBias(m.start.0.wrapping_sub(link));
+            let score = u32::from((seg.flags & PF_X != 0) == m.perms.exec)
+                + u32::from((seg.flags & PF_W != 0) == m.perms.write);
+            out.push((score, bias));
+        }
+        out
+    }
+
+    /// The load bias implied by one mapping of this file: the PT_LOAD
+    /// segment whose (page-aligned) file range holds `m.offset` tells which
+    /// link address `m.start` corresponds to. `None` if no segment covers
+    /// the mapping's offset (e.g. a data mapping of the file made by mmap).
+    ///
+    /// Exact for executable mappings. When two segments share a file page
+    /// (e.g. the read-only segment and the RELRO part of the data segment
+    /// after `mprotect`), a single mapping is ambiguous: the segment whose
+    /// permissions match best wins. Prefer [`ElfModule::load_bias_for`]
+    /// with all of the file's mappings.
+    pub fn load_bias(&self, m: &Mapping) -> Option<LoadBias> {
+        let mut best: Option<(u32, LoadBias)> = None;
+        for (score, bias) in self.bias_candidates(m) {
+            let better = match best {
+                None => true,
+                Some((s, _)) => score > s,
+            };
+            if better {
+                best = Some((score, bias));
+            }
+        }
+        best.map(|(_, b)| b)
+    }
+
+    /// The load bias that explains the most of this file's mappings (all
+    /// the mappings of one loaded instance of the file); ties go to a bias
+    /// implied by an executable mapping. `None` if no mapping is covered by
+    /// a segment.
+    pub fn load_bias_for<'m>(
+        &self,
+        maps: impl IntoIterator<Item = &'m Mapping>,
+    ) -> Option<LoadBias> {
+        let per_map: Vec<(bool, Vec<LoadBias>)> = maps
+            .into_iter()
+            .map(|m| {
+                let c = self
+                    .bias_candidates(m)
+                    .into_iter()
+                    .map(|(_, b)| b)
+                    .collect();
+                (m.perms.exec, c)
+            })
+            .collect();
+        let mut best: Option<((usize, bool), LoadBias)> = None;
+        for (_, cands) in &per_map {
+            for &b in cands {
+                let explained = per_map.iter().filter(|(_, c)| c.contains(&b)).count();
+                let from_exec = per_map.iter().any(|(x, c)| *x && c.contains(&b));
+                let key = (explained, from_exec);
+                let better = match best {
+                    None => true,
+                    Some((k, _)) => key > k,
+                };
+                if better {
+                    best = Some((key, b));
+                }
+            }
+        }
+        best.map(|(_, b)| b)
+    }
+
+    /// The GNU build id (`NT_GNU_BUILD_ID` note), if present.
+    pub fn build_id(&self) -> Option<Vec<u8>> {
+        self.build_id.clone()
+    }
+}
+
+fn load_dwarf(bytes: &Arc<[u8]>) -> Option<gimli::Dwarf<Reader>> {
+    let file = object::File::parse(&**bytes).ok()?;
+    let endian = if file.is_little_endian() {
+        gimli::RunTimeEndian::Little
+    } else {
+        gimli::RunTimeEndian::Big
+    };
+    let load = |id: gimli::SectionId| -> Result<Reader, gimli::Error> {
+        let data: Arc<[u8]> = match file.section_by_name(id.name()) {
+            Some(sec) => match sec.uncompressed_data() {
+                Ok(d) => Arc::from(&*d),
+                Err(_) => Arc::from(&[][..]),
+            },
+            None => Arc::from(&[][..]),
+        };
+        Ok(gimli::EndianArcSlice::new(data, endian))
+    };
+    gimli::Dwarf::load(load).ok()
+}
+
+fn attr_str(
+    dwarf: &gimli::Dwarf<Reader>,
+    unit: &gimli::Unit<Reader>,
+    v: gimli::AttributeValue<Reader>,
+) -> Option<String> {
+    use gimli::Reader as _;
+    let r = dwarf.attr_string(unit, v).ok()?;
+    let s = r.to_string_lossy().ok()?.into_owned();
+    Some(s)
+}
+
+/// The full path of a line-table file entry (as far as DWARF says).
+fn file_path(
+    dwarf: &gimli::Dwarf<Reader>,
+    unit: &gimli::Unit<Reader>,
+    header: &gimli::LineProgramHeader<Reader>,
+    file: &gimli::FileEntry<Reader>,
+) -> Option<String> {
+    let name = attr_str(dwarf, unit, file.path_name())?;
+    if name.starts_with('/') {
+        return Some(name);
+    }
+    let mut path = file
+        .directory(header)
+        .and_then(|d| attr_str(dwarf, unit, d))
+        .unwrap_or_default();
+    if !path.starts_with('/') {
+        if let Some(comp) = unit.comp_dir.as_ref() {
+            use gimli::Reader as _;
+            if let Ok(c) = comp.to_string_lossy() {
+                path = if path.is_empty() {
+                    c.into_owned()
+                } else {
+                    format!("{c}/{path}")
+                };
+            }
+        }
+    }
+    Some(if path.is_empty() {
+        name
+    } else {
+        format!("{path}/{name}")
+    })
+}
+
+/// Whether `full` ends with the path components of `want` ("prog.c"
+/// matches "/tmp/x/prog.c", "x/prog.c" too, "rog.c" does not). An absolute
+/// `want` must match all of `full`.
+pub(crate) fn path_suffix_matches(full: &str, want: &str) -> bool {
+    let comps = |s: &str| -> Vec<String> {
+        s.split('/')
+            .filter(|c| !c.is_empty() && *c != ".")
+            .map(str::to_string)
+            .collect()
+    };
+    let f = comps(full);
+    let w = comps(want);
+    if w.is_empty() || w.len() > f.len() {
+        return false;
+    }
+    if want.starts_with('/') && w.len() != f.len() {
+        return false;
+    }
+    f.get(f.len() - w.len()..) == Some(&w[..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suffix() {
+        assert!(path_suffix_matches("/tmp/x/prog.c", "prog.c"));
+        assert!(path_suffix_matches("/tmp/x/prog.c", "x/prog.c"));
+        assert!(path_suffix_matches("/tmp/x/./prog.c", "/tmp/x/prog.c"));
+        assert!(!path_suffix_matches("/tmp/x/prog.c", "rog.c"));
+        assert!(!path_suffix_matches("/tmp/x/prog.c", "/x/prog.c"));
+        assert!(!path_suffix_matches("/tmp/x/prog.c", ""));
+    }
+
+    #[test]
+    fn garbage_is_an_error() {
+        assert!(ElfModule::from_bytes("x".into(), vec![]).is_err());
+        assert!(ElfModule::from_bytes("x".into(), b"\x7fELF\x02\x01\x01".to_vec()).is_err());
+    }
+
+    #[test]
+    fn module_is_send_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<ElfModule>();
+    }
+}

@@ -1,0 +1,596 @@
+//! The modules mapped in a process, and probe-spec resolution against them.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io::Read;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use hotprobe_target::{LinkAddr, LoadBias, RuntimeAddr};
+
+use crate::elf::{ElfModule, Symbol};
+use crate::error::SymbolError;
+use crate::maps::{read_maps, Mapping};
+use crate::spec::ProbeSpec;
+
+/// Identifies one version of a file on disk, so a rebuilt file is re-read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: i64,
+    mtime_nsec: i64,
+}
+
+impl FileId {
+    fn of(path: &Path) -> std::io::Result<FileId> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path)?;
+        Ok(FileId {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime: m.mtime(),
+            mtime_nsec: m.mtime_nsec(),
+        })
+    }
+}
+
+/// Cached files: identity when parsed, and the module (`None`: not ELF).
+type CacheMap = HashMap<PathBuf, (FileId, Option<Arc<ElfModule>>)>;
+
+/// A cache of parsed ELF files by path, so that resolving symbols for many
+/// processes (or many times) parses each library once. A file that changed
+/// on disk (inode, size or mtime) is parsed again. Files that are not ELF
+/// are remembered too.
+#[derive(Debug, Default)]
+pub struct ModuleCache {
+    entries: Mutex<CacheMap>,
+}
+
+impl ModuleCache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The process-wide cache used by [`ProcessSymbols::from_maps`] and
+    /// [`ProcessSymbols::for_pid`].
+    pub fn global() -> &'static ModuleCache {
+        static GLOBAL: OnceLock<ModuleCache> = OnceLock::new();
+        GLOBAL.get_or_init(ModuleCache::new)
+    }
+
+    /// The parsed module at `path`: `Ok(None)` if the file is not ELF.
+    pub fn get(&self, path: &Path) -> Result<Option<Arc<ElfModule>>, SymbolError> {
+        let io = |source| SymbolError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let id = FileId::of(path).map_err(io)?;
+        let mut entries = self
+            .entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((cached_id, m)) = entries.get(path) {
+            if *cached_id == id {
+                return Ok(m.clone());
+            }
+        }
+        let module = if is_elf_file(path).map_err(io)? {
+            Some(Arc::new(ElfModule::open(path)?))
+        } else {
+            None
+        };
+        entries.insert(path.to_path_buf(), (id, module.clone()));
+        Ok(module)
+    }
+
+    /// How many files are cached.
+    pub fn len(&self) -> usize {
+        self.entries.lock().map(|e| e.len()).unwrap_or(0)
+    }
+
+    /// Whether the cache is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Forget every cached file.
+    pub fn clear(&self) {
+        if let Ok(mut e) = self.entries.lock() {
+            e.clear();
+        }
+    }
+}
+
+/// Whether a file starts with the ELF magic (without reading all of it).
+fn is_elf_file(path: &Path) -> std::io::Result<bool> {
+    let mut f = std::fs::File::open(path)?;
+    let mut magic = [0u8; 4];
+    match f.read_exact(&mut magic) {
+        Ok(()) => Ok(&magic == b"\x7fELF"),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// An ELF module mapped in a process, with its load bias.
+#[derive(Clone, Debug)]
+pub struct LoadedModule {
+    /// The parsed file.
+    pub module: Arc<ElfModule>,
+    /// Run-time address minus link-time address.
+    pub bias: LoadBias,
+    /// File name (`libc.so.6`).
+    pub name: String,
+    /// Path as the maps file shows it.
+    pub path: PathBuf,
+    /// The address ranges of its mappings, in map order.
+    pub ranges: Vec<Range<RuntimeAddr>>,
+}
+
+impl LoadedModule {
+    /// Whether `addr` lies in one of this module's mappings.
+    pub fn contains(&self, addr: RuntimeAddr) -> bool {
+        self.ranges.iter().any(|r| r.contains(&addr))
+    }
+
+    /// Run-time address of a link-time address.
+    pub fn runtime(&self, addr: LinkAddr) -> RuntimeAddr {
+        addr + self.bias
+    }
+
+    /// Link-time address of a run-time address.
+    pub fn link(&self, addr: RuntimeAddr) -> LinkAddr {
+        addr - self.bias
+    }
+}
+
+/// One address a probe spec resolved to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResolvedProbe {
+    /// Run-time address to probe.
+    pub addr: RuntimeAddr,
+    /// The same address in the module's file.
+    pub link_addr: LinkAddr,
+    /// The module's file name.
+    pub module: String,
+    /// The function containing the address, if known (demangled).
+    pub function: Option<String>,
+    /// Offset from the function's start (0 if no function is known).
+    pub offset: u64,
+    /// The containing function's run-time range, when its size is known.
+    pub function_range: Option<Range<RuntimeAddr>>,
+    /// A return probe (`%return`): `addr` is the function's entry.
+    pub is_return: bool,
+    /// The address lies in a PLT section (a stub, not the function itself).
+    pub in_plt: bool,
+}
+
+impl fmt::Display for ResolvedProbe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.function {
+            Some(func) if self.offset == 0 => write!(f, "{func}")?,
+            Some(func) => write!(f, "{func}+{:#x}", self.offset)?,
+            None => write!(f, "{}", self.link_addr)?,
+        }
+        write!(f, " [{}] at {}", self.module, self.addr)?;
+        if self.is_return {
+            f.write_str(" (return)")?;
+        }
+        Ok(())
+    }
+}
+
+/// A run-time address described as module, function and offset.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SymbolizedAddr {
+    /// The address.
+    pub addr: RuntimeAddr,
+    /// The same address in the module's file.
+    pub link_addr: LinkAddr,
+    /// The module's file name.
+    pub module: String,
+    /// The containing function (demangled), if known.
+    pub function: Option<String>,
+    /// Offset from the function's start (0 if no function is known).
+    pub offset: u64,
+}
+
+impl fmt::Display for SymbolizedAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.function {
+            Some(func) if self.offset == 0 => write!(f, "{func} [{}]", self.module),
+            Some(func) => write!(f, "{func}+{:#x} [{}]", self.offset, self.module),
+            None => write!(f, "{} [{}]", self.link_addr, self.module),
+        }
+    }
+}
+
+/// Every ELF module mapped in one process.
+#[derive(Clone, Debug)]
+pub struct ProcessSymbols {
+    modules: Vec<LoadedModule>,
+    main: Option<usize>,
+}
+
+fn same_file(a: &Path, b: &Path, b_canon: Option<&Path>) -> bool {
+    if a == b {
+        return true;
+    }
+    match (std::fs::canonicalize(a).ok(), b_canon) {
+        (Some(ca), Some(cb)) => ca == cb,
+        _ => false,
+    }
+}
+
+impl ProcessSymbols {
+    /// Open every ELF file mapped in `maps` (once each, through
+    /// [`ModuleCache::global`]); `main_exe` names the main executable.
+    /// Files that are not ELF, cannot be read, or were deleted are skipped.
+    pub fn from_maps(maps: &[Mapping], main_exe: &Path) -> Result<Self, SymbolError> {
+        Self::from_maps_with(maps, main_exe, ModuleCache::global())
+    }
+
+    /// [`ProcessSymbols::from_maps`] with a given cache.
+    pub fn from_maps_with(
+        maps: &[Mapping],
+        main_exe: &Path,
+        cache: &ModuleCache,
+    ) -> Result<Self, SymbolError> {
+        Self::build(maps, main_exe, cache, |_| None)
+    }
+
+    /// `open_as` may give another path to read a mapped file from (e.g.
+    /// /proc/PID/exe for a deleted executable).
+    fn build(
+        maps: &[Mapping],
+        main_exe: &Path,
+        cache: &ModuleCache,
+        open_as: impl Fn(&Mapping) -> Option<PathBuf>,
+    ) -> Result<Self, SymbolError> {
+        let exe_canon = std::fs::canonicalize(main_exe).ok();
+        // Group mappings by path, in order of first appearance.
+        let mut order: Vec<&Path> = Vec::new();
+        let mut groups: HashMap<&Path, Vec<&Mapping>> = HashMap::new();
+        for m in maps {
+            let Some(p) = m.path.as_deref() else { continue };
+            groups
+                .entry(p)
+                .or_insert_with(|| {
+                    order.push(p);
+                    Vec::new()
+                })
+                .push(m);
+        }
+        let mut modules = Vec::new();
+        let mut main = None;
+        for path in order {
+            let Some(group) = groups.get(path) else {
+                continue;
+            };
+            let read_path = match group.first().and_then(|m| open_as(m)) {
+                Some(p) => p,
+                None if group.iter().any(|m| m.deleted) => continue,
+                None => path.to_path_buf(),
+            };
+            let module = match cache.get(&read_path) {
+                Ok(Some(m)) => m,
+                // Not ELF, unreadable or malformed: not a probe target.
+                Ok(None) | Err(_) => continue,
+            };
+            let Some(bias) = module.load_bias_for(group.iter().copied()) else {
+                continue;
+            };
+            let is_main = main.is_none() && same_file(path, main_exe, exe_canon.as_deref());
+            if is_main {
+                main = Some(modules.len());
+            }
+            modules.push(LoadedModule {
+                name: path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| path.display().to_string()),
+                path: path.to_path_buf(),
+                module,
+                bias,
+                ranges: group.iter().map(|m| m.start..m.end).collect(),
+            });
+        }
+        Ok(ProcessSymbols { modules, main })
+    }
+
+    /// Read `/proc/PID/maps` and `/proc/PID/exe` and open every module.
+    /// A deleted main executable is read through `/proc/PID/exe`.
+    pub fn for_pid(pid: u32) -> Result<Self, SymbolError> {
+        let maps = read_maps(pid)?;
+        let exe_link = PathBuf::from(format!("/proc/{pid}/exe"));
+        let exe = std::fs::read_link(&exe_link).map_err(|source| SymbolError::Proc {
+            pid,
+            path: exe_link.clone(),
+            source,
+        })?;
+        let exe = match exe.to_str().and_then(|s| s.strip_suffix(" (deleted)")) {
+            Some(s) => PathBuf::from(s),
+            None => exe,
+        };
+        let exe_for_open = exe.clone();
+        Self::build(&maps, &exe, ModuleCache::global(), move |m| {
+            (m.deleted && m.path.as_deref() == Some(exe_for_open.as_path()))
+                .then(|| exe_link.clone())
+        })
+    }
+
+    /// The modules, in map order.
+    pub fn modules(&self) -> &[LoadedModule] {
+        &self.modules
+    }
+
+    /// The main executable's module.
+    pub fn main_module(&self) -> Option<&LoadedModule> {
+        self.main.and_then(|i| self.modules.get(i))
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.modules.iter().map(|m| m.name.clone()).collect()
+    }
+
+    /// The module named `name`: its file name or path exactly, or a prefix
+    /// of its file name ending where the file name continues with `.` or `-`
+    /// (`libc` and `libc.so` match `libc.so.6`).
+    pub fn find_module(&self, name: &str) -> Result<&LoadedModule, SymbolError> {
+        let exact: Vec<&LoadedModule> = self
+            .modules
+            .iter()
+            .filter(|m| m.name == name || m.path.as_os_str() == name)
+            .collect();
+        let found = if exact.is_empty() {
+            self.modules
+                .iter()
+                .filter(|m| {
+                    m.name
+                        .strip_prefix(name)
+                        .is_some_and(|rest| rest.starts_with(['.', '-']))
+                })
+                .collect()
+        } else {
+            exact
+        };
+        match found.as_slice() {
+            [one] => Ok(one),
+            [] => Err(SymbolError::ModuleNotFound {
+                name: name.to_string(),
+                loaded: self.names(),
+            }),
+            many => Err(SymbolError::AmbiguousModule {
+                name: name.to_string(),
+                candidates: many.iter().map(|m| m.path.display().to_string()).collect(),
+            }),
+        }
+    }
+
+    /// The module whose mappings contain `addr`.
+    pub fn module_at(&self, addr: RuntimeAddr) -> Option<&LoadedModule> {
+        self.modules.iter().find(|m| m.contains(addr))
+    }
+
+    /// Modules in search order: main executable first, then map order.
+    fn search_order(&self) -> impl Iterator<Item = &LoadedModule> {
+        self.main_module().into_iter().chain(
+            self.modules
+                .iter()
+                .enumerate()
+                .filter(move |(i, _)| Some(*i) != self.main)
+                .map(|(_, m)| m),
+        )
+    }
+
+    fn probe_at(lm: &LoadedModule, link: LinkAddr, is_return: bool) -> ResolvedProbe {
+        let sym = lm.module.symbolize(link);
+        ResolvedProbe {
+            addr: lm.runtime(link),
+            link_addr: link,
+            module: lm.name.clone(),
+            function: sym.map(|(s, _)| s.name.clone()),
+            offset: sym.map_or(0, |(_, off)| off),
+            function_range: sym.and_then(|(s, _)| function_range(lm, s)),
+            is_return,
+            in_plt: lm.module.in_plt(link),
+        }
+    }
+
+    /// Turn a probe spec into run-time addresses.
+    ///
+    /// A function without module is searched in the main executable, then in
+    /// the other modules in map order (first match wins). A line is searched
+    /// in every module with DWARF; it may give several addresses (inlined or
+    /// duplicated code). `%return` needs a function entry: a line's return
+    /// probe is put on its containing function.
+    pub fn resolve(&self, spec: &ProbeSpec) -> Result<Vec<ResolvedProbe>, SymbolError> {
+        match spec {
+            ProbeSpec::Function {
+                module,
+                name,
+                offset,
+                is_return,
+            } => {
+                if *is_return && *offset != 0 {
+                    return Err(SymbolError::Unprobeable {
+                        spec: spec.to_string(),
+                        reason: "%return probes go on a function's entry; drop the offset".into(),
+                    });
+                }
+                let (lm, sym) = match module {
+                    Some(m) => {
+                        let lm = self.find_module(m)?;
+                        let sym = lm.module.lookup(name).map_err(|e| match e {
+                            SymbolError::SymbolNotFound {
+                                symbol, similar, ..
+                            } => SymbolError::SymbolNotFound {
+                                symbol,
+                                module: lm.name.clone(),
+                                similar,
+                            },
+                            other => other,
+                        })?;
+                        (lm, sym)
+                    }
+                    None => self
+                        .search_order()
+                        .find_map(|lm| lm.module.find(name).map(|s| (lm, s)))
+                        .ok_or_else(|| self.not_found(name))?,
+                };
+                if sym.size > 0 && *offset >= sym.size {
+                    return Err(SymbolError::OffsetPastEnd {
+                        function: sym.name.clone(),
+                        offset: *offset,
+                        size: sym.size,
+                    });
+                }
+                let link = LinkAddr(sym.addr.0.wrapping_add(*offset));
+                let mut p = Self::probe_at(lm, link, *is_return);
+                // Aliases at the same address: name the probe as asked.
+                p.function = Some(sym.name.clone());
+                p.offset = *offset;
+                p.function_range = function_range(lm, sym);
+                Ok(vec![p])
+            }
+            ProbeSpec::Address {
+                module,
+                addr,
+                is_return,
+            } => {
+                let (lm, link) = match module {
+                    Some(m) => {
+                        let lm = self.find_module(m)?;
+                        (lm, LinkAddr(*addr))
+                    }
+                    None => {
+                        let rt = RuntimeAddr(*addr);
+                        let lm =
+                            self.module_at(rt)
+                                .ok_or_else(|| SymbolError::AddressNotMapped {
+                                    addr: *addr,
+                                    why: "is not inside any ELF module mapped in the process"
+                                        .into(),
+                                })?;
+                        (lm, lm.link(rt))
+                    }
+                };
+                if !lm.module.is_executable(link) {
+                    return Err(SymbolError::AddressNotMapped {
+                        addr: *addr,
+                        why: format!(
+                            "is not in an executable segment of {} (link address {link})",
+                            lm.name
+                        ),
+                    });
+                }
+                let p = Self::probe_at(lm, link, *is_return);
+                if *is_return && p.offset != 0 {
+                    return Err(SymbolError::Unprobeable {
+                        spec: spec.to_string(),
+                        reason: format!(
+                            "%return probes go on a function's entry, and this address is {}+{:#x}",
+                            p.function.as_deref().unwrap_or("?"),
+                            p.offset
+                        ),
+                    });
+                }
+                Ok(vec![p])
+            }
+            ProbeSpec::Line {
+                file,
+                line,
+                is_return,
+            } => {
+                let mut out = Vec::new();
+                let mut first_err = None;
+                for lm in self.search_order() {
+                    match lm.module.line_addresses(file, *line) {
+                        Ok(addrs) => {
+                            for a in addrs {
+                                let mut p = Self::probe_at(lm, a, *is_return);
+                                if *is_return {
+                                    if let Some((s, _)) = lm.module.symbolize(a) {
+                                        p = Self::probe_at(lm, s.addr, true);
+                                    }
+                                }
+                                if !out.contains(&p) {
+                                    out.push(p);
+                                }
+                            }
+                        }
+                        Err(e @ SymbolError::LineNotFound { .. }) => {
+                            // Keep the most helpful error: one that saw the file.
+                            let saw_file = matches!(&e, SymbolError::LineNotFound { hint, .. }
+                                if hint.starts_with("lines nearby"));
+                            if first_err.is_none() || saw_file {
+                                first_err = Some(e);
+                            }
+                        }
+                        Err(_) => {}
+                    }
+                }
+                if out.is_empty() {
+                    return Err(match first_err {
+                        Some(e) => e,
+                        None => SymbolError::LineNotFound {
+                            file: file.clone(),
+                            line: *line,
+                            where_: "any loaded module".into(),
+                            hint: "no loaded module has DWARF line information: build with -g"
+                                .into(),
+                        },
+                    });
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    fn not_found(&self, name: &str) -> SymbolError {
+        let mut similar = Vec::new();
+        for lm in self.search_order() {
+            for s in lm.module.similar(name) {
+                if similar.len() < 5 && !similar.contains(&s) {
+                    similar.push(s);
+                }
+            }
+        }
+        let module = match self.main_module() {
+            Some(m) => format!(
+                "{} or any of its {} loaded modules",
+                m.name,
+                self.modules.len()
+            ),
+            None => format!("any of the {} loaded modules", self.modules.len()),
+        };
+        SymbolError::SymbolNotFound {
+            symbol: name.to_string(),
+            module,
+            similar,
+        }
+    }
+
+    /// Describe a run-time address: module, function, offset.
+    pub fn symbolize(&self, addr: RuntimeAddr) -> Option<SymbolizedAddr> {
+        let lm = self.module_at(addr)?;
+        let link = lm.link(addr);
+        let sym = lm.module.symbolize(link);
+        Some(SymbolizedAddr {
+            addr,
+            link_addr: link,
+            module: lm.name.clone(),
+            function: sym.map(|(s, _)| s.name.clone()),
+            offset: sym.map_or(0, |(_, off)| off),
+        })
+    }
+}
+
+fn function_range(lm: &LoadedModule, s: &Symbol) -> Option<Range<RuntimeAddr>> {
+    (s.size > 0).then(|| lm.runtime(s.addr)..lm.runtime(LinkAddr(s.addr.0.wrapping_add(s.size))))
+}
