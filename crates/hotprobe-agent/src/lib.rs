@@ -1,1 +1,259 @@
-//! hotprobe-agent (being written).
+//! The hotprobe agent: a small shared library loaded into a process target
+//! (`LD_PRELOAD` at spawn, or `dlopen` injected by the tracer) that runs the
+//! fast in-target actions of the patch and jump mechanisms.
+//!
+//! On load, a constructor (`.init_array`) looks for the shared memory the
+//! tracer prepared — `HOTPROBE_SHM_FD` (an inherited descriptor, e.g. a
+//! memfd) or `HOTPROBE_SHM_PATH` (a file, e.g. in `/dev/shm`) — maps it,
+//! validates it ([`hotprobe_abi::Shm::attach`]), maps a *near page* within
+//! ±2 GiB of the main executable holding jump stubs to the trampolines, and
+//! publishes the trampoline and near-page addresses in the header. Without
+//! either variable it stays dormant (every hit returns at once).
+//! [`hotprobe_agent_attach_fd`] does the same for an injected agent.
+//!
+//! Patched sites `call` a trampoline ([`trampoline`]), which looks the return
+//! address up in the site table and counts or records (see [`hit`]'s docs in
+//! the source). The hot path allocates nothing, takes no lock, makes no
+//! system call, and never panics; each `extern "C"` entry that can reach
+//! libc or std catches unwinding. The agent never exits its host.
+
+use std::ffi::{c_char, c_int, CStr};
+use std::sync::atomic::Ordering::{Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicU32};
+use std::sync::OnceLock;
+
+use hotprobe_abi::patch::{abs_jmp_stub, NEAR_STUB_ENTRY, NEAR_STUB_EXIT, NEAR_STUB_MID};
+use hotprobe_abi::{rdtsc, Shm, STATUS_ATTACHED, STATUS_NO_NEAR_PAGE, VERSION};
+
+mod hit;
+pub mod trampoline;
+
+pub use hotprobe_abi::patch::call_rel32;
+
+static SHM: OnceLock<Shm> = OnceLock::new();
+static EXIT_KEY: AtomicU32 = AtomicU32::new(u32::MAX);
+static ATTACHING: AtomicBool = AtomicBool::new(false);
+
+#[inline(always)]
+pub(crate) fn shm() -> Option<&'static Shm> {
+    SHM.get()
+}
+
+pub(crate) fn exit_key() -> Option<libc::pthread_key_t> {
+    match EXIT_KEY.load(Relaxed) {
+        u32::MAX => None,
+        k => Some(k as libc::pthread_key_t),
+    }
+}
+
+/// Why attaching failed (returned negated by [`hotprobe_agent_attach_fd`]).
+#[repr(i32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttachError {
+    /// Already attached (or attaching).
+    Already = 1,
+    /// `fstat` or `mmap` of the descriptor failed.
+    Map = 2,
+    /// The memory is not a valid hotprobe layout of this version.
+    Layout = 3,
+    /// The path could not be opened.
+    Open = 4,
+    /// A panic was caught.
+    Panic = 5,
+}
+
+/// The layout version this agent speaks ([`hotprobe_abi::VERSION`]).
+#[no_mangle]
+pub extern "C" fn hotprobe_agent_version() -> u32 {
+    VERSION
+}
+
+/// Maps the shared memory behind `fd` (which stays open, owned by the
+/// caller) and attaches to it. Returns 0, or a negated [`AttachError`].
+#[no_mangle]
+pub extern "C" fn hotprobe_agent_attach_fd(fd: c_int) -> c_int {
+    std::panic::catch_unwind(|| match attach_fd(fd) {
+        Ok(()) => 0,
+        Err(e) => -(e as c_int),
+    })
+    .unwrap_or(-(AttachError::Panic as c_int))
+}
+
+fn attach_fd(fd: c_int) -> Result<(), AttachError> {
+    if ATTACHING.swap(true, Relaxed) {
+        return Err(AttachError::Already);
+    }
+    let r = map_and_attach(fd);
+    if r.is_err() {
+        ATTACHING.store(false, Relaxed);
+    }
+    r
+}
+
+fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
+    // SAFETY: an all-zero stat is a valid value to be overwritten.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes into `st`, a valid stat.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_size <= 0 {
+        return Err(AttachError::Map);
+    }
+    let len = st.st_size as usize;
+    // SAFETY: a fresh shared mapping of the descriptor; no existing memory affected.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(AttachError::Map);
+    }
+    // SAFETY: the mapping is valid for len bytes and is never unmapped.
+    let shm = match unsafe { Shm::attach(p as *mut u8, len) } {
+        Ok(s) => s,
+        Err(_) => {
+            // SAFETY: unmapping the mapping made above, unused.
+            unsafe { libc::munmap(p, len) };
+            return Err(AttachError::Layout);
+        }
+    };
+    let mut key: libc::pthread_key_t = 0;
+    // SAFETY: key is a valid out-pointer; the destructor is an extern "C" fn.
+    if unsafe { libc::pthread_key_create(&mut key, Some(hit::thread_exit)) } == 0 {
+        EXIT_KEY.store(key as u32, Relaxed);
+    }
+    // SAFETY: registers a plain extern "C" fn for the child side of fork.
+    unsafe { libc::pthread_atfork(None, None, Some(hit::after_fork_child)) };
+    let h = shm.header();
+    // SAFETY: getpid has no preconditions.
+    h.agent_pid.store(unsafe { libc::getpid() } as u32, Relaxed);
+    h.agent_abi_version.store(VERSION, Relaxed);
+    let entry = trampoline::hotprobe_agent_entry_trampoline as *const () as usize as u64;
+    let exit = trampoline::hotprobe_agent_exit_trampoline as *const () as usize as u64;
+    let mid = trampoline::hotprobe_agent_mid_trampoline as *const () as usize as u64;
+    h.entry_trampoline.store(entry, Relaxed);
+    h.exit_trampoline.store(exit, Relaxed);
+    h.mid_trampoline.store(mid, Relaxed);
+    match map_near_page(&[
+        (NEAR_STUB_ENTRY, entry),
+        (NEAR_STUB_EXIT, exit),
+        (NEAR_STUB_MID, mid),
+    ]) {
+        Some(page) => {
+            h.near_page.store(page, Relaxed);
+            h.near_page_size.store(4096, Relaxed);
+        }
+        None => {
+            h.status.fetch_or(STATUS_NO_NEAR_PAGE, Relaxed);
+        }
+    }
+    let t = rdtsc();
+    // SAFETY: an all-zero timespec is valid; clock_gettime writes it.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    h.calib_tsc.store(t, Relaxed);
+    h.calib_ns.store(
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64,
+        Relaxed,
+    );
+    let _ = SHM.set(shm);
+    if let Some(s) = SHM.get() {
+        // Release pairs with the tracer's `status.load(Acquire)`: the
+        // addresses above are visible once ATTACHED is.
+        s.header().status.fetch_or(STATUS_ATTACHED, Release);
+    }
+    Ok(())
+}
+
+/// Maps one page within ±2 GiB of the main executable (found through
+/// `AT_PHDR`), writes the stubs, makes it read+execute. Returns its address.
+fn map_near_page(stubs: &[(u64, u64)]) -> Option<u64> {
+    // SAFETY: getauxval has no preconditions.
+    let phdr = unsafe { libc::getauxval(libc::AT_PHDR) };
+    if phdr == 0 {
+        return None;
+    }
+    let anchor = phdr & !0xfff;
+    const STEP: u64 = 1 << 20;
+    // Below the executable first (above it lies the heap), then above.
+    let candidates = (1..1024u64)
+        .filter_map(|k| anchor.checked_sub(k * STEP))
+        .chain((1..512u64).filter_map(|k| anchor.checked_add((1 << 30) + k * STEP)));
+    for hint in candidates {
+        if hint < 0x10000 {
+            continue;
+        }
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping.
+        let p = unsafe {
+            libc::mmap(
+                hint as *mut libc::c_void,
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            continue;
+        }
+        if p as u64 != hint {
+            // Old kernels ignore the flag and treat it as a hint.
+            // SAFETY: our own fresh mapping.
+            unsafe { libc::munmap(p, 4096) };
+            continue;
+        }
+        let page = p as *mut u8;
+        for &(off, target) in stubs {
+            let s = abs_jmp_stub(target);
+            // SAFETY: off + 16 <= 64 < 4096, inside the fresh RW page.
+            unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), page.add(off as usize), s.len()) };
+        }
+        // SAFETY: our page; RX from now on (the tracer writes through /proc/PID/mem).
+        unsafe { libc::mprotect(p, 4096, libc::PROT_READ | libc::PROT_EXEC) };
+        return Some(hint);
+    }
+    None
+}
+
+fn env_var(name: &CStr) -> Option<&'static CStr> {
+    // SAFETY: name is NUL-terminated; getenv returns NULL or a C string that
+    // lives as long as the environment entry (not modified by us).
+    let p = unsafe { libc::getenv(name.as_ptr()) };
+    // SAFETY: non-null result of getenv is a valid C string.
+    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p as *const c_char) })
+}
+
+fn attach_from_env() {
+    if let Some(v) = env_var(c"HOTPROBE_SHM_FD") {
+        if let Some(fd) = std::str::from_utf8(v.to_bytes())
+            .ok()
+            .and_then(|s| s.parse::<c_int>().ok())
+        {
+            let _ = attach_fd(fd);
+            return;
+        }
+    }
+    if let Some(path) = env_var(c"HOTPROBE_SHM_PATH") {
+        // SAFETY: path is a valid C string.
+        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if fd >= 0 {
+            let _ = attach_fd(fd);
+            // SAFETY: our descriptor; the mapping survives its close.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
+extern "C" fn constructor() {
+    let _ = std::panic::catch_unwind(attach_from_env);
+}
+
+#[used]
+#[link_section = ".init_array"]
+static CONSTRUCTOR: extern "C" fn() = constructor;

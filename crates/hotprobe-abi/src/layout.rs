@@ -1,0 +1,426 @@
+//! The `#[repr(C)]` structures that live in the shared memory, their
+//! constants, and the arithmetic that places them ([`Layout`]).
+//!
+//! ```text
+//! offset 0            Header (256 bytes; rest of the first page reserved)
+//! sites_offset        SiteSlot[n_site_slots]        (4096, 16 bytes each)
+//! counters_offset     AtomicU64[n_probes]           global counters (threads without a slot)
+//! threads_offset      ThreadSlot[n_threads], each thread_stride bytes:
+//!                       +0                     RingCtl (192 bytes)
+//!                       +THREAD_COUNTERS_OFFSET AtomicU64[n_probes] per-thread counters
+//!                       +events_offset          Event[ring_capacity]
+//! ```
+//! Every offset is a multiple of 64 (sections start on a page).
+
+use core::mem::{align_of, offset_of, size_of};
+use core::sync::atomic::{AtomicU32, AtomicU64};
+
+use crate::AbiError;
+
+/// `b"HOTPROBE"` read as a little-endian `u64`: the first word of the mapping.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"HOTPROBE");
+/// Version of this layout; bumped on any incompatible change.
+pub const VERSION: u32 = 1;
+/// Size of [`Header`] in bytes.
+pub const HEADER_SIZE: usize = 256;
+/// Alignment of every section start (the site table and the thread slots).
+pub const PAGE: usize = 4096;
+
+/// [`Header::control`] bit (tracer → agent): the agent acts on hits. Clear:
+/// every hit returns at once.
+pub const CONTROL_ENABLED: u32 = 1 << 0;
+/// [`Header::control`] bit (tracer → agent): `record` actions write events.
+/// The agent clears it itself when the heartbeat goes stale.
+pub const CONTROL_RECORD: u32 = 1 << 1;
+
+/// [`Header::status`] bit (agent → tracer): the agent mapped the memory and
+/// published its trampoline addresses.
+pub const STATUS_ATTACHED: u32 = 1 << 0;
+/// [`Header::status`] bit: the agent saw a stale heartbeat and stopped recording.
+pub const STATUS_ORPHANED: u32 = 1 << 1;
+/// [`Header::status`] bit: the agent's near page could not be mapped; the
+/// tracer must provide its own stubs within ±2 GiB of the sites.
+pub const STATUS_NO_NEAR_PAGE: u32 = 1 << 2;
+
+/// [`SiteSlot::action`] bit: add one to the probe's counter.
+pub const ACTION_COUNT: u32 = 1 << 0;
+/// [`SiteSlot::action`] bit: write an [`Event`] to the thread's ring.
+pub const ACTION_RECORD: u32 = 1 << 1;
+
+/// [`RingCtl::state`]: slot never claimed.
+pub const THREAD_FREE: u32 = 0;
+/// [`RingCtl::state`]: slot owned by a live thread (`owner_tid`).
+pub const THREAD_LIVE: u32 = 1;
+/// [`RingCtl::state`]: the owning thread exited; the ring may still hold
+/// undrained events. Slots are never reused by another thread.
+pub const THREAD_EXITED: u32 = 2;
+
+/// The shared-memory header at offset 0.
+///
+/// Plain (non-atomic) fields are written once by the tracer before the agent
+/// maps the memory ([`crate::Shm::create`]) and are read-only afterwards;
+/// both sides copy them into a validated [`Layout`] and never read them
+/// again. Atomic fields are documented with their single writer.
+#[repr(C)]
+#[derive(Debug)]
+pub struct Header {
+    /// [`MAGIC`].
+    pub magic: u64,
+    /// [`VERSION`].
+    pub version: u32,
+    /// [`HEADER_SIZE`].
+    pub header_size: u32,
+    /// Size of the whole mapping in bytes.
+    pub total_size: u64,
+    /// Number of probe ids (length of each counter array).
+    pub n_probes: u32,
+    /// Number of slots of the site table (a power of two ≥ 2).
+    pub n_site_slots: u32,
+    /// Number of thread slots (each a ring and a counter array).
+    pub n_threads: u32,
+    /// Events per ring (a power of two ≥ 2).
+    pub ring_capacity: u32,
+    /// Byte offset of the site table.
+    pub sites_offset: u64,
+    /// Byte offset of the global counter array.
+    pub counters_offset: u64,
+    /// Byte offset of the first thread slot.
+    pub threads_offset: u64,
+    /// Bytes per thread slot.
+    pub thread_stride: u64,
+    /// `CONTROL_*` bits; written by the tracer (the agent only ever clears
+    /// [`CONTROL_RECORD`] when orphaned).
+    pub control: AtomicU32,
+    /// `STATUS_*` bits; written by the agent.
+    pub status: AtomicU32,
+    /// Last `rdtsc` value written by the tracer ("I am alive").
+    pub heartbeat_tsc: AtomicU64,
+    /// TSC ticks after which a heartbeat is stale; 0 disables the check.
+    pub heartbeat_timeout_tsc: AtomicU64,
+    /// Thread slots handed out so far (agent; monotonic, may exceed `n_threads`).
+    pub threads_claimed: AtomicU32,
+    /// Process id of the agent's host (agent).
+    pub agent_pid: AtomicU32,
+    /// `hotprobe_agent_version()` of the agent that attached (agent).
+    pub agent_abi_version: AtomicU32,
+    /// Reserved, zero.
+    pub reserved0: u32,
+    /// Run-time address of `hotprobe_agent_entry_trampoline` (agent).
+    pub entry_trampoline: AtomicU64,
+    /// Run-time address of `hotprobe_agent_exit_trampoline` (agent).
+    pub exit_trampoline: AtomicU64,
+    /// Run-time address of `hotprobe_agent_mid_trampoline` (agent).
+    pub mid_trampoline: AtomicU64,
+    /// Run-time address of the agent's near page (within ±2 GiB of the main
+    /// executable), 0 if none; see [`crate::patch::NEAR_STUB_ENTRY`] (agent).
+    pub near_page: AtomicU64,
+    /// Size of the near page in bytes (agent).
+    pub near_page_size: AtomicU64,
+    /// `rdtsc` taken by the agent at attach, paired with `calib_ns` (agent).
+    pub calib_tsc: AtomicU64,
+    /// `CLOCK_MONOTONIC` ns taken right after `calib_tsc` (agent).
+    pub calib_ns: AtomicU64,
+    /// Events lost because the thread had no slot (agent, relaxed add).
+    pub drops_no_thread: AtomicU64,
+    /// Hits whose return address was not in the site table (agent).
+    pub site_misses: AtomicU64,
+    /// Hits skipped because the thread was already inside the agent (agent).
+    pub reentries: AtomicU64,
+    /// Reserved, zero.
+    pub reserved: [u64; 8],
+}
+
+const _: () = assert!(size_of::<Header>() == HEADER_SIZE);
+const _: () = assert!(offset_of!(Header, control) == 72);
+const _: () = assert!(offset_of!(Header, heartbeat_tsc) == 80);
+const _: () = assert!(offset_of!(Header, entry_trampoline) == 112);
+const _: () = assert!(offset_of!(Header, near_page) == 136);
+const _: () = assert!(offset_of!(Header, reentries) == 184);
+
+/// One slot of the open-addressing site table (linear probing, hash
+/// [`site_hash`]).
+///
+/// The key is the *return address* the patched `call` pushes: the run-time
+/// address of the instruction after the call (site + 5), or for stubs the
+/// address after the stub's call ([`crate::patch`]). Key 0 is an empty slot.
+/// The tracer fills `probe_id` and `action` before publishing `key`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct SiteSlot {
+    /// Return address identifying the site; 0 = empty.
+    pub key: AtomicU64,
+    /// Probe id (index into the counter arrays).
+    pub probe_id: AtomicU32,
+    /// `ACTION_*` bits; 0 disables the site without touching the text.
+    pub action: AtomicU32,
+}
+const _: () = assert!(size_of::<SiteSlot>() == 16);
+
+/// Hash of a site key into a table of `1 << (64 - shift)` slots.
+#[inline(always)]
+pub fn site_hash(key: u64, shift: u32) -> usize {
+    (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> shift) as usize
+}
+
+/// Control block of one per-thread single-producer single-consumer ring.
+///
+/// `head` (agent-written) and `tail` (tracer-written) sit on separate cache
+/// lines so the two sides do not false-share.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct RingCtl {
+    /// Number of events ever written (producer: the owning thread).
+    pub head: AtomicU64,
+    pad0: [u64; 7],
+    /// Number of events ever consumed (consumer: the tracer).
+    pub tail: AtomicU64,
+    pad1: [u64; 7],
+    /// Linux tid of the owner (agent, written once at claim).
+    pub owner_tid: AtomicU32,
+    /// `THREAD_*` state (agent).
+    pub state: AtomicU32,
+    /// Events dropped because the ring was full (producer only).
+    pub dropped: AtomicU64,
+    pad2: [u64; 6],
+}
+const _: () = assert!(size_of::<RingCtl>() == 192);
+const _: () = assert!(offset_of!(RingCtl, tail) == 64);
+const _: () = assert!(offset_of!(RingCtl, owner_tid) == 128);
+const _: () = assert!(offset_of!(RingCtl, dropped) == 136);
+
+/// Offset of the per-thread counter array inside a thread slot.
+pub const THREAD_COUNTERS_OFFSET: usize = size_of::<RingCtl>();
+
+/// [`Event::kind`]: function entry (args are rdi, rsi, rdx, rcx, r8, r9).
+pub const KIND_ENTRY: u8 = 0;
+/// [`Event::kind`]: function exit (args[0] = rax, args[1] = rdx at the site).
+pub const KIND_EXIT: u8 = 1;
+/// [`Event::kind`]: a mid-function site (args as for entry).
+pub const KIND_HIT: u8 = 2;
+
+/// One recorded event (72 bytes).
+///
+/// `tsc` is the raw `rdtsc` value (invariant, constant TSC assumed; convert
+/// with [`TscCalibration`]): rdtsc costs ≈ 8–12 ns here against 29 ns for
+/// `clock_gettime(CLOCK_MONOTONIC)`, and the record path is budgeted at
+/// ≈ 30 ns for an entry and an exit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Event {
+    /// Raw time stamp counter at the hit.
+    pub tsc: u64,
+    /// Probe id from the site table.
+    pub probe_id: u32,
+    /// Linux thread id of the thread that hit.
+    pub tid: u32,
+    /// `KIND_*`.
+    pub kind: u8,
+    /// Number of meaningful entries of `args` (6 for entry/hit, 2 for exit).
+    pub nargs: u8,
+    /// Reserved, zero.
+    pub reserved: u16,
+    /// Reserved, zero.
+    pub reserved2: u32,
+    /// Argument registers (entry/hit) or rax, rdx (exit).
+    pub args: [u64; 6],
+}
+const _: () = assert!(size_of::<Event>() == 72);
+const _: () = assert!(align_of::<Event>() == 8);
+const _: () = assert!(offset_of!(Event, kind) == 16);
+const _: () = assert!(offset_of!(Event, args) == 24);
+
+/// Sizes the tracer chooses when it creates the memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Params {
+    /// Number of probe ids.
+    pub n_probes: u32,
+    /// Site-table slots; a power of two ≥ 2, keep it ≥ 2 × sites for short probes.
+    pub n_site_slots: u32,
+    /// Thread slots (threads beyond that count and record into globals/drops).
+    pub n_threads: u32,
+    /// Events per ring; a power of two ≥ 2.
+    pub ring_capacity: u32,
+}
+
+/// Validated offsets and sizes of a mapping, computed from [`Params`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// The parameters.
+    pub params: Params,
+    /// See [`Header::sites_offset`].
+    pub sites_offset: usize,
+    /// See [`Header::counters_offset`].
+    pub counters_offset: usize,
+    /// See [`Header::threads_offset`].
+    pub threads_offset: usize,
+    /// See [`Header::thread_stride`].
+    pub thread_stride: usize,
+    /// Offset of the event array inside a thread slot.
+    pub events_offset: usize,
+    /// Total bytes of the mapping.
+    pub total_size: usize,
+    /// Shift for [`site_hash`].
+    pub site_shift: u32,
+}
+
+const fn align_up(x: usize, a: usize) -> Option<usize> {
+    match x.checked_add(a - 1) {
+        Some(v) => Some(v & !(a - 1)),
+        None => None,
+    }
+}
+
+/// Upper bound on any count in [`Params`] (keeps every product within usize).
+const MAX_COUNT: u32 = 1 << 24;
+
+impl Layout {
+    /// Computes the layout for `params`, refusing sizes that are not powers
+    /// of two where required, zero, or absurdly large.
+    pub fn new(params: Params) -> Result<Layout, AbiError> {
+        let p = params;
+        let pow2 = |v: u32| v >= 2 && v.is_power_of_two() && v <= MAX_COUNT;
+        if !pow2(p.n_site_slots) || !pow2(p.ring_capacity) {
+            return Err(AbiError::BadParams(
+                "n_site_slots and ring_capacity must be powers of two in 2..=2^24",
+            ));
+        }
+        if p.n_probes == 0 || p.n_probes > MAX_COUNT || p.n_threads == 0 || p.n_threads > 1 << 16 {
+            return Err(AbiError::BadParams(
+                "n_probes in 1..=2^24, n_threads in 1..=65536",
+            ));
+        }
+        let overflow = AbiError::BadParams("sizes overflow");
+        let sites_offset = PAGE;
+        let sites_bytes = p.n_site_slots as usize * size_of::<SiteSlot>();
+        let counters_offset = align_up(sites_offset + sites_bytes, 64).ok_or(overflow)?;
+        let counters_bytes = p.n_probes as usize * 8;
+        let threads_offset = align_up(counters_offset + counters_bytes, PAGE).ok_or(overflow)?;
+        let events_offset =
+            align_up(THREAD_COUNTERS_OFFSET + counters_bytes, 64).ok_or(overflow)?;
+        let ring_bytes = p.ring_capacity as usize * size_of::<Event>();
+        let thread_stride = align_up(events_offset + ring_bytes, 64).ok_or(overflow)?;
+        let total = thread_stride
+            .checked_mul(p.n_threads as usize)
+            .and_then(|t| t.checked_add(threads_offset))
+            .and_then(|t| align_up(t, PAGE))
+            .ok_or(overflow)?;
+        Ok(Layout {
+            params,
+            sites_offset,
+            counters_offset,
+            threads_offset,
+            thread_stride,
+            events_offset,
+            total_size: total,
+            site_shift: 64 - p.n_site_slots.trailing_zeros(),
+        })
+    }
+
+    /// Checks that a header describes exactly this crate's layout and fits
+    /// in `len` bytes, returning the layout recomputed from its parameters.
+    pub fn from_header(h: &HeaderFields, len: usize) -> Result<Layout, AbiError> {
+        if h.magic != MAGIC {
+            return Err(AbiError::BadMagic(h.magic));
+        }
+        if h.version != VERSION {
+            return Err(AbiError::Version {
+                found: h.version,
+                expected: VERSION,
+            });
+        }
+        if h.header_size as usize != HEADER_SIZE {
+            return Err(AbiError::Inconsistent("header_size"));
+        }
+        let l = Layout::new(Params {
+            n_probes: h.n_probes,
+            n_site_slots: h.n_site_slots,
+            n_threads: h.n_threads,
+            ring_capacity: h.ring_capacity,
+        })?;
+        if h.total_size != l.total_size as u64
+            || h.sites_offset != l.sites_offset as u64
+            || h.counters_offset != l.counters_offset as u64
+            || h.threads_offset != l.threads_offset as u64
+            || h.thread_stride != l.thread_stride as u64
+        {
+            return Err(AbiError::Inconsistent(
+                "offsets differ from the ones the parameters give",
+            ));
+        }
+        if l.total_size > len {
+            return Err(AbiError::TooSmall {
+                needed: l.total_size,
+                len,
+            });
+        }
+        Ok(l)
+    }
+}
+
+/// A copy of the plain fields of a [`Header`], read once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeaderFields {
+    /// See [`Header::magic`].
+    pub magic: u64,
+    /// See [`Header::version`].
+    pub version: u32,
+    /// See [`Header::header_size`].
+    pub header_size: u32,
+    /// See [`Header::total_size`].
+    pub total_size: u64,
+    /// See [`Header::n_probes`].
+    pub n_probes: u32,
+    /// See [`Header::n_site_slots`].
+    pub n_site_slots: u32,
+    /// See [`Header::n_threads`].
+    pub n_threads: u32,
+    /// See [`Header::ring_capacity`].
+    pub ring_capacity: u32,
+    /// See [`Header::sites_offset`].
+    pub sites_offset: u64,
+    /// See [`Header::counters_offset`].
+    pub counters_offset: u64,
+    /// See [`Header::threads_offset`].
+    pub threads_offset: u64,
+    /// See [`Header::thread_stride`].
+    pub thread_stride: u64,
+}
+
+/// Converts raw TSC values to `CLOCK_MONOTONIC` nanoseconds from two
+/// (tsc, ns) pairs taken on the same machine (e.g. the agent's
+/// [`Header::calib_tsc`]/[`Header::calib_ns`] and one the tracer takes at the end).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TscCalibration {
+    /// First pair: TSC.
+    pub tsc0: u64,
+    /// First pair: ns.
+    pub ns0: u64,
+    /// Second pair: TSC (must differ from `tsc0`).
+    pub tsc1: u64,
+    /// Second pair: ns.
+    pub ns1: u64,
+}
+
+impl TscCalibration {
+    /// The nanosecond time of `tsc` (linear interpolation; `None` when the
+    /// two pairs have the same TSC or the result does not fit).
+    pub fn to_ns(&self, tsc: u64) -> Option<u64> {
+        let dt = self.tsc1 as i128 - self.tsc0 as i128;
+        if dt == 0 {
+            return None;
+        }
+        let dn = self.ns1 as i128 - self.ns0 as i128;
+        let v = self.ns0 as i128 + (tsc as i128 - self.tsc0 as i128) * dn / dt;
+        u64::try_from(v).ok()
+    }
+
+    /// TSC ticks per second according to the two pairs.
+    pub fn ticks_per_sec(&self) -> Option<u64> {
+        let dn = self.ns1.checked_sub(self.ns0)?;
+        if dn == 0 {
+            return None;
+        }
+        let dt = self.tsc1.checked_sub(self.tsc0)? as u128;
+        u64::try_from(dt * 1_000_000_000 / dn as u128).ok()
+    }
+}
