@@ -5,6 +5,7 @@
  *   target caller N      N calls caller(i) (which calls compute)
  *   target rec DEPTH     one recursive descent rec(DEPTH)
  *   target getpid N      N calls to libc getpid()
+ *   target slow MS       slow(MS) sleeps MS milliseconds
  *   target serve         reads commands like the above from stdin, one per line
  */
 #include <stdio.h>
@@ -34,6 +35,11 @@ __attribute__((noinline, optimize("no-optimize-sibling-calls"))) long rec(long n
     return r + 1;
 }
 
+__attribute__((noinline)) long slow(long ms) {
+    usleep(ms * 1000);
+    return ms;
+}
+
 static void run(const char *cmd, long n) {
     if (!strcmp(cmd, "compute")) {
         for (long i = 0; i < n; i++)
@@ -48,6 +54,8 @@ static void run(const char *cmd, long n) {
         for (long i = 0; i < n; i++)
             s += getpid();
         printf("getpid x%ld sum %ld\n", n, s);
+    } else if (!strcmp(cmd, "slow")) {
+        printf("slow(%ld) = %ld\n", n, slow(n));
     } else {
         printf("unknown command %s\n", cmd);
     }

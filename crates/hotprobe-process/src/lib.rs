@@ -456,7 +456,9 @@ impl ProcessTarget {
             let Some(tid) = self
                 .threads
                 .iter()
-                .find(|(_, t)| t.interrupt_pending)
+                // A thread that reported an event instead is stopped too (its
+                // interrupt stays pending and is absorbed when it resumes).
+                .find(|(_, t)| t.interrupt_pending && t.state == RunState::Running)
                 .map(|(tid, _)| *tid)
             else {
                 return Ok(());

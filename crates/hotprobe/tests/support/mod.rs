@@ -23,7 +23,11 @@ pub fn program(name: &str, flags: &[&str]) -> PathBuf {
     if out.exists() && fresh {
         return out;
     }
-    let tmp = dir.join(format!("{name}-{tag}.{}.tmp", std::process::id()));
+    let tmp = dir.join(format!(
+        "{name}-{tag}.{}.{}.tmp",
+        std::process::id(),
+        COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
     let st = Command::new("gcc")
         .args(flags)
         .arg("-g")
