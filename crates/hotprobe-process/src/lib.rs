@@ -37,6 +37,8 @@ pub struct SpawnOptions {
     pub stdout: Option<File>,
     /// Standard error.
     pub stderr: Option<File>,
+    /// Variables added to (or replacing those of) the inherited environment.
+    pub env: Vec<(OsString, OsString)>,
 }
 
 /// The int3 opcode.
@@ -186,6 +188,21 @@ impl ProcessTarget {
         }
         let mut argv: Vec<*const libc::c_char> = argv_c.iter().map(|c| c.as_ptr()).collect();
         argv.push(std::ptr::null());
+        let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+            .filter(|(k, _)| !opts.env.iter().any(|(ok, _)| ok == k))
+            .collect();
+        env.extend(opts.env.iter().cloned());
+        let envp_c: Vec<CString> = env
+            .iter()
+            .filter_map(|(k, v)| {
+                let mut kv = k.as_bytes().to_vec();
+                kv.push(b'=');
+                kv.extend_from_slice(v.as_bytes());
+                CString::new(kv).ok()
+            })
+            .collect();
+        let mut envp: Vec<*const libc::c_char> = envp_c.iter().map(|c| c.as_ptr()).collect();
+        envp.push(std::ptr::null());
 
         let (go_r, go_w) = pipe_cloexec()?;
         let (err_r, err_w) = pipe_cloexec()?;
@@ -210,7 +227,7 @@ impl ProcessTarget {
                         libc::dup2(fd, to);
                     }
                 }
-                libc::execv(path_c.as_ptr(), argv.as_ptr());
+                libc::execve(path_c.as_ptr(), argv.as_ptr(), envp.as_ptr());
                 let errno = *libc::__errno_location();
                 libc::write(err_w, &errno as *const i32 as *const libc::c_void, 4);
                 libc::_exit(127);

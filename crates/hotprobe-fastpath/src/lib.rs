@@ -1,0 +1,1 @@
+//! hotprobe-fastpath (being written).
