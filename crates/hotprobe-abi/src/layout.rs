@@ -20,7 +20,7 @@ use crate::AbiError;
 /// `b"HOTPROBE"` read as a little-endian `u64`: the first word of the mapping.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"HOTPROBE");
 /// Version of this layout; bumped on any incompatible change.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Size of [`Header`] in bytes.
 pub const HEADER_SIZE: usize = 256;
 /// Alignment of every section start (the site table and the thread slots).
@@ -46,6 +46,13 @@ pub const STATUS_NO_NEAR_PAGE: u32 = 1 << 2;
 pub const ACTION_COUNT: u32 = 1 << 0;
 /// [`SiteSlot::action`] bit: write an [`Event`] to the thread's ring.
 pub const ACTION_RECORD: u32 = 1 << 1;
+/// [`SiteSlot::action`] bit: also hook the function's return — the agent
+/// swaps the return address for its return trampoline and keeps the real one
+/// on a per-thread shadow stack; the return then produces a [`KIND_EXIT`]
+/// event (with `record`) carrying rax and rdx. Only for sites reached with
+/// the stack exactly as at the function's first instruction (patchable
+/// entry, fentry, a jump-mechanism entry trampoline).
+pub const ACTION_EXIT: u32 = 1 << 2;
 
 /// [`RingCtl::state`]: slot never claimed.
 pub const THREAD_FREE: u32 = 0;
@@ -126,8 +133,17 @@ pub struct Header {
     pub site_misses: AtomicU64,
     /// Hits skipped because the thread was already inside the agent (agent).
     pub reentries: AtomicU64,
+    /// Returns not hooked because the thread's shadow stack was full or
+    /// missing (agent; the `nmissed` of return probes).
+    pub return_misses: AtomicU64,
+    /// Run-time address of `hotprobe_agent_return_trampoline`, the address
+    /// hooked returns go through (agent).
+    pub return_trampoline: AtomicU64,
+    /// Frames left by longjmp or an exception without returning, whose
+    /// shadow-stack entries were dropped (agent).
+    pub unwound_frames: AtomicU64,
     /// Reserved, zero.
-    pub reserved: [u64; 8],
+    pub reserved: [u64; 5],
 }
 
 const _: () = assert!(size_of::<Header>() == HEADER_SIZE);
@@ -195,6 +211,9 @@ pub const THREAD_COUNTERS_OFFSET: usize = size_of::<RingCtl>();
 pub const KIND_ENTRY: u8 = 0;
 /// [`Event::kind`]: function exit (args[0] = rax, args[1] = rdx at the site).
 pub const KIND_EXIT: u8 = 1;
+/// [`Event::reserved`] flag of a [`KIND_EXIT`] event: the frame was left
+/// without returning (longjmp, exception); args are 0.
+pub const EXIT_UNWOUND: u16 = 1;
 /// [`Event::kind`]: a mid-function site (args as for entry).
 pub const KIND_HIT: u8 = 2;
 

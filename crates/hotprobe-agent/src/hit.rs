@@ -13,8 +13,8 @@ use core::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use core::sync::atomic::{compiler_fence, AtomicU32, AtomicU64};
 
 use hotprobe_abi::{
-    rdtsc, Event, Shm, ACTION_COUNT, ACTION_RECORD, CONTROL_ENABLED, CONTROL_RECORD, KIND_EXIT,
-    STATUS_ORPHANED, THREAD_EXITED,
+    rdtsc, Event, Shm, ACTION_COUNT, ACTION_EXIT, ACTION_RECORD, CONTROL_ENABLED, CONTROL_RECORD,
+    EXIT_UNWOUND, KIND_ENTRY, KIND_EXIT, STATUS_ORPHANED, THREAD_EXITED,
 };
 
 use crate::trampoline::Frame;
@@ -37,7 +37,33 @@ pub(crate) struct ThreadEntry {
     busy: AtomicU32,
     hits: AtomicU32,
     cached_tail: AtomicU64,
+    /// The thread's shadow stack ([`Shadow`] × [`SHADOW_CAP`], mmapped at
+    /// registration; 0 if that failed).
+    shadow: AtomicU64,
+    /// Live entries of the shadow stack.
+    depth: AtomicU32,
 }
+
+/// One shadow-stack entry: a hooked return.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct Shadow {
+    /// Address of the return-address slot on the thread's stack.
+    pub(crate) slot: u64,
+    /// The real return address.
+    pub(crate) real: u64,
+    /// Probe id of the function.
+    pub(crate) probe: u32,
+    /// [`SHADOW_RESTORED`] while an exception unwinds through the frame.
+    pub(crate) flags: u32,
+}
+/// Entries per thread shadow stack (the `maxactive` of return probes).
+pub(crate) const SHADOW_CAP: usize = 4096;
+const SHADOW_BYTES: usize = SHADOW_CAP * core::mem::size_of::<Shadow>();
+/// [`Shadow::flags`]: the real return address was put back in the slot.
+pub(crate) const SHADOW_RESTORED: u32 = 1;
+/// [`Shadow::flags`]: the return is recorded (the site's action has `record`).
+pub(crate) const SHADOW_RECORD: u32 = 2;
 
 #[allow(clippy::declare_interior_mutable_const)]
 const ENTRY_INIT: ThreadEntry = ThreadEntry {
@@ -47,6 +73,8 @@ const ENTRY_INIT: ThreadEntry = ThreadEntry {
     busy: AtomicU32::new(0),
     hits: AtomicU32::new(0),
     cached_tail: AtomicU64::new(0),
+    shadow: AtomicU64::new(0),
+    depth: AtomicU32::new(0),
 };
 
 pub(crate) static THREADS: [ThreadEntry; MAX_THREADS] = [ENTRY_INIT; MAX_THREADS];
@@ -159,6 +187,9 @@ fn act(
             }
         }
     }
+    if action & ACTION_EXIT != 0 && kind == KIND_ENTRY as u32 {
+        hook_return(shm, t, frame.slot, probe, action & ACTION_RECORD != 0);
+    }
     let hits = t.hits.load(Relaxed).wrapping_add(1);
     t.hits.store(hits, Relaxed);
     if hits & HEARTBEAT_EVERY == 0 {
@@ -260,6 +291,10 @@ fn register_thread(shm: &Shm, tp: u64) {
                 e.tid.store(tid, Relaxed);
                 e.hits.store(0, Relaxed);
                 e.cached_tail.store(0, Relaxed);
+                e.depth.store(0, Relaxed);
+                if e.shadow.load(Relaxed) == 0 {
+                    e.shadow.store(map_shadow(), Relaxed);
+                }
                 if let Some(key) = crate::exit_key() {
                     // SAFETY: key was created by pthread_key_create; the value
                     // is a pointer to a static entry.
@@ -298,8 +333,265 @@ pub(crate) extern "C" fn thread_exit(p: *mut libc::c_void) {
 /// pointer equals its parent's; forget every entry so it claims its own
 /// thread slot instead of writing into the parent's ring.
 pub(crate) extern "C" fn after_fork_child() {
+    let tp = thread_pointer();
     for e in THREADS.iter() {
-        e.key.store(EMPTY, Relaxed);
+        if e.key.load(Relaxed) == tp {
+            // The forking thread lives on in the child with its stack and
+            // shadow stack (hooked returns must still find their entries);
+            // it gets a thread slot of its own.
+            // SAFETY: gettid has no preconditions.
+            let tid = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
+            let slot = crate::shm()
+                .and_then(|s| s.claim_thread(tid))
+                .unwrap_or(NO_SLOT);
+            e.slot.store(slot, Relaxed);
+            e.tid.store(tid, Relaxed);
+            e.cached_tail.store(0, Relaxed);
+        } else {
+            e.key.store(EMPTY, Relaxed);
+        }
         e.busy.store(0, Relaxed);
+    }
+}
+
+#[inline(always)]
+fn record_exit(shm: &Shm, t: &ThreadEntry, probe: u32, rax: u64, rdx: u64, flags: u16) {
+    let Some(p) = shm.producer(t.slot.load(Relaxed)) else {
+        shm.header().drops_no_thread.fetch_add(1, Relaxed);
+        return;
+    };
+    let ev = Event {
+        tsc: rdtsc(),
+        probe_id: probe,
+        tid: t.tid.load(Relaxed),
+        kind: KIND_EXIT,
+        nargs: 2,
+        reserved: flags,
+        reserved2: 0,
+        args: [rax, rdx, 0, 0, 0, 0],
+    };
+    let mut cached = t.cached_tail.load(Relaxed);
+    // SAFETY: the ring belongs to this thread; the busy flag is held.
+    unsafe { p.push(&mut cached, &ev) };
+    t.cached_tail.store(cached, Relaxed);
+}
+
+/// The return trampoline's address as the agent publishes it.
+#[inline(always)]
+fn return_trampoline() -> u64 {
+    crate::trampoline::hotprobe_agent_return_trampoline as *const () as usize as u64
+}
+
+/// Pops the entries of frames that are dead when the stack pointer is at
+/// `limit` or above it (`inclusive`: also the entry of `limit` itself),
+/// recording an unwound exit for each. Returns the real return address of
+/// an entry whose slot equals `limit`, if one was popped.
+#[inline(always)]
+fn pop_dead(
+    shm: &Shm,
+    t: &ThreadEntry,
+    base: *mut Shadow,
+    limit: u64,
+    inclusive: bool,
+) -> Option<u64> {
+    let mut d = t.depth.load(Relaxed) as usize;
+    let mut same = None;
+    let record = shm.header().control.load(Relaxed) & CONTROL_RECORD != 0;
+    while d > 0 {
+        // SAFETY: d - 1 < depth <= SHADOW_CAP entries of the thread's mapping.
+        let e = unsafe { *base.add(d - 1) };
+        if e.slot < limit || (inclusive && e.slot == limit) {
+            if e.slot == limit {
+                same = Some(e.real);
+            }
+            d -= 1;
+            shm.header().unwound_frames.fetch_add(1, Relaxed);
+            if record && e.flags & SHADOW_RECORD != 0 {
+                record_exit(shm, t, e.probe, 0, 0, EXIT_UNWOUND);
+            }
+        } else {
+            break;
+        }
+    }
+    t.depth.store(d as u32, Relaxed);
+    same
+}
+
+/// Swaps the return address at `slot` for the return trampoline and pushes
+/// the real one (entry hook of `ACTION_EXIT`). Entries of frames at or below
+/// `slot` are dead (longjmp, exceptions, tail calls) and are dropped first:
+/// the shadow stack is resynchronised by stack pointer on every push.
+#[inline(always)]
+fn hook_return(shm: &Shm, t: &ThreadEntry, slot: u64, probe: u32, record: bool) {
+    let base = t.shadow.load(Relaxed) as *mut Shadow;
+    if base.is_null() || slot == 0 {
+        shm.header().return_misses.fetch_add(1, Relaxed);
+        return;
+    }
+    let tramp = return_trampoline();
+    let same = pop_dead(shm, t, base, slot, true);
+    // SAFETY: `slot` is the return-address word of the function being
+    // entered, on this thread's stack (the trampoline computed it).
+    let mut real = unsafe { (slot as *const u64).read_volatile() };
+    if real == tramp {
+        // A tail call from a hooked frame: the slot is already swapped.
+        match same {
+            Some(r) => real = r,
+            None => {
+                shm.header().return_misses.fetch_add(1, Relaxed);
+                return;
+            }
+        }
+    }
+    let d = t.depth.load(Relaxed) as usize;
+    if d >= SHADOW_CAP {
+        shm.header().return_misses.fetch_add(1, Relaxed);
+        if real != tramp {
+            // SAFETY: as above.
+            unsafe { (slot as *mut u64).write_volatile(real) };
+        }
+        return;
+    }
+    // SAFETY: d < SHADOW_CAP: inside the thread's shadow mapping.
+    unsafe {
+        base.add(d).write(Shadow {
+            slot,
+            real,
+            probe,
+            flags: if record { SHADOW_RECORD } else { 0 },
+        })
+    };
+    t.depth.store(d as u32 + 1, Relaxed);
+    // SAFETY: as above; the function has not run yet, nobody else reads it.
+    unsafe { (slot as *mut u64).write_volatile(tramp) };
+}
+
+/// Called by the return trampoline with the address of the slot the `ret`
+/// popped and the return registers: records the exit and returns the real
+/// return address. Integer-only and panic-free, like [`fast_hit`].
+pub(crate) extern "C" fn ret_hit(slot: u64, rax: u64, rdx: u64) -> u64 {
+    let Some(t) = find_thread(thread_pointer()) else {
+        return lost_return();
+    };
+    let base = t.shadow.load(Relaxed) as *mut Shadow;
+    if base.is_null() {
+        return lost_return();
+    }
+    let Some(shm) = crate::shm() else {
+        return lost_return();
+    };
+    t.busy.store(1, Relaxed);
+    compiler_fence(SeqCst);
+    pop_dead(shm, t, base, slot, false);
+    let d = t.depth.load(Relaxed) as usize;
+    let mut real = 0;
+    if d > 0 {
+        // SAFETY: d - 1 < SHADOW_CAP.
+        let e = unsafe { *base.add(d - 1) };
+        if e.slot == slot {
+            t.depth.store(d as u32 - 1, Relaxed);
+            real = e.real;
+            let control = shm.header().control.load(Relaxed);
+            if e.flags & SHADOW_RECORD != 0
+                && control & CONTROL_RECORD != 0
+                && control & CONTROL_ENABLED != 0
+            {
+                record_exit(shm, t, e.probe, rax, rdx, 0);
+            }
+        }
+    }
+    compiler_fence(SeqCst);
+    t.busy.store(0, Relaxed);
+    if real == 0 {
+        return lost_return();
+    }
+    real
+}
+
+#[cold]
+fn lost_return() -> u64 {
+    // No shadow entry for this return: the stack is not what the agent
+    // left. Nothing sane to return to.
+    // SAFETY: abort has no preconditions.
+    unsafe { libc::abort() }
+}
+
+/// The current thread's entry and shadow stack, for the unwinder hooks.
+pub(crate) fn current_shadow() -> Option<(&'static ThreadEntry, *mut Shadow)> {
+    let t = find_thread(thread_pointer())?;
+    let base = t.shadow.load(Relaxed) as *mut Shadow;
+    (!base.is_null()).then_some((t, base))
+}
+
+/// Before an unwinder walks the stack from `sp` (the caller's stack
+/// pointer): drops the entries of dead frames and puts every live frame's
+/// real return address back, marking it restored.
+pub(crate) fn restore_for_unwind(sp: u64) {
+    let Some((t, base)) = current_shadow() else {
+        return;
+    };
+    let Some(shm) = crate::shm() else { return };
+    t.busy.store(1, Relaxed);
+    pop_dead(shm, t, base, sp, false);
+    let tramp = return_trampoline();
+    for i in 0..t.depth.load(Relaxed) as usize {
+        // SAFETY: i < depth <= SHADOW_CAP.
+        let e = unsafe { &mut *base.add(i) };
+        if e.flags & SHADOW_RESTORED == 0 {
+            // SAFETY: a live frame's return slot on this thread's stack.
+            unsafe {
+                if (e.slot as *const u64).read_volatile() == tramp {
+                    (e.slot as *mut u64).write_volatile(e.real);
+                }
+            }
+            e.flags |= SHADOW_RESTORED;
+        }
+    }
+    t.busy.store(0, Relaxed);
+}
+
+/// When a handler catches (the caller's stack pointer is `sp`): the frames
+/// below `sp` were unwound (their entries are popped with unwound exits);
+/// the live ones are hooked again.
+pub(crate) fn rearm_after_catch(sp: u64) {
+    let Some((t, base)) = current_shadow() else {
+        return;
+    };
+    let Some(shm) = crate::shm() else { return };
+    t.busy.store(1, Relaxed);
+    pop_dead(shm, t, base, sp, false);
+    let tramp = return_trampoline();
+    for i in 0..t.depth.load(Relaxed) as usize {
+        // SAFETY: i < depth <= SHADOW_CAP.
+        let e = unsafe { &mut *base.add(i) };
+        if e.flags & SHADOW_RESTORED != 0 {
+            // SAFETY: a live frame's return slot on this thread's stack.
+            unsafe {
+                if (e.slot as *const u64).read_volatile() == e.real {
+                    (e.slot as *mut u64).write_volatile(tramp);
+                }
+            }
+            e.flags &= !SHADOW_RESTORED;
+        }
+    }
+    t.busy.store(0, Relaxed);
+}
+
+fn map_shadow() -> u64 {
+    // SAFETY: a fresh private anonymous mapping.
+    let p = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            SHADOW_BYTES,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        0
+    } else {
+        p as u64
     }
 }

@@ -27,6 +27,7 @@ use hotprobe_abi::{rdtsc, Shm, STATUS_ATTACHED, STATUS_NO_NEAR_PAGE, VERSION};
 
 mod hit;
 pub mod trampoline;
+mod unwind;
 
 pub use hotprobe_abi::patch::call_rel32;
 
@@ -138,6 +139,10 @@ fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
     h.entry_trampoline.store(entry, Relaxed);
     h.exit_trampoline.store(exit, Relaxed);
     h.mid_trampoline.store(mid, Relaxed);
+    h.return_trampoline.store(
+        trampoline::hotprobe_agent_return_trampoline as *const () as usize as u64,
+        Relaxed,
+    );
     match map_near_page(&[
         (NEAR_STUB_ENTRY, entry),
         (NEAR_STUB_EXIT, exit),

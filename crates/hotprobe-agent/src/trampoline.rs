@@ -38,8 +38,11 @@ pub struct Frame {
     pub r11: u64,
     /// The return address the patched call pushed: the site key.
     pub key: u64,
+    /// Address of the stack word just above the key: for an entry site at a
+    /// function's first instruction, the function's return address slot.
+    pub slot: u64,
 }
-const _: () = assert!(core::mem::size_of::<Frame>() == 80);
+const _: () = assert!(core::mem::size_of::<Frame>() == 88);
 
 macro_rules! trampoline {
     ($(#[$doc:meta])* $name:ident, $kind:expr, $pre:literal, $post:literal, $keyoff:literal) => {
@@ -56,7 +59,7 @@ macro_rules! trampoline {
             "push rbp",
             "mov rbp, rsp",
             "and rsp, -16",
-            "sub rsp, 80",
+            "sub rsp, 96",
             "mov [rsp], rdi",
             "mov [rsp+8], rsi",
             "mov [rsp+16], rdx",
@@ -68,6 +71,8 @@ macro_rules! trampoline {
             "mov [rsp+64], r11",
             concat!("mov rax, [rbp+", $keyoff, "]"),
             "mov [rsp+72], rax",
+            concat!("lea rax, [rbp+", $keyoff, "+8]"),
+            "mov [rsp+80], rax",
             const_str!(SAVE_XMM_ALWAYS),
             "mov rdi, rsp",
             const_str!(ADJUST_FRAME),
@@ -180,3 +185,39 @@ trampoline!(
     /// over the red zone first; saves the flags too.
     hotprobe_agent_mid_trampoline, KIND_HIT, "pushfq\ncld", "popfq", "16"
 );
+
+/// Return trampoline: a hooked function returns here (its return address
+/// was swapped by the entry hook, see `ACTION_EXIT`). Saves rax and rdx (the
+/// only integer registers live at a return; xmm0/xmm1 and st0 are left alone
+/// by the integer-only Rust code in release builds, saved in debug builds),
+/// asks the agent for the real return address (popping the thread's shadow
+/// stack and recording the exit), and returns there.
+///
+/// # Safety
+/// Only reached by a `ret` whose return address the agent swapped.
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn hotprobe_agent_return_trampoline() {
+    core::arch::naked_asm!(
+        // rsp = slot + 8 (the ret popped the swapped address from `slot`).
+        "sub rsp, 8",
+        "push rbp",
+        "mov rbp, rsp",
+        "and rsp, -16",
+        "sub rsp, 16",
+        "mov [rsp], rax",
+        "mov [rsp+8], rdx",
+        const_str!(SAVE_XMM_ALWAYS),
+        "lea rdi, [rbp+8]",
+        "mov rsi, rax",
+        "call {ret}",
+        "mov [rbp+8], rax",
+        const_str!(RESTORE_XMM_ALWAYS),
+        "mov rax, [rsp]",
+        "mov rdx, [rsp+8]",
+        "mov rsp, rbp",
+        "pop rbp",
+        "ret",
+        ret = sym crate::hit::ret_hit,
+    );
+}

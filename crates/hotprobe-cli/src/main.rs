@@ -1,1 +1,259 @@
-fn main() {}
+//! `hotprobe`: dynamic probes on running Linux processes, from the shell.
+//!
+//! ```text
+//! hotprobe list   (BINARY | -p PID) [PATTERN] [--blacklist]
+//! hotprobe count  PROBE... (-p PID | -- CMD ARGS) [--duration SECS]
+//! hotprobe trace  PROBE... (-p PID | -- CMD ARGS) [--args N] [--maxactive N]
+//! hotprobe demo
+//! PROBE: [module:]function[+offset] | [module:]0xADDR | file.c:LINE, optionally %return
+//! ```
+//! Every error is one line on stderr, `hotprobe: error: <what and why>`,
+//! with exit code 1 (2 for a usage error); the target is left as it was.
+
+mod count;
+mod demo;
+mod glob;
+mod list;
+mod session;
+mod signals;
+mod trace;
+
+use clap::{ArgGroup, Parser, Subcommand};
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Dynamic probes (Kprobes-style trap probes) on Linux processes.
+#[derive(Parser, Debug)]
+#[command(name = "hotprobe", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// List the functions of a binary or a process (name, address, size,
+    /// module, and the mechanism a probe on its entry gets), or its blacklist.
+    List {
+        /// `BINARY [PATTERN]`, or with -p only `[PATTERN]`: an ELF
+        /// executable or shared library, and a glob (`*`, `?`) over
+        /// function names.
+        #[arg(value_name = "BINARY|PATTERN", num_args = 0..=2)]
+        args: Vec<String>,
+        /// A running process (all its modules).
+        #[arg(short, long, value_name = "PID")]
+        pid: Option<i32>,
+        /// List the address ranges where probes are refused instead.
+        #[arg(long)]
+        blacklist: bool,
+    },
+    /// Count hits of trap probes; print a table when the target exits, on
+    /// Ctrl-C, or after --duration.
+    #[command(group(ArgGroup::new("target").required(true).args(["pid", "cmd"])))]
+    Count {
+        /// Probe specs: [module:]function[+off] | [module:]0xADDR | file.c:LINE,
+        /// with %return to count returns; `*` in a function name expands.
+        #[arg(required = true, value_name = "PROBE")]
+        probes: Vec<String>,
+        /// Attach to this running process.
+        #[arg(short, long, value_name = "PID")]
+        pid: Option<i32>,
+        /// Stop (and detach) after this many seconds.
+        #[arg(long, value_name = "SECS")]
+        duration: Option<f64>,
+        /// Live calls followed at once per %return probe (more count as nmissed).
+        #[arg(long, default_value_t = 64, value_name = "N")]
+        maxactive: usize,
+        /// The command to start (after `--`).
+        #[arg(last = true, value_name = "CMD")]
+        cmd: Vec<OsString>,
+    },
+    /// Show a live call tree of the given functions (like `uftrace replay`).
+    #[command(group(ArgGroup::new("target").required(true).args(["pid", "cmd"])))]
+    Trace {
+        /// Function specs: [module:]function | [module:]0xADDR; `*` expands.
+        #[arg(required = true, value_name = "PROBE")]
+        probes: Vec<String>,
+        /// Attach to this running process.
+        #[arg(short, long, value_name = "PID")]
+        pid: Option<i32>,
+        /// Show the first N argument registers (0-6) and the return value.
+        #[arg(long, value_name = "N")]
+        args: Option<usize>,
+        /// Live calls followed at once per function (more count as nmissed).
+        #[arg(long, default_value_t = 64, value_name = "N")]
+        maxactive: usize,
+        /// Stop (and detach) after this many seconds.
+        #[arg(long, value_name = "SECS")]
+        duration: Option<f64>,
+        /// Print the per-function count table at the end.
+        #[arg(long)]
+        summary: bool,
+        /// The command to start (after `--`).
+        #[arg(last = true, value_name = "CMD")]
+        cmd: Vec<OsString>,
+    },
+    /// Build the bundled demo program (tests/programs/demo.c) and trace it.
+    Demo,
+}
+
+/// A command line that parsed but does not make sense (exit code 2).
+#[derive(Debug)]
+struct UsageError(String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (see hotprobe --help)", self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+fn duration(secs: Option<f64>) -> anyhow::Result<Option<Duration>> {
+    match secs {
+        None => Ok(None),
+        Some(s) if s.is_finite() && s > 0.0 && s < 1e9 => Ok(Some(Duration::from_secs_f64(s))),
+        Some(s) => {
+            Err(UsageError(format!("--duration {s}: give a positive number of seconds")).into())
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Cmd::List {
+            args,
+            pid,
+            blacklist,
+        } => {
+            let (binary, pattern) = match (pid, args.as_slice()) {
+                (Some(_), []) => (None, None),
+                (Some(_), [p]) => (None, Some(p.as_str())),
+                (None, [b]) => (Some(PathBuf::from(b)), None),
+                (None, [b, p]) => (Some(PathBuf::from(b)), Some(p.as_str())),
+                (Some(_), _) => {
+                    return Err(
+                        UsageError("with -p PID give at most a PATTERN, no BINARY".into()).into(),
+                    )
+                }
+                (None, _) => return Err(UsageError("give a BINARY or -p PID".into()).into()),
+            };
+            let binary = binary.as_deref().map(list::check_binary).transpose()?;
+            list::run(&list::ListOptions {
+                binary: binary.as_deref(),
+                pid,
+                pattern,
+                blacklist,
+            })
+        }
+        Cmd::Count {
+            probes,
+            pid,
+            duration: secs,
+            maxactive,
+            cmd,
+        } => {
+            let duration = duration(secs)?;
+            signals::install()?;
+            count::run(&count::CountOptions {
+                probes: &probes,
+                pid,
+                cmd: &cmd,
+                duration,
+                maxactive: maxactive.max(1),
+            })
+        }
+        Cmd::Trace {
+            probes,
+            pid,
+            args,
+            maxactive,
+            duration: secs,
+            summary,
+            cmd,
+        } => {
+            let duration = duration(secs)?;
+            signals::install()?;
+            trace::run(&trace::TraceOptions {
+                probes: &probes,
+                pid,
+                cmd: &cmd,
+                args,
+                maxactive: maxactive.max(1),
+                duration,
+                summary,
+            })
+        }
+        Cmd::Demo => {
+            signals::install()?;
+            demo::run()
+        }
+    }
+}
+
+/// The error and its causes, joined with `: `, leaving out a cause whose
+/// text the message already holds (errors that print their source inline).
+fn message(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+/// One line, whatever the message holds.
+fn one_line(s: &str) -> String {
+    s.trim()
+        .lines()
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                let _ = e.print();
+                return ExitCode::from(2);
+            }
+            // clap says `error: <what>`, maybe continued on indented
+            // lines, then a usage block: keep what it says, on one line.
+            let rendered = e.to_string();
+            let what: Vec<&str> = rendered
+                .lines()
+                .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more"))
+                .map(|l| l.trim().trim_start_matches("error: "))
+                .filter(|l| !l.is_empty() && !l.starts_with("tip:"))
+                .collect();
+            eprintln!("hotprobe: error: {} (see hotprobe --help)", what.join(" "));
+            return ExitCode::from(2);
+        }
+    };
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("hotprobe: error: {}", one_line(&message(&e)));
+            if e.downcast_ref::<UsageError>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::from(1)
+            }
+        }
+    }
+}

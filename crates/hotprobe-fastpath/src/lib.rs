@@ -1,1 +1,761 @@
-//! hotprobe-fastpath (being written).
+//! hotprobe's fast path: probes whose in-target action (`count`, `record`)
+//! runs inside the target, in the hotprobe agent, with no trap and no tracer
+//! round trip (iProbe).
+//!
+//! Per site the mechanism is chosen ([`ModuleInfo::plan`]): **patch** when
+//! the function has a placeholder (`-fpatchable-function-entry`,
+//! `-pg -mfentry -mnop-mcount`, or a ColdPatched `-finstrument-functions`
+//! build with its `BIN.probes` list), then **jump** (the entry's first ≥ 5
+//! bytes move to a per-site trampoline within ±2 GiB that calls the agent),
+//! else **trap**, which this crate reports with the reason so that the engine
+//! uses its trap mechanism. Exits come from ColdPatch exit placeholders, or
+//! from the agent's return hook (shadow stack, see `hotprobe_abi::ACTION_EXIT`).
+//!
+//! Life cycle: [`FastPath::for_spawn`] (memfd + `LD_PRELOAD`) then
+//! [`PendingFastPath::attach`] once the process is at its entry point, or
+//! [`FastPath::inject`] for a running process (remote `dlopen`); then
+//! [`FastPath::add`] per function, [`FastPath::counts`]/[`FastPath::drain`],
+//! and [`FastPath::detach`], which restores every byte it wrote.
+//!
+//! What stays behind after detach (documented, deliberate): the agent
+//! library, its near page, the shared memory mapping and the tracer's
+//! trampoline pages stay mapped in the target — a thread may still be inside
+//! a trampoline or the agent, or return later through a swapped return
+//! address (the agent keeps its return trampoline and shadow stacks, so
+//! those returns stay correct). No code of the program refers to them any more.
+
+mod plan;
+mod shm;
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hotprobe_abi::patch::{
+    call_rel32, jmp_rel32, tail_exit_stub, NEAR_STUB_ENTRY, NEAR_STUB_EXIT, TAIL_STUB_KEY_OFFSET,
+};
+use hotprobe_abi::{
+    Event, ACTION_COUNT, ACTION_EXIT, ACTION_RECORD, CONTROL_ENABLED, CONTROL_RECORD,
+    STATUS_ATTACHED,
+};
+use hotprobe_process::{ProcessTarget, SpawnOptions};
+use hotprobe_target::{RuntimeAddr, Target, TargetError};
+use hotprobe_x86::plan_jump;
+
+pub use hotprobe_abi::{Event as RecordedEvent, EXIT_UNWOUND, KIND_ENTRY, KIND_EXIT, KIND_HIT};
+pub use plan::{
+    explain, probe_list_path, ExitSite, FunctionInfo, FunctionPlan, Mechanism, MechanismChoice,
+    ModuleInfo, PatchKind, SitePlan,
+};
+use shm::OwnedShm;
+
+/// Errors of the fast path.
+#[derive(Debug, thiserror::Error)]
+pub enum FastPathError {
+    /// A file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Not a usable ELF file.
+    #[error("{path}: not a usable ELF file: {why}")]
+    Elf {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
+    /// A probe list that does not parse.
+    #[error("{path}: bad probe list: {why}")]
+    ProbeList {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
+    /// A forced mechanism cannot be used for this function.
+    #[error("cannot use the {mechanism} mechanism for {function}: {why}")]
+    Impossible {
+        /// The function.
+        function: String,
+        /// The mechanism asked for.
+        mechanism: &'static str,
+        /// Why.
+        why: String,
+    },
+    /// No function of that name in the main executable or its probe list.
+    #[error("no function {0} in the main executable (nor in its probe list)")]
+    NoSuchFunction(String),
+    /// The agent library was not found.
+    #[error("libhotprobe_agent.so not found (looked in: {0}); build it with `cargo build -p hotprobe-agent` or pass its path")]
+    AgentNotFound(String),
+    /// The agent did not attach to the shared memory.
+    #[error("the agent did not attach in pid {pid}: {why}")]
+    AgentNotAttached {
+        /// The process.
+        pid: i32,
+        /// Why.
+        why: String,
+    },
+    /// Shared memory setup failed.
+    #[error("shared memory: {0}")]
+    Shm(String),
+    /// Every thread kept running inside the bytes to rewrite.
+    #[error("a thread stays inside the bytes at {addr:#x} to rewrite; gave up")]
+    Busy {
+        /// The site.
+        addr: u64,
+    },
+    /// No trampoline memory within ±2 GiB of a site.
+    #[error("no memory within ±2 GiB of {addr:#x} for a trampoline: {why}")]
+    NoTrampolineMemory {
+        /// The site.
+        addr: u64,
+        /// Why.
+        why: String,
+    },
+    /// The displaced instructions could not be relocated.
+    #[error(transparent)]
+    Jump(#[from] hotprobe_x86::JumpError),
+    /// A target operation failed.
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    /// Symbols of the process could not be read.
+    #[error(transparent)]
+    Symbols(#[from] hotprobe_symbols::SymbolError),
+}
+
+/// What the agent does on each hit of a site.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Action {
+    /// Write events (entry: 6 argument registers; exit: rax, rdx) into the
+    /// thread's ring; counting always happens.
+    pub record: bool,
+    /// Also observe the function's exits.
+    pub exit: bool,
+}
+
+impl Action {
+    /// Count entries.
+    pub fn count() -> Action {
+        Action {
+            record: false,
+            exit: false,
+        }
+    }
+    /// Count and record entries.
+    pub fn record() -> Action {
+        Action {
+            record: true,
+            exit: false,
+        }
+    }
+    /// Also observe exits (exit events when recording).
+    pub fn with_exit(self) -> Action {
+        Action { exit: true, ..self }
+    }
+    fn bits(self) -> u32 {
+        ACTION_COUNT | if self.record { ACTION_RECORD } else { 0 }
+    }
+}
+
+/// What [`FastPath::add`] did for a function.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SiteInfo {
+    /// The function.
+    pub function: String,
+    /// Probe id its events and counter carry.
+    pub probe_id: u32,
+    /// Run-time address of the rewritten site (or of the function for trap).
+    pub addr: u64,
+    /// The mechanism. [`Mechanism::Trap`] means nothing was installed: the
+    /// engine's trap mechanism must handle the site.
+    pub mechanism: Mechanism,
+    /// Why this mechanism.
+    pub reason: String,
+    /// How exits are observed: `"return hook"`, `"exit placeholders"`, or `"none"`.
+    pub exits: &'static str,
+}
+
+/// Shared-memory sizes.
+#[derive(Clone, Copy, Debug)]
+pub struct FastPathConfig {
+    /// Probe ids available.
+    pub max_probes: u32,
+    /// Thread slots.
+    pub max_threads: u32,
+    /// Events per thread ring (power of two).
+    pub ring_capacity: u32,
+    /// Heartbeat timeout after which the agent stops recording.
+    pub heartbeat_timeout: Duration,
+}
+
+impl Default for FastPathConfig {
+    fn default() -> Self {
+        FastPathConfig {
+            max_probes: 1024,
+            max_threads: 64,
+            ring_capacity: 1 << 16,
+            heartbeat_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Finds `libhotprobe_agent.so`: `$HOTPROBE_AGENT`, then next to the current
+/// executable, its `deps/` or parent, and `target/{debug,release}`.
+pub fn find_agent() -> Result<PathBuf, FastPathError> {
+    let mut tried = Vec::new();
+    if let Some(p) = std::env::var_os("HOTPROBE_AGENT") {
+        let p = PathBuf::from(p);
+        if p.is_file() {
+            return Ok(p);
+        }
+        tried.push(p);
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(dir) = exe.parent() {
+            for d in [
+                dir.to_path_buf(),
+                dir.join("deps"),
+                dir.join(".."),
+                dir.join("../deps"),
+            ] {
+                tried.push(d.join("libhotprobe_agent.so"));
+            }
+        }
+    }
+    for p in ["target/release", "target/debug"] {
+        tried.push(Path::new(p).join("libhotprobe_agent.so"));
+    }
+    for p in &tried {
+        if p.is_file() {
+            return std::fs::canonicalize(p).map_err(|source| FastPathError::Io {
+                path: p.clone(),
+                source,
+            });
+        }
+    }
+    Err(FastPathError::AgentNotFound(
+        tried
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+    ))
+}
+
+/// A fast path prepared for a process about to be spawned.
+#[derive(Debug)]
+pub struct PendingFastPath {
+    shm: Arc<OwnedShm>,
+}
+
+#[derive(Debug)]
+struct Installed {
+    addr: u64,
+    original: Vec<u8>,
+    key: u64,
+}
+
+#[derive(Debug)]
+struct Pool {
+    next: u64,
+    end: u64,
+}
+
+/// The fast path of one process target.
+#[derive(Debug)]
+pub struct FastPath {
+    shm: Arc<OwnedShm>,
+    pid: i32,
+    modules: HashMap<PathBuf, ModuleInfo>,
+    installed: Vec<Installed>,
+    pools: Vec<Pool>,
+    next_probe: u32,
+    heartbeat: Option<shm::Heartbeat>,
+    detached: bool,
+}
+
+impl FastPath {
+    /// Prepares the shared memory and the environment (`LD_PRELOAD` of
+    /// `agent`, `HOTPROBE_SHM_FD`) of a process to be spawned with `opts`.
+    pub fn for_spawn(
+        opts: &mut SpawnOptions,
+        agent: &Path,
+        config: FastPathConfig,
+    ) -> Result<PendingFastPath, FastPathError> {
+        let shm = Arc::new(OwnedShm::create(config)?);
+        let mut preload = OsString::from(agent);
+        if let Some(old) = std::env::var_os("LD_PRELOAD") {
+            preload.push(":");
+            preload.push(old);
+        }
+        opts.env.push(("LD_PRELOAD".into(), preload));
+        opts.env
+            .push(("HOTPROBE_SHM_FD".into(), shm.fd().to_string().into()));
+        Ok(PendingFastPath { shm })
+    }
+
+    /// Loads the agent into the running, attached, stopped process `t`
+    /// (remote `dlopen`, then `hotprobe_agent_attach_fd` on a descriptor the
+    /// target opens on our memfd through `/proc/OUR_PID/fd`).
+    pub fn inject(
+        t: &mut ProcessTarget,
+        agent: &Path,
+        config: FastPathConfig,
+    ) -> Result<FastPath, FastPathError> {
+        let shm = Arc::new(OwnedShm::create(config)?);
+        t.stop_all()?;
+        let syms = hotprobe_symbols::ProcessSymbols::for_pid(t.pid() as u32)?;
+        let libc_mod = syms
+            .modules()
+            .iter()
+            .find(|m| m.name.starts_with("libc.so") || m.name.starts_with("libc-"))
+            .ok_or_else(|| FastPathError::AgentNotAttached {
+                pid: t.pid(),
+                why: "no libc mapped in the target".into(),
+            })?;
+        let dlopen = libc_mod
+            .module
+            .find("dlopen")
+            .or_else(|| libc_mod.module.find("__libc_dlopen_mode"))
+            .map(|s| libc_mod.runtime(s.addr).0)
+            .ok_or_else(|| FastPathError::AgentNotAttached {
+                pid: t.pid(),
+                why: "no dlopen in the target's libc".into(),
+            })?;
+        // Scratch page for the strings.
+        let page = hotprobe_process::remote_call::remote_syscall(
+            t,
+            libc::SYS_mmap as u64,
+            &[
+                0,
+                4096,
+                (libc::PROT_READ | libc::PROT_WRITE) as u64,
+                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+                u64::MAX,
+                0,
+            ],
+        )?;
+        if (page as i64) < 0 {
+            return Err(FastPathError::AgentNotAttached {
+                pid: t.pid(),
+                why: format!("remote mmap failed: errno {}", -(page as i64)),
+            });
+        }
+        let agent_c = format!("{}\0", agent.display());
+        let fd_path = format!("/proc/{}/fd/{}\0", std::process::id(), shm.fd());
+        t.write_memory(RuntimeAddr(page), agent_c.as_bytes())?;
+        t.write_memory(RuntimeAddr(page + 2048), fd_path.as_bytes())?;
+        let timeout = Duration::from_secs(10);
+        let handle = hotprobe_process::remote_call::remote_call(
+            t,
+            dlopen,
+            &[page, (libc::RTLD_NOW | libc::RTLD_GLOBAL) as u64],
+            timeout,
+        )?;
+        let pid = t.pid();
+        let fail = |why: String| FastPathError::AgentNotAttached { pid, why };
+        if handle == 0 {
+            return Err(fail(format!("dlopen({}) returned NULL", agent.display())));
+        }
+        let fd = hotprobe_process::remote_call::remote_syscall(
+            t,
+            libc::SYS_open as u64,
+            &[page + 2048, (libc::O_RDWR | libc::O_CLOEXEC) as u64],
+        )?;
+        if (fd as i64) < 0 {
+            return Err(fail(format!(
+                "remote open of our memfd: errno {}",
+                -(fd as i64)
+            )));
+        }
+        let syms = hotprobe_symbols::ProcessSymbols::for_pid(t.pid() as u32)?;
+        let attach_fn = syms
+            .modules()
+            .iter()
+            .find(|m| m.name.starts_with("libhotprobe_agent"))
+            .and_then(|m| {
+                m.module
+                    .find("hotprobe_agent_attach_fd")
+                    .map(|s| m.runtime(s.addr).0)
+            })
+            .ok_or_else(|| fail("agent mapped but hotprobe_agent_attach_fd not found".into()))?;
+        let r = hotprobe_process::remote_call::remote_call(t, attach_fn, &[fd], timeout)?;
+        let _ = hotprobe_process::remote_call::remote_syscall(t, libc::SYS_close as u64, &[fd]);
+        let _ = hotprobe_process::remote_call::remote_syscall(
+            t,
+            libc::SYS_munmap as u64,
+            &[page, 4096],
+        );
+        if r as i32 != 0 {
+            return Err(fail(format!(
+                "hotprobe_agent_attach_fd returned {}",
+                r as i32
+            )));
+        }
+        FastPath::new(shm, t)
+    }
+
+    fn new(shm: Arc<OwnedShm>, t: &mut ProcessTarget) -> Result<FastPath, FastPathError> {
+        let h = shm.shm().header();
+        // Acquire pairs with the agent's `status.fetch_or(ATTACHED, Release)`.
+        if h.status.load(Acquire) & STATUS_ATTACHED == 0 {
+            return Err(FastPathError::AgentNotAttached {
+                pid: t.pid(),
+                why: "its constructor did not map the shared memory (LD_PRELOAD ignored? a setuid or static binary?)".into(),
+            });
+        }
+        h.control.store(CONTROL_ENABLED | CONTROL_RECORD, Relaxed);
+        let heartbeat = Some(shm::Heartbeat::start(shm.clone()));
+        Ok(FastPath {
+            shm,
+            pid: t.pid(),
+            modules: HashMap::new(),
+            installed: Vec::new(),
+            pools: Vec::new(),
+            next_probe: 0,
+            heartbeat,
+            detached: false,
+        })
+    }
+
+    /// The validated shared-memory view (counters, rings, header).
+    pub fn shm(&self) -> &hotprobe_abi::Shm {
+        self.shm.shm()
+    }
+
+    /// Hits of `probe_id` so far (exact once the target's threads are quiescent).
+    pub fn count(&self, probe_id: u32) -> u64 {
+        self.shm().counter(probe_id)
+    }
+
+    /// Hits of every probe id handed out, indexed by probe id.
+    pub fn counts(&self) -> Vec<u64> {
+        (0..self.next_probe).map(|p| self.count(p)).collect()
+    }
+
+    /// Hands every recorded event to `f`, ring by ring (each ring is one
+    /// thread, in order). Returns the number of events.
+    pub fn drain(&mut self, mut f: impl FnMut(&Event)) -> u64 {
+        let shm = self.shm.shm();
+        let mut n = 0;
+        for slot in 0..shm.threads_in_use() {
+            if let Some(mut c) = shm.consumer(slot) {
+                if let Ok(s) = c.drain(&mut f) {
+                    n += s.read;
+                }
+            }
+        }
+        n
+    }
+
+    /// Events lost so far (full rings, threads without a slot).
+    pub fn drops(&self) -> u64 {
+        self.shm().total_drops()
+    }
+
+    /// Returns not hooked (shadow stack full): the `nmissed` of exits.
+    pub fn return_misses(&self) -> u64 {
+        self.shm().header().return_misses.load(Relaxed)
+    }
+
+    fn module(&mut self, path: &Path) -> Result<&ModuleInfo, FastPathError> {
+        if !self.modules.contains_key(path) {
+            let m = ModuleInfo::open(path)?;
+            self.modules.insert(path.to_path_buf(), m);
+        }
+        Ok(&self.modules[path])
+    }
+
+    /// Probes `function` of the main executable: picks the mechanism
+    /// (or uses `choice`), installs it with every thread stopped, and says
+    /// what it did. [`Mechanism::Trap`] installs nothing. Threads stay
+    /// stopped; resume them with `t.resume_all()`.
+    pub fn add(
+        &mut self,
+        t: &mut ProcessTarget,
+        function: &str,
+        action: Action,
+        choice: MechanismChoice,
+    ) -> Result<SiteInfo, FastPathError> {
+        let syms = hotprobe_symbols::ProcessSymbols::for_pid(t.pid() as u32)?;
+        let main = syms
+            .main_module()
+            .ok_or_else(|| FastPathError::NoSuchFunction(function.into()))?;
+        let bias = main.bias.0;
+        let path = main.path.clone();
+        let m = self.module(&path)?;
+        let f = m
+            .function(function)
+            .cloned()
+            .ok_or_else(|| FastPathError::NoSuchFunction(function.into()))?;
+        let plan = m.plan(&f, choice)?;
+        let probe_id = self.next_probe;
+        let mut info = SiteInfo {
+            function: function.to_string(),
+            probe_id,
+            addr: plan.site.wrapping_add(bias),
+            mechanism: plan.mechanism,
+            reason: plan.reason.clone(),
+            exits: "none",
+        };
+        if plan.mechanism == Mechanism::Trap {
+            return Ok(info);
+        }
+        if probe_id >= self.shm().layout().params.n_probes {
+            return Err(FastPathError::Shm(
+                "no probe id left: raise max_probes".into(),
+            ));
+        }
+        self.next_probe += 1;
+        let bits = action.bits();
+        let site = plan.site.wrapping_add(bias);
+        t.stop_all()?;
+        match plan.mechanism {
+            Mechanism::Patch(kind) => {
+                let mut bits = bits;
+                let coldpatch = kind == PatchKind::Coldpatch;
+                if action.exit && !coldpatch {
+                    bits |= ACTION_EXIT;
+                    info.exits = "return hook";
+                }
+                let target = self.call_target(t, site, NEAR_STUB_ENTRY)?;
+                let mut bytes = call_rel32(site, target)
+                    .expect("target within reach")
+                    .to_vec();
+                bytes.resize(plan.len, 0x90);
+                self.install(t, site, &bytes, site + 5, probe_id, bits)?;
+                if action.exit && coldpatch {
+                    info.exits = "exit placeholders";
+                    for e in &plan.exits {
+                        match *e {
+                            ExitSite::Call(a) => {
+                                let a = a.wrapping_add(bias);
+                                let target = self.call_target(t, a, NEAR_STUB_EXIT)?;
+                                let mut b = call_rel32(a, target).expect("in reach").to_vec();
+                                let mut old = [0u8; 6];
+                                t.read_memory(RuntimeAddr(a), &mut old)?;
+                                if old[..5] != hotprobe_abi::patch::NOP5
+                                    && old != hotprobe_abi::patch::NOP6
+                                {
+                                    continue;
+                                }
+                                if old == hotprobe_abi::patch::NOP6 {
+                                    b.push(0x90);
+                                }
+                                self.install(t, a, &b, a + 5, probe_id, bits)?;
+                            }
+                            ExitSite::Tail(a) => {
+                                let a = a.wrapping_add(bias);
+                                let exit_tramp = self.shm().header().exit_trampoline.load(Relaxed);
+                                let stub = self.alloc(t, a, 16)?;
+                                t.write_memory(RuntimeAddr(stub), &tail_exit_stub(exit_tramp))?;
+                                let b = jmp_rel32(a, stub).expect("stub within reach");
+                                self.install(
+                                    t,
+                                    a,
+                                    &b,
+                                    stub + TAIL_STUB_KEY_OFFSET,
+                                    probe_id,
+                                    bits,
+                                )?;
+                            }
+                        }
+                    }
+                }
+            }
+            Mechanism::Jump => {
+                let mut code = vec![0u8; f.size as usize];
+                let fstart = f.addr.wrapping_add(bias);
+                t.read_memory(RuntimeAddr(fstart), &mut code)?;
+                let jp = plan_jump(&code, fstart, site)?;
+                let mut bits = bits;
+                if action.exit {
+                    bits |= ACTION_EXIT;
+                    info.exits = "return hook";
+                }
+                let tramp = self.alloc(t, site, 64)?;
+                let target = self.call_target(t, tramp, NEAR_STUB_ENTRY)?;
+                let mut body = call_rel32(tramp, target).expect("in reach").to_vec();
+                body.extend(jp.relocate(tramp + 5)?);
+                if body.len() > 64 {
+                    return Err(FastPathError::NoTrampolineMemory {
+                        addr: site,
+                        why: "trampoline longer than 64 bytes".into(),
+                    });
+                }
+                t.write_memory(RuntimeAddr(tramp), &body)?;
+                let bytes = jp.patch_bytes(tramp).expect("trampoline within reach");
+                self.install(t, site, &bytes, tramp + 5, probe_id, bits)?;
+            }
+            Mechanism::Trap => unreachable!("returned above"),
+        }
+        Ok(info)
+    }
+
+    /// The address a `call` at `from` should target to reach the agent's
+    /// trampoline behind near-page stub `stub_off`: the trampoline itself
+    /// when within ±2 GiB, else the agent's near-page stub, else a stub of
+    /// ours allocated near `from`.
+    fn call_target(
+        &mut self,
+        t: &mut ProcessTarget,
+        from: u64,
+        stub_off: u64,
+    ) -> Result<u64, FastPathError> {
+        let h = self.shm().header();
+        let tramp = if stub_off == NEAR_STUB_EXIT {
+            h.exit_trampoline.load(Relaxed)
+        } else {
+            h.entry_trampoline.load(Relaxed)
+        };
+        if call_rel32(from, tramp).is_some() {
+            return Ok(tramp);
+        }
+        let near = h.near_page.load(Relaxed);
+        if near != 0 && call_rel32(from, near + stub_off).is_some() {
+            return Ok(near + stub_off);
+        }
+        let stub = self.alloc(t, from, 16)?;
+        t.write_memory(RuntimeAddr(stub), &hotprobe_abi::patch::abs_jmp_stub(tramp))?;
+        Ok(stub)
+    }
+
+    /// `len` bytes of executable memory within ±2 GiB of `near` (64-byte
+    /// aligned), from our pages or a new remote mapping. Never freed.
+    fn alloc(&mut self, t: &mut ProcessTarget, near: u64, len: u64) -> Result<u64, FastPathError> {
+        let len = (len + 63) & !63;
+        for p in &mut self.pools {
+            if p.next + len <= p.end
+                && jmp_rel32(near, p.next).is_some()
+                && jmp_rel32(near, p.end).is_some()
+            {
+                let a = p.next;
+                p.next += len;
+                return Ok(a);
+            }
+        }
+        let maps = std::fs::read_to_string(format!("/proc/{}/maps", t.pid())).unwrap_or_default();
+        let lines = hotprobe_process::parse_maps_lines(&maps);
+        const SIZE: u64 = 64 * 1024;
+        let addr = hotprobe_process::find_free_gap(&lines, near, SIZE).ok_or_else(|| {
+            FastPathError::NoTrampolineMemory {
+                addr: near,
+                why: "no free gap".into(),
+            }
+        })?;
+        let r = hotprobe_process::remote_call::remote_syscall(
+            t,
+            libc::SYS_mmap as u64,
+            &[
+                addr,
+                SIZE,
+                (libc::PROT_READ | libc::PROT_EXEC) as u64,
+                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64,
+                u64::MAX,
+                0,
+            ],
+        )?;
+        if r != addr {
+            return Err(FastPathError::NoTrampolineMemory {
+                addr: near,
+                why: format!("remote mmap at {addr:#x} returned {r:#x}"),
+            });
+        }
+        t.write_memory(RuntimeAddr(addr), &vec![0xcc; SIZE as usize])?;
+        self.pools.push(Pool {
+            next: addr + len,
+            end: addr + SIZE,
+        });
+        Ok(addr)
+    }
+
+    /// Writes `bytes` at `addr` once no thread's PC lies strictly inside
+    /// them (resuming the threads briefly while one does), after publishing
+    /// the site key. Expects every thread stopped; leaves them stopped.
+    fn install(
+        &mut self,
+        t: &mut ProcessTarget,
+        addr: u64,
+        bytes: &[u8],
+        key: u64,
+        probe_id: u32,
+        bits: u32,
+    ) -> Result<(), FastPathError> {
+        wait_pcs_outside(t, addr, bytes.len() as u64)?;
+        let mut original = vec![0u8; bytes.len()];
+        t.read_memory(RuntimeAddr(addr), &mut original)?;
+        self.shm()
+            .insert_site(key, probe_id, bits)
+            .map_err(|e| FastPathError::Shm(e.to_string()))?;
+        t.write_memory(RuntimeAddr(addr), bytes)?;
+        self.installed.push(Installed {
+            addr,
+            original,
+            key,
+        });
+        Ok(())
+    }
+
+    /// Restores every byte written, disables every site, stops the
+    /// heartbeat. The threads are stopped for the restore and left stopped
+    /// (resume or detach the target afterwards). Trampoline pages and the
+    /// agent stay mapped (see the crate docs).
+    pub fn detach(&mut self, t: &mut ProcessTarget) -> Result<(), FastPathError> {
+        if self.detached {
+            return Ok(());
+        }
+        t.stop_all()?;
+        for s in self.installed.iter().rev() {
+            // A thread can sit at the first byte of a site (fine: it runs
+            // the original instruction) but never strictly inside: the
+            // patched bytes are one instruction, padded with int3 never run.
+            wait_pcs_outside(t, s.addr, s.original.len() as u64)?;
+            t.write_memory(RuntimeAddr(s.addr), &s.original)?;
+            let _ = self.shm.shm().set_site_action(s.key, 0);
+        }
+        self.installed.clear();
+        self.heartbeat = None;
+        self.detached = true;
+        Ok(())
+    }
+
+    /// The process id this fast path serves.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+}
+
+impl PendingFastPath {
+    /// Checks that the preloaded agent attached (its constructor runs
+    /// before the entry point, where `ProcessTarget::spawn_with` stops).
+    pub fn attach(self, t: &mut ProcessTarget) -> Result<FastPath, FastPathError> {
+        FastPath::new(self.shm, t)
+    }
+}
+
+fn wait_pcs_outside(t: &mut ProcessTarget, addr: u64, len: u64) -> Result<(), FastPathError> {
+    for _ in 0..200 {
+        let mut inside = false;
+        for th in t.threads() {
+            let rip = t.registers(th)?.rip;
+            if rip > addr && rip < addr + len {
+                inside = true;
+            }
+        }
+        if !inside {
+            return Ok(());
+        }
+        t.resume_all()?;
+        std::thread::sleep(Duration::from_millis(1));
+        t.stop_all()?;
+    }
+    Err(FastPathError::Busy { addr })
+}

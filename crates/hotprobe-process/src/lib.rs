@@ -10,6 +10,7 @@
 
 mod maps;
 mod remote;
+pub mod remote_call;
 pub mod sys;
 
 use hotprobe_target::{
@@ -613,11 +614,10 @@ impl ProcessTarget {
                         t.state = RunState::Parked;
                     } else {
                         t.state = RunState::Running;
-                        let sig = if t.stepping { 0 } else { 0 };
                         if t.stepping {
-                            sys::step(pid, sig).map_err(|e| self.sys_err(e))?;
+                            sys::step(pid, 0).map_err(|e| self.sys_err(e))?;
                         } else {
-                            sys::cont(pid, sig).map_err(|e| self.sys_err(e))?;
+                            sys::cont(pid, 0).map_err(|e| self.sys_err(e))?;
                         }
                     }
                     return Ok(None);

@@ -199,21 +199,15 @@ pub fn setoptions(pid: i32, options: i32) -> Result<(), SysError> {
 /// `waitpid(pid, __WALL | extra)`: `Ok(None)` when WNOHANG found nothing.
 pub fn waitpid(pid: i32, extra_flags: i32) -> Result<Option<(i32, i32)>, SysError> {
     let mut status = 0;
-    loop {
-        // SAFETY: status is a valid out pointer.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::__WALL | extra_flags) };
-        if r == -1 {
-            let e = SysError::last("waitpid", pid);
-            if e.errno() == libc::EINTR {
-                return Err(e);
-            }
-            return Err(e);
-        }
-        if r == 0 {
-            return Ok(None);
-        }
-        return Ok(Some((r, status)));
+    // SAFETY: status is a valid out pointer.
+    let r = unsafe { libc::waitpid(pid, &mut status, libc::__WALL | extra_flags) };
+    if r == -1 {
+        return Err(SysError::last("waitpid", pid));
     }
+    if r == 0 {
+        return Ok(None);
+    }
+    Ok(Some((r, status)))
 }
 
 /// `tgkill(tgid, tid, sig)`.

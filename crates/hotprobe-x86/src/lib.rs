@@ -24,12 +24,14 @@
 mod decode;
 mod emulate;
 mod error;
+pub mod jump;
 mod plan;
 
 pub use decode::{decode, format_instruction, instruction_starts, is_instruction_boundary};
 pub use emulate::{emulate, fixup_after_step, slot_to_original, MemWrite};
 pub use error::X86Error;
 pub use hotprobe_target::Registers;
+pub use jump::{plan_jump, JumpError, JumpPlan};
 pub use plan::{
     plan_probe, Condition, Emulation, Execution, Gpr, LoopKind, ProbePlan, SlotImage, StepFixup,
 };

@@ -785,7 +785,7 @@ impl Engine {
         {
             *live += 1;
         }
-        self.run_handler(id, HitKind::Entry, thread, regs, None);
+        self.run_handler(id, HitKind::Entry, thread, regs, Some(inst.entry));
         Ok(())
     }
 

@@ -173,7 +173,8 @@ impl HitContext<'_> {
         self.regs.rax
     }
 
-    /// For a return handler: the call's entry registers, time and depth.
+    /// For entry and return handlers of a return probe: the call's entry
+    /// registers, time, depth and return address.
     pub fn entry(&self) -> Option<&EntryInfo> {
         self.entry.as_ref()
     }

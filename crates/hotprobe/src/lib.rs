@@ -32,7 +32,7 @@ pub use hotprobe_target::{
     ExitStatus, Registers, ResumeMode, ReturnStrategy, RuntimeAddr, Target, TargetError,
     TargetEvent, ThreadId,
 };
-pub use resolve::{BlacklistEntry, ProcessResolver, Resolver};
+pub use resolve::{BlacklistEntry, ProcessResolver, Resolver, SIGRETURN_SYMBOLS};
 
 use std::time::Duration;
 

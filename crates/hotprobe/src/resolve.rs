@@ -39,7 +39,7 @@ pub trait Resolver {
 }
 
 /// Signal-return trampolines: probing them breaks every signal delivery.
-const SIGRETURN_SYMBOLS: &[&str] = &["__restore_rt", "__restore", "__vdso_rt_sigreturn"];
+pub const SIGRETURN_SYMBOLS: &[&str] = &["__restore_rt", "__restore", "__vdso_rt_sigreturn"];
 
 /// Resolver for a Linux process, over /proc/PID/maps and its ELF files.
 pub struct ProcessResolver {

@@ -25,11 +25,20 @@ fn finish(t: &mut Captured) -> String {
 }
 
 /// Address and plan of the first instruction of `func` matching `pred`.
-fn find_insn(t: &mut Captured, func: &str, pred: impl Fn(&hotprobe_x86::iced_x86::Instruction) -> bool) -> RuntimeAddr {
+fn find_insn(
+    t: &mut Captured,
+    func: &str,
+    pred: impl Fn(&hotprobe_x86::iced_x86::Instruction) -> bool,
+) -> RuntimeAddr {
     let r = t.session.resolve(t.target, func).unwrap().remove(0);
     let range = r.function_range.clone().unwrap();
     let mut code = vec![0u8; (range.end.0 - range.start.0) as usize];
-    t.session.engine(t.target).unwrap().target().read_memory(range.start, &mut code).unwrap();
+    t.session
+        .engine(t.target)
+        .unwrap()
+        .target()
+        .read_memory(range.start, &mut code)
+        .unwrap();
     for start in hotprobe_x86::instruction_starts(&code, range.start.0) {
         let off = (start - range.start.0) as usize;
         let insn = hotprobe_x86::decode(&code[off..], start).unwrap();
@@ -45,8 +54,15 @@ fn counts_a_function_in_a_pie_o2_binary() {
     let bin = program("target", &["-O2", "-pie", "-fPIE"]);
     let mut t = spawn(&bin, &["compute", "100"]);
     let (seen, f) = counter();
-    let id = t.session.probe(t.target, "compute", Probe::new().pre(f)).unwrap();
-    assert_eq!(t.session.execution_of(id), Some("boosted"), "the entry of compute is boosted");
+    let id = t
+        .session
+        .probe(t.target, "compute", Probe::new().pre(f))
+        .unwrap();
+    assert_eq!(
+        t.session.execution_of(id),
+        Some("boosted"),
+        "the entry of compute is boosted"
+    );
     let out = finish(&mut t);
     assert_eq!(lines_with(&out, "compute(").len(), 100, "{out}");
     assert_eq!(*seen.borrow(), 100);
@@ -60,7 +76,10 @@ fn counts_a_function_in_a_non_pie_o0_binary() {
     let id = t.session.probe(t.target, "compute", Probe::new()).unwrap();
     let out = finish(&mut t);
     // compute runs 37 times directly and 5 times through caller.
-    assert_eq!(lines_with(&out, "compute(").len() + lines_with(&out, "caller(").len(), 42);
+    assert_eq!(
+        lines_with(&out, "compute(").len() + lines_with(&out, "caller(").len(),
+        42
+    );
     assert_eq!(t.session.stats(id).unwrap().hits, 42);
 }
 
@@ -68,7 +87,10 @@ fn counts_a_function_in_a_non_pie_o0_binary() {
 fn counts_a_libc_function() {
     let bin = program("target", &["-O2"]);
     let mut t = spawn(&bin, &["getpid", "250"]);
-    let id = t.session.probe(t.target, "libc:getpid", Probe::new()).unwrap();
+    let id = t
+        .session
+        .probe(t.target, "libc:getpid", Probe::new())
+        .unwrap();
     let out = finish(&mut t);
     assert!(out.contains("getpid x250 sum"), "{out}");
     assert_eq!(t.session.stats(id).unwrap().hits, 250);
@@ -85,18 +107,36 @@ fn counts_mid_function_rip_relative_and_call_instructions() {
     // an instruction in the middle of caller, after the call.
     let mid = {
         let r = t.session.resolve(t.target, "caller").unwrap().remove(0);
-        assert!(call.0 > r.addr.0, "the call is not caller's first instruction");
+        assert!(
+            call.0 > r.addr.0,
+            "the call is not caller's first instruction"
+        );
         let mut code = [0u8; 16];
-        t.session.engine(t.target).unwrap().target().read_memory(call, &mut code).unwrap();
+        t.session
+            .engine(t.target)
+            .unwrap()
+            .target()
+            .read_memory(call, &mut code)
+            .unwrap();
         RuntimeAddr(call.0 + hotprobe_x86::decode(&code, call.0).unwrap().len() as u64)
     };
     let spec = |a: RuntimeAddr| format!("{:#x}", a.0);
     let r = t.session.resolve(t.target, &spec(riprel)).unwrap();
     assert_eq!(r[0].function.as_deref(), Some("compute"));
-    let id_rip = t.session.probe(t.target, &spec(riprel), Probe::new()).unwrap();
-    let id_call = t.session.probe(t.target, &spec(call), Probe::new()).unwrap();
+    let id_rip = t
+        .session
+        .probe(t.target, &spec(riprel), Probe::new())
+        .unwrap();
+    let id_call = t
+        .session
+        .probe(t.target, &spec(call), Probe::new())
+        .unwrap();
     let id_mid = t.session.probe(t.target, &spec(mid), Probe::new()).unwrap();
-    assert_eq!(t.session.execution_of(id_rip), Some("boosted"), "RIP-relative operand relocated and boosted");
+    assert_eq!(
+        t.session.execution_of(id_rip),
+        Some("boosted"),
+        "RIP-relative operand relocated and boosted"
+    );
     assert_eq!(t.session.execution_of(id_call), Some("emulated"));
     let out = finish(&mut t);
     // The program's own account is unchanged: the relocated increment hit the real counter.
@@ -117,8 +157,15 @@ fn post_handlers_single_step_and_see_the_result() {
     // Post handler reads global_counter after the increment executed.
     let counter_addr = {
         let mut code = [0u8; 16];
-        t.session.engine(t.target).unwrap().target().read_memory(riprel, &mut code).unwrap();
-        hotprobe_x86::decode(&code, riprel.0).unwrap().ip_rel_memory_address()
+        t.session
+            .engine(t.target)
+            .unwrap()
+            .target()
+            .read_memory(riprel, &mut code)
+            .unwrap();
+        hotprobe_x86::decode(&code, riprel.0)
+            .unwrap()
+            .ip_rel_memory_address()
     };
     let seen: Shared<Vec<(u64, u64)>> = Rc::default();
     let (s1, s2) = (seen.clone(), seen.clone());
@@ -144,7 +191,11 @@ fn post_handlers_single_step_and_see_the_result() {
     let seen = seen.borrow();
     assert_eq!(seen.len(), 20);
     for (i, (before, after)) in seen.iter().enumerate() {
-        assert_eq!((*before, *after), (i as u64, i as u64 + 1), "post ran after the increment");
+        assert_eq!(
+            (*before, *after),
+            (i as u64, i as u64 + 1),
+            "post ran after the increment"
+        );
     }
 }
 
@@ -155,9 +206,18 @@ fn several_probes_on_one_address_and_run_time_enable() {
     let (a, fa) = counter();
     let (b, fb) = counter();
     let (c, fc) = counter();
-    let ida = t.session.probe(t.target, "compute", Probe::new().pre(fa)).unwrap();
-    let idb = t.session.probe(t.target, "compute", Probe::new().pre(fb)).unwrap();
-    let idc = t.session.probe(t.target, "compute", Probe::new().post(fc)).unwrap();
+    let ida = t
+        .session
+        .probe(t.target, "compute", Probe::new().pre(fa))
+        .unwrap();
+    let idb = t
+        .session
+        .probe(t.target, "compute", Probe::new().pre(fb))
+        .unwrap();
+    let idc = t
+        .session
+        .probe(t.target, "compute", Probe::new().post(fc))
+        .unwrap();
     t.session.set_enabled(idb, false).unwrap();
     let out = finish(&mut t);
     assert_eq!(lines_with(&out, "compute(").len(), 10);
@@ -178,7 +238,8 @@ fn arguments_and_return_values_match_the_program() {
             t.target,
             "compute",
             RetProbe::new(4).ret(move |ctx| {
-                c.borrow_mut().push((ctx.arg(0).unwrap(), ctx.arg(1).unwrap(), ctx.return_value()));
+                c.borrow_mut()
+                    .push((ctx.arg(0).unwrap(), ctx.arg(1).unwrap(), ctx.return_value()));
             }),
         )
         .unwrap();
@@ -203,12 +264,29 @@ fn a_handler_that_writes_a_register_changes_the_result() {
     let bin = program("target", &["-O2"]);
     let mut t = spawn(&bin, &["compute", "3"]);
     t.session
-        .retprobe(t.target, "compute", RetProbe::new(1).ret(|ctx| ctx.regs_mut().rax = 4242))
+        .retprobe(
+            t.target,
+            "compute",
+            RetProbe::new(1).ret(|ctx| ctx.regs_mut().rax = 4242),
+        )
         .unwrap();
     // And a pre handler on caller-less compute args: force arg b to 100 on entry.
-    t.session.probe(t.target, "compute", Probe::new().pre(|ctx| ctx.regs_mut().rsi = 100)).unwrap();
+    t.session
+        .probe(
+            t.target,
+            "compute",
+            Probe::new().pre(|ctx| ctx.regs_mut().rsi = 100),
+        )
+        .unwrap();
     let out = finish(&mut t);
-    assert_eq!(lines_with(&out, "compute("), vec!["compute(0, 7) = 4242", "compute(1, 7) = 4242", "compute(2, 7) = 4242"]);
+    assert_eq!(
+        lines_with(&out, "compute("),
+        vec![
+            "compute(0, 7) = 4242",
+            "compute(1, 7) = 4242",
+            "compute(2, 7) = 4242"
+        ]
+    );
     // The changed argument reached the function: global state is what the
     // program computed with b = 100 (the return value was replaced).
 }
@@ -234,7 +312,12 @@ fn a_pre_handler_that_moves_rip_skips_the_function() {
         .unwrap();
     let out = finish(&mut t);
     assert_eq!(lines_with(&out, "compute(").len(), 4);
-    assert!(lines_with(&out, "compute(").iter().all(|l| l.ends_with("= 7")), "{out}");
+    assert!(
+        lines_with(&out, "compute(")
+            .iter()
+            .all(|l| l.ends_with("= 7")),
+        "{out}"
+    );
     // compute's body never ran: its counter stayed 0.
     assert!(out.contains("done compute 4 counter 0"), "{out}");
 }
@@ -244,7 +327,10 @@ fn eight_threads_give_an_exact_total() {
     let bin = program("threads", &["-O2"]);
     let mut t = spawn(&bin, &["2000"]);
     let (seen, f) = counter();
-    let id = t.session.probe(t.target, "work", Probe::new().pre(f)).unwrap();
+    let id = t
+        .session
+        .probe(t.target, "work", Probe::new().pre(f))
+        .unwrap();
     let out = finish(&mut t);
     assert!(out.contains("threads 8 iters 2000 calls 16000"), "{out}");
     assert_eq!(*seen.borrow(), 16000);
@@ -256,7 +342,10 @@ fn eight_threads_with_single_stepped_probes() {
     let bin = program("threads", &["-O2"]);
     let mut t = spawn(&bin, &["500"]);
     let (post, f) = counter();
-    let id = t.session.probe(t.target, "work", Probe::new().post(f)).unwrap();
+    let id = t
+        .session
+        .probe(t.target, "work", Probe::new().post(f))
+        .unwrap();
     let out = finish(&mut t);
     assert!(out.contains("calls 4000"), "{out}");
     assert_eq!(*post.borrow(), 4000);
@@ -270,7 +359,10 @@ fn return_probes_on_recursion_respect_maxactive() {
     let mut t = spawn(&bin, &["rec", "49"]);
     let (rets, f) = counter();
     let (entries, g) = counter();
-    let id = t.session.retprobe(t.target, "rec", RetProbe::new(10).entry(g).ret(f)).unwrap();
+    let id = t
+        .session
+        .retprobe(t.target, "rec", RetProbe::new(10).entry(g).ret(f))
+        .unwrap();
     let out = finish(&mut t);
     assert!(out.contains("rec(49) = 49"), "{out}");
     let st = t.session.stats(id).unwrap();
@@ -293,7 +385,8 @@ fn return_values_through_recursion_nest_properly() {
             "rec",
             RetProbe::new(64).ret(move |ctx| {
                 let depth = ctx.entry().unwrap().depth;
-                s.borrow_mut().push((ctx.arg(0).unwrap(), ctx.return_value(), depth));
+                s.borrow_mut()
+                    .push((ctx.arg(0).unwrap(), ctx.return_value(), depth));
             }),
         )
         .unwrap();
@@ -329,7 +422,11 @@ fn a_handler_can_stop_the_loop_and_detach_leaves_the_program_running() {
     // The program runs on untraced and finishes all 50 calls.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while !t.output().contains("done compute 50") {
-        assert!(std::time::Instant::now() < deadline, "program did not finish: {}", t.output());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "program did not finish: {}",
+            t.output()
+        );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     assert_eq!(lines_with(&t.output(), "compute(").len(), 50);
@@ -339,8 +436,14 @@ fn a_handler_can_stop_the_loop_and_detach_leaves_the_program_running() {
 fn a_forked_child_exits_normally() {
     let bin = program("forker", &["-O2"]);
     let mut t = spawn(&bin, &[]);
-    let rp = t.session.retprobe(t.target, "child_work", RetProbe::new(8)).unwrap();
-    let id = t.session.probe(t.target, "child_work", Probe::new()).unwrap();
+    let rp = t
+        .session
+        .retprobe(t.target, "child_work", RetProbe::new(8))
+        .unwrap();
+    let id = t
+        .session
+        .probe(t.target, "child_work", Probe::new())
+        .unwrap();
     let out = finish(&mut t);
     assert!(out.contains("child sum 20"), "{out}");
     assert!(out.contains("child exited 0"), "{out}");

@@ -8,13 +8,20 @@ use std::process::Command;
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
 }
 
 /// Compile tests/programs/NAME.c with `flags` (cached by flags), return the binary.
 pub fn program(name: &str, flags: &[&str]) -> PathBuf {
     let src = repo_root().join("tests/programs").join(format!("{name}.c"));
-    let tag: String = flags.join("").chars().filter(|c| c.is_ascii_alphanumeric()).collect();
+    let tag: String = flags
+        .join("")
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .collect();
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("programs");
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join(format!("{name}-{tag}"));
@@ -67,9 +74,20 @@ pub fn spawn(bin: &Path, args: &[&str]) -> Captured {
     let mut session = Session::new();
     let args: Vec<std::ffi::OsString> = args.iter().map(|a| a.into()).collect();
     let target = session
-        .spawn_with(bin, &args, &SpawnOptions { stdout: Some(f), ..Default::default() })
+        .spawn_with(
+            bin,
+            &args,
+            &SpawnOptions {
+                stdout: Some(f),
+                ..Default::default()
+            },
+        )
         .expect("spawn");
-    Captured { session, target, out }
+    Captured {
+        session,
+        target,
+        out,
+    }
 }
 
 static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);

@@ -1,0 +1,110 @@
+//! Hooks on the C++ exception machinery, so that an exception can unwind
+//! through frames whose return address the agent swapped (the unwinder
+//! finds no unwind information for the return trampoline).
+//!
+//! With the agent preloaded (`LD_PRELOAD`), its definitions of
+//! `_Unwind_RaiseException`, `_Unwind_Resume_or_Rethrow`,
+//! `_Unwind_ForcedUnwind` (pthread_exit, cancellation) and
+//! `__cxa_begin_catch` come first in symbol lookup. The first three put the
+//! real return address back into every live hooked frame before forwarding
+//! to libgcc's; `__cxa_begin_catch` (called by every `catch` handler) drops
+//! the entries of the frames the exception unwound — recording an unwound
+//! exit for each, so entry/exit events stay nested — and swaps the live
+//! frames' return addresses back. An agent injected with `dlopen` does not
+//! interpose these symbols: the tracer then must not hook returns in
+//! programs that throw through probed frames (documented limitation).
+//!
+//! Each hook is a naked function (it must see the caller's exact stack
+//! pointer) calling a Rust helper that returns the real function's address,
+//! resolved with `dlsym(RTLD_NEXT)`, then tail-jumps to it.
+
+use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::ffi::CStr;
+
+static REAL: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
+const NAMES: [&CStr; 4] = [
+    c"_Unwind_RaiseException",
+    c"_Unwind_Resume_or_Rethrow",
+    c"_Unwind_ForcedUnwind",
+    c"__cxa_begin_catch",
+];
+
+fn real(i: usize) -> usize {
+    let r = REAL[i].load(Relaxed);
+    if r != 0 {
+        return r;
+    }
+    // SAFETY: dlsym with a valid C string; RTLD_NEXT finds the definition
+    // after the agent's (libgcc_s, libstdc++).
+    let p = unsafe { libc::dlsym(libc::RTLD_NEXT, NAMES[i].as_ptr()) } as usize;
+    if p == 0 {
+        // SAFETY: abort has no preconditions; with no real unwinder the
+        // program could not have thrown.
+        unsafe { libc::abort() };
+    }
+    REAL[i].store(p, Relaxed);
+    p
+}
+
+extern "C" fn before_unwind(sp: u64, which: u64) -> usize {
+    // No catch_unwind here: the helpers are panic-free (no indexing that can
+    // fail, no allocation).
+    crate::hit::restore_for_unwind(sp);
+    real(which as usize)
+}
+
+extern "C" fn before_catch(sp: u64) -> usize {
+    crate::hit::rearm_after_catch(sp);
+    real(3)
+}
+
+macro_rules! unwind_hook {
+    ($name:ident, $which:literal) => {
+        /// Interposed unwinder entry: restores hooked return addresses, then
+        /// jumps to libgcc's function of the same name.
+        ///
+        /// # Safety
+        /// Same contract as the libgcc function it forwards to.
+        #[unsafe(naked)]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name() {
+            core::arch::naked_asm!(
+                "push rdi",
+                "push rsi",
+                "push rdx",
+                // The caller's stack pointer before its call: rsp + 24 + 8.
+                "lea rdi, [rsp+32]",
+                concat!("mov esi, ", $which),
+                // Entry rsp ≡ 8 (mod 16); three pushes make the call aligned.
+                "call {f}",
+                "pop rdx",
+                "pop rsi",
+                "pop rdi",
+                "jmp rax",
+                f = sym before_unwind,
+            );
+        }
+    };
+}
+
+unwind_hook!(_Unwind_RaiseException, "0");
+unwind_hook!(_Unwind_Resume_or_Rethrow, "1");
+unwind_hook!(_Unwind_ForcedUnwind, "2");
+
+/// Interposed `__cxa_begin_catch`: drops the unwound frames' shadow entries
+/// and re-hooks the live ones, then jumps to libstdc++'s.
+///
+/// # Safety
+/// Same contract as `__cxa_begin_catch`.
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn __cxa_begin_catch() {
+    core::arch::naked_asm!(
+        "push rdi",
+        "lea rdi, [rsp+16]",
+        "call {f}",
+        "pop rdi",
+        "jmp rax",
+        f = sym before_catch,
+    );
+}

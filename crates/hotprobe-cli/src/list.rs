@@ -1,0 +1,229 @@
+//! `hotprobe list`: functions (or the blacklist) of a binary or a process,
+//! with the mechanism a probe on each function's entry would get.
+
+use crate::glob;
+use anyhow::{bail, Context, Result};
+use hotprobe::Session;
+use hotprobe_symbols::{ElfModule, ProcessSymbols, Symbol};
+use hotprobe_x86::Execution;
+use object::{Object, ObjectSegment};
+use std::path::{Path, PathBuf};
+
+/// Signal-return trampolines (the engine refuses them too).
+const SIGRETURN_SYMBOLS: &[&str] = &["__restore_rt", "__restore", "__vdso_rt_sigreturn"];
+
+/// What `list` needs from the command line.
+pub struct ListOptions<'a> {
+    /// A binary file...
+    pub binary: Option<&'a Path>,
+    /// ...or a running process.
+    pub pid: Option<i32>,
+    /// Glob over function names (`*`, `?`).
+    pub pattern: Option<&'a str>,
+    /// List the blacklist instead.
+    pub blacklist: bool,
+}
+
+/// One row of the function list.
+struct Row {
+    addr: u64,
+    size: u64,
+    mechanism: String,
+    module: String,
+    name: String,
+}
+
+/// The loadable bytes of an ELF file, by link-time address.
+struct FileCode {
+    bytes: Vec<u8>,
+    /// (vaddr, file offset, file size) of each PT_LOAD.
+    segments: Vec<(u64, u64, u64)>,
+}
+
+impl FileCode {
+    fn open(path: &Path) -> Result<FileCode> {
+        let bytes =
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let segments = {
+            let file = object::File::parse(&*bytes)
+                .with_context(|| format!("{} is not an ELF file", path.display()))?;
+            file.segments()
+                .map(|s| {
+                    let (off, size) = s.file_range();
+                    (s.address(), off, size)
+                })
+                .collect()
+        };
+        Ok(FileCode { bytes, segments })
+    }
+
+    /// Up to 16 bytes at link address `addr` (fewer at a segment's end).
+    fn code_at(&self, addr: u64) -> Option<&[u8]> {
+        let (va, off, size) = self
+            .segments
+            .iter()
+            .find(|(va, _, size)| addr >= *va && addr < va + size)?;
+        let start = (off + (addr - va)) as usize;
+        let end = (off + size).min(start as u64 + 16) as usize;
+        self.bytes.get(start..end)
+    }
+}
+
+/// "trap (boosted|emulated|stepped)" or "refused" for the instruction at
+/// a function's entry.
+fn mechanism(code: Option<&FileCode>, sym: &Symbol) -> String {
+    let Some(bytes) = code.and_then(|c| c.code_at(sym.addr.0)) else {
+        return "?".into();
+    };
+    match hotprobe_x86::plan_probe(bytes, sym.addr.0, sym.addr.0) {
+        Ok(plan) => match plan.execution {
+            Execution::Boost => "trap (boosted)",
+            Execution::Emulate(_) => "trap (emulated)",
+            Execution::Step(_) => "trap (stepped)",
+        }
+        .into(),
+        Err(_) => "refused".into(),
+    }
+}
+
+fn wanted(pattern: Option<&str>, s: &Symbol) -> bool {
+    match pattern {
+        None => true,
+        Some(p) => glob::matches(p, &s.name) || glob::matches(p, &s.raw_name),
+    }
+}
+
+/// Run `list`.
+pub fn run(o: &ListOptions<'_>) -> Result<()> {
+    match (o.binary, o.pid) {
+        (Some(bin), None) if o.blacklist => blacklist_of_file(bin),
+        (None, Some(pid)) if o.blacklist => blacklist_of_process(pid),
+        (Some(bin), None) => {
+            let m = ElfModule::open(bin)?;
+            let code = FileCode::open(bin).ok();
+            let name = m.file_name();
+            let rows: Vec<Row> = m
+                .functions()
+                .iter()
+                .filter(|s| wanted(o.pattern, s))
+                .map(|s| Row {
+                    addr: s.addr.0,
+                    size: s.size,
+                    mechanism: mechanism(code.as_ref(), s),
+                    module: name.clone(),
+                    name: s.name.clone(),
+                })
+                .collect();
+            print_rows(&rows, o.pattern, &bin.display().to_string())
+        }
+        (None, Some(pid)) => {
+            let syms = ProcessSymbols::for_pid(pid as u32).map_err(|e| match e {
+                hotprobe_symbols::SymbolError::Proc { source, .. }
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    anyhow::anyhow!("no such process: {pid}")
+                }
+                e => e.into(),
+            })?;
+            let mut rows = Vec::new();
+            for lm in syms.modules() {
+                let mut code: Option<Option<FileCode>> = None;
+                for s in lm
+                    .module
+                    .functions()
+                    .iter()
+                    .filter(|s| wanted(o.pattern, s))
+                {
+                    let c = code.get_or_insert_with(|| FileCode::open(lm.module.path()).ok());
+                    rows.push(Row {
+                        addr: lm.runtime(s.addr).0,
+                        size: s.size,
+                        mechanism: mechanism(c.as_ref(), s),
+                        module: lm.name.clone(),
+                        name: s.name.clone(),
+                    });
+                }
+            }
+            print_rows(&rows, o.pattern, &format!("pid {pid}"))
+        }
+        _ => bail!("give either a BINARY or -p PID"),
+    }
+}
+
+fn print_rows(rows: &[Row], pattern: Option<&str>, what: &str) -> Result<()> {
+    if rows.is_empty() {
+        match pattern {
+            Some(p) => bail!("no function matches `{p}` in {what}"),
+            None => bail!("{what} has no function symbols"),
+        }
+    }
+    let mw = rows
+        .iter()
+        .map(|r| r.module.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max("MODULE".len());
+    println!(
+        "{:<18}  {:>8}  {:<15}  {:<mw$}  FUNCTION",
+        "ADDRESS", "SIZE", "PROBE", "MODULE"
+    );
+    for r in rows {
+        println!(
+            "{:#018x}  {:>8}  {:<15}  {:<mw$}  {}",
+            r.addr, r.size, r.mechanism, r.module, r.name
+        );
+    }
+    Ok(())
+}
+
+fn print_blacklist(entries: &[(u64, u64, String)]) {
+    println!("{:<18}  {:<18}  WHAT", "START", "END");
+    for (s, e, what) in entries {
+        println!("{s:#018x}  {e:#018x}  {what}");
+    }
+}
+
+fn blacklist_of_file(bin: &Path) -> Result<()> {
+    let m = ElfModule::open(bin)?;
+    let name = m.file_name();
+    let mut v: Vec<(u64, u64, String)> = m
+        .plt_ranges()
+        .into_iter()
+        .map(|r| (r.start.0, r.end.0, format!("PLT stubs of {name}")))
+        .collect();
+    for s in SIGRETURN_SYMBOLS {
+        if let Some(sym) = m.find(s) {
+            v.push((
+                sym.addr.0,
+                sym.addr.0 + sym.size.max(1),
+                format!("{s} in {name} (signal return trampoline)"),
+            ));
+        }
+    }
+    v.sort();
+    print_blacklist(&v);
+    Ok(())
+}
+
+fn blacklist_of_process(pid: i32) -> Result<()> {
+    let mut s = Session::new();
+    let t = s.attach(pid)?;
+    let list = s.blacklist(t);
+    // Detach whatever happened: the process must run on.
+    s.detach()
+        .with_context(|| format!("cannot detach from pid {pid}"))?;
+    let v: Vec<(u64, u64, String)> = list?
+        .into_iter()
+        .map(|b| (b.start.0, b.end.0, b.what))
+        .collect();
+    print_blacklist(&v);
+    Ok(())
+}
+
+/// For `list BINARY`: a path that does not exist is an error of its own.
+pub fn check_binary(p: &Path) -> Result<PathBuf> {
+    if !p.exists() {
+        bail!("{}: no such file", p.display());
+    }
+    Ok(p.to_path_buf())
+}

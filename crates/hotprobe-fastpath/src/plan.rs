@@ -1,0 +1,410 @@
+//! Choosing a mechanism per site, from the ELF file alone (no process):
+//! placeholders listed by the compiler (`__patchable_function_entries`,
+//! `__mcount_loc`), a ColdPatch probe list beside the binary (`BIN.probes`),
+//! a 5-byte NOP at a function's entry, then a jump plan, else trap.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use hotprobe_coldpatch::{ProbeList, SiteKind};
+use hotprobe_x86::plan_jump;
+use object::{Object, ObjectSection, ObjectSegment};
+
+use crate::FastPathError;
+
+/// The mechanism a site gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mechanism {
+    /// NOP placeholder rewritten into a `call` (iProbe HotPatch).
+    Patch(PatchKind),
+    /// Displaced instructions, `jmp rel32` to a per-site trampoline.
+    Jump,
+    /// The engine's trap mechanism must handle the site.
+    Trap,
+}
+
+/// Which placeholder a patch site uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PatchKind {
+    /// `-fpatchable-function-entry=N` NOPs.
+    PatchableEntry,
+    /// `-pg -mfentry -mnop-mcount` 5-byte NOP (listed in `__mcount_loc` or
+    /// recognised at the function's entry).
+    Mcount,
+    /// A `-finstrument-functions` call that ColdPatch turned into a NOP.
+    Coldpatch,
+}
+
+impl std::fmt::Display for Mechanism {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Mechanism::Patch(PatchKind::PatchableEntry) => "patch (patchable entry)",
+            Mechanism::Patch(PatchKind::Mcount) => "patch (mcount NOP)",
+            Mechanism::Patch(PatchKind::Coldpatch) => "patch (coldpatch)",
+            Mechanism::Jump => "jump",
+            Mechanism::Trap => "trap",
+        })
+    }
+}
+
+/// What the user asked for (`--mechanism`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MechanismChoice {
+    /// Patch, then jump, then trap.
+    #[default]
+    Auto,
+    /// Patch only (an error if the function has no placeholder).
+    Patch,
+    /// Jump only (an error if the entry cannot take a jump).
+    Jump,
+    /// Trap (always possible from the fast path's point of view).
+    Trap,
+}
+
+/// Where the exit of a function is observed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitSite {
+    /// A ColdPatched `__cyg_profile_func_exit` NOP (call site) at this link address.
+    Call(u64),
+    /// A ColdPatched tail exit (`ret` + NOP) at this link address.
+    Tail(u64),
+}
+
+/// The mechanism chosen for a function's entry, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SitePlan {
+    /// The mechanism.
+    pub mechanism: Mechanism,
+    /// Why (for `hotprobe list` and error messages).
+    pub reason: String,
+    /// Link address of the instruction rewritten (the placeholder, or the
+    /// function's entry for jump and trap).
+    pub site: u64,
+    /// Bytes rewritten at `site`.
+    pub len: usize,
+    /// ColdPatch exit placeholders of the function (empty otherwise: exits
+    /// then come from the agent's return hook).
+    pub exits: Vec<ExitSite>,
+}
+
+/// A function of a module, as far as the fast path cares.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FunctionInfo {
+    /// Name (demangled when it comes from the symbol table).
+    pub name: String,
+    /// Link address of its first byte.
+    pub addr: u64,
+    /// Size in bytes (0 if unknown: only a probe list named it).
+    pub size: u64,
+}
+
+/// One ELF module's placeholders and functions.
+#[derive(Debug)]
+pub struct ModuleInfo {
+    path: PathBuf,
+    bytes: Vec<u8>,
+    /// (vaddr, file offset, size) of each PT_LOAD segment.
+    segments: Vec<(u64, u64, u64)>,
+    pfe: BTreeSet<u64>,
+    mcount: BTreeSet<u64>,
+    probes: Option<ProbeList>,
+    functions: Vec<FunctionInfo>,
+}
+
+fn read_addr_section(file: &object::File<'_>, name: &str) -> BTreeSet<u64> {
+    let mut out = BTreeSet::new();
+    let Some(sec) = file.section_by_name(name) else {
+        return out;
+    };
+    let Ok(data) = sec.data() else { return out };
+    let base = sec.address();
+    // PIE: the words may be 0 in the file and filled by R_X86_64_RELATIVE.
+    let mut relative = std::collections::HashMap::new();
+    if let Some(relocs) = file.dynamic_relocations() {
+        for (off, r) in relocs {
+            if let object::RelocationFlags::Elf { r_type } = r.flags() {
+                if r_type == object::elf::R_X86_64_RELATIVE {
+                    relative.insert(off, r.addend() as u64);
+                }
+            }
+        }
+    }
+    for (i, w) in data.chunks_exact(8).enumerate() {
+        let v = u64::from_le_bytes(w.try_into().unwrap_or([0; 8]));
+        let v = if v == 0 {
+            relative.get(&(base + 8 * i as u64)).copied().unwrap_or(0)
+        } else {
+            v
+        };
+        if v != 0 {
+            out.insert(v);
+        }
+    }
+    out
+}
+
+/// Where a binary's probe list lives: `BIN.probes`.
+pub fn probe_list_path(binary: &Path) -> PathBuf {
+    let mut s = binary.as_os_str().to_owned();
+    s.push(".probes");
+    PathBuf::from(s)
+}
+
+const NOP5: [u8; 5] = hotprobe_abi::patch::NOP5;
+const NOP1X5: [u8; 5] = [0x90; 5];
+const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+
+impl ModuleInfo {
+    /// Reads `path`, its placeholder sections, its functions (symbol table,
+    /// and the probe list's function names for stripped binaries) and its
+    /// probe list `path.probes` if there is one.
+    pub fn open(path: &Path) -> Result<ModuleInfo, FastPathError> {
+        let bytes = std::fs::read(path).map_err(|source| FastPathError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let file = object::File::parse(&*bytes).map_err(|e| FastPathError::Elf {
+            path: path.to_path_buf(),
+            why: e.to_string(),
+        })?;
+        let segments = file
+            .segments()
+            .map(|s| {
+                let (off, size) = s.file_range();
+                (s.address(), off, size)
+            })
+            .collect();
+        let pfe = read_addr_section(&file, "__patchable_function_entries");
+        let mcount = read_addr_section(&file, "__mcount_loc");
+        let probes = match std::fs::read_to_string(probe_list_path(path)) {
+            Ok(text) => Some(
+                ProbeList::parse(&text).map_err(|e| FastPathError::ProbeList {
+                    path: probe_list_path(path),
+                    why: e.to_string(),
+                })?,
+            ),
+            Err(_) => None,
+        };
+        let mut functions: Vec<FunctionInfo> = Vec::new();
+        if let Ok(m) = hotprobe_symbols::ElfModule::from_bytes(path.to_path_buf(), bytes.clone()) {
+            for f in m.functions() {
+                functions.push(FunctionInfo {
+                    name: f.name.clone(),
+                    addr: f.addr.0,
+                    size: f.size,
+                });
+            }
+        }
+        if let Some(p) = &probes {
+            for s in &p.sites {
+                let Some(name) = &s.function else { continue };
+                if functions.iter().any(|f| &f.name == name) {
+                    continue;
+                }
+                // A stripped binary: the function starts at or before its
+                // first site; its extent is unknown.
+                functions.push(FunctionInfo {
+                    name: name.clone(),
+                    addr: s.vaddr,
+                    size: 0,
+                });
+            }
+        }
+        functions.sort_by_key(|f| f.addr);
+        Ok(ModuleInfo {
+            path: path.to_path_buf(),
+            bytes,
+            segments,
+            pfe,
+            mcount,
+            probes,
+            functions,
+        })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Every function known (symbol table and probe list).
+    pub fn functions(&self) -> &[FunctionInfo] {
+        &self.functions
+    }
+
+    /// The function named `name` (symbol or probe-list name).
+    pub fn function(&self, name: &str) -> Option<&FunctionInfo> {
+        self.functions.iter().find(|f| f.name == name)
+    }
+
+    /// The file bytes at link address `addr`, `len` long, if mapped from the file.
+    pub fn code(&self, addr: u64, len: u64) -> Option<&[u8]> {
+        for &(va, off, size) in &self.segments {
+            if addr >= va && addr.checked_add(len)? <= va + size {
+                let start = (off + addr - va) as usize;
+                return self.bytes.get(start..start + len as usize);
+            }
+        }
+        None
+    }
+
+    /// Whether the module has a ColdPatch probe list.
+    pub fn has_probe_list(&self) -> bool {
+        self.probes.is_some()
+    }
+
+    fn coldpatch_sites(&self, f: &FunctionInfo) -> Option<(u64, usize, Vec<ExitSite>)> {
+        let p = self.probes.as_ref()?;
+        let in_f = |s: &&hotprobe_coldpatch::ProbeSite| match &s.function {
+            Some(n) => *n == f.name,
+            None => f.size > 0 && s.vaddr >= f.addr && s.vaddr < f.addr + f.size,
+        };
+        let sites: Vec<_> = p.sites.iter().filter(in_f).collect();
+        let entry = sites
+            .iter()
+            .find(|s| matches!(s.kind, SiteKind::Entry | SiteKind::Mcount))?;
+        let exits = sites
+            .iter()
+            .filter_map(|s| match s.kind {
+                SiteKind::Exit => Some(ExitSite::Call(s.vaddr)),
+                SiteKind::ExitTail => Some(ExitSite::Tail(s.vaddr)),
+                _ => None,
+            })
+            .collect();
+        Some((entry.vaddr, entry.len as usize, exits))
+    }
+
+    /// The entry placeholder of `f` and its kind, if it has one.
+    fn placeholder(&self, f: &FunctionInfo) -> Option<(PatchKind, u64, usize, Vec<ExitSite>)> {
+        if let Some((site, len, exits)) = self.coldpatch_sites(f) {
+            return Some((PatchKind::Coldpatch, site, len, exits));
+        }
+        // After an optional endbr64.
+        let mut site = f.addr;
+        if self.code(site, 4) == Some(&ENDBR64[..]) {
+            site += 4;
+        }
+        let bytes = self.code(site, 5)?;
+        let nops = bytes == NOP1X5 || bytes == NOP5;
+        if !nops {
+            return None;
+        }
+        if self.pfe.contains(&f.addr) || self.pfe.contains(&site) {
+            return Some((PatchKind::PatchableEntry, site, 5, vec![]));
+        }
+        if self.mcount.contains(&site) || bytes == NOP5 {
+            return Some((PatchKind::Mcount, site, 5, vec![]));
+        }
+        None
+    }
+
+    /// The mechanism `f`'s entry gets under `choice`, and why; an error if
+    /// a forced mechanism is impossible.
+    pub fn plan(
+        &self,
+        f: &FunctionInfo,
+        choice: MechanismChoice,
+    ) -> Result<SitePlan, FastPathError> {
+        let placeholder = self.placeholder(f);
+        if matches!(choice, MechanismChoice::Auto | MechanismChoice::Patch) {
+            if let Some((kind, site, len, exits)) = placeholder {
+                let why = match kind {
+                    PatchKind::PatchableEntry => {
+                        "-fpatchable-function-entry NOPs (__patchable_function_entries)".to_string()
+                    }
+                    PatchKind::Mcount if self.mcount.contains(&site) => {
+                        "-mnop-mcount 5-byte NOP (__mcount_loc)".to_string()
+                    }
+                    PatchKind::Mcount => {
+                        "5-byte NOP at the function's entry (-mfentry -mnop-mcount)".to_string()
+                    }
+                    PatchKind::Coldpatch => format!(
+                        "coldpatched -finstrument-functions placeholder at +{:#x} (probe list)",
+                        site - f.addr
+                    ),
+                };
+                return Ok(SitePlan {
+                    mechanism: Mechanism::Patch(kind),
+                    reason: why,
+                    site,
+                    len,
+                    exits,
+                });
+            }
+            if choice == MechanismChoice::Patch {
+                return Err(FastPathError::Impossible {
+                    function: f.name.clone(),
+                    mechanism: "patch",
+                    why: "no placeholder: build with -fpatchable-function-entry=5, \
+                          -pg -mfentry -mnop-mcount, or coldpatch a -finstrument-functions build"
+                        .into(),
+                });
+            }
+        }
+        if choice == MechanismChoice::Trap {
+            return Ok(SitePlan {
+                mechanism: Mechanism::Trap,
+                reason: "forced".into(),
+                site: f.addr,
+                len: 1,
+                exits: vec![],
+            });
+        }
+        let jump = match self.code(f.addr, f.size) {
+            _ if f.size == 0 => Err("function size unknown (stripped binary)".to_string()),
+            Some(code) => plan_jump(code, f.addr, f.addr)
+                .map(|p| p.covered)
+                .map_err(|e| e.to_string()),
+            None => Err("function bytes not in the file".to_string()),
+        };
+        match jump {
+            Ok(covered) => Ok(SitePlan {
+                mechanism: Mechanism::Jump,
+                reason: format!(
+                    "{covered} bytes of relocatable instructions at the entry, no branch into them"
+                ),
+                site: f.addr,
+                len: covered,
+                exits: vec![],
+            }),
+            Err(why) if choice == MechanismChoice::Jump => Err(FastPathError::Impossible {
+                function: f.name.clone(),
+                mechanism: "jump",
+                why,
+            }),
+            Err(why) => Ok(SitePlan {
+                mechanism: Mechanism::Trap,
+                reason: why,
+                site: f.addr,
+                len: 1,
+                exits: vec![],
+            }),
+        }
+    }
+}
+
+/// One line of `hotprobe list`: a function and the mechanism its entry
+/// would get under automatic choice.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FunctionPlan {
+    /// The function.
+    pub function: FunctionInfo,
+    /// The plan.
+    pub plan: SitePlan,
+}
+
+/// Which mechanism each function of the ELF file at `path` would get, and
+/// why (no process needed).
+pub fn explain(path: &Path) -> Result<Vec<FunctionPlan>, FastPathError> {
+    let m = ModuleInfo::open(path)?;
+    let mut out = Vec::new();
+    for f in m.functions() {
+        if let Ok(plan) = m.plan(f, MechanismChoice::Auto) {
+            out.push(FunctionPlan {
+                function: f.clone(),
+                plan,
+            });
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,143 @@
+//! The tracer's side of the shared memory: a memfd, mapped, with a
+//! heartbeat thread.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hotprobe_abi::{rdtsc, Layout, Params, Shm};
+
+use crate::{FastPathConfig, FastPathError};
+
+/// A memfd holding the shared memory, mapped in the tracer.
+#[derive(Debug)]
+pub(crate) struct OwnedShm {
+    fd: i32,
+    ptr: *mut libc::c_void,
+    len: usize,
+    shm: Shm,
+}
+
+// SAFETY: the mapping is process-wide and lives as long as the value; all
+// access goes through `Shm`, which is Sync.
+unsafe impl Send for OwnedShm {}
+// SAFETY: as above.
+unsafe impl Sync for OwnedShm {}
+
+impl OwnedShm {
+    pub(crate) fn create(config: FastPathConfig) -> Result<OwnedShm, FastPathError> {
+        let params = Params {
+            n_probes: config.max_probes,
+            n_site_slots: (config.max_probes * 8).next_power_of_two(),
+            n_threads: config.max_threads,
+            ring_capacity: config.ring_capacity,
+        };
+        let layout = Layout::new(params).map_err(|e| FastPathError::Shm(e.to_string()))?;
+        let err =
+            |what: &str| FastPathError::Shm(format!("{what}: {}", std::io::Error::last_os_error()));
+        // SAFETY: a NUL-terminated name; no CLOEXEC: the spawned child inherits it.
+        let fd = unsafe { libc::memfd_create(c"hotprobe".as_ptr(), 0) };
+        if fd < 0 {
+            return Err(err("memfd_create"));
+        }
+        // SAFETY: our fresh descriptor.
+        if unsafe { libc::ftruncate(fd, layout.total_size as i64) } != 0 {
+            // SAFETY: our descriptor.
+            unsafe { libc::close(fd) };
+            return Err(err("ftruncate"));
+        }
+        // SAFETY: a fresh shared mapping of our memfd.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                layout.total_size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            // SAFETY: our descriptor.
+            unsafe { libc::close(fd) };
+            return Err(err("mmap"));
+        }
+        // SAFETY: zero-filled, page-aligned, valid until Drop unmaps it after `shm`.
+        let shm = unsafe { Shm::create(ptr as *mut u8, layout.total_size, params) }
+            .map_err(|e| FastPathError::Shm(e.to_string()))?;
+        let ticks = tsc_per_sec();
+        shm.header().heartbeat_tsc.store(rdtsc(), Relaxed);
+        shm.header().heartbeat_timeout_tsc.store(
+            (ticks as f64 * config.heartbeat_timeout.as_secs_f64()) as u64,
+            Relaxed,
+        );
+        Ok(OwnedShm {
+            fd,
+            ptr,
+            len: layout.total_size,
+            shm,
+        })
+    }
+
+    pub(crate) fn fd(&self) -> i32 {
+        self.fd
+    }
+
+    pub(crate) fn shm(&self) -> &Shm {
+        &self.shm
+    }
+}
+
+impl Drop for OwnedShm {
+    fn drop(&mut self) {
+        // SAFETY: our mapping and descriptor; `shm` is not used afterwards.
+        unsafe {
+            libc::munmap(self.ptr, self.len);
+            libc::close(self.fd);
+        }
+    }
+}
+
+/// TSC ticks per second, measured over 20 ms.
+fn tsc_per_sec() -> u64 {
+    let t0 = Instant::now();
+    let c0 = rdtsc();
+    std::thread::sleep(Duration::from_millis(20));
+    let c1 = rdtsc();
+    let dt = t0.elapsed().as_secs_f64();
+    ((c1 - c0) as f64 / dt) as u64
+}
+
+/// A thread writing the heartbeat every 100 ms until dropped.
+#[derive(Debug)]
+pub(crate) struct Heartbeat {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Heartbeat {
+    pub(crate) fn start(shm: Arc<OwnedShm>) -> Heartbeat {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                shm.shm().header().heartbeat_tsc.store(rdtsc(), Relaxed);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        Heartbeat {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

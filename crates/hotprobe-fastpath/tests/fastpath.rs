@@ -1,0 +1,467 @@
+//! End-to-end tests of the fast path on programs compiled here with gcc:
+//! exact counts per mechanism over 4 threads × 10^6 calls, recorded
+//! arguments and return values nested per thread (recursion, a C++
+//! exception), ColdPatch (output equal, stripped binary through its probe
+//! list), fallbacks to trap with their reasons, inject/detach on a running
+//! process with the text unchanged afterwards.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use hotprobe_fastpath::*;
+use hotprobe_process::{ProcessTarget, SpawnOptions};
+use hotprobe_target::{Target, TargetEvent};
+
+fn tmp() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+}
+
+fn agent() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let p = exe.parent().unwrap().join("libhotprobe_agent.so");
+    assert!(p.exists(), "{} not built", p.display());
+    p
+}
+
+fn compile(src: &str, out: &str, flags: &[&str]) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/programs")
+        .join(src);
+    let out = tmp().join(out);
+    let cc = if src.extension().unwrap() == "cc" {
+        "g++"
+    } else {
+        "gcc"
+    };
+    let st = Command::new(cc)
+        .args(flags)
+        .arg(&src)
+        .arg("-o")
+        .arg(&out)
+        .arg("-lpthread")
+        .status()
+        .unwrap();
+    assert!(st.success(), "{cc} failed");
+    out
+}
+
+/// Spawns `exe` with the agent, returns the target and fast path.
+fn spawn(exe: &Path, args: &[&str], out: &Path) -> (ProcessTarget, FastPath) {
+    // -pg builds write gmon.out at exit: keep it out of the source tree.
+    let gmon = tmp().join("gmon").into_os_string();
+    let mut opts = SpawnOptions {
+        stdout: Some(File::create(out).unwrap()),
+        env: vec![("GMON_OUT_PREFIX".into(), gmon)],
+        ..Default::default()
+    };
+    let pending = FastPath::for_spawn(&mut opts, &agent(), FastPathConfig::default()).unwrap();
+    let args: Vec<OsString> = args.iter().map(OsString::from).collect();
+    let mut t = ProcessTarget::spawn_with(exe, &args, &opts).unwrap();
+    let fp = pending.attach(&mut t).unwrap();
+    (t, fp)
+}
+
+fn run_to_exit(t: &mut ProcessTarget) {
+    t.resume_all().unwrap();
+    loop {
+        match t.wait(None).unwrap() {
+            TargetEvent::Exited(st) => {
+                assert_eq!(
+                    st.to_string(),
+                    hotprobe_target::ExitStatus::Code(0).to_string()
+                );
+                return;
+            }
+            TargetEvent::Breakpoint { thread, .. } | TargetEvent::Stepped { thread, .. } => t
+                .resume(thread, hotprobe_target::ResumeMode::Continue)
+                .unwrap(),
+            _ => {}
+        }
+    }
+}
+
+fn native_output(exe: &Path, args: &[&str]) -> String {
+    let o = Command::new(exe)
+        .args(args)
+        .env("GMON_OUT_PREFIX", tmp().join("gmon"))
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    String::from_utf8(o.stdout).unwrap()
+}
+
+const N: u64 = 1_000_000;
+
+fn count_work(exe: &Path, tag: &str, expect: fn(Mechanism) -> bool, choice: MechanismChoice) {
+    let args = [&N.to_string()[..], "4"];
+    let out = tmp().join(format!("{tag}.out"));
+    let (mut t, mut fp) = spawn(exe, &args, &out);
+    let info = fp.add(&mut t, "work", Action::count(), choice).unwrap();
+    assert!(expect(info.mechanism), "{tag}: {info:?}");
+    run_to_exit(&mut t);
+    assert_eq!(fp.count(info.probe_id), 4 * N, "{tag}: exact count");
+    assert_eq!(
+        fp.shm()
+            .header()
+            .site_misses
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        native_output(exe, &args)
+    );
+    eprintln!("{tag}: {} — {}", info.mechanism, info.reason);
+}
+
+#[test]
+fn count_exact_patchable_entry() {
+    let exe = compile(
+        "loop.c",
+        "loop-pfe",
+        &["-O2", "-fpatchable-function-entry=5"],
+    );
+    count_work(
+        &exe,
+        "pfe",
+        |m| m == Mechanism::Patch(PatchKind::PatchableEntry),
+        MechanismChoice::Auto,
+    );
+}
+
+#[test]
+fn count_exact_mcount_nops() {
+    for (tag, rec) in [("mcount", false), ("mcount-loc", true)] {
+        let mut flags = vec![
+            "-O2",
+            "-fno-pie",
+            "-no-pie",
+            "-pg",
+            "-mfentry",
+            "-mnop-mcount",
+        ];
+        if rec {
+            flags.push("-mrecord-mcount");
+        }
+        let exe = compile("loop.c", &format!("loop-{tag}"), &flags);
+        count_work(
+            &exe,
+            tag,
+            |m| m == Mechanism::Patch(PatchKind::Mcount),
+            MechanismChoice::Auto,
+        );
+    }
+}
+
+#[test]
+fn count_exact_jump() {
+    let exe = compile("loop.c", "loop-plain", &["-O2"]);
+    count_work(
+        &exe,
+        "jump",
+        |m| m == Mechanism::Jump,
+        MechanismChoice::Auto,
+    );
+}
+
+fn coldpatched() -> (PathBuf, PathBuf) {
+    static ONCE: std::sync::OnceLock<(PathBuf, PathBuf)> = std::sync::OnceLock::new();
+    ONCE.get_or_init(|| {
+        let inst = compile("loop.c", "loop-inst", &["-O2", "-finstrument-functions"]);
+        let (bytes, list) = hotprobe_coldpatch::coldpatch(&std::fs::read(&inst).unwrap()).unwrap();
+        let out = tmp().join("loop-cold");
+        std::fs::write(&out, bytes).unwrap();
+        std::fs::set_permissions(&out, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        std::fs::write(probe_list_path(&out), list.to_text()).unwrap();
+        let stripped = tmp().join("loop-cold-stripped");
+        assert!(Command::new("strip")
+            .arg("-o")
+            .arg(&stripped)
+            .arg(&out)
+            .status()
+            .unwrap()
+            .success());
+        std::fs::write(probe_list_path(&stripped), list.to_text()).unwrap();
+        // The coldpatched binary runs like the original.
+        assert_eq!(
+            native_output(&out, &["1000", "3"]),
+            native_output(&inst, &["1000", "3"])
+        );
+        (out, stripped)
+    })
+    .clone()
+}
+
+#[test]
+fn count_exact_coldpatch_and_stripped() {
+    let (cold, stripped) = coldpatched();
+    count_work(
+        &cold,
+        "cold",
+        |m| m == Mechanism::Patch(PatchKind::Coldpatch),
+        MechanismChoice::Auto,
+    );
+    count_work(
+        &stripped,
+        "cold-stripped",
+        |m| m == Mechanism::Patch(PatchKind::Coldpatch),
+        MechanismChoice::Patch,
+    );
+}
+
+#[test]
+fn coldpatch_exit_placeholders_record_nested() {
+    let (cold, _) = coldpatched();
+    let out = tmp().join("cold-rec.out");
+    let (mut t, mut fp) = spawn(&cold, &["10", "1"], &out);
+    let info = fp
+        .add(
+            &mut t,
+            "fact",
+            Action::record().with_exit(),
+            MechanismChoice::Auto,
+        )
+        .unwrap();
+    assert_eq!(info.exits, "exit placeholders");
+    run_to_exit(&mut t);
+    let mut kinds = vec![];
+    fp.drain(|e| {
+        if e.probe_id == info.probe_id {
+            kinds.push(e.kind)
+        }
+    });
+    assert_eq!(kinds, [[KIND_ENTRY; 5], [KIND_EXIT; 5]].concat());
+}
+
+fn check_nested(events: &[RecordedEvent]) {
+    let mut stack = vec![];
+    for e in events {
+        if e.kind == KIND_ENTRY {
+            stack.push(e.probe_id);
+        } else {
+            assert_eq!(stack.pop(), Some(e.probe_id), "exit without its entry");
+        }
+    }
+    assert!(stack.is_empty(), "unmatched entries {stack:?}");
+}
+
+#[test]
+fn record_args_and_return_values_through_recursion() {
+    for (tag, flags) in [
+        ("rec-pfe", &["-O2", "-fpatchable-function-entry=5"][..]),
+        ("rec-plain", &["-O1", "-fno-optimize-sibling-calls"][..]),
+    ] {
+        let exe = compile("loop.c", tag, flags);
+        let out = tmp().join(format!("{tag}.out"));
+        let (mut t, mut fp) = spawn(&exe, &["100", "2"], &out);
+        let fact = fp
+            .add(
+                &mut t,
+                "fact",
+                Action::record().with_exit(),
+                MechanismChoice::Auto,
+            )
+            .unwrap();
+        let work = fp
+            .add(
+                &mut t,
+                "work",
+                Action::record().with_exit(),
+                MechanismChoice::Auto,
+            )
+            .unwrap();
+        assert_eq!(fact.exits, "return hook", "{tag}: {fact:?}");
+        run_to_exit(&mut t);
+        assert_eq!(
+            std::fs::read_to_string(&out).unwrap(),
+            native_output(&exe, &["100", "2"])
+        );
+        let mut per_tid = std::collections::BTreeMap::<u32, Vec<RecordedEvent>>::new();
+        fp.drain(|e| per_tid.entry(e.tid).or_default().push(*e));
+        assert_eq!(fp.drops(), 0);
+        let mut fact_events = vec![];
+        let mut work_threads = 0;
+        for evs in per_tid.values() {
+            check_nested(evs);
+            let w: Vec<_> = evs.iter().filter(|e| e.probe_id == work.probe_id).collect();
+            if !w.is_empty() {
+                work_threads += 1;
+                assert_eq!(w.len(), 200);
+                for (i, pair) in w.chunks(2).enumerate() {
+                    let (a, b) = (pair[0].args[0], pair[0].args[1]);
+                    assert_eq!(b, i as u64 & 7);
+                    assert_eq!(pair[1].args[0], a * 2 + b, "return value");
+                }
+            }
+            fact_events.extend(evs.iter().filter(|e| e.probe_id == fact.probe_id).copied());
+        }
+        assert_eq!(work_threads, 2);
+        let args: Vec<u64> = fact_events.iter().map(|e| e.args[0]).collect();
+        assert_eq!(
+            args,
+            [5, 4, 3, 2, 1, 1, 2, 6, 24, 120],
+            "{tag}: entries n, exits n!"
+        );
+        eprintln!(
+            "{tag}: fact via {}, work via {}",
+            fact.mechanism, work.mechanism
+        );
+    }
+}
+
+#[test]
+fn cxx_exception_crosses_probed_frames() {
+    let exe = compile(
+        "throw.cc",
+        "throw-pfe",
+        &["-O2", "-fpatchable-function-entry=5"],
+    );
+    let out = tmp().join("throw.out");
+    let (mut t, mut fp) = spawn(&exe, &[], &out);
+    let m = fp
+        .add(
+            &mut t,
+            "middle",
+            Action::record().with_exit(),
+            MechanismChoice::Auto,
+        )
+        .unwrap();
+    let th = fp
+        .add(
+            &mut t,
+            "thrower",
+            Action::record().with_exit(),
+            MechanismChoice::Auto,
+        )
+        .unwrap();
+    run_to_exit(&mut t);
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "706\n");
+    let mut evs = vec![];
+    fp.drain(|e| evs.push(*e));
+    check_nested(&evs);
+    let unwound = evs
+        .iter()
+        .filter(|e| e.kind == KIND_EXIT && e.reserved == EXIT_UNWOUND)
+        .count();
+    assert_eq!(unwound, 4, "thrower and middle unwound twice");
+    assert_eq!(evs.len(), 20);
+    let _ = (m, th);
+}
+
+#[test]
+fn short_and_jumped_into_functions_fall_back_to_trap() {
+    let exe = compile("loop.c", "loop-plain2", &["-O2"]);
+    let m = ModuleInfo::open(&exe).unwrap();
+    let tiny = m
+        .plan(m.function("tiny").unwrap(), MechanismChoice::Auto)
+        .unwrap();
+    assert_eq!(tiny.mechanism, Mechanism::Trap);
+    assert!(
+        tiny.reason.starts_with("function shorter than 5 bytes"),
+        "{}",
+        tiny.reason
+    );
+    let bj = m
+        .plan(m.function("backjump").unwrap(), MechanismChoice::Auto)
+        .unwrap();
+    assert_eq!(bj.mechanism, Mechanism::Trap);
+    assert!(
+        bj.reason
+            .starts_with("a jump lands inside the first 5 bytes at +2"),
+        "{}",
+        bj.reason
+    );
+    let e = m
+        .plan(m.function("backjump").unwrap(), MechanismChoice::Jump)
+        .unwrap_err();
+    assert!(e.to_string().contains("a jump lands inside"), "{e}");
+    let e = m
+        .plan(m.function("work").unwrap(), MechanismChoice::Patch)
+        .unwrap_err();
+    assert!(e.to_string().contains("no placeholder"), "{e}");
+    // Through a live process: the API reports trap and installs nothing.
+    let (mut t, mut fp) = spawn(&exe, &["10", "1"], &tmp().join("trap.out"));
+    let info = fp
+        .add(&mut t, "tiny", Action::count(), MechanismChoice::Auto)
+        .unwrap();
+    assert_eq!(info.mechanism, Mechanism::Trap);
+    run_to_exit(&mut t);
+    let plans = explain(&exe).unwrap();
+    assert!(plans
+        .iter()
+        .any(|p| p.function.name == "work" && p.plan.mechanism == Mechanism::Jump));
+}
+
+fn text_of(pid: i32) -> Vec<(u64, Vec<u8>)> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mem = File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut v = vec![];
+    for l in maps.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f[1] != "r-xp" || f.len() < 6 || f[5].contains("hotprobe_agent") || f[5].starts_with('[')
+        {
+            continue;
+        }
+        let (a, b) = f[0].split_once('-').unwrap();
+        let (a, b) = (
+            u64::from_str_radix(a, 16).unwrap(),
+            u64::from_str_radix(b, 16).unwrap(),
+        );
+        let mut buf = vec![0; (b - a) as usize];
+        use std::os::unix::fs::FileExt;
+        mem.read_exact_at(&mut buf, a).unwrap();
+        v.push((a, buf));
+    }
+    v
+}
+
+#[test]
+fn inject_probe_detach_leaves_text_identical() {
+    let exe = compile("sleeper.c", "sleeper-plain", &["-O2"]);
+    let mut child = Command::new(&exe)
+        .arg("200000")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let pid = child.id() as i32;
+    let mut t = ProcessTarget::attach(pid).unwrap();
+    let before = text_of(pid);
+    let mut fp = FastPath::inject(&mut t, &agent(), FastPathConfig::default()).unwrap();
+    let info = fp
+        .add(&mut t, "work", Action::count(), MechanismChoice::Auto)
+        .unwrap();
+    assert_eq!(info.mechanism, Mechanism::Jump);
+    t.resume_all().unwrap();
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    // Wait until some calls were counted, then detach mid-run.
+    while fp.count(info.probe_id) < 1000 {
+        if let TargetEvent::Exited(_) = t.wait(Some(std::time::Duration::from_millis(5))).unwrap() {
+            panic!("ended early");
+        }
+    }
+    fp.detach(&mut t).unwrap();
+    let after = text_of(pid);
+    for (addr, bytes) in &before {
+        let same = after
+            .iter()
+            .find(|(a, _)| a == addr)
+            .map(|(_, b)| b == bytes);
+        assert_eq!(same, Some(true), "text at {addr:#x} identical after detach");
+    }
+    t.detach().unwrap();
+    drop(t);
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    assert!(child.wait().unwrap().success());
+    let total: u64 = (0..200000u64).map(|i| (i & 3) * 2 + 1).sum();
+    assert_eq!(rest, format!("total {total}\n"));
+}

@@ -1,0 +1,118 @@
+//! Function calls and system calls made inside a stopped target thread, for
+//! injecting an agent into a running process (`dlopen` then the agent's
+//! attach function).
+//!
+//! A call runs the thread from the function's first instruction on a stack
+//! carved below the red zone, with a return address of 0: the `ret` then
+//! faults at address 0, which the tracer sees as a SIGSEGV stop with
+//! `rip == 0` and swallows. The thread's registers are restored afterwards
+//! (including `orig_rax`, so a system call it was blocked in restarts).
+//! Other threads stay stopped: a call that needs a lock held by a stopped
+//! thread (the loader lock, a malloc arena) would wait forever, so calls are
+//! bounded by a timeout and the thread is interrupted when it expires.
+
+use std::time::{Duration, Instant};
+
+use hotprobe_target::{Target, TargetError};
+
+use crate::{sys, ProcessTarget};
+
+/// Runs system call `nr` with up to six arguments on a stopped thread of
+/// `t`; returns the raw result (a negative errno on failure).
+pub fn remote_syscall(t: &mut ProcessTarget, nr: u64, args: &[u64]) -> Result<u64, TargetError> {
+    let tid = stopped(t)?;
+    crate::remote::syscall(t, tid, nr, args)
+}
+
+fn stopped(t: &mut ProcessTarget) -> Result<i32, TargetError> {
+    t.any_stopped_thread().ok_or_else(|| TargetError::Protocol {
+        target: t.describe(),
+        why: "no stopped thread to run a remote call on: call stop_all first".into(),
+    })
+}
+
+/// Calls the function at `func` with up to six integer arguments on a
+/// stopped thread of `t` (all threads should be stopped) and returns its
+/// `rax`. Fails after `timeout` (the thread is then interrupted and its
+/// registers restored; the callee's side effects are not undone).
+pub fn remote_call(
+    t: &mut ProcessTarget,
+    func: u64,
+    args: &[u64],
+    timeout: Duration,
+) -> Result<u64, TargetError> {
+    let tid = stopped(t)?;
+    let saved = sys::getregs(tid).map_err(|e| t.sys_err(e))?;
+    let mut regs = saved;
+    // Below the red zone, 16-byte aligned, then the fake return address 0:
+    // at the callee's first instruction rsp ≡ 8 (mod 16) as the ABI wants.
+    let sp = (saved.rsp.wrapping_sub(256)) & !15;
+    let sp = sp - 8;
+    t.write_memory(hotprobe_target::RuntimeAddr(sp), &0u64.to_le_bytes())?;
+    regs.rsp = sp;
+    regs.rip = func;
+    regs.rax = 0;
+    regs.orig_rax = u64::MAX;
+    let a = |i: usize| args.get(i).copied().unwrap_or(0);
+    regs.rdi = a(0);
+    regs.rsi = a(1);
+    regs.rdx = a(2);
+    regs.rcx = a(3);
+    regs.r8 = a(4);
+    regs.r9 = a(5);
+    sys::setregs(tid, &regs).map_err(|e| t.sys_err(e))?;
+    sys::cont(tid, 0).map_err(|e| t.sys_err(e))?;
+    let deadline = Instant::now() + timeout;
+    let mut interrupted = false;
+    let result = loop {
+        let r = sys::waitpid(tid, libc::WNOHANG | libc::__WALL).map_err(|e| t.sys_err(e))?;
+        let Some((_, status)) = r else {
+            if !interrupted && Instant::now() >= deadline {
+                sys::interrupt(tid).map_err(|e| t.sys_err(e))?;
+                interrupted = true;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+            continue;
+        };
+        if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+            return Err(TargetError::Gone {
+                target: t.describe(),
+                status: crate::exit_status(status),
+            });
+        }
+        let sig = libc::WSTOPSIG(status);
+        let after = sys::getregs(tid).map_err(|e| t.sys_err(e))?;
+        if sig == libc::SIGSEGV && after.rip == 0 {
+            break Ok(after.rax);
+        }
+        if status >> 16 == libc::PTRACE_EVENT_STOP {
+            if interrupted {
+                break Err(TargetError::Protocol {
+                    target: t.describe(),
+                    why: format!("remote call of {func:#x} did not return within {timeout:?}"),
+                });
+            }
+            sys::cont(tid, 0).map_err(|e| t.sys_err(e))?;
+            continue;
+        }
+        if sig == libc::SIGSEGV || sig == libc::SIGBUS || sig == libc::SIGILL {
+            break Err(TargetError::Protocol {
+                target: t.describe(),
+                why: format!(
+                    "remote call of {func:#x} faulted (signal {sig}) at {:#x}",
+                    after.rip
+                ),
+            });
+        }
+        // Any other signal: hold it for later delivery, keep running the call.
+        if let Some(th) = t.threads.get_mut(&tid) {
+            th.held_signals.push_back(sig);
+        }
+        sys::cont(tid, 0).map_err(|e| t.sys_err(e))?;
+    };
+    sys::setregs(tid, &saved).map_err(|e| t.sys_err(e))?;
+    if let Some(th) = t.threads.get_mut(&tid) {
+        th.regs = None;
+    }
+    result
+}

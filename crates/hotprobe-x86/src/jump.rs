@@ -1,0 +1,293 @@
+//! Jump plans: can the first bytes at a probe site be overwritten with a
+//! 5-byte `jmp rel32` to a trampoline, and if so, which instructions move to
+//! the trampoline and how are they relocated there.
+//!
+//! A site qualifies when
+//! * the instructions starting at the site cover at least
+//!   [`crate::JMP_REL32_LEN`] bytes inside the function,
+//! * none of them ends the straight-line code early (`ret`, `jmp`, `int3`,
+//!   `ud2`...) or is a `call` (the callee would return into the trampoline,
+//!   which unwinders cannot walk through),
+//! * no branch anywhere in the function (linear sweep) lands strictly inside
+//!   the displaced bytes (it would execute half of the `jmp rel32`),
+//! * each displaced instruction can be re-encoded at the trampoline with
+//!   iced-x86's `BlockEncoder` (RIP-relative operands and relative branches
+//!   re-targeted to the same absolute addresses).
+//!
+//! Indirect jumps through jump tables cannot be followed by a linear sweep;
+//! gcc and clang place switch-case labels after the prologue, never within
+//! the first 5 bytes of a function, which is where the fast path probes.
+
+use iced_x86::{
+    BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, FlowControl, Instruction,
+    InstructionBlock, Mnemonic, OpKind,
+};
+
+use crate::{format_instruction, JMP_REL32_LEN};
+
+/// Why a site cannot take a `jmp rel32` (the trap mechanism must be used).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JumpError {
+    /// The function is shorter than the jump.
+    #[error("function shorter than 5 bytes ({len} bytes)")]
+    FunctionTooShort {
+        /// The function's size in bytes.
+        len: u64,
+    },
+    /// The code from the site to the function's end is shorter than the jump.
+    #[error("only {len} bytes from the site to the end of the function")]
+    TooShortFromSite {
+        /// Bytes available.
+        len: u64,
+    },
+    /// The site is not inside the function bytes given.
+    #[error("site {site:#x} lies outside the function [{start:#x}, {end:#x})")]
+    OutsideFunction {
+        /// The site.
+        site: u64,
+        /// Function start.
+        start: u64,
+        /// Function end.
+        end: u64,
+    },
+    /// The bytes at an address do not decode.
+    #[error("invalid instruction at +{offset:#x}")]
+    Invalid {
+        /// Offset from the function start.
+        offset: u64,
+    },
+    /// An instruction among the displaced ones ends the straight-line code or
+    /// cannot run from the trampoline.
+    #[error("`{mnemonic}` at +{offset:#x} within the first 5 bytes {why}")]
+    Unrelocatable {
+        /// Offset from the function start.
+        offset: u64,
+        /// The instruction as text.
+        mnemonic: String,
+        /// Why.
+        why: &'static str,
+    },
+    /// A branch of the function lands strictly inside the displaced bytes.
+    #[error("a jump lands inside the first 5 bytes at +{target_offset} (from `{mnemonic}` at +{from_offset:#x})")]
+    BranchInto {
+        /// Offset of the branch target from the site.
+        target_offset: u64,
+        /// Offset of the branch instruction from the function start.
+        from_offset: u64,
+        /// The branch instruction as text.
+        mnemonic: String,
+    },
+    /// iced-x86 could not re-encode the displaced instructions at the
+    /// trampoline address.
+    #[error("cannot relocate the displaced instructions to {at:#x}: {why}")]
+    Relocation {
+        /// Trampoline address asked for.
+        at: u64,
+        /// The encoder's message.
+        why: String,
+    },
+}
+
+/// A site that can take a `jmp rel32`: the instructions it displaces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JumpPlan {
+    /// Run-time (or link-time, consistently) address of the site.
+    pub site: u64,
+    /// Number of bytes displaced (≥ 5): the jump's 5 bytes plus the tail of
+    /// the last displaced instruction, which the patch fills with `int3`.
+    pub covered: usize,
+    /// The original bytes at `site..site + covered`.
+    pub original: Vec<u8>,
+    /// The displaced instructions, decoded at their original addresses.
+    pub instructions: Vec<Instruction>,
+}
+
+impl JumpPlan {
+    /// The bytes to write at the site: `jmp rel32` to `trampoline_code`
+    /// followed by `int3` up to `covered` (never executed: no branch lands
+    /// there). `None` if the trampoline is out of ±2 GiB.
+    pub fn patch_bytes(&self, trampoline_code: u64) -> Option<Vec<u8>> {
+        let rel = trampoline_code.wrapping_sub(self.site.wrapping_add(5)) as i64;
+        let rel = i32::try_from(rel).ok()?;
+        let mut v = vec![0xcc; self.covered];
+        v[0] = 0xe9;
+        v[1..5].copy_from_slice(&rel.to_le_bytes());
+        Some(v)
+    }
+
+    /// The displaced instructions re-encoded to run at `at`, followed by a
+    /// jump back to `site + covered`.
+    pub fn relocate(&self, at: u64) -> Result<Vec<u8>, JumpError> {
+        let mut instrs = self.instructions.clone();
+        let back = self.site.wrapping_add(self.covered as u64);
+        let mut jmp = Instruction::with_branch(Code::Jmp_rel32_64, back).map_err(|e| {
+            JumpError::Relocation {
+                at,
+                why: e.to_string(),
+            }
+        })?;
+        // An address no branch targets: BlockEncoder re-targets branches to
+        // instructions of the block, and `back` must stay the original address.
+        jmp.set_ip(0);
+        instrs.push(jmp);
+        let block = InstructionBlock::new(&instrs, at);
+        let r = BlockEncoder::encode(64, block, BlockEncoderOptions::NONE).map_err(|e| {
+            JumpError::Relocation {
+                at,
+                why: e.to_string(),
+            }
+        })?;
+        Ok(r.code_buffer)
+    }
+}
+
+fn is_near_branch(instr: &Instruction) -> bool {
+    matches!(
+        instr.op0_kind(),
+        OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
+    ) && matches!(
+        instr.flow_control(),
+        FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch | FlowControl::Call
+    )
+}
+
+/// Plans a jump at `site` inside the function whose bytes are `function`
+/// (starting at `func_start`; pass exactly the function's bytes, its size
+/// from the symbol table).
+pub fn plan_jump(function: &[u8], func_start: u64, site: u64) -> Result<JumpPlan, JumpError> {
+    let len = function.len() as u64;
+    let end = func_start.wrapping_add(len);
+    if site < func_start || site >= end {
+        return Err(JumpError::OutsideFunction {
+            site,
+            start: func_start,
+            end,
+        });
+    }
+    if len < JMP_REL32_LEN as u64 {
+        return Err(JumpError::FunctionTooShort { len });
+    }
+    let off = (site - func_start) as usize;
+    if len - off as u64 <= 4 {
+        return Err(JumpError::TooShortFromSite {
+            len: len - off as u64,
+        });
+    }
+    // The displaced instructions.
+    let mut dec = Decoder::with_ip(64, &function[off..], site, DecoderOptions::NONE);
+    let mut instructions = Vec::new();
+    let mut covered = 0usize;
+    while covered < JMP_REL32_LEN {
+        if !dec.can_decode() {
+            return Err(JumpError::TooShortFromSite {
+                len: covered as u64,
+            });
+        }
+        let instr = dec.decode();
+        let at = instr.ip() - func_start;
+        if instr.code() == Code::INVALID {
+            return Err(JumpError::Invalid { offset: at });
+        }
+        let refuse = |why| {
+            Err(JumpError::Unrelocatable {
+                offset: at,
+                mnemonic: format_instruction(&instr),
+                why,
+            })
+        };
+        match instr.flow_control() {
+            FlowControl::Return => return refuse("returns before 5 bytes"),
+            FlowControl::UnconditionalBranch | FlowControl::IndirectBranch => {
+                return refuse("jumps away before 5 bytes")
+            }
+            FlowControl::Call | FlowControl::IndirectCall => {
+                return refuse("is a call (its callee would return into the trampoline)")
+            }
+            FlowControl::Interrupt | FlowControl::Exception => {
+                return refuse("traps or faults on purpose")
+            }
+            FlowControl::XbeginXabortXend => {
+                return refuse("is a transactional-memory instruction")
+            }
+            FlowControl::Next | FlowControl::ConditionalBranch => {}
+        }
+        if matches!(instr.mnemonic(), Mnemonic::Syscall | Mnemonic::Sysenter) {
+            return refuse("is a system call (the kernel may restart it by address)");
+        }
+        if instr.is_ip_rel_memory_operand() && instr.memory_base() != iced_x86::Register::RIP {
+            return refuse("uses EIP-relative addressing");
+        }
+        covered += instr.len();
+        instructions.push(instr);
+    }
+    if site + covered as u64 > end {
+        return Err(JumpError::TooShortFromSite { len: end - site });
+    }
+    // Branch-target scan over the whole function (linear sweep).
+    let inside = site + 1..site + covered as u64;
+    let mut dec = Decoder::with_ip(64, function, func_start, DecoderOptions::NONE);
+    let mut instr = Instruction::default();
+    while dec.can_decode() {
+        dec.decode_out(&mut instr);
+        if is_near_branch(&instr) {
+            let t = instr.near_branch_target();
+            if inside.contains(&t) {
+                return Err(JumpError::BranchInto {
+                    target_offset: t - site,
+                    from_offset: instr.ip() - func_start,
+                    mnemonic: format_instruction(&instr),
+                });
+            }
+        }
+    }
+    Ok(JumpPlan {
+        site,
+        covered,
+        original: function[off..off + covered].to_vec(),
+        instructions,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_function_refused() {
+        // xor eax,eax; ret
+        let e = plan_jump(&[0x31, 0xc0, 0xc3], 0x1000, 0x1000).unwrap_err();
+        assert_eq!(e.to_string(), "function shorter than 5 bytes (3 bytes)");
+    }
+
+    #[test]
+    fn branch_into_first_bytes_refused() {
+        // 0: mov eax, edi (2); 2: add eax, 1 (3); 5: cmp eax, 10 (3); 8: jl 2 (2); a: ret
+        let f = [
+            0x89, 0xf8, 0x83, 0xc0, 0x01, 0x83, 0xf8, 0x0a, 0x7c, 0xf8, 0xc3,
+        ];
+        let e = plan_jump(&f, 0x1000, 0x1000).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("a jump lands inside the first 5 bytes at +2"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn relocates_rip_relative_and_jumps_back() {
+        // mov rax, [rip+0x100] (7); ret
+        let f = [0x48, 0x8b, 0x05, 0x00, 0x01, 0x00, 0x00, 0xc3];
+        let p = plan_jump(&f, 0x40_1000, 0x40_1000).unwrap();
+        assert_eq!(p.covered, 7);
+        let code = p.relocate(0x40_8000).unwrap();
+        let mut d = Decoder::with_ip(64, &code, 0x40_8000, DecoderOptions::NONE);
+        let a = d.decode();
+        assert_eq!(a.memory_displacement64(), 0x40_1107);
+        let b = d.decode();
+        assert_eq!(b.near_branch_target(), 0x40_1007);
+        assert_eq!(
+            p.patch_bytes(0x40_8000).unwrap()[..5],
+            [0xe9, 0xfb, 0x6f, 0, 0]
+        );
+    }
+}

@@ -1,0 +1,286 @@
+//! Attaching to a running process, probing, detaching byte-exact; and the
+//! bad-input cases, each leaving the target running correctly.
+
+mod support;
+
+use hotprobe::{EngineError, Probe, ProcessError, RetProbe, RunEnd, Session};
+use std::cell::RefCell;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::rc::Rc;
+use support::*;
+
+/// A `target serve` process driven through its stdin/stdout.
+struct Served {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    pid: i32,
+}
+
+impl Served {
+    fn start(bin: &std::path::Path) -> Served {
+        let mut child = Command::new(bin)
+            .arg("serve")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let pid: i32 = line.trim().strip_prefix("ready ").unwrap().parse().unwrap();
+        Served {
+            child,
+            stdin,
+            stdout,
+            pid,
+        }
+    }
+
+    fn send(&mut self, cmd: &str) {
+        writeln!(self.stdin, "{cmd}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// Lines up to and including the next `done ...` line.
+    fn until_done(&mut self) -> Vec<String> {
+        let mut v = Vec::new();
+        loop {
+            let mut line = String::new();
+            assert!(
+                self.stdout.read_line(&mut line).unwrap() > 0,
+                "target closed its output"
+            );
+            let done = line.starts_with("done ");
+            v.push(line.trim_end().to_string());
+            if done {
+                return v;
+            }
+        }
+    }
+
+    /// Every executable mapping's bytes, read through /proc/PID/mem.
+    fn text(&self) -> Vec<(String, Vec<u8>)> {
+        let maps = std::fs::read_to_string(format!("/proc/{}/maps", self.pid)).unwrap();
+        let mem = std::fs::File::open(format!("/proc/{}/mem", self.pid)).unwrap();
+        let mut out = Vec::new();
+        for l in maps.lines() {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if !f[1].contains('x') || l.contains("[vsyscall]") {
+                continue;
+            }
+            let (s, e) = f[0].split_once('-').unwrap();
+            let (s, e) = (
+                u64::from_str_radix(s, 16).unwrap(),
+                u64::from_str_radix(e, 16).unwrap(),
+            );
+            let mut buf = vec![0u8; (e - s) as usize];
+            use std::os::unix::fs::FileExt;
+            mem.read_exact_at(&mut buf, s).unwrap();
+            out.push((l.to_string(), buf));
+        }
+        out
+    }
+
+    fn finish(mut self) -> String {
+        drop(self.stdin);
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut self.stdout, &mut rest).unwrap();
+        let st = self.child.wait().unwrap();
+        assert!(st.success(), "target ended with {st}");
+        rest
+    }
+}
+
+#[test]
+fn attach_probe_detach_leaves_text_identical() {
+    let bin = program("target", &["-O2"]);
+    let mut srv = Served::start(&bin);
+    let before = srv.text();
+
+    let mut s = Session::new();
+    let t = s.attach(srv.pid).unwrap();
+    let hits = Rc::new(RefCell::new(0u64));
+    let h = hits.clone();
+    let id = s.probe(t, "compute", Probe::new()).unwrap();
+    // Stop once the 10th call has returned (the target then waits for input).
+    let rp = s
+        .retprobe(
+            t,
+            "compute",
+            RetProbe::new(4).ret(move |ctx| {
+                *h.borrow_mut() += 1;
+                if *h.borrow() == 10 {
+                    ctx.stop();
+                }
+            }),
+        )
+        .unwrap();
+    // A return probe whose call is still live at detach: slow() sleeps.
+    let slow = s
+        .retprobe(t, "slow", RetProbe::new(4).entry(|ctx| ctx.stop()))
+        .unwrap();
+    s.start().unwrap();
+    srv.send("compute 10");
+    assert_eq!(s.run().unwrap(), RunEnd::Stopped);
+    let lines = srv.until_done();
+    assert_eq!(lines.len(), 11, "{lines:?}");
+    assert_eq!(lines[10], "done compute 10 counter 10");
+    srv.send("slow 300");
+    assert_eq!(s.run().unwrap(), RunEnd::Stopped, "entered slow");
+    assert_eq!(s.stats(slow).unwrap().hits, 1);
+    // Detach while slow() sleeps with its return address swapped.
+    s.detach().unwrap();
+    assert_eq!(s.stats(id).unwrap().hits, 10);
+    assert_eq!(s.stats(rp).unwrap().returns, 10);
+    let lines = srv.until_done();
+    assert_eq!(lines, vec!["slow(300) = 300", "done slow 300 counter 10"]);
+    let after = srv.text();
+    assert_eq!(before.len(), after.len(), "same executable mappings");
+    for ((m1, b1), (m2, b2)) in before.iter().zip(after.iter()) {
+        assert_eq!(m1, m2);
+        assert!(b1 == b2, "text differs after detach in {m1}");
+    }
+    srv.send("compute 3");
+    let lines = srv.until_done();
+    assert_eq!(
+        lines,
+        vec![
+            "compute(0, 7) = 7",
+            "compute(1, 7) = 10",
+            "compute(2, 7) = 13",
+            "done compute 3 counter 13"
+        ]
+    );
+    assert_eq!(srv.finish().trim(), "bye");
+}
+
+#[test]
+fn bad_inputs_give_errors_and_leave_the_target_running() {
+    let bin = program("target", &["-O2"]);
+    let mut srv = Served::start(&bin);
+    let before = srv.text();
+
+    // No such process.
+    let mut s0 = Session::new();
+    match s0.attach(999_999_999) {
+        Err(EngineError::Process(ProcessError::NoSuchProcess { pid })) => {
+            assert_eq!(pid, 999_999_999)
+        }
+        other => panic!("expected NoSuchProcess, got {:?}", other.err()),
+    }
+
+    let mut s = Session::new();
+    let t = s.attach(srv.pid).unwrap();
+
+    // A second tracer is refused with the permission message.
+    let mut s2 = Session::new();
+    let err = s2.attach(srv.pid).expect_err("second attach fails");
+    assert!(
+        matches!(
+            err,
+            EngineError::Process(ProcessError::PermissionDenied { .. })
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("not permitted to ptrace"), "{err}");
+
+    // Unknown symbol: the error names it.
+    let err = s.probe(t, "no_such_function", Probe::new()).err().unwrap();
+    assert!(err.to_string().contains("no_such_function"), "{err}");
+
+    // Bad spec syntax.
+    assert!(s.probe(t, "compute+zz", Probe::new()).is_err());
+
+    // Not on an instruction boundary: compute+1 is inside its first instruction.
+    let first_len = {
+        let r = s.resolve(t, "compute").unwrap().remove(0);
+        let mut code = [0u8; 16];
+        s.engine(t)
+            .unwrap()
+            .target()
+            .read_memory(r.addr, &mut code)
+            .unwrap();
+        hotprobe_x86::decode(&code, r.addr.0).unwrap().len()
+    };
+    assert!(first_len > 1);
+    let err = s.probe(t, "compute+1", Probe::new()).err().unwrap();
+    assert!(
+        err.to_string().contains("middle of an instruction"),
+        "{err}"
+    );
+
+    // A PLT stub.
+    let plt = {
+        let syms = hotprobe_symbols::ProcessSymbols::for_pid(srv.pid as u32).unwrap();
+        let main = syms.main_module().unwrap();
+        let r = main
+            .module
+            .plt_ranges()
+            .into_iter()
+            .next()
+            .expect("the program has a PLT");
+        main.runtime(r.start)
+    };
+    let err = s
+        .probe(t, &format!("{:#x}", plt.0), Probe::new())
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("PLT"), "{err}");
+    let bl = s.blacklist(t).unwrap();
+    assert!(bl
+        .iter()
+        .any(|b| b.start <= plt && plt < b.end && b.what.contains("PLT")));
+
+    // A return probe needs a function entry.
+    let err = s.retprobe(t, "compute+0x4", RetProbe::new(1)).err();
+    assert!(err.is_some());
+
+    s.start().unwrap();
+    s.detach().unwrap();
+    drop(s2);
+    srv.send("compute 2");
+    assert_eq!(
+        srv.until_done(),
+        vec![
+            "compute(0, 7) = 7",
+            "compute(1, 7) = 10",
+            "done compute 2 counter 2"
+        ]
+    );
+    assert!(before == srv.text(), "text untouched");
+    assert_eq!(srv.finish().trim(), "bye");
+}
+
+#[test]
+fn the_target_dying_drops_its_probes() {
+    let bin = program("target", &["-O2"]);
+    let mut srv = Served::start(&bin);
+    let mut s = Session::new();
+    let t = s.attach(srv.pid).unwrap();
+    let id = s.probe(t, "compute", Probe::new()).unwrap();
+    s.start().unwrap();
+    srv.send("compute 4");
+    srv.send("bogus 0");
+    // The program stops reading at the bad line and exits.
+    drop(srv.stdin);
+    let end = s.run().unwrap();
+    assert_eq!(end, RunEnd::AllExited);
+    assert_eq!(s.stats(id).unwrap().hits, 4);
+    let notices = s.take_notices();
+    assert!(
+        notices
+            .iter()
+            .any(|n| n.contains("exited with code 0") && n.contains("probes are dropped")),
+        "{notices:?}"
+    );
+    // Adding a probe now says the target is gone.
+    let err = s
+        .probe_addr(t, hotprobe::RuntimeAddr(0x1000), Probe::new())
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("gone"), "{err}");
+    let _ = srv.child.wait();
+}
