@@ -1,0 +1,291 @@
+//! Test harness: builds the busybox initramfs, boots the cached Debian kernel
+//! under `qemu-system-x86_64 -accel tcg` with a unix-socket gdb stub, guest
+//! RAM in a shared file and the serial console on QEMU's stdio, and reads
+//! the guest's kallsyms from the console.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+/// The workspace root (two levels above this crate).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+fn mtime(p: &Path) -> Option<SystemTime> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+/// Builds (or reuses) the initramfs under `.cache/guest/`.
+pub fn initramfs() -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/guest");
+    let out = workspace_root().join(".cache/guest");
+    let cpio = out.join("initramfs.cpio");
+    let newest_src = ["workload.c", "init.sh", "build-initramfs.sh"]
+        .iter()
+        .filter_map(|f| mtime(&src.join(f)))
+        .max();
+    let fresh = match (mtime(&cpio), newest_src) {
+        (Some(c), Some(s)) => c >= s,
+        _ => false,
+    };
+    if !fresh {
+        let st = Command::new("bash")
+            .arg(src.join("build-initramfs.sh"))
+            .arg(&out)
+            .status()
+            .expect("run build-initramfs.sh");
+        assert!(st.success(), "build-initramfs.sh failed");
+    }
+    cpio
+}
+
+/// Why guest tests cannot run here, if they cannot (qemu or kernel missing).
+pub fn missing_prerequisite() -> Option<String> {
+    let kernel = workspace_root().join(".cache/kernel/vmlinuz");
+    if !kernel.exists() {
+        return Some(format!(
+            "{} is missing (run scripts/setup.sh)",
+            kernel.display()
+        ));
+    }
+    let qemu = Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    if !matches!(qemu, Ok(s) if s.success()) {
+        return Some("qemu-system-x86_64 is not installed (run scripts/setup.sh)".into());
+    }
+    None
+}
+
+/// A booted guest; killed on drop.
+pub struct Guest {
+    child: Child,
+    stdin: ChildStdin,
+    console: Arc<(Mutex<Vec<u8>>, Condvar)>,
+    cursor: usize,
+    /// The directory holding the stub socket and the RAM file.
+    pub dir: PathBuf,
+    /// The gdb stub's unix socket.
+    pub gdb_socket: PathBuf,
+    /// The guest RAM file (memory-backend-file, share=on).
+    pub ram_file: PathBuf,
+    /// Symbols from the guest's /proc/kallsyms.
+    pub symbols: HashMap<String, u64>,
+    /// How long the boot took until the workload printed READY.
+    pub boot_time: Duration,
+}
+
+impl Guest {
+    /// Boots the guest and waits until the workload is READY.
+    pub fn boot(tag: &str) -> Guest {
+        let initrd = initramfs();
+        let dir = std::env::temp_dir().join(format!("hotprobe-guest-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let gdb_socket = dir.join("gdb.sock");
+        let ram_file = dir.join("ram");
+        let kernel = workspace_root().join(".cache/kernel/vmlinuz");
+        let t0 = Instant::now();
+        let mut child = Command::new("qemu-system-x86_64")
+            .args([
+                "-accel", "tcg", "-m", "256M", "-display", "none", "-serial", "stdio",
+            ])
+            .arg("-monitor")
+            .arg(format!(
+                "unix:{},server=on,wait=off",
+                dir.join("monitor.sock").display()
+            ))
+            .arg("-object")
+            .arg(format!(
+                "memory-backend-file,id=mem,size=256M,mem-path={},share=on",
+                ram_file.display()
+            ))
+            .args(["-machine", "memory-backend=mem"])
+            .arg("-kernel")
+            .arg(&kernel)
+            .arg("-initrd")
+            .arg(&initrd)
+            .args(["-append", "console=ttyS0 nokaslr quiet", "-no-reboot"])
+            .arg("-chardev")
+            .arg(format!(
+                "socket,id=g0,path={},server=on,wait=off",
+                gdb_socket.display()
+            ))
+            .args(["-gdb", "chardev:g0"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start qemu-system-x86_64");
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let console = Arc::new((Mutex::new(Vec::new()), Condvar::new()));
+        let c2 = console.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 65536];
+            loop {
+                let n = match stdout.read(&mut buf) {
+                    Ok(0) | Err(_) => 0,
+                    Ok(n) => n,
+                };
+                let (m, cv) = &*c2;
+                let mut v = m.lock().unwrap();
+                if n == 0 {
+                    v.extend_from_slice(b"\n@QEMU-EXITED\n");
+                    cv.notify_all();
+                    return;
+                }
+                v.extend_from_slice(&buf[..n]);
+                cv.notify_all();
+            }
+        });
+        let mut g = Guest {
+            child,
+            stdin,
+            console,
+            cursor: 0,
+            dir,
+            gdb_socket,
+            ram_file,
+            symbols: HashMap::new(),
+            boot_time: Duration::ZERO,
+        };
+        let syms = g.wait_for("@READY", Duration::from_secs(180));
+        g.boot_time = t0.elapsed();
+        let text = String::from_utf8_lossy(&syms).replace('\r', "");
+        let begin = text.find("@KALLSYMS-BEGIN").expect("kallsyms begin marker");
+        let end = text.find("@KALLSYMS-END").expect("kallsyms end marker");
+        for line in text[begin..end].lines().skip(1) {
+            let mut it = line.split_whitespace();
+            if let (Some(a), Some(_t), Some(name)) = (it.next(), it.next(), it.next()) {
+                if let Ok(a) = u64::from_str_radix(a, 16) {
+                    g.symbols.entry(name.to_string()).or_insert(a);
+                }
+            }
+        }
+        std::fs::write(g.dir.join("kallsyms"), &text[begin..end]).unwrap();
+        g
+    }
+
+    /// The address of a kernel symbol.
+    pub fn sym(&self, name: &str) -> u64 {
+        *self
+            .symbols
+            .get(name)
+            .unwrap_or_else(|| panic!("no symbol {name} in the guest's kallsyms"))
+    }
+
+    /// Waits until `marker` appears on the console after the last match;
+    /// returns the console text up to and including it.
+    pub fn wait_for(&mut self, marker: &str, timeout: Duration) -> Vec<u8> {
+        self.try_wait_for(marker, timeout).unwrap_or_else(|| {
+            let (m, _) = &*self.console;
+            let v = m.lock().unwrap();
+            let tail = String::from_utf8_lossy(&v[v.len().saturating_sub(2000)..]).into_owned();
+            panic!("{marker:?} did not appear on the guest console within {timeout:?}; last output:\n{tail}")
+        })
+    }
+
+    /// Like [`Guest::wait_for`], `None` on timeout.
+    pub fn try_wait_for(&mut self, marker: &str, timeout: Duration) -> Option<Vec<u8>> {
+        let deadline = Instant::now() + timeout;
+        let (m, cv) = &*self.console;
+        let mut v = m.lock().unwrap();
+        loop {
+            let hay = &v[self.cursor.min(v.len())..];
+            if let Some(i) = hay
+                .windows(marker.len())
+                .position(|w| w == marker.as_bytes())
+            {
+                let end = self.cursor + i + marker.len();
+                let out = v[self.cursor..end].to_vec();
+                self.cursor = end;
+                return Some(out);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            v = cv.wait_timeout(v, deadline - now).unwrap().0;
+        }
+    }
+
+    /// Whether `marker` has appeared since the last match (non-blocking).
+    pub fn seen(&mut self, marker: &str) -> bool {
+        self.try_wait_for(marker, Duration::ZERO).is_some()
+    }
+
+    /// Types a line on the guest's serial console.
+    pub fn send_line(&mut self, line: &str) {
+        self.stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// Runs a human-monitor command (e.g. `info jit`) and returns its output.
+    pub fn monitor(&self, cmd: &str) -> String {
+        use std::os::unix::net::UnixStream;
+        let mut s = UnixStream::connect(self.dir.join("monitor.sock"))
+            .expect("connect to the QEMU monitor");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        let mut read_prompt = |s: &mut UnixStream, out: &mut Vec<u8>| loop {
+            let n = s.read(&mut buf).expect("monitor read");
+            assert!(n > 0, "monitor closed");
+            out.extend_from_slice(&buf[..n]);
+            if out.ends_with(b"(qemu) ") {
+                return;
+            }
+        };
+        read_prompt(&mut s, &mut out);
+        out.clear();
+        s.write_all(format!("{cmd}\n").as_bytes()).unwrap();
+        read_prompt(&mut s, &mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// QEMU's count of translation-cache flushes (`info jit`).
+    pub fn tb_flushes(&self) -> u64 {
+        let out = self.monitor("info jit");
+        out.lines()
+            .find_map(|l| {
+                l.trim()
+                    .strip_prefix("TB flush count")
+                    .map(|v| v.trim().parse::<u64>().unwrap_or(0))
+            })
+            .unwrap_or_else(|| panic!("no 'TB flush count' in info jit: {out}"))
+    }
+
+    /// Waits for QEMU to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

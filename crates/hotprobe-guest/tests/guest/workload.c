@@ -1,0 +1,49 @@
+/* Guest workload for hotprobe-guest's tests: a static program run by the
+ * initramfs /init on the serial console. It prints READY, then obeys one
+ * command per line read from stdin (the console), so the test knows exactly
+ * which system calls were made after it attached its probes:
+ *   getppid N   -> N getppid system calls, then "getppid N done"
+ *   open PATH   -> openat(AT_FDCWD, PATH, O_RDONLY), "open PATH fd=FD" (or -errno), close
+ *   exit        -> "BYE", exit 0
+ * Every reply line starts with "@" so the test can tell it from tty echo. */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <errno.h>
+
+int main(void) {
+    char line[512];
+    setvbuf(stdout, NULL, _IONBF, 0);
+    printf("@READY\n");
+    while (fgets(line, sizeof line, stdin)) {
+        line[strcspn(line, "\r\n")] = 0;
+        if (strncmp(line, "getppid ", 8) == 0) {
+            long n = strtol(line + 8, NULL, 10);
+            for (long i = 0; i < n; i++) {
+                syscall(SYS_getppid);
+            }
+            printf("@getppid %ld done\n", n);
+        } else if (strncmp(line, "open ", 5) == 0) {
+            const char *path = line + 5;
+            long fd = syscall(SYS_openat, AT_FDCWD, path, O_RDONLY);
+            if (fd < 0) {
+                fd = -errno;
+            }
+            printf("@open %s fd=%ld\n", path, fd);
+            if (fd >= 0) {
+                close((int)fd);
+            }
+        } else if (strcmp(line, "exit") == 0) {
+            printf("@BYE\n");
+            return 0;
+        } else if (line[0] != 0) {
+            printf("@unknown %s\n", line);
+        }
+    }
+    printf("@EOF\n");
+    return 0;
+}
