@@ -50,14 +50,14 @@ for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-    $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 # QEMU 10 from backports (7.2's gdbstub and plugin API are not enough).
 qver=$(dpkg-query -W -f='${Version}' qemu-system-x86 2>/dev/null || true)
 case "$qver" in
     1[0-9]:*|1:1[0-9]*) ;;
-    *) $SUDO apt-get install -y -qq --no-install-recommends -t bookworm-backports qemu-system-x86 ;;
+    *) $SUDO apt-get install -y -qq --no-install-recommends -t bookworm-backports qemu-system-x86 >/dev/null ;;
 esac
 
 # Rust toolchain pieces used by the checks.
@@ -71,7 +71,7 @@ if [ ! -f "$KDIR/vmlinuz" ]; then
     mkdir -p "$KDIR/deb"
     pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
     if [ -z "$pkg" ]; then echo "setup.sh: cannot resolve linux-image-amd64" >&2; exit 1; fi
-    (cd "$KDIR/deb" && rm -f ./*.deb && apt-get download "$pkg" >/dev/null)
+    (cd "$KDIR/deb" && rm -f ./*.deb && apt-get download "$pkg" >/dev/null 2>&1)
     rm -rf "$KDIR/root" && dpkg -x "$KDIR"/deb/*.deb "$KDIR/root"
     cp "$(ls "$KDIR"/root/boot/vmlinuz-* | head -n1)" "$KDIR/vmlinuz"
     rm -rf "$KDIR/root"

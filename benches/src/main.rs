@@ -1,0 +1,299 @@
+//! The hotprobe benchmark harness: the iProbe micro-benchmark (a loop
+//! calling an empty function N times, timed by the program itself) under
+//! each mechanism, next to the peers installed on this machine, in one run.
+//!
+//! ```text
+//! cargo run --release -p hotprobe-bench -- trap            # trap mechanism vs native, naive ptrace, gdb, bpftrace
+//! cargo run --release -p hotprobe-bench -- trap --cpu 0    # pin tracer and target to CPU 0
+//! ```
+//!
+//! Prints a markdown table: ns per hit and × native. Not a test: timing
+//! never goes in the test suite.
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use hotprobe::{Probe, RunEnd, Session, SpawnOptions};
+use hotprobe_target::{ResumeMode, Target, TargetEvent};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+#[derive(Parser)]
+#[command(about = "hotprobe benchmarks, peers side by side")]
+struct Cli {
+    #[command(subcommand)]
+    what: What,
+}
+
+#[derive(Subcommand)]
+enum What {
+    /// Trap probes (boosted, single-stepped) vs native, naive ptrace, gdb, bpftrace.
+    Trap {
+        /// Pin this process and every tracee to one CPU (tracer and target on one core).
+        #[arg(long)]
+        cpu: Option<usize>,
+        /// Hits per traced run.
+        #[arg(long, default_value_t = 20_000)]
+        hits: u64,
+        /// Runs per row (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.what {
+        What::Trap { cpu, hits, runs } => trap(cpu, hits, runs),
+    }
+}
+
+/// Build benches/programs/NAME.c with gcc flags into the target dir.
+fn build(name: &str, flags: &[&str]) -> Result<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let src = root.join("programs").join(format!("{name}.c"));
+    let dir = root.join("../target/bench-programs");
+    std::fs::create_dir_all(&dir)?;
+    let tag: String = flags
+        .join("")
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .collect();
+    let out = dir.join(format!("{name}-{tag}"));
+    let st = Command::new("gcc")
+        .args(flags)
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .context("running gcc")?;
+    if !st.success() {
+        bail!("gcc failed on {}", src.display());
+    }
+    Ok(out)
+}
+
+/// The loop's own time from its output line `calls N ns T`.
+fn loop_ns(output: &str) -> Result<f64> {
+    for line in output.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() == 4 && f[0] == "calls" && f[2] == "ns" {
+            let n: f64 = f[1].parse()?;
+            let ns: f64 = f[3].parse()?;
+            return Ok(ns / n);
+        }
+    }
+    bail!("no timing line in output: {output:?}")
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn pin(cpu: usize) -> Result<()> {
+    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            bail!("sched_setaffinity: {}", std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+fn run_native(bin: &Path, n: u64) -> Result<f64> {
+    let out = Command::new(bin).arg(n.to_string()).output()?;
+    loop_ns(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// hotprobe trap probe on `empty`: null pre handler (boosted) or null post
+/// handler (single-stepped).
+fn run_hotprobe(bin: &Path, n: u64, func: &str, post: bool) -> Result<(f64, &'static str)> {
+    let out = std::env::temp_dir().join(format!("hotprobe-bench-{}", std::process::id()));
+    let f = std::fs::File::create(&out)?;
+    let mut s = Session::new();
+    let args = [n.to_string().into(), func.into()];
+    let t = s.spawn_with(
+        bin,
+        &args,
+        &SpawnOptions {
+            stdout: Some(f),
+            ..Default::default()
+        },
+    )?;
+    let probe = if post {
+        Probe::new().post(|_| {})
+    } else {
+        Probe::new().pre(|_| {})
+    };
+    let id = s.probe(t, func, probe)?;
+    let exec = if post {
+        "stepped"
+    } else {
+        s.execution_of(id).unwrap_or("?")
+    };
+    s.start()?;
+    if s.run()? != RunEnd::AllExited {
+        bail!("run ended early");
+    }
+    let hits = s.stats(id).map(|st| st.hits).unwrap_or(0);
+    if hits != n {
+        bail!("expected {n} hits, saw {hits}");
+    }
+    let text = std::fs::read_to_string(&out)?;
+    let _ = std::fs::remove_file(&out);
+    Ok((loop_ns(&text)?, exec))
+}
+
+/// The naive peer: int3, on each hit put the byte back, step, re-insert.
+fn run_naive_ptrace(bin: &Path, n: u64) -> Result<f64> {
+    let out = std::env::temp_dir().join(format!("hotprobe-bench-naive-{}", std::process::id()));
+    let f = std::fs::File::create(&out)?;
+    let mut t = hotprobe_process::ProcessTarget::spawn_with(
+        bin,
+        &[n.to_string().into()],
+        &SpawnOptions {
+            stdout: Some(f),
+            ..Default::default()
+        },
+    )?;
+    let syms = hotprobe_symbols::ProcessSymbols::for_pid(t.pid() as u32)?;
+    let addr = syms.resolve(&"empty".parse()?)?.remove(0).addr;
+    t.insert_breakpoint(addr)?;
+    t.resume_all()?;
+    loop {
+        match t.wait(None)? {
+            TargetEvent::Breakpoint { thread, regs, .. } => {
+                t.remove_breakpoint(addr)?;
+                t.set_registers(thread, &regs)?;
+                t.resume(thread, ResumeMode::Step)?;
+            }
+            TargetEvent::Stepped { thread, .. } => {
+                t.insert_breakpoint(addr)?;
+                t.resume(thread, ResumeMode::Continue)?;
+            }
+            TargetEvent::Exited(_) => break,
+            _ => {}
+        }
+    }
+    let text = std::fs::read_to_string(&out)?;
+    let _ = std::fs::remove_file(&out);
+    loop_ns(&text)
+}
+
+fn run_gdb(bin: &Path, n: u64) -> Result<f64> {
+    let script = std::env::temp_dir().join(format!("hotprobe-bench-{}.gdb", std::process::id()));
+    std::fs::write(
+        &script,
+        "set pagination off\nbreak empty\ncommands\nsilent\ncontinue\nend\nrun\nquit\n",
+    )?;
+    let out = Command::new("gdb")
+        .arg("-batch")
+        .arg("-x")
+        .arg(&script)
+        .arg("--args")
+        .arg(bin)
+        .arg(n.to_string())
+        .output()?;
+    let _ = std::fs::remove_file(&script);
+    loop_ns(&String::from_utf8_lossy(&out.stdout))
+}
+
+fn run_bpftrace(bin: &Path, n: u64) -> Result<f64> {
+    let prog = format!("uprobe:{}:empty {{ @hits = count(); }}", bin.display());
+    let out = Command::new("bpftrace")
+        .arg("-e")
+        .arg(&prog)
+        .arg("-c")
+        .arg(format!("{} {n}", bin.display()))
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !text.contains(&format!("@hits: {n}")) {
+        bail!(
+            "bpftrace did not count {n} hits: {}",
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .next()
+                .unwrap_or("")
+        );
+    }
+    loop_ns(&text)
+}
+
+fn have(tool: &str) -> bool {
+    Command::new(tool)
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+fn trap(cpu: Option<usize>, hits: u64, runs: usize) -> Result<()> {
+    if let Some(c) = cpu {
+        pin(c)?;
+    }
+    let bin = build("loop", &["-O2"])?;
+    let native = median(
+        (0..runs)
+            .map(|_| run_native(&bin, 100_000_000))
+            .collect::<Result<_>>()?,
+    );
+    let mut rows: Vec<(String, u64, f64)> = vec![("native call".into(), 100_000_000, native)];
+    for (func, post, what) in [
+        ("empty", false, "`empty` (a `ret`), null pre handler"),
+        ("body", false, "`body` (`lea`), null pre handler"),
+        ("body", true, "`body` (`lea`), null post handler"),
+    ] {
+        let mut exec = "";
+        let v = median(
+            (0..runs)
+                .map(|_| {
+                    let (v, e) = run_hotprobe(&bin, hits, func, post)?;
+                    exec = e;
+                    Ok(v)
+                })
+                .collect::<Result<_>>()?,
+        );
+        let name = format!("hotprobe trap on {what}: {exec}");
+        eprintln!("{name}: {v:.0} ns/hit");
+        rows.push((name, hits, v));
+    }
+    let mut row = |name: String, n: u64, f: &mut dyn FnMut() -> Result<f64>| -> Result<()> {
+        let v = median((0..runs).map(|_| f()).collect::<Result<_>>()?);
+        eprintln!("{name}: {v:.0} ns/hit");
+        rows.push((name, n, v));
+        Ok(())
+    };
+    row(
+        "naive ptrace breakpoint + single-step".into(),
+        hits,
+        &mut || run_naive_ptrace(&bin, hits),
+    )?;
+    if have("gdb") {
+        let n = (hits / 10).max(100);
+        row("gdb breakpoint, silent continue".into(), n, &mut || {
+            run_gdb(&bin, n)
+        })?;
+    }
+    if have("bpftrace") {
+        let n = hits * 10;
+        row("bpftrace uprobe, count()".into(), n, &mut || {
+            run_bpftrace(&bin, n)
+        })?;
+    }
+    println!(
+        "Trap mechanism, iProbe micro-benchmark (loop calling an empty function), {}, median of {runs} runs",
+        match cpu {
+            Some(c) => format!("tracer and target pinned to CPU {c}"),
+            None => "not pinned".into(),
+        }
+    );
+    println!();
+    println!("| mechanism | calls | ns per call | × native |");
+    println!("|---|---:|---:|---:|");
+    for (name, n, v) in rows {
+        println!("| {name} | {n} | {v:.1} | {:.0} |", v / native);
+    }
+    Ok(())
+}

@@ -1,0 +1,1 @@
+//! hotprobe-trace (being written).

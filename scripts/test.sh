@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Runs the whole hotprobe test suite: formatting, lints, then every test of
+# every crate (real gcc-compiled tracees, libc, and a Linux guest under QEMU).
+# Runs scripts/setup.sh first (as root: it installs what is missing).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Make sure the system packages and the guest kernel are there (idempotent,
+# quick when they are): a fresh clone has no .cache/kernel yet.
+./scripts/setup.sh
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo test"
+cargo test --workspace --locked --no-fail-fast
