@@ -60,11 +60,25 @@ pub fn install() -> std::io::Result<()> {
     Ok(())
 }
 
-/// Raise [`STOP`] after `d` (for `--duration`).
+extern "C" fn on_wake(_sig: libc::c_int) {}
+
+/// Raise [`STOP`] after `d` (for `--duration`), then interrupt the calling
+/// thread's blocking wait with SIGALRM (handled without `SA_RESTART`).
 pub fn stop_after(d: Duration) {
+    // SAFETY: a zeroed sigaction is valid; the handler does nothing.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_wake as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
+    }
+    // SAFETY: pthread_self has no preconditions.
+    let waiter = unsafe { libc::pthread_self() };
     std::thread::spawn(move || {
         std::thread::sleep(d);
         let _ = REASON.compare_exchange(0, BY_TIMER, Ordering::SeqCst, Ordering::SeqCst);
         STOP.store(true, Ordering::SeqCst);
+        // SAFETY: the waiting thread lives as long as the process's event loop.
+        unsafe { libc::pthread_kill(waiter, libc::SIGALRM) };
     });
 }

@@ -318,8 +318,10 @@ impl Session {
         self.run_until(&std::sync::atomic::AtomicBool::new(false))
     }
 
-    /// As [`Session::run`], also returning when `interrupt` becomes true
-    /// (e.g. set by a SIGINT handler).
+    /// As [`Session::run`], also returning when `interrupt` becomes true.
+    /// With one target the loop blocks until the target's next event: set
+    /// `interrupt` from a signal handler installed without `SA_RESTART`
+    /// (the signal interrupts the wait), as the CLI does for Ctrl-C.
     pub fn run_until(
         &mut self,
         interrupt: &std::sync::atomic::AtomicBool,
@@ -335,9 +337,11 @@ impl Session {
             if live.is_empty() {
                 return Ok(RunEnd::AllExited);
             }
-            // One target: block (a signal interrupts the wait); several: poll in turn.
+            // One target: block until its next event (a signal handler
+            // installed without SA_RESTART interrupts the wait, so raise
+            // `interrupt` from one). Several: poll each in turn.
             let timeout = if live.len() == 1 {
-                Some(Duration::from_millis(100))
+                None
             } else {
                 Some(Duration::from_millis(1))
             };

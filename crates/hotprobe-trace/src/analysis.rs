@@ -1,0 +1,713 @@
+//! Analyses of a recorded trace: `replay` (the call tree), `report` (per
+//! function calls, total and self time) and phases.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::io::Write;
+
+use crate::error::{Result, TraceError};
+use crate::event::{Args, Record};
+use crate::reader::{ThreadStream, TraceReader};
+use crate::symbols::{ProbeKind, SymbolTable};
+
+/// A progress callback: `(bytes done, bytes total)` of the input streams.
+pub type Progress<'a> = Option<&'a mut dyn FnMut(u64, u64)>;
+
+/// What [`CallStack`] reports for each record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// A function entered (its exit comes later).
+    Enter {
+        /// Probe.
+        probe: u32,
+        /// Entry time.
+        ts: u64,
+        /// Nesting depth (0 = outermost recorded).
+        depth: usize,
+        /// Recorded arguments.
+        args: Args,
+    },
+    /// A call finished.
+    Leave {
+        /// Probe.
+        probe: u32,
+        /// Entry time.
+        start: u64,
+        /// Exit time.
+        end: u64,
+        /// Nesting depth.
+        depth: usize,
+        /// Duration minus the recorded children's durations.
+        self_ns: u64,
+        /// Recorded arguments (for leaves; entries print theirs at `Enter`).
+        args: Args,
+        /// Return value.
+        ret: Option<u64>,
+        /// From a call record (no `Enter` was reported).
+        leaf: bool,
+        /// No other call of the same function is open below (recursion):
+        /// only such calls add to a function's total time.
+        outermost: bool,
+        /// Closed without its exit (end of stream or an exit further out).
+        unfinished: bool,
+    },
+    /// A mid-function hit.
+    Hit {
+        /// Probe.
+        probe: u32,
+        /// Time.
+        ts: u64,
+        /// Depth.
+        depth: usize,
+        /// Arguments.
+        args: Args,
+    },
+    /// Events lost.
+    Lost {
+        /// Time.
+        ts: u64,
+        /// Count.
+        count: u64,
+    },
+    /// An exit without an open entry (skipped).
+    Orphan {
+        /// Probe.
+        probe: u32,
+        /// Time.
+        ts: u64,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Open {
+    probe: u32,
+    start: u64,
+    child: u64,
+}
+
+/// Rebuilds the call tree of one thread from its records.
+#[derive(Debug, Default)]
+pub struct CallStack {
+    open: Vec<Open>,
+    active: HashMap<u32, u32>,
+    last_ts: u64,
+}
+
+impl CallStack {
+    /// An empty stack.
+    pub fn new() -> CallStack {
+        CallStack::default()
+    }
+
+    /// Current depth.
+    pub fn depth(&self) -> usize {
+        self.open.len()
+    }
+
+    /// Time of the last record seen.
+    pub fn last_ts(&self) -> u64 {
+        self.last_ts
+    }
+
+    fn close(&mut self, end: u64, ret: Option<u64>, unfinished: bool, f: &mut impl FnMut(Step)) {
+        let Some(o) = self.open.pop() else { return };
+        let dur = end.saturating_sub(o.start);
+        let a = self.active.entry(o.probe).or_insert(1);
+        *a = a.saturating_sub(1);
+        let outermost = *a == 0;
+        if let Some(p) = self.open.last_mut() {
+            p.child = p.child.saturating_add(dur);
+        }
+        f(Step::Leave {
+            probe: o.probe,
+            start: o.start,
+            end,
+            depth: self.open.len(),
+            self_ns: dur.saturating_sub(o.child),
+            args: Args::EMPTY,
+            ret,
+            leaf: false,
+            outermost,
+            unfinished,
+        });
+    }
+
+    /// Feeds one record.
+    pub fn feed(&mut self, r: &Record, mut f: impl FnMut(Step)) {
+        self.last_ts = self.last_ts.max(r.ts());
+        match *r {
+            Record::Entry { ts, probe, args } => {
+                f(Step::Enter {
+                    probe,
+                    ts,
+                    depth: self.open.len(),
+                    args,
+                });
+                self.open.push(Open {
+                    probe,
+                    start: ts,
+                    child: 0,
+                });
+                *self.active.entry(probe).or_insert(0) += 1;
+            }
+            Record::Exit { ts, probe, ret, .. } => {
+                match self.open.iter().rposition(|o| o.probe == probe) {
+                    Some(pos) => {
+                        while self.open.len() > pos + 1 {
+                            self.close(ts, None, true, &mut f);
+                        }
+                        self.close(ts, ret, false, &mut f);
+                    }
+                    None => f(Step::Orphan { probe, ts }),
+                }
+            }
+            Record::Call {
+                ts,
+                dur,
+                probe,
+                args,
+                ret,
+            } => {
+                let end = ts.saturating_add(dur);
+                self.last_ts = self.last_ts.max(end);
+                if let Some(p) = self.open.last_mut() {
+                    p.child = p.child.saturating_add(dur);
+                }
+                let outermost = self.active.get(&probe).copied().unwrap_or(0) == 0;
+                f(Step::Leave {
+                    probe,
+                    start: ts,
+                    end,
+                    depth: self.open.len(),
+                    self_ns: dur,
+                    args,
+                    ret,
+                    leaf: true,
+                    outermost,
+                    unfinished: false,
+                });
+            }
+            Record::Hit { ts, probe, args } => f(Step::Hit {
+                probe,
+                ts,
+                depth: self.open.len(),
+                args,
+            }),
+            Record::Lost { ts, count } => f(Step::Lost { ts, count }),
+        }
+    }
+
+    /// Closes the calls still open at the last time seen.
+    pub fn finish(&mut self, mut f: impl FnMut(Step)) {
+        let end = self.last_ts;
+        while !self.open.is_empty() {
+            self.close(end, None, true, &mut f);
+        }
+    }
+}
+
+/// Visits the records of all threads merged in time order (ties: lower tid
+/// first, then stream order).
+pub fn merged(
+    reader: &TraceReader,
+    mut progress: Progress<'_>,
+    mut f: impl FnMut(u32, &Record) -> Result<()>,
+) -> Result<()> {
+    let total = reader.total_bytes();
+    let mut streams: Vec<ThreadStream> = reader.threads()?;
+    let mut heap = BinaryHeap::new();
+    let mut heads: Vec<Option<Record>> = vec![None; streams.len()];
+    let mut consumed: Vec<u64> = vec![0; streams.len()];
+    for (i, s) in streams.iter_mut().enumerate() {
+        if let Some(r) = s.next().transpose()? {
+            heap.push(Reverse((r.ts(), s.tid(), i)));
+            heads[i] = Some(r);
+        }
+    }
+    let mut n = 0u64;
+    while let Some(Reverse((_, tid, i))) = heap.pop() {
+        let Some(r) = heads[i].take() else { continue };
+        f(tid, &r)?;
+        if let Some(nr) = streams[i].next().transpose()? {
+            heap.push(Reverse((nr.ts(), tid, i)));
+            heads[i] = Some(nr);
+        }
+        n += 1;
+        if n & 4095 == 0 {
+            if let Some(p) = progress.as_mut() {
+                consumed[i] = streams[i].offset();
+                p(consumed.iter().sum(), total);
+            }
+        }
+    }
+    if let Some(p) = progress.as_mut() {
+        p(total, total);
+    }
+    Ok(())
+}
+
+/// Formats a duration like uftrace (`  1.234 us`, 10 characters).
+pub fn fmt_duration(ns: u64) -> String {
+    let (v, unit) = if ns < 1_000_000 {
+        (ns as f64 / 1e3, "us")
+    } else if ns < 1_000_000_000 {
+        (ns as f64 / 1e6, "ms")
+    } else {
+        (ns as f64 / 1e9, " s")
+    };
+    format!("{v:7.3} {unit}")
+}
+
+fn fmt_args(args: &Args) -> String {
+    let v: Vec<String> = args
+        .as_slice()
+        .iter()
+        .map(|&a| {
+            let s = a as i64;
+            if (-1_000_000..1_000_000).contains(&s) {
+                s.to_string()
+            } else {
+                format!("{a:#x}")
+            }
+        })
+        .collect();
+    v.join(", ")
+}
+
+fn fmt_ret(ret: Option<u64>) -> String {
+    match ret {
+        Some(r) => format!(" = {}", fmt_args(&Args::from_slice(&[r]))),
+        None => String::new(),
+    }
+}
+
+/// Writes the call tree of all threads in time order, like `uftrace replay`:
+///
+/// ```text
+/// # DURATION     TID     FUNCTION
+///             [  1234] | main() {
+///    0.120 us [  1234] |   leaf();
+///    2.000 us [  1234] | }; /* main */
+/// ```
+pub fn replay(reader: &TraceReader, out: &mut impl Write, progress: Progress<'_>) -> Result<()> {
+    let syms = reader.symbols();
+    let mut stacks: HashMap<u32, CallStack> = HashMap::new();
+    let io = |e| TraceError::io("<output>", e);
+    writeln!(out, "# DURATION     TID     FUNCTION").map_err(io)?;
+    let blank = " ".repeat(11);
+    let line = |out: &mut dyn Write, tid: u32, s: Step| -> std::io::Result<()> {
+        let ind = |d: usize| "  ".repeat(d);
+        match s {
+            Step::Enter {
+                probe, depth, args, ..
+            } => writeln!(
+                out,
+                "{blank} [{tid:>6}] | {}{}({}) {{",
+                ind(depth),
+                syms.name(probe),
+                fmt_args(&args)
+            ),
+            Step::Leave {
+                probe,
+                start,
+                end,
+                depth,
+                args,
+                ret,
+                leaf,
+                unfinished,
+                ..
+            } => {
+                if unfinished {
+                    return Ok(());
+                }
+                let d = fmt_duration(end - start);
+                if leaf {
+                    writeln!(
+                        out,
+                        " {d} [{tid:>6}] | {}{}({}){};",
+                        ind(depth),
+                        syms.name(probe),
+                        fmt_args(&args),
+                        fmt_ret(ret)
+                    )
+                } else {
+                    writeln!(
+                        out,
+                        " {d} [{tid:>6}] | {}}}{}; /* {} */",
+                        ind(depth),
+                        fmt_ret(ret),
+                        syms.name(probe)
+                    )
+                }
+            }
+            Step::Hit {
+                probe, depth, args, ..
+            } => writeln!(
+                out,
+                "{blank} [{tid:>6}] | {}/* {} hit ({}) */",
+                ind(depth),
+                syms.name(probe),
+                fmt_args(&args)
+            ),
+            Step::Lost { count, .. } => {
+                writeln!(out, "{blank} [{tid:>6}] | /* lost {count} events */")
+            }
+            Step::Orphan { .. } => Ok(()),
+        }
+    };
+    merged(reader, progress, |tid, r| {
+        let st = stacks.entry(tid).or_default();
+        let mut res = Ok(());
+        st.feed(r, |s| {
+            if res.is_ok() {
+                res = line(out, tid, s);
+            }
+        });
+        res.map_err(io)
+    })
+}
+
+/// One function's line of a report.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReportRow {
+    /// Probe id.
+    pub probe: u32,
+    /// Function name.
+    pub name: String,
+    /// Calls (finished or still running at the end).
+    pub calls: u64,
+    /// Time inside the function, counting recursive calls once.
+    pub total_ns: u64,
+    /// Time not spent in recorded callees.
+    pub self_ns: u64,
+}
+
+/// Per-function totals, sorted by total time (descending).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// The rows.
+    pub rows: Vec<ReportRow>,
+}
+
+#[derive(Default)]
+struct Acc {
+    by_probe: HashMap<u32, ReportRow>,
+}
+
+impl Acc {
+    fn leave(&mut self, s: &Step) {
+        if let Step::Leave {
+            probe,
+            start,
+            end,
+            self_ns,
+            outermost,
+            ..
+        } = *s
+        {
+            let row = self.by_probe.entry(probe).or_insert_with(|| ReportRow {
+                probe,
+                ..ReportRow::default()
+            });
+            row.calls += 1;
+            row.self_ns += self_ns;
+            if outermost {
+                row.total_ns += end - start;
+            }
+        }
+    }
+
+    fn into_report(self, syms: &SymbolTable) -> Report {
+        let mut rows: Vec<ReportRow> = self
+            .by_probe
+            .into_values()
+            .map(|mut r| {
+                r.name = syms.name(r.probe).into_owned();
+                r
+            })
+            .collect();
+        rows.sort_by(|a, b| {
+            b.total_ns
+                .cmp(&a.total_ns)
+                .then(b.calls.cmp(&a.calls))
+                .then(a.name.cmp(&b.name))
+        });
+        Report { rows }
+    }
+}
+
+impl Report {
+    /// The row of a function name.
+    pub fn row(&self, name: &str) -> Option<&ReportRow> {
+        self.rows.iter().find(|r| r.name == name)
+    }
+
+    /// The table as text (like `uftrace report`).
+    pub fn to_text(&self) -> String {
+        let mut s = String::new();
+        s.push_str("  Total time   Self time       Calls  Function\n");
+        s.push_str("  ==========  ==========  ==========  ====================\n");
+        for r in &self.rows {
+            s.push_str(&format!(
+                "  {}  {}  {:>10}  {}\n",
+                fmt_duration(r.total_ns),
+                fmt_duration(r.self_ns),
+                r.calls,
+                r.name
+            ));
+        }
+        s
+    }
+}
+
+/// Per-function calls, total and self time over all threads.
+pub fn report(reader: &TraceReader, mut progress: Progress<'_>) -> Result<Report> {
+    let mut acc = Acc::default();
+    let total = reader.total_bytes();
+    let mut done = 0;
+    for mut st in reader.threads()? {
+        let mut cs = CallStack::new();
+        for r in st.by_ref() {
+            cs.feed(&r?, |s| acc.leave(&s));
+        }
+        cs.finish(|s| acc.leave(&s));
+        done += std::fs::metadata(st.path()).map_or(0, |m| m.len());
+        if let Some(p) = progress.as_mut() {
+            p(done, total);
+        }
+    }
+    Ok(acc.into_report(reader.symbols()))
+}
+
+/// Which probes split the run into phases.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PhaseSpec {
+    /// Function names that are markers.
+    pub names: Vec<String>,
+    /// Also every probe of kind [`ProbeKind::Marker`].
+    pub marker_kind: bool,
+    /// Each thread's markers split only that thread's run (default: a
+    /// marker on any thread starts the next phase for all threads, as boot
+    /// levels split a kernel boot).
+    pub per_thread: bool,
+}
+
+impl PhaseSpec {
+    /// The markers named in `info.json` plus the probes of kind marker.
+    pub fn from_trace(reader: &TraceReader) -> PhaseSpec {
+        PhaseSpec {
+            names: reader.info().phase_markers.clone(),
+            marker_kind: true,
+            per_thread: false,
+        }
+    }
+
+    fn markers(&self, syms: &SymbolTable) -> Vec<bool> {
+        (0..syms.id_bound())
+            .map(|id| {
+                syms.get(id).is_some_and(|s| {
+                    (self.marker_kind && s.kind == ProbeKind::Marker)
+                        || self.names.contains(&s.name)
+                })
+            })
+            .collect()
+    }
+}
+
+/// One phase of a [`PhaseReport`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Phase {
+    /// Marker name (`name#2` for its second occurrence; `(start)` before
+    /// the first marker).
+    pub name: String,
+    /// Start time (ns) — the marker's time.
+    pub start_ns: u64,
+    /// End time (ns): the next marker, or the end of the trace.
+    pub end_ns: u64,
+    /// Calls started in the phase, per function.
+    pub report: Report,
+}
+
+impl Phase {
+    /// Calls started in the phase, all functions.
+    pub fn calls(&self) -> u64 {
+        self.report.rows.iter().map(|r| r.calls).sum()
+    }
+}
+
+/// Counts and time per phase per function.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PhaseReport {
+    /// Phases in time order (the `(start)` phase only when it has calls).
+    pub phases: Vec<Phase>,
+}
+
+impl PhaseReport {
+    /// A phase by name.
+    pub fn phase(&self, name: &str) -> Option<&Phase> {
+        self.phases.iter().find(|p| p.name == name)
+    }
+
+    /// Text: a report table per phase.
+    pub fn to_text(&self) -> String {
+        let mut s = String::new();
+        for (i, p) in self.phases.iter().enumerate() {
+            s.push_str(&format!(
+                "# phase {}: {}  duration {}  calls {}\n",
+                i + 1,
+                p.name,
+                fmt_duration(p.end_ns.saturating_sub(p.start_ns)).trim(),
+                p.calls()
+            ));
+            s.push_str(&p.report.to_text());
+            s.push('\n');
+        }
+        s
+    }
+}
+
+fn phase_names(markers: &[(u64, u32)], syms: &SymbolTable) -> Vec<(String, u64)> {
+    let mut seen: HashMap<u32, u32> = HashMap::new();
+    markers
+        .iter()
+        .map(|&(ts, probe)| {
+            let n = seen.entry(probe).or_insert(0);
+            *n += 1;
+            let name = syms.name(probe);
+            let name = if *n == 1 {
+                name.into_owned()
+            } else {
+                format!("{name}#{n}")
+            };
+            (name, ts)
+        })
+        .collect()
+}
+
+/// Splits the run at the marker probes and reports each phase. A call
+/// belongs to the phase in which it started (a marker's own call starts its
+/// phase).
+pub fn report_phases(
+    reader: &TraceReader,
+    spec: &PhaseSpec,
+    mut progress: Progress<'_>,
+) -> Result<PhaseReport> {
+    let syms = reader.symbols();
+    let is_marker = spec.markers(syms);
+    let marker = |p: u32| is_marker.get(p as usize).copied().unwrap_or(false);
+    // Pass 1: marker times per thread, and each thread's end.
+    // (tid, its markers (time, probe), its last time)
+    type ThreadMarkers = (u32, Vec<(u64, u32)>, u64);
+    let mut per_thread: Vec<ThreadMarkers> = Vec::new();
+    let mut trace_start = u64::MAX;
+    for st in reader.threads()? {
+        let tid = st.tid();
+        let mut ms = Vec::new();
+        let mut end = 0u64;
+        for r in st {
+            let r = r?;
+            trace_start = trace_start.min(r.ts());
+            end = end.max(match r {
+                Record::Call { ts, dur, .. } => ts.saturating_add(dur),
+                _ => r.ts(),
+            });
+            match r {
+                Record::Entry { ts, probe, .. }
+                | Record::Call { ts, probe, .. }
+                | Record::Hit { ts, probe, .. }
+                    if marker(probe) =>
+                {
+                    ms.push((ts, probe))
+                }
+                _ => {}
+            }
+        }
+        per_thread.push((tid, ms, end));
+    }
+    let trace_end = per_thread.iter().map(|t| t.2).max().unwrap_or(0);
+    let mut global: Vec<(u64, u32)> = per_thread.iter().flat_map(|t| t.1.clone()).collect();
+    global.sort();
+    let global_names = phase_names(&global, syms);
+
+    // Phase order and bounds.
+    let mut order: Vec<String> = vec!["(start)".into()];
+    let mut bounds: HashMap<String, (u64, u64)> = HashMap::new();
+    let mut add_bounds = |order: &mut Vec<String>, names: &[(String, u64)], end: u64| {
+        for (i, (n, ts)) in names.iter().enumerate() {
+            let e = names.get(i + 1).map_or(end, |x| x.1);
+            let b = bounds.entry(n.clone()).or_insert_with(|| {
+                order.push(n.clone());
+                (*ts, e)
+            });
+            b.0 = b.0.min(*ts);
+            b.1 = b.1.max(e);
+        }
+    };
+    if spec.per_thread {
+        for (_, ms, end) in &per_thread {
+            add_bounds(&mut order, &phase_names(ms, syms), *end);
+        }
+    } else {
+        add_bounds(&mut order, &global_names, trace_end);
+    }
+    let first = if spec.per_thread {
+        per_thread
+            .iter()
+            .filter_map(|t| t.1.first())
+            .map(|m| m.0)
+            .min()
+    } else {
+        global.first().map(|m| m.0)
+    };
+    let start_end = first.unwrap_or(trace_end);
+
+    // Pass 2: attribute calls.
+    let mut accs: HashMap<String, Acc> = HashMap::new();
+    let total = reader.total_bytes();
+    let mut done = 0;
+    for (tid, ms, _) in &per_thread {
+        let names = if spec.per_thread {
+            phase_names(ms, syms)
+        } else {
+            global_names.clone()
+        };
+        let st = reader.thread(*tid)?;
+        let path = st.path().to_path_buf();
+        let mut cs = CallStack::new();
+        let mut visit = |s: Step| {
+            if let Step::Leave { start, .. } = s {
+                let i = names.partition_point(|(_, ts)| *ts <= start);
+                let key = if i == 0 { "(start)" } else { &names[i - 1].0 };
+                accs.entry(key.to_string()).or_default().leave(&s);
+            }
+        };
+        for r in st {
+            cs.feed(&r?, &mut visit);
+        }
+        cs.finish(&mut visit);
+        done += std::fs::metadata(&path).map_or(0, |m| m.len());
+        if let Some(p) = progress.as_mut() {
+            p(done, total);
+        }
+    }
+    let mut phases = Vec::new();
+    for name in order {
+        let acc = accs.remove(&name).unwrap_or_default();
+        let (start_ns, end_ns) = if name == "(start)" {
+            if acc.by_probe.is_empty() {
+                continue;
+            }
+            (trace_start.min(start_end), start_end)
+        } else {
+            bounds.get(&name).copied().unwrap_or_default()
+        };
+        phases.push(Phase {
+            name,
+            start_ns,
+            end_ns,
+            report: acc.into_report(syms),
+        });
+    }
+    Ok(PhaseReport { phases })
+}

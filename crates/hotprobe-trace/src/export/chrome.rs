@@ -1,0 +1,146 @@
+//! Chrome Trace Event JSON (loads in Perfetto UI and chrome://tracing).
+
+use std::io::Write;
+
+use serde_json::json;
+
+use crate::analysis::{CallStack, Progress, Step};
+use crate::error::{Result, TraceError};
+use crate::reader::TraceReader;
+
+/// Counts of what [`export_chrome`] wrote.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChromeStats {
+    /// `B` events.
+    pub begins: u64,
+    /// `E` events (one per `B`: calls still open at the end of a thread are
+    /// closed at its last timestamp).
+    pub ends: u64,
+    /// `X` (complete) events, one per aggregated call.
+    pub completes: u64,
+    /// `i` (instant) events: hits and lost-event notes.
+    pub instants: u64,
+}
+
+fn us(ns: u64) -> f64 {
+    ns as f64 / 1000.0
+}
+
+/// Writes the trace as Trace Event JSON: an object with `traceEvents`
+/// (`B`/`E` for entries and exits, `X` with `dur` for aggregated calls, `i`
+/// for hits, `M` for process and thread names), times in µs.
+pub fn export_chrome(
+    reader: &TraceReader,
+    out: &mut impl Write,
+    mut progress: Progress<'_>,
+) -> Result<ChromeStats> {
+    let io = |e: std::io::Error| TraceError::io("<chrome output>", e);
+    let js = |e: serde_json::Error| TraceError::io("<chrome output>", e.into());
+    let syms = reader.symbols();
+    let info = reader.info();
+    let pid = info.pid.unwrap_or(1);
+    let mut stats = ChromeStats::default();
+    let total = reader.total_bytes();
+    let mut done = 0;
+    writeln!(
+        out,
+        "{{\"displayTimeUnit\":\"ns\",\"otherData\":{},\"traceEvents\":[",
+        json!({"tracer": "hotprobe", "target": info.target, "version": info.version})
+    )
+    .map_err(io)?;
+    serde_json::to_writer(
+        &mut *out,
+        &json!({"ph":"M","name":"process_name","pid":pid,"tid":0,"args":{"name":info.target}}),
+    )
+    .map_err(js)?;
+    for st in reader.threads()? {
+        let tid = st.tid();
+        let path = st.path().to_path_buf();
+        out.write_all(b",\n").map_err(io)?;
+        serde_json::to_writer(
+            &mut *out,
+            &json!({"ph":"M","name":"thread_name","pid":pid,"tid":tid,"args":{"name":format!("tid {tid}")}}),
+        )
+        .map_err(js)?;
+        let mut cs = CallStack::new();
+        let mut err: Option<TraceError> = None;
+        let mut emit = |s: Step| {
+            if err.is_some() {
+                return;
+            }
+            let ev = match s {
+                Step::Enter {
+                    probe, ts, args, ..
+                } => {
+                    stats.begins += 1;
+                    let mut e =
+                        json!({"ph":"B","name":syms.name(probe),"pid":pid,"tid":tid,"ts":us(ts)});
+                    if !args.is_empty() {
+                        e["args"] = json!({"args": args.as_slice()});
+                    }
+                    e
+                }
+                Step::Leave {
+                    probe,
+                    start,
+                    end,
+                    args,
+                    ret,
+                    leaf,
+                    ..
+                } => {
+                    let mut e = if leaf {
+                        stats.completes += 1;
+                        json!({"ph":"X","name":syms.name(probe),"pid":pid,"tid":tid,"ts":us(start),"dur":us(end - start)})
+                    } else {
+                        stats.ends += 1;
+                        json!({"ph":"E","name":syms.name(probe),"pid":pid,"tid":tid,"ts":us(end)})
+                    };
+                    let mut a = serde_json::Map::new();
+                    if !args.is_empty() {
+                        a.insert("args".into(), json!(args.as_slice()));
+                    }
+                    if let Some(r) = ret {
+                        a.insert("retval".into(), json!(r));
+                    }
+                    if !a.is_empty() {
+                        e["args"] = a.into();
+                    }
+                    e
+                }
+                Step::Hit {
+                    probe, ts, args, ..
+                } => {
+                    stats.instants += 1;
+                    json!({"ph":"i","s":"t","name":syms.name(probe),"pid":pid,"tid":tid,"ts":us(ts),"args":{"args":args.as_slice()}})
+                }
+                Step::Lost { ts, count } => {
+                    stats.instants += 1;
+                    json!({"ph":"i","s":"t","name":"lost events","pid":pid,"tid":tid,"ts":us(ts),"args":{"count":count}})
+                }
+                Step::Orphan { .. } => return,
+            };
+            let r = out
+                .write_all(b",\n")
+                .map_err(io)
+                .and_then(|_| serde_json::to_writer(&mut *out, &ev).map_err(js));
+            if let Err(e) = r {
+                err = Some(e);
+            }
+        };
+        for r in st {
+            cs.feed(&r?, &mut emit);
+        }
+        cs.finish(&mut emit);
+        if let Some(e) = err {
+            return Err(e);
+        }
+        done += std::fs::metadata(&path).map_or(0, |m| m.len());
+        if let Some(p) = progress.as_mut() {
+            p(done, total);
+        }
+    }
+    out.write_all(b"\n]}\n").map_err(io)?;
+    out.flush().map_err(io)?;
+    Ok(stats)
+}

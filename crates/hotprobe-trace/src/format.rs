@@ -1,0 +1,631 @@
+//! The per-thread stream encoding (`tid-<TID>.hpt`); see docs/TRACE_FORMAT.md.
+//!
+//! Header (20 bytes, little-endian): magic `HPTS`, version u16, flags u16
+//! (0), tid u32, base timestamp u64. Then records, each starting with a
+//! header byte `H`:
+//!
+//! | bits | meaning |
+//! |------|---------|
+//! | 0–2  | type: 0 call, 1 entry, 2 exit, 3 hit, 4 lost, 5 end |
+//! | 3    | a payload follows |
+//! | 4–7  | probe: 0–13 the id itself, 14 the innermost open entry's id (exits), 15 a varint id follows |
+//!
+//! then `[probe varint] delta varint [duration varint (call)] [payload]`;
+//! lost: `H count` (no time); end: `H record-count`, then end of file.
+//! Payload: flags byte (bit 0 args, bit 1 return value, bit 2 unwound),
+//! `[nargs varint, nargs zigzag varints] [ret zigzag varint]`.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use crate::error::{Result, TraceError};
+use crate::event::{Args, Record, MAX_ARGS};
+use crate::varint::{put_uvarint, unzigzag, zigzag};
+
+/// Stream magic.
+pub const STREAM_MAGIC: [u8; 4] = *b"HPTS";
+/// Stream format version.
+pub const STREAM_VERSION: u16 = 1;
+/// Header size in bytes.
+pub const HEADER_LEN: usize = 20;
+
+const T_CALL: u8 = 0;
+const T_ENTRY: u8 = 1;
+const T_EXIT: u8 = 2;
+const T_HIT: u8 = 3;
+const T_LOST: u8 = 4;
+const T_END: u8 = 5;
+const PAYLOAD: u8 = 0x08;
+const P_IMPLIED: u8 = 14;
+const P_VARINT: u8 = 15;
+const F_ARGS: u8 = 1;
+const F_RET: u8 = 2;
+const F_UNWOUND: u8 = 4;
+
+/// Records of each type written or read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct KindCounts {
+    /// Aggregated calls.
+    pub calls: u64,
+    /// Entries.
+    pub entries: u64,
+    /// Exits.
+    pub exits: u64,
+    /// Hits.
+    pub hits: u64,
+    /// Lost-events records.
+    pub lost: u64,
+}
+
+impl KindCounts {
+    fn count(&mut self, r: &Record) {
+        match r {
+            Record::Call { .. } => self.calls += 1,
+            Record::Entry { .. } => self.entries += 1,
+            Record::Exit { .. } => self.exits += 1,
+            Record::Hit { .. } => self.hits += 1,
+            Record::Lost { .. } => self.lost += 1,
+        }
+    }
+    /// Adds another count.
+    pub fn add(&mut self, o: &KindCounts) {
+        self.calls += o.calls;
+        self.entries += o.entries;
+        self.exits += o.exits;
+        self.hits += o.hits;
+        self.lost += o.lost;
+    }
+    /// Records in all.
+    pub fn records(&self) -> u64 {
+        self.calls + self.entries + self.exits + self.hits + self.lost
+    }
+    /// Function events they stand for (a call is two).
+    pub fn events(&self) -> u64 {
+        2 * self.calls + self.entries + self.exits + self.hits
+    }
+}
+
+/// The open-entry stack both sides keep to resolve implied exit probes.
+fn apply_exit(open: &mut Vec<u32>, probe: u32) {
+    if let Some(p) = open.iter().rposition(|&o| o == probe) {
+        open.truncate(p);
+    }
+}
+
+/// Encodes records of one thread into a writer.
+#[derive(Debug)]
+pub struct Encoder<W: Write> {
+    out: W,
+    cursor: u64,
+    open: Vec<u32>,
+    buf: Vec<u8>,
+    counts: KindCounts,
+    bytes: u64,
+    error: Option<std::io::Error>,
+}
+
+impl<W: Write> Encoder<W> {
+    /// Writes the header; `base` is the timestamp deltas start from.
+    pub fn new(mut out: W, tid: u32, base: u64) -> std::io::Result<Encoder<W>> {
+        let mut h = [0u8; HEADER_LEN];
+        h[0..4].copy_from_slice(&STREAM_MAGIC);
+        h[4..6].copy_from_slice(&STREAM_VERSION.to_le_bytes());
+        h[8..12].copy_from_slice(&tid.to_le_bytes());
+        h[12..20].copy_from_slice(&base.to_le_bytes());
+        out.write_all(&h)?;
+        Ok(Encoder {
+            out,
+            cursor: base,
+            open: Vec::new(),
+            buf: Vec::with_capacity(64),
+            counts: KindCounts::default(),
+            bytes: HEADER_LEN as u64,
+            error: None,
+        })
+    }
+
+    /// Records written per type.
+    pub fn counts(&self) -> &KindCounts {
+        &self.counts
+    }
+
+    /// Bytes written so far (header included).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The first write error, if any (later records are then discarded).
+    pub fn take_error(&mut self) -> Option<std::io::Error> {
+        self.error.take()
+    }
+
+    fn head(&mut self, ty: u8, probe: u32, payload: bool) {
+        let code = if probe < P_IMPLIED as u32 {
+            probe as u8
+        } else {
+            P_VARINT
+        };
+        self.buf
+            .push(ty | if payload { PAYLOAD } else { 0 } | (code << 4));
+        if code == P_VARINT {
+            put_uvarint(&mut self.buf, probe.into());
+        }
+    }
+
+    fn delta(&mut self, ts: u64) {
+        // The filter clamps timestamps; clamp again so a caller feeding the
+        // encoder directly cannot produce an undecodable stream.
+        let ts = ts.max(self.cursor);
+        put_uvarint(&mut self.buf, ts - self.cursor);
+        self.cursor = ts;
+    }
+
+    fn payload(&mut self, args: &Args, ret: Option<u64>, unwound: bool) {
+        let flags = if args.is_empty() { 0 } else { F_ARGS }
+            | if ret.is_some() { F_RET } else { 0 }
+            | if unwound { F_UNWOUND } else { 0 };
+        if flags == 0 {
+            return;
+        }
+        self.buf.push(flags);
+        if !args.is_empty() {
+            put_uvarint(&mut self.buf, args.len() as u64);
+            for &a in args.as_slice() {
+                put_uvarint(&mut self.buf, zigzag(a as i64));
+            }
+        }
+        if let Some(r) = ret {
+            put_uvarint(&mut self.buf, zigzag(r as i64));
+        }
+    }
+
+    /// Encodes one record (timestamps in ticks, non-decreasing).
+    pub fn write(&mut self, r: &Record) {
+        self.buf.clear();
+        match *r {
+            Record::Call {
+                ts,
+                dur,
+                probe,
+                args,
+                ret,
+            } => {
+                let p = !args.is_empty() || ret.is_some();
+                self.head(T_CALL, probe, p);
+                self.delta(ts);
+                put_uvarint(&mut self.buf, dur);
+                self.cursor = self.cursor.saturating_add(dur);
+                self.payload(&args, ret, false);
+            }
+            Record::Entry { ts, probe, args } | Record::Hit { ts, probe, args } => {
+                let ty = if matches!(r, Record::Entry { .. }) {
+                    T_ENTRY
+                } else {
+                    T_HIT
+                };
+                self.head(ty, probe, !args.is_empty());
+                self.delta(ts);
+                self.payload(&args, None, false);
+                if ty == T_ENTRY {
+                    self.open.push(probe);
+                }
+            }
+            Record::Exit {
+                ts,
+                probe,
+                ret,
+                unwound,
+            } => {
+                let p = ret.is_some() || unwound;
+                if self.open.last() == Some(&probe) {
+                    self.buf
+                        .push(T_EXIT | if p { PAYLOAD } else { 0 } | (P_IMPLIED << 4));
+                } else {
+                    self.head(T_EXIT, probe, p);
+                }
+                apply_exit(&mut self.open, probe);
+                self.delta(ts);
+                self.payload(&Args::EMPTY, ret, unwound);
+            }
+            Record::Lost { count, .. } => {
+                self.buf.push(T_LOST);
+                put_uvarint(&mut self.buf, count);
+            }
+        }
+        self.counts.count(r);
+        self.emit();
+    }
+
+    fn emit(&mut self) {
+        if self.error.is_none() {
+            match self.out.write_all(&self.buf) {
+                Ok(()) => self.bytes += self.buf.len() as u64,
+                Err(e) => self.error = Some(e),
+            }
+        }
+    }
+
+    /// Writes the end record and flushes; returns the writer.
+    pub fn finish(mut self) -> std::io::Result<(W, u64)> {
+        self.buf.clear();
+        self.buf.push(T_END);
+        put_uvarint(&mut self.buf, self.counts.records());
+        self.emit();
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        self.out.flush()?;
+        Ok((self.out, self.bytes))
+    }
+}
+
+impl<W: Write> crate::filter::Sink for Encoder<W> {
+    fn record(&mut self, r: &Record) {
+        self.write(r);
+    }
+}
+
+/// Buffered byte source counting the offset.
+struct Bytes<R> {
+    inner: R,
+    buf: Box<[u8]>,
+    pos: usize,
+    len: usize,
+    /// Offset of `buf[0]` in the file.
+    base: u64,
+}
+
+impl<R: Read> Bytes<R> {
+    fn offset(&self) -> u64 {
+        self.base + self.pos as u64
+    }
+
+    fn fill(&mut self) -> std::io::Result<bool> {
+        if self.pos < self.len {
+            return Ok(true);
+        }
+        self.base += self.len as u64;
+        self.pos = 0;
+        self.len = 0;
+        loop {
+            match self.inner.read(&mut self.buf) {
+                Ok(n) => {
+                    self.len = n;
+                    return Ok(n > 0);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    #[inline]
+    fn byte(&mut self) -> std::io::Result<Option<u8>> {
+        if self.pos == self.len && !self.fill()? {
+            return Ok(None);
+        }
+        let b = self.buf[self.pos];
+        self.pos += 1;
+        Ok(Some(b))
+    }
+}
+
+/// Decodes one thread stream, never panicking on bad input.
+pub struct Decoder<R> {
+    src: Bytes<R>,
+    path: PathBuf,
+    tid: u32,
+    base: u64,
+    cursor: u64,
+    open: Vec<u32>,
+    records: u64,
+    counts: KindCounts,
+    done: bool,
+}
+
+impl<R: Read> Decoder<R> {
+    /// Reads and checks the header; `path` names the stream in errors.
+    pub fn new(inner: R, path: impl Into<PathBuf>) -> Result<Decoder<R>> {
+        let mut d = Decoder {
+            src: Bytes {
+                inner,
+                buf: vec![0; 64 * 1024].into_boxed_slice(),
+                pos: 0,
+                len: 0,
+                base: 0,
+            },
+            path: path.into(),
+            tid: 0,
+            base: 0,
+            cursor: 0,
+            open: Vec::new(),
+            records: 0,
+            counts: KindCounts::default(),
+            done: false,
+        };
+        let mut h = [0u8; HEADER_LEN];
+        for (i, b) in h.iter_mut().enumerate() {
+            *b = d.byte_or(|| format!("header (byte {i} of {HEADER_LEN})"))?;
+        }
+        if h[0..4] != STREAM_MAGIC {
+            return Err(d.corrupt(
+                0,
+                format!("bad magic {:02x?} (not a hotprobe stream)", &h[0..4]),
+            ));
+        }
+        let version = u16::from_le_bytes([h[4], h[5]]);
+        if version != STREAM_VERSION {
+            return Err(d.corrupt(
+                4,
+                format!("stream version {version}, this reader knows {STREAM_VERSION}"),
+            ));
+        }
+        let flags = u16::from_le_bytes([h[6], h[7]]);
+        if flags != 0 {
+            return Err(d.corrupt(6, format!("unknown header flags {flags:#x}")));
+        }
+        d.tid = u32::from_le_bytes(h[8..12].try_into().unwrap_or_default());
+        d.base = u64::from_le_bytes(h[12..20].try_into().unwrap_or_default());
+        d.cursor = d.base;
+        Ok(d)
+    }
+
+    /// Thread id from the header.
+    pub fn tid(&self) -> u32 {
+        self.tid
+    }
+
+    /// Base timestamp from the header.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// Byte offset of the next record.
+    pub fn offset(&self) -> u64 {
+        self.src.offset()
+    }
+
+    /// The stream's path (as given).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Records decoded so far, per type.
+    pub fn counts(&self) -> &KindCounts {
+        &self.counts
+    }
+
+    fn corrupt(&self, offset: u64, what: String) -> TraceError {
+        TraceError::Corrupt {
+            path: self.path.clone(),
+            offset,
+            what,
+        }
+    }
+
+    fn byte_or(&mut self, what: impl FnOnce() -> String) -> Result<u8> {
+        match self.src.byte() {
+            Ok(Some(b)) => Ok(b),
+            Ok(None) => Err(TraceError::Truncated {
+                path: self.path.clone(),
+                offset: self.src.offset(),
+                what: what(),
+            }),
+            Err(e) => Err(TraceError::io(self.path.clone(), e)),
+        }
+    }
+
+    fn varint(&mut self, what: &str) -> Result<u64> {
+        let start = self.src.offset();
+        let mut v = 0u64;
+        for i in 0..10 {
+            let b = self.byte_or(|| format!("{what} varint"))?;
+            if i == 9 && b > 1 {
+                break;
+            }
+            v |= u64::from(b & 0x7f) << (7 * i);
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(self.corrupt(start, format!("{what} varint longer than 64 bits")))
+    }
+
+    fn time(&mut self, start: u64) -> Result<u64> {
+        let d = self.varint("timestamp delta")?;
+        self.cursor = self
+            .cursor
+            .checked_add(d)
+            .ok_or_else(|| self.corrupt(start, "timestamp overflows 64 bits".into()))?;
+        Ok(self.cursor)
+    }
+
+    fn payload(&mut self, start: u64, allowed: u8) -> Result<(Args, Option<u64>, bool)> {
+        let flags = self.byte_or(|| "payload flags".into())?;
+        if flags == 0 || flags & !allowed != 0 {
+            return Err(self.corrupt(start, format!("bad payload flags {flags:#04x}")));
+        }
+        let mut args = Args::EMPTY;
+        if flags & F_ARGS != 0 {
+            let n = self.varint("argument count")?;
+            if n == 0 || n > MAX_ARGS as u64 {
+                return Err(self.corrupt(start, format!("{n} arguments (1..={MAX_ARGS} allowed)")));
+            }
+            for _ in 0..n {
+                args.push(unzigzag(self.varint("argument")?) as u64);
+            }
+        }
+        let ret = if flags & F_RET != 0 {
+            Some(unzigzag(self.varint("return value")?) as u64)
+        } else {
+            None
+        };
+        Ok((args, ret, flags & F_UNWOUND != 0))
+    }
+
+    /// The next record (timestamps in ticks), `Ok(None)` after the end record.
+    pub fn next_record(&mut self) -> Result<Option<Record>> {
+        if self.done {
+            return Ok(None);
+        }
+        let start = self.src.offset();
+        let h = match self.src.byte() {
+            Ok(Some(h)) => h,
+            Ok(None) => {
+                return Err(TraceError::Truncated {
+                    path: self.path.clone(),
+                    offset: start,
+                    what: format!(
+                        "no end record after {} records (recording interrupted?)",
+                        self.records
+                    ),
+                })
+            }
+            Err(e) => return Err(TraceError::io(self.path.clone(), e)),
+        };
+        let ty = h & 7;
+        let payload = h & PAYLOAD != 0;
+        let code = h >> 4;
+        let rec = match ty {
+            T_END => {
+                if h != T_END {
+                    return Err(self.corrupt(start, format!("bad end record header {h:#04x}")));
+                }
+                let n = self.varint("record count")?;
+                if n != self.records {
+                    return Err(self.corrupt(
+                        start,
+                        format!("end record counts {n} records, stream has {}", self.records),
+                    ));
+                }
+                match self.src.byte() {
+                    Ok(None) => {}
+                    Ok(Some(_)) => {
+                        return Err(
+                            self.corrupt(self.src.offset() - 1, "data after the end record".into())
+                        )
+                    }
+                    Err(e) => return Err(TraceError::io(self.path.clone(), e)),
+                }
+                self.done = true;
+                return Ok(None);
+            }
+            T_LOST => {
+                if h != T_LOST {
+                    return Err(self.corrupt(start, format!("bad lost record header {h:#04x}")));
+                }
+                let count = self.varint("lost count")?;
+                Record::Lost {
+                    ts: self.cursor,
+                    count,
+                }
+            }
+            T_CALL | T_ENTRY | T_EXIT | T_HIT => {
+                let probe = match code {
+                    P_VARINT => {
+                        let p = self.varint("probe id")?;
+                        u32::try_from(p)
+                            .map_err(|_| self.corrupt(start, format!("probe id {p} too large")))?
+                    }
+                    P_IMPLIED if ty == T_EXIT => *self.open.last().ok_or_else(|| {
+                        self.corrupt(
+                            start,
+                            "exit of the innermost entry, but none is open".into(),
+                        )
+                    })?,
+                    P_IMPLIED => {
+                        return Err(self.corrupt(start, "implied probe outside an exit".into()))
+                    }
+                    c => c.into(),
+                };
+                let ts = self.time(start)?;
+                match ty {
+                    T_CALL => {
+                        let dur = self.varint("duration")?;
+                        self.cursor = self.cursor.checked_add(dur).ok_or_else(|| {
+                            self.corrupt(start, "call end overflows 64 bits".into())
+                        })?;
+                        let (args, ret, _) = if payload {
+                            self.payload(start, F_ARGS | F_RET)?
+                        } else {
+                            (Args::EMPTY, None, false)
+                        };
+                        Record::Call {
+                            ts,
+                            dur,
+                            probe,
+                            args,
+                            ret,
+                        }
+                    }
+                    T_ENTRY | T_HIT => {
+                        let (args, _, _) = if payload {
+                            self.payload(start, F_ARGS)?
+                        } else {
+                            (Args::EMPTY, None, false)
+                        };
+                        if ty == T_ENTRY {
+                            self.open.push(probe);
+                            Record::Entry { ts, probe, args }
+                        } else {
+                            Record::Hit { ts, probe, args }
+                        }
+                    }
+                    _ => {
+                        let (_, ret, unwound) = if payload {
+                            self.payload(start, F_RET | F_UNWOUND)?
+                        } else {
+                            (Args::EMPTY, None, false)
+                        };
+                        apply_exit(&mut self.open, probe);
+                        Record::Exit {
+                            ts,
+                            probe,
+                            ret,
+                            unwound,
+                        }
+                    }
+                }
+            }
+            _ => {
+                return Err(
+                    self.corrupt(start, format!("unknown record type {ty} (header {h:#04x})"))
+                )
+            }
+        };
+        self.records += 1;
+        self.counts.count(&rec);
+        Ok(Some(rec))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leaf_call_is_three_bytes() {
+        let mut e = Encoder::new(Vec::new(), 7, 1000).unwrap();
+        e.write(&Record::Call {
+            ts: 1010,
+            dur: 20,
+            probe: 0,
+            args: Args::EMPTY,
+            ret: None,
+        });
+        let (v, n) = e.finish().unwrap();
+        assert_eq!(n as usize, v.len());
+        assert_eq!(&v[HEADER_LEN..], &[0x00, 10, 20, 0x05, 1]);
+        let mut d = Decoder::new(&v[..], "x").unwrap();
+        assert_eq!(d.tid(), 7);
+        assert!(matches!(
+            d.next_record().unwrap(),
+            Some(Record::Call {
+                ts: 1010,
+                dur: 20,
+                ..
+            })
+        ));
+        assert_eq!(d.next_record().unwrap(), None);
+    }
+}

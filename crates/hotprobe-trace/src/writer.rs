@@ -1,0 +1,260 @@
+//! [`TraceWriter`]: filters, aggregates and encodes events into a trace directory.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use crate::error::{Result, TraceError};
+use crate::event::{Record, TimeBase, TraceEvent};
+use crate::filter::{CompiledFilter, Filter, FilterStats, ThreadFilter};
+use crate::format::{Encoder, KindCounts};
+use crate::info::{Info, ThreadInfo, WriteStats, FORMAT_NAME, FORMAT_VERSION};
+use crate::symbols::{Symbol, SymbolTable};
+
+/// File names inside a trace directory.
+pub const INFO_FILE: &str = "info.json";
+/// See [`INFO_FILE`].
+pub const SYMBOLS_FILE: &str = "symbols.tsv";
+
+/// Stream file name of a thread.
+pub fn stream_file_name(tid: u32) -> String {
+    format!("tid-{tid}.hpt")
+}
+
+/// What a recording is about, given to [`TraceWriter::create`].
+#[derive(Clone, Debug)]
+pub struct TraceMeta {
+    /// What is traced (executable path, `pid 42`, …).
+    pub target: String,
+    /// Command line of a spawned target.
+    pub command: Vec<String>,
+    /// Process id, if known.
+    pub pid: Option<u32>,
+    /// Unit of [`TraceEvent::ts`].
+    pub time_base: TimeBase,
+    /// Wall-clock start, ns since the Unix epoch (0: now).
+    pub start_unix_ns: u64,
+    /// The probes.
+    pub symbols: Vec<Symbol>,
+    /// Function names marking phases.
+    pub phase_markers: Vec<String>,
+    /// Filters run before anything is written.
+    pub filter: Filter,
+    /// Merge an entry and its exit with nothing between into one call record
+    /// (default true; false only to measure what aggregation saves).
+    pub aggregate: bool,
+}
+
+impl TraceMeta {
+    /// Metadata with defaults: ns time base, no filter, aggregation on.
+    pub fn new(target: impl Into<String>, symbols: Vec<Symbol>) -> TraceMeta {
+        TraceMeta {
+            target: target.into(),
+            command: Vec::new(),
+            pid: None,
+            time_base: TimeBase::Ns,
+            start_unix_ns: 0,
+            symbols,
+            phase_markers: Vec::new(),
+            filter: Filter::none(),
+            aggregate: true,
+        }
+    }
+}
+
+struct ThreadState {
+    filter: ThreadFilter,
+    enc: Encoder<BufWriter<File>>,
+    file: String,
+}
+
+/// Writes a trace directory; see docs/TRACE_FORMAT.md.
+///
+/// Events of a thread must come in that thread's order (timestamps going
+/// backwards are clamped and counted); threads may interleave freely.
+pub struct TraceWriter {
+    dir: PathBuf,
+    info: Info,
+    filter: CompiledFilter,
+    threads: HashMap<u32, ThreadState>,
+    events_in: u64,
+    lost: u64,
+}
+
+impl TraceWriter {
+    /// Creates `dir` (and parents) and writes `symbols.tsv` and a provisional
+    /// `info.json` (`"complete": false`). Existing stream files are removed.
+    pub fn create(dir: impl AsRef<Path>, meta: TraceMeta) -> Result<TraceWriter> {
+        let dir = dir.as_ref().to_path_buf();
+        if !meta.time_base.is_valid() {
+            return Err(TraceError::Invalid(format!(
+                "unusable time base {:?}",
+                meta.time_base
+            )));
+        }
+        std::fs::create_dir_all(&dir).map_err(|e| TraceError::io(&dir, e))?;
+        let rd = std::fs::read_dir(&dir).map_err(|e| TraceError::io(&dir, e))?;
+        for ent in rd {
+            let ent = ent.map_err(|e| TraceError::io(&dir, e))?;
+            let name = ent.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with("tid-") && name.ends_with(".hpt") {
+                std::fs::remove_file(ent.path()).map_err(|e| TraceError::io(ent.path(), e))?;
+            }
+        }
+        let symbols = SymbolTable::new(meta.symbols)?;
+        let filter = CompiledFilter::new(&meta.filter, &symbols, &meta.time_base, meta.aggregate)?;
+        let sp = dir.join(SYMBOLS_FILE);
+        let mut f = BufWriter::new(File::create(&sp).map_err(|e| TraceError::io(&sp, e))?);
+        symbols
+            .write_tsv(&mut f)
+            .and_then(|_| f.flush())
+            .map_err(|e| TraceError::io(&sp, e))?;
+        let start = if meta.start_unix_ns == 0 {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        } else {
+            meta.start_unix_ns
+        };
+        let info = Info {
+            format: FORMAT_NAME.into(),
+            version: FORMAT_VERSION,
+            target: meta.target,
+            command: meta.command,
+            pid: meta.pid,
+            time_base: meta.time_base,
+            start_unix_ns: start,
+            aggregate: meta.aggregate,
+            filter: meta.filter,
+            phase_markers: meta.phase_markers,
+            symbols: symbols.len(),
+            complete: false,
+            threads: Vec::new(),
+            stats: None,
+        };
+        let w = TraceWriter {
+            dir,
+            info,
+            filter,
+            threads: HashMap::new(),
+            events_in: 0,
+            lost: 0,
+        };
+        w.write_info()?;
+        Ok(w)
+    }
+
+    fn write_info(&self) -> Result<()> {
+        let p = self.dir.join(INFO_FILE);
+        let tmp = self.dir.join(".info.json.tmp");
+        let text = serde_json::to_string_pretty(&self.info).map_err(|e| TraceError::Info {
+            path: p.clone(),
+            what: e.to_string(),
+        })?;
+        // No trailing newline: every strict prefix is then invalid JSON.
+        std::fs::write(&tmp, text).map_err(|e| TraceError::io(&tmp, e))?;
+        std::fs::rename(&tmp, &p).map_err(|e| TraceError::io(&p, e))
+    }
+
+    fn thread<'a>(
+        threads: &'a mut HashMap<u32, ThreadState>,
+        dir: &Path,
+        tid: u32,
+        ts: u64,
+    ) -> Result<&'a mut ThreadState> {
+        match threads.entry(tid) {
+            std::collections::hash_map::Entry::Occupied(o) => Ok(o.into_mut()),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let file = stream_file_name(tid);
+                let p = dir.join(&file);
+                let f = File::create(&p).map_err(|e| TraceError::io(&p, e))?;
+                let enc = Encoder::new(BufWriter::with_capacity(256 * 1024, f), tid, ts)
+                    .map_err(|e| TraceError::io(&p, e))?;
+                Ok(v.insert(ThreadState {
+                    filter: ThreadFilter::new(),
+                    enc,
+                    file,
+                }))
+            }
+        }
+    }
+
+    /// Filters, aggregates and encodes one event.
+    pub fn write_event(&mut self, ev: &TraceEvent) -> Result<()> {
+        self.events_in += 1;
+        let t = Self::thread(&mut self.threads, &self.dir, ev.tid, ev.ts)?;
+        t.filter.push(&self.filter, ev, &mut t.enc);
+        if let Some(e) = t.enc.take_error() {
+            return Err(TraceError::io(self.dir.join(&t.file), e));
+        }
+        Ok(())
+    }
+
+    /// Records that `count` events of thread `tid` were lost (full ring)
+    /// at this point of its stream.
+    pub fn note_lost(&mut self, tid: u32, ts: u64, count: u64) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        self.lost += count;
+        let t = Self::thread(&mut self.threads, &self.dir, tid, ts)?;
+        t.enc.write(&Record::Lost { ts, count });
+        if let Some(e) = t.enc.take_error() {
+            return Err(TraceError::io(self.dir.join(&t.file), e));
+        }
+        Ok(())
+    }
+
+    /// Filter counters so far, summed over threads.
+    pub fn filter_stats(&self) -> FilterStats {
+        let mut s = FilterStats::default();
+        for t in self.threads.values() {
+            s.add(t.filter.stats());
+        }
+        s
+    }
+
+    /// Writes held entries and end records, closes the streams and writes
+    /// the final `info.json`.
+    pub fn finish(mut self) -> Result<WriteStats> {
+        let mut stats = WriteStats {
+            events_in: self.events_in,
+            lost: self.lost,
+            ..WriteStats::default()
+        };
+        let mut tids: Vec<u32> = self.threads.keys().copied().collect();
+        tids.sort_unstable();
+        for tid in tids {
+            let Some(mut t) = self.threads.remove(&tid) else {
+                continue;
+            };
+            t.filter.finish(&mut t.enc);
+            stats.filtered.add(t.filter.stats());
+            let counts: KindCounts = *t.enc.counts();
+            let p = self.dir.join(&t.file);
+            let (bw, bytes) = t.enc.finish().map_err(|e| TraceError::io(&p, e))?;
+            let f = bw
+                .into_inner()
+                .map_err(|e| TraceError::io(&p, e.into_error()))?;
+            f.sync_all().map_err(|e| TraceError::io(&p, e))?;
+            stats.kinds.add(&counts);
+            stats.bytes += bytes;
+            stats.threads += 1;
+            self.info.threads.push(ThreadInfo {
+                tid,
+                file: t.file,
+                records: counts.records(),
+                events: counts.events(),
+                bytes,
+            });
+        }
+        stats.records = stats.kinds.records();
+        stats.events_out = stats.kinds.events();
+        self.info.complete = true;
+        self.info.stats = Some(stats.clone());
+        self.write_info()?;
+        Ok(stats)
+    }
+}
