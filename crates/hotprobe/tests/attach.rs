@@ -290,3 +290,35 @@ fn the_target_dying_drops_its_probes() {
     assert!(err.to_string().contains("gone"), "{err}");
     let _ = srv.child.wait();
 }
+
+#[test]
+fn attach_follows_every_existing_thread() {
+    let bin = program("threads", &["-O2"]);
+    let mut child = Command::new(&bin)
+        .args(["3000", "wait"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let pid: i32 = line.trim().strip_prefix("ready ").unwrap().parse().unwrap();
+    let mut s = Session::new();
+    let t = s.attach(pid).unwrap();
+    assert_eq!(
+        s.engine(t).unwrap().target().threads().len(),
+        9,
+        "main + 8 existing threads"
+    );
+    let id = s.probe(t, "work", Probe::new().post(|_| {})).unwrap();
+    s.start().unwrap();
+    writeln!(stdin, "go").unwrap();
+    stdin.flush().unwrap();
+    assert_eq!(s.run().unwrap(), RunEnd::AllExited);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    assert!(rest.contains("threads 8 iters 3000 calls 24000"), "{rest}");
+    assert_eq!(s.stats(id).unwrap().hits, 24000);
+}

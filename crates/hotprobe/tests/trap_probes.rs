@@ -451,3 +451,20 @@ fn a_forked_child_exits_normally() {
     assert_eq!(t.session.stats(id).unwrap().hits, 3);
     assert_eq!(t.session.stats(rp).unwrap().returns, 3);
 }
+
+#[test]
+fn signals_pass_through_untouched_while_probes_step() {
+    let bin = program("signals", &["-O2"]);
+    let mut t = spawn(&bin, &["5000"]);
+    // A stepped probe (post handler) and a boosted one on the same function.
+    let (post, f) = counter();
+    let id = t
+        .session
+        .probe(t.target, "tick", Probe::new().post(f))
+        .unwrap();
+    let out = finish(&mut t);
+    // 5000 calls in the loop, 5 from each of the two signal handlers.
+    assert_eq!(out.trim(), "calls 5000 usr1 5 rt 5 ticks 5010 alarms>0 1");
+    assert_eq!(*post.borrow(), 5010);
+    assert_eq!(t.session.stats(id).unwrap().hits, 5010);
+}
