@@ -321,4 +321,6 @@ fn attach_follows_every_existing_thread() {
     std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
     assert!(rest.contains("threads 8 iters 3000 calls 24000"), "{rest}");
     assert_eq!(s.stats(id).unwrap().hits, 24000);
+    // The session reaped it as its tracer; nothing is left to wait for.
+    let _ = child.wait();
 }
