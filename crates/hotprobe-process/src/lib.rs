@@ -259,22 +259,7 @@ impl ProcessTarget {
             });
         }
         let mem = open_mem(child)?;
-        let mut t = ProcessTarget {
-            pid: child,
-            program: resolved,
-            mem,
-            threads: HashMap::new(),
-            vfork_children: Vec::new(),
-            forked_children: Vec::new(),
-            breakpoints: HashMap::new(),
-            scratch: Vec::new(),
-            pending: VecDeque::new(),
-            early_stops: HashMap::new(),
-            exited: None,
-            spawned: true,
-            attached: true,
-            syscall_insn: None,
-        };
+        let mut t = ProcessTarget::new(child, resolved, mem, true);
         t.threads.insert(child, Thread::new(RunState::Running));
         // Wait for the exec stop.
         loop {
@@ -318,22 +303,7 @@ impl ProcessTarget {
             }
             other => other,
         })?;
-        let mut t = ProcessTarget {
-            pid,
-            program,
-            mem,
-            threads: HashMap::new(),
-            vfork_children: Vec::new(),
-            forked_children: Vec::new(),
-            breakpoints: HashMap::new(),
-            scratch: Vec::new(),
-            pending: VecDeque::new(),
-            early_stops: HashMap::new(),
-            exited: None,
-            spawned: false,
-            attached: true,
-            syscall_insn: None,
-        };
+        let mut t = ProcessTarget::new(pid, program, mem, false);
         // Seize threads until the list is stable (threads may be created
         // while we attach; those made by seized threads are auto-attached).
         loop {
@@ -370,6 +340,25 @@ impl ProcessTarget {
             return Err(ProcessError::NoSuchProcess { pid });
         }
         Ok(t)
+    }
+
+    fn new(pid: i32, program: PathBuf, mem: File, spawned: bool) -> Self {
+        ProcessTarget {
+            pid,
+            program,
+            mem,
+            threads: HashMap::new(),
+            vfork_children: Vec::new(),
+            forked_children: Vec::new(),
+            breakpoints: HashMap::new(),
+            scratch: Vec::new(),
+            pending: VecDeque::new(),
+            early_stops: HashMap::new(),
+            exited: None,
+            spawned,
+            attached: true,
+            syscall_insn: None,
+        }
     }
 
     /// The process id.

@@ -21,13 +21,7 @@ pub(crate) fn syscall(
     regs.rax = nr;
     // Not inside a system call any more: no restart logic for ours.
     regs.orig_rax = u64::MAX;
-    let a = |i: usize| args.get(i).copied().unwrap_or(0);
-    regs.rdi = a(0);
-    regs.rsi = a(1);
-    regs.rdx = a(2);
-    regs.r10 = a(3);
-    regs.r8 = a(4);
-    regs.r9 = a(5);
+    set_args(&mut regs, args, ArgConvention::Syscall);
     sys::setregs(tid, &regs).map_err(|e| t.sys_err(e))?;
     let mut held = Vec::new();
     let result = loop {
@@ -64,6 +58,29 @@ pub(crate) fn syscall(
         th.regs = None;
     }
     Ok(result)
+}
+
+/// Where the fourth integer argument goes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ArgConvention {
+    /// System V function calls: rdi, rsi, rdx, rcx, r8, r9.
+    Function,
+    /// Linux system calls: rdi, rsi, rdx, r10, r8, r9.
+    Syscall,
+}
+
+/// Load up to six integer arguments (missing ones are 0).
+pub(crate) fn set_args(regs: &mut libc::user_regs_struct, args: &[u64], conv: ArgConvention) {
+    let a = |i: usize| args.get(i).copied().unwrap_or(0);
+    regs.rdi = a(0);
+    regs.rsi = a(1);
+    regs.rdx = a(2);
+    match conv {
+        ArgConvention::Function => regs.rcx = a(3),
+        ArgConvention::Syscall => regs.r10 = a(3),
+    }
+    regs.r8 = a(4);
+    regs.r9 = a(5);
 }
 
 /// The address of a `syscall` instruction (0f 05) in the target's code: in

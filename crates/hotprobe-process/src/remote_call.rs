@@ -53,13 +53,7 @@ pub fn remote_call(
     regs.rip = func;
     regs.rax = 0;
     regs.orig_rax = u64::MAX;
-    let a = |i: usize| args.get(i).copied().unwrap_or(0);
-    regs.rdi = a(0);
-    regs.rsi = a(1);
-    regs.rdx = a(2);
-    regs.rcx = a(3);
-    regs.r8 = a(4);
-    regs.r9 = a(5);
+    crate::remote::set_args(&mut regs, args, crate::remote::ArgConvention::Function);
     sys::setregs(tid, &regs).map_err(|e| t.sys_err(e))?;
     sys::cont(tid, 0).map_err(|e| t.sys_err(e))?;
     let deadline = Instant::now() + timeout;
