@@ -170,6 +170,9 @@ pub struct GdbClient {
     closed: bool,
     stats: ClientStats,
     phys_mode: bool,
+    /// A read interrupted by a signal ends the wait (see
+    /// [`GdbClient::wait_stop_interruptible`]).
+    interruptible: bool,
 }
 
 /// The default time to wait for a reply to a request.
@@ -221,6 +224,7 @@ impl GdbClient {
             closed: false,
             stats: ClientStats::default(),
             phys_mode: false,
+            interruptible: false,
         };
         // Some stubs (QEMU before 8) announce the stop they made on connect
         // with an unsolicited stop reply: take it now, or every reply after
@@ -360,6 +364,9 @@ impl GdbClient {
                     return Err(self.closed_err());
                 }
                 Ok(n) => self.decoder.feed(buf.get(..n).unwrap_or_default()),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted && self.interruptible => {
+                    return Ok(None);
+                }
                 Err(e)
                     if matches!(
                         e.kind(),
@@ -640,6 +647,19 @@ impl GdbClient {
                 _ => {} // stray reply: ignore
             }
         }
+    }
+
+    /// As [`GdbClient::wait_stop`], also returning `Ok(None)` early when a
+    /// signal interrupts the wait (a handler installed without
+    /// `SA_RESTART`), so an event loop blocked here sees its stop flag.
+    pub fn wait_stop_interruptible(
+        &mut self,
+        timeout: Option<Duration>,
+    ) -> Result<Option<StopReply>, GdbError> {
+        self.interruptible = true;
+        let r = self.wait_stop(timeout);
+        self.interruptible = false;
+        r
     }
 
     /// Inserts a breakpoint of `kind` (0 software, 1 hardware) at `addr`.

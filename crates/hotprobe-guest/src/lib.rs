@@ -8,14 +8,19 @@
 //! - [`target`]: [`GuestTarget`], the [`hotprobe_target::Target`]
 //!   implementation (threads = vCPUs, breakpoints = `Z0`, out-of-line area in
 //!   unused kernel-text fill).
+//! - [`resolver`]: [`KernelResolver`] (probe specs over kallsyms/System.map/
+//!   vmlinux symbols, the guest blacklist) and [`connect_guest`], which adds a
+//!   guest to a [`hotprobe::Session`].
 
 #![warn(missing_docs)]
 
 pub mod client;
 pub mod mem;
+pub mod resolver;
 pub mod rsp;
 pub mod target;
 
 pub use client::{GdbClient, GdbError};
 pub use mem::{MemError, RamFile, Translation};
+pub use resolver::{connect_guest, load_symbols, text_bounds, KernelResolver};
 pub use target::{GuestConfig, GuestStats, GuestTarget, StubAddr};

@@ -786,7 +786,8 @@ impl Target for GuestTarget {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            match self.client.wait_stop(left) {
+            // A signal (Ctrl-C) ends the wait: the session checks its flag.
+            match self.client.wait_stop_interruptible(left) {
                 Ok(None) => return Ok(TargetEvent::Timeout),
                 Ok(Some(s)) => {
                     let ev = match self.on_stop(s, false) {

@@ -145,6 +145,12 @@ pub struct Engine {
     pub(crate) started: bool,
     /// Notices for the user (exec, fork, dropped probes).
     pub(crate) notices: Vec<String>,
+    /// Size of the scratch regions asked of the target (lowered to a single
+    /// slot's size when the target cannot give a whole chunk).
+    scratch_chunk: u64,
+    /// Instructions the planner refuses only because they cannot run out of
+    /// line (privileged, far transfers) are single-stepped in place instead.
+    step_unsupported_in_place: bool,
 }
 
 impl Engine {
@@ -168,7 +174,71 @@ impl Engine {
             stop: false,
             started: false,
             notices: Vec::new(),
+            scratch_chunk: SCRATCH_CHUNK,
+            step_unsupported_in_place: false,
         }
+    }
+
+    /// For targets that can single-step any instruction in place (a guest
+    /// kernel under a GDB stub): probes on instructions that cannot run out
+    /// of line or be emulated (privileged ones such as `cli` or `wrmsr`, far
+    /// transfers, `swapgs`, `iretq`) are stepped in place instead of
+    /// refused. Instructions that trap or wait whatever runs them (`int3`,
+    /// `ud2`, `int n`, `hlt`, `mwait`, RTM, hypervisor calls) stay refused.
+    pub fn set_step_unsupported_in_place(&mut self, on: bool) {
+        self.step_unsupported_in_place = on;
+    }
+
+    /// With [`Engine::set_step_unsupported_in_place`]: a plan that steps the
+    /// refused instruction in place, if it is one that may be stepped.
+    fn in_place_plan(
+        &self,
+        code: &[u8],
+        addr: u64,
+        err: &hotprobe_x86::X86Error,
+    ) -> Option<ProbePlan> {
+        use hotprobe_x86::iced_x86::Mnemonic as M;
+        if !self.step_unsupported_in_place
+            || !matches!(err, hotprobe_x86::X86Error::Unsupported { .. })
+        {
+            return None;
+        }
+        let instruction = hotprobe_x86::decode(code, addr).ok()?;
+        let never = matches!(
+            instruction.mnemonic(),
+            M::Int3
+                | M::Int1
+                | M::Int
+                | M::Into
+                | M::Ud0
+                | M::Ud1
+                | M::Ud2
+                | M::Hlt
+                | M::Mwait
+                | M::Mwaitx
+                | M::Monitor
+                | M::Monitorx
+                | M::Umwait
+                | M::Tpause
+                | M::Xbegin
+                | M::Xabort
+                | M::Xend
+                | M::Vmcall
+                | M::Vmmcall
+                | M::Vmgexit
+        );
+        if never {
+            return None;
+        }
+        Some(ProbePlan {
+            len: instruction.len(),
+            execution: Execution::Step(hotprobe_x86::StepFixup::None),
+            boostable: false,
+            slot: None,
+            mnemonic: hotprobe_x86::format_instruction(&instruction),
+            rip_relative_target: None,
+            instruction,
+        })
     }
 
     /// Set the symbolizer handlers use.
@@ -204,13 +274,20 @@ impl Engine {
                 return Ok(Some(a));
             }
         }
-        match self.target.alloc_scratch(near, SCRATCH_CHUNK) {
-            Ok(region) => {
-                self.scratch.push((region, len));
-                Ok(Some(region.start))
+        loop {
+            match self.target.alloc_scratch(near, self.scratch_chunk.max(len)) {
+                Ok(region) => {
+                    self.scratch.push((region, len));
+                    return Ok(Some(region.start));
+                }
+                // A target with only small holes (a guest kernel's text
+                // padding): ask for single slots from now on.
+                Err(TargetError::NoScratch { .. }) if self.scratch_chunk > len => {
+                    self.scratch_chunk = len;
+                }
+                Err(TargetError::NoScratch { .. }) => return Ok(None),
+                Err(e) => return Err(e),
             }
-            Err(TargetError::NoScratch { .. }) => Ok(None),
-            Err(e) => Err(e),
         }
     }
 
@@ -246,12 +323,16 @@ impl Engine {
             }));
         }
         // Plan against a provisional slot address to learn whether a slot is needed.
-        let probe_plan = hotprobe_x86::plan_probe(&code[..n], addr.0, addr.0).map_err(|e| {
-            EngineError::Refused {
-                addr: addr.0,
-                reason: e.to_string(),
+        let probe_plan = match hotprobe_x86::plan_probe(&code[..n], addr.0, addr.0) {
+            Ok(p) => p,
+            Err(e) => {
+                self.in_place_plan(&code[..n], addr.0, &e)
+                    .ok_or_else(|| EngineError::Refused {
+                        addr: addr.0,
+                        reason: e.to_string(),
+                    })?
             }
-        })?;
+        };
         let (plan, slot) = if probe_plan.slot.is_some() {
             match self.alloc_slot(addr, SLOT_SIZE as u64)? {
                 Some(slot) => {

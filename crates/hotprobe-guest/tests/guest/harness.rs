@@ -26,7 +26,8 @@ fn mtime(p: &Path) -> Option<SystemTime> {
 
 /// Builds (or reuses) the initramfs under `.cache/guest/`.
 pub fn initramfs() -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/guest");
+    // Through the workspace root, so other crates' tests can use this harness.
+    let src = workspace_root().join("crates/hotprobe-guest/tests/guest");
     let out = workspace_root().join(".cache/guest");
     let cpio = out.join("initramfs.cpio");
     let newest_src = ["workload.c", "init.sh", "build-initramfs.sh"]
@@ -267,6 +268,17 @@ impl Guest {
                     .map(|v| v.trim().parse::<u64>().unwrap_or(0))
             })
             .unwrap_or_else(|| panic!("no 'TB flush count' in info jit: {out}"))
+    }
+
+    /// Kills QEMU (the guest dies at once; its stub socket closes).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The guest's kallsyms text as printed on its console (written at boot).
+    pub fn kallsyms_file(&self) -> PathBuf {
+        self.dir.join("kallsyms")
     }
 
     /// Waits for QEMU to exit.

@@ -1,0 +1,357 @@
+//! Probe specs for guest kernels: [`KernelResolver`] turns `function[+off]`,
+//! `module:function[+off]`, `0xADDR` (each optionally `%return`) into checked
+//! addresses from the guest's `/proc/kallsyms`, `System.map` or vmlinux
+//! symbols, and [`connect_guest`] adds a guest to a [`Session`].
+//!
+//! # What is refused in a guest kernel, and why
+//!
+//! A probe on a guest is a breakpoint held by the GDB stub (`Z0`): the guest
+//! itself never sees a `#BP` or a `#DB`, and no guest code runs while a
+//! handler does (the VM is stopped). So the guest's own int3 and debug
+//! exception paths (`asm_exc_int3`, `exc_int3`, `poke_int3_handler`,
+//! `asm_exc_debug`, `exc_debug`) can be probed: there is no recursion for
+//! them to fall into, unlike Kprobes in the guest. What is dangerous under a
+//! stub is different:
+//!
+//! - **the entry text** (`__entry_text_start`..`__entry_text_end`:
+//!   `entry_SYSCALL_64`, the `asm_exc_*` and `asm_sysvec_*` stubs,
+//!   `native_iret`): its first instructions run on the user's page tables
+//!   when page-table isolation is on, where the out-of-line area (in normal
+//!   kernel text) is not mapped, and with the user's GS. A boosted or
+//!   stepped-out-of-line hit there would fault with no way back
+//!   (triple fault). Refused through the blacklist.
+//! - **`hlt`, `mwait`, `monitor`** and other always-trapping instructions:
+//!   QEMU single-steps with interrupts masked, so stepping `hlt` would wait
+//!   for an interrupt that never comes and wedge the stub. The engine keeps
+//!   refusing them (see [`hotprobe::Engine::set_step_unsupported_in_place`]);
+//!   other privileged instructions (`cli`, `wrmsr`, `swapgs`, `sysretq`,
+//!   `iretq`, ...) are single-stepped in place by the stub.
+//! - the **out-of-line area** itself (refused by the engine).
+//!
+//! Known limits (not checked, documented): an instruction with an
+//! exception-table fixup (a user-memory access that may fault) must not run
+//! out of line, since the guest looks the fixup up by the faulting address;
+//! probe such instructions with a post handler off (they are then still
+//! boosted) at your own risk, or probe the function entry instead. Code the
+//! guest patches at run time (static keys, ftrace call sites once guest
+//! ftrace is enabled) is planned from the bytes seen when the probe was
+//! placed.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use hotprobe::{
+    BlacklistEntry, EngineError, ProbeSpec, ResolvedProbe, Resolver, Session, SymbolError,
+    Symbolizer, Target, TargetId,
+};
+use hotprobe_symbols::{ElfModule, KernelSymbols, LinkAddr};
+use hotprobe_target::RuntimeAddr;
+
+use crate::target::{GuestConfig, GuestTarget};
+
+/// Address ranges, named by their start/end symbols, refused in a guest
+/// kernel (see the module documentation for why).
+pub const KERNEL_BLACKLIST: &[(&str, &str, &str)] = &[(
+    "__entry_text_start",
+    "__entry_text_end",
+    "the kernel entry text (runs on user page tables with PTI; the out-of-line area is not mapped there)",
+)];
+
+/// The module name given to core-kernel symbols in resolved probes.
+pub const KERNEL_MODULE: &str = "vmlinux";
+
+/// Reads guest kernel symbols from a file: `/proc/kallsyms` or `System.map`
+/// text, or a vmlinux ELF file (recognised by its magic).
+pub fn load_symbols(path: &Path) -> Result<(KernelSymbols, Option<(u64, u64)>), SymbolError> {
+    let bytes = std::fs::read(path).map_err(|source| SymbolError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if bytes.starts_with(b"\x7fELF") {
+        let m = ElfModule::from_bytes(path.to_path_buf(), bytes)?;
+        let text = match (m.find("_stext"), m.find("_etext")) {
+            (Some(s), Some(e)) => Some((s.addr.0, e.addr.0)),
+            _ => None,
+        };
+        return Ok((KernelSymbols::from_elf(&m), text));
+    }
+    let syms = KernelSymbols::parse(&String::from_utf8_lossy(&bytes))?;
+    let text = text_bounds(&syms);
+    Ok((syms, text))
+}
+
+/// `[_stext, _etext)` from a symbol table, if both are there.
+pub fn text_bounds(syms: &KernelSymbols) -> Option<(u64, u64)> {
+    let exact = |n: &str| {
+        syms.lookup(n)
+            .ok()
+            .filter(|s| s.name == n)
+            .map(|s| s.addr.0)
+    };
+    match (exact("_stext").or_else(|| exact("_text")), exact("_etext")) {
+        (Some(s), Some(e)) if s < e => Some((s, e)),
+        _ => None,
+    }
+}
+
+/// Resolves probe specs against a guest kernel's symbols and checks them.
+pub struct KernelResolver {
+    symbols: Arc<KernelSymbols>,
+    blacklist: Vec<BlacklistEntry>,
+}
+
+struct KernelSymbolizer(Arc<KernelSymbols>);
+
+impl Symbolizer for KernelSymbolizer {
+    fn symbolize(&self, addr: RuntimeAddr) -> Option<String> {
+        let (s, off) = self.0.symbolize(addr.0)?;
+        let module = self.0.module_of(s).unwrap_or(KERNEL_MODULE);
+        Some(if off == 0 {
+            format!("{} [{module}]", s.name)
+        } else {
+            format!("{}+{off:#x} [{module}]", s.name)
+        })
+    }
+}
+
+impl KernelResolver {
+    /// A resolver over `symbols`, with the blacklist computed from them.
+    pub fn new(symbols: KernelSymbols) -> Self {
+        let mut blacklist = Vec::new();
+        let exact = |n: &str| {
+            symbols
+                .lookup(n)
+                .ok()
+                .filter(|s| s.name == n)
+                .map(|s| s.addr.0)
+        };
+        for (start, end, what) in KERNEL_BLACKLIST {
+            if let (Some(s), Some(e)) = (exact(start), exact(end)) {
+                if s < e {
+                    blacklist.push(BlacklistEntry {
+                        start: RuntimeAddr(s),
+                        end: RuntimeAddr(e),
+                        what: (*what).to_string(),
+                    });
+                }
+            }
+        }
+        KernelResolver {
+            symbols: Arc::new(symbols),
+            blacklist,
+        }
+    }
+
+    /// The symbols.
+    pub fn symbols(&self) -> &KernelSymbols {
+        &self.symbols
+    }
+
+    fn resolved(
+        &self,
+        sym: &hotprobe_symbols::Symbol,
+        offset: u64,
+        is_return: bool,
+    ) -> ResolvedProbe {
+        let addr = sym.addr.0.wrapping_add(offset);
+        ResolvedProbe {
+            addr: RuntimeAddr(addr),
+            link_addr: LinkAddr(addr),
+            module: self
+                .symbols
+                .module_of(sym)
+                .unwrap_or(KERNEL_MODULE)
+                .to_string(),
+            function: Some(sym.name.clone()),
+            offset,
+            function_range: (sym.size > 0)
+                .then(|| RuntimeAddr(sym.addr.0)..RuntimeAddr(sym.addr.0 + sym.size)),
+            is_return,
+            in_plt: false,
+        }
+    }
+
+    fn find_function(
+        &self,
+        module: Option<&str>,
+        name: &str,
+    ) -> Result<&hotprobe_symbols::Symbol, SymbolError> {
+        match module {
+            None | Some(KERNEL_MODULE) | Some("kernel") => self.symbols.lookup(name),
+            Some(m) => self
+                .symbols
+                .symbols()
+                .iter()
+                .find(|s| {
+                    (s.name == name || s.name.split_once('.').is_some_and(|(b, _)| b == name))
+                        && self.symbols.module_of(s) == Some(m)
+                })
+                .ok_or_else(|| SymbolError::SymbolNotFound {
+                    symbol: name.to_string(),
+                    module: format!("guest kernel module {m}"),
+                    similar: Vec::new(),
+                }),
+        }
+    }
+}
+
+impl Resolver for KernelResolver {
+    fn resolve(
+        &mut self,
+        spec: &ProbeSpec,
+        _target: &mut dyn Target,
+    ) -> Result<Vec<ResolvedProbe>, SymbolError> {
+        match spec {
+            ProbeSpec::Function {
+                module,
+                name,
+                offset,
+                is_return,
+            } => {
+                let sym = self.find_function(module.as_deref(), name)?;
+                if sym.size > 0 && *offset >= sym.size {
+                    return Err(SymbolError::OffsetPastEnd {
+                        offset: *offset,
+                        function: sym.name.clone(),
+                        size: sym.size,
+                    });
+                }
+                Ok(vec![self.resolved(sym, *offset, *is_return)])
+            }
+            ProbeSpec::Address {
+                module: None,
+                addr,
+                is_return,
+            } => match self.symbols.symbolize(*addr) {
+                Some((sym, off)) => Ok(vec![self.resolved(sym, off, *is_return)]),
+                None => Err(SymbolError::AddressNotMapped {
+                    addr: *addr,
+                    why: "is in no function of the guest kernel's symbol table".into(),
+                }),
+            },
+            ProbeSpec::Address {
+                module: Some(m), ..
+            } => Err(SymbolError::Unprobeable {
+                spec: spec.to_string(),
+                reason: format!(
+                    "module-relative addresses ({m}:0x...) are not supported for guest kernels: \
+                     give the absolute address from kallsyms"
+                ),
+            }),
+            ProbeSpec::Line { .. } => Err(SymbolError::Unprobeable {
+                spec: spec.to_string(),
+                reason: "source lines need the kernel's DWARF; not supported for guest kernels"
+                    .into(),
+            }),
+        }
+    }
+
+    fn check(&self, probe: &ResolvedProbe, target: &mut dyn Target) -> Result<(), String> {
+        for b in &self.blacklist {
+            if probe.addr >= b.start && probe.addr < b.end {
+                return Err(format!("{:#x} is blacklisted: {}", probe.addr.0, b.what));
+            }
+        }
+        let Some(range) = &probe.function_range else {
+            return Ok(());
+        };
+        if probe.addr == range.start {
+            return Ok(());
+        }
+        // Not the function's first byte: it must start an instruction.
+        let upto = probe.addr.0.saturating_sub(range.start.0);
+        let len = (upto + hotprobe_x86::MAX_INSN_LEN as u64)
+            .min(range.end.0.saturating_sub(range.start.0))
+            .min(1 << 20) as usize;
+        let mut code = vec![0u8; len];
+        if let Err(e) = target.read_memory(range.start, &mut code) {
+            return Err(format!(
+                "cannot read the code of {} to check instruction boundaries: {e}",
+                probe.function.as_deref().unwrap_or("?")
+            ));
+        }
+        if !hotprobe_x86::is_instruction_boundary(&code, range.start.0, probe.addr.0) {
+            return Err(format!(
+                "{:#x} ({}+{:#x}) is in the middle of an instruction",
+                probe.addr.0,
+                probe.function.as_deref().unwrap_or("?"),
+                probe.offset
+            ));
+        }
+        Ok(())
+    }
+
+    fn blacklist(&self) -> Vec<BlacklistEntry> {
+        self.blacklist.clone()
+    }
+
+    fn symbolizer(&self) -> Box<dyn Symbolizer> {
+        Box::new(KernelSymbolizer(self.symbols.clone()))
+    }
+}
+
+/// Connects to a guest's stub and adds it to `session` with a
+/// [`KernelResolver`] over `symbols`: the kernel text bounds for the
+/// out-of-line area are taken from the symbols (`_stext`, `_etext`) unless
+/// `config` has them, and instructions the engine cannot run out of line
+/// (privileged ones) are single-stepped in place by the stub. The VM stays
+/// stopped until [`Session::start`].
+pub fn connect_guest(
+    session: &mut Session,
+    mut config: GuestConfig,
+    symbols: KernelSymbols,
+) -> Result<TargetId, EngineError> {
+    if config.kernel_text.is_none() {
+        config.kernel_text = text_bounds(&symbols);
+    }
+    let target = GuestTarget::connect(config)?;
+    let id = session.add_target(
+        Box::new(target),
+        Some(Box::new(KernelResolver::new(symbols))),
+    );
+    session.engine(id)?.set_step_unsupported_in_place(true);
+    Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAP: &str = "\
+ffffffff81000000 T _stext
+ffffffff81000010 T func_a
+ffffffff81000040 t func_b.constprop.0
+ffffffff81000080 T __entry_text_start
+ffffffff81000090 T entry_SYSCALL_64
+ffffffff810000c0 T __entry_text_end
+ffffffff810000d0 T _etext
+ffffffffc0000000 t mod_fn\t[mymod]
+ffffffffc0000040 t mod_end\t[mymod]
+";
+
+    #[test]
+    fn resolves_and_blacklists() {
+        let syms = KernelSymbols::parse(MAP).unwrap();
+        assert_eq!(
+            text_bounds(&syms),
+            Some((0xffffffff81000000, 0xffffffff810000d0))
+        );
+        let r = KernelResolver::new(syms);
+        let bl = r.blacklist();
+        assert_eq!(bl.len(), 1);
+        assert_eq!(bl[0].start, RuntimeAddr(0xffffffff81000080));
+        let sym = r.symbols.lookup("func_a").unwrap().clone();
+        let p = r.resolved(&sym, 4, false);
+        assert_eq!(p.addr, RuntimeAddr(0xffffffff81000014));
+        assert_eq!(p.module, KERNEL_MODULE);
+        let m = r.find_function(Some("mymod"), "mod_fn").unwrap();
+        assert_eq!(m.addr.0, 0xffffffffc0000000);
+        assert!(r.find_function(Some("other"), "mod_fn").is_err());
+        assert!(r.find_function(None, "func_b").is_ok());
+        let s = r.symbolizer();
+        assert_eq!(
+            s.symbolize(RuntimeAddr(0xffffffff81000012)).as_deref(),
+            Some("func_a+0x2 [vmlinux]")
+        );
+    }
+}
