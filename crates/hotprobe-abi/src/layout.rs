@@ -20,7 +20,7 @@ use crate::AbiError;
 /// `b"HOTPROBE"` read as a little-endian `u64`: the first word of the mapping.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"HOTPROBE");
 /// Version of this layout; bumped on any incompatible change.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// Size of [`Header`] in bytes.
 pub const HEADER_SIZE: usize = 256;
 /// Alignment of every section start (the site table and the thread slots).
@@ -53,6 +53,12 @@ pub const ACTION_RECORD: u32 = 1 << 1;
 /// the stack exactly as at the function's first instruction (patchable
 /// entry, fentry, a jump-mechanism entry trampoline).
 pub const ACTION_EXIT: u32 = 1 << 2;
+/// [`SiteSlot::action`] bit: count into counter `action >> ACTION_COUNTER_SHIFT`
+/// instead of the site's probe id (exit placeholders count their returns
+/// apart from the entries, while their events carry the entry's probe id).
+pub const ACTION_ALT_COUNTER: u32 = 1 << 3;
+/// Shift of the alternative counter index in [`SiteSlot::action`].
+pub const ACTION_COUNTER_SHIFT: u32 = 8;
 
 /// [`RingCtl::state`]: slot never claimed.
 pub const THREAD_FREE: u32 = 0;
@@ -142,8 +148,14 @@ pub struct Header {
     /// Frames left by longjmp or an exception without returning, whose
     /// shadow-stack entries were dropped (agent).
     pub unwound_frames: AtomicU64,
+    /// Offset from the thread pointer (`fs:0`) of the agent's initial-exec
+    /// TLS word that holds, per thread, the address of the thread's
+    /// [`crate::fast::ThreadBlock`] (0 until the thread's first hit); the
+    /// tracer's per-site stubs read it with `mov r11, fs:[off]`. 0 when the
+    /// agent has no such word (stubs must not be used then) (agent).
+    pub thread_tpoff: AtomicU64,
     /// Reserved, zero.
-    pub reserved: [u64; 5],
+    pub reserved: [u64; 4],
 }
 
 const _: () = assert!(size_of::<Header>() == HEADER_SIZE);
@@ -152,6 +164,7 @@ const _: () = assert!(offset_of!(Header, heartbeat_tsc) == 80);
 const _: () = assert!(offset_of!(Header, entry_trampoline) == 112);
 const _: () = assert!(offset_of!(Header, near_page) == 136);
 const _: () = assert!(offset_of!(Header, reentries) == 184);
+const _: () = assert!(offset_of!(Header, thread_tpoff) == 216);
 
 /// One slot of the open-addressing site table (linear probing, hash
 /// [`site_hash`]).

@@ -13,6 +13,7 @@
 //! on the other side.
 #![no_std]
 
+pub mod fast;
 mod layout;
 pub mod patch;
 mod ring;

@@ -283,6 +283,12 @@ impl Shm {
             .map(|p| unsafe { p.add(self.layout.events_offset) as *mut Event })
     }
 
+    /// Address of the first event of thread slot `slot`'s ring.
+    #[inline(always)]
+    pub fn ring_events(&self, slot: u32) -> Option<*mut Event> {
+        self.events(slot)
+    }
+
     /// The producing side of thread slot `slot`'s ring.
     #[inline(always)]
     pub fn producer(&self, slot: u32) -> Option<Producer<'_>> {

@@ -12,9 +12,11 @@
 use core::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use core::sync::atomic::{compiler_fence, AtomicU32, AtomicU64};
 
+use hotprobe_abi::fast::ThreadBlock;
 use hotprobe_abi::{
-    rdtsc, Event, Shm, ACTION_COUNT, ACTION_EXIT, ACTION_RECORD, CONTROL_ENABLED, CONTROL_RECORD,
-    EXIT_UNWOUND, KIND_ENTRY, KIND_EXIT, STATUS_ORPHANED, THREAD_EXITED,
+    rdtsc, Event, Shm, ACTION_ALT_COUNTER, ACTION_COUNT, ACTION_COUNTER_SHIFT, ACTION_EXIT,
+    ACTION_RECORD, CONTROL_ENABLED, CONTROL_RECORD, EXIT_UNWOUND, KIND_ENTRY, KIND_EXIT,
+    STATUS_ORPHANED, THREAD_EXITED,
 };
 
 use crate::trampoline::Frame;
@@ -31,12 +33,13 @@ const HEARTBEAT_EVERY: u32 = 1024 - 1;
 /// for `key` which is claimed by CAS and reset at thread exit or fork).
 #[repr(C, align(64))]
 pub(crate) struct ThreadEntry {
+    /// What the tracer's per-site stubs read (first: the TLS word points
+    /// at the entry and at this block alike); holds `busy` and `cached_tail`.
+    fast: ThreadBlock,
     key: AtomicU64,
     slot: AtomicU32,
     tid: AtomicU32,
-    busy: AtomicU32,
     hits: AtomicU32,
-    cached_tail: AtomicU64,
     /// The thread's shadow stack ([`Shadow`] × [`SHADOW_CAP`], mmapped at
     /// registration; 0 if that failed).
     shadow: AtomicU64,
@@ -67,12 +70,21 @@ pub(crate) const SHADOW_RECORD: u32 = 2;
 
 #[allow(clippy::declare_interior_mutable_const)]
 const ENTRY_INIT: ThreadEntry = ThreadEntry {
+    fast: ThreadBlock {
+        counters: AtomicU64::new(0),
+        ctl: AtomicU64::new(0),
+        events: AtomicU64::new(0),
+        mask: AtomicU64::new(0),
+        cached_tail: AtomicU64::new(0),
+        tid_hi: AtomicU64::new(0),
+        header: AtomicU64::new(0),
+        busy: AtomicU32::new(0),
+        reserved: 0,
+    },
     key: AtomicU64::new(EMPTY),
     slot: AtomicU32::new(NO_SLOT),
     tid: AtomicU32::new(0),
-    busy: AtomicU32::new(0),
     hits: AtomicU32::new(0),
-    cached_tail: AtomicU64::new(0),
     shadow: AtomicU64::new(0),
     depth: AtomicU32::new(0),
 };
@@ -142,14 +154,19 @@ fn act(
 ) {
     let slot = t.slot.load(Relaxed);
     if action & ACTION_COUNT != 0 {
+        let counter = if action & ACTION_ALT_COUNTER != 0 {
+            action >> ACTION_COUNTER_SHIFT
+        } else {
+            probe
+        };
         match shm
             .thread_counters(slot)
-            .and_then(|c| c.get(probe as usize))
+            .and_then(|c| c.get(counter as usize))
         {
             // Single writer (this thread): load + store, no lock prefix.
             Some(c) => c.store(c.load(Relaxed).wrapping_add(1), Relaxed),
             None => {
-                if let Some(c) = shm.global_counters().get(probe as usize) {
+                if let Some(c) = shm.global_counters().get(counter as usize) {
                     c.fetch_add(1, Relaxed);
                 }
             }
@@ -173,11 +190,11 @@ fn act(
         };
         match shm.producer(slot) {
             Some(p) => {
-                let mut cached = t.cached_tail.load(Relaxed);
+                let mut cached = t.fast.cached_tail.load(Relaxed);
                 // SAFETY: the ring of `slot` belongs to this thread alone, and
                 // the busy flag keeps a signal handler on this thread out.
                 let ok = unsafe { p.push(&mut cached, &ev) };
-                t.cached_tail.store(cached, Relaxed);
+                t.fast.cached_tail.store(cached, Relaxed);
                 if !ok {
                     check_heartbeat(shm);
                 }
@@ -225,16 +242,16 @@ pub(crate) extern "C" fn fast_hit(frame: *mut Frame, kind: u32) -> u32 {
     let Some(t) = find_thread(thread_pointer()) else {
         return 1;
     };
-    if t.busy.load(Relaxed) != 0 {
+    if t.fast.busy.load(Relaxed) != 0 {
         h.reentries.fetch_add(1, Relaxed);
         return 0;
     }
-    t.busy.store(1, Relaxed);
+    t.fast.busy.store(1, Relaxed);
     // Signal fence: a handler interrupting this thread sees busy = 1.
     compiler_fence(SeqCst);
     act(shm, t, frame, kind, probe, action, control);
     compiler_fence(SeqCst);
-    t.busy.store(0, Relaxed);
+    t.fast.busy.store(0, Relaxed);
     0
 }
 
@@ -256,7 +273,12 @@ pub(crate) extern "C" fn slow_hit(frame: *mut Frame, kind: u32) -> u32 {
             let key = unsafe { (*frame).key };
             if let Some((probe, action)) = shm.lookup_site(key) {
                 if action & ACTION_COUNT != 0 {
-                    if let Some(c) = shm.global_counters().get(probe as usize) {
+                    let counter = if action & ACTION_ALT_COUNTER != 0 {
+                        action >> ACTION_COUNTER_SHIFT
+                    } else {
+                        probe
+                    };
+                    if let Some(c) = shm.global_counters().get(counter as usize) {
                         c.fetch_add(1, Relaxed);
                     }
                 }
@@ -285,12 +307,12 @@ fn register_thread(shm: &Shm, tp: u64) {
                 // A signal handler on this thread that hits between the CAS
                 // and this store sees slot NO_SLOT (left by thread_exit):
                 // it counts globally and drops, never touches a ring.
-                e.busy.store(1, Relaxed);
-                e.slot
-                    .store(shm.claim_thread(tid).unwrap_or(NO_SLOT), Relaxed);
+                e.fast.busy.store(1, Relaxed);
+                let slot = shm.claim_thread(tid).unwrap_or(NO_SLOT);
+                e.slot.store(slot, Relaxed);
                 e.tid.store(tid, Relaxed);
                 e.hits.store(0, Relaxed);
-                e.cached_tail.store(0, Relaxed);
+                set_fast(e, shm, slot, tid);
                 e.depth.store(0, Relaxed);
                 if e.shadow.load(Relaxed) == 0 {
                     e.shadow.store(map_shadow(), Relaxed);
@@ -305,12 +327,71 @@ fn register_thread(shm: &Shm, tp: u64) {
                         )
                     };
                 }
-                e.busy.store(0, Relaxed);
+                e.fast.busy.store(0, Relaxed);
                 return;
             }
         }
         i = i.wrapping_add(1);
     }
+}
+
+/// After a re-attach to new shared memory: every registered thread gets a
+/// slot in it, and its stubs' view is re-pointed (its TLS word, which
+/// points at its entry, stays; threads are stopped by the tracer).
+pub(crate) fn rehome_threads(shm: &Shm) {
+    for e in THREADS.iter() {
+        let k = e.key.load(Relaxed);
+        if k == EMPTY || k == TOMBSTONE {
+            continue;
+        }
+        let tid = e.tid.load(Relaxed);
+        let slot = shm.claim_thread(tid).unwrap_or(NO_SLOT);
+        e.slot.store(slot, Relaxed);
+        fill_fast(e, shm, slot, tid);
+    }
+}
+
+/// Fills the stubs' view of thread slot `slot` and points this thread's
+/// TLS word at it (0 when the thread has no slot: the stubs then send every
+/// hit to the generic path, which counts globally).
+fn set_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32, tid: u32) {
+    let counters = fill_fast(e, shm, slot, tid);
+    crate::tls::set(if counters != 0 {
+        &e.fast as *const ThreadBlock as u64
+    } else {
+        0
+    });
+}
+
+/// Fills `e`'s stub view of slot `slot`; returns its counters' address.
+fn fill_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32, tid: u32) -> u64 {
+    let f = &e.fast;
+    f.cached_tail.store(0, Relaxed);
+    f.tid_hi.store((tid as u64) << 32, Relaxed);
+    f.header.store(shm.as_ptr() as u64, Relaxed);
+    f.mask
+        .store(shm.layout().params.ring_capacity as u64 - 1, Relaxed);
+    let counters = shm.thread_counters(slot).map_or(0, |c| c.as_ptr() as u64);
+    f.counters.store(counters, Relaxed);
+    f.ctl.store(
+        shm.ring_ctl(slot)
+            .map_or(0, |c| c as *const hotprobe_abi::RingCtl as u64),
+        Relaxed,
+    );
+    f.events
+        .store(shm.ring_events(slot).map_or(0, |p| p as u64), Relaxed);
+    if let Some(ctl) = shm.ring_ctl(slot) {
+        // Fault the slot's pages in now (one system call on the thread's
+        // first hit) rather than one page fault per 56 events on the hot
+        // path. Best effort: older kernels answer EINVAL.
+        let base = ctl as *const hotprobe_abi::RingCtl as usize;
+        let len = shm.layout().thread_stride + (base & 4095);
+        // SAFETY: the range covers this thread's slot, from the start of its
+        // first page, inside the shared mapping (the mapping is
+        // page-granular); populating changes no content.
+        unsafe { libc::madvise((base & !4095) as *mut libc::c_void, len, 23) };
+    }
+    counters
 }
 
 /// `pthread_key` destructor: the thread is exiting.
@@ -323,6 +404,9 @@ pub(crate) extern "C" fn thread_exit(p: *mut libc::c_void) {
             // last head is visible once EXITED is.
             ctl.state.store(THREAD_EXITED, Release);
         }
+        // Later hits of this thread (other destructors) take the generic
+        // path: the entry may be claimed by another thread once released.
+        crate::tls::set(0);
         e.slot.store(NO_SLOT, Relaxed);
         // Release pairs with the Acquire CAS in register_thread.
         e.key.store(TOMBSTONE, Release);
@@ -346,11 +430,13 @@ pub(crate) extern "C" fn after_fork_child() {
                 .unwrap_or(NO_SLOT);
             e.slot.store(slot, Relaxed);
             e.tid.store(tid, Relaxed);
-            e.cached_tail.store(0, Relaxed);
+            if let Some(shm) = crate::shm() {
+                set_fast(e, shm, slot, tid);
+            }
         } else {
             e.key.store(EMPTY, Relaxed);
         }
-        e.busy.store(0, Relaxed);
+        e.fast.busy.store(0, Relaxed);
     }
 }
 
@@ -370,10 +456,10 @@ fn record_exit(shm: &Shm, t: &ThreadEntry, probe: u32, rax: u64, rdx: u64, flags
         reserved2: 0,
         args: [rax, rdx, 0, 0, 0, 0],
     };
-    let mut cached = t.cached_tail.load(Relaxed);
+    let mut cached = t.fast.cached_tail.load(Relaxed);
     // SAFETY: the ring belongs to this thread; the busy flag is held.
     unsafe { p.push(&mut cached, &ev) };
-    t.cached_tail.store(cached, Relaxed);
+    t.fast.cached_tail.store(cached, Relaxed);
 }
 
 /// The return trampoline's address as the agent publishes it.
@@ -480,7 +566,7 @@ pub(crate) extern "C" fn ret_hit(slot: u64, rax: u64, rdx: u64) -> u64 {
     let Some(shm) = crate::shm() else {
         return lost_return();
     };
-    t.busy.store(1, Relaxed);
+    t.fast.busy.store(1, Relaxed);
     compiler_fence(SeqCst);
     pop_dead(shm, t, base, slot, false);
     let d = t.depth.load(Relaxed) as usize;
@@ -501,7 +587,7 @@ pub(crate) extern "C" fn ret_hit(slot: u64, rax: u64, rdx: u64) -> u64 {
         }
     }
     compiler_fence(SeqCst);
-    t.busy.store(0, Relaxed);
+    t.fast.busy.store(0, Relaxed);
     if real == 0 {
         return lost_return();
     }
@@ -531,7 +617,7 @@ pub(crate) fn restore_for_unwind(sp: u64) {
         return;
     };
     let Some(shm) = crate::shm() else { return };
-    t.busy.store(1, Relaxed);
+    t.fast.busy.store(1, Relaxed);
     pop_dead(shm, t, base, sp, false);
     let tramp = return_trampoline();
     for i in 0..t.depth.load(Relaxed) as usize {
@@ -547,7 +633,7 @@ pub(crate) fn restore_for_unwind(sp: u64) {
             e.flags |= SHADOW_RESTORED;
         }
     }
-    t.busy.store(0, Relaxed);
+    t.fast.busy.store(0, Relaxed);
 }
 
 /// When a handler catches (the caller's stack pointer is `sp`): the frames
@@ -558,7 +644,7 @@ pub(crate) fn rearm_after_catch(sp: u64) {
         return;
     };
     let Some(shm) = crate::shm() else { return };
-    t.busy.store(1, Relaxed);
+    t.fast.busy.store(1, Relaxed);
     pop_dead(shm, t, base, sp, false);
     let tramp = return_trampoline();
     for i in 0..t.depth.load(Relaxed) as usize {
@@ -574,7 +660,7 @@ pub(crate) fn rearm_after_catch(sp: u64) {
             e.flags &= !SHADOW_RESTORED;
         }
     }
-    t.busy.store(0, Relaxed);
+    t.fast.busy.store(0, Relaxed);
 }
 
 fn map_shadow() -> u64 {

@@ -3,8 +3,10 @@
 //! fast in-target actions of the patch and jump mechanisms.
 //!
 //! On load, a constructor (`.init_array`) looks for the shared memory the
-//! tracer prepared — `HOTPROBE_SHM_FD` (an inherited descriptor, e.g. a
-//! memfd) or `HOTPROBE_SHM_PATH` (a file, e.g. in `/dev/shm`) — maps it,
+//! tracer prepared — `HOTPROBE_SHM_PATH` (a file: the tracer's memfd as
+//! `/proc/TRACER/fd/N`, or one in `/dev/shm`) or `HOTPROBE_SHM_FD` (an
+//! inherited descriptor) — maps it, removes the variable (so programs it
+//! executes stay dormant),
 //! validates it ([`hotprobe_abi::Shm::attach`]), maps a *near page* within
 //! ±2 GiB of the main executable holding jump stubs to the trampolines, and
 //! publishes the trampoline and near-page addresses in the header. Without
@@ -13,31 +15,46 @@
 //!
 //! Patched sites `call` a trampoline ([`trampoline`]), which looks the return
 //! address up in the site table and counts or records (see [`hit`]'s docs in
-//! the source). The hot path allocates nothing, takes no lock, makes no
+//! the source). Most sites instead call a per-site stub the tracer wrote
+//! (hotprobe-fastpath's `stub` module), which finds the thread's counters
+//! and ring through an initial-exec TLS word the agent maintains (`tls`,
+//! [`hotprobe_abi::fast`]) and falls back to the generic trampoline for a
+//! thread's first hit. A second attach (a new tracer after the previous one
+//! detached or died) switches to the new memory and re-homes every known
+//! thread. The hot path allocates nothing, takes no lock, makes no
 //! system call, and never panics; each `extern "C"` entry that can reach
 //! libc or std catches unwinding. The agent never exits its host.
 
 use std::ffi::{c_char, c_int, CStr};
-use std::sync::atomic::Ordering::{Relaxed, Release};
-use std::sync::atomic::{AtomicBool, AtomicU32};
-use std::sync::OnceLock;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64};
 
 use hotprobe_abi::patch::{abs_jmp_stub, NEAR_STUB_ENTRY, NEAR_STUB_EXIT, NEAR_STUB_MID};
 use hotprobe_abi::{rdtsc, Shm, STATUS_ATTACHED, STATUS_NO_NEAR_PAGE, VERSION};
 
 mod hit;
+mod tls;
 pub mod trampoline;
 mod unwind;
 
 pub use hotprobe_abi::patch::call_rel32;
 
-static SHM: OnceLock<Shm> = OnceLock::new();
+/// The shared memory of the current tracer (a leaked `Box`: a mapping is
+/// never unmapped, since a thread may still hold a reference into an older
+/// one after a re-attach).
+static SHM: AtomicPtr<Shm> = AtomicPtr::new(std::ptr::null_mut());
 static EXIT_KEY: AtomicU32 = AtomicU32::new(u32::MAX);
 static ATTACHING: AtomicBool = AtomicBool::new(false);
+/// The near page, mapped once for the life of the process.
+static NEAR_PAGE: AtomicU64 = AtomicU64::new(0);
 
 #[inline(always)]
 pub(crate) fn shm() -> Option<&'static Shm> {
-    SHM.get()
+    // Acquire pairs with the Release store in `map_and_attach`: the view
+    // is fully built before it is seen.
+    let p = SHM.load(Acquire);
+    // SAFETY: non-null values are leaked boxes, valid forever.
+    (!p.is_null()).then(|| unsafe { &*p })
 }
 
 pub(crate) fn exit_key() -> Option<libc::pthread_key_t> {
@@ -80,14 +97,16 @@ pub extern "C" fn hotprobe_agent_attach_fd(fd: c_int) -> c_int {
     .unwrap_or(-(AttachError::Panic as c_int))
 }
 
+/// Attaches to the memory behind `fd`. A second attach (a new tracer after
+/// the previous one detached or died) replaces the memory: every thread
+/// already known claims a slot in the new one (the tracer calls this with
+/// every thread of the process stopped).
 fn attach_fd(fd: c_int) -> Result<(), AttachError> {
-    if ATTACHING.swap(true, Relaxed) {
+    if ATTACHING.swap(true, Acquire) {
         return Err(AttachError::Already);
     }
     let r = map_and_attach(fd);
-    if r.is_err() {
-        ATTACHING.store(false, Relaxed);
-    }
+    ATTACHING.store(false, Release);
     r
 }
 
@@ -122,13 +141,16 @@ fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
             return Err(AttachError::Layout);
         }
     };
-    let mut key: libc::pthread_key_t = 0;
-    // SAFETY: key is a valid out-pointer; the destructor is an extern "C" fn.
-    if unsafe { libc::pthread_key_create(&mut key, Some(hit::thread_exit)) } == 0 {
-        EXIT_KEY.store(key as u32, Relaxed);
+    let first = shm_is_first();
+    if first {
+        let mut key: libc::pthread_key_t = 0;
+        // SAFETY: key is a valid out-pointer; the destructor is an extern "C" fn.
+        if unsafe { libc::pthread_key_create(&mut key, Some(hit::thread_exit)) } == 0 {
+            EXIT_KEY.store(key as u32, Relaxed);
+        }
+        // SAFETY: registers a plain extern "C" fn for the child side of fork.
+        unsafe { libc::pthread_atfork(None, None, Some(hit::after_fork_child)) };
     }
-    // SAFETY: registers a plain extern "C" fn for the child side of fork.
-    unsafe { libc::pthread_atfork(None, None, Some(hit::after_fork_child)) };
     let h = shm.header();
     // SAFETY: getpid has no preconditions.
     h.agent_pid.store(unsafe { libc::getpid() } as u32, Relaxed);
@@ -136,6 +158,7 @@ fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
     let entry = trampoline::hotprobe_agent_entry_trampoline as *const () as usize as u64;
     let exit = trampoline::hotprobe_agent_exit_trampoline as *const () as usize as u64;
     let mid = trampoline::hotprobe_agent_mid_trampoline as *const () as usize as u64;
+    h.thread_tpoff.store(tls::offset(), Relaxed);
     h.entry_trampoline.store(entry, Relaxed);
     h.exit_trampoline.store(exit, Relaxed);
     h.mid_trampoline.store(mid, Relaxed);
@@ -143,12 +166,17 @@ fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
         trampoline::hotprobe_agent_return_trampoline as *const () as usize as u64,
         Relaxed,
     );
-    match map_near_page(&[
-        (NEAR_STUB_ENTRY, entry),
-        (NEAR_STUB_EXIT, exit),
-        (NEAR_STUB_MID, mid),
-    ]) {
+    let near = match NEAR_PAGE.load(Relaxed) {
+        0 => map_near_page(&[
+            (NEAR_STUB_ENTRY, entry),
+            (NEAR_STUB_EXIT, exit),
+            (NEAR_STUB_MID, mid),
+        ]),
+        p => Some(p),
+    };
+    match near {
         Some(page) => {
+            NEAR_PAGE.store(page, Relaxed);
             h.near_page.store(page, Relaxed);
             h.near_page_size.store(4096, Relaxed);
         }
@@ -166,13 +194,18 @@ fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
         ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64,
         Relaxed,
     );
-    let _ = SHM.set(shm);
-    if let Some(s) = SHM.get() {
-        // Release pairs with the tracer's `status.load(Acquire)`: the
-        // addresses above are visible once ATTACHED is.
-        s.header().status.fetch_or(STATUS_ATTACHED, Release);
-    }
+    let s: &'static Shm = Box::leak(Box::new(shm));
+    hit::rehome_threads(s);
+    // Release pairs with the Acquire load in `shm()`.
+    SHM.store(s as *const Shm as *mut Shm, Release);
+    // Release pairs with the tracer's `status.load(Acquire)`: the
+    // addresses above are visible once ATTACHED is.
+    s.header().status.fetch_or(STATUS_ATTACHED, Release);
     Ok(())
+}
+
+fn shm_is_first() -> bool {
+    SHM.load(Acquire).is_null()
 }
 
 /// Maps one page within ±2 GiB of the main executable (found through
@@ -236,6 +269,9 @@ fn env_var(name: &CStr) -> Option<&'static CStr> {
 
 fn attach_from_env() {
     if let Some(v) = env_var(c"HOTPROBE_SHM_FD") {
+        let v = v.to_owned();
+        // SAFETY: as for HOTPROBE_SHM_PATH below.
+        unsafe { libc::unsetenv(c"HOTPROBE_SHM_FD".as_ptr()) };
         if let Some(fd) = std::str::from_utf8(v.to_bytes())
             .ok()
             .and_then(|s| s.parse::<c_int>().ok())
@@ -247,6 +283,12 @@ fn attach_from_env() {
     if let Some(path) = env_var(c"HOTPROBE_SHM_PATH") {
         // SAFETY: path is a valid C string.
         let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        // The variable names the tracer's memory for this process only: a
+        // program this one executes (still under LD_PRELOAD) must stay
+        // dormant, not attach to the same memory. The constructor runs
+        // before any thread of the program exists, so unsetenv is safe.
+        // SAFETY: a valid C string; single-threaded here.
+        unsafe { libc::unsetenv(c"HOTPROBE_SHM_PATH".as_ptr()) };
         if fd >= 0 {
             let _ = attach_fd(fd);
             // SAFETY: our descriptor; the mapping survives its close.

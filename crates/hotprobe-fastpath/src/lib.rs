@@ -26,6 +26,7 @@
 
 mod plan;
 mod shm;
+mod stub;
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -38,8 +39,8 @@ use hotprobe_abi::patch::{
     call_rel32, jmp_rel32, tail_exit_stub, NEAR_STUB_ENTRY, NEAR_STUB_EXIT, TAIL_STUB_KEY_OFFSET,
 };
 use hotprobe_abi::{
-    Event, ACTION_COUNT, ACTION_EXIT, ACTION_RECORD, CONTROL_ENABLED, CONTROL_RECORD,
-    STATUS_ATTACHED,
+    Event, ACTION_ALT_COUNTER, ACTION_COUNT, ACTION_COUNTER_SHIFT, ACTION_EXIT, ACTION_RECORD,
+    CONTROL_ENABLED, CONTROL_RECORD, STATUS_ATTACHED,
 };
 use hotprobe_process::{ProcessTarget, SpawnOptions};
 use hotprobe_target::{RuntimeAddr, Target, TargetError};
@@ -51,6 +52,7 @@ pub use plan::{
     ModuleInfo, PatchKind, SitePlan,
 };
 use shm::OwnedShm;
+use stub::StubKind;
 
 /// Errors of the fast path.
 #[derive(Debug, thiserror::Error)]
@@ -123,6 +125,14 @@ pub enum FastPathError {
     /// The displaced instructions could not be relocated.
     #[error(transparent)]
     Jump(#[from] hotprobe_x86::JumpError),
+    /// A per-site stub could not be assembled.
+    #[error("cannot assemble the stub for {addr:#x}: {why}")]
+    Assemble {
+        /// The site.
+        addr: u64,
+        /// Why.
+        why: String,
+    },
     /// A target operation failed.
     #[error(transparent)]
     Target(#[from] TargetError),
@@ -181,6 +191,12 @@ pub struct SiteInfo {
     pub reason: String,
     /// How exits are observed: `"return hook"`, `"exit placeholders"`, or `"none"`.
     pub exits: &'static str,
+    /// With exit placeholders: the counter id their hits (the returns) are
+    /// counted under (their events carry `probe_id`).
+    pub exit_probe_id: Option<u32>,
+    /// Hits go through a per-site stub (no register save beyond the few it
+    /// uses, no lookup) rather than the agent's generic trampoline.
+    pub stub: bool,
 }
 
 /// Shared-memory sizes.
@@ -194,6 +210,10 @@ pub struct FastPathConfig {
     pub ring_capacity: u32,
     /// Heartbeat timeout after which the agent stops recording.
     pub heartbeat_timeout: Duration,
+    /// Use per-site stubs where possible (see the `stub` module); false
+    /// sends every hit through the agent's generic trampolines (slower;
+    /// kept for comparison).
+    pub stubs: bool,
 }
 
 impl Default for FastPathConfig {
@@ -203,6 +223,7 @@ impl Default for FastPathConfig {
             max_threads: 64,
             ring_capacity: 1 << 16,
             heartbeat_timeout: Duration::from_secs(2),
+            stubs: true,
         }
     }
 }
@@ -254,6 +275,7 @@ pub fn find_agent() -> Result<PathBuf, FastPathError> {
 #[derive(Debug)]
 pub struct PendingFastPath {
     shm: Arc<OwnedShm>,
+    stubs: bool,
 }
 
 #[derive(Debug)]
@@ -280,11 +302,12 @@ pub struct FastPath {
     next_probe: u32,
     heartbeat: Option<shm::Heartbeat>,
     detached: bool,
+    stubs: bool,
 }
 
 impl FastPath {
     /// Prepares the shared memory and the environment (`LD_PRELOAD` of
-    /// `agent`, `HOTPROBE_SHM_FD`) of a process to be spawned with `opts`.
+    /// `agent`, `HOTPROBE_SHM_PATH` naming our memfd) of a process to be spawned with `opts`.
     pub fn for_spawn(
         opts: &mut SpawnOptions,
         agent: &Path,
@@ -297,9 +320,14 @@ impl FastPath {
             preload.push(old);
         }
         opts.env.push(("LD_PRELOAD".into(), preload));
-        opts.env
-            .push(("HOTPROBE_SHM_FD".into(), shm.fd().to_string().into()));
-        Ok(PendingFastPath { shm })
+        opts.env.push((
+            "HOTPROBE_SHM_PATH".into(),
+            format!("/proc/{}/fd/{}", std::process::id(), shm.fd()).into(),
+        ));
+        Ok(PendingFastPath {
+            shm,
+            stubs: config.stubs,
+        })
     }
 
     /// Loads the agent into the running, attached, stopped process `t`
@@ -400,10 +428,14 @@ impl FastPath {
                 r as i32
             )));
         }
-        FastPath::new(shm, t)
+        FastPath::new(shm, t, config.stubs)
     }
 
-    fn new(shm: Arc<OwnedShm>, t: &mut ProcessTarget) -> Result<FastPath, FastPathError> {
+    fn new(
+        shm: Arc<OwnedShm>,
+        t: &mut ProcessTarget,
+        stubs: bool,
+    ) -> Result<FastPath, FastPathError> {
         let h = shm.shm().header();
         // Acquire pairs with the agent's `status.fetch_or(ATTACHED, Release)`.
         if h.status.load(Acquire) & STATUS_ATTACHED == 0 {
@@ -423,6 +455,7 @@ impl FastPath {
             next_probe: 0,
             heartbeat,
             detached: false,
+            stubs,
         })
     }
 
@@ -505,6 +538,8 @@ impl FastPath {
             mechanism: plan.mechanism,
             reason: plan.reason.clone(),
             exits: "none",
+            exit_probe_id: None,
+            stub: false,
         };
         if plan.mechanism == Mechanism::Trap {
             return Ok(info);
@@ -526,7 +561,18 @@ impl FastPath {
                     bits |= ACTION_EXIT;
                     info.exits = "return hook";
                 }
-                let target = self.call_target(t, site, NEAR_STUB_ENTRY)?;
+                // The return hook needs the generic trampoline (it swaps
+                // the return address); everything else gets a stub.
+                let stub = if bits & ACTION_EXIT == 0 {
+                    self.stub(t, site, StubKind::Entry, probe_id, probe_id, action.record)?
+                } else {
+                    None
+                };
+                info.stub = stub.is_some();
+                let target = match stub {
+                    Some(s) => s,
+                    None => self.call_target(t, site, NEAR_STUB_ENTRY)?,
+                };
                 let mut bytes = call_rel32(site, target)
                     .expect("target within reach")
                     .to_vec();
@@ -534,11 +580,30 @@ impl FastPath {
                 self.install(t, site, &bytes, site + 5, probe_id, bits)?;
                 if action.exit && coldpatch {
                     info.exits = "exit placeholders";
+                    let exit_id = self.next_probe;
+                    if exit_id >= self.shm().layout().params.n_probes {
+                        return Err(FastPathError::Shm(
+                            "no probe id left: raise max_probes".into(),
+                        ));
+                    }
+                    self.next_probe += 1;
+                    info.exit_probe_id = Some(exit_id);
+                    let bits = bits | ACTION_ALT_COUNTER | exit_id << ACTION_COUNTER_SHIFT;
                     for e in &plan.exits {
                         match *e {
                             ExitSite::Call(a) => {
                                 let a = a.wrapping_add(bias);
-                                let target = self.call_target(t, a, NEAR_STUB_EXIT)?;
+                                let target = match self.stub(
+                                    t,
+                                    a,
+                                    StubKind::Exit,
+                                    exit_id,
+                                    probe_id,
+                                    action.record,
+                                )? {
+                                    Some(s) => s,
+                                    None => self.call_target(t, a, NEAR_STUB_EXIT)?,
+                                };
                                 let mut b = call_rel32(a, target).expect("in reach").to_vec();
                                 let mut old = [0u8; 6];
                                 t.read_memory(RuntimeAddr(a), &mut old)?;
@@ -554,7 +619,20 @@ impl FastPath {
                             }
                             ExitSite::Tail(a) => {
                                 let a = a.wrapping_add(bias);
-                                let exit_tramp = self.shm().header().exit_trampoline.load(Relaxed);
+                                // The tail stub calls the per-site exit stub
+                                // (or the generic exit trampoline) through
+                                // its absolute address.
+                                let exit_tramp = match self.stub(
+                                    t,
+                                    a,
+                                    StubKind::Exit,
+                                    exit_id,
+                                    probe_id,
+                                    action.record,
+                                )? {
+                                    Some(s) => s,
+                                    None => self.shm().header().exit_trampoline.load(Relaxed),
+                                };
                                 let stub = self.alloc(t, a, 16)?;
                                 t.write_memory(RuntimeAddr(stub), &tail_exit_stub(exit_tramp))?;
                                 let b = jmp_rel32(a, stub).expect("stub within reach");
@@ -582,7 +660,16 @@ impl FastPath {
                     info.exits = "return hook";
                 }
                 let tramp = self.alloc(t, site, 64)?;
-                let target = self.call_target(t, tramp, NEAR_STUB_ENTRY)?;
+                let stub = if bits & ACTION_EXIT == 0 {
+                    self.stub(t, tramp, StubKind::Entry, probe_id, probe_id, action.record)?
+                } else {
+                    None
+                };
+                info.stub = stub.is_some();
+                let target = match stub {
+                    Some(s) => s,
+                    None => self.call_target(t, tramp, NEAR_STUB_ENTRY)?,
+                };
                 let mut body = call_rel32(tramp, target).expect("in reach").to_vec();
                 body.extend(jp.relocate(tramp + 5)?);
                 if body.len() > 64 {
@@ -598,6 +685,46 @@ impl FastPath {
             Mechanism::Trap => unreachable!("returned above"),
         }
         Ok(info)
+    }
+
+    /// Writes a per-site stub (see the `stub` module) within ±2 GiB of
+    /// `near` and returns its address; `None` when stubs are off or the
+    /// agent published no TLS offset (the generic trampoline is used then).
+    fn stub(
+        &mut self,
+        t: &mut ProcessTarget,
+        near: u64,
+        kind: StubKind,
+        counter: u32,
+        probe: u32,
+        record: bool,
+    ) -> Result<Option<u64>, FastPathError> {
+        let h = self.shm().header();
+        let tpoff = h.thread_tpoff.load(Relaxed);
+        if !self.stubs || tpoff == 0 {
+            return Ok(None);
+        }
+        let generic = match kind {
+            StubKind::Entry => h.entry_trampoline.load(Relaxed),
+            StubKind::Exit => h.exit_trampoline.load(Relaxed),
+        };
+        let p = stub::StubParams {
+            tpoff,
+            counter,
+            probe,
+            kind,
+            record,
+            generic,
+        };
+        let err = |e: iced_x86::IcedError| FastPathError::Assemble {
+            addr: near,
+            why: e.to_string(),
+        };
+        let len = stub::build(0, &p).map_err(err)?.len() as u64;
+        let at = self.alloc(t, near, len)?;
+        let code = stub::build(at, &p).map_err(err)?;
+        t.write_memory(RuntimeAddr(at), &code)?;
+        Ok(Some(at))
     }
 
     /// The address a `call` at `from` should target to reach the agent's
@@ -708,7 +835,7 @@ impl FastPath {
     /// heartbeat. The threads are stopped for the restore and left stopped
     /// (resume or detach the target afterwards). Trampoline pages and the
     /// agent stay mapped (see the crate docs).
-    pub fn detach(&mut self, t: &mut ProcessTarget) -> Result<(), FastPathError> {
+    pub fn detach(&mut self, t: &mut dyn Target) -> Result<(), FastPathError> {
         if self.detached {
             return Ok(());
         }
@@ -737,11 +864,11 @@ impl PendingFastPath {
     /// Checks that the preloaded agent attached (its constructor runs
     /// before the entry point, where `ProcessTarget::spawn_with` stops).
     pub fn attach(self, t: &mut ProcessTarget) -> Result<FastPath, FastPathError> {
-        FastPath::new(self.shm, t)
+        FastPath::new(self.shm, t, self.stubs)
     }
 }
 
-fn wait_pcs_outside(t: &mut ProcessTarget, addr: u64, len: u64) -> Result<(), FastPathError> {
+fn wait_pcs_outside(t: &mut dyn Target, addr: u64, len: u64) -> Result<(), FastPathError> {
     for _ in 0..200 {
         let mut inside = false;
         for th in t.threads() {

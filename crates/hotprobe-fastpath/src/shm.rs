@@ -36,8 +36,9 @@ impl OwnedShm {
         let layout = Layout::new(params).map_err(|e| FastPathError::Shm(e.to_string()))?;
         let err =
             |what: &str| FastPathError::Shm(format!("{what}: {}", std::io::Error::last_os_error()));
-        // SAFETY: a NUL-terminated name; no CLOEXEC: the spawned child inherits it.
-        let fd = unsafe { libc::memfd_create(c"hotprobe".as_ptr(), 0) };
+        // SAFETY: a NUL-terminated name. CLOEXEC: no child of ours inherits
+        // it; the target opens it through `/proc/OUR_PID/fd/FD`.
+        let fd = unsafe { libc::memfd_create(c"hotprobe".as_ptr(), libc::MFD_CLOEXEC) };
         if fd < 0 {
             return Err(err("memfd_create"));
         }

@@ -465,3 +465,149 @@ fn inject_probe_detach_leaves_text_identical() {
     let total: u64 = (0..200000u64).map(|i| (i & 3) * 2 + 1).sum();
     assert_eq!(rest, format!("total {total}\n"));
 }
+
+/// The tracer side of `sigkill_of_the_tracer_leaves_the_target_running`,
+/// run in a re-executed copy of this test binary: attach to the pid in
+/// `HOTPROBE_TRACER_CHILD`, inject the agent, probe `work` with `record`,
+/// let the target run, report the memfd, then drain forever (until killed).
+fn tracer_child(pid: i32) -> ! {
+    let mut t = ProcessTarget::attach(pid).unwrap();
+    let config = FastPathConfig {
+        ring_capacity: 1024,
+        heartbeat_timeout: std::time::Duration::from_millis(200),
+        ..Default::default()
+    };
+    let mut fp = FastPath::inject(&mut t, &agent(), config).unwrap();
+    let info = fp
+        .add(&mut t, "work", Action::record(), MechanismChoice::Auto)
+        .unwrap();
+    assert_eq!(info.probe_id, 0);
+    t.resume_all().unwrap();
+    // Every memfd of ours (the engine's scratch memory is one too); the
+    // test keeps the one holding a valid hotprobe header.
+    let fds: Vec<String> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            std::fs::read_link(e.path())
+                .map(|l| l.to_string_lossy().starts_with("/memfd:hotprobe"))
+                .unwrap_or(false)
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    println!("TRACER memfd {}", fds.join(","));
+    std::io::stdout().flush().unwrap();
+    loop {
+        fp.drain(|_| {});
+        let _ = t.wait(Some(std::time::Duration::from_millis(10)));
+    }
+}
+
+#[test]
+fn sigkill_of_the_tracer_leaves_the_target_running() {
+    if let Some(pid) = std::env::var_os("HOTPROBE_TRACER_CHILD") {
+        tracer_child(pid.to_str().unwrap().parse().unwrap());
+    }
+    const CALLS: u64 = 200_000;
+    let exe = compile("sleeper.c", "sleeper-kill", &["-O2"]);
+    let mut target = Command::new(&exe)
+        .arg(CALLS.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(target.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let mut tracer = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "sigkill_of_the_tracer_leaves_the_target_running",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("HOTPROBE_TRACER_CHILD", target.id().to_string())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let tracer_out = BufReader::new(tracer.stdout.take().unwrap());
+    let fds = tracer_out
+        .lines()
+        .map(|l| l.unwrap())
+        .find_map(|l| {
+            // The harness's "test NAME ... " has no newline before it.
+            l.split("TRACER memfd ")
+                .nth(1)
+                .map(|s| s.trim().to_string())
+        })
+        .expect("the tracer probed the target");
+    // Keep the shared memory alive to read the agent's counters afterwards.
+    let shm_files: Vec<File> = fds
+        .split(',')
+        .map(|fd| {
+            File::options()
+                .read(true)
+                .write(true)
+                .open(format!("/proc/{}/fd/{fd}", tracer.id()))
+                .unwrap()
+        })
+        .collect();
+    // SIGKILL mid-run: the target was resumed, probes armed, recording on.
+    // SAFETY: kill has no memory effects; the pid is our live child.
+    assert_eq!(unsafe { libc::kill(tracer.id() as i32, libc::SIGKILL) }, 0);
+    tracer.wait().unwrap();
+    // Past the heartbeat timeout, then let the target run its calls.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    target.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    assert!(target.wait().unwrap().success());
+    let total: u64 = (0..CALLS).map(|i| (i & 3) * 2 + 1).sum();
+    assert_eq!(
+        rest,
+        format!("total {total}\n"),
+        "correct output to the end"
+    );
+    // The agent counted every call, noticed the tracer was gone when its
+    // ring filled, and stopped recording.
+    use std::os::fd::AsRawFd;
+    let (p, len, shm) = shm_files
+        .iter()
+        .find_map(|f| {
+            let len = f.metadata().unwrap().len() as usize;
+            // SAFETY: a fresh shared mapping of the memfd (kept: the test ends).
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    f.as_raw_fd(),
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED);
+            // SAFETY: valid for len bytes until the munmap below.
+            let shm = unsafe { hotprobe_abi::Shm::attach(p as *mut u8, len) }.ok()?;
+            Some((p, len, shm))
+        })
+        .expect("the fast path's shared memory");
+    assert_eq!(shm.counter(0), CALLS);
+    let status = shm
+        .header()
+        .status
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_ne!(status & hotprobe_abi::STATUS_ORPHANED, 0, "orphaned");
+    assert_eq!(
+        shm.header()
+            .control
+            .load(std::sync::atomic::Ordering::Relaxed)
+            & hotprobe_abi::CONTROL_RECORD,
+        0,
+        "recording stopped"
+    );
+    assert!(shm.total_drops() > 0);
+    // SAFETY: our mapping, no view left.
+    unsafe { libc::munmap(p, len) };
+}
