@@ -29,6 +29,8 @@ struct Row {
     addr: u64,
     size: u64,
     mechanism: String,
+    /// Why that mechanism (for a binary: the fast path's explanation).
+    why: String,
     module: String,
     name: String,
 }
@@ -86,6 +88,25 @@ fn mechanism(code: Option<&FileCode>, sym: &Symbol) -> String {
     }
 }
 
+/// The mechanism `hotprobe count` would give a probe on `sym`'s entry
+/// (patch, then jump, else trap) and why.
+fn fast_mechanism(
+    fast: Option<&hotprobe_fastpath::ModuleInfo>,
+    code: Option<&FileCode>,
+    sym: &Symbol,
+) -> (String, String) {
+    use hotprobe_fastpath::{Mechanism, MechanismChoice};
+    let plan = fast.and_then(|m| {
+        let f = m.functions().iter().find(|f| f.addr == sym.addr.0)?;
+        m.plan(f, MechanismChoice::Auto).ok()
+    });
+    match plan {
+        Some(p) if p.mechanism != Mechanism::Trap => (p.mechanism.to_string(), p.reason),
+        Some(p) => (mechanism(code, sym), p.reason),
+        None => (mechanism(code, sym), String::new()),
+    }
+}
+
 fn wanted(pattern: Option<&str>, s: &Symbol) -> bool {
     match pattern {
         None => true,
@@ -101,17 +122,22 @@ pub fn run(o: &ListOptions<'_>) -> Result<()> {
         (Some(bin), None) => {
             let m = ElfModule::open(bin)?;
             let code = FileCode::open(bin).ok();
+            let fast = hotprobe_fastpath::ModuleInfo::open(bin).ok();
             let name = m.file_name();
             let rows: Vec<Row> = m
                 .functions()
                 .iter()
                 .filter(|s| wanted(o.pattern, s))
-                .map(|s| Row {
-                    addr: s.addr.0,
-                    size: s.size,
-                    mechanism: mechanism(code.as_ref(), s),
-                    module: name.clone(),
-                    name: s.name.clone(),
+                .map(|s| {
+                    let (mechanism, why) = fast_mechanism(fast.as_ref(), code.as_ref(), s);
+                    Row {
+                        addr: s.addr.0,
+                        size: s.size,
+                        mechanism,
+                        why,
+                        module: name.clone(),
+                        name: s.name.clone(),
+                    }
                 })
                 .collect();
             print_rows(&rows, o.pattern, &bin.display().to_string())
@@ -139,6 +165,7 @@ pub fn run(o: &ListOptions<'_>) -> Result<()> {
                         addr: lm.runtime(s.addr).0,
                         size: s.size,
                         mechanism: mechanism(c.as_ref(), s),
+                        why: String::new(),
                         module: lm.name.clone(),
                         name: s.name.clone(),
                     });
@@ -163,15 +190,41 @@ fn print_rows(rows: &[Row], pattern: Option<&str>, what: &str) -> Result<()> {
         .max()
         .unwrap_or(0)
         .max("MODULE".len());
-    println!(
-        "{:<18}  {:>8}  {:<15}  {:<mw$}  FUNCTION",
-        "ADDRESS", "SIZE", "PROBE", "MODULE"
-    );
-    for r in rows {
+    let pw = rows
+        .iter()
+        .map(|r| r.mechanism.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(15);
+    // WHY only for a binary (the fast path's plan); FUNCTION stays last.
+    let yw = rows
+        .iter()
+        .map(|r| r.why.chars().count())
+        .max()
+        .unwrap_or(0);
+    if yw == 0 {
         println!(
-            "{:#018x}  {:>8}  {:<15}  {:<mw$}  {}",
-            r.addr, r.size, r.mechanism, r.module, r.name
+            "{:<18}  {:>8}  {:<pw$}  {:<mw$}  FUNCTION",
+            "ADDRESS", "SIZE", "PROBE", "MODULE"
         );
+    } else {
+        println!(
+            "{:<18}  {:>8}  {:<pw$}  {:<mw$}  {:<yw$}  FUNCTION",
+            "ADDRESS", "SIZE", "PROBE", "MODULE", "WHY"
+        );
+    }
+    for r in rows {
+        if yw == 0 {
+            println!(
+                "{:#018x}  {:>8}  {:<pw$}  {:<mw$}  {}",
+                r.addr, r.size, r.mechanism, r.module, r.name
+            );
+        } else {
+            println!(
+                "{:#018x}  {:>8}  {:<pw$}  {:<mw$}  {:<yw$}  {}",
+                r.addr, r.size, r.mechanism, r.module, r.why, r.name
+            );
+        }
     }
     Ok(())
 }

@@ -2,17 +2,21 @@
 //!
 //! ```text
 //! hotprobe list   (BINARY | -p PID) [PATTERN] [--blacklist]
-//! hotprobe count  PROBE... (-p PID | -- CMD ARGS) [--duration SECS]
+//! hotprobe count  PROBE... (-p PID | -- CMD ARGS) [--duration SECS] [--mechanism auto|patch|jump|trap]
+//! hotprobe coldpatch IN -o OUT
 //! hotprobe trace  PROBE... (-p PID | -- CMD ARGS) [--args N] [--maxactive N]
 //! hotprobe demo
+//! hotprobe guest  --gdb HOST:PORT|unix:PATH --symbols FILE [--ram FILE] (count|trace) PROBE... [--duration SECS]
 //! PROBE: [module:]function[+offset] | [module:]0xADDR | file.c:LINE, optionally %return
 //! ```
 //! Every error is one line on stderr, `hotprobe: error: <what and why>`,
 //! with exit code 1 (2 for a usage error); the target is left as it was.
 
+mod coldpatch;
 mod count;
 mod demo;
 mod glob;
+mod guest;
 mod list;
 mod session;
 mod signals;
@@ -66,9 +70,23 @@ enum Cmd {
         /// Live calls followed at once per %return probe (more count as nmissed).
         #[arg(long, default_value_t = 64, value_name = "N")]
         maxactive: usize,
+        /// How function entries are probed: auto (patch, then jump, else
+        /// trap), or force one.
+        #[arg(long, value_enum, default_value_t = MechanismArg::Auto)]
+        mechanism: MechanismArg,
         /// The command to start (after `--`).
         #[arg(last = true, value_name = "CMD")]
         cmd: Vec<OsString>,
+    },
+    /// ColdPatch: rewrite the -finstrument-functions (or -pg) calls of a
+    /// binary into NOPs; writes OUT and its probe list OUT.probes.
+    Coldpatch {
+        /// The instrumented binary.
+        #[arg(value_name = "IN")]
+        input: PathBuf,
+        /// The binary to write.
+        #[arg(short, long, value_name = "OUT")]
+        output: PathBuf,
     },
     /// Show a live call tree of the given functions (like `uftrace replay`).
     #[command(group(ArgGroup::new("target").required(true).args(["pid", "cmd"])))]
@@ -97,6 +115,80 @@ enum Cmd {
     },
     /// Build the bundled demo program (tests/programs/demo.c) and trace it.
     Demo,
+    /// Count or trace probes on VM guest kernels through their GDB stubs
+    /// (QEMU -gdb); repeat --gdb/--symbols (and --ram) for more guests.
+    Guest {
+        /// A guest's GDB stub: HOST:PORT or unix:PATH.
+        #[arg(long, required = true, value_name = "HOST:PORT|unix:PATH")]
+        gdb: Vec<String>,
+        /// The guest kernel's symbols: /proc/kallsyms, System.map or vmlinux
+        /// (one per --gdb, in the same order).
+        #[arg(long, required = true, value_name = "FILE")]
+        symbols: Vec<PathBuf>,
+        /// QEMU's shared memory-backend-file of the guest's RAM, to read
+        /// guest memory directly (none, or one per --gdb in the same order).
+        #[arg(long, value_name = "FILE")]
+        ram: Vec<PathBuf>,
+        #[command(subcommand)]
+        action: GuestCmd,
+    },
+}
+
+/// What `hotprobe guest` does.
+#[derive(Subcommand, Debug)]
+enum GuestCmd {
+    /// Count hits of the probes; print a table on Ctrl-C, after --duration,
+    /// or when every guest is gone.
+    Count {
+        /// Probe specs: [module:]function[+off] | 0xADDR, with %return to
+        /// count returns.
+        #[arg(required = true, value_name = "PROBE")]
+        probes: Vec<String>,
+        /// Stop (and detach) after this many seconds.
+        #[arg(long, value_name = "SECS")]
+        duration: Option<f64>,
+        /// Live calls followed at once per %return probe.
+        #[arg(long, default_value_t = 64, value_name = "N")]
+        maxactive: usize,
+    },
+    /// Show a live call tree of the given kernel functions.
+    Trace {
+        /// Function specs: [module:]function | 0xADDR.
+        #[arg(required = true, value_name = "PROBE")]
+        probes: Vec<String>,
+        /// Show the first N argument registers (0-6) and the return value.
+        #[arg(long, value_name = "N")]
+        args: Option<usize>,
+        /// Live calls followed at once per function.
+        #[arg(long, default_value_t = 64, value_name = "N")]
+        maxactive: usize,
+        /// Stop (and detach) after this many seconds.
+        #[arg(long, value_name = "SECS")]
+        duration: Option<f64>,
+        /// Print the per-function count table at the end.
+        #[arg(long)]
+        summary: bool,
+    },
+}
+
+/// `--mechanism` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum MechanismArg {
+    Auto,
+    Patch,
+    Jump,
+    Trap,
+}
+
+impl From<MechanismArg> for hotprobe_fastpath::MechanismChoice {
+    fn from(m: MechanismArg) -> Self {
+        match m {
+            MechanismArg::Auto => Self::Auto,
+            MechanismArg::Patch => Self::Patch,
+            MechanismArg::Jump => Self::Jump,
+            MechanismArg::Trap => Self::Trap,
+        }
+    }
 }
 
 /// A command line that parsed but does not make sense (exit code 2).
@@ -153,6 +245,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             pid,
             duration: secs,
             maxactive,
+            mechanism,
             cmd,
         } => {
             let duration = duration(secs)?;
@@ -163,8 +256,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 cmd: &cmd,
                 duration,
                 maxactive: maxactive.max(1),
+                mechanism: mechanism.into(),
             })
         }
+        Cmd::Coldpatch { input, output } => coldpatch::run(&input, &output),
         Cmd::Trace {
             probes,
             pid,
@@ -189,6 +284,78 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Demo => {
             signals::install()?;
             demo::run()
+        }
+        Cmd::Guest {
+            gdb,
+            symbols,
+            ram,
+            action,
+        } => {
+            if symbols.len() != gdb.len() {
+                return Err(UsageError(format!(
+                    "give one --symbols per --gdb ({} --gdb, {} --symbols)",
+                    gdb.len(),
+                    symbols.len()
+                ))
+                .into());
+            }
+            if !ram.is_empty() && ram.len() != gdb.len() {
+                return Err(UsageError(format!(
+                    "give no --ram, or one per --gdb ({} --gdb, {} --ram)",
+                    gdb.len(),
+                    ram.len()
+                ))
+                .into());
+            }
+            for g in &gdb {
+                guest::stub_addr(g).map_err(|e| UsageError(e.to_string()))?;
+            }
+            let guests = gdb
+                .into_iter()
+                .zip(symbols)
+                .enumerate()
+                .map(|(i, (gdb, symbols))| guest::GuestSpec {
+                    gdb,
+                    symbols,
+                    ram: ram.get(i).cloned(),
+                })
+                .collect();
+            let (probes, secs, action) = match action {
+                GuestCmd::Count {
+                    probes,
+                    duration,
+                    maxactive,
+                } => (
+                    probes,
+                    duration,
+                    guest::Action::Count {
+                        maxactive: maxactive.max(1),
+                    },
+                ),
+                GuestCmd::Trace {
+                    probes,
+                    args,
+                    maxactive,
+                    duration,
+                    summary,
+                } => (
+                    probes,
+                    duration,
+                    guest::Action::Trace {
+                        args,
+                        maxactive: maxactive.max(1),
+                        summary,
+                    },
+                ),
+            };
+            let duration = duration(secs)?;
+            signals::install()?;
+            guest::run(&guest::GuestOptions {
+                guests,
+                probes: &probes,
+                duration,
+                action,
+            })
         }
     }
 }

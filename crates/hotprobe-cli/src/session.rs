@@ -26,6 +26,9 @@ pub struct Traced {
     pub pid: i32,
     /// Started by us (`-- CMD`) rather than attached (`-p PID`).
     pub spawned: bool,
+    /// The fast path (patch and jump probes run by the in-target agent),
+    /// when `count` uses it; its bytes are restored before any detach.
+    pub fast: Option<hotprobe_fastpath::FastPath>,
 }
 
 /// One address a probe spec resolved to, with the label shown to the user.
@@ -66,6 +69,7 @@ impl Traced {
                     target,
                     pid,
                     spawned: false,
+                    fast: None,
                 })
             }
             (None, Some((prog, args))) => {
@@ -78,10 +82,40 @@ impl Traced {
                     target,
                     pid,
                     spawned: true,
+                    fast: None,
                 })
             }
             _ => bail!("give either -p PID or -- CMD ARGS"),
         }
+    }
+
+    /// A target opened by the caller (with a fast path set up on it).
+    pub fn from_target(
+        t: ProcessTarget,
+        spawned: bool,
+        fast: Option<hotprobe_fastpath::FastPath>,
+    ) -> Result<Traced> {
+        let pid = t.pid();
+        let r = ProcessResolver::new(pid)?;
+        let mut session = Session::new();
+        let target = session.add_target(Box::new(t), Some(Box::new(r)));
+        Ok(Traced {
+            session,
+            target,
+            pid,
+            spawned,
+            fast,
+        })
+    }
+
+    /// Restores the bytes the fast path rewrote (before a detach).
+    fn detach_fast(&mut self) -> Result<()> {
+        if let Some(fp) = &mut self.fast {
+            let t = self.session.engine(self.target)?.target();
+            fp.detach(t)
+                .with_context(|| format!("cannot remove the fast probes from pid {}", self.pid))?;
+        }
+        Ok(())
     }
 
     /// Leave the target as it was after a failure: an attached one is
@@ -89,6 +123,7 @@ impl Traced {
     /// the session drops.
     pub fn abandon(mut self) {
         if !self.spawned {
+            let _ = self.detach_fast();
             let _ = self.session.detach();
         }
     }
@@ -208,6 +243,7 @@ impl Traced {
         let end = match self.session.run_until(&signals::STOP) {
             Ok(end) => end,
             Err(e) => {
+                let _ = self.detach_fast();
                 let _ = self.session.detach();
                 self.print_notices();
                 return Err(e).context("the event loop failed; detached");
@@ -216,6 +252,7 @@ impl Traced {
         match end {
             RunEnd::AllExited => {}
             RunEnd::Interrupted | RunEnd::Stopped => {
+                self.detach_fast()?;
                 self.session
                     .detach()
                     .with_context(|| format!("cannot detach from pid {}", self.pid))?;

@@ -42,7 +42,7 @@ pub struct TraceOptions<'a> {
 }
 
 /// Per-thread call depth and the output format, shared by every handler.
-struct Printer {
+pub(crate) struct Printer {
     depth: HashMap<u64, usize>,
     args: Option<usize>,
 }
@@ -75,7 +75,7 @@ pub fn format_duration(d: Duration) -> String {
     format!("{v:8.3} {unit}")
 }
 
-fn emit(line: std::fmt::Arguments<'_>) {
+pub(crate) fn emit(line: std::fmt::Arguments<'_>) {
     let mut out = std::io::stdout().lock();
     // A closed pipe (e.g. `| head`) must not kill the target's session.
     let _ = out.write_fmt(line);
@@ -84,7 +84,16 @@ fn emit(line: std::fmt::Arguments<'_>) {
 }
 
 impl Printer {
-    fn entry(&mut self, name: &str, ctx: &HitContext<'_>) {
+    /// A printer showing `args` argument registers (and return values).
+    pub(crate) fn new(args: Option<usize>) -> Self {
+        Printer {
+            depth: HashMap::new(),
+            args,
+        }
+    }
+
+    /// Print the opening line of a call.
+    pub(crate) fn entry(&mut self, name: &str, ctx: &HitContext<'_>) {
         let tid = ctx.thread().0;
         let d = self.depth.entry(tid).or_insert(0);
         let indent = "  ".repeat(*d);
@@ -103,7 +112,8 @@ impl Printer {
         ));
     }
 
-    fn ret(&mut self, name: &str, ctx: &HitContext<'_>) {
+    /// Print the closing line of a call, with its duration.
+    pub(crate) fn ret(&mut self, name: &str, ctx: &HitContext<'_>) {
         let tid = ctx.thread().0;
         let (depth, dur) = match ctx.entry() {
             Some(e) => (e.depth, e.time.elapsed()),
