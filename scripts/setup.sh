@@ -44,7 +44,7 @@ fi
 
 export DEBIAN_FRONTEND=noninteractive
 PKGS=(build-essential gcc g++ make pkg-config libc6-dbg gdb cpio busybox-static
-      uftrace bpftrace babeltrace2 python3 python3-pip)
+      uftrace bpftrace babeltrace2 python3 python3-pip python3-venv)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -76,4 +76,13 @@ if [ ! -f "$KDIR/vmlinuz" ]; then
     cp "$(ls "$KDIR"/root/boot/vmlinuz-* | head -n1)" "$KDIR/vmlinuz"
     rm -rf "$KDIR/root"
 fi
+# 3. Frida (a benchmark peer, not needed by the tests) from PyPI into a
+#    git-ignored virtualenv; best effort: the benchmarks skip it if missing.
+VENV=$ROOT/.cache/peers-venv
+if [ ! -x "$VENV/bin/python3" ] || ! "$VENV/bin/python3" -c 'import frida' >/dev/null 2>&1; then
+    python3 -m venv "$VENV" >/dev/null 2>&1 \
+        && "$VENV/bin/pip" install -q frida >/dev/null 2>&1 \
+        || echo "setup.sh: warning: could not install frida into $VENV (benchmark peer only)" >&2
+fi
+
 echo "setup.sh: done ($(qemu-system-x86_64 --version | head -n1))"

@@ -10,7 +10,7 @@
 //! and bpftrace uprobe+uretprobe.
 //!
 //! Command (from the workspace root; needs gcc, uftrace, bpftrace, `pip
-//! install frida`, root for bpftrace):
+//! install frida` — scripts/setup.sh puts it in .cache/peers-venv —, root for bpftrace):
 //!
 //! ```text
 //! CARGO_TARGET_DIR=target/h-fast2 cargo run --release -p hotprobe-fastpath \
@@ -199,7 +199,7 @@ fn frida(bin: &Path, n: u64) -> Res<(f64, String)> {
     let off = symbol_offset(bin, "small")?;
     let o = Command::new("taskset")
         .args(["-c", &TARGET_CPU.to_string()])
-        .arg("python3")
+        .arg(peer_python())
         .arg(src().join("frida_count.py"))
         .arg(bin)
         .arg(format!("{off:#x}"))
@@ -223,8 +223,18 @@ fn frida(bin: &Path, n: u64) -> Res<(f64, String)> {
     ))
 }
 
+/// The Python with Frida: scripts/setup.sh's virtualenv, else the system's.
+fn peer_python() -> PathBuf {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.cache/peers-venv/bin/python3");
+    if venv.exists() {
+        venv
+    } else {
+        PathBuf::from("python3")
+    }
+}
+
 fn frida_version() -> String {
-    Command::new("python3")
+    Command::new(peer_python())
         .args(["-c", "import frida; print(frida.__version__)"])
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
