@@ -6,18 +6,25 @@
 //! hotprobe coldpatch IN -o OUT
 //! hotprobe trace  PROBE... (-p PID | -- CMD ARGS) [--args N] [--maxactive N]
 //! hotprobe demo
+//! hotprobe record -o DIR [PATTERN]... [--exclude GLOB]... [--phase FUNC]... [--max-depth N]
+//!                 [--min-duration DUR] [--sample N] [--args N] [--mechanism auto|patch|jump] -- CMD ARGS
+//! hotprobe replay DIR
+//! hotprobe report DIR [--phases] [--marker FUNC]...
+//! hotprobe export DIR --format chrome|ctf|folded [-o OUT]
 //! hotprobe guest  --gdb HOST:PORT|unix:PATH --symbols FILE [--ram FILE] (count|trace) PROBE... [--duration SECS]
 //! PROBE: [module:]function[+offset] | [module:]0xADDR | file.c:LINE, optionally %return
 //! ```
 //! Every error is one line on stderr, `hotprobe: error: <what and why>`,
 //! with exit code 1 (2 for a usage error); the target is left as it was.
 
+mod analyse;
 mod coldpatch;
 mod count;
 mod demo;
 mod glob;
 mod guest;
 mod list;
+mod record;
 mod session;
 mod signals;
 mod trace;
@@ -113,6 +120,106 @@ enum Cmd {
         #[arg(last = true, value_name = "CMD")]
         cmd: Vec<OsString>,
     },
+    /// Record a function trace of a command into a trace directory (fast
+    /// path: the agent logs into per-thread rings, drained while the
+    /// target runs). Patterns and --exclude act at the source (functions
+    /// left out are not probed); --max-depth, --min-duration and --sample
+    /// run in the recorder on the drained events, before anything is
+    /// written (the target still pays for those events).
+    Record {
+        /// The trace directory to write (created; earlier streams in it are
+        /// removed).
+        #[arg(short, long, value_name = "DIR")]
+        output: PathBuf,
+        /// Probe only the functions of the main executable matching these
+        /// globs (`*`, `?`); default: every function of the main
+        /// executable except the C runtime's start-up code.
+        #[arg(value_name = "PATTERN")]
+        patterns: Vec<String>,
+        /// Same as a PATTERN (repeatable).
+        #[arg(short = 'F', long = "filter", value_name = "GLOB")]
+        filter: Vec<String>,
+        /// Do not probe functions matching this glob (repeatable).
+        #[arg(short = 'N', long, value_name = "GLOB")]
+        exclude: Vec<String>,
+        /// Probe FUNC as a phase marker: each of its calls starts a phase
+        /// (`report --phases`); repeatable. Markers are never removed by
+        /// depth, duration or sampling.
+        #[arg(long, value_name = "FUNC")]
+        phase: Vec<String>,
+        /// Keep calls nested at most N deep (outermost recorded = 1); in the
+        /// recorder.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        max_depth: Option<u32>,
+        /// Keep only calls lasting at least DUR (e.g. 10ms, 2.5us, 500ns);
+        /// in the recorder.
+        #[arg(long, value_name = "DUR", value_parser = record::parse_duration)]
+        min_duration: Option<u64>,
+        /// Keep one call in N per function and thread; in the recorder.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        sample: Option<u32>,
+        /// Keep the first N argument registers (0-6) of each entry, and the
+        /// return values when N > 0.
+        #[arg(long, value_name = "N", default_value_t = 0,
+              value_parser = clap::value_parser!(u8).range(0..=6))]
+        args: u8,
+        /// How function entries are probed: auto (patch, else jump), or
+        /// force one. Functions neither fits are not recorded (listed in
+        /// the summary).
+        #[arg(long, value_enum, default_value_t = RecordMechanism::Auto)]
+        mechanism: RecordMechanism,
+        /// Write every entry and exit as its own record (to measure what
+        /// merging an entry and its exit into one call record saves).
+        #[arg(long)]
+        no_aggregate: bool,
+        /// Events per thread ring (a power of two); a full ring drops events
+        /// (reported, and marked in the trace).
+        #[arg(long, value_name = "N", default_value_t = 1 << 18)]
+        ring_events: u32,
+        /// The command to start (after `--`).
+        #[arg(last = true, required = true, value_name = "CMD")]
+        cmd: Vec<OsString>,
+    },
+    /// Print the call tree of a recorded trace (like `uftrace replay`).
+    Replay {
+        /// A trace directory written by `hotprobe record`.
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
+    /// Per-function calls, total and self time of a recorded trace.
+    Report {
+        /// A trace directory written by `hotprobe record`.
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+        /// One table per phase (phases start at each call of a marker:
+        /// `record --phase`, or --marker).
+        #[arg(long)]
+        phases: bool,
+        /// Also split phases at calls of this function (repeatable; implies
+        /// --phases).
+        #[arg(long, value_name = "FUNC")]
+        marker: Vec<String>,
+    },
+    /// Convert a recorded trace: Chrome Trace Event JSON, CTF 1.8 or folded
+    /// stacks.
+    Export {
+        /// A trace directory written by `hotprobe record`.
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+        /// The output format.
+        #[arg(long, value_enum)]
+        format: analyse::ExportFormat,
+        /// Output file (chrome, folded; default stdout) or directory (ctf;
+        /// default DIR/ctf).
+        #[arg(short, long, value_name = "OUT")]
+        output: Option<PathBuf>,
+        /// Folded: count calls instead of self time in ns.
+        #[arg(long)]
+        calls: bool,
+        /// Folded: start each stack with its thread (`tid-N`).
+        #[arg(long)]
+        per_thread: bool,
+    },
     /// Build the bundled demo program (tests/programs/demo.c) and trace it.
     Demo,
     /// Count or trace probes on VM guest kernels through their GDB stubs
@@ -187,6 +294,24 @@ impl From<MechanismArg> for hotprobe_fastpath::MechanismChoice {
             MechanismArg::Patch => Self::Patch,
             MechanismArg::Jump => Self::Jump,
             MechanismArg::Trap => Self::Trap,
+        }
+    }
+}
+
+/// `record --mechanism` values (the fast path's; no trap recording).
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum RecordMechanism {
+    Auto,
+    Patch,
+    Jump,
+}
+
+impl From<RecordMechanism> for hotprobe_fastpath::MechanismChoice {
+    fn from(m: RecordMechanism) -> Self {
+        match m {
+            RecordMechanism::Auto => Self::Auto,
+            RecordMechanism::Patch => Self::Patch,
+            RecordMechanism::Jump => Self::Jump,
         }
     }
 }
@@ -281,6 +406,63 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 summary,
             })
         }
+        Cmd::Record {
+            output,
+            mut patterns,
+            filter,
+            exclude,
+            phase,
+            max_depth,
+            min_duration,
+            sample,
+            args,
+            mechanism,
+            no_aggregate,
+            ring_events,
+            cmd,
+        } => {
+            if !ring_events.is_power_of_two() || !(64..=1 << 26).contains(&ring_events) {
+                return Err(UsageError(format!(
+                    "--ring-events {ring_events}: give a power of two between 64 and 2^26"
+                ))
+                .into());
+            }
+            patterns.extend(filter);
+            signals::install()?;
+            record::run(&record::RecordOptions {
+                out: &output,
+                include: &patterns,
+                exclude: &exclude,
+                phases: &phase,
+                max_depth,
+                min_duration_ns: min_duration,
+                sample,
+                args,
+                mechanism: mechanism.into(),
+                aggregate: !no_aggregate,
+                ring_events,
+                cmd: &cmd,
+            })
+        }
+        Cmd::Replay { dir } => analyse::replay_cmd(&dir),
+        Cmd::Report {
+            dir,
+            phases,
+            marker,
+        } => analyse::report_cmd(&dir, phases, &marker),
+        Cmd::Export {
+            dir,
+            format,
+            output,
+            calls,
+            per_thread,
+        } => analyse::export_cmd(&analyse::ExportOptions {
+            dir: &dir,
+            format,
+            out: output.as_deref(),
+            calls,
+            per_thread,
+        }),
         Cmd::Demo => {
             signals::install()?;
             demo::run()

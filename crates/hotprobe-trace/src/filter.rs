@@ -154,6 +154,8 @@ struct ProbeRule {
     pattern_ok: bool,
     nargs: u8,
     retval: bool,
+    /// A phase marker: never removed by depth, sampling or duration.
+    marker: bool,
 }
 
 /// A [`Filter`] bound to a symbol table and a time base.
@@ -191,6 +193,7 @@ impl CompiledFilter {
             pattern_ok: f.include.is_empty(),
             nargs: 0,
             retval: false,
+            marker: false,
         };
         let rules = (0..symbols.id_bound())
             .map(|id| match symbols.get(id) {
@@ -198,6 +201,7 @@ impl CompiledFilter {
                     pattern_ok: pattern_ok(&s.name),
                     nargs: s.nargs,
                     retval: s.retval,
+                    marker: s.kind == crate::ProbeKind::Marker,
                 },
                 None => default_rule,
             })
@@ -218,6 +222,7 @@ impl CompiledFilter {
             pattern_ok: true,
             nargs: crate::MAX_ARGS as u8,
             retval: true,
+            marker: false,
         };
         CompiledFilter {
             rules: Vec::new(),
@@ -332,6 +337,8 @@ impl ThreadFilter {
     ) {
         let state = if !rule.pattern_ok {
             State::DropPattern
+        } else if rule.marker {
+            State::Pending
         } else if self.tree_depth >= f.max_depth {
             State::DropDepth
         } else if f.sample_every > 1 && !self.sample(ev.probe, f.sample_every) {
@@ -444,7 +451,7 @@ impl ThreadFilter {
             State::DropSample => self.stats.sampling += 1,
             State::Pending => {
                 let dur = ts - fr.ts;
-                if dur < f.min_ticks {
+                if dur < f.min_ticks && !rule.marker {
                     self.stats.duration += 2;
                     return;
                 }
@@ -522,5 +529,39 @@ mod tests {
         assert!(!glob_match("foo", "foobar"));
         assert!(glob_match("a*b*c", "aXbYbZc"));
         assert!(!glob_match("a*b*c", "aXbYbZ"));
+    }
+
+    #[test]
+    fn markers_survive_depth_sampling_and_duration() {
+        let mut marker = crate::Symbol::function(0, "phase");
+        marker.kind = crate::ProbeKind::Marker;
+        let syms = SymbolTable::new([marker, crate::Symbol::function(1, "work")]).unwrap();
+        let f = Filter::none()
+            .max_depth(1)
+            .sample_every(2)
+            .min_duration_ns(100);
+        let cf = CompiledFilter::new(&f, &syms, &TimeBase::Ns, true).unwrap();
+        let mut tf = ThreadFilter::new();
+        let mut out: Vec<Record> = Vec::new();
+        // work { phase (short, nested too deep, every call) } twice.
+        for base in [0, 1000] {
+            for ev in [
+                TraceEvent::entry(base, 1, 1),
+                TraceEvent::entry(base + 10, 1, 0),
+                TraceEvent::exit(base + 11, 1, 0),
+                TraceEvent::entry(base + 20, 1, 0),
+                TraceEvent::exit(base + 21, 1, 0),
+                TraceEvent::exit(base + 500, 1, 1),
+            ] {
+                tf.push(&cf, &ev, &mut out);
+            }
+        }
+        tf.finish(&mut out);
+        let phases = out.iter().filter(|r| r.probe() == Some(0)).count();
+        assert_eq!(phases, 4, "{out:?}");
+        // `work` itself is still sampled: its second call is dropped (the
+        // first is an entry and an exit record around the markers).
+        let works = out.iter().filter(|r| r.probe() == Some(1)).count();
+        assert_eq!(works, 2, "{out:?}");
     }
 }

@@ -1,0 +1,383 @@
+//! `hotprobe record`, `replay`, `report` and `export` on C programs compiled
+//! here with gcc (tests/programs/): the recorded call tree equals the one
+//! a multi-threaded program logs itself, babeltrace2 and serde_json read
+//! the exports with the recorded event counts, the minimum-duration filter
+//! keeps exactly the long calls, marker functions split phases with the
+//! program's own counts, and truncated streams give one error line.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+const HOTPROBE: &str = env!("CARGO_BIN_EXE_hotprobe");
+
+fn tmp() -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("trace-cli");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Compiles tests/programs/NAME.c (once per test run and process).
+fn program(name: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/programs")
+        .join(format!("{name}.c"));
+    let out = tmp().join(format!("bin-{name}-{}", std::process::id()));
+    if !out.exists() {
+        // Tests compile concurrently: write aside, then rename.
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let part = out.with_extension(format!("{n}.part"));
+        let st = Command::new("gcc")
+            .args([
+                "-O1",
+                "-g",
+                "-fno-inline",
+                "-fno-optimize-sibling-calls",
+                "-o",
+            ])
+            .arg(&part)
+            .arg(&src)
+            .arg("-lpthread")
+            .status()
+            .expect("gcc runs");
+        assert!(st.success(), "gcc failed on {}", src.display());
+        std::fs::rename(&part, &out).unwrap();
+    }
+    out
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn hotprobe(args: &[&str]) -> Output {
+    Command::new(HOTPROBE)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("hotprobe runs")
+}
+
+/// `hotprobe record -o DIR ARGS -- PROG`; returns the program's stdout
+/// (passed through) and hotprobe's stderr.
+fn record(dir: &Path, args: &[&str], prog: &Path) -> (String, String) {
+    let _ = std::fs::remove_dir_all(dir);
+    let mut a = vec!["record", "-o", dir.to_str().unwrap()];
+    a.extend_from_slice(args);
+    a.push("--");
+    a.push(prog.to_str().unwrap());
+    let o = hotprobe(&a);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "record failed: {err}");
+    assert!(err.contains("exited with code 0"), "{err}");
+    (out, err)
+}
+
+fn info(dir: &Path) -> serde_json::Value {
+    let s = std::fs::read_to_string(dir.join("info.json")).unwrap();
+    serde_json::from_str(&s).unwrap()
+}
+
+fn stat(dir: &Path, path: &[&str]) -> u64 {
+    let mut v = &info(dir)["stats"];
+    for p in path {
+        v = &v[p];
+    }
+    v.as_u64()
+        .unwrap_or_else(|| panic!("no stats.{path:?} in info.json"))
+}
+
+/// Runs an analysis; asserts success and returns stdout.
+fn analyse(args: &[&str]) -> String {
+    let o = hotprobe(args);
+    assert!(
+        o.status.success(),
+        "hotprobe {args:?} failed: {}",
+        text(&o.stderr)
+    );
+    text(&o.stdout)
+}
+
+/// Per thread: the (depth, function) of every call in entry order.
+type Tree = BTreeMap<u32, Vec<(usize, String)>>;
+
+/// The tree `tree.c` logs itself: `TID DEPTH NAME` lines.
+fn program_tree(out: &str) -> Tree {
+    let mut t = Tree::new();
+    for l in out.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        assert_eq!(f.len(), 3, "odd program line {l:?}");
+        t.entry(f[0].parse().unwrap())
+            .or_default()
+            .push((f[1].parse().unwrap(), f[2].to_string()));
+    }
+    t
+}
+
+/// The tree `hotprobe replay` prints (`[  TID] | <indent>name() {`, or
+/// `name();` for a leaf; closing lines skipped).
+fn replay_tree(replay: &str) -> Tree {
+    let mut t = Tree::new();
+    for l in replay.lines().filter(|l| !l.starts_with('#')) {
+        let (head, body) = l.split_once("] | ").expect("replay line");
+        let tid: u32 = head
+            .rsplit('[')
+            .next()
+            .unwrap()
+            .trim()
+            .parse()
+            .expect("tid");
+        assert!(!body.contains("lost"), "events lost: {l}");
+        let name = body.trim_start();
+        if name.starts_with('}') {
+            continue;
+        }
+        let depth = (body.len() - name.len()) / 2;
+        let name = name.split('(').next().unwrap().to_string();
+        t.entry(tid).or_default().push((depth, name));
+    }
+    t
+}
+
+struct TreeRun {
+    dir: PathBuf,
+    program: Tree,
+}
+
+/// `tree` recorded once (without its own logging helpers), shared by the
+/// tests that only read the trace.
+fn tree_run() -> &'static TreeRun {
+    static RUN: OnceLock<TreeRun> = OnceLock::new();
+    RUN.get_or_init(|| {
+        let dir = tmp().join(format!("tree-{}", std::process::id()));
+        let (out, err) = record(&dir, &["--exclude", "note_*"], &program("tree"));
+        assert!(err.contains("drops:    0 "), "{err}");
+        TreeRun {
+            dir,
+            program: program_tree(&out),
+        }
+    })
+}
+
+#[test]
+fn replay_equals_the_tree_the_program_logged() {
+    let run = tree_run();
+    let d = run.dir.to_str().unwrap();
+    let replayed = replay_tree(&analyse(&["replay", d]));
+    assert_eq!(run.program.len(), 5, "main and 4 workers logged");
+    assert_eq!(replayed, run.program);
+    // Every call is an entry and an exit; nothing else was recorded.
+    let calls: usize = run.program.values().map(Vec::len).sum();
+    assert_eq!(stat(&run.dir, &["events_out"]), 2 * calls as u64);
+    assert_eq!(stat(&run.dir, &["lost"]), 0);
+    assert_eq!(stat(&run.dir, &["threads"]), 5);
+    // The report counts the same calls per function.
+    let report = analyse(&["report", d]);
+    let mut logged: BTreeMap<&str, u64> = BTreeMap::new();
+    for (_, name) in run.program.values().flatten() {
+        *logged.entry(name).or_default() += 1;
+    }
+    for (name, n) in logged {
+        let row = report
+            .lines()
+            .find(|l| l.split_whitespace().last() == Some(name))
+            .unwrap_or_else(|| panic!("no {name} in:\n{report}"));
+        let calls: u64 = row
+            .split_whitespace()
+            .rev()
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(calls, n, "{name}");
+    }
+}
+
+#[test]
+fn ctf_and_chrome_exports_hold_every_event() {
+    let run = tree_run();
+    let d = run.dir.to_str().unwrap();
+    let events = stat(&run.dir, &["events_out"]);
+    // CTF through babeltrace2: one line per event.
+    let ctf = tmp().join(format!("tree-ctf-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&ctf);
+    analyse(&["export", d, "--format", "ctf", "-o", ctf.to_str().unwrap()]);
+    let o = Command::new("babeltrace2")
+        .arg(&ctf)
+        .output()
+        .expect("babeltrace2 installed (scripts/setup.sh)");
+    assert!(o.status.success(), "babeltrace2: {}", text(&o.stderr));
+    let lines = text(&o.stdout);
+    assert_eq!(lines.lines().count() as u64, events);
+    let entries = lines.lines().filter(|l| l.contains("func_entry")).count();
+    assert_eq!(entries as u64, events / 2);
+    // Chrome JSON: parses; per thread B and E balance; B + X = calls.
+    let json = tmp().join(format!("tree-{}.json", std::process::id()));
+    analyse(&[
+        "export",
+        d,
+        "--format",
+        "chrome",
+        "-o",
+        json.to_str().unwrap(),
+    ]);
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).expect("valid JSON");
+    let mut per_tid: BTreeMap<u64, (u64, u64, u64)> = BTreeMap::new();
+    for e in v["traceEvents"].as_array().expect("traceEvents") {
+        let tid = e["tid"].as_u64().unwrap();
+        let c = per_tid.entry(tid).or_default();
+        match e["ph"].as_str().unwrap() {
+            "B" => c.0 += 1,
+            "E" => c.1 += 1,
+            "X" => c.2 += 1,
+            _ => {}
+        }
+    }
+    let mut calls = 0;
+    for (tid, (b, e, x)) in &per_tid {
+        assert_eq!(b, e, "B/E of tid {tid}");
+        calls += b + x;
+    }
+    assert_eq!(calls, events / 2);
+    // Folded stacks: the call counts add up too.
+    let folded = analyse(&["export", d, "--format", "folded", "--calls"]);
+    let sum: u64 = folded
+        .lines()
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(sum, events / 2);
+}
+
+/// `(function, calls)` rows of a report table.
+fn report_rows(table: &str) -> BTreeMap<String, u64> {
+    table
+        .lines()
+        .filter(|l| !l.trim_start().starts_with(['#', '=', 'T']))
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f[f.len() - 1].to_string(), f[f.len() - 2].parse().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn min_duration_keeps_exactly_the_long_calls() {
+    let dir = tmp().join(format!("sleeps-{}", std::process::id()));
+    let (out, err) = record(&dir, &["--min-duration", "10ms"], &program("sleeps"));
+    assert_eq!(out.trim(), "short 10 long 10");
+    let rows = report_rows(&analyse(&["report", dir.to_str().unwrap()]));
+    // 30 ms calls: long_call and the nap inside it; main lasts longer still.
+    let want: BTreeMap<String, u64> = [("long_call", 10), ("nap", 10), ("main", 1)]
+        .into_iter()
+        .map(|(n, c)| (n.to_string(), c))
+        .collect();
+    assert_eq!(rows, want, "{err}");
+    // Removed: short_call and its nap, 10 calls each, 2 events per call.
+    assert_eq!(stat(&dir, &["filtered", "duration"]), 40);
+    assert_eq!(stat(&dir, &["filtered", "kept_short"]), 0);
+    assert!(err.contains("duration 40"), "{err}");
+}
+
+#[test]
+fn phase_markers_split_the_report() {
+    let dir = tmp().join(format!("phases-{}", std::process::id()));
+    let (out, _) = record(&dir, &["--phase", "phase_marker"], &program("phases"));
+    let want: Vec<u64> = out
+        .lines()
+        .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(want.len(), 3, "{out}");
+    let rep = analyse(&["report", dir.to_str().unwrap(), "--phases"]);
+    let mut phases: Vec<(String, BTreeMap<String, u64>)> = Vec::new();
+    for block in rep.split("# phase ").skip(1) {
+        let name = block
+            .split_whitespace()
+            .nth(1)
+            .expect("phase name")
+            .to_string();
+        let table = block.split_once('\n').map_or("", |(_, t)| t);
+        phases.push((name, report_rows(table)));
+    }
+    let names: Vec<&str> = phases.iter().map(|p| p.0.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "(start)",
+            "phase_marker",
+            "phase_marker#2",
+            "phase_marker#3"
+        ],
+        "{rep}"
+    );
+    assert_eq!(phases[0].1.get("main"), Some(&1));
+    for (i, (_, rows)) in phases[1..].iter().enumerate() {
+        assert_eq!(rows.get("work"), Some(&want[i]), "{rep}");
+        assert_eq!(rows.get("phase_marker"), Some(&1), "{rep}");
+        assert_eq!(rows.len(), 2, "{rep}");
+    }
+}
+
+#[test]
+fn truncated_streams_give_one_error_line() {
+    let run = tree_run();
+    let mut streams: Vec<PathBuf> = std::fs::read_dir(&run.dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "hpt"))
+        .collect();
+    streams.sort_by_key(|p| std::fs::metadata(p).unwrap().len());
+    let big = streams.last().expect("a stream").clone();
+    let len = std::fs::metadata(&big).unwrap().len();
+    assert!(len > 40, "stream of {len} bytes");
+    let copy = tmp().join(format!("tree-cut-{}", std::process::id()));
+    for cut in [0, 1, 19, 20, 21, len / 3, len / 2, len - 2, len - 1] {
+        let _ = std::fs::remove_dir_all(&copy);
+        std::fs::create_dir_all(&copy).unwrap();
+        for e in std::fs::read_dir(&run.dir).unwrap() {
+            let p = e.unwrap().path();
+            std::fs::copy(&p, copy.join(p.file_name().unwrap())).unwrap();
+        }
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(copy.join(big.file_name().unwrap()))
+            .unwrap();
+        f.set_len(cut).unwrap();
+        drop(f);
+        for cmd in [&["replay"][..], &["report"], &["report", "--phases"]] {
+            let mut a = cmd.to_vec();
+            a.push(copy.to_str().unwrap());
+            let o = hotprobe(&a);
+            let err = text(&o.stderr);
+            assert_eq!(o.status.code(), Some(1), "{a:?} cut at {cut}: {err}");
+            assert!(!err.contains("panicked"), "{err}");
+            let lines: Vec<&str> = err.lines().collect();
+            assert_eq!(lines.len(), 1, "{a:?} cut at {cut}: {err}");
+            assert!(lines[0].starts_with("hotprobe: error: "), "{err}");
+        }
+    }
+    // A truncated info.json too.
+    let _ = std::fs::remove_dir_all(&copy);
+    std::fs::create_dir_all(&copy).unwrap();
+    let info = std::fs::read(run.dir.join("info.json")).unwrap();
+    std::fs::write(copy.join("info.json"), &info[..info.len() / 2]).unwrap();
+    let o = hotprobe(&["report", copy.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(text(&o.stderr).lines().count(), 1, "{}", text(&o.stderr));
+}
+
+#[test]
+fn usage_errors() {
+    let prog = program("phases");
+    let p = prog.to_str().unwrap();
+    let o = hotprobe(&["record", "-o", "/nonexistent/x", "no_such_fn", "--", p]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("no_such_fn"));
+    let o = hotprobe(&["record", "-o", "x", "--min-duration", "10 parsecs", "--", p]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = hotprobe(&["record", "-o", "x", "--mechanism", "trap", "--", p]);
+    assert_eq!(o.status.code(), Some(2));
+}
