@@ -7,7 +7,8 @@
 //! hotprobe trace  PROBE... (-p PID | -- CMD ARGS) [--args N] [--maxactive N]
 //! hotprobe demo
 //! hotprobe record -o DIR [PATTERN]... [--exclude GLOB]... [--phase FUNC]... [--max-depth N]
-//!                 [--min-duration DUR] [--sample N] [--args N] [--mechanism auto|patch|jump] -- CMD ARGS
+//!                 [--min-duration DUR] [--sample N] [--args N] [--mechanism auto|patch|jump]
+//!                 [--no-aggregate] [--duration SECS] -- CMD ARGS
 //! hotprobe replay DIR
 //! hotprobe report DIR [--phases] [--marker FUNC]...
 //! hotprobe export DIR --format chrome|ctf|folded [-o OUT]
@@ -120,12 +121,15 @@ enum Cmd {
         #[arg(last = true, value_name = "CMD")]
         cmd: Vec<OsString>,
     },
-    /// Record a function trace of a command into a trace directory (fast
-    /// path: the agent logs into per-thread rings, drained while the
-    /// target runs). Patterns and --exclude act at the source (functions
-    /// left out are not probed); --max-depth, --min-duration and --sample
-    /// run in the recorder on the drained events, before anything is
-    /// written (the target still pays for those events).
+    /// Record a function trace of a command into a trace directory.
+    ///
+    /// The fast path: the agent logs entries and exits into per-thread
+    /// rings, drained while the target runs. Patterns and --exclude act at
+    /// the source (functions left out are not probed and cost nothing);
+    /// --max-depth, --min-duration and --sample run in the recorder on the
+    /// drained events, before anything is written (the target still pays
+    /// for those events). Prints a summary: events, bytes, bytes/event,
+    /// drops, and what each filter removed.
     Record {
         /// The trace directory to write (created; earlier streams in it are
         /// removed).
@@ -176,6 +180,10 @@ enum Cmd {
         /// (reported, and marked in the trace).
         #[arg(long, value_name = "N", default_value_t = 1 << 18)]
         ring_events: u32,
+        /// Stop after this many seconds: the probes are removed and the
+        /// target runs on untraced.
+        #[arg(long, value_name = "SECS")]
+        duration: Option<f64>,
         /// The command to start (after `--`).
         #[arg(last = true, required = true, value_name = "CMD")]
         cmd: Vec<OsString>,
@@ -419,8 +427,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             mechanism,
             no_aggregate,
             ring_events,
+            duration: secs,
             cmd,
         } => {
+            let duration = duration(secs)?;
             if !ring_events.is_power_of_two() || !(64..=1 << 26).contains(&ring_events) {
                 return Err(UsageError(format!(
                     "--ring-events {ring_events}: give a power of two between 64 and 2^26"
@@ -429,6 +439,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             patterns.extend(filter);
             signals::install()?;
+            if let Some(d) = duration {
+                signals::stop_after(d);
+            }
             record::run(&record::RecordOptions {
                 out: &output,
                 include: &patterns,

@@ -207,13 +207,24 @@ impl Drain {
         let writer = &mut self.writer;
         let last_ts = &mut self.last_ts;
         let unknown = &mut self.unknown;
+        // The last (tid, time) seen; rings come one thread at a time, so
+        // the map is only touched when the thread changes.
+        let mut cur: Option<(u32, u64)> = None;
         let n = fp.drain(|ev| {
             if err.is_some() {
                 return;
             }
             match TraceEvent::from_abi(ev) {
                 Some(te) => {
-                    last_ts.insert(te.tid, te.ts);
+                    match &mut cur {
+                        Some((tid, ts)) if *tid == te.tid => *ts = te.ts,
+                        _ => {
+                            if let Some((tid, ts)) = cur {
+                                last_ts.insert(tid, ts);
+                            }
+                            cur = Some((te.tid, te.ts));
+                        }
+                    }
                     if let Err(e) = writer.write_event(&te) {
                         err = Some(e);
                     }
@@ -221,6 +232,9 @@ impl Drain {
                 None => *unknown += 1,
             }
         });
+        if let Some((tid, ts)) = cur {
+            last_ts.insert(tid, ts);
+        }
         if let Some(e) = err {
             return Err(e).context("cannot write the trace");
         }
@@ -469,6 +483,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<()> {
             t.detach()
                 .with_context(|| format!("cannot detach from pid {pid}"))?;
             let why = match signals::stop_reason() {
+                Some(StopReason::Timer) => "duration elapsed".to_string(),
                 Some(StopReason::Signal(libc::SIGINT)) => "interrupted".to_string(),
                 Some(StopReason::Signal(s)) => format!("signal {s}"),
                 _ => "stopped".to_string(),

@@ -381,3 +381,31 @@ fn usage_errors() {
     let o = hotprobe(&["record", "-o", "x", "--mechanism", "trap", "--", p]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+#[test]
+fn duration_detaches_and_leaves_a_readable_trace() {
+    let dir = tmp().join(format!("sleeps-dur-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let prog = program("sleeps");
+    let o = hotprobe(&[
+        "record",
+        "-o",
+        dir.to_str().unwrap(),
+        "--duration",
+        "0.15",
+        "--",
+        prog.to_str().unwrap(),
+    ]);
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("duration elapsed: detached"), "{err}");
+    // The program ran on without probes and finished its work.
+    assert_eq!(text(&o.stdout).trim(), "short 10 long 10");
+    assert_eq!(info(&dir)["complete"], serde_json::Value::Bool(true));
+    let rows = report_rows(&analyse(&["report", dir.to_str().unwrap()]));
+    let long = rows.get("long_call").copied().unwrap_or(0);
+    assert!(
+        long < 10,
+        "recorded {long} of 10 long calls in 0.15 s: {rows:?}"
+    );
+}

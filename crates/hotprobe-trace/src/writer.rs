@@ -64,6 +64,7 @@ impl TraceMeta {
 }
 
 struct ThreadState {
+    tid: u32,
     filter: ThreadFilter,
     enc: Encoder<BufWriter<File>>,
     file: String,
@@ -77,7 +78,11 @@ pub struct TraceWriter {
     dir: PathBuf,
     info: Info,
     filter: CompiledFilter,
-    threads: HashMap<u32, ThreadState>,
+    /// Thread states, and where each thread's is (most events come in runs
+    /// of one thread: the last one looked up is remembered).
+    threads: Vec<ThreadState>,
+    index: HashMap<u32, usize>,
+    last: Option<(u32, usize)>,
     events_in: u64,
     lost: u64,
 }
@@ -138,7 +143,9 @@ impl TraceWriter {
             dir,
             info,
             filter,
-            threads: HashMap::new(),
+            threads: Vec::new(),
+            index: HashMap::new(),
+            last: None,
             events_in: 0,
             lost: 0,
         };
@@ -158,33 +165,42 @@ impl TraceWriter {
         std::fs::rename(&tmp, &p).map_err(|e| TraceError::io(&p, e))
     }
 
-    fn thread<'a>(
-        threads: &'a mut HashMap<u32, ThreadState>,
-        dir: &Path,
-        tid: u32,
-        ts: u64,
-    ) -> Result<&'a mut ThreadState> {
-        match threads.entry(tid) {
-            std::collections::hash_map::Entry::Occupied(o) => Ok(o.into_mut()),
-            std::collections::hash_map::Entry::Vacant(v) => {
+    /// The index of thread `tid`'s state in `threads` (created, with its
+    /// stream file, on its first event).
+    fn thread(&mut self, tid: u32, ts: u64) -> Result<usize> {
+        if let Some((t, i)) = self.last {
+            if t == tid {
+                return Ok(i);
+            }
+        }
+        let i = match self.index.get(&tid) {
+            Some(&i) => i,
+            None => {
                 let file = stream_file_name(tid);
-                let p = dir.join(&file);
+                let p = self.dir.join(&file);
                 let f = File::create(&p).map_err(|e| TraceError::io(&p, e))?;
                 let enc = Encoder::new(BufWriter::with_capacity(256 * 1024, f), tid, ts)
                     .map_err(|e| TraceError::io(&p, e))?;
-                Ok(v.insert(ThreadState {
+                self.threads.push(ThreadState {
+                    tid,
                     filter: ThreadFilter::new(),
                     enc,
                     file,
-                }))
+                });
+                let i = self.threads.len() - 1;
+                self.index.insert(tid, i);
+                i
             }
-        }
+        };
+        self.last = Some((tid, i));
+        Ok(i)
     }
 
     /// Filters, aggregates and encodes one event.
     pub fn write_event(&mut self, ev: &TraceEvent) -> Result<()> {
         self.events_in += 1;
-        let t = Self::thread(&mut self.threads, &self.dir, ev.tid, ev.ts)?;
+        let i = self.thread(ev.tid, ev.ts)?;
+        let t = &mut self.threads[i];
         t.filter.push(&self.filter, ev, &mut t.enc);
         if let Some(e) = t.enc.take_error() {
             return Err(TraceError::io(self.dir.join(&t.file), e));
@@ -199,7 +215,8 @@ impl TraceWriter {
             return Ok(());
         }
         self.lost += count;
-        let t = Self::thread(&mut self.threads, &self.dir, tid, ts)?;
+        let i = self.thread(tid, ts)?;
+        let t = &mut self.threads[i];
         t.enc.write(&Record::Lost { ts, count });
         if let Some(e) = t.enc.take_error() {
             return Err(TraceError::io(self.dir.join(&t.file), e));
@@ -210,7 +227,7 @@ impl TraceWriter {
     /// Filter counters so far, summed over threads.
     pub fn filter_stats(&self) -> FilterStats {
         let mut s = FilterStats::default();
-        for t in self.threads.values() {
+        for t in &self.threads {
             s.add(t.filter.stats());
         }
         s
@@ -224,12 +241,10 @@ impl TraceWriter {
             lost: self.lost,
             ..WriteStats::default()
         };
-        let mut tids: Vec<u32> = self.threads.keys().copied().collect();
-        tids.sort_unstable();
-        for tid in tids {
-            let Some(mut t) = self.threads.remove(&tid) else {
-                continue;
-            };
+        let mut states = std::mem::take(&mut self.threads);
+        states.sort_by_key(|t| t.tid);
+        for mut t in states {
+            let tid = t.tid;
             t.filter.finish(&mut t.enc);
             stats.filtered.add(t.filter.stats());
             let counts: KindCounts = *t.enc.counts();
