@@ -8,7 +8,7 @@
 //! hotprobe demo
 //! hotprobe record -o DIR [PATTERN]... [--exclude GLOB]... [--phase FUNC]... [--max-depth N]
 //!                 [--min-duration DUR] [--sample N] [--args N] [--mechanism auto|patch|jump]
-//!                 [--no-aggregate] [--duration SECS] -- CMD ARGS
+//!                 [--no-aggregate] [--duration SECS] (-p PID | -- CMD ARGS)
 //! hotprobe replay DIR
 //! hotprobe report DIR [--phases] [--marker FUNC]...
 //! hotprobe export DIR --format chrome|ctf|folded [-o OUT]
@@ -130,6 +130,7 @@ enum Cmd {
     /// drained events, before anything is written (the target still pays
     /// for those events). Prints a summary: events, bytes, bytes/event,
     /// drops, and what each filter removed.
+    #[command(group(ArgGroup::new("target").required(true).args(["pid", "cmd"])))]
     Record {
         /// The trace directory to write (created; earlier streams in it are
         /// removed).
@@ -184,8 +185,13 @@ enum Cmd {
         /// target runs on untraced.
         #[arg(long, value_name = "SECS")]
         duration: Option<f64>,
+        /// Attach to this running process (the agent is loaded into it;
+        /// calls already running when recording starts show only their
+        /// exits, counted as orphan exits). Ctrl-C or --duration detach.
+        #[arg(short, long, value_name = "PID")]
+        pid: Option<i32>,
         /// The command to start (after `--`).
-        #[arg(last = true, required = true, value_name = "CMD")]
+        #[arg(last = true, value_name = "CMD")]
         cmd: Vec<OsString>,
     },
     /// Print the call tree of a recorded trace (like `uftrace replay`).
@@ -428,6 +434,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             no_aggregate,
             ring_events,
             duration: secs,
+            pid,
             cmd,
         } => {
             let duration = duration(secs)?;
@@ -454,6 +461,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 mechanism: mechanism.into(),
                 aggregate: !no_aggregate,
                 ring_events,
+                pid,
                 cmd: &cmd,
             })
         }

@@ -70,7 +70,9 @@ pub struct RecordOptions<'a> {
     pub aggregate: bool,
     /// Events per thread ring.
     pub ring_events: u32,
-    /// The command to start.
+    /// Attach to this running process.
+    pub pid: Option<i32>,
+    /// Or start this command.
     pub cmd: &'a [OsString],
 }
 
@@ -283,11 +285,15 @@ fn spinner() -> ProgressBar {
 
 /// Run `record`.
 pub fn run(o: &RecordOptions<'_>) -> Result<()> {
-    let Some((prog, args)) = o.cmd.split_first() else {
-        return Err(crate::UsageError("give the command to record after `--`".into()).into());
+    let exe = match (o.pid, o.cmd.first()) {
+        (Some(pid), None) => std::fs::read_link(format!("/proc/{pid}/exe"))
+            .with_context(|| format!("no process {pid} (or not permitted to read it)"))?,
+        (None, Some(prog)) => resolve_program(Path::new(prog))
+            .with_context(|| format!("{}: not found (nor in PATH)", Path::new(prog).display()))?,
+        _ => {
+            return Err(crate::UsageError("give either -p PID or -- CMD ARGS".into()).into());
+        }
     };
-    let exe = resolve_program(Path::new(prog))
-        .with_context(|| format!("{}: not found (nor in PATH)", Path::new(prog).display()))?;
     let module = ElfModule::open(&exe).with_context(|| format!("cannot read {}", exe.display()))?;
     let (chosen, left_out) = choose(o, &module)?;
     drop(module);
@@ -300,12 +306,64 @@ pub fn run(o: &RecordOptions<'_>) -> Result<()> {
         ring_capacity: o.ring_events,
         ..FastPathConfig::default()
     };
-    let mut opts = SpawnOptions::default();
-    let pending = FastPath::for_spawn(&mut opts, &agent, config)?;
-    let mut t = ProcessTarget::spawn_with(Path::new(prog), args, &opts)?;
-    let pid = t.pid();
-    let mut fp = pending.attach(&mut t)?;
+    let p = Prepared {
+        exe,
+        chosen,
+        left_out,
+        tsc0,
+        ns0,
+        spawned: o.pid.is_none(),
+    };
+    match (o.pid, o.cmd.split_first()) {
+        (Some(pid), _) => {
+            let mut t = ProcessTarget::attach(pid)?;
+            let mut fp = match FastPath::inject(&mut t, &agent, config) {
+                Ok(fp) => fp,
+                Err(e) => {
+                    let _ = t.detach();
+                    return Err(e).context("cannot load the agent into the target");
+                }
+            };
+            let r = record(o, &p, &mut t, &mut fp);
+            if r.is_err() {
+                // Leave the target as it was: code restored, running on.
+                let _ = fp.detach(&mut t);
+                let _ = t.detach();
+            }
+            r
+        }
+        (None, Some((prog, args))) => {
+            let mut opts = SpawnOptions::default();
+            let pending = FastPath::for_spawn(&mut opts, &agent, config)?;
+            // On an error the target is killed when `t` drops.
+            let mut t = ProcessTarget::spawn_with(Path::new(prog), args, &opts)?;
+            let mut fp = pending.attach(&mut t)?;
+            record(o, &p, &mut t, &mut fp)
+        }
+        (None, None) => unreachable!("checked above"),
+    }
+}
 
+/// What `run` found before the target was opened.
+struct Prepared {
+    exe: PathBuf,
+    chosen: Vec<Chosen>,
+    left_out: usize,
+    tsc0: u64,
+    ns0: u64,
+    spawned: bool,
+}
+
+/// Places the probes, records until the target exits or a stop is asked
+/// for, and prints the summary.
+fn record(
+    o: &RecordOptions<'_>,
+    p: &Prepared,
+    t: &mut ProcessTarget,
+    fp: &mut FastPath,
+) -> Result<()> {
+    let pid = t.pid();
+    let (exe, chosen, left_out, tsc0, ns0) = (&p.exe, &p.chosen, p.left_out, p.tsc0, p.ns0);
     // Probes.
     let bar = progress(chosen.len() as u64, "placing probes");
     let action = Action::record().with_exit();
@@ -313,9 +371,9 @@ pub fn run(o: &RecordOptions<'_>) -> Result<()> {
     let mut skipped = Skipped::default();
     let mut mechanisms: BTreeMap<String, usize> = BTreeMap::new();
     let mut module_path = String::new();
-    for c in &chosen {
+    for c in chosen {
         bar.inc(1);
-        match fp.add(&mut t, &c.name, action, o.mechanism) {
+        match fp.add(t, &c.name, action, o.mechanism) {
             Ok(info) if info.mechanism == Mechanism::Trap => {
                 if c.marker {
                     bail!(
@@ -419,7 +477,8 @@ pub fn run(o: &RecordOptions<'_>) -> Result<()> {
         drops: DropTracker::default(),
     };
     eprintln!(
-        "hotprobe: started pid {pid}: recording {nprobes} functions into {}",
+        "hotprobe: {} pid {pid}: recording {nprobes} functions into {}",
+        if p.spawned { "started" } else { "attached to" },
         o.out.display()
     );
 
@@ -429,7 +488,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<()> {
     let started = Instant::now();
     let mut shown = Instant::now();
     let end = loop {
-        let got = d.pass(&mut fp)?;
+        let got = d.pass(fp)?;
         if shown.elapsed() >= Duration::from_millis(100) {
             let secs = started.elapsed().as_secs_f64().max(1e-9);
             spin.set_message(format!(
@@ -472,14 +531,14 @@ pub fn run(o: &RecordOptions<'_>) -> Result<()> {
         }
     };
     // Last events, then the bytes restored if the target still runs.
-    d.pass(&mut fp)?;
+    d.pass(fp)?;
     spin.finish_and_clear();
     let how = match &end {
         Some(st) => format!("pid {pid} {st}"),
         None => {
-            fp.detach(&mut t)
+            fp.detach(t)
                 .with_context(|| format!("cannot remove the probes from pid {pid}"))?;
-            d.pass(&mut fp)?;
+            d.pass(fp)?;
             t.detach()
                 .with_context(|| format!("cannot detach from pid {pid}"))?;
             let why = match signals::stop_reason() {
@@ -488,7 +547,14 @@ pub fn run(o: &RecordOptions<'_>) -> Result<()> {
                 Some(StopReason::Signal(s)) => format!("signal {s}"),
                 _ => "stopped".to_string(),
             };
-            format!("{why}: detached from pid {pid}, which runs on without probes")
+            if p.spawned {
+                format!(
+                    "{why}: detached from pid {pid} (started by hotprobe), which runs on \
+                     without probes"
+                )
+            } else {
+                format!("{why}: detached from pid {pid}, which runs on with its code restored")
+            }
         }
     };
     let total_drops = fp.drops();

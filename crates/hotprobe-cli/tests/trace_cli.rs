@@ -409,3 +409,46 @@ fn duration_detaches_and_leaves_a_readable_trace() {
         "recorded {long} of 10 long calls in 0.15 s: {rows:?}"
     );
 }
+
+#[test]
+fn attach_records_until_duration_and_leaves_the_target_running() {
+    use std::io::BufRead;
+    let prog = program("ticker");
+    let mut child = Command::new(&prog)
+        .arg("1500")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let ready = lines.next().unwrap().unwrap();
+    let pid = ready.strip_prefix("ready ").unwrap().to_string();
+    let dir = tmp().join(format!("ticker-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let o = hotprobe(&[
+        "record",
+        "-o",
+        dir.to_str().unwrap(),
+        "--duration",
+        "0.4",
+        "-p",
+        &pid,
+    ]);
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains(&format!("attached to pid {pid}")), "{err}");
+    assert!(
+        err.contains("which runs on with its code restored"),
+        "{err}"
+    );
+    // The target finishes its rounds untraced.
+    assert_eq!(lines.next().unwrap().unwrap(), "done 1500");
+    assert!(child.wait().unwrap().success());
+    let rows = report_rows(&analyse(&["report", dir.to_str().unwrap()]));
+    let ticks = rows.get("tick").copied().unwrap_or(0);
+    let works = rows.get("work").copied().unwrap_or(0);
+    assert!(ticks > 0 && ticks < 1500, "{rows:?}\n{err}");
+    // Each tick calls work once; a tick cut by the start or the end of
+    // the recording may miss its work call or its own entry.
+    assert!(ticks.abs_diff(works) <= 1, "{rows:?}");
+    assert!(!rows.contains_key("main"), "main started before: {rows:?}");
+}
