@@ -502,8 +502,13 @@ fn record(
         if signals::STOP.load(std::sync::atomic::Ordering::SeqCst) {
             break None;
         }
+        // Drain in batches: a drain right behind the producer pulls the
+        // ring's cache lines away from the target's thread while it is
+        // still writing them, slowing it down.
         let nap = if got == 0 {
             Duration::from_millis(1)
+        } else if got < u64::from(o.ring_events / 8) {
+            Duration::from_micros(100)
         } else {
             Duration::ZERO
         };

@@ -1,5 +1,6 @@
-//! Runs an analysis or an exporter on a trace directory (a stand-in for the
-//! CLI until `hotprobe replay/report/export` are wired).
+//! Runs an analysis or an exporter on a trace directory, straight through
+//! the library (the CLI has the same as `hotprobe replay`, `hotprobe report
+//! [--phases]` and `hotprobe export --format chrome|ctf|folded`).
 //!
 //! ```sh
 //! cargo run --example analyse -- DIR replay|report|phases|chrome|folded|ctf OUTDIR
