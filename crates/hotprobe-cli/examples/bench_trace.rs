@@ -87,7 +87,8 @@ struct Row {
     tracer: String,
     events: u64,
     bytes: u64,
-    secs: f64,
+    /// Median over the runs of events / wall seconds.
+    rate: f64,
     own_ns: f64,
     drops: String,
 }
@@ -115,7 +116,7 @@ fn hotprobe(
     d: &Path,
 ) -> Res<(u64, u64, f64, f64, String)> {
     let dir = d.join("hp.trace");
-    let (mut secs, mut ns) = (Vec::new(), Vec::new());
+    let (mut rates, mut ns) = (Vec::new(), Vec::new());
     let mut last = (0, 0, String::new());
     for _ in 0..reps {
         let _ = std::fs::remove_dir_all(&dir);
@@ -126,7 +127,7 @@ fn hotprobe(
         }
         let t0 = Instant::now();
         let o = c.arg("--").arg(bin).arg(arg).output()?;
-        secs.push(t0.elapsed().as_secs_f64());
+        let wall = t0.elapsed().as_secs_f64();
         let err = String::from_utf8_lossy(&o.stderr);
         if !o.status.success() {
             return Err(format!("hotprobe record failed: {err}").into());
@@ -146,14 +147,15 @@ fn hotprobe(
             st["bytes"].as_u64().ok_or("no bytes")?,
             drops,
         );
+        rates.push(last.0 as f64 / wall);
     }
     let _ = std::fs::remove_dir_all(&dir);
-    Ok((last.0, last.1, median(&mut secs), median(&mut ns), last.2))
+    Ok((last.0, last.1, median(&mut rates), median(&mut ns), last.2))
 }
 
 fn uftrace(bin: &Path, arg: &str, reps: usize, d: &Path) -> Res<(u64, u64, f64, f64, String)> {
     let dir = d.join("uftrace.data");
-    let (mut secs, mut ns) = (Vec::new(), Vec::new());
+    let (mut rates, mut ns) = (Vec::new(), Vec::new());
     let mut last = (0, 0);
     for _ in 0..reps {
         let _ = std::fs::remove_dir_all(&dir);
@@ -164,7 +166,7 @@ fn uftrace(bin: &Path, arg: &str, reps: usize, d: &Path) -> Res<(u64, u64, f64, 
             .arg(bin)
             .arg(arg)
             .output()?;
-        secs.push(t0.elapsed().as_secs_f64());
+        let wall = t0.elapsed().as_secs_f64();
         if !o.status.success() {
             return Err(format!(
                 "uftrace record failed: {}",
@@ -199,6 +201,7 @@ fn uftrace(bin: &Path, arg: &str, reps: usize, d: &Path) -> Res<(u64, u64, f64, 
             }
         }
         last = (2 * calls, bytes);
+        rates.push(last.0 as f64 / wall);
     }
     let _ = std::fs::remove_dir_all(&dir);
     let v = Command::new("uftrace")
@@ -212,7 +215,7 @@ fn uftrace(bin: &Path, arg: &str, reps: usize, d: &Path) -> Res<(u64, u64, f64, 
                 .to_string()
         })
         .unwrap_or_default();
-    Ok((last.0, last.1, median(&mut secs), median(&mut ns), v))
+    Ok((last.0, last.1, median(&mut rates), median(&mut ns), v))
 }
 
 fn arg_of(args: &[String], name: &str, default: u64) -> Res<u64> {
@@ -243,12 +246,12 @@ fn main() -> Res<()> {
             tracer: "native (no tracing)".into(),
             events: 0,
             bytes: 0,
-            secs: 0.0,
+            rate: 0.0,
             own_ns: nat,
             drops: "-".into(),
         });
         for aggregate in [true, false] {
-            let (events, bytes, secs, own, drops) =
+            let (events, bytes, rate, own, drops) =
                 hotprobe(&hp, &plain, &arg, aggregate, reps, &d)?;
             rows.push(Row {
                 workload: label.clone(),
@@ -258,18 +261,18 @@ fn main() -> Res<()> {
                 ),
                 events,
                 bytes,
-                secs,
+                rate,
                 own_ns: own,
                 drops,
             });
         }
-        let (events, bytes, secs, own, v) = uftrace(&pg, &arg, reps, &d)?;
+        let (events, bytes, rate, own, v) = uftrace(&pg, &arg, reps, &d)?;
         rows.push(Row {
             workload: label.clone(),
             tracer: format!("uftrace {v} record --no-libcall (-pg)"),
             events,
             bytes,
-            secs,
+            rate,
             own_ns: own,
             drops: "-".into(),
         });
@@ -286,7 +289,7 @@ fn main() -> Res<()> {
         } else {
             (
                 format!("{:.2}", r.bytes as f64 / r.events as f64),
-                format!("{:.2} M", r.events as f64 / r.secs / 1e6),
+                format!("{:.2} M", r.rate / 1e6),
             )
         };
         println!(
@@ -310,7 +313,8 @@ fn main() -> Res<()> {
         );
     }
     println!(
-        "\nmedian of {reps} run(s); command: cargo build --release -p hotprobe-cli && \
+        "\nevents/s and the workload's own time: median of {reps} run(s); events, bytes and \
+         drops: the last run. Command: cargo build --release -p hotprobe-cli && \
          cargo run --release -p hotprobe-cli --example bench_trace -- --n {n} --exprs {exprs} --reps {reps}"
     );
     Ok(())
