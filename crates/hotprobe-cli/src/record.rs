@@ -630,7 +630,7 @@ fn print_summary(s: &Summary<'_>) {
     };
     eprintln!(
         "  events:   {} recorded ({} records, {} threads) of {} drained in {:.2} s; \
-         {} bytes written, {bpe} bytes/event",
+         {} bytes of event streams, {bpe} bytes/event",
         st.events_out,
         st.records,
         st.threads,
