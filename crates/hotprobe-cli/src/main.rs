@@ -181,8 +181,9 @@ enum Cmd {
         /// (reported, and marked in the trace).
         #[arg(long, value_name = "N", default_value_t = 1 << 18)]
         ring_events: u32,
-        /// Stop after this many seconds: the probes are removed and the
-        /// target runs on untraced.
+        /// Stop after recording this many seconds (counted from when the
+        /// probes are in): the probes are removed and the target runs on
+        /// untraced.
         #[arg(long, value_name = "SECS")]
         duration: Option<f64>,
         /// Attach to this running process (the agent is loaded into it;
@@ -446,9 +447,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             patterns.extend(filter);
             signals::install()?;
-            if let Some(d) = duration {
-                signals::stop_after(d);
-            }
             record::run(&record::RecordOptions {
                 out: &output,
                 include: &patterns,
@@ -461,6 +459,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 mechanism: mechanism.into(),
                 aggregate: !no_aggregate,
                 ring_events,
+                duration,
                 pid,
                 cmd: &cmd,
             })

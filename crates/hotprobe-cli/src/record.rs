@@ -70,6 +70,8 @@ pub struct RecordOptions<'a> {
     pub aggregate: bool,
     /// Events per thread ring.
     pub ring_events: u32,
+    /// Stop after recording this long.
+    pub duration: Option<Duration>,
     /// Attach to this running process.
     pub pid: Option<i32>,
     /// Or start this command.
@@ -483,6 +485,9 @@ fn record(
     );
 
     // Run: drain while waiting on the target's events.
+    if let Some(d) = o.duration {
+        signals::stop_after(d);
+    }
     t.resume_all()?;
     let spin = spinner();
     let started = Instant::now();
