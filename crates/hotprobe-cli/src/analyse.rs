@@ -5,10 +5,10 @@
 use anyhow::{Context, Result};
 use hotprobe_trace::{
     export_chrome, export_ctf, export_folded, replay, report, report_phases, FoldedOptions,
-    FoldedValue, PhaseSpec, TraceReader,
+    FoldedValue, PhaseSpec, TraceError, TraceReader,
 };
 use indicatif::{ProgressBar, ProgressStyle};
-use std::io::Write;
+use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
 
 /// `--format` of `export`.
@@ -68,6 +68,12 @@ fn warn_incomplete(r: &TraceReader) {
     }
 }
 
+/// A reader of our stdout went away (`hotprobe replay DIR | head`): not an
+/// error, the output is simply no longer wanted.
+fn broken_pipe(e: &TraceError) -> bool {
+    matches!(e, TraceError::Io { source, .. } if source.kind() == ErrorKind::BrokenPipe)
+}
+
 /// `hotprobe replay DIR`: the call tree on stdout.
 pub fn replay_cmd(dir: &Path) -> Result<()> {
     let r = open(dir)?;
@@ -75,10 +81,14 @@ pub fn replay_cmd(dir: &Path) -> Result<()> {
     let bar = bytes_bar(&r, "replaying");
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    with_bar(&bar, |cb| replay(&r, &mut out, Some(cb)))
-        .with_context(|| format!("cannot replay {}", dir.display()))?;
-    out.flush().context("cannot write the output")?;
-    Ok(())
+    match with_bar(&bar, |cb| replay(&r, &mut out, Some(cb))) {
+        Err(e) if broken_pipe(&e) => return Ok(()),
+        r => r.with_context(|| format!("cannot replay {}", dir.display()))?,
+    }
+    match out.flush() {
+        Err(e) if e.kind() == ErrorKind::BrokenPipe => Ok(()),
+        r => r.context("cannot write the output"),
+    }
 }
 
 /// `hotprobe report DIR [--phases]`: per-function calls, total and self
