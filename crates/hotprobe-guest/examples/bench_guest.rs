@@ -1,10 +1,16 @@
 //! Per-hit cost of a null probe on a guest kernel, hotprobe (emulated entry,
 //! stepped, boosted) next to gdb (a Python `gdb.Breakpoint` whose `stop`
 //! returns False) on the same QEMU TCG stub, in one run, and the guest's
-//! getppid latency with and without a probe.
+//! getppid latency with and without a probe. Each hotprobe row is measured
+//! twice: reading the whole `g` block at every hit (as before partial
+//! registers) and reading `rip` alone (the default), with the RSP packets
+//! exchanged per hit. Then the cost of a handler's 64-byte memory read
+//! through the mapped guest RAM (page walk from cr3) against the stub's `m`.
 //!
-//! `cargo run --release -p hotprobe-guest --example bench_guest [CALLS]`
-//! (needs scripts/setup.sh's kernel and QEMU; boots one guest).
+//! `cargo run --release -p hotprobe-guest --example bench_guest [CALLS [ROUNDS]]`
+//! (needs scripts/setup.sh's kernel and QEMU; boots one guest). Every mode
+//! and gdb run once per round, interleaved, and the medians are compared,
+//! so that load from other processes hits them alike.
 
 #[path = "../tests/guest/harness.rs"]
 mod harness;
@@ -15,7 +21,12 @@ use std::time::{Duration, Instant};
 
 use harness::Guest;
 use hotprobe::{Probe, Session, TargetId};
-use hotprobe_guest::{connect_guest, load_symbols, GuestConfig, StubAddr};
+use hotprobe_guest::{
+    load_symbols, text_bounds, GuestConfig, GuestStats, GuestTarget, KernelResolver, StatsHandle,
+    StubAddr,
+};
+use hotprobe_symbols::KernelSymbols;
+use hotprobe_target::{GuestVirt, ResumeMode, RuntimeAddr, Target, TargetEvent};
 
 const LONG: Duration = Duration::from_secs(600);
 
@@ -42,69 +53,78 @@ fn timed(g: &mut Guest, s: Option<(&mut Session, TargetId)>, n: u64) -> f64 {
     t0.elapsed().as_secs_f64() * 1e3
 }
 
-fn main() {
-    if let Some(why) = harness::missing_prerequisite() {
-        eprintln!("cannot run: {why}");
-        std::process::exit(1);
-    }
-    let n: u64 = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(200);
-    let mut g = Guest::boot("bench");
-    println!(
-        "guest booted in {:.1} s; {n} getppid calls per run",
-        g.boot_time.as_secs_f64()
-    );
-    let getppid = g.sym("__x64_sys_getppid");
-    let (syms, _) = load_symbols(&g.kallsyms_file()).unwrap();
-
-    // Baseline (no client at all), a few runs.
-    let base: f64 = (0..3)
-        .map(|_| timed(&mut g, None, n))
-        .fold(f64::MAX, f64::min);
-    let base_big = timed(&mut g, None, n * 100);
-    println!(
-        "no probe: {:.3} ms per {n}-call round trip (console included); {:.2} us per getppid ({}-call run)",
-        base,
-        (base_big - base) * 1e3 / (n * 99) as f64,
-        n * 100
-    );
-
-    let mut rows = Vec::new();
+/// A session on the booted guest (as `connect_guest` makes it), with a
+/// handle on the target's counters; `partial`: breakpoint hits read `rip`
+/// alone.
+fn attach(g: &Guest, syms: &KernelSymbols, partial: bool) -> (Session, TargetId, StatsHandle) {
     let mut cfg = GuestConfig::new(StubAddr::Unix(g.gdb_socket.clone()));
     cfg.ram_file = Some(g.ram_file.clone());
+    cfg.kernel_text = text_bounds(syms);
+    cfg.partial_registers = partial;
+    let target = GuestTarget::connect(cfg).unwrap();
+    let stats = target.stats_handle();
     let mut s = Session::new();
-    let t = connect_guest(&mut s, cfg, syms).unwrap();
+    let t = s.add_target(
+        Box::new(target),
+        Some(Box::new(KernelResolver::new(syms.clone()))),
+    );
+    s.engine(t).unwrap().set_step_unsupported_in_place(true);
     s.start().unwrap();
-    let inner = "__x64_sys_getppid+0xb";
-    for (label, spec, post) in [
-        ("hotprobe, entry NOP (emulated)", "__x64_sys_getppid", false),
-        ("hotprobe, stepped (post handler)", inner, true),
-        ("hotprobe, boosted", inner, false),
-    ] {
-        let mut p = Probe::new().pre(|_| {});
-        if post {
-            p = p.post(|_| {});
-        }
-        let id = s.probe(t, spec, p).unwrap();
-        let f0 = g.tb_flushes();
-        let ms = timed(&mut g, Some((&mut s, t)), n);
-        let f1 = g.tb_flushes();
-        assert_eq!(s.stats(id).unwrap().hits, n, "{label}: exact count");
-        let per_hit = (ms - base) / n as f64;
-        println!(
-            "{label:<36} {per_hit:7.3} ms per hit ({:.2} TB flushes per hit) [{}]",
-            (f1 - f0) as f64 / n as f64,
-            s.execution_of(id).unwrap_or("?")
-        );
-        rows.push((label, per_hit));
-        s.remove_probe(id).unwrap();
-    }
-    s.detach().unwrap();
+    (s, t, stats)
+}
 
-    // gdb on the same stub, same instruction.
-    let addr = getppid + 0xb;
+/// Microseconds per 64-byte read, `reads` times each way, of a kernel text
+/// address and of the `pt_regs` a getppid call passes in `rdi`: through the
+/// mapped RAM (page walk from cr3) and through the stub's `m` packet.
+fn memory_reads(g: &mut Guest, getppid: u64) {
+    const READS: u32 = 1000;
+    let mut cfg = GuestConfig::new(StubAddr::Unix(g.gdb_socket.clone()));
+    cfg.ram_file = Some(g.ram_file.clone());
+    let mut t = GuestTarget::connect(cfg).unwrap();
+    t.insert_breakpoint(RuntimeAddr(getppid)).unwrap();
+    t.resume_all().unwrap();
+    g.send_line("getppid 1");
+    let thread = loop {
+        match t.wait(Some(LONG)).unwrap() {
+            TargetEvent::Breakpoint { thread, addr, .. } if addr.0 == getppid => break thread,
+            TargetEvent::Breakpoint { thread, .. } => {
+                t.resume(thread, ResumeMode::Continue).unwrap()
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    let pt_regs = t.registers(thread).unwrap().rdi;
+    for (what, addr) in [
+        ("kernel text", getppid),
+        ("pt_regs (kernel stack)", pt_regs),
+    ] {
+        let mut direct = [0u8; 64];
+        let mut stub = [0u8; 64];
+        let t0 = Instant::now();
+        for _ in 0..READS {
+            t.read_memory_direct(GuestVirt(addr), &mut direct).unwrap();
+        }
+        let us_direct = t0.elapsed().as_secs_f64() * 1e6 / READS as f64;
+        let t0 = Instant::now();
+        for _ in 0..READS {
+            t.read_memory_stub(GuestVirt(addr), &mut stub).unwrap();
+        }
+        let us_stub = t0.elapsed().as_secs_f64() * 1e6 / READS as f64;
+        assert_eq!(direct, stub, "{what}: both ways read the same bytes");
+        println!(
+            "64-byte read of {what:<24} mapped RAM {us_direct:7.2} us, stub m {us_stub:7.2} us: {:.0}x faster",
+            us_stub / us_direct
+        );
+    }
+    t.remove_breakpoint(RuntimeAddr(getppid)).unwrap();
+    t.resume(thread, ResumeMode::Continue).unwrap();
+    t.detach().unwrap();
+    g.wait_for("@getppid 1 done", LONG);
+}
+
+/// One gdb run on the same stub and instruction: per-hit milliseconds, TB
+/// flushes per hit, and gdb's own hit count line.
+fn gdb_run(g: &mut Guest, addr: u64, n: u64, base: f64) -> (f64, f64, String) {
     let script = g.dir.join("nullbp.py");
     std::fs::write(
         &script,
@@ -137,7 +157,7 @@ gdb.execute("detach")
         .arg(&script)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::null())
         .spawn()
         .expect("gdb");
     let mut out = BufReader::new(gdb.stdout.take().unwrap());
@@ -154,7 +174,7 @@ gdb.execute("detach")
     }
     std::thread::sleep(Duration::from_millis(300));
     let f0 = g.tb_flushes();
-    let ms = timed(&mut g, None, n);
+    let ms = timed(g, None, n);
     let f1 = g.tb_flushes();
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(gdb.id() as i32, libc::SIGINT) };
@@ -166,15 +186,143 @@ gdb.execute("detach")
         }
     }
     let _ = gdb.wait();
-    let gdb_hit = (ms - base) / n as f64;
-    println!(
-        "{:<36} {gdb_hit:7.3} ms per hit ({:.2} TB flushes per hit) [{hits}]",
-        "gdb, Python Breakpoint.stop -> False",
-        (f1 - f0) as f64 / n as f64
-    );
-    for (label, v) in &rows {
-        println!("{label:<36} {:.2}x gdb", v / gdb_hit);
+    ((ms - base) / n as f64, (f1 - f0) as f64 / n as f64, hits)
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
+}
+
+fn main() {
+    if let Some(why) = harness::missing_prerequisite() {
+        eprintln!("cannot run: {why}");
+        std::process::exit(1);
+    }
+    let arg = |i: usize, default: u64| {
+        std::env::args()
+            .nth(i)
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(default)
+    };
+    let n: u64 = arg(1, 200);
+    let rounds = arg(2, 5) as usize;
+    let mut g = Guest::boot("bench");
+    println!(
+        "guest booted in {:.1} s; {n} getppid calls per run, {rounds} rounds \
+         (every mode and gdb once per round, interleaved)",
+        g.boot_time.as_secs_f64()
+    );
+    let getppid = g.sym("__x64_sys_getppid");
+    let (syms, _) = load_symbols(&g.kallsyms_file()).unwrap();
+
+    // Baseline (no client at all), a few runs.
+    let base: f64 = (0..3)
+        .map(|_| timed(&mut g, None, n))
+        .fold(f64::MAX, f64::min);
+    let base_big = timed(&mut g, None, n * 100);
+    println!(
+        "no probe: {:.3} ms per {n}-call round trip (console included); {:.2} us per getppid ({}-call run)",
+        base,
+        (base_big - base) * 1e3 / (n * 99) as f64,
+        n * 100
+    );
+
+    let inner = "__x64_sys_getppid+0xb";
+    let modes = [
+        ("entry NOP (emulated)", "__x64_sys_getppid", false),
+        ("stepped (post handler)", inner, true),
+        ("boosted", inner, false),
+    ];
+    // (label, per-hit ms of each round, counters line of the first round)
+    let mut rows: Vec<(String, Vec<f64>, String)> = Vec::new();
+    let mut gdb_ms = Vec::new();
+    let mut gdb_line = String::new();
+    for round in 0..rounds {
+        let mut row = 0;
+        for partial in [false, true] {
+            let (mut s, t, stats) = attach(&g, &syms, partial);
+            for (label, spec, post) in modes {
+                let label = format!(
+                    "hotprobe, {label}{}",
+                    if partial { "" } else { ", g per hit" }
+                );
+                let mut p = Probe::new().pre(|_| {});
+                if post {
+                    p = p.post(|_| {});
+                }
+                let id = s.probe(t, spec, p).unwrap();
+                let f0 = g.tb_flushes();
+                let c0 = stats.get();
+                let ms = timed(&mut g, Some((&mut s, t)), n);
+                let c1 = stats.get();
+                let f1 = g.tb_flushes();
+                assert_eq!(s.stats(id).unwrap().hits, n, "{label}: exact count");
+                let per = |f: fn(&GuestStats) -> u64| (f(&c1) - f(&c0)) as f64 / n as f64;
+                let counters = format!(
+                    "{:.2} TB flushes, {:.2} packets, {:.2} round trips: {:.2} g, {:.2} p, \
+                     {:.2} P-rip, {:.2} stops",
+                    (f1 - f0) as f64 / n as f64,
+                    per(|c| c.packets_sent + c.packets_received),
+                    per(|c| c.round_trips),
+                    per(|c| c.register_reads),
+                    per(|c| c.pc_reads),
+                    per(|c| c.pc_writes),
+                    per(|c| c.stops),
+                );
+                if round == 0 {
+                    rows.push((label, Vec::new(), counters));
+                }
+                rows[row].1.push((ms - base) / n as f64);
+                row += 1;
+                s.remove_probe(id).unwrap();
+            }
+            s.detach().unwrap();
+        }
+        let (ms, flushes, hits) = gdb_run(&mut g, getppid + 0xb, n, base);
+        gdb_ms.push(ms);
+        gdb_line = format!("{flushes:.2} TB flushes; {hits}");
+    }
+
+    println!("per hit, ms: median (min..max) over {rounds} rounds; counters per hit");
+    for (label, v, counters) in &rows {
+        let (lo, hi) = v
+            .iter()
+            .fold((f64::MAX, 0f64), |(l, h), x| (l.min(*x), h.max(*x)));
+        println!(
+            "{label:<42} {:7.3} ({lo:.3}..{hi:.3})  [{counters}]",
+            median(v)
+        );
+    }
+    let (lo, hi) = gdb_ms
+        .iter()
+        .fold((f64::MAX, 0f64), |(l, h), x| (l.min(*x), h.max(*x)));
+    println!(
+        "{:<42} {:7.3} ({lo:.3}..{hi:.3})  [{gdb_line}]",
+        "gdb, Python Breakpoint.stop -> False",
+        median(&gdb_ms)
+    );
+    println!("ratio to gdb: median/median, and per round (same round's gdb run)");
+    let gm = median(&gdb_ms);
+    for (label, v, _) in &rows {
+        let per_round: Vec<String> = v
+            .iter()
+            .zip(&gdb_ms)
+            .map(|(x, g)| format!("{:.2}", x / g))
+            .collect();
+        println!(
+            "{label:<42} {:.2}x gdb  [{}]",
+            median(v) / gm,
+            per_round.join(" ")
+        );
+    }
+
+    memory_reads(&mut g, getppid);
     g.send_line("getppid 3");
     g.wait_for("@getppid 3 done", LONG);
 }

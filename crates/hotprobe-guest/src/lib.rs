@@ -23,4 +23,4 @@ pub mod target;
 pub use client::{GdbClient, GdbError};
 pub use mem::{MemError, RamFile, Translation};
 pub use resolver::{connect_guest, load_symbols, text_bounds, KernelResolver};
-pub use target::{GuestConfig, GuestStats, GuestTarget, StubAddr};
+pub use target::{GuestConfig, GuestStats, GuestTarget, StatsHandle, StubAddr};

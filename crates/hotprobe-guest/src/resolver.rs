@@ -247,38 +247,7 @@ impl Resolver for KernelResolver {
     }
 
     fn check(&self, probe: &ResolvedProbe, target: &mut dyn Target) -> Result<(), String> {
-        for b in &self.blacklist {
-            if probe.addr >= b.start && probe.addr < b.end {
-                return Err(format!("{:#x} is blacklisted: {}", probe.addr.0, b.what));
-            }
-        }
-        let Some(range) = &probe.function_range else {
-            return Ok(());
-        };
-        if probe.addr == range.start {
-            return Ok(());
-        }
-        // Not the function's first byte: it must start an instruction.
-        let upto = probe.addr.0.saturating_sub(range.start.0);
-        let len = (upto + hotprobe_x86::MAX_INSN_LEN as u64)
-            .min(range.end.0.saturating_sub(range.start.0))
-            .min(1 << 20) as usize;
-        let mut code = vec![0u8; len];
-        if let Err(e) = target.read_memory(range.start, &mut code) {
-            return Err(format!(
-                "cannot read the code of {} to check instruction boundaries: {e}",
-                probe.function.as_deref().unwrap_or("?")
-            ));
-        }
-        if !hotprobe_x86::is_instruction_boundary(&code, range.start.0, probe.addr.0) {
-            return Err(format!(
-                "{:#x} ({}+{:#x}) is in the middle of an instruction",
-                probe.addr.0,
-                probe.function.as_deref().unwrap_or("?"),
-                probe.offset
-            ));
-        }
-        Ok(())
+        hotprobe::check_probe_point(probe, &self.blacklist, target)
     }
 
     fn blacklist(&self) -> Vec<BlacklistEntry> {

@@ -13,9 +13,16 @@
 //! instruction under a breakpoint), then continues: every execution of a
 //! probed instruction is reported exactly once. An engine that boosts moves
 //! `rip` into the out-of-line area instead, and pays one stop per hit.
+//!
+//! Packets per hit are kept few (each stop also flushes QEMU's translation
+//! cache): asked by the engine ([`Target::set_partial_breakpoint_registers`]),
+//! a breakpoint hit reads `rip` alone with one `p` (the rest only if a handler
+//! asks), [`Target::set_pc`] writes it alone with one `P`, and no `Hg` follows
+//! a trap stop (it selects the stopped vCPU).
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hotprobe_target::{
@@ -40,6 +47,11 @@ pub struct GuestConfig {
     pub kernel_text: Option<(u64, u64)>,
     /// How long each request waits for its reply.
     pub timeout: Duration,
+    /// Whether breakpoint hits may be reported with `rip` alone (one `p`
+    /// packet) when the engine asks, the other registers being read only if
+    /// a handler needs them (default). Off, every hit reads the whole `g`
+    /// block.
+    pub partial_registers: bool,
 }
 
 /// A GDB stub address.
@@ -68,6 +80,7 @@ impl GuestConfig {
             ram_file: None,
             kernel_text: None,
             timeout: DEFAULT_TIMEOUT,
+            partial_registers: true,
         }
     }
 }
@@ -86,6 +99,34 @@ pub struct GuestStats {
     pub direct_reads: u64,
     /// Memory reads served by the stub (`m`).
     pub stub_reads: u64,
+    /// Whole register blocks read (`g`).
+    pub register_reads: u64,
+    /// `rip` alone read (`p`) or taken from an expedited stop reply.
+    pub pc_reads: u64,
+    /// `rip` alone written (`P`, [`Target::set_pc`]).
+    pub pc_writes: u64,
+    /// RSP packets sent to the stub (the client's count).
+    pub packets_sent: u64,
+    /// RSP packets received from the stub (the client's count).
+    pub packets_received: u64,
+    /// Requests whose reply was waited for (the client's count).
+    pub round_trips: u64,
+}
+
+/// A shared, read-only view of a [`GuestTarget`]'s counters that stays
+/// readable after the target is moved into a session (updated whenever the
+/// target returns an event or resumes the VM).
+#[derive(Clone, Debug, Default)]
+pub struct StatsHandle(Arc<Mutex<GuestStats>>);
+
+impl StatsHandle {
+    /// The counters as last published.
+    pub fn get(&self) -> GuestStats {
+        match self.0.lock() {
+            Ok(g) => *g,
+            Err(p) => *p.into_inner(),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -113,6 +154,11 @@ pub struct GuestTarget {
     reported: HashMap<i64, u64>,
     stepping: Option<ThreadRef>,
     regs: HashMap<i64, (Vec<u8>, Registers)>,
+    /// Per vCPU: `rip` alone, read with `p` (or expedited in the stop reply)
+    /// when the whole `g` block was not needed.
+    pcs: HashMap<i64, u64>,
+    /// Breakpoint events carry `rip` alone (the engine asked for it).
+    partial_regs: bool,
     last_thread: ThreadRef,
     /// cr3 and cr4 of the last register block read (kernel mappings are
     /// shared by every address space).
@@ -121,6 +167,7 @@ pub struct GuestTarget {
     stopped_by_stop_all: bool,
     scratch: Vec<ScratchArea>,
     stats: GuestStats,
+    shared_stats: StatsHandle,
 }
 
 impl std::fmt::Debug for GuestTarget {
@@ -168,7 +215,7 @@ impl GuestTarget {
             }),
         };
         let regmap = client.register_map().clone();
-        Ok(GuestTarget {
+        let mut target = GuestTarget {
             client,
             name,
             config,
@@ -181,13 +228,20 @@ impl GuestTarget {
             reported: HashMap::new(),
             stepping: None,
             regs: HashMap::new(),
+            pcs: HashMap::new(),
+            partial_regs: false,
             last_thread,
             paging: None,
             ram,
             stopped_by_stop_all: true,
             scratch: Vec::new(),
             stats: GuestStats::default(),
-        })
+            shared_stats: StatsHandle::default(),
+        };
+        // cr3/cr4 for page walks now, while the VM is stopped: breakpoint
+        // hits may not read the whole register block again.
+        target.read_regs(last_thread)?;
+        Ok(target)
     }
 
     /// The underlying protocol client (for packets this type does not wrap).
@@ -197,7 +251,28 @@ impl GuestTarget {
 
     /// Counters.
     pub fn stats(&self) -> GuestStats {
-        self.stats
+        let c = self.client.stats();
+        GuestStats {
+            packets_sent: c.packets_sent,
+            packets_received: c.packets_received,
+            round_trips: c.round_trips,
+            ..self.stats
+        }
+    }
+
+    /// A handle on the counters that outlives moving the target into a
+    /// session.
+    pub fn stats_handle(&self) -> StatsHandle {
+        self.publish_stats();
+        self.shared_stats.clone()
+    }
+
+    fn publish_stats(&self) {
+        let now = self.stats();
+        match self.shared_stats.0.lock() {
+            Ok(mut g) => *g = now,
+            Err(p) => *p.into_inner() = now,
+        }
     }
 
     /// Whether guest RAM is mapped from the host.
@@ -258,6 +333,70 @@ impl GuestTarget {
 
     fn invalidate(&mut self) {
         self.regs.clear();
+        self.pcs.clear();
+    }
+
+    /// The instruction pointer of a stopped vCPU: from the registers read
+    /// already, an expedited `rip` in the stop reply's `pairs`, or one `p`.
+    fn pc(&mut self, t: ThreadRef, pairs: &[(String, String)]) -> Result<u64, TargetError> {
+        if let Some((_, r)) = self.regs.get(&t.tid) {
+            return Ok(r.rip);
+        }
+        if let Some(pc) = self.pcs.get(&t.tid) {
+            return Ok(*pc);
+        }
+        let Some(info) = self.regmap.get("rip").cloned() else {
+            return Ok(self.read_regs(t)?.rip);
+        };
+        let len = (info.bitsize as usize).div_ceil(8).min(8);
+        let expedited = pairs
+            .iter()
+            .find(|(k, _)| u32::from_str_radix(k, 16).ok() == Some(info.regnum))
+            .and_then(|(_, v)| crate::rsp::decode_hex(v.as_bytes()).ok());
+        let bytes = match expedited {
+            Some(b) => b,
+            None => self
+                .client
+                .read_register(t, info.regnum)
+                .map_err(|e| self.fail(e))?,
+        };
+        let mut v = [0u8; 8];
+        match (v.get_mut(..len), bytes.get(..len)) {
+            (Some(dst), Some(src)) => dst.copy_from_slice(src),
+            _ => {
+                return Err(proto(
+                    &self.name,
+                    format!("rip: {} bytes, {len} expected", bytes.len()),
+                ))
+            }
+        }
+        let pc = u64::from_le_bytes(v);
+        self.stats.pc_reads += 1;
+        self.pcs.insert(t.tid, pc);
+        Ok(pc)
+    }
+
+    /// `rip` after a stop: alone if breakpoint events carry `rip` alone,
+    /// else from the whole register block (read for the event anyway).
+    fn stop_pc(&mut self, t: ThreadRef, pairs: &[(String, String)]) -> Result<u64, TargetError> {
+        if self.partial_regs {
+            self.pc(t, pairs)
+        } else {
+            Ok(self.read_regs(t)?.rip)
+        }
+    }
+
+    /// The registers of a breakpoint event: `rip` alone if the engine asked
+    /// for partial registers (and the rest is not read already), else all.
+    fn event_regs(&mut self, t: ThreadRef, rip: u64) -> Result<Registers, TargetError> {
+        match self.regs.get(&t.tid) {
+            Some((_, r)) => Ok(*r),
+            None if self.partial_regs => Ok(Registers {
+                rip,
+                ..Registers::default()
+            }),
+            None => self.read_regs(t),
+        }
     }
 
     fn read_regs(&mut self, t: ThreadRef) -> Result<Registers, TargetError> {
@@ -265,6 +404,7 @@ impl GuestTarget {
             return Ok(*r);
         }
         let g = self.client.read_g(t).map_err(|e| self.fail(e))?;
+        self.stats.register_reads += 1;
         let r = self.regmap.registers(&g);
         let cr4 = self.regmap.read(&g, "cr4").unwrap_or(0);
         self.paging = Some((r.cr3, cr4));
@@ -294,7 +434,11 @@ impl GuestTarget {
                 Ok(Some(TargetEvent::Exited(ExitStatus::Disconnected(why))))
             }
             StopReply::Output(_) => Ok(None),
-            StopReply::Signal { signal, thread, .. } => {
+            StopReply::Signal {
+                signal,
+                thread,
+                pairs,
+            } => {
                 let t = thread.unwrap_or(self.last_thread);
                 if !self.threads.contains(&t) {
                     // A vCPU we did not know (hot-plugged): learn the list again.
@@ -303,18 +447,20 @@ impl GuestTarget {
                     }
                 }
                 self.last_thread = t;
-                let regs = self.read_regs(t)?;
                 let thread = ThreadId(t.tid as u64);
                 if self.stepping == Some(t) {
                     self.stepping = None;
+                    let regs = self.read_regs(t)?;
                     return Ok(Some(TargetEvent::Stepped { thread, regs }));
                 }
-                if signal == 5 && self.breakpoints.contains(&regs.rip) {
-                    self.reported.insert(t.tid, regs.rip);
+                let rip = self.stop_pc(t, &pairs)?;
+                if signal == 5 && self.breakpoints.contains(&rip) {
+                    self.reported.insert(t.tid, rip);
                     self.stats.breakpoint_hits += 1;
+                    let regs = self.event_regs(t, rip)?;
                     return Ok(Some(TargetEvent::Breakpoint {
                         thread,
-                        addr: RuntimeAddr(regs.rip),
+                        addr: RuntimeAddr(rip),
                         regs,
                     }));
                 }
@@ -334,7 +480,7 @@ impl GuestTarget {
     fn continue_vm(&mut self) -> Result<(), TargetError> {
         let t = self.last_thread;
         if let Some(addr) = self.reported.get(&t.tid).copied() {
-            let rip = self.read_regs(t)?.rip;
+            let rip = self.pc(t, &[])?;
             self.reported.remove(&t.tid);
             if rip == addr && self.breakpoints.contains(&addr) {
                 self.client.step(t).map_err(|e| self.fail(e))?;
@@ -350,15 +496,16 @@ impl GuestTarget {
                 self.running = false;
                 self.stats.stops += 1;
                 self.invalidate();
-                if let StopReply::Signal { .. } = s {
-                    let regs = self.read_regs(t)?;
-                    if self.breakpoints.contains(&regs.rip) {
+                if let StopReply::Signal { pairs, .. } = s {
+                    let rip = self.stop_pc(t, &pairs)?;
+                    if self.breakpoints.contains(&rip) {
                         // The next instruction is probed too: report it, VM stopped.
-                        self.reported.insert(t.tid, regs.rip);
+                        self.reported.insert(t.tid, rip);
                         self.stats.breakpoint_hits += 1;
+                        let regs = self.event_regs(t, rip)?;
                         self.pending.push_back(TargetEvent::Breakpoint {
                             thread: ThreadId(t.tid as u64),
-                            addr: RuntimeAddr(regs.rip),
+                            addr: RuntimeAddr(rip),
                             regs,
                         });
                         return Ok(());
@@ -611,6 +758,82 @@ impl GuestTarget {
         })
     }
 
+    /// [`Target::resume`] without publishing the counters.
+    fn resume_inner(&mut self, thread: ThreadId, mode: ResumeMode) -> Result<(), TargetError> {
+        self.check_alive()?;
+        let t = self.thread_ref(thread)?;
+        if self.running {
+            return Ok(()); // all-stop: the VM already runs
+        }
+        if !self.pending.is_empty() {
+            // An event is queued for the engine: the VM stays stopped until
+            // it is taken and answered.
+            return Ok(());
+        }
+        self.stopped_by_stop_all = false;
+        match mode {
+            ResumeMode::Step => {
+                self.reported.remove(&t.tid);
+                self.invalidate();
+                self.stepping = Some(t);
+                self.client.step(t).map_err(|e| self.fail(e))?;
+                self.running = true;
+                Ok(())
+            }
+            ResumeMode::Continue => {
+                self.last_thread = t;
+                self.continue_vm()
+            }
+        }
+    }
+
+    /// [`Target::wait`] without publishing the counters.
+    fn wait_inner(&mut self, timeout: Option<Duration>) -> Result<TargetEvent, TargetError> {
+        if let Some(ev) = self.pending.pop_front() {
+            return Ok(ev);
+        }
+        if let Some(why) = &self.gone {
+            return Ok(TargetEvent::Exited(ExitStatus::Disconnected(why.clone())));
+        }
+        if !self.running {
+            return Ok(TargetEvent::Timeout);
+        }
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            // A signal (Ctrl-C) ends the wait: the session checks its flag.
+            match self.client.wait_stop_interruptible(left) {
+                Ok(None) => return Ok(TargetEvent::Timeout),
+                Ok(Some(s)) => {
+                    let ev = match self.on_stop(s, false) {
+                        Ok(ev) => ev,
+                        // The stub died while the stop was being examined.
+                        Err(_) if self.gone.is_some() => {
+                            let why = self.gone.clone().unwrap_or_default();
+                            return Ok(TargetEvent::Exited(ExitStatus::Disconnected(why)));
+                        }
+                        Err(e) => return Err(e),
+                    };
+                    if let Some(ev) = ev {
+                        return Ok(ev);
+                    }
+                    if let Some(ev) = self.pending.pop_front() {
+                        return Ok(ev);
+                    }
+                    if !self.running {
+                        return Ok(TargetEvent::Timeout);
+                    }
+                }
+                Err(e) => {
+                    let why = e.to_string();
+                    self.gone = Some(why.clone());
+                    self.running = false;
+                    return Ok(TargetEvent::Exited(ExitStatus::Disconnected(why)));
+                }
+            }
+        }
+    }
+
     /// Where the scratch areas lie and how each was found.
     pub fn scratch_areas(&self) -> Vec<(ScratchRegion, String)> {
         self.scratch
@@ -738,6 +961,7 @@ impl Target for GuestTarget {
             self.regmap.store(g, regs);
             *r = self.regmap.registers(g);
         }
+        self.pcs.remove(&t.tid);
         if old.rip != regs.rip {
             // Moved off the reported breakpoint (boosted): nothing to step over.
             self.reported.remove(&t.tid);
@@ -745,78 +969,56 @@ impl Target for GuestTarget {
         Ok(())
     }
 
-    fn resume(&mut self, thread: ThreadId, mode: ResumeMode) -> Result<(), TargetError> {
+    fn set_pc(&mut self, thread: ThreadId, pc: u64) -> Result<(), TargetError> {
         self.check_alive()?;
         let t = self.thread_ref(thread)?;
         if self.running {
-            return Ok(()); // all-stop: the VM already runs
+            return Err(TargetError::NoSuchThread {
+                thread,
+                target: self.name.clone(),
+            });
         }
-        if !self.pending.is_empty() {
-            // An event is queued for the engine: the VM stays stopped until
-            // it is taken and answered.
-            return Ok(());
+        let Some(info) = self.regmap.get("rip").cloned() else {
+            let mut regs = self.read_regs(t)?;
+            regs.rip = pc;
+            return self.set_registers(thread, &regs);
+        };
+        let old = self.pc(t, &[])?;
+        let bytes = (info.bitsize as usize).div_ceil(8).min(8);
+        let v = pc.to_le_bytes();
+        // Posted: the `OK` is read with the next reply (the stop reply
+        // after the resume that follows), a round trip saved per hit.
+        self.client
+            .post_write_register(t, info.regnum, v.get(..bytes).unwrap_or(&v))
+            .map_err(|e| self.fail(e))?;
+        self.stats.pc_writes += 1;
+        if let Some((g, r)) = self.regs.get_mut(&t.tid) {
+            r.rip = pc;
+            self.regmap.store(g, r);
         }
-        self.stopped_by_stop_all = false;
-        match mode {
-            ResumeMode::Step => {
-                self.reported.remove(&t.tid);
-                self.invalidate();
-                self.stepping = Some(t);
-                self.client.step(t).map_err(|e| self.fail(e))?;
-                self.running = true;
-                Ok(())
-            }
-            ResumeMode::Continue => {
-                self.last_thread = t;
-                self.continue_vm()
-            }
+        self.pcs.insert(t.tid, pc);
+        if old != pc {
+            // Moved off the reported breakpoint (boosted): nothing to step over.
+            self.reported.remove(&t.tid);
         }
+        Ok(())
+    }
+
+    fn set_partial_breakpoint_registers(&mut self, on: bool) -> bool {
+        self.partial_regs = on && self.config.partial_registers;
+        self.partial_regs
+    }
+
+    fn resume(&mut self, thread: ThreadId, mode: ResumeMode) -> Result<(), TargetError> {
+        let r = self.resume_inner(thread, mode);
+        self.publish_stats();
+        r
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> Result<TargetEvent, TargetError> {
-        if let Some(ev) = self.pending.pop_front() {
-            return Ok(ev);
-        }
-        if let Some(why) = &self.gone {
-            return Ok(TargetEvent::Exited(ExitStatus::Disconnected(why.clone())));
-        }
-        if !self.running {
-            return Ok(TargetEvent::Timeout);
-        }
-        let deadline = timeout.map(|t| Instant::now() + t);
-        loop {
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            // A signal (Ctrl-C) ends the wait: the session checks its flag.
-            match self.client.wait_stop_interruptible(left) {
-                Ok(None) => return Ok(TargetEvent::Timeout),
-                Ok(Some(s)) => {
-                    let ev = match self.on_stop(s, false) {
-                        Ok(ev) => ev,
-                        // The stub died while the stop was being examined.
-                        Err(_) if self.gone.is_some() => {
-                            let why = self.gone.clone().unwrap_or_default();
-                            return Ok(TargetEvent::Exited(ExitStatus::Disconnected(why)));
-                        }
-                        Err(e) => return Err(e),
-                    };
-                    if let Some(ev) = ev {
-                        return Ok(ev);
-                    }
-                    if let Some(ev) = self.pending.pop_front() {
-                        return Ok(ev);
-                    }
-                    if !self.running {
-                        return Ok(TargetEvent::Timeout);
-                    }
-                }
-                Err(e) => {
-                    let why = e.to_string();
-                    self.gone = Some(why.clone());
-                    self.running = false;
-                    return Ok(TargetEvent::Exited(ExitStatus::Disconnected(why)));
-                }
-            }
-        }
+        let r = self.wait_inner(timeout);
+        self.publish_stats();
+        r
     }
 
     fn insert_breakpoint(&mut self, addr: RuntimeAddr) -> Result<(), TargetError> {

@@ -50,7 +50,9 @@ pub enum TargetEvent {
         thread: ThreadId,
         /// The breakpoint's address.
         addr: RuntimeAddr,
-        /// The thread's registers at the hit.
+        /// The thread's registers at the hit (`rip` alone, the rest zero,
+        /// if the caller asked for that with
+        /// [`Target::set_partial_breakpoint_registers`]).
         regs: Registers,
     },
     /// A thread resumed with [`ResumeMode::Step`] executed one instruction.
@@ -227,6 +229,26 @@ pub trait Target {
 
     /// Replace the registers of a stopped thread.
     fn set_registers(&mut self, thread: ThreadId, regs: &Registers) -> Result<(), TargetError>;
+
+    /// Move a stopped thread's instruction pointer to `pc`, leaving every
+    /// other register as it is. The default reads and writes the whole set;
+    /// a target where that costs round trips (a GDB stub) writes `rip` alone.
+    fn set_pc(&mut self, thread: ThreadId, pc: u64) -> Result<(), TargetError> {
+        let mut regs = self.registers(thread)?;
+        regs.rip = pc;
+        self.set_registers(thread, &regs)
+    }
+
+    /// Asks the target to report [`TargetEvent::Breakpoint`] with `rip`
+    /// alone (every other field of its `regs` zero) when fetching the rest
+    /// costs it a round trip; a caller that asks fetches them with
+    /// [`Target::registers`] when it needs them, and moves the thread with
+    /// [`Target::set_pc`]. Other events keep carrying every register.
+    /// Returns whether the target will do so; by default it will not.
+    fn set_partial_breakpoint_registers(&mut self, on: bool) -> bool {
+        let _ = on;
+        false
+    }
 
     /// Resume one stopped thread.
     fn resume(&mut self, thread: ThreadId, mode: ResumeMode) -> Result<(), TargetError>;

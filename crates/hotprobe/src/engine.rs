@@ -2,13 +2,16 @@
 //! boosting, emulation, single-step fixups, return-probe instances, and the
 //! handling of every [`TargetEvent`]. Written once for any [`Target`].
 
-use crate::handler::{EntryInfo, Handler, HitContext, HitKind, ProbeId, RetProbe, Symbolizer};
+use crate::handler::{
+    EntryInfo, Handler, HitContext, HitKind, HitRegs, ProbeId, RetProbe, Symbolizer,
+};
 use crate::EngineError;
 use hotprobe_target::{
     ExitStatus, Registers, ResumeMode, ReturnStrategy, RuntimeAddr, ScratchRegion, Target,
     TargetError, TargetEvent, ThreadId,
 };
-use hotprobe_x86::{Execution, ProbePlan, SLOT_SIZE};
+use hotprobe_x86::{Emulation, Execution, ProbePlan, SLOT_SIZE};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Instant;
@@ -151,12 +154,16 @@ pub struct Engine {
     /// Instructions the planner refuses only because they cannot run out of
     /// line (privileged, far transfers) are single-stepped in place instead.
     step_unsupported_in_place: bool,
+    /// The target reports breakpoint hits with `rip` alone; the rest is
+    /// fetched when a handler or the engine needs it.
+    partial_regs: bool,
 }
 
 impl Engine {
     /// An engine driving `target`; probe ids start at `id_base`.
-    pub fn new(target: Box<dyn Target>, id_base: u32) -> Self {
+    pub fn new(mut target: Box<dyn Target>, id_base: u32) -> Self {
         let strategy = target.return_strategy();
+        let partial_regs = target.set_partial_breakpoint_registers(true);
         Engine {
             target,
             symbolizer: None,
@@ -176,6 +183,7 @@ impl Engine {
             notices: Vec::new(),
             scratch_chunk: SCRATCH_CHUNK,
             step_unsupported_in_place: false,
+            partial_regs,
         }
     }
 
@@ -606,16 +614,18 @@ impl Engine {
         self.stepping.remove(&t);
     }
 
+    /// Runs one handler of probe `id`; an error if the registers it asked
+    /// for could not be fetched.
     fn run_handler(
         &mut self,
         id: ProbeId,
         which: HitKind,
         thread: ThreadId,
-        regs: &mut Registers,
+        regs: &mut HitRegs,
         entry: Option<EntryInfo>,
-    ) {
+    ) -> Result<(), EngineError> {
         let Some(p) = self.probes.get_mut(&id) else {
-            return;
+            return Ok(());
         };
         let addr = p.addr;
         let slot = match (&mut p.kind, which) {
@@ -625,10 +635,10 @@ impl Engine {
             (ProbeKind::Ret { ret, .. }, HitKind::Return) => ret.take(),
             _ => None,
         };
-        let Some(mut f) = slot else { return };
-        {
+        let Some(mut f) = slot else { return Ok(()) };
+        let fetch_error = {
             let mut ctx = HitContext {
-                target: self.target.as_mut(),
+                target: RefCell::new(self.target.as_mut()),
                 thread,
                 regs,
                 probe: id,
@@ -637,9 +647,11 @@ impl Engine {
                 stop: &mut self.stop,
                 symbolizer: self.symbolizer.as_deref(),
                 entry,
+                fetch_error: RefCell::new(None),
             };
             f(&mut ctx);
-        }
+            ctx.fetch_error.into_inner()
+        };
         if let Some(p) = self.probes.get_mut(&id) {
             match (&mut p.kind, which) {
                 (ProbeKind::Plain { pre, .. }, HitKind::Pre) => *pre = Some(f),
@@ -649,23 +661,57 @@ impl Engine {
                 _ => {}
             }
         }
+        match fetch_error {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs one handler on a complete register set.
+    fn run_handler_on(
+        &mut self,
+        id: ProbeId,
+        which: HitKind,
+        thread: ThreadId,
+        regs: &mut Registers,
+        entry: Option<EntryInfo>,
+    ) -> Result<(), EngineError> {
+        let mut hr = HitRegs::complete(*regs);
+        let r = self.run_handler(id, which, thread, &mut hr, entry);
+        if let Some(full) = hr.fetched() {
+            *regs = *full;
+        }
+        r
     }
 
     fn on_breakpoint(
         &mut self,
         thread: ThreadId,
         addr: RuntimeAddr,
-        mut regs: Registers,
+        regs: Registers,
     ) -> Result<(), EngineError> {
+        // A target reporting `rip` alone: fetch the rest only if needed.
+        let mut hr = if self.partial_regs {
+            HitRegs::rip_only(regs.rip)
+        } else {
+            HitRegs::complete(regs)
+        };
         if Some(addr) == self.trampoline {
+            let regs = *hr.fetch(self.target.as_mut(), thread)?;
             return self.on_trampoline(thread, regs);
         }
-        if self.strategy == ReturnStrategy::BreakpointAtReturn {
+        if self.strategy == ReturnStrategy::BreakpointAtReturn
+            && self.return_waiters.contains_key(&addr.0)
+        {
+            let mut regs = *hr.fetch(self.target.as_mut(), thread)?;
             self.match_return_breakpoint(thread, addr, &mut regs)?;
+            hr = HitRegs::complete(regs);
         }
         let Some(site) = self.sites.get(&addr.0) else {
             // Not ours any more (removed meanwhile): run on.
-            self.target.set_registers(thread, &regs)?;
+            if let Some(regs) = hr.fetched() {
+                self.target.set_registers(thread, regs)?;
+            }
             self.target.resume(thread, ResumeMode::Continue)?;
             return Ok(());
         };
@@ -688,22 +734,40 @@ impl Engine {
             match &p.kind {
                 ProbeKind::Plain { post, .. } => {
                     needs_post |= post.is_some();
-                    self.run_handler(*id, HitKind::Pre, thread, &mut regs, None);
+                    self.run_handler(*id, HitKind::Pre, thread, &mut hr, None)?;
                 }
-                ProbeKind::Ret { .. } => self.ret_entry(*id, thread, &mut regs)?,
+                ProbeKind::Ret { .. } => {
+                    let mut regs = *hr.fetch(self.target.as_mut(), thread)?;
+                    self.ret_entry(*id, thread, &mut regs)?;
+                    hr = HitRegs::complete(regs);
+                }
             }
         }
-        if regs.rip != addr.0 {
+        if hr.rip() != addr.0 {
             // A handler redirected the thread: skip the instruction (Kprobes' pre returning 1).
-            self.target.set_registers(thread, &regs)?;
+            if let Some(regs) = hr.fetched() {
+                self.target.set_registers(thread, regs)?;
+            }
             self.target.resume(thread, ResumeMode::Continue)?;
             return Ok(());
         }
         let site = self.sites.get(&addr.0).expect("site still there");
         match (site.plan.execution, site.slot) {
+            (Execution::Emulate(e @ (Emulation::Nop | Emulation::JmpRel { .. })), _)
+                if !needs_post && hr.fetched().is_none() =>
+            {
+                // Only rip moves: no need for the other registers.
+                let next = match e {
+                    Emulation::JmpRel { target } => target,
+                    _ => addr.0.wrapping_add(site.plan.len as u64),
+                };
+                self.target.set_pc(thread, next)?;
+                self.target.resume(thread, ResumeMode::Continue)?;
+            }
             (Execution::Emulate(e), _) => {
                 let len = site.plan.len;
                 let target = &mut self.target;
+                let regs = hr.fetch(target.as_mut(), thread)?;
                 let mut read_stack = |a: u64| -> Result<u64, hotprobe_x86::X86Error> {
                     let mut b = [0u8; 8];
                     target.read_memory(RuntimeAddr(a), &mut b).map_err(|e| {
@@ -714,28 +778,30 @@ impl Engine {
                     })?;
                     Ok(u64::from_le_bytes(b))
                 };
-                let write = hotprobe_x86::emulate(&e, addr.0, len, &mut regs, &mut read_stack)
-                    .map_err(|e| EngineError::Refused {
-                        addr: addr.0,
-                        reason: e.to_string(),
+                let write =
+                    hotprobe_x86::emulate(&e, addr.0, len, regs, &mut read_stack).map_err(|e| {
+                        EngineError::Refused {
+                            addr: addr.0,
+                            reason: e.to_string(),
+                        }
                     })?;
                 if let Some(w) = write {
                     self.target.write_memory(RuntimeAddr(w.addr), &w.bytes)?;
                 }
                 if needs_post {
-                    self.run_posts(&probes, thread, &mut regs);
+                    self.run_posts(&probes, thread, &mut hr)?;
                 }
+                let regs = hr.fetch(self.target.as_mut(), thread)?;
+                let regs = *regs;
                 self.target.set_registers(thread, &regs)?;
                 self.target.resume(thread, ResumeMode::Continue)?;
             }
             (Execution::Boost, Some(slot)) if !needs_post => {
-                regs.rip = slot.0;
-                self.target.set_registers(thread, &regs)?;
+                self.move_to(thread, &mut hr, slot.0)?;
                 self.target.resume(thread, ResumeMode::Continue)?;
             }
             (_, Some(slot)) => {
-                regs.rip = slot.0;
-                self.target.set_registers(thread, &regs)?;
+                self.move_to(thread, &mut hr, slot.0)?;
                 self.stepping.entry(thread).or_default().push(StepState {
                     site: addr.0,
                     in_place: false,
@@ -747,7 +813,9 @@ impl Engine {
                 // No scratch memory: lift the breakpoint and step in place.
                 self.target.remove_breakpoint(addr)?;
                 self.sites.get_mut(&addr.0).expect("site").armed = false;
-                self.target.set_registers(thread, &regs)?;
+                if let Some(regs) = hr.fetched() {
+                    self.target.set_registers(thread, regs)?;
+                }
                 self.stepping.entry(thread).or_default().push(StepState {
                     site: addr.0,
                     in_place: true,
@@ -759,12 +827,32 @@ impl Engine {
         Ok(())
     }
 
-    fn run_posts(&mut self, probes: &[ProbeId], thread: ThreadId, regs: &mut Registers) {
+    /// Points the thread at `pc`: the whole register set if a handler saw
+    /// (and may have changed) it, else `rip` alone.
+    fn move_to(&mut self, thread: ThreadId, hr: &mut HitRegs, pc: u64) -> Result<(), EngineError> {
+        match hr.fetched() {
+            Some(regs) => {
+                let mut regs = *regs;
+                regs.rip = pc;
+                self.target.set_registers(thread, &regs)?;
+            }
+            None => self.target.set_pc(thread, pc)?,
+        }
+        Ok(())
+    }
+
+    fn run_posts(
+        &mut self,
+        probes: &[ProbeId],
+        thread: ThreadId,
+        regs: &mut HitRegs,
+    ) -> Result<(), EngineError> {
         for id in probes {
             if self.probes.get(id).is_some_and(|p| p.enabled) {
-                self.run_handler(*id, HitKind::Post, thread, regs, None);
+                self.run_handler(*id, HitKind::Post, thread, regs, None)?;
             }
         }
+        Ok(())
     }
 
     fn on_stepped(&mut self, thread: ThreadId, mut regs: Registers) -> Result<(), EngineError> {
@@ -796,7 +884,9 @@ impl Engine {
         }
         if st.run_post {
             let probes = site.probes.clone();
-            self.run_posts(&probes, thread, &mut regs);
+            let mut hr = HitRegs::complete(regs);
+            self.run_posts(&probes, thread, &mut hr)?;
+            regs = *hr.fetch(self.target.as_mut(), thread)?;
         }
         self.target.set_registers(thread, &regs)?;
         self.target.resume(thread, ResumeMode::Continue)?;
@@ -866,11 +956,15 @@ impl Engine {
         {
             *live += 1;
         }
-        self.run_handler(id, HitKind::Entry, thread, regs, Some(inst.entry));
-        Ok(())
+        self.run_handler_on(id, HitKind::Entry, thread, regs, Some(inst.entry))
     }
 
-    fn finish_instance(&mut self, inst: Instance, thread: ThreadId, regs: &mut Registers) {
+    fn finish_instance(
+        &mut self,
+        inst: Instance,
+        thread: ThreadId,
+        regs: &mut Registers,
+    ) -> Result<(), EngineError> {
         if let Some(ProbeEntry {
             kind: ProbeKind::Ret { live, .. },
             returns,
@@ -880,9 +974,9 @@ impl Engine {
             *live = live.saturating_sub(1);
             *returns += 1;
         } else {
-            return;
+            return Ok(());
         }
-        self.run_handler(inst.probe, HitKind::Return, thread, regs, Some(inst.entry));
+        self.run_handler_on(inst.probe, HitKind::Return, thread, regs, Some(inst.entry))
     }
 
     fn miss_instance(&mut self, inst: &Instance) {
@@ -918,7 +1012,7 @@ impl Engine {
             self.miss_instance(s);
         }
         regs.rip = inst.return_addr;
-        self.finish_instance(inst, thread, &mut regs);
+        self.finish_instance(inst, thread, &mut regs)?;
         self.target.set_registers(thread, &regs)?;
         self.target.resume(thread, ResumeMode::Continue)?;
         Ok(())
@@ -953,7 +1047,7 @@ impl Engine {
                 break;
             }
         }
-        self.finish_instance(inst, thread, regs);
+        self.finish_instance(inst, thread, regs)?;
         let release = {
             let site = self.sites.get_mut(&addr.0).expect("return site");
             site.return_refs -= 1;
@@ -1003,6 +1097,9 @@ impl Engine {
                     addr,
                     mut regs,
                 } if Some(addr) == self.trampoline => {
+                    if self.partial_regs {
+                        regs = self.target.registers(thread)?;
+                    }
                     let popped = regs.rsp.wrapping_sub(8);
                     if let Some(stack) = self.shadow.get_mut(&thread) {
                         if let Some(pos) = stack.iter().rposition(|i| i.slot == popped) {
@@ -1067,5 +1164,175 @@ impl Engine {
         self.target.detach()?;
         self.gone = Some(ExitStatus::Disconnected("detached".into()));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Probe;
+    use std::rc::Rc;
+
+    /// What the engine asked of the mock target.
+    #[derive(Default)]
+    struct Log {
+        register_reads: u32,
+        register_writes: u32,
+        pc_writes: Vec<u64>,
+        resumes: u32,
+    }
+
+    /// A target with code at `BASE`, scratch at `SCRATCH`, one thread, that
+    /// reports breakpoint hits with `rip` alone.
+    struct Mock {
+        regs: Registers,
+        log: Rc<RefCell<Log>>,
+    }
+
+    const BASE: u64 = 0x40_0000;
+    const SCRATCH: u64 = 0x50_0000;
+    /// `mov eax, 1` (boosted), `nop` (emulated), `ret`.
+    const CODE: &[u8] = &[0xb8, 0x01, 0, 0, 0, 0x90, 0xc3];
+
+    impl Target for Mock {
+        fn describe(&self) -> String {
+            "mock".into()
+        }
+        fn threads(&self) -> Vec<ThreadId> {
+            vec![ThreadId(1)]
+        }
+        fn read_memory(&mut self, addr: RuntimeAddr, buf: &mut [u8]) -> Result<(), TargetError> {
+            let off = addr.0.wrapping_sub(BASE) as usize;
+            match CODE.get(off..off + buf.len()) {
+                Some(src) => {
+                    buf.copy_from_slice(src);
+                    Ok(())
+                }
+                None => Err(TargetError::Memory {
+                    op: "read",
+                    addr: addr.0,
+                    len: buf.len(),
+                    target: self.describe(),
+                }),
+            }
+        }
+        fn write_memory(&mut self, _: RuntimeAddr, _: &[u8]) -> Result<(), TargetError> {
+            Ok(())
+        }
+        fn registers(&mut self, _: ThreadId) -> Result<Registers, TargetError> {
+            self.log.borrow_mut().register_reads += 1;
+            Ok(self.regs)
+        }
+        fn set_registers(&mut self, _: ThreadId, regs: &Registers) -> Result<(), TargetError> {
+            self.log.borrow_mut().register_writes += 1;
+            self.regs = *regs;
+            Ok(())
+        }
+        fn set_pc(&mut self, _: ThreadId, pc: u64) -> Result<(), TargetError> {
+            self.log.borrow_mut().pc_writes.push(pc);
+            self.regs.rip = pc;
+            Ok(())
+        }
+        fn set_partial_breakpoint_registers(&mut self, on: bool) -> bool {
+            on
+        }
+        fn resume(&mut self, _: ThreadId, _: ResumeMode) -> Result<(), TargetError> {
+            self.log.borrow_mut().resumes += 1;
+            Ok(())
+        }
+        fn wait(&mut self, _: Option<std::time::Duration>) -> Result<TargetEvent, TargetError> {
+            Ok(TargetEvent::Timeout)
+        }
+        fn insert_breakpoint(&mut self, _: RuntimeAddr) -> Result<(), TargetError> {
+            Ok(())
+        }
+        fn remove_breakpoint(&mut self, _: RuntimeAddr) -> Result<(), TargetError> {
+            Ok(())
+        }
+        fn stop_all(&mut self) -> Result<(), TargetError> {
+            Ok(())
+        }
+        fn resume_all(&mut self) -> Result<(), TargetError> {
+            Ok(())
+        }
+        fn detach(&mut self) -> Result<(), TargetError> {
+            Ok(())
+        }
+        fn alloc_scratch(
+            &mut self,
+            _: RuntimeAddr,
+            len: u64,
+        ) -> Result<ScratchRegion, TargetError> {
+            Ok(ScratchRegion {
+                start: RuntimeAddr(SCRATCH),
+                len,
+            })
+        }
+    }
+
+    /// A hit at `addr` as the mock reports it: `rip` alone.
+    fn hit(e: &mut Engine, addr: u64) {
+        e.handle(TargetEvent::Breakpoint {
+            thread: ThreadId(1),
+            addr: RuntimeAddr(addr),
+            regs: Registers {
+                rip: addr,
+                ..Registers::default()
+            },
+        })
+        .unwrap();
+    }
+
+    #[test]
+    fn registers_are_fetched_only_when_a_handler_asks() {
+        let log = Rc::new(RefCell::new(Log::default()));
+        let mock = Mock {
+            regs: Registers {
+                rip: BASE,
+                rdi: 7,
+                ..Registers::default()
+            },
+            log: log.clone(),
+        };
+        let mut e = Engine::new(Box::new(mock), 0);
+        let boosted = e
+            .add_probe(RuntimeAddr(BASE), Probe::new().pre(|_| {}))
+            .unwrap();
+        assert_eq!(e.execution_of(RuntimeAddr(BASE)), Some("boosted"));
+
+        // A null handler on a boosted site: rip alone is written, to the slot.
+        hit(&mut e, BASE);
+        assert_eq!(e.stats(boosted).unwrap().hits, 1);
+        assert_eq!(log.borrow().register_reads, 0);
+        assert_eq!(log.borrow().register_writes, 0);
+        assert_eq!(log.borrow().pc_writes, vec![SCRATCH]);
+        assert_eq!(log.borrow().resumes, 1);
+
+        // A null handler on an emulated NOP: rip moves past it, nothing read.
+        let nop = BASE + 5;
+        let p = e
+            .add_probe(RuntimeAddr(nop), Probe::new().pre(|_| {}))
+            .unwrap();
+        assert_eq!(e.execution_of(RuntimeAddr(nop)), Some("emulated"));
+        hit(&mut e, nop);
+        assert_eq!(log.borrow().register_reads, 0);
+        assert_eq!(log.borrow().pc_writes, vec![SCRATCH, nop + 1]);
+
+        // A handler that reads an argument: one fetch, then the whole set
+        // is written back (with rip past the NOP).
+        e.remove_probe(p).unwrap();
+        let seen = Rc::new(RefCell::new(None));
+        let s2 = seen.clone();
+        e.add_probe(
+            RuntimeAddr(nop),
+            Probe::new().pre(move |ctx| *s2.borrow_mut() = ctx.arg(0)),
+        )
+        .unwrap();
+        hit(&mut e, nop);
+        assert_eq!(*seen.borrow(), Some(7));
+        assert_eq!(log.borrow().register_reads, 1);
+        assert_eq!(log.borrow().register_writes, 1);
+        assert_eq!(log.borrow().pc_writes.len(), 2);
+        assert_eq!(log.borrow().resumes, 3);
     }
 }

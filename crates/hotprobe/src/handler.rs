@@ -2,6 +2,7 @@
 //! handlers receive on each hit.
 
 use hotprobe_target::{Registers, RuntimeAddr, Target, TargetError, ThreadId};
+use std::cell::{OnceCell, RefCell};
 use std::time::Instant;
 
 /// A handler: called on a hit with a context to read and write registers and
@@ -113,18 +114,79 @@ pub struct EntryInfo {
     pub return_addr: u64,
 }
 
+/// A hit thread's registers as the engine knows them: every register, or
+/// `rip` alone until something asks for the rest (a target reporting
+/// partial registers, see [`Target::set_partial_breakpoint_registers`]).
+#[derive(Debug)]
+pub(crate) struct HitRegs {
+    /// `rip` (and nothing else) while `full` is empty.
+    partial: Registers,
+    full: OnceCell<Registers>,
+}
+
+impl HitRegs {
+    /// Every register known.
+    pub(crate) fn complete(regs: Registers) -> Self {
+        HitRegs {
+            partial: regs,
+            full: OnceCell::from(regs),
+        }
+    }
+
+    /// Only `rip` known.
+    pub(crate) fn rip_only(rip: u64) -> Self {
+        HitRegs {
+            partial: Registers {
+                rip,
+                ..Registers::default()
+            },
+            full: OnceCell::new(),
+        }
+    }
+
+    /// The instruction pointer (always known).
+    pub(crate) fn rip(&self) -> u64 {
+        self.full.get().map_or(self.partial.rip, |r| r.rip)
+    }
+
+    /// Every register, if fetched (and possibly changed by a handler).
+    pub(crate) fn fetched(&self) -> Option<&Registers> {
+        self.full.get()
+    }
+
+    /// Every register, fetched from `target` the first time.
+    pub(crate) fn fetch(
+        &mut self,
+        target: &mut dyn Target,
+        thread: ThreadId,
+    ) -> Result<&mut Registers, TargetError> {
+        if self.full.get().is_none() {
+            let r = target.registers(thread)?;
+            let _ = self.full.set(r);
+        }
+        Ok(self.full.get_mut().unwrap_or(&mut self.partial))
+    }
+}
+
 /// The context a handler runs in: the hit thread's registers (writable), the
 /// target's memory, symbolization, and a way to stop the event loop.
+///
+/// The registers are fetched from the target the first time a handler asks
+/// for them ([`HitContext::regs`], [`HitContext::arg`], ...), so a handler
+/// that needs none costs a guest no register packet.
 pub struct HitContext<'a> {
-    pub(crate) target: &'a mut dyn Target,
+    pub(crate) target: RefCell<&'a mut dyn Target>,
     pub(crate) thread: ThreadId,
-    pub(crate) regs: &'a mut Registers,
+    pub(crate) regs: &'a mut HitRegs,
     pub(crate) probe: ProbeId,
     pub(crate) addr: RuntimeAddr,
     pub(crate) kind: HitKind,
     pub(crate) stop: &'a mut bool,
     pub(crate) symbolizer: Option<&'a dyn Symbolizer>,
     pub(crate) entry: Option<EntryInfo>,
+    /// A failure to fetch the registers, reported by the engine after the
+    /// handler (which saw `rip` alone meanwhile).
+    pub(crate) fetch_error: RefCell<Option<TargetError>>,
 }
 
 impl HitContext<'_> {
@@ -148,15 +210,27 @@ impl HitContext<'_> {
         self.thread
     }
 
-    /// The thread's registers.
+    /// The thread's registers (fetched from the target on first use; if
+    /// that fails, `rip` alone and the engine reports the error after the
+    /// handler).
     pub fn regs(&self) -> &Registers {
         self.regs
+            .full
+            .get_or_init(|| match self.target.borrow_mut().registers(self.thread) {
+                Ok(r) => r,
+                Err(e) => {
+                    *self.fetch_error.borrow_mut() = Some(e);
+                    self.regs.partial
+                }
+            })
     }
 
     /// The thread's registers, writable: changes are applied when the
     /// thread resumes.
     pub fn regs_mut(&mut self) -> &mut Registers {
-        self.regs
+        let _ = self.regs();
+        let HitRegs { partial, full } = &mut *self.regs;
+        full.get_mut().unwrap_or(partial)
     }
 
     /// The `n`th integer argument at entry (System V: rdi, rsi, rdx, rcx,
@@ -164,13 +238,13 @@ impl HitContext<'_> {
     pub fn arg(&self, n: usize) -> Option<u64> {
         match &self.entry {
             Some(e) if self.kind == HitKind::Return => e.regs.arg(n),
-            _ => self.regs.arg(n),
+            _ => self.regs().arg(n),
         }
     }
 
     /// The return value (rax); meaningful in a return handler.
     pub fn return_value(&self) -> u64 {
-        self.regs.rax
+        self.regs().rax
     }
 
     /// For entry and return handlers of a return probe: the call's entry
@@ -181,12 +255,12 @@ impl HitContext<'_> {
 
     /// Read target memory.
     pub fn read_memory(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), TargetError> {
-        self.target.read_memory(RuntimeAddr(addr), buf)
+        self.target.get_mut().read_memory(RuntimeAddr(addr), buf)
     }
 
     /// Write target memory.
     pub fn write_memory(&mut self, addr: u64, data: &[u8]) -> Result<(), TargetError> {
-        self.target.write_memory(RuntimeAddr(addr), data)
+        self.target.get_mut().write_memory(RuntimeAddr(addr), data)
     }
 
     /// Read a little-endian u64.

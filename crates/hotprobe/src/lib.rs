@@ -32,7 +32,9 @@ pub use hotprobe_target::{
     ExitStatus, Registers, ResumeMode, ReturnStrategy, RuntimeAddr, Target, TargetError,
     TargetEvent, ThreadId,
 };
-pub use resolve::{BlacklistEntry, ProcessResolver, Resolver, SIGRETURN_SYMBOLS};
+pub use resolve::{
+    check_probe_point, BlacklistEntry, ProcessResolver, Resolver, SIGRETURN_SYMBOLS,
+};
 
 use std::time::Duration;
 

@@ -38,6 +38,49 @@ pub trait Resolver {
     fn symbolizer(&self) -> Box<dyn Symbolizer>;
 }
 
+/// The checks every resolver makes on a resolved probe: its address is in
+/// no `blacklist` entry and, inside a function but not at its first byte,
+/// starts an instruction (the target's code is decoded from the function's
+/// start up to one instruction past the address). `Err(reason)` otherwise.
+pub fn check_probe_point(
+    probe: &ResolvedProbe,
+    blacklist: &[BlacklistEntry],
+    target: &mut dyn Target,
+) -> Result<(), String> {
+    if let Some(b) = blacklist
+        .iter()
+        .find(|b| probe.addr >= b.start && probe.addr < b.end)
+    {
+        return Err(format!("{:#x} is blacklisted: {}", probe.addr.0, b.what));
+    }
+    let Some(range) = &probe.function_range else {
+        return Ok(());
+    };
+    if probe.addr == range.start {
+        return Ok(());
+    }
+    let upto = probe.addr.0.saturating_sub(range.start.0);
+    let len = (upto + hotprobe_x86::MAX_INSN_LEN as u64)
+        .min(range.end.0.saturating_sub(range.start.0))
+        .min(1 << 20) as usize;
+    let mut code = vec![0u8; len];
+    if let Err(e) = target.read_memory(range.start, &mut code) {
+        return Err(format!(
+            "cannot read the code of {} to check instruction boundaries: {e}",
+            probe.function.as_deref().unwrap_or("?")
+        ));
+    }
+    if !hotprobe_x86::is_instruction_boundary(&code, range.start.0, probe.addr.0) {
+        return Err(format!(
+            "{:#x} ({}+{:#x}) is in the middle of an instruction",
+            probe.addr.0,
+            probe.function.as_deref().unwrap_or("?"),
+            probe.offset
+        ));
+    }
+    Ok(())
+}
+
 /// Signal-return trampolines: probing them breaks every signal delivery.
 pub const SIGRETURN_SYMBOLS: &[&str] = &["__restore_rt", "__restore", "__vdso_rt_sigreturn"];
 
@@ -89,35 +132,7 @@ impl Resolver for ProcessResolver {
                 probe.addr.0, probe.module
             ));
         }
-        for b in self.blacklist() {
-            if probe.addr >= b.start && probe.addr < b.end {
-                return Err(format!("{:#x} is blacklisted: {}", probe.addr.0, b.what));
-            }
-        }
-        let Some(range) = &probe.function_range else {
-            return Ok(());
-        };
-        if probe.addr == range.start {
-            return Ok(());
-        }
-        // Not the function's first byte: it must start an instruction.
-        let len = (range.end.0.saturating_sub(range.start.0)).min(1 << 20) as usize;
-        let mut code = vec![0u8; len];
-        if target.read_memory(range.start, &mut code).is_err() {
-            return Err(format!(
-                "cannot read the code of {} to check instruction boundaries",
-                probe.function.as_deref().unwrap_or("?")
-            ));
-        }
-        if !hotprobe_x86::is_instruction_boundary(&code, range.start.0, probe.addr.0) {
-            return Err(format!(
-                "{:#x} ({}+{:#x}) is in the middle of an instruction",
-                probe.addr.0,
-                probe.function.as_deref().unwrap_or("?"),
-                probe.offset
-            ));
-        }
-        Ok(())
+        check_probe_point(probe, &self.blacklist(), target)
     }
 
     fn blacklist(&self) -> Vec<BlacklistEntry> {
