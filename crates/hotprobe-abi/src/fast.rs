@@ -31,11 +31,12 @@ pub struct ThreadBlock {
     pub events: AtomicU64,
     /// Ring capacity − 1.
     pub mask: AtomicU64,
-    /// The producer's copy of the consumer's tail (see [`crate::Producer::push`]).
-    pub cached_tail: AtomicU64,
-    /// The thread's Linux tid, shifted left by 32 (word 1 of an event is
-    /// `probe_id | tid << 32`).
-    pub tid_hi: AtomicU64,
+    /// The producer's write limit: its last copy of the consumer's tail
+    /// plus the ring's capacity; event `head` may be written while
+    /// `head < limit` (0 forces a refresh; see [`crate::Producer::push`]).
+    pub limit: AtomicU64,
+    /// Reserved, zero.
+    pub reserved0: AtomicU64,
     /// Address of the shared memory's [`crate::Header`].
     pub header: AtomicU64,
     /// Non-zero while the agent or a stub writes this thread's ring.
@@ -54,10 +55,8 @@ pub const TB_CTL: i32 = offset_of!(ThreadBlock, ctl) as i32;
 pub const TB_EVENTS: i32 = offset_of!(ThreadBlock, events) as i32;
 /// Offset of [`ThreadBlock::mask`].
 pub const TB_MASK: i32 = offset_of!(ThreadBlock, mask) as i32;
-/// Offset of [`ThreadBlock::cached_tail`].
-pub const TB_CACHED_TAIL: i32 = offset_of!(ThreadBlock, cached_tail) as i32;
-/// Offset of [`ThreadBlock::tid_hi`].
-pub const TB_TID_HI: i32 = offset_of!(ThreadBlock, tid_hi) as i32;
+/// Offset of [`ThreadBlock::limit`].
+pub const TB_LIMIT: i32 = offset_of!(ThreadBlock, limit) as i32;
 /// Offset of [`ThreadBlock::header`].
 pub const TB_HEADER: i32 = offset_of!(ThreadBlock, header) as i32;
 /// Offset of [`ThreadBlock::busy`].

@@ -8,9 +8,18 @@
 //! threads_offset      ThreadSlot[n_threads], each thread_stride bytes:
 //!                       +0                     RingCtl (192 bytes)
 //!                       +THREAD_COUNTERS_OFFSET AtomicU64[n_probes] per-thread counters
-//!                       +events_offset          Event[ring_capacity]
+//!                       +events_offset          event slots: ring_capacity × event_size bytes
 //! ```
 //! Every offset is a multiple of 64 (sections start on a page).
+//!
+//! An event slot is [`Header::event_size`] bytes — [`EVENT_SIZE_COMPACT`]
+//! (32) or [`EVENT_SIZE_FULL`] (64), chosen by the tracer — of little-endian
+//! words: the raw TSC, a *meta* word (see [`pack_meta`]: probe id, kind,
+//! number of values, flags), then the values (2 or 6); the tid is the
+//! ring owner's. Slots are
+//! powers of two and never straddle a cache line; the producer writes only
+//! the words an event uses. [`Event`] is the decoded form the consumer hands
+//! out.
 
 use core::mem::{align_of, offset_of, size_of};
 use core::sync::atomic::{AtomicU32, AtomicU64};
@@ -20,7 +29,7 @@ use crate::AbiError;
 /// `b"HOTPROBE"` read as a little-endian `u64`: the first word of the mapping.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"HOTPROBE");
 /// Version of this layout; bumped on any incompatible change.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 /// Size of [`Header`] in bytes.
 pub const HEADER_SIZE: usize = 256;
 /// Alignment of every section start (the site table and the thread slots).
@@ -116,8 +125,9 @@ pub struct Header {
     pub agent_pid: AtomicU32,
     /// `hotprobe_agent_version()` of the agent that attached (agent).
     pub agent_abi_version: AtomicU32,
-    /// Reserved, zero.
-    pub reserved0: u32,
+    /// Bytes per event slot: [`EVENT_SIZE_COMPACT`] or [`EVENT_SIZE_FULL`]
+    /// (plain field, written at creation).
+    pub event_size: u32,
     /// Run-time address of `hotprobe_agent_entry_trampoline` (agent).
     pub entry_trampoline: AtomicU64,
     /// Run-time address of `hotprobe_agent_exit_trampoline` (agent).
@@ -163,6 +173,7 @@ const _: () = assert!(offset_of!(Header, control) == 72);
 const _: () = assert!(offset_of!(Header, heartbeat_tsc) == 80);
 const _: () = assert!(offset_of!(Header, entry_trampoline) == 112);
 const _: () = assert!(offset_of!(Header, near_page) == 136);
+const _: () = assert!(offset_of!(Header, event_size) == 108);
 const _: () = assert!(offset_of!(Header, reentries) == 184);
 const _: () = assert!(offset_of!(Header, thread_tpoff) == 216);
 
@@ -220,7 +231,8 @@ const _: () = assert!(offset_of!(RingCtl, dropped) == 136);
 /// Offset of the per-thread counter array inside a thread slot.
 pub const THREAD_COUNTERS_OFFSET: usize = size_of::<RingCtl>();
 
-/// [`Event::kind`]: function entry (args are rdi, rsi, rdx, rcx, r8, r9).
+/// [`Event::kind`]: function entry (args are rdi, rsi, rdx, rcx, r8, r9,
+/// as many as the slot holds).
 pub const KIND_ENTRY: u8 = 0;
 /// [`Event::kind`]: function exit (args[0] = rax, args[1] = rdx at the site).
 pub const KIND_EXIT: u8 = 1;
@@ -230,7 +242,47 @@ pub const EXIT_UNWOUND: u16 = 1;
 /// [`Event::kind`]: a mid-function site (args as for entry).
 pub const KIND_HIT: u8 = 2;
 
-/// One recorded event (72 bytes).
+/// Event slot size holding 2 values (tsc, meta, 2 values = 32 bytes):
+/// exits (rax, rdx), and entries recorded with at most 2 arguments.
+pub const EVENT_SIZE_COMPACT: u32 = 32;
+/// Event slot size holding 6 values (tsc, meta, 6 values = 64 bytes, one
+/// cache line): entries recorded with up to 6 arguments.
+pub const EVENT_SIZE_FULL: u32 = 64;
+/// Words of an event slot before its values (tsc, meta).
+pub const EVENT_HEADER_WORDS: usize = 2;
+
+/// Meta word: mask of the probe id (bits 0–23; probe ids are below 2^24).
+pub const META_PROBE_MASK: u64 = (1 << 24) - 1;
+/// Meta word: shift of the kind (`KIND_*`, 2 bits).
+pub const META_KIND_SHIFT: u32 = 24;
+/// Meta word: shift of the number of values stored (3 bits, ≤ 6).
+pub const META_NVALUES_SHIFT: u32 = 26;
+/// Meta word: shift of the flags ([`Event::reserved`], 2 bits: [`EXIT_UNWOUND`]).
+pub const META_FLAGS_SHIFT: u32 = 29;
+
+/// The meta word (word 1) of an event slot: `probe | kind << 24 |
+/// nvalues << 26 | flags << 29`. Bits 31–63 are zero: a meta word is a
+/// positive `i32` that a stub stores as one sign-extended immediate. The
+/// event's tid is not stored: it is the ring owner's
+/// ([`RingCtl::owner_tid`]), which the consumer fills in. Out-of-range
+/// fields are truncated to their bits.
+#[inline(always)]
+pub const fn pack_meta(probe: u32, kind: u8, nvalues: u8, flags: u16) -> u64 {
+    (probe as u64 & META_PROBE_MASK)
+        | ((kind as u64 & 3) << META_KIND_SHIFT)
+        | ((nvalues as u64 & 7) << META_NVALUES_SHIFT)
+        | ((flags as u64 & 3) << META_FLAGS_SHIFT)
+}
+
+/// Values an event slot of `event_size` bytes holds (2 or 6).
+#[inline(always)]
+pub const fn slot_values(event_size: u32) -> usize {
+    event_size as usize / 8 - EVENT_HEADER_WORDS
+}
+
+/// One recorded event, decoded (what [`crate::Consumer::drain`] hands out
+/// and [`crate::Producer::push`] takes; in the ring it is a 32- or 64-byte
+/// slot, see the module docs).
 ///
 /// `tsc` is the raw `rdtsc` value (invariant, constant TSC assumed; convert
 /// with [`TscCalibration`]): rdtsc costs ≈ 8–12 ns here against 29 ns for
@@ -241,25 +293,26 @@ pub const KIND_HIT: u8 = 2;
 pub struct Event {
     /// Raw time stamp counter at the hit.
     pub tsc: u64,
-    /// Probe id from the site table.
+    /// Probe id from the site table (below 2^24).
     pub probe_id: u32,
-    /// Linux thread id of the thread that hit.
+    /// Linux thread id of the thread that hit (the ring's
+    /// [`RingCtl::owner_tid`]; not stored in the slot).
     pub tid: u32,
     /// `KIND_*`.
     pub kind: u8,
-    /// Number of meaningful entries of `args` (6 for entry/hit, 2 for exit).
+    /// Number of meaningful entries of `args`: for entry/hit, 6 with
+    /// [`EVENT_SIZE_FULL`] slots, 2 with [`EVENT_SIZE_COMPACT`] ones; 2 for
+    /// exit (0 when unwound). The rest of `args` is 0.
     pub nargs: u8,
-    /// Reserved, zero.
+    /// Flags ([`EXIT_UNWOUND`]; 2 bits survive the ring).
     pub reserved: u16,
-    /// Reserved, zero.
+    /// Reserved, zero (not stored in the ring).
     pub reserved2: u32,
     /// Argument registers (entry/hit) or rax, rdx (exit).
     pub args: [u64; 6],
 }
 const _: () = assert!(size_of::<Event>() == 72);
 const _: () = assert!(align_of::<Event>() == 8);
-const _: () = assert!(offset_of!(Event, kind) == 16);
-const _: () = assert!(offset_of!(Event, args) == 24);
 
 /// Sizes the tracer chooses when it creates the memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -272,6 +325,9 @@ pub struct Params {
     pub n_threads: u32,
     /// Events per ring; a power of two ≥ 2.
     pub ring_capacity: u32,
+    /// Bytes per event slot: [`EVENT_SIZE_COMPACT`] (entries keep 2
+    /// arguments) or [`EVENT_SIZE_FULL`] (6).
+    pub event_size: u32,
 }
 
 /// Validated offsets and sizes of a mapping, computed from [`Params`].
@@ -293,6 +349,8 @@ pub struct Layout {
     pub total_size: usize,
     /// Shift for [`site_hash`].
     pub site_shift: u32,
+    /// log2 of `params.event_size` (slot `i` is at `i << event_shift`).
+    pub event_shift: u32,
 }
 
 const fn align_up(x: usize, a: usize) -> Option<usize> {
@@ -321,6 +379,9 @@ impl Layout {
                 "n_probes in 1..=2^24, n_threads in 1..=65536",
             ));
         }
+        if p.event_size != EVENT_SIZE_COMPACT && p.event_size != EVENT_SIZE_FULL {
+            return Err(AbiError::BadParams("event_size must be 32 or 64"));
+        }
         let overflow = AbiError::BadParams("sizes overflow");
         let sites_offset = PAGE;
         let sites_bytes = p.n_site_slots as usize * size_of::<SiteSlot>();
@@ -329,7 +390,7 @@ impl Layout {
         let threads_offset = align_up(counters_offset + counters_bytes, PAGE).ok_or(overflow)?;
         let events_offset =
             align_up(THREAD_COUNTERS_OFFSET + counters_bytes, 64).ok_or(overflow)?;
-        let ring_bytes = p.ring_capacity as usize * size_of::<Event>();
+        let ring_bytes = p.ring_capacity as usize * p.event_size as usize;
         let thread_stride = align_up(events_offset + ring_bytes, 64).ok_or(overflow)?;
         let total = thread_stride
             .checked_mul(p.n_threads as usize)
@@ -345,6 +406,7 @@ impl Layout {
             events_offset,
             total_size: total,
             site_shift: 64 - p.n_site_slots.trailing_zeros(),
+            event_shift: p.event_size.trailing_zeros(),
         })
     }
 
@@ -368,6 +430,7 @@ impl Layout {
             n_site_slots: h.n_site_slots,
             n_threads: h.n_threads,
             ring_capacity: h.ring_capacity,
+            event_size: h.event_size,
         })?;
         if h.total_size != l.total_size as u64
             || h.sites_offset != l.sites_offset as u64
@@ -416,6 +479,8 @@ pub struct HeaderFields {
     pub threads_offset: u64,
     /// See [`Header::thread_stride`].
     pub thread_stride: u64,
+    /// See [`Header::event_size`].
+    pub event_size: u32,
 }
 
 /// Converts raw TSC values to `CLOCK_MONOTONIC` nanoseconds from two

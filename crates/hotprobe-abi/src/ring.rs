@@ -3,73 +3,97 @@
 //! full ring drops the event and counts it in [`RingCtl::dropped`].
 //!
 //! `head` and `tail` are free-running u64 counters (never wrap in practice);
-//! the slot of event `n` is `n & (capacity - 1)`.
+//! the slot of event `n` is `n & (capacity - 1)`, at byte
+//! `(n & (capacity - 1)) << event_shift` of the ring (see the layout's
+//! module docs for a slot's words).
 
 use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
-use crate::layout::{Event, RingCtl};
+use crate::layout::{
+    pack_meta, Event, RingCtl, EVENT_HEADER_WORDS, META_FLAGS_SHIFT, META_KIND_SHIFT,
+    META_NVALUES_SHIFT, META_PROBE_MASK,
+};
 use crate::AbiError;
 
 /// The producing side of one ring (the owning thread in the agent).
 #[derive(Debug)]
 pub struct Producer<'a> {
     pub(crate) ctl: &'a RingCtl,
-    pub(crate) events: *mut Event,
+    pub(crate) events: *mut u8,
     pub(crate) mask: u64,
+    /// log2 of the slot size.
+    pub(crate) shift: u32,
+    /// Values a slot holds (2 or 6).
+    pub(crate) values: usize,
 }
 
 impl Producer<'_> {
     /// Appends one event, or counts a drop and returns `false` when the ring
-    /// is full. `cached_tail` is the producer's private copy of the consumer's
-    /// `tail` (start it at 0): it is refreshed only when the ring looks full,
-    /// so the fast path never touches the consumer's cache line.
+    /// is full. `limit` is the producer's private write limit — its last
+    /// copy of the consumer's `tail` plus the capacity (start it at 0) —:
+    /// it is refreshed only when `head` reaches it, so the fast path never
+    /// touches the consumer's cache line.
     ///
-    /// Writes the event word by word with volatile 8-byte stores (no vector
-    /// registers are used, which the agent's trampolines rely on).
+    /// Writes the slot's tsc and meta words and the event's first `nargs`
+    /// values (at most what a slot holds; the rest are dropped) with
+    /// volatile 8-byte stores (no vector registers are used, which the
+    /// agent's trampolines rely on). `ev.tid` is not stored (the consumer
+    /// reports the ring owner's).
     ///
     /// # Safety
     /// At most one producer may push to a given ring at a time (the agent
     /// guarantees it with one ring per thread and a re-entry guard).
     #[inline(always)]
-    pub unsafe fn push(&self, cached_tail: &mut u64, ev: &Event) -> bool {
+    pub unsafe fn push(&self, limit: &mut u64, ev: &Event) -> bool {
         // Relaxed: only this producer writes head.
         let head = self.ctl.head.load(Relaxed);
-        if head.wrapping_sub(*cached_tail) > self.mask {
+        if head >= *limit {
             // Acquire pairs with the consumer's `tail.store(.., Release)` in
             // `Consumer::drain`: the consumer's reads of the slots it freed
             // happen before we overwrite them.
-            *cached_tail = self.ctl.tail.load(Acquire);
-            if head.wrapping_sub(*cached_tail) > self.mask {
+            let tail = self.ctl.tail.load(Acquire);
+            if head.wrapping_sub(tail) > self.mask {
                 // Relaxed load+store, not fetch_add: single writer (no lock prefix).
                 let d = self.ctl.dropped.load(Relaxed);
                 self.ctl.dropped.store(d.wrapping_add(1), Relaxed);
                 return false;
             }
+            *limit = tail.wrapping_add(self.mask + 1);
         }
-        let words: [u64; 9] = [
-            ev.tsc,
-            ev.probe_id as u64 | (ev.tid as u64) << 32,
-            ev.kind as u64
-                | (ev.nargs as u64) << 8
-                | (ev.reserved as u64) << 16
-                | (ev.reserved2 as u64) << 32,
-            ev.args[0],
-            ev.args[1],
-            ev.args[2],
-            ev.args[3],
-            ev.args[4],
-            ev.args[5],
-        ];
-        // SAFETY: `events` points to `mask + 1` events inside the mapping
-        // (checked by `Shm::producer`), the index is masked, and the slot is
-        // free (head - tail <= mask above), so the consumer is not reading it.
-        let slot = unsafe { self.events.add((head & self.mask) as usize) } as *mut u64;
-        let mut i = 0;
-        while i < 9 {
-            // SAFETY: `slot` is 8-aligned (Event has align 8 inside a 64-aligned
-            // array) and `i < 9` words = 72 bytes = size_of::<Event>().
-            unsafe { slot.add(i).write_volatile(words[i]) };
-            i += 1;
+        // Only the words the event uses: tsc, meta, then its values (as many
+        // as it has, at most what the slot holds).
+        let nv = (ev.nargs as usize).min(self.values).min(ev.args.len());
+        let meta = pack_meta(ev.probe_id, ev.kind, nv as u8, ev.reserved);
+        // SAFETY: `events` points to `mask + 1` slots of `1 << shift` bytes
+        // inside the mapping (checked by `Shm::producer`), the index is
+        // masked, and the slot is free (head - tail <= mask above), so the
+        // consumer is not reading it. Slots are 8-aligned (64-aligned array
+        // of 32- or 64-byte slots) and `2 + nv` words fit in one.
+        unsafe {
+            let slot = self.events.add(((head & self.mask) << self.shift) as usize) as *mut u64;
+            slot.write_volatile(ev.tsc);
+            slot.add(1).write_volatile(meta);
+            // Constant indices only (no loop over `nv`): the event stays in
+            // general registers, never copied through vector registers.
+            let v = slot.add(EVENT_HEADER_WORDS);
+            if nv > 0 {
+                v.write_volatile(ev.args[0]);
+            }
+            if nv > 1 {
+                v.add(1).write_volatile(ev.args[1]);
+            }
+            if nv > 2 {
+                v.add(2).write_volatile(ev.args[2]);
+            }
+            if nv > 3 {
+                v.add(3).write_volatile(ev.args[3]);
+            }
+            if nv > 4 {
+                v.add(4).write_volatile(ev.args[4]);
+            }
+            if nv > 5 {
+                v.add(5).write_volatile(ev.args[5]);
+            }
         }
         // Release pairs with the consumer's `head.load(Acquire)` in
         // `Consumer::drain`: the event's words are visible before the new head.
@@ -91,8 +115,12 @@ pub struct DrainStats {
 #[derive(Debug)]
 pub struct Consumer<'a> {
     pub(crate) ctl: &'a RingCtl,
-    pub(crate) events: *const Event,
+    pub(crate) events: *const u8,
     pub(crate) mask: u64,
+    /// log2 of the slot size.
+    pub(crate) shift: u32,
+    /// Values a slot holds (2 or 6).
+    pub(crate) values: usize,
 }
 
 impl Consumer<'_> {
@@ -113,12 +141,19 @@ impl Consumer<'_> {
             self.ctl.tail.store(head, Release);
             return Err(AbiError::RingCorrupt { head, tail });
         }
+        // Relaxed: written once at claim, before the first event (and the
+        // head Acquire above orders it anyway).
+        let tid = self.ctl.owner_tid.load(Relaxed);
         let mut i = tail;
         while i != head {
-            // SAFETY: `events` points to `mask + 1` events in the mapping
-            // (checked by `Shm::consumer`), the index is masked; the producer
-            // does not write slots in [tail, head) until we move tail.
-            let ev = unsafe { self.events.add((i & self.mask) as usize).read_volatile() };
+            // SAFETY: `events` points to `mask + 1` slots of `1 << shift`
+            // bytes in the mapping (checked by `Shm::consumer`), the index is
+            // masked; the producer does not write slots in [tail, head) until
+            // we move tail. The number of values read is bounded by the slot.
+            let ev = unsafe {
+                let slot = self.events.add(((i & self.mask) << self.shift) as usize) as *const u64;
+                decode(slot, self.values, tid)
+            };
             f(&ev);
             i = i.wrapping_add(1);
         }
@@ -129,5 +164,43 @@ impl Consumer<'_> {
             read: n,
             dropped: self.ctl.dropped.load(Relaxed),
         })
+    }
+}
+
+/// Decodes the slot at `slot` of the ring owned by `tid` (its `values`
+/// values are read; those beyond the meta word's count are zeroed).
+///
+/// # Safety
+/// `slot` must be valid for volatile reads of `2 + values` words.
+#[inline(always)]
+unsafe fn decode(slot: *const u64, values: usize, tid: u32) -> Event {
+    // Reads word `k` of the slot; only called with k < 2 + `values`.
+    let w = |k: usize| {
+        // SAFETY: caller contract: the slot holds 2 + `values` words, and
+        // `values` is 2 or 6 (the callers below read within that).
+        unsafe { slot.add(k).read_volatile() }
+    };
+    let (tsc, meta) = (w(0), w(1));
+    let nv = (((meta >> META_NVALUES_SHIFT) & 7) as usize).min(values);
+    // Whole-slot reads and masks rather than a loop over `nv` words: the
+    // event is then built in registers (a per-word loop made the copy of
+    // the event that follows miss store forwarding, ≈ 10 ns per event).
+    let mut args = if values >= 6 {
+        [w(2), w(3), w(4), w(5), w(6), w(7)]
+    } else {
+        [w(2), w(3), 0, 0, 0, 0]
+    };
+    for (k, a) in args.iter_mut().enumerate() {
+        *a &= 0u64.wrapping_sub((k < nv) as u64);
+    }
+    Event {
+        tsc,
+        probe_id: (meta & META_PROBE_MASK) as u32,
+        tid,
+        kind: ((meta >> META_KIND_SHIFT) & 3) as u8,
+        nargs: nv as u8,
+        reserved: ((meta >> META_FLAGS_SHIFT) & 3) as u16,
+        reserved2: 0,
+        args,
     }
 }

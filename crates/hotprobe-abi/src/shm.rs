@@ -5,8 +5,8 @@ use core::sync::atomic::AtomicU64;
 use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 use crate::layout::{
-    site_hash, Event, Header, HeaderFields, Layout, Params, RingCtl, SiteSlot, HEADER_SIZE, MAGIC,
-    THREAD_COUNTERS_OFFSET, VERSION,
+    site_hash, slot_values, Header, HeaderFields, Layout, Params, RingCtl, SiteSlot, HEADER_SIZE,
+    MAGIC, THREAD_COUNTERS_OFFSET, VERSION,
 };
 use crate::ring::{Consumer, Producer};
 use crate::AbiError;
@@ -70,6 +70,7 @@ impl Shm {
             core::ptr::addr_of_mut!((*h).counters_offset).write(layout.counters_offset as u64);
             core::ptr::addr_of_mut!((*h).threads_offset).write(layout.threads_offset as u64);
             core::ptr::addr_of_mut!((*h).thread_stride).write(layout.thread_stride as u64);
+            core::ptr::addr_of_mut!((*h).event_size).write(params.event_size);
             core::ptr::addr_of_mut!((*h).magic).write_volatile(MAGIC);
         }
         Ok(Shm { base, len, layout })
@@ -109,6 +110,7 @@ impl Shm {
                 counters_offset: core::ptr::addr_of!((*h).counters_offset).read_volatile(),
                 threads_offset: core::ptr::addr_of!((*h).threads_offset).read_volatile(),
                 thread_stride: core::ptr::addr_of!((*h).thread_stride).read_volatile(),
+                event_size: core::ptr::addr_of!((*h).event_size).read_volatile(),
             }
         };
         let layout = Layout::from_header(&f, len)?;
@@ -277,15 +279,16 @@ impl Shm {
         })
     }
 
-    fn events(&self, slot: u32) -> Option<*mut Event> {
+    fn events(&self, slot: u32) -> Option<*mut u8> {
         // SAFETY: in bounds per layout.
         self.thread_base(slot)
-            .map(|p| unsafe { p.add(self.layout.events_offset) as *mut Event })
+            .map(|p| unsafe { p.add(self.layout.events_offset) })
     }
 
-    /// Address of the first event of thread slot `slot`'s ring.
+    /// Address of the first event slot of thread slot `slot`'s ring (slots
+    /// of [`Layout::params`]`.event_size` bytes, 64-byte aligned).
     #[inline(always)]
-    pub fn ring_events(&self, slot: u32) -> Option<*mut Event> {
+    pub fn ring_events(&self, slot: u32) -> Option<*mut u8> {
         self.events(slot)
     }
 
@@ -296,6 +299,8 @@ impl Shm {
             ctl: self.ring_ctl(slot)?,
             events: self.events(slot)?,
             mask: self.layout.params.ring_capacity as u64 - 1,
+            shift: self.layout.event_shift,
+            values: slot_values(self.layout.params.event_size),
         })
     }
 
@@ -306,6 +311,8 @@ impl Shm {
             ctl: self.ring_ctl(slot)?,
             events: self.events(slot)?,
             mask: self.layout.params.ring_capacity as u64 - 1,
+            shift: self.layout.event_shift,
+            values: slot_values(self.layout.params.event_size),
         })
     }
 

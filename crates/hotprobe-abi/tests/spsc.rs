@@ -52,13 +52,33 @@ fn ev(i: u64) -> Event {
     }
 }
 
+/// `e` as a ring of `event_size`-byte slots gives it back: the first
+/// values that fit, the rest zero.
+fn fitted(e: Event, event_size: u32) -> Event {
+    let n = (e.nargs as usize).min(slot_values(event_size));
+    let mut args = [0; 6];
+    args[..n].copy_from_slice(&e.args[..n]);
+    Event {
+        nargs: n as u8,
+        args,
+        ..e
+    }
+}
+
 #[test]
 fn spsc_two_threads_no_loss_no_duplicate_drops_counted() {
+    for event_size in [EVENT_SIZE_COMPACT, EVENT_SIZE_FULL] {
+        spsc_two_threads(event_size);
+    }
+}
+
+fn spsc_two_threads(event_size: u32) {
     let params = Params {
         n_probes: 8,
         n_site_slots: 16,
         n_threads: 2,
         ring_capacity: 64,
+        event_size,
     };
     let (buf, shm) = make(params);
     // The consumer side attaches like the agent would, through the header.
@@ -93,7 +113,7 @@ fn spsc_two_threads_no_loss_no_duplicate_drops_counted() {
                 e.tsc,
                 last
             );
-            assert_eq!(*e, ev(e.tsc));
+            assert_eq!(*e, fitted(ev(e.tsc), event_size));
             last = Some(e.tsc);
             got += 1;
         })
@@ -112,7 +132,104 @@ fn spsc_two_threads_no_loss_no_duplicate_drops_counted() {
         "every event either delivered or counted as dropped"
     );
     assert_eq!(reader.total_drops(), dropped);
-    eprintln!("delivered {got}, dropped {dropped}");
+    eprintln!("{event_size}-byte slots: delivered {got}, dropped {dropped}");
+}
+
+#[test]
+fn slots_round_trip_every_field() {
+    for event_size in [EVENT_SIZE_COMPACT, EVENT_SIZE_FULL] {
+        let params = Params {
+            n_probes: 1 << 24,
+            n_site_slots: 2,
+            n_threads: 1,
+            ring_capacity: 8,
+            event_size,
+        };
+        let (_buf, shm) = make(params);
+        // Events carry the ring owner's tid.
+        assert_eq!(shm.claim_thread(4_194_304), Some(0));
+        let entry = Event {
+            tsc: u64::MAX - 1,
+            probe_id: (1 << 24) - 1,
+            tid: 4_194_304,
+            kind: KIND_ENTRY,
+            nargs: 6,
+            args: [1, 2, 3, 4, 5, 6],
+            ..Default::default()
+        };
+        let exit = Event {
+            tsc: 7,
+            probe_id: 3,
+            tid: 4_194_304,
+            kind: KIND_EXIT,
+            nargs: 2,
+            args: [u64::MAX, 9, 0, 0, 0, 0],
+            ..Default::default()
+        };
+        let unwound = Event {
+            kind: KIND_EXIT,
+            reserved: EXIT_UNWOUND,
+            nargs: 0,
+            ..exit
+        };
+        let hit = Event {
+            kind: KIND_HIT,
+            nargs: 1,
+            args: [5, 0, 0, 0, 0, 0],
+            ..exit
+        };
+        let p = shm.producer(0).unwrap();
+        let mut cached = 0;
+        for e in [entry, exit, unwound, hit] {
+            // SAFETY: single producer.
+            assert!(unsafe { p.push(&mut cached, &e) });
+        }
+        let mut seen = vec![];
+        shm.consumer(0).unwrap().drain(|e| seen.push(*e)).unwrap();
+        let want: Vec<Event> = [entry, exit, unwound, hit]
+            .into_iter()
+            .map(|e| fitted(e, event_size))
+            .collect();
+        assert_eq!(seen, want, "{event_size}-byte slots");
+        let values: Vec<u8> = seen.iter().map(|e| e.nargs).collect();
+        let full = slot_values(event_size) as u8;
+        assert_eq!(values, [full, 2, 0, 1]);
+    }
+}
+
+#[test]
+fn slot_layout_is_tsc_meta_values() {
+    let params = Params {
+        n_probes: 8,
+        n_site_slots: 2,
+        n_threads: 1,
+        ring_capacity: 4,
+        event_size: EVENT_SIZE_COMPACT,
+    };
+    let (_buf, shm) = make(params);
+    let p = shm.producer(0).unwrap();
+    let mut cached = 0;
+    for i in 0..2u64 {
+        let e = Event {
+            tsc: 100 + i,
+            probe_id: 5,
+            tid: 77,
+            kind: KIND_EXIT,
+            nargs: 2,
+            args: [10 + i, 20 + i, 0, 0, 0, 0],
+            ..Default::default()
+        };
+        // SAFETY: single producer.
+        assert!(unsafe { p.push(&mut cached, &e) });
+    }
+    let base = shm.ring_events(0).unwrap() as *const u64;
+    // SAFETY: two 32-byte slots of the ring, inside the buffer.
+    let words: Vec<u64> = (0..8).map(|i| unsafe { base.add(i).read() }).collect();
+    let meta = 5 | 1 << 24 | 2 << 26;
+    assert_eq!(pack_meta(5, KIND_EXIT, 2, 0), meta);
+    assert_eq!(pack_meta(5, KIND_EXIT, 2, EXIT_UNWOUND), meta | 1 << 29);
+    assert_eq!(words, [100, meta, 10, 20, 101, meta, 11, 21]);
+    assert_eq!(base as usize % 64, 0, "slots are cache-line aligned");
 }
 
 #[test]
@@ -122,6 +239,7 @@ fn full_ring_drops_and_counts() {
         n_site_slots: 2,
         n_threads: 1,
         ring_capacity: 4,
+        event_size: EVENT_SIZE_FULL,
     };
     let (_buf, shm) = make(params);
     let p = shm.producer(0).unwrap();
@@ -154,6 +272,7 @@ fn corrupt_head_is_reported_not_followed() {
         n_site_slots: 2,
         n_threads: 1,
         ring_capacity: 4,
+        event_size: EVENT_SIZE_FULL,
     };
     let (_buf, shm) = make(params);
     shm.ring_ctl(0).unwrap().head.store(1000, Relaxed);
@@ -176,6 +295,7 @@ fn site_table_lookup_many_sites() {
         n_site_slots: 8192,
         n_threads: 1,
         ring_capacity: 2,
+        event_size: EVENT_SIZE_FULL,
     };
     let (_buf, shm) = make(params);
     for i in 0..4096u64 {
@@ -205,6 +325,7 @@ fn site_table_full_is_an_error() {
         n_site_slots: 2,
         n_threads: 1,
         ring_capacity: 2,
+        event_size: EVENT_SIZE_FULL,
     };
     let (_buf, shm) = make(params);
     shm.insert_site(10, 0, 1).unwrap();
@@ -220,6 +341,7 @@ fn counters_sum_global_and_threads() {
         n_site_slots: 4,
         n_threads: 2,
         ring_capacity: 2,
+        event_size: EVENT_SIZE_FULL,
     };
     let (_buf, shm) = make(params);
     let a = shm.claim_thread(1).unwrap();
@@ -241,6 +363,7 @@ fn attach_validates_header() {
         n_site_slots: 4,
         n_threads: 2,
         ring_capacity: 2,
+        event_size: EVENT_SIZE_FULL,
     };
     let l = Layout::new(params).unwrap();
     let buf = Buf::new(l.total_size);
@@ -269,6 +392,18 @@ fn attach_validates_header() {
         ..params
     })
     .is_err());
+    assert!(Layout::new(Params {
+        event_size: 72,
+        ..params
+    })
+    .is_err());
+    // A scribbled event size is refused too.
+    // SAFETY: as above.
+    unsafe { Shm::create(buf.ptr, l.total_size, params) }.unwrap();
+    // SAFETY: in bounds of the header (`Header::event_size`).
+    unsafe { (buf.ptr.add(108) as *mut u32).write(32) };
+    // SAFETY: as above.
+    assert!(unsafe { Shm::attach(buf.ptr, l.total_size) }.is_err());
 }
 
 #[test]

@@ -34,7 +34,8 @@ const HEARTBEAT_EVERY: u32 = 1024 - 1;
 #[repr(C, align(64))]
 pub(crate) struct ThreadEntry {
     /// What the tracer's per-site stubs read (first: the TLS word points
-    /// at the entry and at this block alike); holds `busy` and `cached_tail`.
+    /// at the entry and at this block alike); holds `busy` and the ring's
+    /// write `limit`.
     fast: ThreadBlock,
     key: AtomicU64,
     slot: AtomicU32,
@@ -75,8 +76,8 @@ const ENTRY_INIT: ThreadEntry = ThreadEntry {
         ctl: AtomicU64::new(0),
         events: AtomicU64::new(0),
         mask: AtomicU64::new(0),
-        cached_tail: AtomicU64::new(0),
-        tid_hi: AtomicU64::new(0),
+        limit: AtomicU64::new(0),
+        reserved0: AtomicU64::new(0),
         header: AtomicU64::new(0),
         busy: AtomicU32::new(0),
         reserved: 0,
@@ -190,11 +191,11 @@ fn act(
         };
         match shm.producer(slot) {
             Some(p) => {
-                let mut cached = t.fast.cached_tail.load(Relaxed);
+                let mut limit = t.fast.limit.load(Relaxed);
                 // SAFETY: the ring of `slot` belongs to this thread alone, and
                 // the busy flag keeps a signal handler on this thread out.
-                let ok = unsafe { p.push(&mut cached, &ev) };
-                t.fast.cached_tail.store(cached, Relaxed);
+                let ok = unsafe { p.push(&mut limit, &ev) };
+                t.fast.limit.store(limit, Relaxed);
                 if !ok {
                     check_heartbeat(shm);
                 }
@@ -312,7 +313,7 @@ fn register_thread(shm: &Shm, tp: u64) {
                 e.slot.store(slot, Relaxed);
                 e.tid.store(tid, Relaxed);
                 e.hits.store(0, Relaxed);
-                set_fast(e, shm, slot, tid);
+                set_fast(e, shm, slot);
                 e.depth.store(0, Relaxed);
                 if e.shadow.load(Relaxed) == 0 {
                     e.shadow.store(map_shadow(), Relaxed);
@@ -347,15 +348,15 @@ pub(crate) fn rehome_threads(shm: &Shm) {
         let tid = e.tid.load(Relaxed);
         let slot = shm.claim_thread(tid).unwrap_or(NO_SLOT);
         e.slot.store(slot, Relaxed);
-        fill_fast(e, shm, slot, tid);
+        fill_fast(e, shm, slot);
     }
 }
 
 /// Fills the stubs' view of thread slot `slot` and points this thread's
 /// TLS word at it (0 when the thread has no slot: the stubs then send every
 /// hit to the generic path, which counts globally).
-fn set_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32, tid: u32) {
-    let counters = fill_fast(e, shm, slot, tid);
+fn set_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32) {
+    let counters = fill_fast(e, shm, slot);
     crate::tls::set(if counters != 0 {
         &e.fast as *const ThreadBlock as u64
     } else {
@@ -364,10 +365,10 @@ fn set_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32, tid: u32) {
 }
 
 /// Fills `e`'s stub view of slot `slot`; returns its counters' address.
-fn fill_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32, tid: u32) -> u64 {
+fn fill_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32) -> u64 {
     let f = &e.fast;
-    f.cached_tail.store(0, Relaxed);
-    f.tid_hi.store((tid as u64) << 32, Relaxed);
+    // 0: the first event refreshes the limit from the (new) ring's tail.
+    f.limit.store(0, Relaxed);
     f.header.store(shm.as_ptr() as u64, Relaxed);
     f.mask
         .store(shm.layout().params.ring_capacity as u64 - 1, Relaxed);
@@ -382,8 +383,8 @@ fn fill_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32, tid: u32) -> u64 {
         .store(shm.ring_events(slot).map_or(0, |p| p as u64), Relaxed);
     if let Some(ctl) = shm.ring_ctl(slot) {
         // Fault the slot's pages in now (one system call on the thread's
-        // first hit) rather than one page fault per 56 events on the hot
-        // path. Best effort: older kernels answer EINVAL.
+        // first hit) rather than one page fault per 64 or 128 events on the
+        // hot path. Best effort: older kernels answer EINVAL.
         let base = ctl as *const hotprobe_abi::RingCtl as usize;
         let len = shm.layout().thread_stride + (base & 4095);
         // SAFETY: the range covers this thread's slot, from the start of its
@@ -431,7 +432,7 @@ pub(crate) extern "C" fn after_fork_child() {
             e.slot.store(slot, Relaxed);
             e.tid.store(tid, Relaxed);
             if let Some(shm) = crate::shm() {
-                set_fast(e, shm, slot, tid);
+                set_fast(e, shm, slot);
             }
         } else {
             e.key.store(EMPTY, Relaxed);
@@ -451,15 +452,16 @@ fn record_exit(shm: &Shm, t: &ThreadEntry, probe: u32, rax: u64, rdx: u64, flags
         probe_id: probe,
         tid: t.tid.load(Relaxed),
         kind: KIND_EXIT,
-        nargs: 2,
+        // An unwound exit has no return value: store no value words.
+        nargs: if flags & EXIT_UNWOUND != 0 { 0 } else { 2 },
         reserved: flags,
         reserved2: 0,
         args: [rax, rdx, 0, 0, 0, 0],
     };
-    let mut cached = t.fast.cached_tail.load(Relaxed);
+    let mut limit = t.fast.limit.load(Relaxed);
     // SAFETY: the ring belongs to this thread; the busy flag is held.
-    unsafe { p.push(&mut cached, &ev) };
-    t.fast.cached_tail.store(cached, Relaxed);
+    unsafe { p.push(&mut limit, &ev) };
+    t.fast.limit.store(limit, Relaxed);
 }
 
 /// The return trampoline's address as the agent publishes it.

@@ -234,6 +234,7 @@ fn count_is_exact_over_4_threads() {
             n_site_slots: 16,
             n_threads: 16,
             ring_capacity: 16,
+            event_size: EVENT_SIZE_FULL,
         },
     );
     s.shm.header().control.store(CONTROL_ENABLED, Relaxed);
@@ -262,15 +263,24 @@ fn drain_all(shm: &Shm) -> Vec<Vec<Event>> {
 
 #[test]
 fn record_carries_arguments_in_order_per_thread() {
+    for event_size in [EVENT_SIZE_FULL, EVENT_SIZE_COMPACT] {
+        record_in_order(event_size);
+    }
+}
+
+/// The generic trampoline writes the slot format of the memory: 6
+/// arguments in 64-byte slots, the first 2 in 32-byte ones.
+fn record_in_order(event_size: u32) {
     let exe = loop_exe();
     const N: u64 = 1000;
     let s = ShmFile::new(
-        "record",
+        &format!("record{event_size}"),
         Params {
             n_probes: 4,
             n_site_slots: 16,
             n_threads: 16,
             ring_capacity: 1024,
+            event_size,
         },
     );
     s.shm
@@ -300,11 +310,16 @@ fn record_carries_arguments_in_order_per_thread() {
         let id = evs[0].args[0];
         ids.push(id);
         for (i, e) in evs.iter().enumerate() {
+            let full = event_size == EVENT_SIZE_FULL;
             assert_eq!(
                 (e.probe_id, e.kind, e.nargs, e.tid),
-                (1, KIND_ENTRY, 6, tid)
+                (1, KIND_ENTRY, if full { 6 } else { 2 }, tid)
             );
-            assert_eq!(e.args, [id, i as u64, 3, 4, 5, 6]);
+            if full {
+                assert_eq!(e.args, [id, i as u64, 3, 4, 5, 6]);
+            } else {
+                assert_eq!(e.args, [id, i as u64, 0, 0, 0, 0]);
+            }
         }
         assert!(
             evs.windows(2).all(|w| w[0].tsc <= w[1].tsc),
@@ -328,6 +343,7 @@ fn full_rings_drop_and_count_without_blocking() {
             n_site_slots: 2,
             n_threads: 8,
             ring_capacity: 64,
+            event_size: EVENT_SIZE_FULL,
         },
     );
     s.shm
@@ -369,6 +385,7 @@ fn stale_heartbeat_stops_recording_and_the_target_runs_on() {
             n_site_slots: 2,
             n_threads: 8,
             ring_capacity: 1 << 17,
+            event_size: EVENT_SIZE_FULL,
         },
     );
     let h = s.shm.header();
@@ -501,6 +518,7 @@ fn bench_ns_per_call() {
                 n_site_slots: 2,
                 n_threads: 4,
                 ring_capacity: 1 << 20,
+                event_size: EVENT_SIZE_FULL,
             },
         );
         s.shm

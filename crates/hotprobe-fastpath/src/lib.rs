@@ -144,7 +144,8 @@ pub enum FastPathError {
 /// What the agent does on each hit of a site.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Action {
-    /// Write events (entry: 6 argument registers; exit: rax, rdx) into the
+    /// Write events (entry: the first [`FastPathConfig::record_args`]
+    /// argument registers, rounded up to 2 or 6; exit: rax, rdx) into the
     /// thread's ring; counting always happens.
     pub record: bool,
     /// Also observe the function's exits.
@@ -208,6 +209,11 @@ pub struct FastPathConfig {
     pub max_threads: u32,
     /// Events per thread ring (power of two).
     pub ring_capacity: u32,
+    /// Argument registers entry events carry (0–6): at most 2 gives
+    /// 32-byte event slots (tsc, meta, 2 values: rdi, rsi on entry, rax, rdx
+    /// on exit), more gives 64-byte slots with all 6. Smaller slots write
+    /// and drain faster and halve the rings' memory.
+    pub record_args: u8,
     /// Heartbeat timeout after which the agent stops recording.
     pub heartbeat_timeout: Duration,
     /// Use per-site stubs where possible (see the `stub` module); false
@@ -222,6 +228,7 @@ impl Default for FastPathConfig {
             max_probes: 1024,
             max_threads: 64,
             ring_capacity: 1 << 16,
+            record_args: 6,
             heartbeat_timeout: Duration::from_secs(2),
             stubs: true,
         }
@@ -476,6 +483,12 @@ impl FastPath {
 
     /// Hands every recorded event to `f`, ring by ring (each ring is one
     /// thread, in order). Returns the number of events.
+    ///
+    /// Call it in batches — e.g. sleep ≈ 100 µs whenever a pass returned
+    /// less than an eighth of a ring, see [`FastPath::ring_capacity`] —
+    /// rather than in a tight loop: a consumer right behind the producer
+    /// pulls each cache line of the ring (and the ring's head) away from the
+    /// target's thread while it is still writing it, slowing the target.
     pub fn drain(&mut self, mut f: impl FnMut(&Event)) -> u64 {
         let shm = self.shm.shm();
         let mut n = 0;
@@ -487,6 +500,11 @@ impl FastPath {
             }
         }
         n
+    }
+
+    /// Events one thread's ring holds.
+    pub fn ring_capacity(&self) -> u32 {
+        self.shm().layout().params.ring_capacity
     }
 
     /// Events lost so far (full rings, threads without a slot).
@@ -715,8 +733,9 @@ impl FastPath {
             kind,
             record,
             generic,
+            event_size: self.shm().layout().params.event_size,
         };
-        let err = |e: iced_x86::IcedError| FastPathError::Assemble {
+        let err = |e: stub::StubError| FastPathError::Assemble {
             addr: near,
             why: e.to_string(),
         };

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hotprobe_abi::{rdtsc, Layout, Params, Shm};
+use hotprobe_abi::{rdtsc, Layout, Params, Shm, EVENT_SIZE_COMPACT, EVENT_SIZE_FULL};
 
 use crate::{FastPathConfig, FastPathError};
 
@@ -32,6 +32,11 @@ impl OwnedShm {
             n_site_slots: (config.max_probes * 8).next_power_of_two(),
             n_threads: config.max_threads,
             ring_capacity: config.ring_capacity,
+            event_size: if config.record_args <= 2 {
+                EVENT_SIZE_COMPACT
+            } else {
+                EVENT_SIZE_FULL
+            },
         };
         let layout = Layout::new(params).map_err(|e| FastPathError::Shm(e.to_string()))?;
         let err =

@@ -14,9 +14,14 @@
 //!   counter array; one instruction, so a signal handler on the same
 //!   thread cannot interleave with it), no `lock` prefix.
 //! * record: the same, then (unless the thread is already writing its ring,
-//!   or recording is off) `rdtsc` and the 72-byte event written straight
-//!   into the thread's ring; a full ring refreshes the cached tail, then
-//!   drops and counts, and checks the tracer's heartbeat (a stale one
+//!   or recording is off) `rdtsc` and the event written straight into the
+//!   thread's ring — only the words it uses: tsc, the meta word (probe id,
+//!   kind and number of values are immediates ORed into the thread's
+//!   `tid << 32`), then rax, rdx for an exit, or the argument registers that
+//!   fit the memory's slot (2 in 32-byte slots, 6 in 64-byte ones) for an
+//!   entry; slots are powers of two, so the slot address is a shift, and
+//!   never straddle a cache line. A full ring refreshes the cached tail,
+//!   then drops and counts, and checks the tracer's heartbeat (a stale one
 //!   clears `CONTROL_RECORD` and sets `STATUS_ORPHANED`, as the agent does).
 //!
 //! Stubs only go where the SysV ABI leaves the flags dead: a function's
@@ -30,10 +35,12 @@
 
 use hotprobe_abi::fast::{
     HDR_CONTROL, HDR_HEARTBEAT, HDR_HEARTBEAT_TIMEOUT, HDR_STATUS, RING_DROPPED, RING_HEAD,
-    RING_TAIL, TB_BUSY, TB_CACHED_TAIL, TB_COUNTERS, TB_CTL, TB_EVENTS, TB_HEADER, TB_MASK,
-    TB_TID_HI,
+    RING_TAIL, TB_BUSY, TB_COUNTERS, TB_CTL, TB_EVENTS, TB_HEADER, TB_LIMIT, TB_MASK,
 };
-use hotprobe_abi::{CONTROL_RECORD, KIND_ENTRY, KIND_EXIT, STATUS_ORPHANED};
+use hotprobe_abi::{
+    pack_meta, slot_values, CONTROL_RECORD, EVENT_SIZE_COMPACT, EVENT_SIZE_FULL, KIND_ENTRY,
+    KIND_EXIT, STATUS_ORPHANED,
+};
 use iced_x86::code_asm::*;
 
 /// Which registers an event records.
@@ -60,6 +67,20 @@ pub(crate) struct StubParams {
     pub record: bool,
     /// The agent's generic trampoline for this kind (absolute address).
     pub generic: u64,
+    /// Bytes per event slot of the memory ([`EVENT_SIZE_COMPACT`] or
+    /// [`EVENT_SIZE_FULL`]).
+    pub event_size: u32,
+}
+
+/// Why a stub could not be built.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum StubError {
+    /// The assembler refused.
+    #[error(transparent)]
+    Asm(#[from] IcedError),
+    /// Parameters the slot format cannot carry.
+    #[error("{0}")]
+    Params(&'static str),
 }
 
 fn d(off: i32) -> i64 {
@@ -67,7 +88,13 @@ fn d(off: i32) -> i64 {
 }
 
 /// Assembles the stub for placement at `ip`.
-pub(crate) fn build(ip: u64, p: &StubParams) -> Result<Vec<u8>, IcedError> {
+pub(crate) fn build(ip: u64, p: &StubParams) -> Result<Vec<u8>, StubError> {
+    if p.event_size != EVENT_SIZE_COMPACT && p.event_size != EVENT_SIZE_FULL {
+        return Err(StubError::Params("event size must be 32 or 64"));
+    }
+    if p.probe >= 1 << 24 {
+        return Err(StubError::Params("probe id must be below 2^24"));
+    }
     let tp = (p.tpoff as i64) as i32;
     // mov r11, qword ptr fs:[disp32] (absolute, no base): 64 4c 8b 1c 25 disp32.
     let mut load_tls = vec![0x64, 0x4c, 0x8b, 0x1c, 0x25];
@@ -90,98 +117,107 @@ pub(crate) fn build(ip: u64, p: &StubParams) -> Result<Vec<u8>, IcedError> {
         let mut unbusy = a.create_label();
         let mut full = a.create_label();
         let mut room = a.create_label();
+        let mut drop = a.create_label();
+        let (kind, nvalues) = match p.kind {
+            StubKind::Entry => (KIND_ENTRY, slot_values(p.event_size).min(6)),
+            StubKind::Exit => (KIND_EXIT, 2),
+        };
+        // The whole meta word (bits 31-63 clear: a positive imm32).
+        let meta = pack_meta(p.probe, kind, nvalues as u8, 0) as i32;
         a.cmp(dword_ptr(r11 + d(TB_BUSY)), 0)?;
         a.jne(slow)?;
         a.push(rax)?;
         a.push(rdx)?;
-        a.push(rcx)?;
         a.push(r10)?;
-        // Saved: [rsp] r10, +8 rcx, +16 rdx, +24 rax, +32 r11, +40 the key.
-        a.mov(rax, qword_ptr(r11 + d(TB_COUNTERS)))?;
-        a.inc(qword_ptr(rax + cdisp))?;
-        a.mov(rax, qword_ptr(r11 + d(TB_HEADER)))?;
-        a.test(byte_ptr(rax + d(HDR_CONTROL)), CONTROL_RECORD as i32)?;
+        // Saved: [rsp] r10, +8 rdx, +16 rax, +24 r11, +32 the key.
+        a.mov(r10, qword_ptr(r11 + d(TB_COUNTERS)))?;
+        a.inc(qword_ptr(r10 + cdisp))?;
+        a.mov(r10, qword_ptr(r11 + d(TB_HEADER)))?;
+        a.test(byte_ptr(r10 + d(HDR_CONTROL)), CONTROL_RECORD as i32)?;
         a.jz(done)?;
         a.mov(dword_ptr(r11 + d(TB_BUSY)), 1)?;
-        a.rdtsc()?;
-        a.shl(rdx, 32)?;
-        a.or(rdx, rax)?;
-        a.mov(rcx, qword_ptr(r11 + d(TB_CTL)))?;
-        // Relaxed load of our own head (single writer).
-        a.mov(rax, qword_ptr(rcx + d(RING_HEAD)))?;
-        a.mov(r10, rax)?;
-        a.sub(r10, qword_ptr(r11 + d(TB_CACHED_TAIL)))?;
-        a.cmp(r10, qword_ptr(r11 + d(TB_MASK)))?;
-        a.ja(full)?;
+        // r10 = head (a relaxed load of our own counter: single writer).
+        a.mov(r10, qword_ptr(r11 + d(TB_CTL)))?;
+        a.mov(r10, qword_ptr(r10 + d(RING_HEAD)))?;
+        a.cmp(r10, qword_ptr(r11 + d(TB_LIMIT)))?;
+        a.jae(full)?;
         a.set_label(&mut room)?;
-        a.mov(r10, rax)?;
+        // r10 = the slot: events + ((head & mask) << log2(size)).
         a.and(r10, qword_ptr(r11 + d(TB_MASK)))?;
-        a.imul_3(r10, r10, 72)?;
+        a.shl(r10, p.event_size.trailing_zeros())?;
         a.add(r10, qword_ptr(r11 + d(TB_EVENTS)))?;
-        a.mov(qword_ptr(r10), rdx)?;
-        a.mov(rdx, qword_ptr(r11 + d(TB_TID_HI)))?;
-        a.or(rdx, p.probe as i32)?;
-        a.mov(qword_ptr(r10 + 8), rdx)?;
+        // The values straight from their registers (before rdtsc
+        // clobbers rax and rdx), then the meta word.
         match p.kind {
             StubKind::Entry => {
-                a.mov(qword_ptr(r10 + 16), (KIND_ENTRY as i32) | 6 << 8)?;
-                a.mov(qword_ptr(r10 + 24), rdi)?;
-                a.mov(qword_ptr(r10 + 32), rsi)?;
-                a.mov(rdx, qword_ptr(rsp + 16))?;
-                a.mov(qword_ptr(r10 + 40), rdx)?;
-                a.mov(rdx, qword_ptr(rsp + 8))?;
-                a.mov(qword_ptr(r10 + 48), rdx)?;
-                a.mov(qword_ptr(r10 + 56), r8)?;
-                a.mov(qword_ptr(r10 + 64), r9)?;
-            }
-            StubKind::Exit => {
-                a.mov(qword_ptr(r10 + 16), (KIND_EXIT as i32) | 2 << 8)?;
-                a.mov(rdx, qword_ptr(rsp + 24))?;
-                a.mov(qword_ptr(r10 + 24), rdx)?;
-                a.mov(rdx, qword_ptr(rsp + 16))?;
-                a.mov(qword_ptr(r10 + 32), rdx)?;
-                a.xor(edx, edx)?;
-                for off in [40, 48, 56, 64] {
-                    a.mov(qword_ptr(r10 + off), rdx)?;
+                a.mov(qword_ptr(r10 + 16), rdi)?;
+                a.mov(qword_ptr(r10 + 24), rsi)?;
+                if nvalues == 6 {
+                    a.mov(qword_ptr(r10 + 32), rdx)?;
+                    a.mov(qword_ptr(r10 + 40), rcx)?;
+                    a.mov(qword_ptr(r10 + 48), r8)?;
+                    a.mov(qword_ptr(r10 + 56), r9)?;
                 }
             }
+            StubKind::Exit => {
+                a.mov(qword_ptr(r10 + 16), rax)?;
+                a.mov(qword_ptr(r10 + 24), rdx)?;
+            }
         }
+        a.mov(qword_ptr(r10 + 8), meta)?;
+        a.rdtsc()?;
+        a.shl(rdx, 32)?;
+        a.or(rax, rdx)?;
+        a.mov(qword_ptr(r10), rax)?;
         // Publish: x86 stores are not reordered with older stores, so this
-        // plain store is the Release that pairs with the tracer's
-        // `head.load(Acquire)` in `Consumer::drain`.
-        a.inc(rax)?;
-        a.mov(qword_ptr(rcx + d(RING_HEAD)), rax)?;
+        // plain read-modify-write of head (single writer; `busy` keeps a
+        // signal handler on this thread out) is the Release that pairs
+        // with the tracer's `head.load(Acquire)` in `Consumer::drain`.
+        a.mov(r10, qword_ptr(r11 + d(TB_CTL)))?;
+        a.inc(qword_ptr(r10 + d(RING_HEAD)))?;
         a.set_label(&mut unbusy)?;
         a.mov(dword_ptr(r11 + d(TB_BUSY)), 0)?;
         a.set_label(&mut done)?;
         a.pop(r10)?;
-        a.pop(rcx)?;
         a.pop(rdx)?;
         a.pop(rax)?;
         a.pop(r11)?;
         a.ret()?;
-        // Ring looks full: refresh the cached tail (a plain load is an
-        // Acquire on x86, pairing with the consumer's Release store).
+        // head reached the limit: refresh it from the consumer's tail (a
+        // plain load is an Acquire on x86, pairing with the consumer's
+        // Release store); rax and rdx are scratch here and restored below.
         a.set_label(&mut full)?;
-        a.mov(r10, qword_ptr(rcx + d(RING_TAIL)))?;
-        a.mov(qword_ptr(r11 + d(TB_CACHED_TAIL)), r10)?;
-        a.mov(r10, rax)?;
-        a.sub(r10, qword_ptr(r11 + d(TB_CACHED_TAIL)))?;
-        a.cmp(r10, qword_ptr(r11 + d(TB_MASK)))?;
-        a.jbe(room)?;
-        a.inc(qword_ptr(rcx + d(RING_DROPPED)))?;
-        // Is the tracer still there? (rdx = now.)
-        a.mov(rcx, qword_ptr(r11 + d(TB_HEADER)))?;
-        a.mov(r10, qword_ptr(rcx + d(HDR_HEARTBEAT_TIMEOUT)))?;
-        a.test(r10, r10)?;
+        a.mov(rax, qword_ptr(r11 + d(TB_CTL)))?;
+        a.mov(rax, qword_ptr(rax + d(RING_TAIL)))?;
+        a.mov(rdx, r10)?;
+        a.sub(rdx, rax)?;
+        a.cmp(rdx, qword_ptr(r11 + d(TB_MASK)))?;
+        a.ja(drop)?;
+        a.add(rax, qword_ptr(r11 + d(TB_MASK)))?;
+        a.inc(rax)?;
+        a.mov(qword_ptr(r11 + d(TB_LIMIT)), rax)?;
+        a.mov(rax, qword_ptr(rsp + 16))?;
+        a.mov(rdx, qword_ptr(rsp + 8))?;
+        a.jmp(room)?;
+        // Still full: count the drop (single writer, no lock prefix).
+        a.set_label(&mut drop)?;
+        a.mov(r10, qword_ptr(r11 + d(TB_CTL)))?;
+        a.inc(qword_ptr(r10 + d(RING_DROPPED)))?;
+        // Is the tracer still there?
+        a.rdtsc()?;
+        a.shl(rdx, 32)?;
+        a.or(rdx, rax)?;
+        a.mov(r10, qword_ptr(r11 + d(TB_HEADER)))?;
+        a.mov(rax, qword_ptr(r10 + d(HDR_HEARTBEAT_TIMEOUT)))?;
+        a.test(rax, rax)?;
         a.jz(unbusy)?;
-        a.sub(rdx, qword_ptr(rcx + d(HDR_HEARTBEAT)))?;
-        a.cmp(rdx, r10)?;
+        a.sub(rdx, qword_ptr(r10 + d(HDR_HEARTBEAT)))?;
+        a.cmp(rdx, rax)?;
         a.jle(unbusy)?;
         a.lock()
-            .and(dword_ptr(rcx + d(HDR_CONTROL)), !(CONTROL_RECORD as i32))?;
+            .and(dword_ptr(r10 + d(HDR_CONTROL)), !(CONTROL_RECORD as i32))?;
         a.lock()
-            .or(dword_ptr(rcx + d(HDR_STATUS)), STATUS_ORPHANED as i32)?;
+            .or(dword_ptr(r10 + d(HDR_STATUS)), STATUS_ORPHANED as i32)?;
         a.jmp(unbusy)?;
     }
     a.set_label(&mut slow)?;
@@ -189,7 +225,7 @@ pub(crate) fn build(ip: u64, p: &StubParams) -> Result<Vec<u8>, IcedError> {
     a.jmp(qword_ptr(lit))?;
     a.set_label(&mut lit)?;
     a.dq(&[p.generic])?;
-    a.assemble(ip)
+    Ok(a.assemble(ip)?)
 }
 
 #[cfg(test)]
@@ -217,6 +253,7 @@ mod tests {
             kind: StubKind::Entry,
             record: false,
             generic: 0x1122_3344_5566_7788,
+            event_size: EVENT_SIZE_FULL,
         };
         let code = build(0x1000, &p).unwrap();
         let t = text(&code, 0x1000);
@@ -228,9 +265,23 @@ mod tests {
         assert!(code.ends_with(&0x1122_3344_5566_7788u64.to_le_bytes()));
     }
 
+    /// The record stub's stores into the slot (`[r10...]`), as text.
+    fn slot_stores(t: &str) -> Vec<&str> {
+        t.lines()
+            .filter(|l| l.starts_with("mov qword ptr [r10") || l.starts_with("mov [r10"))
+            .collect()
+    }
+
     #[test]
-    fn record_stub_writes_nine_words_and_publishes_head() {
-        for kind in [StubKind::Entry, StubKind::Exit] {
+    fn record_stub_writes_only_the_words_the_slot_uses_and_publishes_head() {
+        // (kind, slot size, words stored: tsc, meta, values; log2 of the size)
+        let cases = [
+            (StubKind::Entry, EVENT_SIZE_FULL, 8, 6),
+            (StubKind::Entry, EVENT_SIZE_COMPACT, 4, 5),
+            (StubKind::Exit, EVENT_SIZE_FULL, 4, 6),
+            (StubKind::Exit, EVENT_SIZE_COMPACT, 4, 5),
+        ];
+        for (kind, event_size, words, shift) in cases {
             let p = StubParams {
                 tpoff: (-16i64) as u64,
                 counter: 7,
@@ -238,16 +289,68 @@ mod tests {
                 kind,
                 record: true,
                 generic: 0x4000,
+                event_size,
             };
             let code = build(0x2000, &p).unwrap();
             let t = text(&code, 0x2000);
-            let stores = t
-                .lines()
-                .filter(|l| l.starts_with("mov qword ptr [r10") || l.starts_with("mov [r10"))
-                .count();
-            assert_eq!(stores, 9, "{t}");
+            let stores = slot_stores(&t);
+            assert_eq!(stores.len(), words, "{kind:?} {event_size}: {t}");
+            // Words 0..words, each once (in any order).
+            for i in 0..words {
+                let off = match 8 * i {
+                    0 => "[r10],".to_string(),
+                    o if o < 10 => format!("[r10+{o}],"),
+                    o => format!("[r10+{o:X}h],"),
+                };
+                let n = stores.iter().filter(|s| s.contains(&off)).count();
+                assert_eq!(n, 1, "word {i} ({off}): {t}");
+            }
+            assert!(t.contains(&format!("shl r10,{shift}")), "{t}");
+            assert!(!t.contains("imul"), "{t}");
             assert!(t.contains("rdtsc"), "{t}");
-            assert!(t.contains("mov [rcx],rax"), "{t}");
+            // Head published last, after the tsc.
+            let tsc = t.find("mov [r10],rax").expect("tsc store");
+            let publish = t.find("inc qword ptr [r10]").expect("head publish");
+            assert!(tsc < publish, "{t}");
+            // The meta word's immediate: probe 5, the kind, the values.
+            let (k, n) = match kind {
+                StubKind::Entry => (KIND_ENTRY, if event_size == 64 { 6 } else { 2 }),
+                StubKind::Exit => (KIND_EXIT, 2),
+            };
+            let meta = pack_meta(5, k, n, 0);
+            assert!(
+                t.contains(&format!("mov qword ptr [r10+8],{meta:X}h")),
+                "{meta:#x}: {t}"
+            );
+            // The values come straight from their registers.
+            let first = match kind {
+                StubKind::Entry => "mov [r10+10h],rdi",
+                StubKind::Exit => "mov [r10+10h],rax",
+            };
+            assert!(t.contains(first), "{t}");
         }
+    }
+
+    #[test]
+    fn stub_refuses_what_the_slot_cannot_carry() {
+        let p = StubParams {
+            tpoff: 8,
+            counter: 0,
+            probe: 1 << 24,
+            kind: StubKind::Entry,
+            record: true,
+            generic: 0x4000,
+            event_size: EVENT_SIZE_FULL,
+        };
+        assert!(build(0x2000, &p).is_err());
+        assert!(build(
+            0x2000,
+            &StubParams {
+                probe: 1,
+                event_size: 72,
+                ..p
+            }
+        )
+        .is_err());
     }
 }
