@@ -20,23 +20,25 @@ fn tmp() -> PathBuf {
 
 /// Compiles tests/programs/NAME.c (once per test run and process).
 fn program(name: &str) -> PathBuf {
+    program_with(name, "o1", &["-O1"])
+}
+
+/// Compiles tests/programs/NAME.c with `-g -fno-inline
+/// -fno-optimize-sibling-calls` and `flags` (once per test run, process
+/// and `tag`).
+fn program_with(name: &str, tag: &str, flags: &[&str]) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/programs")
         .join(format!("{name}.c"));
-    let out = tmp().join(format!("bin-{name}-{}", std::process::id()));
+    let out = tmp().join(format!("bin-{name}-{tag}-{}", std::process::id()));
     if !out.exists() {
         // Tests compile concurrently: write aside, then rename.
         static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let part = out.with_extension(format!("{n}.part"));
         let st = Command::new("gcc")
-            .args([
-                "-O1",
-                "-g",
-                "-fno-inline",
-                "-fno-optimize-sibling-calls",
-                "-o",
-            ])
+            .args(flags)
+            .args(["-g", "-fno-inline", "-fno-optimize-sibling-calls", "-o"])
             .arg(&part)
             .arg(&src)
             .arg("-lpthread")
@@ -467,4 +469,20 @@ fn attach_records_until_duration_and_leaves_the_target_running() {
     // the recording may miss its work call or its own entry.
     assert!(ticks.abs_diff(works) <= 1, "{rows:?}");
     assert!(!rows.contains_key("main"), "main started before: {rows:?}");
+}
+
+#[test]
+#[ignore = "fast-path bug: a jump-mechanism record probe with exits on a frameless \
+            leaf function (gcc -O2 is_digit) changes its return value (n=2000, not n=80)"]
+fn recorded_program_computes_what_it_computes_natively() {
+    for (tag, flags) in [
+        ("o2", &["-O2"][..]),
+        ("o2pfe", &["-O2", "-fpatchable-function-entry=5"][..]),
+    ] {
+        let prog = program_with("retval", tag, flags);
+        let native = Command::new(&prog).output().unwrap();
+        let dir = tmp().join(format!("retval-{tag}-{}", std::process::id()));
+        let (out, err) = record(&dir, &[], &prog);
+        assert_eq!(out, text(&native.stdout), "{tag}: {err}");
+    }
 }
