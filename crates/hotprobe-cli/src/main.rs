@@ -181,6 +181,11 @@ enum Cmd {
         /// (reported, and marked in the trace).
         #[arg(long, value_name = "N", default_value_t = 1 << 18)]
         ring_events: u32,
+        /// Threads that get a ring (events of later threads are dropped,
+        /// and counted).
+        #[arg(long, value_name = "N", default_value_t = 64,
+              value_parser = clap::value_parser!(u32).range(1..=4096))]
+        max_threads: u32,
         /// Stop after recording this many seconds (counted from when the
         /// probes are in): the probes are removed and the target runs on
         /// untraced.
@@ -434,6 +439,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             mechanism,
             no_aggregate,
             ring_events,
+            max_threads,
             duration: secs,
             pid,
             cmd,
@@ -459,6 +465,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 mechanism: mechanism.into(),
                 aggregate: !no_aggregate,
                 ring_events,
+                max_threads,
                 duration,
                 pid,
                 cmd: &cmd,

@@ -70,6 +70,8 @@ pub struct RecordOptions<'a> {
     pub aggregate: bool,
     /// Events per thread ring.
     pub ring_events: u32,
+    /// Thread slots (rings).
+    pub max_threads: u32,
     /// Stop after recording this long.
     pub duration: Option<Duration>,
     /// Attach to this running process.
@@ -306,6 +308,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<()> {
         // Entry and (with exit placeholders) exit counters per function.
         max_probes: (chosen.len() as u32 * 2 + 64).next_power_of_two(),
         ring_capacity: o.ring_events,
+        max_threads: o.max_threads,
         ..FastPathConfig::default()
     };
     let p = Prepared {

@@ -486,3 +486,38 @@ fn recorded_program_computes_what_it_computes_natively() {
         assert_eq!(out, text(&native.stdout), "{tag}: {err}");
     }
 }
+
+#[test]
+fn threads_without_a_ring_are_counted_as_drops() {
+    let dir = tmp().join(format!("tree-2rings-{}", std::process::id()));
+    let (out, err) = record(
+        &dir,
+        &["--exclude", "note_*", "--max-threads", "2"],
+        &program("tree"),
+    );
+    let logged = program_tree(&out);
+    let info = info(&dir);
+    let with_ring: Vec<u32> = info["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["tid"].as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(with_ring.len(), 2, "{info}");
+    // What the other threads did is lost, and counted: 2 events a call.
+    let lost: usize = logged
+        .iter()
+        .filter(|(tid, _)| !with_ring.contains(tid))
+        .map(|(_, calls)| 2 * calls.len())
+        .sum();
+    assert!(lost > 0);
+    assert!(
+        err.contains(&format!("threads without a ring slot {lost})")),
+        "{lost}: {err}"
+    );
+    // The threads with a ring are complete.
+    let replayed = replay_tree(&analyse(&["replay", dir.to_str().unwrap()]));
+    for tid in with_ring {
+        assert_eq!(replayed.get(&tid), logged.get(&tid), "tid {tid}");
+    }
+}
