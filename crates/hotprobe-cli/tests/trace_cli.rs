@@ -521,3 +521,30 @@ fn threads_without_a_ring_are_counted_as_drops() {
         assert_eq!(replayed.get(&tid), logged.get(&tid), "tid {tid}");
     }
 }
+
+#[test]
+fn full_rings_lose_nothing_silently() {
+    let dir = tmp().join(format!("tree-tiny-{}", std::process::id()));
+    let (out, err) = record(
+        &dir,
+        &["--exclude", "note_*", "--ring-events", "64"],
+        &program("tree"),
+    );
+    let calls: u64 = program_tree(&out).values().map(|c| c.len() as u64).sum();
+    // Every event the program produced was either drained or counted lost
+    // (and the lost ones are marked in their thread's stream).
+    let drained = stat(&dir, &["events_in"]);
+    let lost = stat(&dir, &["lost"]);
+    assert_eq!(drained + lost, 2 * calls, "{err}");
+    assert!(
+        err.contains(&format!("drops:    {lost} (full rings {lost},")),
+        "{err}"
+    );
+    let replay = analyse(&["replay", dir.to_str().unwrap()]);
+    let marked: u64 = replay
+        .lines()
+        .filter_map(|l| l.split("/* lost ").nth(1))
+        .map(|r| r.split_whitespace().next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(marked, lost);
+}
