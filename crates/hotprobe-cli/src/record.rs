@@ -345,7 +345,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<()> {
             let mut fp = pending.attach(&mut t)?;
             record(o, &p, &mut t, &mut fp)
         }
-        (None, None) => unreachable!("checked above"),
+        (None, None) => Err(crate::UsageError("give either -p PID or -- CMD ARGS".into()).into()),
     }
 }
 
