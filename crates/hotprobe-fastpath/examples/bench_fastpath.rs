@@ -23,7 +23,8 @@
 //! Pinning: this process (the tracer: drain loop, heartbeat) runs on CPU 0,
 //! every target on CPU 1 (`sched_setaffinity` before it runs; `taskset -c 1`
 //! for the peers), all at nice −10 when permitted (root), so that other load
-//! on the machine disturbs neither the drain nor the timed loops as much. Each row is run `--reps` times: the median and the
+//! on the machine disturbs neither the drain nor the timed loops as much;
+//! the drain loop itself runs SCHED_FIFO (priority 1) when permitted. Each row is run `--reps` times: the median and the
 //! spread (min–max) are printed. Peers use smaller N (uftrace and Frida
 //! 10^7, bpftrace 10^5: ≈ 5 µs per hit), stated in the table.
 //! `record` rows drain the rings concurrently, in batches (a 100 µs nap after
@@ -163,13 +164,26 @@ fn fast(
         .unwrap_or(8);
     let batch = fp.ring_capacity() as u64 / batch_div;
     // Time spent in `drain` (the consumer's cost per event: can it keep up?).
+    // The drain loop runs SCHED_FIFO (best effort, root): other load on the
+    // tracer's CPU must not keep it off for milliseconds (the ring then
+    // overflows). Only this thread, only while it drains: it sleeps most of
+    // the time, and the target was forked before, at normal policy.
+    let _rt = RealTime::enter();
+    // The longest gap between two passes (a tracer kept off the CPU).
     let mut drain_time = Duration::ZERO;
+    let mut max_gap = Duration::ZERO;
+    let mut last: Option<std::time::Instant> = None;
     let mut drain = |fp: &mut FastPath| {
         let t0 = std::time::Instant::now();
+        if let Some(l) = last {
+            max_gap = max_gap.max(t0 - l);
+        }
         let got = fp.drain(|e| {
             std::hint::black_box(e);
         });
-        drain_time += t0.elapsed();
+        let t1 = std::time::Instant::now();
+        drain_time += t1 - t0;
+        last = Some(t1);
         got
     };
     loop {
@@ -211,15 +225,48 @@ fn fast(
     }
     if action.record {
         note.push_str(&format!(
-            ", {}-byte events, ring {}, {events} events, {} dropped, drain {:.1} ns/event",
+            ", {}-byte events, ring {}, {events} events, {} dropped, drain {:.1} ns/event, longest gap between drains {} µs",
             fp.shm().layout().params.event_size,
             fp.ring_capacity(),
             fp.drops(),
-            drain_time.as_nanos() as f64 / events.max(1) as f64
+            drain_time.as_nanos() as f64 / events.max(1) as f64,
+            max_gap.as_micros()
         ));
     }
     let text = std::fs::read_to_string(&out)?;
     Ok((ns_of(&text)?, note))
+}
+
+/// SCHED_FIFO priority 1 for the calling thread until dropped (best effort;
+/// the previous policy is restored).
+struct RealTime(Option<(i32, libc::sched_param)>);
+
+impl RealTime {
+    fn enter() -> RealTime {
+        let mut old = libc::sched_param { sched_priority: 0 };
+        // SAFETY: the calling thread; `old` is a valid out-pointer.
+        let policy = unsafe { libc::sched_getscheduler(0) };
+        // SAFETY: as above.
+        if policy < 0 || unsafe { libc::sched_getparam(0, &mut old) } != 0 {
+            return RealTime(None);
+        }
+        if policy == libc::SCHED_FIFO {
+            return RealTime(None);
+        }
+        let p = libc::sched_param { sched_priority: 1 };
+        // SAFETY: valid parameters for the calling thread.
+        let ok = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) } == 0;
+        RealTime(ok.then_some((policy, old)))
+    }
+}
+
+impl Drop for RealTime {
+    fn drop(&mut self) {
+        if let Some((policy, p)) = self.0 {
+            // SAFETY: as above; back to the previous policy.
+            unsafe { libc::sched_setscheduler(0, policy, &p) };
+        }
+    }
 }
 
 fn uftrace(bin: &Path, n: u64, d: &Path) -> Res<(f64, String)> {
