@@ -266,7 +266,7 @@ fn main() {
                 let per = |f: fn(&GuestStats) -> u64| (f(&c1) - f(&c0)) as f64 / n as f64;
                 let counters = format!(
                     "{:.2} TB flushes, {:.2} packets, {:.2} round trips: {:.2} g, {:.2} p, \
-                     {:.2} P-rip, {:.2} stops",
+                     {:.2} rip writes, {:.2} stops",
                     (f1 - f0) as f64 / n as f64,
                     per(|c| c.packets_sent + c.packets_received),
                     per(|c| c.round_trips),

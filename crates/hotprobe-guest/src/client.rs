@@ -150,8 +150,7 @@ pub struct ClientStats {
     pub retransmits: u64,
     /// Frames received with a bad checksum (answered with `-`).
     pub bad_frames: u64,
-    /// Requests whose reply was waited for (round trips; posted requests
-    /// and resumes are not).
+    /// Requests whose reply was waited for (round trips; resumes are not).
     pub round_trips: u64,
 }
 
@@ -176,11 +175,6 @@ pub struct GdbClient {
     /// A read interrupted by a signal ends the wait (see
     /// [`GdbClient::wait_stop_interruptible`]).
     interruptible: bool,
-    /// Requests sent by [`GdbClient::post_ok`] whose reply has not been read.
-    posted: VecDeque<String>,
-    /// The first posted request not answered `OK`, returned by the next
-    /// request or wait.
-    posted_error: Option<GdbError>,
 }
 
 /// The default time to wait for a reply to a request.
@@ -228,8 +222,6 @@ impl GdbClient {
             pending_stops: VecDeque::new(),
             console: Vec::new(),
             reg_thread: None,
-            posted: VecDeque::new(),
-            posted_error: None,
             timeout,
             closed: false,
             stats: ClientStats::default(),
@@ -400,58 +392,23 @@ impl GdbClient {
         }
     }
 
-    /// The next packet (acked), or `Ok(None)` at the deadline. Replies to
-    /// posted requests (which the stub sends first, in order) are taken
-    /// here and never returned.
+    /// The next packet (acked), or `Ok(None)` at the deadline.
     fn recv_packet(&mut self, deadline: Instant) -> Result<Option<Vec<u8>>, GdbError> {
-        loop {
-            let p = match self.queued.pop_front() {
-                Some(p) => p,
-                None => match self.read_frame(deadline)? {
-                    None => return Ok(None),
-                    Some(Frame::Packet(p)) => {
-                        self.stats.packets_received += 1;
-                        if self.ack_mode {
-                            self.write_raw(b"+")?;
-                        }
-                        p
-                    }
-                    Some(_) => continue,
-                },
-            };
-            if !self.posted.is_empty() && StopReply::parse(&p).is_none() {
-                let req = self.posted.pop_front().unwrap_or_default();
-                if p != b"OK" && self.posted_error.is_none() {
-                    self.posted_error = Some(self.reply_error(&req, &p));
-                }
-                continue;
-            }
+        if let Some(p) = self.queued.pop_front() {
             return Ok(Some(p));
         }
-    }
-
-    /// Sends a request whose reply must be `OK` without waiting for it:
-    /// the reply is checked when the next reply or stop is read, and a
-    /// failure is returned then. Saves a round trip before a resume.
-    ///
-    /// Only in no-ack mode: with acks on, the `+` owed to the reply would
-    /// reach the stub after a following resume, and QEMU stops a running VM
-    /// on any byte (with no stop reply, as none was asked for). There the
-    /// request waits for its reply as usual.
-    pub fn post_ok(&mut self, payload: &str) -> Result<(), GdbError> {
-        if self.ack_mode {
-            return self.request_ok(payload);
-        }
-        self.send_packet(payload.as_bytes())?;
-        self.posted.push_back(payload.to_string());
-        Ok(())
-    }
-
-    /// The failure of a posted request, if one came back.
-    fn take_posted_error(&mut self) -> Result<(), GdbError> {
-        match self.posted_error.take() {
-            Some(e) => Err(e),
-            None => Ok(()),
+        loop {
+            match self.read_frame(deadline)? {
+                None => return Ok(None),
+                Some(Frame::Packet(p)) => {
+                    self.stats.packets_received += 1;
+                    if self.ack_mode {
+                        self.write_raw(b"+")?;
+                    }
+                    return Ok(Some(p));
+                }
+                Some(_) => continue,
+            }
         }
     }
 
@@ -525,10 +482,7 @@ impl GdbClient {
                     });
                 }
                 Some(Ok(r)) if !want_stop => self.pending_stops.push_back(r),
-                _ => {
-                    self.take_posted_error()?;
-                    return Ok(p);
-                }
+                _ => return Ok(p),
             }
         }
     }
@@ -660,6 +614,15 @@ impl GdbClient {
         self.send_packet(b"vCont;c")
     }
 
+    /// Resumes every thread, the current one (QEMU: the vCPU of the last
+    /// stop) at `pc` (`c ADDR`): moving a thread and resuming in one packet,
+    /// with no reply to wait for. The stop reply comes later through
+    /// [`GdbClient::wait_stop`].
+    pub fn cont_at(&mut self, pc: u64) -> Result<(), GdbError> {
+        self.reg_thread = None;
+        self.send_packet(format!("c{pc:x}").as_bytes())
+    }
+
     /// Single-steps one thread, leaving the others stopped (`vCont;s:TID`).
     pub fn step(&mut self, thread: ThreadRef) -> Result<(), GdbError> {
         self.reg_thread = None;
@@ -702,7 +665,6 @@ impl GdbClient {
                         // gdbserver's general_thread): no `Hg` needed.
                         self.reg_thread = Some(*t);
                     }
-                    self.take_posted_error()?;
                     return Ok(Some(r));
                 }
                 _ => {} // stray reply: ignore
@@ -783,36 +745,10 @@ impl GdbClient {
         &mut self,
         thread: ThreadRef,
         regnum: u32,
-        v: &[u8],
+        value: &[u8],
     ) -> Result<(), GdbError> {
-        self.put_register(thread, regnum, v, false)
-    }
-
-    /// Writes register number `regnum` of `thread` (`P`) without waiting
-    /// for the `OK` (see [`GdbClient::post_ok`]).
-    pub fn post_write_register(
-        &mut self,
-        t: ThreadRef,
-        regnum: u32,
-        v: &[u8],
-    ) -> Result<(), GdbError> {
-        self.put_register(t, regnum, v, true)
-    }
-
-    fn put_register(
-        &mut self,
-        t: ThreadRef,
-        regnum: u32,
-        v: &[u8],
-        post: bool,
-    ) -> Result<(), GdbError> {
-        self.select_thread(t)?;
-        let req = format!("P{regnum:x}={}", rsp::encode_hex(v));
-        if post {
-            self.post_ok(&req)
-        } else {
-            self.request_ok(&req)
-        }
+        self.select_thread(thread)?;
+        self.request_ok(&format!("P{regnum:x}={}", rsp::encode_hex(value)))
     }
 
     /// Switches `m`/`M` between guest-virtual (default) and guest-physical
@@ -971,50 +907,41 @@ mod tests {
     }
 
     #[test]
-    fn posted_requests_in_no_ack_mode() {
+    fn trap_stop_selects_its_thread_and_cont_at_moves_it() {
         let mut script = handshake_script();
-        script[1] = ("QStartNoAckMode", pkt("OK"));
-        script.push(("Hgp1.1", pkt("OK")));
-        script.push(("P10=", pkt("OK")));
-        script.push(("vCont;c", pkt("T05thread:p01.02;")));
-        // the trap stop selected p1.2 for registers: no Hg
-        script.push(("P10=", pkt("E22")));
-        script.push(("vCont;c", pkt("T05thread:p01.02;")));
-        script.push(("P10=", pkt("OK")));
+        script.push(("c", pkt("T05thread:p01.02;")));
+        // the trap stop selected p1.2 for registers: no Hg before p
         script.push(("p10", pkt("eb92a581ffffffff")));
+        script.push(("cffffffff81000010", pkt("T02thread:p01.01;")));
+        // an interrupt stop does not select its thread
+        script.push(("Hgp1.1", pkt("OK")));
+        script.push(("p10", pkt("1000008100000000")));
         let (a, h) = fake_stub(script, Vec::new());
         let mut c =
             GdbClient::handshake(Stream::Unix(a), "fake".into(), Duration::from_secs(5)).unwrap();
-        assert!(!c.ack_mode());
-        let t1 = ThreadRef {
-            pid: Some(1),
-            tid: 1,
-        };
+        c.cont_at(0).ok();
+        let stop = c.wait_stop(Some(Duration::from_secs(5))).unwrap().unwrap();
+        assert!(matches!(stop, StopReply::Signal { signal: 5, .. }));
+        let trips = c.stats().round_trips;
         let t2 = ThreadRef {
             pid: Some(1),
             tid: 2,
         };
-        let trips = c.stats().round_trips;
-        c.post_write_register(t1, 16, &[0; 8]).unwrap();
-        c.cont().unwrap();
-        // the posted OK is taken on the way to the stop
-        let stop = c.wait_stop(Some(Duration::from_secs(5))).unwrap().unwrap();
-        assert!(matches!(stop, StopReply::Signal { signal: 5, .. }));
-        assert_eq!(c.stats().round_trips, trips + 1, "Hg only");
-        c.post_write_register(t2, 16, &[0; 8]).unwrap();
-        c.cont().unwrap();
-        // a posted request that failed is reported by the next wait
-        assert!(matches!(
-            c.wait_stop(Some(Duration::from_secs(5))),
-            Err(GdbError::ErrorReply { .. })
-        ));
-        // and a request after a posted one gets its own reply
-        c.post_write_register(t2, 16, &[0; 8]).unwrap();
         let rip = c.read_register(t2, 16).unwrap();
         assert_eq!(
             u64::from_le_bytes(rip.try_into().unwrap()),
             0xffffffff81a592eb
         );
+        assert_eq!(c.stats().round_trips, trips + 1, "p alone");
+        c.cont_at(0xffffffff81000010).unwrap();
+        let stop = c.wait_stop(Some(Duration::from_secs(5))).unwrap().unwrap();
+        assert!(matches!(stop, StopReply::Signal { signal: 2, .. }));
+        let t1 = ThreadRef {
+            pid: Some(1),
+            tid: 1,
+        };
+        c.read_register(t1, 16).unwrap();
+        assert_eq!(c.stats().round_trips, trips + 3, "Hg and p");
         drop(c);
         h.join().unwrap();
     }

@@ -17,8 +17,9 @@
 //! Packets per hit are kept few (each stop also flushes QEMU's translation
 //! cache): asked by the engine ([`Target::set_partial_breakpoint_registers`]),
 //! a breakpoint hit reads `rip` alone with one `p` (the rest only if a handler
-//! asks), [`Target::set_pc`] writes it alone with one `P`, and no `Hg` follows
-//! a trap stop (it selects the stopped vCPU).
+//! asks), [`Target::set_pc`] keeps `rip` for the resume, which sends it with
+//! `c ADDR` (no `P`, no reply to wait for), and no `Hg` follows a trap stop
+//! (it selects the stopped vCPU).
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -103,7 +104,8 @@ pub struct GuestStats {
     pub register_reads: u64,
     /// `rip` alone read (`p`) or taken from an expedited stop reply.
     pub pc_reads: u64,
-    /// `rip` alone written (`P`, [`Target::set_pc`]).
+    /// `rip` alone written ([`Target::set_pc`]): with the resume
+    /// (`c ADDR`), or by a `P` when something else came first.
     pub pc_writes: u64,
     /// RSP packets sent to the stub (the client's count).
     pub packets_sent: u64,
@@ -159,6 +161,9 @@ pub struct GuestTarget {
     pcs: HashMap<i64, u64>,
     /// Breakpoint events carry `rip` alone (the engine asked for it).
     partial_regs: bool,
+    /// A `rip` set by [`Target::set_pc`] and not yet sent: it goes with the
+    /// resume (`c ADDR`), or as a `P` before anything else needs it.
+    pending_pc: Option<(ThreadRef, u64)>,
     last_thread: ThreadRef,
     /// cr3 and cr4 of the last register block read (kernel mappings are
     /// shared by every address space).
@@ -230,6 +235,7 @@ impl GuestTarget {
             regs: HashMap::new(),
             pcs: HashMap::new(),
             partial_regs: false,
+            pending_pc: None,
             last_thread,
             paging: None,
             ram,
@@ -376,6 +382,21 @@ impl GuestTarget {
         Ok(pc)
     }
 
+    /// Sends a `rip` that [`Target::set_pc`] kept for the resume (`P`).
+    fn flush_pc(&mut self) -> Result<(), TargetError> {
+        let Some((t, pc)) = self.pending_pc.take() else {
+            return Ok(());
+        };
+        let Some(info) = self.regmap.get("rip").cloned() else {
+            return Err(proto(&self.name, "no rip in the register description"));
+        };
+        let bytes = (info.bitsize as usize).div_ceil(8).min(8);
+        let v = pc.to_le_bytes();
+        self.client
+            .write_register(t, info.regnum, v.get(..bytes).unwrap_or(&v))
+            .map_err(|e| self.fail(e))
+    }
+
     /// `rip` after a stop: alone if breakpoint events carry `rip` alone,
     /// else from the whole register block (read for the event anyway).
     fn stop_pc(&mut self, t: ThreadRef, pairs: &[(String, String)]) -> Result<u64, TargetError> {
@@ -403,6 +424,7 @@ impl GuestTarget {
         if let Some((_, r)) = self.regs.get(&t.tid) {
             return Ok(*r);
         }
+        self.flush_pc()?;
         let g = self.client.read_g(t).map_err(|e| self.fail(e))?;
         self.stats.register_reads += 1;
         let r = self.regmap.registers(&g);
@@ -483,6 +505,7 @@ impl GuestTarget {
             let rip = self.pc(t, &[])?;
             self.reported.remove(&t.tid);
             if rip == addr && self.breakpoints.contains(&addr) {
+                self.flush_pc()?;
                 self.client.step(t).map_err(|e| self.fail(e))?;
                 self.running = true;
                 self.stats.step_overs += 1;
@@ -518,7 +541,19 @@ impl GuestTarget {
         }
         self.reported.clear();
         self.invalidate();
-        self.client.cont().map_err(|e| self.fail(e))?;
+        // A rip set for the vCPU of the last stop (QEMU's current vCPU for
+        // `c`) goes with the resume: one packet, no reply to wait for.
+        let r = match self.pending_pc {
+            Some((pt, pc)) if pt == t => {
+                self.pending_pc = None;
+                self.client.cont_at(pc)
+            }
+            _ => {
+                self.flush_pc()?;
+                self.client.cont()
+            }
+        };
+        r.map_err(|e| self.fail(e))?;
         self.running = true;
         Ok(())
     }
@@ -773,6 +808,7 @@ impl GuestTarget {
         self.stopped_by_stop_all = false;
         match mode {
             ResumeMode::Step => {
+                self.flush_pc()?;
                 self.reported.remove(&t.tid);
                 self.invalidate();
                 self.stepping = Some(t);
@@ -938,6 +974,9 @@ impl Target for GuestTarget {
                 target: self.name.clone(),
             });
         }
+        // A rip kept for the resume first, so the diff below is against
+        // what the stub holds.
+        self.flush_pc()?;
         let old = self.read_regs(t)?;
         let mut new = *regs;
         let mut old_m = old;
@@ -983,14 +1022,16 @@ impl Target for GuestTarget {
             regs.rip = pc;
             return self.set_registers(thread, &regs);
         };
+        if info.bitsize == 0 {
+            return Err(proto(&self.name, "rip has no size"));
+        }
         let old = self.pc(t, &[])?;
-        let bytes = (info.bitsize as usize).div_ceil(8).min(8);
-        let v = pc.to_le_bytes();
-        // Posted: the `OK` is read with the next reply (the stop reply
-        // after the resume that follows), a round trip saved per hit.
-        self.client
-            .post_write_register(t, info.regnum, v.get(..bytes).unwrap_or(&v))
-            .map_err(|e| self.fail(e))?;
+        if self.pending_pc.is_some_and(|(pt, _)| pt != t) {
+            self.flush_pc()?;
+        }
+        // Sent with the resume (`c ADDR`), or as a `P` if anything needs
+        // the registers first.
+        self.pending_pc = Some((t, pc));
         self.stats.pc_writes += 1;
         if let Some((g, r)) = self.regs.get_mut(&t.tid) {
             r.rip = pc;
@@ -1081,6 +1122,7 @@ impl Target for GuestTarget {
             return Ok(());
         }
         self.pause()?;
+        self.flush_pc()?;
         self.pending.clear();
         // No vCPU may be left inside a scratch area about to be restored.
         for t in self.threads.clone() {
