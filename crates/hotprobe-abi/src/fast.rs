@@ -39,10 +39,16 @@ pub struct ThreadBlock {
     pub reserved0: AtomicU64,
     /// Address of the shared memory's [`crate::Header`].
     pub header: AtomicU64,
+    /// [`crate::Header::stub_key`] of the memory this block points into. A
+    /// stub compares it with the key it was built with and sends the hit to
+    /// the generic path on a mismatch: stubs an earlier tracer left behind
+    /// (it died without restoring the code, and the agent re-attached to a
+    /// new tracer's memory) must not count or record into the new memory
+    /// with their stale counter indices and slot size. Just below `busy`,
+    /// so that a record stub checks both with one 8-byte compare.
+    pub stub_key: AtomicU32,
     /// Non-zero while the agent or a stub writes this thread's ring.
     pub busy: AtomicU32,
-    /// Reserved, zero.
-    pub reserved: u32,
 }
 
 const _: () = assert!(size_of::<ThreadBlock>() == 64);
@@ -61,6 +67,9 @@ pub const TB_LIMIT: i32 = offset_of!(ThreadBlock, limit) as i32;
 pub const TB_HEADER: i32 = offset_of!(ThreadBlock, header) as i32;
 /// Offset of [`ThreadBlock::busy`].
 pub const TB_BUSY: i32 = offset_of!(ThreadBlock, busy) as i32;
+/// Offset of [`ThreadBlock::stub_key`] (`busy` is the next 4 bytes).
+pub const TB_STUB_KEY: i32 = offset_of!(ThreadBlock, stub_key) as i32;
+const _: () = assert!(TB_BUSY == TB_STUB_KEY + 4);
 
 /// Offset of [`crate::RingCtl::head`].
 pub const RING_HEAD: i32 = offset_of!(crate::RingCtl, head) as i32;

@@ -164,8 +164,16 @@ pub struct Header {
     /// tracer's per-site stubs read it with `mov r11, fs:[off]`. 0 when the
     /// agent has no such word (stubs must not be used then) (agent).
     pub thread_tpoff: AtomicU64,
+    /// Identifies this memory among the ones a target may see over its
+    /// life (plain field, written at creation: non-zero, below 2^31,
+    /// different for two creations). The agent copies it into every
+    /// [`crate::fast::ThreadBlock::stub_key`]; a tracer builds it into its
+    /// stubs.
+    pub stub_key: u32,
     /// Reserved, zero.
-    pub reserved: [u64; 4],
+    pub reserved1: u32,
+    /// Reserved, zero.
+    pub reserved: [u64; 3],
 }
 
 const _: () = assert!(size_of::<Header>() == HEADER_SIZE);
@@ -176,6 +184,7 @@ const _: () = assert!(offset_of!(Header, near_page) == 136);
 const _: () = assert!(offset_of!(Header, event_size) == 108);
 const _: () = assert!(offset_of!(Header, reentries) == 184);
 const _: () = assert!(offset_of!(Header, thread_tpoff) == 216);
+const _: () = assert!(offset_of!(Header, stub_key) == 224);
 
 /// One slot of the open-addressing site table (linear probing, hash
 /// [`site_hash`]).

@@ -71,6 +71,7 @@ impl Shm {
             core::ptr::addr_of_mut!((*h).threads_offset).write(layout.threads_offset as u64);
             core::ptr::addr_of_mut!((*h).thread_stride).write(layout.thread_stride as u64);
             core::ptr::addr_of_mut!((*h).event_size).write(params.event_size);
+            core::ptr::addr_of_mut!((*h).stub_key).write(new_stub_key());
             core::ptr::addr_of_mut!((*h).magic).write_volatile(MAGIC);
         }
         Ok(Shm { base, len, layout })
@@ -115,6 +116,15 @@ impl Shm {
         };
         let layout = Layout::from_header(&f, len)?;
         Ok(Shm { base, len, layout })
+    }
+
+    /// [`Header::stub_key`] of this memory (see
+    /// [`crate::fast::ThreadBlock::stub_key`]).
+    pub fn stub_key(&self) -> u32 {
+        // SAFETY: the mapping holds a header (validated); a plain u32 field.
+        unsafe {
+            core::ptr::addr_of!((*(self.base.as_ptr() as *const Header)).stub_key).read_volatile()
+        }
     }
 
     /// The validated layout.
@@ -347,6 +357,16 @@ impl Shm {
         }
         sum
     }
+}
+
+/// A fresh [`Header::stub_key`]: non-zero, below 2^31, from the TSC (two
+/// creations are microseconds apart at least) mixed so that close values
+/// differ in many bits.
+fn new_stub_key() -> u32 {
+    static SALT: core::sync::atomic::AtomicU32 = core::sync::atomic::AtomicU32::new(0);
+    let salt = SALT.fetch_add(1, Relaxed) as u64;
+    let k = (crate::rdtsc() ^ salt << 48).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 33;
+    (k as u32).max(1)
 }
 
 impl Shm {

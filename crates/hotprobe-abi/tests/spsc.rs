@@ -198,6 +198,32 @@ fn slots_round_trip_every_field() {
 }
 
 #[test]
+fn every_memory_gets_its_own_stub_key() {
+    let params = Params {
+        n_probes: 1,
+        n_site_slots: 2,
+        n_threads: 1,
+        ring_capacity: 2,
+        event_size: EVENT_SIZE_COMPACT,
+    };
+    let keys: Vec<u32> = (0..8)
+        .map(|_| {
+            let (buf, shm) = make(params);
+            let k = shm.stub_key();
+            // The agent's view reads the same key.
+            // SAFETY: same buffer, alive.
+            let agent = unsafe { Shm::attach(buf.ptr, shm.len()) }.unwrap();
+            assert_eq!(agent.stub_key(), k);
+            k
+        })
+        .collect();
+    for (i, k) in keys.iter().enumerate() {
+        assert!(*k != 0 && *k < 1 << 31, "{k:#x}");
+        assert!(!keys[..i].contains(k), "key {k:#x} repeated: {keys:x?}");
+    }
+}
+
+#[test]
 fn slot_layout_is_tsc_meta_values() {
     let params = Params {
         n_probes: 8,

@@ -79,8 +79,8 @@ const ENTRY_INIT: ThreadEntry = ThreadEntry {
         limit: AtomicU64::new(0),
         reserved0: AtomicU64::new(0),
         header: AtomicU64::new(0),
+        stub_key: AtomicU32::new(0),
         busy: AtomicU32::new(0),
-        reserved: 0,
     },
     key: AtomicU64::new(EMPTY),
     slot: AtomicU32::new(NO_SLOT),
@@ -369,6 +369,9 @@ fn fill_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32) -> u64 {
     let f = &e.fast;
     // 0: the first event refreshes the limit from the (new) ring's tail.
     f.limit.store(0, Relaxed);
+    // Stubs built for another memory (an earlier tracer's) now take the
+    // generic path, which knows none of their sites.
+    f.stub_key.store(shm.stub_key(), Relaxed);
     f.header.store(shm.as_ptr() as u64, Relaxed);
     f.mask
         .store(shm.layout().params.ring_capacity as u64 - 1, Relaxed);

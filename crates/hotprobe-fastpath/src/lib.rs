@@ -734,6 +734,7 @@ impl FastPath {
             record,
             generic,
             event_size: self.shm().layout().params.event_size,
+            key: self.shm().stub_key(),
         };
         let err = |e: stub::StubError| FastPathError::Assemble {
             addr: near,

@@ -9,6 +9,7 @@
 //! site so that the site `call`s it directly (no near-stub hop).
 //!
 //! * count: `push r11; mov r11, fs:[tpoff]; test; jz generic;
+//!   cmp dword [r11+stub_key], KEY; jne generic;
 //!   mov r11, [r11+counters]; inc qword [r11+8*counter]; pop r11; ret` —
 //!   exact with any number of threads (each thread increments its own
 //!   counter array; one instruction, so a signal handler on the same
@@ -31,11 +32,16 @@
 //! caller keep values in call-clobbered registers its callee does not use.
 //! A thread not yet known to the agent (TLS word 0) or a re-entered one is
 //! sent to the agent's generic trampoline with the stack as the site left
-//! it, so the generic path handles it under the same site key.
+//! it, so the generic path handles it under the same site key. So is a hit
+//! whose thread block carries another memory's `stub_key` (the record stub
+//! checks key and `busy` with one 8-byte compare): stubs left behind by a
+//! tracer that died are inert once the agent attaches to a new memory,
+//! instead of counting and recording there with stale counter indices,
+//! probe ids and slot size.
 
 use hotprobe_abi::fast::{
     HDR_CONTROL, HDR_HEARTBEAT, HDR_HEARTBEAT_TIMEOUT, HDR_STATUS, RING_DROPPED, RING_HEAD,
-    RING_TAIL, TB_BUSY, TB_COUNTERS, TB_CTL, TB_EVENTS, TB_HEADER, TB_LIMIT, TB_MASK,
+    RING_TAIL, TB_BUSY, TB_COUNTERS, TB_CTL, TB_EVENTS, TB_HEADER, TB_LIMIT, TB_MASK, TB_STUB_KEY,
 };
 use hotprobe_abi::{
     pack_meta, slot_values, CONTROL_RECORD, EVENT_SIZE_COMPACT, EVENT_SIZE_FULL, KIND_ENTRY,
@@ -70,6 +76,10 @@ pub(crate) struct StubParams {
     /// Bytes per event slot of the memory ([`EVENT_SIZE_COMPACT`] or
     /// [`EVENT_SIZE_FULL`]).
     pub event_size: u32,
+    /// `Header::stub_key` of the memory (non-zero, below 2^31): a thread
+    /// block with another key (another tracer's memory) sends the hit to
+    /// the generic path.
+    pub key: u32,
 }
 
 /// Why a stub could not be built.
@@ -95,6 +105,9 @@ pub(crate) fn build(ip: u64, p: &StubParams) -> Result<Vec<u8>, StubError> {
     if p.probe >= 1 << 24 {
         return Err(StubError::Params("probe id must be below 2^24"));
     }
+    if p.key == 0 || p.key >= 1 << 31 {
+        return Err(StubError::Params("stub key must be in 1..2^31"));
+    }
     let tp = (p.tpoff as i64) as i32;
     // mov r11, qword ptr fs:[disp32] (absolute, no base): 64 4c 8b 1c 25 disp32.
     let mut load_tls = vec![0x64, 0x4c, 0x8b, 0x1c, 0x25];
@@ -108,6 +121,8 @@ pub(crate) fn build(ip: u64, p: &StubParams) -> Result<Vec<u8>, StubError> {
     a.test(r11, r11)?;
     a.jz(slow)?;
     if !p.record {
+        a.cmp(dword_ptr(r11 + d(TB_STUB_KEY)), p.key as i32)?;
+        a.jne(slow)?;
         a.mov(r11, qword_ptr(r11 + d(TB_COUNTERS)))?;
         a.inc(qword_ptr(r11 + cdisp))?;
         a.pop(r11)?;
@@ -124,7 +139,8 @@ pub(crate) fn build(ip: u64, p: &StubParams) -> Result<Vec<u8>, StubError> {
         };
         // The whole meta word (bits 31-63 clear: a positive imm32).
         let meta = pack_meta(p.probe, kind, nvalues as u8, 0) as i32;
-        a.cmp(dword_ptr(r11 + d(TB_BUSY)), 0)?;
+        // Our memory (key) and not busy (the next 4 bytes are 0), at once.
+        a.cmp(qword_ptr(r11 + d(TB_STUB_KEY)), p.key as i32)?;
         a.jne(slow)?;
         a.push(rax)?;
         a.push(rdx)?;
@@ -254,6 +270,7 @@ mod tests {
             record: false,
             generic: 0x1122_3344_5566_7788,
             event_size: EVENT_SIZE_FULL,
+            key: 0x1234_5678,
         };
         let code = build(0x1000, &p).unwrap();
         let t = text(&code, 0x1000);
@@ -262,6 +279,7 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("inc qword ptr [r11+18h]"), "{t}");
+        assert!(t.contains("cmp dword ptr [r11+38h],12345678h\njne "), "{t}");
         assert!(code.ends_with(&0x1122_3344_5566_7788u64.to_le_bytes()));
     }
 
@@ -290,6 +308,7 @@ mod tests {
                 record: true,
                 generic: 0x4000,
                 event_size,
+                key: 0x7fff_0001,
             };
             let code = build(0x2000, &p).unwrap();
             let t = text(&code, 0x2000);
@@ -308,6 +327,8 @@ mod tests {
             assert!(t.contains(&format!("shl r10,{shift}")), "{t}");
             assert!(!t.contains("imul"), "{t}");
             assert!(t.contains("rdtsc"), "{t}");
+            // Key and busy checked with one compare before anything else.
+            assert!(t.contains("cmp qword ptr [r11+38h],7FFF0001h\njne "), "{t}");
             // Head published last, after the tsc.
             let tsc = t.find("mov [r10],rax").expect("tsc store");
             let publish = t.find("inc qword ptr [r10]").expect("head publish");
@@ -341,6 +362,7 @@ mod tests {
             record: true,
             generic: 0x4000,
             event_size: EVENT_SIZE_FULL,
+            key: 1,
         };
         assert!(build(0x2000, &p).is_err());
         assert!(build(
@@ -352,5 +374,15 @@ mod tests {
             }
         )
         .is_err());
+        assert!(build(
+            0x2000,
+            &StubParams {
+                probe: 1,
+                key: 0,
+                ..p
+            }
+        )
+        .is_err());
+        assert!(build(0x2000, &StubParams { probe: 1, ..p }).is_ok());
     }
 }

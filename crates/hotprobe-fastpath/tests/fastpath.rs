@@ -611,3 +611,83 @@ fn sigkill_of_the_tracer_leaves_the_target_running() {
     // SAFETY: our mapping, no view left.
     unsafe { libc::munmap(p, len) };
 }
+
+/// A tracer that goes away without restoring the code leaves its stubs in
+/// the target; when a second tracer injects the agent again (new memory,
+/// another slot size), those stubs must not count or record into the new
+/// memory: their hits take the generic path, which knows none of their
+/// sites, and the program runs on to the right result.
+#[test]
+fn stubs_of_a_vanished_tracer_stay_out_of_the_next_tracers_memory() {
+    let exe = compile("sleeper.c", "sleeper-reattach", &["-O2"]);
+    let mut child = Command::new(&exe)
+        .arg("200000")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let pid = child.id() as i32;
+    let mut t = ProcessTarget::attach(pid).unwrap();
+    // First tracer: 64-byte slots, `work` recorded through a stub.
+    let first = FastPathConfig {
+        record_args: 6,
+        ..Default::default()
+    };
+    let mut fp1 = FastPath::inject(&mut t, &agent(), first).unwrap();
+    let info = fp1
+        .add(&mut t, "work", Action::record(), MechanismChoice::Auto)
+        .unwrap();
+    assert!(info.stub, "{info:?}");
+    t.resume_all().unwrap();
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    while fp1.count(info.probe_id) < 1000 {
+        if let TargetEvent::Exited(_) = t.wait(Some(std::time::Duration::from_millis(5))).unwrap() {
+            panic!("ended early");
+        }
+    }
+    // It vanishes: no detach, its stubs stay patched in.
+    t.stop_all().unwrap();
+    let before = fp1.count(info.probe_id);
+    drop(fp1);
+    // Second tracer: a new memory with 32-byte slots and no probe at all.
+    let second = FastPathConfig {
+        record_args: 2,
+        ..Default::default()
+    };
+    let mut fp2 = FastPath::inject(&mut t, &agent(), second).unwrap();
+    assert_eq!(fp2.shm().layout().params.event_size, 32);
+    t.resume_all().unwrap();
+    let mut events = 0;
+    loop {
+        events += fp2.drain(|_| {});
+        if let TargetEvent::Exited(_) = t.wait(Some(std::time::Duration::from_millis(5))).unwrap() {
+            break;
+        }
+    }
+    events += fp2.drain(|_| {});
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    let total: u64 = (0..200000u64).map(|i| (i & 3) * 2 + 1).sum();
+    assert_eq!(rest, format!("total {total}\n"), "the program ran on");
+    assert!((1000..200_000).contains(&before), "{before}");
+    assert_eq!(events, 0, "nothing recorded into the new memory");
+    assert_eq!(fp2.counts(), Vec::<u64>::new());
+    let shm = fp2.shm();
+    for p in 0..shm.layout().params.n_probes {
+        assert_eq!(shm.counter(p), 0, "counter {p} of the new memory");
+    }
+    let misses = shm
+        .header()
+        .site_misses
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        misses + before,
+        200_000,
+        "every later call went to the generic path and missed there"
+    );
+    let _ = child.wait();
+}
