@@ -309,6 +309,9 @@ pub fn run(o: &RecordOptions<'_>) -> Result<()> {
         max_probes: (chosen.len() as u32 * 2 + 64).next_power_of_two(),
         ring_capacity: o.ring_events,
         max_threads: o.max_threads,
+        // Up to 2 arguments: 32-byte event slots (faster to write and
+        // drain than the 64-byte ones all 6 need).
+        record_args: o.args,
         ..FastPathConfig::default()
     };
     let p = Prepared {

@@ -548,3 +548,33 @@ fn full_rings_lose_nothing_silently() {
         .sum();
     assert_eq!(marked, lost);
 }
+
+#[test]
+fn arguments_and_return_values_are_recorded() {
+    // phases.c: work(i) returns i + 1 for i in 0..3, 0..5, 0..7.
+    for nargs in ["1", "6"] {
+        let dir = tmp().join(format!("args{nargs}-{}", std::process::id()));
+        record(&dir, &["--args", nargs, "work"], &program("phases"));
+        let replay = analyse(&["replay", dir.to_str().unwrap()]);
+        let mut seen = Vec::new();
+        for l in replay.lines().filter(|l| l.contains("work(")) {
+            let call = l.split("work(").nth(1).unwrap();
+            let (args, rest) = call.split_once(')').unwrap();
+            let first: i64 = args.split(", ").next().unwrap().parse().unwrap();
+            let ret: i64 = rest
+                .trim_start_matches(" = ")
+                .trim_end_matches(';')
+                .parse()
+                .unwrap_or_else(|_| panic!("no return value in {l:?}"));
+            assert_eq!(ret, first + 1, "{l}");
+            assert_eq!(
+                args.split(", ").count(),
+                nargs.parse::<usize>().unwrap(),
+                "{l}"
+            );
+            seen.push(first);
+        }
+        let want: Vec<i64> = [3, 5, 7].iter().flat_map(|&n| 0..n).collect();
+        assert_eq!(seen, want, "--args {nargs}");
+    }
+}
