@@ -239,8 +239,10 @@ fn main() {
         ("stepped (post handler)", inner, true),
         ("boosted", inner, false),
     ];
-    // (label, per-hit ms of each round, counters line of the first round)
-    let mut rows: Vec<(String, Vec<f64>, String)> = Vec::new();
+    // (label, per-hit ms of each round, counters line of the first round,
+    // per-hit microseconds the VM waited on us in each round)
+    type Row = (String, Vec<f64>, String, Vec<f64>);
+    let mut rows: Vec<Row> = Vec::new();
     let mut gdb_ms = Vec::new();
     let mut gdb_line = String::new();
     for round in 0..rounds {
@@ -276,9 +278,10 @@ fn main() {
                     per(|c| c.stops),
                 );
                 if round == 0 {
-                    rows.push((label, Vec::new(), counters));
+                    rows.push((label, Vec::new(), counters, Vec::new()));
                 }
                 rows[row].1.push((ms - base) / n as f64);
+                rows[row].3.push(per(|c| c.stopped_us));
                 row += 1;
                 s.remove_probe(id).unwrap();
             }
@@ -289,14 +292,18 @@ fn main() {
         gdb_line = format!("{flushes:.2} TB flushes; {hits}");
     }
 
-    println!("per hit, ms: median (min..max) over {rounds} rounds; counters per hit");
-    for (label, v, counters) in &rows {
+    println!(
+        "per hit, ms: median (min..max) over {rounds} rounds; us the VM stood stopped \
+         waiting on hotprobe (median); counters per hit"
+    );
+    for (label, v, counters, stopped) in &rows {
         let (lo, hi) = v
             .iter()
             .fold((f64::MAX, 0f64), |(l, h), x| (l.min(*x), h.max(*x)));
         println!(
-            "{label:<42} {:7.3} ({lo:.3}..{hi:.3})  [{counters}]",
-            median(v)
+            "{label:<42} {:7.3} ({lo:.3}..{hi:.3}) {:5.0} us  [{counters}]",
+            median(v),
+            median(stopped)
         );
     }
     let (lo, hi) = gdb_ms
@@ -307,17 +314,22 @@ fn main() {
         "gdb, Python Breakpoint.stop -> False",
         median(&gdb_ms)
     );
-    println!("ratio to gdb: median/median, and per round (same round's gdb run)");
+    println!(
+        "ratio to gdb: median/median, min/min (the least disturbed runs), and per \
+         round (same round's gdb run)"
+    );
     let gm = median(&gdb_ms);
-    for (label, v, _) in &rows {
+    let min = |v: &[f64]| v.iter().copied().fold(f64::MAX, f64::min);
+    for (label, v, _, _) in &rows {
         let per_round: Vec<String> = v
             .iter()
             .zip(&gdb_ms)
             .map(|(x, g)| format!("{:.2}", x / g))
             .collect();
         println!(
-            "{label:<42} {:.2}x gdb  [{}]",
+            "{label:<42} {:.2}x gdb, min {:.2}x  [{}]",
             median(v) / gm,
+            min(v) / min(&gdb_ms),
             per_round.join(" ")
         );
     }

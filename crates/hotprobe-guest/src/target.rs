@@ -113,6 +113,10 @@ pub struct GuestStats {
     pub packets_received: u64,
     /// Requests whose reply was waited for (the client's count).
     pub round_trips: u64,
+    /// Microseconds the VM spent stopped between a stop reply's arrival and
+    /// the resume this target sent (its own packets and the engine's
+    /// handling; not QEMU's cost of stopping and restarting).
+    pub stopped_us: u64,
 }
 
 /// A shared, read-only view of a [`GuestTarget`]'s counters that stays
@@ -164,6 +168,8 @@ pub struct GuestTarget {
     /// A `rip` set by [`Target::set_pc`] and not yet sent: it goes with the
     /// resume (`c ADDR`), or as a `P` before anything else needs it.
     pending_pc: Option<(ThreadRef, u64)>,
+    /// When the VM last stopped (for [`GuestStats::stopped_us`]).
+    stopped_at: Option<Instant>,
     last_thread: ThreadRef,
     /// cr3 and cr4 of the last register block read (kernel mappings are
     /// shared by every address space).
@@ -236,6 +242,7 @@ impl GuestTarget {
             pcs: HashMap::new(),
             partial_regs: false,
             pending_pc: None,
+            stopped_at: None,
             last_thread,
             paging: None,
             ram,
@@ -382,6 +389,13 @@ impl GuestTarget {
         Ok(pc)
     }
 
+    /// Adds the time since the last stop to [`GuestStats::stopped_us`].
+    fn mark_resumed(&mut self) {
+        if let Some(t0) = self.stopped_at.take() {
+            self.stats.stopped_us += t0.elapsed().as_micros() as u64;
+        }
+    }
+
     /// Sends a `rip` that [`Target::set_pc`] kept for the resume (`P`).
     fn flush_pc(&mut self) -> Result<(), TargetError> {
         let Some((t, pc)) = self.pending_pc.take() else {
@@ -442,6 +456,7 @@ impl GuestTarget {
         interrupted: bool,
     ) -> Result<Option<TargetEvent>, TargetError> {
         self.running = false;
+        self.stopped_at.get_or_insert_with(Instant::now);
         self.stats.stops += 1;
         self.invalidate();
         match s {
@@ -508,6 +523,7 @@ impl GuestTarget {
                 self.flush_pc()?;
                 self.client.step(t).map_err(|e| self.fail(e))?;
                 self.running = true;
+                self.mark_resumed();
                 self.stats.step_overs += 1;
                 let s = self
                     .client
@@ -517,6 +533,7 @@ impl GuestTarget {
                     return Err(proto(&self.name, "no stop reply to a single-step"));
                 };
                 self.running = false;
+                self.stopped_at = Some(Instant::now());
                 self.stats.stops += 1;
                 self.invalidate();
                 if let StopReply::Signal { pairs, .. } = s {
@@ -555,6 +572,7 @@ impl GuestTarget {
         };
         r.map_err(|e| self.fail(e))?;
         self.running = true;
+        self.mark_resumed();
         Ok(())
     }
 
@@ -814,6 +832,7 @@ impl GuestTarget {
                 self.stepping = Some(t);
                 self.client.step(t).map_err(|e| self.fail(e))?;
                 self.running = true;
+                self.mark_resumed();
                 Ok(())
             }
             ResumeMode::Continue => {

@@ -855,7 +855,8 @@ impl Engine {
         Ok(())
     }
 
-    fn on_stepped(&mut self, thread: ThreadId, mut regs: Registers) -> Result<(), EngineError> {
+    fn on_stepped(&mut self, thread: ThreadId, stepped: Registers) -> Result<(), EngineError> {
+        let mut regs = stepped;
         let Some(st) = self.stepping.get_mut(&thread).and_then(|s| s.pop()) else {
             // A step we did not ask for: run on.
             self.target.resume(thread, ResumeMode::Continue)?;
@@ -888,7 +889,17 @@ impl Engine {
             self.run_posts(&probes, thread, &mut hr)?;
             regs = *hr.fetch(self.target.as_mut(), thread)?;
         }
-        self.target.set_registers(thread, &regs)?;
+        let only_rip_moved = Registers {
+            rip: stepped.rip,
+            ..regs
+        } == stepped;
+        if self.partial_regs && only_rip_moved {
+            // Only rip moved (back from the slot): the target may send it
+            // with the resume.
+            self.target.set_pc(thread, regs.rip)?;
+        } else {
+            self.target.set_registers(thread, &regs)?;
+        }
         self.target.resume(thread, ResumeMode::Continue)?;
         Ok(())
     }
@@ -1334,5 +1345,27 @@ mod tests {
         assert_eq!(log.borrow().register_writes, 1);
         assert_eq!(log.borrow().pc_writes.len(), 2);
         assert_eq!(log.borrow().resumes, 3);
+
+        // A post handler: the thread steps the slot; after the step only
+        // rip moves (back to the original code), so rip alone is written.
+        e.remove_probe(boosted).unwrap();
+        e.add_probe(RuntimeAddr(BASE), Probe::new().post(|_| {}))
+            .unwrap();
+        hit(&mut e, BASE);
+        let slot = *log.borrow().pc_writes.last().unwrap();
+        assert!((SCRATCH..SCRATCH + SCRATCH_CHUNK).contains(&slot));
+        let after_step = Registers {
+            rip: slot + 5,
+            rdi: 7,
+            ..Registers::default()
+        };
+        e.handle(TargetEvent::Stepped {
+            thread: ThreadId(1),
+            regs: after_step,
+        })
+        .unwrap();
+        assert_eq!(log.borrow().pc_writes.last(), Some(&(BASE + 5)));
+        assert_eq!(log.borrow().register_writes, 1);
+        assert_eq!(log.borrow().resumes, 5);
     }
 }
