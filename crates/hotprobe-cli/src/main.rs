@@ -61,8 +61,9 @@ enum Cmd {
         #[arg(long)]
         blacklist: bool,
     },
-    /// Count hits of trap probes; print a table when the target exits, on
-    /// Ctrl-C, or after --duration.
+    /// Count hits of probes (fast path where a function entry allows it,
+    /// else trap; see --mechanism); print a table when the target exits,
+    /// on Ctrl-C, or after --duration.
     #[command(group(ArgGroup::new("target").required(true).args(["pid", "cmd"])))]
     Count {
         /// Probe specs: [module:]function[+off] | [module:]0xADDR | file.c:LINE,
