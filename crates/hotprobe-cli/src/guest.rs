@@ -15,7 +15,7 @@
 use crate::count::print_table;
 use crate::session::{progress, Placed};
 use crate::signals::{self, StopReason};
-use crate::trace::{emit, Printer, HEADER};
+use crate::trace::{call_tree_retprobe, emit, Printer, HEADER};
 use anyhow::{bail, Context, Result};
 use hotprobe::{Probe, ProbeSpec, RetProbe, RunEnd, Session, TargetId};
 use hotprobe_guest::{connect_guest, load_symbols, GuestConfig, StubAddr};
@@ -172,24 +172,7 @@ fn place(session: &mut Session, guests: &[Connected], o: &GuestOptions<'_>) -> R
                         }
                     }
                     Action::Trace { maxactive, .. } => {
-                        if r.offset != 0 {
-                            bail!(
-                                "cannot trace {spec}: {:#x} is {} bytes into {}; trace follows \
-                                 whole functions (use `count` for other instructions)",
-                                r.addr.0,
-                                r.offset,
-                                r.function.as_deref().unwrap_or("a function")
-                            );
-                        }
-                        let name = r
-                            .function
-                            .clone()
-                            .unwrap_or_else(|| format!("{:#x}", r.addr.0));
-                        let (p1, p2, n1, n2) =
-                            (printer.clone(), printer.clone(), name.clone(), name);
-                        let rp = RetProbe::new(*maxactive)
-                            .entry(move |ctx| p1.borrow_mut().entry(&n1, ctx))
-                            .ret(move |ctx| p2.borrow_mut().ret(&n2, ctx));
+                        let rp = call_tree_retprobe(&printer, spec, &r, *maxactive)?;
                         session.retprobe_addr(g.id, r.addr, rp)?
                     }
                 };

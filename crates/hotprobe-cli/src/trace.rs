@@ -137,6 +137,34 @@ impl Printer {
 }
 
 /// Run `trace`.
+/// The return probe that prints `r`'s calls into the call tree of
+/// `printer`; an error if `r` is not a function's start (`label` is the
+/// spec the user gave).
+pub(crate) fn call_tree_retprobe(
+    printer: &Rc<RefCell<Printer>>,
+    label: &str,
+    r: &hotprobe::ResolvedProbe,
+    maxactive: usize,
+) -> Result<RetProbe> {
+    if r.offset != 0 {
+        bail!(
+            "cannot trace {label}: {:#x} is {} bytes into {}; trace follows whole functions \
+             (use `count` for other instructions)",
+            r.addr.0,
+            r.offset,
+            r.function.as_deref().unwrap_or("a function")
+        );
+    }
+    let name = r
+        .function
+        .clone()
+        .unwrap_or_else(|| format!("{:#x}", r.addr.0));
+    let (p1, p2, n1, n2) = (printer.clone(), printer.clone(), name.clone(), name);
+    Ok(RetProbe::new(maxactive)
+        .entry(move |ctx| p1.borrow_mut().entry(&n1, ctx))
+        .ret(move |ctx| p2.borrow_mut().ret(&n2, ctx)))
+}
+
 pub fn run(o: &TraceOptions<'_>) -> Result<()> {
     if let Some(n) = o.args {
         if n > 6 {
@@ -171,24 +199,7 @@ fn place(t: &mut Traced, o: &TraceOptions<'_>) -> Result<Vec<Placed>> {
     for s in sites {
         bar.inc(1);
         let r = &s.resolved;
-        if r.offset != 0 {
-            bail!(
-                "cannot trace {}: {:#x} is {} bytes into {}; trace follows whole functions \
-                 (use `hotprobe count` for other instructions)",
-                s.label,
-                r.addr.0,
-                r.offset,
-                r.function.as_deref().unwrap_or("a function")
-            );
-        }
-        let name = r
-            .function
-            .clone()
-            .unwrap_or_else(|| format!("{:#x}", r.addr.0));
-        let (p1, p2, n1, n2) = (printer.clone(), printer.clone(), name.clone(), name);
-        let rp = RetProbe::new(o.maxactive)
-            .entry(move |ctx| p1.borrow_mut().entry(&n1, ctx))
-            .ret(move |ctx| p2.borrow_mut().ret(&n2, ctx));
+        let rp = call_tree_retprobe(&printer, &s.label, r, o.maxactive)?;
         let id = t.session.retprobe_addr(t.target, r.addr, rp)?;
         placed.push(Placed {
             label: s.label.trim_end_matches("%return").to_string(),
