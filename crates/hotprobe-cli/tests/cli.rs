@@ -3,13 +3,15 @@
 //! arguments and return values, every bad input gives one error line and
 //! leaves the target running, and Ctrl-C detaches leaving the text intact.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Output, Stdio};
-use std::sync::mpsc::{channel, Receiver};
+use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
-const HOTPROBE: &str = env!("CARGO_BIN_EXE_hotprobe");
+mod common;
+use common::{gcc, hotprobe, line_reader, text, HOTPROBE};
+
 const WAIT: Duration = Duration::from_secs(30);
 
 fn repo_root() -> PathBuf {
@@ -18,8 +20,6 @@ fn repo_root() -> PathBuf {
         .canonicalize()
         .unwrap()
 }
-
-static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Compile tests/programs/NAME.c with `flags` (cached by flags).
 fn program(name: &str, flags: &[&str]) -> PathBuf {
@@ -31,45 +31,11 @@ fn program(name: &str, flags: &[&str]) -> PathBuf {
         .collect();
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cli-programs");
     std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join(format!("{name}-{tag}"));
-    let fresh = out.metadata().and_then(|m| m.modified()).ok()
-        >= src.metadata().and_then(|m| m.modified()).ok();
-    if out.exists() && fresh {
-        return out;
-    }
-    let tmp = dir.join(format!(
-        "{name}-{tag}.{}.{}.tmp",
-        std::process::id(),
-        COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    ));
-    let st = Command::new("gcc")
-        .args(flags)
-        .arg("-g")
-        .arg("-o")
-        .arg(&tmp)
-        .arg(&src)
-        .arg("-lpthread")
-        .status()
-        .expect("gcc runs");
-    assert!(st.success(), "gcc failed on {}", src.display());
-    std::fs::rename(&tmp, &out).unwrap();
-    out
+    gcc(&src, &dir.join(format!("{name}-{tag}")), flags)
 }
 
 fn target() -> PathBuf {
     program("target", &["-O2"])
-}
-
-fn hotprobe(args: &[&str]) -> Output {
-    Command::new(HOTPROBE)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("hotprobe runs")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 /// The table row whose first column is `label`: its columns.
@@ -82,20 +48,6 @@ fn row<'a>(out: &'a str, label: &str) -> Vec<&'a str> {
 
 fn hits(out: &str, label: &str) -> u64 {
     row(out, label)[2].parse().unwrap()
-}
-
-/// Lines read by a thread, so a test never blocks forever.
-fn line_reader(r: impl std::io::Read + Send + 'static) -> Receiver<String> {
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(r).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
 }
 
 /// `target serve`, started here with piped stdin/stdout; killed on drop.

@@ -6,28 +6,15 @@
 #[path = "../../hotprobe-guest/tests/guest/harness.rs"]
 mod harness;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use harness::Guest;
 
-const HOTPROBE: &str = env!("CARGO_BIN_EXE_hotprobe");
+mod common;
+use common::{line_reader, HOTPROBE};
 const LONG: Duration = Duration::from_secs(120);
-
-fn line_reader(r: impl std::io::Read + Send + 'static) -> Receiver<String> {
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(r).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
 
 struct Run {
     child: Child,
