@@ -179,8 +179,10 @@ enum Cmd {
         #[arg(long)]
         no_aggregate: bool,
         /// Events per thread ring (a power of two); a full ring drops events
-        /// (reported, and marked in the trace).
-        #[arg(long, value_name = "N", default_value_t = 1 << 18)]
+        /// (reported, and marked in the trace). Shared memory per thread
+        /// that records: N × 32 bytes (--args 0–2; 32 MiB at the default
+        /// 2^20), N × 64 with more arguments.
+        #[arg(long, value_name = "N", default_value_t = 1 << 20)]
         ring_events: u32,
         /// Threads that get a ring (events of later threads are dropped,
         /// and counted).

@@ -44,12 +44,28 @@ impl Args {
     }
 
     /// Keeps the first `n` values.
+    #[inline]
     pub fn truncated(mut self, n: usize) -> Args {
         if n < self.len as usize {
             self.len = n as u8;
-            self.vals[n..].fill(0);
+            // Masks over the fixed array rather than a fill of `vals[n..]`
+            // (a call to memset per event on the writer's hot path).
+            for (k, v) in self.vals.iter_mut().enumerate() {
+                *v &= 0u64.wrapping_sub((k < n) as u64);
+            }
         }
         self
+    }
+
+    /// The first `n` (at most [`MAX_ARGS`]) values of a full array.
+    #[inline]
+    pub fn from_array(vals: [u64; MAX_ARGS], n: usize) -> Args {
+        let n = n.min(MAX_ARGS);
+        let mut a = Args { len: n as u8, vals };
+        for (k, v) in a.vals.iter_mut().enumerate() {
+            *v &= 0u64.wrapping_sub((k < n) as u64);
+        }
+        a
     }
 
     /// Appends a value (ignored when full).
@@ -143,16 +159,16 @@ impl TraceEvent {
 
     /// Converts an event the agent wrote into shared memory (timestamp in
     /// raw TSC ticks: record with [`TimeBase::Tsc`]). `None` for an unknown kind.
+    #[inline]
     pub fn from_abi(e: &hotprobe_abi::Event) -> Option<TraceEvent> {
-        let n = (e.nargs as usize).min(MAX_ARGS);
+        let n = e.nargs as usize;
+        // Branch-light: the whole argument array is copied and masked (no
+        // copy of a variable-length slice), the event built in registers.
         let (kind, args, ret, unwound) = match e.kind {
-            hotprobe_abi::KIND_ENTRY => (
-                EventKind::Entry,
-                Args::from_slice(&e.args[..n]),
-                None,
-                false,
-            ),
-            hotprobe_abi::KIND_HIT => (EventKind::Hit, Args::from_slice(&e.args[..n]), None, false),
+            hotprobe_abi::KIND_ENTRY => {
+                (EventKind::Entry, Args::from_array(e.args, n), None, false)
+            }
+            hotprobe_abi::KIND_HIT => (EventKind::Hit, Args::from_array(e.args, n), None, false),
             hotprobe_abi::KIND_EXIT => {
                 let unwound = e.reserved & hotprobe_abi::EXIT_UNWOUND != 0;
                 let ret = if unwound || n == 0 {

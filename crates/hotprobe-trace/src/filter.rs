@@ -299,6 +299,7 @@ impl ThreadFilter {
     }
 
     /// Feeds one event; records to write go to `sink`.
+    #[inline]
     pub fn push(&mut self, f: &CompiledFilter, ev: &TraceEvent, sink: &mut impl Sink) {
         let mut ts = ev.ts;
         if ts < self.last_ts {
@@ -327,6 +328,7 @@ impl ThreadFilter {
         }
     }
 
+    #[inline]
     fn entry(
         &mut self,
         f: &CompiledFilter,
@@ -398,6 +400,7 @@ impl ThreadFilter {
         c == 0
     }
 
+    #[inline]
     fn pop(&mut self) -> Option<Frame> {
         let fr = self.frames.pop()?;
         if fr.in_tree {
@@ -409,6 +412,7 @@ impl ThreadFilter {
         Some(fr)
     }
 
+    #[inline]
     fn exit(
         &mut self,
         f: &CompiledFilter,
@@ -494,6 +498,7 @@ impl ThreadFilter {
     }
 
     /// Writes every held entry (outermost first).
+    #[inline]
     fn flush(&mut self, sink: &mut impl Sink) {
         for fr in &mut self.frames[self.first_pending..] {
             if fr.state == State::Pending {

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Result, TraceError};
 use crate::event::{Args, Record, MAX_ARGS};
-use crate::varint::{put_uvarint, unzigzag, zigzag};
+use crate::varint::{unzigzag, zigzag};
 
 /// Stream magic.
 pub const STREAM_MAGIC: [u8; 4] = *b"HPTS";
@@ -92,15 +92,63 @@ fn apply_exit(open: &mut Vec<u32>, probe: u32) {
     }
 }
 
+/// Bytes an [`Encoder`] gathers before it hands them to its writer (one
+/// `write` per 64 KiB: ≈ 40 000 events of a leaf-heavy trace).
+const OUT_CHUNK: usize = 64 * 1024;
+/// Most bytes one record takes: `H`, probe (5), delta (10), duration (10),
+/// flags, nargs, 6 arguments (60), return value (10).
+const MAX_RECORD: usize = 1 + 5 + 10 + 10 + 1 + 1 + 6 * 10 + 10;
+
+/// One record being encoded into room for [`MAX_RECORD`] bytes.
+struct Rec<'a> {
+    s: &'a mut [u8; MAX_RECORD],
+    n: usize,
+}
+
+impl Rec<'_> {
+    #[inline(always)]
+    fn byte(&mut self, b: u8) {
+        self.s[self.n] = b;
+        self.n += 1;
+    }
+
+    /// An unsigned LEB128 varint (the 1- and 2-byte cases without a loop:
+    /// deltas and durations of a call-dense trace are nearly all there).
+    #[inline(always)]
+    fn uvarint(&mut self, mut v: u64) {
+        if v < 0x80 {
+            self.byte(v as u8);
+        } else if v < 0x4000 {
+            self.byte(v as u8 | 0x80);
+            self.byte((v >> 7) as u8);
+        } else {
+            while v >= 0x80 {
+                self.byte(v as u8 | 0x80);
+                v >>= 7;
+            }
+            self.byte(v as u8);
+        }
+    }
+}
+
 /// Encodes records of one thread into a writer.
+///
+/// Records are encoded into an internal buffer that goes to the writer in
+/// chunks of 64 KiB (and at [`Encoder::finish`]): the writer needs no
+/// buffering of its own. A write error is kept ([`Encoder::take_error`]) and
+/// the records after it are discarded.
 #[derive(Debug)]
 pub struct Encoder<W: Write> {
     out: W,
     cursor: u64,
     open: Vec<u32>,
-    buf: Vec<u8>,
+    /// Encoded bytes not yet written: `buf[..len]`; always at least
+    /// [`MAX_RECORD`] bytes of room after them.
+    buf: Box<[u8]>,
+    len: usize,
     counts: KindCounts,
-    bytes: u64,
+    /// Bytes handed to `out` (header included).
+    written: u64,
     error: Option<std::io::Error>,
 }
 
@@ -117,9 +165,10 @@ impl<W: Write> Encoder<W> {
             out,
             cursor: base,
             open: Vec::new(),
-            buf: Vec::with_capacity(64),
+            buf: vec![0u8; OUT_CHUNK + MAX_RECORD].into_boxed_slice(),
+            len: 0,
             counts: KindCounts::default(),
-            bytes: HEADER_LEN as u64,
+            written: HEADER_LEN as u64,
             error: None,
         })
     }
@@ -129,137 +178,182 @@ impl<W: Write> Encoder<W> {
         &self.counts
     }
 
-    /// Bytes written so far (header included).
+    /// Bytes encoded so far (header included; those still buffered too).
     pub fn bytes(&self) -> u64 {
-        self.bytes
+        self.written + self.len as u64
     }
 
     /// The first write error, if any (later records are then discarded).
+    #[inline]
     pub fn take_error(&mut self) -> Option<std::io::Error> {
         self.error.take()
     }
 
-    fn head(&mut self, ty: u8, probe: u32, payload: bool) {
-        let code = if probe < P_IMPLIED as u32 {
-            probe as u8
-        } else {
-            P_VARINT
-        };
-        self.buf
-            .push(ty | if payload { PAYLOAD } else { 0 } | (code << 4));
-        if code == P_VARINT {
-            put_uvarint(&mut self.buf, probe.into());
+    /// Room for one record at the end of the buffer.
+    #[inline(always)]
+    fn rec(&mut self) -> Rec<'_> {
+        let s = (&mut self.buf[self.len..self.len + MAX_RECORD])
+            .try_into()
+            .expect("MAX_RECORD bytes of room");
+        Rec { s, n: 0 }
+    }
+
+    /// Keeps the `n` bytes just encoded; writes the buffer out when a
+    /// chunk is full.
+    #[inline(always)]
+    fn commit(&mut self, n: usize) {
+        self.len += n;
+        if self.len >= OUT_CHUNK {
+            self.flush_buf();
         }
     }
 
-    fn delta(&mut self, ts: u64) {
-        // The filter clamps timestamps; clamp again so a caller feeding the
-        // encoder directly cannot produce an undecodable stream.
-        let ts = ts.max(self.cursor);
-        put_uvarint(&mut self.buf, ts - self.cursor);
-        self.cursor = ts;
+    #[cold]
+    fn flush_buf(&mut self) {
+        if self.error.is_none() {
+            match self.out.write_all(&self.buf[..self.len]) {
+                Ok(()) => self.written += self.len as u64,
+                Err(e) => self.error = Some(e),
+            }
+        }
+        self.len = 0;
     }
 
-    fn payload(&mut self, args: &Args, ret: Option<u64>, unwound: bool) {
+    /// `H` and the probe id (code 15 and a varint from 14 on).
+    #[inline(always)]
+    fn head(r: &mut Rec<'_>, ty: u8, probe: u32, payload: bool) {
+        let p = if payload { PAYLOAD } else { 0 };
+        if probe < P_IMPLIED as u32 {
+            r.byte(ty | p | ((probe as u8) << 4));
+        } else {
+            r.byte(ty | p | (P_VARINT << 4));
+            r.uvarint(probe.into());
+        }
+    }
+
+    #[inline(always)]
+    fn delta(cursor: &mut u64, r: &mut Rec<'_>, ts: u64) {
+        // The filter clamps timestamps; clamp again so a caller feeding the
+        // encoder directly cannot produce an undecodable stream.
+        let ts = ts.max(*cursor);
+        r.uvarint(ts - *cursor);
+        *cursor = ts;
+    }
+
+    #[inline(always)]
+    fn payload(r: &mut Rec<'_>, args: &Args, ret: Option<u64>, unwound: bool) {
         let flags = if args.is_empty() { 0 } else { F_ARGS }
             | if ret.is_some() { F_RET } else { 0 }
             | if unwound { F_UNWOUND } else { 0 };
         if flags == 0 {
             return;
         }
-        self.buf.push(flags);
+        Self::payload_bytes(r, flags, args, ret);
+    }
+
+    fn payload_bytes(r: &mut Rec<'_>, flags: u8, args: &Args, ret: Option<u64>) {
+        r.byte(flags);
         if !args.is_empty() {
-            put_uvarint(&mut self.buf, args.len() as u64);
+            r.uvarint(args.len() as u64);
             for &a in args.as_slice() {
-                put_uvarint(&mut self.buf, zigzag(a as i64));
+                r.uvarint(zigzag(a as i64));
             }
         }
-        if let Some(r) = ret {
-            put_uvarint(&mut self.buf, zigzag(r as i64));
+        if let Some(v) = ret {
+            r.uvarint(zigzag(v as i64));
         }
     }
 
     /// Encodes one record (timestamps in ticks, non-decreasing).
+    #[inline]
     pub fn write(&mut self, r: &Record) {
-        self.buf.clear();
-        match *r {
-            Record::Call {
-                ts,
-                dur,
-                probe,
-                args,
-                ret,
-            } => {
-                let p = !args.is_empty() || ret.is_some();
-                self.head(T_CALL, probe, p);
-                self.delta(ts);
-                put_uvarint(&mut self.buf, dur);
-                self.cursor = self.cursor.saturating_add(dur);
-                self.payload(&args, ret, false);
-            }
-            Record::Entry { ts, probe, args } | Record::Hit { ts, probe, args } => {
-                let ty = if matches!(r, Record::Entry { .. }) {
-                    T_ENTRY
-                } else {
-                    T_HIT
-                };
-                self.head(ty, probe, !args.is_empty());
-                self.delta(ts);
-                self.payload(&args, None, false);
-                if ty == T_ENTRY {
-                    self.open.push(probe);
+        let mut cursor = self.cursor;
+        let n = {
+            let (open, counts) = (&mut self.open, &mut self.counts);
+            let len = self.len;
+            let s: &mut [u8; MAX_RECORD] = (&mut self.buf[len..len + MAX_RECORD])
+                .try_into()
+                .expect("MAX_RECORD bytes of room");
+            let mut b = Rec { s, n: 0 };
+            match *r {
+                Record::Call {
+                    ts,
+                    dur,
+                    probe,
+                    args,
+                    ret,
+                } => {
+                    let p = !args.is_empty() || ret.is_some();
+                    Self::head(&mut b, T_CALL, probe, p);
+                    Self::delta(&mut cursor, &mut b, ts);
+                    b.uvarint(dur);
+                    cursor = cursor.saturating_add(dur);
+                    Self::payload(&mut b, &args, ret, false);
+                    counts.calls += 1;
+                }
+                Record::Entry { ts, probe, args } => {
+                    Self::head(&mut b, T_ENTRY, probe, !args.is_empty());
+                    Self::delta(&mut cursor, &mut b, ts);
+                    Self::payload(&mut b, &args, None, false);
+                    open.push(probe);
+                    counts.entries += 1;
+                }
+                Record::Hit { ts, probe, args } => {
+                    Self::head(&mut b, T_HIT, probe, !args.is_empty());
+                    Self::delta(&mut cursor, &mut b, ts);
+                    Self::payload(&mut b, &args, None, false);
+                    counts.hits += 1;
+                }
+                Record::Exit {
+                    ts,
+                    probe,
+                    ret,
+                    unwound,
+                } => {
+                    let p = ret.is_some() || unwound;
+                    if open.last() == Some(&probe) {
+                        b.byte(T_EXIT | if p { PAYLOAD } else { 0 } | (P_IMPLIED << 4));
+                        open.pop();
+                    } else {
+                        Self::head(&mut b, T_EXIT, probe, p);
+                        apply_exit(open, probe);
+                    }
+                    Self::delta(&mut cursor, &mut b, ts);
+                    Self::payload(&mut b, &Args::EMPTY, ret, unwound);
+                    counts.exits += 1;
+                }
+                Record::Lost { count, .. } => {
+                    b.byte(T_LOST);
+                    b.uvarint(count);
+                    counts.lost += 1;
                 }
             }
-            Record::Exit {
-                ts,
-                probe,
-                ret,
-                unwound,
-            } => {
-                let p = ret.is_some() || unwound;
-                if self.open.last() == Some(&probe) {
-                    self.buf
-                        .push(T_EXIT | if p { PAYLOAD } else { 0 } | (P_IMPLIED << 4));
-                } else {
-                    self.head(T_EXIT, probe, p);
-                }
-                apply_exit(&mut self.open, probe);
-                self.delta(ts);
-                self.payload(&Args::EMPTY, ret, unwound);
-            }
-            Record::Lost { count, .. } => {
-                self.buf.push(T_LOST);
-                put_uvarint(&mut self.buf, count);
-            }
-        }
-        self.counts.count(r);
-        self.emit();
+            b.n
+        };
+        self.cursor = cursor;
+        self.commit(n);
     }
 
-    fn emit(&mut self) {
-        if self.error.is_none() {
-            match self.out.write_all(&self.buf) {
-                Ok(()) => self.bytes += self.buf.len() as u64,
-                Err(e) => self.error = Some(e),
-            }
-        }
-    }
-
-    /// Writes the end record and flushes; returns the writer.
+    /// Writes the end record and flushes; returns the writer and the
+    /// stream's size in bytes.
     pub fn finish(mut self) -> std::io::Result<(W, u64)> {
-        self.buf.clear();
-        self.buf.push(T_END);
-        put_uvarint(&mut self.buf, self.counts.records());
-        self.emit();
+        let records = self.counts.records();
+        let mut b = self.rec();
+        b.byte(T_END);
+        b.uvarint(records);
+        let n = b.n;
+        self.len += n;
+        self.flush_buf();
         if let Some(e) = self.error.take() {
             return Err(e);
         }
         self.out.flush()?;
-        Ok((self.out, self.bytes))
+        Ok((self.out, self.written))
     }
 }
 
 impl<W: Write> crate::filter::Sink for Encoder<W> {
+    #[inline]
     fn record(&mut self, r: &Record) {
         self.write(r);
     }

@@ -66,7 +66,8 @@ impl TraceMeta {
 struct ThreadState {
     tid: u32,
     filter: ThreadFilter,
-    enc: Encoder<BufWriter<File>>,
+    /// Buffers its output itself (64 KiB chunks).
+    enc: Encoder<File>,
     file: String,
 }
 
@@ -167,20 +168,23 @@ impl TraceWriter {
 
     /// The index of thread `tid`'s state in `threads` (created, with its
     /// stream file, on its first event).
+    #[inline(always)]
     fn thread(&mut self, tid: u32, ts: u64) -> Result<usize> {
-        if let Some((t, i)) = self.last {
-            if t == tid {
-                return Ok(i);
-            }
+        match self.last {
+            Some((t, i)) if t == tid => Ok(i),
+            _ => self.thread_slow(tid, ts),
         }
+    }
+
+    #[cold]
+    fn thread_slow(&mut self, tid: u32, ts: u64) -> Result<usize> {
         let i = match self.index.get(&tid) {
             Some(&i) => i,
             None => {
                 let file = stream_file_name(tid);
                 let p = self.dir.join(&file);
                 let f = File::create(&p).map_err(|e| TraceError::io(&p, e))?;
-                let enc = Encoder::new(BufWriter::with_capacity(256 * 1024, f), tid, ts)
-                    .map_err(|e| TraceError::io(&p, e))?;
+                let enc = Encoder::new(f, tid, ts).map_err(|e| TraceError::io(&p, e))?;
                 self.threads.push(ThreadState {
                     tid,
                     filter: ThreadFilter::new(),
@@ -197,15 +201,21 @@ impl TraceWriter {
     }
 
     /// Filters, aggregates and encodes one event.
+    #[inline]
     pub fn write_event(&mut self, ev: &TraceEvent) -> Result<()> {
         self.events_in += 1;
         let i = self.thread(ev.tid, ev.ts)?;
         let t = &mut self.threads[i];
         t.filter.push(&self.filter, ev, &mut t.enc);
-        if let Some(e) = t.enc.take_error() {
-            return Err(TraceError::io(self.dir.join(&t.file), e));
+        match t.enc.take_error() {
+            None => Ok(()),
+            Some(e) => Err(self.io_error(i, e)),
         }
-        Ok(())
+    }
+
+    #[cold]
+    fn io_error(&self, i: usize, e: std::io::Error) -> TraceError {
+        TraceError::io(self.dir.join(&self.threads[i].file), e)
     }
 
     /// Records that `count` events of thread `tid` were lost (full ring)
@@ -249,10 +259,7 @@ impl TraceWriter {
             stats.filtered.add(t.filter.stats());
             let counts: KindCounts = *t.enc.counts();
             let p = self.dir.join(&t.file);
-            let (bw, bytes) = t.enc.finish().map_err(|e| TraceError::io(&p, e))?;
-            let f = bw
-                .into_inner()
-                .map_err(|e| TraceError::io(&p, e.into_error()))?;
+            let (f, bytes) = t.enc.finish().map_err(|e| TraceError::io(&p, e))?;
             f.sync_all().map_err(|e| TraceError::io(&p, e))?;
             stats.kinds.add(&counts);
             stats.bytes += bytes;
