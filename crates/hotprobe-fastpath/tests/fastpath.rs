@@ -50,6 +50,16 @@ fn compile(src: &str, out: &str, flags: &[&str]) -> PathBuf {
 
 /// Spawns `exe` with the agent, returns the target and fast path.
 fn spawn(exe: &Path, args: &[&str], out: &Path) -> (ProcessTarget, FastPath) {
+    spawn_config(exe, args, out, FastPathConfig::default())
+}
+
+/// [`spawn`] with the shared memory sized by `config`.
+fn spawn_config(
+    exe: &Path,
+    args: &[&str],
+    out: &Path,
+    config: FastPathConfig,
+) -> (ProcessTarget, FastPath) {
     // -pg builds write gmon.out at exit: keep it out of the source tree.
     let gmon = tmp().join("gmon").into_os_string();
     let mut opts = SpawnOptions {
@@ -57,7 +67,7 @@ fn spawn(exe: &Path, args: &[&str], out: &Path) -> (ProcessTarget, FastPath) {
         env: vec![("GMON_OUT_PREFIX".into(), gmon)],
         ..Default::default()
     };
-    let pending = FastPath::for_spawn(&mut opts, &agent(), FastPathConfig::default()).unwrap();
+    let pending = FastPath::for_spawn(&mut opts, &agent(), config).unwrap();
     let args: Vec<OsString> = args.iter().map(OsString::from).collect();
     let mut t = ProcessTarget::spawn_with(exe, &args, &opts).unwrap();
     let fp = pending.attach(&mut t).unwrap();
@@ -310,6 +320,89 @@ fn record_args_and_return_values_through_recursion() {
             "{tag}: fact via {}, work via {}",
             fact.mechanism, work.mechanism
         );
+    }
+}
+
+/// A probe never changes what the program computes. leaves.c's frameless
+/// `-O2` leaves are called from a loop that keeps its state in
+/// call-clobbered registers the leaves leave alone (rcx, rsi, r8-r11:
+/// gcc's `-fipa-ra`); jump probes with exits (entry trampoline, return
+/// hook) on all three, recording with 64- and 32-byte slots, and counting:
+/// the output equals the unprobed output, and the recorded arguments and
+/// return values equal what the program printed.
+#[test]
+fn jump_probes_with_exits_keep_every_register_of_the_caller() {
+    let exe = compile("leaves.c", "leaves-o2", &["-O2"]);
+    let native = native_output(&exe, &[]);
+    // "i digit rand scaled" per call, then the sums.
+    let printed: Vec<[u64; 3]> = native
+        .lines()
+        .filter(|l| !l.contains('='))
+        .map(|l| {
+            let w: Vec<u64> = l.split(' ').map(|w| w.parse().unwrap()).collect();
+            [w[1], w[2], w[3]]
+        })
+        .collect();
+    assert_eq!(printed.len(), 300);
+    let funcs = ["is_digit", "next_rand", "scale"];
+    for (tag, record_args, action) in [
+        ("record-6", 6, Action::record().with_exit()),
+        ("record-2", 2, Action::record().with_exit()),
+        ("count", 6, Action::count().with_exit()),
+    ] {
+        let out = tmp().join(format!("leaves-{tag}.out"));
+        let config = FastPathConfig {
+            record_args,
+            ..FastPathConfig::default()
+        };
+        let (mut t, mut fp) = spawn_config(&exe, &[], &out, config);
+        let infos: Vec<SiteInfo> = funcs
+            .iter()
+            .map(|f| fp.add(&mut t, f, action, MechanismChoice::Jump).unwrap())
+            .collect();
+        for i in &infos {
+            assert_eq!(i.mechanism, Mechanism::Jump, "{tag}: {i:?}");
+            assert_eq!(i.exits, "return hook", "{tag}: {i:?}");
+        }
+        run_to_exit(&mut t);
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), native, "{tag}");
+        for i in &infos {
+            assert_eq!(fp.count(i.probe_id), 300, "{tag}: {}", i.function);
+        }
+        let mut events = vec![];
+        fp.drain(|e| events.push(*e));
+        assert_eq!(fp.drops(), 0, "{tag}");
+        if !action.record {
+            assert!(events.is_empty(), "{tag}");
+            continue;
+        }
+        check_nested(&events);
+        assert_eq!(events.len(), 3 * 2 * 300, "{tag}");
+        for (f, info) in infos.iter().enumerate() {
+            let evs: Vec<_> = events
+                .iter()
+                .filter(|e| e.probe_id == info.probe_id)
+                .collect();
+            for (i, pair) in evs.chunks(2).enumerate() {
+                let (entry, exit) = (pair[0], pair[1]);
+                assert_eq!((entry.kind, exit.kind), (KIND_ENTRY, KIND_EXIT));
+                let ret = exit.args[0];
+                match funcs[f] {
+                    "is_digit" => {
+                        assert_eq!(entry.args[0], i as u64 & 127, "{tag}: call {i}");
+                        assert_eq!(ret & 0xffff_ffff, printed[i][0], "{tag}: call {i}");
+                    }
+                    "next_rand" => assert_eq!(ret, printed[i][1], "{tag}: call {i}"),
+                    _ => {
+                        // scale(v, k) = v * k + 3
+                        let (v, k) = (entry.args[0], entry.args[1]);
+                        assert_eq!(k, entry.args[1] & 31, "{tag}: call {i}");
+                        assert_eq!(v.wrapping_mul(k).wrapping_add(3), printed[i][2]);
+                        assert_eq!(ret, printed[i][2], "{tag}: call {i}");
+                    }
+                }
+            }
+        }
     }
 }
 
