@@ -46,6 +46,10 @@ impl Args {
     /// Keeps the first `n` values.
     #[inline]
     pub fn truncated(mut self, n: usize) -> Args {
+        if n == 0 {
+            // The common case of `record` without --args.
+            return Args::EMPTY;
+        }
         if n < self.len as usize {
             self.len = n as u8;
             // Masks over the fixed array rather than a fill of `vals[n..]`
