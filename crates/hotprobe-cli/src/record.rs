@@ -19,7 +19,9 @@ use crate::session::progress;
 use crate::signals::{self, StopReason};
 use anyhow::{bail, Context, Result};
 use hotprobe::{ProcessTarget, ResumeMode, SpawnOptions, Target, TargetEvent};
-use hotprobe_fastpath::{find_agent, Action, FastPath, FastPathConfig, Mechanism, MechanismChoice};
+use hotprobe_fastpath::{
+    find_agent, Action, FastPath, FastPathConfig, Mechanism, MechanismChoice, RecordedEvent,
+};
 use hotprobe_symbols::ElfModule;
 use hotprobe_trace::{
     Filter, ProbeKind, Symbol, TimeBase, TraceEvent, TraceMeta, TraceWriter, WriteStats,
@@ -199,6 +201,9 @@ struct Drain {
     unknown: u64,
     /// Drops written as lost records, in all.
     ring_drops: u64,
+    /// Events copied out of a ring found over a quarter full (at most a
+    /// ring's worth: 72 bytes an event, 72 MiB with 2^20-event rings).
+    backlog: Vec<RecordedEvent>,
 }
 
 /// What one [`Drain::pass`] found.
@@ -218,6 +223,7 @@ impl Drain {
             drained: 0,
             unknown: 0,
             ring_drops: 0,
+            backlog: Vec::new(),
         }
     }
 
@@ -244,9 +250,7 @@ impl Drain {
                 let writer = &mut self.writer;
                 let unknown = &mut self.unknown;
                 let last = &mut self.last_ts[slot as usize];
-                // One ring is one thread: the writer's thread lookup stays
-                // on its one-entry cache.
-                let r = c.drain(|ev| match TraceEvent::from_abi(ev) {
+                let mut write = |ev: &RecordedEvent| match TraceEvent::from_abi(ev) {
                     Some(te) => {
                         *last = te.ts;
                         if err.is_none() {
@@ -256,7 +260,27 @@ impl Drain {
                         }
                     }
                     None => *unknown += 1,
+                };
+                // A ring frees its slots only at the end of a drain. A ring
+                // found over a quarter full (the drain was held up: asleep,
+                // descheduled) is copied out first, which frees it in a few
+                // ms, and written afterwards: written straight from the
+                // ring, it would stay full (and drop) for the whole write.
+                // Otherwise straight (one ring is one thread: the writer's
+                // thread lookup stays on its one-entry cache).
+                let fill = shm.ring_ctl(slot).map_or(0, |ctl| {
+                    let head = ctl.head.load(std::sync::atomic::Ordering::Relaxed);
+                    head.wrapping_sub(ctl.tail.load(std::sync::atomic::Ordering::Relaxed))
                 });
+                let r = if fill >= cap / 4 {
+                    let backlog = &mut self.backlog;
+                    backlog.clear();
+                    let r = c.drain(|ev| backlog.push(*ev));
+                    backlog.iter().for_each(&mut write);
+                    r
+                } else {
+                    c.drain(write)
+                };
                 // A corrupt ring (head past tail + capacity: not our agent's
                 // doing) was resynchronised by the consumer; go on.
                 let got = r.map_or(0, |s| s.read);
