@@ -175,6 +175,9 @@ pub struct GdbClient {
     /// A read interrupted by a signal ends the wait (see
     /// [`GdbClient::wait_stop_interruptible`]).
     interruptible: bool,
+    /// `HOTPROBE_RSP_LOG=FILE`: every byte sent and received, timestamped
+    /// (debugging).
+    log: Option<(std::fs::File, Instant)>,
 }
 
 /// The default time to wait for a reply to a request.
@@ -227,6 +230,14 @@ impl GdbClient {
             stats: ClientStats::default(),
             phys_mode: false,
             interruptible: false,
+            log: std::env::var_os("HOTPROBE_RSP_LOG").and_then(|p| {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)
+                    .ok()
+                    .map(|f| (f, Instant::now()))
+            }),
         };
         // Some stubs (QEMU before 8) announce the stop they made on connect
         // with an unsolicited stop reply: take it now, or every reply after
@@ -308,10 +319,22 @@ impl GdbClient {
         }
     }
 
+    fn log_bytes(&mut self, dir: &str, bytes: &[u8]) {
+        if let Some((f, t0)) = self.log.as_mut() {
+            let _ = writeln!(
+                f,
+                "{:>12.6} {dir} {}",
+                t0.elapsed().as_secs_f64(),
+                bytes.escape_ascii()
+            );
+        }
+    }
+
     fn write_raw(&mut self, bytes: &[u8]) -> Result<(), GdbError> {
         if self.closed {
             return Err(self.closed_err());
         }
+        self.log_bytes(">", bytes);
         self.stream.write_all(bytes).map_err(|source| {
             self.closed = true;
             if matches!(
@@ -365,7 +388,11 @@ impl GdbClient {
                     self.closed = true;
                     return Err(self.closed_err());
                 }
-                Ok(n) => self.decoder.feed(buf.get(..n).unwrap_or_default()),
+                Ok(n) => {
+                    let got = buf.get(..n).unwrap_or_default();
+                    self.log_bytes("<", got);
+                    self.decoder.feed(got);
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted && self.interruptible => {
                     return Ok(None);
                 }

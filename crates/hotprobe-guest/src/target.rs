@@ -35,6 +35,11 @@ use crate::client::{GdbClient, GdbError, DEFAULT_TIMEOUT};
 use crate::mem::{self, MemError, PhysMemory, RamFile};
 use crate::rsp::{RegisterMap, StopReply, ThreadRef};
 
+/// At most this many extra single-steps per step-over while `rip` stays at
+/// the breakpoint; after them the stop is reported as a new hit (a
+/// one-instruction loop, or a rep running longer).
+const MAX_STEP_REPEATS: u32 = 64;
+
 /// How to reach a guest and what is known about it.
 #[derive(Clone, Debug)]
 pub struct GuestConfig {
@@ -94,8 +99,13 @@ pub struct GuestStats {
     pub stops: u64,
     /// Breakpoint events reported.
     pub breakpoint_hits: u64,
-    /// Single-steps taken internally to step over a reported breakpoint.
+    /// Breakpoints stepped over internally (one per reported hit resumed
+    /// in place).
     pub step_overs: u64,
+    /// Extra single-steps of a step-over whose stop still showed `rip` at
+    /// the breakpoint (a stop before the instruction ran, or a rep
+    /// iteration): the same execution, not a new hit.
+    pub step_repeats: u64,
     /// Memory reads served from the mapped RAM file.
     pub direct_reads: u64,
     /// Memory reads served by the stub (`m`).
@@ -521,23 +531,43 @@ impl GuestTarget {
             self.reported.remove(&t.tid);
             if rip == addr && self.breakpoints.contains(&addr) {
                 self.flush_pc()?;
-                self.client.step(t).map_err(|e| self.fail(e))?;
-                self.running = true;
-                self.mark_resumed();
                 self.stats.step_overs += 1;
-                let s = self
-                    .client
-                    .wait_stop(Some(self.config.timeout))
-                    .map_err(|e| self.fail(e))?;
-                let Some(s) = s else {
-                    return Err(proto(&self.name, "no stop reply to a single-step"));
-                };
-                self.running = false;
-                self.stopped_at = Some(Instant::now());
-                self.stats.stops += 1;
-                self.invalidate();
-                if let StopReply::Signal { pairs, .. } = s {
+                let mut repeats = 0;
+                loop {
+                    self.client.step(t).map_err(|e| self.fail(e))?;
+                    self.running = true;
+                    self.mark_resumed();
+                    let s = self
+                        .client
+                        .wait_stop(Some(self.config.timeout))
+                        .map_err(|e| self.fail(e))?;
+                    let Some(s) = s else {
+                        return Err(proto(&self.name, "no stop reply to a single-step"));
+                    };
+                    self.running = false;
+                    self.stopped_at = Some(Instant::now());
+                    self.stats.stops += 1;
+                    self.invalidate();
+                    let StopReply::Signal { pairs, .. } = s else {
+                        if let Some(ev) = self.on_stop(s, false)? {
+                            self.pending.push_back(ev);
+                            return Ok(());
+                        }
+                        break;
+                    };
                     let rip = self.stop_pc(t, &pairs)?;
+                    if rip == addr && repeats < MAX_STEP_REPEATS {
+                        // Still before the probed instruction: QEMU (TCG)
+                        // sometimes answers a single-step with a trap stop
+                        // taken before the instruction ran (seen: 1 step in
+                        // a few hundred, the same T05 and registers), or the
+                        // instruction is a rep iteration. Either way this is
+                        // the execution already reported: step again, or
+                        // it would be reported a second time.
+                        repeats += 1;
+                        self.stats.step_repeats += 1;
+                        continue;
+                    }
                     if self.breakpoints.contains(&rip) {
                         // The next instruction is probed too: report it, VM stopped.
                         self.reported.insert(t.tid, rip);
@@ -550,9 +580,7 @@ impl GuestTarget {
                         });
                         return Ok(());
                     }
-                } else if let Some(ev) = self.on_stop(s, false)? {
-                    self.pending.push_back(ev);
-                    return Ok(());
+                    break;
                 }
             }
         }

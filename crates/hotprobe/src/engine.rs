@@ -867,6 +867,15 @@ impl Engine {
             return Ok(());
         };
         if st.in_place {
+            if regs.rip == st.site {
+                // Not executed yet (a stop taken before the instruction ran,
+                // as QEMU TCG sometimes reports a step, or a rep
+                // iteration): step again, or re-arming the breakpoint would
+                // report this execution a second time.
+                self.stepping.entry(thread).or_default().push(st);
+                self.target.resume(thread, ResumeMode::Step)?;
+                return Ok(());
+            }
             if !site.armed {
                 site.armed = true;
                 self.target.insert_breakpoint(RuntimeAddr(st.site))?;
@@ -1191,6 +1200,8 @@ mod tests {
         register_writes: u32,
         pc_writes: Vec<u64>,
         resumes: u32,
+        steps: u32,
+        inserts: u32,
     }
 
     /// A target with code at `BASE`, scratch at `SCRATCH`, one thread, that
@@ -1198,6 +1209,8 @@ mod tests {
     struct Mock {
         regs: Registers,
         log: Rc<RefCell<Log>>,
+        /// No scratch memory (sites step in place).
+        no_scratch: bool,
     }
 
     const BASE: u64 = 0x40_0000;
@@ -1247,14 +1260,19 @@ mod tests {
         fn set_partial_breakpoint_registers(&mut self, on: bool) -> bool {
             on
         }
-        fn resume(&mut self, _: ThreadId, _: ResumeMode) -> Result<(), TargetError> {
-            self.log.borrow_mut().resumes += 1;
+        fn resume(&mut self, _: ThreadId, mode: ResumeMode) -> Result<(), TargetError> {
+            let mut log = self.log.borrow_mut();
+            log.resumes += 1;
+            if mode == ResumeMode::Step {
+                log.steps += 1;
+            }
             Ok(())
         }
         fn wait(&mut self, _: Option<std::time::Duration>) -> Result<TargetEvent, TargetError> {
             Ok(TargetEvent::Timeout)
         }
         fn insert_breakpoint(&mut self, _: RuntimeAddr) -> Result<(), TargetError> {
+            self.log.borrow_mut().inserts += 1;
             Ok(())
         }
         fn remove_breakpoint(&mut self, _: RuntimeAddr) -> Result<(), TargetError> {
@@ -1274,6 +1292,13 @@ mod tests {
             _: RuntimeAddr,
             len: u64,
         ) -> Result<ScratchRegion, TargetError> {
+            if self.no_scratch {
+                return Err(TargetError::NoScratch {
+                    near: BASE,
+                    target: self.describe(),
+                    why: "none in the mock".into(),
+                });
+            }
             Ok(ScratchRegion {
                 start: RuntimeAddr(SCRATCH),
                 len,
@@ -1304,6 +1329,7 @@ mod tests {
                 ..Registers::default()
             },
             log: log.clone(),
+            no_scratch: false,
         };
         let mut e = Engine::new(Box::new(mock), 0);
         let boosted = e
@@ -1367,5 +1393,48 @@ mod tests {
         assert_eq!(log.borrow().pc_writes.last(), Some(&(BASE + 5)));
         assert_eq!(log.borrow().register_writes, 1);
         assert_eq!(log.borrow().resumes, 5);
+    }
+
+    #[test]
+    fn an_in_place_step_that_did_not_execute_is_stepped_again() {
+        let log = Rc::new(RefCell::new(Log::default()));
+        let mock = Mock {
+            regs: Registers {
+                rip: BASE,
+                ..Registers::default()
+            },
+            log: log.clone(),
+            no_scratch: true,
+        };
+        let mut e = Engine::new(Box::new(mock), 0);
+        let posts = Rc::new(RefCell::new(0));
+        let p2 = posts.clone();
+        let id = e
+            .add_probe(
+                RuntimeAddr(BASE),
+                Probe::new().post(move |_| *p2.borrow_mut() += 1),
+            )
+            .unwrap();
+        let inserts = log.borrow().inserts;
+        hit(&mut e, BASE);
+        assert_eq!(log.borrow().steps, 1);
+        let stepped = |rip| TargetEvent::Stepped {
+            thread: ThreadId(1),
+            regs: Registers {
+                rip,
+                ..Registers::default()
+            },
+        };
+        // A step stop taken before the instruction ran: the same
+        // execution, stepped again with the breakpoint still lifted.
+        e.handle(stepped(BASE)).unwrap();
+        assert_eq!(log.borrow().steps, 2);
+        assert_eq!(log.borrow().inserts, inserts);
+        assert_eq!(*posts.borrow(), 0);
+        e.handle(stepped(BASE + 5)).unwrap();
+        assert_eq!(log.borrow().steps, 2);
+        assert_eq!(log.borrow().inserts, inserts + 1, "re-armed once");
+        assert_eq!(*posts.borrow(), 1);
+        assert_eq!(e.stats(id).unwrap().hits, 1);
     }
 }
