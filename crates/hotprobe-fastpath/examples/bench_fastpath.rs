@@ -607,11 +607,11 @@ fn main() -> Res<()> {
             .base
             .map_or("1.00".to_string(), |b| format!("{:.2}", m / b));
         println!(
-            "| {} | {} | {} | 10^{} | {:.2} | {:.2}–{:.2} | {} | {} |",
+            "| {} | {} | {} | {} | {:.2} | {:.2}–{:.2} | {} | {} |",
             r.build,
             r.what,
             r.action,
-            (r.n as f64).log10().round(),
+            r.n,
             m,
             lo,
             hi,
