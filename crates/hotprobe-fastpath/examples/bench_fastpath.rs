@@ -608,15 +608,7 @@ fn main() -> Res<()> {
             .map_or("1.00".to_string(), |b| format!("{:.2}", m / b));
         println!(
             "| {} | {} | {} | {} | {:.2} | {:.2}–{:.2} | {} | {} |",
-            r.build,
-            r.what,
-            r.action,
-            r.n,
-            m,
-            lo,
-            hi,
-            x,
-            r.note
+            r.build, r.what, r.action, r.n, m, lo, hi, x, r.note
         );
     }
     Ok(())
