@@ -579,18 +579,8 @@ impl FastPath {
                     bits |= ACTION_EXIT;
                     info.exits = "return hook";
                 }
-                // The return hook needs the generic trampoline (it swaps
-                // the return address); everything else gets a stub.
-                let stub = if bits & ACTION_EXIT == 0 {
-                    self.stub(t, site, StubKind::Entry, probe_id, probe_id, action.record)?
-                } else {
-                    None
-                };
-                info.stub = stub.is_some();
-                let target = match stub {
-                    Some(s) => s,
-                    None => self.call_target(t, site, NEAR_STUB_ENTRY)?,
-                };
+                let target =
+                    self.entry_target(t, site, probe_id, action.record, bits, &mut info)?;
                 let mut bytes = call_rel32(site, target)
                     .expect("target within reach")
                     .to_vec();
@@ -678,16 +668,8 @@ impl FastPath {
                     info.exits = "return hook";
                 }
                 let tramp = self.alloc(t, site, 64)?;
-                let stub = if bits & ACTION_EXIT == 0 {
-                    self.stub(t, tramp, StubKind::Entry, probe_id, probe_id, action.record)?
-                } else {
-                    None
-                };
-                info.stub = stub.is_some();
-                let target = match stub {
-                    Some(s) => s,
-                    None => self.call_target(t, tramp, NEAR_STUB_ENTRY)?,
-                };
+                let target =
+                    self.entry_target(t, tramp, probe_id, action.record, bits, &mut info)?;
                 let mut body = call_rel32(tramp, target).expect("in reach").to_vec();
                 body.extend(jp.relocate(tramp + 5)?);
                 if body.len() > 64 {
@@ -708,6 +690,30 @@ impl FastPath {
     /// Writes a per-site stub (see the `stub` module) within ±2 GiB of
     /// `near` and returns its address; `None` when stubs are off or the
     /// agent published no TLS offset (the generic trampoline is used then).
+    /// Where the entry `call` at `at` (a site or a jump trampoline) goes:
+    /// a per-site stub, or — when the return hook is wanted, which swaps the
+    /// return address — the agent's generic entry trampoline.
+    fn entry_target(
+        &mut self,
+        t: &mut ProcessTarget,
+        at: u64,
+        probe_id: u32,
+        record: bool,
+        bits: u32,
+        info: &mut SiteInfo,
+    ) -> Result<u64, FastPathError> {
+        let stub = if bits & ACTION_EXIT == 0 {
+            self.stub(t, at, StubKind::Entry, probe_id, probe_id, record)?
+        } else {
+            None
+        };
+        info.stub = stub.is_some();
+        match stub {
+            Some(s) => Ok(s),
+            None => self.call_target(t, at, NEAR_STUB_ENTRY),
+        }
+    }
+
     fn stub(
         &mut self,
         t: &mut ProcessTarget,
