@@ -512,11 +512,16 @@ fn text_of(pid: i32) -> Vec<(u64, Vec<u8>)> {
     v
 }
 
-#[test]
-fn inject_probe_detach_leaves_text_identical() {
-    let exe = compile("sleeper.c", "sleeper-plain", &["-O2"]);
+/// Starts tests/programs/sleeper.c (built as `tag`) for `calls` calls,
+/// waiting at its "ready" line for a line on stdin; returns the child and
+/// its stdout, past "ready".
+fn start_sleeper(
+    tag: &str,
+    calls: u64,
+) -> (std::process::Child, BufReader<std::process::ChildStdout>) {
+    let exe = compile("sleeper.c", tag, &["-O2"]);
     let mut child = Command::new(&exe)
-        .arg("200000")
+        .arg(calls.to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -525,6 +530,12 @@ fn inject_probe_detach_leaves_text_identical() {
     let mut line = String::new();
     stdout.read_line(&mut line).unwrap();
     assert_eq!(line, "ready\n");
+    (child, stdout)
+}
+
+#[test]
+fn inject_probe_detach_leaves_text_identical() {
+    let (mut child, mut stdout) = start_sleeper("sleeper-plain", 200_000);
     let pid = child.id() as i32;
     let mut t = ProcessTarget::attach(pid).unwrap();
     let before = text_of(pid);
@@ -602,17 +613,7 @@ fn sigkill_of_the_tracer_leaves_the_target_running() {
         tracer_child(pid.to_str().unwrap().parse().unwrap());
     }
     const CALLS: u64 = 200_000;
-    let exe = compile("sleeper.c", "sleeper-kill", &["-O2"]);
-    let mut target = Command::new(&exe)
-        .arg(CALLS.to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdout = BufReader::new(target.stdout.take().unwrap());
-    let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
-    assert_eq!(line, "ready\n");
+    let (mut target, mut stdout) = start_sleeper("sleeper-kill", CALLS);
     let mut tracer = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -712,17 +713,7 @@ fn sigkill_of_the_tracer_leaves_the_target_running() {
 /// sites, and the program runs on to the right result.
 #[test]
 fn stubs_of_a_vanished_tracer_stay_out_of_the_next_tracers_memory() {
-    let exe = compile("sleeper.c", "sleeper-reattach", &["-O2"]);
-    let mut child = Command::new(&exe)
-        .arg("200000")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
-    assert_eq!(line, "ready\n");
+    let (mut child, mut stdout) = start_sleeper("sleeper-reattach", 200_000);
     let pid = child.id() as i32;
     let mut t = ProcessTarget::attach(pid).unwrap();
     // First tracer: 64-byte slots, `work` recorded through a stub.
