@@ -90,7 +90,7 @@ fn build_in(dir: &Path) -> Result<PathBuf> {
 }
 
 /// Run `demo`.
-pub fn run() -> Result<()> {
+pub fn run() -> Result<u8> {
     let bin = build()?;
     eprintln!(
         "hotprobe demo: the same as `hotprobe trace --args 2 {} -- {}`",
@@ -107,5 +107,6 @@ pub fn run() -> Result<()> {
         maxactive: 64,
         duration: None,
         summary: true,
+        mechanism: hotprobe::MechanismChoice::Auto,
     })
 }

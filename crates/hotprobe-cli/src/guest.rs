@@ -12,16 +12,13 @@
 //! on. Ctrl-C (or `--duration`) detaches: breakpoints removed, out-of-line
 //! area restored, every guest running on.
 
-use crate::count::print_table;
-use crate::session::{progress, Placed};
+use crate::session::{print_table, progress};
 use crate::signals::{self, StopReason};
-use crate::trace::{call_tree_retprobe, emit, Printer, HEADER};
+use crate::trace::{emit, LiveTree, HEADER};
 use anyhow::{bail, Context, Result};
-use hotprobe::{Probe, ProbeSpec, RetProbe, RunEnd, Session, TargetId};
+use hotprobe::{EventSink, FastPathConfig, Placement, RunEnd, Session, SessionConfig, TargetId};
 use hotprobe_guest::{connect_guest, load_symbols, GuestConfig, StubAddr};
-use std::cell::RefCell;
 use std::path::PathBuf;
-use std::rc::Rc;
 use std::time::Duration;
 
 /// One guest from the command line.
@@ -85,12 +82,25 @@ struct Connected {
 
 /// Run `hotprobe guest ...`.
 pub fn run(o: &GuestOptions<'_>) -> Result<()> {
-    if let Action::Trace { args: Some(n), .. } = o.action {
+    let (args, maxactive) = match o.action {
+        Action::Trace {
+            args, maxactive, ..
+        } => (args, maxactive),
+        Action::Count { maxactive } => (None, maxactive),
+    };
+    if let Some(n) = args {
         if n > 6 {
             bail!("--args {n}: at most 6 argument registers (rdi, rsi, rdx, rcx, r8, r9)");
         }
     }
-    let mut session = Session::new();
+    let mut session = Session::with_config(SessionConfig {
+        maxactive,
+        fast_path: FastPathConfig {
+            record_args: args.unwrap_or(0) as u8,
+            ..FastPathConfig::default()
+        },
+        ..SessionConfig::default()
+    });
     let mut guests = Vec::new();
     for g in &o.guests {
         let stub = stub_addr(&g.gdb)?;
@@ -118,10 +128,20 @@ pub fn run(o: &GuestOptions<'_>) -> Result<()> {
             return Err(e);
         }
     };
-    if matches!(o.action, Action::Trace { .. }) {
-        emit(format_args!("{HEADER}"));
-    }
-    run_loop(&mut session, &guests, placed.len(), o.duration)?;
+    let mut tree = match o.action {
+        Action::Trace { .. } => {
+            emit(format_args!("{HEADER}"));
+            Some(LiveTree::new(&placed, args))
+        }
+        Action::Count { .. } => None,
+    };
+    let ran = run_loop(
+        &mut session,
+        &guests,
+        placed.len(),
+        o.duration,
+        tree.as_mut().map(|t| t as &mut dyn EventSink),
+    );
     match o.action {
         Action::Count { .. } => print_table(&session, &placed),
         Action::Trace { summary: true, .. } => {
@@ -130,68 +150,34 @@ pub fn run(o: &GuestOptions<'_>) -> Result<()> {
         }
         Action::Trace { .. } => {}
     }
-    Ok(())
+    ran
 }
 
-fn place(session: &mut Session, guests: &[Connected], o: &GuestOptions<'_>) -> Result<Vec<Placed>> {
+fn place(
+    session: &mut Session,
+    guests: &[Connected],
+    o: &GuestOptions<'_>,
+) -> Result<Vec<Placement>> {
     let bar = progress((o.probes.len() * guests.len()) as u64, "placing probes");
     let mut placed = Vec::new();
     for g in guests {
-        let printer = Rc::new(RefCell::new(Printer::new(match o.action {
-            Action::Trace { args, .. } => args,
-            Action::Count { .. } => None,
-        })));
         for spec in o.probes {
             bar.inc(1);
-            let parsed: ProbeSpec = spec.parse()?;
-            let resolved = session
-                .resolve(g.id, spec)
-                .with_context(|| format!("guest {}", g.name))?;
-            for r in resolved {
-                let label = if guests.len() > 1 {
-                    format!("{spec} [{}]", g.name)
-                } else {
-                    spec.clone()
-                };
-                let is_return = parsed.is_return();
-                let id = match &o.action {
-                    Action::Count { maxactive } => {
-                        if is_return {
-                            if r.offset != 0 {
-                                bail!(
-                                    "cannot probe {spec}: a return probe goes on a function's \
-                                     first instruction, and {:#x} is {} bytes into {}",
-                                    r.addr.0,
-                                    r.offset,
-                                    r.function.as_deref().unwrap_or("its function")
-                                );
-                            }
-                            session.retprobe_addr(g.id, r.addr, RetProbe::new(*maxactive))?
-                        } else {
-                            session.probe_addr(g.id, r.addr, Probe::new())?
-                        }
-                    }
-                    Action::Trace { maxactive, .. } => {
-                        let rp = call_tree_retprobe(&printer, spec, &r, *maxactive)?;
-                        session.retprobe_addr(g.id, r.addr, rp)?
-                    }
-                };
-                let execution = match session.execution_of(id) {
-                    Some(e) => format!("trap ({e})"),
-                    None => "trap".into(),
-                };
-                let tracing = matches!(o.action, Action::Trace { .. });
-                placed.push(Placed {
-                    label: if tracing {
-                        label.replace("%return", "")
-                    } else {
-                        label
-                    },
-                    id,
-                    addr: r.addr.0,
-                    is_return: is_return || tracing,
-                    execution,
-                });
+            let action = match o.action {
+                Action::Count { .. } => hotprobe::Action::Count,
+                Action::Trace { .. } => hotprobe::Action::Record,
+            };
+            let added = session
+                .add(g.id, spec, action)
+                .with_context(|| format!("guest {}: cannot probe {spec}", g.name))?;
+            for s in &added.skipped {
+                bar.suspend(|| eprintln!("hotprobe: skipping {}: {}", s.label, s.reason));
+            }
+            for mut p in added.placements {
+                if guests.len() > 1 {
+                    p.label = format!("{} [{}]", p.label, g.name);
+                }
+                placed.push(p);
             }
         }
     }
@@ -204,6 +190,7 @@ fn run_loop(
     guests: &[Connected],
     nprobes: usize,
     duration: Option<Duration>,
+    mut sink: Option<&mut dyn EventSink>,
 ) -> Result<()> {
     session.start()?;
     let names: Vec<&str> = guests.iter().map(|g| g.name.as_str()).collect();
@@ -219,10 +206,10 @@ fn run_loop(
     // A guest that dies is dropped by the session (its notice is printed at
     // the end); the loop goes on with the others. Ctrl-C interrupts the
     // stub read (no SA_RESTART) and raises STOP.
-    let end = match session.run_until(&signals::STOP) {
+    let end = match session.run_with(&signals::STOP, sink.as_deref_mut()) {
         Ok(end) => end,
         Err(e) => {
-            let _ = session.detach();
+            let _ = session.finish(Duration::ZERO, sink);
             print_notices(session);
             return Err(e).context("the event loop failed; detached");
         }
@@ -230,7 +217,9 @@ fn run_loop(
     match end {
         RunEnd::AllExited => eprintln!("hotprobe: every guest is gone"),
         RunEnd::Interrupted | RunEnd::Stopped => {
-            session.detach().context("cannot detach from the guests")?;
+            session
+                .finish(Duration::ZERO, sink)
+                .context("cannot detach from the guests")?;
             let why = match signals::stop_reason() {
                 Some(StopReason::Timer) => "duration elapsed".to_string(),
                 Some(StopReason::Signal(libc::SIGINT)) => "interrupted".to_string(),

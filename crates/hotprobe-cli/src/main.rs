@@ -118,6 +118,10 @@ enum Cmd {
         /// Print the per-function count table at the end.
         #[arg(long)]
         summary: bool,
+        /// How probes run: auto picks patch, then jump, then trap per
+        /// function; the others force one.
+        #[arg(long, value_enum, default_value_t = MechanismArg::Auto)]
+        mechanism: MechanismArg,
         /// The command to start (after `--`).
         #[arg(last = true, value_name = "CMD")]
         cmd: Vec<OsString>,
@@ -310,7 +314,7 @@ enum MechanismArg {
     Trap,
 }
 
-impl From<MechanismArg> for hotprobe_fastpath::MechanismChoice {
+impl From<MechanismArg> for hotprobe::MechanismChoice {
     fn from(m: MechanismArg) -> Self {
         match m {
             MechanismArg::Auto => Self::Auto,
@@ -329,7 +333,7 @@ enum RecordMechanism {
     Jump,
 }
 
-impl From<RecordMechanism> for hotprobe_fastpath::MechanismChoice {
+impl From<RecordMechanism> for hotprobe::MechanismChoice {
     fn from(m: RecordMechanism) -> Self {
         match m {
             RecordMechanism::Auto => Self::Auto,
@@ -361,7 +365,7 @@ fn duration(secs: Option<f64>) -> anyhow::Result<Option<Duration>> {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+fn run(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
         Cmd::List {
             args,
@@ -387,6 +391,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 pattern,
                 blacklist,
             })
+            .map(|()| 0)
         }
         Cmd::Count {
             probes,
@@ -407,7 +412,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 mechanism: mechanism.into(),
             })
         }
-        Cmd::Coldpatch { input, output } => coldpatch::run(&input, &output),
+        Cmd::Coldpatch { input, output } => coldpatch::run(&input, &output).map(|()| 0),
         Cmd::Trace {
             probes,
             pid,
@@ -415,6 +420,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             maxactive,
             duration: secs,
             summary,
+            mechanism,
             cmd,
         } => {
             let duration = duration(secs)?;
@@ -427,6 +433,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 maxactive: maxactive.max(1),
                 duration,
                 summary,
+                mechanism: mechanism.into(),
             })
         }
         Cmd::Record {
@@ -474,12 +481,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 cmd: &cmd,
             })
         }
-        Cmd::Replay { dir } => analyse::replay_cmd(&dir),
+        Cmd::Replay { dir } => analyse::replay_cmd(&dir).map(|()| 0),
         Cmd::Report {
             dir,
             phases,
             marker,
-        } => analyse::report_cmd(&dir, phases, &marker),
+        } => analyse::report_cmd(&dir, phases, &marker).map(|()| 0),
         Cmd::Export {
             dir,
             format,
@@ -492,7 +499,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             out: output.as_deref(),
             calls,
             per_thread,
-        }),
+        })
+        .map(|()| 0),
         Cmd::Demo => {
             signals::install()?;
             demo::run()
@@ -568,6 +576,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 duration,
                 action,
             })
+            .map(|()| 0)
         }
     }
 }
@@ -625,7 +634,7 @@ fn main() -> ExitCode {
         }
     };
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("hotprobe: error: {}", one_line(&message(&e)));
             if e.downcast_ref::<UsageError>().is_some() {

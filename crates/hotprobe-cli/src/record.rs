@@ -15,18 +15,11 @@
 //!   every event of the probed functions.
 
 use crate::glob;
-use crate::session::progress;
-use crate::signals::{self, StopReason};
+use crate::session::{progress, Traced};
 use anyhow::{bail, Context, Result};
-use hotprobe::{ProcessTarget, ResumeMode, SpawnOptions, Target, TargetEvent};
-use hotprobe_fastpath::{
-    find_agent, Action, FastPath, FastPathConfig, Mechanism, MechanismChoice, RecordedEvent,
-};
+use hotprobe::{Action, DrainStats, ExitStatus, FastPathConfig, MechanismChoice, SessionConfig};
 use hotprobe_symbols::ElfModule;
-use hotprobe_trace::{
-    Filter, ProbeKind, Symbol, TimeBase, TraceEvent, TraceMeta, TraceWriter, WriteStats,
-};
-use indicatif::{ProgressBar, ProgressStyle};
+use hotprobe_trace::{Filter, ProbeKind, Symbol, TimeBase, TraceMeta, TraceWriter, WriteStats};
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -190,160 +183,8 @@ impl Skipped {
     }
 }
 
-/// The drain side: rings → writer, counting everything.
-struct Drain {
-    writer: TraceWriter,
-    /// Per ring slot: events already noted as lost, and the time of the
-    /// ring's last event (where a lost record goes).
-    seen_drops: Vec<u64>,
-    last_ts: Vec<u64>,
-    drained: u64,
-    unknown: u64,
-    /// Drops written as lost records, in all.
-    ring_drops: u64,
-    /// Events copied out of a ring found over a quarter full (at most a
-    /// ring's worth: 72 bytes an event, 72 MiB with 2^20-event rings).
-    backlog: Vec<RecordedEvent>,
-}
-
-/// What one [`Drain::pass`] found.
-struct PassStats {
-    /// Events drained from all rings.
-    events: u64,
-    /// The fullest ring, as found by the pass (events it held).
-    max_fill: u64,
-}
-
-impl Drain {
-    fn new(writer: TraceWriter) -> Drain {
-        Drain {
-            writer,
-            seen_drops: Vec::new(),
-            last_ts: Vec::new(),
-            drained: 0,
-            unknown: 0,
-            ring_drops: 0,
-            backlog: Vec::new(),
-        }
-    }
-
-    /// Drains every ring into the writer, each one until it holds less
-    /// than `low` events (at most a ring's capacity per ring and pass, so
-    /// that one busy thread cannot starve the others).
-    fn pass(&mut self, fp: &FastPath, low: u64) -> Result<PassStats> {
-        let shm = fp.shm();
-        let slots = shm.threads_in_use();
-        let cap = u64::from(shm.layout().params.ring_capacity);
-        if self.last_ts.len() < slots as usize {
-            self.last_ts.resize(slots as usize, 0);
-            self.seen_drops.resize(slots as usize, 0);
-        }
-        let mut st = PassStats {
-            events: 0,
-            max_fill: 0,
-        };
-        let mut err = None;
-        for slot in 0..slots {
-            let mut from_ring = 0u64;
-            let mut first = true;
-            while let Some(mut c) = shm.consumer(slot) {
-                let writer = &mut self.writer;
-                let unknown = &mut self.unknown;
-                let last = &mut self.last_ts[slot as usize];
-                let mut write = |ev: &RecordedEvent| match TraceEvent::from_abi(ev) {
-                    Some(te) => {
-                        *last = te.ts;
-                        if err.is_none() {
-                            if let Err(e) = writer.write_event(&te) {
-                                err = Some(e);
-                            }
-                        }
-                    }
-                    None => *unknown += 1,
-                };
-                // A ring frees its slots only at the end of a drain. A ring
-                // found over a quarter full (the drain was held up: asleep,
-                // descheduled) is copied out first, which frees it in a few
-                // ms, and written afterwards: written straight from the
-                // ring, it would stay full (and drop) for the whole write.
-                // Otherwise straight (one ring is one thread: the writer's
-                // thread lookup stays on its one-entry cache).
-                let fill = shm.ring_ctl(slot).map_or(0, |ctl| {
-                    let head = ctl.head.load(std::sync::atomic::Ordering::Relaxed);
-                    head.wrapping_sub(ctl.tail.load(std::sync::atomic::Ordering::Relaxed))
-                });
-                let r = if fill >= cap / 4 {
-                    let backlog = &mut self.backlog;
-                    backlog.clear();
-                    let r = c.drain(|ev| backlog.push(*ev));
-                    backlog.iter().for_each(&mut write);
-                    r
-                } else {
-                    c.drain(write)
-                };
-                // A corrupt ring (head past tail + capacity: not our agent's
-                // doing) was resynchronised by the consumer; go on.
-                let got = r.map_or(0, |s| s.read);
-                if first {
-                    st.max_fill = st.max_fill.max(got);
-                    first = false;
-                }
-                from_ring += got;
-                if got < low || from_ring >= cap {
-                    break;
-                }
-            }
-            st.events += from_ring;
-        }
-        if let Some(e) = err {
-            return Err(e).context("cannot write the trace");
-        }
-        self.drained += st.events;
-        self.note_drops(fp)?;
-        Ok(st)
-    }
-
-    /// Writes a `lost` record into the stream of every thread whose ring
-    /// dropped events since the last pass.
-    fn note_drops(&mut self, fp: &FastPath) -> Result<()> {
-        let shm = fp.shm();
-        let slots = shm.threads_in_use();
-        if self.seen_drops.len() < slots as usize {
-            self.seen_drops.resize(slots as usize, 0);
-            self.last_ts.resize(slots as usize, 0);
-        }
-        for slot in 0..slots {
-            let Some(ctl) = shm.ring_ctl(slot) else {
-                continue;
-            };
-            let dropped = ctl.dropped.load(std::sync::atomic::Ordering::Relaxed);
-            let seen = &mut self.seen_drops[slot as usize];
-            if dropped > *seen {
-                let tid = ctl.owner_tid.load(std::sync::atomic::Ordering::Relaxed);
-                let ts = self.last_ts[slot as usize];
-                self.writer
-                    .note_lost(tid, ts, dropped - *seen)
-                    .context("cannot write the trace")?;
-                self.ring_drops += dropped - *seen;
-                *seen = dropped;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A spinner with the events drained and the rate (drawn only when stderr
-/// is a terminal).
-fn spinner() -> ProgressBar {
-    let bar = ProgressBar::new_spinner();
-    if let Ok(style) = ProgressStyle::with_template("{spinner} recording {wide_msg}") {
-        bar.set_style(style);
-    }
-    bar
-}
-
-/// Run `record`.
-pub fn run(o: &RecordOptions<'_>) -> Result<()> {
+/// Run `record`; returns hotprobe's exit code (the command's).
+pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     let exe = match (o.pid, o.cmd.first()) {
         (Some(pid), None) => std::fs::read_link(format!("/proc/{pid}/exe"))
             .with_context(|| format!("no process {pid} (or not permitted to read it)"))?,
@@ -356,130 +197,72 @@ pub fn run(o: &RecordOptions<'_>) -> Result<()> {
     let module = ElfModule::open(&exe).with_context(|| format!("cannot read {}", exe.display()))?;
     let (chosen, left_out) = choose(o, &module)?;
     drop(module);
-    let agent = find_agent().context("record needs the agent library")?;
     let (tsc0, ns0) = clock_pair();
-
-    let config = FastPathConfig {
-        // Entry and (with exit placeholders) exit counters per function.
-        max_probes: (chosen.len() as u32 * 2 + 64).next_power_of_two(),
-        ring_capacity: o.ring_events,
-        max_threads: o.max_threads,
-        // Up to 2 arguments: 32-byte event slots (faster to write and
-        // drain than the 64-byte ones all 6 need).
-        record_args: o.args,
-        ..FastPathConfig::default()
+    let defaults = FastPathConfig::default();
+    let config = SessionConfig {
+        mechanism: o.mechanism,
+        fast_path: FastPathConfig {
+            // Entry and (with exit placeholders) exit counters per function.
+            max_probes: (chosen.len() as u32 * 2 + 64)
+                .next_power_of_two()
+                .max(defaults.max_probes),
+            ring_capacity: o.ring_events,
+            max_threads: o.max_threads,
+            // Up to 2 arguments: 32-byte event slots (faster to write and
+            // drain than the 64-byte ones all 6 need).
+            record_args: o.args,
+            ..defaults
+        },
+        // A trap costs a ptrace stop per hit: functions that need one are
+        // left out of a recording (and listed), not slowed down 1000-fold.
+        record_traps: false,
+        ..SessionConfig::default()
     };
-    let p = Prepared {
-        exe,
-        chosen,
-        left_out,
-        tsc0,
-        ns0,
-        spawned: o.pid.is_none(),
-    };
-    match (o.pid, o.cmd.split_first()) {
-        (Some(pid), _) => {
-            let mut t = ProcessTarget::attach(pid)?;
-            let mut fp = match FastPath::inject(&mut t, &agent, config) {
-                Ok(fp) => fp,
-                Err(e) => {
-                    let _ = t.detach();
-                    return Err(e).context("cannot load the agent into the target");
-                }
-            };
-            let r = record(o, &p, &mut t, &mut fp);
-            if r.is_err() {
-                // Leave the target as it was: code restored, running on.
-                let _ = fp.detach(&mut t);
-                let _ = t.detach();
-            }
-            r
-        }
-        (None, Some((prog, args))) => {
-            let mut opts = SpawnOptions::default();
-            let pending = FastPath::for_spawn(&mut opts, &agent, config)?;
-            // On an error the target is killed when `t` drops.
-            let mut t = ProcessTarget::spawn_with(Path::new(prog), args, &opts)?;
-            let mut fp = pending.attach(&mut t)?;
-            record(o, &p, &mut t, &mut fp)
-        }
-        (None, None) => Err(crate::UsageError("give either -p PID or -- CMD ARGS".into()).into()),
-    }
-}
-
-/// What `run` found before the target was opened.
-struct Prepared {
-    exe: PathBuf,
-    chosen: Vec<Chosen>,
-    left_out: usize,
-    tsc0: u64,
-    ns0: u64,
-    spawned: bool,
-}
-
-/// Places the probes, records until the target exits or a stop is asked
-/// for, and prints the summary.
-fn record(
-    o: &RecordOptions<'_>,
-    p: &Prepared,
-    t: &mut ProcessTarget,
-    fp: &mut FastPath,
-) -> Result<()> {
-    let pid = t.pid();
-    let (exe, chosen, left_out, tsc0, ns0) = (&p.exe, &p.chosen, p.left_out, p.tsc0, p.ns0);
+    let mut t = Traced::open(config, o.pid, o.cmd)?;
+    let pid = t.pid;
     // Probes.
     let bar = progress(chosen.len() as u64, "placing probes");
-    let action = Action::record().with_exit();
     let mut symbols = Vec::new();
+    let mut placed = Vec::new();
     let mut skipped = Skipped::default();
     let mut mechanisms: BTreeMap<String, usize> = BTreeMap::new();
-    let mut module_path = String::new();
-    for c in chosen {
+    let module_path = exe.display().to_string();
+    for c in &chosen {
         bar.inc(1);
-        match fp.add(t, &c.name, action, o.mechanism) {
-            Ok(info) if info.mechanism == Mechanism::Trap => {
-                if c.marker {
-                    bail!(
-                        "--phase {}: the fast path cannot probe it ({})",
-                        c.name,
-                        info.reason
-                    );
+        match t.session.add(t.target, &c.name, Action::Record) {
+            Ok(added) => {
+                for p in added.placements {
+                    let mech = p.mechanism.to_string();
+                    let mech = mech.split(' ').next().unwrap_or("").to_string();
+                    *mechanisms.entry(mech).or_default() += 1;
+                    symbols.push(Symbol {
+                        id: p.id.0,
+                        name: c.name.clone(),
+                        module: module_path.clone(),
+                        addr: p.addr.0,
+                        kind: if c.marker {
+                            ProbeKind::Marker
+                        } else {
+                            ProbeKind::Function
+                        },
+                        nargs: o.args,
+                        retval: o.args > 0,
+                    });
+                    placed.push(p);
                 }
-                skipped.add(&c.name, info.reason);
             }
-            Ok(info) => {
-                let mech = match info.mechanism {
-                    Mechanism::Patch(_) => "patch",
-                    Mechanism::Jump => "jump",
-                    Mechanism::Trap => "trap",
-                };
-                *mechanisms.entry(mech.to_string()).or_default() += 1;
-                if module_path.is_empty() {
-                    module_path = exe.display().to_string();
-                }
-                symbols.push(Symbol {
-                    id: info.probe_id,
-                    name: c.name.clone(),
-                    module: module_path.clone(),
-                    addr: info.addr,
-                    kind: if c.marker {
-                        ProbeKind::Marker
-                    } else {
-                        ProbeKind::Function
-                    },
-                    nargs: o.args,
-                    retval: o.args > 0,
-                });
+            Err(e) if c.marker => {
+                t.abandon();
+                bail!("--phase {}: cannot record it: {}", c.name, reason_of(e));
             }
-            Err(e) if !c.marker => skipped.add(&c.name, e.to_string()),
-            Err(e) => return Err(e).with_context(|| format!("--phase {}", c.name)),
+            Err(e) => skipped.add(&c.name, reason_of(e)),
         }
     }
     bar.finish_and_clear();
     if symbols.is_empty() {
+        t.abandon();
         bail!(
-            "none of the {} selected functions can be probed by the fast path \
-             (e.g. {}): nothing to record",
+            "none of the {} selected functions can be recorded (e.g. {}): nothing to record",
             chosen.len(),
             skipped
                 .by_reason
@@ -530,19 +313,18 @@ fn record(
         aggregate: o.aggregate,
     };
     let nprobes = meta.symbols.len();
-    let writer = TraceWriter::create(o.out, meta)
-        .with_context(|| format!("cannot create the trace in {}", o.out.display()))?;
-    let mut d = Drain::new(writer);
+    let mut writer = match TraceWriter::create(o.out, meta) {
+        Ok(w) => w,
+        Err(e) => {
+            t.abandon();
+            return Err(e)
+                .with_context(|| format!("cannot create the trace in {}", o.out.display()));
+        }
+    };
     eprintln!(
-        "hotprobe: {} pid {pid}: recording {nprobes} functions into {}",
-        if p.spawned { "started" } else { "attached to" },
+        "hotprobe: recording {nprobes} functions into {}",
         o.out.display()
     );
-
-    // Run: drain while waiting on the target's events.
-    if let Some(d) = o.duration {
-        signals::stop_after(d);
-    }
     // The drain competes for the CPUs with the target (and whatever else
     // runs): asleep for longer than a ring lasts (2^20 events: 30–100 ms
     // at 10–36 M events/s), it loses events. Ask for a higher priority
@@ -550,124 +332,44 @@ fn record(
     // effort: without CAP_SYS_NICE it stays as it is.
     // SAFETY: plain syscall on the calling thread, no pointers.
     unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, -10) };
-    t.resume_all()?;
-    let spin = spinner();
     let started = Instant::now();
-    let mut shown = Instant::now();
-    // Drain thresholds: a ring is drained again while a drain of it
-    // returned at least `low` events, and the loop naps only when no ring
-    // held that many (then the producer is ≥ `low` slots ahead of the
-    // drain, which does not pull the cache lines it is writing away from
-    // it). 1/64 of a ring: 4096 events (128 KiB of 32-byte slots) with the
-    // default 2^18-event rings.
-    let low = u64::from(o.ring_events / 64).max(64);
-    let end = loop {
-        let got = d.pass(fp, low)?;
-        if shown.elapsed() >= Duration::from_millis(100) {
-            let secs = started.elapsed().as_secs_f64().max(1e-9);
-            spin.set_message(format!(
-                "{} events, {:.0} events/s",
-                d.drained,
-                d.drained as f64 / secs
-            ));
-            spin.tick();
-            shown = Instant::now();
-        }
-        if signals::STOP.load(std::sync::atomic::Ordering::SeqCst) {
-            break None;
-        }
-        // Never nap while a ring fills: nap (briefly) only when every ring
-        // was nearly empty, longer when nothing came at all. A nap lets
-        // the rings fill to batches: a drain right behind the producer
-        // pulls the ring's cache lines away from the target's thread while
-        // it is still writing them, slowing it down.
-        let nap = if got.events == 0 {
-            Duration::from_millis(1)
-        } else if got.max_fill < low {
-            Duration::from_micros(100)
-        } else {
-            Duration::ZERO
-        };
-        match t.wait(Some(nap))? {
-            TargetEvent::Exited(st) => break Some(st),
-            TargetEvent::Breakpoint { thread, .. } | TargetEvent::Stepped { thread, .. } => {
-                t.resume(thread, ResumeMode::Continue)?
-            }
-            TargetEvent::Forked { child, .. } => {
-                // The child inherits the patched code and the agent; its
-                // events (same thread slots) are not separated from the
-                // parent's: say so.
-                spin.suspend(|| {
-                    eprintln!(
-                        "hotprobe: pid {pid} forked {child}; the child runs with the probes \
-                         and may write into the parent's rings"
-                    )
-                });
-                t.release_fork_child(child, &[])?;
-            }
-            TargetEvent::Exec => spin.suspend(|| {
-                eprintln!("hotprobe: pid {pid} executed a new program: its probes are gone")
-            }),
-            _ => {}
-        }
+    // Whatever happens to the run, the trace is finished: every event
+    // drained before the end stays readable.
+    let ran = t.run(&placed, o.duration, Some(&mut writer));
+    let stats = writer.finish().context("cannot finish the trace")?;
+    ran?;
+    let how = match t.status() {
+        Some(st @ (ExitStatus::Code(_) | ExitStatus::Signal(_))) => format!("pid {pid} {st}"),
+        _ => format!("detached from pid {pid}"),
     };
-    // Last events, then the bytes restored if the target still runs.
-    d.pass(fp, 1)?;
-    spin.finish_and_clear();
-    let how = match &end {
-        Some(st) => format!("pid {pid} {st}"),
-        None => {
-            fp.detach(t)
-                .with_context(|| format!("cannot remove the probes from pid {pid}"))?;
-            d.pass(fp, 1)?;
-            t.detach()
-                .with_context(|| format!("cannot detach from pid {pid}"))?;
-            let why = match signals::stop_reason() {
-                Some(StopReason::Timer) => "duration elapsed".to_string(),
-                Some(StopReason::Signal(libc::SIGINT)) => "interrupted".to_string(),
-                Some(StopReason::Signal(s)) => format!("signal {s}"),
-                _ => "stopped".to_string(),
-            };
-            if p.spawned {
-                format!(
-                    "{why}: detached from pid {pid} (started by hotprobe), which runs on \
-                     without probes"
-                )
-            } else {
-                format!("{why}: detached from pid {pid}, which runs on with its code restored")
-            }
-        }
-    };
-    let total_drops = fp.drops();
-    let no_slot = total_drops.saturating_sub(d.ring_drops);
-    let drained = d.drained;
-    let unknown = d.unknown;
-    let stats = d.writer.finish().context("cannot finish the trace")?;
+    let drain = t.session.drain_stats(t.target);
     print_summary(&Summary {
         how: &how,
         out: o.out,
         stats: &stats,
-        drained,
-        unknown,
-        ring_drops: d.ring_drops,
-        no_slot,
+        drain: &drain,
         probed: nprobes,
         mechanisms: &mechanisms,
         left_out,
         skipped: &skipped,
         elapsed: started.elapsed(),
     });
-    Ok(())
+    Ok(t.exit_code())
+}
+
+/// The reason inside a refusal, without the spec the caller already names.
+fn reason_of(e: hotprobe::EngineError) -> String {
+    match e {
+        hotprobe::EngineError::RefusedSpec { reason, .. } => reason,
+        e => e.to_string(),
+    }
 }
 
 struct Summary<'a> {
     how: &'a str,
     out: &'a Path,
     stats: &'a WriteStats,
-    drained: u64,
-    unknown: u64,
-    ring_drops: u64,
-    no_slot: u64,
+    drain: &'a DrainStats,
     probed: usize,
     mechanisms: &'a BTreeMap<String, usize>,
     left_out: usize,
@@ -710,17 +412,18 @@ fn print_summary(s: &Summary<'_>) {
         st.events_out,
         st.records,
         st.threads,
-        s.drained,
+        s.drain.events,
         s.elapsed.as_secs_f64(),
         st.bytes
     );
+    let d = s.drain;
     eprintln!(
         "  drops:    {} (full rings {}, written as lost records; threads without a ring slot {}){}",
-        s.ring_drops + s.no_slot,
-        s.ring_drops,
-        s.no_slot,
-        if s.unknown > 0 {
-            format!("; {} events of an unknown kind ignored", s.unknown)
+        d.ring_drops + d.no_slot,
+        d.ring_drops,
+        d.no_slot,
+        if d.unknown > 0 {
+            format!("; {} events of an unknown kind ignored", d.unknown)
         } else {
             String::new()
         }

@@ -1,22 +1,24 @@
-//! What `count`, `trace` and `demo` share: getting a target (spawned or
-//! attached), turning probe specs into checked addresses, running the event
-//! loop until the target exits, Ctrl-C or `--duration`, and leaving the
-//! target clean.
+//! What `count`, `trace`, `record` and `demo` share: a
+//! [`hotprobe::Session`] opened on a spawned or attached process, probe
+//! specs added with an action (the session picks each site's mechanism),
+//! the run until the target exits, Ctrl-C or `--duration`, and the exit
+//! status. Everything else is the library's.
 
-use crate::glob;
 use crate::signals::{self, StopReason};
 use anyhow::{bail, Context, Result};
 use hotprobe::{
-    ProbeId, ProbeSpec, ProcessResolver, ProcessTarget, ResolvedProbe, RunEnd, Session,
-    SpawnOptions, TargetId,
+    Action, EventSink, ExitStatus, Placement, RunEnd, Session, SessionConfig, TargetId,
 };
-use hotprobe_symbols::ProcessSymbols;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::ffi::OsString;
 use std::path::Path;
 use std::time::Duration;
 
-/// A target under a session.
+/// How long a spawned command gets to exit by itself after Ctrl-C (the
+/// terminal sent it the same SIGINT) before hotprobe detaches from it.
+const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
+
+/// A process under a session.
 pub struct Traced {
     /// The session holding the target.
     pub session: Session,
@@ -26,237 +28,114 @@ pub struct Traced {
     pub pid: i32,
     /// Started by us (`-- CMD`) rather than attached (`-p PID`).
     pub spawned: bool,
-    /// The fast path (patch and jump probes run by the in-target agent),
-    /// when `count` uses it; its bytes are restored before any detach.
-    pub fast: Option<hotprobe_fastpath::FastPath>,
-}
-
-/// One address a probe spec resolved to, with the label shown to the user.
-pub struct Site {
-    /// What the user sees: the spec, or for a spec naming several
-    /// addresses, the spec and the function+offset of this one.
-    pub label: String,
-    /// Where and what.
-    pub resolved: ResolvedProbe,
-    /// A return probe (`%return`).
-    pub is_return: bool,
-}
-
-/// A probe that was placed, for the summary.
-pub struct Placed {
-    /// The label of its site.
-    pub label: String,
-    /// Its id in the session.
-    pub id: ProbeId,
-    /// The run-time address.
-    pub addr: u64,
-    /// A return probe (its hits are returns; `nmissed` matters).
-    pub is_return: bool,
-    /// How hits are executed ("trap (boosted)", ...), read when placed
-    /// (the engine forgets it at detach).
-    pub execution: String,
 }
 
 impl Traced {
-    /// Attach to `pid`, or start `cmd` stopped at its entry point.
-    pub fn open(pid: Option<i32>, cmd: &[OsString]) -> Result<Traced> {
-        let mut session = Session::new();
-        match (pid, cmd.split_first()) {
-            (Some(pid), None) => {
-                let target = session.attach(pid)?;
-                Ok(Traced {
-                    session,
-                    target,
-                    pid,
-                    spawned: false,
-                    fast: None,
-                })
-            }
-            (None, Some((prog, args))) => {
-                let t = ProcessTarget::spawn_with(Path::new(prog), args, &SpawnOptions::default())?;
-                let pid = t.pid();
-                let r = ProcessResolver::new(pid)?;
-                let target = session.add_target(Box::new(t), Some(Box::new(r)));
-                Ok(Traced {
-                    session,
-                    target,
-                    pid,
-                    spawned: true,
-                    fast: None,
-                })
-            }
+    /// Attach to `pid`, or start `cmd` stopped before its code runs.
+    pub fn open(config: SessionConfig, pid: Option<i32>, cmd: &[OsString]) -> Result<Traced> {
+        let mut session = Session::with_config(config);
+        let target = match (pid, cmd.split_first()) {
+            (Some(pid), None) => session.attach(pid)?,
+            (None, Some((prog, args))) => session.spawn(Path::new(prog), args)?,
             _ => bail!("give either -p PID or -- CMD ARGS"),
+        };
+        let pid = session.pid(target).unwrap_or(0);
+        let spawned = session.is_spawned(target);
+        for n in session.take_notices() {
+            eprintln!("hotprobe: {n}");
         }
-    }
-
-    /// A target opened by the caller (with a fast path set up on it).
-    pub fn from_target(
-        t: ProcessTarget,
-        spawned: bool,
-        fast: Option<hotprobe_fastpath::FastPath>,
-    ) -> Result<Traced> {
-        let pid = t.pid();
-        let r = ProcessResolver::new(pid)?;
-        let mut session = Session::new();
-        let target = session.add_target(Box::new(t), Some(Box::new(r)));
         Ok(Traced {
             session,
             target,
             pid,
             spawned,
-            fast,
         })
     }
 
-    /// Restores the bytes the fast path rewrote (before a detach).
-    fn detach_fast(&mut self) -> Result<()> {
-        if let Some(fp) = &mut self.fast {
-            let t = self.session.engine(self.target)?.target();
-            fp.detach(t)
-                .with_context(|| format!("cannot remove the fast probes from pid {}", self.pid))?;
-        }
-        Ok(())
-    }
-
     /// Leave the target as it was after a failure: an attached one is
-    /// detached (text restored, running on); a spawned one is killed when
+    /// detached (code restored, running on); a spawned one is killed when
     /// the session drops.
     pub fn abandon(mut self) {
         if !self.spawned {
-            let _ = self.detach_fast();
             let _ = self.session.detach();
         }
     }
 
-    /// Resolve every spec (wildcards in a function name are expanded over
-    /// the module's functions; matches that cannot be probed are skipped
-    /// with a warning), with a progress bar when there are many.
-    pub fn resolve_all(&mut self, specs: &[String]) -> Result<Vec<Site>> {
-        let bar = progress(specs.len() as u64, "resolving");
-        let mut sites = Vec::new();
+    /// Adds every spec with the action `action(spec)` makes; matches of a
+    /// pattern that cannot be probed are skipped with a warning. A
+    /// progress bar shows when there are many.
+    pub fn add_all(
+        &mut self,
+        specs: &[String],
+        mut action: impl FnMut(&str) -> Action,
+    ) -> Result<Vec<Placement>> {
+        let bar = progress(specs.len() as u64, "placing probes");
+        let mut placed = Vec::new();
         for spec in specs {
             bar.set_message(spec.clone());
-            let parsed: ProbeSpec = spec.parse()?;
-            match &parsed {
-                ProbeSpec::Function { module, name, .. } if glob::is_pattern(name) => {
-                    let found = self.expand(module.as_deref(), name, parsed.is_return(), &bar)?;
-                    if found.is_empty() {
-                        bail!("no function matches `{spec}`");
-                    }
-                    sites.extend(found);
-                }
-                _ => {
-                    let resolved = self.session.resolve(self.target, spec)?;
-                    let many = resolved.len() > 1;
-                    for r in resolved {
-                        let label = if many {
-                            format!("{spec} @ {}", short(&r))
-                        } else {
-                            spec.clone()
-                        };
-                        sites.push(Site {
-                            label,
-                            is_return: parsed.is_return(),
-                            resolved: r,
-                        });
-                    }
-                }
+            let added = match self.session.add(self.target, spec, action(spec)) {
+                Ok(a) => a,
+                // Says which spec already.
+                Err(e @ hotprobe::EngineError::RefusedSpec { .. }) => return Err(e.into()),
+                Err(e) => return Err(e).with_context(|| format!("cannot probe {spec}")),
+            };
+            for s in &added.skipped {
+                bar.suspend(|| eprintln!("hotprobe: skipping {}: {}", s.label, s.reason));
             }
+            if added.placements.is_empty() {
+                bail!("no function matching `{spec}` can be probed");
+            }
+            placed.extend(added.placements);
             bar.inc(1);
         }
         bar.finish_and_clear();
-        Ok(sites)
+        Ok(placed)
     }
 
-    fn expand(
+    /// Lets the target run with its probes, handling events (and handing
+    /// recorded ones to `sink`) until it exits, a signal arrives or
+    /// `duration` elapses; then ends the run (see [`Session::finish`]) and
+    /// prints what happened on stderr. The recorded events reach `sink`
+    /// even when this fails.
+    pub fn run(
         &mut self,
-        module: Option<&str>,
-        pattern: &str,
-        is_return: bool,
-        bar: &ProgressBar,
-    ) -> Result<Vec<Site>> {
-        let syms = ProcessSymbols::for_pid(self.pid as u32)?;
-        let lm = match module {
-            Some(m) => syms.find_module(m)?,
-            None => syms
-                .main_module()
-                .context("the target's main executable is not mapped")?,
-        };
-        let mut seen = std::collections::BTreeSet::new();
-        let matches: Vec<_> = lm
-            .module
-            .functions()
-            .iter()
-            .filter(|f| glob::matches(pattern, &f.name) || glob::matches(pattern, &f.raw_name))
-            .filter(|f| seen.insert(f.addr))
-            .collect();
-        if matches.len() > 2000 {
-            bail!(
-                "`{pattern}` matches {} functions in {}: narrow it down (at most 2000)",
-                matches.len(),
-                lm.name
-            );
-        }
-        bar.inc_length(matches.len() as u64);
-        let mut out = Vec::new();
-        for f in matches {
-            bar.inc(1);
-            let spec = format!(
-                "{}:{:#x}{}",
-                lm.name,
-                f.addr.0,
-                if is_return { "%return" } else { "" }
-            );
-            match self.session.resolve(self.target, &spec) {
-                Ok(rs) => out.extend(rs.into_iter().map(|r| Site {
-                    label: format!("{}{}", f.name, if is_return { "%return" } else { "" }),
-                    is_return,
-                    resolved: r,
-                })),
-                Err(e) => bar.suspend(|| eprintln!("hotprobe: skipping {}: {e}", f.name)),
-            }
-        }
-        Ok(out)
-    }
-
-    /// How hits of probe `id` execute, as a column value.
-    pub fn execution(&self, id: ProbeId) -> String {
-        match self.session.execution_of(id) {
-            Some(e) => format!("trap ({e})"),
-            None => "trap".into(),
-        }
-    }
-
-    /// Let the target run with its probes and handle events until it exits,
-    /// a signal arrives or `duration` elapses; then detach if it still runs,
-    /// and print what happened on stderr.
-    pub fn run(&mut self, nprobes: usize, duration: Option<Duration>) -> Result<()> {
+        placed: &[Placement],
+        duration: Option<Duration>,
+        mut sink: Option<&mut dyn EventSink>,
+    ) -> Result<()> {
         self.session.start()?;
-        if self.spawned {
-            eprintln!("hotprobe: started pid {}: {nprobes} probes", self.pid);
+        let verb = if self.spawned {
+            "started"
         } else {
-            eprintln!("hotprobe: attached to pid {}: {nprobes} probes", self.pid);
-        }
+            "attached to"
+        };
+        eprintln!(
+            "hotprobe: {verb} pid {}: {} probes ({})",
+            self.pid,
+            placed.len(),
+            mechanism_summary(placed)
+        );
         if let Some(d) = duration {
             signals::stop_after(d);
         }
-        let end = match self.session.run_until(&signals::STOP) {
+        let end = self.session.run_with(&signals::STOP, sink.as_deref_mut());
+        let end = match end {
             Ok(end) => end,
             Err(e) => {
-                let _ = self.detach_fast();
-                let _ = self.session.detach();
+                let _ = self.session.finish(Duration::ZERO, sink);
                 self.print_notices();
                 return Err(e).context("the event loop failed; detached");
             }
         };
-        match end {
-            RunEnd::AllExited => {}
-            RunEnd::Interrupted | RunEnd::Stopped => {
-                self.detach_fast()?;
-                self.session
-                    .detach()
-                    .with_context(|| format!("cannot detach from pid {}", self.pid))?;
-                let why = match signals::stop_reason() {
+        if end != RunEnd::AllExited {
+            let reason = signals::stop_reason();
+            let grace = match reason {
+                Some(StopReason::Signal(libc::SIGINT)) if self.spawned => INTERRUPT_GRACE,
+                _ => Duration::ZERO,
+            };
+            let finished = self.session.finish(grace, sink);
+            if let Some(ExitStatus::Disconnected(_)) | None = self.status() {
+                let why = match reason {
                     Some(StopReason::Timer) => "duration elapsed".to_string(),
                     Some(StopReason::Signal(libc::SIGINT)) => "interrupted".to_string(),
                     Some(StopReason::Signal(s)) => format!("signal {s}"),
@@ -275,9 +154,26 @@ impl Traced {
                     );
                 }
             }
+            finished.with_context(|| format!("cannot detach from pid {}", self.pid))?;
         }
         self.print_notices();
         Ok(())
+    }
+
+    /// How the target ended, if it did.
+    pub fn status(&self) -> Option<ExitStatus> {
+        self.session.exit_status(self.target)
+    }
+
+    /// hotprobe's exit code: the command's own, 128+N when it died of
+    /// signal N (as `time` and `strace` do); 130 when hotprobe was
+    /// interrupted and detached from a command still running; else 0.
+    pub fn exit_code(&self) -> u8 {
+        match self.status() {
+            // Attached and detached: the process runs on, nothing failed.
+            Some(ExitStatus::Disconnected(_)) | None if !self.spawned => 0,
+            st => exit_code(st.as_ref()),
+        }
     }
 
     fn print_notices(&mut self) {
@@ -287,13 +183,84 @@ impl Traced {
     }
 }
 
-/// `compute+0x4 [target]`.
-fn short(r: &ResolvedProbe) -> String {
-    match &r.function {
-        Some(f) if r.offset == 0 => f.clone(),
-        Some(f) => format!("{f}+{:#x}", r.offset),
-        None => format!("{:#x}", r.addr.0),
+/// See [`Traced::exit_code`].
+pub fn exit_code(status: Option<&ExitStatus>) -> u8 {
+    match status {
+        Some(ExitStatus::Code(c)) => (*c & 0xff) as u8,
+        Some(ExitStatus::Signal(s)) => (128 + *s).clamp(0, 255) as u8,
+        _ if signals::stop_reason() == Some(StopReason::Signal(libc::SIGINT)) => 130,
+        _ => 0,
     }
+}
+
+/// `patch 3, jump 1, trap 2`.
+pub fn mechanism_summary(placed: &[Placement]) -> String {
+    let mut by: std::collections::BTreeMap<String, usize> = Default::default();
+    for p in placed {
+        let m = p.mechanism.to_string();
+        let m = m.split(' ').next().unwrap_or("").to_string();
+        *by.entry(m).or_default() += 1;
+    }
+    by.iter()
+        .map(|(m, n)| format!("{m} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Print the per-probe table on stdout: spec, address, hits (returns for a
+/// `%return` probe), nmissed (return probes only), execution, and why
+/// that mechanism.
+pub fn print_table(session: &Session, placed: &[Placement]) {
+    let rows: Vec<[String; 6]> = placed
+        .iter()
+        .map(|p| {
+            let st = session.stats(p.id).unwrap_or_default();
+            let (hits, missed) = if p.is_return {
+                (st.returns, st.nmissed.to_string())
+            } else {
+                (st.hits, "-".to_string())
+            };
+            [
+                p.label.clone(),
+                format!("{:#x}", p.addr.0),
+                hits.to_string(),
+                missed,
+                p.execution.clone(),
+                p.reason.clone(),
+            ]
+        })
+        .collect();
+    let head = ["PROBE", "ADDRESS", "HITS", "NMISSED", "EXECUTION", "WHY"];
+    let mut w = head.map(str::len);
+    for r in &rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.chars().count());
+        }
+    }
+    let line = |c: &[String; 6]| {
+        format!(
+            "{:<w0$}  {:<w1$}  {:>w2$}  {:>w3$}  {:<w4$}  {}",
+            c[0],
+            c[1],
+            c[2],
+            c[3],
+            c[4],
+            c[5],
+            w0 = w[0],
+            w1 = w[1],
+            w2 = w[2],
+            w3 = w[3],
+            w4 = w[4]
+        )
+    };
+    let mut out = String::new();
+    out.push_str(line(&head.map(String::from)).trim_end());
+    out.push('\n');
+    for r in &rows {
+        out.push_str(line(r).trim_end());
+        out.push('\n');
+    }
+    crate::trace::emit(format_args!("{}", out.trim_end()));
 }
 
 /// A progress bar on stderr (hidden when stderr is not a terminal).

@@ -7,20 +7,21 @@
 //!    1.234 us [ 41234] |   } /* fib */ = 1
 //!   12.345 us [ 41234] | } /* fib */ = 2
 //! ```
-//! Each traced function gets a return probe whose entry handler prints the
-//! opening line and whose return handler prints the closing one with the
-//! call's duration; indentation is the call depth of followed calls on
-//! that thread.
+//! Each traced function gets a `Record` probe: on the fast path (patch or
+//! jump) where the site allows, so durations are those of the real calls,
+//! else a trap return probe. The session hands the recorded entries and
+//! exits to [`LiveTree`], which prints them as they are drained;
+//! indentation is the call depth of followed calls on that thread.
 
-use crate::count::print_table;
-use crate::session::{progress, Placed, Traced};
+use crate::session::{print_table, Traced};
 use anyhow::{bail, Result};
-use hotprobe::{HitContext, RetProbe};
-use std::cell::RefCell;
+use hotprobe::{
+    Action, EventSink, FastPathConfig, MechanismChoice, Placement, RecordedEvent, SessionConfig,
+    SinkError, KIND_EXIT,
+};
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::Write;
-use std::rc::Rc;
 use std::time::Duration;
 
 /// What `trace` needs from the command line.
@@ -39,12 +40,8 @@ pub struct TraceOptions<'a> {
     pub duration: Option<Duration>,
     /// Print the count table at the end.
     pub summary: bool,
-}
-
-/// Per-thread call depth and the output format, shared by every handler.
-pub(crate) struct Printer {
-    depth: HashMap<u64, usize>,
-    args: Option<usize>,
+    /// `--mechanism`.
+    pub mechanism: MechanismChoice,
 }
 
 /// The column header, as uftrace prints it.
@@ -83,134 +80,149 @@ pub(crate) fn emit(line: std::fmt::Arguments<'_>) {
     let _ = out.flush();
 }
 
-impl Printer {
-    /// A printer showing `args` argument registers (and return values).
-    pub(crate) fn new(args: Option<usize>) -> Self {
-        Printer {
-            depth: HashMap::new(),
+/// The live call tree: an [`EventSink`] printing each recorded entry and
+/// exit as it is drained (fast-path rings and trap record probes alike).
+pub struct LiveTree {
+    names: HashMap<u32, String>,
+    args: Option<usize>,
+    /// Per thread: the open calls (probe, entry time stamp).
+    stacks: HashMap<u32, Vec<(u32, u64)>>,
+    /// TSC ticks per ns.
+    ticks_per_ns: f64,
+}
+
+impl LiveTree {
+    /// A printer for the probes `placed`, showing `args` argument
+    /// registers (and return values). Measures the TSC rate (10 ms).
+    pub fn new(placed: &[Placement], args: Option<usize>) -> LiveTree {
+        let names = placed
+            .iter()
+            .map(|p| {
+                let name = p
+                    .function
+                    .clone()
+                    .unwrap_or_else(|| p.label.trim_end_matches("%return").to_string());
+                (p.id.0, name)
+            })
+            .collect();
+        LiveTree {
+            names,
             args,
+            stacks: HashMap::new(),
+            ticks_per_ns: tsc_ticks_per_ns(),
         }
     }
+}
 
-    /// Print the opening line of a call.
-    pub(crate) fn entry(&mut self, name: &str, ctx: &HitContext<'_>) {
-        let tid = ctx.thread().0;
-        let d = self.depth.entry(tid).or_insert(0);
-        let indent = "  ".repeat(*d);
-        *d += 1;
-        let args = match self.args {
-            Some(n) => (0..n)
-                .filter_map(|i| ctx.arg(i))
-                .map(format_value)
-                .collect::<Vec<_>>()
-                .join(", "),
-            None => String::new(),
-        };
+/// The TSC rate, from two (TSC, CLOCK_MONOTONIC) pairs 10 ms apart.
+fn tsc_ticks_per_ns() -> f64 {
+    let pair = || {
+        let t0 = std::time::Instant::now();
+        // SAFETY: rdtsc has no preconditions on x86-64.
+        let tsc = unsafe { core::arch::x86_64::_rdtsc() };
+        (tsc, t0)
+    };
+    let (a, t0) = pair();
+    std::thread::sleep(Duration::from_millis(10));
+    let (b, t1) = pair();
+    let ns = t1.duration_since(t0).as_nanos().max(1) as f64;
+    (b.wrapping_sub(a) as f64 / ns).max(1e-3)
+}
+
+impl EventSink for LiveTree {
+    fn event(&mut self, ev: &RecordedEvent) -> Result<(), SinkError> {
+        let tid = ev.tid;
+        let name = self
+            .names
+            .get(&ev.probe_id)
+            .map_or("?", String::as_str)
+            .to_string();
+        let stack = self.stacks.entry(tid).or_default();
+        match ev.kind {
+            KIND_EXIT => {
+                // Frames left without an exit (longjmp) are closed with it.
+                let pos = stack.iter().rposition(|(p, _)| *p == ev.probe_id);
+                let (depth, dur) = match pos {
+                    Some(i) => {
+                        let start = stack[i].1;
+                        stack.truncate(i);
+                        let ns = ev.tsc.saturating_sub(start) as f64 / self.ticks_per_ns;
+                        (i, Duration::from_nanos(ns as u64))
+                    }
+                    None => (stack.len(), Duration::ZERO),
+                };
+                let indent = "  ".repeat(depth);
+                let ret = match self.args {
+                    Some(_) if ev.nargs > 0 => format!(" = {}", format_value(ev.args[0])),
+                    _ => String::new(),
+                };
+                emit(format_args!(
+                    "{} [{tid:>6}] | {indent}}} /* {name} */{ret}",
+                    format_duration(dur)
+                ));
+            }
+            _ => {
+                let indent = "  ".repeat(stack.len());
+                stack.push((ev.probe_id, ev.tsc));
+                let args = match self.args {
+                    Some(n) => ev.args[..n.min(ev.nargs as usize)]
+                        .iter()
+                        .map(|v| format_value(*v))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    None => String::new(),
+                };
+                emit(format_args!(
+                    "{:>11} [{tid:>6}] | {indent}{name}({args}) {{",
+                    ""
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn lost(&mut self, tid: u32, _ts: u64, count: u64) -> Result<(), SinkError> {
         emit(format_args!(
-            "{:>11} [{tid:>6}] | {indent}{name}({args}) {{",
+            "{:>11} [{tid:>6}] | /* {count} events lost: the ring was full */",
             ""
         ));
-    }
-
-    /// Print the closing line of a call, with its duration.
-    pub(crate) fn ret(&mut self, name: &str, ctx: &HitContext<'_>) {
-        let tid = ctx.thread().0;
-        let (depth, dur) = match ctx.entry() {
-            Some(e) => (e.depth, e.time.elapsed()),
-            None => (
-                self.depth.get(&tid).map_or(0, |d| d.saturating_sub(1)),
-                Duration::ZERO,
-            ),
-        };
-        // Resynchronise with the engine (frames abandoned by longjmp).
-        self.depth.insert(tid, depth);
-        let indent = "  ".repeat(depth);
-        let ret = match self.args {
-            Some(_) => format!(" = {}", format_value(ctx.return_value())),
-            None => String::new(),
-        };
-        emit(format_args!(
-            "{} [{tid:>6}] | {indent}}} /* {name} */{ret}",
-            format_duration(dur)
-        ));
+        Ok(())
     }
 }
 
-/// Run `trace`.
-/// The return probe that prints `r`'s calls into the call tree of
-/// `printer`; an error if `r` is not a function's start (`label` is the
-/// spec the user gave).
-pub(crate) fn call_tree_retprobe(
-    printer: &Rc<RefCell<Printer>>,
-    label: &str,
-    r: &hotprobe::ResolvedProbe,
-    maxactive: usize,
-) -> Result<RetProbe> {
-    if r.offset != 0 {
-        bail!(
-            "cannot trace {label}: {:#x} is {} bytes into {}; trace follows whole functions \
-             (use `count` for other instructions)",
-            r.addr.0,
-            r.offset,
-            r.function.as_deref().unwrap_or("a function")
-        );
-    }
-    let name = r
-        .function
-        .clone()
-        .unwrap_or_else(|| format!("{:#x}", r.addr.0));
-    let (p1, p2, n1, n2) = (printer.clone(), printer.clone(), name.clone(), name);
-    Ok(RetProbe::new(maxactive)
-        .entry(move |ctx| p1.borrow_mut().entry(&n1, ctx))
-        .ret(move |ctx| p2.borrow_mut().ret(&n2, ctx)))
-}
-
-pub fn run(o: &TraceOptions<'_>) -> Result<()> {
+/// Run `trace`; returns hotprobe's exit code (the command's).
+pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
     if let Some(n) = o.args {
         if n > 6 {
             bail!("--args {n}: at most 6 argument registers (rdi, rsi, rdx, rcx, r8, r9)");
         }
     }
-    let mut t = Traced::open(o.pid, o.cmd)?;
-    let placed = match place(&mut t, o) {
+    let config = SessionConfig {
+        mechanism: o.mechanism,
+        maxactive: o.maxactive,
+        fast_path: FastPathConfig {
+            record_args: o.args.unwrap_or(0) as u8,
+            ..FastPathConfig::default()
+        },
+        ..SessionConfig::default()
+    };
+    let mut t = Traced::open(config, o.pid, o.cmd)?;
+    let placed = match t.add_all(o.probes, |_| Action::Record) {
         Ok(p) => p,
         Err(e) => {
             t.abandon();
             return Err(e);
         }
     };
+    let mut tree = LiveTree::new(&placed, o.args);
     emit(format_args!("{HEADER}"));
-    t.run(placed.len(), o.duration)?;
+    let ran = t.run(&placed, o.duration, Some(&mut tree));
     if o.summary {
         println!();
         print_table(&t.session, &placed);
     }
-    Ok(())
-}
-
-fn place(t: &mut Traced, o: &TraceOptions<'_>) -> Result<Vec<Placed>> {
-    let sites = t.resolve_all(o.probes)?;
-    let printer = Rc::new(RefCell::new(Printer {
-        depth: HashMap::new(),
-        args: o.args,
-    }));
-    let bar = progress(sites.len() as u64, "placing probes");
-    let mut placed = Vec::new();
-    for s in sites {
-        bar.inc(1);
-        let r = &s.resolved;
-        let rp = call_tree_retprobe(&printer, &s.label, r, o.maxactive)?;
-        let id = t.session.retprobe_addr(t.target, r.addr, rp)?;
-        placed.push(Placed {
-            label: s.label.trim_end_matches("%return").to_string(),
-            id,
-            addr: r.addr.0,
-            is_return: true,
-            execution: t.execution(id),
-        });
-    }
-    bar.finish_and_clear();
-    Ok(placed)
+    ran?;
+    Ok(t.exit_code())
 }
 
 #[cfg(test)]

@@ -225,7 +225,7 @@ pub struct FastPathConfig {
 impl Default for FastPathConfig {
     fn default() -> Self {
         FastPathConfig {
-            max_probes: 1024,
+            max_probes: 1 << 14,
             max_threads: 64,
             ring_capacity: 1 << 16,
             record_args: 6,
@@ -542,12 +542,62 @@ impl FastPath {
             .ok_or_else(|| FastPathError::NoSuchFunction(function.into()))?;
         let bias = main.bias.0;
         let path = main.path.clone();
-        let m = self.module(&path)?;
-        let f = m
+        let f = self
+            .module(&path)?
             .function(function)
             .cloned()
             .ok_or_else(|| FastPathError::NoSuchFunction(function.into()))?;
-        let plan = m.plan(&f, choice)?;
+        self.add_function(t, &path, bias, &f, action, choice)
+    }
+
+    /// The function of the module at `path` whose entry is at link address
+    /// `link_addr` (or, failing that, named `name`), as the planner sees it.
+    pub fn function_at(
+        &mut self,
+        path: &Path,
+        link_addr: u64,
+        name: Option<&str>,
+    ) -> Result<FunctionInfo, FastPathError> {
+        let m = self.module(path)?;
+        m.functions()
+            .iter()
+            .find(|f| f.addr == link_addr)
+            .or_else(|| name.and_then(|n| m.function(n)))
+            .cloned()
+            .ok_or_else(|| {
+                FastPathError::NoSuchFunction(
+                    name.map_or_else(|| format!("{link_addr:#x}"), str::to_string),
+                )
+            })
+    }
+
+    /// The mechanism `f` (a function of the module at `path`) gets under
+    /// `choice`, and why, without installing anything.
+    pub fn plan(
+        &mut self,
+        path: &Path,
+        f: &FunctionInfo,
+        choice: MechanismChoice,
+    ) -> Result<SitePlan, FastPathError> {
+        self.module(path)?.plan(f, choice)
+    }
+
+    /// Probes function `f` of the module at `path`, loaded with load bias
+    /// `bias`: picks the mechanism (or uses `choice`), installs it with
+    /// every thread stopped, and says what it did. [`Mechanism::Trap`]
+    /// installs nothing. Threads stay stopped.
+    pub fn add_function(
+        &mut self,
+        t: &mut ProcessTarget,
+        path: &Path,
+        bias: u64,
+        f: &FunctionInfo,
+        action: Action,
+        choice: MechanismChoice,
+    ) -> Result<SiteInfo, FastPathError> {
+        let function = f.name.as_str();
+        let f = f.clone();
+        let plan = self.module(path)?.plan(&f, choice)?;
         let probe_id = self.next_probe;
         let mut info = SiteInfo {
             function: function.to_string(),
@@ -865,7 +915,14 @@ impl FastPath {
         if self.detached {
             return Ok(());
         }
-        t.stop_all()?;
+        if let Err(e) = t.stop_all() {
+            // A process that is gone has nothing left to restore.
+            if matches!(e, TargetError::Gone { .. }) {
+                self.forget();
+                return Ok(());
+            }
+            return Err(e.into());
+        }
         for s in self.installed.iter().rev() {
             // A thread can sit at the first byte of a site (fine: it runs
             // the original instruction) but never strictly inside: the
@@ -878,6 +935,51 @@ impl FastPath {
         self.heartbeat = None;
         self.detached = true;
         Ok(())
+    }
+
+    /// Every byte range this fast path wrote into the target's code
+    /// (address, original bytes), in the order written.
+    pub fn written_bytes(&self) -> Vec<(u64, Vec<u8>)> {
+        self.installed
+            .iter()
+            .map(|i| (i.addr, i.original.clone()))
+            .collect()
+    }
+
+    /// Forgets every byte written without restoring anything (the image
+    /// they were written into is gone: exec, exit, or a library unmapped),
+    /// disables the sites and stops the heartbeat. Counters and rings stay
+    /// readable.
+    pub fn forget(&mut self) {
+        for s in &self.installed {
+            let _ = self.shm.shm().set_site_action(s.key, 0);
+        }
+        self.installed.clear();
+        self.heartbeat = None;
+        self.detached = true;
+    }
+
+    /// Forgets the byte ranges written inside `[start, end)` (a library
+    /// that was unmapped) without restoring them; the other sites stay.
+    pub fn forget_range(&mut self, start: u64, end: u64) {
+        let shm = self.shm.clone();
+        self.installed.retain(|s| {
+            let inside = s.addr >= start && s.addr < end;
+            if inside {
+                let _ = shm.shm().set_site_action(s.key, 0);
+            }
+            !inside
+        });
+    }
+
+    /// Whether [`FastPath::detach`] or [`FastPath::forget`] ran.
+    pub fn is_detached(&self) -> bool {
+        self.detached
+    }
+
+    /// Probe ids handed out so far.
+    pub fn probe_ids(&self) -> u32 {
+        self.next_probe
     }
 
     /// The process id this fast path serves.

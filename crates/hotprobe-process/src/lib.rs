@@ -1009,21 +1009,25 @@ impl Target for ProcessTarget {
     fn release_fork_child(
         &mut self,
         child: u64,
-        stack_fixes: &[(RuntimeAddr, u64)],
+        restores: &[(RuntimeAddr, Vec<u8>)],
     ) -> Result<(), TargetError> {
         let child = child as i32;
         if !self.forked_children.contains(&child) {
             return Ok(());
         }
         self.forked_children.retain(|c| *c != child);
-        if !stack_fixes.is_empty() {
+        if !restores.is_empty() {
             if let Ok(mem) = open_mem(child) {
-                for (addr, value) in stack_fixes {
-                    let _ = mem.write_at(&value.to_le_bytes(), addr.0);
+                for (addr, bytes) in restores {
+                    let _ = mem.write_at(bytes, addr.0);
                 }
             }
         }
         sys::detach(child, 0).map_err(|e| self.sys_err(e))
+    }
+
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        Some(self)
     }
 
     fn alloc_scratch(&mut self, near: RuntimeAddr, len: u64) -> Result<ScratchRegion, TargetError> {

@@ -292,14 +292,22 @@ pub trait Target {
     }
 
     /// Let a forked child (see [`TargetEvent::Forked`]) run on its own, after
-    /// writing `stack_fixes` (address, original return address) into its
-    /// memory.
+    /// writing `restores` (address, original bytes) into its memory: return
+    /// addresses swapped in its stack and code rewritten by mechanisms the
+    /// target does not know about (the fast path's patches and jumps).
     fn release_fork_child(
         &mut self,
         _child: u64,
-        _stack_fixes: &[(RuntimeAddr, u64)],
+        _restores: &[(RuntimeAddr, Vec<u8>)],
     ) -> Result<(), TargetError> {
         Ok(())
+    }
+
+    /// The concrete target, for callers that need more than this trait
+    /// (the fast path needs a process target's remote calls). `None` by
+    /// default.
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        None
     }
 
     /// How this target implements return probes.

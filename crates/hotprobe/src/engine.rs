@@ -67,6 +67,8 @@ pub(crate) struct ProbeEntry {
     pub hits: u64,
     pub nmissed: u64,
     pub returns: u64,
+    /// Dropped at an exec: nothing armed, counts kept.
+    pub dropped: bool,
 }
 
 /// A probed address: the instruction's plan, its slot, and the probes on it.
@@ -157,6 +159,9 @@ pub struct Engine {
     /// The target reports breakpoint hits with `rip` alone; the rest is
     /// fetched when a handler or the engine needs it.
     partial_regs: bool,
+    /// Bytes other mechanisms wrote into the target (address, original),
+    /// written back into a forked child before it is released.
+    fork_restores: Vec<(RuntimeAddr, Vec<u8>)>,
 }
 
 impl Engine {
@@ -184,6 +189,7 @@ impl Engine {
             scratch_chunk: SCRATCH_CHUNK,
             step_unsupported_in_place: false,
             partial_regs,
+            fork_restores: Vec::new(),
         }
     }
 
@@ -299,7 +305,14 @@ impl Engine {
         }
     }
 
-    fn new_id(&mut self) -> ProbeId {
+    /// Bytes other mechanisms wrote (address, original) that a forked
+    /// child must get back before it runs on its own.
+    pub fn set_fork_restores(&mut self, restores: Vec<(RuntimeAddr, Vec<u8>)>) {
+        self.fork_restores = restores;
+    }
+
+    /// A fresh probe id (for probes another mechanism runs).
+    pub(crate) fn new_id(&mut self) -> ProbeId {
         let id = ProbeId(self.id_base + self.next_probe);
         self.next_probe += 1;
         id
@@ -396,6 +409,7 @@ impl Engine {
                 hits: 0,
                 nmissed: 0,
                 returns: 0,
+                dropped: false,
             },
         );
         Ok(id)
@@ -442,6 +456,7 @@ impl Engine {
                 hits: 0,
                 nmissed: 0,
                 returns: 0,
+                dropped: false,
             },
         );
         Ok(id)
@@ -464,7 +479,7 @@ impl Engine {
             .probes
             .get_mut(&id)
             .ok_or(EngineError::NoSuchProbe(id))?;
-        p.enabled = enabled;
+        p.enabled = enabled && !p.dropped;
         Ok(())
     }
 
@@ -543,18 +558,19 @@ impl Engine {
                 Ok(())
             }
             TargetEvent::Forked { thread, child } => {
-                let fixes: Vec<(RuntimeAddr, u64)> = match self.strategy {
-                    ReturnStrategy::Trampoline => self
-                        .shadow
-                        .get(&thread)
-                        .map(|v| {
-                            v.iter()
-                                .map(|i| (RuntimeAddr(i.slot), i.return_addr))
-                                .collect()
-                        })
-                        .unwrap_or_default(),
-                    ReturnStrategy::BreakpointAtReturn => Vec::new(),
-                };
+                // Code the fast path rewrote, then the return addresses
+                // swapped in the forking thread's stack: the child runs the
+                // program as it was, without probes.
+                let mut fixes = self.fork_restores.clone();
+                if self.strategy == ReturnStrategy::Trampoline {
+                    if let Some(v) = self.shadow.get(&thread) {
+                        fixes.extend(
+                            v.iter().map(|i| {
+                                (RuntimeAddr(i.slot), i.return_addr.to_le_bytes().to_vec())
+                            }),
+                        );
+                    }
+                }
                 self.target.release_fork_child(child, &fixes)?;
                 self.notices.push(format!(
                     "{}: forked child {child} (released without probes)",
@@ -564,6 +580,9 @@ impl Engine {
                 Ok(())
             }
             TargetEvent::Exec => {
+                // Nothing is written into the new image: its addresses mean
+                // something else. The probes stay, disabled and unarmed, so
+                // that what they counted before the exec is still reported.
                 let n = self.probes.len();
                 self.sites.clear();
                 self.shadow.clear();
@@ -571,11 +590,20 @@ impl Engine {
                 self.return_waiters.clear();
                 self.scratch.clear();
                 self.trampoline = None;
-                self.probes.clear();
-                self.notices.push(format!(
-                    "{}: exec: {n} probes dropped",
-                    self.target.describe()
-                ));
+                self.fork_restores.clear();
+                for p in self.probes.values_mut() {
+                    p.enabled = false;
+                    p.dropped = true;
+                    if let ProbeKind::Ret { live, .. } = &mut p.kind {
+                        *live = 0;
+                    }
+                }
+                if n > 0 {
+                    self.notices.push(format!(
+                        "{}: exec: {n} trap probes dropped (their counts before the exec are kept)",
+                        self.target.describe()
+                    ));
+                }
                 for t in self.target.threads() {
                     let _ = self.target.resume(t, ResumeMode::Continue);
                 }

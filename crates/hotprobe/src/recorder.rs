@@ -1,0 +1,178 @@
+//! Events out of the fast path's shared-memory rings (and the trap
+//! mechanism's recorded hits) into an [`EventSink`], with every lost event
+//! accounted for.
+//!
+//! The drain follows the rules measured for `record` (docs/DESIGN.md,
+//! "Traces"): each ring is drained again while a pass brings more than
+//! `low` events; a ring found over a quarter full is copied out before it
+//! is handed on (so the target gets its slots back at once); the loop naps
+//! only when every ring is nearly empty.
+
+use crate::handler::ProbeId;
+use hotprobe_fastpath::{FastPath, RecordedEvent};
+use std::sync::atomic::Ordering::Relaxed;
+
+/// Where recorded events go: a trace writer, a live printer, a test.
+pub trait EventSink {
+    /// One event. Its `probe_id` is the raw value of the session's
+    /// [`ProbeId`] of the probe that recorded it; `tid` the thread.
+    fn event(&mut self, ev: &RecordedEvent) -> Result<(), SinkError>;
+
+    /// `count` events of thread `tid` were lost (a full ring) after time
+    /// stamp `ts`.
+    fn lost(&mut self, tid: u32, ts: u64, count: u64) -> Result<(), SinkError>;
+}
+
+/// An [`EventSink`] failed (e.g. the trace file could not be written).
+#[derive(Debug, thiserror::Error)]
+#[error("the event sink failed: {0}")]
+pub struct SinkError(#[from] pub Box<dyn std::error::Error + Send + Sync>);
+
+impl EventSink for hotprobe_trace::TraceWriter {
+    fn event(&mut self, ev: &RecordedEvent) -> Result<(), SinkError> {
+        match hotprobe_trace::TraceEvent::from_abi(ev) {
+            Some(te) => self.write_event(&te).map_err(|e| SinkError(Box::new(e))),
+            None => Ok(()),
+        }
+    }
+    fn lost(&mut self, tid: u32, ts: u64, count: u64) -> Result<(), SinkError> {
+        self.note_lost(tid, ts, count)
+            .map_err(|e| SinkError(Box::new(e)))
+    }
+}
+
+/// Counts of what was drained, for a summary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DrainStats {
+    /// Events handed to the sink.
+    pub events: u64,
+    /// Events lost in full rings (each reported to the sink as lost).
+    pub ring_drops: u64,
+    /// Events lost because a thread found no free ring slot.
+    pub no_slot: u64,
+    /// Events of a kind this version does not know, or of an unknown
+    /// probe id, skipped.
+    pub unknown: u64,
+}
+
+/// What one pass found.
+pub(crate) struct Pass {
+    /// Events drained from all rings.
+    pub events: u64,
+    /// The fullest ring, as found by the pass (events it held).
+    pub max_fill: u64,
+}
+
+/// The drain state of one fast path.
+#[derive(Default)]
+pub(crate) struct RingDrain {
+    /// Per ring slot: drops already reported, time of its last event.
+    seen_drops: Vec<u64>,
+    last_ts: Vec<u64>,
+    /// Events copied out of a ring found over a quarter full.
+    backlog: Vec<RecordedEvent>,
+    pub stats: DrainStats,
+}
+
+impl RingDrain {
+    /// Drains every ring into `sink`, each until it holds less than `low`
+    /// events (at most a ring's capacity per ring and pass, so that one
+    /// busy thread cannot starve the others). `ids` maps fast-path probe
+    /// ids to session probe ids.
+    pub fn pass(
+        &mut self,
+        fp: &FastPath,
+        ids: &[Option<ProbeId>],
+        low: u64,
+        sink: &mut dyn EventSink,
+    ) -> Result<Pass, SinkError> {
+        let shm = fp.shm();
+        let slots = shm.threads_in_use() as usize;
+        let cap = u64::from(shm.layout().params.ring_capacity);
+        if self.last_ts.len() < slots {
+            self.last_ts.resize(slots, 0);
+            self.seen_drops.resize(slots, 0);
+        }
+        let mut pass = Pass {
+            events: 0,
+            max_fill: 0,
+        };
+        let mut err = None;
+        for slot in 0..slots {
+            let mut from_ring = 0u64;
+            let mut first = true;
+            while let Some(mut c) = shm.consumer(slot as u32) {
+                let last = &mut self.last_ts[slot];
+                let unknown = &mut self.stats.unknown;
+                let mut write = |ev: &RecordedEvent| {
+                    let Some(Some(id)) = ids.get(ev.probe_id as usize) else {
+                        *unknown += 1;
+                        return;
+                    };
+                    let mut e = *ev;
+                    e.probe_id = id.0;
+                    *last = e.tsc;
+                    if err.is_none() {
+                        if let Err(x) = sink.event(&e) {
+                            err = Some(x);
+                        }
+                    }
+                };
+                // A ring frees its slots only at the end of a drain: one
+                // found over a quarter full (the drain was held up) is
+                // copied out first, which frees it in a few ms, then
+                // handed on; otherwise straight from the ring.
+                let fill = shm.ring_ctl(slot as u32).map_or(0, |ctl| {
+                    ctl.head.load(Relaxed).wrapping_sub(ctl.tail.load(Relaxed))
+                });
+                let r = if fill >= cap / 4 {
+                    let backlog = &mut self.backlog;
+                    backlog.clear();
+                    let r = c.drain(|ev| backlog.push(*ev));
+                    backlog.iter().for_each(&mut write);
+                    r
+                } else {
+                    c.drain(write)
+                };
+                // A corrupt ring (not our agent's doing) was
+                // resynchronised by the consumer; go on.
+                let got = r.map_or(0, |s| s.read);
+                if first {
+                    pass.max_fill = pass.max_fill.max(got);
+                    first = false;
+                }
+                from_ring += got;
+                if got < low || from_ring >= cap {
+                    break;
+                }
+            }
+            pass.events += from_ring;
+        }
+        if let Some(e) = err {
+            return Err(e);
+        }
+        self.stats.events += pass.events;
+        self.note_drops(fp, sink)?;
+        Ok(pass)
+    }
+
+    /// Reports to the sink the drops of every ring since the last pass.
+    fn note_drops(&mut self, fp: &FastPath, sink: &mut dyn EventSink) -> Result<(), SinkError> {
+        let shm = fp.shm();
+        for slot in 0..self.seen_drops.len() {
+            let Some(ctl) = shm.ring_ctl(slot as u32) else {
+                continue;
+            };
+            let dropped = ctl.dropped.load(Relaxed);
+            let seen = &mut self.seen_drops[slot];
+            if dropped > *seen {
+                let tid = ctl.owner_tid.load(Relaxed);
+                sink.lost(tid, self.last_ts[slot], dropped - *seen)?;
+                self.stats.ring_drops += dropped - *seen;
+                *seen = dropped;
+            }
+        }
+        self.stats.no_slot = fp.drops().saturating_sub(self.stats.ring_drops);
+        Ok(())
+    }
+}

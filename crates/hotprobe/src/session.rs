@@ -1,0 +1,1310 @@
+//! The facade: a [`Session`] holds targets and owns every mechanism active
+//! on each — the trap engine, the fast path (agent, shared memory, patch
+//! and jump sites) — and the lifecycle (fork, exec, exit, interrupt,
+//! detach) for all of them at once.
+
+use crate::engine::Engine;
+use crate::handler::{Probe, ProbeId, RetProbe};
+use crate::recorder::{DrainStats, EventSink, RingDrain};
+use crate::{EngineError, ProbeStats, Resolver};
+use hotprobe_fastpath::{FastPath, FastPathConfig, FunctionInfo, RecordedEvent};
+use hotprobe_process::{ProcessTarget, SpawnOptions};
+use hotprobe_symbols::{ProbeSpec, ResolvedProbe};
+use hotprobe_target::{ExitStatus, RuntimeAddr, Target, TargetError, TargetEvent};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+pub use hotprobe_fastpath::{MechanismChoice, PatchKind};
+
+/// Identifies a target in a [`Session`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TargetId(pub usize);
+
+/// Probe ids carry their target in the high bits.
+const TARGET_SHIFT: u32 = 24;
+
+/// What a probe does where it is placed.
+pub enum Action {
+    /// Handlers in hotprobe, before/after the instruction (full power:
+    /// registers and memory, read and write).
+    Handler(Probe),
+    /// Handlers at a function's entry and return.
+    Return(RetProbe),
+    /// Count hits (with a `%return` spec: returns).
+    Count,
+    /// Record a time-stamped entry event with the first
+    /// [`FastPathConfig::record_args`] argument registers and an exit event
+    /// with the return value, into the session's [`EventSink`].
+    Record,
+}
+
+/// How a probe's hits are executed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mechanism {
+    /// A compiler's placeholder NOP rewritten into a call to the agent
+    /// (iProbe HotPatch): no trap.
+    Patch(PatchKind),
+    /// The entry's first instructions moved to a trampoline that calls the
+    /// agent: no trap.
+    Jump,
+    /// A breakpoint handled by hotprobe through ptrace.
+    Trap,
+    /// A breakpoint in a guest, through QEMU's GDB stub.
+    Stub,
+}
+
+impl std::fmt::Display for Mechanism {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Mechanism::Patch(k) => {
+                write!(f, "{}", hotprobe_fastpath::Mechanism::Patch(*k))
+            }
+            Mechanism::Jump => f.write_str("jump"),
+            Mechanism::Trap => f.write_str("trap"),
+            Mechanism::Stub => f.write_str("stub"),
+        }
+    }
+}
+
+/// A probe placed at one address.
+#[derive(Clone, Debug)]
+pub struct Placement {
+    /// Its id.
+    pub id: ProbeId,
+    /// What the user sees: the spec, or for a spec naming several
+    /// addresses, the function (or `spec @ function+offset`).
+    pub label: String,
+    /// The run-time address.
+    pub addr: RuntimeAddr,
+    /// The function, when known.
+    pub function: Option<String>,
+    /// The module's file name (empty for a guest).
+    pub module: String,
+    /// A `%return` probe (hits are returns).
+    pub is_return: bool,
+    /// The mechanism.
+    pub mechanism: Mechanism,
+    /// Why this mechanism (what the fast path found, or why it could not
+    /// be used).
+    pub reason: String,
+    /// How hits execute, for a table: `patch (patchable entry)`, `jump`,
+    /// `trap (boosted)`, `stub (emulated)` …
+    pub execution: String,
+}
+
+/// A match of a spec that was not placed, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skipped {
+    /// The function or address.
+    pub label: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// What [`Session::add`] did.
+#[derive(Clone, Debug, Default)]
+pub struct Added {
+    /// Probes placed.
+    pub placements: Vec<Placement>,
+    /// Matches of a pattern that could not be probed.
+    pub skipped: Vec<Skipped>,
+}
+
+/// How [`Session::run`] ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RunEnd {
+    /// A handler called [`crate::HitContext::stop`].
+    Stopped,
+    /// Every target is gone.
+    AllExited,
+    /// The caller's interrupt flag was raised.
+    Interrupted,
+}
+
+/// Settings of a session, read when targets are opened.
+#[derive(Clone, Copy, Debug)]
+pub struct SessionConfig {
+    /// How mechanisms are chosen for `Count` and `Record` actions.
+    pub mechanism: MechanismChoice,
+    /// Shared-memory sizes for the fast path (ring events, argument
+    /// registers recorded, thread slots, probe ids).
+    pub fast_path: FastPathConfig,
+    /// Live return instances followed at once by trap `%return` counts.
+    pub maxactive: usize,
+    /// `Record` probes may fall back to the trap mechanism (a ptrace stop
+    /// per hit) where the fast path cannot take a site; when false such
+    /// sites are refused with the reason.
+    pub record_traps: bool,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            mechanism: MechanismChoice::Auto,
+            fast_path: FastPathConfig::default(),
+            maxactive: 64,
+            record_traps: true,
+        }
+    }
+}
+
+/// The fast path of a target.
+enum Fast {
+    /// Not used, and why.
+    Off(String),
+    /// An attached process: the agent goes in at the first fast probe.
+    Injectable,
+    /// The agent is in and attached to our shared memory.
+    On(Box<FastPath>),
+}
+
+/// A probe the fast path runs.
+#[derive(Clone, Copy, Debug)]
+struct FastProbe {
+    /// Its counter (entries).
+    counter: u32,
+    /// Counter of its exit placeholders' hits (returns), if any.
+    exit_counter: Option<u32>,
+}
+
+/// One target and everything active on it.
+struct Slot {
+    engine: Engine,
+    resolver: Option<Box<dyn Resolver>>,
+    /// A process's pid (None for guests).
+    pid: Option<i32>,
+    spawned: bool,
+    fast: Fast,
+    /// Session probe id of each fast-path probe id.
+    fast_ids: Vec<Option<ProbeId>>,
+    fast_probes: HashMap<ProbeId, FastProbe>,
+    drain: RingDrain,
+    /// Record probes on the trap mechanism push their events here.
+    trap_events: Rc<RefCell<Vec<RecordedEvent>>>,
+    /// Probes that record (fast or trap): the loop drains for them.
+    recording: bool,
+}
+
+impl Slot {
+    fn is_process(&self) -> bool {
+        self.pid.is_some()
+    }
+
+    fn fast_path(&self) -> Option<&FastPath> {
+        match &self.fast {
+            Fast::On(fp) => Some(fp),
+            _ => None,
+        }
+    }
+
+    /// The process target behind the engine.
+    fn process(engine: &mut Engine) -> Option<&mut ProcessTarget> {
+        engine
+            .target()
+            .as_any_mut()?
+            .downcast_mut::<ProcessTarget>()
+    }
+
+    /// The fast path's writes become the bytes a forked child gets back.
+    fn update_fork_restores(&mut self) {
+        let restores = match &self.fast {
+            Fast::On(fp) => fp
+                .written_bytes()
+                .into_iter()
+                .map(|(a, b)| (RuntimeAddr(a), b))
+                .collect(),
+            _ => Vec::new(),
+        };
+        self.engine.set_fork_restores(restores);
+    }
+
+    /// The agent loaded and attached, loading it into an attached process
+    /// on first use; `Err(reason)` when the fast path cannot be had.
+    fn ensure_fast(&mut self, config: &FastPathConfig) -> Result<&mut FastPath, String> {
+        if let Fast::Injectable = self.fast {
+            let r = match hotprobe_fastpath::find_agent() {
+                Err(e) => Err(e.to_string()),
+                Ok(agent) => match Slot::process(&mut self.engine) {
+                    None => Err("not a process".to_string()),
+                    Some(pt) => FastPath::inject(pt, &agent, *config).map_err(|e| e.to_string()),
+                },
+            };
+            self.fast = match r {
+                Ok(fp) => Fast::On(Box::new(fp)),
+                Err(why) => Fast::Off(format!("the agent could not be loaded: {why}")),
+            };
+        }
+        match &mut self.fast {
+            Fast::On(fp) => Ok(fp),
+            Fast::Off(why) => Err(why.clone()),
+            Fast::Injectable => Err("the agent is not loaded".into()),
+        }
+    }
+}
+
+/// A probing session over one or more targets.
+#[derive(Default)]
+pub struct Session {
+    slots: Vec<Slot>,
+    config: SessionConfig,
+}
+
+/// Where a resolved site goes.
+enum Plan {
+    Fast {
+        path: PathBuf,
+        bias: u64,
+        function: FunctionInfo,
+        reason: String,
+    },
+    Trap(String),
+}
+
+impl Session {
+    /// An empty session with the default settings.
+    pub fn new() -> Self {
+        Session::default()
+    }
+
+    /// An empty session with these settings.
+    pub fn with_config(config: SessionConfig) -> Self {
+        Session {
+            slots: Vec::new(),
+            config,
+        }
+    }
+
+    /// The session's settings.
+    pub fn config(&self) -> &SessionConfig {
+        &self.config
+    }
+
+    /// Add any target, with an optional resolver for probe specs. Only the
+    /// trap (or stub) mechanism is used on it.
+    pub fn add_target(
+        &mut self,
+        target: Box<dyn Target>,
+        resolver: Option<Box<dyn Resolver>>,
+    ) -> TargetId {
+        self.push_slot(
+            target,
+            resolver,
+            None,
+            false,
+            Fast::Off("not a process".into()),
+        )
+    }
+
+    fn push_slot(
+        &mut self,
+        target: Box<dyn Target>,
+        resolver: Option<Box<dyn Resolver>>,
+        pid: Option<i32>,
+        spawned: bool,
+        fast: Fast,
+    ) -> TargetId {
+        let id = self.slots.len();
+        let mut engine = Engine::new(target, (id as u32) << TARGET_SHIFT);
+        if let Some(r) = &resolver {
+            engine.set_symbolizer(r.symbolizer());
+        }
+        self.slots.push(Slot {
+            engine,
+            resolver,
+            pid,
+            spawned,
+            fast,
+            fast_ids: Vec::new(),
+            fast_probes: HashMap::new(),
+            drain: RingDrain::default(),
+            trap_events: Rc::new(RefCell::new(Vec::new())),
+            recording: false,
+        });
+        TargetId(id)
+    }
+
+    /// Start `program` with `args`, stopped before it runs its own code
+    /// (libraries loaded). With the fast path on (any mechanism choice but
+    /// `Trap`), the agent is preloaded.
+    pub fn spawn(
+        &mut self,
+        program: &Path,
+        args: &[std::ffi::OsString],
+    ) -> Result<TargetId, EngineError> {
+        self.spawn_with(program, args, &SpawnOptions::default())
+    }
+
+    /// As [`Session::spawn`], with the child's standard streams and
+    /// environment as `opts` says.
+    pub fn spawn_with(
+        &mut self,
+        program: &Path,
+        args: &[std::ffi::OsString],
+        opts: &SpawnOptions,
+    ) -> Result<TargetId, EngineError> {
+        let dup = |f: &Option<std::fs::File>| -> Result<Option<std::fs::File>, EngineError> {
+            f.as_ref()
+                .map(|f| f.try_clone())
+                .transpose()
+                .map_err(|e| EngineError::Io {
+                    what: "duplicate a standard stream for the target".into(),
+                    source: e,
+                })
+        };
+        let mut opts = SpawnOptions {
+            stdin: dup(&opts.stdin)?,
+            stdout: dup(&opts.stdout)?,
+            stderr: dup(&opts.stderr)?,
+            env: opts.env.clone(),
+        };
+        let mut pending = None;
+        let mut fast_off = None;
+        if self.config.mechanism == MechanismChoice::Trap {
+            fast_off = Some("--mechanism trap".to_string());
+        } else {
+            match hotprobe_fastpath::find_agent() {
+                Ok(agent) => {
+                    pending = Some(FastPath::for_spawn(
+                        &mut opts,
+                        &agent,
+                        self.config.fast_path,
+                    )?)
+                }
+                Err(e) => fast_off = Some(e.to_string()),
+            }
+        }
+        let mut t = ProcessTarget::spawn_with(program, args, &opts)?;
+        let fast = match (pending, fast_off) {
+            (Some(p), _) => match p.attach(&mut t) {
+                Ok(fp) => Fast::On(Box::new(fp)),
+                Err(e) => Fast::Off(format!("no agent in the target ({e})")),
+            },
+            (None, Some(why)) => Fast::Off(why),
+            (None, None) => Fast::Off("no agent".into()),
+        };
+        let pid = t.pid();
+        let r = crate::ProcessResolver::new(pid)?;
+        Ok(self.push_slot(Box::new(t), Some(Box::new(r)), Some(pid), true, fast))
+    }
+
+    /// Attach to process `pid` (all threads), stopped until
+    /// [`Session::start`]. The agent is loaded at the first probe that the
+    /// fast path takes.
+    pub fn attach(&mut self, pid: i32) -> Result<TargetId, EngineError> {
+        let t = ProcessTarget::attach(pid)?;
+        let r = crate::ProcessResolver::new(pid)?;
+        let fast = if self.config.mechanism == MechanismChoice::Trap {
+            Fast::Off("--mechanism trap".into())
+        } else {
+            Fast::Injectable
+        };
+        Ok(self.push_slot(Box::new(t), Some(Box::new(r)), Some(pid), false, fast))
+    }
+
+    fn slot(&mut self, t: TargetId) -> Result<&mut Slot, EngineError> {
+        self.slots
+            .get_mut(t.0)
+            .ok_or(EngineError::NoSuchTarget(t.0))
+    }
+
+    fn slot_of(&mut self, id: ProbeId) -> Result<&mut Slot, EngineError> {
+        self.slots
+            .get_mut((id.0 >> TARGET_SHIFT) as usize)
+            .ok_or(EngineError::NoSuchProbe(id))
+    }
+
+    /// The engine of a target (for lower-level control).
+    pub fn engine(&mut self, t: TargetId) -> Result<&mut Engine, EngineError> {
+        Ok(&mut self.slot(t)?.engine)
+    }
+
+    /// The process id of a process target.
+    pub fn pid(&self, t: TargetId) -> Option<i32> {
+        self.slots.get(t.0)?.pid
+    }
+
+    /// Whether the session started the target (rather than attached to it).
+    pub fn is_spawned(&self, t: TargetId) -> bool {
+        self.slots.get(t.0).is_some_and(|s| s.spawned)
+    }
+
+    /// Resolve a probe spec (`[module:]function[+off]`, `[module:]0xADDR`,
+    /// `file.c:LINE`, optionally `%return`) to checked, probeable addresses.
+    pub fn resolve(&mut self, t: TargetId, spec: &str) -> Result<Vec<ResolvedProbe>, EngineError> {
+        let found = self.resolve_unchecked(t, spec)?;
+        for r in &found {
+            self.check(t, spec, r)?;
+        }
+        Ok(found)
+    }
+
+    fn resolve_unchecked(
+        &mut self,
+        t: TargetId,
+        spec: &str,
+    ) -> Result<Vec<ResolvedProbe>, EngineError> {
+        let parsed: ProbeSpec = spec.parse()?;
+        let slot = self.slot(t)?;
+        let resolver = slot
+            .resolver
+            .as_mut()
+            .ok_or_else(|| EngineError::RefusedSpec {
+                spec: spec.into(),
+                reason: "this target has no symbols".into(),
+            })?;
+        let found = resolver.resolve(&parsed, slot.engine.target())?;
+        slot.engine.set_symbolizer(resolver.symbolizer());
+        Ok(found)
+    }
+
+    /// The blacklist, instruction-boundary and scratch-memory checks.
+    fn check(&mut self, t: TargetId, spec: &str, r: &ResolvedProbe) -> Result<(), EngineError> {
+        let slot = self.slot(t)?;
+        if let Some(resolver) = slot.resolver.as_ref() {
+            resolver
+                .check(r, slot.engine.target())
+                .map_err(|reason| EngineError::RefusedSpec {
+                    spec: spec.into(),
+                    reason,
+                })?;
+        }
+        if slot.engine.in_scratch(r.addr) {
+            return Err(EngineError::RefusedSpec {
+                spec: spec.into(),
+                reason: "the address is in hotprobe's scratch memory".into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn resolve_one(&mut self, t: TargetId, spec: &str) -> Result<ResolvedProbe, EngineError> {
+        let mut v = self.resolve(t, spec)?;
+        if v.len() > 1 {
+            let list: Vec<String> = v.iter().map(|r| r.to_string()).collect();
+            return Err(EngineError::RefusedSpec {
+                spec: spec.into(),
+                reason: format!(
+                    "it matches {} addresses ({}): name one",
+                    v.len(),
+                    list.join(", ")
+                ),
+            });
+        }
+        Ok(v.remove(0))
+    }
+
+    /// Put a probe with handlers on the instruction named by `spec`.
+    pub fn probe(&mut self, t: TargetId, spec: &str, probe: Probe) -> Result<ProbeId, EngineError> {
+        let r = self.resolve_one(t, spec)?;
+        self.probe_addr(t, r.addr, probe)
+    }
+
+    /// Put a probe on a run-time address (no symbol checks).
+    pub fn probe_addr(
+        &mut self,
+        t: TargetId,
+        addr: RuntimeAddr,
+        probe: Probe,
+    ) -> Result<ProbeId, EngineError> {
+        let engine = &mut self.slot(t)?.engine;
+        with_world_stopped(engine, |e| e.add_probe(addr, probe))
+    }
+
+    /// Put a return probe on the function named by `spec` (its entry).
+    pub fn retprobe(
+        &mut self,
+        t: TargetId,
+        spec: &str,
+        rp: RetProbe,
+    ) -> Result<ProbeId, EngineError> {
+        let r = self.resolve_one(t, spec)?;
+        if r.offset != 0 {
+            return Err(not_an_entry(spec, &r));
+        }
+        self.retprobe_addr(t, r.addr, rp)
+    }
+
+    /// Put a return probe on the function entered at `addr`.
+    pub fn retprobe_addr(
+        &mut self,
+        t: TargetId,
+        addr: RuntimeAddr,
+        rp: RetProbe,
+    ) -> Result<ProbeId, EngineError> {
+        let engine = &mut self.slot(t)?.engine;
+        with_world_stopped(engine, |e| e.add_retprobe(addr, rp))
+    }
+
+    /// Put probes doing `action` on every address `spec` names (a pattern
+    /// in a function name names every matching function), each on the
+    /// cheapest mechanism that fits — patch, then jump, then trap for
+    /// processes; the stub for guests — or on the session's forced one.
+    /// Handler actions take one address. For a pattern, matches that
+    /// cannot be probed are returned as skipped; otherwise they are errors.
+    pub fn add(&mut self, t: TargetId, spec: &str, action: Action) -> Result<Added, EngineError> {
+        let parsed: ProbeSpec = spec.parse()?;
+        let is_return = parsed.is_return();
+        let pattern = matches!(&parsed, ProbeSpec::Function { name, .. } if is_pattern(name));
+        match action {
+            Action::Handler(p) => {
+                let r = self.resolve_one(t, spec)?;
+                let id = self.probe_addr(t, r.addr, p)?;
+                return Ok(Added {
+                    placements: vec![self.placement(t, id, spec.to_string(), &r, None)],
+                    skipped: Vec::new(),
+                });
+            }
+            Action::Return(rp) => {
+                let r = self.resolve_one(t, spec)?;
+                if r.offset != 0 {
+                    return Err(not_an_entry(spec, &r));
+                }
+                let id = self.retprobe_addr(t, r.addr, rp)?;
+                return Ok(Added {
+                    placements: vec![self.placement(t, id, spec.to_string(), &r, None)],
+                    skipped: Vec::new(),
+                });
+            }
+            Action::Count | Action::Record => {}
+        }
+        let record = matches!(action, Action::Record);
+        let found = self.resolve_unchecked(t, spec)?;
+        let many = found.len() > 1;
+        let mut added = Added::default();
+        let symbols = match self.slot(t)?.pid {
+            Some(pid) => Some(hotprobe_symbols::ProcessSymbols::for_pid(pid as u32)?),
+            None => None,
+        };
+        for r in found {
+            let label = match (&r.function, pattern || many) {
+                (Some(f), true) if r.offset == 0 && pattern => {
+                    format!("{f}{}", if is_return { "%return" } else { "" })
+                }
+                (_, true) => format!("{spec} @ {}", short(&r)),
+                (_, false) => spec.to_string(),
+            };
+            if record && r.offset != 0 {
+                let e = not_whole_function(spec, &r);
+                if pattern {
+                    added.skipped.push(Skipped {
+                        label,
+                        reason: e.to_string(),
+                    });
+                    continue;
+                }
+                return Err(e);
+            }
+            if let Err(e) = self.check(t, spec, &r) {
+                if pattern {
+                    added.skipped.push(Skipped {
+                        label,
+                        reason: match e {
+                            EngineError::RefusedSpec { reason, .. } => reason,
+                            e => e.to_string(),
+                        },
+                    });
+                    continue;
+                }
+                return Err(e);
+            }
+            let mut plan = self.plan_resolved(t, &r, is_return, record, symbols.as_ref())?;
+            if let (Plan::Trap(why), true) = (&plan, record && !self.config.record_traps) {
+                let reason = format!("needs the trap mechanism ({why})");
+                if pattern {
+                    added.skipped.push(Skipped { label, reason });
+                    continue;
+                }
+                return Err(EngineError::RefusedSpec {
+                    spec: spec.into(),
+                    reason,
+                });
+            }
+            let placed = match std::mem::replace(&mut plan, Plan::Trap(String::new())) {
+                Plan::Fast {
+                    path,
+                    bias,
+                    function,
+                    reason,
+                } => self.place_fast(t, &r, &path, bias, &function, record, reason, label),
+                Plan::Trap(reason) => self.place_trap(t, &r, is_return, record, reason, label),
+            };
+            match placed {
+                Ok(p) => added.placements.push(p),
+                Err(e) if pattern => added.skipped.push(Skipped {
+                    label: r.function.clone().unwrap_or_else(|| r.addr.to_string()),
+                    reason: e.to_string(),
+                }),
+                Err(e) => return Err(e),
+            }
+        }
+        let slot = self.slot(t)?;
+        slot.update_fork_restores();
+        if record && !added.placements.is_empty() {
+            slot.recording = true;
+        }
+        Ok(added)
+    }
+
+    /// The mechanism a `Count` (or, with `record`, `Record`) probe at `r`
+    /// would get, and why, without placing it. This is the decision
+    /// [`Session::add`] takes and `hotprobe list` prints.
+    pub fn plan(
+        &mut self,
+        t: TargetId,
+        r: &ResolvedProbe,
+        record: bool,
+    ) -> Result<(Mechanism, String), EngineError> {
+        let symbols = match self.slot(t)?.pid {
+            Some(pid) => Some(hotprobe_symbols::ProcessSymbols::for_pid(pid as u32)?),
+            None => None,
+        };
+        Ok(
+            match self.plan_resolved(t, r, r.is_return, record, symbols.as_ref())? {
+                Plan::Fast {
+                    reason,
+                    path,
+                    function,
+                    ..
+                } => {
+                    let choice = self.config.mechanism;
+                    let m = match &mut self.slot(t)?.fast {
+                        Fast::On(fp) => fp.plan(&path, &function, choice)?.mechanism,
+                        _ => hotprobe_fastpath::Mechanism::Trap,
+                    };
+                    (from_fast(m), reason)
+                }
+                Plan::Trap(reason) => {
+                    let m = if self.slot(t)?.is_process() {
+                        Mechanism::Trap
+                    } else {
+                        Mechanism::Stub
+                    };
+                    (m, reason)
+                }
+            },
+        )
+    }
+
+    fn plan_resolved(
+        &mut self,
+        t: TargetId,
+        r: &ResolvedProbe,
+        is_return: bool,
+        record: bool,
+        symbols: Option<&hotprobe_symbols::ProcessSymbols>,
+    ) -> Result<Plan, EngineError> {
+        let choice = self.config.mechanism;
+        let config = self.config.fast_path;
+        let forced = matches!(choice, MechanismChoice::Patch | MechanismChoice::Jump);
+        let slot = self.slot(t)?;
+        let Some(symbols) = symbols.filter(|_| slot.is_process()) else {
+            return Ok(Plan::Trap("guest probes use the GDB stub".into()));
+        };
+        let trap_only = if choice == MechanismChoice::Trap {
+            Some("--mechanism trap".to_string())
+        } else if is_return && !record {
+            Some("return counts use a return probe".to_string())
+        } else if r.offset != 0 {
+            Some("not a function entry (the fast path probes entries)".to_string())
+        } else {
+            None
+        };
+        if let Some(why) = trap_only {
+            if forced {
+                return Err(EngineError::RefusedSpec {
+                    spec: r.to_string(),
+                    reason: format!("--mechanism patch|jump applies to function entries: {why}"),
+                });
+            }
+            return Ok(Plan::Trap(why));
+        }
+        let Some(module) = symbols.modules().iter().find(|m| m.contains(r.addr)) else {
+            return Ok(Plan::Trap("no module maps this address".into()));
+        };
+        let (path, bias) = (module.path.clone(), module.bias.0);
+        let fp = match slot.ensure_fast(&config) {
+            Ok(fp) => fp,
+            Err(why) if !forced => return Ok(Plan::Trap(why)),
+            Err(why) => {
+                return Err(EngineError::RefusedSpec {
+                    spec: r.to_string(),
+                    reason: why,
+                })
+            }
+        };
+        let function = match fp.function_at(&path, r.link_addr.0, r.function.as_deref()) {
+            Ok(f) => f,
+            Err(e) if !forced => return Ok(Plan::Trap(e.to_string())),
+            Err(e) => return Err(e.into()),
+        };
+        let plan = fp.plan(&path, &function, choice)?;
+        Ok(match plan.mechanism {
+            hotprobe_fastpath::Mechanism::Trap => Plan::Trap(plan.reason),
+            _ => Plan::Fast {
+                path,
+                bias,
+                function,
+                reason: plan.reason,
+            },
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn place_fast(
+        &mut self,
+        t: TargetId,
+        r: &ResolvedProbe,
+        path: &Path,
+        bias: u64,
+        function: &FunctionInfo,
+        record: bool,
+        reason: String,
+        label: String,
+    ) -> Result<Placement, EngineError> {
+        let choice = self.config.mechanism;
+        let slot = self.slot(t)?;
+        let id = slot.engine.new_id();
+        let started = slot.engine.started;
+        let Slot { engine, fast, .. } = slot;
+        let Fast::On(fp) = fast else {
+            unreachable!("planned on the fast path")
+        };
+        let pt = Slot::process(engine).ok_or_else(|| EngineError::RefusedSpec {
+            spec: label.clone(),
+            reason: "not a process".into(),
+        })?;
+        let action = if record {
+            hotprobe_fastpath::Action::record().with_exit()
+        } else {
+            hotprobe_fastpath::Action::count()
+        };
+        let info = fp.add_function(pt, path, bias, function, action, choice);
+        if started {
+            pt.resume_all()?;
+        }
+        let info = info?;
+        slot.fast_probes.insert(
+            id,
+            FastProbe {
+                counter: info.probe_id,
+                exit_counter: info.exit_probe_id,
+            },
+        );
+        for c in std::iter::once(info.probe_id).chain(info.exit_probe_id) {
+            let c = c as usize;
+            if slot.fast_ids.len() <= c {
+                slot.fast_ids.resize(c + 1, None);
+            }
+            slot.fast_ids[c] = Some(id);
+        }
+        let mechanism = from_fast(info.mechanism);
+        Ok(Placement {
+            id,
+            label,
+            addr: RuntimeAddr(info.addr),
+            function: r.function.clone(),
+            module: r.module.clone(),
+            is_return: r.is_return,
+            mechanism,
+            reason,
+            execution: mechanism.to_string(),
+        })
+    }
+
+    fn place_trap(
+        &mut self,
+        t: TargetId,
+        r: &ResolvedProbe,
+        is_return: bool,
+        record: bool,
+        reason: String,
+        label: String,
+    ) -> Result<Placement, EngineError> {
+        let maxactive = self.config.maxactive;
+        let nargs = self.config.fast_path.record_args.min(6) as usize;
+        let id = if record {
+            let events = self.slot(t)?.trap_events.clone();
+            let exits = events.clone();
+            let rp = RetProbe::new(maxactive)
+                .entry(move |ctx| {
+                    let mut ev = trap_event(ctx, hotprobe_fastpath::KIND_ENTRY);
+                    ev.nargs = nargs as u8;
+                    for (i, a) in ev.args.iter_mut().take(nargs).enumerate() {
+                        *a = ctx.arg(i).unwrap_or(0);
+                    }
+                    events.borrow_mut().push(ev);
+                })
+                .ret(move |ctx| {
+                    let mut ev = trap_event(ctx, hotprobe_fastpath::KIND_EXIT);
+                    if nargs > 0 {
+                        ev.nargs = 2;
+                        ev.args[0] = ctx.regs().rax;
+                        ev.args[1] = ctx.regs().rdx;
+                    }
+                    exits.borrow_mut().push(ev);
+                });
+            self.retprobe_addr(t, r.addr, rp)?
+        } else if is_return {
+            self.retprobe_addr(t, r.addr, RetProbe::new(maxactive))?
+        } else {
+            self.probe_addr(t, r.addr, Probe::new())?
+        };
+        Ok(self.placement(t, id, label, r, Some(reason)))
+    }
+
+    fn placement(
+        &mut self,
+        t: TargetId,
+        id: ProbeId,
+        label: String,
+        r: &ResolvedProbe,
+        reason: Option<String>,
+    ) -> Placement {
+        let slot = &self.slots[t.0];
+        let mechanism = if slot.is_process() {
+            Mechanism::Trap
+        } else {
+            Mechanism::Stub
+        };
+        let execution = match slot.engine.execution_of(r.addr) {
+            Some(e) => format!("{mechanism} ({e})"),
+            None => mechanism.to_string(),
+        };
+        Placement {
+            id,
+            label,
+            addr: r.addr,
+            function: r.function.clone(),
+            module: r.module.clone(),
+            is_return: r.is_return,
+            mechanism,
+            reason: reason.unwrap_or_else(|| "handlers run in hotprobe".into()),
+            execution,
+        }
+    }
+
+    /// Enable or disable a probe at run time.
+    pub fn set_enabled(&mut self, id: ProbeId, enabled: bool) -> Result<(), EngineError> {
+        let slot = self.slot_of(id)?;
+        if slot.fast_probes.contains_key(&id) {
+            return Err(EngineError::RefusedSpec {
+                spec: format!("probe {}", id.0),
+                reason: "fast-path probes cannot be disabled yet".into(),
+            });
+        }
+        slot.engine.set_enabled(id, enabled)
+    }
+
+    /// Remove a probe.
+    pub fn remove_probe(&mut self, id: ProbeId) -> Result<(), EngineError> {
+        let slot = self.slot_of(id)?;
+        if slot.fast_probes.contains_key(&id) {
+            return Err(EngineError::RefusedSpec {
+                spec: format!("probe {}", id.0),
+                reason: "fast-path probes are removed at detach".into(),
+            });
+        }
+        with_world_stopped(&mut slot.engine, |e| e.remove_probe(id))
+    }
+
+    /// A probe's counts, whatever its mechanism. Fast-path counts are
+    /// exact once the target's threads are quiescent (stopped or gone).
+    pub fn stats(&self, id: ProbeId) -> Option<ProbeStats> {
+        let slot = self.slots.get((id.0 >> TARGET_SHIFT) as usize)?;
+        if let Some(f) = slot.fast_probes.get(&id) {
+            let fp = slot.fast_path()?;
+            let hits = fp.count(f.counter);
+            return Some(ProbeStats {
+                hits,
+                nmissed: 0,
+                returns: f.exit_counter.map_or(0, |c| fp.count(c)),
+            });
+        }
+        slot.engine.stats(id)
+    }
+
+    /// How hits at this probe's address are executed (trap probes: "boosted",
+    /// "emulated", "stepped"…).
+    pub fn execution_of(&self, id: ProbeId) -> Option<&'static str> {
+        let e = &self.slots.get((id.0 >> TARGET_SHIFT) as usize)?.engine;
+        e.execution_of(e.probes.get(&id)?.addr)
+    }
+
+    /// Notices gathered since the last call (exec, fork, a target that died).
+    pub fn take_notices(&mut self) -> Vec<String> {
+        self.slots
+            .iter_mut()
+            .flat_map(|s| std::mem::take(&mut s.engine.notices))
+            .collect()
+    }
+
+    /// How a target ended, once it is gone (`Disconnected("detached")`
+    /// after a detach).
+    pub fn exit_status(&self, t: TargetId) -> Option<ExitStatus> {
+        self.slots.get(t.0)?.engine.gone().cloned()
+    }
+
+    /// What the drain of a target's events found so far.
+    pub fn drain_stats(&self, t: TargetId) -> DrainStats {
+        self.slots
+            .get(t.0)
+            .map(|s| s.drain.stats)
+            .unwrap_or_default()
+    }
+
+    /// Let every target run (after attaching/spawning and adding probes).
+    pub fn start(&mut self) -> Result<(), EngineError> {
+        for s in &mut self.slots {
+            if s.engine.gone().is_none() && !s.engine.started {
+                s.engine.target().resume_all()?;
+                s.engine.started = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Handle events until a handler stops, or every target is gone.
+    pub fn run(&mut self) -> Result<RunEnd, EngineError> {
+        self.run_until(&AtomicBool::new(false))
+    }
+
+    /// As [`Session::run`], also returning when `interrupt` becomes true.
+    /// With one target the loop blocks until the target's next event: set
+    /// `interrupt` from a signal handler installed without `SA_RESTART`
+    /// (the signal interrupts the wait), as the CLI does for Ctrl-C.
+    pub fn run_until(&mut self, interrupt: &AtomicBool) -> Result<RunEnd, EngineError> {
+        self.run_with(interrupt, None)
+    }
+
+    /// As [`Session::run_until`], handing every recorded event (fast path
+    /// rings and trap record probes) to `sink` while the targets run. The
+    /// last events are drained before it returns.
+    pub fn run_with<'s>(
+        &mut self,
+        interrupt: &AtomicBool,
+        mut sink: Option<&mut (dyn EventSink + 's)>,
+    ) -> Result<RunEnd, EngineError> {
+        loop {
+            if interrupt.load(Ordering::Relaxed) {
+                self.drain(sink.as_deref_mut(), 1)?;
+                return Ok(RunEnd::Interrupted);
+            }
+            match self.step(sink.as_deref_mut())? {
+                Some(end) => {
+                    self.drain(sink.as_deref_mut(), 1)?;
+                    return Ok(end);
+                }
+                None => continue,
+            }
+        }
+    }
+
+    /// One pass: drain the rings, then wait for (and handle) one event of
+    /// each live target. `Some(end)` when the loop is over.
+    fn step<'s>(
+        &mut self,
+        sink: Option<&mut (dyn EventSink + 's)>,
+    ) -> Result<Option<RunEnd>, EngineError> {
+        let live: Vec<usize> = (0..self.slots.len())
+            .filter(|i| self.slots[*i].engine.gone().is_none())
+            .collect();
+        if live.is_empty() {
+            return Ok(Some(RunEnd::AllExited));
+        }
+        let recording = sink.is_some() && live.iter().any(|i| self.slots[*i].recording);
+        let timeout = if recording {
+            Some(self.drain(sink, 0)?)
+        } else if live.len() == 1 {
+            None
+        } else {
+            Some(Duration::from_millis(1))
+        };
+        for i in live {
+            if self.poll_slot(i, timeout)? {
+                return Ok(Some(RunEnd::Stopped));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Drains every recording target into `sink`. With `low` 0, the usual
+    /// thresholds apply and the nap before the next drain is returned;
+    /// otherwise every ring is emptied.
+    fn drain<'s>(
+        &mut self,
+        sink: Option<&mut (dyn EventSink + 's)>,
+        low: u64,
+    ) -> Result<Duration, EngineError> {
+        let Some(sink) = sink else {
+            return Ok(Duration::ZERO);
+        };
+        let mut nap = Duration::from_millis(1);
+        for s in &mut self.slots {
+            if !s.recording {
+                continue;
+            }
+            let traps: Vec<RecordedEvent> = s.trap_events.borrow_mut().drain(..).collect();
+            s.drain.stats.events += traps.len() as u64;
+            let Fast::On(fp) = &s.fast else {
+                for ev in &traps {
+                    sink.event(ev).map_err(EngineError::Sink)?;
+                }
+                continue;
+            };
+            if !traps.is_empty() {
+                // Trap events were taken at ptrace stops, after every event
+                // their thread had written into its ring: one pass over
+                // the rings, merged with them by time stamp, keeps each
+                // thread's events in order.
+                let mut merged = Merge {
+                    events: traps,
+                    sink: &mut *sink,
+                };
+                s.drain
+                    .pass(fp, &s.fast_ids, 1, &mut merged)
+                    .map_err(EngineError::Sink)?;
+                merged.events.sort_by_key(|e| e.tsc);
+                for ev in &merged.events {
+                    sink.event(ev).map_err(EngineError::Sink)?;
+                }
+                continue;
+            }
+            // A ring is drained again while a drain of it returned at least
+            // `low` events; the loop naps only when no ring held that many
+            // (a drain right behind the producer pulls the cache lines it
+            // is writing away from it). 1/64 of a ring.
+            let ring_low = (u64::from(fp.ring_capacity()) / 64).max(64);
+            let pass = s
+                .drain
+                .pass(fp, &s.fast_ids, if low == 0 { ring_low } else { low }, sink)
+                .map_err(EngineError::Sink)?;
+            let this = if pass.events == 0 {
+                Duration::from_millis(1)
+            } else if pass.max_fill < ring_low {
+                Duration::from_micros(100)
+            } else {
+                Duration::ZERO
+            };
+            nap = nap.min(this);
+        }
+        Ok(nap)
+    }
+
+    /// Waits up to `timeout` for one event of slot `i` and handles it, for
+    /// every mechanism of the target. True when a handler asked to stop.
+    fn poll_slot(&mut self, i: usize, timeout: Option<Duration>) -> Result<bool, EngineError> {
+        let slot = &mut self.slots[i];
+        let ev = match slot.engine.target().wait(timeout) {
+            Ok(ev) => ev,
+            Err(TargetError::Gone { .. }) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        };
+        match &ev {
+            TargetEvent::Exec => {
+                // The image the fast path wrote into is gone: nothing is
+                // restored into the new one. Counts and rings stay ours.
+                if let Fast::On(fp) = &mut slot.fast {
+                    let n = slot.fast_probes.len();
+                    if !fp.is_detached() && n > 0 {
+                        let who = slot.engine.target().describe();
+                        slot.engine.notices.push(format!(
+                            "{who}: exec: {n} fast-path probes dropped (their counts and events \
+                             before the exec are kept)"
+                        ));
+                    }
+                    fp.forget();
+                }
+            }
+            TargetEvent::Exited(_) => {
+                if let Fast::On(fp) = &mut slot.fast {
+                    fp.forget();
+                }
+            }
+            _ => {}
+        }
+        let exec = matches!(ev, TargetEvent::Exec);
+        slot.engine.handle(ev)?;
+        if exec {
+            slot.update_fork_restores();
+        }
+        Ok(slot.engine.take_stop())
+    }
+
+    /// Ends the run: spawned targets still alive get `grace` to exit on
+    /// their own (a terminal's Ctrl-C reaches them as well as hotprobe)
+    /// while their events are handled and drained; every target still
+    /// alive then is detached (code restored, running on). The last events
+    /// are drained into `sink`. A target that dies meanwhile is no error.
+    pub fn finish<'s>(
+        &mut self,
+        grace: Duration,
+        mut sink: Option<&mut (dyn EventSink + 's)>,
+    ) -> Result<(), EngineError> {
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline
+            && self
+                .slots
+                .iter()
+                .any(|s| s.spawned && s.engine.gone().is_none())
+        {
+            let live: Vec<usize> = (0..self.slots.len())
+                .filter(|i| self.slots[*i].engine.gone().is_none())
+                .collect();
+            self.drain(sink.as_deref_mut(), 0)?;
+            for i in live {
+                self.poll_slot(i, Some(Duration::from_millis(5)))?;
+            }
+        }
+        self.drain(sink.as_deref_mut(), 1)?;
+        let r = self.detach();
+        self.drain(sink, 1)?;
+        r
+    }
+
+    /// Detach from every target: handlers stop, threads leave scratch
+    /// slots, return addresses are put back, original bytes restored
+    /// (the fast path's and the traps'), targets run on. Targets already
+    /// gone are skipped.
+    pub fn detach(&mut self) -> Result<(), EngineError> {
+        let mut first_err = None;
+        for s in &mut self.slots {
+            if s.engine.gone().is_some() {
+                if let Fast::On(fp) = &mut s.fast {
+                    fp.forget();
+                }
+                continue;
+            }
+            if let Fast::On(fp) = &mut s.fast {
+                if let Err(e) = fp.detach(s.engine.target()) {
+                    first_err.get_or_insert(EngineError::from(e));
+                }
+            }
+            match s.engine.detach() {
+                Ok(()) => {}
+                // Gone meanwhile: nothing left to restore.
+                Err(EngineError::Target(TargetError::Gone { .. })) => {}
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// The unsafe probe points of a target: PLT stubs, signal trampolines,
+    /// scratch memory.
+    pub fn blacklist(&mut self, t: TargetId) -> Result<Vec<crate::BlacklistEntry>, EngineError> {
+        let slot = self.slot(t)?;
+        let mut v = slot
+            .resolver
+            .as_ref()
+            .map(|r| r.blacklist())
+            .unwrap_or_default();
+        v.sort_by_key(|b| b.start);
+        Ok(v)
+    }
+}
+
+/// Collects a ring pass's events (to merge them with trap events);
+/// losses go straight on.
+struct Merge<'a, 's> {
+    events: Vec<RecordedEvent>,
+    sink: &'a mut (dyn EventSink + 's),
+}
+
+impl EventSink for Merge<'_, '_> {
+    fn event(&mut self, ev: &RecordedEvent) -> Result<(), crate::SinkError> {
+        self.events.push(*ev);
+        Ok(())
+    }
+    fn lost(&mut self, tid: u32, ts: u64, count: u64) -> Result<(), crate::SinkError> {
+        self.sink.lost(tid, ts, count)
+    }
+}
+
+/// An event for a trap record probe, stamped now.
+fn trap_event(ctx: &crate::HitContext<'_>, kind: u8) -> RecordedEvent {
+    // SAFETY: rdtsc has no preconditions on x86-64.
+    let tsc = unsafe { core::arch::x86_64::_rdtsc() };
+    RecordedEvent {
+        tsc,
+        probe_id: ctx.probe().0,
+        tid: ctx.thread().0 as u32,
+        kind,
+        nargs: 0,
+        reserved: 0,
+        reserved2: 0,
+        args: [0; 6],
+    }
+}
+
+fn from_fast(m: hotprobe_fastpath::Mechanism) -> Mechanism {
+    match m {
+        hotprobe_fastpath::Mechanism::Patch(k) => Mechanism::Patch(k),
+        hotprobe_fastpath::Mechanism::Jump => Mechanism::Jump,
+        hotprobe_fastpath::Mechanism::Trap => Mechanism::Trap,
+    }
+}
+
+/// Whether a function name in a spec is a pattern.
+fn is_pattern(name: &str) -> bool {
+    name.contains(['*', '?', '['])
+}
+
+fn not_whole_function(spec: &str, r: &ResolvedProbe) -> EngineError {
+    EngineError::RefusedSpec {
+        spec: spec.into(),
+        reason: format!(
+            "recording follows whole functions, and {:#x} is {} bytes into {} \
+             (count probes any instruction)",
+            r.addr.0,
+            r.offset,
+            r.function.as_deref().unwrap_or("a function")
+        ),
+    }
+}
+
+fn not_an_entry(spec: &str, r: &ResolvedProbe) -> EngineError {
+    EngineError::RefusedSpec {
+        spec: spec.into(),
+        reason: format!(
+            "a return probe goes on a function's first instruction, and {:#x} is {} \
+             bytes into {}",
+            r.addr.0,
+            r.offset,
+            r.function.as_deref().unwrap_or("its function")
+        ),
+    }
+}
+
+/// `compute+0x4`.
+fn short(r: &ResolvedProbe) -> String {
+    match &r.function {
+        Some(f) if r.offset == 0 => f.clone(),
+        Some(f) => format!("{f}+{:#x}", r.offset),
+        None => format!("{:#x}", r.addr.0),
+    }
+}
+
+/// Run `f` with every thread of the engine's target stopped (the patching
+/// invariant), resuming only the threads this call stopped.
+fn with_world_stopped<R>(
+    engine: &mut Engine,
+    f: impl FnOnce(&mut Engine) -> Result<R, EngineError>,
+) -> Result<R, EngineError> {
+    if !engine.started {
+        // Still stopped since spawn/attach.
+        return f(engine);
+    }
+    engine.target().stop_all()?;
+    let r = f(engine);
+    engine.target().resume_all()?;
+    r
+}
