@@ -42,6 +42,12 @@ pub fn line_reader(r: impl std::io::Read + Send + 'static) -> Receiver<String> {
 /// unless `out` is newer than `src`; writes aside and renames, since tests
 /// compile concurrently.
 pub fn gcc(src: &Path, out: &Path, flags: &[&str]) -> PathBuf {
+    gcc_with(src, out, flags, &[])
+}
+
+/// [`gcc`] with `libs` after the source (`-L DIR -lfoo`, `-Wl,...`), where
+/// the linker wants them.
+pub fn gcc_with(src: &Path, out: &Path, flags: &[&str], libs: &[&str]) -> PathBuf {
     let fresh = out.metadata().and_then(|m| m.modified()).ok()
         >= src.metadata().and_then(|m| m.modified()).ok();
     if out.exists() && fresh {
@@ -59,10 +65,227 @@ pub fn gcc(src: &Path, out: &Path, flags: &[&str]) -> PathBuf {
         .arg("-o")
         .arg(&part)
         .arg(src)
+        .args(libs)
         .arg("-lpthread")
         .status()
         .expect("gcc runs");
     assert!(st.success(), "gcc failed on {}", src.display());
     std::fs::rename(&part, out).unwrap();
     out.to_path_buf()
+}
+
+/// Runs `cmd` (stdin closed, stdout and stderr captured) in a process
+/// group of its own, to completion; if it is still running after `limit`,
+/// kills the whole group (the command and whatever it started) and panics
+/// with what it printed so far. Once the command exited, whatever is left
+/// in its group (a child it left running) is killed too, so that its
+/// output ends.
+pub fn output_within(mut cmd: Command, limit: std::time::Duration) -> Output {
+    use std::os::unix::process::CommandExt;
+    let what = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    let pgid = child.id() as i32;
+    let out = reader(child.stdout.take().unwrap());
+    let err = reader(child.stderr.take().unwrap());
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    let status = rx.recv_timeout(limit);
+    kill_group(pgid);
+    let (stdout, stderr) = (out.join().unwrap(), err.join().unwrap());
+    match status {
+        Ok(status) => Output {
+            status: status.expect("wait"),
+            stdout,
+            stderr,
+        },
+        Err(_) => panic!(
+            "{what} still running after {limit:?}: killed\nstdout:\n{}\nstderr:\n{}",
+            text(&stdout),
+            text(&stderr)
+        ),
+    }
+}
+
+/// Everything `r` yields, read by a thread.
+pub fn reader(mut r: impl std::io::Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = r.read_to_end(&mut v);
+        v
+    })
+}
+
+/// SIGKILL to every process of group `pgid` (none left is fine), unless
+/// it is the test's own group.
+pub fn kill_group(pgid: i32) {
+    assert!(pgid > 1, "process group {pgid}");
+    // SAFETY: plain syscalls on a process group we started.
+    unsafe {
+        if pgid != libc::getpgrp() {
+            libc::kill(-pgid, libc::SIGKILL);
+        }
+    }
+}
+
+/// `hotprobe ARGS`, through [`output_within`].
+pub fn hotprobe_within(args: &[&str], limit: std::time::Duration) -> Output {
+    let mut c = Command::new(HOTPROBE);
+    c.args(args);
+    output_within(c, limit)
+}
+
+/// The table `hotprobe count` prints after the program's output: its
+/// header line (`PROBE  [PID]  ADDRESS  HITS  NMISSED  EXECUTION  WHY`)
+/// and the rows under it, split on whitespace (every column before
+/// EXECUTION is one word; EXECUTION and WHY may be several).
+pub struct CountTable {
+    /// The header's column names.
+    pub head: Vec<String>,
+    /// The rows' words.
+    pub rows: Vec<Vec<String>>,
+    /// The whole stdout, for messages.
+    pub all: String,
+}
+
+/// Where the count table starts in `stdout`: the line starting with
+/// `PROBE` and holding `HITS`.
+fn table_start(stdout: &str) -> Option<usize> {
+    let mut at = 0;
+    for l in stdout.split_inclusive('\n') {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        if w.first() == Some(&"PROBE") && w.contains(&"HITS") {
+            return Some(at);
+        }
+        at += l.len();
+    }
+    None
+}
+
+/// The program's output in `hotprobe count`'s stdout: everything before
+/// the table (all of it when there is no table).
+pub fn program_output(stdout: &str) -> &str {
+    &stdout[..table_start(stdout).unwrap_or(stdout.len())]
+}
+
+impl CountTable {
+    /// Parses the table in `stdout`; panics (showing `stderr`) when there
+    /// is none.
+    pub fn parse(stdout: &str, stderr: &str) -> CountTable {
+        let at = table_start(stdout).unwrap_or_else(|| {
+            panic!("no count table (PROBE ... HITS) in stdout:\n{stdout}\nstderr:\n{stderr}")
+        });
+        let mut lines = stdout[at..].lines();
+        let head = lines
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .map(String::from)
+            .collect();
+        let rows = lines
+            .take_while(|l| !l.trim().is_empty())
+            .map(|l| l.split_whitespace().map(String::from).collect())
+            .collect();
+        CountTable {
+            head,
+            rows,
+            all: format!("{stdout}\nstderr:\n{stderr}"),
+        }
+    }
+
+    /// The index of column `name`.
+    pub fn col(&self, name: &str) -> usize {
+        self.head
+            .iter()
+            .position(|h| h == name)
+            .unwrap_or_else(|| panic!("no column {name} in the table:\n{}", self.all))
+    }
+
+    /// The rows of `probe`.
+    pub fn rows_of(&self, probe: &str) -> Vec<&Vec<String>> {
+        self.rows
+            .iter()
+            .filter(|r| r.first().map(String::as_str) == Some(probe))
+            .collect()
+    }
+
+    /// The one row of `probe` (the table without a PID column).
+    pub fn row(&self, probe: &str) -> &Vec<String> {
+        let rows = self.rows_of(probe);
+        assert_eq!(rows.len(), 1, "one row of {probe}:\n{}", self.all);
+        rows[0]
+    }
+
+    fn num(&self, r: &[String], col: &str) -> u64 {
+        let c = self.col(col);
+        r.get(c)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no number in column {col} of {r:?}:\n{}", self.all))
+    }
+
+    /// HITS of the one row of `probe`.
+    pub fn hits(&self, probe: &str) -> u64 {
+        self.num(self.row(probe), "HITS")
+    }
+
+    /// HITS of the row of `probe` and process `pid` (the table of `-f`).
+    pub fn hits_of(&self, probe: &str, pid: i32) -> u64 {
+        let c = self.col("PID");
+        let rows: Vec<_> = self
+            .rows_of(probe)
+            .into_iter()
+            .filter(|r| r.get(c).map(String::as_str) == Some(&*pid.to_string()))
+            .collect();
+        assert_eq!(
+            rows.len(),
+            1,
+            "one row of {probe} for pid {pid}:\n{}",
+            self.all
+        );
+        self.num(rows[0], "HITS")
+    }
+
+    /// EXECUTION of the one row of `probe` (its first word: patch, jump,
+    /// trap).
+    pub fn execution(&self, probe: &str) -> String {
+        let c = self.col("EXECUTION");
+        self.row(probe)
+            .get(c)
+            .cloned()
+            .unwrap_or_else(|| panic!("no EXECUTION for {probe}:\n{}", self.all))
+    }
+}
+
+/// The calls in a call tree as `trace` and `replay` print them (`[  TID]
+/// | <2 spaces per depth>name(...) {`, or `name(...);` for a leaf in
+/// replay; closing lines skipped): (tid, depth, name) in order.
+pub fn call_tree(out: &str) -> Vec<(u32, usize, String)> {
+    let mut t = Vec::new();
+    for l in out.lines() {
+        let Some((head, body)) = l.split_once("] | ") else {
+            continue;
+        };
+        let tid: u32 = head
+            .rsplit('[')
+            .next()
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("no tid in {l:?}"));
+        let name = body.trim_start();
+        if name.starts_with('}') {
+            continue;
+        }
+        let depth = (body.len() - name.len()) / 2;
+        let name = name.split('(').next().unwrap().to_string();
+        t.push((tid, depth, name));
+    }
+    t
 }
