@@ -254,6 +254,12 @@ pub fn print_table(session: &Session, placed: &[Placement]) {
         )
     };
     let mut out = String::new();
+    // A terminal echoed `^C` where the cursor was: start on a line of our own.
+    if signals::stop_reason() == Some(StopReason::Signal(libc::SIGINT))
+        && std::io::IsTerminal::is_terminal(&std::io::stdout())
+    {
+        out.push('\n');
+    }
     out.push_str(line(&head.map(String::from)).trim_end());
     out.push('\n');
     for r in &rows {
