@@ -1,7 +1,8 @@
 //! Probe specs for guest kernels: [`KernelResolver`] turns `function[+off]`,
 //! `module:function[+off]`, `0xADDR` (each optionally `%return`) into checked
 //! addresses from the guest's `/proc/kallsyms`, `System.map` or vmlinux
-//! symbols, and [`connect_guest`] adds a guest to a [`Session`].
+//! symbols, and [`open_guest`] connects to a guest and gives the target and
+//! its resolver, to add to a `hotprobe::Session`.
 //!
 //! # What is refused in a guest kernel, and why
 //!
@@ -23,7 +24,7 @@
 //! - **`hlt`, `mwait`, `monitor`** and other always-trapping instructions:
 //!   QEMU single-steps with interrupts masked, so stepping `hlt` would wait
 //!   for an interrupt that never comes and wedge the stub. The engine keeps
-//!   refusing them (see [`hotprobe::Engine::set_step_unsupported_in_place`]);
+//!   refusing them (see `hotprobe::Engine::set_step_unsupported_in_place`);
 //!   other privileged instructions (`cli`, `wrmsr`, `swapgs`, `sysretq`,
 //!   `iretq`, ...) are single-stepped in place by the stub.
 //! - the **out-of-line area** itself (refused by the engine).
@@ -40,12 +41,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use hotprobe::{
-    BlacklistEntry, EngineError, ProbeSpec, ResolvedProbe, Resolver, Session, SymbolError,
-    Symbolizer, Target, TargetId,
-};
-use hotprobe_symbols::{ElfModule, KernelSymbols, LinkAddr};
-use hotprobe_target::RuntimeAddr;
+use hotprobe_resolve::{check_probe_point, BlacklistEntry, Resolver, Symbolizer};
+use hotprobe_symbols::{ElfModule, KernelSymbols, LinkAddr, ProbeSpec, ResolvedProbe, SymbolError};
+use hotprobe_target::{RuntimeAddr, Target, TargetError};
 
 use crate::target::{GuestConfig, GuestTarget};
 
@@ -247,7 +245,7 @@ impl Resolver for KernelResolver {
     }
 
     fn check(&self, probe: &ResolvedProbe, target: &mut dyn Target) -> Result<(), String> {
-        hotprobe::check_probe_point(probe, &self.blacklist, target)
+        check_probe_point(probe, &self.blacklist, target)
     }
 
     fn blacklist(&self) -> Vec<BlacklistEntry> {
@@ -259,27 +257,30 @@ impl Resolver for KernelResolver {
     }
 }
 
-/// Connects to a guest's stub and adds it to `session` with a
-/// [`KernelResolver`] over `symbols`: the kernel text bounds for the
-/// out-of-line area are taken from the symbols (`_stext`, `_etext`) unless
-/// `config` has them, and instructions the engine cannot run out of line
-/// (privileged ones) are single-stepped in place by the stub. The VM stays
-/// stopped until [`Session::start`].
-pub fn connect_guest(
-    session: &mut Session,
+/// Connects to a guest's stub and gives the target with a [`KernelResolver`]
+/// over `symbols`: the kernel text bounds for the out-of-line area are taken
+/// from the symbols (`_stext`, `_etext`) unless `config` has them. The VM
+/// stays stopped.
+///
+/// To probe it through a `hotprobe::Session`, add both with
+/// `Session::add_target` and have the target's engine single-step in place
+/// the instructions it cannot run out of line (privileged ones), which the
+/// stub can:
+///
+/// ```ignore
+/// let (target, resolver) = hotprobe_guest::open_guest(config, symbols)?;
+/// let id = session.add_target(Box::new(target), Some(Box::new(resolver)));
+/// session.engine(id)?.set_step_unsupported_in_place(true);
+/// ```
+pub fn open_guest(
     mut config: GuestConfig,
     symbols: KernelSymbols,
-) -> Result<TargetId, EngineError> {
+) -> Result<(GuestTarget, KernelResolver), TargetError> {
     if config.kernel_text.is_none() {
         config.kernel_text = text_bounds(&symbols);
     }
     let target = GuestTarget::connect(config)?;
-    let id = session.add_target(
-        Box::new(target),
-        Some(Box::new(KernelResolver::new(symbols))),
-    );
-    session.engine(id)?.set_step_unsupported_in_place(true);
-    Ok(id)
+    Ok((target, KernelResolver::new(symbols)))
 }
 
 #[cfg(test)]

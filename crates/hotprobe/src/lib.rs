@@ -22,18 +22,19 @@
 
 mod engine;
 mod handler;
-mod resolve;
 
 pub use engine::{Engine, Outcome, ProbeStats};
-pub use handler::{EntryInfo, Handler, HitContext, HitKind, Probe, ProbeId, RetProbe, Symbolizer};
+pub use handler::{EntryInfo, Handler, HitContext, HitKind, Probe, ProbeId, RetProbe};
 pub use hotprobe_process::{ProcessError, ProcessTarget, SpawnOptions};
 pub use hotprobe_symbols::{ProbeSpec, ResolvedProbe, SymbolError};
 pub use hotprobe_target::{
     ExitStatus, Registers, ResumeMode, ReturnStrategy, RuntimeAddr, Target, TargetError,
     TargetEvent, ThreadId,
 };
-pub use resolve::{
-    check_probe_point, BlacklistEntry, ProcessResolver, Resolver, SIGRETURN_SYMBOLS,
+// Resolution lives below the engine (target crates implement `Resolver`
+// without depending on it); re-exported under the names it always had.
+pub use hotprobe_resolve::{
+    check_probe_point, BlacklistEntry, ProcessResolver, Resolver, Symbolizer, SIGRETURN_SYMBOLS,
 };
 
 use std::time::Duration;
