@@ -163,13 +163,20 @@ fn place(session: &mut Session, guests: &[Connected], o: &GuestOptions<'_>) -> R
             let resolved = session
                 .resolve(g.id, spec)
                 .with_context(|| format!("guest {}", g.name))?;
+            let many = resolved.len() > 1;
             for r in resolved {
-                let label = if guests.len() > 1 {
-                    format!("{spec} [{}]", g.name)
-                } else {
-                    spec.clone()
-                };
                 let is_return = parsed.is_return();
+                // A pattern: each match under its own name.
+                let name = match (&r.function, many) {
+                    (Some(f), true) if is_return => format!("{f}%return"),
+                    (Some(f), true) => f.clone(),
+                    _ => spec.clone(),
+                };
+                let label = if guests.len() > 1 {
+                    format!("{name} [{}]", g.name)
+                } else {
+                    name
+                };
                 let id = match &o.action {
                     Action::Count { maxactive } => {
                         if is_return {

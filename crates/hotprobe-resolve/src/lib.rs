@@ -40,6 +40,16 @@ pub struct BlacklistEntry {
 pub trait Resolver {
     /// Addresses a spec names (the symbol tables are refreshed first, so
     /// libraries loaded since are seen).
+    ///
+    /// A function name that is a pattern ([`hotprobe_symbols::pattern`])
+    /// and names no function as such gives every function matching it, one
+    /// per address, each with [`ResolvedProbe::function`] set to the name
+    /// that matched: in the named module (`lib:pat*`), else in the main
+    /// executable (processes) or the core kernel (guests). None is left out
+    /// here, not even those [`Resolver::check`] will refuse: the caller
+    /// checks each. There is no limit on the number of matches; matching
+    /// nothing is [`SymbolError::NoMatch`], a bad pattern
+    /// [`SymbolError::BadPattern`].
     fn resolve(
         &mut self,
         spec: &ProbeSpec,

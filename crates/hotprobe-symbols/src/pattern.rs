@@ -142,10 +142,8 @@ impl NamePattern {
                     let mut first = true;
                     // The previous member, if a `-` after it may start a range.
                     let mut prev: Option<char> = None;
-                    loop {
-                        let Some(m) = chars.next() else {
-                            break; // unclosed: globset says so
-                        };
+                    // An unclosed class is left for globset to report.
+                    while let Some(m) = chars.next() {
                         if m == ']' && !first {
                             out.push(']');
                             break;
