@@ -17,7 +17,8 @@ use crate::signals::{self, StopReason};
 use crate::trace::{emit, LiveTree, HEADER};
 use anyhow::{bail, Context, Result};
 use hotprobe::{EventSink, FastPathConfig, Placement, RunEnd, Session, SessionConfig, TargetId};
-use hotprobe_guest::{connect_guest, load_symbols, GuestConfig, StubAddr};
+use hotprobe_guest::{load_symbols, open_guest, GuestConfig, StubAddr};
+use hotprobe_symbols::KernelSymbols;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -78,6 +79,21 @@ pub fn stub_addr(s: &str) -> Result<StubAddr> {
 struct Connected {
     id: TargetId,
     name: String,
+}
+
+/// Connects to a guest's stub and adds it to `session` with its resolver;
+/// instructions the engine cannot run out of line (privileged ones) are
+/// single-stepped in place by the stub. The VM stays stopped until
+/// `Session::start`.
+fn connect_guest(
+    session: &mut Session,
+    config: GuestConfig,
+    symbols: KernelSymbols,
+) -> Result<TargetId, hotprobe::EngineError> {
+    let (target, resolver) = open_guest(config, symbols)?;
+    let id = session.add_target(Box::new(target), Some(Box::new(resolver)));
+    session.engine(id)?.set_step_unsupported_in_place(true);
+    Ok(id)
 }
 
 /// Run `hotprobe guest ...`.

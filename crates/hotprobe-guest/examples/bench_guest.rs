@@ -53,7 +53,7 @@ fn timed(g: &mut Guest, s: Option<(&mut Session, TargetId)>, n: u64) -> f64 {
     t0.elapsed().as_secs_f64() * 1e3
 }
 
-/// A session on the booted guest (as `connect_guest` makes it), with a
+/// A session on the booted guest (as the CLI makes it), with a
 /// handle on the target's counters; `partial`: breakpoint hits read `rip`
 /// alone.
 fn attach(g: &Guest, syms: &KernelSymbols, partial: bool) -> (Session, TargetId, StatsHandle) {

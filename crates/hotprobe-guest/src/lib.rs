@@ -8,9 +8,12 @@
 //! - [`target`]: [`GuestTarget`], the [`hotprobe_target::Target`]
 //!   implementation (threads = vCPUs, breakpoints = `Z0`, out-of-line area in
 //!   unused kernel-text fill).
-//! - [`resolver`]: [`KernelResolver`] (probe specs over kallsyms/System.map/
-//!   vmlinux symbols, the guest blacklist) and [`connect_guest`], which adds a
-//!   guest to a [`hotprobe::Session`].
+//! - [`resolver`]: [`KernelResolver`], the `hotprobe_resolve::Resolver` of
+//!   guests (probe specs and patterns over kallsyms/System.map/vmlinux
+//!   symbols, the guest blacklist), and [`open_guest`], which connects and
+//!   gives the target and its resolver to add to a `hotprobe::Session`.
+//!
+//! This crate does not depend on the engine (`hotprobe`).
 
 #![warn(missing_docs)]
 
@@ -22,5 +25,5 @@ pub mod target;
 
 pub use client::{GdbClient, GdbError};
 pub use mem::{MemError, RamFile, Translation};
-pub use resolver::{connect_guest, load_symbols, text_bounds, KernelResolver};
+pub use resolver::{load_symbols, open_guest, text_bounds, KernelResolver};
 pub use target::{GuestConfig, GuestStats, GuestTarget, StatsHandle, StubAddr};

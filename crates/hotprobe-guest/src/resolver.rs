@@ -1,7 +1,8 @@
 //! Probe specs for guest kernels: [`KernelResolver`] turns `function[+off]`,
 //! `module:function[+off]`, `0xADDR` (each optionally `%return`) into checked
 //! addresses from the guest's `/proc/kallsyms`, `System.map` or vmlinux
-//! symbols, and [`connect_guest`] adds a guest to a [`Session`].
+//! symbols, and [`open_guest`] connects to a guest and gives the target and
+//! its resolver, to add to a `hotprobe::Session`.
 //!
 //! # What is refused in a guest kernel, and why
 //!
@@ -23,7 +24,7 @@
 //! - **`hlt`, `mwait`, `monitor`** and other always-trapping instructions:
 //!   QEMU single-steps with interrupts masked, so stepping `hlt` would wait
 //!   for an interrupt that never comes and wedge the stub. The engine keeps
-//!   refusing them (see [`hotprobe::Engine::set_step_unsupported_in_place`]);
+//!   refusing them (see `hotprobe::Engine::set_step_unsupported_in_place`);
 //!   other privileged instructions (`cli`, `wrmsr`, `swapgs`, `sysretq`,
 //!   `iretq`, ...) are single-stepped in place by the stub.
 //! - the **out-of-line area** itself (refused by the engine).
@@ -37,15 +38,14 @@
 //! ftrace is enabled) is planned from the bytes seen when the probe was
 //! placed.
 
+use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
-use hotprobe::{
-    BlacklistEntry, EngineError, ProbeSpec, ResolvedProbe, Resolver, Session, SymbolError,
-    Symbolizer, Target, TargetId,
-};
-use hotprobe_symbols::{ElfModule, KernelSymbols, LinkAddr};
-use hotprobe_target::RuntimeAddr;
+use hotprobe_resolve::{check_probe_point, BlacklistEntry, Resolver, Symbolizer};
+use hotprobe_symbols::pattern::{is_pattern, NamePattern};
+use hotprobe_symbols::{ElfModule, KernelSymbols, LinkAddr, ProbeSpec, ResolvedProbe, SymbolError};
+use hotprobe_target::{RuntimeAddr, Target, TargetError};
 
 use crate::target::{GuestConfig, GuestTarget};
 
@@ -176,16 +176,10 @@ impl KernelResolver {
         module: Option<&str>,
         name: &str,
     ) -> Result<&hotprobe_symbols::Symbol, SymbolError> {
-        match module {
-            None | Some(KERNEL_MODULE) | Some("kernel") => self.symbols.lookup(name),
+        match core_or_module(module) {
+            None => self.symbols.lookup(name),
             Some(m) => self
-                .symbols
-                .symbols()
-                .iter()
-                .find(|s| {
-                    (s.name == name || s.name.split_once('.').is_some_and(|(b, _)| b == name))
-                        && self.symbols.module_of(s) == Some(m)
-                })
+                .find_in_module(m, name)
                 .ok_or_else(|| SymbolError::SymbolNotFound {
                     symbol: name.to_string(),
                     module: format!("guest kernel module {m}"),
@@ -193,31 +187,27 @@ impl KernelResolver {
                 }),
         }
     }
-}
 
-impl Resolver for KernelResolver {
-    fn resolve(
-        &mut self,
-        spec: &ProbeSpec,
-        _target: &mut dyn Target,
-    ) -> Result<Vec<ResolvedProbe>, SymbolError> {
+    fn find_in_module(&self, m: &str, name: &str) -> Option<&hotprobe_symbols::Symbol> {
+        self.symbols.symbols().iter().find(|s| {
+            (s.name == name || s.name.split_once('.').is_some_and(|(b, _)| b == name))
+                && self.symbols.module_of(s) == Some(m)
+        })
+    }
+
+    /// What [`Resolver::resolve`] gives for `spec` (the guest itself is
+    /// not needed): `function[+off]` (core kernel before modules),
+    /// `module:function[+off]`, a pattern (`__x64_sys_getpp*`, every
+    /// matching function of the core kernel or the named module), or an
+    /// absolute `0xADDR`; each optionally `%return`.
+    pub fn resolve_spec(&self, spec: &ProbeSpec) -> Result<Vec<ResolvedProbe>, SymbolError> {
         match spec {
             ProbeSpec::Function {
                 module,
                 name,
                 offset,
                 is_return,
-            } => {
-                let sym = self.find_function(module.as_deref(), name)?;
-                if sym.size > 0 && *offset >= sym.size {
-                    return Err(SymbolError::OffsetPastEnd {
-                        offset: *offset,
-                        function: sym.name.clone(),
-                        size: sym.size,
-                    });
-                }
-                Ok(vec![self.resolved(sym, *offset, *is_return)])
-            }
+            } => self.resolve_function(module.as_deref(), name, *offset, *is_return),
             ProbeSpec::Address {
                 module: None,
                 addr,
@@ -246,8 +236,96 @@ impl Resolver for KernelResolver {
         }
     }
 
+    /// `function[+offset]`: the function named so if there is one, else,
+    /// for a pattern, every function matching it (see
+    /// [`KernelResolver::resolve_pattern`]).
+    fn resolve_function(
+        &self,
+        module: Option<&str>,
+        name: &str,
+        offset: u64,
+        is_return: bool,
+    ) -> Result<Vec<ResolvedProbe>, SymbolError> {
+        if is_pattern(name) {
+            let exact = match core_or_module(module) {
+                None => self.symbols.find(name),
+                Some(m) => self.find_in_module(m, name),
+            };
+            if exact.is_none() {
+                return self.resolve_pattern(module, name, offset, is_return);
+            }
+        }
+        let sym = self.find_function(module, name)?;
+        Ok(vec![self.function_probe(sym, offset, is_return)?])
+    }
+
+    fn function_probe(
+        &self,
+        sym: &hotprobe_symbols::Symbol,
+        offset: u64,
+        is_return: bool,
+    ) -> Result<ResolvedProbe, SymbolError> {
+        if sym.size > 0 && offset >= sym.size {
+            return Err(SymbolError::OffsetPastEnd {
+                offset,
+                function: sym.name.clone(),
+                size: sym.size,
+            });
+        }
+        Ok(self.resolved(sym, offset, is_return))
+    }
+
+    /// Every function whose name matches `pattern`, in the core kernel
+    /// (no module, `vmlinux:` or `kernel:`) or in the named kernel module:
+    /// one probe per address (the first alias matching), each named by its
+    /// match, none left out (the caller checks each); the offset applies to
+    /// every match. Matching nothing is an error naming the pattern.
+    fn resolve_pattern(
+        &self,
+        module: Option<&str>,
+        pattern: &str,
+        offset: u64,
+        is_return: bool,
+    ) -> Result<Vec<ResolvedProbe>, SymbolError> {
+        let pat = NamePattern::new(pattern)?;
+        let want = core_or_module(module);
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        for (sym, m) in self.symbols.with_modules() {
+            if m == want && pat.matches(&sym.name) && seen.insert(sym.addr) {
+                out.push(self.function_probe(sym, offset, is_return)?);
+            }
+        }
+        if out.is_empty() {
+            return Err(SymbolError::NoMatch {
+                pattern: pattern.to_string(),
+                module: match want {
+                    None => "the guest kernel".into(),
+                    Some(m) => format!("guest kernel module {m}"),
+                },
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// The kernel module a spec names: `None` for the core kernel (no module,
+/// `vmlinux` or `kernel`).
+fn core_or_module(module: Option<&str>) -> Option<&str> {
+    module.filter(|m| !matches!(*m, KERNEL_MODULE | "kernel"))
+}
+
+impl Resolver for KernelResolver {
+    fn resolve(
+        &mut self,
+        spec: &ProbeSpec,
+        _target: &mut dyn Target,
+    ) -> Result<Vec<ResolvedProbe>, SymbolError> {
+        self.resolve_spec(spec)
+    }
+
     fn check(&self, probe: &ResolvedProbe, target: &mut dyn Target) -> Result<(), String> {
-        hotprobe::check_probe_point(probe, &self.blacklist, target)
+        check_probe_point(probe, &self.blacklist, target)
     }
 
     fn blacklist(&self) -> Vec<BlacklistEntry> {
@@ -259,27 +337,30 @@ impl Resolver for KernelResolver {
     }
 }
 
-/// Connects to a guest's stub and adds it to `session` with a
-/// [`KernelResolver`] over `symbols`: the kernel text bounds for the
-/// out-of-line area are taken from the symbols (`_stext`, `_etext`) unless
-/// `config` has them, and instructions the engine cannot run out of line
-/// (privileged ones) are single-stepped in place by the stub. The VM stays
-/// stopped until [`Session::start`].
-pub fn connect_guest(
-    session: &mut Session,
+/// Connects to a guest's stub and gives the target with a [`KernelResolver`]
+/// over `symbols`: the kernel text bounds for the out-of-line area are taken
+/// from the symbols (`_stext`, `_etext`) unless `config` has them. The VM
+/// stays stopped.
+///
+/// To probe it through a `hotprobe::Session`, add both with
+/// `Session::add_target` and have the target's engine single-step in place
+/// the instructions it cannot run out of line (privileged ones), which the
+/// stub can:
+///
+/// ```ignore
+/// let (target, resolver) = hotprobe_guest::open_guest(config, symbols)?;
+/// let id = session.add_target(Box::new(target), Some(Box::new(resolver)));
+/// session.engine(id)?.set_step_unsupported_in_place(true);
+/// ```
+pub fn open_guest(
     mut config: GuestConfig,
     symbols: KernelSymbols,
-) -> Result<TargetId, EngineError> {
+) -> Result<(GuestTarget, KernelResolver), TargetError> {
     if config.kernel_text.is_none() {
         config.kernel_text = text_bounds(&symbols);
     }
     let target = GuestTarget::connect(config)?;
-    let id = session.add_target(
-        Box::new(target),
-        Some(Box::new(KernelResolver::new(symbols))),
-    );
-    session.engine(id)?.set_step_unsupported_in_place(true);
-    Ok(id)
+    Ok((target, KernelResolver::new(symbols)))
 }
 
 #[cfg(test)]
@@ -322,5 +403,97 @@ ffffffffc0000040 t mod_end\t[mymod]
             s.symbolize(RuntimeAddr(0xffffffff81000012)).as_deref(),
             Some("func_a+0x2 [vmlinux]")
         );
+    }
+
+    /// A kallsyms excerpt: the getpid family with their `__pfx_` padding
+    /// symbols, an alias, a `.cold` part, and a module.
+    const KALLSYMS: &str = "\
+ffffffff81000000 T _stext
+ffffffff810a1f30 t __pfx___x64_sys_getppid
+ffffffff810a1f40 T __x64_sys_getppid
+ffffffff810a1f40 T __x64_sys_getppid_alias
+ffffffff810a1f90 t __pfx___ia32_sys_getppid
+ffffffff810a1fa0 T __ia32_sys_getppid
+ffffffff810a2000 T __x64_sys_getpid
+ffffffff810a2050 T __x64_sys_getpgid
+ffffffff810a2100 T __x64_sys_getpgrp
+ffffffff810a2180 t __x64_sys_getppid.cold
+ffffffff810a21c0 T __entry_text_start
+ffffffff810a21d0 T entry_SYSCALL_64
+ffffffff810a2200 T __entry_text_end
+ffffffff810a2300 T _etext
+ffffffffc0000000 t __x64_sys_getppid_hook\t[mymod]
+ffffffffc0000040 t mymod_init\t[mymod]
+ffffffffc0000080 t other_fn\t[mymod]
+";
+
+    fn names(r: &KernelResolver, spec: &str) -> Vec<String> {
+        r.resolve_spec(&spec.parse().unwrap())
+            .unwrap()
+            .into_iter()
+            .map(|p| p.function.unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn patterns() {
+        let r = KernelResolver::new(KernelSymbols::parse(KALLSYMS).unwrap());
+        // Core kernel only, one probe per address (the alias is left out,
+        // the `.cold` part is a function of its own).
+        assert_eq!(
+            names(&r, "__x64_sys_getpp*"),
+            ["__x64_sys_getppid", "__x64_sys_getppid.cold"]
+        );
+        let p = r
+            .resolve_spec(&"__x64_sys_getpp*".parse().unwrap())
+            .unwrap();
+        assert_eq!(p[0].addr, RuntimeAddr(0xffffffff810a1f40));
+        assert_eq!(p[0].module, KERNEL_MODULE);
+        assert_eq!(p[0].offset, 0);
+        assert!(p[0].function_range.is_some());
+        assert_eq!(
+            names(&r, "vmlinux:__x64_sys_getp?id"),
+            ["__x64_sys_getppid", "__x64_sys_getpgid"]
+        );
+        assert_eq!(
+            names(&r, "kernel:__[xi]*_sys_getppid"),
+            ["__x64_sys_getppid", "__ia32_sys_getppid"]
+        );
+        assert_eq!(
+            names(&r, "__x64_sys_getp[!p]*"),
+            ["__x64_sys_getpid", "__x64_sys_getpgid", "__x64_sys_getpgrp"]
+        );
+        // A module pattern searches that module only.
+        assert_eq!(
+            names(&r, "mymod:*"),
+            ["__x64_sys_getppid_hook", "mymod_init", "other_fn"]
+        );
+        // Offsets and %return apply to every match.
+        let p = r
+            .resolve_spec(&"__x64_sys_getpgid+0x4".parse().unwrap())
+            .unwrap();
+        assert_eq!(p[0].addr, RuntimeAddr(0xffffffff810a2054));
+        let p = r
+            .resolve_spec(&"__x64_sys_getp?id%return".parse().unwrap())
+            .unwrap();
+        assert!(p.iter().all(|p| p.is_return));
+        // Matches the checks refuse are still returned (the caller checks).
+        assert_eq!(names(&r, "entry_SYSCALL_6?"), ["entry_SYSCALL_64"]);
+        // No match, and a bad pattern, are errors naming the pattern.
+        let e = r
+            .resolve_spec(&"__x64_sys_nothing*".parse().unwrap())
+            .unwrap_err();
+        assert!(matches!(e, SymbolError::NoMatch { .. }), "{e}");
+        assert!(e.to_string().contains("__x64_sys_nothing*"), "{e}");
+        let e = r.resolve_spec(&"mymod:zz*".parse().unwrap()).unwrap_err();
+        assert!(e.to_string().contains("module mymod"), "{e}");
+        let e = r.resolve_spec(&"sys_[z-a]*".parse().unwrap()).unwrap_err();
+        assert!(matches!(e, SymbolError::BadPattern(_)), "{e}");
+        assert!(e.to_string().contains("sys_[z-a]*"), "{e}");
+        // An offset past the end of one match fails the spec.
+        assert!(matches!(
+            r.resolve_spec(&"__x64_sys_getp?id+0x50".parse().unwrap()),
+            Err(SymbolError::OffsetPastEnd { .. })
+        ));
     }
 }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use harness::Guest;
 use hotprobe::{Probe, RetProbe, RunEnd, Session, TargetId};
-use hotprobe_guest::{connect_guest, load_symbols, mem, GuestConfig, RamFile, StubAddr};
+use hotprobe_guest::{load_symbols, mem, open_guest, GuestConfig, RamFile, StubAddr};
 use hotprobe_target::{GuestVirt, RuntimeAddr};
 use hotprobe_x86::Execution;
 
@@ -93,7 +93,10 @@ fn connect(s: &mut Session, g: &Guest, direct_ram: bool) -> TargetId {
     if direct_ram {
         cfg.ram_file = Some(g.ram_file.clone());
     }
-    connect_guest(s, cfg, syms).unwrap()
+    let (target, resolver) = open_guest(cfg, syms).unwrap();
+    let id = s.add_target(Box::new(target), Some(Box::new(resolver)));
+    s.engine(id).unwrap().set_step_unsupported_in_place(true);
+    id
 }
 
 /// The offset of the first instruction of `func` that the engine boosts

@@ -124,6 +124,17 @@ pub enum SymbolError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A function-name pattern does not compile.
+    #[error(transparent)]
+    BadPattern(#[from] crate::pattern::PatternError),
+    /// A function-name pattern matches no function.
+    #[error("no function matches `{pattern}` in {module}")]
+    NoMatch {
+        /// The pattern as given.
+        pattern: String,
+        /// Where it was searched.
+        module: String,
+    },
     /// kallsyms / System.map text is unusable.
     #[error("bad kernel symbol table: {reason}")]
     Kallsyms {

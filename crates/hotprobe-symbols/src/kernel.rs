@@ -131,6 +131,16 @@ impl KernelSymbols {
     /// The function named `name` (core kernel symbols before module ones,
     /// exact names before `name.suffix` variants).
     pub fn lookup(&self, name: &str) -> Result<&Symbol, SymbolError> {
+        self.find(name).ok_or_else(|| SymbolError::SymbolNotFound {
+            symbol: name.to_string(),
+            module: "the kernel".into(),
+            similar: similar_names(name, self.syms.iter().map(|s| s.name.as_str()), 5),
+        })
+    }
+
+    /// [`KernelSymbols::lookup`] without building an error (cheap when
+    /// absent).
+    pub fn find(&self, name: &str) -> Option<&Symbol> {
         let best = self.index.get(name).and_then(|v| {
             v.iter()
                 .filter_map(|&i| usize::try_from(i).ok())
@@ -141,11 +151,14 @@ impl KernelSymbols {
                 })
         });
         best.and_then(|i| self.syms.get(i))
-            .ok_or_else(|| SymbolError::SymbolNotFound {
-                symbol: name.to_string(),
-                module: "the kernel".into(),
-                similar: similar_names(name, self.syms.iter().map(|s| s.name.as_str()), 5),
-            })
+    }
+
+    /// The symbols with their kernel module (`None` for the core kernel),
+    /// sorted by address.
+    pub fn with_modules(&self) -> impl Iterator<Item = (&Symbol, Option<&str>)> {
+        self.syms
+            .iter()
+            .zip(self.modules.iter().map(Option::as_deref))
     }
 
     /// The function containing `addr` and the offset into it.

@@ -11,12 +11,15 @@
 //! - [`ProbeSpec`]: `[module:]function[+offset]`, `[module:]0xADDR`,
 //!   `file.c:LINE`, each with an optional `%return`.
 //! - [`KernelSymbols`]: `/proc/kallsyms`, `System.map` or vmlinux symbols.
+//! - [`pattern`]: the one glob matcher for function names (`comp*`,
+//!   `sys_[gs]et?id`), [`NamePattern`].
 
 mod demangle;
 mod elf;
 mod error;
 mod kernel;
 mod maps;
+pub mod pattern;
 mod process;
 mod spec;
 
@@ -25,6 +28,7 @@ pub use elf::{ElfModule, Symbol, DEBUG_ROOT};
 pub use error::SymbolError;
 pub use kernel::{KernelSymbols, MAX_KALLSYMS_SIZE};
 pub use maps::{parse_maps, read_maps, Mapping, Perms};
+pub use pattern::{is_pattern, NamePattern, PatternError};
 pub use process::{LoadedModule, ModuleCache, ProcessSymbols, ResolvedProbe, SymbolizedAddr};
 pub use spec::{ProbeSpec, MAX_SPEC_LEN, RETURN_SUFFIX};
 

@@ -1,6 +1,6 @@
 //! The modules mapped in a process, and probe-spec resolution against them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::io::Read;
 use std::ops::Range;
@@ -12,6 +12,7 @@ use hotprobe_target::{LinkAddr, LoadBias, RuntimeAddr};
 use crate::elf::{ElfModule, Symbol};
 use crate::error::SymbolError;
 use crate::maps::{read_maps, Mapping};
+use crate::pattern::{is_pattern, NamePattern};
 use crate::spec::ProbeSpec;
 
 /// Identifies one version of a file on disk, so a rebuilt file is re-read.
@@ -405,7 +406,12 @@ impl ProcessSymbols {
     /// Turn a probe spec into run-time addresses.
     ///
     /// A function without module is searched in the main executable, then in
-    /// the other modules in map order (first match wins). A line is searched
+    /// the other modules in map order (first match wins). A function name
+    /// that is a pattern ([`crate::pattern`]: `comp*`, `libc:getpp*`) and
+    /// names no function as such gives every function matching it in the
+    /// module, or in the main executable without one: one probe per
+    /// address, none left out (the caller checks each); matching nothing is
+    /// [`SymbolError::NoMatch`]. A line is searched
     /// in every module with DWARF; it may give several addresses (inlined or
     /// duplicated code). `%return` needs a function entry: a line's return
     /// probe is put on its containing function.
@@ -423,40 +429,30 @@ impl ProcessSymbols {
                         reason: "%return probes go on a function's entry; drop the offset".into(),
                     });
                 }
-                let (lm, sym) = match module {
-                    Some(m) => {
-                        let lm = self.find_module(m)?;
-                        let sym = lm.module.lookup(name).map_err(|e| match e {
-                            SymbolError::SymbolNotFound {
-                                symbol, similar, ..
-                            } => SymbolError::SymbolNotFound {
-                                symbol,
-                                module: lm.name.clone(),
-                                similar,
-                            },
-                            other => other,
-                        })?;
-                        (lm, sym)
-                    }
+                let in_module = module.as_deref().map(|m| self.find_module(m)).transpose()?;
+                // A name is looked up as such first, even when it is a
+                // pattern (`operator[]`, `f[abi:cxx11]`).
+                let exact = match in_module {
+                    Some(lm) => lm.module.find(name).map(|s| (lm, s)),
                     None => self
                         .search_order()
-                        .find_map(|lm| lm.module.find(name).map(|s| (lm, s)))
-                        .ok_or_else(|| self.not_found(name))?,
+                        .find_map(|lm| lm.module.find(name).map(|s| (lm, s))),
                 };
-                if sym.size > 0 && *offset >= sym.size {
-                    return Err(SymbolError::OffsetPastEnd {
-                        function: sym.name.clone(),
-                        offset: *offset,
-                        size: sym.size,
-                    });
-                }
-                let link = LinkAddr(sym.addr.0.wrapping_add(*offset));
-                let mut p = Self::probe_at(lm, link, *is_return);
-                // Aliases at the same address: name the probe as asked.
-                p.function = Some(sym.name.clone());
-                p.offset = *offset;
-                p.function_range = function_range(lm, sym);
-                Ok(vec![p])
+                let (lm, sym) = match (exact, in_module) {
+                    (Some(found), _) => found,
+                    (None, lm) if is_pattern(name) => {
+                        return self.resolve_pattern(lm, name, *offset, *is_return);
+                    }
+                    (None, Some(lm)) => {
+                        return Err(SymbolError::SymbolNotFound {
+                            symbol: name.clone(),
+                            module: lm.name.clone(),
+                            similar: lm.module.similar(name),
+                        });
+                    }
+                    (None, None) => return Err(self.not_found(name)),
+                };
+                Ok(vec![Self::function_probe(lm, sym, *offset, *is_return)?])
             }
             ProbeSpec::Address {
                 module,
@@ -550,6 +546,64 @@ impl ProcessSymbols {
                 Ok(out)
             }
         }
+    }
+
+    /// The probe at `offset` into function `sym` of `lm`.
+    fn function_probe(
+        lm: &LoadedModule,
+        sym: &Symbol,
+        offset: u64,
+        is_return: bool,
+    ) -> Result<ResolvedProbe, SymbolError> {
+        if sym.size > 0 && offset >= sym.size {
+            return Err(SymbolError::OffsetPastEnd {
+                function: sym.name.clone(),
+                offset,
+                size: sym.size,
+            });
+        }
+        let link = LinkAddr(sym.addr.0.wrapping_add(offset));
+        let mut p = Self::probe_at(lm, link, is_return);
+        // Aliases at the same address: name the probe as asked.
+        p.function = Some(sym.name.clone());
+        p.offset = offset;
+        p.function_range = function_range(lm, sym);
+        Ok(p)
+    }
+
+    /// Every function of `lm` (default: the main executable) whose demangled
+    /// or raw name matches `pattern`, one per address (the preferred alias
+    /// among those matching), each named by its match. None is left out:
+    /// the caller checks each. An offset applies to every match and must be
+    /// inside each.
+    fn resolve_pattern(
+        &self,
+        lm: Option<&LoadedModule>,
+        pattern: &str,
+        offset: u64,
+        is_return: bool,
+    ) -> Result<Vec<ResolvedProbe>, SymbolError> {
+        let pat = NamePattern::new(pattern)?;
+        let lm = lm
+            .or_else(|| self.main_module())
+            .ok_or_else(|| SymbolError::NoMatch {
+                pattern: pattern.to_string(),
+                module: "the main executable (it is not mapped)".into(),
+            })?;
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        for sym in lm.module.functions() {
+            if (pat.matches(&sym.name) || pat.matches(&sym.raw_name)) && seen.insert(sym.addr) {
+                out.push(Self::function_probe(lm, sym, offset, is_return)?);
+            }
+        }
+        if out.is_empty() {
+            return Err(SymbolError::NoMatch {
+                pattern: pattern.to_string(),
+                module: lm.name.clone(),
+            });
+        }
+        Ok(out)
     }
 
     fn not_found(&self, name: &str) -> SymbolError {

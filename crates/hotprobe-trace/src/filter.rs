@@ -21,6 +21,7 @@
 //! Aggregation: an entry that is still pending when its exit arrives is
 //! emitted as one [`Record::Call`].
 
+use hotprobe_symbols::NamePattern;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TraceError};
@@ -31,7 +32,8 @@ use crate::symbols::SymbolTable;
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Filter {
     /// Keep only functions matching one of these patterns (`*` matches any
-    /// run of characters, `?` one character); empty keeps all.
+    /// run of characters, `?` one character, `[abc]` one of a class; see
+    /// [`glob_match`]); empty keeps all.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub include: Vec<String>,
     /// Drop functions matching one of these patterns.
@@ -85,31 +87,33 @@ impl Filter {
     }
 }
 
-/// Matches `name` against a glob with `*` (any run) and `?` (one char).
+/// Whether `name` matches the glob `pat` ([`hotprobe_symbols::pattern`]:
+/// `*` any run of characters, `?` one character, `[abc]` a class; a pattern
+/// that does not compile matches only itself).
 pub fn glob_match(pat: &str, name: &str) -> bool {
-    let p = pat.as_bytes();
-    let n = name.as_bytes();
-    let (mut pi, mut ni) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while ni < n.len() {
-        if pi < p.len() && (p[pi] == b'?' || p[pi] == n[ni]) {
-            pi += 1;
-            ni += 1;
-        } else if pi < p.len() && p[pi] == b'*' {
-            star = Some((pi, ni));
-            pi += 1;
-        } else if let Some((sp, sn)) = star {
-            pi = sp + 1;
-            ni = sn + 1;
-            star = Some((sp, sn + 1));
-        } else {
-            return false;
+    hotprobe_symbols::pattern::matches(pat, name)
+}
+
+/// A filter pattern compiled once ([`glob_match`] semantics).
+struct Pattern<'a> {
+    text: &'a str,
+    glob: Option<NamePattern>,
+}
+
+impl<'a> Pattern<'a> {
+    fn new(text: &'a str) -> Self {
+        Pattern {
+            text,
+            glob: NamePattern::new(text).ok(),
         }
     }
-    while pi < p.len() && p[pi] == b'*' {
-        pi += 1;
+
+    fn matches(&self, name: &str) -> bool {
+        match &self.glob {
+            Some(g) => g.matches(name),
+            None => self.text == name,
+        }
     }
-    pi == p.len()
 }
 
 /// Events each filter removed (an entry and its exit count as two).
@@ -185,9 +189,11 @@ impl CompiledFilter {
         if f.max_depth == Some(0) {
             return Err(TraceError::Invalid("maximum depth 0".into()));
         }
+        let include: Vec<Pattern<'_>> = f.include.iter().map(|p| Pattern::new(p)).collect();
+        let exclude: Vec<Pattern<'_>> = f.exclude.iter().map(|p| Pattern::new(p)).collect();
         let pattern_ok = |name: &str| {
-            (f.include.is_empty() || f.include.iter().any(|p| glob_match(p, name)))
-                && !f.exclude.iter().any(|p| glob_match(p, name))
+            (include.is_empty() || include.iter().any(|p| p.matches(name)))
+                && !exclude.iter().any(|p| p.matches(name))
         };
         let default_rule = ProbeRule {
             pattern_ok: f.include.is_empty(),
@@ -534,6 +540,32 @@ mod tests {
         assert!(!glob_match("foo", "foobar"));
         assert!(glob_match("a*b*c", "aXbYbZc"));
         assert!(!glob_match("a*b*c", "aXbYbZ"));
+        // Where this matcher (bytewise, literal-first) and the CLI's used to
+        // disagree: `?` is one character, a name's `*` does not hide the
+        // pattern's.
+        assert!(glob_match("f?o", "fäo"));
+        assert!(!glob_match("f??o", "fäo"));
+        assert!(glob_match("*a", "*ba"));
+        assert!(glob_match("ns::*", "ns::Foo::bar"));
+    }
+
+    #[test]
+    fn filter_patterns_compile_once() {
+        let syms = SymbolTable::new([
+            crate::Symbol::function(0, "sys_getppid"),
+            crate::Symbol::function(1, "sys_setuid"),
+            crate::Symbol::function(2, "operator[]"),
+            crate::Symbol::function(3, "other"),
+        ])
+        .unwrap();
+        let f = Filter::none()
+            .include("sys_[gs]et*")
+            .include("operator[]")
+            .exclude("*uid");
+        let cf = CompiledFilter::new(&f, &syms, &TimeBase::Ns, true).unwrap();
+        let ok: Vec<bool> = (0..4).map(|i| cf.rule(i).pattern_ok).collect();
+        // `operator[]` does not compile as a glob: it matches itself.
+        assert_eq!(ok, [true, false, true, false]);
     }
 
     #[test]

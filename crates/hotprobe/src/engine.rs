@@ -2,10 +2,9 @@
 //! boosting, emulation, single-step fixups, return-probe instances, and the
 //! handling of every [`TargetEvent`]. Written once for any [`Target`].
 
-use crate::handler::{
-    EntryInfo, Handler, HitContext, HitKind, HitRegs, ProbeId, RetProbe, Symbolizer,
-};
+use crate::handler::{EntryInfo, Handler, HitContext, HitKind, HitRegs, ProbeId, RetProbe};
 use crate::EngineError;
+use hotprobe_resolve::Symbolizer;
 use hotprobe_target::{
     ExitStatus, Registers, ResumeMode, ReturnStrategy, RuntimeAddr, ScratchRegion, Target,
     TargetError, TargetEvent, ThreadId,

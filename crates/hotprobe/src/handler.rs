@@ -1,6 +1,7 @@
 //! What users hand the engine: probes, return probes, and the context their
 //! handlers receive on each hit.
 
+use hotprobe_resolve::Symbolizer;
 use hotprobe_target::{Registers, RuntimeAddr, Target, TargetError, ThreadId};
 use std::cell::{OnceCell, RefCell};
 use std::time::Instant;
@@ -93,12 +94,6 @@ pub enum HitKind {
     Entry,
     /// A return probe's return handler.
     Return,
-}
-
-/// Something that symbolizes run-time addresses of a target.
-pub trait Symbolizer {
-    /// `function+0xoff [module]`, or `None` if unknown.
-    fn symbolize(&self, addr: RuntimeAddr) -> Option<String>;
 }
 
 /// What a return handler knows about the call it closes.

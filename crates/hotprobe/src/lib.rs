@@ -23,11 +23,10 @@
 mod engine;
 mod handler;
 mod recorder;
-mod resolve;
 mod session;
 
 pub use engine::{Engine, Outcome, ProbeStats};
-pub use handler::{EntryInfo, Handler, HitContext, HitKind, Probe, ProbeId, RetProbe, Symbolizer};
+pub use handler::{EntryInfo, Handler, HitContext, HitKind, Probe, ProbeId, RetProbe};
 pub use hotprobe_fastpath::{FastPathConfig, RecordedEvent, KIND_ENTRY, KIND_EXIT, KIND_HIT};
 pub use hotprobe_process::{ProcessError, ProcessTarget, SpawnOptions};
 pub use hotprobe_symbols::{ProbeSpec, ResolvedProbe, SymbolError};
@@ -36,8 +35,10 @@ pub use hotprobe_target::{
     TargetEvent, ThreadId,
 };
 pub use recorder::{DrainStats, EventSink, SinkError};
-pub use resolve::{
-    check_probe_point, BlacklistEntry, ProcessResolver, Resolver, SIGRETURN_SYMBOLS,
+// Resolution lives below the engine (target crates implement `Resolver`
+// without depending on it); re-exported under the names it always had.
+pub use hotprobe_resolve::{
+    check_probe_point, BlacklistEntry, ProcessResolver, Resolver, Symbolizer, SIGRETURN_SYMBOLS,
 };
 pub use session::{
     Action, Added, Mechanism, MechanismChoice, PatchKind, Placement, RunEnd, Session,

@@ -1,10 +1,29 @@
 //! From probe specs to checked addresses: symbol resolution per target kind
-//! and the blacklist of unsafe probe points.
+//! and the blacklist of unsafe probe points, below the engine.
+//!
+//! - [`Resolver`]: what a target kind implements (resolve a [`ProbeSpec`],
+//!   check a resolved address, list the blacklist, give a [`Symbolizer`]);
+//!   the engine (`hotprobe::Session`) holds one per target, and target
+//!   crates implement it without depending on the engine.
+//! - [`ProcessResolver`]: Linux processes, over `/proc/PID/maps` and their
+//!   ELF files.
+//! - [`check_probe_point`]: the blacklist and instruction-boundary checks
+//!   every resolver makes; [`SIGRETURN_SYMBOLS`]: signal-return trampolines.
+//!
+//! A function name that is a pattern ([`hotprobe_symbols::pattern`]:
+//! `comp*`, `sys_[gs]et?id`) resolves to every function matching it.
 
-use crate::handler::Symbolizer;
+#![warn(missing_docs)]
+
 use hotprobe_symbols::{ProbeSpec, ProcessSymbols, ResolvedProbe, SymbolError};
 use hotprobe_target::{RuntimeAddr, Target};
 use std::sync::Arc;
+
+/// Something that symbolizes run-time addresses of a target.
+pub trait Symbolizer {
+    /// `function+0xoff [module]`, or `None` if unknown.
+    fn symbolize(&self, addr: RuntimeAddr) -> Option<String>;
+}
 
 /// An address range where probes are refused, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,6 +40,16 @@ pub struct BlacklistEntry {
 pub trait Resolver {
     /// Addresses a spec names (the symbol tables are refreshed first, so
     /// libraries loaded since are seen).
+    ///
+    /// A function name that is a pattern ([`hotprobe_symbols::pattern`])
+    /// and names no function as such gives every function matching it, one
+    /// per address, each with [`ResolvedProbe::function`] set to the name
+    /// that matched: in the named module (`lib:pat*`), else in the main
+    /// executable (processes) or the core kernel (guests). None is left out
+    /// here, not even those [`Resolver::check`] will refuse: the caller
+    /// checks each. There is no limit on the number of matches; matching
+    /// nothing is [`SymbolError::NoMatch`], a bad pattern
+    /// [`SymbolError::BadPattern`].
     fn resolve(
         &mut self,
         spec: &ProbeSpec,
