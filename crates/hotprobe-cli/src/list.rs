@@ -1,9 +1,9 @@
 //! `hotprobe list`: functions (or the blacklist) of a binary or a process,
 //! with the mechanism a probe on each function's entry would get.
 
-use crate::glob;
 use anyhow::{bail, Context, Result};
 use hotprobe::Session;
+use hotprobe_symbols::pattern;
 use hotprobe_symbols::{ElfModule, ProcessSymbols, Symbol};
 use hotprobe_x86::Execution;
 use object::{Object, ObjectSegment};
@@ -110,7 +110,7 @@ fn fast_mechanism(
 fn wanted(pattern: Option<&str>, s: &Symbol) -> bool {
     match pattern {
         None => true,
-        Some(p) => glob::matches(p, &s.name) || glob::matches(p, &s.raw_name),
+        Some(p) => pattern::matches(p, &s.name) || pattern::matches(p, &s.raw_name),
     }
 }
 

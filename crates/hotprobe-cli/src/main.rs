@@ -22,7 +22,6 @@ mod analyse;
 mod coldpatch;
 mod count;
 mod demo;
-mod glob;
 mod guest;
 mod list;
 mod record;

@@ -14,13 +14,12 @@
 //!   drained events, before anything is written: the target still pays for
 //!   every event of the probed functions.
 
-use crate::glob;
 use crate::session::{progress, Traced};
 use anyhow::{bail, Context, Result};
 use hotprobe::{Action, DrainStats, ExitStatus, FastPathConfig, MechanismChoice, SessionConfig};
-use hotprobe_symbols::ElfModule;
+use hotprobe_symbols::pattern;
 use hotprobe_trace::{Filter, ProbeKind, Symbol, TimeBase, TraceMeta, TraceWriter, WriteStats};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -100,71 +99,6 @@ fn resolve_program(prog: &Path) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// A function chosen to be probed.
-struct Chosen {
-    name: String,
-    marker: bool,
-}
-
-/// The functions to probe: those of the main executable that the patterns
-/// select (every one when there are none), minus the excluded ones and
-/// the C runtime's; plus the phase markers. Returns them and how many
-/// functions the patterns left out.
-fn choose(o: &RecordOptions<'_>, module: &ElfModule) -> Result<(Vec<Chosen>, usize)> {
-    let mut names: Vec<&str> = Vec::new();
-    let mut seen = std::collections::HashSet::new();
-    for f in module.functions() {
-        if f.name.is_empty() || f.addr.0 == 0 || !seen.insert(f.name.as_str()) {
-            continue;
-        }
-        names.push(&f.name);
-    }
-    for p in o.include {
-        if !glob::is_pattern(p) && !names.contains(&p.as_str()) {
-            return Err(
-                crate::UsageError(format!("no function `{p}` in the main executable")).into(),
-            );
-        }
-    }
-    for p in o.phases {
-        if !names.contains(&p.as_str()) {
-            return Err(crate::UsageError(format!(
-                "--phase {p}: no function `{p}` in the main executable"
-            ))
-            .into());
-        }
-        if o.exclude.iter().any(|x| glob::matches(x, p)) {
-            return Err(crate::UsageError(format!(
-                "--phase {p}: the marker is excluded by --exclude"
-            ))
-            .into());
-        }
-    }
-    let mut chosen = Vec::new();
-    let mut left_out = 0;
-    for name in names {
-        let marker = o.phases.iter().any(|p| p == name);
-        let included = if o.include.is_empty() {
-            !RUNTIME_FUNCTIONS.contains(&name)
-        } else {
-            o.include.iter().any(|p| glob::matches(p, name))
-        };
-        let excluded = o.exclude.iter().any(|p| glob::matches(p, name));
-        if marker || (included && !excluded) {
-            chosen.push(Chosen {
-                name: name.to_string(),
-                marker,
-            });
-        } else {
-            left_out += 1;
-        }
-    }
-    if chosen.is_empty() {
-        bail!("no function of the main executable to probe (check the patterns)");
-    }
-    Ok((chosen, left_out))
-}
-
 /// Why functions could not be probed, grouped by reason.
 #[derive(Default)]
 struct Skipped {
@@ -194,18 +128,21 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             return Err(crate::UsageError("give either -p PID or -- CMD ARGS".into()).into());
         }
     };
-    let module = ElfModule::open(&exe).with_context(|| format!("cannot read {}", exe.display()))?;
-    let (chosen, left_out) = choose(o, &module)?;
-    drop(module);
+    for p in o.phases {
+        if o.exclude.iter().any(|x| pattern::matches(x, p)) {
+            return Err(crate::UsageError(format!(
+                "--phase {p}: the marker is excluded by --exclude"
+            ))
+            .into());
+        }
+    }
     let (tsc0, ns0) = clock_pair();
     let defaults = FastPathConfig::default();
     let config = SessionConfig {
         mechanism: o.mechanism,
         fast_path: FastPathConfig {
             // Entry and (with exit placeholders) exit counters per function.
-            max_probes: (chosen.len() as u32 * 2 + 64)
-                .next_power_of_two()
-                .max(defaults.max_probes),
+            max_probes: defaults.max_probes,
             ring_capacity: o.ring_events,
             max_threads: o.max_threads,
             // Up to 2 arguments: 32-byte event slots (faster to write and
@@ -220,50 +157,84 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     };
     let mut t = Traced::open(config, o.pid, o.cmd)?;
     let pid = t.pid;
-    // Probes.
-    let bar = progress(chosen.len() as u64, "placing probes");
+    // Probes: the phase markers, then what the patterns select (every
+    // function of the main executable when there are none) minus the
+    // excluded ones, the C runtime's and the markers.
     let mut symbols = Vec::new();
     let mut placed = Vec::new();
     let mut skipped = Skipped::default();
     let mut mechanisms: BTreeMap<String, usize> = BTreeMap::new();
+    let mut left_out = 0;
     let module_path = exe.display().to_string();
-    for c in &chosen {
+    let mut taken: HashSet<String> = HashSet::new();
+    let selections: Vec<(&str, bool)> = o
+        .phases
+        .iter()
+        .map(|p| (p.as_str(), true))
+        .chain(if o.include.is_empty() {
+            vec![("*", false)]
+        } else {
+            o.include.iter().map(|p| (p.as_str(), false)).collect()
+        })
+        .collect();
+    let bar = progress(selections.len() as u64, "placing probes");
+    for (spec, marker) in selections {
         bar.inc(1);
-        match t.session.add(t.target, &c.name, Action::Record) {
-            Ok(added) => {
-                for p in added.placements {
-                    let mech = p.mechanism.to_string();
-                    let mech = mech.split(' ').next().unwrap_or("").to_string();
-                    *mechanisms.entry(mech).or_default() += 1;
-                    symbols.push(Symbol {
-                        id: p.id.0,
-                        name: c.name.clone(),
-                        module: module_path.clone(),
-                        addr: p.addr.0,
-                        kind: if c.marker {
-                            ProbeKind::Marker
-                        } else {
-                            ProbeKind::Function
-                        },
-                        nargs: o.args,
-                        retval: o.args > 0,
-                    });
-                    placed.push(p);
-                }
-            }
-            Err(e) if c.marker => {
+        let keep = |name: &str| {
+            marker
+                || (!taken.contains(name)
+                    && !o.exclude.iter().any(|x| pattern::matches(x, name))
+                    && !(o.include.is_empty() && RUNTIME_FUNCTIONS.contains(&name)))
+        };
+        let added = match t
+            .session
+            .add_filtered(t.target, spec, Action::Record, &keep)
+        {
+            Ok(a) => a,
+            Err(e) => {
                 t.abandon();
-                bail!("--phase {}: cannot record it: {}", c.name, reason_of(e));
+                let what = if marker { "--phase " } else { "" };
+                if let hotprobe::EngineError::Symbol(_) = e {
+                    return Err(crate::UsageError(format!(
+                        "{what}{spec}: {} in the main executable",
+                        reason_of(e)
+                    ))
+                    .into());
+                }
+                bail!("{what}{spec}: cannot record it: {}", reason_of(e));
             }
-            Err(e) => skipped.add(&c.name, reason_of(e)),
+        };
+        left_out += added.left_out;
+        for sk in added.skipped {
+            skipped.add(&sk.label, sk.reason);
+        }
+        for p in added.placements {
+            let name = p.function.clone().unwrap_or_else(|| p.label.clone());
+            let mech = p.mechanism.to_string();
+            let mech = mech.split(' ').next().unwrap_or("").to_string();
+            *mechanisms.entry(mech).or_default() += 1;
+            symbols.push(Symbol {
+                id: p.id.0,
+                name: name.clone(),
+                module: module_path.clone(),
+                addr: p.addr.0,
+                kind: if marker {
+                    ProbeKind::Marker
+                } else {
+                    ProbeKind::Function
+                },
+                nargs: o.args,
+                retval: o.args > 0,
+            });
+            taken.insert(name);
+            placed.push(p);
         }
     }
     bar.finish_and_clear();
     if symbols.is_empty() {
         t.abandon();
         bail!(
-            "none of the {} selected functions can be recorded (e.g. {}): nothing to record",
-            chosen.len(),
+            "none of the selected functions can be recorded (e.g. {}): nothing to record",
             skipped
                 .by_reason
                 .iter()

@@ -112,6 +112,8 @@ pub struct Added {
     pub placements: Vec<Placement>,
     /// Matches of a pattern that could not be probed.
     pub skipped: Vec<Skipped>,
+    /// Matches the caller's filter left out (not probed).
+    pub left_out: usize,
 }
 
 /// How [`Session::run`] ended.
@@ -546,6 +548,18 @@ impl Session {
     /// Handler actions take one address. For a pattern, matches that
     /// cannot be probed are returned as skipped; otherwise they are errors.
     pub fn add(&mut self, t: TargetId, spec: &str, action: Action) -> Result<Added, EngineError> {
+        self.add_filtered(t, spec, action, &|_| true)
+    }
+
+    /// As [`Session::add`], leaving out the matches whose function name
+    /// `keep` refuses (counted in [`Added::left_out`], not probed).
+    pub fn add_filtered(
+        &mut self,
+        t: TargetId,
+        spec: &str,
+        action: Action,
+        keep: &dyn Fn(&str) -> bool,
+    ) -> Result<Added, EngineError> {
         let parsed: ProbeSpec = spec.parse()?;
         let is_return = parsed.is_return();
         let pattern = matches!(&parsed, ProbeSpec::Function { name, .. } if is_pattern(name));
@@ -555,7 +569,7 @@ impl Session {
                 let id = self.probe_addr(t, r.addr, p)?;
                 return Ok(Added {
                     placements: vec![self.placement(t, id, spec.to_string(), &r, None)],
-                    skipped: Vec::new(),
+                    ..Added::default()
                 });
             }
             Action::Return(rp) => {
@@ -566,7 +580,7 @@ impl Session {
                 let id = self.retprobe_addr(t, r.addr, rp)?;
                 return Ok(Added {
                     placements: vec![self.placement(t, id, spec.to_string(), &r, None)],
-                    skipped: Vec::new(),
+                    ..Added::default()
                 });
             }
             Action::Count | Action::Record => {}
@@ -580,6 +594,10 @@ impl Session {
             None => None,
         };
         for r in found {
+            if matches!(r.function.as_deref(), Some(f) if !keep(f)) {
+                added.left_out += 1;
+                continue;
+            }
             let label = match (&r.function, pattern || many) {
                 (Some(f), true) if r.offset == 0 && pattern => {
                     format!("{f}{}", if is_return { "%return" } else { "" })
