@@ -181,10 +181,9 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     for (spec, marker) in selections {
         bar.inc(1);
         let keep = |name: &str| {
-            marker
-                || (!taken.contains(name)
-                    && !o.exclude.iter().any(|x| pattern::matches(x, name))
-                    && !(o.include.is_empty() && RUNTIME_FUNCTIONS.contains(&name)))
+            let runtime = o.include.is_empty() && RUNTIME_FUNCTIONS.contains(&name);
+            let excluded = o.exclude.iter().any(|x| pattern::matches(x, name));
+            marker || !(taken.contains(name) || excluded || runtime)
         };
         let added = match t
             .session
