@@ -590,6 +590,7 @@ fn record(
         };
         match t.wait(Some(nap))? {
             TargetEvent::Exited(st) => break Some(st),
+            TargetEvent::ModulesChanged { thread } => t.resume(thread, ResumeMode::Continue)?,
             TargetEvent::Breakpoint { thread, .. } | TargetEvent::Stepped { thread, .. } => {
                 t.resume(thread, ResumeMode::Continue)?
             }
