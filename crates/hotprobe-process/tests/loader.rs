@@ -84,6 +84,22 @@ int main(int argc, char **argv) {
 }
 "#;
 
+/// dlmopen into a new namespace (its own r_debug, chained by r_next).
+const DLMOPEN_C: &str = r#"
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+int main(int argc, char **argv) {
+    (void)argc;
+    void *h = dlmopen(LM_ID_NEWLM, argv[1], RTLD_NOW);
+    if (!h) { fprintf(stderr, "%s\n", dlerror()); return 1; }
+    int (*f)(int) = (int (*)(int))dlsym(h, "lib_fn");
+    printf("ns %d\n", f(1));
+    fflush(stdout);
+    return dlclose(h) != 0;
+}
+"#;
+
 struct Built {
     lib: PathBuf,
     ctor: PathBuf,
@@ -91,6 +107,7 @@ struct Built {
     dlopen: PathBuf,
     exec: PathBuf,
     fork: PathBuf,
+    dlmopen: PathBuf,
 }
 
 /// Compile `src` (written beside `out`) with `pre` before the source and
@@ -140,6 +157,8 @@ fn built() -> &'static Built {
         assert!(gcc(&["-g"], EXEC_C, &[], &exec));
         let fork = dir.join("fork");
         assert!(gcc(&["-g"], FORK_C, &["-ldl"], &fork));
+        let dlmopen = dir.join("dlmopen");
+        assert!(gcc(&["-g"], DLMOPEN_C, &["-ldl"], &dlmopen));
         Built {
             lib,
             ctor,
@@ -147,6 +166,7 @@ fn built() -> &'static Built {
             dlopen,
             exec,
             fork,
+            dlmopen,
         }
     })
 }
@@ -525,5 +545,31 @@ fn engine_breakpoint_at_the_rendezvous_is_shared() {
     assert_eq!(
         text,
         "lib-ctor\nfirst 2\nclosed\nlib-ctor\nsecond 2\nclosed\n"
+    );
+}
+
+#[test]
+fn dlmopen_namespace_changes_are_reported() {
+    let b = built();
+    let (mut t, mut out) = spawn(&b.dlmopen, &[b.lib.to_str().unwrap()], false);
+    t.resume_all().unwrap();
+    let mut seen = Vec::new();
+    let mut text = String::new();
+    let status = loop {
+        match t.wait(Some(Duration::from_secs(30))).unwrap() {
+            TargetEvent::ModulesChanged { thread } => {
+                drain(&mut out, &mut text);
+                seen.push((maps(t.pid()).contains("libhpctor.so"), text.clone()));
+                t.resume(thread, ResumeMode::Continue).unwrap();
+            }
+            TargetEvent::Exited(st) => break st,
+            TargetEvent::Timeout => panic!("the program did not end"),
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(status, ExitStatus::Code(0));
+    assert_eq!(
+        seen,
+        vec![(true, String::new()), (false, "lib-ctor\nns 2\n".into())]
     );
 }
