@@ -33,7 +33,7 @@ int main(void) { printf("main %d\n", lib_fn(1)); return 0; }
 "#;
 
 /// dlopen, call, dlclose, dlopen again; with a second argument, waits for
-/// a byte on stdin first.
+/// a byte on stdin before each dlopen (saying "ready" on stderr).
 const DLOPEN_C: &str = r#"
 #include <dlfcn.h>
 #include <stdio.h>
@@ -49,10 +49,15 @@ static int call(const char *path, const char *what) {
     fflush(stdout);
     return 0;
 }
+static int wait_byte(int argc) {
+    char c;
+    if (argc <= 2) return 0;
+    write(2, "ready\n", 6);
+    return read(0, &c, 1) != 1;
+}
 int main(int argc, char **argv) {
-    if (argc > 2) { char c; if (read(0, &c, 1) != 1) return 3; }
-    if (call(argv[1], "first")) return 1;
-    if (call(argv[1], "second")) return 2;
+    if (wait_byte(argc) || call(argv[1], "first")) return 1;
+    if (wait_byte(argc) || call(argv[1], "second")) return 2;
     return 0;
 }
 "#;
@@ -393,11 +398,19 @@ fn attach_reports_dlopen_and_detach_restores_the_loader() {
         .args([lib, "wait"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let pid = child.id() as i32;
-    // Let it reach its read (past the loader's start-up).
-    std::thread::sleep(Duration::from_millis(200));
+    // Past the loader's start-up, at its read.
+    let mut ready = [0u8; 6];
+    child
+        .stderr
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut ready)
+        .unwrap();
+    assert_eq!(&ready, b"ready\n");
     let mut t = ProcessTarget::attach(pid).unwrap();
     assert!(!t.stopped_before_constructors());
     let bp = t
@@ -421,8 +434,10 @@ fn attach_reports_dlopen_and_detach_restores_the_loader() {
     assert_eq!(t.registers(thread).unwrap().rip, bp);
     // Detach with the thread still stopped at the rendezvous.
     t.detach().unwrap();
-    assert_eq!(raw_mem(pid, bp, 8), orig, "detach restores _dl_debug_state");
     drop(t);
+    // The program waits before its second dlopen: still there to be read.
+    assert_eq!(raw_mem(pid, bp, 8), orig, "detach restores _dl_debug_state");
+    child.stdin.as_mut().unwrap().write_all(b"g").unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{:?}", out.status);
     assert_eq!(
