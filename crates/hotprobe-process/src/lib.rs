@@ -4,8 +4,9 @@
 //! process, follows every thread (existing ones and new ones through clone),
 //! passes signals through untouched (holding them while a thread single-steps
 //! an out-of-line slot), cleans breakpoints out of forked children, notices
-//! exec and exit, and maps scratch pages near the code with remote `mmap`
-//! calls. It implements [`hotprobe_target::Target`]; the probe semantics live
+//! exec and exit, reports the dynamic loader's changes (dlopen, dlclose)
+//! through its rendezvous, and maps scratch pages near the code with remote
+//! `mmap` calls. A spawned process stops before any constructor runs. It implements [`hotprobe_target::Target`]; the probe semantics live
 //! in the `hotprobe` engine.
 
 mod maps;
