@@ -173,6 +173,7 @@ fn run_naive_ptrace(bin: &Path, n: u64) -> Result<f64> {
                 t.insert_breakpoint(addr)?;
                 t.resume(thread, ResumeMode::Continue)?;
             }
+            TargetEvent::ModulesChanged { thread } => t.resume(thread, ResumeMode::Continue)?,
             TargetEvent::Exited(_) => break,
             _ => {}
         }

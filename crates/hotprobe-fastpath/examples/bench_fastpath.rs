@@ -196,6 +196,7 @@ fn fast(
         };
         match t.wait(Some(nap))? {
             TargetEvent::Exited(_) => break,
+            TargetEvent::ModulesChanged { thread } => t.resume(thread, ResumeMode::Continue)?,
             TargetEvent::Breakpoint { thread, .. } | TargetEvent::Stepped { thread, .. } => {
                 t.resume(thread, ResumeMode::Continue)?
             }

@@ -314,7 +314,8 @@ pub struct FastPath {
 
 impl FastPath {
     /// Prepares the shared memory and the environment (`LD_PRELOAD` of
-    /// `agent`, `HOTPROBE_SHM_PATH` naming our memfd) of a process to be spawned with `opts`.
+    /// `agent`, `HOTPROBE_SHM_PATH` naming our memfd) of a process to be spawned with `opts`,
+    /// and sets `opts.stop_at_entry`: the agent attaches from its constructor.
     pub fn for_spawn(
         opts: &mut SpawnOptions,
         agent: &Path,
@@ -327,6 +328,8 @@ impl FastPath {
             preload.push(old);
         }
         opts.env.push(("LD_PRELOAD".into(), preload));
+        // The agent attaches itself from its constructor: stop after it ran.
+        opts.stop_at_entry = true;
         opts.env.push((
             "HOTPROBE_SHM_PATH".into(),
             format!("/proc/{}/fd/{}", std::process::id(), shm.fd()).into(),
@@ -990,7 +993,8 @@ impl FastPath {
 
 impl PendingFastPath {
     /// Checks that the preloaded agent attached (its constructor runs
-    /// before the entry point, where `ProcessTarget::spawn_with` stops).
+    /// before the entry point, where `ProcessTarget::spawn_with` stops with
+    /// the `stop_at_entry` that [`FastPath::for_spawn`] sets).
     pub fn attach(self, t: &mut ProcessTarget) -> Result<FastPath, FastPathError> {
         FastPath::new(self.shm, t, self.stubs)
     }

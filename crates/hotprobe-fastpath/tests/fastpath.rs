@@ -85,6 +85,9 @@ fn run_to_exit(t: &mut ProcessTarget) {
                 );
                 return;
             }
+            TargetEvent::ModulesChanged { thread } => t
+                .resume(thread, hotprobe_target::ResumeMode::Continue)
+                .unwrap(),
             TargetEvent::Breakpoint { thread, .. } | TargetEvent::Stepped { thread, .. } => t
                 .resume(thread, hotprobe_target::ResumeMode::Continue)
                 .unwrap(),

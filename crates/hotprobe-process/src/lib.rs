@@ -4,13 +4,15 @@
 //! process, follows every thread (existing ones and new ones through clone),
 //! passes signals through untouched (holding them while a thread single-steps
 //! an out-of-line slot), cleans breakpoints out of forked children, notices
-//! exec and exit, and maps scratch pages near the code with remote `mmap`
-//! calls. It implements [`hotprobe_target::Target`]; the probe semantics live
+//! exec and exit, reports the dynamic loader's changes (dlopen, dlclose)
+//! through its rendezvous, and maps scratch pages near the code with remote
+//! `mmap` calls. A spawned process stops before any constructor runs. It implements [`hotprobe_target::Target`]; the probe semantics live
 //! in the `hotprobe` engine.
 
 mod maps;
 mod remote;
 pub mod remote_call;
+mod rendezvous;
 pub mod sys;
 
 use hotprobe_target::{
@@ -40,6 +42,11 @@ pub struct SpawnOptions {
     pub stderr: Option<File>,
     /// Variables added to (or replacing those of) the inherited environment.
     pub env: Vec<(OsString, OsString)>,
+    /// Run to the program's entry point (`AT_ENTRY`), after the libraries'
+    /// constructors ran, instead of stopping before the first one (see
+    /// [`ProcessTarget::spawn_with`]). For callers that need something a
+    /// constructor does, such as an `LD_PRELOAD`ed agent attaching itself.
+    pub stop_at_entry: bool,
 }
 
 /// The int3 opcode.
@@ -113,6 +120,9 @@ struct Thread {
     regs: Option<Registers>,
     /// The kernel's rip is one past this breakpoint (not yet rewound).
     unrewound_breakpoint: Option<u64>,
+    /// Stopped at the loader's rendezvous, reported as `ModulesChanged`:
+    /// resuming runs the `ret` there first.
+    at_rendezvous: bool,
 }
 
 impl Thread {
@@ -124,6 +134,7 @@ impl Thread {
             held_signals: VecDeque::new(),
             regs: None,
             unrewound_breakpoint: None,
+            at_rendezvous: false,
         }
     }
 }
@@ -150,17 +161,33 @@ pub struct ProcessTarget {
     spawned: bool,
     attached: bool,
     syscall_insn: Option<u64>,
+    /// The loader's rendezvous breakpoint (internal, invisible to the engine).
+    rendezvous: Option<rendezvous::Rendezvous>,
+    /// Spawned and stopped before any constructor ran.
+    before_constructors: bool,
 }
 
 impl ProcessTarget {
-    /// Start `program` with `args` under ptrace and run it to its entry point
-    /// (after the dynamic loader mapped its libraries), stopped there.
+    /// Start `program` with `args` under ptrace, stopped once the dynamic
+    /// loader has mapped and relocated its libraries, before any constructor
+    /// runs (see [`ProcessTarget::spawn_with`]).
     pub fn spawn(program: &Path, args: &[OsString]) -> Result<Self, ProcessError> {
         Self::spawn_with(program, args, &SpawnOptions::default())
     }
 
     /// As [`ProcessTarget::spawn`], with the child's standard streams
     /// redirected as `opts` says.
+    ///
+    /// The process is run from its exec to the dynamic loader's first
+    /// `RT_CONSISTENT` rendezvous: the program, its `LD_PRELOAD` and
+    /// `DT_NEEDED` libraries and libc are mapped (see /proc/PID/maps) and
+    /// relocated, and no constructor (`.preinit_array`, `.init_array`,
+    /// `DT_INIT`) of any of them has run; the leader is stopped at
+    /// `_dl_debug_state`. Statically linked programs, programs whose loader
+    /// has no usable rendezvous, and `opts.stop_at_entry` run to the entry
+    /// point (`AT_ENTRY`) instead: the libraries' constructors have run there
+    /// (the program's own run later, from `__libc_start_main`).
+    /// [`ProcessTarget::stopped_before_constructors`] tells which.
     pub fn spawn_with(
         program: &Path,
         args: &[OsString],
@@ -280,7 +307,8 @@ impl ProcessTarget {
         }
         // The exec replaced the memory: reopen /proc/PID/mem.
         t.mem = open_mem(child)?;
-        t.run_to_entry()?;
+        t.arm_rendezvous();
+        t.run_to_start(opts.stop_at_entry)?;
         Ok(t)
     }
 
@@ -339,6 +367,7 @@ impl ProcessTarget {
             t.attached = false;
             return Err(ProcessError::NoSuchProcess { pid });
         }
+        t.arm_rendezvous();
         Ok(t)
     }
 
@@ -358,6 +387,8 @@ impl ProcessTarget {
             spawned,
             attached: true,
             syscall_insn: None,
+            rendezvous: None,
+            before_constructors: false,
         }
     }
 
@@ -375,6 +406,20 @@ impl ProcessTarget {
     /// detached) rather than attached to.
     pub fn is_spawned(&self) -> bool {
         self.spawned
+    }
+
+    /// Whether [`ProcessTarget::spawn_with`] stopped the process before any
+    /// library constructor ran (at the loader's rendezvous) rather than at
+    /// its entry point. False for attached processes.
+    pub fn stopped_before_constructors(&self) -> bool {
+        self.before_constructors
+    }
+
+    /// Where the target keeps its internal breakpoint at the dynamic
+    /// loader's rendezvous (`_dl_debug_state`), if it found one: the source
+    /// of [`TargetEvent::ModulesChanged`]. The engine never sees its hits.
+    pub fn rendezvous_breakpoint(&self) -> Option<RuntimeAddr> {
+        self.rendezvous.as_ref().map(|r| RuntimeAddr(r.brk))
     }
 
     /// How the process ended, once it has.
@@ -420,16 +465,20 @@ impl ProcessTarget {
         }
     }
 
-    /// Run from the exec stop to the program's entry point (AT_ENTRY) so that
-    /// the dynamic loader has mapped every DT_NEEDED library.
-    fn run_to_entry(&mut self) -> Result<(), ProcessError> {
-        let entry = read_auxv_entry(self.pid).ok_or_else(|| ProcessError::Spawn {
-            program: self.program.display().to_string(),
-            source: std::io::Error::other("no AT_ENTRY in /proc/PID/auxv"),
-        })?;
+    /// Run from the exec stop to the loader's first `RT_CONSISTENT`
+    /// rendezvous of the base namespace (unless `at_entry`), or else to the
+    /// program's entry point (AT_ENTRY), which also catches programs
+    /// whose loader never reports.
+    fn run_to_start(&mut self, at_entry: bool) -> Result<(), ProcessError> {
+        let entry =
+            rendezvous::read_auxv(self.pid, libc::AT_ENTRY).ok_or_else(|| ProcessError::Spawn {
+                program: self.program.display().to_string(),
+                source: std::io::Error::other("no AT_ENTRY in /proc/PID/auxv"),
+            })?;
         let addr = RuntimeAddr(entry);
+        let leader = ThreadId(self.pid as u64);
         self.insert_breakpoint(addr)?;
-        self.resume(ThreadId(self.pid as u64), ResumeMode::Continue)?;
+        self.resume(leader, ResumeMode::Continue)?;
         loop {
             match self.wait(None)? {
                 TargetEvent::Breakpoint {
@@ -443,13 +492,25 @@ impl ProcessTarget {
                     self.threads.get_mut(&self.pid).expect("leader").state = RunState::Parked;
                     return Ok(());
                 }
+                TargetEvent::ModulesChanged { thread }
+                    if !at_entry
+                        && thread == leader
+                        && self.rendezvous.as_ref().is_some_and(|r| r.base_loaded) =>
+                {
+                    self.remove_breakpoint(addr)?;
+                    self.before_constructors = true;
+                    self.threads.get_mut(&self.pid).expect("leader").state = RunState::Parked;
+                    return Ok(());
+                }
                 TargetEvent::Exited(status) => {
                     return Err(ProcessError::EndedEarly {
                         program: self.program.display().to_string(),
                         status,
                     })
                 }
-                TargetEvent::Breakpoint { thread, .. } | TargetEvent::Stepped { thread, .. } => {
+                TargetEvent::Breakpoint { thread, .. }
+                | TargetEvent::Stepped { thread, .. }
+                | TargetEvent::ModulesChanged { thread } => {
                     self.resume(thread, ResumeMode::Continue)?;
                 }
                 _ => {}
@@ -583,7 +644,12 @@ impl ProcessTarget {
                 }
                 // The target replaced its image; other threads are gone.
                 self.threads.retain(|tid, _| *tid == pid);
+                if let Some(t) = self.threads.get_mut(&pid) {
+                    t.at_rendezvous = false;
+                    t.unrewound_breakpoint = None;
+                }
                 self.breakpoints.clear();
+                self.rendezvous = None;
                 self.scratch.clear();
                 self.syscall_insn = None;
                 self.mem = open_mem(self.pid).map_err(|e| match e {
@@ -593,6 +659,8 @@ impl ProcessTarget {
                         why: other.to_string(),
                     },
                 })?;
+                // The new image's loader is mapped already (it has not run).
+                self.arm_rendezvous();
                 return Ok(Some(TargetEvent::Exec));
             }
             libc::PTRACE_EVENT_STOP => {
@@ -637,6 +705,9 @@ impl ProcessTarget {
                     thread: ThreadId(pid as u64),
                     regs,
                 }));
+            }
+            if self.is_rendezvous_trap(regs.rip) {
+                return self.on_rendezvous(pid, regs);
             }
             let bp = regs.rip.wrapping_sub(1);
             if self.breakpoints.contains_key(&bp) {
@@ -712,6 +783,50 @@ impl ProcessTarget {
             .collect();
         tids.sort();
         tids.first().copied()
+    }
+
+    /// Write an `int3` at `addr`, keeping the original byte (the engine's
+    /// breakpoints and the target's own).
+    fn insert_int3(&mut self, addr: RuntimeAddr) -> Result<(), TargetError> {
+        if self.breakpoints.contains_key(&addr.0) {
+            return Err(TargetError::Breakpoint {
+                addr: addr.0,
+                target: self.describe(),
+                why: "already inserted",
+            });
+        }
+        let mut orig = [0u8];
+        self.read_memory(addr, &mut orig)?;
+        self.mem
+            .write_at(&[INT3], addr.0)
+            .map_err(|_| TargetError::Memory {
+                op: "write",
+                addr: addr.0,
+                len: 1,
+                target: self.describe(),
+            })?;
+        self.breakpoints.insert(addr.0, orig[0]);
+        Ok(())
+    }
+
+    /// Put back the original byte under the `int3` at `addr`.
+    fn remove_int3(&mut self, addr: RuntimeAddr) -> Result<(), TargetError> {
+        let Some(orig) = self.breakpoints.remove(&addr.0) else {
+            return Err(TargetError::Breakpoint {
+                addr: addr.0,
+                target: self.describe(),
+                why: "not inserted",
+            });
+        };
+        self.mem
+            .write_at(&[orig], addr.0)
+            .map_err(|_| TargetError::Memory {
+                op: "write",
+                addr: addr.0,
+                len: 1,
+                target: self.describe(),
+            })?;
+        Ok(())
     }
 
     /// Read a little-endian u64 from the target.
@@ -809,12 +924,25 @@ impl Target for ProcessTarget {
     fn resume(&mut self, thread: ThreadId, mode: ResumeMode) -> Result<(), TargetError> {
         let tid = thread.0 as i32;
         let t = self.stopped_thread(thread)?;
+        let at_rendezvous = std::mem::take(&mut t.at_rendezvous);
         if let Some(bp) = t.unrewound_breakpoint.take() {
             // The engine did not move the thread: it re-executes the breakpoint
             // address (only meaningful if the breakpoint was removed).
-            let mut r = t.regs.unwrap_or_default();
+            let mut r = match t.regs {
+                Some(r) => r,
+                None => self.fetch_regs(tid)?,
+            };
             r.rip = bp;
             sys::setregs(tid, &sys::regs_to_user(&r)).map_err(|e| self.sys_err(e))?;
+            self.stopped_thread(thread)?.regs = Some(r);
+        }
+        if at_rendezvous {
+            if let Some(ev) = self.leave_rendezvous(thread, mode == ResumeMode::Step)? {
+                // Reported instead: the thread stays stopped.
+                self.stopped_thread(thread)?.state = RunState::Event;
+                self.pending.push_back(ev);
+                return Ok(());
+            }
         }
         let t = self.stopped_thread(thread)?;
         t.regs = None;
@@ -881,44 +1009,35 @@ impl Target for ProcessTarget {
     }
 
     fn insert_breakpoint(&mut self, addr: RuntimeAddr) -> Result<(), TargetError> {
-        if self.breakpoints.contains_key(&addr.0) {
-            return Err(TargetError::Breakpoint {
-                addr: addr.0,
-                target: self.describe(),
-                why: "already inserted",
-            });
+        if let Some(rv) = self.rendezvous.as_mut().filter(|r| r.brk == addr.0) {
+            // The internal int3 is there already: share it.
+            if rv.engine_owned {
+                return Err(TargetError::Breakpoint {
+                    addr: addr.0,
+                    target: self.describe(),
+                    why: "already inserted",
+                });
+            }
+            rv.engine_owned = true;
+            return Ok(());
         }
-        let mut orig = [0u8];
-        self.read_memory(addr, &mut orig)?;
-        self.mem
-            .write_at(&[INT3], addr.0)
-            .map_err(|_| TargetError::Memory {
-                op: "write",
-                addr: addr.0,
-                len: 1,
-                target: self.describe(),
-            })?;
-        self.breakpoints.insert(addr.0, orig[0]);
-        Ok(())
+        self.insert_int3(addr)
     }
 
     fn remove_breakpoint(&mut self, addr: RuntimeAddr) -> Result<(), TargetError> {
-        let Some(orig) = self.breakpoints.remove(&addr.0) else {
-            return Err(TargetError::Breakpoint {
-                addr: addr.0,
-                target: self.describe(),
-                why: "not inserted",
-            });
-        };
-        self.mem
-            .write_at(&[orig], addr.0)
-            .map_err(|_| TargetError::Memory {
-                op: "write",
-                addr: addr.0,
-                len: 1,
-                target: self.describe(),
-            })?;
-        Ok(())
+        if let Some(rv) = self.rendezvous.as_mut().filter(|r| r.brk == addr.0) {
+            // The internal int3 stays.
+            if !rv.engine_owned {
+                return Err(TargetError::Breakpoint {
+                    addr: addr.0,
+                    target: self.describe(),
+                    why: "not inserted",
+                });
+            }
+            rv.engine_owned = false;
+            return Ok(());
+        }
+        self.remove_int3(addr)
     }
 
     fn stop_all(&mut self) -> Result<(), TargetError> {
@@ -967,9 +1086,12 @@ impl Target for ProcessTarget {
                 }
             }
         }
+        // Every int3, the rendezvous one included (a thread stopped there
+        // runs the original `ret`).
+        self.rendezvous = None;
         let bps: Vec<u64> = self.breakpoints.keys().copied().collect();
         for a in bps {
-            self.remove_breakpoint(RuntimeAddr(a))?;
+            self.remove_int3(RuntimeAddr(a))?;
         }
         // Release scratch memory no thread is executing in.
         let regions = std::mem::take(&mut self.scratch);
@@ -1118,18 +1240,6 @@ fn list_tasks(pid: i32) -> Vec<i32> {
         .unwrap_or_default();
     v.sort();
     v
-}
-
-fn read_auxv_entry(pid: i32) -> Option<u64> {
-    let data = std::fs::read(format!("/proc/{pid}/auxv")).ok()?;
-    for pair in data.chunks_exact(16) {
-        let key = u64::from_le_bytes(pair[0..8].try_into().ok()?);
-        let val = u64::from_le_bytes(pair[8..16].try_into().ok()?);
-        if key == libc::AT_ENTRY {
-            return Some(val);
-        }
-    }
-    None
 }
 
 fn resolve_program(program: &Path) -> Option<PathBuf> {

@@ -98,6 +98,16 @@ pub fn remote_call(
                 ),
             });
         }
+        if sig == libc::SIGTRAP && t.is_rendezvous_trap(after.rip) {
+            // The call (a dlopen) went through the loader's rendezvous:
+            // keep its state, step over it. Not reported: the caller knows.
+            t.rendezvous_hit();
+            let mut r = sys::regs_from_user(&after);
+            r.rip -= 1;
+            t.emulate_return(tid, &mut r)?;
+            sys::cont(tid, 0).map_err(|e| t.sys_err(e))?;
+            continue;
+        }
         // Any other signal: hold it for later delivery, keep running the call.
         if let Some(th) = t.threads.get_mut(&tid) {
             th.held_signals.push_back(sig);

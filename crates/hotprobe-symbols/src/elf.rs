@@ -633,6 +633,32 @@ impl ElfModule {
     }
 }
 
+/// A data symbol (`STT_OBJECT`) of the ELF file at `path`, by its name as
+/// stored (a `@VERSION` suffix is ignored), from `.symtab` or `.dynsym`:
+/// [`ElfModule`] keeps functions only. Parses the file on each call (for
+/// the odd variable a tracer needs, such as the loader's `_r_debug`).
+pub fn data_symbol(path: &Path, name: &str) -> Result<Option<Symbol>, SymbolError> {
+    let bytes = std::fs::read(path).map_err(|source| SymbolError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let file = object::File::parse(&*bytes).map_err(|e| not_elf(path, e))?;
+    let found = file
+        .symbols()
+        .chain(file.dynamic_symbols())
+        .filter(|s| s.kind() == SymbolKind::Data && !s.is_undefined())
+        .find(|s| s.name().is_ok_and(|n| strip_version(n) == name));
+    Ok(found.map(|s| {
+        let raw = s.name().unwrap_or(name).to_string();
+        Symbol {
+            name: name.to_string(),
+            raw_name: raw,
+            addr: LinkAddr(s.address()),
+            size: s.size(),
+        }
+    }))
+}
+
 fn load_dwarf(bytes: &Arc<[u8]>) -> Option<gimli::Dwarf<Reader>> {
     let file = object::File::parse(&**bytes).ok()?;
     let endian = if file.is_little_endian() {

@@ -24,7 +24,7 @@ mod process;
 mod spec;
 
 pub use demangle::demangle;
-pub use elf::{ElfModule, Symbol, DEBUG_ROOT};
+pub use elf::{data_symbol, ElfModule, Symbol, DEBUG_ROOT};
 pub use error::SymbolError;
 pub use kernel::{KernelSymbols, MAX_KALLSYMS_SIZE};
 pub use maps::{parse_maps, read_maps, Mapping, Perms};

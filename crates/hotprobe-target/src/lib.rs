@@ -79,6 +79,18 @@ pub enum TargetEvent {
     /// The target replaced its program image (execve): every probe address is
     /// now meaningless. The target has not re-inserted anything.
     Exec,
+    /// The dynamic loader finished adding or removing objects (`dlopen`,
+    /// `dlclose`, or the program's own libraries after exec): its `r_debug`
+    /// says `RT_CONSISTENT` again. The thread is stopped at the loader's
+    /// rendezvous (`_dl_debug_state`, `r_brk`); the objects now mapped are
+    /// in /proc/PID/maps. After an addition the new objects are relocated
+    /// but their constructors have NOT run yet. Resume the thread with
+    /// [`Target::resume`] (`Continue`), as after a breakpoint. Process
+    /// targets only.
+    ModulesChanged {
+        /// The thread stopped at the rendezvous.
+        thread: ThreadId,
+    },
     /// The target is gone (exit, kill, or the guest/stub went away). The
     /// engine drops its probes.
     Exited(ExitStatus),

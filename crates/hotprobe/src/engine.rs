@@ -620,6 +620,10 @@ impl Engine {
                 self.stepping.clear();
                 Ok(())
             }
+            TargetEvent::ModulesChanged { thread } => {
+                self.target.resume(thread, ResumeMode::Continue)?;
+                Ok(())
+            }
             TargetEvent::Timeout => Ok(()),
         }
     }

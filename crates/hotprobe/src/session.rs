@@ -362,6 +362,7 @@ impl Session {
             stdout: dup(&opts.stdout)?,
             stderr: dup(&opts.stderr)?,
             env: opts.env.clone(),
+            stop_at_entry: opts.stop_at_entry,
         };
         let mut pending = None;
         let mut fast_off = None;
