@@ -102,9 +102,12 @@ fn open_fast(o: &CountOptions<'_>) -> Result<Opened> {
     }
     let agent = match find_agent() {
         Ok(a) => a,
+        // An explicit HOTPROBE_AGENT that does not exist is a mistake to
+        // report, not a reason to trap silently.
+        Err(e @ FastPathError::AgentOverride { .. }) => return Err(e.into()),
         Err(e) if !forced => {
             eprintln!("hotprobe: {e}; every probe uses the trap mechanism");
-            let why = "no agent library (build it: cargo build --release -p hotprobe-agent)";
+            let why = "no agent library";
             return Ok((Traced::open(o.pid, o.cmd)?, Vec::new(), all_trap(why)));
         }
         Err(e) => return Err(e.into()),

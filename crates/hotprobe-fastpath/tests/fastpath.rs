@@ -60,6 +60,17 @@ fn spawn_config(
     out: &Path,
     config: FastPathConfig,
 ) -> (ProcessTarget, FastPath) {
+    spawn_agent(exe, args, out, config, &agent())
+}
+
+/// [`spawn_config`] with the agent library at `agent`.
+fn spawn_agent(
+    exe: &Path,
+    args: &[&str],
+    out: &Path,
+    config: FastPathConfig,
+    agent: &Path,
+) -> (ProcessTarget, FastPath) {
     // -pg builds write gmon.out at exit: keep it out of the source tree.
     let gmon = tmp().join("gmon").into_os_string();
     let mut opts = SpawnOptions {
@@ -67,7 +78,7 @@ fn spawn_config(
         env: vec![("GMON_OUT_PREFIX".into(), gmon)],
         ..Default::default()
     };
-    let pending = FastPath::for_spawn(&mut opts, &agent(), config).unwrap();
+    let pending = FastPath::for_spawn(&mut opts, agent, config).unwrap();
     let args: Vec<OsString> = args.iter().map(OsString::from).collect();
     let mut t = ProcessTarget::spawn_with(exe, &args, &opts).unwrap();
     let fp = pending.attach(&mut t).unwrap();
@@ -773,5 +784,62 @@ fn stubs_of_a_vanished_tracer_stay_out_of_the_next_tracers_memory() {
         200_000,
         "every later call went to the generic path and missed there"
     );
+    let _ = child.wait();
+}
+
+/// The embedded agent, injected from its memfd (`/proc/OUR_PID/fd/N`): the
+/// target maps `/memfd:libhotprobe_agent.so`, which its symbols name
+/// `libhotprobe_agent.so`; counts are exact; a second injection attaches
+/// the agent already there.
+#[test]
+fn inject_the_embedded_agent() {
+    let (mut child, mut stdout) = start_sleeper("sleeper-embedded", 20_000);
+    let pid = child.id() as i32;
+    let mut t = ProcessTarget::attach(pid).unwrap();
+    let agent = embedded_agent().unwrap();
+    assert!(
+        agent.starts_with(format!("/proc/{}/fd", std::process::id())),
+        "{}",
+        agent.display()
+    );
+    let fp1 = FastPath::inject(&mut t, &agent, FastPathConfig::default()).unwrap();
+    drop(fp1);
+    let mut fp = FastPath::inject(&mut t, &agent, FastPathConfig::default()).unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let agent_lines: Vec<&str> = maps
+        .lines()
+        .filter(|l| l.contains("hotprobe_agent"))
+        .collect();
+    assert!(!agent_lines.is_empty(), "{maps}");
+    assert!(
+        agent_lines
+            .iter()
+            .all(|l| l.ends_with("/memfd:libhotprobe_agent.so (deleted)")),
+        "{agent_lines:?}"
+    );
+    let inodes: std::collections::BTreeSet<&str> = agent_lines
+        .iter()
+        .map(|l| l.split_whitespace().nth(4).unwrap())
+        .collect();
+    assert_eq!(inodes.len(), 1, "one copy of the agent: {agent_lines:?}");
+    let syms = hotprobe_symbols::ProcessSymbols::for_pid(pid as u32).unwrap();
+    let m = syms.find_module("libhotprobe_agent").unwrap();
+    assert_eq!(m.name, "libhotprobe_agent.so");
+    assert!(m.module.find("hotprobe_agent_attach_fd").is_some());
+    let info = fp
+        .add(&mut t, "work", Action::count(), MechanismChoice::Auto)
+        .unwrap();
+    t.resume_all().unwrap();
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    loop {
+        if let TargetEvent::Exited(_) = t.wait(None).unwrap() {
+            break;
+        }
+    }
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    let total: u64 = (0..20_000u64).map(|i| (i & 3) * 2 + 1).sum();
+    assert_eq!(rest, format!("total {total}\n"));
+    assert_eq!(fp.count(info.probe_id), 20_000);
     let _ = child.wait();
 }
