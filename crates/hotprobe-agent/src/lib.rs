@@ -21,7 +21,9 @@
 //! [`hotprobe_abi::fast`]) and falls back to the generic trampoline for a
 //! thread's first hit. A second attach (a new tracer after the previous one
 //! detached or died) switches to the new memory and re-homes every known
-//! thread. The hot path allocates nothing, takes no lock, makes no
+//! thread. In a child the process forks, the agent goes dormant, or with
+//! [`hotprobe_abi::CONTROL_FOLLOW_FORKS`] re-registers the child's threads
+//! in slots of their own (see there). The hot path allocates nothing, takes no lock, makes no
 //! system call, and never panics; each `extern "C"` entry that can reach
 //! libc or std catches unwinding. The agent never exits its host.
 
@@ -45,6 +47,8 @@ pub use hotprobe_abi::patch::call_rel32;
 static SHM: AtomicPtr<Shm> = AtomicPtr::new(std::ptr::null_mut());
 static EXIT_KEY: AtomicU32 = AtomicU32::new(u32::MAX);
 static ATTACHING: AtomicBool = AtomicBool::new(false);
+/// The process-wide hooks (thread-exit key, fork handler) are registered.
+static HOOKS: AtomicBool = AtomicBool::new(false);
 /// The near page, mapped once for the life of the process.
 static NEAR_PAGE: AtomicU64 = AtomicU64::new(0);
 
@@ -141,13 +145,16 @@ fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
             return Err(AttachError::Layout);
         }
     };
-    let first = shm_is_first();
-    if first {
+    // Once per process (not per attach: a forked child that went dormant
+    // and is attached again by a tracer of its own keeps them).
+    if !HOOKS.swap(true, Relaxed) {
         let mut key: libc::pthread_key_t = 0;
         // SAFETY: key is a valid out-pointer; the destructor is an extern "C" fn.
         if unsafe { libc::pthread_key_create(&mut key, Some(hit::thread_exit)) } == 0 {
             EXIT_KEY.store(key as u32, Relaxed);
         }
+        // The child side of fork: dormant, or following (see
+        // `hotprobe_abi::CONTROL_FOLLOW_FORKS`).
         // SAFETY: registers a plain extern "C" fn for the child side of fork.
         unsafe { libc::pthread_atfork(None, None, Some(hit::after_fork_child)) };
     }
@@ -204,8 +211,21 @@ fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
     Ok(())
 }
 
-fn shm_is_first() -> bool {
-    SHM.load(Acquire).is_null()
+/// In a forked child that does not follow forks: forget the shared memory
+/// (every path into it checks [`shm`] first), and the attach in progress
+/// the parent may have had on another thread (it does not exist here).
+/// Runs with one thread in the process (the fork handler).
+pub(crate) fn go_dormant() {
+    // Relaxed: the child has one thread; a null pointer publishes nothing.
+    SHM.store(std::ptr::null_mut(), Relaxed);
+    ATTACHING.store(false, Relaxed);
+}
+
+/// In a forked child that follows forks: an attach in progress on another
+/// thread of the parent does not exist here.
+pub(crate) fn forget_attaching() {
+    // Relaxed: the child has one thread.
+    ATTACHING.store(false, Relaxed);
 }
 
 /// Maps one page within ±2 GiB of the main executable (found through
