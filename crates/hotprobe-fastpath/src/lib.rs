@@ -977,6 +977,20 @@ impl FastPath {
         Ok(())
     }
 
+    /// Every range of the program's memory the fast path rewrote and not yet
+    /// restored, as (run-time address, original bytes), in the order
+    /// written. Writing them back into a forked child (at its fork stop)
+    /// takes every probe out of the child, which shares nothing with the
+    /// parent's text. The fast path's own pages (stubs, trampolines: new
+    /// mappings, no program code) are not listed; nothing reaches them once
+    /// these bytes are back.
+    pub fn written_bytes(&self) -> Vec<(u64, Vec<u8>)> {
+        self.installed
+            .iter()
+            .map(|s| (s.addr, s.original.clone()))
+            .collect()
+    }
+
     /// The process id this fast path serves.
     pub fn pid(&self) -> i32 {
         self.pid

@@ -787,6 +787,181 @@ fn stubs_of_a_vanished_tracer_stay_out_of_the_next_tracers_memory() {
     let _ = child.wait();
 }
 
+/// What the tracer of `forks.c` does at the child's fork stop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AtFork {
+    /// Writes the original bytes of every site back into the child
+    /// ([`FastPath::written_bytes`]), as the engine does.
+    Restore,
+    /// Leaves the child's code patched: the agent's dormancy alone keeps
+    /// the child out of the shared memory.
+    LeavePatched,
+    /// Sets `CONTROL_FOLLOW_FORKS` before the run and leaves the child's
+    /// code patched: the child counts and records in slots of its own.
+    Follow,
+}
+
+/// `forks.c`: `f` (recorded, with its return hook) forks inside its 4th
+/// call; the child returns from it through the return trampoline, calls
+/// `f` and `g` (counted through a per-site stub) 5 times each, and exits 0;
+/// the parent calls each 10 times. Whatever happens to the child, the
+/// parent's counters and ring hold the parent's calls only, and the child
+/// runs correctly.
+fn fork_inside_a_probed_function(tag: &str, flags: &[&str], mode: AtFork, agent: &Path) {
+    let exe = compile("forks.c", tag, flags);
+    let out = tmp().join(format!("{tag}-{mode:?}.out"));
+    let (mut t, mut fp) = spawn_agent(&exe, &[], &out, FastPathConfig::default(), agent);
+    let parent = t.pid() as u32;
+    let f = fp
+        .add(
+            &mut t,
+            "f",
+            Action::record().with_exit(),
+            MechanismChoice::Auto,
+        )
+        .unwrap();
+    let g = fp
+        .add(&mut t, "g", Action::count(), MechanismChoice::Auto)
+        .unwrap();
+    assert_eq!(f.exits, "return hook", "{f:?}");
+    assert!(g.stub, "{g:?}");
+    assert_eq!(f.mechanism, g.mechanism, "{f:?} {g:?}");
+    if mode == AtFork::Follow {
+        fp.shm().header().control.fetch_or(
+            hotprobe_abi::CONTROL_FOLLOW_FORKS,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+    t.resume_all().unwrap();
+    let mut child = None;
+    loop {
+        match t.wait(None).unwrap() {
+            TargetEvent::Exited(st) => {
+                assert_eq!(
+                    st.to_string(),
+                    hotprobe_target::ExitStatus::Code(0).to_string()
+                );
+                break;
+            }
+            TargetEvent::Forked { thread, child: c } => {
+                child = Some(c as u32);
+                if mode == AtFork::Restore {
+                    let mem = std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(format!("/proc/{c}/mem"))
+                        .unwrap();
+                    use std::os::unix::fs::FileExt;
+                    let written = fp.written_bytes();
+                    assert_eq!(written.len(), 2, "{written:?}");
+                    for (addr, original) in written {
+                        mem.write_all_at(&original, addr).unwrap();
+                    }
+                }
+                t.release_fork_child(c, &[]).unwrap();
+                t.resume(thread, hotprobe_target::ResumeMode::Continue)
+                    .unwrap();
+            }
+            TargetEvent::Breakpoint { thread, .. } | TargetEvent::Stepped { thread, .. } => t
+                .resume(thread, hotprobe_target::ResumeMode::Continue)
+                .unwrap(),
+            _ => {}
+        }
+    }
+    let child = child.expect("a fork event");
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        "child 16 24 1025 545\nparent 100 115 status 0\n",
+        "{tag} {mode:?}: both processes computed right, the child exited 0"
+    );
+    // Counters per owning process.
+    let shm = fp.shm();
+    let mut per_pid = std::collections::BTreeMap::<u32, (u64, u64)>::new();
+    for slot in 0..shm.threads_in_use() {
+        let (pid, _) = shm.thread_owner(slot).expect("claimed");
+        let c = shm.thread_counters(slot).unwrap();
+        let e = per_pid.entry(pid).or_default();
+        e.0 += c[f.probe_id as usize].load(std::sync::atomic::Ordering::Relaxed);
+        e.1 += c[g.probe_id as usize].load(std::sync::atomic::Ordering::Relaxed);
+    }
+    let globals = shm.global_counters();
+    assert_eq!(
+        globals[f.probe_id as usize].load(std::sync::atomic::Ordering::Relaxed)
+            + globals[g.probe_id as usize].load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    // Events per thread (the child's one thread has tid = its pid).
+    let mut events = std::collections::BTreeMap::<u32, Vec<RecordedEvent>>::new();
+    fp.drain(|e| events.entry(e.tid).or_default().push(*e));
+    let kinds = |tid: u32| -> String {
+        events
+            .get(&tid)
+            .map(|v| {
+                v.iter()
+                    .map(|e| match e.kind {
+                        KIND_ENTRY => 'e',
+                        KIND_EXIT => 'x',
+                        _ => '?',
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        per_pid.get(&parent),
+        Some(&(10, 10)),
+        "{tag} {mode:?}: {per_pid:?}"
+    );
+    assert_eq!(kinds(parent), "ex".repeat(10), "{tag} {mode:?}");
+    let exit_values: Vec<u64> = events[&parent]
+        .iter()
+        .filter(|e| e.kind == KIND_EXIT)
+        .map(|e| e.args[0])
+        .collect();
+    assert_eq!(
+        exit_values,
+        (0..10).map(|i| 2 * i + 1).collect::<Vec<u64>>()
+    );
+    if mode == AtFork::Follow {
+        assert_eq!(per_pid.get(&child), Some(&(5, 5)), "{tag}: {per_pid:?}");
+        assert_eq!(per_pid.len(), 2, "{per_pid:?}");
+        // The child's first event is the return of the call that forked.
+        assert_eq!(kinds(child), format!("x{}", "ex".repeat(5)), "{tag}");
+        assert_eq!(events[&child][0].args[0], 7);
+        assert_eq!(fp.count(f.probe_id), 15);
+        assert_eq!(fp.count(g.probe_id), 15);
+    } else {
+        assert_eq!(per_pid.len(), 1, "{tag} {mode:?}: {per_pid:?}");
+        assert!(!events.contains_key(&child), "{tag} {mode:?}");
+        assert_eq!(fp.count(f.probe_id), 10);
+        assert_eq!(fp.count(g.probe_id), 10);
+    }
+    assert_eq!(fp.drops(), 0);
+}
+
+/// With the agent of this build (debug) and the embedded one (release).
+#[test]
+fn fork_in_a_probed_function_patch() {
+    for agent in [agent(), embedded_agent().unwrap()] {
+        for mode in [AtFork::Restore, AtFork::LeavePatched, AtFork::Follow] {
+            fork_inside_a_probed_function(
+                "forks-pfe",
+                &["-O2", "-fpatchable-function-entry=5"],
+                mode,
+                &agent,
+            );
+        }
+    }
+}
+
+#[test]
+fn fork_in_a_probed_function_jump() {
+    for agent in [agent(), embedded_agent().unwrap()] {
+        for mode in [AtFork::Restore, AtFork::LeavePatched, AtFork::Follow] {
+            fork_inside_a_probed_function("forks-plain", &["-O2"], mode, &agent);
+        }
+    }
+}
+
 /// The embedded agent, injected from its memfd (`/proc/OUR_PID/fd/N`): the
 /// target maps `/memfd:libhotprobe_agent.so`, which its symbols name
 /// `libhotprobe_agent.so`; counts are exact; a second injection attaches
