@@ -301,14 +301,33 @@ pub(crate) extern "C" fn slow_hit(frame: *mut Frame, kind: u32) -> u32 {
     0
 }
 
-fn gettid() -> u32 {
-    // SAFETY: gettid has no preconditions.
-    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+/// A system call without arguments, made here rather than through libc:
+/// the agent must not run code of the program's libraries a tracer may have
+/// probed (libc's `getpid`, counted by a trap probe, would count the
+/// agent's calls too).
+#[inline(always)]
+fn syscall0(nr: libc::c_long) -> u64 {
+    let r: u64;
+    // SAFETY: only used for getpid and gettid, which take no argument, touch
+    // no user memory and cannot fail; `syscall` clobbers rcx and r11.
+    unsafe {
+        core::arch::asm!(
+            "syscall",
+            inlateout("rax") nr as u64 => r,
+            out("rcx") _,
+            out("r11") _,
+            options(nostack, nomem)
+        )
+    };
+    r
 }
 
-fn getpid() -> u32 {
-    // SAFETY: getpid has no preconditions.
-    unsafe { libc::getpid() as u32 }
+pub(crate) fn gettid() -> u32 {
+    syscall0(libc::SYS_gettid) as u32
+}
+
+pub(crate) fn getpid() -> u32 {
+    syscall0(libc::SYS_getpid) as u32
 }
 
 /// Gives entry `e` of the calling thread (a forked child's forking thread,

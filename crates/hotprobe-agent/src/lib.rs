@@ -159,8 +159,7 @@ fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
         unsafe { libc::pthread_atfork(None, None, Some(hit::after_fork_child)) };
     }
     let h = shm.header();
-    // SAFETY: getpid has no preconditions.
-    h.agent_pid.store(unsafe { libc::getpid() } as u32, Relaxed);
+    h.agent_pid.store(hit::getpid(), Relaxed);
     h.agent_abi_version.store(VERSION, Relaxed);
     let entry = trampoline::hotprobe_agent_entry_trampoline as *const () as usize as u64;
     let exit = trampoline::hotprobe_agent_exit_trampoline as *const () as usize as u64;
