@@ -1018,3 +1018,80 @@ fn inject_the_embedded_agent() {
     assert_eq!(fp.count(info.probe_id), 20_000);
     let _ = child.wait();
 }
+
+/// `fork_throw.cc`: the child of a fork inside `forker` (return hooked in
+/// the parent) throws through `forker`'s frame, which still holds the
+/// swapped return address: the preloaded agent's unwinder hooks put the
+/// real one back even when dormant, so the child catches and exits 0.
+#[test]
+fn a_forked_child_throws_through_a_hooked_frame() {
+    let exe = compile(
+        "fork_throw.cc",
+        "fork-throw-pfe",
+        &["-O2", "-fpatchable-function-entry=5"],
+    );
+    for mode in [AtFork::Restore, AtFork::LeavePatched, AtFork::Follow] {
+        let out = tmp().join(format!("fork-throw-{mode:?}.out"));
+        let (mut t, mut fp) = spawn(&exe, &[], &out);
+        let parent = t.pid() as u32;
+        for f in ["forker", "thrower"] {
+            let info = fp
+                .add(
+                    &mut t,
+                    f,
+                    Action::record().with_exit(),
+                    MechanismChoice::Auto,
+                )
+                .unwrap();
+            assert_eq!(info.exits, "return hook", "{info:?}");
+        }
+        if mode == AtFork::Follow {
+            fp.shm().header().control.fetch_or(
+                hotprobe_abi::CONTROL_FOLLOW_FORKS,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
+        t.resume_all().unwrap();
+        loop {
+            match t.wait(None).unwrap() {
+                TargetEvent::Exited(st) => {
+                    assert_eq!(
+                        st.to_string(),
+                        hotprobe_target::ExitStatus::Code(0).to_string()
+                    );
+                    break;
+                }
+                TargetEvent::Forked { thread, child } => {
+                    if mode == AtFork::Restore {
+                        let mem = std::fs::OpenOptions::new()
+                            .write(true)
+                            .open(format!("/proc/{child}/mem"))
+                            .unwrap();
+                        use std::os::unix::fs::FileExt;
+                        for (addr, original) in fp.written_bytes() {
+                            mem.write_all_at(&original, addr).unwrap();
+                        }
+                    }
+                    t.release_fork_child(child, &[]).unwrap();
+                    t.resume(thread, hotprobe_target::ResumeMode::Continue)
+                        .unwrap();
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(
+            std::fs::read_to_string(&out).unwrap(),
+            "child caught 5\nparent child-status 0\n",
+            "{mode:?}"
+        );
+        let mut parent_events = vec![];
+        fp.drain(|e| {
+            if e.tid == parent {
+                parent_events.push((e.kind, e.args[0]));
+            }
+        });
+        // forker's entry and its return value (the child's exit status).
+        assert_eq!(parent_events.len(), 2, "{mode:?}: {parent_events:?}");
+        assert_eq!(parent_events[1], (KIND_EXIT, 0), "{mode:?}");
+    }
+}
