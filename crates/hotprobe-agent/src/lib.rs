@@ -316,8 +316,54 @@ fn attach_from_env() {
     }
 }
 
+/// An agent preloaded from a descriptor path (`/proc/PID/fd/N`: the
+/// tracer's memfd) takes its entry out of `LD_PRELOAD`: that path opens
+/// only while the tracer lives, and every program this one executes after
+/// the tracer is gone would print a loader error for it (the agents loaded
+/// into those programs would stay dormant anyway). Other entries, and an
+/// agent preloaded from a file, are left alone.
+fn drop_ephemeral_preload() {
+    // SAFETY: an all-zero Dl_info is a valid value to be overwritten.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: the address of one of our functions; dladdr fills `info`.
+    let found = unsafe { libc::dladdr(constructor as *const libc::c_void, &mut info) };
+    if found == 0 || info.dli_fname.is_null() {
+        return;
+    }
+    // SAFETY: a non-null dli_fname is the loader's NUL-terminated name of
+    // our object, alive as long as the object is loaded.
+    let me = unsafe { CStr::from_ptr(info.dli_fname) }.to_bytes();
+    let ephemeral = me.starts_with(b"/proc/") && me.windows(4).any(|w| w == b"/fd/");
+    let Some(preload) = env_var(c"LD_PRELOAD").filter(|_| ephemeral) else {
+        return;
+    };
+    let entries: Vec<&[u8]> = preload
+        .to_bytes()
+        .split(|c| *c == b':' || *c == b' ')
+        .filter(|e| !e.is_empty())
+        .collect();
+    let kept: Vec<&[u8]> = entries.iter().copied().filter(|e| *e != me).collect();
+    if kept.len() == entries.len() {
+        return;
+    }
+    if kept.is_empty() {
+        // SAFETY: a valid C string; the constructor runs before any thread
+        // of the program exists.
+        unsafe { libc::unsetenv(c"LD_PRELOAD".as_ptr()) };
+        return;
+    }
+    let Ok(v) = std::ffi::CString::new(kept.join(&b':')) else {
+        return;
+    };
+    // SAFETY: valid C strings; single-threaded here (as above).
+    unsafe { libc::setenv(c"LD_PRELOAD".as_ptr(), v.as_ptr(), 1) };
+}
+
 extern "C" fn constructor() {
-    let _ = std::panic::catch_unwind(attach_from_env);
+    let _ = std::panic::catch_unwind(|| {
+        drop_ephemeral_preload();
+        attach_from_env();
+    });
 }
 
 #[used]

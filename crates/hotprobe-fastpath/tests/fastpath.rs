@@ -1095,3 +1095,31 @@ fn a_forked_child_throws_through_a_hooked_frame() {
         assert_eq!(parent_events[1], (KIND_EXIT, 0), "{mode:?}");
     }
 }
+
+/// The agent preloaded from the tracer's memfd (`/proc/TRACER/fd/N`) takes
+/// that entry out of `LD_PRELOAD` (it opens only while the tracer lives);
+/// other entries stay.
+#[test]
+fn the_embedded_agent_leaves_ld_preload_without_its_memfd() {
+    let out = tmp().join("preload.out");
+    let mut opts = SpawnOptions {
+        stdout: Some(File::create(&out).unwrap()),
+        ..Default::default()
+    };
+    let agent = embedded_agent().unwrap();
+    let pending = FastPath::for_spawn(&mut opts, &agent, FastPathConfig::default()).unwrap();
+    for (k, v) in opts.env.iter_mut() {
+        if k == "LD_PRELOAD" {
+            assert!(v.to_string_lossy().starts_with(&*agent.to_string_lossy()));
+            v.push(":libm.so.6");
+        }
+    }
+    let args: Vec<OsString> = ["-c", "echo \"[$LD_PRELOAD]\""]
+        .iter()
+        .map(OsString::from)
+        .collect();
+    let mut t = ProcessTarget::spawn_with(Path::new("/bin/sh"), &args, &opts).unwrap();
+    let _fp = pending.attach(&mut t).unwrap();
+    run_to_exit(&mut t);
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "[libm.so.6]\n");
+}
