@@ -28,8 +28,9 @@ use crate::AbiError;
 
 /// `b"HOTPROBE"` read as a little-endian `u64`: the first word of the mapping.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"HOTPROBE");
-/// Version of this layout; bumped on any incompatible change.
-pub const VERSION: u32 = 4;
+/// Version of this layout; bumped on any incompatible change (5:
+/// [`RingCtl::owner_pid`], [`CONTROL_FOLLOW_FORKS`]).
+pub const VERSION: u32 = 5;
 /// Size of [`Header`] in bytes.
 pub const HEADER_SIZE: usize = 256;
 /// Alignment of every section start (the site table and the thread slots).
@@ -41,6 +42,36 @@ pub const CONTROL_ENABLED: u32 = 1 << 0;
 /// [`Header::control`] bit (tracer → agent): `record` actions write events.
 /// The agent clears it itself when the heartbeat goes stale.
 pub const CONTROL_RECORD: u32 = 1 << 1;
+
+/// [`Header::control`] bit (tracer → agent), read by the agent in a forked
+/// child (its `pthread_atfork` child handler), with the state it had when
+/// the parent called `fork`.
+///
+/// A child inherits the patched code, the shared mapping (it is
+/// `MAP_SHARED`), and its one thread's registration, which points into
+/// the forking thread's slot: were the child to count or record through
+/// it, two producers would share one single-producer ring.
+///
+/// * Clear (the default): the agent goes **dormant** in the child. It
+///   stops using the shared memory at all — no counting, no recording, no
+///   ring write, no thread registration, no header update — and clears the
+///   forking thread's TLS word, so that a per-site stub still reached in
+///   the child sends its hit to the agent's generic path, which returns at
+///   once. Return addresses the parent's return hook swapped on the
+///   forking thread's stack still lead to the return trampoline, which
+///   still returns to the real addresses (the child runs correctly). The
+///   tracer normally also writes back the original bytes of every site in
+///   the child at its fork stop; dormancy covers what that cannot reach.
+/// * Set (`--follow-forks`): the child's agent stays attached. It forgets
+///   its thread registrations (the forking thread's TLS word is cleared,
+///   the parent's thread-table entries are dropped) so that each of the
+///   child's threads claims a slot of its own in the same memory, with
+///   [`RingCtl::owner_pid`]/[`RingCtl::owner_tid`] the child's. The
+///   forking thread claims its slot at once when the parent's return hook
+///   left hooked frames on its stack (their exits are recorded in the
+///   child), at its next hit otherwise. Counts of threads that get no slot
+///   (slots exhausted) go to the shared global counters.
+pub const CONTROL_FOLLOW_FORKS: u32 = 1 << 2;
 
 /// [`Header::status`] bit (agent → tracer): the agent mapped the memory and
 /// published its trampoline addresses.
@@ -71,7 +102,7 @@ pub const ACTION_COUNTER_SHIFT: u32 = 8;
 
 /// [`RingCtl::state`]: slot never claimed.
 pub const THREAD_FREE: u32 = 0;
-/// [`RingCtl::state`]: slot owned by a live thread (`owner_tid`).
+/// [`RingCtl::state`]: slot owned by a live thread (`owner_pid`, `owner_tid`).
 pub const THREAD_LIVE: u32 = 1;
 /// [`RingCtl::state`]: the owning thread exited; the ring may still hold
 /// undrained events. Slots are never reused by another thread.
@@ -230,12 +261,19 @@ pub struct RingCtl {
     pub state: AtomicU32,
     /// Events dropped because the ring was full (producer only).
     pub dropped: AtomicU64,
-    pad2: [u64; 6],
+    /// Process id of the owner (agent, written once at claim, before
+    /// `state` turns LIVE): the agent's host, or a forked child's pid
+    /// ([`CONTROL_FOLLOW_FORKS`]); 0 when the claimer did not say
+    /// ([`crate::Shm::claim_thread`]: read [`Header::agent_pid`] then).
+    pub owner_pid: AtomicU32,
+    pad3: u32,
+    pad2: [u64; 5],
 }
 const _: () = assert!(size_of::<RingCtl>() == 192);
 const _: () = assert!(offset_of!(RingCtl, tail) == 64);
 const _: () = assert!(offset_of!(RingCtl, owner_tid) == 128);
 const _: () = assert!(offset_of!(RingCtl, dropped) == 136);
+const _: () = assert!(offset_of!(RingCtl, owner_pid) == 144);
 
 /// Offset of the per-thread counter array inside a thread slot.
 pub const THREAD_COUNTERS_OFFSET: usize = size_of::<RingCtl>();

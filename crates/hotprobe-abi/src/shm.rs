@@ -370,16 +370,42 @@ fn new_stub_key() -> u32 {
 }
 
 impl Shm {
-    /// Claims the next free thread slot for thread `tid` (agent side, first
-    /// hit of a thread). Slots are handed out once, never reused.
+    /// Claims the next free thread slot for thread `tid` of an unnamed
+    /// process ([`RingCtl::owner_pid`] 0: the header's `agent_pid`); see
+    /// [`Shm::claim_thread_for`].
     pub fn claim_thread(&self, tid: u32) -> Option<u32> {
+        self.claim_thread_for(0, tid)
+    }
+
+    /// Claims the next free thread slot for thread `tid` of process `pid`
+    /// (agent side, first hit of a thread). Slots are handed out once,
+    /// never reused. Only atomics: callable from the agent's hot path.
+    #[inline]
+    pub fn claim_thread_for(&self, pid: u32, tid: u32) -> Option<u32> {
         // Relaxed: the counter only hands out distinct indices.
         let slot = self.header().threads_claimed.fetch_add(1, Relaxed);
         let ctl = self.ring_ctl(slot)?;
         ctl.owner_tid.store(tid, Relaxed);
+        ctl.owner_pid.store(pid, Relaxed);
         // Release pairs with the tracer's `state.load(Acquire)` (thread
-        // listing): it sees owner_tid once it sees LIVE.
+        // listing): it sees owner_pid/owner_tid once it sees LIVE.
         ctl.state.store(crate::layout::THREAD_LIVE, Release);
         Some(slot)
+    }
+
+    /// `(owner_pid, owner_tid)` of thread slot `slot` once it was claimed
+    /// (`None` before, or out of range). `owner_pid` 0 means the header's
+    /// `agent_pid`, which is returned in its place.
+    pub fn thread_owner(&self, slot: u32) -> Option<(u32, u32)> {
+        let ctl = self.ring_ctl(slot)?;
+        // Acquire pairs with the Release store of LIVE in `claim_thread_for`.
+        if ctl.state.load(Acquire) == crate::layout::THREAD_FREE {
+            return None;
+        }
+        let pid = match ctl.owner_pid.load(Relaxed) {
+            0 => self.header().agent_pid.load(Relaxed),
+            p => p,
+        };
+        Some((pid, ctl.owner_tid.load(Relaxed)))
     }
 }

@@ -15,8 +15,8 @@ use core::sync::atomic::{compiler_fence, AtomicU32, AtomicU64};
 use hotprobe_abi::fast::ThreadBlock;
 use hotprobe_abi::{
     rdtsc, Event, Shm, ACTION_ALT_COUNTER, ACTION_COUNT, ACTION_COUNTER_SHIFT, ACTION_EXIT,
-    ACTION_RECORD, CONTROL_ENABLED, CONTROL_RECORD, EXIT_UNWOUND, KIND_ENTRY, KIND_EXIT,
-    STATUS_ORPHANED, THREAD_EXITED,
+    ACTION_RECORD, CONTROL_ENABLED, CONTROL_FOLLOW_FORKS, CONTROL_RECORD, EXIT_UNWOUND, KIND_ENTRY,
+    KIND_EXIT, STATUS_ORPHANED, THREAD_EXITED,
 };
 
 use crate::trampoline::Frame;
@@ -26,6 +26,9 @@ pub(crate) const MAX_THREADS: usize = 4096;
 const EMPTY: u64 = 0;
 const TOMBSTONE: u64 = u64::MAX;
 const NO_SLOT: u32 = u32::MAX;
+/// [`ThreadEntry::slot`] of the forking thread in a child that follows
+/// forks: it claims a slot of its own at its next hit (slow path).
+const PENDING_SLOT: u32 = u32::MAX - 1;
 /// Check the tracer's heartbeat every this many hits of a thread (mask).
 const HEARTBEAT_EVERY: u32 = 1024 - 1;
 
@@ -243,6 +246,9 @@ pub(crate) extern "C" fn fast_hit(frame: *mut Frame, kind: u32) -> u32 {
     let Some(t) = find_thread(thread_pointer()) else {
         return 1;
     };
+    if t.slot.load(Relaxed) == PENDING_SLOT {
+        return 1;
+    }
     if t.fast.busy.load(Relaxed) != 0 {
         h.reentries.fetch_add(1, Relaxed);
         return 0;
@@ -263,8 +269,10 @@ pub(crate) extern "C" fn slow_hit(frame: *mut Frame, kind: u32) -> u32 {
     let r = std::panic::catch_unwind(|| {
         let Some(shm) = crate::shm() else { return };
         let tp = thread_pointer();
-        if find_thread(tp).is_none() {
-            register_thread(shm, tp);
+        match find_thread(tp) {
+            None => register_thread(shm, tp),
+            Some(e) if e.slot.load(Relaxed) == PENDING_SLOT => claim_slot(e, shm),
+            Some(_) => {}
         }
         if find_thread(tp).is_some() {
             fast_hit(frame, kind);
@@ -293,9 +301,50 @@ pub(crate) extern "C" fn slow_hit(frame: *mut Frame, kind: u32) -> u32 {
     0
 }
 
+/// A system call without arguments, made here rather than through libc:
+/// the agent must not run code of the program's libraries a tracer may have
+/// probed (libc's `getpid`, counted by a trap probe, would count the
+/// agent's calls too).
+#[inline(always)]
+fn syscall0(nr: libc::c_long) -> u64 {
+    let r: u64;
+    // SAFETY: only used for getpid and gettid, which take no argument, touch
+    // no user memory and cannot fail; `syscall` clobbers rcx and r11.
+    unsafe {
+        core::arch::asm!(
+            "syscall",
+            inlateout("rax") nr as u64 => r,
+            out("rcx") _,
+            out("r11") _,
+            options(nostack, nomem)
+        )
+    };
+    r
+}
+
+pub(crate) fn gettid() -> u32 {
+    syscall0(libc::SYS_gettid) as u32
+}
+
+pub(crate) fn getpid() -> u32 {
+    syscall0(libc::SYS_getpid) as u32
+}
+
+/// Gives entry `e` of the calling thread (a forked child's forking thread,
+/// [`PENDING_SLOT`]) a thread slot of its own, owned by this process.
+fn claim_slot(e: &'static ThreadEntry, shm: &Shm) {
+    let was = e.fast.busy.swap(1, Relaxed);
+    let slot = shm
+        .claim_thread_for(getpid(), e.tid.load(Relaxed))
+        .unwrap_or(NO_SLOT);
+    e.slot.store(slot, Relaxed);
+    set_fast(e, shm, slot);
+    e.fast.busy.store(was, Relaxed);
+}
+
 fn register_thread(shm: &Shm, tp: u64) {
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
+    let tid = gettid();
+    let pid = getpid();
     let mut i = table_index(tp);
     for _ in 0..MAX_THREADS {
         let e = &THREADS[i % MAX_THREADS];
@@ -309,7 +358,7 @@ fn register_thread(shm: &Shm, tp: u64) {
                 // and this store sees slot NO_SLOT (left by thread_exit):
                 // it counts globally and drops, never touches a ring.
                 e.fast.busy.store(1, Relaxed);
-                let slot = shm.claim_thread(tid).unwrap_or(NO_SLOT);
+                let slot = shm.claim_thread_for(pid, tid).unwrap_or(NO_SLOT);
                 e.slot.store(slot, Relaxed);
                 e.tid.store(tid, Relaxed);
                 e.hits.store(0, Relaxed);
@@ -340,13 +389,14 @@ fn register_thread(shm: &Shm, tp: u64) {
 /// slot in it, and its stubs' view is re-pointed (its TLS word, which
 /// points at its entry, stays; threads are stopped by the tracer).
 pub(crate) fn rehome_threads(shm: &Shm) {
+    let pid = getpid();
     for e in THREADS.iter() {
         let k = e.key.load(Relaxed);
         if k == EMPTY || k == TOMBSTONE {
             continue;
         }
         let tid = e.tid.load(Relaxed);
-        let slot = shm.claim_thread(tid).unwrap_or(NO_SLOT);
+        let slot = shm.claim_thread_for(pid, tid).unwrap_or(NO_SLOT);
         e.slot.store(slot, Relaxed);
         fill_fast(e, shm, slot);
     }
@@ -417,31 +467,91 @@ pub(crate) extern "C" fn thread_exit(p: *mut libc::c_void) {
     });
 }
 
-/// `pthread_atfork` child handler: the child has one thread, whose thread
-/// pointer equals its parent's; forget every entry so it claims its own
-/// thread slot instead of writing into the parent's ring.
+/// `pthread_atfork` child handler. The child has one thread, the forking
+/// one, whose thread pointer, stack and shadow stack (private memory) are
+/// copies of its parent's, and the shared memory, which is the parent's.
+/// Without [`CONTROL_FOLLOW_FORKS`] the agent goes dormant here; with it,
+/// the child's threads get slots of their own (see there).
+///
+/// Either way: the other threads' table entries are dropped (those threads
+/// do not exist here), the forking thread keeps its entry (its hooked
+/// returns must still find their shadow entries: the return trampoline
+/// stays correct in the child) but not its slot, which is the parent's,
+/// and its TLS word is cleared, so that a per-site stub still reached sends
+/// its hit to the generic path. No allocation; only `gettid`/`getpid`.
 pub(crate) extern "C" fn after_fork_child() {
-    let tp = thread_pointer();
-    for e in THREADS.iter() {
-        if e.key.load(Relaxed) == tp {
-            // The forking thread lives on in the child with its stack and
-            // shadow stack (hooked returns must still find their entries);
-            // it gets a thread slot of its own.
-            // SAFETY: gettid has no preconditions.
-            let tid = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
-            let slot = crate::shm()
-                .and_then(|s| s.claim_thread(tid))
-                .unwrap_or(NO_SLOT);
-            e.slot.store(slot, Relaxed);
-            e.tid.store(tid, Relaxed);
-            if let Some(shm) = crate::shm() {
+    let _ = std::panic::catch_unwind(|| {
+        let follow = crate::shm()
+            .is_some_and(|s| s.header().control.load(Relaxed) & CONTROL_FOLLOW_FORKS != 0);
+        let tp = thread_pointer();
+        let mine = find_thread(tp);
+        forget_other_threads(tp, mine);
+        crate::tls::set(0);
+        if follow {
+            crate::forget_attaching();
+        } else {
+            crate::go_dormant();
+        }
+        let Some(e) = mine else { return };
+        let was = e.fast.busy.swap(1, Relaxed);
+        e.tid.store(gettid(), Relaxed);
+        e.slot.store(NO_SLOT, Relaxed);
+        clear_fast(e);
+        match crate::shm() {
+            // Hooked frames left by the parent return in the child: their
+            // exits are recorded there, in a slot of the child's.
+            Some(shm) if e.depth.load(Relaxed) > 0 => {
+                let slot = shm
+                    .claim_thread_for(getpid(), e.tid.load(Relaxed))
+                    .unwrap_or(NO_SLOT);
+                e.slot.store(slot, Relaxed);
                 set_fast(e, shm, slot);
             }
-        } else {
-            e.key.store(EMPTY, Relaxed);
+            Some(_) => e.slot.store(PENDING_SLOT, Relaxed),
+            None => {}
         }
+        e.fast.busy.store(was, Relaxed);
+    });
+}
+
+/// Drops every thread-table entry but `mine` (the calling thread's, keyed
+/// `tp`). Open addressing: the entries on `tp`'s probe path, before its
+/// own, become tombstones (its lookup walks over them), the others empty.
+fn forget_other_threads(tp: u64, mine: Option<&'static ThreadEntry>) {
+    let at = mine.map(|m| {
+        THREADS
+            .iter()
+            .position(|e| core::ptr::eq(e, m))
+            .unwrap_or(0)
+    });
+    let start = table_index(tp) % MAX_THREADS;
+    for (i, e) in THREADS.iter().enumerate() {
+        if Some(i) == at {
+            continue;
+        }
+        // On the path from `start` to `at` (wrapping around the table).
+        let on_path = at.is_some_and(|at| {
+            let d_at = (at + MAX_THREADS - start) % MAX_THREADS;
+            let d_i = (i + MAX_THREADS - start) % MAX_THREADS;
+            d_i < d_at
+        });
+        e.key
+            .store(if on_path { TOMBSTONE } else { EMPTY }, Relaxed);
+        e.slot.store(NO_SLOT, Relaxed);
         e.fast.busy.store(0, Relaxed);
     }
+}
+
+/// Points `e`'s stub view nowhere (the forked child's copy of the parent's
+/// slot addresses).
+fn clear_fast(e: &ThreadEntry) {
+    let f = &e.fast;
+    f.counters.store(0, Relaxed);
+    f.ctl.store(0, Relaxed);
+    f.events.store(0, Relaxed);
+    f.limit.store(0, Relaxed);
+    f.header.store(0, Relaxed);
+    f.stub_key.store(0, Relaxed);
 }
 
 #[inline(always)]
@@ -477,9 +587,12 @@ fn return_trampoline() -> u64 {
 /// `limit` or above it (`inclusive`: also the entry of `limit` itself),
 /// recording an unwound exit for each. Returns the real return address of
 /// an entry whose slot equals `limit`, if one was popped.
+///
+/// `shm` is `None` in a dormant agent (a forked child): the entries are
+/// popped all the same, nothing is counted or recorded.
 #[inline(always)]
 fn pop_dead(
-    shm: &Shm,
+    shm: Option<&Shm>,
     t: &ThreadEntry,
     base: *mut Shadow,
     limit: u64,
@@ -487,7 +600,7 @@ fn pop_dead(
 ) -> Option<u64> {
     let mut d = t.depth.load(Relaxed) as usize;
     let mut same = None;
-    let record = shm.header().control.load(Relaxed) & CONTROL_RECORD != 0;
+    let record = shm.is_some_and(|s| s.header().control.load(Relaxed) & CONTROL_RECORD != 0);
     while d > 0 {
         // SAFETY: d - 1 < depth <= SHADOW_CAP entries of the thread's mapping.
         let e = unsafe { *base.add(d - 1) };
@@ -496,9 +609,11 @@ fn pop_dead(
                 same = Some(e.real);
             }
             d -= 1;
-            shm.header().unwound_frames.fetch_add(1, Relaxed);
-            if record && e.flags & SHADOW_RECORD != 0 {
-                record_exit(shm, t, e.probe, 0, 0, EXIT_UNWOUND);
+            if let Some(shm) = shm {
+                shm.header().unwound_frames.fetch_add(1, Relaxed);
+                if record && e.flags & SHADOW_RECORD != 0 {
+                    record_exit(shm, t, e.probe, 0, 0, EXIT_UNWOUND);
+                }
             }
         } else {
             break;
@@ -520,7 +635,7 @@ fn hook_return(shm: &Shm, t: &ThreadEntry, slot: u64, probe: u32, record: bool) 
         return;
     }
     let tramp = return_trampoline();
-    let same = pop_dead(shm, t, base, slot, true);
+    let same = pop_dead(Some(shm), t, base, slot, true);
     // SAFETY: `slot` is the return-address word of the function being
     // entered, on this thread's stack (the trampoline computed it).
     let mut real = unsafe { (slot as *const u64).read_volatile() };
@@ -559,7 +674,9 @@ fn hook_return(shm: &Shm, t: &ThreadEntry, slot: u64, probe: u32, record: bool) 
 
 /// Called by the return trampoline with the address of the slot the `ret`
 /// popped and the return registers: records the exit and returns the real
-/// return address. Integer-only and panic-free, like [`fast_hit`].
+/// return address. Integer-only and panic-free, like [`fast_hit`]. A
+/// dormant agent (no shared memory: a forked child) still pops the shadow
+/// stack and returns the real address, recording nothing.
 pub(crate) extern "C" fn ret_hit(slot: u64, rax: u64, rdx: u64) -> u64 {
     let Some(t) = find_thread(thread_pointer()) else {
         return lost_return();
@@ -568,9 +685,7 @@ pub(crate) extern "C" fn ret_hit(slot: u64, rax: u64, rdx: u64) -> u64 {
     if base.is_null() {
         return lost_return();
     }
-    let Some(shm) = crate::shm() else {
-        return lost_return();
-    };
+    let shm = crate::shm();
     t.fast.busy.store(1, Relaxed);
     compiler_fence(SeqCst);
     pop_dead(shm, t, base, slot, false);
@@ -582,12 +697,14 @@ pub(crate) extern "C" fn ret_hit(slot: u64, rax: u64, rdx: u64) -> u64 {
         if e.slot == slot {
             t.depth.store(d as u32 - 1, Relaxed);
             real = e.real;
-            let control = shm.header().control.load(Relaxed);
-            if e.flags & SHADOW_RECORD != 0
-                && control & CONTROL_RECORD != 0
-                && control & CONTROL_ENABLED != 0
-            {
-                record_exit(shm, t, e.probe, rax, rdx, 0);
+            if let Some(shm) = shm {
+                let control = shm.header().control.load(Relaxed);
+                if e.flags & SHADOW_RECORD != 0
+                    && control & CONTROL_RECORD != 0
+                    && control & CONTROL_ENABLED != 0
+                {
+                    record_exit(shm, t, e.probe, rax, rdx, 0);
+                }
             }
         }
     }
@@ -621,7 +738,9 @@ pub(crate) fn restore_for_unwind(sp: u64) {
     let Some((t, base)) = current_shadow() else {
         return;
     };
-    let Some(shm) = crate::shm() else { return };
+    // Without shared memory (dormant, a forked child) the hooked frames
+    // still need their real return addresses.
+    let shm = crate::shm();
     t.fast.busy.store(1, Relaxed);
     pop_dead(shm, t, base, sp, false);
     let tramp = return_trampoline();
@@ -648,7 +767,9 @@ pub(crate) fn rearm_after_catch(sp: u64) {
     let Some((t, base)) = current_shadow() else {
         return;
     };
-    let Some(shm) = crate::shm() else { return };
+    // Without shared memory (dormant, a forked child) the hooked frames
+    // still need their real return addresses.
+    let shm = crate::shm();
     t.fast.busy.store(1, Relaxed);
     pop_dead(shm, t, base, sp, false);
     let tramp = return_trampoline();

@@ -21,7 +21,9 @@
 //! [`hotprobe_abi::fast`]) and falls back to the generic trampoline for a
 //! thread's first hit. A second attach (a new tracer after the previous one
 //! detached or died) switches to the new memory and re-homes every known
-//! thread. The hot path allocates nothing, takes no lock, makes no
+//! thread. In a child the process forks, the agent goes dormant, or with
+//! [`hotprobe_abi::CONTROL_FOLLOW_FORKS`] re-registers the child's threads
+//! in slots of their own (see there). The hot path allocates nothing, takes no lock, makes no
 //! system call, and never panics; each `extern "C"` entry that can reach
 //! libc or std catches unwinding. The agent never exits its host.
 
@@ -45,6 +47,8 @@ pub use hotprobe_abi::patch::call_rel32;
 static SHM: AtomicPtr<Shm> = AtomicPtr::new(std::ptr::null_mut());
 static EXIT_KEY: AtomicU32 = AtomicU32::new(u32::MAX);
 static ATTACHING: AtomicBool = AtomicBool::new(false);
+/// The process-wide hooks (thread-exit key, fork handler) are registered.
+static HOOKS: AtomicBool = AtomicBool::new(false);
 /// The near page, mapped once for the life of the process.
 static NEAR_PAGE: AtomicU64 = AtomicU64::new(0);
 
@@ -141,19 +145,21 @@ fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
             return Err(AttachError::Layout);
         }
     };
-    let first = shm_is_first();
-    if first {
+    // Once per process (not per attach: a forked child that went dormant
+    // and is attached again by a tracer of its own keeps them).
+    if !HOOKS.swap(true, Relaxed) {
         let mut key: libc::pthread_key_t = 0;
         // SAFETY: key is a valid out-pointer; the destructor is an extern "C" fn.
         if unsafe { libc::pthread_key_create(&mut key, Some(hit::thread_exit)) } == 0 {
             EXIT_KEY.store(key as u32, Relaxed);
         }
+        // The child side of fork: dormant, or following (see
+        // `hotprobe_abi::CONTROL_FOLLOW_FORKS`).
         // SAFETY: registers a plain extern "C" fn for the child side of fork.
         unsafe { libc::pthread_atfork(None, None, Some(hit::after_fork_child)) };
     }
     let h = shm.header();
-    // SAFETY: getpid has no preconditions.
-    h.agent_pid.store(unsafe { libc::getpid() } as u32, Relaxed);
+    h.agent_pid.store(hit::getpid(), Relaxed);
     h.agent_abi_version.store(VERSION, Relaxed);
     let entry = trampoline::hotprobe_agent_entry_trampoline as *const () as usize as u64;
     let exit = trampoline::hotprobe_agent_exit_trampoline as *const () as usize as u64;
@@ -204,8 +210,21 @@ fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
     Ok(())
 }
 
-fn shm_is_first() -> bool {
-    SHM.load(Acquire).is_null()
+/// In a forked child that does not follow forks: forget the shared memory
+/// (every path into it checks [`shm`] first), and the attach in progress
+/// the parent may have had on another thread (it does not exist here).
+/// Runs with one thread in the process (the fork handler).
+pub(crate) fn go_dormant() {
+    // Relaxed: the child has one thread; a null pointer publishes nothing.
+    SHM.store(std::ptr::null_mut(), Relaxed);
+    ATTACHING.store(false, Relaxed);
+}
+
+/// In a forked child that follows forks: an attach in progress on another
+/// thread of the parent does not exist here.
+pub(crate) fn forget_attaching() {
+    // Relaxed: the child has one thread.
+    ATTACHING.store(false, Relaxed);
 }
 
 /// Maps one page within ±2 GiB of the main executable (found through
@@ -297,8 +316,54 @@ fn attach_from_env() {
     }
 }
 
+/// An agent preloaded from a descriptor path (`/proc/PID/fd/N`: the
+/// tracer's memfd) takes its entry out of `LD_PRELOAD`: that path opens
+/// only while the tracer lives, and every program this one executes after
+/// the tracer is gone would print a loader error for it (the agents loaded
+/// into those programs would stay dormant anyway). Other entries, and an
+/// agent preloaded from a file, are left alone.
+fn drop_ephemeral_preload() {
+    // SAFETY: an all-zero Dl_info is a valid value to be overwritten.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: the address of one of our functions; dladdr fills `info`.
+    let found = unsafe { libc::dladdr(constructor as *const libc::c_void, &mut info) };
+    if found == 0 || info.dli_fname.is_null() {
+        return;
+    }
+    // SAFETY: a non-null dli_fname is the loader's NUL-terminated name of
+    // our object, alive as long as the object is loaded.
+    let me = unsafe { CStr::from_ptr(info.dli_fname) }.to_bytes();
+    let ephemeral = me.starts_with(b"/proc/") && me.windows(4).any(|w| w == b"/fd/");
+    let Some(preload) = env_var(c"LD_PRELOAD").filter(|_| ephemeral) else {
+        return;
+    };
+    let entries: Vec<&[u8]> = preload
+        .to_bytes()
+        .split(|c| *c == b':' || *c == b' ')
+        .filter(|e| !e.is_empty())
+        .collect();
+    let kept: Vec<&[u8]> = entries.iter().copied().filter(|e| *e != me).collect();
+    if kept.len() == entries.len() {
+        return;
+    }
+    if kept.is_empty() {
+        // SAFETY: a valid C string; the constructor runs before any thread
+        // of the program exists.
+        unsafe { libc::unsetenv(c"LD_PRELOAD".as_ptr()) };
+        return;
+    }
+    let Ok(v) = std::ffi::CString::new(kept.join(&b':')) else {
+        return;
+    };
+    // SAFETY: valid C strings; single-threaded here (as above).
+    unsafe { libc::setenv(c"LD_PRELOAD".as_ptr(), v.as_ptr(), 1) };
+}
+
 extern "C" fn constructor() {
-    let _ = std::panic::catch_unwind(attach_from_env);
+    let _ = std::panic::catch_unwind(|| {
+        drop_ephemeral_preload();
+        attach_from_env();
+    });
 }
 
 #[used]

@@ -791,3 +791,110 @@ fn coldpatch_round_trip() {
         "{stdout}"
     );
 }
+
+/// A copy of `hotprobe` alone in an empty folder, far from the build tree
+/// (no agent library beside it, none under `target/`).
+fn lone_hotprobe(tag: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("lone-{tag}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("hotprobe");
+    std::fs::copy(HOTPROBE, &exe).unwrap();
+    exe
+}
+
+/// `exe ARGS` run from its own folder, without `HOTPROBE_AGENT`.
+fn run_lone(exe: &Path, args: &[&str]) -> Output {
+    Command::new(exe)
+        .args(args)
+        .current_dir(exe.parent().unwrap())
+        .env_remove("HOTPROBE_AGENT")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_lone_copy_of_hotprobe_uses_its_embedded_agent() {
+    let exe = lone_hotprobe("embedded");
+    assert_eq!(
+        std::fs::read_dir(exe.parent().unwrap()).unwrap().count(),
+        1,
+        "the copy is alone"
+    );
+    for (mechanism, tag, flags) in [
+        (
+            "patch",
+            "lone-pfe",
+            &["-O2", "-fpatchable-function-entry=5"][..],
+        ),
+        ("jump", "lone-plain", &["-O2"][..]),
+    ] {
+        let bin = loop_program(tag, flags);
+        let out = run_lone(
+            &exe,
+            &[
+                "count",
+                "--mechanism",
+                mechanism,
+                "work",
+                "--",
+                bin.to_str().unwrap(),
+                "100000",
+                "3",
+            ],
+        );
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{mechanism}: {}", text(&out.stderr));
+        assert!(stdout.starts_with(&loop_output(100_000, 3)), "{stdout}");
+        assert_eq!(hits(&stdout, "work"), 300_000, "{stdout}");
+        assert_eq!(row(&stdout, "work")[4], mechanism, "{stdout}");
+    }
+    // The agent, loaded from the memfd, is still recognised: its code is
+    // blacklisted.
+    let bin = loop_program("lone-plain-bl", &["-O2"]);
+    let out = run_lone(
+        &exe,
+        &[
+            "count",
+            "work",
+            "hotprobe_agent_version",
+            "--",
+            bin.to_str().unwrap(),
+            "10",
+            "1",
+        ],
+    );
+    assert_error(&out, 1, "blacklisted: the hotprobe agent");
+}
+
+#[test]
+fn a_missing_hotprobe_agent_override_is_an_error() {
+    let bin = loop_program("override-plain", &["-O2"]);
+    for args in [
+        &["count", "work", "--", bin.to_str().unwrap(), "10", "1"][..],
+        &[
+            "count",
+            "--mechanism",
+            "jump",
+            "work",
+            "--",
+            bin.to_str().unwrap(),
+            "10",
+            "1",
+        ][..],
+    ] {
+        let out = Command::new(HOTPROBE)
+            .args(args)
+            .env("HOTPROBE_AGENT", "/nonexistent/libhotprobe_agent.so")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_error(
+            &out,
+            1,
+            "HOTPROBE_AGENT=/nonexistent/libhotprobe_agent.so: No such file or directory",
+        );
+        assert!(text(&out.stdout).is_empty(), "{}", text(&out.stdout));
+    }
+}

@@ -94,9 +94,17 @@ pub enum FastPathError {
     /// No function of that name in the main executable or its probe list.
     #[error("no function {0} in the main executable (nor in its probe list)")]
     NoSuchFunction(String),
-    /// The agent library was not found.
-    #[error("libhotprobe_agent.so not found (looked in: {0}); build it with `cargo build -p hotprobe-agent` or pass its path")]
-    AgentNotFound(String),
+    /// `HOTPROBE_AGENT` names no usable file.
+    #[error("HOTPROBE_AGENT={}: {why}", path.display())]
+    AgentOverride {
+        /// The path given.
+        path: PathBuf,
+        /// Why it cannot be used.
+        why: String,
+    },
+    /// The embedded agent could not be written to a memfd.
+    #[error("cannot write the embedded agent library to a memfd: {0}")]
+    AgentMemfd(String),
     /// The agent did not attach to the shared memory.
     #[error("the agent did not attach in pid {pid}: {why}")]
     AgentNotAttached {
@@ -235,47 +243,87 @@ impl Default for FastPathConfig {
     }
 }
 
-/// Finds `libhotprobe_agent.so`: `$HOTPROBE_AGENT`, then next to the current
-/// executable, its `deps/` or parent, and `target/{debug,release}`.
+/// The agent library (`libhotprobe_agent.so`, release build), embedded at
+/// build time by this crate's build script.
+pub static EMBEDDED_AGENT: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/libhotprobe_agent.so"));
+
+/// The name of the memfd holding the embedded agent (it shows in a target's
+/// `/proc/PID/maps` as `/memfd:libhotprobe_agent.so (deleted)`, and
+/// `hotprobe_symbols` names that module `libhotprobe_agent.so`).
+pub const AGENT_MEMFD_NAME: &str = "libhotprobe_agent.so";
+
+/// The agent library to load into targets: `$HOTPROBE_AGENT` when set (an
+/// explicit path, which must name a file: an error otherwise, no fallback),
+/// else [`embedded_agent`].
 pub fn find_agent() -> Result<PathBuf, FastPathError> {
-    let mut tried = Vec::new();
     if let Some(p) = std::env::var_os("HOTPROBE_AGENT") {
-        let p = PathBuf::from(p);
-        if p.is_file() {
-            return Ok(p);
+        let path = PathBuf::from(p);
+        let bad = |why: String| FastPathError::AgentOverride {
+            path: path.clone(),
+            why,
+        };
+        return match std::fs::metadata(&path) {
+            Ok(m) if m.is_file() => std::fs::canonicalize(&path).map_err(|e| bad(e.to_string())),
+            Ok(_) => Err(bad("not a file".into())),
+            Err(e) => Err(bad(e.to_string())),
+        };
+    }
+    embedded_agent()
+}
+
+/// The embedded agent ([`EMBEDDED_AGENT`]), written once per process into a
+/// sealed memfd named [`AGENT_MEMFD_NAME`] that stays open for the life of
+/// the process: returns `/proc/OUR_PID/fd/N`, a path a spawned target
+/// (`LD_PRELOAD`) and an injected remote `dlopen` can open while this
+/// process lives. The descriptor is close-on-exec: programs we spawn do
+/// not inherit it, they open it by that path.
+pub fn embedded_agent() -> Result<PathBuf, FastPathError> {
+    static AGENT: std::sync::OnceLock<Result<std::os::fd::OwnedFd, String>> =
+        std::sync::OnceLock::new();
+    match AGENT.get_or_init(agent_memfd) {
+        Ok(fd) => {
+            use std::os::fd::AsRawFd;
+            Ok(PathBuf::from(format!(
+                "/proc/{}/fd/{}",
+                std::process::id(),
+                fd.as_raw_fd()
+            )))
         }
-        tried.push(p);
+        Err(e) => Err(FastPathError::AgentMemfd(e.clone())),
     }
-    if let Ok(exe) = std::env::current_exe() {
-        if let Some(dir) = exe.parent() {
-            for d in [
-                dir.to_path_buf(),
-                dir.join("deps"),
-                dir.join(".."),
-                dir.join("../deps"),
-            ] {
-                tried.push(d.join("libhotprobe_agent.so"));
-            }
-        }
+}
+
+/// Creates the memfd holding [`EMBEDDED_AGENT`], sealed against any change.
+fn agent_memfd() -> Result<std::os::fd::OwnedFd, String> {
+    use std::io::Write;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let err = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
+    let name = std::ffi::CString::new(AGENT_MEMFD_NAME).expect("no NUL");
+    // MFD_EXEC (Linux 6.3): executable even where vm.memfd_noexec makes
+    // memfds non-executable by default; older kernels refuse the flag.
+    const MFD_EXEC: libc::c_uint = 0x10;
+    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+    // SAFETY: a NUL-terminated name; no memory is passed.
+    let mut fd = unsafe { libc::memfd_create(name.as_ptr(), flags | MFD_EXEC) };
+    if fd < 0 {
+        // SAFETY: as above.
+        fd = unsafe { libc::memfd_create(name.as_ptr(), flags) };
     }
-    for p in ["target/release", "target/debug"] {
-        tried.push(Path::new(p).join("libhotprobe_agent.so"));
+    if fd < 0 {
+        return Err(err("memfd_create"));
     }
-    for p in &tried {
-        if p.is_file() {
-            return std::fs::canonicalize(p).map_err(|source| FastPathError::Io {
-                path: p.clone(),
-                source,
-            });
-        }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut file = std::fs::File::from(owned);
+    file.write_all(EMBEDDED_AGENT)
+        .map_err(|e| format!("write: {e}"))?;
+    let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+    // SAFETY: fcntl on our own descriptor; no memory is passed.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+        return Err(err("F_ADD_SEALS"));
     }
-    Err(FastPathError::AgentNotFound(
-        tried
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", "),
-    ))
+    Ok(OwnedFd::from(file))
 }
 
 /// A fast path prepared for a process about to be spawned.
@@ -341,8 +389,12 @@ impl FastPath {
     }
 
     /// Loads the agent into the running, attached, stopped process `t`
-    /// (remote `dlopen`, then `hotprobe_agent_attach_fd` on a descriptor the
-    /// target opens on our memfd through `/proc/OUR_PID/fd`).
+    /// (remote `dlopen`, then `hotprobe_agent_attach_fd` — found with a
+    /// remote `dlsym` on the handle, so whatever the library's name in the
+    /// target's maps, e.g. a memfd's — on a descriptor the target opens on
+    /// our memfd through `/proc/OUR_PID/fd`). An agent the target already
+    /// has (a previous tracer's) is attached again instead, when it speaks
+    /// this layout version.
     pub fn inject(
         t: &mut ProcessTarget,
         agent: &Path,
@@ -359,15 +411,42 @@ impl FastPath {
                 pid: t.pid(),
                 why: "no libc mapped in the target".into(),
             })?;
-        let dlopen = libc_mod
-            .module
-            .find("dlopen")
-            .or_else(|| libc_mod.module.find("__libc_dlopen_mode"))
-            .map(|s| libc_mod.runtime(s.addr).0)
-            .ok_or_else(|| FastPathError::AgentNotAttached {
+        let libc_fn = |names: &[&str]| {
+            names
+                .iter()
+                .find_map(|n| libc_mod.module.find(n))
+                .map(|s| libc_mod.runtime(s.addr).0)
+        };
+        let dlopen = libc_fn(&["dlopen", "__libc_dlopen_mode"]).ok_or_else(|| {
+            FastPathError::AgentNotAttached {
                 pid: t.pid(),
                 why: "no dlopen in the target's libc".into(),
-            })?;
+            }
+        })?;
+        let dlsym = libc_fn(&["dlsym", "__libc_dlsym"]);
+        // An agent already loaded (a previous tracer's, preloaded or
+        // injected, from another path or memfd than ours) is attached
+        // again rather than joined by a second copy, if it speaks our
+        // layout: its stubs and thread registrations stay consistent.
+        let existing = syms
+            .modules()
+            .iter()
+            .filter(|m| m.name.starts_with("libhotprobe_agent"))
+            .find_map(|m| {
+                let f = |n: &str| m.module.find(n).map(|s| m.runtime(s.addr).0);
+                Some((f("hotprobe_agent_attach_fd")?, f("hotprobe_agent_version")?))
+            });
+        drop(syms);
+        let pid = t.pid();
+        let fail = |why: String| FastPathError::AgentNotAttached { pid, why };
+        let timeout = Duration::from_secs(10);
+        let mut attach_fn = None;
+        if let Some((attach, version)) = existing {
+            let v = hotprobe_process::remote_call::remote_call(t, version, &[], timeout)?;
+            if v as u32 == hotprobe_abi::VERSION {
+                attach_fn = Some(attach);
+            }
+        }
         // Scratch page for the strings.
         let page = hotprobe_process::remote_call::remote_syscall(
             t,
@@ -382,27 +461,56 @@ impl FastPath {
             ],
         )?;
         if (page as i64) < 0 {
-            return Err(FastPathError::AgentNotAttached {
-                pid: t.pid(),
-                why: format!("remote mmap failed: errno {}", -(page as i64)),
-            });
+            return Err(fail(format!(
+                "remote mmap failed: errno {}",
+                -(page as i64)
+            )));
         }
         let agent_c = format!("{}\0", agent.display());
+        if agent_c.len() > 2048 {
+            return Err(fail(format!("agent path too long: {}", agent.display())));
+        }
         let fd_path = format!("/proc/{}/fd/{}\0", std::process::id(), shm.fd());
+        const ATTACH_NAME: &[u8] = b"hotprobe_agent_attach_fd\0";
         t.write_memory(RuntimeAddr(page), agent_c.as_bytes())?;
         t.write_memory(RuntimeAddr(page + 2048), fd_path.as_bytes())?;
-        let timeout = Duration::from_secs(10);
-        let handle = hotprobe_process::remote_call::remote_call(
-            t,
-            dlopen,
-            &[page, (libc::RTLD_NOW | libc::RTLD_GLOBAL) as u64],
-            timeout,
-        )?;
-        let pid = t.pid();
-        let fail = |why: String| FastPathError::AgentNotAttached { pid, why };
-        if handle == 0 {
-            return Err(fail(format!("dlopen({}) returned NULL", agent.display())));
+        t.write_memory(RuntimeAddr(page + 3072), ATTACH_NAME)?;
+        if attach_fn.is_none() {
+            let handle = hotprobe_process::remote_call::remote_call(
+                t,
+                dlopen,
+                &[page, (libc::RTLD_NOW | libc::RTLD_GLOBAL) as u64],
+                timeout,
+            )?;
+            if handle == 0 {
+                return Err(fail(format!("dlopen({}) returned NULL", agent.display())));
+            }
+            // The symbol of the copy just loaded, whatever its file is
+            // called in the target's maps (a memfd's name).
+            if let Some(dlsym) = dlsym {
+                let a = hotprobe_process::remote_call::remote_call(
+                    t,
+                    dlsym,
+                    &[handle, page + 3072],
+                    timeout,
+                )?;
+                attach_fn = (a != 0).then_some(a);
+            }
+            if attach_fn.is_none() {
+                let syms = hotprobe_symbols::ProcessSymbols::for_pid(t.pid() as u32)?;
+                attach_fn = syms
+                    .modules()
+                    .iter()
+                    .find(|m| m.name.starts_with("libhotprobe_agent"))
+                    .and_then(|m| {
+                        m.module
+                            .find("hotprobe_agent_attach_fd")
+                            .map(|s| m.runtime(s.addr).0)
+                    });
+            }
         }
+        let attach_fn = attach_fn
+            .ok_or_else(|| fail("agent mapped but hotprobe_agent_attach_fd not found".into()))?;
         let fd = hotprobe_process::remote_call::remote_syscall(
             t,
             libc::SYS_open as u64,
@@ -414,17 +522,6 @@ impl FastPath {
                 -(fd as i64)
             )));
         }
-        let syms = hotprobe_symbols::ProcessSymbols::for_pid(t.pid() as u32)?;
-        let attach_fn = syms
-            .modules()
-            .iter()
-            .find(|m| m.name.starts_with("libhotprobe_agent"))
-            .and_then(|m| {
-                m.module
-                    .find("hotprobe_agent_attach_fd")
-                    .map(|s| m.runtime(s.addr).0)
-            })
-            .ok_or_else(|| fail("agent mapped but hotprobe_agent_attach_fd not found".into()))?;
         let r = hotprobe_process::remote_call::remote_call(t, attach_fn, &[fd], timeout)?;
         let _ = hotprobe_process::remote_call::remote_syscall(t, libc::SYS_close as u64, &[fd]);
         let _ = hotprobe_process::remote_call::remote_syscall(

@@ -60,6 +60,17 @@ fn spawn_config(
     out: &Path,
     config: FastPathConfig,
 ) -> (ProcessTarget, FastPath) {
+    spawn_agent(exe, args, out, config, &agent())
+}
+
+/// [`spawn_config`] with the agent library at `agent`.
+fn spawn_agent(
+    exe: &Path,
+    args: &[&str],
+    out: &Path,
+    config: FastPathConfig,
+    agent: &Path,
+) -> (ProcessTarget, FastPath) {
     // -pg builds write gmon.out at exit: keep it out of the source tree.
     let gmon = tmp().join("gmon").into_os_string();
     let mut opts = SpawnOptions {
@@ -67,7 +78,7 @@ fn spawn_config(
         env: vec![("GMON_OUT_PREFIX".into(), gmon)],
         ..Default::default()
     };
-    let pending = FastPath::for_spawn(&mut opts, &agent(), config).unwrap();
+    let pending = FastPath::for_spawn(&mut opts, agent, config).unwrap();
     let args: Vec<OsString> = args.iter().map(OsString::from).collect();
     let mut t = ProcessTarget::spawn_with(exe, &args, &opts).unwrap();
     let fp = pending.attach(&mut t).unwrap();
@@ -777,4 +788,341 @@ fn stubs_of_a_vanished_tracer_stay_out_of_the_next_tracers_memory() {
         "every later call went to the generic path and missed there"
     );
     let _ = child.wait();
+}
+
+/// What the tracer of `forks.c` does at the child's fork stop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AtFork {
+    /// Writes the original bytes of every site back into the child
+    /// ([`FastPath::written_bytes`]), as the engine does.
+    Restore,
+    /// Leaves the child's code patched: the agent's dormancy alone keeps
+    /// the child out of the shared memory.
+    LeavePatched,
+    /// Sets `CONTROL_FOLLOW_FORKS` before the run and leaves the child's
+    /// code patched: the child counts and records in slots of its own.
+    Follow,
+}
+
+/// `forks.c`: `f` (recorded, with its return hook) forks inside its 4th
+/// call; the child returns from it through the return trampoline, calls
+/// `f` and `g` (counted through a per-site stub) 5 times each, and exits 0;
+/// the parent calls each 10 times. Whatever happens to the child, the
+/// parent's counters and ring hold the parent's calls only, and the child
+/// runs correctly.
+fn fork_inside_a_probed_function(tag: &str, flags: &[&str], mode: AtFork, agent: &Path) {
+    let exe = compile("forks.c", tag, flags);
+    let out = tmp().join(format!("{tag}-{mode:?}.out"));
+    let (mut t, mut fp) = spawn_agent(&exe, &[], &out, FastPathConfig::default(), agent);
+    let parent = t.pid() as u32;
+    let f = fp
+        .add(
+            &mut t,
+            "f",
+            Action::record().with_exit(),
+            MechanismChoice::Auto,
+        )
+        .unwrap();
+    let g = fp
+        .add(&mut t, "g", Action::count(), MechanismChoice::Auto)
+        .unwrap();
+    assert_eq!(f.exits, "return hook", "{f:?}");
+    assert!(g.stub, "{g:?}");
+    assert_eq!(f.mechanism, g.mechanism, "{f:?} {g:?}");
+    if mode == AtFork::Follow {
+        fp.shm().header().control.fetch_or(
+            hotprobe_abi::CONTROL_FOLLOW_FORKS,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+    t.resume_all().unwrap();
+    let mut child = None;
+    loop {
+        match t.wait(None).unwrap() {
+            TargetEvent::Exited(st) => {
+                assert_eq!(
+                    st.to_string(),
+                    hotprobe_target::ExitStatus::Code(0).to_string()
+                );
+                break;
+            }
+            TargetEvent::Forked { thread, child: c } => {
+                child = Some(c as u32);
+                if mode == AtFork::Restore {
+                    let mem = std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(format!("/proc/{c}/mem"))
+                        .unwrap();
+                    use std::os::unix::fs::FileExt;
+                    let written = fp.written_bytes();
+                    assert_eq!(written.len(), 2, "{written:?}");
+                    for (addr, original) in written {
+                        mem.write_all_at(&original, addr).unwrap();
+                    }
+                }
+                t.release_fork_child(c, &[]).unwrap();
+                t.resume(thread, hotprobe_target::ResumeMode::Continue)
+                    .unwrap();
+            }
+            TargetEvent::Breakpoint { thread, .. } | TargetEvent::Stepped { thread, .. } => t
+                .resume(thread, hotprobe_target::ResumeMode::Continue)
+                .unwrap(),
+            _ => {}
+        }
+    }
+    let child = child.expect("a fork event");
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        "child 16 24 1025 545\nparent 100 115 status 0\n",
+        "{tag} {mode:?}: both processes computed right, the child exited 0"
+    );
+    // Counters per owning process.
+    let shm = fp.shm();
+    let mut per_pid = std::collections::BTreeMap::<u32, (u64, u64)>::new();
+    for slot in 0..shm.threads_in_use() {
+        let (pid, _) = shm.thread_owner(slot).expect("claimed");
+        let c = shm.thread_counters(slot).unwrap();
+        let e = per_pid.entry(pid).or_default();
+        e.0 += c[f.probe_id as usize].load(std::sync::atomic::Ordering::Relaxed);
+        e.1 += c[g.probe_id as usize].load(std::sync::atomic::Ordering::Relaxed);
+    }
+    let globals = shm.global_counters();
+    assert_eq!(
+        globals[f.probe_id as usize].load(std::sync::atomic::Ordering::Relaxed)
+            + globals[g.probe_id as usize].load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    // Events per thread (the child's one thread has tid = its pid).
+    let mut events = std::collections::BTreeMap::<u32, Vec<RecordedEvent>>::new();
+    fp.drain(|e| events.entry(e.tid).or_default().push(*e));
+    let kinds = |tid: u32| -> String {
+        events
+            .get(&tid)
+            .map(|v| {
+                v.iter()
+                    .map(|e| match e.kind {
+                        KIND_ENTRY => 'e',
+                        KIND_EXIT => 'x',
+                        _ => '?',
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        per_pid.get(&parent),
+        Some(&(10, 10)),
+        "{tag} {mode:?}: {per_pid:?}"
+    );
+    assert_eq!(kinds(parent), "ex".repeat(10), "{tag} {mode:?}");
+    let exit_values: Vec<u64> = events[&parent]
+        .iter()
+        .filter(|e| e.kind == KIND_EXIT)
+        .map(|e| e.args[0])
+        .collect();
+    assert_eq!(
+        exit_values,
+        (0..10).map(|i| 2 * i + 1).collect::<Vec<u64>>()
+    );
+    if mode == AtFork::Follow {
+        assert_eq!(per_pid.get(&child), Some(&(5, 5)), "{tag}: {per_pid:?}");
+        assert_eq!(per_pid.len(), 2, "{per_pid:?}");
+        // The child's first event is the return of the call that forked.
+        assert_eq!(kinds(child), format!("x{}", "ex".repeat(5)), "{tag}");
+        assert_eq!(events[&child][0].args[0], 7);
+        assert_eq!(fp.count(f.probe_id), 15);
+        assert_eq!(fp.count(g.probe_id), 15);
+    } else {
+        assert_eq!(per_pid.len(), 1, "{tag} {mode:?}: {per_pid:?}");
+        assert!(!events.contains_key(&child), "{tag} {mode:?}");
+        assert_eq!(fp.count(f.probe_id), 10);
+        assert_eq!(fp.count(g.probe_id), 10);
+    }
+    assert_eq!(fp.drops(), 0);
+}
+
+/// With the agent of this build (debug) and the embedded one (release).
+#[test]
+fn fork_in_a_probed_function_patch() {
+    for agent in [agent(), embedded_agent().unwrap()] {
+        for mode in [AtFork::Restore, AtFork::LeavePatched, AtFork::Follow] {
+            fork_inside_a_probed_function(
+                "forks-pfe",
+                &["-O2", "-fpatchable-function-entry=5"],
+                mode,
+                &agent,
+            );
+        }
+    }
+}
+
+#[test]
+fn fork_in_a_probed_function_jump() {
+    for agent in [agent(), embedded_agent().unwrap()] {
+        for mode in [AtFork::Restore, AtFork::LeavePatched, AtFork::Follow] {
+            fork_inside_a_probed_function("forks-plain", &["-O2"], mode, &agent);
+        }
+    }
+}
+
+/// The embedded agent, injected from its memfd (`/proc/OUR_PID/fd/N`): the
+/// target maps `/memfd:libhotprobe_agent.so`, which its symbols name
+/// `libhotprobe_agent.so`; counts are exact; a second injection attaches
+/// the agent already there.
+#[test]
+fn inject_the_embedded_agent() {
+    let (mut child, mut stdout) = start_sleeper("sleeper-embedded", 20_000);
+    let pid = child.id() as i32;
+    let mut t = ProcessTarget::attach(pid).unwrap();
+    let agent = embedded_agent().unwrap();
+    assert!(
+        agent.starts_with(format!("/proc/{}/fd", std::process::id())),
+        "{}",
+        agent.display()
+    );
+    let fp1 = FastPath::inject(&mut t, &agent, FastPathConfig::default()).unwrap();
+    drop(fp1);
+    let mut fp = FastPath::inject(&mut t, &agent, FastPathConfig::default()).unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let agent_lines: Vec<&str> = maps
+        .lines()
+        .filter(|l| l.contains("hotprobe_agent"))
+        .collect();
+    assert!(!agent_lines.is_empty(), "{maps}");
+    assert!(
+        agent_lines
+            .iter()
+            .all(|l| l.ends_with("/memfd:libhotprobe_agent.so (deleted)")),
+        "{agent_lines:?}"
+    );
+    let inodes: std::collections::BTreeSet<&str> = agent_lines
+        .iter()
+        .map(|l| l.split_whitespace().nth(4).unwrap())
+        .collect();
+    assert_eq!(inodes.len(), 1, "one copy of the agent: {agent_lines:?}");
+    let syms = hotprobe_symbols::ProcessSymbols::for_pid(pid as u32).unwrap();
+    let m = syms.find_module("libhotprobe_agent").unwrap();
+    assert_eq!(m.name, "libhotprobe_agent.so");
+    assert!(m.module.find("hotprobe_agent_attach_fd").is_some());
+    let info = fp
+        .add(&mut t, "work", Action::count(), MechanismChoice::Auto)
+        .unwrap();
+    t.resume_all().unwrap();
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    loop {
+        if let TargetEvent::Exited(_) = t.wait(None).unwrap() {
+            break;
+        }
+    }
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    let total: u64 = (0..20_000u64).map(|i| (i & 3) * 2 + 1).sum();
+    assert_eq!(rest, format!("total {total}\n"));
+    assert_eq!(fp.count(info.probe_id), 20_000);
+    let _ = child.wait();
+}
+
+/// `fork_throw.cc`: the child of a fork inside `forker` (return hooked in
+/// the parent) throws through `forker`'s frame, which still holds the
+/// swapped return address: the preloaded agent's unwinder hooks put the
+/// real one back even when dormant, so the child catches and exits 0.
+#[test]
+fn a_forked_child_throws_through_a_hooked_frame() {
+    let exe = compile(
+        "fork_throw.cc",
+        "fork-throw-pfe",
+        &["-O2", "-fpatchable-function-entry=5"],
+    );
+    for mode in [AtFork::Restore, AtFork::LeavePatched, AtFork::Follow] {
+        let out = tmp().join(format!("fork-throw-{mode:?}.out"));
+        let (mut t, mut fp) = spawn(&exe, &[], &out);
+        let parent = t.pid() as u32;
+        for f in ["forker", "thrower"] {
+            let info = fp
+                .add(
+                    &mut t,
+                    f,
+                    Action::record().with_exit(),
+                    MechanismChoice::Auto,
+                )
+                .unwrap();
+            assert_eq!(info.exits, "return hook", "{info:?}");
+        }
+        if mode == AtFork::Follow {
+            fp.shm().header().control.fetch_or(
+                hotprobe_abi::CONTROL_FOLLOW_FORKS,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
+        t.resume_all().unwrap();
+        loop {
+            match t.wait(None).unwrap() {
+                TargetEvent::Exited(st) => {
+                    assert_eq!(
+                        st.to_string(),
+                        hotprobe_target::ExitStatus::Code(0).to_string()
+                    );
+                    break;
+                }
+                TargetEvent::Forked { thread, child } => {
+                    if mode == AtFork::Restore {
+                        let mem = std::fs::OpenOptions::new()
+                            .write(true)
+                            .open(format!("/proc/{child}/mem"))
+                            .unwrap();
+                        use std::os::unix::fs::FileExt;
+                        for (addr, original) in fp.written_bytes() {
+                            mem.write_all_at(&original, addr).unwrap();
+                        }
+                    }
+                    t.release_fork_child(child, &[]).unwrap();
+                    t.resume(thread, hotprobe_target::ResumeMode::Continue)
+                        .unwrap();
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(
+            std::fs::read_to_string(&out).unwrap(),
+            "child caught 5\nparent child-status 0\n",
+            "{mode:?}"
+        );
+        let mut parent_events = vec![];
+        fp.drain(|e| {
+            if e.tid == parent {
+                parent_events.push((e.kind, e.args[0]));
+            }
+        });
+        // forker's entry and its return value (the child's exit status).
+        assert_eq!(parent_events.len(), 2, "{mode:?}: {parent_events:?}");
+        assert_eq!(parent_events[1], (KIND_EXIT, 0), "{mode:?}");
+    }
+}
+
+/// The agent preloaded from the tracer's memfd (`/proc/TRACER/fd/N`) takes
+/// that entry out of `LD_PRELOAD` (it opens only while the tracer lives);
+/// other entries stay.
+#[test]
+fn the_embedded_agent_leaves_ld_preload_without_its_memfd() {
+    let out = tmp().join("preload.out");
+    let mut opts = SpawnOptions {
+        stdout: Some(File::create(&out).unwrap()),
+        ..Default::default()
+    };
+    let agent = embedded_agent().unwrap();
+    let pending = FastPath::for_spawn(&mut opts, &agent, FastPathConfig::default()).unwrap();
+    for (k, v) in opts.env.iter_mut() {
+        if k == "LD_PRELOAD" {
+            assert!(v.to_string_lossy().starts_with(&*agent.to_string_lossy()));
+            v.push(":libm.so.6");
+        }
+    }
+    let args: Vec<OsString> = ["-c", "echo \"[$LD_PRELOAD]\""]
+        .iter()
+        .map(OsString::from)
+        .collect();
+    let mut t = ProcessTarget::spawn_with(Path::new("/bin/sh"), &args, &opts).unwrap();
+    let _fp = pending.attach(&mut t).unwrap();
+    run_to_exit(&mut t);
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "[libm.so.6]\n");
 }

@@ -80,6 +80,17 @@ impl ModuleCache {
                 return Ok(m.clone());
             }
         }
+        // The same file under another name (a deleted or memfd-backed file
+        // reached through `/proc/PID/fd/N` or `/proc/PID/map_files/..`,
+        // a new name per process): parsed once.
+        if let Some(m) = entries
+            .values()
+            .find(|(other, _)| *other == id)
+            .map(|(_, m)| m.clone())
+        {
+            entries.insert(path.to_path_buf(), (id, m.clone()));
+            return Ok(m);
+        }
         let module = if is_elf_file(path).map_err(io)? {
             Some(Arc::new(ElfModule::open(path)?))
         } else {
@@ -254,23 +265,27 @@ impl ProcessSymbols {
         open_as: impl Fn(&Mapping) -> Option<PathBuf>,
     ) -> Result<Self, SymbolError> {
         let exe_canon = std::fs::canonicalize(main_exe).ok();
-        // Group mappings by path, in order of first appearance.
-        let mut order: Vec<&Path> = Vec::new();
-        let mut groups: HashMap<&Path, Vec<&Mapping>> = HashMap::new();
+        // Group mappings by file (path, device, inode: two memfds may carry
+        // the same name), in order of first appearance.
+        type Key<'m> = (&'m Path, (u32, u32), u64);
+        let mut order: Vec<Key<'_>> = Vec::new();
+        let mut groups: HashMap<Key<'_>, Vec<&Mapping>> = HashMap::new();
         for m in maps {
             let Some(p) = m.path.as_deref() else { continue };
+            let key = (p, m.dev, m.inode);
             groups
-                .entry(p)
+                .entry(key)
                 .or_insert_with(|| {
-                    order.push(p);
+                    order.push(key);
                     Vec::new()
                 })
                 .push(m);
         }
         let mut modules = Vec::new();
         let mut main = None;
-        for path in order {
-            let Some(group) = groups.get(path) else {
+        for key in order {
+            let path = key.0;
+            let Some(group) = groups.get(&key) else {
                 continue;
             };
             let read_path = match group.first().and_then(|m| open_as(m)) {
@@ -291,10 +306,7 @@ impl ProcessSymbols {
                 main = Some(modules.len());
             }
             modules.push(LoadedModule {
-                name: path
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_else(|| path.display().to_string()),
+                name: module_name(path),
                 path: path.to_path_buf(),
                 module,
                 bias,
@@ -305,7 +317,14 @@ impl ProcessSymbols {
     }
 
     /// Read `/proc/PID/maps` and `/proc/PID/exe` and open every module.
-    /// A deleted main executable is read through `/proc/PID/exe`.
+    /// A deleted main executable is read through `/proc/PID/exe`; another
+    /// deleted file — a library replaced on disk, or one loaded from a
+    /// memfd (`/memfd:NAME (deleted)` in the maps, e.g. the hotprobe agent,
+    /// which the tracer hands out as `/proc/TRACER/fd/N`) — through an open
+    /// descriptor of the same file, ours or the process's
+    /// (`/proc/{self,PID}/fd/N`), else `/proc/PID/map_files/START-END`
+    /// (which needs `CAP_SYS_ADMIN` or `CAP_CHECKPOINT_RESTORE`); it is
+    /// skipped when none opens.
     pub fn for_pid(pid: u32) -> Result<Self, SymbolError> {
         let maps = read_maps(pid)?;
         let exe_link = PathBuf::from(format!("/proc/{pid}/exe"));
@@ -320,8 +339,13 @@ impl ProcessSymbols {
         };
         let exe_for_open = exe.clone();
         Self::build(&maps, &exe, ModuleCache::global(), move |m| {
-            (m.deleted && m.path.as_deref() == Some(exe_for_open.as_path()))
-                .then(|| exe_link.clone())
+            if !m.deleted {
+                return None;
+            }
+            if m.path.as_deref() == Some(exe_for_open.as_path()) {
+                return Some(exe_link.clone());
+            }
+            reopen_deleted(pid, m)
         })
     }
 
@@ -643,6 +667,64 @@ impl ProcessSymbols {
             offset: sym.map_or(0, |(_, off)| off),
         })
     }
+}
+
+/// A module's name: the file name of its path, without the `memfd:` prefix
+/// of a memfd-backed file (`/memfd:libhotprobe_agent.so` is named
+/// `libhotprobe_agent.so`).
+fn module_name(path: &Path) -> String {
+    let n = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string());
+    match n.strip_prefix("memfd:") {
+        Some(rest) if !rest.is_empty() => rest.to_string(),
+        _ => n,
+    }
+}
+
+/// `(major, minor)` of a `st_dev` (glibc's `dev_t` encoding), as
+/// `/proc/PID/maps` shows it.
+fn dev_parts(dev: u64) -> (u32, u32) {
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    (major as u32, minor as u32)
+}
+
+/// A path that opens the deleted file behind mapping `m` of process `pid`:
+/// a descriptor of ours or of the process on the same file (device and
+/// inode), else the mapping's `/proc/PID/map_files` entry.
+fn reopen_deleted(pid: u32, m: &Mapping) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let path = m.path.as_deref()?;
+    // readlink of a descriptor shows the name the maps show, " (deleted)"
+    // appended: a cheap filter before the stat.
+    let mut shown = path.as_os_str().to_owned();
+    shown.push(" (deleted)");
+    for dir in [
+        PathBuf::from(format!("/proc/{}/fd", std::process::id())),
+        PathBuf::from(format!("/proc/{pid}/fd")),
+    ] {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let fd = e.path();
+            if std::fs::read_link(&fd).ok().as_deref() != Some(Path::new(&shown)) {
+                continue;
+            }
+            if let Ok(md) = std::fs::metadata(&fd) {
+                if md.ino() == m.inode && dev_parts(md.dev()) == m.dev {
+                    return Some(fd);
+                }
+            }
+        }
+    }
+    let mf = PathBuf::from(format!(
+        "/proc/{pid}/map_files/{:x}-{:x}",
+        m.start.0, m.end.0
+    ));
+    std::fs::File::open(&mf).ok().map(|_| mf)
 }
 
 fn function_range(lm: &LoadedModule, s: &Symbol) -> Option<Range<RuntimeAddr>> {

@@ -281,3 +281,102 @@ fn libc_getpid_addr() -> u64 {
     }
     getpid as *const () as usize as u64
 }
+
+/// Loads `argv[1]` (a shared library) from a memfd named `libmemfoo.so`
+/// through `/proc/self/fd/N`, prints `foo_add`'s address, closes the memfd
+/// unless `argv[2]` is `keep`, and waits for stdin to close.
+const MEMFD_PROG_C: &str = r#"#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+int main(int argc, char **argv) {
+    FILE *f = fopen(argv[1], "rb");
+    int fd = memfd_create("libmemfoo.so", MFD_CLOEXEC);
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+        if (write(fd, buf, n) != (ssize_t)n)
+            return 2;
+    fclose(f);
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    void *h = dlopen(path, RTLD_NOW);
+    if (!h)
+        return 3;
+    if (strcmp(argv[2], "keep") != 0)
+        close(fd);
+    printf("%p\n", dlsym(h, "foo_add"));
+    fflush(stdout);
+    getchar();
+    return 0;
+}
+"#;
+
+/// A library loaded from a memfd (`/memfd:libmemfoo.so (deleted)` in the
+/// maps, like the hotprobe agent) is a module named `libmemfoo.so`, read
+/// through the process's descriptor while it keeps one, else through
+/// `/proc/PID/map_files` (privileged; skipped otherwise).
+#[test]
+fn library_loaded_from_a_memfd() {
+    let dir = TempDir::new("memfd");
+    let lib = compile(
+        dir.path(),
+        "gcc",
+        "foo.c",
+        LIB_C,
+        "libfoo.so",
+        &["-g", "-O0", "-shared", "-fPIC"],
+    );
+    let exe = compile(
+        dir.path(),
+        "gcc",
+        "memfd.c",
+        MEMFD_PROG_C,
+        "memfd",
+        &["-O2", "-ldl"],
+    );
+    for mode in ["keep", "close"] {
+        let mut child = Command::new(&exe)
+            .arg(&lib)
+            .arg(mode)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let foo_add = u64::from_str_radix(line.trim().trim_start_matches("0x"), 16)
+            .unwrap_or_else(|_| panic!("{mode}: {line:?}"));
+        let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.id())).unwrap();
+        assert!(
+            maps.contains("/memfd:libmemfoo.so (deleted)"),
+            "{mode}: {maps}"
+        );
+        let ps = ProcessSymbols::for_pid(child.id()).unwrap();
+        let range = maps
+            .lines()
+            .find(|l| l.contains("/memfd:libmemfoo.so"))
+            .and_then(|l| l.split_whitespace().next())
+            .unwrap();
+        let map_files = format!("/proc/{}/map_files/{range}", child.id());
+        let readable = mode == "keep" || std::fs::File::open(map_files).is_ok();
+        if readable {
+            let m = ps.find_module("libmemfoo").unwrap();
+            assert_eq!(m.name, "libmemfoo.so", "{mode}");
+            assert_eq!(one(&ps, "libmemfoo:foo_add").addr, RuntimeAddr(foo_add));
+            assert_eq!(
+                ps.symbolize(RuntimeAddr(foo_add)).unwrap().to_string(),
+                "foo_add [libmemfoo.so]"
+            );
+        } else {
+            eprintln!("{mode}: /proc/PID/map_files not readable here; module skipped");
+        }
+        drop(child.stdin.take());
+        assert!(child.wait().unwrap().success());
+    }
+}

@@ -377,6 +377,11 @@ impl Session {
                         self.config.fast_path,
                     )?)
                 }
+                // A bad explicit override is the user's error, not a reason
+                // to fall back to traps quietly.
+                Err(e @ hotprobe_fastpath::FastPathError::AgentOverride { .. }) => {
+                    return Err(e.into())
+                }
                 Err(e) => fast_off = Some(e.to_string()),
             }
         }
@@ -398,13 +403,18 @@ impl Session {
     /// [`Session::start`]. The agent is loaded at the first probe that the
     /// fast path takes.
     pub fn attach(&mut self, pid: i32) -> Result<TargetId, EngineError> {
-        let t = ProcessTarget::attach(pid)?;
-        let r = crate::ProcessResolver::new(pid)?;
         let fast = if self.config.mechanism == MechanismChoice::Trap {
             Fast::Off("--mechanism trap".into())
         } else {
-            Fast::Injectable
+            match hotprobe_fastpath::find_agent() {
+                Err(e @ hotprobe_fastpath::FastPathError::AgentOverride { .. }) => {
+                    return Err(e.into())
+                }
+                _ => Fast::Injectable,
+            }
         };
+        let t = ProcessTarget::attach(pid)?;
+        let r = crate::ProcessResolver::new(pid)?;
         Ok(self.push_slot(Box::new(t), Some(Box::new(r)), Some(pid), false, fast))
     }
 
