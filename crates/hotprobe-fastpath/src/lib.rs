@@ -376,12 +376,10 @@ impl FastPath {
             preload.push(old);
         }
         opts.env.push(("LD_PRELOAD".into(), preload));
-        // The agent attaches itself from its constructor: stop after it ran.
-        opts.stop_at_entry = true;
-        opts.env.push((
-            "HOTPROBE_SHM_PATH".into(),
-            format!("/proc/{}/fd/{}", std::process::id(), shm.fd()).into(),
-        ));
+        // The agent is mapped and relocated at the spawn stop (before any
+        // constructor runs, its own included): `PendingFastPath::attach`
+        // attaches it there by a remote call, so that probes go in before
+        // any constructor of the program or its libraries runs.
         Ok(PendingFastPath {
             shm,
             stubs: config.stubs,
@@ -470,10 +468,8 @@ impl FastPath {
         if agent_c.len() > 2048 {
             return Err(fail(format!("agent path too long: {}", agent.display())));
         }
-        let fd_path = format!("/proc/{}/fd/{}\0", std::process::id(), shm.fd());
         const ATTACH_NAME: &[u8] = b"hotprobe_agent_attach_fd\0";
         t.write_memory(RuntimeAddr(page), agent_c.as_bytes())?;
-        t.write_memory(RuntimeAddr(page + 2048), fd_path.as_bytes())?;
         t.write_memory(RuntimeAddr(page + 3072), ATTACH_NAME)?;
         if attach_fn.is_none() {
             let handle = hotprobe_process::remote_call::remote_call(
@@ -511,30 +507,12 @@ impl FastPath {
         }
         let attach_fn = attach_fn
             .ok_or_else(|| fail("agent mapped but hotprobe_agent_attach_fd not found".into()))?;
-        let fd = hotprobe_process::remote_call::remote_syscall(
-            t,
-            libc::SYS_open as u64,
-            &[page + 2048, (libc::O_RDWR | libc::O_CLOEXEC) as u64],
-        )?;
-        if (fd as i64) < 0 {
-            return Err(fail(format!(
-                "remote open of our memfd: errno {}",
-                -(fd as i64)
-            )));
-        }
-        let r = hotprobe_process::remote_call::remote_call(t, attach_fn, &[fd], timeout)?;
-        let _ = hotprobe_process::remote_call::remote_syscall(t, libc::SYS_close as u64, &[fd]);
         let _ = hotprobe_process::remote_call::remote_syscall(
             t,
             libc::SYS_munmap as u64,
             &[page, 4096],
         );
-        if r as i32 != 0 {
-            return Err(fail(format!(
-                "hotprobe_agent_attach_fd returned {}",
-                r as i32
-            )));
-        }
+        remote_attach(t, &shm, attach_fn)?;
         FastPath::new(shm, t, config.stubs)
     }
 
@@ -1089,12 +1067,86 @@ impl FastPath {
 }
 
 impl PendingFastPath {
-    /// Checks that the preloaded agent attached (its constructor runs
-    /// before the entry point, where `ProcessTarget::spawn_with` stops with
-    /// the `stop_at_entry` that [`FastPath::for_spawn`] sets).
+    /// Attaches the preloaded agent to our shared memory by a remote call
+    /// of `hotprobe_agent_attach_fd`, wherever the process stopped after
+    /// its spawn (before any constructor: the agent is mapped and
+    /// relocated there; or at its entry point).
     pub fn attach(self, t: &mut ProcessTarget) -> Result<FastPath, FastPathError> {
+        let pid = t.pid();
+        let syms = hotprobe_symbols::ProcessSymbols::for_pid(pid as u32)?;
+        let attach_fn = syms
+            .modules()
+            .iter()
+            .filter(|m| m.name.starts_with("libhotprobe_agent"))
+            .find_map(|m| {
+                m.module
+                    .find("hotprobe_agent_attach_fd")
+                    .map(|s| m.runtime(s.addr).0)
+            })
+            .ok_or_else(|| FastPathError::AgentNotAttached {
+                pid,
+                why: "the agent is not mapped (LD_PRELOAD ignored? a setuid or static binary?)"
+                    .into(),
+            })?;
+        drop(syms);
+        remote_attach(t, &self.shm, attach_fn)?;
         FastPath::new(self.shm, t, self.stubs)
     }
+}
+
+/// Makes the stopped target open our memfd (through `/proc/OUR_PID/fd`)
+/// and call the agent's `attach_fn` (`hotprobe_agent_attach_fd`) on it.
+fn remote_attach(
+    t: &mut ProcessTarget,
+    shm: &OwnedShm,
+    attach_fn: u64,
+) -> Result<(), FastPathError> {
+    use hotprobe_process::remote_call::{remote_call, remote_syscall};
+    let pid = t.pid();
+    let fail = |why: String| FastPathError::AgentNotAttached { pid, why };
+    let page = remote_syscall(
+        t,
+        libc::SYS_mmap as u64,
+        &[
+            0,
+            4096,
+            (libc::PROT_READ | libc::PROT_WRITE) as u64,
+            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+            u64::MAX,
+            0,
+        ],
+    )?;
+    if (page as i64) < 0 {
+        return Err(fail(format!(
+            "remote mmap failed: errno {}",
+            -(page as i64)
+        )));
+    }
+    let fd_path = format!("/proc/{}/fd/{}\0", std::process::id(), shm.fd());
+    t.write_memory(RuntimeAddr(page), fd_path.as_bytes())?;
+    let fd = remote_syscall(
+        t,
+        libc::SYS_open as u64,
+        &[page, (libc::O_RDWR | libc::O_CLOEXEC) as u64],
+    );
+    let _ = remote_syscall(t, libc::SYS_munmap as u64, &[page, 4096]);
+    let fd = fd?;
+    if (fd as i64) < 0 {
+        return Err(fail(format!(
+            "remote open of our memfd: errno {}",
+            -(fd as i64)
+        )));
+    }
+    let r = remote_call(t, attach_fn, &[fd], Duration::from_secs(10));
+    let _ = remote_syscall(t, libc::SYS_close as u64, &[fd]);
+    let r = r?;
+    if r as i32 != 0 {
+        return Err(fail(format!(
+            "hotprobe_agent_attach_fd returned {}",
+            r as i32
+        )));
+    }
+    Ok(())
 }
 
 fn wait_pcs_outside(t: &mut dyn Target, addr: u64, len: u64) -> Result<(), FastPathError> {
