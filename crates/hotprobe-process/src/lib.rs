@@ -1152,6 +1152,10 @@ impl Target for ProcessTarget {
         Some(self)
     }
 
+    fn forget_breakpoint(&mut self, addr: RuntimeAddr) {
+        self.breakpoints.remove(&addr.0);
+    }
+
     fn alloc_scratch(&mut self, near: RuntimeAddr, len: u64) -> Result<ScratchRegion, TargetError> {
         let no = |why: String, me: &Self| TargetError::NoScratch {
             near: near.0,

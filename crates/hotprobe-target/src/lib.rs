@@ -315,6 +315,10 @@ pub trait Target {
         Ok(())
     }
 
+    /// Forget the breakpoint at `addr` without writing anything: the
+    /// memory it was in is gone (a library was unmapped). No-op by default.
+    fn forget_breakpoint(&mut self, _addr: RuntimeAddr) {}
+
     /// The concrete target, for callers that need more than this trait
     /// (the fast path needs a process target's remote calls). `None` by
     /// default.

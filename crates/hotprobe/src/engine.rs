@@ -427,17 +427,7 @@ impl Engine {
                 reason: "maxactive must be at least 1".into(),
             });
         }
-        if self.strategy == ReturnStrategy::Trampoline && self.trampoline.is_none() {
-            let Some(t) = self.alloc_slot(addr, 16)? else {
-                return Err(EngineError::Refused {
-                    addr: addr.0,
-                    reason: "return probes need scratch memory for their trampoline, and this target has none".into(),
-                });
-            };
-            self.target.write_memory(t, &[0x90; 16])?;
-            self.target.insert_breakpoint(t)?;
-            self.trampoline = Some(t);
-        }
+        self.ensure_trampoline(addr)?;
         self.ensure_site(addr)?;
         let id = self.new_id();
         self.sites.get_mut(&addr.0).expect("site").probes.push(id);
@@ -459,6 +449,119 @@ impl Engine {
             },
         );
         Ok(id)
+    }
+
+    /// The return trampoline (targets with [`ReturnStrategy::Trampoline`]),
+    /// allocated near `addr` on first use.
+    fn ensure_trampoline(&mut self, addr: RuntimeAddr) -> Result<(), EngineError> {
+        if self.strategy == ReturnStrategy::Trampoline && self.trampoline.is_none() {
+            let Some(t) = self.alloc_slot(addr, 16)? else {
+                return Err(EngineError::Refused {
+                    addr: addr.0,
+                    reason: "return probes need scratch memory for their trampoline, and this target has none".into(),
+                });
+            };
+            self.target.write_memory(t, &[0x90; 16])?;
+            self.target.insert_breakpoint(t)?;
+            self.trampoline = Some(t);
+        }
+        Ok(())
+    }
+
+    /// A probe (or, with `rp`, a return probe) that is not armed anywhere
+    /// yet: its module is not loaded. [`Engine::arm_at`] places it.
+    pub(crate) fn add_unarmed(
+        &mut self,
+        probe: Option<crate::Probe>,
+        rp: Option<RetProbe>,
+    ) -> ProbeId {
+        let id = self.new_id();
+        let kind = match (probe, rp) {
+            (_, Some(rp)) => ProbeKind::Ret {
+                entry: rp.entry,
+                ret: rp.ret,
+                maxactive: rp.maxactive.max(1),
+                live: 0,
+            },
+            (p, None) => {
+                let p = p.unwrap_or_default();
+                ProbeKind::Plain {
+                    pre: p.pre,
+                    post: p.post,
+                }
+            }
+        };
+        self.probes.insert(
+            id,
+            ProbeEntry {
+                addr: RuntimeAddr(0),
+                kind,
+                enabled: false,
+                hits: 0,
+                nmissed: 0,
+                returns: 0,
+                dropped: true,
+            },
+        );
+        id
+    }
+
+    /// Arms probe `id` (unarmed: pending, or its library was unmapped) at
+    /// `addr`; its counts go on from where they were.
+    pub(crate) fn arm_at(&mut self, id: ProbeId, addr: RuntimeAddr) -> Result<(), EngineError> {
+        self.check_alive()?;
+        let is_ret = matches!(
+            self.probes
+                .get(&id)
+                .ok_or(EngineError::NoSuchProbe(id))?
+                .kind,
+            ProbeKind::Ret { .. }
+        );
+        if is_ret {
+            self.ensure_trampoline(addr)?;
+        }
+        self.ensure_site(addr)?;
+        self.sites.get_mut(&addr.0).expect("site").probes.push(id);
+        let p = self.probes.get_mut(&id).expect("checked above");
+        p.addr = addr;
+        p.dropped = false;
+        p.enabled = true;
+        Ok(())
+    }
+
+    /// Forgets every site in `[start, end)` without writing anything (the
+    /// memory was unmapped: a library closed). Their probes stay, unarmed,
+    /// with their counts, and can be armed again with [`Engine::arm_at`].
+    pub(crate) fn forget_range(&mut self, start: u64, end: u64) {
+        let gone: Vec<u64> = self
+            .sites
+            .keys()
+            .copied()
+            .filter(|a| (start..end).contains(a))
+            .collect();
+        for a in gone {
+            let Some(site) = self.sites.remove(&a) else {
+                continue;
+            };
+            for id in site.probes {
+                if let Some(p) = self.probes.get_mut(&id) {
+                    p.dropped = true;
+                    p.enabled = false;
+                    if let ProbeKind::Ret { live, .. } = &mut p.kind {
+                        *live = 0;
+                    }
+                }
+            }
+            if site.armed {
+                self.target.forget_breakpoint(RuntimeAddr(a));
+            }
+        }
+        for stack in self.shadow.values_mut() {
+            stack.retain(|i| {
+                let a = self.probes.get(&i.probe).map_or(0, |p| p.addr.0);
+                !(start..end).contains(&a)
+            });
+        }
     }
 
     fn check_alive(&self) -> Result<(), EngineError> {

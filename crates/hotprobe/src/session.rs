@@ -55,6 +55,8 @@ pub enum Mechanism {
     Trap,
     /// A breakpoint in a guest, through QEMU's GDB stub.
     Stub,
+    /// Not placed yet: its module is not loaded (see [`Session::add`]).
+    Pending,
 }
 
 impl std::fmt::Display for Mechanism {
@@ -66,6 +68,7 @@ impl std::fmt::Display for Mechanism {
             Mechanism::Jump => f.write_str("jump"),
             Mechanism::Trap => f.write_str("trap"),
             Mechanism::Stub => f.write_str("stub"),
+            Mechanism::Pending => f.write_str("pending"),
         }
     }
 }
@@ -165,12 +168,38 @@ enum Fast {
 }
 
 /// A probe the fast path runs.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct FastProbe {
-    /// Its counter (entries).
-    counter: u32,
-    /// Counter of its exit placeholders' hits (returns), if any.
-    exit_counter: Option<u32>,
+    /// Its counters: entries, and the exit placeholders' hits (returns)
+    /// if any; one pair per place it was armed (a library loaded again
+    /// at another address is probed again under the same probe).
+    counters: Vec<(u32, Option<u32>)>,
+}
+
+/// A probe whose module was not loaded when it was added (or was
+/// unloaded since): armed at the dynamic loader's rendezvous when the
+/// module is mapped, before its constructors run; disarmed (nothing
+/// written: the memory is gone) when it is unmapped.
+struct Pending {
+    /// The spec, resolved again at each change of the loaded modules.
+    spec: String,
+    /// The probe (an unarmed engine probe with the trap form of its action).
+    id: ProbeId,
+    /// `Count` or `Record`: the fast path may take it.
+    fast_ok: bool,
+    record: bool,
+    is_return: bool,
+    /// Where it is armed now.
+    armed: Option<Armed>,
+}
+
+/// Where a pending probe is armed.
+struct Armed {
+    /// The module's path and the span of its mappings.
+    path: PathBuf,
+    start: u64,
+    end: u64,
+    addr: u64,
 }
 
 /// One target and everything active on it.
@@ -189,6 +218,8 @@ struct Slot {
     trap_events: Rc<RefCell<Vec<RecordedEvent>>>,
     /// Probes that record (fast or trap): the loop drains for them.
     recording: bool,
+    /// Probes on modules not loaded (yet, or any more).
+    pending: Vec<Pending>,
 }
 
 impl Slot {
@@ -325,6 +356,7 @@ impl Session {
             drain: RingDrain::default(),
             trap_events: Rc::new(RefCell::new(Vec::new())),
             recording: false,
+            pending: Vec::new(),
         });
         TargetId(id)
     }
@@ -576,7 +608,12 @@ impl Session {
         let pattern = matches!(&parsed, ProbeSpec::Function { name, .. } if is_pattern(name));
         match action {
             Action::Handler(p) => {
-                let r = self.resolve_one(t, spec)?;
+                let r = match self.resolve_one(t, spec) {
+                    Err(e) if not_loaded(&e) => {
+                        return self.add_pending(t, spec, Some(p), None, false, is_return, e)
+                    }
+                    r => r?,
+                };
                 let id = self.probe_addr(t, r.addr, p)?;
                 return Ok(Added {
                     placements: vec![self.placement(t, id, spec.to_string(), &r, None)],
@@ -584,7 +621,12 @@ impl Session {
                 });
             }
             Action::Return(rp) => {
-                let r = self.resolve_one(t, spec)?;
+                let r = match self.resolve_one(t, spec) {
+                    Err(e) if not_loaded(&e) => {
+                        return self.add_pending(t, spec, None, Some(rp), false, true, e)
+                    }
+                    r => r?,
+                };
                 if r.offset != 0 {
                     return Err(not_an_entry(spec, &r));
                 }
@@ -597,7 +639,13 @@ impl Session {
             Action::Count | Action::Record => {}
         }
         let record = matches!(action, Action::Record);
-        let found = self.resolve_unchecked(t, spec)?;
+        let found = match self.resolve_unchecked(t, spec) {
+            Err(e) if not_loaded(&e) && !pattern => {
+                let (p, rp) = self.trap_form(t, is_return, record)?;
+                return self.add_pending(t, spec, p, rp, true, is_return, e);
+            }
+            found => found?,
+        };
         let many = found.len() > 1;
         let mut added = Added::default();
         let symbols = match self.slot(t)?.pid {
@@ -658,7 +706,7 @@ impl Session {
                     bias,
                     function,
                     reason,
-                } => self.place_fast(t, &r, &path, bias, &function, record, reason, label),
+                } => self.place_fast(t, &r, &path, bias, &function, record, reason, label, None),
                 Plan::Trap(reason) => self.place_trap(t, &r, is_return, record, reason, label),
             };
             match placed {
@@ -793,10 +841,14 @@ impl Session {
         record: bool,
         reason: String,
         label: String,
+        existing: Option<ProbeId>,
     ) -> Result<Placement, EngineError> {
         let choice = self.config.mechanism;
         let slot = self.slot(t)?;
-        let id = slot.engine.new_id();
+        let id = match existing {
+            Some(id) => id,
+            None => slot.engine.new_id(),
+        };
         let started = slot.engine.started;
         let Slot { engine, fast, .. } = slot;
         let Fast::On(fp) = fast else {
@@ -816,13 +868,13 @@ impl Session {
             pt.resume_all()?;
         }
         let info = info?;
-        slot.fast_probes.insert(
-            id,
-            FastProbe {
-                counter: info.probe_id,
-                exit_counter: info.exit_probe_id,
-            },
-        );
+        slot.fast_probes
+            .entry(id)
+            .or_insert_with(|| FastProbe {
+                counters: Vec::new(),
+            })
+            .counters
+            .push((info.probe_id, info.exit_probe_id));
         for c in std::iter::once(info.probe_id).chain(info.exit_probe_id) {
             let c = c as usize;
             if slot.fast_ids.len() <= c {
@@ -853,9 +905,25 @@ impl Session {
         reason: String,
         label: String,
     ) -> Result<Placement, EngineError> {
+        let id = match self.trap_form(t, is_return, record)? {
+            (_, Some(rp)) => self.retprobe_addr(t, r.addr, rp)?,
+            (p, None) => self.probe_addr(t, r.addr, p.unwrap_or_default())?,
+        };
+        Ok(self.placement(t, id, label, r, Some(reason)))
+    }
+
+    /// The trap form of a `Count` (`%return`: a return probe) or `Record`
+    /// action: a return probe whose handlers queue time-stamped entry and
+    /// exit events for the drain.
+    fn trap_form(
+        &mut self,
+        t: TargetId,
+        is_return: bool,
+        record: bool,
+    ) -> Result<(Option<Probe>, Option<RetProbe>), EngineError> {
         let maxactive = self.config.maxactive;
         let nargs = self.config.fast_path.record_args.min(6) as usize;
-        let id = if record {
+        Ok(if record {
             let events = self.slot(t)?.trap_events.clone();
             let exits = events.clone();
             let rp = RetProbe::new(maxactive)
@@ -876,13 +944,180 @@ impl Session {
                     }
                     exits.borrow_mut().push(ev);
                 });
-            self.retprobe_addr(t, r.addr, rp)?
+            (None, Some(rp))
         } else if is_return {
-            self.retprobe_addr(t, r.addr, RetProbe::new(maxactive))?
+            (None, Some(RetProbe::new(maxactive)))
         } else {
-            self.probe_addr(t, r.addr, Probe::new())?
+            (Some(Probe::new()), None)
+        })
+    }
+
+    /// A probe on a module that is not loaded: pending, armed when the
+    /// program maps the module (see [`Pending`]). `why` is the resolver's
+    /// refusal, for targets that cannot follow their loader.
+    #[allow(clippy::too_many_arguments)]
+    fn add_pending(
+        &mut self,
+        t: TargetId,
+        spec: &str,
+        probe: Option<Probe>,
+        rp: Option<RetProbe>,
+        fast_ok: bool,
+        is_return: bool,
+        why: EngineError,
+    ) -> Result<Added, EngineError> {
+        let record = fast_ok && rp.as_ref().is_some_and(|r| r.entry.is_some());
+        let slot = self.slot(t)?;
+        if !slot.is_process() {
+            return Err(why);
+        }
+        let id = slot.engine.add_unarmed(probe, rp);
+        slot.pending.push(Pending {
+            spec: spec.to_string(),
+            id,
+            fast_ok,
+            record,
+            is_return,
+            armed: None,
+        });
+        if record {
+            slot.recording = true;
+        }
+        let module = match &why {
+            EngineError::Symbol(hotprobe_symbols::SymbolError::ModuleNotFound { name, .. }) => {
+                name.clone()
+            }
+            _ => String::new(),
         };
-        Ok(self.placement(t, id, label, r, Some(reason)))
+        Ok(Added {
+            placements: vec![Placement {
+                id,
+                label: spec.to_string(),
+                addr: RuntimeAddr(0),
+                function: None,
+                reason: format!("{module} is not loaded: armed when the program loads it"),
+                module,
+                is_return,
+                mechanism: Mechanism::Pending,
+                execution: "pending".into(),
+            }],
+            ..Added::default()
+        })
+    }
+
+    /// After the loaded modules changed (the loader's rendezvous, the
+    /// thread stopped there, before any new constructor runs): disarms
+    /// pending probes whose module is gone, arms those whose module is now
+    /// mapped. What fails is said in a notice; the run goes on.
+    fn refresh_pending(&mut self, i: usize) {
+        let t = TargetId(i);
+        let Some(pid) = self.slots[i].pid else { return };
+        if self.slots[i].pending.is_empty() {
+            return;
+        }
+        let syms = match hotprobe_symbols::ProcessSymbols::for_pid(pid as u32) {
+            Ok(s) => s,
+            Err(e) => {
+                self.slots[i]
+                    .engine
+                    .notices
+                    .push(format!("pid {pid}: cannot read its modules: {e}"));
+                return;
+            }
+        };
+        for k in 0..self.slots[i].pending.len() {
+            let slot = &mut self.slots[i];
+            let p = &mut slot.pending[k];
+            if let Some(a) = &p.armed {
+                let mapped = syms.modules().iter().any(|m| {
+                    m.path == a.path && m.ranges.iter().any(|r| r.contains(&RuntimeAddr(a.addr)))
+                });
+                if !mapped {
+                    let (start, end) = (a.start, a.end);
+                    p.armed = None;
+                    let spec = p.spec.clone();
+                    slot.engine.forget_range(start, end);
+                    if let Fast::On(fp) = &mut slot.fast {
+                        fp.forget_range(start, end);
+                    }
+                    slot.update_fork_restores();
+                    slot.engine.notices.push(format!(
+                        "pid {pid}: {spec}: its module was unloaded; armed again if it is loaded again"
+                    ));
+                }
+            }
+            if self.slots[i].pending[k].armed.is_some() {
+                continue;
+            }
+            let spec = self.slots[i].pending[k].spec.clone();
+            match self.arm_pending(t, k, &syms) {
+                Ok(()) => {}
+                Err(e) if not_loaded(&e) => {}
+                Err(e) => self.slots[i]
+                    .engine
+                    .notices
+                    .push(format!("pid {pid}: cannot arm {spec}: {e}")),
+            }
+        }
+    }
+
+    fn arm_pending(
+        &mut self,
+        t: TargetId,
+        k: usize,
+        syms: &hotprobe_symbols::ProcessSymbols,
+    ) -> Result<(), EngineError> {
+        let (spec, id, fast_ok, record, is_return) = {
+            let p = &self.slot(t)?.pending[k];
+            (p.spec.clone(), p.id, p.fast_ok, p.record, p.is_return)
+        };
+        let r = self.resolve_one(t, &spec)?;
+        let Some(m) = syms.modules().iter().find(|m| m.contains(r.addr)) else {
+            return Err(EngineError::RefusedSpec {
+                spec,
+                reason: "no module maps its address".into(),
+            });
+        };
+        let start = m.ranges.iter().map(|r| r.start.0).min().unwrap_or(0);
+        let end = m.ranges.iter().map(|r| r.end.0).max().unwrap_or(0);
+        let path = m.path.clone();
+        let plan = if fast_ok {
+            self.plan_resolved(t, &r, is_return, record, Some(syms))?
+        } else {
+            Plan::Trap(String::new())
+        };
+        match plan {
+            Plan::Fast {
+                path: fpath,
+                bias,
+                function,
+                reason,
+            } => {
+                self.place_fast(
+                    t,
+                    &r,
+                    &fpath,
+                    bias,
+                    &function,
+                    record,
+                    reason,
+                    spec.clone(),
+                    Some(id),
+                )?;
+                self.slot(t)?.update_fork_restores();
+            }
+            Plan::Trap(_) => {
+                let engine = &mut self.slot(t)?.engine;
+                with_world_stopped(engine, |e| e.arm_at(id, r.addr))?;
+            }
+        }
+        self.slot(t)?.pending[k].armed = Some(Armed {
+            path,
+            start,
+            end,
+            addr: r.addr.0,
+        });
+        Ok(())
     }
 
     fn placement(
@@ -944,16 +1179,19 @@ impl Session {
     /// exact once the target's threads are quiescent (stopped or gone).
     pub fn stats(&self, id: ProbeId) -> Option<ProbeStats> {
         let slot = self.slots.get((id.0 >> TARGET_SHIFT) as usize)?;
-        if let Some(f) = slot.fast_probes.get(&id) {
-            let fp = slot.fast_path()?;
-            let hits = fp.count(f.counter);
-            return Some(ProbeStats {
-                hits,
-                nmissed: 0,
-                returns: f.exit_counter.map_or(0, |c| fp.count(c)),
-            });
+        let trap = slot.engine.stats(id);
+        let Some(f) = slot.fast_probes.get(&id) else {
+            return trap;
+        };
+        // A pending probe may have been armed on either mechanism.
+        let mut st = trap.unwrap_or_default();
+        if let Some(fp) = slot.fast_path() {
+            for (c, exit) in &f.counters {
+                st.hits += fp.count(*c);
+                st.returns += exit.map_or(0, |c| fp.count(c));
+            }
         }
-        slot.engine.stats(id)
+        Some(st)
     }
 
     /// How hits at this probe's address are executed (trap probes: "boosted",
@@ -1156,6 +1394,10 @@ impl Session {
             _ => {}
         }
         let exec = matches!(ev, TargetEvent::Exec);
+        if matches!(ev, TargetEvent::ModulesChanged { .. }) {
+            self.refresh_pending(i);
+        }
+        let slot = &mut self.slots[i];
         slot.engine.handle(ev)?;
         if exec {
             slot.update_fork_restores();
@@ -1280,6 +1522,14 @@ fn from_fast(m: hotprobe_fastpath::Mechanism) -> Mechanism {
         hotprobe_fastpath::Mechanism::Jump => Mechanism::Jump,
         hotprobe_fastpath::Mechanism::Trap => Mechanism::Trap,
     }
+}
+
+/// The resolver's "no module of that name is loaded".
+fn not_loaded(e: &EngineError) -> bool {
+    matches!(
+        e,
+        EngineError::Symbol(hotprobe_symbols::SymbolError::ModuleNotFound { .. })
+    )
 }
 
 /// Whether a function name in a spec is a pattern.
