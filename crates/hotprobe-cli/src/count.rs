@@ -26,6 +26,8 @@ pub struct CountOptions<'a> {
     pub maxactive: usize,
     /// `--mechanism`.
     pub mechanism: MechanismChoice,
+    /// `-f`: follow forked children, a row per probe and process.
+    pub follow_forks: bool,
 }
 
 /// Run `count`; returns hotprobe's exit code (the command's).
@@ -33,6 +35,7 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
     let config = SessionConfig {
         mechanism: o.mechanism,
         maxactive: o.maxactive,
+        follow_forks: o.follow_forks,
         ..SessionConfig::default()
     };
     let mut t = Traced::open(config, o.pid, o.cmd)?;
@@ -45,7 +48,7 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
     };
     // The table prints whatever happened to the run.
     let ran = t.run(&placed, o.duration, None);
-    print_table(&t.session, &placed);
+    print_table(&t.session, &placed, o.follow_forks);
     ran?;
     Ok(t.exit_code())
 }

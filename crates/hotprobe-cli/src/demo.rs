@@ -108,5 +108,6 @@ pub fn run() -> Result<u8> {
         duration: None,
         summary: true,
         mechanism: hotprobe::MechanismChoice::Auto,
+        follow_forks: false,
     })
 }

@@ -159,10 +159,10 @@ pub fn run(o: &GuestOptions<'_>) -> Result<()> {
         tree.as_mut().map(|t| t as &mut dyn EventSink),
     );
     match o.action {
-        Action::Count { .. } => print_table(&session, &placed),
+        Action::Count { .. } => print_table(&session, &placed, false),
         Action::Trace { summary: true, .. } => {
             println!();
-            print_table(&session, &placed);
+            print_table(&session, &placed, false);
         }
         Action::Trace { .. } => {}
     }

@@ -82,6 +82,10 @@ enum Cmd {
         /// trap), or force one.
         #[arg(long, value_enum, default_value_t = MechanismArg::Auto)]
         mechanism: MechanismArg,
+        /// Follow forked children (counts per process, their events in the trace);
+        /// by default they run without probes.
+        #[arg(short = 'f', long)]
+        follow_forks: bool,
         /// The command to start (after `--`).
         #[arg(last = true, value_name = "CMD")]
         cmd: Vec<OsString>,
@@ -121,6 +125,10 @@ enum Cmd {
         /// function; the others force one.
         #[arg(long, value_enum, default_value_t = MechanismArg::Auto)]
         mechanism: MechanismArg,
+        /// Follow forked children (counts per process, their events in the trace);
+        /// by default they run without probes.
+        #[arg(short = 'f', long)]
+        follow_forks: bool,
         /// The command to start (after `--`).
         #[arg(last = true, value_name = "CMD")]
         cmd: Vec<OsString>,
@@ -177,6 +185,10 @@ enum Cmd {
         /// the summary).
         #[arg(long, value_enum, default_value_t = RecordMechanism::Auto)]
         mechanism: RecordMechanism,
+        /// Follow forked children (counts per process, their events in the trace);
+        /// by default they run without probes.
+        #[arg(short = 'f', long)]
+        follow_forks: bool,
         /// Write every entry and exit as its own record (to measure what
         /// merging an entry and its exit into one call record saves).
         #[arg(long)]
@@ -398,11 +410,13 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             duration: secs,
             maxactive,
             mechanism,
+            follow_forks,
             cmd,
         } => {
             let duration = duration(secs)?;
             signals::install()?;
             count::run(&count::CountOptions {
+                follow_forks,
                 probes: &probes,
                 pid,
                 cmd: &cmd,
@@ -420,11 +434,13 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             duration: secs,
             summary,
             mechanism,
+            follow_forks,
             cmd,
         } => {
             let duration = duration(secs)?;
             signals::install()?;
             trace::run(&trace::TraceOptions {
+                follow_forks,
                 probes: &probes,
                 pid,
                 cmd: &cmd,
@@ -446,6 +462,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             sample,
             args,
             mechanism,
+            follow_forks,
             no_aggregate,
             ring_events,
             max_threads,
@@ -463,6 +480,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             patterns.extend(filter);
             signals::install()?;
             record::run(&record::RecordOptions {
+                follow_forks,
                 out: &output,
                 include: &patterns,
                 exclude: &exclude,

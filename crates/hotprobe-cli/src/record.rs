@@ -60,6 +60,8 @@ pub struct RecordOptions<'a> {
     pub args: u8,
     /// `--mechanism`.
     pub mechanism: MechanismChoice,
+    /// `-f`: follow forked children.
+    pub follow_forks: bool,
     /// Merge entry+exit pairs into call records.
     pub aggregate: bool,
     /// Events per thread ring.
@@ -153,6 +155,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
         // A trap costs a ptrace stop per hit: functions that need one are
         // left out of a recording (and listed), not slowed down 1000-fold.
         record_traps: false,
+        follow_forks: o.follow_forks,
         ..SessionConfig::default()
     };
     let mut t = Traced::open(config, o.pid, o.cmd)?;

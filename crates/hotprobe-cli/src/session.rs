@@ -209,49 +209,66 @@ pub fn mechanism_summary(placed: &[Placement]) -> String {
 
 /// Print the per-probe table on stdout: spec, address, hits (returns for a
 /// `%return` probe), nmissed (return probes only), execution, and why
-/// that mechanism.
-pub fn print_table(session: &Session, placed: &[Placement]) {
-    let rows: Vec<[String; 6]> = placed
-        .iter()
-        .map(|p| {
-            let st = session.stats(p.id).unwrap_or_default();
+/// that mechanism; with `per_process`, a PID column and a row per probe and
+/// process that hit it (the first process always).
+pub fn print_table(session: &Session, placed: &[Placement], per_process: bool) {
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    for p in placed {
+        let by = session.stats_by_process(p.id).unwrap_or_default();
+        let by: Vec<(i32, hotprobe::ProbeStats)> = if per_process {
+            by.into_iter()
+                .enumerate()
+                .filter(|(i, (_, st))| *i == 0 || st.hits + st.returns + st.nmissed > 0)
+                .map(|(_, x)| x)
+                .collect()
+        } else {
+            vec![(0, session.stats(p.id).unwrap_or_default())]
+        };
+        for (pid, st) in by {
             let (hits, missed) = if p.is_return {
                 (st.returns, st.nmissed.to_string())
             } else {
                 (st.hits, "-".to_string())
             };
-            [
-                p.label.clone(),
+            let mut row = vec![p.label.clone()];
+            if per_process {
+                row.push(pid.to_string());
+            }
+            row.extend([
                 format!("{:#x}", p.addr.0),
                 hits.to_string(),
                 missed,
                 p.execution.clone(),
                 p.reason.clone(),
-            ]
-        })
-        .collect();
-    let head = ["PROBE", "ADDRESS", "HITS", "NMISSED", "EXECUTION", "WHY"];
-    let mut w = head.map(str::len);
+            ]);
+            rows.push(row);
+        }
+    }
+    let mut head = vec!["PROBE"];
+    if per_process {
+        head.push("PID");
+    }
+    head.extend(["ADDRESS", "HITS", "NMISSED", "EXECUTION", "WHY"]);
+    let mut w: Vec<usize> = head.iter().map(|h| h.len()).collect();
     for r in &rows {
         for (i, c) in r.iter().enumerate() {
             w[i] = w[i].max(c.chars().count());
         }
     }
-    let line = |c: &[String; 6]| {
-        format!(
-            "{:<w0$}  {:<w1$}  {:>w2$}  {:>w3$}  {:<w4$}  {}",
-            c[0],
-            c[1],
-            c[2],
-            c[3],
-            c[4],
-            c[5],
-            w0 = w[0],
-            w1 = w[1],
-            w2 = w[2],
-            w3 = w[3],
-            w4 = w[4]
-        )
+    // Numbers right-aligned, text left; the last column unpadded.
+    let numeric = |h: &str| matches!(h, "PID" | "HITS" | "NMISSED");
+    let line = |c: &[String]| {
+        let mut l = String::new();
+        for (i, cell) in c.iter().enumerate() {
+            if i + 1 == c.len() {
+                l.push_str(cell);
+            } else if numeric(head[i]) {
+                l.push_str(&format!("{cell:>width$}  ", width = w[i]));
+            } else {
+                l.push_str(&format!("{cell:<width$}  ", width = w[i]));
+            }
+        }
+        l.trim_end().to_string()
     };
     let mut out = String::new();
     // A terminal echoed `^C` where the cursor was: start on a line of our own.
@@ -260,10 +277,11 @@ pub fn print_table(session: &Session, placed: &[Placement]) {
     {
         out.push('\n');
     }
-    out.push_str(line(&head.map(String::from)).trim_end());
+    let head_cells: Vec<String> = head.iter().map(|h| h.to_string()).collect();
+    out.push_str(&line(&head_cells));
     out.push('\n');
     for r in &rows {
-        out.push_str(line(r).trim_end());
+        out.push_str(&line(r));
         out.push('\n');
     }
     crate::trace::emit(format_args!("{}", out.trim_end()));

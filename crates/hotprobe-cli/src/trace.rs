@@ -42,6 +42,8 @@ pub struct TraceOptions<'a> {
     pub summary: bool,
     /// `--mechanism`.
     pub mechanism: MechanismChoice,
+    /// `-f`: follow forked children.
+    pub follow_forks: bool,
 }
 
 /// The column header, as uftrace prints it.
@@ -204,6 +206,7 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
             record_args: o.args.unwrap_or(0) as u8,
             ..FastPathConfig::default()
         },
+        follow_forks: o.follow_forks,
         ..SessionConfig::default()
     };
     let mut t = Traced::open(config, o.pid, o.cmd)?;
@@ -219,7 +222,7 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
     let ran = t.run(&placed, o.duration, Some(&mut tree));
     if o.summary {
         println!();
-        print_table(&t.session, &placed);
+        print_table(&t.session, &placed, o.follow_forks);
     }
     ran?;
     Ok(t.exit_code())

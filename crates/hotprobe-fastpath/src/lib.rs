@@ -554,6 +554,42 @@ impl FastPath {
         self.shm().counter(probe_id)
     }
 
+    /// Hits of `probe_id` per process (the owner pid of each thread slot;
+    /// hits of threads without a slot go to the agent's first process).
+    /// Differs from [`FastPath::count`] only when forked children are
+    /// followed (see [`FastPath::set_follow_forks`]).
+    pub fn counts_by_process(&self, probe_id: u32) -> Vec<(u32, u64)> {
+        use std::sync::atomic::Ordering::Relaxed as R;
+        let shm = self.shm();
+        let i = probe_id as usize;
+        let mut by: std::collections::BTreeMap<u32, u64> = Default::default();
+        let first = shm.header().agent_pid.load(R);
+        if let Some(c) = shm.global_counters().get(i) {
+            *by.entry(first).or_default() += c.load(R);
+        }
+        for slot in 0..shm.threads_in_use() {
+            let Some((pid, _)) = shm.thread_owner(slot) else {
+                continue;
+            };
+            if let Some(c) = shm.thread_counters(slot).and_then(|c| c.get(i)) {
+                *by.entry(pid).or_default() += c.load(R);
+            }
+        }
+        by.into_iter().filter(|(_, n)| *n > 0).collect()
+    }
+
+    /// Whether forked children keep the probes and count into thread
+    /// slots of their own (true) or run dormant (false, the default).
+    pub fn set_follow_forks(&self, follow: bool) {
+        use std::sync::atomic::Ordering::Relaxed as R;
+        let c = &self.shm().header().control;
+        if follow {
+            c.fetch_or(hotprobe_abi::CONTROL_FOLLOW_FORKS, R);
+        } else {
+            c.fetch_and(!hotprobe_abi::CONTROL_FOLLOW_FORKS, R);
+        }
+    }
+
     /// Hits of every probe id handed out, indexed by probe id.
     pub fn counts(&self) -> Vec<u64> {
         (0..self.next_probe).map(|p| self.count(p)).collect()

@@ -49,6 +49,28 @@ pub struct SpawnOptions {
     pub stop_at_entry: bool,
 }
 
+/// Wait statuses `waitpid(-1)` returned to one target for a task it does
+/// not follow: another target's of this thread (several processes in one
+/// session, followed fork children), or a new thread of its own whose
+/// clone event has not come yet. Each target takes its own from here.
+static STRAYS: std::sync::Mutex<Vec<(i32, i32)>> = std::sync::Mutex::new(Vec::new());
+
+fn stash(pid: i32, status: i32) {
+    if let Ok(mut v) = STRAYS.lock() {
+        v.push((pid, status));
+    }
+}
+
+fn take_stray(pid: i32) -> Option<i32> {
+    take_stray_of(|p| p == pid).map(|(_, st)| st)
+}
+
+fn take_stray_of(mut mine: impl FnMut(i32) -> bool) -> Option<(i32, i32)> {
+    let mut v = STRAYS.lock().ok()?;
+    let i = v.iter().position(|(p, _)| mine(*p))?;
+    Some(v.remove(i))
+}
+
 /// The int3 opcode.
 const INT3: u8 = 0xCC;
 
@@ -154,9 +176,6 @@ pub struct ProcessTarget {
     breakpoints: HashMap<u64, u8>,
     scratch: Vec<ScratchRegion>,
     pending: VecDeque<TargetEvent>,
-    /// Stops of pids not known yet (a new thread's first stop can arrive
-    /// before its parent's clone event).
-    early_stops: HashMap<i32, i32>,
     exited: Option<ExitStatus>,
     spawned: bool,
     attached: bool,
@@ -382,7 +401,6 @@ impl ProcessTarget {
             breakpoints: HashMap::new(),
             scratch: Vec::new(),
             pending: VecDeque::new(),
-            early_stops: HashMap::new(),
             exited: None,
             spawned,
             attached: true,
@@ -390,6 +408,23 @@ impl ProcessTarget {
             rendezvous: None,
             before_constructors: false,
         }
+    }
+
+    /// Takes the forked child `child` (held stopped since its
+    /// [`TargetEvent::Forked`]) as a target of its own, stopped, instead of
+    /// releasing it: it keeps whatever other mechanisms wrote into its
+    /// memory (our breakpoints were already taken out of it).
+    pub fn adopt_fork_child(&mut self, child: u64) -> Result<ProcessTarget, ProcessError> {
+        let child = child as i32;
+        if !self.forked_children.contains(&child) {
+            return Err(ProcessError::NoSuchProcess { pid: child });
+        }
+        self.forked_children.retain(|c| *c != child);
+        let mem = open_mem(child)?;
+        let mut t = ProcessTarget::new(child, self.program.clone(), mem, self.spawned);
+        t.threads.insert(child, Thread::new(RunState::Parked));
+        t.arm_rendezvous();
+        Ok(t)
     }
 
     /// The process id.
@@ -531,7 +566,7 @@ impl ProcessTarget {
             else {
                 return Ok(());
             };
-            let r = match self.early_stops.remove(&tid) {
+            let r = match take_stray(tid) {
                 Some(st) => Some((tid, st)),
                 None => match sys::waitpid(tid, 0) {
                     Ok(r) => r,
@@ -570,13 +605,18 @@ impl ProcessTarget {
                 self.vfork_children.retain(|c| *c != pid);
                 return Ok(Some(TargetEvent::ThreadExited(ThreadId(pid as u64))));
             }
+            // Another target's task (a followed fork child, a second
+            // process of the session): it takes it from there.
+            stash(pid, status);
             return Ok(None);
         }
         if !libc::WIFSTOPPED(status) {
             return Ok(None);
         }
         if !self.threads.contains_key(&pid) {
-            self.early_stops.insert(pid, status);
+            // A new thread whose clone event is still to come, or another
+            // target's task.
+            stash(pid, status);
             return Ok(None);
         }
         let sig = libc::WSTOPSIG(status);
@@ -590,7 +630,7 @@ impl ProcessTarget {
             libc::PTRACE_EVENT_CLONE | libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK => {
                 let new = sys::geteventmsg(pid).map_err(|e| self.sys_err(e))? as i32;
                 // The new task starts with a stop of its own.
-                let st = match self.early_stops.remove(&new) {
+                let st = match take_stray(new) {
                     Some(st) => st,
                     None => sys::waitpid(new, 0)
                         .map_err(|e| self.sys_err(e))?
@@ -974,6 +1014,17 @@ impl Target for ProcessTarget {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut nap = Duration::from_micros(20);
         loop {
+            // Statuses another target of this thread reaped for us.
+            while let Some((pid, status)) =
+                take_stray_of(|p| p == self.pid || self.threads.contains_key(&p))
+            {
+                if let Some(ev) = self.handle_status(pid, status, false)? {
+                    return Ok(ev);
+                }
+                if let Some(ev) = self.pending.pop_front() {
+                    return Ok(ev);
+                }
+            }
             let flags = if deadline.is_some() { libc::WNOHANG } else { 0 };
             let r = match sys::waitpid(-1, flags | libc::__WNOTHREAD) {
                 Ok(r) => r,

@@ -42,6 +42,9 @@ impl Hasher for AddrHasher {
 
 pub(crate) type AddrMap<V> = HashMap<u64, V, BuildHasherDefault<AddrHasher>>;
 
+/// Byte ranges to write back (address, original bytes).
+pub(crate) type Restores = Vec<(RuntimeAddr, Vec<u8>)>;
+
 /// What a probe does when its site is hit.
 pub(crate) enum ProbeKind {
     /// A plain probe.
@@ -160,7 +163,12 @@ pub struct Engine {
     partial_regs: bool,
     /// Bytes other mechanisms wrote into the target (address, original),
     /// written back into a forked child before it is released.
-    fork_restores: Vec<(RuntimeAddr, Vec<u8>)>,
+    fork_restores: Restores,
+    /// Forked children are kept (held stopped) for the session to follow
+    /// instead of being released.
+    pub(crate) follow_forks: bool,
+    /// Children held for the session, with the stack fixes they need.
+    pub(crate) forked: Vec<(u64, Restores)>,
 }
 
 impl Engine {
@@ -189,6 +197,8 @@ impl Engine {
             step_unsupported_in_place: false,
             partial_regs,
             fork_restores: Vec::new(),
+            follow_forks: false,
+            forked: Vec::new(),
         }
     }
 
@@ -662,8 +672,14 @@ impl Engine {
             TargetEvent::Forked { thread, child } => {
                 // Code the fast path rewrote, then the return addresses
                 // swapped in the forking thread's stack: the child runs the
-                // program as it was, without probes.
-                let mut fixes = self.fork_restores.clone();
+                // program as it was, without probes. A followed child keeps
+                // the fast path's code (its agent counts into slots of its
+                // own) and is handed to the session with its stack fixes.
+                let mut fixes = if self.follow_forks {
+                    Vec::new()
+                } else {
+                    self.fork_restores.clone()
+                };
                 if self.strategy == ReturnStrategy::Trampoline {
                     if let Some(v) = self.shadow.get(&thread) {
                         fixes.extend(
@@ -672,6 +688,11 @@ impl Engine {
                             }),
                         );
                     }
+                }
+                if self.follow_forks {
+                    self.forked.push((child, fixes));
+                    self.target.resume(thread, ResumeMode::Continue)?;
+                    return Ok(());
                 }
                 self.target.release_fork_child(child, &fixes)?;
                 self.notices.push(format!(
@@ -712,11 +733,15 @@ impl Engine {
                 Ok(())
             }
             TargetEvent::Exited(st) => {
-                self.notices.push(format!(
-                    "{} {st}: its {} probes are dropped",
-                    self.target.describe(),
-                    self.probes.len()
-                ));
+                let n = self.probes.values().filter(|p| !p.dropped).count();
+                self.notices.push(if n > 0 {
+                    format!(
+                        "{} {st}: its {n} probes are dropped",
+                        self.target.describe()
+                    )
+                } else {
+                    format!("{} {st}", self.target.describe())
+                });
                 self.gone = Some(st);
                 self.sites.clear();
                 self.shadow.clear();

@@ -144,6 +144,12 @@ pub struct SessionConfig {
     /// per hit) where the fast path cannot take a site; when false such
     /// sites are refused with the reason.
     pub record_traps: bool,
+    /// Follow forked children as targets of their own (their counts per
+    /// process, see [`Session::stats_by_process`]; their recorded events
+    /// under their own thread ids) instead of letting them run without
+    /// probes (`strace -f`, `uftrace` habits). Probes with handlers of the
+    /// caller's are not followed; `Count` and `Record` probes are.
+    pub follow_forks: bool,
 }
 
 impl Default for SessionConfig {
@@ -153,6 +159,7 @@ impl Default for SessionConfig {
             fast_path: FastPathConfig::default(),
             maxactive: 64,
             record_traps: true,
+            follow_forks: false,
         }
     }
 }
@@ -220,6 +227,17 @@ struct Slot {
     recording: bool,
     /// Probes on modules not loaded (yet, or any more).
     pending: Vec<Pending>,
+    /// A followed fork child: the slot of the process the session started
+    /// or attached to, whose probes (and fast path) it shares.
+    root: Option<usize>,
+    /// A followed child: the code the fast path rewrote, inherited from its
+    /// parent (address, original bytes), restored if it is detached.
+    inherited: Vec<(RuntimeAddr, Vec<u8>)>,
+    /// Trap `Count`/`Record` probes a followed child gets too: (probe,
+    /// address, `%return`, record).
+    followable: Vec<(ProbeId, RuntimeAddr, bool, bool)>,
+    /// A followed child's probe ids → its root's.
+    origin: HashMap<ProbeId, ProbeId>,
 }
 
 impl Slot {
@@ -357,7 +375,17 @@ impl Session {
             trap_events: Rc::new(RefCell::new(Vec::new())),
             recording: false,
             pending: Vec::new(),
+            root: None,
+            inherited: Vec::new(),
+            followable: Vec::new(),
+            origin: HashMap::new(),
         });
+        let follow = self.config.follow_forks && pid.is_some();
+        let slot = &mut self.slots[id];
+        slot.engine.follow_forks = follow;
+        if let Fast::On(fp) = &slot.fast {
+            fp.set_follow_forks(follow);
+        }
         TargetId(id)
     }
 
@@ -909,6 +937,9 @@ impl Session {
             (_, Some(rp)) => self.retprobe_addr(t, r.addr, rp)?,
             (p, None) => self.probe_addr(t, r.addr, p.unwrap_or_default())?,
         };
+        self.slot(t)?
+            .followable
+            .push((id, r.addr, is_return, record));
         Ok(self.placement(t, id, label, r, Some(reason)))
     }
 
@@ -1175,23 +1206,62 @@ impl Session {
         with_world_stopped(&mut slot.engine, |e| e.remove_probe(id))
     }
 
-    /// A probe's counts, whatever its mechanism. Fast-path counts are
-    /// exact once the target's threads are quiescent (stopped or gone).
+    /// A probe's counts, whatever its mechanism, over every process it
+    /// is in (followed fork children included). Fast-path counts are exact
+    /// once the target's threads are quiescent (stopped or gone).
     pub fn stats(&self, id: ProbeId) -> Option<ProbeStats> {
-        let slot = self.slots.get((id.0 >> TARGET_SHIFT) as usize)?;
-        let trap = slot.engine.stats(id);
-        let Some(f) = slot.fast_probes.get(&id) else {
-            return trap;
-        };
-        // A pending probe may have been armed on either mechanism.
-        let mut st = trap.unwrap_or_default();
-        if let Some(fp) = slot.fast_path() {
-            for (c, exit) in &f.counters {
-                st.hits += fp.count(*c);
-                st.returns += exit.map_or(0, |c| fp.count(c));
+        let by = self.stats_by_process(id)?;
+        Some(by.iter().fold(ProbeStats::default(), |mut a, (_, s)| {
+            a.hits += s.hits;
+            a.nmissed += s.nmissed;
+            a.returns += s.returns;
+            a
+        }))
+    }
+
+    /// A probe's counts per process: the process it was placed in, then
+    /// each followed fork child that hit it.
+    pub fn stats_by_process(&self, id: ProbeId) -> Option<Vec<(i32, ProbeStats)>> {
+        let ri = (id.0 >> TARGET_SHIFT) as usize;
+        let root = self.slots.get(ri)?;
+        let trap = root.engine.stats(id);
+        let fast = root.fast_probes.get(&id);
+        if trap.is_none() && fast.is_none() {
+            return None;
+        }
+        let me = root.pid.unwrap_or(0);
+        let mut by: Vec<(i32, ProbeStats)> = vec![(me, trap.unwrap_or_default())];
+        let mut add =
+            |pid: i32, f: &dyn Fn(&mut ProbeStats)| match by.iter_mut().find(|(p, _)| *p == pid) {
+                Some((_, st)) => f(st),
+                None => {
+                    let mut st = ProbeStats::default();
+                    f(&mut st);
+                    by.push((pid, st));
+                }
+            };
+        for s in self.slots.iter().filter(|s| s.root == Some(ri)) {
+            for (cid, _) in s.origin.iter().filter(|(_, r)| **r == id) {
+                if let Some(c) = s.engine.stats(*cid) {
+                    add(s.pid.unwrap_or(0), &|st| {
+                        st.hits += c.hits;
+                        st.nmissed += c.nmissed;
+                        st.returns += c.returns;
+                    });
+                }
             }
         }
-        Some(st)
+        if let (Some(f), Some(fp)) = (fast, root.fast_path()) {
+            for (c, exit) in &f.counters {
+                for (pid, n) in fp.counts_by_process(*c) {
+                    add(pid as i32, &|st| st.hits += n);
+                }
+                for (pid, n) in exit.map(|e| fp.counts_by_process(e)).unwrap_or_default() {
+                    add(pid as i32, &|st| st.returns += n);
+                }
+            }
+        }
+        Some(by)
     }
 
     /// How hits at this probe's address are executed (trap probes: "boosted",
@@ -1298,6 +1368,90 @@ impl Session {
         Ok(None)
     }
 
+    /// Takes the fork child `child` of slot `i` as a target of its own:
+    /// the fast path's code stays in it (its agent counts into slots of
+    /// its own), the trap `Count`/`Record` probes are placed in it again,
+    /// return addresses swapped in its stack are put back (`fixes`).
+    /// Where that fails the child is released without probes, with a notice.
+    fn follow_child(&mut self, i: usize, child: u64, fixes: Vec<(RuntimeAddr, Vec<u8>)>) {
+        let root = self.slots[i].root.unwrap_or(i);
+        let inherited: Vec<(RuntimeAddr, Vec<u8>)> = match &self.slots[root].fast {
+            Fast::On(fp) => fp
+                .written_bytes()
+                .into_iter()
+                .map(|(a, b)| (RuntimeAddr(a), b))
+                .collect(),
+            _ => Vec::new(),
+        };
+        let adopted = Slot::process(&mut self.slots[i].engine)
+            .ok_or_else(|| "not a process".to_string())
+            .and_then(|pt| pt.adopt_fork_child(child).map_err(|e| e.to_string()));
+        let mut pt = match adopted {
+            Ok(pt) => pt,
+            Err(why) => {
+                let slot = &mut self.slots[i];
+                let mut all = inherited;
+                all.extend(fixes);
+                let _ = slot.engine.target().release_fork_child(child, &all);
+                slot.engine.notices.push(format!(
+                    "cannot follow forked child {child}: {why}; released without probes"
+                ));
+                return;
+            }
+        };
+        for (a, b) in &fixes {
+            let _ = pt.write_memory(*a, b);
+        }
+        let resolver = crate::ProcessResolver::new(child as i32).ok();
+        let t = self.push_slot(
+            Box::new(pt),
+            resolver.map(|r| Box::new(r) as Box<dyn Resolver>),
+            Some(child as i32),
+            true,
+            Fast::Off("a followed child counts through its parent's fast path".into()),
+        );
+        let recording = self.slots[root].recording;
+        let followable = self.slots[root].followable.clone();
+        let slot = &mut self.slots[t.0];
+        slot.root = Some(root);
+        slot.inherited = inherited;
+        slot.recording = recording;
+        let mut failed = Vec::new();
+        for (rid, addr, is_return, record) in followable {
+            let placed = self
+                .trap_form(t, is_return, record)
+                .and_then(|form| match form {
+                    (_, Some(rp)) => self.retprobe_addr(t, addr, rp),
+                    (p, None) => self.probe_addr(t, addr, p.unwrap_or_default()),
+                });
+            match placed {
+                Ok(cid) => {
+                    self.slots[t.0].origin.insert(cid, rid);
+                }
+                Err(e) => failed.push(format!("{addr}: {e}")),
+            }
+        }
+        let parent = self.slots[i].pid.unwrap_or(0);
+        let slot = &mut self.slots[t.0];
+        let msg = if failed.is_empty() {
+            format!("pid {parent} forked {child}: followed")
+        } else {
+            format!(
+                "pid {parent} forked {child}: followed, but without {} of its probes ({})",
+                failed.len(),
+                failed.join("; ")
+            )
+        };
+        slot.engine.notices.push(msg);
+        match slot.engine.target().resume_all() {
+            Ok(()) => slot.engine.started = true,
+            Err(e) => slot
+                .engine
+                .notices
+                .push(format!("forked child {child} could not be resumed: {e}")),
+        }
+    }
+
     /// Drains every recording target into `sink`. With `low` 0, the usual
     /// thresholds apply and the nap before the next drain is returned;
     /// otherwise every ring is emptied.
@@ -1314,7 +1468,12 @@ impl Session {
             if !s.recording {
                 continue;
             }
-            let traps: Vec<RecordedEvent> = s.trap_events.borrow_mut().drain(..).collect();
+            let mut traps: Vec<RecordedEvent> = s.trap_events.borrow_mut().drain(..).collect();
+            for ev in &mut traps {
+                if let Some(r) = s.origin.get(&ProbeId(ev.probe_id)) {
+                    ev.probe_id = r.0;
+                }
+            }
             s.drain.stats.events += traps.len() as u64;
             let Fast::On(fp) = &s.fast else {
                 for ev in &traps {
@@ -1401,8 +1560,13 @@ impl Session {
         slot.engine.handle(ev)?;
         if exec {
             slot.update_fork_restores();
+            slot.inherited.clear();
         }
-        Ok(slot.engine.take_stop())
+        let stop = slot.engine.take_stop();
+        for (child, fixes) in std::mem::take(&mut slot.engine.forked) {
+            self.follow_child(i, child, fixes);
+        }
+        Ok(stop)
     }
 
     /// Ends the run: spawned targets still alive get `grace` to exit on
@@ -1452,6 +1616,17 @@ impl Session {
             if let Fast::On(fp) = &mut s.fast {
                 if let Err(e) = fp.detach(s.engine.target()) {
                     first_err.get_or_insert(EngineError::from(e));
+                }
+            }
+            if !s.inherited.is_empty() {
+                // A followed child still running: its parent's fast-path
+                // code goes (threads are never inside those bytes but at
+                // their first one: each is one instruction).
+                let t = s.engine.target();
+                if t.stop_all().is_ok() {
+                    for (a, b) in std::mem::take(&mut s.inherited) {
+                        let _ = t.write_memory(a, &b);
+                    }
                 }
             }
             match s.engine.detach() {
