@@ -340,6 +340,9 @@ struct Installed {
     key: u64,
 }
 
+/// Size of each page pool mapped for stubs and trampolines.
+const POOL_SIZE: u64 = 64 * 1024;
+
 #[derive(Debug)]
 struct Pool {
     next: u64,
@@ -945,6 +948,15 @@ impl FastPath {
         Ok(stub)
     }
 
+    /// The pages this fast path mapped for its stubs and trampolines
+    /// (start, end): no probe may go there.
+    pub fn pages(&self) -> Vec<(u64, u64)> {
+        self.pools
+            .iter()
+            .map(|p| (p.end - POOL_SIZE, p.end))
+            .collect()
+    }
+
     /// `len` bytes of executable memory within ±2 GiB of `near` (64-byte
     /// aligned), from our pages or a new remote mapping. Never freed.
     fn alloc(&mut self, t: &mut ProcessTarget, near: u64, len: u64) -> Result<u64, FastPathError> {
@@ -961,7 +973,7 @@ impl FastPath {
         }
         let maps = std::fs::read_to_string(format!("/proc/{}/maps", t.pid())).unwrap_or_default();
         let lines = hotprobe_process::parse_maps_lines(&maps);
-        const SIZE: u64 = 64 * 1024;
+        const SIZE: u64 = POOL_SIZE;
         let addr = hotprobe_process::find_free_gap(&lines, near, SIZE).ok_or_else(|| {
             FastPathError::NoTrampolineMemory {
                 addr: near,

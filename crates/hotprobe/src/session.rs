@@ -545,7 +545,10 @@ impl Session {
                     reason,
                 })?;
         }
-        if slot.engine.in_scratch(r.addr) {
+        let in_fast_pages = slot
+            .fast_path()
+            .is_some_and(|fp| fp.pages().iter().any(|(a, b)| (*a..*b).contains(&r.addr.0)));
+        if slot.engine.in_scratch(r.addr) || in_fast_pages {
             return Err(EngineError::RefusedSpec {
                 spec: spec.into(),
                 reason: "the address is in hotprobe's scratch memory".into(),
@@ -1002,6 +1005,19 @@ impl Session {
         if !slot.is_process() {
             return Err(why);
         }
+        // Pending only for a library that exists: a misspelt name is an
+        // error now, not a probe that waits forever.
+        let module = match &why {
+            EngineError::Symbol(hotprobe_symbols::SymbolError::ModuleNotFound { name, .. }) => {
+                name.clone()
+            }
+            _ => return Err(why),
+        };
+        let program_dir = Slot::process(&mut slot.engine)
+            .and_then(|pt| pt.program().parent().map(Path::to_path_buf));
+        if hotprobe_symbols::find_library(&module, program_dir.as_deref()).is_none() {
+            return Err(why);
+        }
         let id = slot.engine.add_unarmed(probe, rp);
         slot.pending.push(Pending {
             spec: spec.to_string(),
@@ -1014,12 +1030,6 @@ impl Session {
         if record {
             slot.recording = true;
         }
-        let module = match &why {
-            EngineError::Symbol(hotprobe_symbols::SymbolError::ModuleNotFound { name, .. }) => {
-                name.clone()
-            }
-            _ => String::new(),
-        };
         Ok(Added {
             placements: vec![Placement {
                 id,
@@ -1653,6 +1663,13 @@ impl Session {
             .as_ref()
             .map(|r| r.blacklist())
             .unwrap_or_default();
+        if let Some(fp) = slot.fast_path() {
+            v.extend(fp.pages().into_iter().map(|(a, b)| crate::BlacklistEntry {
+                start: RuntimeAddr(a),
+                end: RuntimeAddr(b),
+                what: "hotprobe's fast-path stubs and trampolines".into(),
+            }));
+        }
         v.sort_by_key(|b| b.start);
         Ok(v)
     }

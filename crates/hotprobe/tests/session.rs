@@ -54,6 +54,16 @@ fn patch_jump_record_and_a_register_writing_handler_on_one_target() {
     assert_eq!(r.mechanism, Mechanism::Jump, "{r:?}");
     assert_eq!(f.mechanism, Mechanism::Trap, "{f:?}");
 
+    // The fast path's own pages are in the blacklist, as the engine's
+    // scratch memory is.
+    let jump_pages = s
+        .blacklist(t.target)
+        .unwrap()
+        .into_iter()
+        .filter(|b| b.what.contains("fast-path"))
+        .count();
+    assert!(jump_pages >= 1, "the jump trampolines' page is blacklisted");
+
     s.start().unwrap();
     let mut sink = Collect::default();
     let end = s
