@@ -449,24 +449,7 @@ impl FastPath {
             }
         }
         // Scratch page for the strings.
-        let page = hotprobe_process::remote_call::remote_syscall(
-            t,
-            libc::SYS_mmap as u64,
-            &[
-                0,
-                4096,
-                (libc::PROT_READ | libc::PROT_WRITE) as u64,
-                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
-                u64::MAX,
-                0,
-            ],
-        )?;
-        if (page as i64) < 0 {
-            return Err(fail(format!(
-                "remote mmap failed: errno {}",
-                -(page as i64)
-            )));
-        }
+        let page = remote_page(t)?;
         let agent_c = format!("{}\0", agent.display());
         if agent_c.len() > 2048 {
             return Err(fail(format!("agent path too long: {}", agent.display())));
@@ -1142,17 +1125,10 @@ impl PendingFastPath {
     }
 }
 
-/// Makes the stopped target open our memfd (through `/proc/OUR_PID/fd`)
-/// and call the agent's `attach_fn` (`hotprobe_agent_attach_fd`) on it.
-fn remote_attach(
-    t: &mut ProcessTarget,
-    shm: &OwnedShm,
-    attach_fn: u64,
-) -> Result<(), FastPathError> {
-    use hotprobe_process::remote_call::{remote_call, remote_syscall};
-    let pid = t.pid();
-    let fail = |why: String| FastPathError::AgentNotAttached { pid, why };
-    let page = remote_syscall(
+/// A fresh read-write page in the stopped target (a remote `mmap`), for
+/// the strings of remote calls; the caller unmaps it.
+fn remote_page(t: &mut ProcessTarget) -> Result<u64, FastPathError> {
+    let page = hotprobe_process::remote_call::remote_syscall(
         t,
         libc::SYS_mmap as u64,
         &[
@@ -1165,11 +1141,25 @@ fn remote_attach(
         ],
     )?;
     if (page as i64) < 0 {
-        return Err(fail(format!(
-            "remote mmap failed: errno {}",
-            -(page as i64)
-        )));
+        return Err(FastPathError::AgentNotAttached {
+            pid: t.pid(),
+            why: format!("remote mmap failed: errno {}", -(page as i64)),
+        });
     }
+    Ok(page)
+}
+
+/// Makes the stopped target open our memfd (through `/proc/OUR_PID/fd`)
+/// and call the agent's `attach_fn` (`hotprobe_agent_attach_fd`) on it.
+fn remote_attach(
+    t: &mut ProcessTarget,
+    shm: &OwnedShm,
+    attach_fn: u64,
+) -> Result<(), FastPathError> {
+    use hotprobe_process::remote_call::{remote_call, remote_syscall};
+    let pid = t.pid();
+    let fail = |why: String| FastPathError::AgentNotAttached { pid, why };
+    let page = remote_page(t)?;
     let fd_path = format!("/proc/{}/fd/{}\0", std::process::id(), shm.fd());
     t.write_memory(RuntimeAddr(page), fd_path.as_bytes())?;
     let fd = remote_syscall(
