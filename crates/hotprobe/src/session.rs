@@ -1362,9 +1362,12 @@ impl Session {
         if live.is_empty() {
             return Ok(Some(RunEnd::AllExited));
         }
-        let recording = sink.is_some() && live.iter().any(|i| self.slots[*i].recording);
-        let timeout = if recording {
+        let recording = live.iter().any(|i| self.slots[*i].recording);
+        let timeout = if recording && sink.is_some() {
             Some(self.drain(sink, 0)?)
+        } else if recording {
+            self.drain(None, 0)?;
+            None
         } else if live.len() == 1 {
             None
         } else {
