@@ -1363,11 +1363,11 @@ impl Session {
             return Ok(Some(RunEnd::AllExited));
         }
         let recording = live.iter().any(|i| self.slots[*i].recording);
+        if recording && sink.is_none() {
+            self.drain(None, 0)?;
+        }
         let timeout = if recording && sink.is_some() {
             Some(self.drain(sink, 0)?)
-        } else if recording {
-            self.drain(None, 0)?;
-            None
         } else if live.len() == 1 {
             None
         } else {
