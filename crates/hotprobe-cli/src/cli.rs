@@ -1,0 +1,359 @@
+//! The command line of `hotprobe` (clap derive), in a module of its own so
+//! that the build script (`build.rs`, through `#[path]`) can render the
+//! man pages and shell completions from the same definition. Only `clap`
+//! and `std` here: nothing of the binary's other modules.
+
+use clap::{ArgGroup, Parser, Subcommand};
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+/// Dynamic probes (Kprobes-style trap probes) on Linux processes.
+#[derive(Parser, Debug)]
+#[command(name = "hotprobe", version, about, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// List the functions of a binary or a process (name, address, size,
+    /// module, and the mechanism a probe on its entry gets), or its blacklist.
+    List {
+        /// `BINARY [PATTERN]`, or with -p only `[PATTERN]`: an ELF
+        /// executable or shared library, and a glob (`*`, `?`) over
+        /// function names.
+        #[arg(value_name = "BINARY|PATTERN", num_args = 0..=2)]
+        args: Vec<String>,
+        /// A running process (all its modules).
+        #[arg(short, long, value_name = "PID")]
+        pid: Option<i32>,
+        /// List the address ranges where probes are refused instead.
+        #[arg(long)]
+        blacklist: bool,
+    },
+    /// Count hits of probes (fast path where a function entry allows it,
+    /// else trap; see --mechanism); print a table when the target exits,
+    /// on Ctrl-C, or after --duration.
+    #[command(group(ArgGroup::new("target").required(true).args(["pid", "cmd"])))]
+    Count {
+        /// Probe specs: [module:]function[+off] | [module:]0xADDR | file.c:LINE,
+        /// with %return to count returns; `*` in a function name expands.
+        #[arg(required = true, value_name = "PROBE")]
+        probes: Vec<String>,
+        /// Attach to this running process.
+        #[arg(short, long, value_name = "PID")]
+        pid: Option<i32>,
+        /// Stop (and detach) after this many seconds.
+        #[arg(long, value_name = "SECS")]
+        duration: Option<f64>,
+        /// Live calls followed at once per %return probe (more count as nmissed).
+        #[arg(long, default_value_t = 64, value_name = "N")]
+        maxactive: usize,
+        /// How function entries are probed: auto (patch, then jump, else
+        /// trap), or force one.
+        #[arg(long, value_enum, default_value_t = MechanismArg::Auto)]
+        mechanism: MechanismArg,
+        /// Follow forked children (counts per process, their events in the trace);
+        /// by default they run without probes.
+        #[arg(short = 'f', long)]
+        follow_forks: bool,
+        /// The command to start (after `--`).
+        #[arg(last = true, value_name = "CMD")]
+        cmd: Vec<OsString>,
+    },
+    /// ColdPatch: rewrite the -finstrument-functions (or -pg) calls of a
+    /// binary into NOPs; writes OUT and its probe list OUT.probes.
+    Coldpatch {
+        /// The instrumented binary.
+        #[arg(value_name = "IN")]
+        input: PathBuf,
+        /// The binary to write.
+        #[arg(short, long, value_name = "OUT")]
+        output: PathBuf,
+    },
+    /// Show a live call tree of the given functions (like `uftrace replay`).
+    #[command(group(ArgGroup::new("target").required(true).args(["pid", "cmd"])))]
+    Trace {
+        /// Function specs: [module:]function | [module:]0xADDR; `*` expands.
+        #[arg(required = true, value_name = "PROBE")]
+        probes: Vec<String>,
+        /// Attach to this running process.
+        #[arg(short, long, value_name = "PID")]
+        pid: Option<i32>,
+        /// Show the first N argument registers (0-6) and the return value.
+        #[arg(long, value_name = "N")]
+        args: Option<usize>,
+        /// Live calls followed at once per function (more count as nmissed).
+        #[arg(long, default_value_t = 64, value_name = "N")]
+        maxactive: usize,
+        /// Stop (and detach) after this many seconds.
+        #[arg(long, value_name = "SECS")]
+        duration: Option<f64>,
+        /// Print the per-function count table at the end.
+        #[arg(long)]
+        summary: bool,
+        /// How probes run: auto picks patch, then jump, then trap per
+        /// function; the others force one.
+        #[arg(long, value_enum, default_value_t = MechanismArg::Auto)]
+        mechanism: MechanismArg,
+        /// Follow forked children (counts per process, their events in the trace);
+        /// by default they run without probes.
+        #[arg(short = 'f', long)]
+        follow_forks: bool,
+        /// The command to start (after `--`).
+        #[arg(last = true, value_name = "CMD")]
+        cmd: Vec<OsString>,
+    },
+    /// Record a function trace of a command into a trace directory.
+    ///
+    /// The fast path: the agent logs entries and exits into per-thread
+    /// rings, drained while the target runs. Patterns and --exclude act at
+    /// the source (functions left out are not probed and cost nothing);
+    /// --max-depth, --min-duration and --sample run in the recorder on the
+    /// drained events, before anything is written (the target still pays
+    /// for those events). Prints a summary: events, bytes, bytes/event,
+    /// drops, and what each filter removed.
+    #[command(group(ArgGroup::new("target").required(true).args(["pid", "cmd"])))]
+    Record {
+        /// The trace directory to write (created; earlier streams in it are
+        /// removed).
+        #[arg(short, long, value_name = "DIR")]
+        output: PathBuf,
+        /// Probe only the functions of the main executable matching these
+        /// globs (`*`, `?`); default: every function of the main
+        /// executable except the C runtime's start-up code.
+        #[arg(value_name = "PATTERN")]
+        patterns: Vec<String>,
+        /// Same as a PATTERN (repeatable).
+        #[arg(short = 'F', long = "filter", value_name = "GLOB")]
+        filter: Vec<String>,
+        /// Do not probe functions matching this glob (repeatable).
+        #[arg(short = 'N', long, value_name = "GLOB")]
+        exclude: Vec<String>,
+        /// Probe FUNC as a phase marker: each of its calls starts a phase
+        /// (`report --phases`); repeatable. Markers are never removed by
+        /// depth, duration or sampling.
+        #[arg(long, value_name = "FUNC")]
+        phase: Vec<String>,
+        /// Keep calls nested at most N deep (outermost recorded = 1); in the
+        /// recorder.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        max_depth: Option<u32>,
+        /// Keep only calls lasting at least DUR (e.g. 10ms, 2.5us, 500ns);
+        /// in the recorder.
+        #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+        min_duration: Option<u64>,
+        /// Keep one call in N per function and thread; in the recorder.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        sample: Option<u32>,
+        /// Keep the first N argument registers (0-6) of each entry, and the
+        /// return values when N > 0.
+        #[arg(long, value_name = "N", default_value_t = 0,
+              value_parser = clap::value_parser!(u8).range(0..=6))]
+        args: u8,
+        /// How function entries are probed: auto (patch, else jump), or
+        /// force one. Functions neither fits are not recorded (listed in
+        /// the summary).
+        #[arg(long, value_enum, default_value_t = RecordMechanism::Auto)]
+        mechanism: RecordMechanism,
+        /// Follow forked children (counts per process, their events in the trace);
+        /// by default they run without probes.
+        #[arg(short = 'f', long)]
+        follow_forks: bool,
+        /// Write every entry and exit as its own record (to measure what
+        /// merging an entry and its exit into one call record saves).
+        #[arg(long)]
+        no_aggregate: bool,
+        /// Events per thread ring (a power of two); a full ring drops events
+        /// (reported, and marked in the trace). Shared memory per thread
+        /// that records: N × 32 bytes (--args 0–2; 32 MiB at the default
+        /// 2^20), N × 64 with more arguments.
+        #[arg(long, value_name = "N", default_value_t = 1 << 20)]
+        ring_events: u32,
+        /// Threads that get a ring (events of later threads are dropped,
+        /// and counted).
+        #[arg(long, value_name = "N", default_value_t = 64,
+              value_parser = clap::value_parser!(u32).range(1..=4096))]
+        max_threads: u32,
+        /// Stop after recording this many seconds (counted from when the
+        /// probes are in): the probes are removed and the target runs on
+        /// untraced.
+        #[arg(long, value_name = "SECS")]
+        duration: Option<f64>,
+        /// Attach to this running process (the agent is loaded into it;
+        /// calls already running when recording starts show only their
+        /// exits, counted as orphan exits). Ctrl-C or --duration detach.
+        #[arg(short, long, value_name = "PID")]
+        pid: Option<i32>,
+        /// The command to start (after `--`).
+        #[arg(last = true, value_name = "CMD")]
+        cmd: Vec<OsString>,
+    },
+    /// Print the call tree of a recorded trace (like `uftrace replay`).
+    Replay {
+        /// A trace directory written by `hotprobe record`.
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
+    /// Per-function calls, total and self time of a recorded trace.
+    Report {
+        /// A trace directory written by `hotprobe record`.
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+        /// One table per phase (phases start at each call of a marker:
+        /// `record --phase`, or --marker).
+        #[arg(long)]
+        phases: bool,
+        /// Also split phases at calls of this function (repeatable; implies
+        /// --phases).
+        #[arg(long, value_name = "FUNC")]
+        marker: Vec<String>,
+    },
+    /// Convert a recorded trace: Chrome Trace Event JSON, CTF 1.8 or folded
+    /// stacks.
+    Export {
+        /// A trace directory written by `hotprobe record`.
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+        /// The output format.
+        #[arg(long, value_enum)]
+        format: ExportFormat,
+        /// Output file (chrome, folded; default stdout) or directory (ctf;
+        /// default DIR/ctf).
+        #[arg(short, long, value_name = "OUT")]
+        output: Option<PathBuf>,
+        /// Folded: count calls instead of self time in ns.
+        #[arg(long)]
+        calls: bool,
+        /// Folded: start each stack with its thread (`tid-N`).
+        #[arg(long)]
+        per_thread: bool,
+    },
+    /// Build the bundled demo program (tests/programs/demo.c) and trace it.
+    Demo,
+    /// Count or trace probes on VM guest kernels through their GDB stubs
+    /// (QEMU -gdb); repeat --gdb/--symbols (and --ram) for more guests.
+    Guest {
+        /// A guest's GDB stub: HOST:PORT or unix:PATH.
+        #[arg(long, required = true, value_name = "HOST:PORT|unix:PATH")]
+        gdb: Vec<String>,
+        /// The guest kernel's symbols: /proc/kallsyms, System.map or vmlinux
+        /// (one per --gdb, in the same order).
+        #[arg(long, required = true, value_name = "FILE")]
+        symbols: Vec<PathBuf>,
+        /// QEMU's shared memory-backend-file of the guest's RAM, to read
+        /// guest memory directly (none, or one per --gdb in the same order).
+        #[arg(long, value_name = "FILE")]
+        ram: Vec<PathBuf>,
+        #[command(subcommand)]
+        action: GuestCmd,
+    },
+}
+
+/// What `hotprobe guest` does.
+#[derive(Subcommand, Debug)]
+pub enum GuestCmd {
+    /// Count hits of the probes; print a table on Ctrl-C, after --duration,
+    /// or when every guest is gone.
+    Count {
+        /// Probe specs: [module:]function[+off] | 0xADDR, with %return to
+        /// count returns.
+        #[arg(required = true, value_name = "PROBE")]
+        probes: Vec<String>,
+        /// Stop (and detach) after this many seconds.
+        #[arg(long, value_name = "SECS")]
+        duration: Option<f64>,
+        /// Live calls followed at once per %return probe.
+        #[arg(long, default_value_t = 64, value_name = "N")]
+        maxactive: usize,
+    },
+    /// Show a live call tree of the given kernel functions.
+    Trace {
+        /// Function specs: [module:]function | 0xADDR.
+        #[arg(required = true, value_name = "PROBE")]
+        probes: Vec<String>,
+        /// Show the first N argument registers (0-6) and the return value.
+        #[arg(long, value_name = "N")]
+        args: Option<usize>,
+        /// Live calls followed at once per function.
+        #[arg(long, default_value_t = 64, value_name = "N")]
+        maxactive: usize,
+        /// Stop (and detach) after this many seconds.
+        #[arg(long, value_name = "SECS")]
+        duration: Option<f64>,
+        /// Print the per-function count table at the end.
+        #[arg(long)]
+        summary: bool,
+    },
+}
+
+/// `--mechanism` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum MechanismArg {
+    Auto,
+    Patch,
+    Jump,
+    Trap,
+}
+
+/// `record --mechanism` values (the fast path's; no trap recording).
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum RecordMechanism {
+    Auto,
+    Patch,
+    Jump,
+}
+
+/// `export --format` values (converted to `analyse::ExportFormat`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExportFormat {
+    /// Chrome Trace Event JSON (Perfetto UI, chrome://tracing).
+    Chrome,
+    /// CTF 1.8 (babeltrace2, Trace Compass): a directory.
+    Ctf,
+    /// Folded stacks (flamegraph.pl, inferno).
+    Folded,
+}
+
+/// Parses a duration: a number with a unit `ns`, `us`, `ms` or `s` (a bare
+/// number is ns, as uftrace's time filter). Returns ns.
+pub fn parse_duration(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult = match unit.trim() {
+        "" | "ns" => 1.0,
+        "us" | "µs" => 1e3,
+        "ms" => 1e6,
+        "s" => 1e9,
+        u => return Err(format!("unknown unit `{u}` (ns, us, ms, s)")),
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration (e.g. 10ms, 1.5us, 200ns)"))?;
+    let ns = v * mult;
+    if !ns.is_finite() || !(0.0..1.8e19).contains(&ns) {
+        return Err(format!("`{s}` is out of range"));
+    }
+    Ok(ns.round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10ms"), Ok(10_000_000));
+        assert_eq!(parse_duration("1.5us"), Ok(1_500));
+        assert_eq!(parse_duration("200"), Ok(200));
+        assert_eq!(parse_duration("2s"), Ok(2_000_000_000));
+        assert!(parse_duration("ms").is_err());
+        assert!(parse_duration("10 parsecs").is_err());
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("1e400s").is_err());
+    }
+}
