@@ -1,5 +1,6 @@
 //! `hotprobe coldpatch IN -o OUT`: iProbe's ColdPatch.
 
+use crate::out::errln;
 use anyhow::{Context, Result};
 use std::path::Path;
 
@@ -18,7 +19,7 @@ pub fn run(input: &Path, output: &Path) -> Result<()> {
     let probes = hotprobe_fastpath::probe_list_path(output);
     std::fs::write(&probes, list.to_text())
         .with_context(|| format!("cannot write {}", probes.display()))?;
-    eprintln!(
+    errln!(
         "hotprobe: wrote {} and {} ({} sites)",
         output.display(),
         probes.display(),

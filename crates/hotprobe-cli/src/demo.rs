@@ -2,6 +2,7 @@
 //! with gcc into a cache directory and show a live trace of it, then the
 //! count summary.
 
+use crate::out::errln;
 use crate::trace::{self, TraceOptions};
 use anyhow::{bail, Context, Result};
 use std::ffi::OsString;
@@ -64,7 +65,7 @@ fn build_in(dir: &Path) -> Result<PathBuf> {
         return Ok(bin);
     }
     let tmp = dir.join(format!("demo.{}.tmp", std::process::id()));
-    eprintln!("hotprobe demo: building {}", bin.display());
+    errln!("hotprobe demo: building {}", bin.display());
     let out = Command::new("gcc")
         .args(["-O1", "-g", "-fno-inline", "-o"])
         .arg(&tmp)
@@ -92,7 +93,7 @@ fn build_in(dir: &Path) -> Result<PathBuf> {
 /// Run `demo`.
 pub fn run() -> Result<u8> {
     let bin = build()?;
-    eprintln!(
+    errln!(
         "hotprobe demo: the same as `hotprobe trace --args 2 {} -- {}`",
         TRACED.join(" "),
         bin.display()

@@ -12,9 +12,10 @@
 //! on. Ctrl-C (or `--duration`) detaches: breakpoints removed, out-of-line
 //! area restored, every guest running on.
 
+use crate::out::{errln, outln};
 use crate::session::{print_table, progress};
 use crate::signals::{self, StopReason};
-use crate::trace::{emit, LiveTree, HEADER};
+use crate::trace::{LiveTree, HEADER};
 use anyhow::{bail, Context, Result};
 use hotprobe::{EventSink, FastPathConfig, Placement, RunEnd, Session, SessionConfig, TargetId};
 use hotprobe_guest::{load_symbols, open_guest, GuestConfig, StubAddr};
@@ -146,7 +147,7 @@ pub fn run(o: &GuestOptions<'_>) -> Result<()> {
     };
     let mut tree = match o.action {
         Action::Trace { .. } => {
-            emit(format_args!("{HEADER}"));
+            outln!("{HEADER}");
             Some(LiveTree::new(&placed, args))
         }
         Action::Count { .. } => None,
@@ -161,7 +162,7 @@ pub fn run(o: &GuestOptions<'_>) -> Result<()> {
     match o.action {
         Action::Count { .. } => print_table(&session, &placed, false),
         Action::Trace { summary: true, .. } => {
-            println!();
+            outln!();
             print_table(&session, &placed, false);
         }
         Action::Trace { .. } => {}
@@ -187,7 +188,7 @@ fn place(
                 .add(g.id, spec, action)
                 .with_context(|| format!("guest {}: cannot probe {spec}", g.name))?;
             for s in &added.skipped {
-                bar.suspend(|| eprintln!("hotprobe: skipping {}: {}", s.label, s.reason));
+                bar.suspend(|| errln!("hotprobe: skipping {}: {}", s.label, s.reason));
             }
             for mut p in added.placements {
                 if guests.len() > 1 {
@@ -210,7 +211,7 @@ fn run_loop(
 ) -> Result<()> {
     session.start()?;
     let names: Vec<&str> = guests.iter().map(|g| g.name.as_str()).collect();
-    eprintln!(
+    errln!(
         "hotprobe: attached to {} guest{} ({}): {nprobes} probes",
         guests.len(),
         if guests.len() == 1 { "" } else { "s" },
@@ -231,7 +232,7 @@ fn run_loop(
         }
     };
     match end {
-        RunEnd::AllExited => eprintln!("hotprobe: every guest is gone"),
+        RunEnd::AllExited => errln!("hotprobe: every guest is gone"),
         RunEnd::Interrupted | RunEnd::Stopped => {
             session
                 .finish(Duration::ZERO, sink)
@@ -242,7 +243,7 @@ fn run_loop(
                 Some(StopReason::Signal(s)) => format!("signal {s}"),
                 None => "stopped".to_string(),
             };
-            eprintln!(
+            errln!(
                 "hotprobe: {why}: detached from the guests, which run on with their kernel text restored"
             );
         }
@@ -253,6 +254,6 @@ fn run_loop(
 
 fn print_notices(session: &mut Session) {
     for n in session.take_notices() {
-        eprintln!("hotprobe: {n}");
+        errln!("hotprobe: {n}");
     }
 }

@@ -1,6 +1,7 @@
 //! `hotprobe list`: functions (or the blacklist) of a binary or a process,
 //! with the mechanism a probe on each function's entry would get.
 
+use crate::out::outln;
 use anyhow::{bail, Context, Result};
 use hotprobe::Session;
 use hotprobe_symbols::pattern;
@@ -203,36 +204,56 @@ fn print_rows(rows: &[Row], pattern: Option<&str>, what: &str) -> Result<()> {
         .max()
         .unwrap_or(0);
     if yw == 0 {
-        println!(
+        outln!(
             "{:<18}  {:>8}  {:<pw$}  {:<mw$}  FUNCTION",
-            "ADDRESS", "SIZE", "PROBE", "MODULE"
+            "ADDRESS",
+            "SIZE",
+            "PROBE",
+            "MODULE"
         );
     } else {
-        println!(
+        outln!(
             "{:<18}  {:>8}  {:<pw$}  {:<mw$}  {:<yw$}  FUNCTION",
-            "ADDRESS", "SIZE", "PROBE", "MODULE", "WHY"
+            "ADDRESS",
+            "SIZE",
+            "PROBE",
+            "MODULE",
+            "WHY"
         );
     }
     for r in rows {
-        if yw == 0 {
-            println!(
-                "{:#018x}  {:>8}  {:<pw$}  {:<mw$}  {}",
-                r.addr, r.size, r.mechanism, r.module, r.name
-            );
+        let name = &r.name;
+        let more = if yw == 0 {
+            outln!(
+                "{:#018x}  {:>8}  {:<pw$}  {:<mw$}  {name}",
+                r.addr,
+                r.size,
+                r.mechanism,
+                r.module
+            )
         } else {
-            println!(
-                "{:#018x}  {:>8}  {:<pw$}  {:<mw$}  {:<yw$}  {}",
-                r.addr, r.size, r.mechanism, r.module, r.why, r.name
-            );
+            outln!(
+                "{:#018x}  {:>8}  {:<pw$}  {:<mw$}  {:<yw$}  {name}",
+                r.addr,
+                r.size,
+                r.mechanism,
+                r.module,
+                r.why
+            )
+        };
+        if !more {
+            break;
         }
     }
     Ok(())
 }
 
 fn print_blacklist(entries: &[(u64, u64, String)]) {
-    println!("{:<18}  {:<18}  WHAT", "START", "END");
+    outln!("{:<18}  {:<18}  WHAT", "START", "END");
     for (s, e, what) in entries {
-        println!("{s:#018x}  {e:#018x}  {what}");
+        if !outln!("{s:#018x}  {e:#018x}  {what}") {
+            break;
+        }
     }
 }
 

@@ -25,6 +25,7 @@ mod count;
 mod demo;
 mod guest;
 mod list;
+mod out;
 mod record;
 mod session;
 mod signals;
@@ -32,6 +33,7 @@ mod trace;
 
 use clap::Parser;
 use cli::{Cli, Cmd, GuestCmd, MechanismArg, RecordMechanism};
+use out::errln;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -359,14 +361,22 @@ fn main() -> ExitCode {
                 .map(|l| l.trim().trim_start_matches("error: "))
                 .filter(|l| !l.is_empty() && !l.starts_with("tip:"))
                 .collect();
-            eprintln!("hotprobe: error: {} (see hotprobe --help)", what.join(" "));
+            errln!("hotprobe: error: {} (see hotprobe --help)", what.join(" "));
             return ExitCode::from(2);
         }
     };
-    match run(cli) {
+    let result = run(cli);
+    // A reader that went away is no failure (see `out`).
+    let quiet = matches!(&result, Err(e) if out::is_closed_stdout(e));
+    let result = match (result, out::write_error()) {
+        (Ok(_), Some(e)) => Err(anyhow::Error::new(e).context("cannot write the output")),
+        (r, _) => r,
+    };
+    match result {
         Ok(code) => ExitCode::from(code),
+        Err(_) if quiet => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("hotprobe: error: {}", one_line(&message(&e)));
+            errln!("hotprobe: error: {}", one_line(&message(&e)));
             if e.downcast_ref::<UsageError>().is_some() {
                 ExitCode::from(2)
             } else {

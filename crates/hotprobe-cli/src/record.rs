@@ -14,6 +14,7 @@
 //!   drained events, before anything is written: the target still pays for
 //!   every event of the probed functions.
 
+use crate::out::errln;
 use crate::session::{progress, Traced};
 use anyhow::{bail, Context, Result};
 use hotprobe::{Action, DrainStats, ExitStatus, FastPathConfig, MechanismChoice, SessionConfig};
@@ -294,7 +295,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
                 .with_context(|| format!("cannot create the trace in {}", o.out.display()));
         }
     };
-    eprintln!(
+    errln!(
         "hotprobe: recording {nprobes} functions into {}",
         o.out.display()
     );
@@ -359,8 +360,8 @@ fn print_summary(s: &Summary<'_>) {
         .iter()
         .map(|(m, n)| format!("{m} {n}"))
         .collect();
-    eprintln!("hotprobe: {}; trace in {}", s.how, s.out.display());
-    eprintln!(
+    errln!("hotprobe: {}; trace in {}", s.how, s.out.display());
+    errln!(
         "  probes:   {} functions ({}); {} left out by the patterns (not probed); {} not probeable",
         s.probed,
         mechs.join(", "),
@@ -372,14 +373,14 @@ fn print_summary(s: &Summary<'_>) {
         if names.len() > 5 {
             list.push_str(&format!(", … ({} more)", names.len() - 5));
         }
-        eprintln!("            not probed ({why}): {list}");
+        errln!("            not probed ({why}): {list}");
     }
     let bpe = if st.events_out == 0 {
         "-".to_string()
     } else {
         format!("{:.2}", st.bytes_per_event())
     };
-    eprintln!(
+    errln!(
         "  events:   {} recorded ({} records, {} threads) of {} drained in {:.2} s; \
          {} bytes of event streams, {bpe} bytes/event",
         st.events_out,
@@ -390,7 +391,7 @@ fn print_summary(s: &Summary<'_>) {
         st.bytes
     );
     let d = s.drain;
-    eprintln!(
+    errln!(
         "  drops:    {} (full rings {}, written as lost records; threads without a ring slot {}){}",
         d.ring_drops + d.no_slot,
         d.ring_drops,
@@ -401,9 +402,15 @@ fn print_summary(s: &Summary<'_>) {
             String::new()
         }
     );
-    eprintln!(
+    errln!(
         "  filtered in the writer (events): depth {}, duration {}, sampling {}, pattern {}; \
          short calls kept around nested records {}, orphan exits {}, clamped timestamps {}",
-        f.depth, f.duration, f.sampling, f.pattern, f.kept_short, f.orphan_exits, f.clamped
+        f.depth,
+        f.duration,
+        f.sampling,
+        f.pattern,
+        f.kept_short,
+        f.orphan_exits,
+        f.clamped
     );
 }

@@ -4,6 +4,7 @@
 //! the run until the target exits, Ctrl-C or `--duration`, and the exit
 //! status. Everything else is the library's.
 
+use crate::out::errln;
 use crate::signals::{self, StopReason};
 use anyhow::{bail, Context, Result};
 use hotprobe::{
@@ -42,7 +43,7 @@ impl Traced {
         let pid = session.pid(target).unwrap_or(0);
         let spawned = session.is_spawned(target);
         for n in session.take_notices() {
-            eprintln!("hotprobe: {n}");
+            errln!("hotprobe: {n}");
         }
         Ok(Traced {
             session,
@@ -80,7 +81,7 @@ impl Traced {
                 Err(e) => return Err(e).with_context(|| format!("cannot probe {spec}")),
             };
             for s in &added.skipped {
-                bar.suspend(|| eprintln!("hotprobe: skipping {}: {}", s.label, s.reason));
+                bar.suspend(|| errln!("hotprobe: skipping {}: {}", s.label, s.reason));
             }
             if added.placements.is_empty() {
                 bail!("no function matching `{spec}` can be probed");
@@ -109,7 +110,7 @@ impl Traced {
         } else {
             "attached to"
         };
-        eprintln!(
+        errln!(
             "hotprobe: {verb} pid {}: {} probes ({})",
             self.pid,
             placed.len(),
@@ -142,13 +143,13 @@ impl Traced {
                     None => "stopped".to_string(),
                 };
                 if self.spawned {
-                    eprintln!(
+                    errln!(
                         "hotprobe: {why}: detached from pid {} (started by hotprobe), \
                          which runs on without probes",
                         self.pid
                     );
                 } else {
-                    eprintln!(
+                    errln!(
                         "hotprobe: {why}: detached from pid {}, which runs on with its code restored",
                         self.pid
                     );
@@ -178,7 +179,7 @@ impl Traced {
 
     fn print_notices(&mut self) {
         for n in self.session.take_notices() {
-            eprintln!("hotprobe: {n}");
+            errln!("hotprobe: {n}");
         }
     }
 }
@@ -284,7 +285,7 @@ pub fn print_table(session: &Session, placed: &[Placement], per_process: bool) {
         out.push_str(&line(r));
         out.push('\n');
     }
-    crate::trace::emit(format_args!("{}", out.trim_end()));
+    crate::out::line(format_args!("{}", out.trim_end()));
 }
 
 /// A progress bar on stderr (hidden when stderr is not a terminal).

@@ -13,6 +13,7 @@
 //! exits to [`LiveTree`], which prints them as they are drained;
 //! indentation is the call depth of followed calls on that thread.
 
+use crate::out::outln;
 use crate::session::{print_table, Traced};
 use anyhow::{bail, Result};
 use hotprobe::{
@@ -21,7 +22,6 @@ use hotprobe::{
 };
 use std::collections::HashMap;
 use std::ffi::OsString;
-use std::io::Write;
 use std::time::Duration;
 
 /// What `trace` needs from the command line.
@@ -72,14 +72,6 @@ pub fn format_duration(d: Duration) -> String {
         (ns / 1e9, " s")
     };
     format!("{v:8.3} {unit}")
-}
-
-pub(crate) fn emit(line: std::fmt::Arguments<'_>) {
-    let mut out = std::io::stdout().lock();
-    // A closed pipe (e.g. `| head`) must not kill the target's session.
-    let _ = out.write_fmt(line);
-    let _ = out.write_all(b"\n");
-    let _ = out.flush();
 }
 
 /// The live call tree: an [`EventSink`] printing each recorded entry and
@@ -158,10 +150,10 @@ impl EventSink for LiveTree {
                     Some(_) if ev.nargs > 0 => format!(" = {}", format_value(ev.args[0])),
                     _ => String::new(),
                 };
-                emit(format_args!(
+                outln!(
                     "{} [{tid:>6}] | {indent}}} /* {name} */{ret}",
                     format_duration(dur)
-                ));
+                );
             }
             _ => {
                 let indent = "  ".repeat(stack.len());
@@ -174,20 +166,17 @@ impl EventSink for LiveTree {
                         .join(", "),
                     None => String::new(),
                 };
-                emit(format_args!(
-                    "{:>11} [{tid:>6}] | {indent}{name}({args}) {{",
-                    ""
-                ));
+                outln!("{:>11} [{tid:>6}] | {indent}{name}({args}) {{", "");
             }
         }
         Ok(())
     }
 
     fn lost(&mut self, tid: u32, _ts: u64, count: u64) -> Result<(), SinkError> {
-        emit(format_args!(
+        outln!(
             "{:>11} [{tid:>6}] | /* {count} events lost: the ring was full */",
             ""
-        ));
+        );
         Ok(())
     }
 }
@@ -218,10 +207,10 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
         }
     };
     let mut tree = LiveTree::new(&placed, o.args);
-    emit(format_args!("{HEADER}"));
+    outln!("{HEADER}");
     let ran = t.run(&placed, o.duration, Some(&mut tree));
     if o.summary {
-        println!();
+        outln!();
         print_table(&t.session, &placed, o.follow_forks);
     }
     ran?;
