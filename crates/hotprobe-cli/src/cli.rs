@@ -7,6 +7,10 @@ use clap::{ArgGroup, Parser, Subcommand};
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+/// The trace directory `record` writes and `replay`, `report` and
+/// `export` read when none is given (as uftrace's `uftrace.data`).
+pub const DEFAULT_DIR: &str = "hotprobe.data";
+
 /// Dynamic probes (Kprobes-style trap probes) on Linux processes.
 #[derive(Parser, Debug)]
 #[command(name = "hotprobe", version, about, propagate_version = true)]
@@ -116,10 +120,15 @@ pub enum Cmd {
     /// drops, and what each filter removed.
     #[command(group(ArgGroup::new("target").required(true).args(["pid", "cmd"])))]
     Record {
-        /// The trace directory to write (created; earlier streams in it are
-        /// removed).
-        #[arg(short, long, value_name = "DIR")]
+        /// The trace directory to write (created). A directory holding a
+        /// trace is replaced only with --force.
+        #[arg(short, long, value_name = "DIR", default_value = DEFAULT_DIR)]
         output: PathBuf,
+        /// Replace the trace in DIR: its whole content (streams, exports)
+        /// is removed first. A directory that holds no trace (no
+        /// info.json) is never replaced.
+        #[arg(long)]
+        force: bool,
         /// Probe only the functions of the main executable matching these
         /// globs (`*`, `?`); default: every function of the main
         /// executable except the C runtime's start-up code.
@@ -193,13 +202,13 @@ pub enum Cmd {
     /// Print the call tree of a recorded trace (like `uftrace replay`).
     Replay {
         /// A trace directory written by `hotprobe record`.
-        #[arg(value_name = "DIR")]
+        #[arg(value_name = "DIR", default_value = DEFAULT_DIR)]
         dir: PathBuf,
     },
     /// Per-function calls, total and self time of a recorded trace.
     Report {
         /// A trace directory written by `hotprobe record`.
-        #[arg(value_name = "DIR")]
+        #[arg(value_name = "DIR", default_value = DEFAULT_DIR)]
         dir: PathBuf,
         /// One table per phase (phases start at each call of a marker:
         /// `record --phase`, or --marker).
@@ -214,7 +223,7 @@ pub enum Cmd {
     /// stacks.
     Export {
         /// A trace directory written by `hotprobe record`.
-        #[arg(value_name = "DIR")]
+        #[arg(value_name = "DIR", default_value = DEFAULT_DIR)]
         dir: PathBuf,
         /// The output format.
         #[arg(long, value_enum)]

@@ -6,14 +6,15 @@
 //! hotprobe coldpatch IN -o OUT
 //! hotprobe trace  PROBE... (-p PID | -- CMD ARGS) [--args N] [--maxactive N]
 //! hotprobe demo
-//! hotprobe record -o DIR [PATTERN]... [--exclude GLOB]... [--phase FUNC]... [--max-depth N]
+//! hotprobe record [-o DIR] [--force] [PATTERN]... [--exclude GLOB]... [--phase FUNC]... [--max-depth N]
 //!                 [--min-duration DUR] [--sample N] [--args N] [--mechanism auto|patch|jump]
 //!                 [--no-aggregate] [--duration SECS] (-p PID | -- CMD ARGS)
-//! hotprobe replay DIR
-//! hotprobe report DIR [--phases] [--marker FUNC]...
-//! hotprobe export DIR --format chrome|ctf|folded [-o OUT]
+//! hotprobe replay [DIR]
+//! hotprobe report [DIR] [--phases] [--marker FUNC]...
+//! hotprobe export [DIR] --format chrome|ctf|folded [-o OUT]
 //! hotprobe guest  --gdb HOST:PORT|unix:PATH --symbols FILE [--ram FILE] (count|trace) PROBE... [--duration SECS]
 //! PROBE: [module:]function[+offset] | [module:]0xADDR | file.c:LINE, optionally %return
+//! DIR: a trace directory, hotprobe.data by default
 //! ```
 //! Every error is one line on stderr, `hotprobe: error: <what and why>`,
 //! with exit code 1 (2 for a usage error); the target is left as it was.
@@ -168,6 +169,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         }
         Cmd::Record {
             output,
+            force,
             mut patterns,
             filter,
             exclude,
@@ -197,6 +199,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             record::run(&record::RecordOptions {
                 follow_forks,
                 out: &output,
+                force,
                 include: &patterns,
                 exclude: &exclude,
                 phases: &phase,

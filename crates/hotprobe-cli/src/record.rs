@@ -19,7 +19,9 @@ use crate::session::{progress, Traced};
 use anyhow::{bail, Context, Result};
 use hotprobe::{Action, DrainStats, ExitStatus, FastPathConfig, MechanismChoice, SessionConfig};
 use hotprobe_symbols::pattern;
-use hotprobe_trace::{Filter, ProbeKind, Symbol, TimeBase, TraceMeta, TraceWriter, WriteStats};
+use hotprobe_trace::{
+    Filter, ProbeKind, Symbol, TimeBase, TraceMeta, TraceWriter, WriteStats, INFO_FILE,
+};
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -45,6 +47,8 @@ const RUNTIME_FUNCTIONS: &[&str] = &[
 pub struct RecordOptions<'a> {
     /// The trace directory to write.
     pub out: &'a Path,
+    /// `--force`: replace the trace already in `out`.
+    pub force: bool,
     /// Include globs (empty: every function of the main executable).
     pub include: &'a [String],
     /// Exclude globs.
@@ -102,6 +106,59 @@ fn resolve_program(prog: &Path) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// What is in the directory `record` is asked to write.
+#[derive(Debug, PartialEq, Eq)]
+enum OutDir {
+    /// Nothing yet (missing, or an empty directory).
+    Fresh,
+    /// A trace, to be replaced (`--force`).
+    Replace,
+}
+
+/// Checks, before anything runs, that `dir` may be written: a missing or
+/// empty directory may; a trace (it has `info.json`) only with `force`;
+/// anything else never.
+fn check_out_dir(dir: &Path, force: bool) -> Result<OutDir> {
+    let d = dir.display();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(rd) => rd.count(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(OutDir::Fresh),
+        Err(_) if dir.exists() && !dir.is_dir() => {
+            bail!("{d} exists and is not a directory: give another -o DIR")
+        }
+        Err(e) => return Err(e).with_context(|| format!("cannot read {d}")),
+    };
+    if entries == 0 {
+        return Ok(OutDir::Fresh);
+    }
+    if !dir.join(INFO_FILE).is_file() {
+        bail!(
+            "{d} is not a trace directory (no {INFO_FILE}) and is not empty: \
+             not writing into it, even with --force; give another -o DIR"
+        );
+    }
+    if !force {
+        bail!("{d} already holds a trace: give --force to replace it, or another -o DIR");
+    }
+    Ok(OutDir::Replace)
+}
+
+/// Removes everything in the trace directory `dir` (streams, exports).
+fn clear_trace_dir(dir: &Path) -> Result<()> {
+    let ctx = || format!("cannot remove the old trace in {}", dir.display());
+    for ent in std::fs::read_dir(dir).with_context(ctx)? {
+        let ent = ent.with_context(ctx)?;
+        let path = ent.path();
+        if ent.file_type().with_context(ctx)?.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        }
+        .with_context(|| format!("cannot remove {}", path.display()))?;
+    }
+    Ok(())
+}
+
 /// Why functions could not be probed, grouped by reason.
 #[derive(Default)]
 struct Skipped {
@@ -131,6 +188,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             return Err(crate::UsageError("give either -p PID or -- CMD ARGS".into()).into());
         }
     };
+    let out_dir = check_out_dir(o.out, o.force)?;
     for p in o.phases {
         if o.exclude.iter().any(|x| pattern::matches(x, p)) {
             return Err(crate::UsageError(format!(
@@ -287,6 +345,12 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
         aggregate: o.aggregate,
     };
     let nprobes = meta.symbols.len();
+    if out_dir == OutDir::Replace {
+        if let Err(e) = clear_trace_dir(o.out) {
+            t.abandon();
+            return Err(e);
+        }
+    }
     let mut writer = match TraceWriter::create(o.out, meta) {
         Ok(w) => w,
         Err(e) => {
