@@ -15,6 +15,15 @@ pub const DEFAULT_DIR: &str = "hotprobe.data";
 #[derive(Parser, Debug)]
 #[command(name = "hotprobe", version, about, propagate_version = true)]
 pub struct Cli {
+    /// Do not pipe the output of list, replay and report through $PAGER
+    /// (default `less -FRX`; only when stdout is a terminal).
+    #[arg(long, global = true)]
+    pub no_pager: bool,
+    /// Colours: auto (on a terminal, unless NO_COLOR is set), always or
+    /// never.
+    #[arg(long, global = true, value_enum, value_name = "WHEN",
+          default_value_t = ColorWhen::Auto)]
+    pub color: ColorWhen,
     #[command(subcommand)]
     pub command: Cmd,
 }
@@ -323,6 +332,17 @@ pub enum ExportFormat {
     Ctf,
     /// Folded stacks (flamegraph.pl, inferno).
     Folded,
+}
+
+/// `--color` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ColorWhen {
+    /// On a terminal, unless NO_COLOR is set.
+    Auto,
+    /// Always, even into a pipe or a file.
+    Always,
+    /// Never.
+    Never,
 }
 
 /// Parses a duration: a number with a unit `ns`, `us`, `ms` or `s` (a bare

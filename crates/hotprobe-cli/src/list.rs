@@ -1,7 +1,7 @@
 //! `hotprobe list`: functions (or the blacklist) of a binary or a process,
 //! with the mechanism a probe on each function's entry would get.
 
-use crate::out::outln;
+use crate::out::{self, outln};
 use anyhow::{bail, Context, Result};
 use hotprobe::Session;
 use hotprobe_symbols::pattern;
@@ -222,7 +222,7 @@ fn print_rows(rows: &[Row], pattern: Option<&str>, what: &str) -> Result<()> {
         );
     }
     for r in rows {
-        let name = &r.name;
+        let name = out::paint(out::NAME, &r.name);
         let more = if yw == 0 {
             outln!(
                 "{:#018x}  {:>8}  {:<pw$}  {:<mw$}  {name}",

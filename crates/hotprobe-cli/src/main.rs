@@ -18,7 +18,8 @@
 //! ```
 //! Every error is one line on stderr, `hotprobe: error: <what and why>`,
 //! with exit code 1 (2 for a usage error, pointing at the subcommand's
-//! --help); the target is left as it was.
+//! --help); the target is left as it was. Global options: `--no-pager`,
+//! `--color auto|always|never`.
 
 mod analyse;
 mod cli;
@@ -28,6 +29,7 @@ mod demo;
 mod guest;
 mod list;
 mod out;
+mod pager;
 mod record;
 mod session;
 mod signals;
@@ -478,13 +480,15 @@ fn parse_error(e: clap::Error, args: &[OsString]) -> ExitCode {
         let _ = e.print();
         return ExitCode::from(2);
     }
+    // Colours are not decided yet: only by the environment.
+    out::init_colors(cli::ColorWhen::Auto);
     let path = subcommand_path(args);
     if matches!(
         e.kind(),
         ErrorKind::MissingRequiredArgument | ErrorKind::UnknownArgument
     ) {
         if let Some(hint) = program_hint(args, &path) {
-            errln!("hotprobe: error: {hint}");
+            errln!("{} {hint}", out::error_prefix());
             return ExitCode::from(2);
         }
     }
@@ -498,7 +502,8 @@ fn parse_error(e: clap::Error, args: &[OsString]) -> ExitCode {
         .filter(|l| !l.is_empty() && !l.starts_with("tip:"))
         .collect();
     errln!(
-        "hotprobe: error: {} (see {} --help)",
+        "{} {} (see {} --help)",
+        out::error_prefix(),
         what.join(" "),
         path.join(" ")
     );
@@ -511,9 +516,20 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return parse_error(e, &args),
     };
+    out::init_colors(cli.color);
+    let paged = !cli.no_pager
+        && matches!(
+            cli.command,
+            Cmd::List { .. } | Cmd::Replay { .. } | Cmd::Report { .. }
+        );
+    let pager = if paged { pager::start() } else { None };
     let result = run(cli);
-    // A reader that went away is no failure (see `out`).
+    // A reader that went away is no failure (see `out`); tell before the
+    // pager's end makes stdout /dev/null.
     let quiet = matches!(&result, Err(e) if out::is_closed_stdout(e));
+    if let Some(p) = pager {
+        p.finish();
+    }
     let result = match (result, out::write_error()) {
         (Ok(_), Some(e)) => Err(anyhow::Error::new(e).context("cannot write the output")),
         (r, _) => r,
@@ -528,7 +544,7 @@ fn main() -> ExitCode {
             } else {
                 String::new()
             };
-            errln!("hotprobe: error: {}{see}", one_line(&message(&e)));
+            errln!("{} {}{see}", out::error_prefix(), one_line(&message(&e)));
             ExitCode::from(if usage { 2 } else { 1 })
         }
     }
@@ -579,7 +595,10 @@ mod tests {
             p(&["hotprobe", "count", "x", "--", "trace"]),
             "hotprobe count"
         );
-        assert_eq!(p(&["hotprobe", "list", "count"]), "hotprobe list");
+        assert_eq!(
+            p(&["hotprobe", "--color", "never", "list", "count"]),
+            "hotprobe list"
+        );
         assert_eq!(
             p(&["hotprobe", "guest", "--gdb", "x", "trace"]),
             "hotprobe guest trace"

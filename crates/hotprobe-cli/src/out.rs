@@ -1,12 +1,16 @@
 //! Everything hotprobe prints goes through here: [`outln!`] (stdout) and
 //! [`errln!`] (stderr) never panic. A reader that goes away (`hotprobe
-//! list BIN | head`) is a quiet stop, not an error: later lines are
-//! dropped, and hotprobe goes on with what it was doing (a session still
-//! detaches from its target cleanly). SIGPIPE keeps Rust's default
-//! (ignored), for that reason.
+//! list BIN | head`, quitting the pager) is a quiet stop, not an error:
+//! later lines are dropped, and hotprobe goes on with what it was doing
+//! (a session still detaches from its target cleanly). SIGPIPE keeps
+//! Rust's default (ignored), for that reason.
+//!
+//! Colours: [`paint`] wraps text in an SGR sequence when colours are on
+//! for stdout ([`init_colors`]); [`error_prefix`] is the same for stderr.
 
+use crate::cli::ColorWhen;
 use std::fmt;
-use std::io::{ErrorKind, Write};
+use std::io::{ErrorKind, IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
@@ -14,6 +18,8 @@ use std::sync::Mutex;
 static CLOSED: AtomicBool = AtomicBool::new(false);
 /// The first write error on stdout other than a closed pipe.
 static FAILED: Mutex<Option<std::io::Error>> = Mutex::new(None);
+static COLOR_OUT: AtomicBool = AtomicBool::new(false);
+static COLOR_ERR: AtomicBool = AtomicBool::new(false);
 
 /// One line on stdout; false when nothing more should be printed (the
 /// reader went away, or writing failed: see [`write_error`]).
@@ -93,4 +99,49 @@ pub fn stdout_closed() -> bool {
     // SAFETY: one valid pollfd, no wait.
     let n = unsafe { libc::poll(&mut p, 1, 0) };
     n == 1 && p.revents & libc::POLLERR != 0
+}
+
+/// Decides once whether stdout and stderr get colours: `always`, `never`,
+/// or with `auto` when the stream is a terminal, `NO_COLOR` is unset (or
+/// empty) and `TERM` is not `dumb`. Call before stdout goes to a pager.
+pub fn init_colors(when: ColorWhen) {
+    let auto = || {
+        std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+            && std::env::var_os("TERM").is_none_or(|t| t != "dumb")
+    };
+    let (out, err) = match when {
+        ColorWhen::Always => (true, true),
+        ColorWhen::Never => (false, false),
+        ColorWhen::Auto => (
+            auto() && std::io::stdout().is_terminal(),
+            auto() && std::io::stderr().is_terminal(),
+        ),
+    };
+    COLOR_OUT.store(out, Ordering::Relaxed);
+    COLOR_ERR.store(err, Ordering::Relaxed);
+}
+
+/// Bold: function names.
+pub const NAME: &str = "1";
+/// Yellow: durations of 1 ms and more.
+pub const SLOW: &str = "33";
+/// Red: durations of 1 s and more.
+pub const SLOWER: &str = "31";
+
+/// `text` in SGR `style` when stdout has colours, else as is.
+pub fn paint(style: &str, text: &str) -> String {
+    if COLOR_OUT.load(Ordering::Relaxed) {
+        format!("\x1b[{style}m{text}\x1b[0m")
+    } else {
+        text.to_string()
+    }
+}
+
+/// `hotprobe: error:`, in bold red when stderr has colours.
+pub fn error_prefix() -> String {
+    if COLOR_ERR.load(Ordering::Relaxed) {
+        "\x1b[1;31mhotprobe: error:\x1b[0m".to_string()
+    } else {
+        "hotprobe: error:".to_string()
+    }
 }

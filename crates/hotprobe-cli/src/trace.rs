@@ -13,7 +13,7 @@
 //! exits to [`LiveTree`], which prints them as they are drained;
 //! indentation is the call depth of followed calls on that thread.
 
-use crate::out::outln;
+use crate::out::{self, outln};
 use crate::session::{print_table, Traced};
 use anyhow::{bail, Result};
 use hotprobe::{
@@ -72,6 +72,19 @@ pub fn format_duration(d: Duration) -> String {
         (ns / 1e9, " s")
     };
     format!("{v:8.3} {unit}")
+}
+
+/// [`format_duration`], yellow from 1 ms and red from 1 s when stdout has
+/// colours.
+fn painted_duration(d: Duration) -> String {
+    let text = format_duration(d);
+    if d >= Duration::from_secs(1) {
+        out::paint(out::SLOWER, &text)
+    } else if d >= Duration::from_millis(1) {
+        out::paint(out::SLOW, &text)
+    } else {
+        text
+    }
 }
 
 /// The live call tree: an [`EventSink`] printing each recorded entry and
@@ -152,7 +165,7 @@ impl EventSink for LiveTree {
                 };
                 outln!(
                     "{} [{tid:>6}] | {indent}}} /* {name} */{ret}",
-                    format_duration(dur)
+                    painted_duration(dur)
                 );
             }
             _ => {
@@ -166,7 +179,11 @@ impl EventSink for LiveTree {
                         .join(", "),
                     None => String::new(),
                 };
-                outln!("{:>11} [{tid:>6}] | {indent}{name}({args}) {{", "");
+                outln!(
+                    "{:>11} [{tid:>6}] | {indent}{}({args}) {{",
+                    "",
+                    out::paint(out::NAME, &name)
+                );
             }
         }
         Ok(())
