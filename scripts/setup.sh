@@ -43,7 +43,7 @@ if [ "${NEED_UPDATE:-0}" = 1 ] || [ ! -f "$stamp" ] || [ -n "$(find "$stamp" -mm
 fi
 
 export DEBIAN_FRONTEND=noninteractive
-PKGS=(build-essential gcc g++ make pkg-config libc6-dbg gdb cpio busybox-static
+PKGS=(build-essential gcc g++ make pkg-config libc6-dbg gdb cpio busybox-static man-db groff-base
       uftrace bpftrace babeltrace2 python3 python3-pip python3-venv)
 missing=()
 for p in "${PKGS[@]}"; do
