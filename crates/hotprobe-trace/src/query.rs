@@ -429,18 +429,24 @@ impl State {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::event::TraceEvent;
     use crate::symbols::Symbol;
     use crate::writer::{TraceMeta, TraceWriter};
 
-    /// main{ a{ leaf } b{ leaf leaf } leaf }, ns times, one thread.
-    fn trace(dir: &std::path::Path) -> TraceReader {
+    /// main{ a{ leaf } b{ leaf leaf } leaf }, ns times, one thread (tid 1),
+    /// leaf keeping one argument and its return value.
+    pub(crate) fn trace(dir: &std::path::Path) -> TraceReader {
         let syms = ["main", "a", "b", "leaf"]
             .iter()
             .enumerate()
-            .map(|(i, n)| Symbol::function(i as u32, *n))
+            .map(|(i, n)| Symbol {
+                nargs: u8::from(i == 3),
+                retval: i == 3,
+                module: "/bin/t".into(),
+                ..Symbol::function(i as u32, *n)
+            })
             .collect();
         let mut w = TraceWriter::create(dir, TraceMeta::new("t", syms)).unwrap();
         let evs = [
@@ -450,8 +456,8 @@ mod tests {
             TraceEvent::exit(15, 1, 3),
             TraceEvent::exit(100, 1, 1),
             TraceEvent::entry(110, 1, 2),
-            TraceEvent::entry(111, 1, 3),
-            TraceEvent::exit(112, 1, 3),
+            TraceEvent::entry(111, 1, 3).with_args(&[u64::MAX]),
+            TraceEvent::exit(112, 1, 3).with_ret(7),
             TraceEvent::entry(113, 1, 3),
             TraceEvent::exit(200, 1, 3),
             TraceEvent::exit(210, 1, 2),
