@@ -376,9 +376,7 @@ pub fn replay_filtered(
         if !query.keeps_thread(tid) {
             return Ok(());
         }
-        let st = stacks
-            .entry(tid)
-            .or_insert_with(|| QueryStack::new(query));
+        let st = stacks.entry(tid).or_insert_with(|| QueryStack::new(query));
         let mut res = Ok(());
         st.feed(r, |s| {
             if res.is_ok() {
@@ -510,7 +508,9 @@ impl Acc {
             .into_values()
             .map(|mut r| {
                 r.name = syms.name(r.probe).into_owned();
-                r.module = syms.get(r.probe).map_or_else(String::new, |s| s.module.clone());
+                r.module = syms
+                    .get(r.probe)
+                    .map_or_else(String::new, |s| s.module.clone());
                 r.avg_ns = r.sum_ns / r.calls.max(1);
                 if r.calls == 0 {
                     r.min_ns = 0;
@@ -637,7 +637,7 @@ pub fn report_by_thread(
         if !matches!(s, Step::Leave { .. }) {
             return;
         }
-        if accs.last().map_or(true, |a| a.0 != tid) {
+        if accs.last().is_none_or(|a| a.0 != tid) {
             accs.push((tid, Acc::default()));
         }
         if let Some(a) = accs.last_mut() {

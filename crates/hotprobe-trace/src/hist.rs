@@ -79,7 +79,7 @@ pub fn fmt_bound(ns: u64) -> String {
     let names = ["ns", "us", "ms", "s"];
     let u = UNITS
         .iter()
-        .rposition(|&u| ns >= u && ns % u == 0)
+        .rposition(|&u| ns >= u && ns.is_multiple_of(u))
         .unwrap_or(0);
     format!("{}{}", ns / UNITS[u], names[u])
 }
@@ -238,7 +238,10 @@ mod tests {
         assert_eq!(b(5_000_000_000), (4_000_000_000, 8_000_000_000));
         assert_eq!(b(u64::MAX), (1_000_000_000 << 34, u64::MAX));
         // Every value lies in its bucket.
-        for v in (0..64).map(|s| 1u64 << s).chain([7, 999, 1001, 123_456_789]) {
+        for v in (0..64)
+            .map(|s| 1u64 << s)
+            .chain([7, 999, 1001, 123_456_789])
+        {
             let (lo, hi) = b(v);
             assert!(lo <= v && (v < hi || hi == u64::MAX), "{v}: [{lo}, {hi})");
         }
@@ -258,9 +261,15 @@ mod tests {
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3, "{t}");
         assert!(lines[0].starts_with("[512ns, 1us)"), "{t}");
-        assert!(lines[1].starts_with("[1us, 2us)             3 |@@@@"), "{t}");
+        assert!(
+            lines[1].starts_with("[1us, 2us)             3 |@@@@"),
+            "{t}"
+        );
         assert!(lines[1].ends_with("@|"), "{t}");
-        assert!(lines[2].starts_with("[2us, 4us)             1 |@@@@"), "{t}");
+        assert!(
+            lines[2].starts_with("[2us, 4us)             1 |@@@@"),
+            "{t}"
+        );
         assert_eq!((h.count(), h.min_ns(), h.max_ns()), (5, 700, 3000));
         let j = serde_json::to_value(&h).unwrap();
         assert_eq!(j["buckets"][1]["lo_ns"], 1000);
@@ -268,6 +277,9 @@ mod tests {
         let mut m = Histogram::new();
         m.merge(&h);
         m.merge(&h);
-        assert_eq!((m.count(), m.min_ns(), m.sum_ns()), (10, 700, 2 * h.sum_ns()));
+        assert_eq!(
+            (m.count(), m.min_ns(), m.sum_ns()),
+            (10, 700, 2 * h.sum_ns())
+        );
     }
 }

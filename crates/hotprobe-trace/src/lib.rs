@@ -45,12 +45,18 @@ pub use export::{
     export_chrome, export_ctf, export_folded, folded_stacks, value_string, ChromeStats, CtfStats,
     FoldedOptions, FoldedValue,
 };
+#[cfg(feature = "flamegraph")]
+pub use export::{export_flamegraph, FlameOptions, FlameStats};
+#[cfg(feature = "otlp")]
+pub use export::{export_otlp, OtlpOptions, OtlpSignal, OtlpStats};
+#[cfg(feature = "parquet")]
+pub use export::{export_parquet, ParquetStats};
 pub use filter::{CompiledFilter, Filter, FilterStats, ThreadFilter};
-pub use hist::{fmt_bound, Bucket, Histogram};
-pub use query::{CompiledQuery, Query, QueryStack};
-pub use summary::{rfc3339, summarize, ThreadSummary, TraceSummary};
 pub use format::KindCounts;
+pub use hist::{fmt_bound, Bucket, Histogram};
 pub use info::{Info, ThreadInfo, WriteStats, FORMAT_NAME, FORMAT_VERSION};
+pub use query::{CompiledQuery, Query, QueryStack};
 pub use reader::{StreamFile, ThreadStream, TraceReader};
+pub use summary::{rfc3339, summarize, ThreadSummary, TraceSummary};
 pub use symbols::{ProbeKind, Symbol, SymbolTable};
 pub use writer::{stream_file_name, TraceMeta, TraceWriter, INFO_FILE, SYMBOLS_FILE};

@@ -254,10 +254,8 @@ impl State {
         let blocked = parent.is_some_and(|p| p.blocked) || q.notrace(probe);
         let in_filter = parent.is_some_and(|p| p.in_filter) || q.filter(probe);
         let depth = self.kept_depth();
-        let candidate = !blocked
-            && (!q.has_filter || in_filter)
-            && depth < q.max_depth
-            && q.in_range(start);
+        let candidate =
+            !blocked && (!q.has_filter || in_filter) && depth < q.max_depth && q.in_range(start);
         (candidate, blocked, in_filter, depth)
     }
 
@@ -293,7 +291,10 @@ impl State {
 
     /// No candidate frame of `probe` is open.
     fn outermost(&self, probe: u32) -> bool {
-        !self.frames.iter().any(|fr| fr.candidate && fr.probe == probe)
+        !self
+            .frames
+            .iter()
+            .any(|fr| fr.candidate && fr.probe == probe)
     }
 
     fn add_child(&mut self, dur: u64) {
@@ -374,7 +375,9 @@ impl State {
                     self.leave(fr, end, dur, ret, leaf, unfinished, f);
                 }
             }
-            Step::Hit { probe, ts, args, .. } => {
+            Step::Hit {
+                probe, ts, args, ..
+            } => {
                 let parent = self.frames.last();
                 if parent.is_some_and(|p| p.blocked)
                     || (q.has_filter && !parent.is_some_and(|p| p.in_filter))
@@ -477,23 +480,27 @@ pub(crate) mod tests {
         let cq = q.compile(r).unwrap();
         let mut out: Vec<(u64, usize, String, bool, u64)> = Vec::new();
         let mut qs = QueryStack::new(&cq);
-        let mut visit = |s: Step| match s {
-            Step::Leave {
+        let mut visit = |s: Step| {
+            if let Step::Leave {
                 probe,
                 start,
                 depth,
                 leaf,
                 self_ns,
                 ..
-            } => out.push((start, depth, r.symbols().name(probe).into(), leaf, self_ns)),
-            _ => {}
+            } = s
+            {
+                out.push((start, depth, r.symbols().name(probe).into(), leaf, self_ns))
+            }
         };
         for rec in r.thread(1).unwrap() {
             qs.feed(&rec.unwrap(), &mut visit);
         }
         qs.finish(&mut visit);
         out.sort();
-        out.into_iter().map(|(_, d, n, l, s)| (d, n, l, s)).collect()
+        out.into_iter()
+            .map(|(_, d, n, l, s)| (d, n, l, s))
+            .collect()
     }
 
     #[test]

@@ -102,7 +102,9 @@ pub fn summarize(reader: &TraceReader, mut progress: Progress<'_>) -> Result<Tra
                 Record::Call { ts, dur, .. } => ts.saturating_add(dur),
                 _ => r.ts(),
             });
-            cs.feed(&r, |st| calls += u64::from(matches!(st, Step::Leave { .. })));
+            cs.feed(&r, |st| {
+                calls += u64::from(matches!(st, Step::Leave { .. }))
+            });
         }
         cs.finish(|st| calls += u64::from(matches!(st, Step::Leave { .. })));
         t.calls = calls;
@@ -205,8 +207,14 @@ impl TraceSummary {
                 (TimeBase::Tsc { .. }, None) => "TSC".to_string(),
             },
         );
-        kv("start time:", self.start_time.replace('T', " "));
-        kv("duration:", fmt_duration(self.duration_ns).trim().to_string());
+        kv(
+            "start time:",
+            self.start_time.replace('T', " ").replace('Z', " UTC"),
+        );
+        kv(
+            "duration:",
+            fmt_duration(self.duration_ns).trim().to_string(),
+        );
         let tids: Vec<String> = self.threads.iter().map(|t| t.tid.to_string()).collect();
         kv(
             "threads:",

@@ -118,7 +118,10 @@ mod tests {
         assert_eq!(st.total, 300, "self times add up to main's duration");
         let svg = String::from_utf8(svg).unwrap();
         assert!(svg.starts_with("<?xml"), "{}", &svg[..100]);
-        assert!(svg.contains(">main<") || svg.contains("main ("), "no main frame");
+        assert!(
+            svg.contains(">main<") || svg.contains("main ("),
+            "no main frame"
+        );
         let mut html = Vec::new();
         let opts = FlameOptions {
             html: true,

@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::io::Write;
 
 use crate::analysis::{visit_threads, Progress, Step};
-use crate::query::CompiledQuery;
 use crate::error::{Result, TraceError};
+use crate::query::CompiledQuery;
 use crate::reader::TraceReader;
 
 /// What each folded line counts.

@@ -415,6 +415,8 @@ pub(crate) mod proto {
     }
 
     pub mod any_value {
+        // The names of opentelemetry-proto.
+        #[allow(clippy::enum_variant_names)]
         #[derive(Clone, PartialEq, prost::Oneof)]
         pub enum Value {
             #[prost(string, tag = "1")]
@@ -568,7 +570,14 @@ mod tests {
             .iter()
             .find(|s| s.attributes.iter().any(|kv| kv.key == "hotprobe.args"))
             .unwrap();
-        let attr = |k: &str| l.attributes.iter().find(|kv| kv.key == k).unwrap().value.clone();
+        let attr = |k: &str| {
+            l.attributes
+                .iter()
+                .find(|kv| kv.key == k)
+                .unwrap()
+                .value
+                .clone()
+        };
         assert_eq!(
             attr("hotprobe.retval").unwrap().value,
             Some(proto::any_value::Value::IntValue(7))

@@ -61,10 +61,7 @@ impl Columns {
 }
 
 fn perr(e: parquet::errors::ParquetError) -> TraceError {
-    TraceError::io(
-        "<parquet output>",
-        std::io::Error::new(std::io::ErrorKind::Other, e.to_string()),
-    )
+    TraceError::io("<parquet output>", std::io::Error::other(e.to_string()))
 }
 
 /// Writes the calls `query` keeps as a Parquet file into `out`.
@@ -144,8 +141,12 @@ pub fn export_parquet<W: Write + Send>(
                 .cloned()
                 .unwrap_or_else(|| ByteArray::from(syms.name(probe).as_bytes().to_vec())),
         );
-        cols.module
-            .push(modules.get(p).cloned().unwrap_or_else(|| ByteArray::from(&[][..])));
+        cols.module.push(
+            modules
+                .get(p)
+                .cloned()
+                .unwrap_or_else(|| ByteArray::from(&[][..])),
+        );
         cols.start.push(start as i64);
         cols.dur.push(end.saturating_sub(start) as i64);
         cols.self_ns.push(self_ns as i64);
@@ -222,7 +223,9 @@ fn write_group<W: Write + Send>(
                 col.typed::<Int64Type>()
                     .write_batch(&c.ret.0, Some(&c.ret.1), None)
             }
-            _ => col.typed::<BoolType>().write_batch(&c.unfinished, None, None),
+            _ => col
+                .typed::<BoolType>()
+                .write_batch(&c.unfinished, None, None),
         };
         r.map_err(perr)?;
         col.close().map_err(perr)?;
