@@ -3,15 +3,19 @@
 //! ```text
 //! hotprobe list   (BINARY | -p PID) [PATTERN] [--blacklist]
 //! hotprobe count  PROBE... (-p PID | -- CMD ARGS) [--duration SECS] [--mechanism auto|patch|jump|trap]
+//!                 [--hist] [--json]       (PROBE may be 'FUNC if arg0 > 5 && arg1 != 0')
 //! hotprobe coldpatch IN -o OUT
 //! hotprobe trace  PROBE... (-p PID | -- CMD ARGS) [--args N] [--maxactive N]
 //! hotprobe demo
 //! hotprobe record -o DIR [PATTERN]... [--exclude GLOB]... [--phase FUNC]... [--max-depth N]
 //!                 [--min-duration DUR] [--sample N] [--args N] [--mechanism auto|patch|jump]
 //!                 [--no-aggregate] [--duration SECS] (-p PID | -- CMD ARGS)
-//! hotprobe replay DIR
-//! hotprobe report DIR [--phases] [--marker FUNC]...
-//! hotprobe export DIR --format chrome|ctf|folded [-o OUT]
+//! hotprobe replay DIR [FILTERS]
+//! hotprobe report DIR [FILTERS] [-s total|self|calls|avg|max] [--phases] [--marker FUNC]...
+//!                 [--task | --diff DIR2 | --hist FUNC | --flame] [--json]
+//! hotprobe info   DIR [--json]
+//! hotprobe export DIR --format chrome|ctf|folded|svg|html|otlp|parquet [-o OUT] [--endpoint URL]
+//! FILTERS: [-F GLOB]... [-N GLOB]... [-D N] [-t DUR] [--tid TID]... [--since DUR] [--until DUR]
 //! hotprobe guest  --gdb HOST:PORT|unix:PATH --symbols FILE [--ram FILE] (count|trace) PROBE... [--duration SECS]
 //! PROBE: [module:]function[+offset] | [module:]0xADDR | file.c:LINE, optionally %return
 //! ```
@@ -20,6 +24,7 @@
 
 mod analyse;
 mod coldpatch;
+mod cond;
 mod count;
 mod demo;
 mod guest;
@@ -67,6 +72,9 @@ enum Cmd {
     Count {
         /// Probe specs: [module:]function[+off] | [module:]0xADDR | file.c:LINE,
         /// with %return to count returns; `*` in a function name expands.
+        /// `'SPEC if CONDITION'` counts only the calls whose arguments satisfy
+        /// CONDITION: comparisons (== != < <= > >=) of arg0..arg5 and
+        /// integers, && || ! and parentheses (signed 64-bit).
         #[arg(required = true, value_name = "PROBE")]
         probes: Vec<String>,
         /// Attach to this running process.
@@ -86,6 +94,13 @@ enum Cmd {
         /// by default they run without probes.
         #[arg(short = 'f', long)]
         follow_forks: bool,
+        /// Also a latency histogram of each function's calls (log2 buckets;
+        /// records entries and exits instead of counting).
+        #[arg(long)]
+        hist: bool,
+        /// Print the table as JSON (one line; docs/JSON.md).
+        #[arg(long)]
+        json: bool,
         /// The command to start (after `--`).
         #[arg(last = true, value_name = "CMD")]
         cmd: Vec<OsString>,
@@ -223,6 +238,8 @@ enum Cmd {
         /// A trace directory written by `hotprobe record`.
         #[arg(value_name = "DIR")]
         dir: PathBuf,
+        #[command(flatten)]
+        query: analyse::QueryArgs,
     },
     /// Per-function calls, total and self time of a recorded trace.
     Report {
@@ -237,9 +254,22 @@ enum Cmd {
         /// --phases).
         #[arg(long, value_name = "FUNC")]
         marker: Vec<String>,
+        #[command(flatten)]
+        opts: analyse::ReportArgs,
     },
-    /// Convert a recorded trace: Chrome Trace Event JSON, CTF 1.8 or folded
-    /// stacks.
+    /// What a recorded trace holds: target, command, pid, time base, start
+    /// time, duration, threads, events, symbols, filters, format version.
+    Info {
+        /// A trace directory written by `hotprobe record`.
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+        /// Print JSON (one line; docs/JSON.md).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Convert a recorded trace: Chrome Trace Event JSON, CTF 1.8, folded
+    /// stacks, a flame graph (SVG, HTML), Parquet, or send it as
+    /// OpenTelemetry spans and metrics (OTLP/HTTP).
     Export {
         /// A trace directory written by `hotprobe record`.
         #[arg(value_name = "DIR")]
@@ -247,16 +277,20 @@ enum Cmd {
         /// The output format.
         #[arg(long, value_enum)]
         format: analyse::ExportFormat,
-        /// Output file (chrome, folded; default stdout) or directory (ctf;
-        /// default DIR/ctf).
+        /// Output file (chrome, folded, svg, html: default stdout; parquet:
+        /// required) or directory (ctf; default DIR/ctf).
         #[arg(short, long, value_name = "OUT")]
         output: Option<PathBuf>,
-        /// Folded: count calls instead of self time in ns.
+        /// Folded, svg, html: count calls instead of self time in ns.
         #[arg(long)]
         calls: bool,
         /// Folded: start each stack with its thread (`tid-N`).
         #[arg(long)]
         per_thread: bool,
+        /// Otlp: the OTLP/HTTP receiver, http://HOST[:PORT][/PREFIX] (port
+        /// 4318 by default); POSTs to PREFIX/v1/traces and /v1/metrics.
+        #[arg(long, value_name = "URL")]
+        endpoint: Option<String>,
     },
     /// Build the bundled demo program (tests/programs/demo.c) and trace it.
     Demo,
@@ -411,11 +445,15 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             maxactive,
             mechanism,
             follow_forks,
+            hist,
+            json,
             cmd,
         } => {
             let duration = duration(secs)?;
             signals::install()?;
             count::run(&count::CountOptions {
+                hist,
+                json,
                 follow_forks,
                 probes: &probes,
                 pid,
@@ -498,24 +536,28 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 cmd: &cmd,
             })
         }
-        Cmd::Replay { dir } => analyse::replay_cmd(&dir).map(|()| 0),
+        Cmd::Replay { dir, query } => analyse::replay_cmd(&dir, &query).map(|()| 0),
         Cmd::Report {
             dir,
             phases,
             marker,
-        } => analyse::report_cmd(&dir, phases, &marker).map(|()| 0),
+            opts,
+        } => analyse::report_cmd(&dir, phases, &marker, &opts).map(|()| 0),
+        Cmd::Info { dir, json } => analyse::info_cmd(&dir, json).map(|()| 0),
         Cmd::Export {
             dir,
             format,
             output,
             calls,
             per_thread,
+            endpoint,
         } => analyse::export_cmd(&analyse::ExportOptions {
             dir: &dir,
             format,
             out: output.as_deref(),
             calls,
             per_thread,
+            endpoint: endpoint.as_deref(),
         })
         .map(|()| 0),
         Cmd::Demo => {
