@@ -3,6 +3,8 @@
 # - build tools and the tracee compiler (gcc), gdb, peers for the benchmarks
 # - QEMU 10 from bookworm-backports (its gdbstub and TCG plugin API), busybox-static, cpio
 # - a Debian linux-image package, downloaded and unpacked into .cache/ (never installed)
+# - rsvg-convert (flame graph tests) and the git-ignored .venv/ with opentelemetry-proto and
+#   duckdb (the OTLP receiver and Parquet reader of the CLI tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -44,7 +46,7 @@ fi
 
 export DEBIAN_FRONTEND=noninteractive
 PKGS=(build-essential gcc g++ make pkg-config libc6-dbg gdb cpio busybox-static man-db groff-base
-      uftrace bpftrace babeltrace2 python3 python3-pip python3-venv)
+      uftrace bpftrace babeltrace2 python3 python3-pip python3-venv librsvg2-bin)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -83,6 +85,16 @@ if [ ! -x "$VENV/bin/python3" ] || ! "$VENV/bin/python3" -c 'import frida' >/dev
     python3 -m venv "$VENV" >/dev/null 2>&1 \
         && "$VENV/bin/pip" install -q frida >/dev/null 2>&1 \
         || echo "setup.sh: warning: could not install frida into $VENV (benchmark peer only)" >&2
+fi
+
+# 4. The Python packages the CLI tests talk to: the OTLP receiver
+#    (crates/hotprobe-cli/tests/otlp_receiver.py) decodes with
+#    opentelemetry-proto, DuckDB reads the Parquet export.
+PYVENV=$ROOT/.venv
+if [ ! -x "$PYVENV/bin/python" ] \
+    || ! "$PYVENV/bin/python" -c 'import duckdb, opentelemetry.proto.trace.v1.trace_pb2' >/dev/null 2>&1; then
+    python3 -m venv "$PYVENV"
+    "$PYVENV/bin/pip" install -q opentelemetry-proto duckdb
 fi
 
 echo "setup.sh: done ($(qemu-system-x86_64 --version | head -n1))"

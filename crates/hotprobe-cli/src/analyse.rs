@@ -1,15 +1,25 @@
-//! `hotprobe replay`, `report` and `export`: what is done with a trace
-//! directory written by `hotprobe record` (analyses and exporters of
+//! `hotprobe replay`, `report`, `info` and `export`: what is done with a
+//! trace directory written by `hotprobe record` (analyses and exporters of
 //! `hotprobe-trace`), with a progress bar on stderr for long runs.
+//!
+//! `replay` and `report` take uftrace's filters ([`QueryArgs`]); `report`
+//! sorts, compares two traces, draws histograms and flame graphs; tables
+//! have `--json` (docs/JSON.md).
 
-use anyhow::{Context, Result};
+use crate::cli::{QueryArgs, ReportArgs, SortArg};
+use crate::out::errln;
+use anyhow::{bail, Context, Result};
 use hotprobe_trace::{
-    export_chrome, export_ctf, export_folded, replay, report, report_phases, FoldedOptions,
-    FoldedValue, PhaseSpec, TraceError, TraceReader,
+    export_chrome, export_ctf, export_flamegraph, export_folded, export_otlp, export_parquet,
+    histograms, replay_filtered, report_by_thread, report_filtered, report_phases_filtered,
+    summarize, CompiledQuery, FlameOptions, FoldedOptions, FoldedValue, OtlpOptions, OtlpSignal,
+    PhaseSpec, Query, ReportDiff, SortKey, TraceError, TraceReader,
 };
 use indicatif::{ProgressBar, ProgressStyle};
-use std::io::{ErrorKind, Write};
+use serde::Serialize;
+use std::io::{ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// `--format` of `export`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,6 +30,55 @@ pub enum ExportFormat {
     Ctf,
     /// Folded stacks (flamegraph.pl, inferno).
     Folded,
+    /// A flame graph (SVG, drawn by inferno; interactive in a browser).
+    Svg,
+    /// The flame graph inline in an HTML page.
+    Html,
+    /// OpenTelemetry spans and metrics over OTLP/HTTP (protobuf) to
+    /// --endpoint.
+    Otlp,
+    /// Parquet, one row per call (needs -o FILE).
+    Parquet,
+}
+
+impl QueryArgs {
+    /// The library's query.
+    pub fn query(&self) -> Query {
+        Query {
+            filter: self.filter.clone(),
+            notrace: self.notrace.clone(),
+            max_depth: self.depth,
+            min_duration_ns: self.min_duration,
+            tids: self.tid.clone(),
+            since_ns: self.since,
+            until_ns: self.until,
+        }
+    }
+
+    fn compile(&self, r: &TraceReader) -> Result<CompiledQuery> {
+        if let (Some(s), Some(u)) = (self.since, self.until) {
+            if u <= s {
+                bail!(crate::UsageError(
+                    "--until must be later than --since".into()
+                ));
+            }
+        }
+        self.query()
+            .compile(r)
+            .with_context(|| format!("cannot filter {}", r.dir().display()))
+    }
+}
+
+impl From<SortArg> for SortKey {
+    fn from(s: SortArg) -> SortKey {
+        match s {
+            SortArg::Total => SortKey::Total,
+            SortArg::SelfTime => SortKey::SelfTime,
+            SortArg::Calls => SortKey::Calls,
+            SortArg::Avg => SortKey::Avg,
+            SortArg::Max => SortKey::Max,
+        }
+    }
 }
 
 fn open(dir: &Path) -> Result<TraceReader> {
@@ -61,7 +120,7 @@ fn with_bar<T>(
 /// refuses the streams it cannot trust).
 fn warn_incomplete(r: &TraceReader) {
     if !r.info().complete {
-        eprintln!(
+        errln!(
             "hotprobe: warning: {} was not finished by its recorder",
             r.dir().display()
         );
@@ -74,14 +133,32 @@ fn broken_pipe(e: &TraceError) -> bool {
     matches!(e, TraceError::Io { source, .. } if source.kind() == ErrorKind::BrokenPipe)
 }
 
-/// `hotprobe replay DIR`: the call tree on stdout.
-pub fn replay_cmd(dir: &Path) -> Result<()> {
+/// Writes `text` to stdout; a closed pipe is not an error.
+fn print(text: &str) -> Result<()> {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+        Err(e) if e.kind() == ErrorKind::BrokenPipe => Ok(()),
+        r => r.context("cannot write the output"),
+    }
+}
+
+/// One line of JSON.
+fn print_json(v: &impl Serialize) -> Result<()> {
+    let mut s = serde_json::to_string(v).context("cannot encode JSON")?;
+    s.push('\n');
+    print(&s)
+}
+
+/// `hotprobe replay DIR [filters]`: the call tree on stdout.
+pub fn replay_cmd(dir: &Path, q: &QueryArgs) -> Result<()> {
     let r = open(dir)?;
     warn_incomplete(&r);
+    let query = q.compile(&r)?;
     let bar = bytes_bar(&r, "replaying");
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    match with_bar(&bar, |cb| replay(&r, &mut out, Some(cb))) {
+    match with_bar(&bar, |cb| replay_filtered(&r, &query, &mut out, Some(cb))) {
         Err(e) if broken_pipe(&e) => return Ok(()),
         r => r.with_context(|| format!("cannot replay {}", dir.display()))?,
     }
@@ -91,33 +168,227 @@ pub fn replay_cmd(dir: &Path) -> Result<()> {
     }
 }
 
-/// `hotprobe report DIR [--phases]`: per-function calls, total and self
-/// time; with `phases`, one table per phase (markers: the trace's own plus
-/// `markers`).
-pub fn report_cmd(dir: &Path, phases: bool, markers: &[String]) -> Result<()> {
+/// `report --json` of one table.
+#[derive(Serialize)]
+struct ReportJson<'a> {
+    trace: &'a Path,
+    query: Query,
+    sort: &'static str,
+    calls: u64,
+    rows: &'a [hotprobe_trace::ReportRow],
+}
+
+fn sort_name(s: SortArg) -> &'static str {
+    match s {
+        SortArg::Total => "total",
+        SortArg::SelfTime => "self",
+        SortArg::Calls => "calls",
+        SortArg::Avg => "avg",
+        SortArg::Max => "max",
+    }
+}
+
+/// `hotprobe report DIR [--phases] [filters] [-s KEY] [--task | --diff DIR2
+/// | --hist FUNC | --flame] [--json]`.
+pub fn report_cmd(dir: &Path, phases: bool, markers: &[String], o: &ReportArgs) -> Result<()> {
     let r = open(dir)?;
     warn_incomplete(&r);
+    let query = o.query.compile(&r)?;
+    let key: SortKey = o.sort.into();
     let bar = bytes_bar(&r, "reading");
-    let text = if phases || !markers.is_empty() {
+    let ctx = || format!("cannot report {}", dir.display());
+    if o.flame {
+        let path = dir.join("flame.svg");
+        let mut f = std::io::BufWriter::new(
+            std::fs::File::create(&path)
+                .with_context(|| format!("cannot create {}", path.display()))?,
+        );
+        with_bar(&bar, |cb| {
+            export_flamegraph(&r, &query, &FlameOptions::default(), &mut f, Some(cb))
+        })
+        .with_context(ctx)?;
+        f.flush()
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        return print(&format!("{}\n", path.display()));
+    }
+    if let Some(pattern) = &o.hist {
+        let hs =
+            with_bar(&bar, |cb| histograms(&r, &query, pattern, Some(cb))).with_context(ctx)?;
+        if hs.is_empty() {
+            bail!("no function matching `{pattern}` in {}", dir.display());
+        }
+        if o.json {
+            #[derive(Serialize)]
+            struct H<'a> {
+                function: &'a str,
+                #[serde(flatten)]
+                hist: &'a hotprobe_trace::Histogram,
+            }
+            #[derive(Serialize)]
+            struct Hs<'a> {
+                trace: &'a Path,
+                query: Query,
+                histograms: Vec<H<'a>>,
+            }
+            return print_json(&Hs {
+                trace: dir,
+                query: o.query.query(),
+                histograms: hs
+                    .iter()
+                    .map(|(f, h)| H {
+                        function: f,
+                        hist: h,
+                    })
+                    .collect(),
+            });
+        }
+        let mut s = String::new();
+        for (i, (f, h)) in hs.iter().enumerate() {
+            if i > 0 {
+                s.push('\n');
+            }
+            s.push_str(&format!(
+                "# {f}: {} calls, avg {}, min {}, max {}\n",
+                h.count(),
+                hotprobe_trace::fmt_duration(h.avg_ns()).trim(),
+                hotprobe_trace::fmt_duration(h.min_ns()).trim(),
+                hotprobe_trace::fmt_duration(h.max_ns()).trim()
+            ));
+            s.push_str(&h.to_text());
+        }
+        return print(&s);
+    }
+    if let Some(dir2) = &o.diff {
+        let r2 = open(dir2)?;
+        warn_incomplete(&r2);
+        let q2 = o.query.compile(&r2)?;
+        let a = with_bar(&bar, |cb| report_filtered(&r, &query, Some(cb))).with_context(ctx)?;
+        let b = report_filtered(&r2, &q2, None)
+            .with_context(|| format!("cannot report {}", dir2.display()))?;
+        let d = ReportDiff::new(&a, &b, key);
+        if o.json {
+            #[derive(Serialize)]
+            struct D<'a> {
+                a: &'a Path,
+                b: &'a Path,
+                query: Query,
+                sort: &'static str,
+                rows: &'a [hotprobe_trace::DiffRow],
+            }
+            return print_json(&D {
+                a: dir,
+                b: dir2,
+                query: o.query.query(),
+                sort: sort_name(o.sort),
+                rows: &d.rows,
+            });
+        }
+        return print(&format!(
+            "# A: {}\n# B: {}\n{}",
+            dir.display(),
+            dir2.display(),
+            d.to_text()
+        ));
+    }
+    if o.task {
+        let mut ts =
+            with_bar(&bar, |cb| report_by_thread(&r, &query, Some(cb))).with_context(ctx)?;
+        for t in &mut ts {
+            t.report.sort(key);
+        }
+        if o.json {
+            #[derive(Serialize)]
+            struct T<'a> {
+                trace: &'a Path,
+                query: Query,
+                sort: &'static str,
+                threads: &'a [hotprobe_trace::ThreadReport],
+            }
+            return print_json(&T {
+                trace: dir,
+                query: o.query.query(),
+                sort: sort_name(o.sort),
+                threads: &ts,
+            });
+        }
+        let mut s = String::new();
+        if ts.is_empty() {
+            s.push_str("# no calls recorded\n");
+        }
+        for (i, t) in ts.iter().enumerate() {
+            if i > 0 {
+                s.push('\n');
+            }
+            s.push_str(&format!(
+                "# thread {}: {} calls\n{}",
+                t.tid,
+                t.report.calls(),
+                t.report.to_text()
+            ));
+        }
+        return print(&s);
+    }
+    if phases || !markers.is_empty() {
         let mut spec = PhaseSpec::from_trace(&r);
         spec.names.extend(markers.iter().cloned());
-        let rep = with_bar(&bar, |cb| report_phases(&r, &spec, Some(cb)))
-            .with_context(|| format!("cannot report {}", dir.display()))?;
-        if rep.phases.is_empty() {
+        let mut rep = with_bar(&bar, |cb| {
+            report_phases_filtered(&r, &spec, &query, Some(cb))
+        })
+        .with_context(ctx)?;
+        for p in &mut rep.phases {
+            p.report.sort(key);
+        }
+        if o.json {
+            #[derive(Serialize)]
+            struct P<'a> {
+                trace: &'a Path,
+                query: Query,
+                sort: &'static str,
+                phases: &'a [hotprobe_trace::Phase],
+            }
+            return print_json(&P {
+                trace: dir,
+                query: o.query.query(),
+                sort: sort_name(o.sort),
+                phases: &rep.phases,
+            });
+        }
+        return print(&if rep.phases.is_empty() {
             "# no calls recorded\n".to_string()
         } else {
             rep.to_text()
-        }
+        });
+    }
+    let mut rep = with_bar(&bar, |cb| report_filtered(&r, &query, Some(cb))).with_context(ctx)?;
+    rep.sort(key);
+    if o.json {
+        return print_json(&ReportJson {
+            trace: dir,
+            query: o.query.query(),
+            sort: sort_name(o.sort),
+            calls: rep.calls(),
+            rows: &rep.rows,
+        });
+    }
+    print(&rep.to_text())
+}
+
+/// `hotprobe info DIR [--json]`: the trace's metadata and contents.
+pub fn info_cmd(dir: &Path, json: bool) -> Result<()> {
+    let r = open(dir)?;
+    let bar = bytes_bar(&r, "reading");
+    let s = with_bar(&bar, |cb| summarize(&r, Some(cb)))
+        .with_context(|| format!("cannot read {}", dir.display()))?;
+    if json {
+        print_json(&s)
     } else {
-        with_bar(&bar, |cb| report(&r, Some(cb)))
-            .with_context(|| format!("cannot report {}", dir.display()))?
-            .to_text()
-    };
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    out.write_all(text.as_bytes())
-        .and_then(|_| out.flush())
-        .context("cannot write the output")
+        print(&format!(
+            "# {:<14} {}\n{}",
+            "trace:",
+            dir.display(),
+            s.to_text()
+        ))
+    }
 }
 
 /// What `export` needs from the command line.
@@ -126,26 +397,54 @@ pub struct ExportOptions<'a> {
     pub dir: &'a Path,
     /// The format.
     pub format: ExportFormat,
-    /// Output file (chrome, folded; default stdout) or directory (ctf;
-    /// default DIR/ctf).
+    /// Output file (chrome, folded, svg, html; default stdout; parquet:
+    /// required) or directory (ctf; default DIR/ctf).
     pub out: Option<&'a Path>,
-    /// Folded: count calls instead of self time.
+    /// Folded, svg, html: count calls instead of self time.
     pub calls: bool,
-    /// Folded: prefix each stack with its thread.
+    /// Folded, svg, html: prefix each stack with its thread.
     pub per_thread: bool,
+    /// Otlp: the receiver's base URL (`http://HOST:PORT`).
+    pub endpoint: Option<&'a str>,
 }
 
-/// `hotprobe export DIR --format chrome|ctf|folded [-o OUT]`.
+/// `hotprobe export DIR --format chrome|ctf|folded|svg|html|otlp|parquet
+/// [-o OUT] [--endpoint URL]`.
 pub fn export_cmd(o: &ExportOptions<'_>) -> Result<()> {
+    if o.format == ExportFormat::Parquet && o.out.is_none() {
+        bail!(crate::UsageError(
+            "--format parquet writes a file: give -o FILE".into()
+        ));
+    }
+    if o.format == ExportFormat::Otlp && o.endpoint.is_none() {
+        bail!(crate::UsageError(
+            "--format otlp sends to a receiver: give --endpoint http://HOST:PORT".into()
+        ));
+    }
+    if o.endpoint.is_some() && o.format != ExportFormat::Otlp {
+        bail!(crate::UsageError(
+            "--endpoint goes with --format otlp".into()
+        ));
+    }
+    let endpoint = o.endpoint.map(Endpoint::parse).transpose()?;
     let r = open(o.dir)?;
     warn_incomplete(&r);
     let bar = bytes_bar(&r, "exporting");
     let ctx = || format!("cannot export {}", o.dir.display());
+    let folded = FoldedOptions {
+        value: if o.calls {
+            FoldedValue::Calls
+        } else {
+            FoldedValue::SelfNs
+        },
+        per_thread: o.per_thread,
+    };
+    let all = CompiledQuery::all();
     match o.format {
         ExportFormat::Ctf => {
             let out: PathBuf = o.out.map_or_else(|| o.dir.join("ctf"), Path::to_path_buf);
             let s = with_bar(&bar, |cb| export_ctf(&r, &out, Some(cb))).with_context(ctx)?;
-            eprintln!(
+            errln!(
                 "hotprobe: {} events in {} packets, {} streams: {}",
                 s.events,
                 s.packets,
@@ -153,7 +452,39 @@ pub fn export_cmd(o: &ExportOptions<'_>) -> Result<()> {
                 out.display()
             );
         }
-        ExportFormat::Chrome | ExportFormat::Folded => {
+        ExportFormat::Parquet => {
+            let p = o.out.unwrap_or(Path::new("calls.parquet"));
+            let f = std::fs::File::create(p)
+                .with_context(|| format!("cannot create {}", p.display()))?;
+            let s = with_bar(&bar, |cb| {
+                export_parquet(&r, &all, std::io::BufWriter::new(f), Some(cb))
+            })
+            .with_context(ctx)?;
+            errln!(
+                "hotprobe: {} calls in {} row groups ({} argument columns): {}",
+                s.rows,
+                s.row_groups,
+                s.arg_columns,
+                p.display()
+            );
+        }
+        ExportFormat::Otlp => {
+            let ep = endpoint.context("no endpoint")?;
+            let opts = OtlpOptions::default();
+            let s = with_bar(&bar, |cb| {
+                export_otlp(&r, &all, &opts, |sig, body| ep.post(sig, &body), Some(cb))
+            })
+            .with_context(ctx)?;
+            errln!(
+                "hotprobe: {} spans, {} metric points in {} requests ({} bytes) to {}",
+                s.spans,
+                s.points,
+                s.requests,
+                s.bytes,
+                ep.url
+            );
+        }
+        ExportFormat::Chrome | ExportFormat::Folded | ExportFormat::Svg | ExportFormat::Html => {
             let mut sink: Box<dyn Write> = match o.out {
                 Some(p) => Box::new(std::io::BufWriter::new(
                     std::fs::File::create(p)
@@ -161,36 +492,211 @@ pub fn export_cmd(o: &ExportOptions<'_>) -> Result<()> {
                 )),
                 None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
             };
-            if o.format == ExportFormat::Chrome {
-                let s = with_bar(&bar, |cb| export_chrome(&r, &mut sink, Some(cb)))
-                    .with_context(ctx)?;
-                sink.flush().context("cannot write the output")?;
-                if let Some(p) = o.out {
-                    eprintln!(
-                        "hotprobe: {} B/E, {} X, {} instant events: {}",
-                        s.begins + s.ends,
-                        s.completes,
-                        s.instants,
-                        p.display()
-                    );
+            let res = match o.format {
+                ExportFormat::Chrome => with_bar(&bar, |cb| export_chrome(&r, &mut sink, Some(cb)))
+                    .map(|s| {
+                        format!(
+                            "{} B/E, {} X, {} instant events",
+                            s.begins + s.ends,
+                            s.completes,
+                            s.instants
+                        )
+                    }),
+                ExportFormat::Folded => {
+                    with_bar(&bar, |cb| export_folded(&r, &mut sink, folded, Some(cb)))
+                        .map(|n| format!("{n} stacks"))
                 }
-            } else {
-                let opts = FoldedOptions {
-                    value: if o.calls {
-                        FoldedValue::Calls
-                    } else {
-                        FoldedValue::SelfNs
-                    },
-                    per_thread: o.per_thread,
-                };
-                let n = with_bar(&bar, |cb| export_folded(&r, &mut sink, opts, Some(cb)))
-                    .with_context(ctx)?;
-                sink.flush().context("cannot write the output")?;
-                if let Some(p) = o.out {
-                    eprintln!("hotprobe: {n} stacks: {}", p.display());
+                _ => {
+                    let opts = FlameOptions {
+                        title: None,
+                        folded,
+                        html: o.format == ExportFormat::Html,
+                    };
+                    with_bar(&bar, |cb| {
+                        export_flamegraph(&r, &all, &opts, &mut sink, Some(cb))
+                    })
+                    .map(|s| format!("{} stacks", s.stacks))
                 }
+            };
+            let what = match res {
+                Err(e) if broken_pipe(&e) => return Ok(()),
+                r => r.with_context(ctx)?,
+            };
+            match sink.flush() {
+                Err(e) if e.kind() == ErrorKind::BrokenPipe => return Ok(()),
+                r => r.context("cannot write the output")?,
+            }
+            if let Some(p) = o.out {
+                errln!("hotprobe: {what}: {}", p.display());
             }
         }
     }
     Ok(())
+}
+
+/// An OTLP/HTTP receiver: `http://HOST[:PORT][/PREFIX]` (port 4318 by
+/// default); bodies are POSTed to PREFIX/v1/traces and PREFIX/v1/metrics.
+struct Endpoint {
+    url: String,
+    host: String,
+    port: u16,
+    prefix: String,
+}
+
+impl Endpoint {
+    fn parse(url: &str) -> Result<Endpoint> {
+        let bad = |why: &str| crate::UsageError(format!("--endpoint {url}: {why}"));
+        let rest = match url.split_once("://") {
+            Some(("http", r)) => r,
+            Some(("https", _)) => {
+                return Err(
+                    bad("https is not supported; give an http:// URL (a local collector)").into(),
+                )
+            }
+            Some(_) | None => return Err(bad("give an http://HOST:PORT URL").into()),
+        };
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        let port_of = |p: &str| {
+            p.parse::<u16>()
+                .map_err(|_| bad(&format!("`{p}` is not a port")))
+        };
+        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+            match v6.split_once(']') {
+                Some((h, "")) => (h, 4318),
+                Some((h, p)) => match p.strip_prefix(':') {
+                    Some(p) => (h, port_of(p)?),
+                    None => return Err(bad("bad IPv6 address").into()),
+                },
+                None => return Err(bad("bad IPv6 address").into()),
+            }
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (h, port_of(p)?),
+                None => (authority, 4318),
+            }
+        };
+        if host.is_empty() {
+            return Err(bad("no host").into());
+        }
+        let mut prefix = path.trim_end_matches('/').to_string();
+        for s in ["/v1/traces", "/v1/metrics"] {
+            if let Some(p) = prefix.strip_suffix(s) {
+                prefix = p.to_string();
+            }
+        }
+        Ok(Endpoint {
+            url: url.to_string(),
+            host: host.into(),
+            port,
+            prefix,
+        })
+    }
+
+    /// One POST over a fresh connection (`Connection: close`); a status
+    /// other than 2xx is an error holding the start of the response body.
+    fn post(&self, sig: OtlpSignal, body: &[u8]) -> std::io::Result<()> {
+        use std::net::{TcpStream, ToSocketAddrs};
+        let err = std::io::Error::other;
+        let path = format!("{}{}", self.prefix, sig.path());
+        let addrs: Vec<_> = (self.host.as_str(), self.port).to_socket_addrs()?.collect();
+        let mut last = None;
+        let mut conn = None;
+        for a in addrs {
+            match TcpStream::connect_timeout(&a, Duration::from_secs(10)) {
+                Ok(s) => {
+                    conn = Some(s);
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let mut s = match conn {
+            Some(s) => s,
+            None => return Err(last.unwrap_or_else(|| err(format!("{}: no address", self.host)))),
+        };
+        s.set_read_timeout(Some(Duration::from_secs(30)))?;
+        s.set_write_timeout(Some(Duration::from_secs(30)))?;
+        let host = if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        };
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: hotprobe/{}\r\n\
+             Content-Type: application/x-protobuf\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            env!("CARGO_PKG_VERSION"),
+            body.len()
+        );
+        s.write_all(head.as_bytes())?;
+        s.write_all(body)?;
+        s.flush()?;
+        let mut resp = Vec::new();
+        // Until the peer closes, or the headers and Content-Length bytes.
+        let mut buf = [0u8; 8192];
+        loop {
+            let n = match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            resp.extend_from_slice(&buf[..n]);
+            if let Some(end) = resp.windows(4).position(|w| w == b"\r\n\r\n") {
+                let headers = String::from_utf8_lossy(&resp[..end]).to_ascii_lowercase();
+                let len = headers
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse::<usize>().ok());
+                if len.is_some_and(|l| resp.len() >= end + 4 + l) {
+                    break;
+                }
+            }
+        }
+        let text = String::from_utf8_lossy(&resp);
+        let status = text
+            .lines()
+            .next()
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|c| c.parse::<u16>().ok());
+        match status {
+            Some(200..=299) => Ok(()),
+            Some(c) => {
+                let body = text.split_once("\r\n\r\n").map_or("", |b| b.1);
+                let body: String = body.chars().take(200).collect();
+                Err(err(format!(
+                    "POST {path} to {host}: HTTP {c}: {}",
+                    body.trim()
+                )))
+            }
+            None => Err(err(format!("POST {path} to {host}: no HTTP response"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Endpoint;
+
+    #[test]
+    fn endpoints() {
+        let e = Endpoint::parse("http://localhost:4318").unwrap();
+        assert_eq!(
+            (e.host.as_str(), e.port, e.prefix.as_str()),
+            ("localhost", 4318, "")
+        );
+        let e = Endpoint::parse("http://127.0.0.1:9/otlp/v1/traces/").unwrap();
+        assert_eq!(
+            (e.host.as_str(), e.port, e.prefix.as_str()),
+            ("127.0.0.1", 9, "/otlp")
+        );
+        let e = Endpoint::parse("http://[::1]:5000").unwrap();
+        assert_eq!((e.host.as_str(), e.port), ("::1", 5000));
+        assert_eq!(Endpoint::parse("http://collector").unwrap().port, 4318);
+        assert!(Endpoint::parse("https://x:1").is_err());
+        assert!(Endpoint::parse("localhost:4318").is_err());
+        assert!(Endpoint::parse("http://x:port").is_err());
+    }
 }

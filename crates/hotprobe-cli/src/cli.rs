@@ -52,6 +52,9 @@ pub enum Cmd {
     Count {
         /// Probe specs: [module:]function[+off] | [module:]0xADDR | file.c:LINE,
         /// with %return to count returns; `*` in a function name expands.
+        /// `'SPEC if CONDITION'` counts only the calls whose arguments satisfy
+        /// CONDITION: comparisons (== != < <= > >=) of arg0..arg5 and
+        /// integers, && || ! and parentheses (signed 64-bit).
         #[arg(required = true, value_name = "PROBE")]
         probes: Vec<String>,
         /// Attach to this running process.
@@ -71,6 +74,13 @@ pub enum Cmd {
         /// by default they run without probes.
         #[arg(short = 'f', long)]
         follow_forks: bool,
+        /// Also a latency histogram of each function's calls (log2 buckets;
+        /// records entries and exits instead of counting).
+        #[arg(long)]
+        hist: bool,
+        /// Print the table as JSON (one line; docs/JSON.md).
+        #[arg(long)]
+        json: bool,
         /// The command to start (after `--`).
         #[arg(last = true, value_name = "CMD")]
         cmd: Vec<OsString>,
@@ -213,6 +223,8 @@ pub enum Cmd {
         /// A trace directory written by `hotprobe record`.
         #[arg(value_name = "DIR", default_value = DEFAULT_DIR)]
         dir: PathBuf,
+        #[command(flatten)]
+        query: QueryArgs,
     },
     /// Per-function calls, total and self time of a recorded trace.
     Report {
@@ -227,9 +239,22 @@ pub enum Cmd {
         /// --phases).
         #[arg(long, value_name = "FUNC")]
         marker: Vec<String>,
+        #[command(flatten)]
+        opts: ReportArgs,
     },
-    /// Convert a recorded trace: Chrome Trace Event JSON, CTF 1.8 or folded
-    /// stacks.
+    /// What a recorded trace holds: target, command, pid, time base, start
+    /// time, duration, threads, events, symbols, filters, format version.
+    Info {
+        /// A trace directory written by `hotprobe record`.
+        #[arg(value_name = "DIR", default_value = DEFAULT_DIR)]
+        dir: PathBuf,
+        /// Print JSON (one line; docs/JSON.md).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Convert a recorded trace: Chrome Trace Event JSON, CTF 1.8, folded
+    /// stacks, a flame graph (SVG, HTML), Parquet, or send it as
+    /// OpenTelemetry spans and metrics (OTLP/HTTP).
     Export {
         /// A trace directory written by `hotprobe record`.
         #[arg(value_name = "DIR", default_value = DEFAULT_DIR)]
@@ -237,16 +262,20 @@ pub enum Cmd {
         /// The output format.
         #[arg(long, value_enum)]
         format: ExportFormat,
-        /// Output file (chrome, folded; default stdout) or directory (ctf;
-        /// default DIR/ctf).
+        /// Output file (chrome, folded, svg, html: default stdout; parquet:
+        /// required) or directory (ctf; default DIR/ctf).
         #[arg(short, long, value_name = "OUT")]
         output: Option<PathBuf>,
-        /// Folded: count calls instead of self time in ns.
+        /// Folded, svg, html: count calls instead of self time in ns.
         #[arg(long)]
         calls: bool,
         /// Folded: start each stack with its thread (`tid-N`).
         #[arg(long)]
         per_thread: bool,
+        /// Otlp: the OTLP/HTTP receiver, http://HOST[:PORT][/PREFIX] (port
+        /// 4318 by default); POSTs to PREFIX/v1/traces and /v1/metrics.
+        #[arg(long, value_name = "URL")]
+        endpoint: Option<String>,
     },
     /// Build the bundled demo program (tests/programs/demo.c) and trace it.
     Demo,
@@ -332,6 +361,14 @@ pub enum ExportFormat {
     Ctf,
     /// Folded stacks (flamegraph.pl, inferno).
     Folded,
+    /// A flame graph, SVG (inferno).
+    Svg,
+    /// A flame graph in an HTML page (interactive in a browser).
+    Html,
+    /// OpenTelemetry spans and metrics over OTLP/HTTP to --endpoint.
+    Otlp,
+    /// Parquet, one row per call (DuckDB, ClickHouse, pandas); needs -o.
+    Parquet,
 }
 
 /// `--color` values.
@@ -385,4 +422,82 @@ mod tests {
         assert!(parse_duration("").is_err());
         assert!(parse_duration("1e400s").is_err());
     }
+}
+
+/// The filters of `replay` and `report` (uftrace's semantics).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct QueryArgs {
+    /// Keep only calls of functions matching GLOB and their callees
+    /// (repeatable).
+    #[arg(short = 'F', long = "filter", value_name = "GLOB")]
+    pub filter: Vec<String>,
+    /// Leave out calls of functions matching GLOB and their callees
+    /// (repeatable).
+    #[arg(short = 'N', long = "notrace", value_name = "GLOB")]
+    pub notrace: Vec<String>,
+    /// Keep calls nested less than N deep in what is kept (1: the
+    /// outermost only; with -F, counted from the matching call).
+    #[arg(short = 'D', long = "depth", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub depth: Option<u32>,
+    /// Keep only calls lasting at least DUR (e.g. 10us, 1.5ms; bare: ns).
+    #[arg(short = 't', long = "min-duration", value_name = "DUR",
+          value_parser = parse_duration)]
+    pub min_duration: Option<u64>,
+    /// Keep only this thread (repeatable).
+    #[arg(long = "tid", value_name = "TID")]
+    pub tid: Vec<u32>,
+    /// Keep only calls starting at least DUR after the trace start (its
+    /// first record).
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub since: Option<u64>,
+    /// Keep only calls starting less than DUR after the trace start.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub until: Option<u64>,
+}
+
+/// `report -s` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SortArg {
+    /// Total time (recursive calls once).
+    #[default]
+    Total,
+    /// Self time.
+    #[value(name = "self")]
+    SelfTime,
+    /// Calls.
+    Calls,
+    /// Average call.
+    Avg,
+    /// Longest call.
+    Max,
+}
+
+/// The options of `report` besides `--phases`/`--marker`.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ReportArgs {
+    /// Filters.
+    #[command(flatten)]
+    pub query: QueryArgs,
+    /// Sort by this column, descending (with --diff: by its change).
+    #[arg(short = 's', long = "sort", value_enum, default_value_t = SortArg::Total)]
+    pub sort: SortArg,
+    /// One table per thread.
+    #[arg(long, conflicts_with_all = ["phases", "diff", "hist", "flame"])]
+    pub task: bool,
+    /// Compare with the trace in DIR2: per function, calls, total and self
+    /// time of both and the change (DIR2 − DIR).
+    #[arg(long, value_name = "DIR2", conflicts_with_all = ["phases", "hist", "flame"])]
+    pub diff: Option<PathBuf>,
+    /// A latency histogram (log2 buckets) of the calls of FUNC (a glob:
+    /// one per matching function).
+    #[arg(long, value_name = "FUNC", conflicts_with_all = ["phases", "flame"])]
+    pub hist: Option<String>,
+    /// Write a flame graph of the kept calls to DIR/flame.svg and print its
+    /// path (instead of the table).
+    #[arg(long, conflicts_with = "phases")]
+    pub flame: bool,
+    /// Print JSON (one line) instead of the table (docs/JSON.md).
+    #[arg(long)]
+    pub json: bool,
 }

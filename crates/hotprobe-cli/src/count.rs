@@ -5,16 +5,29 @@
 //! instructions move to a trampoline), both counted in the target by the
 //! hotprobe agent, else **trap**. The table says which mechanism each probe
 //! got and why.
+//!
+//! With a condition (`'PROBE if arg0 > 5'`, see [`crate::cond`]) or
+//! `--hist`, the probes record instead of counting: entries (with the
+//! arguments the conditions name) and exits go to a [`CountSink`], which
+//! counts the entries whose condition holds and builds a log2 histogram of
+//! the durations of those calls.
 
-use crate::session::{print_table, Traced};
-use anyhow::Result;
-use hotprobe::{Action, MechanismChoice, SessionConfig};
+use crate::cond::{split_spec, Cond};
+use crate::out::errln;
+use crate::session::{print_table_with, TableExtras, Traced};
+use anyhow::{bail, Context, Result};
+use hotprobe::{
+    Action, EventSink, FastPathConfig, MechanismChoice, RecordedEvent, SessionConfig, SinkError,
+    KIND_ENTRY, KIND_EXIT, KIND_HIT,
+};
+use hotprobe_trace::Histogram;
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::time::Duration;
 
 /// What `count` needs from the command line.
 pub struct CountOptions<'a> {
-    /// Probe specs.
+    /// Probe specs, each maybe with ` if CONDITION`.
     pub probes: &'a [String],
     /// Attach to this process.
     pub pid: Option<i32>,
@@ -28,27 +41,191 @@ pub struct CountOptions<'a> {
     pub mechanism: MechanismChoice,
     /// `-f`: follow forked children, a row per probe and process.
     pub follow_forks: bool,
+    /// `--hist`: a histogram of each function's call durations.
+    pub hist: bool,
+    /// `--json`: the table as JSON.
+    pub json: bool,
+}
+
+/// A probe spec split from its condition.
+struct Spec {
+    probe: String,
+    cond: Option<(String, Cond)>,
+}
+
+/// The recording sink of `count` with conditions or `--hist`.
+pub struct CountSink {
+    /// Condition per probe id (none: every entry counts).
+    conds: HashMap<u32, Cond>,
+    hist: bool,
+    /// Entries whose condition held, per probe id.
+    pub hits: HashMap<u32, u64>,
+    /// Durations of those calls, per probe id.
+    pub hists: HashMap<u32, Histogram>,
+    /// Per thread: open calls (probe, entry TSC, condition held).
+    stacks: HashMap<u32, Vec<(u32, u64, bool)>>,
+    ticks_per_ns: f64,
+    /// Events the rings dropped.
+    pub lost: u64,
+}
+
+impl CountSink {
+    /// A sink for these conditions (probe id → condition); `hist` builds
+    /// histograms (of every probe in `probes`).
+    pub fn new(conds: HashMap<u32, Cond>, hist: bool, probes: &[u32]) -> CountSink {
+        CountSink {
+            conds,
+            hist,
+            hits: probes.iter().map(|&p| (p, 0)).collect(),
+            hists: if hist {
+                probes.iter().map(|&p| (p, Histogram::new())).collect()
+            } else {
+                HashMap::new()
+            },
+            stacks: HashMap::new(),
+            ticks_per_ns: crate::trace::tsc_ticks_per_ns(),
+            lost: 0,
+        }
+    }
+}
+
+impl EventSink for CountSink {
+    fn event(&mut self, ev: &RecordedEvent) -> Result<(), SinkError> {
+        match ev.kind {
+            KIND_ENTRY | KIND_HIT => {
+                let n = (ev.nargs as usize).min(ev.args.len());
+                let ok = self
+                    .conds
+                    .get(&ev.probe_id)
+                    .is_none_or(|c| c.eval(&ev.args[..n]));
+                if ok {
+                    *self.hits.entry(ev.probe_id).or_default() += 1;
+                }
+                if self.hist && ev.kind == KIND_ENTRY {
+                    self.stacks
+                        .entry(ev.tid)
+                        .or_default()
+                        .push((ev.probe_id, ev.tsc, ok));
+                }
+            }
+            KIND_EXIT if self.hist => {
+                let stack = self.stacks.entry(ev.tid).or_default();
+                // Frames left without an exit (longjmp) are dropped with it.
+                if let Some(i) = stack.iter().rposition(|f| f.0 == ev.probe_id) {
+                    let (probe, t0, ok) = stack[i];
+                    stack.truncate(i);
+                    if ok {
+                        let ns = ev.tsc.saturating_sub(t0) as f64 / self.ticks_per_ns;
+                        self.hists.entry(probe).or_default().add(ns as u64);
+                    }
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn lost(&mut self, _tid: u32, _ts: u64, count: u64) -> Result<(), SinkError> {
+        self.lost += count;
+        Ok(())
+    }
 }
 
 /// Run `count`; returns hotprobe's exit code (the command's).
 pub fn run(o: &CountOptions<'_>) -> Result<u8> {
+    let mut specs = Vec::new();
+    for s in o.probes {
+        let (probe, cond) = split_spec(s);
+        let cond = match cond {
+            Some(text) => Some((
+                text.to_string(),
+                Cond::parse(text)
+                    .map_err(|e| crate::UsageError(format!("`{s}`: the condition: {e}")))?,
+            )),
+            None => None,
+        };
+        specs.push(Spec {
+            probe: probe.to_string(),
+            cond,
+        });
+    }
+    let recording = o.hist || specs.iter().any(|s| s.cond.is_some());
+    if recording {
+        if o.follow_forks {
+            bail!(crate::UsageError(
+                "conditions and --hist do not work with -f yet".into()
+            ));
+        }
+        if let Some(s) = specs.iter().find(|s| s.probe.ends_with("%return")) {
+            bail!(crate::UsageError(format!(
+                "{}: conditions and --hist work on function entries (no %return)",
+                s.probe
+            )));
+        }
+    }
+    let record_args = specs
+        .iter()
+        .filter_map(|s| s.cond.as_ref().map(|c| c.1.args_needed()))
+        .max()
+        .unwrap_or(0);
     let config = SessionConfig {
         mechanism: o.mechanism,
         maxactive: o.maxactive,
         follow_forks: o.follow_forks,
+        fast_path: FastPathConfig {
+            record_args,
+            ..FastPathConfig::default()
+        },
         ..SessionConfig::default()
     };
     let mut t = Traced::open(config, o.pid, o.cmd)?;
-    let placed = match t.add_all(o.probes, |_| Action::Count) {
-        Ok(p) => p,
-        Err(e) => {
-            t.abandon();
-            return Err(e);
+    let mut placed = Vec::new();
+    let mut conds: HashMap<u32, Cond> = HashMap::new();
+    let mut cond_text: HashMap<u32, String> = HashMap::new();
+    for s in &specs {
+        let added = match t.add_all(std::slice::from_ref(&s.probe), |_| {
+            if recording {
+                Action::Record
+            } else {
+                Action::Count
+            }
+        }) {
+            Ok(p) => p,
+            Err(e) => {
+                t.abandon();
+                return Err(e);
+            }
+        };
+        if let Some((text, c)) = &s.cond {
+            for p in &added {
+                conds.insert(p.id.0, c.clone());
+                cond_text.insert(p.id.0, text.clone());
+            }
         }
-    };
+        placed.extend(added);
+    }
+    let ids: Vec<u32> = placed.iter().map(|p| p.id.0).collect();
+    let mut sink = recording.then(|| CountSink::new(conds, o.hist, &ids));
     // The table prints whatever happened to the run.
-    let ran = t.run(&placed, o.duration, None);
-    print_table(&t.session, &placed, o.follow_forks);
-    ran?;
+    let ran = match sink.as_mut() {
+        Some(s) => t.run(&placed, o.duration, Some(s)),
+        None => t.run(&placed, o.duration, None),
+    };
+    if let Some(s) = &sink {
+        if s.lost > 0 {
+            errln!(
+                "hotprobe: {} events lost (full rings): the counts are low",
+                s.lost
+            );
+        }
+    }
+    let extras = TableExtras {
+        hits: sink.as_ref().map(|s| &s.hits),
+        conditions: Some(&cond_text),
+        hists: sink.as_ref().filter(|_| o.hist).map(|s| &s.hists),
+        json: o.json,
+    };
+    print_table_with(&t.session, &placed, o.follow_forks, &extras);
+    ran.context("the run failed")?;
     Ok(t.exit_code())
 }

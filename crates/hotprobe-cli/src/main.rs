@@ -24,6 +24,7 @@
 mod analyse;
 mod cli;
 mod coldpatch;
+mod cond;
 mod count;
 mod demo;
 mod guest;
@@ -70,6 +71,10 @@ impl From<cli::ExportFormat> for analyse::ExportFormat {
             cli::ExportFormat::Chrome => Self::Chrome,
             cli::ExportFormat::Ctf => Self::Ctf,
             cli::ExportFormat::Folded => Self::Folded,
+            cli::ExportFormat::Svg => Self::Svg,
+            cli::ExportFormat::Html => Self::Html,
+            cli::ExportFormat::Parquet => Self::Parquet,
+            cli::ExportFormat::Otlp => Self::Otlp,
         }
     }
 }
@@ -132,11 +137,15 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             maxactive,
             mechanism,
             follow_forks,
+            hist,
+            json,
             cmd,
         } => {
             let duration = duration(secs)?;
             signals::install()?;
             count::run(&count::CountOptions {
+                hist,
+                json,
                 follow_forks,
                 probes: &probes,
                 pid,
@@ -221,24 +230,28 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 cmd: &cmd,
             })
         }
-        Cmd::Replay { dir } => analyse::replay_cmd(&dir).map(|()| 0),
+        Cmd::Replay { dir, query } => analyse::replay_cmd(&dir, &query).map(|()| 0),
         Cmd::Report {
             dir,
             phases,
             marker,
-        } => analyse::report_cmd(&dir, phases, &marker).map(|()| 0),
+            opts,
+        } => analyse::report_cmd(&dir, phases, &marker, &opts).map(|()| 0),
+        Cmd::Info { dir, json } => analyse::info_cmd(&dir, json).map(|()| 0),
         Cmd::Export {
             dir,
             format,
             output,
             calls,
             per_thread,
+            endpoint,
         } => analyse::export_cmd(&analyse::ExportOptions {
             dir: &dir,
             format: format.into(),
             out: output.as_deref(),
             calls,
             per_thread,
+            endpoint: endpoint.as_deref(),
         })
         .map(|()| 0),
         Cmd::Demo => {
@@ -520,7 +533,7 @@ fn main() -> ExitCode {
     let paged = !cli.no_pager
         && matches!(
             cli.command,
-            Cmd::List { .. } | Cmd::Replay { .. } | Cmd::Report { .. }
+            Cmd::List { .. } | Cmd::Replay { .. } | Cmd::Report { .. } | Cmd::Info { .. }
         );
     let pager = if paged { pager::start() } else { None };
     let result = run(cli);

@@ -10,7 +10,9 @@ use anyhow::{bail, Context, Result};
 use hotprobe::{
     Action, EventSink, ExitStatus, Placement, RunEnd, Session, SessionConfig, TargetId,
 };
+use hotprobe_trace::{fmt_duration, Histogram};
 use indicatif::{ProgressBar, ProgressStyle};
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::Path;
 use std::time::Duration;
@@ -208,12 +210,41 @@ pub fn mechanism_summary(placed: &[Placement]) -> String {
         .join(", ")
 }
 
+/// What `count` adds to the table of [`print_table_with`].
+#[derive(Default)]
+pub struct TableExtras<'a> {
+    /// Hits to show instead of the session's, per probe id (`count` with
+    /// conditions or `--hist`: the entries the recording sink saw).
+    pub hits: Option<&'a HashMap<u32, u64>>,
+    /// The condition of a probe id (`PROBE if CONDITION`).
+    pub conditions: Option<&'a HashMap<u32, String>>,
+    /// Call durations per probe id (`count --hist`).
+    pub hists: Option<&'a HashMap<u32, Histogram>>,
+    /// One JSON array of row objects instead of the text table.
+    pub json: bool,
+}
+
 /// Print the per-probe table on stdout: spec, address, hits (returns for a
 /// `%return` probe), nmissed (return probes only), execution, and why
 /// that mechanism; with `per_process`, a PID column and a row per probe and
 /// process that hit it (the first process always).
 pub fn print_table(session: &Session, placed: &[Placement], per_process: bool) {
+    print_table_with(session, placed, per_process, &TableExtras::default());
+}
+
+/// [`print_table`] with `count`'s extras: hits from a recording sink,
+/// histograms after the table, or the rows as JSON (one line: an array of
+/// objects with the fields `probe`, `pid` (with `per_process`), `address`,
+/// `hits`, `nmissed` (null but for return probes), `execution`, `why`, and
+/// `condition` and `histogram` when there are).
+pub fn print_table_with(
+    session: &Session,
+    placed: &[Placement],
+    per_process: bool,
+    x: &TableExtras<'_>,
+) {
     let mut rows: Vec<Vec<String>> = Vec::new();
+    let mut json_rows: Vec<serde_json::Value> = Vec::new();
     for p in placed {
         let by = session.stats_by_process(p.id).unwrap_or_default();
         let by: Vec<(i32, hotprobe::ProbeStats)> = if per_process {
@@ -226,11 +257,35 @@ pub fn print_table(session: &Session, placed: &[Placement], per_process: bool) {
             vec![(0, session.stats(p.id).unwrap_or_default())]
         };
         for (pid, st) in by {
-            let (hits, missed) = if p.is_return {
+            let (mut hits, mut missed) = if p.is_return {
                 (st.returns, st.nmissed.to_string())
             } else {
                 (st.hits, "-".to_string())
             };
+            if let Some(h) = x.hits {
+                hits = h.get(&p.id.0).copied().unwrap_or(0);
+                missed = "-".to_string();
+            }
+            if x.json {
+                let mut o = serde_json::json!({
+                    "probe": p.label,
+                    "address": format!("{:#x}", p.addr.0),
+                    "hits": hits,
+                    "nmissed": missed.parse::<u64>().ok(),
+                    "execution": p.execution,
+                    "why": p.reason,
+                });
+                if per_process {
+                    o["pid"] = pid.into();
+                }
+                if let Some(c) = x.conditions.and_then(|c| c.get(&p.id.0)) {
+                    o["condition"] = c.as_str().into();
+                }
+                if let Some(h) = x.hists.and_then(|h| h.get(&p.id.0)) {
+                    o["histogram"] = serde_json::to_value(h).unwrap_or_default();
+                }
+                json_rows.push(o);
+            }
             let mut row = vec![p.label.clone()];
             if per_process {
                 row.push(pid.to_string());
@@ -244,6 +299,11 @@ pub fn print_table(session: &Session, placed: &[Placement], per_process: bool) {
             ]);
             rows.push(row);
         }
+    }
+    if x.json {
+        let line = serde_json::Value::Array(json_rows).to_string();
+        crate::out::line(format_args!("{line}"));
+        return;
     }
     let mut head = vec!["PROBE"];
     if per_process {
@@ -284,6 +344,23 @@ pub fn print_table(session: &Session, placed: &[Placement], per_process: bool) {
     for r in &rows {
         out.push_str(&line(r));
         out.push('\n');
+    }
+    if let Some(hists) = x.hists {
+        out.push('\n');
+        for p in placed {
+            let Some(h) = hists.get(&p.id.0) else {
+                continue;
+            };
+            let name = p.label.trim_end_matches("%return");
+            out.push_str(&format!(
+                "\n# {name}: {} calls, avg {}, min {}, max {}\n",
+                h.count(),
+                fmt_duration(h.avg_ns()).trim(),
+                fmt_duration(h.min_ns()).trim(),
+                fmt_duration(h.max_ns()).trim()
+            ));
+            out.push_str(&h.to_text());
+        }
     }
     crate::out::line(format_args!("{}", out.trim_end()));
 }

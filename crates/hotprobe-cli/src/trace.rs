@@ -122,7 +122,7 @@ impl LiveTree {
 }
 
 /// The TSC rate, from two (TSC, CLOCK_MONOTONIC) pairs 10 ms apart.
-fn tsc_ticks_per_ns() -> f64 {
+pub(crate) fn tsc_ticks_per_ns() -> f64 {
     let pair = || {
         let t0 = std::time::Instant::now();
         // SAFETY: rdtsc has no preconditions on x86-64.

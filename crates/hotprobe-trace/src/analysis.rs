@@ -5,8 +5,12 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::io::Write;
 
+use serde::Serialize;
+
 use crate::error::{Result, TraceError};
 use crate::event::{Args, Record};
+use crate::hist::Histogram;
+use crate::query::{CompiledQuery, QueryStack};
 use crate::reader::{ThreadStream, TraceReader};
 use crate::symbols::{ProbeKind, SymbolTable};
 
@@ -290,8 +294,20 @@ fn fmt_ret(ret: Option<u64>) -> String {
 ///    2.000 us [  1234] | }; /* main */
 /// ```
 pub fn replay(reader: &TraceReader, out: &mut impl Write, progress: Progress<'_>) -> Result<()> {
+    replay_filtered(reader, &CompiledQuery::all(), out, progress)
+}
+
+/// [`replay`] of the calls a query keeps ([`crate::query`]): depths are
+/// those of the filtered tree, and a call whose callees were all left out
+/// shows as a leaf (`name();`).
+pub fn replay_filtered(
+    reader: &TraceReader,
+    query: &CompiledQuery,
+    out: &mut impl Write,
+    progress: Progress<'_>,
+) -> Result<()> {
     let syms = reader.symbols();
-    let mut stacks: HashMap<u32, CallStack> = HashMap::new();
+    let mut stacks: HashMap<u32, QueryStack<'_>> = HashMap::new();
     let io = |e| TraceError::io("<output>", e);
     writeln!(out, "# DURATION     TID     FUNCTION").map_err(io)?;
     let blank = " ".repeat(11);
@@ -357,7 +373,10 @@ pub fn replay(reader: &TraceReader, out: &mut impl Write, progress: Progress<'_>
         }
     };
     merged(reader, progress, |tid, r| {
-        let st = stacks.entry(tid).or_default();
+        if !query.keeps_thread(tid) {
+            return Ok(());
+        }
+        let st = stacks.entry(tid).or_insert_with(|| QueryStack::new(query));
         let mut res = Ok(());
         st.feed(r, |s| {
             if res.is_ok() {
@@ -365,26 +384,86 @@ pub fn replay(reader: &TraceReader, out: &mut impl Write, progress: Progress<'_>
             }
         });
         res.map_err(io)
-    })
+    })?;
+    // Calls still open at the end of their thread: their entries.
+    let mut tids: Vec<u32> = stacks.keys().copied().collect();
+    tids.sort_unstable();
+    for tid in tids {
+        let mut res = Ok(());
+        if let Some(st) = stacks.get_mut(&tid) {
+            st.finish(|s| {
+                if res.is_ok() {
+                    res = line(out, tid, s);
+                }
+            });
+        }
+        res.map_err(io)?;
+    }
+    Ok(())
 }
 
-/// One function's line of a report.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// One function's line of a report. Serialized (`--json`) with the field
+/// names `function`, `module`, `calls`, `total_ns`, `self_ns`, `avg_ns`,
+/// `min_ns`, `max_ns`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct ReportRow {
     /// Probe id.
+    #[serde(skip)]
     pub probe: u32,
     /// Function name.
+    #[serde(rename = "function")]
     pub name: String,
+    /// Module (executable or library path; may be empty).
+    pub module: String,
     /// Calls (finished or still running at the end).
     pub calls: u64,
     /// Time inside the function, counting recursive calls once.
     pub total_ns: u64,
     /// Time not spent in recorded callees.
     pub self_ns: u64,
+    /// Average duration of a call (recursive calls each count).
+    pub avg_ns: u64,
+    /// Shortest call.
+    pub min_ns: u64,
+    /// Longest call.
+    pub max_ns: u64,
+    /// Sum of the call durations (recursive calls each count).
+    #[serde(skip)]
+    pub sum_ns: u64,
 }
 
-/// Per-function totals, sorted by total time (descending).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// What a report is sorted by (descending; ties: calls, then name).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SortKey {
+    /// Total time.
+    #[default]
+    Total,
+    /// Self time.
+    SelfTime,
+    /// Calls.
+    Calls,
+    /// Average call duration.
+    Avg,
+    /// Longest call.
+    Max,
+}
+
+impl SortKey {
+    /// The row's value for this key.
+    pub fn of(self, r: &ReportRow) -> u64 {
+        match self {
+            SortKey::Total => r.total_ns,
+            SortKey::SelfTime => r.self_ns,
+            SortKey::Calls => r.calls,
+            SortKey::Avg => r.avg_ns,
+            SortKey::Max => r.max_ns,
+        }
+    }
+}
+
+/// Per-function totals, sorted by total time (descending) unless
+/// [`Report::sort`] said otherwise.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Report {
     /// The rows.
     pub rows: Vec<ReportRow>,
@@ -408,32 +487,40 @@ impl Acc {
         {
             let row = self.by_probe.entry(probe).or_insert_with(|| ReportRow {
                 probe,
+                min_ns: u64::MAX,
                 ..ReportRow::default()
             });
+            let dur = end - start;
             row.calls += 1;
             row.self_ns += self_ns;
+            row.sum_ns += dur;
+            row.min_ns = row.min_ns.min(dur);
+            row.max_ns = row.max_ns.max(dur);
             if outermost {
-                row.total_ns += end - start;
+                row.total_ns += dur;
             }
         }
     }
 
     fn into_report(self, syms: &SymbolTable) -> Report {
-        let mut rows: Vec<ReportRow> = self
+        let rows: Vec<ReportRow> = self
             .by_probe
             .into_values()
             .map(|mut r| {
                 r.name = syms.name(r.probe).into_owned();
+                r.module = syms
+                    .get(r.probe)
+                    .map_or_else(String::new, |s| s.module.clone());
+                r.avg_ns = r.sum_ns / r.calls.max(1);
+                if r.calls == 0 {
+                    r.min_ns = 0;
+                }
                 r
             })
             .collect();
-        rows.sort_by(|a, b| {
-            b.total_ns
-                .cmp(&a.total_ns)
-                .then(b.calls.cmp(&a.calls))
-                .then(a.name.cmp(&b.name))
-        });
-        Report { rows }
+        let mut rep = Report { rows };
+        rep.sort(SortKey::Total);
+        rep
     }
 }
 
@@ -443,16 +530,39 @@ impl Report {
         self.rows.iter().find(|r| r.name == name)
     }
 
-    /// The table as text (like `uftrace report`).
+    /// Sorts the rows by `key`, descending (ties: more calls, then name).
+    pub fn sort(&mut self, key: SortKey) {
+        self.rows.sort_by(|a, b| {
+            key.of(b)
+                .cmp(&key.of(a))
+                .then(b.calls.cmp(&a.calls))
+                .then(a.name.cmp(&b.name))
+        });
+    }
+
+    /// All calls.
+    pub fn calls(&self) -> u64 {
+        self.rows.iter().map(|r| r.calls).sum()
+    }
+
+    /// The table as text (like `uftrace report`): total, self, average,
+    /// shortest and longest call, calls, function.
     pub fn to_text(&self) -> String {
         let mut s = String::new();
-        s.push_str("  Total time   Self time       Calls  Function\n");
-        s.push_str("  ==========  ==========  ==========  ====================\n");
+        s.push_str(
+            "  Total time   Self time     Average     Minimum     Maximum       Calls  Function\n",
+        );
+        s.push_str(
+            "  ==========  ==========  ==========  ==========  ==========  ==========  ====================\n",
+        );
         for r in &self.rows {
             s.push_str(&format!(
-                "  {}  {}  {:>10}  {}\n",
+                "  {}  {}  {}  {}  {}  {:>10}  {}\n",
                 fmt_duration(r.total_ns),
                 fmt_duration(r.self_ns),
+                fmt_duration(r.avg_ns),
+                fmt_duration(r.min_ns),
+                fmt_duration(r.max_ns),
                 r.calls,
                 r.name
             ));
@@ -462,22 +572,248 @@ impl Report {
 }
 
 /// Per-function calls, total and self time over all threads.
-pub fn report(reader: &TraceReader, mut progress: Progress<'_>) -> Result<Report> {
-    let mut acc = Acc::default();
+pub fn report(reader: &TraceReader, progress: Progress<'_>) -> Result<Report> {
+    report_filtered(reader, &CompiledQuery::all(), progress)
+}
+
+/// Visits the filtered steps of every kept thread, a thread at a time
+/// (tid order), calling `f(tid, step)`.
+pub fn visit_threads(
+    reader: &TraceReader,
+    query: &CompiledQuery,
+    mut progress: Progress<'_>,
+    mut f: impl FnMut(u32, Step),
+) -> Result<()> {
     let total = reader.total_bytes();
     let mut done = 0;
-    for mut st in reader.threads()? {
-        let mut cs = CallStack::new();
-        for r in st.by_ref() {
-            cs.feed(&r?, |s| acc.leave(&s));
+    for s in reader.streams() {
+        done += s.bytes;
+        if query.keeps_thread(s.tid) {
+            let st = reader.thread(s.tid)?;
+            let mut qs = QueryStack::new(query);
+            for r in st {
+                qs.feed(&r?, |step| f(s.tid, step));
+            }
+            qs.finish(|step| f(s.tid, step));
         }
-        cs.finish(|s| acc.leave(&s));
-        done += std::fs::metadata(st.path()).map_or(0, |m| m.len());
         if let Some(p) = progress.as_mut() {
             p(done, total);
         }
     }
+    Ok(())
+}
+
+/// [`report`] of the calls a query keeps; self times count the time of
+/// left-out callees as the caller's own.
+pub fn report_filtered(
+    reader: &TraceReader,
+    query: &CompiledQuery,
+    progress: Progress<'_>,
+) -> Result<Report> {
+    let mut acc = Acc::default();
+    visit_threads(reader, query, progress, |_, s| acc.leave(&s))?;
     Ok(acc.into_report(reader.symbols()))
+}
+
+/// One thread's [`Report`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ThreadReport {
+    /// Thread id.
+    pub tid: u32,
+    /// Its functions.
+    #[serde(flatten)]
+    pub report: Report,
+}
+
+/// A [`report_filtered`] per thread (tid order; threads with no kept call
+/// are left out).
+pub fn report_by_thread(
+    reader: &TraceReader,
+    query: &CompiledQuery,
+    progress: Progress<'_>,
+) -> Result<Vec<ThreadReport>> {
+    let mut accs: Vec<(u32, Acc)> = Vec::new();
+    visit_threads(reader, query, progress, |tid, s| {
+        if !matches!(s, Step::Leave { .. }) {
+            return;
+        }
+        if accs.last().is_none_or(|a| a.0 != tid) {
+            accs.push((tid, Acc::default()));
+        }
+        if let Some(a) = accs.last_mut() {
+            a.1.leave(&s);
+        }
+    })?;
+    Ok(accs
+        .into_iter()
+        .map(|(tid, a)| ThreadReport {
+            tid,
+            report: a.into_report(reader.symbols()),
+        })
+        .collect())
+}
+
+/// The durations of the kept calls of every function whose name matches
+/// the glob `pattern`, one [`Histogram`] per function (sorted by name).
+pub fn histograms(
+    reader: &TraceReader,
+    query: &CompiledQuery,
+    pattern: &str,
+    progress: Progress<'_>,
+) -> Result<Vec<(String, Histogram)>> {
+    let syms = reader.symbols();
+    let wanted: Vec<bool> = (0..syms.id_bound())
+        .map(|id| crate::filter::glob_match(pattern, &syms.name(id)))
+        .collect();
+    let mut by: std::collections::BTreeMap<String, Histogram> = Default::default();
+    for (id, w) in wanted.iter().enumerate() {
+        if *w {
+            by.entry(syms.name(id as u32).into_owned()).or_default();
+        }
+    }
+    visit_threads(reader, query, progress, |_, s| {
+        if let Step::Leave {
+            probe, start, end, ..
+        } = s
+        {
+            if wanted.get(probe as usize).copied().unwrap_or(false) {
+                by.entry(syms.name(probe).into_owned())
+                    .or_default()
+                    .add(end - start);
+            }
+        }
+    })?;
+    Ok(by.into_iter().collect())
+}
+
+/// One function in a [`ReportDiff`]: its numbers in trace A and trace B
+/// (0 where it has no calls). JSON field names as written.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct DiffRow {
+    /// Function name.
+    pub function: String,
+    /// Calls in A.
+    pub calls_a: u64,
+    /// Calls in B.
+    pub calls_b: u64,
+    /// Total time in A.
+    pub total_ns_a: u64,
+    /// Total time in B.
+    pub total_ns_b: u64,
+    /// Self time in A.
+    pub self_ns_a: u64,
+    /// Self time in B.
+    pub self_ns_b: u64,
+    /// Average call in A.
+    pub avg_ns_a: u64,
+    /// Average call in B.
+    pub avg_ns_b: u64,
+    /// Longest call in A.
+    pub max_ns_a: u64,
+    /// Longest call in B.
+    pub max_ns_b: u64,
+}
+
+impl DiffRow {
+    /// B − A of a key.
+    pub fn change(&self, key: SortKey) -> i128 {
+        let (a, b) = match key {
+            SortKey::Total => (self.total_ns_a, self.total_ns_b),
+            SortKey::SelfTime => (self.self_ns_a, self.self_ns_b),
+            SortKey::Calls => (self.calls_a, self.calls_b),
+            SortKey::Avg => (self.avg_ns_a, self.avg_ns_b),
+            SortKey::Max => (self.max_ns_a, self.max_ns_b),
+        };
+        b as i128 - a as i128
+    }
+}
+
+/// Two reports side by side, per function name.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ReportDiff {
+    /// The rows, largest change of the sort key first.
+    pub rows: Vec<DiffRow>,
+}
+
+fn fmt_change(d: i128) -> String {
+    let sign = if d < 0 { '-' } else { '+' };
+    let t = fmt_duration(d.unsigned_abs().min(u64::MAX as u128) as u64);
+    format!("{sign}{}", t.trim_start())
+}
+
+impl ReportDiff {
+    /// Matches the rows of `a` and `b` by function name; sorted by the
+    /// absolute change of `key` (descending; ties by name).
+    pub fn new(a: &Report, b: &Report, key: SortKey) -> ReportDiff {
+        let mut by: std::collections::BTreeMap<&str, DiffRow> = Default::default();
+        for r in &a.rows {
+            let d = by.entry(&r.name).or_default();
+            d.calls_a += r.calls;
+            d.total_ns_a += r.total_ns;
+            d.self_ns_a += r.self_ns;
+            d.avg_ns_a = r.avg_ns;
+            d.max_ns_a = d.max_ns_a.max(r.max_ns);
+        }
+        for r in &b.rows {
+            let d = by.entry(&r.name).or_default();
+            d.calls_b += r.calls;
+            d.total_ns_b += r.total_ns;
+            d.self_ns_b += r.self_ns;
+            d.avg_ns_b = r.avg_ns;
+            d.max_ns_b = d.max_ns_b.max(r.max_ns);
+        }
+        let mut rows: Vec<DiffRow> = by
+            .into_iter()
+            .map(|(name, mut d)| {
+                d.function = name.to_string();
+                d
+            })
+            .collect();
+        rows.sort_by(|x, y| {
+            y.change(key)
+                .unsigned_abs()
+                .cmp(&x.change(key).unsigned_abs())
+                .then(x.function.cmp(&y.function))
+        });
+        ReportDiff { rows }
+    }
+
+    /// The table as text: calls, total and self time of A and B and the
+    /// change (B − A; total also in percent).
+    pub fn to_text(&self) -> String {
+        let mut s = String::new();
+        s.push_str(
+            "   Calls A    Calls B    Change     Total A     Total B       Change       %      Self A      Self B       Change  Function\n",
+        );
+        s.push_str(
+            "  ========  ========  ========  ==========  ==========  ===========  ======  ==========  ==========  ===========  ====================\n",
+        );
+        for r in &self.rows {
+            let pct = if r.total_ns_a > 0 {
+                format!(
+                    "{:+.1}",
+                    r.change(SortKey::Total) as f64 * 100.0 / r.total_ns_a as f64
+                )
+            } else {
+                "new".to_string()
+            };
+            s.push_str(&format!(
+                "  {:>8}  {:>8}  {:>+8}  {}  {}  {:>11}  {:>6}  {}  {}  {:>11}  {}\n",
+                r.calls_a,
+                r.calls_b,
+                r.change(SortKey::Calls),
+                fmt_duration(r.total_ns_a),
+                fmt_duration(r.total_ns_b),
+                fmt_change(r.change(SortKey::Total)),
+                pct,
+                fmt_duration(r.self_ns_a),
+                fmt_duration(r.self_ns_b),
+                fmt_change(r.change(SortKey::SelfTime)),
+                r.function
+            ));
+        }
+        s
+    }
 }
 
 /// Which probes split the run into phases.
@@ -515,8 +851,9 @@ impl PhaseSpec {
     }
 }
 
-/// One phase of a [`PhaseReport`].
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// One phase of a [`PhaseReport`] (JSON: `name`, `start_ns`, `end_ns`,
+/// `rows`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Phase {
     /// Marker name (`name#2` for its second occurrence; `(start)` before
     /// the first marker).
@@ -526,6 +863,7 @@ pub struct Phase {
     /// End time (ns): the next marker, or the end of the trace.
     pub end_ns: u64,
     /// Calls started in the phase, per function.
+    #[serde(flatten)]
     pub report: Report,
 }
 
@@ -537,7 +875,7 @@ impl Phase {
 }
 
 /// Counts and time per phase per function.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct PhaseReport {
     /// Phases in time order (the `(start)` phase only when it has calls).
     pub phases: Vec<Phase>,
@@ -591,6 +929,17 @@ fn phase_names(markers: &[(u64, u32)], syms: &SymbolTable) -> Vec<(String, u64)>
 pub fn report_phases(
     reader: &TraceReader,
     spec: &PhaseSpec,
+    progress: Progress<'_>,
+) -> Result<PhaseReport> {
+    report_phases_filtered(reader, spec, &CompiledQuery::all(), progress)
+}
+
+/// [`report_phases`] of the calls a query keeps (the markers split the run
+/// whatever the query keeps).
+pub fn report_phases_filtered(
+    reader: &TraceReader,
+    spec: &PhaseSpec,
+    query: &CompiledQuery,
     mut progress: Progress<'_>,
 ) -> Result<PhaseReport> {
     let syms = reader.symbols();
@@ -667,6 +1016,9 @@ pub fn report_phases(
     let total = reader.total_bytes();
     let mut done = 0;
     for (tid, ms, _) in &per_thread {
+        if !query.keeps_thread(*tid) {
+            continue;
+        }
         let names = if spec.per_thread {
             phase_names(ms, syms)
         } else {
@@ -674,7 +1026,7 @@ pub fn report_phases(
         };
         let st = reader.thread(*tid)?;
         let path = st.path().to_path_buf();
-        let mut cs = CallStack::new();
+        let mut cs = QueryStack::new(query);
         let mut visit = |s: Step| {
             if let Step::Leave { start, .. } = s {
                 let i = names.partition_point(|(_, ts)| *ts <= start);

@@ -9,8 +9,14 @@
 //! * [`TraceReader`] opens a directory; [`ThreadStream`] decodes a thread's
 //!   [`Record`]s with absolute ns times, returning an error naming the file
 //!   and byte offset on corrupt or truncated input.
-//! * [`analysis`]: [`replay`], [`report`], [`report_phases`].
-//! * [`export`]: Chrome Trace Event JSON, CTF 1.8, folded stacks.
+//! * [`analysis`]: [`replay`], [`report`], [`report_phases`], per thread
+//!   ([`report_by_thread`]), two traces compared ([`ReportDiff`]), latency
+//!   [`Histogram`]s; all of them over the calls a [`Query`] keeps
+//!   (function, depth, duration, thread and time filters, [`query`]).
+//! * [`summarize`]: what `hotprobe info` prints.
+//! * [`export`]: Chrome Trace Event JSON, CTF 1.8, folded stacks; with
+//!   features, flame graphs (`flamegraph`: SVG, HTML), OpenTelemetry
+//!   protobuf (`otlp`) and Parquet (`parquet`).
 #![deny(missing_docs)]
 
 pub mod analysis;
@@ -19,24 +25,38 @@ mod event;
 pub mod export;
 pub mod filter;
 pub mod format;
+mod hist;
 mod info;
+pub mod query;
 mod reader;
+mod summary;
 mod symbols;
 pub mod varint;
 mod writer;
 
 pub use analysis::{
-    replay, report, report_phases, CallStack, Phase, PhaseReport, PhaseSpec, Progress, Report,
-    ReportRow, Step,
+    fmt_duration, histograms, replay, replay_filtered, report, report_by_thread, report_filtered,
+    report_phases, report_phases_filtered, visit_threads, CallStack, DiffRow, Phase, PhaseReport,
+    PhaseSpec, Progress, Report, ReportDiff, ReportRow, SortKey, Step, ThreadReport,
 };
 pub use error::{Result, TraceError};
 pub use event::{Args, EventKind, Record, TimeBase, TraceEvent, MAX_ARGS};
 pub use export::{
-    export_chrome, export_ctf, export_folded, ChromeStats, CtfStats, FoldedOptions, FoldedValue,
+    export_chrome, export_ctf, export_folded, folded_stacks, value_string, ChromeStats, CtfStats,
+    FoldedOptions, FoldedValue,
 };
+#[cfg(feature = "flamegraph")]
+pub use export::{export_flamegraph, FlameOptions, FlameStats};
+#[cfg(feature = "otlp")]
+pub use export::{export_otlp, OtlpOptions, OtlpSignal, OtlpStats};
+#[cfg(feature = "parquet")]
+pub use export::{export_parquet, ParquetStats};
 pub use filter::{CompiledFilter, Filter, FilterStats, ThreadFilter};
 pub use format::KindCounts;
+pub use hist::{fmt_bound, Bucket, Histogram};
 pub use info::{Info, ThreadInfo, WriteStats, FORMAT_NAME, FORMAT_VERSION};
+pub use query::{CompiledQuery, Query, QueryStack};
 pub use reader::{StreamFile, ThreadStream, TraceReader};
+pub use summary::{rfc3339, summarize, ThreadSummary, TraceSummary};
 pub use symbols::{ProbeKind, Symbol, SymbolTable};
 pub use writer::{stream_file_name, TraceMeta, TraceWriter, INFO_FILE, SYMBOLS_FILE};

@@ -26,6 +26,22 @@ fn us(ns: u64) -> f64 {
     ns as f64 / 1000.0
 }
 
+/// A 64-bit register value as a JSON string (JavaScript numbers lose
+/// integers above 2^53): signed decimal when |value| < 2^32 as a signed
+/// integer (`"-1"`, `"42"`), else the 64 bits in hex (`"0x7ffd12345678"`).
+pub fn value_string(v: u64) -> String {
+    let s = v as i64;
+    if s.unsigned_abs() < (1 << 32) {
+        s.to_string()
+    } else {
+        format!("{v:#x}")
+    }
+}
+
+fn values(args: &[u64]) -> serde_json::Value {
+    args.iter().map(|&a| value_string(a)).collect()
+}
+
 /// Writes the trace as Trace Event JSON: an object with `traceEvents`
 /// (`B`/`E` for entries and exits, `X` with `dur` for aggregated calls, `i`
 /// for hits, `M` for process and thread names), times in µs.
@@ -76,7 +92,7 @@ pub fn export_chrome(
                     let mut e =
                         json!({"ph":"B","name":syms.name(probe),"pid":pid,"tid":tid,"ts":us(ts)});
                     if !args.is_empty() {
-                        e["args"] = json!({"args": args.as_slice()});
+                        e["args"] = json!({"args": values(args.as_slice())});
                     }
                     e
                 }
@@ -98,10 +114,10 @@ pub fn export_chrome(
                     };
                     let mut a = serde_json::Map::new();
                     if !args.is_empty() {
-                        a.insert("args".into(), json!(args.as_slice()));
+                        a.insert("args".into(), values(args.as_slice()));
                     }
                     if let Some(r) = ret {
-                        a.insert("retval".into(), json!(r));
+                        a.insert("retval".into(), json!(value_string(r)));
                     }
                     if !a.is_empty() {
                         e["args"] = a.into();
@@ -112,7 +128,7 @@ pub fn export_chrome(
                     probe, ts, args, ..
                 } => {
                     stats.instants += 1;
-                    json!({"ph":"i","s":"t","name":syms.name(probe),"pid":pid,"tid":tid,"ts":us(ts),"args":{"args":args.as_slice()}})
+                    json!({"ph":"i","s":"t","name":syms.name(probe),"pid":pid,"tid":tid,"ts":us(ts),"args":{"args":values(args.as_slice())}})
                 }
                 Step::Lost { ts, count } => {
                     stats.instants += 1;

@@ -3,8 +3,9 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 
-use crate::analysis::{CallStack, Progress, Step};
+use crate::analysis::{visit_threads, Progress, Step};
 use crate::error::{Result, TraceError};
+use crate::query::CompiledQuery;
 use crate::reader::TraceReader;
 
 /// What each folded line counts.
@@ -32,21 +33,40 @@ pub fn export_folded(
     reader: &TraceReader,
     out: &mut impl Write,
     opts: FoldedOptions,
-    mut progress: Progress<'_>,
+    progress: Progress<'_>,
 ) -> Result<u64> {
+    let acc = folded_stacks(reader, &CompiledQuery::all(), opts, progress)?;
+    let mut n = 0;
+    for (k, v) in acc {
+        writeln!(out, "{k} {v}").map_err(|e| TraceError::io("<folded output>", e))?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// The folded stacks of the calls `query` keeps: stack (`a;b;c`, `;` in
+/// names replaced by `:`) → value, values of 0 left out.
+pub fn folded_stacks(
+    reader: &TraceReader,
+    query: &CompiledQuery,
+    opts: FoldedOptions,
+    progress: Progress<'_>,
+) -> Result<BTreeMap<String, u64>> {
     let syms = reader.symbols();
     let mut acc: BTreeMap<String, u64> = BTreeMap::new();
-    let total = reader.total_bytes();
-    let mut done = 0;
-    for st in reader.threads()? {
-        let path = st.path().to_path_buf();
-        let mut names: Vec<String> = Vec::new();
-        if opts.per_thread {
-            names.push(format!("tid-{}", st.tid()));
+    let mut names: Vec<String> = Vec::new();
+    let mut cur: Option<u32> = None;
+    let mut base = 0;
+    visit_threads(reader, query, progress, |tid, s| {
+        if cur != Some(tid) {
+            cur = Some(tid);
+            names.clear();
+            if opts.per_thread {
+                names.push(format!("tid-{tid}"));
+            }
+            base = names.len();
         }
-        let base = names.len();
-        let mut cs = CallStack::new();
-        let mut visit = |s: Step| match s {
+        match s {
             Step::Enter { probe, .. } => names.push(syms.name(probe).replace(';', ":")),
             Step::Leave {
                 probe,
@@ -67,23 +87,8 @@ pub fn export_folded(
                 }
             }
             _ => {}
-        };
-        for r in st {
-            cs.feed(&r?, &mut visit);
         }
-        cs.finish(&mut visit);
-        done += std::fs::metadata(&path).map_or(0, |m| m.len());
-        if let Some(p) = progress.as_mut() {
-            p(done, total);
-        }
-    }
-    let mut n = 0;
-    for (k, v) in acc {
-        if v == 0 {
-            continue;
-        }
-        writeln!(out, "{k} {v}").map_err(|e| TraceError::io("<folded output>", e))?;
-        n += 1;
-    }
-    Ok(n)
+    })?;
+    acc.retain(|_, v| *v > 0);
+    Ok(acc)
 }

@@ -2,8 +2,20 @@
 
 mod chrome;
 mod ctf;
+#[cfg(feature = "flamegraph")]
+mod flame;
 mod folded;
+#[cfg(feature = "otlp")]
+mod otlp;
+#[cfg(feature = "parquet")]
+mod parquet;
 
-pub use chrome::{export_chrome, ChromeStats};
+pub use chrome::{export_chrome, value_string, ChromeStats};
 pub use ctf::{export_ctf, CtfStats};
-pub use folded::{export_folded, FoldedOptions, FoldedValue};
+#[cfg(feature = "flamegraph")]
+pub use flame::{export_flamegraph, FlameOptions, FlameStats};
+pub use folded::{export_folded, folded_stacks, FoldedOptions, FoldedValue};
+#[cfg(feature = "otlp")]
+pub use otlp::{export_otlp, OtlpOptions, OtlpSignal, OtlpStats};
+#[cfg(feature = "parquet")]
+pub use parquet::{export_parquet, ParquetStats};

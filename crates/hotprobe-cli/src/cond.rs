@@ -1,0 +1,448 @@
+//! Argument conditions of `count` probes: `'PROBE if CONDITION'`.
+//!
+//! ```text
+//! condition  := or
+//! or         := and ( "||" and )*
+//! and        := unary ( "&&" unary )*
+//! unary      := "!" unary | "(" or ")" | comparison
+//! comparison := operand ( "==" | "!=" | "<" | "<=" | ">" | ">=" ) operand
+//! operand    := "arg0" … "arg5" | integer      (decimal or 0x hex, optional "-")
+//! ```
+//!
+//! Arguments are the entry's argument registers (rdi, rsi, rdx, rcx, r8,
+//! r9) compared as signed 64-bit integers: `arg0 < 0` holds for -1. A
+//! comparison naming an argument the event did not record is false.
+
+/// A comparison operator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// `==`
+    Eq,
+    /// `!=`
+    Ne,
+    /// `<`
+    Lt,
+    /// `<=`
+    Le,
+    /// `>`
+    Gt,
+    /// `>=`
+    Ge,
+}
+
+/// A comparison operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operand {
+    /// Argument register N (0–5).
+    Arg(u8),
+    /// A constant.
+    Const(i64),
+}
+
+/// A parsed condition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cond {
+    /// `a OP b`.
+    Cmp(Operand, Op, Operand),
+    /// `a && b`.
+    And(Box<Cond>, Box<Cond>),
+    /// `a || b`.
+    Or(Box<Cond>, Box<Cond>),
+    /// `!a`.
+    Not(Box<Cond>),
+}
+
+/// Why a condition does not parse; `pos` is the 1-based column.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CondError {
+    /// Something else was expected here.
+    #[error("column {pos}: expected {expected}, found `{found}`")]
+    Unexpected {
+        /// Column.
+        pos: usize,
+        /// What was found.
+        found: String,
+        /// What would have been accepted.
+        expected: &'static str,
+    },
+    /// The condition ended too early.
+    #[error("column {pos}: expected {expected}, found the end of the condition")]
+    End {
+        /// Column.
+        pos: usize,
+        /// What would have been accepted.
+        expected: &'static str,
+    },
+    /// A number out of range or malformed.
+    #[error("column {pos}: `{text}` is not a 64-bit integer")]
+    BadNumber {
+        /// Column.
+        pos: usize,
+        /// The text.
+        text: String,
+    },
+    /// `argN` with N > 5.
+    #[error("column {pos}: arg{n} does not exist (arg0 to arg5: rdi, rsi, rdx, rcx, r8, r9)")]
+    NoSuchArg {
+        /// Column.
+        pos: usize,
+        /// N.
+        n: u64,
+    },
+    /// A name that is not an argument.
+    #[error("column {pos}: unknown name `{name}` (arg0 to arg5)")]
+    UnknownName {
+        /// Column.
+        pos: usize,
+        /// The name.
+        name: String,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Tok {
+    Name(String),
+    Num(i64),
+    Op(Op),
+    And,
+    Or,
+    Not,
+    LParen,
+    RParen,
+}
+
+fn lex(s: &str) -> Result<Vec<(usize, Tok)>, CondError> {
+    let b: Vec<char> = s.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        let pos = i + 1;
+        if c.is_whitespace() {
+            i += 1;
+            continue;
+        }
+        let two: String = b[i..(i + 2).min(b.len())].iter().collect();
+        let (tok, n) = match (c, two.as_str()) {
+            (_, "&&") => (Tok::And, 2),
+            (_, "||") => (Tok::Or, 2),
+            (_, "==") => (Tok::Op(Op::Eq), 2),
+            (_, "!=") => (Tok::Op(Op::Ne), 2),
+            (_, "<=") => (Tok::Op(Op::Le), 2),
+            (_, ">=") => (Tok::Op(Op::Ge), 2),
+            ('<', _) => (Tok::Op(Op::Lt), 1),
+            ('>', _) => (Tok::Op(Op::Gt), 1),
+            ('!', _) => (Tok::Not, 1),
+            ('(', _) => (Tok::LParen, 1),
+            (')', _) => (Tok::RParen, 1),
+            _ if c.is_ascii_digit() || c == '-' => {
+                let mut j = i + 1;
+                while j < b.len() && b[j].is_ascii_alphanumeric() {
+                    j += 1;
+                }
+                let text: String = b[i..j].iter().collect();
+                let (neg, body) = match text.strip_prefix('-') {
+                    Some(r) => (true, r),
+                    None => (false, text.as_str()),
+                };
+                let mag = match body.strip_prefix("0x").or_else(|| body.strip_prefix("0X")) {
+                    Some(h) => u64::from_str_radix(h, 16).ok(),
+                    None => body.parse::<u64>().ok(),
+                };
+                let v = match (mag, neg) {
+                    (Some(m), false) => Some(m as i64),
+                    (Some(m), true) if m <= 1 << 63 => Some((m as i64).wrapping_neg()),
+                    _ => None,
+                };
+                match v {
+                    Some(v) => (Tok::Num(v), j - i),
+                    None => return Err(CondError::BadNumber { pos, text }),
+                }
+            }
+            _ if c.is_ascii_alphabetic() || c == '_' => {
+                let mut j = i + 1;
+                while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == '_') {
+                    j += 1;
+                }
+                (Tok::Name(b[i..j].iter().collect()), j - i)
+            }
+            _ => {
+                return Err(CondError::Unexpected {
+                    pos,
+                    found: c.to_string(),
+                    expected: "an argument, a number, an operator or a parenthesis",
+                })
+            }
+        };
+        out.push((pos, tok));
+        i += n;
+    }
+    Ok(out)
+}
+
+struct Parser {
+    toks: Vec<(usize, Tok)>,
+    at: usize,
+    end: usize,
+}
+
+impl Parser {
+    fn peek(&self) -> Option<&Tok> {
+        self.toks.get(self.at).map(|t| &t.1)
+    }
+
+    fn pos(&self) -> usize {
+        self.toks.get(self.at).map_or(self.end, |t| t.0)
+    }
+
+    fn err(&self, expected: &'static str) -> CondError {
+        match self.toks.get(self.at) {
+            Some((pos, t)) => CondError::Unexpected {
+                pos: *pos,
+                found: show(t),
+                expected,
+            },
+            None => CondError::End {
+                pos: self.end,
+                expected,
+            },
+        }
+    }
+
+    fn or(&mut self) -> Result<Cond, CondError> {
+        let mut l = self.and()?;
+        while self.peek() == Some(&Tok::Or) {
+            self.at += 1;
+            l = Cond::Or(Box::new(l), Box::new(self.and()?));
+        }
+        Ok(l)
+    }
+
+    fn and(&mut self) -> Result<Cond, CondError> {
+        let mut l = self.unary()?;
+        while self.peek() == Some(&Tok::And) {
+            self.at += 1;
+            l = Cond::And(Box::new(l), Box::new(self.unary()?));
+        }
+        Ok(l)
+    }
+
+    fn unary(&mut self) -> Result<Cond, CondError> {
+        match self.peek() {
+            Some(Tok::Not) => {
+                self.at += 1;
+                Ok(Cond::Not(Box::new(self.unary()?)))
+            }
+            Some(Tok::LParen) => {
+                self.at += 1;
+                let c = self.or()?;
+                if self.peek() != Some(&Tok::RParen) {
+                    return Err(self.err("`)`"));
+                }
+                self.at += 1;
+                Ok(c)
+            }
+            _ => {
+                let a = self.operand()?;
+                let op = match self.peek() {
+                    Some(Tok::Op(op)) => *op,
+                    _ => return Err(self.err("a comparison (== != < <= > >=)")),
+                };
+                self.at += 1;
+                let b = self.operand()?;
+                Ok(Cond::Cmp(a, op, b))
+            }
+        }
+    }
+
+    fn operand(&mut self) -> Result<Operand, CondError> {
+        let pos = self.pos();
+        let r = match self.peek() {
+            Some(Tok::Num(v)) => Operand::Const(*v),
+            Some(Tok::Name(n)) => {
+                let idx = n
+                    .strip_prefix("arg")
+                    .filter(|d| !d.is_empty() && d.bytes().all(|c| c.is_ascii_digit()));
+                match idx.map(|d| d.parse::<u64>().unwrap_or(u64::MAX)) {
+                    Some(k) if k < 6 => Operand::Arg(k as u8),
+                    Some(k) => return Err(CondError::NoSuchArg { pos, n: k }),
+                    None => {
+                        return Err(CondError::UnknownName {
+                            pos,
+                            name: n.clone(),
+                        })
+                    }
+                }
+            }
+            _ => return Err(self.err("an argument (arg0 to arg5) or a number")),
+        };
+        self.at += 1;
+        Ok(r)
+    }
+}
+
+fn show(t: &Tok) -> String {
+    match t {
+        Tok::Name(n) => n.clone(),
+        Tok::Num(v) => v.to_string(),
+        Tok::Op(op) => match op {
+            Op::Eq => "==",
+            Op::Ne => "!=",
+            Op::Lt => "<",
+            Op::Le => "<=",
+            Op::Gt => ">",
+            Op::Ge => ">=",
+        }
+        .into(),
+        Tok::And => "&&".into(),
+        Tok::Or => "||".into(),
+        Tok::Not => "!".into(),
+        Tok::LParen => "(".into(),
+        Tok::RParen => ")".into(),
+    }
+}
+
+impl Cond {
+    /// Parses a condition.
+    pub fn parse(s: &str) -> Result<Cond, CondError> {
+        let toks = lex(s)?;
+        let mut p = Parser {
+            toks,
+            at: 0,
+            end: s.chars().count() + 1,
+        };
+        let c = p.or()?;
+        if p.at < p.toks.len() {
+            return Err(p.err("`&&`, `||` or the end"));
+        }
+        Ok(c)
+    }
+
+    /// Whether the condition holds for these argument values (a
+    /// comparison with an argument not in `args` is false).
+    pub fn eval(&self, args: &[u64]) -> bool {
+        match self {
+            Cond::Cmp(a, op, b) => {
+                let v = |o: &Operand| match *o {
+                    Operand::Arg(k) => args.get(k as usize).map(|&x| x as i64),
+                    Operand::Const(c) => Some(c),
+                };
+                let (Some(x), Some(y)) = (v(a), v(b)) else {
+                    return false;
+                };
+                match op {
+                    Op::Eq => x == y,
+                    Op::Ne => x != y,
+                    Op::Lt => x < y,
+                    Op::Le => x <= y,
+                    Op::Gt => x > y,
+                    Op::Ge => x >= y,
+                }
+            }
+            Cond::And(a, b) => a.eval(args) && b.eval(args),
+            Cond::Or(a, b) => a.eval(args) || b.eval(args),
+            Cond::Not(a) => !a.eval(args),
+        }
+    }
+
+    /// Arguments needed: 1 + the highest argN named (0 for none).
+    pub fn args_needed(&self) -> u8 {
+        match self {
+            Cond::Cmp(a, _, b) => {
+                let n = |o: &Operand| match *o {
+                    Operand::Arg(k) => k + 1,
+                    Operand::Const(_) => 0,
+                };
+                n(a).max(n(b))
+            }
+            Cond::And(a, b) | Cond::Or(a, b) => a.args_needed().max(b.args_needed()),
+            Cond::Not(a) => a.args_needed(),
+        }
+    }
+}
+
+/// Splits `PROBE if CONDITION` into the probe spec and the condition text
+/// (`if` surrounded by whitespace).
+pub fn split_spec(spec: &str) -> (&str, Option<&str>) {
+    let mut words = spec.split_whitespace();
+    if words.clone().nth(1) != Some("if") {
+        return (spec.trim(), None);
+    }
+    let probe = words.next().unwrap_or("");
+    let at = spec
+        .find(" if ")
+        .or_else(|| spec.find("\tif\t"))
+        .or_else(|| spec.find(" if\t"))
+        .or_else(|| spec.find("\tif "))
+        .unwrap_or(spec.len());
+    let rest = spec.get(at + 4..).unwrap_or("");
+    (probe, Some(rest.trim()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_evaluates() {
+        let c = Cond::parse("arg0 > 5").unwrap();
+        assert!(c.eval(&[6]));
+        assert!(!c.eval(&[5]));
+        assert!(!c.eval(&[u64::MAX]), "signed: -1 < 5");
+        assert!(!c.eval(&[]), "missing argument");
+        let c = Cond::parse("(arg0>=2 && arg1 != 0x10) || !(arg2 < -1)").unwrap();
+        assert_eq!(c.args_needed(), 3);
+        assert!(c.eval(&[2, 0, -5i64 as u64]));
+        assert!(!c.eval(&[1, 0, -5i64 as u64]));
+        assert!(c.eval(&[1, 0, 0]));
+        assert!(Cond::parse("arg1 == -9223372036854775808").is_ok());
+        assert!(Cond::parse("1 < arg5").unwrap().eval(&[0, 0, 0, 0, 0, 2]));
+    }
+
+    #[test]
+    fn typed_errors() {
+        use CondError::*;
+        assert_eq!(
+            Cond::parse("arg0 >"),
+            Err(End {
+                pos: 7,
+                expected: "an argument (arg0 to arg5) or a number"
+            })
+        );
+        assert_eq!(Cond::parse("arg6 == 1"), Err(NoSuchArg { pos: 1, n: 6 }));
+        assert_eq!(
+            Cond::parse("x == 1"),
+            Err(UnknownName {
+                pos: 1,
+                name: "x".into()
+            })
+        );
+        assert!(matches!(
+            Cond::parse("arg0 = 1"),
+            Err(Unexpected { pos: 6, .. })
+        ));
+        assert!(matches!(
+            Cond::parse("arg0 == 99999999999999999999"),
+            Err(BadNumber { pos: 9, .. })
+        ));
+        assert!(matches!(Cond::parse("(arg0 == 1"), Err(End { .. })));
+        assert!(matches!(
+            Cond::parse("arg0 == 1 arg1"),
+            Err(Unexpected { pos: 11, .. })
+        ));
+        assert!(matches!(Cond::parse("arg0 == 1 $"), Err(Unexpected { .. })));
+        let e = Cond::parse("arg0 >").unwrap_err().to_string();
+        assert!(e.starts_with("column 7: expected an argument"), "{e}");
+    }
+
+    #[test]
+    fn specs() {
+        assert_eq!(split_spec("leaf"), ("leaf", None));
+        assert_eq!(split_spec("leaf if arg0 > 2"), ("leaf", Some("arg0 > 2")));
+        assert_eq!(
+            split_spec("lib.so:f if  arg1==0"),
+            ("lib.so:f", Some("arg1==0"))
+        );
+        assert_eq!(split_spec("iffy"), ("iffy", None));
+    }
+}

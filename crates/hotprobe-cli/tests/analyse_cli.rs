@@ -1,0 +1,1033 @@
+//! The questions asked of a trace after recording, against a program that
+//! logs its own calls (tests/programs/calls.c: tree, arguments, and
+//! durations measured inside each call): `replay`/`report` filters (-F, -N,
+//! -D, -t, --tid, --since/--until), `report` sorting, avg/min/max,
+//! --task, --diff, --hist, --flame and --json, `info`, `count --hist`,
+//! `--json` and argument conditions, and the exports: flame graphs
+//! rendered by rsvg-convert, OTLP decoded by the Python opentelemetry-proto
+//! package on a local receiver, Parquet read by DuckDB, Chrome arguments as
+//! strings.
+//!
+//! The Python checks use the virtualenv scripts/setup.sh makes at the
+//! repository root (`.venv`); they fail with a message saying so when it
+//! is missing, unless HOTPROBE_SKIP_PY=1.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+fn tmp() -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("analyse-cli");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn calls_program() -> PathBuf {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/calls.c");
+        gcc(
+            &src,
+            &tmp().join("calls"),
+            &["-O1", "-fno-inline", "-fno-optimize-sibling-calls"],
+        )
+    })
+    .clone()
+}
+
+/// One call as the program logged it.
+#[derive(Clone, Debug)]
+struct Call {
+    tid: u32,
+    depth: usize,
+    name: String,
+    arg: i64,
+    t0: u64,
+    t1: u64,
+}
+
+impl Call {
+    fn dur(&self) -> u64 {
+        self.t1 - self.t0
+    }
+}
+
+fn parse_calls(out: &str) -> Vec<Call> {
+    out.lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(f.len(), 6, "odd program line {l:?}");
+            Call {
+                tid: f[0].parse().unwrap(),
+                depth: f[1].parse().unwrap(),
+                name: f[2].to_string(),
+                arg: f[3].parse().unwrap(),
+                t0: f[4].parse().unwrap(),
+                t1: f[5].parse().unwrap(),
+            }
+        })
+        .collect()
+}
+
+struct Run {
+    dir: PathBuf,
+    calls: Vec<Call>,
+}
+
+impl Run {
+    fn d(&self) -> &str {
+        self.dir.to_str().unwrap()
+    }
+    fn tids(&self) -> Vec<u32> {
+        let mut t: Vec<u32> = self.calls.iter().map(|c| c.tid).collect();
+        t.dedup();
+        t
+    }
+    fn count(&self, f: impl Fn(&Call) -> bool) -> u64 {
+        self.calls.iter().filter(|c| f(c)).count() as u64
+    }
+    fn per_function(&self) -> BTreeMap<String, u64> {
+        let mut m = BTreeMap::new();
+        for c in &self.calls {
+            *m.entry(c.name.clone()).or_default() += 1;
+        }
+        m
+    }
+}
+
+/// `calls N` recorded with 2 arguments (the program's note_* helpers
+/// left out).
+fn record(n: &str) -> Run {
+    let dir = tmp().join(format!("calls{n}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let prog = calls_program();
+    let o = hotprobe(&[
+        "record",
+        "-o",
+        dir.to_str().unwrap(),
+        "--exclude",
+        "note_*",
+        "--args",
+        "2",
+        "--",
+        prog.to_str().unwrap(),
+        n,
+    ]);
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "record failed: {err}");
+    assert!(err.contains("drops:    0 "), "{err}");
+    Run {
+        dir,
+        calls: parse_calls(&text(&o.stdout)),
+    }
+}
+
+fn run3() -> &'static Run {
+    static R: OnceLock<Run> = OnceLock::new();
+    R.get_or_init(|| record("3"))
+}
+
+fn run5() -> &'static Run {
+    static R: OnceLock<Run> = OnceLock::new();
+    R.get_or_init(|| record("5"))
+}
+
+/// Runs hotprobe, asserts success, returns stdout.
+fn ok(args: &[&str]) -> String {
+    let o = hotprobe(args);
+    assert!(
+        o.status.success(),
+        "hotprobe {args:?} failed: {}",
+        text(&o.stderr)
+    );
+    text(&o.stdout)
+}
+
+fn json(args: &[&str]) -> Value {
+    let out = ok(args);
+    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
+}
+
+/// A query, applied to the program's own log by [`expected`].
+#[derive(Clone, Default)]
+struct Q {
+    filter: Vec<&'static str>,
+    notrace: Vec<&'static str>,
+    depth: Option<usize>,
+    min_ns: Option<u64>,
+    tids: Vec<u32>,
+    since: Option<u64>,
+    until: Option<u64>,
+}
+
+impl Q {
+    /// The command line flags.
+    fn args(&self) -> Vec<String> {
+        let mut a = Vec::new();
+        for f in &self.filter {
+            a.extend(["-F".to_string(), f.to_string()]);
+        }
+        for f in &self.notrace {
+            a.extend(["-N".to_string(), f.to_string()]);
+        }
+        if let Some(d) = self.depth {
+            a.extend(["-D".into(), d.to_string()]);
+        }
+        if let Some(t) = self.min_ns {
+            a.extend(["-t".into(), format!("{t}ns")]);
+        }
+        for t in &self.tids {
+            a.extend(["--tid".into(), t.to_string()]);
+        }
+        if let Some(s) = self.since {
+            a.extend(["--since".into(), format!("{s}ns")]);
+        }
+        if let Some(u) = self.until {
+            a.extend(["--until".into(), format!("{u}ns")]);
+        }
+        a
+    }
+}
+
+/// `*` globs.
+fn glob(p: &str, s: &str) -> bool {
+    match p.split_once('*') {
+        None => p == s,
+        Some((head, rest)) => {
+            s.starts_with(head)
+                && (0..=s.len() - head.len()).any(|i| glob(rest, &s[head.len() + i..]))
+        }
+    }
+}
+
+/// Per thread, (depth, name) of the calls kept, in entry order.
+type Tree = BTreeMap<u32, Vec<(usize, String)>>;
+
+/// uftrace's filter semantics over the program's log: what `replay` with
+/// `q` must print.
+fn expected(calls: &[Call], q: &Q) -> Tree {
+    let start = calls.iter().map(|c| c.t0).min().unwrap();
+    let mut out = Tree::new();
+    // (blocked, in_filter, depth, candidate) of the open calls.
+    let mut stack: Vec<(bool, bool, usize, bool)> = Vec::new();
+    let mut tid = None;
+    for c in calls {
+        if tid != Some(c.tid) {
+            tid = Some(c.tid);
+            stack.clear();
+        }
+        stack.truncate(c.depth);
+        let p = stack.last().copied();
+        let blocked = p.is_some_and(|p| p.0) || q.notrace.iter().any(|g| glob(g, &c.name));
+        let in_filter = p.is_some_and(|p| p.1) || q.filter.iter().any(|g| glob(g, &c.name));
+        let depth = p.map_or(0, |p| p.2 + usize::from(p.3));
+        let rel = c.t0 - start;
+        let candidate = !blocked
+            && (q.filter.is_empty() || in_filter)
+            && q.depth.is_none_or(|d| depth < d)
+            && (q.tids.is_empty() || q.tids.contains(&c.tid))
+            && q.since.is_none_or(|s| rel >= s)
+            && q.until.is_none_or(|u| rel < u);
+        if candidate && q.min_ns.is_none_or(|m| c.dur() >= m) {
+            out.entry(c.tid).or_default().push((depth, c.name.clone()));
+        }
+        stack.push((blocked, in_filter, depth, candidate));
+    }
+    out
+}
+
+fn replayed(run: &Run, q: &Q) -> Tree {
+    let mut args = vec!["replay".to_string(), run.d().to_string()];
+    args.extend(q.args());
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut t = Tree::new();
+    for (tid, depth, name) in call_tree(&ok(&a)) {
+        t.entry(tid).or_default().push((depth, name));
+    }
+    t
+}
+
+/// `report --json` rows by function.
+fn report_rows(run: &Run, extra: &[&str]) -> (Value, BTreeMap<String, Value>) {
+    let mut a = vec!["report", run.d(), "--json"];
+    a.extend_from_slice(extra);
+    let v = json(&a);
+    let rows = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["function"].as_str().unwrap().to_string(), r.clone()))
+        .collect();
+    (v, rows)
+}
+
+fn calls_by_function(t: &Tree) -> BTreeMap<String, u64> {
+    let mut m = BTreeMap::new();
+    for (_, n) in t.values().flatten() {
+        *m.entry(n.clone()).or_default() += 1;
+    }
+    m
+}
+
+/// Two boundaries in the two widest gaps (≥ 5 ms) between call starts,
+/// relative to the trace start: (since, until), since < until.
+fn quiet_points(run: &Run) -> (u64, u64) {
+    let start = run.calls.iter().map(|c| c.t0).min().unwrap();
+    let mut s: Vec<u64> = run.calls.iter().map(|c| c.t0 - start).collect();
+    s.sort_unstable();
+    let mut gaps: Vec<(u64, u64)> = s.windows(2).map(|w| (w[1] - w[0], w[0])).collect();
+    gaps.sort_unstable_by(|a, b| b.cmp(a));
+    assert!(gaps[1].0 >= 5_000_000, "no two quiet gaps: {gaps:?}");
+    let mut m = [gaps[0].1 + gaps[0].0 / 2, gaps[1].1 + gaps[1].0 / 2];
+    m.sort_unstable();
+    (m[0], m[1])
+}
+
+#[test]
+fn replay_and_report_filters_keep_what_the_program_logged() {
+    let run = run3();
+    assert_eq!(run.tids().len(), 3);
+    let w = run.tids()[2];
+    let (since, until) = quiet_points(run);
+    let queries: Vec<(&str, Q)> = vec![
+        ("none", Q::default()),
+        (
+            "-F middle",
+            Q {
+                filter: vec!["middle"],
+                ..Q::default()
+            },
+        ),
+        (
+            "-F 'mid*' -F rec",
+            Q {
+                filter: vec!["mid*", "rec"],
+                ..Q::default()
+            },
+        ),
+        (
+            "-N middle",
+            Q {
+                notrace: vec!["middle"],
+                ..Q::default()
+            },
+        ),
+        (
+            "-F outer -N slow -D 2",
+            Q {
+                filter: vec!["outer"],
+                notrace: vec!["slow"],
+                depth: Some(2),
+                ..Q::default()
+            },
+        ),
+        (
+            "-D 2",
+            Q {
+                depth: Some(2),
+                ..Q::default()
+            },
+        ),
+        (
+            "-t 5ms",
+            Q {
+                min_ns: Some(5_000_000),
+                ..Q::default()
+            },
+        ),
+        (
+            "--tid",
+            Q {
+                tids: vec![w],
+                ..Q::default()
+            },
+        ),
+        (
+            "--since",
+            Q {
+                since: Some(since),
+                ..Q::default()
+            },
+        ),
+        (
+            "--until",
+            Q {
+                until: Some(until),
+                ..Q::default()
+            },
+        ),
+        (
+            "--since --until",
+            Q {
+                since: Some(since),
+                until: Some(until),
+                ..Q::default()
+            },
+        ),
+    ];
+    for (what, q) in &queries {
+        let want = expected(&run.calls, q);
+        assert_eq!(replayed(run, q), want, "replay {what}");
+        // The report counts the same calls.
+        let args = q.args();
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (v, rows) = report_rows(run, &a);
+        let got: BTreeMap<String, u64> = rows
+            .iter()
+            .map(|(k, r)| (k.clone(), r["calls"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(got, calls_by_function(&want), "report {what}");
+        assert_eq!(
+            v["calls"].as_u64().unwrap(),
+            want.values().map(|t| t.len() as u64).sum::<u64>()
+        );
+    }
+    // The window filters matter: each keeps some calls and leaves some.
+    let all: usize = run.calls.len();
+    for q in &queries[8..] {
+        let n: usize = expected(&run.calls, &q.1).values().map(Vec::len).sum();
+        assert!(n > 0 && n < all, "{}: {n} of {all}", q.0);
+    }
+}
+
+#[test]
+fn report_columns_sorting_and_threads() {
+    let run = run3();
+    let (_, rows) = report_rows(run, &[]);
+    // min/max/avg against the program's own durations, taken inside each
+    // call (so never longer than the recorded ones but for the error of
+    // the recorder's TSC calibration: 50 ms, two clock pairs; allow 2 %).
+    for (name, r) in &rows {
+        let durs: Vec<u64> = run
+            .calls
+            .iter()
+            .filter(|c| &c.name == name)
+            .map(Call::dur)
+            .collect();
+        let (min, max, avg) = (
+            r["min_ns"].as_u64().unwrap(),
+            r["max_ns"].as_u64().unwrap(),
+            r["avg_ns"].as_u64().unwrap(),
+        );
+        let low = |v: u64| v as f64 * 0.98;
+        assert!(
+            min as f64 >= low(*durs.iter().min().unwrap()),
+            "{name}: {r}"
+        );
+        assert!(
+            max as f64 >= low(*durs.iter().max().unwrap()),
+            "{name}: {r}"
+        );
+        assert!(min <= avg && avg <= max, "{name}: {r}");
+        assert_eq!(
+            r["module"].as_str().unwrap(),
+            calls_program().to_str().unwrap()
+        );
+    }
+    assert!(rows["slow"]["min_ns"].as_u64().unwrap() >= 19_600_000);
+    // Self times add up to the outermost calls' durations.
+    let selfs: u64 = rows.values().map(|r| r["self_ns"].as_u64().unwrap()).sum();
+    let roots =
+        rows["main"]["total_ns"].as_u64().unwrap() + rows["worker"]["total_ns"].as_u64().unwrap();
+    assert_eq!(selfs, roots);
+    // rec recurses: its total counts the outermost calls only.
+    assert!(
+        rows["rec"]["total_ns"].as_u64().unwrap() < rows["rec"]["avg_ns"].as_u64().unwrap() * 7
+    );
+    for (key, field) in [
+        ("total", "total_ns"),
+        ("self", "self_ns"),
+        ("calls", "calls"),
+        ("avg", "avg_ns"),
+        ("max", "max_ns"),
+    ] {
+        let v = json(&["report", run.d(), "-s", key, "--json"]);
+        assert_eq!(v["sort"], key);
+        let vals: Vec<u64> = v["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r[field].as_u64().unwrap())
+            .collect();
+        assert!(vals.windows(2).all(|w| w[0] >= w[1]), "-s {key}: {vals:?}");
+        assert_eq!(vals.len(), rows.len());
+    }
+    // The text table: the sort key's column is decreasing too, calls
+    // before the name.
+    let t = ok(&["report", run.d(), "-s", "calls"]);
+    assert!(
+        t.starts_with(
+            "  Total time   Self time     Average     Minimum     Maximum       Calls  Function"
+        ),
+        "{t}"
+    );
+    let calls: Vec<u64> = t
+        .lines()
+        .skip(2)
+        .map(|l| l.split_whitespace().rev().nth(1).unwrap().parse().unwrap())
+        .collect();
+    assert!(calls.windows(2).all(|w| w[0] >= w[1]), "{t}");
+    // --task: one table per thread, the program's per-thread counts.
+    let v = json(&["report", run.d(), "--task", "--json"]);
+    let threads = v["threads"].as_array().unwrap();
+    assert_eq!(threads.len(), 3);
+    for t in threads {
+        let tid = t["tid"].as_u64().unwrap() as u32;
+        for r in t["rows"].as_array().unwrap() {
+            let name = r["function"].as_str().unwrap();
+            assert_eq!(
+                r["calls"].as_u64().unwrap(),
+                run.count(|c| c.tid == tid && c.name == name),
+                "{tid} {name}"
+            );
+        }
+    }
+    let text = ok(&["report", run.d(), "--task"]);
+    for tid in run.tids() {
+        assert!(text.contains(&format!("# thread {tid}: ")), "{text}");
+    }
+    // --phases with a filter and JSON.
+    let v = json(&["report", run.d(), "--phases", "--marker", "late", "--json"]);
+    let phases = v["phases"].as_array().unwrap();
+    assert_eq!(phases.len(), 2, "{v}");
+    assert_eq!(phases[1]["name"], "late");
+}
+
+#[test]
+fn report_diff_hist_and_flame() {
+    let (a, b) = (run3(), run5());
+    let v = json(&["report", a.d(), "--diff", b.d(), "--json"]);
+    let (fa, fb) = (a.per_function(), b.per_function());
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), fa.len());
+    for r in rows {
+        let f = r["function"].as_str().unwrap();
+        assert_eq!(r["calls_a"].as_u64().unwrap(), fa[f], "{f}");
+        assert_eq!(r["calls_b"].as_u64().unwrap(), fb[f], "{f}");
+        assert!(r["total_ns_b"].as_u64().is_some() && r["self_ns_a"].as_u64().is_some());
+    }
+    // Sorted by the change of total time: N=5 has 2 more slow calls per
+    // thread... the largest changes come first.
+    let ch: Vec<u64> = rows
+        .iter()
+        .map(|r| {
+            r["total_ns_b"]
+                .as_u64()
+                .unwrap()
+                .abs_diff(r["total_ns_a"].as_u64().unwrap())
+        })
+        .collect();
+    assert!(ch.windows(2).all(|w| w[0] >= w[1]), "{ch:?}");
+    let text = ok(&["report", a.d(), "--diff", b.d(), "-s", "calls"]);
+    let leaf = text
+        .lines()
+        .find(|l| l.ends_with(" leaf"))
+        .expect("leaf row");
+    let f: Vec<&str> = leaf.split_whitespace().collect();
+    assert_eq!(
+        f[..3],
+        [
+            fa["leaf"].to_string(),
+            fb["leaf"].to_string(),
+            format!("+{}", fb["leaf"] - fa["leaf"])
+        ]
+    );
+
+    // --hist: the calls of slow, in log2 buckets.
+    let v = json(&["report", a.d(), "--hist", "slow", "--json"]);
+    let h = &v["histograms"][0];
+    assert_eq!(h["function"], "slow");
+    let n = a.count(|c| c.name == "slow");
+    assert_eq!(h["count"].as_u64().unwrap(), n);
+    let buckets = h["buckets"].as_array().unwrap();
+    let sum: u64 = buckets.iter().map(|b| b["count"].as_u64().unwrap()).sum();
+    assert_eq!(sum, n);
+    let (min, max) = (h["min_ns"].as_u64().unwrap(), h["max_ns"].as_u64().unwrap());
+    for b in buckets.iter().filter(|b| b["count"].as_u64() > Some(0)) {
+        let (lo, hi) = (b["lo_ns"].as_u64().unwrap(), b["hi_ns"].as_u64().unwrap());
+        assert!(lo <= max && hi > min, "{b} outside [{min}, {max}]");
+    }
+    let text = ok(&["report", a.d(), "--hist", "*f", "-N", "late"]);
+    assert!(text.starts_with("# leaf: "), "{text}");
+    for l in text.lines().filter(|l| l.starts_with('[')) {
+        let (label, bar) = l.split_once(" |").unwrap();
+        assert!(label.contains(", ") && label.contains(')'), "{l}");
+        assert!(bar.ends_with('|') && bar.len() == 53, "{l}");
+    }
+    let o = hotprobe(&["report", a.d(), "--hist", "nosuch"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text_of(&o.stderr).contains("no function matching `nosuch`"));
+
+    // --flame: DIR/flame.svg, which renders and names the hottest function.
+    let out = ok(&["report", a.d(), "--flame"]);
+    let svg = PathBuf::from(out.trim());
+    assert_eq!(svg, a.dir.join("flame.svg"));
+    let (_, rows) = report_rows(a, &["-s", "self"]);
+    let hottest = rows
+        .iter()
+        .max_by_key(|(_, r)| r["self_ns"].as_u64().unwrap())
+        .unwrap()
+        .0;
+    check_svg(&svg, &[hottest, "slow", "middle"]);
+}
+
+fn text_of(b: &[u8]) -> String {
+    text(b)
+}
+
+/// rsvg-convert renders `svg` to a non-empty PNG; its text names `names`.
+fn check_svg(svg: &Path, names: &[&str]) {
+    let s = std::fs::read_to_string(svg).unwrap();
+    for n in names {
+        assert!(
+            s.contains(&format!("<title>{n} (")),
+            "{n} not in {}",
+            svg.display()
+        );
+    }
+    let png = svg.with_extension("png");
+    let _ = std::fs::remove_file(&png);
+    let o = Command::new("rsvg-convert")
+        .arg("-o")
+        .arg(&png)
+        .arg(svg)
+        .output()
+        .expect("rsvg-convert runs (package librsvg2-bin, scripts/setup.sh)");
+    assert!(o.status.success(), "rsvg-convert: {}", text(&o.stderr));
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(bytes.len() > 1000, "PNG of {} bytes", bytes.len());
+    assert_eq!(&bytes[1..4], b"PNG");
+}
+
+#[test]
+fn export_flame_graphs_svg_and_html() {
+    let run = run3();
+    let svg = tmp().join(format!("calls-{}.svg", std::process::id()));
+    ok(&[
+        "export",
+        run.d(),
+        "--format",
+        "svg",
+        "-o",
+        svg.to_str().unwrap(),
+    ]);
+    check_svg(&svg, &["main", "worker", "slow"]);
+    let html = ok(&["export", run.d(), "--format", "html", "--calls"]);
+    assert!(html.starts_with("<!DOCTYPE html>"), "{}", &html[..200]);
+    assert!(html.contains("<svg ") && html.contains("function init(evt)"));
+    assert!(html.contains(" calls, "), "widths in calls");
+    assert!(html.trim_end().ends_with("</html>"));
+}
+
+#[test]
+fn info_describes_the_trace() {
+    let run = run3();
+    let v = json(&["info", run.d(), "--json"]);
+    let main_tid = run.calls[0].tid;
+    assert_eq!(v["format"], "hotprobe-trace");
+    assert_eq!(v["version"], 1);
+    assert_eq!(v["pid"].as_u64(), Some(main_tid as u64));
+    assert_eq!(
+        v["target"].as_str().unwrap(),
+        calls_program().to_str().unwrap()
+    );
+    assert_eq!(v["command"][1], "3");
+    assert_eq!(v["calls"].as_u64().unwrap(), run.calls.len() as u64);
+    assert_eq!(v["events"].as_u64().unwrap(), 2 * run.calls.len() as u64);
+    assert_eq!(v["lost"], 0);
+    assert!(v["complete"].as_bool().unwrap());
+    assert_eq!(v["time_base"]["unit"], "tsc");
+    assert_eq!(v["filter"]["exclude"][0], "note_*");
+    let tids: Vec<u32> = v["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["tid"].as_u64().unwrap() as u32)
+        .collect();
+    let mut want = run.tids();
+    want.sort_unstable();
+    assert_eq!(tids, want);
+    let main = &run.calls[0];
+    assert_eq!(main.name, "main");
+    assert!(v["duration_ns"].as_u64().unwrap() as f64 >= main.dur() as f64 * 0.98);
+    let info: Value =
+        serde_json::from_str(&std::fs::read_to_string(run.dir.join("info.json")).unwrap()).unwrap();
+    assert_eq!(v["symbols"], info["symbols"]);
+    assert_eq!(v["start_unix_ns"], info["start_unix_ns"]);
+    let start = v["start_time"].as_str().unwrap();
+    assert!(start.len() == 30 && start.ends_with('Z'), "{start}");
+    let text = ok(&["info", run.d()]);
+    for want in [
+        "# format:        hotprobe-trace version 1\n".to_string(),
+        format!("# pid:           {main_tid}\n"),
+        format!(
+            "# events:        {} function events, {} calls",
+            2 * run.calls.len(),
+            run.calls.len()
+        ),
+        "# filters:       exclude note_*\n".into(),
+        "# threads:       3 (".into(),
+        "# time base:     TSC at ".into(),
+    ] {
+        assert!(text.contains(&want), "{want:?} not in:\n{text}");
+    }
+}
+
+#[test]
+fn chrome_arguments_are_strings() {
+    let run = run3();
+    let out = ok(&["export", run.d(), "--format", "chrome"]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let mut seen = 0;
+    for e in v["traceEvents"].as_array().unwrap() {
+        if e["name"] == "leaf" && e["ph"] == "X" {
+            let args = e["args"]["args"].as_array().unwrap();
+            assert!(args.iter().all(Value::is_string), "{e}");
+            if args[0] == "-1" {
+                assert_eq!(e["args"]["retval"], "-2", "{e}");
+                seen += 1;
+            }
+        }
+    }
+    assert_eq!(seen, run.count(|c| c.name == "leaf" && c.arg == -1));
+}
+
+/// The virtualenv of scripts/setup.sh, or None (with a loud note) when it
+/// is missing and HOTPROBE_SKIP_PY=1.
+fn venv_python() -> Option<PathBuf> {
+    let py = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python");
+    if py.exists() {
+        return Some(py);
+    }
+    if std::env::var("HOTPROBE_SKIP_PY").as_deref() == Ok("1") {
+        eprintln!("SKIPPED LOUDLY: no {} (HOTPROBE_SKIP_PY=1)", py.display());
+        return None;
+    }
+    panic!(
+        "{} is missing: run scripts/setup.sh (it installs opentelemetry-proto and duckdb \
+         into .venv), or set HOTPROBE_SKIP_PY=1 to skip the Python-backed checks",
+        py.display()
+    );
+}
+
+#[test]
+fn otlp_spans_follow_the_call_tree() {
+    let Some(py) = venv_python() else { return };
+    let run = run3();
+    let out = tmp().join(format!("otlp-{}.jsonl", std::process::id()));
+    let _ = std::fs::remove_file(&out);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/otlp_receiver.py");
+    let mut rx = Command::new(&py)
+        .arg(&script)
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python runs");
+    let lines = line_reader(rx.stdout.take().unwrap());
+    let port = match lines.recv_timeout(std::time::Duration::from_secs(20)) {
+        Ok(l) => l.trim_start_matches("PORT ").to_string(),
+        Err(_) => {
+            let _ = rx.kill();
+            let err = rx.wait_with_output().unwrap();
+            panic!(
+                "the OTLP receiver did not start (is opentelemetry-proto in .venv? \
+                 run scripts/setup.sh): {}",
+                text(&err.stderr)
+            );
+        }
+    };
+    let url = format!("http://127.0.0.1:{port}");
+    let o = hotprobe(&["export", run.d(), "--format", "otlp", "--endpoint", &url]);
+    let _ = rx.kill();
+    let _ = rx.wait();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let got: Vec<Value> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(got.iter().all(|v| v["signal"] != "error"), "decode errors");
+    let spans: Vec<&Value> = got.iter().filter(|v| v["signal"] == "span").collect();
+    assert_eq!(spans.len(), run.calls.len(), "one span per call");
+    let prog = calls_program();
+    let res = &spans[0]["resource"];
+    assert_eq!(
+        res["service.name"].as_str().unwrap(),
+        prog.file_name().unwrap().to_str().unwrap()
+    );
+    assert_eq!(res["process.pid"].as_u64(), Some(run.calls[0].tid as u64));
+    // Parent links: per thread, (function, caller) pairs as the program
+    // logged them.
+    let by_id: BTreeMap<&str, &Value> = spans
+        .iter()
+        .map(|s| (s["span_id"].as_str().unwrap(), *s))
+        .collect();
+    let mut got_edges: Vec<(u32, String, String)> = spans
+        .iter()
+        .map(|s| {
+            let parent =
+                by_id
+                    .get(s["parent_span_id"].as_str().unwrap())
+                    .map_or("-".to_string(), |p| {
+                        assert_eq!(p["trace_id"], s["trace_id"]);
+                        assert!(p["start"].as_u64() <= s["start"].as_u64());
+                        assert!(p["end"].as_u64() >= s["end"].as_u64());
+                        p["name"].as_str().unwrap().to_string()
+                    });
+            assert_eq!(s["attributes"]["code.function.name"], s["name"]);
+            (
+                s["attributes"]["thread.id"].as_u64().unwrap() as u32,
+                s["name"].as_str().unwrap().to_string(),
+                parent,
+            )
+        })
+        .collect();
+    let mut want_edges = Vec::new();
+    let mut stack: Vec<&str> = Vec::new();
+    for c in &run.calls {
+        stack.truncate(c.depth);
+        let parent = stack.last().map_or("-", |p| p).to_string();
+        want_edges.push((c.tid, c.name.clone(), parent));
+        stack.push(&c.name);
+    }
+    got_edges.sort();
+    want_edges.sort();
+    assert_eq!(got_edges, want_edges);
+    // Arguments: leaf(-1).
+    let neg = spans
+        .iter()
+        .filter(|s| s["name"] == "leaf" && s["attributes"]["hotprobe.args"][0] == -1)
+        .count() as u64;
+    assert_eq!(neg, run.count(|c| c.name == "leaf" && c.arg == -1));
+    // Metrics: calls per function.
+    let mut calls: BTreeMap<String, u64> = BTreeMap::new();
+    for m in got
+        .iter()
+        .filter(|v| v["signal"] == "metric" && v["name"] == "hotprobe.calls")
+    {
+        assert_eq!(m["monotonic"], true);
+        *calls
+            .entry(
+                m["attributes"]["code.function.name"]
+                    .as_str()
+                    .unwrap()
+                    .into(),
+            )
+            .or_default() += m["value"].as_u64().unwrap();
+    }
+    assert_eq!(calls, run.per_function());
+}
+
+#[test]
+fn parquet_rows_read_by_duckdb() {
+    let run = run3();
+    let file = tmp().join(format!("calls-{}.parquet", std::process::id()));
+    let _ = std::fs::remove_file(&file);
+    let o = hotprobe(&["export", run.d(), "--format", "parquet"]);
+    assert_eq!(o.status.code(), Some(2), "parquet needs -o");
+    ok(&[
+        "export",
+        run.d(),
+        "--format",
+        "parquet",
+        "-o",
+        file.to_str().unwrap(),
+    ]);
+    let Some(py) = venv_python() else { return };
+    let q = format!(
+        "import duckdb, json\n\
+         f = {file:?}\n\
+         one = lambda s: duckdb.sql(s).fetchall()\n\
+         print(json.dumps({{\n\
+           'rows': one(f\"select count(*) from '{{f}}'\")[0][0],\n\
+           'by': dict(one(f\"select function, count(*) from '{{f}}' group by 1\")),\n\
+           'neg': one(f\"select count(*) from '{{f}}' where function = 'leaf' and arg0 = -1 and retval = -2\")[0][0],\n\
+           'maxdepth': one(f\"select max(depth) from '{{f}}'\")[0][0],\n\
+           'tids': sorted(r[0] for r in one(f\"select distinct tid from '{{f}}'\")),\n\
+           'slow': one(f\"select min(duration_ns) from '{{f}}' where function = 'slow'\")[0][0],\n\
+         }}))\n",
+        file = file.to_str().unwrap()
+    );
+    let o = Command::new(&py).arg("-c").arg(&q).output().unwrap();
+    assert!(
+        o.status.success(),
+        "duckdb (in .venv: run scripts/setup.sh): {}",
+        text(&o.stderr)
+    );
+    let v: Value = serde_json::from_str(text(&o.stdout).trim()).unwrap();
+    assert_eq!(v["rows"].as_u64().unwrap(), run.calls.len() as u64);
+    for (f, n) in run.per_function() {
+        assert_eq!(v["by"][&f].as_u64(), Some(n), "{f}");
+    }
+    assert_eq!(
+        v["neg"].as_u64().unwrap(),
+        run.count(|c| c.name == "leaf" && c.arg == -1)
+    );
+    assert_eq!(
+        v["maxdepth"].as_u64().unwrap() as usize,
+        run.calls.iter().map(|c| c.depth).max().unwrap()
+    );
+    let mut tids = run.tids();
+    tids.sort_unstable();
+    let got: Vec<u32> = v["tids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(got, tids);
+    assert!(v["slow"].as_u64().unwrap() >= 19_600_000);
+}
+
+/// `count` runs the program: its log, then the table.
+fn count(args: &[&str]) -> (Vec<Call>, String, String) {
+    let prog = calls_program();
+    let mut a = vec!["count"];
+    a.extend_from_slice(args);
+    a.extend(["--", prog.to_str().unwrap()]);
+    let o = hotprobe_within(&a, std::time::Duration::from_secs(60));
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "{a:?}: {err}");
+    let log: String = program_output(&out)
+        .lines()
+        .filter(|l| l.split_whitespace().count() == 6 && !l.starts_with('['))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    (parse_calls(&log), out, err)
+}
+
+#[test]
+fn count_hist_conditions_and_json() {
+    let (calls, out, err) = count(&["slow", "leaf", "--hist"]);
+    let t = CountTable::parse(&out, &err);
+    let n = |f: &str| calls.iter().filter(|c| c.name == f).count() as u64;
+    assert_eq!(t.hits("slow"), n("slow"));
+    assert_eq!(t.hits("leaf"), n("leaf"));
+    assert!(
+        out.contains(&format!("# slow: {} calls, avg ", n("slow"))),
+        "{out}"
+    );
+    assert!(out.contains("[16ms, 32ms)"), "{out}");
+
+    let (calls, out, err) = count(&[
+        "leaf if arg0 > 1 && arg0 < 100",
+        "middle if arg0 == 1",
+        "slow",
+        "--hist",
+        "--json",
+    ]);
+    let last = out.lines().last().unwrap_or("");
+    let v: Value = serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
+    let rows = v.as_array().unwrap();
+    let row = |p: &str| {
+        rows.iter()
+            .find(|r| r["probe"] == p)
+            .unwrap_or_else(|| panic!("no {p}: {v}"))
+    };
+    let want_leaf = calls
+        .iter()
+        .filter(|c| c.name == "leaf" && c.arg > 1 && c.arg < 100)
+        .count() as u64;
+    assert!(want_leaf > 0);
+    assert_eq!(row("leaf")["hits"].as_u64().unwrap(), want_leaf);
+    assert_eq!(row("leaf")["condition"], "arg0 > 1 && arg0 < 100");
+    assert_eq!(
+        row("leaf")["histogram"]["count"].as_u64().unwrap(),
+        want_leaf
+    );
+    let want_mid = calls
+        .iter()
+        .filter(|c| c.name == "middle" && c.arg == 1)
+        .count() as u64;
+    assert_eq!(row("middle")["hits"].as_u64().unwrap(), want_mid);
+    let slow = &row("slow")["histogram"];
+    let slows: Vec<u64> = calls
+        .iter()
+        .filter(|c| c.name == "slow")
+        .map(Call::dur)
+        .collect();
+    assert_eq!(slow["count"].as_u64().unwrap(), slows.len() as u64);
+    // Durations from the TSC (rate measured over 10 ms): within 1 %.
+    let min = *slows.iter().min().unwrap() as f64;
+    assert!(
+        slow["min_ns"].as_f64().unwrap() >= min * 0.99,
+        "{slow} vs {min}"
+    );
+    for k in ["address", "execution", "why"] {
+        assert!(row("slow")[k].is_string(), "{k}");
+    }
+    assert!(row("slow")["nmissed"].is_null());
+
+    // Plain count --json: the session's own counts.
+    let (calls, out, _) = count(&["middle", "rec", "--json"]);
+    let v: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    for r in v.as_array().unwrap() {
+        let p = r["probe"].as_str().unwrap();
+        assert_eq!(
+            r["hits"].as_u64().unwrap(),
+            calls.iter().filter(|c| c.name == p).count() as u64
+        );
+        assert!(r.get("histogram").is_none());
+    }
+
+    // Conditions that do not parse: a usage error naming the column.
+    let prog = calls_program();
+    let o = hotprobe(&["count", "leaf if arg9 > 1", "--", prog.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = text(&o.stderr);
+    assert!(e.contains("column 1: arg9 does not exist"), "{e}");
+    let o = hotprobe(&["count", "leaf if arg0 >", "--", prog.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("found the end of the condition"));
+}
+
+#[test]
+fn usage_errors() {
+    let run = run3();
+    for (args, code) in [
+        (
+            vec!["replay", run.d(), "--since", "20ms", "--until", "10ms"],
+            2,
+        ),
+        (vec!["replay", run.d(), "-D", "0"], 2),
+        (vec!["report", run.d(), "-t", "10 parsecs"], 2),
+        (vec!["report", run.d(), "--task", "--phases"], 2),
+        (vec!["report", run.d(), "--diff", "/nonexistent"], 1),
+        (vec!["export", run.d(), "--format", "otlp"], 2),
+        (
+            vec![
+                "export",
+                run.d(),
+                "--format",
+                "otlp",
+                "--endpoint",
+                "https://x:1",
+            ],
+            2,
+        ),
+        (
+            vec![
+                "export",
+                run.d(),
+                "--format",
+                "svg",
+                "--endpoint",
+                "http://x:1",
+            ],
+            2,
+        ),
+        (vec!["info", "/nonexistent"], 1),
+    ] {
+        let o = hotprobe(&args);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("hotprobe: error: "), "{err}");
+    }
+}
