@@ -20,7 +20,7 @@ use std::time::Instant;
 const SCRATCH_CHUNK: u64 = 64 * 1024;
 
 /// Dropped return instances kept per thread (see `Engine::graveyard`).
-const GRAVEYARD: usize = 1024;
+const GRAVEYARD: usize = 256;
 
 /// A hasher for addresses: one multiply (Fibonacci hashing), so a hit finds
 /// its site in O(1) without SipHash's cost.
@@ -1395,13 +1395,13 @@ impl Engine {
                     }
                     inst
                 }
-                None => return Err(EngineError::Lost {
-                    thread,
-                    why: format!(
+                None => {
+                    let why = format!(
                         "returned through the trampoline with rsp {:#x} matching no followed call",
                         regs.rsp
-                    ),
-                }),
+                    );
+                    return Err(EngineError::Lost { thread, why });
+                }
             },
         };
         regs.rip = inst.return_addr;
