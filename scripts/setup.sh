@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs every system package hotprobe needs on Debian 12 (run as root; idempotent).
-# - build tools and the tracee compiler (gcc), gdb, peers for the benchmarks
+# - build tools and the tracee compilers (gcc, g++; rustc and go if missing), gdb,
+#   peers for the benchmarks
 # - QEMU 10 from bookworm-backports (its gdbstub and TCG plugin API), busybox-static, cpio
 # - a Debian linux-image package, downloaded and unpacked into .cache/ (never installed)
 # - rsvg-convert (flame graph tests) and the git-ignored .venv/ with opentelemetry-proto and
@@ -47,6 +48,12 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 PKGS=(build-essential gcc g++ make pkg-config libc6-dbg gdb cpio busybox-static man-db groff-base
       uftrace bpftrace babeltrace2 python3 python3-pip python3-venv librsvg2-bin)
+# The reliability tests compile Rust and Go programs too: Debian's
+# toolchains unless one is there already (rustup's, Go's own in /usr/local/go).
+command -v rustc >/dev/null 2>&1 || PKGS+=(rustc)
+if ! command -v go >/dev/null 2>&1 && [ ! -x /usr/local/go/bin/go ]; then
+    PKGS+=(golang-go)
+fi
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -3,6 +3,7 @@
 //! handling of every [`TargetEvent`]. Written once for any [`Target`].
 
 use crate::handler::{EntryInfo, Handler, HitContext, HitKind, HitRegs, ProbeId, RetProbe};
+use crate::nonlocal::UnwindHook;
 use crate::EngineError;
 use hotprobe_resolve::Symbolizer;
 use hotprobe_target::{
@@ -11,12 +12,15 @@ use hotprobe_target::{
 };
 use hotprobe_x86::{Emulation, Execution, ProbePlan, SLOT_SIZE};
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Instant;
 
 /// Size of each scratch region asked of the target (2048 slots).
 const SCRATCH_CHUNK: u64 = 64 * 1024;
+
+/// Dropped return instances kept per thread (see `Engine::graveyard`).
+const GRAVEYARD: usize = 256;
 
 /// A hasher for addresses: one multiply (Fibonacci hashing), so a hit finds
 /// its site in O(1) without SipHash's cost.
@@ -69,6 +73,7 @@ pub(crate) struct ProbeEntry {
     pub hits: u64,
     pub nmissed: u64,
     pub returns: u64,
+    pub abandoned: u64,
     /// Dropped at an exec: nothing armed, counts kept.
     pub dropped: bool,
 }
@@ -93,6 +98,9 @@ struct Instance {
     /// The real return address.
     return_addr: u64,
     entry: EntryInfo,
+    /// The slot holds the trampoline (Trampoline targets). False while an
+    /// unwinder runs over the frame: the real return address is back.
+    swapped: bool,
 }
 
 /// A thread's single-step in progress.
@@ -123,11 +131,19 @@ pub enum Outcome {
 pub struct ProbeStats {
     /// Times the probe's site was hit with the probe enabled.
     pub hits: u64,
-    /// Hits not handled (re-entry) or return instances not followed
-    /// (beyond `maxactive`, or abandoned frames).
+    /// Hits not handled (re-entry) or calls whose return is not followed
+    /// (beyond `maxactive`): real misses only.
     pub nmissed: u64,
-    /// Return handler runs (return probes).
+    /// Return handler runs (return probes): calls that returned normally.
     pub returns: u64,
+    /// Followed calls whose frame was left without a return (return
+    /// probes, trap mechanism): unwound by a C++ exception, a Rust panic or
+    /// a forced unwind (`pthread_exit`, cancellation), jumped over by
+    /// `longjmp`/`siglongjmp`, or still open when their thread ended. No
+    /// `ret` handler runs for them and they are not `nmissed`; each frees
+    /// its place under `maxactive`. So `hits = returns + nmissed +
+    /// abandoned` once no call is live (re-entry misses aside).
+    pub abandoned: u64,
 }
 
 /// The engine for one target.
@@ -141,6 +157,14 @@ pub struct Engine {
     scratch: Vec<(ScratchRegion, u64)>,
     trampoline: Option<RuntimeAddr>,
     shadow: HashMap<ThreadId, Vec<Instance>>,
+    /// Instances dropped as dead by stack pointer (longjmp), newest last,
+    /// at most [`GRAVEYARD`] per thread: kept in case the frame was alive
+    /// after all (a signal handler on an alternate stack, coroutines) and
+    /// returns through the trampoline later.
+    graveyard: HashMap<ThreadId, VecDeque<Instance>>,
+    /// Internal breakpoints in the unwinder (see [`crate::nonlocal`]):
+    /// not probes, never counted, removed at detach.
+    unwind_hooks: AddrMap<UnwindHook>,
     stepping: HashMap<ThreadId, Vec<StepState>>,
     /// Return breakpoints (BreakpointAtReturn): return address -> instances.
     return_waiters: AddrMap<Vec<Instance>>,
@@ -186,6 +210,8 @@ impl Engine {
             scratch: Vec::new(),
             trampoline: None,
             shadow: HashMap::new(),
+            graveyard: HashMap::new(),
+            unwind_hooks: AddrMap::default(),
             stepping: HashMap::new(),
             return_waiters: AddrMap::default(),
             strategy,
@@ -418,6 +444,7 @@ impl Engine {
                 hits: 0,
                 nmissed: 0,
                 returns: 0,
+                abandoned: 0,
                 dropped: false,
             },
         );
@@ -455,6 +482,7 @@ impl Engine {
                 hits: 0,
                 nmissed: 0,
                 returns: 0,
+                abandoned: 0,
                 dropped: false,
             },
         );
@@ -474,6 +502,70 @@ impl Engine {
             self.target.write_memory(t, &[0x90; 16])?;
             self.target.insert_breakpoint(t)?;
             self.trampoline = Some(t);
+        }
+        Ok(())
+    }
+
+    /// Whether probe `id` is a return probe.
+    pub(crate) fn is_return_probe(&self, id: ProbeId) -> bool {
+        self.probes
+            .get(&id)
+            .is_some_and(|p| matches!(p.kind, ProbeKind::Ret { .. }))
+    }
+
+    /// Whether return probes made a trampoline in this target (their
+    /// frames then need the unwinder's hooks, see [`crate::nonlocal`]).
+    pub(crate) fn has_trampoline(&self) -> bool {
+        self.trampoline.is_some()
+    }
+
+    /// Whether the internal unwinder breakpoints differ from `hooks`.
+    pub(crate) fn unwind_hooks_differ(&self, hooks: &[(RuntimeAddr, UnwindHook)]) -> bool {
+        hooks.len() != self.unwind_hooks.len()
+            || hooks
+                .iter()
+                .any(|(a, h)| self.unwind_hooks.get(&a.0) != Some(h))
+    }
+
+    /// Makes the internal unwinder breakpoints those of `hooks`: new ones
+    /// are placed (a site of their own, or shared with probes at the same
+    /// address), vanished ones (their library was unmapped) forgotten.
+    /// They are no probes: no ids, no counts; they go at detach and exec.
+    /// A hook that cannot be placed is left out with a notice.
+    pub(crate) fn set_unwind_hooks(
+        &mut self,
+        hooks: &[(RuntimeAddr, UnwindHook)],
+    ) -> Result<(), EngineError> {
+        self.check_alive()?;
+        let gone: Vec<u64> = self
+            .unwind_hooks
+            .keys()
+            .copied()
+            .filter(|a| !hooks.iter().any(|(h, _)| h.0 == *a))
+            .collect();
+        for a in gone {
+            self.unwind_hooks.remove(&a);
+            let unused = self
+                .sites
+                .get(&a)
+                .is_some_and(|s| s.probes.is_empty() && s.return_refs == 0);
+            let busy = self.stepping.values().flatten().any(|s| s.site == a);
+            if unused && !busy {
+                let site = self.sites.remove(&a).expect("checked");
+                if site.armed && self.target.remove_breakpoint(RuntimeAddr(a)).is_err() {
+                    self.target.forget_breakpoint(RuntimeAddr(a));
+                }
+            }
+        }
+        for (a, h) in hooks {
+            if let Err(e) = self.ensure_site(*a) {
+                self.notices.push(format!(
+                    "{}: no unwinder hook at {a}: {e} (an exception through a return-probed frame may crash the program)",
+                    self.target.describe()
+                ));
+                continue;
+            }
+            self.unwind_hooks.insert(a.0, *h);
         }
         Ok(())
     }
@@ -510,6 +602,7 @@ impl Engine {
                 hits: 0,
                 nmissed: 0,
                 returns: 0,
+                abandoned: 0,
                 dropped: true,
             },
         );
@@ -566,11 +659,16 @@ impl Engine {
                 self.target.forget_breakpoint(RuntimeAddr(a));
             }
         }
+        self.unwind_hooks.retain(|a, _| !(start..end).contains(a));
+        let gone = |i: &Instance| {
+            let a = self.probes.get(&i.probe).map_or(0, |p| p.addr.0);
+            (start..end).contains(&a)
+        };
         for stack in self.shadow.values_mut() {
-            stack.retain(|i| {
-                let a = self.probes.get(&i.probe).map_or(0, |p| p.addr.0);
-                !(start..end).contains(&a)
-            });
+            stack.retain(|i| !gone(i));
+        }
+        for g in self.graveyard.values_mut() {
+            g.retain(|i| !gone(i));
         }
     }
 
@@ -603,7 +701,11 @@ impl Engine {
             .ok_or(EngineError::NoSuchProbe(id))?;
         if let Some(site) = self.sites.get_mut(&p.addr.0) {
             site.probes.retain(|x| *x != id);
-            if site.probes.is_empty() && site.return_refs == 0 && self.gone.is_none() {
+            if site.probes.is_empty()
+                && site.return_refs == 0
+                && !self.unwind_hooks.contains_key(&p.addr.0)
+                && self.gone.is_none()
+            {
                 let busy = self.stepping.values().flatten().any(|s| s.site == p.addr.0);
                 if !busy {
                     if site.armed {
@@ -622,6 +724,7 @@ impl Engine {
             hits: p.hits,
             nmissed: p.nmissed,
             returns: p.returns,
+            abandoned: p.abandoned,
         })
     }
 
@@ -681,6 +784,23 @@ impl Engine {
                     self.fork_restores.clone()
                 };
                 if self.strategy == ReturnStrategy::Trampoline {
+                    // Dropped frames that may be alive after all first, so
+                    // that a live instance at the same slot wins.
+                    let t = self.trampoline.map_or(0, |t| t.0);
+                    for inst in self.graveyard.get(&thread).into_iter().flatten() {
+                        let mut b = [0u8; 8];
+                        if self
+                            .target
+                            .read_memory(RuntimeAddr(inst.slot), &mut b)
+                            .is_ok()
+                            && u64::from_le_bytes(b) == t
+                        {
+                            fixes.push((
+                                RuntimeAddr(inst.slot),
+                                inst.return_addr.to_le_bytes().to_vec(),
+                            ));
+                        }
+                    }
                     if let Some(v) = self.shadow.get(&thread) {
                         fixes.extend(
                             v.iter().map(|i| {
@@ -709,6 +829,8 @@ impl Engine {
                 let n = self.probes.len();
                 self.sites.clear();
                 self.shadow.clear();
+                self.graveyard.clear();
+                self.unwind_hooks.clear();
                 self.stepping.clear();
                 self.return_waiters.clear();
                 self.scratch.clear();
@@ -745,6 +867,8 @@ impl Engine {
                 self.gone = Some(st);
                 self.sites.clear();
                 self.shadow.clear();
+                self.graveyard.clear();
+                self.unwind_hooks.clear();
                 self.stepping.clear();
                 Ok(())
             }
@@ -757,19 +881,13 @@ impl Engine {
     }
 
     fn drop_thread(&mut self, t: ThreadId) {
+        // Calls still open when their thread ended never returned.
         if let Some(stack) = self.shadow.remove(&t) {
             for inst in stack {
-                if let Some(ProbeEntry {
-                    kind: ProbeKind::Ret { live, .. },
-                    nmissed,
-                    ..
-                }) = self.probes.get_mut(&inst.probe)
-                {
-                    *live = live.saturating_sub(1);
-                    *nmissed += 1;
-                }
+                self.abandon(t, inst, false);
             }
         }
+        self.graveyard.remove(&t);
         self.stepping.remove(&t);
     }
 
@@ -866,6 +984,10 @@ impl Engine {
             self.match_return_breakpoint(thread, addr, &mut regs)?;
             hr = HitRegs::complete(regs);
         }
+        if let Some(hook) = self.unwind_hooks.get(&addr.0).copied() {
+            let regs = *hr.fetch(self.target.as_mut(), thread)?;
+            self.on_unwind_hook(thread, hook, &regs)?;
+        }
         let Some(site) = self.sites.get(&addr.0) else {
             // Not ours any more (removed meanwhile): run on.
             if let Some(regs) = hr.fetched() {
@@ -877,6 +999,21 @@ impl Engine {
         let probes = site.probes.clone();
         let reentry = self.stepping.get(&thread).is_some_and(|s| !s.is_empty());
         let mut needs_post = false;
+        let followed = self.shadow.get(&thread).is_some_and(|s| !s.is_empty());
+        if followed
+            && !reentry
+            && self.strategy == ReturnStrategy::Trampoline
+            && probes.iter().any(|id| {
+                self.probes
+                    .get(id)
+                    .is_some_and(|p| p.enabled && matches!(p.kind, ProbeKind::Ret { .. }))
+            })
+        {
+            // A call is about to put its return address at rsp: followed
+            // frames whose slot is at or below it are gone (longjmp).
+            let rsp = hr.fetch(self.target.as_mut(), thread)?.rsp;
+            self.drop_dead(thread, rsp);
+        }
         for id in &probes {
             let Some(p) = self.probes.get_mut(id) else {
                 continue;
@@ -1107,6 +1244,7 @@ impl Engine {
                 depth,
                 return_addr,
             },
+            swapped: self.strategy == ReturnStrategy::Trampoline,
         };
         match self.strategy {
             ReturnStrategy::Trampoline => {
@@ -1158,42 +1296,228 @@ impl Engine {
         self.run_handler_on(inst.probe, HitKind::Return, thread, regs, Some(inst.entry))
     }
 
-    fn miss_instance(&mut self, inst: &Instance) {
+    /// A followed call whose frame was left without a return (see
+    /// [`ProbeStats::abandoned`]): it frees its place under `maxactive`.
+    /// With `keep`, an instance whose slot still holds the trampoline is
+    /// kept in the thread's graveyard, in case the frame was alive after
+    /// all (found dead by stack pointer while the thread ran on another
+    /// stack: a signal handler on an alternate stack, a coroutine).
+    fn abandon(&mut self, thread: ThreadId, inst: Instance, keep: bool) {
         if let Some(ProbeEntry {
             kind: ProbeKind::Ret { live, .. },
-            nmissed,
+            abandoned,
             ..
         }) = self.probes.get_mut(&inst.probe)
         {
             *live = live.saturating_sub(1);
-            *nmissed += 1;
+            *abandoned += 1;
+        }
+        if keep && inst.swapped {
+            let g = self.graveyard.entry(thread).or_default();
+            if g.len() >= GRAVEYARD {
+                g.pop_front();
+            }
+            g.push_back(inst);
         }
     }
 
+    /// Resynchronises `thread`'s shadow stack with its stack pointer: the
+    /// followed frames whose return-address slot is at or below `floor`
+    /// were left without a return (`longjmp`, `siglongjmp` out of a signal
+    /// handler) and are abandoned. Only the newest instances are looked at
+    /// (the stack grows down: they are the deepest frames), so the cost is
+    /// that of the frames dropped.
+    fn drop_dead(&mut self, thread: ThreadId, floor: u64) {
+        let Some(stack) = self.shadow.get_mut(&thread) else {
+            return;
+        };
+        let mut dead = Vec::new();
+        while stack.last().is_some_and(|i| i.slot <= floor) {
+            dead.extend(stack.pop());
+        }
+        for inst in dead {
+            self.abandon(thread, inst, true);
+        }
+    }
+
+    /// A return through the trampoline matching none of the thread's live
+    /// instances: an instance abandoned too early (this thread's
+    /// graveyard), or one followed on another thread (a coroutine resumed
+    /// elsewhere). The flag says it had been abandoned.
+    fn find_elsewhere(&mut self, thread: ThreadId, popped: u64) -> Option<(Instance, bool)> {
+        if let Some(g) = self.graveyard.get_mut(&thread) {
+            if let Some(p) = g.iter().rposition(|i| i.slot == popped) {
+                return g.remove(p).map(|i| (i, true));
+            }
+        }
+        for stack in self.shadow.values_mut() {
+            if let Some(p) = stack.iter().rposition(|i| i.slot == popped) {
+                return Some((stack.remove(p), false));
+            }
+        }
+        for g in self.graveyard.values_mut() {
+            if let Some(p) = g.iter().rposition(|i| i.slot == popped) {
+                return g.remove(p).map(|i| (i, true));
+            }
+        }
+        None
+    }
+
     /// A return through the trampoline: pop this thread's instance whose
-    /// return-address slot was just popped (rsp - 8); instances above it are
-    /// frames abandoned by longjmp or an exception.
+    /// return-address slot was just popped (rsp - 8); instances followed
+    /// after it are frames left by longjmp (an unwinder's are dropped at
+    /// its hooks) and are abandoned.
     fn on_trampoline(&mut self, thread: ThreadId, mut regs: Registers) -> Result<(), EngineError> {
         let popped_slot = regs.rsp.wrapping_sub(8);
         let stack = self.shadow.entry(thread).or_default();
-        let Some(pos) = stack.iter().rposition(|i| i.slot == popped_slot) else {
-            return Err(EngineError::Lost {
-                thread,
-                why: format!(
-                    "returned through the trampoline with rsp {:#x} matching no followed call",
-                    regs.rsp
-                ),
-            });
+        let inst = match stack.iter().rposition(|i| i.slot == popped_slot) {
+            Some(pos) => {
+                let deeper: Vec<Instance> = stack.drain(pos + 1..).collect();
+                let inst = stack.pop().expect("found above");
+                for d in deeper {
+                    self.abandon(thread, d, true);
+                }
+                inst
+            }
+            None => match self.find_elsewhere(thread, popped_slot) {
+                Some((inst, was_abandoned)) => {
+                    if was_abandoned {
+                        // It returned after all: a return, not abandoned.
+                        if let Some(ProbeEntry {
+                            kind: ProbeKind::Ret { live, .. },
+                            abandoned,
+                            ..
+                        }) = self.probes.get_mut(&inst.probe)
+                        {
+                            *abandoned = abandoned.saturating_sub(1);
+                            *live += 1;
+                        }
+                    }
+                    inst
+                }
+                None => {
+                    let why = format!(
+                        "returned through the trampoline with rsp {:#x} matching no followed call",
+                        regs.rsp
+                    );
+                    return Err(EngineError::Lost { thread, why });
+                }
+            },
         };
-        let stale: Vec<Instance> = stack.drain(pos + 1..).collect();
-        let inst = stack.pop().expect("found above");
-        for s in &stale {
-            self.miss_instance(s);
-        }
         regs.rip = inst.return_addr;
         self.finish_instance(inst, thread, &mut regs)?;
         self.target.set_registers(thread, &regs)?;
         self.target.resume(thread, ResumeMode::Continue)?;
+        Ok(())
+    }
+
+    /// An internal breakpoint in the unwinder was hit by `thread`.
+    ///
+    /// - [`UnwindHook::Enter`] (`_Unwind_RaiseException` and the other
+    ///   entry points): the unwinder is about to walk this thread's stack
+    ///   from here up, reading return addresses: every followed frame above
+    ///   gets its real return address back before it runs (the trampoline
+    ///   has no unwind info). The instances stay, marked not swapped.
+    /// - [`UnwindHook::Landing`] (`_Unwind_SetIP`, called by the
+    ///   personality routine just before the unwinder installs a landing
+    ///   pad — a `catch`, a cleanup, `catch_unwind` — in the frame the
+    ///   context describes; the context's CFA is that frame's stack
+    ///   pointer, the CFA of the callee unwound last): the frames below
+    ///   that one are unwound (abandoned: no `ret` handler runs, not counted as
+    ///   missed); the frames from it up survive and get the trampoline
+    ///   again, so their returns are still counted. A cleanup ends in
+    ///   `_Unwind_Resume`: its `Enter` puts them back again.
+    fn on_unwind_hook(
+        &mut self,
+        thread: ThreadId,
+        hook: UnwindHook,
+        regs: &Registers,
+    ) -> Result<(), EngineError> {
+        let Some(t) = self.trampoline else {
+            return Ok(());
+        };
+        match hook {
+            UnwindHook::Enter => {
+                // A slot that no longer holds the trampoline was reused by
+                // another call: its frame is gone.
+                let mut dead = Vec::new();
+                if let Some(stack) = self.shadow.get_mut(&thread) {
+                    let mut b = [0u8; 8];
+                    for (k, inst) in stack.iter_mut().enumerate().rev() {
+                        if !inst.swapped || inst.slot <= regs.rsp {
+                            continue;
+                        }
+                        let slot = RuntimeAddr(inst.slot);
+                        let ours = self.target.read_memory(slot, &mut b).is_ok()
+                            && u64::from_le_bytes(b) == t.0;
+                        if ours {
+                            self.target
+                                .write_memory(slot, &inst.return_addr.to_le_bytes())?;
+                            inst.swapped = false;
+                        } else {
+                            dead.push(k);
+                        }
+                    }
+                    // Indices in decreasing order: removal keeps the others.
+                    let dead: Vec<Instance> = dead.into_iter().map(|k| stack.remove(k)).collect();
+                    for inst in dead {
+                        self.abandon(thread, inst, false);
+                    }
+                }
+                if let Some(g) = self.graveyard.get_mut(&thread) {
+                    for inst in g.iter().rev().filter(|i| i.slot > regs.rsp) {
+                        let mut b = [0u8; 8];
+                        let slot = RuntimeAddr(inst.slot);
+                        if self.target.read_memory(slot, &mut b).is_ok()
+                            && u64::from_le_bytes(b) == t.0
+                        {
+                            self.target
+                                .write_memory(slot, &inst.return_addr.to_le_bytes())?;
+                        }
+                    }
+                    g.retain(|i| i.slot <= regs.rsp);
+                }
+            }
+            UnwindHook::Landing { cfa_offset } => {
+                let Some(stack) = self.shadow.get_mut(&thread) else {
+                    return Ok(());
+                };
+                if stack.iter().all(|i| i.swapped) {
+                    return Ok(());
+                }
+                let mut b = [0u8; 8];
+                self.target.read_memory(
+                    RuntimeAddr(regs.rdi.wrapping_add(cfa_offset as u64)),
+                    &mut b,
+                )?;
+                // The context's CFA is the stack pointer of the landing
+                // frame (its callee's CFA): the return-address slots of the
+                // frames below it lie under it.
+                let keep_from = u64::from_le_bytes(b);
+                let mut dead = Vec::new();
+                let mut kept = Vec::with_capacity(stack.len());
+                for mut inst in stack.drain(..) {
+                    if inst.swapped {
+                        kept.push(inst);
+                        continue;
+                    }
+                    let slot = RuntimeAddr(inst.slot);
+                    let intact = inst.slot >= keep_from
+                        && self.target.read_memory(slot, &mut b).is_ok()
+                        && u64::from_le_bytes(b) == inst.return_addr;
+                    if intact && self.target.write_memory(slot, &t.0.to_le_bytes()).is_ok() {
+                        inst.swapped = true;
+                        kept.push(inst);
+                    } else {
+                        dead.push(inst);
+                    }
+                }
+                *stack = kept;
+                for inst in dead {
+                    self.abandon(thread, inst, false);
+                }
+            }
+        }
         Ok(())
     }
 
@@ -1230,7 +1554,9 @@ impl Engine {
         let release = {
             let site = self.sites.get_mut(&addr.0).expect("return site");
             site.return_refs -= 1;
-            site.return_refs == 0 && site.probes.is_empty()
+            site.return_refs == 0
+                && site.probes.is_empty()
+                && !self.unwind_hooks.contains_key(&addr.0)
         };
         if release {
             let site = self.sites.remove(&addr.0).expect("site");
@@ -1280,12 +1606,19 @@ impl Engine {
                         regs = self.target.registers(thread)?;
                     }
                     let popped = regs.rsp.wrapping_sub(8);
-                    if let Some(stack) = self.shadow.get_mut(&thread) {
-                        if let Some(pos) = stack.iter().rposition(|i| i.slot == popped) {
-                            regs.rip = stack[pos].return_addr;
-                            stack.truncate(pos);
-                            self.target.set_registers(thread, &regs)?;
-                        }
+                    let live = self.shadow.get_mut(&thread).and_then(|stack| {
+                        let pos = stack.iter().rposition(|i| i.slot == popped)?;
+                        let ra = stack[pos].return_addr;
+                        stack.truncate(pos);
+                        Some(ra)
+                    });
+                    let ra = live.or_else(|| {
+                        self.find_elsewhere(thread, popped)
+                            .map(|(i, _)| i.return_addr)
+                    });
+                    if let Some(ra) = ra {
+                        regs.rip = ra;
+                        self.target.set_registers(thread, &regs)?;
                     }
                 }
                 TargetEvent::Exited(st) => {
@@ -1321,24 +1654,28 @@ impl Engine {
         }
         // Put back every return address still swapped for the trampoline.
         if let Some(t) = self.trampoline {
-            for stack in self.shadow.values() {
-                for inst in stack {
-                    let mut b = [0u8; 8];
-                    if self
-                        .target
-                        .read_memory(RuntimeAddr(inst.slot), &mut b)
-                        .is_ok()
-                        && u64::from_le_bytes(b) == t.0
-                    {
-                        self.target.write_memory(
-                            RuntimeAddr(inst.slot),
-                            &inst.return_addr.to_le_bytes(),
-                        )?;
-                    }
+            // Frames dropped as dead that may be alive after all (their
+            // slot still holds the trampoline), unless a live one is there.
+            let live: std::collections::HashSet<u64> =
+                self.shadow.values().flatten().map(|i| i.slot).collect();
+            let graves = self.graveyard.values().flatten();
+            let graves = graves.filter(|i| !live.contains(&i.slot));
+            for inst in graves.chain(self.shadow.values().flatten()) {
+                let mut b = [0u8; 8];
+                if self
+                    .target
+                    .read_memory(RuntimeAddr(inst.slot), &mut b)
+                    .is_ok()
+                    && u64::from_le_bytes(b) == t.0
+                {
+                    self.target
+                        .write_memory(RuntimeAddr(inst.slot), &inst.return_addr.to_le_bytes())?;
                 }
             }
         }
         self.shadow.clear();
+        self.graveyard.clear();
+        self.unwind_hooks.clear();
         self.sites.clear();
         self.target.detach()?;
         self.gone = Some(ExitStatus::Disconnected("detached".into()));

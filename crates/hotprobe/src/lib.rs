@@ -22,6 +22,7 @@
 
 mod engine;
 mod handler;
+pub mod nonlocal;
 mod recorder;
 mod session;
 

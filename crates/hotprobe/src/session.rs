@@ -604,15 +604,24 @@ impl Session {
         self.retprobe_addr(t, r.addr, rp)
     }
 
-    /// Put a return probe on the function entered at `addr`.
+    /// Put a return probe on the function entered at `addr`. Refused on
+    /// functions that return twice (`setjmp`, `vfork`, …) and on Go
+    /// functions (see [`crate::nonlocal`]).
     pub fn retprobe_addr(
         &mut self,
         t: TargetId,
         addr: RuntimeAddr,
         rp: RetProbe,
     ) -> Result<ProbeId, EngineError> {
-        let engine = &mut self.slot(t)?.engine;
-        with_world_stopped(engine, |e| e.add_retprobe(addr, rp))
+        let slot = self.slot(t)?;
+        if let Some(pid) = slot.pid {
+            crate::nonlocal::check_return_probe(pid, addr)?;
+        }
+        let id = with_world_stopped(&mut slot.engine, |e| e.add_retprobe(addr, rp))?;
+        if let Some(pid) = slot.pid {
+            crate::nonlocal::sync_unwind_hooks(&mut slot.engine, pid);
+        }
+        Ok(id)
     }
 
     /// Put probes doing `action` on every address `spec` names (a pattern
@@ -1148,8 +1157,11 @@ impl Session {
                 self.slot(t)?.update_fork_restores();
             }
             Plan::Trap(_) => {
-                let engine = &mut self.slot(t)?.engine;
-                with_world_stopped(engine, |e| e.arm_at(id, r.addr))?;
+                let slot = self.slot(t)?;
+                if let Some(pid) = slot.pid.filter(|_| slot.engine.is_return_probe(id)) {
+                    crate::nonlocal::check_return_probe(pid, r.addr)?;
+                }
+                with_world_stopped(&mut slot.engine, |e| e.arm_at(id, r.addr))?;
             }
         }
         self.slot(t)?.pending[k].armed = Some(Armed {
@@ -1225,6 +1237,7 @@ impl Session {
             a.hits += s.hits;
             a.nmissed += s.nmissed;
             a.returns += s.returns;
+            a.abandoned += s.abandoned;
             a
         }))
     }
@@ -1257,6 +1270,7 @@ impl Session {
                         st.hits += c.hits;
                         st.nmissed += c.nmissed;
                         st.returns += c.returns;
+                        st.abandoned += c.abandoned;
                     });
                 }
             }
@@ -1573,6 +1587,9 @@ impl Session {
         let exec = matches!(ev, TargetEvent::Exec);
         if matches!(ev, TargetEvent::ModulesChanged { .. }) {
             self.refresh_pending(i);
+            if let Some(pid) = self.slots[i].pid {
+                crate::nonlocal::sync_unwind_hooks(&mut self.slots[i].engine, pid);
+            }
         }
         let slot = &mut self.slots[i];
         slot.engine.handle(ev)?;

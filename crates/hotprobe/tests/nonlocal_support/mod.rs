@@ -1,0 +1,138 @@
+//! The programs of the non-local-exit tests (crates/hotprobe/tests/programs:
+//! C, C++, Rust, Go), compiled at test time into the target directory;
+//! shared by hotprobe's reliability_trap and the CLI's nonlocal_cli tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// crates/hotprobe/tests/programs (both crates live in crates/).
+pub fn programs_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../hotprobe/tests/programs")
+}
+
+/// A directory for compiled programs.
+pub fn out_dir(what: &str) -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(what);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Runs `cmd` (a compiler writing where it is told) into `out` unless
+/// `out` is newer than `src`; the compiler writes aside and the result is
+/// renamed, since tests compile concurrently.
+pub fn build(src: &Path, out: &Path, cmd: impl FnOnce(&Path) -> Command) -> PathBuf {
+    let fresh = out.metadata().and_then(|m| m.modified()).ok()
+        >= src.metadata().and_then(|m| m.modified()).ok();
+    if out.exists() && fresh {
+        return out.to_path_buf();
+    }
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let part = out.with_extension(format!(
+        "{}.{}.part",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let mut c = cmd(&part);
+    let o = c
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {c:?}: {e}"));
+    assert!(
+        o.status.success(),
+        "{c:?} failed:\n{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    std::fs::rename(&part, out).unwrap();
+    out.to_path_buf()
+}
+
+/// programs/nonlocal.c built with gcc `opt` (`-O0`, `-O2`).
+pub fn nonlocal_c(opt: &str) -> PathBuf {
+    let src = programs_dir().join("nonlocal.c");
+    let out = out_dir("nonlocal").join(format!("nonlocal{opt}"));
+    build(&src, &out, |part| {
+        let mut c = Command::new("gcc");
+        c.args([opt, "-g", "-o"])
+            .arg(part)
+            .arg(&src)
+            .arg("-lpthread");
+        c
+    })
+}
+
+/// programs/throw.cc built with `g++ -O2`.
+pub fn throw_cc() -> PathBuf {
+    let src = programs_dir().join("throw.cc");
+    build(&src, &out_dir("nonlocal").join("throw"), |part| {
+        let mut c = Command::new("g++");
+        c.args(["-O2", "-g", "-o"]).arg(part).arg(&src);
+        c
+    })
+}
+
+/// programs/panic.rs built with `rustc -O`.
+pub fn panic_rs() -> PathBuf {
+    let src = programs_dir().join("panic.rs");
+    build(&src, &out_dir("nonlocal").join("panic"), |part| {
+        let mut c = Command::new("rustc");
+        c.args(["--edition", "2021", "-O", "-o"])
+            .arg(part)
+            .arg(&src);
+        c
+    })
+}
+
+/// `go`, from PATH or where Go's installer and Debian put it.
+pub fn go_tool() -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join("go"))
+        .chain(["/usr/local/go/bin/go".into(), "/usr/lib/go/bin/go".into()])
+        .find(|p| p.is_file())
+        .expect("no go toolchain (scripts/setup.sh installs golang-go)")
+}
+
+/// programs/gofunc built by `go build -ldflags LDFLAGS` as `name`, with
+/// HOME, GOCACHE and GOPATH under the target directory.
+pub fn go_program(name: &str, ldflags: &str) -> PathBuf {
+    let dir = programs_dir().join("gofunc");
+    let base = out_dir("go");
+    build(&dir.join("main.go"), &base.join(name), |part| {
+        let mut c = Command::new(go_tool());
+        c.current_dir(&dir)
+            .args(["build", "-ldflags", ldflags, "-o"])
+            .arg(part)
+            .arg(".")
+            .env("HOME", base.join("home"))
+            .env("GOCACHE", base.join("cache"))
+            .env("GOPATH", base.join("path"))
+            .env("GOFLAGS", "-mod=mod")
+            .env("GOTOOLCHAIN", "local")
+            .env("CGO_ENABLED", "0");
+        c
+    })
+}
+
+/// What `bin args` prints on its own (it must succeed).
+pub fn native_output(bin: &Path, args: &[&str]) -> String {
+    let o = Command::new(bin).args(args).output().unwrap();
+    assert!(o.status.success(), "{} {args:?}: {o:?}", bin.display());
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// The number after `key=` in `out`.
+pub fn field(out: &str, key: &str) -> u64 {
+    let at = out
+        .find(&format!("{key}="))
+        .unwrap_or_else(|| panic!("no {key}= in {out}"));
+    out[at + key.len() + 1..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// The reason a return probe on a Go function is refused.
+pub const GO_REASON: &str = "Go's runtime walks stacks by return address: a return probe would crash it; probe the entry instead";

@@ -1,0 +1,3 @@
+module gofunc
+
+go 1.19
