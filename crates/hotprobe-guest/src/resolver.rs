@@ -168,6 +168,20 @@ impl KernelResolver {
                 .then(|| RuntimeAddr(sym.addr.0)..RuntimeAddr(sym.addr.0 + sym.size)),
             is_return,
             in_plt: false,
+            kind: Some(sym.kind.clone()),
+            not_entry: if offset != 0 {
+                Some(format!(
+                    "{addr:#x} is {offset} bytes into {}, not its entry",
+                    sym.name
+                ))
+            } else {
+                sym.not_entry_reason()
+            },
+            boundary: Some(hotprobe_symbols::Boundary {
+                start: RuntimeAddr(sym.addr.0),
+                end: (sym.size > 0).then(|| RuntimeAddr(sym.addr.0 + sym.size)),
+                source: hotprobe_symbols::BoundarySource::Function(sym.name.clone()),
+            }),
         }
     }
 
