@@ -28,6 +28,8 @@ pub struct CountOptions<'a> {
     pub mechanism: MechanismChoice,
     /// `-f`: follow forked children, a row per probe and process.
     pub follow_forks: bool,
+    /// `--force`: probe addresses not shown to start an instruction.
+    pub force: bool,
 }
 
 /// Run `count`; returns hotprobe's exit code (the command's).
@@ -36,6 +38,7 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         mechanism: o.mechanism,
         maxactive: o.maxactive,
         follow_forks: o.follow_forks,
+        force: o.force,
         ..SessionConfig::default()
     };
     let mut t = Traced::open(config, o.pid, o.cmd)?;

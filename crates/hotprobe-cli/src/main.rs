@@ -2,9 +2,9 @@
 //!
 //! ```text
 //! hotprobe list   (BINARY | -p PID) [PATTERN] [--blacklist]
-//! hotprobe count  PROBE... (-p PID | -- CMD ARGS) [--duration SECS] [--mechanism auto|patch|jump|trap]
+//! hotprobe count  PROBE... (-p PID | -- CMD ARGS) [--duration SECS] [--mechanism auto|patch|jump|trap] [--force]
 //! hotprobe coldpatch IN -o OUT
-//! hotprobe trace  PROBE... (-p PID | -- CMD ARGS) [--args N] [--maxactive N]
+//! hotprobe trace  PROBE... (-p PID | -- CMD ARGS) [--args N] [--maxactive N] [--force]
 //! hotprobe demo
 //! hotprobe record -o DIR [PATTERN]... [--exclude GLOB]... [--phase FUNC]... [--max-depth N]
 //!                 [--min-duration DUR] [--sample N] [--args N] [--mechanism auto|patch|jump]
@@ -86,6 +86,11 @@ enum Cmd {
         /// by default they run without probes.
         #[arg(short = 'f', long)]
         follow_forks: bool,
+        /// Probe addresses not shown to start an instruction (no symbol or
+        /// .eh_frame entry before them, as in a stripped binary): skips the
+        /// instruction-boundary check only, never the blacklist.
+        #[arg(long)]
+        force: bool,
         /// The command to start (after `--`).
         #[arg(last = true, value_name = "CMD")]
         cmd: Vec<OsString>,
@@ -129,6 +134,11 @@ enum Cmd {
         /// by default they run without probes.
         #[arg(short = 'f', long)]
         follow_forks: bool,
+        /// Probe addresses not shown to start an instruction (no symbol or
+        /// .eh_frame entry before them, as in a stripped binary): skips the
+        /// instruction-boundary check only, never the blacklist.
+        #[arg(long)]
+        force: bool,
         /// The command to start (after `--`).
         #[arg(last = true, value_name = "CMD")]
         cmd: Vec<OsString>,
@@ -411,12 +421,14 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             maxactive,
             mechanism,
             follow_forks,
+            force,
             cmd,
         } => {
             let duration = duration(secs)?;
             signals::install()?;
             count::run(&count::CountOptions {
                 follow_forks,
+                force,
                 probes: &probes,
                 pid,
                 cmd: &cmd,
@@ -435,12 +447,14 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             summary,
             mechanism,
             follow_forks,
+            force,
             cmd,
         } => {
             let duration = duration(secs)?;
             signals::install()?;
             trace::run(&trace::TraceOptions {
                 follow_forks,
+                force,
                 probes: &probes,
                 pid,
                 cmd: &cmd,

@@ -42,7 +42,7 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
-use hotprobe_resolve::{check_probe_point, BlacklistEntry, Resolver, Symbolizer};
+use hotprobe_resolve::{check_probe_point, BlacklistEntry, CheckOptions, Resolver, Symbolizer};
 use hotprobe_symbols::pattern::{is_pattern, NamePattern};
 use hotprobe_symbols::{ElfModule, KernelSymbols, LinkAddr, ProbeSpec, ResolvedProbe, SymbolError};
 use hotprobe_target::{RuntimeAddr, Target, TargetError};
@@ -338,8 +338,13 @@ impl Resolver for KernelResolver {
         self.resolve_spec(spec)
     }
 
-    fn check(&self, probe: &ResolvedProbe, target: &mut dyn Target) -> Result<(), String> {
-        check_probe_point(probe, &self.blacklist, target)
+    fn check_with(
+        &self,
+        probe: &ResolvedProbe,
+        target: &mut dyn Target,
+        options: CheckOptions,
+    ) -> Result<(), String> {
+        check_probe_point(probe, &self.blacklist, target, options)
     }
 
     fn blacklist(&self) -> Vec<BlacklistEntry> {

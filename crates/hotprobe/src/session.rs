@@ -150,6 +150,11 @@ pub struct SessionConfig {
     /// probes (`strace -f`, `uftrace` habits). Probes with handlers of the
     /// caller's are not followed; `Count` and `Record` probes are.
     pub follow_forks: bool,
+    /// Accept probe addresses not shown to start an instruction (no known
+    /// boundary before them, e.g. in a stripped binary without
+    /// `.eh_frame`, or decoding from one does not land on them):
+    /// `--force`. Skips that check only, never the blacklist.
+    pub force: bool,
 }
 
 impl Default for SessionConfig {
@@ -160,6 +165,7 @@ impl Default for SessionConfig {
             maxactive: 64,
             record_traps: true,
             follow_forks: false,
+            force: false,
         }
     }
 }
@@ -536,10 +542,13 @@ impl Session {
 
     /// The blacklist, instruction-boundary and scratch-memory checks.
     fn check(&mut self, t: TargetId, spec: &str, r: &ResolvedProbe) -> Result<(), EngineError> {
+        let options = crate::CheckOptions {
+            force: self.config.force,
+        };
         let slot = self.slot(t)?;
         if let Some(resolver) = slot.resolver.as_ref() {
             resolver
-                .check(r, slot.engine.target())
+                .check_with(r, slot.engine.target(), options)
                 .map_err(|reason| EngineError::RefusedSpec {
                     spec: spec.into(),
                     reason,
