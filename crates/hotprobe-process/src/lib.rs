@@ -172,13 +172,18 @@ fn check_attachable(pid: i32) -> Result<(), ProcessError> {
         }
     }
     if st.tracer != 0 {
+        // TracerPid is the tracing thread: name its process.
+        let tracer = proc_status(st.tracer)
+            .map(|t| t.tgid)
+            .filter(|&t| t > 0)
+            .unwrap_or(st.tracer);
         return Err(ProcessError::AlreadyTraced {
             pid,
-            tracer: st.tracer,
-            tracer_name: if st.tracer == me {
-                "this hotprobe".into()
+            tracer,
+            tracer_name: if tracer == me {
+                "this very process".into()
             } else {
-                proc_comm(st.tracer)
+                proc_comm(tracer)
             },
         });
     }
