@@ -56,9 +56,9 @@ impl FunctionKind {
                 "a cold partition of a function (gcc -freorder-blocks-and-partition): \
                  its [rsp] is not a return address",
             ),
-            FunctionKind::Label => Some(
-                "a label inside a function (no function type): its [rsp] is not a return address",
-            ),
+            FunctionKind::Label => {
+                Some("a label inside a function (a local symbol without a function type)")
+            }
         }
     }
 
@@ -73,7 +73,7 @@ impl FunctionKind {
             )),
             FunctionKind::Label => Some(format!(
                 "{name} is a label inside a function (a local symbol without a function type), \
-                 not a function entry: its [rsp] is not a return address"
+                 not a function entry: nothing says its [rsp] is a return address"
             )),
         }
     }
