@@ -189,10 +189,11 @@ pub struct ResolvedProbe {
     /// `[rsp]` is not the return address); `None` when it is one. Return
     /// probes, recorded calls and `%return` counts need an entry.
     pub not_entry: Option<String>,
-    /// A known instruction boundary at or before `addr` in the same code:
-    /// decoding from there must reach `addr` (see
-    /// [`ResolvedProbe::boundary`]); `None` when nothing is known (no
-    /// symbol, no `.eh_frame` entry).
+    /// A known instruction boundary at or before `addr` in the same code
+    /// (the containing function's start, else the containing `.eh_frame`
+    /// FDE's): decoding from there must land on `addr` for a probe to go
+    /// in (`hotprobe_resolve::check_probe_point`); `None` when nothing is
+    /// known (no symbol, no `.eh_frame` entry).
     pub boundary: Option<Boundary>,
 }
 
