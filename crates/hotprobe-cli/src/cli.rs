@@ -81,6 +81,11 @@ pub enum Cmd {
         /// Print the table as JSON (one line; docs/JSON.md).
         #[arg(long)]
         json: bool,
+        /// Probe addresses not shown to start an instruction (no symbol or
+        /// .eh_frame entry before them, as in a stripped binary): skips the
+        /// instruction-boundary check only, never the blacklist.
+        #[arg(long)]
+        force: bool,
         /// The command to start (after `--`).
         #[arg(last = true, value_name = "CMD")]
         cmd: Vec<OsString>,
@@ -124,6 +129,11 @@ pub enum Cmd {
         /// by default they run without probes.
         #[arg(short = 'f', long)]
         follow_forks: bool,
+        /// Probe addresses not shown to start an instruction (no symbol or
+        /// .eh_frame entry before them, as in a stripped binary): skips the
+        /// instruction-boundary check only, never the blacklist.
+        #[arg(long)]
+        force: bool,
         /// The command to start (after `--`).
         #[arg(last = true, value_name = "CMD")]
         cmd: Vec<OsString>,

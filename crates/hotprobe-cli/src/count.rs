@@ -45,6 +45,8 @@ pub struct CountOptions<'a> {
     pub hist: bool,
     /// `--json`: the table as JSON.
     pub json: bool,
+    /// `--force`: probe addresses not shown to start an instruction.
+    pub force: bool,
 }
 
 /// A probe spec split from its condition.
@@ -176,6 +178,7 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
             record_args,
             ..FastPathConfig::default()
         },
+        force: o.force,
         ..SessionConfig::default()
     };
     let mut t = Traced::open(config, o.pid, o.cmd)?;

@@ -110,5 +110,6 @@ pub fn run() -> Result<u8> {
         summary: true,
         mechanism: hotprobe::MechanismChoice::Auto,
         follow_forks: false,
+        force: false,
     })
 }

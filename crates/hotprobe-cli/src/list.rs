@@ -5,7 +5,7 @@ use crate::out::{self, outln};
 use anyhow::{bail, Context, Result};
 use hotprobe::Session;
 use hotprobe_symbols::pattern;
-use hotprobe_symbols::{ElfModule, ProcessSymbols, Symbol};
+use hotprobe_symbols::{ElfModule, FunctionKind, ProcessSymbols, Symbol};
 use hotprobe_x86::Execution;
 use object::{Object, ObjectSegment};
 use std::path::{Path, PathBuf};
@@ -90,13 +90,17 @@ fn mechanism(code: Option<&FileCode>, sym: &Symbol) -> String {
 }
 
 /// The mechanism `hotprobe count` would give a probe on `sym`'s entry
-/// (patch, then jump, else trap) and why.
+/// (patch, then jump, else trap) and why. A symbol that is not a function
+/// entry (a `.cold` partition, a label) gets a trap, and says why.
 fn fast_mechanism(
     fast: Option<&hotprobe_fastpath::ModuleInfo>,
     code: Option<&FileCode>,
     sym: &Symbol,
 ) -> (String, String) {
     use hotprobe_fastpath::{Mechanism, MechanismChoice};
+    if let Some(why) = not_entry(&sym.kind) {
+        return (mechanism(code, sym), why);
+    }
     let plan = fast.and_then(|m| {
         let f = m.functions().iter().find(|f| f.addr == sym.addr.0)?;
         m.plan(f, MechanismChoice::Auto).ok()
@@ -106,6 +110,16 @@ fn fast_mechanism(
         Some(p) => (mechanism(code, sym), p.reason),
         None => (mechanism(code, sym), String::new()),
     }
+}
+
+/// `not a function entry: …` for a symbol of `kind` that is not one.
+fn not_entry(kind: &FunctionKind) -> Option<String> {
+    kind.summary().map(|why| match kind {
+        FunctionKind::ColdPart { parent } => {
+            format!("not a function entry: a cold partition of {parent} (its [rsp] is not a return address)")
+        }
+        _ => format!("not a function entry: {why}"),
+    })
 }
 
 fn wanted(pattern: Option<&str>, s: &Symbol) -> bool {
@@ -130,6 +144,10 @@ pub fn run(o: &ListOptions<'_>) -> Result<()> {
                 .iter()
                 .filter(|s| wanted(o.pattern, s))
                 .map(|s| {
+                    let s = &Symbol {
+                        kind: m.function_kind(s),
+                        ..s.clone()
+                    };
                     let (mechanism, why) = fast_mechanism(fast.as_ref(), code.as_ref(), s);
                     Row {
                         addr: s.addr.0,
@@ -166,7 +184,7 @@ pub fn run(o: &ListOptions<'_>) -> Result<()> {
                         addr: lm.runtime(s.addr).0,
                         size: s.size,
                         mechanism: mechanism(c.as_ref(), s),
-                        why: String::new(),
+                        why: not_entry(&lm.module.function_kind(s)).unwrap_or_default(),
                         module: lm.name.clone(),
                         name: s.name.clone(),
                     });

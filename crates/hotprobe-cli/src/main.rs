@@ -139,6 +139,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             follow_forks,
             hist,
             json,
+            force,
             cmd,
         } => {
             let duration = duration(secs)?;
@@ -146,6 +147,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             count::run(&count::CountOptions {
                 hist,
                 json,
+                force,
                 follow_forks,
                 probes: &probes,
                 pid,
@@ -165,12 +167,14 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             summary,
             mechanism,
             follow_forks,
+            force,
             cmd,
         } => {
             let duration = duration(secs)?;
             signals::install()?;
             trace::run(&trace::TraceOptions {
                 follow_forks,
+                force,
                 probes: &probes,
                 pid,
                 cmd: &cmd,

@@ -180,8 +180,12 @@ impl Skipped {
 /// Run `record`; returns hotprobe's exit code (the command's).
 pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     let exe = match (o.pid, o.cmd.first()) {
-        (Some(pid), None) => std::fs::read_link(format!("/proc/{pid}/exe"))
-            .with_context(|| format!("no process {pid} (or not permitted to read it)"))?,
+        (Some(pid), None) => {
+            // A clear refusal (init, a kernel thread, a zombie...) first.
+            hotprobe::ProcessTarget::check_attachable(pid)?;
+            std::fs::read_link(format!("/proc/{pid}/exe"))
+                .with_context(|| format!("no process {pid} (or not permitted to read it)"))?
+        }
         (None, Some(prog)) => resolve_program(Path::new(prog))
             .with_context(|| format!("{}: not found (nor in PATH)", Path::new(prog).display()))?,
         _ => {

@@ -44,6 +44,8 @@ pub struct TraceOptions<'a> {
     pub mechanism: MechanismChoice,
     /// `-f`: follow forked children.
     pub follow_forks: bool,
+    /// `--force`: probe addresses not shown to start an instruction.
+    pub force: bool,
 }
 
 /// The column header, as uftrace prints it.
@@ -213,6 +215,7 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
             ..FastPathConfig::default()
         },
         follow_forks: o.follow_forks,
+        force: o.force,
         ..SessionConfig::default()
     };
     let mut t = Traced::open(config, o.pid, o.cmd)?;

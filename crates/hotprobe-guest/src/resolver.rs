@@ -42,7 +42,7 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
-use hotprobe_resolve::{check_probe_point, BlacklistEntry, Resolver, Symbolizer};
+use hotprobe_resolve::{check_probe_point, BlacklistEntry, CheckOptions, Resolver, Symbolizer};
 use hotprobe_symbols::pattern::{is_pattern, NamePattern};
 use hotprobe_symbols::{ElfModule, KernelSymbols, LinkAddr, ProbeSpec, ResolvedProbe, SymbolError};
 use hotprobe_target::{RuntimeAddr, Target, TargetError};
@@ -168,6 +168,20 @@ impl KernelResolver {
                 .then(|| RuntimeAddr(sym.addr.0)..RuntimeAddr(sym.addr.0 + sym.size)),
             is_return,
             in_plt: false,
+            kind: Some(sym.kind.clone()),
+            not_entry: if offset != 0 {
+                Some(format!(
+                    "{addr:#x} is {offset} bytes into {}, not its entry",
+                    sym.name
+                ))
+            } else {
+                sym.not_entry_reason()
+            },
+            boundary: Some(hotprobe_symbols::Boundary {
+                start: RuntimeAddr(sym.addr.0),
+                end: (sym.size > 0).then(|| RuntimeAddr(sym.addr.0 + sym.size)),
+                source: hotprobe_symbols::BoundarySource::Function(sym.name.clone()),
+            }),
         }
     }
 
@@ -324,8 +338,13 @@ impl Resolver for KernelResolver {
         self.resolve_spec(spec)
     }
 
-    fn check(&self, probe: &ResolvedProbe, target: &mut dyn Target) -> Result<(), String> {
-        check_probe_point(probe, &self.blacklist, target)
+    fn check_with(
+        &self,
+        probe: &ResolvedProbe,
+        target: &mut dyn Target,
+        options: CheckOptions,
+    ) -> Result<(), String> {
+        check_probe_point(probe, &self.blacklist, target, options)
     }
 
     fn blacklist(&self) -> Vec<BlacklistEntry> {

@@ -74,6 +74,126 @@ fn take_stray_of(mut mine: impl FnMut(i32) -> bool) -> Option<(i32, i32)> {
 /// The int3 opcode.
 const INT3: u8 = 0xCC;
 
+/// `PF_KTHREAD` in the flags of `/proc/PID/stat`.
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// The fields of `/proc/PID/status` hotprobe reads before attaching.
+#[derive(Debug, Default)]
+struct ProcStatus {
+    state: char,
+    tgid: i32,
+    ppid: i32,
+    tracer: i32,
+}
+
+fn proc_status(pid: i32) -> Option<ProcStatus> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let mut st = ProcStatus::default();
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        let num = || value.split_whitespace().next().and_then(|v| v.parse().ok());
+        match key {
+            "State" => st.state = value.chars().next().unwrap_or('?'),
+            "Tgid" => st.tgid = num().unwrap_or(0),
+            "PPid" => st.ppid = num().unwrap_or(0),
+            "TracerPid" => st.tracer = num().unwrap_or(0),
+            _ => {}
+        }
+    }
+    Some(st)
+}
+
+/// The `flags` field of `/proc/PID/stat` (after the parenthesised name,
+/// which may hold spaces and parentheses).
+fn proc_flags(pid: i32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &text[text.rfind(')')? + 1..];
+    rest.split_whitespace().nth(6)?.parse().ok()
+}
+
+fn proc_comm(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| s.trim_end().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// Whether every thread of `pid` is blocked in `wait4` or `waitid`
+/// (`/proc/PID/task/TID/syscall`; false when it cannot be read).
+fn all_threads_wait(pid: i32) -> bool {
+    const WAIT4: &str = "61";
+    const WAITID: &str = "247";
+    let tasks = list_tasks(pid);
+    !tasks.is_empty()
+        && tasks.iter().all(|tid| {
+            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall"))
+                .is_ok_and(|s| matches!(s.split_whitespace().next(), Some(WAIT4 | WAITID)))
+        })
+}
+
+/// Refuses, before anything is done to it, a process hotprobe must not or
+/// cannot attach to: none with this pid, init, hotprobe itself, its parent
+/// waiting for it, a kernel thread, a zombie, a process another tracer
+/// holds.
+fn check_attachable(pid: i32) -> Result<(), ProcessError> {
+    if pid <= 0 || !Path::new(&format!("/proc/{pid}")).exists() {
+        return Err(ProcessError::NoSuchProcess { pid });
+    }
+    let Some(st) = proc_status(pid) else {
+        return Err(ProcessError::NoSuchProcess { pid });
+    };
+    let me = std::process::id() as i32;
+    if pid == me || st.tgid == me {
+        return Err(ProcessError::IsSelf { pid });
+    }
+    if pid == 1 {
+        return Err(ProcessError::IsInit { pid });
+    }
+    if proc_flags(pid).is_some_and(|f| f & PF_KTHREAD != 0) {
+        let what = if st.ppid == 2 {
+            "kthreadd's child".to_string()
+        } else {
+            proc_comm(pid)
+        };
+        return Err(ProcessError::KernelThread { pid, what });
+    }
+    if matches!(st.state, 'Z' | 'X') {
+        // A leader that exited while other threads run on is no zombie.
+        let alive = list_tasks(pid).into_iter().any(|tid| {
+            tid != pid && proc_status(tid).is_some_and(|t| !matches!(t.state, 'Z' | 'X'))
+        });
+        if !alive {
+            return Err(ProcessError::Zombie {
+                pid,
+                parent: st.ppid,
+            });
+        }
+    }
+    if st.tracer != 0 {
+        // TracerPid is the tracing thread: name its process.
+        let tracer = proc_status(st.tracer)
+            .map(|t| t.tgid)
+            .filter(|&t| t > 0)
+            .unwrap_or(st.tracer);
+        return Err(ProcessError::AlreadyTraced {
+            pid,
+            tracer,
+            tracer_name: if tracer == me {
+                "this very process".into()
+            } else {
+                proc_comm(tracer)
+            },
+        });
+    }
+    // SAFETY: getppid has no preconditions.
+    if pid == unsafe { libc::getppid() } && all_threads_wait(pid) {
+        return Err(ProcessError::IsWaitingParent { pid });
+    }
+    Ok(())
+}
+
 /// ptrace options set on every traced thread.
 const TRACE_OPTIONS: i32 = libc::PTRACE_O_TRACECLONE
     | libc::PTRACE_O_TRACEFORK
@@ -88,6 +208,56 @@ pub enum ProcessError {
     NoSuchProcess {
         /// The pid asked for.
         pid: i32,
+    },
+    /// Pid 1, the system's (or the container's) init.
+    #[error("pid {pid} is init: hotprobe does not attach to it")]
+    IsInit {
+        /// The pid asked for (1).
+        pid: i32,
+    },
+    /// hotprobe's own process (or one of its threads).
+    #[error("pid {pid} is hotprobe itself: it cannot probe its own process")]
+    IsSelf {
+        /// The pid asked for.
+        pid: i32,
+    },
+    /// hotprobe's parent, which waits for hotprobe to exit (`-p $$` in a
+    /// shell): probing it would only wait until hotprobe is stopped.
+    #[error(
+        "pid {pid} is hotprobe's parent, waiting for hotprobe to exit (a shell's $$?): \
+         hotprobe does not attach to it; give the pid of the program to probe"
+    )]
+    IsWaitingParent {
+        /// The pid asked for.
+        pid: i32,
+    },
+    /// A kernel thread: no user code, no ptrace.
+    #[error("pid {pid} is a kernel thread ({what}): only user processes can be probed")]
+    KernelThread {
+        /// The pid asked for.
+        pid: i32,
+        /// `kthreadd's child`, or its name.
+        what: String,
+    },
+    /// A process that exited and that its parent has not reaped.
+    #[error("pid {pid} is a zombie (exited, not yet reaped by its parent {parent})")]
+    Zombie {
+        /// The pid asked for.
+        pid: i32,
+        /// Its parent.
+        parent: i32,
+    },
+    /// Another tracer (gdb, strace, another hotprobe) holds the process.
+    #[error(
+        "pid {pid} is already traced by pid {tracer} ({tracer_name}): detach that tracer first"
+    )]
+    AlreadyTraced {
+        /// The pid asked for.
+        pid: i32,
+        /// The tracer's pid.
+        tracer: i32,
+        /// The tracer's name (`/proc/TRACER/comm`).
+        tracer_name: String,
     },
     /// ptrace was refused.
     #[error("not permitted to ptrace pid {pid}: run as root or grant CAP_SYS_PTRACE (or set /proc/sys/kernel/yama/ptrace_scope to 0); is another tracer (gdb, strace) attached?")]
@@ -331,12 +501,23 @@ impl ProcessTarget {
         Ok(t)
     }
 
+    /// Refuses, before anything is done to it, a process that
+    /// [`ProcessTarget::attach`] must not or cannot take: no process with
+    /// this pid ([`ProcessError::NoSuchProcess`]), init
+    /// ([`ProcessError::IsInit`]), hotprobe itself
+    /// ([`ProcessError::IsSelf`]), its parent waiting for it
+    /// ([`ProcessError::IsWaitingParent`]), a kernel thread
+    /// ([`ProcessError::KernelThread`]), a zombie
+    /// ([`ProcessError::Zombie`]), a process another tracer holds
+    /// ([`ProcessError::AlreadyTraced`]).
+    pub fn check_attachable(pid: i32) -> Result<(), ProcessError> {
+        check_attachable(pid)
+    }
+
     /// Attach to a running process and every one of its threads, leaving
     /// them all stopped (call [`Target::resume_all`] once probes are in).
     pub fn attach(pid: i32) -> Result<Self, ProcessError> {
-        if pid <= 0 || !Path::new(&format!("/proc/{pid}")).exists() {
-            return Err(ProcessError::NoSuchProcess { pid });
-        }
+        Self::check_attachable(pid)?;
         let program = std::fs::read_link(format!("/proc/{pid}/exe")).map_err(|e| {
             if e.kind() == std::io::ErrorKind::PermissionDenied {
                 ProcessError::PermissionDenied { pid }

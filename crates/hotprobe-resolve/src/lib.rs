@@ -8,7 +8,8 @@
 //! - [`ProcessResolver`]: Linux processes, over `/proc/PID/maps` and their
 //!   ELF files.
 //! - [`check_probe_point`]: the blacklist and instruction-boundary checks
-//!   every resolver makes; [`SIGRETURN_SYMBOLS`]: signal-return trampolines.
+//!   every resolver makes ([`CheckOptions::force`] skips the boundary
+//!   check); [`SIGRETURN_SYMBOLS`]: signal-return trampolines.
 //!
 //! A function name that is a pattern ([`hotprobe_symbols::pattern`]:
 //! `comp*`, `sys_[gs]et?id`) resolves to every function matching it.
@@ -57,8 +58,20 @@ pub trait Resolver {
     ) -> Result<Vec<ResolvedProbe>, SymbolError>;
 
     /// `Err(reason)` if the resolved address must not be probed: in the
-    /// blacklist, or not on an instruction boundary.
-    fn check(&self, probe: &ResolvedProbe, target: &mut dyn Target) -> Result<(), String>;
+    /// blacklist, or not shown to start an instruction (see
+    /// [`check_probe_point`]).
+    fn check(&self, probe: &ResolvedProbe, target: &mut dyn Target) -> Result<(), String> {
+        self.check_with(probe, target, CheckOptions::default())
+    }
+
+    /// [`Resolver::check`] with options (`force`: skip the instruction
+    /// boundary check, never the blacklist).
+    fn check_with(
+        &self,
+        probe: &ResolvedProbe,
+        target: &mut dyn Target,
+        options: CheckOptions,
+    ) -> Result<(), String>;
 
     /// The blacklist.
     fn blacklist(&self) -> Vec<BlacklistEntry>;
@@ -67,14 +80,29 @@ pub trait Resolver {
     fn symbolizer(&self) -> Box<dyn Symbolizer>;
 }
 
+/// Options of [`check_probe_point`] (and [`Resolver::check_with`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CheckOptions {
+    /// Accept an address not shown to start an instruction (`--force`):
+    /// skips the instruction-boundary check only, never the blacklist.
+    pub force: bool,
+}
+
+/// How far past a known boundary the code is decoded at most.
+const MAX_DECODE: u64 = 1 << 20;
+
 /// The checks every resolver makes on a resolved probe: its address is in
-/// no `blacklist` entry and, inside a function but not at its first byte,
-/// starts an instruction (the target's code is decoded from the function's
-/// start up to one instruction past the address). `Err(reason)` otherwise.
+/// no `blacklist` entry and starts an instruction: it is a known
+/// instruction boundary ([`ResolvedProbe::boundary`]: the containing
+/// function's start, else the containing `.eh_frame` FDE's start), or
+/// decoding the target's code from that boundary lands on it. An address
+/// with no known boundary before it is refused, as is one decoding steps
+/// over, unless `options.force`. `Err(reason)` otherwise.
 pub fn check_probe_point(
     probe: &ResolvedProbe,
     blacklist: &[BlacklistEntry],
     target: &mut dyn Target,
+    options: CheckOptions,
 ) -> Result<(), String> {
     if let Some(b) = blacklist
         .iter()
@@ -82,32 +110,61 @@ pub fn check_probe_point(
     {
         return Err(format!("{:#x} is blacklisted: {}", probe.addr.0, b.what));
     }
-    let Some(range) = &probe.function_range else {
-        return Ok(());
-    };
-    if probe.addr == range.start {
+    if options.force {
         return Ok(());
     }
-    let upto = probe.addr.0.saturating_sub(range.start.0);
-    let len = (upto + hotprobe_x86::MAX_INSN_LEN as u64)
-        .min(range.end.0.saturating_sub(range.start.0))
-        .min(1 << 20) as usize;
-    let mut code = vec![0u8; len];
-    if let Err(e) = target.read_memory(range.start, &mut code) {
+    let Some(b) = &probe.boundary else {
         return Err(format!(
-            "cannot read the code of {} to check instruction boundaries: {e}",
-            probe.function.as_deref().unwrap_or("?")
+            "no known instruction boundary before {} (no symbol covers it and no \
+             .eh_frame entry: stripped?): pass --force to probe it anyway",
+            place(probe)
+        ));
+    };
+    if probe.addr == b.start {
+        return Ok(());
+    }
+    let Some(upto) = probe.addr.0.checked_sub(b.start.0) else {
+        return Err(format!(
+            "{} is before {b}: no known instruction boundary before it",
+            place(probe)
+        ));
+    };
+    if upto >= MAX_DECODE {
+        return Err(format!(
+            "{} is {upto} bytes past {b}, too far to decode up to it: pass --force to \
+             probe it anyway",
+            place(probe)
         ));
     }
-    if !hotprobe_x86::is_instruction_boundary(&code, range.start.0, probe.addr.0) {
+    let mut len = upto + hotprobe_x86::MAX_INSN_LEN as u64;
+    if let Some(end) = b.end {
+        len = len.min(end.0.saturating_sub(b.start.0)).max(upto + 1);
+    }
+    let mut code = vec![0u8; len as usize];
+    if let Err(e) = target.read_memory(b.start, &mut code) {
         return Err(format!(
-            "{:#x} ({}+{:#x}) is in the middle of an instruction",
-            probe.addr.0,
-            probe.function.as_deref().unwrap_or("?"),
-            probe.offset
+            "cannot read the code from {b} to check instruction boundaries: {e}"
+        ));
+    }
+    if !hotprobe_x86::is_instruction_boundary(&code, b.start.0, probe.addr.0) {
+        return Err(format!(
+            "{} is in the middle of an instruction (decoded from {b})",
+            place(probe)
         ));
     }
     Ok(())
+}
+
+/// `0x55d0c0de1234 (compute+0x4)`, or `(prog:0x1234)` without a function.
+fn place(probe: &ResolvedProbe) -> String {
+    match &probe.function {
+        Some(f) => format!("{:#x} ({f}+{:#x})", probe.addr.0, probe.offset),
+        None if probe.module.is_empty() => format!("{:#x}", probe.addr.0),
+        None => format!(
+            "{:#x} ({}:{:#x})",
+            probe.addr.0, probe.module, probe.link_addr.0
+        ),
+    }
 }
 
 /// Signal-return trampolines: probing them breaks every signal delivery.
@@ -154,14 +211,19 @@ impl Resolver for ProcessResolver {
         self.symbols.resolve(spec)
     }
 
-    fn check(&self, probe: &ResolvedProbe, target: &mut dyn Target) -> Result<(), String> {
+    fn check_with(
+        &self,
+        probe: &ResolvedProbe,
+        target: &mut dyn Target,
+        options: CheckOptions,
+    ) -> Result<(), String> {
         if probe.in_plt {
             return Err(format!(
                 "{:#x} is in a PLT stub ({}): probe the function it calls instead",
                 probe.addr.0, probe.module
             ));
         }
-        check_probe_point(probe, &self.blacklist(), target)
+        check_probe_point(probe, &self.blacklist(), target, options)
     }
 
     fn blacklist(&self) -> Vec<BlacklistEntry> {

@@ -10,7 +10,9 @@ use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SegmentFlags, S
 
 use crate::demangle::{demangle, lookup_keys, short_name, similar_names, strip_version};
 use crate::error::SymbolError;
+use crate::kind::{cold_parent, dwarf_roles, fde_containing, parse_eh_frame, DwarfRole, Fde};
 use crate::maps::Mapping;
+use crate::FunctionKind;
 
 /// Where separate debug files live, indexed by build id.
 pub const DEBUG_ROOT: &str = "/usr/lib/debug";
@@ -29,9 +31,26 @@ pub struct Symbol {
     pub addr: LinkAddr,
     /// Size in bytes (`st_size`); 0 when unknown.
     pub size: u64,
+    /// Whether it is a function's entry, or else what (a `.cold`
+    /// partition, a label), as the symbol table says (type, name):
+    /// see [`FunctionKind`]; [`ElfModule::function_kind`] adds DWARF.
+    pub kind: FunctionKind,
 }
 
 impl Symbol {
+    /// Whether the symbol is a function's entry (`[rsp]` holds a return
+    /// address there), not a `.cold` partition or a label, as the symbol
+    /// table says.
+    pub fn is_entry(&self) -> bool {
+        self.kind.is_entry()
+    }
+
+    /// Why it is not a function entry (`g.cold is a cold partition of g
+    /// …`); `None` for an entry.
+    pub fn not_entry_reason(&self) -> Option<String> {
+        self.kind.reason(&self.name)
+    }
+
     /// Whether `addr` lies inside this symbol (for size 0: equals its start).
     pub fn contains(&self, addr: LinkAddr) -> bool {
         match addr.0.checked_sub(self.addr.0) {
@@ -67,6 +86,8 @@ pub struct ElfModule {
     is_pie: bool,
     entry: LinkAddr,
     functions: Vec<Symbol>,
+    /// The `.eh_frame` FDEs, sorted by start.
+    fdes: Vec<Fde>,
     /// Preference of each function among aliases (lower is better).
     ranks: Vec<u8>,
     raw_index: HashMap<String, Vec<u32>>,
@@ -76,6 +97,8 @@ pub struct ElfModule {
     build_id: Option<Vec<u8>>,
     debug_file: Option<PathBuf>,
     dwarf: OnceLock<Option<Arc<gimli::Dwarf<Reader>>>>,
+    /// What DWARF says starts where (subprogram entries, other pieces).
+    dwarf_roles: OnceLock<HashMap<u64, DwarfRole>>,
     a2l: Mutex<Option<addr2line::Context<Reader>>>,
 }
 
@@ -104,16 +127,32 @@ struct RawFunc {
     addr: u64,
     size: u64,
     rank: u8,
+    /// A label (`STT_NOTYPE`, local, in code), not a function symbol.
+    label: bool,
+}
+
+/// Whether `sym` is a label in code: a local `STT_NOTYPE` symbol of an
+/// executable section (hand-written assembly's local symbols).
+fn is_code_label(file: &object::File<'_>, sym: &object::Symbol<'_, '_>) -> bool {
+    if sym.kind() != SymbolKind::Unknown || !sym.is_local() || sym.is_undefined() {
+        return false;
+    }
+    let Some(idx) = sym.section_index() else {
+        return false;
+    };
+    file.section_by_index(idx)
+        .is_ok_and(|sec| sec.kind() == object::SectionKind::Text)
 }
 
 fn collect_functions<'d>(file: &object::File<'d>, out: &mut HashMap<(u64, String), RawFunc>) {
     let tables = file.symbols().chain(file.dynamic_symbols());
     for sym in tables {
-        if sym.kind() != SymbolKind::Text || sym.is_undefined() {
+        let label = is_code_label(file, &sym);
+        if (sym.kind() != SymbolKind::Text || sym.is_undefined()) && !label {
             continue;
         }
         let Ok(raw) = sym.name() else { continue };
-        if raw.is_empty() {
+        if raw.is_empty() || raw.starts_with(".L") || raw.starts_with('$') {
             continue;
         }
         let rank = if sym.is_global() {
@@ -129,6 +168,7 @@ fn collect_functions<'d>(file: &object::File<'d>, out: &mut HashMap<(u64, String
             addr: sym.address(),
             size: sym.size(),
             rank,
+            label,
         };
         match out.get_mut(&key) {
             None => {
@@ -141,6 +181,8 @@ fn collect_functions<'d>(file: &object::File<'d>, out: &mut HashMap<(u64, String
                 }
                 old.size = old.size.max(new.size);
                 old.rank = old.rank.min(new.rank);
+                // A function symbol wins over a label of the same name.
+                old.label &= new.label;
             }
         }
     }
@@ -225,6 +267,7 @@ impl ElfModule {
 
         let mut raw_funcs = HashMap::new();
         collect_functions(&file, &mut raw_funcs);
+        let fdes = eh_frame_of(&file);
 
         let own_symtab = has_symtab(&file);
         let own_dwarf = has_dwarf(&file);
@@ -277,11 +320,22 @@ impl ElfModule {
                 }
             }
             ranks.push(f.rank);
+            let kind = if f.label {
+                FunctionKind::Label
+            } else {
+                match cold_parent(strip_version(&f.raw)) {
+                    Some(parent) => FunctionKind::ColdPart {
+                        parent: demangle(parent),
+                    },
+                    None => FunctionKind::Entry,
+                }
+            };
             functions.push(Symbol {
                 name,
                 raw_name: f.raw,
                 addr: LinkAddr(f.addr),
                 size: f.size,
+                kind,
             });
         }
 
@@ -298,9 +352,45 @@ impl ElfModule {
             segments,
             build_id,
             debug_file,
+            fdes,
             dwarf: OnceLock::new(),
+            dwarf_roles: OnceLock::new(),
             a2l: Mutex::new(None),
         })
+    }
+
+    /// The kind of `sym` (one of this module's functions): its
+    /// [`Symbol::kind`] from the symbol table, and where DWARF is present
+    /// (read on first use), a function symbol not named as a cold part
+    /// that starts a `DW_AT_ranges` piece of a subprogram entered
+    /// elsewhere is a [`FunctionKind::ColdPart`] of the function there.
+    pub fn function_kind(&self, sym: &Symbol) -> FunctionKind {
+        if sym.kind != FunctionKind::Entry {
+            return sym.kind.clone();
+        }
+        match self.dwarf_piece_of(sym.addr) {
+            Some(parent) => FunctionKind::ColdPart { parent },
+            None => FunctionKind::Entry,
+        }
+    }
+
+    /// The function (its name, else its address) whose code DWARF splits
+    /// into pieces (`DW_AT_ranges`) when `addr` starts a piece other than
+    /// the one holding its entry: a cold partition. DWARF is read on first
+    /// use; `None` without DWARF.
+    pub fn dwarf_piece_of(&self, addr: LinkAddr) -> Option<String> {
+        let roles = self
+            .dwarf_roles
+            .get_or_init(|| self.dwarf().map(|d| dwarf_roles(d)).unwrap_or_default());
+        let &DwarfRole::Piece(entry) = roles.get(&addr.0)? else {
+            return None;
+        };
+        Some(
+            self.functions
+                .iter()
+                .find(|p| p.addr.0 == entry && p.kind == FunctionKind::Entry)
+                .map_or_else(|| format!("the function at {entry:#x}"), |p| p.name.clone()),
+        )
     }
 
     /// The file's path (as given to [`ElfModule::open`]).
@@ -388,6 +478,10 @@ impl ElfModule {
             i -= 1;
             scanned += 1;
             let s = self.functions.get(i)?;
+            if s.kind == FunctionKind::Label {
+                // A place inside a function, not one of its own.
+                continue;
+            }
             if let Some(f) = found {
                 // Keep walking back over aliases at the same address.
                 if self.functions.get(f).map(|x| x.addr) != Some(s.addr) {
@@ -500,6 +594,18 @@ impl ElfModule {
         let ctx = guard.as_ref()?;
         let loc = ctx.find_location(addr.0).ok()??;
         Some((loc.file?.to_string(), loc.line?))
+    }
+
+    /// The frame description entries of its `.eh_frame` (sorted by start):
+    /// instruction boundaries where no symbol is known.
+    pub fn fdes(&self) -> &[Fde] {
+        &self.fdes
+    }
+
+    /// The `.eh_frame` FDE containing `addr` (the innermost, should some
+    /// overlap).
+    pub fn fde_containing(&self, addr: LinkAddr) -> Option<Fde> {
+        fde_containing(&self.fdes, addr)
     }
 
     /// Whether this module (or its debug file) has DWARF information.
@@ -655,8 +761,25 @@ pub fn data_symbol(path: &Path, name: &str) -> Result<Option<Symbol>, SymbolErro
             raw_name: raw,
             addr: LinkAddr(s.address()),
             size: s.size(),
+            // Data: not a place code is called.
+            kind: FunctionKind::Label,
         }
     }))
+}
+
+/// The FDEs of the file's `.eh_frame` (none without one).
+fn eh_frame_of(file: &object::File<'_>) -> Vec<Fde> {
+    let Some(sec) = file.section_by_name(".eh_frame") else {
+        return Vec::new();
+    };
+    if sec.kind() == object::SectionKind::UninitializedData {
+        return Vec::new();
+    }
+    let Ok(data) = sec.data() else {
+        return Vec::new();
+    };
+    let text = file.section_by_name(".text").map_or(0, |t| t.address());
+    parse_eh_frame(data, sec.address(), text)
 }
 
 fn load_dwarf(bytes: &Arc<[u8]>) -> Option<gimli::Dwarf<Reader>> {

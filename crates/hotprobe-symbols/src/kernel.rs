@@ -86,11 +86,18 @@ impl KernelSymbols {
                 .find(|e| e.0 > *addr)
                 .map(|e| e.0);
             let size = next.map_or(0, |n| (n - addr).min(MAX_KALLSYMS_SIZE));
+            let kind = match crate::kind::cold_parent(name) {
+                Some(parent) => crate::FunctionKind::ColdPart {
+                    parent: parent.to_string(),
+                },
+                None => crate::FunctionKind::Entry,
+            };
             syms.push(Symbol {
                 name: name.clone(),
                 raw_name: name.clone(),
                 addr: LinkAddr(*addr),
                 size,
+                kind,
             });
             modules.push(module.clone());
         }

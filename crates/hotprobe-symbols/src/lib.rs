@@ -18,6 +18,7 @@ mod demangle;
 mod elf;
 mod error;
 mod kernel;
+mod kind;
 mod libpath;
 mod maps;
 pub mod pattern;
@@ -28,10 +29,14 @@ pub use demangle::demangle;
 pub use elf::{data_symbol, ElfModule, Symbol, DEBUG_ROOT};
 pub use error::SymbolError;
 pub use kernel::{KernelSymbols, MAX_KALLSYMS_SIZE};
+pub use kind::{Fde, FunctionKind};
 pub use libpath::find_library;
 pub use maps::{parse_maps, read_maps, Mapping, Perms};
 pub use pattern::{is_pattern, NamePattern, PatternError};
-pub use process::{LoadedModule, ModuleCache, ProcessSymbols, ResolvedProbe, SymbolizedAddr};
+pub use process::{
+    Boundary, BoundarySource, LoadedModule, ModuleCache, ProcessSymbols, ResolvedProbe,
+    SymbolizedAddr,
+};
 pub use spec::{ProbeSpec, MAX_SPEC_LEN, RETURN_SUFFIX};
 
 pub use hotprobe_target::{LinkAddr, LoadBias, RuntimeAddr};

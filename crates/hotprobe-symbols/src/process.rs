@@ -11,6 +11,7 @@ use hotprobe_target::{LinkAddr, LoadBias, RuntimeAddr};
 
 use crate::elf::{ElfModule, Symbol};
 use crate::error::SymbolError;
+use crate::kind::{Fde, FunctionKind};
 use crate::maps::{read_maps, Mapping};
 use crate::pattern::{is_pattern, NamePattern};
 use crate::spec::ProbeSpec;
@@ -180,6 +181,59 @@ pub struct ResolvedProbe {
     pub is_return: bool,
     /// The address lies in a PLT section (a stub, not the function itself).
     pub in_plt: bool,
+    /// What the symbol `function` names is ([`FunctionKind`]: a function
+    /// entry, a `.cold` partition, a label), when a symbol names it.
+    pub kind: Option<FunctionKind>,
+    /// Why `addr` is not a function's entry (an offset into a function,
+    /// a cold partition, a label, code known only from `.eh_frame` whose
+    /// `[rsp]` is not the return address); `None` when it is one. Return
+    /// probes, recorded calls and `%return` counts need an entry.
+    pub not_entry: Option<String>,
+    /// A known instruction boundary at or before `addr` in the same code
+    /// (the containing function's start, else the containing `.eh_frame`
+    /// FDE's): decoding from there must land on `addr` for a probe to go
+    /// in (`hotprobe_resolve::check_probe_point`); `None` when nothing is
+    /// known (no symbol, no `.eh_frame` entry).
+    pub boundary: Option<Boundary>,
+}
+
+impl ResolvedProbe {
+    /// Whether `addr` is a function's entry (see
+    /// [`ResolvedProbe::not_entry`]).
+    pub fn is_entry(&self) -> bool {
+        self.not_entry.is_none()
+    }
+}
+
+/// Where a known instruction boundary comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BoundarySource {
+    /// The start of this function (or other code symbol).
+    Function(String),
+    /// The start of an `.eh_frame` FDE (no symbol covers the address).
+    Fde,
+}
+
+/// A known instruction boundary before a probe's address, from which the
+/// code is decoded to check that the address starts an instruction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Boundary {
+    /// The run-time address known to start an instruction.
+    pub start: RuntimeAddr,
+    /// The end of the code it starts (the function's or FDE's), when
+    /// known: decoding stops there.
+    pub end: Option<RuntimeAddr>,
+    /// What it is.
+    pub source: BoundarySource,
+}
+
+impl fmt::Display for Boundary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.source {
+            BoundarySource::Function(name) => write!(f, "{name}'s start {}", self.start),
+            BoundarySource::Fde => write!(f, "the FDE start {}", self.start),
+        }
+    }
 }
 
 impl fmt::Display for ResolvedProbe {
@@ -415,8 +469,39 @@ impl ProcessSymbols {
 
     fn probe_at(lm: &LoadedModule, link: LinkAddr, is_return: bool) -> ResolvedProbe {
         let sym = lm.module.symbolize(link);
+        let fde = lm.module.fde_containing(link);
+        let addr = lm.runtime(link);
+        let (boundary, not_entry) = match (sym, fde) {
+            (Some((s, off)), _) => (
+                Some(symbol_boundary(lm, s)),
+                if off != 0 {
+                    Some(format!(
+                        "{:#x} is {off} bytes into {}, not its entry",
+                        addr.0, s.name
+                    ))
+                } else {
+                    lm.module.function_kind(s).reason(&s.name)
+                },
+            ),
+            (None, Some(f)) => (
+                Some(Boundary {
+                    start: lm.runtime(f.start),
+                    end: Some(lm.runtime(f.end)),
+                    source: BoundarySource::Fde,
+                }),
+                fde_not_entry(lm, &f, link),
+            ),
+            (None, None) => (
+                None,
+                Some(format!(
+                    "{:#x} has no symbol and no .eh_frame entry in {}: not known to be \
+                     a function entry",
+                    addr.0, lm.name
+                )),
+            ),
+        };
         ResolvedProbe {
-            addr: lm.runtime(link),
+            addr,
             link_addr: link,
             module: lm.name.clone(),
             function: sym.map(|(s, _)| s.name.clone()),
@@ -424,6 +509,9 @@ impl ProcessSymbols {
             function_range: sym.and_then(|(s, _)| function_range(lm, s)),
             is_return,
             in_plt: lm.module.in_plt(link),
+            kind: sym.map(|(s, _)| lm.module.function_kind(s)),
+            not_entry,
+            boundary,
         }
     }
 
@@ -592,6 +680,21 @@ impl ProcessSymbols {
         p.function = Some(sym.name.clone());
         p.offset = offset;
         p.function_range = function_range(lm, sym);
+        let kind = lm.module.function_kind(sym);
+        p.not_entry = if offset != 0 {
+            Some(format!(
+                "{:#x} is {offset} bytes into {}, not its entry",
+                p.addr.0, sym.name
+            ))
+        } else {
+            kind.reason(&sym.name)
+        };
+        p.kind = Some(kind);
+        // A label is a place inside a function: decoding starts at the
+        // function (or FDE) around it, as `probe_at` found.
+        if sym.kind != FunctionKind::Label {
+            p.boundary = Some(symbol_boundary(lm, sym));
+        }
         Ok(p)
     }
 
@@ -725,6 +828,48 @@ fn reopen_deleted(pid: u32, m: &Mapping) -> Option<PathBuf> {
         m.start.0, m.end.0
     ));
     std::fs::File::open(&mf).ok().map(|_| mf)
+}
+
+/// The start of symbol `s` as an instruction boundary.
+fn symbol_boundary(lm: &LoadedModule, s: &Symbol) -> Boundary {
+    Boundary {
+        start: lm.runtime(s.addr),
+        end: function_range(lm, s).map(|r| r.end),
+        source: BoundarySource::Function(s.name.clone()),
+    }
+}
+
+/// Why `link`, in FDE `f` and under no symbol, is not a function entry.
+fn fde_not_entry(lm: &LoadedModule, f: &Fde, link: LinkAddr) -> Option<String> {
+    let addr = lm.runtime(link).0;
+    if let Some(parent) = lm.module.dwarf_piece_of(link) {
+        return Some(format!(
+            "{addr:#x} has no symbol, and DWARF has it start a piece of {parent} other than its \
+             entry (a cold partition): not a function entry, its [rsp] is not a return address"
+        ));
+    }
+    if link != f.start {
+        return Some(format!(
+            "{addr:#x} is {} bytes into the code of the .eh_frame FDE at {:#x} (no symbol), \
+             not an entry",
+            link.0 - f.start.0,
+            lm.runtime(f.start).0
+        ));
+    }
+    if f.return_address_on_top() {
+        // An entry, or a cold part jumped to with nothing pushed: either
+        // way `[rsp]` is the return address here.
+        return None;
+    }
+    let cfa = match f.cfa_rsp_offset {
+        Some(o) => format!("CFA = rsp{o:+}"),
+        None => "the CFA is not rsp-based".to_string(),
+    };
+    Some(format!(
+        "{addr:#x} starts an .eh_frame FDE but has no symbol, and [rsp] is not the return \
+         address there ({cfa}): code jumped to (e.g. a function's cold partition), not a \
+         function entry"
+    ))
 }
 
 fn function_range(lm: &LoadedModule, s: &Symbol) -> Option<Range<RuntimeAddr>> {

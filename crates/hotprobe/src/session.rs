@@ -150,6 +150,11 @@ pub struct SessionConfig {
     /// probes (`strace -f`, `uftrace` habits). Probes with handlers of the
     /// caller's are not followed; `Count` and `Record` probes are.
     pub follow_forks: bool,
+    /// Accept probe addresses not shown to start an instruction (no known
+    /// boundary before them, e.g. in a stripped binary without
+    /// `.eh_frame`, or decoding from one does not land on them):
+    /// `--force`. Skips that check only, never the blacklist.
+    pub force: bool,
 }
 
 impl Default for SessionConfig {
@@ -160,6 +165,7 @@ impl Default for SessionConfig {
             maxactive: 64,
             record_traps: true,
             follow_forks: false,
+            force: false,
         }
     }
 }
@@ -536,10 +542,13 @@ impl Session {
 
     /// The blacklist, instruction-boundary and scratch-memory checks.
     fn check(&mut self, t: TargetId, spec: &str, r: &ResolvedProbe) -> Result<(), EngineError> {
+        let options = crate::CheckOptions {
+            force: self.config.force,
+        };
         let slot = self.slot(t)?;
         if let Some(resolver) = slot.resolver.as_ref() {
             resolver
-                .check(r, slot.engine.target())
+                .check_with(r, slot.engine.target(), options)
                 .map_err(|reason| EngineError::RefusedSpec {
                     spec: spec.into(),
                     reason,
@@ -598,7 +607,7 @@ impl Session {
         rp: RetProbe,
     ) -> Result<ProbeId, EngineError> {
         let r = self.resolve_one(t, spec)?;
-        if r.offset != 0 {
+        if !r.is_entry() {
             return Err(not_an_entry(spec, &r));
         }
         self.retprobe_addr(t, r.addr, rp)
@@ -667,7 +676,7 @@ impl Session {
                     }
                     r => r?,
                 };
-                if r.offset != 0 {
+                if !r.is_entry() {
                     return Err(not_an_entry(spec, &r));
                 }
                 let id = self.retprobe_addr(t, r.addr, rp)?;
@@ -704,6 +713,18 @@ impl Session {
                 (_, true) => format!("{spec} @ {}", short(&r)),
                 (_, false) => spec.to_string(),
             };
+            // A pattern names functions: a `.cold` partition or a label
+            // it matches is none (whatever the action).
+            if let (true, Some(why)) = (pattern, r.kind.as_ref().and_then(|k| k.summary())) {
+                added.skipped.push(Skipped {
+                    label,
+                    reason: format!("not a function entry: {why}"),
+                });
+                continue;
+            }
+            if (record || is_return) && r.offset == 0 && !r.is_entry() {
+                return Err(not_an_entry(spec, &r));
+            }
             if record && r.offset != 0 {
                 let e = not_whole_function(spec, &r);
                 if pattern {
@@ -825,7 +846,7 @@ impl Session {
             Some("--mechanism trap".to_string())
         } else if is_return && !record {
             Some("return counts use a return probe".to_string())
-        } else if r.offset != 0 {
+        } else if r.offset != 0 || !r.is_entry() {
             Some("not a function entry (the fast path probes entries)".to_string())
         } else {
             None
@@ -1122,6 +1143,9 @@ impl Session {
             (p.spec.clone(), p.id, p.fast_ok, p.record, p.is_return)
         };
         let r = self.resolve_one(t, &spec)?;
+        if (is_return || record) && !r.is_entry() {
+            return Err(not_an_entry(&spec, &r));
+        }
         let Some(m) = syms.modules().iter().find(|m| m.contains(r.addr)) else {
             return Err(EngineError::RefusedSpec {
                 spec,
@@ -1768,15 +1792,19 @@ fn not_whole_function(spec: &str, r: &ResolvedProbe) -> EngineError {
 }
 
 fn not_an_entry(spec: &str, r: &ResolvedProbe) -> EngineError {
-    EngineError::RefusedSpec {
-        spec: spec.into(),
-        reason: format!(
+    let reason = match &r.not_entry {
+        Some(why) if r.offset == 0 => why.clone(),
+        _ => format!(
             "a return probe goes on a function's first instruction, and {:#x} is {} \
              bytes into {}",
             r.addr.0,
             r.offset,
             r.function.as_deref().unwrap_or("its function")
         ),
+    };
+    EngineError::RefusedSpec {
+        spec: spec.into(),
+        reason,
     }
 }
 

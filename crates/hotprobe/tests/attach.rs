@@ -175,17 +175,22 @@ fn bad_inputs_give_errors_and_leave_the_target_running() {
     let mut s = Session::new();
     let t = s.attach(srv.pid).unwrap();
 
-    // A second tracer is refused with the permission message.
+    // A second tracer is refused: the process is already traced (by us).
     let mut s2 = Session::new();
     let err = s2.attach(srv.pid).expect_err("second attach fails");
+    let me = std::process::id() as i32;
     assert!(
         matches!(
             err,
-            EngineError::Process(ProcessError::PermissionDenied { .. })
+            EngineError::Process(ProcessError::AlreadyTraced { pid, tracer, .. })
+                if pid == srv.pid && tracer == me
         ),
         "{err:?}"
     );
-    assert!(err.to_string().contains("not permitted to ptrace"), "{err}");
+    assert!(
+        err.to_string().contains("is already traced by pid"),
+        "{err}"
+    );
 
     // Unknown symbol: the error names it.
     let err = s.probe(t, "no_such_function", Probe::new()).err().unwrap();
