@@ -194,96 +194,110 @@ struct Markers {
 /// A marker table ending at `end`: `width`-byte values read backwards,
 /// strictly decreasing by plausible steps down to 0 (`markers[0]`).
 fn markers_ending_at(d: &[u8], end: usize, width: usize) -> Option<(usize, Vec<u64>)> {
+    let read = |at: usize| {
+        if width == 4 {
+            u32_at(d, at).map(u64::from)
+        } else {
+            u64_at(d, at)
+        }
+    };
+    // Walk back without allocating (most positions fail at once).
     let mut q = end;
-    let mut vals: Vec<u64> = Vec::new();
+    let mut next: Option<u64> = None;
+    let mut k = 0usize;
     loop {
         let at = q.checked_sub(width)?;
-        let v = if width == 4 {
-            u64::from(u32_at(d, at)?)
-        } else {
-            u64_at(d, at)?
-        };
-        if let Some(&next) = vals.last() {
+        let v = read(at)?;
+        if let Some(next) = next {
             let step = next.checked_sub(v)?;
             if !(512..=256 * MAX_ENTRY as u64).contains(&step) {
                 return None;
             }
         }
         q = at;
-        vals.push(v);
+        k += 1;
         if v == 0 {
-            vals.reverse();
-            return Some((q, vals));
+            break;
         }
-        if vals.len() > MAX_MARKERS {
+        if k > MAX_MARKERS {
             return None;
         }
+        next = Some(v);
     }
+    let vals = (0..k)
+        .map(|i| read(q + i * width))
+        .collect::<Option<Vec<u64>>>()?;
+    Some((q, vals))
 }
 
-/// Marker tables before the token table at `table_start`: right before it
-/// (after at most 7 bytes of zero padding; `u32` values, or `u64` in old
-/// kernels), or before a `kallsyms_seqs_of_names` (6.2, and 6.1 stable
-/// kernels with its backport; moved after the offsets in 6.4).
-fn marker_tables(d: &[u8], table_start: usize) -> Vec<Markers> {
-    let mut found: Vec<Markers> = Vec::new();
-    let mut push = |m: Markers| {
-        if !found
-            .iter()
-            .any(|f| f.start == m.start && f.vals == m.vals && f.count == m.count)
-        {
-            found.push(m);
+/// Offers `visit` the marker tables before the token table at
+/// `table_start`, nearest first, until it returns `true`: right before the
+/// table (after at most 7 bytes of zero padding; `u32` values, or `u64` in
+/// old kernels), then before a `kallsyms_seqs_of_names` (3 bytes per
+/// symbol: 6.2, 6.3, and 6.1 stable kernels with its backport such as
+/// Debian 12's; moved after the offsets in 6.4). Tables are 8-aligned, so
+/// candidates starting elsewhere (a lone marker 0 next to 4 bytes of
+/// padding reads the same either way round) are offered only after all
+/// aligned ones.
+fn visit_marker_tables(d: &[u8], table_start: usize, mut visit: impl FnMut(Markers) -> bool) {
+    for aligned in [true, false] {
+        let fits = |start: usize| (start % 8 == 0) == aligned;
+        for width in [4usize, 8] {
+            for pad in 0..8 {
+                let Some(end) = table_start.checked_sub(pad) else {
+                    break;
+                };
+                if !zeros(d, end, table_start) {
+                    break;
+                }
+                if let Some((start, vals)) = markers_ending_at(d, end, width) {
+                    if fits(start)
+                        && visit(Markers {
+                            start,
+                            vals,
+                            count: None,
+                        })
+                    {
+                        return;
+                    }
+                }
+            }
         }
-    };
-    for width in [4usize, 8] {
-        for pad in 0..8 {
-            let Some(end) = table_start.checked_sub(pad) else {
-                break;
+        let lo = table_start.saturating_sub(3 * MAX_SEQS + 16);
+        let mut end = table_start & !3;
+        while end > lo {
+            end -= 4;
+            let Some((start, vals)) = markers_ending_at(d, end, 4) else {
+                continue;
             };
-            if !zeros(d, end, table_start) {
-                break;
-            }
-            if let Some((start, vals)) = markers_ending_at(d, end, width) {
-                push(Markers {
-                    start,
-                    vals,
-                    count: None,
-                });
-            }
-        }
-    }
-    let lo = table_start.saturating_sub(3 * MAX_SEQS + 16);
-    let mut end = table_start & !3;
-    while end > lo {
-        end -= 4;
-        let Some((start, vals)) = markers_ending_at(d, end, 4) else {
-            continue;
-        };
-        let k = vals.len();
-        let range = 256 * (k - 1) + 1..=256 * k;
-        for seqs in [end, end.div_ceil(8) * 8] {
-            if !zeros(d, end, seqs) {
+            if !fits(start) {
                 continue;
             }
-            let gap = table_start - seqs;
-            for pad in 0..8 {
-                let Some(bytes) = gap.checked_sub(pad).filter(|b| b % 3 == 0) else {
+            let k = vals.len();
+            let range = 256 * (k - 1) + 1..=256 * k;
+            for seqs in [end, end.div_ceil(8) * 8] {
+                if !zeros(d, end, seqs) {
                     continue;
-                };
-                if range.contains(&(bytes / 3)) && zeros(d, table_start - pad, table_start) {
-                    push(Markers {
-                        start,
-                        vals: vals.clone(),
-                        count: Some(bytes / 3),
-                    });
+                }
+                let gap = table_start - seqs;
+                for pad in 0..8 {
+                    let Some(bytes) = gap.checked_sub(pad).filter(|b| b % 3 == 0) else {
+                        continue;
+                    };
+                    if range.contains(&(bytes / 3))
+                        && zeros(d, table_start - pad, table_start)
+                        && visit(Markers {
+                            start,
+                            vals: vals.clone(),
+                            count: Some(bytes / 3),
+                        })
+                    {
+                        return;
+                    }
                 }
             }
         }
     }
-    // Tables are 8-aligned: try those first (a lone marker 0 and 4 bytes of
-    // padding read the same either way round).
-    found.sort_by_key(|m| m.start % 8 != 0);
-    found
 }
 
 /// A names table consistent with the markers.
@@ -498,31 +512,25 @@ impl Kallsyms {
             },
         );
         for t in &tables {
-            for m in marker_tables(data, t.start) {
-                let (mstart, markers) = (m.start, &m.vals);
-                let Some(names) = names_table(data, mstart, markers, m.count) else {
+            let mut found = None;
+            visit_marker_tables(data, t.start, |m| {
+                let Some(names) = names_table(data, m.start, &m.vals, m.count) else {
                     if deepest.0 < 1 {
                         deepest = (
                             1,
                             Error::KallsymsNotFound {
                                 what: "kallsyms_num_syms/kallsyms_names",
                                 detail: format!(
-                                    "no names table matching the {} markers at {mstart:#x}",
-                                    markers.len()
+                                    "no names table matching the {} markers at {:#x}",
+                                    m.vals.len(),
+                                    m.start
                                 ),
                             },
                         );
                     }
-                    continue;
+                    return false;
                 };
-                let index_end = t.index + 512;
-                let Some(Addresses {
-                    addrs,
-                    at,
-                    relative_base,
-                    encoding,
-                }) = addresses(data, names.num_syms, index_end, names.count)
-                else {
+                let Some(a) = addresses(data, names.num_syms, t.index + 512, names.count) else {
                     deepest = (
                         2,
                         Error::KallsymsNotFound {
@@ -534,20 +542,23 @@ impl Kallsyms {
                             ),
                         },
                     );
-                    continue;
+                    return false;
                 };
-                let symbols = decode(data, t, &names.entries, &addrs);
+                found = Some((m.start, names, a));
+                true
+            });
+            if let Some((markers, names, a)) = found {
                 return Ok(Kallsyms {
-                    symbols,
+                    symbols: decode(data, t, &names.entries, &a.addrs),
                     layout: Layout {
                         token_table: t.start,
                         token_index: t.index,
-                        markers: mstart,
+                        markers,
                         names: names.start,
                         num_syms: names.num_syms,
-                        addresses: at,
-                        relative_base,
-                        encoding,
+                        addresses: a.at,
+                        relative_base: a.relative_base,
+                        encoding: a.encoding,
                         big_lengths: names.big_lengths,
                     },
                 });
