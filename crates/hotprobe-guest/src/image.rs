@@ -2,8 +2,8 @@
 //! bzImage`), recovered by `hotprobe-kimage` before the first guest
 //! instruction, without the guest's help.
 //!
-//! Recovery decompresses the whole payload (≈ 1 s for Debian's 8 MB xz
-//! image on an idle machine, more under load), so the result is cached as
+//! Recovery decompresses the whole payload (0.9–2.5 s for Debian's 8 MB xz
+//! image, depending on load), so the result is cached as
 //! kallsyms text under `$XDG_CACHE_HOME/hotprobe/` (or
 //! `~/.cache/hotprobe/`), keyed by the image's size and a 64-bit hash of
 //! its bytes: a later start reads a few MB of text instead.
