@@ -295,8 +295,9 @@ pub enum Cmd {
         /// A guest's GDB stub: HOST:PORT or unix:PATH.
         #[arg(long, required = true, value_name = "HOST:PORT|unix:PATH")]
         gdb: Vec<String>,
-        /// The guest kernel's symbols: /proc/kallsyms, System.map or vmlinux
-        /// (one per --gdb, in the same order).
+        /// The guest kernel's symbols: /proc/kallsyms, System.map, vmlinux,
+        /// or the bzImage booted with -kernel (symbols recovered from it;
+        /// boot with nokaslr) (one per --gdb, in the same order).
         #[arg(long, required = true, value_name = "FILE")]
         symbols: Vec<PathBuf>,
         /// QEMU's shared memory-backend-file of the guest's RAM, to read

@@ -6,7 +6,11 @@
 //!                [--gdb ... --symbols ... [--ram ...]] (count|trace) PROBE... [--duration S]
 //! ```
 //! `--symbols` is the guest's `/proc/kallsyms` (read as root), its
-//! `System.map`, or its vmlinux. `--ram` is QEMU's shared
+//! `System.map`, its vmlinux, or the bzImage QEMU boots with `-kernel`
+//! (recognised by its boot header, `HdrS`: the symbols are recovered from
+//! the kernel's own kallsyms tables and cached, see
+//! `hotprobe_guest::symbols_from_kernel_image`; boot the guest with
+//! `nokaslr`). `--ram` is QEMU's shared
 //! `memory-backend-file` (`mem-path=`), to read guest memory without the
 //! stub. A guest whose stub closes is dropped with a notice; the others go
 //! on. Ctrl-C (or `--duration`) detaches: breakpoints removed, out-of-line
@@ -27,7 +31,7 @@ use std::time::Duration;
 pub struct GuestSpec {
     /// `HOST:PORT` or `unix:PATH`.
     pub gdb: String,
-    /// kallsyms / System.map / vmlinux.
+    /// kallsyms / System.map / vmlinux / bzImage.
     pub symbols: PathBuf,
     /// QEMU's shared RAM file, if given.
     pub ram: Option<PathBuf>,

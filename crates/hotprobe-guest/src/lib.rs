@@ -12,18 +12,22 @@
 //!   guests (probe specs and patterns over kallsyms/System.map/vmlinux
 //!   symbols, the guest blacklist), and [`open_guest`], which connects and
 //!   gives the target and its resolver to add to a `hotprobe::Session`.
+//! - [`image`]: [`symbols_from_kernel_image`], the kernel's symbols from the
+//!   bzImage QEMU boots (`hotprobe-kimage`), cached.
 //!
 //! This crate does not depend on the engine (`hotprobe`).
 
 #![warn(missing_docs)]
 
 pub mod client;
+pub mod image;
 pub mod mem;
 pub mod resolver;
 pub mod rsp;
 pub mod target;
 
 pub use client::{GdbClient, GdbError};
+pub use image::{is_kernel_image, symbols_from_kernel_image, ImageSymbolsError};
 pub use mem::{MemError, RamFile, Translation};
 pub use resolver::{load_symbols, open_guest, text_bounds, KernelResolver};
 pub use target::{GuestConfig, GuestStats, GuestTarget, StatsHandle, StubAddr};

@@ -61,12 +61,22 @@ pub const KERNEL_BLACKLIST: &[(&str, &str, &str)] = &[(
 pub const KERNEL_MODULE: &str = "vmlinux";
 
 /// Reads guest kernel symbols from a file: `/proc/kallsyms` or `System.map`
-/// text, or a vmlinux ELF file (recognised by its magic).
+/// text, a vmlinux ELF file, or the kernel's bzImage (symbols recovered from
+/// its kallsyms tables, see [`crate::image`]), recognised by their magic.
 pub fn load_symbols(path: &Path) -> Result<(KernelSymbols, Option<(u64, u64)>), SymbolError> {
     let bytes = std::fs::read(path).map_err(|source| SymbolError::Io {
         path: path.to_path_buf(),
         source,
     })?;
+    if crate::image::is_kernel_image(&bytes) {
+        let syms = crate::image::symbols_from_image_bytes(
+            path,
+            &bytes,
+            crate::image::default_cache_dir().as_deref(),
+        )?;
+        let text = text_bounds(&syms);
+        return Ok((syms, text));
+    }
     if bytes.starts_with(b"\x7fELF") {
         let m = ElfModule::from_bytes(path.to_path_buf(), bytes)?;
         let text = match (m.find("_stext"), m.find("_etext")) {
