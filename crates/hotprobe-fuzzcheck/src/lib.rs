@@ -144,6 +144,16 @@ fn name_seed(name: &str) -> u64 {
     })
 }
 
+/// Whether this is a long run (`HOTPROBE_FUZZ_SECS` of 30 or more): tests
+/// add seeds then that are too slow to parse for the default few seconds
+/// (a test binary with its debug information, say).
+pub fn long_run() -> bool {
+    std::env::var("HOTPROBE_FUZZ_SECS")
+        .ok()
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .is_some_and(|s| s >= 30.0)
+}
+
 fn env_u64(var: &str) -> Option<u64> {
     let v = std::env::var(var).ok()?;
     let v = v.trim().replace('_', "");
