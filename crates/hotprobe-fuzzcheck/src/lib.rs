@@ -22,6 +22,9 @@
 //! - `HOTPROBE_FUZZ_ITERS`: iterations per target (default: the test's).
 //! - `HOTPROBE_FUZZ_INPUT`: a file; the target runs on it alone, without
 //!   catching the panic (to reproduce a saved failure under a debugger).
+//! - `HOTPROBE_FUZZ_SEEDS_OUT`: a folder; the seeds are written to
+//!   `FOLDER/NAME/seed-N` instead of fuzzing (the starting corpus of the
+//!   cargo-fuzz target NAME, which takes the same input encoding).
 
 use std::cell::{Cell, RefCell};
 use std::panic::{self, AssertUnwindSafe};
@@ -593,6 +596,9 @@ impl Fuzz {
                 slowest: t0.elapsed(),
             };
         }
+        if let Ok(dir) = std::env::var("HOTPROBE_FUZZ_SEEDS_OUT") {
+            return self.export_seeds(Path::new(&dir));
+        }
         install_hook();
         let seed = env_u64("HOTPROBE_FUZZ_SEED").unwrap_or_else(|| name_seed(&self.name));
         let iterations = env_u64("HOTPROBE_FUZZ_ITERS").unwrap_or(self.iterations);
@@ -684,6 +690,30 @@ impl Fuzz {
             report.slowest
         );
         report
+    }
+
+    /// Writes the seeds to `dir/NAME/seed-N` (a corpus for the cargo-fuzz
+    /// target of the same name) instead of fuzzing.
+    fn export_seeds(&self, dir: &Path) -> Report {
+        let d = dir.join(&self.name);
+        std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+        for (i, s) in self.seeds.iter().enumerate() {
+            let p = d.join(format!("seed-{i}"));
+            std::fs::write(&p, s).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        }
+        eprintln!(
+            "fuzzcheck {}: {} seeds written to {}",
+            self.name,
+            self.seeds.len(),
+            d.display()
+        );
+        Report {
+            seed: 0,
+            inputs: 0,
+            accepted: 0,
+            elapsed: Duration::ZERO,
+            slowest: Duration::ZERO,
+        }
     }
 
     fn fail(&self, seed: u64, iteration: u64, input: &[u8], msg: &str) -> ! {
