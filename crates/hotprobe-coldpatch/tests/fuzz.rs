@@ -6,8 +6,11 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use hotprobe_coldpatch::{coldpatch, ProbeList};
+use hotprobe_coldpatch::coldpatch;
 use hotprobe_fuzzcheck::Fuzz;
+
+#[path = "fuzz/exercise.rs"]
+mod exercise;
 
 fn tmp(name: &str) -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("coldpatch-fuzz");
@@ -97,17 +100,7 @@ fn fuzz_coldpatch() {
             b"\xff\x15",
         ])
         .iterations(5_000)
-        .run(|data| {
-            let Ok((out, list)) = coldpatch(data) else {
-                return false;
-            };
-            assert_eq!(out.len(), data.len(), "ColdPatch changed the size");
-            for s in &list.sites {
-                assert!(s.offset + u64::from(s.len) <= out.len() as u64);
-            }
-            ProbeList::parse(&list.to_text()).expect("a written list parses");
-            !list.sites.is_empty()
-        });
+        .run(exercise::coldpatch);
 }
 
 #[test]
@@ -135,13 +128,5 @@ fn fuzz_probelist() {
             "#",
         ])
         .iterations(20_000)
-        .run(|data| {
-            let Ok(list) = ProbeList::parse(&String::from_utf8_lossy(data)) else {
-                return false;
-            };
-            let again = ProbeList::parse(&list.to_text()).expect("a written list parses");
-            assert_eq!(again.sites.len(), list.sites.len());
-            assert_eq!(again.build_id, list.build_id);
-            true
-        });
+        .run(exercise::probelist);
 }

@@ -3,8 +3,10 @@
 //! The longer run is the cargo-fuzz target `maps_lines` in `fuzz/`
 //! (docs/FUZZING.md).
 
+#[path = "fuzz/exercise.rs"]
+mod exercise;
+
 use hotprobe_fuzzcheck::Fuzz;
-use hotprobe_process::{find_free_gap, parse_maps_lines};
 
 #[test]
 fn fuzz_maps_lines() {
@@ -27,17 +29,5 @@ fn fuzz_maps_lines() {
             "0",
         ])
         .iterations(20_000)
-        .run(|data| {
-            let lines = parse_maps_lines(&String::from_utf8_lossy(data));
-            let mut nears = vec![0, 0x5555_5555_5000, u64::MAX];
-            nears.extend(lines.iter().take(4).flat_map(|l| [l.start, l.end]));
-            for near in nears {
-                for len in [0, 0x1000, 0x10000, 1 << 40, u64::MAX] {
-                    if let Some(a) = find_free_gap(&lines, near, len) {
-                        assert_eq!(a & 0xfff, 0, "{a:#x} not page aligned");
-                    }
-                }
-            }
-            !lines.is_empty()
-        });
+        .run(exercise::maps_lines);
 }

@@ -3,13 +3,11 @@
 //! cargo-fuzz targets in `fuzz/` (docs/FUZZING.md).
 
 mod common;
+#[path = "fuzz/exercise.rs"]
+mod exercise;
 
 use common::{compile, TempDir};
 use hotprobe_fuzzcheck::Fuzz;
-use hotprobe_symbols::pattern::{self, NamePattern};
-use hotprobe_symbols::{
-    parse_maps, ElfModule, KernelSymbols, LinkAddr, Mapping, Perms, ProbeSpec, RuntimeAddr,
-};
 
 const PROG_C: &str = r#"#include <stdio.h>
 static int helper(int x) {
@@ -59,61 +57,6 @@ fn small_programs(dir: &TempDir) -> Vec<Vec<u8>> {
     out
 }
 
-fn mapping(start: u64, offset: u64, exec: bool) -> Mapping {
-    Mapping {
-        start: RuntimeAddr(start),
-        end: RuntimeAddr(start + 0x1000),
-        perms: Perms {
-            read: true,
-            write: !exec,
-            exec,
-            shared: false,
-        },
-        offset,
-        dev: (0, 0),
-        inode: 1,
-        path: None,
-        pseudo: None,
-        deleted: false,
-    }
-}
-
-/// Everything a module answers without DWARF.
-fn exercise_module(m: &ElfModule) {
-    let _ = (m.is_pie(), m.entry(), m.build_id(), m.file_name());
-    let _ = (m.plt_ranges(), m.exec_ranges());
-    let fs = m.functions();
-    let picks: Vec<usize> = if fs.is_empty() {
-        vec![]
-    } else {
-        vec![0, fs.len() / 3, fs.len() / 2, fs.len() - 1]
-    };
-    for i in picks {
-        let s = &fs[i];
-        // Found, though maybe at another address (a static function's
-        // name can be used in several files).
-        assert!(m.find(&s.raw_name).is_some(), "{} not found", s.raw_name);
-        let _ = m.lookup(&s.name);
-        let _ = m.symbolize(s.addr);
-        let _ = m.symbolize(LinkAddr(s.addr.0.wrapping_add(s.size)));
-        let _ = (m.in_plt(s.addr), m.is_executable(s.addr));
-    }
-    for name in ["main", "compute", "ns::sum", "malloc"] {
-        let _ = m.find(name);
-    }
-    let _ = m.similar("mian");
-    let _ = m.symbolize(LinkAddr(u64::MAX));
-    let maps = [
-        mapping(0x5555_5555_4000, 0, false),
-        mapping(0x5555_5555_5000, 0x1000, true),
-        mapping(0x7fff_ffff_e000, u64::MAX - 0xfff, true),
-    ];
-    for map in &maps {
-        let _ = m.load_bias(map);
-    }
-    let _ = m.load_bias_for(&maps);
-}
-
 #[test]
 fn fuzz_elf_module() {
     let exe = std::env::current_exe().unwrap();
@@ -128,7 +71,7 @@ fn fuzz_elf_module() {
         seeds.push(std::fs::read(&exe).unwrap());
     }
     let libc = hotprobe_symbols::find_library("libc.so.6", None);
-    Fuzz::new("elf_module")
+    Fuzz::new("elf")
         .seeds(seeds)
         .seed_file(libc.unwrap_or_default())
         .tokens([
@@ -140,13 +83,7 @@ fn fuzz_elf_module() {
             b"_R",
         ])
         .iterations(5_000)
-        .run(|data| {
-            let Ok(m) = ElfModule::from_bytes("fuzz.elf".into(), data.to_vec()) else {
-                return false;
-            };
-            exercise_module(&m);
-            true
-        });
+        .run(exercise::elf);
 }
 
 #[test]
@@ -157,25 +94,7 @@ fn fuzz_dwarf_lines() {
         .seeds(seeds)
         .tokens([&b".debug_line"[..], b".debug_info", b"prog.c", b".zdebug"])
         .iterations(5_000)
-        .run(|data| {
-            let Ok(m) = ElfModule::from_bytes("fuzz.elf".into(), data.to_vec()) else {
-                return false;
-            };
-            if !m.has_dwarf() {
-                return false;
-            }
-            for line in [3, 8, 14, 0, u32::MAX] {
-                let _ = m.line_addresses("prog.c", line);
-            }
-            let _ = m.line_addresses("/", 1);
-            let _ = m.line_addresses("", 1);
-            for s in m.functions().iter().take(8) {
-                let _ = m.source_location(s.addr);
-                let _ = m.source_location(LinkAddr(s.addr.0.wrapping_add(5)));
-            }
-            let _ = m.source_location(LinkAddr(u64::MAX));
-            true
-        });
+        .run(exercise::dwarf_lines);
 }
 
 /// kallsyms text with addresses (zeroed ones, as read without privilege,
@@ -216,23 +135,7 @@ fn fuzz_kallsyms() {
         .seed(system_map)
         .tokens([" T ", " t ", " W ", " D ", "\t[", "]", "ffffffff", "\n"])
         .iterations(3_000)
-        .run(|data| {
-            let text = String::from_utf8_lossy(data);
-            let Ok(k) = KernelSymbols::parse(&text) else {
-                return false;
-            };
-            assert!(!k.is_empty());
-            for s in k.symbols().iter().step_by(k.len() / 16 + 1) {
-                let found = k.lookup(&s.name).expect("every symbol can be looked up");
-                let _ = k.module_of(found);
-                let (hit, off) = k.symbolize(s.addr.0).expect("a symbol's start symbolizes");
-                assert_eq!(hit.addr.0 + off, s.addr.0);
-            }
-            let _ = k.with_modules().count();
-            let _ = k.symbolize(u64::MAX);
-            let _ = k.lookup("no_such_symbol");
-            true
-        });
+        .run(exercise::kallsyms);
 }
 
 #[test]
@@ -257,16 +160,7 @@ fn fuzz_maps() {
             ":",
         ])
         .iterations(20_000)
-        .run(|data| {
-            let Ok(maps) = parse_maps(&String::from_utf8_lossy(data)) else {
-                return false;
-            };
-            for m in &maps {
-                assert!(m.start <= m.end);
-                let _ = (m.perms.to_string(), m.len(), m.contains(m.start));
-            }
-            true
-        });
+        .run(exercise::maps);
 }
 
 #[test]
@@ -299,19 +193,7 @@ fn fuzz_probe_spec() {
         ])
         .iterations(30_000)
         .max_len(600)
-        .run(|data| {
-            let text = String::from_utf8_lossy(data);
-            let Ok(spec) = text.parse::<ProbeSpec>() else {
-                return false;
-            };
-            let shown = spec.to_string();
-            let again: ProbeSpec = shown
-                .parse()
-                .unwrap_or_else(|e| panic!("{spec:?} displays as {shown:?}, which fails: {e}"));
-            assert_eq!(again, spec, "round trip via {shown:?}");
-            let _ = (spec.is_return(), spec.module());
-            true
-        });
+        .run(exercise::probe_spec);
 }
 
 #[test]
@@ -330,18 +212,6 @@ fn fuzz_name_pattern() {
         "[é-z]",
         "a\\",
     ];
-    let names = [
-        "compute",
-        "sys_getuid",
-        "operator[]",
-        "_start",
-        "ns::f::{{closure}}",
-        "{lambda()#1}",
-        "ünïcode",
-        "жaж",
-        "",
-        "]",
-    ];
     Fuzz::new("name_pattern")
         .seeds(patterns)
         .tokens([
@@ -349,17 +219,5 @@ fn fuzz_name_pattern() {
         ])
         .iterations(20_000)
         .max_len(300)
-        .run(|data| {
-            let text = String::from_utf8_lossy(data);
-            let _ = pattern::is_pattern(&text);
-            let _ = pattern::matches(&text, "compute");
-            let Ok(p) = NamePattern::new(&text) else {
-                return false;
-            };
-            for n in names {
-                let _ = p.matches(n);
-            }
-            let _ = p.matches(&text);
-            true
-        });
+        .run(exercise::name_pattern);
 }
