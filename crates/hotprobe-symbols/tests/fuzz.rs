@@ -58,7 +58,7 @@ fn small_programs(dir: &TempDir) -> Vec<Vec<u8>> {
 }
 
 #[test]
-fn fuzz_elf_module() {
+fn fuzz_elf() {
     let exe = std::env::current_exe().unwrap();
     let dir = TempDir::new("fuzz-elf");
     let mut seeds = small_programs(&dir);
