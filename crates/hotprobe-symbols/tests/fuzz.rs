@@ -41,7 +41,14 @@ int main(int argc, char **) {
 "#;
 
 /// Small programs with DWARF, in several flavours (the DWARF seeds).
-fn small_programs(dir: &TempDir) -> Vec<Vec<u8>> {
+/// Built once for the tests that use them.
+fn small_programs() -> Vec<Vec<u8>> {
+    static BUILT: std::sync::OnceLock<Vec<Vec<u8>>> = std::sync::OnceLock::new();
+    BUILT.get_or_init(build_small_programs).clone()
+}
+
+fn build_small_programs() -> Vec<Vec<u8>> {
+    let dir = TempDir::new("fuzz");
     let mut out = Vec::new();
     let builds: [(&str, &str, &str, &[&str]); 5] = [
         ("gcc", "prog.c", PROG_C, &["-g", "-O0"]),
@@ -60,8 +67,7 @@ fn small_programs(dir: &TempDir) -> Vec<Vec<u8>> {
 #[test]
 fn fuzz_elf() {
     let exe = std::env::current_exe().unwrap();
-    let dir = TempDir::new("fuzz-elf");
-    let mut seeds = small_programs(&dir);
+    let mut seeds = small_programs();
     seeds.push(std::fs::read("/bin/ls").unwrap_or_default());
     // libc is big, so only some of its mutants fit in the time; its headers
     // and symbol tables are what gets mutated most (mutation offsets favour
@@ -88,8 +94,7 @@ fn fuzz_elf() {
 
 #[test]
 fn fuzz_dwarf_lines() {
-    let dir = TempDir::new("fuzz-dwarf");
-    let seeds = small_programs(&dir);
+    let seeds = small_programs();
     Fuzz::new("dwarf_lines")
         .seeds(seeds)
         .tokens([&b".debug_line"[..], b".debug_info", b"prog.c", b".zdebug"])
