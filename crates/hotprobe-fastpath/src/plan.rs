@@ -132,7 +132,11 @@ fn read_addr_section(file: &object::File<'_>, name: &str) -> BTreeSet<u64> {
     for (i, w) in data.chunks_exact(8).enumerate() {
         let v = u64::from_le_bytes(w.try_into().unwrap_or([0; 8]));
         let v = if v == 0 {
-            relative.get(&(base + 8 * i as u64)).copied().unwrap_or(0)
+            (8 * i as u64)
+                .checked_add(base)
+                .and_then(|a| relative.get(&a))
+                .copied()
+                .unwrap_or(0)
         } else {
             v
         };
@@ -163,6 +167,20 @@ impl ModuleInfo {
             path: path.to_path_buf(),
             source,
         })?;
+        let probe_list = std::fs::read_to_string(probe_list_path(path)).ok();
+        Self::from_bytes(path, bytes, probe_list.as_deref())
+    }
+
+    /// [`ModuleInfo::open`] on bytes already read: the ELF file `bytes`
+    /// and the text of its probe list, if it has one. `path` names the
+    /// module (and, with `.probes`, the list) in messages. For tests and
+    /// fuzzing: nothing is read from the file system but the separate
+    /// debug file [`hotprobe_symbols::ElfModule::from_bytes`] may look for.
+    pub fn from_bytes(
+        path: &Path,
+        bytes: Vec<u8>,
+        probe_list: Option<&str>,
+    ) -> Result<ModuleInfo, FastPathError> {
         let file = object::File::parse(&*bytes).map_err(|e| FastPathError::Elf {
             path: path.to_path_buf(),
             why: e.to_string(),
@@ -176,14 +194,14 @@ impl ModuleInfo {
             .collect();
         let pfe = read_addr_section(&file, "__patchable_function_entries");
         let mcount = read_addr_section(&file, "__mcount_loc");
-        let probes = match std::fs::read_to_string(probe_list_path(path)) {
-            Ok(text) => Some(
-                ProbeList::parse(&text).map_err(|e| FastPathError::ProbeList {
+        let probes = match probe_list {
+            Some(text) => Some(
+                ProbeList::parse(text).map_err(|e| FastPathError::ProbeList {
                     path: probe_list_path(path),
                     why: e.to_string(),
                 })?,
             ),
-            Err(_) => None,
+            None => None,
         };
         let mut functions: Vec<FunctionInfo> = Vec::new();
         if let Ok(m) = hotprobe_symbols::ElfModule::from_bytes(path.to_path_buf(), bytes.clone()) {
@@ -239,10 +257,16 @@ impl ModuleInfo {
 
     /// The file bytes at link address `addr`, `len` long, if mapped from the file.
     pub fn code(&self, addr: u64, len: u64) -> Option<&[u8]> {
+        let end = addr.checked_add(len)?;
         for &(va, off, size) in &self.segments {
-            if addr >= va && addr.checked_add(len)? <= va + size {
-                let start = (off + addr - va) as usize;
-                return self.bytes.get(start..start + len as usize);
+            // Segments come from the file's program headers: any values.
+            let Some(seg_end) = va.checked_add(size) else {
+                continue;
+            };
+            if addr >= va && end <= seg_end {
+                let start = usize::try_from(off.checked_add(addr - va)?).ok()?;
+                let len = usize::try_from(len).ok()?;
+                return self.bytes.get(start..start.checked_add(len)?);
             }
         }
         None
@@ -257,7 +281,7 @@ impl ModuleInfo {
         let p = self.probes.as_ref()?;
         let in_f = |s: &&hotprobe_coldpatch::ProbeSite| match &s.function {
             Some(n) => *n == f.name,
-            None => f.size > 0 && s.vaddr >= f.addr && s.vaddr < f.addr + f.size,
+            None => s.vaddr.checked_sub(f.addr).is_some_and(|off| off < f.size),
         };
         let sites: Vec<_> = p.sites.iter().filter(in_f).collect();
         let entry = sites
@@ -318,10 +342,15 @@ impl ModuleInfo {
                     PatchKind::Mcount => {
                         "5-byte NOP at the function's entry (-mfentry -mnop-mcount)".to_string()
                     }
-                    PatchKind::Coldpatch => format!(
-                        "coldpatched -finstrument-functions placeholder at +{:#x} (probe list)",
-                        site - f.addr
-                    ),
+                    // A list may name a site before its function's symbol.
+                    PatchKind::Coldpatch => match site.checked_sub(f.addr) {
+                        Some(off) => format!(
+                            "coldpatched -finstrument-functions placeholder at +{off:#x} (probe list)"
+                        ),
+                        None => format!(
+                            "coldpatched -finstrument-functions placeholder at {site:#x} (probe list)"
+                        ),
+                    },
                 };
                 return Ok(SitePlan {
                     mechanism: Mechanism::Patch(kind),

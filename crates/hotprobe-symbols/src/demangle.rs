@@ -195,6 +195,42 @@ mod tests {
         assert_eq!(demangle("@"), "@");
     }
 
+    /// Bounded fuzz pass (hotprobe-fuzzcheck) over every entry point of
+    /// this module: none may panic on any name.
+    #[test]
+    fn fuzz_demangle() {
+        let names = [
+            "_ZN4core3fmt5write17h0123456789abcdefE",
+            "_ZN4core3fmt5write17h0123456789abcdefE.llvm.1234",
+            "_RNvCs1234_7mycrate3foo",
+            "_RINvNtCs9ltgdHTiPiY_4core3ptr13drop_in_placeNtNtCsbDqzXfLQacH_5alloc6string6StringEB7_",
+            "_ZN2ns4funcEi",
+            "_ZNSt6vectorIiSaIiEE9push_backERKi",
+            "_ZZN2ns3sumERKSt6vectorIiSaIiEEENKUliE_clEi",
+            "_ZNK2ns3BoxIlE3getEv.cold",
+            "_ZN9__gnu_cxx13new_allocatorIcE8allocateEmPKv@@GLIBCXX_3.4",
+            "malloc@@GLIBC_2.2.5",
+            "_Zgarbage",
+            "@",
+            "main",
+        ];
+        hotprobe_fuzzcheck::Fuzz::new("demangle")
+            .seeds(names)
+            .tokens([
+                "_Z", "_ZN", "_R", "17h", "E", "@", ".", "S_", "T_", "I", "St", "Ul",
+            ])
+            .iterations(30_000)
+            .run(|data| {
+                let raw = String::from_utf8_lossy(data);
+                let d = demangle(&raw);
+                let keys = lookup_keys(&raw, &d);
+                assert!(keys.contains(&raw.to_string()));
+                let short = short_name(&raw);
+                let _ = similar_names(&short, keys.iter().map(String::as_str), 3);
+                d != raw
+            });
+    }
+
     #[test]
     fn similar() {
         let names = ["malloc", "calloc", "realloc", "free", "main"];

@@ -586,6 +586,9 @@ impl ElfModule {
 
     /// The source file and line of `addr`, from DWARF.
     pub fn source_location(&self, addr: LinkAddr) -> Option<(String, u32)> {
+        // addr2line looks up `addr..addr + 1` and overflows on the last
+        // address (found by fuzzing); no code lives there anyway.
+        addr.0.checked_add(1)?;
         let dwarf = self.dwarf()?;
         let mut guard = self.a2l.lock().ok()?;
         if guard.is_none() {

@@ -1,18 +1,10 @@
 #![no_main]
 //! Probe specs: parsing never panics, and what parses round-trips.
+//! The check is shared with the bounded pass in `tests/fuzz.rs`.
 
-use hotprobe_symbols::ProbeSpec;
-use libfuzzer_sys::fuzz_target;
+#[path = "../../tests/fuzz/exercise.rs"]
+mod exercise;
 
-fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else {
-        return;
-    };
-    if let Ok(spec) = text.parse::<ProbeSpec>() {
-        let shown = spec.to_string();
-        let again: ProbeSpec = shown
-            .parse()
-            .unwrap_or_else(|e| panic!("{spec:?} displays as {shown:?}, which fails: {e}"));
-        assert_eq!(again, spec, "round trip via {shown:?}");
-    }
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    exercise::probe_spec(data);
 });

@@ -1,23 +1,13 @@
 //! Feeds arbitrary bytes to the thread-stream decoder: it must return
-//! records or an error, never panic, loop or allocate without bound.
+//! records or an error, never panic, loop or allocate without bound. The
+//! check is shared with the bounded pass in `tests/fuzz.rs`.
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
+#[path = "../../tests/common/mod.rs"]
+mod common;
+#[path = "../../tests/fuzz/exercise.rs"]
+mod exercise;
 
-fuzz_target!(|data: &[u8]| {
-    let Ok(mut dec) = hotprobe_trace::format::Decoder::new(data, "fuzz.hpt") else {
-        return;
-    };
-    let mut n = 0u64;
-    loop {
-        match dec.next_record() {
-            Ok(Some(r)) => {
-                // Exercise the accessors on whatever came out.
-                let _ = (r.ts(), r.probe(), r.event_count());
-                n += 1;
-                assert!(n <= data.len() as u64, "more records than bytes");
-            }
-            Ok(None) | Err(_) => break,
-        }
-    }
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    exercise::read_stream(data);
 });

@@ -1,0 +1,142 @@
+//! What the fuzz passes do with one input, shared by the bounded passes of
+//! `tests/fuzz.rs` and the cargo-fuzz targets of `fuzz/` (included there by
+//! path, with `tests/common`). Depends on hotprobe-trace and std only.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use crate::common::*;
+use hotprobe_trace::*;
+
+/// One thread stream (`tid-N.hpt`) decoded to the end or the first error,
+/// its records fed to a call stack. True if it decoded to the end.
+pub fn read_stream(data: &[u8]) -> bool {
+    let Ok(mut dec) = format::Decoder::new(data, "fuzz.hpt") else {
+        return false;
+    };
+    let _ = (dec.tid(), dec.base(), dec.offset());
+    let mut stack = CallStack::new();
+    let mut n = 0u64;
+    let ok = loop {
+        match dec.next_record() {
+            Ok(Some(r)) => {
+                let _ = (r.ts(), r.probe(), r.event_count());
+                stack.feed(&r, |_| {});
+                n += 1;
+                assert!(n <= data.len() as u64, "more records than bytes");
+            }
+            Ok(None) => break true,
+            Err(_) => break false,
+        }
+    };
+    stack.finish(|_| {});
+    let _ = dec.counts().events();
+    ok
+}
+
+/// A small recorded trace (two threads, a few nested calls each, with
+/// arguments and return values): small enough to be read thousands of
+/// times in a few seconds.
+pub fn small_trace(dir: &Path) {
+    let lists: Vec<_> = (0..2)
+        .map(|t| thread_events(0x77 + t as u64, 1 + t, 8, true))
+        .collect();
+    let events = interleave(lists, 3);
+    let mut meta = TraceMeta::new("fuzz", symbols(true));
+    meta.start_unix_ns = 1;
+    write_trace(dir, meta, &events);
+}
+
+/// The files of a trace directory the first input byte picks from.
+pub const FILES: [&str; 3] = [INFO_FILE, SYMBOLS_FILE, "tid-1.hpt"];
+
+/// A whole trace directory with one file replaced by the input.
+pub struct TraceDir {
+    originals: Vec<(PathBuf, Vec<u8>)>,
+    work: PathBuf,
+    ctf: PathBuf,
+}
+
+impl TraceDir {
+    /// Writes [`small_trace`] to `src` and keeps its files; `work` gets the
+    /// trace under test, `ctf` the CTF export (both folders must exist).
+    pub fn new(src: &Path, work: &Path, ctf: &Path) -> TraceDir {
+        small_trace(src);
+        let originals = std::fs::read_dir(src)
+            .unwrap()
+            .map(|e| {
+                let p = e.unwrap().path();
+                let bytes = std::fs::read(&p).unwrap();
+                (PathBuf::from(p.file_name().unwrap()), bytes)
+            })
+            .collect();
+        TraceDir {
+            originals,
+            work: work.to_path_buf(),
+            ctf: ctf.to_path_buf(),
+        }
+    }
+
+    /// The seed of file `i` of [`FILES`]: its index, then its bytes.
+    pub fn seed(&self, i: usize) -> Vec<u8> {
+        let mut s = vec![i as u8];
+        let (_, bytes) = self
+            .originals
+            .iter()
+            .find(|(n, _)| n.as_os_str() == FILES[i])
+            .unwrap();
+        s.extend(bytes);
+        s
+    }
+
+    /// The first byte picks the file of [`FILES`] the rest replaces; the
+    /// trace is then read through every analysis and exporter. True if all
+    /// of them succeeded.
+    pub fn check(&self, data: &[u8]) -> bool {
+        let Some((&which, content)) = data.split_first() else {
+            return false;
+        };
+        let replaced = FILES[usize::from(which) % FILES.len()];
+        for (name, bytes) in &self.originals {
+            let bytes = if name.as_os_str() == replaced {
+                content
+            } else {
+                bytes
+            };
+            std::fs::write(self.work.join(name), bytes).unwrap();
+        }
+        read_everything(&self.work, &self.ctf)
+    }
+}
+
+/// Everything a reader of a whole trace does.
+fn read_everything(dir: &Path, ctf: &Path) -> bool {
+    let Ok(r) = TraceReader::open(dir) else {
+        return false;
+    };
+    let _ = (r.time_base().hz(), r.total_bytes(), r.symbols().id_bound());
+    let _ = r.symbols().name(u32::MAX);
+    let mut ok = true;
+    if let Ok(threads) = r.threads() {
+        for st in threads {
+            for rec in st {
+                ok &= rec.is_ok();
+            }
+        }
+    }
+    ok &= replay(&r, &mut std::io::sink(), None).is_ok();
+    ok &= report(&r, None).map(|rep| rep.to_text()).is_ok();
+    ok &= report_phases(&r, &PhaseSpec::from_trace(&r), None)
+        .map(|p| p.to_text())
+        .is_ok();
+    ok &= export_chrome(&r, &mut std::io::sink(), None).is_ok();
+    for value in [FoldedValue::Calls, FoldedValue::SelfNs] {
+        let opts = FoldedOptions {
+            value,
+            per_thread: true,
+        };
+        ok &= export_folded(&r, &mut std::io::sink(), opts, None).is_ok();
+    }
+    ok &= export_ctf(&r, ctf, None).is_ok();
+    ok
+}
