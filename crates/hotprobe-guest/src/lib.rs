@@ -13,17 +13,22 @@
 //!   symbols, the guest blacklist), and [`open_guest`], which connects and
 //!   gives the target and its resolver to add to a `hotprobe::Session`.
 //!
+//! - [`launch`]: starts a guest with hotprobe's QEMU plugin (`hotprobe_qemu`)
+//!   and its stub, for `hotprobe::Session::add_plugin_guest`.
+//!
 //! This crate does not depend on the engine (`hotprobe`).
 
 #![warn(missing_docs)]
 
 pub mod client;
+pub mod launch;
 pub mod mem;
 pub mod resolver;
 pub mod rsp;
 pub mod target;
 
 pub use client::{GdbClient, GdbError};
+pub use launch::{launch, LaunchError, LaunchOptions, LaunchedGuest};
 pub use mem::{MemError, RamFile, Translation};
 pub use resolver::{load_symbols, open_guest, text_bounds, KernelResolver};
 pub use target::{GuestConfig, GuestStats, GuestTarget, StatsHandle, StubAddr};

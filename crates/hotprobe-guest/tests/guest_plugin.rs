@@ -1,60 +1,330 @@
-//! hotprobe's QEMU plugin on the test guest (smoke).
+//! hotprobe's QEMU plugin through `Session`, on the test guest started by
+//! hotprobe (`hotprobe_guest::launch`): counts, records with arguments and
+//! guest strings read in the plugin, both delivery modes, filters, return
+//! counts, and a probe enabled and disabled 100 times without a single
+//! translation-cache flush. One boot serves every assertion.
 
 #[path = "guest/harness.rs"]
 mod harness;
 
 use std::process::Stdio;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use harness::Console;
-use hotprobe_qemu::{Delivery, PluginConfig, PluginHost, PluginProbe, QemuCommand};
+use hotprobe::{
+    Action, EventSink, Mechanism, PluginOptions, ProbeId, RecordedEvent, RunEnd, Session,
+    SinkError, TargetId, KIND_ENTRY, KIND_EXIT,
+};
+use hotprobe_guest::{launch, load_symbols, LaunchOptions};
+use hotprobe_qemu::{Delivery, Fetch, StringFetch};
+
+const LONG: Duration = Duration::from_secs(120);
+
+/// Events with their data, by probe.
+#[derive(Default)]
+struct Collect {
+    events: Vec<(RecordedEvent, Vec<u8>)>,
+    lost: u64,
+}
+
+impl EventSink for Collect {
+    fn event(&mut self, ev: &RecordedEvent) -> Result<(), SinkError> {
+        self.events.push((*ev, Vec::new()));
+        Ok(())
+    }
+    fn event_data(&mut self, ev: &RecordedEvent, data: &[u8]) -> Result<(), SinkError> {
+        self.events.push((*ev, data.to_vec()));
+        Ok(())
+    }
+    fn lost(&mut self, _tid: u32, _ts: u64, count: u64) -> Result<(), SinkError> {
+        self.lost += count;
+        Ok(())
+    }
+}
+
+impl Collect {
+    fn of(&self, id: ProbeId, kind: u8) -> Vec<&(RecordedEvent, Vec<u8>)> {
+        self.events
+            .iter()
+            .filter(|(e, _)| e.probe_id == id.0 && e.kind == kind)
+            .collect()
+    }
+}
+
+/// Runs the session (draining into `sink`) until `marker` shows on the
+/// console.
+fn run_until(s: &mut Session, con: &mut Console, sink: &mut Collect, marker: &str) {
+    let wake = Arc::new(AtomicBool::new(false));
+    let w2 = wake.clone();
+    let done = Arc::new(AtomicBool::new(false));
+    let d2 = done.clone();
+    let ticker = std::thread::spawn(move || {
+        while !d2.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(5));
+            w2.store(true, Ordering::SeqCst);
+        }
+    });
+    let t0 = Instant::now();
+    loop {
+        assert!(t0.elapsed() < LONG, "{marker:?} never came");
+        wake.store(false, Ordering::SeqCst);
+        match s.run_with(&wake, Some(sink)).expect("session healthy") {
+            RunEnd::Interrupted => {}
+            other => panic!("run ended: {other:?}"),
+        }
+        if con.seen(marker) {
+            break;
+        }
+    }
+    // Events of the last calls are in the rings: one more drain.
+    drain(s, sink);
+    done.store(true, Ordering::SeqCst);
+    ticker.join().unwrap();
+}
+
+/// One drain of the rings into `sink`.
+fn drain(s: &mut Session, sink: &mut Collect) {
+    let wake = AtomicBool::new(true);
+    s.run_with(&wake, Some(sink)).unwrap();
+}
+
+fn add(s: &mut Session, t: TargetId, spec: &str, action: Action, o: &PluginOptions) -> ProbeId {
+    let a = s.add_plugin(t, spec, action, o).unwrap();
+    assert_eq!(a.placements.len(), 1);
+    let p = &a.placements[0];
+    assert_eq!(p.mechanism, Mechanism::Plugin, "{spec}: {}", p.reason);
+    p.id
+}
 
 #[test]
-fn plugin_counts_getppid() {
+fn plugin_probes_through_the_session() {
     if let Some(why) = harness::missing_prerequisite() {
-        eprintln!("SKIPPED: {why}");
+        eprintln!("\n!!!!!!!! SKIPPED plugin_probes_through_the_session: {why} !!!!!!!!\n");
         return;
     }
-    let ksyms = harness::kallsyms_cached();
-    let text = std::fs::read_to_string(&ksyms).unwrap();
-    let getppid = text
-        .lines()
-        .find_map(|l| {
-            let mut it = l.split_whitespace();
-            let a = it.next()?;
-            let _ = it.next()?;
-            (it.next()? == "__x64_sys_getppid").then(|| u64::from_str_radix(a, 16).unwrap())
-        })
-        .unwrap();
-    let mut host = PluginHost::create(PluginConfig::default()).unwrap();
-    let p = host
-        .add_probe(&PluginProbe {
-            delivery: Delivery::Count,
-            sites: vec![getppid],
-            enabled: false,
-            ..PluginProbe::default()
-        })
-        .unwrap();
-    host.freeze();
-    let dir = std::env::temp_dir().join(format!("hp-plugin-smoke-{}", std::process::id()));
+    let (syms, _) = load_symbols(&harness::kallsyms_cached()).unwrap();
+    let dir = std::env::temp_dir().join(format!("hp-plugin-sess-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let args = harness::qemu_args(&dir, "");
-    let mut q = QemuCommand::new(&args)
-        .unwrap()
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn(&host)
-        .unwrap();
-    q.kill_on_drop = true;
-    let mut con = Console::new(q.child.stdin.take(), q.child.stdout.take().unwrap());
-    let mon = dir.join("monitor.sock");
-    std::thread::sleep(Duration::from_millis(300));
-    harness::monitor_command(&mon, "cont");
-    con.wait_for("@READY", Duration::from_secs(120));
-    host.set_enabled(p, true).unwrap();
-    con.send_line("getppid 1000");
-    con.wait_for("@getppid 1000 done", Duration::from_secs(60));
-    let c = host.counts(p);
-    eprintln!("counts {c:?} stats {:?}", host.stats());
-    assert_eq!(c.hits, 1000);
+    let t0 = Instant::now();
+    let mut g = launch(
+        &harness::qemu_args(&dir, ""),
+        syms,
+        LaunchOptions {
+            stdin: Some(Stdio::piped()),
+            stdout: Some(Stdio::piped()),
+            ..LaunchOptions::default()
+        },
+    )
+    .unwrap();
+    g.qemu.kill_on_drop = true;
+    let mut con = Console::new(
+        g.qemu.child.stdin.take(),
+        g.qemu.child.stdout.take().unwrap(),
+    );
+    let mut s = Session::new();
+    let t = s.add_plugin_guest(Box::new(g.target), Some(Box::new(g.resolver)), g.plugin);
+
+    // Every probe disabled until the workload is READY (boot noise).
+    let off = |delivery| PluginOptions {
+        delivery,
+        enabled: false,
+        ..PluginOptions::default()
+    };
+    let count = add(
+        &mut s,
+        t,
+        "__x64_sys_getppid",
+        Action::Count,
+        &off(Delivery::Async),
+    );
+    let toggled = add(
+        &mut s,
+        t,
+        "__x64_sys_getppid",
+        Action::Count,
+        &off(Delivery::Async),
+    );
+    let rets = add(
+        &mut s,
+        t,
+        "__x64_sys_getppid%return",
+        Action::Count,
+        &off(Delivery::Async),
+    );
+    let rec_async = add(
+        &mut s,
+        t,
+        "__x64_sys_getppid",
+        Action::Record,
+        &off(Delivery::Async),
+    );
+    let rec_sync = add(
+        &mut s,
+        t,
+        "__x64_sys_getppid",
+        Action::Record,
+        &off(Delivery::Sync),
+    );
+    // The first argument of getppid as the workload passed it: pt_regs->di.
+    let magic = 0x5eed_u64;
+    let filtered = add(
+        &mut s,
+        t,
+        "__x64_sys_getppid",
+        Action::Count,
+        &PluginOptions {
+            values: Some(vec![Fetch::pt_regs_field(14)]),
+            filter_value: Some((0, magic)),
+            ..off(Delivery::Async)
+        },
+    );
+    let other_cr3 = add(
+        &mut s,
+        t,
+        "__x64_sys_getppid",
+        Action::Count,
+        &PluginOptions {
+            filter_cr3: Some(0x1234_5000),
+            ..off(Delivery::Async)
+        },
+    );
+    // openat(dfd, filename, ...): pt_regs->di, pt_regs->si, and the path.
+    let open_opts = |delivery| PluginOptions {
+        values: Some(vec![Fetch::pt_regs_field(14), Fetch::pt_regs_field(13)]),
+        string: Some(StringFetch {
+            index: 1,
+            max_len: 160,
+        }),
+        ..off(delivery)
+    };
+    let open_async = add(
+        &mut s,
+        t,
+        "__x64_sys_openat",
+        Action::Record,
+        &open_opts(Delivery::Async),
+    );
+    let open_sync = add(
+        &mut s,
+        t,
+        "__x64_sys_openat",
+        Action::Record,
+        &open_opts(Delivery::Sync),
+    );
+    let all = [
+        count, rets, rec_async, rec_sync, filtered, other_cr3, open_async, open_sync,
+    ];
+
+    s.start().unwrap();
+    let mut sink = Collect::default();
+    run_until(&mut s, &mut con, &mut sink, "@READY");
+    eprintln!("booted to READY in {:?}", t0.elapsed());
+    let flushes0 = harness::tb_flushes_at(&dir.join("monitor.sock"));
+    for id in all {
+        s.set_enabled(id, true).unwrap();
+    }
+
+    // --- counts, records, filters, returns ---
+    let n = 1000u64;
+    con.send_line(&format!("getppid {n} {magic:#x}"));
+    run_until(&mut s, &mut con, &mut sink, &format!("@getppid {n} done"));
+    con.send_line("getppid 7");
+    run_until(&mut s, &mut con, &mut sink, "@getppid 7 done");
+    let paths = ["/tmp/probe-me.txt", "/no/such/file", "/proc/self/status"];
+    for p in paths {
+        con.send_line(&format!("open {p}"));
+        run_until(&mut s, &mut con, &mut sink, &format!("@open {p} fd="));
+    }
+    for id in all {
+        s.set_enabled(id, false).unwrap();
+    }
+    drain(&mut s, &mut sink);
+    let st = |s: &Session, id| s.stats(id).unwrap();
+    assert_eq!(st(&s, count).hits, n + 7, "count");
+    assert_eq!(st(&s, rets).returns, n + 7, "%return count");
+    assert_eq!(
+        st(&s, filtered).hits,
+        n,
+        "value filter keeps the calls with {magic:#x}"
+    );
+    assert_eq!(st(&s, other_cr3).hits, 0, "cr3 filter");
+    for (id, what) in [(rec_async, "async"), (rec_sync, "sync")] {
+        assert_eq!(st(&s, id).hits, n + 7, "{what} record hits");
+        assert_eq!(
+            sink.of(id, KIND_ENTRY).len() as u64,
+            n + 7,
+            "{what} entries"
+        );
+        assert_eq!(sink.of(id, KIND_EXIT).len() as u64, n + 7, "{what} exits");
+    }
+    // getppid returns the parent's pid: the workload is init's child, so 1.
+    assert!(sink
+        .of(rec_async, KIND_EXIT)
+        .iter()
+        .all(|(e, _)| e.args[0] == 1));
+    for (id, what) in [(open_async, "async"), (open_sync, "sync")] {
+        let opened: Vec<String> = sink
+            .of(id, KIND_ENTRY)
+            .iter()
+            .map(|(_, d)| String::from_utf8_lossy(d).into_owned())
+            .collect();
+        assert_eq!(opened, paths, "{what}: openat paths read in the plugin");
+        let dfd = sink.of(id, KIND_ENTRY)[0].0.args[0] as i64 as i32;
+        assert_eq!(dfd, -100, "AT_FDCWD in pt_regs->di");
+        let rets: Vec<i64> = sink
+            .of(id, KIND_EXIT)
+            .iter()
+            .map(|(e, _)| e.args[0] as i64)
+            .collect();
+        assert_eq!(rets.len(), 3);
+        assert!(
+            rets[0] >= 0 && rets[1] == -2 && rets[2] >= 0,
+            "{what}: {rets:?}"
+        );
+    }
+    assert_eq!(sink.lost, 0);
+
+    // --- a probe enabled and disabled 100 times while the workload runs ---
+    let mut expected = 0;
+    let before = st(&s, toggled).hits;
+    assert_eq!(before, 0);
+    for i in 0..100u64 {
+        s.set_enabled(toggled, true).unwrap();
+        let k = 1 + i % 5;
+        expected += k;
+        con.send_line(&format!("getppid {k}"));
+        run_until(&mut s, &mut con, &mut sink, &format!("@getppid {k} done"));
+        s.set_enabled(toggled, false).unwrap();
+        con.send_line("getppid 3");
+        run_until(&mut s, &mut con, &mut sink, "@getppid 3 done");
+    }
+    assert_eq!(st(&s, toggled).hits, expected, "calls made while enabled");
+    let flushes1 = harness::tb_flushes_at(&dir.join("monitor.sock"));
+    assert_eq!(
+        flushes1, flushes0,
+        "no translation-cache flush from enabling"
+    );
+    let ps = s.plugin_stats(t).unwrap();
+    eprintln!(
+        "plugin {ps:?}, TB flushes {flushes0} -> {flushes1}, total {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(
+        ps.early_translations, 0,
+        "nothing translated before the freeze"
+    );
+    assert_eq!(ps.sync_timeouts, 0);
+
+    con.send_line("exit");
+    let wake = AtomicBool::new(false);
+    let end = s.run_with(&wake, Some(&mut sink)).unwrap();
+    assert_eq!(
+        end,
+        RunEnd::AllExited,
+        "the guest powered off: the stream ends"
+    );
+    assert!(g.qemu.wait_timeout(Duration::from_secs(30)).is_some());
+    let _ = std::fs::remove_dir_all(&dir);
 }

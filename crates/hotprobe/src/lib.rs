@@ -22,6 +22,7 @@
 
 mod engine;
 mod handler;
+mod plugin;
 mod recorder;
 mod session;
 
@@ -34,6 +35,7 @@ pub use hotprobe_target::{
     ExitStatus, Registers, ResumeMode, ReturnStrategy, RuntimeAddr, Target, TargetError,
     TargetEvent, ThreadId,
 };
+pub use plugin::PluginOptions;
 pub use recorder::{DrainStats, EventSink, SinkError};
 // Resolution lives below the engine (target crates implement `Resolver`
 // without depending on it); re-exported under the names it always had.

@@ -5,6 +5,7 @@
 
 use crate::engine::Engine;
 use crate::handler::{Probe, ProbeId, RetProbe};
+use crate::plugin::{GuestPlugin, PluginOptions};
 use crate::recorder::{DrainStats, EventSink, RingDrain};
 use crate::{EngineError, ProbeStats, Resolver};
 use hotprobe_fastpath::{FastPath, FastPathConfig, FunctionInfo, RecordedEvent};
@@ -55,6 +56,9 @@ pub enum Mechanism {
     Trap,
     /// A breakpoint in a guest, through QEMU's GDB stub.
     Stub,
+    /// hotprobe's QEMU TCG plugin: the site instrumented at translation,
+    /// gated by a flag; no stop of the VM.
+    Plugin,
     /// Not placed yet: its module is not loaded (see [`Session::add`]).
     Pending,
 }
@@ -68,6 +72,7 @@ impl std::fmt::Display for Mechanism {
             Mechanism::Jump => f.write_str("jump"),
             Mechanism::Trap => f.write_str("trap"),
             Mechanism::Stub => f.write_str("stub"),
+            Mechanism::Plugin => f.write_str("plugin"),
             Mechanism::Pending => f.write_str("pending"),
         }
     }
@@ -238,6 +243,8 @@ struct Slot {
     followable: Vec<(ProbeId, RuntimeAddr, bool, bool)>,
     /// A followed child's probe ids → its root's.
     origin: HashMap<ProbeId, ProbeId>,
+    /// A guest started with hotprobe's QEMU plugin.
+    plugin: Option<Box<GuestPlugin>>,
 }
 
 impl Slot {
@@ -302,6 +309,8 @@ impl Slot {
 pub struct Session {
     slots: Vec<Slot>,
     config: SessionConfig,
+    /// Options of plugin probes being added (see [`Session::add_plugin`]).
+    plugin_options: Option<PluginOptions>,
 }
 
 /// Where a resolved site goes.
@@ -313,6 +322,8 @@ enum Plan {
         reason: String,
     },
     Trap(String),
+    /// The guest's QEMU plugin.
+    Plugin(String),
 }
 
 impl Session {
@@ -326,6 +337,7 @@ impl Session {
         Session {
             slots: Vec::new(),
             config,
+            plugin_options: None,
         }
     }
 
@@ -348,6 +360,43 @@ impl Session {
             false,
             Fast::Off("not a process".into()),
         )
+    }
+
+    /// Add a guest started with hotprobe's QEMU plugin (`target` is its
+    /// GDB stub, `plugin` the plugin's shared memory; see
+    /// `hotprobe_guest::launch`): `Count` and `Record` probes added before
+    /// [`Session::start`] go to the plugin, handlers to the stub.
+    pub fn add_plugin_guest(
+        &mut self,
+        target: Box<dyn Target>,
+        resolver: Option<Box<dyn Resolver>>,
+        plugin: hotprobe_qemu::PluginHost,
+    ) -> TargetId {
+        let t = self.add_target(target, resolver);
+        self.slots[t.0].plugin = Some(Box::new(GuestPlugin::new(plugin)));
+        t
+    }
+
+    /// As [`Session::add`] with `Count` or `Record`, for a guest with
+    /// hotprobe's QEMU plugin, with what the plugin's events carry and how
+    /// they travel. Elsewhere (and for sites added once the guest runs:
+    /// they were not candidates) `opts` is ignored.
+    pub fn add_plugin(
+        &mut self,
+        t: TargetId,
+        spec: &str,
+        action: Action,
+        opts: &PluginOptions,
+    ) -> Result<Added, EngineError> {
+        self.plugin_options = Some(opts.clone());
+        let r = self.add_filtered(t, spec, action, &|_| true);
+        self.plugin_options = None;
+        r
+    }
+
+    /// The QEMU plugin's counters of a guest started with it.
+    pub fn plugin_stats(&self, t: TargetId) -> Option<hotprobe_qemu::PluginStats> {
+        Some(self.slots.get(t.0)?.plugin.as_ref()?.host.stats())
     }
 
     fn push_slot(
@@ -379,6 +428,7 @@ impl Session {
             inherited: Vec::new(),
             followable: Vec::new(),
             origin: HashMap::new(),
+            plugin: None,
         });
         let follow = self.config.follow_forks && pid.is_some();
         let slot = &mut self.slots[id];
@@ -739,6 +789,7 @@ impl Session {
                     reason,
                 } => self.place_fast(t, &r, &path, bias, &function, record, reason, label, None),
                 Plan::Trap(reason) => self.place_trap(t, &r, is_return, record, reason, label),
+                Plan::Plugin(reason) => self.place_plugin(t, &r, is_return, record, reason, label),
             };
             match placed {
                 Ok(p) => added.placements.push(p),
@@ -793,6 +844,7 @@ impl Session {
                     };
                     (m, reason)
                 }
+                Plan::Plugin(reason) => (Mechanism::Plugin, reason),
             },
         )
     }
@@ -809,6 +861,17 @@ impl Session {
         let config = self.config.fast_path;
         let forced = matches!(choice, MechanismChoice::Patch | MechanismChoice::Jump);
         let slot = self.slot(t)?;
+        if let Some(p) = &slot.plugin {
+            return Ok(if p.host.is_frozen() {
+                Plan::Trap(
+                    "added once the guest ran: not a candidate of the QEMU plugin, \
+                     so the GDB stub takes it"
+                        .into(),
+                )
+            } else {
+                Plan::Plugin("instrumented by QEMU at translation, gated by a flag".into())
+            });
+        }
         let Some(symbols) = symbols.filter(|_| slot.is_process()) else {
             return Ok(Plan::Trap("guest probes use the GDB stub".into()));
         };
@@ -944,6 +1007,69 @@ impl Session {
             .followable
             .push((id, r.addr, is_return, record));
         Ok(self.placement(t, id, label, r, Some(reason)))
+    }
+
+    /// A `Count` or `Record` probe on a guest's QEMU plugin.
+    fn place_plugin(
+        &mut self,
+        t: TargetId,
+        r: &ResolvedProbe,
+        is_return: bool,
+        record: bool,
+        reason: String,
+        label: String,
+    ) -> Result<Placement, EngineError> {
+        let opts = self.plugin_options.clone().unwrap_or_default();
+        let nargs = self.config.fast_path.record_args.min(6) as usize;
+        let maxactive = self.config.maxactive;
+        let thunk = match self.slot(t)?.plugin.as_ref().is_some_and(|p| !p.thunk_set) {
+            true => self
+                .resolve_unchecked(t, "__x86_return_thunk")
+                .ok()
+                .and_then(|v| v.first().map(|r| r.addr.0)),
+            false => None,
+        };
+        let slot = self.slot(t)?;
+        let id = slot.engine.new_id();
+        let Some(p) = slot.plugin.as_mut() else {
+            unreachable!("planned on the plugin")
+        };
+        if !p.thunk_set {
+            p.thunk_set = true;
+            if let Some(a) = thunk {
+                let _ = p.host.set_return_thunk(a);
+            }
+        }
+        let range = r.function_range.as_ref().map(|x| (x.start.0, x.end.0));
+        let refused = |reason: String| EngineError::RefusedSpec {
+            spec: label.clone(),
+            reason,
+        };
+        if (is_return || record) && (r.offset != 0 || range.is_none()) {
+            return Err(refused(
+                "a return on the QEMU plugin needs a function entry with a known size".into(),
+            ));
+        }
+        p.add(
+            id, r.addr.0, range, is_return, record, nargs, maxactive, &opts,
+        )
+        .map_err(refused)?;
+        let execution = match (record, opts.delivery) {
+            (false, _) => "plugin (count)",
+            (true, hotprobe_qemu::Delivery::Sync) => "plugin (record, synchronous)",
+            (true, _) => "plugin (record)",
+        };
+        Ok(Placement {
+            id,
+            label,
+            addr: r.addr,
+            function: r.function.clone(),
+            module: r.module.clone(),
+            is_return,
+            mechanism: Mechanism::Plugin,
+            reason,
+            execution: execution.into(),
+        })
     }
 
     /// The trap form of a `Count` (`%return`: a return probe) or `Record`
@@ -1147,7 +1273,7 @@ impl Session {
                 )?;
                 self.slot(t)?.update_fork_restores();
             }
-            Plan::Trap(_) => {
+            Plan::Trap(_) | Plan::Plugin(_) => {
                 let engine = &mut self.slot(t)?.engine;
                 with_world_stopped(engine, |e| e.arm_at(id, r.addr))?;
             }
@@ -1195,6 +1321,16 @@ impl Session {
     /// Enable or disable a probe at run time.
     pub fn set_enabled(&mut self, id: ProbeId, enabled: bool) -> Result<(), EngineError> {
         let slot = self.slot_of(id)?;
+        if let Some(p) = slot.plugin.as_ref().filter(|p| p.has(id)) {
+            // A flag the plugin applies to its scoreboard: nothing is
+            // retranslated, no stop of the VM.
+            return p
+                .set_enabled(id, enabled)
+                .map_err(|reason| EngineError::RefusedSpec {
+                    spec: format!("probe {}", id.0),
+                    reason,
+                });
+        }
         if slot.fast_probes.contains_key(&id) {
             return Err(EngineError::RefusedSpec {
                 spec: format!("probe {}", id.0),
@@ -1207,6 +1343,12 @@ impl Session {
     /// Remove a probe.
     pub fn remove_probe(&mut self, id: ProbeId) -> Result<(), EngineError> {
         let slot = self.slot_of(id)?;
+        if slot.plugin.as_ref().is_some_and(|p| p.has(id)) {
+            return Err(EngineError::RefusedSpec {
+                spec: format!("probe {}", id.0),
+                reason: "QEMU plugin probes stay candidates: disable it instead".into(),
+            });
+        }
         if slot.fast_probes.contains_key(&id) {
             return Err(EngineError::RefusedSpec {
                 spec: format!("probe {}", id.0),
@@ -1234,7 +1376,10 @@ impl Session {
     pub fn stats_by_process(&self, id: ProbeId) -> Option<Vec<(i32, ProbeStats)>> {
         let ri = (id.0 >> TARGET_SHIFT) as usize;
         let root = self.slots.get(ri)?;
-        let trap = root.engine.stats(id);
+        let trap = root
+            .engine
+            .stats(id)
+            .or_else(|| root.plugin.as_ref().and_then(|p| p.stats(id)));
         let fast = root.fast_probes.get(&id);
         if trap.is_none() && fast.is_none() {
             return None;
@@ -1306,6 +1451,11 @@ impl Session {
     /// Let every target run (after attaching/spawning and adding probes).
     pub fn start(&mut self) -> Result<(), EngineError> {
         for s in &mut self.slots {
+            if let Some(p) = &mut s.plugin {
+                // The candidate sites are final before the VM's first
+                // translation.
+                p.host.freeze();
+            }
             if s.engine.gone().is_none() && !s.engine.started {
                 s.engine.target().resume_all()?;
                 s.engine.started = true;
@@ -1485,6 +1635,12 @@ impl Session {
                 }
             }
             s.drain.stats.events += traps.len() as u64;
+            if let Some(p) = &mut s.plugin {
+                let before = p.drops;
+                let n = p.drain(sink).map_err(EngineError::Sink)?;
+                s.drain.stats.events += n;
+                s.drain.stats.ring_drops += p.drops - before;
+            }
             let Fast::On(fp) = &s.fast else {
                 for ev in &traps {
                     sink.event(ev).map_err(EngineError::Sink)?;
@@ -1617,6 +1773,10 @@ impl Session {
     pub fn detach(&mut self) -> Result<(), EngineError> {
         let mut first_err = None;
         for s in &mut self.slots {
+            if let Some(p) = &s.plugin {
+                // The guest runs on without the callbacks' work.
+                p.host.disable_all();
+            }
             if s.engine.gone().is_some() {
                 if let Fast::On(fp) = &mut s.fast {
                     fp.forget();

@@ -2,7 +2,9 @@
  * initramfs /init on the serial console. It prints READY, then obeys one
  * command per line read from stdin (the console), so the test knows exactly
  * which system calls were made after it attached its probes:
- *   getppid N   -> N getppid system calls, then "getppid N done"
+ *   getppid N [ARG] -> N getppid system calls (ARG, default 0, as their
+ *                  unused first argument: a probe can filter on it),
+ *                  then "getppid N done"
  *   open PATH   -> openat(AT_FDCWD, PATH, O_RDONLY), "open PATH fd=FD" (or -errno), close
  *   exit        -> "BYE", exit 0
  * Every reply line starts with "@" so the test can tell it from tty echo. */
@@ -22,9 +24,11 @@ int main(void) {
     while (fgets(line, sizeof line, stdin)) {
         line[strcspn(line, "\r\n")] = 0;
         if (strncmp(line, "getppid ", 8) == 0) {
-            long n = strtol(line + 8, NULL, 10);
+            char *end;
+            long n = strtol(line + 8, &end, 10);
+            long arg = strtol(end, NULL, 0);
             for (long i = 0; i < n; i++) {
-                syscall(SYS_getppid);
+                syscall(SYS_getppid, arg);
             }
             printf("@getppid %ld done\n", n);
         } else if (strncmp(line, "open ", 5) == 0) {
