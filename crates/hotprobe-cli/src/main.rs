@@ -13,6 +13,7 @@
 //! hotprobe report DIR [--phases] [--marker FUNC]...
 //! hotprobe export DIR --format chrome|ctf|folded [-o OUT]
 //! hotprobe guest  --gdb HOST:PORT|unix:PATH --symbols FILE [--ram FILE] (count|trace) PROBE... [--duration SECS]
+//! hotprobe guest  (count|trace|record) PROBE... --symbols FILE [--sync] -- qemu-system-x86_64 ARGS...
 //! PROBE: [module:]function[+offset] | [module:]0xADDR | file.c:LINE, optionally %return
 //! ```
 //! Every error is one line on stderr, `hotprobe: error: <what and why>`,
@@ -260,15 +261,17 @@ enum Cmd {
     },
     /// Build the bundled demo program (tests/programs/demo.c) and trace it.
     Demo,
-    /// Count or trace probes on VM guest kernels through their GDB stubs
-    /// (QEMU -gdb); repeat --gdb/--symbols (and --ram) for more guests.
+    /// Count, trace or record probes on VM guest kernels: a guest hotprobe
+    /// starts with its QEMU plugin (`guest count PROBE... --symbols FILE --
+    /// qemu-system-x86_64 ARGS`), or running guests through their GDB stubs
+    /// (QEMU -gdb; repeat --gdb/--symbols (and --ram) for more guests).
     Guest {
         /// A guest's GDB stub: HOST:PORT or unix:PATH.
-        #[arg(long, required = true, value_name = "HOST:PORT|unix:PATH")]
+        #[arg(long, value_name = "HOST:PORT|unix:PATH")]
         gdb: Vec<String>,
         /// The guest kernel's symbols: /proc/kallsyms, System.map or vmlinux
         /// (one per --gdb, in the same order).
-        #[arg(long, required = true, value_name = "FILE")]
+        #[arg(long, value_name = "FILE")]
         symbols: Vec<PathBuf>,
         /// QEMU's shared memory-backend-file of the guest's RAM, to read
         /// guest memory directly (none, or one per --gdb in the same order).
@@ -295,6 +298,12 @@ enum GuestCmd {
         /// Live calls followed at once per %return probe.
         #[arg(long, default_value_t = 64, value_name = "N")]
         maxactive: usize,
+        /// The guest kernel's symbols (with a QEMU command line).
+        #[arg(long, value_name = "FILE")]
+        symbols: Option<PathBuf>,
+        /// A QEMU command line to start with hotprobe's plugin.
+        #[arg(last = true, value_name = "QEMU")]
+        qemu: Vec<OsString>,
     },
     /// Show a live call tree of the given kernel functions.
     Trace {
@@ -313,6 +322,44 @@ enum GuestCmd {
         /// Print the per-function count table at the end.
         #[arg(long)]
         summary: bool,
+        /// Synchronous delivery (a started guest): each vCPU waits until
+        /// hotprobe has its event (nothing is dropped).
+        #[arg(long)]
+        sync: bool,
+        /// The guest kernel's symbols (with a QEMU command line).
+        #[arg(long, value_name = "FILE")]
+        symbols: Option<PathBuf>,
+        /// A QEMU command line to start with hotprobe's plugin.
+        #[arg(last = true, value_name = "QEMU")]
+        qemu: Vec<OsString>,
+    },
+    /// Record a trace of the given kernel functions (entries with their
+    /// arguments, returns) from a guest hotprobe starts with its plugin.
+    Record {
+        /// Function specs: [module:]function | 0xADDR.
+        #[arg(required = true, value_name = "PROBE")]
+        probes: Vec<String>,
+        /// The trace directory.
+        #[arg(short = 'o', long, value_name = "DIR")]
+        output: PathBuf,
+        /// Argument registers recorded (0-6).
+        #[arg(long, default_value_t = 2, value_name = "N")]
+        args: usize,
+        /// Live calls followed at once per function.
+        #[arg(long, default_value_t = 64, value_name = "N")]
+        maxactive: usize,
+        /// Stop after this many seconds.
+        #[arg(long, value_name = "SECS")]
+        duration: Option<f64>,
+        /// Synchronous delivery: each vCPU waits until hotprobe has its event.
+        #[arg(long)]
+        sync: bool,
+        /// The guest kernel's symbols.
+        #[arg(long, value_name = "FILE")]
+        symbols: Option<PathBuf>,
+        /// The QEMU command line to start with hotprobe's plugin.
+        #[arg(last = true, required = true, value_name = "QEMU")]
+        qemu: Vec<OsString>,
     },
 }
 
@@ -528,6 +575,17 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             ram,
             action,
         } => {
+            if let Some(launched) = launched_guest(&gdb, &symbols, &ram, &action)? {
+                return launched;
+            }
+            if gdb.is_empty() {
+                return Err(UsageError(
+                    "give a QEMU command line after -- (hotprobe starts the guest with its \
+                     plugin), or --gdb HOST:PORT|unix:PATH --symbols FILE for a running guest"
+                        .into(),
+                )
+                .into());
+            }
             if symbols.len() != gdb.len() {
                 return Err(UsageError(format!(
                     "give one --symbols per --gdb ({} --gdb, {} --symbols)",
@@ -562,6 +620,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                     probes,
                     duration,
                     maxactive,
+                    ..
                 } => (
                     probes,
                     duration,
@@ -575,6 +634,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                     maxactive,
                     duration,
                     summary,
+                    ..
                 } => (
                     probes,
                     duration,
@@ -584,6 +644,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                         summary,
                     },
                 ),
+                GuestCmd::Record { .. } => unreachable!("record needs a QEMU command line"),
             };
             let duration = duration(secs)?;
             signals::install()?;
@@ -596,6 +657,101 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             .map(|()| 0)
         }
     }
+}
+
+/// `hotprobe guest (count|trace|record) ... -- QEMU ARGS`: the guest is
+/// started with hotprobe's plugin. `None` for the `--gdb` form.
+fn launched_guest(
+    gdb: &[String],
+    symbols: &[PathBuf],
+    ram: &[PathBuf],
+    action: &GuestCmd,
+) -> anyhow::Result<Option<anyhow::Result<u8>>> {
+    let (qemu, probes, sub_symbols, secs, maxactive, sync, what) = match action {
+        GuestCmd::Count {
+            qemu,
+            probes,
+            symbols,
+            duration,
+            maxactive,
+        } => (
+            qemu,
+            probes,
+            symbols,
+            *duration,
+            *maxactive,
+            false,
+            guest::LaunchedAction::Count,
+        ),
+        GuestCmd::Trace {
+            qemu,
+            probes,
+            symbols,
+            duration,
+            maxactive,
+            args,
+            summary,
+            sync,
+        } => (
+            qemu,
+            probes,
+            symbols,
+            *duration,
+            *maxactive,
+            *sync,
+            guest::LaunchedAction::Trace {
+                args: *args,
+                summary: *summary,
+            },
+        ),
+        GuestCmd::Record {
+            qemu,
+            probes,
+            symbols,
+            duration,
+            maxactive,
+            args,
+            sync,
+            output,
+        } => (
+            qemu,
+            probes,
+            symbols,
+            *duration,
+            *maxactive,
+            *sync,
+            guest::LaunchedAction::Record {
+                out: output,
+                args: *args,
+            },
+        ),
+    };
+    if qemu.is_empty() {
+        return Ok(None);
+    }
+    if !gdb.is_empty() || !ram.is_empty() {
+        return Err(UsageError(
+            "--gdb/--ram name a running guest; with a QEMU command line hotprobe starts the \
+             guest (and its own stub)"
+                .into(),
+        )
+        .into());
+    }
+    if symbols.len() > 1 {
+        return Err(UsageError("one --symbols for a started guest".into()).into());
+    }
+    let symbols = sub_symbols.clone().or_else(|| symbols.first().cloned());
+    let duration = duration(secs)?;
+    signals::install()?;
+    Ok(Some(guest::run_launched(&guest::LaunchedOptions {
+        qemu,
+        symbols,
+        probes,
+        duration,
+        maxactive: maxactive.max(1),
+        sync,
+        action: what,
+    })))
 }
 
 /// The error and its causes, joined with `: `, leaving out a cause whose

@@ -449,13 +449,18 @@ impl PluginHost {
     /// Makes the sites and probe definitions final: the plugin instruments
     /// what it translates from now on. Call before the VM runs its first
     /// instruction (QEMU is started with `-S`).
-    pub fn freeze(&mut self) {
+    /// The enable flags given with the probes are in the plugin's
+    /// scoreboard when this returns (the error says if the plugin did not
+    /// apply them in time).
+    pub fn freeze(&mut self) -> Result<(), PluginError> {
         if !self.frozen {
             self.frozen = true;
             // Release pairs with the plugin's `frozen.load(Acquire)`: the
             // definitions are written before.
             self.shm().header().frozen.store(1, Release);
+            return self.apply_flags();
         }
+        Ok(())
     }
 
     /// Whether [`PluginHost::freeze`] was called.
@@ -512,10 +517,16 @@ impl PluginHost {
             .filter(|_| p < self.n_probes)
             .ok_or_else(|| PluginError::Refused(format!("no plugin probe {p}")))?;
         d.enabled.store(on as u32, Release);
+        self.apply_flags()
+    }
+
+    /// Bumps the generation and waits until the plugin copied every enable
+    /// flag into its scoreboard (at most 2 s; at once if it is not running).
+    fn apply_flags(&self) -> Result<(), PluginError> {
         let h = self.shm().header();
         let gen = h.generation.fetch_add(1, AcqRel).wrapping_add(1);
         futex_wake(&h.generation);
-        if !self.installed() || h.plugin_state.load(Acquire) != PLUGIN_INSTALLED {
+        if h.plugin_state.load(Acquire) != PLUGIN_INSTALLED {
             return Ok(());
         }
         let t0 = Instant::now();
@@ -530,7 +541,7 @@ impl PluginHost {
             }
             if t0.elapsed() > Duration::from_secs(2) {
                 return Err(PluginError::Timeout {
-                    what: "apply an enable flag",
+                    what: "apply the enable flags",
                     secs: 2,
                 });
             }

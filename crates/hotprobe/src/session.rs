@@ -1453,8 +1453,11 @@ impl Session {
         for s in &mut self.slots {
             if let Some(p) = &mut s.plugin {
                 // The candidate sites are final before the VM's first
-                // translation.
-                p.host.freeze();
+                // translation, the enable flags applied.
+                p.host.freeze().map_err(|e| EngineError::RefusedSpec {
+                    spec: "the QEMU plugin's probes".into(),
+                    reason: e.to_string(),
+                })?;
             }
             if s.engine.gone().is_none() && !s.engine.started {
                 s.engine.target().resume_all()?;
