@@ -1,8 +1,10 @@
 //! hotprobe's QEMU plugin through `Session`, on the test guest started by
 //! hotprobe (`hotprobe_guest::launch`): counts, records with arguments and
 //! guest strings read in the plugin, both delivery modes, filters, return
-//! counts, and a probe enabled and disabled 100 times without a single
-//! translation-cache flush. One boot serves every assertion.
+//! counts, the GDB stub beside the plugin on the same guest (handlers, and
+//! probes added once the guest ran), and a probe enabled and disabled 100
+//! times without a single translation-cache flush. One boot serves every
+//! assertion.
 
 #[path = "guest/harness.rs"]
 mod harness;
@@ -14,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use harness::Console;
 use hotprobe::{
-    Action, EventSink, Mechanism, PluginOptions, ProbeId, RecordedEvent, RunEnd, Session,
+    Action, EventSink, Mechanism, PluginOptions, Probe, ProbeId, RecordedEvent, RunEnd, Session,
     SinkError, TargetId, KIND_ENTRY, KIND_EXIT,
 };
 use hotprobe_guest::{launch, load_symbols, LaunchOptions};
@@ -84,6 +86,28 @@ fn run_until(s: &mut Session, con: &mut Console, sink: &mut Collect, marker: &st
     ticker.join().unwrap();
 }
 
+/// The offset of the first instruction of getppid the engine boosts (the
+/// entry is an ftrace NOP, emulated).
+fn first_boosted_offset(s: &mut Session, t: TargetId) -> u64 {
+    let func = s.resolve(t, "__x64_sys_getppid").unwrap()[0].addr.0;
+    let mut code = [0u8; 96];
+    s.engine(t)
+        .unwrap()
+        .target()
+        .read_memory(hotprobe::RuntimeAddr(func), &mut code)
+        .unwrap();
+    let mut off = 0usize;
+    while off + 16 <= code.len() {
+        let plan = hotprobe_x86::plan_probe(&code[off..], func + off as u64, func + off as u64)
+            .expect("plannable");
+        if plan.execution == hotprobe_x86::Execution::Boost {
+            return off as u64;
+        }
+        off += plan.len;
+    }
+    panic!("no boostable instruction in the first bytes of getppid");
+}
+
 /// One drain of the rings into `sink`.
 fn drain(s: &mut Session, sink: &mut Collect) {
     let wake = AtomicBool::new(true);
@@ -109,7 +133,8 @@ fn plugin_probes_through_the_session() {
     std::fs::create_dir_all(&dir).unwrap();
     let t0 = Instant::now();
     let mut g = launch(
-        &harness::qemu_args(&dir, ""),
+        // The workload is init: a short boot, and no other process.
+        &harness::qemu_args(&dir, "rdinit=/workload"),
         syms,
         LaunchOptions {
             stdin: Some(Stdio::piped()),
@@ -221,7 +246,6 @@ fn plugin_probes_through_the_session() {
     let mut sink = Collect::default();
     run_until(&mut s, &mut con, &mut sink, "@READY");
     eprintln!("booted to READY in {:?}", t0.elapsed());
-    let flushes0 = harness::tb_flushes_at(&dir.join("monitor.sock"));
     for id in all {
         s.set_enabled(id, true).unwrap();
     }
@@ -232,7 +256,7 @@ fn plugin_probes_through_the_session() {
     run_until(&mut s, &mut con, &mut sink, &format!("@getppid {n} done"));
     con.send_line("getppid 7");
     run_until(&mut s, &mut con, &mut sink, "@getppid 7 done");
-    let paths = ["/tmp/probe-me.txt", "/no/such/file", "/proc/self/status"];
+    let paths = ["/init", "/no/such/file", "/proc/self/status"];
     for p in paths {
         con.send_line(&format!("open {p}"));
         run_until(&mut s, &mut con, &mut sink, &format!("@open {p} fd="));
@@ -259,11 +283,11 @@ fn plugin_probes_through_the_session() {
         );
         assert_eq!(sink.of(id, KIND_EXIT).len() as u64, n + 7, "{what} exits");
     }
-    // getppid returns the parent's pid: the workload is init's child, so 1.
+    // getppid returns the parent's pid: the workload is init, so 0.
     assert!(sink
         .of(rec_async, KIND_EXIT)
         .iter()
-        .all(|(e, _)| e.args[0] == 1));
+        .all(|(e, _)| e.args[0] == 0));
     for (id, what) in [(open_async, "async"), (open_sync, "sync")] {
         let opened: Vec<String> = sink
             .of(id, KIND_ENTRY)
@@ -286,7 +310,50 @@ fn plugin_probes_through_the_session() {
     }
     assert_eq!(sink.lost, 0);
 
+    // --- the stub on the same guest: a handler (it could write), and a
+    // probe added once the guest ran (not a candidate of the plugin), on an
+    // instruction of getppid after the plugin's entry site ---
+    let spec = format!("__x64_sys_getppid+{:#x}", first_boosted_offset(&mut s, t));
+    let stub_hits = std::rc::Rc::new(std::cell::Cell::new(0u64));
+    let h2 = stub_hits.clone();
+    let handler = s
+        .add(
+            t,
+            &spec,
+            Action::Handler(Probe::new().pre(move |_| h2.set(h2.get() + 1))),
+        )
+        .unwrap();
+    assert_eq!(handler.placements[0].mechanism, Mechanism::Stub);
+    let late = s.add(t, &spec, Action::Count).unwrap();
+    let late_p = &late.placements[0];
+    assert_eq!(late_p.mechanism, Mechanism::Stub, "{}", late_p.reason);
+    assert!(
+        late_p.reason.contains("not a candidate"),
+        "{}",
+        late_p.reason
+    );
+    s.set_enabled(count, true).unwrap();
+    con.send_line("getppid 20");
+    run_until(&mut s, &mut con, &mut sink, "@getppid 20 done");
+    s.set_enabled(count, false).unwrap();
+    assert_eq!(stub_hits.get(), 20, "stub handler");
+    assert_eq!(st(&s, late_p.id).hits, 20, "late count on the stub");
+    assert_eq!(st(&s, count).hits, n + 7 + 20, "the plugin beside the stub");
+    s.remove_probe(handler.placements[0].id).unwrap();
+    s.remove_probe(late_p.id).unwrap();
+    // On the plugin's own site the stub would hide executions from it: said.
+    let same = s
+        .add(t, "__x64_sys_getppid", Action::Handler(Probe::new()))
+        .unwrap();
+    let notices = s.take_notices();
+    assert!(
+        notices.iter().any(|n| n.contains("not seen by the plugin")),
+        "{notices:?}"
+    );
+    s.remove_probe(same.placements[0].id).unwrap();
+
     // --- a probe enabled and disabled 100 times while the workload runs ---
+    let flushes0 = harness::tb_flushes_at(&dir.join("monitor.sock"));
     let mut expected = 0;
     let before = st(&s, toggled).hits;
     assert_eq!(before, 0);

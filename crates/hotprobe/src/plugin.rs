@@ -57,6 +57,8 @@ pub(crate) struct GuestPlugin {
     /// synchronous handler).
     ids: Arc<Mutex<Vec<ProbeId>>>,
     index: HashMap<ProbeId, (u32, bool)>,
+    /// Candidate sites.
+    sites: std::collections::HashSet<u64>,
     /// Events the synchronous handler took, waiting for the drain.
     sync_events: SyncQueue,
     /// The return thunk was looked up.
@@ -103,11 +105,17 @@ impl GuestPlugin {
             host,
             ids,
             index: HashMap::new(),
+            sites: Default::default(),
             sync_events,
             thunk_set: false,
             events: 0,
             drops: 0,
         }
+    }
+
+    /// Whether `addr` is a candidate site.
+    pub(crate) fn is_site(&self, addr: u64) -> bool {
+        self.sites.contains(&addr)
     }
 
     /// Whether probe `id` is the plugin's.
@@ -159,6 +167,7 @@ impl GuestPlugin {
         debug_assert_eq!(ids.len(), k as usize);
         ids.push(id);
         self.index.insert(id, (k, is_return));
+        self.sites.insert(addr);
         Ok(())
     }
 

@@ -636,6 +636,7 @@ impl Session {
         addr: RuntimeAddr,
         probe: Probe,
     ) -> Result<ProbeId, EngineError> {
+        self.note_plugin_overlap(t, addr, true);
         let engine = &mut self.slot(t)?.engine;
         with_world_stopped(engine, |e| e.add_probe(addr, probe))
     }
@@ -661,8 +662,26 @@ impl Session {
         addr: RuntimeAddr,
         rp: RetProbe,
     ) -> Result<ProbeId, EngineError> {
+        self.note_plugin_overlap(t, addr, true);
         let engine = &mut self.slot(t)?.engine;
         with_world_stopped(engine, |e| e.add_retprobe(addr, rp))
+    }
+
+    /// A stub probe where the guest's QEMU plugin instruments too (`stub`:
+    /// a stub probe is being added; else a plugin probe): the stub emulates
+    /// the instruction or runs it out of line, so the plugin's probes there
+    /// do not see those executions. Said in a notice.
+    fn note_plugin_overlap(&mut self, t: TargetId, addr: RuntimeAddr, stub: bool) {
+        let Ok(slot) = self.slot(t) else { return };
+        let plugin_there = !stub || slot.plugin.as_ref().is_some_and(|p| p.is_site(addr.0));
+        let stub_there = stub || slot.engine.execution_of(addr).is_some();
+        if slot.plugin.is_some() && plugin_there && stub_there {
+            slot.engine.notices.push(format!(
+                "{addr}: a GDB-stub probe shares this address with QEMU-plugin probes: the \
+                 executions the stub handles (it emulates the instruction or runs it out of \
+                 line) are not seen by the plugin's probes"
+            ));
+        }
     }
 
     /// Put probes doing `action` on every address `spec` names (a pattern
@@ -1041,6 +1060,7 @@ impl Session {
             }
         }
         let range = r.function_range.as_ref().map(|x| (x.start.0, x.end.0));
+        let stub_there = slot.engine.execution_of(r.addr).is_some();
         let refused = |reason: String| EngineError::RefusedSpec {
             spec: label.clone(),
             reason,
@@ -1054,6 +1074,9 @@ impl Session {
             id, r.addr.0, range, is_return, record, nargs, maxactive, &opts,
         )
         .map_err(refused)?;
+        if stub_there {
+            self.note_plugin_overlap(t, r.addr, false);
+        }
         let execution = match (record, opts.delivery) {
             (false, _) => "plugin (count)",
             (true, hotprobe_qemu::Delivery::Sync) => "plugin (record, synchronous)",
