@@ -1120,12 +1120,12 @@ mod tests {
         assert!(!is_return_insn(&jmp, va, thunk + 1));
         assert!(is_return_insn(&[0xeb, 0x10], va, va + 0x12));
         assert!(same_kernel_stack(
-            0xffffc900_0001_3f00,
-            0xffffc900_0001_0008
+            0xffff_c900_0001_3f00,
+            0xffff_c900_0001_0008
         ));
         assert!(!same_kernel_stack(
-            0xffffc900_0001_3f00,
-            0xffffc900_0001_4008
+            0xffff_c900_0001_3f00,
+            0xffff_c900_0001_4008
         ));
     }
 

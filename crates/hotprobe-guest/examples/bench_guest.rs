@@ -400,7 +400,9 @@ fn plugin_rows(n_stub: u64, rounds: usize) {
     };
     let two = vec![Fetch::Reg(Reg::Rdi), Fetch::pt_regs_field(14)];
     let p_count = host.add_probe(&probe(Delivery::Count, vec![])).unwrap();
-    let p_async = host.add_probe(&probe(Delivery::Async, two.clone())).unwrap();
+    let p_async = host
+        .add_probe(&probe(Delivery::Async, two.clone()))
+        .unwrap();
     let p_sync = host.add_probe(&probe(Delivery::Sync, two)).unwrap();
     let answered = Arc::new(AtomicU64::new(0));
     let a2 = answered.clone();
@@ -411,10 +413,7 @@ fn plugin_rows(n_stub: u64, rounds: usize) {
     host.freeze().unwrap();
     // The stub, on the same QEMU, through a session.
     let mut s = Session::new();
-    let t = s.add_target(
-        Box::new(launched.target),
-        Some(Box::new(launched.resolver)),
-    );
+    let t = s.add_target(Box::new(launched.target), Some(Box::new(launched.resolver)));
     s.engine(t).unwrap().set_step_unsupported_in_place(true);
     s.start().unwrap();
     con.wait_for("@READY", LONG);
@@ -424,8 +423,16 @@ fn plugin_rows(n_stub: u64, rounds: usize) {
     let mut rows: Vec<Row> = vec![
         ("no probe (us per getppid)", Vec::new(), String::new()),
         ("plugin count", Vec::new(), String::new()),
-        ("plugin event, 2 values, async ring", Vec::new(), String::new()),
-        ("plugin event, 2 values, sync handler", Vec::new(), String::new()),
+        (
+            "plugin event, 2 values, async ring",
+            Vec::new(),
+            String::new(),
+        ),
+        (
+            "plugin event, 2 values, sync handler",
+            Vec::new(),
+            String::new(),
+        ),
         ("stub, boosted, null handler", Vec::new(), String::new()),
     ];
     let inner = "__x64_sys_getppid+0xb";

@@ -263,9 +263,15 @@ impl Plugin {
         }
     }
 
-    fn vcpu(&self, v: u32) -> Option<&mut Vcpu> {
+    /// vCPU `v`'s private state.
+    ///
+    /// # Safety
+    /// Only vCPU `v`'s thread may call this for `v` (QEMU runs a vCPU's
+    /// callbacks on its thread), and not while an earlier result is live.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn vcpu(&self, v: u32) -> Option<&mut Vcpu> {
         let cell = self.vcpus.get(v as usize)?;
-        // SAFETY: only vCPU `v`'s thread calls this for `v`.
+        // SAFETY: the caller's contract: no other reference to this cell.
         let slot = unsafe { &mut *cell.0.get() };
         if slot.is_none() {
             // SAFETY: plain GLib allocation.
@@ -446,7 +452,10 @@ impl Plugin {
             self.shm.header().vcpu_overflow.fetch_add(1, Relaxed);
             return;
         };
-        let Some(st) = self.vcpu(v) else { return };
+        // SAFETY: a callback on vCPU `v`'s thread; one live reference.
+        let Some(st) = (unsafe { self.vcpu(v) }) else {
+            return;
+        };
         let is_ret = cfg.kind == PROBE_RETURN;
         let events = cfg.delivery != DELIVER_COUNT;
         let mut ev = PluginEvent {
@@ -535,7 +544,10 @@ impl Plugin {
         let Some(c) = self.counters(v, probe) else {
             return;
         };
-        let Some(st) = self.vcpu(v) else { return };
+        // SAFETY: a callback on vCPU `v`'s thread; one live reference.
+        let Some(st) = (unsafe { self.vcpu(v) }) else {
+            return;
+        };
         let sp = self.read_reg(st, Reg::Rsp);
         let live = &mut st.live[probe as usize];
         let Some(k) = live.iter().position(|i| i.sp == sp) else {
