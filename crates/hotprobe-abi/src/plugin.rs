@@ -481,7 +481,9 @@ pub struct VcpuCtl {
     pub dropped: AtomicU64,
     /// 1 once this vCPU was seen by the plugin.
     pub live: AtomicU32,
-    _p2a: u32,
+    /// 1 while the vCPU sleeps on `mbox_state` (hotprobe wakes it only
+    /// then; a spinning vCPU costs it no system call).
+    pub mbox_waiting: AtomicU32,
     _p2: [u64; 6],
     /// `MBOX_*`.
     pub mbox_state: AtomicU32,

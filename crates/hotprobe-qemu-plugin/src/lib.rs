@@ -415,7 +415,13 @@ impl Plugin {
         }
         let timeout = h.sync_timeout_ms as u64 * 1_000_000;
         loop {
-            futex_wait(&ctl.mbox_state, MBOX_POSTED, Duration::from_millis(5));
+            // SeqCst: Dekker with hotprobe, which answers then reads
+            // mbox_waiting to decide whether to wake us.
+            ctl.mbox_waiting.store(1, SeqCst);
+            if ctl.mbox_state.load(SeqCst) == MBOX_POSTED {
+                futex_wait(&ctl.mbox_state, MBOX_POSTED, Duration::from_millis(5));
+            }
+            ctl.mbox_waiting.store(0, Relaxed);
             if ctl.mbox_state.load(Acquire) == MBOX_ANSWERED {
                 ctl.mbox_state.store(MBOX_FREE, Release);
                 return;

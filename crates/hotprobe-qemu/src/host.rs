@@ -700,11 +700,14 @@ fn service(m: &Mapped) {
             ctl.mbox_answer.store(answer, Relaxed);
             ctl.sync_answered.fetch_add(1, Relaxed);
             m.sync.answered.fetch_add(1, Relaxed);
-            // Release pairs with the vCPU's `load(Acquire)` of the state.
+            // Release pairs with the vCPU's `load(Acquire)` of the state;
+            // SeqCst: Dekker with the vCPU's `mbox_waiting` (it sets it,
+            // then re-reads the state before sleeping).
             if ctl
                 .mbox_state
-                .compare_exchange(MBOX_POSTED, MBOX_ANSWERED, Release, Relaxed)
+                .compare_exchange(MBOX_POSTED, MBOX_ANSWERED, SeqCst, Relaxed)
                 .is_ok()
+                && ctl.mbox_waiting.load(SeqCst) != 0
             {
                 futex_wake(&ctl.mbox_state);
             }

@@ -204,7 +204,7 @@ pub fn qemu_args(dir: &Path, append: &str) -> Vec<std::ffi::OsString> {
     v.push(initramfs().into());
     v.push("-append".into());
     v.push(
-        format!("console=ttyS0 nokaslr quiet {append}")
+        format!("console=ttyS0 nokaslr quiet no_timer_check {append}")
             .trim()
             .to_string()
             .into(),
@@ -316,7 +316,11 @@ impl Guest {
             .arg(&kernel)
             .arg("-initrd")
             .arg(&initrd)
-            .args(["-append", "console=ttyS0 nokaslr quiet", "-no-reboot"])
+            .args([
+                "-append",
+                "console=ttyS0 nokaslr quiet no_timer_check",
+                "-no-reboot",
+            ])
             .arg("-chardev")
             .arg(format!(
                 "socket,id=g0,path={},server=on,wait=off",
