@@ -37,7 +37,7 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{AtomicU32, AtomicU64};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use ffi::*;
@@ -70,6 +70,8 @@ struct ProbeCfg {
 #[derive(Debug)]
 struct CbData {
     probe: u32,
+    /// The instrumented instruction.
+    vaddr: u64,
 }
 
 /// The instrumentation tables, built once when hotprobe freezes the sites.
@@ -79,8 +81,9 @@ struct Tables {
     entry: HashMap<u64, Vec<*const CbData>>,
     /// Return probes' function ranges: (start, end, probe), sorted.
     ranges: Vec<(u64, u64, u32)>,
-    /// One userdata per probe, for its `ret` callbacks.
-    ret_data: Vec<*const CbData>,
+    /// Userdata of `ret` callbacks, per (instruction, probe), made as the
+    /// plugin finds them.
+    ret_data: Mutex<HashMap<(u64, u32), usize>>,
 }
 
 // SAFETY: the raw pointers are leaked, immutable CbData.
@@ -238,13 +241,18 @@ impl Plugin {
                 range: (d.range_start, d.range_end),
             });
         }
-        let leak = |p: u32| Box::into_raw(Box::new(CbData { probe: p })) as *const CbData;
+        let leak = |p: u32, vaddr: u64| {
+            Box::into_raw(Box::new(CbData { probe: p, vaddr })) as *const CbData
+        };
         let mut entry: HashMap<u64, Vec<*const CbData>> = HashMap::new();
         let ns = h.n_sites.load(Acquire);
         for i in 0..ns {
             let Some(s) = self.shm.site(i) else { break };
             if (s.probe as usize) < n {
-                entry.entry(s.vaddr).or_default().push(leak(s.probe));
+                entry
+                    .entry(s.vaddr)
+                    .or_default()
+                    .push(leak(s.probe, s.vaddr));
             }
         }
         let mut ranges = Vec::new();
@@ -254,7 +262,7 @@ impl Plugin {
             }
         }
         ranges.sort();
-        let ret_data = (0..n as u32).map(leak).collect();
+        let ret_data = Mutex::new(HashMap::new());
         Tables {
             probes,
             entry,
@@ -283,6 +291,11 @@ impl Plugin {
             });
         }
         slot.as_mut()
+    }
+
+    /// Register `r`, read once per callback (`cache`).
+    fn reg(&self, st: &Vcpu, cache: &mut [Option<u64>; N_REGS], r: Reg) -> u64 {
+        *cache[r as usize].get_or_insert_with(|| self.read_reg(st, r))
     }
 
     fn read_reg(&self, st: &Vcpu, r: Reg) -> u64 {
@@ -444,7 +457,7 @@ impl Plugin {
         }
     }
 
-    fn on_entry(&self, v: u32, probe: u32) {
+    fn on_entry(&self, v: u32, probe: u32, pc: u64) {
         let Some(t) = self.tables.get() else { return };
         let Some(cfg) = t.probes.get(probe as usize) else {
             return;
@@ -464,6 +477,7 @@ impl Plugin {
         };
         let is_ret = cfg.kind == PROBE_RETURN;
         let events = cfg.delivery != DELIVER_COUNT;
+        let mut regs = [None; N_REGS];
         let mut ev = PluginEvent {
             probe,
             kind: if is_ret { EV_ENTRY } else { EV_HIT },
@@ -471,7 +485,7 @@ impl Plugin {
             ..PluginEvent::default()
         };
         if cfg.filter_cr3 != 0 || events {
-            ev.cr3 = self.read_reg(st, Reg::Cr3);
+            ev.cr3 = self.reg(st, &mut regs, Reg::Cr3);
             if cfg.filter_cr3 != 0 && ev.cr3 & !0xfff != cfg.filter_cr3 & !0xfff {
                 bump(&c.filtered);
                 return;
@@ -480,9 +494,9 @@ impl Plugin {
         if events || cfg.filter_index != NO_FILTER {
             for (k, f) in cfg.fetch.iter().enumerate() {
                 ev.values[k] = match *f {
-                    Fetch::Reg(r) => self.read_reg(st, r),
+                    Fetch::Reg(r) => self.reg(st, &mut regs, r),
                     Fetch::Load { reg, offset, size } => {
-                        let base = self.read_reg(st, reg);
+                        let base = self.reg(st, &mut regs, reg);
                         self.load(st, base.wrapping_add(offset as i64 as u64), size)
                     }
                     Fetch::LoadValue {
@@ -512,7 +526,7 @@ impl Plugin {
             }
         }
         if is_ret {
-            let sp = self.read_reg(st, Reg::Rsp);
+            let sp = self.reg(st, &mut regs, Reg::Rsp);
             let live = &mut st.live[probe as usize];
             // An instance on this stack at or below this one was abandoned.
             let before = live.len();
@@ -534,7 +548,7 @@ impl Plugin {
             };
         }
         if events {
-            ev.pc = self.read_reg(st, Reg::Rip);
+            ev.pc = pc;
             ev.tsc = hotprobe_abi::rdtsc();
             let data = std::mem::take(&mut st.data);
             self.deliver(v, cfg, &ev, &data[..dl]);
@@ -542,7 +556,7 @@ impl Plugin {
         }
     }
 
-    fn on_return(&self, v: u32, probe: u32) {
+    fn on_return(&self, v: u32, probe: u32, pc: u64) {
         let Some(t) = self.tables.get() else { return };
         let Some(cfg) = t.probes.get(probe as usize) else {
             return;
@@ -583,7 +597,7 @@ impl Plugin {
                 nvalues: 2,
                 vcpu: v,
                 cr3: self.read_reg(st, Reg::Cr3),
-                pc: self.read_reg(st, Reg::Rip),
+                pc,
                 values: [
                     self.read_reg(st, Reg::Rax),
                     self.read_reg(st, Reg::Rdx),
@@ -610,18 +624,27 @@ fn add(c: &AtomicU64, n: u64) {
 
 extern "C" fn entry_cb(vcpu: c_uint, ud: *mut c_void) {
     // SAFETY: `ud` is a leaked CbData.
-    let probe = unsafe { (*(ud as *const CbData)).probe };
+    let cb = unsafe { &*(ud as *const CbData) };
     if let Some(p) = PLUGIN.get() {
-        p.on_entry(vcpu, probe);
+        p.on_entry(vcpu, cb.probe, cb.vaddr);
     }
 }
 
 extern "C" fn ret_cb(vcpu: c_uint, ud: *mut c_void) {
     // SAFETY: `ud` is a leaked CbData.
-    let probe = unsafe { (*(ud as *const CbData)).probe };
+    let cb = unsafe { &*(ud as *const CbData) };
     if let Some(p) = PLUGIN.get() {
-        p.on_return(vcpu, probe);
+        p.on_return(vcpu, cb.probe, cb.vaddr);
     }
+}
+
+/// The userdata of `ret` callbacks at `va` for `probe` (made once, kept
+/// for the plugin's life: a retranslation reuses it).
+fn ret_userdata(t: &Tables, va: u64, probe: u32) -> *mut c_void {
+    let mut m = t.ret_data.lock().unwrap_or_else(|e| e.into_inner());
+    *m.entry((va, probe))
+        .or_insert_with(|| Box::into_raw(Box::new(CbData { probe, vaddr: va })) as usize)
+        as *mut c_void
 }
 
 extern "C" fn vcpu_tb_trans(_id: qemu_plugin_id_t, tb: *mut qemu_plugin_tb) {
@@ -692,7 +715,7 @@ extern "C" fn vcpu_tb_trans(_id: qemu_plugin_id_t, tb: *mut qemu_plugin_tb) {
                     QEMU_PLUGIN_COND_GT,
                     p.u64_entry(p.max_probes + probe as usize),
                     0,
-                    t.ret_data[probe as usize] as *mut c_void,
+                    ret_userdata(t, va, probe),
                 )
             };
             h.instrumented.fetch_add(1, Relaxed);
