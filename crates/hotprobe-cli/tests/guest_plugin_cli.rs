@@ -230,3 +230,45 @@ fn killing_hotprobe_releases_a_guest_waiting_on_synchronous_events() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn usage_errors_of_a_started_guest() {
+    let dir = tmpdir("usage");
+    let syms = dir.join("kallsyms");
+    std::fs::write(
+        &syms,
+        "ffffffff81000000 T _stext\nffffffff81000010 T foo\nffffffff81000020 T _etext\n",
+    )
+    .unwrap();
+    let syms = syms.to_string_lossy().into_owned();
+    let run = |args: &[&str]| {
+        let o = Command::new(HOTPROBE)
+            .arg("guest")
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&["count", "foo"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("give a QEMU command line after --"), "{err}");
+    let (code, err) = run(&["count", "foo", "--", "qemu-system-x86_64"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("give --symbols FILE"), "{err}");
+    let q = ["--", "qemu-system-x86_64", "-accel", "kvm"];
+    let (code, err) = run(&[&["count", "foo", "--symbols", &syms][..], &q].concat());
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("needs TCG"), "{err}");
+    let q = ["--", "qemu-system-x86_64", "-s"];
+    let (_, err) = run(&[&["count", "foo", "--symbols", &syms][..], &q].concat());
+    assert!(err.contains("hotprobe adds one"), "{err}");
+    let q = ["--", "qemu-system-x86_64"];
+    let (code, err) = run(&[&["--gdb", "unix:/x", "count", "foo"][..], &q].concat());
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--gdb/--ram name a running guest"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -640,11 +640,15 @@ impl PluginHost {
         s
     }
 
-    /// Disables every probe (the guest runs on without callbacks' work).
-    pub fn disable_all(&self) {
+    /// Disables every probe (the guest runs on without callbacks' work):
+    /// one generation for all of them.
+    pub fn disable_all(&self) -> Result<(), PluginError> {
         for p in 0..self.n_probes {
-            let _ = self.set_enabled(p, false);
+            if let Some(d) = self.shm().probe(p) {
+                d.enabled.store(0, Release);
+            }
         }
+        self.apply_flags()
     }
 }
 

@@ -1799,9 +1799,9 @@ impl Session {
     pub fn detach(&mut self) -> Result<(), EngineError> {
         let mut first_err = None;
         for s in &mut self.slots {
-            if let Some(p) = &s.plugin {
+            if let (Some(p), None) = (&s.plugin, s.engine.gone()) {
                 // The guest runs on without the callbacks' work.
-                p.host.disable_all();
+                let _ = p.host.disable_all();
             }
             if s.engine.gone().is_some() {
                 if let Fast::On(fp) = &mut s.fast {
