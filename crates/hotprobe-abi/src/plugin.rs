@@ -684,7 +684,7 @@ impl PluginShm {
             core::ptr::addr_of_mut!((*h).vcpu_stride).write(layout.vcpu_stride as u64);
             core::ptr::addr_of_mut!((*h).sync_timeout_ms).write(1000);
             core::ptr::addr_of_mut!((*h).stale_ms).write(300);
-            core::ptr::addr_of_mut!((*h).sync_spin).write(4000);
+            core::ptr::addr_of_mut!((*h).sync_spin).write(1000);
             for p in 0..params.max_probes as usize {
                 let d = ptr.add(layout.probes_offset + p * core::mem::size_of::<ProbeDef>())
                     as *mut ProbeDef;

@@ -379,6 +379,16 @@ fn plugin_rows(n_stub: u64, rounds: usize) {
             plugin: PluginConfig {
                 ring_capacity: 1 << 20,
                 max_vcpus: 1,
+                sync_spin: std::env::var("SYNC_SPIN")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(1000),
+                host_spin: Duration::from_micros(
+                    std::env::var("HOST_SPIN_US")
+                        .ok()
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(200),
+                ),
                 ..PluginConfig::default()
             },
             stdin: Some(Stdio::piped()),
