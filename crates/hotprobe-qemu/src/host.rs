@@ -748,3 +748,54 @@ fn service(m: &Mapped) {
         h.host_sleeping.store(0, SeqCst);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probes_sites_freeze_and_flags() {
+        let mut h = PluginHost::create(PluginConfig {
+            max_probes: 2,
+            max_sites: 3,
+            max_vcpus: 1,
+            ring_capacity: 4,
+            ..PluginConfig::default()
+        })
+        .unwrap();
+        assert!(h.shm_path().to_string_lossy().starts_with("/proc/"));
+        let a = h.qemu_args(Path::new("/lib.so"));
+        assert_eq!(a[0], "-plugin");
+        assert!(a[1].to_string_lossy().starts_with("/lib.so,shm=/proc/"));
+        let p = PluginProbe {
+            delivery: Delivery::Async,
+            values: vec![Fetch::Reg(hotprobe_abi::plugin::Reg::Rdi)],
+            sites: vec![0x1000, 0x2000],
+            ..PluginProbe::default()
+        };
+        assert_eq!(h.add_probe(&p).unwrap(), 0);
+        let ret = PluginProbe {
+            return_probe: true,
+            sites: vec![0x3000],
+            ..PluginProbe::default()
+        };
+        assert!(h.add_probe(&ret).is_err(), "a return probe needs a range");
+        let too_many = PluginProbe {
+            sites: vec![1, 2],
+            ..PluginProbe::default()
+        };
+        assert!(h.add_probe(&too_many).is_err(), "3 sites at most");
+        assert!(!h.is_enabled(0));
+        // No plugin attached: applied at once.
+        h.set_enabled(0, true).unwrap();
+        assert!(h.is_enabled(0));
+        h.freeze().unwrap();
+        assert!(h.add_probe(&p).is_err(), "frozen");
+        assert!(h.set_return_thunk(1).is_err(), "frozen");
+        assert_eq!(h.counts(0), PluginCounts::default());
+        assert_eq!(h.pending(), 0);
+        h.disable_all().unwrap();
+        assert!(!h.is_enabled(0));
+        assert!(h.set_enabled(5, true).is_err());
+    }
+}

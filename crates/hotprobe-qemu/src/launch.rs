@@ -215,3 +215,39 @@ impl Drop for QemuProcess {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cmd(args: &[&str]) -> Result<QemuCommand, PluginError> {
+        let v: Vec<OsString> = args.iter().map(|a| a.into()).collect();
+        QemuCommand::new(&v)
+    }
+
+    #[test]
+    fn command_lines() {
+        assert!(cmd(&[]).is_err());
+        assert!(cmd(&["qemu-system-x86_64", "-accel", "tcg"]).is_ok());
+        for bad in [
+            &["qemu-system-x86_64", "-s"][..],
+            &["qemu-system-x86_64", "-gdb", "tcp::1234"],
+            &["qemu-system-x86_64", "-enable-kvm"],
+            &["qemu-system-x86_64", "-accel", "kvm"],
+            &["qemu-system-x86_64", "-machine", "q35,accel=kvm"],
+        ] {
+            assert!(cmd(bad).is_err(), "{bad:?}");
+        }
+        let h = PluginHost::create(crate::PluginConfig {
+            max_vcpus: 1,
+            ring_capacity: 4,
+            ..crate::PluginConfig::default()
+        })
+        .unwrap();
+        let a = QemuCommand::added_args(&h, Path::new("/p.so"), Path::new("/d/gdb.sock"));
+        let a: Vec<String> = a.iter().map(|x| x.to_string_lossy().into_owned()).collect();
+        assert_eq!(a[2], "-gdb");
+        assert_eq!(a[3], "unix:/d/gdb.sock,server=on,wait=off");
+        assert_eq!(a[4], "-S");
+    }
+}
