@@ -7,7 +7,8 @@
 //! and one slot per thread with a lock-free single-producer single-consumer
 //! ring of [`Event`]s and a private counter array (so `count` needs no
 //! `lock` prefix). [`Shm`] is the validated view both sides use; [`patch`]
-//! holds the instruction bytes the patch mechanism writes.
+//! holds the instruction bytes the patch mechanism writes. [`plugin`] is the
+//! layout shared with hotprobe's QEMU TCG plugin (guests).
 //!
 //! Every `Acquire`/`Release` is commented with the operation it pairs with
 //! on the other side.
@@ -16,6 +17,7 @@
 pub mod fast;
 mod layout;
 pub mod patch;
+pub mod plugin;
 mod ring;
 mod shm;
 

@@ -289,16 +289,18 @@ pub enum Cmd {
     },
     /// Build the bundled demo program (tests/programs/demo.c) and trace it.
     Demo,
-    /// Count or trace probes on VM guest kernels through their GDB stubs
-    /// (QEMU -gdb); repeat --gdb/--symbols (and --ram) for more guests.
+    /// Count, trace or record probes on VM guest kernels: a guest hotprobe
+    /// starts with its QEMU plugin (`guest count PROBE... [--symbols FILE] --
+    /// qemu-system-x86_64 ARGS`), or running guests through their GDB stubs
+    /// (QEMU -gdb; repeat --gdb/--symbols (and --ram) for more guests).
     Guest {
         /// A guest's GDB stub: HOST:PORT or unix:PATH.
-        #[arg(long, required = true, value_name = "HOST:PORT|unix:PATH")]
+        #[arg(long, value_name = "HOST:PORT|unix:PATH")]
         gdb: Vec<String>,
         /// The guest kernel's symbols: /proc/kallsyms, System.map, vmlinux,
         /// or the bzImage booted with -kernel (symbols recovered from it;
         /// boot with nokaslr) (one per --gdb, in the same order).
-        #[arg(long, required = true, value_name = "FILE")]
+        #[arg(long, value_name = "FILE")]
         symbols: Vec<PathBuf>,
         /// QEMU's shared memory-backend-file of the guest's RAM, to read
         /// guest memory directly (none, or one per --gdb in the same order).
@@ -325,6 +327,13 @@ pub enum GuestCmd {
         /// Live calls followed at once per %return probe.
         #[arg(long, default_value_t = 64, value_name = "N")]
         maxactive: usize,
+        /// The guest kernel's symbols (with a QEMU command line; default:
+        /// recovered from its -kernel image).
+        #[arg(long, value_name = "FILE")]
+        symbols: Option<PathBuf>,
+        /// A QEMU command line to start with hotprobe's plugin.
+        #[arg(last = true, value_name = "QEMU")]
+        qemu: Vec<OsString>,
     },
     /// Show a live call tree of the given kernel functions.
     Trace {
@@ -343,6 +352,46 @@ pub enum GuestCmd {
         /// Print the per-function count table at the end.
         #[arg(long)]
         summary: bool,
+        /// Synchronous delivery (a started guest): each vCPU waits until
+        /// hotprobe has its event (nothing is dropped).
+        #[arg(long)]
+        sync: bool,
+        /// The guest kernel's symbols (with a QEMU command line; default:
+        /// recovered from its -kernel image).
+        #[arg(long, value_name = "FILE")]
+        symbols: Option<PathBuf>,
+        /// A QEMU command line to start with hotprobe's plugin.
+        #[arg(last = true, value_name = "QEMU")]
+        qemu: Vec<OsString>,
+    },
+    /// Record a trace of the given kernel functions (entries with their
+    /// arguments, returns) from a guest hotprobe starts with its plugin.
+    Record {
+        /// Function specs: [module:]function | 0xADDR.
+        #[arg(required = true, value_name = "PROBE")]
+        probes: Vec<String>,
+        /// The trace directory.
+        #[arg(short = 'o', long, value_name = "DIR")]
+        output: PathBuf,
+        /// Argument registers recorded (0-6).
+        #[arg(long, default_value_t = 2, value_name = "N")]
+        args: usize,
+        /// Live calls followed at once per function.
+        #[arg(long, default_value_t = 64, value_name = "N")]
+        maxactive: usize,
+        /// Stop after this many seconds.
+        #[arg(long, value_name = "SECS")]
+        duration: Option<f64>,
+        /// Synchronous delivery: each vCPU waits until hotprobe has its event.
+        #[arg(long)]
+        sync: bool,
+        /// The guest kernel's symbols (default: recovered from its -kernel
+        /// image).
+        #[arg(long, value_name = "FILE")]
+        symbols: Option<PathBuf>,
+        /// The QEMU command line to start with hotprobe's plugin.
+        #[arg(last = true, required = true, value_name = "QEMU")]
+        qemu: Vec<OsString>,
     },
 }
 

@@ -1,9 +1,13 @@
 //! `hotprobe guest`: `count` and `trace` on VM guest kernels through their
-//! GDB stubs (QEMU `-gdb`), one or several guests in one session.
+//! GDB stubs (QEMU `-gdb`), one or several guests in one session; or
+//! `count`, `trace` and `record` on a guest hotprobe starts itself with its
+//! QEMU TCG plugin (no stop of the VM per hit).
 //!
 //! ```text
 //! hotprobe guest --gdb HOST:PORT|unix:PATH --symbols FILE [--ram FILE] \
 //!                [--gdb ... --symbols ... [--ram ...]] (count|trace) PROBE... [--duration S]
+//! hotprobe guest (count|trace|record) PROBE... --symbols FILE [--sync] \
+//!                -- qemu-system-x86_64 ARGS...
 //! ```
 //! `--symbols` is the guest's `/proc/kallsyms` (read as root), its
 //! `System.map`, its vmlinux, or the bzImage QEMU boots with `-kernel`
@@ -21,10 +25,16 @@ use crate::session::{print_table, progress};
 use crate::signals::{self, StopReason};
 use crate::trace::{LiveTree, HEADER};
 use anyhow::{bail, Context, Result};
-use hotprobe::{EventSink, FastPathConfig, Placement, RunEnd, Session, SessionConfig, TargetId};
-use hotprobe_guest::{load_symbols, open_guest, GuestConfig, StubAddr};
+use hotprobe::{
+    EventSink, FastPathConfig, Placement, PluginOptions, RunEnd, Session, SessionConfig, TargetId,
+};
+use hotprobe_guest::{load_symbols, open_guest, GuestConfig, LaunchOptions, StubAddr};
+use hotprobe_qemu::Delivery;
 use hotprobe_symbols::KernelSymbols;
-use std::path::PathBuf;
+use hotprobe_trace::{Filter, ProbeKind, Symbol, TimeBase, TraceMeta, TraceWriter};
+use std::ffi::OsString;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// One guest from the command line.
@@ -260,4 +270,276 @@ fn print_notices(session: &mut Session) {
     for n in session.take_notices() {
         errln!("hotprobe: {n}");
     }
+}
+
+/// What `hotprobe guest (count|trace|record) PROBE... -- QEMU ARGS` does.
+pub enum LaunchedAction<'a> {
+    /// Count hits (returns for `%return`).
+    Count,
+    /// Print a live call tree.
+    Trace {
+        /// Argument registers shown.
+        args: Option<usize>,
+        /// Print the count table at the end.
+        summary: bool,
+    },
+    /// Record a trace into a directory.
+    Record {
+        /// The trace directory.
+        out: &'a Path,
+        /// Argument registers recorded.
+        args: usize,
+    },
+}
+
+/// `hotprobe guest ... -- qemu-system-x86_64 ARGS`: a guest hotprobe starts
+/// with its QEMU plugin.
+pub struct LaunchedOptions<'a> {
+    /// QEMU's command line.
+    pub qemu: &'a [OsString],
+    /// The guest kernel's symbols.
+    pub symbols: Option<PathBuf>,
+    /// Probe specs.
+    pub probes: &'a [String],
+    /// Stop after this long.
+    pub duration: Option<Duration>,
+    /// Live calls followed at once per function.
+    pub maxactive: usize,
+    /// Synchronous delivery (the vCPU waits until hotprobe has each event).
+    pub sync: bool,
+    /// count, trace or record.
+    pub action: LaunchedAction<'a>,
+}
+
+/// Starts QEMU with hotprobe's plugin (and a GDB stub of hotprobe's),
+/// places the probes on the plugin (the stub for what the plugin cannot
+/// take), lets the guest run, and reports when it powers off, on Ctrl-C or
+/// after `--duration`. Returns QEMU's exit code.
+pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
+    let nargs = match o.action {
+        LaunchedAction::Trace { args, .. } => args.unwrap_or(0),
+        LaunchedAction::Record { args, .. } => args,
+        LaunchedAction::Count => 0,
+    };
+    if nargs > 6 {
+        bail!("--args {nargs}: at most 6 argument registers (rdi, rsi, rdx, rcx, r8, r9)");
+    }
+    let Some(sym_path) = &o.symbols else {
+        bail!(
+            "give --symbols FILE (the guest kernel's /proc/kallsyms, System.map or vmlinux): \
+             this build cannot read the symbols out of the kernel image yet"
+        );
+    };
+    let (symbols, _) =
+        load_symbols(sym_path).with_context(|| format!("guest symbols {}", sym_path.display()))?;
+    let launched = hotprobe_guest::launch(o.qemu, symbols, LaunchOptions::default())
+        .context("cannot start the guest with hotprobe's QEMU plugin")?;
+    let mut qemu = launched.qemu;
+    errln!(
+        "hotprobe: started QEMU (pid {}) with hotprobe's plugin",
+        qemu.pid()
+    );
+    let mut session = Session::with_config(SessionConfig {
+        maxactive: o.maxactive,
+        fast_path: FastPathConfig {
+            record_args: nargs as u8,
+            ..FastPathConfig::default()
+        },
+        ..SessionConfig::default()
+    });
+    let t = session.add_plugin_guest(
+        Box::new(launched.target),
+        Some(Box::new(launched.resolver)),
+        launched.plugin,
+    );
+    let placed = match place_launched(&mut session, t, o) {
+        Ok(p) => p,
+        Err(e) => {
+            qemu.kill();
+            return Err(e);
+        }
+    };
+    let mut writer = None;
+    if let LaunchedAction::Record { out, .. } = o.action {
+        match record_writer(out, o, &placed, qemu.pid(), nargs) {
+            Ok(w) => writer = Some(w),
+            Err(e) => {
+                qemu.kill();
+                return Err(e);
+            }
+        }
+    }
+    let mut tree = match o.action {
+        LaunchedAction::Trace { args, .. } => {
+            outln!("{HEADER}");
+            Some(LiveTree::new(&placed, args))
+        }
+        _ => None,
+    };
+    let sink: Option<&mut dyn EventSink> = match (&mut tree, &mut writer) {
+        (Some(t), _) => Some(t),
+        (None, Some(w)) => Some(w),
+        _ => None,
+    };
+    let ran = run_launched_loop(&mut session, placed.len(), o.duration, sink);
+    if let Some(w) = writer {
+        let st = w.finish().context("cannot finish the trace")?;
+        errln!(
+            "hotprobe: {} events written to {}",
+            st.events_in,
+            match o.action {
+                LaunchedAction::Record { out, .. } => out.display().to_string(),
+                _ => String::new(),
+            }
+        );
+    }
+    match o.action {
+        LaunchedAction::Count => print_table(&session, &placed, false),
+        LaunchedAction::Trace { summary: true, .. } => {
+            outln!();
+            print_table(&session, &placed, false);
+        }
+        _ => {}
+    }
+    if let Some(ps) = session.plugin_stats(t) {
+        if ps.ring_drops + ps.sync_timeouts + ps.orphaned > 0 {
+            errln!(
+                "hotprobe: plugin: {} events dropped (full rings), {} synchronous events released \
+                 by the timeout, {} not delivered",
+                ps.ring_drops,
+                ps.sync_timeouts,
+                ps.orphaned
+            );
+        }
+    }
+    print_notices(&mut session);
+    ran?;
+    // The guest powered off, or Ctrl-C reached QEMU too; else it runs on.
+    let status = qemu.wait_timeout(Duration::from_secs(3));
+    Ok(match status {
+        Some(st) => st
+            .code()
+            .map_or_else(|| 128 + st.signal().unwrap_or(0) as u8, |c| c as u8),
+        None => {
+            errln!("hotprobe: QEMU (pid {}) runs on without probes", qemu.pid());
+            0
+        }
+    })
+}
+
+fn place_launched(
+    session: &mut Session,
+    t: TargetId,
+    o: &LaunchedOptions<'_>,
+) -> Result<Vec<Placement>> {
+    let opts = PluginOptions {
+        delivery: if o.sync {
+            Delivery::Sync
+        } else {
+            Delivery::Async
+        },
+        ..PluginOptions::default()
+    };
+    let action = || match o.action {
+        LaunchedAction::Count => hotprobe::Action::Count,
+        _ => hotprobe::Action::Record,
+    };
+    let mut placed = Vec::new();
+    for spec in o.probes {
+        let added = session
+            .add_plugin(t, spec, action(), &opts)
+            .with_context(|| format!("guest: cannot probe {spec}"))?;
+        for s in &added.skipped {
+            errln!("hotprobe: skipping {}: {}", s.label, s.reason);
+        }
+        placed.extend(added.placements);
+    }
+    Ok(placed)
+}
+
+fn record_writer(
+    out: &Path,
+    o: &LaunchedOptions<'_>,
+    placed: &[Placement],
+    pid: u32,
+    nargs: usize,
+) -> Result<TraceWriter> {
+    let clock = || {
+        // SAFETY: rdtsc has no preconditions on x86-64.
+        let tsc = unsafe { core::arch::x86_64::_rdtsc() };
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid timespec.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        (tsc, ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+    };
+    let (tsc0, ns0) = clock();
+    std::thread::sleep(Duration::from_millis(50));
+    let (tsc1, ns1) = clock();
+    let symbols = placed
+        .iter()
+        .map(|p| Symbol {
+            id: p.id.0,
+            name: p.function.clone().unwrap_or_else(|| p.label.clone()),
+            module: p.module.clone(),
+            addr: p.addr.0,
+            kind: ProbeKind::Function,
+            nargs: nargs as u8,
+            retval: true,
+        })
+        .collect();
+    let meta = TraceMeta {
+        target: "guest kernel".into(),
+        command: o
+            .qemu
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+        pid: Some(pid),
+        time_base: TimeBase::Tsc {
+            tsc0,
+            ns0,
+            tsc1,
+            ns1,
+        },
+        start_unix_ns: 0,
+        phase_markers: Vec::new(),
+        symbols,
+        filter: Filter::default(),
+        aggregate: true,
+    };
+    TraceWriter::create(out, meta)
+        .with_context(|| format!("cannot create the trace in {}", out.display()))
+}
+
+fn run_launched_loop(
+    session: &mut Session,
+    nprobes: usize,
+    duration: Option<Duration>,
+    mut sink: Option<&mut dyn EventSink>,
+) -> Result<()> {
+    session.start()?;
+    errln!("hotprobe: the guest runs: {nprobes} probes");
+    if let Some(d) = duration {
+        signals::stop_after(d);
+    }
+    let end = match session.run_with(&signals::STOP, sink.as_deref_mut()) {
+        Ok(end) => end,
+        Err(e) => {
+            let _ = session.finish(Duration::ZERO, sink);
+            return Err(e).context("the event loop failed; detached");
+        }
+    };
+    match end {
+        RunEnd::AllExited => errln!("hotprobe: the guest is gone"),
+        RunEnd::Interrupted | RunEnd::Stopped => {
+            // Ctrl-C reached QEMU too: it may be on its way out.
+            session
+                .finish(Duration::from_secs(2), sink)
+                .context("cannot detach from the guest")?;
+        }
+    }
+    Ok(())
 }

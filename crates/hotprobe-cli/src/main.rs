@@ -268,6 +268,17 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             ram,
             action,
         } => {
+            if let Some(launched) = launched_guest(&gdb, &symbols, &ram, &action)? {
+                return launched;
+            }
+            if gdb.is_empty() {
+                return Err(UsageError(
+                    "give a QEMU command line after -- (hotprobe starts the guest with its \
+                     plugin), or --gdb HOST:PORT|unix:PATH --symbols FILE for a running guest"
+                        .into(),
+                )
+                .into());
+            }
             if symbols.len() != gdb.len() {
                 return Err(UsageError(format!(
                     "give one --symbols per --gdb ({} --gdb, {} --symbols)",
@@ -302,6 +313,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                     probes,
                     duration,
                     maxactive,
+                    ..
                 } => (
                     probes,
                     duration,
@@ -315,6 +327,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                     maxactive,
                     duration,
                     summary,
+                    ..
                 } => (
                     probes,
                     duration,
@@ -324,6 +337,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                         summary,
                     },
                 ),
+                GuestCmd::Record { .. } => unreachable!("record needs a QEMU command line"),
             };
             let duration = duration(secs)?;
             signals::install()?;
@@ -336,6 +350,110 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             .map(|()| 0)
         }
     }
+}
+
+/// `hotprobe guest (count|trace|record) ... -- QEMU ARGS`: the guest is
+/// started with hotprobe's plugin. `None` for the `--gdb` form.
+fn launched_guest(
+    gdb: &[String],
+    symbols: &[PathBuf],
+    ram: &[PathBuf],
+    action: &GuestCmd,
+) -> anyhow::Result<Option<anyhow::Result<u8>>> {
+    let (qemu, probes, sub_symbols, secs, maxactive, sync, what) = match action {
+        GuestCmd::Count {
+            qemu,
+            probes,
+            symbols,
+            duration,
+            maxactive,
+        } => (
+            qemu,
+            probes,
+            symbols,
+            *duration,
+            *maxactive,
+            false,
+            guest::LaunchedAction::Count,
+        ),
+        GuestCmd::Trace {
+            qemu,
+            probes,
+            symbols,
+            duration,
+            maxactive,
+            args,
+            summary,
+            sync,
+        } => (
+            qemu,
+            probes,
+            symbols,
+            *duration,
+            *maxactive,
+            *sync,
+            guest::LaunchedAction::Trace {
+                args: *args,
+                summary: *summary,
+            },
+        ),
+        GuestCmd::Record {
+            qemu,
+            probes,
+            symbols,
+            duration,
+            maxactive,
+            args,
+            sync,
+            output,
+        } => (
+            qemu,
+            probes,
+            symbols,
+            *duration,
+            *maxactive,
+            *sync,
+            guest::LaunchedAction::Record {
+                out: output,
+                args: *args,
+            },
+        ),
+    };
+    if qemu.is_empty() {
+        return Ok(None);
+    }
+    if !gdb.is_empty() || !ram.is_empty() {
+        return Err(UsageError(
+            "--gdb/--ram name a running guest; with a QEMU command line hotprobe starts the \
+             guest (and its own stub)"
+                .into(),
+        )
+        .into());
+    }
+    if symbols.len() > 1 {
+        return Err(UsageError("one --symbols for a started guest".into()).into());
+    }
+    // Without --symbols, the kernel's own kallsyms tables in the image
+    // QEMU boots (`-kernel IMG`) name its functions.
+    let symbols = sub_symbols
+        .clone()
+        .or_else(|| symbols.first().cloned())
+        .or_else(|| {
+            qemu.windows(2)
+                .find(|w| w[0] == "-kernel")
+                .map(|w| PathBuf::from(&w[1]))
+        });
+    let duration = duration(secs)?;
+    signals::install()?;
+    Ok(Some(guest::run_launched(&guest::LaunchedOptions {
+        qemu,
+        symbols,
+        probes,
+        duration,
+        maxactive: maxactive.max(1),
+        sync,
+        action: what,
+    })))
 }
 
 /// The error and its causes, joined with `: `, leaving out a cause whose

@@ -7,10 +7,16 @@
 //! exchanged per hit. Then the cost of a handler's 64-byte memory read
 //! through the mapped guest RAM (page walk from cr3) against the stub's `m`.
 //!
-//! `cargo run --release -p hotprobe-guest --example bench_guest [CALLS [ROUNDS]]`
-//! (needs scripts/setup.sh's kernel and QEMU; boots one guest). Every mode
-//! and gdb run once per round, interleaved, and the medians are compared,
-//! so that load from other processes hits them alike.
+//! Then, on a second guest started by hotprobe with its QEMU plugin (the
+//! workload as init), per hit in one run: no probe, a plugin count, a
+//! plugin event with two values (asynchronous ring), a plugin event answered
+//! by a synchronous handler in this process, and a boosted stub probe.
+//!
+//! `cargo run --release -p hotprobe-guest --example bench_guest [CALLS [ROUNDS [plugin]]]`
+//! (needs scripts/setup.sh's kernel and QEMU; boots two guests; `plugin`
+//! runs the plugin rows only). Every mode and gdb run once per round,
+//! interleaved, and the medians are compared, so that load from other
+//! processes hits them alike.
 
 #[path = "../tests/guest/harness.rs"]
 mod harness;
@@ -212,6 +218,10 @@ fn main() {
     };
     let n: u64 = arg(1, 200);
     let rounds = arg(2, 5) as usize;
+    if std::env::args().nth(3).as_deref() == Some("plugin") {
+        plugin_rows(n, rounds);
+        return;
+    }
     let mut g = Guest::boot("bench");
     println!(
         "guest booted in {:.1} s; {n} getppid calls per run, {rounds} rounds \
@@ -337,4 +347,184 @@ fn main() {
     memory_reads(&mut g, getppid);
     g.send_line("getppid 3");
     g.wait_for("@getppid 3 done", LONG);
+    drop(g);
+    plugin_rows(n, rounds);
+}
+
+/// Milliseconds for the workload's `getppid n` round trip on a console.
+fn timed_console(c: &mut harness::Console, n: u64) -> f64 {
+    let marker = format!("@getppid {n} done");
+    c.send_line(&format!("getppid {n}"));
+    let t0 = Instant::now();
+    c.wait_for(&marker, LONG);
+    t0.elapsed().as_secs_f64() * 1e3
+}
+
+/// The plugin rows: one guest started with the plugin, every mode once per
+/// round, interleaved; per hit = (run - run without probe) / calls.
+fn plugin_rows(n_stub: u64, rounds: usize) {
+    use hotprobe_qemu::{Delivery, Fetch, PluginConfig, PluginProbe, Reg};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let n = 1_000_000u64;
+    let syms_path = harness::kallsyms_cached();
+    let (syms, _) = load_symbols(&syms_path).unwrap();
+    let getppid = syms.lookup("__x64_sys_getppid").unwrap().addr.0;
+    let dir = std::env::temp_dir().join(format!("hp-bench-plugin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut launched = hotprobe_guest::launch(
+        &harness::qemu_args(&dir, "rdinit=/workload"),
+        syms.clone(),
+        hotprobe_guest::LaunchOptions {
+            plugin: PluginConfig {
+                ring_capacity: 1 << 20,
+                max_vcpus: 1,
+                sync_spin: std::env::var("SYNC_SPIN")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(1000),
+                host_spin: Duration::from_micros(
+                    std::env::var("HOST_SPIN_US")
+                        .ok()
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(200),
+                ),
+                ..PluginConfig::default()
+            },
+            stdin: Some(Stdio::piped()),
+            stdout: Some(Stdio::piped()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    launched.qemu.kill_on_drop = true;
+    let mut con = harness::Console::new(
+        launched.qemu.child.stdin.take(),
+        launched.qemu.child.stdout.take().unwrap(),
+    );
+    let mut host = launched.plugin;
+    let probe = |delivery, values: Vec<Fetch>| PluginProbe {
+        delivery,
+        values,
+        sites: vec![getppid],
+        ..PluginProbe::default()
+    };
+    let two = vec![Fetch::Reg(Reg::Rdi), Fetch::pt_regs_field(14)];
+    let p_count = host.add_probe(&probe(Delivery::Count, vec![])).unwrap();
+    let p_async = host
+        .add_probe(&probe(Delivery::Async, two.clone()))
+        .unwrap();
+    let p_sync = host.add_probe(&probe(Delivery::Sync, two)).unwrap();
+    let answered = Arc::new(AtomicU64::new(0));
+    let a2 = answered.clone();
+    host.set_sync_handler(Box::new(move |ev, _| {
+        a2.fetch_add(1, Ordering::Relaxed);
+        ev.values[0]
+    }));
+    host.freeze().unwrap();
+    // The stub, on the same QEMU, through a session.
+    let mut s = Session::new();
+    let t = s.add_target(Box::new(launched.target), Some(Box::new(launched.resolver)));
+    s.engine(t).unwrap().set_step_unsupported_in_place(true);
+    s.start().unwrap();
+    con.wait_for("@READY", LONG);
+    let flushes = || harness::tb_flushes_at(&dir.join("monitor.sock"));
+    type Row = (&'static str, u64, Vec<f64>, String);
+    let n_sync = n / 10;
+    let mut rows: Vec<Row> = vec![
+        ("no probe (us per getppid)", n, Vec::new(), String::new()),
+        ("plugin count", n, Vec::new(), String::new()),
+        (
+            "plugin event, 2 values, async ring",
+            n,
+            Vec::new(),
+            String::new(),
+        ),
+        (
+            "plugin event, 2 values, sync handler",
+            n_sync,
+            Vec::new(),
+            String::new(),
+        ),
+        (
+            "stub, boosted, null handler",
+            n_stub,
+            Vec::new(),
+            String::new(),
+        ),
+    ];
+    let inner = "__x64_sys_getppid+0xb";
+    let mut hits = [0u64; 3];
+    for round in 0..rounds {
+        // Each mode against a run without probe of the same length taken
+        // just before it: the difference per call is the hit's cost.
+        let small = timed_console(&mut con, 1);
+        let base = timed_console(&mut con, n);
+        rows[0].2.push((base - small) * 1e3 / n as f64);
+        for (row, p) in [(1, p_count), (2, p_async), (3, p_sync)] {
+            let calls = rows[row].1;
+            let base = timed_console(&mut con, calls);
+            host.set_enabled(p, true).unwrap();
+            let f0 = flushes();
+            let a0 = answered.load(Ordering::Relaxed);
+            let ms = timed_console(&mut con, calls);
+            let f1 = flushes();
+            host.set_enabled(p, false).unwrap();
+            let mut events = 0u64;
+            host.drain(&mut |_, _| events += 1, &mut |_, _| {});
+            hits[row - 1] += calls;
+            assert_eq!(host.counts(p).hits, hits[row - 1], "exact counts");
+            if round == 0 {
+                rows[row].3 = format!(
+                    "{} TB flushes; {} events drained, {} answered",
+                    f1 - f0,
+                    events,
+                    answered.load(Ordering::Relaxed) - a0
+                );
+            }
+            rows[row].2.push((ms - base) * 1e3 / calls as f64);
+        }
+        let base = timed_console(&mut con, n_stub);
+        let id = s.probe(t, inner, Probe::new().pre(|_| {})).unwrap();
+        let f0 = flushes();
+        let ms = loop_stub(&mut s, t, &mut con, n_stub);
+        let f1 = flushes();
+        assert_eq!(s.stats(id).unwrap().hits, n_stub);
+        s.remove_probe(id).unwrap();
+        if round == 0 {
+            rows[4].3 = format!("{:.2} TB flushes per hit", (f1 - f0) as f64 / n_stub as f64);
+        }
+        rows[4].2.push((ms - base) * 1e3 / n_stub as f64);
+    }
+    println!(
+        "plugin guest: getppid calls per run: {n} ({n_sync} synchronous, {n_stub} with the stub), \
+         {rounds} rounds, each mode against a run without probe just before it; \
+         per hit, us: median (min..max)"
+    );
+    for (label, _, v, note) in &rows {
+        let (lo, hi) = v
+            .iter()
+            .fold((f64::MAX, 0f64), |(l, h), x| (l.min(*x), h.max(*x)));
+        println!("{label:<40} {:9.3} ({lo:.3}..{hi:.3})  [{note}]", median(v));
+    }
+    println!("plugin: {:?}", host.stats());
+    con.send_line("exit");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `getppid n` on the console while the session handles the stub's hits.
+fn loop_stub(s: &mut Session, t: TargetId, con: &mut harness::Console, n: u64) -> f64 {
+    let marker = format!("@getppid {n} done");
+    con.send_line(&format!("getppid {n}"));
+    let t0 = Instant::now();
+    loop {
+        s.engine(t)
+            .unwrap()
+            .poll(Some(Duration::from_millis(2)))
+            .unwrap();
+        if con.seen(&marker) {
+            break;
+        }
+    }
+    t0.elapsed().as_secs_f64() * 1e3
 }

@@ -15,12 +15,16 @@
 //! - [`image`]: [`symbols_from_kernel_image`], the kernel's symbols from the
 //!   bzImage QEMU boots (`hotprobe-kimage`), cached.
 //!
+//! - [`launch`]: starts a guest with hotprobe's QEMU plugin (`hotprobe_qemu`)
+//!   and its stub, for `hotprobe::Session::add_plugin_guest`.
+//!
 //! This crate does not depend on the engine (`hotprobe`).
 
 #![warn(missing_docs)]
 
 pub mod client;
 pub mod image;
+pub mod launch;
 pub mod mem;
 pub mod resolver;
 pub mod rsp;
@@ -28,6 +32,7 @@ pub mod target;
 
 pub use client::{GdbClient, GdbError};
 pub use image::{is_kernel_image, symbols_from_kernel_image, ImageSymbolsError};
+pub use launch::{launch, LaunchError, LaunchOptions, LaunchedGuest};
 pub use mem::{MemError, RamFile, Translation};
 pub use resolver::{load_symbols, open_guest, text_bounds, KernelResolver};
 pub use target::{GuestConfig, GuestStats, GuestTarget, StatsHandle, StubAddr};

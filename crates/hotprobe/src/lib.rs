@@ -23,6 +23,7 @@
 mod engine;
 mod handler;
 pub mod nonlocal;
+mod plugin;
 mod recorder;
 mod session;
 
@@ -35,6 +36,7 @@ pub use hotprobe_target::{
     ExitStatus, Registers, ResumeMode, ReturnStrategy, RuntimeAddr, Target, TargetError,
     TargetEvent, ThreadId,
 };
+pub use plugin::PluginOptions;
 pub use recorder::{DrainStats, EventSink, SinkError};
 // Resolution lives below the engine (target crates implement `Resolver`
 // without depending on it); re-exported under the names it always had.

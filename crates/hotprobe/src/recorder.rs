@@ -18,6 +18,13 @@ pub trait EventSink {
     /// [`ProbeId`] of the probe that recorded it; `tid` the thread.
     fn event(&mut self, ev: &RecordedEvent) -> Result<(), SinkError>;
 
+    /// One event with bytes its mechanism read at the hit (a guest string
+    /// the QEMU plugin read, say). The default hands on the event alone.
+    fn event_data(&mut self, ev: &RecordedEvent, data: &[u8]) -> Result<(), SinkError> {
+        let _ = data;
+        self.event(ev)
+    }
+
     /// `count` events of thread `tid` were lost (a full ring) after time
     /// stamp `ts`.
     fn lost(&mut self, tid: u32, ts: u64, count: u64) -> Result<(), SinkError>;

@@ -5,6 +5,7 @@
 
 use crate::engine::Engine;
 use crate::handler::{Probe, ProbeId, RetProbe};
+use crate::plugin::{GuestPlugin, PluginOptions};
 use crate::recorder::{DrainStats, EventSink, RingDrain};
 use crate::{EngineError, ProbeStats, Resolver};
 use hotprobe_fastpath::{FastPath, FastPathConfig, FunctionInfo, RecordedEvent};
@@ -55,6 +56,9 @@ pub enum Mechanism {
     Trap,
     /// A breakpoint in a guest, through QEMU's GDB stub.
     Stub,
+    /// hotprobe's QEMU TCG plugin: the site instrumented at translation,
+    /// gated by a flag; no stop of the VM.
+    Plugin,
     /// Not placed yet: its module is not loaded (see [`Session::add`]).
     Pending,
 }
@@ -68,6 +72,7 @@ impl std::fmt::Display for Mechanism {
             Mechanism::Jump => f.write_str("jump"),
             Mechanism::Trap => f.write_str("trap"),
             Mechanism::Stub => f.write_str("stub"),
+            Mechanism::Plugin => f.write_str("plugin"),
             Mechanism::Pending => f.write_str("pending"),
         }
     }
@@ -244,6 +249,8 @@ struct Slot {
     followable: Vec<(ProbeId, RuntimeAddr, bool, bool)>,
     /// A followed child's probe ids → its root's.
     origin: HashMap<ProbeId, ProbeId>,
+    /// A guest started with hotprobe's QEMU plugin.
+    plugin: Option<Box<GuestPlugin>>,
 }
 
 impl Slot {
@@ -308,6 +315,8 @@ impl Slot {
 pub struct Session {
     slots: Vec<Slot>,
     config: SessionConfig,
+    /// Options of plugin probes being added (see [`Session::add_plugin`]).
+    plugin_options: Option<PluginOptions>,
 }
 
 /// Where a resolved site goes.
@@ -319,6 +328,8 @@ enum Plan {
         reason: String,
     },
     Trap(String),
+    /// The guest's QEMU plugin.
+    Plugin(String),
 }
 
 impl Session {
@@ -332,6 +343,7 @@ impl Session {
         Session {
             slots: Vec::new(),
             config,
+            plugin_options: None,
         }
     }
 
@@ -354,6 +366,43 @@ impl Session {
             false,
             Fast::Off("not a process".into()),
         )
+    }
+
+    /// Add a guest started with hotprobe's QEMU plugin (`target` is its
+    /// GDB stub, `plugin` the plugin's shared memory; see
+    /// `hotprobe_guest::launch`): `Count` and `Record` probes added before
+    /// [`Session::start`] go to the plugin, handlers to the stub.
+    pub fn add_plugin_guest(
+        &mut self,
+        target: Box<dyn Target>,
+        resolver: Option<Box<dyn Resolver>>,
+        plugin: hotprobe_qemu::PluginHost,
+    ) -> TargetId {
+        let t = self.add_target(target, resolver);
+        self.slots[t.0].plugin = Some(Box::new(GuestPlugin::new(plugin)));
+        t
+    }
+
+    /// As [`Session::add`] with `Count` or `Record`, for a guest with
+    /// hotprobe's QEMU plugin, with what the plugin's events carry and how
+    /// they travel. Elsewhere (and for sites added once the guest runs:
+    /// they were not candidates) `opts` is ignored.
+    pub fn add_plugin(
+        &mut self,
+        t: TargetId,
+        spec: &str,
+        action: Action,
+        opts: &PluginOptions,
+    ) -> Result<Added, EngineError> {
+        self.plugin_options = Some(opts.clone());
+        let r = self.add_filtered(t, spec, action, &|_| true);
+        self.plugin_options = None;
+        r
+    }
+
+    /// The QEMU plugin's counters of a guest started with it.
+    pub fn plugin_stats(&self, t: TargetId) -> Option<hotprobe_qemu::PluginStats> {
+        Some(self.slots.get(t.0)?.plugin.as_ref()?.host.stats())
     }
 
     fn push_slot(
@@ -385,6 +434,7 @@ impl Session {
             inherited: Vec::new(),
             followable: Vec::new(),
             origin: HashMap::new(),
+            plugin: None,
         });
         let follow = self.config.follow_forks && pid.is_some();
         let slot = &mut self.slots[id];
@@ -595,6 +645,7 @@ impl Session {
         addr: RuntimeAddr,
         probe: Probe,
     ) -> Result<ProbeId, EngineError> {
+        self.note_plugin_overlap(t, addr, true);
         let engine = &mut self.slot(t)?.engine;
         with_world_stopped(engine, |e| e.add_probe(addr, probe))
     }
@@ -622,6 +673,7 @@ impl Session {
         addr: RuntimeAddr,
         rp: RetProbe,
     ) -> Result<ProbeId, EngineError> {
+        self.note_plugin_overlap(t, addr, true);
         let slot = self.slot(t)?;
         if let Some(pid) = slot.pid {
             crate::nonlocal::check_return_probe(pid, addr)?;
@@ -631,6 +683,23 @@ impl Session {
             crate::nonlocal::sync_unwind_hooks(&mut slot.engine, pid);
         }
         Ok(id)
+    }
+
+    /// A stub probe where the guest's QEMU plugin instruments too (`stub`:
+    /// a stub probe is being added; else a plugin probe): the stub emulates
+    /// the instruction or runs it out of line, so the plugin's probes there
+    /// do not see those executions. Said in a notice.
+    fn note_plugin_overlap(&mut self, t: TargetId, addr: RuntimeAddr, stub: bool) {
+        let Ok(slot) = self.slot(t) else { return };
+        let plugin_there = !stub || slot.plugin.as_ref().is_some_and(|p| p.is_site(addr.0));
+        let stub_there = stub || slot.engine.execution_of(addr).is_some();
+        if slot.plugin.is_some() && plugin_there && stub_there {
+            slot.engine.notices.push(format!(
+                "{addr}: a GDB-stub probe shares this address with QEMU-plugin probes: the \
+                 executions the stub handles (it emulates the instruction or runs it out of \
+                 line) are not seen by the plugin's probes"
+            ));
+        }
     }
 
     /// Put probes doing `action` on every address `spec` names (a pattern
@@ -769,6 +838,7 @@ impl Session {
                     reason,
                 } => self.place_fast(t, &r, &path, bias, &function, record, reason, label, None),
                 Plan::Trap(reason) => self.place_trap(t, &r, is_return, record, reason, label),
+                Plan::Plugin(reason) => self.place_plugin(t, &r, is_return, record, reason, label),
             };
             match placed {
                 Ok(p) => added.placements.push(p),
@@ -823,6 +893,7 @@ impl Session {
                     };
                     (m, reason)
                 }
+                Plan::Plugin(reason) => (Mechanism::Plugin, reason),
             },
         )
     }
@@ -839,6 +910,17 @@ impl Session {
         let config = self.config.fast_path;
         let forced = matches!(choice, MechanismChoice::Patch | MechanismChoice::Jump);
         let slot = self.slot(t)?;
+        if let Some(p) = &slot.plugin {
+            return Ok(if p.host.is_frozen() {
+                Plan::Trap(
+                    "added once the guest ran: not a candidate of the QEMU plugin, \
+                     so the GDB stub takes it"
+                        .into(),
+                )
+            } else {
+                Plan::Plugin("instrumented by QEMU at translation, gated by a flag".into())
+            });
+        }
         let Some(symbols) = symbols.filter(|_| slot.is_process()) else {
             return Ok(Plan::Trap("guest probes use the GDB stub".into()));
         };
@@ -974,6 +1056,73 @@ impl Session {
             .followable
             .push((id, r.addr, is_return, record));
         Ok(self.placement(t, id, label, r, Some(reason)))
+    }
+
+    /// A `Count` or `Record` probe on a guest's QEMU plugin.
+    fn place_plugin(
+        &mut self,
+        t: TargetId,
+        r: &ResolvedProbe,
+        is_return: bool,
+        record: bool,
+        reason: String,
+        label: String,
+    ) -> Result<Placement, EngineError> {
+        let opts = self.plugin_options.clone().unwrap_or_default();
+        let nargs = self.config.fast_path.record_args.min(6) as usize;
+        let maxactive = self.config.maxactive;
+        let thunk = match self.slot(t)?.plugin.as_ref().is_some_and(|p| !p.thunk_set) {
+            true => self
+                .resolve_unchecked(t, "__x86_return_thunk")
+                .ok()
+                .and_then(|v| v.first().map(|r| r.addr.0)),
+            false => None,
+        };
+        let slot = self.slot(t)?;
+        let id = slot.engine.new_id();
+        let Some(p) = slot.plugin.as_mut() else {
+            unreachable!("planned on the plugin")
+        };
+        if !p.thunk_set {
+            p.thunk_set = true;
+            if let Some(a) = thunk {
+                let _ = p.host.set_return_thunk(a);
+            }
+        }
+        let range = r.function_range.as_ref().map(|x| (x.start.0, x.end.0));
+        let stub_there = slot.engine.execution_of(r.addr).is_some();
+        let refused = |reason: String| EngineError::RefusedSpec {
+            spec: label.clone(),
+            reason,
+        };
+        if (is_return || record) && (r.offset != 0 || range.is_none()) {
+            return Err(refused(
+                "a return on the QEMU plugin needs a function entry with a known size".into(),
+            ));
+        }
+        p.add(
+            id, r.addr.0, range, is_return, record, nargs, maxactive, &opts,
+        )
+        .map_err(refused)?;
+        if stub_there {
+            self.note_plugin_overlap(t, r.addr, false);
+        }
+        let execution = match (record, opts.delivery) {
+            (false, _) => "plugin (count)",
+            (true, hotprobe_qemu::Delivery::Sync) => "plugin (record, synchronous)",
+            (true, _) => "plugin (record)",
+        };
+        Ok(Placement {
+            id,
+            label,
+            addr: r.addr,
+            function: r.function.clone(),
+            module: r.module.clone(),
+            is_return,
+            mechanism: Mechanism::Plugin,
+            reason,
+            execution: execution.into(),
+        })
     }
 
     /// The trap form of a `Count` (`%return`: a return probe) or `Record`
@@ -1180,7 +1329,7 @@ impl Session {
                 )?;
                 self.slot(t)?.update_fork_restores();
             }
-            Plan::Trap(_) => {
+            Plan::Trap(_) | Plan::Plugin(_) => {
                 let slot = self.slot(t)?;
                 if let Some(pid) = slot.pid.filter(|_| slot.engine.is_return_probe(id)) {
                     crate::nonlocal::check_return_probe(pid, r.addr)?;
@@ -1231,6 +1380,16 @@ impl Session {
     /// Enable or disable a probe at run time.
     pub fn set_enabled(&mut self, id: ProbeId, enabled: bool) -> Result<(), EngineError> {
         let slot = self.slot_of(id)?;
+        if let Some(p) = slot.plugin.as_ref().filter(|p| p.has(id)) {
+            // A flag the plugin applies to its scoreboard: nothing is
+            // retranslated, no stop of the VM.
+            return p
+                .set_enabled(id, enabled)
+                .map_err(|reason| EngineError::RefusedSpec {
+                    spec: format!("probe {}", id.0),
+                    reason,
+                });
+        }
         if slot.fast_probes.contains_key(&id) {
             return Err(EngineError::RefusedSpec {
                 spec: format!("probe {}", id.0),
@@ -1243,6 +1402,12 @@ impl Session {
     /// Remove a probe.
     pub fn remove_probe(&mut self, id: ProbeId) -> Result<(), EngineError> {
         let slot = self.slot_of(id)?;
+        if slot.plugin.as_ref().is_some_and(|p| p.has(id)) {
+            return Err(EngineError::RefusedSpec {
+                spec: format!("probe {}", id.0),
+                reason: "QEMU plugin probes stay candidates: disable it instead".into(),
+            });
+        }
         if slot.fast_probes.contains_key(&id) {
             return Err(EngineError::RefusedSpec {
                 spec: format!("probe {}", id.0),
@@ -1271,7 +1436,10 @@ impl Session {
     pub fn stats_by_process(&self, id: ProbeId) -> Option<Vec<(i32, ProbeStats)>> {
         let ri = (id.0 >> TARGET_SHIFT) as usize;
         let root = self.slots.get(ri)?;
-        let trap = root.engine.stats(id);
+        let trap = root
+            .engine
+            .stats(id)
+            .or_else(|| root.plugin.as_ref().and_then(|p| p.stats(id)));
         let fast = root.fast_probes.get(&id);
         if trap.is_none() && fast.is_none() {
             return None;
@@ -1344,6 +1512,14 @@ impl Session {
     /// Let every target run (after attaching/spawning and adding probes).
     pub fn start(&mut self) -> Result<(), EngineError> {
         for s in &mut self.slots {
+            if let Some(p) = &mut s.plugin {
+                // The candidate sites are final before the VM's first
+                // translation, the enable flags applied.
+                p.host.freeze().map_err(|e| EngineError::RefusedSpec {
+                    spec: "the QEMU plugin's probes".into(),
+                    reason: e.to_string(),
+                })?;
+            }
             if s.engine.gone().is_none() && !s.engine.started {
                 s.engine.target().resume_all()?;
                 s.engine.started = true;
@@ -1531,6 +1707,12 @@ impl Session {
                 }
             }
             s.drain.stats.events += traps.len() as u64;
+            if let Some(p) = &mut s.plugin {
+                let before = p.drops;
+                let n = p.drain(sink).map_err(EngineError::Sink)?;
+                s.drain.stats.events += n;
+                s.drain.stats.ring_drops += p.drops - before;
+            }
             let Fast::On(fp) = &s.fast else {
                 for ev in &traps {
                     sink.event(ev).map_err(EngineError::Sink)?;
@@ -1666,6 +1848,10 @@ impl Session {
     pub fn detach(&mut self) -> Result<(), EngineError> {
         let mut first_err = None;
         for s in &mut self.slots {
+            if let (Some(p), None) = (&s.plugin, s.engine.gone()) {
+                // The guest runs on without the callbacks' work.
+                let _ = p.host.disable_all();
+            }
             if s.engine.gone().is_some() {
                 if let Fast::On(fp) = &mut s.fast {
                     fp.forget();

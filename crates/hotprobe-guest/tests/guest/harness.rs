@@ -79,12 +79,201 @@ fn find_missing_prerequisite() -> Option<String> {
     None
 }
 
+/// A guest's serial console on QEMU's stdio: a reader thread collects the
+/// output; lines are typed into QEMU's stdin.
+pub struct Console {
+    stdin: Option<ChildStdin>,
+    console: Arc<(Mutex<Vec<u8>>, Condvar)>,
+    cursor: usize,
+}
+
+impl Console {
+    /// Reads `stdout` on a thread (appends `@QEMU-EXITED` at its end).
+    pub fn new(stdin: Option<ChildStdin>, mut stdout: impl Read + Send + 'static) -> Console {
+        let console = Arc::new((Mutex::new(Vec::new()), Condvar::new()));
+        let c2 = console.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 65536];
+            loop {
+                let n = match stdout.read(&mut buf) {
+                    Ok(0) | Err(_) => 0,
+                    Ok(n) => n,
+                };
+                let (m, cv) = &*c2;
+                let mut v = m.lock().unwrap();
+                if n == 0 {
+                    v.extend_from_slice(b"\n@QEMU-EXITED\n");
+                    cv.notify_all();
+                    return;
+                }
+                v.extend_from_slice(&buf[..n]);
+                cv.notify_all();
+            }
+        });
+        Console {
+            stdin,
+            console,
+            cursor: 0,
+        }
+    }
+
+    /// Waits until `marker` appears on the console after the last match;
+    /// returns the console text up to and including it.
+    pub fn wait_for(&mut self, marker: &str, timeout: Duration) -> Vec<u8> {
+        self.try_wait_for(marker, timeout).unwrap_or_else(|| {
+            let tail = self.tail(2000);
+            panic!("{marker:?} did not appear on the guest console within {timeout:?}; last output:\n{tail}")
+        })
+    }
+
+    /// The last `n` bytes of the console.
+    pub fn tail(&self, n: usize) -> String {
+        let (m, _) = &*self.console;
+        let v = m.lock().unwrap();
+        String::from_utf8_lossy(&v[v.len().saturating_sub(n)..]).into_owned()
+    }
+
+    /// Like [`Console::wait_for`], `None` on timeout.
+    pub fn try_wait_for(&mut self, marker: &str, timeout: Duration) -> Option<Vec<u8>> {
+        let deadline = Instant::now() + timeout;
+        let (m, cv) = &*self.console;
+        let mut v = m.lock().unwrap();
+        loop {
+            let hay = &v[self.cursor.min(v.len())..];
+            if let Some(i) = hay
+                .windows(marker.len())
+                .position(|w| w == marker.as_bytes())
+            {
+                let end = self.cursor + i + marker.len();
+                let out = v[self.cursor..end].to_vec();
+                self.cursor = end;
+                return Some(out);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            v = cv.wait_timeout(v, deadline - now).unwrap().0;
+        }
+    }
+
+    /// Whether `marker` has appeared since the last match (non-blocking).
+    pub fn seen(&mut self, marker: &str) -> bool {
+        self.try_wait_for(marker, Duration::ZERO).is_some()
+    }
+
+    /// Types a line on the guest's serial console.
+    pub fn send_line(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("the console's input is ours");
+        stdin.write_all(format!("{line}\n").as_bytes()).unwrap();
+        stdin.flush().unwrap();
+    }
+}
+
+/// The QEMU command line of the test guest (no GDB stub): TCG, 256 MiB,
+/// the serial console on stdio, a monitor on `DIR/monitor.sock`, the cached
+/// kernel and the initramfs, `nokaslr` plus `append`.
+pub fn qemu_args(dir: &Path, append: &str) -> Vec<std::ffi::OsString> {
+    let kernel = workspace_root().join(".cache/kernel/vmlinuz");
+    let mut v: Vec<std::ffi::OsString> = [
+        "qemu-system-x86_64",
+        "-accel",
+        "tcg",
+        "-m",
+        "256M",
+        "-display",
+        "none",
+        "-serial",
+        "stdio",
+        "-no-reboot",
+    ]
+    .iter()
+    .map(|s| s.into())
+    .collect();
+    v.push("-monitor".into());
+    v.push(
+        format!(
+            "unix:{},server=on,wait=off",
+            dir.join("monitor.sock").display()
+        )
+        .into(),
+    );
+    v.push("-kernel".into());
+    v.push(kernel.into());
+    v.push("-initrd".into());
+    v.push(initramfs().into());
+    v.push("-append".into());
+    v.push(
+        format!("console=ttyS0 nokaslr quiet no_timer_check {append}")
+            .trim()
+            .to_string()
+            .into(),
+    );
+    v
+}
+
+/// The guest kernel's text symbols (its /proc/kallsyms as the test
+/// initramfs prints it), cached under `.cache/guest/` per kernel image
+/// (with `nokaslr` they do not change from boot to boot); boots a guest
+/// once to make it.
+pub fn kallsyms_cached() -> PathBuf {
+    let kernel = workspace_root().join(".cache/kernel/vmlinuz");
+    let meta = std::fs::metadata(&kernel).expect("the guest kernel");
+    let stamp = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs());
+    let path = workspace_root().join(format!(".cache/guest/kallsyms-{}-{stamp}.txt", meta.len()));
+    if !path.exists() {
+        let g = Guest::boot("kallsyms");
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        std::fs::copy(g.kallsyms_file(), &tmp).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    }
+    path
+}
+
+/// Runs a human-monitor command on the monitor socket `sock` (e.g. `info
+/// jit`) and returns its output.
+pub fn monitor_command(sock: &Path, cmd: &str) -> String {
+    use std::os::unix::net::UnixStream;
+    let mut s = UnixStream::connect(sock).expect("connect to the QEMU monitor");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let mut read_prompt = |s: &mut UnixStream, out: &mut Vec<u8>| loop {
+        let n = s.read(&mut buf).expect("monitor read");
+        assert!(n > 0, "monitor closed");
+        out.extend_from_slice(&buf[..n]);
+        if out.ends_with(b"(qemu) ") {
+            return;
+        }
+    };
+    read_prompt(&mut s, &mut out);
+    out.clear();
+    s.write_all(format!("{cmd}\n").as_bytes()).unwrap();
+    read_prompt(&mut s, &mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// QEMU's count of translation-cache flushes (`info jit` on the monitor
+/// socket `sock`).
+pub fn tb_flushes_at(sock: &Path) -> u64 {
+    let out = monitor_command(sock, "info jit");
+    out.lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("TB flush count")
+                .map(|v| v.trim().parse::<u64>().unwrap_or(0))
+        })
+        .unwrap_or_else(|| panic!("no 'TB flush count' in info jit: {out}"))
+}
+
 /// A booted guest; killed on drop.
 pub struct Guest {
     child: Child,
-    stdin: ChildStdin,
-    console: Arc<(Mutex<Vec<u8>>, Condvar)>,
-    cursor: usize,
+    console: Console,
     /// The directory holding the stub socket and the RAM file.
     pub dir: PathBuf,
     /// The gdb stub's unix socket.
@@ -127,7 +316,11 @@ impl Guest {
             .arg(&kernel)
             .arg("-initrd")
             .arg(&initrd)
-            .args(["-append", "console=ttyS0 nokaslr quiet", "-no-reboot"])
+            .args([
+                "-append",
+                "console=ttyS0 nokaslr quiet no_timer_check",
+                "-no-reboot",
+            ])
             .arg("-chardev")
             .arg(format!(
                 "socket,id=g0,path={},server=on,wait=off",
@@ -140,32 +333,10 @@ impl Guest {
             .spawn()
             .expect("start qemu-system-x86_64");
         let stdin = child.stdin.take().unwrap();
-        let mut stdout = child.stdout.take().unwrap();
-        let console = Arc::new((Mutex::new(Vec::new()), Condvar::new()));
-        let c2 = console.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 65536];
-            loop {
-                let n = match stdout.read(&mut buf) {
-                    Ok(0) | Err(_) => 0,
-                    Ok(n) => n,
-                };
-                let (m, cv) = &*c2;
-                let mut v = m.lock().unwrap();
-                if n == 0 {
-                    v.extend_from_slice(b"\n@QEMU-EXITED\n");
-                    cv.notify_all();
-                    return;
-                }
-                v.extend_from_slice(&buf[..n]);
-                cv.notify_all();
-            }
-        });
+        let stdout = child.stdout.take().unwrap();
         let mut g = Guest {
             child,
-            stdin,
-            console,
-            cursor: 0,
+            console: Console::new(Some(stdin), stdout),
             dir,
             gdb_socket,
             ram_file,
@@ -200,84 +371,32 @@ impl Guest {
     /// Waits until `marker` appears on the console after the last match;
     /// returns the console text up to and including it.
     pub fn wait_for(&mut self, marker: &str, timeout: Duration) -> Vec<u8> {
-        self.try_wait_for(marker, timeout).unwrap_or_else(|| {
-            let (m, _) = &*self.console;
-            let v = m.lock().unwrap();
-            let tail = String::from_utf8_lossy(&v[v.len().saturating_sub(2000)..]).into_owned();
-            panic!("{marker:?} did not appear on the guest console within {timeout:?}; last output:\n{tail}")
-        })
+        self.console.wait_for(marker, timeout)
     }
 
     /// Like [`Guest::wait_for`], `None` on timeout.
     pub fn try_wait_for(&mut self, marker: &str, timeout: Duration) -> Option<Vec<u8>> {
-        let deadline = Instant::now() + timeout;
-        let (m, cv) = &*self.console;
-        let mut v = m.lock().unwrap();
-        loop {
-            let hay = &v[self.cursor.min(v.len())..];
-            if let Some(i) = hay
-                .windows(marker.len())
-                .position(|w| w == marker.as_bytes())
-            {
-                let end = self.cursor + i + marker.len();
-                let out = v[self.cursor..end].to_vec();
-                self.cursor = end;
-                return Some(out);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return None;
-            }
-            v = cv.wait_timeout(v, deadline - now).unwrap().0;
-        }
+        self.console.try_wait_for(marker, timeout)
     }
 
     /// Whether `marker` has appeared since the last match (non-blocking).
     pub fn seen(&mut self, marker: &str) -> bool {
-        self.try_wait_for(marker, Duration::ZERO).is_some()
+        self.console.seen(marker)
     }
 
     /// Types a line on the guest's serial console.
     pub fn send_line(&mut self, line: &str) {
-        self.stdin
-            .write_all(format!("{line}\n").as_bytes())
-            .unwrap();
-        self.stdin.flush().unwrap();
+        self.console.send_line(line)
     }
 
     /// Runs a human-monitor command (e.g. `info jit`) and returns its output.
     pub fn monitor(&self, cmd: &str) -> String {
-        use std::os::unix::net::UnixStream;
-        let mut s = UnixStream::connect(self.dir.join("monitor.sock"))
-            .expect("connect to the QEMU monitor");
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut out = Vec::new();
-        let mut buf = [0u8; 4096];
-        let mut read_prompt = |s: &mut UnixStream, out: &mut Vec<u8>| loop {
-            let n = s.read(&mut buf).expect("monitor read");
-            assert!(n > 0, "monitor closed");
-            out.extend_from_slice(&buf[..n]);
-            if out.ends_with(b"(qemu) ") {
-                return;
-            }
-        };
-        read_prompt(&mut s, &mut out);
-        out.clear();
-        s.write_all(format!("{cmd}\n").as_bytes()).unwrap();
-        read_prompt(&mut s, &mut out);
-        String::from_utf8_lossy(&out).into_owned()
+        monitor_command(&self.dir.join("monitor.sock"), cmd)
     }
 
     /// QEMU's count of translation-cache flushes (`info jit`).
     pub fn tb_flushes(&self) -> u64 {
-        let out = self.monitor("info jit");
-        out.lines()
-            .find_map(|l| {
-                l.trim()
-                    .strip_prefix("TB flush count")
-                    .map(|v| v.trim().parse::<u64>().unwrap_or(0))
-            })
-            .unwrap_or_else(|| panic!("no 'TB flush count' in info jit: {out}"))
+        tb_flushes_at(&self.dir.join("monitor.sock"))
     }
 
     /// Kills QEMU (the guest dies at once; its stub socket closes).

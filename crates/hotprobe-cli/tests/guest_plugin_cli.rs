@@ -1,0 +1,274 @@
+//! `hotprobe guest (count|record) PROBE... -- qemu-system-x86_64 ...`: the
+//! guest started by hotprobe with its QEMU plugin. The workload is the
+//! guest's init (`rdinit=/workload`: no shell, so every getppid call is the
+//! workload's). `count` equals the calls the workload made and the guest's
+//! power-off ends the run; killing hotprobe while the guest waits on
+//! synchronous events releases it.
+
+#[path = "../../hotprobe-guest/tests/guest/harness.rs"]
+mod harness;
+
+use std::ffi::OsString;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+mod common;
+use common::{line_reader, HOTPROBE};
+
+const LONG: Duration = Duration::from_secs(120);
+
+struct Run {
+    child: Child,
+    /// Ours, not the child's: `Child::wait` would close it, and QEMU reads
+    /// it too (it inherited hotprobe's stdin).
+    stdin: std::process::ChildStdin,
+    out: Receiver<String>,
+    err: Receiver<String>,
+    stdout: Vec<String>,
+    stderr: Vec<String>,
+    qemu_pid: Option<i32>,
+}
+
+impl Run {
+    /// `hotprobe guest ARGS --symbols KALLSYMS -- QEMU` with the workload
+    /// as init.
+    fn start(args: &[&str], dir: &std::path::Path) -> Run {
+        let mut qemu = harness::qemu_args(dir, "rdinit=/workload");
+        // No monitor socket needed here.
+        let i = qemu.iter().position(|a| a == "-monitor").unwrap();
+        qemu.drain(i..i + 2);
+        let mut child = Command::new(HOTPROBE)
+            .arg("guest")
+            .args(args)
+            .arg("--symbols")
+            .arg(harness::kallsyms_cached())
+            .arg("--")
+            .args(&qemu as &[OsString])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = line_reader(child.stdout.take().unwrap());
+        let err = line_reader(child.stderr.take().unwrap());
+        let stdin = child.stdin.take().unwrap();
+        let mut r = Run {
+            child,
+            stdin,
+            out,
+            err,
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            qemu_pid: None,
+        };
+        let l = r.wait_err("started QEMU (pid ");
+        r.qemu_pid = l
+            .split("pid ")
+            .nth(1)
+            .and_then(|s| s.split(')').next())
+            .and_then(|s| s.parse().ok());
+        r
+    }
+
+    fn wait_err(&mut self, needle: &str) -> String {
+        let deadline = Instant::now() + LONG;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.err.recv_timeout(left) {
+                Ok(l) => {
+                    self.stderr.push(l.clone());
+                    if l.contains(needle) {
+                        return l;
+                    }
+                }
+                Err(e) => panic!("{needle:?} never came on stderr: {e}; {:#?}", self.stderr),
+            }
+        }
+    }
+
+    /// Waits for a console line (QEMU's stdout is hotprobe's).
+    fn wait_out(&mut self, needle: &str, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.out.recv_timeout(left) {
+                Ok(l) => {
+                    self.stdout.push(l.clone());
+                    if l.contains(needle) {
+                        return true;
+                    }
+                }
+                Err(_) => return false,
+            }
+        }
+    }
+
+    fn send(&mut self, line: &str) {
+        use std::io::Write;
+        self.stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    fn finish(mut self) -> (i32, Vec<String>, Vec<String>) {
+        let st = self.child.wait().unwrap();
+        // Until both pipes close (QEMU holds them too until it is gone).
+        while let Ok(l) = self.out.recv_timeout(Duration::from_secs(10)) {
+            self.stdout.push(l);
+        }
+        while let Ok(l) = self.err.recv_timeout(Duration::from_secs(1)) {
+            self.stderr.push(l);
+        }
+        (
+            st.code().unwrap_or(-1),
+            std::mem::take(&mut self.stdout),
+            std::mem::take(&mut self.stderr),
+        )
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        if let Some(p) = self.qemu_pid {
+            // SAFETY: kill(2) on the QEMU our hotprobe started (gone: ESRCH).
+            unsafe { libc::kill(p, libc::SIGKILL) };
+        }
+    }
+}
+
+fn tmpdir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("hp-plugin-cli-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn guest_count_with_the_plugin_from_the_command_line() {
+    if let Some(why) = harness::missing_prerequisite() {
+        eprintln!("\n!!!!!!!! SKIPPED: {why} !!!!!!!!\n");
+        return;
+    }
+    let dir = tmpdir("count");
+    let t0 = Instant::now();
+    let mut r = Run::start(
+        &["count", "__x64_sys_getppid", "__x64_sys_getppid%return"],
+        &dir,
+    );
+    assert!(r.wait_out("@READY", LONG), "the workload started");
+    r.send("getppid 1000");
+    r.send("getppid 234");
+    r.send("exit");
+    let (code, out, err) = r.finish();
+    eprintln!("{:?} for the run; stderr: {err:#?}", t0.elapsed());
+    assert_eq!(code, 0, "QEMU powered off cleanly: {out:#?}");
+    let made: u64 = out
+        .iter()
+        .filter_map(|l| l.trim().strip_prefix("@getppid "))
+        .filter_map(|l| l.strip_suffix(" done"))
+        .map(|n| n.parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(made, 1234, "the workload's own count: {out:#?}");
+    assert!(err.iter().any(|l| l.contains("the guest is gone")));
+    let row = |label: &str| -> Vec<String> {
+        out.iter()
+            .map(|l| l.split_whitespace().map(String::from).collect::<Vec<_>>())
+            .find(|c| c.first().map(String::as_str) == Some(label))
+            .unwrap_or_else(|| panic!("no row {label}: {out:#?}"))
+    };
+    let entry = row("__x64_sys_getppid");
+    assert_eq!(entry[2].parse::<u64>().unwrap(), made, "{entry:?}");
+    assert_eq!(entry[4], "plugin", "{entry:?}");
+    let ret = row("__x64_sys_getppid%return");
+    assert_eq!(ret[2].parse::<u64>().unwrap(), made, "{ret:?}");
+    assert_eq!(ret[3], "0", "nothing missed");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn killing_hotprobe_releases_a_guest_waiting_on_synchronous_events() {
+    if let Some(why) = harness::missing_prerequisite() {
+        eprintln!("\n!!!!!!!! SKIPPED: {why} !!!!!!!!\n");
+        return;
+    }
+    let dir = tmpdir("sync");
+    let trace = dir.join("trace");
+    let trace_s = trace.to_string_lossy().into_owned();
+    let mut r = Run::start(
+        &["record", "--sync", "-o", &trace_s, "__x64_sys_getppid"],
+        &dir,
+    );
+    assert!(r.wait_out("@READY", LONG), "the workload started");
+    // Long enough that the loop still runs, each call waiting for
+    // hotprobe's answer, when hotprobe dies.
+    let n = 400_000;
+    r.send(&format!("getppid {n}"));
+    std::thread::sleep(Duration::from_millis(1500));
+    let done = format!("@getppid {n} done");
+    assert!(
+        !r.wait_out(&done, Duration::ZERO),
+        "the loop ended before hotprobe was killed: make it longer"
+    );
+    r.child.kill().unwrap();
+    let killed = Instant::now();
+    let _ = r.child.wait();
+    // QEMU's console is still ours (it inherited hotprobe's stdout).
+    assert!(
+        r.wait_out(&done, Duration::from_secs(60)),
+        "the guest went on after hotprobe died"
+    );
+    eprintln!(
+        "released: the loop ended {:?} after the kill",
+        killed.elapsed()
+    );
+    r.send("exit");
+    assert!(
+        r.wait_out("@FINAL rc=0", Duration::from_secs(30)),
+        "the guest powered off"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn usage_errors_of_a_started_guest() {
+    let dir = tmpdir("usage");
+    let syms = dir.join("kallsyms");
+    std::fs::write(
+        &syms,
+        "ffffffff81000000 T _stext\nffffffff81000010 T foo\nffffffff81000020 T _etext\n",
+    )
+    .unwrap();
+    let syms = syms.to_string_lossy().into_owned();
+    let run = |args: &[&str]| {
+        let o = Command::new(HOTPROBE)
+            .arg("guest")
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&["count", "foo"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("give a QEMU command line after --"), "{err}");
+    let (code, err) = run(&["count", "foo", "--", "qemu-system-x86_64"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("give --symbols FILE"), "{err}");
+    let q = ["--", "qemu-system-x86_64", "-accel", "kvm"];
+    let (code, err) = run(&[&["count", "foo", "--symbols", &syms][..], &q].concat());
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("needs TCG"), "{err}");
+    let q = ["--", "qemu-system-x86_64", "-s"];
+    let (_, err) = run(&[&["count", "foo", "--symbols", &syms][..], &q].concat());
+    assert!(err.contains("hotprobe adds one"), "{err}");
+    let q = ["--", "qemu-system-x86_64"];
+    let (code, err) = run(&[&["--gdb", "unix:/x", "count", "foo"][..], &q].concat());
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--gdb/--ram name a running guest"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
