@@ -34,15 +34,22 @@ impl Run {
     /// `hotprobe guest ARGS --symbols KALLSYMS -- QEMU` with the workload
     /// as init.
     fn start(args: &[&str], dir: &std::path::Path) -> Run {
+        Run::start_with(args, dir, true)
+    }
+
+    /// As [`Run::start`]; without `symbols`, no `--symbols`: hotprobe
+    /// recovers the kernel's symbols from the `-kernel` image.
+    fn start_with(args: &[&str], dir: &std::path::Path, symbols: bool) -> Run {
         let mut qemu = harness::qemu_args(dir, "rdinit=/workload");
         // No monitor socket needed here.
         let i = qemu.iter().position(|a| a == "-monitor").unwrap();
         qemu.drain(i..i + 2);
-        let mut child = Command::new(HOTPROBE)
-            .arg("guest")
-            .args(args)
-            .arg("--symbols")
-            .arg(harness::kallsyms_cached())
+        let mut cmd = Command::new(HOTPROBE);
+        cmd.arg("guest").args(args);
+        if symbols {
+            cmd.arg("--symbols").arg(harness::kallsyms_cached());
+        }
+        let mut child = cmd
             .arg("--")
             .args(&qemu as &[OsString])
             .stdin(Stdio::piped())
@@ -153,9 +160,11 @@ fn guest_count_with_the_plugin_from_the_command_line() {
     }
     let dir = tmpdir("count");
     let t0 = Instant::now();
-    let mut r = Run::start(
+    // No --symbols: they come from the -kernel image itself.
+    let mut r = Run::start_with(
         &["count", "__x64_sys_getppid", "__x64_sys_getppid%return"],
         &dir,
+        false,
     );
     assert!(r.wait_out("@READY", LONG), "the workload started");
     r.send("getppid 1000");
