@@ -208,7 +208,7 @@ pub fn mechanism_summary(placed: &[Placement]) -> String {
 }
 
 /// Print the per-probe table on stdout: spec, address, hits (returns for a
-/// `%return` probe), nmissed (return probes only), execution, and why
+/// `%return` probe), nmissed, execution, and why
 /// that mechanism; with `per_process`, a PID column and a row per probe and
 /// process that hit it (the first process always).
 pub fn print_table(session: &Session, placed: &[Placement], per_process: bool) {
@@ -225,10 +225,12 @@ pub fn print_table(session: &Session, placed: &[Placement], per_process: bool) {
             vec![(0, session.stats(p.id).unwrap_or_default())]
         };
         for (pid, st) in by {
+            // NMISSED: calls not followed (return probes), hits not handled
+            // (trap re-entry), events the fast path could not write.
             let (hits, missed) = if p.is_return {
                 (st.returns, st.nmissed.to_string())
             } else {
-                (st.hits, "-".to_string())
+                (st.hits, st.nmissed.to_string())
             };
             let mut row = vec![p.label.clone()];
             if per_process {

@@ -1266,6 +1266,11 @@ impl Session {
                 for (pid, n) in fp.counts_by_process(*c) {
                     add(pid as i32, &|st| st.hits += n);
                 }
+                // Events the agent could not write (hits always count).
+                let missed = fp.missed(*c);
+                if missed > 0 {
+                    add(me, &|st| st.nmissed += missed);
+                }
                 for (pid, n) in exit.map(|e| fp.counts_by_process(e)).unwrap_or_default() {
                     add(pid as i32, &|st| st.returns += n);
                 }
