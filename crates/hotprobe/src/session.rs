@@ -290,10 +290,11 @@ impl Slot {
         let Some(table) = self.trap_table() else {
             return;
         };
+        // Into the table only: `publish_traps` then takes it as new (and
+        // guards it); a failed placement leaves an entry no int3 uses.
         let mut b = [0u8];
-        if self.engine.target().read_memory(addr, &mut b).is_ok() && table.publish(addr.0, b[0], 0)
-        {
-            self.published.insert(addr.0, b[0]);
+        if self.engine.target().read_memory(addr, &mut b).is_ok() {
+            table.publish(addr.0, b[0], 0);
         }
     }
 
@@ -382,7 +383,8 @@ impl Slot {
         }
         let guarded: std::collections::HashSet<u64> = self.guards.values().copied().collect();
         let mut wanted = Vec::new();
-        for &a in now.keys() {
+        // Breakpoints not published yet: the ones new since the last call.
+        for &a in now.keys().filter(|a| !self.published.contains_key(a)) {
             let g = a.wrapping_add(1);
             if self.guards.contains_key(&a) || guarded.contains(&a) || now.contains_key(&g) {
                 continue;
