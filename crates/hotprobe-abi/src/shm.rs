@@ -560,25 +560,26 @@ impl Shm {
         })
     }
 
-    /// Publishes a live trap return instance (tracer side, the thread
-    /// stopped): replaces the thread's entry for the same slot, else takes
-    /// a free entry or one of the thread's entries below `slot` (frames the
-    /// thread left without returning: its stack pointer is above them now).
-    /// False when the table is full.
+    /// Publishes a trap return instance (tracer side, the thread stopped):
+    /// replaces the thread's entry for the same slot, else takes a free
+    /// entry, else one of the thread's entries below `slot` (frames it left:
+    /// its stack pointer is above them now), else one chosen by the key.
     pub fn publish_return(&self, tid: u32, slot: u64, real: u64) -> bool {
         if tid == 0 {
             return false;
         }
         let rets = self.trap_returns();
-        let same = rets
+        let mine = |r: &&TrapReturn| r.tid.load(Relaxed) == tid;
+        let e = rets
             .iter()
-            .find(|r| r.tid.load(Relaxed) == tid && r.slot.load(Relaxed) == slot);
-        let e = same.or_else(|| {
-            rets.iter().find(|r| {
-                let t = r.tid.load(Relaxed);
-                t == 0 || (t == tid && r.slot.load(Relaxed) < slot)
-            })
-        });
+            .find(|r| mine(r) && r.slot.load(Relaxed) == slot)
+            .or_else(|| rets.iter().find(|r| r.tid.load(Relaxed) == 0))
+            .or_else(|| rets.iter().find(|r| mine(r) && r.slot.load(Relaxed) < slot))
+            .or_else(|| {
+                // Full: evict an entry chosen by the key.
+                let i = site_hash(slot ^ u64::from(tid), 64 - TRAP_RETURNS.trailing_zeros());
+                rets.get(i % rets.len())
+            });
         let Some(e) = e else { return false };
         e.tid.store(0, Relaxed);
         e.slot.store(slot, Relaxed);

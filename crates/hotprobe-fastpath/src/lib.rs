@@ -356,15 +356,23 @@ impl TrapTable {
         self.0.shm().set_trap_regions(regions)
     }
 
-    /// Publishes a live call of a trap return probe of thread `tid`: the
-    /// return address at `slot` was swapped; the real one is `real`.
+    /// Publishes a call of a trap return probe of thread `tid` whose
+    /// return address at `slot` is about to be swapped; the real one is
+    /// `real`. Publish before the swap, and leave the entry when the call
+    /// returns (the next call with the same stack slot replaces it): a
+    /// tracer that dies anywhere between the swap and the thread's resumed
+    /// return leaves the agent what it needs.
     pub fn publish_return(&self, tid: u32, slot: u64, real: u64) -> bool {
         self.0.shm().publish_return(tid, slot, real)
     }
 
-    /// The call of thread `tid` at `slot` returned.
-    pub fn remove_return(&self, tid: u32, slot: u64) {
-        self.0.shm().remove_return(tid, slot)
+    /// Whether `addr` is the published return trampoline (a return address
+    /// already swapped).
+    pub fn is_return_trampoline(&self, addr: u64) -> bool {
+        self.0
+            .shm()
+            .lookup_trap(addr)
+            .is_some_and(|(_, f)| f & TRAP_RETURN != 0)
     }
 
     /// Every call's real return address is back in place (detach).

@@ -244,6 +244,10 @@ struct Slot {
     published: HashMap<u64, u8>,
     /// Guard `int3`s (address → the breakpoint they guard, one byte before).
     guards: HashMap<u64, u64>,
+    /// Trap return probes → the plain probe, at the same address and just
+    /// before them, that publishes each call in the trap table before
+    /// the return address is swapped ([`publisher`]).
+    publishers: HashMap<ProbeId, ProbeId>,
 }
 
 impl Slot {
@@ -538,6 +542,7 @@ impl Session {
             origin: HashMap::new(),
             published: HashMap::new(),
             guards: HashMap::new(),
+            publishers: HashMap::new(),
         });
         let follow = self.config.follow_forks && pid.is_some();
         let slot = &mut self.slots[id];
@@ -774,9 +779,27 @@ impl Session {
         rp: RetProbe,
     ) -> Result<ProbeId, EngineError> {
         let slot = self.slot(t)?;
-        let rp = guard_returns(rp, slot.trap_table());
+        let table = slot.trap_table();
         slot.prepublish_trap(addr);
-        slot.change_traps(|e| e.add_retprobe(addr, rp))
+        let (id, publishing) = slot.change_traps(|e| {
+            let publishing = match table {
+                Some(table) => Some(e.add_probe(addr, publisher(table))?),
+                None => None,
+            };
+            match e.add_retprobe(addr, rp) {
+                Ok(id) => Ok((id, publishing)),
+                Err(err) => {
+                    if let Some(p) = publishing {
+                        let _ = e.remove_probe(p);
+                    }
+                    Err(err)
+                }
+            }
+        })?;
+        if let Some(p) = publishing {
+            slot.publishers.insert(id, p);
+        }
+        Ok(id)
     }
 
     /// Put probes doing `action` on every address `spec` names (a pattern
@@ -1182,8 +1205,14 @@ impl Session {
         if hotprobe_symbols::find_library(&module, program_dir.as_deref()).is_none() {
             return Err(why);
         }
-        let rp = rp.map(|rp| guard_returns(rp, slot.trap_table()));
+        let publishing = match (&rp, slot.trap_table()) {
+            (Some(_), Some(table)) => Some(slot.engine.add_unarmed(Some(publisher(table)), None)),
+            _ => None,
+        };
         let id = slot.engine.add_unarmed(probe, rp);
+        if let Some(p) = publishing {
+            slot.publishers.insert(id, p);
+        }
         slot.pending.push(Pending {
             spec: spec.to_string(),
             id,
@@ -1315,8 +1344,14 @@ impl Session {
             }
             Plan::Trap(_) => {
                 let slot = self.slot(t)?;
+                let publishing = slot.publishers.get(&id).copied();
                 slot.prepublish_trap(r.addr);
-                slot.change_traps(|e| e.arm_at(id, r.addr))?;
+                slot.change_traps(|e| {
+                    if let Some(p) = publishing {
+                        e.arm_at(p, r.addr)?;
+                    }
+                    e.arm_at(id, r.addr)
+                })?;
             }
         }
         self.slot(t)?.pending[k].armed = Some(Armed {
@@ -1380,7 +1415,14 @@ impl Session {
                 reason: "fast-path probes are removed at detach".into(),
             });
         }
-        slot.change_traps(|e| e.remove_probe(id))
+        let publishing = slot.publishers.remove(&id);
+        slot.change_traps(|e| {
+            e.remove_probe(id)?;
+            match publishing {
+                Some(p) => e.remove_probe(p),
+                None => Ok(()),
+            }
+        })
     }
 
     /// A probe's counts, whatever its mechanism, over every process it
@@ -1865,39 +1907,24 @@ impl EventSink for Merge<'_, '_> {
     }
 }
 
-/// `rp` publishing each live call in `table` (thread, stack slot, real
-/// return address) while its return address is swapped for the engine's
-/// trampoline: an agent whose tracer died returns through it (see
-/// [`TrapTable`]).
-fn guard_returns(rp: RetProbe, table: Option<TrapTable>) -> RetProbe {
-    let Some(table) = table else {
-        return rp;
-    };
-    let RetProbe {
-        mut entry,
-        mut ret,
-        maxactive,
-    } = rp;
-    let on_ret = table.clone();
-    let mut guarded = RetProbe::new(maxactive)
-        .entry(move |ctx| {
-            if let Some(e) = ctx.entry() {
-                table.publish_return(ctx.thread().0 as u32, e.regs.rsp, e.return_addr);
+/// The plain probe placed just before a trap return probe, at the same
+/// address (so that its handler runs first at each hit): it publishes the
+/// call (thread, stack slot, real return address) in `table` before the
+/// return probe swaps the return address for the engine's trampoline; an
+/// agent whose tracer died anywhere between that swap and the thread's
+/// return completes the return (see [`TrapTable`]). Entries stay: the next
+/// call with the same slot replaces them.
+fn publisher(table: TrapTable) -> Probe {
+    Probe::new().pre(move |ctx| {
+        let rsp = ctx.regs().rsp;
+        let tid = ctx.thread().0 as u32;
+        if let Ok(real) = ctx.read_u64(rsp) {
+            // Swapped already by another return probe on this function.
+            if !table.is_return_trampoline(real) {
+                table.publish_return(tid, rsp, real);
             }
-            if let Some(f) = entry.as_mut() {
-                f(ctx);
-            }
-        })
-        .ret(move |ctx| {
-            if let Some(e) = ctx.entry() {
-                on_ret.remove_return(ctx.thread().0 as u32, e.regs.rsp);
-            }
-            if let Some(f) = ret.as_mut() {
-                f(ctx);
-            }
-        });
-    guarded.maxactive = maxactive;
-    guarded
+        }
+    })
 }
 
 /// An event for a trap record probe, stamped now.
