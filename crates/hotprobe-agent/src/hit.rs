@@ -243,8 +243,26 @@ fn check_heartbeat(shm: &Shm) {
     }
 }
 
+/// [`act`] for an entry whose return is hooked (the shadow stack is
+/// resynchronised and pushed): out of line, so that the counting and
+/// recording paths without it stay as short as they were.
+#[inline(never)]
+fn act_hooked(
+    shm: &Shm,
+    t: &ThreadEntry,
+    frame: &Frame,
+    kind: u32,
+    probe: u32,
+    action: u32,
+    control: u32,
+) {
+    act::<true>(shm, t, frame, kind, probe, action, control)
+}
+
+/// What a hit does: count, record, hook the return (`HOOK`: the site's
+/// action has `ACTION_EXIT` and the hit is an entry).
 #[inline(always)]
-fn act(
+fn act<const HOOK: bool>(
     shm: &Shm,
     t: &ThreadEntry,
     frame: &Frame,
@@ -254,29 +272,22 @@ fn act(
     control: u32,
 ) {
     let slot = t.slot.load(Relaxed);
-    let hook = action & ACTION_EXIT != 0 && kind == KIND_ENTRY as u32;
-    let base = t.shadow.load(Relaxed) as *mut Shadow;
+    let hook = HOOK;
     // Resynchronise the shadow stack before anything is recorded: frames
     // at or below this function's return-address slot are dead (left by
     // longjmp, an exception, a tail call); their unwound exits go first,
     // so that this entry nests where it runs, not inside them.
-    let same = if hook && !base.is_null() && frame.slot != 0 {
-        pop_dead(Some(shm), t, base, frame.slot, true)
+    let (base, same) = if hook {
+        let base = t.shadow.load(Relaxed) as *mut Shadow;
+        let same = if !base.is_null() && frame.slot != 0 {
+            pop_dead(Some(shm), t, base, frame.slot, true)
+        } else {
+            None
+        };
+        (base, same)
     } else {
-        None
+        (core::ptr::null_mut(), None)
     };
-    if action & ACTION_COUNT != 0 {
-        let counter = counter_of(probe, action) as usize;
-        match shm.thread_counters(slot).and_then(|c| c.get(counter)) {
-            // Single writer (this thread): one `inc`, no lock prefix.
-            Some(c) => bump(c),
-            None => {
-                if let Some(c) = shm.global_counters().get(counter) {
-                    c.fetch_add(1, Relaxed);
-                }
-            }
-        }
-    }
     let record = action & ACTION_RECORD != 0 && control & CONTROL_RECORD != 0;
     if record {
         let args = if kind == KIND_EXIT as u32 {
@@ -328,6 +339,20 @@ fn act(
     if hits & HEARTBEAT_EVERY == 0 {
         check_heartbeat(shm);
     }
+    // Last: the `inc` is an asm block, after which the compiler reloads
+    // whatever it had in registers.
+    if action & ACTION_COUNT != 0 {
+        let counter = counter_of(probe, action) as usize;
+        match shm.thread_counters(slot).and_then(|c| c.get(counter)) {
+            // Single writer (this thread): one `inc`, no lock prefix.
+            Some(c) => bump(c),
+            None => {
+                if let Some(c) = shm.global_counters().get(counter) {
+                    c.fetch_add(1, Relaxed);
+                }
+            }
+        }
+    }
 }
 
 /// The fast path, called by every trampoline with the saved registers.
@@ -368,12 +393,21 @@ pub(crate) extern "C" fn fast_hit(frame: *mut Frame, kind: u32) -> u32 {
         return 0;
     }
     if t.slot.load(Relaxed) == PENDING_SLOT {
+        if crate::tls::get() == registering() {
+            // A signal handler interrupting this thread's slot claim.
+            refuse(shm, Some(t), kind, probe, action, control);
+            return 0;
+        }
         return 1;
     }
     t.fast.busy.store(1, Relaxed);
     // Signal fence: a handler interrupting this thread sees busy = 1.
     compiler_fence(SeqCst);
-    act(shm, t, frame, kind, probe, action, control);
+    if action & ACTION_EXIT != 0 && kind == KIND_ENTRY as u32 {
+        act_hooked(shm, t, frame, kind, probe, action, control);
+    } else {
+        act::<false>(shm, t, frame, kind, probe, action, control);
+    }
     compiler_fence(SeqCst);
     t.fast.busy.store(0, Relaxed);
     0
