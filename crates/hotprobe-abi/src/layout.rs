@@ -5,6 +5,11 @@
 //! offset 0            Header (256 bytes; rest of the first page reserved)
 //! sites_offset        SiteSlot[n_site_slots]        (4096, 16 bytes each)
 //! counters_offset     AtomicU64[n_probes]           global counters (threads without a slot)
+//! missed_offset       AtomicU64[n_probes]           events refused per probe (see Header::missed_offset)
+//! traps_offset        the trap table (page-aligned, TRAP_TABLE_SIZE bytes):
+//!                       +0                     TrapRegion[TRAP_REGIONS]  the tracer's scratch
+//!                       +TRAP_RETURNS_OFFSET   TrapReturn[TRAP_RETURNS]  live trap return instances
+//!                       +TRAP_SLOTS_OFFSET     TrapSlot[TRAP_SLOTS]      every int3: address → byte
 //! threads_offset      ThreadSlot[n_threads], each thread_stride bytes:
 //!                       +0                     RingCtl (192 bytes)
 //!                       +THREAD_COUNTERS_OFFSET AtomicU64[n_probes] per-thread counters
@@ -29,8 +34,10 @@ use crate::AbiError;
 /// `b"HOTPROBE"` read as a little-endian `u64`: the first word of the mapping.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"HOTPROBE");
 /// Version of this layout; bumped on any incompatible change (5:
-/// [`RingCtl::owner_pid`], [`CONTROL_FOLLOW_FORKS`]).
-pub const VERSION: u32 = 5;
+/// [`RingCtl::owner_pid`], [`CONTROL_FOLLOW_FORKS`]; 6: the per-probe
+/// missed counters ([`Header::missed_offset`]), [`RingCtl::refused`], and
+/// the trap table ([`Header::traps_offset`]).
+pub const VERSION: u32 = 6;
 /// Size of [`Header`] in bytes.
 pub const HEADER_SIZE: usize = 256;
 /// Alignment of every section start (the site table and the thread slots).
@@ -203,8 +210,21 @@ pub struct Header {
     pub stub_key: u32,
     /// Reserved, zero.
     pub reserved1: u32,
+    /// Byte offset of the per-probe missed counters (plain field, written
+    /// at creation): `AtomicU64[n_probes]`, indexed by the probe id events
+    /// carry, each the events of that probe that were not written (a full
+    /// ring, a thread without a ring slot or still registering, a hit
+    /// refused because its thread was already inside the agent — a signal
+    /// handler interrupting a probed function —, a return not hooked).
+    /// Incremented with a locked add by the agent and the stubs, off their
+    /// hot paths.
+    pub missed_offset: u64,
+    /// Byte offset of the trap table (plain field, written at creation):
+    /// what the tracer publishes so that the agent survives the tracer's
+    /// death with its `int3`s still in the code (see [`TrapSlot`]).
+    pub traps_offset: u64,
     /// Reserved, zero.
-    pub reserved: [u64; 3],
+    pub reserved: [u64; 1],
 }
 
 const _: () = assert!(size_of::<Header>() == HEADER_SIZE);
@@ -216,6 +236,90 @@ const _: () = assert!(offset_of!(Header, event_size) == 108);
 const _: () = assert!(offset_of!(Header, reentries) == 184);
 const _: () = assert!(offset_of!(Header, thread_tpoff) == 216);
 const _: () = assert!(offset_of!(Header, stub_key) == 224);
+const _: () = assert!(offset_of!(Header, missed_offset) == 232);
+const _: () = assert!(offset_of!(Header, traps_offset) == 240);
+
+/// Entries of the trap table's breakpoint part ([`TrapSlot`]; a power of two).
+pub const TRAP_SLOTS: usize = 8192;
+/// Entries of the trap table's return part ([`TrapReturn`]).
+pub const TRAP_RETURNS: usize = 1024;
+/// Entries of the trap table's region part ([`TrapRegion`]).
+pub const TRAP_REGIONS: usize = 32;
+/// Offset of the [`TrapReturn`] array in the trap table.
+pub const TRAP_RETURNS_OFFSET: usize = TRAP_REGIONS * size_of::<TrapRegion>();
+/// Offset of the [`TrapSlot`] array in the trap table.
+pub const TRAP_SLOTS_OFFSET: usize = TRAP_RETURNS_OFFSET + TRAP_RETURNS * size_of::<TrapReturn>();
+/// Bytes of the trap table.
+pub const TRAP_TABLE_SIZE: usize = TRAP_SLOTS_OFFSET + TRAP_SLOTS * size_of::<TrapSlot>();
+
+/// [`TrapSlot::info`] bit: the slot describes an `int3` the tracer wrote
+/// (cleared when the tracer takes it out; the address stays as the key).
+pub const TRAP_PRESENT: u32 = 1 << 8;
+/// [`TrapSlot::info`] bit: this `int3` is the tracer's return trampoline:
+/// a thread reaching it returns from a function whose return address the
+/// tracer swapped; the real one is in a [`TrapReturn`].
+pub const TRAP_RETURN: u32 = 1 << 9;
+/// [`TrapSlot::info`] bit: this `int3` is a *guard*, one byte into an
+/// instruction of 2 bytes or more whose first byte is a published `int3`.
+/// No thread runs it while the tracer lives. It catches a thread the
+/// tracer had stopped at that `int3` when it died: the kernel drops the
+/// stop's `SIGTRAP` and resumes the thread one byte past the `int3` — on
+/// the guard, whose `SIGTRAP` then reaches the agent.
+pub const TRAP_GUARD: u32 = 1 << 10;
+
+/// One `int3` the tracer wrote into the target (trap probes, the return
+/// trampoline, the loader-rendezvous breakpoint), published so that the
+/// agent can undo it when the tracer is gone (killed with SIGKILL: nothing
+/// was restored). Open addressing keyed by the address ([`site_hash`] with
+/// the shift of [`TRAP_SLOTS`], linear probing); keys are never removed,
+/// an entry the tracer takes out loses [`TRAP_PRESENT`]. Single writer: the
+/// tracer; the agent reads it in its `SIGTRAP` handler.
+#[repr(C)]
+#[derive(Debug)]
+pub struct TrapSlot {
+    /// Address of the `int3`; 0 = empty.
+    pub addr: AtomicU64,
+    /// The original byte (bits 0–7), [`TRAP_PRESENT`], [`TRAP_RETURN`],
+    /// [`TRAP_GUARD`].
+    pub info: AtomicU32,
+    /// Reserved, zero.
+    pub reserved: u32,
+}
+const _: () = assert!(size_of::<TrapSlot>() == 16);
+
+/// A live call of a trap return probe: the tracer swapped the return
+/// address at `slot` of thread `tid` for its return trampoline; the real
+/// one is `real`. `tid` 0 = free. Single writer: the tracer (tid last on
+/// publish, first on removal); the agent reads the entries of its own
+/// thread in its `SIGTRAP` handler.
+#[repr(C)]
+#[derive(Debug)]
+pub struct TrapReturn {
+    /// The thread (Linux tid); 0 = free.
+    pub tid: AtomicU32,
+    /// Reserved, zero.
+    pub reserved: u32,
+    /// Address of the return-address slot on the thread's stack.
+    pub slot: AtomicU64,
+    /// The real return address.
+    pub real: AtomicU64,
+    /// Reserved, zero.
+    pub reserved2: u64,
+}
+const _: () = assert!(size_of::<TrapReturn>() == 32);
+
+/// Memory where the tracer runs displaced instructions out of line
+/// (`start..end`; both 0 = unused). A thread the tracer had moved there
+/// when it died runs on from there.
+#[repr(C)]
+#[derive(Debug)]
+pub struct TrapRegion {
+    /// First byte.
+    pub start: AtomicU64,
+    /// One past the last byte.
+    pub end: AtomicU64,
+}
+const _: () = assert!(size_of::<TrapRegion>() == 16);
 
 /// One slot of the open-addressing site table (linear probing, hash
 /// [`site_hash`]).
@@ -267,13 +371,19 @@ pub struct RingCtl {
     /// ([`crate::Shm::claim_thread`]: read [`Header::agent_pid`] then).
     pub owner_pid: AtomicU32,
     pad3: u32,
-    pad2: [u64; 5],
+    /// Events of this thread not written because the thread was already
+    /// inside the agent or a stub (a signal handler interrupting it there)
+    /// or a return could not be hooked (agent, locked add: a handler may
+    /// interrupt an increment).
+    pub refused: AtomicU64,
+    pad2: [u64; 4],
 }
 const _: () = assert!(size_of::<RingCtl>() == 192);
 const _: () = assert!(offset_of!(RingCtl, tail) == 64);
 const _: () = assert!(offset_of!(RingCtl, owner_tid) == 128);
 const _: () = assert!(offset_of!(RingCtl, dropped) == 136);
 const _: () = assert!(offset_of!(RingCtl, owner_pid) == 144);
+const _: () = assert!(offset_of!(RingCtl, refused) == 152);
 
 /// Offset of the per-thread counter array inside a thread slot.
 pub const THREAD_COUNTERS_OFFSET: usize = size_of::<RingCtl>();
@@ -386,6 +496,10 @@ pub struct Layout {
     pub sites_offset: usize,
     /// See [`Header::counters_offset`].
     pub counters_offset: usize,
+    /// See [`Header::missed_offset`].
+    pub missed_offset: usize,
+    /// See [`Header::traps_offset`].
+    pub traps_offset: usize,
     /// See [`Header::threads_offset`].
     pub threads_offset: usize,
     /// See [`Header::thread_stride`].
@@ -434,7 +548,9 @@ impl Layout {
         let sites_bytes = p.n_site_slots as usize * size_of::<SiteSlot>();
         let counters_offset = align_up(sites_offset + sites_bytes, 64).ok_or(overflow)?;
         let counters_bytes = p.n_probes as usize * 8;
-        let threads_offset = align_up(counters_offset + counters_bytes, PAGE).ok_or(overflow)?;
+        let missed_offset = align_up(counters_offset + counters_bytes, 64).ok_or(overflow)?;
+        let traps_offset = align_up(missed_offset + counters_bytes, PAGE).ok_or(overflow)?;
+        let threads_offset = align_up(traps_offset + TRAP_TABLE_SIZE, PAGE).ok_or(overflow)?;
         let events_offset =
             align_up(THREAD_COUNTERS_OFFSET + counters_bytes, 64).ok_or(overflow)?;
         let ring_bytes = p.ring_capacity as usize * p.event_size as usize;
@@ -448,6 +564,8 @@ impl Layout {
             params,
             sites_offset,
             counters_offset,
+            missed_offset,
+            traps_offset,
             threads_offset,
             thread_stride,
             events_offset,
@@ -482,6 +600,8 @@ impl Layout {
         if h.total_size != l.total_size as u64
             || h.sites_offset != l.sites_offset as u64
             || h.counters_offset != l.counters_offset as u64
+            || h.missed_offset != l.missed_offset as u64
+            || h.traps_offset != l.traps_offset as u64
             || h.threads_offset != l.threads_offset as u64
             || h.thread_stride != l.thread_stride as u64
         {
@@ -522,6 +642,10 @@ pub struct HeaderFields {
     pub sites_offset: u64,
     /// See [`Header::counters_offset`].
     pub counters_offset: u64,
+    /// See [`Header::missed_offset`].
+    pub missed_offset: u64,
+    /// See [`Header::traps_offset`].
+    pub traps_offset: u64,
     /// See [`Header::threads_offset`].
     pub threads_offset: u64,
     /// See [`Header::thread_stride`].

@@ -5,8 +5,9 @@ use core::sync::atomic::AtomicU64;
 use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 use crate::layout::{
-    site_hash, slot_values, Header, HeaderFields, Layout, Params, RingCtl, SiteSlot, HEADER_SIZE,
-    MAGIC, THREAD_COUNTERS_OFFSET, VERSION,
+    site_hash, slot_values, Header, HeaderFields, Layout, Params, RingCtl, SiteSlot, TrapRegion,
+    TrapReturn, TrapSlot, HEADER_SIZE, MAGIC, THREAD_COUNTERS_OFFSET, TRAP_PRESENT, TRAP_REGIONS,
+    TRAP_RETURNS, TRAP_RETURNS_OFFSET, TRAP_SLOTS, TRAP_SLOTS_OFFSET, VERSION,
 };
 use crate::ring::{Consumer, Producer};
 use crate::AbiError;
@@ -68,6 +69,8 @@ impl Shm {
             core::ptr::addr_of_mut!((*h).ring_capacity).write(params.ring_capacity);
             core::ptr::addr_of_mut!((*h).sites_offset).write(layout.sites_offset as u64);
             core::ptr::addr_of_mut!((*h).counters_offset).write(layout.counters_offset as u64);
+            core::ptr::addr_of_mut!((*h).missed_offset).write(layout.missed_offset as u64);
+            core::ptr::addr_of_mut!((*h).traps_offset).write(layout.traps_offset as u64);
             core::ptr::addr_of_mut!((*h).threads_offset).write(layout.threads_offset as u64);
             core::ptr::addr_of_mut!((*h).thread_stride).write(layout.thread_stride as u64);
             core::ptr::addr_of_mut!((*h).event_size).write(params.event_size);
@@ -109,6 +112,8 @@ impl Shm {
                 ring_capacity: core::ptr::addr_of!((*h).ring_capacity).read_volatile(),
                 sites_offset: core::ptr::addr_of!((*h).sites_offset).read_volatile(),
                 counters_offset: core::ptr::addr_of!((*h).counters_offset).read_volatile(),
+                missed_offset: core::ptr::addr_of!((*h).missed_offset).read_volatile(),
+                traps_offset: core::ptr::addr_of!((*h).traps_offset).read_volatile(),
                 threads_offset: core::ptr::addr_of!((*h).threads_offset).read_volatile(),
                 thread_stride: core::ptr::addr_of!((*h).thread_stride).read_volatile(),
                 event_size: core::ptr::addr_of!((*h).event_size).read_volatile(),
@@ -255,6 +260,35 @@ impl Shm {
         }
     }
 
+    /// The per-probe missed counters ([`Header::missed_offset`]).
+    #[inline(always)]
+    pub fn missed_counters(&self) -> &[AtomicU64] {
+        // SAFETY: validated layout; atomics.
+        unsafe {
+            core::slice::from_raw_parts(
+                self.base.as_ptr().add(self.layout.missed_offset) as *const AtomicU64,
+                self.layout.params.n_probes as usize,
+            )
+        }
+    }
+
+    /// Events of `probe_id` that were not written (see
+    /// [`Header::missed_offset`]).
+    pub fn missed(&self, probe_id: u32) -> u64 {
+        self.missed_counters()
+            .get(probe_id as usize)
+            .map_or(0, |c| c.load(Relaxed))
+    }
+
+    /// Counts one event of `probe_id` not written (agent side; a locked
+    /// add, safe against a signal handler on the same thread).
+    #[inline]
+    pub fn note_missed(&self, probe_id: u32) {
+        if let Some(c) = self.missed_counters().get(probe_id as usize) {
+            c.fetch_add(1, Relaxed);
+        }
+    }
+
     #[inline(always)]
     fn thread_base(&self, slot: u32) -> Option<*mut u8> {
         if slot >= self.layout.params.n_threads {
@@ -347,12 +381,15 @@ impl Shm {
         sum
     }
 
-    /// Every event lost so far: full rings plus threads without a slot.
+    /// Every event lost so far: full rings, threads without a slot, and
+    /// events refused on re-entry ([`RingCtl::refused`]).
     pub fn total_drops(&self) -> u64 {
         let mut sum = self.header().drops_no_thread.load(Relaxed);
         for t in 0..self.threads_in_use() {
             if let Some(c) = self.ring_ctl(t) {
-                sum = sum.wrapping_add(c.dropped.load(Relaxed));
+                sum = sum
+                    .wrapping_add(c.dropped.load(Relaxed))
+                    .wrapping_add(c.refused.load(Relaxed));
             }
         }
         sum
@@ -407,5 +444,176 @@ impl Shm {
             p => p,
         };
         Some((pid, ctl.owner_tid.load(Relaxed)))
+    }
+}
+
+/// The trap table ([`crate::Header::traps_offset`]): the tracer publishes
+/// its `int3`s, its out-of-line memory and its live return instances; the
+/// agent reads them when a `SIGTRAP` reaches it after the tracer died.
+impl Shm {
+    fn traps_base(&self) -> *mut u8 {
+        // SAFETY: the validated layout puts the table inside the mapping.
+        unsafe { self.base.as_ptr().add(self.layout.traps_offset) }
+    }
+
+    /// The breakpoint part of the table.
+    pub fn trap_slots(&self) -> &[TrapSlot] {
+        // SAFETY: in bounds (layout), aligned, all atomics.
+        unsafe {
+            core::slice::from_raw_parts(
+                self.traps_base().add(TRAP_SLOTS_OFFSET) as *const TrapSlot,
+                TRAP_SLOTS,
+            )
+        }
+    }
+
+    /// The return-instance part of the table.
+    pub fn trap_returns(&self) -> &[TrapReturn] {
+        // SAFETY: in bounds (layout), aligned, all atomics.
+        unsafe {
+            core::slice::from_raw_parts(
+                self.traps_base().add(TRAP_RETURNS_OFFSET) as *const TrapReturn,
+                TRAP_RETURNS,
+            )
+        }
+    }
+
+    /// The region part of the table.
+    pub fn trap_regions(&self) -> &[TrapRegion] {
+        // SAFETY: in bounds (layout), aligned, all atomics.
+        unsafe { core::slice::from_raw_parts(self.traps_base() as *const TrapRegion, TRAP_REGIONS) }
+    }
+
+    fn trap_slot(&self, addr: u64, insert: bool) -> Option<&TrapSlot> {
+        let slots = self.trap_slots();
+        let shift = 64 - TRAP_SLOTS.trailing_zeros();
+        let mut i = site_hash(addr, shift);
+        for _ in 0..slots.len() {
+            let s = slots.get(i & (slots.len() - 1))?;
+            // Acquire pairs with the Release store of `addr` below.
+            let k = s.addr.load(Acquire);
+            if k == addr || (k == 0 && insert) {
+                return Some(s);
+            }
+            if k == 0 {
+                return None;
+            }
+            i = i.wrapping_add(1);
+        }
+        None
+    }
+
+    /// Publishes the `int3` at `addr` over `orig` (tracer side, the only
+    /// writer); `flags`: [`crate::TRAP_RETURN`], [`crate::TRAP_GUARD`].
+    /// False when the table is full.
+    pub fn publish_trap(&self, addr: u64, orig: u8, flags: u32) -> bool {
+        if addr == 0 {
+            return false;
+        }
+        let Some(s) = self.trap_slot(addr, true) else {
+            return false;
+        };
+        let info = orig as u32 | TRAP_PRESENT | (flags & !0x1ff);
+        s.info.store(info, Relaxed);
+        // Release pairs with the Acquire load in `trap_slot`: the info is
+        // seen with the key.
+        s.addr.store(addr, Release);
+        true
+    }
+
+    /// Takes the `int3` at `addr` out of the table (tracer side).
+    pub fn unpublish_trap(&self, addr: u64) {
+        if let Some(s) = self.trap_slot(addr, false) {
+            s.info.fetch_and(!TRAP_PRESENT, Relaxed);
+        }
+    }
+
+    /// The published `int3` at `addr`: `(original byte, flags)` (see
+    /// [`Shm::publish_trap`]). Only atomics: callable from a signal handler.
+    pub fn lookup_trap(&self, addr: u64) -> Option<(u8, u32)> {
+        let s = self.trap_slot(addr, false)?;
+        let info = s.info.load(Relaxed);
+        (info & TRAP_PRESENT != 0).then_some((info as u8, info & !0x1ff))
+    }
+
+    /// Whether any `int3` was ever published.
+    pub fn any_trap_published(&self) -> bool {
+        self.trap_slots().iter().any(|s| s.addr.load(Relaxed) != 0)
+    }
+
+    /// Publishes the out-of-line regions (tracer side), replacing the
+    /// previous list (at most [`TRAP_REGIONS`]).
+    pub fn set_trap_regions(&self, regions: &[(u64, u64)]) {
+        for (i, r) in self.trap_regions().iter().enumerate() {
+            let (start, end) = regions.get(i).copied().unwrap_or((0, 0));
+            r.end.store(0, Relaxed);
+            r.start.store(start, Relaxed);
+            r.end.store(end, Release);
+        }
+    }
+
+    /// Whether `addr` lies in a published out-of-line region.
+    pub fn in_trap_region(&self, addr: u64) -> bool {
+        self.trap_regions().iter().any(|r| {
+            let end = r.end.load(Acquire);
+            addr >= r.start.load(Relaxed) && addr < end
+        })
+    }
+
+    /// Publishes a trap return instance (tracer side, the thread stopped):
+    /// replaces the thread's entry for the same slot, else takes a free
+    /// entry, else one of the thread's entries below `slot` (frames it left:
+    /// its stack pointer is above them now), else one chosen by the key.
+    pub fn publish_return(&self, tid: u32, slot: u64, real: u64) -> bool {
+        if tid == 0 {
+            return false;
+        }
+        let rets = self.trap_returns();
+        let mine = |r: &&TrapReturn| r.tid.load(Relaxed) == tid;
+        let e = rets
+            .iter()
+            .find(|r| mine(r) && r.slot.load(Relaxed) == slot)
+            .or_else(|| rets.iter().find(|r| r.tid.load(Relaxed) == 0))
+            .or_else(|| rets.iter().find(|r| mine(r) && r.slot.load(Relaxed) < slot))
+            .or_else(|| {
+                // Full: evict an entry chosen by the key.
+                let i = site_hash(slot ^ u64::from(tid), 64 - TRAP_RETURNS.trailing_zeros());
+                rets.get(i % rets.len())
+            });
+        let Some(e) = e else { return false };
+        e.tid.store(0, Relaxed);
+        e.slot.store(slot, Relaxed);
+        e.real.store(real, Relaxed);
+        // Release pairs with the Acquire load in `find_return`.
+        e.tid.store(tid, Release);
+        true
+    }
+
+    /// Removes the trap return instance of `tid` at `slot` (tracer side),
+    /// or, agent side, the one the agent just used.
+    pub fn remove_return(&self, tid: u32, slot: u64) {
+        for r in self.trap_returns() {
+            if r.tid.load(Relaxed) == tid && r.slot.load(Relaxed) == slot {
+                r.tid.store(0, Relaxed);
+            }
+        }
+    }
+
+    /// Removes every trap return instance (tracer side, after it put the
+    /// real return addresses back).
+    pub fn clear_returns(&self) {
+        for r in self.trap_returns() {
+            r.tid.store(0, Relaxed);
+        }
+    }
+
+    /// The real return address of thread `tid`'s trap return instance at
+    /// `slot`. Only atomics: callable from a signal handler.
+    pub fn find_return(&self, tid: u32, slot: u64) -> Option<u64> {
+        self.trap_returns().iter().find_map(|r| {
+            // Acquire pairs with the Release store of `tid` in `publish_return`.
+            (r.tid.load(Acquire) == tid && r.slot.load(Relaxed) == slot)
+                .then(|| r.real.load(Relaxed))
+        })
     }
 }

@@ -8,6 +8,16 @@
 //! hit claims an entry with a CAS and a thread slot (ring + counters) in the
 //! shared memory with an atomic add; a `pthread_key` destructor releases the
 //! entry when the thread exits.
+//!
+//! Nothing is lost silently. A hit that finds its thread already inside the
+//! agent or a stub (`busy`: a signal handler interrupting a probed function
+//! on the same thread) or still registering (its TLS word points at
+//! [`REGISTERING`]) still counts — a counter increment is one `inc` on the
+//! thread's own counter, which a handler cannot split — but writes no
+//! event and hooks no return: each event it cannot write is counted per
+//! probe ([`Shm::note_missed`]) and per thread ([`hotprobe_abi::RingCtl::refused`],
+//! or the header's `drops_no_thread` for a thread without a ring yet), as
+//! are events lost to a full ring or to a thread without a slot.
 
 use core::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use core::sync::atomic::{compiler_fence, AtomicU32, AtomicU64};
@@ -95,6 +105,93 @@ const ENTRY_INIT: ThreadEntry = ThreadEntry {
 
 pub(crate) static THREADS: [ThreadEntry; MAX_THREADS] = [ENTRY_INIT; MAX_THREADS];
 
+/// What a thread's TLS word points at while the thread registers (the slow
+/// path, which may take a while: a system call to fault its ring in): its
+/// key (0) matches no memory's, so stubs send hits to the generic path, and
+/// the generic path, finding it, counts them into the global counters and
+/// refuses their events instead of registering the thread a second time
+/// from a signal handler.
+#[allow(clippy::declare_interior_mutable_const)]
+static REGISTERING: ThreadBlock = ENTRY_INIT.fast;
+
+#[inline(always)]
+fn registering() -> u64 {
+    &REGISTERING as *const ThreadBlock as u64
+}
+
+/// Adds one to a counter of the calling thread's own: one `inc` (no `lock`:
+/// no other thread writes it), so that a signal handler on this thread
+/// counting into the same counter cannot lose the increment it interrupts.
+#[inline(always)]
+fn bump(c: &AtomicU64) {
+    // SAFETY: `c` is a valid, aligned u64 in memory this thread may write;
+    // `inc` only changes that word and the flags.
+    unsafe {
+        core::arch::asm!("inc qword ptr [{}]", in(reg) c.as_ptr(), options(nostack));
+    }
+}
+
+/// Counter index of a hit of `probe` with `action`.
+#[inline(always)]
+fn counter_of(probe: u32, action: u32) -> u32 {
+    if action & ACTION_ALT_COUNTER != 0 {
+        action >> ACTION_COUNTER_SHIFT
+    } else {
+        probe
+    }
+}
+
+/// `n` events of `probe` were not written: counted per probe and per
+/// thread (the ring's `refused`, or `drops_no_thread` for a thread
+/// without a ring). Locked adds: this runs in signal handlers.
+#[cold]
+#[inline(never)]
+fn refuse_events(shm: &Shm, ring: Option<&hotprobe_abi::RingCtl>, probe: u32, n: u64) {
+    for _ in 0..n {
+        shm.note_missed(probe);
+    }
+    match ring {
+        Some(ctl) => {
+            ctl.refused.fetch_add(n, Relaxed);
+        }
+        None => {
+            shm.header().drops_no_thread.fetch_add(n, Relaxed);
+        }
+    }
+}
+
+/// A hit the agent cannot take in full: the thread is already inside the
+/// agent or a stub (a signal handler interrupted it there), or registering
+/// (`t` None). It counts (the thread's own counter with one `inc`, or the
+/// global one), but writes no event and hooks no return; what it would
+/// have recorded is counted as refused.
+#[cold]
+#[inline(never)]
+fn refuse(shm: &Shm, t: Option<&ThreadEntry>, kind: u32, probe: u32, action: u32, control: u32) {
+    let h = shm.header();
+    h.reentries.fetch_add(1, Relaxed);
+    let slot = t.map_or(NO_SLOT, |t| t.slot.load(Relaxed));
+    if action & ACTION_COUNT != 0 {
+        let counter = counter_of(probe, action) as usize;
+        match shm.thread_counters(slot).and_then(|c| c.get(counter)) {
+            Some(c) => bump(c),
+            None => {
+                if let Some(c) = shm.global_counters().get(counter) {
+                    c.fetch_add(1, Relaxed);
+                }
+            }
+        }
+    }
+    let hooks = action & ACTION_EXIT != 0 && kind == KIND_ENTRY as u32;
+    if hooks {
+        h.return_misses.fetch_add(1, Relaxed);
+    }
+    if action & ACTION_RECORD != 0 && control & CONTROL_RECORD != 0 {
+        // The entry's event, and its exit's: the return is not hooked.
+        refuse_events(shm, shm.ring_ctl(slot), probe, if hooks { 2 } else { 1 });
+    }
+}
+
 #[inline(always)]
 fn thread_pointer() -> u64 {
     let tp: u64;
@@ -146,8 +243,26 @@ fn check_heartbeat(shm: &Shm) {
     }
 }
 
+/// [`act`] for an entry whose return is hooked (the shadow stack is
+/// resynchronised and pushed): out of line, so that the counting and
+/// recording paths without it stay as short as they were.
+#[inline(never)]
+fn act_hooked(
+    shm: &Shm,
+    t: &ThreadEntry,
+    frame: &Frame,
+    kind: u32,
+    probe: u32,
+    action: u32,
+    control: u32,
+) {
+    act::<true>(shm, t, frame, kind, probe, action, control)
+}
+
+/// What a hit does: count, record, hook the return (`HOOK`: the site's
+/// action has `ACTION_EXIT` and the hit is an entry).
 #[inline(always)]
-fn act(
+fn act<const HOOK: bool>(
     shm: &Shm,
     t: &ThreadEntry,
     frame: &Frame,
@@ -157,26 +272,24 @@ fn act(
     control: u32,
 ) {
     let slot = t.slot.load(Relaxed);
-    if action & ACTION_COUNT != 0 {
-        let counter = if action & ACTION_ALT_COUNTER != 0 {
-            action >> ACTION_COUNTER_SHIFT
+    let hook = HOOK;
+    // Resynchronise the shadow stack before anything is recorded: frames
+    // at or below this function's return-address slot are dead (left by
+    // longjmp, an exception, a tail call); their unwound exits go first,
+    // so that this entry nests where it runs, not inside them.
+    let (base, same) = if hook {
+        let base = t.shadow.load(Relaxed) as *mut Shadow;
+        let same = if !base.is_null() && frame.slot != 0 {
+            pop_dead(Some(shm), t, base, frame.slot, true)
         } else {
-            probe
+            None
         };
-        match shm
-            .thread_counters(slot)
-            .and_then(|c| c.get(counter as usize))
-        {
-            // Single writer (this thread): load + store, no lock prefix.
-            Some(c) => c.store(c.load(Relaxed).wrapping_add(1), Relaxed),
-            None => {
-                if let Some(c) = shm.global_counters().get(counter as usize) {
-                    c.fetch_add(1, Relaxed);
-                }
-            }
-        }
-    }
-    if action & ACTION_RECORD != 0 && control & CONTROL_RECORD != 0 {
+        (base, same)
+    } else {
+        (core::ptr::null_mut(), None)
+    };
+    let record = action & ACTION_RECORD != 0 && control & CONTROL_RECORD != 0;
+    if record {
         let args = if kind == KIND_EXIT as u32 {
             [frame.rax, frame.args[2], 0, 0, 0, 0]
         } else {
@@ -200,21 +313,45 @@ fn act(
                 let ok = unsafe { p.push(&mut limit, &ev) };
                 t.fast.limit.store(limit, Relaxed);
                 if !ok {
+                    shm.note_missed(probe);
                     check_heartbeat(shm);
                 }
             }
             None => {
                 shm.header().drops_no_thread.fetch_add(1, Relaxed);
+                shm.note_missed(probe);
             }
         }
     }
-    if action & ACTION_EXIT != 0 && kind == KIND_ENTRY as u32 {
-        hook_return(shm, t, frame.slot, probe, action & ACTION_RECORD != 0);
+    if hook {
+        hook_return(
+            shm,
+            t,
+            base,
+            frame.slot,
+            probe,
+            action & ACTION_RECORD != 0,
+            same,
+        );
     }
     let hits = t.hits.load(Relaxed).wrapping_add(1);
     t.hits.store(hits, Relaxed);
     if hits & HEARTBEAT_EVERY == 0 {
         check_heartbeat(shm);
+    }
+    // Last: the `inc` is an asm block, after which the compiler reloads
+    // whatever it had in registers.
+    if action & ACTION_COUNT != 0 {
+        let counter = counter_of(probe, action) as usize;
+        match shm.thread_counters(slot).and_then(|c| c.get(counter)) {
+            // Single writer (this thread): one `inc`, no lock prefix.
+            Some(c) => bump(c),
+            None => {
+                if let Some(c) = shm.global_counters().get(counter) {
+                    c.fetch_add(1, Relaxed);
+                }
+            }
+        }
     }
 }
 
@@ -244,19 +381,33 @@ pub(crate) extern "C" fn fast_hit(frame: *mut Frame, kind: u32) -> u32 {
         return 0;
     }
     let Some(t) = find_thread(thread_pointer()) else {
+        if crate::tls::get() == registering() {
+            // A signal handler interrupting this thread's registration.
+            refuse(shm, None, kind, probe, action, control);
+            return 0;
+        }
         return 1;
     };
-    if t.slot.load(Relaxed) == PENDING_SLOT {
-        return 1;
-    }
     if t.fast.busy.load(Relaxed) != 0 {
-        h.reentries.fetch_add(1, Relaxed);
+        refuse(shm, Some(t), kind, probe, action, control);
         return 0;
+    }
+    if t.slot.load(Relaxed) == PENDING_SLOT {
+        if crate::tls::get() == registering() {
+            // A signal handler interrupting this thread's slot claim.
+            refuse(shm, Some(t), kind, probe, action, control);
+            return 0;
+        }
+        return 1;
     }
     t.fast.busy.store(1, Relaxed);
     // Signal fence: a handler interrupting this thread sees busy = 1.
     compiler_fence(SeqCst);
-    act(shm, t, frame, kind, probe, action, control);
+    if action & ACTION_EXIT != 0 && kind == KIND_ENTRY as u32 {
+        act_hooked(shm, t, frame, kind, probe, action, control);
+    } else {
+        act::<false>(shm, t, frame, kind, probe, action, control);
+    }
     compiler_fence(SeqCst);
     t.fast.busy.store(0, Relaxed);
     0
@@ -269,31 +420,25 @@ pub(crate) extern "C" fn slow_hit(frame: *mut Frame, kind: u32) -> u32 {
     let r = std::panic::catch_unwind(|| {
         let Some(shm) = crate::shm() else { return };
         let tp = thread_pointer();
+        // Until the thread's block is set (or the registration gave up),
+        // hits of a signal handler on this thread count globally instead of
+        // registering it again (see REGISTERING).
+        crate::tls::set(registering());
         match find_thread(tp) {
             None => register_thread(shm, tp),
             Some(e) if e.slot.load(Relaxed) == PENDING_SLOT => claim_slot(e, shm),
-            Some(_) => {}
+            Some(e) => set_fast(e, shm, e.slot.load(Relaxed)),
         }
         if find_thread(tp).is_some() {
             fast_hit(frame, kind);
         } else {
+            crate::tls::set(0);
             // No table entry to guard with: count globally, drop the event.
             // SAFETY: the trampoline passes a pointer to its Frame.
             let key = unsafe { (*frame).key };
             if let Some((probe, action)) = shm.lookup_site(key) {
-                if action & ACTION_COUNT != 0 {
-                    let counter = if action & ACTION_ALT_COUNTER != 0 {
-                        action >> ACTION_COUNTER_SHIFT
-                    } else {
-                        probe
-                    };
-                    if let Some(c) = shm.global_counters().get(counter as usize) {
-                        c.fetch_add(1, Relaxed);
-                    }
-                }
-                if action & ACTION_RECORD != 0 {
-                    shm.header().drops_no_thread.fetch_add(1, Relaxed);
-                }
+                let control = shm.header().control.load(Relaxed);
+                refuse(shm, None, kind, probe, action, control);
             }
         }
     });
@@ -363,7 +508,9 @@ fn register_thread(shm: &Shm, tp: u64) {
                 e.tid.store(tid, Relaxed);
                 e.hits.store(0, Relaxed);
                 set_fast(e, shm, slot);
-                e.depth.store(0, Relaxed);
+                // `depth` is 0 here (never used, or reset by thread_exit or
+                // the fork handler): a signal handler's hit between the CAS
+                // and `busy` above may already have pushed onto it.
                 if e.shadow.load(Relaxed) == 0 {
                     e.shadow.store(map_shadow(), Relaxed);
                 }
@@ -462,6 +609,8 @@ pub(crate) extern "C" fn thread_exit(p: *mut libc::c_void) {
         // path: the entry may be claimed by another thread once released.
         crate::tls::set(0);
         e.slot.store(NO_SLOT, Relaxed);
+        // The next owner starts with an empty shadow stack.
+        e.depth.store(0, Relaxed);
         // Release pairs with the Acquire CAS in register_thread.
         e.key.store(TOMBSTONE, Release);
     });
@@ -538,6 +687,7 @@ fn forget_other_threads(tp: u64, mine: Option<&'static ThreadEntry>) {
         e.key
             .store(if on_path { TOMBSTONE } else { EMPTY }, Relaxed);
         e.slot.store(NO_SLOT, Relaxed);
+        e.depth.store(0, Relaxed);
         e.fast.busy.store(0, Relaxed);
     }
 }
@@ -558,6 +708,7 @@ fn clear_fast(e: &ThreadEntry) {
 fn record_exit(shm: &Shm, t: &ThreadEntry, probe: u32, rax: u64, rdx: u64, flags: u16) {
     let Some(p) = shm.producer(t.slot.load(Relaxed)) else {
         shm.header().drops_no_thread.fetch_add(1, Relaxed);
+        shm.note_missed(probe);
         return;
     };
     let ev = Event {
@@ -573,7 +724,9 @@ fn record_exit(shm: &Shm, t: &ThreadEntry, probe: u32, rax: u64, rdx: u64, flags
     };
     let mut limit = t.fast.limit.load(Relaxed);
     // SAFETY: the ring belongs to this thread; the busy flag is held.
-    unsafe { p.push(&mut limit, &ev) };
+    if !unsafe { p.push(&mut limit, &ev) } {
+        shm.note_missed(probe);
+    }
     t.fast.limit.store(limit, Relaxed);
 }
 
@@ -624,18 +777,34 @@ fn pop_dead(
 }
 
 /// Swaps the return address at `slot` for the return trampoline and pushes
-/// the real one (entry hook of `ACTION_EXIT`). Entries of frames at or below
-/// `slot` are dead (longjmp, exceptions, tail calls) and are dropped first:
-/// the shadow stack is resynchronised by stack pointer on every push.
+/// the real one (entry hook of `ACTION_EXIT`). The caller ([`act`]) has
+/// dropped the entries of frames at or below `slot` (dead: longjmp,
+/// exceptions, tail calls) before recording the entry; `same` is the real
+/// return address of an entry at `slot` itself it dropped (a tail call from
+/// a hooked frame). A return that cannot be hooked (no shadow stack, or a
+/// full one) is a return miss, and its exit event, when recorded, is
+/// counted as refused.
 #[inline(always)]
-fn hook_return(shm: &Shm, t: &ThreadEntry, slot: u64, probe: u32, record: bool) {
-    let base = t.shadow.load(Relaxed) as *mut Shadow;
-    if base.is_null() || slot == 0 {
+fn hook_return(
+    shm: &Shm,
+    t: &ThreadEntry,
+    base: *mut Shadow,
+    slot: u64,
+    probe: u32,
+    record: bool,
+    same: Option<u64>,
+) {
+    let miss = || {
         shm.header().return_misses.fetch_add(1, Relaxed);
+        if record && shm.header().control.load(Relaxed) & CONTROL_RECORD != 0 {
+            refuse_events(shm, shm.ring_ctl(t.slot.load(Relaxed)), probe, 1);
+        }
+    };
+    if base.is_null() || slot == 0 {
+        miss();
         return;
     }
     let tramp = return_trampoline();
-    let same = pop_dead(Some(shm), t, base, slot, true);
     // SAFETY: `slot` is the return-address word of the function being
     // entered, on this thread's stack (the trampoline computed it).
     let mut real = unsafe { (slot as *const u64).read_volatile() };
@@ -644,14 +813,14 @@ fn hook_return(shm: &Shm, t: &ThreadEntry, slot: u64, probe: u32, record: bool) 
         match same {
             Some(r) => real = r,
             None => {
-                shm.header().return_misses.fetch_add(1, Relaxed);
+                miss();
                 return;
             }
         }
     }
     let d = t.depth.load(Relaxed) as usize;
     if d >= SHADOW_CAP {
-        shm.header().return_misses.fetch_add(1, Relaxed);
+        miss();
         if real != tramp {
             // SAFETY: as above.
             unsafe { (slot as *mut u64).write_volatile(real) };
@@ -686,6 +855,7 @@ pub(crate) extern "C" fn ret_hit(slot: u64, rax: u64, rdx: u64) -> u64 {
         return lost_return();
     }
     let shm = crate::shm();
+    let was = t.fast.busy.load(Relaxed);
     t.fast.busy.store(1, Relaxed);
     compiler_fence(SeqCst);
     pop_dead(shm, t, base, slot, false);
@@ -709,7 +879,7 @@ pub(crate) extern "C" fn ret_hit(slot: u64, rax: u64, rdx: u64) -> u64 {
         }
     }
     compiler_fence(SeqCst);
-    t.fast.busy.store(0, Relaxed);
+    t.fast.busy.store(was, Relaxed);
     if real == 0 {
         return lost_return();
     }
@@ -741,7 +911,7 @@ pub(crate) fn restore_for_unwind(sp: u64) {
     // Without shared memory (dormant, a forked child) the hooked frames
     // still need their real return addresses.
     let shm = crate::shm();
-    t.fast.busy.store(1, Relaxed);
+    let was = t.fast.busy.swap(1, Relaxed);
     pop_dead(shm, t, base, sp, false);
     let tramp = return_trampoline();
     for i in 0..t.depth.load(Relaxed) as usize {
@@ -757,7 +927,7 @@ pub(crate) fn restore_for_unwind(sp: u64) {
             e.flags |= SHADOW_RESTORED;
         }
     }
-    t.fast.busy.store(0, Relaxed);
+    t.fast.busy.store(was, Relaxed);
 }
 
 /// When a handler catches (the caller's stack pointer is `sp`): the frames
@@ -770,7 +940,7 @@ pub(crate) fn rearm_after_catch(sp: u64) {
     // Without shared memory (dormant, a forked child) the hooked frames
     // still need their real return addresses.
     let shm = crate::shm();
-    t.fast.busy.store(1, Relaxed);
+    let was = t.fast.busy.swap(1, Relaxed);
     pop_dead(shm, t, base, sp, false);
     let tramp = return_trampoline();
     for i in 0..t.depth.load(Relaxed) as usize {
@@ -786,7 +956,7 @@ pub(crate) fn rearm_after_catch(sp: u64) {
             e.flags &= !SHADOW_RESTORED;
         }
     }
-    t.fast.busy.store(0, Relaxed);
+    t.fast.busy.store(was, Relaxed);
 }
 
 fn map_shadow() -> u64 {

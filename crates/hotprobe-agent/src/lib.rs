@@ -25,7 +25,9 @@
 //! [`hotprobe_abi::CONTROL_FOLLOW_FORKS`] re-registers the child's threads
 //! in slots of their own (see there). The hot path allocates nothing, takes no lock, makes no
 //! system call, and never panics; each `extern "C"` entry that can reach
-//! libc or std catches unwinding. The agent never exits its host.
+//! libc or std catches unwinding. The agent never exits its host. It also
+//! installs a `SIGTRAP` handler that undoes the `int3`s of a tracer that
+//! died without restoring them (`orphan`).
 
 use std::ffi::{c_char, c_int, CStr};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
@@ -35,6 +37,7 @@ use hotprobe_abi::patch::{abs_jmp_stub, NEAR_STUB_ENTRY, NEAR_STUB_EXIT, NEAR_ST
 use hotprobe_abi::{rdtsc, Shm, STATUS_ATTACHED, STATUS_NO_NEAR_PAGE, VERSION};
 
 mod hit;
+mod orphan;
 mod tls;
 pub mod trampoline;
 mod unwind;
@@ -202,6 +205,8 @@ fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
     );
     let s: &'static Shm = Box::leak(Box::new(shm));
     hit::rehome_threads(s);
+    // Int3s a tracer killed with SIGKILL leaves behind (see `orphan`).
+    orphan::install();
     // Release pairs with the Acquire load in `shm()`.
     SHM.store(s as *const Shm as *mut Shm, Release);
     // Release pairs with the tracer's `status.load(Acquire)`: the

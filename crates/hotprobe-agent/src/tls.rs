@@ -54,3 +54,20 @@ pub(crate) fn set(v: u64) {
         )
     };
 }
+
+/// The calling thread's word.
+#[inline(always)]
+pub(crate) fn get() -> u64 {
+    let off = offset();
+    let v: u64;
+    // SAFETY: as for `set`: this thread's own static TLS word.
+    unsafe {
+        core::arch::asm!(
+            "mov {v}, qword ptr fs:[{off}]",
+            off = in(reg) off,
+            v = out(reg) v,
+            options(nostack, readonly, preserves_flags)
+        )
+    };
+    v
+}

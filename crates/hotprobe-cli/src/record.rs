@@ -460,9 +460,11 @@ fn print_summary(s: &Summary<'_>) {
     );
     let d = s.drain;
     errln!(
-        "  drops:    {} (full rings {}, written as lost records; threads without a ring slot {}){}",
-        d.ring_drops + d.no_slot,
+        "  drops:    {} (full rings {}, refused on re-entry {}, both written as lost records; \
+         threads without a ring slot {}){}",
+        d.ring_drops + d.refused + d.no_slot,
         d.ring_drops,
+        d.refused,
         d.no_slot,
         if d.unknown > 0 {
             format!("; {} events of an unknown kind ignored", d.unknown)

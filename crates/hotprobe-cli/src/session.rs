@@ -225,7 +225,7 @@ pub struct TableExtras<'a> {
 }
 
 /// Print the per-probe table on stdout: spec, address, hits (returns for a
-/// `%return` probe), nmissed (return probes only), execution, and why
+/// `%return` probe), nmissed, execution, and why
 /// that mechanism; with `per_process`, a PID column and a row per probe and
 /// process that hit it (the first process always).
 pub fn print_table(session: &Session, placed: &[Placement], per_process: bool) {
@@ -257,10 +257,12 @@ pub fn print_table_with(
             vec![(0, session.stats(p.id).unwrap_or_default())]
         };
         for (pid, st) in by {
+            // NMISSED: calls not followed (return probes), hits not handled
+            // (trap re-entry), events the fast path could not write.
             let (mut hits, mut missed) = if p.is_return {
                 (st.returns, st.nmissed.to_string())
             } else {
-                (st.hits, "-".to_string())
+                (st.hits, st.nmissed.to_string())
             };
             if let Some(h) = x.hits {
                 hits = h.get(&p.id.0).copied().unwrap_or(0);

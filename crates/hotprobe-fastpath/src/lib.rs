@@ -46,7 +46,9 @@ use hotprobe_process::{ProcessTarget, SpawnOptions};
 use hotprobe_target::{RuntimeAddr, Target, TargetError};
 use hotprobe_x86::plan_jump;
 
-pub use hotprobe_abi::{Event as RecordedEvent, EXIT_UNWOUND, KIND_ENTRY, KIND_EXIT, KIND_HIT};
+pub use hotprobe_abi::{
+    Event as RecordedEvent, EXIT_UNWOUND, KIND_ENTRY, KIND_EXIT, KIND_HIT, TRAP_GUARD, TRAP_RETURN,
+};
 pub use plan::{
     explain, probe_list_path, ExitSite, FunctionInfo, FunctionPlan, Mechanism, MechanismChoice,
     ModuleInfo, PatchKind, SitePlan,
@@ -324,6 +326,59 @@ fn agent_memfd() -> Result<std::os::fd::OwnedFd, String> {
         return Err(err("F_ADD_SEALS"));
     }
     Ok(OwnedFd::from(file))
+}
+
+/// The trap table of a fast path's shared memory (a cheap handle: clone it
+/// into the trap mechanism's handlers). Everything the tracer writes as an
+/// `int3` — trap probes, the return trampoline, the loader's rendezvous —
+/// is published here (address → original byte), with the out-of-line
+/// memory and each live call of a trap return probe (thread, stack slot,
+/// real return address), so that the agent's `SIGTRAP` handler puts the
+/// program back on its feet when the tracer is killed with SIGKILL.
+#[derive(Clone, Debug)]
+pub struct TrapTable(Arc<OwnedShm>);
+
+impl TrapTable {
+    /// Publishes the `int3` at `addr` over `orig`; `flags`:
+    /// [`TRAP_RETURN`] (the return trampoline), [`TRAP_GUARD`] (a guard
+    /// one byte into a trapped instruction). False when the table is full.
+    pub fn publish(&self, addr: u64, orig: u8, flags: u32) -> bool {
+        self.0.shm().publish_trap(addr, orig, flags)
+    }
+
+    /// Takes the `int3` at `addr` out of the table.
+    pub fn unpublish(&self, addr: u64) {
+        self.0.shm().unpublish_trap(addr)
+    }
+
+    /// Publishes the out-of-line memory (start, end), replacing the list.
+    pub fn set_regions(&self, regions: &[(u64, u64)]) {
+        self.0.shm().set_trap_regions(regions)
+    }
+
+    /// Publishes a call of a trap return probe of thread `tid` whose
+    /// return address at `slot` is about to be swapped; the real one is
+    /// `real`. Publish before the swap, and leave the entry when the call
+    /// returns (the next call with the same stack slot replaces it): a
+    /// tracer that dies anywhere between the swap and the thread's resumed
+    /// return leaves the agent what it needs.
+    pub fn publish_return(&self, tid: u32, slot: u64, real: u64) -> bool {
+        self.0.shm().publish_return(tid, slot, real)
+    }
+
+    /// Whether `addr` is the published return trampoline (a return address
+    /// already swapped).
+    pub fn is_return_trampoline(&self, addr: u64) -> bool {
+        self.0
+            .shm()
+            .lookup_trap(addr)
+            .is_some_and(|(_, f)| f & TRAP_RETURN != 0)
+    }
+
+    /// Every call's real return address is back in place (detach).
+    pub fn clear_returns(&self) {
+        self.0.shm().clear_returns()
+    }
 }
 
 /// A fast path prepared for a process about to be spawned.
@@ -612,9 +667,37 @@ impl FastPath {
         self.shm().total_drops()
     }
 
-    /// Returns not hooked (shadow stack full): the `nmissed` of exits.
+    /// Returns not hooked (shadow stack full, or a hit refused on
+    /// re-entry): the `nmissed` of exits.
     pub fn return_misses(&self) -> u64 {
         self.shm().header().return_misses.load(Relaxed)
+    }
+
+    /// Events of `probe_id` the agent could not write: a full ring, a
+    /// thread without a ring slot (or still registering), a hit refused
+    /// because its thread was already inside the agent (a signal handler
+    /// interrupting a probed function), a return not hooked. Hits are
+    /// counted all the same: this is the `nmissed` of a recording probe.
+    pub fn missed(&self, probe_id: u32) -> u64 {
+        self.shm().missed(probe_id)
+    }
+
+    /// Events refused because their thread was already inside the agent
+    /// (or its return could not be hooked), per thread slot: (owner tid,
+    /// count). Part of [`FastPath::drops`].
+    pub fn refused_by_thread(&self) -> Vec<(u32, u64)> {
+        let shm = self.shm();
+        (0..shm.threads_in_use())
+            .filter_map(|s| shm.ring_ctl(s))
+            .map(|c| (c.owner_tid.load(Relaxed), c.refused.load(Relaxed)))
+            .collect()
+    }
+
+    /// The shared memory's trap table, where the trap mechanism publishes
+    /// its `int3`s and live return instances so that the agent undoes them
+    /// if the tracer dies without restoring them (see [`TrapTable`]).
+    pub fn trap_table(&self) -> TrapTable {
+        TrapTable(self.shm.clone())
     }
 
     fn module(&mut self, path: &Path) -> Result<&ModuleInfo, FastPathError> {
@@ -891,6 +974,7 @@ impl FastPath {
             generic,
             event_size: self.shm().layout().params.event_size,
             key: self.shm().stub_key(),
+            missed_offset: self.shm().layout().missed_offset as u64,
         };
         let err = |e: stub::StubError| FastPathError::Assemble {
             addr: near,

@@ -22,8 +22,9 @@
 //!   fit the memory's slot (2 in 32-byte slots, 6 in 64-byte ones) for an
 //!   entry; slots are powers of two, so the slot address is a shift, and
 //!   never straddle a cache line. A full ring refreshes the cached tail,
-//!   then drops and counts, and checks the tracer's heartbeat (a stale one
-//!   clears `CONTROL_RECORD` and sets `STATUS_ORPHANED`, as the agent does).
+//!   then drops and counts (the ring's drops, the probe's missed events),
+//!   and checks the tracer's heartbeat (a stale one clears
+//!   `CONTROL_RECORD` and sets `STATUS_ORPHANED`, as the agent does).
 //!
 //! Stubs only go where the SysV ABI leaves the flags dead: a function's
 //! first instruction or a `call` site (the placeholders of the patch
@@ -32,7 +33,10 @@
 //! caller keep values in call-clobbered registers its callee does not use.
 //! A thread not yet known to the agent (TLS word 0) or a re-entered one is
 //! sent to the agent's generic trampoline with the stack as the site left
-//! it, so the generic path handles it under the same site key. So is a hit
+//! it, so the generic path handles it under the same site key (a
+//! re-entered hit — a signal handler interrupting a record stub on the
+//! same thread — is counted there and its event counted as refused; the
+//! count stub counts re-entered hits itself: its one `inc` cannot be split). So is a hit
 //! whose thread block carries another memory's `stub_key` (the record stub
 //! checks key and `busy` with one 8-byte compare): stubs left behind by a
 //! tracer that died are inert once the agent attaches to a new memory,
@@ -80,6 +84,9 @@ pub(crate) struct StubParams {
     /// block with another key (another tracer's memory) sends the hit to
     /// the generic path.
     pub key: u32,
+    /// `Header::missed_offset` of the memory: a full ring's drop is also
+    /// counted in the probe's missed counter (header + this + 8 × probe).
+    pub missed_offset: u64,
 }
 
 /// Why a stub could not be built.
@@ -108,6 +115,8 @@ pub(crate) fn build(ip: u64, p: &StubParams) -> Result<Vec<u8>, StubError> {
     if p.key == 0 || p.key >= 1 << 31 {
         return Err(StubError::Params("stub key must be in 1..2^31"));
     }
+    let missed = i32::try_from(p.missed_offset + 8 * p.probe as u64)
+        .map_err(|_| StubError::Params("missed counters beyond 2 GiB"))?;
     let tp = (p.tpoff as i64) as i32;
     // mov r11, qword ptr fs:[disp32] (absolute, no base): 64 4c 8b 1c 25 disp32.
     let mut load_tls = vec![0x64, 0x4c, 0x8b, 0x1c, 0x25];
@@ -215,10 +224,13 @@ pub(crate) fn build(ip: u64, p: &StubParams) -> Result<Vec<u8>, StubError> {
         a.mov(rax, qword_ptr(rsp + 16))?;
         a.mov(rdx, qword_ptr(rsp + 8))?;
         a.jmp(room)?;
-        // Still full: count the drop (single writer, no lock prefix).
+        // Still full: count the drop (single writer, no lock prefix), and
+        // the probe's missed event (shared: locked).
         a.set_label(&mut drop)?;
         a.mov(r10, qword_ptr(r11 + d(TB_CTL)))?;
         a.inc(qword_ptr(r10 + d(RING_DROPPED)))?;
+        a.mov(r10, qword_ptr(r11 + d(TB_HEADER)))?;
+        a.lock().inc(qword_ptr(r10 + missed as i64))?;
         // Is the tracer still there?
         a.rdtsc()?;
         a.shl(rdx, 32)?;
@@ -271,6 +283,7 @@ mod tests {
             generic: 0x1122_3344_5566_7788,
             event_size: EVENT_SIZE_FULL,
             key: 0x1234_5678,
+            missed_offset: 0x3000,
         };
         let code = build(0x1000, &p).unwrap();
         let t = text(&code, 0x1000);
@@ -309,6 +322,7 @@ mod tests {
                 generic: 0x4000,
                 event_size,
                 key: 0x7fff_0001,
+                missed_offset: 0x3000,
             };
             let code = build(0x2000, &p).unwrap();
             let t = text(&code, 0x2000);
@@ -363,6 +377,7 @@ mod tests {
             generic: 0x4000,
             event_size: EVENT_SIZE_FULL,
             key: 1,
+            missed_offset: 0x3000,
         };
         assert!(build(0x2000, &p).is_err());
         assert!(build(

@@ -638,6 +638,24 @@ impl ProcessTarget {
         self.rendezvous.as_ref().map(|r| RuntimeAddr(r.brk))
     }
 
+    /// Every `int3` this target has written and not taken out (the
+    /// engine's breakpoints, its return trampoline, the loader-rendezvous
+    /// breakpoint): (address, original byte), sorted by address.
+    pub fn breakpoints(&self) -> Vec<(u64, u8)> {
+        let mut v: Vec<(u64, u8)> = self.breakpoints.iter().map(|(a, b)| (*a, *b)).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The scratch memory this target mapped for out-of-line execution:
+    /// (start, end).
+    pub fn scratch_regions(&self) -> Vec<(u64, u64)> {
+        self.scratch
+            .iter()
+            .map(|r| (r.start.0, r.start.0 + r.len))
+            .collect()
+    }
+
     /// How the process ended, once it has.
     pub fn exit_status(&self) -> Option<&ExitStatus> {
         self.exited.as_ref()

@@ -55,8 +55,14 @@ pub struct DrainStats {
     pub events: u64,
     /// Events lost in full rings (each reported to the sink as lost).
     pub ring_drops: u64,
-    /// Events lost because a thread found no free ring slot.
+    /// Events lost because a thread found no free ring slot (or had none
+    /// yet: a signal handler interrupting its registration).
     pub no_slot: u64,
+    /// Events refused because their thread was already inside the agent
+    /// (a signal handler interrupting a probed function on the same
+    /// thread), or because a return could not be hooked (each reported to
+    /// the sink as lost).
+    pub refused: u64,
     /// Events of a kind this version does not know, or of an unknown
     /// probe id, skipped.
     pub unknown: u64,
@@ -73,8 +79,10 @@ pub(crate) struct Pass {
 /// The drain state of one fast path.
 #[derive(Default)]
 pub(crate) struct RingDrain {
-    /// Per ring slot: drops already reported, time of its last event.
+    /// Per ring slot: drops and refused events already reported, time of
+    /// its last event.
     seen_drops: Vec<u64>,
+    seen_refused: Vec<u64>,
     last_ts: Vec<u64>,
     /// Events copied out of a ring found over a quarter full.
     backlog: Vec<RecordedEvent>,
@@ -99,6 +107,7 @@ impl RingDrain {
         if self.last_ts.len() < slots {
             self.last_ts.resize(slots, 0);
             self.seen_drops.resize(slots, 0);
+            self.seen_refused.resize(slots, 0);
         }
         let mut pass = Pass {
             events: 0,
@@ -163,23 +172,29 @@ impl RingDrain {
         Ok(pass)
     }
 
-    /// Reports to the sink the drops of every ring since the last pass.
+    /// Reports to the sink the drops and refused events of every ring
+    /// since the last pass.
     fn note_drops(&mut self, fp: &FastPath, sink: &mut dyn EventSink) -> Result<(), SinkError> {
         let shm = fp.shm();
         for slot in 0..self.seen_drops.len() {
             let Some(ctl) = shm.ring_ctl(slot as u32) else {
                 continue;
             };
+            let tid = ctl.owner_tid.load(Relaxed);
             let dropped = ctl.dropped.load(Relaxed);
+            let refused = ctl.refused.load(Relaxed);
             let seen = &mut self.seen_drops[slot];
-            if dropped > *seen {
-                let tid = ctl.owner_tid.load(Relaxed);
-                sink.lost(tid, self.last_ts[slot], dropped - *seen)?;
-                self.stats.ring_drops += dropped - *seen;
-                *seen = dropped;
+            let seen_refused = &mut self.seen_refused[slot];
+            let new = dropped.saturating_sub(*seen) + refused.saturating_sub(*seen_refused);
+            if new > 0 {
+                sink.lost(tid, self.last_ts[slot], new)?;
+                self.stats.ring_drops += dropped.saturating_sub(*seen);
+                self.stats.refused += refused.saturating_sub(*seen_refused);
+                *seen = dropped.max(*seen);
+                *seen_refused = refused.max(*seen_refused);
             }
         }
-        self.stats.no_slot = fp.drops().saturating_sub(self.stats.ring_drops);
+        self.stats.no_slot = shm.header().drops_no_thread.load(Relaxed);
         Ok(())
     }
 }

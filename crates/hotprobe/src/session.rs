@@ -8,7 +8,7 @@ use crate::handler::{Probe, ProbeId, RetProbe};
 use crate::plugin::{GuestPlugin, PluginOptions};
 use crate::recorder::{DrainStats, EventSink, RingDrain};
 use crate::{EngineError, ProbeStats, Resolver};
-use hotprobe_fastpath::{FastPath, FastPathConfig, FunctionInfo, RecordedEvent};
+use hotprobe_fastpath::{FastPath, FastPathConfig, FunctionInfo, RecordedEvent, TrapTable};
 use hotprobe_process::{ProcessTarget, SpawnOptions};
 use hotprobe_symbols::{ProbeSpec, ResolvedProbe};
 use hotprobe_target::{ExitStatus, RuntimeAddr, Target, TargetError, TargetEvent};
@@ -251,6 +251,16 @@ struct Slot {
     origin: HashMap<ProbeId, ProbeId>,
     /// A guest started with hotprobe's QEMU plugin.
     plugin: Option<Box<GuestPlugin>>,
+    /// The `int3`s published in the fast path's trap table (address →
+    /// original byte), for the agent to undo if we die (see
+    /// [`Slot::publish_traps`]).
+    published: HashMap<u64, u8>,
+    /// Guard `int3`s (address → the breakpoint they guard, one byte before).
+    guards: HashMap<u64, u64>,
+    /// Trap return probes → the plain probe, at the same address and just
+    /// before them, that publishes each call in the trap table before
+    /// the return address is swapped ([`publisher`]).
+    publishers: HashMap<ProbeId, ProbeId>,
 }
 
 impl Slot {
@@ -284,6 +294,157 @@ impl Slot {
             _ => Vec::new(),
         };
         self.engine.set_fork_restores(restores);
+    }
+
+    /// The fast path's trap table, when the agent is in.
+    fn trap_table(&self) -> Option<TrapTable> {
+        self.fast_path().map(FastPath::trap_table)
+    }
+
+    /// Publishes the `int3` about to be written at `addr` (its original
+    /// byte read now), so that no moment passes with an unpublished one.
+    fn prepublish_trap(&mut self, addr: RuntimeAddr) {
+        let Some(table) = self.trap_table() else {
+            return;
+        };
+        // Into the table only: `publish_traps` then takes it as new (and
+        // guards it); a failed placement leaves an entry no int3 uses.
+        let mut b = [0u8];
+        if self.engine.target().read_memory(addr, &mut b).is_ok() {
+            table.publish(addr.0, b[0], 0);
+        }
+    }
+
+    /// Runs `f`, a change of the engine's breakpoints, with every thread
+    /// stopped, then guards and publishes the new set before any thread
+    /// runs (a guard left in an instruction whose breakpoint went would
+    /// corrupt it).
+    fn change_traps<R>(
+        &mut self,
+        f: impl FnOnce(&mut Engine) -> Result<R, EngineError>,
+    ) -> Result<R, EngineError> {
+        let started = self.engine.started;
+        if started {
+            self.engine.target().stop_all()?;
+        }
+        let r = f(&mut self.engine);
+        self.publish_traps();
+        if started {
+            self.engine.target().resume_all()?;
+        }
+        r
+    }
+
+    /// Brings the fast path's trap table in line with the process target's
+    /// `int3`s (and out-of-line memory): an agent whose tracer died undoes
+    /// them (hotprobe_agent's `orphan` module). Called after every change.
+    fn publish_traps(&mut self) {
+        let Some(table) = self.trap_table() else {
+            return;
+        };
+        self.place_guards();
+        let Some(pt) = Slot::process(&mut self.engine) else {
+            return;
+        };
+        let now = pt.breakpoints();
+        let regions = pt.scratch_regions();
+        for &(a, b) in &now {
+            // The only int3 in scratch memory is the return trampoline.
+            let flags = if self.guards.contains_key(&a) {
+                hotprobe_fastpath::TRAP_GUARD
+            } else if regions.iter().any(|(s, e)| a >= *s && a < *e) {
+                hotprobe_fastpath::TRAP_RETURN
+            } else {
+                0
+            };
+            if self.published.get(&a) != Some(&b) && table.publish(a, b, flags) {
+                self.published.insert(a, b);
+            }
+        }
+        self.published.retain(|a, _| {
+            let keep = now.binary_search_by_key(a, |(x, _)| *x).is_ok();
+            if !keep {
+                table.unpublish(*a);
+            }
+            keep
+        });
+        table.set_regions(&regions);
+    }
+
+    /// Puts a guard `int3` one byte into every breakpoint's instruction of
+    /// 2 bytes or more (and into the return trampoline's NOPs), and takes
+    /// out the guards of breakpoints that are gone. Should we die while a
+    /// thread is stopped at a breakpoint, the kernel resumes it one byte
+    /// past the `int3`, without the signal: on the guard, which sends it to
+    /// the agent (see [`hotprobe_fastpath::TRAP_GUARD`]). No thread runs a
+    /// guard while we live (it is inside an instruction that never runs in
+    /// place: it runs out of line, or is emulated).
+    fn place_guards(&mut self) {
+        let Some(pt) = Slot::process(&mut self.engine) else {
+            return;
+        };
+        let now: HashMap<u64, u8> = pt.breakpoints().into_iter().collect();
+        let regions = pt.scratch_regions();
+        let stale: Vec<u64> = self
+            .guards
+            .iter()
+            .filter(|(g, site)| !now.contains_key(site) || !now.contains_key(g))
+            .map(|(g, _)| *g)
+            .collect();
+        for g in stale {
+            self.guards.remove(&g);
+            if now.contains_key(&g) && pt.remove_breakpoint(RuntimeAddr(g)).is_err() {
+                // Its memory is gone (an unloaded library).
+                pt.forget_breakpoint(RuntimeAddr(g));
+            }
+        }
+        let guarded: std::collections::HashSet<u64> = self.guards.values().copied().collect();
+        let mut wanted = Vec::new();
+        // Breakpoints not published yet: the ones new since the last call.
+        for &a in now.keys().filter(|a| !self.published.contains_key(a)) {
+            let g = a.wrapping_add(1);
+            if self.guards.contains_key(&a) || guarded.contains(&a) || now.contains_key(&g) {
+                continue;
+            }
+            let len = if regions.iter().any(|(s, e)| a >= *s && a < *e) {
+                // The trampoline: an int3 and NOPs nothing runs.
+                2
+            } else {
+                let mut code = [0u8; 15];
+                match pt.read_memory(RuntimeAddr(a), &mut code) {
+                    Ok(()) => hotprobe_x86::decode(&code, a).map_or(0, |i| i.len()),
+                    Err(_) => 0,
+                }
+            };
+            if len >= 2 {
+                wanted.push(a);
+            }
+        }
+        // An instruction stepped in place runs where it is: no guard.
+        wanted.retain(|a| self.engine.execution_of(RuntimeAddr(*a)) != Some("stepped in place"));
+        let Some(pt) = Slot::process(&mut self.engine) else {
+            return;
+        };
+        for a in wanted {
+            let g = a.wrapping_add(1);
+            if pt.insert_breakpoint(RuntimeAddr(g)).is_ok() {
+                self.guards.insert(g, a);
+            }
+        }
+    }
+
+    /// Empties the trap table (every `int3` taken out, every return
+    /// address put back: detach).
+    fn unpublish_traps(&mut self) {
+        if let Some(table) = self.trap_table() {
+            for a in self.published.keys() {
+                table.unpublish(*a);
+            }
+            table.clear_returns();
+            table.set_regions(&[]);
+        }
+        self.published.clear();
+        self.guards.clear();
     }
 
     /// The agent loaded and attached, loading it into an attached process
@@ -435,6 +596,9 @@ impl Session {
             followable: Vec::new(),
             origin: HashMap::new(),
             plugin: None,
+            published: HashMap::new(),
+            guards: HashMap::new(),
+            publishers: HashMap::new(),
         });
         let follow = self.config.follow_forks && pid.is_some();
         let slot = &mut self.slots[id];
@@ -516,22 +680,24 @@ impl Session {
     }
 
     /// Attach to process `pid` (all threads), stopped until
-    /// [`Session::start`]. The agent is loaded at the first probe that the
-    /// fast path takes.
+    /// [`Session::start`]. The agent is loaded at once when it can be
+    /// (whatever the mechanisms: should hotprobe be killed, the agent undoes
+    /// the trap mechanism's `int3`s, see [`hotprobe_fastpath::TrapTable`]);
+    /// when it cannot, probes use traps.
     pub fn attach(&mut self, pid: i32) -> Result<TargetId, EngineError> {
-        let fast = if self.config.mechanism == MechanismChoice::Trap {
-            Fast::Off("--mechanism trap".into())
-        } else {
-            match hotprobe_fastpath::find_agent() {
-                Err(e @ hotprobe_fastpath::FastPathError::AgentOverride { .. }) => {
-                    return Err(e.into())
-                }
-                _ => Fast::Injectable,
-            }
+        let fast = match hotprobe_fastpath::find_agent() {
+            Err(e @ hotprobe_fastpath::FastPathError::AgentOverride { .. }) => return Err(e.into()),
+            _ => Fast::Injectable,
         };
         let t = ProcessTarget::attach(pid)?;
         let r = crate::ProcessResolver::new(pid)?;
-        Ok(self.push_slot(Box::new(t), Some(Box::new(r)), Some(pid), false, fast))
+        let id = self.push_slot(Box::new(t), Some(Box::new(r)), Some(pid), false, fast);
+        let config = self.config.fast_path;
+        let slot = &mut self.slots[id.0];
+        // Quietly: without the agent, every probe is a trap probe.
+        let _ = slot.ensure_fast(&config);
+        slot.publish_traps();
+        Ok(id)
     }
 
     fn slot(&mut self, t: TargetId) -> Result<&mut Slot, EngineError> {
@@ -646,8 +812,9 @@ impl Session {
         probe: Probe,
     ) -> Result<ProbeId, EngineError> {
         self.note_plugin_overlap(t, addr, true);
-        let engine = &mut self.slot(t)?.engine;
-        with_world_stopped(engine, |e| e.add_probe(addr, probe))
+        let slot = self.slot(t)?;
+        slot.prepublish_trap(addr);
+        slot.change_traps(|e| e.add_probe(addr, probe))
     }
 
     /// Put a return probe on the function named by `spec` (its entry).
@@ -678,7 +845,26 @@ impl Session {
         if let Some(pid) = slot.pid {
             crate::nonlocal::check_return_probe(pid, addr)?;
         }
-        let id = with_world_stopped(&mut slot.engine, |e| e.add_retprobe(addr, rp))?;
+        let table = slot.trap_table();
+        slot.prepublish_trap(addr);
+        let (id, publishing) = slot.change_traps(|e| {
+            let publishing = match table {
+                Some(table) => Some(e.add_probe(addr, publisher(table))?),
+                None => None,
+            };
+            match e.add_retprobe(addr, rp) {
+                Ok(id) => Ok((id, publishing)),
+                Err(err) => {
+                    if let Some(p) = publishing {
+                        let _ = e.remove_probe(p);
+                    }
+                    Err(err)
+                }
+            }
+        })?;
+        if let Some(p) = publishing {
+            slot.publishers.insert(id, p);
+        }
         if let Some(pid) = slot.pid {
             crate::nonlocal::sync_unwind_hooks(&mut slot.engine, pid);
         }
@@ -1197,7 +1383,14 @@ impl Session {
         if hotprobe_symbols::find_library(&module, program_dir.as_deref()).is_none() {
             return Err(why);
         }
+        let publishing = match (&rp, slot.trap_table()) {
+            (Some(_), Some(table)) => Some(slot.engine.add_unarmed(Some(publisher(table)), None)),
+            _ => None,
+        };
         let id = slot.engine.add_unarmed(probe, rp);
+        if let Some(p) = publishing {
+            slot.publishers.insert(id, p);
+        }
         slot.pending.push(Pending {
             spec: spec.to_string(),
             id,
@@ -1279,6 +1472,7 @@ impl Session {
                     .push(format!("pid {pid}: cannot arm {spec}: {e}")),
             }
         }
+        self.slots[i].publish_traps();
     }
 
     fn arm_pending(
@@ -1334,7 +1528,14 @@ impl Session {
                 if let Some(pid) = slot.pid.filter(|_| slot.engine.is_return_probe(id)) {
                     crate::nonlocal::check_return_probe(pid, r.addr)?;
                 }
-                with_world_stopped(&mut slot.engine, |e| e.arm_at(id, r.addr))?;
+                let publishing = slot.publishers.get(&id).copied();
+                slot.prepublish_trap(r.addr);
+                slot.change_traps(|e| {
+                    if let Some(p) = publishing {
+                        e.arm_at(p, r.addr)?;
+                    }
+                    e.arm_at(id, r.addr)
+                })?;
             }
         }
         self.slot(t)?.pending[k].armed = Some(Armed {
@@ -1414,7 +1615,14 @@ impl Session {
                 reason: "fast-path probes are removed at detach".into(),
             });
         }
-        with_world_stopped(&mut slot.engine, |e| e.remove_probe(id))
+        let publishing = slot.publishers.remove(&id);
+        slot.change_traps(|e| {
+            e.remove_probe(id)?;
+            match publishing {
+                Some(p) => e.remove_probe(p),
+                None => Ok(()),
+            }
+        })
     }
 
     /// A probe's counts, whatever its mechanism, over every process it
@@ -1471,6 +1679,11 @@ impl Session {
             for (c, exit) in &f.counters {
                 for (pid, n) in fp.counts_by_process(*c) {
                     add(pid as i32, &|st| st.hits += n);
+                }
+                // Events the agent could not write (hits always count).
+                let missed = fp.missed(*c);
+                if missed > 0 {
+                    add(me, &|st| st.nmissed += missed);
                 }
                 for (pid, n) in exit.map(|e| fp.counts_by_process(e)).unwrap_or_default() {
                     add(pid as i32, &|st| st.returns += n);
@@ -1802,6 +2015,7 @@ impl Session {
         if exec {
             slot.update_fork_restores();
             slot.inherited.clear();
+            slot.publish_traps();
         }
         let stop = slot.engine.take_stop();
         for (child, fixes) in std::mem::take(&mut slot.engine.forked) {
@@ -1875,7 +2089,7 @@ impl Session {
                 }
             }
             match s.engine.detach() {
-                Ok(()) => {}
+                Ok(()) => s.unpublish_traps(),
                 // Gone meanwhile: nothing left to restore.
                 Err(EngineError::Target(TargetError::Gone { .. })) => {}
                 Err(e) => {
@@ -1925,6 +2139,26 @@ impl EventSink for Merge<'_, '_> {
     fn lost(&mut self, tid: u32, ts: u64, count: u64) -> Result<(), crate::SinkError> {
         self.sink.lost(tid, ts, count)
     }
+}
+
+/// The plain probe placed just before a trap return probe, at the same
+/// address (so that its handler runs first at each hit): it publishes the
+/// call (thread, stack slot, real return address) in `table` before the
+/// return probe swaps the return address for the engine's trampoline; an
+/// agent whose tracer died anywhere between that swap and the thread's
+/// return completes the return (see [`TrapTable`]). Entries stay: the next
+/// call with the same slot replaces them.
+fn publisher(table: TrapTable) -> Probe {
+    Probe::new().pre(move |ctx| {
+        let rsp = ctx.regs().rsp;
+        let tid = ctx.thread().0 as u32;
+        if let Ok(real) = ctx.read_u64(rsp) {
+            // Swapped already by another return probe on this function.
+            if !table.is_return_trampoline(real) {
+                table.publish_return(tid, rsp, real);
+            }
+        }
+    })
 }
 
 /// An event for a trap record probe, stamped now.
@@ -2001,20 +2235,4 @@ fn short(r: &ResolvedProbe) -> String {
         Some(f) => format!("{f}+{:#x}", r.offset),
         None => format!("{:#x}", r.addr.0),
     }
-}
-
-/// Run `f` with every thread of the engine's target stopped (the patching
-/// invariant), resuming only the threads this call stopped.
-fn with_world_stopped<R>(
-    engine: &mut Engine,
-    f: impl FnOnce(&mut Engine) -> Result<R, EngineError>,
-) -> Result<R, EngineError> {
-    if !engine.started {
-        // Still stopped since spawn/attach.
-        return f(engine);
-    }
-    engine.target().stop_all()?;
-    let r = f(engine);
-    engine.target().resume_all()?;
-    r
 }

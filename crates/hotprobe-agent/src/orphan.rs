@@ -1,0 +1,322 @@
+//! Surviving a tracer that died with its `int3`s in the code.
+//!
+//! A tracer killed with SIGKILL restores nothing: its trap probes, its
+//! return trampoline and the loader-rendezvous breakpoint stay in the
+//! process as `int3`s, and the next thread to run one gets a `SIGTRAP`
+//! that, with the default disposition, kills the process. The tracer
+//! publishes every `int3` it writes (address → original byte), its
+//! out-of-line memory and its live return instances in the shared memory's
+//! trap table (`hotprobe_abi::TrapSlot`); the agent installs a `SIGTRAP`
+//! handler (at attach, chaining to the handler the program had) which,
+//! when the tracer is gone, undoes them:
+//!
+//! * an `int3` of the table at `rip - 1`: the original byte goes back
+//!   (written through `/proc/self/mem`, which ignores page protections),
+//!   `rip` is rewound and the original instruction runs.
+//! * the return trampoline's `int3`: a hooked function returned; the real
+//!   return address is the thread's published return instance for the
+//!   slot the `ret` popped (`rsp - 8`). Without one, the return cannot be
+//!   completed: the program gets the signal.
+//! * a single-step trap (a thread the tracer was stepping when it died)
+//!   outside the tracer's out-of-line memory: the trap flag is cleared and
+//!   the thread runs on. Inside it, the continuation is the tracer's
+//!   secret: the program gets the signal.
+//!
+//! * a *guard* `int3` (`hotprobe_abi::TRAP_GUARD`): a thread the tracer
+//!   had stopped at one of its breakpoints when it died. The kernel drops
+//!   the `SIGTRAP` of that stop and resumes the thread one byte past the
+//!   `int3`, inside the original instruction; the tracer puts a guard
+//!   `int3` there (instructions of 2 bytes or more, and its return
+//!   trampoline), which brings the thread here: both bytes go back and
+//!   the thread restarts at the breakpoint's address (or returns, at the
+//!   trampoline).
+//!
+//! Not covered, because no signal comes: a thread stopped at the
+//! breakpoint of a 1-byte instruction (no room for a guard) when the
+//! tracer dies runs on past it, skipping the instruction (unless the
+//! tracer had moved it already): the window is the few microseconds
+//! between the hit and the tracer's reaction.
+//!
+//! Anything else (a `SIGTRAP` of the program's own, or any while the
+//! tracer is alive and attached) goes to the program's handler, or to the
+//! default action. The tracer is gone when its heartbeat is stale or, as
+//! the heartbeat is still fresh right after a SIGKILL, when
+//! `/proc/self/status` says no tracer is attached. Only raw system calls
+//! and atomics: async-signal-safe.
+
+use core::sync::atomic::Ordering::Relaxed;
+use core::sync::atomic::{AtomicU64, AtomicUsize};
+
+use hotprobe_abi::{rdtsc, Shm, TRAP_GUARD, TRAP_RETURN};
+
+const INT3: u8 = 0xcc;
+const SI_KERNEL: i32 = 0x80;
+const TRAP_TRACE: i32 = 2;
+const EFLAGS_TF: i64 = 0x100;
+
+/// The program's `SIGTRAP` disposition when the handler was installed.
+static OLD_HANDLER: AtomicUsize = AtomicUsize::new(libc::SIG_DFL);
+static OLD_FLAGS: AtomicU64 = AtomicU64::new(0);
+
+/// Installs the `SIGTRAP` handler unless it is installed (at every attach:
+/// the program may have replaced it since).
+pub(crate) fn install() {
+    // SAFETY: zeroed sigaction structures are valid; sigaction reads and
+    // writes them.
+    unsafe {
+        let mut cur: libc::sigaction = core::mem::zeroed();
+        if libc::sigaction(libc::SIGTRAP, core::ptr::null(), &mut cur) != 0 {
+            return;
+        }
+        if cur.sa_sigaction == on_sigtrap as *const () as usize {
+            return;
+        }
+        let mut sa: libc::sigaction = core::mem::zeroed();
+        sa.sa_sigaction = on_sigtrap as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        OLD_HANDLER.store(cur.sa_sigaction, Relaxed);
+        OLD_FLAGS.store(cur.sa_flags as u64, Relaxed);
+        let mut old: libc::sigaction = core::mem::zeroed();
+        if libc::sigaction(libc::SIGTRAP, &sa, &mut old) == 0 {
+            OLD_HANDLER.store(old.sa_sigaction, Relaxed);
+            OLD_FLAGS.store(old.sa_flags as u64, Relaxed);
+        }
+    }
+}
+
+extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
+    // SAFETY: the kernel passes valid siginfo and ucontext pointers to an
+    // SA_SIGINFO handler.
+    let ok = !info.is_null()
+        && !uc.is_null()
+        && unsafe { handle(&*info, &mut *(uc as *mut libc::ucontext_t)) };
+    if ok {
+        return;
+    }
+    chain(sig, info, uc);
+}
+
+/// Hands a `SIGTRAP` that is not ours to the program's handler, or to the
+/// default action (which ends the process as it would without the agent).
+fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
+    let old = OLD_HANDLER.load(Relaxed);
+    if old == libc::SIG_IGN {
+        return;
+    }
+    if old == libc::SIG_DFL {
+        // Back to the default, and the signal again: it is blocked while
+        // this handler runs and delivered as it returns.
+        let act = KernelSigaction {
+            handler: libc::SIG_DFL as u64,
+            flags: 0,
+            restorer: 0,
+            mask: 0,
+        };
+        syscall(
+            libc::SYS_rt_sigaction,
+            [
+                libc::SIGTRAP as u64,
+                &act as *const KernelSigaction as u64,
+                0,
+                8,
+            ],
+        );
+        let pid = syscall(libc::SYS_getpid, [0; 4]);
+        let tid = syscall(libc::SYS_gettid, [0; 4]);
+        syscall(libc::SYS_tgkill, [pid, tid, sig as u64, 0]);
+        return;
+    }
+    if OLD_FLAGS.load(Relaxed) & libc::SA_SIGINFO as u64 != 0 {
+        // SAFETY: the program installed this SA_SIGINFO handler.
+        let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+            unsafe { core::mem::transmute(old) };
+        f(sig, info, uc);
+    } else {
+        // SAFETY: the program installed this plain handler.
+        let f: extern "C" fn(libc::c_int) = unsafe { core::mem::transmute(old) };
+        f(sig);
+    }
+}
+
+#[repr(C)]
+struct KernelSigaction {
+    handler: u64,
+    flags: u64,
+    restorer: u64,
+    mask: u64,
+}
+
+/// Whether the `SIGTRAP` was the tracer's and has been dealt with.
+fn handle(info: &libc::siginfo_t, uc: &mut libc::ucontext_t) -> bool {
+    let Some(shm) = crate::shm() else {
+        return false;
+    };
+    let code = info.si_code;
+    let gregs = &mut uc.uc_mcontext.gregs;
+    let rip = gregs[libc::REG_RIP as usize] as u64;
+    let rsp = gregs[libc::REG_RSP as usize] as u64;
+    match code {
+        SI_KERNEL => {}
+        TRAP_TRACE => {
+            // A single-step trap: the program's own, if it has a handler.
+            if OLD_HANDLER.load(Relaxed) > libc::SIG_IGN
+                || shm.in_trap_region(rip)
+                || !shm.any_trap_published()
+                || !tracer_gone(shm)
+            {
+                return false;
+            }
+            gregs[libc::REG_EFL as usize] &= !EFLAGS_TF;
+            return true;
+        }
+        _ => return false,
+    }
+    let at = rip.wrapping_sub(1);
+    let Some((orig, flags)) = shm.lookup_trap(at) else {
+        return false;
+    };
+    if !tracer_gone(shm) {
+        return false;
+    }
+    let (site, found) = if flags & TRAP_GUARD != 0 {
+        // A thread the tracer had stopped at the int3 before this one
+        // when it died, resumed here by the kernel without its signal.
+        if read_byte(at) == Some(INT3) && !write_byte(at, orig) {
+            return false;
+        }
+        let site = at.wrapping_sub(1);
+        (site, shm.lookup_trap(site))
+    } else {
+        (at, Some((orig, flags)))
+    };
+    match found {
+        Some((_, f)) if f & TRAP_RETURN != 0 => {
+            // The `ret` popped the swapped address from rsp - 8.
+            let slot = rsp.wrapping_sub(8);
+            let tid = syscall(libc::SYS_gettid, [0; 4]) as u32;
+            let Some(real) = shm.find_return(tid, slot) else {
+                return false;
+            };
+            shm.remove_return(tid, slot);
+            gregs[libc::REG_RIP as usize] = real as i64;
+            true
+        }
+        Some((orig, _)) => {
+            // Another thread may have put the byte back already.
+            if read_byte(site) == Some(INT3) && !write_byte(site, orig) {
+                return false;
+            }
+            gregs[libc::REG_RIP as usize] = site as i64;
+            true
+        }
+        // The tracer had taken the int3 out: the original is back.
+        None => {
+            gregs[libc::REG_RIP as usize] = site as i64;
+            true
+        }
+    }
+}
+
+/// The tracer's heartbeat is stale, or no tracer is attached.
+fn tracer_gone(shm: &Shm) -> bool {
+    let h = shm.header();
+    let timeout = h.heartbeat_timeout_tsc.load(Relaxed);
+    if timeout != 0 {
+        let age = rdtsc().wrapping_sub(h.heartbeat_tsc.load(Relaxed)) as i64;
+        if age > timeout as i64 {
+            return true;
+        }
+    }
+    tracer_pid() == Some(0)
+}
+
+/// `TracerPid` of `/proc/self/status`, read with a small buffer.
+fn tracer_pid() -> Option<u64> {
+    let fd = open(c"/proc/self/status", libc::O_RDONLY)?;
+    const KEY: &[u8] = b"\nTracerPid:";
+    let mut buf = [0u8; 128];
+    let mut matched = 0;
+    let mut value: Option<u64> = None;
+    let mut in_value = false;
+    'read: loop {
+        let n = syscall(
+            libc::SYS_read,
+            [fd, buf.as_mut_ptr() as u64, buf.len() as u64, 0],
+        ) as i64;
+        if n <= 0 {
+            break;
+        }
+        for &b in buf.iter().take(n as usize) {
+            if in_value {
+                match b {
+                    b' ' | b'\t' if value.is_none() => {}
+                    b'0'..=b'9' => {
+                        value = Some(value.unwrap_or(0) * 10 + u64::from(b - b'0'));
+                    }
+                    _ => break 'read,
+                }
+            } else if KEY.get(matched) == Some(&b) {
+                matched += 1;
+                if matched == KEY.len() {
+                    in_value = true;
+                }
+            } else {
+                matched = usize::from(b == b'\n');
+            }
+        }
+    }
+    syscall(libc::SYS_close, [fd, 0, 0, 0]);
+    value
+}
+
+fn open(path: &core::ffi::CStr, flags: i32) -> Option<u64> {
+    let fd = syscall(
+        libc::SYS_open,
+        [path.as_ptr() as u64, (flags | libc::O_CLOEXEC) as u64, 0, 0],
+    ) as i64;
+    (fd >= 0).then_some(fd as u64)
+}
+
+/// The byte at `addr` of this process, or None when it is not mapped.
+fn read_byte(addr: u64) -> Option<u8> {
+    let fd = open(c"/proc/self/mem", libc::O_RDONLY)?;
+    let mut b = 0u8;
+    let n = syscall(libc::SYS_pread64, [fd, &mut b as *mut u8 as u64, 1, addr]) as i64;
+    syscall(libc::SYS_close, [fd, 0, 0, 0]);
+    (n == 1).then_some(b)
+}
+
+/// Writes `b` at `addr` through `/proc/self/mem` (whatever the page's
+/// protection).
+fn write_byte(addr: u64, b: u8) -> bool {
+    let Some(fd) = open(c"/proc/self/mem", libc::O_RDWR) else {
+        return false;
+    };
+    let n = syscall(libc::SYS_pwrite64, [fd, &b as *const u8 as u64, 1, addr]) as i64;
+    syscall(libc::SYS_close, [fd, 0, 0, 0]);
+    n == 1
+}
+
+/// A system call with up to four arguments, made here rather than through
+/// libc (async-signal-safe, and no code of the program's libraries runs).
+fn syscall(nr: libc::c_long, a: [u64; 4]) -> u64 {
+    let r: u64;
+    // SAFETY: the calls made here (open, read, pread64, pwrite64, close,
+    // getpid, gettid, tgkill, rt_sigaction) take the arguments given, read
+    // or write only the buffers passed, and clobber rcx and r11.
+    unsafe {
+        core::arch::asm!(
+            "syscall",
+            inlateout("rax") nr as u64 => r,
+            in("rdi") a[0],
+            in("rsi") a[1],
+            in("rdx") a[2],
+            in("r10") a[3],
+            out("rcx") _,
+            out("r11") _,
+            options(nostack)
+        )
+    };
+    r
+}
