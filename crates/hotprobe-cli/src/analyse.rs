@@ -6,7 +6,7 @@
 //! sorts, compares two traces, draws histograms and flame graphs; tables
 //! have `--json` (docs/JSON.md).
 
-use crate::cli::{QueryArgs, ReportArgs, SortArg};
+use crate::cli::{ExportFormat, QueryArgs, ReportArgs, SortArg};
 use crate::out::errln;
 use anyhow::{bail, Context, Result};
 use hotprobe_trace::{
@@ -20,26 +20,6 @@ use serde::Serialize;
 use std::io::{ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-
-/// `--format` of `export`.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExportFormat {
-    /// Chrome Trace Event JSON (Perfetto UI, chrome://tracing).
-    Chrome,
-    /// CTF 1.8 (babeltrace2, Trace Compass): a directory.
-    Ctf,
-    /// Folded stacks (flamegraph.pl, inferno).
-    Folded,
-    /// A flame graph (SVG, drawn by inferno; interactive in a browser).
-    Svg,
-    /// The flame graph inline in an HTML page.
-    Html,
-    /// OpenTelemetry spans and metrics over OTLP/HTTP (protobuf) to
-    /// --endpoint.
-    Otlp,
-    /// Parquet, one row per call (needs -o FILE).
-    Parquet,
-}
 
 impl QueryArgs {
     /// The library's query.

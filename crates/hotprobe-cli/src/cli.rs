@@ -412,7 +412,7 @@ pub enum RecordMechanism {
     Jump,
 }
 
-/// `export --format` values (converted to `analyse::ExportFormat`).
+/// `export --format` values.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExportFormat {
     /// Chrome Trace Event JSON (Perfetto UI, chrome://tracing).

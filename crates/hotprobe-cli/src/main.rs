@@ -65,20 +65,6 @@ impl From<RecordMechanism> for hotprobe::MechanismChoice {
     }
 }
 
-impl From<cli::ExportFormat> for analyse::ExportFormat {
-    fn from(f: cli::ExportFormat) -> Self {
-        match f {
-            cli::ExportFormat::Chrome => Self::Chrome,
-            cli::ExportFormat::Ctf => Self::Ctf,
-            cli::ExportFormat::Folded => Self::Folded,
-            cli::ExportFormat::Svg => Self::Svg,
-            cli::ExportFormat::Html => Self::Html,
-            cli::ExportFormat::Parquet => Self::Parquet,
-            cli::ExportFormat::Otlp => Self::Otlp,
-        }
-    }
-}
-
 /// A command line that parsed but does not make sense (exit code 2; the
 /// message points at the subcommand's --help).
 #[derive(Debug)]
@@ -251,7 +237,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             endpoint,
         } => analyse::export_cmd(&analyse::ExportOptions {
             dir: &dir,
-            format: format.into(),
+            format,
             out: output.as_deref(),
             calls,
             per_thread,
@@ -688,37 +674,6 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn export_formats_are_the_analysers() {
-        use clap::ValueEnum;
-        let names = |v: Vec<Option<clap::builder::PossibleValue>>| -> Vec<String> {
-            v.into_iter()
-                .map(|p| p.unwrap().get_name().to_string())
-                .collect()
-        };
-        assert_eq!(
-            names(
-                cli::ExportFormat::value_variants()
-                    .iter()
-                    .map(|v| v.to_possible_value())
-                    .collect()
-            ),
-            names(
-                analyse::ExportFormat::value_variants()
-                    .iter()
-                    .map(|v| v.to_possible_value())
-                    .collect()
-            )
-        );
-        for f in cli::ExportFormat::value_variants() {
-            let a: analyse::ExportFormat = (*f).into();
-            assert_eq!(
-                a.to_possible_value().unwrap().get_name(),
-                f.to_possible_value().unwrap().get_name()
-            );
-        }
-    }
 
     #[test]
     fn subcommand_paths() {
