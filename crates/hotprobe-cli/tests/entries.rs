@@ -219,6 +219,8 @@ fn patterns_leave_cold_parts_and_labels_out() {
 
     // record's default set: every function but g.cold (and the label).
     let dir = out_dir().join("rec-default");
+    // A trace of an earlier run is not replaced without --force.
+    let _ = std::fs::remove_dir_all(&dir);
     let o = hp_run(&["record", "-o", dir.to_str().unwrap()], &bin, &[]);
     let (out, err) = (text(&o.stdout), text(&o.stderr));
     assert!(o.status.success(), "{err}");
@@ -423,6 +425,8 @@ fn cxx_clones_are_probed_and_cold_parts_left_out() {
 
     // record's default set leaves out every .cold part, runs the same.
     let dir = out_dir().join("rec-clones");
+    // A trace of an earlier run is not replaced without --force.
+    let _ = std::fs::remove_dir_all(&dir);
     let o = hp_run(&["record", "-o", dir.to_str().unwrap()], &bin, &[]);
     let (out, err) = (text(&o.stdout), text(&o.stderr));
     assert!(o.status.success(), "{err}");

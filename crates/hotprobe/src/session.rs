@@ -301,6 +301,16 @@ impl Slot {
         self.fast_path().map(FastPath::trap_table)
     }
 
+    /// An attached process gets the agent before its first trap probe
+    /// (quietly: without it, the probes work, only a hotprobe killed with
+    /// them in leaves int3s nobody undoes).
+    fn agent_for_traps(&mut self, config: &FastPathConfig) {
+        if matches!(self.fast, Fast::Injectable) {
+            let _ = self.ensure_fast(config);
+            self.publish_traps();
+        }
+    }
+
     /// Publishes the `int3` about to be written at `addr` (its original
     /// byte read now), so that no moment passes with an unpublished one.
     fn prepublish_trap(&mut self, addr: RuntimeAddr) {
@@ -691,13 +701,10 @@ impl Session {
         };
         let t = ProcessTarget::attach(pid)?;
         let r = crate::ProcessResolver::new(pid)?;
-        let id = self.push_slot(Box::new(t), Some(Box::new(r)), Some(pid), false, fast);
-        let config = self.config.fast_path;
-        let slot = &mut self.slots[id.0];
-        // Quietly: without the agent, every probe is a trap probe.
-        let _ = slot.ensure_fast(&config);
-        slot.publish_traps();
-        Ok(id)
+        // The agent goes in with the first probe placed (fast or trap: with
+        // it the program survives hotprobe's death, see `publish_traps`), so
+        // that a refused probe leaves the process untouched.
+        Ok(self.push_slot(Box::new(t), Some(Box::new(r)), Some(pid), false, fast))
     }
 
     fn slot(&mut self, t: TargetId) -> Result<&mut Slot, EngineError> {
@@ -812,7 +819,9 @@ impl Session {
         probe: Probe,
     ) -> Result<ProbeId, EngineError> {
         self.note_plugin_overlap(t, addr, true);
+        let config = self.config.fast_path;
         let slot = self.slot(t)?;
+        slot.agent_for_traps(&config);
         slot.prepublish_trap(addr);
         slot.change_traps(|e| e.add_probe(addr, probe))
     }
@@ -841,10 +850,12 @@ impl Session {
         rp: RetProbe,
     ) -> Result<ProbeId, EngineError> {
         self.note_plugin_overlap(t, addr, true);
+        let config = self.config.fast_path;
         let slot = self.slot(t)?;
         if let Some(pid) = slot.pid {
             crate::nonlocal::check_return_probe(pid, addr)?;
         }
+        slot.agent_for_traps(&config);
         let table = slot.trap_table();
         slot.prepublish_trap(addr);
         let (id, publishing) = slot.change_traps(|e| {
@@ -1524,11 +1535,13 @@ impl Session {
                 self.slot(t)?.update_fork_restores();
             }
             Plan::Trap(_) | Plan::Plugin(_) => {
+                let config = self.config.fast_path;
                 let slot = self.slot(t)?;
                 if let Some(pid) = slot.pid.filter(|_| slot.engine.is_return_probe(id)) {
                     crate::nonlocal::check_return_probe(pid, r.addr)?;
                 }
                 let publishing = slot.publishers.get(&id).copied();
+                slot.agent_for_traps(&config);
                 slot.prepublish_trap(r.addr);
                 slot.change_traps(|e| {
                     if let Some(p) = publishing {
