@@ -212,7 +212,7 @@ fn killing_hotprobe_releases_a_guest_waiting_on_synchronous_events() {
     assert!(r.wait_out("@READY", LONG), "the workload started");
     // Long enough that the loop still runs, each call waiting for
     // hotprobe's answer, when hotprobe dies.
-    let n = 400_000;
+    let n = 4_000_000;
     r.send(&format!("getppid {n}"));
     std::thread::sleep(Duration::from_millis(1500));
     let done = format!("@getppid {n} done");
