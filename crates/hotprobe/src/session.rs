@@ -1054,47 +1054,6 @@ impl Session {
         Ok(added)
     }
 
-    /// The mechanism a `Count` (or, with `record`, `Record`) probe at `r`
-    /// would get, and why, without placing it. This is the decision
-    /// [`Session::add`] takes and `hotprobe list` prints.
-    pub fn plan(
-        &mut self,
-        t: TargetId,
-        r: &ResolvedProbe,
-        record: bool,
-    ) -> Result<(Mechanism, String), EngineError> {
-        let symbols = match self.slot(t)?.pid {
-            Some(pid) => Some(hotprobe_symbols::ProcessSymbols::for_pid(pid as u32)?),
-            None => None,
-        };
-        Ok(
-            match self.plan_resolved(t, r, r.is_return, record, symbols.as_ref())? {
-                Plan::Fast {
-                    reason,
-                    path,
-                    function,
-                    ..
-                } => {
-                    let choice = self.config.mechanism;
-                    let m = match &mut self.slot(t)?.fast {
-                        Fast::On(fp) => fp.plan(&path, &function, choice)?.mechanism,
-                        _ => hotprobe_fastpath::Mechanism::Trap,
-                    };
-                    (from_fast(m), reason)
-                }
-                Plan::Trap(reason) => {
-                    let m = if self.slot(t)?.is_process() {
-                        Mechanism::Trap
-                    } else {
-                        Mechanism::Stub
-                    };
-                    (m, reason)
-                }
-                Plan::Plugin(reason) => (Mechanism::Plugin, reason),
-            },
-        )
-    }
-
     fn plan_resolved(
         &mut self,
         t: TargetId,
