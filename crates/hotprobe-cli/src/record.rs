@@ -15,7 +15,7 @@
 //!   every event of the probed functions.
 
 use crate::out::errln;
-use crate::session::{progress, Traced};
+use crate::session::{mechanism_summary, progress, Traced};
 use anyhow::{bail, Context, Result};
 use hotprobe::{Action, DrainStats, ExitStatus, FastPathConfig, MechanismChoice, SessionConfig};
 use hotprobe_symbols::pattern;
@@ -229,7 +229,6 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     let mut symbols = Vec::new();
     let mut placed = Vec::new();
     let mut skipped = Skipped::default();
-    let mut mechanisms: BTreeMap<String, usize> = BTreeMap::new();
     let mut left_out = 0;
     let module_path = exe.display().to_string();
     let mut taken: HashSet<String> = HashSet::new();
@@ -275,9 +274,6 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
         }
         for p in added.placements {
             let name = p.function.clone().unwrap_or_else(|| p.label.clone());
-            let mech = p.mechanism.to_string();
-            let mech = mech.split(' ').next().unwrap_or("").to_string();
-            *mechanisms.entry(mech).or_default() += 1;
             symbols.push(Symbol {
                 id: p.id.0,
                 name: name.clone(),
@@ -391,7 +387,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
         stats: &stats,
         drain: &drain,
         probed: nprobes,
-        mechanisms: &mechanisms,
+        mechanisms: &mechanism_summary(&placed),
         left_out,
         skipped: &skipped,
         elapsed: started.elapsed(),
@@ -413,7 +409,8 @@ struct Summary<'a> {
     stats: &'a WriteStats,
     drain: &'a DrainStats,
     probed: usize,
-    mechanisms: &'a BTreeMap<String, usize>,
+    /// `patch 3, jump 1`.
+    mechanisms: &'a str,
     left_out: usize,
     skipped: &'a Skipped,
     elapsed: Duration,
@@ -423,16 +420,11 @@ struct Summary<'a> {
 fn print_summary(s: &Summary<'_>) {
     let st = s.stats;
     let f = &st.filtered;
-    let mechs: Vec<String> = s
-        .mechanisms
-        .iter()
-        .map(|(m, n)| format!("{m} {n}"))
-        .collect();
     errln!("hotprobe: {}; trace in {}", s.how, s.out.display());
     errln!(
         "  probes:   {} functions ({}); {} left out by the patterns (not probed); {} not probeable",
         s.probed,
-        mechs.join(", "),
+        s.mechanisms,
         s.left_out,
         s.skipped.count()
     );
