@@ -33,17 +33,7 @@ fn compile(src: &str, out: &str, flags: &[&str]) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/programs")
         .join(src);
-    let out = tmp().join(out);
-    let st = Command::new("gcc")
-        .args(flags)
-        .arg(&src)
-        .arg("-o")
-        .arg(&out)
-        .arg("-lpthread")
-        .status()
-        .unwrap();
-    assert!(st.success(), "gcc failed");
-    out
+    hotprobe_testkit::compile("gcc", &src, &tmp().join(out), flags, &["-lpthread"])
 }
 
 /// The shared memory: a file in /dev/shm, mapped, removed on drop.

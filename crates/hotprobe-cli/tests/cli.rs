@@ -664,16 +664,7 @@ fn loop_program(tag: &str, flags: &[&str]) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cli-fast");
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join(tag);
-    let st = Command::new("gcc")
-        .args(flags)
-        .arg("-o")
-        .arg(&out)
-        .arg(&src)
-        .arg("-lpthread")
-        .status()
-        .unwrap();
-    assert!(st.success());
-    out
+    hotprobe_testkit::compile("gcc", &src, &out, flags, &["-lpthread"])
 }
 
 fn loop_output(n: u64, threads: u64) -> String {

@@ -64,16 +64,13 @@ fn stripped(input: &Path, name: &str) -> PathBuf {
 /// clones.cc with g++ -O2 -g (written aside and renamed: tests run at once).
 fn clones() -> PathBuf {
     let out = out_dir().join("clones");
-    let part = out.with_extension(format!("{}.part", std::process::id()));
-    let st = Command::new("g++")
-        .args(["-O2", "-g", "-o"])
-        .arg(&part)
-        .arg(programs().join("clones.cc"))
-        .status()
-        .expect("g++ runs");
-    assert!(st.success(), "g++ failed on clones.cc");
-    std::fs::rename(&part, &out).unwrap();
-    out
+    hotprobe_testkit::compile(
+        "g++",
+        &programs().join("clones.cc"),
+        &out,
+        &["-O2", "-g"],
+        &[],
+    )
 }
 
 /// The link address `nm` gives `name` in `bin`.

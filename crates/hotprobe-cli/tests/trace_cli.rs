@@ -7,10 +7,11 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-const HOTPROBE: &str = env!("CARGO_BIN_EXE_hotprobe");
+mod common;
+use common::{hotprobe, text};
 
 fn tmp() -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("trace-cli");
@@ -30,36 +31,13 @@ fn program_with(name: &str, tag: &str, flags: &[&str]) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/programs")
         .join(format!("{name}.c"));
-    let out = tmp().join(format!("bin-{name}-{tag}-{}", std::process::id()));
-    if !out.exists() {
-        // Tests compile concurrently: write aside, then rename.
-        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let part = out.with_extension(format!("{n}.part"));
-        let st = Command::new("gcc")
-            .args(flags)
-            .args(["-g", "-fno-inline", "-fno-optimize-sibling-calls", "-o"])
-            .arg(&part)
-            .arg(&src)
-            .arg("-lpthread")
-            .status()
-            .expect("gcc runs");
-        assert!(st.success(), "gcc failed on {}", src.display());
-        std::fs::rename(&part, &out).unwrap();
-    }
-    out
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn hotprobe(args: &[&str]) -> Output {
-    Command::new(HOTPROBE)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("hotprobe runs")
+    let out = tmp().join(format!("bin-{name}-{tag}"));
+    let flags: Vec<&str> = flags
+        .iter()
+        .copied()
+        .chain(["-g", "-fno-inline", "-fno-optimize-sibling-calls"])
+        .collect();
+    hotprobe_testkit::compile("gcc", &src, &out, &flags, &["-lpthread"])
 }
 
 /// `hotprobe record -o DIR ARGS -- PROG`; returns the program's stdout

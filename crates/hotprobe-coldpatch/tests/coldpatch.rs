@@ -19,8 +19,7 @@ fn prog(name: &str) -> PathBuf {
 }
 
 fn gcc(args: &[&str]) {
-    let st = Command::new("gcc").args(args).status().unwrap();
-    assert!(st.success(), "gcc {args:?}");
+    hotprobe_testkit::run_ok(Command::new("gcc").args(args));
 }
 
 fn run(exe: &Path, lib_dir: &Path) -> String {

@@ -27,8 +27,7 @@ fn prog(name: &str) -> String {
 }
 
 fn gcc(args: &[&str]) {
-    let st = Command::new("gcc").args(args).status().unwrap();
-    assert!(st.success(), "gcc {args:?}");
+    hotprobe_testkit::run_ok(Command::new("gcc").args(args));
 }
 
 /// `-finstrument-functions` and `-pg` builds of tests/programs/prog.c:

@@ -30,22 +30,12 @@ fn compile(src: &str, out: &str, flags: &[&str]) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/programs")
         .join(src);
-    let out = tmp().join(out);
     let cc = if src.extension().unwrap() == "cc" {
         "g++"
     } else {
         "gcc"
     };
-    let st = Command::new(cc)
-        .args(flags)
-        .arg(&src)
-        .arg("-o")
-        .arg(&out)
-        .arg("-lpthread")
-        .status()
-        .unwrap();
-    assert!(st.success(), "{cc} failed");
-    out
+    hotprobe_testkit::compile(cc, &src, &tmp().join(out), flags, &["-lpthread"])
 }
 
 /// Spawns `exe` with the agent, returns the target and fast path.

@@ -8,24 +8,13 @@
 mod exercise;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use hotprobe_fuzzcheck::Fuzz;
 
 fn compile(out: &str, flags: &[&str]) -> Vec<u8> {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fastpath-fuzz");
-    std::fs::create_dir_all(&dir).unwrap();
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/loop.c");
-    let out = dir.join(out);
-    let st = Command::new("gcc")
-        .args(flags)
-        .arg(&src)
-        .arg("-o")
-        .arg(&out)
-        .arg("-lpthread")
-        .status()
-        .unwrap();
-    assert!(st.success(), "gcc {flags:?} failed");
+    let out = hotprobe_testkit::compile("gcc", &src, &dir.join(out), flags, &["-lpthread"]);
     std::fs::read(out).unwrap()
 }
 

@@ -23,17 +23,7 @@ fn tmp() -> PathBuf {
 
 fn compile(out: &str, flags: &[&str]) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/loop.c");
-    let out = tmp().join(out);
-    let st = Command::new("gcc")
-        .args(flags)
-        .arg(&src)
-        .arg("-o")
-        .arg(&out)
-        .arg("-lpthread")
-        .status()
-        .unwrap();
-    assert!(st.success(), "gcc failed");
-    out
+    hotprobe_testkit::compile("gcc", &src, &tmp().join(out), flags, &["-lpthread"])
 }
 
 fn run_to_exit(t: &mut ProcessTarget) {

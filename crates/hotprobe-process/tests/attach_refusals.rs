@@ -141,16 +141,7 @@ fn tracer() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("attach-refusals");
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("tracer");
-    let part = dir.join(format!("tracer.{}.part", std::process::id()));
-    let o = Command::new("gcc")
-        .args(["-O2", "-o"])
-        .arg(&part)
-        .arg(&src)
-        .output()
-        .expect("gcc runs");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    std::fs::rename(&part, &out).unwrap();
-    out
+    hotprobe_testkit::compile("gcc", &src, &out, &["-O2"], &[])
 }
 
 #[test]

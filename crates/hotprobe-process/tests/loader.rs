@@ -120,15 +120,7 @@ struct Built {
 fn gcc(pre: &[&str], src: &str, post: &[&str], out: &Path) -> bool {
     let c = out.with_extension("c");
     std::fs::write(&c, src).unwrap();
-    Command::new("gcc")
-        .args(pre)
-        .arg("-o")
-        .arg(out)
-        .arg(&c)
-        .args(post)
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    hotprobe_testkit::try_compile("gcc", &c, out, pre, post).is_ok()
 }
 
 fn built() -> &'static Built {

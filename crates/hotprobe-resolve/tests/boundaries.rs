@@ -59,16 +59,7 @@ impl Running {
 
 fn gcc(dir: &Path, out: &str, flags: &[&str]) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs/coldsplit.c");
-    let exe = dir.join(out);
-    let o = Command::new("gcc")
-        .args(flags)
-        .arg("-o")
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .expect("gcc runs");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    exe
+    hotprobe_testkit::compile("gcc", &src, &dir.join(out), flags, &[])
 }
 
 fn strip(exe: &Path, out: &Path) {

@@ -69,13 +69,13 @@ fn start() -> Running {
     std::fs::write(&src, PROG_C).unwrap();
     let exe = dir.0.join("prog");
     // No endbr64: `+0x2` is then inside `mov %rsp,%rbp` of every function.
-    let o = Command::new("gcc")
-        .args(["-g", "-O0", "-fcf-protection=none", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .expect("gcc runs");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    hotprobe_testkit::compile(
+        "gcc",
+        &src,
+        &exe,
+        &["-g", "-O0", "-fcf-protection=none"],
+        &[],
+    );
     let mut child = Command::new(&exe)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

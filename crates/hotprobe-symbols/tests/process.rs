@@ -73,15 +73,7 @@ fn start(dir: &TempDir, pie: bool) -> (Running, std::path::PathBuf) {
     let src = dir.path().join("prog.c");
     std::fs::write(&src, PROG_C).unwrap();
     let exe = dir.path().join("prog");
-    let o = Command::new("gcc")
-        .args(&flags)
-        .arg("-o")
-        .arg(&exe)
-        .arg(&src)
-        .args(["-lfoo", "-ldl"])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    hotprobe_testkit::compile("gcc", &src, &exe, &flags, &["-lfoo", "-ldl"]);
     let mut child = Command::new(&exe)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

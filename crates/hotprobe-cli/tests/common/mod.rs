@@ -1,11 +1,11 @@
 //! Helpers shared by the CLI's integration tests.
 #![allow(dead_code)] // each test binary uses its own subset
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::mpsc::{channel, Receiver};
+
+#[allow(unused_imports)] // each test binary uses its own subset
+pub use hotprobe_testkit::{kill_group, line_reader, output_within, reader, text};
 
 /// The `hotprobe` binary under test.
 pub const HOTPROBE: &str = env!("CARGO_BIN_EXE_hotprobe");
@@ -19,28 +19,9 @@ pub fn hotprobe(args: &[&str]) -> Output {
         .expect("hotprobe runs")
 }
 
-/// Lossy UTF-8 of a process's output.
-pub fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-/// Lines read by a thread, so a test never blocks forever.
-pub fn line_reader(r: impl std::io::Read + Send + 'static) -> Receiver<String> {
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(r).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-/// Compiles C `src` into `out` with gcc, `flags`, `-g` and `-lpthread`,
-/// unless `out` is newer than `src`; writes aside and renames, since tests
-/// compile concurrently.
+/// Compiles C `src` into `out` with gcc, `flags`, `-g` and `-lpthread`
+/// (through [`hotprobe_testkit::compile`]: reused while fresh, written
+/// aside and renamed).
 pub fn gcc(src: &Path, out: &Path, flags: &[&str]) -> PathBuf {
     gcc_with(src, out, flags, &[])
 }
@@ -48,91 +29,9 @@ pub fn gcc(src: &Path, out: &Path, flags: &[&str]) -> PathBuf {
 /// [`gcc`] with `libs` after the source (`-L DIR -lfoo`, `-Wl,...`), where
 /// the linker wants them.
 pub fn gcc_with(src: &Path, out: &Path, flags: &[&str], libs: &[&str]) -> PathBuf {
-    let fresh = out.metadata().and_then(|m| m.modified()).ok()
-        >= src.metadata().and_then(|m| m.modified()).ok();
-    if out.exists() && fresh {
-        return out.to_path_buf();
-    }
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let part = out.with_extension(format!(
-        "{}.{}.part",
-        std::process::id(),
-        N.fetch_add(1, Relaxed)
-    ));
-    let st = Command::new("gcc")
-        .args(flags)
-        .arg("-g")
-        .arg("-o")
-        .arg(&part)
-        .arg(src)
-        .args(libs)
-        .arg("-lpthread")
-        .status()
-        .expect("gcc runs");
-    assert!(st.success(), "gcc failed on {}", src.display());
-    std::fs::rename(&part, out).unwrap();
-    out.to_path_buf()
-}
-
-/// Runs `cmd` (stdin closed, stdout and stderr captured) in a process
-/// group of its own, to completion; if it is still running after `limit`,
-/// kills the whole group (the command and whatever it started) and panics
-/// with what it printed so far. Once the command exited, whatever is left
-/// in its group (a child it left running) is killed too, so that its
-/// output ends.
-pub fn output_within(mut cmd: Command, limit: std::time::Duration) -> Output {
-    use std::os::unix::process::CommandExt;
-    let what = format!("{cmd:?}");
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
-    let pgid = child.id() as i32;
-    let out = reader(child.stdout.take().unwrap());
-    let err = reader(child.stderr.take().unwrap());
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait());
-    });
-    let status = rx.recv_timeout(limit);
-    kill_group(pgid);
-    let (stdout, stderr) = (out.join().unwrap(), err.join().unwrap());
-    match status {
-        Ok(status) => Output {
-            status: status.expect("wait"),
-            stdout,
-            stderr,
-        },
-        Err(_) => panic!(
-            "{what} still running after {limit:?}: killed\nstdout:\n{}\nstderr:\n{}",
-            text(&stdout),
-            text(&stderr)
-        ),
-    }
-}
-
-/// Everything `r` yields, read by a thread.
-pub fn reader(mut r: impl std::io::Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
-    std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = r.read_to_end(&mut v);
-        v
-    })
-}
-
-/// SIGKILL to every process of group `pgid` (none left is fine), unless
-/// it is the test's own group.
-pub fn kill_group(pgid: i32) {
-    assert!(pgid > 1, "process group {pgid}");
-    // SAFETY: plain syscalls on a process group we started.
-    unsafe {
-        if pgid != libc::getpgrp() {
-            libc::kill(-pgid, libc::SIGKILL);
-        }
-    }
+    let flags: Vec<&str> = flags.iter().copied().chain(["-g"]).collect();
+    let libs: Vec<&str> = libs.iter().copied().chain(["-lpthread"]).collect();
+    hotprobe_testkit::compile("gcc", src, out, &flags, &libs)
 }
 
 /// `hotprobe ARGS`, through [`output_within`].

@@ -4,34 +4,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 
-/// A temporary folder removed on drop.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "hotprobe-symbols-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+pub use hotprobe_testkit::TempDir;
 
 /// Write `src` to `dir/name` and compile it with `compiler` to `dir/out`.
 pub fn compile(
@@ -42,23 +16,8 @@ pub fn compile(
     out: &str,
     flags: &[&str],
 ) -> PathBuf {
-    let src_path = dir.join(name);
-    std::fs::write(&src_path, src).unwrap();
-    let out_path = dir.join(out);
-    let o = Command::new(compiler)
-        .args(flags)
-        .arg("-o")
-        .arg(&out_path)
-        .arg(&src_path)
-        .current_dir(dir)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {compiler}: {e}"));
-    assert!(
-        o.status.success(),
-        "{compiler} {flags:?} {name} failed:\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    out_path
+    let src_path = hotprobe_testkit::write_source(dir, name, src);
+    hotprobe_testkit::compile(compiler, &src_path, &dir.join(out), flags, &[])
 }
 
 /// The address `nm` reports for a symbol (by raw name).

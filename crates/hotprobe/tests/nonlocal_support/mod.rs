@@ -18,33 +18,10 @@ pub fn out_dir(what: &str) -> PathBuf {
     d
 }
 
-/// Runs `cmd` (a compiler writing where it is told) into `out` unless
-/// `out` is newer than `src`; the compiler writes aside and the result is
-/// renamed, since tests compile concurrently.
+/// Runs `cmd` (a compiler writing where it is told) into `out`: see
+/// [`hotprobe_testkit::build`].
 pub fn build(src: &Path, out: &Path, cmd: impl FnOnce(&Path) -> Command) -> PathBuf {
-    let fresh = out.metadata().and_then(|m| m.modified()).ok()
-        >= src.metadata().and_then(|m| m.modified()).ok();
-    if out.exists() && fresh {
-        return out.to_path_buf();
-    }
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let part = out.with_extension(format!(
-        "{}.{}.part",
-        std::process::id(),
-        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    ));
-    let mut c = cmd(&part);
-    let o = c
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {c:?}: {e}"));
-    assert!(
-        o.status.success(),
-        "{c:?} failed:\n{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    std::fs::rename(&part, out).unwrap();
-    out.to_path_buf()
+    hotprobe_testkit::build(src, out, cmd)
 }
 
 /// programs/nonlocal.c built with gcc `opt` (`-O0`, `-O2`).

@@ -4,7 +4,6 @@
 
 use hotprobe::{Session, SpawnOptions, TargetId};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
@@ -25,28 +24,8 @@ pub fn program(name: &str, flags: &[&str]) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("programs");
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join(format!("{name}-{tag}"));
-    let fresh = out.metadata().and_then(|m| m.modified()).ok()
-        >= src.metadata().and_then(|m| m.modified()).ok();
-    if out.exists() && fresh {
-        return out;
-    }
-    let tmp = dir.join(format!(
-        "{name}-{tag}.{}.{}.tmp",
-        std::process::id(),
-        COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    ));
-    let st = Command::new("gcc")
-        .args(flags)
-        .arg("-g")
-        .arg("-o")
-        .arg(&tmp)
-        .arg(&src)
-        .arg("-lpthread")
-        .status()
-        .expect("gcc runs");
-    assert!(st.success(), "gcc failed on {}", src.display());
-    std::fs::rename(&tmp, &out).unwrap();
-    out
+    let flags: Vec<&str> = flags.iter().copied().chain(["-g"]).collect();
+    hotprobe_testkit::compile("gcc", &src, &out, &flags, &["-lpthread"])
 }
 
 /// A spawned tracee whose stdout goes to a file.
