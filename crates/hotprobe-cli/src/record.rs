@@ -2,8 +2,9 @@
 //! directory (docs/TRACE_FORMAT.md), through the fast path.
 //!
 //! The target starts with the hotprobe agent preloaded; every selected
-//! function of the main executable gets a record probe with exit events
-//! (patch or jump mechanism). The agent writes events into per-thread
+//! function (of the main executable, or of a library named by a
+//! `MODULE:GLOB` pattern) gets a record probe with exit events (patch or
+//! jump mechanism; a trap where neither fits, unless `--no-traps`). The agent writes events into per-thread
 //! shared-memory rings; this process drains them while the target runs,
 //! converts them ([`TraceEvent::from_abi`]) and feeds a [`TraceWriter`].
 //!
@@ -65,6 +66,9 @@ pub struct RecordOptions<'a> {
     pub args: u8,
     /// `--mechanism`.
     pub mechanism: MechanismChoice,
+    /// Record functions neither patch nor jump can take through a trap
+    /// (false: `--no-traps`, they are left out and listed).
+    pub traps: bool,
     /// `-f`: follow forked children.
     pub follow_forks: bool,
     /// Merge entry+exit pairs into call records.
@@ -215,9 +219,10 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             record_args: o.args,
             ..defaults
         },
-        // A trap costs a ptrace stop per hit: functions that need one are
-        // left out of a recording (and listed), not slowed down 1000-fold.
-        record_traps: false,
+        // A trap costs a ptrace stop per hit (docs/DESIGN.md, "Library
+        // functions in record"): recorded unless --no-traps, the cost said
+        // in the summary.
+        record_traps: o.traps,
         follow_forks: o.follow_forks,
         ..SessionConfig::default()
     };
@@ -259,11 +264,9 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
                 t.abandon();
                 let what = if marker { "--phase " } else { "" };
                 if let hotprobe::EngineError::Symbol(_) = e {
-                    return Err(crate::UsageError(format!(
-                        "{what}{spec}: {} in the main executable",
-                        reason_of(e)
-                    ))
-                    .into());
+                    // The resolver names where it looked (the main
+                    // executable, the loaded modules, the module given).
+                    return Err(crate::UsageError(format!("{what}{spec}: {}", reason_of(e))).into());
                 }
                 bail!("{what}{spec}: cannot record it: {}", reason_of(e));
             }
@@ -277,7 +280,8 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             symbols.push(Symbol {
                 id: p.id.0,
                 name: name.clone(),
-                module: module_path.clone(),
+                // Set below from the module mapping the address.
+                module: p.module.clone(),
                 addr: p.addr.0,
                 kind: if marker {
                     ProbeKind::Marker
@@ -292,6 +296,25 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
         }
     }
     bar.finish_and_clear();
+    // Each function's module, as a path (the main executable's as before:
+    // the program's path); a module's file name if its mapping is gone.
+    let modules = hotprobe_symbols::ProcessSymbols::for_pid(pid as u32).ok();
+    let main_path = modules
+        .as_ref()
+        .and_then(|m| m.main_module())
+        .map(|m| m.path.clone());
+    // `symbols` and `placed` are pushed together.
+    for (s, p) in symbols.iter_mut().zip(&placed) {
+        let m = modules
+            .as_ref()
+            .and_then(|m| m.modules().iter().find(|m| m.contains(p.addr)));
+        s.module = match m {
+            Some(m) if Some(&m.path) == main_path.as_ref() => module_path.clone(),
+            Some(m) => m.path.display().to_string(),
+            None if s.module.is_empty() => module_path.clone(),
+            None => std::mem::take(&mut s.module),
+        };
+    }
     if symbols.is_empty() {
         t.abandon();
         bail!(
@@ -326,7 +349,9 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     if !o.include.is_empty() {
         // The include patterns already chose what is probed; the writer
         // gets them (and the markers) so that info.json records them.
-        filter.include = o.include.to_vec();
+        // The writer matches function names: a `MODULE:GLOB` pattern
+        // gives its GLOB (its module was chosen at the source).
+        filter.include = o.include.iter().map(|p| function_glob(p)).collect();
         filter.include.extend(o.phases.iter().cloned());
     }
     let meta = TraceMeta {
@@ -381,6 +406,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
         _ => format!("detached from pid {pid}"),
     };
     let drain = t.session.drain_stats(t.target);
+    let traps = TrapCost::of(&t.session, &placed);
     print_summary(&Summary {
         how: &how,
         out: o.out,
@@ -390,9 +416,19 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
         mechanisms: &mechanism_summary(&placed),
         left_out,
         skipped: &skipped,
+        traps: &traps,
         elapsed: started.elapsed(),
     });
     Ok(t.exit_code())
+}
+
+/// The function-name glob of a probe spec (`libz.so.1:deflate*` →
+/// `deflate*`); the spec itself when it names no function.
+fn function_glob(spec: &str) -> String {
+    match spec.parse::<hotprobe_symbols::ProbeSpec>() {
+        Ok(hotprobe_symbols::ProbeSpec::Function { name, .. }) => name,
+        _ => spec.to_string(),
+    }
 }
 
 /// The reason inside a refusal, without the spec the caller already names.
@@ -400,6 +436,44 @@ fn reason_of(e: hotprobe::EngineError) -> String {
     match e {
         hotprobe::EngineError::RefusedSpec { reason, .. } => reason,
         e => e.to_string(),
+    }
+}
+
+/// Estimated cost of one ptrace stop (a trap hit: entry or return) on
+/// this kind of machine (docs/PERFORMANCE.md), for the summary's estimate.
+const TRAP_STOP_COST: Duration = Duration::from_micros(10);
+
+/// What recording through traps cost: the functions on the trap
+/// mechanism and the ptrace stops their calls took.
+#[derive(Default)]
+struct TrapCost {
+    /// Functions recorded through a trap.
+    functions: usize,
+    /// Calls entered through a trap.
+    entries: u64,
+    /// Returns taken through a trap.
+    returns: u64,
+}
+
+impl TrapCost {
+    fn of(session: &hotprobe::Session, placed: &[hotprobe::Placement]) -> TrapCost {
+        let mut c = TrapCost::default();
+        for p in placed
+            .iter()
+            .filter(|p| p.mechanism == hotprobe::Mechanism::Trap)
+        {
+            c.functions += 1;
+            if let Some(st) = session.stats(p.id) {
+                c.entries += st.hits;
+                c.returns += st.returns;
+            }
+        }
+        c
+    }
+
+    /// Every stop: an entry and a return per call.
+    fn stops(&self) -> u64 {
+        self.entries + self.returns
     }
 }
 
@@ -413,6 +487,7 @@ struct Summary<'a> {
     mechanisms: &'a str,
     left_out: usize,
     skipped: &'a Skipped,
+    traps: &'a TrapCost,
     elapsed: Duration,
 }
 
@@ -434,6 +509,24 @@ fn print_summary(s: &Summary<'_>) {
             list.push_str(&format!(", … ({} more)", names.len() - 5));
         }
         errln!("            not probed ({why}): {list}");
+    }
+    let tc = s.traps;
+    if tc.functions > 0 {
+        let est = TRAP_STOP_COST.as_secs_f64() * tc.stops() as f64;
+        errln!(
+            "  traps:    {} functions recorded through a trap (a ptrace stop per call and per \
+             return): {} calls, {} stops, ≈ {} of the run at ~{} µs a stop \
+             (--no-traps leaves them out)",
+            tc.functions,
+            tc.entries,
+            tc.stops(),
+            if est >= 1.0 {
+                format!("{est:.2} s")
+            } else {
+                format!("{:.1} ms", est * 1e3)
+            },
+            TRAP_STOP_COST.as_micros()
+        );
     }
     let bpe = if st.events_out == 0 {
         "-".to_string()
