@@ -276,7 +276,13 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             skipped.add(&sk.label, sk.reason);
         }
         for p in added.placements {
-            let name = p.function.clone().unwrap_or_else(|| p.label.clone());
+            // A pending probe (its library not loaded yet) has no function
+            // yet: the name its spec gives.
+            let name = match (&p.function, p.mechanism) {
+                (Some(f), _) => f.clone(),
+                (None, hotprobe::Mechanism::Pending) => function_glob(&p.label),
+                (None, _) => p.label.clone(),
+            };
             symbols.push(Symbol {
                 id: p.id.0,
                 name: name.clone(),

@@ -322,3 +322,31 @@ fn a_function_only_a_trap_takes_is_recorded_through_it() {
     assert!(tree.iter().all(|(_, n)| n != "twice"), "{tree:?}");
     assert_eq!(tree.iter().filter(|(_, n)| n == "main").count(), 1);
 }
+
+#[test]
+fn a_library_function_of_a_library_loaded_later_is_recorded_once_loaded() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/libcalls_dlopen.c");
+    let prog = gcc_with(&src, &tmp().join("libcalls_dlopen"), &["-O2"], &["-ldl"]);
+    let dir = tmp().join("dlopen");
+    let o = hotprobe(&[
+        "record",
+        "-o",
+        dir.to_str().unwrap(),
+        "--force",
+        "caller",
+        "libz.so.1:compress2",
+        "--",
+        prog.to_str().unwrap(),
+        "4",
+    ]);
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(text(&o.stdout), "compress2 4 ok 4\n");
+    assert!(err.contains("pending 1"), "{err}");
+    let tree = replay(&dir);
+    assert_eq!(
+        children(&tree, "caller"),
+        vec![vec!["compress2"]; 4],
+        "{tree:?}"
+    );
+}
