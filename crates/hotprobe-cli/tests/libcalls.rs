@@ -323,30 +323,61 @@ fn a_function_only_a_trap_takes_is_recorded_through_it() {
     assert_eq!(tree.iter().filter(|(_, n)| n == "main").count(), 1);
 }
 
-#[test]
-fn a_library_function_of_a_library_loaded_later_is_recorded_once_loaded() {
+/// `record -o DIR --force ARGS -- libcalls_dlopen 4` (zlib dlopened, its
+/// compress2 called 4 times from caller()): the replayed tree; panics unless
+/// it succeeded with the program's output and `pending` in the start line.
+fn record_dlopen(name: &str, args: &[&str]) -> Vec<(usize, String)> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/libcalls_dlopen.c");
     let prog = gcc_with(&src, &tmp().join("libcalls_dlopen"), &["-O2"], &["-ldl"]);
-    let dir = tmp().join("dlopen");
-    let o = hotprobe(&[
-        "record",
-        "-o",
-        dir.to_str().unwrap(),
-        "--force",
-        "caller",
-        "libz.so.1:compress2",
-        "--",
-        prog.to_str().unwrap(),
-        "4",
-    ]);
+    let dir = tmp().join(name);
+    let mut a = vec!["record", "-o", dir.to_str().unwrap(), "--force"];
+    a.extend_from_slice(args);
+    a.extend_from_slice(&["--", prog.to_str().unwrap(), "4"]);
+    let o = hotprobe(&a);
     let err = text(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert_eq!(text(&o.stdout), "compress2 4 ok 4\n");
-    assert!(err.contains("pending 1"), "{err}");
-    let tree = replay(&dir);
+    assert!(err.contains("pending"), "{err}");
+    replay(&dir)
+}
+
+#[test]
+fn a_library_function_of_a_library_loaded_later_is_recorded_once_loaded() {
+    let tree = record_dlopen("dlopen", &["caller", "libz.so.1:compress2"]);
     assert_eq!(
         children(&tree, "caller"),
         vec![vec!["compress2"]; 4],
         "{tree:?}"
     );
+}
+
+#[test]
+fn a_pattern_on_a_library_loaded_later_records_what_it_matches() {
+    let tree = record_dlopen(
+        "dlopen-pattern",
+        &["caller", "libz.so.1:compress*", "libz.so.1:deflate*"],
+    );
+    assert_eq!(
+        children(&tree, "caller"),
+        vec![vec!["compress2"]; 4],
+        "{tree:?}"
+    );
+    for kids in children(&tree, "compress2") {
+        assert_eq!(kids, &["deflateInit_", "deflate", "deflateEnd"], "{tree:?}");
+    }
+    // A pattern matching nothing in the library's file is an error at once.
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/libcalls_dlopen.c");
+    let prog = gcc_with(&src, &tmp().join("libcalls_dlopen"), &["-O2"], &["-ldl"]);
+    let o = hotprobe(&[
+        "record",
+        "-o",
+        tmp().join("dlopen-none").to_str().unwrap(),
+        "--force",
+        "libz.so.1:nosuch*",
+        "--",
+        prog.to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    let err = text(&o.stderr);
+    assert!(err.contains("no function matches `nosuch*`"), "{err}");
 }
