@@ -4,9 +4,10 @@
 //! The target starts with the hotprobe agent preloaded; every selected
 //! function (of the main executable, or of a library named by a
 //! `MODULE:GLOB` pattern) gets a record probe with exit events (patch or
-//! jump mechanism; a trap where neither fits, unless `--no-traps`). The agent writes events into per-thread
-//! shared-memory rings; this process drains them while the target runs,
-//! converts them ([`TraceEvent::from_abi`]) and feeds a [`TraceWriter`].
+//! jump mechanism; a trap where neither fits, unless `--no-traps`). The
+//! agent writes events into per-thread shared-memory rings; this process
+//! drains them while the target runs, converts them
+//! ([`TraceEvent::from_abi`]) and feeds a [`TraceWriter`].
 //!
 //! Where each filter acts:
 //! * include/exclude patterns act at the source: functions they leave out
@@ -539,8 +540,9 @@ fn reason_of(e: hotprobe::EngineError) -> String {
     }
 }
 
-/// Estimated cost of one ptrace stop (a trap hit: entry or return) on
-/// this kind of machine (docs/PERFORMANCE.md), for the summary's estimate.
+/// Cost of one ptrace stop (a trap hit: entry or return) on an idle
+/// machine (docs/PERFORMANCE.md, "Trap mechanism"), for the summary's
+/// estimate; a loaded machine pays more ("Recording through a trap").
 const TRAP_STOP_COST: Duration = Duration::from_micros(10);
 
 /// What recording through traps cost: the functions on the trap
@@ -615,8 +617,8 @@ fn print_summary(s: &Summary<'_>) {
         let est = TRAP_STOP_COST.as_secs_f64() * tc.stops() as f64;
         errln!(
             "  traps:    {} functions recorded through a trap (a ptrace stop per call and per \
-             return): {} calls, {} stops, ≈ {} of the run at ~{} µs a stop \
-             (--no-traps leaves them out)",
+             return): {} calls, {} stops, ≈ {} of the run at ~{} µs a stop, more on a \
+             loaded machine (--no-traps leaves them out)",
             tc.functions,
             tc.entries,
             tc.stops(),
