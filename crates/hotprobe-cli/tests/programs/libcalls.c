@@ -1,8 +1,10 @@
 /* A program whose time goes into libraries: zlib's compress2 (from
  * do_compress) and SQLite's sqlite3_exec (from do_sql), with a callback
  * of the program (row_cb) entered from SQLite that calls back into zlib
- * (compressBound), and a function only a trap can take (twice: its first
- * instruction is a short jump over the bytes a jump probe would move).
+ * (compressBound), zlib's compress (a tail call into compress2, through
+ * zlib's own PLT) from do_tail, and a function only a trap can take (twice:
+ * its first instruction is a short jump over the bytes a jump probe would
+ * move).
  * It prints how many calls it made, for the tests to compare with the
  * trace.
  *   libcalls COMPRESSES QUERIES TWICES
@@ -26,7 +28,7 @@ __asm__(".text\n"
         ".size twice, .-twice\n");
 
 static unsigned char src[1 << 16], dst[(1 << 16) + 1024];
-static int compresses, execs, rows, bounds;
+static int compresses, execs, rows, bounds, tails;
 
 __attribute__((noinline)) int do_compress(int n) {
     for (size_t i = 0; i < sizeof src; i++)
@@ -39,6 +41,12 @@ __attribute__((noinline)) int do_compress(int n) {
             ok++;
     }
     return ok;
+}
+
+__attribute__((noinline)) int do_tail(void) {
+    uLongf len = sizeof dst;
+    tails++;
+    return compress(dst, &len, src, 4096) == Z_OK;
 }
 
 __attribute__((noinline)) int row_cb(void *u, int argc, char **argv, char **cols) {
@@ -64,6 +72,7 @@ int main(int argc, char **argv) {
     int nt = argc > 3 ? atoi(argv[3]) : 3;
     setvbuf(stdout, NULL, _IOLBF, 0);
     int c = do_compress(nc);
+    int tail = do_tail();
     sqlite3 *db;
     if (sqlite3_open(":memory:", &db) != SQLITE_OK)
         return 2;
@@ -88,5 +97,6 @@ int main(int argc, char **argv) {
     printf("sqlite3_exec %d ok %d\n", execs, s);
     printf("row_cb %d compressBound %d\n", rows, bounds);
     printf("twice %d sum %ld\n", nt, t);
+    printf("compress %d ok %d\n", tails, tail);
     return 0;
 }
