@@ -15,9 +15,21 @@ fn wake_signal() -> libc::c_int {
 
 extern "C" fn on_wake(_sig: libc::c_int) {}
 
+/// A thread's timer, deleted when the thread ends.
+struct ThreadTimer(Cell<Option<libc::timer_t>>);
+
+impl Drop for ThreadTimer {
+    fn drop(&mut self) {
+        if let Some(id) = self.0.get() {
+            // SAFETY: a timer this thread created and nobody else uses.
+            unsafe { libc::timer_delete(id) };
+        }
+    }
+}
+
 thread_local! {
     /// This thread's timer, created at its first timed wait.
-    static TIMER: Cell<Option<libc::timer_t>> = const { Cell::new(None) };
+    static TIMER: ThreadTimer = const { ThreadTimer(Cell::new(None)) };
 }
 
 /// This thread's timer, or `None` if one cannot be made (the caller polls).
@@ -33,23 +45,28 @@ fn timer() -> Option<libc::timer_t> {
             libc::sigaction(wake_signal(), &sa, std::ptr::null_mut());
         }
     });
-    TIMER.with(|t| {
-        if t.get().is_none() {
-            // SAFETY: a zeroed sigevent is valid; the fields set make it
-            // signal this thread.
-            let mut ev: libc::sigevent = unsafe { std::mem::zeroed() };
-            ev.sigev_notify = libc::SIGEV_THREAD_ID;
-            ev.sigev_signo = wake_signal();
-            // SAFETY: gettid has no preconditions.
-            ev.sigev_notify_thread_id = unsafe { libc::gettid() };
-            let mut id: libc::timer_t = std::ptr::null_mut();
-            // SAFETY: valid pointers to a sigevent and a timer id.
-            if unsafe { libc::timer_create(libc::CLOCK_MONOTONIC, &mut ev, &mut id) } == 0 {
-                t.set(Some(id));
+    // None while the thread's locals are being torn down.
+    TIMER
+        .try_with(|t| {
+            let t = &t.0;
+            if t.get().is_none() {
+                // SAFETY: a zeroed sigevent is valid; the fields set make it
+                // signal this thread.
+                let mut ev: libc::sigevent = unsafe { std::mem::zeroed() };
+                ev.sigev_notify = libc::SIGEV_THREAD_ID;
+                ev.sigev_signo = wake_signal();
+                // SAFETY: gettid has no preconditions.
+                ev.sigev_notify_thread_id = unsafe { libc::gettid() };
+                let mut id: libc::timer_t = std::ptr::null_mut();
+                // SAFETY: valid pointers to a sigevent and a timer id.
+                if unsafe { libc::timer_create(libc::CLOCK_MONOTONIC, &mut ev, &mut id) } == 0 {
+                    t.set(Some(id));
+                }
             }
-        }
-        t.get()
-    })
+            t.get()
+        })
+        .ok()
+        .flatten()
 }
 
 fn set(id: libc::timer_t, d: Duration) -> bool {
