@@ -5,6 +5,7 @@
 //! ```text
 //! cargo run --release -p hotprobe-bench -- trap            # trap mechanism vs native, naive ptrace, gdb, bpftrace
 //! cargo run --release -p hotprobe-bench -- trap --cpu 0    # pin tracer and target to CPU 0
+//! cargo run --release -p hotprobe-bench -- record-trap     # recording through a trap vs counting through one, jump, native
 //! ```
 //!
 //! Prints a markdown table: ns per hit and × native. Not a test: timing
@@ -38,12 +39,24 @@ enum What {
         #[arg(long, default_value_t = 3)]
         runs: usize,
     },
+    /// `Record` through the trap mechanism (entry + return stop per call,
+    /// events drained while the target runs) vs `Count` through a trap,
+    /// `Record` through jump, and native.
+    RecordTrap {
+        /// Calls per traced run.
+        #[arg(long, default_value_t = 5_000)]
+        calls: u64,
+        /// Runs per row (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+    },
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.what {
         What::Trap { cpu, hits, runs } => trap(cpu, hits, runs),
+        What::RecordTrap { calls, runs } => record_trap(calls, runs),
     }
 }
 
@@ -292,6 +305,145 @@ fn trap(cpu: Option<usize>, hits: u64, runs: usize) -> Result<()> {
     );
     println!();
     println!("| mechanism | calls | ns per call | × native |");
+    println!("|---|---:|---:|---:|");
+    for (name, n, v) in rows {
+        println!("| {name} | {n} | {v:.1} | {:.0} |", v / native);
+    }
+    Ok(())
+}
+
+/// Counts the events a session hands over.
+struct CountingSink(u64);
+
+impl hotprobe::EventSink for CountingSink {
+    fn event(&mut self, _ev: &hotprobe::RecordedEvent) -> Result<(), hotprobe::SinkError> {
+        self.0 += 1;
+        Ok(())
+    }
+
+    fn lost(&mut self, tid: u32, _ts: u64, count: u64) -> Result<(), hotprobe::SinkError> {
+        Err(hotprobe::SinkError(
+            format!("thread {tid} lost {count} events: the figure would be wrong").into(),
+        ))
+    }
+}
+
+/// `func` (`body` or `mix`) called `n` times under a session probe doing `action` on
+/// `mechanism`: ns per call (the loop's own time), after checking every
+/// call was seen (hits, or an entry and an exit event each).
+fn run_session(
+    bin: &Path,
+    n: u64,
+    action: hotprobe::Action,
+    mechanism: hotprobe::MechanismChoice,
+    func: &str,
+) -> Result<f64> {
+    let out = std::env::temp_dir().join(format!("hotprobe-bench-rt-{}", std::process::id()));
+    let f = std::fs::File::create(&out)?;
+    let record = matches!(action, hotprobe::Action::Record);
+    let mut s = Session::with_config(hotprobe::SessionConfig {
+        mechanism,
+        record_traps: true,
+        // As `record`: 2^20 events a thread (the jump row's events fit
+        // even if the drain falls behind on a loaded machine).
+        fast_path: hotprobe::FastPathConfig {
+            ring_capacity: 1 << 20,
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let args = [n.to_string().into(), func.into()];
+    let t = s.spawn_with(
+        bin,
+        &args,
+        &SpawnOptions {
+            stdout: Some(f),
+            ..Default::default()
+        },
+    )?;
+    let added = s.add(t, func, action)?;
+    let p = &added.placements[0];
+    let id = p.id;
+    if (mechanism == hotprobe::MechanismChoice::Trap) != (p.mechanism == hotprobe::Mechanism::Trap)
+    {
+        bail!("{func} is on {}, not what the row measures", p.mechanism);
+    }
+    s.start()?;
+    let mut sink = CountingSink(0);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let end = if record {
+        s.run_with(&stop, Some(&mut sink))?
+    } else {
+        s.run()?
+    };
+    if end != RunEnd::AllExited {
+        bail!("run ended early");
+    }
+    let seen = if record {
+        sink.0 / 2
+    } else {
+        s.stats(id).map(|st| st.hits).unwrap_or(0)
+    };
+    if seen != n {
+        bail!("expected {n} calls, saw {seen}");
+    }
+    let text = std::fs::read_to_string(&out)?;
+    let _ = std::fs::remove_file(&out);
+    loop_ns(&text)
+}
+
+fn record_trap(calls: u64, runs: usize) -> Result<()> {
+    use hotprobe::{Action, MechanismChoice};
+    let bin = build("loop", &["-O2"])?;
+    let native = median(
+        (0..runs)
+            .map(|_| {
+                let out = Command::new(&bin).args(["100000000", "mix"]).output()?;
+                loop_ns(&String::from_utf8_lossy(&out.stdout))
+            })
+            .collect::<Result<_>>()?,
+    );
+    let mut rows: Vec<(String, u64, f64)> = vec![("native call".into(), 100_000_000, native)];
+    for (name, action, mech, n) in [
+        (
+            "hotprobe `Record` on jump (entry + exit events)",
+            0,
+            MechanismChoice::Auto,
+            calls * 20,
+        ),
+        (
+            "hotprobe `Count` on a trap (entry stop)",
+            1,
+            MechanismChoice::Trap,
+            calls,
+        ),
+        (
+            "hotprobe `Record` on a trap (entry + return stops, rings drained)",
+            0,
+            MechanismChoice::Trap,
+            calls,
+        ),
+    ] {
+        let v = median(
+            (0..runs)
+                .map(|_| {
+                    let a = if action == 0 {
+                        Action::Record
+                    } else {
+                        Action::Count
+                    };
+                    run_session(&bin, n, a, mech, "mix")
+                })
+                .collect::<Result<_>>()?,
+        );
+        eprintln!("{name}: {v:.0} ns/call");
+        rows.push((name.into(), n, v));
+    }
+    println!(
+        "Recording through a trap (`mix` called in a loop), not pinned, median of {runs} runs"
+    );
+    println!();
+    println!("| probe | calls | ns per call | × native |");
     println!("|---|---:|---:|---:|");
     for (name, n, v) in rows {
         println!("| {name} | {n} | {v:.1} | {:.0} |", v / native);

@@ -117,16 +117,39 @@ fn attach_fd(fd: c_int) -> Result<(), AttachError> {
     r
 }
 
-fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
-    // SAFETY: an all-zero stat is a valid value to be overwritten.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat writes into `st`, a valid stat.
-    if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_size <= 0 {
-        return Err(AttachError::Map);
+/// Maps `len` bytes of `fd` (shared, read-write) away from code: the
+/// kernel would put it right below the libraries (top-down), where its
+/// gigabytes of rings (64 threads × 32 MiB by default) fill the ±2 GiB
+/// that jump trampolines for library functions need. Tries fixed hints in
+/// the lower half of the address space (never replacing a mapping), then
+/// lets the kernel choose.
+fn map_far_from_code(fd: c_int, len: usize) -> *mut libc::c_void {
+    // 32 TiB, 40 TiB, …: far from a non-PIE executable (4 MiB), a PIE
+    // one and its heap (≈ 85 TiB) and the libraries (≈ 127 TiB).
+    for k in 0..8u64 {
+        let hint = (0x2000_0000_0000u64 + k * 0x0800_0000_0000) as *mut libc::c_void;
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping.
+        let p = unsafe {
+            libc::mmap(
+                hint,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE,
+                fd,
+                0,
+            )
+        };
+        if p == hint {
+            return p;
+        }
+        if p != libc::MAP_FAILED {
+            // Old kernels ignore the flag and treat it as a hint.
+            // SAFETY: our own fresh mapping, unused.
+            unsafe { libc::munmap(p, len) };
+        }
     }
-    let len = st.st_size as usize;
     // SAFETY: a fresh shared mapping of the descriptor; no existing memory affected.
-    let p = unsafe {
+    unsafe {
         libc::mmap(
             std::ptr::null_mut(),
             len,
@@ -135,7 +158,18 @@ fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
             fd,
             0,
         )
-    };
+    }
+}
+
+fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
+    // SAFETY: an all-zero stat is a valid value to be overwritten.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes into `st`, a valid stat.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_size <= 0 {
+        return Err(AttachError::Map);
+    }
+    let len = st.st_size as usize;
+    let p = map_far_from_code(fd, len);
     if p == libc::MAP_FAILED {
         return Err(AttachError::Map);
     }

@@ -2,10 +2,12 @@
 //! directory (docs/TRACE_FORMAT.md), through the fast path.
 //!
 //! The target starts with the hotprobe agent preloaded; every selected
-//! function of the main executable gets a record probe with exit events
-//! (patch or jump mechanism). The agent writes events into per-thread
-//! shared-memory rings; this process drains them while the target runs,
-//! converts them ([`TraceEvent::from_abi`]) and feeds a [`TraceWriter`].
+//! function (of the main executable, or of a library named by a
+//! `MODULE:GLOB` pattern) gets a record probe with exit events (patch or
+//! jump mechanism; a trap where neither fits, unless `--no-traps`). The
+//! agent writes events into per-thread shared-memory rings; this process
+//! drains them while the target runs, converts them
+//! ([`TraceEvent::from_abi`]) and feeds a [`TraceWriter`].
 //!
 //! Where each filter acts:
 //! * include/exclude patterns act at the source: functions they leave out
@@ -65,6 +67,9 @@ pub struct RecordOptions<'a> {
     pub args: u8,
     /// `--mechanism`.
     pub mechanism: MechanismChoice,
+    /// Record functions neither patch nor jump can take through a trap
+    /// (false: `--no-traps`, they are left out and listed).
+    pub traps: bool,
     /// `-f`: follow forked children.
     pub follow_forks: bool,
     /// Merge entry+exit pairs into call records.
@@ -215,9 +220,10 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             record_args: o.args,
             ..defaults
         },
-        // A trap costs a ptrace stop per hit: functions that need one are
-        // left out of a recording (and listed), not slowed down 1000-fold.
-        record_traps: false,
+        // A trap costs a ptrace stop per hit (docs/DESIGN.md, "Library
+        // functions in record"): recorded unless --no-traps, the cost said
+        // in the summary.
+        record_traps: o.traps,
         follow_forks: o.follow_forks,
         ..SessionConfig::default()
     };
@@ -255,15 +261,34 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             .add_filtered(t.target, spec, Action::Record, &keep)
         {
             Ok(a) => a,
+            // A pattern on a library not loaded yet: one pending probe per
+            // function of the library's file it matches.
+            Err(hotprobe::EngineError::Symbol(hotprobe_symbols::SymbolError::ModuleNotFound {
+                name,
+                loaded,
+            })) if !marker && module_pattern(spec).is_some() => {
+                match add_pending_pattern(&mut t, spec, &name, &exe, &keep) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        t.abandon();
+                        let e = match e {
+                            PendingError::NoLibrary => hotprobe::EngineError::Symbol(
+                                hotprobe_symbols::SymbolError::ModuleNotFound { name, loaded },
+                            )
+                            .to_string(),
+                            PendingError::Other(e) => e,
+                        };
+                        return Err(crate::UsageError(format!("{spec}: {e}")).into());
+                    }
+                }
+            }
             Err(e) => {
                 t.abandon();
                 let what = if marker { "--phase " } else { "" };
                 if let hotprobe::EngineError::Symbol(_) = e {
-                    return Err(crate::UsageError(format!(
-                        "{what}{spec}: {} in the main executable",
-                        reason_of(e)
-                    ))
-                    .into());
+                    // The resolver names where it looked (the main
+                    // executable, the loaded modules, the module given).
+                    return Err(crate::UsageError(format!("{what}{spec}: {}", reason_of(e))).into());
                 }
                 bail!("{what}{spec}: cannot record it: {}", reason_of(e));
             }
@@ -273,11 +298,18 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             skipped.add(&sk.label, sk.reason);
         }
         for p in added.placements {
-            let name = p.function.clone().unwrap_or_else(|| p.label.clone());
+            // A pending probe (its library not loaded yet) has no function
+            // yet: the name its spec gives.
+            let name = match (&p.function, p.mechanism) {
+                (Some(f), _) => f.clone(),
+                (None, hotprobe::Mechanism::Pending) => function_glob(&p.label),
+                (None, _) => p.label.clone(),
+            };
             symbols.push(Symbol {
                 id: p.id.0,
                 name: name.clone(),
-                module: module_path.clone(),
+                // Set below from the module mapping the address.
+                module: p.module.clone(),
                 addr: p.addr.0,
                 kind: if marker {
                     ProbeKind::Marker
@@ -292,6 +324,25 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
         }
     }
     bar.finish_and_clear();
+    // Each function's module, as a path (the main executable's as before:
+    // the program's path); a module's file name if its mapping is gone.
+    let modules = hotprobe_symbols::ProcessSymbols::for_pid(pid as u32).ok();
+    let main_path = modules
+        .as_ref()
+        .and_then(|m| m.main_module())
+        .map(|m| m.path.clone());
+    // `symbols` and `placed` are pushed together.
+    for (s, p) in symbols.iter_mut().zip(&placed) {
+        let m = modules
+            .as_ref()
+            .and_then(|m| m.modules().iter().find(|m| m.contains(p.addr)));
+        s.module = match m {
+            Some(m) if Some(&m.path) == main_path.as_ref() => module_path.clone(),
+            Some(m) => m.path.display().to_string(),
+            None if s.module.is_empty() => module_path.clone(),
+            None => std::mem::take(&mut s.module),
+        };
+    }
     if symbols.is_empty() {
         t.abandon();
         bail!(
@@ -326,7 +377,9 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     if !o.include.is_empty() {
         // The include patterns already chose what is probed; the writer
         // gets them (and the markers) so that info.json records them.
-        filter.include = o.include.to_vec();
+        // The writer matches function names: a `MODULE:GLOB` pattern
+        // gives its GLOB (its module was chosen at the source).
+        filter.include = o.include.iter().map(|p| function_glob(p)).collect();
         filter.include.extend(o.phases.iter().cloned());
     }
     let meta = TraceMeta {
@@ -381,6 +434,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
         _ => format!("detached from pid {pid}"),
     };
     let drain = t.session.drain_stats(t.target);
+    let traps = TrapCost::of(&t.session, &placed);
     print_summary(&Summary {
         how: &how,
         out: o.out,
@@ -390,9 +444,92 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
         mechanisms: &mechanism_summary(&placed),
         left_out,
         skipped: &skipped,
+        traps: &traps,
         elapsed: started.elapsed(),
     });
     Ok(t.exit_code())
+}
+
+/// `(module, glob)` of a `MODULE:GLOB` spec whose GLOB is a pattern.
+fn module_pattern(spec: &str) -> Option<(String, String)> {
+    match spec.parse::<hotprobe_symbols::ProbeSpec>() {
+        Ok(hotprobe_symbols::ProbeSpec::Function {
+            module: Some(m),
+            name,
+            offset: 0,
+            is_return: false,
+        }) if hotprobe_symbols::is_pattern(&name) => Some((m, name)),
+        _ => None,
+    }
+}
+
+/// Why a pattern on a library not loaded yet could not be made pending.
+enum PendingError {
+    /// The library is nowhere the loader looks (the resolver's error).
+    NoLibrary,
+    /// Anything else, said.
+    Other(String),
+}
+
+/// `MODULE:GLOB` where MODULE is not loaded (yet): the functions of
+/// MODULE's file (found where the loader looks) that GLOB matches and
+/// `keep` keeps, each added as `MODULE:NAME`, a pending probe armed when
+/// the program loads the library (dlopen). One probe per address (aliases
+/// share one); labels and `.cold` parts are not functions.
+fn add_pending_pattern(
+    t: &mut Traced,
+    spec: &str,
+    module: &str,
+    exe: &Path,
+    keep: &dyn Fn(&str) -> bool,
+) -> std::result::Result<hotprobe::Added, PendingError> {
+    let (_, glob) = module_pattern(spec).ok_or(PendingError::NoLibrary)?;
+    let path =
+        hotprobe_symbols::find_library(module, exe.parent()).ok_or(PendingError::NoLibrary)?;
+    let elf = hotprobe_symbols::ElfModule::open(&path)
+        .map_err(|e| PendingError::Other(format!("cannot read {}: {e}", path.display())))?;
+    let pat = hotprobe_symbols::NamePattern::new(&glob)
+        .map_err(|e| PendingError::Other(e.to_string()))?;
+    let mut seen = HashSet::new();
+    let mut added = hotprobe::Added::default();
+    let mut matched = 0;
+    for sym in elf.functions() {
+        if !(pat.matches(&sym.name) || pat.matches(&sym.raw_name))
+            || sym.kind.summary().is_some()
+            || !seen.insert(sym.addr)
+        {
+            continue;
+        }
+        matched += 1;
+        if !keep(&sym.name) {
+            added.left_out += 1;
+            continue;
+        }
+        let one = format!("{module}:{}", sym.raw_name);
+        match t.session.add(t.target, &one, Action::Record) {
+            Ok(a) => added.placements.extend(a.placements),
+            Err(e) => added.skipped.push(hotprobe::Skipped {
+                label: sym.name.clone(),
+                reason: reason_of(e),
+            }),
+        }
+    }
+    if matched == 0 {
+        return Err(PendingError::Other(format!(
+            "no function matches `{glob}` in {} (not loaded yet)",
+            path.display()
+        )));
+    }
+    Ok(added)
+}
+
+/// The function-name glob of a probe spec (`libz.so.1:deflate*` →
+/// `deflate*`); the spec itself when it names no function.
+fn function_glob(spec: &str) -> String {
+    match spec.parse::<hotprobe_symbols::ProbeSpec>() {
+        Ok(hotprobe_symbols::ProbeSpec::Function { name, .. }) => name,
+        _ => spec.to_string(),
+    }
 }
 
 /// The reason inside a refusal, without the spec the caller already names.
@@ -400,6 +537,45 @@ fn reason_of(e: hotprobe::EngineError) -> String {
     match e {
         hotprobe::EngineError::RefusedSpec { reason, .. } => reason,
         e => e.to_string(),
+    }
+}
+
+/// Cost of one ptrace stop (a trap hit: entry or return) on an idle
+/// machine (docs/PERFORMANCE.md, "Trap mechanism"), for the summary's
+/// estimate; a loaded machine pays more ("Recording through a trap").
+const TRAP_STOP_COST: Duration = Duration::from_micros(10);
+
+/// What recording through traps cost: the functions on the trap
+/// mechanism and the ptrace stops their calls took.
+#[derive(Default)]
+struct TrapCost {
+    /// Functions recorded through a trap.
+    functions: usize,
+    /// Calls entered through a trap.
+    entries: u64,
+    /// Returns taken through a trap.
+    returns: u64,
+}
+
+impl TrapCost {
+    fn of(session: &hotprobe::Session, placed: &[hotprobe::Placement]) -> TrapCost {
+        let mut c = TrapCost::default();
+        for p in placed
+            .iter()
+            .filter(|p| p.mechanism == hotprobe::Mechanism::Trap)
+        {
+            c.functions += 1;
+            if let Some(st) = session.stats(p.id) {
+                c.entries += st.hits;
+                c.returns += st.returns;
+            }
+        }
+        c
+    }
+
+    /// Every stop: an entry and a return per call.
+    fn stops(&self) -> u64 {
+        self.entries + self.returns
     }
 }
 
@@ -413,6 +589,7 @@ struct Summary<'a> {
     mechanisms: &'a str,
     left_out: usize,
     skipped: &'a Skipped,
+    traps: &'a TrapCost,
     elapsed: Duration,
 }
 
@@ -434,6 +611,24 @@ fn print_summary(s: &Summary<'_>) {
             list.push_str(&format!(", … ({} more)", names.len() - 5));
         }
         errln!("            not probed ({why}): {list}");
+    }
+    let tc = s.traps;
+    if tc.functions > 0 {
+        let est = TRAP_STOP_COST.as_secs_f64() * tc.stops() as f64;
+        errln!(
+            "  traps:    {} functions recorded through a trap (a ptrace stop per call and per \
+             return): {} calls, {} stops, ≈ {} of the run at ~{} µs a stop, more on a \
+             loaded machine (--no-traps leaves them out)",
+            tc.functions,
+            tc.entries,
+            tc.stops(),
+            if est >= 1.0 {
+                format!("{est:.2} s")
+            } else {
+                format!("{:.1} ms", est * 1e3)
+            },
+            TRAP_STOP_COST.as_micros()
+        );
     }
     let bpe = if st.events_out == 0 {
         "-".to_string()

@@ -14,6 +14,7 @@ mod remote;
 pub mod remote_call;
 mod rendezvous;
 pub mod sys;
+mod wake;
 
 use hotprobe_target::{
     ExitStatus, Registers, ResumeMode, RuntimeAddr, ScratchRegion, Target, TargetError,
@@ -1224,8 +1225,20 @@ impl Target for ProcessTarget {
                     return Ok(ev);
                 }
             }
+            // With a deadline: a blocking wait a timer interrupts (a stop
+            // wakes us at once), else polling with naps.
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let timed = match left {
+                Some(l) if l >= Duration::from_micros(50) => {
+                    wake::waitpid_for(-1, libc::__WNOTHREAD, l)
+                }
+                _ => None,
+            };
+            if let Some(Ok(None)) = timed {
+                return Ok(TargetEvent::Timeout);
+            }
             let flags = if deadline.is_some() { libc::WNOHANG } else { 0 };
-            let r = match sys::waitpid(-1, flags | libc::__WNOTHREAD) {
+            let r = match timed.unwrap_or_else(|| sys::waitpid(-1, flags | libc::__WNOTHREAD)) {
                 Ok(r) => r,
                 Err(e) if e.errno() == libc::EINTR => return Ok(TargetEvent::Timeout),
                 Err(e) if e.errno() == libc::ECHILD => {

@@ -1473,6 +1473,12 @@ impl Session {
         } else {
             Plan::Trap(String::new())
         };
+        if let (Plan::Trap(why), true) = (&plan, record && !self.config.record_traps) {
+            return Err(EngineError::RefusedSpec {
+                spec,
+                reason: format!("needs the trap mechanism ({why})"),
+            });
+        }
         match plan {
             Plan::Fast {
                 path: fpath,
