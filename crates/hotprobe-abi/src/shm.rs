@@ -5,9 +5,10 @@ use core::sync::atomic::AtomicU64;
 use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 use crate::layout::{
-    site_hash, slot_values, Header, HeaderFields, Layout, Params, RingCtl, SiteSlot, TrapRegion,
-    TrapReturn, TrapSlot, HEADER_SIZE, MAGIC, THREAD_COUNTERS_OFFSET, TRAP_PRESENT, TRAP_REGIONS,
-    TRAP_RETURNS, TRAP_RETURNS_OFFSET, TRAP_SLOTS, TRAP_SLOTS_OFFSET, VERSION,
+    site_hash, slot_values, Header, HeaderFields, InprocSite, Layout, Params, RingCtl, SiteSlot,
+    TrapRegion, TrapReturn, TrapSlot, HEADER_SIZE, INPROC_COUNT, INPROC_OFFSET, INPROC_SITES,
+    MAGIC, THREAD_COUNTERS_OFFSET, TRAP_PRESENT, TRAP_REGIONS, TRAP_RETURNS, TRAP_RETURNS_OFFSET,
+    TRAP_SLOTS, TRAP_SLOTS_OFFSET, VERSION,
 };
 use crate::ring::{Consumer, Producer};
 use crate::AbiError;
@@ -615,5 +616,89 @@ impl Shm {
             (r.tid.load(Acquire) == tid && r.slot.load(Relaxed) == slot)
                 .then(|| r.real.load(Relaxed))
         })
+    }
+}
+
+/// The in-process trap table (end of the trap table, see [`InprocSite`]).
+impl Shm {
+    /// Every entry of the in-process trap table.
+    pub fn inproc_sites(&self) -> &[InprocSite] {
+        // SAFETY: in bounds (layout: the table ends the trap table),
+        // aligned, all atomics.
+        unsafe {
+            core::slice::from_raw_parts(
+                self.traps_base().add(INPROC_OFFSET) as *const InprocSite,
+                INPROC_SITES,
+            )
+        }
+    }
+
+    fn inproc_slot(&self, addr: u64, insert: bool) -> Option<&InprocSite> {
+        let slots = self.inproc_sites();
+        let shift = 64 - INPROC_SITES.trailing_zeros();
+        let mut i = site_hash(addr, shift);
+        for _ in 0..slots.len() {
+            let s = slots.get(i & (slots.len() - 1))?;
+            // Acquire pairs with the Release store of `addr` in `publish_inproc`.
+            let k = s.addr.load(Acquire);
+            if k == addr || (k == 0 && insert) {
+                return Some(s);
+            }
+            if k == 0 {
+                return None;
+            }
+            i = i.wrapping_add(1);
+        }
+        None
+    }
+
+    /// Publishes an in-process trap at `addr` (tracer side, the only
+    /// writer), before the `int3` is written: `info` is the execution kind
+    /// ([`INPROC_BOOST`], [`INPROC_RET`], [`INPROC_CALL`]) with
+    /// [`INPROC_COUNT`]. Republishing an address replaces its entry. False
+    /// when the table is full.
+    pub fn publish_inproc(
+        &self,
+        addr: u64,
+        counter: u32,
+        info: u32,
+        resume: u64,
+        next: u64,
+    ) -> bool {
+        if addr == 0 {
+            return false;
+        }
+        let Some(s) = self.inproc_slot(addr, true) else {
+            return false;
+        };
+        s.resume.store(resume, Relaxed);
+        s.next.store(next, Relaxed);
+        s.counter.store(counter, Relaxed);
+        s.info.store(info, Relaxed);
+        // Release pairs with the Acquire load in `inproc_slot`: the fields
+        // are seen with the key.
+        s.addr.store(addr, Release);
+        true
+    }
+
+    /// Stops counting the in-process trap at `addr` (tracer side, at
+    /// detach); the entry stays so that a pending `SIGTRAP` still resumes
+    /// the thread correctly.
+    pub fn quiet_inproc(&self, addr: u64) {
+        if let Some(s) = self.inproc_slot(addr, false) {
+            s.info.fetch_and(!INPROC_COUNT, Relaxed);
+        }
+    }
+
+    /// The in-process trap at `addr`: `(counter, info, resume, next)`.
+    /// Only atomics: callable from a signal handler.
+    pub fn lookup_inproc(&self, addr: u64) -> Option<(u32, u32, u64, u64)> {
+        let s = self.inproc_slot(addr, false)?;
+        Some((
+            s.counter.load(Relaxed),
+            s.info.load(Relaxed),
+            s.resume.load(Relaxed),
+            s.next.load(Relaxed),
+        ))
     }
 }

@@ -12,6 +12,9 @@ use hotprobe_fastpath::{FastPath, FastPathConfig, FunctionInfo, RecordedEvent, T
 use hotprobe_process::{ProcessTarget, SpawnOptions};
 use hotprobe_symbols::{ProbeSpec, ResolvedProbe};
 use hotprobe_target::{ExitStatus, RuntimeAddr, Target, TargetError, TargetEvent};
+
+#[path = "session_inproc.rs"]
+mod inproc;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -61,6 +64,9 @@ pub enum Mechanism {
     Plugin,
     /// Not placed yet: its module is not loaded (see [`Session::add`]).
     Pending,
+    /// An `int3` taken by the agent's own `SIGTRAP` handler inside the
+    /// process: no ptrace stop (`Count` where neither patch nor jump fits).
+    InProcessTrap,
 }
 
 impl std::fmt::Display for Mechanism {
@@ -74,6 +80,7 @@ impl std::fmt::Display for Mechanism {
             Mechanism::Stub => f.write_str("stub"),
             Mechanism::Plugin => f.write_str("plugin"),
             Mechanism::Pending => f.write_str("pending"),
+            Mechanism::InProcessTrap => f.write_str("in-process trap"),
         }
     }
 }
@@ -261,6 +268,8 @@ struct Slot {
     /// before them, that publishes each call in the trap table before
     /// the return address is swapped ([`publisher`]).
     publishers: HashMap<ProbeId, ProbeId>,
+    /// In-process traps placed (see `session_inproc`).
+    inproc: usize,
 }
 
 impl Slot {
@@ -609,6 +618,7 @@ impl Session {
             published: HashMap::new(),
             guards: HashMap::new(),
             publishers: HashMap::new(),
+            inproc: 0,
         });
         let follow = self.config.follow_forks && pid.is_some();
         let slot = &mut self.slots[id];
@@ -1034,6 +1044,17 @@ impl Session {
                     function,
                     reason,
                 } => self.place_fast(t, &r, &path, bias, &function, record, reason, label, None),
+                Plan::Trap(reason)
+                    if !record && !is_return && self.config.mechanism == MechanismChoice::Auto =>
+                {
+                    match self.place_inproc(t, &r, &reason, label.clone())? {
+                        Ok(p) => Ok(p),
+                        Err(why) => {
+                            let reason = format!("{reason}; in-process trap: {why}");
+                            self.place_trap(t, &r, is_return, record, reason, label)
+                        }
+                    }
+                }
                 Plan::Trap(reason) => self.place_trap(t, &r, is_return, record, reason, label),
                 Plan::Plugin(reason) => self.place_plugin(t, &r, is_return, record, reason, label),
             };
@@ -1051,6 +1072,7 @@ impl Session {
         if record && !added.placements.is_empty() {
             slot.recording = true;
         }
+        self.maybe_release(t.0);
         Ok(added)
     }
 
@@ -1709,6 +1731,9 @@ impl Session {
                 s.engine.target().resume_all()?;
                 s.engine.started = true;
             }
+        }
+        for i in 0..self.slots.len() {
+            self.maybe_release(i);
         }
         Ok(())
     }

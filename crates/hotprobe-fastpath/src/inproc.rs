@@ -1,0 +1,231 @@
+//! The in-process trap mechanism (tracer side): an `int3` at any
+//! instruction boundary, taken by the agent's own `SIGTRAP` handler inside
+//! the target (no ptrace stop once the tracer stops tracing, see
+//! `hotprobe::Session`), for sites where neither a patch nor a jump fits
+//! (a function shorter than 5 bytes, a jump target, an instruction in the
+//! middle of a function). The agent's side is `hotprobe-agent`'s `inproc`
+//! module; the table is [`hotprobe_abi::InprocSite`].
+//!
+//! How the displaced instruction runs, decided here from
+//! [`hotprobe_x86::plan_probe`]'s plan:
+//! * `ret` and `call rel32` are emulated by the handler (a copy of a
+//!   `call` would push the copy's address);
+//! * every other instruction the trap mechanism can boost or emulate is
+//!   *boosted*: re-encoded by iced-x86's `BlockEncoder` (as the jump
+//!   mechanism's trampolines are: RIP-relative operands and relative
+//!   branches keep their absolute targets) into the fast path's pages
+//!   within ±2 GiB, followed by a `jmp` back to the next instruction;
+//! * refused (the site stays on the ptrace trap, with this reason):
+//!   instructions the trap mechanism must single-step (an indirect `call`,
+//!   which would push the copy's address; `ret imm16`), and what
+//!   `plan_probe` refuses (`int3`, `ud2`, privileged instructions…).
+//!
+//! Detach writes the original byte back and stops counting; the table
+//! entry and the copy stay, so a thread whose `SIGTRAP` is still pending,
+//! or that is inside the copy, finishes correctly (the fast path's pages
+//! are never unmapped).
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use hotprobe_abi::{INPROC_BOOST, INPROC_CALL, INPROC_COUNT, INPROC_RET};
+use hotprobe_process::ProcessTarget;
+use hotprobe_target::{RuntimeAddr, Target};
+use hotprobe_x86::iced_x86::{
+    BlockEncoder, BlockEncoderOptions, Code, Instruction, InstructionBlock,
+};
+use hotprobe_x86::{plan_probe, Emulation, Execution};
+
+use crate::{FastPath, FastPathError, Installed};
+
+/// What [`FastPath::add_inproc`] placed.
+#[derive(Clone, Debug)]
+pub struct InprocInfo {
+    /// The fast-path probe id (counter index).
+    pub probe_id: u32,
+    /// The site.
+    pub addr: u64,
+    /// How the displaced instruction runs: `boosted`, `emulated`.
+    pub execution: &'static str,
+    /// The instruction, as text.
+    pub instruction: String,
+}
+
+/// How a site's instruction runs in the handler, and the bytes of its copy.
+enum Plan {
+    Boost(Instruction),
+    Ret,
+    Call { target: u64, next: u64 },
+}
+
+/// Decides how the instruction at `addr` (bytes `code`) runs in-process,
+/// or why it cannot.
+fn plan_site(code: &[u8], addr: u64) -> Result<(Plan, String), String> {
+    // The slot address only matters for the reach of RIP-relative operands:
+    // the copy goes within ±2 GiB of the site, checked when it is encoded.
+    let p = plan_probe(code, addr, addr).map_err(|e| e.to_string())?;
+    let text = p.mnemonic.clone();
+    let plan = match p.execution {
+        Execution::Emulate(Emulation::Ret { pop_extra: 0 }) => Plan::Ret,
+        Execution::Emulate(Emulation::Ret { .. }) => {
+            return Err(format!("{text}: `ret imm16` is not emulated in-process"))
+        }
+        Execution::Emulate(Emulation::CallRel {
+            target,
+            return_addr,
+        }) => Plan::Call {
+            target,
+            next: return_addr,
+        },
+        Execution::Emulate(_) | Execution::Boost => Plan::Boost(p.instruction),
+        Execution::Step(_) => {
+            return Err(format!(
+                "{text} must be single-stepped (its copy would push or see the copy's address)"
+            ))
+        }
+    };
+    Ok((plan, text))
+}
+
+/// `instr` re-encoded to run at `at`, followed by a `jmp` back to `back`.
+fn relocate(instr: Instruction, at: u64, back: u64) -> Result<Vec<u8>, String> {
+    let mut jmp = Instruction::with_branch(Code::Jmp_rel32_64, back).map_err(|e| e.to_string())?;
+    // An address no branch targets: BlockEncoder re-targets branches to
+    // instructions of the block, and `back` must stay the original address.
+    jmp.set_ip(0);
+    let instrs = [instr, jmp];
+    let block = InstructionBlock::new(&instrs, at);
+    BlockEncoder::encode(64, block, BlockEncoderOptions::NONE)
+        .map(|r| r.code_buffer)
+        .map_err(|e| e.to_string())
+}
+
+impl FastPath {
+    /// Whether the instruction at `addr` of the stopped target can take an
+    /// in-process trap: `Ok(instruction text)`, or why not.
+    pub fn inproc_check(&mut self, t: &mut ProcessTarget, addr: u64) -> Result<String, String> {
+        let mut code = [0u8; 16];
+        read_code(t, addr, &mut code).map_err(|e| e.to_string())?;
+        plan_site(&code, addr).map(|(_, text)| text)
+    }
+
+    /// Places an in-process trap counting hits at `addr` (an instruction
+    /// boundary the caller checked): builds the copy, publishes the site,
+    /// writes the `int3` with every thread stopped (left stopped).
+    pub fn add_inproc(
+        &mut self,
+        t: &mut ProcessTarget,
+        addr: u64,
+    ) -> Result<InprocInfo, FastPathError> {
+        let mut code = [0u8; 16];
+        read_code(t, addr, &mut code)?;
+        let impossible = |why: String| FastPathError::Impossible {
+            function: format!("{addr:#x}"),
+            mechanism: "in-process trap",
+            why,
+        };
+        let (plan, text) = plan_site(&code, addr).map_err(impossible)?;
+        let probe_id = self.next_probe;
+        if probe_id >= self.shm().layout().params.n_probes {
+            return Err(FastPathError::Shm(
+                "no probe id left: raise max_probes".into(),
+            ));
+        }
+        t.stop_all()?;
+        let (kind, resume, next, execution) = match plan {
+            Plan::Boost(instr) => {
+                let back = addr + instr.len() as u64;
+                // Room for the longest re-encoding (a short branch made
+                // long, `jrcxz`/`loop` through a helper jump) and the jmp back.
+                const COPY: u64 = 48;
+                let at = self.alloc(t, addr, COPY)?;
+                let bytes = relocate(instr, at, back).map_err(impossible)?;
+                if bytes.len() as u64 > COPY {
+                    return Err(impossible(format!("copy of {} bytes", bytes.len())));
+                }
+                t.write_memory(RuntimeAddr(at), &bytes)?;
+                (INPROC_BOOST, at, 0, "boosted")
+            }
+            Plan::Ret => (INPROC_RET, 0, 0, "emulated"),
+            Plan::Call { target, next } => (INPROC_CALL, target, next, "emulated"),
+        };
+        self.next_probe += 1;
+        let mut orig = [0u8];
+        t.read_memory(RuntimeAddr(addr), &mut orig)?;
+        if !self
+            .shm()
+            .publish_inproc(addr, probe_id, kind | INPROC_COUNT, resume, next)
+        {
+            return Err(FastPathError::Shm("in-process trap table full".into()));
+        }
+        t.write_memory(RuntimeAddr(addr), &[0xcc])?;
+        self.installed.push(Installed {
+            addr,
+            original: orig.to_vec(),
+            key: 0,
+        });
+        Ok(InprocInfo {
+            probe_id,
+            addr,
+            execution,
+            instruction: text,
+        })
+    }
+
+    /// Whether the agent reported the `SIGTRAP` handler the in-process
+    /// traps need (it is installed at attach).
+    pub fn inproc_ready(&self) -> bool {
+        self.shm().header().status.load(Relaxed) & hotprobe_abi::STATUS_ATTACHED != 0
+    }
+}
+
+/// Up to `buf.len()` bytes at `addr` (fewer near the end of a mapping).
+fn read_code(t: &mut ProcessTarget, addr: u64, buf: &mut [u8]) -> Result<(), FastPathError> {
+    let mut n = buf.len();
+    loop {
+        match t.read_memory(RuntimeAddr(addr), &mut buf[..n]) {
+            Ok(()) => return Ok(()),
+            Err(e) if n <= 1 => return Err(e.into()),
+            Err(_) => n /= 2,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_ret_call_and_boosts_the_rest() {
+        // ret
+        assert!(matches!(plan_site(&[0xc3], 0x1000), Ok((Plan::Ret, _))));
+        // call rel32 +0x10
+        match plan_site(&[0xe8, 0x10, 0, 0, 0], 0x1000) {
+            Ok((Plan::Call { target, next }, _)) => {
+                assert_eq!((target, next), (0x1015, 0x1005));
+            }
+            _ => panic!("call not emulated"),
+        }
+        // xchg eax, edi; mov rax, [rip+0x100]; jmp rel8
+        for code in [&[0x97][..], &[0x48, 0x8b, 0x05, 0, 1, 0, 0], &[0xeb, 0x10]] {
+            assert!(matches!(plan_site(code, 0x1000), Ok((Plan::Boost(_), _))));
+        }
+        // int3, call [rax]
+        assert!(plan_site(&[0xcc], 0x1000).is_err());
+        assert!(plan_site(&[0xff, 0x10], 0x1000).is_err());
+    }
+
+    #[test]
+    fn relocated_copy_keeps_rip_relative_target_and_jumps_back() {
+        let (Plan::Boost(i), _) = plan_site(&[0x48, 0x8b, 0x05, 0, 1, 0, 0], 0x40_1000).unwrap()
+        else {
+            panic!()
+        };
+        let at = 0x40_8000u64;
+        let code = relocate(i, at, 0x40_1007).unwrap();
+        let mut d = iced_x86::Decoder::with_ip(64, &code, at, 0);
+        let a = d.decode();
+        assert_eq!(a.memory_displacement64(), 0x40_1107);
+        let b = d.decode();
+        assert_eq!(b.near_branch_target(), 0x40_1007);
+    }
+}

@@ -1,0 +1,114 @@
+//! In-process traps: `Count` probes where neither a patch nor a jump fits
+//! (a 2-byte function, a 1-byte function, instructions in the middle of a
+//! function, one of them RIP-relative) are `int3`s the agent's own
+//! `SIGTRAP` handler takes inside the target. With nothing else placed the
+//! process runs untraced: no ptrace stop per hit. The tracee also has a
+//! `SIGTRAP` handler of its own and traps twice itself.
+
+mod support;
+
+use hotprobe::{Action, Mechanism, RunEnd};
+use support::{lines_with, program, spawn};
+
+const THREADS: u64 = 8;
+const ITERS: u64 = 5000;
+
+fn expected_total() -> u64 {
+    (0..THREADS)
+        .flat_map(|id| (0..ITERS).map(move |i| (i + id) + (i + 1 + 1000)))
+        .sum()
+}
+
+#[test]
+fn short_functions_and_mid_function_instructions_count_exactly_without_ptrace_stops() {
+    let bin = program("inproc", &["-O2"]);
+    let mut c = spawn(&bin, &[&THREADS.to_string(), &ITERS.to_string()]);
+    let t = c.target;
+    let mut ids = Vec::new();
+    for (spec, execution) in [
+        ("two_byte", "in-process trap (boosted)"),
+        ("one_byte", "in-process trap (emulated)"),
+        ("mid_fn+3", "in-process trap (boosted)"),
+        ("mid_fn+9", "in-process trap (boosted)"),
+    ] {
+        let added = c.session.add(t, spec, Action::Count).unwrap();
+        let p = &added.placements[0];
+        assert_eq!(p.mechanism, Mechanism::InProcessTrap, "{spec}: {p:?}");
+        assert_eq!(p.execution, execution, "{spec}");
+        ids.push(p.id);
+    }
+    c.session.start().unwrap();
+    assert!(c.session.is_untraced(t), "runs untraced after setup");
+    let stops = c.session.ptrace_stops(t).unwrap();
+    assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+    assert_eq!(
+        c.session.ptrace_stops(t).unwrap(),
+        stops,
+        "no ptrace stop after setup"
+    );
+    for id in &ids {
+        assert_eq!(c.session.stats(*id).unwrap().hits, THREADS * ITERS);
+    }
+    let out = c.output();
+    assert_eq!(
+        lines_with(&out, "total "),
+        vec![format!("total {}", expected_total()).as_str()]
+    );
+    // The program's own SIGTRAP handler saw its own two int3s.
+    assert_eq!(lines_with(&out, "own traps "), vec!["own traps 2"]);
+}
+
+#[test]
+fn detach_restores_the_original_bytes_and_the_program_runs_on() {
+    let bin = program("inproc", &["-O2"]);
+    // Long enough to be detached while it runs.
+    let mut c = spawn(&bin, &[&THREADS.to_string(), "2000000"]);
+    let t = c.target;
+    let pid = c.session.pid(t).unwrap();
+    let site = |c: &mut support::Captured, spec: &str| {
+        let a = c.session.add(t, spec, Action::Count).unwrap();
+        assert_eq!(a.placements[0].mechanism, Mechanism::InProcessTrap);
+        (a.placements[0].id, a.placements[0].addr.0)
+    };
+    let before: Vec<(u64, Vec<u8>)> = ["two_byte", "one_byte", "mid_fn+3"]
+        .iter()
+        .map(|s| {
+            let r = c.session.resolve(t, s).unwrap();
+            (r[0].addr.0, read_mem(pid, r[0].addr.0, 8))
+        })
+        .collect();
+    let placed: Vec<(hotprobe::ProbeId, u64)> = ["two_byte", "one_byte", "mid_fn+3"]
+        .iter()
+        .map(|s| site(&mut c, s))
+        .collect();
+    for (_, a) in &placed {
+        assert_eq!(read_mem(pid, *a, 1), vec![0xcc]);
+    }
+    c.session.start().unwrap();
+    assert!(c.session.is_untraced(t));
+    // Let it hit the sites for a while.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while c.session.stats(placed[0].0).unwrap().hits < 10_000 {
+        assert!(std::time::Instant::now() < deadline, "no hits");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    c.session.detach().unwrap();
+    for (a, bytes) in &before {
+        assert_eq!(&read_mem(pid, *a, 8), bytes, "restored at {a:#x}");
+    }
+    // Counting stopped; the process runs on (untraced) and ends normally.
+    let frozen = c.session.stats(placed[0].0).unwrap().hits;
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(c.session.stats(placed[0].0).unwrap().hits, frozen);
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status();
+}
+
+fn read_mem(pid: i32, addr: u64, len: usize) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut b = vec![0u8; len];
+    f.read_exact_at(&mut b, addr).unwrap();
+    b
+}
