@@ -255,8 +255,87 @@ pub const TRAP_SLOTS_OFFSET: usize = TRAP_RETURNS_OFFSET + TRAP_RETURNS * size_o
 pub const INPROC_OFFSET: usize = TRAP_SLOTS_OFFSET + TRAP_SLOTS * size_of::<TrapSlot>();
 /// Entries of the in-process trap table ([`InprocSite`]; a power of two).
 pub const INPROC_SITES: usize = 4096;
+/// Offset of the shared-memory handler area in the trap table: a
+/// [`HandlerCtl`], then [`HandlerSlot`] × [`HANDLER_SLOTS`].
+pub const HANDLER_OFFSET: usize = INPROC_OFFSET + INPROC_SITES * size_of::<InprocSite>();
+/// Threads that can be in a shared-memory handler call at once (one slot
+/// per thread, claimed at its first call, never released).
+pub const HANDLER_SLOTS: usize = 256;
 /// Bytes of the trap table.
-pub const TRAP_TABLE_SIZE: usize = INPROC_OFFSET + INPROC_SITES * size_of::<InprocSite>();
+pub const TRAP_TABLE_SIZE: usize =
+    HANDLER_OFFSET + size_of::<HandlerCtl>() + HANDLER_SLOTS * size_of::<HandlerSlot>();
+
+/// [`InprocSite::info`] bit: a handler of the tracer's runs at each hit,
+/// through a [`HandlerSlot`] (before the displaced instruction).
+pub const INPROC_HANDLER: u32 = 1 << 9;
+
+/// [`HandlerSlot::state`]: owned by its thread, no call in progress.
+pub const HANDLER_IDLE: u32 = 0;
+/// [`HandlerSlot::state`]: the thread published its registers and waits.
+pub const HANDLER_REQUEST: u32 = 1;
+/// [`HandlerSlot::state`]: the tracer took the request and runs the handler.
+pub const HANDLER_BUSY: u32 = 2;
+/// [`HandlerSlot::state`]: the handler ran; the registers are the ones to
+/// resume with.
+pub const HANDLER_DONE: u32 = 3;
+/// [`HandlerSlot::flags`] bit (tracer): the handler changed the registers.
+pub const HANDLER_MODIFIED: u32 = 1;
+/// [`HandlerSlot::flags`] bit (agent): the thread sleeps on `state` (futex):
+/// the tracer wakes it after storing [`HANDLER_DONE`].
+pub const HANDLER_SLEEPING: u32 = 2;
+/// Registers of a [`HandlerSlot`], in the order of the first words of the
+/// kernel's `ucontext` `gregs`: r8–r15, rdi, rsi, rbp, rbx, rdx, rax, rcx,
+/// rsp, rip, rflags.
+pub const HANDLER_REGS: usize = 18;
+
+/// Control words of the shared-memory handler area.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct HandlerCtl {
+    /// Bumped by the agent after each request (the tracer's futex word).
+    pub doorbell: AtomicU32,
+    /// Non-zero while the tracer sleeps on `doorbell`: the agent wakes it.
+    pub tracer_sleeping: AtomicU32,
+    /// Slots claimed so far (the tracer scans `0..in_use`).
+    pub in_use: AtomicU32,
+    /// Reserved, zero.
+    pub reserved: u32,
+    /// Nanoseconds a thread spins for the answer before it sleeps (tracer).
+    pub spin_ns: AtomicU64,
+    /// Nanoseconds after which a thread gives up a request the tracer has
+    /// not taken, and resumes unmodified (tracer; 0: one second).
+    pub timeout_ns: AtomicU64,
+    /// Calls given up that way, or refused (no slot, a thread already in
+    /// a call): the handlers' `nmissed` (agent).
+    pub missed: AtomicU64,
+    /// Reserved, zero.
+    pub reserved2: [u64; 3],
+}
+const _: () = assert!(size_of::<HandlerCtl>() == 64);
+
+/// One thread's shared-memory handler call: the agent's `SIGTRAP` handler
+/// stores the registers and the site's counter, sets `state` to
+/// [`HANDLER_REQUEST`] (Release) and waits for [`HANDLER_DONE`]; the tracer
+/// moves it to [`HANDLER_BUSY`] (CAS), runs the handler, writes the
+/// registers back with [`HANDLER_MODIFIED`], and stores `DONE` (Release).
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct HandlerSlot {
+    /// [`HANDLER_IDLE`], [`HANDLER_REQUEST`], [`HANDLER_BUSY`],
+    /// [`HANDLER_DONE`]; the agent's futex word.
+    pub state: AtomicU32,
+    /// The owning thread (Linux tid); 0 = free.
+    pub tid: AtomicU32,
+    /// The site's counter (fast-path probe id) of the call.
+    pub counter: AtomicU32,
+    /// [`HANDLER_MODIFIED`], [`HANDLER_SLEEPING`].
+    pub flags: AtomicU32,
+    /// The probed address (the `int3`).
+    pub addr: AtomicU64,
+    /// The registers (see [`HANDLER_REGS`]).
+    pub regs: [AtomicU64; HANDLER_REGS],
+}
+const _: () = assert!(size_of::<HandlerSlot>() == 192);
 
 /// [`InprocSite::info`]: the thread resumes at [`InprocSite::resume`] (a
 /// boosted copy of the displaced instruction followed by a `jmp` back).

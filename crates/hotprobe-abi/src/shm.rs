@@ -2,7 +2,7 @@
 
 use core::ptr::NonNull;
 use core::sync::atomic::AtomicU64;
-use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use core::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 
 use crate::layout::{
     site_hash, slot_values, Header, HeaderFields, InprocSite, Layout, Params, RingCtl, SiteSlot,
@@ -10,6 +10,7 @@ use crate::layout::{
     MAGIC, THREAD_COUNTERS_OFFSET, TRAP_PRESENT, TRAP_REGIONS, TRAP_RETURNS, TRAP_RETURNS_OFFSET,
     TRAP_SLOTS, TRAP_SLOTS_OFFSET, VERSION,
 };
+use crate::layout::{HandlerCtl, HandlerSlot, HANDLER_OFFSET, HANDLER_SLOTS};
 use crate::ring::{Consumer, Producer};
 use crate::AbiError;
 
@@ -700,5 +701,53 @@ impl Shm {
             s.resume.load(Relaxed),
             s.next.load(Relaxed),
         ))
+    }
+}
+
+/// The shared-memory handler area (see [`HandlerSlot`]).
+impl Shm {
+    /// The control words.
+    pub fn handler_ctl(&self) -> &HandlerCtl {
+        // SAFETY: in bounds (layout), 64-byte aligned (the trap table is
+        // page-aligned, every part before is a multiple of 64), all atomics.
+        unsafe { &*(self.traps_base().add(HANDLER_OFFSET) as *const HandlerCtl) }
+    }
+
+    /// Every slot.
+    pub fn handler_slots(&self) -> &[HandlerSlot] {
+        // SAFETY: in bounds (layout), aligned as above, all atomics.
+        unsafe {
+            core::slice::from_raw_parts(
+                self.traps_base()
+                    .add(HANDLER_OFFSET + core::mem::size_of::<HandlerCtl>())
+                    as *const HandlerSlot,
+                HANDLER_SLOTS,
+            )
+        }
+    }
+
+    /// The slot of thread `tid`, claimed on first use (agent side; only
+    /// atomics: callable from a signal handler). None when every slot is
+    /// taken.
+    pub fn handler_slot_for(&self, tid: u32) -> Option<&HandlerSlot> {
+        if tid == 0 {
+            return None;
+        }
+        let slots = self.handler_slots();
+        let mut i = site_hash(u64::from(tid), 64 - HANDLER_SLOTS.trailing_zeros());
+        for _ in 0..slots.len() {
+            let s = slots.get(i & (slots.len() - 1))?;
+            let owner = s.tid.load(Acquire);
+            if owner == tid {
+                return Some(s);
+            }
+            if owner == 0 && s.tid.compare_exchange(0, tid, AcqRel, Acquire).is_ok() {
+                let n = (i & (slots.len() - 1)) as u32 + 1;
+                self.handler_ctl().in_use.fetch_max(n, Relaxed);
+                return Some(s);
+            }
+            i = i.wrapping_add(1);
+        }
+        None
     }
 }

@@ -24,14 +24,28 @@
 //! original byte at detach finds its entry (entries are never removed).
 //! A `SIGTRAP` whose `rip - 1` is not in the table goes on to the rest of
 //! the agent's handler, then to the program's own (chained).
-//! Only atomics and plain loads and stores: async-signal-safe,
+//!
+//! A site with a handler of the tracer's (`INPROC_HANDLER`) first hands
+//! the thread's registers to the tracer through the thread's
+//! `hotprobe_abi::HandlerSlot` ([`call_tracer`]): the thread spins for the
+//! answer for `HandlerCtl::spin_ns`, then sleeps on the slot's state word
+//! (futex); the tracer runs the handler, writes the registers back and
+//! wakes it. A request the tracer does not take within
+//! `HandlerCtl::timeout_ns` (a dead or stuck tracer) is withdrawn and the
+//! thread resumes unmodified, counted in `HandlerCtl::missed`; a request
+//! it took is waited for as long as the tracer's heartbeat is fresh.
+//!
+//! Only atomics, plain loads and stores, and the `futex`,
+//! `clock_gettime` and `gettid` system calls: async-signal-safe,
 //! allocation-free, lock-free.
 
 use core::sync::atomic::AtomicPtr;
 use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 use hotprobe_abi::{
-    Shm, CONTROL_ENABLED, INPROC_BOOST, INPROC_CALL, INPROC_COUNT, INPROC_KIND_MASK, INPROC_RET,
+    Shm, CONTROL_ENABLED, HANDLER_BUSY, HANDLER_DONE, HANDLER_IDLE, HANDLER_MODIFIED, HANDLER_REGS,
+    HANDLER_REQUEST, HANDLER_SLEEPING, INPROC_BOOST, INPROC_CALL, INPROC_COUNT, INPROC_HANDLER,
+    INPROC_KIND_MASK, INPROC_RET,
 };
 
 const SI_KERNEL: i32 = 0x80;
@@ -73,6 +87,18 @@ pub(crate) fn handle(info: &libc::siginfo_t, uc: &mut libc::ucontext_t) -> bool 
             }
         }
     }
+    if flags & INPROC_HANDLER != 0 {
+        if let Some(shm) = crate::shm() {
+            if shm.header().control.load(Relaxed) & CONTROL_ENABLED != 0 {
+                call_tracer(shm, counter, at, gregs);
+                if gregs[libc::REG_RIP as usize] as u64 != at {
+                    // The handler moved the thread: the displaced
+                    // instruction is skipped (a Kprobes pre handler's redirect).
+                    return true;
+                }
+            }
+        }
+    }
     match flags & INPROC_KIND_MASK {
         INPROC_BOOST => gregs[libc::REG_RIP as usize] = resume as i64,
         INPROC_RET => {
@@ -95,4 +121,115 @@ pub(crate) fn handle(info: &libc::siginfo_t, uc: &mut libc::ucontext_t) -> bool 
         _ => return false,
     }
     true
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds (async-signal-safe).
+fn now_ns() -> u64 {
+    // SAFETY: an all-zero timespec is valid; clock_gettime writes it.
+    let mut ts: libc::timespec = unsafe { core::mem::zeroed() };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// `futex(word, op, val, timeout)` on a shared (not private) word.
+fn futex(word: &core::sync::atomic::AtomicU32, op: i32, val: u32, timeout_ns: u64) {
+    let ts = libc::timespec {
+        tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
+    };
+    let tsp = if op == libc::FUTEX_WAIT {
+        &ts as *const libc::timespec
+    } else {
+        core::ptr::null()
+    };
+    // SAFETY: `word` is a valid, aligned u32 in shared memory; the
+    // timeout, when passed, is a valid timespec.
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), op, val, tsp) };
+}
+
+/// Hands the registers in `gregs` to the tracer's handler for the site at
+/// `at` (counter `counter`) and takes back the ones it returns (see the
+/// module docs).
+fn call_tracer(shm: &Shm, counter: u32, at: u64, gregs: &mut [libc::greg_t]) {
+    let ctl = shm.handler_ctl();
+    let tid = crate::hit::gettid();
+    let Some(slot) = shm.handler_slot_for(tid) else {
+        ctl.missed.fetch_add(1, Relaxed);
+        return;
+    };
+    if slot.state.load(Relaxed) != HANDLER_IDLE {
+        // This thread is already in a call (a signal handler interrupting
+        // the agent): the nested hit runs without its handler.
+        ctl.missed.fetch_add(1, Relaxed);
+        return;
+    }
+    for (i, r) in slot.regs.iter().enumerate().take(HANDLER_REGS) {
+        r.store(gregs[i] as u64, Relaxed);
+    }
+    slot.regs[16].store(at, Relaxed);
+    slot.counter.store(counter, Relaxed);
+    slot.addr.store(at, Relaxed);
+    slot.flags.store(0, Relaxed);
+    // Release pairs with the tracer's Acquire CAS REQUEST -> BUSY: the
+    // registers are seen with the request.
+    slot.state.store(HANDLER_REQUEST, Release);
+    ctl.doorbell.fetch_add(1, Release);
+    if ctl.tracer_sleeping.load(Acquire) != 0 {
+        futex(&ctl.doorbell, libc::FUTEX_WAKE, i32::MAX as u32, 0);
+    }
+    let spin = ctl.spin_ns.load(Relaxed);
+    let timeout = match ctl.timeout_ns.load(Relaxed) {
+        0 => 1_000_000_000,
+        t => t,
+    };
+    let start = now_ns();
+    let mut n = 0u32;
+    // Acquire pairs with the tracer's Release store of DONE: the registers
+    // it wrote are seen.
+    let done = loop {
+        let st = slot.state.load(Acquire);
+        if st == HANDLER_DONE {
+            break true;
+        }
+        n = n.wrapping_add(1);
+        if n % 64 != 0 {
+            core::hint::spin_loop();
+            continue;
+        }
+        let elapsed = now_ns().wrapping_sub(start);
+        if st == HANDLER_REQUEST && elapsed > timeout {
+            // Not taken: withdraw it (the tracer's CAS fails if this wins).
+            if slot
+                .state
+                .compare_exchange(HANDLER_REQUEST, HANDLER_IDLE, Acquire, Relaxed)
+                .is_ok()
+            {
+                ctl.missed.fetch_add(1, Relaxed);
+                return;
+            }
+            continue;
+        }
+        if st == HANDLER_BUSY && elapsed > timeout && crate::tracer_gone_now(shm) {
+            // Taken by a tracer that died meanwhile: resume unmodified
+            // (the slot stays BUSY; the thread makes no more calls).
+            ctl.missed.fetch_add(1, Relaxed);
+            return;
+        }
+        if elapsed >= spin {
+            slot.flags.fetch_or(HANDLER_SLEEPING, Relaxed);
+            // Sleeps only while the state is still `st` (the futex
+            // compares): a DONE stored meanwhile is not slept through.
+            futex(&slot.state, libc::FUTEX_WAIT, st, 1_000_000);
+        }
+    };
+    if done {
+        if slot.flags.load(Relaxed) & HANDLER_MODIFIED != 0 {
+            for (i, r) in slot.regs.iter().enumerate().take(HANDLER_REGS) {
+                gregs[i] = r.load(Relaxed) as libc::greg_t;
+            }
+        }
+        slot.flags.store(0, Relaxed);
+        slot.state.store(HANDLER_IDLE, Relaxed);
+    }
 }

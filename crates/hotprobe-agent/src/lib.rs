@@ -218,6 +218,15 @@ fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
     Ok(())
 }
 
+/// Whether the tracer of `shm` stopped beating (its heartbeat is older
+/// than its timeout). Not "no tracer attached": a session may run its
+/// process untraced. Async-signal-safe.
+pub(crate) fn tracer_gone_now(shm: &Shm) -> bool {
+    let h = shm.header();
+    let timeout = h.heartbeat_timeout_tsc.load(Relaxed);
+    timeout != 0 && rdtsc().wrapping_sub(h.heartbeat_tsc.load(Relaxed)) as i64 > timeout as i64
+}
+
 /// In a forked child that does not follow forks: forget the shared memory
 /// (every path into it checks [`shm`] first), and the attach in progress
 /// the parent may have had on another thread (it does not exist here).

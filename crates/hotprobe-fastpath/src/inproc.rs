@@ -26,9 +26,14 @@
 //! are never unmapped).
 
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
 
-use hotprobe_abi::{INPROC_BOOST, INPROC_CALL, INPROC_COUNT, INPROC_RET};
+use hotprobe_abi::{
+    HANDLER_BUSY, HANDLER_DONE, HANDLER_MODIFIED, HANDLER_REQUEST, HANDLER_SLEEPING, INPROC_BOOST,
+    INPROC_CALL, INPROC_COUNT, INPROC_HANDLER, INPROC_RET,
+};
 use hotprobe_process::ProcessTarget;
+use hotprobe_target::Registers;
 use hotprobe_target::{RuntimeAddr, Target};
 use hotprobe_x86::iced_x86::{
     BlockEncoder, BlockEncoderOptions, Code, Instruction, InstructionBlock,
@@ -116,6 +121,26 @@ impl FastPath {
         t: &mut ProcessTarget,
         addr: u64,
     ) -> Result<InprocInfo, FastPathError> {
+        self.place_inproc(t, addr, 0)
+    }
+
+    /// As [`FastPath::add_inproc`], and each hit also calls the tracer's
+    /// handler through shared memory before the displaced instruction
+    /// runs (see [`FastPath::take_handler_call`]).
+    pub fn add_inproc_handler(
+        &mut self,
+        t: &mut ProcessTarget,
+        addr: u64,
+    ) -> Result<InprocInfo, FastPathError> {
+        self.place_inproc(t, addr, INPROC_HANDLER)
+    }
+
+    fn place_inproc(
+        &mut self,
+        t: &mut ProcessTarget,
+        addr: u64,
+        extra: u32,
+    ) -> Result<InprocInfo, FastPathError> {
         let mut code = [0u8; 16];
         read_code(t, addr, &mut code)?;
         let impossible = |why: String| FastPathError::Impossible {
@@ -153,7 +178,7 @@ impl FastPath {
         t.read_memory(RuntimeAddr(addr), &mut orig)?;
         if !self
             .shm()
-            .publish_inproc(addr, probe_id, kind | INPROC_COUNT, resume, next)
+            .publish_inproc(addr, probe_id, kind | INPROC_COUNT | extra, resume, next)
         {
             return Err(FastPathError::Shm("in-process trap table full".into()));
         }
@@ -175,6 +200,169 @@ impl FastPath {
     /// traps need (it is installed at attach).
     pub fn inproc_ready(&self) -> bool {
         self.shm().header().status.load(Relaxed) & hotprobe_abi::STATUS_ATTACHED != 0
+    }
+}
+
+/// A thread waiting in a shared-memory handler call
+/// ([`FastPath::take_handler_call`]).
+#[derive(Clone, Debug)]
+pub struct HandlerCall {
+    slot: usize,
+    /// The thread (Linux tid).
+    pub tid: u32,
+    /// The site's counter (fast-path probe id).
+    pub counter: u32,
+    /// The probed address.
+    pub addr: u64,
+    /// The thread's registers at the hit (`rip` = `addr`); segment and
+    /// base registers are not carried (zero).
+    pub regs: Registers,
+}
+
+/// `ucontext` `gregs` order of a handler slot's registers.
+fn regs_from_slot(w: &[u64]) -> Registers {
+    Registers {
+        r8: w[0],
+        r9: w[1],
+        r10: w[2],
+        r11: w[3],
+        r12: w[4],
+        r13: w[5],
+        r14: w[6],
+        r15: w[7],
+        rdi: w[8],
+        rsi: w[9],
+        rbp: w[10],
+        rbx: w[11],
+        rdx: w[12],
+        rax: w[13],
+        rcx: w[14],
+        rsp: w[15],
+        rip: w[16],
+        rflags: w[17],
+        ..Registers::default()
+    }
+}
+
+fn regs_to_slot(r: &Registers) -> [u64; hotprobe_abi::HANDLER_REGS] {
+    [
+        r.r8, r.r9, r.r10, r.r11, r.r12, r.r13, r.r14, r.r15, r.rdi, r.rsi, r.rbp, r.rbx, r.rdx,
+        r.rax, r.rcx, r.rsp, r.rip, r.rflags,
+    ]
+}
+
+fn futex(word: &std::sync::atomic::AtomicU32, op: i32, val: u32, timeout: Option<Duration>) {
+    let ts = timeout.map(|d| libc::timespec {
+        tv_sec: d.as_secs() as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    });
+    let tsp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `word` is a valid, aligned u32 in the shared mapping; `tsp`
+    // is null or a valid timespec.
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), op, val, tsp) };
+}
+
+impl FastPath {
+    /// How long a thread spins for its handler's answer before it sleeps
+    /// (futex), and how long it waits for the tracer to take a request
+    /// before it resumes unmodified (counted missed).
+    pub fn set_handler_wait(&self, spin: Duration, timeout: Duration) {
+        let c = self.shm().handler_ctl();
+        c.spin_ns.store(spin.as_nanos() as u64, Relaxed);
+        c.timeout_ns
+            .store(timeout.as_nanos().max(1) as u64, Relaxed);
+    }
+
+    /// The doorbell: bumped by every request (pass it to
+    /// [`FastPath::wait_handler_calls`]).
+    pub fn handler_doorbell(&self) -> u32 {
+        self.shm()
+            .handler_ctl()
+            .doorbell
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Waits until the doorbell differs from `seen`: spins for `spin`,
+    /// then sleeps on it (futex) until `deadline`.
+    pub fn wait_handler_calls(&self, seen: u32, spin: Duration, deadline: Instant) {
+        let c = self.shm().handler_ctl();
+        let start = Instant::now();
+        while self.handler_doorbell() == seen {
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            if now - start < spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            c.tracer_sleeping
+                .store(1, std::sync::atomic::Ordering::SeqCst);
+            if self.handler_doorbell() == seen {
+                futex(&c.doorbell, libc::FUTEX_WAIT, seen, Some(deadline - now));
+            }
+            c.tracer_sleeping.store(0, Relaxed);
+        }
+    }
+
+    /// Takes one waiting handler call, if any (its thread waits until
+    /// [`FastPath::finish_handler_call`]).
+    pub fn take_handler_call(&self) -> Option<HandlerCall> {
+        use std::sync::atomic::Ordering::Acquire;
+        let shm = self.shm();
+        let n = shm.handler_ctl().in_use.load(Acquire) as usize;
+        for (i, s) in shm.handler_slots().iter().enumerate().take(n) {
+            if s.state.load(Relaxed) != HANDLER_REQUEST {
+                continue;
+            }
+            // Acquire pairs with the agent's Release store of REQUEST.
+            if s.state
+                .compare_exchange(HANDLER_REQUEST, HANDLER_BUSY, Acquire, Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            let w: Vec<u64> = s.regs.iter().map(|r| r.load(Relaxed)).collect();
+            return Some(HandlerCall {
+                slot: i,
+                tid: s.tid.load(Relaxed),
+                counter: s.counter.load(Relaxed),
+                addr: s.addr.load(Relaxed),
+                regs: regs_from_slot(&w),
+            });
+        }
+        None
+    }
+
+    /// Ends a handler call: the thread resumes with `regs` (when the
+    /// handler changed them) and is woken if it sleeps.
+    pub fn finish_handler_call(&self, call: &HandlerCall, regs: Option<&Registers>) {
+        let Some(s) = self.shm().handler_slots().get(call.slot) else {
+            return;
+        };
+        if let Some(r) = regs {
+            for (w, v) in s.regs.iter().zip(regs_to_slot(r)) {
+                w.store(v, Relaxed);
+            }
+            s.flags.fetch_or(HANDLER_MODIFIED, Relaxed);
+        }
+        // Release pairs with the agent's Acquire load of DONE; a locked
+        // exchange (a full barrier) so that the flag read below is not
+        // ordered before it (the agent sets SLEEPING with a locked RMW
+        // before its futex compares the state: one of the two sees the other).
+        s.state
+            .swap(HANDLER_DONE, std::sync::atomic::Ordering::SeqCst);
+        if s.flags.load(Relaxed) & HANDLER_SLEEPING != 0 {
+            futex(&s.state, libc::FUTEX_WAKE, 1, None);
+        }
+    }
+
+    /// Handler calls not made: withdrawn after the timeout, or refused (no
+    /// slot, a nested hit).
+    pub fn handlers_missed(&self) -> u64 {
+        self.shm().handler_ctl().missed.load(Relaxed)
     }
 }
 

@@ -50,7 +50,7 @@ use hotprobe_x86::plan_jump;
 pub use hotprobe_abi::{
     Event as RecordedEvent, EXIT_UNWOUND, KIND_ENTRY, KIND_EXIT, KIND_HIT, TRAP_GUARD, TRAP_RETURN,
 };
-pub use inproc::InprocInfo;
+pub use inproc::{HandlerCall, InprocInfo};
 pub use plan::{
     explain, probe_list_path, ExitSite, FunctionInfo, FunctionPlan, Mechanism, MechanismChoice,
     ModuleInfo, PatchKind, SitePlan,

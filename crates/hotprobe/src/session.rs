@@ -270,6 +270,9 @@ struct Slot {
     publishers: HashMap<ProbeId, ProbeId>,
     /// In-process traps placed (see `session_inproc`).
     inproc: usize,
+    /// Probes whose pre handler runs through shared memory, by fast-path
+    /// counter (see `session_inproc`).
+    shm_handlers: HashMap<u32, (ProbeId, Probe)>,
 }
 
 impl Slot {
@@ -497,6 +500,9 @@ pub struct Session {
     config: SessionConfig,
     /// Options of plugin probes being added (see [`Session::add_plugin`]).
     plugin_options: Option<PluginOptions>,
+    /// How long each side of a shared-memory handler call spins before
+    /// it sleeps (see [`Session::set_handler_spin`]); `None`: the default.
+    handler_spin: Option<Duration>,
 }
 
 /// Where a resolved site goes.
@@ -524,6 +530,7 @@ impl Session {
             slots: Vec::new(),
             config,
             plugin_options: None,
+            handler_spin: None,
         }
     }
 
@@ -619,6 +626,7 @@ impl Session {
             guards: HashMap::new(),
             publishers: HashMap::new(),
             inproc: 0,
+            shm_handlers: HashMap::new(),
         });
         let follow = self.config.follow_forks && pid.is_some();
         let slot = &mut self.slots[id];
@@ -938,6 +946,16 @@ impl Session {
                         return self.add_pending(t, spec, Some(p), None, false, is_return, e)
                     }
                     r => r?,
+                };
+                let p = match self.place_shm_handler(t, &r, p, spec.to_string())? {
+                    Ok(placed) => {
+                        self.maybe_release(t.0);
+                        return Ok(Added {
+                            placements: vec![placed],
+                            ..Added::default()
+                        });
+                    }
+                    Err(p) => p,
                 };
                 let id = self.probe_addr(t, r.addr, p)?;
                 return Ok(Added {
@@ -1971,6 +1989,13 @@ impl Session {
     /// Waits up to `timeout` for one event of slot `i` and handles it, for
     /// every mechanism of the target. True when a handler asked to stop.
     fn poll_slot(&mut self, i: usize, timeout: Option<Duration>) -> Result<bool, EngineError> {
+        let mut timeout = timeout;
+        if !self.slots[i].shm_handlers.is_empty() && self.slots[i].engine.gone().is_none() {
+            if self.serve_handlers(i, timeout) {
+                return Ok(true);
+            }
+            timeout = Some(Duration::ZERO);
+        }
         let slot = &mut self.slots[i];
         let ev = match slot.engine.target().wait(timeout) {
             Ok(ev) => ev,

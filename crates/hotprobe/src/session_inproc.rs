@@ -20,6 +20,7 @@
 //! detach.
 
 use super::*;
+use std::time::{Duration, Instant};
 
 impl Session {
     /// Places a `Count` probe at `r` as an in-process trap; `Err(why)`
@@ -127,6 +128,160 @@ impl Session {
                     "cannot run untraced: {e}; the process stays traced"
                 ));
             }
+        }
+    }
+}
+
+/// Default spin of each side of a shared-memory handler call.
+const DEFAULT_HANDLER_SPIN: Duration = Duration::from_micros(50);
+/// A request the tracer does not take within this is withdrawn.
+const HANDLER_TIMEOUT: Duration = Duration::from_secs(1);
+
+impl Session {
+    /// How long each side of a shared-memory handler call spins before it
+    /// sleeps on a futex: the target's thread for the answer, the session
+    /// for the next request (default 50 µs; zero: both sleep at once).
+    /// Applies to targets whose first such probe is added afterwards, and
+    /// to the session's own waiting at once.
+    pub fn set_handler_spin(&mut self, spin: Duration) {
+        self.handler_spin = Some(spin);
+        for s in &self.slots {
+            if let (Fast::On(fp), false) = (&s.fast, s.shm_handlers.is_empty()) {
+                fp.set_handler_wait(spin, HANDLER_TIMEOUT);
+            }
+        }
+    }
+
+    fn spin(&self) -> Duration {
+        self.handler_spin.unwrap_or(DEFAULT_HANDLER_SPIN)
+    }
+
+    /// Places a probe with a pre handler (and no post handler) as an
+    /// in-process trap whose handler runs here through shared memory: no
+    /// ptrace stop. `Ok(Err(probe))` (the probe handed back) when it cannot
+    /// go there: the caller places it on the trap.
+    pub(super) fn place_shm_handler(
+        &mut self,
+        t: TargetId,
+        r: &ResolvedProbe,
+        probe: Probe,
+        label: String,
+    ) -> Result<Result<Placement, Probe>, EngineError> {
+        if probe.post.is_some() || self.config.mechanism != MechanismChoice::Auto {
+            return Ok(Err(probe));
+        }
+        let config = self.config.fast_path;
+        let spin = self.spin();
+        let slot = self.slot(t)?;
+        if !slot.is_process()
+            || slot.plugin.is_some()
+            || slot.engine.execution_of(r.addr).is_some()
+            || slot.ensure_fast(&config).is_err()
+        {
+            return Ok(Err(probe));
+        }
+        let started = slot.engine.started;
+        let Slot { engine, fast, .. } = slot;
+        let Fast::On(fp) = fast else {
+            return Ok(Err(probe));
+        };
+        let Some(pt) = Slot::process(engine) else {
+            return Ok(Err(probe));
+        };
+        let placed = fp.add_inproc_handler(pt, r.addr.0);
+        if started {
+            pt.resume_all()?;
+        }
+        let Ok(info) = placed else {
+            return Ok(Err(probe));
+        };
+        fp.set_handler_wait(spin, HANDLER_TIMEOUT);
+        let id = slot.engine.new_id();
+        slot.fast_probes
+            .entry(id)
+            .or_insert_with(|| FastProbe {
+                counters: Vec::new(),
+            })
+            .counters
+            .push((info.probe_id, None));
+        let c = info.probe_id as usize;
+        if slot.fast_ids.len() <= c {
+            slot.fast_ids.resize(c + 1, None);
+        }
+        slot.fast_ids[c] = Some(id);
+        slot.inproc += 1;
+        slot.shm_handlers.insert(info.probe_id, (id, probe));
+        Ok(Ok(Placement {
+            id,
+            label,
+            addr: r.addr,
+            function: r.function.clone(),
+            module: r.module.clone(),
+            is_return: r.is_return,
+            mechanism: Mechanism::InProcessTrap,
+            reason: format!(
+                "the pre handler runs in hotprobe through shared memory ({})",
+                info.instruction
+            ),
+            execution: format!(
+                "{} ({}, shared-memory handler)",
+                Mechanism::InProcessTrap,
+                info.execution
+            ),
+        }))
+    }
+
+    /// Runs the shared-memory handler calls of slot `i` for up to
+    /// `timeout` (20 ms without one): spinning for the next request for
+    /// the handler spin, then sleeping on the doorbell. True when a
+    /// handler asked to stop.
+    pub(super) fn serve_handlers(&mut self, i: usize, timeout: Option<Duration>) -> bool {
+        let spin = self.spin();
+        let deadline = Instant::now() + timeout.unwrap_or(Duration::from_millis(20));
+        let slot = &mut self.slots[i];
+        let Slot {
+            engine,
+            fast,
+            shm_handlers,
+            ..
+        } = slot;
+        let Fast::On(fp) = fast else {
+            return false;
+        };
+        let mut stop = false;
+        loop {
+            let seen = fp.handler_doorbell();
+            while let Some(call) = fp.take_handler_call() {
+                let Some((id, probe)) = shm_handlers.get_mut(&call.counter) else {
+                    fp.finish_handler_call(&call, None);
+                    continue;
+                };
+                let mut regs = crate::handler::HitRegs::complete(call.regs);
+                {
+                    let target: &mut dyn Target = engine.target();
+                    let mut ctx = crate::HitContext {
+                        target: RefCell::new(target),
+                        thread: hotprobe_target::ThreadId(u64::from(call.tid)),
+                        regs: &mut regs,
+                        probe: *id,
+                        addr: RuntimeAddr(call.addr),
+                        kind: crate::HitKind::Pre,
+                        stop: &mut stop,
+                        symbolizer: None,
+                        entry: None,
+                        fetch_error: RefCell::new(None),
+                    };
+                    if let Some(pre) = probe.pre.as_mut() {
+                        pre(&mut ctx);
+                    }
+                }
+                let after = regs.fetched().copied().filter(|r| *r != call.regs);
+                fp.finish_handler_call(&call, after.as_ref());
+            }
+            if stop || Instant::now() >= deadline {
+                return stop;
+            }
+            fp.wait_handler_calls(seen, spin, deadline);
         }
     }
 }

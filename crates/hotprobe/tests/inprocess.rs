@@ -112,3 +112,61 @@ fn read_mem(pid: i32, addr: u64, len: usize) -> Vec<u8> {
     f.read_exact_at(&mut b, addr).unwrap();
     b
 }
+
+/// A pre handler at `mid_fn+9` (`add eax, edi`) adds one to `rax` through
+/// the shared-memory path: every call of `mid_fn` returns one more.
+fn handler_changes_result(spin: std::time::Duration) {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    let bin = program("inproc", &["-O2"]);
+    let mut c = spawn(&bin, &[&THREADS.to_string(), &ITERS.to_string()]);
+    c.session.set_handler_spin(spin);
+    let t = c.target;
+    let calls = Rc::new(Cell::new(0u64));
+    let bad_reads = Rc::new(Cell::new(0u64));
+    let (seen, bad) = (calls.clone(), bad_reads.clone());
+    let probe = hotprobe::Probe::new().pre(move |ctx| {
+        seen.set(seen.get() + 1);
+        let regs = *ctx.regs();
+        // The target's memory: [rsp] is mid_fn's return address, in
+        // worker (an address of the program's text, not 0).
+        if ctx.read_u64(regs.rsp).map_or(true, |r| r == 0) {
+            bad.set(bad.get() + 1);
+        }
+        ctx.regs_mut().rax = regs.rax + 1;
+    });
+    let added = c
+        .session
+        .add(t, "mid_fn+9", Action::Handler(probe))
+        .unwrap();
+    let p = &added.placements[0];
+    assert_eq!(p.mechanism, Mechanism::InProcessTrap, "{p:?}");
+    assert_eq!(
+        p.execution,
+        "in-process trap (boosted, shared-memory handler)"
+    );
+    c.session.start().unwrap();
+    assert!(c.session.is_untraced(t));
+    let stops = c.session.ptrace_stops(t).unwrap();
+    assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+    assert_eq!(c.session.ptrace_stops(t).unwrap(), stops, "no ptrace stop");
+    assert_eq!(calls.get(), THREADS * ITERS);
+    assert_eq!(bad_reads.get(), 0);
+    assert_eq!(c.session.stats(p.id).unwrap().hits, THREADS * ITERS);
+    let out = c.output();
+    assert_eq!(
+        lines_with(&out, "total "),
+        vec![format!("total {}", expected_total() + THREADS * ITERS).as_str()]
+    );
+    assert_eq!(lines_with(&out, "own traps "), vec!["own traps 2"]);
+}
+
+#[test]
+fn a_shared_memory_handler_writing_a_register_changes_the_result_spinning() {
+    handler_changes_result(std::time::Duration::from_micros(50));
+}
+
+#[test]
+fn a_shared_memory_handler_writing_a_register_changes_the_result_sleeping() {
+    handler_changes_result(std::time::Duration::ZERO);
+}
