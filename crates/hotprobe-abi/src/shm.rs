@@ -691,6 +691,19 @@ impl Shm {
         }
     }
 
+    /// Sets (`on`) or clears the `bits` of the in-process trap at `addr`'s
+    /// info (tracer side): [`crate::INPROC_COUNT`] and
+    /// [`crate::INPROC_HANDLER`] enable and disable it; the `int3` stays.
+    pub fn set_inproc_bits(&self, addr: u64, bits: u32, on: bool) {
+        if let Some(s) = self.inproc_slot(addr, false) {
+            if on {
+                s.info.fetch_or(bits, Relaxed);
+            } else {
+                s.info.fetch_and(!bits, Relaxed);
+            }
+        }
+    }
+
     /// The in-process trap at `addr`: `(counter, info, resume, next)`.
     /// Only atomics: callable from a signal handler.
     pub fn lookup_inproc(&self, addr: u64) -> Option<(u32, u32, u64, u64)> {

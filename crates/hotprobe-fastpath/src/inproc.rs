@@ -196,6 +196,14 @@ impl FastPath {
         })
     }
 
+    /// Enables or disables the in-process trap at `addr` (its counting,
+    /// and its handler if it has one): a disabled one still executes the
+    /// displaced instruction; its `int3` goes at detach.
+    pub fn set_inproc_enabled(&self, addr: u64, handler: bool, enabled: bool) {
+        let bits = INPROC_COUNT | if handler { INPROC_HANDLER } else { 0 };
+        self.shm().set_inproc_bits(addr, bits, enabled);
+    }
+
     /// Whether the agent reported the `SIGTRAP` handler the in-process
     /// traps need (it is installed at attach).
     pub fn inproc_ready(&self) -> bool {

@@ -268,8 +268,9 @@ struct Slot {
     /// before them, that publishes each call in the trap table before
     /// the return address is swapped ([`publisher`]).
     publishers: HashMap<ProbeId, ProbeId>,
-    /// In-process traps placed (see `session_inproc`).
-    inproc: usize,
+    /// In-process traps placed (see `session_inproc`): probe → (address,
+    /// has a shared-memory handler).
+    inproc: HashMap<ProbeId, (u64, bool)>,
     /// Probes whose pre handler runs through shared memory, by fast-path
     /// counter (see `session_inproc`).
     shm_handlers: HashMap<u32, (ProbeId, Probe)>,
@@ -625,7 +626,7 @@ impl Session {
             published: HashMap::new(),
             guards: HashMap::new(),
             publishers: HashMap::new(),
-            inproc: 0,
+            inproc: HashMap::new(),
             shm_handlers: HashMap::new(),
         });
         let follow = self.config.follow_forks && pid.is_some();
@@ -1603,6 +1604,10 @@ impl Session {
                     reason,
                 });
         }
+        if let (Some(&(addr, handler)), Fast::On(fp)) = (slot.inproc.get(&id), &slot.fast) {
+            fp.set_inproc_enabled(addr, handler, enabled);
+            return Ok(());
+        }
         if slot.fast_probes.contains_key(&id) {
             return Err(EngineError::RefusedSpec {
                 spec: format!("probe {}", id.0),
@@ -1620,6 +1625,12 @@ impl Session {
                 spec: format!("probe {}", id.0),
                 reason: "QEMU plugin probes stay candidates: disable it instead".into(),
             });
+        }
+        if let (Some(&(addr, handler)), Fast::On(fp)) = (slot.inproc.get(&id), &slot.fast) {
+            // Disabled for good (its handler dropped); the int3 goes at detach.
+            fp.set_inproc_enabled(addr, handler, false);
+            slot.shm_handlers.retain(|_, (p, _)| *p != id);
+            return Ok(());
         }
         if slot.fast_probes.contains_key(&id) {
             return Err(EngineError::RefusedSpec {

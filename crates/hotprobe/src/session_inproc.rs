@@ -73,7 +73,7 @@ impl Session {
             slot.fast_ids.resize(c + 1, None);
         }
         slot.fast_ids[c] = Some(id);
-        slot.inproc += 1;
+        slot.inproc.insert(id, (r.addr.0, false));
         Ok(Ok(Placement {
             id,
             label,
@@ -111,7 +111,7 @@ impl Session {
     pub(super) fn maybe_release(&mut self, i: usize) {
         let follow = self.config.follow_forks;
         let slot = &mut self.slots[i];
-        if slot.inproc == 0
+        if slot.inproc.is_empty()
             || follow
             || !slot.engine.started
             || slot.engine.gone().is_some()
@@ -209,7 +209,7 @@ impl Session {
             slot.fast_ids.resize(c + 1, None);
         }
         slot.fast_ids[c] = Some(id);
-        slot.inproc += 1;
+        slot.inproc.insert(id, (r.addr.0, true));
         slot.shm_handlers.insert(info.probe_id, (id, probe));
         Ok(Ok(Placement {
             id,

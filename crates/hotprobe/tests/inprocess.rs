@@ -170,3 +170,47 @@ fn a_shared_memory_handler_writing_a_register_changes_the_result_spinning() {
 fn a_shared_memory_handler_writing_a_register_changes_the_result_sleeping() {
     handler_changes_result(std::time::Duration::ZERO);
 }
+
+#[test]
+fn with_a_ptrace_probe_too_the_process_stays_traced_and_counts_stay_exact() {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    let bin = program("inproc", &["-O2"]);
+    let iters = 500u64;
+    let mut c = spawn(&bin, &[&THREADS.to_string(), &iters.to_string()]);
+    let t = c.target;
+    // A post handler needs a single-step: the engine's trap, through ptrace.
+    let posts = Rc::new(Cell::new(0u64));
+    let p2 = posts.clone();
+    let traced = c
+        .session
+        .add(
+            t,
+            "one_byte",
+            Action::Handler(hotprobe::Probe::new().post(move |_| p2.set(p2.get() + 1))),
+        )
+        .unwrap();
+    assert_eq!(traced.placements[0].mechanism, Mechanism::Trap);
+    let inproc = c.session.add(t, "mid_fn+3", Action::Count).unwrap();
+    assert_eq!(inproc.placements[0].mechanism, Mechanism::InProcessTrap);
+    // Disabled: not counted, still executed.
+    let off = c.session.add(t, "two_byte", Action::Count).unwrap();
+    assert_eq!(off.placements[0].mechanism, Mechanism::InProcessTrap);
+    c.session.set_enabled(off.placements[0].id, false).unwrap();
+    c.session.start().unwrap();
+    assert!(!c.session.is_untraced(t));
+    assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+    assert_eq!(posts.get(), THREADS * iters);
+    let n = |id| c.session.stats(id).unwrap().hits;
+    assert_eq!(n(inproc.placements[0].id), THREADS * iters);
+    assert_eq!(n(off.placements[0].id), 0);
+    let expected: u64 = (0..THREADS)
+        .flat_map(|id| (0..iters).map(move |i| (i + id) + (i + 1 + 1000)))
+        .sum();
+    let out = c.output();
+    assert_eq!(
+        lines_with(&out, "total "),
+        vec![format!("total {expected}").as_str()]
+    );
+    assert_eq!(lines_with(&out, "own traps "), vec!["own traps 2"]);
+}
