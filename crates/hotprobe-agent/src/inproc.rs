@@ -193,7 +193,7 @@ fn call_tracer(shm: &Shm, counter: u32, at: u64, gregs: &mut [libc::greg_t]) {
             break true;
         }
         n = n.wrapping_add(1);
-        if n % 64 != 0 {
+        if !n.is_multiple_of(64) {
             core::hint::spin_loop();
             continue;
         }

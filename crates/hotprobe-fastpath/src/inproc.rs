@@ -196,6 +196,29 @@ impl FastPath {
         })
     }
 
+    /// Takes the in-process trap at `addr` out (the original byte back,
+    /// counting stopped; its copy and table entry stay, see the module
+    /// docs), with every thread stopped (left stopped). False when there
+    /// is none.
+    pub fn remove_inproc(
+        &mut self,
+        t: &mut ProcessTarget,
+        addr: u64,
+    ) -> Result<bool, FastPathError> {
+        let Some(i) = self
+            .installed
+            .iter()
+            .position(|s| s.addr == addr && s.key == 0)
+        else {
+            return Ok(false);
+        };
+        t.stop_all()?;
+        t.write_memory(RuntimeAddr(addr), &self.installed[i].original)?;
+        self.shm().quiet_inproc(addr);
+        self.installed.remove(i);
+        Ok(true)
+    }
+
     /// Enables or disables the in-process trap at `addr` (its counting,
     /// and its handler if it has one): a disabled one still executes the
     /// displaced instruction; its `int3` goes at detach.

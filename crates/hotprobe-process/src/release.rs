@@ -37,6 +37,13 @@ fn auxv(pid: i32) -> Vec<u8> {
     std::fs::read(format!("/proc/{pid}/auxv")).unwrap_or_default()
 }
 
+/// Whether the process executed another image since `before` was read.
+/// A process that cannot be read (ending) has not.
+fn execd(pid: i32, before: &[u8]) -> bool {
+    let now = auxv(pid);
+    !now.is_empty() && now != before
+}
+
 impl ProcessTarget {
     /// Stops tracing the process while it runs (see the module docs).
     /// `Ok(false)` (nothing done) when something needs ptrace: a
@@ -95,7 +102,7 @@ impl ProcessTarget {
         let Some(rel) = self.released.take() else {
             return Ok(());
         };
-        let execd = auxv(self.pid) != rel.auxv;
+        let execd = execd(self.pid, &rel.auxv);
         self.seize_all().map_err(|e| TargetError::Protocol {
             target: self.describe(),
             why: format!("cannot take the released process back: {e}"),
@@ -196,13 +203,18 @@ impl ProcessTarget {
             let changed = self
                 .released
                 .as_ref()
-                .is_some_and(|r| auxv(self.pid) != r.auxv);
+                .is_some_and(|r| execd(self.pid, &r.auxv));
             if changed {
                 self.released = None;
                 self.seize_all().map_err(|e| TargetError::Protocol {
                     target: self.describe(),
                     why: format!("cannot take the process back after its exec: {e}"),
                 })?;
+                if self.threads.is_empty() {
+                    // It ended meanwhile: reported by the next pass.
+                    self.released = Some(Released { auxv: Vec::new() });
+                    continue;
+                }
                 self.on_untraced_exec()?;
                 if let Some(t) = self.threads.get_mut(&self.pid) {
                     t.state = RunState::Event;

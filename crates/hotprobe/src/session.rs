@@ -274,6 +274,9 @@ struct Slot {
     /// Probes whose pre handler runs through shared memory, by fast-path
     /// counter (see `session_inproc`).
     shm_handlers: HashMap<u32, (ProbeId, Probe)>,
+    /// In-process probes handed over to the engine (a trap probe came to
+    /// the same address): probe → the engine probe that counts on for it.
+    handed: HashMap<ProbeId, ProbeId>,
 }
 
 impl Slot {
@@ -628,6 +631,7 @@ impl Session {
             publishers: HashMap::new(),
             inproc: HashMap::new(),
             shm_handlers: HashMap::new(),
+            handed: HashMap::new(),
         });
         let follow = self.config.follow_forks && pid.is_some();
         let slot = &mut self.slots[id];
@@ -838,6 +842,7 @@ impl Session {
         probe: Probe,
     ) -> Result<ProbeId, EngineError> {
         self.note_plugin_overlap(t, addr, true);
+        self.before_trap_at(t, addr)?;
         let config = self.config.fast_path;
         let slot = self.slot(t)?;
         slot.agent_for_traps(&config);
@@ -869,11 +874,12 @@ impl Session {
         rp: RetProbe,
     ) -> Result<ProbeId, EngineError> {
         self.note_plugin_overlap(t, addr, true);
-        let config = self.config.fast_path;
-        let slot = self.slot(t)?;
-        if let Some(pid) = slot.pid {
+        if let Some(pid) = self.slot(t)?.pid {
             crate::nonlocal::check_return_probe(pid, addr)?;
         }
+        self.before_trap_at(t, addr)?;
+        let config = self.config.fast_path;
+        let slot = self.slot(t)?;
         slot.agent_for_traps(&config);
         let table = slot.trap_table();
         slot.prepublish_trap(addr);
@@ -1608,6 +1614,9 @@ impl Session {
             fp.set_inproc_enabled(addr, handler, enabled);
             return Ok(());
         }
+        if let Some(&x) = slot.handed.get(&id) {
+            return slot.engine.set_enabled(x, enabled);
+        }
         if slot.fast_probes.contains_key(&id) {
             return Err(EngineError::RefusedSpec {
                 spec: format!("probe {}", id.0),
@@ -1676,7 +1685,13 @@ impl Session {
             return None;
         }
         let me = root.pid.unwrap_or(0);
-        let mut by: Vec<(i32, ProbeStats)> = vec![(me, trap.unwrap_or_default())];
+        let mut trap = trap.unwrap_or_default();
+        if let Some(h) = root.handed.get(&id).and_then(|x| root.engine.stats(*x)) {
+            // Handed over to the engine: its hits since then.
+            trap.hits += h.hits;
+            trap.nmissed += h.nmissed;
+        }
+        let mut by: Vec<(i32, ProbeStats)> = vec![(me, trap)];
         let mut add =
             |pid: i32, f: &dyn Fn(&mut ProbeStats)| match by.iter_mut().find(|(p, _)| *p == pid) {
                 Some((_, st)) => f(st),

@@ -285,3 +285,54 @@ impl Session {
         }
     }
 }
+
+impl Session {
+    /// Before the engine places a breakpoint at `addr` of target `t`: a
+    /// released process is taken back (the engine's `int3`s need ptrace),
+    /// and an in-process probe at `addr` is handed over to the engine —
+    /// its `int3` taken out, a trap probe at the same address counting on
+    /// for it (its handler moved there, if it has one) — since the
+    /// engine's site cannot share the byte.
+    pub(super) fn before_trap_at(
+        &mut self,
+        t: TargetId,
+        addr: RuntimeAddr,
+    ) -> Result<(), EngineError> {
+        let slot = self.slot(t)?;
+        let started = slot.engine.started;
+        if let Some(pt) = Slot::process(&mut slot.engine) {
+            if pt.is_released() {
+                pt.reacquire()?;
+                if started {
+                    pt.resume_all()?;
+                }
+            }
+        }
+        let Some((&id, _)) = slot.inproc.iter().find(|(_, (a, _))| *a == addr.0) else {
+            return Ok(());
+        };
+        let Slot { engine, fast, .. } = &mut *slot;
+        if let (Fast::On(fp), Some(pt)) = (fast, Slot::process(engine)) {
+            let r = fp.remove_inproc(pt, addr.0);
+            if started {
+                pt.resume_all()?;
+            }
+            r?;
+        }
+        slot.inproc.remove(&id);
+        let mut probe = Probe::default();
+        let mut key = None;
+        for (k, (p, _)) in slot.shm_handlers.iter() {
+            if *p == id {
+                key = Some(*k);
+            }
+        }
+        if let Some((_, p)) = key.and_then(|k| slot.shm_handlers.remove(&k)) {
+            probe = p;
+        }
+        slot.prepublish_trap(addr);
+        let x = slot.change_traps(|e| e.add_probe(addr, probe))?;
+        slot.handed.insert(id, x);
+        Ok(())
+    }
+}
