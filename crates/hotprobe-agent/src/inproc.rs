@@ -36,7 +36,8 @@
 //! it took is waited for as long as the tracer's heartbeat is fresh.
 //!
 //! Only atomics, plain loads and stores, and the `futex`,
-//! `clock_gettime` and `gettid` system calls: async-signal-safe,
+//! `clock_gettime`, `sched_yield` and `gettid` system calls (the spin
+//! yields the CPU at each check after 2 µs): async-signal-safe,
 //! allocation-free, lock-free.
 
 use core::sync::atomic::AtomicPtr;
@@ -49,6 +50,8 @@ use hotprobe_abi::{
 };
 
 const SI_KERNEL: i32 = 0x80;
+/// Nanoseconds of pure spinning before a waiting thread yields at each check.
+const YIELD_AFTER_NS: u64 = 2_000;
 
 /// The memory whose in-process table the handler reads (a leaked view,
 /// valid forever; never cleared, see the module docs).
@@ -216,7 +219,15 @@ fn call_tracer(shm: &Shm, counter: u32, at: u64, gregs: &mut [libc::greg_t]) {
             ctl.missed.fetch_add(1, Relaxed);
             return;
         }
-        if elapsed >= spin {
+        if elapsed < spin {
+            if elapsed > YIELD_AFTER_NS {
+                // Past a short pure spin, give the CPU away at each check:
+                // on a machine with more runnable threads than cores the
+                // tracer may be waiting for this very core.
+                // SAFETY: sched_yield has no arguments or preconditions.
+                unsafe { libc::sched_yield() };
+            }
+        } else {
             slot.flags.fetch_or(HANDLER_SLEEPING, Relaxed);
             // Sleeps only while the state is still `st` (the futex
             // compares): a DONE stored meanwhile is not slept through.

@@ -326,7 +326,13 @@ impl FastPath {
                 return;
             }
             if now - start < spin {
-                std::hint::spin_loop();
+                if now - start > Duration::from_micros(2) {
+                    // Past a short pure spin, yield at each check (the
+                    // target's thread may be waiting for this core).
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
                 continue;
             }
             c.tracer_sleeping
