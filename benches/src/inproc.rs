@@ -69,9 +69,10 @@ fn run_one(bin: &Path, n: u64, kind: Kind) -> Result<(f64, String)> {
     Ok((loop_ns(&text)?, format!("{exec}; {during} ptrace stops")))
 }
 
-fn run_native(bin: &Path, n: u64) -> Result<f64> {
+fn run_native(bin: &Path, n: u64, mode: &str) -> Result<f64> {
     let out = std::process::Command::new(bin)
         .arg(n.to_string())
+        .arg(mode)
         .output()?;
     loop_ns(&String::from_utf8_lossy(&out.stdout))
 }
@@ -105,10 +106,24 @@ pub fn run(cpu: Option<usize>, hits: u64, runs: usize) -> Result<()> {
     let bin = build("inproc", &["-O2"])?;
     let native = median(
         (0..runs)
-            .map(|_| run_native(&bin, 100_000_000))
+            .map(|_| run_native(&bin, 100_000_000, "call"))
             .collect::<Result<_>>()?,
     );
-    let mut rows: Vec<(String, u64, f64)> = vec![("native call".into(), 100_000_000, native)];
+    let floor_n = hits * 5;
+    let floor = median(
+        (0..runs)
+            .map(|_| run_native(&bin, floor_n, "floor"))
+            .collect::<Result<_>>()?,
+    );
+    eprintln!("int3 + own SIGTRAP handler: {floor:.0} ns/hit");
+    let mut rows: Vec<(String, u64, f64)> = vec![
+        ("native call".into(), 100_000_000, native),
+        (
+            "floor: int3 caught by the program's own SIGTRAP handler (no hotprobe)".into(),
+            floor_n,
+            floor,
+        ),
+    ];
     for (what, kind) in [
         ("in-process trap, count", Kind::InprocCount),
         (
