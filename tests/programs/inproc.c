@@ -7,8 +7,9 @@
  *
  * argv[1] threads each call every function argv[2] times. The program
  * also installs its own SIGTRAP handler (sigaction, SA_SIGINFO) and runs
- * two int3s of its own: its handler must see both. Prints the sum of
- * every result and the number of its own traps. */
+ * two int3s of its own: its handler must see both (argv[3] "signal":
+ * installed with signal() instead). Prints the sum of every result and
+ * the number of its own traps. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -33,6 +34,11 @@ int mid_fn(int);
 
 static volatile sig_atomic_t own_traps;
 static long iters;
+
+static void on_trap_plain(int sig) {
+    (void)sig;
+    own_traps++;
+}
 
 static void on_trap(int sig, siginfo_t *si, void *uc) {
     (void)sig;
@@ -59,7 +65,12 @@ int main(int argc, char **argv) {
     sa.sa_sigaction = on_trap;
     sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGTRAP, &sa, NULL) != 0) {
+    if (argc > 3 && argv[3][0] == 's') {
+        if (signal(SIGTRAP, on_trap_plain) == SIG_ERR) {
+            perror("signal");
+            return 1;
+        }
+    } else if (sigaction(SIGTRAP, &sa, NULL) != 0) {
         perror("sigaction");
         return 1;
     }

@@ -306,7 +306,8 @@ pub struct HandlerCtl {
     /// not taken, and resumes unmodified (tracer; 0: one second).
     pub timeout_ns: AtomicU64,
     /// Calls given up that way, or refused (no slot, a thread already in
-    /// a call): the handlers' `nmissed` (agent).
+    /// a call), all probes together (agent; each is also counted in the
+    /// probe's missed counter, [`Header::missed_offset`]: its `nmissed`).
     pub missed: AtomicU64,
     /// Reserved, zero.
     pub reserved2: [u64; 3],

@@ -93,6 +93,9 @@ pub(crate) fn handle(info: &libc::siginfo_t, uc: &mut libc::ucontext_t) -> bool 
     if flags & INPROC_HANDLER != 0 {
         if let Some(shm) = crate::shm() {
             if shm.header().control.load(Relaxed) & CONTROL_ENABLED != 0 {
+                // The handler sees (and may move) rip at the probed
+                // instruction, as the kernel's rip is one past the int3.
+                gregs[libc::REG_RIP as usize] = at as i64;
                 call_tracer(shm, counter, at, gregs);
                 if gregs[libc::REG_RIP as usize] as u64 != at {
                     // The handler moved the thread: the displaced
@@ -159,12 +162,14 @@ fn call_tracer(shm: &Shm, counter: u32, at: u64, gregs: &mut [libc::greg_t]) {
     let tid = crate::hit::gettid();
     let Some(slot) = shm.handler_slot_for(tid) else {
         ctl.missed.fetch_add(1, Relaxed);
+        shm.note_missed(counter);
         return;
     };
     if slot.state.load(Relaxed) != HANDLER_IDLE {
         // This thread is already in a call (a signal handler interrupting
         // the agent): the nested hit runs without its handler.
         ctl.missed.fetch_add(1, Relaxed);
+        shm.note_missed(counter);
         return;
     }
     for (i, r) in slot.regs.iter().enumerate().take(HANDLER_REGS) {
@@ -209,6 +214,7 @@ fn call_tracer(shm: &Shm, counter: u32, at: u64, gregs: &mut [libc::greg_t]) {
                 .is_ok()
             {
                 ctl.missed.fetch_add(1, Relaxed);
+                shm.note_missed(counter);
                 return;
             }
             continue;
@@ -217,6 +223,7 @@ fn call_tracer(shm: &Shm, counter: u32, at: u64, gregs: &mut [libc::greg_t]) {
             // Taken by a tracer that died meanwhile: resume unmodified
             // (the slot stays BUSY; the thread makes no more calls).
             ctl.missed.fetch_add(1, Relaxed);
+            shm.note_missed(counter);
             return;
         }
         if elapsed < spin {

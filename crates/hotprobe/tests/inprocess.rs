@@ -214,3 +214,53 @@ fn with_a_ptrace_probe_too_the_process_stays_traced_and_counts_stay_exact() {
     );
     assert_eq!(lines_with(&out, "own traps "), vec!["own traps 2"]);
 }
+
+#[test]
+fn a_sigtrap_handler_installed_with_signal_keeps_working() {
+    let bin = program("inproc", &["-O2"]);
+    let iters = 200u64;
+    let mut c = spawn(&bin, &["2", &iters.to_string(), "signal"]);
+    let t = c.target;
+    let a = c.session.add(t, "one_byte", Action::Count).unwrap();
+    assert_eq!(a.placements[0].mechanism, Mechanism::InProcessTrap);
+    c.session.start().unwrap();
+    assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+    assert_eq!(c.session.stats(a.placements[0].id).unwrap().hits, 2 * iters);
+    let out = c.output();
+    assert_eq!(lines_with(&out, "own traps "), vec!["own traps 2"]);
+}
+
+/// A session that does not serve its shared-memory handlers (stuck, or
+/// dead) does not hang the program: each call is withdrawn after the
+/// timeout (1 s) and the thread runs on unmodified, counted missed.
+#[test]
+fn handler_calls_nobody_serves_time_out_and_run_on_unmodified() {
+    use std::time::{Duration, Instant};
+    let bin = program("inproc", &["-O2"]);
+    let iters = 2u64;
+    let mut c = spawn(&bin, &["1", &iters.to_string()]);
+    let t = c.target;
+    let probe = hotprobe::Probe::new().pre(|ctx| ctx.regs_mut().rax += 1);
+    let a = c
+        .session
+        .add(t, "mid_fn+9", Action::Handler(probe))
+        .unwrap();
+    let id = a.placements[0].id;
+    c.session.start().unwrap();
+    // No run loop: nobody serves the calls. The program ends by itself.
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(30);
+    while !c.output().contains("own traps") {
+        assert!(Instant::now() < deadline, "the program hangs");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(started.elapsed() >= Duration::from_secs(iters));
+    assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+    let st = c.session.stats(id).unwrap();
+    assert_eq!((st.hits, st.nmissed), (iters, iters));
+    let expected: u64 = (0..iters).map(|i| i + (i + 1 + 1000)).sum();
+    assert_eq!(
+        lines_with(&c.output(), "total "),
+        vec![format!("total {expected}").as_str()]
+    );
+}
