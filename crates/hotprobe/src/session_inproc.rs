@@ -258,7 +258,7 @@ impl Session {
                 };
                 let mut regs = crate::handler::HitRegs::complete(call.regs);
                 {
-                    let target: &mut dyn Target = engine.target();
+                    let (target, symbolizer) = engine.target_and_symbolizer();
                     let mut ctx = crate::HitContext {
                         target: RefCell::new(target),
                         thread: hotprobe_target::ThreadId(u64::from(call.tid)),
@@ -267,7 +267,7 @@ impl Session {
                         addr: RuntimeAddr(call.addr),
                         kind: crate::HitKind::Pre,
                         stop: &mut stop,
-                        symbolizer: None,
+                        symbolizer,
                         entry: None,
                         fetch_error: RefCell::new(None),
                     };

@@ -133,6 +133,14 @@ fn handler_changes_result(spin: std::time::Duration) {
         if ctx.read_u64(regs.rsp).map_or(true, |r| r == 0) {
             bad.set(bad.get() + 1);
         }
+        // rip is the probed instruction, named by the session's symbolizer.
+        if regs.rip != ctx.addr().0
+            || !ctx
+                .symbolize(regs.rip)
+                .is_some_and(|s| s.starts_with("mid_fn+"))
+        {
+            bad.set(bad.get() + 1);
+        }
         ctx.regs_mut().rax = regs.rax + 1;
     });
     let added = c
