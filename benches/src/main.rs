@@ -18,6 +18,8 @@ use hotprobe_target::{ResumeMode, Target, TargetEvent};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod inproc;
+
 #[derive(Parser)]
 #[command(about = "hotprobe benchmarks, peers side by side")]
 struct Cli {
@@ -50,6 +52,19 @@ enum What {
         #[arg(long, default_value_t = 5)]
         runs: usize,
     },
+    /// In-process traps and shared-memory handlers vs ptrace traps and a
+    /// kernel uprobe, on a 2-byte function (no patch or jump fits it).
+    Inproc {
+        /// Pin this process and every tracee to one CPU.
+        #[arg(long)]
+        cpu: Option<usize>,
+        /// Hits per traced run.
+        #[arg(long, default_value_t = 20_000)]
+        hits: u64,
+        /// Runs per row (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
 }
 
 fn main() -> Result<()> {
@@ -57,11 +72,12 @@ fn main() -> Result<()> {
     match cli.what {
         What::Trap { cpu, hits, runs } => trap(cpu, hits, runs),
         What::RecordTrap { calls, runs } => record_trap(calls, runs),
+        What::Inproc { cpu, hits, runs } => inproc::run(cpu, hits, runs),
     }
 }
 
 /// Build benches/programs/NAME.c with gcc flags into the target dir.
-fn build(name: &str, flags: &[&str]) -> Result<PathBuf> {
+pub(crate) fn build(name: &str, flags: &[&str]) -> Result<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let src = root.join("programs").join(format!("{name}.c"));
     let dir = root.join("../target/bench-programs");
@@ -86,7 +102,7 @@ fn build(name: &str, flags: &[&str]) -> Result<PathBuf> {
 }
 
 /// The loop's own time from its output line `calls N ns T`.
-fn loop_ns(output: &str) -> Result<f64> {
+pub(crate) fn loop_ns(output: &str) -> Result<f64> {
     for line in output.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
         if f.len() == 4 && f[0] == "calls" && f[2] == "ns" {
@@ -98,12 +114,12 @@ fn loop_ns(output: &str) -> Result<f64> {
     bail!("no timing line in output: {output:?}")
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
 }
 
-fn pin(cpu: usize) -> Result<()> {
+pub(crate) fn pin(cpu: usize) -> Result<()> {
     // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
@@ -235,7 +251,7 @@ fn run_bpftrace(bin: &Path, n: u64) -> Result<f64> {
     loop_ns(&text)
 }
 
-fn have(tool: &str) -> bool {
+pub(crate) fn have(tool: &str) -> bool {
     Command::new(tool)
         .arg("--version")
         .output()

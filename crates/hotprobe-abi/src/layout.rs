@@ -10,6 +10,7 @@
 //!                       +0                     TrapRegion[TRAP_REGIONS]  the tracer's scratch
 //!                       +TRAP_RETURNS_OFFSET   TrapReturn[TRAP_RETURNS]  live trap return instances
 //!                       +TRAP_SLOTS_OFFSET     TrapSlot[TRAP_SLOTS]      every int3: address → byte
+//!                       +INPROC_OFFSET         InprocSite[INPROC_SITES]  in-process traps: int3 → counter, boosted copy
 //! threads_offset      ThreadSlot[n_threads], each thread_stride bytes:
 //!                       +0                     RingCtl (192 bytes)
 //!                       +THREAD_COUNTERS_OFFSET AtomicU64[n_probes] per-thread counters
@@ -36,8 +37,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"HOTPROBE");
 /// Version of this layout; bumped on any incompatible change (5:
 /// [`RingCtl::owner_pid`], [`CONTROL_FOLLOW_FORKS`]; 6: the per-probe
 /// missed counters ([`Header::missed_offset`]), [`RingCtl::refused`], and
-/// the trap table ([`Header::traps_offset`]).
-pub const VERSION: u32 = 6;
+/// the trap table ([`Header::traps_offset`]); 7: the in-process trap
+/// table ([`InprocSite`]) at the end of the trap table).
+pub const VERSION: u32 = 7;
 /// Size of [`Header`] in bytes.
 pub const HEADER_SIZE: usize = 256;
 /// Alignment of every section start (the site table and the thread slots).
@@ -249,8 +251,132 @@ pub const TRAP_REGIONS: usize = 32;
 pub const TRAP_RETURNS_OFFSET: usize = TRAP_REGIONS * size_of::<TrapRegion>();
 /// Offset of the [`TrapSlot`] array in the trap table.
 pub const TRAP_SLOTS_OFFSET: usize = TRAP_RETURNS_OFFSET + TRAP_RETURNS * size_of::<TrapReturn>();
+/// Offset of the [`InprocSite`] array in the trap table.
+pub const INPROC_OFFSET: usize = TRAP_SLOTS_OFFSET + TRAP_SLOTS * size_of::<TrapSlot>();
+/// Entries of the in-process trap table ([`InprocSite`]; a power of two).
+pub const INPROC_SITES: usize = 4096;
+/// Offset of the shared-memory handler area in the trap table: a
+/// [`HandlerCtl`], then [`HandlerSlot`] × [`HANDLER_SLOTS`].
+pub const HANDLER_OFFSET: usize = INPROC_OFFSET + INPROC_SITES * size_of::<InprocSite>();
+/// Threads that can be in a shared-memory handler call at once (one slot
+/// per thread, claimed at its first call, never released).
+pub const HANDLER_SLOTS: usize = 256;
 /// Bytes of the trap table.
-pub const TRAP_TABLE_SIZE: usize = TRAP_SLOTS_OFFSET + TRAP_SLOTS * size_of::<TrapSlot>();
+pub const TRAP_TABLE_SIZE: usize =
+    HANDLER_OFFSET + size_of::<HandlerCtl>() + HANDLER_SLOTS * size_of::<HandlerSlot>();
+
+/// [`InprocSite::info`] bit: a handler of the tracer's runs at each hit,
+/// through a [`HandlerSlot`] (before the displaced instruction).
+pub const INPROC_HANDLER: u32 = 1 << 9;
+
+/// [`HandlerSlot::state`]: owned by its thread, no call in progress.
+pub const HANDLER_IDLE: u32 = 0;
+/// [`HandlerSlot::state`]: the thread published its registers and waits.
+pub const HANDLER_REQUEST: u32 = 1;
+/// [`HandlerSlot::state`]: the tracer took the request and runs the handler.
+pub const HANDLER_BUSY: u32 = 2;
+/// [`HandlerSlot::state`]: the handler ran; the registers are the ones to
+/// resume with.
+pub const HANDLER_DONE: u32 = 3;
+/// [`HandlerSlot::flags`] bit (tracer): the handler changed the registers.
+pub const HANDLER_MODIFIED: u32 = 1;
+/// [`HandlerSlot::flags`] bit (agent): the thread sleeps on `state` (futex):
+/// the tracer wakes it after storing [`HANDLER_DONE`].
+pub const HANDLER_SLEEPING: u32 = 2;
+/// Registers of a [`HandlerSlot`], in the order of the first words of the
+/// kernel's `ucontext` `gregs`: r8–r15, rdi, rsi, rbp, rbx, rdx, rax, rcx,
+/// rsp, rip, rflags.
+pub const HANDLER_REGS: usize = 18;
+
+/// Control words of the shared-memory handler area.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct HandlerCtl {
+    /// Bumped by the agent after each request (the tracer's futex word).
+    pub doorbell: AtomicU32,
+    /// Non-zero while the tracer sleeps on `doorbell`: the agent wakes it.
+    pub tracer_sleeping: AtomicU32,
+    /// Slots claimed so far (the tracer scans `0..in_use`).
+    pub in_use: AtomicU32,
+    /// Reserved, zero.
+    pub reserved: u32,
+    /// Nanoseconds a thread spins for the answer before it sleeps (tracer).
+    pub spin_ns: AtomicU64,
+    /// Nanoseconds after which a thread gives up a request the tracer has
+    /// not taken, and resumes unmodified (tracer; 0: one second).
+    pub timeout_ns: AtomicU64,
+    /// Calls given up that way, or refused (no slot, a thread already in
+    /// a call), all probes together (agent; each is also counted in the
+    /// probe's missed counter, [`Header::missed_offset`]: its `nmissed`).
+    pub missed: AtomicU64,
+    /// Reserved, zero.
+    pub reserved2: [u64; 3],
+}
+const _: () = assert!(size_of::<HandlerCtl>() == 64);
+
+/// One thread's shared-memory handler call: the agent's `SIGTRAP` handler
+/// stores the registers and the site's counter, sets `state` to
+/// [`HANDLER_REQUEST`] (Release) and waits for [`HANDLER_DONE`]; the tracer
+/// moves it to [`HANDLER_BUSY`] (CAS), runs the handler, writes the
+/// registers back with [`HANDLER_MODIFIED`], and stores `DONE` (Release).
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct HandlerSlot {
+    /// [`HANDLER_IDLE`], [`HANDLER_REQUEST`], [`HANDLER_BUSY`],
+    /// [`HANDLER_DONE`]; the agent's futex word.
+    pub state: AtomicU32,
+    /// The owning thread (Linux tid); 0 = free.
+    pub tid: AtomicU32,
+    /// The site's counter (fast-path probe id) of the call.
+    pub counter: AtomicU32,
+    /// [`HANDLER_MODIFIED`], [`HANDLER_SLEEPING`].
+    pub flags: AtomicU32,
+    /// The probed address (the `int3`).
+    pub addr: AtomicU64,
+    /// The registers (see [`HANDLER_REGS`]).
+    pub regs: [AtomicU64; HANDLER_REGS],
+}
+const _: () = assert!(size_of::<HandlerSlot>() == 192);
+
+/// [`InprocSite::info`]: the thread resumes at [`InprocSite::resume`] (a
+/// boosted copy of the displaced instruction followed by a `jmp` back).
+pub const INPROC_BOOST: u32 = 1;
+/// [`InprocSite::info`]: the displaced instruction is a `ret`, emulated
+/// (`rip = [rsp]`, `rsp += 8`); `resume` is unused.
+pub const INPROC_RET: u32 = 2;
+/// [`InprocSite::info`]: the displaced instruction is a `call rel32`,
+/// emulated (push `next`, `rip = resume`).
+pub const INPROC_CALL: u32 = 3;
+/// Mask of the execution kind in [`InprocSite::info`].
+pub const INPROC_KIND_MASK: u32 = 0xff;
+/// [`InprocSite::info`] bit: hits are counted (cleared at detach; the entry
+/// stays, so that a thread whose `SIGTRAP` is still pending when the
+/// original byte goes back is still sent to the copy).
+pub const INPROC_COUNT: u32 = 1 << 8;
+
+/// An *in-process trap*: an `int3` the agent's `SIGTRAP` handler takes
+/// inside the target (no ptrace stop): it counts into `counter` (the
+/// thread's own counter array, or the global one), then executes the
+/// displaced instruction as `info` says and returns from the signal.
+/// Open addressing keyed by `addr` ([`site_hash`] with the shift of
+/// [`INPROC_SITES`], linear probing); keys are never removed. Single writer:
+/// the tracer, which fills every field before publishing `addr` (Release);
+/// the agent reads it in its `SIGTRAP` handler.
+#[repr(C)]
+#[derive(Debug)]
+pub struct InprocSite {
+    /// Address of the `int3` (the probed instruction); 0 = empty.
+    pub addr: AtomicU64,
+    /// Where the thread resumes: the boosted copy, or the `call`'s target.
+    pub resume: AtomicU64,
+    /// For an emulated `call`: the return address it pushes.
+    pub next: AtomicU64,
+    /// Counter index (a fast-path probe id).
+    pub counter: AtomicU32,
+    /// [`INPROC_BOOST`], [`INPROC_RET`] or [`INPROC_CALL`], and [`INPROC_COUNT`].
+    pub info: AtomicU32,
+}
+const _: () = assert!(size_of::<InprocSite>() == 32);
 
 /// [`TrapSlot::info`] bit: the slot describes an `int3` the tracer wrote
 /// (cleared when the tracer takes it out; the address stays as the key).

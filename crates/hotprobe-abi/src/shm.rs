@@ -2,13 +2,15 @@
 
 use core::ptr::NonNull;
 use core::sync::atomic::AtomicU64;
-use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use core::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 
 use crate::layout::{
-    site_hash, slot_values, Header, HeaderFields, Layout, Params, RingCtl, SiteSlot, TrapRegion,
-    TrapReturn, TrapSlot, HEADER_SIZE, MAGIC, THREAD_COUNTERS_OFFSET, TRAP_PRESENT, TRAP_REGIONS,
-    TRAP_RETURNS, TRAP_RETURNS_OFFSET, TRAP_SLOTS, TRAP_SLOTS_OFFSET, VERSION,
+    site_hash, slot_values, Header, HeaderFields, InprocSite, Layout, Params, RingCtl, SiteSlot,
+    TrapRegion, TrapReturn, TrapSlot, HEADER_SIZE, INPROC_COUNT, INPROC_OFFSET, INPROC_SITES,
+    MAGIC, THREAD_COUNTERS_OFFSET, TRAP_PRESENT, TRAP_REGIONS, TRAP_RETURNS, TRAP_RETURNS_OFFSET,
+    TRAP_SLOTS, TRAP_SLOTS_OFFSET, VERSION,
 };
+use crate::layout::{HandlerCtl, HandlerSlot, HANDLER_OFFSET, HANDLER_SLOTS};
 use crate::ring::{Consumer, Producer};
 use crate::AbiError;
 
@@ -615,5 +617,150 @@ impl Shm {
             (r.tid.load(Acquire) == tid && r.slot.load(Relaxed) == slot)
                 .then(|| r.real.load(Relaxed))
         })
+    }
+}
+
+/// The in-process trap table (end of the trap table, see [`InprocSite`]).
+impl Shm {
+    /// Every entry of the in-process trap table.
+    pub fn inproc_sites(&self) -> &[InprocSite] {
+        // SAFETY: in bounds (layout: the table ends the trap table),
+        // aligned, all atomics.
+        unsafe {
+            core::slice::from_raw_parts(
+                self.traps_base().add(INPROC_OFFSET) as *const InprocSite,
+                INPROC_SITES,
+            )
+        }
+    }
+
+    fn inproc_slot(&self, addr: u64, insert: bool) -> Option<&InprocSite> {
+        let slots = self.inproc_sites();
+        let shift = 64 - INPROC_SITES.trailing_zeros();
+        let mut i = site_hash(addr, shift);
+        for _ in 0..slots.len() {
+            let s = slots.get(i & (slots.len() - 1))?;
+            // Acquire pairs with the Release store of `addr` in `publish_inproc`.
+            let k = s.addr.load(Acquire);
+            if k == addr || (k == 0 && insert) {
+                return Some(s);
+            }
+            if k == 0 {
+                return None;
+            }
+            i = i.wrapping_add(1);
+        }
+        None
+    }
+
+    /// Publishes an in-process trap at `addr` (tracer side, the only
+    /// writer), before the `int3` is written: `info` is the execution kind
+    /// ([`INPROC_BOOST`], [`INPROC_RET`], [`INPROC_CALL`]) with
+    /// [`INPROC_COUNT`]. Republishing an address replaces its entry. False
+    /// when the table is full.
+    pub fn publish_inproc(
+        &self,
+        addr: u64,
+        counter: u32,
+        info: u32,
+        resume: u64,
+        next: u64,
+    ) -> bool {
+        if addr == 0 {
+            return false;
+        }
+        let Some(s) = self.inproc_slot(addr, true) else {
+            return false;
+        };
+        s.resume.store(resume, Relaxed);
+        s.next.store(next, Relaxed);
+        s.counter.store(counter, Relaxed);
+        s.info.store(info, Relaxed);
+        // Release pairs with the Acquire load in `inproc_slot`: the fields
+        // are seen with the key.
+        s.addr.store(addr, Release);
+        true
+    }
+
+    /// Stops counting the in-process trap at `addr` (tracer side, at
+    /// detach); the entry stays so that a pending `SIGTRAP` still resumes
+    /// the thread correctly.
+    pub fn quiet_inproc(&self, addr: u64) {
+        if let Some(s) = self.inproc_slot(addr, false) {
+            s.info.fetch_and(!INPROC_COUNT, Relaxed);
+        }
+    }
+
+    /// Sets (`on`) or clears the `bits` of the in-process trap at `addr`'s
+    /// info (tracer side): [`crate::INPROC_COUNT`] and
+    /// [`crate::INPROC_HANDLER`] enable and disable it; the `int3` stays.
+    pub fn set_inproc_bits(&self, addr: u64, bits: u32, on: bool) {
+        if let Some(s) = self.inproc_slot(addr, false) {
+            if on {
+                s.info.fetch_or(bits, Relaxed);
+            } else {
+                s.info.fetch_and(!bits, Relaxed);
+            }
+        }
+    }
+
+    /// The in-process trap at `addr`: `(counter, info, resume, next)`.
+    /// Only atomics: callable from a signal handler.
+    pub fn lookup_inproc(&self, addr: u64) -> Option<(u32, u32, u64, u64)> {
+        let s = self.inproc_slot(addr, false)?;
+        Some((
+            s.counter.load(Relaxed),
+            s.info.load(Relaxed),
+            s.resume.load(Relaxed),
+            s.next.load(Relaxed),
+        ))
+    }
+}
+
+/// The shared-memory handler area (see [`HandlerSlot`]).
+impl Shm {
+    /// The control words.
+    pub fn handler_ctl(&self) -> &HandlerCtl {
+        // SAFETY: in bounds (layout), 64-byte aligned (the trap table is
+        // page-aligned, every part before is a multiple of 64), all atomics.
+        unsafe { &*(self.traps_base().add(HANDLER_OFFSET) as *const HandlerCtl) }
+    }
+
+    /// Every slot.
+    pub fn handler_slots(&self) -> &[HandlerSlot] {
+        // SAFETY: in bounds (layout), aligned as above, all atomics.
+        unsafe {
+            core::slice::from_raw_parts(
+                self.traps_base()
+                    .add(HANDLER_OFFSET + core::mem::size_of::<HandlerCtl>())
+                    as *const HandlerSlot,
+                HANDLER_SLOTS,
+            )
+        }
+    }
+
+    /// The slot of thread `tid`, claimed on first use (agent side; only
+    /// atomics: callable from a signal handler). None when every slot is
+    /// taken.
+    pub fn handler_slot_for(&self, tid: u32) -> Option<&HandlerSlot> {
+        if tid == 0 {
+            return None;
+        }
+        let slots = self.handler_slots();
+        let mut i = site_hash(u64::from(tid), 64 - HANDLER_SLOTS.trailing_zeros());
+        for _ in 0..slots.len() {
+            let s = slots.get(i & (slots.len() - 1))?;
+            let owner = s.tid.load(Acquire);
+            if owner == tid {
+                return Some(s);
+            }
+            if owner == 0 && s.tid.compare_exchange(0, tid, AcqRel, Acquire).is_ok() {
+                let n = (i & (slots.len() - 1)) as u32 + 1;
+                self.handler_ctl().in_use.fetch_max(n, Relaxed);
+                return Some(s);
+            }
+            i = i.wrapping_add(1);
+        }
+        None
     }
 }

@@ -977,3 +977,21 @@ fn map_shadow() -> u64 {
         p as u64
     }
 }
+
+/// Counts one hit of counter `counter` from the in-process trap's
+/// `SIGTRAP` handler (`inproc`): into the calling thread's own counter
+/// (one `inc`) when the thread has a slot, else into the shared global
+/// counter (a locked add). Only atomics: async-signal-safe.
+pub(crate) fn count_in_handler(shm: &Shm, counter: u32) {
+    let i = counter as usize;
+    let slot = find_thread(thread_pointer()).map_or(NO_SLOT, |e| e.slot.load(Relaxed));
+    if slot != NO_SLOT && slot != PENDING_SLOT {
+        if let Some(c) = shm.thread_counters(slot).and_then(|c| c.get(i)) {
+            bump(c);
+            return;
+        }
+    }
+    if let Some(c) = shm.global_counters().get(i) {
+        c.fetch_add(1, Relaxed);
+    }
+}

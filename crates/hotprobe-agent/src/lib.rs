@@ -37,12 +37,14 @@ use hotprobe_abi::patch::{abs_jmp_stub, NEAR_STUB_ENTRY, NEAR_STUB_EXIT, NEAR_ST
 use hotprobe_abi::{rdtsc, Shm, STATUS_ATTACHED, STATUS_NO_NEAR_PAGE, VERSION};
 
 mod hit;
+mod inproc;
 mod orphan;
 mod tls;
 pub mod trampoline;
 mod unwind;
 
 pub use hotprobe_abi::patch::call_rel32;
+pub use orphan::{sigaction, signal};
 
 /// The shared memory of the current tracer (a leaked `Box`: a mapping is
 /// never unmapped, since a thread may still hold a reference into an older
@@ -239,6 +241,7 @@ fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
     );
     let s: &'static Shm = Box::leak(Box::new(shm));
     hit::rehome_threads(s);
+    inproc::set(s);
     // Int3s a tracer killed with SIGKILL leaves behind (see `orphan`).
     orphan::install();
     // Release pairs with the Acquire load in `shm()`.
@@ -247,6 +250,15 @@ fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
     // addresses above are visible once ATTACHED is.
     s.header().status.fetch_or(STATUS_ATTACHED, Release);
     Ok(())
+}
+
+/// Whether the tracer of `shm` stopped beating (its heartbeat is older
+/// than its timeout). Not "no tracer attached": a session may run its
+/// process untraced. Async-signal-safe.
+pub(crate) fn tracer_gone_now(shm: &Shm) -> bool {
+    let h = shm.header();
+    let timeout = h.heartbeat_timeout_tsc.load(Relaxed);
+    timeout != 0 && rdtsc().wrapping_sub(h.heartbeat_tsc.load(Relaxed)) as i64 > timeout as i64
 }
 
 /// In a forked child that does not follow forks: forget the shared memory

@@ -44,8 +44,8 @@
 //! `/proc/self/status` says no tracer is attached. Only raw system calls
 //! and atomics: async-signal-safe.
 
-use core::sync::atomic::Ordering::Relaxed;
-use core::sync::atomic::{AtomicU64, AtomicUsize};
+use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 
 use hotprobe_abi::{rdtsc, Shm, TRAP_GUARD, TRAP_RETURN};
 
@@ -65,7 +65,7 @@ pub(crate) fn install() {
     // writes them.
     unsafe {
         let mut cur: libc::sigaction = core::mem::zeroed();
-        if libc::sigaction(libc::SIGTRAP, core::ptr::null(), &mut cur) != 0 {
+        if __sigaction(libc::SIGTRAP, core::ptr::null(), &mut cur) != 0 {
             return;
         }
         if cur.sa_sigaction == on_sigtrap as *const () as usize {
@@ -78,11 +78,91 @@ pub(crate) fn install() {
         OLD_HANDLER.store(cur.sa_sigaction, Relaxed);
         OLD_FLAGS.store(cur.sa_flags as u64, Relaxed);
         let mut old: libc::sigaction = core::mem::zeroed();
-        if libc::sigaction(libc::SIGTRAP, &sa, &mut old) == 0 {
+        if __sigaction(libc::SIGTRAP, &sa, &mut old) == 0 {
             OLD_HANDLER.store(old.sa_sigaction, Relaxed);
             OLD_FLAGS.store(old.sa_flags as u64, Relaxed);
+            INSTALLED.store(true, Release);
         }
     }
+}
+
+/// Our handler is the process's `SIGTRAP` disposition: the program's own
+/// `sigaction(SIGTRAP)`/`signal(SIGTRAP)` calls change the chained
+/// handler instead (see [`sigaction`]).
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+
+extern "C" {
+    /// glibc's own `sigaction` (exported as `__sigaction`): the agent
+    /// exports a `sigaction` of its own, so it calls this one.
+    fn __sigaction(
+        sig: libc::c_int,
+        act: *const libc::sigaction,
+        old: *mut libc::sigaction,
+    ) -> libc::c_int;
+    /// glibc's `signal` (its other name, which the agent does not export).
+    fn bsd_signal(sig: libc::c_int, h: libc::sighandler_t) -> libc::sighandler_t;
+}
+
+/// `sigaction`, interposed (the agent is preloaded ahead of libc) so that a
+/// program installing its own `SIGTRAP` handler after the agent's does not
+/// take the in-process traps' `int3`s away from the agent: while the
+/// agent's handler is installed, the program's handler and flags become the
+/// chained ones (called for every `SIGTRAP` that is not the agent's) and
+/// the previous chained one is returned as the old action. Not carried
+/// over: the program's `sa_mask` (the chained handler runs with the
+/// agent's mask: `SIGTRAP` blocked) and `SA_RESETHAND`. Every other signal,
+/// and `SIGTRAP` before the agent attached, go to glibc unchanged. Not
+/// covered: a program that calls the `rt_sigaction` system call itself,
+/// or an agent injected into a running process (its calls are bound to
+/// glibc already).
+///
+/// # Safety
+/// As glibc's `sigaction`: `act` and `old` are null or valid.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn sigaction(
+    sig: libc::c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> libc::c_int {
+    if sig != libc::SIGTRAP || !INSTALLED.load(Acquire) {
+        // SAFETY: the caller's arguments, as glibc takes them.
+        return unsafe { __sigaction(sig, act, old) };
+    }
+    if !old.is_null() {
+        // SAFETY: `old` is valid (caller); a zeroed sigaction is valid.
+        unsafe {
+            let mut o: libc::sigaction = core::mem::zeroed();
+            o.sa_sigaction = OLD_HANDLER.load(Relaxed);
+            o.sa_flags = OLD_FLAGS.load(Relaxed) as libc::c_int;
+            libc::sigemptyset(&mut o.sa_mask);
+            old.write(o);
+        }
+    }
+    if !act.is_null() {
+        // SAFETY: `act` is valid (caller).
+        let a = unsafe { &*act };
+        OLD_FLAGS.store(a.sa_flags as u64, Relaxed);
+        OLD_HANDLER.store(a.sa_sigaction, Relaxed);
+    }
+    0
+}
+
+/// `signal`, interposed for `SIGTRAP` as [`sigaction`] is (glibc's
+/// `signal` calls its internal `sigaction`, which interposition does not
+/// reach).
+///
+/// # Safety
+/// As glibc's `signal`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn signal(sig: libc::c_int, h: libc::sighandler_t) -> libc::sighandler_t {
+    if sig != libc::SIGTRAP || !INSTALLED.load(Acquire) {
+        // SAFETY: the caller's arguments, as glibc takes them.
+        return unsafe { bsd_signal(sig, h) };
+    }
+    let prev = OLD_HANDLER.load(Relaxed);
+    OLD_FLAGS.store(libc::SA_RESTART as u64, Relaxed);
+    OLD_HANDLER.store(h, Relaxed);
+    prev
 }
 
 extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
@@ -90,7 +170,10 @@ extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut 
     // SA_SIGINFO handler.
     let ok = !info.is_null()
         && !uc.is_null()
-        && unsafe { handle(&*info, &mut *(uc as *mut libc::ucontext_t)) };
+        && unsafe {
+            let (info, uc) = (&*info, &mut *(uc as *mut libc::ucontext_t));
+            crate::inproc::handle(info, uc) || handle(info, uc)
+        };
     if ok {
         return;
     }

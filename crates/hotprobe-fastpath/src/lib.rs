@@ -24,6 +24,7 @@
 //! address (the agent keeps its return trampoline and shadow stacks, so
 //! those returns stay correct). No code of the program refers to them any more.
 
+mod inproc;
 mod plan;
 mod shm;
 mod stub;
@@ -49,6 +50,7 @@ use hotprobe_x86::plan_jump;
 pub use hotprobe_abi::{
     Event as RecordedEvent, EXIT_UNWOUND, KIND_ENTRY, KIND_EXIT, KIND_HIT, TRAP_GUARD, TRAP_RETURN,
 };
+pub use inproc::{HandlerCall, InprocInfo};
 pub use plan::{
     explain, probe_list_path, ExitSite, FunctionInfo, FunctionPlan, Mechanism, MechanismChoice,
     ModuleInfo, PatchKind, SitePlan,
@@ -1122,7 +1124,12 @@ impl FastPath {
             // patched bytes are one instruction, padded with int3 never run.
             wait_pcs_outside(t, s.addr, s.original.len() as u64)?;
             t.write_memory(RuntimeAddr(s.addr), &s.original)?;
-            let _ = self.shm.shm().set_site_action(s.key, 0);
+            if s.key == 0 {
+                // An in-process trap (`inproc`): its entry stays.
+                self.shm.shm().quiet_inproc(s.addr);
+            } else {
+                let _ = self.shm.shm().set_site_action(s.key, 0);
+            }
         }
         self.installed.clear();
         self.heartbeat = None;

@@ -10,6 +10,7 @@
 //! in the `hotprobe` engine.
 
 mod maps;
+mod release;
 mod remote;
 pub mod remote_call;
 mod rendezvous;
@@ -355,6 +356,10 @@ pub struct ProcessTarget {
     rendezvous: Option<rendezvous::Rendezvous>,
     /// Spawned and stopped before any constructor ran.
     before_constructors: bool,
+    /// Running untraced (see [`ProcessTarget::release`]).
+    released: Option<release::Released>,
+    /// ptrace stops of this target's tasks handled so far.
+    stops: u64,
 }
 
 impl ProcessTarget {
@@ -589,6 +594,8 @@ impl ProcessTarget {
             syscall_insn: None,
             rendezvous: None,
             before_constructors: false,
+            released: None,
+            stops: 0,
         }
     }
 
@@ -655,6 +662,15 @@ impl ProcessTarget {
             .iter()
             .map(|r| (r.start.0, r.start.0 + r.len))
             .collect()
+    }
+
+    /// How the process ended, once it has.
+    /// ptrace stops of this process's tasks handled so far (every
+    /// `waitpid` stop status: breakpoints, steps, signal deliveries,
+    /// clone/fork/exec events, interrupts). Constant while the process
+    /// runs untraced ([`ProcessTarget::release`]).
+    pub fn ptrace_stops(&self) -> u64 {
+        self.stops
     }
 
     /// How the process ended, once it has.
@@ -819,6 +835,7 @@ impl ProcessTarget {
             stash(pid, status);
             return Ok(None);
         }
+        self.stops += 1;
         let sig = libc::WSTOPSIG(status);
         let event = status >> 16;
         {
@@ -1211,6 +1228,9 @@ impl Target for ProcessTarget {
         if let Some(st) = &self.exited {
             return Ok(TargetEvent::Exited(st.clone()));
         }
+        if self.released.is_some() {
+            return self.wait_released(timeout);
+        }
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut nap = Duration::from_micros(20);
         loop {
@@ -1304,6 +1324,9 @@ impl Target for ProcessTarget {
     }
 
     fn stop_all(&mut self) -> Result<(), TargetError> {
+        if self.released.is_some() {
+            return self.reacquire();
+        }
         let running: Vec<i32> = self
             .threads
             .iter()
@@ -1336,6 +1359,9 @@ impl Target for ProcessTarget {
     fn detach(&mut self) -> Result<(), TargetError> {
         if !self.attached {
             return Ok(());
+        }
+        if self.released.is_some() && self.exited.is_none() {
+            self.reacquire()?;
         }
         self.stop_all()?;
         // Threads whose breakpoint event the engine never handled re-execute

@@ -300,6 +300,12 @@ impl Engine {
         self.target.as_mut()
     }
 
+    /// The target and the handlers' symbolizer together (for handlers the
+    /// session runs itself: shared-memory handlers).
+    pub(crate) fn target_and_symbolizer(&mut self) -> (&mut dyn Target, Option<&dyn Symbolizer>) {
+        (self.target.as_mut(), self.symbolizer.as_deref())
+    }
+
     /// How the target ended, if it has.
     pub fn gone(&self) -> Option<&ExitStatus> {
         self.gone.as_ref()

@@ -12,6 +12,9 @@ use hotprobe_fastpath::{FastPath, FastPathConfig, FunctionInfo, RecordedEvent, T
 use hotprobe_process::{ProcessTarget, SpawnOptions};
 use hotprobe_symbols::{ProbeSpec, ResolvedProbe};
 use hotprobe_target::{ExitStatus, RuntimeAddr, Target, TargetError, TargetEvent};
+
+#[path = "session_inproc.rs"]
+mod inproc;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -61,6 +64,9 @@ pub enum Mechanism {
     Plugin,
     /// Not placed yet: its module is not loaded (see [`Session::add`]).
     Pending,
+    /// An `int3` taken by the agent's own `SIGTRAP` handler inside the
+    /// process: no ptrace stop (`Count` where neither patch nor jump fits).
+    InProcessTrap,
 }
 
 impl std::fmt::Display for Mechanism {
@@ -74,6 +80,7 @@ impl std::fmt::Display for Mechanism {
             Mechanism::Stub => f.write_str("stub"),
             Mechanism::Plugin => f.write_str("plugin"),
             Mechanism::Pending => f.write_str("pending"),
+            Mechanism::InProcessTrap => f.write_str("in-process trap"),
         }
     }
 }
@@ -261,6 +268,15 @@ struct Slot {
     /// before them, that publishes each call in the trap table before
     /// the return address is swapped ([`publisher`]).
     publishers: HashMap<ProbeId, ProbeId>,
+    /// In-process traps placed (see `session_inproc`): probe → (address,
+    /// has a shared-memory handler).
+    inproc: HashMap<ProbeId, (u64, bool)>,
+    /// Probes whose pre handler runs through shared memory, by fast-path
+    /// counter (see `session_inproc`).
+    shm_handlers: HashMap<u32, (ProbeId, Probe)>,
+    /// In-process probes handed over to the engine (a trap probe came to
+    /// the same address): probe → the engine probe that counts on for it.
+    handed: HashMap<ProbeId, ProbeId>,
 }
 
 impl Slot {
@@ -488,6 +504,9 @@ pub struct Session {
     config: SessionConfig,
     /// Options of plugin probes being added (see [`Session::add_plugin`]).
     plugin_options: Option<PluginOptions>,
+    /// How long each side of a shared-memory handler call spins before
+    /// it sleeps (see [`Session::set_handler_spin`]); `None`: the default.
+    handler_spin: Option<Duration>,
 }
 
 /// Where a resolved site goes.
@@ -515,6 +534,7 @@ impl Session {
             slots: Vec::new(),
             config,
             plugin_options: None,
+            handler_spin: None,
         }
     }
 
@@ -609,6 +629,9 @@ impl Session {
             published: HashMap::new(),
             guards: HashMap::new(),
             publishers: HashMap::new(),
+            inproc: HashMap::new(),
+            shm_handlers: HashMap::new(),
+            handed: HashMap::new(),
         });
         let follow = self.config.follow_forks && pid.is_some();
         let slot = &mut self.slots[id];
@@ -819,6 +842,7 @@ impl Session {
         probe: Probe,
     ) -> Result<ProbeId, EngineError> {
         self.note_plugin_overlap(t, addr, true);
+        self.before_trap_at(t, addr)?;
         let config = self.config.fast_path;
         let slot = self.slot(t)?;
         slot.agent_for_traps(&config);
@@ -850,11 +874,12 @@ impl Session {
         rp: RetProbe,
     ) -> Result<ProbeId, EngineError> {
         self.note_plugin_overlap(t, addr, true);
-        let config = self.config.fast_path;
-        let slot = self.slot(t)?;
-        if let Some(pid) = slot.pid {
+        if let Some(pid) = self.slot(t)?.pid {
             crate::nonlocal::check_return_probe(pid, addr)?;
         }
+        self.before_trap_at(t, addr)?;
+        let config = self.config.fast_path;
+        let slot = self.slot(t)?;
         slot.agent_for_traps(&config);
         let table = slot.trap_table();
         slot.prepublish_trap(addr);
@@ -928,6 +953,16 @@ impl Session {
                         return self.add_pending(t, spec, Some(p), None, false, is_return, e)
                     }
                     r => r?,
+                };
+                let p = match self.place_shm_handler(t, &r, p, spec.to_string())? {
+                    Ok(placed) => {
+                        self.maybe_release(t.0);
+                        return Ok(Added {
+                            placements: vec![placed],
+                            ..Added::default()
+                        });
+                    }
+                    Err(p) => p,
                 };
                 let id = self.probe_addr(t, r.addr, p)?;
                 return Ok(Added {
@@ -1034,6 +1069,17 @@ impl Session {
                     function,
                     reason,
                 } => self.place_fast(t, &r, &path, bias, &function, record, reason, label, None),
+                Plan::Trap(reason)
+                    if !record && !is_return && self.config.mechanism == MechanismChoice::Auto =>
+                {
+                    match self.place_inproc(t, &r, &reason, label.clone())? {
+                        Ok(p) => Ok(p),
+                        Err(why) => {
+                            let reason = format!("{reason}; in-process trap: {why}");
+                            self.place_trap(t, &r, is_return, record, reason, label)
+                        }
+                    }
+                }
                 Plan::Trap(reason) => self.place_trap(t, &r, is_return, record, reason, label),
                 Plan::Plugin(reason) => self.place_plugin(t, &r, is_return, record, reason, label),
             };
@@ -1051,6 +1097,7 @@ impl Session {
         if record && !added.placements.is_empty() {
             slot.recording = true;
         }
+        self.maybe_release(t.0);
         Ok(added)
     }
 
@@ -1569,6 +1616,13 @@ impl Session {
                     reason,
                 });
         }
+        if let (Some(&(addr, handler)), Fast::On(fp)) = (slot.inproc.get(&id), &slot.fast) {
+            fp.set_inproc_enabled(addr, handler, enabled);
+            return Ok(());
+        }
+        if let Some(&x) = slot.handed.get(&id) {
+            return slot.engine.set_enabled(x, enabled);
+        }
         if slot.fast_probes.contains_key(&id) {
             return Err(EngineError::RefusedSpec {
                 spec: format!("probe {}", id.0),
@@ -1586,6 +1640,12 @@ impl Session {
                 spec: format!("probe {}", id.0),
                 reason: "QEMU plugin probes stay candidates: disable it instead".into(),
             });
+        }
+        if let (Some(&(addr, handler)), Fast::On(fp)) = (slot.inproc.get(&id), &slot.fast) {
+            // Disabled for good (its handler dropped); the int3 goes at detach.
+            fp.set_inproc_enabled(addr, handler, false);
+            slot.shm_handlers.retain(|_, (p, _)| *p != id);
+            return Ok(());
         }
         if slot.fast_probes.contains_key(&id) {
             return Err(EngineError::RefusedSpec {
@@ -1631,7 +1691,13 @@ impl Session {
             return None;
         }
         let me = root.pid.unwrap_or(0);
-        let mut by: Vec<(i32, ProbeStats)> = vec![(me, trap.unwrap_or_default())];
+        let mut trap = trap.unwrap_or_default();
+        if let Some(h) = root.handed.get(&id).and_then(|x| root.engine.stats(*x)) {
+            // Handed over to the engine: its hits since then.
+            trap.hits += h.hits;
+            trap.nmissed += h.nmissed;
+        }
+        let mut by: Vec<(i32, ProbeStats)> = vec![(me, trap)];
         let mut add =
             |pid: i32, f: &dyn Fn(&mut ProbeStats)| match by.iter_mut().find(|(p, _)| *p == pid) {
                 Some((_, st)) => f(st),
@@ -1715,6 +1781,9 @@ impl Session {
                 s.engine.target().resume_all()?;
                 s.engine.started = true;
             }
+        }
+        for i in 0..self.slots.len() {
+            self.maybe_release(i);
         }
         Ok(())
     }
@@ -1952,6 +2021,13 @@ impl Session {
     /// Waits up to `timeout` for one event of slot `i` and handles it, for
     /// every mechanism of the target. True when a handler asked to stop.
     fn poll_slot(&mut self, i: usize, timeout: Option<Duration>) -> Result<bool, EngineError> {
+        let mut timeout = timeout;
+        if !self.slots[i].shm_handlers.is_empty() && self.slots[i].engine.gone().is_none() {
+            if self.serve_handlers(i, timeout) {
+                return Ok(true);
+            }
+            timeout = Some(Duration::ZERO);
+        }
         let slot = &mut self.slots[i];
         let ev = match slot.engine.target().wait(timeout) {
             Ok(ev) => ev,

@@ -1,0 +1,188 @@
+//! `hotprobe-bench inproc`: per hit, in one run, on a 2-byte function
+//! (`benches/programs/inproc.c`): an in-process trap counting; a
+//! shared-memory pre handler (spinning, then sleeping); the ptrace trap
+//! counting (boosted) and with a pre handler (boosted); a kernel uprobe
+//! (bpftrace `count()`).
+
+use anyhow::{bail, Result};
+use hotprobe::{Action, MechanismChoice, Probe, RunEnd, Session, SessionConfig, SpawnOptions};
+use std::path::Path;
+use std::time::Duration;
+
+use crate::{build, have, loop_ns, median, pin};
+
+/// How the probe on `two` is placed.
+#[derive(Clone, Copy)]
+enum Kind {
+    InprocCount,
+    ShmHandler { spin: Duration },
+    TrapCount,
+    TrapHandler,
+}
+
+fn run_one(bin: &Path, n: u64, kind: Kind) -> Result<(f64, String)> {
+    let out = std::env::temp_dir().join(format!("hotprobe-bench-inproc-{}", std::process::id()));
+    let f = std::fs::File::create(&out)?;
+    let mechanism = match kind {
+        Kind::TrapCount => MechanismChoice::Trap,
+        _ => MechanismChoice::Auto,
+    };
+    let mut s = Session::with_config(SessionConfig {
+        mechanism,
+        ..Default::default()
+    });
+    let t = s.spawn_with(
+        bin,
+        &[n.to_string().into()],
+        &SpawnOptions {
+            stdout: Some(f),
+            ..Default::default()
+        },
+    )?;
+    let (id, exec) = match kind {
+        Kind::InprocCount | Kind::TrapCount => {
+            let a = s.add(t, "two", Action::Count)?;
+            (a.placements[0].id, a.placements[0].execution.clone())
+        }
+        Kind::ShmHandler { spin } => {
+            s.set_handler_spin(spin);
+            let a = s.add(t, "two", Action::Handler(Probe::new().pre(|_| {})))?;
+            (a.placements[0].id, a.placements[0].execution.clone())
+        }
+        Kind::TrapHandler => {
+            let id = s.probe(t, "two", Probe::new().pre(|_| {}))?;
+            (id, format!("trap ({})", s.execution_of(id).unwrap_or("?")))
+        }
+    };
+    s.start()?;
+    let stops = s.ptrace_stops(t).unwrap_or(0);
+    if s.run()? != RunEnd::AllExited {
+        bail!("run ended early");
+    }
+    let during = s.ptrace_stops(t).unwrap_or(0) - stops;
+    let hits = s.stats(id).map(|st| st.hits).unwrap_or(0);
+    if hits != n {
+        bail!("expected {n} hits, saw {hits}");
+    }
+    let text = std::fs::read_to_string(&out)?;
+    let _ = std::fs::remove_file(&out);
+    Ok((loop_ns(&text)?, format!("{exec}; {during} ptrace stops")))
+}
+
+fn run_native(bin: &Path, n: u64, mode: &str) -> Result<f64> {
+    let out = std::process::Command::new(bin)
+        .arg(n.to_string())
+        .arg(mode)
+        .output()?;
+    loop_ns(&String::from_utf8_lossy(&out.stdout))
+}
+
+fn run_bpftrace(bin: &Path, n: u64) -> Result<f64> {
+    let prog = format!("uprobe:{}:two {{ @hits = count(); }}", bin.display());
+    let out = std::process::Command::new("bpftrace")
+        .arg("-e")
+        .arg(&prog)
+        .arg("-c")
+        .arg(format!("{} {n}", bin.display()))
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !text.contains(&format!("@hits: {n}")) {
+        bail!(
+            "bpftrace did not count {n} hits: {}",
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .next()
+                .unwrap_or("")
+        );
+    }
+    loop_ns(&text)
+}
+
+/// The `inproc` benchmark (see the module docs).
+pub fn run(cpu: Option<usize>, hits: u64, runs: usize) -> Result<()> {
+    if let Some(c) = cpu {
+        pin(c)?;
+    }
+    let bin = build("inproc", &["-O2"])?;
+    let native = median(
+        (0..runs)
+            .map(|_| run_native(&bin, 100_000_000, "call"))
+            .collect::<Result<_>>()?,
+    );
+    let floor_n = hits * 5;
+    let floor = median(
+        (0..runs)
+            .map(|_| run_native(&bin, floor_n, "floor"))
+            .collect::<Result<_>>()?,
+    );
+    eprintln!("int3 + own SIGTRAP handler: {floor:.0} ns/hit");
+    let mut rows: Vec<(String, u64, f64)> = vec![
+        ("native call".into(), 100_000_000, native),
+        (
+            "floor: int3 caught by the program's own SIGTRAP handler (no hotprobe)".into(),
+            floor_n,
+            floor,
+        ),
+    ];
+    for (what, kind) in [
+        ("in-process trap, count", Kind::InprocCount),
+        (
+            "shared-memory pre handler (null), spinning (50 µs each side)",
+            Kind::ShmHandler {
+                spin: Duration::from_micros(50),
+            },
+        ),
+        (
+            "shared-memory pre handler (null), sleeping (futex, no spin)",
+            Kind::ShmHandler {
+                spin: Duration::ZERO,
+            },
+        ),
+        ("ptrace trap, count (--mechanism trap)", Kind::TrapCount),
+        ("ptrace trap, null pre handler", Kind::TrapHandler),
+    ] {
+        let mut exec = String::new();
+        let v = median(
+            (0..runs)
+                .map(|_| {
+                    let (v, e) = run_one(&bin, hits, kind)?;
+                    exec = e;
+                    Ok(v)
+                })
+                .collect::<Result<_>>()?,
+        );
+        let name = format!("hotprobe {what}: {exec}");
+        eprintln!("{name}: {v:.0} ns/hit");
+        rows.push((name, hits, v));
+    }
+    if have("bpftrace") {
+        let n = hits * 10;
+        match (0..runs)
+            .map(|_| run_bpftrace(&bin, n))
+            .collect::<Result<Vec<_>>>()
+        {
+            Ok(v) => {
+                let v = median(v);
+                eprintln!("bpftrace uprobe: {v:.0} ns/hit");
+                rows.push(("bpftrace uprobe (kernel), count()".into(), n, v));
+            }
+            Err(e) => eprintln!("bpftrace row left out: {e}"),
+        }
+    } else {
+        eprintln!("bpftrace not installed: its row is left out");
+    }
+    println!(
+        "In-process traps and shared-memory handlers on a 2-byte function, median of {runs} runs, {}",
+        match cpu {
+            Some(c) => format!("tracer and target pinned to CPU {c}"),
+            None => "not pinned".into(),
+        }
+    );
+    println!();
+    println!("| mechanism | calls | ns per call | × native |");
+    println!("|---|---:|---:|---:|");
+    for (name, n, v) in rows {
+        println!("| {name} | {n} | {v:.1} | {:.0} |", v / native);
+    }
+    Ok(())
+}

@@ -1,0 +1,338 @@
+//! The session's side of the in-process trap mechanism
+//! ([`Mechanism::InProcessTrap`]) and of running untraced.
+//!
+//! A `Count` probe whose site neither a patch nor a jump can take (a
+//! function shorter than 5 bytes, a jump target, an instruction inside a
+//! function) goes to an in-process trap when the target has the agent:
+//! an `int3` the agent's `SIGTRAP` handler takes inside the target
+//! (`hotprobe_fastpath::FastPath::add_inproc`). It stays on the ptrace
+//! trap, with both reasons, where the instruction cannot run in-process
+//! (see `hotprobe-fastpath`'s `inproc` module), where the engine has a
+//! breakpoint at the same address, or with `--mechanism trap`.
+//!
+//! Once the targets run ([`Session::start`], and after probes added while
+//! running) a process whose ptrace mechanisms have nothing placed — no
+//! trap probe, no pending probe, no followed forks — runs untraced
+//! ([`hotprobe_process::ProcessTarget::release`]): the in-process traps'
+//! `SIGTRAP`s then cost no ptrace stop at all
+//! ([`Session::ptrace_stops`] stays constant); the process is taken back
+//! (seized again) when the session needs it stopped: to add a probe, to
+//! detach.
+
+use super::*;
+use std::time::{Duration, Instant};
+
+impl Session {
+    /// Places a `Count` probe at `r` as an in-process trap; `Err(why)`
+    /// when the site cannot take one (the caller falls back to the trap).
+    pub(super) fn place_inproc(
+        &mut self,
+        t: TargetId,
+        r: &ResolvedProbe,
+        fallback: &str,
+        label: String,
+    ) -> Result<Result<Placement, String>, EngineError> {
+        let config = self.config.fast_path;
+        let slot = self.slot(t)?;
+        if !slot.is_process() || slot.plugin.is_some() {
+            return Ok(Err("not a process".into()));
+        }
+        if slot.engine.execution_of(r.addr).is_some() {
+            return Ok(Err("a trap probe is already at this address".into()));
+        }
+        if let Err(why) = slot.ensure_fast(&config) {
+            return Ok(Err(why));
+        }
+        let started = slot.engine.started;
+        let id = slot.engine.new_id();
+        let Slot { engine, fast, .. } = slot;
+        let Fast::On(fp) = fast else {
+            return Ok(Err("the agent is not loaded".into()));
+        };
+        let Some(pt) = Slot::process(engine) else {
+            return Ok(Err("not a process".into()));
+        };
+        let placed = fp.add_inproc(pt, r.addr.0);
+        if started {
+            pt.resume_all()?;
+        }
+        let info = match placed {
+            Ok(info) => info,
+            Err(hotprobe_fastpath::FastPathError::Impossible { why, .. }) => return Ok(Err(why)),
+            Err(e) => return Ok(Err(e.to_string())),
+        };
+        slot.fast_probes
+            .entry(id)
+            .or_insert_with(|| FastProbe {
+                counters: Vec::new(),
+            })
+            .counters
+            .push((info.probe_id, None));
+        let c = info.probe_id as usize;
+        if slot.fast_ids.len() <= c {
+            slot.fast_ids.resize(c + 1, None);
+        }
+        slot.fast_ids[c] = Some(id);
+        slot.inproc.insert(id, (r.addr.0, false));
+        Ok(Ok(Placement {
+            id,
+            label,
+            addr: r.addr,
+            function: r.function.clone(),
+            module: r.module.clone(),
+            is_return: r.is_return,
+            mechanism: Mechanism::InProcessTrap,
+            reason: format!(
+                "{fallback}: int3 taken by the agent's SIGTRAP handler ({})",
+                info.instruction
+            ),
+            execution: format!("{} ({})", Mechanism::InProcessTrap, info.execution),
+        }))
+    }
+
+    /// ptrace stops of target `t`'s process so far (`None` for a guest).
+    /// With only fast-path and in-process mechanisms placed it stays
+    /// constant while the process runs (it runs untraced).
+    pub fn ptrace_stops(&mut self, t: TargetId) -> Option<u64> {
+        let slot = self.slots.get_mut(t.0)?;
+        Slot::process(&mut slot.engine).map(|p| p.ptrace_stops())
+    }
+
+    /// Whether target `t` runs untraced now (see the module docs).
+    pub fn is_untraced(&mut self, t: TargetId) -> bool {
+        self.slots
+            .get_mut(t.0)
+            .and_then(|s| Slot::process(&mut s.engine))
+            .is_some_and(|p| p.is_released())
+    }
+
+    /// Lets the started process of slot `i` run untraced when nothing of
+    /// its needs ptrace (see the module docs); otherwise leaves it.
+    pub(super) fn maybe_release(&mut self, i: usize) {
+        let follow = self.config.follow_forks;
+        let slot = &mut self.slots[i];
+        if slot.inproc.is_empty()
+            || follow
+            || !slot.engine.started
+            || slot.engine.gone().is_some()
+            || !slot.pending.is_empty()
+            || slot.root.is_some()
+            || !slot.followable.is_empty()
+            || slot.plugin.is_some()
+        {
+            return;
+        }
+        if let Some(pt) = Slot::process(&mut slot.engine) {
+            if let Err(e) = pt.release() {
+                slot.engine.notices.push(format!(
+                    "cannot run untraced: {e}; the process stays traced"
+                ));
+            }
+        }
+    }
+}
+
+/// Default spin of each side of a shared-memory handler call.
+const DEFAULT_HANDLER_SPIN: Duration = Duration::from_micros(50);
+/// A request the tracer does not take within this is withdrawn.
+const HANDLER_TIMEOUT: Duration = Duration::from_secs(1);
+
+impl Session {
+    /// How long each side of a shared-memory handler call spins before it
+    /// sleeps on a futex: the target's thread for the answer, the session
+    /// for the next request (default 50 µs; zero: both sleep at once).
+    /// Applies to targets whose first such probe is added afterwards, and
+    /// to the session's own waiting at once.
+    pub fn set_handler_spin(&mut self, spin: Duration) {
+        self.handler_spin = Some(spin);
+        for s in &self.slots {
+            if let (Fast::On(fp), false) = (&s.fast, s.shm_handlers.is_empty()) {
+                fp.set_handler_wait(spin, HANDLER_TIMEOUT);
+            }
+        }
+    }
+
+    fn spin(&self) -> Duration {
+        self.handler_spin.unwrap_or(DEFAULT_HANDLER_SPIN)
+    }
+
+    /// Places a probe with a pre handler (and no post handler) as an
+    /// in-process trap whose handler runs here through shared memory: no
+    /// ptrace stop. `Ok(Err(probe))` (the probe handed back) when it cannot
+    /// go there: the caller places it on the trap.
+    pub(super) fn place_shm_handler(
+        &mut self,
+        t: TargetId,
+        r: &ResolvedProbe,
+        probe: Probe,
+        label: String,
+    ) -> Result<Result<Placement, Probe>, EngineError> {
+        if probe.post.is_some() || self.config.mechanism != MechanismChoice::Auto {
+            return Ok(Err(probe));
+        }
+        let config = self.config.fast_path;
+        let spin = self.spin();
+        let slot = self.slot(t)?;
+        if !slot.is_process()
+            || slot.plugin.is_some()
+            || slot.engine.execution_of(r.addr).is_some()
+            || slot.ensure_fast(&config).is_err()
+        {
+            return Ok(Err(probe));
+        }
+        let started = slot.engine.started;
+        let Slot { engine, fast, .. } = slot;
+        let Fast::On(fp) = fast else {
+            return Ok(Err(probe));
+        };
+        let Some(pt) = Slot::process(engine) else {
+            return Ok(Err(probe));
+        };
+        let placed = fp.add_inproc_handler(pt, r.addr.0);
+        if started {
+            pt.resume_all()?;
+        }
+        let Ok(info) = placed else {
+            return Ok(Err(probe));
+        };
+        fp.set_handler_wait(spin, HANDLER_TIMEOUT);
+        let id = slot.engine.new_id();
+        slot.fast_probes
+            .entry(id)
+            .or_insert_with(|| FastProbe {
+                counters: Vec::new(),
+            })
+            .counters
+            .push((info.probe_id, None));
+        let c = info.probe_id as usize;
+        if slot.fast_ids.len() <= c {
+            slot.fast_ids.resize(c + 1, None);
+        }
+        slot.fast_ids[c] = Some(id);
+        slot.inproc.insert(id, (r.addr.0, true));
+        slot.shm_handlers.insert(info.probe_id, (id, probe));
+        Ok(Ok(Placement {
+            id,
+            label,
+            addr: r.addr,
+            function: r.function.clone(),
+            module: r.module.clone(),
+            is_return: r.is_return,
+            mechanism: Mechanism::InProcessTrap,
+            reason: format!(
+                "the pre handler runs in hotprobe through shared memory ({})",
+                info.instruction
+            ),
+            execution: format!(
+                "{} ({}, shared-memory handler)",
+                Mechanism::InProcessTrap,
+                info.execution
+            ),
+        }))
+    }
+
+    /// Runs the shared-memory handler calls of slot `i` for up to
+    /// `timeout` (20 ms without one): spinning for the next request for
+    /// the handler spin, then sleeping on the doorbell. True when a
+    /// handler asked to stop.
+    pub(super) fn serve_handlers(&mut self, i: usize, timeout: Option<Duration>) -> bool {
+        let spin = self.spin();
+        let deadline = Instant::now() + timeout.unwrap_or(Duration::from_millis(20));
+        let slot = &mut self.slots[i];
+        let Slot {
+            engine,
+            fast,
+            shm_handlers,
+            ..
+        } = slot;
+        let Fast::On(fp) = fast else {
+            return false;
+        };
+        let mut stop = false;
+        loop {
+            let seen = fp.handler_doorbell();
+            while let Some(call) = fp.take_handler_call() {
+                let Some((id, probe)) = shm_handlers.get_mut(&call.counter) else {
+                    fp.finish_handler_call(&call, None);
+                    continue;
+                };
+                let mut regs = crate::handler::HitRegs::complete(call.regs);
+                {
+                    let (target, symbolizer) = engine.target_and_symbolizer();
+                    let mut ctx = crate::HitContext {
+                        target: RefCell::new(target),
+                        thread: hotprobe_target::ThreadId(u64::from(call.tid)),
+                        regs: &mut regs,
+                        probe: *id,
+                        addr: RuntimeAddr(call.addr),
+                        kind: crate::HitKind::Pre,
+                        stop: &mut stop,
+                        symbolizer,
+                        entry: None,
+                        fetch_error: RefCell::new(None),
+                    };
+                    if let Some(pre) = probe.pre.as_mut() {
+                        pre(&mut ctx);
+                    }
+                }
+                let after = regs.fetched().copied().filter(|r| *r != call.regs);
+                fp.finish_handler_call(&call, after.as_ref());
+            }
+            if stop || Instant::now() >= deadline {
+                return stop;
+            }
+            fp.wait_handler_calls(seen, spin, deadline);
+        }
+    }
+}
+
+impl Session {
+    /// Before the engine places a breakpoint at `addr` of target `t`: a
+    /// released process is taken back (the engine's `int3`s need ptrace),
+    /// and an in-process probe at `addr` is handed over to the engine —
+    /// its `int3` taken out, a trap probe at the same address counting on
+    /// for it (its handler moved there, if it has one) — since the
+    /// engine's site cannot share the byte.
+    pub(super) fn before_trap_at(
+        &mut self,
+        t: TargetId,
+        addr: RuntimeAddr,
+    ) -> Result<(), EngineError> {
+        let slot = self.slot(t)?;
+        let started = slot.engine.started;
+        if let Some(pt) = Slot::process(&mut slot.engine) {
+            if pt.is_released() {
+                pt.reacquire()?;
+                if started {
+                    pt.resume_all()?;
+                }
+            }
+        }
+        let Some((&id, _)) = slot.inproc.iter().find(|(_, (a, _))| *a == addr.0) else {
+            return Ok(());
+        };
+        let Slot { engine, fast, .. } = &mut *slot;
+        if let (Fast::On(fp), Some(pt)) = (fast, Slot::process(engine)) {
+            let r = fp.remove_inproc(pt, addr.0);
+            if started {
+                pt.resume_all()?;
+            }
+            r?;
+        }
+        slot.inproc.remove(&id);
+        let mut probe = Probe::default();
+        let mut key = None;
+        for (k, (p, _)) in slot.shm_handlers.iter() {
+            if *p == id {
+                key = Some(*k);
+            }
+        }
+        if let Some((_, p)) = key.and_then(|k| slot.shm_handlers.remove(&k)) {
+            probe = p;
+        }
+        slot.prepublish_trap(addr);
+        let x = slot.change_traps(|e| e.add_probe(addr, probe))?;
+        slot.handed.insert(id, x);
+        Ok(())
+    }
+}

@@ -1,0 +1,274 @@
+//! In-process traps: `Count` probes where neither a patch nor a jump fits
+//! (a 2-byte function, a 1-byte function, instructions in the middle of a
+//! function, one of them RIP-relative) are `int3`s the agent's own
+//! `SIGTRAP` handler takes inside the target. With nothing else placed the
+//! process runs untraced: no ptrace stop per hit. The tracee also has a
+//! `SIGTRAP` handler of its own and traps twice itself.
+
+mod support;
+
+use hotprobe::{Action, Mechanism, RunEnd};
+use support::{lines_with, program, spawn};
+
+const THREADS: u64 = 8;
+const ITERS: u64 = 5000;
+
+fn expected_total() -> u64 {
+    (0..THREADS)
+        .flat_map(|id| (0..ITERS).map(move |i| (i + id) + (i + 1 + 1000)))
+        .sum()
+}
+
+#[test]
+fn short_functions_and_mid_function_instructions_count_exactly_without_ptrace_stops() {
+    let bin = program("inproc", &["-O2"]);
+    let mut c = spawn(&bin, &[&THREADS.to_string(), &ITERS.to_string()]);
+    let t = c.target;
+    let mut ids = Vec::new();
+    for (spec, execution) in [
+        ("two_byte", "in-process trap (boosted)"),
+        ("one_byte", "in-process trap (emulated)"),
+        ("mid_fn+3", "in-process trap (boosted)"),
+        ("mid_fn+9", "in-process trap (boosted)"),
+    ] {
+        let added = c.session.add(t, spec, Action::Count).unwrap();
+        let p = &added.placements[0];
+        assert_eq!(p.mechanism, Mechanism::InProcessTrap, "{spec}: {p:?}");
+        assert_eq!(p.execution, execution, "{spec}");
+        ids.push(p.id);
+    }
+    c.session.start().unwrap();
+    assert!(c.session.is_untraced(t), "runs untraced after setup");
+    let stops = c.session.ptrace_stops(t).unwrap();
+    assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+    assert_eq!(
+        c.session.ptrace_stops(t).unwrap(),
+        stops,
+        "no ptrace stop after setup"
+    );
+    for id in &ids {
+        assert_eq!(c.session.stats(*id).unwrap().hits, THREADS * ITERS);
+    }
+    let out = c.output();
+    assert_eq!(
+        lines_with(&out, "total "),
+        vec![format!("total {}", expected_total()).as_str()]
+    );
+    // The program's own SIGTRAP handler saw its own two int3s.
+    assert_eq!(lines_with(&out, "own traps "), vec!["own traps 2"]);
+}
+
+#[test]
+fn detach_restores_the_original_bytes_and_the_program_runs_on() {
+    let bin = program("inproc", &["-O2"]);
+    // Long enough to be detached while it runs.
+    let mut c = spawn(&bin, &[&THREADS.to_string(), "2000000"]);
+    let t = c.target;
+    let pid = c.session.pid(t).unwrap();
+    let site = |c: &mut support::Captured, spec: &str| {
+        let a = c.session.add(t, spec, Action::Count).unwrap();
+        assert_eq!(a.placements[0].mechanism, Mechanism::InProcessTrap);
+        (a.placements[0].id, a.placements[0].addr.0)
+    };
+    let before: Vec<(u64, Vec<u8>)> = ["two_byte", "one_byte", "mid_fn+3"]
+        .iter()
+        .map(|s| {
+            let r = c.session.resolve(t, s).unwrap();
+            (r[0].addr.0, read_mem(pid, r[0].addr.0, 8))
+        })
+        .collect();
+    let placed: Vec<(hotprobe::ProbeId, u64)> = ["two_byte", "one_byte", "mid_fn+3"]
+        .iter()
+        .map(|s| site(&mut c, s))
+        .collect();
+    for (_, a) in &placed {
+        assert_eq!(read_mem(pid, *a, 1), vec![0xcc]);
+    }
+    c.session.start().unwrap();
+    assert!(c.session.is_untraced(t));
+    // Let it hit the sites for a while.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while c.session.stats(placed[0].0).unwrap().hits < 10_000 {
+        assert!(std::time::Instant::now() < deadline, "no hits");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    c.session.detach().unwrap();
+    for (a, bytes) in &before {
+        assert_eq!(&read_mem(pid, *a, 8), bytes, "restored at {a:#x}");
+    }
+    // Counting stopped; the process runs on (untraced) and ends normally.
+    let frozen = c.session.stats(placed[0].0).unwrap().hits;
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(c.session.stats(placed[0].0).unwrap().hits, frozen);
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status();
+}
+
+fn read_mem(pid: i32, addr: u64, len: usize) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut b = vec![0u8; len];
+    f.read_exact_at(&mut b, addr).unwrap();
+    b
+}
+
+/// A pre handler at `mid_fn+9` (`add eax, edi`) adds one to `rax` through
+/// the shared-memory path: every call of `mid_fn` returns one more.
+fn handler_changes_result(spin: std::time::Duration) {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    let bin = program("inproc", &["-O2"]);
+    let mut c = spawn(&bin, &[&THREADS.to_string(), &ITERS.to_string()]);
+    c.session.set_handler_spin(spin);
+    let t = c.target;
+    let calls = Rc::new(Cell::new(0u64));
+    let bad_reads = Rc::new(Cell::new(0u64));
+    let (seen, bad) = (calls.clone(), bad_reads.clone());
+    let probe = hotprobe::Probe::new().pre(move |ctx| {
+        seen.set(seen.get() + 1);
+        let regs = *ctx.regs();
+        // The target's memory: [rsp] is mid_fn's return address, in
+        // worker (an address of the program's text, not 0).
+        if ctx.read_u64(regs.rsp).map_or(true, |r| r == 0) {
+            bad.set(bad.get() + 1);
+        }
+        // rip is the probed instruction, named by the session's symbolizer.
+        if regs.rip != ctx.addr().0
+            || !ctx
+                .symbolize(regs.rip)
+                .is_some_and(|s| s.starts_with("mid_fn+"))
+        {
+            bad.set(bad.get() + 1);
+        }
+        ctx.regs_mut().rax = regs.rax + 1;
+    });
+    let added = c
+        .session
+        .add(t, "mid_fn+9", Action::Handler(probe))
+        .unwrap();
+    let p = &added.placements[0];
+    assert_eq!(p.mechanism, Mechanism::InProcessTrap, "{p:?}");
+    assert_eq!(
+        p.execution,
+        "in-process trap (boosted, shared-memory handler)"
+    );
+    c.session.start().unwrap();
+    assert!(c.session.is_untraced(t));
+    let stops = c.session.ptrace_stops(t).unwrap();
+    assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+    assert_eq!(c.session.ptrace_stops(t).unwrap(), stops, "no ptrace stop");
+    assert_eq!(calls.get(), THREADS * ITERS);
+    assert_eq!(bad_reads.get(), 0);
+    assert_eq!(c.session.stats(p.id).unwrap().hits, THREADS * ITERS);
+    let out = c.output();
+    assert_eq!(
+        lines_with(&out, "total "),
+        vec![format!("total {}", expected_total() + THREADS * ITERS).as_str()]
+    );
+    assert_eq!(lines_with(&out, "own traps "), vec!["own traps 2"]);
+}
+
+#[test]
+fn a_shared_memory_handler_writing_a_register_changes_the_result_spinning() {
+    handler_changes_result(std::time::Duration::from_micros(50));
+}
+
+#[test]
+fn a_shared_memory_handler_writing_a_register_changes_the_result_sleeping() {
+    handler_changes_result(std::time::Duration::ZERO);
+}
+
+#[test]
+fn with_a_ptrace_probe_too_the_process_stays_traced_and_counts_stay_exact() {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    let bin = program("inproc", &["-O2"]);
+    let iters = 500u64;
+    let mut c = spawn(&bin, &[&THREADS.to_string(), &iters.to_string()]);
+    let t = c.target;
+    // A post handler needs a single-step: the engine's trap, through ptrace.
+    let posts = Rc::new(Cell::new(0u64));
+    let p2 = posts.clone();
+    let traced = c
+        .session
+        .add(
+            t,
+            "one_byte",
+            Action::Handler(hotprobe::Probe::new().post(move |_| p2.set(p2.get() + 1))),
+        )
+        .unwrap();
+    assert_eq!(traced.placements[0].mechanism, Mechanism::Trap);
+    let inproc = c.session.add(t, "mid_fn+3", Action::Count).unwrap();
+    assert_eq!(inproc.placements[0].mechanism, Mechanism::InProcessTrap);
+    // Disabled: not counted, still executed.
+    let off = c.session.add(t, "two_byte", Action::Count).unwrap();
+    assert_eq!(off.placements[0].mechanism, Mechanism::InProcessTrap);
+    c.session.set_enabled(off.placements[0].id, false).unwrap();
+    c.session.start().unwrap();
+    assert!(!c.session.is_untraced(t));
+    assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+    assert_eq!(posts.get(), THREADS * iters);
+    let n = |id| c.session.stats(id).unwrap().hits;
+    assert_eq!(n(inproc.placements[0].id), THREADS * iters);
+    assert_eq!(n(off.placements[0].id), 0);
+    let expected: u64 = (0..THREADS)
+        .flat_map(|id| (0..iters).map(move |i| (i + id) + (i + 1 + 1000)))
+        .sum();
+    let out = c.output();
+    assert_eq!(
+        lines_with(&out, "total "),
+        vec![format!("total {expected}").as_str()]
+    );
+    assert_eq!(lines_with(&out, "own traps "), vec!["own traps 2"]);
+}
+
+#[test]
+fn a_sigtrap_handler_installed_with_signal_keeps_working() {
+    let bin = program("inproc", &["-O2"]);
+    let iters = 200u64;
+    let mut c = spawn(&bin, &["2", &iters.to_string(), "signal"]);
+    let t = c.target;
+    let a = c.session.add(t, "one_byte", Action::Count).unwrap();
+    assert_eq!(a.placements[0].mechanism, Mechanism::InProcessTrap);
+    c.session.start().unwrap();
+    assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+    assert_eq!(c.session.stats(a.placements[0].id).unwrap().hits, 2 * iters);
+    let out = c.output();
+    assert_eq!(lines_with(&out, "own traps "), vec!["own traps 2"]);
+}
+
+/// A session that does not serve its shared-memory handlers (stuck, or
+/// dead) does not hang the program: each call is withdrawn after the
+/// timeout (1 s) and the thread runs on unmodified, counted missed.
+#[test]
+fn handler_calls_nobody_serves_time_out_and_run_on_unmodified() {
+    use std::time::{Duration, Instant};
+    let bin = program("inproc", &["-O2"]);
+    let iters = 2u64;
+    let mut c = spawn(&bin, &["1", &iters.to_string()]);
+    let t = c.target;
+    let probe = hotprobe::Probe::new().pre(|ctx| ctx.regs_mut().rax += 1);
+    let a = c
+        .session
+        .add(t, "mid_fn+9", Action::Handler(probe))
+        .unwrap();
+    let id = a.placements[0].id;
+    c.session.start().unwrap();
+    // No run loop: nobody serves the calls. The program ends by itself.
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(30);
+    while !c.output().contains("own traps") {
+        assert!(Instant::now() < deadline, "the program hangs");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(started.elapsed() >= Duration::from_secs(iters));
+    assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+    let st = c.session.stats(id).unwrap();
+    assert_eq!((st.hits, st.nmissed), (iters, iters));
+    let expected: u64 = (0..iters).map(|i| i + (i + 1 + 1000)).sum();
+    assert_eq!(
+        lines_with(&c.output(), "total "),
+        vec![format!("total {expected}").as_str()]
+    );
+}
