@@ -43,9 +43,10 @@ use std::time::Duration;
 use ffi::*;
 use hotprobe_abi::plugin::{is_return_insn, same_kernel_stack};
 use hotprobe_abi::plugin::{
-    Fetch, PluginEvent, PluginShm, ProbeCounters, Reg, StringFetch, DELIVER_ASYNC, DELIVER_COUNT,
-    DELIVER_SYNC, EV_ENTRY, EV_EXIT, EV_HIT, MAX_VALUES, MBOX_ANSWERED, MBOX_FREE, MBOX_POSTED,
-    NO_FILTER, N_REGS, PLUGIN_EXITED, PLUGIN_INSTALLED, PROBE_RETURN,
+    Fetch, PluginEvent, PluginShm, ProbeCounters, Reg, StringFetch, TaskField, TaskLayout,
+    DELIVER_ASYNC, DELIVER_COUNT, DELIVER_SYNC, EV_ENTRY, EV_EXIT, EV_HIT, MAX_VALUES,
+    MBOX_ANSWERED, MBOX_FREE, MBOX_POSTED, NO_FILTER, N_REGS, PLUGIN_EXITED, PLUGIN_INSTALLED,
+    PROBE_RETURN,
 };
 
 /// The plugin API version this plugin is built against (QEMU 10.0 speaks 4).
@@ -84,6 +85,8 @@ struct Tables {
     /// Userdata of `ret` callbacks, per (instruction, probe), made as the
     /// plugin finds them.
     ret_data: Mutex<HashMap<(u64, u32), usize>>,
+    /// The guest's current-task layout (copied at the freeze).
+    task: TaskLayout,
 }
 
 // SAFETY: the raw pointers are leaked, immutable CbData.
@@ -263,11 +266,15 @@ impl Plugin {
         }
         ranges.sort();
         let ret_data = Mutex::new(HashMap::new());
+        // SAFETY: hotprobe wrote it before the freeze (Acquire above) and
+        // never after.
+        let task = unsafe { std::ptr::addr_of!(h.task).read_volatile() };
         Tables {
             probes,
             entry,
             ranges,
             ret_data,
+            task,
         }
     }
 
@@ -478,6 +485,7 @@ impl Plugin {
         let is_ret = cfg.kind == PROBE_RETURN;
         let events = cfg.delivery != DELIVER_COUNT;
         let mut regs = [None; N_REGS];
+        let mut task = None;
         let mut ev = PluginEvent {
             probe,
             kind: if is_ret { EV_ENTRY } else { EV_HIT },
@@ -507,6 +515,7 @@ impl Plugin {
                         let base = ev.values[(index as usize).min(k.saturating_sub(1))];
                         self.load(st, base.wrapping_add(offset as i64 as u64), size)
                     }
+                    Fetch::Task(f) => self.task_field(st, &mut regs, &mut task, f),
                 };
             }
             ev.nvalues = cfg.fetch.len() as u8;
@@ -556,6 +565,53 @@ impl Plugin {
         }
     }
 
+    /// The guest's current `task_struct *` (`*(gs_base + layout.current)`),
+    /// read once per callback (`cache`); 0 without a layout.
+    fn current_task(
+        &self,
+        st: &Vcpu,
+        regs: &mut [Option<u64>; N_REGS],
+        cache: &mut Option<u64>,
+    ) -> u64 {
+        if let Some(t) = *cache {
+            return t;
+        }
+        let l = self.task_layout();
+        let t = if l.is_known() {
+            let gs = self.reg(st, regs, Reg::GsBase);
+            self.load(st, gs.wrapping_add(l.current), 8)
+        } else {
+            0
+        };
+        *cache = Some(t);
+        t
+    }
+
+    fn task_layout(&self) -> TaskLayout {
+        self.tables.get().map(|t| t.task).unwrap_or_default()
+    }
+
+    /// A field of the current task ([`Fetch::Task`]); 0 without a layout.
+    fn task_field(
+        &self,
+        st: &Vcpu,
+        regs: &mut [Option<u64>; N_REGS],
+        cache: &mut Option<u64>,
+        f: TaskField,
+    ) -> u64 {
+        let t = self.current_task(st, regs, cache);
+        if t == 0 {
+            return 0;
+        }
+        let l = self.task_layout();
+        match f {
+            TaskField::Pointer => t,
+            TaskField::Pid => self.load(st, t.wrapping_add(l.pid as u64), 4),
+            TaskField::Tgid => self.load(st, t.wrapping_add(l.tgid as u64), 4),
+            TaskField::Comm => self.load(st, t.wrapping_add(l.comm as u64), 8),
+        }
+    }
+
     fn on_return(&self, v: u32, probe: u32, pc: u64) {
         let Some(t) = self.tables.get() else { return };
         let Some(cfg) = t.probes.get(probe as usize) else {
@@ -590,19 +646,21 @@ impl Plugin {
         };
         bump(&c.returns);
         if cfg.delivery != DELIVER_COUNT {
+            let mut regs = [None; N_REGS];
+            let pid = self.task_field(st, &mut regs, &mut None, TaskField::Pid);
             let ev = PluginEvent {
                 tsc: hotprobe_abi::rdtsc(),
                 probe,
                 kind: EV_EXIT,
-                nvalues: 2,
+                nvalues: 4,
                 vcpu: v,
                 cr3: self.read_reg(st, Reg::Cr3),
                 pc,
                 values: [
                     self.read_reg(st, Reg::Rax),
                     self.read_reg(st, Reg::Rdx),
-                    0,
-                    0,
+                    sp,
+                    pid,
                     0,
                     0,
                 ],
