@@ -254,6 +254,35 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             ram,
             action,
         } => {
+            if let GuestCmd::Syscalls {
+                pid,
+                comm,
+                output,
+                duration: secs,
+                sync,
+                symbols: sub_symbols,
+                qemu,
+            } = &action
+            {
+                if !gdb.is_empty() || !ram.is_empty() {
+                    return Err(UsageError(
+                        "guest syscalls starts the guest itself: no --gdb/--ram".into(),
+                    )
+                    .into());
+                }
+                let symbols = sub_symbols.clone().or_else(|| symbols.first().cloned());
+                let duration = duration(*secs)?;
+                signals::install()?;
+                return guest::run_syscalls(&guest::SyscallsOptions {
+                    qemu,
+                    symbols,
+                    pid: *pid,
+                    comm: comm.clone(),
+                    duration,
+                    sync: *sync,
+                    output: output.clone(),
+                });
+            }
             if let Some(launched) = launched_guest(&gdb, &symbols, &ram, &action)? {
                 return launched;
             }
@@ -323,7 +352,9 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                         summary,
                     },
                 ),
-                GuestCmd::Record { .. } => unreachable!("record needs a QEMU command line"),
+                GuestCmd::Record { .. } | GuestCmd::Syscalls { .. } => {
+                    unreachable!("record and syscalls need a QEMU command line")
+                }
             };
             let duration = duration(secs)?;
             signals::install()?;
@@ -347,6 +378,7 @@ fn launched_guest(
     action: &GuestCmd,
 ) -> anyhow::Result<Option<anyhow::Result<u8>>> {
     let (qemu, probes, sub_symbols, secs, maxactive, sync, what) = match action {
+        GuestCmd::Syscalls { .. } => return Ok(None),
         GuestCmd::Count {
             qemu,
             probes,

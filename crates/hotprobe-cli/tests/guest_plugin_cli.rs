@@ -281,3 +281,118 @@ fn usage_errors_of_a_started_guest() {
     assert!(err.contains("--gdb/--ram name a running guest"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `[pid N] read(3, 0x7ffc..., 64) = 64` with its pointers as `PTR`.
+fn without_pointers(line: &str) -> String {
+    line.split(", ")
+        .map(|a| {
+            if a.starts_with("0x7") && a.len() > 8 {
+                "PTR".to_string()
+            } else {
+                a.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[test]
+fn guest_syscalls_of_one_pid_like_strace() {
+    if let Some(why) = harness::missing_prerequisite() {
+        eprintln!("\n!!!!!!!! SKIPPED: {why} !!!!!!!!\n");
+        return;
+    }
+    let dir = tmpdir("syscalls");
+    // The workload is init: pid 1. Its forked child (same name) makes
+    // calls too, which the pid filter in the plugin must leave out. No
+    // --symbols: symbols and the task layout (BTF) come from the image.
+    // The calls go to a file: the console shares hotprobe's stdout.
+    let trace = dir.join("calls.txt");
+    let trace_s = trace.to_string_lossy().into_owned();
+    let mut r = Run::start_with(&["syscalls", "--pid", "1", "-o", &trace_s], &dir, false);
+    assert!(r.wait_out("@READY pid=1", LONG), "the workload started");
+    for c in [
+        "cat /init",
+        "cat /no/such/file",
+        "fork cat /proc/version",
+        "cat /proc/self/stat",
+        "exit",
+    ] {
+        r.send(c);
+    }
+    let (code, out, err) = r.finish();
+    assert_eq!(code, 0, "QEMU powered off cleanly: {out:#?} {err:#?}");
+    // The workload's own account of its calls.
+    let cat = |path: &str| -> (i64, i64, i64) {
+        let l = out
+            .iter()
+            .find_map(|l| l.trim().strip_prefix(&format!("@cat {path} ")))
+            .unwrap_or_else(|| panic!("no @cat {path}: {out:#?}"));
+        let f: Vec<i64> = l
+            .split_whitespace()
+            .map(|kv| kv.split('=').nth(1).unwrap().parse().unwrap())
+            .collect();
+        (f[0], f[1], f[2])
+    };
+    let child: u64 = out
+        .iter()
+        .find_map(|l| l.trim().strip_prefix("@fork pid="))
+        .and_then(|l| l.strip_suffix(" done"))
+        .unwrap_or_else(|| panic!("no @fork: {out:#?}"))
+        .parse()
+        .unwrap();
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let calls: Vec<&str> = text.lines().collect();
+    assert!(
+        calls.iter().all(|l| l.starts_with("[pid ")),
+        "only calls in the file: {calls:#?}"
+    );
+    assert!(
+        calls.iter().all(|l| l.starts_with("[pid 1] ")),
+        "only pid 1: {calls:#?}"
+    );
+    assert!(
+        !calls.iter().any(|l| l.contains("/proc/version")),
+        "the child's openat is not pid 1's: {calls:#?}"
+    );
+    // Console reads and writes aside, from the first cat on, in call order.
+    let seq: Vec<String> = calls
+        .iter()
+        .filter(|l| !l.contains("] read(0, ") && !l.contains("] write(1, "))
+        .skip_while(|l| !l.contains("\"/init\""))
+        .map(|l| {
+            let l = without_pointers(l);
+            match l.strip_prefix("[pid 1] clone(0x1200011, 0x0, 0x0, ") {
+                Some(rest) => format!(
+                    "[pid 1] clone(0x1200011, 0x0, 0x0, TID, {}",
+                    rest.split_once(", ").map_or("", |x| x.1)
+                ),
+                None => l,
+            }
+        })
+        .collect();
+    let (fd1, n1, rc1) = cat("/init");
+    let (fd2, _, _) = cat("/no/such/file");
+    let (fd3, n3, rc3) = cat("/proc/self/stat");
+    assert_eq!((fd2, rc1, rc3), (-2, 0, 0));
+    let expected = [
+        format!("[pid 1] openat(AT_FDCWD, \"/init\", O_RDONLY) = {fd1}"),
+        format!("[pid 1] read({fd1}, PTR, 64) = {n1}"),
+        format!("[pid 1] close({fd1}) = 0"),
+        "[pid 1] openat(AT_FDCWD, \"/no/such/file\", O_RDONLY) = -1 ENOENT".to_string(),
+        // fork(): clone with SIGCHLD and the tid flags; its last argument
+        // (the child tid's address) varies.
+        format!("[pid 1] clone(0x1200011, 0x0, 0x0, TID, ...) = {child}"),
+        format!("[pid 1] wait4({child}, NULL, 0x0, NULL) = {child}"),
+        format!("[pid 1] openat(AT_FDCWD, \"/proc/self/stat\", O_RDONLY) = {fd3}"),
+        format!("[pid 1] read({fd3}, PTR, 64) = {n3}"),
+        format!("[pid 1] close({fd3}) = 0"),
+    ];
+    assert!(seq.len() >= expected.len(), "{calls:#?}");
+    assert_eq!(seq[..expected.len()], expected, "{calls:#?}");
+    assert!(
+        err.iter().any(|l| l.contains("system calls traced")),
+        "{err:#?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -159,15 +159,27 @@ pub fn comm_word(name: &str) -> u64 {
 pub fn format_call(name: &str, args: &[u64], path: Option<&[u8]>) -> String {
     let kinds = args_of(name);
     let mut out = format!("{name}(");
-    let n = kinds.map_or(args.len(), |k| k.len().min(args.len()));
+    // open/openat: the mode only with O_CREAT or O_TMPFILE, as strace.
+    let mut n = kinds.map_or(args.len(), |k| k.len().min(args.len()));
+    let mut total = kinds.map_or(n, |k| k.len());
+    if let Some(k) = kinds {
+        if let Some(f) = k.iter().position(|a| *a == OpenFlags) {
+            if k.get(f + 1) == Some(&Mode) && f < n && args[f] & 0o20100100 == 0 {
+                n = n.min(f + 1);
+                total = f + 1;
+            }
+        }
+    }
+    let first_path = kinds.and_then(|k| k.iter().position(|a| *a == Path));
     for (i, &v) in args[..n].iter().enumerate() {
         if i > 0 {
             out.push_str(", ");
         }
         let k = kinds.map_or(Hex, |k| k[i]);
-        out.push_str(&format_arg(k, v, path));
+        // The plugin reads one string: the first path.
+        let p = if Some(i) == first_path { path } else { None };
+        out.push_str(&format_arg(k, v, p));
     }
-    let total = kinds.map_or(n, |k| k.len());
     if total > n || kinds.is_none() {
         out.push_str(if n > 0 { ", ..." } else { "..." });
     }
@@ -496,7 +508,15 @@ mod tests {
                 &[(-100i64) as u64, 0x1000, 0o2000000, 0],
                 Some(b"/etc/x")
             ),
-            "openat(AT_FDCWD, \"/etc/x\", O_RDONLY|O_CLOEXEC, 0)"
+            "openat(AT_FDCWD, \"/etc/x\", O_RDONLY|O_CLOEXEC)"
+        );
+        assert_eq!(
+            format_call("openat", &[3, 0x1000, 0o101, 0o644], Some(b"x")),
+            "openat(3, \"x\", O_WRONLY|O_CREAT, 0644)"
+        );
+        assert_eq!(
+            format_call("mount", &[1, 2, 3, 4], Some(b"proc")),
+            "mount(\"proc\", 0x2, 0x3, 0x4, ...)"
         );
         assert_eq!(
             format_call("read", &[3, 0x7ffd0000, 100], None),

@@ -106,6 +106,10 @@ struct Vcpu {
     buf: *mut GByteArray,
     /// Live instances per probe.
     live: Vec<Vec<Instance>>,
+    /// Probes with live instances.
+    live_probes: Vec<u32>,
+    /// Live instances of every probe.
+    total: usize,
     data: Vec<u8>,
 }
 
@@ -294,6 +298,8 @@ impl Plugin {
             *slot = Some(Vcpu {
                 buf,
                 live: vec![Vec::new(); self.max_probes],
+                live_probes: Vec::new(),
+                total: 0,
                 data: vec![0u8; self.shm.data_cap()],
             });
         }
@@ -549,12 +555,7 @@ impl Plugin {
             } else {
                 bump(&c.nmissed);
             }
-            let n = live.len() as u64;
-            // SAFETY: our vCPU's own depth entry.
-            unsafe {
-                self.score_entry(v, self.max_probes + probe as usize)
-                    .write_volatile(n)
-            };
+            self.set_depth(v, st, probe, before);
         }
         if events {
             ev.pc = pc;
@@ -612,7 +613,64 @@ impl Plugin {
         }
     }
 
+    /// Publishes probe `probe`'s live-instance count on vCPU `v` (its
+    /// scoreboard depth gating the in-range `ret` callbacks) and keeps the
+    /// vCPU's total (gating the `ret` callbacks elsewhere, for returns
+    /// through a tail call). `before` is the count before the change.
+    fn set_depth(&self, v: u32, st: &mut Vcpu, probe: u32, before: usize) {
+        let n = st.live[probe as usize].len();
+        if (before == 0) != (n == 0) {
+            if n == 0 {
+                st.live_probes.retain(|p| *p != probe);
+            } else {
+                st.live_probes.push(probe);
+            }
+        }
+        st.total = (st.total + n).saturating_sub(before);
+        // SAFETY: our vCPU's own depth entries.
+        unsafe {
+            self.score_entry(v, self.max_probes + probe as usize)
+                .write_volatile(n as u64);
+            self.score_entry(v, 2 * self.max_probes)
+                .write_volatile(st.total as u64);
+        }
+    }
+
     fn on_return(&self, v: u32, probe: u32, pc: u64) {
+        // SAFETY: a callback on vCPU `v`'s thread; one live reference.
+        let Some(st) = (unsafe { self.vcpu(v) }) else {
+            return;
+        };
+        let sp = self.read_reg(st, Reg::Rsp);
+        self.finish_return(v, st, probe, pc, sp);
+    }
+
+    /// A `ret` outside every return probe's function while some instance
+    /// is live on this vCPU: the return of a function that tail-called
+    /// out of the probed one (its `ret` is the probed call's return when
+    /// rsp is the entry's).
+    fn on_any_return(&self, v: u32, pc: u64) {
+        // SAFETY: a callback on vCPU `v`'s thread; one live reference.
+        let Some(st) = (unsafe { self.vcpu(v) }) else {
+            return;
+        };
+        let sp = self.read_reg(st, Reg::Rsp);
+        let mut k = 0;
+        while k < st.live_probes.len() {
+            let p = st.live_probes[k];
+            if st.live[p as usize].iter().any(|i| i.sp == sp) {
+                self.finish_return(v, st, p, pc, sp);
+                // The list may have shrunk: look at the same index again.
+                if st.live_probes.get(k) == Some(&p) {
+                    k += 1;
+                }
+            } else {
+                k += 1;
+            }
+        }
+    }
+
+    fn finish_return(&self, v: u32, st: &mut Vcpu, probe: u32, pc: u64, sp: u64) {
         let Some(t) = self.tables.get() else { return };
         let Some(cfg) = t.probes.get(probe as usize) else {
             return;
@@ -620,15 +678,11 @@ impl Plugin {
         let Some(c) = self.counters(v, probe) else {
             return;
         };
-        // SAFETY: a callback on vCPU `v`'s thread; one live reference.
-        let Some(st) = (unsafe { self.vcpu(v) }) else {
-            return;
-        };
-        let sp = self.read_reg(st, Reg::Rsp);
         let live = &mut st.live[probe as usize];
         let Some(k) = live.iter().position(|i| i.sp == sp) else {
             return;
         };
+        let before_all = live.len();
         live.remove(k);
         // Deeper instances on the same stack were abandoned (a frame left
         // without its ret: a tail call out, an exception fixup).
@@ -638,12 +692,7 @@ impl Plugin {
         if dropped > 0 {
             add(&c.nmissed, dropped as u64);
         }
-        let n = live.len() as u64;
-        // SAFETY: our vCPU's own depth entry.
-        unsafe {
-            self.score_entry(v, self.max_probes + probe as usize)
-                .write_volatile(n)
-        };
+        self.set_depth(v, st, probe, before_all);
         bump(&c.returns);
         if cfg.delivery != DELIVER_COUNT {
             let mut regs = [None; N_REGS];
@@ -685,6 +734,12 @@ extern "C" fn entry_cb(vcpu: c_uint, ud: *mut c_void) {
     let cb = unsafe { &*(ud as *const CbData) };
     if let Some(p) = PLUGIN.get() {
         p.on_entry(vcpu, cb.probe, cb.vaddr);
+    }
+}
+
+extern "C" fn any_ret_cb(vcpu: c_uint, ud: *mut c_void) {
+    if let Some(p) = PLUGIN.get() {
+        p.on_any_return(vcpu, ud as u64);
     }
 }
 
@@ -747,8 +802,39 @@ extern "C" fn vcpu_tb_trans(_id: qemu_plugin_id_t, tb: *mut qemu_plugin_tb) {
         if t.ranges.is_empty() {
             continue;
         }
-        let idx = t.ranges.partition_point(|r| r.0 <= va);
         let mut bytes: Option<[u8; 8]> = None;
+        // Every kernel return: a probed call that tail-called out returns
+        // through another function's `ret` (gated by the vCPU's count of
+        // live instances: free while none is live).
+        if va >= 0xffff_8000_0000_0000 {
+            let b = *bytes.get_or_insert_with(|| {
+                let mut b = [0u8; 8];
+                // SAFETY: valid handle; copies at most 8 bytes.
+                unsafe { qemu_plugin_insn_data(insn, b.as_mut_ptr() as *mut c_void, 8) };
+                b
+            });
+            // SAFETY: valid handle.
+            let size = unsafe { qemu_plugin_insn_size(insn) }.min(8);
+            if is_return_insn(&b[..size], va, thunk) {
+                // SAFETY: valid handle, our scoreboard; the userdata is
+                // the address itself.
+                unsafe {
+                    qemu_plugin_register_vcpu_insn_exec_cond_cb(
+                        insn,
+                        any_ret_cb,
+                        QEMU_PLUGIN_CB_R_REGS,
+                        QEMU_PLUGIN_COND_GT,
+                        p.u64_entry(2 * p.max_probes),
+                        0,
+                        va as *mut c_void,
+                    )
+                };
+                h.instrumented.fetch_add(1, Relaxed);
+                // The in-range callbacks below would find nothing left.
+                continue;
+            }
+        }
+        let idx = t.ranges.partition_point(|r| r.0 <= va);
         for &(s, e, probe) in t.ranges[..idx].iter().rev() {
             if va < s || va >= e {
                 continue;
@@ -935,7 +1021,7 @@ pub unsafe extern "C" fn qemu_plugin_install(
     let max_probes = shm.layout().params.max_probes as usize;
     let max_vcpus = shm.layout().params.max_vcpus as usize;
     // SAFETY: QEMU's API, during install.
-    let score = unsafe { qemu_plugin_scoreboard_new(16 * max_probes) };
+    let score = unsafe { qemu_plugin_scoreboard_new(16 * max_probes + 8) };
     let h = shm.header();
     h.qemu_api.store(info.version_cur as u32, Relaxed);
     // SAFETY: getpid has no preconditions.
