@@ -397,8 +397,14 @@ pub enum GuestCmd {
     /// arguments, returns) from a guest hotprobe starts with its plugin.
     Record {
         /// Function specs: [module:]function | 0xADDR.
-        #[arg(required = true, value_name = "PROBE")]
+        #[arg(required_unless_present = "boot", value_name = "PROBE")]
         probes: Vec<String>,
+        /// Record the guest's boot phases: the kernel's start, each
+        /// initcall level, the end of the initcalls and the first user
+        /// process as phase markers (`report --phases`), armed from the
+        /// guest's first instruction.
+        #[arg(long)]
+        boot: bool,
         /// The trace directory.
         #[arg(short = 'o', long, value_name = "DIR")]
         output: PathBuf,

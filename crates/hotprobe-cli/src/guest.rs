@@ -289,7 +289,82 @@ pub enum LaunchedAction<'a> {
         out: &'a Path,
         /// Argument registers recorded.
         args: usize,
+        /// Boot phases: the kernel's boot milestones and initcall levels
+        /// recorded as phase markers ([`BOOT_MILESTONES`]).
+        boot: bool,
     },
+}
+
+/// Kernel functions `record --boot` records as phase markers, in boot
+/// order: the kernel's start, the end of the initcalls (init memory freed),
+/// and the first user process.
+pub const BOOT_MILESTONES: [&str; 3] = ["start_kernel", "free_initmem", "run_init_process"];
+
+/// The kernel function each initcall level starts with (its argument: the
+/// level's name): `do_initcall_level` is inlined, this one is `noinline`.
+pub const INITCALL_LEVEL_FN: &str = "trace_initcall_level";
+
+/// The initcall levels' names as the kernel passes them
+/// (`initcall_level_names`, and `early` from `do_pre_smp_initcalls`).
+pub const INITCALL_LEVELS: [&str; 9] = [
+    "early", "pure", "core", "postcore", "arch", "subsys", "fs", "device", "late",
+];
+
+/// The marker probes of `record --boot`.
+#[derive(Default)]
+struct BootMarkers {
+    /// Milestone probes: their entries become marker hits.
+    milestones: std::collections::HashSet<u32>,
+    /// The probe on [`INITCALL_LEVEL_FN`].
+    level_probe: Option<u32>,
+    /// The id of the first level marker (`initcall:early`); the others
+    /// follow in [`INITCALL_LEVELS`] order.
+    level_base: u32,
+}
+
+/// Rewrites the boot markers' events into marker hits (a level's hit under
+/// its own marker symbol, `initcall:LEVEL`), the rest unchanged.
+struct BootSink<'a> {
+    inner: &'a mut TraceWriter,
+    m: &'a BootMarkers,
+}
+
+impl EventSink for BootSink<'_> {
+    fn event(&mut self, ev: &hotprobe::RecordedEvent) -> Result<(), hotprobe::SinkError> {
+        self.event_data(ev, &[])
+    }
+
+    fn event_data(
+        &mut self,
+        ev: &hotprobe::RecordedEvent,
+        data: &[u8],
+    ) -> Result<(), hotprobe::SinkError> {
+        let hit = |probe_id| hotprobe::RecordedEvent {
+            probe_id,
+            kind: hotprobe::KIND_HIT,
+            nargs: 0,
+            ..*ev
+        };
+        if self.m.milestones.contains(&ev.probe_id) {
+            if ev.kind == hotprobe::KIND_ENTRY {
+                self.inner.event(&hit(ev.probe_id))?;
+            }
+            return Ok(());
+        }
+        if Some(ev.probe_id) == self.m.level_probe {
+            if ev.kind == hotprobe::KIND_ENTRY {
+                if let Some(i) = INITCALL_LEVELS.iter().position(|l| l.as_bytes() == data) {
+                    self.inner.event(&hit(self.m.level_base + i as u32))?;
+                }
+            }
+            return Ok(());
+        }
+        self.inner.event(ev)
+    }
+
+    fn lost(&mut self, tid: u32, ts: u64, count: u64) -> Result<(), hotprobe::SinkError> {
+        self.inner.lost(tid, ts, count)
+    }
 }
 
 /// `hotprobe guest ... -- qemu-system-x86_64 ARGS`: a guest hotprobe starts
@@ -321,6 +396,7 @@ pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
         LaunchedAction::Record { args, .. } => args,
         LaunchedAction::Count => 0,
     };
+    let boot = matches!(o.action, LaunchedAction::Record { boot: true, .. });
     if nargs > 6 {
         bail!("--args {nargs}: at most 6 argument registers (rdi, rsi, rdx, rcx, r8, r9)");
     }
@@ -359,9 +435,20 @@ pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
             return Err(e);
         }
     };
+    let (placed, markers) = if boot {
+        match place_boot_markers(&mut session, t, o, placed) {
+            Ok(p) => p,
+            Err(e) => {
+                qemu.kill();
+                return Err(e);
+            }
+        }
+    } else {
+        (placed, BootMarkers::default())
+    };
     let mut writer = None;
     if let LaunchedAction::Record { out, .. } = o.action {
-        match record_writer(out, o, &placed, qemu.pid(), nargs) {
+        match record_writer(out, o, &placed, qemu.pid(), nargs, &markers) {
             Ok(w) => writer = Some(w),
             Err(e) => {
                 qemu.kill();
@@ -376,12 +463,18 @@ pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
         }
         _ => None,
     };
-    let sink: Option<&mut dyn EventSink> = match (&mut tree, &mut writer) {
+    // Without --boot the markers are empty: every event passes unchanged.
+    let mut boot_sink = writer.as_mut().map(|w| BootSink {
+        inner: w,
+        m: &markers,
+    });
+    let sink: Option<&mut dyn EventSink> = match (&mut tree, &mut boot_sink) {
         (Some(t), _) => Some(t),
-        (None, Some(w)) => Some(w),
-        _ => None,
+        (None, Some(b)) => Some(b),
+        (None, None) => None,
     };
     let ran = run_launched_loop(&mut session, placed.len(), o.duration, sink);
+    drop(boot_sink);
     if let Some(w) = writer {
         let st = w.finish().context("cannot finish the trace")?;
         errln!(
@@ -457,12 +550,67 @@ fn place_launched(
     Ok(placed)
 }
 
+/// `record --boot`: the boot milestones and the initcall levels as phase
+/// markers (a milestone the kernel lacks is skipped with a notice).
+fn place_boot_markers(
+    session: &mut Session,
+    t: TargetId,
+    o: &LaunchedOptions<'_>,
+    mut placed: Vec<Placement>,
+) -> Result<(Vec<Placement>, BootMarkers)> {
+    let delivery = if o.sync {
+        Delivery::Sync
+    } else {
+        Delivery::Async
+    };
+    let mut m = BootMarkers::default();
+    let level_opts = PluginOptions {
+        delivery,
+        values: Some(vec![hotprobe_qemu::Fetch::Reg(hotprobe_qemu::Reg::Rdi)]),
+        string: Some(hotprobe_qemu::StringFetch {
+            index: 0,
+            max_len: 16,
+        }),
+        ..PluginOptions::default()
+    };
+    let plain = PluginOptions {
+        delivery,
+        values: Some(Vec::new()),
+        ..PluginOptions::default()
+    };
+    let mut add = |name: &str, opts: &PluginOptions| -> Option<Placement> {
+        match session.add_plugin(t, name, hotprobe::Action::Record, opts) {
+            Ok(a) => a.placements.into_iter().next(),
+            Err(e) => {
+                errln!("hotprobe: boot phases: no marker {name}: {e}");
+                None
+            }
+        }
+    };
+    for name in BOOT_MILESTONES {
+        if let Some(p) = add(name, &plain) {
+            m.milestones.insert(p.id.0);
+            placed.push(p);
+        }
+    }
+    if let Some(p) = add(INITCALL_LEVEL_FN, &level_opts) {
+        m.level_probe = Some(p.id.0);
+        placed.push(p);
+    }
+    m.level_base = placed.iter().map(|p| p.id.0 + 1).max().unwrap_or(0);
+    if m.milestones.is_empty() && m.level_probe.is_none() {
+        bail!("--boot: none of the kernel's boot milestones can be probed");
+    }
+    Ok((placed, m))
+}
+
 fn record_writer(
     out: &Path,
     o: &LaunchedOptions<'_>,
     placed: &[Placement],
     pid: u32,
     nargs: usize,
+    markers: &BootMarkers,
 ) -> Result<TraceWriter> {
     let clock = || {
         // SAFETY: rdtsc has no preconditions on x86-64.
@@ -478,18 +626,40 @@ fn record_writer(
     let (tsc0, ns0) = clock();
     std::thread::sleep(Duration::from_millis(50));
     let (tsc1, ns1) = clock();
-    let symbols = placed
+    let mut symbols: Vec<Symbol> = placed
         .iter()
-        .map(|p| Symbol {
-            id: p.id.0,
-            name: p.function.clone().unwrap_or_else(|| p.label.clone()),
-            module: p.module.clone(),
-            addr: p.addr.0,
-            kind: ProbeKind::Function,
-            nargs: nargs as u8,
-            retval: true,
+        .filter(|p| Some(p.id.0) != markers.level_probe)
+        .map(|p| {
+            let marker = markers.milestones.contains(&p.id.0);
+            Symbol {
+                id: p.id.0,
+                name: p.function.clone().unwrap_or_else(|| p.label.clone()),
+                module: p.module.clone(),
+                addr: p.addr.0,
+                kind: if marker {
+                    ProbeKind::Marker
+                } else {
+                    ProbeKind::Function
+                },
+                nargs: if marker { 0 } else { nargs as u8 },
+                retval: !marker,
+            }
         })
         .collect();
+    if let Some(lp) = markers.level_probe {
+        let addr = placed.iter().find(|p| p.id.0 == lp).map_or(0, |p| p.addr.0);
+        for (i, l) in INITCALL_LEVELS.iter().enumerate() {
+            symbols.push(Symbol {
+                id: markers.level_base + i as u32,
+                name: format!("initcall:{l}"),
+                module: "kernel".into(),
+                addr,
+                kind: ProbeKind::Marker,
+                nargs: 0,
+                retval: false,
+            });
+        }
+    }
     let meta = TraceMeta {
         target: "guest kernel".into(),
         command: o

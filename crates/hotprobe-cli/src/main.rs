@@ -424,6 +424,7 @@ fn launched_guest(
             args,
             sync,
             output,
+            boot,
         } => (
             qemu,
             probes,
@@ -434,6 +435,7 @@ fn launched_guest(
             guest::LaunchedAction::Record {
                 out: output,
                 args: *args,
+                boot: *boot,
             },
         ),
     };
