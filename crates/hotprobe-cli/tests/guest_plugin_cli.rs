@@ -396,3 +396,98 @@ fn guest_syscalls_of_one_pid_like_strace() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn guest_boot_recorded_from_the_first_instruction() {
+    if let Some(why) = harness::missing_prerequisite() {
+        eprintln!("\n!!!!!!!! SKIPPED: {why} !!!!!!!!\n");
+        return;
+    }
+    let dir = tmpdir("boot");
+    let trace = dir.join("trace");
+    let _ = std::fs::remove_dir_all(&trace);
+    let trace_s = trace.to_string_lossy().into_owned();
+    let mut r = Run::start_with(
+        &["record", "--boot", "-o", &trace_s, "do_one_initcall"],
+        &dir,
+        false,
+    );
+    assert!(r.wait_out("@READY", LONG), "the guest booted");
+    r.send("exit");
+    let (code, out, err) = r.finish();
+    assert_eq!(code, 0, "QEMU powered off cleanly: {out:#?} {err:#?}");
+    let json = |args: &[&str]| -> serde_json::Value {
+        let o = common::hotprobe(args);
+        assert!(o.status.success(), "{args:?}: {}", common::text(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let total = json(&["report", "--json", &trace_s])["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["function"] == "do_one_initcall")
+        .expect("do_one_initcall in the report")["calls"]
+        .as_u64()
+        .unwrap();
+    assert!(total > 100, "the kernel's initcalls: {total}");
+    let phases = json(&["report", "--phases", "--json", &trace_s]);
+    let phases = phases["phases"].as_array().unwrap();
+    let names: Vec<&str> = phases.iter().map(|p| p["name"].as_str().unwrap()).collect();
+    // Armed before the first instruction: the kernel's start is seen, then
+    // every initcall level in order, then the end of the initcalls and the
+    // first user process.
+    let mut expected = vec!["start_kernel".to_string()];
+    expected.extend(
+        [
+            "early", "pure", "core", "postcore", "arch", "subsys", "fs", "device", "late",
+        ]
+        .iter()
+        .map(|l| format!("initcall:{l}")),
+    );
+    expected.push("free_initmem".into());
+    expected.push("run_init_process".into());
+    assert_eq!(names, expected, "{phases:#?}");
+    let calls = |p: &serde_json::Value| -> u64 {
+        p["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["function"] == "do_one_initcall")
+            .map(|r| r["calls"].as_u64().unwrap())
+            .sum()
+    };
+    let per_phase: Vec<u64> = phases.iter().map(calls).collect();
+    assert_eq!(
+        per_phase.iter().sum::<u64>(),
+        total,
+        "per-phase counts add up to the total: {per_phase:?}"
+    );
+    assert_eq!(per_phase[0], 0, "no initcall before the early level");
+    assert!(per_phase[8] > 0, "device initcalls: {per_phase:?}");
+    // The exporters read it.
+    let chrome = dir.join("boot.json");
+    let o = common::hotprobe(&[
+        "export",
+        "--format",
+        "chrome",
+        &trace_s,
+        "-o",
+        &chrome.to_string_lossy(),
+    ]);
+    assert!(o.status.success(), "{}", common::text(&o.stderr));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&chrome).unwrap()).unwrap();
+    let events = v["traceEvents"]
+        .as_array()
+        .or_else(|| v.as_array())
+        .expect("Chrome trace events");
+    let initcalls = events
+        .iter()
+        .filter(|e| e["name"] == "do_one_initcall")
+        .count() as u64;
+    assert!(
+        initcalls >= total,
+        "{initcalls} chrome events for {total} calls"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
