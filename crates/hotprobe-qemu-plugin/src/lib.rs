@@ -128,6 +128,10 @@ struct Plugin {
     vcpus: Box<[VcpuCell]>,
     smp_vcpus: u32,
     inited: AtomicU32,
+    /// QEMU's time-control handle, when `HOTPROBE_PLUGIN_TIME_CONTROL=1`
+    /// asked for it (an experiment, see docs/DESIGN.md "Guest time"): held,
+    /// never used to move the clock (QEMU only moves it forward).
+    _time_control: usize,
 }
 
 // SAFETY: the scoreboard pointer is QEMU's, valid for the plugin's life;
@@ -1038,6 +1042,19 @@ pub unsafe extern "C" fn qemu_plugin_install(
             .collect(),
         smp_vcpus: info.smp_vcpus.max(1) as u32,
         inited: AtomicU32::new(0),
+        _time_control: if std::env::var_os("HOTPROBE_PLUGIN_TIME_CONTROL").is_some_and(|v| v == "1")
+        {
+            // SAFETY: QEMU's API, during install.
+            let h = unsafe { qemu_plugin_request_time_control() };
+            say(if h.is_null() {
+                "time control refused (another plugin has it)"
+            } else {
+                "time control granted"
+            });
+            h as usize
+        } else {
+            0
+        },
     };
     if PLUGIN.set(plugin).is_err() {
         say("loaded twice");

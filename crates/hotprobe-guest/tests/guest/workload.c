@@ -11,6 +11,8 @@
  *                  (negative errno for a failure; no read/close if openat failed)
  *   fork CMD    -> a child process runs CMD then exits; the parent waits,
  *                  then "fork pid=CHILD done"
+ *   timed N     -> N getppid system calls, then "timed N ns=T": T the guest's
+ *                  own CLOCK_MONOTONIC time for the loop (guest time)
  *   exit        -> "BYE", exit 0
  * Every reply line starts with "@" so the test can tell it from tty echo.
  *
@@ -30,6 +32,7 @@
 #include <sys/wait.h>
 #include <sys/reboot.h>
 #include <termios.h>
+#include <time.h>
 
 /* PID 1: what init.sh does for the workload, without a shell. */
 static void be_init(void) {
@@ -86,6 +89,16 @@ static int command(char *line) {
             rc = neg(syscall(SYS_close, fd));
         }
         printf("@cat %s fd=%ld n=%ld rc=%ld\n", path, fd, n, rc);
+    } else if (strncmp(line, "timed ", 6) == 0) {
+        long n = strtol(line + 6, NULL, 10);
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        for (long i = 0; i < n; i++) {
+            syscall(SYS_getppid, 0);
+        }
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        long long ns = (b.tv_sec - a.tv_sec) * 1000000000LL + (b.tv_nsec - a.tv_nsec);
+        printf("@timed %ld ns=%lld\n", n, ns);
     } else if (strncmp(line, "getppid ", 8) == 0) {
         char *end;
         long n = strtol(line + 8, &end, 10);
