@@ -474,7 +474,6 @@ pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
         (None, None) => None,
     };
     let ran = run_launched_loop(&mut session, placed.len(), o.duration, sink);
-    drop(boot_sink);
     if let Some(w) = writer {
         let st = w.finish().context("cannot finish the trace")?;
         errln!(

@@ -563,11 +563,11 @@ fn plugin_rows(n_stub: u64, rounds: usize) {
     }
     let gdb = median(&rows[5].2);
     if gdb.is_finite() {
-        for r in 1..5 {
+        for r in &rows[1..5] {
             println!(
                 "{:<40} {:.0}x below gdb (median/median)",
-                rows[r].0,
-                gdb / median(&rows[r].2)
+                r.0,
+                gdb / median(&r.2)
             );
         }
     }

@@ -231,7 +231,13 @@ fn btf_seed() -> Vec<u8> {
     t.extend([s(".data..percpu"), 15 << 24 | 1, 64, 4, 8, 8]);
     let types: Vec<u8> = t.iter().flat_map(|v| v.to_le_bytes()).collect();
     let mut b = vec![0x9f, 0xeb, 1, 0];
-    for v in [24u32, 0, types.len() as u32, types.len() as u32, strings.len() as u32] {
+    for v in [
+        24u32,
+        0,
+        types.len() as u32,
+        types.len() as u32,
+        strings.len() as u32,
+    ] {
         b.extend_from_slice(&v.to_le_bytes());
     }
     b.extend_from_slice(&types);
