@@ -13,6 +13,8 @@
 //! hotprobe report [DIR] [--phases] [--marker FUNC]...
 //! hotprobe export [DIR] --format chrome|ctf|folded [-o OUT]
 //! hotprobe guest  --gdb HOST:PORT|unix:PATH --symbols FILE [--ram FILE] (count|trace) PROBE... [--duration SECS]
+//! hotprobe guest  (count|trace|record [--boot]) PROBE... [--symbols FILE] -- qemu-system-x86_64 ARGS
+//! hotprobe guest  syscalls [--pid N | --comm NAME] [-o FILE] -- qemu-system-x86_64 ARGS
 //! PROBE: [module:]function[+offset] | [module:]0xADDR | file.c:LINE, optionally %return
 //! DIR: a trace directory, hotprobe.data by default
 //! ```
