@@ -821,7 +821,12 @@ impl EventSink for SyscallPrinter {
             hotprobe_guest::syscalls::format_call(&name, &ev.args[..n], path)
         );
         self.flush_pending();
-        self.pending = Some((pid, line));
+        if matches!(name.as_str(), "exit" | "exit_group") {
+            // Never returns.
+            self.line(format_args!("{line} = ?"));
+        } else {
+            self.pending = Some((pid, line));
+        }
         Ok(())
     }
 

@@ -99,6 +99,10 @@ unsafe impl Sync for Tables {}
 struct Instance {
     /// rsp at entry: the address of the return address.
     sp: u64,
+    /// The current task at entry (0 without a task layout): a `ret` at the
+    /// same rsp in another task (a dead task's stack reused) is not this
+    /// call's return.
+    task: u64,
 }
 
 /// Per-vCPU state, touched only by that vCPU's thread.
@@ -546,6 +550,7 @@ impl Plugin {
         }
         if is_ret {
             let sp = self.reg(st, &mut regs, Reg::Rsp);
+            let cur = self.current_task(st, &mut regs, &mut task);
             let live = &mut st.live[probe as usize];
             // An instance on this stack at or below this one was abandoned.
             let before = live.len();
@@ -555,7 +560,7 @@ impl Plugin {
                 add(&c.nmissed, dropped as u64);
             }
             if live.len() < cfg.maxactive {
-                live.push(Instance { sp });
+                live.push(Instance { sp, task: cur });
             } else {
                 bump(&c.nmissed);
             }
@@ -682,12 +687,21 @@ impl Plugin {
         let Some(c) = self.counters(v, probe) else {
             return;
         };
-        let live = &mut st.live[probe as usize];
-        let Some(k) = live.iter().position(|i| i.sp == sp) else {
+        let Some(k) = st.live[probe as usize].iter().position(|i| i.sp == sp) else {
             return;
         };
+        let want = st.live[probe as usize][k].task;
+        let mut regs = [None; N_REGS];
+        let stale = want != 0 && self.current_task(st, &mut regs, &mut None) != want;
+        let live = &mut st.live[probe as usize];
         let before_all = live.len();
         live.remove(k);
+        if stale {
+            // The task that made the call is gone (its stack reused).
+            bump(&c.nmissed);
+            self.set_depth(v, st, probe, before_all);
+            return;
+        }
         // Deeper instances on the same stack were abandoned (a frame left
         // without its ret: a tail call out, an exception fixup).
         let before = live.len();
