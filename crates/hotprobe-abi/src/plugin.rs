@@ -39,7 +39,7 @@ use crate::AbiError;
 /// First word of the mapping.
 pub const PLUGIN_MAGIC: u64 = u64::from_le_bytes(*b"HPQEMUPL");
 /// Layout version; both sides refuse any other.
-pub const PLUGIN_VERSION: u32 = 1;
+pub const PLUGIN_VERSION: u32 = 2;
 /// Bytes of the header.
 pub const PLUGIN_HEADER_SIZE: usize = 512;
 /// Bytes of an event slot before its data.
@@ -66,7 +66,8 @@ pub const DELIVER_SYNC: u32 = 2;
 
 /// Event kinds (the values of `hotprobe_abi::KIND_*`).
 pub const EV_ENTRY: u8 = crate::KIND_ENTRY;
-/// A return (values: rax, rdx).
+/// A return (values: rax, rdx, rsp at the `ret` — the entry's rsp — and
+/// the current task's pid when the header has a [`TaskLayout`], else 0).
 pub const EV_EXIT: u8 = crate::KIND_EXIT;
 /// A hit of an entry probe that is not followed to its return.
 pub const EV_HIT: u8 = crate::KIND_HIT;
@@ -131,10 +132,12 @@ pub enum Reg {
     Eflags,
     /// cr3
     Cr3,
+    /// gs_base (in the kernel: this CPU's per-cpu area)
+    GsBase,
 }
 
 /// Number of [`Reg`]s.
-pub const N_REGS: usize = 19;
+pub const N_REGS: usize = 20;
 
 impl Reg {
     /// Every register, in number order.
@@ -158,6 +161,7 @@ impl Reg {
         Reg::Rip,
         Reg::Eflags,
         Reg::Cr3,
+        Reg::GsBase,
     ];
 
     /// The System V argument registers, in order (a kernel function's
@@ -168,7 +172,7 @@ impl Reg {
     pub const fn name(self) -> &'static str {
         [
             "rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp", "r8", "r9", "r10", "r11",
-            "r12", "r13", "r14", "r15", "rip", "eflags", "cr3",
+            "r12", "r13", "r14", "r15", "rip", "eflags", "cr3", "gs_base",
         ][self as usize]
     }
 
@@ -212,11 +216,55 @@ pub enum Fetch {
         /// 1, 2, 4 or 8.
         size: u8,
     },
+    /// A field of the guest's current task (Linux): read through the
+    /// per-cpu `current_task` pointer at `gs_base` + the header's
+    /// [`TaskLayout`] (0 when hotprobe gave no layout).
+    Task(TaskField),
+}
+
+/// A field of the current task a [`Fetch::Task`] reads.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskField {
+    /// `task_struct.pid` (the thread id).
+    Pid = 0,
+    /// `task_struct.tgid` (the process id).
+    Tgid = 1,
+    /// The first 8 bytes of `task_struct.comm`, little-endian.
+    Comm = 2,
+    /// The `task_struct *` itself.
+    Pointer = 3,
+}
+
+/// Where Linux keeps the current task and its fields, for [`Fetch::Task`]:
+/// byte offsets (from the kernel's BTF), written by hotprobe before the
+/// freeze. All zero: unknown.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TaskLayout {
+    /// Offset of the `current_task` pointer in the per-cpu area (gs_base).
+    pub current: u64,
+    /// `task_struct.pid`.
+    pub pid: u32,
+    /// `task_struct.tgid`.
+    pub tgid: u32,
+    /// `task_struct.comm`.
+    pub comm: u32,
+    /// Reserved.
+    pub _pad: u32,
+}
+
+impl TaskLayout {
+    /// Whether hotprobe gave one.
+    pub const fn is_known(&self) -> bool {
+        self.pid != 0 && self.comm != 0
+    }
 }
 
 const FETCH_REG: u64 = 1;
 const FETCH_LOAD: u64 = 2;
 const FETCH_LOAD_VALUE: u64 = 3;
+const FETCH_TASK: u64 = 4;
 
 impl Fetch {
     /// `struct pt_regs` field `index` (0 = r15 … 14 = di, 15 = orig_ax, 16
@@ -256,6 +304,7 @@ impl Fetch {
                     | ((index & 7) as u64) << 12
                     | (offset as u32 as u64) << 32
             }
+            Fetch::Task(f) => FETCH_TASK | (f as u64) << 4,
         }
     }
 
@@ -275,6 +324,13 @@ impl Fetch {
                 offset,
                 size,
             }),
+            FETCH_TASK => match (w >> 4) & 31 {
+                0 => Some(Fetch::Task(TaskField::Pid)),
+                1 => Some(Fetch::Task(TaskField::Tgid)),
+                2 => Some(Fetch::Task(TaskField::Comm)),
+                3 => Some(Fetch::Task(TaskField::Pointer)),
+                _ => None,
+            },
             _ => None,
         }
     }
@@ -401,6 +457,9 @@ pub struct PluginHeader {
     pub plugin_pid: AtomicU32,
     /// Reserved.
     pub _pad1: u32,
+    /// Where the guest kernel keeps its current task ([`Fetch::Task`],
+    /// exit events' task), written by hotprobe before the freeze.
+    pub task: TaskLayout,
 }
 
 const _: () = assert!(core::mem::size_of::<PluginHeader>() <= PLUGIN_HEADER_SIZE);
@@ -1083,6 +1142,10 @@ mod tests {
         for f in [
             Fetch::Reg(Reg::Rdi),
             Fetch::Reg(Reg::Cr3),
+            Fetch::Reg(Reg::GsBase),
+            Fetch::Task(TaskField::Pid),
+            Fetch::Task(TaskField::Comm),
+            Fetch::Task(TaskField::Pointer),
             Fetch::pt_regs_field(13),
             Fetch::Load {
                 reg: Reg::Rsp,

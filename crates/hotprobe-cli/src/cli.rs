@@ -372,12 +372,47 @@ pub enum GuestCmd {
         #[arg(last = true, value_name = "QEMU")]
         qemu: Vec<OsString>,
     },
+    /// Trace the guest's system calls like strace, from the host: every
+    /// `__x64_sys_*` entry with its decoded arguments (paths read in the
+    /// plugin) and its return value, in call order, for one task if asked.
+    Syscalls {
+        /// Only this guest thread id (filtered in the plugin).
+        #[arg(long, value_name = "PID", conflicts_with = "comm")]
+        pid: Option<u32>,
+        /// Only tasks with this name (filtered in the plugin on its first 8
+        /// bytes).
+        #[arg(long, value_name = "NAME")]
+        comm: Option<String>,
+        /// Write the calls to FILE (default: standard output, which the
+        /// guest's console may share).
+        #[arg(short = 'o', long, value_name = "FILE")]
+        output: Option<PathBuf>,
+        /// Stop after this many seconds.
+        #[arg(long, value_name = "SECS")]
+        duration: Option<f64>,
+        /// Synchronous delivery: each vCPU waits until hotprobe has its event.
+        #[arg(long)]
+        sync: bool,
+        /// The guest kernel's symbols (default: recovered from its -kernel
+        /// image).
+        #[arg(long, value_name = "FILE")]
+        symbols: Option<PathBuf>,
+        /// The QEMU command line to start with hotprobe's plugin.
+        #[arg(last = true, required = true, value_name = "QEMU")]
+        qemu: Vec<OsString>,
+    },
     /// Record a trace of the given kernel functions (entries with their
     /// arguments, returns) from a guest hotprobe starts with its plugin.
     Record {
         /// Function specs: [module:]function | 0xADDR.
-        #[arg(required = true, value_name = "PROBE")]
+        #[arg(required_unless_present = "boot", value_name = "PROBE")]
         probes: Vec<String>,
+        /// Record the guest's boot phases: the kernel's start, each
+        /// initcall level, the end of the initcalls and the first user
+        /// process as phase markers (`report --phases`), armed from the
+        /// guest's first instruction.
+        #[arg(long)]
+        boot: bool,
         /// The trace directory.
         #[arg(short = 'o', long, value_name = "DIR")]
         output: PathBuf,

@@ -8,6 +8,8 @@
 //!                [--gdb ... --symbols ... [--ram ...]] (count|trace) PROBE... [--duration S]
 //! hotprobe guest (count|trace|record) PROBE... --symbols FILE [--sync] \
 //!                -- qemu-system-x86_64 ARGS...
+//! hotprobe guest record --boot [PROBE...] -o DIR -- qemu-system-x86_64 ARGS...
+//! hotprobe guest syscalls [--pid N | --comm NAME] [-o FILE] -- qemu-system-x86_64 ARGS...
 //! ```
 //! `--symbols` is the guest's `/proc/kallsyms` (read as root), its
 //! `System.map`, its vmlinux, or the bzImage QEMU boots with `-kernel`
@@ -289,7 +291,82 @@ pub enum LaunchedAction<'a> {
         out: &'a Path,
         /// Argument registers recorded.
         args: usize,
+        /// Boot phases: the kernel's boot milestones and initcall levels
+        /// recorded as phase markers ([`BOOT_MILESTONES`]).
+        boot: bool,
     },
+}
+
+/// Kernel functions `record --boot` records as phase markers, in boot
+/// order: the kernel's start, the end of the initcalls (init memory freed),
+/// and the first user process.
+pub const BOOT_MILESTONES: [&str; 3] = ["start_kernel", "free_initmem", "run_init_process"];
+
+/// The kernel function each initcall level starts with (its argument: the
+/// level's name): `do_initcall_level` is inlined, this one is `noinline`.
+pub const INITCALL_LEVEL_FN: &str = "trace_initcall_level";
+
+/// The initcall levels' names as the kernel passes them
+/// (`initcall_level_names`, and `early` from `do_pre_smp_initcalls`).
+pub const INITCALL_LEVELS: [&str; 9] = [
+    "early", "pure", "core", "postcore", "arch", "subsys", "fs", "device", "late",
+];
+
+/// The marker probes of `record --boot`.
+#[derive(Default)]
+struct BootMarkers {
+    /// Milestone probes: their entries become marker hits.
+    milestones: std::collections::HashSet<u32>,
+    /// The probe on [`INITCALL_LEVEL_FN`].
+    level_probe: Option<u32>,
+    /// The id of the first level marker (`initcall:early`); the others
+    /// follow in [`INITCALL_LEVELS`] order.
+    level_base: u32,
+}
+
+/// Rewrites the boot markers' events into marker hits (a level's hit under
+/// its own marker symbol, `initcall:LEVEL`), the rest unchanged.
+struct BootSink<'a> {
+    inner: &'a mut TraceWriter,
+    m: &'a BootMarkers,
+}
+
+impl EventSink for BootSink<'_> {
+    fn event(&mut self, ev: &hotprobe::RecordedEvent) -> Result<(), hotprobe::SinkError> {
+        self.event_data(ev, &[])
+    }
+
+    fn event_data(
+        &mut self,
+        ev: &hotprobe::RecordedEvent,
+        data: &[u8],
+    ) -> Result<(), hotprobe::SinkError> {
+        let hit = |probe_id| hotprobe::RecordedEvent {
+            probe_id,
+            kind: hotprobe::KIND_HIT,
+            nargs: 0,
+            ..*ev
+        };
+        if self.m.milestones.contains(&ev.probe_id) {
+            if ev.kind == hotprobe::KIND_ENTRY {
+                self.inner.event(&hit(ev.probe_id))?;
+            }
+            return Ok(());
+        }
+        if Some(ev.probe_id) == self.m.level_probe {
+            if ev.kind == hotprobe::KIND_ENTRY {
+                if let Some(i) = INITCALL_LEVELS.iter().position(|l| l.as_bytes() == data) {
+                    self.inner.event(&hit(self.m.level_base + i as u32))?;
+                }
+            }
+            return Ok(());
+        }
+        self.inner.event(ev)
+    }
+
+    fn lost(&mut self, tid: u32, ts: u64, count: u64) -> Result<(), hotprobe::SinkError> {
+        self.inner.lost(tid, ts, count)
+    }
 }
 
 /// `hotprobe guest ... -- qemu-system-x86_64 ARGS`: a guest hotprobe starts
@@ -321,6 +398,7 @@ pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
         LaunchedAction::Record { args, .. } => args,
         LaunchedAction::Count => 0,
     };
+    let boot = matches!(o.action, LaunchedAction::Record { boot: true, .. });
     if nargs > 6 {
         bail!("--args {nargs}: at most 6 argument registers (rdi, rsi, rdx, rcx, r8, r9)");
     }
@@ -359,9 +437,20 @@ pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
             return Err(e);
         }
     };
+    let (placed, markers) = if boot {
+        match place_boot_markers(&mut session, t, o, placed) {
+            Ok(p) => p,
+            Err(e) => {
+                qemu.kill();
+                return Err(e);
+            }
+        }
+    } else {
+        (placed, BootMarkers::default())
+    };
     let mut writer = None;
     if let LaunchedAction::Record { out, .. } = o.action {
-        match record_writer(out, o, &placed, qemu.pid(), nargs) {
+        match record_writer(out, o, &placed, qemu.pid(), nargs, &markers) {
             Ok(w) => writer = Some(w),
             Err(e) => {
                 qemu.kill();
@@ -376,10 +465,15 @@ pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
         }
         _ => None,
     };
-    let sink: Option<&mut dyn EventSink> = match (&mut tree, &mut writer) {
+    // Without --boot the markers are empty: every event passes unchanged.
+    let mut boot_sink = writer.as_mut().map(|w| BootSink {
+        inner: w,
+        m: &markers,
+    });
+    let sink: Option<&mut dyn EventSink> = match (&mut tree, &mut boot_sink) {
         (Some(t), _) => Some(t),
-        (None, Some(w)) => Some(w),
-        _ => None,
+        (None, Some(b)) => Some(b),
+        (None, None) => None,
     };
     let ran = run_launched_loop(&mut session, placed.len(), o.duration, sink);
     if let Some(w) = writer {
@@ -457,12 +551,67 @@ fn place_launched(
     Ok(placed)
 }
 
+/// `record --boot`: the boot milestones and the initcall levels as phase
+/// markers (a milestone the kernel lacks is skipped with a notice).
+fn place_boot_markers(
+    session: &mut Session,
+    t: TargetId,
+    o: &LaunchedOptions<'_>,
+    mut placed: Vec<Placement>,
+) -> Result<(Vec<Placement>, BootMarkers)> {
+    let delivery = if o.sync {
+        Delivery::Sync
+    } else {
+        Delivery::Async
+    };
+    let mut m = BootMarkers::default();
+    let level_opts = PluginOptions {
+        delivery,
+        values: Some(vec![hotprobe_qemu::Fetch::Reg(hotprobe_qemu::Reg::Rdi)]),
+        string: Some(hotprobe_qemu::StringFetch {
+            index: 0,
+            max_len: 16,
+        }),
+        ..PluginOptions::default()
+    };
+    let plain = PluginOptions {
+        delivery,
+        values: Some(Vec::new()),
+        ..PluginOptions::default()
+    };
+    let mut add = |name: &str, opts: &PluginOptions| -> Option<Placement> {
+        match session.add_plugin(t, name, hotprobe::Action::Record, opts) {
+            Ok(a) => a.placements.into_iter().next(),
+            Err(e) => {
+                errln!("hotprobe: boot phases: no marker {name}: {e}");
+                None
+            }
+        }
+    };
+    for name in BOOT_MILESTONES {
+        if let Some(p) = add(name, &plain) {
+            m.milestones.insert(p.id.0);
+            placed.push(p);
+        }
+    }
+    if let Some(p) = add(INITCALL_LEVEL_FN, &level_opts) {
+        m.level_probe = Some(p.id.0);
+        placed.push(p);
+    }
+    m.level_base = placed.iter().map(|p| p.id.0 + 1).max().unwrap_or(0);
+    if m.milestones.is_empty() && m.level_probe.is_none() {
+        bail!("--boot: none of the kernel's boot milestones can be probed");
+    }
+    Ok((placed, m))
+}
+
 fn record_writer(
     out: &Path,
     o: &LaunchedOptions<'_>,
     placed: &[Placement],
     pid: u32,
     nargs: usize,
+    markers: &BootMarkers,
 ) -> Result<TraceWriter> {
     let clock = || {
         // SAFETY: rdtsc has no preconditions on x86-64.
@@ -478,18 +627,40 @@ fn record_writer(
     let (tsc0, ns0) = clock();
     std::thread::sleep(Duration::from_millis(50));
     let (tsc1, ns1) = clock();
-    let symbols = placed
+    let mut symbols: Vec<Symbol> = placed
         .iter()
-        .map(|p| Symbol {
-            id: p.id.0,
-            name: p.function.clone().unwrap_or_else(|| p.label.clone()),
-            module: p.module.clone(),
-            addr: p.addr.0,
-            kind: ProbeKind::Function,
-            nargs: nargs as u8,
-            retval: true,
+        .filter(|p| Some(p.id.0) != markers.level_probe)
+        .map(|p| {
+            let marker = markers.milestones.contains(&p.id.0);
+            Symbol {
+                id: p.id.0,
+                name: p.function.clone().unwrap_or_else(|| p.label.clone()),
+                module: p.module.clone(),
+                addr: p.addr.0,
+                kind: if marker {
+                    ProbeKind::Marker
+                } else {
+                    ProbeKind::Function
+                },
+                nargs: if marker { 0 } else { nargs as u8 },
+                retval: !marker,
+            }
         })
         .collect();
+    if let Some(lp) = markers.level_probe {
+        let addr = placed.iter().find(|p| p.id.0 == lp).map_or(0, |p| p.addr.0);
+        for (i, l) in INITCALL_LEVELS.iter().enumerate() {
+            symbols.push(Symbol {
+                id: markers.level_base + i as u32,
+                name: format!("initcall:{l}"),
+                module: "kernel".into(),
+                addr,
+                kind: ProbeKind::Marker,
+                nargs: 0,
+                retval: false,
+            });
+        }
+    }
     let meta = TraceMeta {
         target: "guest kernel".into(),
         command: o
@@ -542,4 +713,300 @@ fn run_launched_loop(
         }
     }
     Ok(())
+}
+
+/// `hotprobe guest syscalls [--pid N | --comm NAME] -- qemu-system-x86_64 ARGS`.
+pub struct SyscallsOptions<'a> {
+    /// QEMU's command line.
+    pub qemu: &'a [OsString],
+    /// The guest kernel's symbols (default: its `-kernel` image).
+    pub symbols: Option<PathBuf>,
+    /// Only this guest thread id.
+    pub pid: Option<u32>,
+    /// Only tasks with this name (its first 8 bytes, in the plugin).
+    pub comm: Option<String>,
+    /// Stop after this long.
+    pub duration: Option<Duration>,
+    /// Synchronous delivery.
+    pub sync: bool,
+    /// Write the calls to this file instead of standard output (which the
+    /// guest's console may share).
+    pub output: Option<PathBuf>,
+}
+
+/// The `-kernel IMAGE` of a QEMU command line.
+fn kernel_image(qemu: &[OsString]) -> Option<PathBuf> {
+    qemu.windows(2)
+        .find(|w| w[0] == "-kernel")
+        .map(|w| PathBuf::from(&w[1]))
+}
+
+/// One system-call probe: its name and how many arguments its entry
+/// events carry before the task fields.
+struct SyscallProbe {
+    name: String,
+    nargs: usize,
+}
+
+/// Prints system calls as strace -f does: `[pid N] name(args) = ret`, an
+/// entry whose exit comes after another task's event as `<unfinished ...>`
+/// and its exit as `<... name resumed>`.
+struct SyscallPrinter {
+    probes: std::collections::HashMap<u32, SyscallProbe>,
+    /// The last entry printed without its result: (pid, line).
+    pending: Option<(u64, String)>,
+    lost: u64,
+    calls: u64,
+    /// `--output`, else standard output.
+    file: Option<std::io::BufWriter<std::fs::File>>,
+}
+
+impl SyscallPrinter {
+    fn line(&mut self, l: std::fmt::Arguments<'_>) {
+        use std::io::Write;
+        match &mut self.file {
+            Some(f) => {
+                // A failed write is reported once at the end (flush).
+                let _ = writeln!(f, "{l}");
+            }
+            None => {
+                outln!("{l}");
+            }
+        }
+    }
+
+    fn flush_pending(&mut self) {
+        if let Some((_, line)) = self.pending.take() {
+            self.line(format_args!("{line} <unfinished ...>"));
+        }
+    }
+}
+
+impl EventSink for SyscallPrinter {
+    fn event(&mut self, ev: &hotprobe::RecordedEvent) -> Result<(), hotprobe::SinkError> {
+        self.event_data(ev, &[])
+    }
+
+    fn event_data(
+        &mut self,
+        ev: &hotprobe::RecordedEvent,
+        data: &[u8],
+    ) -> Result<(), hotprobe::SinkError> {
+        let Some(p) = self.probes.get(&ev.probe_id) else {
+            return Ok(());
+        };
+        let name = p.name.clone();
+        if ev.kind == hotprobe::KIND_EXIT {
+            // Exit events: rax, rdx, rsp, pid.
+            let pid = ev.args[3];
+            let ret = hotprobe_guest::syscalls::format_return(&name, ev.args[0]);
+            match self.pending.take() {
+                Some((ppid, line)) if ppid == pid => {
+                    self.line(format_args!("{line} = {ret}"));
+                }
+                other => {
+                    self.pending = other;
+                    self.flush_pending();
+                    self.line(format_args!("[pid {pid}] <... {name} resumed>) = {ret}"));
+                }
+            }
+            return Ok(());
+        }
+        self.calls += 1;
+        let n = p.nargs.min(ev.args.len());
+        let pid = ev.args.get(n).copied().unwrap_or(0);
+        let path = (!data.is_empty()).then_some(data);
+        let line = format!(
+            "[pid {pid}] {}",
+            hotprobe_guest::syscalls::format_call(&name, &ev.args[..n], path)
+        );
+        self.flush_pending();
+        if matches!(name.as_str(), "exit" | "exit_group") {
+            // Never returns.
+            self.line(format_args!("{line} = ?"));
+        } else {
+            self.pending = Some((pid, line));
+        }
+        Ok(())
+    }
+
+    fn lost(&mut self, _tid: u32, _ts: u64, count: u64) -> Result<(), hotprobe::SinkError> {
+        self.lost += count;
+        Ok(())
+    }
+}
+
+/// Starts QEMU with hotprobe's plugin, puts a recording return probe on
+/// every `__x64_sys_*` wrapper (arguments read from the `pt_regs` rdi points
+/// to, the path read in the plugin, the task's pid (and name) read through
+/// the kernel's current-task pointer, filtered in the plugin) and prints
+/// each call as strace does. Returns QEMU's exit code.
+pub fn run_syscalls(o: &SyscallsOptions<'_>) -> Result<u8> {
+    use hotprobe_guest::syscalls;
+    let image = kernel_image(o.qemu);
+    let Some(sym_path) = o.symbols.clone().or_else(|| image.clone()) else {
+        bail!("give --symbols FILE or boot the guest with -kernel IMAGE");
+    };
+    let (symbols, _) =
+        load_symbols(&sym_path).with_context(|| format!("guest symbols {}", sym_path.display()))?;
+    let task = match &image {
+        Some(img) => match hotprobe_guest::task_layout_from_kernel_image(img) {
+            Ok(l) => Some(l),
+            Err(e) if o.pid.is_some() || o.comm.is_some() => {
+                return Err(e).context("--pid/--comm need the kernel's task layout (its BTF)")
+            }
+            Err(e) => {
+                errln!("hotprobe: {e}: pids are shown as 0");
+                None
+            }
+        },
+        None if o.pid.is_some() || o.comm.is_some() => {
+            bail!("--pid/--comm need the kernel's BTF: boot the guest with -kernel IMAGE")
+        }
+        None => None,
+    };
+    // Every wrapper once (aliases share an address).
+    let mut names: Vec<String> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for s in symbols.symbols() {
+        // Not the compiler's parts (`.cold`, `.isra.0`, ...).
+        if let Some(n) = s
+            .name
+            .strip_prefix("__x64_sys_")
+            .filter(|n| !n.contains('.'))
+        {
+            if seen.insert(s.addr.0) {
+                names.push(n.to_string());
+            }
+        }
+    }
+    if names.is_empty() {
+        bail!(
+            "no __x64_sys_* functions in {}: not an x86-64 Linux kernel?",
+            sym_path.display()
+        );
+    }
+    let opts = LaunchOptions {
+        plugin: hotprobe_qemu::PluginConfig {
+            max_probes: (names.len() as u32 + 16).next_power_of_two(),
+            ..hotprobe_qemu::PluginConfig::default()
+        },
+        task_layout: task,
+        ..LaunchOptions::default()
+    };
+    let launched = hotprobe_guest::launch(o.qemu, symbols, opts)
+        .context("cannot start the guest with hotprobe's QEMU plugin")?;
+    let mut qemu = launched.qemu;
+    errln!(
+        "hotprobe: started QEMU (pid {}) with hotprobe's plugin",
+        qemu.pid()
+    );
+    let mut session = Session::with_config(SessionConfig {
+        maxactive: 64,
+        ..SessionConfig::default()
+    });
+    let t = session.add_plugin_guest(
+        Box::new(launched.target),
+        Some(Box::new(launched.resolver)),
+        launched.plugin,
+    );
+    let file = match &o.output {
+        Some(p) => match std::fs::File::create(p) {
+            Ok(f) => Some(std::io::BufWriter::new(f)),
+            Err(e) => {
+                qemu.kill();
+                return Err(e).with_context(|| format!("cannot create {}", p.display()));
+            }
+        },
+        None => None,
+    };
+    let mut printer = SyscallPrinter {
+        probes: Default::default(),
+        pending: None,
+        lost: 0,
+        calls: 0,
+        file,
+    };
+    let placed = (|| -> Result<usize> {
+        for name in &names {
+            let (values, string) = syscalls::arg_fetches(name, o.comm.is_some());
+            let nargs = values.len() - 1 - o.comm.is_some() as usize;
+            let filter_value = match (&o.pid, &o.comm) {
+                (Some(pid), _) => Some((nargs as u8, *pid as u64)),
+                (None, Some(c)) => Some((nargs as u8 + 1, syscalls::comm_word(c))),
+                _ => None,
+            };
+            let popts = PluginOptions {
+                delivery: if o.sync {
+                    Delivery::Sync
+                } else {
+                    Delivery::Async
+                },
+                values: Some(values),
+                string,
+                filter_value,
+                ..PluginOptions::default()
+            };
+            let spec = format!("__x64_sys_{name}");
+            let added = session
+                .add_plugin(t, &spec, hotprobe::Action::Record, &popts)
+                .with_context(|| format!("guest: cannot probe {spec}"))?;
+            for p in added.placements {
+                printer.probes.insert(
+                    p.id.0,
+                    SyscallProbe {
+                        name: name.clone(),
+                        nargs,
+                    },
+                );
+            }
+        }
+        Ok(printer.probes.len())
+    })();
+    let placed = match placed {
+        Ok(n) => n,
+        Err(e) => {
+            qemu.kill();
+            return Err(e);
+        }
+    };
+    let ran = run_launched_loop(&mut session, placed, o.duration, Some(&mut printer));
+    printer.flush_pending();
+    if let (Some(f), Some(p)) = (printer.file.take(), &o.output) {
+        use std::io::Write;
+        f.into_inner()
+            .map_err(|e| e.into_error())
+            .and_then(|mut f| f.flush())
+            .with_context(|| format!("cannot write {}", p.display()))?;
+    }
+    errln!("hotprobe: {} system calls traced", printer.calls);
+    if printer.lost > 0 {
+        errln!(
+            "hotprobe: {} events lost (full rings): the trace has gaps",
+            printer.lost
+        );
+    }
+    if let Some(ps) = session.plugin_stats(t) {
+        if ps.sync_timeouts + ps.orphaned + ps.read_errors > 0 {
+            errln!(
+                "hotprobe: plugin: {} synchronous events released by the timeout, {} not \
+                 delivered, {} guest memory reads failed",
+                ps.sync_timeouts,
+                ps.orphaned,
+                ps.read_errors
+            );
+        }
+    }
+    print_notices(&mut session);
+    ran?;
+    let status = qemu.wait_timeout(Duration::from_secs(3));
+    Ok(match status {
+        Some(st) => st
+            .code()
+            .map_or_else(|| 128 + st.signal().unwrap_or(0) as u8, |c| c as u8),
+        None => {
+            errln!("hotprobe: QEMU (pid {}) runs on without probes", qemu.pid());
+            0
+        }
+    })
 }

@@ -13,6 +13,8 @@
 //! hotprobe report [DIR] [--phases] [--marker FUNC]...
 //! hotprobe export [DIR] --format chrome|ctf|folded [-o OUT]
 //! hotprobe guest  --gdb HOST:PORT|unix:PATH --symbols FILE [--ram FILE] (count|trace) PROBE... [--duration SECS]
+//! hotprobe guest  (count|trace|record [--boot]) PROBE... [--symbols FILE] -- qemu-system-x86_64 ARGS
+//! hotprobe guest  syscalls [--pid N | --comm NAME] [-o FILE] -- qemu-system-x86_64 ARGS
 //! PROBE: [module:]function[+offset] | [module:]0xADDR | file.c:LINE, optionally %return
 //! DIR: a trace directory, hotprobe.data by default
 //! ```
@@ -256,6 +258,35 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             ram,
             action,
         } => {
+            if let GuestCmd::Syscalls {
+                pid,
+                comm,
+                output,
+                duration: secs,
+                sync,
+                symbols: sub_symbols,
+                qemu,
+            } = &action
+            {
+                if !gdb.is_empty() || !ram.is_empty() {
+                    return Err(UsageError(
+                        "guest syscalls starts the guest itself: no --gdb/--ram".into(),
+                    )
+                    .into());
+                }
+                let symbols = sub_symbols.clone().or_else(|| symbols.first().cloned());
+                let duration = duration(*secs)?;
+                signals::install()?;
+                return guest::run_syscalls(&guest::SyscallsOptions {
+                    qemu,
+                    symbols,
+                    pid: *pid,
+                    comm: comm.clone(),
+                    duration,
+                    sync: *sync,
+                    output: output.clone(),
+                });
+            }
             if let Some(launched) = launched_guest(&gdb, &symbols, &ram, &action)? {
                 return launched;
             }
@@ -325,7 +356,9 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                         summary,
                     },
                 ),
-                GuestCmd::Record { .. } => unreachable!("record needs a QEMU command line"),
+                GuestCmd::Record { .. } | GuestCmd::Syscalls { .. } => {
+                    unreachable!("record and syscalls need a QEMU command line")
+                }
             };
             let duration = duration(secs)?;
             signals::install()?;
@@ -349,6 +382,7 @@ fn launched_guest(
     action: &GuestCmd,
 ) -> anyhow::Result<Option<anyhow::Result<u8>>> {
     let (qemu, probes, sub_symbols, secs, maxactive, sync, what) = match action {
+        GuestCmd::Syscalls { .. } => return Ok(None),
         GuestCmd::Count {
             qemu,
             probes,
@@ -394,6 +428,7 @@ fn launched_guest(
             args,
             sync,
             output,
+            boot,
         } => (
             qemu,
             probes,
@@ -404,6 +439,7 @@ fn launched_guest(
             guest::LaunchedAction::Record {
                 out: output,
                 args: *args,
+                boot: *boot,
             },
         ),
     };

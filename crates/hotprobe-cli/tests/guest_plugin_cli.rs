@@ -281,3 +281,213 @@ fn usage_errors_of_a_started_guest() {
     assert!(err.contains("--gdb/--ram name a running guest"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `[pid N] read(3, 0x7ffc..., 64) = 64` with its pointers as `PTR`.
+fn without_pointers(line: &str) -> String {
+    line.split(", ")
+        .map(|a| {
+            if a.starts_with("0x7") && a.len() > 8 {
+                "PTR".to_string()
+            } else {
+                a.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[test]
+fn guest_syscalls_of_one_pid_like_strace() {
+    if let Some(why) = harness::missing_prerequisite() {
+        eprintln!("\n!!!!!!!! SKIPPED: {why} !!!!!!!!\n");
+        return;
+    }
+    let dir = tmpdir("syscalls");
+    // The workload is init: pid 1. Its forked child (same name) makes
+    // calls too, which the pid filter in the plugin must leave out. No
+    // --symbols: symbols and the task layout (BTF) come from the image.
+    // The calls go to a file: the console shares hotprobe's stdout.
+    let trace = dir.join("calls.txt");
+    let trace_s = trace.to_string_lossy().into_owned();
+    let mut r = Run::start_with(&["syscalls", "--pid", "1", "-o", &trace_s], &dir, false);
+    assert!(r.wait_out("@READY pid=1", LONG), "the workload started");
+    for c in [
+        "cat /init",
+        "cat /no/such/file",
+        "fork cat /proc/version",
+        "cat /proc/self/stat",
+        "exit",
+    ] {
+        r.send(c);
+    }
+    let (code, out, err) = r.finish();
+    assert_eq!(code, 0, "QEMU powered off cleanly: {out:#?} {err:#?}");
+    // The workload's own account of its calls.
+    let cat = |path: &str| -> (i64, i64, i64) {
+        let l = out
+            .iter()
+            .find_map(|l| l.trim().strip_prefix(&format!("@cat {path} ")))
+            .unwrap_or_else(|| panic!("no @cat {path}: {out:#?}"));
+        let f: Vec<i64> = l
+            .split_whitespace()
+            .map(|kv| kv.split('=').nth(1).unwrap().parse().unwrap())
+            .collect();
+        (f[0], f[1], f[2])
+    };
+    let child: u64 = out
+        .iter()
+        .find_map(|l| l.trim().strip_prefix("@fork pid="))
+        .and_then(|l| l.strip_suffix(" done"))
+        .unwrap_or_else(|| panic!("no @fork: {out:#?}"))
+        .parse()
+        .unwrap();
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let calls: Vec<&str> = text.lines().collect();
+    assert!(
+        calls.iter().all(|l| l.starts_with("[pid ")),
+        "only calls in the file: {calls:#?}"
+    );
+    assert!(
+        calls.iter().all(|l| l.starts_with("[pid 1] ")),
+        "only pid 1: {calls:#?}"
+    );
+    assert!(
+        !calls.iter().any(|l| l.contains("/proc/version")),
+        "the child's openat is not pid 1's: {calls:#?}"
+    );
+    // Console reads and writes aside, from the first cat on, in call order.
+    let seq: Vec<String> = calls
+        .iter()
+        .filter(|l| !l.contains("] read(0, ") && !l.contains("] write(1, "))
+        .skip_while(|l| !l.contains("\"/init\""))
+        .map(|l| {
+            let l = without_pointers(l);
+            match l.strip_prefix("[pid 1] clone(0x1200011, 0x0, 0x0, ") {
+                Some(rest) => format!(
+                    "[pid 1] clone(0x1200011, 0x0, 0x0, TID, {}",
+                    rest.split_once(", ").map_or("", |x| x.1)
+                ),
+                None => l,
+            }
+        })
+        .collect();
+    let (fd1, n1, rc1) = cat("/init");
+    let (fd2, _, _) = cat("/no/such/file");
+    let (fd3, n3, rc3) = cat("/proc/self/stat");
+    assert_eq!((fd2, rc1, rc3), (-2, 0, 0));
+    let expected = [
+        format!("[pid 1] openat(AT_FDCWD, \"/init\", O_RDONLY) = {fd1}"),
+        format!("[pid 1] read({fd1}, PTR, 64) = {n1}"),
+        format!("[pid 1] close({fd1}) = 0"),
+        "[pid 1] openat(AT_FDCWD, \"/no/such/file\", O_RDONLY) = -1 ENOENT".to_string(),
+        // fork(): clone with SIGCHLD and the tid flags; its last argument
+        // (the child tid's address) varies.
+        format!("[pid 1] clone(0x1200011, 0x0, 0x0, TID, ...) = {child}"),
+        format!("[pid 1] wait4({child}, NULL, 0x0, NULL) = {child}"),
+        format!("[pid 1] openat(AT_FDCWD, \"/proc/self/stat\", O_RDONLY) = {fd3}"),
+        format!("[pid 1] read({fd3}, PTR, 64) = {n3}"),
+        format!("[pid 1] close({fd3}) = 0"),
+    ];
+    assert!(seq.len() >= expected.len(), "{calls:#?}");
+    assert_eq!(seq[..expected.len()], expected, "{calls:#?}");
+    assert!(
+        err.iter().any(|l| l.contains("system calls traced")),
+        "{err:#?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn guest_boot_recorded_from_the_first_instruction() {
+    if let Some(why) = harness::missing_prerequisite() {
+        eprintln!("\n!!!!!!!! SKIPPED: {why} !!!!!!!!\n");
+        return;
+    }
+    let dir = tmpdir("boot");
+    let trace = dir.join("trace");
+    let _ = std::fs::remove_dir_all(&trace);
+    let trace_s = trace.to_string_lossy().into_owned();
+    let mut r = Run::start_with(
+        &["record", "--boot", "-o", &trace_s, "do_one_initcall"],
+        &dir,
+        false,
+    );
+    assert!(r.wait_out("@READY", LONG), "the guest booted");
+    r.send("exit");
+    let (code, out, err) = r.finish();
+    assert_eq!(code, 0, "QEMU powered off cleanly: {out:#?} {err:#?}");
+    let json = |args: &[&str]| -> serde_json::Value {
+        let o = common::hotprobe(args);
+        assert!(o.status.success(), "{args:?}: {}", common::text(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let total = json(&["report", "--json", &trace_s])["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["function"] == "do_one_initcall")
+        .expect("do_one_initcall in the report")["calls"]
+        .as_u64()
+        .unwrap();
+    assert!(total > 100, "the kernel's initcalls: {total}");
+    let phases = json(&["report", "--phases", "--json", &trace_s]);
+    let phases = phases["phases"].as_array().unwrap();
+    let names: Vec<&str> = phases.iter().map(|p| p["name"].as_str().unwrap()).collect();
+    // Armed before the first instruction: the kernel's start is seen, then
+    // every initcall level in order, then the end of the initcalls and the
+    // first user process.
+    let mut expected = vec!["start_kernel".to_string()];
+    expected.extend(
+        [
+            "early", "pure", "core", "postcore", "arch", "subsys", "fs", "device", "late",
+        ]
+        .iter()
+        .map(|l| format!("initcall:{l}")),
+    );
+    expected.push("free_initmem".into());
+    expected.push("run_init_process".into());
+    assert_eq!(names, expected, "{phases:#?}");
+    let calls = |p: &serde_json::Value| -> u64 {
+        p["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["function"] == "do_one_initcall")
+            .map(|r| r["calls"].as_u64().unwrap())
+            .sum()
+    };
+    let per_phase: Vec<u64> = phases.iter().map(calls).collect();
+    assert_eq!(
+        per_phase.iter().sum::<u64>(),
+        total,
+        "per-phase counts add up to the total: {per_phase:?}"
+    );
+    assert_eq!(per_phase[0], 0, "no initcall before the early level");
+    assert!(per_phase[8] > 0, "device initcalls: {per_phase:?}");
+    // The exporters read it.
+    let chrome = dir.join("boot.json");
+    let o = common::hotprobe(&[
+        "export",
+        "--format",
+        "chrome",
+        &trace_s,
+        "-o",
+        &chrome.to_string_lossy(),
+    ]);
+    assert!(o.status.success(), "{}", common::text(&o.stderr));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&chrome).unwrap()).unwrap();
+    let events = v["traceEvents"]
+        .as_array()
+        .or_else(|| v.as_array())
+        .expect("Chrome trace events");
+    let initcalls = events
+        .iter()
+        .filter(|e| e["name"] == "do_one_initcall")
+        .count() as u64;
+    assert!(
+        initcalls >= total,
+        "{initcalls} chrome events for {total} calls"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -10,9 +10,15 @@
 //! Then, on a second guest started by hotprobe with its QEMU plugin (the
 //! workload as init), per hit in one run: no probe, a plugin count, a
 //! plugin event with two values (asynchronous ring), a plugin event answered
-//! by a synchronous handler in this process, and a boosted stub probe.
+//! by a synchronous handler in this process, a boosted stub probe, and gdb
+//! (on a third guest: gdb needs a stub of its own), each in host time and
+//! in the guest's own time (what a probe steals from the guest's clock);
+//! `boot`: boot time with 10,000 candidate sites armed against no plugin;
+//! `guest`: both. `BENCH_QEMU_EXTRA` adds QEMU arguments (`-icount
+//! shift=0`), `HOTPROBE_PLUGIN_TIME_CONTROL=1` makes the plugin take QEMU's
+//! time control, `BENCH_NO_GDB=1` leaves gdb out.
 //!
-//! `cargo run --release -p hotprobe-guest --example bench_guest [CALLS [ROUNDS [plugin]]]`
+//! `cargo run --release -p hotprobe-guest --example bench_guest [CALLS [ROUNDS [plugin|boot|guest]]]`
 //! (needs scripts/setup.sh's kernel and QEMU; boots two guests; `plugin`
 //! runs the plugin rows only). Every mode and gdb run once per round,
 //! interleaved, and the medians are compared, so that load from other
@@ -218,9 +224,21 @@ fn main() {
     };
     let n: u64 = arg(1, 200);
     let rounds = arg(2, 5) as usize;
-    if std::env::args().nth(3).as_deref() == Some("plugin") {
-        plugin_rows(n, rounds);
-        return;
+    match std::env::args().nth(3).as_deref() {
+        Some("plugin") => {
+            plugin_rows(n, rounds);
+            return;
+        }
+        Some("boot") => {
+            boot_rows(rounds);
+            return;
+        }
+        Some("guest") => {
+            plugin_rows(n, rounds);
+            boot_rows(rounds);
+            return;
+        }
+        _ => {}
     }
     let mut g = Guest::boot("bench");
     println!(
@@ -352,16 +370,33 @@ fn main() {
 }
 
 /// Milliseconds for the workload's `getppid n` round trip on a console.
-fn timed_console(c: &mut harness::Console, n: u64) -> f64 {
-    let marker = format!("@getppid {n} done");
-    c.send_line(&format!("getppid {n}"));
+/// `timed n` on the console: (host ms for the round trip, guest ms the
+/// workload measured on its own clock for the loop).
+fn timed_console(c: &mut harness::Console, n: u64) -> (f64, f64) {
+    let marker = format!("@timed {n} ns=");
+    c.send_line(&format!("timed {n}"));
     let t0 = Instant::now();
     c.wait_for(&marker, LONG);
-    t0.elapsed().as_secs_f64() * 1e3
+    let host = t0.elapsed().as_secs_f64() * 1e3;
+    let line = c.wait_for("\n", LONG);
+    let ns: f64 = String::from_utf8_lossy(&line).trim().parse().unwrap();
+    (host, ns / 1e6)
+}
+
+/// Extra QEMU arguments from `BENCH_QEMU_EXTRA` (split on spaces), e.g.
+/// `-icount shift=0`.
+fn qemu_extra() -> Vec<std::ffi::OsString> {
+    std::env::var("BENCH_QEMU_EXTRA")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(Into::into)
+        .collect()
 }
 
 /// The plugin rows: one guest started with the plugin, every mode once per
-/// round, interleaved; per hit = (run - run without probe) / calls.
+/// round, interleaved; per hit = (run - run without probe) / calls, in host
+/// time and in the guest's own time (what a probe steals from the guest).
+/// gdb on a second guest (its own stub) in the same rounds.
 fn plugin_rows(n_stub: u64, rounds: usize) {
     use hotprobe_qemu::{Delivery, Fetch, PluginConfig, PluginProbe, Reg};
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -372,8 +407,10 @@ fn plugin_rows(n_stub: u64, rounds: usize) {
     let getppid = syms.lookup("__x64_sys_getppid").unwrap().addr.0;
     let dir = std::env::temp_dir().join(format!("hp-bench-plugin-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    let mut qargs = harness::qemu_args(&dir, "rdinit=/workload");
+    qargs.extend(qemu_extra());
     let mut launched = hotprobe_guest::launch(
-        &harness::qemu_args(&dir, "rdinit=/workload"),
+        &qargs,
         syms.clone(),
         hotprobe_guest::LaunchOptions {
             plugin: PluginConfig {
@@ -428,30 +465,21 @@ fn plugin_rows(n_stub: u64, rounds: usize) {
     s.engine(t).unwrap().set_step_unsupported_in_place(true);
     s.start().unwrap();
     con.wait_for("@READY", LONG);
+    // gdb needs a stub of its own: a second guest.
+    let with_gdb = std::env::var_os("BENCH_NO_GDB").is_none();
+    let mut gg = with_gdb.then(|| Guest::boot("bench-gdb"));
     let flushes = || harness::tb_flushes_at(&dir.join("monitor.sock"));
-    type Row = (&'static str, u64, Vec<f64>, String);
+    // (label, calls, host us per hit, guest us per hit, note)
+    type Row = (&'static str, u64, Vec<f64>, Vec<f64>, String);
     let n_sync = n / 10;
+    let row = |l, c| (l, c, Vec::new(), Vec::new(), String::new());
     let mut rows: Vec<Row> = vec![
-        ("no probe (us per getppid)", n, Vec::new(), String::new()),
-        ("plugin count", n, Vec::new(), String::new()),
-        (
-            "plugin event, 2 values, async ring",
-            n,
-            Vec::new(),
-            String::new(),
-        ),
-        (
-            "plugin event, 2 values, sync handler",
-            n_sync,
-            Vec::new(),
-            String::new(),
-        ),
-        (
-            "stub, boosted, null handler",
-            n_stub,
-            Vec::new(),
-            String::new(),
-        ),
+        row("no probe (us per getppid)", n),
+        row("plugin count", n),
+        row("plugin event, 2 values, async ring", n),
+        row("plugin event, 2 values, sync handler", n_sync),
+        row("stub, boosted, null handler", n_stub),
+        row("gdb, Python Breakpoint.stop -> False", n_stub),
     ];
     let inner = "__x64_sys_getppid+0xb";
     let mut hits = [0u64; 3];
@@ -460,7 +488,8 @@ fn plugin_rows(n_stub: u64, rounds: usize) {
         // just before it: the difference per call is the hit's cost.
         let small = timed_console(&mut con, 1);
         let base = timed_console(&mut con, n);
-        rows[0].2.push((base - small) * 1e3 / n as f64);
+        rows[0].2.push((base.0 - small.0) * 1e3 / n as f64);
+        rows[0].3.push(base.1 * 1e3 / n as f64);
         for (row, p) in [(1, p_count), (2, p_async), (3, p_sync)] {
             let calls = rows[row].1;
             let base = timed_console(&mut con, calls);
@@ -475,14 +504,15 @@ fn plugin_rows(n_stub: u64, rounds: usize) {
             hits[row - 1] += calls;
             assert_eq!(host.counts(p).hits, hits[row - 1], "exact counts");
             if round == 0 {
-                rows[row].3 = format!(
+                rows[row].4 = format!(
                     "{} TB flushes; {} events drained, {} answered",
                     f1 - f0,
                     events,
                     answered.load(Ordering::Relaxed) - a0
                 );
             }
-            rows[row].2.push((ms - base) * 1e3 / calls as f64);
+            rows[row].2.push((ms.0 - base.0) * 1e3 / calls as f64);
+            rows[row].3.push((ms.1 - base.1) * 1e3 / calls as f64);
         }
         let base = timed_console(&mut con, n_stub);
         let id = s.probe(t, inner, Probe::new().pre(|_| {})).unwrap();
@@ -492,30 +522,160 @@ fn plugin_rows(n_stub: u64, rounds: usize) {
         assert_eq!(s.stats(id).unwrap().hits, n_stub);
         s.remove_probe(id).unwrap();
         if round == 0 {
-            rows[4].3 = format!("{:.2} TB flushes per hit", (f1 - f0) as f64 / n_stub as f64);
+            rows[4].4 = format!("{:.2} TB flushes per hit", (f1 - f0) as f64 / n_stub as f64);
         }
-        rows[4].2.push((ms - base) * 1e3 / n_stub as f64);
+        rows[4].2.push((ms.0 - base.0) * 1e3 / n_stub as f64);
+        rows[4].3.push((ms.1 - base.1) * 1e3 / n_stub as f64);
+        if let Some(g) = gg.as_mut() {
+            let gaddr = g.sym("__x64_sys_getppid") + 0xb;
+            let base = timed(g, None, n_stub);
+            let (ms, fl, hits) = gdb_run(g, gaddr, n_stub, base);
+            rows[5].2.push(ms * 1e3);
+            if round == 0 {
+                rows[5].4 = format!("{fl:.2} TB flushes per hit; {hits}");
+            }
+        }
     }
     println!(
-        "plugin guest: getppid calls per run: {n} ({n_sync} synchronous, {n_stub} with the stub), \
-         {rounds} rounds, each mode against a run without probe just before it; \
-         per hit, us: median (min..max)"
+        "plugin guest: getppid calls per run: {n} ({n_sync} synchronous, {n_stub} with the stub \
+         and gdb), {rounds} rounds, each mode against a run without probe just before it; \
+         per hit, us: median (min..max), host time | guest time (the guest's own clock)"
     );
-    for (label, _, v, note) in &rows {
-        let (lo, hi) = v
-            .iter()
-            .fold((f64::MAX, 0f64), |(l, h), x| (l.min(*x), h.max(*x)));
-        println!("{label:<40} {:9.3} ({lo:.3}..{hi:.3})  [{note}]", median(v));
+    for (label, _, v, gv, note) in &rows {
+        if v.is_empty() {
+            continue;
+        }
+        let mm = |v: &[f64]| {
+            v.iter()
+                .fold((f64::MAX, f64::MIN), |(l, h), x| (l.min(*x), h.max(*x)))
+        };
+        let (lo, hi) = mm(v);
+        let guest = if gv.is_empty() {
+            "–".to_string()
+        } else {
+            let (glo, ghi) = mm(gv);
+            format!("{:.3} ({glo:.3}..{ghi:.3})", median(gv))
+        };
+        println!(
+            "{label:<40} {:9.3} ({lo:.3}..{hi:.3}) | {guest}  [{note}]",
+            median(v)
+        );
+    }
+    let gdb = median(&rows[5].2);
+    if gdb.is_finite() {
+        for r in &rows[1..5] {
+            println!(
+                "{:<40} {:.0}x below gdb (median/median)",
+                r.0,
+                gdb / median(&r.2)
+            );
+        }
     }
     println!("plugin: {:?}", host.stats());
     con.send_line("exit");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Boot time to the workload's READY: no plugin, and the plugin with
+/// 10,000 candidate sites (kernel function entries) armed as one counting
+/// probe; `rounds` boots each, interleaved.
+fn boot_rows(rounds: usize) {
+    use hotprobe_qemu::{Delivery, PluginConfig, PluginProbe};
+    let (syms, _) = load_symbols(&harness::kallsyms_cached()).unwrap();
+    // Every function's entry, but not the idle loop's or the stub's own
+    // paths, up to 10,000, spread over the kernel text.
+    let all: Vec<u64> = syms
+        .symbols()
+        .iter()
+        .filter(|s| !s.name.contains('.') && !s.name.starts_with("__pfx_"))
+        .map(|s| s.addr.0)
+        .collect();
+    let step = (all.len() / 10_000).max(1);
+    let sites: Vec<u64> = all.iter().step_by(step).take(10_000).copied().collect();
+    let mut plain = Vec::new();
+    let mut armed = Vec::new();
+    let mut hits = Vec::new();
+    for round in 0..rounds {
+        let dir =
+            std::env::temp_dir().join(format!("hp-bench-boot-{}-{round}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut args = harness::qemu_args(&dir, "rdinit=/workload");
+        args.extend(qemu_extra());
+        // No plugin: QEMU as the user would start it.
+        let t0 = Instant::now();
+        let mut child = Command::new(&args[0])
+            .args(&args[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut con = harness::Console::new(child.stdin.take(), child.stdout.take().unwrap());
+        con.wait_for("@READY", LONG);
+        plain.push(t0.elapsed().as_secs_f64());
+        let _ = child.kill();
+        let _ = child.wait();
+        // The plugin with the sites armed.
+        let t0 = Instant::now();
+        let mut g = hotprobe_guest::launch(
+            &args,
+            syms.clone(),
+            hotprobe_guest::LaunchOptions {
+                plugin: PluginConfig {
+                    max_sites: 16_384,
+                    ..PluginConfig::default()
+                },
+                stdin: Some(Stdio::piped()),
+                stdout: Some(Stdio::piped()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        g.qemu.kill_on_drop = true;
+        let mut con = harness::Console::new(
+            g.qemu.child.stdin.take(),
+            g.qemu.child.stdout.take().unwrap(),
+        );
+        let mut host = g.plugin;
+        let p = host
+            .add_probe(&PluginProbe {
+                delivery: Delivery::Count,
+                sites: sites.clone(),
+                enabled: true,
+                ..PluginProbe::default()
+            })
+            .unwrap();
+        host.freeze().unwrap();
+        let mut s = Session::new();
+        let t = s.add_target(Box::new(g.target), Some(Box::new(g.resolver)));
+        let _ = t;
+        s.start().unwrap();
+        con.wait_for("@READY", LONG);
+        armed.push(t0.elapsed().as_secs_f64());
+        hits.push(host.counts(p).hits);
+        drop(s);
+        g.qemu.kill();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    println!(
+        "boot to READY, s, median (min..max) of {rounds}: no plugin {:.2} ({:.2}..{:.2}); \
+         plugin, {} candidate sites armed (counting) {:.2} ({:.2}..{:.2}); ratio {:.3}; \
+         hits during boot {:?}",
+        median(&plain),
+        plain.iter().cloned().fold(f64::MAX, f64::min),
+        plain.iter().cloned().fold(0.0, f64::max),
+        sites.len(),
+        median(&armed),
+        armed.iter().cloned().fold(f64::MAX, f64::min),
+        armed.iter().cloned().fold(0.0, f64::max),
+        median(&armed) / median(&plain),
+        hits
+    );
+}
+
 /// `getppid n` on the console while the session handles the stub's hits.
-fn loop_stub(s: &mut Session, t: TargetId, con: &mut harness::Console, n: u64) -> f64 {
-    let marker = format!("@getppid {n} done");
-    con.send_line(&format!("getppid {n}"));
+fn loop_stub(s: &mut Session, t: TargetId, con: &mut harness::Console, n: u64) -> (f64, f64) {
+    let marker = format!("@timed {n} ns=");
+    con.send_line(&format!("timed {n}"));
     let t0 = Instant::now();
     loop {
         s.engine(t)
@@ -526,5 +686,8 @@ fn loop_stub(s: &mut Session, t: TargetId, con: &mut harness::Console, n: u64) -
             break;
         }
     }
-    t0.elapsed().as_secs_f64() * 1e3
+    let host = t0.elapsed().as_secs_f64() * 1e3;
+    let line = con.wait_for("\n", LONG);
+    let ns: f64 = String::from_utf8_lossy(&line).trim().parse().unwrap();
+    (host, ns / 1e6)
 }

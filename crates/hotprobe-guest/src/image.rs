@@ -10,6 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
+use hotprobe_qemu::TaskLayout;
 use hotprobe_symbols::{KernelSymbols, SymbolError};
 
 /// Bumped when the cached text's meaning changes.
@@ -94,6 +95,53 @@ pub(crate) fn symbols_from_image_bytes(
         path: path.to_path_buf(),
         source,
     })
+}
+
+/// Where the kernel in the image at `path` keeps its current task (from its
+/// BTF, `hotprobe_kimage::task_offsets`), for the plugin's task fetches and
+/// filters; cached beside the symbols (the image is decompressed once).
+pub fn task_layout_from_kernel_image(path: &Path) -> Result<TaskLayout, ImageSymbolsError> {
+    let bytes = std::fs::read(path).map_err(|source| ImageSymbolsError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let cache = default_cache_dir().map(|d| d.join(format!("task-{}", cache_name(&bytes))));
+    if let Some(text) = cache.as_ref().and_then(|f| std::fs::read_to_string(f).ok()) {
+        let v: Vec<u64> = text
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        if let [current, pid, tgid, comm] = v[..] {
+            return Ok(layout(current, pid, tgid, comm));
+        }
+    }
+    let o = hotprobe_kimage::task_offsets(&bytes).map_err(|source| ImageSymbolsError::Image {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if let Some(f) = &cache {
+        if let Some(dir) = f.parent() {
+            let tmp = dir.join(format!(".tmp-task-{}", std::process::id()));
+            let text = format!("{} {} {} {}\n", o.current, o.pid, o.tgid, o.comm);
+            let ok = std::fs::create_dir_all(dir).is_ok()
+                && std::fs::write(&tmp, text).is_ok()
+                && std::fs::rename(&tmp, f).is_ok();
+            if !ok {
+                let _ = std::fs::remove_file(&tmp);
+            }
+        }
+    }
+    Ok(layout(o.current, o.pid, o.tgid, o.comm))
+}
+
+fn layout(current: u64, pid: u64, tgid: u64, comm: u64) -> TaskLayout {
+    TaskLayout {
+        current,
+        pid: pid as u32,
+        tgid: tgid as u32,
+        comm: comm as u32,
+        _pad: 0,
+    }
 }
 
 /// `$XDG_CACHE_HOME/hotprobe`, else `$HOME/.cache/hotprobe`.

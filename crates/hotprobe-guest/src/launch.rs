@@ -24,6 +24,10 @@ pub struct LaunchOptions {
     /// QEMU's shared RAM file (`memory-backend-file`), if the command line
     /// has one: handlers read guest memory without the stub.
     pub ram_file: Option<std::path::PathBuf>,
+    /// Where the guest kernel keeps its current task
+    /// ([`crate::task_layout_from_kernel_image`]): the plugin's task fetches
+    /// and the task of exit events.
+    pub task_layout: Option<hotprobe_qemu::TaskLayout>,
 }
 
 /// A guest started by [`launch`]: give `target`, `resolver` and `plugin`
@@ -60,7 +64,10 @@ pub fn launch(
     symbols: KernelSymbols,
     opts: LaunchOptions,
 ) -> Result<LaunchedGuest, LaunchError> {
-    let plugin = PluginHost::create(opts.plugin)?;
+    let mut plugin = PluginHost::create(opts.plugin)?;
+    if let Some(l) = opts.task_layout {
+        plugin.set_task_layout(l)?;
+    }
     let mut cmd = QemuCommand::new(argv)?;
     if let Some(s) = opts.stdin {
         cmd = cmd.stdin(s);

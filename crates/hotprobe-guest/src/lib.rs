@@ -15,6 +15,7 @@
 //! - [`image`]: [`symbols_from_kernel_image`], the kernel's symbols from the
 //!   bzImage QEMU boots (`hotprobe-kimage`), cached.
 //!
+//! - [`syscalls`]: decoding Linux system calls for `hotprobe guest syscalls`.
 //! - [`launch`]: starts a guest with hotprobe's QEMU plugin (`hotprobe_qemu`)
 //!   and its stub, for `hotprobe::Session::add_plugin_guest`.
 //!
@@ -28,10 +29,13 @@ pub mod launch;
 pub mod mem;
 pub mod resolver;
 pub mod rsp;
+pub mod syscalls;
 pub mod target;
 
 pub use client::{GdbClient, GdbError};
-pub use image::{is_kernel_image, symbols_from_kernel_image, ImageSymbolsError};
+pub use image::{
+    is_kernel_image, symbols_from_kernel_image, task_layout_from_kernel_image, ImageSymbolsError,
+};
 pub use launch::{launch, LaunchError, LaunchOptions, LaunchedGuest};
 pub use mem::{MemError, RamFile, Translation};
 pub use resolver::{load_symbols, open_guest, text_bounds, KernelResolver};

@@ -395,3 +395,91 @@ fn plugin_probes_through_the_session() {
     assert!(g.qemu.wait_timeout(Duration::from_secs(30)).is_some());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A guest started with the plugin, its console ours.
+fn launch_guest(tag: &str) -> (hotprobe_guest::LaunchedGuest, Console, std::path::PathBuf) {
+    let (syms, _) = load_symbols(&harness::kallsyms_cached()).unwrap();
+    let dir = std::env::temp_dir().join(format!("hp-plugin-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut g = launch(
+        &harness::qemu_args(&dir, "rdinit=/workload"),
+        syms,
+        LaunchOptions {
+            stdin: Some(Stdio::piped()),
+            stdout: Some(Stdio::piped()),
+            ..LaunchOptions::default()
+        },
+    )
+    .unwrap();
+    g.qemu.kill_on_drop = true;
+    let con = Console::new(
+        g.qemu.child.stdin.take(),
+        g.qemu.child.stdout.take().unwrap(),
+    );
+    (g, con, dir)
+}
+
+/// Two guests in one session, each with its plugin: each count is its own
+/// guest's calls; killing one QEMU leaves the other and the session
+/// healthy (its probes count on, the session ends when the second one
+/// powers off).
+#[test]
+fn two_guests_in_one_session() {
+    if let Some(why) = harness::missing_prerequisite() {
+        eprintln!("\n!!!!!!!! SKIPPED two_guests_in_one_session: {why} !!!!!!!!\n");
+        return;
+    }
+    let (ga, mut con_a, dir_a) = launch_guest("two-a");
+    let (gb, mut con_b, dir_b) = launch_guest("two-b");
+    let mut qemu_a = ga.qemu;
+    let mut qemu_b = gb.qemu;
+    let mut s = Session::new();
+    let ta = s.add_plugin_guest(Box::new(ga.target), Some(Box::new(ga.resolver)), ga.plugin);
+    let tb = s.add_plugin_guest(Box::new(gb.target), Some(Box::new(gb.resolver)), gb.plugin);
+    let off = PluginOptions {
+        enabled: false,
+        ..PluginOptions::default()
+    };
+    let ca = add(&mut s, ta, "__x64_sys_getppid", Action::Count, &off);
+    let cb = add(&mut s, tb, "__x64_sys_getppid", Action::Count, &off);
+    let sync = PluginOptions {
+        delivery: Delivery::Sync,
+        ..off.clone()
+    };
+    let rb = add(&mut s, tb, "__x64_sys_getppid", Action::Record, &sync);
+    s.start().unwrap();
+    let mut sink = Collect::default();
+    run_until(&mut s, &mut con_a, &mut sink, "@READY");
+    run_until(&mut s, &mut con_b, &mut sink, "@READY");
+    for id in [ca, cb, rb] {
+        s.set_enabled(id, true).unwrap();
+    }
+    con_a.send_line("getppid 300");
+    con_b.send_line("getppid 500");
+    run_until(&mut s, &mut con_a, &mut sink, "@getppid 300 done");
+    run_until(&mut s, &mut con_b, &mut sink, "@getppid 500 done");
+    let hits = |s: &Session, id| s.stats(id).unwrap().hits;
+    assert_eq!(hits(&s, ca), 300, "guest A's count");
+    assert_eq!(hits(&s, cb), 500, "guest B's count");
+    assert_eq!(sink.of(rb, KIND_ENTRY).len(), 500, "guest B's events");
+
+    // Guest A dies; B and the session go on.
+    qemu_a.kill();
+    con_b.send_line("getppid 200");
+    run_until(&mut s, &mut con_b, &mut sink, "@getppid 200 done");
+    assert_eq!(hits(&s, cb), 700, "guest B counts on after A died");
+    assert_eq!(sink.of(rb, KIND_ENTRY).len(), 700);
+    assert_eq!(sink.of(rb, KIND_EXIT).len(), 700);
+    assert_eq!(hits(&s, ca), 300, "guest A's count is kept");
+    let notices = s.take_notices();
+    eprintln!("notices after A died: {notices:?}");
+    assert_eq!(s.plugin_stats(tb).unwrap().sync_timeouts, 0);
+
+    con_b.send_line("exit");
+    let wake = AtomicBool::new(false);
+    let end = s.run_with(&wake, Some(&mut sink)).unwrap();
+    assert_eq!(end, RunEnd::AllExited, "both guests gone: the stream ends");
+    assert!(qemu_b.wait_timeout(Duration::from_secs(30)).is_some());
+    let _ = std::fs::remove_dir_all(&dir_a);
+    let _ = std::fs::remove_dir_all(&dir_b);
+}

@@ -22,6 +22,7 @@
 
 #![warn(missing_docs)]
 
+pub mod btf;
 pub mod bzimage;
 pub mod decompress;
 pub mod elf;
@@ -145,6 +146,9 @@ pub enum Error {
         /// What the parser said.
         reason: String,
     },
+    /// The kernel's BTF.
+    #[error(transparent)]
+    Btf(btf::BtfError),
     /// A kallsyms table was not found (or not consistent).
     #[error("kallsyms: {what} not found{}", if detail.is_empty() { String::new() } else { format!(" ({detail})") })]
     KallsymsNotFound {
@@ -153,6 +157,24 @@ pub enum Error {
         /// What was tried.
         detail: String,
     },
+}
+
+/// Where the kernel of an image (bzImage or ELF vmlinux) keeps its current
+/// task and the task's pid, tgid and comm, from the vmlinux's BTF.
+pub fn task_offsets(image: &[u8]) -> Result<btf::TaskOffsets, Error> {
+    let of_vmlinux = |v: &[u8]| -> Result<btf::TaskOffsets, Error> {
+        let blob = btf::btf_section(v).map_err(Error::Btf)?;
+        let b = btf::Btf::parse(blob).map_err(Error::Btf)?;
+        btf::task_offsets(&b).map_err(Error::Btf)
+    };
+    if is_bzimage(image) {
+        let bz = BzImage::parse(image)?;
+        return of_vmlinux(&bz.decompress()?);
+    }
+    if image.starts_with(b"\x7fELF") {
+        return of_vmlinux(image);
+    }
+    Err(Error::NotKernelImage)
 }
 
 /// Kernel symbols from the bytes of a kernel image: a bzImage (its payload

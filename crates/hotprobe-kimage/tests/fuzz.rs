@@ -213,3 +213,57 @@ fn mutated_debian_image() {
     });
     eprintln!("{n1} mutated image heads, {n2} mutated kallsyms regions");
 }
+
+/// A small valid BTF: int, `struct task_struct { int pid; int tgid; int
+/// comm; }` (bitfield offsets), an anonymous union in it, a variable and a
+/// `.data..percpu` section holding it.
+fn btf_seed() -> Vec<u8> {
+    let strings = b"\0int\0task_struct\0pid\0tgid\0comm\0current_task\0.data..percpu\0";
+    let s = |n: &str| {
+        let pat = [n.as_bytes(), b"\0"].concat();
+        strings.windows(pat.len()).position(|w| w == pat).unwrap() as u32
+    };
+    let mut t: Vec<u32> = vec![s("int"), 1 << 24, 4, 32];
+    t.extend([s("task_struct"), 4 << 24 | 1 << 31 | 4, 32]);
+    t.extend([s("pid"), 1, 0, s("tgid"), 1, 32, s("comm"), 1, 64, 0, 3, 96]);
+    t.extend([0, 5 << 24 | 1, 4, s("comm"), 1, 0]);
+    t.extend([s("current_task"), 14 << 24, 1, 1]);
+    t.extend([s(".data..percpu"), 15 << 24 | 1, 64, 4, 8, 8]);
+    let types: Vec<u8> = t.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut b = vec![0x9f, 0xeb, 1, 0];
+    for v in [
+        24u32,
+        0,
+        types.len() as u32,
+        types.len() as u32,
+        strings.len() as u32,
+    ] {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    b.extend_from_slice(&types);
+    b.extend_from_slice(strings);
+    b
+}
+
+#[test]
+fn mutated_btf() {
+    use hotprobe_kimage::btf::{task_offsets, Btf};
+    let seed = btf_seed();
+    let b = Btf::parse(&seed).expect("the seed parses");
+    let o = task_offsets(&b).expect("the seed has the offsets");
+    assert_eq!((o.current, o.pid, o.tgid, o.comm), (8, 0, 4, 8));
+    let mut r = Rng(0x5eed_0b7f);
+    let n = run_for(Duration::from_secs(2), 2000, |i| {
+        let mut v = seed.clone();
+        // The header and the type records decide everything.
+        mutate(&mut r, &mut v, &[(0, 24), (24, 24 + 120), (24, seed.len())]);
+        check("btf", i, &v, |d| {
+            if let Ok(b) = Btf::parse(d) {
+                let _ = task_offsets(&b);
+                let _ = b.member_offset("task_struct", "comm");
+                let _ = b.var_offset(".data..percpu", "current_task");
+            }
+        });
+    });
+    eprintln!("{n} mutated BTF blobs");
+}

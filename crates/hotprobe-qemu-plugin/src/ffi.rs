@@ -133,6 +133,7 @@ extern "C" {
     ) -> c_int;
     pub fn qemu_plugin_read_memory_vaddr(addr: u64, data: *mut GByteArray, len: usize) -> bool;
     pub fn qemu_plugin_outs(s: *const c_char);
+    pub fn qemu_plugin_request_time_control() -> *const c_void;
 
     pub fn g_byte_array_new() -> *mut GByteArray;
     pub fn g_byte_array_set_size(array: *mut GByteArray, length: c_uint) -> *mut GByteArray;

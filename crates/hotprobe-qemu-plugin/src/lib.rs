@@ -43,9 +43,10 @@ use std::time::Duration;
 use ffi::*;
 use hotprobe_abi::plugin::{is_return_insn, same_kernel_stack};
 use hotprobe_abi::plugin::{
-    Fetch, PluginEvent, PluginShm, ProbeCounters, Reg, StringFetch, DELIVER_ASYNC, DELIVER_COUNT,
-    DELIVER_SYNC, EV_ENTRY, EV_EXIT, EV_HIT, MAX_VALUES, MBOX_ANSWERED, MBOX_FREE, MBOX_POSTED,
-    NO_FILTER, N_REGS, PLUGIN_EXITED, PLUGIN_INSTALLED, PROBE_RETURN,
+    Fetch, PluginEvent, PluginShm, ProbeCounters, Reg, StringFetch, TaskField, TaskLayout,
+    DELIVER_ASYNC, DELIVER_COUNT, DELIVER_SYNC, EV_ENTRY, EV_EXIT, EV_HIT, MAX_VALUES,
+    MBOX_ANSWERED, MBOX_FREE, MBOX_POSTED, NO_FILTER, N_REGS, PLUGIN_EXITED, PLUGIN_INSTALLED,
+    PROBE_RETURN,
 };
 
 /// The plugin API version this plugin is built against (QEMU 10.0 speaks 4).
@@ -84,6 +85,8 @@ struct Tables {
     /// Userdata of `ret` callbacks, per (instruction, probe), made as the
     /// plugin finds them.
     ret_data: Mutex<HashMap<(u64, u32), usize>>,
+    /// The guest's current-task layout (copied at the freeze).
+    task: TaskLayout,
 }
 
 // SAFETY: the raw pointers are leaked, immutable CbData.
@@ -96,6 +99,10 @@ unsafe impl Sync for Tables {}
 struct Instance {
     /// rsp at entry: the address of the return address.
     sp: u64,
+    /// The current task at entry (0 without a task layout): a `ret` at the
+    /// same rsp in another task (a dead task's stack reused) is not this
+    /// call's return.
+    task: u64,
 }
 
 /// Per-vCPU state, touched only by that vCPU's thread.
@@ -103,6 +110,10 @@ struct Vcpu {
     buf: *mut GByteArray,
     /// Live instances per probe.
     live: Vec<Vec<Instance>>,
+    /// Probes with live instances.
+    live_probes: Vec<u32>,
+    /// Live instances of every probe.
+    total: usize,
     data: Vec<u8>,
 }
 
@@ -121,6 +132,10 @@ struct Plugin {
     vcpus: Box<[VcpuCell]>,
     smp_vcpus: u32,
     inited: AtomicU32,
+    /// QEMU's time-control handle, when `HOTPROBE_PLUGIN_TIME_CONTROL=1`
+    /// asked for it (an experiment, see docs/DESIGN.md "Guest time"): held,
+    /// never used to move the clock (QEMU only moves it forward).
+    _time_control: usize,
 }
 
 // SAFETY: the scoreboard pointer is QEMU's, valid for the plugin's life;
@@ -263,11 +278,15 @@ impl Plugin {
         }
         ranges.sort();
         let ret_data = Mutex::new(HashMap::new());
+        // SAFETY: hotprobe wrote it before the freeze (Acquire above) and
+        // never after.
+        let task = unsafe { std::ptr::addr_of!(h.task).read_volatile() };
         Tables {
             probes,
             entry,
             ranges,
             ret_data,
+            task,
         }
     }
 
@@ -287,6 +306,8 @@ impl Plugin {
             *slot = Some(Vcpu {
                 buf,
                 live: vec![Vec::new(); self.max_probes],
+                live_probes: Vec::new(),
+                total: 0,
                 data: vec![0u8; self.shm.data_cap()],
             });
         }
@@ -478,6 +499,7 @@ impl Plugin {
         let is_ret = cfg.kind == PROBE_RETURN;
         let events = cfg.delivery != DELIVER_COUNT;
         let mut regs = [None; N_REGS];
+        let mut task = None;
         let mut ev = PluginEvent {
             probe,
             kind: if is_ret { EV_ENTRY } else { EV_HIT },
@@ -507,6 +529,7 @@ impl Plugin {
                         let base = ev.values[(index as usize).min(k.saturating_sub(1))];
                         self.load(st, base.wrapping_add(offset as i64 as u64), size)
                     }
+                    Fetch::Task(f) => self.task_field(st, &mut regs, &mut task, f),
                 };
             }
             ev.nvalues = cfg.fetch.len() as u8;
@@ -527,6 +550,7 @@ impl Plugin {
         }
         if is_ret {
             let sp = self.reg(st, &mut regs, Reg::Rsp);
+            let cur = self.current_task(st, &mut regs, &mut task);
             let live = &mut st.live[probe as usize];
             // An instance on this stack at or below this one was abandoned.
             let before = live.len();
@@ -536,16 +560,11 @@ impl Plugin {
                 add(&c.nmissed, dropped as u64);
             }
             if live.len() < cfg.maxactive {
-                live.push(Instance { sp });
+                live.push(Instance { sp, task: cur });
             } else {
                 bump(&c.nmissed);
             }
-            let n = live.len() as u64;
-            // SAFETY: our vCPU's own depth entry.
-            unsafe {
-                self.score_entry(v, self.max_probes + probe as usize)
-                    .write_volatile(n)
-            };
+            self.set_depth(v, st, probe, before);
         }
         if events {
             ev.pc = pc;
@@ -556,7 +575,111 @@ impl Plugin {
         }
     }
 
+    /// The guest's current `task_struct *` (`*(gs_base + layout.current)`),
+    /// read once per callback (`cache`); 0 without a layout.
+    fn current_task(
+        &self,
+        st: &Vcpu,
+        regs: &mut [Option<u64>; N_REGS],
+        cache: &mut Option<u64>,
+    ) -> u64 {
+        if let Some(t) = *cache {
+            return t;
+        }
+        let l = self.task_layout();
+        let t = if l.is_known() {
+            let gs = self.reg(st, regs, Reg::GsBase);
+            self.load(st, gs.wrapping_add(l.current), 8)
+        } else {
+            0
+        };
+        *cache = Some(t);
+        t
+    }
+
+    fn task_layout(&self) -> TaskLayout {
+        self.tables.get().map(|t| t.task).unwrap_or_default()
+    }
+
+    /// A field of the current task ([`Fetch::Task`]); 0 without a layout.
+    fn task_field(
+        &self,
+        st: &Vcpu,
+        regs: &mut [Option<u64>; N_REGS],
+        cache: &mut Option<u64>,
+        f: TaskField,
+    ) -> u64 {
+        let t = self.current_task(st, regs, cache);
+        if t == 0 {
+            return 0;
+        }
+        let l = self.task_layout();
+        match f {
+            TaskField::Pointer => t,
+            TaskField::Pid => self.load(st, t.wrapping_add(l.pid as u64), 4),
+            TaskField::Tgid => self.load(st, t.wrapping_add(l.tgid as u64), 4),
+            TaskField::Comm => self.load(st, t.wrapping_add(l.comm as u64), 8),
+        }
+    }
+
+    /// Publishes probe `probe`'s live-instance count on vCPU `v` (its
+    /// scoreboard depth gating the in-range `ret` callbacks) and keeps the
+    /// vCPU's total (gating the `ret` callbacks elsewhere, for returns
+    /// through a tail call). `before` is the count before the change.
+    fn set_depth(&self, v: u32, st: &mut Vcpu, probe: u32, before: usize) {
+        let n = st.live[probe as usize].len();
+        if (before == 0) != (n == 0) {
+            if n == 0 {
+                st.live_probes.retain(|p| *p != probe);
+            } else {
+                st.live_probes.push(probe);
+            }
+        }
+        st.total = (st.total + n).saturating_sub(before);
+        // SAFETY: our vCPU's own depth entries.
+        unsafe {
+            self.score_entry(v, self.max_probes + probe as usize)
+                .write_volatile(n as u64);
+            self.score_entry(v, 2 * self.max_probes)
+                .write_volatile(st.total as u64);
+        }
+    }
+
     fn on_return(&self, v: u32, probe: u32, pc: u64) {
+        // SAFETY: a callback on vCPU `v`'s thread; one live reference.
+        let Some(st) = (unsafe { self.vcpu(v) }) else {
+            return;
+        };
+        let sp = self.read_reg(st, Reg::Rsp);
+        self.finish_return(v, st, probe, pc, sp);
+    }
+
+    /// A `ret` outside every return probe's function while some instance
+    /// is live on this vCPU: the return of a function that tail-called
+    /// out of the probed one (its `ret` is the probed call's return when
+    /// rsp is the entry's).
+    fn on_any_return(&self, v: u32, pc: u64) {
+        // SAFETY: a callback on vCPU `v`'s thread; one live reference.
+        let Some(st) = (unsafe { self.vcpu(v) }) else {
+            return;
+        };
+        let sp = self.read_reg(st, Reg::Rsp);
+        let mut k = 0;
+        while k < st.live_probes.len() {
+            let p = st.live_probes[k];
+            if st.live[p as usize].iter().any(|i| i.sp == sp) {
+                self.finish_return(v, st, p, pc, sp);
+                // The list may have shrunk: look at the same index again.
+                if st.live_probes.get(k) == Some(&p) {
+                    k += 1;
+                }
+            } else {
+                k += 1;
+            }
+        }
+    }
+
+    fn finish_return(&self, v: u32, st: &mut Vcpu, probe: u32, pc: u64, sp: u64) {
         let Some(t) = self.tables.get() else { return };
         let Some(cfg) = t.probes.get(probe as usize) else {
             return;
@@ -564,16 +687,21 @@ impl Plugin {
         let Some(c) = self.counters(v, probe) else {
             return;
         };
-        // SAFETY: a callback on vCPU `v`'s thread; one live reference.
-        let Some(st) = (unsafe { self.vcpu(v) }) else {
+        let Some(k) = st.live[probe as usize].iter().position(|i| i.sp == sp) else {
             return;
         };
-        let sp = self.read_reg(st, Reg::Rsp);
+        let want = st.live[probe as usize][k].task;
+        let mut regs = [None; N_REGS];
+        let stale = want != 0 && self.current_task(st, &mut regs, &mut None) != want;
         let live = &mut st.live[probe as usize];
-        let Some(k) = live.iter().position(|i| i.sp == sp) else {
-            return;
-        };
+        let before_all = live.len();
         live.remove(k);
+        if stale {
+            // The task that made the call is gone (its stack reused).
+            bump(&c.nmissed);
+            self.set_depth(v, st, probe, before_all);
+            return;
+        }
         // Deeper instances on the same stack were abandoned (a frame left
         // without its ret: a tail call out, an exception fixup).
         let before = live.len();
@@ -582,27 +710,24 @@ impl Plugin {
         if dropped > 0 {
             add(&c.nmissed, dropped as u64);
         }
-        let n = live.len() as u64;
-        // SAFETY: our vCPU's own depth entry.
-        unsafe {
-            self.score_entry(v, self.max_probes + probe as usize)
-                .write_volatile(n)
-        };
+        self.set_depth(v, st, probe, before_all);
         bump(&c.returns);
         if cfg.delivery != DELIVER_COUNT {
+            let mut regs = [None; N_REGS];
+            let pid = self.task_field(st, &mut regs, &mut None, TaskField::Pid);
             let ev = PluginEvent {
                 tsc: hotprobe_abi::rdtsc(),
                 probe,
                 kind: EV_EXIT,
-                nvalues: 2,
+                nvalues: 4,
                 vcpu: v,
                 cr3: self.read_reg(st, Reg::Cr3),
                 pc,
                 values: [
                     self.read_reg(st, Reg::Rax),
                     self.read_reg(st, Reg::Rdx),
-                    0,
-                    0,
+                    sp,
+                    pid,
                     0,
                     0,
                 ],
@@ -627,6 +752,12 @@ extern "C" fn entry_cb(vcpu: c_uint, ud: *mut c_void) {
     let cb = unsafe { &*(ud as *const CbData) };
     if let Some(p) = PLUGIN.get() {
         p.on_entry(vcpu, cb.probe, cb.vaddr);
+    }
+}
+
+extern "C" fn any_ret_cb(vcpu: c_uint, ud: *mut c_void) {
+    if let Some(p) = PLUGIN.get() {
+        p.on_any_return(vcpu, ud as u64);
     }
 }
 
@@ -689,8 +820,39 @@ extern "C" fn vcpu_tb_trans(_id: qemu_plugin_id_t, tb: *mut qemu_plugin_tb) {
         if t.ranges.is_empty() {
             continue;
         }
-        let idx = t.ranges.partition_point(|r| r.0 <= va);
         let mut bytes: Option<[u8; 8]> = None;
+        // Every kernel return: a probed call that tail-called out returns
+        // through another function's `ret` (gated by the vCPU's count of
+        // live instances: free while none is live).
+        if va >= 0xffff_8000_0000_0000 {
+            let b = *bytes.get_or_insert_with(|| {
+                let mut b = [0u8; 8];
+                // SAFETY: valid handle; copies at most 8 bytes.
+                unsafe { qemu_plugin_insn_data(insn, b.as_mut_ptr() as *mut c_void, 8) };
+                b
+            });
+            // SAFETY: valid handle.
+            let size = unsafe { qemu_plugin_insn_size(insn) }.min(8);
+            if is_return_insn(&b[..size], va, thunk) {
+                // SAFETY: valid handle, our scoreboard; the userdata is
+                // the address itself.
+                unsafe {
+                    qemu_plugin_register_vcpu_insn_exec_cond_cb(
+                        insn,
+                        any_ret_cb,
+                        QEMU_PLUGIN_CB_R_REGS,
+                        QEMU_PLUGIN_COND_GT,
+                        p.u64_entry(2 * p.max_probes),
+                        0,
+                        va as *mut c_void,
+                    )
+                };
+                h.instrumented.fetch_add(1, Relaxed);
+                // The in-range callbacks below would find nothing left.
+                continue;
+            }
+        }
+        let idx = t.ranges.partition_point(|r| r.0 <= va);
         for &(s, e, probe) in t.ranges[..idx].iter().rev() {
             if va < s || va >= e {
                 continue;
@@ -877,7 +1039,7 @@ pub unsafe extern "C" fn qemu_plugin_install(
     let max_probes = shm.layout().params.max_probes as usize;
     let max_vcpus = shm.layout().params.max_vcpus as usize;
     // SAFETY: QEMU's API, during install.
-    let score = unsafe { qemu_plugin_scoreboard_new(16 * max_probes) };
+    let score = unsafe { qemu_plugin_scoreboard_new(16 * max_probes + 8) };
     let h = shm.header();
     h.qemu_api.store(info.version_cur as u32, Relaxed);
     // SAFETY: getpid has no preconditions.
@@ -894,6 +1056,19 @@ pub unsafe extern "C" fn qemu_plugin_install(
             .collect(),
         smp_vcpus: info.smp_vcpus.max(1) as u32,
         inited: AtomicU32::new(0),
+        _time_control: if std::env::var_os("HOTPROBE_PLUGIN_TIME_CONTROL").is_some_and(|v| v == "1")
+        {
+            // SAFETY: QEMU's API, during install.
+            let h = unsafe { qemu_plugin_request_time_control() };
+            say(if h.is_null() {
+                "time control refused (another plugin has it)"
+            } else {
+                "time control granted"
+            });
+            h as usize
+        } else {
+            0
+        },
     };
     if PLUGIN.set(plugin).is_err() {
         say("loaded twice");

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hotprobe_abi::plugin::{
-    Fetch, PluginEvent, PluginParams, PluginShm, SiteDef, StringFetch, DELIVER_ASYNC,
+    Fetch, PluginEvent, PluginParams, PluginShm, SiteDef, StringFetch, TaskLayout, DELIVER_ASYNC,
     DELIVER_COUNT, DELIVER_SYNC, MAX_VALUES, MBOX_ANSWERED, MBOX_POSTED, NO_FILTER,
     PLUGIN_INSTALLED, PROBE_ENTRY, PROBE_RETURN,
 };
@@ -367,6 +367,20 @@ impl PluginHost {
         // SAFETY: before the freeze the plugin reads nothing but the
         // frozen flag; a plain field of our mapping.
         unsafe { std::ptr::addr_of_mut!((*h).return_thunk).write_volatile(addr) };
+        Ok(())
+    }
+
+    /// Where the guest kernel keeps its current task (for
+    /// [`Fetch::Task`](hotprobe_abi::plugin::Fetch::Task) and the task of
+    /// exit events); before the freeze.
+    pub fn set_task_layout(&mut self, layout: TaskLayout) -> Result<(), PluginError> {
+        if self.frozen {
+            return Err(PluginError::Refused("the plugin's sites are frozen".into()));
+        }
+        let h = self.m.ptr as *mut hotprobe_abi::plugin::PluginHeader;
+        // SAFETY: before the freeze the plugin reads nothing but the
+        // frozen flag; a plain field of our mapping.
+        unsafe { std::ptr::addr_of_mut!((*h).task).write_volatile(layout) };
         Ok(())
     }
 

@@ -21,7 +21,7 @@ pub use host::{
     Delivery, PluginConfig, PluginCounts, PluginHost, PluginProbe, PluginStats, SyncHandler,
     SyncStats,
 };
-pub use hotprobe_abi::plugin::{Fetch, PluginEvent, Reg, StringFetch};
+pub use hotprobe_abi::plugin::{Fetch, PluginEvent, Reg, StringFetch, TaskField, TaskLayout};
 pub use launch::{QemuCommand, QemuProcess};
 
 use std::path::PathBuf;
