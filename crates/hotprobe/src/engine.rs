@@ -290,6 +290,18 @@ impl Engine {
         })
     }
 
+    /// What a handler context outside the engine's probes needs (the
+    /// session's watchpoints): the target, the stop flag, the symbolizer.
+    pub(crate) fn handler_parts(
+        &mut self,
+    ) -> (&mut dyn Target, &mut bool, Option<&dyn Symbolizer>) {
+        (
+            self.target.as_mut(),
+            &mut self.stop,
+            self.symbolizer.as_deref(),
+        )
+    }
+
     /// Set the symbolizer handlers use.
     pub fn set_symbolizer(&mut self, s: Box<dyn Symbolizer>) {
         self.symbolizer = Some(s);
@@ -768,6 +780,12 @@ impl Engine {
             }
             TargetEvent::Stepped { thread, regs } => self.on_stepped(thread, regs),
             TargetEvent::ThreadCreated(_) => Ok(()),
+            // Watchpoints are the session's ([`crate::Session::watch`]);
+            // an engine on its own lets the thread run on.
+            TargetEvent::Watchpoint { thread, .. } => {
+                self.target.resume(thread, ResumeMode::Continue)?;
+                Ok(())
+            }
             TargetEvent::ThreadExited(t) => {
                 self.drop_thread(t);
                 Ok(())
@@ -925,6 +943,7 @@ impl Engine {
                 symbolizer: self.symbolizer.as_deref(),
                 entry,
                 fetch_error: RefCell::new(None),
+                watch: None,
             };
             f(&mut ctx);
             ctx.fetch_error.into_inner()

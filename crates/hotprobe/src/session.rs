@@ -19,6 +19,11 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+// Watchpoints (`Session::watch`): a child module for the session's fields,
+// in a file of its own.
+#[path = "watch.rs"]
+pub(crate) mod watch;
+
 pub use hotprobe_fastpath::{MechanismChoice, PatchKind};
 
 /// Identifies a target in a [`Session`].
@@ -488,6 +493,8 @@ pub struct Session {
     config: SessionConfig,
     /// Options of plugin probes being added (see [`Session::add_plugin`]).
     plugin_options: Option<PluginOptions>,
+    /// Hardware watchpoints ([`Session::watch`]).
+    watches: watch::Watches,
 }
 
 /// Where a resolved site goes.
@@ -515,6 +522,7 @@ impl Session {
             slots: Vec::new(),
             config,
             plugin_options: None,
+            watches: watch::Watches::default(),
         }
     }
 
@@ -1614,6 +1622,9 @@ impl Session {
     /// A probe's counts per process: the process it was placed in, then
     /// each followed fork child that hit it.
     pub fn stats_by_process(&self, id: ProbeId) -> Option<Vec<(i32, ProbeStats)>> {
+        if let Some(w) = self.watch_probe_stats(id) {
+            return Some(w);
+        }
         let ri = (id.0 >> TARGET_SHIFT) as usize;
         let root = self.slots.get(ri)?;
         let trap = root
@@ -1975,7 +1986,18 @@ impl Session {
             }
             _ => {}
         }
+        if let TargetEvent::Watchpoint {
+            thread,
+            slots,
+            regs,
+        } = ev
+        {
+            return self.on_watchpoint(i, thread, slots, regs);
+        }
         let exec = matches!(ev, TargetEvent::Exec);
+        if exec {
+            self.watches_exec(i);
+        }
         if matches!(ev, TargetEvent::ModulesChanged { .. }) {
             self.refresh_pending(i);
             if let Some(pid) = self.slots[i].pid {
