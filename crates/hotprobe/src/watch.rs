@@ -29,9 +29,6 @@ use crate::handler::{Handler, HitRegs};
 use crate::{EngineError, HitContext, HitKind, ProbeId, ProbeStats};
 use hotprobe_process::{HwWatch, WATCH_SLOTS};
 use hotprobe_target::{Registers, RuntimeAddr, TargetError, ThreadId};
-use hotprobe_x86::iced_x86::{
-    Code, Instruction, InstructionInfoFactory, OpAccess, OpKind, Register,
-};
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
@@ -407,7 +404,7 @@ impl Session {
                 .and_then(|f| {
                     let mut code = vec![0u8; (pc_after - f.0) as usize];
                     target.read_memory(f, &mut code).ok()?;
-                    accessing_instruction(&code, f.0, &regs, w.hw.addr, w.hw.len)
+                    hotprobe_x86::data_access(&code, f.0, &regs, w.hw.addr, w.hw.len)
                 });
             let mut bytes = [0u8; 8];
             let memory =
@@ -490,119 +487,6 @@ impl Session {
     }
 }
 
-/// The instruction that made a watched access, as found by
-/// [`accessing_instruction`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Access {
-    addr: u64,
-    /// It writes the watched bytes.
-    writes: bool,
-    /// The value it wrote, where its operand says (a `mov` of a register
-    /// or an immediate).
-    written: Option<u64>,
-}
-
-/// The value of `reg` in `regs` after the access (`pc_after` for `rip`).
-fn register_value(regs: &Registers, reg: Register) -> Option<u64> {
-    match reg {
-        Register::RIP => return Some(regs.rip),
-        Register::FS => return Some(regs.fs_base),
-        Register::GS => return Some(regs.gs_base),
-        Register::ES | Register::CS | Register::SS | Register::DS => return Some(0),
-        _ => {}
-    }
-    let full = hotprobe_x86::Gpr::from_iced(reg.full_register())?.get(regs);
-    Some(match reg {
-        Register::AH | Register::BH | Register::CH | Register::DH => (full >> 8) & 0xff,
-        _ => mask(full, reg.size() as u8),
-    })
-}
-
-/// The instruction of `code` (a function's bytes from `start` up to the
-/// trap's `rip`, `start + code.len()`) that ends at the trap and accesses
-/// `addr..addr+len`, decoded forward from `start`; `None` if the sweep
-/// does not end exactly at the trap or the last instruction touches no
-/// watched byte. `regs` are the registers after the access.
-fn accessing_instruction(
-    code: &[u8],
-    start: u64,
-    regs: &Registers,
-    addr: u64,
-    len: u8,
-) -> Option<Access> {
-    let pc_after = start + code.len() as u64;
-    let last = *hotprobe_x86::instruction_starts(code, start).last()?;
-    let insn: Instruction = hotprobe_x86::decode(&code[(last - start) as usize..], last).ok()?;
-    if insn.next_ip() != pc_after {
-        return None;
-    }
-    let mut factory = InstructionInfoFactory::new();
-    let info = factory.info(&insn);
-    let watched = addr..addr + len as u64;
-    let mut writes = false;
-    let mut touches = false;
-    for m in info.used_memory() {
-        let Some(va) = m.try_virtual_address(0, |r, _, _| register_value(regs, r)) else {
-            continue;
-        };
-        let size = m.memory_size().size().max(1) as u64;
-        if va < watched.end && watched.start < va + size {
-            touches = true;
-            writes |= matches!(
-                m.access(),
-                OpAccess::Write
-                    | OpAccess::CondWrite
-                    | OpAccess::ReadWrite
-                    | OpAccess::ReadCondWrite
-            );
-        }
-    }
-    if !touches {
-        return None;
-    }
-    // A plain store of a register or an immediate: the value written is
-    // in the instruction (registers are unchanged by it), so it is this
-    // thread's even if another thread wrote the bytes since. Only when it
-    // covers the watched bytes exactly from their start.
-    let written = (writes
-        && matches!(
-            insn.code(),
-            Code::Mov_rm8_r8
-                | Code::Mov_rm16_r16
-                | Code::Mov_rm32_r32
-                | Code::Mov_rm64_r64
-                | Code::Mov_rm8_imm8
-                | Code::Mov_rm16_imm16
-                | Code::Mov_rm32_imm32
-                | Code::Mov_rm64_imm32
-        )
-        && insn.op0_kind() == OpKind::Memory)
-        .then(|| {
-            let va = info
-                .used_memory()
-                .first()?
-                .try_virtual_address(0, |r, _, _| register_value(regs, r))?;
-            let size = insn.memory_size().size() as u64;
-            if va != addr || size != len as u64 {
-                return None;
-            }
-            match insn.op1_kind() {
-                OpKind::Register => register_value(regs, insn.op1_register()),
-                OpKind::Immediate8
-                | OpKind::Immediate16
-                | OpKind::Immediate32
-                | OpKind::Immediate32to64 => Some(insn.immediate(1)),
-                _ => None,
-            }
-        })
-        .flatten();
-    Some(Access {
-        addr: last,
-        writes,
-        written,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -637,62 +521,5 @@ mod tests {
         assert!(WatchSpec::parse("1234", w).is_err());
         assert!(WatchSpec::parse(":4", w).is_err());
         assert!(WatchSpec::parse("", w).is_err());
-    }
-
-    #[test]
-    fn finds_the_rip_relative_store_and_its_value() {
-        // f: nop; mov eax, 7; mov [rip+0x1000], eax; (trap here)
-        let start = 0x40_0000u64;
-        let code = [
-            0x90, // nop
-            0xb8, 0x07, 0, 0, 0, // mov eax, 7
-            0x89, 0x05, 0x00, 0x10, 0, 0, // mov [rip+0x1000], eax
-        ];
-        let pc_after = start + code.len() as u64;
-        let regs = Registers {
-            rax: 7,
-            rip: pc_after,
-            ..Registers::default()
-        };
-        let a = accessing_instruction(&code, start, &regs, pc_after + 0x1000, 4).unwrap();
-        assert_eq!(a.addr, start + 6);
-        assert!(a.writes);
-        assert_eq!(a.written, Some(7));
-        // Another address: not this instruction's access.
-        assert_eq!(
-            accessing_instruction(&code, start, &regs, pc_after + 0x2000, 4),
-            None
-        );
-    }
-
-    #[test]
-    fn a_read_modify_write_gives_no_operand_value() {
-        // add dword [rip+0x10], 1
-        let start = 0x1000u64;
-        let code = [0x83, 0x05, 0x10, 0, 0, 0, 0x01];
-        let pc_after = start + code.len() as u64;
-        let regs = Registers {
-            rip: pc_after,
-            ..Registers::default()
-        };
-        let a = accessing_instruction(&code, start, &regs, pc_after + 0x10, 4).unwrap();
-        assert_eq!(a.addr, start);
-        assert!(a.writes);
-        assert_eq!(a.written, None);
-    }
-
-    #[test]
-    fn a_load_is_a_read() {
-        // mov eax, [rbx]
-        let start = 0x1000u64;
-        let code = [0x8b, 0x03];
-        let regs = Registers {
-            rbx: 0x5000,
-            rip: start + 2,
-            ..Registers::default()
-        };
-        let a = accessing_instruction(&code, start, &regs, 0x5000, 4).unwrap();
-        assert!(!a.writes);
-        assert_eq!(a.written, None);
     }
 }
