@@ -290,6 +290,18 @@ impl Engine {
         })
     }
 
+    /// The original code's address for `rip` in an out-of-line slot (the
+    /// probed instruction, or the one after it once it ran), `None`
+    /// outside scratch memory or at no such place.
+    pub(crate) fn original_of(&self, rip: u64) -> Option<u64> {
+        if !self.in_scratch(RuntimeAddr(rip)) {
+            return None;
+        }
+        self.sites
+            .iter()
+            .find_map(|(addr, s)| hotprobe_x86::slot_to_original(&s.plan, *addr, s.slot?.0, rip))
+    }
+
     /// What a handler context outside the engine's probes needs (the
     /// session's watchpoints): the target, the stop flag, the symbolizer.
     pub(crate) fn handler_parts(

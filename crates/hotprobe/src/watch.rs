@@ -12,7 +12,8 @@
 //!   reliable) and kept only if it ends exactly at `pc_after` and one of
 //!   its memory operands, computed with the registers after the access,
 //!   overlaps the watched bytes; `None` otherwise (no symbol, a jump's
-//!   target, an access in out-of-line code);
+//!   target). An access made out of line (a boosted trap probe on the
+//!   accessing instruction) is looked for in the original code;
 //! - `new`: for a `mov` of a register or an immediate into the watched
 //!   bytes, the value that instruction wrote (taken from its operand, so
 //!   another thread writing before this trap is handled does not change
@@ -396,15 +397,20 @@ impl Session {
             .iter_mut()
             .filter(|w| w.slot == i && fired & (1 << w.index) != 0)
         {
-            let (target, stop, symbolizer) = engine.handler_parts();
             let pc_after = regs.rip;
+            // An access made out of line (a boosted probe on the accessing
+            // instruction) is looked for in the original code.
+            let pc = engine.original_of(pc_after).unwrap_or(pc_after);
+            let mut at = regs;
+            at.rip = pc;
+            let (target, stop, symbolizer) = engine.handler_parts();
             let found = symbolizer
-                .and_then(|s| s.function_start(RuntimeAddr(pc_after)))
-                .filter(|f| f.0 < pc_after && pc_after - f.0 <= MAX_FUNCTION_DECODE)
+                .and_then(|s| s.function_start(RuntimeAddr(pc)))
+                .filter(|f| f.0 < pc && pc - f.0 <= MAX_FUNCTION_DECODE)
                 .and_then(|f| {
-                    let mut code = vec![0u8; (pc_after - f.0) as usize];
+                    let mut code = vec![0u8; (pc - f.0) as usize];
                     target.read_memory(f, &mut code).ok()?;
-                    hotprobe_x86::data_access(&code, f.0, &regs, w.hw.addr, w.hw.len)
+                    hotprobe_x86::data_access(&code, f.0, &at, w.hw.addr, w.hw.len)
                 });
             let mut bytes = [0u8; 8];
             let memory =

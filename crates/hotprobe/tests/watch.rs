@@ -319,3 +319,57 @@ fn attach_watch_detach_leaves_no_debug_register() {
     let st = child.wait().unwrap();
     assert!(st.success(), "target ended with {st}");
 }
+
+/// A trap probe on the very store the watchpoint sees: the store runs out
+/// of line, single-stepped (a post handler) or boosted (none). Every store
+/// is still reported once, by its thread, with its value, naming the
+/// original instruction (stepped, the step's trap carries the
+/// watchpoint's too; boosted, the trap comes in the slot).
+#[test]
+fn a_trap_probe_on_the_watched_store() {
+    for stepped in [true, false] {
+        let bin = program("watched", &["-O0", "-pthread"]);
+        let mut c = spawn(&bin, &["run"]);
+        let t = c.target;
+        let seen: Seen = Rc::default();
+        let probe_hits = Rc::new(RefCell::new(0u64));
+        let ph = probe_hits.clone();
+        let mut probe = Probe::new().pre(move |_| *ph.borrow_mut() += 1);
+        let post_runs = Rc::new(RefCell::new(0u64));
+        if stepped {
+            let pr = post_runs.clone();
+            probe = probe.post(move |_| *pr.borrow_mut() += 1);
+        }
+        // store: push rbp; mov rbp, rsp; mov [rbp-4], edi; mov eax, [rbp-4];
+        // mov [rip+counter], eax (at +0xa, gcc -O0).
+        let id = c.session.probe(t, "store+0xa", probe).unwrap();
+        let w = c
+            .session
+            .watch(
+                t,
+                WatchSpec::parse("counter", WatchKind::Write).unwrap(),
+                Action::Handler(recorder(&seen, None)),
+            )
+            .unwrap();
+        // Boosted, but a post handler makes each hit a single-step.
+        assert_eq!(c.session.execution_of(id), Some("boosted"));
+        c.session.start().unwrap();
+        assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+        let out = c.output();
+        assert_eq!(*probe_hits.borrow(), 100, "stepped: {stepped}");
+        assert_eq!(*post_runs.borrow(), if stepped { 100 } else { 0 });
+        assert_eq!(c.session.stats(id).unwrap().hits, 100);
+        assert_eq!(c.session.stats(w).unwrap().hits, 101, "stepped: {stepped}");
+        let ws = c.session.watch_stats(w).unwrap();
+        for (tid, n) in writers(&out).values() {
+            assert_eq!(ws.by_thread[&hotprobe::ThreadId(*tid)], *n, "{out}");
+        }
+        let main = out
+            .lines()
+            .find_map(|l| l.strip_prefix("round 1 main tid "))
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|t| t.parse().ok())
+            .unwrap();
+        check_round(&seen.borrow(), &out, main);
+    }
+}
