@@ -1079,7 +1079,12 @@ impl ProcessTarget {
         // A signal-delivery stop.
         if sig == libc::SIGTRAP {
             let hits = if self.watching() {
-                watch::take_hits(pid).map_err(|e| self.sys_err(e))?
+                match watch::take_hits(pid) {
+                    Ok(h) => h,
+                    // Killed meanwhile: its exit comes next.
+                    Err(e) if e.errno() == libc::ESRCH => 0,
+                    Err(e) => return Err(self.sys_err(e)),
+                }
             } else {
                 0
             };

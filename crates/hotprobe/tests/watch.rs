@@ -373,3 +373,31 @@ fn a_trap_probe_on_the_watched_store() {
         check_round(&seen.borrow(), &out, main);
     }
 }
+
+/// A watchpoint removed while the program runs (its threads are stopped
+/// for it and resumed): no hit after, the program runs to its end.
+#[test]
+fn unwatch_while_running() {
+    let bin = program("watched", &["-O0", "-pthread"]);
+    let mut c = spawn(&bin, &["run"]);
+    let t = c.target;
+    let seen: Seen = Rc::default();
+    let id = c
+        .session
+        .watch(
+            t,
+            WatchSpec::parse("counter", WatchKind::Write).unwrap(),
+            Action::Handler(recorder(&seen, Some(5))),
+        )
+        .unwrap();
+    c.session.start().unwrap();
+    assert_eq!(c.session.run().unwrap(), RunEnd::Stopped);
+    c.session.unwatch(id).unwrap();
+    assert!(c.session.watch_stats(id).is_none());
+    assert!(c.session.unwatch(id).is_err(), "removed twice");
+    assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+    assert_eq!(seen.borrow().len(), 5);
+    let out = c.output();
+    assert_eq!(writers(&out).len(), 4, "{out}");
+    assert!(out.contains("round 1 main tid"), "{out}");
+}
