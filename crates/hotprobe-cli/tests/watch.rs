@@ -95,7 +95,7 @@ fn check_round(acc: &[Access], program: &str) {
             a.insn.starts_with("store+0x") || a.insn.starts_with("round_+0x"),
             "{a:?}"
         );
-        assert!(a.insn.ends_with("[watched]"), "{a:?}");
+        assert!(a.insn.contains(" [watched"), "{a:?}");
         assert_eq!(a.notes, "", "a store's value is its operand's: {a:?}");
     }
     assert_eq!(by.remove(&main), Some(vec![0]), "the main thread's store");
@@ -207,6 +207,42 @@ fn reads_with_read_and_refusals() {
             "run",
         ],
         "at most 4 watchpoints",
+    );
+}
+
+#[test]
+fn a_hex_address() {
+    use object::{Object, ObjectSymbol};
+    // Not position-independent: the variable's address is the file's.
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs/watched.c");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("watch");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = gcc(
+        &src,
+        &dir.join("watched-nopie"),
+        &["-O0", "-pthread", "-no-pie"],
+    );
+    let bytes = std::fs::read(&bin).unwrap();
+    let file = object::File::parse(&*bytes).unwrap();
+    let addr = file
+        .symbols()
+        .find(|s| s.name() == Ok("counter"))
+        .expect("counter in the symbol table")
+        .address();
+    let spec = format!("{addr:#x}:4");
+    let out = hotprobe_within(&["watch", &spec, "--", bin.to_str().unwrap(), "run"], LIMIT);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    let acc: Vec<Access> = stdout.lines().filter_map(parse_access).collect();
+    let program: String = stdout
+        .lines()
+        .filter(|l| l.starts_with("writer ") || l.starts_with("round "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    check_round(&acc, &program);
+    assert!(
+        stdout.contains(&format!("{spec}: 101 accesses")),
+        "{stdout}"
     );
 }
 
