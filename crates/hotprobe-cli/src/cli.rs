@@ -114,6 +114,10 @@ pub enum Cmd {
         /// Reads too (the CPU watches reads and writes together).
         #[arg(long)]
         read: bool,
+        /// Executions of the instruction at the address (a function or
+        /// `function+off`, or `0xADDR`) instead: a line before each.
+        #[arg(long, conflicts_with = "read")]
+        exec: bool,
         /// Attach to this running process.
         #[arg(short, long, value_name = "PID")]
         pid: Option<i32>,

@@ -148,6 +148,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Watch {
             watches,
             read,
+            exec,
             pid,
             duration: secs,
             cmd,
@@ -157,6 +158,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             watch::run(&watch::WatchOptions {
                 watches: &watches,
                 read,
+                exec,
                 pid,
                 cmd: &cmd,
                 duration,

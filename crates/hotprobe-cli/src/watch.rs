@@ -2,6 +2,9 @@
 //! variables or addresses of a process, a line per access, counts per
 //! thread at the end.
 //!
+//! With `--exec`, a line before each execution of the instruction (time,
+//! thread, instruction, `executed`).
+//!
 //! Each line: seconds since the start, the thread, the accessing
 //! instruction (`function+0xoff [module]`; when it cannot be told, `after`
 //! and the instruction following the access, where the CPU traps), and
@@ -30,6 +33,8 @@ pub struct WatchOptions<'a> {
     pub watches: &'a [String],
     /// `--read`: reads too.
     pub read: bool,
+    /// `--exec`: executions of an instruction instead.
+    pub exec: bool,
     /// Attach to this process.
     pub pid: Option<i32>,
     /// Or start this command.
@@ -40,7 +45,9 @@ pub struct WatchOptions<'a> {
 
 /// Run `watch`; returns hotprobe's exit code (the command's).
 pub fn run(o: &WatchOptions<'_>) -> Result<u8> {
-    let kind = if o.read {
+    let kind = if o.exec {
+        WatchKind::Execute
+    } else if o.read {
         WatchKind::ReadWrite
     } else {
         WatchKind::Write
@@ -81,6 +88,14 @@ pub fn run(o: &WatchOptions<'_>) -> Result<u8> {
             } else {
                 String::new()
             };
+            if w.kind == WatchKind::Execute {
+                outln!(
+                    "{:12.6}  {:>7}  {which}{at}  executed",
+                    start.elapsed().as_secs_f64(),
+                    w.thread
+                );
+                return;
+            }
             outln!(
                 "{:12.6}  {:>7}  {which}{at}  {} -> {}{notes}",
                 start.elapsed().as_secs_f64(),
@@ -106,7 +121,13 @@ pub fn run(o: &WatchOptions<'_>) -> Result<u8> {
             .map(|(_, l)| l.as_str())
             .collect::<Vec<_>>()
             .join(", "),
-        if o.read { "reads and writes" } else { "writes" }
+        if o.exec {
+            "executions"
+        } else if o.read {
+            "reads and writes"
+        } else {
+            "writes"
+        }
     );
     if let Some(d) = o.duration {
         signals::stop_after(d);

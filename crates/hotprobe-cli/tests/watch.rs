@@ -179,6 +179,22 @@ fn reads_with_read_and_refusals() {
     assert!(!acc[1].notes.contains("(read)"), "{stdout}");
     assert!(stdout.contains("other: 3 accesses"), "{stdout}");
 
+    // --exec: a line before each call of `store`, by the calling thread.
+    let out = hotprobe_within(&["watch", "--exec", "store", "--", b, "run"], LIMIT);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    let calls: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.ends_with("  executed"))
+        .collect();
+    assert_eq!(calls.len(), 100, "{stdout}");
+    assert!(
+        calls.iter().all(|l| l.contains("  store [watched]  ")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("store: 100 accesses"), "{stdout}");
+    assert_eq!(writers(&stdout).len(), 4, "{stdout}");
+
     let refused = |args: &[&str], what: &str| {
         let out = hotprobe_within(args, LIMIT);
         let err = text(&out.stderr);

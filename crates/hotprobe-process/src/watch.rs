@@ -17,6 +17,10 @@ pub enum WatchKind {
     Write,
     /// Reads and writes (DR7 R/W = 11; the CPU has no read-only kind).
     ReadWrite,
+    /// Executing the instruction at the address (DR7 R/W = 00, length 1):
+    /// the trap comes *before* it runs (the kernel sets RF so that it
+    /// runs once the thread resumes).
+    Execute,
 }
 
 impl std::fmt::Display for WatchKind {
@@ -24,6 +28,7 @@ impl std::fmt::Display for WatchKind {
         f.write_str(match self {
             WatchKind::Write => "write",
             WatchKind::ReadWrite => "read/write",
+            WatchKind::Execute => "execute",
         })
     }
 }
@@ -49,6 +54,12 @@ impl HwWatch {
                 self.len
             ));
         }
+        if self.kind == WatchKind::Execute && self.len != 1 {
+            return Err(format!(
+                "an execute watchpoint covers 1 byte (the instruction's first), not {}",
+                self.len
+            ));
+        }
         if self.addr & (self.len as u64 - 1) != 0 {
             return Err(format!(
                 "{:#x} is not aligned to {} bytes (the debug registers need an aligned address)",
@@ -66,6 +77,7 @@ impl HwWatch {
         let rw: u64 = match self.kind {
             WatchKind::Write => 0b01,
             WatchKind::ReadWrite => 0b11,
+            WatchKind::Execute => 0b00,
         };
         let len: u64 = match self.len {
             1 => 0b00,

@@ -53,7 +53,9 @@ pub enum WatchAt {
 }
 
 /// What to watch: an address or a data symbol, how many bytes (1, 2, 4 or
-/// 8, aligned), and which accesses.
+/// 8, aligned), and which accesses. An [`WatchKind::Execute`] watchpoint
+/// is on one instruction: its symbol is a function (`name`,
+/// `module:name`), its length 1.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WatchSpec {
     /// The address or symbol.
@@ -127,6 +129,8 @@ pub enum ValueSource {
 }
 
 /// One watchpoint hit, as its handler sees it ([`HitContext::watch`]).
+/// For an [`WatchKind::Execute`] watchpoint the trap comes before the
+/// instruction: `insn` and `pc_after` are its address, `old` and `new` 0.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WatchHit {
     /// The watchpoint.
@@ -267,11 +271,28 @@ impl Session {
                 ),
             ));
         };
+        let exec = spec.kind == WatchKind::Execute;
+        // An instruction: a probe spec's address (`function[+off]`).
+        let code_at = match &spec.at {
+            WatchAt::Symbol(name) if exec => {
+                let found = self.resolve(t, name)?;
+                let [one] = found.as_slice() else {
+                    return Err(refused(
+                        &spec,
+                        format!("{name} names {} addresses, not one", found.len()),
+                    ));
+                };
+                Some(one.addr.0)
+            }
+            _ => None,
+        };
         let slot = self.slot(t)?;
         if slot.engine.gone().is_some() {
             return Err(refused(&spec, "the target is gone"));
         }
         let (addr, len) = match &spec.at {
+            WatchAt::Addr(a) if exec => (*a, spec.len.unwrap_or(1)),
+            WatchAt::Symbol(_) if exec => (code_at.unwrap_or_default(), spec.len.unwrap_or(1)),
             WatchAt::Addr(a) => {
                 let len = spec.len.unwrap_or_else(|| {
                     [8u8, 4, 2, 1]
@@ -422,18 +443,35 @@ impl Session {
                 Some(v) => (mask(v, w.hw.len), ValueSource::Instruction),
                 None => (memory, ValueSource::Memory),
             };
-            let hit = crate::WatchHit {
-                id: w.id,
-                thread,
-                addr: w.hw.addr,
-                len: w.hw.len,
-                kind: w.hw.kind,
-                old: w.last,
-                new,
-                source,
-                write: found.as_ref().map(|a| a.writes),
-                pc_after,
-                insn: found.as_ref().map(|a| a.addr),
+            let hit = if w.hw.kind == WatchKind::Execute {
+                // Before the instruction runs: it is at `rip`, no value.
+                crate::WatchHit {
+                    id: w.id,
+                    thread,
+                    addr: w.hw.addr,
+                    len: w.hw.len,
+                    kind: w.hw.kind,
+                    old: 0,
+                    new: 0,
+                    source: ValueSource::Memory,
+                    write: Some(false),
+                    pc_after,
+                    insn: Some(pc_after),
+                }
+            } else {
+                crate::WatchHit {
+                    id: w.id,
+                    thread,
+                    addr: w.hw.addr,
+                    len: w.hw.len,
+                    kind: w.hw.kind,
+                    old: w.last,
+                    new,
+                    source,
+                    write: found.as_ref().map(|a| a.writes),
+                    pc_after,
+                    insn: found.as_ref().map(|a| a.addr),
+                }
             };
             w.last = new;
             w.stats.hits += 1;

@@ -401,3 +401,61 @@ fn unwatch_while_running() {
     assert_eq!(writers(&out).len(), 4, "{out}");
     assert!(out.contains("round 1 main tid"), "{out}");
 }
+
+/// An execute watchpoint on a function (DR7 R/W = 00): a hit per call,
+/// before the instruction, by the calling thread; the function runs once
+/// per hit (the kernel's RF), the program's output is unchanged.
+#[test]
+fn execute_watchpoint_on_a_function() {
+    let bin = program("watched", &["-O0", "-pthread"]);
+    let mut c = spawn(&bin, &["run"]);
+    let t = c.target;
+    let at = Rc::new(RefCell::new(Vec::new()));
+    let a = at.clone();
+    let id = c
+        .session
+        .watch(
+            t,
+            WatchSpec::parse("store", WatchKind::Execute).unwrap(),
+            Action::Handler(Probe::new().pre(move |ctx| {
+                let w = ctx.watch().unwrap().clone();
+                assert_eq!(ctx.regs().rip, w.addr);
+                a.borrow_mut().push((w.insn, ctx.symbolize(w.addr)));
+            })),
+        )
+        .unwrap();
+    let e = c
+        .session
+        .watch(
+            t,
+            WatchSpec::parse("store:4", WatchKind::Execute).unwrap(),
+            Action::Count,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("covers 1 byte"), "{e}");
+    let writes = c
+        .session
+        .watch(
+            t,
+            WatchSpec::parse("counter", WatchKind::Write).unwrap(),
+            Action::Count,
+        )
+        .unwrap();
+    c.session.start().unwrap();
+    assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+    let out = c.output();
+    let ws = c.session.watch_stats(id).unwrap();
+    assert_eq!(ws.hits, 100);
+    for (tid, n) in writers(&out).values() {
+        assert_eq!(ws.by_thread[&hotprobe::ThreadId(*tid)], *n, "{out}");
+    }
+    let at = at.borrow();
+    assert_eq!(at.len(), 100);
+    assert!(at
+        .iter()
+        .all(|(i, s)| i.is_some() && s.as_deref().is_some_and(|s| s.starts_with("store "))));
+    // Each call ran its store once: 100 and the main thread's.
+    assert_eq!(c.session.stats(writes).unwrap().hits, 101);
+    assert!(out.contains("round 1 main tid"), "{out}");
+}
