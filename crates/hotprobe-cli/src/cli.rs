@@ -100,6 +100,34 @@ pub enum Cmd {
         #[arg(short, long, value_name = "OUT")]
         output: PathBuf,
     },
+    /// Watch a variable: one line per write (or read, with --read) with
+    /// the time, thread, instruction and old -> new value, through the
+    /// CPU's debug registers (at most 4 per process); counts per thread at
+    /// the end.
+    #[command(group(ArgGroup::new("target").required(true).args(["pid", "cmd"])))]
+    Watch {
+        /// `SYMBOL[:LEN]` (a global variable, `[module:]name`) or
+        /// `0xADDR[:LEN]`; LEN is 1, 2, 4 or 8 (default: the variable's
+        /// size, or the address's alignment), the address aligned to it.
+        #[arg(required = true, value_name = "ADDR|SYMBOL[:LEN]")]
+        watches: Vec<String>,
+        /// Reads too (the CPU watches reads and writes together).
+        #[arg(long)]
+        read: bool,
+        /// Executions of the instruction at the address (a function or
+        /// `function+off`, or `0xADDR`) instead: a line before each.
+        #[arg(long, conflicts_with = "read")]
+        exec: bool,
+        /// Attach to this running process.
+        #[arg(short, long, value_name = "PID")]
+        pid: Option<i32>,
+        /// Stop (and detach) after this many seconds.
+        #[arg(long, value_name = "SECS")]
+        duration: Option<f64>,
+        /// The command to start (after `--`).
+        #[arg(last = true, value_name = "CMD")]
+        cmd: Vec<OsString>,
+    },
     /// Show a live call tree of the given functions (like `uftrace replay`).
     #[command(group(ArgGroup::new("target").required(true).args(["pid", "cmd"])))]
     Trace {

@@ -37,6 +37,7 @@ mod record;
 mod session;
 mod signals;
 mod trace;
+mod watch;
 
 use clap::{CommandFactory, Parser};
 use cli::{Cli, Cmd, GuestCmd, MechanismArg, RecordMechanism};
@@ -146,6 +147,25 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             })
         }
         Cmd::Coldpatch { input, output } => coldpatch::run(&input, &output).map(|()| 0),
+        Cmd::Watch {
+            watches,
+            read,
+            exec,
+            pid,
+            duration: secs,
+            cmd,
+        } => {
+            let duration = duration(secs)?;
+            signals::install()?;
+            watch::run(&watch::WatchOptions {
+                watches: &watches,
+                read,
+                exec,
+                pid,
+                cmd: &cmd,
+                duration,
+            })
+        }
         Cmd::Trace {
             probes,
             pid,
@@ -557,7 +577,7 @@ fn shell_word(a: &str) -> String {
     }
 }
 
-/// When a command line of count, trace or record that clap refused gives
+/// When a command line of count, trace, watch or record that clap refused gives
 /// the program without `--` (`hotprobe count work ./prog`): what to say
 /// instead. A program is a positional that names an executable file by a
 /// path, else one (not a count/trace probe's first) that names an
@@ -565,7 +585,7 @@ fn shell_word(a: &str) -> String {
 fn program_hint(args: &[OsString], path: &[String]) -> Option<String> {
     let [_, sub] = path else { return None };
     let first_spec = match sub.as_str() {
-        "count" | "trace" => 1,
+        "count" | "trace" | "watch" => 1,
         "record" => 0,
         _ => return None,
     };

@@ -16,6 +16,7 @@ pub mod remote_call;
 mod rendezvous;
 pub mod sys;
 mod wake;
+mod watch;
 
 use hotprobe_target::{
     ExitStatus, Registers, ResumeMode, RuntimeAddr, ScratchRegion, Target, TargetError,
@@ -32,6 +33,7 @@ use std::time::{Duration, Instant};
 use sys::SysError;
 
 pub use maps::{find_free_gap, parse_maps_lines, MapLine};
+pub use watch::{dr7, HwWatch, WatchKind, WATCH_SLOTS};
 
 /// How a spawned child's standard streams are set up (inherited where `None`).
 #[derive(Debug, Default)]
@@ -317,6 +319,10 @@ struct Thread {
     /// Stopped at the loader's rendezvous, reported as `ModulesChanged`:
     /// resuming runs the `ret` there first.
     at_rendezvous: bool,
+    /// Watchpoint slots that fired in the same trap as a single-step:
+    /// reported as [`TargetEvent::Watchpoint`] when the engine resumes
+    /// the thread after the step.
+    pending_watch: u8,
 }
 
 impl Thread {
@@ -329,6 +335,7 @@ impl Thread {
             regs: None,
             unrewound_breakpoint: None,
             at_rendezvous: false,
+            pending_watch: 0,
         }
     }
 }
@@ -360,6 +367,8 @@ pub struct ProcessTarget {
     released: Option<release::Released>,
     /// ptrace stops of this target's tasks handled so far.
     stops: u64,
+    /// Hardware watchpoints set on every thread (DR0–DR3, DR7).
+    watches: [Option<HwWatch>; WATCH_SLOTS],
 }
 
 impl ProcessTarget {
@@ -596,6 +605,7 @@ impl ProcessTarget {
             before_constructors: false,
             released: None,
             stops: 0,
+            watches: [None; WATCH_SLOTS],
         }
     }
 
@@ -689,6 +699,137 @@ impl ProcessTarget {
                 }
             }
             self.attached = false;
+        }
+    }
+
+    /// The hardware watchpoints set (slot `i` is DR`i`).
+    pub fn watchpoints(&self) -> [Option<HwWatch>; WATCH_SLOTS] {
+        self.watches
+    }
+
+    /// Set the hardware watchpoints (slot `i` in DR`i`, `None` for a free
+    /// slot) on every thread, and on every thread created from now on.
+    /// Threads running are stopped for it and resumed; threads stopped
+    /// stay stopped. Each watchpoint is checked first ([`HwWatch::check`]);
+    /// a thread refusing them is an error (no thread is left unwatched
+    /// silently). A hit is reported as [`TargetEvent::Watchpoint`].
+    pub fn set_watchpoints(
+        &mut self,
+        slots: [Option<HwWatch>; WATCH_SLOTS],
+    ) -> Result<(), TargetError> {
+        for w in slots.iter().flatten() {
+            w.check().map_err(|why| TargetError::Protocol {
+                target: self.describe(),
+                why,
+            })?;
+        }
+        if let Some(st) = &self.exited {
+            return Err(TargetError::Gone {
+                target: self.describe(),
+                status: st.clone(),
+            });
+        }
+        // A released process (running untraced) is taken back first: its
+        // threads get their debug registers through ptrace, and a hit is
+        // then a ptrace stop (release refuses while a watchpoint is set).
+        let mut running: Vec<i32> = Vec::new();
+        if self.released.is_some() {
+            self.reacquire()?;
+            running = self.threads.keys().copied().collect();
+        }
+        running.extend(
+            self.threads
+                .iter()
+                .filter(|(_, t)| t.state == RunState::Running)
+                .map(|(tid, _)| *tid),
+        );
+        if self.threads.values().any(|t| t.state == RunState::Running) {
+            self.stop_all()?;
+        }
+        let tids: Vec<i32> = self.threads.keys().copied().collect();
+        let mut result = Ok(());
+        for tid in tids {
+            match watch::apply(tid, &slots) {
+                Ok(()) => {}
+                // Gone meanwhile: its exit is still to be reported.
+                Err(e) if e.errno() == libc::ESRCH => {}
+                Err(e) => {
+                    result = Err(self.sys_err(e));
+                    break;
+                }
+            }
+        }
+        if result.is_ok() {
+            self.watches = slots;
+        } else {
+            // Leave no thread with a partial set.
+            for tid in self.threads.keys().copied().collect::<Vec<_>>() {
+                let _ = watch::apply(tid, &self.watches);
+            }
+        }
+        for tid in running {
+            if self
+                .threads
+                .get(&tid)
+                .is_some_and(|t| t.state == RunState::Parked)
+            {
+                self.resume(ThreadId(tid as u64), ResumeMode::Continue)?;
+            }
+        }
+        result
+    }
+
+    fn watching(&self) -> bool {
+        self.watches.iter().any(Option::is_some)
+    }
+
+    /// Clear every thread's debug registers (threads stopped), and take
+    /// each watchpoint trap already queued to a thread but not yet
+    /// reported (it would kill the program once detached): the thread is
+    /// let run into its signal-delivery stop, where the trap is dropped.
+    fn clear_watchpoints_for_detach(&mut self) {
+        if !self.watching() {
+            return;
+        }
+        let none = [None; WATCH_SLOTS];
+        let tids: Vec<i32> = self.threads.keys().copied().collect();
+        for tid in &tids {
+            let _ = watch::apply(*tid, &none);
+        }
+        self.watches = none;
+        for tid in tids {
+            if !sigtrap_pending(tid) {
+                continue;
+            }
+            if sys::cont(tid, 0).is_err() {
+                continue;
+            }
+            // The queued SIGTRAP comes first (synchronous signals are
+            // dequeued before others).
+            match sys::waitpid(tid, libc::__WALL) {
+                Ok(Some((_, st)))
+                    if libc::WIFSTOPPED(st)
+                        && libc::WSTOPSIG(st) == libc::SIGTRAP
+                        && st >> 16 == 0 =>
+                {
+                    let ours = sys::getsiginfo(tid)
+                        .map(|i| i.si_code == TRAP_HWBKPT)
+                        .unwrap_or(false);
+                    if !ours {
+                        // The program's own: delivered at detach.
+                        if let Some(t) = self.threads.get_mut(&tid) {
+                            t.held_signals.push_front(libc::SIGTRAP);
+                        }
+                    }
+                }
+                Ok(Some((p, st))) if libc::WIFSTOPPED(st) && st >> 16 == 0 => {
+                    // Another signal: delivered at detach.
+                    if let Some(t) = self.threads.get_mut(&p) {
+                        t.held_signals.push_front(libc::WSTOPSIG(st));
+                    }
+                }
+                _ => {}
+            }
         }
     }
 
@@ -859,6 +1000,14 @@ impl ProcessTarget {
                     if event == libc::PTRACE_EVENT_VFORK {
                         self.vfork_children.push(new);
                     }
+                    if alive && self.watching() {
+                        // A new thread starts without debug registers.
+                        if let Err(e) = watch::apply(new, &self.watches) {
+                            if e.errno() != libc::ESRCH {
+                                return Err(self.sys_err(e));
+                            }
+                        }
+                    }
                     if alive {
                         let mut th = Thread::new(RunState::Running);
                         if stopping {
@@ -908,6 +1057,8 @@ impl ProcessTarget {
                 self.breakpoints.clear();
                 self.rendezvous = None;
                 self.scratch.clear();
+                // The kernel drops a thread's debug registers at exec.
+                self.watches = [None; WATCH_SLOTS];
                 self.syscall_insn = None;
                 self.mem = open_mem(self.pid).map_err(|e| match e {
                     ProcessError::Sys(s) => self.sys_err(s),
@@ -953,13 +1104,32 @@ impl ProcessTarget {
         }
         // A signal-delivery stop.
         if sig == libc::SIGTRAP {
+            let hits = if self.watching() {
+                match watch::take_hits(pid) {
+                    Ok(h) => h,
+                    // Killed meanwhile: its exit comes next.
+                    Err(e) if e.errno() == libc::ESRCH => 0,
+                    Err(e) => return Err(self.sys_err(e)),
+                }
+            } else {
+                0
+            };
             let regs = self.fetch_regs(pid)?;
             let t = self.threads.get_mut(&pid).expect("known thread");
             if t.stepping {
                 t.stepping = false;
                 t.regs = Some(regs);
+                t.pending_watch |= hits;
                 return Ok(Some(TargetEvent::Stepped {
                     thread: ThreadId(pid as u64),
+                    regs,
+                }));
+            }
+            if hits != 0 {
+                t.regs = Some(regs);
+                return Ok(Some(TargetEvent::Watchpoint {
+                    thread: ThreadId(pid as u64),
+                    slots: hits,
                     regs,
                 }));
             }
@@ -1202,6 +1372,25 @@ impl Target for ProcessTarget {
             }
         }
         let t = self.stopped_thread(thread)?;
+        if mode == ResumeMode::Continue && t.pending_watch != 0 {
+            // The step that just ended also made a watched access: that is
+            // reported now, with the thread where the engine left it.
+            let slots = std::mem::take(&mut t.pending_watch);
+            let regs = match t.regs {
+                Some(r) => r,
+                None => self.fetch_regs(tid)?,
+            };
+            let t = self.stopped_thread(thread)?;
+            t.regs = Some(regs);
+            t.state = RunState::Event;
+            self.pending.push_back(TargetEvent::Watchpoint {
+                thread,
+                slots,
+                regs,
+            });
+            return Ok(());
+        }
+        let t = self.stopped_thread(thread)?;
         t.regs = None;
         t.state = RunState::Running;
         let r = match mode {
@@ -1364,6 +1553,7 @@ impl Target for ProcessTarget {
             self.reacquire()?;
         }
         self.stop_all()?;
+        self.clear_watchpoints_for_detach();
         // Threads whose breakpoint event the engine never handled re-execute
         // the (restored) original instruction.
         let tids: Vec<i32> = self.threads.keys().copied().collect();
@@ -1500,6 +1690,20 @@ impl Drop for ProcessTarget {
             let _ = self.detach();
         }
     }
+}
+
+/// `si_code` of a SIGTRAP from a hardware breakpoint or watchpoint.
+const TRAP_HWBKPT: i32 = 4;
+
+/// Whether a SIGTRAP is queued to thread `tid` (its `SigPnd`).
+fn sigtrap_pending(tid: i32) -> bool {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{tid}/status")) else {
+        return false;
+    };
+    text.lines()
+        .find_map(|l| l.strip_prefix("SigPnd:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (libc::SIGTRAP - 1)) != 0)
 }
 
 fn exit_status(status: i32) -> ExitStatus {

@@ -47,8 +47,8 @@ fn execd(pid: i32, before: &[u8]) -> bool {
 impl ProcessTarget {
     /// Stops tracing the process while it runs (see the module docs).
     /// `Ok(false)` (nothing done) when something needs ptrace: a
-    /// breakpoint of the engine's, a thread stopped with an event, a
-    /// stepping thread, a held fork child or vfork child.
+    /// breakpoint of the engine's, a hardware watchpoint, a thread stopped
+    /// with an event, a stepping thread, a held fork child or vfork child.
     pub fn release(&mut self) -> Result<bool, TargetError> {
         if self.released.is_some() {
             return Ok(true);
@@ -59,6 +59,7 @@ impl ProcessTarget {
             || !self.forked_children.is_empty()
             || !self.pending.is_empty()
             || self.rendezvous.as_ref().is_some_and(|r| r.engine_owned)
+            || self.watches.iter().any(Option::is_some)
         {
             return Ok(false);
         }

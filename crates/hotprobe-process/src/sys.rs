@@ -295,3 +295,36 @@ pub fn regs_to_user(r: &hotprobe_target::Registers) -> libc::user_regs_struct {
         gs: r.gs,
     }
 }
+
+/// Byte offset of debug register `n` (0..=7) in `struct user`
+/// (`offsetof(struct user, u_debugreg[n])`), for PTRACE_PEEKUSER/POKEUSER.
+pub fn debugreg_offset(n: usize) -> usize {
+    std::mem::offset_of!(libc::user, u_debugreg) + n * std::mem::size_of::<u64>()
+}
+
+/// PTRACE_PEEKUSER of debug register `n` (DR0–DR3, DR6, DR7).
+pub fn get_debugreg(pid: i32, n: usize) -> Result<u64, SysError> {
+    // SAFETY: errno is thread-local; PEEKUSER returns the word, so a -1
+    // result is an error only if errno was set by this very call.
+    unsafe { *libc::__errno_location() = 0 };
+    ptrace(
+        "ptrace(PTRACE_PEEKUSER, u_debugreg)",
+        libc::PTRACE_PEEKUSER,
+        pid,
+        debugreg_offset(n),
+        0,
+    )
+    .map(|v| v as u64)
+}
+
+/// PTRACE_POKEUSER of debug register `n` (DR0–DR3, DR6, DR7).
+pub fn set_debugreg(pid: i32, n: usize, value: u64) -> Result<(), SysError> {
+    ptrace(
+        "ptrace(PTRACE_POKEUSER, u_debugreg)",
+        libc::PTRACE_POKEUSER,
+        pid,
+        debugreg_offset(n),
+        value as usize,
+    )
+    .map(|_| ())
+}

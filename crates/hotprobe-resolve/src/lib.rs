@@ -24,6 +24,13 @@ use std::sync::Arc;
 pub trait Symbolizer {
     /// `function+0xoff [module]`, or `None` if unknown.
     fn symbolize(&self, addr: RuntimeAddr) -> Option<String>;
+
+    /// The start of the function containing `addr`, if known (`None` by
+    /// default).
+    fn function_start(&self, addr: RuntimeAddr) -> Option<RuntimeAddr> {
+        let _ = addr;
+        None
+    }
 }
 
 /// An address range where probes are refused, and why.
@@ -78,6 +85,20 @@ pub trait Resolver {
 
     /// A symbolizer for handlers.
     fn symbolizer(&self) -> Box<dyn Symbolizer>;
+
+    /// The run-time address and size (`st_size`, 0 if unknown) of a data
+    /// symbol (`STT_OBJECT`, a global variable): `name` or `module:name`,
+    /// for watchpoints. Targets without data symbols refuse it.
+    fn resolve_data(
+        &mut self,
+        spec: &str,
+        _target: &mut dyn Target,
+    ) -> Result<(RuntimeAddr, u64), SymbolError> {
+        Err(SymbolError::Unprobeable {
+            spec: spec.to_string(),
+            reason: "this target has no data symbols".into(),
+        })
+    }
 }
 
 /// Options of [`check_probe_point`] (and [`Resolver::check_with`]).
@@ -197,6 +218,12 @@ impl Symbolizer for ArcSymbolizer {
     fn symbolize(&self, addr: RuntimeAddr) -> Option<String> {
         self.0.symbolize(addr).map(|s| s.to_string())
     }
+
+    fn function_start(&self, addr: RuntimeAddr) -> Option<RuntimeAddr> {
+        let s = self.0.symbolize(addr)?;
+        s.function.as_ref()?;
+        Some(RuntimeAddr(addr.0 - s.offset))
+    }
 }
 
 impl Resolver for ProcessResolver {
@@ -259,5 +286,51 @@ impl Resolver for ProcessResolver {
 
     fn symbolizer(&self) -> Box<dyn Symbolizer> {
         Box::new(ArcSymbolizer(self.symbols.clone()))
+    }
+
+    fn resolve_data(
+        &mut self,
+        spec: &str,
+        _target: &mut dyn Target,
+    ) -> Result<(RuntimeAddr, u64), SymbolError> {
+        if let Ok(fresh) = ProcessSymbols::for_pid(self.pid as u32) {
+            self.symbols = Arc::new(fresh);
+        }
+        let (module, name) = match spec.split_once(':') {
+            Some((m, n)) => (Some(m), n),
+            None => (None, spec),
+        };
+        let candidates: Vec<&hotprobe_symbols::LoadedModule> = match module {
+            Some(m) => vec![self.symbols.find_module(m)?],
+            // The main executable first, then every library in map order.
+            None => self
+                .symbols
+                .main_module()
+                .into_iter()
+                .chain(self.symbols.modules().iter())
+                .collect(),
+        };
+        let mut searched = Vec::new();
+        for m in candidates {
+            if searched.contains(&m.name) {
+                continue;
+            }
+            match hotprobe_symbols::data_symbol(&m.path, name) {
+                Ok(Some(sym)) => return Ok((m.runtime(sym.addr), sym.size)),
+                Ok(None) => {}
+                // A module named explicitly must be readable; in a search
+                // an unreadable one ([vdso], a deleted file) is passed over.
+                Err(e) if module.is_some() => return Err(e),
+                Err(_) => {}
+            }
+            searched.push(m.name.clone());
+        }
+        Err(SymbolError::Unprobeable {
+            spec: spec.to_string(),
+            reason: format!(
+                "no data symbol (STT_OBJECT) `{name}` in {}",
+                searched.join(", ")
+            ),
+        })
     }
 }

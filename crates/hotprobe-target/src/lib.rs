@@ -62,6 +62,17 @@ pub enum TargetEvent {
         /// Its registers after the step.
         regs: Registers,
     },
+    /// A hardware watchpoint (debug registers DR0–DR3) fired: the data
+    /// access is done, `regs.rip` is the instruction after the accessing
+    /// one (process targets; see `ProcessTarget::set_watchpoints`).
+    Watchpoint {
+        /// The thread that made the access.
+        thread: ThreadId,
+        /// Which watchpoint slots fired (bit `i`: slot `i`, DR6's B0–B3).
+        slots: u8,
+        /// The thread's registers after the access.
+        regs: Registers,
+    },
     /// A new thread appeared (it is already running; nothing to resume).
     ThreadCreated(ThreadId),
     /// A thread ended; whatever the engine kept for it can be dropped.

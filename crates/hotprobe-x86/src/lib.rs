@@ -13,6 +13,8 @@
 //!   slot address (the Kprobes booster, OLS 2006 §6).
 //! * [`emulate`]: performs an [`Emulation`] on a [`Registers`] set, returning
 //!   the stack write the tracer must do.
+//! * [`data_access`]: the instruction a data breakpoint trapped after,
+//!   and the value it stored.
 //! * [`fixup_after_step`]: repairs registers (and the pushed return address
 //!   of an indirect call) after a single-step in the slot.
 //!
@@ -21,12 +23,14 @@
 
 #![deny(missing_docs)]
 
+mod access;
 mod decode;
 mod emulate;
 mod error;
 pub mod jump;
 mod plan;
 
+pub use access::{data_access, DataAccess};
 pub use decode::{decode, format_instruction, instruction_starts, is_instruction_boundary};
 pub use emulate::{emulate, fixup_after_step, slot_to_original, MemWrite};
 pub use error::X86Error;

@@ -290,6 +290,30 @@ impl Engine {
         })
     }
 
+    /// The original code's address for `rip` in an out-of-line slot (the
+    /// probed instruction, or the one after it once it ran), `None`
+    /// outside scratch memory or at no such place.
+    pub(crate) fn original_of(&self, rip: u64) -> Option<u64> {
+        if !self.in_scratch(RuntimeAddr(rip)) {
+            return None;
+        }
+        self.sites
+            .iter()
+            .find_map(|(addr, s)| hotprobe_x86::slot_to_original(&s.plan, *addr, s.slot?.0, rip))
+    }
+
+    /// What a handler context outside the engine's probes needs (the
+    /// session's watchpoints): the target, the stop flag, the symbolizer.
+    pub(crate) fn handler_parts(
+        &mut self,
+    ) -> (&mut dyn Target, &mut bool, Option<&dyn Symbolizer>) {
+        (
+            self.target.as_mut(),
+            &mut self.stop,
+            self.symbolizer.as_deref(),
+        )
+    }
+
     /// Set the symbolizer handlers use.
     pub fn set_symbolizer(&mut self, s: Box<dyn Symbolizer>) {
         self.symbolizer = Some(s);
@@ -774,6 +798,12 @@ impl Engine {
             }
             TargetEvent::Stepped { thread, regs } => self.on_stepped(thread, regs),
             TargetEvent::ThreadCreated(_) => Ok(()),
+            // Watchpoints are the session's ([`crate::Session::watch`]);
+            // an engine on its own lets the thread run on.
+            TargetEvent::Watchpoint { thread, .. } => {
+                self.target.resume(thread, ResumeMode::Continue)?;
+                Ok(())
+            }
             TargetEvent::ThreadExited(t) => {
                 self.drop_thread(t);
                 Ok(())
@@ -931,6 +961,7 @@ impl Engine {
                 symbolizer: self.symbolizer.as_deref(),
                 entry,
                 fetch_error: RefCell::new(None),
+                watch: None,
             };
             f(&mut ctx);
             ctx.fetch_error.into_inner()

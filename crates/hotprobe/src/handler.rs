@@ -94,6 +94,9 @@ pub enum HitKind {
     Entry,
     /// A return probe's return handler.
     Return,
+    /// A watchpoint's handler, after the watched access
+    /// ([`HitContext::watch`] says what was accessed).
+    Watch,
 }
 
 /// What a return handler knows about the call it closes.
@@ -182,6 +185,8 @@ pub struct HitContext<'a> {
     /// A failure to fetch the registers, reported by the engine after the
     /// handler (which saw `rip` alone meanwhile).
     pub(crate) fetch_error: RefCell<Option<TargetError>>,
+    /// A watchpoint hit: what was accessed, old and new value.
+    pub(crate) watch: Option<crate::WatchHit>,
 }
 
 impl HitContext<'_> {
@@ -287,6 +292,12 @@ impl HitContext<'_> {
     /// `function+0xoff [module]` for an address of the target, if known.
     pub fn symbolize(&self, addr: u64) -> Option<String> {
         self.symbolizer.and_then(|s| s.symbolize(RuntimeAddr(addr)))
+    }
+
+    /// In a watchpoint's handler ([`HitKind::Watch`]): the access, the
+    /// value before and after, the accessing instruction.
+    pub fn watch(&self) -> Option<&crate::WatchHit> {
+        self.watch.as_ref()
     }
 
     /// Stop the session's event loop after this hit is finished.

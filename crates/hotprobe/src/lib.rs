@@ -44,6 +44,7 @@ pub use hotprobe_resolve::{
     check_probe_point, BlacklistEntry, CheckOptions, ProcessResolver, Resolver, Symbolizer,
     SIGRETURN_SYMBOLS,
 };
+pub use session::watch::{ValueSource, WatchAt, WatchHit, WatchKind, WatchSpec, WatchStats};
 pub use session::{
     Action, Added, Mechanism, MechanismChoice, PatchKind, Placement, RunEnd, Session,
     SessionConfig, Skipped, TargetId,

@@ -22,6 +22,11 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+// Watchpoints (`Session::watch`): a child module for the session's fields,
+// in a file of its own.
+#[path = "watch.rs"]
+pub(crate) mod watch;
+
 pub use hotprobe_fastpath::{MechanismChoice, PatchKind};
 
 /// Identifies a target in a [`Session`].
@@ -507,6 +512,8 @@ pub struct Session {
     /// How long each side of a shared-memory handler call spins before
     /// it sleeps (see [`Session::set_handler_spin`]); `None`: the default.
     handler_spin: Option<Duration>,
+    /// Hardware watchpoints ([`Session::watch`]).
+    watches: watch::Watches,
 }
 
 /// Where a resolved site goes.
@@ -535,6 +542,7 @@ impl Session {
             config,
             plugin_options: None,
             handler_spin: None,
+            watches: watch::Watches::default(),
         }
     }
 
@@ -1680,6 +1688,9 @@ impl Session {
     /// A probe's counts per process: the process it was placed in, then
     /// each followed fork child that hit it.
     pub fn stats_by_process(&self, id: ProbeId) -> Option<Vec<(i32, ProbeStats)>> {
+        if let Some(w) = self.watch_probe_stats(id) {
+            return Some(w);
+        }
         let ri = (id.0 >> TARGET_SHIFT) as usize;
         let root = self.slots.get(ri)?;
         let trap = root
@@ -2057,7 +2068,18 @@ impl Session {
             }
             _ => {}
         }
+        if let TargetEvent::Watchpoint {
+            thread,
+            slots,
+            regs,
+        } = ev
+        {
+            return self.on_watchpoint(i, thread, slots, regs);
+        }
         let exec = matches!(ev, TargetEvent::Exec);
+        if exec {
+            self.watches_exec(i);
+        }
         if matches!(ev, TargetEvent::ModulesChanged { .. }) {
             self.refresh_pending(i);
             if let Some(pid) = self.slots[i].pid {

@@ -270,6 +270,7 @@ impl Session {
                         symbolizer,
                         entry: None,
                         fetch_error: RefCell::new(None),
+                        watch: None,
                     };
                     if let Some(pre) = probe.pre.as_mut() {
                         pre(&mut ctx);

@@ -272,3 +272,59 @@ fn handler_calls_nobody_serves_time_out_and_run_on_unmodified() {
         vec![format!("total {expected}").as_str()]
     );
 }
+
+#[test]
+fn a_watchpoint_keeps_the_process_traced_and_one_added_while_it_runs_untraced_takes_it_back() {
+    use hotprobe::{WatchAt, WatchKind, WatchSpec};
+    let bin = program("inproc", &["-O2"]);
+    let bias = || WatchSpec {
+        at: WatchAt::Symbol("bias".into()),
+        len: None,
+        kind: WatchKind::ReadWrite,
+    };
+    // Set before the start: the process is never released, every read of
+    // `bias` (one per mid_fn call) is a hit.
+    let iters = 300u64;
+    let mut c = spawn(&bin, &[&THREADS.to_string(), &iters.to_string()]);
+    let t = c.target;
+    let two = c.session.add(t, "two_byte", Action::Count).unwrap();
+    assert_eq!(two.placements[0].mechanism, Mechanism::InProcessTrap);
+    let w = c.session.watch(t, bias(), Action::Count).unwrap();
+    c.session.start().unwrap();
+    assert!(!c.session.is_untraced(t), "a watchpoint needs ptrace");
+    assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+    assert_eq!(
+        c.session.stats(two.placements[0].id).unwrap().hits,
+        THREADS * iters
+    );
+    assert_eq!(c.session.stats(w).unwrap().hits, THREADS * iters);
+    let out = c.output();
+    assert_eq!(lines_with(&out, "own traps "), vec!["own traps 2"]);
+
+    // Set while the process runs untraced: it is taken back and the
+    // watchpoint fires from then on; the in-process count stays exact.
+    let iters = 20_000u64;
+    let mut c = spawn(&bin, &[&THREADS.to_string(), &iters.to_string()]);
+    let t = c.target;
+    let two = c.session.add(t, "two_byte", Action::Count).unwrap();
+    c.session.start().unwrap();
+    assert!(c.session.is_untraced(t), "runs untraced after setup");
+    let w = c.session.watch(t, bias(), Action::Count).unwrap();
+    assert!(!c.session.is_untraced(t), "taken back for the watchpoint");
+    assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+    assert_eq!(
+        c.session.stats(two.placements[0].id).unwrap().hits,
+        THREADS * iters
+    );
+    let seen = c.session.stats(w).unwrap().hits;
+    assert!(seen > 0 && seen <= THREADS * iters, "{seen} reads seen");
+    let expected: u64 = (0..THREADS)
+        .flat_map(|id| (0..iters).map(move |i| (i + id) + (i + 1 + 1000)))
+        .sum();
+    let out = c.output();
+    assert_eq!(
+        lines_with(&out, "total "),
+        vec![format!("total {expected}").as_str()]
+    );
+    assert_eq!(lines_with(&out, "own traps "), vec!["own traps 2"]);
+}
