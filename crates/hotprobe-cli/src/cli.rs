@@ -112,6 +112,13 @@ pub enum Cmd {
         /// Show the first N argument registers (0-6) and the return value.
         #[arg(long, value_name = "N")]
         args: Option<usize>,
+        /// Show every parameter and the return value, typed from DWARF
+        /// (-g): integers, chars, bools, enums by name, floats and doubles
+        /// (xmm registers), strings read at the hit, pointers. Typed
+        /// functions run on the trap mechanism. A PROBE may also name its
+        /// arguments: `func(a, b)` or 'func name:string p->len'.
+        #[arg(short = 'a', long)]
+        auto_args: bool,
         /// Live calls followed at once per function (more count as nmissed).
         #[arg(long, default_value_t = 64, value_name = "N")]
         maxactive: usize,

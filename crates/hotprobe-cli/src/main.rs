@@ -35,6 +35,7 @@ mod record;
 mod session;
 mod signals;
 mod trace;
+mod typed;
 
 use clap::{CommandFactory, Parser};
 use cli::{Cli, Cmd, GuestCmd, MechanismArg, RecordMechanism};
@@ -148,6 +149,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             probes,
             pid,
             args,
+            auto_args,
             maxactive,
             duration: secs,
             summary,
@@ -165,6 +167,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 pid,
                 cmd: &cmd,
                 args,
+                auto_args,
                 maxactive: maxactive.max(1),
                 duration,
                 summary,

@@ -45,8 +45,8 @@ pub use hotprobe_resolve::{
     SIGRETURN_SYMBOLS,
 };
 pub use session::{
-    Action, Added, Mechanism, MechanismChoice, PatchKind, Placement, RunEnd, Session,
-    SessionConfig, Skipped, TargetId,
+    Action, Added, Capture, CaptureChooser, Mechanism, MechanismChoice, PatchKind, Placement,
+    RunEnd, Session, SessionConfig, Skipped, TargetId,
 };
 
 /// Errors of the engine and the session.

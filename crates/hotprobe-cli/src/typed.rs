@@ -1,0 +1,253 @@
+//! Typed arguments and return values (`-a/--auto-args`, `func(a, b)`,
+//! `'func name:string p->len'`): the DWARF of each probed function's
+//! module ([`hotprobe_dwarf`]) says what to read at the entry and the
+//! return; the session runs that on the trap path
+//! ([`hotprobe::Session::set_capture`]) and hands the bytes to the sink
+//! with the event; [`TypedShapes`] turns them back into text.
+
+use anyhow::{bail, Result};
+use hotprobe::{Capture, CaptureChooser, HitContext};
+use hotprobe_dwarf::{
+    capture, format_values, plan_args, plan_auto, ArgExpr, DebugTypes, Machine, Planned, ShapeItem,
+    Source,
+};
+use hotprobe_symbols::ResolvedProbe;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+/// A probe spec with argument expressions: `greet(name, n)` or
+/// `greet name n:string p->len` → (`greet`, expressions). A spec without
+/// any gives an empty list.
+pub fn split_spec(spec: &str) -> Result<(String, Vec<ArgExpr>)> {
+    let spec = spec.trim();
+    let (func, list): (&str, Vec<&str>) = match (spec.find('('), spec.strip_suffix(')')) {
+        (Some(open), Some(inner))
+            if !spec.contains(char::is_whitespace)
+                || open < spec.find(char::is_whitespace).unwrap_or(usize::MAX) =>
+        {
+            (
+                &spec[..open],
+                inner[open + 1..]
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .collect(),
+            )
+        }
+        _ => match spec.split_once(char::is_whitespace) {
+            Some((f, rest)) => (f, rest.split_whitespace().collect()),
+            None => (spec, Vec::new()),
+        },
+    };
+    let exprs = list
+        .into_iter()
+        .map(|e| e.parse::<ArgExpr>().map_err(anyhow::Error::from))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((func.to_string(), exprs))
+}
+
+/// Shapes of the entry and exit values of each typed probe, by run-time
+/// address (filled as functions are placed).
+pub type ShapeMap = HashMap<u64, (Vec<ShapeItem>, Vec<ShapeItem>)>;
+
+/// The DWARF of the modules probed so far, and what was planned.
+#[derive(Default)]
+pub struct Typing {
+    modules: RefCell<HashMap<String, Option<Rc<DebugTypes>>>>,
+    /// What each placed typed function shows.
+    pub shapes: RefCell<ShapeMap>,
+    /// A spec's argument expressions that could not be planned.
+    errors: RefCell<Vec<String>>,
+    /// Functions without DWARF (shown without arguments).
+    pub untyped: RefCell<Vec<String>>,
+}
+
+impl Typing {
+    fn debug_types(&self, module: &str) -> Option<Rc<DebugTypes>> {
+        self.modules
+            .borrow_mut()
+            .entry(module.to_string())
+            .or_insert_with(|| {
+                DebugTypes::load(std::path::Path::new(module))
+                    .ok()
+                    .map(Rc::new)
+            })
+            .clone()
+    }
+
+    fn plan(&self, r: &ResolvedProbe, exprs: Option<&[ArgExpr]>) -> Option<Planned> {
+        let func = r.function.clone().unwrap_or_else(|| r.addr.to_string());
+        let sig = self
+            .debug_types(&r.module)
+            .and_then(|d| d.signature(r.link_addr.0).ok().flatten());
+        let Some(sig) = sig else {
+            match exprs {
+                Some(_) => self.errors.borrow_mut().push(format!(
+                    "{func}: no DWARF for it in {} (build with -g): argument names need it",
+                    r.module
+                )),
+                None => self.untyped.borrow_mut().push(func),
+            }
+            return None;
+        };
+        match exprs {
+            None => Some(plan_auto(&sig, &func)),
+            Some(e) => match plan_args(&sig, &func, e) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    self.errors.borrow_mut().push(e.to_string());
+                    None
+                }
+            },
+        }
+    }
+
+    /// The session's chooser for functions added next: every parameter
+    /// (`exprs` None, `-a`) or the expressions given.
+    pub fn chooser(self: &Rc<Self>, exprs: Option<Vec<ArgExpr>>) -> CaptureChooser {
+        let me = self.clone();
+        Rc::new(move |r: &ResolvedProbe| -> Option<Capture> {
+            let planned = me.plan(r, exprs.as_deref())?;
+            me.shapes.borrow_mut().insert(
+                r.addr.0,
+                (planned.entry_shapes.clone(), planned.exit_shapes.clone()),
+            );
+            let (entry, exit) = (planned.entry, planned.exit);
+            Some(Rc::new(
+                move |ctx: &mut HitContext<'_>, is_exit: bool, out: &mut Vec<u8>| {
+                    let plan = if is_exit { &exit } else { &entry };
+                    let mut m = Hit { ctx, xmm: None };
+                    capture(plan, &mut m, out);
+                },
+            ))
+        })
+    }
+
+    /// The chooser for a spec's functions: its argument expressions, else
+    /// every parameter with `auto` (`-a`), else none (registers only).
+    pub fn chooser_for(self: &Rc<Self>, exprs: Vec<ArgExpr>, auto: bool) -> Option<CaptureChooser> {
+        match (exprs.is_empty(), auto) {
+            (false, _) => Some(self.chooser(Some(exprs))),
+            (true, true) => Some(self.chooser(None)),
+            (true, false) => None,
+        }
+    }
+
+    /// Fails with what could not be planned (a parameter name the
+    /// function does not have, a function without DWARF).
+    pub fn check(&self) -> Result<()> {
+        let errors = std::mem::take(&mut *self.errors.borrow_mut());
+        if !errors.is_empty() {
+            bail!("{}", errors.join("\n"));
+        }
+        Ok(())
+    }
+}
+
+/// A stopped thread as [`Machine`] sees it.
+struct Hit<'a, 'b> {
+    ctx: &'a mut HitContext<'b>,
+    xmm: Option<Option<[u64; 16]>>,
+}
+
+impl Machine for Hit<'_, '_> {
+    fn reg(&mut self, s: Source) -> Option<u64> {
+        let r = *self.ctx.regs();
+        Some(match s {
+            Source::IntArg(i) => self.ctx.arg(i as usize)?,
+            Source::Rax => r.rax,
+            Source::Xmm(i) => {
+                let x = *self
+                    .xmm
+                    .get_or_insert_with(|| self.ctx.xmm_registers().ok());
+                x?.get(i as usize).copied()?
+            }
+            Source::Stack(off) => {
+                let rsp = r.rsp;
+                self.ctx.read_u64(rsp.wrapping_add(u64::from(off))).ok()?
+            }
+            Source::Dwarf(n) => match n {
+                0 => r.rax,
+                1 => r.rdx,
+                2 => r.rcx,
+                3 => r.rbx,
+                4 => r.rsi,
+                5 => r.rdi,
+                6 => r.rbp,
+                7 => r.rsp,
+                8 => r.r8,
+                9 => r.r9,
+                10 => r.r10,
+                11 => r.r11,
+                12 => r.r12,
+                13 => r.r13,
+                14 => r.r14,
+                15 => r.r15,
+                _ => return None,
+            },
+        })
+    }
+
+    fn read(&mut self, addr: u64, buf: &mut [u8]) -> bool {
+        self.ctx.read_memory(addr, buf).is_ok()
+    }
+}
+
+/// The shapes of each typed probe, by probe id, for printing.
+#[derive(Default, Clone)]
+pub struct TypedShapes {
+    by_probe: HashMap<u32, (Vec<ShapeItem>, Vec<ShapeItem>)>,
+}
+
+impl TypedShapes {
+    /// From what `typing` planned and where it was placed.
+    pub fn new(typing: &Typing, placed: &[hotprobe::Placement]) -> TypedShapes {
+        let shapes = typing.shapes.borrow();
+        TypedShapes {
+            by_probe: placed
+                .iter()
+                .filter_map(|p| Some((p.id.0, shapes.get(&p.addr.0)?.clone())))
+                .collect(),
+        }
+    }
+
+    /// The entry and exit shapes of probe `id`, if it is typed.
+    pub fn get(&self, id: u32) -> Option<&(Vec<ShapeItem>, Vec<ShapeItem>)> {
+        self.by_probe.get(&id)
+    }
+
+    /// The values of a typed event: `Some(texts)`, or `None` for a probe
+    /// that is not typed.
+    pub fn format(&self, id: u32, exit: bool, data: &[u8]) -> Option<Vec<String>> {
+        let (entry, exit_shapes) = self.by_probe.get(&id)?;
+        let shapes = if exit { exit_shapes } else { entry };
+        Some(match format_values(shapes, data) {
+            Ok(v) => v,
+            Err(e) => vec![format!("<{e}>")],
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_with_arguments() {
+        let (f, e) = split_spec("greet(name, n)").unwrap();
+        assert_eq!(f, "greet");
+        assert_eq!(
+            e.iter().map(|x| x.text.as_str()).collect::<Vec<_>>(),
+            ["name", "n"]
+        );
+        let (f, e) = split_spec("greet name:string p->len").unwrap();
+        assert_eq!(f, "greet");
+        assert!(e[0].as_string);
+        assert_eq!(e[1].path, [(true, "len".to_string())]);
+        let (f, e) = split_spec("libc:getpid").unwrap();
+        assert_eq!((f.as_str(), e.len()), ("libc:getpid", 0));
+        assert!(split_spec("f(a b)").is_err());
+        assert!(split_spec("f p->").is_err());
+    }
+}
