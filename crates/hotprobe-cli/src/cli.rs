@@ -197,6 +197,13 @@ pub enum Cmd {
         #[arg(long, value_name = "N", default_value_t = 0,
               value_parser = clap::value_parser!(u8).range(0..=6))]
         args: u8,
+        /// Keep every parameter and the return value, typed from DWARF
+        /// (-g; as `trace -a`): functions with DWARF are recorded through
+        /// the trap mechanism (a ptrace stop per call, ~10 µs) so that
+        /// strings are copied and floats read at the hit; `replay` prints
+        /// them. Functions without DWARF are recorded as without -a.
+        #[arg(short = 'a', long)]
+        auto_args: bool,
         /// How function entries are probed: auto (patch, else jump), or
         /// force one. Functions neither fits are not recorded (listed in
         /// the summary).

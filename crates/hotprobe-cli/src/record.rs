@@ -16,6 +16,7 @@
 
 use crate::out::errln;
 use crate::session::{mechanism_summary, progress, Traced};
+use crate::typed;
 use anyhow::{bail, Context, Result};
 use hotprobe::{Action, DrainStats, ExitStatus, FastPathConfig, MechanismChoice, SessionConfig};
 use hotprobe_symbols::pattern;
@@ -63,6 +64,8 @@ pub struct RecordOptions<'a> {
     pub sample: Option<u32>,
     /// Argument registers kept per entry (0–6); >0 also keeps return values.
     pub args: u8,
+    /// `-a`: every parameter and the return value, typed (see `crate::typed`).
+    pub auto_args: bool,
     /// `--mechanism`.
     pub mechanism: MechanismChoice,
     /// `-f`: follow forked children.
@@ -242,6 +245,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             o.include.iter().map(|p| (p.as_str(), false)).collect()
         })
         .collect();
+    let typing = std::rc::Rc::new(typed::Typing::default());
     let bar = progress(selections.len() as u64, "placing probes");
     for (spec, marker) in selections {
         bar.inc(1);
@@ -250,10 +254,13 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             let excluded = o.exclude.iter().any(|x| pattern::matches(x, name));
             marker || !(taken.contains(name) || excluded || runtime)
         };
-        let added = match t
+        t.session
+            .set_capture(typing.chooser_for(Vec::new(), o.auto_args && !marker));
+        let added = t
             .session
-            .add_filtered(t.target, spec, Action::Record, &keep)
-        {
+            .add_filtered(t.target, spec, Action::Record, &keep);
+        t.session.set_capture(None);
+        let added = match added {
             Ok(a) => a,
             Err(e) => {
                 t.abandon();
@@ -274,6 +281,9 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
         }
         for p in added.placements {
             let name = p.function.clone().unwrap_or_else(|| p.label.clone());
+            // A typed function's events keep the index of their captured
+            // values (hotprobe-trace's values files).
+            let typed = typing.shapes.borrow().contains_key(&p.addr.0);
             symbols.push(Symbol {
                 id: p.id.0,
                 name: name.clone(),
@@ -284,8 +294,8 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
                 } else {
                     ProbeKind::Function
                 },
-                nargs: o.args,
-                retval: o.args > 0,
+                nargs: if typed { 1 } else { o.args },
+                retval: typed || o.args > 0,
             });
             taken.insert(name);
             placed.push(p);
@@ -351,7 +361,10 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             return Err(e);
         }
     }
-    let mut writer = match TraceWriter::create(o.out, meta) {
+    let types = typed::TypedShapes::new(&typing, &placed).value_types();
+    let mut writer = match TraceWriter::create(o.out, meta)
+        .and_then(|mut w| w.set_value_types(&types).map(|()| w))
+    {
         Ok(w) => w,
         Err(e) => {
             t.abandon();

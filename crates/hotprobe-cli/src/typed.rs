@@ -212,9 +212,13 @@ impl TypedShapes {
         }
     }
 
-    /// The entry and exit shapes of probe `id`, if it is typed.
-    pub fn get(&self, id: u32) -> Option<&(Vec<ShapeItem>, Vec<ShapeItem>)> {
-        self.by_probe.get(&id)
+    /// The same, for a trace's `types.tsv`.
+    pub fn value_types(&self) -> hotprobe_trace::ValueTypes {
+        let mut t = hotprobe_trace::ValueTypes::default();
+        for (id, (e, x)) in &self.by_probe {
+            t.insert(*id, e.clone(), x.clone());
+        }
+        t
     }
 
     /// The values of a typed event: `Some(texts)`, or `None` for a probe

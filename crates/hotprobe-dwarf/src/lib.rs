@@ -19,16 +19,21 @@
 //! captured bytes) returns errors and never panics (fuzzed:
 //! `tests/fuzz.rs`, `fuzz/`).
 
+#[cfg(feature = "dwarf")]
 mod plan;
+#[cfg(feature = "dwarf")]
 mod types;
 mod value;
 
+#[cfg(feature = "dwarf")]
 pub use plan::{plan_args, plan_auto, plan_return, ArgExpr, Planned};
+#[cfg(feature = "dwarf")]
 pub use types::{DebugTypes, EntryLoc, Field, Param, Signature, Type};
 pub use value::{
     capture, format_values, Fetch, Machine, Shape, ShapeItem, Source, ValueError, MAX_STRING,
 };
 
+#[cfg(feature = "dwarf")]
 /// Why DWARF could not be read or an argument expression not planned.
 #[derive(Debug, thiserror::Error)]
 pub enum DwarfError {
@@ -69,6 +74,7 @@ pub enum DwarfError {
     },
 }
 
+#[cfg(feature = "dwarf")]
 fn list(v: &[String]) -> String {
     if v.is_empty() {
         "none".into()

@@ -31,6 +31,7 @@ pub mod query;
 mod reader;
 mod summary;
 mod symbols;
+mod values;
 pub mod varint;
 mod writer;
 
@@ -59,4 +60,5 @@ pub use query::{CompiledQuery, Query, QueryStack};
 pub use reader::{StreamFile, ThreadStream, TraceReader};
 pub use summary::{rfc3339, summarize, ThreadSummary, TraceSummary};
 pub use symbols::{ProbeKind, Symbol, SymbolTable};
+pub use values::{values_file_name, ThreadValues, ValueTypes, MAX_VALUES_LEN, TYPES_FILE};
 pub use writer::{stream_file_name, TraceMeta, TraceWriter, INFO_FILE, SYMBOLS_FILE};

@@ -1052,7 +1052,10 @@ impl Session {
             if capture.is_some() && !matches!(plan, Plan::Trap(_)) {
                 plan = Plan::Trap("typed values read at the hit (DWARF)".into());
             }
-            if let (Plan::Trap(why), true) = (&plan, record && !self.config.record_traps) {
+            if let (Plan::Trap(why), true) = (
+                &plan,
+                record && !self.config.record_traps && capture.is_none(),
+            ) {
                 let reason = format!("needs the trap mechanism ({why})");
                 if pattern {
                     added.skipped.push(Skipped { label, reason });
