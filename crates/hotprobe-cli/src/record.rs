@@ -245,7 +245,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             o.include.iter().map(|p| (p.as_str(), false)).collect()
         })
         .collect();
-    let typing = std::rc::Rc::new(typed::Typing::default());
+    let typing = std::rc::Rc::new(typed::Typing::new(pid));
     let bar = progress(selections.len() as u64, "placing probes");
     for (spec, marker) in selections {
         bar.inc(1);
@@ -361,6 +361,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             return Err(e);
         }
     }
+    typing.note_untyped();
     let types = typed::TypedShapes::new(&typing, &placed).value_types();
     let mut writer = match TraceWriter::create(o.out, meta)
         .and_then(|mut w| w.set_value_types(&types).map(|()| w))

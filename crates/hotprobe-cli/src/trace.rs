@@ -255,7 +255,7 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
         .map(|s| typed::split_spec(s))
         .collect::<Result<Vec<_>>>()?;
     let mut t = Traced::open(config, o.pid, o.cmd)?;
-    let typing = Rc::new(Typing::default());
+    let typing = Rc::new(Typing::new(t.pid));
     let mut placed = Vec::new();
     for (func, exprs) in specs {
         t.session
@@ -270,6 +270,7 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
             }
         }
     }
+    typing.note_untyped();
     let mut tree = LiveTree::new(&placed, o.args).with_types(TypedShapes::new(&typing, &placed));
     outln!("{HEADER}");
     let ran = t.run(&placed, o.duration, Some(&mut tree));

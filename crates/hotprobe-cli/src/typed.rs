@@ -54,6 +54,8 @@ pub type ShapeMap = HashMap<u64, (Vec<ShapeItem>, Vec<ShapeItem>)>;
 /// The DWARF of the modules probed so far, and what was planned.
 #[derive(Default)]
 pub struct Typing {
+    /// The process (its maps name each module's file).
+    pid: i32,
     modules: RefCell<HashMap<String, Option<Rc<DebugTypes>>>>,
     /// What each placed typed function shows.
     pub shapes: RefCell<ShapeMap>,
@@ -64,22 +66,36 @@ pub struct Typing {
 }
 
 impl Typing {
-    fn debug_types(&self, module: &str) -> Option<Rc<DebugTypes>> {
+    /// For the functions of process `pid`.
+    pub fn new(pid: i32) -> Typing {
+        Typing {
+            pid,
+            ..Typing::default()
+        }
+    }
+
+    /// The DWARF of the module `r` is in (its file, as the process maps
+    /// show it; separate debug files are not looked for).
+    fn debug_types(&self, r: &ResolvedProbe) -> Option<Rc<DebugTypes>> {
+        if let Some(d) = self.modules.borrow().get(&r.module) {
+            return d.clone();
+        }
+        let path = hotprobe_symbols::read_maps(self.pid as u32)
+            .ok()?
+            .into_iter()
+            .find(|m| m.start <= r.addr && r.addr < m.end)?
+            .path?;
+        let d = DebugTypes::load(&path).ok().map(Rc::new);
         self.modules
             .borrow_mut()
-            .entry(module.to_string())
-            .or_insert_with(|| {
-                DebugTypes::load(std::path::Path::new(module))
-                    .ok()
-                    .map(Rc::new)
-            })
-            .clone()
+            .insert(r.module.clone(), d.clone());
+        d
     }
 
     fn plan(&self, r: &ResolvedProbe, exprs: Option<&[ArgExpr]>) -> Option<Planned> {
         let func = r.function.clone().unwrap_or_else(|| r.addr.to_string());
         let sig = self
-            .debug_types(&r.module)
+            .debug_types(r)
             .and_then(|d| d.signature(r.link_addr.0).ok().flatten());
         let Some(sig) = sig else {
             match exprs {
@@ -131,6 +147,23 @@ impl Typing {
             (false, _) => Some(self.chooser(Some(exprs))),
             (true, true) => Some(self.chooser(None)),
             (true, false) => None,
+        }
+    }
+
+    /// Says on stderr which functions `-a` shows without arguments (no
+    /// DWARF for them): by name when few, else how many.
+    pub fn note_untyped(&self) {
+        let u = self.untyped.borrow();
+        match u.len() {
+            0 => {}
+            1..=5 => crate::out::errln!(
+                "hotprobe: no DWARF for {} (build with -g): shown without arguments",
+                u.join(", ")
+            ),
+            n => crate::out::errln!(
+                "hotprobe: no DWARF for {n} functions (e.g. {}): shown without arguments",
+                u[..3].join(", ")
+            ),
         }
     }
 

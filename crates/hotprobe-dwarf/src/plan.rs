@@ -38,7 +38,7 @@ impl Planned {
         fn plain(f: &Fetch) -> bool {
             matches!(
                 f,
-                Fetch::Missing | Fetch::Reg(Source::IntArg(_) | Source::Rax)
+                Fetch::Missing | Fetch::Const(_) | Fetch::Reg(Source::IntArg(_) | Source::Rax)
             )
         }
         !self.entry.iter().chain(&self.exit).all(plain)
@@ -118,10 +118,13 @@ fn entry_sources(sig: &Signature, clone: bool) -> Vec<Result<Fetch, String>> {
             .map(|p| match p.entry {
                 EntryLoc::Reg(n @ 0..=15) => Ok(Fetch::Reg(Source::Dwarf(n))),
                 EntryLoc::Reg(n @ 17..=32) => Ok(Fetch::Reg(Source::Xmm((n - 17) as u8))),
-                EntryLoc::Reg(_) | EntryLoc::Unknown | EntryLoc::Frame => {
-                    Err("unknown location".into())
+                EntryLoc::Const(c) => Ok(Fetch::Const(c as u64)),
+                // Anything else (a value only the caller knows,
+                // DW_OP_GNU_parameter_ref / entry values, or none): the
+                // clone does not have it.
+                EntryLoc::Reg(_) | EntryLoc::Unknown | EntryLoc::Frame | EntryLoc::OptimisedOut => {
+                    Err("optimised out".into())
                 }
-                EntryLoc::OptimisedOut => Err("optimised out".into()),
             })
             .collect();
     }

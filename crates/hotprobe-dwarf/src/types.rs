@@ -126,6 +126,9 @@ pub enum EntryLoc {
     Frame,
     /// Nowhere at the entry: optimised out there.
     OptimisedOut,
+    /// A constant everywhere (`DW_AT_const_value`: a clone made for one
+    /// value of the parameter).
+    Const(i64),
     /// No location attribute, or one hotprobe does not evaluate.
     Unknown,
 }
@@ -466,7 +469,10 @@ impl Resolver<'_> {
                 // A concrete instance may leave the location to nobody:
                 // DWARF knows no place for the value anywhere.
                 return match e.attr_value(gimli::DW_AT_const_value) {
-                    Ok(Some(_)) => EntryLoc::Unknown,
+                    Ok(Some(v)) => match v.sdata_value().or(v.udata_value().map(|u| u as i64)) {
+                        Some(c) => EntryLoc::Const(c),
+                        None => EntryLoc::Unknown,
+                    },
                     _ => EntryLoc::OptimisedOut,
                 };
             }

@@ -41,6 +41,8 @@ pub enum Fetch {
     },
     /// The NUL-terminated string `ptr` points to (at most [`MAX_STRING`] bytes).
     Str(Box<Fetch>),
+    /// A value known without reading (a clone's constant parameter).
+    Const(u64),
     /// Nothing to read: the value is not available.
     Missing,
 }
@@ -85,6 +87,7 @@ fn unreadable(out: &mut Vec<u8>, addr: u64) {
 fn eval(f: &Fetch, m: &mut dyn Machine) -> Result<u64, Option<u64>> {
     match f {
         Fetch::Reg(s) => m.reg(*s).ok_or(None),
+        Fetch::Const(v) => Ok(*v),
         Fetch::Load { addr, offset, size } => {
             let a = eval(addr, m)?.wrapping_add(*offset);
             let n = (*size as usize).clamp(1, 8);
