@@ -109,8 +109,16 @@ fn read_string(m: &mut dyn Machine, addr: u64, out: &mut Vec<u8>) {
         let a = addr.wrapping_add(len as u64);
         // Never cross into a page that may be unmapped in one read.
         let room = (0x1000 - (a & 0xfff)) as usize;
-        let n = room.min(MAX_STRING - len).min(64);
-        if !m.read(a, &mut buf[len..len + n]) {
+        let mut n = room.min(MAX_STRING - len).min(64);
+        // A target that refuses a read running past what it has mapped
+        // (a guest's page tables, a short mapping) gets shorter ones.
+        while !m.read(a, &mut buf[len..len + n]) {
+            if n == 1 {
+                break;
+            }
+            n /= 2;
+        }
+        if n == 1 && !m.read(a, &mut buf[len..len + 1]) {
             if len == 0 {
                 return unreadable(out, addr);
             }

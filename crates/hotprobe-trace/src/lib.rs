@@ -55,6 +55,8 @@ pub use export::{export_parquet, ParquetStats};
 pub use filter::{CompiledFilter, Filter, FilterStats, ThreadFilter};
 pub use format::KindCounts;
 pub use hist::{fmt_bound, Bucket, Histogram};
+/// Shapes of typed values (`types.tsv`), from hotprobe-dwarf.
+pub use hotprobe_dwarf::{Shape, ShapeItem};
 pub use info::{Info, ThreadInfo, WriteStats, FORMAT_NAME, FORMAT_VERSION};
 pub use query::{CompiledQuery, Query, QueryStack};
 pub use reader::{StreamFile, ThreadStream, TraceReader};
