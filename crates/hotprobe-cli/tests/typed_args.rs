@@ -57,12 +57,12 @@ fn shown(out: &str) -> Vec<String> {
             open.push(e.to_string());
             continue;
         } else if let Some(rest) = body.strip_prefix('}') {
-            let ret = if let Some(r) = rest.split_once("*/ = ") {
-                Some(r.1.to_string()) // trace: `} /* f */ = R`
-            } else if let Some(r) = rest.strip_prefix(" = ") {
-                Some(r.split_once("; /*").unwrap().0.to_string()) // replay: `} = R; /* f */`
-            } else {
-                None
+            // trace: `} /* f */ = R`; replay: `} = R; /* f */`.
+            let ret = match rest.split_once("*/ = ") {
+                Some((_, r)) => Some(r.to_string()),
+                None => rest
+                    .strip_prefix(" = ")
+                    .map(|r| r.split_once("; /*").unwrap().0.to_string()),
             };
             (open.pop().expect("an exit without its entry"), ret)
         } else if let Some(leaf) = body.strip_suffix(';') {

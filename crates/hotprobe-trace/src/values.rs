@@ -2,7 +2,7 @@
 //! of a typed probe (strings copied at the hit, floats, fields through
 //! pointers), beside the thread streams.
 //!
-//! - `types.tsv`: header `#id	entry	exit`, then per typed probe its id and
+//! - `types.tsv`: header `#id`, `entry`, `exit` (tab-separated), then per typed probe its id and
 //!   the shapes of its entry and exit values
 //!   ([`hotprobe_dwarf::Shape::encode_list`]).
 //! - `values-<TID>.hpv`: magic `HPVS`, u16 version 1, then one record per

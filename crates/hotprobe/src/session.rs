@@ -1236,6 +1236,7 @@ impl Session {
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn place_trap(
         &mut self,
         t: TargetId,
