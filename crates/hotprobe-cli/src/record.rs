@@ -215,7 +215,9 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             max_threads: o.max_threads,
             // Up to 2 arguments: 32-byte event slots (faster to write and
             // drain than the 64-byte ones all 6 need).
-            record_args: o.args,
+            // -a: typed values in integer registers come from the
+            // recorded ones (all six argument registers).
+            record_args: if o.auto_args { 6 } else { o.args },
             ..defaults
         },
         // A trap costs a ptrace stop per hit: functions that need one are
@@ -387,7 +389,8 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     let started = Instant::now();
     // Whatever happens to the run, the trace is finished: every event
     // drained before the end stays readable.
-    let ran = t.run(&placed, o.duration, Some(&mut writer));
+    let mut typed_sink = typed::RegisterTyped::new(&mut writer, &typing, &placed);
+    let ran = t.run(&placed, o.duration, Some(&mut typed_sink));
     let stats = writer.finish().context("cannot finish the trace")?;
     ran?;
     let how = match t.status() {

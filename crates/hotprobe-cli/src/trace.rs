@@ -238,11 +238,17 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
             bail!("--args {n}: at most 6 argument registers (rdi, rsi, rdx, rcx, r8, r9)");
         }
     }
+    let typed_specs = o.auto_args || o.probes.iter().any(|s| s.contains(['(', ' ']));
     let config = SessionConfig {
         mechanism: o.mechanism,
         maxactive: o.maxactive,
         fast_path: FastPathConfig {
-            record_args: o.args.unwrap_or(0) as u8,
+            // Typed values in integer registers come from the recorded ones.
+            record_args: if typed_specs {
+                6
+            } else {
+                o.args.unwrap_or(0) as u8
+            },
             ..FastPathConfig::default()
         },
         follow_forks: o.follow_forks,
@@ -273,7 +279,8 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
     typing.note_untyped();
     let mut tree = LiveTree::new(&placed, o.args).with_types(TypedShapes::new(&typing, &placed));
     outln!("{HEADER}");
-    let ran = t.run(&placed, o.duration, Some(&mut tree));
+    let mut typed_sink = typed::RegisterTyped::new(&mut tree, &typing, &placed);
+    let ran = t.run(&placed, o.duration, Some(&mut typed_sink));
     if o.summary {
         outln!();
         print_table(&t.session, &placed, o.follow_forks);

@@ -6,11 +6,14 @@
 //! with the event; [`TypedShapes`] turns them back into text.
 
 use anyhow::{bail, Result};
-use hotprobe::{Capture, CaptureChooser, HitContext};
-use hotprobe_dwarf::{
-    capture, format_values, plan_args, plan_auto, ArgExpr, DebugTypes, Machine, Planned, ShapeItem,
-    Source,
+use hotprobe::{
+    Capture, CaptureChooser, EventSink, HitContext, RecordedEvent, SinkError, KIND_EXIT,
 };
+use hotprobe_dwarf::{
+    capture, format_values, plan_args, plan_auto, ArgExpr, DebugTypes, Fetch, Machine, Planned,
+    ShapeItem, Source,
+};
+use hotprobe_fastpath::EXIT_UNWOUND;
 use hotprobe_symbols::ResolvedProbe;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -47,6 +50,9 @@ pub fn split_spec(spec: &str) -> Result<(String, Vec<ArgExpr>)> {
     Ok((func.to_string(), exprs))
 }
 
+/// What is read at the entry and at the return.
+type EntryExit = (Vec<Fetch>, Vec<Fetch>);
+
 /// Shapes of the entry and exit values of each typed probe, by run-time
 /// address (filled as functions are placed).
 pub type ShapeMap = HashMap<u64, (Vec<ShapeItem>, Vec<ShapeItem>)>;
@@ -63,6 +69,9 @@ pub struct Typing {
     errors: RefCell<Vec<String>>,
     /// Functions without DWARF (shown without arguments).
     pub untyped: RefCell<Vec<String>>,
+    /// Typed functions whose values are all in integer registers (read
+    /// from the recorded registers, on any mechanism), by address.
+    register_plans: RefCell<HashMap<u64, EntryExit>>,
 }
 
 impl Typing {
@@ -130,6 +139,14 @@ impl Typing {
                 (planned.entry_shapes.clone(), planned.exit_shapes.clone()),
             );
             let (entry, exit) = (planned.entry, planned.exit);
+            if !planned_needs_more(&entry, &exit) {
+                // Integer registers only: any mechanism records them (the
+                // fast path too); [`RegisterTyped`] types them as drained.
+                me.register_plans
+                    .borrow_mut()
+                    .insert(r.addr.0, (entry, exit));
+                return None;
+            }
             Some(Rc::new(
                 move |ctx: &mut HitContext<'_>, is_exit: bool, out: &mut Vec<u8>| {
                     let plan = if is_exit { &exit } else { &entry };
@@ -175,6 +192,86 @@ impl Typing {
             bail!("{}", errors.join("\n"));
         }
         Ok(())
+    }
+}
+
+fn planned_needs_more(entry: &[Fetch], exit: &[Fetch]) -> bool {
+    Planned {
+        entry: entry.to_vec(),
+        exit: exit.to_vec(),
+        ..Planned::default()
+    }
+    .needs_more_than_registers()
+}
+
+/// An [`EventSink`] in front of another: events of typed functions whose
+/// values are all integer registers (recorded by whatever mechanism took
+/// them: the agent's rings, a trap) get those values as captured bytes,
+/// as if read at the hit.
+pub struct RegisterTyped<'a> {
+    inner: &'a mut dyn EventSink,
+    plans: HashMap<u32, EntryExit>,
+}
+
+impl<'a> RegisterTyped<'a> {
+    /// For the probes `placed` that `typing` planned on registers.
+    pub fn new(
+        inner: &'a mut dyn EventSink,
+        typing: &Typing,
+        placed: &[hotprobe::Placement],
+    ) -> RegisterTyped<'a> {
+        let plans = typing.register_plans.borrow();
+        RegisterTyped {
+            inner,
+            plans: placed
+                .iter()
+                .filter_map(|p| Some((p.id.0, plans.get(&p.addr.0)?.clone())))
+                .collect(),
+        }
+    }
+}
+
+impl EventSink for RegisterTyped<'_> {
+    fn event(&mut self, ev: &RecordedEvent) -> Result<(), SinkError> {
+        let exit = ev.kind == KIND_EXIT;
+        match self.plans.get(&ev.probe_id) {
+            Some(_) if exit && ev.reserved & EXIT_UNWOUND != 0 => self.inner.event(ev),
+            Some((entry, exit_plan)) => {
+                let plan = if exit { exit_plan } else { entry };
+                let mut data = Vec::new();
+                capture(plan, &mut Recorded(ev), &mut data);
+                self.inner.event_data(ev, &data)
+            }
+            None => self.inner.event(ev),
+        }
+    }
+
+    fn event_data(&mut self, ev: &RecordedEvent, data: &[u8]) -> Result<(), SinkError> {
+        self.inner.event_data(ev, data)
+    }
+
+    fn lost(&mut self, tid: u32, ts: u64, count: u64) -> Result<(), SinkError> {
+        self.inner.lost(tid, ts, count)
+    }
+}
+
+/// A recorded event's registers: the argument registers of an entry, rax
+/// (and rdx) of an exit.
+struct Recorded<'a>(&'a RecordedEvent);
+
+impl Machine for Recorded<'_> {
+    fn reg(&mut self, s: Source) -> Option<u64> {
+        let ev = self.0;
+        let n = usize::from(ev.nargs).min(ev.args.len());
+        match (s, ev.kind == KIND_EXIT) {
+            (Source::IntArg(i), false) if usize::from(i) < n => Some(ev.args[usize::from(i)]),
+            (Source::Rax, true) if n > 0 => Some(ev.args[0]),
+            _ => None,
+        }
+    }
+
+    fn read(&mut self, _addr: u64, _buf: &mut [u8]) -> bool {
+        false
     }
 }
 

@@ -144,7 +144,7 @@ fn compare(ours: &[String], theirs: &[String], optimised: bool, what: &str) {
 fn trace_a(opt: &str) {
     let prog = program(opt, true);
     let specs: Vec<String> = FUNCS.iter().map(|f| format!("{f}*")).collect();
-    let mut args = vec!["trace", "-a"];
+    let mut args = vec!["trace", "-a", "--summary"];
     args.extend(specs.iter().map(String::as_str));
     args.extend(["--", prog.to_str().unwrap()]);
     let out = hotprobe(&args);
@@ -158,6 +158,27 @@ fn trace_a(opt: &str) {
         opt == "-O2",
         &format!("trace -a {opt}"),
     );
+    // Values in memory (strings) or xmm registers are read at the hit, on
+    // the trap path; values in integer registers come with the recorded
+    // registers, on whatever mechanism fits (the fast path where it can).
+    let row = |f: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{f} ")) || l.starts_with(&format!("{f}.")))
+            .unwrap_or_else(|| panic!("no row for {f}: {stdout}"))
+            .to_string()
+    };
+    for f in ["greet", "scale", "pick", "mix"] {
+        let r = row(f);
+        assert!(
+            r.contains("trap") && r.contains("typed values read at the hit"),
+            "{r}"
+        );
+    }
+    for f in ["total", "mul"] {
+        let r = row(f);
+        assert!(!r.contains("typed values read at the hit"), "{r}");
+    }
 }
 
 #[test]

@@ -116,7 +116,17 @@ fn entry_sources(sig: &Signature, clone: bool) -> Vec<Result<Fetch, String>> {
             .params
             .iter()
             .map(|p| match p.entry {
-                EntryLoc::Reg(n @ 0..=15) => Ok(Fetch::Reg(Source::Dwarf(n))),
+                // An argument register under its ABI name (the fast path
+                // records those), any other general register as such.
+                EntryLoc::Reg(n @ 0..=15) => Ok(Fetch::Reg(match n {
+                    5 => Source::IntArg(0),
+                    4 => Source::IntArg(1),
+                    1 => Source::IntArg(2),
+                    2 => Source::IntArg(3),
+                    8 => Source::IntArg(4),
+                    9 => Source::IntArg(5),
+                    n => Source::Dwarf(n),
+                })),
                 EntryLoc::Reg(n @ 17..=32) => Ok(Fetch::Reg(Source::Xmm((n - 17) as u8))),
                 EntryLoc::Const(c) => Ok(Fetch::Const(c as u64)),
                 // Anything else (a value only the caller knows,
