@@ -287,14 +287,14 @@ fn fmt_ret(ret: Option<u64>) -> String {
 
 /// Argument and return values as replay prints them: typed probes' from
 /// their captured records (format version 2), others' registers.
-struct TypedText<'r> {
+pub(crate) struct TypedText<'r> {
     reader: &'r TraceReader,
     /// Per thread: its values file, read when first needed.
     values: std::cell::RefCell<HashMap<u32, crate::ThreadValues>>,
 }
 
 impl<'r> TypedText<'r> {
-    fn new(reader: &'r TraceReader) -> Result<TypedText<'r>> {
+    pub(crate) fn new(reader: &'r TraceReader) -> Result<TypedText<'r>> {
         Ok(TypedText {
             reader,
             values: Default::default(),
@@ -316,6 +316,29 @@ impl<'r> TypedText<'r> {
                 .unwrap_or_default(),
             None => vec![format!("<no captured values #{index}>")],
         }
+    }
+
+    /// A typed probe's argument values as text; `None` for other probes.
+    pub(crate) fn typed_args(&self, tid: u32, probe: u32, args: &Args) -> Option<Vec<String>> {
+        let &i = args.as_slice().first()?;
+        self.reader
+            .value_types()
+            .is_typed(probe)
+            .then(|| self.record(tid, probe, false, i))
+    }
+
+    /// A typed probe's return value as text; `None` for other probes (and
+    /// a typed void function's).
+    pub(crate) fn typed_ret(&self, tid: u32, probe: u32, ret: u64) -> Option<String> {
+        if !self.reader.value_types().is_typed(probe) {
+            return None;
+        }
+        self.record(tid, probe, true, ret).into_iter().next()
+    }
+
+    /// Whether `probe`'s arguments and return value are record indices.
+    pub(crate) fn is_typed(&self, probe: u32) -> bool {
+        self.reader.value_types().is_typed(probe)
     }
 
     fn args(&self, tid: u32, probe: u32, args: &Args) -> String {

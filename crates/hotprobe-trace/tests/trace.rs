@@ -655,6 +655,22 @@ fn typed_values_round_trip_and_version_1_still_reads() {
         2,
         "{out}"
     );
+    // Chrome JSON: the values as text (strings are JSON strings holding
+    // the quoted C string); CTF keeps no numbers for typed probes.
+    let mut json = Vec::new();
+    export_chrome(&r, &mut json, None).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&json).unwrap();
+    let calls: Vec<&serde_json::Value> = v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .collect();
+    assert_eq!(calls.len(), 2);
+    for c in calls {
+        assert_eq!(c["args"]["args"], serde_json::json!(["\"world\"", "-3"]));
+        assert_eq!(c["args"]["retval"], "4.75");
+    }
     // A values file cut short: an error naming it; replay shows the
     // values it cannot find, and everything else.
     let vp = dir.path().join(values_file_name(9));
