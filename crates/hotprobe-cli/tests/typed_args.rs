@@ -223,6 +223,22 @@ fn record_a(opt: &str) {
         opt == "-O2",
         &format!("record -a {opt} + replay"),
     );
+    // Chrome JSON carries the typed values as text.
+    let json = dir.join("t.json");
+    let out = hotprobe(&[
+        "export",
+        dir.to_str().unwrap(),
+        "--format",
+        "chrome",
+        "-o",
+        json.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json = std::fs::read_to_string(json).unwrap();
+    assert!(
+        json.contains(r#"["\"world\"","0"]"#) && json.contains(r#""retval":"4.75""#),
+        "{json}"
+    );
     // main is recorded too, typed: main(1, 0x…) = 0.
     assert!(
         stdout.contains("main(1, 0x") && stdout.contains("} = 0; /* main */"),
