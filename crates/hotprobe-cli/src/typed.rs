@@ -72,7 +72,13 @@ pub struct Typing {
     /// Typed functions whose values are all in integer registers (read
     /// from the recorded registers, on any mechanism), by address.
     register_plans: RefCell<HashMap<u64, EntryExit>>,
+    /// Parameters and their registers per function (`count` conditions).
+    param_regs: RefCell<HashMap<u64, Option<ParamRegs>>>,
 }
+
+/// A function's parameters and the argument register of each (or why it
+/// has none).
+pub type ParamRegs = Vec<(String, Result<crate::cond::Operand, String>)>;
 
 impl Typing {
     /// For the functions of process `pid`.
@@ -165,6 +171,59 @@ impl Typing {
             (true, true) => Some(self.chooser(None)),
             (true, false) => None,
         }
+    }
+
+    /// A chooser that types nothing but notes, per function, which
+    /// argument register holds each parameter at the entry (for names in
+    /// `count` conditions, [`Typing::param_registers`]).
+    pub fn name_chooser(self: &Rc<Self>) -> CaptureChooser {
+        let me = self.clone();
+        Rc::new(move |r: &ResolvedProbe| -> Option<Capture> {
+            let func = r.function.clone().unwrap_or_default();
+            let sig = me
+                .debug_types(r)
+                .and_then(|d| d.signature(r.link_addr.0).ok().flatten());
+            let regs = sig.map(|sig| {
+                let p = plan_auto(&sig, &func);
+                sig.params
+                    .iter()
+                    .zip(p.entry.iter().zip(&p.entry_shapes))
+                    .map(|(param, (f, shape))| {
+                        use hotprobe_dwarf::Shape as S;
+                        let operand = |reg: u8, size: u8, signed: bool| {
+                            Ok(crate::cond::Operand::Param { reg, size, signed })
+                        };
+                        let reg = match (f, &shape.shape) {
+                            (_, S::Missing(why)) => Err(why.clone()),
+                            (Fetch::Reg(Source::IntArg(k)), s) => match s {
+                                S::Signed(n) => operand(*k, *n, true),
+                                S::Unsigned(n) => operand(*k, *n, false),
+                                S::Bool | S::Char => operand(*k, 1, matches!(s, S::Char)),
+                                S::Enum(_) => operand(*k, 4, true),
+                                S::Ptr | S::Str => operand(*k, 8, false),
+                                _ => Err(format!(
+                                    "not in an integer register ({})",
+                                    param.ty.describe()
+                                )),
+                            },
+                            _ => Err(format!(
+                                "not in an integer register ({})",
+                                param.ty.describe()
+                            )),
+                        };
+                        (param.name.clone(), reg)
+                    })
+                    .collect()
+            });
+            me.param_regs.borrow_mut().insert(r.addr.0, regs);
+            None
+        })
+    }
+
+    /// The parameters of the function placed at `addr` and the argument
+    /// register of each (see [`Typing::name_chooser`]); `None` without DWARF.
+    pub fn param_registers(&self, addr: u64) -> Option<ParamRegs> {
+        self.param_regs.borrow().get(&addr).cloned().flatten()
     }
 
     /// Says on stderr which functions `-a` shows without arguments (no

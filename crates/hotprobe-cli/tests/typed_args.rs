@@ -343,3 +343,46 @@ fn without_dwarf_args_stay_raw_registers() {
     assert!(stdout.contains("| greet() {"), "{stdout}");
     assert!(stderr.contains("no DWARF for greet"), "{stderr}");
 }
+
+#[test]
+fn count_conditions_name_parameters() {
+    for opt in ["-O0", "-O2"] {
+        let prog = program(opt, true);
+        let out = hotprobe(&[
+            "count",
+            // int -3 < 0 (its register's upper half is not its sign), an
+            // unsigned long above 2^63 > 100, an enum (BLUE = 6), a clone's
+            // register at -O2.
+            "greet if n < 0",
+            "total if extra > 100",
+            "pick if c == 6 && v > 0",
+            "mul* if a == 5",
+            "--",
+            prog.to_str().unwrap(),
+        ]);
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "{stdout}{stderr}");
+        let t = common::CountTable::parse(&stdout, &stderr);
+        for f in ["greet", "total", "pick"] {
+            assert_eq!(t.hits(f), 1, "{opt} {f}: {stdout}");
+        }
+        let mul = if opt == "-O2" {
+            "mul.constprop.0"
+        } else {
+            "mul"
+        };
+        assert_eq!(t.hits(mul), 1, "{opt}: {stdout}");
+    }
+    let prog = program("-O0", true);
+    for (spec, says) in [
+        (
+            "greet if nn < 0",
+            "greet has no parameter nn; its parameters: who, n",
+        ),
+        ("scale if x > 1", "`x`: not in an integer register (double)"),
+    ] {
+        let out = hotprobe(&["count", spec, "--", prog.to_str().unwrap()]);
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(says), "{stderr}");
+    }
+}
