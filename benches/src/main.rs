@@ -6,6 +6,8 @@
 //! cargo run --release -p hotprobe-bench -- trap            # trap mechanism vs native, naive ptrace, gdb, bpftrace
 //! cargo run --release -p hotprobe-bench -- trap --cpu 0    # pin tracer and target to CPU 0
 //! cargo run --release -p hotprobe-bench -- record-trap     # recording through a trap vs counting through one, jump, native
+//! cargo build --release -p hotprobe-cli && \
+//!   cargo run --release -p hotprobe-bench -- typed          # record -a vs --args 2 vs uftrace -a
 //! ```
 //!
 //! Prints a markdown table: ns per hit and × native. Not a test: timing
@@ -65,6 +67,16 @@ enum What {
         #[arg(long, default_value_t = 3)]
         runs: usize,
     },
+    /// Typed arguments: `hotprobe record -a` next to `record --args 2` and
+    /// `uftrace record -a`, per kind of value (integers, a string, a double).
+    Typed {
+        /// Calls per traced run.
+        #[arg(long, default_value_t = 20_000)]
+        calls: u64,
+        /// Runs per row (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
 }
 
 fn main() -> Result<()> {
@@ -73,6 +85,7 @@ fn main() -> Result<()> {
         What::Trap { cpu, hits, runs } => trap(cpu, hits, runs),
         What::RecordTrap { calls, runs } => record_trap(calls, runs),
         What::Inproc { cpu, hits, runs } => inproc::run(cpu, hits, runs),
+        What::Typed { calls, runs } => typed(calls, runs),
     }
 }
 
@@ -464,5 +477,85 @@ fn record_trap(calls: u64, runs: usize) -> Result<()> {
     for (name, n, v) in rows {
         println!("| {name} | {n} | {v:.1} | {:.0} |", v / native);
     }
+    Ok(())
+}
+
+/// The release `hotprobe` binary (built by `cargo build --release -p hotprobe-cli`).
+fn hotprobe_bin() -> Result<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/hotprobe");
+    if !p.exists() {
+        bail!(
+            "{} missing: cargo build --release -p hotprobe-cli",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+/// Runs `cmd` and returns the loop's ns per call from its stdout.
+fn timed(cmd: &mut Command) -> Result<f64> {
+    let out = cmd.output().context("running the traced program")?;
+    if !out.status.success() {
+        bail!("{:?} failed: {}", cmd, String::from_utf8_lossy(&out.stderr));
+    }
+    loop_ns(&String::from_utf8_lossy(&out.stdout))
+}
+
+fn typed(calls: u64, runs: usize) -> Result<()> {
+    let hp = hotprobe_bin()?;
+    let bin = build("typed", &["-O2", "-g"])?;
+    let pg = build("typed", &["-O2", "-g", "-pg"])?;
+    let dir = std::env::temp_dir().join(format!("hotprobe-bench-typed-{}", std::process::id()));
+    let n = calls.to_string();
+    println!("Typed arguments ({calls} calls per run, median of {runs} runs; ns per call of the loop as the program measures it)");
+    println!();
+    println!(
+        "| function | native | hotprobe record --args 2 | hotprobe record -a | uftrace record -a |"
+    );
+    println!("|---|---:|---:|---:|---:|");
+    for (mode, func) in [("int", "add"), ("str", "slen"), ("dbl", "scale")] {
+        let med = |f: &mut dyn FnMut() -> Result<f64>| -> Result<f64> {
+            Ok(median((0..runs).map(|_| f()).collect::<Result<_>>()?))
+        };
+        let native = med(&mut || timed(Command::new(&bin).args([n.as_str(), mode])))?;
+        let record = |extra: &'static str| {
+            let (hp, bin, dir, n) = (hp.clone(), bin.clone(), dir.clone(), n.clone());
+            move || {
+                timed(
+                    Command::new(&hp)
+                        .args(["record", "--force", "-o"])
+                        .arg(&dir)
+                        .args(extra.split(' '))
+                        .arg(func)
+                        .arg("--")
+                        .arg(&bin)
+                        .args([n.as_str(), mode]),
+                )
+            }
+        };
+        let raw = med(&mut record("--args 2"))?;
+        let auto = med(&mut record("-a"))?;
+        let uft = if have("uftrace") {
+            let v = med(&mut || {
+                timed(
+                    Command::new("uftrace")
+                        .args(["record", "--no-libcall", "-a", "-d"])
+                        .arg(dir.join("uftrace.data"))
+                        .args(["-F", func])
+                        .arg(&pg)
+                        .args([n.as_str(), mode]),
+                )
+            })?;
+            format!("{v:.0} ({:.0}×)", v / native)
+        } else {
+            "–".into()
+        };
+        println!(
+            "| `{func}` ({mode}) | {native:.1} | {raw:.0} ({:.0}×) | {auto:.0} ({:.0}×) | {uft} |",
+            raw / native,
+            auto / native
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

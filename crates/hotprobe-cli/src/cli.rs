@@ -140,6 +140,13 @@ pub enum Cmd {
         /// Show the first N argument registers (0-6) and the return value.
         #[arg(long, value_name = "N")]
         args: Option<usize>,
+        /// Show every parameter and the return value, typed from DWARF
+        /// (-g): integers, chars, bools, enums by name, floats and doubles
+        /// (xmm registers), strings read at the hit, pointers. Typed
+        /// functions run on the trap mechanism. A PROBE may also name its
+        /// arguments: `func(a, b)` or 'func name:string p->len'.
+        #[arg(short = 'a', long)]
+        auto_args: bool,
         /// Live calls followed at once per function (more count as nmissed).
         #[arg(long, default_value_t = 64, value_name = "N")]
         maxactive: usize,
@@ -221,6 +228,15 @@ pub enum Cmd {
         #[arg(long, value_name = "N", default_value_t = 0,
               value_parser = clap::value_parser!(u8).range(0..=6))]
         args: u8,
+        /// Keep every parameter and the return value, typed from DWARF
+        /// (-g; as `trace -a`): functions whose values are all integer
+        /// registers stay on the fast path; those with strings, fields or
+        /// floats are recorded through the trap mechanism (a ptrace stop
+        /// per call) so that strings are copied and floats read at the hit;
+        /// `replay` prints them. Functions without DWARF are recorded as
+        /// without -a.
+        #[arg(short = 'a', long)]
+        auto_args: bool,
         /// How function entries are probed: auto (patch, else jump, else
         /// a trap), or force one.
         #[arg(long, value_enum, default_value_t = RecordMechanism::Auto)]

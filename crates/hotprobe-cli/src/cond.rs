@@ -6,8 +6,12 @@
 //! and        := unary ( "&&" unary )*
 //! unary      := "!" unary | "(" or ")" | comparison
 //! comparison := operand ( "==" | "!=" | "<" | "<=" | ">" | ">=" ) operand
-//! operand    := "arg0" … "arg5" | integer      (decimal or 0x hex, optional "-")
+//! operand    := "arg0" … "arg5" | NAME | integer  (decimal or 0x hex, optional "-")
 //! ```
+//!
+//! A NAME is a parameter of the probed function, found in its DWARF
+//! (`count 'greet if n > 2'`): one the SysV ABI passes in an integer
+//! register at the entry ([`Cond::parse_with`]).
 //!
 //! Arguments are the entry's argument registers (rdi, rsi, rdx, rcx, r8,
 //! r9) compared as signed 64-bit integers: `arg0 < 0` holds for -1. A
@@ -35,6 +39,17 @@ pub enum Op {
 pub enum Operand {
     /// Argument register N (0–5).
     Arg(u8),
+    /// A named parameter: argument register `reg`, its low `size` bytes,
+    /// signed or not (compared exactly, e.g. an `unsigned long` above
+    /// 2^63 is greater than any constant).
+    Param {
+        /// Register (0–5).
+        reg: u8,
+        /// Bytes (1, 2, 4, 8).
+        size: u8,
+        /// Signed.
+        signed: bool,
+    },
     /// A constant.
     Const(i64),
 }
@@ -97,7 +112,23 @@ pub enum CondError {
         /// The name.
         name: String,
     },
+    /// A parameter name that cannot be compared (not in an integer
+    /// register, or not a parameter of the function).
+    #[error("column {pos}: `{name}`: {why}")]
+    BadName {
+        /// Column.
+        pos: usize,
+        /// The name.
+        name: String,
+        /// Why.
+        why: String,
+    },
 }
+
+/// How a condition's parameter names map to argument registers: `None`
+/// for a name the function does not know, else its operand
+/// ([`Operand::Param`]) or why it has none.
+pub type NameMap<'a> = &'a dyn Fn(&str) -> Option<Result<Operand, String>>;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Tok {
@@ -180,13 +211,14 @@ fn lex(s: &str) -> Result<Vec<(usize, Tok)>, CondError> {
     Ok(out)
 }
 
-struct Parser {
+struct Parser<'a> {
     toks: Vec<(usize, Tok)>,
     at: usize,
     end: usize,
+    names: Option<NameMap<'a>>,
 }
 
-impl Parser {
+impl Parser<'_> {
     fn peek(&self) -> Option<&Tok> {
         self.toks.get(self.at).map(|t| &t.1)
     }
@@ -266,12 +298,22 @@ impl Parser {
                 match idx.map(|d| d.parse::<u64>().unwrap_or(u64::MAX)) {
                     Some(k) if k < 6 => Operand::Arg(k as u8),
                     Some(k) => return Err(CondError::NoSuchArg { pos, n: k }),
-                    None => {
-                        return Err(CondError::UnknownName {
-                            pos,
-                            name: n.clone(),
-                        })
-                    }
+                    None => match self.names.map(|f| f(n)) {
+                        Some(Some(Ok(o))) => o,
+                        Some(Some(Err(why))) => {
+                            return Err(CondError::BadName {
+                                pos,
+                                name: n.clone(),
+                                why,
+                            })
+                        }
+                        _ => {
+                            return Err(CondError::UnknownName {
+                                pos,
+                                name: n.clone(),
+                            })
+                        }
+                    },
                 }
             }
             _ => return Err(self.err("an argument (arg0 to arg5) or a number")),
@@ -305,11 +347,22 @@ fn show(t: &Tok) -> String {
 impl Cond {
     /// Parses a condition.
     pub fn parse(s: &str) -> Result<Cond, CondError> {
+        Cond::parse_names(s, None)
+    }
+
+    /// Parses a condition whose names are looked up in `names` (the
+    /// parameters of the probed function) besides `arg0`…`arg5`.
+    pub fn parse_with(s: &str, names: NameMap<'_>) -> Result<Cond, CondError> {
+        Cond::parse_names(s, Some(names))
+    }
+
+    fn parse_names(s: &str, names: Option<NameMap<'_>>) -> Result<Cond, CondError> {
         let toks = lex(s)?;
         let mut p = Parser {
             toks,
             at: 0,
             end: s.chars().count() + 1,
+            names,
         };
         let c = p.or()?;
         if p.at < p.toks.len() {
@@ -323,9 +376,25 @@ impl Cond {
     pub fn eval(&self, args: &[u64]) -> bool {
         match self {
             Cond::Cmp(a, op, b) => {
-                let v = |o: &Operand| match *o {
-                    Operand::Arg(k) => args.get(k as usize).map(|&x| x as i64),
-                    Operand::Const(c) => Some(c),
+                let v = |o: &Operand| -> Option<i128> {
+                    match *o {
+                        Operand::Arg(k) => args.get(k as usize).map(|&x| i128::from(x as i64)),
+                        Operand::Param { reg, size, signed } => {
+                            let x = *args.get(reg as usize)?;
+                            let bits = u32::from(size.clamp(1, 8)) * 8;
+                            let low = if bits == 64 {
+                                x
+                            } else {
+                                x & ((1u64 << bits) - 1)
+                            };
+                            Some(if signed {
+                                i128::from(((low << (64 - bits)) as i64) >> (64 - bits))
+                            } else {
+                                i128::from(low)
+                            })
+                        }
+                        Operand::Const(c) => Some(i128::from(c)),
+                    }
                 };
                 let (Some(x), Some(y)) = (v(a), v(b)) else {
                     return false;
@@ -350,7 +419,7 @@ impl Cond {
         match self {
             Cond::Cmp(a, _, b) => {
                 let n = |o: &Operand| match *o {
-                    Operand::Arg(k) => k + 1,
+                    Operand::Arg(k) | Operand::Param { reg: k, .. } => k + 1,
                     Operand::Const(_) => 0,
                 };
                 n(a).max(n(b))

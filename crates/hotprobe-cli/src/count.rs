@@ -52,7 +52,9 @@ pub struct CountOptions<'a> {
 /// A probe spec split from its condition.
 struct Spec {
     probe: String,
-    cond: Option<(String, Cond)>,
+    /// The condition's text and, unless it names parameters (compiled
+    /// per function once placed), the condition.
+    cond: Option<(String, Option<Cond>)>,
 }
 
 /// The recording sink of `count` with conditions or `--hist`.
@@ -134,16 +136,45 @@ impl EventSink for CountSink {
 }
 
 /// Run `count`; returns hotprobe's exit code (the command's).
+/// The condition `text`, whose names are parameters of the function `p`
+/// is placed on (from its DWARF).
+fn named_cond(
+    typing: &crate::typed::Typing,
+    p: &hotprobe::Placement,
+    text: &str,
+) -> Result<Cond, String> {
+    let func = p.function.clone().unwrap_or_else(|| p.label.clone());
+    let Some(regs) = typing.param_registers(p.addr.0) else {
+        return Err(format!(
+            "the condition names a parameter, and {func} has no DWARF (build with -g)"
+        ));
+    };
+    let map = |name: &str| regs.iter().find(|(n, _)| n == name).map(|(_, r)| r.clone());
+    Cond::parse_with(text, &map).map_err(|e| match e {
+        crate::cond::CondError::UnknownName { name, .. } => format!(
+            "the condition: {func} has no parameter {name}; its parameters: {}",
+            regs.iter()
+                .map(|(n, _)| n.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        e => format!("the condition: {e}"),
+    })
+}
+
 pub fn run(o: &CountOptions<'_>) -> Result<u8> {
     let mut specs = Vec::new();
     for s in o.probes {
         let (probe, cond) = split_spec(s);
         let cond = match cond {
-            Some(text) => Some((
-                text.to_string(),
-                Cond::parse(text)
-                    .map_err(|e| crate::UsageError(format!("`{s}`: the condition: {e}")))?,
-            )),
+            // A parameter name: compiled per function once placed.
+            Some(text) => match Cond::parse(text) {
+                Err(crate::cond::CondError::UnknownName { .. }) => Some((text.to_string(), None)),
+                c => Some((
+                    text.to_string(),
+                    Some(c.map_err(|e| crate::UsageError(format!("`{s}`: the condition: {e}")))?),
+                )),
+            },
             None => None,
         };
         specs.push(Spec {
@@ -167,7 +198,11 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
     }
     let record_args = specs
         .iter()
-        .filter_map(|s| s.cond.as_ref().map(|c| c.1.args_needed()))
+        .filter_map(|s| {
+            s.cond
+                .as_ref()
+                .map(|c| c.1.as_ref().map_or(6, Cond::args_needed))
+        })
         .max()
         .unwrap_or(0);
     let config = SessionConfig {
@@ -185,14 +220,19 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
     let mut placed = Vec::new();
     let mut conds: HashMap<u32, Cond> = HashMap::new();
     let mut cond_text: HashMap<u32, String> = HashMap::new();
+    let typing = std::rc::Rc::new(crate::typed::Typing::new(t.pid));
     for s in &specs {
-        let added = match t.add_all(std::slice::from_ref(&s.probe), |_| {
+        let named = matches!(&s.cond, Some((_, None)));
+        t.session.set_capture(named.then(|| typing.name_chooser()));
+        let added = t.add_all(std::slice::from_ref(&s.probe), |_| {
             if recording {
                 Action::Record
             } else {
                 Action::Count
             }
-        }) {
+        });
+        t.session.set_capture(None);
+        let added = match added {
             Ok(p) => p,
             Err(e) => {
                 t.abandon();
@@ -201,7 +241,17 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         };
         if let Some((text, c)) = &s.cond {
             for p in &added {
-                conds.insert(p.id.0, c.clone());
+                let c = match c {
+                    Some(c) => c.clone(),
+                    None => match named_cond(&typing, p, text) {
+                        Ok(c) => c,
+                        Err(e) => {
+                            t.abandon();
+                            return Err(crate::UsageError(format!("`{}`: {e}", s.probe)).into());
+                        }
+                    },
+                };
+                conds.insert(p.id.0, c);
                 cond_text.insert(p.id.0, text.clone());
             }
         }

@@ -105,6 +105,7 @@ pub fn run() -> Result<u8> {
         pid: None,
         cmd: &cmd,
         args: Some(2),
+        auto_args: false,
         maxactive: 64,
         duration: None,
         summary: true,

@@ -38,6 +38,7 @@ mod session;
 mod signals;
 mod trace;
 mod watch;
+mod typed;
 
 use clap::{CommandFactory, Parser};
 use cli::{Cli, Cmd, GuestCmd, MechanismArg, RecordMechanism};
@@ -170,6 +171,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             probes,
             pid,
             args,
+            auto_args,
             maxactive,
             duration: secs,
             summary,
@@ -187,6 +189,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 pid,
                 cmd: &cmd,
                 args,
+                auto_args,
                 maxactive: maxactive.max(1),
                 duration,
                 summary,
@@ -204,6 +207,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             min_duration,
             sample,
             args,
+            auto_args,
             mechanism,
             follow_forks,
             no_aggregate,
@@ -234,6 +238,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 min_duration_ns: min_duration,
                 sample,
                 args,
+                auto_args,
                 mechanism: mechanism.into(),
                 traps: !no_traps,
                 aggregate: !no_aggregate,

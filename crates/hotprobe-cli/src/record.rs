@@ -18,6 +18,7 @@
 
 use crate::out::errln;
 use crate::session::{mechanism_summary, progress, Traced};
+use crate::typed;
 use anyhow::{bail, Context, Result};
 use hotprobe::{Action, DrainStats, ExitStatus, FastPathConfig, MechanismChoice, SessionConfig};
 use hotprobe_symbols::pattern;
@@ -65,6 +66,8 @@ pub struct RecordOptions<'a> {
     pub sample: Option<u32>,
     /// Argument registers kept per entry (0–6); >0 also keeps return values.
     pub args: u8,
+    /// `-a`: every parameter and the return value, typed (see `crate::typed`).
+    pub auto_args: bool,
     /// `--mechanism`.
     pub mechanism: MechanismChoice,
     /// Record functions neither patch nor jump can take through a trap
@@ -217,7 +220,9 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             max_threads: o.max_threads,
             // Up to 2 arguments: 32-byte event slots (faster to write and
             // drain than the 64-byte ones all 6 need).
-            record_args: o.args,
+            // -a: typed values in integer registers come from the
+            // recorded ones (all six argument registers).
+            record_args: if o.auto_args { 6 } else { o.args },
             ..defaults
         },
         // A trap costs a ptrace stop per hit (docs/DESIGN.md, "Library
@@ -248,6 +253,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             o.include.iter().map(|p| (p.as_str(), false)).collect()
         })
         .collect();
+    let typing = std::rc::Rc::new(typed::Typing::new(pid));
     let bar = progress(selections.len() as u64, "placing probes");
     for (spec, marker) in selections {
         bar.inc(1);
@@ -256,10 +262,13 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             let excluded = o.exclude.iter().any(|x| pattern::matches(x, name));
             marker || !(taken.contains(name) || excluded || runtime)
         };
-        let added = match t
+        t.session
+            .set_capture(typing.chooser_for(Vec::new(), o.auto_args && !marker));
+        let added = t
             .session
-            .add_filtered(t.target, spec, Action::Record, &keep)
-        {
+            .add_filtered(t.target, spec, Action::Record, &keep);
+        t.session.set_capture(None);
+        let added = match added {
             Ok(a) => a,
             // A pattern on a library not loaded yet: one pending probe per
             // function of the library's file it matches.
@@ -305,6 +314,9 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
                 (None, hotprobe::Mechanism::Pending) => function_glob(&p.label),
                 (None, _) => p.label.clone(),
             };
+            // A typed function's events keep the index of their captured
+            // values (hotprobe-trace's values files).
+            let typed = typing.shapes.borrow().contains_key(&p.addr.0);
             symbols.push(Symbol {
                 id: p.id.0,
                 name: name.clone(),
@@ -316,8 +328,8 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
                 } else {
                     ProbeKind::Function
                 },
-                nargs: o.args,
-                retval: o.args > 0,
+                nargs: if typed { 1 } else { o.args },
+                retval: typed || o.args > 0,
             });
             taken.insert(name);
             placed.push(p);
@@ -404,7 +416,11 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             return Err(e);
         }
     }
-    let mut writer = match TraceWriter::create(o.out, meta) {
+    typing.note_untyped();
+    let types = typed::TypedShapes::new(&typing, &placed).value_types();
+    let mut writer = match TraceWriter::create(o.out, meta)
+        .and_then(|mut w| w.set_value_types(&types).map(|()| w))
+    {
         Ok(w) => w,
         Err(e) => {
             t.abandon();
@@ -426,7 +442,8 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     let started = Instant::now();
     // Whatever happens to the run, the trace is finished: every event
     // drained before the end stays readable.
-    let ran = t.run(&placed, o.duration, Some(&mut writer));
+    let mut typed_sink = typed::RegisterTyped::new(&mut writer, &typing, &placed);
+    let ran = t.run(&placed, o.duration, Some(&mut typed_sink));
     let stats = writer.finish().context("cannot finish the trace")?;
     ran?;
     let how = match t.status() {

@@ -15,6 +15,7 @@
 
 use crate::out::{self, outln};
 use crate::session::{print_table, Traced};
+use crate::typed::{self, TypedShapes, Typing};
 use anyhow::{bail, Result};
 use hotprobe::{
     Action, EventSink, FastPathConfig, MechanismChoice, Placement, RecordedEvent, SessionConfig,
@@ -22,6 +23,7 @@ use hotprobe::{
 };
 use std::collections::HashMap;
 use std::ffi::OsString;
+use std::rc::Rc;
 use std::time::Duration;
 
 /// What `trace` needs from the command line.
@@ -34,6 +36,8 @@ pub struct TraceOptions<'a> {
     pub cmd: &'a [OsString],
     /// Show this many argument registers and the return value.
     pub args: Option<usize>,
+    /// `-a`: every parameter and the return value, typed from DWARF.
+    pub auto_args: bool,
     /// Live calls followed at once per function.
     pub maxactive: usize,
     /// Stop after this long.
@@ -94,6 +98,8 @@ fn painted_duration(d: Duration) -> String {
 pub struct LiveTree {
     names: HashMap<u32, String>,
     args: Option<usize>,
+    /// Typed probes' shapes (their events come with captured bytes).
+    typed: TypedShapes,
     /// Per thread: the open calls (probe, entry time stamp).
     stacks: HashMap<u32, Vec<(u32, u64)>>,
     /// TSC ticks per ns.
@@ -117,6 +123,7 @@ impl LiveTree {
         LiveTree {
             names,
             args,
+            typed: TypedShapes::default(),
             stacks: HashMap::new(),
             ticks_per_ns: tsc_ticks_per_ns(),
         }
@@ -138,8 +145,14 @@ pub(crate) fn tsc_ticks_per_ns() -> f64 {
     (b.wrapping_sub(a) as f64 / ns).max(1e-3)
 }
 
-impl EventSink for LiveTree {
-    fn event(&mut self, ev: &RecordedEvent) -> Result<(), SinkError> {
+impl LiveTree {
+    /// Prints typed probes' values (see [`crate::typed`]).
+    pub fn with_types(mut self, typed: TypedShapes) -> LiveTree {
+        self.typed = typed;
+        self
+    }
+
+    fn print(&mut self, ev: &RecordedEvent, typed: Option<Vec<String>>) {
         let tid = ev.tid;
         let name = self
             .names
@@ -161,8 +174,13 @@ impl EventSink for LiveTree {
                     None => (stack.len(), Duration::ZERO),
                 };
                 let indent = "  ".repeat(depth);
-                let ret = match self.args {
-                    Some(_) if ev.nargs > 0 => format!(" = {}", format_value(ev.args[0])),
+                let ret = match (typed, self.args) {
+                    (Some(v), _) if ev.reserved & hotprobe_fastpath::EXIT_UNWOUND != 0 => {
+                        let _ = v;
+                        String::new()
+                    }
+                    (Some(v), _) => v.first().map_or(String::new(), |r| format!(" = {r}")),
+                    (None, Some(_)) if ev.nargs > 0 => format!(" = {}", format_value(ev.args[0])),
                     _ => String::new(),
                 };
                 outln!(
@@ -173,13 +191,14 @@ impl EventSink for LiveTree {
             _ => {
                 let indent = "  ".repeat(stack.len());
                 stack.push((ev.probe_id, ev.tsc));
-                let args = match self.args {
-                    Some(n) => ev.args[..n.min(ev.nargs as usize)]
+                let args = match (typed, self.args) {
+                    (Some(v), _) => v.join(", "),
+                    (None, Some(n)) => ev.args[..n.min(ev.nargs as usize)]
                         .iter()
                         .map(|v| format_value(*v))
                         .collect::<Vec<_>>()
                         .join(", "),
-                    None => String::new(),
+                    (None, None) => String::new(),
                 };
                 outln!(
                     "{:>11} [{tid:>6}] | {indent}{}({args}) {{",
@@ -188,6 +207,18 @@ impl EventSink for LiveTree {
                 );
             }
         }
+    }
+}
+
+impl EventSink for LiveTree {
+    fn event(&mut self, ev: &RecordedEvent) -> Result<(), SinkError> {
+        self.print(ev, None);
+        Ok(())
+    }
+
+    fn event_data(&mut self, ev: &RecordedEvent, data: &[u8]) -> Result<(), SinkError> {
+        let typed = self.typed.format(ev.probe_id, ev.kind == KIND_EXIT, data);
+        self.print(ev, typed);
         Ok(())
     }
 
@@ -207,28 +238,49 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
             bail!("--args {n}: at most 6 argument registers (rdi, rsi, rdx, rcx, r8, r9)");
         }
     }
+    let typed_specs = o.auto_args || o.probes.iter().any(|s| s.contains(['(', ' ']));
     let config = SessionConfig {
         mechanism: o.mechanism,
         maxactive: o.maxactive,
         fast_path: FastPathConfig {
-            record_args: o.args.unwrap_or(0) as u8,
+            // Typed values in integer registers come from the recorded ones.
+            record_args: if typed_specs {
+                6
+            } else {
+                o.args.unwrap_or(0) as u8
+            },
             ..FastPathConfig::default()
         },
         follow_forks: o.follow_forks,
         force: o.force,
         ..SessionConfig::default()
     };
+    let specs = o
+        .probes
+        .iter()
+        .map(|s| typed::split_spec(s))
+        .collect::<Result<Vec<_>>>()?;
     let mut t = Traced::open(config, o.pid, o.cmd)?;
-    let placed = match t.add_all(o.probes, |_| Action::Record) {
-        Ok(p) => p,
-        Err(e) => {
-            t.abandon();
-            return Err(e);
+    let typing = Rc::new(Typing::new(t.pid));
+    let mut placed = Vec::new();
+    for (func, exprs) in specs {
+        t.session
+            .set_capture(typing.chooser_for(exprs, o.auto_args));
+        let added = t.add_all(std::slice::from_ref(&func), |_| Action::Record);
+        t.session.set_capture(None);
+        match added.and_then(|a| typing.check().map(|()| a)) {
+            Ok(p) => placed.extend(p),
+            Err(e) => {
+                t.abandon();
+                return Err(e);
+            }
         }
-    };
-    let mut tree = LiveTree::new(&placed, o.args);
+    }
+    typing.note_untyped();
+    let mut tree = LiveTree::new(&placed, o.args).with_types(TypedShapes::new(&typing, &placed));
     outln!("{HEADER}");
-    let ran = t.run(&placed, o.duration, Some(&mut tree));
+    let mut typed_sink = typed::RegisterTyped::new(&mut tree, &typing, &placed);
+    let ran = t.run(&placed, o.duration, Some(&mut typed_sink));
     if o.summary {
         outln!();
         print_table(&t.session, &placed, o.follow_forks);

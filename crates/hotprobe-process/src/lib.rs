@@ -1339,6 +1339,11 @@ impl Target for ProcessTarget {
         Ok(r)
     }
 
+    fn xmm_registers(&mut self, thread: ThreadId) -> Result<[u64; 16], TargetError> {
+        self.stopped_thread(thread)?;
+        sys::getxmm(thread.0 as i32).map_err(|e| self.sys_err(e))
+    }
+
     fn set_registers(&mut self, thread: ThreadId, regs: &Registers) -> Result<(), TargetError> {
         self.stopped_thread(thread)?;
         sys::setregs(thread.0 as i32, &sys::regs_to_user(regs)).map_err(|e| self.sys_err(e))?;

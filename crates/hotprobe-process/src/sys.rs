@@ -172,6 +172,25 @@ pub fn getregs(pid: i32) -> Result<libc::user_regs_struct, SysError> {
     Ok(regs)
 }
 
+/// PTRACE_GETFPREGS: the low 64 bits of xmm0–xmm15.
+pub fn getxmm(pid: i32) -> Result<[u64; 16], SysError> {
+    // SAFETY: user_fpregs_struct is plain old data; all-zero is a valid value.
+    let mut fp: libc::user_fpregs_struct = unsafe { std::mem::zeroed() };
+    ptrace(
+        "ptrace(PTRACE_GETFPREGS)",
+        libc::PTRACE_GETFPREGS,
+        pid,
+        0,
+        &mut fp as *mut libc::user_fpregs_struct as usize,
+    )?;
+    let mut out = [0u64; 16];
+    for (i, o) in out.iter_mut().enumerate() {
+        // xmm_space: 16 registers of four u32 words, low word first.
+        *o = u64::from(fp.xmm_space[4 * i]) | (u64::from(fp.xmm_space[4 * i + 1]) << 32);
+    }
+    Ok(out)
+}
+
 /// PTRACE_SETREGS.
 pub fn setregs(pid: i32, regs: &libc::user_regs_struct) -> Result<(), SysError> {
     ptrace(

@@ -253,6 +253,17 @@ pub trait Target {
     /// Replace the registers of a stopped thread.
     fn set_registers(&mut self, thread: ThreadId, regs: &Registers) -> Result<(), TargetError>;
 
+    /// The low 64 bits of xmm0–xmm15 of a stopped thread (float and double
+    /// arguments and return values). The default: a target that cannot read
+    /// them says so.
+    fn xmm_registers(&mut self, thread: ThreadId) -> Result<[u64; 16], TargetError> {
+        let _ = thread;
+        Err(TargetError::Protocol {
+            target: self.describe(),
+            why: "this target does not give its vector registers".into(),
+        })
+    }
+
     /// Move a stopped thread's instruction pointer to `pc`, leaving every
     /// other register as it is. The default reads and writes the whole set;
     /// a target where that costs round trips (a GDB stub) writes `rip` alone.

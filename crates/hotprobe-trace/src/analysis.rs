@@ -285,6 +285,82 @@ fn fmt_ret(ret: Option<u64>) -> String {
     }
 }
 
+/// Argument and return values as replay prints them: typed probes' from
+/// their captured records (format version 2), others' registers.
+pub(crate) struct TypedText<'r> {
+    reader: &'r TraceReader,
+    /// Per thread: its values file, read when first needed.
+    values: std::cell::RefCell<HashMap<u32, crate::ThreadValues>>,
+}
+
+impl<'r> TypedText<'r> {
+    pub(crate) fn new(reader: &'r TraceReader) -> Result<TypedText<'r>> {
+        Ok(TypedText {
+            reader,
+            values: Default::default(),
+        })
+    }
+
+    /// Record `index` of thread `tid`, as text for probe `probe`.
+    fn record(&self, tid: u32, probe: u32, exit: bool, index: u64) -> Vec<String> {
+        let mut values = self.values.borrow_mut();
+        let v = values.entry(tid).or_insert_with(|| {
+            // An unreadable file shows as missing records, per value.
+            self.reader.thread_values(tid).unwrap_or_default()
+        });
+        match v.get(index) {
+            Some(data) => self
+                .reader
+                .value_types()
+                .format(probe, exit, data)
+                .unwrap_or_default(),
+            None => vec![format!("<no captured values #{index}>")],
+        }
+    }
+
+    /// A typed probe's argument values as text; `None` for other probes.
+    pub(crate) fn typed_args(&self, tid: u32, probe: u32, args: &Args) -> Option<Vec<String>> {
+        let &i = args.as_slice().first()?;
+        self.reader
+            .value_types()
+            .is_typed(probe)
+            .then(|| self.record(tid, probe, false, i))
+    }
+
+    /// A typed probe's return value as text; `None` for other probes (and
+    /// a typed void function's).
+    pub(crate) fn typed_ret(&self, tid: u32, probe: u32, ret: u64) -> Option<String> {
+        if !self.reader.value_types().is_typed(probe) {
+            return None;
+        }
+        self.record(tid, probe, true, ret).into_iter().next()
+    }
+
+    /// Whether `probe`'s arguments and return value are record indices.
+    pub(crate) fn is_typed(&self, probe: u32) -> bool {
+        self.reader.value_types().is_typed(probe)
+    }
+
+    fn args(&self, tid: u32, probe: u32, args: &Args) -> String {
+        match args.as_slice().first() {
+            Some(&i) if self.reader.value_types().is_typed(probe) => {
+                self.record(tid, probe, false, i).join(", ")
+            }
+            _ => fmt_args(args),
+        }
+    }
+
+    fn ret(&self, tid: u32, probe: u32, ret: Option<u64>) -> String {
+        match ret {
+            Some(i) if self.reader.value_types().is_typed(probe) => self
+                .record(tid, probe, true, i)
+                .first()
+                .map_or(String::new(), |v| format!(" = {v}")),
+            r => fmt_ret(r),
+        }
+    }
+}
+
 /// Writes the call tree of all threads in time order, like `uftrace replay`:
 ///
 /// ```text
@@ -309,6 +385,9 @@ pub fn replay_filtered(
     let syms = reader.symbols();
     let mut stacks: HashMap<u32, QueryStack<'_>> = HashMap::new();
     let io = |e| TraceError::io("<output>", e);
+    let typed = TypedText::new(reader)?;
+    let fmt_args = |tid: u32, probe: u32, args: &Args| typed.args(tid, probe, args);
+    let fmt_ret = |tid: u32, probe: u32, ret: Option<u64>| typed.ret(tid, probe, ret);
     writeln!(out, "# DURATION     TID     FUNCTION").map_err(io)?;
     let blank = " ".repeat(11);
     let line = |out: &mut dyn Write, tid: u32, s: Step| -> std::io::Result<()> {
@@ -321,7 +400,7 @@ pub fn replay_filtered(
                 "{blank} [{tid:>6}] | {}{}({}) {{",
                 ind(depth),
                 syms.name(probe),
-                fmt_args(&args)
+                fmt_args(tid, probe, &args)
             ),
             Step::Leave {
                 probe,
@@ -344,15 +423,15 @@ pub fn replay_filtered(
                         " {d} [{tid:>6}] | {}{}({}){};",
                         ind(depth),
                         syms.name(probe),
-                        fmt_args(&args),
-                        fmt_ret(ret)
+                        fmt_args(tid, probe, &args),
+                        fmt_ret(tid, probe, ret)
                     )
                 } else {
                     writeln!(
                         out,
                         " {d} [{tid:>6}] | {}}}{}; /* {} */",
                         ind(depth),
-                        fmt_ret(ret),
+                        fmt_ret(tid, probe, ret),
                         syms.name(probe)
                     )
                 }
@@ -364,7 +443,7 @@ pub fn replay_filtered(
                 "{blank} [{tid:>6}] | {}/* {} hit ({}) */",
                 ind(depth),
                 syms.name(probe),
-                fmt_args(&args)
+                fmt_args(tid, probe, &args)
             ),
             Step::Lost { count, .. } => {
                 writeln!(out, "{blank} [{tid:>6}] | /* lost {count} events */")

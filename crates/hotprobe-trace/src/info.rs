@@ -9,7 +9,7 @@ use crate::format::KindCounts;
 /// Format name in `info.json`.
 pub const FORMAT_NAME: &str = "hotprobe-trace";
 /// Format version in `info.json` (streams carry their own version too).
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// One thread's stream as listed in `info.json`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

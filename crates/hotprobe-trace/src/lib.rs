@@ -31,6 +31,7 @@ pub mod query;
 mod reader;
 mod summary;
 mod symbols;
+mod values;
 pub mod varint;
 mod writer;
 
@@ -54,9 +55,12 @@ pub use export::{export_parquet, ParquetStats};
 pub use filter::{CompiledFilter, Filter, FilterStats, ThreadFilter};
 pub use format::KindCounts;
 pub use hist::{fmt_bound, Bucket, Histogram};
+/// Shapes of typed values (`types.tsv`), from hotprobe-dwarf.
+pub use hotprobe_dwarf::{Shape, ShapeItem};
 pub use info::{Info, ThreadInfo, WriteStats, FORMAT_NAME, FORMAT_VERSION};
 pub use query::{CompiledQuery, Query, QueryStack};
 pub use reader::{StreamFile, ThreadStream, TraceReader};
 pub use summary::{rfc3339, summarize, ThreadSummary, TraceSummary};
 pub use symbols::{ProbeKind, Symbol, SymbolTable};
+pub use values::{values_file_name, ThreadValues, ValueTypes, MAX_VALUES_LEN, TYPES_FILE};
 pub use writer::{stream_file_name, TraceMeta, TraceWriter, INFO_FILE, SYMBOLS_FILE};

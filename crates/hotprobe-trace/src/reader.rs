@@ -8,6 +8,7 @@ use crate::event::{Record, TimeBase};
 use crate::format::Decoder;
 use crate::info::{Info, FORMAT_NAME, FORMAT_VERSION};
 use crate::symbols::SymbolTable;
+use crate::values::{values_file_name, ThreadValues, ValueTypes, TYPES_FILE};
 use crate::writer::{INFO_FILE, SYMBOLS_FILE};
 
 /// One thread stream of a trace.
@@ -28,6 +29,7 @@ pub struct TraceReader {
     info: Info,
     symbols: SymbolTable,
     streams: Vec<StreamFile>,
+    value_types: ValueTypes,
 }
 
 impl TraceReader {
@@ -48,7 +50,8 @@ impl TraceReader {
                 what: format!("format {:?}, expected {FORMAT_NAME:?}", info.format),
             });
         }
-        if info.version != FORMAT_VERSION {
+        // Version 1 has no typed values; everything else is the same.
+        if !(1..=FORMAT_VERSION).contains(&info.version) {
             return Err(TraceError::Info {
                 path: ip,
                 what: format!(
@@ -129,12 +132,34 @@ impl TraceReader {
                 });
             }
         }
+        let tp = dir.join(TYPES_FILE);
+        let value_types = match std::fs::read_to_string(&tp) {
+            Ok(text) => ValueTypes::parse(&text, &tp)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => ValueTypes::default(),
+            Err(e) => return Err(TraceError::io(&tp, e)),
+        };
         Ok(TraceReader {
             dir,
             info,
             symbols,
             streams,
+            value_types,
         })
+    }
+
+    /// The shapes of the typed probes' values (`types.tsv`; empty without).
+    pub fn value_types(&self) -> &ValueTypes {
+        &self.value_types
+    }
+
+    /// Thread `tid`'s captured values (`values-TID.hpv`; empty without).
+    pub fn thread_values(&self, tid: u32) -> Result<ThreadValues> {
+        let p = self.dir.join(values_file_name(tid));
+        match std::fs::read(&p) {
+            Ok(bytes) => ThreadValues::parse(bytes, &p),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ThreadValues::default()),
+            Err(e) => Err(TraceError::io(&p, e)),
+        }
     }
 
     /// The directory.

@@ -11,6 +11,7 @@ use crate::filter::{CompiledFilter, Filter, FilterStats, ThreadFilter};
 use crate::format::{Encoder, KindCounts};
 use crate::info::{Info, ThreadInfo, WriteStats, FORMAT_NAME, FORMAT_VERSION};
 use crate::symbols::{Symbol, SymbolTable};
+use crate::values::{values_file_name, ValueTypes, ValuesWriter, TYPES_FILE};
 
 /// File names inside a trace directory.
 pub const INFO_FILE: &str = "info.json";
@@ -86,6 +87,8 @@ pub struct TraceWriter {
     last: Option<(u32, usize)>,
     events_in: u64,
     lost: u64,
+    /// Typed probes' captured values, per thread (format version 2).
+    values: HashMap<u32, ValuesWriter>,
 }
 
 impl TraceWriter {
@@ -105,7 +108,9 @@ impl TraceWriter {
             let ent = ent.map_err(|e| TraceError::io(&dir, e))?;
             let name = ent.file_name();
             let name = name.to_string_lossy();
-            if name.starts_with("tid-") && name.ends_with(".hpt") {
+            let values = name.starts_with("values-") && name.ends_with(".hpv");
+            if (name.starts_with("tid-") && name.ends_with(".hpt")) || values || name == TYPES_FILE
+            {
                 std::fs::remove_file(ent.path()).map_err(|e| TraceError::io(ent.path(), e))?;
             }
         }
@@ -149,6 +154,7 @@ impl TraceWriter {
             last: None,
             events_in: 0,
             lost: 0,
+            values: HashMap::new(),
         };
         w.write_info()?;
         Ok(w)
@@ -213,6 +219,34 @@ impl TraceWriter {
         }
     }
 
+    /// Writes `types.tsv`: the shapes of the typed probes' values. Their
+    /// symbols should keep one argument and the return value (the index of
+    /// each event's captured record, see [`TraceWriter::write_event_values`]).
+    pub fn set_value_types(&mut self, types: &ValueTypes) -> Result<()> {
+        types.write(&self.dir.join(TYPES_FILE))
+    }
+
+    /// Writes an event of a typed probe with the bytes captured at its hit:
+    /// they go to the thread's values file, and the event keeps their
+    /// index as its argument (entry, hit) or return value (exit).
+    pub fn write_event_values(&mut self, ev: &TraceEvent, data: &[u8]) -> Result<()> {
+        let w = match self.values.entry(ev.tid) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let p = self.dir.join(values_file_name(ev.tid));
+                v.insert(ValuesWriter::create(&p).map_err(|e| TraceError::io(&p, e))?)
+            }
+        };
+        let p = || self.dir.join(values_file_name(ev.tid));
+        let i = w.push(data).map_err(|e| TraceError::io(p(), e))?;
+        let mut ev = *ev;
+        match ev.kind {
+            crate::EventKind::Exit => ev.ret = Some(i),
+            _ => ev.args = crate::Args::from_slice(&[i]),
+        }
+        self.write_event(&ev)
+    }
+
     #[cold]
     fn io_error(&self, i: usize, e: std::io::Error) -> TraceError {
         TraceError::io(self.dir.join(&self.threads[i].file), e)
@@ -251,6 +285,10 @@ impl TraceWriter {
             lost: self.lost,
             ..WriteStats::default()
         };
+        for (tid, w) in std::mem::take(&mut self.values) {
+            let p = self.dir.join(values_file_name(tid));
+            w.finish().map_err(|e| TraceError::io(&p, e))?;
+        }
         let mut states = std::mem::take(&mut self.threads);
         states.sort_by_key(|t| t.tid);
         for mut t in states {

@@ -601,3 +601,117 @@ fn format_doc_example_bytes() {
     );
     assert_eq!((s.events_out, s.records, s.bytes), (9, 7, 45));
 }
+
+/// Format version 2: a typed probe's captured values (types.tsv, values
+/// files) come back through replay; a version-1 trace (no types) is still
+/// read; a values file cut short is an error, shown per value by replay.
+#[test]
+fn typed_values_round_trip_and_version_1_still_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut meta = TraceMeta::new(
+        "typed",
+        vec![{
+            let mut s = Symbol::function(3, "greet");
+            s.nargs = 1;
+            s.retval = true;
+            s
+        }],
+    );
+    meta.start_unix_ns = 1;
+    let mut w = TraceWriter::create(dir.path(), meta).unwrap();
+    let item = |shape| ShapeItem {
+        label: String::new(),
+        shape,
+    };
+    let mut types = ValueTypes::default();
+    types.insert(
+        3,
+        vec![item(Shape::Str), item(Shape::Signed(4))],
+        vec![item(Shape::F64)],
+    );
+    w.set_value_types(&types).unwrap();
+    let mut entry = vec![1, 0, 5, 0];
+    entry.extend(b"world");
+    entry.push(0);
+    entry.extend((-3i64 as u64).to_le_bytes());
+    let mut exit = vec![0];
+    exit.extend(4.75f64.to_bits().to_le_bytes());
+    for (i, (e, x)) in [(1000, 1500), (2000, 2600)].into_iter().enumerate() {
+        w.write_event_values(&TraceEvent::entry(e, 9, 3), &entry)
+            .unwrap();
+        let mut ev = TraceEvent::exit(x, 9, 3);
+        ev.ret = Some(1234 + i as u64); // replaced by the record's index
+        w.write_event_values(&ev, &exit).unwrap();
+    }
+    w.finish().unwrap();
+    let r = TraceReader::open(dir.path()).unwrap();
+    assert_eq!(r.info().version, 2);
+    assert_eq!(r.thread_values(9).unwrap().len(), 4);
+    let mut out = Vec::new();
+    replay(&r, &mut out, None).unwrap();
+    let out = String::from_utf8(out).unwrap();
+    assert_eq!(
+        out.matches("| greet(\"world\", -3) = 4.75;").count(),
+        2,
+        "{out}"
+    );
+    // Chrome JSON: the values as text (strings are JSON strings holding
+    // the quoted C string); CTF keeps no numbers for typed probes.
+    let mut json = Vec::new();
+    export_chrome(&r, &mut json, None).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&json).unwrap();
+    let calls: Vec<&serde_json::Value> = v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .collect();
+    assert_eq!(calls.len(), 2);
+    for c in calls {
+        assert_eq!(c["args"]["args"], serde_json::json!(["\"world\"", "-3"]));
+        assert_eq!(c["args"]["retval"], "4.75");
+    }
+    // A values file cut short: an error naming it; replay shows the
+    // values it cannot find, and everything else.
+    let vp = dir.path().join(values_file_name(9));
+    let bytes = std::fs::read(&vp).unwrap();
+    std::fs::write(&vp, &bytes[..bytes.len() - 3]).unwrap();
+    assert!(r.thread_values(9).is_err());
+    let mut out = Vec::new();
+    replay(&r, &mut out, None).unwrap();
+    let out = String::from_utf8(out).unwrap();
+    assert!(out.contains("greet(<no captured values #0>)"), "{out}");
+
+    // Version 1: no types, registers as before.
+    let dir1 = tempfile::tempdir().unwrap();
+    let mut meta = TraceMeta::new(
+        "v1",
+        vec![{
+            let mut s = Symbol::function(3, "greet");
+            s.nargs = 2;
+            s.retval = true;
+            s
+        }],
+    );
+    meta.start_unix_ns = 1;
+    let mut w = TraceWriter::create(dir1.path(), meta).unwrap();
+    let mut e = TraceEvent::entry(1000, 9, 3);
+    e.args = Args::from_slice(&[7, u64::MAX]);
+    w.write_event(&e).unwrap();
+    let mut x = TraceEvent::exit(1500, 9, 3);
+    x.ret = Some(5);
+    w.write_event(&x).unwrap();
+    w.finish().unwrap();
+    let ip = dir1.path().join(INFO_FILE);
+    let info = std::fs::read_to_string(&ip).unwrap();
+    std::fs::write(&ip, info.replace("\"version\": 2", "\"version\": 1")).unwrap();
+    let r = TraceReader::open(dir1.path()).unwrap();
+    assert_eq!(r.info().version, 1);
+    let mut out = Vec::new();
+    replay(&r, &mut out, None).unwrap();
+    let out = String::from_utf8(out).unwrap();
+    assert!(out.contains("| greet(7, -1) = 5;"), "{out}");
+    // Version 3 is refused.
+    std::fs::write(&ip, info.replace("\"version\": 2", "\"version\": 3")).unwrap();
+    assert!(TraceReader::open(dir1.path()).is_err());
+}

@@ -242,6 +242,12 @@ impl HitContext<'_> {
         }
     }
 
+    /// The low 64 bits of xmm0–xmm15 (float and double arguments at an
+    /// entry, the return value in xmm0 at a return), read from the target.
+    pub fn xmm_registers(&mut self) -> Result<[u64; 16], TargetError> {
+        self.target.get_mut().xmm_registers(self.thread)
+    }
+
     /// The return value (rax); meaningful in a return handler.
     pub fn return_value(&self) -> u64 {
         self.regs().rax

@@ -46,8 +46,8 @@ pub use hotprobe_resolve::{
 };
 pub use session::watch::{ValueSource, WatchAt, WatchHit, WatchKind, WatchSpec, WatchStats};
 pub use session::{
-    Action, Added, Mechanism, MechanismChoice, PatchKind, Placement, RunEnd, Session,
-    SessionConfig, Skipped, TargetId,
+    Action, Added, Capture, CaptureChooser, Mechanism, MechanismChoice, PatchKind, Placement,
+    RunEnd, Session, SessionConfig, Skipped, TargetId,
 };
 
 /// Errors of the engine and the session.

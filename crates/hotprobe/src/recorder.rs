@@ -42,6 +42,14 @@ impl EventSink for hotprobe_trace::TraceWriter {
             None => Ok(()),
         }
     }
+    fn event_data(&mut self, ev: &RecordedEvent, data: &[u8]) -> Result<(), SinkError> {
+        match hotprobe_trace::TraceEvent::from_abi(ev) {
+            Some(te) => self
+                .write_event_values(&te, data)
+                .map_err(|e| SinkError(Box::new(e))),
+            None => Ok(()),
+        }
+    }
     fn lost(&mut self, tid: u32, ts: u64, count: u64) -> Result<(), SinkError> {
         self.note_lost(tid, ts, count)
             .map_err(|e| SinkError(Box::new(e)))

@@ -51,6 +51,17 @@ pub enum Action {
     Record,
 }
 
+/// What a trap `Record` probe reads at its hits beyond the argument
+/// registers (typed arguments: floats in xmm registers, strings and fields
+/// through pointers): called at the entry (`false`) and at the return
+/// (`true`) while the thread is stopped, it appends bytes that the sink
+/// gets with the event ([`EventSink::event_data`]).
+pub type Capture = Rc<dyn Fn(&mut crate::HitContext<'_>, bool, &mut Vec<u8>)>;
+
+/// Chooses the [`Capture`] of each function a `Record` action places
+/// (`None`: the function records registers only, on any mechanism).
+pub type CaptureChooser = Rc<dyn Fn(&ResolvedProbe) -> Option<Capture>>;
+
 /// How a probe's hits are executed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mechanism {
@@ -246,6 +257,9 @@ struct Slot {
     drain: RingDrain,
     /// Record probes on the trap mechanism push their events here.
     trap_events: Rc<RefCell<Vec<RecordedEvent>>>,
+    /// Bytes captured with trap events: an event whose `reserved2` is
+    /// `n > 0` carries entry `n - 1` (see [`Capture`]).
+    trap_data: Rc<RefCell<Vec<Vec<u8>>>>,
     /// Probes that record (fast or trap): the loop drains for them.
     recording: bool,
     /// Probes on modules not loaded (yet, or any more).
@@ -507,6 +521,9 @@ impl Slot {
 pub struct Session {
     slots: Vec<Slot>,
     config: SessionConfig,
+    /// Chooses what `Record` probes read at their hits beyond the argument
+    /// registers (see [`Session::set_capture`]).
+    capture: Option<CaptureChooser>,
     /// Options of plugin probes being added (see [`Session::add_plugin`]).
     plugin_options: Option<PluginOptions>,
     /// How long each side of a shared-memory handler call spins before
@@ -543,6 +560,7 @@ impl Session {
             plugin_options: None,
             handler_spin: None,
             watches: watch::Watches::default(),
+            capture: None,
         }
     }
 
@@ -627,6 +645,7 @@ impl Session {
             fast_probes: HashMap::new(),
             drain: RingDrain::default(),
             trap_events: Rc::new(RefCell::new(Vec::new())),
+            trap_data: Rc::new(RefCell::new(Vec::new())),
             recording: false,
             pending: Vec::new(),
             root: None,
@@ -932,6 +951,16 @@ impl Session {
         }
     }
 
+    /// What `Record` probes added from now on read at their hits beyond the
+    /// argument registers: a function the chooser gives a [`Capture`] is
+    /// put on the trap mechanism (the capture reads the stopped thread's
+    /// vector registers and memory at the hit, so a string is copied while
+    /// its pointer is alive), its events reach the sink with the captured
+    /// bytes. Children followed after a fork record registers only.
+    pub fn set_capture(&mut self, chooser: Option<CaptureChooser>) {
+        self.capture = chooser;
+    }
+
     /// Put probes doing `action` on every address `spec` names (a pattern
     /// in a function name names every matching function), each on the
     /// cheapest mechanism that fits — patch, then jump, then trap for
@@ -999,7 +1028,7 @@ impl Session {
         let record = matches!(action, Action::Record);
         let found = match self.resolve_unchecked(t, spec) {
             Err(e) if not_loaded(&e) && !pattern => {
-                let (p, rp) = self.trap_form(t, is_return, record)?;
+                let (p, rp) = self.trap_form(t, is_return, record, None)?;
                 return self.add_pending(t, spec, p, rp, true, is_return, e);
             }
             found => found?,
@@ -1059,7 +1088,17 @@ impl Session {
                 return Err(e);
             }
             let mut plan = self.plan_resolved(t, &r, is_return, record, symbols.as_ref())?;
-            if let (Plan::Trap(why), true) = (&plan, record && !self.config.record_traps) {
+            let capture = match (&self.capture, record && !is_return) {
+                (Some(choose), true) => choose(&r),
+                _ => None,
+            };
+            if capture.is_some() && !matches!(plan, Plan::Trap(_)) {
+                plan = Plan::Trap("typed values read at the hit (DWARF)".into());
+            }
+            if let (Plan::Trap(why), true) = (
+                &plan,
+                record && !self.config.record_traps && capture.is_none(),
+            ) {
                 let reason = format!("needs the trap mechanism ({why})");
                 if pattern {
                     added.skipped.push(Skipped { label, reason });
@@ -1078,17 +1117,20 @@ impl Session {
                     reason,
                 } => self.place_fast(t, &r, &path, bias, &function, record, reason, label, None),
                 Plan::Trap(reason)
-                    if !record && !is_return && self.config.mechanism == MechanismChoice::Auto =>
+                    if !record
+                        && !is_return
+                        && capture.is_none()
+                        && self.config.mechanism == MechanismChoice::Auto =>
                 {
                     match self.place_inproc(t, &r, &reason, label.clone())? {
                         Ok(p) => Ok(p),
                         Err(why) => {
                             let reason = format!("{reason}; in-process trap: {why}");
-                            self.place_trap(t, &r, is_return, record, reason, label)
+                            self.place_trap(t, &r, is_return, record, reason, label, capture)
                         }
                     }
                 }
-                Plan::Trap(reason) => self.place_trap(t, &r, is_return, record, reason, label),
+                Plan::Trap(reason) => self.place_trap(t, &r, is_return, record, reason, label, capture),
                 Plan::Plugin(reason) => self.place_plugin(t, &r, is_return, record, reason, label),
             };
             match placed {
@@ -1250,6 +1292,7 @@ impl Session {
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn place_trap(
         &mut self,
         t: TargetId,
@@ -1258,8 +1301,9 @@ impl Session {
         record: bool,
         reason: String,
         label: String,
+        capture: Option<Capture>,
     ) -> Result<Placement, EngineError> {
-        let id = match self.trap_form(t, is_return, record)? {
+        let id = match self.trap_form(t, is_return, record, capture)? {
             (_, Some(rp)) => self.retprobe_addr(t, r.addr, rp)?,
             (p, None) => self.probe_addr(t, r.addr, p.unwrap_or_default())?,
         };
@@ -1344,18 +1388,25 @@ impl Session {
         t: TargetId,
         is_return: bool,
         record: bool,
+        capture: Option<Capture>,
     ) -> Result<(Option<Probe>, Option<RetProbe>), EngineError> {
         let maxactive = self.config.maxactive;
         let nargs = self.config.fast_path.record_args.min(6) as usize;
         Ok(if record {
             let events = self.slot(t)?.trap_events.clone();
             let exits = events.clone();
+            let data = self.slot(t)?.trap_data.clone();
+            let exit_data = data.clone();
+            let exit_capture = capture.clone();
             let rp = RetProbe::new(maxactive)
                 .entry(move |ctx| {
                     let mut ev = trap_event(ctx, hotprobe_fastpath::KIND_ENTRY);
                     ev.nargs = nargs as u8;
                     for (i, a) in ev.args.iter_mut().take(nargs).enumerate() {
                         *a = ctx.arg(i).unwrap_or(0);
+                    }
+                    if let Some(c) = &capture {
+                        ev.reserved2 = captured(ctx, c, false, &data);
                     }
                     events.borrow_mut().push(ev);
                 })
@@ -1365,6 +1416,9 @@ impl Session {
                         ev.nargs = 2;
                         ev.args[0] = ctx.regs().rax;
                         ev.args[1] = ctx.regs().rdx;
+                    }
+                    if let Some(c) = &exit_capture {
+                        ev.reserved2 = captured(ctx, c, true, &exit_data);
                     }
                     exits.borrow_mut().push(ev);
                 });
@@ -1917,7 +1971,7 @@ impl Session {
         let mut failed = Vec::new();
         for (rid, addr, is_return, record) in followable {
             let placed = self
-                .trap_form(t, is_return, record)
+                .trap_form(t, is_return, record, None)
                 .and_then(|form| match form {
                     (_, Some(rp)) => self.retprobe_addr(t, addr, rp),
                     (p, None) => self.probe_addr(t, addr, p.unwrap_or_default()),
@@ -1963,6 +2017,7 @@ impl Session {
             // let the queues grow (the counts stay in stats()).
             for s in &self.slots {
                 s.trap_events.borrow_mut().clear();
+                s.trap_data.borrow_mut().clear();
             }
             return Ok(Duration::ZERO);
         };
@@ -1972,6 +2027,7 @@ impl Session {
                 continue;
             }
             let mut traps: Vec<RecordedEvent> = s.trap_events.borrow_mut().drain(..).collect();
+            let data: Vec<Vec<u8>> = s.trap_data.borrow_mut().drain(..).collect();
             for ev in &mut traps {
                 if let Some(r) = s.origin.get(&ProbeId(ev.probe_id)) {
                     ev.probe_id = r.0;
@@ -1986,7 +2042,7 @@ impl Session {
             }
             let Fast::On(fp) = &s.fast else {
                 for ev in &traps {
-                    sink.event(ev).map_err(EngineError::Sink)?;
+                    emit(sink, ev, &data).map_err(EngineError::Sink)?;
                 }
                 continue;
             };
@@ -2004,7 +2060,7 @@ impl Session {
                     .map_err(EngineError::Sink)?;
                 merged.events.sort_by_key(|e| e.tsc);
                 for ev in &merged.events {
-                    sink.event(ev).map_err(EngineError::Sink)?;
+                    emit(sink, ev, &data).map_err(EngineError::Sink)?;
                 }
                 continue;
             }
@@ -2235,6 +2291,41 @@ fn publisher(table: TrapTable) -> Probe {
             }
         }
     })
+}
+
+/// Runs `capture` at a trap record probe's hit; the `reserved2` value
+/// that ties the event to its bytes in `store`.
+fn captured(
+    ctx: &mut crate::HitContext<'_>,
+    capture: &Capture,
+    exit: bool,
+    store: &RefCell<Vec<Vec<u8>>>,
+) -> u32 {
+    let mut bytes = Vec::new();
+    capture(ctx, exit, &mut bytes);
+    let mut store = store.borrow_mut();
+    store.push(bytes);
+    store.len() as u32
+}
+
+/// Hands `ev` to `sink`, with its captured bytes when it has some.
+fn emit(
+    sink: &mut (dyn EventSink + '_),
+    ev: &RecordedEvent,
+    data: &[Vec<u8>],
+) -> Result<(), crate::SinkError> {
+    match ev
+        .reserved2
+        .checked_sub(1)
+        .and_then(|i| data.get(i as usize))
+    {
+        Some(bytes) => {
+            let mut plain = *ev;
+            plain.reserved2 = 0;
+            sink.event_data(&plain, bytes)
+        }
+        None => sink.event(ev),
+    }
 }
 
 /// An event for a trap record probe, stamped now.

@@ -69,6 +69,7 @@ pub fn export_chrome(
         &json!({"ph":"M","name":"process_name","pid":pid,"tid":0,"args":{"name":info.target}}),
     )
     .map_err(js)?;
+    let typed = crate::analysis::TypedText::new(reader)?;
     for st in reader.threads()? {
         let tid = st.tid();
         let path = st.path().to_path_buf();
@@ -80,6 +81,18 @@ pub fn export_chrome(
         .map_err(js)?;
         let mut cs = CallStack::new();
         let mut err: Option<TraceError> = None;
+        // Typed probes (format version 2): their values as text.
+        let arg_values = |probe: u32, args: &crate::Args| match typed.typed_args(tid, probe, args) {
+            Some(v) => json!(v),
+            None => values(args.as_slice()),
+        };
+        let ret_value = |probe: u32, r: u64| {
+            if typed.is_typed(probe) {
+                typed.typed_ret(tid, probe, r).map(|v| json!(v))
+            } else {
+                Some(json!(value_string(r)))
+            }
+        };
         let mut emit = |s: Step| {
             if err.is_some() {
                 return;
@@ -92,7 +105,7 @@ pub fn export_chrome(
                     let mut e =
                         json!({"ph":"B","name":syms.name(probe),"pid":pid,"tid":tid,"ts":us(ts)});
                     if !args.is_empty() {
-                        e["args"] = json!({"args": values(args.as_slice())});
+                        e["args"] = json!({"args": arg_values(probe, &args)});
                     }
                     e
                 }
@@ -114,10 +127,10 @@ pub fn export_chrome(
                     };
                     let mut a = serde_json::Map::new();
                     if !args.is_empty() {
-                        a.insert("args".into(), values(args.as_slice()));
+                        a.insert("args".into(), arg_values(probe, &args));
                     }
-                    if let Some(r) = ret {
-                        a.insert("retval".into(), json!(value_string(r)));
+                    if let Some(r) = ret.and_then(|r| ret_value(probe, r)) {
+                        a.insert("retval".into(), r);
                     }
                     if !a.is_empty() {
                         e["args"] = a.into();
@@ -128,7 +141,7 @@ pub fn export_chrome(
                     probe, ts, args, ..
                 } => {
                     stats.instants += 1;
-                    json!({"ph":"i","s":"t","name":syms.name(probe),"pid":pid,"tid":tid,"ts":us(ts),"args":{"args":values(args.as_slice())}})
+                    json!({"ph":"i","s":"t","name":syms.name(probe),"pid":pid,"tid":tid,"ts":us(ts),"args":{"args":arg_values(probe, &args)}})
                 }
                 Step::Lost { ts, count } => {
                     stats.instants += 1;

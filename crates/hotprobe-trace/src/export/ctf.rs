@@ -14,6 +14,7 @@ use crate::analysis::Progress;
 use crate::error::{Result, TraceError};
 use crate::event::{Args, Record};
 use crate::reader::TraceReader;
+use crate::ValueTypes;
 
 /// What [`export_ctf`] wrote.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -214,7 +215,14 @@ impl<W: Write> Packets<W> {
     }
 }
 
-fn args_fields(f: &mut Vec<u8>, probe: u32, args: &Args) {
+/// Typed probes (format version 2) keep record indices, not values: CTF
+/// gets no numbers for them.
+fn args_fields(f: &mut Vec<u8>, probe: u32, args: &Args, types: &ValueTypes) {
+    let args = if types.is_typed(probe) {
+        &Args::EMPTY
+    } else {
+        args
+    };
     f.extend_from_slice(&probe.to_le_bytes());
     f.push(args.len() as u8);
     for a in args.as_slice() {
@@ -222,7 +230,8 @@ fn args_fields(f: &mut Vec<u8>, probe: u32, args: &Args) {
     }
 }
 
-fn exit_fields(f: &mut Vec<u8>, probe: u32, ret: Option<u64>, unwound: bool) {
+fn exit_fields(f: &mut Vec<u8>, probe: u32, ret: Option<u64>, unwound: bool, types: &ValueTypes) {
+    let ret = ret.filter(|_| !types.is_typed(probe));
     f.extend_from_slice(&probe.to_le_bytes());
     f.push(u8::from(ret.is_some()));
     f.extend_from_slice(&ret.unwrap_or(0).to_le_bytes());
@@ -258,16 +267,17 @@ pub fn export_ctf(
             events: 0,
             packets: 0,
         };
+        let types = reader.value_types();
         let mut fields = Vec::with_capacity(64);
         for r in st {
             fields.clear();
             match r? {
                 Record::Entry { ts, probe, args } => {
-                    args_fields(&mut fields, probe, &args);
+                    args_fields(&mut fields, probe, &args, types);
                     pk.event(EV_ENTRY, ts, &fields).map_err(io)?;
                 }
                 Record::Hit { ts, probe, args } => {
-                    args_fields(&mut fields, probe, &args);
+                    args_fields(&mut fields, probe, &args, types);
                     pk.event(EV_HIT, ts, &fields).map_err(io)?;
                 }
                 Record::Exit {
@@ -276,7 +286,7 @@ pub fn export_ctf(
                     ret,
                     unwound,
                 } => {
-                    exit_fields(&mut fields, probe, ret, unwound);
+                    exit_fields(&mut fields, probe, ret, unwound, types);
                     pk.event(EV_EXIT, ts, &fields).map_err(io)?;
                 }
                 Record::Call {
@@ -286,10 +296,10 @@ pub fn export_ctf(
                     args,
                     ret,
                 } => {
-                    args_fields(&mut fields, probe, &args);
+                    args_fields(&mut fields, probe, &args, types);
                     pk.event(EV_ENTRY, ts, &fields).map_err(io)?;
                     fields.clear();
-                    exit_fields(&mut fields, probe, ret, false);
+                    exit_fields(&mut fields, probe, ret, false, types);
                     pk.event(EV_EXIT, ts.saturating_add(dur), &fields)
                         .map_err(io)?;
                 }

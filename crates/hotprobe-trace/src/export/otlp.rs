@@ -152,6 +152,7 @@ pub fn export_otlp(
     let (mut first, mut last) = (u64::MAX, 0u64);
     let mut open: Vec<[u8; 8]> = Vec::new();
     let mut cur_tid: Option<u32> = None;
+    let typed = crate::analysis::TypedText::new(reader)?;
     let mut next_id: u64 = 0;
     let mut trace_id = [0u8; 16];
     visit_threads(reader, query, progress, |tid, s| {
@@ -204,7 +205,25 @@ pub fn export_otlp(
                     kv_str("hotprobe.module", module),
                     kv_int("hotprobe.depth", depth as i64),
                 ];
-                if !args.is_empty() {
+                let texts = typed.typed_args(tid, probe, &args);
+                let ret_text = ret.and_then(|r| typed.typed_ret(tid, probe, r));
+                let is_typed = typed.is_typed(probe);
+                if let Some(t) = texts {
+                    // Typed probes (format version 2): the values as text.
+                    attributes.push(proto::KeyValue {
+                        key: "hotprobe.args".into(),
+                        value: Some(proto::AnyValue {
+                            value: Some(proto::any_value::Value::ArrayValue(proto::ArrayValue {
+                                values: t
+                                    .into_iter()
+                                    .map(|a| proto::AnyValue {
+                                        value: Some(proto::any_value::Value::StringValue(a)),
+                                    })
+                                    .collect(),
+                            })),
+                        }),
+                    });
+                } else if !args.is_empty() && !is_typed {
                     attributes.push(proto::KeyValue {
                         key: "hotprobe.args".into(),
                         value: Some(proto::AnyValue {
@@ -220,8 +239,12 @@ pub fn export_otlp(
                         }),
                     });
                 }
-                if let Some(r) = ret {
-                    attributes.push(kv_int("hotprobe.retval", r as i64));
+                match (ret_text, ret) {
+                    (Some(t), _) => attributes.push(kv_str("hotprobe.retval", &t)),
+                    (None, Some(r)) if !is_typed => {
+                        attributes.push(kv_int("hotprobe.retval", r as i64))
+                    }
+                    _ => {}
                 }
                 if unfinished {
                     attributes.push(proto::KeyValue {

@@ -151,7 +151,10 @@ pub fn export_parquet<W: Write + Send>(
         cols.dur.push(end.saturating_sub(start) as i64);
         cols.self_ns.push(self_ns as i64);
         cols.depth.push(depth.min(i32::MAX as usize) as i32);
-        let a = args.as_slice();
+        // Typed probes keep record indices, not values: no numbers.
+        let typed = reader.value_types().is_typed(probe);
+        let a = if typed { &[][..] } else { args.as_slice() };
+        let ret = ret.filter(|_| !typed);
         for (i, (vals, defs)) in cols.args.iter_mut().enumerate() {
             match a.get(i) {
                 Some(&v) => {

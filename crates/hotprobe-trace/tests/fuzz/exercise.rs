@@ -44,11 +44,48 @@ pub fn small_trace(dir: &Path) {
     let events = interleave(lists, 3);
     let mut meta = TraceMeta::new("fuzz", symbols(true));
     meta.start_unix_ns = 1;
-    write_trace(dir, meta, &events);
+    // `main` is typed (format version 2): an int and a string at the
+    // entry, a double at the exit, captured into the values files.
+    let mut w = TraceWriter::create(dir, meta).unwrap();
+    let mut types = ValueTypes::default();
+    let item = |label: &str, shape| ShapeItem {
+        label: label.into(),
+        shape,
+    };
+    types.insert(
+        MAIN,
+        vec![item("", Shape::Signed(4)), item("p->name", Shape::Str)],
+        vec![item("", Shape::F64)],
+    );
+    w.set_value_types(&types).unwrap();
+    for e in &events {
+        if e.probe != MAIN {
+            w.write_event(e).unwrap();
+            continue;
+        }
+        let mut data = Vec::new();
+        if e.kind == EventKind::Exit {
+            data.push(0);
+            data.extend(1.5f64.to_bits().to_le_bytes());
+        } else {
+            data.push(0);
+            data.extend((-7i64 as u64).to_le_bytes());
+            data.extend([1, 0, 3, 0]);
+            data.extend(b"abc");
+        }
+        w.write_event_values(e, &data).unwrap();
+    }
+    w.finish().unwrap();
 }
 
 /// The files of a trace directory the first input byte picks from.
-pub const FILES: [&str; 3] = [INFO_FILE, SYMBOLS_FILE, "tid-1.hpt"];
+pub const FILES: [&str; 5] = [
+    INFO_FILE,
+    SYMBOLS_FILE,
+    "tid-1.hpt",
+    TYPES_FILE,
+    "values-1.hpv",
+];
 
 /// A whole trace directory with one file replaced by the input.
 pub struct TraceDir {
@@ -117,6 +154,15 @@ fn read_everything(dir: &Path, ctf: &Path) -> bool {
     let _ = (r.time_base().hz(), r.total_bytes(), r.symbols().id_bound());
     let _ = r.symbols().name(u32::MAX);
     let mut ok = true;
+    for tid in [1, 2] {
+        if let Ok(v) = r.thread_values(tid) {
+            for i in 0..v.len() as u64 + 1 {
+                if let Some(d) = v.get(i) {
+                    let _ = r.value_types().format(MAIN, i % 2 == 1, d);
+                }
+            }
+        }
+    }
     if let Ok(threads) = r.threads() {
         for st in threads {
             for rec in st {

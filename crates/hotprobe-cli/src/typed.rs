@@ -1,0 +1,446 @@
+//! Typed arguments and return values (`-a/--auto-args`, `func(a, b)`,
+//! `'func name:string p->len'`): the DWARF of each probed function's
+//! module ([`hotprobe_dwarf`]) says what to read at the entry and the
+//! return; the session runs that on the trap path
+//! ([`hotprobe::Session::set_capture`]) and hands the bytes to the sink
+//! with the event; [`TypedShapes`] turns them back into text.
+
+use anyhow::{bail, Result};
+use hotprobe::{
+    Capture, CaptureChooser, EventSink, HitContext, RecordedEvent, SinkError, KIND_EXIT,
+};
+use hotprobe_dwarf::{
+    capture, format_values, plan_args, plan_auto, ArgExpr, DebugTypes, Fetch, Machine, Planned,
+    ShapeItem, Source,
+};
+use hotprobe_fastpath::EXIT_UNWOUND;
+use hotprobe_symbols::ResolvedProbe;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+/// A probe spec with argument expressions: `greet(name, n)` or
+/// `greet name n:string p->len` → (`greet`, expressions). A spec without
+/// any gives an empty list.
+pub fn split_spec(spec: &str) -> Result<(String, Vec<ArgExpr>)> {
+    let spec = spec.trim();
+    let (func, list): (&str, Vec<&str>) = match (spec.find('('), spec.strip_suffix(')')) {
+        (Some(open), Some(inner))
+            if !spec.contains(char::is_whitespace)
+                || open < spec.find(char::is_whitespace).unwrap_or(usize::MAX) =>
+        {
+            (
+                &spec[..open],
+                inner[open + 1..]
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .collect(),
+            )
+        }
+        _ => match spec.split_once(char::is_whitespace) {
+            Some((f, rest)) => (f, rest.split_whitespace().collect()),
+            None => (spec, Vec::new()),
+        },
+    };
+    let exprs = list
+        .into_iter()
+        .map(|e| e.parse::<ArgExpr>().map_err(anyhow::Error::from))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((func.to_string(), exprs))
+}
+
+/// What is read at the entry and at the return.
+type EntryExit = (Vec<Fetch>, Vec<Fetch>);
+
+/// Shapes of the entry and exit values of each typed probe, by run-time
+/// address (filled as functions are placed).
+pub type ShapeMap = HashMap<u64, (Vec<ShapeItem>, Vec<ShapeItem>)>;
+
+/// The DWARF of the modules probed so far, and what was planned.
+#[derive(Default)]
+pub struct Typing {
+    /// The process (its maps name each module's file).
+    pid: i32,
+    modules: RefCell<HashMap<String, Option<Rc<DebugTypes>>>>,
+    /// What each placed typed function shows.
+    pub shapes: RefCell<ShapeMap>,
+    /// A spec's argument expressions that could not be planned.
+    errors: RefCell<Vec<String>>,
+    /// Functions without DWARF (shown without arguments).
+    pub untyped: RefCell<Vec<String>>,
+    /// Typed functions whose values are all in integer registers (read
+    /// from the recorded registers, on any mechanism), by address.
+    register_plans: RefCell<HashMap<u64, EntryExit>>,
+    /// Parameters and their registers per function (`count` conditions).
+    param_regs: RefCell<HashMap<u64, Option<ParamRegs>>>,
+}
+
+/// A function's parameters and the argument register of each (or why it
+/// has none).
+pub type ParamRegs = Vec<(String, Result<crate::cond::Operand, String>)>;
+
+impl Typing {
+    /// For the functions of process `pid`.
+    pub fn new(pid: i32) -> Typing {
+        Typing {
+            pid,
+            ..Typing::default()
+        }
+    }
+
+    /// The DWARF of the module `r` is in (its file, as the process maps
+    /// show it; separate debug files are not looked for).
+    fn debug_types(&self, r: &ResolvedProbe) -> Option<Rc<DebugTypes>> {
+        if let Some(d) = self.modules.borrow().get(&r.module) {
+            return d.clone();
+        }
+        let path = hotprobe_symbols::read_maps(self.pid as u32)
+            .ok()?
+            .into_iter()
+            .find(|m| m.start <= r.addr && r.addr < m.end)?
+            .path?;
+        let d = DebugTypes::load(&path).ok().map(Rc::new);
+        self.modules
+            .borrow_mut()
+            .insert(r.module.clone(), d.clone());
+        d
+    }
+
+    fn plan(&self, r: &ResolvedProbe, exprs: Option<&[ArgExpr]>) -> Option<Planned> {
+        let func = r.function.clone().unwrap_or_else(|| r.addr.to_string());
+        let sig = self
+            .debug_types(r)
+            .and_then(|d| d.signature(r.link_addr.0).ok().flatten());
+        let Some(sig) = sig else {
+            match exprs {
+                Some(_) => self.errors.borrow_mut().push(format!(
+                    "{func}: no DWARF for it in {} (build with -g): argument names need it",
+                    r.module
+                )),
+                None => self.untyped.borrow_mut().push(func),
+            }
+            return None;
+        };
+        match exprs {
+            None => Some(plan_auto(&sig, &func)),
+            Some(e) => match plan_args(&sig, &func, e) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    self.errors.borrow_mut().push(e.to_string());
+                    None
+                }
+            },
+        }
+    }
+
+    /// The session's chooser for functions added next: every parameter
+    /// (`exprs` None, `-a`) or the expressions given.
+    pub fn chooser(self: &Rc<Self>, exprs: Option<Vec<ArgExpr>>) -> CaptureChooser {
+        let me = self.clone();
+        Rc::new(move |r: &ResolvedProbe| -> Option<Capture> {
+            let planned = me.plan(r, exprs.as_deref())?;
+            me.shapes.borrow_mut().insert(
+                r.addr.0,
+                (planned.entry_shapes.clone(), planned.exit_shapes.clone()),
+            );
+            let (entry, exit) = (planned.entry, planned.exit);
+            if !planned_needs_more(&entry, &exit) {
+                // Integer registers only: any mechanism records them (the
+                // fast path too); [`RegisterTyped`] types them as drained.
+                me.register_plans
+                    .borrow_mut()
+                    .insert(r.addr.0, (entry, exit));
+                return None;
+            }
+            Some(Rc::new(
+                move |ctx: &mut HitContext<'_>, is_exit: bool, out: &mut Vec<u8>| {
+                    let plan = if is_exit { &exit } else { &entry };
+                    let mut m = Hit { ctx, xmm: None };
+                    capture(plan, &mut m, out);
+                },
+            ))
+        })
+    }
+
+    /// The chooser for a spec's functions: its argument expressions, else
+    /// every parameter with `auto` (`-a`), else none (registers only).
+    pub fn chooser_for(self: &Rc<Self>, exprs: Vec<ArgExpr>, auto: bool) -> Option<CaptureChooser> {
+        match (exprs.is_empty(), auto) {
+            (false, _) => Some(self.chooser(Some(exprs))),
+            (true, true) => Some(self.chooser(None)),
+            (true, false) => None,
+        }
+    }
+
+    /// A chooser that types nothing but notes, per function, which
+    /// argument register holds each parameter at the entry (for names in
+    /// `count` conditions, [`Typing::param_registers`]).
+    pub fn name_chooser(self: &Rc<Self>) -> CaptureChooser {
+        let me = self.clone();
+        Rc::new(move |r: &ResolvedProbe| -> Option<Capture> {
+            let func = r.function.clone().unwrap_or_default();
+            let sig = me
+                .debug_types(r)
+                .and_then(|d| d.signature(r.link_addr.0).ok().flatten());
+            let regs = sig.map(|sig| {
+                let p = plan_auto(&sig, &func);
+                sig.params
+                    .iter()
+                    .zip(p.entry.iter().zip(&p.entry_shapes))
+                    .map(|(param, (f, shape))| {
+                        use hotprobe_dwarf::Shape as S;
+                        let operand = |reg: u8, size: u8, signed: bool| {
+                            Ok(crate::cond::Operand::Param { reg, size, signed })
+                        };
+                        let reg = match (f, &shape.shape) {
+                            (_, S::Missing(why)) => Err(why.clone()),
+                            (Fetch::Reg(Source::IntArg(k)), s) => match s {
+                                S::Signed(n) => operand(*k, *n, true),
+                                S::Unsigned(n) => operand(*k, *n, false),
+                                S::Bool | S::Char => operand(*k, 1, matches!(s, S::Char)),
+                                S::Enum(_) => operand(*k, 4, true),
+                                S::Ptr | S::Str => operand(*k, 8, false),
+                                _ => Err(format!(
+                                    "not in an integer register ({})",
+                                    param.ty.describe()
+                                )),
+                            },
+                            _ => Err(format!(
+                                "not in an integer register ({})",
+                                param.ty.describe()
+                            )),
+                        };
+                        (param.name.clone(), reg)
+                    })
+                    .collect()
+            });
+            me.param_regs.borrow_mut().insert(r.addr.0, regs);
+            None
+        })
+    }
+
+    /// The parameters of the function placed at `addr` and the argument
+    /// register of each (see [`Typing::name_chooser`]); `None` without DWARF.
+    pub fn param_registers(&self, addr: u64) -> Option<ParamRegs> {
+        self.param_regs.borrow().get(&addr).cloned().flatten()
+    }
+
+    /// Says on stderr which functions `-a` shows without arguments (no
+    /// DWARF for them): by name when few, else how many.
+    pub fn note_untyped(&self) {
+        let u = self.untyped.borrow();
+        match u.len() {
+            0 => {}
+            1..=5 => crate::out::errln!(
+                "hotprobe: no DWARF for {} (build with -g): shown without arguments",
+                u.join(", ")
+            ),
+            n => crate::out::errln!(
+                "hotprobe: no DWARF for {n} functions (e.g. {}): shown without arguments",
+                u[..3].join(", ")
+            ),
+        }
+    }
+
+    /// Fails with what could not be planned (a parameter name the
+    /// function does not have, a function without DWARF).
+    pub fn check(&self) -> Result<()> {
+        let errors = std::mem::take(&mut *self.errors.borrow_mut());
+        if !errors.is_empty() {
+            bail!("{}", errors.join("\n"));
+        }
+        Ok(())
+    }
+}
+
+fn planned_needs_more(entry: &[Fetch], exit: &[Fetch]) -> bool {
+    Planned {
+        entry: entry.to_vec(),
+        exit: exit.to_vec(),
+        ..Planned::default()
+    }
+    .needs_more_than_registers()
+}
+
+/// An [`EventSink`] in front of another: events of typed functions whose
+/// values are all integer registers (recorded by whatever mechanism took
+/// them: the agent's rings, a trap) get those values as captured bytes,
+/// as if read at the hit.
+pub struct RegisterTyped<'a> {
+    inner: &'a mut dyn EventSink,
+    plans: HashMap<u32, EntryExit>,
+}
+
+impl<'a> RegisterTyped<'a> {
+    /// For the probes `placed` that `typing` planned on registers.
+    pub fn new(
+        inner: &'a mut dyn EventSink,
+        typing: &Typing,
+        placed: &[hotprobe::Placement],
+    ) -> RegisterTyped<'a> {
+        let plans = typing.register_plans.borrow();
+        RegisterTyped {
+            inner,
+            plans: placed
+                .iter()
+                .filter_map(|p| Some((p.id.0, plans.get(&p.addr.0)?.clone())))
+                .collect(),
+        }
+    }
+}
+
+impl EventSink for RegisterTyped<'_> {
+    fn event(&mut self, ev: &RecordedEvent) -> Result<(), SinkError> {
+        let exit = ev.kind == KIND_EXIT;
+        match self.plans.get(&ev.probe_id) {
+            Some(_) if exit && ev.reserved & EXIT_UNWOUND != 0 => self.inner.event(ev),
+            Some((entry, exit_plan)) => {
+                let plan = if exit { exit_plan } else { entry };
+                let mut data = Vec::new();
+                capture(plan, &mut Recorded(ev), &mut data);
+                self.inner.event_data(ev, &data)
+            }
+            None => self.inner.event(ev),
+        }
+    }
+
+    fn event_data(&mut self, ev: &RecordedEvent, data: &[u8]) -> Result<(), SinkError> {
+        self.inner.event_data(ev, data)
+    }
+
+    fn lost(&mut self, tid: u32, ts: u64, count: u64) -> Result<(), SinkError> {
+        self.inner.lost(tid, ts, count)
+    }
+}
+
+/// A recorded event's registers: the argument registers of an entry, rax
+/// (and rdx) of an exit.
+struct Recorded<'a>(&'a RecordedEvent);
+
+impl Machine for Recorded<'_> {
+    fn reg(&mut self, s: Source) -> Option<u64> {
+        let ev = self.0;
+        let n = usize::from(ev.nargs).min(ev.args.len());
+        match (s, ev.kind == KIND_EXIT) {
+            (Source::IntArg(i), false) if usize::from(i) < n => Some(ev.args[usize::from(i)]),
+            (Source::Rax, true) if n > 0 => Some(ev.args[0]),
+            _ => None,
+        }
+    }
+
+    fn read(&mut self, _addr: u64, _buf: &mut [u8]) -> bool {
+        false
+    }
+}
+
+/// A stopped thread as [`Machine`] sees it.
+struct Hit<'a, 'b> {
+    ctx: &'a mut HitContext<'b>,
+    xmm: Option<Option<[u64; 16]>>,
+}
+
+impl Machine for Hit<'_, '_> {
+    fn reg(&mut self, s: Source) -> Option<u64> {
+        let r = *self.ctx.regs();
+        Some(match s {
+            Source::IntArg(i) => self.ctx.arg(i as usize)?,
+            Source::Rax => r.rax,
+            Source::Xmm(i) => {
+                let x = *self
+                    .xmm
+                    .get_or_insert_with(|| self.ctx.xmm_registers().ok());
+                x?.get(i as usize).copied()?
+            }
+            Source::Stack(off) => {
+                let rsp = r.rsp;
+                self.ctx.read_u64(rsp.wrapping_add(u64::from(off))).ok()?
+            }
+            Source::Dwarf(n) => match n {
+                0 => r.rax,
+                1 => r.rdx,
+                2 => r.rcx,
+                3 => r.rbx,
+                4 => r.rsi,
+                5 => r.rdi,
+                6 => r.rbp,
+                7 => r.rsp,
+                8 => r.r8,
+                9 => r.r9,
+                10 => r.r10,
+                11 => r.r11,
+                12 => r.r12,
+                13 => r.r13,
+                14 => r.r14,
+                15 => r.r15,
+                _ => return None,
+            },
+        })
+    }
+
+    fn read(&mut self, addr: u64, buf: &mut [u8]) -> bool {
+        self.ctx.read_memory(addr, buf).is_ok()
+    }
+}
+
+/// The shapes of each typed probe, by probe id, for printing.
+#[derive(Default, Clone)]
+pub struct TypedShapes {
+    by_probe: HashMap<u32, (Vec<ShapeItem>, Vec<ShapeItem>)>,
+}
+
+impl TypedShapes {
+    /// From what `typing` planned and where it was placed.
+    pub fn new(typing: &Typing, placed: &[hotprobe::Placement]) -> TypedShapes {
+        let shapes = typing.shapes.borrow();
+        TypedShapes {
+            by_probe: placed
+                .iter()
+                .filter_map(|p| Some((p.id.0, shapes.get(&p.addr.0)?.clone())))
+                .collect(),
+        }
+    }
+
+    /// The same, for a trace's `types.tsv`.
+    pub fn value_types(&self) -> hotprobe_trace::ValueTypes {
+        let mut t = hotprobe_trace::ValueTypes::default();
+        for (id, (e, x)) in &self.by_probe {
+            t.insert(*id, e.clone(), x.clone());
+        }
+        t
+    }
+
+    /// The values of a typed event: `Some(texts)`, or `None` for a probe
+    /// that is not typed.
+    pub fn format(&self, id: u32, exit: bool, data: &[u8]) -> Option<Vec<String>> {
+        let (entry, exit_shapes) = self.by_probe.get(&id)?;
+        let shapes = if exit { exit_shapes } else { entry };
+        Some(match format_values(shapes, data) {
+            Ok(v) => v,
+            Err(e) => vec![format!("<{e}>")],
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_with_arguments() {
+        let (f, e) = split_spec("greet(name, n)").unwrap();
+        assert_eq!(f, "greet");
+        assert_eq!(
+            e.iter().map(|x| x.text.as_str()).collect::<Vec<_>>(),
+            ["name", "n"]
+        );
+        let (f, e) = split_spec("greet name:string p->len").unwrap();
+        assert_eq!(f, "greet");
+        assert!(e[0].as_string);
+        assert_eq!(e[1].path, [(true, "len".to_string())]);
+        let (f, e) = split_spec("libc:getpid").unwrap();
+        assert_eq!((f.as_str(), e.len()), ("libc:getpid", 0));
+        assert!(split_spec("f(a b)").is_err());
+        assert!(split_spec("f p->").is_err());
+    }
+}

@@ -1,0 +1,388 @@
+//! Typed arguments and return values from DWARF (`trace -a`, `record -a`
+//! and `replay`, `func(a, b)` and `'func p->len name:string'` specs) on
+//! tests/programs/typed.c built with -O0 and -O2: each call hotprobe shows
+//! equals the line the program logged for it ("CALL name(args) = ret"),
+//! except parameters gcc's clones dropped, shown `<optimised out>` (never
+//! another value).
+
+mod common;
+
+use common::{gcc_with, hotprobe, text};
+use std::path::{Path, PathBuf};
+
+const FUNCS: &[&str] = &[
+    "greet", "scale", "total", "pick", "mix", "half", "mul", "quiet",
+];
+
+fn tmp() -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("typed-args");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn program(opt: &str, debug: bool) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/typed.c");
+    let tag = if debug { "g" } else { "nog" };
+    let out = tmp().join(format!("typed{opt}-{tag}"));
+    // gcc() adds -g before the source: -g0 after it takes DWARF out.
+    let after: &[&str] = if debug { &[] } else { &["-g0"] };
+    gcc_with(&src, &out, &[opt], after)
+}
+
+/// The program's own log: `name(args) = ret` per call, in order.
+fn logged(stderr: &str) -> Vec<String> {
+    stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("CALL "))
+        .map(str::to_string)
+        .collect()
+}
+
+/// gcc's clone suffixes off: `mul.constprop.0` → `mul`.
+fn base(name: &str) -> &str {
+    name.split('.').next().unwrap()
+}
+
+/// The calls of `trace` or `replay` output as `name(args) = ret`, in the
+/// order they returned, for the functions of [`FUNCS`].
+fn shown(out: &str) -> Vec<String> {
+    let mut calls = Vec::new();
+    let mut open: Vec<String> = Vec::new();
+    for l in out.lines() {
+        let Some((_, body)) = l.split_once("] | ") else {
+            continue;
+        };
+        let body = body.trim_start();
+        let (call, ret) = if let Some(e) = body.strip_suffix(" {") {
+            open.push(e.to_string());
+            continue;
+        } else if let Some(rest) = body.strip_prefix('}') {
+            // trace: `} /* f */ = R`; replay: `} = R; /* f */`.
+            let ret = match rest.split_once("*/ = ") {
+                Some((_, r)) => Some(r.to_string()),
+                None => rest
+                    .strip_prefix(" = ")
+                    .map(|r| r.split_once("; /*").unwrap().0.to_string()),
+            };
+            (open.pop().expect("an exit without its entry"), ret)
+        } else if let Some(leaf) = body.strip_suffix(';') {
+            match leaf.split_once(") = ") {
+                Some((c, r)) => (format!("{c})"), Some(r.to_string())),
+                None => (leaf.to_string(), None),
+            }
+        } else {
+            continue;
+        };
+        let (name, args) = call.split_once('(').unwrap();
+        if !FUNCS.contains(&base(name)) {
+            continue;
+        }
+        let ret = ret.map_or(String::new(), |r| format!(" = {r}"));
+        calls.push(format!("{}({args}{ret}", base(name)));
+    }
+    calls
+}
+
+/// `ours` shows `theirs`: equal, or (`optimised`) with `<optimised out>`
+/// where the program had a value.
+fn same(ours: &str, theirs: &str, optimised: bool) -> bool {
+    if ours == theirs {
+        return true;
+    }
+    let split = |s: &str| -> Option<(String, Vec<String>, String)> {
+        let (name, rest) = s.split_once('(')?;
+        let (args, ret) = rest.rsplit_once(')')?;
+        Some((
+            name.into(),
+            args.split(", ").map(str::to_string).collect(),
+            ret.into(),
+        ))
+    };
+    match (optimised, split(ours), split(theirs)) {
+        (true, Some((n1, a1, r1)), Some((n2, a2, r2))) => {
+            n1 == n2
+                && r1 == r2
+                && a1.len() == a2.len()
+                && a1
+                    .iter()
+                    .zip(&a2)
+                    .all(|(x, y)| x == y || x == "<optimised out>")
+        }
+        _ => false,
+    }
+}
+
+fn compare(ours: &[String], theirs: &[String], optimised: bool, what: &str) {
+    assert_eq!(
+        ours.len(),
+        theirs.len(),
+        "{what}: {} calls shown, the program made {}:\n{ours:#?}\n{theirs:#?}",
+        ours.len(),
+        theirs.len()
+    );
+    for (o, t) in ours.iter().zip(theirs) {
+        assert!(
+            same(o, t, optimised),
+            "{what}: hotprobe shows {o:?}, the program logged {t:?}"
+        );
+    }
+    let dropped = ours
+        .iter()
+        .filter(|o| o.contains("<optimised out>"))
+        .count();
+    if optimised {
+        // gcc -O2 makes quiet() a clone without `unused`: shown as such.
+        assert!(
+            ours.iter().any(|o| o == "quiet(10, <optimised out>) = 5"),
+            "{what}: {ours:#?}"
+        );
+    } else {
+        assert_eq!(dropped, 0, "{what}: nothing is optimised out at -O0");
+    }
+}
+
+fn trace_a(opt: &str) {
+    let prog = program(opt, true);
+    let specs: Vec<String> = FUNCS.iter().map(|f| format!("{f}*")).collect();
+    let mut args = vec!["trace", "-a", "--summary"];
+    args.extend(specs.iter().map(String::as_str));
+    args.extend(["--", prog.to_str().unwrap()]);
+    let out = hotprobe(&args);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let theirs = logged(&stderr);
+    assert_eq!(theirs.len(), 14, "{stderr}");
+    compare(
+        &shown(&stdout),
+        &theirs,
+        opt == "-O2",
+        &format!("trace -a {opt}"),
+    );
+    // Values in memory (strings) or xmm registers are read at the hit, on
+    // the trap path; values in integer registers come with the recorded
+    // registers, on whatever mechanism fits (the fast path where it can).
+    let row = |f: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{f} ")) || l.starts_with(&format!("{f}.")))
+            .unwrap_or_else(|| panic!("no row for {f}: {stdout}"))
+            .to_string()
+    };
+    for f in ["greet", "scale", "pick", "mix"] {
+        let r = row(f);
+        assert!(
+            r.contains("trap") && r.contains("typed values read at the hit"),
+            "{r}"
+        );
+    }
+    for f in ["total", "mul"] {
+        let r = row(f);
+        assert!(!r.contains("typed values read at the hit"), "{r}");
+    }
+}
+
+#[test]
+fn trace_a_o0_prints_what_the_program_printed() {
+    trace_a("-O0");
+}
+
+#[test]
+fn trace_a_o2_prints_what_the_program_printed() {
+    trace_a("-O2");
+}
+
+fn record_a(opt: &str) {
+    let prog = program(opt, true);
+    let dir = tmp().join(format!("trace{opt}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = hotprobe(&[
+        "record",
+        "-a",
+        "-o",
+        dir.to_str().unwrap(),
+        "--",
+        prog.to_str().unwrap(),
+    ]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let theirs = logged(&stderr);
+    assert_eq!(theirs.len(), 14, "{stderr}");
+    // The trace carries the types and the captured values (strings
+    // included): replay prints them after the program is gone.
+    for f in ["types.tsv", "info.json"] {
+        assert!(dir.join(f).exists(), "{f} in {}", dir.display());
+    }
+    let info = std::fs::read_to_string(dir.join("info.json")).unwrap();
+    assert!(info.contains("\"version\": 2"), "{info}");
+    let replay = hotprobe(&["replay", "--no-pager", dir.to_str().unwrap()]);
+    let stdout = text(&replay.stdout);
+    assert!(replay.status.success(), "{stdout}{}", text(&replay.stderr));
+    compare(
+        &shown(&stdout),
+        &theirs,
+        opt == "-O2",
+        &format!("record -a {opt} + replay"),
+    );
+    // Chrome JSON carries the typed values as text.
+    let json = dir.join("t.json");
+    let out = hotprobe(&[
+        "export",
+        dir.to_str().unwrap(),
+        "--format",
+        "chrome",
+        "-o",
+        json.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json = std::fs::read_to_string(json).unwrap();
+    assert!(
+        json.contains(r#"["\"world\"","0"]"#) && json.contains(r#""retval":"4.75""#),
+        "{json}"
+    );
+    // main is recorded too, typed: main(1, 0x…) = 0.
+    assert!(
+        stdout.contains("main(1, 0x") && stdout.contains("} = 0; /* main */"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn record_a_o0_and_replay_print_what_the_program_printed() {
+    record_a("-O0");
+}
+
+#[test]
+fn record_a_o2_and_replay_print_what_the_program_printed() {
+    record_a("-O2");
+}
+
+#[test]
+fn named_arguments_fields_and_strings() {
+    for opt in ["-O0", "-O2"] {
+        let prog = program(opt, true);
+        let out = hotprobe(&[
+            "trace",
+            "total(b->len, b->name, b->id, extra)",
+            "greet who:string",
+            "scale(f, x)",
+            "--",
+            prog.to_str().unwrap(),
+        ]);
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+        let entries: Vec<&str> = stdout
+            .lines()
+            .filter_map(|l| l.split_once("] | ").map(|x| x.1))
+            .filter(|b| b.ends_with('{'))
+            .collect();
+        assert_eq!(
+            entries,
+            [
+                "greet(who=\"world\") {",
+                "greet(who=\"hotprobe\") {",
+                "scale(f=0.25, x=1.5) {",
+                "scale(f=1, x=-2.5) {",
+                "total(b->len=41, b->name=\"bee\", b->id=7, extra=2) {",
+                "total(b->len=41, b->name=\"bee\", b->id=7, extra=18446744073709551573) {",
+            ],
+            "{opt}: {stdout}"
+        );
+    }
+}
+
+#[test]
+fn a_missing_parameter_is_an_error_listing_the_parameters() {
+    let prog = program("-O0", true);
+    let out = hotprobe(&["trace", "greet(whom)", "--", prog.to_str().unwrap()]);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("greet has no parameter whom; its parameters: who (char *), n (int32)"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("CALL "),
+        "the program must not have run: {stderr}"
+    );
+    let out = hotprobe(&["trace", "total(b->size)", "--", prog.to_str().unwrap()]);
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("struct buf has no member size; its members: name, len, id"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn without_dwarf_args_stay_raw_registers() {
+    let prog = program("-O0", false);
+    // --args N: registers as before (the string's address, not its text).
+    let out = hotprobe(&[
+        "trace",
+        "--args",
+        "2",
+        "greet",
+        "--",
+        prog.to_str().unwrap(),
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    let first = stdout.lines().find(|l| l.contains("greet(")).unwrap();
+    assert!(
+        first.contains("| greet(0x") && first.ends_with(", 0) {"),
+        "{stdout}"
+    );
+    // Names need DWARF: a clear error.
+    let out = hotprobe(&["trace", "greet(who)", "--", prog.to_str().unwrap()]);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("greet: no DWARF for it"), "{stderr}");
+    // -a: no arguments to show, said once.
+    let out = hotprobe(&["trace", "-a", "greet", "--", prog.to_str().unwrap()]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("| greet() {"), "{stdout}");
+    assert!(stderr.contains("no DWARF for greet"), "{stderr}");
+}
+
+#[test]
+fn count_conditions_name_parameters() {
+    for opt in ["-O0", "-O2"] {
+        let prog = program(opt, true);
+        let out = hotprobe(&[
+            "count",
+            // int -3 < 0 (its register's upper half is not its sign), an
+            // unsigned long above 2^63 > 100, an enum (BLUE = 6), a clone's
+            // register at -O2.
+            "greet if n < 0",
+            "total if extra > 100",
+            "pick if c == 6 && v > 0",
+            "mul* if a == 5",
+            "--",
+            prog.to_str().unwrap(),
+        ]);
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "{stdout}{stderr}");
+        let t = common::CountTable::parse(&stdout, &stderr);
+        for f in ["greet", "total", "pick"] {
+            assert_eq!(t.hits(f), 1, "{opt} {f}: {stdout}");
+        }
+        let mul = if opt == "-O2" {
+            "mul.constprop.0"
+        } else {
+            "mul"
+        };
+        assert_eq!(t.hits(mul), 1, "{opt}: {stdout}");
+    }
+    let prog = program("-O0", true);
+    for (spec, says) in [
+        (
+            "greet if nn < 0",
+            "greet has no parameter nn; its parameters: who, n",
+        ),
+        ("scale if x > 1", "`x`: not in an integer register (double)"),
+    ] {
+        let out = hotprobe(&["count", spec, "--", prog.to_str().unwrap()]);
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(says), "{stderr}");
+    }
+}
