@@ -37,8 +37,8 @@ mod record;
 mod session;
 mod signals;
 mod trace;
-mod watch;
 mod typed;
+mod watch;
 
 use clap::{CommandFactory, Parser};
 use cli::{Cli, Cmd, GuestCmd, MechanismArg, RecordMechanism};

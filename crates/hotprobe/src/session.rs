@@ -1130,7 +1130,9 @@ impl Session {
                         }
                     }
                 }
-                Plan::Trap(reason) => self.place_trap(t, &r, is_return, record, reason, label, capture),
+                Plan::Trap(reason) => {
+                    self.place_trap(t, &r, is_return, record, reason, label, capture)
+                }
                 Plan::Plugin(reason) => self.place_plugin(t, &r, is_return, record, reason, label),
             };
             match placed {
