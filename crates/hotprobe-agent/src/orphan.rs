@@ -300,10 +300,11 @@ fn write_byte(addr: u64, b: u8) -> bool {
 
 /// A system call with up to four arguments, made here rather than through
 /// libc (async-signal-safe, and no code of the program's libraries runs).
-fn syscall(nr: libc::c_long, a: [u64; 4]) -> u64 {
+pub(crate) fn syscall(nr: libc::c_long, a: [u64; 4]) -> u64 {
     let r: u64;
-    // SAFETY: the calls made here (open, read, pread64, pwrite64, close,
-    // getpid, gettid, tgkill, rt_sigaction) take the arguments given, read
+    // SAFETY: the calls made here and by `env` and the constructor (open,
+    // read, readlink, pread64, pwrite64, close, getpid, gettid, tgkill,
+    // rt_sigaction) take the arguments given, read
     // or write only the buffers passed, and clobber rcx and r11.
     unsafe {
         core::arch::asm!(
