@@ -87,11 +87,17 @@ fn bpftrace_counts(
             text(&out.stderr)
         )
     });
-    // bpftrace prints a blank line after the program's output.
-    assert_eq!(
-        prog_out.trim_end(),
-        expected.trim_end(),
-        "the program's output under bpftrace"
+    // bpftrace prints `Attaching N probes...` first and a blank line
+    // after the program's output.
+    let prog_out = match prog_out.split_once('\n') {
+        Some((first, rest)) if first.starts_with("Attaching ") => rest,
+        _ => prog_out,
+    };
+    assert!(
+        prog_out.trim_end() == expected.trim_end(),
+        "the program's output under bpftrace differs from its own ({} bytes, {} expected)",
+        prog_out.len(),
+        expected.len()
     );
     let mut m: BTreeMap<String, u64> = functions.iter().map(|f| (f.clone(), 0)).collect();
     for l in counts.lines() {
@@ -127,10 +133,13 @@ fn count_everything(specs: &[&str], cmd: &[&str], env: &[(&str, &str)]) -> Count
         stderr.contains("exited with code 0"),
         "{cmd:?} did not run to completion:\n{stderr}"
     );
-    assert_eq!(
-        program_output(&stdout),
-        expected,
-        "the output of {cmd:?} under `hotprobe count {specs:?}`"
+    // (Not assert_eq: the outputs are long.)
+    assert!(
+        program_output(&stdout) == expected,
+        "the output of {cmd:?} under `hotprobe count {specs:?}` differs from its own \
+         ({} bytes, {} expected)",
+        program_output(&stdout).len(),
+        expected.len()
     );
     let table = CountTable::parse(&stdout, &stderr);
     // Far more than a few: every function libc's blacklist allows.
@@ -169,12 +178,13 @@ fn libc_counts_match_bpftrace(cmd: &[&str], env: &[(&str, &str)]) {
         hotprobe, bt,
         "hotprobe's counts (left) against bpftrace's (right) for {cmd:?}"
     );
-    // The IFUNC selected one implementation, and the program used it.
+    // The IFUNC selected one implementation, and the program used it (the
+    // equality above is no accident of zeros).
     assert!(
-        strlens.iter().any(|f| bt[f] > 100),
-        "no strlen implementation called more than 100 times: {bt:?}"
+        strlens.iter().any(|f| bt[f] > 0),
+        "no strlen implementation called: {bt:?}"
     );
-    assert!(bt["malloc"] > 100 && bt["free"] > 100, "{bt:?}");
+    assert!(bt["malloc"] > 0 && bt["free"] > 0, "{bt:?}");
 }
 
 #[test]
@@ -229,6 +239,7 @@ fn count_every_sqlite_and_libc_function_of_the_sqlite3_shell() {
     let cmd = ["/usr/bin/sqlite3", "-batch", ":memory:", read.as_str()];
     let table = count_everything(&["libsqlite3.so.0:*", "libc.so.6:*"], &cmd, &[]);
     // Both libraries were probed, and SQLite's own functions ran.
-    assert!(table.hits("sqlite3_step") > 1000, "{}", table.all);
+    // Each of the script's 9 statements is stepped at least once.
+    assert!(table.hits("sqlite3_step") >= 9, "{}", table.all);
     assert!(table.hits("malloc") > 0, "{}", table.all);
 }
