@@ -5,6 +5,7 @@
 //! ```text
 //! cargo run --release -p hotprobe-bench -- trap            # trap mechanism vs native, naive ptrace, gdb, bpftrace
 //! cargo run --release -p hotprobe-bench -- trap --cpu 0    # pin tracer and target to CPU 0
+//! cargo run --release -p hotprobe-bench -- sqlite           # every function of SQLite: count, record, uftrace
 //! ```
 //!
 //! Prints a markdown table: ns per hit and × native. Not a test: timing
@@ -16,6 +17,8 @@ use hotprobe::{Probe, RunEnd, Session, SpawnOptions};
 use hotprobe_target::{ResumeMode, Target, TargetEvent};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+mod sqlite;
 
 #[derive(Parser)]
 #[command(about = "hotprobe benchmarks, peers side by side")]
@@ -38,12 +41,23 @@ enum What {
         #[arg(long, default_value_t = 3)]
         runs: usize,
     },
+    /// SQLite (amalgamation) inserting rows, every function: native,
+    /// `hotprobe count '*'`, `hotprobe record`, `uftrace record` (issue 14).
+    Sqlite {
+        /// Rows inserted.
+        #[arg(long, default_value_t = 200_000)]
+        rows: u64,
+        /// Runs per row of the table (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.what {
         What::Trap { cpu, hits, runs } => trap(cpu, hits, runs),
+        What::Sqlite { rows, runs } => sqlite::sqlite(rows, runs),
     }
 }
 
