@@ -8,6 +8,7 @@
 //! cargo run --release -p hotprobe-bench -- record-trap     # recording through a trap vs counting through one, jump, native
 //! cargo build --release -p hotprobe-cli && \
 //!   cargo run --release -p hotprobe-bench -- typed          # record -a vs --args 2 vs uftrace -a
+//! cargo run --release -p hotprobe-bench -- sqlite           # every function of SQLite: count, record, uftrace
 //! ```
 //!
 //! Prints a markdown table: ns per hit and × native. Not a test: timing
@@ -21,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod inproc;
+mod sqlite;
 
 #[derive(Parser)]
 #[command(about = "hotprobe benchmarks, peers side by side")]
@@ -77,6 +79,16 @@ enum What {
         #[arg(long, default_value_t = 3)]
         runs: usize,
     },
+    /// SQLite (amalgamation) inserting rows, every function: native,
+    /// `hotprobe count '*'`, `hotprobe record`, `uftrace record` (issue 14).
+    Sqlite {
+        /// Rows inserted.
+        #[arg(long, default_value_t = 200_000)]
+        rows: u64,
+        /// Runs per row of the table (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
 }
 
 fn main() -> Result<()> {
@@ -86,6 +98,7 @@ fn main() -> Result<()> {
         What::RecordTrap { calls, runs } => record_trap(calls, runs),
         What::Inproc { cpu, hits, runs } => inproc::run(cpu, hits, runs),
         What::Typed { calls, runs } => typed(calls, runs),
+        What::Sqlite { rows, runs } => sqlite::sqlite(rows, runs),
     }
 }
 

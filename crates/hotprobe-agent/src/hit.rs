@@ -587,10 +587,14 @@ fn fill_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32) -> u64 {
         // hot path. Best effort: older kernels answer EINVAL.
         let base = ctl as *const hotprobe_abi::RingCtl as usize;
         let len = shm.layout().thread_stride + (base & 4095);
-        // SAFETY: the range covers this thread's slot, from the start of its
-        // first page, inside the shared mapping (the mapping is
-        // page-granular); populating changes no content.
-        unsafe { libc::madvise((base & !4095) as *mut libc::c_void, len, 23) };
+        // The range covers this thread's slot, from the start of its first
+        // page, inside the shared mapping (the mapping is page-granular);
+        // populating changes no content. By the system call: libc's
+        // `madvise` may be probed.
+        crate::orphan::syscall(
+            libc::SYS_madvise,
+            [(base & !4095) as u64, len as u64, 23, 0],
+        );
     }
     counters
 }
@@ -960,21 +964,24 @@ pub(crate) fn rearm_after_catch(sp: u64) {
 }
 
 fn map_shadow() -> u64 {
-    // SAFETY: a fresh private anonymous mapping.
-    let p = unsafe {
-        libc::mmap(
-            core::ptr::null_mut(),
-            SHADOW_BYTES,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
+    // A fresh private anonymous mapping, by the system call: libc's `mmap`
+    // may be probed, and this runs inside a hit (a thread's first).
+    let p = crate::orphan::syscall6(
+        libc::SYS_mmap,
+        [
             0,
-        )
-    };
-    if p == libc::MAP_FAILED {
+            SHADOW_BYTES as u64,
+            (libc::PROT_READ | libc::PROT_WRITE) as u64,
+            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+            u64::MAX,
+            0,
+        ],
+    );
+    // Errors are -4095..-1.
+    if p > u64::MAX - 4095 {
         0
     } else {
-        p as u64
+        p
     }
 }
 

@@ -29,13 +29,14 @@
 //! installs a `SIGTRAP` handler that undoes the `int3`s of a tracer that
 //! died without restoring them (`orphan`).
 
-use std::ffi::{c_char, c_int, CStr};
+use std::ffi::c_int;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64};
 
 use hotprobe_abi::patch::{abs_jmp_stub, NEAR_STUB_ENTRY, NEAR_STUB_EXIT, NEAR_STUB_MID};
 use hotprobe_abi::{rdtsc, Shm, STATUS_ATTACHED, STATUS_NO_NEAR_PAGE, VERSION};
 
+mod env;
 mod hit;
 mod inproc;
 mod orphan;
@@ -329,40 +330,33 @@ fn map_near_page(stubs: &[(u64, u64)]) -> Option<u64> {
     None
 }
 
-fn env_var(name: &CStr) -> Option<&'static CStr> {
-    // SAFETY: name is NUL-terminated; getenv returns NULL or a C string that
-    // lives as long as the environment entry (not modified by us).
-    let p = unsafe { libc::getenv(name.as_ptr()) };
-    // SAFETY: non-null result of getenv is a valid C string.
-    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p as *const c_char) })
-}
-
 fn attach_from_env() {
-    if let Some(v) = env_var(c"HOTPROBE_SHM_FD") {
-        let v = v.to_owned();
-        // SAFETY: as for HOTPROBE_SHM_PATH below.
-        unsafe { libc::unsetenv(c"HOTPROBE_SHM_FD".as_ptr()) };
-        if let Some(fd) = std::str::from_utf8(v.to_bytes())
-            .ok()
-            .and_then(|s| s.parse::<c_int>().ok())
-        {
+    // No libc call here (see `env`): with the agent attached at the spawn
+    // stop, libc's functions are probed already.
+    if let Some(v) = env::var(b"HOTPROBE_SHM_FD") {
+        // As for HOTPROBE_SHM_PATH below.
+        env::remove(b"HOTPROBE_SHM_FD");
+        // SAFETY: an environment value is a NUL-terminated string.
+        if let Some(fd) = unsafe { env::parse_fd(v) } {
             let _ = attach_fd(fd);
             return;
         }
     }
-    if let Some(path) = env_var(c"HOTPROBE_SHM_PATH") {
-        // SAFETY: path is a valid C string.
-        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if let Some(path) = env::var(b"HOTPROBE_SHM_PATH") {
+        let fd = orphan::syscall(
+            libc::SYS_open,
+            [path as u64, (libc::O_RDWR | libc::O_CLOEXEC) as u64, 0, 0],
+        ) as i64;
         // The variable names the tracer's memory for this process only: a
         // program this one executes (still under LD_PRELOAD) must stay
         // dormant, not attach to the same memory. The constructor runs
-        // before any thread of the program exists, so unsetenv is safe.
-        // SAFETY: a valid C string; single-threaded here.
-        unsafe { libc::unsetenv(c"HOTPROBE_SHM_PATH".as_ptr()) };
+        // before any thread of the program exists, so editing `environ` is
+        // safe (the string itself stays where it is).
+        env::remove(b"HOTPROBE_SHM_PATH");
         if fd >= 0 {
-            let _ = attach_fd(fd);
-            // SAFETY: our descriptor; the mapping survives its close.
-            unsafe { libc::close(fd) };
+            let _ = attach_fd(fd as c_int);
+            // Our descriptor; the mapping survives its close.
+            orphan::syscall(libc::SYS_close, [fd as u64, 0, 0, 0]);
         }
     }
 }
@@ -372,42 +366,10 @@ fn attach_from_env() {
 /// only while the tracer lives, and every program this one executes after
 /// the tracer is gone would print a loader error for it (the agents loaded
 /// into those programs would stay dormant anyway). Other entries, and an
-/// agent preloaded from a file, are left alone.
+/// agent preloaded from a file, are left alone. Done without calling libc
+/// (see `env`).
 fn drop_ephemeral_preload() {
-    // SAFETY: an all-zero Dl_info is a valid value to be overwritten.
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    // SAFETY: the address of one of our functions; dladdr fills `info`.
-    let found = unsafe { libc::dladdr(constructor as *const libc::c_void, &mut info) };
-    if found == 0 || info.dli_fname.is_null() {
-        return;
-    }
-    // SAFETY: a non-null dli_fname is the loader's NUL-terminated name of
-    // our object, alive as long as the object is loaded.
-    let me = unsafe { CStr::from_ptr(info.dli_fname) }.to_bytes();
-    let ephemeral = me.starts_with(b"/proc/") && me.windows(4).any(|w| w == b"/fd/");
-    let Some(preload) = env_var(c"LD_PRELOAD").filter(|_| ephemeral) else {
-        return;
-    };
-    let entries: Vec<&[u8]> = preload
-        .to_bytes()
-        .split(|c| *c == b':' || *c == b' ')
-        .filter(|e| !e.is_empty())
-        .collect();
-    let kept: Vec<&[u8]> = entries.iter().copied().filter(|e| *e != me).collect();
-    if kept.len() == entries.len() {
-        return;
-    }
-    if kept.is_empty() {
-        // SAFETY: a valid C string; the constructor runs before any thread
-        // of the program exists.
-        unsafe { libc::unsetenv(c"LD_PRELOAD".as_ptr()) };
-        return;
-    }
-    let Ok(v) = std::ffi::CString::new(kept.join(&b':')) else {
-        return;
-    };
-    // SAFETY: valid C strings; single-threaded here (as above).
-    unsafe { libc::setenv(c"LD_PRELOAD".as_ptr(), v.as_ptr(), 1) };
+    env::drop_ephemeral_preload()
 }
 
 extern "C" fn constructor() {

@@ -381,12 +381,37 @@ fn write_byte(addr: u64, b: u8) -> bool {
     n == 1
 }
 
+/// A system call with six arguments (`mmap`), by the `syscall`
+/// instruction: never through libc, whose functions may be probed.
+pub(crate) fn syscall6(nr: libc::c_long, a: [u64; 6]) -> u64 {
+    let r: u64;
+    // SAFETY: the calls made with it (mmap of fresh anonymous memory) take
+    // the arguments given, touch no memory of ours, and clobber rcx and r11.
+    unsafe {
+        core::arch::asm!(
+            "syscall",
+            inlateout("rax") nr as u64 => r,
+            in("rdi") a[0],
+            in("rsi") a[1],
+            in("rdx") a[2],
+            in("r10") a[3],
+            in("r8") a[4],
+            in("r9") a[5],
+            out("rcx") _,
+            out("r11") _,
+            options(nostack)
+        )
+    };
+    r
+}
+
 /// A system call with up to four arguments, made here rather than through
 /// libc (async-signal-safe, and no code of the program's libraries runs).
-fn syscall(nr: libc::c_long, a: [u64; 4]) -> u64 {
+pub(crate) fn syscall(nr: libc::c_long, a: [u64; 4]) -> u64 {
     let r: u64;
-    // SAFETY: the calls made here (open, read, pread64, pwrite64, close,
-    // getpid, gettid, tgkill, rt_sigaction) take the arguments given, read
+    // SAFETY: the calls made here and by `env` and the constructor (open,
+    // read, readlink, pread64, pwrite64, close, getpid, gettid, tgkill,
+    // rt_sigaction) take the arguments given, read
     // or write only the buffers passed, and clobber rcx and r11.
     unsafe {
         core::arch::asm!(

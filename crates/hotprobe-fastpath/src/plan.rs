@@ -109,6 +109,9 @@ pub struct ModuleInfo {
     mcount: BTreeSet<u64>,
     probes: Option<ProbeList>,
     functions: Vec<FunctionInfo>,
+    /// Targets of the direct branches of every function, sorted (computed
+    /// on the first jump plan: see [`ModuleInfo::branch_into`]).
+    branch_targets: std::sync::OnceLock<Vec<(u64, u64)>>,
 }
 
 fn read_addr_section(file: &object::File<'_>, name: &str) -> BTreeSet<u64> {
@@ -237,7 +240,61 @@ impl ModuleInfo {
             mcount,
             probes,
             functions,
+            branch_targets: std::sync::OnceLock::new(),
         })
+    }
+
+    /// A direct branch (`jmp`, `jcc`, `call`, `loop`…) of any function of
+    /// the module whose target is strictly inside `(addr, addr + len)`, as
+    /// (target, branch address): a jump written over those bytes would
+    /// send it into the middle of the `jmp rel32`. [`plan_jump`] sees the
+    /// branches of the function itself only; hand-written assembly jumps
+    /// into its neighbours (glibc's `__mempcpy_avx512_unaligned_erms`
+    /// ends with `jmp` to `__memcpy_avx512_unaligned_erms+3`), and so do
+    /// a function's `.cold` partitions. Found by a linear sweep of every
+    /// function's bytes once per module (decoding data as code can only add
+    /// targets: refuse more, never less). Indirect branches (jump tables)
+    /// are not seen.
+    pub fn branch_into(&self, addr: u64, len: u64) -> Option<(u64, u64)> {
+        let targets = self
+            .branch_targets
+            .get_or_init(|| self.sweep_branch_targets());
+        let i = targets.partition_point(|&(t, _)| t <= addr);
+        targets
+            .get(i)
+            .copied()
+            .filter(|&(t, _)| t < addr.saturating_add(len))
+    }
+
+    fn sweep_branch_targets(&self) -> Vec<(u64, u64)> {
+        use iced_x86::{Decoder, DecoderOptions, FlowControl, OpKind};
+        let mut out = Vec::new();
+        for f in &self.functions {
+            let Some(code) = self.code(f.addr, f.size) else {
+                continue;
+            };
+            let mut dec = Decoder::with_ip(64, code, f.addr, DecoderOptions::NONE);
+            let mut instr = iced_x86::Instruction::default();
+            while dec.can_decode() {
+                dec.decode_out(&mut instr);
+                if !matches!(
+                    instr.flow_control(),
+                    FlowControl::UnconditionalBranch
+                        | FlowControl::ConditionalBranch
+                        | FlowControl::Call
+                ) {
+                    continue;
+                }
+                if matches!(
+                    instr.op0_kind(),
+                    OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
+                ) {
+                    out.push((instr.near_branch_target(), instr.ip()));
+                }
+            }
+        }
+        out.sort_unstable();
+        out
     }
 
     /// The file's path.
@@ -385,7 +442,15 @@ impl ModuleInfo {
                 .map(|p| p.covered)
                 .map_err(|e| e.to_string()),
             None => Err("function bytes not in the file".to_string()),
-        };
+        }
+        .and_then(|covered| match self.branch_into(f.addr, covered as u64) {
+            Some((target, from)) => Err(format!(
+                "a branch at {from:#x} elsewhere in the module lands at +{:#x}, \
+                 inside the first {covered} bytes",
+                target - f.addr
+            )),
+            None => Ok(covered),
+        });
         match jump {
             Ok(covered) => Ok(SitePlan {
                 mechanism: Mechanism::Jump,

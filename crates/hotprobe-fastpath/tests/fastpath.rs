@@ -1116,3 +1116,35 @@ fn the_embedded_agent_leaves_ld_preload_without_its_memfd() {
     run_to_exit(&mut t);
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "[libm.so.6]\n");
 }
+
+/// A jump probe is refused where a branch of *another* function lands in
+/// the bytes it would rewrite (glibc's memcpy/mempcpy pair, found by
+/// probing every libc function): the entry gets a trap, with the reason.
+#[test]
+fn a_branch_from_another_function_into_the_entry_refuses_a_jump() {
+    let exe = compile("branch_into.c", "branch_into", &["-O2"]);
+    let out = Command::new(&exe).arg("10").output().unwrap();
+    // sum over i < 10 of (i + 1 + 3) + (2i + 2 + 3) = 3 * 45 + 90
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "225\n");
+    let m = ModuleInfo::open(&exe).unwrap();
+    let add3 = m.function("add3").unwrap();
+    let p = m.plan(add3, MechanismChoice::Auto).unwrap();
+    assert_eq!(p.mechanism, Mechanism::Trap);
+    assert!(
+        p.reason.contains("elsewhere in the module lands at +0x3"),
+        "{}",
+        p.reason
+    );
+    let e = m.plan(add3, MechanismChoice::Jump).unwrap_err();
+    assert!(e.to_string().contains("lands at +0x3"), "{e}");
+    assert_eq!(m.branch_into(add3.addr, 3).map(|(t, _)| t), None);
+    assert_eq!(
+        m.branch_into(add3.addr, 5).map(|(t, _)| t),
+        Some(add3.addr + 3)
+    );
+    // Nothing lands inside add3_twice's first bytes: it takes a jump.
+    let q = m
+        .plan(m.function("add3_twice").unwrap(), MechanismChoice::Auto)
+        .unwrap();
+    assert_eq!(q.mechanism, Mechanism::Jump, "{}", q.reason);
+}

@@ -128,7 +128,14 @@ struct Run {
 /// Writes `total` events (blocks of `block`, shifted in time after each
 /// pass) into a fresh trace; times the conversion and writing, `finish`
 /// included.
-fn run(block: &mut [Event], span: u64, total: u64, filter: &Filter, aggregate: bool) -> Run {
+fn run(
+    block: &mut [Event],
+    span: u64,
+    total: u64,
+    filter: &Filter,
+    aggregate: bool,
+    compress: bool,
+) -> Run {
     let dir = std::env::temp_dir().join(format!("hotprobe-writer-speed-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let symbols: Vec<Symbol> = (0..16)
@@ -139,6 +146,7 @@ fn run(block: &mut [Event], span: u64, total: u64, filter: &Filter, aggregate: b
     meta.filter = filter.clone();
     meta.aggregate = aggregate;
     let mut w = TraceWriter::create(&dir, meta).expect("create the trace");
+    w.compress(compress);
     let main_entry = TraceEvent::from_abi(&abi(block[0].tsc - 1, 0, KIND_ENTRY, 0, 0)).unwrap();
     w.write_event(&main_entry).expect("write");
     let mut done = 0u64;
@@ -190,18 +198,20 @@ fn main() {
             nested_block(block_len, &mut rng, &mut ts)
         };
         let span = ts - start + 100;
-        for (label, filter, aggregate) in [
-            ("aggregated", Filter::none(), true),
-            ("--no-aggregate", Filter::none(), false),
+        for (label, filter, aggregate, compress) in [
+            ("aggregated", Filter::none(), true, true),
+            ("aggregated, uncompressed", Filter::none(), true, false),
+            ("--no-aggregate", Filter::none(), false, true),
             (
                 "--min-duration 20ns",
                 Filter::none().min_duration_ns(20),
+                true,
                 true,
             ),
         ] {
             let mut best: Option<Run> = None;
             for _ in 0..reps {
-                let r = run(&mut block, span, total, &filter, aggregate);
+                let r = run(&mut block, span, total, &filter, aggregate, compress);
                 if best.as_ref().is_none_or(|b| r.secs < b.secs) {
                     best = Some(r);
                 }

@@ -1,8 +1,9 @@
 //! The per-thread stream encoding (`tid-<TID>.hpt`); see docs/TRACE_FORMAT.md.
 //!
 //! Header (20 bytes, little-endian): magic `HPTS`, version u16, flags u16
-//! (0), tid u32, base timestamp u64. Then records, each starting with a
-//! header byte `H`:
+//! (0, or [`FLAG_LZ4`]: the records after the header are one LZ4 frame), tid
+//! u32, base timestamp u64. Then records, each starting with a header byte
+//! `H`:
 //!
 //! | bits | meaning |
 //! |------|---------|
@@ -28,6 +29,160 @@ pub const STREAM_MAGIC: [u8; 4] = *b"HPTS";
 pub const STREAM_VERSION: u16 = 1;
 /// Header size in bytes.
 pub const HEADER_LEN: usize = 20;
+/// Header flag: the records after the (uncompressed) header come in LZ4
+/// blocks, each `raw-length compressed-length` (varints) then the
+/// compressed bytes ([`Lz4Blocks`]). A reader that knows only flags 0
+/// refuses such a stream with "unknown header flags".
+pub const FLAG_LZ4: u16 = 1;
+
+/// The largest block [`Lz4Blocks`] writes or a reader accepts (raw bytes).
+pub const LZ4_MAX_BLOCK: usize = 1 << 20;
+
+/// A writer of LZ4 blocks ([`FLAG_LZ4`]): each `write` of up to
+/// [`LZ4_MAX_BLOCK`] bytes becomes one block (the [`Encoder`] writes 64 KiB
+/// chunks). Not the LZ4 frame format: its decoders take a file cut at a
+/// block boundary or inside the end mark for a complete one, and a reader
+/// of these streams must tell a cut at every byte (the block lengths make
+/// any cut inside a block visible, and the stream's own end record does
+/// the rest).
+#[derive(Debug)]
+pub struct Lz4Blocks<W: Write> {
+    out: W,
+    block: Vec<u8>,
+}
+
+impl<W: Write> Lz4Blocks<W> {
+    /// Blocks into `out`.
+    pub fn new(out: W) -> Lz4Blocks<W> {
+        Lz4Blocks {
+            out,
+            block: Vec::new(),
+        }
+    }
+
+    /// The underlying writer.
+    pub fn into_inner(self) -> W {
+        self.out
+    }
+}
+
+impl<W: Write> Write for Lz4Blocks<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let raw = &buf[..buf.len().min(LZ4_MAX_BLOCK)];
+        if raw.is_empty() {
+            return Ok(0);
+        }
+        let max = lz4_flex::block::get_maximum_output_size(raw.len());
+        self.block.resize(max + 20, 0);
+        let mut head = 0;
+        // Lengths first (the compressed one once known), then the data.
+        let n = lz4_flex::block::compress_into(raw, &mut self.block[20..])
+            .map_err(std::io::Error::other)?;
+        let mut lens = [0u8; 20];
+        for v in [raw.len() as u64, n as u64] {
+            let mut v = v;
+            loop {
+                let b = (v & 0x7f) as u8;
+                v >>= 7;
+                if v == 0 {
+                    lens[head] = b;
+                    head += 1;
+                    break;
+                }
+                lens[head] = b | 0x80;
+                head += 1;
+            }
+        }
+        self.block[20 - head..20].copy_from_slice(&lens[..head]);
+        self.out.write_all(&self.block[20 - head..20 + n])?;
+        Ok(raw.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
+/// The reading side of [`Lz4Blocks`]: a cut inside a block is an
+/// `UnexpectedEof` error, a bad block `InvalidData`; the end of the input
+/// at a block boundary is the end.
+struct Lz4Reader<R: Read> {
+    inner: R,
+    comp: Vec<u8>,
+    raw: Vec<u8>,
+    pos: usize,
+}
+
+impl<R: Read> Lz4Reader<R> {
+    /// A length varint; `None` at the end of the input before its first byte.
+    fn len(&mut self, first: bool) -> std::io::Result<Option<usize>> {
+        let mut v = 0u64;
+        for i in 0..10 {
+            let mut b = [0u8];
+            if i == 0 && first {
+                if self.inner.read(&mut b)? == 0 {
+                    return Ok(None);
+                }
+            } else {
+                self.inner.read_exact(&mut b)?;
+            }
+            v |= u64::from(b[0] & 0x7f) << (7 * i);
+            if b[0] & 0x80 == 0 {
+                return Ok(Some(usize::try_from(v).unwrap_or(usize::MAX)));
+            }
+        }
+        Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "LZ4 block length longer than 64 bits",
+        ))
+    }
+}
+
+impl<R: Read> Read for Lz4Reader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.pos == self.raw.len() {
+            let bad = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
+            let Some(raw) = self.len(true)? else {
+                return Ok(0);
+            };
+            let comp = self.len(false)?.unwrap_or(0);
+            if raw == 0 || raw > LZ4_MAX_BLOCK {
+                return Err(bad(format!("LZ4 block of {raw} bytes")));
+            }
+            if comp > lz4_flex::block::get_maximum_output_size(raw) {
+                return Err(bad(format!(
+                    "LZ4 block of {raw} bytes compressed into {comp}"
+                )));
+            }
+            self.comp.resize(comp, 0);
+            self.inner.read_exact(&mut self.comp)?;
+            self.raw.resize(raw, 0);
+            let n = lz4_flex::block::decompress_into(&self.comp, &mut self.raw)
+                .map_err(|e| bad(format!("LZ4 block: {e}")))?;
+            if n != raw {
+                return Err(bad(format!(
+                    "LZ4 block of {raw} bytes decompressed into {n}"
+                )));
+            }
+            self.pos = 0;
+        }
+        let n = buf.len().min(self.raw.len() - self.pos);
+        buf[..n].copy_from_slice(&self.raw[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+/// The 20-byte stream header.
+pub(crate) fn header(tid: u32, base: u64, flags: u16) -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    h[0..4].copy_from_slice(&STREAM_MAGIC);
+    h[4..6].copy_from_slice(&STREAM_VERSION.to_le_bytes());
+    h[6..8].copy_from_slice(&flags.to_le_bytes());
+    h[8..12].copy_from_slice(&tid.to_le_bytes());
+    h[12..20].copy_from_slice(&base.to_le_bytes());
+    h
+}
 
 const T_CALL: u8 = 0;
 const T_ENTRY: u8 = 1;
@@ -155,13 +310,13 @@ pub struct Encoder<W: Write> {
 impl<W: Write> Encoder<W> {
     /// Writes the header; `base` is the timestamp deltas start from.
     pub fn new(mut out: W, tid: u32, base: u64) -> std::io::Result<Encoder<W>> {
-        let mut h = [0u8; HEADER_LEN];
-        h[0..4].copy_from_slice(&STREAM_MAGIC);
-        h[4..6].copy_from_slice(&STREAM_VERSION.to_le_bytes());
-        h[8..12].copy_from_slice(&tid.to_le_bytes());
-        h[12..20].copy_from_slice(&base.to_le_bytes());
-        out.write_all(&h)?;
-        Ok(Encoder {
+        out.write_all(&header(tid, base, 0))?;
+        Ok(Self::after_header(out, base))
+    }
+
+    /// The encoder of a stream whose header is written already.
+    pub(crate) fn after_header(out: W, base: u64) -> Encoder<W> {
+        Encoder {
             out,
             cursor: base,
             open: Vec::new(),
@@ -170,7 +325,7 @@ impl<W: Write> Encoder<W> {
             counts: KindCounts::default(),
             written: HEADER_LEN as u64,
             error: None,
-        })
+        }
     }
 
     /// Records written per type.
@@ -404,9 +559,31 @@ impl<R: Read> Bytes<R> {
     }
 }
 
-/// Decodes one thread stream, never panicking on bad input.
-pub struct Decoder<R> {
-    src: Bytes<R>,
+/// What a [`Decoder`] reads records from: the file after its header, or
+/// the LZ4 block reader over it ([`FLAG_LZ4`]; the bytes already read
+/// past the header come first).
+enum Source<R: Read> {
+    Plain(R),
+    Lz4(Box<Lz4Reader<std::io::Chain<std::io::Cursor<Vec<u8>>, R>>>),
+    /// Only while switching from `Plain` to `Lz4`.
+    Gone,
+}
+
+impl<R: Read> Read for Source<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Source::Plain(r) => r.read(buf),
+            Source::Lz4(d) => d.read(buf),
+            Source::Gone => Ok(0),
+        }
+    }
+}
+
+/// Decodes one thread stream, never panicking on bad input. In a
+/// compressed stream ([`FLAG_LZ4`]) the offsets of errors count
+/// decompressed bytes (header included).
+pub struct Decoder<R: Read> {
+    src: Bytes<Source<R>>,
     path: PathBuf,
     tid: u32,
     base: u64,
@@ -422,7 +599,7 @@ impl<R: Read> Decoder<R> {
     pub fn new(inner: R, path: impl Into<PathBuf>) -> Result<Decoder<R>> {
         let mut d = Decoder {
             src: Bytes {
-                inner,
+                inner: Source::Plain(inner),
                 buf: vec![0; 64 * 1024].into_boxed_slice(),
                 pos: 0,
                 len: 0,
@@ -455,8 +632,24 @@ impl<R: Read> Decoder<R> {
             ));
         }
         let flags = u16::from_le_bytes([h[6], h[7]]);
-        if flags != 0 {
+        if flags & !FLAG_LZ4 != 0 {
             return Err(d.corrupt(6, format!("unknown header flags {flags:#x}")));
+        }
+        if flags & FLAG_LZ4 != 0 {
+            // The bytes read past the header start the frame.
+            let rest = d.src.buf[d.src.pos..d.src.len].to_vec();
+            if let Source::Plain(r) = std::mem::replace(&mut d.src.inner, Source::Gone) {
+                let chain = std::io::Cursor::new(rest).chain(r);
+                d.src.inner = Source::Lz4(Box::new(Lz4Reader {
+                    inner: chain,
+                    comp: Vec::new(),
+                    raw: Vec::new(),
+                    pos: 0,
+                }));
+            }
+            d.src.base = HEADER_LEN as u64;
+            d.src.pos = 0;
+            d.src.len = 0;
         }
         d.tid = u32::from_le_bytes(h[8..12].try_into().unwrap_or_default());
         d.base = u64::from_le_bytes(h[12..20].try_into().unwrap_or_default());
@@ -497,6 +690,22 @@ impl<R: Read> Decoder<R> {
         }
     }
 
+    /// A read error: a compressed stream cut inside an LZ4 block is
+    /// truncated, a bad block corrupt, anything else an I/O error.
+    fn read_error(&self, e: std::io::Error, what: impl FnOnce() -> String) -> TraceError {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            return TraceError::Truncated {
+                path: self.path.clone(),
+                offset: self.src.offset(),
+                what: format!("{} (inside an LZ4 block)", what()),
+            };
+        }
+        if e.kind() == std::io::ErrorKind::InvalidData {
+            return self.corrupt(self.src.offset(), e.to_string());
+        }
+        TraceError::io(self.path.clone(), e)
+    }
+
     fn byte_or(&mut self, what: impl FnOnce() -> String) -> Result<u8> {
         match self.src.byte() {
             Ok(Some(b)) => Ok(b),
@@ -505,7 +714,7 @@ impl<R: Read> Decoder<R> {
                 offset: self.src.offset(),
                 what: what(),
             }),
-            Err(e) => Err(TraceError::io(self.path.clone(), e)),
+            Err(e) => Err(self.read_error(e, what)),
         }
     }
 
@@ -575,7 +784,7 @@ impl<R: Read> Decoder<R> {
                     ),
                 })
             }
-            Err(e) => return Err(TraceError::io(self.path.clone(), e)),
+            Err(e) => return Err(self.read_error(e, || "a record".into())),
         };
         let ty = h & 7;
         let payload = h & PAYLOAD != 0;
@@ -599,7 +808,7 @@ impl<R: Read> Decoder<R> {
                             self.corrupt(self.src.offset() - 1, "data after the end record".into())
                         )
                     }
-                    Err(e) => return Err(TraceError::io(self.path.clone(), e)),
+                    Err(e) => return Err(self.read_error(e, || "the end of the stream".into())),
                 }
                 self.done = true;
                 return Ok(None);

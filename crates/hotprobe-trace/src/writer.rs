@@ -64,11 +64,55 @@ impl TraceMeta {
     }
 }
 
+/// A stream file after its header: plain, or LZ4 blocks
+/// ([`crate::format::FLAG_LZ4`]).
+enum StreamOut {
+    Plain(File),
+    Lz4(crate::format::Lz4Blocks<File>),
+}
+
+impl StreamOut {
+    /// Writes the header (flagged when compressed) to `f`.
+    fn start(mut f: File, tid: u32, base: u64, compress: bool) -> std::io::Result<StreamOut> {
+        use crate::format::{header, FLAG_LZ4};
+        f.write_all(&header(tid, base, if compress { FLAG_LZ4 } else { 0 }))?;
+        Ok(if compress {
+            StreamOut::Lz4(crate::format::Lz4Blocks::new(f))
+        } else {
+            StreamOut::Plain(f)
+        })
+    }
+
+    /// The file.
+    fn finish(self) -> std::io::Result<File> {
+        match self {
+            StreamOut::Plain(f) => Ok(f),
+            StreamOut::Lz4(e) => Ok(e.into_inner()),
+        }
+    }
+}
+
+impl Write for StreamOut {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            StreamOut::Plain(f) => f.write(buf),
+            StreamOut::Lz4(e) => e.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            StreamOut::Plain(f) => f.flush(),
+            StreamOut::Lz4(e) => e.flush(),
+        }
+    }
+}
+
 struct ThreadState {
     tid: u32,
     filter: ThreadFilter,
     /// Buffers its output itself (64 KiB chunks).
-    enc: Encoder<File>,
+    enc: Encoder<StreamOut>,
     file: String,
 }
 
@@ -89,9 +133,20 @@ pub struct TraceWriter {
     lost: u64,
     /// Typed probes' captured values, per thread (format version 2).
     values: HashMap<u32, ValuesWriter>,
+    /// Streams are LZ4 blocks ([`TraceWriter::compress`]).
+    compress: bool,
 }
 
 impl TraceWriter {
+    /// Whether the thread streams created from now on are compressed (LZ4
+    /// blocks after the header, [`crate::format::FLAG_LZ4`]); on by
+    /// default: SQLite's 1,500 functions recorded whole take 5.7 bytes a
+    /// call plain, 1.5 compressed (docs/PERFORMANCE.md). Off gives the
+    /// plain encoding byte for byte (docs/TRACE_FORMAT.md's example).
+    pub fn compress(&mut self, on: bool) {
+        self.compress = on;
+    }
+
     /// Creates `dir` (and parents) and writes `symbols.tsv` and a provisional
     /// `info.json` (`"complete": false`). Existing stream files are removed.
     pub fn create(dir: impl AsRef<Path>, meta: TraceMeta) -> Result<TraceWriter> {
@@ -155,6 +210,7 @@ impl TraceWriter {
             events_in: 0,
             lost: 0,
             values: HashMap::new(),
+            compress: true,
         };
         w.write_info()?;
         Ok(w)
@@ -190,7 +246,9 @@ impl TraceWriter {
                 let file = stream_file_name(tid);
                 let p = self.dir.join(&file);
                 let f = File::create(&p).map_err(|e| TraceError::io(&p, e))?;
-                let enc = Encoder::new(f, tid, ts).map_err(|e| TraceError::io(&p, e))?;
+                let enc = StreamOut::start(f, tid, ts, self.compress)
+                    .map(|out| Encoder::after_header(out, ts))
+                    .map_err(|e| TraceError::io(&p, e))?;
                 self.threads.push(ThreadState {
                     tid,
                     filter: ThreadFilter::new(),
@@ -297,8 +355,14 @@ impl TraceWriter {
             stats.filtered.add(t.filter.stats());
             let counts: KindCounts = *t.enc.counts();
             let p = self.dir.join(&t.file);
-            let (f, bytes) = t.enc.finish().map_err(|e| TraceError::io(&p, e))?;
+            let f = t
+                .enc
+                .finish()
+                .and_then(|(out, _)| out.finish())
+                .map_err(|e| TraceError::io(&p, e))?;
             f.sync_all().map_err(|e| TraceError::io(&p, e))?;
+            // The file's size (compressed), which a reader checks.
+            let bytes = f.metadata().map_err(|e| TraceError::io(&p, e))?.len();
             stats.kinds.add(&counts);
             stats.bytes += bytes;
             stats.threads += 1;

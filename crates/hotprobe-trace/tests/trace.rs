@@ -584,7 +584,12 @@ fn format_doc_example_bytes() {
         TraceEvent::exit(1500, t, 0),
     ];
     let dir = tempfile::tempdir().unwrap();
-    let s = write_trace(dir.path(), TraceMeta::new("doc", syms), &events);
+    let mut w = TraceWriter::create(dir.path(), TraceMeta::new("doc", syms)).unwrap();
+    w.compress(false);
+    for e in &events {
+        w.write_event(e).unwrap();
+    }
+    let s = w.finish().unwrap();
     let bytes = std::fs::read(dir.path().join("tid-42.hpt")).unwrap();
     let hex: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
     assert_eq!(
