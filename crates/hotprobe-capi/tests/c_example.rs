@@ -43,7 +43,7 @@ fn c_example_counts_calls_and_changes_a_return_value() {
 
     // Untraced: sum of squares 0..99 = 328350.
     let plain = run_ok(Command::new(&prog).arg("100"));
-    assert_eq!(text(&plain.stdout), "sum 328350 last 99\n");
+    assert_eq!(text(&plain.stdout), "sum 328350 last 99 twice 200\n");
 
     // compute(7) returns 1000 instead of 49: the sum grows by 951.
     let mut cmd = Command::new(&example);
@@ -54,7 +54,7 @@ fn c_example_counts_calls_and_changes_a_return_value() {
     assert_eq!(
         lines,
         [
-            "sum 329301 last 99",
+            "sum 329301 last 99 twice 200",
             "calls 100 arg_sum 4950 patched 1",
             "probe hits 100 nmissed 0",
             "retprobe hits 100 returns 100 nmissed 0",
@@ -69,7 +69,7 @@ fn c_example_counts_calls_and_changes_a_return_value() {
     cmd.args(["compute", "5000", "1"]).arg(&prog).arg("100");
     let out = text(&run_ok(&mut cmd).stdout);
     assert!(
-        out.starts_with("sum 328350 last 99\ncalls 100 arg_sum 4950 patched 0\n"),
+        out.starts_with("sum 328350 last 99 twice 200\ncalls 100 arg_sum 4950 patched 0\n"),
         "{out}"
     );
 }

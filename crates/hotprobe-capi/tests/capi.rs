@@ -214,7 +214,7 @@ fn handlers_read_and_write_registers_and_memory_stop_and_disable() {
     // 285 - 81 (compute(9) returned 0), and `last` as the handler wrote it.
     assert_eq!(
         std::fs::read_to_string(&out_path).unwrap(),
-        "sum 204 last 4242\n"
+        "sum 204 last 4242 twice 20\n"
     );
 }
 
@@ -265,7 +265,7 @@ fn unregister_restores_the_code() {
     assert_eq!(st.args, [0, 1]);
     assert_eq!(
         std::fs::read_to_string(&out_path).unwrap(),
-        "sum 55 last 5\n"
+        "sum 55 last 5 twice 12\n"
     );
 }
 

@@ -1,10 +1,11 @@
-//! Helpers shared by the C API tests.
+//! Helpers shared by the C API tests and the Python package tests
+//! (crates/hotprobe-py/tests includes this file).
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The repository root.
+/// The repository root (both crates are in crates/).
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -52,7 +53,7 @@ pub fn text(b: &[u8]) -> String {
 
 /// The test program (tests/programs/compute.c), built into `dir`.
 pub fn compute(dir: &Path, flags: &[&str]) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/compute.c");
+    let src = root().join("crates/hotprobe-capi/tests/programs/compute.c");
     let mut f = vec!["-O1", "-g"];
     f.extend_from_slice(flags);
     gcc(&src, &dir.join("compute"), &f)

@@ -1,6 +1,7 @@
 /* The program the C API tests (and the C and Python examples) probe:
- *   compute N   prints "sum S" where S = compute(0) + ... + compute(N-1)
- * compute(x) returns x*x and writes x to the global `last`. */
+ *   compute N   prints "sum S last L twice T" where S = compute(0) + ... +
+ *               compute(N-1), L the global `last`, T = twice(N)
+ * compute(x) returns x*x and writes x to `last`; twice(x) returns 2x. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -11,11 +12,14 @@ __attribute__((noinline)) long compute(long x) {
     return x * x;
 }
 
+__attribute__((noinline)) long twice(long x) { return 2 * x; }
+
 int main(int argc, char **argv) {
     long n = argc > 1 ? atol(argv[1]) : 10;
     long sum = 0;
     for (long i = 0; i < n; i++)
         sum += compute(i);
-    printf("sum %ld last %ld\n", sum, (long)last);
+    long t = twice(n);
+    printf("sum %ld last %ld twice %ld\n", sum, (long)last, t);
     return 0;
 }
