@@ -5,6 +5,7 @@
 //! ```text
 //! cargo run --release -p hotprobe-bench -- trap            # trap mechanism vs native, naive ptrace, gdb, bpftrace
 //! cargo run --release -p hotprobe-bench -- trap --cpu 0    # pin tracer and target to CPU 0
+//! cargo run --release -p hotprobe-bench -- handlers         # Rust, C, Python handlers vs Frida's JS
 //! ```
 //!
 //! Prints a markdown table: ns per hit and × native. Not a test: timing
@@ -38,17 +39,34 @@ enum What {
         #[arg(long, default_value_t = 3)]
         runs: usize,
     },
+    /// One pre probe with a counting handler in Rust, C (the C API) and
+    /// Python (the hotprobe package in .venv), next to Frida's Interceptor
+    /// with a JS onEnter handler (.cache/peers-venv), on the same function.
+    Handlers {
+        /// Pin this process and every tracee to one CPU.
+        #[arg(long)]
+        cpu: Option<usize>,
+        /// Hits per traced run.
+        #[arg(long, default_value_t = 20_000)]
+        hits: u64,
+        /// Runs per row (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
 }
+
+mod handlers;
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.what {
         What::Trap { cpu, hits, runs } => trap(cpu, hits, runs),
+        What::Handlers { cpu, hits, runs } => handlers::run(cpu, hits, runs),
     }
 }
 
 /// Build benches/programs/NAME.c with gcc flags into the target dir.
-fn build(name: &str, flags: &[&str]) -> Result<PathBuf> {
+pub(crate) fn build(name: &str, flags: &[&str]) -> Result<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let src = root.join("programs").join(format!("{name}.c"));
     let dir = root.join("../target/bench-programs");
@@ -73,7 +91,7 @@ fn build(name: &str, flags: &[&str]) -> Result<PathBuf> {
 }
 
 /// The loop's own time from its output line `calls N ns T`.
-fn loop_ns(output: &str) -> Result<f64> {
+pub(crate) fn loop_ns(output: &str) -> Result<f64> {
     for line in output.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
         if f.len() == 4 && f[0] == "calls" && f[2] == "ns" {
@@ -85,12 +103,12 @@ fn loop_ns(output: &str) -> Result<f64> {
     bail!("no timing line in output: {output:?}")
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
 }
 
-fn pin(cpu: usize) -> Result<()> {
+pub(crate) fn pin(cpu: usize) -> Result<()> {
     // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
@@ -102,7 +120,7 @@ fn pin(cpu: usize) -> Result<()> {
     Ok(())
 }
 
-fn run_native(bin: &Path, n: u64) -> Result<f64> {
+pub(crate) fn run_native(bin: &Path, n: u64) -> Result<f64> {
     let out = Command::new(bin).arg(n.to_string()).output()?;
     loop_ns(&String::from_utf8_lossy(&out.stdout))
 }

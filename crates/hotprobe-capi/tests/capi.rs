@@ -324,3 +324,55 @@ fn bad_arguments_are_codes_not_crashes() {
         hotprobe_close(s);
     }
 }
+
+#[test]
+fn count_places_every_match_and_counts_exactly() {
+    let dir = scratch("count");
+    let prog = compute(&dir, &[]);
+    let out_path = dir.join("out");
+    let out = std::fs::File::create(&out_path).unwrap();
+    // SAFETY: NULL config: the defaults.
+    let s = unsafe { hotprobe_open(null()) };
+    assert!(!s.is_null());
+    let path = CString::new(prog.to_str().unwrap()).unwrap();
+    let arg = CString::new("25").unwrap();
+    let argv = [arg.as_ptr(), null()];
+    let spec = CString::new("[ct][ow][mi]*").unwrap();
+    let mut t = 0;
+    let mut ids = [u32::MAX; 4];
+    let mut n = 0usize;
+    // SAFETY: live session, C strings, `ids` has room for 4.
+    unsafe {
+        let rc = hotprobe_spawn_io(
+            s,
+            path.as_ptr(),
+            argv.as_ptr(),
+            -1,
+            out.as_raw_fd(),
+            -1,
+            &mut t,
+        );
+        assert_eq!(rc, HOTPROBE_OK, "{}", last_error());
+        let rc = hotprobe_count(s, t, spec.as_ptr(), ids.as_mut_ptr(), ids.len(), &mut n);
+        assert_eq!(rc, HOTPROBE_OK, "{}", last_error());
+        assert_eq!(hotprobe_run(s), HOTPROBE_END_EXITED, "{}", last_error());
+    }
+    // compute and twice.
+    assert_eq!(n, 2);
+    let mut hits = Vec::new();
+    for id in &ids[..n] {
+        let mut st = hotprobe_stats::default();
+        // SAFETY: live session, writable out.
+        let rc = unsafe { hotprobe_stats_of(s, *id, &mut st) };
+        assert_eq!(rc, HOTPROBE_OK);
+        hits.push(st.hits);
+    }
+    hits.sort();
+    assert_eq!(hits, [1, 25]);
+    // SAFETY: the handle is not used again.
+    unsafe { hotprobe_close(s) };
+    assert_eq!(
+        std::fs::read_to_string(&out_path).unwrap(),
+        "sum 4900 last 24 twice 50\n"
+    );
+}

@@ -892,7 +892,7 @@ fn read_trace(
                     "call",
                     name(probe),
                     tb.to_ns(ts),
-                    Some(tb.to_ns(ts + dur) - tb.to_ns(ts)),
+                    Some(tb.to_ns(ts + dur).saturating_sub(tb.to_ns(ts))),
                     args.as_slice().to_vec(),
                     ret,
                     0,
