@@ -1,9 +1,10 @@
 //! Per-hit cost of a handler written in Rust, C and Python on the same
-//! probe (a pre probe on `empty` of the iProbe loop, the handler counting
-//! hits), next to Frida's Interceptor with a JS `onEnter` handler, in one
-//! run. Each handler's count is checked against the calls made.
+//! probe (a pre probe on `body` of the iProbe loop, `lea; ret`, the
+//! handler counting hits), next to Frida's Interceptor with a JS `onEnter`
+//! handler, in one run. Each handler's count is checked against the calls
+//! made. (`empty`, a lone `ret`, is too short for Frida's Interceptor.)
 
-use crate::{build, loop_ns, median, pin, run_native};
+use crate::{build, loop_ns, median, pin};
 use anyhow::{bail, Context, Result};
 use hotprobe::{Probe, RunEnd, Session, SpawnOptions};
 use std::cell::Cell;
@@ -20,7 +21,7 @@ fn rust(bin: &Path, n: u64) -> Result<f64> {
     let out = std::env::temp_dir().join(format!("hotprobe-bench-h-{}", std::process::id()));
     let f = std::fs::File::create(&out)?;
     let mut s = Session::new();
-    let args = [n.to_string().into()];
+    let args = [n.to_string().into(), "body".into()];
     let t = s.spawn_with(
         bin,
         &args,
@@ -31,7 +32,7 @@ fn rust(bin: &Path, n: u64) -> Result<f64> {
     )?;
     let hits = Rc::new(Cell::new(0u64));
     let h = hits.clone();
-    s.probe(t, "empty", Probe::new().pre(move |_| h.set(h.get() + 1)))?;
+    s.probe(t, "body", Probe::new().pre(move |_| h.set(h.get() + 1)))?;
     s.start()?;
     if s.run()? != RunEnd::AllExited {
         bail!("run ended early");
@@ -104,6 +105,12 @@ fn build_c() -> Result<PathBuf> {
     Ok(out)
 }
 
+/// The untraced loop calling `body`.
+fn run_native_body(bin: &Path, n: u64) -> Result<f64> {
+    let out = Command::new(bin).arg(n.to_string()).arg("body").output()?;
+    loop_ns(&String::from_utf8_lossy(&out.stdout))
+}
+
 fn python_ok(py: &Path, module: &str) -> bool {
     Command::new(py)
         .args(["-c", &format!("import {module}")])
@@ -119,7 +126,7 @@ pub fn run(cpu: Option<usize>, hits: u64, runs: usize) -> Result<()> {
     let cdrv = build_c()?;
     let native = median(
         (0..runs)
-            .map(|_| run_native(&bin, 100_000_000))
+            .map(|_| run_native_body(&bin, 100_000_000))
             .collect::<Result<_>>()?,
     );
     let mut rows: Vec<(String, f64)> = vec![("native call".into(), native)];
@@ -133,7 +140,7 @@ pub fn run(cpu: Option<usize>, hits: u64, runs: usize) -> Result<()> {
     row("hotprobe, Rust handler (closure)", &mut || rust(&bin, hits))?;
     row("hotprobe, C handler (C API)", &mut || {
         let mut c = Command::new(&cdrv);
-        c.arg("empty").arg(&bin).arg(&n);
+        c.arg("body").arg(&bin).arg(&n).arg("body");
         driver(c, hits, "c_handler")
     })?;
     let py = root().join(".venv/bin/python");
@@ -144,9 +151,9 @@ pub fn run(cpu: Option<usize>, hits: u64, runs: usize) -> Result<()> {
             &mut || {
                 let mut c = Command::new(&py);
                 c.arg(root().join("benches/programs/py_handler.py"))
-                    .arg("empty")
+                    .arg("body")
                     .arg(&bin)
-                    .arg(&n);
+                    .args([n.as_str(), "body"]);
                 driver(c, hits, "py_handler.py")
             },
         )?);
@@ -156,28 +163,28 @@ pub fn run(cpu: Option<usize>, hits: u64, runs: usize) -> Result<()> {
     let fpy = root().join(".cache/peers-venv/bin/python3");
     let mut frida_ns = None;
     if python_ok(&fpy, "frida") {
-        // The loop calls `empty` through its symbol: DebugSymbol finds it.
+        // Frida finds `body` through the symbol table (DebugSymbol).
         frida_ns = Some(row("Frida Interceptor, JS onEnter handler", &mut || {
             let mut c = Command::new(&fpy);
             c.arg(root().join("benches/programs/frida_handler.py"))
-                .arg("empty")
+                .arg("body")
                 .arg(&bin)
-                .arg(&n);
+                .args([n.as_str(), "body"]);
             driver(c, hits, "frida_handler.py")
         })?);
     } else {
         eprintln!("no frida in .cache/peers-venv (./scripts/setup.sh): Frida row left out");
     }
     println!(
-        "Handlers, iProbe micro-benchmark (loop calling an empty function, a pre probe whose \
-         handler counts hits), {hits} hits, {}, median of {runs} runs",
+        "Handlers, iProbe micro-benchmark (loop calling `body`: `lea; ret`), a probe whose \
+         handler counts hits, {hits} hits, {}, median of {runs} runs",
         match cpu {
             Some(c) => format!("tracer and target pinned to CPU {c}"),
             None => "not pinned".into(),
         }
     );
     println!();
-    println!("| handler | ns per hit | × native |");
+    println!("| handler on `body` | ns per hit | × native |");
     println!("|---|---:|---:|");
     for (name, v) in &rows {
         println!("| {name} | {v:.1} | {:.0} |", v / native);

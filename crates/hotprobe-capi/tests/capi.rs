@@ -376,3 +376,53 @@ fn count_places_every_match_and_counts_exactly() {
         "sum 4900 last 24 twice 50\n"
     );
 }
+
+#[test]
+fn attach_to_a_running_program_then_detach() {
+    let dir = scratch("attach");
+    let prog = compute(&dir, &[]);
+    // A program hotprobe did not start: calls compute() for hours.
+    let mut child = Command::new(&prog)
+        .arg("1000000000000")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut st = Box::new(State {
+        stop_at: 5,
+        ..State::default()
+    });
+    let user = &mut *st as *mut State as *mut c_void;
+    let spec = CString::new("compute").unwrap();
+    let (mut t, mut p) = (0, 0);
+    let mut stats = hotprobe_stats::default();
+    // SAFETY: NULL config: the defaults.
+    let s = unsafe { hotprobe_open(null()) };
+    assert!(!s.is_null());
+    // SAFETY: live session, C string, handler valid for the test, writable outs.
+    unsafe {
+        let rc = hotprobe_attach(s, child.id() as i32, &mut t);
+        assert_eq!(rc, HOTPROBE_OK, "{}", last_error());
+        assert_eq!(hotprobe_pid(s, t), child.id() as i32);
+        let rc = hotprobe_register_probe(s, t, spec.as_ptr(), Some(pre), None, user, &mut p);
+        assert_eq!(rc, HOTPROBE_OK, "{}", last_error());
+        assert_eq!(hotprobe_run(s), HOTPROBE_END_STOPPED, "{}", last_error());
+        assert_eq!(hotprobe_stats_of(s, p, &mut stats), HOTPROBE_OK);
+        // Detached: the program runs on without the probe.
+        hotprobe_close(s);
+    }
+    assert_eq!(stats.hits, 5);
+    assert_eq!(st.args.len(), 5);
+    // Consecutive calls: compute(i), compute(i+1), ...
+    assert!(
+        st.args.windows(2).all(|w| w[1] == w[0] + 1),
+        "{:?}",
+        st.args
+    );
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the program died after detach"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

@@ -21,7 +21,45 @@ use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::Path;
 use std::rc::Rc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Raised by SIGINT while `Session.run()` waits for the targets.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigint(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::Relaxed);
+}
+
+/// Python's SIGINT handler only flags the signal for the interpreter,
+/// which does not run while the targets do: for the length of a run, a
+/// handler of our own raises [`INTERRUPTED`] and, installed without
+/// `SA_RESTART`, interrupts the loop's blocking wait. Python's comes back
+/// on drop.
+struct SigintGuard {
+    old: libc::sigaction,
+}
+
+impl SigintGuard {
+    fn install() -> Option<SigintGuard> {
+        INTERRUPTED.store(false, Ordering::Relaxed);
+        // SAFETY: zeroed sigaction structs are valid starting values; the
+        // handler only stores to an atomic (async-signal-safe).
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_sigint as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            libc::sigemptyset(&mut sa.sa_mask);
+            let mut old: libc::sigaction = std::mem::zeroed();
+            (libc::sigaction(libc::SIGINT, &sa, &mut old) == 0).then_some(SigintGuard { old })
+        }
+    }
+}
+
+impl Drop for SigintGuard {
+    fn drop(&mut self) {
+        // SAFETY: puts back the action read at install.
+        unsafe { libc::sigaction(libc::SIGINT, &self.old, std::ptr::null_mut()) };
+    }
+}
 
 create_exception!(
     _native,
@@ -376,7 +414,8 @@ impl Session {
     /// Let the targets run and handle their events until a handler calls
     /// `ctx.stop()` or `Session.stop()` ("stopped"), or every target is
     /// gone ("exited"). A handler's exception stops the run and is raised
-    /// here. The GIL is released while the targets run.
+    /// here; Ctrl-C (SIGINT, in the main thread) raises KeyboardInterrupt.
+    /// The GIL is released while the targets run.
     fn run(&self, py: Python<'_>) -> PyResult<&'static str> {
         let mut s = self.session()?;
         if !self.started.get() {
@@ -385,12 +424,26 @@ impl Session {
         }
         self.shared.stop.set(false);
         let sink = Sink(self.events.clone());
+        // Signal handlers belong to the main thread in Python: elsewhere
+        // the run is not interruptible by Ctrl-C.
+        let main_thread = py
+            .import("threading")
+            .and_then(|t| {
+                Ok(t.call_method0("current_thread")?
+                    .is(&t.call_method0("main_thread")?))
+            })
+            .unwrap_or(false);
+        let guard = if main_thread {
+            SigintGuard::install()
+        } else {
+            None
+        };
         let job = OnThisThread((&mut *s, sink));
         let r = py.allow_threads(move || {
             let (s, mut sink) = job.into_inner();
-            let interrupt = AtomicBool::new(false);
-            OnThisThread(s.run_with(&interrupt, Some(&mut sink)))
+            OnThisThread(s.run_with(&INTERRUPTED, Some(&mut sink)))
         });
+        drop(guard);
         let r = r.into_inner();
         if let Some(e) = self.shared.error.borrow_mut().take() {
             return Err(e);
@@ -398,7 +451,11 @@ impl Session {
         Ok(match r.map_err(err)? {
             RunEnd::Stopped => "stopped",
             RunEnd::AllExited => "exited",
-            RunEnd::Interrupted => "interrupted",
+            RunEnd::Interrupted => {
+                return Err(pyo3::exceptions::PyKeyboardInterrupt::new_err(
+                    "hotprobe run interrupted (the probes stay: run() again, or detach())",
+                ))
+            }
         })
     }
 
@@ -414,11 +471,15 @@ impl Session {
     }
 
     /// How a target ended: ("exited", code), ("signaled", signal),
-    /// ("disconnected", 0), or None while it is alive.
+    /// ("detached", 0) after `detach()` (it runs on), ("disconnected", 0)
+    /// for a lost guest, or None while it is alive.
     fn exit_status(&self, target: usize) -> PyResult<Option<(&'static str, i32)>> {
         Ok(match self.session()?.exit_status(target_id(target)) {
             Some(hotprobe::ExitStatus::Code(c)) => Some(("exited", c)),
             Some(hotprobe::ExitStatus::Signal(c)) => Some(("signaled", c)),
+            Some(hotprobe::ExitStatus::Disconnected(why)) if why == "detached" => {
+                Some(("detached", 0))
+            }
             Some(hotprobe::ExitStatus::Disconnected(_)) => Some(("disconnected", 0)),
             None => None,
         })

@@ -208,3 +208,51 @@ fn python_trace_reader_returns_the_rows_written() {
         );
     }
 }
+
+#[test]
+fn python_ctrl_c_interrupts_run() {
+    use std::io::BufRead;
+    let Some(py) = python() else { return };
+    let dir = scratch("py-interrupt");
+    let prog = compute(&dir, &[]);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/interrupt.py");
+    let mut child = Command::new(&py)
+        .arg(&script)
+        .arg(&prog)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run python");
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    let target: i32 = first
+        .strip_prefix("pid ")
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("first line {first:?}"));
+    // Let it run (and count) a moment, then Ctrl-C the Python process.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let st = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let status = child.wait().unwrap();
+    // The program runs on after detach: it is ours to end.
+    let alive = Command::new("kill")
+        .args(["-KILL", &target.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(status.success(), "python: {status}, output {rest:?}");
+    assert_eq!(
+        rest.lines().collect::<Vec<_>>(),
+        [
+            "interrupted: hotprobe run interrupted (the probes stay: run() again, or detach())",
+            "counted: True",
+            "detached, exit status: ('detached', 0)",
+        ]
+    );
+    assert!(alive, "the program did not survive the detach");
+}
