@@ -379,7 +379,8 @@ struct hotprobe_session *hotprobe_open(const struct hotprobe_config *config);
 
 /**
  * Closes a session: targets still alive are detached (probes removed,
- * original code restored, the programs run on). NULL is ignored.
+ * original code restored, the programs run on). NULL is ignored, and so
+ * is a call from a handler (the session is running).
  *
  * # Safety
  * `s` is null or a handle from [`hotprobe_open`] not closed yet; it is

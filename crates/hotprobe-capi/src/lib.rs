@@ -24,7 +24,7 @@ use hotprobe::{
     Action, EngineError, HitContext, HitKind, MechanismChoice, Probe, ProbeId, Registers, RetProbe,
     RunEnd, Session, SessionConfig, TargetId,
 };
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell, UnsafeCell};
 use std::ffi::{c_char, c_int, c_void, CStr, CString, OsString};
 use std::os::unix::ffi::OsStringExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -115,8 +115,22 @@ pub const HOTPROBE_REG_RFLAGS: u32 = 17;
 
 /// A probing session (opaque): targets, probes, the event loop.
 pub struct hotprobe_session {
-    session: Session,
-    started: bool,
+    /// Reached only through [`session_arg`] (refused while running) and by
+    /// [`hotprobe_run`]: a handler calling back into the session gets an
+    /// error instead of a second `&mut`.
+    session: UnsafeCell<Session>,
+    started: Cell<bool>,
+    /// A run is in progress (handlers may be running).
+    running: Cell<bool>,
+}
+
+/// Clears `running` when a run ends, whether it returns or unwinds.
+struct Running<'a>(&'a Cell<bool>);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.set(false);
+    }
 }
 
 /// The context a handler runs in (opaque; valid only during the call).
@@ -350,13 +364,33 @@ unsafe fn str_arg<'a>(p: *const c_char, what: &str) -> Result<&'a str, Fail> {
         .map_err(|_| invalid(format!("{what} is not UTF-8")))
 }
 
-/// The session behind a handle.
+/// The handle behind a pointer.
 ///
 /// # Safety
 /// `s` is null or a live handle from [`hotprobe_open`], used by one thread.
-unsafe fn session_arg<'a>(s: *mut hotprobe_session) -> Result<&'a mut hotprobe_session, Fail> {
-    // SAFETY: per the caller's contract (null is checked).
-    unsafe { s.as_mut() }.ok_or_else(|| invalid("session is NULL"))
+unsafe fn handle_arg<'a>(s: *mut hotprobe_session) -> Result<&'a hotprobe_session, Fail> {
+    // SAFETY: per the caller's contract (null is checked); only shared
+    // references to the handle are made (its state is in cells).
+    let h = unsafe { s.as_ref() }.ok_or_else(|| invalid("session is NULL"))?;
+    if h.running.get() {
+        return Err(invalid(
+            "the session is running: only hotprobe_ctx_* calls are allowed in a handler",
+        ));
+    }
+    Ok(h)
+}
+
+/// The session behind a handle, refused while it runs.
+///
+/// # Safety
+/// As [`handle_arg`].
+unsafe fn session_arg<'a>(s: *mut hotprobe_session) -> Result<&'a mut Session, Fail> {
+    // SAFETY: per the caller's contract.
+    let h = unsafe { handle_arg(s) }?;
+    // SAFETY: not running, so no other `&mut Session` is live (a run holds
+    // the only long-lived one; every other entry point takes it for its
+    // own call, on the handle's one thread).
+    Ok(unsafe { &mut *h.session.get() })
 }
 
 /// Writes `v` through `out` when it is not null.
@@ -454,8 +488,9 @@ pub unsafe extern "C" fn hotprobe_open(config: *const hotprobe_config) -> *mut h
             c.force = cfg.force;
         }
         out = Box::into_raw(Box::new(hotprobe_session {
-            session: Session::with_config(c),
-            started: false,
+            session: UnsafeCell::new(Session::with_config(c)),
+            started: Cell::new(false),
+            running: Cell::new(false),
         }));
         Ok(HOTPROBE_OK)
     });
@@ -467,7 +502,8 @@ pub unsafe extern "C" fn hotprobe_open(config: *const hotprobe_config) -> *mut h
 }
 
 /// Closes a session: targets still alive are detached (probes removed,
-/// original code restored, the programs run on). NULL is ignored.
+/// original code restored, the programs run on). NULL is ignored, and so
+/// is a call from a handler (the session is running).
 ///
 /// # Safety
 /// `s` is null or a handle from [`hotprobe_open`] not closed yet; it is
@@ -478,11 +514,13 @@ pub unsafe extern "C" fn hotprobe_close(s: *mut hotprobe_session) {
         return;
     }
     let _ = guard(|| {
+        // SAFETY: per this function's contract; refused from a handler
+        // (the message is left for `hotprobe_last_error`).
+        unsafe { handle_arg(s) }?;
         // SAFETY: a handle from `hotprobe_open`, owned by the caller, given
-        // back once.
-        let mut b = unsafe { Box::from_raw(s) };
-        let _ = b.session.detach();
-        drop(b);
+        // back once, not running.
+        let b = unsafe { Box::from_raw(s) };
+        let _ = b.session.into_inner().detach();
         Ok(HOTPROBE_OK)
     });
 }
@@ -562,7 +600,7 @@ pub unsafe extern "C" fn hotprobe_spawn_io(
             stderr: dup(stderr_fd, "stderr")?,
             ..Default::default()
         };
-        let t = s.session.spawn_with(Path::new(&program), &args, &opts)?;
+        let t = s.spawn_with(Path::new(&program), &args, &opts)?;
         // SAFETY: per this function's contract.
         unsafe { put(target_out, t.0 as hotprobe_target) };
         Ok(HOTPROBE_OK)
@@ -586,7 +624,7 @@ pub unsafe extern "C" fn hotprobe_attach(
         if pid <= 0 {
             return Err(invalid(format!("bad pid {pid}")));
         }
-        let t = s.session.attach(pid)?;
+        let t = s.attach(pid)?;
         // SAFETY: per this function's contract.
         unsafe { put(target_out, t.0 as hotprobe_target) };
         Ok(HOTPROBE_OK)
@@ -636,10 +674,8 @@ pub unsafe extern "C" fn hotprobe_connect_guest(
         let mut config = hotprobe_guest::GuestConfig::new(addr);
         config.kernel_text = text;
         let (target, resolver) = hotprobe_guest::open_guest(config, syms)?;
-        let t = s
-            .session
-            .add_target(Box::new(target), Some(Box::new(resolver)));
-        s.session.engine(t)?.set_step_unsupported_in_place(true);
+        let t = s.add_target(Box::new(target), Some(Box::new(resolver)));
+        s.engine(t)?.set_step_unsupported_in_place(true);
         // SAFETY: per this function's contract.
         unsafe { put(target_out, t.0 as hotprobe_target) };
         Ok(HOTPROBE_OK)
@@ -686,9 +722,7 @@ pub unsafe extern "C" fn hotprobe_register_probe(
         if let Some(f) = post {
             p = p.post(c_handler(f, user));
         }
-        let added = s
-            .session
-            .add(TargetId(target as usize), spec, Action::Handler(p))?;
+        let added = s.add(TargetId(target as usize), spec, Action::Handler(p))?;
         let id = only_id(added)?;
         // SAFETY: per this function's contract.
         unsafe { put(id_out, id.0) };
@@ -731,9 +765,7 @@ pub unsafe extern "C" fn hotprobe_register_retprobe(
         if let Some(f) = ret {
             rp = rp.ret(c_handler(f, user));
         }
-        let added = s
-            .session
-            .add(TargetId(target as usize), spec, Action::Return(rp))?;
+        let added = s.add(TargetId(target as usize), spec, Action::Return(rp))?;
         let id = only_id(added)?;
         // SAFETY: per this function's contract.
         unsafe { put(id_out, id.0) };
@@ -763,9 +795,7 @@ pub unsafe extern "C" fn hotprobe_count(
         let s = unsafe { session_arg(s) }?;
         // SAFETY: per this function's contract.
         let spec = unsafe { str_arg(spec, "spec") }?;
-        let added = s
-            .session
-            .add(TargetId(target as usize), spec, Action::Count)?;
+        let added = s.add(TargetId(target as usize), spec, Action::Count)?;
         if !ids.is_null() {
             for (i, p) in added.placements.iter().take(cap).enumerate() {
                 // SAFETY: `i < cap`, `ids` valid for `cap` writes.
@@ -792,7 +822,7 @@ pub unsafe extern "C" fn hotprobe_set_enabled(
     guard(|| {
         // SAFETY: per this function's contract.
         let s = unsafe { session_arg(s) }?;
-        s.session.set_enabled(ProbeId(probe), enabled)?;
+        s.set_enabled(ProbeId(probe), enabled)?;
         Ok(HOTPROBE_OK)
     })
 }
@@ -832,7 +862,7 @@ pub unsafe extern "C" fn hotprobe_unregister(
     guard(|| {
         // SAFETY: per this function's contract.
         let s = unsafe { session_arg(s) }?;
-        s.session.remove_probe(ProbeId(probe))?;
+        s.remove_probe(ProbeId(probe))?;
         Ok(HOTPROBE_OK)
     })
 }
@@ -848,12 +878,17 @@ pub unsafe extern "C" fn hotprobe_unregister(
 pub unsafe extern "C" fn hotprobe_run(s: *mut hotprobe_session) -> c_int {
     guard(|| {
         // SAFETY: per this function's contract.
-        let s = unsafe { session_arg(s) }?;
-        if !s.started {
-            s.session.start()?;
-            s.started = true;
+        let h = unsafe { handle_arg(s) }?;
+        // SAFETY: not running: this is the only `&mut Session` until the
+        // run ends (`running` refuses the others meanwhile).
+        let session = unsafe { &mut *h.session.get() };
+        h.running.set(true);
+        let _running = Running(&h.running);
+        if !h.started.get() {
+            session.start()?;
+            h.started.set(true);
         }
-        Ok(match s.session.run()? {
+        Ok(match session.run()? {
             RunEnd::Stopped => HOTPROBE_END_STOPPED,
             RunEnd::AllExited => HOTPROBE_END_EXITED,
             RunEnd::Interrupted => HOTPROBE_END_INTERRUPTED,
@@ -871,7 +906,7 @@ pub unsafe extern "C" fn hotprobe_detach(s: *mut hotprobe_session) -> c_int {
     guard(|| {
         // SAFETY: per this function's contract.
         let s = unsafe { session_arg(s) }?;
-        s.session.detach()?;
+        s.detach()?;
         Ok(HOTPROBE_OK)
     })
 }
@@ -889,7 +924,7 @@ pub unsafe extern "C" fn hotprobe_stats_of(
     guard(|| {
         // SAFETY: per this function's contract.
         let s = unsafe { session_arg(s) }?;
-        let st = s.session.stats(ProbeId(probe)).ok_or(Fail {
+        let st = s.stats(ProbeId(probe)).ok_or(Fail {
             code: HOTPROBE_ERR_NOT_FOUND,
             msg: format!("no probe with id {probe}"),
         })?;
@@ -920,7 +955,7 @@ pub unsafe extern "C" fn hotprobe_exit_status(
     guard(|| {
         // SAFETY: per this function's contract.
         let s = unsafe { session_arg(s) }?;
-        let (kind, code) = match s.session.exit_status(TargetId(target as usize)) {
+        let (kind, code) = match s.exit_status(TargetId(target as usize)) {
             Some(hotprobe::ExitStatus::Code(c)) => (1, c),
             Some(hotprobe::ExitStatus::Signal(sig)) => (2, sig),
             _ => (0, 0),
@@ -940,7 +975,7 @@ pub unsafe extern "C" fn hotprobe_pid(s: *mut hotprobe_session, target: hotprobe
     guard(|| {
         // SAFETY: per this function's contract.
         let s = unsafe { session_arg(s) }?;
-        Ok(s.session.pid(TargetId(target as usize)).unwrap_or(0))
+        Ok(s.pid(TargetId(target as usize)).unwrap_or(0))
     })
 }
 

@@ -42,6 +42,10 @@ struct State {
     stop_at: usize,
     /// Errors seen by handlers.
     errors: Vec<(i32, String)>,
+    /// A session handle (as an address) the pre handler calls back into.
+    reenter: usize,
+    /// What those calls returned.
+    reentered: Vec<(i32, String)>,
 }
 
 unsafe extern "C" fn pre(ctx: *mut hotprobe_ctx, user: *mut c_void) {
@@ -56,6 +60,15 @@ unsafe extern "C" fn pre(ctx: *mut hotprobe_ctx, user: *mut c_void) {
     // SAFETY: as above.
     assert_eq!(unsafe { hotprobe_ctx_kind(ctx) }, HOTPROBE_KIND_PRE);
     st.args.push(rdi);
+    if st.reenter != 0 {
+        // Calls into the session from its own handler are refused, not UB.
+        let s = st.reenter as *mut hotprobe_session;
+        // SAFETY: a live session (running: refused before use).
+        let rc = unsafe { hotprobe_disable(s, 0) };
+        st.reentered.push((rc, last_error()));
+        // SAFETY: as above; ignored while running.
+        unsafe { hotprobe_close(s) };
+    }
     if st.args.len() == st.stop_at {
         // SAFETY: as above.
         unsafe { hotprobe_ctx_stop(ctx) };
@@ -232,6 +245,7 @@ fn unregister_restores_the_code() {
     // SAFETY: NULL config: the defaults.
     let s = unsafe { hotprobe_open(null()) };
     assert!(!s.is_null());
+    st.reenter = s as usize;
     let path = CString::new(prog.to_str().unwrap()).unwrap();
     let arg = CString::new("6").unwrap();
     let argv = [arg.as_ptr(), null()];
@@ -263,6 +277,14 @@ fn unregister_restores_the_code() {
         hotprobe_close(s);
     }
     assert_eq!(st.args, [0, 1]);
+    let refused = "the session is running: only hotprobe_ctx_* calls are allowed in a handler";
+    assert_eq!(
+        st.reentered,
+        [
+            (HOTPROBE_ERR_INVALID, refused.to_string()),
+            (HOTPROBE_ERR_INVALID, refused.to_string())
+        ]
+    );
     assert_eq!(
         std::fs::read_to_string(&out_path).unwrap(),
         "sum 55 last 5 twice 12\n"
