@@ -19,6 +19,7 @@ fn python() -> Option<PathBuf> {
         .output()
         .is_ok_and(|o| o.status.success());
     if ok {
+        assert_current(&py);
         return Some(py);
     }
     if std::env::var("HOTPROBE_SKIP_PY").as_deref() == Ok("1") {
@@ -33,6 +34,36 @@ fn python() -> Option<PathBuf> {
          or set HOTPROBE_SKIP_PY=1 to skip the Python checks",
         py.display()
     );
+}
+
+/// The installed package is not older than this crate's sources (a
+/// package built before a change would test the old code): else run
+/// ./scripts/setup.sh again.
+fn assert_current(py: &PathBuf) {
+    let o = run_ok(Command::new(py).args([
+        "-c",
+        "import hotprobe, hotprobe._native as n; print(hotprobe.__file__); print(n.__file__)",
+    ]));
+    let installed = text(&o.stdout);
+    let mtime = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let oldest_installed = installed
+        .lines()
+        .filter_map(|l| mtime(std::path::Path::new(l)))
+        .min()
+        .expect("installed files");
+    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    for dir in ["src", "python/hotprobe"] {
+        for e in std::fs::read_dir(crate_dir.join(dir)).unwrap() {
+            let p = e.unwrap().path();
+            if let Some(m) = mtime(&p) {
+                assert!(
+                    m <= oldest_installed,
+                    "the hotprobe package in .venv is older than {}: run ./scripts/setup.sh",
+                    p.display()
+                );
+            }
+        }
+    }
 }
 
 fn py_run(py: &PathBuf, args: &[&std::ffi::OsStr]) -> String {
