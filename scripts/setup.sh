@@ -5,7 +5,8 @@
 # - QEMU 10 from bookworm-backports (its gdbstub and TCG plugin API), busybox-static, cpio
 # - a Debian linux-image package, downloaded and unpacked into .cache/ (never installed)
 # - rsvg-convert (flame graph tests) and the git-ignored .venv/ with opentelemetry-proto and
-#   duckdb (the OTLP receiver and Parquet reader of the CLI tests)
+#   duckdb (the OTLP receiver and Parquet reader of the CLI tests), and the hotprobe
+#   Python package (crates/hotprobe-py) built with maturin and installed into it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -104,5 +105,19 @@ if [ ! -x "$PYVENV/bin/python" ] \
     python3 -m venv "$PYVENV"
     "$PYVENV/bin/pip" install -q opentelemetry-proto duckdb
 fi
+
+# 5. The hotprobe Python package (crates/hotprobe-py: PyO3, built by maturin
+#    from PyPI) into .venv, so that `.venv/bin/python -c 'import hotprobe'`
+#    works. Rebuilt on every run (cargo rebuilds only what changed); the
+#    wheel goes to the git-ignored target/wheels.
+if [ ! -x "$PYVENV/bin/maturin" ]; then
+    "$PYVENV/bin/pip" install -q 'maturin>=1.5,<2'
+fi
+rm -f "$ROOT"/target/wheels/hotprobe-*.whl
+"$PYVENV/bin/maturin" build -q --release --locked -m "$ROOT/crates/hotprobe-py/Cargo.toml" \
+    -o "$ROOT/target/wheels" -i "$PYVENV/bin/python"
+"$PYVENV/bin/pip" install -q --no-deps --force-reinstall "$ROOT"/target/wheels/hotprobe-*.whl
+"$PYVENV/bin/python" -c 'import hotprobe' \
+    || { echo "setup.sh: the hotprobe Python package does not import" >&2; exit 1; }
 
 echo "setup.sh: done ($(qemu-system-x86_64 --version | head -n1))"

@@ -9,6 +9,7 @@
 //! cargo build --release -p hotprobe-cli && \
 //!   cargo run --release -p hotprobe-bench -- typed          # record -a vs --args 2 vs uftrace -a
 //! cargo run --release -p hotprobe-bench -- sqlite           # every function of SQLite: count, record, uftrace
+//! cargo run --release -p hotprobe-bench -- handlers         # Rust, C, Python handlers vs Frida's JS
 //! ```
 //!
 //! Prints a markdown table: ns per hit and × native. Not a test: timing
@@ -89,7 +90,23 @@ enum What {
         #[arg(long, default_value_t = 3)]
         runs: usize,
     },
+    /// One pre probe with a counting handler in Rust, C (the C API) and
+    /// Python (the hotprobe package in .venv), next to Frida's Interceptor
+    /// with a JS onEnter handler (.cache/peers-venv), on the same function.
+    Handlers {
+        /// Pin this process and every tracee to one CPU.
+        #[arg(long)]
+        cpu: Option<usize>,
+        /// Hits per traced run.
+        #[arg(long, default_value_t = 20_000)]
+        hits: u64,
+        /// Runs per row (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
 }
+
+mod handlers;
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
@@ -99,6 +116,7 @@ fn main() -> Result<()> {
         What::Inproc { cpu, hits, runs } => inproc::run(cpu, hits, runs),
         What::Typed { calls, runs } => typed(calls, runs),
         What::Sqlite { rows, runs } => sqlite::sqlite(rows, runs),
+        What::Handlers { cpu, hits, runs } => handlers::run(cpu, hits, runs),
     }
 }
 
@@ -157,7 +175,7 @@ pub(crate) fn pin(cpu: usize) -> Result<()> {
     Ok(())
 }
 
-fn run_native(bin: &Path, n: u64) -> Result<f64> {
+pub(crate) fn run_native(bin: &Path, n: u64) -> Result<f64> {
     let out = Command::new(bin).arg(n.to_string()).output()?;
     loop_ns(&String::from_utf8_lossy(&out.stdout))
 }

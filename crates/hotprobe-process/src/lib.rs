@@ -692,10 +692,17 @@ impl ProcessTarget {
     pub fn kill(&mut self) {
         if self.exited.is_none() {
             let _ = sys::kill(self.pid, libc::SIGKILL);
-            while let Ok(Some((p, st))) = sys::waitpid(-1, 0) {
+            // This thread's children and tracees only: another thread's
+            // session (several in one program, through the C or Python
+            // API) must not lose its events to this wait.
+            while let Ok(Some((p, st))) = sys::waitpid(-1, libc::__WNOTHREAD) {
                 if p == self.pid && (libc::WIFEXITED(st) || libc::WIFSIGNALED(st)) {
                     self.exited = Some(exit_status(st));
                     break;
+                }
+                if p != self.pid && !self.threads.contains_key(&p) {
+                    // Another target's of this thread: it takes it from there.
+                    stash(p, st);
                 }
             }
             self.attached = false;

@@ -1,0 +1,75 @@
+"""hotprobe: probes on any instruction of a running Linux process, with
+handlers in Python.
+
+    import hotprobe
+    s = hotprobe.Session()
+    t = s.spawn(["./prog", "10"])
+    calls = s.probe(t, "compute", pre=lambda ctx: print("x =", ctx.rdi))
+    def ret(ctx):
+        ctx.rax = 5                      # what compute returns
+    s.retprobe(t, "compute", ret=ret, maxactive=16)
+    s.run()                               # until the program exits
+    print(calls.stats.hits)
+
+Handlers receive a Context: registers as attributes (ctx.rdi, ctx.rax = 5),
+ctx.arg(n), ctx.read(addr, n), ctx.write(addr, data), ctx.stop(). The GIL is
+taken for each hit; a handler's exception stops the run and is raised by
+Session.run().
+
+Session.count(t, spec) and Session.record(t, spec) place probes that run
+without a handler (patch or jump where the fast path can, traps elsewhere):
+their results are Count (.hits, .by_label()) and Recording (.events) objects.
+read_trace(dir) reads a trace written by `hotprobe record` into rows, and
+trace_frame(dir) into a pandas DataFrame.
+"""
+
+from collections import namedtuple
+
+from ._native import (  # noqa: F401
+    Context,
+    Count,
+    Event,
+    HotprobeError,
+    Probe,
+    Recording,
+    Session,
+    Stats,
+)
+from ._native import read_trace as _read_trace
+
+__all__ = [
+    "Context",
+    "Count",
+    "Event",
+    "HotprobeError",
+    "Probe",
+    "Recording",
+    "Session",
+    "Stats",
+    "TraceRow",
+    "read_trace",
+    "trace_frame",
+]
+
+TraceRow = namedtuple(
+    "TraceRow", ["tid", "kind", "function", "ts_ns", "dur_ns", "args", "ret", "lost"]
+)
+TraceRow.__doc__ = """One record of a trace: kind is "call" (an entry and its exit,
+with dur_ns), "entry", "exit", "hit" or "lost" (lost events, counted in lost)."""
+
+
+def read_trace(path):
+    """The records of the trace directory `path` (written by `hotprobe
+    record`) as TraceRow tuples: threads one after the other, each in time
+    order."""
+    return [TraceRow(*r) for r in _read_trace(str(path))]
+
+
+def trace_frame(path):
+    """The records of a trace as a pandas DataFrame (one row per record,
+    the TraceRow columns). Needs pandas."""
+    try:
+        import pandas
+    except ImportError as e:
+        raise ImportError("trace_frame needs pandas: pip install pandas") from e
+    return pandas.DataFrame(read_trace(path), columns=TraceRow._fields)

@@ -1,0 +1,289 @@
+//! The Python package, as installed into the repository's .venv by
+//! scripts/setup.sh, runs examples/python/*.py and tests/py/*.py against
+//! programs compiled here: exact counts, changed return values, the
+//! program's output. A missing package fails the tests (run
+//! ./scripts/setup.sh), unless HOTPROBE_SKIP_PY=1.
+
+#[path = "../../hotprobe-capi/tests/common/mod.rs"]
+mod common;
+use common::*;
+use std::path::PathBuf;
+use std::process::Command;
+
+/// .venv/bin/python with `hotprobe` importable, or `None` (skipped
+/// loudly) with HOTPROBE_SKIP_PY=1; a failure otherwise.
+fn python() -> Option<PathBuf> {
+    let py = root().join(".venv/bin/python");
+    let ok = Command::new(&py)
+        .args(["-c", "import hotprobe"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        assert_current(&py);
+        return Some(py);
+    }
+    if std::env::var("HOTPROBE_SKIP_PY").as_deref() == Ok("1") {
+        eprintln!(
+            "SKIPPED LOUDLY: no hotprobe package in {} (HOTPROBE_SKIP_PY=1)",
+            py.display()
+        );
+        return None;
+    }
+    panic!(
+        "{} cannot import hotprobe: run ./scripts/setup.sh (it builds the package into .venv), \
+         or set HOTPROBE_SKIP_PY=1 to skip the Python checks",
+        py.display()
+    );
+}
+
+/// The installed package is not older than this crate's sources (a
+/// package built before a change would test the old code): else run
+/// ./scripts/setup.sh again.
+fn assert_current(py: &PathBuf) {
+    let o = run_ok(Command::new(py).args([
+        "-c",
+        "import hotprobe, hotprobe._native as n; print(hotprobe.__file__); print(n.__file__)",
+    ]));
+    let installed = text(&o.stdout);
+    let mtime = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let oldest_installed = installed
+        .lines()
+        .filter_map(|l| mtime(std::path::Path::new(l)))
+        .min()
+        .expect("installed files");
+    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    for dir in ["src", "python/hotprobe"] {
+        for e in std::fs::read_dir(crate_dir.join(dir)).unwrap() {
+            let p = e.unwrap().path();
+            if let Some(m) = mtime(&p) {
+                assert!(
+                    m <= oldest_installed,
+                    "the hotprobe package in .venv is older than {}: run ./scripts/setup.sh",
+                    p.display()
+                );
+            }
+        }
+    }
+}
+
+fn py_run(py: &PathBuf, args: &[&std::ffi::OsStr]) -> String {
+    let o = run_ok(Command::new(py).args(args));
+    text(&o.stdout)
+}
+
+#[test]
+fn python_example_counts_calls_and_changes_a_return_value() {
+    let Some(py) = python() else { return };
+    let dir = scratch("py-example");
+    let prog = compute(&dir, &[]);
+    let script = root().join("examples/python/count_and_patch.py");
+    let out = py_run(
+        &py,
+        &[
+            script.as_os_str(),
+            "compute".as_ref(),
+            "7".as_ref(),
+            "1000".as_ref(),
+            prog.as_os_str(),
+            "100".as_ref(),
+        ],
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            // compute(7) returned 1000 instead of 49: the sum grows by 951.
+            "sum 329301 last 99 twice 200",
+            "calls 100 arg_sum 4950 patched 1",
+            "probe hits 100 nmissed 0",
+            "retprobe hits 100 returns 100 nmissed 0",
+            "end exited exit 0",
+        ]
+    );
+}
+
+#[test]
+fn python_example_counts_and_records_without_handlers() {
+    let Some(py) = python() else { return };
+    let dir = scratch("py-record");
+    let prog = compute(&dir, &[]);
+    let script = root().join("examples/python/count_and_record.py");
+    let out = py_run(
+        &py,
+        &[
+            script.as_os_str(),
+            "comp*".as_ref(),
+            "twice".as_ref(),
+            prog.as_os_str(),
+            "37".as_ref(),
+        ],
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            // The program's own output, unchanged (sum of squares 0..36).
+            "sum 16206 last 36 twice 74",
+            "count compute 37",
+            "total 37",
+            "entry twice 37",
+            "exit twice 74",
+            "lost 0",
+        ]
+    );
+}
+
+#[test]
+fn python_api_registers_memory_stop_disable_errors() {
+    let Some(py) = python() else { return };
+    let dir = scratch("py-api");
+    let prog = compute(&dir, &["-no-pie"]);
+    let nm = run_ok(Command::new("nm").arg(&prog));
+    let last = text(&nm.stdout)
+        .lines()
+        .find(|l| l.split_whitespace().nth(2) == Some("last"))
+        .map(|l| format!("0x{}", l.split_whitespace().next().unwrap()))
+        .expect("`last` in nm output");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/api_checks.py");
+    let out_path = dir.join("out");
+    let out = py_run(
+        &py,
+        &[
+            script.as_os_str(),
+            prog.as_os_str(),
+            last.as_ref(),
+            out_path.as_os_str(),
+        ],
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "missing: True",
+            "not callable: a handler must be callable",
+            "mechanisms: trap trap",
+            "run: stopped",
+            "seen: [0, 1, 2, 3] lasts: [0, 1, 2]",
+            "stale context: the handler context is valid only during its handler's call",
+            "run: exited",
+            "seen: [0, 1, 2, 3] lasts: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]",
+            "nested: ['the session is running (called from a handler?)']",
+            "stats: Stats(hits=4, nmissed=0, returns=0, abandoned=0) Stats(hits=10, nmissed=0, returns=10, abandoned=0)",
+            "exit: ('exited', 0)",
+            // compute(9) returned 0 (285 - 81), `last` as the handler wrote it.
+            "out: sum 204 last 4242 twice 20",
+            "raised: 'boom at 3'",
+            "stop: stopped [0, 1, 2]",
+            "rest: exited [0, 1, 2, 3, 4, 5] 6",
+            "bad mechanism: mechanism \"teleport\": expected auto, patch, jump or trap",
+        ],
+        "full output:\n{out}"
+    );
+}
+
+#[test]
+fn python_trace_reader_returns_the_rows_written() {
+    use hotprobe_trace::{Symbol, TimeBase, TraceEvent, TraceMeta, TraceWriter};
+    let Some(py) = python() else { return };
+    let dir = scratch("py-trace");
+    let trace = dir.join("trace");
+    let mut outer = Symbol::function(0, "outer");
+    outer.nargs = 1;
+    outer.retval = true;
+    let mut inner = Symbol::function(1, "inner");
+    inner.nargs = 2;
+    inner.retval = true;
+    let mut meta = TraceMeta::new("test", vec![outer, inner]);
+    meta.time_base = TimeBase::Ns;
+    let mut w = TraceWriter::create(&trace, meta).expect("create trace");
+    for ev in [
+        TraceEvent::entry(1000, 100, 0).with_args(&[7]),
+        TraceEvent::entry(1100, 100, 1).with_args(&[1, 2]),
+        TraceEvent::exit(1300, 100, 1).with_ret(3),
+        TraceEvent::exit(2000, 100, 0).with_ret(9),
+        TraceEvent::entry(5000, 200, 1).with_args(&[4, 5]),
+        TraceEvent::exit(5050, 200, 1).with_ret(6),
+    ] {
+        w.write_event(&ev).expect("write event");
+    }
+    w.finish().expect("finish trace");
+    let code = "import sys, hotprobe\n\
+                for r in hotprobe.read_trace(sys.argv[1]): print(tuple(r))\n\
+                try:\n    import pandas\nexcept ImportError:\n    pandas = None\n\
+                if pandas is None:\n\
+                \x20   try:\n        hotprobe.trace_frame(sys.argv[1])\n    except ImportError as e:\n        print('no pandas:', e)\n\
+                else:\n\
+                \x20   df = hotprobe.trace_frame(sys.argv[1])\n\
+                \x20   print('no pandas: trace_frame needs pandas: pip install pandas')\n\
+                \x20   print('frame', len(df), list(df.columns), int(df[df.kind == 'call'].dur_ns.sum()))\n";
+    let out = py_run(&py, &["-c".as_ref(), code.as_ref(), trace.as_os_str()]);
+    let mut lines: Vec<&str> = out.lines().collect();
+    let frame = lines
+        .iter()
+        .position(|l| l.starts_with("frame "))
+        .map(|i| lines.remove(i));
+    assert_eq!(
+        lines,
+        [
+            "(100, 'entry', 'outer', 1000, None, [7], None, 0)",
+            "(100, 'call', 'inner', 1100, 200, [1, 2], 3, 0)",
+            "(100, 'exit', 'outer', 2000, None, [], 9, 0)",
+            "(200, 'call', 'inner', 5000, 50, [4, 5], 6, 0)",
+            "no pandas: trace_frame needs pandas: pip install pandas",
+        ]
+    );
+    if let Some(f) = frame {
+        assert_eq!(
+            f,
+            "frame 4 ['tid', 'kind', 'function', 'ts_ns', 'dur_ns', 'args', 'ret', 'lost'] 250"
+        );
+    }
+}
+
+#[test]
+fn python_ctrl_c_interrupts_run() {
+    use std::io::BufRead;
+    let Some(py) = python() else { return };
+    let dir = scratch("py-interrupt");
+    let prog = compute(&dir, &[]);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/interrupt.py");
+    let mut child = Command::new(&py)
+        .arg(&script)
+        .arg(&prog)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run python");
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    let target: i32 = first
+        .strip_prefix("pid ")
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("first line {first:?}"));
+    // Let it run (and count) a moment, then Ctrl-C the Python process.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let st = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let status = child.wait().unwrap();
+    // The program runs on after detach: it is ours to end.
+    let alive = Command::new("kill")
+        .args(["-KILL", &target.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(status.success(), "python: {status}, output {rest:?}");
+    assert_eq!(
+        rest.lines().collect::<Vec<_>>(),
+        [
+            "interrupted: hotprobe run interrupted (the probes stay: run() again, or detach())",
+            "counted: True",
+            "detached, exit status: ('detached', 0)",
+        ]
+    );
+    assert!(alive, "the program did not survive the detach");
+}
