@@ -630,7 +630,7 @@ fn info_describes_the_trace() {
     let v = json(&["info", run.d(), "--json"]);
     let main_tid = run.calls[0].tid;
     assert_eq!(v["format"], "hotprobe-trace");
-    assert_eq!(v["version"], 1);
+    assert_eq!(v["version"], hotprobe_trace::FORMAT_VERSION);
     assert_eq!(v["pid"].as_u64(), Some(main_tid as u64));
     assert_eq!(
         v["target"].as_str().unwrap(),
