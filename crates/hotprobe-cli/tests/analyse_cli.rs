@@ -663,7 +663,10 @@ fn info_describes_the_trace() {
     assert!(start.len() == 30 && start.ends_with('Z'), "{start}");
     let text = ok(&["info", run.d()]);
     for want in [
-        "# format:        hotprobe-trace version 1\n".to_string(),
+        format!(
+            "# format:        hotprobe-trace version {}\n",
+            hotprobe_trace::FORMAT_VERSION
+        ),
         format!("# pid:           {main_tid}\n"),
         format!(
             "# events:        {} function events, {} calls",
