@@ -353,6 +353,15 @@ pub const INPROC_KIND_MASK: u32 = 0xff;
 /// stays, so that a thread whose `SIGTRAP` is still pending when the
 /// original byte goes back is still sent to the copy).
 pub const INPROC_COUNT: u32 = 1 << 8;
+/// [`InprocSite::info`] bit: each hit (while [`INPROC_COUNT`] is set) also
+/// writes an entry event into its thread's ring, as the fast path's
+/// `ACTION_RECORD` does (the handler registers a thread at its first hit).
+pub const INPROC_RECORD: u32 = 1 << 10;
+/// [`InprocSite::info`] bit, with [`INPROC_RECORD`] at a function's first
+/// instruction: the return is hooked (the return address on top of the
+/// stack swapped for the agent's return trampoline, which records the
+/// exit), as the fast path's `ACTION_EXIT` does.
+pub const INPROC_EXIT: u32 = 1 << 11;
 
 /// An *in-process trap*: an `int3` the agent's `SIGTRAP` handler takes
 /// inside the target (no ptrace stop): it counts into `counter` (the
@@ -373,7 +382,8 @@ pub struct InprocSite {
     pub next: AtomicU64,
     /// Counter index (a fast-path probe id).
     pub counter: AtomicU32,
-    /// [`INPROC_BOOST`], [`INPROC_RET`] or [`INPROC_CALL`], and [`INPROC_COUNT`].
+    /// [`INPROC_BOOST`], [`INPROC_RET`] or [`INPROC_CALL`], and [`INPROC_COUNT`],
+    /// [`INPROC_HANDLER`], [`INPROC_RECORD`], [`INPROC_EXIT`].
     pub info: AtomicU32,
 }
 const _: () = assert!(size_of::<InprocSite>() == 32);

@@ -25,6 +25,13 @@
 //! A `SIGTRAP` whose `rip - 1` is not in the table goes on to the rest of
 //! the agent's handler, then to the program's own (chained).
 //!
+//! A recording site (`INPROC_RECORD`) writes its entry event into the
+//! thread's ring and, at a function's first instruction (`INPROC_EXIT`),
+//! swaps the return address on top of the stack for the agent's return
+//! trampoline (which records the exit), through the fast path's own code
+//! (`hit::inproc_hit`): the same per-thread state, rings and shadow stack,
+//! a thread's first hit registering it from the handler.
+//!
 //! A site with a handler of the tracer's (`INPROC_HANDLER`) first hands
 //! the thread's registers to the tracer through the thread's
 //! `hotprobe_abi::HandlerSlot` ([`call_tracer`]): the thread spins for the
@@ -45,8 +52,8 @@ use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 use hotprobe_abi::{
     Shm, CONTROL_ENABLED, HANDLER_BUSY, HANDLER_DONE, HANDLER_IDLE, HANDLER_MODIFIED, HANDLER_REGS,
-    HANDLER_REQUEST, HANDLER_SLEEPING, INPROC_BOOST, INPROC_CALL, INPROC_COUNT, INPROC_HANDLER,
-    INPROC_KIND_MASK, INPROC_RET,
+    HANDLER_REQUEST, HANDLER_SLEEPING, INPROC_BOOST, INPROC_CALL, INPROC_COUNT, INPROC_EXIT,
+    INPROC_HANDLER, INPROC_KIND_MASK, INPROC_RECORD, INPROC_RET,
 };
 
 const SI_KERNEL: i32 = 0x80;
@@ -85,7 +92,12 @@ pub(crate) fn handle(info: &libc::siginfo_t, uc: &mut libc::ucontext_t) -> bool 
     // forked child) and enabled.
     if flags & INPROC_COUNT != 0 {
         if let Some(shm) = crate::shm() {
-            if shm.header().control.load(Relaxed) & CONTROL_ENABLED != 0 {
+            if flags & INPROC_RECORD != 0 {
+                // Entry event, return hook and count, as a trampoline's
+                // hit (before the displaced instruction runs: `rsp` still
+                // points at the return address).
+                crate::hit::inproc_hit(shm, counter, flags & INPROC_EXIT != 0, at, gregs);
+            } else if shm.header().control.load(Relaxed) & CONTROL_ENABLED != 0 {
                 crate::hit::count_in_handler(shm, counter);
             }
         }

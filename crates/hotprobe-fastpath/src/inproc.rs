@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use hotprobe_abi::{
     HANDLER_BUSY, HANDLER_DONE, HANDLER_MODIFIED, HANDLER_REQUEST, HANDLER_SLEEPING, INPROC_BOOST,
-    INPROC_CALL, INPROC_COUNT, INPROC_HANDLER, INPROC_RET,
+    INPROC_CALL, INPROC_COUNT, INPROC_EXIT, INPROC_HANDLER, INPROC_RECORD, INPROC_RET,
 };
 use hotprobe_process::ProcessTarget;
 use hotprobe_target::Registers;
@@ -133,6 +133,19 @@ impl FastPath {
         addr: u64,
     ) -> Result<InprocInfo, FastPathError> {
         self.place_inproc(t, addr, INPROC_HANDLER)
+    }
+
+    /// As [`FastPath::add_inproc`], and each hit also writes an entry event
+    /// (the argument registers) into its thread's ring; with `exit` (the
+    /// site is a function's first instruction) the return is hooked too
+    /// and records an exit event, as a recording patch or jump does.
+    pub fn add_inproc_record(
+        &mut self,
+        t: &mut ProcessTarget,
+        addr: u64,
+        exit: bool,
+    ) -> Result<InprocInfo, FastPathError> {
+        self.place_inproc(t, addr, INPROC_RECORD | if exit { INPROC_EXIT } else { 0 })
     }
 
     fn place_inproc(

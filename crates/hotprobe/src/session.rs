@@ -1051,7 +1051,11 @@ impl Session {
                 return Err(e);
             }
             let mut plan = self.plan_resolved(t, &r, is_return, record, symbols.as_ref())?;
-            if let (Plan::Trap(why), true) = (&plan, record && !self.config.record_traps) {
+            // An in-process trap may still take it (refused below if not).
+            let inproc_first = !is_return && self.config.mechanism == MechanismChoice::Auto;
+            if let (Plan::Trap(why), true, false) =
+                (&plan, record && !self.config.record_traps, inproc_first)
+            {
                 let reason = format!("needs the trap mechanism ({why})");
                 if pattern {
                     added.skipped.push(Skipped { label, reason });
@@ -1069,14 +1073,19 @@ impl Session {
                     function,
                     reason,
                 } => self.place_fast(t, &r, &path, bias, &function, record, reason, label, None),
-                Plan::Trap(reason)
-                    if !record && !is_return && self.config.mechanism == MechanismChoice::Auto =>
-                {
-                    match self.place_inproc(t, &r, &reason, label.clone())? {
+                Plan::Trap(reason) if inproc_first => {
+                    match self.place_inproc(t, &r, &reason, label.clone(), record)? {
                         Ok(p) => Ok(p),
                         Err(why) => {
                             let reason = format!("{reason}; in-process trap: {why}");
-                            self.place_trap(t, &r, is_return, record, reason, label)
+                            if record && !self.config.record_traps {
+                                Err(EngineError::RefusedSpec {
+                                    spec: spec.into(),
+                                    reason: format!("needs the trap mechanism ({reason})"),
+                                })
+                            } else {
+                                self.place_trap(t, &r, is_return, record, reason, label)
+                            }
                         }
                     }
                 }

@@ -23,7 +23,8 @@ use super::*;
 use std::time::{Duration, Instant};
 
 impl Session {
-    /// Places a `Count` probe at `r` as an in-process trap; `Err(why)`
+    /// Places a `Count` (or, `record`, a `Record`) probe at `r` as an
+    /// in-process trap; `Err(why)`
     /// when the site cannot take one (the caller falls back to the trap).
     pub(super) fn place_inproc(
         &mut self,
@@ -31,6 +32,7 @@ impl Session {
         r: &ResolvedProbe,
         fallback: &str,
         label: String,
+        record: bool,
     ) -> Result<Result<Placement, String>, EngineError> {
         let config = self.config.fast_path;
         let slot = self.slot(t)?;
@@ -52,7 +54,13 @@ impl Session {
         let Some(pt) = Slot::process(engine) else {
             return Ok(Err("not a process".into()));
         };
-        let placed = fp.add_inproc(pt, r.addr.0);
+        // A recording probe is at a function's entry (`add` refuses the
+        // rest): its return is hooked from the handler too.
+        let placed = if record {
+            fp.add_inproc_record(pt, r.addr.0, true)
+        } else {
+            fp.add_inproc(pt, r.addr.0)
+        };
         if started {
             pt.resume_all()?;
         }
@@ -86,7 +94,15 @@ impl Session {
                 "{fallback}: int3 taken by the agent's SIGTRAP handler ({})",
                 info.instruction
             ),
-            execution: format!("{} ({})", Mechanism::InProcessTrap, info.execution),
+            execution: if record {
+                format!(
+                    "{} ({}, recorded: return hooked)",
+                    Mechanism::InProcessTrap,
+                    info.execution
+                )
+            } else {
+                format!("{} ({})", Mechanism::InProcessTrap, info.execution)
+            },
         }))
     }
 

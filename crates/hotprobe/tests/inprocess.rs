@@ -272,3 +272,119 @@ fn handler_calls_nobody_serves_time_out_and_run_on_unmodified() {
         vec![format!("total {expected}").as_str()]
     );
 }
+
+/// Keeps every recorded event.
+#[derive(Default)]
+struct Collect(Vec<hotprobe::RecordedEvent>);
+
+impl hotprobe::EventSink for Collect {
+    fn event(&mut self, ev: &hotprobe::RecordedEvent) -> Result<(), hotprobe::SinkError> {
+        self.0.push(*ev);
+        Ok(())
+    }
+    fn lost(&mut self, _tid: u32, _ts: u64, count: u64) -> Result<(), hotprobe::SinkError> {
+        panic!("{count} events lost");
+    }
+}
+
+/// `Record` of a 2-byte and a 1-byte function (no patch or jump fits):
+/// in-process traps write the entry events from the agent's `SIGTRAP`
+/// handler and hook the returns there, with no ptrace stop; every thread's
+/// events are its calls in order, each entry followed by its own exit
+/// (the 2-byte function's argument at the entry, its result at the exit).
+#[test]
+fn record_through_in_process_traps_one_event_per_call_without_ptrace_stops() {
+    use hotprobe::{KIND_ENTRY, KIND_EXIT};
+    let bin = program("inproc", &["-O2"]);
+    let mut c = spawn(&bin, &[&THREADS.to_string(), &ITERS.to_string()]);
+    let t = c.target;
+    let mut ids = Vec::new();
+    for (spec, execution) in [
+        (
+            "two_byte",
+            "in-process trap (boosted, recorded: return hooked)",
+        ),
+        (
+            "one_byte",
+            "in-process trap (emulated, recorded: return hooked)",
+        ),
+    ] {
+        let added = c.session.add(t, spec, Action::Record).unwrap();
+        let p = &added.placements[0];
+        assert_eq!(p.mechanism, Mechanism::InProcessTrap, "{spec}: {p:?}");
+        assert_eq!(p.execution, execution, "{spec}");
+        ids.push(p.id);
+    }
+    // A counting in-process trap beside them.
+    let mid = c.session.add(t, "mid_fn+3", Action::Count).unwrap();
+    assert_eq!(mid.placements[0].mechanism, Mechanism::InProcessTrap);
+    c.session.start().unwrap();
+    assert!(c.session.is_untraced(t), "runs untraced after setup");
+    let stops = c.session.ptrace_stops(t).unwrap();
+    let mut sink = Collect::default();
+    let end = c
+        .session
+        .run_with(&std::sync::atomic::AtomicBool::new(false), Some(&mut sink))
+        .unwrap();
+    assert_eq!(end, RunEnd::AllExited);
+    assert_eq!(
+        c.session.ptrace_stops(t).unwrap(),
+        stops,
+        "no ptrace stop after setup"
+    );
+    for id in &ids {
+        let st = c.session.stats(*id).unwrap();
+        assert_eq!((st.hits, st.nmissed), (THREADS * ITERS, 0));
+    }
+    assert_eq!(
+        c.session.stats(mid.placements[0].id).unwrap().hits,
+        THREADS * ITERS
+    );
+    // Per thread: (two_byte entry x, exit x, one_byte entry, exit) per call.
+    let mut by_tid: std::collections::BTreeMap<u32, Vec<&hotprobe::RecordedEvent>> =
+        Default::default();
+    for e in &sink.0 {
+        by_tid.entry(e.tid).or_default().push(e);
+    }
+    assert_eq!(by_tid.len() as u64, THREADS, "one event stream per thread");
+    let (two, one) = (ids[0].0, ids[1].0);
+    let mut firsts = Vec::new();
+    for (tid, evs) in &by_tid {
+        assert_eq!(evs.len() as u64, 4 * ITERS, "thread {tid}");
+        assert!(evs.windows(2).all(|w| w[0].tsc <= w[1].tsc), "thread {tid}");
+        let first = evs[0].args[0];
+        firsts.push(first);
+        for (i, call) in evs.chunks(4).enumerate() {
+            let x = first + i as u64;
+            let got: Vec<(u32, u8, u64)> = call
+                .iter()
+                .map(|e| {
+                    let v = if e.probe_id == two {
+                        e.args[0] & 0xffff_ffff
+                    } else {
+                        0
+                    };
+                    (e.probe_id, e.kind, v)
+                })
+                .collect();
+            assert_eq!(
+                got,
+                vec![
+                    (two, KIND_ENTRY, x),
+                    (two, KIND_EXIT, x),
+                    (one, KIND_ENTRY, 0),
+                    (one, KIND_EXIT, 0),
+                ],
+                "thread {tid}, call {i}"
+            );
+        }
+    }
+    firsts.sort();
+    assert_eq!(firsts, (0..THREADS).collect::<Vec<_>>());
+    let out = c.output();
+    assert_eq!(
+        lines_with(&out, "total "),
+        vec![format!("total {}", expected_total()).as_str()]
+    );
+    assert_eq!(lines_with(&out, "own traps "), vec!["own traps 2"]);
+}
