@@ -38,8 +38,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"HOTPROBE");
 /// [`RingCtl::owner_pid`], [`CONTROL_FOLLOW_FORKS`]; 6: the per-probe
 /// missed counters ([`Header::missed_offset`]), [`RingCtl::refused`], and
 /// the trap table ([`Header::traps_offset`]); 7: the in-process trap
-/// table ([`InprocSite`]) at the end of the trap table).
-pub const VERSION: u32 = 7;
+/// table ([`InprocSite`]) at the end of the trap table; 8:
+/// [`HandlerCtl::handler_trampoline`], [`HANDLER_STUB`]).
+pub const VERSION: u32 = 8;
 /// Size of [`Header`] in bytes.
 pub const HEADER_SIZE: usize = 256;
 /// Alignment of every section start (the site table and the thread slots).
@@ -283,6 +284,12 @@ pub const HANDLER_MODIFIED: u32 = 1;
 /// [`HandlerSlot::flags`] bit (agent): the thread sleeps on `state` (futex):
 /// the tracer wakes it after storing [`HANDLER_DONE`].
 pub const HANDLER_SLEEPING: u32 = 2;
+/// [`HandlerSlot::flags`] bit (agent): the call comes from the handler
+/// trampoline of a patch or jump site, not from an in-process trap:
+/// [`HandlerSlot::addr`] and the `rip` word hold the site key (the return
+/// address of the site's `call`), which the tracer maps to the site; the
+/// thread resumes at the `rip` word (the key: unchanged).
+pub const HANDLER_STUB: u32 = 4;
 /// Registers of a [`HandlerSlot`], in the order of the first words of the
 /// kernel's `ucontext` `gregs`: r8–r15, rdi, rsi, rbp, rbx, rdx, rax, rcx,
 /// rsp, rip, rflags.
@@ -309,8 +316,13 @@ pub struct HandlerCtl {
     /// a call), all probes together (agent; each is also counted in the
     /// probe's missed counter, [`Header::missed_offset`]: its `nmissed`).
     pub missed: AtomicU64,
+    /// Run-time address of `hotprobe_agent_handler_trampoline` (agent): a
+    /// patched site or jump trampoline of a handler probe calls it; it
+    /// saves the register file and makes the call through the thread's
+    /// [`HandlerSlot`] (with [`HANDLER_STUB`]), no signal.
+    pub handler_trampoline: AtomicU64,
     /// Reserved, zero.
-    pub reserved2: [u64; 3],
+    pub reserved2: [u64; 2],
 }
 const _: () = assert!(size_of::<HandlerCtl>() == 64);
 

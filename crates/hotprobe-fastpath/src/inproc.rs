@@ -29,8 +29,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use hotprobe_abi::{
-    HANDLER_BUSY, HANDLER_DONE, HANDLER_MODIFIED, HANDLER_REQUEST, HANDLER_SLEEPING, INPROC_BOOST,
-    INPROC_CALL, INPROC_COUNT, INPROC_EXIT, INPROC_HANDLER, INPROC_RECORD, INPROC_RET,
+    HANDLER_BUSY, HANDLER_DONE, HANDLER_MODIFIED, HANDLER_REQUEST, HANDLER_SLEEPING, HANDLER_STUB,
+    INPROC_BOOST, INPROC_CALL, INPROC_COUNT, INPROC_EXIT, INPROC_HANDLER, INPROC_RECORD,
+    INPROC_RET,
 };
 use hotprobe_process::ProcessTarget;
 use hotprobe_target::Registers;
@@ -247,6 +248,119 @@ impl FastPath {
     }
 }
 
+/// What [`FastPath::add_stub_handler`] placed.
+#[derive(Clone, Debug)]
+pub struct StubHandlerInfo {
+    /// The fast-path probe id (counter index).
+    pub probe_id: u32,
+    /// The site (the function's entry).
+    pub addr: u64,
+    /// Patch or jump.
+    pub mechanism: crate::Mechanism,
+}
+
+impl FastPath {
+    /// Places a handler probe at the entry of `f` (of the module at
+    /// `path`, loaded at `bias`) on a patch or a jump, as `add_function`
+    /// would place a count: the site's `call` goes to the agent's handler
+    /// trampoline, which saves the register file and calls the tracer
+    /// through the thread's handler slot — no signal, no ptrace stop
+    /// (see [`FastPath::take_handler_call`]). Refused (`Impossible`) where
+    /// the rewritten site is not the function's first instruction (an
+    /// `mcount` call after the prologue) or the plan is the trap.
+    pub fn add_stub_handler(
+        &mut self,
+        t: &mut ProcessTarget,
+        path: &std::path::Path,
+        bias: u64,
+        f: &crate::FunctionInfo,
+        choice: crate::MechanismChoice,
+    ) -> Result<StubHandlerInfo, FastPathError> {
+        use crate::{Mechanism, PatchKind};
+        use hotprobe_abi::patch::{abs_jmp_stub, call_rel32};
+        let entry = f.addr.wrapping_add(bias);
+        let impossible = |why: String| FastPathError::Impossible {
+            function: f.name.clone(),
+            mechanism: "handler stub",
+            why,
+        };
+        let plan = self.module(path)?.plan(f, choice)?;
+        let site = plan.site.wrapping_add(bias);
+        match plan.mechanism {
+            Mechanism::Patch(PatchKind::Mcount) => {
+                return Err(impossible(
+                    "an mcount call is not the function's entry".into(),
+                ))
+            }
+            Mechanism::Trap => return Err(impossible(plan.reason)),
+            _ if site != entry => {
+                return Err(impossible(format!(
+                    "the site {site:#x} is not the function's entry"
+                )))
+            }
+            _ => {}
+        }
+        let tramp = self.shm().handler_ctl().handler_trampoline.load(Relaxed);
+        if tramp == 0 {
+            return Err(impossible("the agent has no handler trampoline".into()));
+        }
+        let probe_id = self.next_probe;
+        if probe_id >= self.shm().layout().params.n_probes {
+            return Err(FastPathError::Shm(
+                "no probe id left: raise max_probes".into(),
+            ));
+        }
+        t.stop_all()?;
+        // Where a `call` at `from` goes to reach the trampoline.
+        let target = |fp: &mut FastPath, t: &mut ProcessTarget, from: u64| {
+            if call_rel32(from, tramp).is_some() {
+                return Ok(tramp);
+            }
+            let stub = fp.alloc(t, from, 16)?;
+            t.write_memory(RuntimeAddr(stub), &abs_jmp_stub(tramp))?;
+            Ok::<u64, FastPathError>(stub)
+        };
+        let bits = hotprobe_abi::ACTION_COUNT;
+        let key = match plan.mechanism {
+            Mechanism::Patch(_) => {
+                let to = target(self, t, site)?;
+                let mut bytes = call_rel32(site, to).expect("within reach").to_vec();
+                bytes.resize(plan.len, 0x90);
+                self.next_probe += 1;
+                self.install(t, site, &bytes, site + 5, probe_id, bits)?;
+                site + 5
+            }
+            Mechanism::Jump => {
+                let mut code = vec![0u8; f.size as usize];
+                t.read_memory(RuntimeAddr(entry), &mut code)?;
+                let jp = hotprobe_x86::plan_jump(&code, entry, site)?;
+                let at = self.alloc(t, site, 64)?;
+                let to = target(self, t, at)?;
+                let mut body = call_rel32(at, to).expect("within reach").to_vec();
+                body.extend(jp.relocate(at + 5)?);
+                if body.len() > 64 {
+                    return Err(FastPathError::NoTrampolineMemory {
+                        addr: site,
+                        why: "trampoline longer than 64 bytes".into(),
+                    });
+                }
+                t.write_memory(RuntimeAddr(at), &body)?;
+                let bytes = jp.patch_bytes(at).expect("trampoline within reach");
+                self.next_probe += 1;
+                self.install(t, site, &bytes, at + 5, probe_id, bits)?;
+                at + 5
+            }
+            Mechanism::Trap => unreachable!("refused above"),
+        };
+        self.handler_keys.insert(key, site);
+        Ok(StubHandlerInfo {
+            probe_id,
+            addr: site,
+            mechanism: plan.mechanism,
+        })
+    }
+}
+
 /// A thread waiting in a shared-memory handler call
 /// ([`FastPath::take_handler_call`]).
 #[derive(Clone, Debug)]
@@ -261,6 +375,9 @@ pub struct HandlerCall {
     /// The thread's registers at the hit (`rip` = `addr`); segment and
     /// base registers are not carried (zero).
     pub regs: Registers,
+    /// For a call from a patch or jump site's handler trampoline: the
+    /// site key the thread resumes at when `rip` stays `addr`.
+    key: Option<u64>,
 }
 
 /// `ucontext` `gregs` order of a handler slot's registers.
@@ -375,13 +492,23 @@ impl FastPath {
                 continue;
             }
             let w: Vec<u64> = s.regs.iter().map(|r| r.load(Relaxed)).collect();
-            return Some(HandlerCall {
+            let mut call = HandlerCall {
                 slot: i,
                 tid: s.tid.load(Relaxed),
                 counter: s.counter.load(Relaxed),
                 addr: s.addr.load(Relaxed),
                 regs: regs_from_slot(&w),
-            });
+                key: None,
+            };
+            if s.flags.load(Relaxed) & HANDLER_STUB != 0 {
+                // From a handler trampoline: `addr` and `rip` are the key.
+                let key = call.addr;
+                let site = self.handler_keys.get(&key).copied().unwrap_or(key);
+                call.addr = site;
+                call.regs.rip = site;
+                call.key = Some(key);
+            }
+            return Some(call);
         }
         None
     }
@@ -393,7 +520,12 @@ impl FastPath {
             return;
         };
         if let Some(r) = regs {
-            for (w, v) in s.regs.iter().zip(regs_to_slot(r)) {
+            let mut words = regs_to_slot(r);
+            if let (Some(key), true) = (call.key, r.rip == call.addr) {
+                // Unmoved: the trampoline returns to the site's key.
+                words[16] = key;
+            }
+            for (w, v) in s.regs.iter().zip(words) {
                 w.store(v, Relaxed);
             }
             s.flags.fetch_or(HANDLER_MODIFIED, Relaxed);

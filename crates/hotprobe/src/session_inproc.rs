@@ -127,7 +127,7 @@ impl Session {
     pub(super) fn maybe_release(&mut self, i: usize) {
         let follow = self.config.follow_forks;
         let slot = &mut self.slots[i];
-        if slot.inproc.is_empty()
+        if (slot.inproc.is_empty() && slot.shm_handlers.is_empty())
             || follow
             || !slot.engine.started
             || slot.engine.gone().is_some()
@@ -180,7 +180,7 @@ impl Session {
         &mut self,
         t: TargetId,
         r: &ResolvedProbe,
-        probe: Probe,
+        mut probe: Probe,
         label: String,
     ) -> Result<Result<Placement, Probe>, EngineError> {
         if probe.post.is_some() || self.config.mechanism != MechanismChoice::Auto {
@@ -196,6 +196,13 @@ impl Session {
         {
             return Ok(Err(probe));
         }
+        if r.offset == 0 && r.is_entry() && !r.is_return {
+            match self.place_stub_handler(t, r, probe, label.clone(), spin)? {
+                Ok(p) => return Ok(Ok(p)),
+                Err(p) => probe = p,
+            }
+        }
+        let slot = self.slot(t)?;
         let started = slot.engine.started;
         let Slot { engine, fast, .. } = slot;
         let Fast::On(fp) = fast else {
@@ -244,6 +251,80 @@ impl Session {
                 Mechanism::InProcessTrap,
                 info.execution
             ),
+        }))
+    }
+
+    /// Places a pre-handler probe at a function's entry on a patch or a
+    /// jump whose `call` goes to the agent's handler trampoline (the
+    /// register file handed over through shared memory, no signal);
+    /// `Ok(Err(probe))` where neither fits (the caller tries the
+    /// in-process trap).
+    fn place_stub_handler(
+        &mut self,
+        t: TargetId,
+        r: &ResolvedProbe,
+        probe: Probe,
+        label: String,
+        spin: Duration,
+    ) -> Result<Result<Placement, Probe>, EngineError> {
+        let choice = self.config.mechanism;
+        let Some(pid) = self.slot(t)?.pid else {
+            return Ok(Err(probe));
+        };
+        let Ok(symbols) = hotprobe_symbols::ProcessSymbols::for_pid(pid as u32) else {
+            return Ok(Err(probe));
+        };
+        let Plan::Fast {
+            path,
+            bias,
+            function,
+            reason,
+        } = self.plan_resolved(t, r, false, false, Some(&symbols))?
+        else {
+            return Ok(Err(probe));
+        };
+        let slot = self.slot(t)?;
+        let started = slot.engine.started;
+        let Slot { engine, fast, .. } = slot;
+        let (Fast::On(fp), Some(pt)) = (fast, Slot::process(engine)) else {
+            return Ok(Err(probe));
+        };
+        let placed = fp.add_stub_handler(pt, &path, bias, &function, choice);
+        if started {
+            pt.resume_all()?;
+        }
+        let Ok(info) = placed else {
+            return Ok(Err(probe));
+        };
+        fp.set_handler_wait(spin, HANDLER_TIMEOUT);
+        let id = slot.engine.new_id();
+        slot.fast_probes
+            .entry(id)
+            .or_insert_with(|| FastProbe {
+                counters: Vec::new(),
+            })
+            .counters
+            .push((info.probe_id, None));
+        let c = info.probe_id as usize;
+        if slot.fast_ids.len() <= c {
+            slot.fast_ids.resize(c + 1, None);
+        }
+        slot.fast_ids[c] = Some(id);
+        slot.shm_handlers.insert(info.probe_id, (id, probe));
+        let mechanism = from_fast(info.mechanism);
+        Ok(Ok(Placement {
+            id,
+            label,
+            addr: RuntimeAddr(info.addr),
+            function: r.function.clone(),
+            module: r.module.clone(),
+            is_return: r.is_return,
+            mechanism,
+            reason: format!(
+                "{reason}; the pre handler runs in hotprobe through shared memory \
+                 (the site's call saves the registers: no signal)"
+            ),
+            execution: format!("{mechanism} (shared-memory handler)"),
         }))
     }
 

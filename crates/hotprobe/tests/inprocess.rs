@@ -388,3 +388,75 @@ fn record_through_in_process_traps_one_event_per_call_without_ptrace_stops() {
     );
     assert_eq!(lines_with(&out, "own traps "), vec!["own traps 2"]);
 }
+
+/// Pre handlers at a patch site and a jump site: the site's `call` goes to
+/// the agent's handler trampoline, which hands the register file over
+/// through shared memory (no signal, no ptrace stop). Each handler adds to
+/// the argument register: every call's result changes, 8 threads, exact.
+fn stub_handlers_change_results(spin: std::time::Duration) {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    let bin = program("stubhandler", &["-O2"]);
+    let mut c = spawn(&bin, &[&THREADS.to_string(), &ITERS.to_string()]);
+    c.session.set_handler_spin(spin);
+    let t = c.target;
+    let bad = Rc::new(Cell::new(0u64));
+    let mut ids = Vec::new();
+    for (spec, add, mechanism) in [("patched", 1u64, "patch"), ("jumped", 2, "jump")] {
+        let seen = Rc::new(Cell::new(0u64));
+        let (s, b) = (seen.clone(), bad.clone());
+        let probe = hotprobe::Probe::new().pre(move |ctx| {
+            s.set(s.get() + 1);
+            let regs = *ctx.regs();
+            // rip is the function's entry, rsp points at the return
+            // address (in worker: named by the symbolizer).
+            let ret = ctx.read_u64(regs.rsp).unwrap_or(0);
+            if regs.rip != ctx.addr().0
+                || !ctx.symbolize(ret).is_some_and(|s| s.starts_with("worker"))
+            {
+                b.set(b.get() + 1);
+            }
+            ctx.regs_mut().rdi = regs.rdi + add;
+        });
+        let added = c.session.add(t, spec, Action::Handler(probe)).unwrap();
+        let p = &added.placements[0];
+        assert!(
+            p.mechanism.to_string().starts_with(mechanism),
+            "{spec}: {p:?}"
+        );
+        assert_eq!(
+            p.execution,
+            format!("{} (shared-memory handler)", p.mechanism),
+            "{spec}"
+        );
+        ids.push((p.id, seen));
+    }
+    c.session.start().unwrap();
+    assert!(c.session.is_untraced(t), "runs untraced after setup");
+    let stops = c.session.ptrace_stops(t).unwrap();
+    assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+    assert_eq!(c.session.ptrace_stops(t).unwrap(), stops, "no ptrace stop");
+    for (id, seen) in &ids {
+        assert_eq!(seen.get(), THREADS * ITERS);
+        let st = c.session.stats(*id).unwrap();
+        assert_eq!((st.hits, st.nmissed), (THREADS * ITERS, 0));
+    }
+    assert_eq!(bad.get(), 0);
+    let expected: u64 = (0..THREADS)
+        .flat_map(|id| (0..ITERS).map(move |i| (3 * (i + id + 1) + 1) + (i + 2 + 7)))
+        .sum();
+    assert_eq!(
+        lines_with(&c.output(), "total "),
+        vec![format!("total {expected}").as_str()]
+    );
+}
+
+#[test]
+fn stub_handlers_at_patch_and_jump_sites_change_results_spinning() {
+    stub_handlers_change_results(std::time::Duration::from_micros(50));
+}
+
+#[test]
+fn stub_handlers_at_patch_and_jump_sites_change_results_sleeping() {
+    stub_handlers_change_results(std::time::Duration::ZERO);
+}
