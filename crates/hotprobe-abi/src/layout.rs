@@ -39,7 +39,8 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"HOTPROBE");
 /// missed counters ([`Header::missed_offset`]), [`RingCtl::refused`], and
 /// the trap table ([`Header::traps_offset`]); 7: the in-process trap
 /// table ([`InprocSite`]) at the end of the trap table; 8:
-/// [`HandlerCtl::handler_trampoline`], [`HANDLER_STUB`]).
+/// [`HandlerCtl::handler_trampoline`], [`HANDLER_STUB`], [`HANDLER_POST`],
+/// [`INPROC_POST`]).
 pub const VERSION: u32 = 8;
 /// Size of [`Header`] in bytes.
 pub const HEADER_SIZE: usize = 256;
@@ -290,6 +291,10 @@ pub const HANDLER_SLEEPING: u32 = 2;
 /// address of the site's `call`), which the tracer maps to the site; the
 /// thread resumes at the `rip` word (the key: unchanged).
 pub const HANDLER_STUB: u32 = 4;
+/// [`HandlerSlot::flags`] bit (agent): the call is for the probe's post
+/// handler (after the displaced instruction; `rip` is where the thread
+/// goes next).
+pub const HANDLER_POST: u32 = 8;
 /// Registers of a [`HandlerSlot`], in the order of the first words of the
 /// kernel's `ucontext` `gregs`: r8–r15, rdi, rsi, rbp, rbx, rdx, rax, rcx,
 /// rsp, rip, rflags.
@@ -369,6 +374,16 @@ pub const INPROC_COUNT: u32 = 1 << 8;
 /// writes an entry event into its thread's ring, as the fast path's
 /// `ACTION_RECORD` does (the handler registers a thread at its first hit).
 pub const INPROC_RECORD: u32 = 1 << 10;
+/// [`InprocSite::info`] bit, with [`INPROC_HANDLER`]: the tracer's post
+/// handler runs after the displaced instruction — in the same signal for
+/// an emulated one; for a boosted one at the `int3` that follows its copy
+/// (an [`INPROC_POST_SITE`] entry, whose address is this entry's `next`).
+pub const INPROC_POST: u32 = 1 << 12;
+/// [`InprocSite::info`] bit: this entry is the `int3` after a boosted copy
+/// (see [`INPROC_POST`]): no count; with [`INPROC_HANDLER`] the post
+/// handler runs; the thread resumes at `resume` (the instruction after
+/// the probed one); `next` is the probed instruction's address.
+pub const INPROC_POST_SITE: u32 = 1 << 13;
 /// [`InprocSite::info`] bit, with [`INPROC_RECORD`] at a function's first
 /// instruction: the return is hooked (the return address on top of the
 /// stack swapped for the agent's return trampoline, which records the

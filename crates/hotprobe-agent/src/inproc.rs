@@ -52,8 +52,9 @@ use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 use hotprobe_abi::{
     Shm, ACTION_COUNT, CONTROL_ENABLED, HANDLER_BUSY, HANDLER_DONE, HANDLER_IDLE, HANDLER_MODIFIED,
-    HANDLER_REGS, HANDLER_REQUEST, HANDLER_SLEEPING, HANDLER_STUB, INPROC_BOOST, INPROC_CALL,
-    INPROC_COUNT, INPROC_EXIT, INPROC_HANDLER, INPROC_KIND_MASK, INPROC_RECORD, INPROC_RET,
+    HANDLER_POST, HANDLER_REGS, HANDLER_REQUEST, HANDLER_SLEEPING, HANDLER_STUB, INPROC_BOOST,
+    INPROC_CALL, INPROC_COUNT, INPROC_EXIT, INPROC_HANDLER, INPROC_KIND_MASK, INPROC_POST,
+    INPROC_POST_SITE, INPROC_RECORD, INPROC_RET,
 };
 
 const SI_KERNEL: i32 = 0x80;
@@ -88,6 +89,19 @@ pub(crate) fn handle(info: &libc::siginfo_t, uc: &mut libc::ucontext_t) -> bool 
     let Some((counter, flags, resume, next)) = table.lookup_inproc(at) else {
         return false;
     };
+    if flags & INPROC_POST_SITE != 0 {
+        // The int3 after a boosted copy: the instruction ran; the post
+        // handler sees rip at the next original instruction.
+        gregs[libc::REG_RIP as usize] = resume as i64;
+        if flags & INPROC_HANDLER != 0 {
+            if let Some(shm) = crate::shm() {
+                if shm.header().control.load(Relaxed) & CONTROL_ENABLED != 0 {
+                    call_tracer(shm, counter, next, gregs, HANDLER_POST);
+                }
+            }
+        }
+        return true;
+    }
     // Counted only with the tracer's memory attached (not in a dormant
     // forked child) and enabled.
     if flags & INPROC_COUNT != 0 {
@@ -138,6 +152,16 @@ pub(crate) fn handle(info: &libc::siginfo_t, uc: &mut libc::ucontext_t) -> bool 
         }
         _ => return false,
     }
+    if flags & (INPROC_POST | INPROC_HANDLER) == INPROC_POST | INPROC_HANDLER
+        && flags & INPROC_KIND_MASK != INPROC_BOOST
+    {
+        // An emulated instruction: its post handler in the same signal.
+        if let Some(shm) = crate::shm() {
+            if shm.header().control.load(Relaxed) & CONTROL_ENABLED != 0 {
+                call_tracer(shm, counter, at, gregs, HANDLER_POST);
+            }
+        }
+    }
     true
 }
 
@@ -168,7 +192,8 @@ fn futex(word: &core::sync::atomic::AtomicU32, op: i32, val: u32, timeout_ns: u6
 
 /// Hands the registers in `gregs` (at least [`HANDLER_REGS`] words, in
 /// `gregs` order) to the tracer's handler for the site at `at` (counter
-/// `counter`; `flags`: 0, or [`HANDLER_STUB`] with `at` the site key) and
+/// `counter`; `flags`: 0, [`HANDLER_POST`], or [`HANDLER_STUB`] with `at`
+/// the site key; `rip` is `gregs`' own) and
 /// takes back the ones it returns (see the module docs).
 fn call_tracer(shm: &Shm, counter: u32, at: u64, gregs: &mut [libc::greg_t], flags: u32) {
     let ctl = shm.handler_ctl();
@@ -188,7 +213,6 @@ fn call_tracer(shm: &Shm, counter: u32, at: u64, gregs: &mut [libc::greg_t], fla
     for (i, r) in slot.regs.iter().enumerate().take(HANDLER_REGS) {
         r.store(gregs[i] as u64, Relaxed);
     }
-    slot.regs[16].store(at, Relaxed);
     slot.counter.store(counter, Relaxed);
     slot.addr.store(at, Relaxed);
     slot.flags.store(flags, Relaxed);

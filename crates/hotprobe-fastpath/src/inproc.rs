@@ -29,15 +29,15 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use hotprobe_abi::{
-    HANDLER_BUSY, HANDLER_DONE, HANDLER_MODIFIED, HANDLER_REQUEST, HANDLER_SLEEPING, HANDLER_STUB,
-    INPROC_BOOST, INPROC_CALL, INPROC_COUNT, INPROC_EXIT, INPROC_HANDLER, INPROC_RECORD,
-    INPROC_RET,
+    HANDLER_BUSY, HANDLER_DONE, HANDLER_MODIFIED, HANDLER_POST, HANDLER_REQUEST, HANDLER_SLEEPING,
+    HANDLER_STUB, INPROC_BOOST, INPROC_CALL, INPROC_COUNT, INPROC_EXIT, INPROC_HANDLER,
+    INPROC_KIND_MASK, INPROC_POST, INPROC_POST_SITE, INPROC_RECORD, INPROC_RET,
 };
 use hotprobe_process::ProcessTarget;
 use hotprobe_target::Registers;
 use hotprobe_target::{RuntimeAddr, Target};
 use hotprobe_x86::iced_x86::{
-    BlockEncoder, BlockEncoderOptions, Code, Instruction, InstructionBlock,
+    BlockEncoder, BlockEncoderOptions, Code, FlowControl, Instruction, InstructionBlock,
 };
 use hotprobe_x86::{plan_probe, Emulation, Execution};
 
@@ -92,6 +92,15 @@ fn plan_site(code: &[u8], addr: u64) -> Result<(Plan, String), String> {
     Ok((plan, text))
 }
 
+/// `instr` (not a branch) re-encoded to run at `at`, alone.
+fn relocate_alone(instr: Instruction, at: u64) -> Result<Vec<u8>, String> {
+    let instrs = [instr];
+    let block = InstructionBlock::new(&instrs, at);
+    BlockEncoder::encode(64, block, BlockEncoderOptions::NONE)
+        .map(|r| r.code_buffer)
+        .map_err(|e| e.to_string())
+}
+
 /// `instr` re-encoded to run at `at`, followed by a `jmp` back to `back`.
 fn relocate(instr: Instruction, at: u64, back: u64) -> Result<Vec<u8>, String> {
     let mut jmp = Instruction::with_branch(Code::Jmp_rel32_64, back).map_err(|e| e.to_string())?;
@@ -128,12 +137,20 @@ impl FastPath {
     /// As [`FastPath::add_inproc`], and each hit also calls the tracer's
     /// handler through shared memory before the displaced instruction
     /// runs (see [`FastPath::take_handler_call`]).
+    ///
+    /// With `post`, the probe's post handler is called too, after the
+    /// displaced instruction ran: for an emulated one (`ret`, `call`) in
+    /// the same signal; for a boosted one at an `int3` placed right after
+    /// its copy (a second hand-over, [`hotprobe_abi::INPROC_POST_SITE`]).
+    /// Refused for a boosted branch (a taken one would leave the copy
+    /// before that `int3`: it needs a single-step).
     pub fn add_inproc_handler(
         &mut self,
         t: &mut ProcessTarget,
         addr: u64,
+        post: bool,
     ) -> Result<InprocInfo, FastPathError> {
-        self.place_inproc(t, addr, INPROC_HANDLER)
+        self.place_inproc(t, addr, INPROC_HANDLER | if post { INPROC_POST } else { 0 })
     }
 
     /// As [`FastPath::add_inproc`], and each hit also writes an entry event
@@ -170,7 +187,37 @@ impl FastPath {
             ));
         }
         t.stop_all()?;
+        let post = extra & INPROC_POST != 0;
         let (kind, resume, next, execution) = match plan {
+            Plan::Boost(instr) if post => {
+                if instr.flow_control() != FlowControl::Next {
+                    return Err(impossible(format!(
+                        "{text}: a post handler after a branch needs a single-step"
+                    )));
+                }
+                let back = addr + instr.len() as u64;
+                const COPY: u64 = 48;
+                let at = self.alloc(t, addr, COPY)?;
+                let mut bytes = relocate_alone(instr, at).map_err(impossible)?;
+                let post_at = at + bytes.len() as u64;
+                bytes.push(0xcc);
+                if bytes.len() as u64 > COPY {
+                    return Err(impossible(format!("copy of {} bytes", bytes.len())));
+                }
+                t.write_memory(RuntimeAddr(at), &bytes)?;
+                // The int3 after the copy: published before any thread can
+                // reach it (the site's own int3 is not written yet).
+                if !self.shm().publish_inproc(
+                    post_at,
+                    probe_id,
+                    INPROC_BOOST | INPROC_POST_SITE | INPROC_HANDLER,
+                    back,
+                    addr,
+                ) {
+                    return Err(FastPathError::Shm("in-process trap table full".into()));
+                }
+                (INPROC_BOOST, at, post_at, "boosted")
+            }
             Plan::Boost(instr) => {
                 let back = addr + instr.len() as u64;
                 // Room for the longest re-encoding (a short branch made
@@ -228,6 +275,7 @@ impl FastPath {
         };
         t.stop_all()?;
         t.write_memory(RuntimeAddr(addr), &self.installed[i].original)?;
+        self.set_inproc_enabled(addr, true, false);
         self.shm().quiet_inproc(addr);
         self.installed.remove(i);
         Ok(true)
@@ -239,6 +287,11 @@ impl FastPath {
     pub fn set_inproc_enabled(&self, addr: u64, handler: bool, enabled: bool) {
         let bits = INPROC_COUNT | if handler { INPROC_HANDLER } else { 0 };
         self.shm().set_inproc_bits(addr, bits, enabled);
+        if let Some((_, info, _, post_at)) = self.shm().lookup_inproc(addr) {
+            if handler && info & INPROC_POST != 0 && info & INPROC_KIND_MASK == INPROC_BOOST {
+                self.shm().set_inproc_bits(post_at, INPROC_HANDLER, enabled);
+            }
+        }
     }
 
     /// Whether the agent reported the `SIGTRAP` handler the in-process
@@ -378,6 +431,9 @@ pub struct HandlerCall {
     /// For a call from a patch or jump site's handler trampoline: the
     /// site key the thread resumes at when `rip` stays `addr`.
     key: Option<u64>,
+    /// The call is for the post handler (after the displaced instruction:
+    /// `rip` is where the thread goes next).
+    pub post: bool,
 }
 
 /// `ucontext` `gregs` order of a handler slot's registers.
@@ -499,6 +555,7 @@ impl FastPath {
                 addr: s.addr.load(Relaxed),
                 regs: regs_from_slot(&w),
                 key: None,
+                post: s.flags.load(Relaxed) & HANDLER_POST != 0,
             };
             if s.flags.load(Relaxed) & HANDLER_STUB != 0 {
                 // From a handler trampoline: `addr` and `rip` are the key.

@@ -172,9 +172,12 @@ impl Session {
         self.handler_spin.unwrap_or(DEFAULT_HANDLER_SPIN)
     }
 
-    /// Places a probe with a pre handler (and no post handler) as an
-    /// in-process trap whose handler runs here through shared memory: no
-    /// ptrace stop. `Ok(Err(probe))` (the probe handed back) when it cannot
+    /// Places a probe with a pre handler and no post handler on a patch or
+    /// jump site whose call hands the registers over (see
+    /// `place_stub_handler`), else — or with a post handler — as an
+    /// in-process trap whose handlers run here through shared memory
+    /// (a post handler: a second hand-over after the displaced
+    /// instruction): no ptrace stop. `Ok(Err(probe))` (the probe handed back) when it cannot
     /// go there: the caller places it on the trap.
     pub(super) fn place_shm_handler(
         &mut self,
@@ -183,9 +186,11 @@ impl Session {
         mut probe: Probe,
         label: String,
     ) -> Result<Result<Placement, Probe>, EngineError> {
-        if probe.post.is_some() || self.config.mechanism != MechanismChoice::Auto {
+        if self.config.mechanism != MechanismChoice::Auto {
             return Ok(Err(probe));
         }
+        let post = probe.post.is_some();
+        let pre = probe.pre.is_some();
         let config = self.config.fast_path;
         let spin = self.spin();
         let slot = self.slot(t)?;
@@ -196,7 +201,7 @@ impl Session {
         {
             return Ok(Err(probe));
         }
-        if r.offset == 0 && r.is_entry() && !r.is_return {
+        if !post && r.offset == 0 && r.is_entry() && !r.is_return {
             match self.place_stub_handler(t, r, probe, label.clone(), spin)? {
                 Ok(p) => return Ok(Ok(p)),
                 Err(p) => probe = p,
@@ -211,7 +216,7 @@ impl Session {
         let Some(pt) = Slot::process(engine) else {
             return Ok(Err(probe));
         };
-        let placed = fp.add_inproc_handler(pt, r.addr.0);
+        let placed = fp.add_inproc_handler(pt, r.addr.0, post);
         if started {
             pt.resume_all()?;
         }
@@ -243,7 +248,12 @@ impl Session {
             is_return: r.is_return,
             mechanism: Mechanism::InProcessTrap,
             reason: format!(
-                "the pre handler runs in hotprobe through shared memory ({})",
+                "the {} runs in hotprobe through shared memory ({})",
+                match (pre, post) {
+                    (true, true) => "pre and post handlers",
+                    (false, true) => "post handler",
+                    _ => "pre handler",
+                },
                 info.instruction
             ),
             execution: format!(
@@ -362,14 +372,23 @@ impl Session {
                         regs: &mut regs,
                         probe: *id,
                         addr: RuntimeAddr(call.addr),
-                        kind: crate::HitKind::Pre,
+                        kind: if call.post {
+                            crate::HitKind::Post
+                        } else {
+                            crate::HitKind::Pre
+                        },
                         stop: &mut stop,
                         symbolizer,
                         entry: None,
                         fetch_error: RefCell::new(None),
                     };
-                    if let Some(pre) = probe.pre.as_mut() {
-                        pre(&mut ctx);
+                    let handler = if call.post {
+                        probe.post.as_mut()
+                    } else {
+                        probe.pre.as_mut()
+                    };
+                    if let Some(h) = handler {
+                        h(&mut ctx);
                     }
                 }
                 let after = regs.fetched().copied().filter(|r| *r != call.regs);

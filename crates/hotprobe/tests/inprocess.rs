@@ -187,7 +187,7 @@ fn with_a_ptrace_probe_too_the_process_stays_traced_and_counts_stay_exact() {
     let iters = 500u64;
     let mut c = spawn(&bin, &[&THREADS.to_string(), &iters.to_string()]);
     let t = c.target;
-    // A post handler needs a single-step: the engine's trap, through ptrace.
+    // A return probe's handler: the engine's trap, through ptrace.
     let posts = Rc::new(Cell::new(0u64));
     let p2 = posts.clone();
     let traced = c
@@ -195,7 +195,7 @@ fn with_a_ptrace_probe_too_the_process_stays_traced_and_counts_stay_exact() {
         .add(
             t,
             "one_byte",
-            Action::Handler(hotprobe::Probe::new().post(move |_| p2.set(p2.get() + 1))),
+            Action::Return(hotprobe::RetProbe::new(64).ret(move |_| p2.set(p2.get() + 1))),
         )
         .unwrap();
     assert_eq!(traced.placements[0].mechanism, Mechanism::Trap);
@@ -459,4 +459,78 @@ fn stub_handlers_at_patch_and_jump_sites_change_results_spinning() {
 #[test]
 fn stub_handlers_at_patch_and_jump_sites_change_results_sleeping() {
     stub_handlers_change_results(std::time::Duration::ZERO);
+}
+
+/// Post handlers through shared memory: at `mid_fn+9` (`add eax, edi`,
+/// boosted: a second hand-over at the `int3` after its copy) the post
+/// handler sees the sum and adds one to it; at `one_byte` (`ret`,
+/// emulated: in the same signal) it sees `rip` back in `worker`. Pre and
+/// post calls exact, 8 threads, no ptrace stop.
+#[test]
+fn post_handlers_through_shared_memory_see_the_instruction_done() {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    let bin = program("inproc", &["-O2"]);
+    let mut c = spawn(&bin, &[&THREADS.to_string(), &ITERS.to_string()]);
+    let t = c.target;
+    let (pres, posts, bad) = (
+        Rc::new(Cell::new(0u64)),
+        Rc::new(Cell::new(0u64)),
+        Rc::new(Cell::new(0u64)),
+    );
+    // Per thread: the sum the pre handler expects (another thread's pre
+    // may be served between a thread's pre and post).
+    let before = Rc::new(std::cell::RefCell::new(std::collections::HashMap::new()));
+    let (p1, b1, bad1) = (pres.clone(), before.clone(), bad.clone());
+    let (p2, b2, bad2) = (posts.clone(), before.clone(), bad.clone());
+    let mid = hotprobe::Probe::new()
+        .pre(move |ctx| {
+            p1.set(p1.get() + 1);
+            let r = *ctx.regs();
+            let sum = (r.rax as u32).wrapping_add(r.rdi as u32) as u64;
+            b1.borrow_mut().insert(ctx.thread(), sum);
+            if r.rip != ctx.addr().0 {
+                bad1.set(bad1.get() + 1);
+            }
+        })
+        .post(move |ctx| {
+            p2.set(p2.get() + 1);
+            let r = *ctx.regs();
+            // rip is the next instruction (`ret`, 2 bytes on), eax the sum.
+            let want = b2.borrow_mut().remove(&ctx.thread());
+            if r.rip != ctx.addr().0 + 2 || Some((r.rax as u32) as u64) != want {
+                bad2.set(bad2.get() + 1);
+            }
+            ctx.regs_mut().rax = r.rax + 1;
+        });
+    let a = c.session.add(t, "mid_fn+9", Action::Handler(mid)).unwrap();
+    let p = &a.placements[0];
+    assert_eq!(p.mechanism, Mechanism::InProcessTrap, "{p:?}");
+    let rets = Rc::new(Cell::new(0u64));
+    let (r3, bad3) = (rets.clone(), bad.clone());
+    let one = hotprobe::Probe::new().post(move |ctx| {
+        r3.set(r3.get() + 1);
+        let rip = ctx.regs().rip;
+        if !ctx.symbolize(rip).is_some_and(|s| s.starts_with("worker")) {
+            bad3.set(bad3.get() + 1);
+        }
+    });
+    let o = c.session.add(t, "one_byte", Action::Handler(one)).unwrap();
+    assert_eq!(o.placements[0].mechanism, Mechanism::InProcessTrap);
+    c.session.start().unwrap();
+    assert!(c.session.is_untraced(t), "runs untraced after setup");
+    let stops = c.session.ptrace_stops(t).unwrap();
+    assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+    assert_eq!(c.session.ptrace_stops(t).unwrap(), stops, "no ptrace stop");
+    assert_eq!(
+        (pres.get(), posts.get(), rets.get(), bad.get()),
+        (THREADS * ITERS, THREADS * ITERS, THREADS * ITERS, 0)
+    );
+    assert_eq!(c.session.stats(p.id).unwrap().hits, THREADS * ITERS);
+    let out = c.output();
+    assert_eq!(
+        lines_with(&out, "total "),
+        vec![format!("total {}", expected_total() + THREADS * ITERS).as_str()]
+    );
+    assert_eq!(lines_with(&out, "own traps "), vec!["own traps 2"]);
 }
