@@ -26,7 +26,7 @@ use hotprobe_abi::fast::ThreadBlock;
 use hotprobe_abi::{
     rdtsc, Event, Shm, ACTION_ALT_COUNTER, ACTION_COUNT, ACTION_COUNTER_SHIFT, ACTION_EXIT,
     ACTION_RECORD, CONTROL_ENABLED, CONTROL_FOLLOW_FORKS, CONTROL_RECORD, EXIT_UNWOUND, KIND_ENTRY,
-    KIND_EXIT, STATUS_ORPHANED, THREAD_EXITED,
+    KIND_EXIT, KIND_HIT, STATUS_ORPHANED, THREAD_EXITED,
 };
 
 use crate::trampoline::Frame;
@@ -465,9 +465,9 @@ fn register_current(shm: &Shm, tp: u64) -> bool {
 
 /// A recording hit of an in-process trap, from the agent's `SIGTRAP`
 /// handler (`inproc`): `gregs` is the interrupted context at the probed
-/// instruction `at`. Writes the entry event into the thread's ring, hooks
-/// the return when `exit` (the site is a function's first instruction:
-/// the return address is at `rsp`), and counts — what [`fast_hit`] does for
+/// instruction `at`. Writes the entry event into the thread's ring (a hit
+/// event without `exit`), hooks the return when `exit` (the site is a
+/// function's first instruction: the return address is at `rsp`), and counts — what [`fast_hit`] does for
 /// a trampoline's hit. A thread's first hit registers it here (see
 /// [`register_current`]); a thread interrupted inside the agent or while
 /// registering counts and refuses the events, as on the fast path.
@@ -493,7 +493,8 @@ pub(crate) fn inproc_hit(shm: &Shm, probe: u32, exit: bool, at: u64, gregs: &[li
         slot: if exit { g(libc::REG_RSP) } else { 0 },
     };
     let action = ACTION_COUNT | ACTION_RECORD | if exit { ACTION_EXIT } else { 0 };
-    let kind = KIND_ENTRY as u32;
+    // Not at a function's entry: a hit event (no return to hook).
+    let kind = if exit { KIND_ENTRY } else { KIND_HIT } as u32;
     if take_hit(shm, &frame, kind, probe, action, control) == 0 {
         return;
     }

@@ -153,10 +153,11 @@ impl FastPath {
         self.place_inproc(t, addr, INPROC_HANDLER | if post { INPROC_POST } else { 0 })
     }
 
-    /// As [`FastPath::add_inproc`], and each hit also writes an entry event
-    /// (the argument registers) into its thread's ring; with `exit` (the
-    /// site is a function's first instruction) the return is hooked too
-    /// and records an exit event, as a recording patch or jump does.
+    /// As [`FastPath::add_inproc`], and each hit also writes an event (the
+    /// argument registers) into its thread's ring: with `exit` (the site
+    /// is a function's first instruction) an entry event, the return
+    /// hooked too and recording an exit event, as a recording patch or
+    /// jump does; without, a hit event (`KIND_HIT`).
     pub fn add_inproc_record(
         &mut self,
         t: &mut ProcessTarget,
