@@ -1026,7 +1026,12 @@ impl Session {
             if (record || is_return) && r.offset == 0 && !r.is_entry() {
                 return Err(not_an_entry(spec, &r));
             }
-            if record && r.offset != 0 {
+            // Inside a function, an in-process trap records hit events
+            // (no return to hook); nothing else records there.
+            let mid_record = record && r.offset != 0;
+            if mid_record
+                && (pattern || is_return || self.config.mechanism != MechanismChoice::Auto)
+            {
                 let e = not_whole_function(spec, &r);
                 if pattern {
                     added.skipped.push(Skipped {
@@ -1076,6 +1081,13 @@ impl Session {
                 Plan::Trap(reason) if inproc_first => {
                     match self.place_inproc(t, &r, &reason, label.clone(), record)? {
                         Ok(p) => Ok(p),
+                        Err(why) if mid_record => Err(match not_whole_function(spec, &r) {
+                            EngineError::RefusedSpec { spec, reason } => EngineError::RefusedSpec {
+                                spec,
+                                reason: format!("{reason}; in-process trap: {why}"),
+                            },
+                            e => e,
+                        }),
                         Err(why) => {
                             let reason = format!("{reason}; in-process trap: {why}");
                             if record && !self.config.record_traps {
@@ -2266,7 +2278,9 @@ fn not_whole_function(spec: &str, r: &ResolvedProbe) -> EngineError {
         spec: spec.into(),
         reason: format!(
             "recording follows whole functions, and {:#x} is {} bytes into {} \
-             (count probes any instruction)",
+             (inside a function only an in-process trap records, as hit events: \
+             not with a forced mechanism, a pattern or %return; count probes any \
+             instruction)",
             r.addr.0,
             r.offset,
             r.function.as_deref().unwrap_or("a function")

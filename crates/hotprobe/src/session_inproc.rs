@@ -54,10 +54,11 @@ impl Session {
         let Some(pt) = Slot::process(engine) else {
             return Ok(Err("not a process".into()));
         };
-        // A recording probe is at a function's entry (`add` refuses the
-        // rest): its return is hooked from the handler too.
+        // A recording probe at a function's entry has its return hooked
+        // from the handler too; inside a function it records hit events.
+        let exit = r.offset == 0 && r.is_entry();
         let placed = if record {
-            fp.add_inproc_record(pt, r.addr.0, true)
+            fp.add_inproc_record(pt, r.addr.0, exit)
         } else {
             fp.add_inproc(pt, r.addr.0)
         };
@@ -96,9 +97,10 @@ impl Session {
             ),
             execution: if record {
                 format!(
-                    "{} ({}, recorded: return hooked)",
+                    "{} ({}, recorded: {})",
                     Mechanism::InProcessTrap,
-                    info.execution
+                    info.execution,
+                    if exit { "return hooked" } else { "hit events" }
                 )
             } else {
                 format!("{} ({})", Mechanism::InProcessTrap, info.execution)

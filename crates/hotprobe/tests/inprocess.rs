@@ -287,14 +287,15 @@ impl hotprobe::EventSink for Collect {
     }
 }
 
-/// `Record` of a 2-byte and a 1-byte function (no patch or jump fits):
-/// in-process traps write the entry events from the agent's `SIGTRAP`
-/// handler and hook the returns there, with no ptrace stop; every thread's
-/// events are its calls in order, each entry followed by its own exit
-/// (the 2-byte function's argument at the entry, its result at the exit).
+/// `Record` of a 2-byte and a 1-byte function (no patch or jump fits) and
+/// of an instruction inside a function: in-process traps write the events
+/// from the agent's `SIGTRAP` handler and hook the returns there, with no
+/// ptrace stop; every thread's events are its calls in order, each entry
+/// followed by its own exit (the 2-byte function's argument at the entry,
+/// its result at the exit), the mid-function site a hit event.
 #[test]
 fn record_through_in_process_traps_one_event_per_call_without_ptrace_stops() {
-    use hotprobe::{KIND_ENTRY, KIND_EXIT};
+    use hotprobe::{KIND_ENTRY, KIND_EXIT, KIND_HIT};
     let bin = program("inproc", &["-O2"]);
     let mut c = spawn(&bin, &[&THREADS.to_string(), &ITERS.to_string()]);
     let t = c.target;
@@ -315,9 +316,13 @@ fn record_through_in_process_traps_one_event_per_call_without_ptrace_stops() {
         assert_eq!(p.execution, execution, "{spec}");
         ids.push(p.id);
     }
-    // A counting in-process trap beside them.
-    let mid = c.session.add(t, "mid_fn+3", Action::Count).unwrap();
+    // Inside a function: hit events (no return to hook).
+    let mid = c.session.add(t, "mid_fn+3", Action::Record).unwrap();
     assert_eq!(mid.placements[0].mechanism, Mechanism::InProcessTrap);
+    assert_eq!(
+        mid.placements[0].execution,
+        "in-process trap (boosted, recorded: hit events)"
+    );
     c.session.start().unwrap();
     assert!(c.session.is_untraced(t), "runs untraced after setup");
     let stops = c.session.ptrace_stops(t).unwrap();
@@ -347,26 +352,27 @@ fn record_through_in_process_traps_one_event_per_call_without_ptrace_stops() {
         by_tid.entry(e.tid).or_default().push(e);
     }
     assert_eq!(by_tid.len() as u64, THREADS, "one event stream per thread");
-    let (two, one) = (ids[0].0, ids[1].0);
+    let (two, one, m) = (ids[0].0, ids[1].0, mid.placements[0].id.0);
     let mut firsts = Vec::new();
     for (tid, evs) in &by_tid {
-        assert_eq!(evs.len() as u64, 4 * ITERS, "thread {tid}");
+        assert_eq!(evs.len() as u64, 5 * ITERS, "thread {tid}");
         assert!(evs.windows(2).all(|w| w[0].tsc <= w[1].tsc), "thread {tid}");
         let first = evs[0].args[0];
         firsts.push(first);
-        for (i, call) in evs.chunks(4).enumerate() {
+        for (i, call) in evs.chunks(5).enumerate() {
             let x = first + i as u64;
             let got: Vec<(u32, u8, u64)> = call
                 .iter()
                 .map(|e| {
-                    let v = if e.probe_id == two {
-                        e.args[0] & 0xffff_ffff
-                    } else {
+                    let v = if e.probe_id == one {
                         0
+                    } else {
+                        e.args[0] & 0xffff_ffff
                     };
                     (e.probe_id, e.kind, v)
                 })
                 .collect();
+            // mid_fn+3 runs after `add edi, 1`: rdi is i + 1.
             assert_eq!(
                 got,
                 vec![
@@ -374,6 +380,7 @@ fn record_through_in_process_traps_one_event_per_call_without_ptrace_stops() {
                     (two, KIND_EXIT, x),
                     (one, KIND_ENTRY, 0),
                     (one, KIND_EXIT, 0),
+                    (m, KIND_HIT, i as u64 + 1),
                 ],
                 "thread {tid}, call {i}"
             );
