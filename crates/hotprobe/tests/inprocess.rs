@@ -541,3 +541,34 @@ fn post_handlers_through_shared_memory_see_the_instruction_done() {
     );
     assert_eq!(lines_with(&out, "own traps "), vec!["own traps 2"]);
 }
+
+/// A pre handler at a patch site that moves `rip` sends the thread there
+/// (the handler trampoline returns to it): `patched` redirected to
+/// `jumped`'s entry (same argument, same return address) returns x + 7.
+#[test]
+fn a_stub_handler_moving_rip_redirects_the_thread() {
+    let bin = program("stubhandler", &["-O2"]);
+    let mut c = spawn(&bin, &[&THREADS.to_string(), &ITERS.to_string()]);
+    let t = c.target;
+    let jumped = c.session.resolve(t, "jumped").unwrap()[0].addr.0;
+    let probe = hotprobe::Probe::new().pre(move |ctx| ctx.regs_mut().rip = jumped);
+    let a = c.session.add(t, "patched", Action::Handler(probe)).unwrap();
+    assert!(
+        a.placements[0].mechanism.to_string().starts_with("patch"),
+        "{:?}",
+        a.placements[0]
+    );
+    c.session.start().unwrap();
+    assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+    assert_eq!(
+        c.session.stats(a.placements[0].id).unwrap().hits,
+        THREADS * ITERS
+    );
+    let expected: u64 = (0..THREADS)
+        .flat_map(|id| (0..ITERS).map(move |i| (i + id + 7) + (i + 7)))
+        .sum();
+    assert_eq!(
+        lines_with(&c.output(), "total "),
+        vec![format!("total {expected}").as_str()]
+    );
+}
