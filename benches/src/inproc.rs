@@ -2,7 +2,11 @@
 //! (`benches/programs/inproc.c`): an in-process trap counting; a
 //! shared-memory pre handler (spinning, then sleeping); the ptrace trap
 //! counting (boosted) and with a pre handler (boosted); a kernel uprobe
-//! (bpftrace `count()`).
+//! (bpftrace `count()`); `Record` through the in-process trap (entry and
+//! exit events from the agent's `SIGTRAP` handler); and, on a function a
+//! jump fits (`five`), the shared-memory pre handler through the jump
+//! site's handler trampoline (no signal: spinning, then sleeping) beside a
+//! jump counting.
 
 use anyhow::{bail, Result};
 use hotprobe::{Action, MechanismChoice, Probe, RunEnd, Session, SessionConfig, SpawnOptions};
@@ -15,9 +19,38 @@ use crate::{build, have, loop_ns, median, pin};
 #[derive(Clone, Copy)]
 enum Kind {
     InprocCount,
-    ShmHandler { spin: Duration },
+    ShmHandler {
+        spin: Duration,
+    },
     TrapCount,
     TrapHandler,
+    InprocRecord,
+    /// On `five`: a jump counting.
+    JumpCount,
+    /// On `five`: a pre handler through the jump site's trampoline.
+    StubHandler {
+        spin: Duration,
+    },
+}
+
+impl Kind {
+    fn on_five(self) -> bool {
+        matches!(self, Kind::JumpCount | Kind::StubHandler { .. })
+    }
+}
+
+/// Counts the recorded events.
+#[derive(Default)]
+struct Tally(u64);
+
+impl hotprobe::EventSink for Tally {
+    fn event(&mut self, _ev: &hotprobe::RecordedEvent) -> Result<(), hotprobe::SinkError> {
+        self.0 += 1;
+        Ok(())
+    }
+    fn lost(&mut self, _tid: u32, _ts: u64, count: u64) -> Result<(), hotprobe::SinkError> {
+        Err(hotprobe::SinkError(format!("{count} events lost").into()))
+    }
 }
 
 fn run_one(bin: &Path, n: u64, kind: Kind) -> Result<(f64, String)> {
@@ -31,9 +64,13 @@ fn run_one(bin: &Path, n: u64, kind: Kind) -> Result<(f64, String)> {
         mechanism,
         ..Default::default()
     });
+    let mut args: Vec<std::ffi::OsString> = vec![n.to_string().into()];
+    if kind.on_five() {
+        args.push("jump".into());
+    }
     let t = s.spawn_with(
         bin,
-        &[n.to_string().into()],
+        &args,
         &SpawnOptions {
             stdout: Some(f),
             ..Default::default()
@@ -49,6 +86,19 @@ fn run_one(bin: &Path, n: u64, kind: Kind) -> Result<(f64, String)> {
             let a = s.add(t, "two", Action::Handler(Probe::new().pre(|_| {})))?;
             (a.placements[0].id, a.placements[0].execution.clone())
         }
+        Kind::InprocRecord => {
+            let a = s.add(t, "two", Action::Record)?;
+            (a.placements[0].id, a.placements[0].execution.clone())
+        }
+        Kind::JumpCount => {
+            let a = s.add(t, "five", Action::Count)?;
+            (a.placements[0].id, a.placements[0].execution.clone())
+        }
+        Kind::StubHandler { spin } => {
+            s.set_handler_spin(spin);
+            let a = s.add(t, "five", Action::Handler(Probe::new().pre(|_| {})))?;
+            (a.placements[0].id, a.placements[0].execution.clone())
+        }
         Kind::TrapHandler => {
             let id = s.probe(t, "two", Probe::new().pre(|_| {}))?;
             (id, format!("trap ({})", s.execution_of(id).unwrap_or("?")))
@@ -56,8 +106,16 @@ fn run_one(bin: &Path, n: u64, kind: Kind) -> Result<(f64, String)> {
     };
     s.start()?;
     let stops = s.ptrace_stops(t).unwrap_or(0);
-    if s.run()? != RunEnd::AllExited {
+    let mut tally = Tally::default();
+    let sink: Option<&mut dyn hotprobe::EventSink> = match kind {
+        Kind::InprocRecord => Some(&mut tally),
+        _ => None,
+    };
+    if s.run_with(&std::sync::atomic::AtomicBool::new(false), sink)? != RunEnd::AllExited {
         bail!("run ended early");
+    }
+    if matches!(kind, Kind::InprocRecord) && tally.0 != 2 * n {
+        bail!("expected {} events, saw {}", 2 * n, tally.0);
     }
     let during = s.ptrace_stops(t).unwrap_or(0) - stops;
     let hits = s.stats(id).map(|st| st.hits).unwrap_or(0);
@@ -135,6 +193,23 @@ pub fn run(cpu: Option<usize>, hits: u64, runs: usize) -> Result<()> {
         (
             "shared-memory pre handler (null), sleeping (futex, no spin)",
             Kind::ShmHandler {
+                spin: Duration::ZERO,
+            },
+        ),
+        (
+            "record (entry + exit events) through the in-process trap",
+            Kind::InprocRecord,
+        ),
+        ("jump, count (on five)", Kind::JumpCount),
+        (
+            "shared-memory pre handler (null) at a jump site (on five), spinning (50 µs each side)",
+            Kind::StubHandler {
+                spin: Duration::from_micros(50),
+            },
+        ),
+        (
+            "shared-memory pre handler (null) at a jump site (on five), sleeping (futex, no spin)",
+            Kind::StubHandler {
                 spin: Duration::ZERO,
             },
         ),

@@ -38,8 +38,10 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"HOTPROBE");
 /// [`RingCtl::owner_pid`], [`CONTROL_FOLLOW_FORKS`]; 6: the per-probe
 /// missed counters ([`Header::missed_offset`]), [`RingCtl::refused`], and
 /// the trap table ([`Header::traps_offset`]); 7: the in-process trap
-/// table ([`InprocSite`]) at the end of the trap table).
-pub const VERSION: u32 = 7;
+/// table ([`InprocSite`]) at the end of the trap table; 8:
+/// [`HandlerCtl::handler_trampoline`], [`HANDLER_STUB`], [`HANDLER_POST`],
+/// [`INPROC_POST`]).
+pub const VERSION: u32 = 8;
 /// Size of [`Header`] in bytes.
 pub const HEADER_SIZE: usize = 256;
 /// Alignment of every section start (the site table and the thread slots).
@@ -283,6 +285,16 @@ pub const HANDLER_MODIFIED: u32 = 1;
 /// [`HandlerSlot::flags`] bit (agent): the thread sleeps on `state` (futex):
 /// the tracer wakes it after storing [`HANDLER_DONE`].
 pub const HANDLER_SLEEPING: u32 = 2;
+/// [`HandlerSlot::flags`] bit (agent): the call comes from the handler
+/// trampoline of a patch or jump site, not from an in-process trap:
+/// [`HandlerSlot::addr`] and the `rip` word hold the site key (the return
+/// address of the site's `call`), which the tracer maps to the site; the
+/// thread resumes at the `rip` word (the key: unchanged).
+pub const HANDLER_STUB: u32 = 4;
+/// [`HandlerSlot::flags`] bit (agent): the call is for the probe's post
+/// handler (after the displaced instruction; `rip` is where the thread
+/// goes next).
+pub const HANDLER_POST: u32 = 8;
 /// Registers of a [`HandlerSlot`], in the order of the first words of the
 /// kernel's `ucontext` `gregs`: r8–r15, rdi, rsi, rbp, rbx, rdx, rax, rcx,
 /// rsp, rip, rflags.
@@ -309,8 +321,13 @@ pub struct HandlerCtl {
     /// a call), all probes together (agent; each is also counted in the
     /// probe's missed counter, [`Header::missed_offset`]: its `nmissed`).
     pub missed: AtomicU64,
+    /// Run-time address of `hotprobe_agent_handler_trampoline` (agent): a
+    /// patched site or jump trampoline of a handler probe calls it; it
+    /// saves the register file and makes the call through the thread's
+    /// [`HandlerSlot`] (with [`HANDLER_STUB`]), no signal.
+    pub handler_trampoline: AtomicU64,
     /// Reserved, zero.
-    pub reserved2: [u64; 3],
+    pub reserved2: [u64; 2],
 }
 const _: () = assert!(size_of::<HandlerCtl>() == 64);
 
@@ -353,6 +370,25 @@ pub const INPROC_KIND_MASK: u32 = 0xff;
 /// stays, so that a thread whose `SIGTRAP` is still pending when the
 /// original byte goes back is still sent to the copy).
 pub const INPROC_COUNT: u32 = 1 << 8;
+/// [`InprocSite::info`] bit: each hit (while [`INPROC_COUNT`] is set) also
+/// writes an entry event into its thread's ring, as the fast path's
+/// `ACTION_RECORD` does (the handler registers a thread at its first hit).
+pub const INPROC_RECORD: u32 = 1 << 10;
+/// [`InprocSite::info`] bit, with [`INPROC_HANDLER`]: the tracer's post
+/// handler runs after the displaced instruction — in the same signal for
+/// an emulated one; for a boosted one at the `int3` that follows its copy
+/// (an [`INPROC_POST_SITE`] entry, whose address is this entry's `next`).
+pub const INPROC_POST: u32 = 1 << 12;
+/// [`InprocSite::info`] bit: this entry is the `int3` after a boosted copy
+/// (see [`INPROC_POST`]): no count; with [`INPROC_HANDLER`] the post
+/// handler runs; the thread resumes at `resume` (the instruction after
+/// the probed one); `next` is the probed instruction's address.
+pub const INPROC_POST_SITE: u32 = 1 << 13;
+/// [`InprocSite::info`] bit, with [`INPROC_RECORD`] at a function's first
+/// instruction: the return is hooked (the return address on top of the
+/// stack swapped for the agent's return trampoline, which records the
+/// exit), as the fast path's `ACTION_EXIT` does.
+pub const INPROC_EXIT: u32 = 1 << 11;
 
 /// An *in-process trap*: an `int3` the agent's `SIGTRAP` handler takes
 /// inside the target (no ptrace stop): it counts into `counter` (the
@@ -373,7 +409,8 @@ pub struct InprocSite {
     pub next: AtomicU64,
     /// Counter index (a fast-path probe id).
     pub counter: AtomicU32,
-    /// [`INPROC_BOOST`], [`INPROC_RET`] or [`INPROC_CALL`], and [`INPROC_COUNT`].
+    /// [`INPROC_BOOST`], [`INPROC_RET`] or [`INPROC_CALL`], and [`INPROC_COUNT`],
+    /// [`INPROC_HANDLER`], [`INPROC_RECORD`], [`INPROC_EXIT`].
     pub info: AtomicU32,
 }
 const _: () = assert!(size_of::<InprocSite>() == 32);

@@ -26,7 +26,7 @@ use hotprobe_abi::fast::ThreadBlock;
 use hotprobe_abi::{
     rdtsc, Event, Shm, ACTION_ALT_COUNTER, ACTION_COUNT, ACTION_COUNTER_SHIFT, ACTION_EXIT,
     ACTION_RECORD, CONTROL_ENABLED, CONTROL_FOLLOW_FORKS, CONTROL_RECORD, EXIT_UNWOUND, KIND_ENTRY,
-    KIND_EXIT, STATUS_ORPHANED, THREAD_EXITED,
+    KIND_EXIT, KIND_HIT, STATUS_ORPHANED, THREAD_EXITED,
 };
 
 use crate::trampoline::Frame;
@@ -380,6 +380,13 @@ pub(crate) extern "C" fn fast_hit(frame: *mut Frame, kind: u32) -> u32 {
     if action == 0 {
         return 0;
     }
+    take_hit(shm, frame, kind, probe, action, control)
+}
+
+/// The part of [`fast_hit`] after the site lookup: per-thread checks, then
+/// [`act`]. Returns 1 when the thread must register first (slow path).
+#[inline(always)]
+fn take_hit(shm: &Shm, frame: &Frame, kind: u32, probe: u32, action: u32, control: u32) -> u32 {
     let Some(t) = find_thread(thread_pointer()) else {
         if crate::tls::get() == registering() {
             // A signal handler interrupting this thread's registration.
@@ -423,13 +430,7 @@ pub(crate) extern "C" fn slow_hit(frame: *mut Frame, kind: u32) -> u32 {
         // Until the thread's block is set (or the registration gave up),
         // hits of a signal handler on this thread count globally instead of
         // registering it again (see REGISTERING).
-        crate::tls::set(registering());
-        match find_thread(tp) {
-            None => register_thread(shm, tp),
-            Some(e) if e.slot.load(Relaxed) == PENDING_SLOT => claim_slot(e, shm),
-            Some(e) => set_fast(e, shm, e.slot.load(Relaxed)),
-        }
-        if find_thread(tp).is_some() {
+        if register_current(shm, tp) {
             fast_hit(frame, kind);
         } else {
             crate::tls::set(0);
@@ -444,6 +445,66 @@ pub(crate) extern "C" fn slow_hit(frame: *mut Frame, kind: u32) -> u32 {
     });
     let _ = r;
     0
+}
+
+/// Registers the calling thread (thread pointer `tp`): thread-table
+/// entry, shared-memory thread slot, shadow stack, exit destructor. True
+/// when it has an entry afterwards. Atomics and system calls (`mmap`,
+/// `madvise`, `gettid`) plus glibc's `pthread_setspecific` of a key below
+/// 32 (a store into the thread descriptor, no allocation): callable from
+/// the in-process trap's `SIGTRAP` handler too.
+fn register_current(shm: &Shm, tp: u64) -> bool {
+    crate::tls::set(registering());
+    match find_thread(tp) {
+        None => register_thread(shm, tp),
+        Some(e) if e.slot.load(Relaxed) == PENDING_SLOT => claim_slot(e, shm),
+        Some(e) => set_fast(e, shm, e.slot.load(Relaxed)),
+    }
+    find_thread(tp).is_some()
+}
+
+/// A recording hit of an in-process trap, from the agent's `SIGTRAP`
+/// handler (`inproc`): `gregs` is the interrupted context at the probed
+/// instruction `at`. Writes the entry event into the thread's ring (a hit
+/// event without `exit`), hooks the return when `exit` (the site is a
+/// function's first instruction: the return address is at `rsp`), and counts — what [`fast_hit`] does for
+/// a trampoline's hit. A thread's first hit registers it here (see
+/// [`register_current`]); a thread interrupted inside the agent or while
+/// registering counts and refuses the events, as on the fast path.
+pub(crate) fn inproc_hit(shm: &Shm, probe: u32, exit: bool, at: u64, gregs: &[libc::greg_t]) {
+    let control = shm.header().control.load(Relaxed);
+    if control & CONTROL_ENABLED == 0 {
+        return;
+    }
+    let g = |r: i32| gregs.get(r as usize).map_or(0, |v| *v as u64);
+    let frame = Frame {
+        args: [
+            g(libc::REG_RDI),
+            g(libc::REG_RSI),
+            g(libc::REG_RDX),
+            g(libc::REG_RCX),
+            g(libc::REG_R8),
+            g(libc::REG_R9),
+        ],
+        rax: g(libc::REG_RAX),
+        r10: g(libc::REG_R10),
+        r11: g(libc::REG_R11),
+        key: at,
+        slot: if exit { g(libc::REG_RSP) } else { 0 },
+    };
+    let action = ACTION_COUNT | ACTION_RECORD | if exit { ACTION_EXIT } else { 0 };
+    // Not at a function's entry: a hit event (no return to hook).
+    let kind = if exit { KIND_ENTRY } else { KIND_HIT } as u32;
+    if take_hit(shm, &frame, kind, probe, action, control) == 0 {
+        return;
+    }
+    let tp = thread_pointer();
+    if register_current(shm, tp) {
+        take_hit(shm, &frame, kind, probe, action, control);
+    } else {
+        crate::tls::set(0);
+        refuse(shm, None, kind, probe, action, control);
+    }
 }
 
 /// A system call without arguments, made here rather than through libc:

@@ -25,6 +25,13 @@
 //! A `SIGTRAP` whose `rip - 1` is not in the table goes on to the rest of
 //! the agent's handler, then to the program's own (chained).
 //!
+//! A recording site (`INPROC_RECORD`) writes its entry event into the
+//! thread's ring and, at a function's first instruction (`INPROC_EXIT`),
+//! swaps the return address on top of the stack for the agent's return
+//! trampoline (which records the exit), through the fast path's own code
+//! (`hit::inproc_hit`): the same per-thread state, rings and shadow stack,
+//! a thread's first hit registering it from the handler.
+//!
 //! A site with a handler of the tracer's (`INPROC_HANDLER`) first hands
 //! the thread's registers to the tracer through the thread's
 //! `hotprobe_abi::HandlerSlot` ([`call_tracer`]): the thread spins for the
@@ -44,9 +51,10 @@ use core::sync::atomic::AtomicPtr;
 use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 use hotprobe_abi::{
-    Shm, CONTROL_ENABLED, HANDLER_BUSY, HANDLER_DONE, HANDLER_IDLE, HANDLER_MODIFIED, HANDLER_REGS,
-    HANDLER_REQUEST, HANDLER_SLEEPING, INPROC_BOOST, INPROC_CALL, INPROC_COUNT, INPROC_HANDLER,
-    INPROC_KIND_MASK, INPROC_RET,
+    Shm, ACTION_COUNT, CONTROL_ENABLED, HANDLER_BUSY, HANDLER_DONE, HANDLER_IDLE, HANDLER_MODIFIED,
+    HANDLER_POST, HANDLER_REGS, HANDLER_REQUEST, HANDLER_SLEEPING, HANDLER_STUB, INPROC_BOOST,
+    INPROC_CALL, INPROC_COUNT, INPROC_EXIT, INPROC_HANDLER, INPROC_KIND_MASK, INPROC_POST,
+    INPROC_POST_SITE, INPROC_RECORD, INPROC_RET,
 };
 
 const SI_KERNEL: i32 = 0x80;
@@ -81,11 +89,29 @@ pub(crate) fn handle(info: &libc::siginfo_t, uc: &mut libc::ucontext_t) -> bool 
     let Some((counter, flags, resume, next)) = table.lookup_inproc(at) else {
         return false;
     };
+    if flags & INPROC_POST_SITE != 0 {
+        // The int3 after a boosted copy: the instruction ran; the post
+        // handler sees rip at the next original instruction.
+        gregs[libc::REG_RIP as usize] = resume as i64;
+        if flags & INPROC_HANDLER != 0 {
+            if let Some(shm) = crate::shm() {
+                if shm.header().control.load(Relaxed) & CONTROL_ENABLED != 0 {
+                    call_tracer(shm, counter, next, gregs, HANDLER_POST);
+                }
+            }
+        }
+        return true;
+    }
     // Counted only with the tracer's memory attached (not in a dormant
     // forked child) and enabled.
     if flags & INPROC_COUNT != 0 {
         if let Some(shm) = crate::shm() {
-            if shm.header().control.load(Relaxed) & CONTROL_ENABLED != 0 {
+            if flags & INPROC_RECORD != 0 {
+                // Entry event, return hook and count, as a trampoline's
+                // hit (before the displaced instruction runs: `rsp` still
+                // points at the return address).
+                crate::hit::inproc_hit(shm, counter, flags & INPROC_EXIT != 0, at, gregs);
+            } else if shm.header().control.load(Relaxed) & CONTROL_ENABLED != 0 {
                 crate::hit::count_in_handler(shm, counter);
             }
         }
@@ -96,7 +122,7 @@ pub(crate) fn handle(info: &libc::siginfo_t, uc: &mut libc::ucontext_t) -> bool 
                 // The handler sees (and may move) rip at the probed
                 // instruction, as the kernel's rip is one past the int3.
                 gregs[libc::REG_RIP as usize] = at as i64;
-                call_tracer(shm, counter, at, gregs);
+                call_tracer(shm, counter, at, gregs, 0);
                 if gregs[libc::REG_RIP as usize] as u64 != at {
                     // The handler moved the thread: the displaced
                     // instruction is skipped (a Kprobes pre handler's redirect).
@@ -126,6 +152,16 @@ pub(crate) fn handle(info: &libc::siginfo_t, uc: &mut libc::ucontext_t) -> bool 
         }
         _ => return false,
     }
+    if flags & (INPROC_POST | INPROC_HANDLER) == INPROC_POST | INPROC_HANDLER
+        && flags & INPROC_KIND_MASK != INPROC_BOOST
+    {
+        // An emulated instruction: its post handler in the same signal.
+        if let Some(shm) = crate::shm() {
+            if shm.header().control.load(Relaxed) & CONTROL_ENABLED != 0 {
+                call_tracer(shm, counter, at, gregs, HANDLER_POST);
+            }
+        }
+    }
     true
 }
 
@@ -154,10 +190,12 @@ fn futex(word: &core::sync::atomic::AtomicU32, op: i32, val: u32, timeout_ns: u6
     unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), op, val, tsp) };
 }
 
-/// Hands the registers in `gregs` to the tracer's handler for the site at
-/// `at` (counter `counter`) and takes back the ones it returns (see the
-/// module docs).
-fn call_tracer(shm: &Shm, counter: u32, at: u64, gregs: &mut [libc::greg_t]) {
+/// Hands the registers in `gregs` (at least [`HANDLER_REGS`] words, in
+/// `gregs` order) to the tracer's handler for the site at `at` (counter
+/// `counter`; `flags`: 0, [`HANDLER_POST`], or [`HANDLER_STUB`] with `at`
+/// the site key; `rip` is `gregs`' own) and
+/// takes back the ones it returns (see the module docs).
+fn call_tracer(shm: &Shm, counter: u32, at: u64, gregs: &mut [libc::greg_t], flags: u32) {
     let ctl = shm.handler_ctl();
     let tid = crate::hit::gettid();
     let Some(slot) = shm.handler_slot_for(tid) else {
@@ -175,10 +213,9 @@ fn call_tracer(shm: &Shm, counter: u32, at: u64, gregs: &mut [libc::greg_t]) {
     for (i, r) in slot.regs.iter().enumerate().take(HANDLER_REGS) {
         r.store(gregs[i] as u64, Relaxed);
     }
-    slot.regs[16].store(at, Relaxed);
     slot.counter.store(counter, Relaxed);
     slot.addr.store(at, Relaxed);
-    slot.flags.store(0, Relaxed);
+    slot.flags.store(flags, Relaxed);
     // Release pairs with the tracer's Acquire CAS REQUEST -> BUSY: the
     // registers are seen with the request.
     slot.state.store(HANDLER_REQUEST, Release);
@@ -250,4 +287,32 @@ fn call_tracer(shm: &Shm, counter: u32, at: u64, gregs: &mut [libc::greg_t]) {
         slot.flags.store(0, Relaxed);
         slot.state.store(HANDLER_IDLE, Relaxed);
     }
+}
+
+/// Called by the handler trampoline (a patch or jump site of a handler
+/// probe) with its frame: [`HANDLER_REGS`] words in `gregs` order, `rip`
+/// holding the site key. Counts the hit and makes the shared-memory call
+/// (no signal: the ≤ 1 µs path); the trampoline resumes with the frame.
+/// Only atomics and the system calls of [`call_tracer`].
+pub(crate) extern "C" fn handler_hit(frame: *mut libc::greg_t) {
+    let Some(shm) = crate::shm() else { return };
+    let h = shm.header();
+    if h.control.load(Relaxed) & CONTROL_ENABLED == 0 {
+        return;
+    }
+    // SAFETY: the trampoline passes its frame of HANDLER_REGS words, on
+    // this thread's stack, valid for the call.
+    let regs = unsafe { core::slice::from_raw_parts_mut(frame, HANDLER_REGS) };
+    let key = regs[16] as u64;
+    let Some((probe, action)) = shm.lookup_site(key) else {
+        h.site_misses.fetch_add(1, Relaxed);
+        return;
+    };
+    if action == 0 {
+        return;
+    }
+    if action & ACTION_COUNT != 0 {
+        crate::hit::count_in_handler(shm, probe);
+    }
+    call_tracer(shm, probe, key, regs, HANDLER_STUB);
 }

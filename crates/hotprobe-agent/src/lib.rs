@@ -208,6 +208,10 @@ fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
     h.entry_trampoline.store(entry, Relaxed);
     h.exit_trampoline.store(exit, Relaxed);
     h.mid_trampoline.store(mid, Relaxed);
+    shm.handler_ctl().handler_trampoline.store(
+        trampoline::hotprobe_agent_handler_trampoline as *const () as usize as u64,
+        Relaxed,
+    );
     h.return_trampoline.store(
         trampoline::hotprobe_agent_return_trampoline as *const () as usize as u64,
         Relaxed,

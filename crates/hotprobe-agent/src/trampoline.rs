@@ -242,3 +242,85 @@ pub unsafe extern "C" fn hotprobe_agent_return_trampoline() {
         ret = sym crate::hit::ret_hit,
     );
 }
+
+/// Handler trampoline: a patched site or jump trampoline of a probe whose
+/// handler runs in the tracer calls it (`call rel32`, through a near stub
+/// when out of reach). It saves the whole register file — r8–r15, rdi,
+/// rsi, rbp, rbx, rdx, rax, rcx, rsp, rip, rflags: the order of a
+/// ucontext's `gregs` and of `hotprobe_abi::HandlerSlot::regs` — with `rsp`
+/// as it was before the `call` and `rip` holding the site key (the return
+/// address), saves the x87/SSE state (`fxsave64`: the Rust code and the
+/// vDSO may use vector registers), calls [`crate::inproc::handler_hit`]
+/// (which hands the registers to the tracer through shared memory and
+/// waits), then restores every register from the (possibly modified)
+/// frame and returns to its `rip` word: the key when the handler left
+/// `rip` alone, else where the handler sent the thread. `rsp` is not
+/// restored from the frame (a handler's change of it is not carried).
+///
+/// # Safety
+/// Only to be reached by a `call` from a patched site or a jump
+/// trampoline; never call it from Rust.
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn hotprobe_agent_handler_trampoline() {
+    core::arch::naked_asm!(
+        // [rsp] = key; frame of 18 words below the pushed flags.
+        "pushfq",
+        "sub rsp, 144",
+        "mov [rsp], r8",
+        "mov [rsp+8], r9",
+        "mov [rsp+16], r10",
+        "mov [rsp+24], r11",
+        "mov [rsp+32], r12",
+        "mov [rsp+40], r13",
+        "mov [rsp+48], r14",
+        "mov [rsp+56], r15",
+        "mov [rsp+64], rdi",
+        "mov [rsp+72], rsi",
+        "mov [rsp+80], rbp",
+        "mov [rsp+88], rbx",
+        "mov [rsp+96], rdx",
+        "mov [rsp+104], rax",
+        "mov [rsp+112], rcx",
+        // rsp before the site's call: above the flags and the key.
+        "lea rax, [rsp+160]",
+        "mov [rsp+120], rax",
+        "mov rax, [rsp+152]",
+        "mov [rsp+128], rax",
+        "mov rax, [rsp+144]",
+        "mov [rsp+136], rax",
+        "mov rbp, rsp",
+        "and rsp, -16",
+        "sub rsp, 512",
+        "fxsave64 [rsp]",
+        "cld",
+        "mov rdi, rbp",
+        "call {hit}",
+        "fxrstor64 [rsp]",
+        "mov rsp, rbp",
+        // Flags and the return target from the frame.
+        "mov rax, [rsp+136]",
+        "mov [rsp+144], rax",
+        "mov rax, [rsp+128]",
+        "mov [rsp+152], rax",
+        "mov r8, [rsp]",
+        "mov r9, [rsp+8]",
+        "mov r10, [rsp+16]",
+        "mov r11, [rsp+24]",
+        "mov r12, [rsp+32]",
+        "mov r13, [rsp+40]",
+        "mov r14, [rsp+48]",
+        "mov r15, [rsp+56]",
+        "mov rdi, [rsp+64]",
+        "mov rsi, [rsp+72]",
+        "mov rbp, [rsp+80]",
+        "mov rbx, [rsp+88]",
+        "mov rdx, [rsp+96]",
+        "mov rax, [rsp+104]",
+        "mov rcx, [rsp+112]",
+        "add rsp, 144",
+        "popfq",
+        "ret",
+        hit = sym crate::inproc::handler_hit,
+    );
+}

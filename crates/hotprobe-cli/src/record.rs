@@ -451,7 +451,8 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
         _ => format!("detached from pid {pid}"),
     };
     let drain = t.session.drain_stats(t.target);
-    let traps = TrapCost::of(&t.session, &placed);
+    let mut traps = TrapCost::of(&t.session, &placed);
+    traps.run_stops = t.run_stops;
     print_summary(&Summary {
         how: &how,
         out: o.out,
@@ -572,6 +573,12 @@ struct TrapCost {
     entries: u64,
     /// Returns taken through a trap.
     returns: u64,
+    /// Functions recorded through an in-process trap (no ptrace stop).
+    inproc_functions: usize,
+    /// Calls entered through an in-process trap.
+    inproc_entries: u64,
+    /// ptrace stops while the target ran (None: not known).
+    run_stops: Option<u64>,
 }
 
 impl TrapCost {
@@ -586,6 +593,13 @@ impl TrapCost {
                 c.entries += st.hits;
                 c.returns += st.returns;
             }
+        }
+        for p in placed
+            .iter()
+            .filter(|p| p.mechanism == hotprobe::Mechanism::InProcessTrap)
+        {
+            c.inproc_functions += 1;
+            c.inproc_entries += session.stats(p.id).map_or(0, |st| st.hits);
         }
         c
     }
@@ -645,6 +659,15 @@ fn print_summary(s: &Summary<'_>) {
                 format!("{:.1} ms", est * 1e3)
             },
             TRAP_STOP_COST.as_micros()
+        );
+    }
+    if tc.inproc_functions > 0 {
+        errln!(
+            "  in-process: {} functions recorded through in-process traps (an int3 the agent's \
+             SIGTRAP handler takes, no ptrace stop): {} calls; ptrace stops while running: {}",
+            tc.inproc_functions,
+            tc.inproc_entries,
+            tc.run_stops.map_or("?".to_string(), |n| n.to_string())
         );
     }
     let bpe = if st.events_out == 0 {

@@ -31,6 +31,9 @@ pub struct Traced {
     pub pid: i32,
     /// Started by us (`-- CMD`) rather than attached (`-p PID`).
     pub spawned: bool,
+    /// ptrace stops the process took between the start of [`Traced::run`]
+    /// and the end of its event loop (set by `run`).
+    pub run_stops: Option<u64>,
 }
 
 impl Traced {
@@ -52,6 +55,7 @@ impl Traced {
             target,
             pid,
             spawned,
+            run_stops: None,
         })
     }
 
@@ -121,7 +125,11 @@ impl Traced {
         if let Some(d) = duration {
             signals::stop_after(d);
         }
+        let stops = self.session.ptrace_stops(self.target);
         let end = self.session.run_with(&signals::STOP, sink.as_deref_mut());
+        self.run_stops = stops
+            .zip(self.session.ptrace_stops(self.target))
+            .map(|(a, b)| b.saturating_sub(a));
         let end = match end {
             Ok(end) => end,
             Err(e) => {

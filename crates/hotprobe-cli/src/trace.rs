@@ -19,7 +19,7 @@ use crate::typed::{self, TypedShapes, Typing};
 use anyhow::{bail, Result};
 use hotprobe::{
     Action, EventSink, FastPathConfig, MechanismChoice, Placement, RecordedEvent, SessionConfig,
-    SinkError, KIND_EXIT,
+    SinkError, KIND_EXIT, KIND_HIT,
 };
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -97,6 +97,8 @@ fn painted_duration(d: Duration) -> String {
 /// exit as it is drained (fast-path rings and trap record probes alike).
 pub struct LiveTree {
     names: HashMap<u32, String>,
+    /// Probe id → its spec as given (hit events: `f+off`).
+    labels: HashMap<u32, String>,
     args: Option<usize>,
     /// Typed probes' shapes (their events come with captured bytes).
     typed: TypedShapes,
@@ -120,8 +122,10 @@ impl LiveTree {
                 (p.id.0, name)
             })
             .collect();
+        let labels = placed.iter().map(|p| (p.id.0, p.label.clone())).collect();
         LiveTree {
             names,
+            labels,
             args,
             typed: TypedShapes::default(),
             stacks: HashMap::new(),
@@ -186,6 +190,16 @@ impl LiveTree {
                 outln!(
                     "{} [{tid:>6}] | {indent}}} /* {name} */{ret}",
                     painted_duration(dur)
+                );
+            }
+            KIND_HIT => {
+                // An instruction inside a function: a point, not a call.
+                let indent = "  ".repeat(stack.len());
+                let label = self.labels.get(&ev.probe_id).unwrap_or(&name);
+                outln!(
+                    "{:>11} [{tid:>6}] | {indent}/* {} */",
+                    "",
+                    out::paint(out::NAME, label)
                 );
             }
             _ => {

@@ -300,6 +300,31 @@ fn trace_shows_nesting_arguments_and_return_values() {
     }
 }
 
+/// An instruction inside a function takes an in-process trap recording
+/// hit events: a point inside the caller's call, once per call.
+#[test]
+fn trace_of_an_instruction_inside_a_function_prints_its_hits_in_place() {
+    let bin = target();
+    let out = hotprobe(&[
+        "trace",
+        "compute+4",
+        "caller",
+        "--",
+        bin.to_str().unwrap(),
+        "caller",
+        "3",
+    ]);
+    let stdout = text(&out.stdout);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("(in-process 1, "), "{stderr}");
+    let expect: Vec<String> = (0..3)
+        .flat_map(|_| ["caller() {", "  /* compute+4 */", "} /* caller */"])
+        .map(String::from)
+        .collect();
+    assert_eq!(trace_lines(&stdout), expect, "{stdout}");
+}
+
 #[test]
 fn trace_arguments_match_what_the_program_printed() {
     let bin = target();
@@ -368,7 +393,12 @@ fn bad_inputs_on_a_spawned_target_give_one_line() {
             1,
             "no such process: 999999999",
         ),
-        (vec!["trace", "compute+4", "--", b], 1, "whole functions"),
+        // Inside a function only an in-process trap records (hit events).
+        (
+            vec!["trace", "--mechanism", "trap", "compute+4", "--", b],
+            1,
+            "whole functions",
+        ),
         (vec!["count", "compute"], 2, "required"),
         (
             vec!["count", "compute", "-p", "1", "--", b],
@@ -407,7 +437,15 @@ fn bad_inputs_on_an_attached_target_leave_it_running() {
             "bad probe spec",
         ),
         (
-            vec!["trace", "compute", "compute+4", "-p", &pid],
+            vec![
+                "trace",
+                "--mechanism",
+                "trap",
+                "compute",
+                "compute+4",
+                "-p",
+                &pid,
+            ],
             "whole functions",
         ),
         (

@@ -277,63 +277,40 @@ fn a_bare_library_function_is_found_in_its_module() {
 }
 
 #[test]
-fn a_function_only_a_trap_takes_is_recorded_through_it() {
+fn a_function_only_a_trap_takes_is_recorded_through_an_in_process_trap() {
+    // By default: an in-process trap (the agent's SIGTRAP handler records
+    // the entry and hooks the return), no ptrace stop while it runs.
     let dir = tmp().join("traps");
     let (out, err) = record(&dir, &["main", "twice"]);
     assert_eq!(out, expected_output());
-    assert!(
-        err.contains("(jump 1, trap 1)") || err.contains("trap 1"),
-        "{err}"
-    );
+    assert!(err.contains("(in-process 1, jump 1)"), "{err}");
+    assert!(!err.contains("  traps:"), "{err}");
     let line = err
         .lines()
-        .find(|l| l.trim_start().starts_with("traps:"))
-        .unwrap_or_else(|| panic!("no traps line in the summary:\n{err}"));
+        .find(|l| l.trim_start().starts_with("in-process:"))
+        .unwrap_or_else(|| panic!("no in-process line in the summary:\n{err}"));
     assert!(
-        line.contains("1 functions recorded through a trap")
-            && line.contains(&format!("{TWICES} calls, {} stops", 2 * TWICES)),
+        line.contains("1 functions recorded through in-process traps")
+            && line.contains(&format!("{TWICES} calls; ptrace stops while running: 0")),
         "{line}"
     );
-    let tree = replay(&dir);
-    let m = children(&tree, "main");
-    assert_eq!(m.len(), 1);
-    assert_eq!(
-        m[0].iter().filter(|n| *n == "twice").count(),
-        TWICES,
-        "{tree:?}"
-    );
+    let twice_under_main = |dir: &Path| {
+        let tree = replay(dir);
+        let m = children(&tree, "main");
+        assert_eq!(m.len(), 1);
+        assert_eq!(
+            m[0].iter().filter(|n| *n == "twice").count(),
+            TWICES,
+            "{tree:?}"
+        );
+    };
+    twice_under_main(&dir);
 
-    // --no-traps: named, it is refused with the reason; matched by a
-    // pattern, left out and listed with the reason.
-    let prog = program();
-    let o = hotprobe(&[
-        "record",
-        "-o",
-        tmp().join("refused").to_str().unwrap(),
-        "--force",
-        "--no-traps",
-        "main",
-        "twice",
-        "--",
-        prog.to_str().unwrap(),
-    ]);
-    let e = text(&o.stderr);
-    assert!(!o.status.success(), "{e}");
-    assert!(
-        e.contains("twice: cannot record it: needs the trap mechanism"),
-        "{e}"
-    );
+    // --no-traps keeps in-process traps (no ptrace stop per call).
     let (out, err) = record(&dir, &["--no-traps", "main", "twi*"]);
     assert_eq!(out, expected_output());
-    assert!(!err.contains("traps:"), "{err}");
-    assert!(
-        err.lines()
-            .any(|l| l.contains("not probed (needs the trap mechanism") && l.contains("twice")),
-        "{err}"
-    );
-    let tree = replay(&dir);
-    assert!(tree.iter().all(|(_, n)| n != "twice"), "{tree:?}");
-    assert_eq!(tree.iter().filter(|(_, n)| n == "main").count(), 1);
+    assert!(err.contains("(in-process 1, jump 1)"), "{err}");
+    twice_under_main(&dir);
 }
 
 /// `record -o DIR --force ARGS -- libcalls_dlopen 4` (zlib dlopened, its

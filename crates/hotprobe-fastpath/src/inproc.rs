@@ -29,14 +29,15 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use hotprobe_abi::{
-    HANDLER_BUSY, HANDLER_DONE, HANDLER_MODIFIED, HANDLER_REQUEST, HANDLER_SLEEPING, INPROC_BOOST,
-    INPROC_CALL, INPROC_COUNT, INPROC_HANDLER, INPROC_RET,
+    HANDLER_BUSY, HANDLER_DONE, HANDLER_MODIFIED, HANDLER_POST, HANDLER_REQUEST, HANDLER_SLEEPING,
+    HANDLER_STUB, INPROC_BOOST, INPROC_CALL, INPROC_COUNT, INPROC_EXIT, INPROC_HANDLER,
+    INPROC_KIND_MASK, INPROC_POST, INPROC_POST_SITE, INPROC_RECORD, INPROC_RET,
 };
 use hotprobe_process::ProcessTarget;
 use hotprobe_target::Registers;
 use hotprobe_target::{RuntimeAddr, Target};
 use hotprobe_x86::iced_x86::{
-    BlockEncoder, BlockEncoderOptions, Code, Instruction, InstructionBlock,
+    BlockEncoder, BlockEncoderOptions, Code, FlowControl, Instruction, InstructionBlock,
 };
 use hotprobe_x86::{plan_probe, Emulation, Execution};
 
@@ -91,6 +92,15 @@ fn plan_site(code: &[u8], addr: u64) -> Result<(Plan, String), String> {
     Ok((plan, text))
 }
 
+/// `instr` (not a branch) re-encoded to run at `at`, alone.
+fn relocate_alone(instr: Instruction, at: u64) -> Result<Vec<u8>, String> {
+    let instrs = [instr];
+    let block = InstructionBlock::new(&instrs, at);
+    BlockEncoder::encode(64, block, BlockEncoderOptions::NONE)
+        .map(|r| r.code_buffer)
+        .map_err(|e| e.to_string())
+}
+
 /// `instr` re-encoded to run at `at`, followed by a `jmp` back to `back`.
 fn relocate(instr: Instruction, at: u64, back: u64) -> Result<Vec<u8>, String> {
     let mut jmp = Instruction::with_branch(Code::Jmp_rel32_64, back).map_err(|e| e.to_string())?;
@@ -127,12 +137,34 @@ impl FastPath {
     /// As [`FastPath::add_inproc`], and each hit also calls the tracer's
     /// handler through shared memory before the displaced instruction
     /// runs (see [`FastPath::take_handler_call`]).
+    ///
+    /// With `post`, the probe's post handler is called too, after the
+    /// displaced instruction ran: for an emulated one (`ret`, `call`) in
+    /// the same signal; for a boosted one at an `int3` placed right after
+    /// its copy (a second hand-over, [`hotprobe_abi::INPROC_POST_SITE`]).
+    /// Refused for a boosted branch (a taken one would leave the copy
+    /// before that `int3`: it needs a single-step).
     pub fn add_inproc_handler(
         &mut self,
         t: &mut ProcessTarget,
         addr: u64,
+        post: bool,
     ) -> Result<InprocInfo, FastPathError> {
-        self.place_inproc(t, addr, INPROC_HANDLER)
+        self.place_inproc(t, addr, INPROC_HANDLER | if post { INPROC_POST } else { 0 })
+    }
+
+    /// As [`FastPath::add_inproc`], and each hit also writes an event (the
+    /// argument registers) into its thread's ring: with `exit` (the site
+    /// is a function's first instruction) an entry event, the return
+    /// hooked too and recording an exit event, as a recording patch or
+    /// jump does; without, a hit event (`KIND_HIT`).
+    pub fn add_inproc_record(
+        &mut self,
+        t: &mut ProcessTarget,
+        addr: u64,
+        exit: bool,
+    ) -> Result<InprocInfo, FastPathError> {
+        self.place_inproc(t, addr, INPROC_RECORD | if exit { INPROC_EXIT } else { 0 })
     }
 
     fn place_inproc(
@@ -156,7 +188,37 @@ impl FastPath {
             ));
         }
         t.stop_all()?;
+        let post = extra & INPROC_POST != 0;
         let (kind, resume, next, execution) = match plan {
+            Plan::Boost(instr) if post => {
+                if instr.flow_control() != FlowControl::Next {
+                    return Err(impossible(format!(
+                        "{text}: a post handler after a branch needs a single-step"
+                    )));
+                }
+                let back = addr + instr.len() as u64;
+                const COPY: u64 = 48;
+                let at = self.alloc(t, addr, COPY)?;
+                let mut bytes = relocate_alone(instr, at).map_err(impossible)?;
+                let post_at = at + bytes.len() as u64;
+                bytes.push(0xcc);
+                if bytes.len() as u64 > COPY {
+                    return Err(impossible(format!("copy of {} bytes", bytes.len())));
+                }
+                t.write_memory(RuntimeAddr(at), &bytes)?;
+                // The int3 after the copy: published before any thread can
+                // reach it (the site's own int3 is not written yet).
+                if !self.shm().publish_inproc(
+                    post_at,
+                    probe_id,
+                    INPROC_BOOST | INPROC_POST_SITE | INPROC_HANDLER,
+                    back,
+                    addr,
+                ) {
+                    return Err(FastPathError::Shm("in-process trap table full".into()));
+                }
+                (INPROC_BOOST, at, post_at, "boosted")
+            }
             Plan::Boost(instr) => {
                 let back = addr + instr.len() as u64;
                 // Room for the longest re-encoding (a short branch made
@@ -214,6 +276,7 @@ impl FastPath {
         };
         t.stop_all()?;
         t.write_memory(RuntimeAddr(addr), &self.installed[i].original)?;
+        self.set_inproc_enabled(addr, true, false);
         self.shm().quiet_inproc(addr);
         self.installed.remove(i);
         Ok(true)
@@ -225,12 +288,130 @@ impl FastPath {
     pub fn set_inproc_enabled(&self, addr: u64, handler: bool, enabled: bool) {
         let bits = INPROC_COUNT | if handler { INPROC_HANDLER } else { 0 };
         self.shm().set_inproc_bits(addr, bits, enabled);
+        if let Some((_, info, _, post_at)) = self.shm().lookup_inproc(addr) {
+            if handler && info & INPROC_POST != 0 && info & INPROC_KIND_MASK == INPROC_BOOST {
+                self.shm().set_inproc_bits(post_at, INPROC_HANDLER, enabled);
+            }
+        }
     }
 
     /// Whether the agent reported the `SIGTRAP` handler the in-process
     /// traps need (it is installed at attach).
     pub fn inproc_ready(&self) -> bool {
         self.shm().header().status.load(Relaxed) & hotprobe_abi::STATUS_ATTACHED != 0
+    }
+}
+
+/// What [`FastPath::add_stub_handler`] placed.
+#[derive(Clone, Debug)]
+pub struct StubHandlerInfo {
+    /// The fast-path probe id (counter index).
+    pub probe_id: u32,
+    /// The site (the function's entry).
+    pub addr: u64,
+    /// Patch or jump.
+    pub mechanism: crate::Mechanism,
+}
+
+impl FastPath {
+    /// Places a handler probe at the entry of `f` (of the module at
+    /// `path`, loaded at `bias`) on a patch or a jump, as `add_function`
+    /// would place a count: the site's `call` goes to the agent's handler
+    /// trampoline, which saves the register file and calls the tracer
+    /// through the thread's handler slot — no signal, no ptrace stop
+    /// (see [`FastPath::take_handler_call`]). Refused (`Impossible`) where
+    /// the rewritten site is not the function's first instruction (an
+    /// `mcount` call after the prologue) or the plan is the trap.
+    pub fn add_stub_handler(
+        &mut self,
+        t: &mut ProcessTarget,
+        path: &std::path::Path,
+        bias: u64,
+        f: &crate::FunctionInfo,
+        choice: crate::MechanismChoice,
+    ) -> Result<StubHandlerInfo, FastPathError> {
+        use crate::{Mechanism, PatchKind};
+        use hotprobe_abi::patch::{abs_jmp_stub, call_rel32};
+        let entry = f.addr.wrapping_add(bias);
+        let impossible = |why: String| FastPathError::Impossible {
+            function: f.name.clone(),
+            mechanism: "handler stub",
+            why,
+        };
+        let plan = self.module(path)?.plan(f, choice)?;
+        let site = plan.site.wrapping_add(bias);
+        match plan.mechanism {
+            Mechanism::Patch(PatchKind::Mcount) => {
+                return Err(impossible(
+                    "an mcount call is not the function's entry".into(),
+                ))
+            }
+            Mechanism::Trap => return Err(impossible(plan.reason)),
+            _ if site != entry => {
+                return Err(impossible(format!(
+                    "the site {site:#x} is not the function's entry"
+                )))
+            }
+            _ => {}
+        }
+        let tramp = self.shm().handler_ctl().handler_trampoline.load(Relaxed);
+        if tramp == 0 {
+            return Err(impossible("the agent has no handler trampoline".into()));
+        }
+        let probe_id = self.next_probe;
+        if probe_id >= self.shm().layout().params.n_probes {
+            return Err(FastPathError::Shm(
+                "no probe id left: raise max_probes".into(),
+            ));
+        }
+        t.stop_all()?;
+        // Where a `call` at `from` goes to reach the trampoline.
+        let target = |fp: &mut FastPath, t: &mut ProcessTarget, from: u64| {
+            if call_rel32(from, tramp).is_some() {
+                return Ok(tramp);
+            }
+            let stub = fp.alloc(t, from, 16)?;
+            t.write_memory(RuntimeAddr(stub), &abs_jmp_stub(tramp))?;
+            Ok::<u64, FastPathError>(stub)
+        };
+        let bits = hotprobe_abi::ACTION_COUNT;
+        let key = match plan.mechanism {
+            Mechanism::Patch(_) => {
+                let to = target(self, t, site)?;
+                let mut bytes = call_rel32(site, to).expect("within reach").to_vec();
+                bytes.resize(plan.len, 0x90);
+                self.next_probe += 1;
+                self.install(t, site, &bytes, site + 5, probe_id, bits)?;
+                site + 5
+            }
+            Mechanism::Jump => {
+                let mut code = vec![0u8; f.size as usize];
+                t.read_memory(RuntimeAddr(entry), &mut code)?;
+                let jp = hotprobe_x86::plan_jump(&code, entry, site)?;
+                let at = self.alloc(t, site, 64)?;
+                let to = target(self, t, at)?;
+                let mut body = call_rel32(at, to).expect("within reach").to_vec();
+                body.extend(jp.relocate(at + 5)?);
+                if body.len() > 64 {
+                    return Err(FastPathError::NoTrampolineMemory {
+                        addr: site,
+                        why: "trampoline longer than 64 bytes".into(),
+                    });
+                }
+                t.write_memory(RuntimeAddr(at), &body)?;
+                let bytes = jp.patch_bytes(at).expect("trampoline within reach");
+                self.next_probe += 1;
+                self.install(t, site, &bytes, at + 5, probe_id, bits)?;
+                at + 5
+            }
+            Mechanism::Trap => unreachable!("refused above"),
+        };
+        self.handler_keys.insert(key, site);
+        Ok(StubHandlerInfo {
+            probe_id,
+            addr: site,
+            mechanism: plan.mechanism,
+        })
     }
 }
 
@@ -248,6 +429,12 @@ pub struct HandlerCall {
     /// The thread's registers at the hit (`rip` = `addr`); segment and
     /// base registers are not carried (zero).
     pub regs: Registers,
+    /// For a call from a patch or jump site's handler trampoline: the
+    /// site key the thread resumes at when `rip` stays `addr`.
+    key: Option<u64>,
+    /// The call is for the post handler (after the displaced instruction:
+    /// `rip` is where the thread goes next).
+    pub post: bool,
 }
 
 /// `ucontext` `gregs` order of a handler slot's registers.
@@ -362,13 +549,24 @@ impl FastPath {
                 continue;
             }
             let w: Vec<u64> = s.regs.iter().map(|r| r.load(Relaxed)).collect();
-            return Some(HandlerCall {
+            let mut call = HandlerCall {
                 slot: i,
                 tid: s.tid.load(Relaxed),
                 counter: s.counter.load(Relaxed),
                 addr: s.addr.load(Relaxed),
                 regs: regs_from_slot(&w),
-            });
+                key: None,
+                post: s.flags.load(Relaxed) & HANDLER_POST != 0,
+            };
+            if s.flags.load(Relaxed) & HANDLER_STUB != 0 {
+                // From a handler trampoline: `addr` and `rip` are the key.
+                let key = call.addr;
+                let site = self.handler_keys.get(&key).copied().unwrap_or(key);
+                call.addr = site;
+                call.regs.rip = site;
+                call.key = Some(key);
+            }
+            return Some(call);
         }
         None
     }
@@ -380,7 +578,12 @@ impl FastPath {
             return;
         };
         if let Some(r) = regs {
-            for (w, v) in s.regs.iter().zip(regs_to_slot(r)) {
+            let mut words = regs_to_slot(r);
+            if let (Some(key), true) = (call.key, r.rip == call.addr) {
+                // Unmoved: the trampoline returns to the site's key.
+                words[16] = key;
+            }
+            for (w, v) in s.regs.iter().zip(words) {
                 w.store(v, Relaxed);
             }
             s.flags.fetch_or(HANDLER_MODIFIED, Relaxed);

@@ -50,7 +50,7 @@ use hotprobe_x86::plan_jump;
 pub use hotprobe_abi::{
     Event as RecordedEvent, EXIT_UNWOUND, KIND_ENTRY, KIND_EXIT, KIND_HIT, TRAP_GUARD, TRAP_RETURN,
 };
-pub use inproc::{HandlerCall, InprocInfo};
+pub use inproc::{HandlerCall, InprocInfo, StubHandlerInfo};
 pub use plan::{
     explain, probe_list_path, ExitSite, FunctionInfo, FunctionPlan, Mechanism, MechanismChoice,
     ModuleInfo, PatchKind, SitePlan,
@@ -418,6 +418,8 @@ pub struct FastPath {
     heartbeat: Option<shm::Heartbeat>,
     detached: bool,
     stubs: bool,
+    /// Handler sites on patch or jump (`inproc`): site key → site.
+    handler_keys: HashMap<u64, u64>,
 }
 
 impl FastPath {
@@ -584,6 +586,7 @@ impl FastPath {
             heartbeat,
             detached: false,
             stubs,
+            handler_keys: HashMap::new(),
         })
     }
 

@@ -1063,7 +1063,12 @@ impl Session {
             if (record || is_return) && r.offset == 0 && !r.is_entry() {
                 return Err(not_an_entry(spec, &r));
             }
-            if record && r.offset != 0 {
+            // Inside a function, an in-process trap records hit events
+            // (no return to hook); nothing else records there.
+            let mid_record = record && r.offset != 0;
+            if mid_record
+                && (pattern || is_return || self.config.mechanism != MechanismChoice::Auto)
+            {
                 let e = not_whole_function(spec, &r);
                 if pattern {
                     added.skipped.push(Skipped {
@@ -1095,9 +1100,15 @@ impl Session {
             if capture.is_some() && !matches!(plan, Plan::Trap(_)) {
                 plan = Plan::Trap("typed values read at the hit (DWARF)".into());
             }
-            if let (Plan::Trap(why), true) = (
+            // An in-process trap may still take it (refused below if not);
+            // typed values (captured at the hit) need the ptrace trap.
+            let inproc_first = !is_return
+                && capture.is_none()
+                && self.config.mechanism == MechanismChoice::Auto;
+            if let (Plan::Trap(why), true, false) = (
                 &plan,
                 record && !self.config.record_traps && capture.is_none(),
+                inproc_first,
             ) {
                 let reason = format!("needs the trap mechanism ({why})");
                 if pattern {
@@ -1116,17 +1127,26 @@ impl Session {
                     function,
                     reason,
                 } => self.place_fast(t, &r, &path, bias, &function, record, reason, label, None),
-                Plan::Trap(reason)
-                    if !record
-                        && !is_return
-                        && capture.is_none()
-                        && self.config.mechanism == MechanismChoice::Auto =>
-                {
-                    match self.place_inproc(t, &r, &reason, label.clone())? {
+                Plan::Trap(reason) if inproc_first => {
+                    match self.place_inproc(t, &r, &reason, label.clone(), record)? {
                         Ok(p) => Ok(p),
+                        Err(why) if mid_record => Err(match not_whole_function(spec, &r) {
+                            EngineError::RefusedSpec { spec, reason } => EngineError::RefusedSpec {
+                                spec,
+                                reason: format!("{reason}; in-process trap: {why}"),
+                            },
+                            e => e,
+                        }),
                         Err(why) => {
                             let reason = format!("{reason}; in-process trap: {why}");
-                            self.place_trap(t, &r, is_return, record, reason, label, capture)
+                            if record && !self.config.record_traps && capture.is_none() {
+                                Err(EngineError::RefusedSpec {
+                                    spec: spec.into(),
+                                    reason: format!("needs the trap mechanism ({reason})"),
+                                })
+                            } else {
+                                self.place_trap(t, &r, is_return, record, reason, label, capture)
+                            }
                         }
                     }
                 }
@@ -2372,7 +2392,9 @@ fn not_whole_function(spec: &str, r: &ResolvedProbe) -> EngineError {
         spec: spec.into(),
         reason: format!(
             "recording follows whole functions, and {:#x} is {} bytes into {} \
-             (count probes any instruction)",
+             (inside a function only an in-process trap records, as hit events: \
+             not with a forced mechanism, a pattern or %return; count probes any \
+             instruction)",
             r.addr.0,
             r.offset,
             r.function.as_deref().unwrap_or("a function")

@@ -23,7 +23,8 @@ use super::*;
 use std::time::{Duration, Instant};
 
 impl Session {
-    /// Places a `Count` probe at `r` as an in-process trap; `Err(why)`
+    /// Places a `Count` (or, `record`, a `Record`) probe at `r` as an
+    /// in-process trap; `Err(why)`
     /// when the site cannot take one (the caller falls back to the trap).
     pub(super) fn place_inproc(
         &mut self,
@@ -31,6 +32,7 @@ impl Session {
         r: &ResolvedProbe,
         fallback: &str,
         label: String,
+        record: bool,
     ) -> Result<Result<Placement, String>, EngineError> {
         let config = self.config.fast_path;
         let slot = self.slot(t)?;
@@ -52,7 +54,14 @@ impl Session {
         let Some(pt) = Slot::process(engine) else {
             return Ok(Err("not a process".into()));
         };
-        let placed = fp.add_inproc(pt, r.addr.0);
+        // A recording probe at a function's entry has its return hooked
+        // from the handler too; inside a function it records hit events.
+        let exit = r.offset == 0 && r.is_entry();
+        let placed = if record {
+            fp.add_inproc_record(pt, r.addr.0, exit)
+        } else {
+            fp.add_inproc(pt, r.addr.0)
+        };
         if started {
             pt.resume_all()?;
         }
@@ -86,7 +95,16 @@ impl Session {
                 "{fallback}: int3 taken by the agent's SIGTRAP handler ({})",
                 info.instruction
             ),
-            execution: format!("{} ({})", Mechanism::InProcessTrap, info.execution),
+            execution: if record {
+                format!(
+                    "{} ({}, recorded: {})",
+                    Mechanism::InProcessTrap,
+                    info.execution,
+                    if exit { "return hooked" } else { "hit events" }
+                )
+            } else {
+                format!("{} ({})", Mechanism::InProcessTrap, info.execution)
+            },
         }))
     }
 
@@ -111,7 +129,7 @@ impl Session {
     pub(super) fn maybe_release(&mut self, i: usize) {
         let follow = self.config.follow_forks;
         let slot = &mut self.slots[i];
-        if slot.inproc.is_empty()
+        if (slot.inproc.is_empty() && slot.shm_handlers.is_empty())
             || follow
             || !slot.engine.started
             || slot.engine.gone().is_some()
@@ -156,20 +174,25 @@ impl Session {
         self.handler_spin.unwrap_or(DEFAULT_HANDLER_SPIN)
     }
 
-    /// Places a probe with a pre handler (and no post handler) as an
-    /// in-process trap whose handler runs here through shared memory: no
-    /// ptrace stop. `Ok(Err(probe))` (the probe handed back) when it cannot
+    /// Places a probe with a pre handler and no post handler on a patch or
+    /// jump site whose call hands the registers over (see
+    /// `place_stub_handler`), else — or with a post handler — as an
+    /// in-process trap whose handlers run here through shared memory
+    /// (a post handler: a second hand-over after the displaced
+    /// instruction): no ptrace stop. `Ok(Err(probe))` (the probe handed back) when it cannot
     /// go there: the caller places it on the trap.
     pub(super) fn place_shm_handler(
         &mut self,
         t: TargetId,
         r: &ResolvedProbe,
-        probe: Probe,
+        mut probe: Probe,
         label: String,
     ) -> Result<Result<Placement, Probe>, EngineError> {
-        if probe.post.is_some() || self.config.mechanism != MechanismChoice::Auto {
+        if self.config.mechanism != MechanismChoice::Auto {
             return Ok(Err(probe));
         }
+        let post = probe.post.is_some();
+        let pre = probe.pre.is_some();
         let config = self.config.fast_path;
         let spin = self.spin();
         let slot = self.slot(t)?;
@@ -180,6 +203,13 @@ impl Session {
         {
             return Ok(Err(probe));
         }
+        if !post && r.offset == 0 && r.is_entry() && !r.is_return {
+            match self.place_stub_handler(t, r, probe, label.clone(), spin)? {
+                Ok(p) => return Ok(Ok(p)),
+                Err(p) => probe = p,
+            }
+        }
+        let slot = self.slot(t)?;
         let started = slot.engine.started;
         let Slot { engine, fast, .. } = slot;
         let Fast::On(fp) = fast else {
@@ -188,7 +218,7 @@ impl Session {
         let Some(pt) = Slot::process(engine) else {
             return Ok(Err(probe));
         };
-        let placed = fp.add_inproc_handler(pt, r.addr.0);
+        let placed = fp.add_inproc_handler(pt, r.addr.0, post);
         if started {
             pt.resume_all()?;
         }
@@ -220,7 +250,12 @@ impl Session {
             is_return: r.is_return,
             mechanism: Mechanism::InProcessTrap,
             reason: format!(
-                "the pre handler runs in hotprobe through shared memory ({})",
+                "the {} runs in hotprobe through shared memory ({})",
+                match (pre, post) {
+                    (true, true) => "pre and post handlers",
+                    (false, true) => "post handler",
+                    _ => "pre handler",
+                },
                 info.instruction
             ),
             execution: format!(
@@ -228,6 +263,80 @@ impl Session {
                 Mechanism::InProcessTrap,
                 info.execution
             ),
+        }))
+    }
+
+    /// Places a pre-handler probe at a function's entry on a patch or a
+    /// jump whose `call` goes to the agent's handler trampoline (the
+    /// register file handed over through shared memory, no signal);
+    /// `Ok(Err(probe))` where neither fits (the caller tries the
+    /// in-process trap).
+    fn place_stub_handler(
+        &mut self,
+        t: TargetId,
+        r: &ResolvedProbe,
+        probe: Probe,
+        label: String,
+        spin: Duration,
+    ) -> Result<Result<Placement, Probe>, EngineError> {
+        let choice = self.config.mechanism;
+        let Some(pid) = self.slot(t)?.pid else {
+            return Ok(Err(probe));
+        };
+        let Ok(symbols) = hotprobe_symbols::ProcessSymbols::for_pid(pid as u32) else {
+            return Ok(Err(probe));
+        };
+        let Plan::Fast {
+            path,
+            bias,
+            function,
+            reason,
+        } = self.plan_resolved(t, r, false, false, Some(&symbols))?
+        else {
+            return Ok(Err(probe));
+        };
+        let slot = self.slot(t)?;
+        let started = slot.engine.started;
+        let Slot { engine, fast, .. } = slot;
+        let (Fast::On(fp), Some(pt)) = (fast, Slot::process(engine)) else {
+            return Ok(Err(probe));
+        };
+        let placed = fp.add_stub_handler(pt, &path, bias, &function, choice);
+        if started {
+            pt.resume_all()?;
+        }
+        let Ok(info) = placed else {
+            return Ok(Err(probe));
+        };
+        fp.set_handler_wait(spin, HANDLER_TIMEOUT);
+        let id = slot.engine.new_id();
+        slot.fast_probes
+            .entry(id)
+            .or_insert_with(|| FastProbe {
+                counters: Vec::new(),
+            })
+            .counters
+            .push((info.probe_id, None));
+        let c = info.probe_id as usize;
+        if slot.fast_ids.len() <= c {
+            slot.fast_ids.resize(c + 1, None);
+        }
+        slot.fast_ids[c] = Some(id);
+        slot.shm_handlers.insert(info.probe_id, (id, probe));
+        let mechanism = from_fast(info.mechanism);
+        Ok(Ok(Placement {
+            id,
+            label,
+            addr: RuntimeAddr(info.addr),
+            function: r.function.clone(),
+            module: r.module.clone(),
+            is_return: r.is_return,
+            mechanism,
+            reason: format!(
+                "{reason}; the pre handler runs in hotprobe through shared memory \
+                 (the site's call saves the registers: no signal)"
+            ),
+            execution: format!("{mechanism} (shared-memory handler)"),
         }))
     }
 
@@ -265,15 +374,24 @@ impl Session {
                         regs: &mut regs,
                         probe: *id,
                         addr: RuntimeAddr(call.addr),
-                        kind: crate::HitKind::Pre,
+                        kind: if call.post {
+                            crate::HitKind::Post
+                        } else {
+                            crate::HitKind::Pre
+                        },
                         stop: &mut stop,
                         symbolizer,
                         entry: None,
                         fetch_error: RefCell::new(None),
                         watch: None,
                     };
-                    if let Some(pre) = probe.pre.as_mut() {
-                        pre(&mut ctx);
+                    let handler = if call.post {
+                        probe.post.as_mut()
+                    } else {
+                        probe.pre.as_mut()
+                    };
+                    if let Some(h) = handler {
+                        h(&mut ctx);
                     }
                 }
                 let after = regs.fetched().copied().filter(|r| *r != call.regs);

@@ -187,7 +187,7 @@ fn with_a_ptrace_probe_too_the_process_stays_traced_and_counts_stay_exact() {
     let iters = 500u64;
     let mut c = spawn(&bin, &[&THREADS.to_string(), &iters.to_string()]);
     let t = c.target;
-    // A post handler needs a single-step: the engine's trap, through ptrace.
+    // A return probe's handler: the engine's trap, through ptrace.
     let posts = Rc::new(Cell::new(0u64));
     let p2 = posts.clone();
     let traced = c
@@ -195,7 +195,7 @@ fn with_a_ptrace_probe_too_the_process_stays_traced_and_counts_stay_exact() {
         .add(
             t,
             "one_byte",
-            Action::Handler(hotprobe::Probe::new().post(move |_| p2.set(p2.get() + 1))),
+            Action::Return(hotprobe::RetProbe::new(64).ret(move |_| p2.set(p2.get() + 1))),
         )
         .unwrap();
     assert_eq!(traced.placements[0].mechanism, Mechanism::Trap);
@@ -327,4 +327,303 @@ fn a_watchpoint_keeps_the_process_traced_and_one_added_while_it_runs_untraced_ta
         vec![format!("total {expected}").as_str()]
     );
     assert_eq!(lines_with(&out, "own traps "), vec!["own traps 2"]);
+}
+/// Keeps every recorded event.
+#[derive(Default)]
+struct Collect(Vec<hotprobe::RecordedEvent>);
+
+impl hotprobe::EventSink for Collect {
+    fn event(&mut self, ev: &hotprobe::RecordedEvent) -> Result<(), hotprobe::SinkError> {
+        self.0.push(*ev);
+        Ok(())
+    }
+    fn lost(&mut self, _tid: u32, _ts: u64, count: u64) -> Result<(), hotprobe::SinkError> {
+        panic!("{count} events lost");
+    }
+}
+
+/// `Record` of a 2-byte and a 1-byte function (no patch or jump fits) and
+/// of an instruction inside a function: in-process traps write the events
+/// from the agent's `SIGTRAP` handler and hook the returns there, with no
+/// ptrace stop; every thread's events are its calls in order, each entry
+/// followed by its own exit (the 2-byte function's argument at the entry,
+/// its result at the exit), the mid-function site a hit event.
+#[test]
+fn record_through_in_process_traps_one_event_per_call_without_ptrace_stops() {
+    use hotprobe::{KIND_ENTRY, KIND_EXIT, KIND_HIT};
+    let bin = program("inproc", &["-O2"]);
+    let mut c = spawn(&bin, &[&THREADS.to_string(), &ITERS.to_string()]);
+    let t = c.target;
+    let mut ids = Vec::new();
+    for (spec, execution) in [
+        (
+            "two_byte",
+            "in-process trap (boosted, recorded: return hooked)",
+        ),
+        (
+            "one_byte",
+            "in-process trap (emulated, recorded: return hooked)",
+        ),
+    ] {
+        let added = c.session.add(t, spec, Action::Record).unwrap();
+        let p = &added.placements[0];
+        assert_eq!(p.mechanism, Mechanism::InProcessTrap, "{spec}: {p:?}");
+        assert_eq!(p.execution, execution, "{spec}");
+        ids.push(p.id);
+    }
+    // Inside a function: hit events (no return to hook).
+    let mid = c.session.add(t, "mid_fn+3", Action::Record).unwrap();
+    assert_eq!(mid.placements[0].mechanism, Mechanism::InProcessTrap);
+    assert_eq!(
+        mid.placements[0].execution,
+        "in-process trap (boosted, recorded: hit events)"
+    );
+    c.session.start().unwrap();
+    assert!(c.session.is_untraced(t), "runs untraced after setup");
+    let stops = c.session.ptrace_stops(t).unwrap();
+    let mut sink = Collect::default();
+    let end = c
+        .session
+        .run_with(&std::sync::atomic::AtomicBool::new(false), Some(&mut sink))
+        .unwrap();
+    assert_eq!(end, RunEnd::AllExited);
+    assert_eq!(
+        c.session.ptrace_stops(t).unwrap(),
+        stops,
+        "no ptrace stop after setup"
+    );
+    for id in &ids {
+        let st = c.session.stats(*id).unwrap();
+        assert_eq!((st.hits, st.nmissed), (THREADS * ITERS, 0));
+    }
+    assert_eq!(
+        c.session.stats(mid.placements[0].id).unwrap().hits,
+        THREADS * ITERS
+    );
+    // Per thread: (two_byte entry x, exit x, one_byte entry, exit) per call.
+    let mut by_tid: std::collections::BTreeMap<u32, Vec<&hotprobe::RecordedEvent>> =
+        Default::default();
+    for e in &sink.0 {
+        by_tid.entry(e.tid).or_default().push(e);
+    }
+    assert_eq!(by_tid.len() as u64, THREADS, "one event stream per thread");
+    let (two, one, m) = (ids[0].0, ids[1].0, mid.placements[0].id.0);
+    let mut firsts = Vec::new();
+    for (tid, evs) in &by_tid {
+        assert_eq!(evs.len() as u64, 5 * ITERS, "thread {tid}");
+        assert!(evs.windows(2).all(|w| w[0].tsc <= w[1].tsc), "thread {tid}");
+        let first = evs[0].args[0];
+        firsts.push(first);
+        for (i, call) in evs.chunks(5).enumerate() {
+            let x = first + i as u64;
+            let got: Vec<(u32, u8, u64)> = call
+                .iter()
+                .map(|e| {
+                    let v = if e.probe_id == one {
+                        0
+                    } else {
+                        e.args[0] & 0xffff_ffff
+                    };
+                    (e.probe_id, e.kind, v)
+                })
+                .collect();
+            // mid_fn+3 runs after `add edi, 1`: rdi is i + 1.
+            assert_eq!(
+                got,
+                vec![
+                    (two, KIND_ENTRY, x),
+                    (two, KIND_EXIT, x),
+                    (one, KIND_ENTRY, 0),
+                    (one, KIND_EXIT, 0),
+                    (m, KIND_HIT, i as u64 + 1),
+                ],
+                "thread {tid}, call {i}"
+            );
+        }
+    }
+    firsts.sort();
+    assert_eq!(firsts, (0..THREADS).collect::<Vec<_>>());
+    let out = c.output();
+    assert_eq!(
+        lines_with(&out, "total "),
+        vec![format!("total {}", expected_total()).as_str()]
+    );
+    assert_eq!(lines_with(&out, "own traps "), vec!["own traps 2"]);
+}
+
+/// Pre handlers at a patch site and a jump site: the site's `call` goes to
+/// the agent's handler trampoline, which hands the register file over
+/// through shared memory (no signal, no ptrace stop). Each handler adds to
+/// the argument register: every call's result changes, 8 threads, exact.
+fn stub_handlers_change_results(spin: std::time::Duration) {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    let bin = program("stubhandler", &["-O2"]);
+    let mut c = spawn(&bin, &[&THREADS.to_string(), &ITERS.to_string()]);
+    c.session.set_handler_spin(spin);
+    let t = c.target;
+    let bad = Rc::new(Cell::new(0u64));
+    let mut ids = Vec::new();
+    for (spec, add, mechanism) in [("patched", 1u64, "patch"), ("jumped", 2, "jump")] {
+        let seen = Rc::new(Cell::new(0u64));
+        let (s, b) = (seen.clone(), bad.clone());
+        let probe = hotprobe::Probe::new().pre(move |ctx| {
+            s.set(s.get() + 1);
+            let regs = *ctx.regs();
+            // rip is the function's entry, rsp points at the return
+            // address (in worker: named by the symbolizer).
+            let ret = ctx.read_u64(regs.rsp).unwrap_or(0);
+            if regs.rip != ctx.addr().0
+                || !ctx.symbolize(ret).is_some_and(|s| s.starts_with("worker"))
+            {
+                b.set(b.get() + 1);
+            }
+            ctx.regs_mut().rdi = regs.rdi + add;
+        });
+        let added = c.session.add(t, spec, Action::Handler(probe)).unwrap();
+        let p = &added.placements[0];
+        assert!(
+            p.mechanism.to_string().starts_with(mechanism),
+            "{spec}: {p:?}"
+        );
+        assert_eq!(
+            p.execution,
+            format!("{} (shared-memory handler)", p.mechanism),
+            "{spec}"
+        );
+        ids.push((p.id, seen));
+    }
+    c.session.start().unwrap();
+    assert!(c.session.is_untraced(t), "runs untraced after setup");
+    let stops = c.session.ptrace_stops(t).unwrap();
+    assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+    assert_eq!(c.session.ptrace_stops(t).unwrap(), stops, "no ptrace stop");
+    for (id, seen) in &ids {
+        assert_eq!(seen.get(), THREADS * ITERS);
+        let st = c.session.stats(*id).unwrap();
+        assert_eq!((st.hits, st.nmissed), (THREADS * ITERS, 0));
+    }
+    assert_eq!(bad.get(), 0);
+    let expected: u64 = (0..THREADS)
+        .flat_map(|id| (0..ITERS).map(move |i| (3 * (i + id + 1) + 1) + (i + 2 + 7)))
+        .sum();
+    assert_eq!(
+        lines_with(&c.output(), "total "),
+        vec![format!("total {expected}").as_str()]
+    );
+}
+
+#[test]
+fn stub_handlers_at_patch_and_jump_sites_change_results_spinning() {
+    stub_handlers_change_results(std::time::Duration::from_micros(50));
+}
+
+#[test]
+fn stub_handlers_at_patch_and_jump_sites_change_results_sleeping() {
+    stub_handlers_change_results(std::time::Duration::ZERO);
+}
+
+/// Post handlers through shared memory: at `mid_fn+9` (`add eax, edi`,
+/// boosted: a second hand-over at the `int3` after its copy) the post
+/// handler sees the sum and adds one to it; at `one_byte` (`ret`,
+/// emulated: in the same signal) it sees `rip` back in `worker`. Pre and
+/// post calls exact, 8 threads, no ptrace stop.
+#[test]
+fn post_handlers_through_shared_memory_see_the_instruction_done() {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    let bin = program("inproc", &["-O2"]);
+    let mut c = spawn(&bin, &[&THREADS.to_string(), &ITERS.to_string()]);
+    let t = c.target;
+    let (pres, posts, bad) = (
+        Rc::new(Cell::new(0u64)),
+        Rc::new(Cell::new(0u64)),
+        Rc::new(Cell::new(0u64)),
+    );
+    // Per thread: the sum the pre handler expects (another thread's pre
+    // may be served between a thread's pre and post).
+    let before = Rc::new(std::cell::RefCell::new(std::collections::HashMap::new()));
+    let (p1, b1, bad1) = (pres.clone(), before.clone(), bad.clone());
+    let (p2, b2, bad2) = (posts.clone(), before.clone(), bad.clone());
+    let mid = hotprobe::Probe::new()
+        .pre(move |ctx| {
+            p1.set(p1.get() + 1);
+            let r = *ctx.regs();
+            let sum = (r.rax as u32).wrapping_add(r.rdi as u32) as u64;
+            b1.borrow_mut().insert(ctx.thread(), sum);
+            if r.rip != ctx.addr().0 {
+                bad1.set(bad1.get() + 1);
+            }
+        })
+        .post(move |ctx| {
+            p2.set(p2.get() + 1);
+            let r = *ctx.regs();
+            // rip is the next instruction (`ret`, 2 bytes on), eax the sum.
+            let want = b2.borrow_mut().remove(&ctx.thread());
+            if r.rip != ctx.addr().0 + 2 || Some((r.rax as u32) as u64) != want {
+                bad2.set(bad2.get() + 1);
+            }
+            ctx.regs_mut().rax = r.rax + 1;
+        });
+    let a = c.session.add(t, "mid_fn+9", Action::Handler(mid)).unwrap();
+    let p = &a.placements[0];
+    assert_eq!(p.mechanism, Mechanism::InProcessTrap, "{p:?}");
+    let rets = Rc::new(Cell::new(0u64));
+    let (r3, bad3) = (rets.clone(), bad.clone());
+    let one = hotprobe::Probe::new().post(move |ctx| {
+        r3.set(r3.get() + 1);
+        let rip = ctx.regs().rip;
+        if !ctx.symbolize(rip).is_some_and(|s| s.starts_with("worker")) {
+            bad3.set(bad3.get() + 1);
+        }
+    });
+    let o = c.session.add(t, "one_byte", Action::Handler(one)).unwrap();
+    assert_eq!(o.placements[0].mechanism, Mechanism::InProcessTrap);
+    c.session.start().unwrap();
+    assert!(c.session.is_untraced(t), "runs untraced after setup");
+    let stops = c.session.ptrace_stops(t).unwrap();
+    assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+    assert_eq!(c.session.ptrace_stops(t).unwrap(), stops, "no ptrace stop");
+    assert_eq!(
+        (pres.get(), posts.get(), rets.get(), bad.get()),
+        (THREADS * ITERS, THREADS * ITERS, THREADS * ITERS, 0)
+    );
+    assert_eq!(c.session.stats(p.id).unwrap().hits, THREADS * ITERS);
+    let out = c.output();
+    assert_eq!(
+        lines_with(&out, "total "),
+        vec![format!("total {}", expected_total() + THREADS * ITERS).as_str()]
+    );
+    assert_eq!(lines_with(&out, "own traps "), vec!["own traps 2"]);
+}
+
+/// A pre handler at a patch site that moves `rip` sends the thread there
+/// (the handler trampoline returns to it): `patched` redirected to
+/// `jumped`'s entry (same argument, same return address) returns x + 7.
+#[test]
+fn a_stub_handler_moving_rip_redirects_the_thread() {
+    let bin = program("stubhandler", &["-O2"]);
+    let mut c = spawn(&bin, &[&THREADS.to_string(), &ITERS.to_string()]);
+    let t = c.target;
+    let jumped = c.session.resolve(t, "jumped").unwrap()[0].addr.0;
+    let probe = hotprobe::Probe::new().pre(move |ctx| ctx.regs_mut().rip = jumped);
+    let a = c.session.add(t, "patched", Action::Handler(probe)).unwrap();
+    assert!(
+        a.placements[0].mechanism.to_string().starts_with("patch"),
+        "{:?}",
+        a.placements[0]
+    );
+    c.session.start().unwrap();
+    assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+    assert_eq!(
+        c.session.stats(a.placements[0].id).unwrap().hits,
+        THREADS * ITERS
+    );
+    let expected: u64 = (0..THREADS)
+        .flat_map(|id| (0..ITERS).map(move |i| (i + id + 7) + (i + 7)))
+        .sum();
+    assert_eq!(
+        lines_with(&c.output(), "total "),
+        vec![format!("total {expected}").as_str()]
+    );
 }
