@@ -213,7 +213,14 @@ pub struct SiteInfo {
 /// Shared-memory sizes.
 #[derive(Clone, Copy, Debug)]
 pub struct FastPathConfig {
-    /// Probe ids available.
+    /// Probe ids available per target: the size of the reservation for
+    /// the site table, the global, missed and per-thread counters. Only
+    /// the pages of ids in use (and of the site-table slots under probed
+    /// text) are ever touched, so a large reservation costs address space,
+    /// not memory: the default, 2^20, is about 800 MB of address space in
+    /// tracer and target with 64 thread slots (most of it the rings), and
+    /// ≈ 8 bytes of shared memory per probe id used, plus 8 per probe per
+    /// thread that hits it.
     pub max_probes: u32,
     /// Thread slots.
     pub max_threads: u32,
@@ -235,7 +242,7 @@ pub struct FastPathConfig {
 impl Default for FastPathConfig {
     fn default() -> Self {
         FastPathConfig {
-            max_probes: 1 << 14,
+            max_probes: 1 << 20,
             max_threads: 64,
             ring_capacity: 1 << 16,
             record_args: 6,
@@ -742,9 +749,7 @@ impl FastPath {
         name: Option<&str>,
     ) -> Result<FunctionInfo, FastPathError> {
         let m = self.module(path)?;
-        m.functions()
-            .iter()
-            .find(|f| f.addr == link_addr)
+        m.function_at(link_addr)
             .or_else(|| name.and_then(|n| m.function(n)))
             .cloned()
             .ok_or_else(|| {
