@@ -488,6 +488,9 @@ pub struct Session {
     config: SessionConfig,
     /// Options of plugin probes being added (see [`Session::add_plugin`]).
     plugin_options: Option<PluginOptions>,
+    /// Inside [`Session::add_filtered`]: fast-path sites are written in one
+    /// batch at its end, the target stopped once (issue 14).
+    batching: bool,
 }
 
 /// Where a resolved site goes.
@@ -515,6 +518,7 @@ impl Session {
             slots: Vec::new(),
             config,
             plugin_options: None,
+            batching: false,
         }
     }
 
@@ -910,8 +914,49 @@ impl Session {
     }
 
     /// As [`Session::add`], leaving out the matches whose function name
-    /// `keep` refuses (counted in [`Added::left_out`], not probed).
+    /// `keep` refuses (counted in [`Added::left_out`], not probed). The
+    /// fast-path sites of all the matches are written in one batch, the
+    /// target's threads stopped once (see
+    /// [`hotprobe_fastpath::FastPath::begin_batch`]).
     pub fn add_filtered(
+        &mut self,
+        t: TargetId,
+        spec: &str,
+        action: Action,
+        keep: &dyn Fn(&str) -> bool,
+    ) -> Result<Added, EngineError> {
+        self.batching = true;
+        let added = self.add_filtered_unbatched(t, spec, action, keep);
+        self.batching = false;
+        let flushed = self.end_batch(t);
+        let added = added?;
+        flushed?;
+        Ok(added)
+    }
+
+    /// Writes what target `t`'s fast path held back in a batch (see
+    /// [`Session::add_filtered`]) and lets a started target run again.
+    fn end_batch(&mut self, t: TargetId) -> Result<(), EngineError> {
+        let slot = self.slot(t)?;
+        let started = slot.engine.started;
+        let Slot { engine, fast, .. } = slot;
+        let Fast::On(fp) = fast else {
+            return Ok(());
+        };
+        if !fp.in_batch() {
+            return Ok(());
+        }
+        let Some(pt) = Slot::process(engine) else {
+            return Ok(());
+        };
+        let r = fp.end_batch(pt);
+        if started {
+            pt.resume_all()?;
+        }
+        Ok(r?)
+    }
+
+    fn add_filtered_unbatched(
         &mut self,
         t: TargetId,
         spec: &str,
@@ -1143,6 +1188,7 @@ impl Session {
         existing: Option<ProbeId>,
     ) -> Result<Placement, EngineError> {
         let choice = self.config.mechanism;
+        let batching = self.batching;
         let slot = self.slot(t)?;
         let id = match existing {
             Some(id) => id,
@@ -1162,8 +1208,11 @@ impl Session {
         } else {
             hotprobe_fastpath::Action::count()
         };
+        if batching {
+            fp.begin_batch();
+        }
         let info = fp.add_function(pt, path, bias, function, action, choice);
-        if started {
+        if started && !fp.in_batch() {
             pt.resume_all()?;
         }
         let info = info?;
