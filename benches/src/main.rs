@@ -5,6 +5,7 @@
 //! ```text
 //! cargo run --release -p hotprobe-bench -- trap            # trap mechanism vs native, naive ptrace, gdb, bpftrace
 //! cargo run --release -p hotprobe-bench -- trap --cpu 0    # pin tracer and target to CPU 0
+//! cargo run --release -p hotprobe-bench -- scale --n 1000,10000,100000   # issue 14: N probes
 //! ```
 //!
 //! Prints a markdown table: ns per hit and × native. Not a test: timing
@@ -16,6 +17,8 @@ use hotprobe::{Probe, RunEnd, Session, SpawnOptions};
 use hotprobe_target::{ResumeMode, Target, TargetEvent};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+mod scale;
 
 #[derive(Parser)]
 #[command(about = "hotprobe benchmarks, peers side by side")]
@@ -38,12 +41,46 @@ enum What {
         #[arg(long, default_value_t = 3)]
         runs: usize,
     },
+    /// Every function of a generated N-function program probed: arm and
+    /// detach time, tracer RSS, slowdown, per each mechanism, next to
+    /// uftrace and bpftrace (issue 14).
+    Scale {
+        /// Function counts, comma-separated.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "1000,10000,100000,200000"
+        )]
+        n: Vec<usize>,
+        /// Runs per hotprobe and uftrace row (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Seconds after which a run is killed and reported as cut off.
+        #[arg(long, default_value_t = 120)]
+        cutoff: u64,
+    },
+    /// One measurement of `scale`, in a process of its own (internal).
+    #[command(hide = true)]
+    ScaleOne {
+        bin: PathBuf,
+        mechanism: String,
+        #[arg(long)]
+        limit: Option<usize>,
+    },
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.what {
         What::Trap { cpu, hits, runs } => trap(cpu, hits, runs),
+        What::Scale { n, runs, cutoff } => {
+            scale::run(&n, runs, std::time::Duration::from_secs(cutoff))
+        }
+        What::ScaleOne {
+            bin,
+            mechanism,
+            limit,
+        } => scale::one(&bin, &mechanism, limit),
     }
 }
 

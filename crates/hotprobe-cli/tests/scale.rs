@@ -161,14 +161,18 @@ fn every_function_of_a_patchable_build_is_counted_exactly_on_patch() {
 }
 
 #[test]
-fn every_function_named_is_counted_exactly_on_forced_jump() {
+fn every_function_is_counted_exactly_on_forced_jump() {
     let (_, plain) = programs();
     let native = native_output(plain);
-    let names: Vec<String> = (0..N).map(|i| format!("f_{i}")).collect();
-    let mut args = vec!["count", "--no-pager", "--mechanism", "jump"];
-    args.extend(names.iter().map(String::as_str));
-    args.extend(["--", plain.to_str().unwrap()]);
-    let (out, err) = run(&args);
+    let (out, err) = run(&[
+        "count",
+        "--no-pager",
+        "--mechanism",
+        "jump",
+        "f_*",
+        "--",
+        plain.to_str().unwrap(),
+    ]);
     assert_eq!(program_output(&out), native, "program output changed");
     let t = CountTable::parse(&out, &err);
     let rows = rows(&t);

@@ -439,6 +439,9 @@ pub struct FastPath {
     stubs: bool,
     /// Writes held back while a batch is open ([`FastPath::begin_batch`]).
     batch: Option<Vec<(u64, Vec<u8>)>>,
+    /// Bumped whenever entries leave `installed` (see
+    /// [`FastPath::written_since`]).
+    removals: u64,
 }
 
 impl FastPath {
@@ -606,6 +609,7 @@ impl FastPath {
             detached: false,
             stubs,
             batch: None,
+            removals: 0,
         })
     }
 
@@ -1230,6 +1234,7 @@ impl FastPath {
             .map(|p| p.breakpoints().into_iter().map(|b| b.0).collect());
         write_spans(t, restore, bps.as_ref())?;
         self.installed.clear();
+        self.removals += 1;
         self.heartbeat = None;
         self.detached = true;
         Ok(())
@@ -1238,10 +1243,31 @@ impl FastPath {
     /// Every byte range this fast path wrote into the target's code
     /// (address, original bytes), in the order written.
     pub fn written_bytes(&self) -> Vec<(u64, Vec<u8>)> {
+        self.written_since(0)
+    }
+
+    /// [`FastPath::written_bytes`] from the `from`-th write on, so that a
+    /// caller keeping a copy adds only what is new (probing names one at a
+    /// time stays linear); with the number of writes and
+    /// [`FastPath::removals`] the caller tells when its copy is stale.
+    pub fn written_since(&self, from: usize) -> Vec<(u64, Vec<u8>)> {
         self.installed
+            .get(from..)
+            .unwrap_or_default()
             .iter()
             .map(|i| (i.addr, i.original.clone()))
             .collect()
+    }
+
+    /// How many writes [`FastPath::written_bytes`] lists.
+    pub fn written_count(&self) -> usize {
+        self.installed.len()
+    }
+
+    /// How many times writes left the list (detach, forget): a copy taken
+    /// before a change of this number is stale.
+    pub fn removals(&self) -> u64 {
+        self.removals
     }
 
     /// Forgets every byte written without restoring anything (the image
@@ -1253,6 +1279,7 @@ impl FastPath {
             let _ = self.shm.shm().set_site_action(s.key, 0);
         }
         self.installed.clear();
+        self.removals += 1;
         self.heartbeat = None;
         self.detached = true;
     }
@@ -1261,6 +1288,7 @@ impl FastPath {
     /// that was unmapped) without restoring them; the other sites stay.
     pub fn forget_range(&mut self, start: u64, end: u64) {
         let shm = self.shm.clone();
+        self.removals += 1;
         self.installed.retain(|s| {
             let inside = s.addr >= start && s.addr < end;
             if inside {
