@@ -58,6 +58,9 @@ enum What {
         /// Seconds after which a run is killed and reported as cut off.
         #[arg(long, default_value_t = 120)]
         cutoff: u64,
+        /// bpftrace only up to this many probes (it takes minutes past that).
+        #[arg(long, default_value_t = 1000)]
+        bpftrace_max: usize,
     },
     /// One measurement of `scale`, in a process of its own (internal).
     #[command(hide = true)]
@@ -73,9 +76,17 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.what {
         What::Trap { cpu, hits, runs } => trap(cpu, hits, runs),
-        What::Scale { n, runs, cutoff } => {
-            scale::run(&n, runs, std::time::Duration::from_secs(cutoff))
-        }
+        What::Scale {
+            n,
+            runs,
+            cutoff,
+            bpftrace_max,
+        } => scale::run(
+            &n,
+            runs,
+            std::time::Duration::from_secs(cutoff),
+            bpftrace_max,
+        ),
         What::ScaleOne {
             bin,
             mechanism,
