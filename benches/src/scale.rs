@@ -243,6 +243,7 @@ fn timed(mut cmd: Command, limit: Duration) -> Result<Option<(f64, String)>> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .stdin(Stdio::null())
+        .env("RUST_BACKTRACE", "0")
         .spawn()?;
     let out = child.stdout.take().context("stdout")?;
     let reader = std::thread::spawn(move || {
@@ -258,7 +259,8 @@ fn timed(mut cmd: Command, limit: Duration) -> Result<Option<(f64, String)>> {
                 if let Some(mut er) = child.stderr.take() {
                     let _ = std::io::Read::read_to_string(&mut er, &mut e);
                 }
-                bail!("{cmd:?} failed: {}", e.lines().last().unwrap_or(""));
+                let first = e.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+                bail!("{:?} failed: {first}", cmd.get_args().collect::<Vec<_>>());
             }
             return Ok(Some((t0.elapsed().as_secs_f64(), text)));
         }
@@ -316,8 +318,16 @@ pub fn run(ns: &[usize], runs: usize, cutoff: Duration, bpftrace_max: usize) -> 
                 if let Some(l) = limit {
                     c.arg("--limit").arg(l.to_string());
                 }
-                match timed(c, cutoff)? {
-                    Some((wall, out)) => {
+                match timed(c, cutoff) {
+                    Err(e) => {
+                        note = format!("{e:#}");
+                        break;
+                    }
+                    Ok(None) => {
+                        note = format!("cut off after {} s", cutoff.as_secs());
+                        break;
+                    }
+                    Ok(Some((wall, out))) => {
                         let w: Vec<f64> = out
                             .split_whitespace()
                             .filter_map(|x| x.parse().ok())
@@ -326,10 +336,6 @@ pub fn run(ns: &[usize], runs: usize, cutoff: Duration, bpftrace_max: usize) -> 
                             bail!("scale-one printed {out:?}");
                         }
                         got.push((w, wall));
-                    }
-                    None => {
-                        note = format!("cut off after {} s", cutoff.as_secs());
-                        break;
                     }
                 }
             }
