@@ -10,6 +10,7 @@
 //!   cargo run --release -p hotprobe-bench -- typed          # record -a vs --args 2 vs uftrace -a
 //! cargo run --release -p hotprobe-bench -- sqlite           # every function of SQLite: count, record, uftrace
 //! cargo run --release -p hotprobe-bench -- handlers         # Rust, C, Python handlers vs Frida's JS
+//! cargo run --release -p hotprobe-bench -- scale --n 1000,10000,100000   # issue 14: N probes
 //! ```
 //!
 //! Prints a markdown table: ns per hit and × native. Not a test: timing
@@ -24,6 +25,7 @@ use std::process::Command;
 
 mod inproc;
 mod sqlite;
+mod scale;
 
 #[derive(Parser)]
 #[command(about = "hotprobe benchmarks, peers side by side")]
@@ -104,6 +106,35 @@ enum What {
         #[arg(long, default_value_t = 3)]
         runs: usize,
     },
+    /// Every function of a generated N-function program probed: arm and
+    /// detach time, tracer RSS, slowdown, per each mechanism, next to
+    /// uftrace and bpftrace (issue 14).
+    Scale {
+        /// Function counts, comma-separated.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "1000,10000,100000,200000"
+        )]
+        n: Vec<usize>,
+        /// Runs per hotprobe and uftrace row (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Seconds after which a run is killed and reported as cut off.
+        #[arg(long, default_value_t = 120)]
+        cutoff: u64,
+        /// bpftrace only up to this many probes (it takes minutes past that).
+        #[arg(long, default_value_t = 1000)]
+        bpftrace_max: usize,
+    },
+    /// One measurement of `scale`, in a process of its own (internal).
+    #[command(hide = true)]
+    ScaleOne {
+        bin: PathBuf,
+        mechanism: String,
+        #[arg(long)]
+        limit: Option<usize>,
+    },
 }
 
 mod handlers;
@@ -117,6 +148,22 @@ fn main() -> Result<()> {
         What::Typed { calls, runs } => typed(calls, runs),
         What::Sqlite { rows, runs } => sqlite::sqlite(rows, runs),
         What::Handlers { cpu, hits, runs } => handlers::run(cpu, hits, runs),
+        What::Scale {
+            n,
+            runs,
+            cutoff,
+            bpftrace_max,
+        } => scale::run(
+            &n,
+            runs,
+            std::time::Duration::from_secs(cutoff),
+            bpftrace_max,
+        ),
+        What::ScaleOne {
+            bin,
+            mechanism,
+            limit,
+        } => scale::one(&bin, &mechanism, limit),
     }
 }
 

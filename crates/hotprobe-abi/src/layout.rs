@@ -40,8 +40,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"HOTPROBE");
 /// the trap table ([`Header::traps_offset`]); 7: the in-process trap
 /// table ([`InprocSite`]) at the end of the trap table; 8:
 /// [`HandlerCtl::handler_trampoline`], [`HANDLER_STUB`], [`HANDLER_POST`],
-/// [`INPROC_POST`]).
-pub const VERSION: u32 = 8;
+/// [`INPROC_POST`]; 9: the site table is indexed by [`site_index`], which
+/// keeps nearby sites on nearby slots).
+pub const VERSION: u32 = 9;
 /// Size of [`Header`] in bytes.
 pub const HEADER_SIZE: usize = 256;
 /// Alignment of every section start (the site table and the thread slots).
@@ -484,8 +485,8 @@ pub struct TrapRegion {
 }
 const _: () = assert!(size_of::<TrapRegion>() == 16);
 
-/// One slot of the open-addressing site table (linear probing, hash
-/// [`site_hash`]).
+/// One slot of the open-addressing site table (linear probing, index
+/// [`site_index`]).
 ///
 /// The key is the *return address* the patched `call` pushes: the run-time
 /// address of the instruction after the call (site + 5), or for stubs the
@@ -503,7 +504,23 @@ pub struct SiteSlot {
 }
 const _: () = assert!(size_of::<SiteSlot>() == 16);
 
-/// Hash of a site key into a table of `1 << (64 - shift)` slots.
+/// Slot index (before masking by the table size) of a site key in the
+/// site table: the key's address in 16-byte units, with its upper 32 bits
+/// folded in so that modules far apart in memory do not start on the same
+/// slots. Not a mixing hash on purpose: sites close together in the text
+/// (functions are 16-byte aligned) land on neighbouring slots, so the
+/// table's pages that are ever touched — its memory cost — grow with the
+/// span of text probed, not with the table's reserved size (a table sized
+/// for a million probes costs a page for 10 probes in one function
+/// region). Keys 16 bytes apart or more never collide within a module
+/// whose text is smaller than 16 × the table's slots.
+#[inline(always)]
+pub fn site_index(key: u64) -> usize {
+    ((key >> 4) ^ (key >> 32)) as usize
+}
+
+/// Hash of a key into a table of `1 << (64 - shift)` slots (the trap
+/// table's).
 #[inline(always)]
 pub fn site_hash(key: u64, shift: u32) -> usize {
     (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> shift) as usize

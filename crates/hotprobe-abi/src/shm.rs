@@ -5,10 +5,10 @@ use core::sync::atomic::AtomicU64;
 use core::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 
 use crate::layout::{
-    site_hash, slot_values, Header, HeaderFields, InprocSite, Layout, Params, RingCtl, SiteSlot,
-    TrapRegion, TrapReturn, TrapSlot, HEADER_SIZE, INPROC_COUNT, INPROC_OFFSET, INPROC_SITES,
-    MAGIC, THREAD_COUNTERS_OFFSET, TRAP_PRESENT, TRAP_REGIONS, TRAP_RETURNS, TRAP_RETURNS_OFFSET,
-    TRAP_SLOTS, TRAP_SLOTS_OFFSET, VERSION,
+    site_hash, site_index, slot_values, Header, HeaderFields, InprocSite, Layout, Params, RingCtl,
+    SiteSlot, TrapRegion, TrapReturn, TrapSlot, HEADER_SIZE, INPROC_COUNT, INPROC_OFFSET,
+    INPROC_SITES, MAGIC, THREAD_COUNTERS_OFFSET, TRAP_PRESENT, TRAP_REGIONS, TRAP_RETURNS,
+    TRAP_RETURNS_OFFSET, TRAP_SLOTS, TRAP_SLOTS_OFFSET, VERSION,
 };
 use crate::layout::{HandlerCtl, HandlerSlot, HANDLER_OFFSET, HANDLER_SLOTS};
 use crate::ring::{Consumer, Producer};
@@ -181,7 +181,7 @@ impl Shm {
     pub fn lookup_site(&self, key: u64) -> Option<(u32, u32)> {
         let sites = self.sites();
         let mask = sites.len() - 1;
-        let mut i = site_hash(key, self.layout.site_shift);
+        let mut i = site_index(key);
         let mut n = 0;
         while n < sites.len() {
             let s = sites.get(i & mask)?;
@@ -213,7 +213,7 @@ impl Shm {
         }
         let sites = self.sites();
         let mask = sites.len() - 1;
-        let mut i = site_hash(key, self.layout.site_shift);
+        let mut i = site_index(key);
         for _ in 0..sites.len() {
             let s = &sites[i & mask];
             let k = s.key.load(Relaxed);
@@ -234,7 +234,7 @@ impl Shm {
     pub fn set_site_action(&self, key: u64, action: u32) -> Result<(), AbiError> {
         let sites = self.sites();
         let mask = sites.len() - 1;
-        let mut i = site_hash(key, self.layout.site_shift);
+        let mut i = site_index(key);
         for _ in 0..sites.len() {
             let s = &sites[i & mask];
             let k = s.key.load(Relaxed);

@@ -646,15 +646,26 @@ fn fill_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32) -> u64 {
         // Fault the slot's pages in now (one system call on the thread's
         // first hit) rather than one page fault per 64 or 128 events on the
         // hot path. Best effort: older kernels answer EINVAL.
+        // Not the slot's counters: with 2^20 probe ids they are 8 MB, and
+        // only the pages of the probes this thread hits are ever touched
+        // (one fault per 512 probes, not on the hot path of a hot probe).
         let base = ctl as *const hotprobe_abi::RingCtl as usize;
-        let len = shm.layout().thread_stride + (base & 4095);
-        // The range covers this thread's slot, from the start of its first
-        // page, inside the shared mapping (the mapping is page-granular);
-        // populating changes no content. By the system call: libc's
-        // `madvise` may be probed.
+        let lay = shm.layout();
+        let ctl_len = core::mem::size_of::<hotprobe_abi::RingCtl>() + (base & 4095);
+        let events = base + lay.events_offset;
+        let events_len = lay.thread_stride - lay.events_offset + (events & 4095);
+        // Both ranges lie in this thread's slot (the control block; the
+        // ring's events up to the end of the slot), from the start of their
+        // first page, inside the shared mapping (the mapping is
+        // page-granular); populating changes no content. By the system
+        // call: libc's `madvise` may be probed.
         crate::orphan::syscall(
             libc::SYS_madvise,
-            [(base & !4095) as u64, len as u64, 23, 0],
+            [(base & !4095) as u64, ctl_len as u64, 23, 0],
+        );
+        crate::orphan::syscall(
+            libc::SYS_madvise,
+            [(events & !4095) as u64, events_len as u64, 23, 0],
         );
     }
     counters

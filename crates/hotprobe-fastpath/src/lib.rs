@@ -215,7 +215,14 @@ pub struct SiteInfo {
 /// Shared-memory sizes.
 #[derive(Clone, Copy, Debug)]
 pub struct FastPathConfig {
-    /// Probe ids available.
+    /// Probe ids available per target: the size of the reservation for
+    /// the site table, the global, missed and per-thread counters. Only
+    /// the pages of ids in use (and of the site-table slots under probed
+    /// text) are ever touched, so a large reservation costs address space,
+    /// not memory: the default, 2^20, is about 800 MB of address space in
+    /// tracer and target with 64 thread slots (most of it the rings), and
+    /// ≈ 8 bytes of shared memory per probe id used, plus 8 per probe per
+    /// thread that hits it.
     pub max_probes: u32,
     /// Thread slots.
     pub max_threads: u32,
@@ -237,7 +244,7 @@ pub struct FastPathConfig {
 impl Default for FastPathConfig {
     fn default() -> Self {
         FastPathConfig {
-            max_probes: 1 << 14,
+            max_probes: 1 << 20,
             max_threads: 64,
             ring_capacity: 1 << 16,
             record_args: 6,
@@ -397,11 +404,25 @@ struct Installed {
     key: u64,
 }
 
-/// Size of each page pool mapped for stubs and trampolines.
+/// Size of the first page pool mapped for stubs and trampolines; each
+/// further pool doubles, up to [`POOL_SIZE_MAX`], so that 100,000 stubs
+/// take a dozen remote `mmap`s, not hundreds.
 const POOL_SIZE: u64 = 64 * 1024;
+/// The largest pool.
+const POOL_SIZE_MAX: u64 = 4 << 20;
+/// Room a pool must have for a stub to be assembled in place at its next
+/// free address (the longest stub is well under this).
+const STUB_ROOM: u64 = 512;
+/// Pending writes of a batch closer than this are written as one span
+/// (the bytes between read back first): one `pwrite` per page or so of
+/// patched text instead of one per site.
+const BATCH_GAP: u64 = 1024;
+/// The longest span a batch writes at once.
+const BATCH_SPAN: u64 = 256 * 1024;
 
 #[derive(Debug)]
 struct Pool {
+    start: u64,
     next: u64,
     end: u64,
 }
@@ -420,6 +441,11 @@ pub struct FastPath {
     stubs: bool,
     /// Handler sites on patch or jump (`inproc`): site key → site.
     handler_keys: HashMap<u64, u64>,
+    /// Writes held back while a batch is open ([`FastPath::begin_batch`]).
+    batch: Option<Vec<(u64, Vec<u8>)>>,
+    /// Bumped whenever entries leave `installed` (see
+    /// [`FastPath::written_since`]).
+    removals: u64,
 }
 
 impl FastPath {
@@ -587,6 +613,8 @@ impl FastPath {
             detached: false,
             stubs,
             handler_keys: HashMap::new(),
+            batch: None,
+            removals: 0,
         })
     }
 
@@ -747,9 +775,7 @@ impl FastPath {
         name: Option<&str>,
     ) -> Result<FunctionInfo, FastPathError> {
         let m = self.module(path)?;
-        m.functions()
-            .iter()
-            .find(|f| f.addr == link_addr)
+        m.function_at(link_addr)
             .or_else(|| name.and_then(|n| m.function(n)))
             .cloned()
             .ok_or_else(|| {
@@ -880,7 +906,7 @@ impl FastPath {
                                     None => self.shm().header().exit_trampoline.load(Relaxed),
                                 };
                                 let stub = self.alloc(t, a, 16)?;
-                                t.write_memory(RuntimeAddr(stub), &tail_exit_stub(exit_tramp))?;
+                                self.write(t, stub, &tail_exit_stub(exit_tramp))?;
                                 let b = jmp_rel32(a, stub).expect("stub within reach");
                                 self.install(
                                     t,
@@ -916,7 +942,7 @@ impl FastPath {
                         why: "trampoline longer than 64 bytes".into(),
                     });
                 }
-                t.write_memory(RuntimeAddr(tramp), &body)?;
+                self.write(t, tramp, &body)?;
                 let bytes = jp.patch_bytes(tramp).expect("trampoline within reach");
                 self.install(t, site, &bytes, tramp + 5, probe_id, bits)?;
             }
@@ -985,10 +1011,29 @@ impl FastPath {
             addr: near,
             why: e.to_string(),
         };
-        let len = stub::build(0, &p).map_err(err)?.len() as u64;
-        let at = self.alloc(t, near, len)?;
-        let code = stub::build(at, &p).map_err(err)?;
-        t.write_memory(RuntimeAddr(at), &code)?;
+        // Assembled once, in place at the next free address of a pool with
+        // room (the common case), else sized first and placed in a new pool.
+        let (at, code) = match self.pool_with_room(near, STUB_ROOM) {
+            Some(i) => {
+                let at = self.pools[i].next;
+                let code = stub::build(at, &p).map_err(err)?;
+                let len = (code.len() as u64 + 63) & !63;
+                if len > STUB_ROOM {
+                    return Err(FastPathError::Assemble {
+                        addr: near,
+                        why: format!("a stub of {} bytes (at most {STUB_ROOM})", code.len()),
+                    });
+                }
+                self.pools[i].next += len;
+                (at, code)
+            }
+            None => {
+                let len = stub::build(0, &p).map_err(err)?.len() as u64;
+                let at = self.alloc(t, near, len)?;
+                (at, stub::build(at, &p).map_err(err)?)
+            }
+        };
+        self.write(t, at, &code)?;
         Ok(Some(at))
     }
 
@@ -1016,17 +1061,67 @@ impl FastPath {
             return Ok(near + stub_off);
         }
         let stub = self.alloc(t, from, 16)?;
-        t.write_memory(RuntimeAddr(stub), &hotprobe_abi::patch::abs_jmp_stub(tramp))?;
+        self.write(t, stub, &hotprobe_abi::patch::abs_jmp_stub(tramp))?;
         Ok(stub)
     }
 
     /// The pages this fast path mapped for its stubs and trampolines
     /// (start, end): no probe may go there.
     pub fn pages(&self) -> Vec<(u64, u64)> {
-        self.pools
-            .iter()
-            .map(|p| (p.end - POOL_SIZE, p.end))
-            .collect()
+        self.pools.iter().map(|p| (p.start, p.end)).collect()
+    }
+
+    /// The first pool within ±2 GiB of `near` with `len` bytes free.
+    fn pool_with_room(&self, near: u64, len: u64) -> Option<usize> {
+        self.pools.iter().position(|p| {
+            p.next + len <= p.end
+                && jmp_rel32(near, p.next).is_some()
+                && jmp_rel32(near, p.end).is_some()
+        })
+    }
+
+    /// Writes `bytes` at `addr` in the target now, or at the end of the
+    /// open batch.
+    fn write(
+        &mut self,
+        t: &mut ProcessTarget,
+        addr: u64,
+        bytes: &[u8],
+    ) -> Result<(), FastPathError> {
+        match &mut self.batch {
+            Some(b) => b.push((addr, bytes.to_vec())),
+            None => t.write_memory(RuntimeAddr(addr), bytes)?,
+        }
+        Ok(())
+    }
+
+    /// Opens a batch: until [`FastPath::end_batch`], the code this fast
+    /// path writes (stubs, trampolines, patched sites) is held back and
+    /// then written span by span — one read and one write of
+    /// `/proc/PID/mem` per run of nearby sites (about a page of text)
+    /// instead of two per site. The target's threads must stay stopped
+    /// from the first [`FastPath::add_function`] of the batch to its end
+    /// (nothing held back is ever half written: a thread that ran in
+    /// between would run the original code).
+    pub fn begin_batch(&mut self) {
+        if self.batch.is_none() {
+            self.batch = Some(Vec::new());
+        }
+    }
+
+    /// Whether a batch is open (see [`FastPath::begin_batch`]).
+    pub fn in_batch(&self) -> bool {
+        self.batch.is_some()
+    }
+
+    /// Writes what the open batch held back (see [`FastPath::begin_batch`])
+    /// and closes it. Threads stay stopped.
+    pub fn end_batch(&mut self, t: &mut ProcessTarget) -> Result<(), FastPathError> {
+        let Some(writes) = self.batch.take() else {
+            return Ok(());
+        };
+        let bps = t.breakpoints().into_iter().map(|b| b.0).collect();
+        write_spans(t, writes, Some(&bps))
     }
 
     /// `len` bytes of executable memory within ±2 GiB of `near` (64-byte
@@ -1045,8 +1140,12 @@ impl FastPath {
         }
         let maps = std::fs::read_to_string(format!("/proc/{}/maps", t.pid())).unwrap_or_default();
         let lines = hotprobe_process::parse_maps_lines(&maps);
-        const SIZE: u64 = POOL_SIZE;
-        let addr = hotprobe_process::find_free_gap(&lines, near, SIZE).ok_or_else(|| {
+        let grown = POOL_SIZE
+            .checked_shl(self.pools.len() as u32)
+            .unwrap_or(POOL_SIZE_MAX)
+            .min(POOL_SIZE_MAX);
+        let size = grown.max((len + 4095) & !4095);
+        let addr = hotprobe_process::find_free_gap(&lines, near, size).ok_or_else(|| {
             FastPathError::NoTrampolineMemory {
                 addr: near,
                 why: "no free gap".into(),
@@ -1057,7 +1156,7 @@ impl FastPath {
             libc::SYS_mmap as u64,
             &[
                 addr,
-                SIZE,
+                size,
                 (libc::PROT_READ | libc::PROT_EXEC) as u64,
                 (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64,
                 u64::MAX,
@@ -1070,10 +1169,11 @@ impl FastPath {
                 why: format!("remote mmap at {addr:#x} returned {r:#x}"),
             });
         }
-        t.write_memory(RuntimeAddr(addr), &vec![0xcc; SIZE as usize])?;
+        t.write_memory(RuntimeAddr(addr), &vec![0xcc; size as usize])?;
         self.pools.push(Pool {
+            start: addr,
             next: addr + len,
-            end: addr + SIZE,
+            end: addr + size,
         });
         Ok(addr)
     }
@@ -1096,7 +1196,7 @@ impl FastPath {
         self.shm()
             .insert_site(key, probe_id, bits)
             .map_err(|e| FastPathError::Shm(e.to_string()))?;
-        t.write_memory(RuntimeAddr(addr), bytes)?;
+        self.write(t, addr, bytes)?;
         self.installed.push(Installed {
             addr,
             original,
@@ -1121,12 +1221,16 @@ impl FastPath {
             }
             return Err(e.into());
         }
+        // Every original put back in one batch: a write per span of
+        // nearby sites (see `end_batch`), in reverse order of installation
+        // (the batch keeps that order for writes to one address).
+        let mut restore = Vec::with_capacity(self.installed.len());
         for s in self.installed.iter().rev() {
             // A thread can sit at the first byte of a site (fine: it runs
             // the original instruction) but never strictly inside: the
             // patched bytes are one instruction, padded with int3 never run.
             wait_pcs_outside(t, s.addr, s.original.len() as u64)?;
-            t.write_memory(RuntimeAddr(s.addr), &s.original)?;
+            restore.push((s.addr, s.original.clone()));
             if s.key == 0 {
                 // An in-process trap (`inproc`): its entry stays.
                 self.shm.shm().quiet_inproc(s.addr);
@@ -1134,7 +1238,13 @@ impl FastPath {
                 let _ = self.shm.shm().set_site_action(s.key, 0);
             }
         }
+        let bps: Option<std::collections::BTreeSet<u64>> = t
+            .as_any_mut()
+            .and_then(|a| a.downcast_mut::<ProcessTarget>())
+            .map(|p| p.breakpoints().into_iter().map(|b| b.0).collect());
+        write_spans(t, restore, bps.as_ref())?;
         self.installed.clear();
+        self.removals += 1;
         self.heartbeat = None;
         self.detached = true;
         Ok(())
@@ -1143,10 +1253,31 @@ impl FastPath {
     /// Every byte range this fast path wrote into the target's code
     /// (address, original bytes), in the order written.
     pub fn written_bytes(&self) -> Vec<(u64, Vec<u8>)> {
+        self.written_since(0)
+    }
+
+    /// [`FastPath::written_bytes`] from the `from`-th write on, so that a
+    /// caller keeping a copy adds only what is new (probing names one at a
+    /// time stays linear); with the number of writes and
+    /// [`FastPath::removals`] the caller tells when its copy is stale.
+    pub fn written_since(&self, from: usize) -> Vec<(u64, Vec<u8>)> {
         self.installed
+            .get(from..)
+            .unwrap_or_default()
             .iter()
             .map(|i| (i.addr, i.original.clone()))
             .collect()
+    }
+
+    /// How many writes [`FastPath::written_bytes`] lists.
+    pub fn written_count(&self) -> usize {
+        self.installed.len()
+    }
+
+    /// How many times writes left the list (detach, forget): a copy taken
+    /// before a change of this number is stale.
+    pub fn removals(&self) -> u64 {
+        self.removals
     }
 
     /// Forgets every byte written without restoring anything (the image
@@ -1158,6 +1289,7 @@ impl FastPath {
             let _ = self.shm.shm().set_site_action(s.key, 0);
         }
         self.installed.clear();
+        self.removals += 1;
         self.heartbeat = None;
         self.detached = true;
     }
@@ -1166,6 +1298,7 @@ impl FastPath {
     /// that was unmapped) without restoring them; the other sites stay.
     pub fn forget_range(&mut self, start: u64, end: u64) {
         let shm = self.shm.clone();
+        self.removals += 1;
         self.installed.retain(|s| {
             let inside = s.addr >= start && s.addr < end;
             if inside {
@@ -1277,6 +1410,50 @@ fn remote_attach(
             "hotprobe_agent_attach_fd returned {}",
             r as i32
         )));
+    }
+    Ok(())
+}
+
+/// Writes `writes` (address, bytes; none overlapping, except writes to the
+/// same address, which go out in their order) in spans: writes closer than [`BATCH_GAP`] go out as one read and one
+/// write of the span between them. Bytes under a breakpoint (`bps`; `None`:
+/// unknown, so every write alone) must go through `write_memory` one write
+/// at a time — it keeps the int3 and records the new original — so a span
+/// never reaches over a breakpoint.
+fn write_spans(
+    t: &mut dyn Target,
+    mut writes: Vec<(u64, Vec<u8>)>,
+    bps: Option<&std::collections::BTreeSet<u64>>,
+) -> Result<(), FastPathError> {
+    // Stable: writes to one address keep their order.
+    writes.sort_by_key(|w| w.0);
+    let mut i = 0;
+    while i < writes.len() {
+        let start = writes[i].0;
+        let mut end = start + writes[i].1.len() as u64;
+        let mut j = i + 1;
+        while j < writes.len()
+            && writes[j].0 <= end + BATCH_GAP
+            && writes[j].0 + writes[j].1.len() as u64 - start <= BATCH_SPAN
+        {
+            end = end.max(writes[j].0 + writes[j].1.len() as u64);
+            j += 1;
+        }
+        let group = &writes[i..j];
+        if group.len() == 1 || bps.is_none_or(|b| b.range(start..end).next().is_some()) {
+            for (a, b) in group {
+                t.write_memory(RuntimeAddr(*a), b)?;
+            }
+        } else {
+            let mut buf = vec![0u8; (end - start) as usize];
+            t.read_memory(RuntimeAddr(start), &mut buf)?;
+            for (a, b) in group {
+                let o = (a - start) as usize;
+                buf[o..o + b.len()].copy_from_slice(b);
+            }
+            t.write_memory(RuntimeAddr(start), &buf)?;
+        }
+        i = j;
     }
     Ok(())
 }

@@ -108,10 +108,13 @@ pub struct ModuleInfo {
     pfe: BTreeSet<u64>,
     mcount: BTreeSet<u64>,
     probes: Option<ProbeList>,
+    /// Sorted by address.
     functions: Vec<FunctionInfo>,
     /// Targets of the direct branches of every function, sorted (computed
     /// on the first jump plan: see [`ModuleInfo::branch_into`]).
     branch_targets: std::sync::OnceLock<Vec<(u64, u64)>>,
+    /// Name → index of the first function of that name in `functions`.
+    by_name: std::collections::HashMap<String, usize>,
 }
 
 fn read_addr_section(file: &object::File<'_>, name: &str) -> BTreeSet<u64> {
@@ -217,9 +220,11 @@ impl ModuleInfo {
             }
         }
         if let Some(p) = &probes {
+            let mut known: std::collections::HashSet<String> =
+                functions.iter().map(|f| f.name.clone()).collect();
             for s in &p.sites {
                 let Some(name) = &s.function else { continue };
-                if functions.iter().any(|f| &f.name == name) {
+                if !known.insert(name.clone()) {
                     continue;
                 }
                 // A stripped binary: the function starts at or before its
@@ -232,6 +237,10 @@ impl ModuleInfo {
             }
         }
         functions.sort_by_key(|f| f.addr);
+        let mut by_name = std::collections::HashMap::with_capacity(functions.len());
+        for (i, f) in functions.iter().enumerate() {
+            by_name.entry(f.name.clone()).or_insert(i);
+        }
         Ok(ModuleInfo {
             path: path.to_path_buf(),
             bytes,
@@ -241,6 +250,7 @@ impl ModuleInfo {
             probes,
             functions,
             branch_targets: std::sync::OnceLock::new(),
+            by_name,
         })
     }
 
@@ -309,7 +319,15 @@ impl ModuleInfo {
 
     /// The function named `name` (symbol or probe-list name).
     pub fn function(&self, name: &str) -> Option<&FunctionInfo> {
-        self.functions.iter().find(|f| f.name == name)
+        self.by_name.get(name).and_then(|&i| self.functions.get(i))
+    }
+
+    /// The first function whose entry is at link address `addr` (binary
+    /// search: O(log n), so that planning every function of a module is
+    /// not quadratic).
+    pub fn function_at(&self, addr: u64) -> Option<&FunctionInfo> {
+        let i = self.functions.partition_point(|f| f.addr < addr);
+        self.functions.get(i).filter(|f| f.addr == addr)
     }
 
     /// The file bytes at link address `addr`, `len` long, if mapped from the file.

@@ -29,7 +29,11 @@ impl OwnedShm {
     pub(crate) fn create(config: FastPathConfig) -> Result<OwnedShm, FastPathError> {
         let params = Params {
             n_probes: config.max_probes,
-            n_site_slots: (config.max_probes * 8).next_power_of_two(),
+            // Two slots per probe id: the site table's index keeps neighbouring
+            // sites on neighbouring slots (`hotprobe_abi::site_index`), so
+            // only the pages under probed text are ever touched, whatever
+            // the reserved size.
+            n_site_slots: (config.max_probes.max(1) * 2).next_power_of_two(),
             n_threads: config.max_threads,
             ring_capacity: config.ring_capacity,
             event_size: if config.record_args <= 2 {

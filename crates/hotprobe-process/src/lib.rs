@@ -1319,10 +1319,23 @@ impl Target for ProcessTarget {
     fn write_memory(&mut self, addr: RuntimeAddr, data: &[u8]) -> Result<(), TargetError> {
         let mut data = data.to_vec();
         // Bytes under a breakpoint: remember them as the new original and keep the int3.
-        for (i, b) in data.iter_mut().enumerate() {
-            if let Some(orig) = self.breakpoints.get_mut(&(addr.0 + i as u64)) {
-                *orig = *b;
-                *b = INT3;
+        // Whichever is shorter is walked: the bytes or the breakpoints (a
+        // span of patched text is written at once, issue 14).
+        let end = addr.0.saturating_add(data.len() as u64);
+        if self.breakpoints.len() < data.len() {
+            for (a, orig) in self.breakpoints.iter_mut() {
+                if *a >= addr.0 && *a < end {
+                    let b = &mut data[(*a - addr.0) as usize];
+                    *orig = *b;
+                    *b = INT3;
+                }
+            }
+        } else {
+            for (i, b) in data.iter_mut().enumerate() {
+                if let Some(orig) = self.breakpoints.get_mut(&(addr.0 + i as u64)) {
+                    *orig = *b;
+                    *b = INT3;
+                }
             }
         }
         match self.mem.write_at(&data, addr.0) {

@@ -195,15 +195,26 @@ pub const SIGRETURN_SYMBOLS: &[&str] = &["__restore_rt", "__restore", "__vdso_rt
 pub struct ProcessResolver {
     pid: i32,
     symbols: Arc<ProcessSymbols>,
+    /// `/proc/PID/maps` as it was when `symbols` was read: while it reads
+    /// the same, the modules are the same and are not read again (issue 14:
+    /// re-checking every mapped file per probe made arming 100,000 probes
+    /// slow).
+    maps: String,
+    /// [`Resolver::blacklist`] of `symbols`, computed once per read.
+    blacklist: Vec<BlacklistEntry>,
 }
 
 impl ProcessResolver {
     /// Read the process's modules.
     pub fn new(pid: i32) -> Result<Self, SymbolError> {
-        Ok(ProcessResolver {
+        let mut r = ProcessResolver {
             pid,
             symbols: Arc::new(ProcessSymbols::for_pid(pid as u32)?),
-        })
+            maps: String::new(),
+            blacklist: Vec::new(),
+        };
+        r.blacklist = r.blacklist();
+        Ok(r)
     }
 
     /// The process's symbols as last read.
@@ -232,8 +243,13 @@ impl Resolver for ProcessResolver {
         spec: &ProbeSpec,
         _target: &mut dyn Target,
     ) -> Result<Vec<ResolvedProbe>, SymbolError> {
-        if let Ok(fresh) = ProcessSymbols::for_pid(self.pid as u32) {
-            self.symbols = Arc::new(fresh);
+        let maps = std::fs::read_to_string(format!("/proc/{}/maps", self.pid)).unwrap_or_default();
+        if maps.is_empty() || maps != self.maps {
+            if let Ok(fresh) = ProcessSymbols::for_pid(self.pid as u32) {
+                self.symbols = Arc::new(fresh);
+                self.maps = maps;
+                self.blacklist = self.blacklist();
+            }
         }
         self.symbols.resolve(spec)
     }
@@ -250,7 +266,7 @@ impl Resolver for ProcessResolver {
                 probe.addr.0, probe.module
             ));
         }
-        check_probe_point(probe, &self.blacklist(), target, options)
+        check_probe_point(probe, &self.blacklist, target, options)
     }
 
     fn blacklist(&self) -> Vec<BlacklistEntry> {

@@ -376,6 +376,11 @@ impl Engine {
         self.fork_restores = restores;
     }
 
+    /// Adds to [`Engine::set_fork_restores`]'s list.
+    pub fn extend_fork_restores(&mut self, more: Vec<(RuntimeAddr, Vec<u8>)>) {
+        self.fork_restores.extend(more);
+    }
+
     /// A fresh probe id (for probes another mechanism runs).
     pub(crate) fn new_id(&mut self) -> ProbeId {
         let id = ProbeId(self.id_base + self.next_probe);

@@ -283,6 +283,12 @@ struct Slot {
     published: HashMap<u64, u8>,
     /// Guard `int3`s (address → the breakpoint they guard, one byte before).
     guards: HashMap<u64, u64>,
+    /// The process's modules and the `/proc/PID/maps` they were read from:
+    /// read again only when the maps change (issue 14).
+    symbols: Option<(String, std::sync::Arc<hotprobe_symbols::ProcessSymbols>)>,
+    /// The fast path's writes already given to the engine as fork restores,
+    /// and its `removals()` then (see `update_fork_restores`).
+    fork_synced: (usize, u64),
     /// Trap return probes → the plain probe, at the same address and just
     /// before them, that publishes each call in the trap table before
     /// the return address is swapped ([`publisher`]).
@@ -319,16 +325,34 @@ impl Slot {
     }
 
     /// The fast path's writes become the bytes a forked child gets back.
+    /// Only what was written since the last call is added, unless writes
+    /// were taken back since (then all again): probing N names one call
+    /// each stays linear.
     fn update_fork_restores(&mut self) {
-        let restores = match &self.fast {
+        let (count, removals) = match &self.fast {
+            Fast::On(fp) => (fp.written_count(), fp.removals()),
+            _ => (0, 0),
+        };
+        let (synced, seen) = self.fork_synced;
+        let from = if removals == seen && count >= synced {
+            synced
+        } else {
+            0
+        };
+        let more: Vec<(RuntimeAddr, Vec<u8>)> = match &self.fast {
             Fast::On(fp) => fp
-                .written_bytes()
+                .written_since(from)
                 .into_iter()
                 .map(|(a, b)| (RuntimeAddr(a), b))
                 .collect(),
             _ => Vec::new(),
         };
-        self.engine.set_fork_restores(restores);
+        if from == 0 {
+            self.engine.set_fork_restores(more);
+        } else {
+            self.engine.extend_fork_restores(more);
+        }
+        self.fork_synced = (count, removals);
     }
 
     /// The fast path's trap table, when the agent is in.
@@ -531,6 +555,9 @@ pub struct Session {
     handler_spin: Option<Duration>,
     /// Hardware watchpoints ([`Session::watch`]).
     watches: watch::Watches,
+    /// Inside [`Session::add_filtered`]: fast-path sites are written in one
+    /// batch at its end, the target stopped once (issue 14).
+    batching: bool,
 }
 
 /// Where a resolved site goes.
@@ -561,6 +588,7 @@ impl Session {
             handler_spin: None,
             watches: watch::Watches::default(),
             capture: None,
+            batching: false,
         }
     }
 
@@ -655,6 +683,8 @@ impl Session {
             plugin: None,
             published: HashMap::new(),
             guards: HashMap::new(),
+            symbols: None,
+            fork_synced: (0, 0),
             publishers: HashMap::new(),
             inproc: HashMap::new(),
             shm_handlers: HashMap::new(),
@@ -972,8 +1002,68 @@ impl Session {
     }
 
     /// As [`Session::add`], leaving out the matches whose function name
-    /// `keep` refuses (counted in [`Added::left_out`], not probed).
+    /// `keep` refuses (counted in [`Added::left_out`], not probed). The
+    /// fast-path sites of all the matches are written in one batch, the
+    /// target's threads stopped once (see
+    /// [`hotprobe_fastpath::FastPath::begin_batch`]).
     pub fn add_filtered(
+        &mut self,
+        t: TargetId,
+        spec: &str,
+        action: Action,
+        keep: &dyn Fn(&str) -> bool,
+    ) -> Result<Added, EngineError> {
+        self.batching = true;
+        let added = self.add_filtered_unbatched(t, spec, action, keep);
+        self.batching = false;
+        let flushed = self.end_batch(t);
+        let added = added?;
+        flushed?;
+        Ok(added)
+    }
+
+    /// Process `pid`'s modules (target `t`), read again only when its
+    /// `/proc/PID/maps` changed since the last read.
+    fn process_symbols(
+        &mut self,
+        t: TargetId,
+        pid: i32,
+    ) -> Result<std::sync::Arc<hotprobe_symbols::ProcessSymbols>, EngineError> {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+        let slot = self.slot(t)?;
+        if let Some((seen, syms)) = &slot.symbols {
+            if !maps.is_empty() && *seen == maps {
+                return Ok(syms.clone());
+            }
+        }
+        let syms = std::sync::Arc::new(hotprobe_symbols::ProcessSymbols::for_pid(pid as u32)?);
+        slot.symbols = Some((maps, syms.clone()));
+        Ok(syms)
+    }
+
+    /// Writes what target `t`'s fast path held back in a batch (see
+    /// [`Session::add_filtered`]) and lets a started target run again.
+    fn end_batch(&mut self, t: TargetId) -> Result<(), EngineError> {
+        let slot = self.slot(t)?;
+        let started = slot.engine.started;
+        let Slot { engine, fast, .. } = slot;
+        let Fast::On(fp) = fast else {
+            return Ok(());
+        };
+        if !fp.in_batch() {
+            return Ok(());
+        }
+        let Some(pt) = Slot::process(engine) else {
+            return Ok(());
+        };
+        let r = fp.end_batch(pt);
+        if started {
+            pt.resume_all()?;
+        }
+        Ok(r?)
+    }
+
+    fn add_filtered_unbatched(
         &mut self,
         t: TargetId,
         spec: &str,
@@ -1036,7 +1126,7 @@ impl Session {
         let many = found.len() > 1;
         let mut added = Added::default();
         let symbols = match self.slot(t)?.pid {
-            Some(pid) => Some(hotprobe_symbols::ProcessSymbols::for_pid(pid as u32)?),
+            Some(pid) => Some(self.process_symbols(t, pid)?),
             None => None,
         };
         for r in found {
@@ -1092,7 +1182,7 @@ impl Session {
                 }
                 return Err(e);
             }
-            let mut plan = self.plan_resolved(t, &r, is_return, record, symbols.as_ref())?;
+            let mut plan = self.plan_resolved(t, &r, is_return, record, symbols.as_deref())?;
             let capture = match (&self.capture, record && !is_return) {
                 (Some(choose), true) => choose(&r),
                 _ => None,
@@ -1262,6 +1352,7 @@ impl Session {
         existing: Option<ProbeId>,
     ) -> Result<Placement, EngineError> {
         let choice = self.config.mechanism;
+        let batching = self.batching;
         let slot = self.slot(t)?;
         let id = match existing {
             Some(id) => id,
@@ -1281,8 +1372,11 @@ impl Session {
         } else {
             hotprobe_fastpath::Action::count()
         };
+        if batching {
+            fp.begin_batch();
+        }
         let info = fp.add_function(pt, path, bias, function, action, choice);
-        if started {
+        if started && !fp.in_batch() {
             pt.resume_all()?;
         }
         let info = info?;
