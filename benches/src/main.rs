@@ -24,8 +24,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod inproc;
-mod sqlite;
 mod scale;
+mod sqlite;
 
 #[derive(Parser)]
 #[command(about = "hotprobe benchmarks, peers side by side")]

@@ -1192,9 +1192,8 @@ impl Session {
             }
             // An in-process trap may still take it (refused below if not);
             // typed values (captured at the hit) need the ptrace trap.
-            let inproc_first = !is_return
-                && capture.is_none()
-                && self.config.mechanism == MechanismChoice::Auto;
+            let inproc_first =
+                !is_return && capture.is_none() && self.config.mechanism == MechanismChoice::Auto;
             if let (Plan::Trap(why), true, false) = (
                 &plan,
                 record && !self.config.record_traps && capture.is_none(),
