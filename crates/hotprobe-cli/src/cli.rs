@@ -299,7 +299,8 @@ pub enum Cmd {
     Demo,
     /// Count, trace or record probes on VM guest kernels: a guest hotprobe
     /// starts with its QEMU plugin (`guest count PROBE... [--symbols FILE] --
-    /// qemu-system-x86_64 ARGS`), or running guests through their GDB stubs
+    /// qemu-system-x86_64 ARGS`; `count` takes several guests, one `--` block
+    /// each), or running guests through their GDB stubs
     /// (QEMU -gdb; repeat --gdb/--symbols (and --ram) for more guests).
     Guest {
         /// A guest's GDB stub: HOST:PORT or unix:PATH.

@@ -279,6 +279,14 @@ fn usage_errors_of_a_started_guest() {
     let (code, err) = run(&[&["--gdb", "unix:/x", "count", "foo"][..], &q].concat());
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--gdb/--ram name a running guest"), "{err}");
+    // Several guests: one non-empty -- block each, for count only.
+    let (code, err) = run(&["count", "foo", "--", "qemu-system-x86_64", "--"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("an empty QEMU command line"), "{err}");
+    let two = ["--", "qemu-system-x86_64", "--", "qemu-system-x86_64"];
+    let (code, err) = run(&[&["trace", "foo"][..], &two].concat());
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("for guest count only"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
