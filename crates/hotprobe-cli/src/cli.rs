@@ -299,8 +299,8 @@ pub enum Cmd {
     Demo,
     /// Count, trace or record probes on VM guest kernels: a guest hotprobe
     /// starts with its QEMU plugin (`guest count PROBE... [--symbols FILE] --
-    /// qemu-system-x86_64 ARGS`; `count` takes several guests, one `--` block
-    /// each), or running guests through their GDB stubs
+    /// qemu-system-x86_64 ARGS`; `count` and `trace` take several guests,
+    /// one `--` block each), or running guests through their GDB stubs
     /// (QEMU -gdb; repeat --gdb/--symbols (and --ram) for more guests).
     Guest {
         /// A guest's GDB stub: HOST:PORT or unix:PATH.
@@ -372,10 +372,12 @@ pub enum GuestCmd {
         #[arg(long)]
         sync: bool,
         /// The guest kernel's symbols (with a QEMU command line; default:
-        /// recovered from its -kernel image).
+        /// recovered from each guest's -kernel image).
         #[arg(long, value_name = "FILE")]
         symbols: Option<PathBuf>,
-        /// A QEMU command line to start with hotprobe's plugin.
+        /// A QEMU command line to start with hotprobe's plugin; several
+        /// guests: one `--` block each, each its own call tree, guest N's
+        /// functions shown as `[gN] name` (exit status as for count).
         #[arg(last = true, value_name = "QEMU")]
         qemu: Vec<OsString>,
     },

@@ -424,8 +424,8 @@ pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
         bail!("--args {nargs}: at most 6 argument registers (rdi, rsi, rdx, rcx, r8, r9)");
     }
     let several = o.qemus.len() > 1;
-    if o.qemus.is_empty() || (several && !matches!(o.action, LaunchedAction::Count)) {
-        bail!("several guests (one -- block each) are for guest count only");
+    if o.qemus.is_empty() || (several && matches!(o.action, LaunchedAction::Record { .. })) {
+        bail!("several guests (one -- block each) are for guest count and trace only");
     }
     let mut session = Session::with_config(SessionConfig {
         maxactive: o.maxactive,
@@ -484,8 +484,10 @@ pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
             t,
         });
     }
-    // The guest of each probe (several guests: the GUEST column).
+    // The guest of each probe (several guests: the GUEST column, one call
+    // tree each).
     let mut guest_of = std::collections::HashMap::new();
+    let mut index_of = std::collections::HashMap::new();
     let mut placed = Vec::new();
     for i in 0..started.len() {
         let (n, t) = (started[i].n, started[i].t);
@@ -493,6 +495,7 @@ pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
             Ok(p) => {
                 for pl in &p {
                     guest_of.insert(pl.id.0, n.to_string());
+                    index_of.insert(pl.id.0, i);
                 }
                 placed.extend(p);
             }
@@ -531,7 +534,7 @@ pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
     let mut tree = match o.action {
         LaunchedAction::Trace { args, .. } => {
             outln!("{HEADER}");
-            Some(LiveTree::new(&placed, args))
+            Some(GuestTrees::new(&placed, &index_of, started.len(), args))
         }
         _ => None,
     };
@@ -567,7 +570,7 @@ pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
         }
         LaunchedAction::Trace { summary: true, .. } => {
             outln!();
-            print_table(&session, &placed, false);
+            crate::session::print_table_with(&session, &placed, false, &extras)
         }
         _ => {}
     }
@@ -627,6 +630,75 @@ pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
         }
     }
     Ok(status)
+}
+
+/// The live call trees of `guest trace`: one per guest (each its own
+/// stacks: guests' task ids overlap), the functions of guest N shown as
+/// `[gN] name` when there are several guests.
+struct GuestTrees {
+    trees: Vec<LiveTree>,
+    /// The tree (guest index) of each probe id.
+    index_of: std::collections::HashMap<u32, usize>,
+}
+
+impl GuestTrees {
+    fn new(
+        placed: &[Placement],
+        index_of: &std::collections::HashMap<u32, usize>,
+        guests: usize,
+        args: Option<usize>,
+    ) -> GuestTrees {
+        let trees = (0..guests)
+            .map(|i| {
+                let mine: Vec<Placement> = placed
+                    .iter()
+                    .filter(|p| index_of.get(&p.id.0) == Some(&i))
+                    .map(|p| {
+                        let mut p = p.clone();
+                        if guests > 1 {
+                            let name = p
+                                .function
+                                .clone()
+                                .unwrap_or_else(|| p.label.trim_end_matches("%return").into());
+                            p.function = Some(format!("[g{}] {name}", i + 1));
+                        }
+                        p
+                    })
+                    .collect();
+                LiveTree::new(&mine, args)
+            })
+            .collect();
+        GuestTrees {
+            trees,
+            index_of: index_of.clone(),
+        }
+    }
+}
+
+impl EventSink for GuestTrees {
+    fn event(&mut self, ev: &hotprobe::RecordedEvent) -> Result<(), hotprobe::SinkError> {
+        self.event_data(ev, &[])
+    }
+
+    fn event_data(
+        &mut self,
+        ev: &hotprobe::RecordedEvent,
+        data: &[u8],
+    ) -> Result<(), hotprobe::SinkError> {
+        let i = self.index_of.get(&ev.probe_id).copied().unwrap_or(0);
+        match self.trees.get_mut(i) {
+            Some(t) => t.event_data(ev, data),
+            None => Ok(()),
+        }
+    }
+
+    fn lost(&mut self, tid: u32, ts: u64, count: u64) -> Result<(), hotprobe::SinkError> {
+        // A loss names no probe: shown once, in the first guest's tree.
+        match self.trees.first_mut() {
+            Some(t) => t.lost(tid, ts, count),
+            None => Ok(()),
+        }
+    }
 }
 
 fn place_launched(

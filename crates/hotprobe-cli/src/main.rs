@@ -466,9 +466,9 @@ fn launched_guest(
     if qemus.iter().any(Vec::is_empty) {
         return Err(UsageError("an empty QEMU command line: give one after each --".into()).into());
     }
-    if qemus.len() > 1 && !matches!(what, guest::LaunchedAction::Count) {
+    if qemus.len() > 1 && matches!(what, guest::LaunchedAction::Record { .. }) {
         return Err(UsageError(
-            "several guests (one -- block each) are for guest count only".into(),
+            "several guests (one -- block each) are for guest count and trace only".into(),
         )
         .into());
     }
