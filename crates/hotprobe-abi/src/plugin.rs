@@ -423,8 +423,9 @@ pub struct PluginHeader {
     /// A heartbeat older than this (ms) means hotprobe is gone: synchronous
     /// events do not wait.
     pub stale_ms: u32,
-    /// Spins (`pause`) a vCPU makes waiting for an answer before sleeping.
-    pub sync_spin: u32,
+    /// How long (ns) a vCPU spins (`pause`, the clock read every few
+    /// spins) waiting for an answer before it sleeps on the futex.
+    pub sync_spin_ns: u32,
     /// Bumped by a vCPU posting a synchronous event (futex word).
     pub doorbell: AtomicU32,
     /// hotprobe sleeps on `doorbell`: a vCPU that posts wakes it.
@@ -460,6 +461,15 @@ pub struct PluginHeader {
     /// Where the guest kernel keeps its current task ([`Fetch::Task`],
     /// exit events' task), written by hotprobe before the freeze.
     pub task: TaskLayout,
+    /// Synchronous events whose vCPU slept on the futex (the answer did
+    /// not come within `sync_spin_ns`).
+    pub sync_vcpu_sleeps: AtomicU64,
+    /// Synchronous events whose vCPU had to wake hotprobe's service thread
+    /// (it slept on `doorbell`).
+    pub sync_host_wakes: AtomicU64,
+    /// Total time (ns) vCPUs waited for answers, from posting the event to
+    /// reading the answer.
+    pub sync_wait_ns: AtomicU64,
 }
 
 const _: () = assert!(core::mem::size_of::<PluginHeader>() <= PLUGIN_HEADER_SIZE);
@@ -743,7 +753,7 @@ impl PluginShm {
             core::ptr::addr_of_mut!((*h).vcpu_stride).write(layout.vcpu_stride as u64);
             core::ptr::addr_of_mut!((*h).sync_timeout_ms).write(1000);
             core::ptr::addr_of_mut!((*h).stale_ms).write(300);
-            core::ptr::addr_of_mut!((*h).sync_spin).write(1000);
+            core::ptr::addr_of_mut!((*h).sync_spin_ns).write(5_000);
             for p in 0..params.max_probes as usize {
                 let d = ptr.add(layout.probes_offset + p * core::mem::size_of::<ProbeDef>())
                     as *mut ProbeDef;

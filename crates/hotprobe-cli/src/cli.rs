@@ -343,7 +343,8 @@ pub enum Cmd {
     Demo,
     /// Count, trace or record probes on VM guest kernels: a guest hotprobe
     /// starts with its QEMU plugin (`guest count PROBE... [--symbols FILE] --
-    /// qemu-system-x86_64 ARGS`), or running guests through their GDB stubs
+    /// qemu-system-x86_64 ARGS`; `count` and `trace` take several guests,
+    /// one `--` block each), or running guests through their GDB stubs
     /// (QEMU -gdb; repeat --gdb/--symbols (and --ram) for more guests).
     Guest {
         /// A guest's GDB stub: HOST:PORT or unix:PATH.
@@ -380,10 +381,16 @@ pub enum GuestCmd {
         #[arg(long, default_value_t = 64, value_name = "N")]
         maxactive: usize,
         /// The guest kernel's symbols (with a QEMU command line; default:
-        /// recovered from its -kernel image).
+        /// recovered from each guest's -kernel image).
         #[arg(long, value_name = "FILE")]
         symbols: Option<PathBuf>,
-        /// A QEMU command line to start with hotprobe's plugin.
+        /// A QEMU command line to start with hotprobe's plugin; several
+        /// guests: one `--` block each (`-- qemu-system-x86_64 ARGS --
+        /// qemu-system-x86_64 ARGS`), counted in one table with a GUEST
+        /// column (1, 2, ... in command-line order). A guest that powers
+        /// off or dies ends its own counting; the others go on. Exit status:
+        /// 0 if every QEMU exited 0, else the first failing guest's
+        /// (128 + signal if it was killed).
         #[arg(last = true, value_name = "QEMU")]
         qemu: Vec<OsString>,
     },
@@ -409,10 +416,12 @@ pub enum GuestCmd {
         #[arg(long)]
         sync: bool,
         /// The guest kernel's symbols (with a QEMU command line; default:
-        /// recovered from its -kernel image).
+        /// recovered from each guest's -kernel image).
         #[arg(long, value_name = "FILE")]
         symbols: Option<PathBuf>,
-        /// A QEMU command line to start with hotprobe's plugin.
+        /// A QEMU command line to start with hotprobe's plugin; several
+        /// guests: one `--` block each, each its own call tree, guest N's
+        /// functions shown as `[gN] name` (exit status as for count).
         #[arg(last = true, value_name = "QEMU")]
         qemu: Vec<OsString>,
     },

@@ -277,6 +277,7 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         conditions: Some(&cond_text),
         hists: sink.as_ref().filter(|_| o.hist).map(|s| &s.hists),
         json: o.json,
+        guests: None,
     };
     print_table_with(&t.session, &placed, o.follow_forks, &extras);
     ran.context("the run failed")?;

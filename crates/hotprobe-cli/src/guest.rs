@@ -8,6 +8,8 @@
 //!                [--gdb ... --symbols ... [--ram ...]] (count|trace) PROBE... [--duration S]
 //! hotprobe guest (count|trace|record) PROBE... --symbols FILE [--sync] \
 //!                -- qemu-system-x86_64 ARGS...
+//! hotprobe guest count PROBE... [--symbols FILE] -- qemu-system-x86_64 ARGS... \
+//!                [-- qemu-system-x86_64 ARGS...]...     (one `--` block per guest)
 //! hotprobe guest record --boot [PROBE...] -o DIR -- qemu-system-x86_64 ARGS...
 //! hotprobe guest syscalls [--pid N | --comm NAME] [-o FILE] -- qemu-system-x86_64 ARGS...
 //! ```
@@ -369,14 +371,15 @@ impl EventSink for BootSink<'_> {
     }
 }
 
-/// `hotprobe guest ... -- qemu-system-x86_64 ARGS`: a guest hotprobe starts
-/// with its QEMU plugin.
+/// `hotprobe guest ... -- qemu-system-x86_64 ARGS [-- qemu-system-x86_64 ARGS]...`:
+/// guests hotprobe starts with its QEMU plugin, one per `--` block.
 pub struct LaunchedOptions<'a> {
-    /// QEMU's command line.
-    pub qemu: &'a [OsString],
-    /// The guest kernel's symbols.
+    /// QEMU's command lines, one per guest (several only for `count`).
+    pub qemus: &'a [Vec<OsString>],
+    /// The guest kernel's symbols (every guest's); default: each guest's
+    /// own `-kernel` image.
     pub symbols: Option<PathBuf>,
-    /// Probe specs.
+    /// Probe specs (placed on every guest).
     pub probes: &'a [String],
     /// Stop after this long.
     pub duration: Option<Duration>,
@@ -388,10 +391,28 @@ pub struct LaunchedOptions<'a> {
     pub action: LaunchedAction<'a>,
 }
 
-/// Starts QEMU with hotprobe's plugin (and a GDB stub of hotprobe's),
-/// places the probes on the plugin (the stub for what the plugin cannot
-/// take), lets the guest run, and reports when it powers off, on Ctrl-C or
-/// after `--duration`. Returns QEMU's exit code.
+/// A guest hotprobe started: its number on the command line (from 1), its
+/// QEMU and its target in the session.
+struct Started {
+    n: usize,
+    qemu: hotprobe_qemu::QemuProcess,
+    t: TargetId,
+}
+
+/// QEMU's exit status as a shell shows it (128 + signal when killed).
+fn exit_code(st: std::process::ExitStatus) -> u8 {
+    st.code()
+        .map_or_else(|| 128 + st.signal().unwrap_or(0) as u8, |c| c as u8)
+}
+
+/// Starts QEMU with hotprobe's plugin (and a GDB stub of hotprobe's) for
+/// each guest, places the probes on every guest's plugin (the stub for what
+/// the plugin cannot take), lets the guests run, and reports when every
+/// guest has powered off (a guest that exits first ends its own stream; the
+/// others go on), on Ctrl-C or after `--duration`. Returns QEMU's exit
+/// code; with several guests, 0 if every QEMU exited 0, else the code of the
+/// first guest (in command-line order) that did not (128 + signal for a
+/// killed QEMU).
 pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
     let nargs = match o.action {
         LaunchedAction::Trace { args, .. } => args.unwrap_or(0),
@@ -402,21 +423,10 @@ pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
     if nargs > 6 {
         bail!("--args {nargs}: at most 6 argument registers (rdi, rsi, rdx, rcx, r8, r9)");
     }
-    let Some(sym_path) = &o.symbols else {
-        bail!(
-            "give --symbols FILE (the guest kernel's /proc/kallsyms, System.map or vmlinux): \
-             this build cannot read the symbols out of the kernel image yet"
-        );
-    };
-    let (symbols, _) =
-        load_symbols(sym_path).with_context(|| format!("guest symbols {}", sym_path.display()))?;
-    let launched = hotprobe_guest::launch(o.qemu, symbols, LaunchOptions::default())
-        .context("cannot start the guest with hotprobe's QEMU plugin")?;
-    let mut qemu = launched.qemu;
-    errln!(
-        "hotprobe: started QEMU (pid {}) with hotprobe's plugin",
-        qemu.pid()
-    );
+    let several = o.qemus.len() > 1;
+    if o.qemus.is_empty() || (several && matches!(o.action, LaunchedAction::Record { .. })) {
+        bail!("several guests (one -- block each) are for guest count and trace only");
+    }
     let mut session = Session::with_config(SessionConfig {
         maxactive: o.maxactive,
         fast_path: FastPathConfig {
@@ -425,23 +435,86 @@ pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
         },
         ..SessionConfig::default()
     });
-    let t = session.add_plugin_guest(
-        Box::new(launched.target),
-        Some(Box::new(launched.resolver)),
-        launched.plugin,
-    );
-    let placed = match place_launched(&mut session, t, o) {
-        Ok(p) => p,
-        Err(e) => {
-            qemu.kill();
-            return Err(e);
+    let mut started: Vec<Started> = Vec::new();
+    let kill_all = |started: &mut Vec<Started>| {
+        for g in started.iter_mut() {
+            g.qemu.kill();
         }
     };
+    for (i, qemu) in o.qemus.iter().enumerate() {
+        let n = i + 1;
+        let who = if several {
+            format!("guest {n}: ")
+        } else {
+            String::new()
+        };
+        let Some(sym_path) = o.symbols.clone().or_else(|| kernel_image(qemu)) else {
+            kill_all(&mut started);
+            bail!(
+                "{who}give --symbols FILE (the guest kernel's /proc/kallsyms, System.map or \
+                 vmlinux) or boot the guest with -kernel IMAGE"
+            );
+        };
+        let launched = load_symbols(&sym_path)
+            .with_context(|| format!("{who}guest symbols {}", sym_path.display()))
+            .and_then(|(symbols, _)| {
+                hotprobe_guest::launch(qemu, symbols, LaunchOptions::default()).with_context(|| {
+                    format!("{who}cannot start the guest with hotprobe's QEMU plugin")
+                })
+            });
+        let launched = match launched {
+            Ok(l) => l,
+            Err(e) => {
+                kill_all(&mut started);
+                return Err(e);
+            }
+        };
+        errln!(
+            "hotprobe: {who}started QEMU (pid {}) with hotprobe's plugin",
+            launched.qemu.pid()
+        );
+        let t = session.add_plugin_guest(
+            Box::new(launched.target),
+            Some(Box::new(launched.resolver)),
+            launched.plugin,
+        );
+        started.push(Started {
+            n,
+            qemu: launched.qemu,
+            t,
+        });
+    }
+    // The guest of each probe (several guests: the GUEST column, one call
+    // tree each).
+    let mut guest_of = std::collections::HashMap::new();
+    let mut index_of = std::collections::HashMap::new();
+    let mut placed = Vec::new();
+    for i in 0..started.len() {
+        let (n, t) = (started[i].n, started[i].t);
+        match place_launched(&mut session, t, o) {
+            Ok(p) => {
+                for pl in &p {
+                    guest_of.insert(pl.id.0, n.to_string());
+                    index_of.insert(pl.id.0, i);
+                }
+                placed.extend(p);
+            }
+            Err(e) => {
+                kill_all(&mut started);
+                return Err(if several {
+                    e.context(format!("guest {n}"))
+                } else {
+                    e
+                });
+            }
+        }
+    }
+    let t = started[0].t;
     let (placed, markers) = if boot {
         match place_boot_markers(&mut session, t, o, placed) {
             Ok(p) => p,
             Err(e) => {
-                qemu.kill();
+                kill_all(&mut started);
                 return Err(e);
             }
         }
@@ -450,10 +523,10 @@ pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
     };
     let mut writer = None;
     if let LaunchedAction::Record { out, .. } = o.action {
-        match record_writer(out, o, &placed, qemu.pid(), nargs, &markers) {
+        match record_writer(out, o, &placed, started[0].qemu.pid(), nargs, &markers) {
             Ok(w) => writer = Some(w),
             Err(e) => {
-                qemu.kill();
+                kill_all(&mut started);
                 return Err(e);
             }
         }
@@ -461,7 +534,7 @@ pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
     let mut tree = match o.action {
         LaunchedAction::Trace { args, .. } => {
             outln!("{HEADER}");
-            Some(LiveTree::new(&placed, args))
+            Some(GuestTrees::new(&placed, &index_of, started.len(), args))
         }
         _ => None,
     };
@@ -475,7 +548,7 @@ pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
         (None, Some(b)) => Some(b),
         (None, None) => None,
     };
-    let ran = run_launched_loop(&mut session, placed.len(), o.duration, sink);
+    let ran = run_launched_loop(&mut session, placed.len(), started.len(), o.duration, sink);
     if let Some(w) = writer {
         let st = w.finish().context("cannot finish the trace")?;
         errln!(
@@ -487,38 +560,145 @@ pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
             }
         );
     }
+    let extras = crate::session::TableExtras {
+        guests: several.then_some(&guest_of),
+        ..Default::default()
+    };
     match o.action {
-        LaunchedAction::Count => print_table(&session, &placed, false),
+        LaunchedAction::Count => {
+            crate::session::print_table_with(&session, &placed, false, &extras)
+        }
         LaunchedAction::Trace { summary: true, .. } => {
             outln!();
-            print_table(&session, &placed, false);
+            crate::session::print_table_with(&session, &placed, false, &extras)
         }
         _ => {}
     }
-    if let Some(ps) = session.plugin_stats(t) {
-        if ps.ring_drops + ps.sync_timeouts + ps.orphaned > 0 {
-            errln!(
-                "hotprobe: plugin: {} events dropped (full rings), {} synchronous events released \
-                 by the timeout, {} not delivered",
-                ps.ring_drops,
-                ps.sync_timeouts,
-                ps.orphaned
-            );
+    for g in &started {
+        let who = if several {
+            format!("guest {}: ", g.n)
+        } else {
+            String::new()
+        };
+        if let Some(ps) = session.plugin_stats(g.t) {
+            if ps.ring_drops + ps.sync_timeouts + ps.orphaned > 0 {
+                errln!(
+                    "hotprobe: {who}plugin: {} events dropped (full rings), {} synchronous \
+                     events released by the timeout, {} not delivered",
+                    ps.ring_drops,
+                    ps.sync_timeouts,
+                    ps.orphaned
+                );
+            }
         }
     }
     print_notices(&mut session);
     ran?;
-    // The guest powered off, or Ctrl-C reached QEMU too; else it runs on.
-    let status = qemu.wait_timeout(Duration::from_secs(3));
-    Ok(match status {
-        Some(st) => st
-            .code()
-            .map_or_else(|| 128 + st.signal().unwrap_or(0) as u8, |c| c as u8),
-        None => {
-            errln!("hotprobe: QEMU (pid {}) runs on without probes", qemu.pid());
-            0
+    // The guests powered off, or Ctrl-C reached QEMU too; else they run on.
+    let mut status = 0;
+    for g in &mut started {
+        let who = if several {
+            format!("guest {}: ", g.n)
+        } else {
+            String::new()
+        };
+        match g.qemu.wait_timeout(Duration::from_secs(3)) {
+            Some(st) => {
+                let code = exit_code(st);
+                if several {
+                    match st.signal() {
+                        Some(s) => errln!(
+                            "hotprobe: {who}QEMU (pid {}) was killed by signal {s}",
+                            g.qemu.pid()
+                        ),
+                        None => errln!(
+                            "hotprobe: {who}QEMU (pid {}) exited with status {code}",
+                            g.qemu.pid()
+                        ),
+                    }
+                }
+                if status == 0 {
+                    status = code;
+                }
+            }
+            None => {
+                errln!(
+                    "hotprobe: {who}QEMU (pid {}) runs on without probes",
+                    g.qemu.pid()
+                );
+            }
         }
-    })
+    }
+    Ok(status)
+}
+
+/// The live call trees of `guest trace`: one per guest (each its own
+/// stacks: guests' task ids overlap), the functions of guest N shown as
+/// `[gN] name` when there are several guests.
+struct GuestTrees {
+    trees: Vec<LiveTree>,
+    /// The tree (guest index) of each probe id.
+    index_of: std::collections::HashMap<u32, usize>,
+}
+
+impl GuestTrees {
+    fn new(
+        placed: &[Placement],
+        index_of: &std::collections::HashMap<u32, usize>,
+        guests: usize,
+        args: Option<usize>,
+    ) -> GuestTrees {
+        let trees = (0..guests)
+            .map(|i| {
+                let mine: Vec<Placement> = placed
+                    .iter()
+                    .filter(|p| index_of.get(&p.id.0) == Some(&i))
+                    .map(|p| {
+                        let mut p = p.clone();
+                        if guests > 1 {
+                            let name = p
+                                .function
+                                .clone()
+                                .unwrap_or_else(|| p.label.trim_end_matches("%return").into());
+                            p.function = Some(format!("[g{}] {name}", i + 1));
+                        }
+                        p
+                    })
+                    .collect();
+                LiveTree::new(&mine, args)
+            })
+            .collect();
+        GuestTrees {
+            trees,
+            index_of: index_of.clone(),
+        }
+    }
+}
+
+impl EventSink for GuestTrees {
+    fn event(&mut self, ev: &hotprobe::RecordedEvent) -> Result<(), hotprobe::SinkError> {
+        self.event_data(ev, &[])
+    }
+
+    fn event_data(
+        &mut self,
+        ev: &hotprobe::RecordedEvent,
+        data: &[u8],
+    ) -> Result<(), hotprobe::SinkError> {
+        let i = self.index_of.get(&ev.probe_id).copied().unwrap_or(0);
+        match self.trees.get_mut(i) {
+            Some(t) => t.event_data(ev, data),
+            None => Ok(()),
+        }
+    }
+
+    fn lost(&mut self, tid: u32, ts: u64, count: u64) -> Result<(), hotprobe::SinkError> {
+        // A loss names no probe: shown once, in the first guest's tree.
+        match self.trees.first_mut() {
+            Some(t) => t.lost(tid, ts, count),
+            None => Ok(()),
+        }
+    }
 }
 
 fn place_launched(
@@ -663,8 +843,7 @@ fn record_writer(
     }
     let meta = TraceMeta {
         target: "guest kernel".into(),
-        command: o
-            .qemu
+        command: o.qemus[0]
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect(),
@@ -688,11 +867,16 @@ fn record_writer(
 fn run_launched_loop(
     session: &mut Session,
     nprobes: usize,
+    nguests: usize,
     duration: Option<Duration>,
     mut sink: Option<&mut dyn EventSink>,
 ) -> Result<()> {
     session.start()?;
-    errln!("hotprobe: the guest runs: {nprobes} probes");
+    if nguests == 1 {
+        errln!("hotprobe: the guest runs: {nprobes} probes");
+    } else {
+        errln!("hotprobe: {nguests} guests run: {nprobes} probes");
+    }
     if let Some(d) = duration {
         signals::stop_after(d);
     }
@@ -704,12 +888,13 @@ fn run_launched_loop(
         }
     };
     match end {
-        RunEnd::AllExited => errln!("hotprobe: the guest is gone"),
+        RunEnd::AllExited if nguests == 1 => errln!("hotprobe: the guest is gone"),
+        RunEnd::AllExited => errln!("hotprobe: every guest is gone"),
         RunEnd::Interrupted | RunEnd::Stopped => {
             // Ctrl-C reached QEMU too: it may be on its way out.
             session
                 .finish(Duration::from_secs(2), sink)
-                .context("cannot detach from the guest")?;
+                .context("cannot detach from the guests")?;
         }
     }
     Ok(())
@@ -970,7 +1155,7 @@ pub fn run_syscalls(o: &SyscallsOptions<'_>) -> Result<u8> {
             return Err(e);
         }
     };
-    let ran = run_launched_loop(&mut session, placed, o.duration, Some(&mut printer));
+    let ran = run_launched_loop(&mut session, placed, 1, o.duration, Some(&mut printer));
     printer.flush_pending();
     if let (Some(f), Some(p)) = (printer.file.take(), &o.output) {
         use std::io::Write;

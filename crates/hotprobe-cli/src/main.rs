@@ -14,6 +14,7 @@
 //! hotprobe export [DIR] --format chrome|ctf|folded [-o OUT]
 //! hotprobe guest  --gdb HOST:PORT|unix:PATH --symbols FILE [--ram FILE] (count|trace) PROBE... [--duration SECS]
 //! hotprobe guest  (count|trace|record [--boot]) PROBE... [--symbols FILE] -- qemu-system-x86_64 ARGS
+//! hotprobe guest  count PROBE... [--symbols FILE] -- qemu-system-x86_64 ARGS -- qemu-system-x86_64 ARGS...  (one -- block per guest)
 //! hotprobe guest  syscalls [--pid N | --comm NAME] [-o FILE] -- qemu-system-x86_64 ARGS
 //! PROBE: [module:]function[+offset] | [module:]0xADDR | file.c:LINE, optionally %return
 //! DIR: a trace directory, hotprobe.data by default
@@ -482,20 +483,27 @@ fn launched_guest(
     if symbols.len() > 1 {
         return Err(UsageError("one --symbols for a started guest".into()).into());
     }
+    // One guest per `--` block (a bare `--` is never a QEMU argument).
+    let qemus: Vec<Vec<std::ffi::OsString>> = qemu
+        .split(|a| a == "--")
+        .map(<[std::ffi::OsString]>::to_vec)
+        .collect();
+    if qemus.iter().any(Vec::is_empty) {
+        return Err(UsageError("an empty QEMU command line: give one after each --".into()).into());
+    }
+    if qemus.len() > 1 && matches!(what, guest::LaunchedAction::Record { .. }) {
+        return Err(UsageError(
+            "several guests (one -- block each) are for guest count and trace only".into(),
+        )
+        .into());
+    }
     // Without --symbols, the kernel's own kallsyms tables in the image
-    // QEMU boots (`-kernel IMG`) name its functions.
-    let symbols = sub_symbols
-        .clone()
-        .or_else(|| symbols.first().cloned())
-        .or_else(|| {
-            qemu.windows(2)
-                .find(|w| w[0] == "-kernel")
-                .map(|w| PathBuf::from(&w[1]))
-        });
+    // each QEMU boots (`-kernel IMG`) name its functions.
+    let symbols = sub_symbols.clone().or_else(|| symbols.first().cloned());
     let duration = duration(secs)?;
     signals::install()?;
     Ok(Some(guest::run_launched(&guest::LaunchedOptions {
-        qemu,
+        qemus: &qemus,
         symbols,
         probes,
         duration,

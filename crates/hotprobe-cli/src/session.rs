@@ -230,6 +230,9 @@ pub struct TableExtras<'a> {
     pub hists: Option<&'a HashMap<u32, Histogram>>,
     /// One JSON array of row objects instead of the text table.
     pub json: bool,
+    /// The guest of each probe id (`guest count` with several guests): a
+    /// GUEST column after PROBE (`guest` in JSON).
+    pub guests: Option<&'a HashMap<u32, String>>,
 }
 
 /// Print the per-probe table on stdout: spec, address, hits (returns for a
@@ -288,6 +291,9 @@ pub fn print_table_with(
                 if per_process {
                     o["pid"] = pid.into();
                 }
+                if let Some(g) = x.guests.and_then(|g| g.get(&p.id.0)) {
+                    o["guest"] = g.as_str().into();
+                }
                 if let Some(c) = x.conditions.and_then(|c| c.get(&p.id.0)) {
                     o["condition"] = c.as_str().into();
                 }
@@ -297,6 +303,9 @@ pub fn print_table_with(
                 json_rows.push(o);
             }
             let mut row = vec![p.label.clone()];
+            if let Some(g) = x.guests {
+                row.push(g.get(&p.id.0).cloned().unwrap_or_default());
+            }
             if per_process {
                 row.push(pid.to_string());
             }
@@ -316,6 +325,9 @@ pub fn print_table_with(
         return;
     }
     let mut head = vec!["PROBE"];
+    if x.guests.is_some() {
+        head.push("GUEST");
+    }
     if per_process {
         head.push("PID");
     }
@@ -327,7 +339,7 @@ pub fn print_table_with(
         }
     }
     // Numbers right-aligned, text left; the last column unpadded.
-    let numeric = |h: &str| matches!(h, "PID" | "HITS" | "NMISSED");
+    let numeric = |h: &str| matches!(h, "PID" | "GUEST" | "HITS" | "NMISSED");
     let line = |c: &[String]| {
         let mut l = String::new();
         for (i, cell) in c.iter().enumerate() {

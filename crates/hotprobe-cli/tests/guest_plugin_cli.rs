@@ -279,6 +279,14 @@ fn usage_errors_of_a_started_guest() {
     let (code, err) = run(&[&["--gdb", "unix:/x", "count", "foo"][..], &q].concat());
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--gdb/--ram name a running guest"), "{err}");
+    // Several guests: one non-empty -- block each, for count and trace.
+    let (code, err) = run(&["count", "foo", "--", "qemu-system-x86_64", "--"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("an empty QEMU command line"), "{err}");
+    let two = ["--", "qemu-system-x86_64", "--", "qemu-system-x86_64"];
+    let (code, err) = run(&[&["record", "-o", "/nonexistent/t", "foo"][..], &two].concat());
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("for guest count and trace only"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -490,4 +498,301 @@ fn guest_boot_recorded_from_the_first_instruction() {
         "{initcalls} chrome events for {total} calls"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A guest's serial console on a unix socket QEMU listens on
+/// (`-serial unix:PATH,server=on,wait=off`): with several guests, hotprobe's
+/// standard streams cannot be every guest's console.
+struct SocketConsole {
+    stream: std::os::unix::net::UnixStream,
+    lines: Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl SocketConsole {
+    fn connect(path: &std::path::Path) -> SocketConsole {
+        let stream = std::os::unix::net::UnixStream::connect(path)
+            .unwrap_or_else(|e| panic!("console {}: {e}", path.display()));
+        let lines = line_reader(stream.try_clone().unwrap());
+        SocketConsole {
+            stream,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The first line holding `needle` (the workload's replies start with @).
+    fn wait(&mut self, needle: &str) -> String {
+        let deadline = Instant::now() + LONG;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    self.seen.push(l.clone());
+                    if l.contains(needle) {
+                        return l;
+                    }
+                }
+                Err(e) => panic!(
+                    "{needle:?} never came on the console: {e}; {:#?}",
+                    self.seen
+                ),
+            }
+        }
+    }
+
+    fn send(&mut self, line: &str) {
+        use std::io::Write;
+        self.stream
+            .write_all(format!("{line}\n").as_bytes())
+            .unwrap();
+    }
+}
+
+/// The test guest's QEMU command line with its console on `DIR/console.sock`.
+fn qemu_with_socket_console(dir: &std::path::Path) -> Vec<OsString> {
+    let mut qemu = harness::qemu_args(dir, "rdinit=/workload");
+    let i = qemu.iter().position(|a| a == "-monitor").unwrap();
+    qemu.drain(i..i + 2);
+    let i = qemu.iter().position(|a| a == "stdio").unwrap();
+    qemu[i] = format!(
+        "unix:{},server=on,wait=off",
+        dir.join("console.sock").display()
+    )
+    .into();
+    qemu
+}
+
+/// Reaps what is left of a run (hotprobe, its QEMUs) if an assertion fails.
+struct Reap(Vec<i32>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        for &p in &self.0 {
+            // SAFETY: kill(2) on a process this test started (or its QEMU);
+            // ESRCH once gone.
+            unsafe { libc::kill(p, libc::SIGKILL) };
+        }
+    }
+}
+
+/// `hotprobe guest ARGS --symbols KALLSYMS -- QEMU A -- QEMU B`, each
+/// guest's console on its own socket, both workloads READY.
+struct TwoGuests {
+    child: Child,
+    out: Receiver<String>,
+    err: Receiver<String>,
+    stderr: Vec<String>,
+    pids: Vec<i32>,
+    consoles: Vec<SocketConsole>,
+    dirs: [std::path::PathBuf; 2],
+    _reap: Reap,
+}
+
+impl TwoGuests {
+    fn start(args: &[&str], tag: &str) -> TwoGuests {
+        let dirs = [tmpdir(&format!("{tag}-a")), tmpdir(&format!("{tag}-b"))];
+        let mut cmd = Command::new(HOTPROBE);
+        cmd.arg("guest")
+            .args(args)
+            .arg("--symbols")
+            .arg(harness::kallsyms_cached())
+            .arg("--")
+            .args(qemu_with_socket_console(&dirs[0]))
+            .arg("--")
+            .args(qemu_with_socket_console(&dirs[1]));
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = line_reader(child.stdout.take().unwrap());
+        let err = line_reader(child.stderr.take().unwrap());
+        let mut stderr = Vec::new();
+        let mut pids = Vec::new();
+        let mut consoles = Vec::new();
+        let mut reap = Reap(vec![child.id() as i32]);
+        for n in 1..=2 {
+            let needle = format!("guest {n}: started QEMU (pid ");
+            let line = loop {
+                let l = err
+                    .recv_timeout(LONG)
+                    .unwrap_or_else(|e| panic!("{needle:?} never came: {e}; {stderr:#?}"));
+                stderr.push(l.clone());
+                if l.contains(&needle) {
+                    break l;
+                }
+            };
+            let pid: i32 = line
+                .split("pid ")
+                .nth(1)
+                .and_then(|s| s.split(')').next())
+                .and_then(|s| s.parse().ok())
+                .unwrap();
+            reap.0.push(pid);
+            pids.push(pid);
+            consoles.push(SocketConsole::connect(&dirs[n - 1].join("console.sock")));
+        }
+        for c in &mut consoles {
+            c.wait("@READY");
+        }
+        TwoGuests {
+            child,
+            out,
+            err,
+            stderr,
+            pids,
+            consoles,
+            dirs,
+            _reap: reap,
+        }
+    }
+
+    /// Waits until hotprobe ends: its status, stdout, and the stderr lines.
+    fn finish(mut self) -> (std::process::ExitStatus, Vec<String>, Vec<String>) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                break st;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "hotprobe did not end: {:#?}",
+                self.stderr
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let out = &self.out;
+        let stdout: Vec<String> =
+            std::iter::from_fn(|| out.recv_timeout(Duration::from_secs(5)).ok()).collect();
+        let err = &self.err;
+        self.stderr.extend(std::iter::from_fn(|| {
+            err.recv_timeout(Duration::from_secs(5)).ok()
+        }));
+        eprintln!("stdout: {stdout:#?}\nstderr: {:#?}", self.stderr);
+        for d in &self.dirs {
+            let _ = std::fs::remove_dir_all(d);
+        }
+        (status, stdout, std::mem::take(&mut self.stderr))
+    }
+}
+
+/// `hotprobe guest count PROBE -- QEMU A -- QEMU B`: two guests with
+/// different workloads in one session, each counted in its own GUEST row;
+/// killing guest 1's QEMU leaves guest 2 counted to its end; hotprobe then
+/// prints the table and exits with the first failing guest's status
+/// (guest 1's, killed: 128 + 9).
+#[test]
+fn two_guests_from_the_command_line() {
+    if let Some(why) = harness::missing_prerequisite() {
+        eprintln!("\n!!!!!!!! SKIPPED: {why} !!!!!!!!\n");
+        return;
+    }
+    let mut two = TwoGuests::start(&["count", "__x64_sys_getppid"], "two");
+    let (pids, consoles) = (two.pids.clone(), &mut two.consoles);
+    consoles[0].send("getppid 300");
+    consoles[1].send("getppid 500");
+    consoles[0].wait("@getppid 300 done");
+    consoles[1].wait("@getppid 500 done");
+    // Guest 1 dies; guest 2 goes on, then powers off.
+    // SAFETY: kill(2) on guest 1's QEMU.
+    assert_eq!(unsafe { libc::kill(pids[0], libc::SIGKILL) }, 0);
+    consoles[1].send("getppid 200");
+    consoles[1].wait("@getppid 200 done");
+    consoles[1].send("exit");
+    consoles[1].wait("@FINAL rc=0");
+    let (status, stdout, stderr) = two.finish();
+    assert_eq!(
+        status.code(),
+        Some(128 + 9),
+        "guest 1's status: its QEMU was killed"
+    );
+    let head: Vec<&str> = stdout[0].split_whitespace().collect();
+    assert_eq!(
+        head[..4],
+        ["PROBE", "GUEST", "ADDRESS", "HITS"],
+        "{stdout:#?}"
+    );
+    let rows: Vec<Vec<&str>> = stdout[1..]
+        .iter()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 2, "one row per guest: {stdout:#?}");
+    for (row, (guest, hits)) in rows.iter().zip([("1", 300), ("2", 700)]) {
+        assert_eq!(row[0], "__x64_sys_getppid", "{row:?}");
+        assert_eq!(row[1], guest, "{row:?}");
+        assert_eq!(
+            row[3].parse::<u64>().unwrap(),
+            hits,
+            "guest {guest}: {row:?}"
+        );
+        assert_eq!(row[5], "plugin", "{row:?}");
+    }
+    let has = |s: &str| stderr.iter().any(|l| l.contains(s));
+    assert!(has("every guest is gone"), "{stderr:#?}");
+    assert!(
+        has(&format!(
+            "guest 1: QEMU (pid {}) was killed by signal 9",
+            pids[0]
+        )),
+        "{stderr:#?}"
+    );
+    assert!(
+        has(&format!(
+            "guest 2: QEMU (pid {}) exited with status 0",
+            pids[1]
+        )),
+        "{stderr:#?}"
+    );
+    assert!(!has("error"), "{stderr:#?}");
+}
+
+/// `hotprobe guest trace PROBE -- QEMU A -- QEMU B`: each guest's calls in
+/// its own call tree, its functions labelled `[gN]`: as many entries and
+/// returns per guest as its workload made; both power off: status 0.
+#[test]
+fn two_guests_traced_from_the_command_line() {
+    if let Some(why) = harness::missing_prerequisite() {
+        eprintln!("\n!!!!!!!! SKIPPED: {why} !!!!!!!!\n");
+        return;
+    }
+    let mut two = TwoGuests::start(&["trace", "__x64_sys_getppid"], "trace2");
+    let consoles = &mut two.consoles;
+    consoles[0].send("getppid 3");
+    consoles[1].send("getppid 5");
+    consoles[0].wait("@getppid 3 done");
+    consoles[1].wait("@getppid 5 done");
+    for c in consoles.iter_mut() {
+        c.send("exit");
+        c.wait("@FINAL rc=0");
+    }
+    let (status, stdout, stderr) = two.finish();
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "both guests powered off: {stderr:#?}"
+    );
+    let n = |s: &str| stdout.iter().filter(|l| l.contains(s)).count();
+    for (g, calls) in [(1, 3), (2, 5)] {
+        let name = format!("[g{g}] __x64_sys_getppid");
+        assert_eq!(
+            n(&format!("{name}(")),
+            calls,
+            "guest {g}'s entries: {stdout:#?}"
+        );
+        assert_eq!(
+            n(&format!("/* {name} */")),
+            calls,
+            "guest {g}'s returns: {stdout:#?}"
+        );
+    }
+    assert_eq!(
+        stdout
+            .iter()
+            .filter(|l| l.contains("__x64_sys_getppid"))
+            .count(),
+        2 * (3 + 5),
+        "nothing else: {stdout:#?}"
+    );
 }

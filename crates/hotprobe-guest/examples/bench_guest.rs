@@ -416,16 +416,14 @@ fn plugin_rows(n_stub: u64, rounds: usize) {
             plugin: PluginConfig {
                 ring_capacity: 1 << 20,
                 max_vcpus: 1,
-                sync_spin: std::env::var("SYNC_SPIN")
+                sync_spin: std::env::var("SYNC_SPIN_US")
                     .ok()
                     .and_then(|v| v.parse().ok())
-                    .unwrap_or(1000),
-                host_spin: Duration::from_micros(
-                    std::env::var("HOST_SPIN_US")
-                        .ok()
-                        .and_then(|v| v.parse().ok())
-                        .unwrap_or(200),
-                ),
+                    .map_or(PluginConfig::default().sync_spin, Duration::from_micros),
+                host_spin: std::env::var("HOST_SPIN_US")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .map_or(PluginConfig::default().host_spin, Duration::from_micros),
                 ..PluginConfig::default()
             },
             stdin: Some(Stdio::piped()),
@@ -483,6 +481,7 @@ fn plugin_rows(n_stub: u64, rounds: usize) {
     ];
     let inner = "__x64_sys_getppid+0xb";
     let mut hits = [0u64; 3];
+    let mut sync_notes: Vec<String> = Vec::new();
     for round in 0..rounds {
         // Each mode against a run without probe of the same length taken
         // just before it: the difference per call is the hit's cost.
@@ -496,9 +495,23 @@ fn plugin_rows(n_stub: u64, rounds: usize) {
             host.set_enabled(p, true).unwrap();
             let f0 = flushes();
             let a0 = answered.load(Ordering::Relaxed);
+            let st0 = host.stats();
             let ms = timed_console(&mut con, calls);
+            let st1 = host.stats();
             let f1 = flushes();
             host.set_enabled(p, false).unwrap();
+            if row == 3 {
+                // Where a synchronous hit's time goes: how often the vCPU
+                // slept (no answer within its spin), how often it had to
+                // wake the service thread, and its mean wait post->answer.
+                let ev = (st1.sync_answered - st0.sync_answered).max(1) as f64;
+                sync_notes.push(format!(
+                    "r{round}: vCPU slept {:.0}%, woke host {:.0}%, wait {:.1} us",
+                    100.0 * (st1.sync_vcpu_sleeps - st0.sync_vcpu_sleeps) as f64 / ev,
+                    100.0 * (st1.sync_host_wakes - st0.sync_host_wakes) as f64 / ev,
+                    (st1.sync_wait_ns - st0.sync_wait_ns) as f64 / ev / 1e3
+                ));
+            }
             let mut events = 0u64;
             host.drain(&mut |_, _| events += 1, &mut |_, _| {});
             hits[row - 1] += calls;
@@ -571,6 +584,7 @@ fn plugin_rows(n_stub: u64, rounds: usize) {
             );
         }
     }
+    println!("synchronous hits: {}", sync_notes.join("; "));
     println!("plugin: {:?}", host.stats());
     con.send_line("exit");
     let _ = std::fs::remove_dir_all(&dir);

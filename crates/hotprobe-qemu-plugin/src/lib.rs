@@ -436,17 +436,31 @@ impl Plugin {
         // host_sleeping, reads the doorbell, re-checks the mailboxes).
         h.doorbell.fetch_add(1, SeqCst);
         if h.host_sleeping.load(SeqCst) != 0 {
+            h.sync_host_wakes.fetch_add(1, Relaxed);
             futex_wake(&h.doorbell);
         }
-        let spins = h.sync_spin;
-        for _ in 0..spins {
+        let answered = || {
+            ctl.mbox_state.store(MBOX_FREE, Release);
+            h.sync_wait_ns
+                .fetch_add(now_ns().saturating_sub(t0), Relaxed);
+        };
+        // Spin for a bounded time (the clock read every 8 spins: a `pause`
+        // costs 10-100 ns depending on the CPU), then sleep.
+        let spin_ns = h.sync_spin_ns as u64;
+        let mut i = 0u32;
+        loop {
             // Acquire pairs with hotprobe's `store(MBOX_ANSWERED, Release)`.
             if ctl.mbox_state.load(Acquire) == MBOX_ANSWERED {
-                ctl.mbox_state.store(MBOX_FREE, Release);
+                answered();
                 return;
             }
             std::hint::spin_loop();
+            i = i.wrapping_add(1);
+            if i % 8 == 0 && now_ns().saturating_sub(t0) >= spin_ns {
+                break;
+            }
         }
+        h.sync_vcpu_sleeps.fetch_add(1, Relaxed);
         let timeout = h.sync_timeout_ms as u64 * 1_000_000;
         loop {
             // SeqCst: Dekker with hotprobe, which answers then reads
@@ -457,7 +471,7 @@ impl Plugin {
             }
             ctl.mbox_waiting.store(0, Relaxed);
             if ctl.mbox_state.load(Acquire) == MBOX_ANSWERED {
-                ctl.mbox_state.store(MBOX_FREE, Release);
+                answered();
                 return;
             }
             let now = now_ns();

@@ -34,8 +34,8 @@ pub struct PluginConfig {
     /// A heartbeat this old means hotprobe is gone: synchronous events stop
     /// waiting at once.
     pub stale: Duration,
-    /// Spins of a waiting vCPU before it sleeps on the futex.
-    pub sync_spin: u32,
+    /// How long a waiting vCPU spins before it sleeps on the futex.
+    pub sync_spin: Duration,
     /// How long hotprobe's service thread keeps polling the mailboxes after
     /// its last answer before it sleeps on the doorbell.
     pub host_spin: Duration,
@@ -51,9 +51,11 @@ impl Default for PluginConfig {
             max_string: 176,
             sync_timeout: Duration::from_secs(1),
             stale: Duration::from_millis(300),
-            // ≈ 75 µs of `pause` on this machine's EPYC.
-            sync_spin: 1000,
-            host_spin: Duration::from_micros(200),
+            // Bounded spins on both sides: on cores shared with other
+            // runnable threads a long spin only burns the time slice the
+            // other side needs (docs/PERFORMANCE.md, the synchronous row).
+            sync_spin: Duration::from_micros(5),
+            host_spin: Duration::from_micros(20),
         }
     }
 }
@@ -135,6 +137,13 @@ pub struct PluginStats {
     pub read_errors: u64,
     /// Hits on vCPUs beyond `max_vcpus`.
     pub vcpu_overflow: u64,
+    /// Synchronous events whose vCPU slept on the futex (no answer within
+    /// `PluginConfig::sync_spin`).
+    pub sync_vcpu_sleeps: u64,
+    /// Synchronous events that had to wake the sleeping service thread.
+    pub sync_host_wakes: u64,
+    /// Total time vCPUs waited for answers (ns), post to answer.
+    pub sync_wait_ns: u64,
 }
 
 /// Counts of the service thread's synchronous work.
@@ -310,7 +319,8 @@ impl PluginHost {
                 .write(config.sync_timeout.as_millis().clamp(1, u32::MAX as u128) as u32);
             std::ptr::addr_of_mut!((*h).stale_ms)
                 .write(config.stale.as_millis().clamp(1, u32::MAX as u128) as u32);
-            std::ptr::addr_of_mut!((*h).sync_spin).write(config.sync_spin);
+            std::ptr::addr_of_mut!((*h).sync_spin_ns)
+                .write(config.sync_spin.as_nanos().min(u32::MAX as u128) as u32);
         }
         shm.header().heartbeat_ns.store(now_ns(), Relaxed);
         let data_cap = shm.data_cap();
@@ -650,6 +660,9 @@ impl PluginHost {
             orphaned: h.orphaned.load(Relaxed),
             read_errors: h.read_errors.load(Relaxed),
             vcpu_overflow: h.vcpu_overflow.load(Relaxed),
+            sync_vcpu_sleeps: h.sync_vcpu_sleeps.load(Relaxed),
+            sync_host_wakes: h.sync_host_wakes.load(Relaxed),
+            sync_wait_ns: h.sync_wait_ns.load(Relaxed),
             ..PluginStats::default()
         };
         for v in 0..nv {
