@@ -48,7 +48,8 @@ use hotprobe_target::{RuntimeAddr, Target, TargetError};
 use hotprobe_x86::plan_jump;
 
 pub use hotprobe_abi::{
-    Event as RecordedEvent, EXIT_UNWOUND, KIND_ENTRY, KIND_EXIT, KIND_HIT, TRAP_GUARD, TRAP_RETURN,
+    Event as RecordedEvent, EVENT_XMM, EXIT_UNWOUND, KIND_ENTRY, KIND_EXIT, KIND_HIT, TRAP_GUARD,
+    TRAP_RETURN,
 };
 pub use inproc::{HandlerCall, InprocInfo};
 pub use plan::{
