@@ -46,6 +46,11 @@ fn base(name: &str) -> &str {
 /// The calls of `trace` or `replay` output as `name(args) = ret`, in the
 /// order they returned, for the functions of [`FUNCS`].
 fn shown(out: &str) -> Vec<String> {
+    shown_of(out, FUNCS)
+}
+
+/// [`shown`] for the functions `funcs`.
+fn shown_of(out: &str, funcs: &[&str]) -> Vec<String> {
     let mut calls = Vec::new();
     let mut open: Vec<String> = Vec::new();
     for l in out.lines() {
@@ -74,7 +79,7 @@ fn shown(out: &str) -> Vec<String> {
             continue;
         };
         let (name, args) = call.split_once('(').unwrap();
-        if !FUNCS.contains(&base(name)) {
+        if !funcs.contains(&base(name)) {
             continue;
         }
         let ret = ret.map_or(String::new(), |r| format!(" = {r}"));
@@ -396,4 +401,85 @@ fn count_conditions_name_parameters() {
         let stderr = text(&out.stderr);
         assert!(!out.status.success() && stderr.contains(says), "{stderr}");
     }
+}
+
+/// Floats and doubles on 4 threads (tests/programs/typed_threads.c), with
+/// `record -a` and with `trace -a`: every function is on the fast path
+/// (no trap at all), and every call shows the values the program logged.
+fn floats_on_four_threads(opt: &str) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/typed_threads.c");
+    let prog = gcc_with(
+        &src,
+        &tmp().join(format!("typed_threads{opt}")),
+        &[opt],
+        &[],
+    );
+    let sorted = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+    let dir = tmp().join(format!("threads{opt}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = hotprobe(&[
+        "record",
+        "-a",
+        "-o",
+        dir.to_str().unwrap(),
+        "--",
+        prog.to_str().unwrap(),
+    ]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let theirs = sorted(logged(&stderr));
+    assert_eq!(theirs.len(), 800, "{stderr}");
+    // No function went to the trap: the summary counts none.
+    let probes = stderr
+        .lines()
+        .find(|l| l.trim_start().starts_with("probes:"))
+        .unwrap_or_else(|| panic!("no probes line: {stderr}"));
+    assert!(!probes.contains("trap"), "{probes}");
+    assert!(!stderr.contains("recorded through a trap"), "{stderr}");
+    let replay = hotprobe(&["replay", "--no-pager", dir.to_str().unwrap()]);
+    let stdout = text(&replay.stdout);
+    assert!(replay.status.success(), "{}", text(&replay.stderr));
+    let ours = sorted(shown_of(&stdout, &["lerp", "area"]));
+    assert_eq!(ours, theirs, "record -a {opt} + replay");
+
+    let out = hotprobe(&[
+        "trace",
+        "-a",
+        "--summary",
+        "lerp",
+        "area",
+        "--",
+        prog.to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let theirs = sorted(logged(&stderr));
+    assert_eq!(theirs.len(), 800, "{stderr}");
+    let ours = sorted(shown_of(&stdout, &["lerp", "area"]));
+    assert_eq!(ours, theirs, "trace -a {opt}");
+    for f in ["lerp", "area"] {
+        let row = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{f} ")))
+            .unwrap_or_else(|| panic!("no row for {f}: {stdout}"));
+        assert!(
+            (row.contains(" patch") || row.contains(" jump"))
+                && row.contains("float/double values from xmm registers")
+                && !row.contains("trap"),
+            "{row}"
+        );
+    }
+}
+
+#[test]
+fn floats_on_four_threads_o0() {
+    floats_on_four_threads("-O0");
+}
+
+#[test]
+fn floats_on_four_threads_o2() {
+    floats_on_four_threads("-O2");
 }
