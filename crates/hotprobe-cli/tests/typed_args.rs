@@ -52,11 +52,14 @@ fn shown(out: &str) -> Vec<String> {
 /// [`shown`] for the functions `funcs`.
 fn shown_of(out: &str, funcs: &[&str]) -> Vec<String> {
     let mut calls = Vec::new();
-    let mut open: Vec<String> = Vec::new();
+    // Open calls per thread (`[ TID] | `): threads interleave.
+    let mut opens: std::collections::HashMap<String, Vec<String>> = Default::default();
     for l in out.lines() {
-        let Some((_, body)) = l.split_once("] | ") else {
+        let Some((head, body)) = l.split_once("] | ") else {
             continue;
         };
+        let tid = head.rsplit_once('[').map_or("", |(_, t)| t.trim());
+        let open = opens.entry(tid.to_string()).or_default();
         let body = body.trim_start();
         let (call, ret) = if let Some(e) = body.strip_suffix(" {") {
             open.push(e.to_string());
@@ -482,4 +485,54 @@ fn floats_on_four_threads_o0() {
 #[test]
 fn floats_on_four_threads_o2() {
     floats_on_four_threads("-O2");
+}
+
+/// A coldpatched `-finstrument-functions` build: its exit placeholders run
+/// before the return value is in xmm0, so the fast path refuses the xmm
+/// layout there and the float functions are typed through the trap as
+/// before, with that reason in the summary, and values as logged.
+#[test]
+fn floats_at_coldpatch_placeholders_fall_back_to_the_trap() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/typed_threads.c");
+    let inst = gcc_with(
+        &src,
+        &tmp().join("typed_threads-inst"),
+        &["-O0", "-finstrument-functions"],
+        &[],
+    );
+    let cold = tmp().join("typed_threads-cold");
+    let out = hotprobe(&[
+        "coldpatch",
+        inst.to_str().unwrap(),
+        "-o",
+        cold.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = hotprobe(&[
+        "trace",
+        "-a",
+        "--summary",
+        "lerp",
+        "area",
+        "--",
+        cold.to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let mut theirs = logged(&stderr);
+    theirs.sort();
+    assert_eq!(theirs.len(), 800, "{stderr}");
+    let mut ours = shown_of(&stdout, &["lerp", "area"]);
+    ours.sort();
+    assert_eq!(ours, theirs);
+    for f in ["lerp", "area"] {
+        let row = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{f} ")))
+            .unwrap_or_else(|| panic!("no row for {f}: {stdout}"));
+        assert!(
+            row.contains("trap") && row.contains("not in xmm0 at coldpatch exit placeholders"),
+            "{row}"
+        );
+    }
 }

@@ -825,6 +825,17 @@ impl FastPath {
                 "float/double values need 64-byte event slots (record_args > 2)".into(),
             ));
         }
+        if action.record
+            && action.xmm.is_some()
+            && action.exit
+            && plan.mechanism == Mechanism::Patch(PatchKind::Coldpatch)
+        {
+            // An exit placeholder (`__cyg_profile_func_exit`'s call) runs
+            // before the return value is in xmm0.
+            return Err(FastPathError::Shm(
+                "float/double return values are not in xmm0 at coldpatch exit placeholders".into(),
+            ));
+        }
         if probe_id >= self.shm().layout().params.n_probes {
             return Err(FastPathError::Shm(
                 "no probe id left: raise max_probes".into(),

@@ -1148,9 +1148,30 @@ impl Session {
                         Some(_) => format!("{reason}; float/double values from xmm registers"),
                         None => reason,
                     };
-                    self.place_fast(
-                        t, &r, &path, bias, &function, record, xmm, reason, label, None,
-                    )
+                    let placed = self.place_fast(
+                        t,
+                        &r,
+                        &path,
+                        bias,
+                        &function,
+                        record,
+                        xmm,
+                        reason,
+                        label.clone(),
+                        None,
+                    );
+                    match (placed, &self.capture) {
+                        // The fast path refused the xmm layout (compact
+                        // slots, coldpatch exits): the values are read at
+                        // the hit instead, as without it.
+                        (Err(EngineError::FastPath(why)), Some(choose)) if xmm.is_some() => {
+                            let capture = choose(&r);
+                            let reason =
+                                format!("typed values read at the hit (DWARF); fast path: {why}");
+                            self.place_trap(t, &r, is_return, record, reason, label, capture)
+                        }
+                        (placed, _) => placed,
+                    }
                 }
                 Plan::Trap(reason)
                     if !record
