@@ -343,8 +343,11 @@ fn act<const HOOK: bool>(
             base,
             frame.slot,
             probe,
-            action & ACTION_RECORD != 0,
-            hotprobe_abi::xmm_ints(action).is_some(),
+            match (action & ACTION_RECORD != 0, hotprobe_abi::xmm_ints(action)) {
+                (false, _) => 0,
+                (true, None) => SHADOW_RECORD,
+                (true, Some(_)) => SHADOW_RECORD | SHADOW_XMM,
+            },
             same,
         );
     }
@@ -809,7 +812,8 @@ fn pop_dead(
 /// return address of an entry at `slot` itself it dropped (a tail call from
 /// a hooked frame). A return that cannot be hooked (no shadow stack, or a
 /// full one) is a return miss, and its exit event, when recorded, is
-/// counted as refused.
+/// counted as refused. `flags` are the new shadow entry's (`SHADOW_RECORD`,
+/// `SHADOW_XMM`).
 #[inline(always)]
 fn hook_return(
     shm: &Shm,
@@ -817,10 +821,10 @@ fn hook_return(
     base: *mut Shadow,
     slot: u64,
     probe: u32,
-    record: bool,
-    xmm: bool,
+    flags: u32,
     same: Option<u64>,
 ) {
+    let record = flags & SHADOW_RECORD != 0;
     let miss = || {
         shm.header().return_misses.fetch_add(1, Relaxed);
         if record && shm.header().control.load(Relaxed) & CONTROL_RECORD != 0 {
@@ -860,11 +864,7 @@ fn hook_return(
             slot,
             real,
             probe,
-            flags: match (record, xmm) {
-                (false, _) => 0,
-                (true, false) => SHADOW_RECORD,
-                (true, true) => SHADOW_RECORD | SHADOW_XMM,
-            },
+            flags,
         })
     };
     t.depth.store(d as u32 + 1, Relaxed);

@@ -880,8 +880,7 @@ impl FastPath {
                                     StubKind::Exit,
                                     exit_id,
                                     probe_id,
-                                    action.record,
-                                    action.xmm,
+                                    action,
                                 )? {
                                     Some(s) => s,
                                     None => self.call_target(t, a, NEAR_STUB_EXIT)?,
@@ -910,8 +909,7 @@ impl FastPath {
                                     StubKind::Exit,
                                     exit_id,
                                     probe_id,
-                                    action.record,
-                                    action.xmm,
+                                    action,
                                 )? {
                                     Some(s) => s,
                                     None => self.shm().header().exit_trampoline.load(Relaxed),
@@ -977,15 +975,7 @@ impl FastPath {
         info: &mut SiteInfo,
     ) -> Result<u64, FastPathError> {
         let stub = if bits & ACTION_EXIT == 0 {
-            self.stub(
-                t,
-                at,
-                StubKind::Entry,
-                probe_id,
-                probe_id,
-                action.record,
-                action.xmm,
-            )?
+            self.stub(t, at, StubKind::Entry, probe_id, probe_id, action)?
         } else {
             None
         };
@@ -1003,9 +993,9 @@ impl FastPath {
         kind: StubKind,
         counter: u32,
         probe: u32,
-        record: bool,
-        xmm: Option<u8>,
+        action: Action,
     ) -> Result<Option<u64>, FastPathError> {
+        let (record, xmm) = (action.record, action.xmm);
         let h = self.shm().header();
         let tpoff = h.thread_tpoff.load(Relaxed);
         if !self.stubs || tpoff == 0 {
