@@ -41,8 +41,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"HOTPROBE");
 /// table ([`InprocSite`]) at the end of the trap table; 8:
 /// [`HandlerCtl::handler_trampoline`], [`HANDLER_STUB`], [`HANDLER_POST`],
 /// [`INPROC_POST`]; 9: the site table is indexed by [`site_index`], which
-/// keeps nearby sites on nearby slots).
-pub const VERSION: u32 = 9;
+/// keeps nearby sites on nearby slots; 10: xmm layouts in a site's action
+/// bits 4–6 and [`EVENT_XMM`] events).
+pub const VERSION: u32 = 10;
 /// Size of [`Header`] in bytes.
 pub const HEADER_SIZE: usize = 256;
 /// Alignment of every section start (the site table and the thread slots).
@@ -111,6 +112,35 @@ pub const ACTION_EXIT: u32 = 1 << 2;
 pub const ACTION_ALT_COUNTER: u32 = 1 << 3;
 /// Shift of the alternative counter index in [`SiteSlot::action`].
 pub const ACTION_COUNTER_SHIFT: u32 = 8;
+/// Shift of the xmm layout in [`SiteSlot::action`] (3 bits, see
+/// [`action_xmm`]): 0 records the usual registers; `k + 1` (k in 0..=6)
+/// makes an entry record the first `k` integer argument registers
+/// (rdi, rsi, …) followed by the low 64 bits of xmm0, xmm1, … in the
+/// remaining value words, and an exit record rax, rdx and xmm0 (3 values);
+/// both carry [`EVENT_XMM`]. For functions taking or returning `float` or
+/// `double`: the SysV ABI gives integer-class and float-class parameters
+/// their registers in two independent sequences.
+pub const ACTION_XMM_SHIFT: u32 = 4;
+/// Mask of the xmm layout in [`SiteSlot::action`].
+pub const ACTION_XMM_MASK: u32 = 7 << ACTION_XMM_SHIFT;
+
+/// The action bits of the xmm layout recording `ints` integer argument
+/// registers before the xmm registers (`ints` ≤ 6; larger is clamped).
+#[inline(always)]
+pub const fn action_xmm(ints: u8) -> u32 {
+    let k = if ints > 6 { 6 } else { ints };
+    (k as u32 + 1) << ACTION_XMM_SHIFT
+}
+
+/// The number of integer registers an action's xmm layout records first,
+/// or `None` without the layout.
+#[inline(always)]
+pub const fn xmm_ints(action: u32) -> Option<u8> {
+    match (action & ACTION_XMM_MASK) >> ACTION_XMM_SHIFT {
+        0 => None,
+        n => Some(n as u8 - 1),
+    }
+}
 
 /// [`RingCtl::state`]: slot never claimed.
 pub const THREAD_FREE: u32 = 0;
@@ -576,6 +606,11 @@ pub const KIND_EXIT: u8 = 1;
 /// [`Event::reserved`] flag of a [`KIND_EXIT`] event: the frame was left
 /// without returning (longjmp, exception); args are 0.
 pub const EXIT_UNWOUND: u16 = 1;
+/// [`Event::reserved`] flag: the values follow the xmm layout of the
+/// site's action ([`ACTION_XMM_SHIFT`]): an entry's first `k` values are
+/// integer argument registers and the rest xmm0, xmm1, … (low 64 bits);
+/// an exit's third value is xmm0.
+pub const EVENT_XMM: u16 = 2;
 /// [`Event::kind`]: a mid-function site (args as for entry).
 pub const KIND_HIT: u8 = 2;
 
@@ -594,7 +629,8 @@ pub const META_PROBE_MASK: u64 = (1 << 24) - 1;
 pub const META_KIND_SHIFT: u32 = 24;
 /// Meta word: shift of the number of values stored (3 bits, ≤ 6).
 pub const META_NVALUES_SHIFT: u32 = 26;
-/// Meta word: shift of the flags ([`Event::reserved`], 2 bits: [`EXIT_UNWOUND`]).
+/// Meta word: shift of the flags ([`Event::reserved`], 2 bits: [`EXIT_UNWOUND`],
+/// [`EVENT_XMM`]).
 pub const META_FLAGS_SHIFT: u32 = 29;
 
 /// The meta word (word 1) of an event slot: `probe | kind << 24 |
@@ -641,7 +677,7 @@ pub struct Event {
     /// [`EVENT_SIZE_FULL`] slots, 2 with [`EVENT_SIZE_COMPACT`] ones; 2 for
     /// exit (0 when unwound). The rest of `args` is 0.
     pub nargs: u8,
-    /// Flags ([`EXIT_UNWOUND`]; 2 bits survive the ring).
+    /// Flags ([`EXIT_UNWOUND`], [`EVENT_XMM`]; 2 bits survive the ring).
     pub reserved: u16,
     /// Reserved, zero (not stored in the ring).
     pub reserved2: u32,

@@ -25,8 +25,8 @@ use core::sync::atomic::{compiler_fence, AtomicU32, AtomicU64};
 use hotprobe_abi::fast::ThreadBlock;
 use hotprobe_abi::{
     rdtsc, Event, Shm, ACTION_ALT_COUNTER, ACTION_COUNT, ACTION_COUNTER_SHIFT, ACTION_EXIT,
-    ACTION_RECORD, CONTROL_ENABLED, CONTROL_FOLLOW_FORKS, CONTROL_RECORD, EXIT_UNWOUND, KIND_ENTRY,
-    KIND_EXIT, KIND_HIT, STATUS_ORPHANED, THREAD_EXITED,
+    ACTION_RECORD, CONTROL_ENABLED, CONTROL_FOLLOW_FORKS, CONTROL_RECORD, EVENT_XMM, EXIT_UNWOUND,
+    KIND_ENTRY, KIND_EXIT, KIND_HIT, STATUS_ORPHANED, THREAD_EXITED,
 };
 
 use crate::trampoline::Frame;
@@ -81,6 +81,9 @@ const SHADOW_BYTES: usize = SHADOW_CAP * core::mem::size_of::<Shadow>();
 pub(crate) const SHADOW_RESTORED: u32 = 1;
 /// [`Shadow::flags`]: the return is recorded (the site's action has `record`).
 pub(crate) const SHADOW_RECORD: u32 = 2;
+/// [`Shadow::flags`]: the return also records xmm0 (the site's action has
+/// an xmm layout: a `float`/`double` return value).
+pub(crate) const SHADOW_XMM: u32 = 4;
 
 #[allow(clippy::declare_interior_mutable_const)]
 const ENTRY_INIT: ThreadEntry = ThreadEntry {
@@ -290,18 +293,28 @@ fn act<const HOOK: bool>(
     };
     let record = action & ACTION_RECORD != 0 && control & CONTROL_RECORD != 0;
     if record {
-        let args = if kind == KIND_EXIT as u32 {
-            [frame.rax, frame.args[2], 0, 0, 0, 0]
-        } else {
-            frame.args
+        let xmm = hotprobe_abi::xmm_ints(action);
+        let (args, nargs) = match (kind == KIND_EXIT as u32, xmm) {
+            (true, None) => ([frame.rax, frame.args[2], 0, 0, 0, 0], 2),
+            (true, Some(_)) => ([frame.rax, frame.args[2], frame.xmm[0], 0, 0, 0], 3),
+            (false, None) => (frame.args, 6),
+            (false, Some(k)) => {
+                // The first k integer registers, then xmm0, xmm1, …
+                let mut a = [0u64; 6];
+                let values = frame.args.iter().take(k as usize).chain(frame.xmm.iter());
+                for (w, v) in a.iter_mut().zip(values) {
+                    *w = *v;
+                }
+                (a, 6)
+            }
         };
         let ev = Event {
             tsc: rdtsc(),
             probe_id: probe,
             tid: t.tid.load(Relaxed),
             kind: kind as u8,
-            nargs: if kind == KIND_EXIT as u32 { 2 } else { 6 },
-            reserved: 0,
+            nargs,
+            reserved: if xmm.is_some() { EVENT_XMM } else { 0 },
             reserved2: 0,
             args,
         };
@@ -330,7 +343,11 @@ fn act<const HOOK: bool>(
             base,
             frame.slot,
             probe,
-            action & ACTION_RECORD != 0,
+            match (action & ACTION_RECORD != 0, hotprobe_abi::xmm_ints(action)) {
+                (false, _) => 0,
+                (true, None) => SHADOW_RECORD,
+                (true, Some(_)) => SHADOW_RECORD | SHADOW_XMM,
+            },
             same,
         );
     }
@@ -781,7 +798,15 @@ fn clear_fast(e: &ThreadEntry) {
 }
 
 #[inline(always)]
-fn record_exit(shm: &Shm, t: &ThreadEntry, probe: u32, rax: u64, rdx: u64, flags: u16) {
+fn record_exit(
+    shm: &Shm,
+    t: &ThreadEntry,
+    probe: u32,
+    rax: u64,
+    rdx: u64,
+    xmm0: Option<u64>,
+    flags: u16,
+) {
     let Some(p) = shm.producer(t.slot.load(Relaxed)) else {
         shm.header().drops_no_thread.fetch_add(1, Relaxed);
         shm.note_missed(probe);
@@ -793,10 +818,14 @@ fn record_exit(shm: &Shm, t: &ThreadEntry, probe: u32, rax: u64, rdx: u64, flags
         tid: t.tid.load(Relaxed),
         kind: KIND_EXIT,
         // An unwound exit has no return value: store no value words.
-        nargs: if flags & EXIT_UNWOUND != 0 { 0 } else { 2 },
-        reserved: flags,
+        nargs: match (flags & EXIT_UNWOUND != 0, xmm0.is_some()) {
+            (true, _) => 0,
+            (false, false) => 2,
+            (false, true) => 3,
+        },
+        reserved: flags | if xmm0.is_some() { EVENT_XMM } else { 0 },
         reserved2: 0,
-        args: [rax, rdx, 0, 0, 0, 0],
+        args: [rax, rdx, xmm0.unwrap_or(0), 0, 0, 0],
     };
     let mut limit = t.fast.limit.load(Relaxed);
     // SAFETY: the ring belongs to this thread; the busy flag is held.
@@ -841,7 +870,7 @@ fn pop_dead(
             if let Some(shm) = shm {
                 shm.header().unwound_frames.fetch_add(1, Relaxed);
                 if record && e.flags & SHADOW_RECORD != 0 {
-                    record_exit(shm, t, e.probe, 0, 0, EXIT_UNWOUND);
+                    record_exit(shm, t, e.probe, 0, 0, None, EXIT_UNWOUND);
                 }
             }
         } else {
@@ -859,7 +888,8 @@ fn pop_dead(
 /// return address of an entry at `slot` itself it dropped (a tail call from
 /// a hooked frame). A return that cannot be hooked (no shadow stack, or a
 /// full one) is a return miss, and its exit event, when recorded, is
-/// counted as refused.
+/// counted as refused. `flags` are the new shadow entry's (`SHADOW_RECORD`,
+/// `SHADOW_XMM`).
 #[inline(always)]
 fn hook_return(
     shm: &Shm,
@@ -867,9 +897,10 @@ fn hook_return(
     base: *mut Shadow,
     slot: u64,
     probe: u32,
-    record: bool,
+    flags: u32,
     same: Option<u64>,
 ) {
+    let record = flags & SHADOW_RECORD != 0;
     let miss = || {
         shm.header().return_misses.fetch_add(1, Relaxed);
         if record && shm.header().control.load(Relaxed) & CONTROL_RECORD != 0 {
@@ -909,7 +940,7 @@ fn hook_return(
             slot,
             real,
             probe,
-            flags: if record { SHADOW_RECORD } else { 0 },
+            flags,
         })
     };
     t.depth.store(d as u32 + 1, Relaxed);
@@ -918,11 +949,11 @@ fn hook_return(
 }
 
 /// Called by the return trampoline with the address of the slot the `ret`
-/// popped and the return registers: records the exit and returns the real
+/// popped and the return registers (rax, rdx, xmm0): records the exit and returns the real
 /// return address. Integer-only and panic-free, like [`fast_hit`]. A
 /// dormant agent (no shared memory: a forked child) still pops the shadow
 /// stack and returns the real address, recording nothing.
-pub(crate) extern "C" fn ret_hit(slot: u64, rax: u64, rdx: u64) -> u64 {
+pub(crate) extern "C" fn ret_hit(slot: u64, rax: u64, rdx: u64, xmm0: u64) -> u64 {
     let Some(t) = find_thread(thread_pointer()) else {
         return lost_return();
     };
@@ -949,7 +980,8 @@ pub(crate) extern "C" fn ret_hit(slot: u64, rax: u64, rdx: u64) -> u64 {
                     && control & CONTROL_RECORD != 0
                     && control & CONTROL_ENABLED != 0
                 {
-                    record_exit(shm, t, e.probe, rax, rdx, 0);
+                    let x = (e.flags & SHADOW_XMM != 0).then_some(xmm0);
+                    record_exit(shm, t, e.probe, rax, rdx, x, 0);
                 }
             }
         }

@@ -41,8 +41,13 @@ pub struct Frame {
     /// Address of the stack word just above the key: for an entry site at a
     /// function's first instruction, the function's return address slot.
     pub slot: u64,
+    /// The low 64 bits of xmm0–xmm5 (float and double arguments; xmm0 is
+    /// also a float return value), for sites whose action has an xmm
+    /// layout (`hotprobe_abi::ACTION_XMM_SHIFT`). Six `movq` stores per
+    /// hit, whatever the action: cheaper than a second path.
+    pub xmm: [u64; 6],
 }
-const _: () = assert!(core::mem::size_of::<Frame>() == 88);
+const _: () = assert!(core::mem::size_of::<Frame>() == 136);
 
 macro_rules! trampoline {
     ($(#[$doc:meta])* $name:ident, $kind:expr, $pre:literal, $post:literal, $keyoff:literal) => {
@@ -59,7 +64,7 @@ macro_rules! trampoline {
             "push rbp",
             "mov rbp, rsp",
             "and rsp, -16",
-            "sub rsp, 96",
+            "sub rsp, 144",
             "mov [rsp], rdi",
             "mov [rsp+8], rsi",
             "mov [rsp+16], rdx",
@@ -73,6 +78,12 @@ macro_rules! trampoline {
             "mov [rsp+72], rax",
             concat!("lea rax, [rbp+", $keyoff, "+8]"),
             "mov [rsp+80], rax",
+            "movq [rsp+88], xmm0",
+            "movq [rsp+96], xmm1",
+            "movq [rsp+104], xmm2",
+            "movq [rsp+112], xmm3",
+            "movq [rsp+120], xmm4",
+            "movq [rsp+128], xmm5",
             const_str!(SAVE_XMM_ALWAYS),
             "mov rdi, rsp",
             const_str!(ADJUST_FRAME),
@@ -224,6 +235,7 @@ pub unsafe extern "C" fn hotprobe_agent_return_trampoline() {
         const_str!(SAVE_XMM_ALWAYS),
         "lea rdi, [rbp+8]",
         "mov rsi, rax",
+        "movq rcx, xmm0",
         "call {ret}",
         "mov [rbp+8], rax",
         const_str!(RESTORE_XMM_ALWAYS),

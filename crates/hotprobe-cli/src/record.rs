@@ -263,11 +263,14 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             marker || !(taken.contains(name) || excluded || runtime)
         };
         t.session
+            .set_xmm_layout(typing.xmm_chooser_for(Vec::new(), o.auto_args && !marker));
+        t.session
             .set_capture(typing.chooser_for(Vec::new(), o.auto_args && !marker));
         let added = t
             .session
             .add_filtered(t.target, spec, Action::Record, &keep);
         t.session.set_capture(None);
+        t.session.set_xmm_layout(None);
         let added = match added {
             Ok(a) => a,
             // A pattern on a library not loaded yet: one pending probe per

@@ -279,9 +279,12 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
     let mut placed = Vec::new();
     for (func, exprs) in specs {
         t.session
+            .set_xmm_layout(typing.xmm_chooser_for(exprs.clone(), o.auto_args));
+        t.session
             .set_capture(typing.chooser_for(exprs, o.auto_args));
         let added = t.add_all(std::slice::from_ref(&func), |_| Action::Record);
         t.session.set_capture(None);
+        t.session.set_xmm_layout(None);
         match added.and_then(|a| typing.check().map(|()| a)) {
             Ok(p) => placed.extend(p),
             Err(e) => {

@@ -1,19 +1,23 @@
 //! Typed arguments and return values (`-a/--auto-args`, `func(a, b)`,
 //! `'func name:string p->len'`): the DWARF of each probed function's
 //! module ([`hotprobe_dwarf`]) says what to read at the entry and the
-//! return; the session runs that on the trap path
-//! ([`hotprobe::Session::set_capture`]) and hands the bytes to the sink
+//! return; values in integer and xmm registers are recorded by whatever
+//! mechanism takes the function (the fast path's xmm layout for floats and
+//! doubles, [`hotprobe::Session::set_xmm_layout`]) and typed as drained
+//! ([`RegisterTyped`]); anything else runs on the trap path
+//! ([`hotprobe::Session::set_capture`]), which hands the bytes to the sink
 //! with the event; [`TypedShapes`] turns them back into text.
 
 use anyhow::{bail, Result};
 use hotprobe::{
-    Capture, CaptureChooser, EventSink, HitContext, RecordedEvent, SinkError, KIND_EXIT,
+    Capture, CaptureChooser, EventSink, HitContext, Mechanism, RecordedEvent, SinkError,
+    XmmChooser, KIND_EXIT,
 };
 use hotprobe_dwarf::{
     capture, format_values, plan_args, plan_auto, ArgExpr, DebugTypes, Fetch, Machine, Planned,
     ShapeItem, Source,
 };
-use hotprobe_fastpath::EXIT_UNWOUND;
+use hotprobe_fastpath::{EVENT_XMM, EXIT_UNWOUND};
 use hotprobe_symbols::ResolvedProbe;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -72,6 +76,10 @@ pub struct Typing {
     /// Typed functions whose values are all in integer registers (read
     /// from the recorded registers, on any mechanism), by address.
     register_plans: RefCell<HashMap<u64, EntryExit>>,
+    /// Typed functions whose values are all in integer and xmm registers,
+    /// offered to the fast path's xmm layout (the number of integer
+    /// registers recorded before the xmm ones), by address.
+    xmm_plans: RefCell<HashMap<u64, (EntryExit, u8)>>,
     /// Parameters and their registers per function (`count` conditions).
     param_regs: RefCell<HashMap<u64, Option<ParamRegs>>>,
 }
@@ -173,6 +181,39 @@ impl Typing {
         }
     }
 
+    /// The session's xmm chooser for a spec's functions (as
+    /// [`Typing::chooser_for`]): a function whose values are all in
+    /// integer and xmm registers, at least one float or double among them,
+    /// is recorded on the fast path with the xmm layout (see
+    /// [`hotprobe::XmmChooser`]) instead of through the trap.
+    pub fn xmm_chooser_for(self: &Rc<Self>, exprs: Vec<ArgExpr>, auto: bool) -> Option<XmmChooser> {
+        let exprs = match (exprs.is_empty(), auto) {
+            (false, _) => Some(exprs),
+            (true, true) => None,
+            (true, false) => return None,
+        };
+        let me = self.clone();
+        Some(Rc::new(move |r: &ResolvedProbe| -> Option<u8> {
+            // Planned quietly: errors are reported by the capture chooser,
+            // which sees every function this one declines.
+            let errors = me.errors.borrow().len();
+            let untyped = me.untyped.borrow().len();
+            let planned = me.plan(r, exprs.as_deref());
+            me.errors.borrow_mut().truncate(errors);
+            me.untyped.borrow_mut().truncate(untyped);
+            let planned = planned?;
+            let k = xmm_layout(&planned.entry, &planned.exit)?;
+            me.shapes.borrow_mut().insert(
+                r.addr.0,
+                (planned.entry_shapes.clone(), planned.exit_shapes.clone()),
+            );
+            me.xmm_plans
+                .borrow_mut()
+                .insert(r.addr.0, ((planned.entry, planned.exit), k));
+            Some(k)
+        }))
+    }
+
     /// A chooser that types nothing but notes, per function, which
     /// argument register holds each parameter at the entry (for names in
     /// `count` conditions, [`Typing::param_registers`]).
@@ -254,6 +295,31 @@ impl Typing {
     }
 }
 
+/// The xmm layout a plan fits (the number of integer registers recorded
+/// before the xmm ones), when every value is an integer or xmm register
+/// (or needs no register), at least one is an xmm register, and they fit
+/// the six value words of an entry (an exit holds rax, rdx, xmm0).
+fn xmm_layout(entry: &[Fetch], exit: &[Fetch]) -> Option<u8> {
+    let (mut ints, mut xmms) = (0u8, 0u8);
+    for f in entry {
+        match f {
+            Fetch::Missing | Fetch::Const(_) => {}
+            Fetch::Reg(Source::IntArg(i)) => ints = ints.max(i + 1),
+            Fetch::Reg(Source::Xmm(i)) => xmms = xmms.max(i + 1),
+            _ => return None,
+        }
+    }
+    let mut exit_xmm = false;
+    for f in exit {
+        match f {
+            Fetch::Missing | Fetch::Const(_) | Fetch::Reg(Source::Rax) => {}
+            Fetch::Reg(Source::Xmm(0)) => exit_xmm = true,
+            _ => return None,
+        }
+    }
+    (ints <= 6 && ints + xmms <= 6 && (xmms > 0 || exit_xmm)).then_some(ints)
+}
+
 fn planned_needs_more(entry: &[Fetch], exit: &[Fetch]) -> bool {
     Planned {
         entry: entry.to_vec(),
@@ -269,7 +335,9 @@ fn planned_needs_more(entry: &[Fetch], exit: &[Fetch]) -> bool {
 /// as if read at the hit.
 pub struct RegisterTyped<'a> {
     inner: &'a mut dyn EventSink,
-    plans: HashMap<u32, EntryExit>,
+    /// The plans by probe id, with the xmm layout's integer count for
+    /// probes the fast path records with it.
+    plans: HashMap<u32, (EntryExit, Option<u8>)>,
 }
 
 impl<'a> RegisterTyped<'a> {
@@ -280,11 +348,19 @@ impl<'a> RegisterTyped<'a> {
         placed: &[hotprobe::Placement],
     ) -> RegisterTyped<'a> {
         let plans = typing.register_plans.borrow();
+        let xmm = typing.xmm_plans.borrow();
         RegisterTyped {
             inner,
             plans: placed
                 .iter()
-                .filter_map(|p| Some((p.id.0, plans.get(&p.addr.0)?.clone())))
+                .filter_map(|p| {
+                    let on_fast = matches!(p.mechanism, Mechanism::Patch(_) | Mechanism::Jump);
+                    match (xmm.get(&p.addr.0), plans.get(&p.addr.0)) {
+                        (Some((plan, k)), _) if on_fast => Some((p.id.0, (plan.clone(), Some(*k)))),
+                        (_, Some(plan)) => Some((p.id.0, (plan.clone(), None))),
+                        _ => None,
+                    }
+                })
                 .collect(),
         }
     }
@@ -295,10 +371,10 @@ impl EventSink for RegisterTyped<'_> {
         let exit = ev.kind == KIND_EXIT;
         match self.plans.get(&ev.probe_id) {
             Some(_) if exit && ev.reserved & EXIT_UNWOUND != 0 => self.inner.event(ev),
-            Some((entry, exit_plan)) => {
+            Some(((entry, exit_plan), xmm)) => {
                 let plan = if exit { exit_plan } else { entry };
                 let mut data = Vec::new();
-                capture(plan, &mut Recorded(ev), &mut data);
+                capture(plan, &mut Recorded(ev, *xmm), &mut data);
                 self.inner.event_data(ev, &data)
             }
             None => self.inner.event(ev),
@@ -315,16 +391,26 @@ impl EventSink for RegisterTyped<'_> {
 }
 
 /// A recorded event's registers: the argument registers of an entry, rax
-/// (and rdx) of an exit.
-struct Recorded<'a>(&'a RecordedEvent);
+/// (and rdx) of an exit; with the xmm layout (`Some(k)`, and the event
+/// says it has it: `EVENT_XMM`), an entry's first `k` integer registers
+/// then xmm0, xmm1, … and an exit's xmm0 as its third value.
+struct Recorded<'a>(&'a RecordedEvent, Option<u8>);
 
 impl Machine for Recorded<'_> {
     fn reg(&mut self, s: Source) -> Option<u64> {
         let ev = self.0;
         let n = usize::from(ev.nargs).min(ev.args.len());
-        match (s, ev.kind == KIND_EXIT) {
-            (Source::IntArg(i), false) if usize::from(i) < n => Some(ev.args[usize::from(i)]),
-            (Source::Rax, true) if n > 0 => Some(ev.args[0]),
+        let k = match self.1 {
+            Some(k) if ev.reserved & EVENT_XMM != 0 => Some(usize::from(k)),
+            _ => None,
+        };
+        let at = |i: usize| (i < n).then(|| ev.args[i]);
+        match (s, ev.kind == KIND_EXIT, k) {
+            (Source::IntArg(i), false, None) => at(usize::from(i)),
+            (Source::IntArg(i), false, Some(k)) if usize::from(i) < k => at(usize::from(i)),
+            (Source::Xmm(j), false, Some(k)) => at(k + usize::from(j)),
+            (Source::Rax, true, _) => at(0),
+            (Source::Xmm(0), true, Some(_)) => at(2),
             _ => None,
         }
     }

@@ -41,14 +41,15 @@ use hotprobe_abi::patch::{
 };
 use hotprobe_abi::{
     Event, ACTION_ALT_COUNTER, ACTION_COUNT, ACTION_COUNTER_SHIFT, ACTION_EXIT, ACTION_RECORD,
-    CONTROL_ENABLED, CONTROL_RECORD, STATUS_ATTACHED,
+    CONTROL_ENABLED, CONTROL_RECORD, EVENT_SIZE_FULL, STATUS_ATTACHED,
 };
 use hotprobe_process::{ProcessTarget, SpawnOptions};
 use hotprobe_target::{RuntimeAddr, Target, TargetError};
 use hotprobe_x86::plan_jump;
 
 pub use hotprobe_abi::{
-    Event as RecordedEvent, EXIT_UNWOUND, KIND_ENTRY, KIND_EXIT, KIND_HIT, TRAP_GUARD, TRAP_RETURN,
+    Event as RecordedEvent, EVENT_XMM, EXIT_UNWOUND, KIND_ENTRY, KIND_EXIT, KIND_HIT, TRAP_GUARD,
+    TRAP_RETURN,
 };
 pub use inproc::{HandlerCall, InprocInfo, StubHandlerInfo};
 pub use plan::{
@@ -162,6 +163,11 @@ pub struct Action {
     pub record: bool,
     /// Also observe the function's exits.
     pub exit: bool,
+    /// Record float and double values too (`Some(k)`: see
+    /// [`hotprobe_abi::ACTION_XMM_SHIFT`]): entries store the first `k`
+    /// integer argument registers then xmm0, xmm1, …, exits rax, rdx and
+    /// xmm0. Needs 64-byte event slots ([`FastPathConfig::record_args`] > 2).
+    pub xmm: Option<u8>,
 }
 
 impl Action {
@@ -170,6 +176,7 @@ impl Action {
         Action {
             record: false,
             exit: false,
+            xmm: None,
         }
     }
     /// Count and record entries.
@@ -177,14 +184,27 @@ impl Action {
         Action {
             record: true,
             exit: false,
+            xmm: None,
         }
     }
     /// Also observe exits (exit events when recording).
     pub fn with_exit(self) -> Action {
         Action { exit: true, ..self }
     }
+    /// Also record xmm registers: the first `ints` integer argument
+    /// registers, then xmm0, xmm1, … (see [`Action::xmm`]).
+    pub fn with_xmm(self, ints: u8) -> Action {
+        Action {
+            xmm: Some(ints.min(6)),
+            ..self
+        }
+    }
     fn bits(self) -> u32 {
-        ACTION_COUNT | if self.record { ACTION_RECORD } else { 0 }
+        let xmm = match (self.record, self.xmm) {
+            (true, Some(k)) => hotprobe_abi::action_xmm(k),
+            _ => 0,
+        };
+        ACTION_COUNT | if self.record { ACTION_RECORD } else { 0 } | xmm
     }
 }
 
@@ -826,6 +846,25 @@ impl FastPath {
         if plan.mechanism == Mechanism::Trap {
             return Ok(info);
         }
+        if action.record
+            && action.xmm.is_some()
+            && self.shm().layout().params.event_size != EVENT_SIZE_FULL
+        {
+            return Err(FastPathError::Shm(
+                "float/double values need 64-byte event slots (record_args > 2)".into(),
+            ));
+        }
+        if action.record
+            && action.xmm.is_some()
+            && action.exit
+            && plan.mechanism == Mechanism::Patch(PatchKind::Coldpatch)
+        {
+            // An exit placeholder (`__cyg_profile_func_exit`'s call) runs
+            // before the return value is in xmm0.
+            return Err(FastPathError::Shm(
+                "float/double return values are not in xmm0 at coldpatch exit placeholders".into(),
+            ));
+        }
         if probe_id >= self.shm().layout().params.n_probes {
             return Err(FastPathError::Shm(
                 "no probe id left: raise max_probes".into(),
@@ -843,8 +882,7 @@ impl FastPath {
                     bits |= ACTION_EXIT;
                     info.exits = "return hook";
                 }
-                let target =
-                    self.entry_target(t, site, probe_id, action.record, bits, &mut info)?;
+                let target = self.entry_target(t, site, probe_id, action, bits, &mut info)?;
                 let mut bytes = call_rel32(site, target)
                     .expect("target within reach")
                     .to_vec();
@@ -871,7 +909,7 @@ impl FastPath {
                                     StubKind::Exit,
                                     exit_id,
                                     probe_id,
-                                    action.record,
+                                    action,
                                 )? {
                                     Some(s) => s,
                                     None => self.call_target(t, a, NEAR_STUB_EXIT)?,
@@ -900,7 +938,7 @@ impl FastPath {
                                     StubKind::Exit,
                                     exit_id,
                                     probe_id,
-                                    action.record,
+                                    action,
                                 )? {
                                     Some(s) => s,
                                     None => self.shm().header().exit_trampoline.load(Relaxed),
@@ -932,8 +970,7 @@ impl FastPath {
                     info.exits = "return hook";
                 }
                 let tramp = self.alloc(t, site, 64)?;
-                let target =
-                    self.entry_target(t, tramp, probe_id, action.record, bits, &mut info)?;
+                let target = self.entry_target(t, tramp, probe_id, action, bits, &mut info)?;
                 let mut body = call_rel32(tramp, target).expect("in reach").to_vec();
                 body.extend(jp.relocate(tramp + 5)?);
                 if body.len() > 64 {
@@ -962,12 +999,12 @@ impl FastPath {
         t: &mut ProcessTarget,
         at: u64,
         probe_id: u32,
-        record: bool,
+        action: Action,
         bits: u32,
         info: &mut SiteInfo,
     ) -> Result<u64, FastPathError> {
         let stub = if bits & ACTION_EXIT == 0 {
-            self.stub(t, at, StubKind::Entry, probe_id, probe_id, record)?
+            self.stub(t, at, StubKind::Entry, probe_id, probe_id, action)?
         } else {
             None
         };
@@ -985,8 +1022,9 @@ impl FastPath {
         kind: StubKind,
         counter: u32,
         probe: u32,
-        record: bool,
+        action: Action,
     ) -> Result<Option<u64>, FastPathError> {
+        let (record, xmm) = (action.record, action.xmm);
         let h = self.shm().header();
         let tpoff = h.thread_tpoff.load(Relaxed);
         if !self.stubs || tpoff == 0 {
@@ -1006,6 +1044,7 @@ impl FastPath {
             event_size: self.shm().layout().params.event_size,
             key: self.shm().stub_key(),
             missed_offset: self.shm().layout().missed_offset as u64,
+            xmm_ints: if record { xmm } else { None },
         };
         let err = |e: stub::StubError| FastPathError::Assemble {
             addr: near,

@@ -48,8 +48,8 @@ use hotprobe_abi::fast::{
     RING_TAIL, TB_BUSY, TB_COUNTERS, TB_CTL, TB_EVENTS, TB_HEADER, TB_LIMIT, TB_MASK, TB_STUB_KEY,
 };
 use hotprobe_abi::{
-    pack_meta, slot_values, CONTROL_RECORD, EVENT_SIZE_COMPACT, EVENT_SIZE_FULL, KIND_ENTRY,
-    KIND_EXIT, STATUS_ORPHANED,
+    pack_meta, slot_values, CONTROL_RECORD, EVENT_SIZE_COMPACT, EVENT_SIZE_FULL, EVENT_XMM,
+    KIND_ENTRY, KIND_EXIT, STATUS_ORPHANED,
 };
 use iced_x86::code_asm::*;
 
@@ -87,6 +87,11 @@ pub(crate) struct StubParams {
     /// `Header::missed_offset` of the memory: a full ring's drop is also
     /// counted in the probe's missed counter (header + this + 8 × probe).
     pub missed_offset: u64,
+    /// The xmm layout (`hotprobe_abi::ACTION_XMM_SHIFT`), `Some(k)`: an
+    /// entry stores the first `k` integer argument registers then the low
+    /// 64 bits of xmm0, xmm1, … (`movq`, one store each); an exit stores
+    /// rax, rdx and xmm0. Events carry `EVENT_XMM`. Needs 64-byte slots.
+    pub xmm_ints: Option<u8>,
 }
 
 /// Why a stub could not be built.
@@ -115,6 +120,9 @@ pub(crate) fn build(ip: u64, p: &StubParams) -> Result<Vec<u8>, StubError> {
     if p.key == 0 || p.key >= 1 << 31 {
         return Err(StubError::Params("stub key must be in 1..2^31"));
     }
+    if p.xmm_ints.is_some() && p.event_size != EVENT_SIZE_FULL {
+        return Err(StubError::Params("the xmm layout needs 64-byte slots"));
+    }
     let missed = i32::try_from(p.missed_offset + 8 * p.probe as u64)
         .map_err(|_| StubError::Params("missed counters beyond 2 GiB"))?;
     let tp = (p.tpoff as i64) as i32;
@@ -142,12 +150,14 @@ pub(crate) fn build(ip: u64, p: &StubParams) -> Result<Vec<u8>, StubError> {
         let mut full = a.create_label();
         let mut room = a.create_label();
         let mut drop = a.create_label();
-        let (kind, nvalues) = match p.kind {
-            StubKind::Entry => (KIND_ENTRY, slot_values(p.event_size).min(6)),
-            StubKind::Exit => (KIND_EXIT, 2),
+        let (kind, nvalues) = match (p.kind, p.xmm_ints) {
+            (StubKind::Entry, _) => (KIND_ENTRY, slot_values(p.event_size).min(6)),
+            (StubKind::Exit, None) => (KIND_EXIT, 2),
+            (StubKind::Exit, Some(_)) => (KIND_EXIT, 3),
         };
+        let flags = if p.xmm_ints.is_some() { EVENT_XMM } else { 0 };
         // The whole meta word (bits 31-63 clear: a positive imm32).
-        let meta = pack_meta(p.probe, kind, nvalues as u8, 0) as i32;
+        let meta = pack_meta(p.probe, kind, nvalues as u8, flags) as i32;
         // Our memory (key) and not busy (the next 4 bytes are 0), at once.
         a.cmp(qword_ptr(r11 + d(TB_STUB_KEY)), p.key as i32)?;
         a.jne(slow)?;
@@ -173,8 +183,29 @@ pub(crate) fn build(ip: u64, p: &StubParams) -> Result<Vec<u8>, StubError> {
         a.add(r10, qword_ptr(r11 + d(TB_EVENTS)))?;
         // The values straight from their registers (before rdtsc
         // clobbers rax and rdx), then the meta word.
-        match p.kind {
-            StubKind::Entry => {
+        const INTS: [AsmRegister64; 6] = [rdi, rsi, rdx, rcx, r8, r9];
+        const XMMS: [AsmRegisterXmm; 6] = [xmm0, xmm1, xmm2, xmm3, xmm4, xmm5];
+        match (p.kind, p.xmm_ints) {
+            (StubKind::Entry, Some(k)) => {
+                let k = usize::from(k).min(6);
+                let regs = INTS[..k]
+                    .iter()
+                    .map(|&r| Ok(r))
+                    .chain(XMMS.iter().map(|&x| Err(x)));
+                for (i, r) in regs.take(6).enumerate() {
+                    let at = qword_ptr(r10 + (16 + 8 * i as i64));
+                    match r {
+                        Ok(g) => a.mov(at, g)?,
+                        Err(x) => a.movq(at, x)?,
+                    }
+                }
+            }
+            (StubKind::Exit, Some(_)) => {
+                a.mov(qword_ptr(r10 + 16), rax)?;
+                a.mov(qword_ptr(r10 + 24), rdx)?;
+                a.movq(qword_ptr(r10 + 32), xmm0)?;
+            }
+            (StubKind::Entry, None) => {
                 a.mov(qword_ptr(r10 + 16), rdi)?;
                 a.mov(qword_ptr(r10 + 24), rsi)?;
                 if nvalues == 6 {
@@ -184,7 +215,7 @@ pub(crate) fn build(ip: u64, p: &StubParams) -> Result<Vec<u8>, StubError> {
                     a.mov(qword_ptr(r10 + 56), r9)?;
                 }
             }
-            StubKind::Exit => {
+            (StubKind::Exit, None) => {
                 a.mov(qword_ptr(r10 + 16), rax)?;
                 a.mov(qword_ptr(r10 + 24), rdx)?;
             }
@@ -284,6 +315,7 @@ mod tests {
             event_size: EVENT_SIZE_FULL,
             key: 0x1234_5678,
             missed_offset: 0x3000,
+            xmm_ints: None,
         };
         let code = build(0x1000, &p).unwrap();
         let t = text(&code, 0x1000);
@@ -323,6 +355,7 @@ mod tests {
                 event_size,
                 key: 0x7fff_0001,
                 missed_offset: 0x3000,
+                xmm_ints: None,
             };
             let code = build(0x2000, &p).unwrap();
             let t = text(&code, 0x2000);
@@ -367,6 +400,64 @@ mod tests {
     }
 
     #[test]
+    fn xmm_layout_stores_ints_then_xmm_registers_and_flags_the_event() {
+        let base = StubParams {
+            tpoff: (-16i64) as u64,
+            counter: 2,
+            probe: 9,
+            kind: StubKind::Entry,
+            record: true,
+            generic: 0x4000,
+            event_size: EVENT_SIZE_FULL,
+            key: 0x10,
+            missed_offset: 0x3000,
+            xmm_ints: Some(2),
+        };
+        let t = text(&build(0x2000, &base).unwrap(), 0x2000);
+        let stores = slot_stores(&t);
+        let want = [
+            "mov [r10+10h],rdi",
+            "mov [r10+18h],rsi",
+            "movq [r10+20h],xmm0",
+            "movq [r10+28h],xmm1",
+            "movq [r10+30h],xmm2",
+            "movq [r10+38h],xmm3",
+        ];
+        for line in want {
+            assert!(t.contains(line), "{line}: {t}");
+        }
+        // tsc, meta and the six values: nothing else written to the slot.
+        let movq = t.lines().filter(|l| l.starts_with("movq [r10")).count();
+        assert_eq!(stores.len() + movq, 8, "{t}");
+        let meta = pack_meta(9, KIND_ENTRY, 6, EVENT_XMM);
+        assert!(
+            t.contains(&format!("mov qword ptr [r10+8],{meta:X}h")),
+            "{t}"
+        );
+        // No xmm register is written: the program's values stay.
+        assert!(!t.lines().any(|l| l.starts_with("movq xmm")), "{t}");
+        let exit = StubParams {
+            kind: StubKind::Exit,
+            ..base
+        };
+        let t = text(&build(0x2000, &exit).unwrap(), 0x2000);
+        assert!(t.contains("mov [r10+10h],rax"), "{t}");
+        assert!(t.contains("mov [r10+18h],rdx"), "{t}");
+        assert!(t.contains("movq [r10+20h],xmm0"), "{t}");
+        let meta = pack_meta(9, KIND_EXIT, 3, EVENT_XMM);
+        assert!(
+            t.contains(&format!("mov qword ptr [r10+8],{meta:X}h")),
+            "{t}"
+        );
+        // Compact slots cannot carry it.
+        let compact = StubParams {
+            event_size: EVENT_SIZE_COMPACT,
+            ..base
+        };
+        assert!(build(0x2000, &compact).is_err());
+    }
+
+    #[test]
     fn stub_refuses_what_the_slot_cannot_carry() {
         let p = StubParams {
             tpoff: 8,
@@ -378,6 +469,7 @@ mod tests {
             event_size: EVENT_SIZE_FULL,
             key: 1,
             missed_offset: 0x3000,
+            xmm_ints: None,
         };
         assert!(build(0x2000, &p).is_err());
         assert!(build(

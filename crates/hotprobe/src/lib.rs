@@ -47,7 +47,7 @@ pub use hotprobe_resolve::{
 pub use session::watch::{ValueSource, WatchAt, WatchHit, WatchKind, WatchSpec, WatchStats};
 pub use session::{
     Action, Added, Capture, CaptureChooser, Mechanism, MechanismChoice, PatchKind, Placement,
-    RunEnd, Session, SessionConfig, Skipped, TargetId,
+    RunEnd, Session, SessionConfig, Skipped, TargetId, XmmChooser,
 };
 
 /// Errors of the engine and the session.

@@ -62,6 +62,14 @@ pub type Capture = Rc<dyn Fn(&mut crate::HitContext<'_>, bool, &mut Vec<u8>)>;
 /// (`None`: the function records registers only, on any mechanism).
 pub type CaptureChooser = Rc<dyn Fn(&ResolvedProbe) -> Option<Capture>>;
 
+/// Chooses, for each function a `Record` action places, whether its
+/// events record float and double values from xmm registers on the fast
+/// path (`Some(k)`: the first `k` integer argument registers, then xmm0,
+/// xmm1, … at entries; rax, rdx, xmm0 at exits; see
+/// `hotprobe_abi::ACTION_XMM_SHIFT`). Asked before the [`CaptureChooser`];
+/// a function the fast path takes this way is not given a capture.
+pub type XmmChooser = Rc<dyn Fn(&ResolvedProbe) -> Option<u8>>;
+
 /// How a probe's hits are executed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mechanism {
@@ -548,6 +556,9 @@ pub struct Session {
     /// Chooses what `Record` probes read at their hits beyond the argument
     /// registers (see [`Session::set_capture`]).
     capture: Option<CaptureChooser>,
+    /// Which `Record` probes record xmm registers on the fast path (see
+    /// [`Session::set_xmm_layout`]).
+    xmm_layout: Option<XmmChooser>,
     /// Options of plugin probes being added (see [`Session::add_plugin`]).
     plugin_options: Option<PluginOptions>,
     /// How long each side of a shared-memory handler call spins before
@@ -589,6 +600,7 @@ impl Session {
             watches: watch::Watches::default(),
             capture: None,
             batching: false,
+            xmm_layout: None,
         }
     }
 
@@ -991,6 +1003,17 @@ impl Session {
         self.capture = chooser;
     }
 
+    /// Which `Record` probes added from now on record float and double
+    /// values from xmm registers on the fast path (patch or jump, with
+    /// 64-byte event slots): a function the chooser gives `Some(k)` and
+    /// the fast path takes records the first `k` integer argument
+    /// registers then xmm0, xmm1, … (its events carry
+    /// `hotprobe_abi::EVENT_XMM`), and is not given a [`Capture`]. Others
+    /// (no fast path, compact slots) go to the capture chooser as before.
+    pub fn set_xmm_layout(&mut self, chooser: Option<XmmChooser>) {
+        self.xmm_layout = chooser;
+    }
+
     /// Put probes doing `action` on every address `spec` names (a pattern
     /// in a function name names every matching function), each on the
     /// cheapest mechanism that fits — patch, then jump, then trap for
@@ -1183,8 +1206,13 @@ impl Session {
                 return Err(e);
             }
             let mut plan = self.plan_resolved(t, &r, is_return, record, symbols.as_deref())?;
-            let capture = match (&self.capture, record && !is_return) {
-                (Some(choose), true) => choose(&r),
+            let full_slots = self.config.fast_path.record_args > 2;
+            let xmm = match (&self.xmm_layout, record && !is_return, &plan) {
+                (Some(choose), true, Plan::Fast { .. }) if full_slots => choose(&r),
+                _ => None,
+            };
+            let capture = match (&self.capture, record && !is_return, xmm) {
+                (Some(choose), true, None) => choose(&r),
                 _ => None,
             };
             if capture.is_some() && !matches!(plan, Plan::Trap(_)) {
@@ -1215,7 +1243,36 @@ impl Session {
                     bias,
                     function,
                     reason,
-                } => self.place_fast(t, &r, &path, bias, &function, record, reason, label, None),
+                } => {
+                    let reason = match xmm {
+                        Some(_) => format!("{reason}; float/double values from xmm registers"),
+                        None => reason,
+                    };
+                    let placed = self.place_fast(
+                        t,
+                        &r,
+                        &path,
+                        bias,
+                        &function,
+                        record,
+                        xmm,
+                        reason,
+                        label.clone(),
+                        None,
+                    );
+                    match (placed, &self.capture) {
+                        // The fast path refused the xmm layout (compact
+                        // slots, coldpatch exits): the values are read at
+                        // the hit instead, as without it.
+                        (Err(EngineError::FastPath(why)), Some(choose)) if xmm.is_some() => {
+                            let capture = choose(&r);
+                            let reason =
+                                format!("typed values read at the hit (DWARF); fast path: {why}");
+                            self.place_trap(t, &r, is_return, record, reason, label, capture)
+                        }
+                        (placed, _) => placed,
+                    }
+                }
                 Plan::Trap(reason) if inproc_first => {
                     match self.place_inproc(t, &r, &reason, label.clone(), record)? {
                         Ok(p) => Ok(p),
@@ -1346,6 +1403,7 @@ impl Session {
         bias: u64,
         function: &FunctionInfo,
         record: bool,
+        xmm: Option<u8>,
         reason: String,
         label: String,
         existing: Option<ProbeId>,
@@ -1367,7 +1425,11 @@ impl Session {
             reason: "not a process".into(),
         })?;
         let action = if record {
-            hotprobe_fastpath::Action::record().with_exit()
+            let a = hotprobe_fastpath::Action::record().with_exit();
+            match xmm {
+                Some(k) => a.with_xmm(k),
+                None => a,
+            }
         } else {
             hotprobe_fastpath::Action::count()
         };
@@ -1717,6 +1779,7 @@ impl Session {
                     bias,
                     &function,
                     record,
+                    None,
                     reason,
                     spec.clone(),
                     Some(id),
