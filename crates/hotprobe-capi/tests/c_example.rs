@@ -8,7 +8,16 @@ use common::*;
 use std::process::Command;
 
 fn build_example(dir: &std::path::Path) -> std::path::PathBuf {
+    // `cargo test` leaves libhotprobe_c.so in target/<profile>/deps (only
+    // `cargo build` copies it to the .pc's libdir, target/<profile>): the
+    // library is taken where this test's own build put it.
+    let deps = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
     let pc = Command::new("pkg-config")
+        .arg(format!("--define-variable=libdir={}", deps.display()))
         .args(["--cflags", "--libs", "hotprobe"])
         .env("PKG_CONFIG_PATH", lib_dir())
         .output()
