@@ -416,7 +416,15 @@ fn attach_to_own_child_stop_at_fifth_hit_then_detach() {
             assert_eq!(p.mechanism, want, "{case}: {}", p.reason);
         }
         s.start().unwrap();
-        assert_eq!(s.run().unwrap(), RunEnd::Stopped, "{case}");
+        let end = s.run().unwrap();
+        assert_eq!(
+            end,
+            RunEnd::Stopped,
+            "{case}: {:?} {:?} {:?}",
+            s.exit_status(t),
+            s.take_notices(),
+            p.reason
+        );
         // Taken at once, while the program runs on (its next hit waits
         // for a next run that never comes).
         let st = s.stats(p.id).unwrap();
