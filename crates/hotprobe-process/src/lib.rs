@@ -582,8 +582,38 @@ impl ProcessTarget {
             t.attached = false;
             return Err(ProcessError::NoSuchProcess { pid });
         }
+        t.absorb_attach_exec(pid);
         t.arm_rendezvous();
         Ok(t)
+    }
+
+    /// An exec that was ending as we attached — a program started with
+    /// fork and exec is attached as soon as its exec closed the parent's
+    /// close-on-exec pipe (`std::process::Command::spawn` returns then),
+    /// before the exec returns — reports `PTRACE_EVENT_EXEC` while attach
+    /// waits for the threads to park. The image attached to is already
+    /// the new one and nothing of ours was in the old one: that is no
+    /// event for the engine (which would drop what it places in the new
+    /// image meanwhile). Its handling armed the new image's rendezvous
+    /// and reopened its memory; the program's path is read again (it may
+    /// have been the old image's), and the thread is parked like the
+    /// others.
+    fn absorb_attach_exec(&mut self, pid: i32) {
+        let before = self.pending.len();
+        self.pending.retain(|e| !matches!(e, TargetEvent::Exec));
+        if self.pending.len() == before {
+            return;
+        }
+        if let Ok(p) = std::fs::read_link(format!("/proc/{pid}/exe")) {
+            self.program = p;
+        }
+        if self.pending.is_empty() {
+            for th in self.threads.values_mut() {
+                if th.state == RunState::Event {
+                    th.state = RunState::Parked;
+                }
+            }
+        }
     }
 
     fn new(pid: i32, program: PathBuf, mem: File, spawned: bool) -> Self {

@@ -114,6 +114,16 @@ impl ProcessTarget {
     /// loader) the target works as before, only without
     /// [`TargetEvent::ModulesChanged`].
     pub(crate) fn arm_rendezvous(&mut self) {
+        if self
+            .rendezvous
+            .as_ref()
+            .is_some_and(|r| self.breakpoints.contains_key(&r.brk))
+        {
+            // Armed in this image already (an exec event handled while
+            // attaching): forgetting it would orphan its int3, which the
+            // loader's next call then hits for ever as an unknown breakpoint.
+            return;
+        }
         self.rendezvous = None;
         let Some((brk, r_debug)) = locate(self.pid) else {
             return;

@@ -307,6 +307,10 @@ struct Slot {
     /// Probes whose pre handler runs through shared memory, by fast-path
     /// counter (see `session_inproc`).
     shm_handlers: HashMap<u32, (ProbeId, Probe)>,
+    /// Handler calls the session took, by fast-path counter, for every
+    /// counter that ever had a shared-memory handler: its hits are the
+    /// calls taken plus those the agent withdrew (see `stats_by_process`).
+    shm_taken: HashMap<u32, u64>,
     /// In-process probes handed over to the engine (a trap probe came to
     /// the same address): probe → the engine probe that counts on for it.
     handed: HashMap<ProbeId, ProbeId>,
@@ -700,6 +704,7 @@ impl Session {
             publishers: HashMap::new(),
             inproc: HashMap::new(),
             shm_handlers: HashMap::new(),
+            shm_taken: HashMap::new(),
             handed: HashMap::new(),
         });
         let follow = self.config.follow_forks && pid.is_some();
@@ -1964,11 +1969,20 @@ impl Session {
         }
         if let (Some(f), Some(fp)) = (fast, root.fast_path()) {
             for (c, exit) in &f.counters {
-                for (pid, n) in fp.counts_by_process(*c) {
-                    add(pid as i32, &|st| st.hits += n);
-                }
                 // Events the agent could not write (hits always count).
                 let missed = fp.missed(*c);
+                // A shared-memory handler's hit counts once its call is
+                // taken or withdrawn (as a trap hit counts once handled):
+                // the agent counts it before the call, so a thread waiting
+                // for the next run would count without a handler run.
+                let taken = root.shm_taken.get(c).copied();
+                for (pid, n) in fp.counts_by_process(*c) {
+                    let n = match taken {
+                        Some(t) if pid as i32 == me => t + missed,
+                        _ => n,
+                    };
+                    add(pid as i32, &|st| st.hits += n);
+                }
                 if missed > 0 {
                     add(me, &|st| st.nmissed += missed);
                 }

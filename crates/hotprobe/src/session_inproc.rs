@@ -241,6 +241,7 @@ impl Session {
         slot.fast_ids[c] = Some(id);
         slot.inproc.insert(id, (r.addr.0, true));
         slot.shm_handlers.insert(info.probe_id, (id, probe));
+        slot.shm_taken.entry(info.probe_id).or_insert(0);
         Ok(Ok(Placement {
             id,
             label,
@@ -352,6 +353,7 @@ impl Session {
             engine,
             fast,
             shm_handlers,
+            shm_taken,
             ..
         } = slot;
         let Fast::On(fp) = fast else {
@@ -360,7 +362,10 @@ impl Session {
         let mut stop = false;
         loop {
             let seen = fp.handler_doorbell();
-            while let Some(call) = fp.take_handler_call() {
+            // No call taken once a handler asked to stop: the next waits
+            // for the next run (as a trap hit waits stopped).
+            while let Some(call) = (!stop).then(|| fp.take_handler_call()).flatten() {
+                *shm_taken.entry(call.counter).or_insert(0) += 1;
                 let Some((id, probe)) = shm_handlers.get_mut(&call.counter) else {
                     fp.finish_handler_call(&call, None);
                     continue;

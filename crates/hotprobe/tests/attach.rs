@@ -3,7 +3,10 @@
 
 mod support;
 
-use hotprobe::{EngineError, Probe, ProcessError, RetProbe, RunEnd, Session};
+use hotprobe::{
+    Action, EngineError, Mechanism, MechanismChoice, Probe, ProcessError, RetProbe, RunEnd,
+    Session, SessionConfig,
+};
 use std::cell::RefCell;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -347,4 +350,96 @@ fn attach_follows_every_existing_thread() {
     assert_eq!(s.stats(id).unwrap().hits, 24000);
     // The session reaped it as its tracer; nothing is left to wait for.
     let _ = child.wait();
+}
+
+/// CPU time `pid` used so far, in clock ticks (utime + stime).
+fn cpu_ticks(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = &s[s.rfind(')').unwrap() + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// Attach to a child of this very process (spawned with `Command`, so
+/// also a child of the tracing thread), stop the run from a pre handler
+/// at the 5th hit, read the stats, detach: exactly 5 hits (one per
+/// handler run, the calls consecutive), and the program runs on. Attached
+/// at once after the spawn (the exec may still be ending: its event comes
+/// while attaching, and the loader still runs), and once the program is
+/// past its start (with the default mechanism that is an in-process trap
+/// whose handler runs through shared memory, the process untraced); with
+/// ptrace traps. The C API test `crates/hotprobe-capi/tests/attach.rs`
+/// is the first case.
+#[test]
+fn attach_to_own_child_stop_at_fifth_hit_then_detach() {
+    let bin = program("target", &["-O1"]);
+    let cases = [
+        (MechanismChoice::Auto, false, None),
+        (MechanismChoice::Auto, true, Some(Mechanism::InProcessTrap)),
+        (MechanismChoice::Trap, false, Some(Mechanism::Trap)),
+    ];
+    for (mechanism, started, want) in cases {
+        let case = format!("{mechanism:?}, attached after start: {started}");
+        // A program the session did not start: calls compute() for hours.
+        let mut child = Command::new(&bin)
+            .args(["compute", "1000000000000"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        if started {
+            // Two ticks (20 ms) of CPU: far past the loader, in the loop.
+            while cpu_ticks(child.id()) < 2 {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+        let mut s = Session::with_config(SessionConfig {
+            mechanism,
+            ..SessionConfig::default()
+        });
+        let t = s.attach(child.id() as i32).unwrap();
+        let args = Rc::new(RefCell::new(Vec::new()));
+        let a = args.clone();
+        let added = s
+            .add(
+                t,
+                "compute",
+                Action::Handler(Probe::new().pre(move |ctx| {
+                    a.borrow_mut().push(ctx.regs().rdi);
+                    if a.borrow().len() == 5 {
+                        ctx.stop();
+                    }
+                })),
+            )
+            .unwrap();
+        let p = &added.placements[0];
+        if let Some(want) = want {
+            assert_eq!(p.mechanism, want, "{case}: {}", p.reason);
+        }
+        s.start().unwrap();
+        let end = s.run().unwrap();
+        assert_eq!(
+            end,
+            RunEnd::Stopped,
+            "{case}: {:?} {:?} {:?}",
+            s.exit_status(t),
+            s.take_notices(),
+            p.reason
+        );
+        // Taken at once, while the program runs on (its next hit waits
+        // for a next run that never comes).
+        let st = s.stats(p.id).unwrap();
+        s.detach().unwrap();
+        let args = args.borrow();
+        assert_eq!(args.len(), 5, "{case}");
+        assert_eq!((st.hits, st.nmissed), (5, 0), "{case}");
+        assert!(
+            args.windows(2).all(|w| w[1] == w[0] + 1),
+            "{case}: {args:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let after = child.try_wait().unwrap();
+        assert!(after.is_none(), "{case}: died after detach: {after:?}");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
 }
