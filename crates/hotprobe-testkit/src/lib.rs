@@ -202,6 +202,26 @@ pub fn kill_group(pgid: i32) {
     }
 }
 
+/// CPU time process `pid` used so far, in clock ticks (utime + stime of
+/// /proc/PID/stat).
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = &s[s.rfind(')').unwrap() + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// Waits until process `pid` used `ticks` clock ticks of CPU (a program
+/// that loops from its start is then past its loader and in its loop);
+/// panics after 30 s.
+pub fn wait_cpu_ticks(pid: u32, ticks: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while cpu_ticks(pid) < ticks {
+        assert!(std::time::Instant::now() < deadline, "pid {pid} never ran {ticks} ticks");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// Runs `cmd` (stdin closed, stdout and stderr captured) in a process
 /// group of its own, to completion; if it is still running after `limit`,
 /// kills the whole group (the command and whatever it started) and panics

@@ -352,13 +352,7 @@ fn attach_follows_every_existing_thread() {
     let _ = child.wait();
 }
 
-/// CPU time `pid` used so far, in clock ticks (utime + stime).
-fn cpu_ticks(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let rest = &s[s.rfind(')').unwrap() + 1..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
-}
+use hotprobe_testkit::cpu_ticks;
 
 /// Attach to a child of this very process (spawned with `Command`, so
 /// also a child of the tracing thread), stop the run from a pre handler

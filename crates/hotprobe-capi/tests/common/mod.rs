@@ -30,26 +30,11 @@ pub fn lib_dir() -> PathBuf {
 
 /// Compile `src` with gcc into `out`.
 pub fn gcc(src: &Path, out: &Path, flags: &[&str]) -> PathBuf {
-    let o = Command::new("gcc")
-        .args(flags)
-        .arg("-o")
-        .arg(out)
-        .arg(src)
-        .output()
-        .expect("run gcc");
-    assert!(
-        o.status.success(),
-        "gcc {}: {}",
-        src.display(),
-        text(&o.stderr)
-    );
-    out.to_path_buf()
+    hotprobe_testkit::compile("gcc", src, out, flags, &[])
 }
 
-/// Lossy UTF-8.
-pub fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
+#[allow(unused_imports)] // each test binary uses its own subset
+pub use hotprobe_testkit::{run_ok, text};
 
 /// The test program (tests/programs/compute.c), built into `dir`.
 pub fn compute(dir: &Path, flags: &[&str]) -> PathBuf {
@@ -59,15 +44,3 @@ pub fn compute(dir: &Path, flags: &[&str]) -> PathBuf {
     gcc(&src, &dir.join("compute"), &f)
 }
 
-/// Run `cmd`, asserting it succeeded; its output.
-pub fn run_ok(cmd: &mut Command) -> Output {
-    let o = cmd.output().expect("run command");
-    assert!(
-        o.status.success(),
-        "{cmd:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        text(&o.stdout),
-        text(&o.stderr)
-    );
-    o
-}
