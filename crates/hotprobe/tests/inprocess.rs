@@ -464,8 +464,9 @@ fn record_through_in_process_traps_one_event_per_call_without_ptrace_stops() {
 /// With the default 1 s timeout a session in `run` serves nearly all: a
 /// request waits for one pass over the other threads' slots (round robin),
 /// but on a loaded machine the session's process can be off the CPU for
-/// a second (seen: 1–2 withdrawn of 40,000 while a parallel build linked),
-/// hence 1 % rather than 0.
+/// a second (seen with `stress-ng --cpu 4` at load 22–36: up to 10 of
+/// 40,000 withdrawn per probe in 7 of 30 spinning runs), hence 1 % rather
+/// than 0.
 fn stub_handlers_change_results(
     spin: std::time::Duration,
     timeout: Option<std::time::Duration>,
