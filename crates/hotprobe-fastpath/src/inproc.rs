@@ -533,11 +533,23 @@ impl FastPath {
 
     /// Takes one waiting handler call, if any (its thread waits until
     /// [`FastPath::finish_handler_call`]).
+    ///
+    /// Round robin: the scan starts one past the slot last taken. A waiting
+    /// request is taken within one pass over the other slots, however
+    /// often they ask again. (Scanning from slot 0 each time starved a
+    /// high slot while lower ones kept re-asking — their threads resume
+    /// and ask again while the session runs the next handler — until its
+    /// thread withdrew the request after the timeout: a lost handler run.)
     pub fn take_handler_call(&self) -> Option<HandlerCall> {
         use std::sync::atomic::Ordering::Acquire;
         let shm = self.shm();
-        let n = shm.handler_ctl().in_use.load(Acquire) as usize;
-        for (i, s) in shm.handler_slots().iter().enumerate().take(n) {
+        let n = (shm.handler_ctl().in_use.load(Acquire) as usize).min(shm.handler_slots().len());
+        if n == 0 {
+            return None;
+        }
+        let first = self.handler_cursor.load(Relaxed) % n;
+        for i in (first..n).chain(0..first) {
+            let s = &shm.handler_slots()[i];
             if s.state.load(Relaxed) != HANDLER_REQUEST {
                 continue;
             }
@@ -566,6 +578,7 @@ impl FastPath {
                 call.regs.rip = site;
                 call.key = Some(key);
             }
+            self.handler_cursor.store(i + 1, Relaxed);
             return Some(call);
         }
         None

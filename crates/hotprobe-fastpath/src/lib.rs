@@ -461,6 +461,9 @@ pub struct FastPath {
     stubs: bool,
     /// Handler sites on patch or jump (`inproc`): site key → site.
     handler_keys: HashMap<u64, u64>,
+    /// The handler slot [`FastPath::take_handler_call`] scans first (one
+    /// past the last one taken: round robin).
+    handler_cursor: std::sync::atomic::AtomicUsize,
     /// Writes held back while a batch is open ([`FastPath::begin_batch`]).
     batch: Option<Vec<(u64, Vec<u8>)>>,
     /// Bumped whenever entries leave `installed` (see
@@ -633,6 +636,7 @@ impl FastPath {
             detached: false,
             stubs,
             handler_keys: HashMap::new(),
+            handler_cursor: std::sync::atomic::AtomicUsize::new(0),
             batch: None,
             removals: 0,
         })

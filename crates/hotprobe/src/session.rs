@@ -568,6 +568,10 @@ pub struct Session {
     /// How long each side of a shared-memory handler call spins before
     /// it sleeps (see [`Session::set_handler_spin`]); `None`: the default.
     handler_spin: Option<Duration>,
+    /// How long a shared-memory handler request may wait to be taken
+    /// before its thread withdraws it (see
+    /// [`Session::set_handler_timeout`]); `None`: the default.
+    handler_timeout: Option<Duration>,
     /// Hardware watchpoints ([`Session::watch`]).
     watches: watch::Watches,
     /// Inside [`Session::add_filtered`]: fast-path sites are written in one
@@ -601,6 +605,7 @@ impl Session {
             config,
             plugin_options: None,
             handler_spin: None,
+            handler_timeout: None,
             watches: watch::Watches::default(),
             capture: None,
             batching: false,

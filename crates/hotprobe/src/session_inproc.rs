@@ -152,8 +152,9 @@ impl Session {
 
 /// Default spin of each side of a shared-memory handler call.
 const DEFAULT_HANDLER_SPIN: Duration = Duration::from_micros(50);
-/// A request the tracer does not take within this is withdrawn.
-const HANDLER_TIMEOUT: Duration = Duration::from_secs(1);
+/// Default time a request may wait to be taken before its thread
+/// withdraws it (see [`Session::set_handler_timeout`]).
+const DEFAULT_HANDLER_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl Session {
     /// How long each side of a shared-memory handler call spins before it
@@ -163,15 +164,38 @@ impl Session {
     /// to the session's own waiting at once.
     pub fn set_handler_spin(&mut self, spin: Duration) {
         self.handler_spin = Some(spin);
+        self.apply_handler_wait();
+    }
+
+    /// How long a thread's shared-memory handler request may wait for the
+    /// session to take it before the thread withdraws it and resumes
+    /// unmodified — the handler does not run for that hit, which is
+    /// counted in the probe's `nmissed` ([`Session::stats`]). Default
+    /// 1 s: it bounds how long a program stalls on
+    /// a session that stopped serving (not in `run`, or stuck); a session
+    /// that serves loses no request to it unless it cannot get to one for
+    /// that long (its process starved of CPU, a handler that blocks).
+    /// A request already taken is waited for as long as the session is
+    /// alive. Applies at once, and to targets given handler probes later.
+    pub fn set_handler_timeout(&mut self, timeout: Duration) {
+        self.handler_timeout = Some(timeout);
+        self.apply_handler_wait();
+    }
+
+    fn apply_handler_wait(&self) {
         for s in &self.slots {
             if let (Fast::On(fp), false) = (&s.fast, s.shm_handlers.is_empty()) {
-                fp.set_handler_wait(spin, HANDLER_TIMEOUT);
+                fp.set_handler_wait(self.spin(), self.handler_timeout());
             }
         }
     }
 
     fn spin(&self) -> Duration {
         self.handler_spin.unwrap_or(DEFAULT_HANDLER_SPIN)
+    }
+
+    fn handler_timeout(&self) -> Duration {
+        self.handler_timeout.unwrap_or(DEFAULT_HANDLER_TIMEOUT)
     }
 
     /// Places a probe with a pre handler and no post handler on a patch or
@@ -195,6 +219,7 @@ impl Session {
         let pre = probe.pre.is_some();
         let config = self.config.fast_path;
         let spin = self.spin();
+        let timeout = self.handler_timeout();
         let slot = self.slot(t)?;
         if !slot.is_process()
             || slot.plugin.is_some()
@@ -204,7 +229,7 @@ impl Session {
             return Ok(Err(probe));
         }
         if !post && r.offset == 0 && r.is_entry() && !r.is_return {
-            match self.place_stub_handler(t, r, probe, label.clone(), spin)? {
+            match self.place_stub_handler(t, r, probe, label.clone(), (spin, timeout))? {
                 Ok(p) => return Ok(Ok(p)),
                 Err(p) => probe = p,
             }
@@ -225,7 +250,7 @@ impl Session {
         let Ok(info) = placed else {
             return Ok(Err(probe));
         };
-        fp.set_handler_wait(spin, HANDLER_TIMEOUT);
+        fp.set_handler_wait(spin, timeout);
         let id = slot.engine.new_id();
         slot.fast_probes
             .entry(id)
@@ -278,7 +303,7 @@ impl Session {
         r: &ResolvedProbe,
         probe: Probe,
         label: String,
-        spin: Duration,
+        (spin, timeout): (Duration, Duration),
     ) -> Result<Result<Placement, Probe>, EngineError> {
         let choice = self.config.mechanism;
         let Some(pid) = self.slot(t)?.pid else {
@@ -309,7 +334,7 @@ impl Session {
         let Ok(info) = placed else {
             return Ok(Err(probe));
         };
-        fp.set_handler_wait(spin, HANDLER_TIMEOUT);
+        fp.set_handler_wait(spin, timeout);
         let id = slot.engine.new_id();
         slot.fast_probes
             .entry(id)

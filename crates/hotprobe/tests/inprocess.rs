@@ -454,13 +454,32 @@ fn record_through_in_process_traps_one_event_per_call_without_ptrace_stops() {
 /// Pre handlers at a patch site and a jump site: the site's `call` goes to
 /// the agent's handler trampoline, which hands the register file over
 /// through shared memory (no signal, no ptrace stop). Each handler adds to
-/// the argument register: every call's result changes, 8 threads, exact.
-fn stub_handlers_change_results(spin: std::time::Duration) {
+/// the argument register: every served call's result changes, 8 threads.
+///
+/// Exact whatever the load: a request the session does not take within
+/// the handler timeout is withdrawn (the thread resumes unmodified) and
+/// counted in `nmissed`, so per probe handler runs + `nmissed` = calls,
+/// and the program's total is the one of exactly the served calls.
+/// `max_missed`: how many withdrawn calls per probe the variant tolerates.
+/// With the default 1 s timeout a session in `run` serves nearly all: a
+/// request waits for one pass over the other threads' slots (round robin),
+/// but on a loaded machine the session's process can be off the CPU for
+/// a second (seen with `stress-ng --cpu 4` at load 22–36: up to 10 of
+/// 40,000 withdrawn per probe in 7 of 30 spinning runs), hence 1 % rather
+/// than 0.
+fn stub_handlers_change_results(
+    spin: std::time::Duration,
+    timeout: Option<std::time::Duration>,
+    max_missed: u64,
+) {
     use std::cell::Cell;
     use std::rc::Rc;
     let bin = program("stubhandler", &["-O2"]);
     let mut c = spawn(&bin, &[&THREADS.to_string(), &ITERS.to_string()]);
     c.session.set_handler_spin(spin);
+    if let Some(t) = timeout {
+        c.session.set_handler_timeout(t);
+    }
     let t = c.target;
     let bad = Rc::new(Cell::new(0u64));
     let mut ids = Vec::new();
@@ -498,29 +517,58 @@ fn stub_handlers_change_results(spin: std::time::Duration) {
     let stops = c.session.ptrace_stops(t).unwrap();
     assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
     assert_eq!(c.session.ptrace_stops(t).unwrap(), stops, "no ptrace stop");
+    let mut served = Vec::new();
     for (id, seen) in &ids {
-        assert_eq!(seen.get(), THREADS * ITERS);
         let st = c.session.stats(*id).unwrap();
-        assert_eq!((st.hits, st.nmissed), (THREADS * ITERS, 0));
+        eprintln!(
+            "probe {id:?}: {} handler runs, {} withdrawn of {} calls",
+            seen.get(),
+            st.nmissed,
+            st.hits
+        );
+        assert_eq!(st.hits, THREADS * ITERS);
+        assert_eq!(seen.get() + st.nmissed, THREADS * ITERS, "runs + withdrawn");
+        assert!(st.nmissed <= max_missed, "{} withdrawn", st.nmissed);
+        served.push(seen.get());
     }
     assert_eq!(bad.get(), 0);
-    let expected: u64 = (0..THREADS)
-        .flat_map(|id| (0..ITERS).map(move |i| (3 * (i + id + 1) + 1) + (i + 2 + 7)))
+    // Unmodified: patched(i + id) = 3(i + id) + 1, jumped(i) = i + 7; each
+    // served call adds 1 to patched's argument (+3), 2 to jumped's (+2).
+    let unmodified: u64 = (0..THREADS)
+        .flat_map(|id| (0..ITERS).map(move |i| (3 * (i + id) + 1) + (i + 7)))
         .sum();
+    let expected = unmodified + 3 * served[0] + 2 * served[1];
     assert_eq!(
         lines_with(&c.output(), "total "),
         vec![format!("total {expected}").as_str()]
     );
 }
 
+/// Withdrawn calls tolerated per probe with the default handler timeout
+/// (see `stub_handlers_change_results`).
+const MAX_MISSED: u64 = THREADS * ITERS / 100;
+
 #[test]
 fn stub_handlers_at_patch_and_jump_sites_change_results_spinning() {
-    stub_handlers_change_results(std::time::Duration::from_micros(50));
+    stub_handlers_change_results(std::time::Duration::from_micros(50), None, MAX_MISSED);
 }
 
 #[test]
 fn stub_handlers_at_patch_and_jump_sites_change_results_sleeping() {
-    stub_handlers_change_results(std::time::Duration::ZERO);
+    stub_handlers_change_results(std::time::Duration::ZERO, None, MAX_MISSED);
+}
+
+/// A handler timeout far below the time the session needs to get to a
+/// request (8 threads share it on a loaded machine): requests are
+/// withdrawn, and the accounting stays exact — every call either ran its
+/// handler (and the program's result shows it) or is counted withdrawn.
+#[test]
+fn stub_handlers_withdrawn_after_a_short_timeout_are_counted_exactly() {
+    stub_handlers_change_results(
+        std::time::Duration::ZERO,
+        Some(std::time::Duration::from_micros(200)),
+        THREADS * ITERS,
+    );
 }
 
 /// Post handlers through shared memory: at `mid_fn+9` (`add eax, edi`,
