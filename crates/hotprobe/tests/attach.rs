@@ -390,6 +390,9 @@ fn attach_to_own_child_stop_at_fifth_hit_then_detach() {
             mechanism,
             ..SessionConfig::default()
         });
+        // The handler's calls are served however loaded the machine
+        // (the 1 s default withdraws one when the session is starved).
+        s.set_handler_timeout(std::time::Duration::from_secs(60));
         let t = s.attach(child.id() as i32).unwrap();
         let args = Rc::new(RefCell::new(Vec::new()));
         let a = args.clone();

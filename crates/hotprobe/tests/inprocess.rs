@@ -12,6 +12,10 @@ use support::{lines_with, program, spawn};
 
 const THREADS: u64 = 8;
 const ITERS: u64 = 5000;
+/// Handler timeout of the tests that check what handlers do (not the
+/// timeout, which has its own tests): long enough that a loaded machine
+/// starving the session of CPU withdraws no call.
+const SERVED: std::time::Duration = std::time::Duration::from_secs(60);
 
 fn expected_total() -> u64 {
     (0..THREADS)
@@ -121,6 +125,7 @@ fn handler_changes_result(spin: std::time::Duration) {
     let bin = program("inproc", &["-O2"]);
     let mut c = spawn(&bin, &[&THREADS.to_string(), &ITERS.to_string()]);
     c.session.set_handler_spin(spin);
+    c.session.set_handler_timeout(SERVED);
     let t = c.target;
     let calls = Rc::new(Cell::new(0u64));
     let bad_reads = Rc::new(Cell::new(0u64));
@@ -582,6 +587,7 @@ fn post_handlers_through_shared_memory_see_the_instruction_done() {
     use std::rc::Rc;
     let bin = program("inproc", &["-O2"]);
     let mut c = spawn(&bin, &[&THREADS.to_string(), &ITERS.to_string()]);
+    c.session.set_handler_timeout(SERVED);
     let t = c.target;
     let (pres, posts, bad) = (
         Rc::new(Cell::new(0u64)),
@@ -652,6 +658,7 @@ fn post_handlers_through_shared_memory_see_the_instruction_done() {
 fn a_stub_handler_moving_rip_redirects_the_thread() {
     let bin = program("stubhandler", &["-O2"]);
     let mut c = spawn(&bin, &[&THREADS.to_string(), &ITERS.to_string()]);
+    c.session.set_handler_timeout(SERVED);
     let t = c.target;
     let jumped = c.session.resolve(t, "jumped").unwrap()[0].addr.0;
     let probe = hotprobe::Probe::new().pre(move |ctx| ctx.regs_mut().rip = jumped);
