@@ -217,7 +217,10 @@ pub fn cpu_ticks(pid: u32) -> u64 {
 pub fn wait_cpu_ticks(pid: u32, ticks: u64) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while cpu_ticks(pid) < ticks {
-        assert!(std::time::Instant::now() < deadline, "pid {pid} never ran {ticks} ticks");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pid {pid} never ran {ticks} ticks"
+        );
         std::thread::sleep(Duration::from_millis(2));
     }
 }

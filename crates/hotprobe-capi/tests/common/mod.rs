@@ -3,7 +3,6 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 /// The repository root (both crates are in crates/).
 pub fn root() -> PathBuf {
@@ -43,4 +42,3 @@ pub fn compute(dir: &Path, flags: &[&str]) -> PathBuf {
     f.extend_from_slice(flags);
     gcc(&src, &dir.join("compute"), &f)
 }
-
