@@ -469,6 +469,10 @@ pub struct FastPath {
     /// Bumped whenever entries leave `installed` (see
     /// [`FastPath::written_since`]).
     removals: u64,
+    /// Stubs assembled once per shape, patched per site.
+    templates: stub::StubTemplates,
+    /// The page last read for a site's original bytes in the open batch.
+    page_cache: Option<(u64, Vec<u8>)>,
 }
 
 impl FastPath {
@@ -639,6 +643,8 @@ impl FastPath {
             handler_cursor: std::sync::atomic::AtomicUsize::new(0),
             batch: None,
             removals: 0,
+            templates: stub::StubTemplates::default(),
+            page_cache: None,
         })
     }
 
@@ -1059,7 +1065,7 @@ impl FastPath {
         let (at, code) = match self.pool_with_room(near, STUB_ROOM) {
             Some(i) => {
                 let at = self.pools[i].next;
-                let code = stub::build(at, &p).map_err(err)?;
+                let code = self.templates.build(&p).map_err(err)?;
                 let len = (code.len() as u64 + 63) & !63;
                 if len > STUB_ROOM {
                     return Err(FastPathError::Assemble {
@@ -1149,6 +1155,7 @@ impl FastPath {
     pub fn begin_batch(&mut self) {
         if self.batch.is_none() {
             self.batch = Some(Vec::new());
+            self.page_cache = None;
         }
     }
 
@@ -1160,6 +1167,7 @@ impl FastPath {
     /// Writes what the open batch held back (see [`FastPath::begin_batch`])
     /// and closes it. Threads stay stopped.
     pub fn end_batch(&mut self, t: &mut ProcessTarget) -> Result<(), FastPathError> {
+        self.page_cache = None;
         let Some(writes) = self.batch.take() else {
             return Ok(());
         };
@@ -1171,6 +1179,7 @@ impl FastPath {
     /// aligned), from our pages or a new remote mapping. Never freed.
     fn alloc(&mut self, t: &mut ProcessTarget, near: u64, len: u64) -> Result<u64, FastPathError> {
         let len = (len + 63) & !63;
+        self.page_cache = None;
         for p in &mut self.pools {
             if p.next + len <= p.end
                 && jmp_rel32(near, p.next).is_some()
@@ -1235,7 +1244,7 @@ impl FastPath {
     ) -> Result<(), FastPathError> {
         wait_pcs_outside(t, addr, bytes.len() as u64)?;
         let mut original = vec![0u8; bytes.len()];
-        t.read_memory(RuntimeAddr(addr), &mut original)?;
+        self.read_original(t, addr, &mut original)?;
         self.shm()
             .insert_site(key, probe_id, bits)
             .map_err(|e| FastPathError::Shm(e.to_string()))?;
@@ -1245,6 +1254,33 @@ impl FastPath {
             original,
             key,
         });
+        Ok(())
+    }
+
+    /// Reads the bytes a site replaces. In a batch nothing is written until
+    /// `end_batch`, so the page last read is kept and serves the next site
+    /// on it (sites come in address order: one `pread` per page instead of
+    /// one per site); a remote `mmap` ([`FastPath::alloc`]) forgets it.
+    fn read_original(
+        &mut self,
+        t: &mut ProcessTarget,
+        addr: u64,
+        out: &mut [u8],
+    ) -> Result<(), FastPathError> {
+        let page = addr & !0xfff;
+        let len = out.len() as u64;
+        if self.batch.is_none() || (addr + len - 1) & !0xfff != page {
+            t.read_memory(RuntimeAddr(addr), out)?;
+            return Ok(());
+        }
+        if self.page_cache.as_ref().map(|(p, _)| *p) != Some(page) {
+            let mut buf = vec![0u8; 4096];
+            t.read_memory(RuntimeAddr(page), &mut buf)?;
+            self.page_cache = Some((page, buf));
+        }
+        let (_, buf) = self.page_cache.as_ref().expect("filled above");
+        let off = (addr - page) as usize;
+        out.copy_from_slice(&buf[off..off + out.len()]);
         Ok(())
     }
 
