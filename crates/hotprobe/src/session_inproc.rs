@@ -390,7 +390,11 @@ impl Session {
             // No call taken once a handler asked to stop: the next waits
             // for the next run (as a trap hit waits stopped).
             while let Some(call) = (!stop).then(|| fp.take_handler_call()).flatten() {
-                *shm_taken.entry(call.counter).or_insert(0) += 1;
+                // A hit is its pre call (a post call is the same hit's
+                // second hand-over).
+                if !call.post {
+                    *shm_taken.entry(call.counter).or_insert(0) += 1;
+                }
                 let Some((id, probe)) = shm_handlers.get_mut(&call.counter) else {
                     fp.finish_handler_call(&call, None);
                     continue;
