@@ -1105,7 +1105,12 @@ impl Session {
     ) -> Result<Added, EngineError> {
         let parsed: ProbeSpec = spec.parse()?;
         let is_return = parsed.is_return();
-        let pattern = matches!(&parsed, ProbeSpec::Function { name, .. } if is_pattern(name));
+        // A module glob (`'*:malloc'`) names functions of several modules:
+        // a pattern too, each row named `module:function`.
+        let module_glob =
+            matches!(&parsed, ProbeSpec::Function { module: Some(m), .. } if is_pattern(m));
+        let pattern =
+            module_glob || matches!(&parsed, ProbeSpec::Function { name, .. } if is_pattern(name));
         match action {
             Action::Handler(p) => {
                 let r = match self.resolve_one(t, spec) {
@@ -1169,7 +1174,12 @@ impl Session {
             }
             let label = match (&r.function, pattern || many) {
                 (Some(f), true) if r.offset == 0 && pattern => {
-                    format!("{f}{}", if is_return { "%return" } else { "" })
+                    let m = if module_glob {
+                        format!("{}:", r.module)
+                    } else {
+                        String::new()
+                    };
+                    format!("{m}{f}{}", if is_return { "%return" } else { "" })
                 }
                 (_, true) => format!("{spec} @ {}", short(&r)),
                 (_, false) => spec.to_string(),
