@@ -113,8 +113,8 @@ fn bpftrace_counts(
 
 /// `hotprobe count SPECS -- CMD`: checks it ran to completion with the
 /// program's output unchanged and every probe placed, and returns the
-/// table.
-fn count_everything(specs: &[&str], cmd: &[&str], env: &[(&str, &str)]) -> CountTable {
+/// table and hotprobe's stderr.
+fn count_everything(specs: &[&str], cmd: &[&str], env: &[(&str, &str)]) -> (CountTable, String) {
     let expected = native(cmd, env);
     let mut args: Vec<&str> = vec!["count"];
     args.extend_from_slice(specs);
@@ -148,13 +148,13 @@ fn count_everything(specs: &[&str], cmd: &[&str], env: &[(&str, &str)]) -> Count
         "{} probes only:\n{stderr}",
         table.rows.len()
     );
-    table
+    (table, stderr)
 }
 
 /// The libc counts of `cmd` under `count 'libc.so.6:*'` against
 /// bpftrace's for malloc, free and every `__strlen_*` implementation.
 fn libc_counts_match_bpftrace(cmd: &[&str], env: &[(&str, &str)]) {
-    let table = count_everything(&["libc.so.6:*"], cmd, env);
+    let (table, _) = count_everything(&["libc.so.6:*"], cmd, env);
     let strlens: Vec<String> = table
         .rows
         .iter()
@@ -237,9 +237,86 @@ fn count_every_sqlite_and_libc_function_of_the_sqlite3_shell() {
     .unwrap();
     let read = format!(".read {}", script.display());
     let cmd = ["/usr/bin/sqlite3", "-batch", ":memory:", read.as_str()];
-    let table = count_everything(&["libsqlite3.so.0:*", "libc.so.6:*"], &cmd, &[]);
+    let (table, _) = count_everything(&["libsqlite3.so.0:*", "libc.so.6:*"], &cmd, &[]);
     // Both libraries were probed, and SQLite's own functions ran.
     // Each of the script's 9 statements is stepped at least once.
     assert!(table.hits("sqlite3_step") >= 9, "{}", table.all);
     assert!(table.hits("malloc") > 0, "{}", table.all);
+}
+
+/// Module globs (issue 14): `count '*:*'` probes every function of `ls`
+/// and of every library it maps, the agent left out; each row is named
+/// `module:function`; the output is unchanged, the blacklist refuses what
+/// it must (with its reason), and `'*:malloc'` finds libc's malloc alone,
+/// with the same count as under `'*:*'`.
+#[test]
+fn count_every_function_of_every_module_of_ls() {
+    let cmd = ["/usr/bin/ls", "-la", "/usr/share/doc"];
+    let env = [("LC_ALL", "C")];
+    let (table, stderr) = count_everything(&["*:*"], &cmd, &env);
+    // The blacklist still refuses, per module, with its reason.
+    for m in ["libc.so.6", "ld-linux-x86-64.so.2"] {
+        assert!(
+            stderr.contains(&format!("skipping {m}:__restore_rt: "))
+                && stderr.contains(&format!("__restore_rt in {m} (signal return trampoline)")),
+            "{m}'s __restore_rt not refused:\n{stderr}"
+        );
+    }
+    let names: Vec<&str> = table
+        .rows
+        .iter()
+        .filter_map(|r| r.first())
+        .map(|s| s.as_str())
+        .collect();
+    let in_module = |m: &str| {
+        names
+            .iter()
+            .filter(|n| n.starts_with(&format!("{m}:")))
+            .count()
+    };
+    for m in ["ls", "libc.so.6", "ld-linux-x86-64.so.2"] {
+        assert!(in_module(m) > 0, "no row of {m}:\n{}", table.all);
+    }
+    assert!(in_module("libc.so.6") > 2000, "{}", table.all);
+    assert!(
+        !names.iter().any(|n| n.contains("hotprobe_agent")),
+        "the agent was probed:\n{}",
+        table.all
+    );
+    // ld.so runs its finalizer once, at exit.
+    assert_eq!(table.hits("ld-linux-x86-64.so.2:_dl_fini"), 1);
+    let malloc = table.hits("libc.so.6:malloc");
+    assert!(malloc > 0);
+
+    let mut args = vec!["count", "*:malloc", "--"];
+    args.extend_from_slice(&cmd);
+    let mut c = Command::new(common::HOTPROBE);
+    c.args(&args).envs(env.iter().copied());
+    let out = common::output_within(c, LIMIT);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    let one = CountTable::parse(&stdout, &stderr);
+    let probes: Vec<&String> = one.rows.iter().filter_map(|r| r.first()).collect();
+    assert_eq!(probes, ["libc.so.6:malloc"], "{stdout}");
+    assert_eq!(one.hits("libc.so.6:malloc"), malloc);
+}
+
+/// A module glob that matches no module, or a function no matching module
+/// has, is a clear error naming what was searched.
+#[test]
+fn module_glob_matching_nothing_is_an_error() {
+    let out = common::hotprobe(&["count", "nomodule*:*", "--", "/usr/bin/true"]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("none matches \"nomodule*\"") && err.contains("libc.so.6"),
+        "{err}"
+    );
+    let out = common::hotprobe(&["count", "*:no_such_function_here", "--", "/usr/bin/true"]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("no function matches `*:no_such_function_here`"),
+        "{err}"
+    );
 }

@@ -48,8 +48,8 @@ use hotprobe_target::{RuntimeAddr, Target, TargetError};
 use hotprobe_x86::plan_jump;
 
 pub use hotprobe_abi::{
-    Event as RecordedEvent, EVENT_XMM, EXIT_UNWOUND, KIND_ENTRY, KIND_EXIT, KIND_HIT, TRAP_GUARD,
-    TRAP_RETURN,
+    Event as RecordedEvent, EVENT_XMM, EXIT_UNWOUND, INPROC_SITES, KIND_ENTRY, KIND_EXIT, KIND_HIT,
+    TRAP_GUARD, TRAP_RETURN, TRAP_SLOTS,
 };
 pub use inproc::{HandlerCall, InprocInfo, StubHandlerInfo};
 pub use plan::{

@@ -541,6 +541,11 @@ impl ProcessSymbols {
                         reason: "%return probes go on a function's entry; drop the offset".into(),
                     });
                 }
+                if let Some(m) = module.as_deref() {
+                    if is_pattern(m) && !self.names_module(m) {
+                        return self.resolve_in_modules(m, name, *offset, *is_return);
+                    }
+                }
                 let in_module = module.as_deref().map(|m| self.find_module(m)).transpose()?;
                 // A name is looked up as such first, even when it is a
                 // pattern (`operator[]`, `f[abi:cxx11]`).
@@ -696,6 +701,69 @@ impl ProcessSymbols {
             p.boundary = Some(symbol_boundary(lm, sym));
         }
         Ok(p)
+    }
+
+    /// Whether some module is named `m` exactly (file name or path), so a
+    /// module name with glob characters is taken as a name first.
+    fn names_module(&self, m: &str) -> bool {
+        self.modules
+            .iter()
+            .any(|lm| lm.name == m || lm.path.as_os_str() == m)
+    }
+
+    /// Whether `lm` is hotprobe's own agent (a memfd or
+    /// `libhotprobe_agent*` mapping): never probed through a module glob.
+    fn is_agent(lm: &LoadedModule) -> bool {
+        lm.name.starts_with("libhotprobe_agent") || lm.path.to_string_lossy().contains("memfd:")
+    }
+
+    /// `name` (a function name or pattern) in every loaded module whose file
+    /// name matches the pattern `module_pat` (`*`, `lib*`), main executable
+    /// first, the agent left out: the matches of every module, concatenated.
+    /// A module without a match adds nothing; none at all is
+    /// [`SymbolError::NoMatch`].
+    fn resolve_in_modules(
+        &self,
+        module_pat: &str,
+        name: &str,
+        offset: u64,
+        is_return: bool,
+    ) -> Result<Vec<ResolvedProbe>, SymbolError> {
+        let mpat = NamePattern::new(module_pat)?;
+        let mut out = Vec::new();
+        let mut any_module = false;
+        for lm in self.search_order() {
+            if Self::is_agent(lm) || !mpat.matches(&lm.name) {
+                continue;
+            }
+            any_module = true;
+            if let Some(sym) = lm.module.find(name) {
+                out.push(Self::function_probe(lm, sym, offset, is_return)?);
+                continue;
+            }
+            if !is_pattern(name) {
+                continue;
+            }
+            match self.resolve_pattern(Some(lm), name, offset, is_return) {
+                Ok(v) => out.extend(v),
+                Err(SymbolError::NoMatch { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if out.is_empty() {
+            return Err(SymbolError::NoMatch {
+                pattern: format!("{module_pat}:{name}"),
+                module: if any_module {
+                    format!("the modules matching {module_pat:?}")
+                } else {
+                    format!(
+                        "any module (none matches {module_pat:?}; loaded: {})",
+                        self.names().join(", ")
+                    )
+                },
+            });
+        }
+        Ok(out)
     }
 
     /// Every function of `lm` (default: the main executable) whose demangled

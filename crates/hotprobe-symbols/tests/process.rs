@@ -372,3 +372,32 @@ fn library_loaded_from_a_memfd() {
         assert!(child.wait().unwrap().success());
     }
 }
+
+/// A module glob resolves in every matching module (issue 14): `'*:malloc'`
+/// finds libc's malloc, `'lib*:*'` leaves out the main executable (not a
+/// `lib*` file), `'*:*'` covers several modules, a glob matching no module
+/// is `NoMatch`.
+#[test]
+fn module_globs_resolve_in_every_matching_module() {
+    let ps = ProcessSymbols::for_pid(std::process::id()).unwrap();
+    let malloc = ps.resolve(&"*:malloc".parse().unwrap()).unwrap();
+    assert!(
+        malloc
+            .iter()
+            .any(|p| p.module == "libc.so.6" && p.function.as_deref() == Some("malloc")),
+        "{malloc:?}"
+    );
+    let main = ps.main_module().unwrap().name.clone();
+    let libs = ps.resolve(&"lib*:*".parse().unwrap()).unwrap();
+    assert!(libs.iter().all(|p| p.module.starts_with("lib")));
+    assert!(libs.iter().any(|p| p.module == "libc.so.6"));
+    let all = ps.resolve(&"*:*".parse().unwrap()).unwrap();
+    let modules: std::collections::BTreeSet<&str> = all.iter().map(|p| p.module.as_str()).collect();
+    assert!(
+        modules.contains(main.as_str()) && modules.contains("libc.so.6") && modules.len() >= 3,
+        "{modules:?}"
+    );
+    assert!(all.len() > libs.len());
+    let e = ps.resolve(&"nomodule*:*".parse().unwrap()).unwrap_err();
+    assert!(matches!(e, SymbolError::NoMatch { .. }), "{e}");
+}

@@ -289,6 +289,10 @@ struct Slot {
     /// original byte), for the agent to undo if we die (see
     /// [`Slot::publish_traps`]).
     published: HashMap<u64, u8>,
+    /// `int3`s the trap table had no room for (past its
+    /// [`hotprobe_fastpath::TRAP_SLOTS`]): they work (ptrace), but an agent
+    /// whose tracer died cannot undo them. Not retried.
+    overflow: std::collections::HashSet<u64>,
     /// Guard `int3`s (address → the breakpoint they guard, one byte before).
     guards: HashMap<u64, u64>,
     /// The process's modules and the `/proc/PID/maps` they were read from:
@@ -438,10 +442,25 @@ impl Slot {
             } else {
                 0
             };
-            if self.published.get(&a) != Some(&b) && table.publish(a, b, flags) {
+            if self.published.get(&a) == Some(&b) || self.overflow.contains(&a) {
+                continue;
+            }
+            if table.publish(a, b, flags) {
                 self.published.insert(a, b);
+            } else {
+                if self.overflow.is_empty() {
+                    self.engine.notices.push(format!(
+                        "the agent's trap table is full ({} slots, guards included): \
+                         int3s placed past it work, but a hotprobe killed with SIGKILL \
+                         leaves them in",
+                        hotprobe_fastpath::TRAP_SLOTS
+                    ));
+                }
+                self.overflow.insert(a);
             }
         }
+        self.overflow
+            .retain(|a| now.binary_search_by_key(a, |(x, _)| *x).is_ok());
         self.published.retain(|a, _| {
             let keep = now.binary_search_by_key(a, |(x, _)| *x).is_ok();
             if !keep {
@@ -482,7 +501,10 @@ impl Slot {
         let guarded: std::collections::HashSet<u64> = self.guards.values().copied().collect();
         let mut wanted = Vec::new();
         // Breakpoints not published yet: the ones new since the last call.
-        for &a in now.keys().filter(|a| !self.published.contains_key(a)) {
+        for &a in now
+            .keys()
+            .filter(|a| !self.published.contains_key(a) && !self.overflow.contains(a))
+        {
             let g = a.wrapping_add(1);
             if self.guards.contains_key(&a) || guarded.contains(&a) || now.contains_key(&g) {
                 continue;
@@ -525,6 +547,7 @@ impl Slot {
             table.set_regions(&[]);
         }
         self.published.clear();
+        self.overflow.clear();
         self.guards.clear();
     }
 
@@ -703,6 +726,7 @@ impl Session {
             origin: HashMap::new(),
             plugin: None,
             published: HashMap::new(),
+            overflow: Default::default(),
             guards: HashMap::new(),
             symbols: None,
             fork_synced: (0, 0),
@@ -1105,7 +1129,12 @@ impl Session {
     ) -> Result<Added, EngineError> {
         let parsed: ProbeSpec = spec.parse()?;
         let is_return = parsed.is_return();
-        let pattern = matches!(&parsed, ProbeSpec::Function { name, .. } if is_pattern(name));
+        // A module glob (`'*:malloc'`) names functions of several modules:
+        // a pattern too, each row named `module:function`.
+        let module_glob =
+            matches!(&parsed, ProbeSpec::Function { module: Some(m), .. } if is_pattern(m));
+        let pattern =
+            module_glob || matches!(&parsed, ProbeSpec::Function { name, .. } if is_pattern(name));
         match action {
             Action::Handler(p) => {
                 let r = match self.resolve_one(t, spec) {
@@ -1169,7 +1198,12 @@ impl Session {
             }
             let label = match (&r.function, pattern || many) {
                 (Some(f), true) if r.offset == 0 && pattern => {
-                    format!("{f}{}", if is_return { "%return" } else { "" })
+                    let m = if module_glob {
+                        format!("{}:", r.module)
+                    } else {
+                        String::new()
+                    };
+                    format!("{m}{f}{}", if is_return { "%return" } else { "" })
                 }
                 (_, true) => format!("{spec} @ {}", short(&r)),
                 (_, false) => spec.to_string(),
@@ -1840,6 +1874,14 @@ impl Session {
             Some(e) => format!("{mechanism} ({e})"),
             None => mechanism.to_string(),
         };
+        let mut reason = reason.unwrap_or_else(|| "handlers run in hotprobe".into());
+        if slot.overflow.contains(&r.addr.0) {
+            reason.push_str(&format!(
+                "; not in the agent's trap table (full: {} slots), so a hotprobe killed \
+                 with SIGKILL leaves this int3 in",
+                hotprobe_fastpath::TRAP_SLOTS
+            ));
+        }
         Placement {
             id,
             label,
@@ -1848,9 +1890,17 @@ impl Session {
             module: r.module.clone(),
             is_return: r.is_return,
             mechanism,
-            reason: reason.unwrap_or_else(|| "handlers run in hotprobe".into()),
+            reason,
             execution,
         }
+    }
+
+    /// How many of target `t`'s `int3`s the agent's trap table had no room
+    /// for (it holds [`hotprobe_fastpath::TRAP_SLOTS`], guards included):
+    /// they work, but a hotprobe killed with SIGKILL leaves them in (their
+    /// placements say so). 0 for a target without the agent.
+    pub fn traps_past_table(&self, t: TargetId) -> usize {
+        self.slots.get(t.0).map_or(0, |s| s.overflow.len())
     }
 
     /// Enable or disable a probe at run time.

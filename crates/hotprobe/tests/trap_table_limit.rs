@@ -1,0 +1,93 @@
+//! The agent's trap table has a fixed size (`TRAP_SLOTS`, issue 14): a
+//! program with more trap probes than it holds (each `int3` on an
+//! instruction of 2 bytes or more takes a second slot for its guard) still
+//! has every probe working on the ptrace trap, counted exactly, and the
+//! ones past the table are counted and say so in their placement.
+
+use hotprobe::{Probe, RunEnd, Session, SpawnOptions};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::Command;
+
+/// More functions than the table has slots (each takes two: its `int3`
+/// and its guard).
+const FUNCTIONS: usize = hotprobe_fastpath::TRAP_SLOTS / 2 + 1000;
+
+fn build() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("trap_table_limit");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut src = String::from("#include <stdio.h>\nvolatile long sink;\n");
+    for i in 0..FUNCTIONS {
+        // The entry is `add %rdi, sink(%rip)` (7 bytes): guarded.
+        writeln!(
+            src,
+            "__attribute__((noinline)) long f{i}(long x) {{ sink += x; return x + {i}; }}"
+        )
+        .unwrap();
+    }
+    src.push_str("int main(void) {\n  long s = 0;\n");
+    for i in 0..FUNCTIONS {
+        // Function i is called (i % 2) + 1 times.
+        for _ in 0..(i % 2) + 1 {
+            writeln!(src, "  s += f{i}({i});").unwrap();
+        }
+    }
+    src.push_str("  printf(\"sum %ld\\n\", s);\n  return 0;\n}\n");
+    let c = dir.join("many.c");
+    std::fs::write(&c, src).unwrap();
+    let bin = dir.join("many");
+    let st = Command::new("gcc")
+        .args(["-O1", "-o"])
+        .arg(&bin)
+        .arg(&c)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    bin
+}
+
+#[test]
+fn trap_probes_past_the_trap_table_still_count_and_say_so() {
+    let bin = build();
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("trap_table_limit.out");
+    let f = std::fs::File::create(&out).unwrap();
+    let mut s = Session::new();
+    let t = s
+        .spawn_with(
+            &bin,
+            &[],
+            &SpawnOptions {
+                stdout: Some(f),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    // Handler probes run in hotprobe: on ptrace traps, with the agent
+    // (and its table) in.
+    let ids: Vec<_> = (0..FUNCTIONS)
+        .map(|i| s.probe(t, &format!("f{i}"), Probe::new()).unwrap())
+        .collect();
+    s.start().unwrap();
+    let past = s.traps_past_table(t);
+    assert!(
+        past > 0,
+        "every int3 fit in the table: the test proves nothing"
+    );
+    let notices = s.take_notices();
+    assert!(
+        notices
+            .iter()
+            .any(|n| n.contains("the agent's trap table is full")),
+        "no notice: {notices:?}"
+    );
+    assert_eq!(s.run().unwrap(), RunEnd::AllExited);
+    let expect_sum: i64 = (0..FUNCTIONS as i64).map(|i| ((i % 2) + 1) * (2 * i)).sum();
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap().trim(),
+        format!("sum {expect_sum}")
+    );
+    // Every probe counted exactly, those past the table included.
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(s.stats(*id).unwrap().hits, (i % 2) as u64 + 1, "f{i}");
+    }
+}
