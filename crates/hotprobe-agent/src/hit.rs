@@ -508,6 +508,8 @@ pub(crate) fn inproc_hit(shm: &Shm, probe: u32, exit: bool, at: u64, gregs: &[li
         r11: g(libc::REG_R11),
         key: at,
         slot: if exit { g(libc::REG_RSP) } else { 0 },
+        // The action below has no xmm layout: never read.
+        xmm: [0; 6],
     };
     let action = ACTION_COUNT | ACTION_RECORD | if exit { ACTION_EXIT } else { 0 };
     // Not at a function's entry: a hit event (no return to hook).

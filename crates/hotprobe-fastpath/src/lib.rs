@@ -24,6 +24,7 @@
 //! address (the agent keeps its return trampoline and shadow stacks, so
 //! those returns stay correct). No code of the program refers to them any more.
 
+mod control;
 mod inproc;
 mod plan;
 mod shm;
@@ -466,6 +467,9 @@ pub struct FastPath {
     /// Bumped whenever entries leave `installed` (see
     /// [`FastPath::written_since`]).
     removals: u64,
+    /// Sites of disabled probes (see the `control` module): address →
+    /// (the patched bytes taken out, the site's action bits).
+    disabled: HashMap<u64, (Vec<u8>, u32)>,
 }
 
 impl FastPath {
@@ -635,6 +639,7 @@ impl FastPath {
             handler_keys: HashMap::new(),
             batch: None,
             removals: 0,
+            disabled: HashMap::new(),
         })
     }
 
