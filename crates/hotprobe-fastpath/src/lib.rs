@@ -24,6 +24,7 @@
 //! address (the agent keeps its return trampoline and shadow stacks, so
 //! those returns stay correct). No code of the program refers to them any more.
 
+mod control;
 mod inproc;
 mod plan;
 mod shm;
@@ -473,6 +474,9 @@ pub struct FastPath {
     templates: stub::StubTemplates,
     /// The page last read for a site's original bytes in the open batch.
     page_cache: Option<(u64, Vec<u8>)>,
+    /// Sites of disabled probes (see the `control` module): address →
+    /// (the patched bytes taken out, the site's action bits).
+    disabled: HashMap<u64, (Vec<u8>, u32)>,
 }
 
 impl FastPath {
@@ -645,6 +649,7 @@ impl FastPath {
             removals: 0,
             templates: stub::StubTemplates::default(),
             page_cache: None,
+            disabled: HashMap::new(),
         })
     }
 

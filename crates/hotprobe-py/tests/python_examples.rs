@@ -161,7 +161,7 @@ fn python_api_registers_memory_stop_disable_errors() {
         [
             "missing: True",
             "not callable: a handler must be callable",
-            "mechanisms: trap trap",
+            "mechanisms: jump trap",
             "run: stopped",
             "seen: [0, 1, 2, 3] lasts: [0, 1, 2]",
             "stale context: the handler context is valid only during its handler's call",

@@ -315,6 +315,9 @@ struct Slot {
     /// counter that ever had a shared-memory handler: its hits are the
     /// calls taken plus those the agent withdrew (see `stats_by_process`).
     shm_taken: HashMap<u32, u64>,
+    /// Fast-path probes removed while the target ran (`remove_probe`):
+    /// their counts stay readable, nothing else applies to them.
+    removed_fast: std::collections::HashSet<ProbeId>,
     /// In-process probes handed over to the engine (a trap probe came to
     /// the same address): probe → the engine probe that counts on for it.
     handed: HashMap<ProbeId, ProbeId>,
@@ -398,6 +401,54 @@ impl Slot {
         if self.engine.target().read_memory(addr, &mut b).is_ok() {
             table.publish(addr.0, b[0], 0);
         }
+    }
+
+    /// Runs `f` on each fast-path counter of fast probe `id` (enable,
+    /// disable, remove: see `hotprobe_fastpath`'s `control` module) with
+    /// every thread stopped, then resumes them if the target was running.
+    fn change_fast(
+        &mut self,
+        id: ProbeId,
+        mut f: impl FnMut(
+            &mut FastPath,
+            &mut ProcessTarget,
+            u32,
+        ) -> Result<(), hotprobe_fastpath::FastPathError>,
+    ) -> Result<(), EngineError> {
+        let refused = |reason: &str| EngineError::RefusedSpec {
+            spec: format!("probe {}", id.0),
+            reason: reason.into(),
+        };
+        let counters: Vec<u32> = self
+            .fast_probes
+            .get(&id)
+            .map(|p| p.counters.iter().map(|c| c.0).collect())
+            .unwrap_or_default();
+        let started = self.engine.started;
+        let Slot { engine, fast, .. } = self;
+        let Fast::On(fp) = fast else {
+            return Err(refused("the fast path is not attached"));
+        };
+        if fp.is_detached() {
+            return Err(refused("the fast path is detached"));
+        }
+        let pt = Slot::process(engine).ok_or_else(|| refused("not a process"))?;
+        // A process running untraced is taken back for the rewrite (the
+        // caller lets it go again: `Session::maybe_release`).
+        if pt.is_released() {
+            pt.reacquire()?;
+        }
+        let mut r = Ok(());
+        for c in counters {
+            r = f(fp, pt, c);
+            if r.is_err() {
+                break;
+            }
+        }
+        if started {
+            pt.resume_all()?;
+        }
+        Ok(r?)
     }
 
     /// Runs `f`, a change of the engine's breakpoints, with every thread
@@ -734,6 +785,7 @@ impl Session {
             inproc: HashMap::new(),
             shm_handlers: HashMap::new(),
             shm_taken: HashMap::new(),
+            removed_fast: Default::default(),
             handed: HashMap::new(),
         });
         let follow = self.config.follow_forks && pid.is_some();
@@ -1923,11 +1975,16 @@ impl Session {
         if let Some(&x) = slot.handed.get(&id) {
             return slot.engine.set_enabled(x, enabled);
         }
+        if slot.removed_fast.contains(&id) {
+            return Err(EngineError::NoSuchProbe(id));
+        }
         if slot.fast_probes.contains_key(&id) {
-            return Err(EngineError::RefusedSpec {
-                spec: format!("probe {}", id.0),
-                reason: "fast-path probes cannot be disabled yet".into(),
-            });
+            slot.change_fast(id, |fp, pt, c| {
+                fp.set_probe_enabled(pt, c, enabled).map(|_| ())
+            })?;
+            let i = (id.0 >> TARGET_SHIFT) as usize;
+            self.maybe_release(i);
+            return Ok(());
         }
         slot.engine.set_enabled(id, enabled)
     }
@@ -1947,11 +2004,18 @@ impl Session {
             slot.shm_handlers.retain(|_, (p, _)| *p != id);
             return Ok(());
         }
+        if slot.removed_fast.contains(&id) {
+            return Err(EngineError::NoSuchProbe(id));
+        }
         if slot.fast_probes.contains_key(&id) {
-            return Err(EngineError::RefusedSpec {
-                spec: format!("probe {}", id.0),
-                reason: "fast-path probes are removed at detach".into(),
-            });
+            slot.change_fast(id, |fp, pt, c| fp.remove_probe(pt, c).map(|_| ()))?;
+            slot.removed_fast.insert(id);
+            // Its counters stay readable (stats); no handler call is
+            // served any more (a thread waiting in one resumes unmodified).
+            slot.shm_handlers.retain(|_, (p, _)| *p != id);
+            let i = (id.0 >> TARGET_SHIFT) as usize;
+            self.maybe_release(i);
+            return Ok(());
         }
         let publishing = slot.publishers.remove(&id);
         slot.change_traps(|e| {

@@ -44,6 +44,12 @@ impl Captured {
 
 /// Spawn `bin args` under a new session, stdout captured.
 pub fn spawn(bin: &Path, args: &[&str]) -> Captured {
+    spawn_with_stdin(bin, args, None)
+}
+
+/// [`spawn`] with the tracee's stdin read from `stdin` (a pipe's read end,
+/// say) when given.
+pub fn spawn_with_stdin(bin: &Path, args: &[&str], stdin: Option<std::fs::File>) -> Captured {
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
         "out-{}-{}",
         std::process::id(),
@@ -57,6 +63,7 @@ pub fn spawn(bin: &Path, args: &[&str]) -> Captured {
             bin,
             &args,
             &SpawnOptions {
+                stdin,
                 stdout: Some(f),
                 ..Default::default()
             },

@@ -1,0 +1,131 @@
+//! Disabling, enabling and removing one fast-path probe while the target
+//! runs.
+//!
+//! Per-site stubs count with one `inc` and never read the site table, so
+//! flipping a site's action in shared memory alone would not stop them.
+//! A disabled probe's sites therefore get their original bytes back (the
+//! patchable NOP or the displaced instructions): a disabled hit costs
+//! nothing at all, whatever sits behind the site (stub, generic
+//! trampoline, handler trampoline). The site's action is cleared first, so
+//! a thread already past the site (in a stub or trampoline; their memory
+//! is never freed before detach) finishes in the generic path as a hit of
+//! a quiet site. The rewrite is done with every thread stopped and none
+//! strictly inside the bytes written (the scheme of [`FastPath::detach`]).
+//! Enabling writes the patched bytes back and restores the action bits.
+//! Removing restores the original bytes for good and forgets the sites;
+//! their stubs and trampolines stay mapped until detach.
+
+use crate::{wait_pcs_outside, FastPath, FastPathError};
+use hotprobe_process::ProcessTarget;
+use hotprobe_target::{RuntimeAddr, Target};
+
+impl FastPath {
+    /// Indices in `installed` of the sites of fast probe `probe_id` (its
+    /// entry site and any exit placeholders); in-process traps (key 0)
+    /// are not among them.
+    fn sites_of(&self, probe_id: u32) -> Vec<usize> {
+        let shm = self.shm();
+        self.installed
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| {
+                s.key != 0 && shm.lookup_site(s.key).is_some_and(|(p, _)| p == probe_id)
+            })
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    /// Whether fast probe `probe_id` has sites installed (armed or
+    /// disabled).
+    pub fn has_sites(&self, probe_id: u32) -> bool {
+        !self.sites_of(probe_id).is_empty()
+    }
+
+    /// Disables or enables every site of fast probe `probe_id` (see the
+    /// module docs); idempotent. Stops every thread and leaves them
+    /// stopped (resume the target afterwards). Returns how many sites
+    /// changed.
+    pub fn set_probe_enabled(
+        &mut self,
+        t: &mut ProcessTarget,
+        probe_id: u32,
+        enabled: bool,
+    ) -> Result<usize, FastPathError> {
+        let sites = self.sites_of(probe_id);
+        if sites.is_empty() {
+            return Ok(0);
+        }
+        t.stop_all()?;
+        let mut changed = 0;
+        for i in sites {
+            let (addr, key, len) = {
+                let s = &self.installed[i];
+                (s.addr, s.key, s.original.len())
+            };
+            if enabled {
+                let Some((patched, action)) = self.disabled.remove(&addr) else {
+                    continue;
+                };
+                wait_pcs_outside(t, addr, len as u64)?;
+                t.write_memory(RuntimeAddr(addr), &patched)?;
+                self.shm()
+                    .set_site_action(key, action)
+                    .map_err(|e| FastPathError::Shm(e.to_string()))?;
+            } else {
+                if self.disabled.contains_key(&addr) {
+                    continue;
+                }
+                let action = self.shm().lookup_site(key).map_or(0, |(_, a)| a);
+                let mut patched = vec![0u8; len];
+                t.read_memory(RuntimeAddr(addr), &mut patched)?;
+                self.shm()
+                    .set_site_action(key, 0)
+                    .map_err(|e| FastPathError::Shm(e.to_string()))?;
+                wait_pcs_outside(t, addr, len as u64)?;
+                let original = self.installed[i].original.clone();
+                t.write_memory(RuntimeAddr(addr), &original)?;
+                self.disabled.insert(addr, (patched, action));
+            }
+            changed += 1;
+        }
+        Ok(changed)
+    }
+
+    /// Removes fast probe `probe_id` for good: its sites are quieted, get
+    /// their original bytes back and leave the list of written bytes; its
+    /// stubs and trampolines stay mapped until detach (a thread may still
+    /// be inside one). Its counters keep their values. Stops every thread
+    /// and leaves them stopped. Returns how many sites were removed.
+    pub fn remove_probe(
+        &mut self,
+        t: &mut ProcessTarget,
+        probe_id: u32,
+    ) -> Result<usize, FastPathError> {
+        let mut sites = self.sites_of(probe_id);
+        if sites.is_empty() {
+            return Ok(0);
+        }
+        t.stop_all()?;
+        // Reverse order of installation, as detach restores.
+        sites.reverse();
+        for &i in &sites {
+            let (addr, key, len) = {
+                let s = &self.installed[i];
+                (s.addr, s.key, s.original.len())
+            };
+            let _ = self.shm().set_site_action(key, 0);
+            if self.disabled.remove(&addr).is_none() {
+                wait_pcs_outside(t, addr, len as u64)?;
+                let original = self.installed[i].original.clone();
+                t.write_memory(RuntimeAddr(addr), &original)?;
+            }
+            self.handler_keys.remove(&key);
+        }
+        // `sites` is in descending index order: removal keeps the rest valid.
+        for &i in &sites {
+            self.installed.remove(i);
+        }
+        self.removals += 1;
+        Ok(sites.len())
+    }
+}

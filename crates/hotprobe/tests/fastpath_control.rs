@@ -1,0 +1,187 @@
+//! Fast-path probes (count and shared-memory handler probes, on patch and
+//! jump sites) disabled, enabled again and removed while the program runs:
+//! a disabled probe neither counts nor calls its handler and its site holds
+//! the original bytes; enabled again it counts on; removed, the original
+//! bytes are back for good and the program's output is unchanged.
+//!
+//! The tracee (tests/programs/fpctl.c) runs one phase per line on its
+//! stdin — 4 threads each calling every probed function `ITERS` times —
+//! so the counts of each phase are exact.
+
+mod support;
+
+use hotprobe::{Action, Mechanism, ProbeId, RunEnd};
+use std::cell::Cell;
+use std::io::Write;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::{program, spawn_with_stdin, Captured};
+
+const THREADS: u64 = 4;
+const ITERS: u64 = 2000;
+
+fn read_mem(pid: i32, addr: u64, len: usize) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut b = vec![0u8; len];
+    f.read_exact_at(&mut b, addr).unwrap();
+    b
+}
+
+/// Starts phase `k` (a line on the tracee's stdin) and runs the session
+/// until the tracee printed the phase's result.
+fn phase(c: &mut Captured, stdin: &mut std::io::PipeWriter, k: u32) {
+    stdin.write_all(b"go\n").unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let (flag, out) = (done.clone(), c.out.clone());
+    let watcher = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let want = format!("phase {k} total ");
+        while Instant::now() < deadline {
+            let text = std::fs::read_to_string(&out).unwrap_or_default();
+            if text.lines().any(|l| l.starts_with(&want)) {
+                flag.store(true, Ordering::Relaxed);
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        flag.store(true, Ordering::Relaxed);
+        false
+    });
+    let end = c.session.run_until(&done).unwrap();
+    assert!(watcher.join().unwrap(), "phase {k} did not finish");
+    assert_eq!(end, RunEnd::Interrupted, "phase {k}");
+}
+
+#[test]
+fn disable_enable_and_remove_count_and_handler_probes_on_patch_and_jump() {
+    let bin = program("fpctl", &["-O2"]);
+    let args = [THREADS.to_string(), ITERS.to_string()];
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let native = {
+        let mut child = std::process::Command::new(&bin)
+            .args(&args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"1\n2\n3\n4\n")
+            .unwrap();
+        String::from_utf8(child.wait_with_output().unwrap().stdout).unwrap()
+    };
+    assert_eq!(native.lines().count(), 4, "{native}");
+
+    let (reader, mut stdin) = std::io::pipe().unwrap();
+    let reader = std::fs::File::from(std::os::fd::OwnedFd::from(reader));
+    let mut c = spawn_with_stdin(&bin, &args, Some(reader));
+    let t = c.target;
+    let pid = c.session.pid(t).unwrap();
+
+    let names = ["cnt_patched", "cnt_jumped", "h_patched", "h_jumped"];
+    let originals: Vec<(u64, Vec<u8>)> = names
+        .iter()
+        .map(|n| {
+            let a = c.session.resolve(t, n).unwrap()[0].addr.0;
+            (a, read_mem(pid, a, 8))
+        })
+        .collect();
+
+    let mut ids: Vec<ProbeId> = Vec::new();
+    let mut mechanisms: Vec<Mechanism> = Vec::new();
+    for n in &names[..2] {
+        let p = c.session.add(t, n, Action::Count).unwrap().placements[0].clone();
+        ids.push(p.id);
+        mechanisms.push(p.mechanism);
+    }
+    let calls: Vec<Rc<Cell<u64>>> = (0..2).map(|_| Rc::new(Cell::new(0))).collect();
+    for (n, seen) in names[2..].iter().zip(&calls) {
+        let seen = seen.clone();
+        let probe = hotprobe::Probe::new().pre(move |_| seen.set(seen.get() + 1));
+        let p = c
+            .session
+            .add(t, n, Action::Handler(probe))
+            .unwrap()
+            .placements[0]
+            .clone();
+        ids.push(p.id);
+        mechanisms.push(p.mechanism);
+    }
+    assert!(
+        matches!(mechanisms[0], Mechanism::Patch(_)),
+        "{mechanisms:?}"
+    );
+    assert_eq!(mechanisms[1], Mechanism::Jump, "{mechanisms:?}");
+    assert!(
+        matches!(mechanisms[2], Mechanism::Patch(_)),
+        "{mechanisms:?}"
+    );
+    assert_eq!(mechanisms[3], Mechanism::Jump, "{mechanisms:?}");
+
+    let counts = |c: &mut Captured| -> Vec<u64> {
+        let mut v: Vec<u64> = ids[..2]
+            .iter()
+            .map(|id| c.session.stats(*id).unwrap().hits)
+            .collect();
+        v.extend(calls.iter().map(|x| x.get()));
+        v
+    };
+    let bytes_now = || -> Vec<Vec<u8>> {
+        originals
+            .iter()
+            .map(|(a, _)| read_mem(pid, *a, 8))
+            .collect()
+    };
+    let original: Vec<Vec<u8>> = originals.iter().map(|(_, b)| b.clone()).collect();
+
+    c.session.start().unwrap();
+    let n = THREADS * ITERS;
+    phase(&mut c, &mut stdin, 1);
+    assert_eq!(counts(&mut c), vec![n; 4], "phase 1: all enabled");
+    let patched = bytes_now();
+    for (p, o) in patched.iter().zip(&original) {
+        assert_ne!(p, o, "armed sites are rewritten");
+    }
+
+    for id in &ids {
+        c.session.set_enabled(*id, false).unwrap();
+    }
+    assert_eq!(bytes_now(), original, "disabled: the original bytes");
+    phase(&mut c, &mut stdin, 2);
+    assert_eq!(counts(&mut c), vec![n; 4], "phase 2: no hit while disabled");
+
+    for id in &ids {
+        c.session.set_enabled(*id, true).unwrap();
+    }
+    assert_eq!(bytes_now(), patched, "enabled again: the same rewrite");
+    phase(&mut c, &mut stdin, 3);
+    assert_eq!(counts(&mut c), vec![2 * n; 4], "phase 3: counting again");
+
+    for id in &ids {
+        c.session.remove_probe(*id).unwrap();
+    }
+    assert_eq!(bytes_now(), original, "removed: the original bytes");
+    for id in &ids {
+        assert!(
+            matches!(
+                c.session.remove_probe(*id),
+                Err(hotprobe::EngineError::NoSuchProbe(_))
+            ),
+            "removed twice"
+        );
+        assert!(
+            c.session.set_enabled(*id, true).is_err(),
+            "enabling a removed probe"
+        );
+    }
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+    assert_eq!(counts(&mut c), vec![2 * n; 4], "phase 4: removed, no hit");
+    assert_eq!(c.output(), native, "the program's output is unchanged");
+}
