@@ -6,7 +6,8 @@
 //!
 //! The tracee (tests/programs/fpctl.c) runs one phase per line on its
 //! stdin — 4 threads each calling every probed function `ITERS` times —
-//! so the counts of each phase are exact.
+//! so the counts of each phase are exact. The first phase runs unprobed,
+//! so that count probes are per-site stubs.
 
 mod support;
 
@@ -71,11 +72,11 @@ fn disable_enable_and_remove_count_and_handler_probes_on_patch_and_jump() {
             .stdin
             .take()
             .unwrap()
-            .write_all(b"1\n2\n3\n4\n")
+            .write_all(b"1\n2\n3\n4\n5\n")
             .unwrap();
         String::from_utf8(child.wait_with_output().unwrap().stdout).unwrap()
     };
-    assert_eq!(native.lines().count(), 4, "{native}");
+    assert_eq!(native.lines().count(), 5, "{native}");
 
     let (reader, mut stdin) = std::io::pipe().unwrap();
     let reader = std::fs::File::from(std::os::fd::OwnedFd::from(reader));
@@ -94,12 +95,8 @@ fn disable_enable_and_remove_count_and_handler_probes_on_patch_and_jump() {
 
     let mut ids: Vec<ProbeId> = Vec::new();
     let mut mechanisms: Vec<Mechanism> = Vec::new();
-    for n in &names[..2] {
-        let p = c.session.add(t, n, Action::Count).unwrap().placements[0].clone();
-        ids.push(p.id);
-        mechanisms.push(p.mechanism);
-    }
     let calls: Vec<Rc<Cell<u64>>> = (0..2).map(|_| Rc::new(Cell::new(0))).collect();
+    let mut handler_ids = Vec::new();
     for (n, seen) in names[2..].iter().zip(&calls) {
         let seen = seen.clone();
         let probe = hotprobe::Probe::new().pre(move |_| seen.set(seen.get() + 1));
@@ -109,8 +106,26 @@ fn disable_enable_and_remove_count_and_handler_probes_on_patch_and_jump() {
             .unwrap()
             .placements[0]
             .clone();
+        handler_ids.push((p.id, p.mechanism));
+    }
+    // Phase 1 runs with the handler probes only (they keep the session's
+    // loop polling): the agent publishes its TLS offset once threads ran,
+    // and only then are count probes per-site stubs — which never read
+    // the site table, so flipping the action alone would not disable them.
+    c.session.start().unwrap();
+    phase(&mut c, &mut stdin, 1);
+    for seen in &calls {
+        assert_eq!(seen.get(), THREADS * ITERS, "phase 1: handlers");
+        seen.set(0);
+    }
+    for n in &names[..2] {
+        let p = c.session.add(t, n, Action::Count).unwrap().placements[0].clone();
         ids.push(p.id);
         mechanisms.push(p.mechanism);
+    }
+    for (id, m) in handler_ids {
+        ids.push(id);
+        mechanisms.push(m);
     }
     assert!(
         matches!(mechanisms[0], Mechanism::Patch(_)),
@@ -139,10 +154,9 @@ fn disable_enable_and_remove_count_and_handler_probes_on_patch_and_jump() {
     };
     let original: Vec<Vec<u8>> = originals.iter().map(|(_, b)| b.clone()).collect();
 
-    c.session.start().unwrap();
     let n = THREADS * ITERS;
-    phase(&mut c, &mut stdin, 1);
-    assert_eq!(counts(&mut c), vec![n; 4], "phase 1: all enabled");
+    phase(&mut c, &mut stdin, 2);
+    assert_eq!(counts(&mut c), vec![n; 4], "phase 2: all enabled");
     let patched = bytes_now();
     for (p, o) in patched.iter().zip(&original) {
         assert_ne!(p, o, "armed sites are rewritten");
@@ -152,15 +166,15 @@ fn disable_enable_and_remove_count_and_handler_probes_on_patch_and_jump() {
         c.session.set_enabled(*id, false).unwrap();
     }
     assert_eq!(bytes_now(), original, "disabled: the original bytes");
-    phase(&mut c, &mut stdin, 2);
-    assert_eq!(counts(&mut c), vec![n; 4], "phase 2: no hit while disabled");
+    phase(&mut c, &mut stdin, 3);
+    assert_eq!(counts(&mut c), vec![n; 4], "phase 3: no hit while disabled");
 
     for id in &ids {
         c.session.set_enabled(*id, true).unwrap();
     }
     assert_eq!(bytes_now(), patched, "enabled again: the same rewrite");
-    phase(&mut c, &mut stdin, 3);
-    assert_eq!(counts(&mut c), vec![2 * n; 4], "phase 3: counting again");
+    phase(&mut c, &mut stdin, 4);
+    assert_eq!(counts(&mut c), vec![2 * n; 4], "phase 4: counting again");
 
     for id in &ids {
         c.session.remove_probe(*id).unwrap();
@@ -182,6 +196,6 @@ fn disable_enable_and_remove_count_and_handler_probes_on_patch_and_jump() {
     stdin.write_all(b"go\n").unwrap();
     drop(stdin);
     assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
-    assert_eq!(counts(&mut c), vec![2 * n; 4], "phase 4: removed, no hit");
+    assert_eq!(counts(&mut c), vec![2 * n; 4], "phase 5: removed, no hit");
     assert_eq!(c.output(), native, "the program's output is unchanged");
 }
