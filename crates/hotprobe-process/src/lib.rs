@@ -1140,6 +1140,17 @@ impl ProcessTarget {
             _ => {}
         }
         // A signal-delivery stop.
+        if sig == libc::SIGTRAP
+            && !self.watching()
+            && sys::getsiginfo(pid).is_ok_and(|i| i.si_code == TRAP_HWBKPT)
+        {
+            // A hardware watchpoint's trap queued to the thread before its
+            // watchpoint was removed (unwatch while it ran): not the
+            // program's signal — dropped, as at detach.
+            let _ = watch::take_hits(pid);
+            self.park_or_continue(pid, stopping)?;
+            return Ok(None);
+        }
         if sig == libc::SIGTRAP {
             let hits = if self.watching() {
                 match watch::take_hits(pid) {
