@@ -225,6 +225,9 @@ pub fn kallsyms_cached() -> PathBuf {
         .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_secs());
     let path = workspace_root().join(format!(".cache/guest/kallsyms-{}-{stamp}.txt", meta.len()));
+    // One boot makes the cache, however many tests ask at once.
+    static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _making = MAKING.lock().unwrap_or_else(|e| e.into_inner());
     if !path.exists() {
         let g = Guest::boot("kallsyms");
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
@@ -290,7 +293,12 @@ impl Guest {
     /// Boots the guest and waits until the workload is READY.
     pub fn boot(tag: &str) -> Guest {
         let initrd = initramfs();
-        let dir = std::env::temp_dir().join(format!("hotprobe-guest-{tag}-{}", std::process::id()));
+        // Unique per boot: tests of one binary boot guests concurrently,
+        // with the same tag too.
+        static BOOTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = BOOTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("hotprobe-guest-{tag}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let gdb_socket = dir.join("gdb.sock");
