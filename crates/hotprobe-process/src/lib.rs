@@ -769,17 +769,18 @@ impl ProcessTarget {
         // A released process (running untraced) is taken back first: its
         // threads get their debug registers through ptrace, and a hit is
         // then a ptrace stop (release refuses while a watchpoint is set).
-        let mut running: Vec<i32> = Vec::new();
-        if self.released.is_some() {
+        // Threads stopped already stay so; every other one runs on after,
+        // threads created while stopping included.
+        let held: Vec<i32> = if self.released.is_some() {
             self.reacquire()?;
-            running = self.threads.keys().copied().collect();
-        }
-        running.extend(
+            Vec::new()
+        } else {
             self.threads
                 .iter()
-                .filter(|(_, t)| t.state == RunState::Running)
-                .map(|(tid, _)| *tid),
-        );
+                .filter(|(_, t)| t.state != RunState::Running)
+                .map(|(tid, _)| *tid)
+                .collect()
+        };
         if self.threads.values().any(|t| t.state == RunState::Running) {
             self.stop_all()?;
         }
@@ -804,14 +805,14 @@ impl ProcessTarget {
                 let _ = watch::apply(tid, &self.watches);
             }
         }
-        for tid in running {
-            if self
-                .threads
-                .get(&tid)
-                .is_some_and(|t| t.state == RunState::Parked)
-            {
-                self.resume(ThreadId(tid as u64), ResumeMode::Continue)?;
-            }
+        let parked: Vec<i32> = self
+            .threads
+            .iter()
+            .filter(|(tid, t)| t.state == RunState::Parked && !held.contains(tid))
+            .map(|(tid, _)| *tid)
+            .collect();
+        for tid in parked {
+            self.resume(ThreadId(tid as u64), ResumeMode::Continue)?;
         }
         result
     }
