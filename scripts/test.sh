@@ -14,4 +14,8 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
+# Every test binary runs under a time limit: a hang fails that binary
+# (SIGTERM, then SIGKILL; guests and tracees go with its process group)
+# and the other binaries still run, instead of the whole run stalling.
+export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="timeout --kill-after=20 ${HOTPROBE_TEST_BINARY_LIMIT:-900}"
 cargo test --workspace --locked --no-fail-fast
