@@ -5,42 +5,13 @@
 mod support;
 
 use hotprobe::{Probe, RunEnd, Session, SpawnOptions};
-use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::process::Command;
 
 const FUNCTIONS: usize = 3000;
 
 fn build() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("many");
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut src = String::from("#include <stdio.h>\nvolatile long sink;\n");
-    for i in 0..FUNCTIONS {
-        writeln!(
-            src,
-            "__attribute__((noinline)) long f{i}(long x) {{ sink += x; return x + {i}; }}"
-        )
-        .unwrap();
-    }
-    src.push_str("int main(void) {\n  long s = 0;\n");
-    for i in 0..FUNCTIONS {
-        // Function i is called (i % 3) + 1 times.
-        for _ in 0..(i % 3) + 1 {
-            writeln!(src, "  s += f{i}({i});").unwrap();
-        }
-    }
-    src.push_str("  printf(\"sum %ld\\n\", s);\n  return 0;\n}\n");
-    let c = dir.join("many.c");
-    std::fs::write(&c, src).unwrap();
-    let bin = dir.join("many");
-    let st = Command::new("gcc")
-        .args(["-O1", "-o"])
-        .arg(&bin)
-        .arg(&c)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    bin
+    // Function i is called (i % 3) + 1 times.
+    support::many_functions("many", FUNCTIONS, |i| i % 3 + 1)
 }
 
 #[test]

@@ -4,46 +4,19 @@
 //! has every probe working on the ptrace trap, counted exactly, and the
 //! ones past the table are counted and say so in their placement.
 
+mod support;
+
 use hotprobe::{Probe, RunEnd, Session, SpawnOptions};
-use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::process::Command;
 
 /// More functions than the table has slots (each takes two: its `int3`
 /// and its guard).
 const FUNCTIONS: usize = hotprobe_fastpath::TRAP_SLOTS / 2 + 1000;
 
 fn build() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("trap_table_limit");
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut src = String::from("#include <stdio.h>\nvolatile long sink;\n");
-    for i in 0..FUNCTIONS {
-        // The entry is `add %rdi, sink(%rip)` (7 bytes): guarded.
-        writeln!(
-            src,
-            "__attribute__((noinline)) long f{i}(long x) {{ sink += x; return x + {i}; }}"
-        )
-        .unwrap();
-    }
-    src.push_str("int main(void) {\n  long s = 0;\n");
-    for i in 0..FUNCTIONS {
-        // Function i is called (i % 2) + 1 times.
-        for _ in 0..(i % 2) + 1 {
-            writeln!(src, "  s += f{i}({i});").unwrap();
-        }
-    }
-    src.push_str("  printf(\"sum %ld\\n\", s);\n  return 0;\n}\n");
-    let c = dir.join("many.c");
-    std::fs::write(&c, src).unwrap();
-    let bin = dir.join("many");
-    let st = Command::new("gcc")
-        .args(["-O1", "-o"])
-        .arg(&bin)
-        .arg(&c)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    bin
+    // Function i is called (i % 2) + 1 times; each entry is
+    // `add %rdi, sink(%rip)` (7 bytes): guarded.
+    support::many_functions("trap_table_limit", FUNCTIONS, |i| i % 2 + 1)
 }
 
 #[test]

@@ -28,6 +28,32 @@ pub fn program(name: &str, flags: &[&str]) -> PathBuf {
     hotprobe_testkit::compile("gcc", &src, &out, &flags, &["-lpthread"])
 }
 
+/// A generated program of `n` functions `f0`…`f{n-1}` (`long fI(long x)`:
+/// adds `x` to a volatile global, returns `x + I`; its entry is a 7-byte
+/// `add %rdi, sink(%rip)`), `main` calling `fI(I)` `calls(I)` times and
+/// printing `sum S`; built with `gcc -O1` into the test's tmp dir `name`.
+pub fn many_functions(name: &str, n: usize, calls: fn(usize) -> usize) -> PathBuf {
+    use std::fmt::Write as _;
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let mut src = String::from("#include <stdio.h>\nvolatile long sink;\n");
+    for i in 0..n {
+        writeln!(
+            src,
+            "__attribute__((noinline)) long f{i}(long x) {{ sink += x; return x + {i}; }}"
+        )
+        .unwrap();
+    }
+    src.push_str("int main(void) {\n  long s = 0;\n");
+    for i in 0..n {
+        for _ in 0..calls(i) {
+            writeln!(src, "  s += f{i}({i});").unwrap();
+        }
+    }
+    src.push_str("  printf(\"sum %ld\\n\", s);\n  return 0;\n}\n");
+    let c = hotprobe_testkit::write_source(&dir, "many.c", &src);
+    hotprobe_testkit::compile("gcc", &c, &dir.join("many"), &["-O1"], &[])
+}
+
 /// A spawned tracee whose stdout goes to a file.
 pub struct Captured {
     pub session: Session,
