@@ -324,6 +324,26 @@ struct Slot {
 }
 
 impl Slot {
+    /// Binds fast-path counters `entry` (and `exit`, an exit placeholder's)
+    /// to session probe `id`: its counts are theirs (see
+    /// [`Session::stats_by_process`]).
+    fn bind_fast(&mut self, id: ProbeId, entry: u32, exit: Option<u32>) {
+        self.fast_probes
+            .entry(id)
+            .or_insert_with(|| FastProbe {
+                counters: Vec::new(),
+            })
+            .counters
+            .push((entry, exit));
+        for c in std::iter::once(entry).chain(exit) {
+            let c = c as usize;
+            if self.fast_ids.len() <= c {
+                self.fast_ids.resize(c + 1, None);
+            }
+            self.fast_ids[c] = Some(id);
+        }
+    }
+
     fn is_process(&self) -> bool {
         self.pid.is_some()
     }
@@ -1537,20 +1557,7 @@ impl Session {
             pt.resume_all()?;
         }
         let info = info?;
-        slot.fast_probes
-            .entry(id)
-            .or_insert_with(|| FastProbe {
-                counters: Vec::new(),
-            })
-            .counters
-            .push((info.probe_id, info.exit_probe_id));
-        for c in std::iter::once(info.probe_id).chain(info.exit_probe_id) {
-            let c = c as usize;
-            if slot.fast_ids.len() <= c {
-                slot.fast_ids.resize(c + 1, None);
-            }
-            slot.fast_ids[c] = Some(id);
-        }
+        slot.bind_fast(id, info.probe_id, info.exit_probe_id);
         let mechanism = from_fast(info.mechanism);
         Ok(Placement {
             id,

@@ -70,18 +70,7 @@ impl Session {
             Err(hotprobe_fastpath::FastPathError::Impossible { why, .. }) => return Ok(Err(why)),
             Err(e) => return Ok(Err(e.to_string())),
         };
-        slot.fast_probes
-            .entry(id)
-            .or_insert_with(|| FastProbe {
-                counters: Vec::new(),
-            })
-            .counters
-            .push((info.probe_id, None));
-        let c = info.probe_id as usize;
-        if slot.fast_ids.len() <= c {
-            slot.fast_ids.resize(c + 1, None);
-        }
-        slot.fast_ids[c] = Some(id);
+        slot.bind_fast(id, info.probe_id, None);
         slot.inproc.insert(id, (r.addr.0, false));
         Ok(Ok(Placement {
             id,
@@ -251,22 +240,8 @@ impl Session {
             return Ok(Err(probe));
         };
         fp.set_handler_wait(spin, timeout);
-        let id = slot.engine.new_id();
-        slot.fast_probes
-            .entry(id)
-            .or_insert_with(|| FastProbe {
-                counters: Vec::new(),
-            })
-            .counters
-            .push((info.probe_id, None));
-        let c = info.probe_id as usize;
-        if slot.fast_ids.len() <= c {
-            slot.fast_ids.resize(c + 1, None);
-        }
-        slot.fast_ids[c] = Some(id);
+        let id = slot.add_shm_handler(info.probe_id, probe);
         slot.inproc.insert(id, (r.addr.0, true));
-        slot.shm_handlers.insert(info.probe_id, (id, probe));
-        slot.shm_taken.entry(info.probe_id).or_insert(0);
         Ok(Ok(Placement {
             id,
             label,
@@ -335,20 +310,7 @@ impl Session {
             return Ok(Err(probe));
         };
         fp.set_handler_wait(spin, timeout);
-        let id = slot.engine.new_id();
-        slot.fast_probes
-            .entry(id)
-            .or_insert_with(|| FastProbe {
-                counters: Vec::new(),
-            })
-            .counters
-            .push((info.probe_id, None));
-        let c = info.probe_id as usize;
-        if slot.fast_ids.len() <= c {
-            slot.fast_ids.resize(c + 1, None);
-        }
-        slot.fast_ids[c] = Some(id);
-        slot.shm_handlers.insert(info.probe_id, (id, probe));
+        let id = slot.add_shm_handler(info.probe_id, probe);
         let mechanism = from_fast(info.mechanism);
         Ok(Ok(Placement {
             id,
@@ -487,5 +449,20 @@ impl Session {
         let x = slot.change_traps(|e| e.add_probe(addr, probe))?;
         slot.handed.insert(id, x);
         Ok(())
+    }
+}
+
+impl Slot {
+    /// A new session probe on fast-path counter `counter` whose handler
+    /// runs in the session through shared memory (a stub handler or an
+    /// in-process trap's): its hits are the calls taken or withdrawn
+    /// (`shm_taken`), not the agent's count, which includes a call still
+    /// waiting.
+    fn add_shm_handler(&mut self, counter: u32, probe: crate::Probe) -> ProbeId {
+        let id = self.engine.new_id();
+        self.bind_fast(id, counter, None);
+        self.shm_handlers.insert(counter, (id, probe));
+        self.shm_taken.entry(counter).or_insert(0);
+        id
     }
 }
