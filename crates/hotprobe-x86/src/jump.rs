@@ -195,11 +195,18 @@ pub fn plan_jump(function: &[u8], func_start: u64, site: u64) -> Result<JumpPlan
                 why,
             })
         };
+        // A `ret` or `jmp` may be the last instruction displaced when it
+        // ends at or past the jump's 5th byte: no byte after it is
+        // overwritten (it runs relocated, the jump back is never reached).
+        let last = covered + instr.len() >= JMP_REL32_LEN;
         match instr.flow_control() {
-            FlowControl::Return => return refuse("returns before 5 bytes"),
-            FlowControl::UnconditionalBranch | FlowControl::IndirectBranch => {
+            FlowControl::Return if !last => return refuse("returns before 5 bytes"),
+            FlowControl::UnconditionalBranch | FlowControl::IndirectBranch if !last => {
                 return refuse("jumps away before 5 bytes")
             }
+            FlowControl::Return
+            | FlowControl::UnconditionalBranch
+            | FlowControl::IndirectBranch => {}
             FlowControl::Call | FlowControl::IndirectCall => {
                 return refuse("is a call (its callee would return into the trampoline)")
             }
@@ -271,6 +278,30 @@ mod tests {
                 .starts_with("a jump lands inside the first 5 bytes at +2"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_ret_ending_at_the_fifth_byte_is_displaced_one_before_is_refused() {
+        // lea rax, [rdi+1] (4); ret (1): the ret ends at byte 5.
+        let f = [0x48, 0x8d, 0x47, 0x01, 0xc3];
+        let p = plan_jump(&f, 0x1000, 0x1000).unwrap();
+        assert_eq!(p.covered, 5);
+        let code = p.relocate(0x8000).unwrap();
+        let mut d = Decoder::with_ip(64, &code, 0x8000, DecoderOptions::NONE);
+        assert_eq!(d.decode().mnemonic(), Mnemonic::Lea);
+        assert_eq!(d.decode().flow_control(), FlowControl::Return);
+        // mov eax, edi (2); ret (1); nop x3: the ret ends at byte 3.
+        let f = [0x89, 0xf8, 0xc3, 0x90, 0x90, 0x90];
+        let e = plan_jump(&f, 0x1000, 0x1000).unwrap_err();
+        assert!(e.to_string().contains("returns before 5 bytes"), "{e}");
+        // xor eax, eax (2); jmp rel32 (5): the jmp ends past byte 5.
+        let f = [0x31, 0xc0, 0xe9, 0x00, 0x10, 0x00, 0x00];
+        let p = plan_jump(&f, 0x1000, 0x1000).unwrap();
+        assert_eq!(p.covered, 7);
+        let code = p.relocate(0x8000).unwrap();
+        let mut d = Decoder::with_ip(64, &code, 0x8000, DecoderOptions::NONE);
+        d.decode();
+        assert_eq!(d.decode().near_branch_target(), 0x1000 + 7 + 0x1000);
     }
 
     #[test]
