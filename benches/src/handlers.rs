@@ -6,7 +6,7 @@
 
 use crate::{build, loop_ns, median, pin};
 use anyhow::{bail, Context, Result};
-use hotprobe::{Probe, RunEnd, Session, SpawnOptions};
+use hotprobe::{Action, Probe, RunEnd, Session, SpawnOptions};
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,8 +16,10 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The Rust handler: a closure counting hits.
-fn rust(bin: &Path, n: u64) -> Result<f64> {
+/// The Rust handler: a closure counting hits, placed as the C and Python
+/// APIs place theirs (`Session::add` with `Action::Handler`: the cheapest
+/// mechanism), or on the ptrace trap (`Session::probe`).
+fn rust(bin: &Path, n: u64, ptrace: bool) -> Result<f64> {
     let out = std::env::temp_dir().join(format!("hotprobe-bench-h-{}", std::process::id()));
     let f = std::fs::File::create(&out)?;
     let mut s = Session::new();
@@ -32,7 +34,12 @@ fn rust(bin: &Path, n: u64) -> Result<f64> {
     )?;
     let hits = Rc::new(Cell::new(0u64));
     let h = hits.clone();
-    s.probe(t, "body", Probe::new().pre(move |_| h.set(h.get() + 1)))?;
+    let probe = Probe::new().pre(move |_| h.set(h.get() + 1));
+    if ptrace {
+        s.probe(t, "body", probe)?;
+    } else {
+        s.add(t, "body", Action::Handler(probe))?;
+    }
     s.start()?;
     if s.run()? != RunEnd::AllExited {
         bail!("run ended early");
@@ -137,7 +144,13 @@ pub fn run(cpu: Option<usize>, hits: u64, runs: usize) -> Result<()> {
         Ok(v)
     };
     let n = hits.to_string();
-    row("hotprobe, Rust handler (closure)", &mut || rust(&bin, hits))?;
+    row("hotprobe, Rust handler (closure)", &mut || {
+        rust(&bin, hits, false)
+    })?;
+    row(
+        "hotprobe, Rust handler on the ptrace trap (`Session::probe`)",
+        &mut || rust(&bin, hits, true),
+    )?;
     row("hotprobe, C handler (C API)", &mut || {
         let mut c = Command::new(&cdrv);
         c.arg("body").arg(&bin).arg(&n).arg("body");

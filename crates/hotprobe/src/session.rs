@@ -1003,7 +1003,11 @@ impl Session {
         Ok(v.remove(0))
     }
 
-    /// Put a probe with handlers on the instruction named by `spec`.
+    /// Put a probe with handlers on the instruction named by `spec`, on
+    /// the ptrace trap (a stop of the target per hit, the handlers run
+    /// with it stopped). [`Session::add`] with [`Action::Handler`] picks
+    /// the cheapest mechanism instead: a handler through shared memory at
+    /// a patch or jump site or an in-process trap, no ptrace stop.
     pub fn probe(&mut self, t: TargetId, spec: &str, probe: Probe) -> Result<ProbeId, EngineError> {
         let r = self.resolve_one(t, spec)?;
         self.probe_addr(t, r.addr, probe)
