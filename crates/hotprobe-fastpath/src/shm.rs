@@ -109,17 +109,20 @@ impl Drop for OwnedShm {
     }
 }
 
-/// TSC ticks per second, measured over 20 ms.
+/// TSC ticks per second, measured over 2 ms (it sizes the heartbeat
+/// timeout: a part in a thousand is plenty; every session start waits
+/// for it).
 fn tsc_per_sec() -> u64 {
     let t0 = Instant::now();
     let c0 = rdtsc();
-    std::thread::sleep(Duration::from_millis(20));
+    std::thread::sleep(Duration::from_millis(2));
     let c1 = rdtsc();
     let dt = t0.elapsed().as_secs_f64();
     ((c1 - c0) as f64 / dt) as u64
 }
 
-/// A thread writing the heartbeat every 100 ms until dropped.
+/// A thread writing the heartbeat every 100 ms until dropped (woken at
+/// once then: dropping does not wait out its nap).
 #[derive(Debug)]
 pub(crate) struct Heartbeat {
     stop: Arc<AtomicBool>,
@@ -133,7 +136,7 @@ impl Heartbeat {
         let thread = std::thread::spawn(move || {
             while !s.load(Ordering::Relaxed) {
                 shm.shm().header().heartbeat_tsc.store(rdtsc(), Relaxed);
-                std::thread::sleep(Duration::from_millis(100));
+                std::thread::park_timeout(Duration::from_millis(100));
             }
         });
         Heartbeat {
@@ -147,6 +150,7 @@ impl Drop for Heartbeat {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
+            t.thread().unpark();
             let _ = t.join();
         }
     }
