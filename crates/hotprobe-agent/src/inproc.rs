@@ -238,7 +238,10 @@ fn call_tracer(shm: &Shm, counter: u32, at: u64, gregs: &mut [libc::greg_t], fla
             break true;
         }
         n = n.wrapping_add(1);
-        if !n.is_multiple_of(64) {
+        // Spinning: the clock is read every 64 checks. Sleeping (no
+        // spin): at once — pauses would only hold the core the tracer's
+        // thread may be waiting for.
+        if spin != 0 && !n.is_multiple_of(64) {
             core::hint::spin_loop();
             continue;
         }
