@@ -393,10 +393,19 @@ impl Session {
                 let after = regs.fetched().copied().filter(|r| *r != call.regs);
                 fp.finish_handler_call(&call, after.as_ref());
             }
-            if stop || Instant::now() >= deadline {
+            let now = Instant::now();
+            if stop || now >= deadline {
                 return stop;
             }
-            fp.wait_handler_calls(seen, spin, deadline);
+            // Without a caller's timeout, a sleep never shorter than the
+            // kernel's tick (5 ms past the cycle's end at most): a shorter
+            // timed wait programs the timer each time, which costs a
+            // hand-over microseconds in a VM.
+            let until = match timeout {
+                None => deadline.max(now + Duration::from_millis(5)),
+                Some(_) => deadline,
+            };
+            fp.wait_handler_calls(seen, spin, until);
         }
     }
 }
