@@ -340,6 +340,10 @@ impl Thread {
     }
 }
 
+/// Breakpoint changes kept for [`ProcessTarget::take_breakpoint_changes`]
+/// before it says "too many" (a session without the agent never takes them).
+pub const MAX_BREAKPOINT_CHANGES: usize = 1 << 16;
+
 /// A Linux process under ptrace: the process implementation of [`Target`].
 #[derive(Debug)]
 pub struct ProcessTarget {
@@ -353,6 +357,10 @@ pub struct ProcessTarget {
     /// Forked children held stopped until the engine releases them.
     forked_children: Vec<i32>,
     breakpoints: HashMap<u64, u8>,
+    /// Addresses whose `int3` came or went since the last
+    /// [`ProcessTarget::take_breakpoint_changes`]; `None` after a
+    /// wholesale change (exec) or past [`MAX_BREAKPOINT_CHANGES`].
+    breakpoint_changes: Option<Vec<u64>>,
     scratch: Vec<ScratchRegion>,
     pending: VecDeque<TargetEvent>,
     exited: Option<ExitStatus>,
@@ -625,6 +633,7 @@ impl ProcessTarget {
             vfork_children: Vec::new(),
             forked_children: Vec::new(),
             breakpoints: HashMap::new(),
+            breakpoint_changes: Some(Vec::new()),
             scratch: Vec::new(),
             pending: VecDeque::new(),
             exited: None,
@@ -693,6 +702,34 @@ impl ProcessTarget {
         let mut v: Vec<(u64, u8)> = self.breakpoints.iter().map(|(a, b)| (*a, *b)).collect();
         v.sort_unstable();
         v
+    }
+
+    /// The original byte under this target's `int3` at `addr`, if it has
+    /// one there.
+    pub fn breakpoint_at(&self, addr: u64) -> Option<u8> {
+        self.breakpoints.get(&addr).copied()
+    }
+
+    /// The addresses whose `int3` was written or taken out since the last
+    /// call (each at most once, sorted; a caller looks at what is there
+    /// now with [`ProcessTarget::breakpoint_at`]), or `None` when too much
+    /// changed to say (an exec; more than [`MAX_BREAKPOINT_CHANGES`]
+    /// untaken): then look at [`ProcessTarget::breakpoints`].
+    pub fn take_breakpoint_changes(&mut self) -> Option<Vec<u64>> {
+        let mut v = self.breakpoint_changes.replace(Vec::new())?;
+        v.sort_unstable();
+        v.dedup();
+        Some(v)
+    }
+
+    fn breakpoint_changed(&mut self, addr: u64) {
+        if let Some(v) = &mut self.breakpoint_changes {
+            if v.len() >= MAX_BREAKPOINT_CHANGES {
+                self.breakpoint_changes = None;
+            } else {
+                v.push(addr);
+            }
+        }
     }
 
     /// The scratch memory this target mapped for out-of-line execution:
@@ -1093,6 +1130,7 @@ impl ProcessTarget {
                     t.unrewound_breakpoint = None;
                 }
                 self.breakpoints.clear();
+                self.breakpoint_changes = None;
                 self.rendezvous = None;
                 self.scratch.clear();
                 // The kernel drops a thread's debug registers at exec.
@@ -1282,6 +1320,7 @@ impl ProcessTarget {
                 target: self.describe(),
             })?;
         self.breakpoints.insert(addr.0, orig[0]);
+        self.breakpoint_changed(addr.0);
         Ok(())
     }
 
@@ -1294,6 +1333,7 @@ impl ProcessTarget {
                 why: "not inserted",
             });
         };
+        self.breakpoint_changed(addr.0);
         self.mem
             .write_at(&[orig], addr.0)
             .map_err(|_| TargetError::Memory {
@@ -1699,7 +1739,9 @@ impl Target for ProcessTarget {
     }
 
     fn forget_breakpoint(&mut self, addr: RuntimeAddr) {
-        self.breakpoints.remove(&addr.0);
+        if self.breakpoints.remove(&addr.0).is_some() {
+            self.breakpoint_changed(addr.0);
+        }
     }
 
     fn alloc_scratch(&mut self, near: RuntimeAddr, len: u64) -> Result<ScratchRegion, TargetError> {

@@ -157,6 +157,7 @@ impl ProcessTarget {
     /// the old image's state is forgotten.
     fn on_untraced_exec(&mut self) -> Result<(), TargetError> {
         self.breakpoints.clear();
+        self.breakpoint_changes = None;
         self.rendezvous = None;
         self.scratch.clear();
         self.syscall_insn = None;

@@ -498,37 +498,127 @@ impl Slot {
         let Some(table) = self.trap_table() else {
             return;
         };
+        let Some(pt) = Slot::process(&mut self.engine) else {
+            return;
+        };
+        match pt.take_breakpoint_changes() {
+            Some(changed) => self.publish_changes(&table, changed),
+            None => self.publish_all(&table),
+        }
+    }
+
+    /// [`Slot::publish_traps`] for the `int3`s written or taken out since
+    /// the last call only: a probe added costs the same with 10 or
+    /// 100,000 in (the whole set is walked only after an exec).
+    fn publish_changes(&mut self, table: &TrapTable, mut changed: Vec<u64>) {
+        let Some(pt) = Slot::process(&mut self.engine) else {
+            return;
+        };
+        let regions = pt.scratch_regions();
+        // Guards whose breakpoint went, and guards gone themselves.
+        for &a in &changed {
+            if pt.breakpoint_at(a).is_some() {
+                continue;
+            }
+            let g = a.wrapping_add(1);
+            if self.guards.get(&g) == Some(&a) {
+                self.guards.remove(&g);
+                if pt.breakpoint_at(g).is_some() && pt.remove_breakpoint(RuntimeAddr(g)).is_err() {
+                    // Its memory is gone (an unloaded library).
+                    pt.forget_breakpoint(RuntimeAddr(g));
+                }
+            }
+            self.guards.remove(&a);
+        }
+        // Guards for the new breakpoints (as `place_guards`).
+        let mut wanted = Vec::new();
+        for &a in &changed {
+            if pt.breakpoint_at(a).is_none()
+                || self.published.contains_key(&a)
+                || self.overflow.contains(&a)
+            {
+                continue;
+            }
+            let g = a.wrapping_add(1);
+            if self.guards.contains_key(&a)
+                || self.guards.get(&g) == Some(&a)
+                || pt.breakpoint_at(g).is_some()
+            {
+                continue;
+            }
+            if guard_fits(pt, &regions, a) {
+                wanted.push(a);
+            }
+        }
+        wanted.retain(|a| self.engine.execution_of(RuntimeAddr(*a)) != Some("stepped in place"));
+        let Some(pt) = Slot::process(&mut self.engine) else {
+            return;
+        };
+        for a in wanted {
+            let g = a.wrapping_add(1);
+            if pt.insert_breakpoint(RuntimeAddr(g)).is_ok() {
+                self.guards.insert(g, a);
+            }
+        }
+        match pt.take_breakpoint_changes() {
+            Some(more) => changed.extend(more),
+            None => return self.publish_all(table),
+        }
+        changed.sort_unstable();
+        changed.dedup();
+        let now: Vec<(u64, Option<u8>)> =
+            changed.iter().map(|a| (*a, pt.breakpoint_at(*a))).collect();
+        for (a, at) in now {
+            match at {
+                Some(b) => {
+                    let flags = trap_flags(&self.guards, &regions, a);
+                    self.publish_one(table, a, b, flags);
+                }
+                None => {
+                    self.overflow.remove(&a);
+                    if self.published.remove(&a).is_some() {
+                        table.unpublish(a);
+                    }
+                }
+            }
+        }
+        table.set_regions(&regions);
+    }
+
+    /// Publishes the `int3` at `a` (original byte `b`), or counts it past
+    /// the table.
+    fn publish_one(&mut self, table: &TrapTable, a: u64, b: u8, flags: u32) {
+        if self.published.get(&a) == Some(&b) || self.overflow.contains(&a) {
+            return;
+        }
+        if table.publish(a, b, flags) {
+            self.published.insert(a, b);
+        } else {
+            if self.overflow.is_empty() {
+                self.engine.notices.push(format!(
+                    "the agent's trap table is full ({} slots, guards included): \
+                     int3s placed past it work, but a hotprobe killed with SIGKILL \
+                     leaves them in",
+                    hotprobe_fastpath::TRAP_SLOTS
+                ));
+            }
+            self.overflow.insert(a);
+        }
+    }
+
+    /// [`Slot::publish_traps`] over every `int3` of the target.
+    fn publish_all(&mut self, table: &TrapTable) {
         self.place_guards();
         let Some(pt) = Slot::process(&mut self.engine) else {
             return;
         };
         let now = pt.breakpoints();
         let regions = pt.scratch_regions();
+        // What the walk below sees is all there is: no change is left to take.
+        let _ = pt.take_breakpoint_changes();
         for &(a, b) in &now {
-            // The only int3 in scratch memory is the return trampoline.
-            let flags = if self.guards.contains_key(&a) {
-                hotprobe_fastpath::TRAP_GUARD
-            } else if regions.iter().any(|(s, e)| a >= *s && a < *e) {
-                hotprobe_fastpath::TRAP_RETURN
-            } else {
-                0
-            };
-            if self.published.get(&a) == Some(&b) || self.overflow.contains(&a) {
-                continue;
-            }
-            if table.publish(a, b, flags) {
-                self.published.insert(a, b);
-            } else {
-                if self.overflow.is_empty() {
-                    self.engine.notices.push(format!(
-                        "the agent's trap table is full ({} slots, guards included): \
-                         int3s placed past it work, but a hotprobe killed with SIGKILL \
-                         leaves them in",
-                        hotprobe_fastpath::TRAP_SLOTS
-                    ));
-                }
-                self.overflow.insert(a);
-            }
+            let flags = trap_flags(&self.guards, &regions, a);
+            self.publish_one(table, a, b, flags);
         }
         self.overflow
             .retain(|a| now.binary_search_by_key(a, |(x, _)| *x).is_ok());
@@ -580,17 +670,7 @@ impl Slot {
             if self.guards.contains_key(&a) || guarded.contains(&a) || now.contains_key(&g) {
                 continue;
             }
-            let len = if regions.iter().any(|(s, e)| a >= *s && a < *e) {
-                // The trampoline: an int3 and NOPs nothing runs.
-                2
-            } else {
-                let mut code = [0u8; 15];
-                match pt.read_memory(RuntimeAddr(a), &mut code) {
-                    Ok(()) => hotprobe_x86::decode(&code, a).map_or(0, |i| i.len()),
-                    Err(_) => 0,
-                }
-            };
-            if len >= 2 {
+            if guard_fits(pt, &regions, a) {
                 wanted.push(a);
             }
         }
@@ -2725,5 +2805,31 @@ fn short(r: &ResolvedProbe) -> String {
         Some(f) if r.offset == 0 => f.clone(),
         Some(f) => format!("{f}+{:#x}", r.offset),
         None => format!("{:#x}", r.addr.0),
+    }
+}
+
+/// Whether the instruction under the breakpoint at `a` has room for a
+/// guard one byte in (2 bytes or more; the return trampoline's `int3` is
+/// followed by NOPs nothing runs).
+fn guard_fits(pt: &mut ProcessTarget, regions: &[(u64, u64)], a: u64) -> bool {
+    if regions.iter().any(|(s, e)| a >= *s && a < *e) {
+        return true;
+    }
+    let mut code = [0u8; 15];
+    match pt.read_memory(RuntimeAddr(a), &mut code) {
+        Ok(()) => hotprobe_x86::decode(&code, a).is_ok_and(|i| i.len() >= 2),
+        Err(_) => false,
+    }
+}
+
+/// The trap table's flags for the `int3` at `a`: a guard, the return
+/// trampoline (the only `int3` in scratch memory), or a probe's.
+fn trap_flags(guards: &HashMap<u64, u64>, regions: &[(u64, u64)], a: u64) -> u32 {
+    if guards.contains_key(&a) {
+        hotprobe_fastpath::TRAP_GUARD
+    } else if regions.iter().any(|(s, e)| a >= *s && a < *e) {
+        hotprobe_fastpath::TRAP_RETURN
+    } else {
+        0
     }
 }
