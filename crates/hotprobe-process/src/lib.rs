@@ -1334,6 +1334,13 @@ impl ProcessTarget {
             });
         };
         self.breakpoint_changed(addr.0);
+        // The original byte goes back only over our `int3`: a byte
+        // rewritten since (a patch or jump written over the site) would
+        // be torn by it.
+        let mut now = [0u8];
+        if self.mem.read_at(&mut now, addr.0).is_ok() && now[0] != INT3 {
+            return Ok(());
+        }
         self.mem
             .write_at(&[orig], addr.0)
             .map_err(|_| TargetError::Memory {
