@@ -552,6 +552,17 @@ pub(crate) fn gettid() -> u32 {
     syscall0(libc::SYS_gettid) as u32
 }
 
+/// The calling thread's id, from its entry when it has one (no system
+/// call: a `gettid` costs ≈ 170 ns in a VM, a quarter of a spinning
+/// handler call), else from the kernel. A forked child's entry gets the
+/// child's id in the fork handler; an exited thread's entry is gone.
+pub(crate) fn current_tid() -> u32 {
+    match find_thread(thread_pointer()).map(|e| e.tid.load(Relaxed)) {
+        Some(tid) if tid != 0 => tid,
+        _ => gettid(),
+    }
+}
+
 pub(crate) fn getpid() -> u32 {
     syscall0(libc::SYS_getpid) as u32
 }

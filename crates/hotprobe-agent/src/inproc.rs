@@ -197,7 +197,7 @@ fn futex(word: &core::sync::atomic::AtomicU32, op: i32, val: u32, timeout_ns: u6
 /// takes back the ones it returns (see the module docs).
 fn call_tracer(shm: &Shm, counter: u32, at: u64, gregs: &mut [libc::greg_t], flags: u32) {
     let ctl = shm.handler_ctl();
-    let tid = crate::hit::gettid();
+    let tid = crate::hit::current_tid();
     let Some(slot) = shm.handler_slot_for(tid) else {
         ctl.missed.fetch_add(1, Relaxed);
         shm.note_missed(counter);
