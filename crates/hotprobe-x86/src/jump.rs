@@ -300,7 +300,7 @@ mod tests {
         assert_eq!(p.covered, 7);
         let code = p.relocate(0x8000).unwrap();
         let mut d = Decoder::with_ip(64, &code, 0x8000, DecoderOptions::NONE);
-        d.decode();
+        assert_eq!(d.decode().mnemonic(), Mnemonic::Xor);
         assert_eq!(d.decode().near_branch_target(), 0x1000 + 7 + 0x1000);
     }
 
