@@ -550,16 +550,10 @@ impl Slot {
                 wanted.push(a);
             }
         }
-        wanted.retain(|a| self.engine.execution_of(RuntimeAddr(*a)) != Some("stepped in place"));
+        self.insert_guards(wanted);
         let Some(pt) = Slot::process(&mut self.engine) else {
             return;
         };
-        for a in wanted {
-            let g = a.wrapping_add(1);
-            if pt.insert_breakpoint(RuntimeAddr(g)).is_ok() {
-                self.guards.insert(g, a);
-            }
-        }
         match pt.take_breakpoint_changes() {
             Some(more) => changed.extend(more),
             None => return self.publish_all(table),
@@ -674,12 +668,17 @@ impl Slot {
                 wanted.push(a);
             }
         }
-        // An instruction stepped in place runs where it is: no guard.
-        wanted.retain(|a| self.engine.execution_of(RuntimeAddr(*a)) != Some("stepped in place"));
+        self.insert_guards(wanted);
+    }
+
+    /// Puts the guard `int3` one byte into each breakpoint of `sites`,
+    /// except an instruction stepped in place (it runs where it is).
+    fn insert_guards(&mut self, mut sites: Vec<u64>) {
+        sites.retain(|a| self.engine.execution_of(RuntimeAddr(*a)) != Some("stepped in place"));
         let Some(pt) = Slot::process(&mut self.engine) else {
             return;
         };
-        for a in wanted {
+        for a in sites {
             let g = a.wrapping_add(1);
             if pt.insert_breakpoint(RuntimeAddr(g)).is_ok() {
                 self.guards.insert(g, a);
