@@ -507,9 +507,18 @@ impl Slot {
         }
     }
 
-    /// [`Slot::publish_traps`] for the `int3`s written or taken out since
-    /// the last call only: a probe added costs the same with 10 or
-    /// 100,000 in (the whole set is walked only after an exec).
+    /// [`Slot::publish_traps`] for the `int3`s at `changed` (written or
+    /// taken out since the last call): a probe added costs the same with
+    /// 10 or 100,000 in (the whole set is walked only after an exec).
+    ///
+    /// Each new breakpoint whose instruction is 2 bytes or more (and the
+    /// return trampoline's NOPs) gets a guard `int3` one byte in; the
+    /// guards of breakpoints that went are taken out. Should we die while
+    /// a thread is stopped at a breakpoint, the kernel resumes it one byte
+    /// past the `int3`, without the signal: on the guard, which sends it to
+    /// the agent (see [`hotprobe_fastpath::TRAP_GUARD`]). No thread runs a
+    /// guard while we live (it is inside an instruction that never runs in
+    /// place: it runs out of line, or is emulated).
     fn publish_changes(&mut self, table: &TrapTable, mut changed: Vec<u64>) {
         let Some(pt) = Slot::process(&mut self.engine) else {
             return;
@@ -530,7 +539,7 @@ impl Slot {
             }
             self.guards.remove(&a);
         }
-        // Guards for the new breakpoints (as `place_guards`).
+        // Guards for the new breakpoints.
         let mut wanted = Vec::new();
         for &a in &changed {
             if pt.breakpoint_at(a).is_none()
@@ -554,10 +563,14 @@ impl Slot {
         let Some(pt) = Slot::process(&mut self.engine) else {
             return;
         };
-        match pt.take_breakpoint_changes() {
+        let more = pt.take_breakpoint_changes();
+        match more {
             Some(more) => changed.extend(more),
-            None => return self.publish_all(table),
+            None => changed.extend(self.every_known()),
         }
+        let Some(pt) = Slot::process(&mut self.engine) else {
+            return;
+        };
         changed.sort_unstable();
         changed.dedup();
         let now: Vec<(u64, Option<u8>)> =
@@ -600,75 +613,29 @@ impl Slot {
         }
     }
 
-    /// [`Slot::publish_traps`] over every `int3` of the target.
+    /// [`Slot::publish_traps`] over every `int3` of the target, and every
+    /// address published, past the table or guarded: what a change of any
+    /// of them needs, when the changes themselves are not known.
     fn publish_all(&mut self, table: &TrapTable) {
-        self.place_guards();
         let Some(pt) = Slot::process(&mut self.engine) else {
             return;
         };
-        let now = pt.breakpoints();
-        let regions = pt.scratch_regions();
-        // What the walk below sees is all there is: no change is left to take.
         let _ = pt.take_breakpoint_changes();
-        for &(a, b) in &now {
-            let flags = trap_flags(&self.guards, &regions, a);
-            self.publish_one(table, a, b, flags);
-        }
-        self.overflow
-            .retain(|a| now.binary_search_by_key(a, |(x, _)| *x).is_ok());
-        self.published.retain(|a, _| {
-            let keep = now.binary_search_by_key(a, |(x, _)| *x).is_ok();
-            if !keep {
-                table.unpublish(*a);
-            }
-            keep
-        });
-        table.set_regions(&regions);
+        let every = self.every_known();
+        self.publish_changes(table, every);
     }
 
-    /// Puts a guard `int3` one byte into every breakpoint's instruction of
-    /// 2 bytes or more (and into the return trampoline's NOPs), and takes
-    /// out the guards of breakpoints that are gone. Should we die while a
-    /// thread is stopped at a breakpoint, the kernel resumes it one byte
-    /// past the `int3`, without the signal: on the guard, which sends it to
-    /// the agent (see [`hotprobe_fastpath::TRAP_GUARD`]). No thread runs a
-    /// guard while we live (it is inside an instruction that never runs in
-    /// place: it runs out of line, or is emulated).
-    fn place_guards(&mut self) {
-        let Some(pt) = Slot::process(&mut self.engine) else {
-            return;
-        };
-        let now: HashMap<u64, u8> = pt.breakpoints().into_iter().collect();
-        let regions = pt.scratch_regions();
-        let stale: Vec<u64> = self
-            .guards
-            .iter()
-            .filter(|(g, site)| !now.contains_key(site) || !now.contains_key(g))
-            .map(|(g, _)| *g)
-            .collect();
-        for g in stale {
-            self.guards.remove(&g);
-            if now.contains_key(&g) && pt.remove_breakpoint(RuntimeAddr(g)).is_err() {
-                // Its memory is gone (an unloaded library).
-                pt.forget_breakpoint(RuntimeAddr(g));
-            }
-        }
-        let guarded: std::collections::HashSet<u64> = self.guards.values().copied().collect();
-        let mut wanted = Vec::new();
-        // Breakpoints not published yet: the ones new since the last call.
-        for &a in now
-            .keys()
-            .filter(|a| !self.published.contains_key(a) && !self.overflow.contains(a))
-        {
-            let g = a.wrapping_add(1);
-            if self.guards.contains_key(&a) || guarded.contains(&a) || now.contains_key(&g) {
-                continue;
-            }
-            if guard_fits(pt, &regions, a) {
-                wanted.push(a);
-            }
-        }
-        self.insert_guards(wanted);
+    /// Every address [`Slot::publish_changes`] may have to look at: the
+    /// target's `int3`s, the published ones, the ones past the table, the
+    /// guards and their sites.
+    fn every_known(&mut self) -> Vec<u64> {
+        let mut v: Vec<u64> = Slot::process(&mut self.engine)
+            .map(|pt| pt.breakpoints().into_iter().map(|(a, _)| a).collect())
+            .unwrap_or_default();
+        v.extend(self.published.keys());
+        v.extend(&self.overflow);
+        v.extend(self.guards.iter().flat_map(|(g, site)| [*g, *site]));
+        v
     }
 
     /// Puts the guard `int3` one byte into each breakpoint of `sites`,
