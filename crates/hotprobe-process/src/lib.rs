@@ -137,6 +137,22 @@ fn all_threads_wait(pid: i32) -> bool {
         })
 }
 
+/// Whether our parent `pid` waits for us: in `wait4`/`waitid` now, or
+/// within 200 ms (a shell that just forked us may not have reached its
+/// wait yet: we can run first).
+fn parent_waits(pid: i32) -> bool {
+    let deadline = Instant::now() + Duration::from_millis(200);
+    loop {
+        if all_threads_wait(pid) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// Refuses, before anything is done to it, a process hotprobe must not or
 /// cannot attach to: none with this pid, init, hotprobe itself, its parent
 /// waiting for it, a kernel thread, a zombie, a process another tracer
@@ -192,7 +208,7 @@ fn check_attachable(pid: i32) -> Result<(), ProcessError> {
         });
     }
     // SAFETY: getppid has no preconditions.
-    if pid == unsafe { libc::getppid() } && all_threads_wait(pid) {
+    if pid == unsafe { libc::getppid() } && parent_waits(pid) {
         return Err(ProcessError::IsWaitingParent { pid });
     }
     Ok(())
