@@ -187,7 +187,9 @@ fn payload_fixtures_of_every_format() {
 #[test]
 fn debian_kernel_image() {
     let Some(img) = common::debian_kernel() else {
-        eprintln!("SKIPPED debian_kernel_image: .cache/kernel/vmlinuz is missing");
+        eprintln!(
+            "SKIPPED LOUDLY debian_kernel_image: no .cache/kernel/vmlinuz (HOTPROBE_SKIP_GUEST=1)"
+        );
         return;
     };
     let bz = BzImage::parse(&img).unwrap();
