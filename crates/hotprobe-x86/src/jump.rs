@@ -210,6 +210,11 @@ pub fn plan_jump(function: &[u8], func_start: u64, site: u64) -> Result<JumpPlan
             FlowControl::Call | FlowControl::IndirectCall => {
                 return refuse("is a call (its callee would return into the trampoline)")
             }
+            FlowControl::Interrupt if instr.code() == Code::Int3 => {
+                return refuse(
+                    "is a breakpoint already (a kernel uprobe's, another debugger's, or padding)",
+                )
+            }
             FlowControl::Interrupt | FlowControl::Exception => {
                 return refuse("traps or faults on purpose")
             }

@@ -484,7 +484,11 @@ fn is_near64_branch(instr: &Instruction) -> bool {
 fn classify(instr: &Instruction) -> Result<Class, &'static str> {
     let code = instr.code();
     match code {
-        Code::Int3 => return Err("int3 is a breakpoint already (another debugger's, or padding)"),
+        Code::Int3 => {
+            return Err(
+                "int3 is a breakpoint already (a kernel uprobe's, another debugger's, or padding)",
+            )
+        }
         Code::Int1 => return Err("int1 (icebp) raises a debug trap"),
         Code::Int_imm8 => {
             return match instr.immediate8() {
