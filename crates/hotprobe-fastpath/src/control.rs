@@ -14,12 +14,35 @@
 //! Enabling writes the patched bytes back and restores the action bits.
 //! Removing restores the original bytes for good and forgets the sites;
 //! their stubs and trampolines stay mapped until detach.
+//!
+//! Another writer's bytes are never overwritten: taking hotprobe's bytes
+//! out puts the original back only where they are still hotprobe's, and a
+//! disabled site another writer changed since (a kernel uprobe's `int3`)
+//! stays disabled; both are reported by [`FastPath::take_foreign_writes`].
 
-use crate::{wait_pcs_outside, FastPath, FastPathError};
+use crate::{take_own_bytes_out, wait_pcs_outside, FastPath, FastPathError, ForeignWrite};
 use hotprobe_process::ProcessTarget;
 use hotprobe_target::{RuntimeAddr, Target};
 
 impl FastPath {
+    /// Takes hotprobe's bytes out of site `i` (see
+    /// [`take_own_bytes_out`]), noting another writer's change.
+    fn take_out(&mut self, t: &mut ProcessTarget, i: usize) -> Result<(), FastPathError> {
+        let s = &self.installed[i];
+        let mut live = vec![0u8; s.written.len()];
+        t.read_memory(RuntimeAddr(s.addr), &mut live)?;
+        let found = live.clone();
+        if take_own_bytes_out(&mut live, &s.written, &s.original) {
+            self.foreign.push(ForeignWrite {
+                addr: s.addr,
+                expected: s.written.clone(),
+                found,
+            });
+        }
+        t.write_memory(RuntimeAddr(s.addr), &live)?;
+        Ok(())
+    }
+
     /// Indices in `installed` of the sites of fast probe `probe_id` (its
     /// entry site and any exit placeholders); in-process traps (key 0)
     /// are not among them.
@@ -67,6 +90,21 @@ impl FastPath {
                     continue;
                 };
                 wait_pcs_outside(t, addr, len as u64)?;
+                let mut live = vec![0u8; len];
+                t.read_memory(RuntimeAddr(addr), &mut live)?;
+                if live != self.installed[i].original {
+                    // Another writer's bytes (a kernel uprobe's int3) are
+                    // there: rewriting them would break its probe, and its
+                    // removal would then break hotprobe's. The site stays
+                    // disabled.
+                    self.foreign.push(ForeignWrite {
+                        addr,
+                        expected: self.installed[i].original.clone(),
+                        found: live,
+                    });
+                    self.disabled.insert(addr, (patched, action));
+                    continue;
+                }
                 t.write_memory(RuntimeAddr(addr), &patched)?;
                 self.shm()
                     .set_site_action(key, action)
@@ -76,14 +114,12 @@ impl FastPath {
                     continue;
                 }
                 let action = self.shm().lookup_site(key).map_or(0, |(_, a)| a);
-                let mut patched = vec![0u8; len];
-                t.read_memory(RuntimeAddr(addr), &mut patched)?;
                 self.shm()
                     .set_site_action(key, 0)
                     .map_err(|e| FastPathError::Shm(e.to_string()))?;
                 wait_pcs_outside(t, addr, len as u64)?;
-                let original = self.installed[i].original.clone();
-                t.write_memory(RuntimeAddr(addr), &original)?;
+                self.take_out(t, i)?;
+                let patched = self.installed[i].written.clone();
                 self.disabled.insert(addr, (patched, action));
             }
             changed += 1;
@@ -116,8 +152,7 @@ impl FastPath {
             let _ = self.shm().set_site_action(key, 0);
             if self.disabled.remove(&addr).is_none() {
                 wait_pcs_outside(t, addr, len as u64)?;
-                let original = self.installed[i].original.clone();
-                t.write_memory(RuntimeAddr(addr), &original)?;
+                self.take_out(t, i)?;
             }
             self.handler_keys.remove(&key);
         }

@@ -41,7 +41,7 @@ use hotprobe_x86::iced_x86::{
 };
 use hotprobe_x86::{plan_probe, Emulation, Execution};
 
-use crate::{FastPath, FastPathError, Installed};
+use crate::{take_own_bytes_out, FastPath, FastPathError, ForeignWrite, Installed};
 
 /// What [`FastPath::add_inproc`] placed.
 #[derive(Clone, Debug)]
@@ -248,6 +248,7 @@ impl FastPath {
         self.installed.push(Installed {
             addr,
             original: orig.to_vec(),
+            written: vec![0xcc],
             key: 0,
         });
         Ok(InprocInfo {
@@ -275,7 +276,18 @@ impl FastPath {
             return Ok(false);
         };
         t.stop_all()?;
-        t.write_memory(RuntimeAddr(addr), &self.installed[i].original)?;
+        let s = &self.installed[i];
+        let mut live = [0u8];
+        t.read_memory(RuntimeAddr(addr), &mut live)?;
+        let found = live.to_vec();
+        if take_own_bytes_out(&mut live, &s.written, &s.original) {
+            self.foreign.push(ForeignWrite {
+                addr,
+                expected: s.written.clone(),
+                found,
+            });
+        }
+        t.write_memory(RuntimeAddr(addr), &live)?;
         self.set_inproc_enabled(addr, true, false);
         self.shm().quiet_inproc(addr);
         self.installed.remove(i);

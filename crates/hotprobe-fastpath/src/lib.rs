@@ -422,7 +422,43 @@ pub struct PendingFastPath {
 struct Installed {
     addr: u64,
     original: Vec<u8>,
+    /// What this fast path wrote there (`bytes` of `install`, or the
+    /// in-process trap's `int3`).
+    written: Vec<u8>,
     key: u64,
+}
+
+/// A probe site another writer changed while hotprobe's bytes were in it:
+/// a kernel uprobe (bpftrace, `perf probe`) placed on the same instruction
+/// writes its `int3` over the first byte, and puts the file's original
+/// byte back when it goes; a debugger's breakpoint does the same. When
+/// hotprobe takes its code out it puts the original back only where its
+/// own bytes still are, and reports the site (see `docs/DESIGN.md`, "Code
+/// shared with other tools").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForeignWrite {
+    /// The site's address.
+    pub addr: u64,
+    /// The bytes hotprobe left there.
+    pub expected: Vec<u8>,
+    /// The bytes found there.
+    pub found: Vec<u8>,
+}
+
+/// Takes hotprobe's bytes out of `live` (the site's bytes now): each byte
+/// still equal to the one hotprobe left (`expected`) becomes the
+/// `original` one; a byte another writer changed stays as it is. True if
+/// any byte was changed by another writer.
+fn take_own_bytes_out(live: &mut [u8], expected: &[u8], original: &[u8]) -> bool {
+    let mut foreign = false;
+    for ((b, e), o) in live.iter_mut().zip(expected).zip(original) {
+        if b == e {
+            *b = *o;
+        } else {
+            foreign = true;
+        }
+    }
+    foreign
 }
 
 /// Size of the first page pool mapped for stubs and trampolines; each
@@ -477,6 +513,9 @@ pub struct FastPath {
     /// Sites of disabled probes (see the `control` module): address →
     /// (the patched bytes taken out, the site's action bits).
     disabled: HashMap<u64, (Vec<u8>, u32)>,
+    /// Sites found changed by another writer when hotprobe took its bytes
+    /// out, not yet taken by [`FastPath::take_foreign_writes`].
+    foreign: Vec<ForeignWrite>,
 }
 
 impl FastPath {
@@ -650,6 +689,7 @@ impl FastPath {
             templates: stub::StubTemplates::default(),
             page_cache: None,
             disabled: HashMap::new(),
+            foreign: Vec::new(),
         })
     }
 
@@ -1257,6 +1297,7 @@ impl FastPath {
         self.installed.push(Installed {
             addr,
             original,
+            written: bytes.to_vec(),
             key,
         });
         Ok(())
@@ -1314,7 +1355,16 @@ impl FastPath {
             // the original instruction) but never strictly inside: the
             // patched bytes are one instruction, padded with int3 never run.
             wait_pcs_outside(t, s.addr, s.original.len() as u64)?;
-            restore.push((s.addr, s.original.clone()));
+            // A disabled site holds its original bytes already.
+            let expected = match self.disabled.contains_key(&s.addr) {
+                true => s.original.clone(),
+                false => s.written.clone(),
+            };
+            restore.push(Restore {
+                addr: s.addr,
+                expected,
+                original: s.original.clone(),
+            });
             if s.key == 0 {
                 // An in-process trap (`inproc`): its entry stays.
                 self.shm.shm().quiet_inproc(s.addr);
@@ -1326,12 +1376,21 @@ impl FastPath {
             .as_any_mut()
             .and_then(|a| a.downcast_mut::<ProcessTarget>())
             .map(|p| p.breakpoints().into_iter().map(|b| b.0).collect());
-        write_spans(t, restore, bps.as_ref())?;
+        let foreign = restore_spans(t, restore, bps.as_ref())?;
+        self.foreign.extend(foreign);
         self.installed.clear();
         self.removals += 1;
         self.heartbeat = None;
         self.detached = true;
         Ok(())
+    }
+
+    /// The sites found changed by another writer (a kernel uprobe, a
+    /// debugger) when hotprobe took its bytes out of them (detach, disable,
+    /// removal) since the last call; at those bytes the other writer's were
+    /// left in place.
+    pub fn take_foreign_writes(&mut self) -> Vec<ForeignWrite> {
+        std::mem::take(&mut self.foreign)
     }
 
     /// Every byte range this fast path wrote into the target's code
@@ -1542,6 +1601,73 @@ fn write_spans(
     Ok(())
 }
 
+/// A site to take hotprobe's bytes out of (see [`restore_spans`]).
+struct Restore {
+    addr: u64,
+    /// The bytes hotprobe left there.
+    expected: Vec<u8>,
+    original: Vec<u8>,
+}
+
+/// Takes hotprobe's bytes out of every site of `sites` (in their order for
+/// sites at one address), span by span as [`write_spans`] writes: each span
+/// is read, each site's bytes still hotprobe's get their original back
+/// ([`take_own_bytes_out`]), and the span is written. Returns the sites
+/// another writer changed.
+fn restore_spans(
+    t: &mut dyn Target,
+    mut sites: Vec<Restore>,
+    bps: Option<&std::collections::BTreeSet<u64>>,
+) -> Result<Vec<ForeignWrite>, FastPathError> {
+    let mut foreign = Vec::new();
+    let mut check = |s: &Restore, live: &mut [u8]| {
+        let found = live.to_vec();
+        if take_own_bytes_out(live, &s.expected, &s.original)
+            && !foreign.iter().any(|f: &ForeignWrite| f.addr == s.addr)
+        {
+            foreign.push(ForeignWrite {
+                addr: s.addr,
+                expected: s.expected.clone(),
+                found,
+            });
+        }
+    };
+    // Stable: sites at one address keep their order.
+    sites.sort_by_key(|s| s.addr);
+    let mut i = 0;
+    while i < sites.len() {
+        let start = sites[i].addr;
+        let mut end = start + sites[i].expected.len() as u64;
+        let mut j = i + 1;
+        while j < sites.len()
+            && sites[j].addr <= end + BATCH_GAP
+            && sites[j].addr + sites[j].expected.len() as u64 - start <= BATCH_SPAN
+        {
+            end = end.max(sites[j].addr + sites[j].expected.len() as u64);
+            j += 1;
+        }
+        let group = &sites[i..j];
+        if group.len() == 1 || bps.is_none_or(|b| b.range(start..end).next().is_some()) {
+            for s in group {
+                let mut live = vec![0u8; s.expected.len()];
+                t.read_memory(RuntimeAddr(s.addr), &mut live)?;
+                check(s, &mut live);
+                t.write_memory(RuntimeAddr(s.addr), &live)?;
+            }
+        } else {
+            let mut buf = vec![0u8; (end - start) as usize];
+            t.read_memory(RuntimeAddr(start), &mut buf)?;
+            for s in group {
+                let o = (s.addr - start) as usize;
+                check(s, &mut buf[o..o + s.expected.len()]);
+            }
+            t.write_memory(RuntimeAddr(start), &buf)?;
+        }
+        i = j;
+    }
+    Ok(foreign)
+}
+
 fn wait_pcs_outside(t: &mut dyn Target, addr: u64, len: u64) -> Result<(), FastPathError> {
     for _ in 0..200 {
         let mut inside = false;
@@ -1559,4 +1685,30 @@ fn wait_pcs_outside(t: &mut dyn Target, addr: u64, len: u64) -> Result<(), FastP
         t.stop_all()?;
     }
     Err(FastPathError::Busy { addr })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::take_own_bytes_out;
+
+    #[test]
+    fn only_hotprobes_own_bytes_are_taken_out() {
+        let original = [0x48, 0x85, 0xff, 0x7e, 0x23, 0x31];
+        let jump = [0xe9, 0x2b, 0xde, 0xfe, 0xff, 0xcc];
+        // Untouched: the original comes back whole.
+        let mut live = jump;
+        assert!(!take_own_bytes_out(&mut live, &jump, &original));
+        assert_eq!(live, original);
+        // A uprobe's int3 over the first byte stays, over the original
+        // instructions (the kernel runs the first one out of line).
+        let mut live = jump;
+        live[0] = 0xcc;
+        assert!(take_own_bytes_out(&mut live, &jump, &original));
+        assert_eq!(live, [0xcc, 0x85, 0xff, 0x7e, 0x23, 0x31]);
+        // A uprobe gone put the file's byte back: the original, whole.
+        let mut live = jump;
+        live[0] = 0x48;
+        assert!(take_own_bytes_out(&mut live, &jump, &original));
+        assert_eq!(live, original);
+    }
 }

@@ -15,6 +15,7 @@ mod remote;
 pub mod remote_call;
 mod rendezvous;
 pub mod sys;
+mod uprobes;
 mod wake;
 mod watch;
 
@@ -33,6 +34,7 @@ use std::time::{Duration, Instant};
 use sys::SysError;
 
 pub use maps::{find_free_gap, parse_maps_lines, MapLine};
+pub use uprobes::{kernel_uprobes, parse_uprobe_events, KernelUprobe, UprobeOwner};
 pub use watch::{dr7, HwWatch, WatchKind, WATCH_SLOTS};
 
 /// How a spawned child's standard streams are set up (inherited where `None`).

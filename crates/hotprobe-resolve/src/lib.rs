@@ -99,6 +99,13 @@ pub trait Resolver {
             reason: "this target has no data symbols".into(),
         })
     }
+
+    /// The file of the module mapped at `addr`, as last read (`None` if
+    /// unknown, or the target has no files).
+    fn module_path_at(&self, addr: RuntimeAddr) -> Option<std::path::PathBuf> {
+        let _ = addr;
+        None
+    }
 }
 
 /// Options of [`check_probe_point`] (and [`Resolver::check_with`]).
@@ -302,6 +309,10 @@ impl Resolver for ProcessResolver {
 
     fn symbolizer(&self) -> Box<dyn Symbolizer> {
         Box::new(ArcSymbolizer(self.symbols.clone()))
+    }
+
+    fn module_path_at(&self, addr: RuntimeAddr) -> Option<std::path::PathBuf> {
+        self.symbols.module_at(addr).map(|m| m.path.clone())
     }
 
     fn resolve_data(

@@ -324,6 +324,40 @@ struct Slot {
 }
 
 impl Slot {
+    /// Turns the fast path's sites another writer changed (see
+    /// [`hotprobe_fastpath::ForeignWrite`]) into notices naming them.
+    pub(crate) fn note_foreign_writes(&mut self) {
+        let Fast::On(fp) = &mut self.fast else {
+            return;
+        };
+        let found = fp.take_foreign_writes();
+        if found.is_empty() {
+            return;
+        }
+        let symbolizer = self.resolver.as_ref().map(|r| r.symbolizer());
+        let hex = |b: &[u8]| {
+            b.iter()
+                .map(|x| format!("{x:02x}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        for f in found {
+            let name = symbolizer
+                .as_ref()
+                .and_then(|s| s.symbolize(RuntimeAddr(f.addr)))
+                .map_or(String::new(), |n| format!("{n} "));
+            self.engine.notices.push(format!(
+                "the probe site {name}at {:#x} was changed by another writer while hotprobe's \
+                 code was in it (hotprobe left {}, found {}): a kernel uprobe (bpftrace, perf \
+                 probe) or a debugger's breakpoint on the same instruction, which can crash the \
+                 program or take its hits; only hotprobe's own bytes were put back",
+                f.addr,
+                hex(&f.expected),
+                hex(&f.found)
+            ));
+        }
+    }
+
     /// Binds fast-path counters `entry` (and `exit`, an exit placeholder's)
     /// to session probe `id`: its counts are theirs (see
     /// [`Session::stats_by_process`]).
@@ -465,9 +499,12 @@ impl Slot {
                 break;
             }
         }
-        if started {
-            pt.resume_all()?;
-        }
+        let resumed = match started {
+            true => pt.resume_all(),
+            false => Ok(()),
+        };
+        self.note_foreign_writes();
+        resumed?;
         Ok(r?)
     }
 
@@ -2485,7 +2522,20 @@ impl Session {
                     fp.forget();
                 }
             }
-            TargetEvent::Exited(_) => {
+            TargetEvent::Exited(status) => {
+                // SIGILL, SIGTRAP, SIGBUS, SIGSEGV (x86-64 Linux).
+                let crashed = matches!(status, ExitStatus::Signal(4 | 5 | 7 | 11));
+                let written: Vec<u64> = match &slot.fast {
+                    Fast::On(fp) if crashed => {
+                        fp.written_bytes().into_iter().map(|(a, _)| a).collect()
+                    }
+                    _ => Vec::new(),
+                };
+                if !written.is_empty() {
+                    if let Some(n) = uprobes_on_rewritten_files(slot, &written, status) {
+                        slot.engine.notices.push(n);
+                    }
+                }
                 if let Fast::On(fp) = &mut slot.fast {
                     fp.forget();
                 }
@@ -2576,6 +2626,7 @@ impl Session {
                 if let Err(e) = fp.detach(s.engine.target()) {
                     first_err.get_or_insert(EngineError::from(e));
                 }
+                s.note_foreign_writes();
             }
             if !s.inherited.is_empty() {
                 // A followed child still running: its parent's fast-path
@@ -2622,6 +2673,61 @@ impl Session {
         v.sort_by_key(|b| b.start);
         Ok(v)
     }
+}
+
+/// When a process hotprobe rewrote code in died of a crash signal: the
+/// kernel uprobes registered on the files it rewrote, as a notice (a
+/// uprobe placed over hotprobe's code crashes the program; see
+/// docs/DESIGN.md, "Code shared with other tools"). `None` if there is
+/// none (or none visible).
+fn uprobes_on_rewritten_files(slot: &Slot, written: &[u64], status: &ExitStatus) -> Option<String> {
+    let resolver = slot.resolver.as_ref()?;
+    let canonical = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.into());
+    let mut files = std::collections::BTreeSet::new();
+    let mut page = None;
+    for a in written {
+        // Sites come in address order, many to a page: one lookup a page.
+        if page.replace(a >> 12) == Some(a >> 12) {
+            continue;
+        }
+        if let Some(p) = resolver.module_path_at(RuntimeAddr(*a)) {
+            files.insert(canonical(&p));
+        }
+    }
+    let mut on: std::collections::BTreeMap<
+        std::path::PathBuf,
+        (usize, std::collections::BTreeSet<String>),
+    > = Default::default();
+    for u in hotprobe_process::kernel_uprobes() {
+        let path = canonical(&u.path);
+        if !files.contains(&path) {
+            continue;
+        }
+        let e = on.entry(path).or_default();
+        e.0 += 1;
+        e.1.insert(match u.owner {
+            Some(o) => format!("{} (pid {})", o.comm, o.pid),
+            None => "tracefs uprobe_events".into(),
+        });
+    }
+    if on.is_empty() {
+        return None;
+    }
+    let list: Vec<String> = on
+        .iter()
+        .map(|(p, (n, by))| {
+            let by: Vec<&str> = by.iter().map(|s| s.as_str()).collect();
+            format!("{} ({n}, held by {})", p.display(), by.join(", "))
+        })
+        .collect();
+    let who = slot.pid.map_or("the target".into(), |p| format!("pid {p}"));
+    Some(format!(
+        "{who} was {status} with hotprobe's code in it, while kernel uprobes were registered \
+         on files hotprobe rewrote: {}; a kernel uprobe placed on an instruction hotprobe \
+         rewrote makes the program crash (docs/DESIGN.md, \"Code shared with other tools\"): \
+         probe those functions with one tool at a time",
+        list.join("; ")
+    ))
 }
 
 /// Collects a ring pass's events (to merge them with trap events);

@@ -438,9 +438,12 @@ impl Session {
         let Slot { engine, fast, .. } = &mut *slot;
         if let (Fast::On(fp), Some(pt)) = (fast, Slot::process(engine)) {
             let r = fp.remove_inproc(pt, addr.0);
-            if started {
-                pt.resume_all()?;
-            }
+            let resumed = match started {
+                true => pt.resume_all(),
+                false => Ok(()),
+            };
+            slot.note_foreign_writes();
+            resumed?;
             r?;
         }
         slot.inproc.remove(&id);
