@@ -1357,13 +1357,13 @@ impl FastPath {
             wait_pcs_outside(t, s.addr, s.original.len() as u64)?;
             // A disabled site holds its original bytes already.
             let expected = match self.disabled.contains_key(&s.addr) {
-                true => s.original.clone(),
-                false => s.written.clone(),
+                true => &s.original,
+                false => &s.written,
             };
             restore.push(Restore {
                 addr: s.addr,
                 expected,
-                original: s.original.clone(),
+                original: &s.original,
             });
             if s.key == 0 {
                 // An in-process trap (`inproc`): its entry stays.
@@ -1602,11 +1602,11 @@ fn write_spans(
 }
 
 /// A site to take hotprobe's bytes out of (see [`restore_spans`]).
-struct Restore {
+struct Restore<'a> {
     addr: u64,
     /// The bytes hotprobe left there.
-    expected: Vec<u8>,
-    original: Vec<u8>,
+    expected: &'a [u8],
+    original: &'a [u8],
 }
 
 /// Takes hotprobe's bytes out of every site of `sites` (in their order for
@@ -1616,20 +1616,21 @@ struct Restore {
 /// another writer changed.
 fn restore_spans(
     t: &mut dyn Target,
-    mut sites: Vec<Restore>,
+    mut sites: Vec<Restore<'_>>,
     bps: Option<&std::collections::BTreeSet<u64>>,
 ) -> Result<Vec<ForeignWrite>, FastPathError> {
     let mut foreign = Vec::new();
-    let mut check = |s: &Restore, live: &mut [u8]| {
-        let found = live.to_vec();
-        if take_own_bytes_out(live, &s.expected, &s.original)
-            && !foreign.iter().any(|f: &ForeignWrite| f.addr == s.addr)
-        {
-            foreign.push(ForeignWrite {
-                addr: s.addr,
-                expected: s.expected.clone(),
-                found,
-            });
+    let mut check = |s: &Restore<'_>, live: &mut [u8]| {
+        let found = (live != s.expected).then(|| live.to_vec());
+        take_own_bytes_out(live, s.expected, s.original);
+        if let Some(found) = found {
+            if !foreign.iter().any(|f: &ForeignWrite| f.addr == s.addr) {
+                foreign.push(ForeignWrite {
+                    addr: s.addr,
+                    expected: s.expected.to_vec(),
+                    found,
+                });
+            }
         }
     };
     // Stable: sites at one address keep their order.
