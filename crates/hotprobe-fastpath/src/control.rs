@@ -15,12 +15,15 @@
 //! Removing restores the original bytes for good and forgets the sites;
 //! their stubs and trampolines stay mapped until detach.
 //!
-//! Another writer's bytes are never overwritten: taking hotprobe's bytes
-//! out puts the original back only where they are still hotprobe's, and a
-//! disabled site another writer changed since (a kernel uprobe's `int3`)
-//! stays disabled; both are reported by [`FastPath::take_foreign_writes`].
+//! Taking hotprobe's bytes out reads the site first: another writer's
+//! change (a kernel uprobe's `int3`) is dealt with as `detach` does
+//! (`take_own_bytes_out`), and a disabled site another writer changed
+//! since stays disabled; both are reported by
+//! [`FastPath::take_foreign_writes`].
 
-use crate::{take_own_bytes_out, wait_pcs_outside, FastPath, FastPathError, ForeignWrite};
+use crate::{
+    take_own_bytes_out, wait_pcs_outside, FastPath, FastPathError, ForeignOutcome, ForeignWrite,
+};
 use hotprobe_process::ProcessTarget;
 use hotprobe_target::{RuntimeAddr, Target};
 
@@ -32,11 +35,12 @@ impl FastPath {
         let mut live = vec![0u8; s.written.len()];
         t.read_memory(RuntimeAddr(s.addr), &mut live)?;
         let found = live.clone();
-        if take_own_bytes_out(&mut live, &s.written, &s.original) {
+        if let Some(outcome) = take_own_bytes_out(&mut live, &s.written, &s.original) {
             self.foreign.push(ForeignWrite {
                 addr: s.addr,
                 expected: s.written.clone(),
                 found,
+                outcome,
             });
         }
         t.write_memory(RuntimeAddr(s.addr), &live)?;
@@ -101,6 +105,7 @@ impl FastPath {
                         addr,
                         expected: self.installed[i].original.clone(),
                         found: live,
+                        outcome: ForeignOutcome::LeftDisabled,
                     });
                     self.disabled.insert(addr, (patched, action));
                     continue;

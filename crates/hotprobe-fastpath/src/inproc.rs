@@ -280,11 +280,12 @@ impl FastPath {
         let mut live = [0u8];
         t.read_memory(RuntimeAddr(addr), &mut live)?;
         let found = live.to_vec();
-        if take_own_bytes_out(&mut live, &s.written, &s.original) {
+        if let Some(outcome) = take_own_bytes_out(&mut live, &s.written, &s.original) {
             self.foreign.push(ForeignWrite {
                 addr,
                 expected: s.written.clone(),
                 found,
+                outcome,
             });
         }
         t.write_memory(RuntimeAddr(addr), &live)?;

@@ -15,7 +15,8 @@
 //! [`PendingFastPath::attach`] once the process is at its entry point, or
 //! [`FastPath::inject`] for a running process (remote `dlopen`); then
 //! [`FastPath::add`] per function, [`FastPath::counts`]/[`FastPath::drain`],
-//! and [`FastPath::detach`], which restores every byte it wrote.
+//! and [`FastPath::detach`], which takes out every byte it wrote (where
+//! another writer changed a site since, see [`ForeignWrite`]).
 //!
 //! What stays behind after detach (documented, deliberate): the agent
 //! library, its near page, the shared memory mapping and the tracer's
@@ -428,13 +429,12 @@ struct Installed {
     key: u64,
 }
 
-/// A probe site another writer changed while hotprobe's bytes were in it:
-/// a kernel uprobe (bpftrace, `perf probe`) placed on the same instruction
-/// writes its `int3` over the first byte, and puts the file's original
-/// byte back when it goes; a debugger's breakpoint does the same. When
-/// hotprobe takes its code out it puts the original back only where its
-/// own bytes still are, and reports the site (see `docs/DESIGN.md`, "Code
-/// shared with other tools").
+/// A probe site another writer changed while hotprobe's bytes were in it.
+/// A kernel uprobe (bpftrace, `perf probe`) placed on the same instruction
+/// writes its `int3` over the first byte, and puts the file's byte back
+/// when it goes if its `int3` is still there. When hotprobe takes its code
+/// out it recognises those two cases; anything else it leaves as found
+/// (see `docs/DESIGN.md`, "Code shared with other tools").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ForeignWrite {
     /// The site's address.
@@ -443,22 +443,59 @@ pub struct ForeignWrite {
     pub expected: Vec<u8>,
     /// The bytes found there.
     pub found: Vec<u8>,
+    /// What hotprobe did about it.
+    pub outcome: ForeignOutcome,
 }
 
-/// Takes hotprobe's bytes out of `live` (the site's bytes now): each byte
-/// still equal to the one hotprobe left (`expected`) becomes the
-/// `original` one; a byte another writer changed stays as it is. True if
-/// any byte was changed by another writer.
-fn take_own_bytes_out(live: &mut [u8], expected: &[u8], original: &[u8]) -> bool {
-    let mut foreign = false;
-    for ((b, e), o) in live.iter_mut().zip(expected).zip(original) {
-        if b == e {
-            *b = *o;
-        } else {
-            foreign = true;
+/// What hotprobe did at a site another writer changed ([`ForeignWrite`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForeignOutcome {
+    /// An `int3` over the first byte, the rest hotprobe's: the `int3` was
+    /// kept, over the original instructions (the uprobe works on).
+    Int3Kept,
+    /// The first byte back to the original, the rest hotprobe's (a uprobe
+    /// that came and went): the original was put back whole.
+    Restored,
+    /// Bytes hotprobe cannot account for: the site was left as found.
+    LeftAsFound,
+    /// A disabled probe's site changed since the disable: it was not
+    /// enabled again (writing over the other writer's bytes would break
+    /// its probe, and its removal would then break hotprobe's).
+    LeftDisabled,
+}
+
+/// Whether `bytes` decode as NOP instructions to their end.
+fn all_nops(bytes: &[u8]) -> bool {
+    use hotprobe_x86::iced_x86::{Decoder, DecoderOptions, Mnemonic};
+    let mut d = Decoder::new(64, bytes, DecoderOptions::NONE);
+    while d.can_decode() {
+        if d.decode().mnemonic() != Mnemonic::Nop {
+            return false;
         }
     }
-    foreign
+    !bytes.is_empty()
+}
+
+/// Takes hotprobe's bytes out of `live` (a site's bytes now), where
+/// hotprobe wrote `expected` over `original`. Decided per site, never per
+/// byte (another writer's code merged with the original would be neither):
+/// hotprobe's bytes untouched give the original (`None`); the two changes
+/// a kernel uprobe makes are recognised; anything else is left as found.
+fn take_own_bytes_out(live: &mut [u8], expected: &[u8], original: &[u8]) -> Option<ForeignOutcome> {
+    if live == expected {
+        live.copy_from_slice(original);
+        return None;
+    }
+    let rest_ours = !live.is_empty() && live[1..] == expected[1..];
+    if rest_ours && live[0] == 0xcc {
+        live[1..].copy_from_slice(&original[1..]);
+        return Some(ForeignOutcome::Int3Kept);
+    }
+    if rest_ours && live[0] == original[0] {
+        live.copy_from_slice(original);
+        return Some(ForeignOutcome::Restored);
+    }
+    Some(ForeignOutcome::LeftAsFound)
 }
 
 /// Size of the first page pool mapped for stubs and trampolines; each
@@ -925,9 +962,29 @@ impl FastPath {
                 "no probe id left: raise max_probes".into(),
             ));
         }
+        let site = plan.site.wrapping_add(bias);
+        if matches!(plan.mechanism, Mechanism::Patch(_)) {
+            // Planned from the file: the placeholder in memory must still
+            // be NOPs (a kernel uprobe's int3 or call goes over it).
+            let mut live = vec![0u8; plan.len];
+            self.read_original(t, site, &mut live)?;
+            if !all_nops(&live) {
+                return Err(FastPathError::Impossible {
+                    function: function.to_string(),
+                    mechanism: "patch",
+                    why: format!(
+                        "its placeholder is no NOP in memory ({}): a breakpoint already (a kernel \
+                         uprobe's, another debugger's)",
+                        live.iter()
+                            .map(|b| format!("{b:02x}"))
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    ),
+                });
+            }
+        }
         self.next_probe += 1;
         let bits = action.bits();
-        let site = plan.site.wrapping_add(bias);
         t.stop_all()?;
         match plan.mechanism {
             Mechanism::Patch(kind) => {
@@ -1330,7 +1387,9 @@ impl FastPath {
         Ok(())
     }
 
-    /// Restores every byte written, disables every site, stops the
+    /// Takes out every byte written (the original back, or what
+    /// [`ForeignOutcome`] says where another writer changed a site; see
+    /// [`FastPath::take_foreign_writes`]), disables every site, stops the
     /// heartbeat. The threads are stopped for the restore and left stopped
     /// (resume or detach the target afterwards). Trampoline pages and the
     /// agent stay mapped (see the crate docs).
@@ -1355,16 +1414,15 @@ impl FastPath {
             // the original instruction) but never strictly inside: the
             // patched bytes are one instruction, padded with int3 never run.
             wait_pcs_outside(t, s.addr, s.original.len() as u64)?;
-            // A disabled site holds its original bytes already.
-            let expected = match self.disabled.contains_key(&s.addr) {
-                true => &s.original,
-                false => &s.written,
-            };
-            restore.push(Restore {
-                addr: s.addr,
-                expected,
-                original: &s.original,
-            });
+            // A disabled site holds its original bytes already: nothing
+            // of hotprobe's to take out.
+            if !self.disabled.contains_key(&s.addr) {
+                restore.push(Restore {
+                    addr: s.addr,
+                    expected: &s.written,
+                    original: &s.original,
+                });
+            }
             if s.key == 0 {
                 // An in-process trap (`inproc`): its entry stays.
                 self.shm.shm().quiet_inproc(s.addr);
@@ -1376,8 +1434,12 @@ impl FastPath {
             .as_any_mut()
             .and_then(|a| a.downcast_mut::<ProcessTarget>())
             .map(|p| p.breakpoints().into_iter().map(|b| b.0).collect());
-        let foreign = restore_spans(t, restore, bps.as_ref())?;
+        let mut foreign = Vec::new();
+        let restored = restore_spans(t, restore, bps.as_ref(), &mut foreign);
+        // What was found before a failure is reported all the same.
         self.foreign.extend(foreign);
+        restored?;
+        self.disabled.clear();
         self.installed.clear();
         self.removals += 1;
         self.heartbeat = None;
@@ -1432,6 +1494,7 @@ impl FastPath {
             let _ = self.shm.shm().set_site_action(s.key, 0);
         }
         self.installed.clear();
+        self.disabled.clear();
         self.removals += 1;
         self.heartbeat = None;
         self.detached = true;
@@ -1442,6 +1505,8 @@ impl FastPath {
     pub fn forget_range(&mut self, start: u64, end: u64) {
         let shm = self.shm.clone();
         self.removals += 1;
+        // A library mapped there again is probed afresh, enabled.
+        self.disabled.retain(|a, _| *a < start || *a >= end);
         self.installed.retain(|s| {
             let inside = s.addr >= start && s.addr < end;
             if inside {
@@ -1612,23 +1677,25 @@ struct Restore<'a> {
 /// Takes hotprobe's bytes out of every site of `sites` (in their order for
 /// sites at one address), span by span as [`write_spans`] writes: each span
 /// is read, each site's bytes still hotprobe's get their original back
-/// ([`take_own_bytes_out`]), and the span is written. Returns the sites
-/// another writer changed.
+/// ([`take_own_bytes_out`]), and the span is written. The sites another
+/// writer changed go to `foreign`.
 fn restore_spans(
     t: &mut dyn Target,
     mut sites: Vec<Restore<'_>>,
     bps: Option<&std::collections::BTreeSet<u64>>,
-) -> Result<Vec<ForeignWrite>, FastPathError> {
-    let mut foreign = Vec::new();
+    foreign: &mut Vec<ForeignWrite>,
+) -> Result<(), FastPathError> {
     let mut check = |s: &Restore<'_>, live: &mut [u8]| {
         let found = (live != s.expected).then(|| live.to_vec());
-        take_own_bytes_out(live, s.expected, s.original);
-        if let Some(found) = found {
+        if let (Some(outcome), Some(found)) =
+            (take_own_bytes_out(live, s.expected, s.original), found)
+        {
             if !foreign.iter().any(|f: &ForeignWrite| f.addr == s.addr) {
                 foreign.push(ForeignWrite {
                     addr: s.addr,
                     expected: s.expected.to_vec(),
                     found,
+                    outcome,
                 });
             }
         }
@@ -1666,7 +1733,7 @@ fn restore_spans(
         }
         i = j;
     }
-    Ok(foreign)
+    Ok(())
 }
 
 fn wait_pcs_outside(t: &mut dyn Target, addr: u64, len: u64) -> Result<(), FastPathError> {
@@ -1690,7 +1757,7 @@ fn wait_pcs_outside(t: &mut dyn Target, addr: u64, len: u64) -> Result<(), FastP
 
 #[cfg(test)]
 mod tests {
-    use super::take_own_bytes_out;
+    use super::{all_nops, take_own_bytes_out, ForeignOutcome};
 
     #[test]
     fn only_hotprobes_own_bytes_are_taken_out() {
@@ -1698,18 +1765,50 @@ mod tests {
         let jump = [0xe9, 0x2b, 0xde, 0xfe, 0xff, 0xcc];
         // Untouched: the original comes back whole.
         let mut live = jump;
-        assert!(!take_own_bytes_out(&mut live, &jump, &original));
+        assert_eq!(take_own_bytes_out(&mut live, &jump, &original), None);
         assert_eq!(live, original);
         // A uprobe's int3 over the first byte stays, over the original
         // instructions (the kernel runs the first one out of line).
         let mut live = jump;
         live[0] = 0xcc;
-        assert!(take_own_bytes_out(&mut live, &jump, &original));
+        assert_eq!(
+            take_own_bytes_out(&mut live, &jump, &original),
+            Some(ForeignOutcome::Int3Kept)
+        );
         assert_eq!(live, [0xcc, 0x85, 0xff, 0x7e, 0x23, 0x31]);
         // A uprobe gone put the file's byte back: the original, whole.
         let mut live = jump;
         live[0] = 0x48;
-        assert!(take_own_bytes_out(&mut live, &jump, &original));
+        assert_eq!(
+            take_own_bytes_out(&mut live, &jump, &original),
+            Some(ForeignOutcome::Restored)
+        );
         assert_eq!(live, original);
+    }
+
+    #[test]
+    fn code_hotprobe_cannot_account_for_is_left_as_found() {
+        // A patch site (NOP5 -> call) where the kernel optimised a uprobe
+        // into its own call: same first byte, other target. Merging byte
+        // by byte would give `0f` + the kernel's rel32, neither's code.
+        let nop5 = [0x0f, 0x1f, 0x44, 0x00, 0x00];
+        let ours = [0xe8, 0x10, 0x20, 0x30, 0x00];
+        let theirs = [0xe8, 0x99, 0x88, 0x77, 0x66];
+        let mut live = theirs;
+        assert_eq!(
+            take_own_bytes_out(&mut live, &ours, &nop5),
+            Some(ForeignOutcome::LeftAsFound)
+        );
+        assert_eq!(live, theirs);
+    }
+
+    #[test]
+    fn placeholders_are_nops_only() {
+        assert!(all_nops(&[0x0f, 0x1f, 0x44, 0x00, 0x00]));
+        assert!(all_nops(&[0x66, 0x90, 0x0f, 0x1f, 0x00]));
+        assert!(!all_nops(&[0xcc, 0x1f, 0x44, 0x00, 0x00]));
+        assert!(!all_nops(&[0xe8, 0x10, 0x20, 0x30, 0x00]));
+        assert!(!all_nops(&[0x0f, 0x1f, 0x44, 0x00]), "cut short");
+        assert!(!all_nops(&[]));
     }
 }

@@ -100,9 +100,9 @@ pub trait Resolver {
         })
     }
 
-    /// The file of the module mapped at `addr`, as last read (`None` if
-    /// unknown, or the target has no files).
-    fn module_path_at(&self, addr: RuntimeAddr) -> Option<std::path::PathBuf> {
+    /// The file mapped at `addr` and the offset in it, as last read
+    /// (`None` if unknown, or the target has no files).
+    fn file_offset_at(&self, addr: RuntimeAddr) -> Option<(std::path::PathBuf, u64)> {
         let _ = addr;
         None
     }
@@ -311,8 +311,9 @@ impl Resolver for ProcessResolver {
         Box::new(ArcSymbolizer(self.symbols.clone()))
     }
 
-    fn module_path_at(&self, addr: RuntimeAddr) -> Option<std::path::PathBuf> {
-        self.symbols.module_at(addr).map(|m| m.path.clone())
+    fn file_offset_at(&self, addr: RuntimeAddr) -> Option<(std::path::PathBuf, u64)> {
+        let m = self.symbols.module_at(addr)?;
+        Some((m.path.clone(), m.file_offset(addr)?))
     }
 
     fn resolve_data(

@@ -143,12 +143,25 @@ pub struct LoadedModule {
     pub path: PathBuf,
     /// The address ranges of its mappings, in map order.
     pub ranges: Vec<Range<RuntimeAddr>>,
+    /// The file offset each of `ranges` starts at.
+    pub offsets: Vec<u64>,
 }
 
 impl LoadedModule {
     /// Whether `addr` lies in one of this module's mappings.
     pub fn contains(&self, addr: RuntimeAddr) -> bool {
         self.ranges.iter().any(|r| r.contains(&addr))
+    }
+
+    /// The offset in the file of the byte mapped at `addr` (what a kernel
+    /// uprobe is placed by), if `addr` is in one of its mappings.
+    pub fn file_offset(&self, addr: RuntimeAddr) -> Option<u64> {
+        let (r, off) = self
+            .ranges
+            .iter()
+            .zip(&self.offsets)
+            .find(|(r, _)| r.contains(&addr))?;
+        Some(off + (addr.0 - r.start.0))
     }
 
     /// Run-time address of a link-time address.
@@ -365,6 +378,7 @@ impl ProcessSymbols {
                 module,
                 bias,
                 ranges: group.iter().map(|m| m.start..m.end).collect(),
+                offsets: group.iter().map(|m| m.offset).collect(),
             });
         }
         Ok(ProcessSymbols { modules, main })

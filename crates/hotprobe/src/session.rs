@@ -346,15 +346,34 @@ impl Slot {
                 .as_ref()
                 .and_then(|s| s.symbolize(RuntimeAddr(f.addr)))
                 .map_or(String::new(), |n| format!("{n} "));
-            self.engine.notices.push(format!(
-                "the probe site {name}at {:#x} was changed by another writer while hotprobe's \
-                 code was in it (hotprobe left {}, found {}): a kernel uprobe (bpftrace, perf \
-                 probe) or a debugger's breakpoint on the same instruction, which can crash the \
-                 program or take its hits; only hotprobe's own bytes were put back",
-                f.addr,
-                hex(&f.expected),
-                hex(&f.found)
-            ));
+            let (left, found) = (hex(&f.expected), hex(&f.found));
+            let site = format!("the probe site {name}at {:#x}", f.addr);
+            use hotprobe_fastpath::ForeignOutcome as O;
+            self.engine.notices.push(match f.outcome {
+                O::Int3Kept => format!(
+                    "{site} was changed by another writer while hotprobe's code was in it \
+                     (hotprobe left {left}, found {found}): a kernel uprobe (bpftrace, perf probe) \
+                     or a breakpoint on the same instruction (a hit on both crashes a jump or call \
+                     site, and an int3 site's hits go to it); its int3 was kept, over the original \
+                     instructions"
+                ),
+                O::Restored => format!(
+                    "{site} was changed by another writer while hotprobe's code was in it \
+                     (hotprobe left {left}, found {found}): a kernel uprobe placed and removed \
+                     since (a hit on both crashes a jump or call site, and an int3 site's hits go \
+                     to it); the original bytes were put back"
+                ),
+                O::LeftAsFound => format!(
+                    "{site} holds code hotprobe did not write (hotprobe left {left}, found \
+                     {found}): another tool's (a kernel uprobe's, a debugger's); it was left as \
+                     found"
+                ),
+                O::LeftDisabled => format!(
+                    "{site} stays disabled: its original bytes were changed since the disable \
+                     (expected {left}, found {found}), by a kernel uprobe or a breakpoint; \
+                     enabling it would break that probe"
+                ),
+            });
         }
     }
 
@@ -2525,14 +2544,16 @@ impl Session {
             TargetEvent::Exited(status) => {
                 // SIGILL, SIGTRAP, SIGBUS, SIGSEGV (x86-64 Linux).
                 let crashed = matches!(status, ExitStatus::Signal(4 | 5 | 7 | 11));
-                let written: Vec<u64> = match &slot.fast {
-                    Fast::On(fp) if crashed => {
-                        fp.written_bytes().into_iter().map(|(a, _)| a).collect()
-                    }
+                let written: Vec<(u64, usize)> = match &slot.fast {
+                    Fast::On(fp) if crashed => fp
+                        .written_bytes()
+                        .into_iter()
+                        .map(|(a, b)| (a, b.len()))
+                        .collect(),
                     _ => Vec::new(),
                 };
                 if !written.is_empty() {
-                    if let Some(n) = uprobes_on_rewritten_files(slot, &written, status) {
+                    if let Some(n) = uprobes_on_rewritten_sites(slot, &written, status) {
                         slot.engine.notices.push(n);
                     }
                 }
@@ -2676,57 +2697,69 @@ impl Session {
 }
 
 /// When a process hotprobe rewrote code in died of a crash signal: the
-/// kernel uprobes registered on the files it rewrote, as a notice (a
-/// uprobe placed over hotprobe's code crashes the program; see
-/// docs/DESIGN.md, "Code shared with other tools"). `None` if there is
-/// none (or none visible).
-fn uprobes_on_rewritten_files(slot: &Slot, written: &[u64], status: &ExitStatus) -> Option<String> {
+/// kernel uprobes registered on instructions it rewrote (`written`: each
+/// site's address and length), as a notice (a uprobe placed over
+/// hotprobe's code crashes the program; see docs/DESIGN.md, "Code shared
+/// with other tools"). `None` if there is none, or none visible (another
+/// user's uprobes, without root).
+fn uprobes_on_rewritten_sites(
+    slot: &Slot,
+    written: &[(u64, usize)],
+    status: &ExitStatus,
+) -> Option<String> {
+    use std::collections::HashMap;
+    use std::path::PathBuf;
     let resolver = slot.resolver.as_ref()?;
-    let canonical = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.into());
-    let mut files = std::collections::BTreeSet::new();
-    let mut page = None;
-    for a in written {
-        // Sites come in address order, many to a page: one lookup a page.
-        if page.replace(a >> 12) == Some(a >> 12) {
+    let mut canonical: HashMap<PathBuf, PathBuf> = HashMap::new();
+    // File → (offset, length, address) of each site in it.
+    let mut sites: HashMap<PathBuf, Vec<(u64, u64, u64)>> = HashMap::new();
+    for &(addr, len) in written {
+        let Some((path, off)) = resolver.file_offset_at(RuntimeAddr(addr)) else {
             continue;
-        }
-        if let Some(p) = resolver.module_path_at(RuntimeAddr(*a)) {
-            files.insert(canonical(&p));
-        }
+        };
+        let path = canonical
+            .entry(path)
+            .or_insert_with_key(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
+            .clone();
+        sites.entry(path).or_default().push((off, len as u64, addr));
     }
-    let mut on: std::collections::BTreeMap<
-        std::path::PathBuf,
-        (usize, std::collections::BTreeSet<String>),
-    > = Default::default();
+    let symbolizer = resolver.symbolizer();
+    let mut hit: Vec<String> = Vec::new();
     for u in hotprobe_process::kernel_uprobes() {
-        let path = canonical(&u.path);
-        if !files.contains(&path) {
+        let path = std::fs::canonicalize(&u.path).unwrap_or(u.path);
+        let Some(&(_, _, addr)) = sites.get(&path).and_then(|v| {
+            v.iter()
+                .find(|(off, len, _)| (*off..off + len).contains(&u.offset))
+        }) else {
             continue;
-        }
-        let e = on.entry(path).or_default();
-        e.0 += 1;
-        e.1.insert(match u.owner {
-            Some(o) => format!("{} (pid {})", o.comm, o.pid),
-            None => "tracefs uprobe_events".into(),
-        });
+        };
+        let name = symbolizer
+            .symbolize(RuntimeAddr(addr))
+            .unwrap_or_else(|| format!("{}+{:#x}", path.display(), u.offset));
+        let by = match u.owner {
+            Some(o) => format!("held by {} (pid {})", o.comm, o.pid),
+            None => "defined in tracefs uprobe_events".into(),
+        };
+        hit.push(format!("{name} at {addr:#x}, {by}"));
     }
-    if on.is_empty() {
+    if hit.is_empty() {
         return None;
     }
-    let list: Vec<String> = on
-        .iter()
-        .map(|(p, (n, by))| {
-            let by: Vec<&str> = by.iter().map(|s| s.as_str()).collect();
-            format!("{} ({n}, held by {})", p.display(), by.join(", "))
-        })
-        .collect();
+    hit.sort();
+    hit.dedup();
+    let more = hit.len().saturating_sub(5);
+    hit.truncate(5);
+    let more = match more {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
     let who = slot.pid.map_or("the target".into(), |p| format!("pid {p}"));
     Some(format!(
-        "{who} was {status} with hotprobe's code in it, while kernel uprobes were registered \
-         on files hotprobe rewrote: {}; a kernel uprobe placed on an instruction hotprobe \
-         rewrote makes the program crash (docs/DESIGN.md, \"Code shared with other tools\"): \
-         probe those functions with one tool at a time",
-        list.join("; ")
+        "{who} was {status} with hotprobe's code in it, and kernel uprobes sit on instructions \
+         hotprobe rewrote: {}{more}; a uprobe placed over hotprobe's code makes the program crash \
+         (docs/DESIGN.md, \"Code shared with other tools\"): probe those functions with one tool \
+         at a time",
+        hit.join("; ")
     ))
 }
 
