@@ -66,6 +66,7 @@ impl Traced {
         if !self.spawned {
             let _ = self.session.detach();
         }
+        self.print_notices();
     }
 
     /// Adds every spec with the action `action(spec)` makes; matches of a
@@ -165,6 +166,8 @@ impl Traced {
                     );
                 }
             }
+            // What the detach found is said even when it failed.
+            self.print_notices();
             finished.with_context(|| format!("cannot detach from pid {}", self.pid))?;
         }
         self.print_notices();
@@ -187,7 +190,8 @@ impl Traced {
         }
     }
 
-    fn print_notices(&mut self) {
+    /// Prints the session's notices gathered since the last call.
+    pub fn print_notices(&mut self) {
         for n in self.session.take_notices() {
             errln!("hotprobe: {n}");
         }

@@ -156,6 +156,7 @@ fn run_loop(t: &mut Traced) -> Result<()> {
         Ok(end) => end,
         Err(e) => {
             let _ = t.session.finish(Duration::ZERO, None);
+            t.print_notices();
             return Err(e).context("the event loop failed; detached");
         }
     };
@@ -172,10 +173,9 @@ fn run_loop(t: &mut Traced) -> Result<()> {
                 t.pid
             );
         }
+        t.print_notices();
         finished.with_context(|| format!("cannot detach from pid {}", t.pid))?;
     }
-    for n in t.session.take_notices() {
-        errln!("hotprobe: {n}");
-    }
+    t.print_notices();
     Ok(())
 }
