@@ -28,7 +28,10 @@ const LIMIT: Duration = Duration::from_secs(300);
 /// run in 8 of this binary). Two tools patching one instruction is a
 /// conflict hotprobe detects but cannot undo (docs/DESIGN.md, "Code
 /// shared with other tools"), so a bpftrace run holds this lock
-/// exclusively and every hotprobe run shares it.
+/// exclusively and every hotprobe run shares it. The lock is this test
+/// binary's: its tests are threads of one process under `cargo test` (as
+/// scripts/test.sh runs them, one binary at a time), not under a runner
+/// that starts a process per test.
 static KERNEL_UPROBES: RwLock<()> = RwLock::new(());
 
 fn no_kernel_uprobes() -> RwLockReadGuard<'static, ()> {

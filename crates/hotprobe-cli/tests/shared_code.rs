@@ -15,9 +15,11 @@
 mod common;
 
 use common::text;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -25,9 +27,14 @@ const LIMIT: Duration = Duration::from_secs(120);
 /// The test program, built as `name`: each test has its own file, since a
 /// uprobe is on a file and reaches every process mapping it.
 fn program(name: &str) -> PathBuf {
+    program_with(name, &[])
+}
+
+fn program_with(name: &str, flags: &[&str]) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs");
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
-    common::gcc(&dir.join("shared_code.c"), &out, &["-O2"])
+    let flags: Vec<&str> = ["-O2"].iter().chain(flags).copied().collect();
+    common::gcc(&dir.join("shared_code.c"), &out, &flags)
 }
 
 /// The run-time address of function `name` of `exe` in process `pid`
@@ -76,6 +83,38 @@ fn wait_for(doing: &str, mut what: impl FnMut() -> bool) {
     }
 }
 
+/// `c`'s exit status, killing it and failing if it takes longer than
+/// [`LIMIT`].
+fn wait_child(c: &mut Child, what: &str) -> ExitStatus {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        if let Some(st) = c.try_wait().unwrap() {
+            return st;
+        }
+        if Instant::now() > deadline {
+            let _ = c.kill();
+            let _ = c.wait();
+            panic!("timed out waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The next line from `lines`, within [`LIMIT`].
+fn next_line(lines: &Receiver<String>, what: &str) -> String {
+    lines
+        .recv_timeout(LIMIT)
+        .unwrap_or_else(|e| panic!("no line from {what}: {e}"))
+}
+
+/// Every line left in `lines` (its writer closed), appended to `all`.
+fn drain(lines: &Receiver<String>, all: &mut String) {
+    while let Ok(l) = lines.recv_timeout(LIMIT) {
+        all.push_str(&l);
+        all.push('\n');
+    }
+}
+
 /// bpftrace, killed if the test fails before [`Bpftrace::stop`].
 struct Bpftrace(Option<Child>);
 
@@ -93,13 +132,27 @@ impl Bpftrace {
     /// is in place once the function's first byte in `pid` is an `int3`.
     fn start(exe: &Path, function: &str, pid: i32, addr: u64) -> Bpftrace {
         let prog = format!("uprobe:{}:{function} {{ @ = count(); }}", exe.display());
+        assert_ne!(
+            bytes(pid, addr, 1),
+            [0xcc],
+            "an int3 at {function} before bpftrace starts (another bpftrace left running?)"
+        );
+        let mut cmd = Command::new("bpftrace");
+        cmd.args(["-e", &prog])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: prctl(2) with integer arguments only, async-signal-safe,
+        // between fork and exec: bpftrace dies with the test (a killed test
+        // run must not leave its uprobes on the program's file).
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
         let mut bt = Bpftrace(Some(
-            Command::new("bpftrace")
-                .args(["-e", &prog])
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
+            cmd.spawn()
                 .expect("bpftrace runs (installed by scripts/setup.sh)"),
         ));
         let mut exited = None;
@@ -117,10 +170,11 @@ impl Bpftrace {
 
     /// Stops bpftrace as Ctrl-C does and returns its count.
     fn stop(mut self) -> u64 {
-        let bt = self.0.take().unwrap();
+        let mut bt = self.0.take().unwrap();
         sigint(bt.id());
-        let out = bt.wait_with_output().unwrap();
-        text(&out.stdout)
+        let stdout = common::reader(bt.stdout.take().unwrap());
+        wait_child(&mut bt, "bpftrace");
+        text(&stdout.join().unwrap())
             .lines()
             .find_map(|l| l.strip_prefix("@: "))
             .map_or(0, |n| n.trim().parse().unwrap())
@@ -149,8 +203,8 @@ fn detaching_keeps_a_kernel_uprobe_placed_over_a_jump_and_names_the_site() {
         .spawn()
         .unwrap();
     let pid = prog.id() as i32;
-    let mut lines = BufReader::new(prog.stdout.take().unwrap()).lines();
-    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    let lines = common::line_reader(prog.stdout.take().unwrap());
+    assert_eq!(next_line(&lines, "the program"), "ready");
     let (work, work2) = (address(pid, &exe, "work"), address(pid, &exe, "work2"));
     let original = (bytes(pid, work, 8), bytes(pid, work2, 8));
 
@@ -162,6 +216,7 @@ fn detaching_keeps_a_kernel_uprobe_placed_over_a_jump_and_names_the_site() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let hp_out = common::reader(hp.stdout.take().unwrap());
     let hp_err = common::line_reader(hp.stderr.take().unwrap());
     let mut err = String::new();
     wait_for("hotprobe's probes", || {
@@ -169,6 +224,8 @@ fn detaching_keeps_a_kernel_uprobe_placed_over_a_jump_and_names_the_site() {
             err.push_str(&l);
             err.push('\n');
         }
+        let gone = hp.try_wait().unwrap();
+        assert!(gone.is_none(), "hotprobe ended: {gone:?}\n{err}");
         err.contains("attached to pid")
     });
     assert_eq!(bytes(pid, work, 1), [0xe9], "work: a jump\n{err}");
@@ -180,43 +237,40 @@ fn detaching_keeps_a_kernel_uprobe_placed_over_a_jump_and_names_the_site() {
     let bt2 = Bpftrace::start(&exe, "work2", pid, work2);
     assert_eq!(bytes(pid, work2, 8)[1..], jumps.1[1..]);
     assert_eq!(bt2.stop(), 0, "work2 was not called meanwhile");
-    assert_eq!(
-        bytes(pid, work2, 1),
-        original.1[..1],
-        "the file's byte back"
-    );
+    wait_for("the file's byte back at work2", || {
+        bytes(pid, work2, 1) == original.1[..1]
+    });
     // A uprobe on work stays.
     let bt = Bpftrace::start(&exe, "work", pid, work);
     assert_eq!(bytes(pid, work, 8)[1..], jumps.0[1..]);
 
     // hotprobe detaches (Ctrl-C).
     sigint(hp.id());
-    let out = hp.wait_with_output().unwrap();
-    while let Ok(l) = hp_err.recv() {
-        err.push_str(&l);
-        err.push('\n');
-    }
+    wait_child(&mut hp, "hotprobe");
+    drain(&hp_err, &mut err);
+    let out = text(&hp_out.join().unwrap());
     assert!(err.contains("detached from pid"), "{err}");
-    let hex = |b: &[u8]| {
-        b.iter()
-            .map(|x| format!("{x:02x}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
-    for (name, found) in [("work", "cc"), ("work2", &hex(&original.1[..1]))] {
-        let notice = err
-            .lines()
+    let notice = |name: &str| {
+        err.lines()
             .find(|l| l.contains(&format!("the probe site {name} ")))
-            .unwrap_or_else(|| panic!("no notice for {name}:\n{err}"));
-        assert!(
-            notice.contains("changed by another writer")
-                && notice.contains("hotprobe left e9 ")
-                && notice.contains(&format!("found {found} ")),
-            "{notice}"
-        );
-    }
+            .unwrap_or_else(|| panic!("no notice for {name}:\n{err}"))
+    };
+    let (n1, n2) = (notice("work"), notice("work2"));
+    assert!(
+        n1.contains("hotprobe left e9 ")
+            && n1.contains("found cc ")
+            && n1.contains("its int3 was kept, over the original instructions"),
+        "{n1}"
+    );
+    let byte0 = format!("{:02x}", original.1[0]);
+    assert!(
+        n2.contains("hotprobe left e9 ")
+            && n2.contains(&format!("found {byte0} "))
+            && n2.contains("the original bytes were put back"),
+        "{n2}"
+    );
     assert_eq!(err.matches("changed by another writer").count(), 2, "{err}");
-    assert!(text(&out.stdout).contains("work"), "the table is printed");
+    assert!(out.contains("work2"), "the table is printed:\n{out}");
 
     // Only hotprobe's bytes were taken out: work keeps the uprobe's int3
     // over its original instructions, work2 is the original.
@@ -225,13 +279,13 @@ fn detaching_keeps_a_kernel_uprobe_placed_over_a_jump_and_names_the_site() {
     assert_eq!(bytes(pid, work2, 8), original.1);
 
     // The program runs its second round: the uprobe counts each call of
-    // work, the program's output is its own, and the uprobe's removal
-    // leaves the original bytes.
+    // work, and the program's output is its own.
     prog.stdin.take().unwrap().write_all(b"go\n").unwrap();
-    let rest: Vec<String> = lines.map(|l| l.unwrap()).collect();
-    let status = prog.wait().unwrap();
+    let status = wait_child(&mut prog, "the program");
+    let mut rest = String::new();
+    drain(&lines, &mut rest);
     assert!(status.success(), "{status:?}");
-    assert_eq!(format!("ready\n{}\n", rest.join("\n")), native);
+    assert_eq!(format!("ready\n{rest}"), native);
     assert_eq!(
         bt.stop(),
         5,
@@ -251,14 +305,20 @@ fn a_crash_on_a_kernel_uprobe_placed_over_a_jump_names_the_uprobe() {
         .spawn()
         .unwrap();
     let hp_err = common::line_reader(hp.stderr.take().unwrap());
-    let mut out = BufReader::new(hp.stdout.take().unwrap()).lines();
-    assert_eq!(out.next().unwrap().unwrap(), "ready");
-    let started = hp_err.recv_timeout(LIMIT).unwrap();
-    let pid: i32 = started
-        .strip_prefix("hotprobe: started pid ")
-        .and_then(|s| s.split(':').next())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("{started}"));
+    let out = common::line_reader(hp.stdout.take().unwrap());
+    assert_eq!(next_line(&out, "the program under hotprobe"), "ready");
+    let mut err = String::new();
+    let pid: i32 = loop {
+        let l = next_line(&hp_err, "hotprobe");
+        err.push_str(&l);
+        err.push('\n');
+        if let Some(p) = l
+            .strip_prefix("hotprobe: started pid ")
+            .and_then(|s| s.split(':').next())
+        {
+            break p.parse().unwrap();
+        }
+    };
     let work = address(pid, &exe, "work");
     assert_eq!(bytes(pid, work, 1), [0xe9], "work: a jump");
 
@@ -266,12 +326,8 @@ fn a_crash_on_a_kernel_uprobe_placed_over_a_jump_names_the_uprobe() {
     // The program calls work again: the kernel runs work's first
     // instruction out of line and resumes inside hotprobe's jump.
     hp.stdin.take().unwrap().write_all(b"go\n").unwrap();
-    let status = hp.wait().unwrap();
-    let mut err = started + "\n";
-    for l in hp_err.iter() {
-        err.push_str(&l);
-        err.push('\n');
-    }
+    let status = wait_child(&mut hp, "hotprobe");
+    drain(&hp_err, &mut err);
     let signal = status.code().map(|c| c - 128);
     assert!(
         matches!(signal, Some(4 | 5 | 7 | 11)),
@@ -279,17 +335,65 @@ fn a_crash_on_a_kernel_uprobe_placed_over_a_jump_names_the_uprobe() {
     );
     let notice = err
         .lines()
-        .find(|l| l.contains("kernel uprobes were registered on files hotprobe rewrote"))
+        .find(|l| l.contains("kernel uprobes sit on instructions hotprobe rewrote"))
         .unwrap_or_else(|| panic!("no notice:\n{err}"));
-    let exe = std::fs::canonicalize(&exe).unwrap();
     assert!(
         notice.contains(&format!("pid {pid} was killed by signal"))
             && notice.contains(&format!(
-                "{} (1, held by bpftrace (pid {}))",
-                exe.display(),
+                "rewrote: work [shared_code_crash] at {work:#x}, held by bpftrace (pid {});",
                 bt.pid()
             )),
         "{notice}"
     );
     assert_eq!(bt.stop(), 1, "the uprobe was hit once");
+}
+
+/// A uprobe placed before hotprobe arms: on a patchable build, planned from
+/// the file, the placeholder in memory holds the uprobe's int3 and the
+/// patch is refused with that reason; the other function is patched and
+/// counted, and the program's output is its own.
+#[test]
+fn a_patch_placeholder_under_a_kernel_uprobe_is_refused() {
+    let exe = program_with("shared_code_patchable", &["-fpatchable-function-entry=5"]);
+    let native = native(&exe);
+    // A process of the program waits while bpftrace's uprobe goes in.
+    let mut waiting = Command::new(&exe)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = waiting.id() as i32;
+    let work = address(pid, &exe, "work");
+    let bt = Bpftrace::start(&exe, "work", pid, work);
+
+    let mut hp = Command::new(common::HOTPROBE)
+        .args(["count", "work*", "--"])
+        .arg(&exe)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (out, err) = (
+        common::reader(hp.stdout.take().unwrap()),
+        common::reader(hp.stderr.take().unwrap()),
+    );
+    hp.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let status = wait_child(&mut hp, "hotprobe");
+    let (stdout, stderr) = (text(&out.join().unwrap()), text(&err.join().unwrap()));
+    assert!(status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "skipping work: cannot use the patch mechanism for work: its placeholder is no NOP \
+             in memory (cc "
+        ),
+        "{stderr}"
+    );
+    let table = common::CountTable::parse(&stdout, &stderr);
+    assert_eq!(table.hits("work2"), 10, "{stdout}");
+    assert!(table.execution("work2").starts_with("patch"), "{stdout}");
+    assert_eq!(common::program_output(&stdout), native);
+    assert_eq!(bt.stop(), 10, "the uprobe counted work's 10 calls");
+    waiting.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    assert!(wait_child(&mut waiting, "the waiting program").success());
 }
