@@ -467,6 +467,11 @@ pub enum ForeignOutcome {
 /// Whether `bytes` decode as NOP instructions to their end.
 fn all_nops(bytes: &[u8]) -> bool {
     use hotprobe_x86::iced_x86::{Decoder, DecoderOptions, Mnemonic};
+    // The usual placeholders, without a decoder.
+    if bytes == hotprobe_abi::patch::NOP5 || (!bytes.is_empty() && bytes.iter().all(|b| *b == 0x90))
+    {
+        return true;
+    }
     let mut d = Decoder::new(64, bytes, DecoderOptions::NONE);
     while d.can_decode() {
         if d.decode().mnemonic() != Mnemonic::Nop {
@@ -966,9 +971,16 @@ impl FastPath {
         if matches!(plan.mechanism, Mechanism::Patch(_)) {
             // Planned from the file: the placeholder in memory must still
             // be NOPs (a kernel uprobe's int3 or call goes over it).
-            let mut live = vec![0u8; plan.len];
-            self.read_original(t, site, &mut live)?;
-            if !all_nops(&live) {
+            let (mut small, mut big) = ([0u8; 16], Vec::new());
+            let live: &mut [u8] = match small.get_mut(..plan.len) {
+                Some(s) => s,
+                None => {
+                    big.resize(plan.len, 0);
+                    &mut big
+                }
+            };
+            self.read_original(t, site, live)?;
+            if !all_nops(live) {
                 return Err(FastPathError::Impossible {
                     function: function.to_string(),
                     mechanism: "patch",
