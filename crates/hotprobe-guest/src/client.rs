@@ -200,12 +200,29 @@ impl GdbClient {
         Self::handshake(Stream::Tcp(s), addr.to_string(), timeout)
     }
 
-    /// Connects to a unix-domain socket stub and handshakes.
+    /// Connects to a unix-domain socket stub and handshakes. A socket that
+    /// refuses at first is tried again for up to `timeout`: the stub's
+    /// file exists from its `bind`, and it accepts only from its `listen`
+    /// on (a QEMU just started: `Connection refused` in 1 CI run).
     pub fn connect_unix(path: &Path, timeout: Duration) -> Result<Self, GdbError> {
-        let s = UnixStream::connect(path).map_err(|source| GdbError::Connect {
-            addr: path.display().to_string(),
-            source,
-        })?;
+        let t0 = std::time::Instant::now();
+        let s = loop {
+            match UnixStream::connect(path) {
+                Ok(s) => break s,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::ConnectionRefused
+                        && t0.elapsed() < timeout =>
+                {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(source) => {
+                    return Err(GdbError::Connect {
+                        addr: path.display().to_string(),
+                        source,
+                    })
+                }
+            }
+        };
         Self::handshake(Stream::Unix(s), path.display().to_string(), timeout)
     }
 
