@@ -968,7 +968,10 @@ impl FastPath {
             ));
         }
         let site = plan.site.wrapping_add(bias);
-        if matches!(plan.mechanism, Mechanism::Patch(_)) {
+        // A patch site's key is the address after its call (`install`):
+        // one already in the site table is this fast path's own patch.
+        let ours = || self.shm().lookup_site(site + 5).is_some();
+        if matches!(plan.mechanism, Mechanism::Patch(_)) && !ours() {
             // Planned from the file: the placeholder in memory must still
             // be NOPs (a kernel uprobe's int3 or call goes over it).
             let (mut small, mut big) = ([0u8; 16], Vec::new());
@@ -1461,8 +1464,7 @@ impl FastPath {
 
     /// The sites found changed by another writer (a kernel uprobe, a
     /// debugger) when hotprobe took its bytes out of them (detach, disable,
-    /// removal) since the last call; at those bytes the other writer's were
-    /// left in place.
+    /// removal) since the last call, each with what was done about it.
     pub fn take_foreign_writes(&mut self) -> Vec<ForeignWrite> {
         std::mem::take(&mut self.foreign)
     }

@@ -199,3 +199,77 @@ fn disable_enable_and_remove_count_and_handler_probes_on_patch_and_jump() {
     assert_eq!(counts(&mut c), vec![2 * n; 4], "phase 5: removed, no hit");
     assert_eq!(c.output(), native, "the program's output is unchanged");
 }
+
+/// Two count probes on one patch site: the second writes its call over the
+/// first's. After the first is removed the second counts on (its call
+/// stays in memory); after the second, the original bytes are back (not
+/// the first's call), and no site is reported as another writer's.
+#[test]
+fn removing_the_first_of_two_probes_on_one_patch_site_keeps_the_second() {
+    let bin = program("fpctl", &["-O2"]);
+    let args = ["1", &ITERS.to_string()];
+    let (reader, mut stdin) = std::io::pipe().unwrap();
+    let reader = std::fs::File::from(std::os::fd::OwnedFd::from(reader));
+    let mut c = spawn_with_stdin(&bin, &args, Some(reader));
+    let t = c.target;
+    let pid = c.session.pid(t).unwrap();
+    let addr = c.session.resolve(t, "cnt_patched").unwrap()[0].addr.0;
+    let original = read_mem(pid, addr, 8);
+    // A handler probe keeps the session's loop polling (see above).
+    let probe = hotprobe::Probe::new().pre(|_| {});
+    c.session
+        .add(t, "h_patched", Action::Handler(probe))
+        .unwrap();
+    let first = c
+        .session
+        .add(t, "cnt_patched", Action::Count)
+        .unwrap()
+        .placements[0]
+        .clone();
+    let second = c
+        .session
+        .add(t, "cnt_patched", Action::Count)
+        .unwrap()
+        .placements[0]
+        .clone();
+    for p in [&first, &second] {
+        assert!(
+            matches!(p.mechanism, Mechanism::Patch(_)),
+            "{:?}",
+            p.mechanism
+        );
+    }
+    c.session.start().unwrap();
+    phase(&mut c, &mut stdin, 1);
+    let hits = |c: &Captured, p: &hotprobe::Placement| c.session.stats(p.id).unwrap().hits;
+    assert_eq!(
+        hits(&c, &second),
+        ITERS,
+        "the second's call is the one in memory"
+    );
+    let second_bytes = read_mem(pid, addr, 8);
+
+    c.session.remove_probe(first.id).unwrap();
+    assert_eq!(
+        read_mem(pid, addr, 8),
+        second_bytes,
+        "the second's call stays"
+    );
+    phase(&mut c, &mut stdin, 2);
+    assert_eq!(hits(&c, &second), 2 * ITERS, "the second counts on");
+
+    c.session.remove_probe(second.id).unwrap();
+    assert_eq!(
+        read_mem(pid, addr, 8),
+        original,
+        "the original, not the first's call"
+    );
+    assert!(
+        c.session.take_notices().is_empty(),
+        "no site reported as another writer's"
+    );
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+    assert_eq!(hits(&c, &second), 2 * ITERS, "removed: no hit in phase 3");
+}
