@@ -181,13 +181,18 @@ impl Bpftrace {
     }
 }
 
+/// `cmd` started with stdin, stdout and stderr piped.
+fn spawn_piped(cmd: &mut Command) -> Child {
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the command starts")
+}
+
 /// The program's output when it runs alone.
 fn native(exe: &Path) -> String {
-    let mut c = Command::new(exe)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut c = spawn_piped(&mut Command::new(exe));
     c.stdin.take().unwrap().write_all(b"go\n").unwrap();
     text(&c.wait_with_output().unwrap().stdout)
 }
@@ -197,11 +202,7 @@ fn detaching_keeps_a_kernel_uprobe_placed_over_a_jump_and_names_the_site() {
     let exe = program("shared_code_detach");
     let native = native(&exe);
 
-    let mut prog = Command::new(&exe)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut prog = spawn_piped(&mut Command::new(&exe));
     let pid = prog.id() as i32;
     let lines = common::line_reader(prog.stdout.take().unwrap());
     assert_eq!(next_line(&lines, "the program"), "ready");
@@ -296,14 +297,11 @@ fn detaching_keeps_a_kernel_uprobe_placed_over_a_jump_and_names_the_site() {
 #[test]
 fn a_crash_on_a_kernel_uprobe_placed_over_a_jump_names_the_uprobe() {
     let exe = program("shared_code_crash");
-    let mut hp = Command::new(common::HOTPROBE)
-        .args(["count", "--mechanism", "jump", "work", "--"])
-        .arg(&exe)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut hp = spawn_piped(
+        Command::new(common::HOTPROBE)
+            .args(["count", "--mechanism", "jump", "work", "--"])
+            .arg(&exe),
+    );
     let hp_err = common::line_reader(hp.stderr.take().unwrap());
     let out = common::line_reader(hp.stdout.take().unwrap());
     assert_eq!(next_line(&out, "the program under hotprobe"), "ready");
@@ -366,14 +364,11 @@ fn a_patch_placeholder_under_a_kernel_uprobe_is_refused() {
     let work = address(pid, &exe, "work");
     let bt = Bpftrace::start(&exe, "work", pid, work);
 
-    let mut hp = Command::new(common::HOTPROBE)
-        .args(["count", "work*", "--"])
-        .arg(&exe)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut hp = spawn_piped(
+        Command::new(common::HOTPROBE)
+            .args(["count", "work*", "--"])
+            .arg(&exe),
+    );
     let (out, err) = (
         common::reader(hp.stdout.take().unwrap()),
         common::reader(hp.stderr.take().unwrap()),
