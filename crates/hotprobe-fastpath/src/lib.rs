@@ -1642,6 +1642,25 @@ fn remote_attach(
 /// unknown, so every write alone) must go through `write_memory` one write
 /// at a time — it keeps the int3 and records the new original — so a span
 /// never reaches over a breakpoint.
+/// The span of address-sorted ranges starting at the `i`-th of `n`
+/// (`range(k)`: address and length): ranges closer than [`BATCH_GAP`], up
+/// to [`BATCH_SPAN`] bytes in all. Returns one past its last range, its
+/// start and its end.
+fn span_from(i: usize, n: usize, range: impl Fn(usize) -> (u64, usize)) -> (usize, u64, u64) {
+    let (start, len) = range(i);
+    let mut end = start + len as u64;
+    let mut j = i + 1;
+    while j < n {
+        let (a, len) = range(j);
+        if a > end + BATCH_GAP || a + len as u64 - start > BATCH_SPAN {
+            break;
+        }
+        end = end.max(a + len as u64);
+        j += 1;
+    }
+    (j, start, end)
+}
+
 fn write_spans(
     t: &mut dyn Target,
     mut writes: Vec<(u64, Vec<u8>)>,
@@ -1651,16 +1670,7 @@ fn write_spans(
     writes.sort_by_key(|w| w.0);
     let mut i = 0;
     while i < writes.len() {
-        let start = writes[i].0;
-        let mut end = start + writes[i].1.len() as u64;
-        let mut j = i + 1;
-        while j < writes.len()
-            && writes[j].0 <= end + BATCH_GAP
-            && writes[j].0 + writes[j].1.len() as u64 - start <= BATCH_SPAN
-        {
-            end = end.max(writes[j].0 + writes[j].1.len() as u64);
-            j += 1;
-        }
+        let (j, start, end) = span_from(i, writes.len(), |k| (writes[k].0, writes[k].1.len()));
         let group = &writes[i..j];
         if group.len() == 1 || bps.is_none_or(|b| b.range(start..end).next().is_some()) {
             for (a, b) in group {
@@ -1718,16 +1728,8 @@ fn restore_spans(
     sites.sort_by_key(|s| s.addr);
     let mut i = 0;
     while i < sites.len() {
-        let start = sites[i].addr;
-        let mut end = start + sites[i].expected.len() as u64;
-        let mut j = i + 1;
-        while j < sites.len()
-            && sites[j].addr <= end + BATCH_GAP
-            && sites[j].addr + sites[j].expected.len() as u64 - start <= BATCH_SPAN
-        {
-            end = end.max(sites[j].addr + sites[j].expected.len() as u64);
-            j += 1;
-        }
+        let (j, start, end) =
+            span_from(i, sites.len(), |k| (sites[k].addr, sites[k].expected.len()));
         let group = &sites[i..j];
         if group.len() == 1 || bps.is_none_or(|b| b.range(start..end).next().is_some()) {
             for s in group {
