@@ -466,6 +466,11 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
         left_out,
         skipped: &skipped,
         traps: &traps,
+        entry_only: &placed
+            .iter()
+            .filter(|p| p.entry_only.is_some())
+            .map(|p| p.label.as_str())
+            .collect::<Vec<_>>(),
         elapsed: started.elapsed(),
     });
     Ok(t.exit_code())
@@ -624,6 +629,8 @@ struct Summary<'a> {
     left_out: usize,
     skipped: &'a Skipped,
     traps: &'a TrapCost,
+    /// Functions recorded without their returns: they do not return.
+    entry_only: &'a [&'a str],
     elapsed: Duration,
 }
 
@@ -645,6 +652,17 @@ fn print_summary(s: &Summary<'_>) {
             list.push_str(&format!(", … ({} more)", names.len() - 5));
         }
         errln!("            not probed ({why}): {list}");
+    }
+    if !s.entry_only.is_empty() {
+        let names = s.entry_only;
+        let mut list = names[..names.len().min(8)].join(", ");
+        if names.len() > 8 {
+            list.push_str(&format!(", … ({} more)", names.len() - 8));
+        }
+        errln!(
+            "            entry only ({} that do not return: no return hooked): {list}",
+            names.len()
+        );
     }
     let tc = s.traps;
     if tc.functions > 0 {

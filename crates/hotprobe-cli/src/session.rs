@@ -123,6 +123,11 @@ impl Traced {
             placed.len(),
             mechanism_summary(placed)
         );
+        for p in placed {
+            if let Some(why) = &p.entry_only {
+                errln!("hotprobe: {}: entries only, no return hooked ({why})", p.label);
+            }
+        }
         if let Some(d) = duration {
             signals::stop_after(d);
         }

@@ -192,6 +192,9 @@ impl KernelResolver {
                 end: (sym.size > 0).then(|| RuntimeAddr(sym.addr.0 + sym.size)),
                 source: hotprobe_symbols::BoundarySource::Function(sym.name.clone()),
             }),
+            no_return: (offset == 0)
+                .then(|| hotprobe_symbols::no_return_reason(None, Some(&sym.name), LinkAddr(addr)))
+                .flatten(),
         }
     }
 

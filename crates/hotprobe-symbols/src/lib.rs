@@ -21,6 +21,7 @@ mod kernel;
 mod kind;
 mod libpath;
 mod maps;
+mod noreturn;
 pub mod pattern;
 mod process;
 mod spec;
@@ -32,6 +33,7 @@ pub use kernel::{KernelSymbols, MAX_KALLSYMS_SIZE};
 pub use kind::{Fde, FunctionKind};
 pub use libpath::find_library;
 pub use maps::{parse_maps, read_maps, Mapping, Perms};
+pub use noreturn::{no_return_reason, NO_RETURN};
 pub use pattern::{is_pattern, NamePattern, PatternError};
 pub use process::{
     Boundary, BoundarySource, LoadedModule, ModuleCache, ProcessSymbols, ResolvedProbe,

@@ -208,6 +208,11 @@ pub struct ResolvedProbe {
     /// in (`hotprobe_resolve::check_probe_point`); `None` when nothing is
     /// known (no symbol, no `.eh_frame` entry).
     pub boundary: Option<Boundary>,
+    /// Why a call at `addr` never returns to the address at `[rsp]` (an
+    /// entry point, the lazy binder, a function that does not return: see
+    /// [`crate::no_return_reason`]); `None` when it may. `%return` is
+    /// refused there, and recording takes the entry only.
+    pub no_return: Option<String>,
 }
 
 impl ResolvedProbe {
@@ -526,6 +531,11 @@ impl ProcessSymbols {
             kind: sym.map(|(s, _)| lm.module.function_kind(s)),
             not_entry,
             boundary,
+            no_return: crate::no_return_reason(
+                Some(lm),
+                sym.filter(|(_, off)| *off == 0).map(|(s, _)| s.name.as_str()),
+                link,
+            ),
         }
     }
 
@@ -697,6 +707,9 @@ impl ProcessSymbols {
         let mut p = Self::probe_at(lm, link, is_return);
         // Aliases at the same address: name the probe as asked.
         p.function = Some(sym.name.clone());
+        if offset == 0 && p.no_return.is_none() {
+            p.no_return = crate::no_return_reason(Some(lm), Some(&sym.name), link);
+        }
         p.offset = offset;
         p.function_range = function_range(lm, sym);
         let kind = lm.module.function_kind(sym);

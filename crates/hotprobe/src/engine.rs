@@ -76,6 +76,9 @@ pub(crate) struct ProbeEntry {
     pub abandoned: u64,
     /// Dropped at an exec: nothing armed, counts kept.
     pub dropped: bool,
+    /// The session's own (a trap-table publisher, a loader breakpoint):
+    /// never counted in what a notice tells the user.
+    pub internal: bool,
 }
 
 /// A probed address: the instruction's plan, its slot, and the probes on it.
@@ -481,6 +484,7 @@ impl Engine {
                 returns: 0,
                 abandoned: 0,
                 dropped: false,
+                internal: false,
             },
         );
         Ok(id)
@@ -519,6 +523,7 @@ impl Engine {
                 returns: 0,
                 abandoned: 0,
                 dropped: false,
+                internal: false,
             },
         );
         Ok(id)
@@ -639,9 +644,25 @@ impl Engine {
                 returns: 0,
                 abandoned: 0,
                 dropped: true,
+                internal: false,
             },
         );
         id
+    }
+
+    /// Marks probe `id` as the session's own (see [`ProbeEntry::internal`]).
+    pub(crate) fn mark_internal(&mut self, id: ProbeId) {
+        if let Some(p) = self.probes.get_mut(&id) {
+            p.internal = true;
+        }
+    }
+
+    /// How many of the user's probes (not the session's own) `keep` takes.
+    fn user_probes(&self, keep: impl Fn(&ProbeEntry) -> bool) -> usize {
+        self.probes
+            .values()
+            .filter(|p| !p.internal && keep(p))
+            .count()
     }
 
     /// Arms probe `id` (unarmed: pending, or its library was unmapped) at
@@ -867,7 +888,7 @@ impl Engine {
                 // Nothing is written into the new image: its addresses mean
                 // something else. The probes stay, disabled and unarmed, so
                 // that what they counted before the exec is still reported.
-                let n = self.probes.len();
+                let n = self.user_probes(|_| true);
                 self.sites.clear();
                 self.shadow.clear();
                 self.graveyard.clear();
@@ -896,7 +917,13 @@ impl Engine {
                 Ok(())
             }
             TargetEvent::Exited(st) => {
-                let n = self.probes.values().filter(|p| !p.dropped).count();
+                // An exit is the normal end: nothing is "dropped" then.
+                // A death by signal says how many of the user's probes
+                // were armed in the program.
+                let n = match st {
+                    ExitStatus::Signal(_) => self.user_probes(|p| !p.dropped),
+                    _ => 0,
+                };
                 self.notices.push(if n > 0 {
                     format!(
                         "{} {st}: its {n} probes are dropped",

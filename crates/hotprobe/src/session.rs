@@ -133,6 +133,10 @@ pub struct Placement {
     /// How hits execute, for a table: `patch (patchable entry)`, `jump`,
     /// `trap (boosted)`, `stub (emulated)` …
     pub execution: String,
+    /// A recording probe that takes the function's entries only, and why:
+    /// the function does not return to the address at `[rsp]`
+    /// ([`ResolvedProbe::no_return`]), so no return is hooked.
+    pub entry_only: Option<String>,
 }
 
 /// A match of a spec that was not placed, and why.
@@ -279,8 +283,8 @@ struct Slot {
     /// parent (address, original bytes), restored if it is detached.
     inherited: Vec<(RuntimeAddr, Vec<u8>)>,
     /// Trap `Count`/`Record` probes a followed child gets too: (probe,
-    /// address, `%return`, record).
-    followable: Vec<(ProbeId, RuntimeAddr, bool, bool)>,
+    /// address, `%return`, record, returns hooked).
+    followable: Vec<(ProbeId, RuntimeAddr, bool, bool, bool)>,
     /// A followed child's probe ids → its root's.
     origin: HashMap<ProbeId, ProbeId>,
     /// A guest started with hotprobe's QEMU plugin.
@@ -1180,6 +1184,7 @@ impl Session {
             }
         })?;
         if let Some(p) = publishing {
+            slot.engine.mark_internal(p);
             slot.publishers.insert(id, p);
         }
         if let Some(pid) = slot.pid {
@@ -1347,6 +1352,12 @@ impl Session {
                 if !r.is_entry() {
                     return Err(not_an_entry(spec, &r));
                 }
+                if let Some(why) = &r.no_return {
+                    return Err(EngineError::RefusedSpec {
+                        spec: spec.into(),
+                        reason: why.clone(),
+                    });
+                }
                 let id = self.retprobe_addr(t, r.addr, rp)?;
                 return Ok(Added {
                     placements: vec![self.placement(t, id, spec.to_string(), &r, None)],
@@ -1358,7 +1369,7 @@ impl Session {
         let record = matches!(action, Action::Record);
         let found = match self.resolve_unchecked(t, spec) {
             Err(e) if not_loaded(&e) && !pattern => {
-                let (p, rp) = self.trap_form(t, is_return, record, None)?;
+                let (p, rp) = self.trap_form(t, is_return, record, None, true)?;
                 return self.add_pending(t, spec, p, rp, true, is_return, e);
             }
             found => found?,
@@ -1397,6 +1408,21 @@ impl Session {
             }
             if (record || is_return) && r.offset == 0 && !r.is_entry() {
                 return Err(not_an_entry(spec, &r));
+            }
+            // No return to hook: `%return` is refused, recording takes
+            // the entries only (see `entry_only`).
+            if let (true, Some(why)) = (is_return, &r.no_return) {
+                if pattern {
+                    added.skipped.push(Skipped {
+                        label,
+                        reason: why.clone(),
+                    });
+                    continue;
+                }
+                return Err(EngineError::RefusedSpec {
+                    spec: spec.into(),
+                    reason: why.clone(),
+                });
             }
             // Inside a function, an in-process trap records hit events
             // (no return to hook); nothing else records there.
@@ -1646,8 +1672,13 @@ impl Session {
             spec: label.clone(),
             reason: "not a process".into(),
         })?;
+        let entry_only = r.no_return.clone().filter(|_| record);
         let action = if record {
-            let a = hotprobe_fastpath::Action::record().with_exit();
+            let a = hotprobe_fastpath::Action::record();
+            let a = match entry_only {
+                Some(_) => a,
+                None => a.with_exit(),
+            };
             match xmm {
                 Some(k) => a.with_xmm(k),
                 None => a,
@@ -1675,6 +1706,7 @@ impl Session {
             mechanism,
             reason,
             execution: mechanism.to_string(),
+            entry_only,
         })
     }
 
@@ -1689,14 +1721,18 @@ impl Session {
         label: String,
         capture: Option<Capture>,
     ) -> Result<Placement, EngineError> {
-        let id = match self.trap_form(t, is_return, record, capture)? {
+        let entry_only = r.no_return.clone().filter(|_| record);
+        let form = self.trap_form(t, is_return, record, capture, entry_only.is_none())?;
+        let id = match form {
             (_, Some(rp)) => self.retprobe_addr(t, r.addr, rp)?,
             (p, None) => self.probe_addr(t, r.addr, p.unwrap_or_default())?,
         };
         self.slot(t)?
             .followable
-            .push((id, r.addr, is_return, record));
-        Ok(self.placement(t, id, label, r, Some(reason)))
+            .push((id, r.addr, is_return, record, entry_only.is_none()));
+        let mut placed = self.placement(t, id, label, r, Some(reason));
+        placed.entry_only = entry_only;
+        Ok(placed)
     }
 
     /// A `Count` or `Record` probe on a guest's QEMU plugin.
@@ -1763,6 +1799,7 @@ impl Session {
             mechanism: Mechanism::Plugin,
             reason,
             execution: execution.into(),
+            entry_only: None,
         })
     }
 
@@ -1775,10 +1812,27 @@ impl Session {
         is_return: bool,
         record: bool,
         capture: Option<Capture>,
+        exits: bool,
     ) -> Result<(Option<Probe>, Option<RetProbe>), EngineError> {
         let maxactive = self.config.maxactive;
         let nargs = self.config.fast_path.record_args.min(6) as usize;
-        Ok(if record {
+        Ok(if record && !exits {
+            // Entries only (the function does not return to `[rsp]`).
+            let events = self.slot(t)?.trap_events.clone();
+            let data = self.slot(t)?.trap_data.clone();
+            let probe = Probe::new().pre(move |ctx| {
+                let mut ev = trap_event(ctx, hotprobe_fastpath::KIND_ENTRY);
+                ev.nargs = nargs as u8;
+                for (i, a) in ev.args.iter_mut().take(nargs).enumerate() {
+                    *a = ctx.arg(i).unwrap_or(0);
+                }
+                if let Some(c) = &capture {
+                    ev.reserved2 = captured(ctx, c, false, &data);
+                }
+                events.borrow_mut().push(ev);
+            });
+            (Some(probe), None)
+        } else if record {
             let events = self.slot(t)?.trap_events.clone();
             let exits = events.clone();
             let data = self.slot(t)?.trap_data.clone();
@@ -1854,6 +1908,7 @@ impl Session {
         };
         let id = slot.engine.add_unarmed(probe, rp);
         if let Some(p) = publishing {
+            slot.engine.mark_internal(p);
             slot.publishers.insert(id, p);
         }
         slot.pending.push(Pending {
@@ -1878,6 +1933,7 @@ impl Session {
                 is_return,
                 mechanism: Mechanism::Pending,
                 execution: "pending".into(),
+                entry_only: None,
             }],
             ..Added::default()
         })
@@ -2057,6 +2113,7 @@ impl Session {
             mechanism,
             reason,
             execution,
+            entry_only: None,
         }
     }
 
@@ -2393,9 +2450,9 @@ impl Session {
         slot.inherited = inherited;
         slot.recording = recording;
         let mut failed = Vec::new();
-        for (rid, addr, is_return, record) in followable {
+        for (rid, addr, is_return, record, exits) in followable {
             let placed = self
-                .trap_form(t, is_return, record, None)
+                .trap_form(t, is_return, record, None, exits)
                 .and_then(|form| match form {
                     (_, Some(rp)) => self.retprobe_addr(t, addr, rp),
                     (p, None) => self.probe_addr(t, addr, p.unwrap_or_default()),

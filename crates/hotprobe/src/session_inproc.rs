@@ -56,7 +56,7 @@ impl Session {
         };
         // A recording probe at a function's entry has its return hooked
         // from the handler too; inside a function it records hit events.
-        let exit = r.offset == 0 && r.is_entry();
+        let exit = r.offset == 0 && r.is_entry() && r.no_return.is_none();
         let placed = if record {
             fp.add_inproc_record(pt, r.addr.0, exit)
         } else {
@@ -72,6 +72,7 @@ impl Session {
         };
         slot.bind_fast(id, info.probe_id, None);
         slot.inproc.insert(id, (r.addr.0, false));
+        let entry_only = r.no_return.clone().filter(|_| record);
         Ok(Ok(Placement {
             id,
             label,
@@ -89,11 +90,16 @@ impl Session {
                     "{} ({}, recorded: {})",
                     Mechanism::InProcessTrap,
                     info.execution,
-                    if exit { "return hooked" } else { "hit events" }
+                    match (exit, &entry_only) {
+                        (true, _) => "return hooked",
+                        (false, Some(_)) => "entries only",
+                        (false, None) => "hit events",
+                    }
                 )
             } else {
                 format!("{} ({})", Mechanism::InProcessTrap, info.execution)
             },
+            entry_only,
         }))
     }
 
@@ -264,6 +270,7 @@ impl Session {
                 Mechanism::InProcessTrap,
                 info.execution
             ),
+            entry_only: None,
         }))
     }
 
@@ -325,6 +332,7 @@ impl Session {
                  (the site's call saves the registers: no signal)"
             ),
             execution: format!("{mechanism} (shared-memory handler)"),
+            entry_only: None,
         }))
     }
 
