@@ -80,6 +80,20 @@ pub trait Resolver {
         options: CheckOptions,
     ) -> Result<(), String>;
 
+    /// [`Resolver::check_with`] on the code as it was before hotprobe
+    /// wrote into it (see [`check_probe_point_over`]). By default the
+    /// originals are not looked at.
+    fn check_over(
+        &self,
+        probe: &ResolvedProbe,
+        target: &mut dyn Target,
+        options: CheckOptions,
+        originals: &[(u64, Vec<u8>)],
+    ) -> Result<(), String> {
+        let _ = originals;
+        self.check_with(probe, target, options)
+    }
+
     /// The blacklist.
     fn blacklist(&self) -> Vec<BlacklistEntry>;
 
@@ -132,6 +146,21 @@ pub fn check_probe_point(
     target: &mut dyn Target,
     options: CheckOptions,
 ) -> Result<(), String> {
+    check_probe_point_over(probe, blacklist, target, options, &[])
+}
+
+/// [`check_probe_point`] on the code as it was before hotprobe wrote into
+/// it: `originals` (address, original bytes) are laid over what is read,
+/// in order (the later over the earlier), so that an `int3` or a jump
+/// hotprobe placed before does not make the decoding step over the
+/// instruction boundaries.
+pub fn check_probe_point_over(
+    probe: &ResolvedProbe,
+    blacklist: &[BlacklistEntry],
+    target: &mut dyn Target,
+    options: CheckOptions,
+    originals: &[(u64, Vec<u8>)],
+) -> Result<(), String> {
     if let Some(b) = blacklist
         .iter()
         .find(|b| probe.addr >= b.start && probe.addr < b.end)
@@ -174,6 +203,7 @@ pub fn check_probe_point(
             "cannot read the code from {b} to check instruction boundaries: {e}"
         ));
     }
+    lay_over(&mut code, b.start.0, originals);
     if !hotprobe_x86::is_instruction_boundary(&code, b.start.0, probe.addr.0) {
         return Err(format!(
             "{} is in the middle of an instruction (decoded from {b})",
@@ -181,6 +211,20 @@ pub fn check_probe_point(
         ));
     }
     Ok(())
+}
+
+/// Lays `originals` (address, bytes) over `code`, read at `at`: each
+/// byte of them that falls inside `code` replaces what is there.
+pub fn lay_over(code: &mut [u8], at: u64, originals: &[(u64, Vec<u8>)]) {
+    let end = at.saturating_add(code.len() as u64);
+    for (a, bytes) in originals {
+        for (i, b) in bytes.iter().enumerate() {
+            let x = a.saturating_add(i as u64);
+            if (at..end).contains(&x) {
+                code[(x - at) as usize] = *b;
+            }
+        }
+    }
 }
 
 /// `0x55d0c0de1234 (compute+0x4)`, or `(prog:0x1234)` without a function.
@@ -274,6 +318,19 @@ impl Resolver for ProcessResolver {
             ));
         }
         check_probe_point(probe, &self.blacklist, target, options)
+    }
+
+    fn check_over(
+        &self,
+        probe: &ResolvedProbe,
+        target: &mut dyn Target,
+        options: CheckOptions,
+        originals: &[(u64, Vec<u8>)],
+    ) -> Result<(), String> {
+        if probe.in_plt {
+            return self.check_with(probe, target, options);
+        }
+        check_probe_point_over(probe, &self.blacklist, target, options, originals)
     }
 
     fn blacklist(&self) -> Vec<BlacklistEntry> {

@@ -15,6 +15,8 @@ use hotprobe_target::{ExitStatus, RuntimeAddr, Target, TargetError, TargetEvent}
 
 #[path = "session_inproc.rs"]
 mod inproc;
+#[path = "session_ledger.rs"]
+mod ledger;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -322,9 +324,13 @@ struct Slot {
     /// Fast-path probes removed while the target ran (`remove_probe`):
     /// their counts stay readable, nothing else applies to them.
     removed_fast: std::collections::HashSet<ProbeId>,
-    /// In-process probes handed over to the engine (a trap probe came to
-    /// the same address): probe → the engine probe that counts on for it.
+    /// In-process and fast-path probes handed over to the engine (a trap
+    /// probe came to the same address, or into a jump's bytes: see
+    /// `session_ledger.rs`): probe → the engine probe that counts on for it.
     handed: HashMap<ProbeId, ProbeId>,
+    /// The fast path's sites by the address their bytes start at, with
+    /// the session probes on each (and whether it records).
+    fast_sites: HashMap<u64, Vec<(ProbeId, bool)>>,
 }
 
 impl Slot {
@@ -786,8 +792,14 @@ enum Plan {
         bias: u64,
         function: FunctionInfo,
         reason: String,
+        /// The run-time address and length of the bytes it rewrites.
+        site: u64,
+        len: usize,
     },
     Trap(String),
+    /// The ptrace trap, joining a site already at the address (see
+    /// `session_ledger.rs`): never an in-process trap.
+    Join(String),
     /// The guest's QEMU plugin.
     Plugin(String),
 }
@@ -913,6 +925,7 @@ impl Session {
             shm_taken: HashMap::new(),
             removed_fast: Default::default(),
             handed: HashMap::new(),
+            fast_sites: HashMap::new(),
         });
         let follow = self.config.follow_forks && pid.is_some();
         let slot = &mut self.slots[id];
@@ -1073,9 +1086,10 @@ impl Session {
             force: self.config.force,
         };
         let slot = self.slot(t)?;
+        let originals = slot.originals();
         if let Some(resolver) = slot.resolver.as_ref() {
             resolver
-                .check_with(r, slot.engine.target(), options)
+                .check_over(r, slot.engine.target(), options, &originals)
                 .map_err(|reason| EngineError::RefusedSpec {
                     spec: spec.into(),
                     reason,
@@ -1466,14 +1480,16 @@ impl Session {
             if capture.is_some() && !matches!(plan, Plan::Trap(_)) {
                 plan = Plan::Trap("typed values read at the hit (DWARF)".into());
             }
+            let fast_ok = capture.is_none() && (record || !is_return);
+            plan = self.fit_to_ledger(t, &r, plan, fast_ok)?;
             // An in-process trap may still take it (refused below if not);
             // typed values (captured at the hit) need the ptrace trap.
             let inproc_first =
                 !is_return && capture.is_none() && self.config.mechanism == MechanismChoice::Auto;
-            if let (Plan::Trap(why), true, false) = (
+            if let (Plan::Trap(why) | Plan::Join(why), true, false) = (
                 &plan,
                 record && !self.config.record_traps && capture.is_none(),
-                inproc_first,
+                inproc_first && !matches!(plan, Plan::Join(_)),
             ) {
                 let reason = format!("needs the trap mechanism ({why})");
                 if pattern {
@@ -1491,6 +1507,7 @@ impl Session {
                     bias,
                     function,
                     reason,
+                    ..
                 } => {
                     let reason = match xmm {
                         Some(_) => format!("{reason}; float/double values from xmm registers"),
@@ -1544,7 +1561,7 @@ impl Session {
                         }
                     }
                 }
-                Plan::Trap(reason) => {
+                Plan::Trap(reason) | Plan::Join(reason) => {
                     self.place_trap(t, &r, is_return, record, reason, label, capture)
                 }
                 Plan::Plugin(reason) => self.place_plugin(t, &r, is_return, record, reason, label),
@@ -1638,6 +1655,8 @@ impl Session {
                 bias,
                 function,
                 reason: plan.reason,
+                site: plan.site.wrapping_add(bias),
+                len: plan.len,
             },
         })
     }
@@ -1695,6 +1714,10 @@ impl Session {
         }
         let info = info?;
         slot.bind_fast(id, info.probe_id, info.exit_probe_id);
+        slot.fast_sites
+            .entry(info.addr)
+            .or_default()
+            .push((id, record));
         let mechanism = from_fast(info.mechanism);
         Ok(Placement {
             id,
@@ -2036,6 +2059,7 @@ impl Session {
                 bias,
                 function,
                 reason,
+                ..
             } => {
                 self.place_fast(
                     t,
@@ -2051,7 +2075,7 @@ impl Session {
                 )?;
                 self.slot(t)?.update_fork_restores();
             }
-            Plan::Trap(_) | Plan::Plugin(_) => {
+            Plan::Trap(_) | Plan::Join(_) | Plan::Plugin(_) => {
                 let config = self.config.fast_path;
                 let slot = self.slot(t)?;
                 if let Some(pid) = slot.pid.filter(|_| slot.engine.is_return_probe(id)) {
@@ -2168,6 +2192,9 @@ impl Session {
                 reason: "QEMU plugin probes stay candidates: disable it instead".into(),
             });
         }
+        if let Some(x) = slot.handed.remove(&id) {
+            return slot.change_traps(|e| e.remove_probe(x));
+        }
         if let (Some(&(addr, handler)), Fast::On(fp)) = (slot.inproc.get(&id), &slot.fast) {
             // Disabled for good (its handler dropped); the int3 goes at detach.
             fp.set_inproc_enabled(addr, handler, false);
@@ -2180,6 +2207,10 @@ impl Session {
         if slot.fast_probes.contains_key(&id) {
             slot.change_fast(id, |fp, pt, c| fp.remove_probe(pt, c).map(|_| ()))?;
             slot.removed_fast.insert(id);
+            for probes in slot.fast_sites.values_mut() {
+                probes.retain(|(p, _)| *p != id);
+            }
+            slot.fast_sites.retain(|_, probes| !probes.is_empty());
             // Its counters stay readable (stats); no handler call is
             // served any more (a thread waiting in one resumes unmodified).
             slot.shm_handlers.retain(|_, (p, _)| *p != id);
@@ -2597,6 +2628,7 @@ impl Session {
                     }
                     fp.forget();
                 }
+                slot.fast_sites.clear();
             }
             TargetEvent::Exited(status) => {
                 // SIGILL, SIGTRAP, SIGBUS, SIGSEGV (x86-64 Linux).

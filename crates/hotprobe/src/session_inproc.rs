@@ -216,9 +216,12 @@ impl Session {
         let spin = self.spin();
         let timeout = self.handler_timeout();
         let slot = self.slot(t)?;
+        // A site already at the address (or holding it in its bytes):
+        // the trap joins or takes it over (`session_ledger.rs`).
         if !slot.is_process()
             || slot.plugin.is_some()
             || slot.engine.execution_of(r.addr).is_some()
+            || slot.ledger().iter().any(|s| s.covers(r.addr.0))
             || slot.ensure_fast(&config).is_err()
         {
             return Ok(Err(probe));
@@ -299,6 +302,7 @@ impl Session {
             bias,
             function,
             reason,
+            ..
         } = self.plan_resolved(t, r, false, false, Some(&symbols))?
         else {
             return Ok(Err(probe));
@@ -318,6 +322,7 @@ impl Session {
         };
         fp.set_handler_wait(spin, timeout);
         let id = slot.add_shm_handler(info.probe_id, probe);
+        slot.fast_sites.entry(info.addr).or_default().push((id, false));
         let mechanism = from_fast(info.mechanism);
         Ok(Ok(Placement {
             id,
@@ -441,7 +446,8 @@ impl Session {
             }
         }
         let Some((&id, _)) = slot.inproc.iter().find(|(_, (a, _))| *a == addr.0) else {
-            return Ok(());
+            // A jump or patch whose bytes hold `addr` goes to the engine.
+            return self.hand_fast_to_trap(t, addr);
         };
         let Slot { engine, fast, .. } = &mut *slot;
         if let (Fast::On(fp), Some(pt)) = (fast, Slot::process(engine)) {

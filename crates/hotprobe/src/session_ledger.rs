@@ -1,0 +1,234 @@
+//! The code ledger of a target (issue 21): the bytes every mechanism
+//! wrote into the target's code, with their owner and the original bytes,
+//! walked in one place, and the rule that a second probe at an address
+//! another mechanism already serves joins that site or takes it over —
+//! it is never written over it.
+//!
+//! The ledger is read from the two writers that hold the bytes: the
+//! process target's `int3`s (the trap engine's, its return trampoline's,
+//! the loader rendezvous) and the fast path's installed sites (patch
+//! calls, jumps, in-process traps), which the agent mirrors in shared
+//! memory. What is laid down here is the rule between them:
+//!
+//! - a site of the trap engine at the address: the new probe joins it
+//!   (the engine serves several probes on one `int3`);
+//! - an in-process trap there: the new probe goes on the ptrace trap,
+//!   which takes the in-process one over (`before_trap_at`);
+//! - a fast-path site starting there, and the fast path can serve the new
+//!   action (count, record): the new probe joins it;
+//! - otherwise a fast-path site whose bytes hold the address (a `%return`
+//!   or a handler at a jump's entry, `mix+3` inside the jump at `mix`):
+//!   the site's probes are handed to the trap engine (their counts go on
+//!   there; a recording one is refused instead), the original bytes come
+//!   back, and the new probe goes on the trap;
+//! - a jump or patch that would cover another site is planned as a trap.
+
+use super::*;
+
+/// Who wrote a site's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Owner {
+    /// An `int3` of the process target: the trap engine's, or the
+    /// session's own (return trampoline, loader rendezvous).
+    Trap,
+    /// The agent's in-process trap.
+    InProcess,
+    /// A patch call or a jump of the fast path (and their padding).
+    Fast,
+}
+
+/// One site of the ledger: what was written at `start` replaced
+/// `original`.
+#[derive(Clone, Debug)]
+pub(crate) struct LedgerSite {
+    /// The first byte written.
+    pub start: u64,
+    /// The bytes the write replaced.
+    pub original: Vec<u8>,
+    /// Who wrote it.
+    pub owner: Owner,
+}
+
+impl LedgerSite {
+    /// Whether the bytes written hold `addr`.
+    pub(crate) fn covers(&self, addr: u64) -> bool {
+        (self.start..self.start + self.original.len() as u64).contains(&addr)
+    }
+}
+
+impl Slot {
+    /// The target's ledger, in the order the writes lie over each other:
+    /// the `int3`s, then the fast path's sites, the latest first (a site
+    /// written over another of the fast path's keeps that one's bytes as
+    /// its original), so that laying every original over the code in this
+    /// order gives the code as it was in the file.
+    pub(crate) fn ledger(&mut self) -> Vec<LedgerSite> {
+        let mut sites = Vec::new();
+        if let Some(pt) = Slot::process(&mut self.engine) {
+            for (a, b) in pt.breakpoints() {
+                sites.push(LedgerSite {
+                    start: a,
+                    original: vec![b],
+                    owner: Owner::Trap,
+                });
+            }
+        }
+        if let Fast::On(fp) = &self.fast {
+            let inproc: std::collections::HashSet<u64> =
+                self.inproc.values().map(|(a, _)| *a).collect();
+            for (a, original) in fp.written_bytes().into_iter().rev() {
+                let owner = match inproc.contains(&a) && original.len() == 1 {
+                    true => Owner::InProcess,
+                    false => Owner::Fast,
+                };
+                sites.push(LedgerSite {
+                    start: a,
+                    original,
+                    owner,
+                });
+            }
+        }
+        sites
+    }
+
+    /// The ledger's originals, for laying over code read from the target
+    /// ([`hotprobe_resolve::lay_over`]).
+    pub(crate) fn originals(&mut self) -> Vec<(u64, Vec<u8>)> {
+        self.ledger()
+            .into_iter()
+            .map(|s| (s.start, s.original))
+            .collect()
+    }
+}
+
+impl Session {
+    /// Fits `plan`, made for a new probe at `r` from the file, to the
+    /// sites already in target `t` (see the module docs). `fast_ok`: the
+    /// fast path could serve the new probe's action (a count or a record
+    /// of entries, nothing read at the hit).
+    pub(super) fn fit_to_ledger(
+        &mut self,
+        t: TargetId,
+        r: &ResolvedProbe,
+        plan: Plan,
+        fast_ok: bool,
+    ) -> Result<Plan, EngineError> {
+        let a = r.addr.0;
+        let slot = self.slot(t)?;
+        if !slot.is_process() {
+            return Ok(plan);
+        }
+        let sites = slot.ledger();
+        if let Some(s) = sites.iter().find(|s| s.covers(a)) {
+            return match s.owner {
+                Owner::Trap => Ok(Plan::Join(
+                    "joins the trap already at this address".into(),
+                )),
+                Owner::InProcess => Ok(Plan::Join(
+                    "joins the in-process trap at this address (taken over by the trap, which \
+                     serves both)"
+                        .into(),
+                )),
+                Owner::Fast => {
+                    let here = slot.fast_sites.contains_key(&a) && s.start == a;
+                    if let (true, true, Plan::Fast { site, .. }) = (here, fast_ok, &plan) {
+                        if *site == s.start {
+                            return Ok(plan);
+                        }
+                    }
+                    // The engine's `before_trap_at` hands the site over.
+                    let why = match here {
+                        true => "the fast path cannot serve this probe",
+                        false => "this address lies in its bytes",
+                    };
+                    Ok(Plan::Join(format!(
+                        "the fast-path site at {:#x} goes to the trap, which serves both ({why})",
+                        s.start
+                    )))
+                }
+            };
+        }
+        if let Plan::Fast { site, len, .. } = &plan {
+            let (site, end) = (*site, *site + *len as u64);
+            if let Some(s) = sites.iter().find(|s| (site..end).contains(&s.start)) {
+                return Ok(Plan::Trap(format!(
+                    "a probe at {:#x} lies in the {} bytes the fast path would rewrite",
+                    s.start,
+                    end - site
+                )));
+            }
+        }
+        Ok(plan)
+    }
+
+    /// Before the engine writes an `int3` at `at` of target `t`: a
+    /// fast-path site whose bytes hold `at` is handed to the trap engine:
+    /// each of its probes (counts, shared-memory handlers) goes on as a
+    /// trap probe at the site's address, counting on from where it was
+    /// (see [`Slot::handed`]), and the site's original bytes come back.
+    /// Refused (nothing changed) when one of them records: its events
+    /// would change hands in the middle of a call.
+    pub(super) fn hand_fast_to_trap(
+        &mut self,
+        t: TargetId,
+        at: RuntimeAddr,
+    ) -> Result<(), EngineError> {
+        let slot = self.slot(t)?;
+        if !matches!(slot.fast, Fast::On(_)) {
+            return Ok(());
+        }
+        let Some(start) = slot
+            .ledger()
+            .into_iter()
+            .find(|s| s.owner == Owner::Fast && s.covers(at.0))
+            .map(|s| s.start)
+        else {
+            return Ok(());
+        };
+        let probes = slot.fast_sites.get(&start).cloned().unwrap_or_default();
+        if probes.is_empty() {
+            return Err(EngineError::RefusedSpec {
+                spec: at.to_string(),
+                reason: format!(
+                    "{at} lies in bytes the fast path rewrote at {start:#x} (an exit \
+                     placeholder or a stub) for no probe that can move to the trap"
+                ),
+            });
+        }
+        if probes.iter().any(|(_, record)| *record) {
+            return Err(EngineError::RefusedSpec {
+                spec: at.to_string(),
+                reason: format!(
+                    "the fast-path site at {start:#x} records calls, and a probe there or in \
+                     its bytes needs the trap: place this probe first, or put both on the trap \
+                     (--mechanism trap)"
+                ),
+            });
+        }
+        let addr = RuntimeAddr(start);
+        slot.fast_sites.remove(&start);
+        for (id, _) in probes {
+            let mut probe = Probe::default();
+            if let Some(k) = slot
+                .shm_handlers
+                .iter()
+                .find_map(|(k, (p, _))| (*p == id).then_some(*k))
+            {
+                if let Some((_, p)) = slot.shm_handlers.remove(&k) {
+                    probe = p;
+                }
+            }
+            slot.change_fast(id, |fp, pt, c| fp.remove_probe(pt, c).map(|_| ()))?;
+            slot.removed_fast.insert(id);
+            slot.prepublish_trap(addr);
+            let x = slot.change_traps(|e| e.add_probe(addr, probe))?;
+            slot.handed.insert(id, x);
+        }
+        let who = slot.engine.target().describe();
+        slot.engine.notices.push(format!(
+            "{who}: the fast-path site at {start:#x} was handed to the trap for a probe at \
+             {at}, which serves both (their counts go on)"
+        ));
+        Ok(())
+    }
+}
