@@ -125,7 +125,10 @@ impl Traced {
         );
         for p in placed {
             if let Some(why) = &p.entry_only {
-                errln!("hotprobe: {}: entries only, no return hooked ({why})", p.label);
+                errln!(
+                    "hotprobe: {}: entries only, no return hooked ({why})",
+                    p.label
+                );
             }
         }
         if let Some(d) = duration {

@@ -73,7 +73,10 @@ mod tests {
         let why = no_return_reason(None, Some("_dl_runtime_resolve_xsavec"), LinkAddr(1)).unwrap();
         assert!(why.contains("relocation index"), "{why}");
         assert_eq!(no_return_reason(None, Some("main"), LinkAddr(0x10)), None);
-        assert_eq!(no_return_reason(None, Some("exit_group_helper"), LinkAddr(0x10)), None);
+        assert_eq!(
+            no_return_reason(None, Some("exit_group_helper"), LinkAddr(0x10)),
+            None
+        );
         assert_eq!(no_return_reason(None, None, LinkAddr(0x10)), None);
     }
 }

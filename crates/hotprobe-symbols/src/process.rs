@@ -533,7 +533,8 @@ impl ProcessSymbols {
             boundary,
             no_return: crate::no_return_reason(
                 Some(lm),
-                sym.filter(|(_, off)| *off == 0).map(|(s, _)| s.name.as_str()),
+                sym.filter(|(_, off)| *off == 0)
+                    .map(|(s, _)| s.name.as_str()),
                 link,
             ),
         }

@@ -1255,6 +1255,26 @@ impl Session {
         self.add_filtered(t, spec, action, &|_| true)
     }
 
+    /// As [`Session::add`], with `mechanism` for this spec alone instead of
+    /// the session's ([`SessionConfig::mechanism`]): `Trap` is the ptrace
+    /// trap, `Patch` and `Jump` the fast path's, `Auto` the usual choice
+    /// (an in-process trap where no patch or jump fits). A probe at an
+    /// address another mechanism serves joins that site whatever is asked
+    /// (its placement says which serves it; see the code ledger in
+    /// docs/DESIGN.md).
+    pub fn add_using(
+        &mut self,
+        t: TargetId,
+        spec: &str,
+        action: Action,
+        mechanism: MechanismChoice,
+    ) -> Result<Added, EngineError> {
+        let session = std::mem::replace(&mut self.config.mechanism, mechanism);
+        let added = self.add(t, spec, action);
+        self.config.mechanism = session;
+        added
+    }
+
     /// As [`Session::add`], leaving out the matches whose function name
     /// `keep` refuses (counted in [`Added::left_out`], not probed). The
     /// fast-path sites of all the matches are written in one batch, the

@@ -322,7 +322,10 @@ impl Session {
         };
         fp.set_handler_wait(spin, timeout);
         let id = slot.add_shm_handler(info.probe_id, probe);
-        slot.fast_sites.entry(info.addr).or_default().push((id, false));
+        slot.fast_sites
+            .entry(info.addr)
+            .or_default()
+            .push((id, false));
         let mechanism = from_fast(info.mechanism);
         Ok(Ok(Placement {
             id,

@@ -121,9 +121,7 @@ impl Session {
         let sites = slot.ledger();
         if let Some(s) = sites.iter().find(|s| s.covers(a)) {
             return match s.owner {
-                Owner::Trap => Ok(Plan::Join(
-                    "joins the trap already at this address".into(),
-                )),
+                Owner::Trap => Ok(Plan::Join("joins the trap already at this address".into())),
                 Owner::InProcess => Ok(Plan::Join(
                     "joins the in-process trap at this address (taken over by the trap, which \
                      serves both)"

@@ -311,7 +311,10 @@ fn the_target_dying_drops_its_probes() {
             .any(|n| n == &format!("pid {} exited with code 0", srv.pid)),
         "{notices:?}"
     );
-    assert!(!notices.iter().any(|n| n.contains("dropped")), "{notices:?}");
+    assert!(
+        !notices.iter().any(|n| n.contains("dropped")),
+        "{notices:?}"
+    );
     // Adding a probe now says the target is gone.
     let err = s
         .probe_addr(t, hotprobe::RuntimeAddr(0x1000), Probe::new())
