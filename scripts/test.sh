@@ -19,3 +19,5 @@ echo "== cargo test"
 # and the other binaries still run, instead of the whole run stalling.
 export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="timeout --kill-after=20 ${HOTPROBE_TEST_BINARY_LIMIT:-900}"
 cargo test --workspace --locked --no-fail-fast
+echo "== the agent's release build: no vector register on its hot path"
+cargo test --release --locked -p hotprobe-agent --test hotpatch fast_path_uses_no_vector_registers
