@@ -1408,7 +1408,7 @@ impl FastPath {
     /// heartbeat. The threads are stopped for the restore and left stopped
     /// (resume or detach the target afterwards). Trampoline pages and the
     /// agent stay mapped (see the crate docs).
-    pub fn detach(&mut self, t: &mut dyn Target) -> Result<(), FastPathError> {
+    pub fn detach(&mut self, t: &mut ProcessTarget) -> Result<(), FastPathError> {
         if self.detached {
             return Ok(());
         }
@@ -1445,10 +1445,9 @@ impl FastPath {
                 let _ = self.shm.shm().set_site_action(s.key, 0);
             }
         }
-        let bps: Option<std::collections::BTreeSet<u64>> = t
-            .as_any_mut()
-            .and_then(|a| a.downcast_mut::<ProcessTarget>())
-            .map(|p| p.breakpoints().into_iter().map(|b| b.0).collect());
+        // The process's own int3s (the trap engine's) over our sites.
+        let bps: Option<std::collections::BTreeSet<u64>> =
+            Some(t.breakpoints().into_iter().map(|b| b.0).collect());
         let mut foreign = Vec::new();
         let restored = restore_spans(t, restore, bps.as_ref(), &mut foreign);
         // What was found before a failure is reported all the same.

@@ -1759,10 +1759,6 @@ impl Target for ProcessTarget {
         sys::detach(child, 0).map_err(|e| self.sys_err(e))
     }
 
-    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
-        Some(self)
-    }
-
     fn forget_breakpoint(&mut self, addr: RuntimeAddr) {
         if self.breakpoints.remove(&addr.0).is_some() {
             self.breakpoint_changed(addr.0);

@@ -341,13 +341,6 @@ pub trait Target {
     /// memory it was in is gone (a library was unmapped). No-op by default.
     fn forget_breakpoint(&mut self, _addr: RuntimeAddr) {}
 
-    /// The concrete target, for callers that need more than this trait
-    /// (the fast path needs a process target's remote calls). `None` by
-    /// default.
-    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
-        None
-    }
-
     /// How this target implements return probes.
     fn return_strategy(&self) -> ReturnStrategy {
         ReturnStrategy::Trampoline

@@ -3,6 +3,7 @@
 //! handling of every [`TargetEvent`]. Written once for any [`Target`].
 
 use crate::handler::{EntryInfo, Handler, HitContext, HitKind, HitRegs, ProbeId, RetProbe};
+use crate::held::HeldTarget;
 use crate::nonlocal::UnwindHook;
 use crate::EngineError;
 use hotprobe_resolve::Symbolizer;
@@ -151,7 +152,7 @@ pub struct ProbeStats {
 
 /// The engine for one target.
 pub struct Engine {
-    target: Box<dyn Target>,
+    target: HeldTarget,
     symbolizer: Option<Box<dyn Symbolizer>>,
     sites: AddrMap<Site>,
     pub(crate) probes: HashMap<ProbeId, ProbeEntry>,
@@ -200,9 +201,15 @@ pub struct Engine {
 
 impl Engine {
     /// An engine driving `target`; probe ids start at `id_base`.
-    pub fn new(mut target: Box<dyn Target>, id_base: u32) -> Self {
-        let strategy = target.return_strategy();
-        let partial_regs = target.set_partial_breakpoint_registers(true);
+    pub fn new(target: Box<dyn Target>, id_base: u32) -> Self {
+        Engine::holding(HeldTarget::Other(target), id_base)
+    }
+
+    /// An engine driving `target` (a process, or any other: see
+    /// [`HeldTarget`]); probe ids start at `id_base`.
+    pub fn holding(mut target: HeldTarget, id_base: u32) -> Self {
+        let strategy = target.as_target().return_strategy();
+        let partial_regs = target.as_target().set_partial_breakpoint_registers(true);
         Engine {
             target,
             symbolizer: None,
@@ -311,7 +318,7 @@ impl Engine {
         &mut self,
     ) -> (&mut dyn Target, &mut bool, Option<&dyn Symbolizer>) {
         (
-            self.target.as_mut(),
+            self.target.as_target(),
             &mut self.stop,
             self.symbolizer.as_deref(),
         )
@@ -324,13 +331,18 @@ impl Engine {
 
     /// The target.
     pub fn target(&mut self) -> &mut dyn Target {
-        self.target.as_mut()
+        self.target.as_target()
+    }
+
+    /// The process target, when the engine drives a process.
+    pub fn process(&mut self) -> Option<&mut hotprobe_process::ProcessTarget> {
+        self.target.process()
     }
 
     /// The target and the handlers' symbolizer together (for handlers the
     /// session runs itself: shared-memory handlers).
     pub(crate) fn target_and_symbolizer(&mut self) -> (&mut dyn Target, Option<&dyn Symbolizer>) {
-        (self.target.as_mut(), self.symbolizer.as_deref())
+        (self.target.as_target(), self.symbolizer.as_deref())
     }
 
     /// How the target ended, if it has.
@@ -983,7 +995,7 @@ impl Engine {
         let Some(mut f) = slot else { return Ok(()) };
         let fetch_error = {
             let mut ctx = HitContext {
-                target: RefCell::new(self.target.as_mut()),
+                target: RefCell::new(self.target.as_target()),
                 thread,
                 regs,
                 probe: id,
@@ -1043,18 +1055,18 @@ impl Engine {
             HitRegs::complete(regs)
         };
         if Some(addr) == self.trampoline {
-            let regs = *hr.fetch(self.target.as_mut(), thread)?;
+            let regs = *hr.fetch(self.target.as_target(), thread)?;
             return self.on_trampoline(thread, regs);
         }
         if self.strategy == ReturnStrategy::BreakpointAtReturn
             && self.return_waiters.contains_key(&addr.0)
         {
-            let mut regs = *hr.fetch(self.target.as_mut(), thread)?;
+            let mut regs = *hr.fetch(self.target.as_target(), thread)?;
             self.match_return_breakpoint(thread, addr, &mut regs)?;
             hr = HitRegs::complete(regs);
         }
         if let Some(hook) = self.unwind_hooks.get(&addr.0).copied() {
-            let regs = *hr.fetch(self.target.as_mut(), thread)?;
+            let regs = *hr.fetch(self.target.as_target(), thread)?;
             self.on_unwind_hook(thread, hook, &regs)?;
         }
         let Some(site) = self.sites.get(&addr.0) else {
@@ -1080,7 +1092,7 @@ impl Engine {
         {
             // A call is about to put its return address at rsp: followed
             // frames whose slot is at or below it are gone (longjmp).
-            let rsp = hr.fetch(self.target.as_mut(), thread)?.rsp;
+            let rsp = hr.fetch(self.target.as_target(), thread)?.rsp;
             self.drop_dead(thread, rsp);
         }
         for id in &probes {
@@ -1102,7 +1114,7 @@ impl Engine {
                     self.run_handler(*id, HitKind::Pre, thread, &mut hr, None)?;
                 }
                 ProbeKind::Ret { .. } => {
-                    let mut regs = *hr.fetch(self.target.as_mut(), thread)?;
+                    let mut regs = *hr.fetch(self.target.as_target(), thread)?;
                     self.ret_entry(*id, thread, &mut regs)?;
                     hr = HitRegs::complete(regs);
                 }
@@ -1132,7 +1144,7 @@ impl Engine {
             (Execution::Emulate(e), _) => {
                 let len = site.plan.len;
                 let target = &mut self.target;
-                let regs = hr.fetch(target.as_mut(), thread)?;
+                let regs = hr.fetch(target.as_target(), thread)?;
                 let mut read_stack = |a: u64| -> Result<u64, hotprobe_x86::X86Error> {
                     let mut b = [0u8; 8];
                     target.read_memory(RuntimeAddr(a), &mut b).map_err(|e| {
@@ -1156,7 +1168,7 @@ impl Engine {
                 if needs_post {
                     self.run_posts(&probes, thread, &mut hr)?;
                 }
-                let regs = hr.fetch(self.target.as_mut(), thread)?;
+                let regs = hr.fetch(self.target.as_target(), thread)?;
                 let regs = *regs;
                 self.target.set_registers(thread, &regs)?;
                 self.target.resume(thread, ResumeMode::Continue)?;
@@ -1261,7 +1273,7 @@ impl Engine {
             let probes = site.probes.clone();
             let mut hr = HitRegs::complete(regs);
             self.run_posts(&probes, thread, &mut hr)?;
-            regs = *hr.fetch(self.target.as_mut(), thread)?;
+            regs = *hr.fetch(self.target.as_target(), thread)?;
         }
         let only_rip_moved = Registers {
             rip: stepped.rip,

@@ -22,6 +22,7 @@
 
 mod engine;
 mod handler;
+mod held;
 pub mod nonlocal;
 mod plugin;
 mod recorder;
@@ -29,6 +30,7 @@ mod session;
 
 pub use engine::{Engine, Outcome, ProbeStats};
 pub use handler::{EntryInfo, Handler, HitContext, HitKind, Probe, ProbeId, RetProbe};
+pub use held::HeldTarget;
 pub use hotprobe_fastpath::{FastPathConfig, RecordedEvent, KIND_ENTRY, KIND_EXIT, KIND_HIT};
 pub use hotprobe_process::{ProcessError, ProcessTarget, SpawnOptions};
 pub use hotprobe_symbols::{ProbeSpec, ResolvedProbe, SymbolError};

@@ -420,10 +420,7 @@ impl Slot {
 
     /// The process target behind the engine.
     fn process(engine: &mut Engine) -> Option<&mut ProcessTarget> {
-        engine
-            .target()
-            .as_any_mut()?
-            .downcast_mut::<ProcessTarget>()
+        engine.process()
     }
 
     /// The fast path's writes become the bytes a forked child gets back.
@@ -838,7 +835,7 @@ impl Session {
         resolver: Option<Box<dyn Resolver>>,
     ) -> TargetId {
         self.push_slot(
-            target,
+            crate::HeldTarget::Other(target),
             resolver,
             None,
             false,
@@ -885,14 +882,14 @@ impl Session {
 
     fn push_slot(
         &mut self,
-        target: Box<dyn Target>,
+        target: crate::HeldTarget,
         resolver: Option<Box<dyn Resolver>>,
         pid: Option<i32>,
         spawned: bool,
         fast: Fast,
     ) -> TargetId {
         let id = self.slots.len();
-        let mut engine = Engine::new(target, (id as u32) << TARGET_SHIFT);
+        let mut engine = Engine::holding(target, (id as u32) << TARGET_SHIFT);
         if let Some(r) = &resolver {
             engine.set_symbolizer(r.symbolizer());
         }
@@ -1003,7 +1000,7 @@ impl Session {
         };
         let pid = t.pid();
         let r = crate::ProcessResolver::new(pid)?;
-        Ok(self.push_slot(Box::new(t), Some(Box::new(r)), Some(pid), true, fast))
+        Ok(self.push_slot(t.into(), Some(Box::new(r)), Some(pid), true, fast))
     }
 
     /// Attach to process `pid` (all threads), stopped until
@@ -1021,7 +1018,7 @@ impl Session {
         // The agent goes in with the first probe placed (fast or trap: with
         // it the program survives hotprobe's death, see `publish_traps`), so
         // that a refused probe leaves the process untouched.
-        Ok(self.push_slot(Box::new(t), Some(Box::new(r)), Some(pid), false, fast))
+        Ok(self.push_slot(t.into(), Some(Box::new(r)), Some(pid), false, fast))
     }
 
     fn slot(&mut self, t: TargetId) -> Result<&mut Slot, EngineError> {
@@ -2488,7 +2485,7 @@ impl Session {
         }
         let resolver = crate::ProcessResolver::new(child as i32).ok();
         let t = self.push_slot(
-            Box::new(pt),
+            pt.into(),
             resolver.map(|r| Box::new(r) as Box<dyn Resolver>),
             Some(child as i32),
             true,
@@ -2752,8 +2749,8 @@ impl Session {
                 }
                 continue;
             }
-            if let Fast::On(fp) = &mut s.fast {
-                if let Err(e) = fp.detach(s.engine.target()) {
+            if let (Fast::On(fp), Some(pt)) = (&mut s.fast, s.engine.process()) {
+                if let Err(e) = fp.detach(pt) {
                     first_err.get_or_insert(EngineError::from(e));
                 }
                 s.note_foreign_writes();
