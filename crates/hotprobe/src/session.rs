@@ -12,6 +12,7 @@ use hotprobe_fastpath::{FastPath, FastPathConfig, FunctionInfo, RecordedEvent, T
 use hotprobe_process::{ProcessTarget, SpawnOptions};
 use hotprobe_symbols::{ProbeSpec, ResolvedProbe};
 use hotprobe_target::{ExitStatus, RuntimeAddr, Target, TargetError, TargetEvent};
+use ledger::ProbeOwner;
 
 #[path = "session_inproc.rs"]
 mod inproc;
@@ -2169,80 +2170,84 @@ impl Session {
     /// Enable or disable a probe at run time.
     pub fn set_enabled(&mut self, id: ProbeId, enabled: bool) -> Result<(), EngineError> {
         let slot = self.slot_of(id)?;
-        if let Some(p) = slot.plugin.as_ref().filter(|p| p.has(id)) {
+        match slot.owner(id) {
             // A flag the plugin applies to its scoreboard: nothing is
             // retranslated, no stop of the VM.
-            return p
+            ProbeOwner::Plugin => slot
+                .plugin
+                .as_ref()
+                .expect("owned by the plugin")
                 .set_enabled(id, enabled)
                 .map_err(|reason| EngineError::RefusedSpec {
                     spec: format!("probe {}", id.0),
                     reason,
-                });
+                }),
+            ProbeOwner::InProcess { addr, handler } => {
+                if let Fast::On(fp) = &slot.fast {
+                    fp.set_inproc_enabled(addr, handler, enabled);
+                }
+                Ok(())
+            }
+            ProbeOwner::Handed(x) => slot.engine.set_enabled(x, enabled),
+            ProbeOwner::Removed => Err(EngineError::NoSuchProbe(id)),
+            ProbeOwner::Fast => {
+                slot.change_fast(id, |fp, pt, c| {
+                    fp.set_probe_enabled(pt, c, enabled).map(|_| ())
+                })?;
+                let i = (id.0 >> TARGET_SHIFT) as usize;
+                self.maybe_release(i);
+                Ok(())
+            }
+            ProbeOwner::Trap => slot.engine.set_enabled(id, enabled),
         }
-        if let (Some(&(addr, handler)), Fast::On(fp)) = (slot.inproc.get(&id), &slot.fast) {
-            fp.set_inproc_enabled(addr, handler, enabled);
-            return Ok(());
-        }
-        if let Some(&x) = slot.handed.get(&id) {
-            return slot.engine.set_enabled(x, enabled);
-        }
-        if slot.removed_fast.contains(&id) {
-            return Err(EngineError::NoSuchProbe(id));
-        }
-        if slot.fast_probes.contains_key(&id) {
-            slot.change_fast(id, |fp, pt, c| {
-                fp.set_probe_enabled(pt, c, enabled).map(|_| ())
-            })?;
-            let i = (id.0 >> TARGET_SHIFT) as usize;
-            self.maybe_release(i);
-            return Ok(());
-        }
-        slot.engine.set_enabled(id, enabled)
     }
 
     /// Remove a probe.
     pub fn remove_probe(&mut self, id: ProbeId) -> Result<(), EngineError> {
         let slot = self.slot_of(id)?;
-        if slot.plugin.as_ref().is_some_and(|p| p.has(id)) {
-            return Err(EngineError::RefusedSpec {
+        match slot.owner(id) {
+            ProbeOwner::Plugin => Err(EngineError::RefusedSpec {
                 spec: format!("probe {}", id.0),
                 reason: "QEMU plugin probes stay candidates: disable it instead".into(),
-            });
-        }
-        if let Some(x) = slot.handed.remove(&id) {
-            return slot.change_traps(|e| e.remove_probe(x));
-        }
-        if let (Some(&(addr, handler)), Fast::On(fp)) = (slot.inproc.get(&id), &slot.fast) {
-            // Disabled for good (its handler dropped); the int3 goes at detach.
-            fp.set_inproc_enabled(addr, handler, false);
-            slot.shm_handlers.retain(|_, (p, _)| *p != id);
-            return Ok(());
-        }
-        if slot.removed_fast.contains(&id) {
-            return Err(EngineError::NoSuchProbe(id));
-        }
-        if slot.fast_probes.contains_key(&id) {
-            slot.change_fast(id, |fp, pt, c| fp.remove_probe(pt, c).map(|_| ()))?;
-            slot.removed_fast.insert(id);
-            for probes in slot.fast_sites.values_mut() {
-                probes.retain(|(p, _)| *p != id);
+            }),
+            ProbeOwner::Handed(x) => {
+                slot.handed.remove(&id);
+                slot.change_traps(|e| e.remove_probe(x))
             }
-            slot.fast_sites.retain(|_, probes| !probes.is_empty());
-            // Its counters stay readable (stats); no handler call is
-            // served any more (a thread waiting in one resumes unmodified).
-            slot.shm_handlers.retain(|_, (p, _)| *p != id);
-            let i = (id.0 >> TARGET_SHIFT) as usize;
-            self.maybe_release(i);
-            return Ok(());
-        }
-        let publishing = slot.publishers.remove(&id);
-        slot.change_traps(|e| {
-            e.remove_probe(id)?;
-            match publishing {
-                Some(p) => e.remove_probe(p),
-                None => Ok(()),
+            ProbeOwner::InProcess { addr, handler } => {
+                // Disabled for good (its handler dropped); the int3 goes at detach.
+                if let Fast::On(fp) = &slot.fast {
+                    fp.set_inproc_enabled(addr, handler, false);
+                }
+                slot.shm_handlers.retain(|_, (p, _)| *p != id);
+                Ok(())
             }
-        })
+            ProbeOwner::Removed => Err(EngineError::NoSuchProbe(id)),
+            ProbeOwner::Fast => {
+                slot.change_fast(id, |fp, pt, c| fp.remove_probe(pt, c).map(|_| ()))?;
+                slot.removed_fast.insert(id);
+                for probes in slot.fast_sites.values_mut() {
+                    probes.retain(|(p, _)| *p != id);
+                }
+                slot.fast_sites.retain(|_, probes| !probes.is_empty());
+                // Its counters stay readable (stats); no handler call is
+                // served any more (a thread waiting in one resumes unmodified).
+                slot.shm_handlers.retain(|_, (p, _)| *p != id);
+                let i = (id.0 >> TARGET_SHIFT) as usize;
+                self.maybe_release(i);
+                Ok(())
+            }
+            ProbeOwner::Trap => {
+                let publishing = slot.publishers.remove(&id);
+                slot.change_traps(|e| {
+                    e.remove_probe(id)?;
+                    match publishing {
+                        Some(p) => e.remove_probe(p),
+                        None => Ok(()),
+                    }
+                })
+            }
+        }
     }
 
     /// A probe's counts, whatever its mechanism, over every process it

@@ -56,7 +56,45 @@ impl LedgerSite {
     }
 }
 
+/// Which mechanism serves a probe of a target: the one place that says
+/// so (`Session::set_enabled` and `remove_probe` dispatch on it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ProbeOwner {
+    /// The guest's QEMU plugin.
+    Plugin,
+    /// An in-process trap at `addr` (`handler`: a shared-memory handler).
+    InProcess { addr: u64, handler: bool },
+    /// Handed over to the trap engine, whose probe `.0` counts on for it.
+    Handed(ProbeId),
+    /// A fast-path probe removed while the target ran (counts readable).
+    Removed,
+    /// A patch or jump site of the fast path.
+    Fast,
+    /// The trap engine (ptrace trap, guest stub).
+    Trap,
+}
+
 impl Slot {
+    /// Which mechanism serves probe `id` (see [`ProbeOwner`]).
+    pub(crate) fn owner(&self, id: ProbeId) -> ProbeOwner {
+        if self.plugin.as_ref().is_some_and(|p| p.has(id)) {
+            return ProbeOwner::Plugin;
+        }
+        if let Some(&x) = self.handed.get(&id) {
+            return ProbeOwner::Handed(x);
+        }
+        if let (Some(&(addr, handler)), Fast::On(_)) = (self.inproc.get(&id), &self.fast) {
+            return ProbeOwner::InProcess { addr, handler };
+        }
+        if self.removed_fast.contains(&id) {
+            return ProbeOwner::Removed;
+        }
+        if self.fast_probes.contains_key(&id) {
+            return ProbeOwner::Fast;
+        }
+        ProbeOwner::Trap
+    }
+
     /// The target's ledger, in the order the writes lie over each other:
     /// the `int3`s, then the fast path's sites, the latest first (a site
     /// written over another of the fast path's keeps that one's bytes as
