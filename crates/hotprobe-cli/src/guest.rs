@@ -257,6 +257,7 @@ fn run_loop(
                 .context("cannot detach from the guests")?;
             let why = match signals::stop_reason() {
                 Some(StopReason::Timer) => "duration elapsed".to_string(),
+                Some(StopReason::OutputClosed) => "the output's reader went away".to_string(),
                 Some(StopReason::Signal(libc::SIGINT)) => "interrupted".to_string(),
                 Some(StopReason::Signal(s)) => format!("signal {s}"),
                 None => "stopped".to_string(),

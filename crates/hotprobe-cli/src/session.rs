@@ -134,6 +134,7 @@ impl Traced {
         if let Some(d) = duration {
             signals::stop_after(d);
         }
+        signals::stop_when_output_closes();
         let stops = self.session.ptrace_stops(self.target);
         let end = self.session.run_with(&signals::STOP, sink.as_deref_mut());
         self.run_stops = stops
@@ -157,6 +158,7 @@ impl Traced {
             if let Some(ExitStatus::Disconnected(_)) | None = self.status() {
                 let why = match reason {
                     Some(StopReason::Timer) => "duration elapsed".to_string(),
+                    Some(StopReason::OutputClosed) => "the output's reader went away".to_string(),
                     Some(StopReason::Signal(libc::SIGINT)) => "interrupted".to_string(),
                     Some(StopReason::Signal(s)) => format!("signal {s}"),
                     None => "stopped".to_string(),

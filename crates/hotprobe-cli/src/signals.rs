@@ -15,6 +15,8 @@ static REASON: AtomicU8 = AtomicU8::new(0);
 
 /// [`REASON`] value for the `--duration` timer.
 const BY_TIMER: u8 = 255;
+/// [`REASON`] value for a reader of stdout that went away.
+const BY_CLOSED_OUTPUT: u8 = 254;
 
 /// Why the loop was asked to stop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,6 +25,8 @@ pub enum StopReason {
     Signal(i32),
     /// `--duration` elapsed.
     Timer,
+    /// The reader of stdout went away (`hotprobe trace -p PID | head`).
+    OutputClosed,
 }
 
 /// The reason [`STOP`] was raised, if it was.
@@ -30,6 +34,7 @@ pub fn stop_reason() -> Option<StopReason> {
     match REASON.load(Ordering::SeqCst) {
         0 => None,
         BY_TIMER => Some(StopReason::Timer),
+        BY_CLOSED_OUTPUT => Some(StopReason::OutputClosed),
         s => Some(StopReason::Signal(i32::from(s))),
     }
 }
@@ -62,9 +67,9 @@ pub fn install() -> std::io::Result<()> {
 
 extern "C" fn on_wake(_sig: libc::c_int) {}
 
-/// Raise [`STOP`] after `d` (for `--duration`), then interrupt the calling
-/// thread's blocking wait with SIGALRM (handled without `SA_RESTART`).
-pub fn stop_after(d: Duration) {
+/// The calling thread, after SIGALRM was given a handler that does
+/// nothing (without `SA_RESTART`): a wake-up for its blocking waits.
+fn wakeable_caller() -> libc::pthread_t {
     // SAFETY: a zeroed sigaction is valid; the handler does nothing.
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
@@ -73,12 +78,58 @@ pub fn stop_after(d: Duration) {
         libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
     }
     // SAFETY: pthread_self has no preconditions.
-    let waiter = unsafe { libc::pthread_self() };
+    unsafe { libc::pthread_self() }
+}
+
+/// Raises [`STOP`] for `reason` and interrupts `waiter`'s blocking wait.
+fn stop_and_wake(reason: u8, waiter: libc::pthread_t) {
+    let _ = REASON.compare_exchange(0, reason, Ordering::SeqCst, Ordering::SeqCst);
+    STOP.store(true, Ordering::SeqCst);
+    // SAFETY: the waiting thread lives as long as the process's event loop.
+    unsafe { libc::pthread_kill(waiter, libc::SIGALRM) };
+}
+
+/// Raise [`STOP`] after `d` (for `--duration`), then interrupt the calling
+/// thread's blocking wait with SIGALRM (handled without `SA_RESTART`).
+pub fn stop_after(d: Duration) {
+    let waiter = wakeable_caller();
     std::thread::spawn(move || {
         std::thread::sleep(d);
-        let _ = REASON.compare_exchange(0, BY_TIMER, Ordering::SeqCst, Ordering::SeqCst);
-        STOP.store(true, Ordering::SeqCst);
-        // SAFETY: the waiting thread lives as long as the process's event loop.
-        unsafe { libc::pthread_kill(waiter, libc::SIGALRM) };
+        stop_and_wake(BY_TIMER, waiter);
+    });
+}
+
+/// When stdout is a pipe or a socket: raise [`STOP`] as soon as its reader
+/// goes away (`hotprobe trace -p PID | head`), so that the session ends
+/// and detaches instead of holding the target until it exits. A thread
+/// waits in `poll` for the error the kernel reports on the writing end.
+pub fn stop_when_output_closes() {
+    // SAFETY: a zeroed stat is a valid buffer for fstat to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fd 1 and a valid buffer.
+    if unsafe { libc::fstat(1, &mut st) } != 0 {
+        return;
+    }
+    let kind = st.st_mode & libc::S_IFMT;
+    if kind != libc::S_IFIFO && kind != libc::S_IFSOCK {
+        return;
+    }
+    let waiter = wakeable_caller();
+    std::thread::spawn(move || loop {
+        let mut p = libc::pollfd {
+            fd: 1,
+            events: 0,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; no timeout: the reader's end closing
+        // (POLLERR on a pipe, POLLHUP on a socket) ends the wait.
+        let n = unsafe { libc::poll(&mut p, 1, -1) };
+        if n > 0 && p.revents & (libc::POLLERR | libc::POLLHUP) != 0 {
+            stop_and_wake(BY_CLOSED_OUTPUT, waiter);
+            return;
+        }
+        if n < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return;
+        }
     });
 }

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod common;
-use common::{gcc, hotprobe_within, program_output, text, CountTable};
+use common::{hotprobe_within, mix_program, program_output, text, CountTable};
 
 #[path = "../../hotprobe/tests/nonlocal_support/mod.rs"]
 mod nonlocal_support;
@@ -18,42 +18,6 @@ use nonlocal_support::*;
 
 /// The longest any run here may take; one still going is a hang.
 const LIMIT: Duration = Duration::from_secs(120);
-
-/// `mix` (5 bytes: `lea; add; shl; xor; ret` at -O1, so that `mix+3`
-/// lies inside the jump a probe at `mix` takes), called `n` times (argv[1],
-/// 20 by default); prints argc, then the iterations and the sum.
-const MIX: &str = r#"
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
-__attribute__((noinline)) int mix(int a, int b) {
-    int r = a * 3 + b;
-    __asm__ volatile("" ::: "memory");
-    return r ^ (a << 2);
-}
-int main(int argc, char **argv) {
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    if (argc > 1 && !strcmp(argv[1], "serve")) {
-        /* Runs until killed: a call of mix every millisecond. */
-        printf("ready\n");
-        for (long i = 0;; i++) { mix((int)i, 1); usleep(1000); }
-    }
-    int n = argc > 1 ? atoi(argv[1]) : 20;
-    long s = 0;
-    printf("argc=%d\n", argc);
-    for (int i = 0; i < n; i++) s += mix(i, n);
-    printf("iterations=%d sum=%ld\n", n, s);
-    return 0;
-}
-"#;
-
-fn mix_program() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ledger");
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = hotprobe_testkit::write_source(&dir, "mix.c", MIX);
-    gcc(&src, &dir.join("mix"), &["-O1"])
-}
 
 /// HITS and NMISSED of the one row of `probe`.
 fn hits_and_missed(t: &CountTable, probe: &str) -> (u64, u64) {
