@@ -662,6 +662,11 @@ impl Engine {
         id
     }
 
+    /// Whether any breakpoint of this engine is in the target.
+    pub(crate) fn has_armed_sites(&self) -> bool {
+        self.sites.values().any(|s| s.armed)
+    }
+
     /// Marks probe `id` as the session's own (see [`ProbeEntry::internal`]).
     pub(crate) fn mark_internal(&mut self, id: ProbeId) {
         if let Some(p) = self.probes.get_mut(&id) {

@@ -2377,6 +2377,17 @@ impl Session {
                 })?;
             }
             if s.engine.gone().is_none() && !s.engine.started {
+                // Without the agent nothing in the program can take the
+                // int3s out if hotprobe dies: said once, at the start.
+                if let (Fast::Off(why), Some(pid), true) =
+                    (&s.fast, s.pid, s.engine.has_armed_sites())
+                {
+                    s.engine.notices.push(format!(
+                        "pid {pid}: {why}: a hotprobe killed with SIGKILL would leave its \
+                         int3s in the program (Ctrl-C, --duration and the program's exit take \
+                         them out)"
+                    ));
+                }
                 s.engine.target().resume_all()?;
                 s.engine.started = true;
             }
