@@ -1649,7 +1649,11 @@ impl Session {
         let Some(module) = symbols.modules().iter().find(|m| m.contains(r.addr)) else {
             return Ok(Plan::Trap("no module maps this address".into()));
         };
-        let (path, bias) = (module.path.clone(), module.bias.0);
+        // The file the symbols were read from: a program or library
+        // replaced on disk since it was mapped is read through the
+        // mapping (`/proc/PID/map_files`), never through its old path,
+        // which now names another file (issue 22).
+        let (path, bias) = (module.module.path().to_path_buf(), module.bias.0);
         let fp = match slot.ensure_fast(&config) {
             Ok(fp) => fp,
             Err(why) if !forced => return Ok(Plan::Trap(why)),

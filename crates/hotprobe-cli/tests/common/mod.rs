@@ -191,7 +191,10 @@ pub fn call_tree(out: &str) -> Vec<(u32, usize, String)> {
 
 /// `mix` (5 bytes: `lea; add; shl; xor; ret` at -O1, so that `mix+3`
 /// lies inside the jump a probe at `mix` takes), called `n` times (argv[1],
-/// 20 by default); prints argc, then the iterations and the sum.
+/// 20 by default); prints argc, then the iterations and the sum. `serve`:
+/// prints `ready`, then calls it every millisecond until killed. `lines`:
+/// prints `ready`, then for each number n on stdin the sum of `mix(i, n)`
+/// for i < n.
 pub const MIX: &str = r#"
 #include <stdio.h>
 #include <stdlib.h>
@@ -204,6 +207,18 @@ __attribute__((noinline)) int mix(int a, int b) {
 }
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc > 1 && !strcmp(argv[1], "lines")) {
+        /* For each number n read: the sum of mix(i, n) for i < n. */
+        char buf[64];
+        printf("ready\n");
+        while (fgets(buf, sizeof buf, stdin)) {
+            int n = atoi(buf);
+            long s = 0;
+            for (int i = 0; i < n; i++) s += mix(i, n);
+            printf("%ld\n", s);
+        }
+        return 0;
+    }
     if (argc > 1 && !strcmp(argv[1], "serve")) {
         /* Runs until killed: a call of mix every millisecond. */
         printf("ready\n");

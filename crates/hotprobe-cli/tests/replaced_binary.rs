@@ -1,0 +1,113 @@
+//! Issue 22: a program rebuilt at the same path while it runs. hotprobe
+//! must read the code the process mapped (through the mapping), never the
+//! new file now at that path: the probe counts, the program computes what
+//! it computed before, and after detach its code is the old file's.
+
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+mod common;
+use common::{mix_program, text, CountTable};
+
+/// The other program put at the same path: `mix` with a longer body.
+const OTHER: &str = r#"
+#include <stdio.h>
+__attribute__((noinline)) int mix(int a, int b) {
+    int pad[4] = {a, b, a, b};
+    __asm__ volatile("" ::: "memory");
+    return a * 3 + b + pad[a & 3];
+}
+int main(void) { printf("%d\n", mix(1, 2)); return 0; }
+"#;
+
+#[test]
+fn a_program_rebuilt_at_its_path_is_probed_from_the_code_it_runs() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("replaced");
+    std::fs::create_dir_all(&dir).unwrap();
+    let original = mix_program();
+    let old_bytes = std::fs::read(&original).unwrap();
+    let path = dir.join("server");
+    let _ = std::fs::remove_file(&path);
+    std::fs::copy(&original, &path).unwrap();
+    let mut server = Command::new(&path)
+        .arg("lines")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = server.stdin.take().unwrap();
+    let mut output = BufReader::new(server.stdout.take().unwrap()).lines();
+    assert_eq!(output.next().unwrap().unwrap(), "ready");
+    let mut ask = |n: u32| -> String {
+        writeln!(input, "{n}").unwrap();
+        output.next().unwrap().unwrap()
+    };
+    let before = ask(100);
+    // Rebuilt at the same path: the old file is unlinked, a new one written.
+    let src = hotprobe_testkit::write_source(&dir, "other.c", OTHER);
+    std::fs::remove_file(&path).unwrap();
+    let built = hotprobe_testkit::compile("gcc", &src, &dir.join("other"), &["-O1", "-g"], &[]);
+    std::fs::copy(&built, &path).unwrap();
+    let pid = server.id().to_string();
+    // The request is made once hotprobe says it is attached (its probes
+    // are in by then); it detaches when --duration ends.
+    let mut hp = Command::new(common::HOTPROBE)
+        .args(["count", "-p", &pid, "--duration", "2", "mix"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(hp.stderr.take().unwrap());
+    let mut started = String::new();
+    err.read_line(&mut started).unwrap();
+    assert!(
+        started.starts_with("hotprobe: attached to pid"),
+        "{started}"
+    );
+    let during = ask(100);
+    let out = hp.wait_with_output().unwrap();
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    let (stdout, stderr) = (text(&out.stdout), format!("{started}{rest}"));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(
+        during, before,
+        "the program computed something else under the probe"
+    );
+    let t = CountTable::parse(&stdout, &stderr);
+    assert_eq!(t.hits("mix"), 100, "{stdout}\n{stderr}");
+    assert!(
+        t.row("mix")
+            .join(" ")
+            .contains("5 bytes of relocatable instructions"),
+        "planned from the new file: {stdout}"
+    );
+    // Detached: the code in memory is the old file's, and it still answers.
+    let addr =
+        u64::from_str_radix(t.row("mix")[t.col("ADDRESS")].trim_start_matches("0x"), 16).unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let off = maps
+        .lines()
+        .find_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let (s, e) = w[0].split_once('-')?;
+            let (s, e) = (
+                u64::from_str_radix(s, 16).ok()?,
+                u64::from_str_radix(e, 16).ok()?,
+            );
+            (s..e)
+                .contains(&addr)
+                .then(|| addr - s + u64::from_str_radix(w[2], 16).unwrap())
+        })
+        .unwrap();
+    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    mem.seek(SeekFrom::Start(addr)).unwrap();
+    let mut now = [0u8; 16];
+    mem.read_exact(&mut now).unwrap();
+    assert_eq!(&now[..], &old_bytes[off as usize..off as usize + 16]);
+    assert_eq!(ask(100), before);
+    drop(input);
+    assert!(server.wait().unwrap().success());
+}
