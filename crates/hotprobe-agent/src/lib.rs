@@ -40,6 +40,7 @@ mod env;
 mod hit;
 mod inproc;
 mod orphan;
+mod sigmask;
 mod tls;
 pub mod trampoline;
 mod unwind;

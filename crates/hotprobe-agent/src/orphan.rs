@@ -73,7 +73,11 @@ pub(crate) fn install() {
         }
         let mut sa: libc::sigaction = core::mem::zeroed();
         sa.sa_sigaction = on_sigtrap as *const () as usize;
-        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        // SA_NODEFER: SIGTRAP stays unblocked while the handler runs, so a
+        // probed function called from the chained handler, or from a
+        // signal handler that interrupts this one, traps again instead of
+        // having the kernel kill the process (issue 22).
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_NODEFER;
         libc::sigemptyset(&mut sa.sa_mask);
         OLD_HANDLER.store(cur.sa_sigaction, Relaxed);
         OLD_FLAGS.store(cur.sa_flags as u64, Relaxed);
@@ -90,6 +94,12 @@ pub(crate) fn install() {
 /// `sigaction(SIGTRAP)`/`signal(SIGTRAP)` calls change the chained
 /// handler instead (see [`sigaction`]).
 static INSTALLED: AtomicBool = AtomicBool::new(false);
+
+/// Whether the agent's `SIGTRAP` handler is installed (see
+/// [`crate::sigmask`]).
+pub(crate) fn installed() -> bool {
+    INSTALLED.load(Acquire)
+}
 
 extern "C" {
     /// glibc's own `sigaction` (exported as `__sigaction`): the agent
@@ -109,9 +119,11 @@ extern "C" {
 /// agent's handler is installed, the program's handler and flags become the
 /// chained ones (called for every `SIGTRAP` that is not the agent's) and
 /// the previous chained one is returned as the old action. Not carried
-/// over: the program's `sa_mask` (the chained handler runs with the
-/// agent's mask: `SIGTRAP` blocked) and `SA_RESETHAND`. Every other signal,
-/// and `SIGTRAP` before the agent attached, go to glibc unchanged. Not
+/// over: the program's `sa_mask` and `SA_RESETHAND` (the chained handler
+/// runs with the agent's flags). Every other signal goes to glibc with
+/// `SIGTRAP` taken out of its handler's `sa_mask` while the agent's handler
+/// is installed (see [`crate::sigmask`]); `SIGTRAP` before the agent
+/// attached goes to glibc unchanged. Not
 /// covered: a program that calls the `rt_sigaction` system call itself,
 /// or an agent injected into a running process (its calls are bound to
 /// glibc already).
@@ -124,9 +136,21 @@ pub unsafe extern "C" fn sigaction(
     act: *const libc::sigaction,
     old: *mut libc::sigaction,
 ) -> libc::c_int {
-    if sig != libc::SIGTRAP || !INSTALLED.load(Acquire) {
+    if !INSTALLED.load(Acquire) {
         // SAFETY: the caller's arguments, as glibc takes them.
         return unsafe { __sigaction(sig, act, old) };
+    }
+    if sig != libc::SIGTRAP {
+        // SAFETY: `act` is null or valid (caller).
+        let (act, had) = unsafe { crate::sigmask::handler_mask(sig, act) };
+        let act = act.as_ref().map_or(core::ptr::null(), |a| a as *const _);
+        // SAFETY: the caller's `old`, a valid or null `act`.
+        let rc = unsafe { __sigaction(sig, act, old) };
+        if rc == 0 && had && !old.is_null() {
+            // SAFETY: `old` is valid (caller) and was just written.
+            unsafe { libc::sigaddset(&mut (*old).sa_mask, libc::SIGTRAP) };
+        }
+        return rc;
     }
     if !old.is_null() {
         // SAFETY: `old` is valid (caller); a zeroed sigaction is valid.

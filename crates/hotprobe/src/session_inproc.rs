@@ -34,6 +34,9 @@ impl Session {
         label: String,
         record: bool,
     ) -> Result<Result<Placement, String>, EngineError> {
+        if let Some(why) = self.inproc_refusal(t)? {
+            return Ok(Err(why));
+        }
         let config = self.config.fast_path;
         let slot = self.slot(t)?;
         if !slot.is_process() || slot.plugin.is_some() {
@@ -101,6 +104,35 @@ impl Session {
             },
             entry_only,
         }))
+    }
+
+    /// Why target `t` may get no in-process trap, whose `int3` needs
+    /// `SIGTRAP` unblocked in every thread and out of every handler's mask
+    /// (issue 22): the preloaded agent keeps it so through the libc calls
+    /// it interposes (`hotprobe-agent`'s `sigmask`). An agent injected into
+    /// a running process cannot (the program's calls are bound to libc's
+    /// already), nor can any agent in a Go program (its runtime sets masks
+    /// with raw system calls). `None`: it may.
+    fn inproc_refusal(&mut self, t: TargetId) -> Result<Option<String>, EngineError> {
+        let slot = self.slot(t)?;
+        let Some(pid) = slot.pid.filter(|_| slot.is_process()) else {
+            return Ok(Some("not a process".into()));
+        };
+        if !slot.spawned {
+            return Ok(Some(
+                "the agent was injected into a running process, whose signal-mask calls are \
+                 bound to libc's: it cannot keep SIGTRAP unblocked in every thread"
+                    .into(),
+            ));
+        }
+        let symbols = self.process_symbols(t, pid)?;
+        if symbols.modules().iter().any(crate::nonlocal::is_go_module) {
+            return Ok(Some(
+                "a Go runtime sets signal masks with raw system calls: SIGTRAP may be blocked"
+                    .into(),
+            ));
+        }
+        Ok(None)
     }
 
     /// ptrace stops of target `t`'s process so far (`None` for a guest).
@@ -231,6 +263,9 @@ impl Session {
                 Ok(p) => return Ok(Ok(p)),
                 Err(p) => probe = p,
             }
+        }
+        if self.inproc_refusal(t)?.is_some() {
+            return Ok(Err(probe));
         }
         let slot = self.slot(t)?;
         let started = slot.engine.started;

@@ -1,0 +1,233 @@
+//! Signal masks, interposed (issue 22). An in-process trap's `int3` raises
+//! `SIGTRAP` synchronously: in a thread that blocks it — a server's worker
+//! threads often block every signal — or in a handler whose `sa_mask`
+//! holds it, the kernel unblocks it and kills the process instead of
+//! running the agent's handler. So while the agent's `SIGTRAP` handler is
+//! installed ([`crate::orphan`]), `SIGTRAP` is taken out of every mask the
+//! program sets through libc (`pthread_sigmask`, `sigprocmask`, a
+//! handler's `sa_mask` in `sigaction`), and the program is shown the mask
+//! it asked for: the old mask these calls return holds `SIGTRAP` where the
+//! program blocked it.
+//!
+//! What the program can tell apart: `/proc/self/status` (`SigBlk`), a
+//! `SIGTRAP` sent by `kill` while it believes it blocked (delivered to the
+//! chained handler at once instead of staying pending), and a new thread's
+//! view of the mask it inherited (the thread starts with `SIGTRAP` shown
+//! unblocked). Not covered: raw `rt_sigprocmask` system calls (the Go
+//! runtime's: the session gives a Go program no in-process trap) and an
+//! agent injected into a running process (its calls are bound to glibc
+//! already: the session gives it no in-process trap either).
+
+use core::cell::Cell;
+use core::sync::atomic::AtomicUsize;
+use core::sync::atomic::Ordering::Relaxed;
+
+std::thread_local! {
+    /// The program asked this thread to block `SIGTRAP`.
+    static WANTS_TRAP_BLOCKED: Cell<bool> = const { Cell::new(false) };
+}
+
+type MaskFn =
+    unsafe extern "C" fn(libc::c_int, *const libc::sigset_t, *mut libc::sigset_t) -> libc::c_int;
+
+/// glibc's `pthread_sigmask` and `sigprocmask` (found once through
+/// `dlsym(RTLD_NEXT)`: the agent exports both names).
+static NEXT_PTHREAD_SIGMASK: AtomicUsize = AtomicUsize::new(0);
+static NEXT_SIGPROCMASK: AtomicUsize = AtomicUsize::new(0);
+
+/// The next definition of `name` (a NUL-terminated name) after the agent.
+fn next(cache: &AtomicUsize, name: &[u8]) -> Option<MaskFn> {
+    let mut f = cache.load(Relaxed);
+    if f == 0 {
+        // SAFETY: `name` is NUL-terminated; RTLD_NEXT is a valid handle.
+        f = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr().cast()) } as usize;
+        cache.store(f, Relaxed);
+    }
+    // SAFETY: a non-null address dlsym gave for a function of this type.
+    (f != 0).then(|| unsafe { core::mem::transmute::<usize, MaskFn>(f) })
+}
+
+/// Sets `how`/`set` through `real`, less `SIGTRAP` while the agent's
+/// handler is installed; `old` gets the mask the program believes in.
+///
+/// # Safety
+/// As `pthread_sigmask`: `set` and `old` are null or valid.
+unsafe fn masked(
+    real: MaskFn,
+    how: libc::c_int,
+    set: *const libc::sigset_t,
+    old: *mut libc::sigset_t,
+) -> libc::c_int {
+    if !crate::orphan::installed() {
+        // SAFETY: the caller's arguments.
+        return unsafe { real(how, set, old) };
+    }
+    let before = WANTS_TRAP_BLOCKED.with(Cell::get);
+    let mut after = before;
+    let mut copy: libc::sigset_t;
+    let mut set = set;
+    if !set.is_null() {
+        // SAFETY: `set` is valid (caller); copied, as `old` may be the
+        // same memory.
+        copy = unsafe { *set };
+        // SAFETY: a valid set.
+        let trap = unsafe { libc::sigismember(&copy, libc::SIGTRAP) } == 1;
+        after = match how {
+            libc::SIG_BLOCK => before || trap,
+            libc::SIG_UNBLOCK => before && !trap,
+            libc::SIG_SETMASK => trap,
+            _ => before,
+        };
+        if trap && how != libc::SIG_UNBLOCK {
+            // SAFETY: a valid set.
+            unsafe { libc::sigdelset(&mut copy, libc::SIGTRAP) };
+        }
+        set = &copy;
+    }
+    // SAFETY: the caller's `how` and `old`, a valid `set`.
+    let rc = unsafe { real(how, set, old) };
+    if rc == 0 {
+        WANTS_TRAP_BLOCKED.with(|w| w.set(after));
+        if before && !old.is_null() {
+            // SAFETY: `old` is valid (caller) and was just written.
+            unsafe { libc::sigaddset(old, libc::SIGTRAP) };
+        }
+    }
+    rc
+}
+
+/// `pthread_sigmask`, interposed (see the module docs).
+///
+/// # Safety
+/// As glibc's `pthread_sigmask`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn pthread_sigmask(
+    how: libc::c_int,
+    set: *const libc::sigset_t,
+    old: *mut libc::sigset_t,
+) -> libc::c_int {
+    match next(&NEXT_PTHREAD_SIGMASK, b"pthread_sigmask\0") {
+        // SAFETY: the caller's arguments.
+        Some(real) => unsafe { masked(real, how, set, old) },
+        None => libc::ENOSYS,
+    }
+}
+
+/// `sigprocmask`, interposed (see the module docs).
+///
+/// # Safety
+/// As glibc's `sigprocmask`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn sigprocmask(
+    how: libc::c_int,
+    set: *const libc::sigset_t,
+    old: *mut libc::sigset_t,
+) -> libc::c_int {
+    match next(&NEXT_SIGPROCMASK, b"sigprocmask\0") {
+        // SAFETY: the caller's arguments.
+        Some(real) => unsafe { masked(real, how, set, old) },
+        None => {
+            // SAFETY: errno is thread-local and always valid.
+            unsafe { *libc::__errno_location() = libc::ENOSYS };
+            -1
+        }
+    }
+}
+
+/// Per signal: the program's handler asked for `SIGTRAP` in its `sa_mask`
+/// (bit `sig - 1`), which was taken out.
+static TRAP_IN_HANDLER_MASK: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
+/// For [`crate::orphan::sigaction`] on a signal other than `SIGTRAP`,
+/// while the agent's handler is installed: `act` less `SIGTRAP` in its
+/// `sa_mask` (remembered), and a function that puts `SIGTRAP` back into
+/// the old action's mask where the program had asked for it.
+///
+/// # Safety
+/// `act` is null or valid.
+pub(crate) unsafe fn handler_mask(
+    sig: libc::c_int,
+    act: *const libc::sigaction,
+) -> (Option<libc::sigaction>, bool) {
+    let bit = 1u64.checked_shl(sig.wrapping_sub(1) as u32).unwrap_or(0);
+    let had = TRAP_IN_HANDLER_MASK.load(Relaxed) & bit != 0;
+    if act.is_null() {
+        return (None, had);
+    }
+    // SAFETY: `act` is valid (caller).
+    let mut a = unsafe { *act };
+    // SAFETY: a valid set.
+    if unsafe { libc::sigismember(&a.sa_mask, libc::SIGTRAP) } == 1 {
+        // SAFETY: a valid set.
+        unsafe { libc::sigdelset(&mut a.sa_mask, libc::SIGTRAP) };
+        TRAP_IN_HANDLER_MASK.fetch_or(bit, Relaxed);
+    } else {
+        TRAP_IN_HANDLER_MASK.fetch_and(!bit, Relaxed);
+    }
+    (Some(a), had)
+}
+
+type StartFn = extern "C" fn(*mut libc::c_void) -> *mut libc::c_void;
+type CreateFn = unsafe extern "C" fn(
+    *mut libc::pthread_t,
+    *const libc::pthread_attr_t,
+    StartFn,
+    *mut libc::c_void,
+) -> libc::c_int;
+
+/// glibc's `pthread_create` (see [`next`]).
+static NEXT_PTHREAD_CREATE: AtomicUsize = AtomicUsize::new(0);
+
+/// What a thread created while its creator blocked `SIGTRAP` starts with.
+struct Start {
+    routine: StartFn,
+    arg: *mut libc::c_void,
+}
+
+/// The new thread's start: it inherits its creator's view of the mask
+/// (`SIGTRAP` shown blocked), then runs the program's routine.
+extern "C" fn start_blocked(p: *mut libc::c_void) -> *mut libc::c_void {
+    // SAFETY: `p` is the Box `pthread_create` below leaked for this thread.
+    let s = unsafe { Box::from_raw(p as *mut Start) };
+    WANTS_TRAP_BLOCKED.with(|w| w.set(true));
+    (s.routine)(s.arg)
+}
+
+/// `pthread_create`, interposed: a thread the program creates while it
+/// blocks `SIGTRAP` (as a thread inherits its creator's mask) is shown
+/// `SIGTRAP` blocked too (see the module docs). Otherwise glibc's, as is.
+///
+/// # Safety
+/// As glibc's `pthread_create`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn pthread_create(
+    thread: *mut libc::pthread_t,
+    attr: *const libc::pthread_attr_t,
+    routine: StartFn,
+    arg: *mut libc::c_void,
+) -> libc::c_int {
+    let mut f = NEXT_PTHREAD_CREATE.load(Relaxed);
+    if f == 0 {
+        // SAFETY: a NUL-terminated name; RTLD_NEXT is a valid handle.
+        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"pthread_create".as_ptr()) } as usize;
+        NEXT_PTHREAD_CREATE.store(f, Relaxed);
+    }
+    if f == 0 {
+        return libc::ENOSYS;
+    }
+    // SAFETY: dlsym's address of glibc's pthread_create.
+    let real = unsafe { core::mem::transmute::<usize, CreateFn>(f) };
+    if !crate::orphan::installed() || !WANTS_TRAP_BLOCKED.with(Cell::get) {
+        // SAFETY: the caller's arguments.
+        return unsafe { real(thread, attr, routine, arg) };
+    }
+    let start = Box::into_raw(Box::new(Start { routine, arg }));
+    // SAFETY: the caller's `thread` and `attr`; `start` lives until the
+    // new thread takes it back (or is freed here if none starts).
+    let rc = unsafe { real(thread, attr, start_blocked, start.cast()) };
+    if rc != 0 {
+        // SAFETY: no thread took it.
+        drop(unsafe { Box::from_raw(start) });
+    }
+    rc
+}
