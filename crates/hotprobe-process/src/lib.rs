@@ -28,6 +28,9 @@ mod waiter;
 mod watch;
 mod watchpoints;
 
+#[cfg(test)]
+mod wait_tests;
+
 use hotprobe_target::{
     ExitStatus, Registers, ResumeMode, RuntimeAddr, ScratchRegion, Target, TargetError,
     TargetEvent, ThreadId,
