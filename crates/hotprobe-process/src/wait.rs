@@ -349,7 +349,7 @@ impl ProcessTarget {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut nap = Duration::from_micros(20);
         loop {
-            // Statuses another target of this thread reaped for us.
+            // Statuses another target of the session reaped for us.
             while let Some((pid, status)) = self
                 .strays
                 .take_of(|p| p == self.pid || self.threads.contains_key(&p))
@@ -361,8 +361,9 @@ impl ProcessTarget {
                     return Ok(ev);
                 }
             }
-            // With a deadline: a blocking wait a timer interrupts (a stop
-            // wakes us at once), else polling with naps.
+            // With a deadline: a wait that sleeps until a status is there
+            // or the deadline passes (`waiter.rs`: a stop wakes us at
+            // once), else polling with naps.
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             let timed = match left {
                 Some(l) if l >= Duration::from_micros(50) => {
