@@ -4,19 +4,45 @@
 //! has not come yet. They are kept in a [`Strays`] that the targets of one
 //! session share (the session owns it and hands it to each target it
 //! makes; an adopted fork child shares its parent's), and each target
-//! takes its own from there. Nothing is process-wide: two sessions never
-//! see each other's table.
+//! takes its own from there. Nothing is process-wide: each table goes with
+//! its session.
 //!
 //! Pruned: a target whose process ended (or that is dropped) forgets its
 //! tasks' entries; a stop status of a task gone from `/proc` is dropped
 //! when the next status is stashed (nobody can resume a task that is gone).
+//!
+//! Two sessions driven from one thread (a host that starts both, then runs
+//! one) reap each other's statuses too: a target that finds nothing of its
+//! own in its table also looks in the other tables made on its thread. A
+//! thread-local list holds them weakly (it owns no entry; a table goes
+//! with its session).
 
-use std::sync::{Arc, Mutex};
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex, Weak};
+
+type Table = Mutex<Vec<(i32, i32)>>;
+
+thread_local! {
+    /// The tables made on this thread, weakly held (see the module docs).
+    static TABLES: RefCell<Vec<Weak<Table>>> = const { RefCell::new(Vec::new()) };
+}
 
 /// A table of wait statuses, shared by the process targets of one session
 /// (see the module docs). Cloning shares the table.
-#[derive(Clone, Debug, Default)]
-pub struct Strays(Arc<Mutex<Vec<(i32, i32)>>>);
+#[derive(Clone, Debug)]
+pub struct Strays(Arc<Table>);
+
+impl Default for Strays {
+    fn default() -> Self {
+        let s = Strays(Arc::new(Mutex::new(Vec::new())));
+        let _ = TABLES.try_with(|t| {
+            let mut t = t.borrow_mut();
+            t.retain(|w| w.strong_count() > 0);
+            t.push(Arc::downgrade(&s.0));
+        });
+        s
+    }
+}
 
 impl Strays {
     /// An empty table.
@@ -62,11 +88,22 @@ impl Strays {
         self.take_of(|p| p == pid).map(|(_, st)| st)
     }
 
-    /// Takes the oldest status of a task `mine` accepts.
+    /// Takes the oldest status of a task `mine` accepts: from this table,
+    /// else from another table made on this thread.
     pub(crate) fn take_of(&self, mut mine: impl FnMut(i32) -> bool) -> Option<(i32, i32)> {
-        let mut v = self.0.lock().ok()?;
-        let i = v.iter().position(|(p, _)| mine(*p))?;
-        Some(v.remove(i))
+        if let Some(found) = take_from(&self.0, &mut mine) {
+            return Some(found);
+        }
+        let others: Vec<Arc<Table>> = TABLES
+            .try_with(|t| {
+                t.borrow()
+                    .iter()
+                    .filter_map(Weak::upgrade)
+                    .filter(|o| !Arc::ptr_eq(o, &self.0))
+                    .collect()
+            })
+            .unwrap_or_default();
+        others.iter().find_map(|o| take_from(o, &mut mine))
     }
 
     /// Drops every status of a task `gone` accepts (a target's tasks once
@@ -91,6 +128,13 @@ impl Strays {
             v.extend(moved);
         }
     }
+}
+
+/// Takes the oldest status in `table` of a task `mine` accepts.
+fn take_from(table: &Table, mine: &mut impl FnMut(i32) -> bool) -> Option<(i32, i32)> {
+    let mut v = table.lock().ok()?;
+    let i = v.iter().position(|(p, _)| mine(*p))?;
+    Some(v.remove(i))
 }
 
 /// Whether task `pid` exists (`/proc/PID`, which lists every thread too).
@@ -126,6 +170,29 @@ mod tests {
         // target takes it to learn how it ended).
         s.stash_pruning(12, STOPPED, |p| p == 12);
         assert_eq!(s.entries(), vec![(11, EXITED), (12, STOPPED)]);
+    }
+
+    #[test]
+    fn another_table_of_this_thread_is_looked_in_not_one_of_another_thread() {
+        let mine = Strays::new();
+        let other_session = Strays::new();
+        other_session.stash_pruning(21, EXITED, |_| true);
+        assert_eq!(mine.take(21), Some(EXITED));
+        assert!(other_session.is_empty());
+        let elsewhere = std::thread::spawn(|| {
+            let s = Strays::new();
+            s.stash_pruning(22, EXITED, |_| true);
+            s
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(mine.take(22), None);
+        assert_eq!(elsewhere.take(22), Some(EXITED));
+        // A table dropped is no longer looked in (nothing keeps it alive).
+        let gone = Strays::new();
+        gone.stash_pruning(23, EXITED, |_| true);
+        drop(gone);
+        assert_eq!(mine.take(23), None);
     }
 
     #[test]
