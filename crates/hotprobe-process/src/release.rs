@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use hotprobe_target::{ExitStatus, RuntimeAddr, Target, TargetError, TargetEvent};
 
-use crate::{exit_status, list_tasks, open_mem, sys, ProcessTarget, RunState, Thread};
+use crate::{exit_status, list_tasks, open_mem, ProcessTarget, RunState, Thread};
 
 /// The state of a released process.
 #[derive(Debug)]
@@ -83,7 +83,7 @@ impl ProcessTarget {
         }
         let snapshot = auxv(self.pid);
         for tid in self.threads.keys() {
-            let _ = sys::detach(*tid, 0);
+            let _ = self.sys.detach(*tid, 0);
         }
         self.threads.clear();
         self.released = Some(Released { auxv: snapshot });
@@ -131,7 +131,7 @@ impl ProcessTarget {
                 if self.threads.contains_key(&tid) {
                     continue;
                 }
-                match sys::seize(tid, crate::TRACE_OPTIONS) {
+                match self.sys.seize(tid, crate::TRACE_OPTIONS) {
                     Ok(()) => {}
                     Err(e) if e.errno() == libc::ESRCH => continue,
                     Err(e) if e.errno() == libc::EPERM => {
@@ -141,7 +141,7 @@ impl ProcessTarget {
                 }
                 let mut th = Thread::new(RunState::Running);
                 th.interrupt_pending = true;
-                sys::interrupt(tid)?;
+                self.sys.interrupt(tid)?;
                 self.threads.insert(tid, th);
                 new += 1;
             }
@@ -161,7 +161,7 @@ impl ProcessTarget {
         self.rendezvous = None;
         self.scratch.clear();
         self.syscall_insn = None;
-        self.mem = open_mem(self.pid).map_err(|e| TargetError::Protocol {
+        self.mem = open_mem(&self.sys, self.pid).map_err(|e| TargetError::Protocol {
             target: self.describe(),
             why: e.to_string(),
         })?;
@@ -234,14 +234,14 @@ impl ProcessTarget {
 
     /// How the released process ended, if it did.
     fn ended_untraced(&mut self) -> Option<ExitStatus> {
-        if let Some(st) = crate::take_stray(self.pid) {
+        if let Some(st) = self.strays.take(self.pid) {
             if libc::WIFEXITED(st) || libc::WIFSIGNALED(st) {
                 return Some(exit_status(st));
             }
         }
         if self.spawned {
             // Our child: reap it (it is not traced any more).
-            match sys::waitpid(self.pid, libc::WNOHANG) {
+            match self.sys.waitpid(self.pid, libc::WNOHANG) {
                 Ok(Some((_, st))) if libc::WIFEXITED(st) || libc::WIFSIGNALED(st) => {
                     Some(exit_status(st))
                 }

@@ -3,7 +3,7 @@
 //! the target's own code (no text is written), single-stepped once, and
 //! restored. Used to map and unmap scratch pages near the probed code.
 
-use crate::{sys, ProcessTarget};
+use crate::ProcessTarget;
 use hotprobe_target::{RuntimeAddr, Target, TargetError};
 
 /// Run system call `nr` with up to six arguments on stopped thread `tid`;
@@ -15,18 +15,18 @@ pub(crate) fn syscall(
     args: &[u64],
 ) -> Result<u64, TargetError> {
     let insn = find_syscall_insn(t)?;
-    let saved = sys::getregs(tid).map_err(|e| t.sys_err(e))?;
+    let saved = t.sys.getregs(tid).map_err(|e| t.sys_err(e))?;
     let mut regs = saved;
     regs.rip = insn;
     regs.rax = nr;
     // Not inside a system call any more: no restart logic for ours.
     regs.orig_rax = u64::MAX;
     set_args(&mut regs, args, ArgConvention::Syscall);
-    sys::setregs(tid, &regs).map_err(|e| t.sys_err(e))?;
+    t.sys.setregs(tid, &regs).map_err(|e| t.sys_err(e))?;
     let mut held = Vec::new();
     let result = loop {
-        sys::step(tid, 0).map_err(|e| t.sys_err(e))?;
-        let Some((_, status)) = sys::waitpid(tid, 0).map_err(|e| t.sys_err(e))? else {
+        t.sys.step(tid, 0).map_err(|e| t.sys_err(e))?;
+        let Some((_, status)) = t.sys.waitpid(tid, 0).map_err(|e| t.sys_err(e))? else {
             continue;
         };
         if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
@@ -44,7 +44,7 @@ pub(crate) fn syscall(
             continue;
         }
         if sig == libc::SIGTRAP {
-            let after = sys::getregs(tid).map_err(|e| t.sys_err(e))?;
+            let after = t.sys.getregs(tid).map_err(|e| t.sys_err(e))?;
             if after.rip == insn + 2 {
                 break after.rax;
             }
@@ -52,7 +52,7 @@ pub(crate) fn syscall(
         }
         held.push(sig);
     };
-    sys::setregs(tid, &saved).map_err(|e| t.sys_err(e))?;
+    t.sys.setregs(tid, &saved).map_err(|e| t.sys_err(e))?;
     if let Some(th) = t.threads.get_mut(&tid) {
         th.held_signals.extend(held);
         th.regs = None;

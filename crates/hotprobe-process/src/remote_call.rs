@@ -42,7 +42,7 @@ pub fn remote_call(
     timeout: Duration,
 ) -> Result<u64, TargetError> {
     let tid = stopped(t)?;
-    let saved = sys::getregs(tid).map_err(|e| t.sys_err(e))?;
+    let saved = t.sys.getregs(tid).map_err(|e| t.sys_err(e))?;
     let mut regs = saved;
     // Below the red zone, 16-byte aligned, then the fake return address 0:
     // at the callee's first instruction rsp ≡ 8 (mod 16) as the ABI wants.
@@ -54,15 +54,18 @@ pub fn remote_call(
     regs.rax = 0;
     regs.orig_rax = u64::MAX;
     crate::remote::set_args(&mut regs, args, crate::remote::ArgConvention::Function);
-    sys::setregs(tid, &regs).map_err(|e| t.sys_err(e))?;
-    sys::cont(tid, 0).map_err(|e| t.sys_err(e))?;
+    t.sys.setregs(tid, &regs).map_err(|e| t.sys_err(e))?;
+    t.sys.cont(tid, 0).map_err(|e| t.sys_err(e))?;
     let deadline = Instant::now() + timeout;
     let mut interrupted = false;
     let result = loop {
-        let r = sys::waitpid(tid, libc::WNOHANG | libc::__WALL).map_err(|e| t.sys_err(e))?;
+        let r = t
+            .sys
+            .waitpid(tid, libc::WNOHANG | libc::__WALL)
+            .map_err(|e| t.sys_err(e))?;
         let Some((_, status)) = r else {
             if !interrupted && Instant::now() >= deadline {
-                sys::interrupt(tid).map_err(|e| t.sys_err(e))?;
+                t.sys.interrupt(tid).map_err(|e| t.sys_err(e))?;
                 interrupted = true;
             }
             std::thread::sleep(Duration::from_micros(200));
@@ -75,7 +78,7 @@ pub fn remote_call(
             });
         }
         let sig = libc::WSTOPSIG(status);
-        let after = sys::getregs(tid).map_err(|e| t.sys_err(e))?;
+        let after = t.sys.getregs(tid).map_err(|e| t.sys_err(e))?;
         if sig == libc::SIGSEGV && after.rip == 0 {
             break Ok(after.rax);
         }
@@ -86,7 +89,7 @@ pub fn remote_call(
                     why: format!("remote call of {func:#x} did not return within {timeout:?}"),
                 });
             }
-            sys::cont(tid, 0).map_err(|e| t.sys_err(e))?;
+            t.sys.cont(tid, 0).map_err(|e| t.sys_err(e))?;
             continue;
         }
         if sig == libc::SIGSEGV || sig == libc::SIGBUS || sig == libc::SIGILL {
@@ -105,16 +108,16 @@ pub fn remote_call(
             let mut r = sys::regs_from_user(&after);
             r.rip -= 1;
             t.emulate_return(tid, &mut r)?;
-            sys::cont(tid, 0).map_err(|e| t.sys_err(e))?;
+            t.sys.cont(tid, 0).map_err(|e| t.sys_err(e))?;
             continue;
         }
         // Any other signal: hold it for later delivery, keep running the call.
         if let Some(th) = t.threads.get_mut(&tid) {
             th.held_signals.push_back(sig);
         }
-        sys::cont(tid, 0).map_err(|e| t.sys_err(e))?;
+        t.sys.cont(tid, 0).map_err(|e| t.sys_err(e))?;
     };
-    sys::setregs(tid, &saved).map_err(|e| t.sys_err(e))?;
+    t.sys.setregs(tid, &saved).map_err(|e| t.sys_err(e))?;
     if let Some(th) = t.threads.get_mut(&tid) {
         th.regs = None;
     }

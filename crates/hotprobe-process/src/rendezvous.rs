@@ -222,7 +222,9 @@ impl ProcessTarget {
         let ret = self.read_u64(RuntimeAddr(regs.rsp))?;
         regs.rip = ret;
         regs.rsp = regs.rsp.wrapping_add(8);
-        sys::setregs(tid, &sys::regs_to_user(regs)).map_err(|e| self.sys_err(e))
+        self.sys
+            .setregs(tid, &sys::regs_to_user(regs))
+            .map_err(|e| self.sys_err(e))
     }
 
     /// A thread stopped on a SIGTRAP at the rendezvous breakpoint (`regs`
@@ -241,7 +243,9 @@ impl ProcessTarget {
         if report || engine {
             // Rewound now rather than on resume: remote calls made before
             // the resume save and restore the kernel's registers.
-            sys::setregs(pid, &sys::regs_to_user(&r)).map_err(|e| self.sys_err(e))?;
+            self.sys
+                .setregs(pid, &sys::regs_to_user(&r))
+                .map_err(|e| self.sys_err(e))?;
             let t = self.threads.get_mut(&pid).expect("known thread");
             t.regs = Some(r);
             if report {
@@ -257,7 +261,7 @@ impl ProcessTarget {
         self.emulate_return(pid, &mut r)?;
         let t = self.threads.get_mut(&pid).expect("known thread");
         t.state = crate::RunState::Running;
-        sys::cont(pid, 0).map_err(|e| self.sys_err(e))?;
+        self.sys.cont(pid, 0).map_err(|e| self.sys_err(e))?;
         Ok(None)
     }
 

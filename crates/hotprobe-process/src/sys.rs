@@ -1,6 +1,8 @@
-//! The one chokepoint for the system calls the process target makes
-//! (ptrace, waitpid, tgkill, pread/pwrite on /proc/PID/mem). Each returns a
-//! [`SysError`] naming the call and the errno.
+//! The raw system calls behind the process target's OS layer (ptrace,
+//! waitpid, tgkill, kill): [`crate::os::RealOs`] makes them, and the target
+//! itself calls only [`crate::os::Sys`] (which tests give a scripted fake).
+//! Each returns a [`SysError`] naming the call and the errno. Public for
+//! tests that drive a tracee by hand.
 //!
 //! Written on raw `libc` rather than nix because ptrace must pass every
 //! signal number through untouched, realtime signals included, which nix's

@@ -5,7 +5,8 @@
 //! thread starts with none, so the target sets them on every thread it
 //! follows, those created later included.
 
-use crate::sys;
+use crate::os::Sys;
+use crate::sys::SysError;
 
 /// How many watchpoints the CPU has (DR0–DR3).
 pub const WATCH_SLOTS: usize = 4;
@@ -100,25 +101,29 @@ pub fn dr7(slots: &[Option<HwWatch>; WATCH_SLOTS]) -> u64 {
 
 /// Write `slots` into a stopped thread's debug registers: DR7 off first
 /// (no half-written watchpoint is ever enabled), the addresses, then DR7.
-pub(crate) fn apply(tid: i32, slots: &[Option<HwWatch>; WATCH_SLOTS]) -> Result<(), sys::SysError> {
-    sys::set_debugreg(tid, 7, 0)?;
+pub(crate) fn apply(
+    sys: &Sys,
+    tid: i32,
+    slots: &[Option<HwWatch>; WATCH_SLOTS],
+) -> Result<(), SysError> {
+    sys.set_debugreg(tid, 7, 0)?;
     for (i, w) in slots.iter().enumerate() {
-        sys::set_debugreg(tid, i, w.map_or(0, |w| w.addr))?;
+        sys.set_debugreg(tid, i, w.map_or(0, |w| w.addr))?;
     }
     let v = dr7(slots);
     if v != 0 {
-        sys::set_debugreg(tid, 7, v)?;
+        sys.set_debugreg(tid, 7, v)?;
     }
     Ok(())
 }
 
 /// Which slots fired (DR6 B0–B3) on a stopped thread, clearing DR6 so
 /// that a later trap (an `int3`, a step) does not read them again.
-pub(crate) fn take_hits(tid: i32) -> Result<u8, sys::SysError> {
-    let dr6 = sys::get_debugreg(tid, 6)?;
+pub(crate) fn take_hits(sys: &Sys, tid: i32) -> Result<u8, SysError> {
+    let dr6 = sys.get_debugreg(tid, 6)?;
     let hits = (dr6 & 0xf) as u8;
     if hits != 0 {
-        sys::set_debugreg(tid, 6, 0)?;
+        sys.set_debugreg(tid, 6, 0)?;
     }
     Ok(hits)
 }

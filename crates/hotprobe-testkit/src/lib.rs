@@ -265,6 +265,60 @@ pub fn output_within(mut cmd: Command, limit: Duration) -> Output {
     }
 }
 
+/// The handler a test installs with [`install_counting_handler`]: counts
+/// its calls in [`HANDLER_CALLS`].
+pub static HANDLER_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn counting_handler(_sig: libc::c_int) {
+    HANDLER_CALLS.fetch_add(1, Relaxed);
+}
+
+/// What `sigaction` says is installed for a signal: the handler's address
+/// and the flags (to compare before and after the code under test).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SignalAction {
+    /// `sa_sigaction` (or `SIG_DFL`, `SIG_IGN`).
+    pub handler: usize,
+    /// `sa_flags`.
+    pub flags: i32,
+}
+
+/// The action installed for `sig` now.
+pub fn signal_action(sig: i32) -> SignalAction {
+    // SAFETY: a zeroed sigaction is a valid out value; a null new action
+    // only reads the current one.
+    let old = unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        assert_eq!(libc::sigaction(sig, std::ptr::null(), &mut old), 0);
+        old
+    };
+    SignalAction {
+        handler: old.sa_sigaction,
+        flags: old.sa_flags,
+    }
+}
+
+/// Installs for `sig` a handler that counts its calls in
+/// [`HANDLER_CALLS`] (`SA_RESTART`); returns what is installed now.
+pub fn install_counting_handler(sig: i32) -> SignalAction {
+    // SAFETY: a zeroed sigaction with a handler that only bumps an atomic
+    // (async-signal-safe).
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = counting_handler as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(sig, &sa, std::ptr::null_mut()), 0);
+    }
+    signal_action(sig)
+}
+
+/// `SIGRTMIN() + n`, the real-time signal numbers as the C library gives
+/// them.
+pub fn sigrtmin_plus(n: i32) -> i32 {
+    libc::SIGRTMIN() + n
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

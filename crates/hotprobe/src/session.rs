@@ -781,6 +781,8 @@ pub struct Session {
     /// Inside [`Session::add_filtered`]: fast-path sites are written in one
     /// batch at its end, the target stopped once (issue 14).
     batching: bool,
+    /// Wait statuses one process target reaped for another (shared by all).
+    strays: hotprobe_process::Strays,
 }
 
 /// Where a resolved site goes.
@@ -820,6 +822,7 @@ impl Session {
             capture: None,
             batching: false,
             xmm_layout: None,
+            strays: Default::default(),
         }
     }
 
@@ -991,6 +994,7 @@ impl Session {
             }
         }
         let mut t = ProcessTarget::spawn_with(program, args, &opts)?;
+        t.share_strays(&self.strays);
         let fast = match (pending, fast_off) {
             (Some(p), _) => match p.attach(&mut t) {
                 Ok(fp) => Fast::On(Box::new(fp)),
@@ -1014,7 +1018,8 @@ impl Session {
             Err(e @ hotprobe_fastpath::FastPathError::AgentOverride { .. }) => return Err(e.into()),
             _ => Fast::Injectable,
         };
-        let t = ProcessTarget::attach(pid)?;
+        let mut t = ProcessTarget::attach(pid)?;
+        t.share_strays(&self.strays);
         let r = crate::ProcessResolver::new(pid)?;
         // The agent goes in with the first probe placed (fast or trap: with
         // it the program survives hotprobe's death, see `publish_traps`), so

@@ -1,0 +1,268 @@
+//! Attaching to a running process: the refusals read from `/proc` alone
+//! (`check_attachable`), seizing every thread, adopting a forked child.
+
+use crate::*;
+
+/// `PF_KTHREAD` in the flags of `/proc/PID/stat`.
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// The fields of `/proc/PID/status` hotprobe reads before attaching.
+#[derive(Debug, Default)]
+struct ProcStatus {
+    state: char,
+    tgid: i32,
+    ppid: i32,
+    tracer: i32,
+}
+
+fn proc_status(pid: i32) -> Option<ProcStatus> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let mut st = ProcStatus::default();
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        let num = || value.split_whitespace().next().and_then(|v| v.parse().ok());
+        match key {
+            "State" => st.state = value.chars().next().unwrap_or('?'),
+            "Tgid" => st.tgid = num().unwrap_or(0),
+            "PPid" => st.ppid = num().unwrap_or(0),
+            "TracerPid" => st.tracer = num().unwrap_or(0),
+            _ => {}
+        }
+    }
+    Some(st)
+}
+
+/// The `flags` field of `/proc/PID/stat` (after the parenthesised name,
+/// which may hold spaces and parentheses).
+fn proc_flags(pid: i32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &text[text.rfind(')')? + 1..];
+    rest.split_whitespace().nth(6)?.parse().ok()
+}
+
+fn proc_comm(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| s.trim_end().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// Whether every thread of `pid` is blocked in `wait4` or `waitid`
+/// (`/proc/PID/task/TID/syscall`; false when it cannot be read).
+fn all_threads_wait(pid: i32) -> bool {
+    const WAIT4: &str = "61";
+    const WAITID: &str = "247";
+    let tasks = list_tasks(pid);
+    !tasks.is_empty()
+        && tasks.iter().all(|tid| {
+            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall"))
+                .is_ok_and(|s| matches!(s.split_whitespace().next(), Some(WAIT4 | WAITID)))
+        })
+}
+
+/// Whether our parent `pid` waits for us: in `wait4`/`waitid` now, or
+/// within 200 ms (a shell that just forked us may not have reached its
+/// wait yet: we can run first).
+fn parent_waits(pid: i32) -> bool {
+    let deadline = Instant::now() + Duration::from_millis(200);
+    loop {
+        if all_threads_wait(pid) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Refuses, before anything is done to it, a process hotprobe must not or
+/// cannot attach to: none with this pid, init, hotprobe itself, its parent
+/// waiting for it, a kernel thread, a zombie, a process another tracer
+/// holds.
+fn check_attachable(pid: i32) -> Result<(), ProcessError> {
+    if pid <= 0 || !Path::new(&format!("/proc/{pid}")).exists() {
+        return Err(ProcessError::NoSuchProcess { pid });
+    }
+    let Some(st) = proc_status(pid) else {
+        return Err(ProcessError::NoSuchProcess { pid });
+    };
+    let me = std::process::id() as i32;
+    if pid == me || st.tgid == me {
+        return Err(ProcessError::IsSelf { pid });
+    }
+    if pid == 1 {
+        return Err(ProcessError::IsInit { pid });
+    }
+    if proc_flags(pid).is_some_and(|f| f & PF_KTHREAD != 0) {
+        let what = if st.ppid == 2 {
+            "kthreadd's child".to_string()
+        } else {
+            proc_comm(pid)
+        };
+        return Err(ProcessError::KernelThread { pid, what });
+    }
+    if matches!(st.state, 'Z' | 'X') {
+        // A leader that exited while other threads run on is no zombie.
+        let alive = list_tasks(pid).into_iter().any(|tid| {
+            tid != pid && proc_status(tid).is_some_and(|t| !matches!(t.state, 'Z' | 'X'))
+        });
+        if !alive {
+            return Err(ProcessError::Zombie {
+                pid,
+                parent: st.ppid,
+            });
+        }
+    }
+    if st.tracer != 0 {
+        // TracerPid is the tracing thread: name its process.
+        let tracer = proc_status(st.tracer)
+            .map(|t| t.tgid)
+            .filter(|&t| t > 0)
+            .unwrap_or(st.tracer);
+        return Err(ProcessError::AlreadyTraced {
+            pid,
+            tracer,
+            tracer_name: if tracer == me {
+                "this very process".into()
+            } else {
+                proc_comm(tracer)
+            },
+        });
+    }
+    // SAFETY: getppid has no preconditions.
+    if pid == unsafe { libc::getppid() } && parent_waits(pid) {
+        return Err(ProcessError::IsWaitingParent { pid });
+    }
+    Ok(())
+}
+
+impl ProcessTarget {
+    /// Refuses, before anything is done to it, a process that
+    /// [`ProcessTarget::attach`] must not or cannot take: no process with
+    /// this pid ([`ProcessError::NoSuchProcess`]), init
+    /// ([`ProcessError::IsInit`]), hotprobe itself
+    /// ([`ProcessError::IsSelf`]), its parent waiting for it
+    /// ([`ProcessError::IsWaitingParent`]), a kernel thread
+    /// ([`ProcessError::KernelThread`]), a zombie
+    /// ([`ProcessError::Zombie`]), a process another tracer holds
+    /// ([`ProcessError::AlreadyTraced`]).
+    pub fn check_attachable(pid: i32) -> Result<(), ProcessError> {
+        check_attachable(pid)
+    }
+
+    /// Attach to a running process and every one of its threads, leaving
+    /// them all stopped (call [`Target::resume_all`] once probes are in).
+    pub fn attach(pid: i32) -> Result<Self, ProcessError> {
+        Self::check_attachable(pid)?;
+        let program = std::fs::read_link(format!("/proc/{pid}/exe")).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::PermissionDenied {
+                ProcessError::PermissionDenied { pid }
+            } else {
+                ProcessError::NoSuchProcess { pid }
+            }
+        })?;
+        let sys = Sys::real();
+        let mem = open_mem(&sys, pid).map_err(|e| match e {
+            ProcessError::Sys(s) if s.errno() == libc::EACCES || s.errno() == libc::EPERM => {
+                ProcessError::PermissionDenied { pid }
+            }
+            other => other,
+        })?;
+        let mut t = ProcessTarget::new(pid, program, mem, false, sys);
+        // Seize threads until the list is stable (threads may be created
+        // while we attach; those made by seized threads are auto-attached).
+        loop {
+            let mut new = 0;
+            for tid in list_tasks(pid) {
+                if t.threads.contains_key(&tid) {
+                    continue;
+                }
+                match t.sys.seize(tid, TRACE_OPTIONS) {
+                    Ok(()) => {}
+                    Err(e) if e.errno() == libc::EPERM => {
+                        t.attached = !t.threads.is_empty();
+                        if t.threads.is_empty() {
+                            return Err(ProcessError::PermissionDenied { pid });
+                        }
+                        return Err(e.into());
+                    }
+                    Err(e) if e.errno() == libc::ESRCH => continue,
+                    Err(e) => return Err(e.into()),
+                }
+                let mut th = Thread::new(RunState::Running);
+                th.interrupt_pending = true;
+                t.sys.interrupt(tid)?;
+                t.threads.insert(tid, th);
+                new += 1;
+            }
+            if new == 0 {
+                break;
+            }
+        }
+        t.wait_parked()?;
+        if t.threads.is_empty() {
+            t.attached = false;
+            return Err(ProcessError::NoSuchProcess { pid });
+        }
+        t.absorb_attach_exec(pid);
+        t.arm_rendezvous();
+        Ok(t)
+    }
+
+    /// An exec that was ending as we attached — a program started with
+    /// fork and exec is attached as soon as its exec closed the parent's
+    /// close-on-exec pipe (`std::process::Command::spawn` returns then),
+    /// before the exec returns — reports `PTRACE_EVENT_EXEC` while attach
+    /// waits for the threads to park. The image attached to is already
+    /// the new one and nothing of ours was in the old one: that is no
+    /// event for the engine (which would drop what it places in the new
+    /// image meanwhile). Its handling armed the new image's rendezvous
+    /// and reopened its memory; the program's path is read again (it may
+    /// have been the old image's), and the thread is parked like the
+    /// others.
+    pub(crate) fn absorb_attach_exec(&mut self, pid: i32) {
+        let before = self.pending.len();
+        self.pending.retain(|e| !matches!(e, TargetEvent::Exec));
+        if self.pending.len() == before {
+            return;
+        }
+        if let Ok(p) = std::fs::read_link(format!("/proc/{pid}/exe")) {
+            self.program = p;
+        }
+        if self.pending.is_empty() {
+            for th in self.threads.values_mut() {
+                if th.state == RunState::Event {
+                    th.state = RunState::Parked;
+                }
+            }
+        }
+    }
+
+    /// Takes the forked child `child` (held stopped since its
+    /// [`TargetEvent::Forked`]) as a target of its own, stopped, instead of
+    /// releasing it: it keeps whatever other mechanisms wrote into its
+    /// memory (our breakpoints were already taken out of it).
+    pub fn adopt_fork_child(&mut self, child: u64) -> Result<ProcessTarget, ProcessError> {
+        let child = child as i32;
+        if !self.forked_children.contains(&child) {
+            return Err(ProcessError::NoSuchProcess { pid: child });
+        }
+        self.forked_children.retain(|c| *c != child);
+        let mem = open_mem(&self.sys, child)?;
+        let mut t = ProcessTarget::new(
+            child,
+            self.program.clone(),
+            mem,
+            self.spawned,
+            self.sys.clone(),
+        );
+        // Its statuses may reach any target of the session, and theirs it.
+        t.strays = self.strays.clone();
+        t.threads.insert(child, Thread::new(RunState::Parked));
+        t.arm_rendezvous();
+        Ok(t)
+    }
+}

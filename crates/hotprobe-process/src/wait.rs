@@ -1,0 +1,410 @@
+//! The wait state machine: every wait status of a traced task becomes a
+//! [`TargetEvent`] for the engine or is handled here (`handle_status`).
+
+use crate::*;
+
+impl ProcessTarget {
+    /// Stop the process (SIGKILL) and reap it.
+    pub fn kill(&mut self) {
+        if self.exited.is_none() {
+            let _ = self.sys.kill(self.pid, libc::SIGKILL);
+            // This thread's children and tracees only: another thread's
+            // session (several in one program, through the C or Python
+            // API) must not lose its events to this wait.
+            while let Ok(Some((p, st))) = self.sys.waitpid(-1, libc::__WNOTHREAD) {
+                if p == self.pid && (libc::WIFEXITED(st) || libc::WIFSIGNALED(st)) {
+                    self.exited = Some(exit_status(st));
+                    break;
+                }
+                if p != self.pid && !self.threads.contains_key(&p) {
+                    // Another target's of this thread: it takes it from there.
+                    self.strays.stash(p, st);
+                }
+            }
+            self.attached = false;
+        }
+    }
+
+    /// Wait until every thread with a pending interrupt is parked (or gone).
+    pub(crate) fn wait_parked(&mut self) -> Result<(), TargetError> {
+        loop {
+            let Some(tid) = self
+                .threads
+                .iter()
+                // A thread that reported an event instead is stopped too (its
+                // interrupt stays pending and is absorbed when it resumes).
+                .find(|(_, t)| t.interrupt_pending && t.state == RunState::Running)
+                .map(|(tid, _)| *tid)
+            else {
+                return Ok(());
+            };
+            let r = match self.strays.take(tid) {
+                Some(st) => Some((tid, st)),
+                None => match self.sys.waitpid(tid, 0) {
+                    Ok(r) => r,
+                    Err(e) if e.errno() == libc::ECHILD => {
+                        self.threads.remove(&tid);
+                        continue;
+                    }
+                    Err(e) => return Err(self.sys_err(e)),
+                },
+            };
+            if let Some((p, st)) = r {
+                if let Some(ev) = self.handle_status(p, st, true)? {
+                    self.pending.push_back(ev);
+                }
+            }
+        }
+    }
+
+    /// Turn one waitpid status into an event for the engine, or handle it
+    /// here and return `None`.
+    pub(crate) fn handle_status(
+        &mut self,
+        pid: i32,
+        status: i32,
+        stopping: bool,
+    ) -> Result<Option<TargetEvent>, TargetError> {
+        if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+            if pid == self.pid {
+                // Nobody takes the statuses of its tasks any more.
+                self.forget_strays();
+                self.exec_gone.clear();
+                self.threads.clear();
+                self.attached = false;
+                let st = exit_status(status);
+                self.exited = Some(st.clone());
+                return Ok(Some(TargetEvent::Exited(st)));
+            }
+            if self.threads.remove(&pid).is_some() {
+                self.vfork_children.retain(|c| *c != pid);
+                return Ok(Some(TargetEvent::ThreadExited(ThreadId(pid as u64))));
+            }
+            if let Some(i) = self.exec_gone.iter().position(|t| *t == pid) {
+                // A thread another thread's exec ended, reported after the
+                // exec: the engine dropped it with the exec already.
+                self.exec_gone.swap_remove(i);
+                return Ok(None);
+            }
+            // Another target's task (a followed fork child, a second
+            // process of the session): it takes it from there.
+            self.strays.stash(pid, status);
+            return Ok(None);
+        }
+        if !libc::WIFSTOPPED(status) {
+            return Ok(None);
+        }
+        if !self.threads.contains_key(&pid) {
+            // A new thread whose clone event is still to come, or another
+            // target's task.
+            self.strays.stash(pid, status);
+            return Ok(None);
+        }
+        self.stops += 1;
+        let sig = libc::WSTOPSIG(status);
+        let event = status >> 16;
+        {
+            let t = self.threads.get_mut(&pid).expect("known thread");
+            t.state = RunState::Event;
+            t.regs = None;
+        }
+        match event {
+            libc::PTRACE_EVENT_CLONE | libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK => {
+                let new = self.sys.geteventmsg(pid).map_err(|e| self.sys_err(e))? as i32;
+                // The new task starts with a stop of its own.
+                let st = match self.strays.take(new) {
+                    Some(st) => st,
+                    None => self
+                        .sys
+                        .waitpid(new, 0)
+                        .map_err(|e| self.sys_err(e))?
+                        .map(|x| x.1)
+                        .unwrap_or(0),
+                };
+                let alive = libc::WIFSTOPPED(st);
+                if event == libc::PTRACE_EVENT_CLONE || event == libc::PTRACE_EVENT_VFORK {
+                    if event == libc::PTRACE_EVENT_VFORK {
+                        self.vfork_children.push(new);
+                    }
+                    if alive && self.watching() {
+                        // A new thread starts without debug registers.
+                        if let Err(e) = watch::apply(&self.sys, new, &self.watches) {
+                            if e.errno() != libc::ESRCH {
+                                return Err(self.sys_err(e));
+                            }
+                        }
+                    }
+                    if alive {
+                        let mut th = Thread::new(RunState::Running);
+                        if stopping {
+                            th.state = RunState::Parked;
+                        } else {
+                            self.sys.cont(new, 0).map_err(|e| self.sys_err(e))?;
+                        }
+                        self.threads.insert(new, th);
+                    }
+                    self.park_or_continue(pid, stopping)?;
+                    return Ok(if alive {
+                        Some(TargetEvent::ThreadCreated(ThreadId(new as u64)))
+                    } else {
+                        None
+                    });
+                }
+                // fork: a separate address space with our breakpoints in it.
+                if alive {
+                    if let Ok(child_mem) = open_mem(&self.sys, new) {
+                        for (addr, orig) in &self.breakpoints {
+                            let _ = child_mem.write_at(&[*orig], *addr);
+                        }
+                    }
+                    self.forked_children.push(new);
+                }
+                return Ok(Some(TargetEvent::Forked {
+                    thread: ThreadId(pid as u64),
+                    child: new as u64,
+                }));
+            }
+            libc::PTRACE_EVENT_EXEC => {
+                if self.vfork_children.contains(&pid)
+                    || pid != self.pid && !self.threads.contains_key(&self.pid)
+                {
+                    // A vfork child ran exec: it is a process of its own now.
+                    self.vfork_children.retain(|c| *c != pid);
+                    self.threads.remove(&pid);
+                    let _ = self.sys.detach(pid, 0);
+                    return Ok(None);
+                }
+                // The target replaced its image; other threads are gone (an
+                // exec by a thread other than the leader took the leader's
+                // tid). Their exits may still be reported.
+                let gone = self.threads.keys().filter(|tid| **tid != pid);
+                self.exec_gone.extend(gone);
+                self.threads.retain(|tid, _| *tid == pid);
+                if let Some(t) = self.threads.get_mut(&pid) {
+                    t.at_rendezvous = false;
+                    t.unrewound_breakpoint = None;
+                }
+                self.breakpoints.clear();
+                self.breakpoint_changes = None;
+                self.rendezvous = None;
+                self.scratch.clear();
+                // The kernel drops a thread's debug registers at exec.
+                self.watches = [None; WATCH_SLOTS];
+                self.syscall_insn = None;
+                self.mem = open_mem(&self.sys, self.pid).map_err(|e| match e {
+                    ProcessError::Sys(s) => self.sys_err(s),
+                    other => TargetError::Protocol {
+                        target: self.describe(),
+                        why: other.to_string(),
+                    },
+                })?;
+                // The new image's loader is mapped already (it has not run).
+                self.arm_rendezvous();
+                return Ok(Some(TargetEvent::Exec));
+            }
+            libc::PTRACE_EVENT_STOP => {
+                let t = self.threads.get_mut(&pid).expect("known thread");
+                if t.interrupt_pending {
+                    t.interrupt_pending = false;
+                    if stopping {
+                        t.state = RunState::Parked;
+                    } else {
+                        t.state = RunState::Running;
+                        if t.stepping {
+                            self.sys.step(pid, 0).map_err(|e| self.sys_err(e))?;
+                        } else {
+                            self.sys.cont(pid, 0).map_err(|e| self.sys_err(e))?;
+                        }
+                    }
+                    return Ok(None);
+                }
+                if matches!(
+                    sig,
+                    libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU
+                ) {
+                    // A group-stop of the program's own: stay stopped, keep listening.
+                    t.state = RunState::Running;
+                    self.sys.listen(pid).map_err(|e| self.sys_err(e))?;
+                    return Ok(None);
+                }
+                // The first stop of an auto-attached task, or a spurious one.
+                self.park_or_continue(pid, stopping)?;
+                return Ok(None);
+            }
+            0 => {}
+            _ => {
+                // An event stop not asked for (PTRACE_EVENT_VFORK_DONE,
+                // _EXIT, _SECCOMP): no signal to deliver, nothing to report.
+                self.park_or_continue(pid, stopping)?;
+                return Ok(None);
+            }
+        }
+        // A signal-delivery stop.
+        if sig == libc::SIGTRAP
+            && !self.watching()
+            && self
+                .sys
+                .getsiginfo(pid)
+                .is_ok_and(|i| i.code == TRAP_HWBKPT)
+        {
+            // A hardware watchpoint's trap queued to the thread before its
+            // watchpoint was removed (unwatch while it ran): not the
+            // program's signal — dropped, as at detach.
+            let _ = watch::take_hits(&self.sys, pid);
+            self.park_or_continue(pid, stopping)?;
+            return Ok(None);
+        }
+        if sig == libc::SIGTRAP {
+            let hits = if self.watching() {
+                match watch::take_hits(&self.sys, pid) {
+                    Ok(h) => h,
+                    // Killed meanwhile: its exit comes next.
+                    Err(e) if e.errno() == libc::ESRCH => 0,
+                    Err(e) => return Err(self.sys_err(e)),
+                }
+            } else {
+                0
+            };
+            let regs = self.fetch_regs(pid)?;
+            let t = self.threads.get_mut(&pid).expect("known thread");
+            if t.stepping {
+                t.stepping = false;
+                t.regs = Some(regs);
+                t.pending_watch |= hits;
+                return Ok(Some(TargetEvent::Stepped {
+                    thread: ThreadId(pid as u64),
+                    regs,
+                }));
+            }
+            if hits != 0 {
+                t.regs = Some(regs);
+                return Ok(Some(TargetEvent::Watchpoint {
+                    thread: ThreadId(pid as u64),
+                    slots: hits,
+                    regs,
+                }));
+            }
+            if self.is_rendezvous_trap(regs.rip) {
+                return self.on_rendezvous(pid, regs);
+            }
+            let bp = regs.rip.wrapping_sub(1);
+            if self.breakpoints.contains_key(&bp) {
+                let mut r = regs;
+                r.rip = bp;
+                let t = self.threads.get_mut(&pid).expect("known thread");
+                t.regs = Some(r);
+                t.unrewound_breakpoint = Some(bp);
+                return Ok(Some(TargetEvent::Breakpoint {
+                    thread: ThreadId(pid as u64),
+                    addr: RuntimeAddr(bp),
+                    regs: r,
+                }));
+            }
+        }
+        // Pass the signal through untouched, unless the thread is stepping
+        // an out-of-line slot: then hold it until the step is done.
+        let t = self.threads.get_mut(&pid).expect("known thread");
+        if t.stepping {
+            t.held_signals.push_back(sig);
+            t.state = RunState::Running;
+            self.sys.step(pid, 0).map_err(|e| self.sys_err(e))?;
+            return Ok(None);
+        }
+        if stopping && t.interrupt_pending {
+            // Deliver it now; the pending interrupt will park the thread.
+            t.state = RunState::Running;
+            self.sys.cont(pid, sig).map_err(|e| self.sys_err(e))?;
+            return Ok(None);
+        }
+        t.state = RunState::Running;
+        self.sys.cont(pid, sig).map_err(|e| self.sys_err(e))?;
+        Ok(None)
+    }
+
+    pub(crate) fn park_or_continue(&mut self, pid: i32, stopping: bool) -> Result<(), TargetError> {
+        let t = self.threads.get_mut(&pid).expect("known thread");
+        if stopping {
+            t.state = RunState::Parked;
+            Ok(())
+        } else {
+            t.state = RunState::Running;
+            self.sys.cont(pid, 0).map_err(|e| self.sys_err(e))
+        }
+    }
+
+    /// [`Target::wait`] of a traced process.
+    pub(crate) fn wait_traced(
+        &mut self,
+        timeout: Option<Duration>,
+    ) -> Result<TargetEvent, TargetError> {
+        if let Some(ev) = self.pending.pop_front() {
+            return Ok(ev);
+        }
+        if let Some(st) = &self.exited {
+            return Ok(TargetEvent::Exited(st.clone()));
+        }
+        if self.released.is_some() {
+            return self.wait_released(timeout);
+        }
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut nap = Duration::from_micros(20);
+        loop {
+            // Statuses another target of the session reaped for us.
+            while let Some((pid, status)) = self
+                .strays
+                .take_of(|p| p == self.pid || self.threads.contains_key(&p))
+            {
+                if let Some(ev) = self.handle_status(pid, status, false)? {
+                    return Ok(ev);
+                }
+                if let Some(ev) = self.pending.pop_front() {
+                    return Ok(ev);
+                }
+            }
+            // With a deadline: a wait that sleeps until a status is there
+            // or the deadline passes (`waiter.rs`: a stop wakes us at
+            // once), else polling with naps.
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let timed = match left {
+                Some(l) if l >= Duration::from_micros(50) => {
+                    self.sys.waitpid_timeout(-1, libc::__WNOTHREAD, l)
+                }
+                _ => None,
+            };
+            if let Some(Ok(None)) = timed {
+                return Ok(TargetEvent::Timeout);
+            }
+            let flags = if deadline.is_some() { libc::WNOHANG } else { 0 };
+            let r = match timed.unwrap_or_else(|| self.sys.waitpid(-1, flags | libc::__WNOTHREAD)) {
+                Ok(r) => r,
+                Err(e) if e.errno() == libc::EINTR => return Ok(TargetEvent::Timeout),
+                Err(e) if e.errno() == libc::ECHILD => {
+                    let st = ExitStatus::Disconnected("no traced task left".into());
+                    self.exited = Some(st.clone());
+                    self.attached = false;
+                    return Ok(TargetEvent::Exited(st));
+                }
+                Err(e) => return Err(self.sys_err(e)),
+            };
+            match r {
+                Some((pid, status)) => {
+                    if let Some(ev) = self.handle_status(pid, status, false)? {
+                        return Ok(ev);
+                    }
+                    if let Some(ev) = self.pending.pop_front() {
+                        return Ok(ev);
+                    }
+                }
+                None => {
+                    let d = deadline.expect("WNOHANG only with a deadline");
+                    let now = Instant::now();
+                    if now >= d {
+                        return Ok(TargetEvent::Timeout);
+                    }
+                    std::thread::sleep(nap.min(d - now));
+                    nap = (nap * 2).min(Duration::from_millis(2));
+                }
+            }
+        }
+    }
+}
