@@ -47,7 +47,7 @@
 use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 
-use hotprobe_abi::{rdtsc, Shm, TRAP_GUARD, TRAP_RETURN};
+use hotprobe_abi::{Shm, TRAP_GUARD, TRAP_RETURN};
 
 const INT3: u8 = 0xcc;
 const SI_KERNEL: i32 = 0x80;
@@ -305,8 +305,10 @@ fn handle(info: &libc::siginfo_t, uc: &mut libc::ucontext_t) -> bool {
 fn tracer_gone(shm: &Shm) -> bool {
     let h = shm.header();
     let timeout = h.heartbeat_timeout_tsc.load(Relaxed);
-    if timeout != 0 {
-        let age = rdtsc().wrapping_sub(h.heartbeat_tsc.load(Relaxed)) as i64;
+    // The thread's own clock (`rdtsc` may fault, see `clock`).
+    let now = crate::clock::now_tsc(shm, crate::clock::current_mode());
+    if let (true, Some(now)) = (timeout != 0, now) {
+        let age = now.wrapping_sub(h.heartbeat_tsc.load(Relaxed)) as i64;
         if age > timeout as i64 {
             return true;
         }

@@ -36,7 +36,9 @@ fn real(i: usize) -> usize {
     }
     // SAFETY: dlsym with a valid C string; RTLD_NEXT finds the definition
     // after the agent's (libgcc_s, libstdc++).
-    let p = unsafe { libc::dlsym(libc::RTLD_NEXT, NAMES[i].as_ptr()) } as usize;
+    let p =
+        crate::threads::as_own_call(|| unsafe { libc::dlsym(libc::RTLD_NEXT, NAMES[i].as_ptr()) })
+            as usize;
     if p == 0 {
         // SAFETY: abort has no preconditions; with no real unwinder the
         // program could not have thrown.
