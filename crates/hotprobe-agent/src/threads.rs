@@ -215,7 +215,10 @@ fn fill_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32) -> u64 {
     );
     f.events
         .store(shm.ring_events(slot).map_or(0, |p| p as u64), Relaxed);
-    if let Some(ctl) = shm.ring_ctl(slot) {
+    // A slot an earlier thread wrote events into (recycled) has its pages
+    // in already: populating them again costs a walk of the whole ring.
+    let fresh = shm.ring_ctl(slot).filter(|c| c.head.load(Relaxed) == 0);
+    if let Some(ctl) = fresh {
         // Fault the slot's pages in now (one system call on the thread's
         // first hit) rather than one page fault per 64 or 128 events on the
         // hot path. Best effort: older kernels answer EINVAL.
