@@ -18,8 +18,9 @@ use crate::hit::{
 /// an attach, `dlsym`): a hit there is the agent's own, not the
 /// program's, and is neither counted nor recorded. Its key (0) matches no
 /// memory's, so stubs send such hits to the generic path, which checks
-/// for it first. (A signal handler's hit on the same thread in that
-/// window is not counted either.)
+/// for it first. Asynchronous signals are blocked for the call
+/// ([`as_own_call`]): a signal handler's hits are the program's, and run
+/// after it.
 #[allow(clippy::declare_interior_mutable_const)]
 static OWN_CALL: ThreadBlock = ENTRY_INIT.fast;
 /// What a thread's TLS word points at once its exit destructor gave its
@@ -51,14 +52,44 @@ pub(crate) fn in_own_call() -> bool {
 /// Runs `f` (which calls libc) as the agent's own call: hits of probed
 /// functions it reaches on this thread are not the program's.
 pub(crate) fn as_own_call<R>(f: impl FnOnce() -> R) -> R {
+    // Every signal blocked but the synchronous ones (a fault, or the
+    // `int3` of an in-process trap on the function called, must be
+    // delivered: blocked, the kernel would kill the process), by the
+    // system call (libc's `sigprocmask` may be probed).
+    let sync = [
+        libc::SIGILL,
+        libc::SIGTRAP,
+        libc::SIGBUS,
+        libc::SIGFPE,
+        libc::SIGSEGV,
+    ];
+    let block: u64 = sync.iter().fold(!0, |m, s| m & !(1u64 << (s - 1)));
+    let mut old: u64 = 0;
+    // rt_sigprocmask(SIG_SETMASK, &block, &old, 8): valid 8-byte sets.
+    let r = crate::orphan::syscall(
+        libc::SYS_rt_sigprocmask,
+        [
+            libc::SIG_SETMASK as u64,
+            &block as *const u64 as u64,
+            &mut old as *mut u64 as u64,
+            8,
+        ],
+    );
     let was = crate::tls::get();
     crate::tls::set(own_call());
     // Signal fences: the word is set around the call, as the code runs.
     compiler_fence(SeqCst);
-    let r = f();
+    let out = f();
     compiler_fence(SeqCst);
     crate::tls::set(was);
-    r
+    if r == 0 {
+        // Back to the thread's own mask (pending signals run now).
+        crate::orphan::syscall(
+            libc::SYS_rt_sigprocmask,
+            [libc::SIG_SETMASK as u64, &old as *const u64 as u64, 0, 8],
+        );
+    }
+    out
 }
 
 /// Registers the calling thread (thread pointer `tp`): thread-table
