@@ -6,8 +6,11 @@
 //! itself): no `#[thread_local]`, no `__tls_get_addr` (which may `malloc`
 //! when the agent was `dlopen`ed), no lock, no allocation. A thread's first
 //! hit claims an entry with a CAS and a thread slot (ring + counters) in the
-//! shared memory with an atomic add; a `pthread_key` destructor releases the
-//! entry when the thread exits.
+//! shared memory; a `pthread_key` destructor gives both back when the thread
+//! exits (`threads`: registration, exit, fork). Time stamps come from the
+//! thread's clock (`clock`: `rdtsc`, or the `clock_gettime` system call
+//! where `rdtsc` faults, or none in seccomp strict mode: the event is
+//! refused, counted).
 //!
 //! Nothing is lost silently. A hit that finds its thread already inside the
 //! agent or a stub (`busy`: a signal handler interrupting a probed function
@@ -581,7 +584,7 @@ fn record_exit(
 
 /// The return trampoline's address as the agent publishes it.
 #[inline(always)]
-fn return_trampoline() -> u64 {
+pub(crate) fn return_trampoline() -> u64 {
     crate::trampoline::hotprobe_agent_return_trampoline as *const () as usize as u64
 }
 
@@ -593,7 +596,7 @@ fn return_trampoline() -> u64 {
 /// `shm` is `None` in a dormant agent (a forked child): the entries are
 /// popped all the same, nothing is counted or recorded.
 #[inline(always)]
-fn pop_dead(
+pub(crate) fn pop_dead(
     shm: Option<&Shm>,
     t: &ThreadEntry,
     base: *mut Shadow,
@@ -744,71 +747,6 @@ fn lost_return() -> u64 {
     // left. Nothing sane to return to.
     // SAFETY: abort has no preconditions.
     unsafe { libc::abort() }
-}
-
-/// The current thread's entry and shadow stack, for the unwinder hooks.
-pub(crate) fn current_shadow() -> Option<(&'static ThreadEntry, *mut Shadow)> {
-    let t = find_thread(thread_pointer())?;
-    let base = t.shadow.load(Relaxed) as *mut Shadow;
-    (!base.is_null()).then_some((t, base))
-}
-
-/// Before an unwinder walks the stack from `sp` (the caller's stack
-/// pointer): drops the entries of dead frames and puts every live frame's
-/// real return address back, marking it restored.
-pub(crate) fn restore_for_unwind(sp: u64) {
-    let Some((t, base)) = current_shadow() else {
-        return;
-    };
-    // Without shared memory (dormant, a forked child) the hooked frames
-    // still need their real return addresses.
-    let shm = crate::shm();
-    let was = t.fast.busy.swap(1, Relaxed);
-    pop_dead(shm, t, base, sp, false);
-    let tramp = return_trampoline();
-    for i in 0..t.depth.load(Relaxed) as usize {
-        // SAFETY: i < depth <= SHADOW_CAP.
-        let e = unsafe { &mut *base.add(i) };
-        if e.flags & SHADOW_RESTORED == 0 {
-            // SAFETY: a live frame's return slot on this thread's stack.
-            unsafe {
-                if (e.slot as *const u64).read_volatile() == tramp {
-                    (e.slot as *mut u64).write_volatile(e.real);
-                }
-            }
-            e.flags |= SHADOW_RESTORED;
-        }
-    }
-    t.fast.busy.store(was, Relaxed);
-}
-
-/// When a handler catches (the caller's stack pointer is `sp`): the frames
-/// below `sp` were unwound (their entries are popped with unwound exits);
-/// the live ones are hooked again.
-pub(crate) fn rearm_after_catch(sp: u64) {
-    let Some((t, base)) = current_shadow() else {
-        return;
-    };
-    // Without shared memory (dormant, a forked child) the hooked frames
-    // still need their real return addresses.
-    let shm = crate::shm();
-    let was = t.fast.busy.swap(1, Relaxed);
-    pop_dead(shm, t, base, sp, false);
-    let tramp = return_trampoline();
-    for i in 0..t.depth.load(Relaxed) as usize {
-        // SAFETY: i < depth <= SHADOW_CAP.
-        let e = unsafe { &mut *base.add(i) };
-        if e.flags & SHADOW_RESTORED != 0 {
-            // SAFETY: a live frame's return slot on this thread's stack.
-            unsafe {
-                if (e.slot as *const u64).read_volatile() == e.real {
-                    (e.slot as *mut u64).write_volatile(tramp);
-                }
-            }
-            e.flags &= !SHADOW_RESTORED;
-        }
-    }
-    t.fast.busy.store(was, Relaxed);
 }
 
 /// Counts one hit of counter `counter` from the in-process trap's

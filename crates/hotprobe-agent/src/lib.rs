@@ -24,7 +24,9 @@
 //! thread. In a child the process forks, the agent goes dormant, or with
 //! [`hotprobe_abi::CONTROL_FOLLOW_FORKS`] re-registers the child's threads
 //! in slots of their own (see there). The hot path allocates nothing, takes no lock, makes no
-//! system call, and never panics; each `extern "C"` entry that can reach
+//! system call (but the clock of a thread that may not run `rdtsc`, see
+//! `clock`), calls nothing of libc (the agent's few libc calls elsewhere
+//! run as its own calls, which hits do not count: `threads`), and never panics; each `extern "C"` entry that can reach
 //! libc or std catches unwinding. The agent never exits its host. It also
 //! installs a `SIGTRAP` handler that undoes the `int3`s of a tracer that
 //! died without restoring them (`orphan`).
