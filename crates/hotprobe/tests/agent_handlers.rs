@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::Duration;
 
-use hotprobe::{Action, RunEnd};
+use hotprobe::{Action, ExitStatus, RunEnd};
 use support::{lines_with, spawn};
 
 /// Long enough that a loaded machine starving the session of CPU
@@ -66,6 +66,11 @@ fn handlers_on_clock_gettime_and_syscall_see_only_the_programs_calls() {
     }
     c.session.start().unwrap();
     assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+    assert!(
+        matches!(c.session.exit_status(t), Some(ExitStatus::Code(0))),
+        "{:?}",
+        c.session.exit_status(t)
+    );
     let out = c.output();
     for (spec, id, seen) in &probes {
         let st = c.session.stats(*id).unwrap();
@@ -93,10 +98,78 @@ fn handlers_keep_running_past_the_256th_thread() {
     let id = added.placements[0].id;
     c.session.start().unwrap();
     assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+    assert!(
+        matches!(c.session.exit_status(t), Some(ExitStatus::Code(0))),
+        "{:?}",
+        c.session.exit_status(t)
+    );
     let out = c.output();
     assert_eq!(printed(&out, "threads "), 300);
     let calls = printed(&out, "calls ");
     assert_eq!(calls, 300);
     let st = c.session.stats(id).unwrap();
     assert_eq!((st.hits, seen.get(), st.nmissed), (calls, calls, 0));
+}
+
+/// A handler on `work` in a program that forbids itself `rdtsc` after one
+/// call (`PR_SET_TSC`), on its main thread and a thread it creates: the
+/// agent's waits read the clock by the system call; every call is served.
+#[test]
+fn handlers_run_in_a_program_that_forbids_rdtsc() {
+    let bin = build("notsc");
+    let mut c = spawn(&bin, &["500"]);
+    c.session.set_handler_spin(Duration::from_micros(20));
+    c.session.set_handler_timeout(SERVED);
+    let t = c.target;
+    let (probe, seen) = counting();
+    let id = c
+        .session
+        .add(t, "work", Action::Handler(probe))
+        .unwrap()
+        .placements[0]
+        .id;
+    c.session.start().unwrap();
+    assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+    assert!(
+        matches!(c.session.exit_status(t), Some(ExitStatus::Code(0))),
+        "{:?}",
+        c.session.exit_status(t)
+    );
+    let out = c.output();
+    assert_eq!(lines_with(&out, "tsc "), vec!["tsc sigsegv"]);
+    let calls = printed(&out, "calls ");
+    assert_eq!(calls, 1001);
+    let st = c.session.stats(id).unwrap();
+    assert_eq!((st.hits, seen.get(), st.nmissed), (calls, calls, 0));
+}
+
+/// A handler on `work` in a program that enters seccomp strict mode
+/// halfway (where the wait's futex and clock would kill it): the calls
+/// before are served, the ones after counted and missed, and the program
+/// ends normally with its own output.
+#[test]
+fn handlers_in_seccomp_strict_mode_are_missed_not_fatal() {
+    let bin = build("strict");
+    let mut c = spawn(&bin, &["300"]);
+    c.session.set_handler_timeout(SERVED);
+    let t = c.target;
+    let (probe, seen) = counting();
+    let id = c
+        .session
+        .add(t, "work", Action::Handler(probe))
+        .unwrap()
+        .placements[0]
+        .id;
+    c.session.start().unwrap();
+    assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
+    assert!(
+        matches!(c.session.exit_status(t), Some(ExitStatus::Code(0))),
+        "{:?}",
+        c.session.exit_status(t)
+    );
+    let out = c.output();
+    let (before, after) = (printed(&out, "before "), printed(&out, "after "));
+    assert_eq!((before, after), (300, 300));
+    let st = c.session.stats(id).unwrap();
+    assert_eq!((st.hits, seen.get(), st.nmissed), (600, before, after));
 }
