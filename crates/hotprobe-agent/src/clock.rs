@@ -192,7 +192,9 @@ pub unsafe extern "C" fn prctl(
 fn enter_strict() -> Option<(&'static ThreadEntry, u32)> {
     let shm = crate::shm()?;
     let tp = thread_pointer();
-    if find_thread(tp).is_none() {
+    // Unregistered, or a followed fork child's thread still to claim its
+    // slot: both would make system calls at the next hit.
+    if find_thread(tp).is_none_or(|t| t.slot.load(Relaxed) == crate::hit::PENDING_SLOT) {
         crate::threads::register_current(shm, tp);
     }
     let t = find_thread(tp)?;
