@@ -387,8 +387,10 @@ fn write_byte(addr: u64, b: u8) -> bool {
 /// instruction: never through libc, whose functions may be probed.
 pub(crate) fn syscall6(nr: libc::c_long, a: [u64; 6]) -> u64 {
     let r: u64;
-    // SAFETY: the calls made with it (mmap of fresh anonymous memory) take
-    // the arguments given, touch no memory of ours, and clobber rcx and r11.
+    // SAFETY: the calls made with it (mmap of fresh anonymous memory, and
+    // the program's own `prctl` with its arguments: see `clock::prctl`)
+    // take the arguments given, touch no memory of ours but what they
+    // point at, and clobber rcx and r11.
     unsafe {
         core::arch::asm!(
             "syscall",
@@ -411,10 +413,12 @@ pub(crate) fn syscall6(nr: libc::c_long, a: [u64; 6]) -> u64 {
 /// libc (async-signal-safe, and no code of the program's libraries runs).
 pub(crate) fn syscall(nr: libc::c_long, a: [u64; 4]) -> u64 {
     let r: u64;
-    // SAFETY: the calls made here and by `env` and the constructor (open,
-    // read, readlink, pread64, pwrite64, close, getpid, gettid, tgkill,
-    // rt_sigaction) take the arguments given, read
-    // or write only the buffers passed, and clobber rcx and r11.
+    // SAFETY: the calls made here and by `env`, the constructor, `clock`,
+    // `inproc` and `threads` (open, read, readlink, pread64, pwrite64,
+    // close, getpid, gettid, tgkill, rt_sigaction, rt_sigprocmask, prctl
+    // PR_GET_TSC, clock_gettime, futex, sched_yield, madvise) take the
+    // arguments given, read or write only the buffers passed (or the
+    // futex word), and clobber rcx and r11.
     unsafe {
         core::arch::asm!(
             "syscall",
