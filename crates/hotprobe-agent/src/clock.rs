@@ -84,12 +84,21 @@ pub(crate) fn current_mode() -> u32 {
 
 /// `CLOCK_MONOTONIC` in nanoseconds by the system call (not the vDSO,
 /// which reads the TSC; not libc's, which may be probed).
+///
+/// Reached from the fast path (a thread under `PR_TSC_SIGSEGV`), which
+/// saves no vector register: the timespec is left uninitialised for the
+/// kernel to fill (zeroing 16 bytes compiles to an `xmm` store).
 pub(crate) fn raw_ns() -> u64 {
-    let mut ts = [0i64; 2];
-    crate::orphan::syscall(
+    let mut ts = core::mem::MaybeUninit::<[i64; 2]>::uninit();
+    let r = crate::orphan::syscall(
         libc::SYS_clock_gettime,
         [libc::CLOCK_MONOTONIC as u64, ts.as_mut_ptr() as u64, 0, 0],
     );
+    if r != 0 {
+        return 0;
+    }
+    // SAFETY: clock_gettime succeeded: it wrote the whole timespec.
+    let ts = unsafe { ts.assume_init() };
     (ts[0] as u64)
         .wrapping_mul(1_000_000_000)
         .wrapping_add(ts[1] as u64)
