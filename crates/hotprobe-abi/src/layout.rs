@@ -42,8 +42,10 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"HOTPROBE");
 /// [`HandlerCtl::handler_trampoline`], [`HANDLER_STUB`], [`HANDLER_POST`],
 /// [`INPROC_POST`]; 9: the site table is indexed by [`site_index`], which
 /// keeps nearby sites on nearby slots; 10: xmm layouts in a site's action
-/// bits 4–6 and [`EVENT_XMM`] events).
-pub const VERSION: u32 = 10;
+/// bits 4–6 and [`EVENT_XMM`] events; 11: thread and handler slots are
+/// recycled ([`crate::THREAD_RETIRING`], [`crate::THREAD_REUSABLE`]),
+/// [`Header::tsc_hz`]).
+pub const VERSION: u32 = 11;
 /// Size of [`Header`] in bytes.
 pub const HEADER_SIZE: usize = 256;
 /// Alignment of every section start (the site table and the thread slots).
@@ -142,14 +144,6 @@ pub const fn xmm_ints(action: u32) -> Option<u8> {
     }
 }
 
-/// [`RingCtl::state`]: slot never claimed.
-pub const THREAD_FREE: u32 = 0;
-/// [`RingCtl::state`]: slot owned by a live thread (`owner_pid`, `owner_tid`).
-pub const THREAD_LIVE: u32 = 1;
-/// [`RingCtl::state`]: the owning thread exited; the ring may still hold
-/// undrained events. Slots are never reused by another thread.
-pub const THREAD_EXITED: u32 = 2;
-
 /// The shared-memory header at offset 0.
 ///
 /// Plain (non-atomic) fields are written once by the tracer before the agent
@@ -212,7 +206,8 @@ pub struct Header {
     pub near_page: AtomicU64,
     /// Size of the near page in bytes (agent).
     pub near_page_size: AtomicU64,
-    /// `rdtsc` taken by the agent at attach, paired with `calib_ns` (agent).
+    /// `rdtsc` paired with `calib_ns`: the tracer's at creation, or the
+    /// agent's at attach when the tracer left it 0.
     pub calib_tsc: AtomicU64,
     /// `CLOCK_MONOTONIC` ns taken right after `calib_tsc` (agent).
     pub calib_ns: AtomicU64,
@@ -258,8 +253,10 @@ pub struct Header {
     /// what the tracer publishes so that the agent survives the tracer's
     /// death with its `int3`s still in the code (see [`TrapSlot`]).
     pub traps_offset: u64,
-    /// Reserved, zero.
-    pub reserved: [u64; 1],
+    /// TSC ticks per second as the tracer measured them (tracer, at
+    /// creation): the agent converts `CLOCK_MONOTONIC` readings into TSC
+    /// units with it where the thread may not execute `rdtsc`.
+    pub tsc_hz: AtomicU64,
 }
 
 const _: () = assert!(size_of::<Header>() == HEADER_SIZE);
@@ -292,7 +289,7 @@ pub const INPROC_SITES: usize = 4096;
 /// [`HandlerCtl`], then [`HandlerSlot`] × [`HANDLER_SLOTS`].
 pub const HANDLER_OFFSET: usize = INPROC_OFFSET + INPROC_SITES * size_of::<InprocSite>();
 /// Threads that can be in a shared-memory handler call at once (one slot
-/// per thread, claimed at its first call, never released).
+/// per thread, claimed at its first call, released when it exits).
 pub const HANDLER_SLOTS: usize = 256;
 /// Bytes of the trap table.
 pub const TRAP_TABLE_SIZE: usize =
@@ -569,7 +566,9 @@ pub struct RingCtl {
     /// Number of events ever consumed (consumer: the tracer).
     pub tail: AtomicU64,
     pad1: [u64; 7],
-    /// Linux tid of the owner (agent, written once at claim).
+    /// Linux tid of the owner (agent, written at each claim: a slot is
+    /// claimed again once drained after its owner exited, see
+    /// [`crate::THREAD_REUSABLE`]).
     pub owner_tid: AtomicU32,
     /// `THREAD_*` state (agent).
     pub state: AtomicU32,

@@ -20,10 +20,14 @@ pub mod patch;
 pub mod plugin;
 mod ring;
 mod shm;
+mod slots;
 
 pub use layout::*;
 pub use ring::{Consumer, DrainStats, Producer};
 pub use shm::Shm;
+pub use slots::{
+    THREAD_CLAIMING, THREAD_EXITED, THREAD_FREE, THREAD_LIVE, THREAD_RETIRING, THREAD_REUSABLE,
+};
 
 /// Errors of this crate (no_std: `Display` by hand, no `std::error::Error`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -129,7 +129,15 @@ impl Consumer<'_> {
     /// with volatile reads and a head that runs more than a ring's capacity
     /// ahead of the tail is reported as [`AbiError::RingCorrupt`] (the ring is
     /// then resynchronised: the tail jumps to the head).
+    ///
+    /// The drain of a ring whose owner exited ([`crate::THREAD_RETIRING`])
+    /// takes its last events and makes the slot reusable
+    /// ([`crate::THREAD_REUSABLE`], see the `slots` module).
     pub fn drain(&mut self, mut f: impl FnMut(&Event)) -> Result<DrainStats, AbiError> {
+        // Before the head: Acquire pairs with the exiting owner's Release
+        // store of RETIRING, which follows its last event; the head read
+        // below then includes that event.
+        let retiring = self.ctl.state.load(Acquire) == crate::THREAD_RETIRING;
         // Relaxed: only this consumer writes tail.
         let tail = self.ctl.tail.load(Relaxed);
         // Acquire pairs with the producer's `head.store(.., Release)` in
@@ -141,8 +149,9 @@ impl Consumer<'_> {
             self.ctl.tail.store(head, Release);
             return Err(AbiError::RingCorrupt { head, tail });
         }
-        // Relaxed: written once at claim, before the first event (and the
-        // head Acquire above orders it anyway).
+        // After the head (Acquire above): a slot changes owner only while
+        // its ring is empty, so the events in [tail, head) are all of one
+        // owner, and an owner writes `owner_tid` before its first event.
         let tid = self.ctl.owner_tid.load(Relaxed);
         let mut i = tail;
         while i != head {
@@ -160,6 +169,16 @@ impl Consumer<'_> {
         // Release pairs with the producer's `tail.load(Acquire)` in
         // `Producer::push`: our reads of the slots happen before it reuses them.
         self.ctl.tail.store(head, Release);
+        if retiring {
+            // Every event of the exited owner is taken: another thread may
+            // have the slot (Release pairs with the claimer's Acquire CAS).
+            let _ = self.ctl.state.compare_exchange(
+                crate::THREAD_RETIRING,
+                crate::THREAD_REUSABLE,
+                Release,
+                Relaxed,
+            );
+        }
         Ok(DrainStats {
             read: n,
             dropped: self.ctl.dropped.load(Relaxed),

@@ -2,7 +2,7 @@
 
 use core::ptr::NonNull;
 use core::sync::atomic::AtomicU64;
-use core::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 use crate::layout::{
     site_hash, site_index, slot_values, Header, HeaderFields, InprocSite, Layout, Params, RingCtl,
@@ -362,7 +362,8 @@ impl Shm {
         })
     }
 
-    /// Number of thread slots handed out so far (≤ `n_threads`).
+    /// Number of thread slots handed out so far (≤ `n_threads`; a slot
+    /// handed out may have been recycled since, see `slots`).
     pub fn threads_in_use(&self) -> u32 {
         self.header()
             .threads_claimed
@@ -406,47 +407,6 @@ fn new_stub_key() -> u32 {
     let salt = SALT.fetch_add(1, Relaxed) as u64;
     let k = (crate::rdtsc() ^ salt << 48).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 33;
     (k as u32).max(1)
-}
-
-impl Shm {
-    /// Claims the next free thread slot for thread `tid` of an unnamed
-    /// process ([`RingCtl::owner_pid`] 0: the header's `agent_pid`); see
-    /// [`Shm::claim_thread_for`].
-    pub fn claim_thread(&self, tid: u32) -> Option<u32> {
-        self.claim_thread_for(0, tid)
-    }
-
-    /// Claims the next free thread slot for thread `tid` of process `pid`
-    /// (agent side, first hit of a thread). Slots are handed out once,
-    /// never reused. Only atomics: callable from the agent's hot path.
-    #[inline]
-    pub fn claim_thread_for(&self, pid: u32, tid: u32) -> Option<u32> {
-        // Relaxed: the counter only hands out distinct indices.
-        let slot = self.header().threads_claimed.fetch_add(1, Relaxed);
-        let ctl = self.ring_ctl(slot)?;
-        ctl.owner_tid.store(tid, Relaxed);
-        ctl.owner_pid.store(pid, Relaxed);
-        // Release pairs with the tracer's `state.load(Acquire)` (thread
-        // listing): it sees owner_pid/owner_tid once it sees LIVE.
-        ctl.state.store(crate::layout::THREAD_LIVE, Release);
-        Some(slot)
-    }
-
-    /// `(owner_pid, owner_tid)` of thread slot `slot` once it was claimed
-    /// (`None` before, or out of range). `owner_pid` 0 means the header's
-    /// `agent_pid`, which is returned in its place.
-    pub fn thread_owner(&self, slot: u32) -> Option<(u32, u32)> {
-        let ctl = self.ring_ctl(slot)?;
-        // Acquire pairs with the Release store of LIVE in `claim_thread_for`.
-        if ctl.state.load(Acquire) == crate::layout::THREAD_FREE {
-            return None;
-        }
-        let pid = match ctl.owner_pid.load(Relaxed) {
-            0 => self.header().agent_pid.load(Relaxed),
-            p => p,
-        };
-        Some((pid, ctl.owner_tid.load(Relaxed)))
-    }
 }
 
 /// The trap table ([`crate::Header::traps_offset`]): the tracer publishes
@@ -737,30 +697,5 @@ impl Shm {
                 HANDLER_SLOTS,
             )
         }
-    }
-
-    /// The slot of thread `tid`, claimed on first use (agent side; only
-    /// atomics: callable from a signal handler). None when every slot is
-    /// taken.
-    pub fn handler_slot_for(&self, tid: u32) -> Option<&HandlerSlot> {
-        if tid == 0 {
-            return None;
-        }
-        let slots = self.handler_slots();
-        let mut i = site_hash(u64::from(tid), 64 - HANDLER_SLOTS.trailing_zeros());
-        for _ in 0..slots.len() {
-            let s = slots.get(i & (slots.len() - 1))?;
-            let owner = s.tid.load(Acquire);
-            if owner == tid {
-                return Some(s);
-            }
-            if owner == 0 && s.tid.compare_exchange(0, tid, AcqRel, Acquire).is_ok() {
-                let n = (i & (slots.len() - 1)) as u32 + 1;
-                self.handler_ctl().in_use.fetch_max(n, Relaxed);
-                return Some(s);
-            }
-            i = i.wrapping_add(1);
-        }
-        None
     }
 }

@@ -6,8 +6,11 @@
 //! itself): no `#[thread_local]`, no `__tls_get_addr` (which may `malloc`
 //! when the agent was `dlopen`ed), no lock, no allocation. A thread's first
 //! hit claims an entry with a CAS and a thread slot (ring + counters) in the
-//! shared memory with an atomic add; a `pthread_key` destructor releases the
-//! entry when the thread exits.
+//! shared memory; a `pthread_key` destructor gives both back when the thread
+//! exits (`threads`: registration, exit, fork). Time stamps come from the
+//! thread's clock (`clock`: `rdtsc`, or the `clock_gettime` system call
+//! where `rdtsc` faults, or none in seccomp strict mode: the event is
+//! refused, counted).
 //!
 //! Nothing is lost silently. A hit that finds its thread already inside the
 //! agent or a stub (`busy`: a signal handler interrupting a probed function
@@ -19,26 +22,26 @@
 //! or the header's `drops_no_thread` for a thread without a ring yet), as
 //! are events lost to a full ring or to a thread without a slot.
 
-use core::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use core::sync::atomic::Ordering::{Relaxed, SeqCst};
 use core::sync::atomic::{compiler_fence, AtomicU32, AtomicU64};
 
 use hotprobe_abi::fast::ThreadBlock;
 use hotprobe_abi::{
-    rdtsc, Event, Shm, ACTION_ALT_COUNTER, ACTION_COUNT, ACTION_COUNTER_SHIFT, ACTION_EXIT,
-    ACTION_RECORD, CONTROL_ENABLED, CONTROL_FOLLOW_FORKS, CONTROL_RECORD, EVENT_XMM, EXIT_UNWOUND,
-    KIND_ENTRY, KIND_EXIT, KIND_HIT, STATUS_ORPHANED, THREAD_EXITED,
+    Event, Shm, ACTION_ALT_COUNTER, ACTION_COUNT, ACTION_COUNTER_SHIFT, ACTION_EXIT, ACTION_RECORD,
+    CONTROL_ENABLED, CONTROL_RECORD, EVENT_XMM, EXIT_UNWOUND, KIND_ENTRY, KIND_EXIT, KIND_HIT,
+    STATUS_ORPHANED,
 };
 
 use crate::trampoline::Frame;
 
 /// Entries of the thread table (threads alive at once, with some slack).
 pub(crate) const MAX_THREADS: usize = 4096;
-const EMPTY: u64 = 0;
-const TOMBSTONE: u64 = u64::MAX;
-const NO_SLOT: u32 = u32::MAX;
+pub(crate) const EMPTY: u64 = 0;
+pub(crate) const TOMBSTONE: u64 = u64::MAX;
+pub(crate) const NO_SLOT: u32 = u32::MAX;
 /// [`ThreadEntry::slot`] of the forking thread in a child that follows
 /// forks: it claims a slot of its own at its next hit (slow path).
-const PENDING_SLOT: u32 = u32::MAX - 1;
+pub(crate) const PENDING_SLOT: u32 = u32::MAX - 1;
 /// Check the tracer's heartbeat every this many hits of a thread (mask).
 const HEARTBEAT_EVERY: u32 = 1024 - 1;
 
@@ -49,16 +52,20 @@ pub(crate) struct ThreadEntry {
     /// What the tracer's per-site stubs read (first: the TLS word points
     /// at the entry and at this block alike); holds `busy` and the ring's
     /// write `limit`.
-    fast: ThreadBlock,
-    key: AtomicU64,
-    slot: AtomicU32,
-    tid: AtomicU32,
-    hits: AtomicU32,
+    pub(crate) fast: ThreadBlock,
+    pub(crate) key: AtomicU64,
+    pub(crate) slot: AtomicU32,
+    pub(crate) tid: AtomicU32,
+    pub(crate) hits: AtomicU32,
     /// The thread's shadow stack ([`Shadow`] × [`SHADOW_CAP`], mmapped at
     /// registration; 0 if that failed).
-    shadow: AtomicU64,
+    pub(crate) shadow: AtomicU64,
     /// Live entries of the shadow stack.
-    depth: AtomicU32,
+    pub(crate) depth: AtomicU32,
+    /// The thread's clock mode (`clock::CLOCK_*`).
+    pub(crate) clock: AtomicU32,
+    /// Its handler slot's index + 1 (0: none yet).
+    pub(crate) hslot: AtomicU32,
 }
 
 /// One shadow-stack entry: a hooked return.
@@ -76,7 +83,7 @@ pub(crate) struct Shadow {
 }
 /// Entries per thread shadow stack (the `maxactive` of return probes).
 pub(crate) const SHADOW_CAP: usize = 4096;
-const SHADOW_BYTES: usize = SHADOW_CAP * core::mem::size_of::<Shadow>();
+pub(crate) const SHADOW_BYTES: usize = SHADOW_CAP * core::mem::size_of::<Shadow>();
 /// [`Shadow::flags`]: the real return address was put back in the slot.
 pub(crate) const SHADOW_RESTORED: u32 = 1;
 /// [`Shadow::flags`]: the return is recorded (the site's action has `record`).
@@ -86,7 +93,7 @@ pub(crate) const SHADOW_RECORD: u32 = 2;
 pub(crate) const SHADOW_XMM: u32 = 4;
 
 #[allow(clippy::declare_interior_mutable_const)]
-const ENTRY_INIT: ThreadEntry = ThreadEntry {
+pub(crate) const ENTRY_INIT: ThreadEntry = ThreadEntry {
     fast: ThreadBlock {
         counters: AtomicU64::new(0),
         ctl: AtomicU64::new(0),
@@ -104,6 +111,8 @@ const ENTRY_INIT: ThreadEntry = ThreadEntry {
     hits: AtomicU32::new(0),
     shadow: AtomicU64::new(0),
     depth: AtomicU32::new(0),
+    clock: AtomicU32::new(0),
+    hslot: AtomicU32::new(0),
 };
 
 pub(crate) static THREADS: [ThreadEntry; MAX_THREADS] = [ENTRY_INIT; MAX_THREADS];
@@ -118,7 +127,7 @@ pub(crate) static THREADS: [ThreadEntry; MAX_THREADS] = [ENTRY_INIT; MAX_THREADS
 static REGISTERING: ThreadBlock = ENTRY_INIT.fast;
 
 #[inline(always)]
-fn registering() -> u64 {
+pub(crate) fn registering() -> u64 {
     &REGISTERING as *const ThreadBlock as u64
 }
 
@@ -196,7 +205,7 @@ fn refuse(shm: &Shm, t: Option<&ThreadEntry>, kind: u32, probe: u32, action: u32
 }
 
 #[inline(always)]
-fn thread_pointer() -> u64 {
+pub(crate) fn thread_pointer() -> u64 {
     let tp: u64;
     // SAFETY: reads the first word of the TCB, which the x86-64 TLS ABI
     // (glibc and musl) makes hold the thread pointer itself; always mapped.
@@ -207,12 +216,12 @@ fn thread_pointer() -> u64 {
 }
 
 #[inline(always)]
-fn table_index(tp: u64) -> usize {
+pub(crate) fn table_index(tp: u64) -> usize {
     (tp.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52) as usize
 }
 
 #[inline(always)]
-fn find_thread(tp: u64) -> Option<&'static ThreadEntry> {
+pub(crate) fn find_thread(tp: u64) -> Option<&'static ThreadEntry> {
     let mut i = table_index(tp);
     let mut n = 0;
     while n < MAX_THREADS {
@@ -231,15 +240,20 @@ fn find_thread(tp: u64) -> Option<&'static ThreadEntry> {
 }
 
 /// The tracer is gone when its heartbeat is older than the timeout: stop
-/// recording (counting goes on: it only adds into shared memory).
+/// recording (counting goes on: it only adds into shared memory). The
+/// clock is thread `t`'s (see `clock`): a thread in seccomp strict mode
+/// leaves the check to the others.
 #[inline(never)]
-fn check_heartbeat(shm: &Shm) {
+fn check_heartbeat(shm: &Shm, t: &ThreadEntry) {
     let h = shm.header();
     let timeout = h.heartbeat_timeout_tsc.load(Relaxed);
     if timeout == 0 {
         return;
     }
-    let age = rdtsc().wrapping_sub(h.heartbeat_tsc.load(Relaxed)) as i64;
+    let Some(now) = crate::clock::now_tsc(shm, t.clock.load(Relaxed)) else {
+        return;
+    };
+    let age = now.wrapping_sub(h.heartbeat_tsc.load(Relaxed)) as i64;
     if age > timeout as i64 {
         h.control.fetch_and(!CONTROL_RECORD, Relaxed);
         h.status.fetch_or(STATUS_ORPHANED, Relaxed);
@@ -292,7 +306,16 @@ fn act<const HOOK: bool>(
         (core::ptr::null_mut(), None)
     };
     let record = action & ACTION_RECORD != 0 && control & CONTROL_RECORD != 0;
-    if record {
+    // No clock in seccomp strict mode: the event is refused (counted).
+    let tsc = if record {
+        crate::clock::now_tsc(shm, t.clock.load(Relaxed))
+    } else {
+        None
+    };
+    if record && tsc.is_none() {
+        refuse_events(shm, shm.ring_ctl(slot), probe, 1);
+    }
+    if let Some(tsc) = tsc {
         let xmm = hotprobe_abi::xmm_ints(action);
         let (args, nargs) = match (kind == KIND_EXIT as u32, xmm) {
             (true, None) => ([frame.rax, frame.args[2], 0, 0, 0, 0], 2),
@@ -309,7 +332,7 @@ fn act<const HOOK: bool>(
             }
         };
         let ev = Event {
-            tsc: rdtsc(),
+            tsc,
             probe_id: probe,
             tid: t.tid.load(Relaxed),
             kind: kind as u8,
@@ -327,7 +350,7 @@ fn act<const HOOK: bool>(
                 t.fast.limit.store(limit, Relaxed);
                 if !ok {
                     shm.note_missed(probe);
-                    check_heartbeat(shm);
+                    check_heartbeat(shm, t);
                 }
             }
             None => {
@@ -354,7 +377,7 @@ fn act<const HOOK: bool>(
     let hits = t.hits.load(Relaxed).wrapping_add(1);
     t.hits.store(hits, Relaxed);
     if hits & HEARTBEAT_EVERY == 0 {
-        check_heartbeat(shm);
+        check_heartbeat(shm, t);
     }
     // Last: the `inc` is an asm block, after which the compiler reloads
     // whatever it had in registers.
@@ -404,9 +427,15 @@ pub(crate) extern "C" fn fast_hit(frame: *mut Frame, kind: u32) -> u32 {
 /// [`act`]. Returns 1 when the thread must register first (slow path).
 #[inline(always)]
 fn take_hit(shm: &Shm, frame: &Frame, kind: u32, probe: u32, action: u32, control: u32) -> u32 {
+    let word = crate::tls::get();
+    if word == crate::threads::own_call() {
+        // The agent's own call of a probed function: not the program's.
+        return 0;
+    }
     let Some(t) = find_thread(thread_pointer()) else {
-        if crate::tls::get() == registering() {
-            // A signal handler interrupting this thread's registration.
+        if word == registering() || word == crate::threads::exited() {
+            // A signal handler interrupting this thread's registration, or
+            // the thread past its exit destructor (its slots given back).
             refuse(shm, None, kind, probe, action, control);
             return 0;
         }
@@ -447,7 +476,7 @@ pub(crate) extern "C" fn slow_hit(frame: *mut Frame, kind: u32) -> u32 {
         // Until the thread's block is set (or the registration gave up),
         // hits of a signal handler on this thread count globally instead of
         // registering it again (see REGISTERING).
-        if register_current(shm, tp) {
+        if crate::threads::register_current(shm, tp) {
             fast_hit(frame, kind);
         } else {
             crate::tls::set(0);
@@ -464,29 +493,13 @@ pub(crate) extern "C" fn slow_hit(frame: *mut Frame, kind: u32) -> u32 {
     0
 }
 
-/// Registers the calling thread (thread pointer `tp`): thread-table
-/// entry, shared-memory thread slot, shadow stack, exit destructor. True
-/// when it has an entry afterwards. Atomics and system calls (`mmap`,
-/// `madvise`, `gettid`) plus glibc's `pthread_setspecific` of a key below
-/// 32 (a store into the thread descriptor, no allocation): callable from
-/// the in-process trap's `SIGTRAP` handler too.
-fn register_current(shm: &Shm, tp: u64) -> bool {
-    crate::tls::set(registering());
-    match find_thread(tp) {
-        None => register_thread(shm, tp),
-        Some(e) if e.slot.load(Relaxed) == PENDING_SLOT => claim_slot(e, shm),
-        Some(e) => set_fast(e, shm, e.slot.load(Relaxed)),
-    }
-    find_thread(tp).is_some()
-}
-
 /// A recording hit of an in-process trap, from the agent's `SIGTRAP`
 /// handler (`inproc`): `gregs` is the interrupted context at the probed
 /// instruction `at`. Writes the entry event into the thread's ring (a hit
 /// event without `exit`), hooks the return when `exit` (the site is a
 /// function's first instruction: the return address is at `rsp`), and counts — what [`fast_hit`] does for
 /// a trampoline's hit. A thread's first hit registers it here (see
-/// [`register_current`]); a thread interrupted inside the agent or while
+/// [`crate::threads::register_current`]); a thread interrupted inside the agent or while
 /// registering counts and refuses the events, as on the fast path.
 pub(crate) fn inproc_hit(shm: &Shm, probe: u32, exit: bool, at: u64, gregs: &[libc::greg_t]) {
     let control = shm.header().control.load(Relaxed);
@@ -519,296 +532,12 @@ pub(crate) fn inproc_hit(shm: &Shm, probe: u32, exit: bool, at: u64, gregs: &[li
         return;
     }
     let tp = thread_pointer();
-    if register_current(shm, tp) {
+    if crate::threads::register_current(shm, tp) {
         take_hit(shm, &frame, kind, probe, action, control);
     } else {
         crate::tls::set(0);
         refuse(shm, None, kind, probe, action, control);
     }
-}
-
-/// A system call without arguments, made here rather than through libc:
-/// the agent must not run code of the program's libraries a tracer may have
-/// probed (libc's `getpid`, counted by a trap probe, would count the
-/// agent's calls too).
-#[inline(always)]
-fn syscall0(nr: libc::c_long) -> u64 {
-    let r: u64;
-    // SAFETY: only used for getpid and gettid, which take no argument, touch
-    // no user memory and cannot fail; `syscall` clobbers rcx and r11.
-    unsafe {
-        core::arch::asm!(
-            "syscall",
-            inlateout("rax") nr as u64 => r,
-            out("rcx") _,
-            out("r11") _,
-            options(nostack, nomem)
-        )
-    };
-    r
-}
-
-pub(crate) fn gettid() -> u32 {
-    syscall0(libc::SYS_gettid) as u32
-}
-
-/// The calling thread's id, from its entry when it has one (no system
-/// call: a `gettid` costs ≈ 170 ns in a VM, a quarter of a spinning
-/// handler call), else from the kernel. A forked child's entry gets the
-/// child's id in the fork handler; an exited thread's entry is gone.
-pub(crate) fn current_tid() -> u32 {
-    match find_thread(thread_pointer()).map(|e| e.tid.load(Relaxed)) {
-        Some(tid) if tid != 0 => tid,
-        _ => gettid(),
-    }
-}
-
-pub(crate) fn getpid() -> u32 {
-    syscall0(libc::SYS_getpid) as u32
-}
-
-/// Gives entry `e` of the calling thread (a forked child's forking thread,
-/// [`PENDING_SLOT`]) a thread slot of its own, owned by this process.
-fn claim_slot(e: &'static ThreadEntry, shm: &Shm) {
-    let was = e.fast.busy.swap(1, Relaxed);
-    let slot = shm
-        .claim_thread_for(getpid(), e.tid.load(Relaxed))
-        .unwrap_or(NO_SLOT);
-    e.slot.store(slot, Relaxed);
-    set_fast(e, shm, slot);
-    e.fast.busy.store(was, Relaxed);
-}
-
-fn register_thread(shm: &Shm, tp: u64) {
-    let tid = gettid();
-    let pid = getpid();
-    let mut i = table_index(tp);
-    for _ in 0..MAX_THREADS {
-        let e = &THREADS[i % MAX_THREADS];
-        let k = e.key.load(Relaxed);
-        if k == EMPTY || k == TOMBSTONE {
-            // Only this thread uses key `tp`; the CAS arbitrates the entry
-            // with other threads registering concurrently. Acquire pairs
-            // with the Release store of TOMBSTONE in `thread_exit`.
-            if e.key.compare_exchange(k, tp, Acquire, Relaxed).is_ok() {
-                // A signal handler on this thread that hits between the CAS
-                // and this store sees slot NO_SLOT (left by thread_exit):
-                // it counts globally and drops, never touches a ring.
-                e.fast.busy.store(1, Relaxed);
-                let slot = shm.claim_thread_for(pid, tid).unwrap_or(NO_SLOT);
-                e.slot.store(slot, Relaxed);
-                e.tid.store(tid, Relaxed);
-                e.hits.store(0, Relaxed);
-                set_fast(e, shm, slot);
-                // `depth` is 0 here (never used, or reset by thread_exit or
-                // the fork handler): a signal handler's hit between the CAS
-                // and `busy` above may already have pushed onto it.
-                if e.shadow.load(Relaxed) == 0 {
-                    e.shadow.store(map_shadow(), Relaxed);
-                }
-                if let Some(key) = crate::exit_key() {
-                    // SAFETY: key was created by pthread_key_create; the value
-                    // is a pointer to a static entry.
-                    unsafe {
-                        libc::pthread_setspecific(
-                            key,
-                            e as *const ThreadEntry as *const libc::c_void,
-                        )
-                    };
-                }
-                e.fast.busy.store(0, Relaxed);
-                return;
-            }
-        }
-        i = i.wrapping_add(1);
-    }
-}
-
-/// After a re-attach to new shared memory: every registered thread gets a
-/// slot in it, and its stubs' view is re-pointed (its TLS word, which
-/// points at its entry, stays; threads are stopped by the tracer).
-pub(crate) fn rehome_threads(shm: &Shm) {
-    let pid = getpid();
-    for e in THREADS.iter() {
-        let k = e.key.load(Relaxed);
-        if k == EMPTY || k == TOMBSTONE {
-            continue;
-        }
-        let tid = e.tid.load(Relaxed);
-        let slot = shm.claim_thread_for(pid, tid).unwrap_or(NO_SLOT);
-        e.slot.store(slot, Relaxed);
-        fill_fast(e, shm, slot);
-    }
-}
-
-/// Fills the stubs' view of thread slot `slot` and points this thread's
-/// TLS word at it (0 when the thread has no slot: the stubs then send every
-/// hit to the generic path, which counts globally).
-fn set_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32) {
-    let counters = fill_fast(e, shm, slot);
-    crate::tls::set(if counters != 0 {
-        &e.fast as *const ThreadBlock as u64
-    } else {
-        0
-    });
-}
-
-/// Fills `e`'s stub view of slot `slot`; returns its counters' address.
-fn fill_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32) -> u64 {
-    let f = &e.fast;
-    // 0: the first event refreshes the limit from the (new) ring's tail.
-    f.limit.store(0, Relaxed);
-    // Stubs built for another memory (an earlier tracer's) now take the
-    // generic path, which knows none of their sites.
-    f.stub_key.store(shm.stub_key(), Relaxed);
-    f.header.store(shm.as_ptr() as u64, Relaxed);
-    f.mask
-        .store(shm.layout().params.ring_capacity as u64 - 1, Relaxed);
-    let counters = shm.thread_counters(slot).map_or(0, |c| c.as_ptr() as u64);
-    f.counters.store(counters, Relaxed);
-    f.ctl.store(
-        shm.ring_ctl(slot)
-            .map_or(0, |c| c as *const hotprobe_abi::RingCtl as u64),
-        Relaxed,
-    );
-    f.events
-        .store(shm.ring_events(slot).map_or(0, |p| p as u64), Relaxed);
-    if let Some(ctl) = shm.ring_ctl(slot) {
-        // Fault the slot's pages in now (one system call on the thread's
-        // first hit) rather than one page fault per 64 or 128 events on the
-        // hot path. Best effort: older kernels answer EINVAL.
-        // Not the slot's counters: with 2^20 probe ids they are 8 MB, and
-        // only the pages of the probes this thread hits are ever touched
-        // (one fault per 512 probes, not on the hot path of a hot probe).
-        let base = ctl as *const hotprobe_abi::RingCtl as usize;
-        let lay = shm.layout();
-        let ctl_len = core::mem::size_of::<hotprobe_abi::RingCtl>() + (base & 4095);
-        let events = base + lay.events_offset;
-        let events_len = lay.thread_stride - lay.events_offset + (events & 4095);
-        // Both ranges lie in this thread's slot (the control block; the
-        // ring's events up to the end of the slot), from the start of their
-        // first page, inside the shared mapping (the mapping is
-        // page-granular); populating changes no content. By the system
-        // call: libc's `madvise` may be probed.
-        crate::orphan::syscall(
-            libc::SYS_madvise,
-            [(base & !4095) as u64, ctl_len as u64, 23, 0],
-        );
-        crate::orphan::syscall(
-            libc::SYS_madvise,
-            [(events & !4095) as u64, events_len as u64, 23, 0],
-        );
-    }
-    counters
-}
-
-/// `pthread_key` destructor: the thread is exiting.
-pub(crate) extern "C" fn thread_exit(p: *mut libc::c_void) {
-    let _ = std::panic::catch_unwind(|| {
-        // SAFETY: the value set in register_thread: a pointer into THREADS.
-        let e = unsafe { &*(p as *const ThreadEntry) };
-        if let Some(ctl) = crate::shm().and_then(|s| s.ring_ctl(e.slot.load(Relaxed))) {
-            // Release pairs with the tracer's `state.load(Acquire)`: the ring's
-            // last head is visible once EXITED is.
-            ctl.state.store(THREAD_EXITED, Release);
-        }
-        // Later hits of this thread (other destructors) take the generic
-        // path: the entry may be claimed by another thread once released.
-        crate::tls::set(0);
-        e.slot.store(NO_SLOT, Relaxed);
-        // The next owner starts with an empty shadow stack.
-        e.depth.store(0, Relaxed);
-        // Release pairs with the Acquire CAS in register_thread.
-        e.key.store(TOMBSTONE, Release);
-    });
-}
-
-/// `pthread_atfork` child handler. The child has one thread, the forking
-/// one, whose thread pointer, stack and shadow stack (private memory) are
-/// copies of its parent's, and the shared memory, which is the parent's.
-/// Without [`CONTROL_FOLLOW_FORKS`] the agent goes dormant here; with it,
-/// the child's threads get slots of their own (see there).
-///
-/// Either way: the other threads' table entries are dropped (those threads
-/// do not exist here), the forking thread keeps its entry (its hooked
-/// returns must still find their shadow entries: the return trampoline
-/// stays correct in the child) but not its slot, which is the parent's,
-/// and its TLS word is cleared, so that a per-site stub still reached sends
-/// its hit to the generic path. No allocation; only `gettid`/`getpid`.
-pub(crate) extern "C" fn after_fork_child() {
-    let _ = std::panic::catch_unwind(|| {
-        let follow = crate::shm()
-            .is_some_and(|s| s.header().control.load(Relaxed) & CONTROL_FOLLOW_FORKS != 0);
-        let tp = thread_pointer();
-        let mine = find_thread(tp);
-        forget_other_threads(tp, mine);
-        crate::tls::set(0);
-        if follow {
-            crate::forget_attaching();
-        } else {
-            crate::go_dormant();
-        }
-        let Some(e) = mine else { return };
-        let was = e.fast.busy.swap(1, Relaxed);
-        e.tid.store(gettid(), Relaxed);
-        e.slot.store(NO_SLOT, Relaxed);
-        clear_fast(e);
-        match crate::shm() {
-            // Hooked frames left by the parent return in the child: their
-            // exits are recorded there, in a slot of the child's.
-            Some(shm) if e.depth.load(Relaxed) > 0 => {
-                let slot = shm
-                    .claim_thread_for(getpid(), e.tid.load(Relaxed))
-                    .unwrap_or(NO_SLOT);
-                e.slot.store(slot, Relaxed);
-                set_fast(e, shm, slot);
-            }
-            Some(_) => e.slot.store(PENDING_SLOT, Relaxed),
-            None => {}
-        }
-        e.fast.busy.store(was, Relaxed);
-    });
-}
-
-/// Drops every thread-table entry but `mine` (the calling thread's, keyed
-/// `tp`). Open addressing: the entries on `tp`'s probe path, before its
-/// own, become tombstones (its lookup walks over them), the others empty.
-fn forget_other_threads(tp: u64, mine: Option<&'static ThreadEntry>) {
-    let at = mine.map(|m| {
-        THREADS
-            .iter()
-            .position(|e| core::ptr::eq(e, m))
-            .unwrap_or(0)
-    });
-    let start = table_index(tp) % MAX_THREADS;
-    for (i, e) in THREADS.iter().enumerate() {
-        if Some(i) == at {
-            continue;
-        }
-        // On the path from `start` to `at` (wrapping around the table).
-        let on_path = at.is_some_and(|at| {
-            let d_at = (at + MAX_THREADS - start) % MAX_THREADS;
-            let d_i = (i + MAX_THREADS - start) % MAX_THREADS;
-            d_i < d_at
-        });
-        e.key
-            .store(if on_path { TOMBSTONE } else { EMPTY }, Relaxed);
-        e.slot.store(NO_SLOT, Relaxed);
-        e.depth.store(0, Relaxed);
-        e.fast.busy.store(0, Relaxed);
-    }
-}
-
-/// Points `e`'s stub view nowhere (the forked child's copy of the parent's
-/// slot addresses).
-fn clear_fast(e: &ThreadEntry) {
-    let f = &e.fast;
-    f.counters.store(0, Relaxed);
-    f.ctl.store(0, Relaxed);
-    f.events.store(0, Relaxed);
-    f.limit.store(0, Relaxed);
-    f.header.store(0, Relaxed);
-    f.stub_key.store(0, Relaxed);
 }
 
 #[inline(always)]
@@ -826,8 +555,12 @@ fn record_exit(
         shm.note_missed(probe);
         return;
     };
+    let Some(tsc) = crate::clock::now_tsc(shm, t.clock.load(Relaxed)) else {
+        refuse_events(shm, shm.ring_ctl(t.slot.load(Relaxed)), probe, 1);
+        return;
+    };
     let ev = Event {
-        tsc: rdtsc(),
+        tsc,
         probe_id: probe,
         tid: t.tid.load(Relaxed),
         kind: KIND_EXIT,
@@ -851,7 +584,7 @@ fn record_exit(
 
 /// The return trampoline's address as the agent publishes it.
 #[inline(always)]
-fn return_trampoline() -> u64 {
+pub(crate) fn return_trampoline() -> u64 {
     crate::trampoline::hotprobe_agent_return_trampoline as *const () as usize as u64
 }
 
@@ -863,7 +596,7 @@ fn return_trampoline() -> u64 {
 /// `shm` is `None` in a dormant agent (a forked child): the entries are
 /// popped all the same, nothing is counted or recorded.
 #[inline(always)]
-fn pop_dead(
+pub(crate) fn pop_dead(
     shm: Option<&Shm>,
     t: &ThreadEntry,
     base: *mut Shadow,
@@ -1016,98 +749,14 @@ fn lost_return() -> u64 {
     unsafe { libc::abort() }
 }
 
-/// The current thread's entry and shadow stack, for the unwinder hooks.
-pub(crate) fn current_shadow() -> Option<(&'static ThreadEntry, *mut Shadow)> {
-    let t = find_thread(thread_pointer())?;
-    let base = t.shadow.load(Relaxed) as *mut Shadow;
-    (!base.is_null()).then_some((t, base))
-}
-
-/// Before an unwinder walks the stack from `sp` (the caller's stack
-/// pointer): drops the entries of dead frames and puts every live frame's
-/// real return address back, marking it restored.
-pub(crate) fn restore_for_unwind(sp: u64) {
-    let Some((t, base)) = current_shadow() else {
-        return;
-    };
-    // Without shared memory (dormant, a forked child) the hooked frames
-    // still need their real return addresses.
-    let shm = crate::shm();
-    let was = t.fast.busy.swap(1, Relaxed);
-    pop_dead(shm, t, base, sp, false);
-    let tramp = return_trampoline();
-    for i in 0..t.depth.load(Relaxed) as usize {
-        // SAFETY: i < depth <= SHADOW_CAP.
-        let e = unsafe { &mut *base.add(i) };
-        if e.flags & SHADOW_RESTORED == 0 {
-            // SAFETY: a live frame's return slot on this thread's stack.
-            unsafe {
-                if (e.slot as *const u64).read_volatile() == tramp {
-                    (e.slot as *mut u64).write_volatile(e.real);
-                }
-            }
-            e.flags |= SHADOW_RESTORED;
-        }
-    }
-    t.fast.busy.store(was, Relaxed);
-}
-
-/// When a handler catches (the caller's stack pointer is `sp`): the frames
-/// below `sp` were unwound (their entries are popped with unwound exits);
-/// the live ones are hooked again.
-pub(crate) fn rearm_after_catch(sp: u64) {
-    let Some((t, base)) = current_shadow() else {
-        return;
-    };
-    // Without shared memory (dormant, a forked child) the hooked frames
-    // still need their real return addresses.
-    let shm = crate::shm();
-    let was = t.fast.busy.swap(1, Relaxed);
-    pop_dead(shm, t, base, sp, false);
-    let tramp = return_trampoline();
-    for i in 0..t.depth.load(Relaxed) as usize {
-        // SAFETY: i < depth <= SHADOW_CAP.
-        let e = unsafe { &mut *base.add(i) };
-        if e.flags & SHADOW_RESTORED != 0 {
-            // SAFETY: a live frame's return slot on this thread's stack.
-            unsafe {
-                if (e.slot as *const u64).read_volatile() == e.real {
-                    (e.slot as *mut u64).write_volatile(tramp);
-                }
-            }
-            e.flags &= !SHADOW_RESTORED;
-        }
-    }
-    t.fast.busy.store(was, Relaxed);
-}
-
-fn map_shadow() -> u64 {
-    // A fresh private anonymous mapping, by the system call: libc's `mmap`
-    // may be probed, and this runs inside a hit (a thread's first).
-    let p = crate::orphan::syscall6(
-        libc::SYS_mmap,
-        [
-            0,
-            SHADOW_BYTES as u64,
-            (libc::PROT_READ | libc::PROT_WRITE) as u64,
-            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
-            u64::MAX,
-            0,
-        ],
-    );
-    // Errors are -4095..-1.
-    if p > u64::MAX - 4095 {
-        0
-    } else {
-        p
-    }
-}
-
 /// Counts one hit of counter `counter` from the in-process trap's
 /// `SIGTRAP` handler (`inproc`): into the calling thread's own counter
 /// (one `inc`) when the thread has a slot, else into the shared global
 /// counter (a locked add). Only atomics: async-signal-safe.
 pub(crate) fn count_in_handler(shm: &Shm, counter: u32) {
+    if crate::threads::in_own_call() {
+        return;
+    }
     let i = counter as usize;
     let slot = find_thread(thread_pointer()).map_or(NO_SLOT, |e| e.slot.load(Relaxed));
     if slot != NO_SLOT && slot != PENDING_SLOT {

@@ -42,10 +42,13 @@
 //! thread resumes unmodified, counted in `HandlerCtl::missed`; a request
 //! it took is waited for as long as the tracer's heartbeat is fresh.
 //!
-//! Only atomics, plain loads and stores, and the `futex`,
-//! `clock_gettime`, `sched_yield` and `gettid` system calls (the spin
-//! yields the CPU at each check after 2 µs): async-signal-safe,
-//! allocation-free, lock-free.
+//! Only atomics, plain loads and stores, `rdtsc`, and the `futex`,
+//! `clock_gettime`, `sched_yield` and `gettid` system calls made by the
+//! `syscall` instruction, never through libc, whose functions may be the
+//! ones probed (the spin yields the CPU at each check after 2 µs; time is
+//! the thread's clock, see `clock`): async-signal-safe, allocation-free,
+//! lock-free. The thread's handler slot is claimed at its first call
+//! (registering the thread if need be) and given back when it exits.
 
 use core::sync::atomic::AtomicPtr;
 use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
@@ -165,29 +168,24 @@ pub(crate) fn handle(info: &libc::siginfo_t, uc: &mut libc::ucontext_t) -> bool 
     true
 }
 
-/// `CLOCK_MONOTONIC` in nanoseconds (async-signal-safe).
-fn now_ns() -> u64 {
-    // SAFETY: an all-zero timespec is valid; clock_gettime writes it.
-    let mut ts: libc::timespec = unsafe { core::mem::zeroed() };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// `futex(word, op, val, timeout)` on a shared (not private) word.
+/// `futex(word, op, val, timeout)` on a shared (not private) word, by the
+/// system call (libc's `syscall` may be probed).
 fn futex(word: &core::sync::atomic::AtomicU32, op: i32, val: u32, timeout_ns: u64) {
-    let ts = libc::timespec {
-        tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
-        tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
-    };
+    let ts = [
+        (timeout_ns / 1_000_000_000) as i64,
+        (timeout_ns % 1_000_000_000) as i64,
+    ];
     let tsp = if op == libc::FUTEX_WAIT {
-        &ts as *const libc::timespec
+        ts.as_ptr() as u64
     } else {
-        core::ptr::null()
+        0
     };
-    // SAFETY: `word` is a valid, aligned u32 in shared memory; the
-    // timeout, when passed, is a valid timespec.
-    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), op, val, tsp) };
+    // `word` is a valid, aligned u32 in shared memory; the timeout, when
+    // passed, is a valid timespec.
+    crate::orphan::syscall(
+        libc::SYS_futex,
+        [word.as_ptr() as u64, op as u64, u64::from(val), tsp],
+    );
 }
 
 /// Hands the registers in `gregs` (at least [`HANDLER_REGS`] words, in
@@ -196,13 +194,22 @@ fn futex(word: &core::sync::atomic::AtomicU32, op: i32, val: u32, timeout_ns: u6
 /// the site key; `rip` is `gregs`' own) and
 /// takes back the ones it returns (see the module docs).
 fn call_tracer(shm: &Shm, counter: u32, at: u64, gregs: &mut [libc::greg_t], flags: u32) {
+    if crate::threads::in_own_call() {
+        // The agent's own call of a probed function: not the program's.
+        return;
+    }
     let ctl = shm.handler_ctl();
-    let tid = crate::hit::current_tid();
-    let Some(slot) = shm.handler_slot_for(tid) else {
+    let mode = crate::clock::current_mode();
+    // In seccomp strict mode the wait (futex, clock) would kill the thread.
+    let slot = (mode != crate::clock::CLOCK_NONE)
+        .then(|| crate::threads::handler_slot(shm))
+        .flatten();
+    let Some(slot) = slot else {
         ctl.missed.fetch_add(1, Relaxed);
         shm.note_missed(counter);
         return;
     };
+    let now_ns = || crate::clock::now_ns(shm, mode).unwrap_or(0);
     if slot.state.load(Relaxed) != HANDLER_IDLE {
         // This thread is already in a call (a signal handler interrupting
         // the agent): the nested hit runs without its handler.
@@ -271,8 +278,8 @@ fn call_tracer(shm: &Shm, counter: u32, at: u64, gregs: &mut [libc::greg_t], fla
                 // Past a short pure spin, give the CPU away at each check:
                 // on a machine with more runnable threads than cores the
                 // tracer may be waiting for this very core.
-                // SAFETY: sched_yield has no arguments or preconditions.
-                unsafe { libc::sched_yield() };
+                // sched_yield has no arguments; by the system call.
+                crate::orphan::syscall(libc::SYS_sched_yield, [0; 4]);
             }
         } else {
             slot.flags.fetch_or(HANDLER_SLEEPING, Relaxed);

@@ -24,7 +24,9 @@
 //! thread. In a child the process forks, the agent goes dormant, or with
 //! [`hotprobe_abi::CONTROL_FOLLOW_FORKS`] re-registers the child's threads
 //! in slots of their own (see there). The hot path allocates nothing, takes no lock, makes no
-//! system call, and never panics; each `extern "C"` entry that can reach
+//! system call (but the clock of a thread that may not run `rdtsc`, see
+//! `clock`), calls nothing of libc (the agent's few libc calls elsewhere
+//! run as its own calls, which hits do not count: `threads`), and never panics; each `extern "C"` entry that can reach
 //! libc or std catches unwinding. The agent never exits its host. It also
 //! installs a `SIGTRAP` handler that undoes the `int3`s of a tracer that
 //! died without restoring them (`orphan`).
@@ -36,15 +38,18 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64};
 use hotprobe_abi::patch::{abs_jmp_stub, NEAR_STUB_ENTRY, NEAR_STUB_EXIT, NEAR_STUB_MID};
 use hotprobe_abi::{rdtsc, Shm, STATUS_ATTACHED, STATUS_NO_NEAR_PAGE, VERSION};
 
+mod clock;
 mod env;
 mod hit;
 mod inproc;
 mod orphan;
 mod sigmask;
+mod threads;
 mod tls;
 pub mod trampoline;
 mod unwind;
 
+pub use clock::prctl;
 pub use hotprobe_abi::patch::call_rel32;
 pub use orphan::{sigaction, signal};
 
@@ -116,7 +121,9 @@ fn attach_fd(fd: c_int) -> Result<(), AttachError> {
     if ATTACHING.swap(true, Acquire) {
         return Err(AttachError::Already);
     }
-    let r = map_and_attach(fd);
+    // With the agent attached at the spawn stop, libc's functions may be
+    // probed already: its calls of them are its own, not the program's.
+    let r = threads::as_own_call(|| map_and_attach(fd));
     ATTACHING.store(false, Release);
     r
 }
@@ -191,16 +198,16 @@ fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
     if !HOOKS.swap(true, Relaxed) {
         let mut key: libc::pthread_key_t = 0;
         // SAFETY: key is a valid out-pointer; the destructor is an extern "C" fn.
-        if unsafe { libc::pthread_key_create(&mut key, Some(hit::thread_exit)) } == 0 {
+        if unsafe { libc::pthread_key_create(&mut key, Some(threads::thread_exit)) } == 0 {
             EXIT_KEY.store(key as u32, Relaxed);
         }
         // The child side of fork: dormant, or following (see
         // `hotprobe_abi::CONTROL_FOLLOW_FORKS`).
         // SAFETY: registers a plain extern "C" fn for the child side of fork.
-        unsafe { libc::pthread_atfork(None, None, Some(hit::after_fork_child)) };
+        unsafe { libc::pthread_atfork(None, None, Some(threads::after_fork_child)) };
     }
     let h = shm.header();
-    h.agent_pid.store(hit::getpid(), Relaxed);
+    h.agent_pid.store(threads::getpid(), Relaxed);
     h.agent_abi_version.store(VERSION, Relaxed);
     let entry = trampoline::hotprobe_agent_entry_trampoline as *const () as usize as u64;
     let exit = trampoline::hotprobe_agent_exit_trampoline as *const () as usize as u64;
@@ -235,18 +242,15 @@ fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
             h.status.fetch_or(STATUS_NO_NEAR_PAGE, Relaxed);
         }
     }
-    let t = rdtsc();
-    // SAFETY: an all-zero timespec is valid; clock_gettime writes it.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    h.calib_tsc.store(t, Relaxed);
-    h.calib_ns.store(
-        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64,
-        Relaxed,
-    );
+    // The tracer's calibration when it wrote one; else ours (by the
+    // system call: the vDSO reads the TSC, which this thread may not).
+    if h.calib_tsc.load(Relaxed) == 0 && clock::kernel_mode() == clock::CLOCK_TSC {
+        let t = rdtsc();
+        h.calib_tsc.store(t, Relaxed);
+        h.calib_ns.store(clock::raw_ns(), Relaxed);
+    }
     let s: &'static Shm = Box::leak(Box::new(shm));
-    hit::rehome_threads(s);
+    threads::rehome_threads(s);
     inproc::set(s);
     // Int3s a tracer killed with SIGKILL leaves behind (see `orphan`).
     orphan::install();
@@ -264,7 +268,11 @@ fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
 pub(crate) fn tracer_gone_now(shm: &Shm) -> bool {
     let h = shm.header();
     let timeout = h.heartbeat_timeout_tsc.load(Relaxed);
-    timeout != 0 && rdtsc().wrapping_sub(h.heartbeat_tsc.load(Relaxed)) as i64 > timeout as i64
+    // The calling thread's clock (see `clock`); none: cannot tell.
+    let Some(now) = clock::now_tsc(shm, clock::current_mode()) else {
+        return false;
+    };
+    timeout != 0 && now.wrapping_sub(h.heartbeat_tsc.load(Relaxed)) as i64 > timeout as i64
 }
 
 /// In a forked child that does not follow forks: forget the shared memory

@@ -47,7 +47,7 @@
 use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 
-use hotprobe_abi::{rdtsc, Shm, TRAP_GUARD, TRAP_RETURN};
+use hotprobe_abi::{Shm, TRAP_GUARD, TRAP_RETURN};
 
 const INT3: u8 = 0xcc;
 const SI_KERNEL: i32 = 0x80;
@@ -329,8 +329,10 @@ fn handle(info: &libc::siginfo_t, uc: &mut libc::ucontext_t) -> bool {
 fn tracer_gone(shm: &Shm) -> bool {
     let h = shm.header();
     let timeout = h.heartbeat_timeout_tsc.load(Relaxed);
-    if timeout != 0 {
-        let age = rdtsc().wrapping_sub(h.heartbeat_tsc.load(Relaxed)) as i64;
+    // The thread's own clock (`rdtsc` may fault, see `clock`).
+    let now = crate::clock::now_tsc(shm, crate::clock::current_mode());
+    if let (true, Some(now)) = (timeout != 0, now) {
+        let age = now.wrapping_sub(h.heartbeat_tsc.load(Relaxed)) as i64;
         if age > timeout as i64 {
             return true;
         }
@@ -409,8 +411,10 @@ fn write_byte(addr: u64, b: u8) -> bool {
 /// instruction: never through libc, whose functions may be probed.
 pub(crate) fn syscall6(nr: libc::c_long, a: [u64; 6]) -> u64 {
     let r: u64;
-    // SAFETY: the calls made with it (mmap of fresh anonymous memory) take
-    // the arguments given, touch no memory of ours, and clobber rcx and r11.
+    // SAFETY: the calls made with it (mmap of fresh anonymous memory, and
+    // the program's own `prctl` with its arguments: see `clock::prctl`)
+    // take the arguments given, touch no memory of ours but what they
+    // point at, and clobber rcx and r11.
     unsafe {
         core::arch::asm!(
             "syscall",
@@ -433,10 +437,12 @@ pub(crate) fn syscall6(nr: libc::c_long, a: [u64; 6]) -> u64 {
 /// libc (async-signal-safe, and no code of the program's libraries runs).
 pub(crate) fn syscall(nr: libc::c_long, a: [u64; 4]) -> u64 {
     let r: u64;
-    // SAFETY: the calls made here and by `env` and the constructor (open,
-    // read, readlink, pread64, pwrite64, close, getpid, gettid, tgkill,
-    // rt_sigaction) take the arguments given, read
-    // or write only the buffers passed, and clobber rcx and r11.
+    // SAFETY: the calls made here and by `env`, the constructor, `clock`,
+    // `inproc` and `threads` (open, read, readlink, pread64, pwrite64,
+    // close, getpid, gettid, tgkill, rt_sigaction, rt_sigprocmask, prctl
+    // PR_GET_TSC, clock_gettime, futex, sched_yield, madvise) take the
+    // arguments given, read or write only the buffers passed (or the
+    // futex word), and clobber rcx and r11.
     unsafe {
         core::arch::asm!(
             "syscall",

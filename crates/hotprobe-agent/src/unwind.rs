@@ -21,6 +21,10 @@
 use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::ffi::CStr;
 
+use crate::hit::{
+    find_thread, pop_dead, return_trampoline, thread_pointer, Shadow, ThreadEntry, SHADOW_RESTORED,
+};
+
 static REAL: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
 const NAMES: [&CStr; 4] = [
     c"_Unwind_RaiseException",
@@ -36,7 +40,9 @@ fn real(i: usize) -> usize {
     }
     // SAFETY: dlsym with a valid C string; RTLD_NEXT finds the definition
     // after the agent's (libgcc_s, libstdc++).
-    let p = unsafe { libc::dlsym(libc::RTLD_NEXT, NAMES[i].as_ptr()) } as usize;
+    let p =
+        crate::threads::as_own_call(|| unsafe { libc::dlsym(libc::RTLD_NEXT, NAMES[i].as_ptr()) })
+            as usize;
     if p == 0 {
         // SAFETY: abort has no preconditions; with no real unwinder the
         // program could not have thrown.
@@ -49,12 +55,12 @@ fn real(i: usize) -> usize {
 extern "C" fn before_unwind(sp: u64, which: u64) -> usize {
     // No catch_unwind here: the helpers are panic-free (no indexing that can
     // fail, no allocation).
-    crate::hit::restore_for_unwind(sp);
+    restore_for_unwind(sp);
     real(which as usize)
 }
 
 extern "C" fn before_catch(sp: u64) -> usize {
-    crate::hit::rearm_after_catch(sp);
+    rearm_after_catch(sp);
     real(3)
 }
 
@@ -107,4 +113,69 @@ pub unsafe extern "C" fn __cxa_begin_catch() {
         "jmp rax",
         f = sym before_catch,
     );
+}
+
+/// The current thread's entry and shadow stack, for the unwinder hooks.
+fn current_shadow() -> Option<(&'static ThreadEntry, *mut Shadow)> {
+    let t = find_thread(thread_pointer())?;
+    let base = t.shadow.load(Relaxed) as *mut Shadow;
+    (!base.is_null()).then_some((t, base))
+}
+
+/// Before an unwinder walks the stack from `sp` (the caller's stack
+/// pointer): drops the entries of dead frames and puts every live frame's
+/// real return address back, marking it restored.
+fn restore_for_unwind(sp: u64) {
+    let Some((t, base)) = current_shadow() else {
+        return;
+    };
+    // Without shared memory (dormant, a forked child) the hooked frames
+    // still need their real return addresses.
+    let shm = crate::shm();
+    let was = t.fast.busy.swap(1, Relaxed);
+    pop_dead(shm, t, base, sp, false);
+    let tramp = return_trampoline();
+    for i in 0..t.depth.load(Relaxed) as usize {
+        // SAFETY: i < depth <= SHADOW_CAP.
+        let e = unsafe { &mut *base.add(i) };
+        if e.flags & SHADOW_RESTORED == 0 {
+            // SAFETY: a live frame's return slot on this thread's stack.
+            unsafe {
+                if (e.slot as *const u64).read_volatile() == tramp {
+                    (e.slot as *mut u64).write_volatile(e.real);
+                }
+            }
+            e.flags |= SHADOW_RESTORED;
+        }
+    }
+    t.fast.busy.store(was, Relaxed);
+}
+
+/// When a handler catches (the caller's stack pointer is `sp`): the frames
+/// below `sp` were unwound (their entries are popped with unwound exits);
+/// the live ones are hooked again.
+fn rearm_after_catch(sp: u64) {
+    let Some((t, base)) = current_shadow() else {
+        return;
+    };
+    // Without shared memory (dormant, a forked child) the hooked frames
+    // still need their real return addresses.
+    let shm = crate::shm();
+    let was = t.fast.busy.swap(1, Relaxed);
+    pop_dead(shm, t, base, sp, false);
+    let tramp = return_trampoline();
+    for i in 0..t.depth.load(Relaxed) as usize {
+        // SAFETY: i < depth <= SHADOW_CAP.
+        let e = unsafe { &mut *base.add(i) };
+        if e.flags & SHADOW_RESTORED != 0 {
+            // SAFETY: a live frame's return slot on this thread's stack.
+            unsafe {
+                if (e.slot as *const u64).read_volatile() == e.real {
+                    (e.slot as *mut u64).write_volatile(tramp);
+                }
+            }
+            e.flags &= !SHADOW_RESTORED;
+        }
+    }
+    t.fast.busy.store(was, Relaxed);
 }

@@ -109,6 +109,10 @@ fn replay_tree(replay: &str) -> Tree {
             .trim()
             .parse()
             .expect("tid");
+        if tid == 0 {
+            // Lost records of threads without a ring slot (issue 22).
+            continue;
+        }
         assert!(!body.contains("lost"), "events lost: {l}");
         let name = body.trim_start();
         if name.starts_with('}') {
@@ -481,8 +485,12 @@ fn threads_without_a_ring_are_counted_as_drops() {
         .unwrap()
         .iter()
         .map(|t| t["tid"].as_u64().unwrap() as u32)
+        // tid 0: the lost records of threads without a ring slot (issue 22).
+        .filter(|&tid| tid != 0)
         .collect();
-    assert_eq!(with_ring.len(), 2, "{info}");
+    // Two slots, given back when a thread exits (issue 22): a thread
+    // starting after another ended may record too.
+    assert!(with_ring.len() >= 2, "{info}");
     // What the other threads did is lost, and counted: 2 events a call.
     let lost: usize = logged
         .iter()

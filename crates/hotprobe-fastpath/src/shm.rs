@@ -78,6 +78,21 @@ impl OwnedShm {
             .map_err(|e| FastPathError::Shm(e.to_string()))?;
         let ticks = tsc_per_sec();
         shm.header().heartbeat_tsc.store(rdtsc(), Relaxed);
+        // For threads that may not run `rdtsc` (the agent's clock module):
+        // the frequency and a (TSC, CLOCK_MONOTONIC) pair.
+        shm.header().tsc_hz.store(ticks, Relaxed);
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let t = rdtsc();
+        // SAFETY: a valid out-pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        shm.header().calib_tsc.store(t, Relaxed);
+        shm.header().calib_ns.store(
+            ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64,
+            Relaxed,
+        );
         shm.header().heartbeat_timeout_tsc.store(
             (ticks as f64 * config.heartbeat_timeout.as_secs_f64()) as u64,
             Relaxed,

@@ -202,7 +202,14 @@ impl RingDrain {
                 *seen_refused = refused.max(*seen_refused);
             }
         }
-        self.stats.no_slot = shm.header().drops_no_thread.load(Relaxed);
+        // Events of threads that found no free ring slot: lost records of
+        // tid 0 (no thread of the program), after the latest time seen.
+        let no_slot = shm.header().drops_no_thread.load(Relaxed);
+        if no_slot > self.stats.no_slot {
+            let ts = self.last_ts.iter().copied().max().unwrap_or(0);
+            sink.lost(0, ts, no_slot - self.stats.no_slot)?;
+        }
+        self.stats.no_slot = no_slot.max(self.stats.no_slot);
         Ok(())
     }
 }

@@ -1,0 +1,459 @@
+//! A thread's life as the agent sees it: registration at its first hit
+//! (thread-table entry, thread slot, shadow stack, exit destructor), the
+//! stubs' view of its slot, its exit (slots given back), and `fork`.
+
+use core::sync::atomic::compiler_fence;
+use core::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+
+use hotprobe_abi::fast::ThreadBlock;
+use hotprobe_abi::{Shm, CONTROL_FOLLOW_FORKS};
+
+use crate::hit::{
+    find_thread, registering, table_index, thread_pointer, ThreadEntry, EMPTY, ENTRY_INIT,
+    MAX_THREADS, NO_SLOT, PENDING_SLOT, SHADOW_BYTES, THREADS, TOMBSTONE,
+};
+
+/// What a thread's TLS word points at while the agent itself calls a
+/// function of libc (`pthread_setspecific` at registration, the calls of
+/// an attach, `dlsym`): a hit there is the agent's own, not the
+/// program's, and is neither counted nor recorded. Its key (0) matches no
+/// memory's, so stubs send such hits to the generic path, which checks
+/// for it first. Asynchronous signals are blocked for the call
+/// ([`as_own_call`]): a signal handler's hits are the program's, and run
+/// after it.
+#[allow(clippy::declare_interior_mutable_const)]
+static OWN_CALL: ThreadBlock = ENTRY_INIT.fast;
+/// What a thread's TLS word points at once its exit destructor gave its
+/// slots back: its later hits (other destructors, libc's thread teardown)
+/// count into the global counters and their events are counted as lost,
+/// rather than claiming a slot no destructor would give back. A new
+/// thread's word starts at 0 (the TLS image), even on a reused stack.
+#[allow(clippy::declare_interior_mutable_const)]
+static EXITED: ThreadBlock = ENTRY_INIT.fast;
+
+/// The TLS word of a thread in an own call (see [`OWN_CALL`]).
+#[inline(always)]
+pub(crate) fn own_call() -> u64 {
+    &OWN_CALL as *const ThreadBlock as u64
+}
+
+/// The TLS word of a thread past its exit destructor (see [`EXITED`]).
+#[inline(always)]
+pub(crate) fn exited() -> u64 {
+    &EXITED as *const ThreadBlock as u64
+}
+
+/// Whether the calling thread is in one of the agent's own calls.
+#[inline(always)]
+pub(crate) fn in_own_call() -> bool {
+    crate::tls::get() == own_call()
+}
+
+/// Runs `f` (which calls libc) as the agent's own call: hits of probed
+/// functions it reaches on this thread are not the program's.
+pub(crate) fn as_own_call<R>(f: impl FnOnce() -> R) -> R {
+    // Every signal blocked but the synchronous ones (a fault, or the
+    // `int3` of an in-process trap on the function called, must be
+    // delivered: blocked, the kernel would kill the process), by the
+    // system call (libc's `sigprocmask` may be probed).
+    let sync = [
+        libc::SIGILL,
+        libc::SIGTRAP,
+        libc::SIGBUS,
+        libc::SIGFPE,
+        libc::SIGSEGV,
+    ];
+    let block: u64 = sync.iter().fold(!0, |m, s| m & !(1u64 << (s - 1)));
+    let mut old: u64 = 0;
+    // rt_sigprocmask(SIG_SETMASK, &block, &old, 8): valid 8-byte sets.
+    let r = crate::orphan::syscall(
+        libc::SYS_rt_sigprocmask,
+        [
+            libc::SIG_SETMASK as u64,
+            &block as *const u64 as u64,
+            &mut old as *mut u64 as u64,
+            8,
+        ],
+    );
+    let was = crate::tls::get();
+    crate::tls::set(own_call());
+    // Signal fences: the word is set around the call, as the code runs.
+    compiler_fence(SeqCst);
+    let out = f();
+    compiler_fence(SeqCst);
+    crate::tls::set(was);
+    if r == 0 {
+        // Back to the thread's own mask (pending signals run now).
+        crate::orphan::syscall(
+            libc::SYS_rt_sigprocmask,
+            [libc::SIG_SETMASK as u64, &old as *const u64 as u64, 0, 8],
+        );
+    }
+    out
+}
+
+/// Registers the calling thread (thread pointer `tp`): thread-table
+/// entry, shared-memory thread slot, shadow stack, exit destructor. True
+/// when it has an entry afterwards. Atomics and system calls (`mmap`,
+/// `madvise`, `gettid`) plus glibc's `pthread_setspecific` of a key below
+/// 32 (a store into the thread descriptor, no allocation): callable from
+/// the in-process trap's `SIGTRAP` handler too.
+pub(crate) fn register_current(shm: &Shm, tp: u64) -> bool {
+    crate::tls::set(registering());
+    match find_thread(tp) {
+        None => register_thread(shm, tp),
+        Some(e) if e.slot.load(Relaxed) == PENDING_SLOT => claim_slot(e, shm),
+        Some(e) => set_fast(e, shm, e.slot.load(Relaxed)),
+    }
+    find_thread(tp).is_some()
+}
+
+/// A system call without arguments, made here rather than through libc:
+/// the agent must not run code of the program's libraries a tracer may have
+/// probed (libc's `getpid`, counted by a trap probe, would count the
+/// agent's calls too).
+#[inline(always)]
+fn syscall0(nr: libc::c_long) -> u64 {
+    let r: u64;
+    // SAFETY: only used for getpid and gettid, which take no argument, touch
+    // no user memory and cannot fail; `syscall` clobbers rcx and r11.
+    unsafe {
+        core::arch::asm!(
+            "syscall",
+            inlateout("rax") nr as u64 => r,
+            out("rcx") _,
+            out("r11") _,
+            options(nostack, nomem)
+        )
+    };
+    r
+}
+
+pub(crate) fn gettid() -> u32 {
+    syscall0(libc::SYS_gettid) as u32
+}
+
+pub(crate) fn getpid() -> u32 {
+    syscall0(libc::SYS_getpid) as u32
+}
+
+/// Gives entry `e` of the calling thread (a forked child's forking thread,
+/// [`PENDING_SLOT`]) a thread slot of its own, owned by this process.
+fn claim_slot(e: &'static ThreadEntry, shm: &Shm) {
+    let was = e.fast.busy.swap(1, Relaxed);
+    let slot = shm
+        .claim_thread_for(getpid(), e.tid.load(Relaxed))
+        .unwrap_or(NO_SLOT);
+    e.slot.store(slot, Relaxed);
+    set_fast(e, shm, slot);
+    e.fast.busy.store(was, Relaxed);
+}
+
+fn register_thread(shm: &Shm, tp: u64) {
+    let tid = gettid();
+    let pid = getpid();
+    let mut i = table_index(tp);
+    for _ in 0..MAX_THREADS {
+        let e = &THREADS[i % MAX_THREADS];
+        let k = e.key.load(Relaxed);
+        if k == EMPTY || k == TOMBSTONE {
+            // Only this thread uses key `tp`; the CAS arbitrates the entry
+            // with other threads registering concurrently. Acquire pairs
+            // with the Release store of TOMBSTONE in `thread_exit`.
+            if e.key.compare_exchange(k, tp, Acquire, Relaxed).is_ok() {
+                // A signal handler on this thread that hits between the CAS
+                // and this store sees slot NO_SLOT (left by thread_exit):
+                // it counts globally and drops, never touches a ring.
+                e.fast.busy.store(1, Relaxed);
+                let slot = shm.claim_thread_for(pid, tid).unwrap_or(NO_SLOT);
+                e.slot.store(slot, Relaxed);
+                e.tid.store(tid, Relaxed);
+                e.hits.store(0, Relaxed);
+                e.hslot.store(0, Relaxed);
+                // Before the stubs' view: it is keyed off unless `rdtsc` works.
+                e.clock.store(crate::clock::kernel_mode(), Relaxed);
+                set_fast(e, shm, slot);
+                // `depth` is 0 here (never used, or reset by thread_exit or
+                // the fork handler): a signal handler's hit between the CAS
+                // and `busy` above may already have pushed onto it.
+                if e.shadow.load(Relaxed) == 0 {
+                    e.shadow.store(map_shadow(), Relaxed);
+                }
+                if let Some(key) = crate::exit_key() {
+                    // SAFETY: key was created by pthread_key_create; the value
+                    // is a pointer to a static entry.
+                    as_own_call(|| unsafe {
+                        libc::pthread_setspecific(
+                            key,
+                            e as *const ThreadEntry as *const libc::c_void,
+                        )
+                    });
+                }
+                e.fast.busy.store(0, Relaxed);
+                return;
+            }
+        }
+        i = i.wrapping_add(1);
+    }
+}
+
+/// After a re-attach to new shared memory: every registered thread gets a
+/// slot in it, and its stubs' view is re-pointed (its TLS word, which
+/// points at its entry, stays; threads are stopped by the tracer).
+pub(crate) fn rehome_threads(shm: &Shm) {
+    let pid = getpid();
+    for e in THREADS.iter() {
+        let k = e.key.load(Relaxed);
+        if k == EMPTY || k == TOMBSTONE {
+            continue;
+        }
+        let tid = e.tid.load(Relaxed);
+        let slot = shm.claim_thread_for(pid, tid).unwrap_or(NO_SLOT);
+        e.slot.store(slot, Relaxed);
+        fill_fast(e, shm, slot);
+    }
+}
+
+/// Fills the stubs' view of thread slot `slot` and points this thread's
+/// TLS word at it (0 when the thread has no slot: the stubs then send every
+/// hit to the generic path, which counts globally).
+fn set_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32) {
+    let counters = fill_fast(e, shm, slot);
+    crate::tls::set(if counters != 0 {
+        &e.fast as *const ThreadBlock as u64
+    } else {
+        0
+    });
+}
+
+/// Fills `e`'s stub view of slot `slot`; returns its counters' address.
+fn fill_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32) -> u64 {
+    let f = &e.fast;
+    // 0: the first event refreshes the limit from the (new) ring's tail.
+    f.limit.store(0, Relaxed);
+    // Stubs built for another memory (an earlier tracer's) now take the
+    // generic path, which knows none of their sites.
+    f.stub_key.store(shm.stub_key(), Relaxed);
+    f.header.store(shm.as_ptr() as u64, Relaxed);
+    f.mask
+        .store(shm.layout().params.ring_capacity as u64 - 1, Relaxed);
+    let counters = shm.thread_counters(slot).map_or(0, |c| c.as_ptr() as u64);
+    f.counters.store(counters, Relaxed);
+    f.ctl.store(
+        shm.ring_ctl(slot)
+            .map_or(0, |c| c as *const hotprobe_abi::RingCtl as u64),
+        Relaxed,
+    );
+    f.events
+        .store(shm.ring_events(slot).map_or(0, |p| p as u64), Relaxed);
+    // A slot an earlier thread wrote events into (recycled) has its pages
+    // in already: populating them again costs a walk of the whole ring.
+    let fresh = shm.ring_ctl(slot).filter(|c| c.head.load(Relaxed) == 0);
+    if let Some(ctl) = fresh {
+        // Fault the slot's pages in now (one system call on the thread's
+        // first hit) rather than one page fault per 64 or 128 events on the
+        // hot path. Best effort: older kernels answer EINVAL.
+        // Not the slot's counters: with 2^20 probe ids they are 8 MB, and
+        // only the pages of the probes this thread hits are ever touched
+        // (one fault per 512 probes, not on the hot path of a hot probe).
+        let base = ctl as *const hotprobe_abi::RingCtl as usize;
+        let lay = shm.layout();
+        let ctl_len = core::mem::size_of::<hotprobe_abi::RingCtl>() + (base & 4095);
+        let events = base + lay.events_offset;
+        let events_len = lay.thread_stride - lay.events_offset + (events & 4095);
+        // Both ranges lie in this thread's slot (the control block; the
+        // ring's events up to the end of the slot), from the start of their
+        // first page, inside the shared mapping (the mapping is
+        // page-granular); populating changes no content. By the system
+        // call: libc's `madvise` may be probed.
+        crate::orphan::syscall(
+            libc::SYS_madvise,
+            [(base & !4095) as u64, ctl_len as u64, 23, 0],
+        );
+        crate::orphan::syscall(
+            libc::SYS_madvise,
+            [(events & !4095) as u64, events_len as u64, 23, 0],
+        );
+    }
+    // Stubs read the TSC: keyed off for a thread that may not.
+    crate::clock::set_mode(e, Some(shm), e.clock.load(Relaxed));
+    counters
+}
+
+/// `pthread_key` destructor: the thread is exiting. Its thread slot and
+/// handler slot are given back (see `hotprobe_abi`'s `slots`: a ring
+/// still holding events retires until the tracer drained it), and its
+/// later hits count globally (see [`EXITED`]).
+pub(crate) extern "C" fn thread_exit(p: *mut libc::c_void) {
+    let _ = std::panic::catch_unwind(|| {
+        // SAFETY: the value set in register_thread: a pointer into THREADS.
+        let e = unsafe { &*(p as *const ThreadEntry) };
+        // A signal handler's hit from here on refuses (counts, no event).
+        let was = e.fast.busy.swap(1, Relaxed);
+        compiler_fence(SeqCst);
+        let slot = e.slot.load(Relaxed);
+        // Later hits of this thread (other destructors) count globally:
+        // the entry may be claimed by another thread once released.
+        crate::tls::set(exited());
+        e.slot.store(NO_SLOT, Relaxed);
+        compiler_fence(SeqCst);
+        if let Some(shm) = crate::shm() {
+            // After the thread's last write into the slot (program order,
+            // and Release inside): the tracer drains what is left first.
+            shm.release_thread(slot);
+            match e.hslot.swap(0, Relaxed) {
+                0 => {}
+                h => shm.release_handler_slot(h - 1, e.tid.load(Relaxed)),
+            }
+        }
+        // The next owner starts with an empty shadow stack.
+        e.depth.store(0, Relaxed);
+        e.fast.busy.store(was, Relaxed);
+        // Release pairs with the Acquire CAS in register_thread.
+        e.key.store(TOMBSTONE, Release);
+    });
+}
+
+/// `pthread_atfork` child handler. The child has one thread, the forking
+/// one, whose thread pointer, stack and shadow stack (private memory) are
+/// copies of its parent's, and the shared memory, which is the parent's.
+/// Without [`CONTROL_FOLLOW_FORKS`] the agent goes dormant here; with it,
+/// the child's threads get slots of their own (see there).
+///
+/// Either way: the other threads' table entries are dropped (those threads
+/// do not exist here), the forking thread keeps its entry (its hooked
+/// returns must still find their shadow entries: the return trampoline
+/// stays correct in the child) but not its slot, which is the parent's,
+/// and its TLS word is cleared, so that a per-site stub still reached sends
+/// its hit to the generic path. No allocation; only `gettid`/`getpid`.
+pub(crate) extern "C" fn after_fork_child() {
+    let _ = std::panic::catch_unwind(|| {
+        let follow = crate::shm()
+            .is_some_and(|s| s.header().control.load(Relaxed) & CONTROL_FOLLOW_FORKS != 0);
+        let tp = thread_pointer();
+        let mine = find_thread(tp);
+        forget_other_threads(tp, mine);
+        crate::tls::set(0);
+        if follow {
+            crate::forget_attaching();
+        } else {
+            crate::go_dormant();
+        }
+        let Some(e) = mine else { return };
+        let was = e.fast.busy.swap(1, Relaxed);
+        e.tid.store(gettid(), Relaxed);
+        e.slot.store(NO_SLOT, Relaxed);
+        // The parent's handler slot is the parent's thread's.
+        e.hslot.store(0, Relaxed);
+        clear_fast(e);
+        match crate::shm() {
+            // Hooked frames left by the parent return in the child: their
+            // exits are recorded there, in a slot of the child's.
+            Some(shm) if e.depth.load(Relaxed) > 0 => {
+                let slot = shm
+                    .claim_thread_for(getpid(), e.tid.load(Relaxed))
+                    .unwrap_or(NO_SLOT);
+                e.slot.store(slot, Relaxed);
+                set_fast(e, shm, slot);
+            }
+            Some(_) => e.slot.store(PENDING_SLOT, Relaxed),
+            None => {}
+        }
+        e.fast.busy.store(was, Relaxed);
+    });
+}
+
+/// Drops every thread-table entry but `mine` (the calling thread's, keyed
+/// `tp`). Open addressing: the entries on `tp`'s probe path, before its
+/// own, become tombstones (its lookup walks over them), the others empty.
+fn forget_other_threads(tp: u64, mine: Option<&'static ThreadEntry>) {
+    let at = mine.map(|m| {
+        THREADS
+            .iter()
+            .position(|e| core::ptr::eq(e, m))
+            .unwrap_or(0)
+    });
+    let start = table_index(tp) % MAX_THREADS;
+    for (i, e) in THREADS.iter().enumerate() {
+        if Some(i) == at {
+            continue;
+        }
+        // On the path from `start` to `at` (wrapping around the table).
+        let on_path = at.is_some_and(|at| {
+            let d_at = (at + MAX_THREADS - start) % MAX_THREADS;
+            let d_i = (i + MAX_THREADS - start) % MAX_THREADS;
+            d_i < d_at
+        });
+        e.key
+            .store(if on_path { TOMBSTONE } else { EMPTY }, Relaxed);
+        e.slot.store(NO_SLOT, Relaxed);
+        e.hslot.store(0, Relaxed);
+        e.depth.store(0, Relaxed);
+        e.fast.busy.store(0, Relaxed);
+    }
+}
+
+/// Points `e`'s stub view nowhere (the forked child's copy of the parent's
+/// slot addresses).
+fn clear_fast(e: &ThreadEntry) {
+    let f = &e.fast;
+    f.counters.store(0, Relaxed);
+    f.ctl.store(0, Relaxed);
+    f.events.store(0, Relaxed);
+    f.limit.store(0, Relaxed);
+    f.header.store(0, Relaxed);
+    f.stub_key.store(0, Relaxed);
+}
+
+fn map_shadow() -> u64 {
+    // A fresh private anonymous mapping, by the system call: libc's `mmap`
+    // may be probed, and this runs inside a hit (a thread's first).
+    let p = crate::orphan::syscall6(
+        libc::SYS_mmap,
+        [
+            0,
+            SHADOW_BYTES as u64,
+            (libc::PROT_READ | libc::PROT_WRITE) as u64,
+            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+            u64::MAX,
+            0,
+        ],
+    );
+    // Errors are -4095..-1.
+    if p > u64::MAX - 4095 {
+        0
+    } else {
+        p
+    }
+}
+
+/// The calling thread's handler slot, claimed at its first handler call
+/// and kept in its entry (the thread is registered first if need be, so
+/// that its exit gives the slot back). None when no slot is free, or the
+/// thread has no entry (the table is full, or it is past its exit).
+pub(crate) fn handler_slot(shm: &Shm) -> Option<&hotprobe_abi::HandlerSlot> {
+    let tp = thread_pointer();
+    let e = match find_thread(tp) {
+        Some(e) => e,
+        None => {
+            let w = crate::tls::get();
+            if w == exited() || w == registering() {
+                return None;
+            }
+            register_current(shm, tp);
+            find_thread(tp)?
+        }
+    };
+    let tid = e.tid.load(Relaxed);
+    if let Some(s) = e
+        .hslot
+        .load(Relaxed)
+        .checked_sub(1)
+        .and_then(|i| shm.handler_slot_of(i, tid))
+    {
+        return Some(s);
+    }
+    let (i, s) = shm.claim_handler_slot(tid)?;
+    e.hslot.store(i + 1, Relaxed);
+    Some(s)
+}
