@@ -19,6 +19,7 @@
 //! captured bytes) returns errors and never panics (fuzzed:
 //! `tests/fuzz.rs`, `fuzz/`).
 
+mod expr;
 #[cfg(feature = "dwarf")]
 mod plan;
 #[cfg(feature = "dwarf")]
@@ -29,6 +30,7 @@ mod value;
 pub use plan::{plan_args, plan_auto, plan_return, ArgExpr, Planned};
 #[cfg(feature = "dwarf")]
 pub use types::{DebugTypes, EntryLoc, Field, Param, Signature, Type};
+pub use expr::DwarfExpr;
 pub use value::{
     capture, format_values, Fetch, Machine, Shape, ShapeItem, Source, ValueError, MAX_STRING,
 };
