@@ -235,10 +235,22 @@ fn size_of(ty: &Type) -> Option<u8> {
     })
 }
 
-/// The return value (rax, or xmm0 for floats), read at the return.
+/// The return value (rax, or xmm0 for floats), read at the return. A
+/// function DWARF marks `DW_CC_nocall` may return nothing at all (LLVM
+/// drops a return value its callers do not use or know as a constant):
+/// `<optimised out>`, never whatever rax holds.
 pub fn plan_return(sig: &Signature) -> (Vec<Fetch>, Vec<ShapeItem>) {
     let src = match &sig.ret {
         Type::Void => return (Vec::new(), Vec::new()),
+        _ if sig.abi_changed => {
+            return (
+                vec![Fetch::Missing],
+                vec![ShapeItem {
+                    label: String::new(),
+                    shape: Shape::Missing("optimised out".into()),
+                }],
+            )
+        }
         Type::Float { .. } => Source::Xmm(0),
         _ => Source::Rax,
     };
