@@ -500,7 +500,7 @@ impl ProcessTarget {
         close_fd(go_w);
         if let Err(e) = seized {
             let _ = sys::kill(child, libc::SIGKILL);
-            let _ = sys::waitpid(child, 0);
+            let _ = sys::waitpid_restart(child, 0);
             close_fd(err_r);
             return Err(e.into());
         }
@@ -509,7 +509,7 @@ impl ProcessTarget {
         let n = unsafe { libc::read(err_r, &mut errno as *mut i32 as *mut libc::c_void, 4) };
         close_fd(err_r);
         if n == 4 {
-            let _ = sys::waitpid(child, 0);
+            let _ = sys::waitpid_restart(child, 0);
             return Err(ProcessError::Spawn {
                 program: program.display().to_string(),
                 source: std::io::Error::from_raw_os_error(errno),
@@ -520,7 +520,8 @@ impl ProcessTarget {
         t.threads.insert(child, Thread::new(RunState::Running));
         // Wait for the exec stop.
         loop {
-            let (pid, status) = sys::waitpid(child, 0)?.expect("blocking waitpid returns a pid");
+            let (pid, status) =
+                sys::waitpid_restart(child, 0)?.expect("blocking waitpid returns a pid");
             if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
                 t.attached = false;
                 return Err(ProcessError::EndedEarly {
@@ -780,7 +781,7 @@ impl ProcessTarget {
             // This thread's children and tracees only: another thread's
             // session (several in one program, through the C or Python
             // API) must not lose its events to this wait.
-            while let Ok(Some((p, st))) = sys::waitpid(-1, libc::__WNOTHREAD) {
+            while let Ok(Some((p, st))) = sys::waitpid_restart(-1, libc::__WNOTHREAD) {
                 if p == self.pid && (libc::WIFEXITED(st) || libc::WIFSIGNALED(st)) {
                     self.exited = Some(exit_status(st));
                     break;
@@ -899,7 +900,7 @@ impl ProcessTarget {
             }
             // The queued SIGTRAP comes first (synchronous signals are
             // dequeued before others).
-            match sys::waitpid(tid, libc::__WALL) {
+            match sys::waitpid_restart(tid, libc::__WALL) {
                 Ok(Some((_, st)))
                     if libc::WIFSTOPPED(st)
                         && libc::WSTOPSIG(st) == libc::SIGTRAP
@@ -1018,7 +1019,7 @@ impl ProcessTarget {
             };
             let r = match take_stray(tid) {
                 Some(st) => Some((tid, st)),
-                None => match sys::waitpid(tid, 0) {
+                None => match sys::waitpid_restart(tid, 0) {
                     Ok(r) => r,
                     Err(e) if e.errno() == libc::ECHILD => {
                         self.threads.remove(&tid);
@@ -1083,7 +1084,7 @@ impl ProcessTarget {
                 // The new task starts with a stop of its own.
                 let st = match take_stray(new) {
                     Some(st) => st,
-                    None => sys::waitpid(new, 0)
+                    None => sys::waitpid_restart(new, 0)
                         .map_err(|e| self.sys_err(e))?
                         .map(|x| x.1)
                         .unwrap_or(0),

@@ -229,6 +229,19 @@ pub fn waitpid(pid: i32, extra_flags: i32) -> Result<Option<(i32, i32)>, SysErro
     Ok(Some((r, status)))
 }
 
+/// [`waitpid`] for a wait that must see its status: retried when a signal
+/// interrupts it (EINTR: a deadline timer of `wake` firing late, a
+/// Ctrl-C handler). Only `wake::waitpid_for` and the engine's main wait
+/// (which take EINTR as "time is up") use [`waitpid`] blocking.
+pub fn waitpid_restart(pid: i32, extra_flags: i32) -> Result<Option<(i32, i32)>, SysError> {
+    loop {
+        match waitpid(pid, extra_flags) {
+            Err(e) if e.errno() == libc::EINTR => continue,
+            r => return r,
+        }
+    }
+}
+
 /// `tgkill(tgid, tid, sig)`.
 pub fn tgkill(tgid: i32, tid: i32, sig: i32) -> Result<(), SysError> {
     // SAFETY: plain syscall with integer arguments.
