@@ -179,7 +179,9 @@ fn c(opt: &str) {
         // values are in the registers the ABI says).
         let const_params = consts
             .split("\n\n")
-            .filter(|die| die.contains("DW_TAG_formal_parameter") && die.contains("DW_AT_const_value"))
+            .filter(|die| {
+                die.contains("DW_TAG_formal_parameter") && die.contains("DW_AT_const_value")
+            })
             .count();
         assert_eq!(const_params, 0, "-O1: {consts}");
     }

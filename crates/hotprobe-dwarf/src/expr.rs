@@ -116,7 +116,9 @@ impl DwarfExpr {
         }
         match single(e.result()) {
             Some(gimli::Location::Value { value }) => Folded::Const(bits(value)),
-            Some(gimli::Location::Bytes { value }) => le_bits(value.slice()).map_or(Folded::No, Folded::Const),
+            Some(gimli::Location::Bytes { value }) => {
+                le_bits(value.slice()).map_or(Folded::No, Folded::Const)
+            }
             // A register or memory location the evaluation needed nothing
             // for (cannot happen without a register): computed at the hit.
             Some(gimli::Location::Register { .. } | gimli::Location::Address { .. }) => {
@@ -245,7 +247,10 @@ mod tests {
     fn constants_fold_and_registers_wait_for_the_hit() {
         use gimli::constants::*;
         // DW_OP_lit1; DW_OP_stack_value
-        assert_eq!(expr(&[DW_OP_lit1.0, DW_OP_stack_value.0]).fold(), Folded::Const(1));
+        assert_eq!(
+            expr(&[DW_OP_lit1.0, DW_OP_stack_value.0]).fold(),
+            Folded::Const(1)
+        );
         // DW_OP_constu 300; DW_OP_stack_value
         assert_eq!(
             expr(&[DW_OP_constu.0, 0xac, 0x02, DW_OP_stack_value.0]).fold(),
@@ -285,9 +290,15 @@ mod tests {
         let e = expr(&[DW_OP_breg7.0, 16]);
         assert_eq!(e.value(&mut Regs), Err(Some(0x1010)));
         // A register it has no value for, garbage, an endless loop.
-        assert_eq!(expr(&[DW_OP_breg3.0, 0, DW_OP_stack_value.0]).value(&mut Regs), Err(None));
+        assert_eq!(
+            expr(&[DW_OP_breg3.0, 0, DW_OP_stack_value.0]).value(&mut Regs),
+            Err(None)
+        );
         assert_eq!(expr(&[0xff, 0xff]).fold(), Folded::No);
         assert_eq!(expr(&[DW_OP_skip.0, 0xfd, 0xff]).fold(), Folded::No);
-        assert_eq!(expr(&[DW_OP_skip.0, 0xfd, 0xff]).value(&mut Regs), Err(None));
+        assert_eq!(
+            expr(&[DW_OP_skip.0, 0xfd, 0xff]).value(&mut Regs),
+            Err(None)
+        );
     }
 }

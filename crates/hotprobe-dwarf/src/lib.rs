@@ -26,11 +26,11 @@ mod plan;
 mod types;
 mod value;
 
+pub use expr::DwarfExpr;
 #[cfg(feature = "dwarf")]
 pub use plan::{plan_args, plan_auto, plan_return, ArgExpr, Planned};
 #[cfg(feature = "dwarf")]
 pub use types::{DebugTypes, EntryLoc, Field, Param, Signature, Type};
-pub use expr::DwarfExpr;
 pub use value::{
     capture, format_values, Fetch, Machine, Shape, ShapeItem, Source, ValueError, MAX_STRING,
 };

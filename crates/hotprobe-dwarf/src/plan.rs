@@ -121,7 +121,12 @@ impl std::str::FromStr for ArgExpr {
 /// caller passes nothing for that one, so the ABI's positions of the
 /// others are off.
 fn dwarf_only(sig: &Signature, clone: bool) -> bool {
-    clone || sig.abi_changed || sig.params.iter().any(|p| matches!(p.entry, EntryLoc::Const(_)))
+    clone
+        || sig.abi_changed
+        || sig
+            .params
+            .iter()
+            .any(|p| matches!(p.entry, EntryLoc::Const(_)))
 }
 
 /// Where each parameter is at the entry: its fetch, or why it has none.
