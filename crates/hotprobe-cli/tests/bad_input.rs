@@ -21,7 +21,11 @@ fn program() -> PathBuf {
 /// not run.
 fn assert_bad_input(o: &Output, line: &str) {
     let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
-    assert_eq!(o.status.code(), Some(2), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
     assert_eq!(stderr, format!("{line}\n"));
     assert_eq!(stdout, "");
 }
@@ -65,7 +69,10 @@ fn negative_and_zero_line_numbers_are_refused() {
     let prog = program();
     for (spec, why) in [
         ("prog.c:-1", "bad line number -1: line numbers start at 1"),
-        ("consts.c:-20", "bad line number -20: line numbers start at 1"),
+        (
+            "consts.c:-20",
+            "bad line number -20: line numbers start at 1",
+        ),
         ("consts.c:+3", "bad line number +3: line numbers start at 1"),
         ("consts.c:0", "line numbers start at 1"),
     ] {
