@@ -33,7 +33,10 @@ fn in_wait4(tid: i32, done: &dyn Fn() -> bool) -> bool {
 /// Forks a child that exits with 7 once a byte arrives on a pipe; runs
 /// `wait` for it on a thread, interrupts that thread's wait with SIGALRM
 /// twice, then lets the child exit; returns what `wait` returned.
-fn interrupted(wait: fn(i32) -> Result<Option<(i32, i32)>, sys::SysError>) -> Result<i32, i32> {
+/// A wait for a pid: `sys::waitpid` or `sys::waitpid_restart`.
+type Wait = fn(i32) -> Result<Option<(i32, i32)>, sys::SysError>;
+
+fn interrupted(wait: Wait) -> Result<i32, i32> {
     // SAFETY: a zeroed sigaction is valid; the handler does nothing; no
     // SA_RESTART, as hotprobe's own handlers.
     unsafe {
