@@ -260,7 +260,7 @@ impl DebugTypes {
             Some(t) => r.ty(t, TYPE_DEPTH),
             None => Type::Void,
         };
-        // The concrete DIE's parameters: (abstract origin, name, type, where).
+        // The concrete DIE's parameters: (abstract origin, DIE, where).
         let mut concrete = Vec::new();
         let mut tree = unit.entries_tree(Some(off))?;
         let root = tree.root()?;
