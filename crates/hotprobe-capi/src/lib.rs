@@ -21,12 +21,11 @@
 #![allow(non_camel_case_types)]
 
 mod limits;
-pub use limits::HOTPROBE_MAX_READ;
-
 use hotprobe::{
     Action, EngineError, HitContext, HitKind, MechanismChoice, Probe, ProbeId, Registers, RetProbe,
     RunEnd, Session, SessionConfig, TargetId,
 };
+pub use limits::HOTPROBE_MAX_READ;
 use std::cell::{Cell, RefCell, UnsafeCell};
 use std::ffi::{c_char, c_int, c_void, CStr, CString, OsString};
 use std::os::unix::ffi::OsStringExt;

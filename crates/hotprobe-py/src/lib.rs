@@ -8,7 +8,6 @@
 //! the run, and `run()` raises that exception.
 
 mod limits;
-
 use hotprobe::{
     Action, EngineError, EventSink, HitContext, HitKind, MechanismChoice, Probe as RsProbe,
     ProbeId, RecordedEvent, Registers, RetProbe, RunEnd, SessionConfig, SinkError, SpawnOptions,
@@ -865,10 +864,8 @@ impl Context {
     /// Read a NUL-terminated string of at most `max` (≤ 1 MiB) bytes at `addr`.
     #[pyo3(signature = (addr, max = 4096))]
     fn read_cstr(&self, addr: u64, max: usize) -> PyResult<String> {
-        self.with(|c| {
-            c.read_cstr(addr, limits::read_len(max)?)
-                .map_err(target_err)
-        })
+        let max = limits::read_len(max)?;
+        self.with(|c| c.read_cstr(addr, max).map_err(target_err))
     }
 
     /// `function+0xoff [module]` for an address, if known.
