@@ -1567,6 +1567,10 @@ impl Target for ProcessTarget {
                     return Ok(ev);
                 }
             }
+            // A signal a status wait retried past ends this wait now.
+            if sys::take_deferred_interrupt() {
+                return Ok(TargetEvent::Timeout);
+            }
             // With a deadline: a blocking wait a timer interrupts (a stop
             // wakes us at once), else polling with naps.
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));

@@ -229,17 +229,32 @@ pub fn waitpid(pid: i32, extra_flags: i32) -> Result<Option<(i32, i32)>, SysErro
     Ok(Some((r, status)))
 }
 
+thread_local! {
+    /// A [`waitpid_restart`] of this thread retried past a signal since
+    /// [`take_deferred_interrupt`] last looked.
+    static DEFERRED_EINTR: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// [`waitpid`] for a wait that must see its status: retried when a signal
-/// interrupts it (EINTR: a deadline timer of `wake` firing late, a
-/// Ctrl-C handler). Only `wake::waitpid_for` and the engine's main wait
-/// (which take EINTR as "time is up") use [`waitpid`] blocking.
+/// interrupts it (EINTR: `--duration`'s or Ctrl-C's handler, a deadline
+/// timer of `wake` firing late). The interruption is not lost: the next
+/// main wait of the thread returns at once ([`take_deferred_interrupt`]),
+/// as it would have had the signal come then. Only `wake::waitpid_for`
+/// and the main wait (which take EINTR as "time is up") use [`waitpid`]
+/// blocking.
 pub fn waitpid_restart(pid: i32, extra_flags: i32) -> Result<Option<(i32, i32)>, SysError> {
     loop {
         match waitpid(pid, extra_flags) {
-            Err(e) if e.errno() == libc::EINTR => continue,
+            Err(e) if e.errno() == libc::EINTR => DEFERRED_EINTR.with(|d| d.set(true)),
             r => return r,
         }
     }
+}
+
+/// Whether a [`waitpid_restart`] of this thread retried past a signal
+/// since the last call (the flag is cleared).
+pub fn take_deferred_interrupt() -> bool {
+    DEFERRED_EINTR.with(|d| d.replace(false))
 }
 
 /// `tgkill(tgid, tid, sig)`.

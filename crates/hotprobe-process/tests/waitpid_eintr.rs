@@ -112,7 +112,19 @@ fn interrupted(wait: Wait) -> Result<i32, i32> {
 
 #[test]
 fn an_interrupted_wait_is_retried() {
-    assert_eq!(interrupted(|p| sys::waitpid_restart(p, 0)), Ok(7));
+    let _ = sys::take_deferred_interrupt();
+    // The waiter thread retried; the interruption is kept for its next
+    // main wait (this thread's flag is untouched).
+    assert_eq!(
+        interrupted(|p| {
+            let r = sys::waitpid_restart(p, 0);
+            assert!(sys::take_deferred_interrupt(), "the interruption is kept");
+            assert!(!sys::take_deferred_interrupt(), "and taken once");
+            r
+        }),
+        Ok(7)
+    );
+    assert!(!sys::take_deferred_interrupt());
     // Plain waitpid is what the signal interrupts.
     assert_eq!(interrupted(|p| sys::waitpid(p, 0)), Err(libc::EINTR));
 }
