@@ -204,6 +204,12 @@
 #define HOTPROBE_REG_RFLAGS 17
 
 /**
+ * The most bytes one `hotprobe_ctx_read` reads (1 MiB): a
+ * larger `len` is refused with `HOTPROBE_ERR_INVALID`, nothing read.
+ */
+#define HOTPROBE_MAX_READ (1 << 20)
+
+/**
  * The context a handler runs in (opaque; valid only during the call).
  */
 typedef struct hotprobe_ctx hotprobe_ctx;
@@ -656,7 +662,8 @@ int hotprobe_ctx_set_regs(struct hotprobe_ctx *ctx, const struct hotprobe_regs *
 int hotprobe_ctx_arg(struct hotprobe_ctx *ctx, uint32_t n, uint64_t *out);
 
 /**
- * Reads `len` bytes of target memory at `addr` into `buf`.
+ * Reads `len` bytes of target memory at `addr` into `buf`; at most
+ * [`HOTPROBE_MAX_READ`] per call.
  *
  * # Safety
  * `ctx` is the context of the running handler; `buf` valid for `len`

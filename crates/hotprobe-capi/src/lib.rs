@@ -20,10 +20,12 @@
 // The C names are the API (cbindgen copies them into the header).
 #![allow(non_camel_case_types)]
 
+mod limits;
 use hotprobe::{
     Action, EngineError, HitContext, HitKind, MechanismChoice, Probe, ProbeId, Registers, RetProbe,
     RunEnd, Session, SessionConfig, TargetId,
 };
+pub use limits::HOTPROBE_MAX_READ;
 use std::cell::{Cell, RefCell, UnsafeCell};
 use std::ffi::{c_char, c_int, c_void, CStr, CString, OsString};
 use std::os::unix::ffi::OsStringExt;
@@ -1134,7 +1136,8 @@ pub unsafe extern "C" fn hotprobe_ctx_arg(ctx: *mut hotprobe_ctx, n: u32, out: *
     })
 }
 
-/// Reads `len` bytes of target memory at `addr` into `buf`.
+/// Reads `len` bytes of target memory at `addr` into `buf`; at most
+/// [`HOTPROBE_MAX_READ`] per call.
 ///
 /// # Safety
 /// `ctx` is the context of the running handler; `buf` valid for `len`
@@ -1152,8 +1155,8 @@ pub unsafe extern "C" fn hotprobe_ctx_read(
         if len == 0 {
             return Ok(HOTPROBE_OK);
         }
-        if buf.is_null() {
-            return Err(invalid("buf is NULL"));
+        if let Some(why) = limits::read_refused(buf, len) {
+            return Err(invalid(why));
         }
         // SAFETY: non-null, valid for `len` writes per the contract.
         let b = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, len) };

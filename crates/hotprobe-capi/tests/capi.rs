@@ -46,6 +46,8 @@ struct State {
     reenter: usize,
     /// What those calls returned.
     reentered: Vec<(i32, String)>,
+    /// What a read of one byte more than HOTPROBE_MAX_READ returned.
+    too_long: Option<(i32, String)>,
 }
 
 unsafe extern "C" fn pre(ctx: *mut hotprobe_ctx, user: *mut c_void) {
@@ -85,6 +87,14 @@ unsafe extern "C" fn ret(ctx: *mut hotprobe_ctx, user: *mut c_void) {
         st.errors.push((rc, last_error()));
     }
     let last = u64::from_le_bytes(v);
+    if st.too_long.is_none() {
+        // One byte over the limit: refused, nothing read.
+        let mut big = vec![0u8; HOTPROBE_MAX_READ + 1];
+        // SAFETY: as above; `big` is that many writable bytes.
+        let rc =
+            unsafe { hotprobe_ctx_read(ctx, st.last_addr, big.as_mut_ptr().cast(), big.len()) };
+        st.too_long = Some((rc, last_error()));
+    }
     st.lasts.push(last);
     let mut regs = hotprobe_regs::default();
     // SAFETY: as above.
@@ -207,6 +217,13 @@ fn handlers_read_and_write_registers_and_memory_stop_and_disable() {
     assert_eq!(st.args, [0, 1, 2, 3], "a disabled probe's handler ran");
     assert_eq!(st.lasts, (0..10).collect::<Vec<u64>>());
     assert!(st.errors.is_empty(), "{:?}", st.errors);
+    assert_eq!(
+        st.too_long,
+        Some((
+            HOTPROBE_ERR_INVALID,
+            "len 1048577: at most HOTPROBE_MAX_READ (1048576) bytes per read".to_string()
+        ))
+    );
 
     let mut ps = hotprobe_stats::default();
     let mut rs = hotprobe_stats::default();

@@ -9,6 +9,10 @@
 //! operand    := "arg0" … "arg5" | NAME | integer  (decimal or 0x hex, optional "-")
 //! ```
 //!
+//! Conditions nest at most [`MAX_DEPTH`] levels (parentheses and `!`) and
+//! hold at most [`MAX_TERMS`] comparisons: deeper or longer ones are a
+//! [`CondError::TooDeep`] / [`CondError::TooLong`], never a stack overflow.
+//!
 //! A NAME is a parameter of the probed function, found in its DWARF
 //! (`count 'greet if n > 2'`): one the SysV ABI passes in an integer
 //! register at the entry ([`Cond::parse_with`]).
@@ -16,6 +20,12 @@
 //! Arguments are the entry's argument registers (rdi, rsi, rdx, rcx, r8,
 //! r9) compared as signed 64-bit integers: `arg0 < 0` holds for -1. A
 //! comparison naming an argument the event did not record is false.
+
+/// How deep parentheses and `!` nest in a condition.
+pub const MAX_DEPTH: usize = 64;
+
+/// Comparisons in one condition.
+pub const MAX_TERMS: usize = 256;
 
 /// A comparison operator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,6 +121,22 @@ pub enum CondError {
         pos: usize,
         /// The name.
         name: String,
+    },
+    /// Parentheses and `!` nested deeper than [`MAX_DEPTH`].
+    #[error("column {pos}: the condition nests deeper than {limit} levels (parentheses and `!`)")]
+    TooDeep {
+        /// Column.
+        pos: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// More comparisons than [`MAX_TERMS`].
+    #[error("column {pos}: the condition has more than {limit} comparisons")]
+    TooLong {
+        /// Column.
+        pos: usize,
+        /// The limit.
+        limit: usize,
     },
     /// A parameter name that cannot be compared (not in an integer
     /// register, or not a parameter of the function).
@@ -216,6 +242,10 @@ struct Parser<'a> {
     at: usize,
     end: usize,
     names: Option<NameMap<'a>>,
+    /// Parentheses and `!` open now.
+    depth: usize,
+    /// Comparisons so far.
+    terms: usize,
 }
 
 impl Parser<'_> {
@@ -259,22 +289,45 @@ impl Parser<'_> {
         Ok(l)
     }
 
+    /// Enters one more level of parentheses or `!`.
+    fn deeper(&mut self) -> Result<(), CondError> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(CondError::TooDeep {
+                pos: self.pos(),
+                limit: MAX_DEPTH,
+            });
+        }
+        self.at += 1;
+        Ok(())
+    }
+
     fn unary(&mut self) -> Result<Cond, CondError> {
         match self.peek() {
             Some(Tok::Not) => {
-                self.at += 1;
-                Ok(Cond::Not(Box::new(self.unary()?)))
+                self.deeper()?;
+                let c = Cond::Not(Box::new(self.unary()?));
+                self.depth -= 1;
+                Ok(c)
             }
             Some(Tok::LParen) => {
-                self.at += 1;
+                self.deeper()?;
                 let c = self.or()?;
                 if self.peek() != Some(&Tok::RParen) {
                     return Err(self.err("`)`"));
                 }
                 self.at += 1;
+                self.depth -= 1;
                 Ok(c)
             }
             _ => {
+                self.terms += 1;
+                if self.terms > MAX_TERMS {
+                    return Err(CondError::TooLong {
+                        pos: self.pos(),
+                        limit: MAX_TERMS,
+                    });
+                }
                 let a = self.operand()?;
                 let op = match self.peek() {
                     Some(Tok::Op(op)) => *op,
@@ -363,6 +416,8 @@ impl Cond {
             at: 0,
             end: s.chars().count() + 1,
             names,
+            depth: 0,
+            terms: 0,
         };
         let c = p.or()?;
         if p.at < p.toks.len() {
@@ -427,6 +482,15 @@ impl Cond {
             Cond::And(a, b) | Cond::Or(a, b) => a.args_needed().max(b.args_needed()),
             Cond::Not(a) => a.args_needed(),
         }
+    }
+}
+
+/// `spec` as an error message shows it: at most 80 characters, then `...`
+/// (a condition thousands of parentheses deep is not echoed whole).
+pub fn cut(spec: &str) -> String {
+    match spec.char_indices().nth(80) {
+        Some((i, _)) => format!("{}...", &spec[..i]),
+        None => spec.to_string(),
     }
 }
 
@@ -502,6 +566,40 @@ mod tests {
         assert!(matches!(Cond::parse("arg0 == 1 $"), Err(Unexpected { .. })));
         let e = Cond::parse("arg0 >").unwrap_err().to_string();
         assert!(e.starts_with("column 7: expected an argument"), "{e}");
+    }
+
+    #[test]
+    fn deep_and_long_conditions_are_refused() {
+        let ok = format!(
+            "{}arg0 == 1{}",
+            "(".repeat(MAX_DEPTH),
+            ")".repeat(MAX_DEPTH)
+        );
+        assert!(Cond::parse(&ok).unwrap().eval(&[1]));
+        let deep = format!("{}arg0 == 1{}", "(".repeat(20_000), ")".repeat(20_000));
+        assert_eq!(
+            Cond::parse(&deep),
+            Err(CondError::TooDeep {
+                pos: MAX_DEPTH + 1,
+                limit: MAX_DEPTH
+            })
+        );
+        let nots = format!("{}arg0 == 1", "!".repeat(20_000));
+        assert!(matches!(Cond::parse(&nots), Err(CondError::TooDeep { .. })));
+        let long = vec!["arg0 == 1"; 100_000].join(" && ");
+        assert!(matches!(
+            Cond::parse(&long),
+            Err(CondError::TooLong {
+                limit: MAX_TERMS,
+                ..
+            })
+        ));
+        let fits = vec!["arg0 == 1"; MAX_TERMS].join(" || ");
+        assert!(Cond::parse(&fits).unwrap().eval(&[1]));
+        assert_eq!(
+            Cond::parse(&deep).unwrap_err().to_string(),
+            "column 65: the condition nests deeper than 64 levels (parentheses and `!`)"
+        );
     }
 
     #[test]

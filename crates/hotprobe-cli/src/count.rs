@@ -172,7 +172,9 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
                 Err(crate::cond::CondError::UnknownName { .. }) => Some((text.to_string(), None)),
                 c => Some((
                     text.to_string(),
-                    Some(c.map_err(|e| crate::UsageError(format!("`{s}`: the condition: {e}")))?),
+                    Some(c.map_err(|e| {
+                        crate::UsageError(format!("`{}`: the condition: {e}", crate::cond::cut(s)))
+                    })?),
                 )),
             },
             None => None,

@@ -21,7 +21,9 @@
 //! ```
 //! Every error is one line on stderr, `hotprobe: error: <what and why>`,
 //! with exit code 1 (2 for a usage error, pointing at the subcommand's
-//! --help); the target is left as it was. Global options: `--no-pager`,
+//! --help, and for other bad input: a malformed probe spec or condition,
+//! `HOTPROBE_AGENT` naming no x86-64 ELF shared object); the target is left
+//! as it was. Global options: `--no-pager`,
 //! `--color auto|always|never`.
 
 mod analyse;
@@ -530,6 +532,24 @@ fn message(e: &anyhow::Error) -> String {
     out
 }
 
+/// Whether `e` comes from bad input (exit code 2, as a usage error): a
+/// malformed probe spec, or `HOTPROBE_AGENT` naming no usable agent.
+fn bad_input(e: &anyhow::Error) -> bool {
+    use hotprobe_fastpath::FastPathError;
+    use hotprobe_symbols::SymbolError;
+    e.chain().any(|c| {
+        matches!(c.downcast_ref(), Some(SymbolError::BadSpec { .. }))
+            || matches!(c.downcast_ref(), Some(FastPathError::AgentOverride { .. }))
+            || matches!(
+                c.downcast_ref(),
+                Some(hotprobe::EngineError::Symbol(SymbolError::BadSpec { .. }))
+                    | Some(hotprobe::EngineError::FastPath(
+                        FastPathError::AgentOverride { .. }
+                    ))
+            )
+    })
+}
+
 /// One line, whatever the message holds.
 fn one_line(s: &str) -> String {
     s.trim()
@@ -737,7 +757,7 @@ fn main() -> ExitCode {
                 String::new()
             };
             errln!("{} {}{see}", out::error_prefix(), one_line(&message(&e)));
-            ExitCode::from(if usage { 2 } else { 1 })
+            ExitCode::from(if usage || bad_input(&e) { 2 } else { 1 })
         }
     }
 }

@@ -382,7 +382,8 @@ fn bad_inputs_on_a_spawned_target_give_one_line() {
             "middle of an instruction",
         ),
         (vec!["count", &plt, "--", b, "compute", "1"], 1, "PLT"),
-        (vec!["count", "comp ute+", "--", b], 1, "bad probe spec"),
+        // Bad input: exit code 2, as a usage error.
+        (vec!["count", "comp ute+", "--", b], 2, "bad probe spec"),
         (
             vec!["count", "compute", "--", "/nonexistent/prog"],
             1,
@@ -455,7 +456,9 @@ fn bad_inputs_on_an_attached_target_leave_it_running() {
     ];
     for (args, needle) in cases {
         let out = hotprobe(&args);
-        assert_error(&out, 1, needle);
+        // Bad input (a malformed spec) is exit code 2, as a usage error.
+        let code = if needle == "bad probe spec" { 2 } else { 1 };
+        assert_error(&out, code, needle);
         s.check_healthy(3);
     }
     assert!(s.text_unchanged(&before), "text changed");
@@ -930,7 +933,7 @@ fn a_missing_hotprobe_agent_override_is_an_error() {
             .unwrap();
         assert_error(
             &out,
-            1,
+            2,
             "HOTPROBE_AGENT=/nonexistent/libhotprobe_agent.so: No such file or directory",
         );
         assert!(text(&out.stdout).is_empty(), "{}", text(&out.stdout));

@@ -19,12 +19,14 @@
 //! captured bytes) returns errors and never panics (fuzzed:
 //! `tests/fuzz.rs`, `fuzz/`).
 
+mod expr;
 #[cfg(feature = "dwarf")]
 mod plan;
 #[cfg(feature = "dwarf")]
 mod types;
 mod value;
 
+pub use expr::DwarfExpr;
 #[cfg(feature = "dwarf")]
 pub use plan::{plan_args, plan_auto, plan_return, ArgExpr, Planned};
 #[cfg(feature = "dwarf")]

@@ -9,7 +9,12 @@
 //! parameter whose register the body reuses, but the entry comes before any
 //! reuse. gcc's clones (`f.isra.0`, `f.constprop.0`, `f.part.0`) do not keep
 //! the declared signature: for them only DWARF's own location at the entry
-//! is trusted, and a parameter without one prints `<optimised out>`.
+//! is trusted, and a parameter without one prints `<optimised out>`. The
+//! same holds for a function DWARF marks `DW_CC_nocall` (rustc/LLVM
+//! dropped arguments) or with a constant parameter (`DW_AT_const_value`,
+//! a constant `DW_OP_stack_value`): constants print as such, values DWARF
+//! computes from registers (`DW_OP_breg4 +0; …; DW_OP_stack_value`, an
+//! entry value) are computed at the hit ([`Fetch::Expr`]).
 //! A struct passed by value is not read, nor anything after it (its
 //! classification is not worked out here): `<struct by value>` and
 //! `<unknown location>`, never a wrong value.
@@ -109,13 +114,28 @@ impl std::str::FromStr for ArgExpr {
     }
 }
 
+/// Whether only DWARF's own locations at the entry are to be trusted: a
+/// gcc clone (its ELF name carries a `.`), a function DWARF says is not
+/// called the usual way (`DW_CC_nocall`), or one with a constant
+/// parameter (`DW_AT_const_value`, a constant `DW_OP_stack_value`): the
+/// caller passes nothing for that one, so the ABI's positions of the
+/// others are off.
+fn dwarf_only(sig: &Signature, clone: bool) -> bool {
+    clone
+        || sig.abi_changed
+        || sig
+            .params
+            .iter()
+            .any(|p| matches!(p.entry, EntryLoc::Const(_)))
+}
+
 /// Where each parameter is at the entry: its fetch, or why it has none.
 fn entry_sources(sig: &Signature, clone: bool) -> Vec<Result<Fetch, String>> {
-    if clone {
+    if dwarf_only(sig, clone) {
         return sig
             .params
             .iter()
-            .map(|p| match p.entry {
+            .map(|p| match &p.entry {
                 // An argument register under its ABI name (the fast path
                 // records those), any other general register as such.
                 EntryLoc::Reg(n @ 0..=15) => Ok(Fetch::Reg(match n {
@@ -125,13 +145,17 @@ fn entry_sources(sig: &Signature, clone: bool) -> Vec<Result<Fetch, String>> {
                     2 => Source::IntArg(3),
                     8 => Source::IntArg(4),
                     9 => Source::IntArg(5),
-                    n => Source::Dwarf(n),
+                    n => Source::Dwarf(*n),
                 })),
                 EntryLoc::Reg(n @ 17..=32) => Ok(Fetch::Reg(Source::Xmm((n - 17) as u8))),
-                EntryLoc::Const(c) => Ok(Fetch::Const(c as u64)),
+                EntryLoc::Const(c) => Ok(Fetch::Const(*c as u64)),
+                EntryLoc::Expr(e) => Ok(Fetch::Expr(Box::new(crate::DwarfExpr {
+                    size: size_of(&p.ty).unwrap_or(8),
+                    ..e.clone()
+                }))),
                 // Anything else (a value only the caller knows,
-                // DW_OP_GNU_parameter_ref / entry values, or none): the
-                // clone does not have it.
+                // DW_OP_GNU_parameter_ref, a frame slot the prologue has
+                // not filled yet, or none): not known at the entry.
                 EntryLoc::Reg(_) | EntryLoc::Unknown | EntryLoc::Frame | EntryLoc::OptimisedOut => {
                     Err("optimised out".into())
                 }
@@ -216,10 +240,22 @@ fn size_of(ty: &Type) -> Option<u8> {
     })
 }
 
-/// The return value (rax, or xmm0 for floats), read at the return.
+/// The return value (rax, or xmm0 for floats), read at the return. A
+/// function DWARF marks `DW_CC_nocall` may return nothing at all (LLVM
+/// drops a return value its callers do not use or know as a constant):
+/// `<optimised out>`, never whatever rax holds.
 pub fn plan_return(sig: &Signature) -> (Vec<Fetch>, Vec<ShapeItem>) {
     let src = match &sig.ret {
         Type::Void => return (Vec::new(), Vec::new()),
+        _ if sig.abi_changed => {
+            return (
+                vec![Fetch::Missing],
+                vec![ShapeItem {
+                    label: String::new(),
+                    shape: Shape::Missing("optimised out".into()),
+                }],
+            )
+        }
         Type::Float { .. } => Source::Xmm(0),
         _ => Source::Rax,
     };

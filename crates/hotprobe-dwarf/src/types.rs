@@ -116,19 +116,26 @@ pub struct Field {
 }
 
 /// Where DWARF says a parameter is at the function's first instruction.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EntryLoc {
     /// In DWARF register `n` (0 rax, 1 rdx, 2 rcx, 3 rbx, 4 rsi, 5 rdi,
     /// 8–15 r8–r15, 17–32 xmm0–15).
     Reg(u16),
-    /// In the frame (`-O0`: `DW_OP_fbreg`, valid once the prologue ran; at
-    /// the entry the value is where the ABI put it).
+    /// In the frame (`-O0`: `DW_OP_fbreg`, or any memory location valid
+    /// for the whole function: valid once the prologue ran; at the entry
+    /// the value is where the ABI put it).
     Frame,
     /// Nowhere at the entry: optimised out there.
     OptimisedOut,
-    /// A constant everywhere (`DW_AT_const_value`: a clone made for one
-    /// value of the parameter).
+    /// A constant, as raw little-endian bits (`DW_AT_const_value`, also
+    /// its block forms; a location computing a constant:
+    /// `DW_OP_lit1; DW_OP_stack_value`, `DW_OP_implicit_value`): the
+    /// caller passed nothing for it.
     Const(i64),
+    /// A value computed from the thread at the entry (`DW_OP_breg4 +0;
+    /// …; DW_OP_stack_value`, an entry value, a stack slot of a location
+    /// list); its `size` is set by the plan.
+    Expr(crate::DwarfExpr),
     /// No location attribute, or one hotprobe does not evaluate.
     Unknown,
 }
@@ -155,6 +162,10 @@ pub struct Signature {
     pub params: Vec<Param>,
     /// The return type ([`Type::Void`] when none).
     pub ret: Type,
+    /// `DW_AT_calling_convention DW_CC_nocall`: the compiler changed how
+    /// the function is called (rustc/LLVM dropping constant arguments), so
+    /// the declared parameters are not where the ABI says.
+    pub abi_changed: bool,
 }
 
 /// One ELF file's DWARF, indexed by function entry address.
@@ -249,7 +260,8 @@ impl DebugTypes {
             Some(t) => r.ty(t, TYPE_DEPTH),
             None => Type::Void,
         };
-        let mut params = Vec::new();
+        // The concrete DIE's parameters: (abstract origin, DIE, where).
+        let mut concrete = Vec::new();
         let mut tree = unit.entries_tree(Some(off))?;
         let root = tree.root()?;
         let mut children = root.children();
@@ -258,27 +270,59 @@ impl DebugTypes {
             if e.tag() != gimli::DW_TAG_formal_parameter {
                 continue;
             }
-            let po = e.offset();
-            let ty = match r.attr_ref(po, gimli::DW_AT_type) {
-                Some(t) => r.ty(t, TYPE_DEPTH),
-                None => Type::Other {
-                    name: "unknown".into(),
-                },
+            let origin = match e.attr_value(gimli::DW_AT_abstract_origin) {
+                Ok(Some(AttributeValue::UnitRef(o))) => Some(o),
+                _ => None,
             };
-            params.push(Param {
-                name: r.name(po).unwrap_or_default(),
-                ty,
-                entry: r.entry_loc(e, low_pc),
-            });
-            if params.len() >= MAX_MEMBERS {
+            concrete.push((origin, e.offset(), r.entry_loc(e, low_pc)));
+            if concrete.len() >= MAX_MEMBERS {
                 break;
             }
         }
+        // A concrete instance (gcc's clones) may list its parameters in
+        // another order than the declaration, or leave some out: the
+        // abstract instance's order is the declared one.
+        let order = match unit.entry(off)?.attr_value(gimli::DW_AT_abstract_origin) {
+            Ok(Some(AttributeValue::UnitRef(a))) => r.formal_parameters(a),
+            _ => Vec::new(),
+        };
+        let mut slots: Vec<(gimli::UnitOffset, EntryLoc)> = Vec::new();
+        if order.is_empty() {
+            slots.extend(concrete.into_iter().map(|(_, o, l)| (o, l)));
+        } else {
+            for a in &order {
+                let loc = match concrete.iter().position(|c| c.0 == Some(*a)) {
+                    Some(i) => concrete.remove(i).2,
+                    None => EntryLoc::OptimisedOut,
+                };
+                slots.push((*a, loc));
+            }
+            slots.extend(concrete.into_iter().map(|(_, o, l)| (o, l)));
+        }
+        let params = slots
+            .into_iter()
+            .take(MAX_MEMBERS)
+            .map(|(po, entry)| Param {
+                name: r.name(po).unwrap_or_default(),
+                ty: match r.attr_ref(po, gimli::DW_AT_type) {
+                    Some(t) => r.ty(t, TYPE_DEPTH),
+                    None => Type::Other {
+                        name: "unknown".into(),
+                    },
+                },
+                entry,
+            })
+            .collect();
+        let abi_changed = matches!(
+            r.attr(off, gimli::DW_AT_calling_convention),
+            Some(AttributeValue::CallingConvention(gimli::DW_CC_nocall))
+        );
         Ok(Some(Signature {
             name,
             low_pc,
             params,
             ret,
+            abi_changed,
         }))
     }
 }
@@ -461,6 +505,17 @@ impl Resolver<'_> {
         }
     }
 
+    /// The formal parameters of the DIE at `off`, in order.
+    fn formal_parameters(&self, off: gimli::UnitOffset) -> Vec<gimli::UnitOffset> {
+        let mut v = Vec::new();
+        self.children(off, |c| {
+            if c.tag() == gimli::DW_TAG_formal_parameter && v.len() < MAX_MEMBERS {
+                v.push(c.offset());
+            }
+        });
+        v
+    }
+
     /// Where the parameter `e` is at `pc` (the entry).
     fn entry_loc(&self, e: &gimli::DebuggingInformationEntry<R>, pc: u64) -> EntryLoc {
         let v = match e.attr_value(gimli::DW_AT_location) {
@@ -469,17 +524,14 @@ impl Resolver<'_> {
                 // A concrete instance may leave the location to nobody:
                 // DWARF knows no place for the value anywhere.
                 return match e.attr_value(gimli::DW_AT_const_value) {
-                    Ok(Some(v)) => match v.sdata_value().or(v.udata_value().map(|u| u as i64)) {
-                        Some(c) => EntryLoc::Const(c),
-                        None => EntryLoc::Unknown,
-                    },
+                    Ok(Some(v)) => const_value(&v).map_or(EntryLoc::Unknown, EntryLoc::Const),
                     _ => EntryLoc::OptimisedOut,
                 };
             }
             Err(_) => return EntryLoc::Unknown,
         };
         if let AttributeValue::Exprloc(expr) = v {
-            return self.expr_loc(expr);
+            return self.expr_loc(expr, true);
         }
         let Ok(Some(mut locs)) = self.dwarf.attr_locations(self.unit, v) else {
             return EntryLoc::Unknown;
@@ -491,23 +543,70 @@ impl Resolver<'_> {
                 break;
             }
             if l.range.begin <= pc && pc < l.range.end {
-                return self.expr_loc(l.data);
+                return self.expr_loc(l.data, false);
             }
         }
         EntryLoc::OptimisedOut
     }
 
-    fn expr_loc(&self, expr: gimli::Expression<R>) -> EntryLoc {
-        let mut ops = expr.operations(self.unit.encoding());
+    /// What the location expression `expr` says at the entry; `whole`: it
+    /// holds for the whole function (not a location list's range at the
+    /// entry), so a memory location in it is the frame's, set up by the
+    /// prologue.
+    fn expr_loc(&self, expr: gimli::Expression<R>, whole: bool) -> EntryLoc {
+        let enc = self.unit.encoding();
+        let mut ops = expr.clone().operations(enc);
         let first = match ops.next() {
             Ok(Some(op)) => op,
             _ => return EntryLoc::Unknown,
         };
-        let alone = matches!(ops.next(), Ok(None));
-        match first {
-            gimli::Operation::Register { register } if alone => EntryLoc::Reg(register.0),
-            gimli::Operation::FrameOffset { .. } => EntryLoc::Frame,
-            _ => EntryLoc::Unknown,
+        let mut last = first.clone();
+        let mut count = 1;
+        while let Ok(Some(op)) = ops.next() {
+            last = op;
+            count += 1;
+            if count > 64 {
+                return EntryLoc::Unknown;
+            }
         }
+        match first {
+            gimli::Operation::Register { register } if count == 1 => {
+                return EntryLoc::Reg(register.0)
+            }
+            gimli::Operation::FrameOffset { .. } => return EntryLoc::Frame,
+            _ => {}
+        }
+        let value = matches!(
+            last,
+            gimli::Operation::StackValue | gimli::Operation::ImplicitValue { .. }
+        );
+        if whole && !value {
+            return EntryLoc::Frame;
+        }
+        let Ok(bytes) = expr.0.to_slice() else {
+            return EntryLoc::Unknown;
+        };
+        let e = crate::DwarfExpr {
+            bytes: bytes.into_owned(),
+            address_size: enc.address_size,
+            version: enc.version,
+            format64: enc.format == gimli::Format::Dwarf64,
+            size: 8,
+        };
+        match e.fold() {
+            crate::expr::Folded::Const(c) => EntryLoc::Const(c as i64),
+            crate::expr::Folded::Runtime => EntryLoc::Expr(e),
+            crate::expr::Folded::No => EntryLoc::Unknown,
+        }
+    }
+}
+
+/// A `DW_AT_const_value` as raw little-endian bits: the data and
+/// constant forms, or a block of at most 8 bytes (a `double`).
+fn const_value(v: &AttributeValue<R>) -> Option<i64> {
+    match v {
+        AttributeValue::Block(b) => crate::expr::le_bits(&b.to_slice().ok()?).map(|x| x as i64),
+        AttributeValue::Sdata(x) => Some(*x),
+        v => v.udata_value().map(|u| u as i64),
     }
 }

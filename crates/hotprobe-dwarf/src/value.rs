@@ -43,6 +43,9 @@ pub enum Fetch {
     Str(Box<Fetch>),
     /// A value known without reading (a clone's constant parameter).
     Const(u64),
+    /// A DWARF expression computed at the hit (`DW_OP_breg5 +1;
+    /// DW_OP_stack_value`, an entry value, a stack slot).
+    Expr(Box<crate::DwarfExpr>),
     /// Nothing to read: the value is not available.
     Missing,
 }
@@ -88,6 +91,7 @@ fn eval(f: &Fetch, m: &mut dyn Machine) -> Result<u64, Option<u64>> {
     match f {
         Fetch::Reg(s) => m.reg(*s).ok_or(None),
         Fetch::Const(v) => Ok(*v),
+        Fetch::Expr(e) => e.value(m),
         Fetch::Load { addr, offset, size } => {
             let a = eval(addr, m)?.wrapping_add(*offset);
             let n = (*size as usize).clamp(1, 8);

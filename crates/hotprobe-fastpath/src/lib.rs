@@ -25,6 +25,7 @@
 //! address (the agent keeps its return trampoline and shadow stacks, so
 //! those returns stay correct). No code of the program refers to them any more.
 
+mod agent_check;
 mod control;
 mod inproc;
 mod plan;
@@ -297,7 +298,10 @@ pub fn find_agent() -> Result<PathBuf, FastPathError> {
             why,
         };
         return match std::fs::metadata(&path) {
-            Ok(m) if m.is_file() => std::fs::canonicalize(&path).map_err(|e| bad(e.to_string())),
+            Ok(m) if m.is_file() => {
+                agent_check::check_agent_elf(&path).map_err(bad)?;
+                std::fs::canonicalize(&path).map_err(|e| bad(e.to_string()))
+            }
             Ok(_) => Err(bad("not a file".into())),
             Err(e) => Err(bad(e.to_string())),
         };

@@ -310,6 +310,20 @@ impl Sys {
         self.note(|| format!("waitpid {pid} {flags:#x}"), || render_waited(&r));
         r
     }
+    /// [`Sys::waitpid`] for a wait that must see its status: retried when a
+    /// signal interrupts it (EINTR: `--duration`'s or Ctrl-C's handler).
+    /// The interruption is not lost: the thread's next main wait returns
+    /// at once ([`crate::sys::take_deferred_interrupt`]), as it would have
+    /// had the signal come then. Only the main wait, which takes EINTR as
+    /// "time is up", calls [`Sys::waitpid`] blocking.
+    pub fn waitpid_restart(&self, pid: i32, flags: i32) -> Waited {
+        loop {
+            match self.waitpid(pid, flags) {
+                Err(e) if e.errno() == libc::EINTR => crate::sys::defer_interrupt(),
+                r => return r,
+            }
+        }
+    }
     /// See [`Os::waitpid_timeout`] (the duration is not logged).
     pub fn waitpid_timeout(&self, pid: i32, flags: i32, d: Duration) -> Option<Waited> {
         let r = self.os.waitpid_timeout(pid, flags, d);

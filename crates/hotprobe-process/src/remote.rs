@@ -26,7 +26,7 @@ pub(crate) fn syscall(
     let mut held = Vec::new();
     let result = loop {
         t.sys.step(tid, 0).map_err(|e| t.sys_err(e))?;
-        let Some((_, status)) = t.sys.waitpid(tid, 0).map_err(|e| t.sys_err(e))? else {
+        let Some((_, status)) = t.sys.waitpid_restart(tid, 0).map_err(|e| t.sys_err(e))? else {
             continue;
         };
         if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {

@@ -107,7 +107,7 @@ impl ProcessTarget {
         close_fd(go_w);
         if let Err(e) = seized {
             let _ = sys.kill(child, libc::SIGKILL);
-            let _ = sys.waitpid(child, 0);
+            let _ = sys.waitpid_restart(child, 0);
             close_fd(err_r);
             return Err(e.into());
         }
@@ -116,7 +116,7 @@ impl ProcessTarget {
         let n = unsafe { libc::read(err_r, &mut errno as *mut i32 as *mut libc::c_void, 4) };
         close_fd(err_r);
         if n == 4 {
-            let _ = sys.waitpid(child, 0);
+            let _ = sys.waitpid_restart(child, 0);
             return Err(ProcessError::Spawn {
                 program: program.display().to_string(),
                 source: std::io::Error::from_raw_os_error(errno),
@@ -129,7 +129,7 @@ impl ProcessTarget {
         loop {
             let (pid, status) = t
                 .sys
-                .waitpid(child, 0)?
+                .waitpid_restart(child, 0)?
                 .expect("blocking waitpid returns a pid");
             if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
                 t.attached = false;

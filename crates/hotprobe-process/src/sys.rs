@@ -231,6 +231,37 @@ pub fn waitpid(pid: i32, extra_flags: i32) -> Result<Option<(i32, i32)>, SysErro
     Ok(Some((r, status)))
 }
 
+thread_local! {
+    /// A `Sys::waitpid_restart` of this thread retried past a signal since
+    /// [`take_deferred_interrupt`] last looked.
+    static DEFERRED_EINTR: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Notes that a blocking wait of this thread retried past a signal
+/// (`Sys::waitpid_restart`, [`waitpid_restart`]): its next main wait
+/// returns at once.
+pub fn defer_interrupt() {
+    DEFERRED_EINTR.with(|d| d.set(true));
+}
+
+/// [`waitpid`] retried when a signal interrupts it, the interruption
+/// kept for the thread's next main wait (see `Sys::waitpid_restart`, the
+/// same through the OS layer).
+pub fn waitpid_restart(pid: i32, extra_flags: i32) -> Result<Option<(i32, i32)>, SysError> {
+    loop {
+        match waitpid(pid, extra_flags) {
+            Err(e) if e.errno() == libc::EINTR => defer_interrupt(),
+            r => return r,
+        }
+    }
+}
+
+/// Whether a `Sys::waitpid_restart` of this thread retried past a signal
+/// since the last call (the flag is cleared).
+pub fn take_deferred_interrupt() -> bool {
+    DEFERRED_EINTR.with(|d| d.replace(false))
+}
+
 /// `tgkill(tgid, tid, sig)`.
 pub fn tgkill(tgid: i32, tid: i32, sig: i32) -> Result<(), SysError> {
     // SAFETY: plain syscall with integer arguments.

@@ -11,7 +11,7 @@ impl ProcessTarget {
             // This thread's children and tracees only: another thread's
             // session (several in one program, through the C or Python
             // API) must not lose its events to this wait.
-            while let Ok(Some((p, st))) = self.sys.waitpid(-1, libc::__WNOTHREAD) {
+            while let Ok(Some((p, st))) = self.sys.waitpid_restart(-1, libc::__WNOTHREAD) {
                 if p == self.pid && (libc::WIFEXITED(st) || libc::WIFSIGNALED(st)) {
                     self.exited = Some(exit_status(st));
                     break;
@@ -40,7 +40,7 @@ impl ProcessTarget {
             };
             let r = match self.strays.take(tid) {
                 Some(st) => Some((tid, st)),
-                None => match self.sys.waitpid(tid, 0) {
+                None => match self.sys.waitpid_restart(tid, 0) {
                     Ok(r) => r,
                     Err(e) if e.errno() == libc::ECHILD => {
                         self.threads.remove(&tid);
@@ -116,7 +116,7 @@ impl ProcessTarget {
                     Some(st) => st,
                     None => self
                         .sys
-                        .waitpid(new, 0)
+                        .waitpid_restart(new, 0)
                         .map_err(|e| self.sys_err(e))?
                         .map(|x| x.1)
                         .unwrap_or(0),
@@ -360,6 +360,10 @@ impl ProcessTarget {
                 if let Some(ev) = self.pending.pop_front() {
                     return Ok(ev);
                 }
+            }
+            // A signal a status wait retried past ends this wait now.
+            if crate::sys::take_deferred_interrupt() {
+                return Ok(TargetEvent::Timeout);
             }
             // With a deadline: a wait that sleeps until a status is there
             // or the deadline passes (`waiter.rs`: a stop wakes us at

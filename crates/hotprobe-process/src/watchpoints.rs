@@ -109,7 +109,7 @@ impl ProcessTarget {
             }
             // The queued SIGTRAP comes first (synchronous signals are
             // dequeued before others).
-            match self.sys.waitpid(tid, libc::__WALL) {
+            match self.sys.waitpid_restart(tid, libc::__WALL) {
                 Ok(Some((_, st)))
                     if libc::WIFSTOPPED(st)
                         && libc::WSTOPSIG(st) == libc::SIGTRAP

@@ -7,6 +7,7 @@
 //! it for each hit whose handler is Python. A handler that raises stops
 //! the run, and `run()` raises that exception.
 
+mod limits;
 use hotprobe::{
     Action, EngineError, EventSink, HitContext, HitKind, MechanismChoice, Probe as RsProbe,
     ProbeId, RecordedEvent, Registers, RetProbe, RunEnd, SessionConfig, SinkError, SpawnOptions,
@@ -843,9 +844,9 @@ impl Context {
         self.with(|c| Ok(c.return_value()))
     }
 
-    /// Read `n` bytes of target memory at `addr`.
+    /// Read `n` bytes (at most 1 MiB) of target memory at `addr`.
     fn read<'py>(&self, py: Python<'py>, addr: u64, n: usize) -> PyResult<Bound<'py, PyBytes>> {
-        let mut buf = vec![0u8; n];
+        let mut buf = vec![0u8; limits::read_len(n)?];
         self.with(|c| c.read_memory(addr, &mut buf).map_err(target_err))?;
         Ok(PyBytes::new(py, &buf))
     }
@@ -860,9 +861,10 @@ impl Context {
         self.with(|c| c.read_u64(addr).map_err(target_err))
     }
 
-    /// Read a NUL-terminated string of at most `max` bytes at `addr`.
+    /// Read a NUL-terminated string of at most `max` (≤ 1 MiB) bytes at `addr`.
     #[pyo3(signature = (addr, max = 4096))]
     fn read_cstr(&self, addr: u64, max: usize) -> PyResult<String> {
+        let max = limits::read_len(max)?;
         self.with(|c| c.read_cstr(addr, max).map_err(target_err))
     }
 

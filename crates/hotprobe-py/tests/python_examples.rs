@@ -287,3 +287,25 @@ fn python_ctrl_c_interrupts_run() {
     );
     assert!(alive, "the program did not survive the detach");
 }
+
+#[test]
+fn python_session_refuses_other_threads_and_reads_over_1_mib() {
+    let Some(py) = python() else { return };
+    let dir = scratch("py-limits");
+    let prog = compute(&dir, &[]);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/limits.py");
+    let out = py_run(&py, &[script.as_os_str(), prog.as_os_str()]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "thread: HotprobeError: a Session is used from the thread that made it only \
+             (ptrace ties the targets to that thread)",
+            "run: exited",
+            "read: ValueError: read of 1099511627776 bytes: at most 1048576 (1 MiB) per read",
+            "read_cstr: ValueError: read of 1099511627776 bytes: at most 1048576 (1 MiB) per read",
+            "read 8: 8 bytes",
+            "exit: ('exited', 0)",
+        ]
+    );
+}

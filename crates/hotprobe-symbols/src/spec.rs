@@ -228,6 +228,14 @@ impl FromStr for ProbeSpec {
         if right.is_empty() {
             return Err(bad(spec, "nothing after ':'"));
         }
+        if let Some(digits) = right.strip_prefix(['-', '+']) {
+            if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad(
+                    spec,
+                    format!("bad line number {right}: line numbers start at 1"),
+                ));
+            }
+        }
         if right.bytes().all(|b| b.is_ascii_digit()) {
             if !left.contains('.') {
                 return Err(bad(
@@ -404,6 +412,9 @@ mod tests {
             "a:b:c",
             "x:12",
             "prog.c:0",
+            "prog.c:-1",
+            "prog.c:+3",
+            "lib.so:-0",
             "prog.c:99999999999",
             "0x",
             "0xzz",

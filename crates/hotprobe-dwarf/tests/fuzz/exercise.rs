@@ -6,6 +6,33 @@
 
 use hotprobe_dwarf::*;
 
+/// A stopped thread for the fuzz passes: every register holds its
+/// number times 0x1000, memory below 0x10000 reads as its address' low
+/// byte, the rest is unreadable.
+struct Regs;
+
+impl Machine for Regs {
+    fn reg(&mut self, s: Source) -> Option<u64> {
+        Some(match s {
+            Source::IntArg(i) => u64::from(i) * 0x1000,
+            Source::Xmm(i) => u64::from(i) * 0x1000,
+            Source::Dwarf(n) => u64::from(n) * 0x1000,
+            Source::Stack(o) => u64::from(o),
+            Source::Rax => 0,
+        })
+    }
+
+    fn read(&mut self, addr: u64, buf: &mut [u8]) -> bool {
+        if addr.saturating_add(buf.len() as u64) > 0x10000 {
+            return false;
+        }
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = (addr as usize + i) as u8;
+        }
+        true
+    }
+}
+
 /// `DebugTypes::from_bytes`, then every function's signature, its `-a`
 /// plan, and a plan naming each parameter (and each member of a struct it
 /// points to).
@@ -23,6 +50,14 @@ pub fn dwarf_types(data: &[u8]) -> bool {
             assert_eq!(p.entry.len(), p.entry_shapes.len());
             assert_eq!(p.exit.len(), p.exit_shapes.len());
             assert!(p.exit.len() <= 1);
+            // The plan runs (DWARF expressions evaluated at the "hit"
+            // included) and its bytes print with its shapes.
+            let mut data = Vec::new();
+            capture(&p.entry, &mut Regs, &mut data);
+            assert_eq!(
+                format_values(&p.entry_shapes, &data).map(|v| v.len()),
+                Ok(p.entry.len())
+            );
         }
         for param in sig.params.iter().take(8) {
             let mut exprs = vec![param.name.clone(), format!("{}:string", param.name)];

@@ -23,8 +23,10 @@ read_trace(dir) reads a trace written by `hotprobe record` into rows, and
 trace_frame(dir) into a pandas DataFrame.
 """
 
+import threading
 from collections import namedtuple
 
+from . import _native
 from ._native import (  # noqa: F401
     Context,
     Count,
@@ -32,7 +34,6 @@ from ._native import (  # noqa: F401
     HotprobeError,
     Probe,
     Recording,
-    Session,
     Stats,
 )
 from ._native import read_trace as _read_trace
@@ -50,6 +51,30 @@ __all__ = [
     "read_trace",
     "trace_frame",
 ]
+
+class Session:
+    """A probing session: targets, probes, the event loop (see the module's
+    documentation). It belongs to the thread that made it (ptrace ties a
+    traced process to the thread that attached it): used from another
+    thread, it raises HotprobeError."""
+
+    __slots__ = ("_native", "_owner")
+
+    def __init__(self, *args, **kwargs):
+        object.__setattr__(self, "_owner", threading.get_ident())
+        object.__setattr__(self, "_native", _native.Session(*args, **kwargs))
+
+    def __getattr__(self, name):
+        if threading.get_ident() != self._owner:
+            raise HotprobeError(
+                "a Session is used from the thread that made it only "
+                "(ptrace ties the targets to that thread)"
+            )
+        return getattr(self._native, name)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"Session has no settable attribute {name!r}")
+
 
 TraceRow = namedtuple(
     "TraceRow", ["tid", "kind", "function", "ts_ns", "dur_ns", "args", "ret", "lost"]
