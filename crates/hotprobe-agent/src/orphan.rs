@@ -97,6 +97,7 @@ static INSTALLED: AtomicBool = AtomicBool::new(false);
 
 /// Whether the agent's `SIGTRAP` handler is installed (see
 /// [`crate::sigmask`]).
+#[cfg_attr(test, allow(dead_code))]
 pub(crate) fn installed() -> bool {
     INSTALLED.load(Acquire)
 }

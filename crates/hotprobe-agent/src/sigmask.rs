@@ -18,6 +18,10 @@
 //! agent injected into a running process (its calls are bound to glibc
 //! already: the session gives it no in-process trap either).
 
+// The interposers are exported (`no_mangle`) in the library only: a unit
+// test build calls none of them.
+#![cfg_attr(test, allow(dead_code))]
+
 use core::cell::Cell;
 use core::sync::atomic::AtomicUsize;
 use core::sync::atomic::Ordering::Relaxed;
