@@ -713,8 +713,18 @@ fn parse_error(e: clap::Error, args: &[OsString]) -> ExitCode {
         .map(|l| l.trim().trim_start_matches("error: "))
         .filter(|l| !l.is_empty() && !l.starts_with("tip:"))
         .collect();
+    // clap's suggestion for a mistyped subcommand or flag, said plainly.
+    use clap::error::{ContextKind, ContextValue};
+    let suggested = [ContextKind::SuggestedSubcommand, ContextKind::SuggestedArg]
+        .into_iter()
+        .find_map(|k| match e.get(k) {
+            Some(ContextValue::String(s)) => Some(s.clone()),
+            Some(ContextValue::Strings(v)) if !v.is_empty() => Some(v.join("' or '")),
+            _ => None,
+        })
+        .map_or(String::new(), |s| format!("; did you mean '{s}'?"));
     errln!(
-        "{} {} (see {} --help)",
+        "{} {}{suggested} (see {} --help)",
         out::error_prefix(),
         what.join(" "),
         path.join(" ")

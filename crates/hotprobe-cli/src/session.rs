@@ -134,7 +134,12 @@ impl Traced {
         if let Some(d) = duration {
             signals::stop_after(d);
         }
-        signals::stop_when_output_closes();
+        // An attached process is let go when the output's reader goes
+        // away (it runs on by itself); a command hotprobe started runs to
+        // its end under its probes, as it would with its output unread.
+        if !self.spawned {
+            signals::stop_when_output_closes();
+        }
         let stops = self.session.ptrace_stops(self.target);
         let end = self.session.run_with(&signals::STOP, sink.as_deref_mut());
         self.run_stops = stops
