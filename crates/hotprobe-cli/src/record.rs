@@ -233,6 +233,8 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
         ..SessionConfig::default()
     };
     let mut t = Traced::open(config, o.pid, o.cmd)?;
+    // The summary says how the process ended.
+    t.end_said_later = true;
     let pid = t.pid;
     // Probes: the phase markers, then what the patterns select (every
     // function of the main executable when there are none) minus the

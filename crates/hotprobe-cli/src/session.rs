@@ -34,6 +34,9 @@ pub struct Traced {
     /// ptrace stops the process took between the start of [`Traced::run`]
     /// and the end of its event loop (set by `run`).
     pub run_stops: Option<u64>,
+    /// The caller prints how the process ended itself (`record`'s
+    /// summary): the session's notice saying the same is not printed.
+    pub end_said_later: bool,
 }
 
 impl Traced {
@@ -56,6 +59,7 @@ impl Traced {
             pid,
             spawned,
             run_stops: None,
+            end_said_later: false,
         })
     }
 
@@ -207,8 +211,14 @@ impl Traced {
 
     /// Prints the session's notices gathered since the last call.
     pub fn print_notices(&mut self) {
+        let end = match self.status() {
+            Some(st) if self.end_said_later => Some(format!("pid {} {st}", self.pid)),
+            _ => None,
+        };
         for n in self.session.take_notices() {
-            errln!("hotprobe: {n}");
+            if Some(&n) != end.as_ref() {
+                errln!("hotprobe: {n}");
+            }
         }
     }
 }
