@@ -109,6 +109,63 @@ static TABLE: &[(&str, &[Arg])] = &[
     ("umask", &[Mode]),
     ("uname", &[Ptr]),
     ("reboot", &[Hex, Hex, Hex, Ptr]),
+    // What a libc's start and a shell make besides (issue 24: a call
+    // missing here printed four fetched registers it does not have).
+    ("set_tid_address", &[Ptr]),
+    ("set_robust_list", &[Ptr, Size]),
+    ("rseq", &[Ptr, Size, Hex, Hex]),
+    ("arch_prctl", &[Hex, Hex]),
+    ("prlimit64", &[Int, Int, Ptr, Ptr]),
+    ("getrandom", &[Ptr, Size, Hex]),
+    ("futex", &[Ptr, Int, Int, Ptr, Ptr, Int]),
+    ("rt_sigaction", &[Int, Ptr, Ptr, Size]),
+    ("rt_sigprocmask", &[Int, Ptr, Ptr, Size]),
+    ("rt_sigreturn", &[]),
+    ("sigaltstack", &[Ptr, Ptr]),
+    ("clone", &[Hex, Ptr, Ptr, Ptr, Hex]),
+    ("clone3", &[Ptr, Size]),
+    ("fork", &[]),
+    ("vfork", &[]),
+    ("setpgid", &[Int, Int]),
+    ("getpgid", &[Int]),
+    ("setsid", &[]),
+    ("getcwd", &[Ptr, Size]),
+    ("poll", &[Ptr, Size, Int]),
+    ("ppoll", &[Ptr, Size, Ptr, Ptr, Size]),
+    ("select", &[Int, Ptr, Ptr, Ptr, Ptr]),
+    ("pselect6", &[Int, Ptr, Ptr, Ptr, Ptr, Ptr]),
+    ("socket", &[Int, Int, Int]),
+    ("connect", &[Fd, Ptr, Size]),
+    ("sendto", &[Fd, Ptr, Size, Hex, Ptr, Size]),
+    ("recvfrom", &[Fd, Ptr, Size, Hex, Ptr, Ptr]),
+    ("madvise", &[Ptr, Size, Int]),
+    ("mremap", &[Ptr, Size, Size, Hex, Ptr]),
+    ("sysinfo", &[Ptr]),
+    ("times", &[Ptr]),
+    ("gettimeofday", &[Ptr, Ptr]),
+    ("clock_gettime", &[Int, Ptr]),
+    ("getrusage", &[Int, Ptr]),
+    ("prctl", &[Int, Hex, Hex, Hex, Hex]),
+    ("fchmod", &[Fd, Mode]),
+    ("fchown", &[Fd, Int, Int]),
+    ("chown", &[Path, Int, Int]),
+    ("rename", &[Path, Path]),
+    ("renameat2", &[DirFd, Path, DirFd, Path, Hex]),
+    ("symlink", &[Path, Path]),
+    ("link", &[Path, Path]),
+    ("truncate", &[Path, Size]),
+    ("ftruncate", &[Fd, Size]),
+    ("fsync", &[Fd]),
+    ("fdatasync", &[Fd]),
+    ("getdents", &[Fd, Ptr, Size]),
+    ("statfs", &[Path, Ptr]),
+    ("fstatfs", &[Fd, Ptr]),
+    ("sendfile64", &[Fd, Fd, Ptr, Size]),
+    ("epoll_create1", &[Hex]),
+    ("epoll_ctl", &[Fd, Int, Fd, Ptr]),
+    ("epoll_wait", &[Fd, Ptr, Int, Int]),
+    ("eventfd2", &[Int, Hex]),
+    ("memfd_create", &[Path, Hex]),
 ];
 
 /// The argument kinds of call `name` (without `__x64_sys_`), if known.
@@ -499,6 +556,31 @@ pub fn format_return(name: &str, ret: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_libc_start_prints_each_call_with_its_own_arity() {
+        assert_eq!(
+            format_call("set_tid_address", &[0x4ac2b0, 2, 3, 4], None),
+            "set_tid_address(0x4ac2b0)"
+        );
+        assert_eq!(
+            format_call("set_robust_list", &[0x1000, 24, 3, 4], None),
+            "set_robust_list(0x1000, 24)"
+        );
+        assert_eq!(
+            format_call("rt_sigreturn", &[1, 2, 3, 4], None),
+            "rt_sigreturn()"
+        );
+        // Known arity above what an event carries: the rest is elided.
+        assert_eq!(
+            format_call("futex", &[0x10, 0, 1, 0], None),
+            "futex(0x10, 0, 1, NULL, ...)"
+        );
+        for (name, _) in TABLE {
+            let n = TABLE.iter().filter(|(m, _)| m == name).count();
+            assert_eq!(n, 1, "{name} twice in the table");
+        }
+    }
 
     #[test]
     fn decodes_like_strace() {
