@@ -99,6 +99,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             args,
             pid,
             blacklist,
+            summary,
         } => {
             let (binary, pattern) = match (pid, args.as_slice()) {
                 (Some(_), []) => (None, None),
@@ -118,6 +119,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 pid,
                 pattern,
                 blacklist,
+                summary,
             })
             .map(|()| 0)
         }
@@ -127,6 +129,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             duration: secs,
             maxactive,
             mechanism,
+            no_traps,
             follow_forks,
             hist,
             json,
@@ -146,6 +149,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 duration,
                 maxactive: maxactive.max(1),
                 mechanism: mechanism.into(),
+                no_traps,
             })
         }
         Cmd::Coldpatch { input, output } => coldpatch::run(&input, &output).map(|()| 0),
@@ -177,6 +181,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             duration: secs,
             summary,
             mechanism,
+            no_traps,
             follow_forks,
             force,
             cmd,
@@ -195,6 +200,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 duration,
                 summary,
                 mechanism: mechanism.into(),
+                no_traps,
             })
         }
         Cmd::Record {

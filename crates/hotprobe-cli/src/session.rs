@@ -34,6 +34,9 @@ pub struct Traced {
     /// ptrace stops the process took between the start of [`Traced::run`]
     /// and the end of its event loop (set by `run`).
     pub run_stops: Option<u64>,
+    /// Matches of patterns that were not probed, with why: listed at the
+    /// end ([`Traced::print_skipped`]).
+    pub skipped: Vec<hotprobe::Skipped>,
 }
 
 impl Traced {
@@ -56,6 +59,7 @@ impl Traced {
             pid,
             spawned,
             run_stops: None,
+            skipped: Vec::new(),
         })
     }
 
@@ -66,6 +70,7 @@ impl Traced {
         if !self.spawned {
             let _ = self.session.detach();
         }
+        self.print_skipped();
         self.print_notices();
     }
 
@@ -83,14 +88,18 @@ impl Traced {
             bar.set_message(spec.clone());
             let added = match self.session.add(self.target, spec, action(spec)) {
                 Ok(a) => a,
-                // Says which spec already.
-                Err(e @ hotprobe::EngineError::RefusedSpec { .. }) => return Err(e.into()),
-                Err(e) => return Err(e).with_context(|| format!("cannot probe {spec}")),
+                Err(e) => {
+                    bar.suspend(|| self.print_skipped());
+                    return Err(match e {
+                        // Says which spec already.
+                        e @ hotprobe::EngineError::RefusedSpec { .. } => e.into(),
+                        e => anyhow::Error::from(e).context(format!("cannot probe {spec}")),
+                    });
+                }
             };
-            for s in &added.skipped {
-                bar.suspend(|| errln!("hotprobe: skipping {}: {}", s.label, s.reason));
-            }
+            self.skipped.extend(added.skipped);
             if added.placements.is_empty() {
+                bar.suspend(|| self.print_skipped());
                 bail!("no function matching `{spec}` can be probed");
             }
             placed.extend(added.placements);
@@ -98,6 +107,14 @@ impl Traced {
         }
         bar.finish_and_clear();
         Ok(placed)
+    }
+
+    /// Lists (on stderr) the matches of patterns that were not probed,
+    /// one `hotprobe: skipping LABEL: REASON` line each, and forgets them.
+    pub fn print_skipped(&mut self) {
+        for s in self.skipped.drain(..) {
+            errln!("hotprobe: skipping {}: {}", s.label, s.reason);
+        }
     }
 
     /// Lets the target run with its probes, handling events (and handing
