@@ -70,21 +70,27 @@ fn disassembly(prog: &Path, func: &str) -> Vec<(u64, String, String)> {
         .collect()
 }
 
+/// The text of the first instructions of `func` in `prog`.
+fn first_instructions(prog: &Path, func: &str) -> Vec<String> {
+    disassembly(prog, func)
+        .into_iter()
+        .map(|(_, _, i)| i)
+        .collect()
+}
+
 /// Asserts the prologue shapes prologues.c writes in assembly (and, for
 /// `cet`, gcc's endbr64 in front of c_wrap and c_tiny).
 fn assert_shapes(prog: &Path, cet: bool) {
     let d = |f: &str| disassembly(prog, f);
-    let first = |f: &str, n: usize| -> Vec<String> {
-        d(f).into_iter().take(n).map(|(_, _, i)| i).collect()
-    };
-    let sub = first("sub_call", 2);
+    let first = |f: &str| first_instructions(prog, f);
+    let sub = first("sub_call");
     assert!(
         sub[0].starts_with("sub    $0x8,%rsp")
             && sub[1].starts_with("call")
             && sub[1].ends_with("<leaf>"),
         "{sub:?}"
     );
-    let push = first("push_call", 2);
+    let push = first("push_call");
     assert!(
         push[0] == "push   %rbx" && push[1].starts_with("call") && push[1].ends_with("<leaf>"),
         "{push:?}"
@@ -201,6 +207,59 @@ fn after_an_endbr64_the_jump_goes_at_entry_plus_4_and_the_endbr64_stays() {
     assert_eq!(t.execution("c_wrap"), "jump", "{}", t.all);
     assert_eq!(t.hits("c_wrap"), 40, "{}", t.all);
     assert_eq!(t.hits("c_wrap%return"), 40, "{}", t.all);
+}
+
+/// A C++ exception thrown through `sub $8,%rsp; call thrower`
+/// (prologue_throw.cc): the unwinder walks the frame by its original
+/// return address, under `count` and under `trace` (return hooks).
+#[test]
+fn an_exception_through_a_relocated_call_is_caught() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/prologue_throw.cc");
+    let prog = hotprobe_testkit::compile(
+        "g++",
+        &src,
+        &tmp().join("prologue_throw"),
+        &["-O2", "-g"],
+        &[],
+    );
+    let sub = first_instructions(&prog, "sub_throw");
+    assert!(
+        sub[0].starts_with("sub    $0x8,%rsp") && sub[1].ends_with("<thrower>"),
+        "{sub:?}"
+    );
+    let expected = "sum 70 caught 2\n";
+    assert_eq!(
+        text(&Command::new(&prog).output().unwrap().stdout),
+        expected
+    );
+    let (stdout, stderr, status) = count_run(&prog, &["sub_throw", "thrower"], &[]);
+    assert_eq!(status, Some(0), "{stdout}\n{stderr}");
+    assert_eq!(common::program_output(&stdout), expected, "{stderr}");
+    let t = CountTable::parse(&stdout, &stderr);
+    for f in ["sub_throw", "thrower"] {
+        assert_eq!(t.execution(f), "jump", "{}", t.all);
+        assert_eq!(t.hits(f), 10, "{}", t.all);
+    }
+    let o = hotprobe(&[
+        "trace",
+        "sub_throw",
+        "thrower",
+        "--",
+        prog.to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains(expected), "{stdout}");
+    let calls: Vec<(usize, String)> = common::call_tree(&stdout)
+        .into_iter()
+        .map(|(_, d, n)| (d, n))
+        .collect();
+    let mut want = Vec::new();
+    for _ in 0..10 {
+        want.push((0, "sub_throw".to_string()));
+        want.push((1, "thrower".to_string()));
+    }
+    assert_eq!(calls, want, "{stdout}");
 }
 
 /// `count -p` on the `lines` server: exact counts while attached, the
