@@ -286,7 +286,7 @@ fn class(mechanism: &str) -> &'static str {
 
 /// A trap's reason with what differs from function to function left out:
 /// an instruction quoted as `` `call 0x1234` `` becomes `` `call …` ``, an
-/// address (`at 0x16d7c6`) `at …`.
+/// address (`at 0x16d7c6`) `at …`, a cold partition's parent `of …`.
 fn reason_kind(why: &str) -> String {
     let mut out = String::new();
     let mut quoted = why.split('`');
@@ -309,7 +309,12 @@ fn reason_kind(why: &str) -> String {
     let mut v: Vec<String> = Vec::with_capacity(words.len());
     for (i, w) in words.iter().enumerate() {
         let addr = w.starts_with("0x") && i > 0 && words[i - 1] == "at";
-        v.push(if addr { "…".into() } else { w.to_string() });
+        let parent = i > 1 && words[i - 1] == "of" && words[i - 2] == "partition";
+        v.push(if addr || parent {
+            "…".into()
+        } else {
+            w.to_string()
+        });
     }
     v.join(" ")
 }
@@ -424,6 +429,10 @@ mod tests {
         assert_eq!(
             reason_kind("`ret` at +0x2 returns"),
             "`ret` at +0x2 returns"
+        );
+        assert_eq!(
+            reason_kind("not a function entry: a cold partition of putchar (its [rsp] is not)"),
+            "not a function entry: a cold partition of … (its [rsp] is not)"
         );
         assert_eq!(class("trap (stepped)"), "trap");
         assert_eq!(class("trap (emulated)"), "in-process trap");

@@ -209,7 +209,7 @@ fn call_refusal(instr: &Instruction, site: u64, end: u64) -> Option<&'static str
             };
             uses_rsp.then_some("is an indirect call through the stack pointer")
         }
-        _ => Some("is a far call"),
+        _ => Some("is a call that cannot be relocated (far, or no r/m64 operand)"),
     }
 }
 
@@ -279,6 +279,10 @@ pub fn plan_jump(function: &[u8], func_start: u64, site: u64) -> Result<JumpPlan
         // overwritten (it runs relocated; the callee of a call returns to
         // the original code after it).
         let last = covered + instr.len() >= JMP_REL32_LEN;
+        // iced-x86 counts `syscall` as a call: checked first.
+        if matches!(instr.mnemonic(), Mnemonic::Syscall | Mnemonic::Sysenter) {
+            return refuse("is a system call (the kernel may restart it by address)");
+        }
         match instr.flow_control() {
             FlowControl::Return if !last => return refuse("returns before 5 bytes"),
             FlowControl::IndirectBranch if !last => return refuse("jumps away before 5 bytes"),
@@ -308,9 +312,6 @@ pub fn plan_jump(function: &[u8], func_start: u64, site: u64) -> Result<JumpPlan
                 return refuse("is a transactional-memory instruction")
             }
             FlowControl::Next | FlowControl::ConditionalBranch => {}
-        }
-        if matches!(instr.mnemonic(), Mnemonic::Syscall | Mnemonic::Sysenter) {
-            return refuse("is a system call (the kernel may restart it by address)");
         }
         if instr.is_ip_rel_memory_operand() && instr.memory_base() != iced_x86::Register::RIP {
             return refuse("uses EIP-relative addressing");
@@ -488,6 +489,13 @@ mod tests {
         let f = [0x53, 0xff, 0x54, 0x24, 0x08, 0x5b, 0xc3];
         let e = plan_jump(&f, 0x40_1000, 0x40_1000).unwrap_err();
         assert!(e.to_string().contains("through the stack pointer"), "{e}");
+    }
+
+    #[test]
+    fn a_syscall_is_refused_as_a_system_call() {
+        // mov eax, edi (2); syscall (2); ret
+        let e = plan_jump(&[0x89, 0xf8, 0x0f, 0x05, 0xc3], 0x1000, 0x1000).unwrap_err();
+        assert!(e.to_string().contains("is a system call"), "{e}");
     }
 
     #[test]

@@ -2097,7 +2097,8 @@ impl Session {
         } else {
             Plan::Trap(String::new())
         };
-        if let (Plan::Trap(why), true) = (&plan, record && !self.config.record_traps) {
+        let no_trap = (record && !self.config.record_traps) || self.config.no_traps;
+        if let (Plan::Trap(why), true) = (&plan, no_trap) {
             return Err(EngineError::RefusedSpec {
                 spec,
                 reason: format!("needs the trap mechanism ({why})"),
