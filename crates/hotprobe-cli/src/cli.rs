@@ -44,6 +44,10 @@ pub enum Cmd {
         /// List the address ranges where probes are refused instead.
         #[arg(long)]
         blacklist: bool,
+        /// Only the number of functions per mechanism (patch, jump,
+        /// in-process trap, trap) and, for the traps, per reason (BINARY only).
+        #[arg(long, conflicts_with_all = ["pid", "blacklist"])]
+        summary: bool,
     },
     /// Count hits of probes (fast path where a function entry allows it,
     /// else trap; see --mechanism); print a table when the target exits,
@@ -67,9 +71,15 @@ pub enum Cmd {
         #[arg(long, default_value_t = 64, value_name = "N")]
         maxactive: usize,
         /// How function entries are probed: auto (patch, then jump, else
-        /// trap), or force one.
+        /// trap), or force one (with a pattern, the functions
+        /// it cannot take are listed with the reason, the rest probed).
         #[arg(long, value_enum, default_value_t = MechanismArg::Auto)]
         mechanism: MechanismArg,
+        /// Leave out every function that needs a trap (ptrace or
+        /// in-process: neither patch nor jump can take it) instead of
+        /// probing it through one; they are listed with the reason at the end.
+        #[arg(long)]
+        no_traps: bool,
         /// Follow forked children (counts per process, their events in the trace);
         /// by default they run without probes.
         #[arg(short = 'f', long)]
@@ -157,9 +167,15 @@ pub enum Cmd {
         #[arg(long)]
         summary: bool,
         /// How probes run: auto picks patch, then jump, then trap per
-        /// function; the others force one.
+        /// function; the others force one (with a pattern,
+        /// the functions it cannot take are listed with the reason).
         #[arg(long, value_enum, default_value_t = MechanismArg::Auto)]
         mechanism: MechanismArg,
+        /// Leave out every function that needs a trap (ptrace or
+        /// in-process: neither patch nor jump can take it) instead of
+        /// probing it through one; they are listed with the reason at the end.
+        #[arg(long)]
+        no_traps: bool,
         /// Follow forked children (counts per process, their events in the trace);
         /// by default they run without probes.
         #[arg(short = 'f', long)]
@@ -243,8 +259,8 @@ pub enum Cmd {
         mechanism: RecordMechanism,
         /// Leave out (and list) the functions that neither patch nor jump
         /// can take instead of recording them through a trap (a ptrace stop
-        /// per call and per return, ~10 µs each; the summary says how many
-        /// hits went through traps).
+        /// per call and per return, ~10 µs each, or an in-process trap,
+        /// ~2.6 µs; the summary says how many hits went through traps).
         #[arg(long)]
         no_traps: bool,
         /// Follow forked children (counts per process, their events in the trace);

@@ -39,6 +39,8 @@ pub struct CountOptions<'a> {
     pub maxactive: usize,
     /// `--mechanism`.
     pub mechanism: MechanismChoice,
+    /// `--no-traps`: leave out what needs a trap.
+    pub no_traps: bool,
     /// `-f`: follow forked children, a row per probe and process.
     pub follow_forks: bool,
     /// `--hist`: a histogram of each function's call durations.
@@ -216,6 +218,7 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
             ..FastPathConfig::default()
         },
         force: o.force,
+        no_traps: o.no_traps,
         ..SessionConfig::default()
     };
     let mut t = Traced::open(config, o.pid, o.cmd)?;
@@ -282,6 +285,7 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         guests: None,
     };
     print_table_with(&t.session, &placed, o.follow_forks, &extras);
+    t.print_skipped();
     ran.context("the run failed")?;
     Ok(t.exit_code())
 }

@@ -110,6 +110,7 @@ pub fn run() -> Result<u8> {
         duration: None,
         summary: true,
         mechanism: hotprobe::MechanismChoice::Auto,
+        no_traps: false,
         follow_forks: false,
         force: false,
     })

@@ -23,6 +23,8 @@ pub struct ListOptions<'a> {
     pub pattern: Option<&'a str>,
     /// List the blacklist instead.
     pub blacklist: bool,
+    /// Only the count of functions per mechanism and per trap reason.
+    pub summary: bool,
 }
 
 /// One row of the function list.
@@ -159,6 +161,9 @@ pub fn run(o: &ListOptions<'_>) -> Result<()> {
                     }
                 })
                 .collect();
+            if o.summary {
+                return print_summary(&rows, o.pattern, &bin.display().to_string());
+            }
             print_rows(&rows, o.pattern, &bin.display().to_string())
         }
         (None, Some(pid)) => {
@@ -266,6 +271,93 @@ fn print_rows(rows: &[Row], pattern: Option<&str>, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// The summary's class of a row's mechanism: `patch`, `jump`,
+/// `in-process trap` (an instruction the agent's SIGTRAP handler boosts or
+/// emulates), `trap` (single-stepped under ptrace) or `refused`.
+fn class(mechanism: &str) -> &'static str {
+    match mechanism {
+        m if m.starts_with("patch") => "patch",
+        "jump" => "jump",
+        "trap (boosted)" | "trap (emulated)" => "in-process trap",
+        m if m.starts_with("trap") => "trap",
+        _ => "refused",
+    }
+}
+
+/// A trap's reason with what differs from function to function left out:
+/// an instruction quoted as `` `call 0x1234` `` becomes `` `call …` ``, an
+/// address (`at 0x16d7c6`) `at …`, a cold partition's parent `of …`.
+fn reason_kind(why: &str) -> String {
+    let mut out = String::new();
+    let mut quoted = why.split('`');
+    if let Some(first) = quoted.next() {
+        out.push_str(first);
+    }
+    for (i, part) in quoted.enumerate() {
+        out.push('`');
+        if i % 2 == 0 {
+            let mnemonic = part.split_whitespace().next().unwrap_or("");
+            out.push_str(mnemonic);
+            if part.trim() != mnemonic {
+                out.push_str(" …");
+            }
+        } else {
+            out.push_str(part);
+        }
+    }
+    let words: Vec<&str> = out.split(' ').collect();
+    let mut v: Vec<String> = Vec::with_capacity(words.len());
+    for (i, w) in words.iter().enumerate() {
+        let addr = w.starts_with("0x") && i > 0 && words[i - 1] == "at";
+        let parent = i > 1 && words[i - 1] == "of" && words[i - 2] == "partition";
+        v.push(if addr || parent {
+            "…".into()
+        } else {
+            w.to_string()
+        });
+    }
+    v.join(" ")
+}
+
+/// `list BINARY --summary`: functions per mechanism, then the traps
+/// (in-process and ptrace) per reason, most frequent first.
+fn print_summary(rows: &[Row], pattern: Option<&str>, what: &str) -> Result<()> {
+    if rows.is_empty() {
+        match pattern {
+            Some(p) => bail!("no function matches `{p}` in {what}"),
+            None => bail!("{what} has no function symbols"),
+        }
+    }
+    let classes = ["patch", "jump", "in-process trap", "trap", "refused"];
+    let mut per: std::collections::BTreeMap<&str, usize> = Default::default();
+    let mut reasons: std::collections::BTreeMap<String, usize> = Default::default();
+    for r in rows {
+        let c = class(&r.mechanism);
+        *per.entry(c).or_default() += 1;
+        if c != "patch" && c != "jump" {
+            *reasons.entry(reason_kind(&r.why)).or_default() += 1;
+        }
+    }
+    outln!("{:<16}  {:>9}", "MECHANISM", "FUNCTIONS");
+    for c in classes {
+        outln!("{c:<16}  {:>9}", per.get(c).copied().unwrap_or(0));
+    }
+    let on_traps =
+        per.get("in-process trap").copied().unwrap_or(0) + per.get("trap").copied().unwrap_or(0);
+    outln!("{:<16}  {:>9}", "total", rows.len());
+    outln!("{:<16}  {:>9}", "on traps", on_traps);
+    if !reasons.is_empty() {
+        outln!();
+        outln!("{:>9}  WHY (traps)", "FUNCTIONS");
+        let mut v: Vec<(String, usize)> = reasons.into_iter().collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        for (why, n) in v {
+            outln!("{n:>9}  {why}");
+        }
+    }
+    Ok(())
+}
+
 fn print_blacklist(entries: &[(u64, u64, String)]) {
     outln!("{:<18}  {:<18}  WHAT", "START", "END");
     for (s, e, what) in entries {
@@ -318,4 +410,32 @@ pub fn check_binary(p: &Path) -> Result<PathBuf> {
         bail!("{}: no such file", p.display());
     }
     Ok(p.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_are_grouped_without_their_addresses() {
+        assert_eq!(
+            reason_kind("`call 0x2d8a0` at +0x4 within the first 5 bytes is a call"),
+            "`call …` at +0x4 within the first 5 bytes is a call"
+        );
+        assert_eq!(
+            reason_kind("a branch at 0x16d7c6 elsewhere in the module lands at +0x3"),
+            "a branch at … elsewhere in the module lands at +0x3"
+        );
+        assert_eq!(
+            reason_kind("`ret` at +0x2 returns"),
+            "`ret` at +0x2 returns"
+        );
+        assert_eq!(
+            reason_kind("not a function entry: a cold partition of putchar (its [rsp] is not)"),
+            "not a function entry: a cold partition of … (its [rsp] is not)"
+        );
+        assert_eq!(class("trap (stepped)"), "trap");
+        assert_eq!(class("trap (emulated)"), "in-process trap");
+        assert_eq!(class("patch (mcount NOP)"), "patch");
+    }
 }

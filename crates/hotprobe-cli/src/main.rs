@@ -101,6 +101,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             args,
             pid,
             blacklist,
+            summary,
         } => {
             let (binary, pattern) = match (pid, args.as_slice()) {
                 (Some(_), []) => (None, None),
@@ -120,6 +121,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 pid,
                 pattern,
                 blacklist,
+                summary,
             })
             .map(|()| 0)
         }
@@ -129,6 +131,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             duration: secs,
             maxactive,
             mechanism,
+            no_traps,
             follow_forks,
             hist,
             json,
@@ -148,6 +151,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 duration,
                 maxactive: maxactive.max(1),
                 mechanism: mechanism.into(),
+                no_traps,
             })
         }
         Cmd::Coldpatch { input, output } => coldpatch::run(&input, &output).map(|()| 0),
@@ -179,6 +183,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             duration: secs,
             summary,
             mechanism,
+            no_traps,
             follow_forks,
             force,
             cmd,
@@ -197,6 +202,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 duration,
                 summary,
                 mechanism: mechanism.into(),
+                no_traps,
             })
         }
         Cmd::Record {

@@ -229,6 +229,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
         // functions in record"): recorded unless --no-traps, the cost said
         // in the summary.
         record_traps: o.traps,
+        no_traps: !o.traps,
         follow_forks: o.follow_forks,
         ..SessionConfig::default()
     };

@@ -37,6 +37,9 @@ pub struct Traced {
     /// The caller prints how the process ended itself (`record`'s
     /// summary): the session's notice saying the same is not printed.
     pub end_said_later: bool,
+    /// Matches of patterns that were not probed, with why: listed at the
+    /// end ([`Traced::print_skipped`]).
+    pub skipped: Vec<hotprobe::Skipped>,
 }
 
 impl Traced {
@@ -60,6 +63,7 @@ impl Traced {
             spawned,
             run_stops: None,
             end_said_later: false,
+            skipped: Vec::new(),
         })
     }
 
@@ -70,6 +74,7 @@ impl Traced {
         if !self.spawned {
             let _ = self.session.detach();
         }
+        self.print_skipped();
         self.print_notices();
     }
 
@@ -87,14 +92,18 @@ impl Traced {
             bar.set_message(spec.clone());
             let added = match self.session.add(self.target, spec, action(spec)) {
                 Ok(a) => a,
-                // Says which spec already.
-                Err(e @ hotprobe::EngineError::RefusedSpec { .. }) => return Err(e.into()),
-                Err(e) => return Err(e).with_context(|| format!("cannot probe {spec}")),
+                Err(e) => {
+                    bar.suspend(|| self.print_skipped());
+                    return Err(match e {
+                        // Says which spec already.
+                        e @ hotprobe::EngineError::RefusedSpec { .. } => e.into(),
+                        e => anyhow::Error::from(e).context(format!("cannot probe {spec}")),
+                    });
+                }
             };
-            for s in &added.skipped {
-                bar.suspend(|| errln!("hotprobe: skipping {}: {}", s.label, s.reason));
-            }
+            self.skipped.extend(added.skipped);
             if added.placements.is_empty() {
+                bar.suspend(|| self.print_skipped());
                 bail!("no function matching `{spec}` can be probed");
             }
             placed.extend(added.placements);
@@ -102,6 +111,14 @@ impl Traced {
         }
         bar.finish_and_clear();
         Ok(placed)
+    }
+
+    /// Lists (on stderr) the matches of patterns that were not probed,
+    /// one `hotprobe: skipping LABEL: REASON` line each, and forgets them.
+    pub fn print_skipped(&mut self) {
+        for s in self.skipped.drain(..) {
+            errln!("hotprobe: skipping {}: {}", s.label, s.reason);
+        }
     }
 
     /// Lets the target run with its probes, handling events (and handing

@@ -46,6 +46,8 @@ pub struct TraceOptions<'a> {
     pub summary: bool,
     /// `--mechanism`.
     pub mechanism: MechanismChoice,
+    /// `--no-traps`: leave out what needs a trap.
+    pub no_traps: bool,
     /// `-f`: follow forked children.
     pub follow_forks: bool,
     /// `--force`: probe addresses not shown to start an instruction.
@@ -267,6 +269,7 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
         },
         follow_forks: o.follow_forks,
         force: o.force,
+        no_traps: o.no_traps,
         ..SessionConfig::default()
     };
     let specs = o
@@ -302,6 +305,7 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
         outln!();
         print_table(&t.session, &placed, o.follow_forks);
     }
+    t.print_skipped();
     ran?;
     Ok(t.exit_code())
 }

@@ -423,6 +423,47 @@ impl ModuleInfo {
         None
     }
 
+    /// Where a jump goes in `f` and how many bytes it displaces there, or
+    /// why it cannot. After an `endbr64` at the entry (`-fcf-protection`),
+    /// at entry + 4: the `endbr64` stays the first instruction, so indirect
+    /// calls through the function's address stay valid under CET's
+    /// indirect-branch tracking, and the state there is the entry's
+    /// (`endbr64` changes no register or flag). Only where no jump fits
+    /// there (a function of less than 9 bytes) is the `endbr64` displaced
+    /// with the rest, and the reason says so.
+    fn plan_jump_site(&self, f: &FunctionInfo) -> (u64, Result<usize, String>) {
+        let Some(code) = self.code(f.addr, f.size).filter(|_| f.size > 0) else {
+            let why = match f.size {
+                0 => "function size unknown (stripped binary)",
+                _ => "function bytes not in the file",
+            };
+            return (f.addr, Err(why.to_string()));
+        };
+        let at = |site: u64| {
+            let covered = plan_jump(code, f.addr, site)
+                .map(|p| p.covered)
+                .map_err(|e| e.to_string())?;
+            match self.branch_into(site, covered as u64) {
+                Some((target, from)) => Err(format!(
+                    "a branch at {from:#x} elsewhere in the module lands at +{:#x}, \
+                     inside the first {covered} bytes",
+                    target - f.addr
+                )),
+                None => Ok(covered),
+            }
+        };
+        if !code.starts_with(&ENDBR64) {
+            return (f.addr, at(f.addr));
+        }
+        match at(f.addr + 4) {
+            Ok(covered) => (f.addr + 4, Ok(covered)),
+            Err(after) => match at(f.addr) {
+                Ok(covered) => (f.addr, Ok(covered)),
+                Err(_) => (f.addr + 4, Err(format!("after the endbr64: {after}"))),
+            },
+        }
+    }
+
     /// The mechanism `f`'s entry gets under `choice`, and why; an error if
     /// a forced mechanism is impossible.
     pub fn plan(
@@ -480,28 +521,25 @@ impl ModuleInfo {
                 exits: vec![],
             });
         }
-        let jump = match self.code(f.addr, f.size) {
-            _ if f.size == 0 => Err("function size unknown (stripped binary)".to_string()),
-            Some(code) => plan_jump(code, f.addr, f.addr)
-                .map(|p| p.covered)
-                .map_err(|e| e.to_string()),
-            None => Err("function bytes not in the file".to_string()),
-        }
-        .and_then(|covered| match self.branch_into(f.addr, covered as u64) {
-            Some((target, from)) => Err(format!(
-                "a branch at {from:#x} elsewhere in the module lands at +{:#x}, \
-                 inside the first {covered} bytes",
-                target - f.addr
-            )),
-            None => Ok(covered),
-        });
+        let (site, jump) = self.plan_jump_site(f);
         match jump {
             Ok(covered) => Ok(SitePlan {
                 mechanism: Mechanism::Jump,
-                reason: format!(
-                    "{covered} bytes of relocatable instructions at the entry, no branch into them"
-                ),
-                site: f.addr,
+                reason: match site - f.addr {
+                    0 if self.code(f.addr, 4) == Some(&ENDBR64[..]) => format!(
+                        "{covered} bytes of relocatable instructions at the entry, the endbr64 \
+                         among them (no jump fits after it; under enforced indirect-branch \
+                         tracking an indirect call would fault)"
+                    ),
+                    0 => format!(
+                        "{covered} bytes of relocatable instructions at the entry, no branch into them"
+                    ),
+                    _ => format!(
+                        "{covered} bytes of relocatable instructions after the entry's endbr64, \
+                         no branch into them"
+                    ),
+                },
+                site,
                 len: covered,
                 exits: vec![],
             }),

@@ -5,14 +5,23 @@
 //! A site qualifies when
 //! * the instructions starting at the site cover at least
 //!   [`crate::JMP_REL32_LEN`] bytes inside the function,
-//! * none of them ends the straight-line code early (`ret`, `jmp`, `int3`,
-//!   `ud2`...) or is a `call` (the callee would return into the trampoline,
-//!   which unwinders cannot walk through),
+//! * none of them is a breakpoint, a trapping or transactional instruction
+//!   or a system call, nor a `ret` before the 5th byte,
+//! * a `call` among them ends at or past the 5th byte (it is the last one
+//!   displaced): it is relocated as a push of its *original* return address
+//!   followed by a `jmp` to its callee, so the callee returns straight into
+//!   the function after the call and unwinders see the original return
+//!   address; a `call` ending earlier is refused (the bytes after it, where
+//!   it returns, are overwritten),
+//! * an unconditional `jmp` before the 5th byte ends the code that runs:
+//!   the bytes after it up to the 5th are overwritten and never reached but
+//!   by a branch, which the scan below refuses,
 //! * no branch anywhere in the function (linear sweep) lands strictly inside
 //!   the displaced bytes (it would execute half of the `jmp rel32`),
 //! * each displaced instruction can be re-encoded at the trampoline with
 //!   iced-x86's `BlockEncoder` (RIP-relative operands and relative branches
-//!   re-targeted to the same absolute addresses).
+//!   re-targeted to the same absolute addresses; a `jcc rel8` becomes a
+//!   `jcc rel32`, or a `jcc` over an absolute jump when out of reach).
 //!
 //! Indirect jumps through jump tables cannot be followed by a linear sweep;
 //! gcc and clang place switch-case labels after the prologue, never within
@@ -20,7 +29,7 @@
 
 use iced_x86::{
     BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, FlowControl, Instruction,
-    InstructionBlock, Mnemonic, OpKind,
+    InstructionBlock, MemoryOperand, Mnemonic, OpKind, Register,
 };
 
 use crate::{format_instruction, JMP_REL32_LEN};
@@ -98,7 +107,9 @@ pub struct JumpPlan {
     pub covered: usize,
     /// The original bytes at `site..site + covered`.
     pub original: Vec<u8>,
-    /// The displaced instructions, decoded at their original addresses.
+    /// The displaced instructions that run, decoded at their original
+    /// addresses (those after an unconditional `jmp`, never reached, are
+    /// covered but not listed).
     pub instructions: Vec<Instruction>,
 }
 
@@ -116,28 +127,89 @@ impl JumpPlan {
     }
 
     /// The displaced instructions re-encoded to run at `at`, followed by a
-    /// jump back to `site + covered`.
+    /// jump back to `site + covered` (none after a relocated `call`, whose
+    /// callee returns there itself).
     pub fn relocate(&self, at: u64) -> Result<Vec<u8>, JumpError> {
-        let mut instrs = self.instructions.clone();
-        let back = self.site.wrapping_add(self.covered as u64);
-        let mut jmp = Instruction::with_branch(Code::Jmp_rel32_64, back).map_err(|e| {
-            JumpError::Relocation {
-                at,
-                why: e.to_string(),
+        let fail = |why: String| JumpError::Relocation { at, why };
+        let mut instrs = Vec::with_capacity(self.instructions.len() + 4);
+        let mut called = false;
+        for i in &self.instructions {
+            match i.flow_control() {
+                FlowControl::Call | FlowControl::IndirectCall => {
+                    relocated_call(i, &mut instrs).map_err(fail)?;
+                    called = true;
+                }
+                _ => instrs.push(*i),
             }
-        })?;
-        // An address no branch targets: BlockEncoder re-targets branches to
-        // instructions of the block, and `back` must stay the original address.
-        jmp.set_ip(0);
-        instrs.push(jmp);
+        }
+        if !called {
+            let back = self.site.wrapping_add(self.covered as u64);
+            let mut jmp = Instruction::with_branch(Code::Jmp_rel32_64, back)
+                .map_err(|e| fail(e.to_string()))?;
+            // An address no branch targets: BlockEncoder re-targets branches to
+            // instructions of the block, and `back` must stay the original address.
+            jmp.set_ip(0);
+            instrs.push(jmp);
+        }
         let block = InstructionBlock::new(&instrs, at);
-        let r = BlockEncoder::encode(64, block, BlockEncoderOptions::NONE).map_err(|e| {
-            JumpError::Relocation {
-                at,
-                why: e.to_string(),
-            }
-        })?;
+        let r = BlockEncoder::encode(64, block, BlockEncoderOptions::NONE)
+            .map_err(|e| fail(e.to_string()))?;
         Ok(r.code_buffer)
+    }
+}
+
+/// A displaced `call` as it runs from the trampoline: its original return
+/// address pushed (registers and flags untouched: `push imm32` when the
+/// address sign-extends from 32 bits, else `lea rsp, [rsp-8]` and two
+/// `mov dword`), then a `jmp` to the callee (rel32, or through memory when
+/// out of reach: BlockEncoder's choice), or, for `call r/m64`, `jmp r/m64`
+/// with the same operand.
+fn relocated_call(call: &Instruction, out: &mut Vec<Instruction>) -> Result<(), String> {
+    let ret = call.next_ip();
+    let e = |e: iced_x86::IcedError| e.to_string();
+    let mut jmp = match call.code() {
+        Code::Call_rel32_64 => {
+            Instruction::with_branch(Code::Jmp_rel32_64, call.near_branch_target()).map_err(e)?
+        }
+        Code::Call_rm64 => {
+            let mut j = *call;
+            j.set_code(Code::Jmp_rm64);
+            j
+        }
+        _ => return Err(format!("no relocation for `{}`", format_instruction(call))),
+    };
+    jmp.set_ip(0);
+    if let Ok(imm) = i32::try_from(ret as i64) {
+        out.push(Instruction::with1(Code::Pushq_imm32, imm).map_err(e)?);
+    } else {
+        let rsp = |d: i64| MemoryOperand::with_base_displ(Register::RSP, d);
+        out.push(Instruction::with2(Code::Lea_r64_m, Register::RSP, rsp(-8)).map_err(e)?);
+        out.push(Instruction::with2(Code::Mov_rm32_imm32, rsp(0), ret as u32).map_err(e)?);
+        out.push(Instruction::with2(Code::Mov_rm32_imm32, rsp(4), (ret >> 32) as u32).map_err(e)?);
+    }
+    out.push(jmp);
+    Ok(())
+}
+
+/// Why a `call` at the end of the displaced bytes cannot be relocated as
+/// push + jmp, if it cannot.
+fn call_refusal(instr: &Instruction, site: u64, end: u64) -> Option<&'static str> {
+    match instr.code() {
+        Code::Call_rel32_64 => {
+            let t = instr.near_branch_target();
+            (site..end)
+                .contains(&t)
+                .then_some("is a call into the displaced bytes")
+        }
+        Code::Call_rm64 => {
+            let uses_rsp = if instr.op0_kind() == OpKind::Register {
+                instr.op0_register() == Register::RSP
+            } else {
+                instr.memory_base() == Register::RSP || instr.memory_index() == Register::RSP
+            };
+            uses_rsp.then_some("is an indirect call through the stack pointer")
+        }
+        _ => Some("is a call that cannot be relocated (far, or no r/m64 operand)"),
     }
 }
 
@@ -177,6 +249,9 @@ pub fn plan_jump(function: &[u8], func_start: u64, site: u64) -> Result<JumpPlan
     let mut dec = Decoder::with_ip(64, &function[off..], site, DecoderOptions::NONE);
     let mut instructions = Vec::new();
     let mut covered = 0usize;
+    // Past an unconditional jump nothing displaced runs (a branch landing
+    // there is refused below): its bytes are only counted.
+    let mut dead = false;
     while covered < JMP_REL32_LEN {
         if !dec.can_decode() {
             return Err(JumpError::TooShortFromSite {
@@ -188,6 +263,10 @@ pub fn plan_jump(function: &[u8], func_start: u64, site: u64) -> Result<JumpPlan
         if instr.code() == Code::INVALID {
             return Err(JumpError::Invalid { offset: at });
         }
+        if dead {
+            covered += instr.len();
+            continue;
+        }
         let refuse = |why| {
             Err(JumpError::Unrelocatable {
                 offset: at,
@@ -195,20 +274,31 @@ pub fn plan_jump(function: &[u8], func_start: u64, site: u64) -> Result<JumpPlan
                 why,
             })
         };
-        // A `ret` or `jmp` may be the last instruction displaced when it
-        // ends at or past the jump's 5th byte: no byte after it is
-        // overwritten (it runs relocated, the jump back is never reached).
+        // A `ret`, `jmp` or `call` may be the last instruction displaced
+        // when it ends at or past the jump's 5th byte: no byte after it is
+        // overwritten (it runs relocated; the callee of a call returns to
+        // the original code after it).
         let last = covered + instr.len() >= JMP_REL32_LEN;
+        // iced-x86 counts `syscall` as a call: checked first.
+        if matches!(instr.mnemonic(), Mnemonic::Syscall | Mnemonic::Sysenter) {
+            return refuse("is a system call (the kernel may restart it by address)");
+        }
         match instr.flow_control() {
             FlowControl::Return if !last => return refuse("returns before 5 bytes"),
-            FlowControl::UnconditionalBranch | FlowControl::IndirectBranch if !last => {
-                return refuse("jumps away before 5 bytes")
-            }
+            FlowControl::IndirectBranch if !last => return refuse("jumps away before 5 bytes"),
+            FlowControl::UnconditionalBranch if !last => dead = true,
             FlowControl::Return
             | FlowControl::UnconditionalBranch
             | FlowControl::IndirectBranch => {}
+            FlowControl::Call | FlowControl::IndirectCall if !last => {
+                return refuse(
+                    "is a call ending before the 5th byte (it returns into the overwritten bytes)",
+                )
+            }
             FlowControl::Call | FlowControl::IndirectCall => {
-                return refuse("is a call (its callee would return into the trampoline)")
+                if let Some(why) = call_refusal(&instr, site, instr.next_ip()) {
+                    return refuse(why);
+                }
             }
             FlowControl::Interrupt if instr.code() == Code::Int3 => {
                 return refuse(
@@ -222,9 +312,6 @@ pub fn plan_jump(function: &[u8], func_start: u64, site: u64) -> Result<JumpPlan
                 return refuse("is a transactional-memory instruction")
             }
             FlowControl::Next | FlowControl::ConditionalBranch => {}
-        }
-        if matches!(instr.mnemonic(), Mnemonic::Syscall | Mnemonic::Sysenter) {
-            return refuse("is a system call (the kernel may restart it by address)");
         }
         if instr.is_ip_rel_memory_operand() && instr.memory_base() != iced_x86::Register::RIP {
             return refuse("uses EIP-relative addressing");
@@ -325,5 +412,141 @@ mod tests {
             p.patch_bytes(0x40_8000).unwrap()[..5],
             [0xe9, 0xfb, 0x6f, 0, 0]
         );
+    }
+
+    fn decode_all(code: &[u8], at: u64) -> Vec<Instruction> {
+        let mut d = Decoder::with_ip(64, code, at, DecoderOptions::NONE);
+        let mut v = Vec::new();
+        while d.can_decode() {
+            v.push(d.decode());
+        }
+        v
+    }
+
+    #[test]
+    fn a_call_ending_the_displaced_bytes_becomes_push_and_jmp() {
+        // sub rsp, 8 (4); call +0x100 (5); add rsp, 8; ret
+        let f = [
+            0x48, 0x83, 0xec, 0x08, 0xe8, 0x00, 0x01, 0x00, 0x00, 0x48, 0x83, 0xc4, 0x08, 0xc3,
+        ];
+        let site = 0x7f12_3456_0000u64;
+        let p = plan_jump(&f, site, site).unwrap();
+        assert_eq!(p.covered, 9);
+        // Far from the callee: the return address does not fit a push imm32.
+        let at = site + 0x1_0000_0000;
+        let code = p.relocate(at).unwrap();
+        let v = decode_all(&code, at);
+        assert_eq!(v[0].mnemonic(), Mnemonic::Sub);
+        assert_eq!(v[1].code(), Code::Lea_r64_m);
+        assert_eq!(v[1].memory_base(), Register::RSP);
+        assert_eq!(v[1].memory_displacement64() as i64, -8);
+        assert_eq!(
+            (v[2].code(), v[2].immediate32()),
+            (Code::Mov_rm32_imm32, 0x3456_0009)
+        );
+        assert_eq!(
+            (v[3].code(), v[3].immediate32()),
+            (Code::Mov_rm32_imm32, 0x7f12)
+        );
+        assert_eq!(v[3].memory_displacement64(), 4);
+        // Out of rel32 reach: jmp qword [rip+x] holding the callee.
+        assert_eq!(v[4].code(), Code::Jmp_rm64);
+        let slot = (v[4].memory_displacement64() - at) as usize;
+        let target = u64::from_le_bytes(code[slot..slot + 8].try_into().unwrap());
+        assert_eq!(target, site + 9 + 0x100);
+        // No jump back: the callee returns to site + 9 itself.
+        assert_eq!(code.len(), slot + 8);
+        // Within reach, in the low 2 GiB: push imm32 and jmp rel32.
+        let p = plan_jump(&f, 0x40_1000, 0x40_1000).unwrap();
+        let code = p.relocate(0x40_8000).unwrap();
+        let v = decode_all(&code, 0x40_8000);
+        assert_eq!(
+            (v[1].code(), v[1].immediate32to64()),
+            (Code::Pushq_imm32, 0x40_1009)
+        );
+        assert_eq!(v[2].code(), Code::Jmp_rel32_64);
+        assert_eq!(v[2].near_branch_target(), 0x40_1109);
+        assert_eq!(v.len(), 3);
+    }
+
+    #[test]
+    fn an_indirect_call_ending_the_displaced_bytes_becomes_push_and_jmp_through_it() {
+        // push rbx (1); call [rip+0x100] (6); pop rbx; ret
+        let f = [0x53, 0xff, 0x15, 0x00, 0x01, 0x00, 0x00, 0x5b, 0xc3];
+        let p = plan_jump(&f, 0x40_1000, 0x40_1000).unwrap();
+        assert_eq!(p.covered, 7);
+        let code = p.relocate(0x40_8000).unwrap();
+        let v = decode_all(&code, 0x40_8000);
+        assert_eq!(v[0].mnemonic(), Mnemonic::Push);
+        assert_eq!(
+            (v[1].code(), v[1].immediate32to64()),
+            (Code::Pushq_imm32, 0x40_1007)
+        );
+        assert_eq!(v[2].code(), Code::Jmp_rm64);
+        assert_eq!(v[2].memory_displacement64(), 0x40_1107);
+        assert_eq!(v.len(), 3);
+        // Through the stack pointer: refused (the push moves it).
+        let f = [0x53, 0xff, 0x54, 0x24, 0x08, 0x5b, 0xc3];
+        let e = plan_jump(&f, 0x40_1000, 0x40_1000).unwrap_err();
+        assert!(e.to_string().contains("through the stack pointer"), "{e}");
+    }
+
+    #[test]
+    fn a_syscall_is_refused_as_a_system_call() {
+        // mov eax, edi (2); syscall (2); ret
+        let e = plan_jump(&[0x89, 0xf8, 0x0f, 0x05, 0xc3], 0x1000, 0x1000).unwrap_err();
+        assert!(e.to_string().contains("is a system call"), "{e}");
+    }
+
+    #[test]
+    fn a_call_ending_before_the_fifth_byte_is_refused() {
+        // call rax (2); xor eax, eax (2); nop (1); ret
+        let f = [0xff, 0xd0, 0x31, 0xc0, 0x90, 0xc3];
+        let e = plan_jump(&f, 0x1000, 0x1000).unwrap_err();
+        assert!(
+            e.to_string().contains("call ending before the 5th byte"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_short_jmp_at_the_entry_moves_when_nothing_lands_in_the_bytes_after_it() {
+        // sqlite3BackupRestart: jmp +0x13 (2); nopw (6); body at +8 ...;
+        // +0x13: test rdi, rdi; jne +8; ret
+        let f = [
+            0xeb, 0x11, 0x66, 0x0f, 0x1f, 0x44, 0x00, 0x00, 0xc7, 0x47, 0x18, 0x01, 0x00, 0x00,
+            0x00, 0x48, 0x8b, 0x7f, 0x40, 0x48, 0x85, 0xff, 0x75, 0xf0, 0xc3,
+        ];
+        let p = plan_jump(&f, 0x1000, 0x1000).unwrap();
+        assert_eq!(p.covered, 8);
+        assert_eq!(p.instructions.len(), 1);
+        let code = p.relocate(0x8000).unwrap();
+        let v = decode_all(&code, 0x8000);
+        assert_eq!(v[0].code(), Code::Jmp_rel32_64);
+        assert_eq!(v[0].near_branch_target(), 0x1013);
+        // The same with the loop body right after the jmp: refused.
+        let f = [
+            0xeb, 0x03, 0x48, 0xff, 0xc7, 0x48, 0x85, 0xff, 0x75, 0xf8, 0xc3,
+        ];
+        let e = plan_jump(&f, 0x1000, 0x1000).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("a jump lands inside the first 5 bytes at +2"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_short_jcc_is_relocated_as_rel32() {
+        // test edi, edi (2); je +0x20 (2); mov eax, 1 (5); ...
+        let mut f = vec![0x85, 0xff, 0x74, 0x1c, 0xb8, 0x01, 0x00, 0x00, 0x00];
+        f.resize(0x30, 0xc3);
+        let p = plan_jump(&f, 0x40_1000, 0x40_1000).unwrap();
+        assert_eq!(p.covered, 9);
+        let code = p.relocate(0x40_8000).unwrap();
+        let v = decode_all(&code, 0x40_8000);
+        assert_eq!(v[1].code(), Code::Je_rel32_64);
+        assert_eq!(v[1].near_branch_target(), 0x40_1020);
+        assert_eq!(v[3].near_branch_target(), 0x40_1009);
     }
 }

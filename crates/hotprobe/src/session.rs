@@ -187,6 +187,10 @@ pub struct SessionConfig {
     /// per hit) where the fast path cannot take a site; when false such
     /// sites are refused with the reason.
     pub record_traps: bool,
+    /// No trap of either kind (ptrace or in-process) for `Count` and
+    /// `Record` probes: a site that neither a patch nor a jump takes is
+    /// refused with the reason (skipped, for a pattern).
+    pub no_traps: bool,
     /// Follow forked children as targets of their own (their counts per
     /// process, see [`Session::stats_by_process`]; their recorded events
     /// under their own thread ids) instead of letting them run without
@@ -207,6 +211,7 @@ impl Default for SessionConfig {
             fast_path: FastPathConfig::default(),
             maxactive: 64,
             record_traps: true,
+            no_traps: false,
             follow_forks: false,
             force: false,
         }
@@ -1490,7 +1495,19 @@ impl Session {
                 }
                 return Err(e);
             }
-            let mut plan = self.plan_resolved(t, &r, is_return, record, symbols.as_deref())?;
+            let mut plan = match self.plan_resolved(t, &r, is_return, record, symbols.as_deref()) {
+                // A forced mechanism with a pattern: what cannot take it
+                // is listed, the rest placed (issue 23).
+                Err(e) if pattern && self.config.mechanism != MechanismChoice::Auto => {
+                    let reason = match e {
+                        EngineError::RefusedSpec { reason, .. } => reason,
+                        e => e.to_string(),
+                    };
+                    added.skipped.push(Skipped { label, reason });
+                    continue;
+                }
+                plan => plan?,
+            };
             let full_slots = self.config.fast_path.record_args > 2;
             let xmm = match (&self.xmm_layout, record && !is_return, &plan) {
                 (Some(choose), true, Plan::Fast { .. }) if full_slots => choose(&r),
@@ -1505,6 +1522,17 @@ impl Session {
             }
             let fast_ok = capture.is_none() && (record || !is_return);
             plan = self.fit_to_ledger(t, &r, plan, fast_ok)?;
+            if let (true, Plan::Trap(why) | Plan::Join(why)) = (self.config.no_traps, &plan) {
+                let reason = format!("needs a trap ({why})");
+                if pattern {
+                    added.skipped.push(Skipped { label, reason });
+                    continue;
+                }
+                return Err(EngineError::RefusedSpec {
+                    spec: spec.into(),
+                    reason,
+                });
+            }
             // An in-process trap may still take it (refused below if not);
             // typed values (captured at the hit) need the ptrace trap.
             let inproc_first =
@@ -2074,7 +2102,8 @@ impl Session {
         } else {
             Plan::Trap(String::new())
         };
-        if let (Plan::Trap(why), true) = (&plan, record && !self.config.record_traps) {
+        let no_trap = (record && !self.config.record_traps) || self.config.no_traps;
+        if let (Plan::Trap(why), true) = (&plan, no_trap) {
             return Err(EngineError::RefusedSpec {
                 spec,
                 reason: format!("needs the trap mechanism ({why})"),

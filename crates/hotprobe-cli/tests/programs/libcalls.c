@@ -3,8 +3,7 @@
  * of the program (row_cb) entered from SQLite that calls back into zlib
  * (compressBound), zlib's compress (a tail call into compress2, through
  * zlib's own PLT) from do_tail, and a function only a trap can take (twice:
- * its first instruction is a short jump over the bytes a jump probe would
- * move).
+ * its own loop jumps back into the bytes a jump probe would move).
  * It prints how many calls it made, for the tests to compare with the
  * trace.
  *   libcalls COMPRESSES QUERIES TWICES
@@ -14,16 +13,20 @@
 #include <stdlib.h>
 #include <zlib.h>
 
-/* 2 * x, behind a 2-byte `jmp` over 3 bytes of padding. */
+/* 2 * x, by a loop whose branch lands at +4, inside the first 7 bytes
+ * (xor, xor, add) a jump would move. */
 long twice(long x);
 __asm__(".text\n"
         ".globl twice\n"
         ".type twice, @function\n"
         "twice:\n"
-        "  jmp 1f\n"
-        "  nop\n  nop\n  nop\n"
+        "  xor %eax, %eax\n"
+        "  xor %ecx, %ecx\n"
         "1:\n"
-        "  lea (%rdi,%rdi), %rax\n"
+        "  add %rdi, %rax\n"
+        "  inc %ecx\n"
+        "  cmp $2, %ecx\n"
+        "  jne 1b\n"
         "  ret\n"
         ".size twice, .-twice\n");
 
