@@ -31,7 +31,17 @@ if [ "$build" = 1 ]; then
     flag=(--profile "$profile")
     cargo build --locked "${flag[@]}" -p hotprobe-cli -p hotprobe-capi
 fi
-for f in "$T/hotprobe" "$T/libhotprobe_c.so" "$T/man/man1/hotprobe.1" "$T/completions/hotprobe.bash"; do
+# `cargo build` puts the C library in the profile's directory; a `cargo
+# test` run leaves it in deps/ only.
+lib() {
+    for d in "$T" "$T/deps"; do
+        [ -e "$d/$1" ] && { echo "$d/$1"; return; }
+    done
+    echo "$T/$1"
+}
+SO=$(lib libhotprobe_c.so)
+A=$(lib libhotprobe_c.a)
+for f in "$T/hotprobe" "$SO" "$T/man/man1/hotprobe.1" "$T/completions/hotprobe.bash"; do
     [ -e "$f" ] || { echo "install.sh: $f is missing (build the $profile profile first)" >&2; exit 1; }
 done
 install -Dm755 "$T/hotprobe" "$DEST/bin/hotprobe"
@@ -41,8 +51,8 @@ done
 install -Dm644 "$T/completions/hotprobe.bash" "$DEST/share/bash-completion/completions/hotprobe"
 install -Dm644 "$T/completions/_hotprobe" "$DEST/share/zsh/site-functions/_hotprobe"
 install -Dm644 "$T/completions/hotprobe.fish" "$DEST/share/fish/vendor_completions.d/hotprobe.fish"
-install -Dm755 "$T/libhotprobe_c.so" "$DEST/lib/libhotprobe_c.so"
-install -Dm644 "$T/libhotprobe_c.a" "$DEST/lib/libhotprobe_c.a"
+install -Dm755 "$SO" "$DEST/lib/libhotprobe_c.so"
+if [ -e "$A" ]; then install -Dm644 "$A" "$DEST/lib/libhotprobe_c.a"; fi
 for h in crates/hotprobe-capi/include/*.h; do
     install -Dm644 "$h" "$DEST/include/$(basename "$h")"
 done
