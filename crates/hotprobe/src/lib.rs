@@ -20,6 +20,8 @@
 //! through a trampoline and a per-thread shadow stack bounded by
 //! `maxactive`, several probes per address, enable/disable at run time.
 
+pub mod cond;
+mod count;
 mod engine;
 mod handler;
 mod held;
@@ -28,6 +30,7 @@ mod plugin;
 mod recorder;
 mod session;
 
+pub use count::{tsc_ticks_per_ns, CountSink};
 pub use engine::{Engine, Outcome, ProbeStats};
 pub use handler::{EntryInfo, Handler, HitContext, HitKind, Probe, ProbeId, RetProbe};
 pub use held::HeldTarget;
