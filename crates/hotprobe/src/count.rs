@@ -9,15 +9,14 @@
 //! innermost open entry of the same probe on the same thread.
 //!
 //! ```no_run
-//! use hotprobe::{cond::Cond, Action, CountSink, Session};
+//! use hotprobe::{CountSink, Session};
 //! use std::sync::atomic::AtomicBool;
 //! let mut s = Session::new();
 //! let t = s.spawn("./prog".as_ref(), &[]).unwrap();
-//! let added = s.add(t, "compute", Action::Record).unwrap();
 //! let mut sink = CountSink::new(false);
-//! for p in &added.placements {
-//!     sink.add(p.id, Some(Cond::parse("arg0 > 256").unwrap()));
-//! }
+//! // Records entries and follows their probes in the sink, as
+//! // `s.add(t, "compute", Action::Record)` then `sink.add(id, Some(cond))`.
+//! let added = sink.place(&mut s, t, "compute", Some("arg0 > 256")).unwrap();
 //! s.start().unwrap();
 //! s.run_with(&AtomicBool::new(false), Some(&mut sink)).unwrap();
 //! let id = added.placements[0].id;
@@ -28,11 +27,43 @@
 //! C API's `hotprobe_count_if` and Python's `Session.count(..., cond=...)`
 //! all aggregate here.
 
-use crate::cond::Cond;
-use crate::{EventSink, ProbeId, RecordedEvent, SinkError, KIND_ENTRY, KIND_EXIT, KIND_HIT};
+use crate::cond::{Cond, CondError};
+use crate::{
+    Action, Added, EngineError, EventSink, ProbeId, RecordedEvent, Session, SinkError, TargetId,
+    KIND_ENTRY, KIND_EXIT, KIND_HIT,
+};
 use hotprobe_trace::Histogram;
 use std::collections::HashMap;
 use std::time::Duration;
+
+/// Why [`CountSink::place`] placed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum CountError {
+    /// The condition does not parse.
+    #[error("the condition: {0}")]
+    Cond(#[from] CondError),
+    /// Conditions and histograms follow function entries, not returns.
+    #[error("{spec}: conditions and histograms work on function entries (no %return)")]
+    Return {
+        /// The spec as given.
+        spec: String,
+    },
+    /// The session follows forks: recorded counts do not, yet.
+    #[error("conditions and histograms do not work with follow_forks yet")]
+    FollowForks,
+    /// The session records fewer argument registers than the condition
+    /// compares ([`crate::FastPathConfig::record_args`]).
+    #[error("the condition compares arg{} and the session records {recorded} argument registers", .needed - 1)]
+    TooFewArgs {
+        /// Argument registers the condition needs.
+        needed: u8,
+        /// Argument registers the session records.
+        recorded: u8,
+    },
+    /// The session could not place the probes.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
 
 /// The aggregating sink of conditional counts and histograms.
 #[derive(Debug, Default)]
@@ -85,6 +116,41 @@ impl CountSink {
             Some(c) => self.conds.insert(id.0, c),
             None => self.conds.remove(&id.0),
         };
+    }
+
+    /// Places recording probes on every address `spec` names in target
+    /// `t` and follows them: their entries count when `cond` (the
+    /// [`crate::cond`] grammar, `arg0`…`arg5` only) holds, every entry
+    /// without one. Hand this sink to [`Session::run_with`] to count.
+    /// Refused before anything is placed: a condition that does not
+    /// parse, a `%return` spec, a session following forks, a condition
+    /// comparing arguments the session does not record.
+    pub fn place(
+        &mut self,
+        session: &mut Session,
+        t: TargetId,
+        spec: &str,
+        cond: Option<&str>,
+    ) -> Result<Added, CountError> {
+        let cond = cond.map(Cond::parse).transpose()?;
+        if spec.trim_end().ends_with("%return") {
+            return Err(CountError::Return {
+                spec: spec.to_string(),
+            });
+        }
+        if session.config().follow_forks {
+            return Err(CountError::FollowForks);
+        }
+        let recorded = session.config().fast_path.record_args.min(6);
+        let needed = cond.as_ref().map_or(0, Cond::args_needed);
+        if needed > recorded {
+            return Err(CountError::TooFewArgs { needed, recorded });
+        }
+        let added = session.add(t, spec, Action::Record)?;
+        for p in &added.placements {
+            self.add(p.id, cond.clone());
+        }
+        Ok(added)
     }
 
     /// Whether probe `id` is followed ([`CountSink::add`]).

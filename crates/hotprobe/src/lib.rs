@@ -30,7 +30,7 @@ mod plugin;
 mod recorder;
 mod session;
 
-pub use count::{tsc_ticks_per_ns, CountSink};
+pub use count::{tsc_ticks_per_ns, CountError, CountSink};
 pub use engine::{Engine, Outcome, ProbeStats};
 pub use handler::{EntryInfo, Handler, HitContext, HitKind, Probe, ProbeId, RetProbe};
 pub use held::HeldTarget;
