@@ -4,7 +4,8 @@
 //! `ret`, each called with a handler context and the caller's `user_data`),
 //! enable, disable or unregister them, run the loop, stop it from a
 //! handler, read and write registers and memory from the handler context,
-//! read the statistics.
+//! read the statistics; count the calls whose arguments satisfy a
+//! condition (`count_if`: `hotprobe_count_if`, `hotprobe_count_if_hits`).
 //!
 //! Everything goes through [`hotprobe::Session`]: probes with handlers are
 //! `Action::Handler` / `Action::Return`, so a faster handler path in the
