@@ -46,8 +46,8 @@ pub use recorder::{DrainStats, EventSink, SinkError};
 // Resolution lives below the engine (target crates implement `Resolver`
 // without depending on it); re-exported under the names it always had.
 pub use hotprobe_resolve::{
-    check_probe_point, BlacklistEntry, CheckOptions, ProcessResolver, Resolver, Symbolizer,
-    SIGRETURN_SYMBOLS,
+    check_probe_point, module_blacklist, BlacklistEntry, CheckOptions, ProcessResolver, Resolver,
+    Symbolizer, SIGRETURN_SYMBOLS,
 };
 pub use session::watch::{ValueSource, WatchAt, WatchHit, WatchKind, WatchSpec, WatchStats};
 pub use session::{
