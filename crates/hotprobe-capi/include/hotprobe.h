@@ -690,6 +690,48 @@ int hotprobe_ctx_write(struct hotprobe_ctx *ctx, uint64_t addr, const void *data
  */
 int hotprobe_ctx_stop(struct hotprobe_ctx *ctx);
 
+/**
+ * Counts the calls of every function `spec` names (a pattern names every
+ * matching function) whose arguments satisfy `cond` (e.g. `"arg0 > 256"`;
+ * NULL counts every call). Writes up to `cap` probe ids to `ids` and how
+ * many were placed to `n_out`; read each count with
+ * [`hotprobe_count_if_hits`] after (or between) runs.
+ *
+ * Refused with `HOTPROBE_ERR_INVALID` before anything is placed: a
+ * condition that does not parse (the message gives the column), a
+ * `%return` spec, a session that follows forks.
+ *
+ * # Safety
+ * `s` is a live session; `spec` a C string; `cond` null or a C string;
+ * `ids` null or valid for `cap` writes; `n_out` null or writable.
+ */
+int hotprobe_count_if(struct hotprobe_session *s,
+                      hotprobe_target target,
+                      const char *spec,
+                      const char *cond,
+                      hotprobe_probe *ids,
+                      size_t cap,
+                      size_t *n_out);
+
+/**
+ * The calls a [`hotprobe_count_if`] probe counted so far (those whose
+ * condition held), in `hits_out`. `HOTPROBE_ERR_NOT_FOUND` for a probe
+ * that is not a conditional count.
+ *
+ * # Safety
+ * `s` is a live session; `hits_out` null or writable.
+ */
+int hotprobe_count_if_hits(struct hotprobe_session *s, hotprobe_probe probe, uint64_t *hits_out);
+
+/**
+ * Recorded events lost so far (full rings): the conditional counts are
+ * low by up to this many, in `lost_out`.
+ *
+ * # Safety
+ * `s` is a live session; `lost_out` null or writable.
+ */
+int hotprobe_count_if_lost(struct hotprobe_session *s, uint64_t *lost_out);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

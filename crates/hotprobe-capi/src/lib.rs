@@ -4,7 +4,8 @@
 //! `ret`, each called with a handler context and the caller's `user_data`),
 //! enable, disable or unregister them, run the loop, stop it from a
 //! handler, read and write registers and memory from the handler context,
-//! read the statistics.
+//! read the statistics; count the calls whose arguments satisfy a
+//! condition (`count_if`: `hotprobe_count_if`, `hotprobe_count_if_hits`).
 //!
 //! Everything goes through [`hotprobe::Session`]: probes with handlers are
 //! `Action::Handler` / `Action::Return`, so a faster handler path in the
@@ -20,7 +21,9 @@
 // The C names are the API (cbindgen copies them into the header).
 #![allow(non_camel_case_types)]
 
+mod count_if;
 mod limits;
+pub use count_if::{hotprobe_count_if, hotprobe_count_if_hits, hotprobe_count_if_lost};
 use hotprobe::{
     Action, EngineError, HitContext, HitKind, MechanismChoice, Probe, ProbeId, Registers, RetProbe,
     RunEnd, Session, SessionConfig, TargetId,
@@ -126,6 +129,9 @@ pub struct hotprobe_session {
     started: Cell<bool>,
     /// A run is in progress (handlers may be running).
     running: Cell<bool>,
+    /// The conditional counts ([`hotprobe_count_if`]): the sink of every
+    /// run.
+    counts: RefCell<hotprobe::CountSink>,
 }
 
 /// Clears `running` when a run ends, whether it returns or unwinds.
@@ -495,6 +501,7 @@ pub unsafe extern "C" fn hotprobe_open(config: *const hotprobe_config) -> *mut h
             session: UnsafeCell::new(Session::with_config(c)),
             started: Cell::new(false),
             running: Cell::new(false),
+            counts: RefCell::new(hotprobe::CountSink::new(false)),
         }));
         Ok(HOTPROBE_OK)
     });
@@ -892,7 +899,13 @@ pub unsafe extern "C" fn hotprobe_run(s: *mut hotprobe_session) -> c_int {
             session.start()?;
             h.started.set(true);
         }
-        Ok(match session.run()? {
+        // Recorded events (conditional counts) go to the session's sink.
+        let mut counts = h.counts.borrow_mut();
+        let end = session.run_with(
+            &std::sync::atomic::AtomicBool::new(false),
+            Some(&mut *counts),
+        )?;
+        Ok(match end {
             RunEnd::Stopped => HOTPROBE_END_STOPPED,
             RunEnd::AllExited => HOTPROBE_END_EXITED,
             RunEnd::Interrupted => HOTPROBE_END_INTERRUPTED,

@@ -8,19 +8,16 @@
 //!
 //! With a condition (`'PROBE if arg0 > 5'`, see [`crate::cond`]) or
 //! `--hist`, the probes record instead of counting: entries (with the
-//! arguments the conditions name) and exits go to a [`CountSink`], which
-//! counts the entries whose condition holds and builds a log2 histogram of
-//! the durations of those calls.
+//! arguments the conditions name) and exits go to the library's
+//! [`CountSink`], which counts the entries whose condition holds and builds
+//! a log2 histogram of the durations of those calls. This module only
+//! turns the command line into probes and conditions, and prints.
 
 use crate::cond::{split_spec, Cond};
 use crate::out::errln;
 use crate::session::{print_table_with, TableExtras, Traced};
 use anyhow::{bail, Context, Result};
-use hotprobe::{
-    Action, EventSink, FastPathConfig, MechanismChoice, RecordedEvent, SessionConfig, SinkError,
-    KIND_ENTRY, KIND_EXIT, KIND_HIT,
-};
-use hotprobe_trace::Histogram;
+use hotprobe::{Action, CountSink, FastPathConfig, MechanismChoice, SessionConfig};
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::time::Duration;
@@ -57,84 +54,6 @@ struct Spec {
     /// The condition's text and, unless it names parameters (compiled
     /// per function once placed), the condition.
     cond: Option<(String, Option<Cond>)>,
-}
-
-/// The recording sink of `count` with conditions or `--hist`.
-pub struct CountSink {
-    /// Condition per probe id (none: every entry counts).
-    conds: HashMap<u32, Cond>,
-    hist: bool,
-    /// Entries whose condition held, per probe id.
-    pub hits: HashMap<u32, u64>,
-    /// Durations of those calls, per probe id.
-    pub hists: HashMap<u32, Histogram>,
-    /// Per thread: open calls (probe, entry TSC, condition held).
-    stacks: HashMap<u32, Vec<(u32, u64, bool)>>,
-    ticks_per_ns: f64,
-    /// Events the rings dropped.
-    pub lost: u64,
-}
-
-impl CountSink {
-    /// A sink for these conditions (probe id → condition); `hist` builds
-    /// histograms (of every probe in `probes`).
-    pub fn new(conds: HashMap<u32, Cond>, hist: bool, probes: &[u32]) -> CountSink {
-        CountSink {
-            conds,
-            hist,
-            hits: probes.iter().map(|&p| (p, 0)).collect(),
-            hists: if hist {
-                probes.iter().map(|&p| (p, Histogram::new())).collect()
-            } else {
-                HashMap::new()
-            },
-            stacks: HashMap::new(),
-            ticks_per_ns: crate::trace::tsc_ticks_per_ns(),
-            lost: 0,
-        }
-    }
-}
-
-impl EventSink for CountSink {
-    fn event(&mut self, ev: &RecordedEvent) -> Result<(), SinkError> {
-        match ev.kind {
-            KIND_ENTRY | KIND_HIT => {
-                let n = (ev.nargs as usize).min(ev.args.len());
-                let ok = self
-                    .conds
-                    .get(&ev.probe_id)
-                    .is_none_or(|c| c.eval(&ev.args[..n]));
-                if ok {
-                    *self.hits.entry(ev.probe_id).or_default() += 1;
-                }
-                if self.hist && ev.kind == KIND_ENTRY {
-                    self.stacks
-                        .entry(ev.tid)
-                        .or_default()
-                        .push((ev.probe_id, ev.tsc, ok));
-                }
-            }
-            KIND_EXIT if self.hist => {
-                let stack = self.stacks.entry(ev.tid).or_default();
-                // Frames left without an exit (longjmp) are dropped with it.
-                if let Some(i) = stack.iter().rposition(|f| f.0 == ev.probe_id) {
-                    let (probe, t0, ok) = stack[i];
-                    stack.truncate(i);
-                    if ok {
-                        let ns = ev.tsc.saturating_sub(t0) as f64 / self.ticks_per_ns;
-                        self.hists.entry(probe).or_default().add(ns as u64);
-                    }
-                }
-            }
-            _ => {}
-        }
-        Ok(())
-    }
-
-    fn lost(&mut self, _tid: u32, _ts: u64, count: u64) -> Result<(), SinkError> {
-        self.lost += count;
-        Ok(())
-    }
 }
 
 /// Run `count`; returns hotprobe's exit code (the command's).
@@ -263,24 +182,27 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         placed.extend(added);
     }
     let ids: Vec<u32> = placed.iter().map(|p| p.id.0).collect();
-    let mut sink = recording.then(|| CountSink::new(conds, o.hist, &ids));
+    let mut sink = recording.then(|| CountSink::with_conditions(conds, o.hist, &ids));
     // The table prints whatever happened to the run.
     let ran = match sink.as_mut() {
         Some(s) => t.run(&placed, o.duration, Some(s)),
         None => t.run(&placed, o.duration, None),
     };
     if let Some(s) = &sink {
-        if s.lost > 0 {
+        if s.lost_events() > 0 {
             errln!(
                 "hotprobe: {} events lost (full rings): the counts are low",
-                s.lost
+                s.lost_events()
             );
         }
     }
     let extras = TableExtras {
-        hits: sink.as_ref().map(|s| &s.hits),
+        hits: sink.as_ref().map(CountSink::all_hits),
         conditions: Some(&cond_text),
-        hists: sink.as_ref().filter(|_| o.hist).map(|s| &s.hists),
+        hists: sink
+            .as_ref()
+            .filter(|_| o.hist)
+            .map(CountSink::all_histograms),
         json: o.json,
         guests: None,
     };

@@ -10,9 +10,6 @@ use hotprobe_x86::Execution;
 use object::{Object, ObjectSegment};
 use std::path::{Path, PathBuf};
 
-/// Signal-return trampolines (the engine refuses them too).
-const SIGRETURN_SYMBOLS: &[&str] = &["__restore_rt", "__restore", "__vdso_rt_sigreturn"];
-
 /// What `list` needs from the command line.
 pub struct ListOptions<'a> {
     /// A binary file...
@@ -370,20 +367,12 @@ fn print_blacklist(entries: &[(u64, u64, String)]) {
 fn blacklist_of_file(bin: &Path) -> Result<()> {
     let m = ElfModule::open(bin)?;
     let name = m.file_name();
-    let mut v: Vec<(u64, u64, String)> = m
-        .plt_ranges()
-        .into_iter()
-        .map(|r| (r.start.0, r.end.0, format!("PLT stubs of {name}")))
-        .collect();
-    for s in SIGRETURN_SYMBOLS {
-        if let Some(sym) = m.find(s) {
-            v.push((
-                sym.addr.0,
-                sym.addr.0 + sym.size.max(1),
-                format!("{s} in {name} (signal return trampoline)"),
-            ));
-        }
-    }
+    // The resolver's own entries for a module, at link-time addresses.
+    let mut v: Vec<(u64, u64, String)> =
+        hotprobe::module_blacklist(&m, &name, |a| hotprobe::RuntimeAddr(a.0))
+            .into_iter()
+            .map(|b| (b.start.0, b.end.0, b.what))
+            .collect();
     v.sort();
     print_blacklist(&v);
     Ok(())

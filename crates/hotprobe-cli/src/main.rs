@@ -29,7 +29,6 @@
 mod analyse;
 mod cli;
 mod coldpatch;
-mod cond;
 mod count;
 mod demo;
 mod guest;
@@ -45,6 +44,7 @@ mod watch;
 
 use clap::{CommandFactory, Parser};
 use cli::{Cli, Cmd, GuestCmd, MechanismArg, RecordMechanism};
+use hotprobe::cond;
 use out::errln;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};

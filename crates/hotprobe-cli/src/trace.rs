@@ -137,19 +137,7 @@ impl LiveTree {
 }
 
 /// The TSC rate, from two (TSC, CLOCK_MONOTONIC) pairs 10 ms apart.
-pub(crate) fn tsc_ticks_per_ns() -> f64 {
-    let pair = || {
-        let t0 = std::time::Instant::now();
-        // SAFETY: rdtsc has no preconditions on x86-64.
-        let tsc = unsafe { core::arch::x86_64::_rdtsc() };
-        (tsc, t0)
-    };
-    let (a, t0) = pair();
-    std::thread::sleep(Duration::from_millis(10));
-    let (b, t1) = pair();
-    let ns = t1.duration_since(t0).as_nanos().max(1) as f64;
-    (b.wrapping_sub(a) as f64 / ns).max(1e-3)
-}
+pub(crate) use hotprobe::tsc_ticks_per_ns;
 
 impl LiveTree {
     /// Prints typed probes' values (see [`crate::typed`]).

@@ -7,6 +7,7 @@
 //! it for each hit whose handler is Python. A handler that raises stops
 //! the run, and `run()` raises that exception.
 
+mod cond_count;
 mod limits;
 use hotprobe::{
     Action, EngineError, EventSink, HitContext, HitKind, MechanismChoice, Probe as RsProbe,
@@ -90,17 +91,23 @@ struct Events {
     lost: u64,
 }
 
-struct Sink(Rc<RefCell<Events>>);
+/// The sink of a run: events of conditional counts to the session's
+/// [`hotprobe::CountSink`], the others kept for the recordings.
+struct Sink(Rc<RefCell<Events>>, Rc<RefCell<hotprobe::CountSink>>);
 
 impl EventSink for Sink {
     fn event(&mut self, ev: &RecordedEvent) -> Result<(), SinkError> {
+        let mut counts = self.1.borrow_mut();
+        if counts.follows(ProbeId(ev.probe_id)) {
+            return counts.event(ev);
+        }
         self.0.borrow_mut().events.push(*ev);
         Ok(())
     }
 
-    fn lost(&mut self, _tid: u32, _ts: u64, count: u64) -> Result<(), SinkError> {
+    fn lost(&mut self, tid: u32, ts: u64, count: u64) -> Result<(), SinkError> {
         self.0.borrow_mut().lost += count;
-        Ok(())
+        self.1.borrow_mut().lost(tid, ts, count)
     }
 }
 
@@ -132,6 +139,8 @@ struct Session {
     inner: RefCell<hotprobe::Session>,
     shared: Rc<Shared>,
     events: Rc<RefCell<Events>>,
+    /// Conditional counts (`Session.count(..., cond=...)`).
+    counts: Rc<RefCell<hotprobe::CountSink>>,
     started: Cell<bool>,
 }
 
@@ -246,6 +255,7 @@ impl Session {
             inner: RefCell::new(hotprobe::Session::with_config(c)),
             shared: Rc::new(Shared::default()),
             events: Rc::new(RefCell::new(Events::default())),
+            counts: Rc::new(RefCell::new(hotprobe::CountSink::new(false))),
             started: Cell::new(false),
         })
     }
@@ -368,14 +378,25 @@ impl Session {
 
     /// Count the hits of every address `spec` names (a pattern names
     /// every matching function; `%return` counts returns), each on the
-    /// cheapest mechanism that fits. Returns a `Count`.
-    fn count(slf: &Bound<'_, Self>, target: usize, spec: &str) -> PyResult<Count> {
+    /// cheapest mechanism that fits. Returns a `Count`. With `cond`
+    /// (`"arg0 > 256"`), count the calls whose arguments satisfy it
+    /// instead: returns a `ConditionalCount`.
+    #[pyo3(signature = (target, spec, cond = None))]
+    fn count(
+        slf: &Bound<'_, Self>,
+        target: usize,
+        spec: &str,
+        cond: Option<&str>,
+    ) -> PyResult<PyObject> {
+        if let Some(cond) = cond {
+            return cond_count::count_if(slf, target, spec, cond);
+        }
         let me = slf.borrow();
         let added = me
             .session()?
             .add(target_id(target), spec, Action::Count)
             .map_err(err)?;
-        Ok(Count {
+        let count = Count {
             session: slf.clone().unbind(),
             probes: placed(slf, &added),
             skipped: added
@@ -383,7 +404,8 @@ impl Session {
                 .iter()
                 .map(|s| (s.label.clone(), s.reason.clone()))
                 .collect(),
-        })
+        };
+        Ok(Py::new(slf.py(), count)?.into_any())
     }
 
     /// Record an entry event (with the first argument registers) and an
@@ -424,7 +446,7 @@ impl Session {
             self.started.set(true);
         }
         self.shared.stop.set(false);
-        let sink = Sink(self.events.clone());
+        let sink = Sink(self.events.clone(), self.counts.clone());
         // Signal handlers belong to the main thread in Python: elsewhere
         // the run is not interruptible by Ctrl-C.
         let main_thread = py
@@ -1013,6 +1035,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Session>()?;
     m.add_class::<PyProbe>()?;
     m.add_class::<Count>()?;
+    m.add_class::<cond_count::ConditionalCount>()?;
     m.add_class::<Recording>()?;
     m.add_class::<Event>()?;
     m.add_class::<Stats>()?;

@@ -309,3 +309,45 @@ fn python_session_refuses_other_threads_and_reads_over_1_mib() {
         ]
     );
 }
+
+/// `Session.count(t, spec, cond="arg0 > 256")` on a program compiled here
+/// that calls `take` with known arguments: 5 of its 10 calls pass, the
+/// unconditional count beside it is 10, on the fast path and on traps.
+#[test]
+fn python_conditional_count() {
+    let Some(py) = python() else { return };
+    let dir = scratch("py-cond-count");
+    let src = root().join("crates/hotprobe-capi/tests/programs/sizes.c");
+    let prog = gcc(&src, &dir.join("sizes"), &["-O1", "-g"]);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/cond_count.py");
+    for mechanism in ["auto", "trap"] {
+        let out_path = dir.join(format!("out-{mechanism}"));
+        let out = py_run(
+            &py,
+            &[
+                script.as_os_str(),
+                prog.as_os_str(),
+                mechanism.as_ref(),
+                out_path.as_os_str(),
+            ],
+        );
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "types: ConditionalCount Count",
+                "refused: the condition: column 7: expected an argument (arg0 to arg5) or a number, \
+                 found the end of the condition",
+                "refused: the condition: column 1: arg6 does not exist (arg0 to arg5: rdi, rsi, rdx, \
+                 rcx, r8, r9)",
+                "refused: take%return: conditions and histograms work on function entries (no \
+                 %return)",
+                "run: exited",
+                "conditional: 5 {'take': 5} arg0 > 256 0 1",
+                "unconditional: 10",
+                "program: total 7004",
+            ],
+            "{mechanism}"
+        );
+    }
+}

@@ -17,7 +17,7 @@
 #![warn(missing_docs)]
 
 use hotprobe_symbols::{ProbeSpec, ProcessSymbols, ResolvedProbe, SymbolError};
-use hotprobe_target::{RuntimeAddr, Target};
+use hotprobe_target::{LinkAddr, RuntimeAddr, Target};
 use std::sync::Arc;
 
 /// Something that symbolizes run-time addresses of a target.
@@ -242,6 +242,38 @@ fn place(probe: &ResolvedProbe) -> String {
 /// Signal-return trampolines: probing them breaks every signal delivery.
 pub const SIGRETURN_SYMBOLS: &[&str] = &["__restore_rt", "__restore", "__vdso_rt_sigreturn"];
 
+/// The blacklist entries of one ELF module named `name`: its PLT stubs and
+/// its signal-return trampolines ([`SIGRETURN_SYMBOLS`]), each at the
+/// address `at` maps its link-time address to (the load bias in a
+/// process; the link-time address itself for a file, as `hotprobe list
+/// --blacklist BINARY` shows it).
+pub fn module_blacklist(
+    module: &hotprobe_symbols::ElfModule,
+    name: &str,
+    at: impl Fn(LinkAddr) -> RuntimeAddr,
+) -> Vec<BlacklistEntry> {
+    let mut v: Vec<BlacklistEntry> = module
+        .plt_ranges()
+        .into_iter()
+        .map(|r| BlacklistEntry {
+            start: at(r.start),
+            end: at(r.end),
+            what: format!("PLT stubs of {name}"),
+        })
+        .collect();
+    for sym_name in SIGRETURN_SYMBOLS {
+        if let Some(sym) = module.find(sym_name) {
+            let start = at(sym.addr);
+            v.push(BlacklistEntry {
+                start,
+                end: RuntimeAddr(start.0 + sym.size.max(1)),
+                what: format!("{sym_name} in {name} (signal return trampoline)"),
+            });
+        }
+    }
+    v
+}
+
 /// Resolver for a Linux process, over /proc/PID/maps and its ELF files.
 pub struct ProcessResolver {
     pid: i32,
@@ -336,23 +368,7 @@ impl Resolver for ProcessResolver {
     fn blacklist(&self) -> Vec<BlacklistEntry> {
         let mut v = Vec::new();
         for m in self.symbols.modules() {
-            for r in m.module.plt_ranges() {
-                v.push(BlacklistEntry {
-                    start: m.runtime(r.start),
-                    end: m.runtime(r.end),
-                    what: format!("PLT stubs of {}", m.name),
-                });
-            }
-            for name in SIGRETURN_SYMBOLS {
-                if let Some(sym) = m.module.find(name) {
-                    let start = m.runtime(sym.addr);
-                    v.push(BlacklistEntry {
-                        start,
-                        end: RuntimeAddr(start.0 + sym.size.max(1)),
-                        what: format!("{name} in {} (signal return trampoline)", m.name),
-                    });
-                }
-            }
+            v.extend(module_blacklist(&m.module, &m.name, |a| m.runtime(a)));
             if m.name.starts_with("libhotprobe_agent") {
                 v.push(BlacklistEntry {
                     start: m.ranges.iter().map(|r| r.start).min().unwrap_or_default(),

@@ -20,6 +20,8 @@
 //! through a trampoline and a per-thread shadow stack bounded by
 //! `maxactive`, several probes per address, enable/disable at run time.
 
+pub mod cond;
+mod count;
 mod engine;
 mod handler;
 mod held;
@@ -28,6 +30,7 @@ mod plugin;
 mod recorder;
 mod session;
 
+pub use count::{tsc_ticks_per_ns, CountError, CountSink};
 pub use engine::{Engine, Outcome, ProbeStats};
 pub use handler::{EntryInfo, Handler, HitContext, HitKind, Probe, ProbeId, RetProbe};
 pub use held::HeldTarget;
@@ -43,8 +46,8 @@ pub use recorder::{DrainStats, EventSink, SinkError};
 // Resolution lives below the engine (target crates implement `Resolver`
 // without depending on it); re-exported under the names it always had.
 pub use hotprobe_resolve::{
-    check_probe_point, BlacklistEntry, CheckOptions, ProcessResolver, Resolver, Symbolizer,
-    SIGRETURN_SYMBOLS,
+    check_probe_point, module_blacklist, BlacklistEntry, CheckOptions, ProcessResolver, Resolver,
+    Symbolizer, SIGRETURN_SYMBOLS,
 };
 pub use session::watch::{ValueSource, WatchAt, WatchHit, WatchKind, WatchSpec, WatchStats};
 pub use session::{

@@ -19,6 +19,9 @@ Session.run().
 Session.count(t, spec) and Session.record(t, spec) place probes that run
 without a handler (patch or jump where the fast path can, traps elsewhere):
 their results are Count (.hits, .by_label()) and Recording (.events) objects.
+Session.count(t, spec, cond="arg0 > 256") counts only the calls whose
+arguments satisfy the condition (arg0 to arg5, signed; == != < <= > >=, &&,
+||, !, parentheses): a ConditionalCount (.hits, .by_label(), .lost).
 read_trace(dir) reads a trace written by `hotprobe record` into rows, and
 trace_frame(dir) into a pandas DataFrame.
 """
@@ -28,6 +31,7 @@ from collections import namedtuple
 
 from . import _native
 from ._native import (  # noqa: F401
+    ConditionalCount,
     Context,
     Count,
     Event,
@@ -39,6 +43,7 @@ from ._native import (  # noqa: F401
 from ._native import read_trace as _read_trace
 
 __all__ = [
+    "ConditionalCount",
     "Context",
     "Count",
     "Event",

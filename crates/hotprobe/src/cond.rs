@@ -1,4 +1,7 @@
-//! Argument conditions of `count` probes: `'PROBE if CONDITION'`.
+//! Argument conditions of counting probes: `'PROBE if CONDITION'` on the
+//! command line, `hotprobe_count_if` in C, `Session.count(..., cond=...)`
+//! in Python; evaluated on recorded entry events by
+//! [`crate::CountSink`].
 //!
 //! ```text
 //! condition  := or
@@ -15,7 +18,8 @@
 //!
 //! A NAME is a parameter of the probed function, found in its DWARF
 //! (`count 'greet if n > 2'`): one the SysV ABI passes in an integer
-//! register at the entry ([`Cond::parse_with`]).
+//! register at the entry ([`Cond::parse_with`] with the caller's map from
+//! names to registers; [`Cond::parse`] knows `arg0`…`arg5` only).
 //!
 //! Arguments are the entry's argument registers (rdi, rsi, rdx, rcx, r8,
 //! r9) compared as signed 64-bit integers: `arg0 < 0` holds for -1. A

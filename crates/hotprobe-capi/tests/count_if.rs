@@ -1,0 +1,169 @@
+//! A conditional count from C (`hotprobe_count_if`): a program compiled
+//! here calls `take` 10 times with known arguments, 5 of them above 256;
+//! the count with `arg0 > 256` is 5, the unconditional count beside it 10,
+//! on the fast path and on traps. Bad conditions are refused with the
+//! column.
+
+mod common;
+use common::*;
+use hotprobe_c::*;
+use std::ffi::{CStr, CString};
+use std::os::fd::AsRawFd;
+use std::ptr::{null, null_mut};
+
+fn last_error() -> String {
+    // SAFETY: a NUL-terminated string owned by the library.
+    unsafe { CStr::from_ptr(hotprobe_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The test program (tests/programs/sizes.c), built into `dir`.
+fn sizes(dir: &std::path::Path) -> std::path::PathBuf {
+    let src = root().join("crates/hotprobe-capi/tests/programs/sizes.c");
+    gcc(&src, &dir.join("sizes"), &["-O1", "-g"])
+}
+
+/// Runs the program under a session with `mechanism`: (conditional count,
+/// unconditional count with `hotprobe_count`, unconditional count with
+/// `hotprobe_count_if` and no condition, what the program printed).
+fn counts(mechanism: u32) -> (u64, u64, u64, String) {
+    let dir = scratch(&format!("count-if-{mechanism}"));
+    let prog = sizes(&dir);
+    let out_path = dir.join("out");
+    let out = std::fs::File::create(&out_path).unwrap();
+    let mut cfg = hotprobe_config {
+        mechanism: 0,
+        maxactive: 0,
+        follow_forks: false,
+        force: false,
+    };
+    // SAFETY: `cfg` is writable.
+    unsafe { hotprobe_config_default(&mut cfg) };
+    cfg.mechanism = mechanism;
+    // SAFETY: a valid config.
+    let s = unsafe { hotprobe_open(&cfg) };
+    assert!(!s.is_null(), "{}", last_error());
+    let path = CString::new(prog.to_str().unwrap()).unwrap();
+    let argv = [null()];
+    let spec = CString::new("take").unwrap();
+    let cond = CString::new("arg0 > 256").unwrap();
+    let (mut t, mut n) = (0, 0usize);
+    let (mut cond_id, mut all_id, mut count_id) = (u32::MAX, u32::MAX, u32::MAX);
+    // SAFETY: live session, C strings, NULL-terminated argv, writable outs.
+    unsafe {
+        let rc = hotprobe_spawn_io(
+            s,
+            path.as_ptr(),
+            argv.as_ptr(),
+            -1,
+            out.as_raw_fd(),
+            -1,
+            &mut t,
+        );
+        assert_eq!(rc, HOTPROBE_OK, "{}", last_error());
+        let rc = hotprobe_count_if(s, t, spec.as_ptr(), cond.as_ptr(), &mut cond_id, 1, &mut n);
+        assert_eq!(rc, HOTPROBE_OK, "{}", last_error());
+        assert_eq!(n, 1);
+        let rc = hotprobe_count_if(s, t, spec.as_ptr(), null(), &mut all_id, 1, &mut n);
+        assert_eq!(rc, HOTPROBE_OK, "{}", last_error());
+        assert_eq!(n, 1);
+        let rc = hotprobe_count(s, t, spec.as_ptr(), &mut count_id, 1, &mut n);
+        assert_eq!(rc, HOTPROBE_OK, "{}", last_error());
+        assert_eq!(n, 1);
+        assert_eq!(hotprobe_run(s), HOTPROBE_END_EXITED, "{}", last_error());
+    }
+    let (mut cond_hits, mut all_hits, mut lost) = (u64::MAX, u64::MAX, u64::MAX);
+    let mut st = hotprobe_stats::default();
+    // SAFETY: live session, writable outs.
+    unsafe {
+        assert_eq!(
+            hotprobe_count_if_hits(s, cond_id, &mut cond_hits),
+            HOTPROBE_OK
+        );
+        assert_eq!(
+            hotprobe_count_if_hits(s, all_id, &mut all_hits),
+            HOTPROBE_OK
+        );
+        assert_eq!(hotprobe_stats_of(s, count_id, &mut st), HOTPROBE_OK);
+        assert_eq!(hotprobe_count_if_lost(s, &mut lost), HOTPROBE_OK);
+        // A plain count is no conditional count.
+        let rc = hotprobe_count_if_hits(s, count_id, null_mut());
+        assert_eq!(rc, HOTPROBE_ERR_NOT_FOUND);
+        hotprobe_close(s);
+    }
+    assert_eq!(lost, 0);
+    let printed = std::fs::read_to_string(&out_path).unwrap();
+    (cond_hits, all_hits, st.hits, printed)
+}
+
+#[test]
+fn a_conditional_count_on_the_fast_path() {
+    // 300, 1000, 257, 4096, 999 of 0, 100, 300, 1000, 256, 257, -5, 4096,
+    // 1, 999.
+    assert_eq!(
+        counts(HOTPROBE_MECH_AUTO),
+        (5, 10, 10, "total 7004\n".into())
+    );
+}
+
+#[test]
+fn a_conditional_count_on_traps() {
+    assert_eq!(
+        counts(HOTPROBE_MECH_TRAP),
+        (5, 10, 10, "total 7004\n".into())
+    );
+}
+
+#[test]
+fn bad_conditions_are_refused_before_anything_is_placed() {
+    let dir = scratch("count-if-bad");
+    let prog = sizes(&dir);
+    // SAFETY: NULL is the default config.
+    let s = unsafe { hotprobe_open(null()) };
+    assert!(!s.is_null(), "{}", last_error());
+    let path = CString::new(prog.to_str().unwrap()).unwrap();
+    let argv = [null()];
+    let mut t = 0;
+    // SAFETY: live session, C strings, NULL-terminated argv.
+    let rc = unsafe { hotprobe_spawn_io(s, path.as_ptr(), argv.as_ptr(), -1, -1, -1, &mut t) };
+    assert_eq!(rc, HOTPROBE_OK, "{}", last_error());
+    let cases = [
+        (
+            "take",
+            "arg0 >",
+            "the condition: column 7: expected an argument",
+        ),
+        (
+            "take",
+            "arg6 == 1",
+            "the condition: column 1: arg6 does not exist",
+        ),
+        ("take", "n > 1", "the condition: column 1: unknown name `n`"),
+        (
+            "take%return",
+            "arg0 > 1",
+            "take%return: conditions and histograms work on function entries",
+        ),
+    ];
+    for (spec, cond, want) in cases {
+        let spec = CString::new(spec).unwrap();
+        let cond = CString::new(cond).unwrap();
+        let mut n = usize::MAX;
+        // SAFETY: live session, C strings, writable out.
+        let rc =
+            unsafe { hotprobe_count_if(s, t, spec.as_ptr(), cond.as_ptr(), null_mut(), 0, &mut n) };
+        assert_eq!(rc, HOTPROBE_ERR_INVALID, "{cond:?}");
+        assert!(last_error().starts_with(want), "{}", last_error());
+        assert_eq!(n, usize::MAX, "nothing placed");
+    }
+    // SAFETY: live session; NULL spec refused.
+    let rc = unsafe { hotprobe_count_if(s, t, null(), null(), null_mut(), 0, null_mut()) };
+    assert_eq!(rc, HOTPROBE_ERR_INVALID);
+    assert_eq!(last_error(), "spec is NULL");
+    // SAFETY: the handle is not used again (the program runs on).
+    unsafe {
+        assert_eq!(hotprobe_run(s), HOTPROBE_END_EXITED, "{}", last_error());
+        hotprobe_close(s);
+    }
+}

@@ -1,0 +1,303 @@
+//! Conditional counts and call-duration histograms: an [`EventSink`] that
+//! aggregates recorded events instead of keeping them.
+//!
+//! Probes placed with [`crate::Action::Record`] write an entry event (with
+//! the argument registers) at each call and an exit event at each return.
+//! A [`CountSink`] counts, per probe, the entries whose [`Cond`] holds
+//! (every entry for a probe without one) and, when asked, builds a log2
+//! histogram of the durations of those calls, matching each exit to the
+//! innermost open entry of the same probe on the same thread.
+//!
+//! ```no_run
+//! use hotprobe::{CountSink, Session};
+//! use std::sync::atomic::AtomicBool;
+//! let mut s = Session::new();
+//! let t = s.spawn("./prog".as_ref(), &[]).unwrap();
+//! let mut sink = CountSink::new(false);
+//! // Records entries and follows their probes in the sink, as
+//! // `s.add(t, "compute", Action::Record)` then `sink.add(id, Some(cond))`.
+//! let added = sink.place(&mut s, t, "compute", Some("arg0 > 256")).unwrap();
+//! s.start().unwrap();
+//! s.run_with(&AtomicBool::new(false), Some(&mut sink)).unwrap();
+//! let id = added.placements[0].id;
+//! println!("{} calls with arg0 > 256", sink.hits(id).unwrap());
+//! ```
+//!
+//! The command line's `count 'PROBE if CONDITION'` and `count --hist`, the
+//! C API's `hotprobe_count_if` and Python's `Session.count(..., cond=...)`
+//! all aggregate here.
+
+use crate::cond::{Cond, CondError};
+use crate::{
+    Action, Added, EngineError, EventSink, ProbeId, RecordedEvent, Session, SinkError, TargetId,
+    KIND_ENTRY, KIND_EXIT, KIND_HIT,
+};
+use hotprobe_trace::Histogram;
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Why [`CountSink::place`] placed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum CountError {
+    /// The condition does not parse.
+    #[error("the condition: {0}")]
+    Cond(#[from] CondError),
+    /// Conditions and histograms follow function entries, not returns.
+    #[error("{spec}: conditions and histograms work on function entries (no %return)")]
+    Return {
+        /// The spec as given.
+        spec: String,
+    },
+    /// The session follows forks: recorded counts do not, yet.
+    #[error("conditions and histograms do not work with follow_forks yet")]
+    FollowForks,
+    /// The session records fewer argument registers than the condition
+    /// compares ([`crate::FastPathConfig::record_args`]).
+    #[error("the condition compares arg{} and the session records {recorded} argument registers", .needed - 1)]
+    TooFewArgs {
+        /// Argument registers the condition needs.
+        needed: u8,
+        /// Argument registers the session records.
+        recorded: u8,
+    },
+    /// The session could not place the probes.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+/// The aggregating sink of conditional counts and histograms.
+#[derive(Debug, Default)]
+pub struct CountSink {
+    /// Condition per probe id (none: every entry counts).
+    conds: HashMap<u32, Cond>,
+    hist: bool,
+    /// Entries whose condition held, per probe id.
+    hits: HashMap<u32, u64>,
+    /// Durations of those calls in nanoseconds, per probe id.
+    hists: HashMap<u32, Histogram>,
+    /// Per thread: open calls (probe, entry TSC, condition held).
+    stacks: HashMap<u32, Vec<(u32, u64, bool)>>,
+    ticks_per_ns: f64,
+    /// Events the rings dropped.
+    lost: u64,
+}
+
+impl CountSink {
+    /// An empty sink; `hist` builds a histogram of call durations per
+    /// probe (measuring the time stamp counter's rate takes 10 ms).
+    pub fn new(hist: bool) -> CountSink {
+        CountSink {
+            hist,
+            ticks_per_ns: if hist { tsc_ticks_per_ns() } else { 1.0 },
+            ..CountSink::default()
+        }
+    }
+
+    /// A sink for these conditions (raw probe id → condition) and these
+    /// probes (those without a condition count every entry).
+    pub fn with_conditions(conds: HashMap<u32, Cond>, hist: bool, probes: &[u32]) -> CountSink {
+        let mut s = CountSink::new(hist);
+        for &p in probes {
+            s.add(ProbeId(p), conds.get(&p).cloned());
+        }
+        s.conds.extend(conds);
+        s
+    }
+
+    /// Follows probe `id`: its entries count when `cond` holds for their
+    /// arguments (every entry with `None`). Adding a probe again replaces
+    /// its condition and keeps its count.
+    pub fn add(&mut self, id: ProbeId, cond: Option<Cond>) {
+        self.hits.entry(id.0).or_default();
+        if self.hist {
+            self.hists.entry(id.0).or_default();
+        }
+        match cond {
+            Some(c) => self.conds.insert(id.0, c),
+            None => self.conds.remove(&id.0),
+        };
+    }
+
+    /// Places recording probes on every address `spec` names in target
+    /// `t` and follows them: their entries count when `cond` (the
+    /// [`crate::cond`] grammar, `arg0`…`arg5` only) holds, every entry
+    /// without one. Hand this sink to [`Session::run_with`] to count.
+    /// Refused before anything is placed: a condition that does not
+    /// parse, a `%return` spec, a session following forks, a condition
+    /// comparing arguments the session does not record.
+    pub fn place(
+        &mut self,
+        session: &mut Session,
+        t: TargetId,
+        spec: &str,
+        cond: Option<&str>,
+    ) -> Result<Added, CountError> {
+        let cond = cond.map(Cond::parse).transpose()?;
+        if spec.trim_end().ends_with("%return") {
+            return Err(CountError::Return {
+                spec: spec.to_string(),
+            });
+        }
+        if session.config().follow_forks {
+            return Err(CountError::FollowForks);
+        }
+        let recorded = session.config().fast_path.record_args.min(6);
+        let needed = cond.as_ref().map_or(0, Cond::args_needed);
+        if needed > recorded {
+            return Err(CountError::TooFewArgs { needed, recorded });
+        }
+        let added = session.add(t, spec, Action::Record)?;
+        for p in &added.placements {
+            self.add(p.id, cond.clone());
+        }
+        Ok(added)
+    }
+
+    /// Whether probe `id` is followed ([`CountSink::add`]).
+    pub fn follows(&self, id: ProbeId) -> bool {
+        self.hits.contains_key(&id.0)
+    }
+
+    /// The entries of probe `id` whose condition held so far (`None` for
+    /// a probe not followed).
+    pub fn hits(&self, id: ProbeId) -> Option<u64> {
+        self.hits.get(&id.0).copied()
+    }
+
+    /// Every followed probe's count, by raw probe id.
+    pub fn all_hits(&self) -> &HashMap<u32, u64> {
+        &self.hits
+    }
+
+    /// The histogram (nanoseconds) of the durations of probe `id`'s
+    /// counted calls; `None` without `hist` or for a probe not followed.
+    pub fn histogram(&self, id: ProbeId) -> Option<&Histogram> {
+        self.hists.get(&id.0)
+    }
+
+    /// Every followed probe's histogram, by raw probe id (empty without
+    /// `hist`).
+    pub fn all_histograms(&self) -> &HashMap<u32, Histogram> {
+        &self.hists
+    }
+
+    /// Events lost in full rings: the counts are low by up to this many.
+    pub fn lost_events(&self) -> u64 {
+        self.lost
+    }
+}
+
+impl EventSink for CountSink {
+    fn event(&mut self, ev: &RecordedEvent) -> Result<(), SinkError> {
+        match ev.kind {
+            KIND_ENTRY | KIND_HIT => {
+                let n = (ev.nargs as usize).min(ev.args.len());
+                let ok = self
+                    .conds
+                    .get(&ev.probe_id)
+                    .is_none_or(|c| c.eval(&ev.args[..n]));
+                if ok {
+                    *self.hits.entry(ev.probe_id).or_default() += 1;
+                }
+                if self.hist && ev.kind == KIND_ENTRY {
+                    self.stacks
+                        .entry(ev.tid)
+                        .or_default()
+                        .push((ev.probe_id, ev.tsc, ok));
+                }
+            }
+            KIND_EXIT if self.hist => {
+                let stack = self.stacks.entry(ev.tid).or_default();
+                // Frames left without an exit (longjmp) are dropped with it.
+                if let Some(i) = stack.iter().rposition(|f| f.0 == ev.probe_id) {
+                    let (probe, t0, ok) = stack[i];
+                    stack.truncate(i);
+                    if ok {
+                        let ns = ev.tsc.saturating_sub(t0) as f64 / self.ticks_per_ns;
+                        self.hists.entry(probe).or_default().add(ns as u64);
+                    }
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn lost(&mut self, _tid: u32, _ts: u64, count: u64) -> Result<(), SinkError> {
+        self.lost += count;
+        Ok(())
+    }
+}
+
+/// The time stamp counter's ticks per nanosecond, measured over 10 ms (the
+/// fast path's events carry TSC time stamps).
+pub fn tsc_ticks_per_ns() -> f64 {
+    let pair = || {
+        let t0 = std::time::Instant::now();
+        // SAFETY: rdtsc has no preconditions on x86-64.
+        let tsc = unsafe { core::arch::x86_64::_rdtsc() };
+        (tsc, t0)
+    };
+    let (a, t0) = pair();
+    std::thread::sleep(Duration::from_millis(10));
+    let (b, t1) = pair();
+    let ns = t1.duration_since(t0).as_nanos().max(1) as f64;
+    (b.wrapping_sub(a) as f64 / ns).max(1e-3)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(kind: u8, probe: u32, tid: u32, tsc: u64, args: &[u64]) -> RecordedEvent {
+        let mut e = RecordedEvent {
+            kind,
+            probe_id: probe,
+            tid,
+            tsc,
+            nargs: args.len() as u8,
+            ..RecordedEvent::default()
+        };
+        e.args[..args.len()].copy_from_slice(args);
+        e
+    }
+
+    #[test]
+    fn counts_the_entries_whose_condition_holds() {
+        let mut s = CountSink::new(false);
+        s.add(ProbeId(1), Some(Cond::parse("arg0 > 256").unwrap()));
+        s.add(ProbeId(2), None);
+        for (i, a) in [0u64, 100, 300, 1000, 256, 257, u64::MAX]
+            .iter()
+            .enumerate()
+        {
+            s.event(&ev(KIND_ENTRY, 1, 7, i as u64, &[*a])).unwrap();
+            s.event(&ev(KIND_ENTRY, 2, 7, i as u64, &[*a])).unwrap();
+        }
+        assert_eq!(s.hits(ProbeId(1)), Some(3), "300, 1000, 257 (-1 is signed)");
+        assert_eq!(s.hits(ProbeId(2)), Some(7));
+        assert_eq!(s.hits(ProbeId(3)), None);
+        assert!(s.follows(ProbeId(2)) && !s.follows(ProbeId(3)));
+        assert!(s.histogram(ProbeId(1)).is_none());
+        s.lost(7, 0, 4).unwrap();
+        assert_eq!(s.lost_events(), 4);
+    }
+
+    #[test]
+    fn histograms_match_exits_per_thread() {
+        let mut s = CountSink::with_conditions(
+            HashMap::from([(1, Cond::parse("arg0 == 1").unwrap())]),
+            true,
+            &[1],
+        );
+        // Thread 7: a counted call; thread 8: one not counted, interleaved.
+        s.event(&ev(KIND_ENTRY, 1, 7, 1000, &[1])).unwrap();
+        s.event(&ev(KIND_ENTRY, 1, 8, 1000, &[2])).unwrap();
+        s.event(&ev(KIND_EXIT, 1, 8, 2000, &[])).unwrap();
+        s.event(&ev(KIND_EXIT, 1, 7, 5000, &[])).unwrap();
+        // An exit without an entry is ignored.
+        s.event(&ev(KIND_EXIT, 1, 9, 5000, &[])).unwrap();
+        assert_eq!(s.hits(ProbeId(1)), Some(1));
+        assert_eq!(s.histogram(ProbeId(1)).unwrap().count(), 1);
+    }
+}
