@@ -122,7 +122,6 @@ static TABLE: &[(&str, &[Arg])] = &[
     ("rt_sigprocmask", &[Int, Ptr, Ptr, Size]),
     ("rt_sigreturn", &[]),
     ("sigaltstack", &[Ptr, Ptr]),
-    ("clone", &[Hex, Ptr, Ptr, Ptr, Hex]),
     ("clone3", &[Ptr, Size]),
     ("fork", &[]),
     ("vfork", &[]),
