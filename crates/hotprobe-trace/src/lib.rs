@@ -20,13 +20,16 @@
 #![deny(missing_docs)]
 
 pub mod analysis;
+mod decoder;
 mod error;
 mod event;
 pub mod export;
+mod files;
 pub mod filter;
 pub mod format;
 mod hist;
 mod info;
+mod lz4;
 pub mod query;
 mod reader;
 mod summary;

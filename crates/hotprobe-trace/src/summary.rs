@@ -64,8 +64,14 @@ pub struct TraceSummary {
     pub events: u64,
     /// Calls of all threads.
     pub calls: u64,
-    /// Events lost (full rings, threads without a ring).
+    /// Events lost (full rings, threads without a ring, events the writer
+    /// could not write): the larger of what `info.json` counts and what
+    /// the streams' lost records count.
     pub lost: u64,
+    /// Of those, events the writer could not write (a full disk).
+    pub dropped: u64,
+    /// The write that failed, if one did (the writer stopped there).
+    pub write_error: Option<String>,
     /// Stream bytes.
     pub bytes: u64,
     /// Entries of `symbols.tsv`.
@@ -84,6 +90,7 @@ pub fn summarize(reader: &TraceReader, mut progress: Progress<'_>) -> Result<Tra
     let mut threads = Vec::new();
     let total = reader.total_bytes();
     let mut done = 0;
+    let mut stream_lost = 0u64;
     for s in reader.streams() {
         let mut t = ThreadSummary {
             tid: s.tid,
@@ -95,6 +102,9 @@ pub fn summarize(reader: &TraceReader, mut progress: Progress<'_>) -> Result<Tra
         let mut calls = 0u64;
         for r in reader.thread(s.tid)? {
             let r = r?;
+            if let Record::Lost { count, .. } = r {
+                stream_lost = stream_lost.saturating_add(count);
+            }
             t.records += 1;
             t.events += r.event_count();
             t.first_ns = t.first_ns.min(r.ts());
@@ -120,7 +130,11 @@ pub fn summarize(reader: &TraceReader, mut progress: Progress<'_>) -> Result<Tra
     let busy: Vec<&ThreadSummary> = threads.iter().filter(|t| t.records > 0).collect();
     let first = busy.iter().map(|t| t.first_ns).min().unwrap_or(0);
     let last = busy.iter().map(|t| t.last_ns).max().unwrap_or(0);
-    let lost = info.stats.as_ref().map_or(0, |s| s.lost);
+    let lost = info
+        .stats
+        .as_ref()
+        .map_or(0, |s| s.lost.saturating_add(s.dropped))
+        .max(stream_lost);
     Ok(TraceSummary {
         format: info.format.clone(),
         version: info.version,
@@ -140,6 +154,8 @@ pub fn summarize(reader: &TraceReader, mut progress: Progress<'_>) -> Result<Tra
         bytes: threads.iter().map(|t| t.bytes).sum(),
         threads,
         lost,
+        dropped: info.stats.as_ref().map_or(0, |s| s.dropped),
+        write_error: info.stats.as_ref().and_then(|s| s.write_error.clone()),
         symbols: info.symbols,
         filter: info.filter.clone(),
         filtered: info.stats.as_ref().map(|s| s.filtered),
@@ -227,6 +243,15 @@ impl TraceSummary {
                 self.events, self.calls, self.records, self.lost
             ),
         );
+        if let Some(e) = &self.write_error {
+            kv(
+                "write error:",
+                format!(
+                    "{e}: writing stopped there, {} events not written (counted as lost)",
+                    self.dropped
+                ),
+            );
+        }
         kv(
             "size:",
             format!(
