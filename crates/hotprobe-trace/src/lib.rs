@@ -31,6 +31,7 @@ mod hist;
 mod info;
 mod lz4;
 pub mod query;
+mod report;
 mod reader;
 mod summary;
 mod symbols;
