@@ -276,6 +276,12 @@ pub fn report_cmd(dir: &Path, phases: bool, markers: &[String], o: &ReportArgs) 
                 hotprobe_trace::fmt_duration(h.min_ns()).trim(),
                 hotprobe_trace::fmt_duration(h.max_ns()).trim()
             ));
+            if h.no_exit() > 0 {
+                s.push_str(&format!(
+                    "# {f}: {} calls without their exit (lost): not in the histogram\n",
+                    h.no_exit()
+                ));
+            }
             s.push_str(&h.to_text());
         }
         return print(&s);

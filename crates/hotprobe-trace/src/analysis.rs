@@ -585,13 +585,20 @@ pub fn histograms(
     }
     visit_threads(reader, query, progress, |_, s| {
         if let Step::Leave {
-            probe, start, end, ..
+            probe,
+            start,
+            end,
+            unfinished,
+            ..
         } = s
         {
             if wanted.get(probe as usize).copied().unwrap_or(false) {
-                by.entry(syms.name(probe).into_owned())
-                    .or_default()
-                    .add(end - start);
+                let h = by.entry(syms.name(probe).into_owned()).or_default();
+                // A call whose exit was lost has no known duration.
+                match unfinished {
+                    true => h.add_no_exit(),
+                    false => h.add(end - start),
+                }
             }
         }
     })?;

@@ -11,7 +11,7 @@ use crate::symbols::SymbolTable;
 
 /// One function's line of a report. Serialized (`--json`) with the field
 /// names `function`, `module`, `calls`, `total_ns`, `self_ns`, `avg_ns`,
-/// `min_ns`, `max_ns`.
+/// `min_ns`, `max_ns`, `no_exit`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct ReportRow {
     /// Probe id.
@@ -22,8 +22,12 @@ pub struct ReportRow {
     pub name: String,
     /// Module (executable or library path; may be empty).
     pub module: String,
-    /// Calls (finished or still running at the end).
+    /// Calls with their exit (the times count these only).
     pub calls: u64,
+    /// Calls whose exit is not in the trace (lost: an outer exit came
+    /// first, or the trace ends inside them): their duration is not
+    /// known, so they are in no time of the row.
+    pub no_exit: u64,
     /// Time inside the function, counting recursive calls once.
     pub total_ns: u64,
     /// Time not spent in recorded callees.
@@ -37,6 +41,9 @@ pub struct ReportRow {
     /// Sum of the call durations (recursive calls each count).
     #[serde(skip)]
     pub sum_ns: u64,
+    /// Outermost calls with their exit (those `total_ns` adds up).
+    #[serde(skip)]
+    pub outer_calls: u64,
 }
 
 /// What a report is sorted by (descending; ties: calls, then name).
@@ -89,6 +96,7 @@ impl Acc {
             end,
             self_ns,
             outermost,
+            unfinished,
             ..
         } = *s
         {
@@ -97,6 +105,10 @@ impl Acc {
                 min_ns: u64::MAX,
                 ..ReportRow::default()
             });
+            if unfinished {
+                row.no_exit += 1;
+                return;
+            }
             let dur = end - start;
             row.calls += 1;
             row.self_ns += self_ns;
@@ -105,6 +117,7 @@ impl Acc {
             row.max_ns = row.max_ns.max(dur);
             if outermost {
                 row.total_ns += dur;
+                row.outer_calls += 1;
             }
         }
     }
@@ -147,31 +160,69 @@ impl Report {
         });
     }
 
-    /// All calls.
+    /// All calls (with their exit).
     pub fn calls(&self) -> u64 {
         self.rows.iter().map(|r| r.calls).sum()
+    }
+
+    /// All calls without their exit.
+    pub fn no_exit(&self) -> u64 {
+        self.rows.iter().map(|r| r.no_exit).sum()
     }
 
     /// The table as text (like `uftrace report`): total, self, average,
     /// shortest and longest call, calls, function.
     pub fn to_text(&self) -> String {
+        // Calls whose exit was lost get a column of their own, when any.
+        let lost = self.no_exit() > 0;
         let mut s = String::new();
-        s.push_str(
-            "  Total time   Self time     Average     Minimum     Maximum       Calls  Function\n",
-        );
-        s.push_str(
-            "  ==========  ==========  ==========  ==========  ==========  ==========  ====================\n",
-        );
+        s.push_str(if lost {
+            "  Total time   Self time     Average     Minimum     Maximum       Calls     No exit  Function\n"
+        } else {
+            "  Total time   Self time     Average     Minimum     Maximum       Calls  Function\n"
+        });
+        s.push_str(if lost {
+            "  ==========  ==========  ==========  ==========  ==========  ==========  ==========  ====================\n"
+        } else {
+            "  ==========  ==========  ==========  ==========  ==========  ==========  ====================\n"
+        });
         for r in &self.rows {
+            // No call with its exit: no time is known; no outermost call
+            // with its exit (recursion whose outer exits were lost): no
+            // total.
+            let unknown = format!("{:>10}", "-");
+            let t = |ns: u64| {
+                if r.calls == 0 {
+                    unknown.clone()
+                } else {
+                    fmt_duration(ns)
+                }
+            };
+            let total = if r.outer_calls == 0 {
+                unknown.clone()
+            } else {
+                fmt_duration(r.total_ns)
+            };
+            let no_exit = if lost {
+                format!("{:>10}  ", r.no_exit)
+            } else {
+                String::new()
+            };
             s.push_str(&format!(
-                "  {}  {}  {}  {}  {}  {:>10}  {}\n",
-                fmt_duration(r.total_ns),
-                fmt_duration(r.self_ns),
-                fmt_duration(r.avg_ns),
-                fmt_duration(r.min_ns),
-                fmt_duration(r.max_ns),
+                "  {}  {}  {}  {}  {}  {:>10}  {no_exit}{}\n",
+                total,
+                t(r.self_ns),
+                t(r.avg_ns),
+                t(r.min_ns),
+                t(r.max_ns),
                 r.calls,
                 r.name
+            ));
+        }
+        if lost {
+            s.push_str(&format!(
+                "# {} calls without their exit (lost): not in the times\n",
+                self.no_exit()
             ));
         }
         s

@@ -20,6 +20,9 @@ pub struct ThreadSummary {
     pub events: u64,
     /// Calls (entry and exit pairs, and calls still open at the end).
     pub calls: u64,
+    /// Of those, calls whose exit is not in the trace (lost, or still
+    /// running at the end).
+    pub no_exit: u64,
     /// Stream size in bytes.
     pub bytes: u64,
     /// First record time (ns, trace clock), 0 when empty.
@@ -64,6 +67,8 @@ pub struct TraceSummary {
     pub events: u64,
     /// Calls of all threads.
     pub calls: u64,
+    /// Of those, calls whose exit is not in the trace.
+    pub no_exit: u64,
     /// Events lost (full rings, threads without a ring, events the writer
     /// could not write): the larger of what `info.json` counts and what
     /// the streams' lost records count.
@@ -84,6 +89,14 @@ pub struct TraceSummary {
     pub phase_markers: Vec<String>,
 }
 
+/// Counts a call (and a call without its exit).
+fn count(calls: &mut u64, no_exit: &mut u64, st: &Step) {
+    if let Step::Leave { unfinished, .. } = st {
+        *calls += 1;
+        *no_exit += u64::from(*unfinished);
+    }
+}
+
 /// Reads every stream once.
 pub fn summarize(reader: &TraceReader, mut progress: Progress<'_>) -> Result<TraceSummary> {
     let info = reader.info();
@@ -100,6 +113,7 @@ pub fn summarize(reader: &TraceReader, mut progress: Progress<'_>) -> Result<Tra
         };
         let mut cs = CallStack::new();
         let mut calls = 0u64;
+        let mut no_exit = 0u64;
         for r in reader.thread(s.tid)? {
             let r = r?;
             if let Record::Lost { count, .. } = r {
@@ -112,12 +126,11 @@ pub fn summarize(reader: &TraceReader, mut progress: Progress<'_>) -> Result<Tra
                 Record::Call { ts, dur, .. } => ts.saturating_add(dur),
                 _ => r.ts(),
             });
-            cs.feed(&r, |st| {
-                calls += u64::from(matches!(st, Step::Leave { .. }))
-            });
+            cs.feed(&r, |st| count(&mut calls, &mut no_exit, &st));
         }
-        cs.finish(|st| calls += u64::from(matches!(st, Step::Leave { .. })));
+        cs.finish(|st| count(&mut calls, &mut no_exit, &st));
         t.calls = calls;
+        t.no_exit = no_exit;
         if t.records == 0 {
             t.first_ns = 0;
         }
@@ -151,6 +164,7 @@ pub fn summarize(reader: &TraceReader, mut progress: Progress<'_>) -> Result<Tra
         records: threads.iter().map(|t| t.records).sum(),
         events: threads.iter().map(|t| t.events).sum(),
         calls: threads.iter().map(|t| t.calls).sum(),
+        no_exit: threads.iter().map(|t| t.no_exit).sum(),
         bytes: threads.iter().map(|t| t.bytes).sum(),
         threads,
         lost,
@@ -239,8 +253,16 @@ impl TraceSummary {
         kv(
             "events:",
             format!(
-                "{} function events, {} calls, {} records, {} lost",
-                self.events, self.calls, self.records, self.lost
+                "{} function events, {} calls{}, {} records, {} lost",
+                self.events,
+                self.calls,
+                if self.no_exit > 0 {
+                    format!(" ({} without their exit)", self.no_exit)
+                } else {
+                    String::new()
+                },
+                self.records,
+                self.lost
             ),
         );
         if let Some(e) = &self.write_error {
