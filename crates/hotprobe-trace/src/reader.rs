@@ -93,7 +93,11 @@ impl TraceReader {
         if !info.time_base.is_valid() {
             return Err(TraceError::Info {
                 path: ip,
-                what: format!("unusable time base {:?}", info.time_base),
+                what: format!(
+                    "corrupt time base {:?}: its two (TSC, ns) pairs must both advance, \
+                     at 1 kHz to 1 THz",
+                    info.time_base
+                ),
             });
         }
         let sp = dir.join(SYMBOLS_FILE);
