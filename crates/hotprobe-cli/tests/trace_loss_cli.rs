@@ -22,14 +22,15 @@ fn tmp() -> PathBuf {
 }
 
 /// `spin [N]`: calls `work(i)` for i = 0, 1, ... (N times, or until
-/// killed), each call about a microsecond of work; prints `done K` after
-/// every 20,000 calls and `end N` at the end; exits with status 3.
+/// killed), each call a few microseconds of work (so that a drain starved
+/// by a loaded machine keeps up); prints `done K` after every 20,000 calls
+/// and `end N` at the end; exits with status 3.
 const SPIN: &str = r#"
 #include <stdio.h>
 #include <stdlib.h>
 __attribute__((noinline)) long work(long i) {
     volatile long x = i;
-    for (int k = 0; k < 300; k++) x += k;
+    for (int k = 0; k < 1500; k++) x += k;
     return x;
 }
 int main(int argc, char **argv) {
@@ -176,7 +177,7 @@ fn record_killed_at_seeded_moments_leaves_a_readable_trace() {
                 take(l, &mut logged);
             }
         }
-        let delay = Duration::from_millis(200 + rng.next() % 1800);
+        let delay = Duration::from_millis(100 + rng.next() % 1500);
         let until = Instant::now() + delay;
         while let Some(left) = until.checked_duration_since(Instant::now()) {
             if let Ok(l) = lines.recv_timeout(left) {
@@ -255,4 +256,314 @@ fn record_killed_at_seeded_moments_leaves_a_readable_trace() {
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// A recorded `spin 3000` (3,000 calls of `work`) in `dir`.
+fn spin_trace(dir: &Path) {
+    let (rc, out, err) = record(dir, &[], &program("spin", SPIN), &["3000"]);
+    assert_eq!(rc, 3, "{err}");
+    assert!(out.ends_with("end 3000\n"), "{out}");
+    let (rc, info, err) = run(&["info", "--json", dir.to_str().unwrap()]);
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(json(&info)["calls"], 3001, "{info}");
+}
+
+/// Rewrites `info.json`'s time base with `f`.
+fn edit_time_base(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let p = dir.join("info.json");
+    let mut info = json(&std::fs::read_to_string(&p).unwrap());
+    f(&mut info["time_base"]);
+    std::fs::write(&p, serde_json::to_string(&info).unwrap()).unwrap();
+}
+
+#[test]
+fn a_corrupt_time_base_is_an_error() {
+    let good = tmp().join("timebase-good");
+    spin_trace(&good);
+    let d = good.to_str().unwrap();
+    let (rc, rep, err) = run(&["report", "--json", d]);
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(row(&json(&rep), "work")["calls"], 3000);
+    // Both calibration pairs at the same ns: every time the same (today:
+    // a report of zeros); the first pair moved past the data: times before
+    // ns 0 (today: clamped, zeros again).
+    let cases: [(&str, fn(&mut serde_json::Value)); 2] = [
+        ("same-ns", |tb| tb["ns1"] = tb["ns0"].clone()),
+        ("tsc0-late", |tb| {
+            let (t0, t1) = (tb["tsc0"].as_u64().unwrap(), tb["tsc1"].as_u64().unwrap());
+            tb["tsc0"] = (t0 * 1000).into();
+            tb["tsc1"] = (t0 * 1000 + (t1 - t0)).into();
+        }),
+    ];
+    for (name, f) in cases {
+        let dir = tmp().join(format!("timebase-{name}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for e in std::fs::read_dir(&good).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+        }
+        edit_time_base(&dir, f);
+        let d = dir.to_str().unwrap();
+        for cmd in [&["report", d][..], &["replay", d], &["info", d]] {
+            let (rc, out, err) = run(cmd);
+            assert_eq!(rc, 1, "{name}: hotprobe {cmd:?}: {out}{err}");
+            let line = err.lines().find(|l| l.starts_with("hotprobe: error: "));
+            let line = line.unwrap_or_else(|| panic!("{name}: no error line: {err}"));
+            assert!(line.contains("corrupt time base"), "{name}: {line}");
+            assert!(!out.contains("work"), "{name}: {cmd:?} printed {out}");
+        }
+    }
+}
+
+#[test]
+fn fifos_and_devices_in_a_trace_directory_are_refused() {
+    let good = tmp().join("fifo-good");
+    spin_trace(&good);
+    let tid = std::fs::read_dir(&good)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n.starts_with("tid-"))
+        .unwrap();
+    for (file, kind) in [
+        ("info.json", "fifo"),
+        ("symbols.tsv", "fifo"),
+        (tid.as_str(), "fifo"),
+        ("types.tsv", "fifo"),
+        ("symbols.tsv", "device"),
+    ] {
+        let dir = tmp().join(format!("fifo-{kind}-{file}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for e in std::fs::read_dir(&good).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+        }
+        let p = dir.join(file);
+        std::fs::remove_file(&p).unwrap();
+        let what = if kind == "fifo" {
+            let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+            // SAFETY: a valid NUL-terminated path.
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+            "a FIFO"
+        } else {
+            std::os::unix::fs::symlink("/dev/zero", &p).unwrap();
+            "a character device"
+        };
+        let d = dir.to_str().unwrap();
+        let refused = format!(
+            "{}: not a regular file but {what}: refused (reading it could block or have effects)",
+            p.display()
+        );
+        for cmd in [
+            &["replay", d][..],
+            &["report", d],
+            &["info", d],
+            &["export", "--format", "chrome", d],
+        ] {
+            let t = Instant::now();
+            let (rc, out, err) = run(cmd);
+            assert_eq!(rc, 1, "{file} {kind}: hotprobe {cmd:?}: {out}{err}");
+            assert!(
+                err.lines()
+                    .any(|l| l.starts_with("hotprobe: error: ") && l.ends_with(&refused)),
+                "{file} {kind}: hotprobe {cmd:?}: {err}"
+            );
+            assert!(t.elapsed() < Duration::from_secs(10), "{cmd:?} took {:?}", t.elapsed());
+        }
+    }
+}
+
+#[test]
+fn invalid_or_empty_filters_are_errors_and_filters_matching_nothing_say_so() {
+    let dir = tmp().join("filters");
+    spin_trace(&dir);
+    let d = dir.to_str().unwrap();
+    let bad = "filter pattern: bad name pattern \"[\": unclosed character class; missing ']'";
+    for (cmd, line) in [
+        (&["replay", "-F", "[", d][..], format!("{bad} (see hotprobe replay --help)")),
+        (
+            &["replay", "-F", "", d],
+            "empty filter pattern (it would match nothing) (see hotprobe replay --help)".into(),
+        ),
+        (
+            &["replay", "-N", "", d],
+            "empty notrace pattern (it would match nothing) (see hotprobe replay --help)".into(),
+        ),
+        (&["report", "-F", "[", d], format!("{bad} (see hotprobe report --help)")),
+        (
+            &["report", "--marker", "", d],
+            "--marker \"\": give a function name (see hotprobe report --help)".into(),
+        ),
+    ] {
+        let (rc, out, err) = run(cmd);
+        assert_eq!(rc, 2, "hotprobe {cmd:?}: {out}{err}");
+        assert_eq!(out, "", "{cmd:?}");
+        assert_eq!(err, format!("hotprobe: error: {line}\n"), "{cmd:?}");
+    }
+    for cmd in [&["replay", "-F", "nosuch*", d][..], &["report", "-F", "nosuch*", d]] {
+        let (rc, out, err) = run(cmd);
+        assert_eq!(rc, 0, "hotprobe {cmd:?}: {err}");
+        assert_eq!(out, "", "{cmd:?}");
+        assert_eq!(err, "hotprobe: no call matches -F nosuch*\n", "{cmd:?}");
+    }
+    let (rc, out, err) = run(&["report", "--marker", "nosuch", d]);
+    assert_eq!(rc, 0, "{err}");
+    assert!(err.lines().any(|l| l == "hotprobe: no call matches --marker nosuch"), "{err}");
+    assert!(out.contains("work"), "{out}");
+    // A valid filter that matches keeps its calls.
+    let (rc, out, err) = run(&["replay", "-F", "wor?", d]);
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(out.matches("work();").count(), 3000, "{out}");
+}
+
+#[test]
+fn calls_whose_exits_were_lost_get_no_invented_duration() {
+    let dir = tmp().join("recursion");
+    let (rc, out, err) = record(&dir, &[], &program("rec", REC), &["100000"]);
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(out, "rec calls 100000 depth 100000\n");
+    // The exits record could not hook, as record counts them.
+    let refused: u64 = err
+        .split("refused on re-entry ")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no refused count: {err}"));
+    assert!(refused > 0, "this test wants lost exits: {err}");
+    let d = dir.to_str().unwrap();
+    let (rc, rep, err) = run(&["report", "--json", d]);
+    assert_eq!(rc, 0, "{err}");
+    let r = row(&json(&rep), "rec");
+    let (calls, no_exit) = (r["calls"].as_u64().unwrap(), r["no_exit"].as_u64().unwrap());
+    assert_eq!(calls + no_exit, 100_000, "{r}");
+    assert_eq!(no_exit, refused, "{r}");
+    let (min, avg, max) = (
+        r["min_ns"].as_u64().unwrap(),
+        r["avg_ns"].as_u64().unwrap(),
+        r["max_ns"].as_u64().unwrap(),
+    );
+    assert!(min <= avg && avg <= max, "{r}");
+    // The histogram counts the same calls, and no others.
+    let (rc, hist, err) = run(&["report", "--hist", "rec", "--json", d]);
+    assert_eq!(rc, 0, "{err}");
+    let h = &json(&hist)["histograms"][0];
+    assert_eq!(h["count"].as_u64(), Some(calls), "{h}");
+    assert_eq!(h["no_exit"].as_u64(), Some(no_exit), "{h}");
+    let in_buckets: u64 = h["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(in_buckets, calls);
+    assert_eq!(h["avg_ns"].as_u64(), Some(avg), "{h}");
+    // The text says so.
+    let (rc, text_rep, _) = run(&["report", d]);
+    assert_eq!(rc, 0);
+    assert!(
+        text_rep.lines().any(|l| l == format!("# {no_exit} calls without their exit (lost): not in the times")),
+        "{text_rep}"
+    );
+    let line = text_rep.lines().find(|l| l.ends_with("  rec")).unwrap();
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(cols[0], "-", "no outermost call with its exit: no total: {line}");
+    assert_eq!(&cols[cols.len() - 3..], &[calls.to_string().as_str(), &no_exit.to_string(), "rec"]);
+    let (rc, info, _) = run(&["info", "--json", d]);
+    assert_eq!(rc, 0);
+    let info = json(&info);
+    assert_eq!(info["calls"].as_u64(), Some(100_001));
+    assert_eq!(info["no_exit"].as_u64(), Some(no_exit));
+}
+
+/// A tmpfs mounted for a test, unmounted (and its directory removed) on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: PathBuf, size: &str) -> Tmpfs {
+        // SAFETY: a plain syscall.
+        assert_eq!(unsafe { libc::geteuid() }, 0, "the full-disk test mounts a tmpfs: run as root");
+        let _ = Command::new("umount").arg(&dir).stderr(Stdio::null()).status();
+        std::fs::create_dir_all(&dir).unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&dir)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount -t tmpfs on {}", dir.display());
+        Tmpfs(dir)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let st = Command::new("umount").arg(&self.0).status();
+        if !st.is_ok_and(|s| s.success()) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn on_a_full_disk_record_stops_writing_and_runs_the_program_to_its_end() {
+    let prog = program("spin", SPIN);
+    let fs = Tmpfs::mount(tmp().join(format!("full-{}", std::process::id())), "256k");
+    let dir = fs.0.join("trace");
+    let d = dir.to_str().unwrap();
+    let (rc, out, err) = record(&dir, &["--args", "1"], &prog, &["300000"]);
+    // The program's own output and status.
+    assert_eq!(rc, 3, "{err}");
+    assert!(out.ends_with("done 300000\nend 300000\n"), "{out}");
+    let info: serde_json::Value = json(&std::fs::read_to_string(dir.join("info.json")).unwrap());
+    let stats = &info["stats"];
+    let dropped = stats["dropped"].as_u64().unwrap();
+    let why = stats["write_error"].as_str().unwrap_or_else(|| panic!("{info}"));
+    assert!(why.ends_with("No space left on device (os error 28)"), "{why}");
+    assert!(dropped > 0, "{info}");
+    assert_eq!(info["complete"], true);
+    let warning = format!(
+        "hotprobe: warning: {why}: stopped writing the trace there and let the program run to \
+         its end; {dropped} events were not written (the trace ends with a lost record \
+         counting them)"
+    );
+    assert!(err.lines().any(|l| l == warning), "{err}");
+    assert!(err.contains("exited with code 3"), "{err}");
+    // Every event is written or counted as dropped (when no ring overflowed).
+    if stats["lost"] == 0 {
+        assert_eq!(
+            stats["events_out"].as_u64().unwrap() + dropped,
+            stats["events_in"].as_u64().unwrap(),
+            "{stats}"
+        );
+        assert_eq!(stats["events_in"].as_u64(), Some(600_002));
+    }
+    // The trace reads: calls 0..C of work, then the lost record.
+    let (rc, rep, err) = run(&["replay", d]);
+    assert_eq!(rc, 0, "{err}");
+    let args = replayed_args(&rep);
+    assert!(!args.is_empty());
+    if stats["lost"] == 0 {
+        assert!(args.iter().enumerate().all(|(i, a)| *a == i as u64));
+    }
+    let last = rep.lines().last().unwrap();
+    assert!(last.ends_with(&format!("| /* lost {dropped} events */")), "{last}");
+    let (rc, txt, err) = run(&["info", d]);
+    assert_eq!(rc, 0, "{err}");
+    assert!(
+        txt.lines().any(|l| l
+            == format!(
+                "# write error:   {why}: writing stopped there, {dropped} events not written \
+                 (counted as lost)"
+            )),
+        "{txt}"
+    );
+    let (rc, rep, err) = run(&["report", "--json", d]);
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(row(&json(&rep), "work")["calls"].as_u64(), Some(args.len() as u64));
+    eprintln!(
+        "full disk: {} calls written, {dropped} events dropped; the program ran to its end",
+        args.len()
+    );
 }
