@@ -60,7 +60,11 @@ int main(int argc, char **argv) {
 
 fn program(name: &str, src: &str) -> PathBuf {
     let s = hotprobe_testkit::write_source(&tmp(), &format!("{name}.c"), src);
-    gcc(&s, &tmp().join(format!("bin-{name}")), &["-O1", "-fno-inline"])
+    gcc(
+        &s,
+        &tmp().join(format!("bin-{name}")),
+        &["-O1", "-fno-inline"],
+    )
 }
 
 /// `hotprobe ARGS` with a time limit; (status code, stdout, stderr).
@@ -111,6 +115,15 @@ impl Rng {
     }
 }
 
+/// Kills a process group when dropped (also when the test panics).
+struct Group(i32);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        kill_group(self.0);
+    }
+}
+
 /// The stream file of a trace directory being written, if any.
 fn stream_size(dir: &Path) -> u64 {
     std::fs::read_dir(dir).map_or(0, |rd| {
@@ -150,17 +163,20 @@ fn record_killed_at_seeded_moments_leaves_a_readable_trace() {
     for run_no in 0..10 {
         let dir = tmp().join(format!("killed-{run_no}"));
         let _ = std::fs::remove_dir_all(&dir);
+        let errf = tmp().join(format!("killed-{run_no}.stderr"));
         use std::os::unix::process::CommandExt;
         let mut child = Command::new(common::HOTPROBE)
             .args(["record", "--args", "1", "-o", dir.to_str().unwrap(), "--"])
             .arg(&prog)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&errf).unwrap())
             .process_group(0)
             .spawn()
             .unwrap();
         let pgid = child.id() as i32;
+        // Whatever happens, nothing it started outlives the test.
+        let _group = Group(pgid);
         let lines = line_reader(child.stdout.take().unwrap());
         // (calls done, when the line came)
         let mut logged: Vec<(u64, Instant)> = Vec::new();
@@ -172,7 +188,13 @@ fn record_killed_at_seeded_moments_leaves_a_readable_trace() {
         // the trace has its first block on disk.
         let deadline = Instant::now() + Duration::from_secs(30);
         while logged.is_empty() || stream_size(&dir) <= 20 {
-            assert!(Instant::now() < deadline, "run {run_no}: no progress");
+            assert!(
+                Instant::now() < deadline,
+                "run {run_no}: no progress in 30 s: {} lines, stream {} bytes; record said: {}",
+                logged.len(),
+                stream_size(&dir),
+                std::fs::read_to_string(&errf).unwrap_or_default()
+            );
             if let Ok(l) = lines.recv_timeout(Duration::from_millis(5)) {
                 take(l, &mut logged);
             }
@@ -193,7 +215,6 @@ fn record_killed_at_seeded_moments_leaves_a_readable_trace() {
         for l in lines.iter() {
             take(l, &mut logged);
         }
-        kill_group(pgid);
         let last = logged.last().unwrap().0;
         let d = dir.to_str().unwrap();
         let cut = format!(
@@ -213,10 +234,16 @@ fn record_killed_at_seeded_moments_leaves_a_readable_trace() {
         assert_eq!(work["no_exit"], 0, "{work}");
         // main never returned: counted, no duration invented.
         let main = row(&rep, "main");
-        assert_eq!((main["calls"].as_u64(), main["no_exit"].as_u64()), (Some(0), Some(1)));
+        assert_eq!(
+            (main["calls"].as_u64(), main["no_exit"].as_u64()),
+            (Some(0), Some(1))
+        );
         // Never more than the program did; all it logged a flush
         // interval (0.5 s) plus 1 s of slack before the kill is there.
-        assert!(calls <= last + 20_000, "{calls} calls, program logged {last}");
+        assert!(
+            calls <= last + 20_000,
+            "{calls} calls, program logged {last}"
+        );
         let old_enough = logged
             .iter()
             .filter(|(_, t)| killed_at.duration_since(*t) >= Duration::from_millis(1500))
@@ -370,7 +397,11 @@ fn fifos_and_devices_in_a_trace_directory_are_refused() {
                     .any(|l| l.starts_with("hotprobe: error: ") && l.ends_with(&refused)),
                 "{file} {kind}: hotprobe {cmd:?}: {err}"
             );
-            assert!(t.elapsed() < Duration::from_secs(10), "{cmd:?} took {:?}", t.elapsed());
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{cmd:?} took {:?}",
+                t.elapsed()
+            );
         }
     }
 }
@@ -382,7 +413,10 @@ fn invalid_or_empty_filters_are_errors_and_filters_matching_nothing_say_so() {
     let d = dir.to_str().unwrap();
     let bad = "filter pattern: bad name pattern \"[\": unclosed character class; missing ']'";
     for (cmd, line) in [
-        (&["replay", "-F", "[", d][..], format!("{bad} (see hotprobe replay --help)")),
+        (
+            &["replay", "-F", "[", d][..],
+            format!("{bad} (see hotprobe replay --help)"),
+        ),
         (
             &["replay", "-F", "", d],
             "empty filter pattern (it would match nothing) (see hotprobe replay --help)".into(),
@@ -391,7 +425,10 @@ fn invalid_or_empty_filters_are_errors_and_filters_matching_nothing_say_so() {
             &["replay", "-N", "", d],
             "empty notrace pattern (it would match nothing) (see hotprobe replay --help)".into(),
         ),
-        (&["report", "-F", "[", d], format!("{bad} (see hotprobe report --help)")),
+        (
+            &["report", "-F", "[", d],
+            format!("{bad} (see hotprobe report --help)"),
+        ),
         (
             &["report", "--marker", "", d],
             "--marker \"\": give a function name (see hotprobe report --help)".into(),
@@ -402,7 +439,10 @@ fn invalid_or_empty_filters_are_errors_and_filters_matching_nothing_say_so() {
         assert_eq!(out, "", "{cmd:?}");
         assert_eq!(err, format!("hotprobe: error: {line}\n"), "{cmd:?}");
     }
-    for cmd in [&["replay", "-F", "nosuch*", d][..], &["report", "-F", "nosuch*", d]] {
+    for cmd in [
+        &["replay", "-F", "nosuch*", d][..],
+        &["report", "-F", "nosuch*", d],
+    ] {
         let (rc, out, err) = run(cmd);
         assert_eq!(rc, 0, "hotprobe {cmd:?}: {err}");
         assert_eq!(out, "", "{cmd:?}");
@@ -410,7 +450,11 @@ fn invalid_or_empty_filters_are_errors_and_filters_matching_nothing_say_so() {
     }
     let (rc, out, err) = run(&["report", "--marker", "nosuch", d]);
     assert_eq!(rc, 0, "{err}");
-    assert!(err.lines().any(|l| l == "hotprobe: no call matches --marker nosuch"), "{err}");
+    assert!(
+        err.lines()
+            .any(|l| l == "hotprobe: no call matches --marker nosuch"),
+        "{err}"
+    );
     assert!(out.contains("work"), "{out}");
     // A valid filter that matches keeps its calls.
     let (rc, out, err) = run(&["replay", "-F", "wor?", d]);
@@ -463,13 +507,21 @@ fn calls_whose_exits_were_lost_get_no_invented_duration() {
     let (rc, text_rep, _) = run(&["report", d]);
     assert_eq!(rc, 0);
     assert!(
-        text_rep.lines().any(|l| l == format!("# {no_exit} calls without their exit (lost): not in the times")),
+        text_rep
+            .lines()
+            .any(|l| l == format!("# {no_exit} calls without their exit (lost): not in the times")),
         "{text_rep}"
     );
     let line = text_rep.lines().find(|l| l.ends_with("  rec")).unwrap();
     let cols: Vec<&str> = line.split_whitespace().collect();
-    assert_eq!(cols[0], "-", "no outermost call with its exit: no total: {line}");
-    assert_eq!(&cols[cols.len() - 3..], &[calls.to_string().as_str(), &no_exit.to_string(), "rec"]);
+    assert_eq!(
+        cols[0], "-",
+        "no outermost call with its exit: no total: {line}"
+    );
+    assert_eq!(
+        &cols[cols.len() - 3..],
+        &[calls.to_string().as_str(), &no_exit.to_string(), "rec"]
+    );
     let (rc, info, _) = run(&["info", "--json", d]);
     assert_eq!(rc, 0);
     let info = json(&info);
@@ -483,8 +535,15 @@ struct Tmpfs(PathBuf);
 impl Tmpfs {
     fn mount(dir: PathBuf, size: &str) -> Tmpfs {
         // SAFETY: a plain syscall.
-        assert_eq!(unsafe { libc::geteuid() }, 0, "the full-disk test mounts a tmpfs: run as root");
-        let _ = Command::new("umount").arg(&dir).stderr(Stdio::null()).status();
+        assert_eq!(
+            unsafe { libc::geteuid() },
+            0,
+            "the full-disk test mounts a tmpfs: run as root"
+        );
+        let _ = Command::new("umount")
+            .arg(&dir)
+            .stderr(Stdio::null())
+            .status();
         std::fs::create_dir_all(&dir).unwrap();
         let st = Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
@@ -519,8 +578,13 @@ fn on_a_full_disk_record_stops_writing_and_runs_the_program_to_its_end() {
     let info: serde_json::Value = json(&std::fs::read_to_string(dir.join("info.json")).unwrap());
     let stats = &info["stats"];
     let dropped = stats["dropped"].as_u64().unwrap();
-    let why = stats["write_error"].as_str().unwrap_or_else(|| panic!("{info}"));
-    assert!(why.ends_with("No space left on device (os error 28)"), "{why}");
+    let why = stats["write_error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{info}"));
+    assert!(
+        why.ends_with("No space left on device (os error 28)"),
+        "{why}"
+    );
     assert!(dropped > 0, "{info}");
     assert_eq!(info["complete"], true);
     let warning = format!(
@@ -548,7 +612,10 @@ fn on_a_full_disk_record_stops_writing_and_runs_the_program_to_its_end() {
         assert!(args.iter().enumerate().all(|(i, a)| *a == i as u64));
     }
     let last = rep.lines().last().unwrap();
-    assert!(last.ends_with(&format!("| /* lost {dropped} events */")), "{last}");
+    assert!(
+        last.ends_with(&format!("| /* lost {dropped} events */")),
+        "{last}"
+    );
     let (rc, txt, err) = run(&["info", d]);
     assert_eq!(rc, 0, "{err}");
     assert!(
@@ -561,7 +628,10 @@ fn on_a_full_disk_record_stops_writing_and_runs_the_program_to_its_end() {
     );
     let (rc, rep, err) = run(&["report", "--json", d]);
     assert_eq!(rc, 0, "{err}");
-    assert_eq!(row(&json(&rep), "work")["calls"].as_u64(), Some(args.len() as u64));
+    assert_eq!(
+        row(&json(&rep), "work")["calls"].as_u64(),
+        Some(args.len() as u64)
+    );
     eprintln!(
         "full disk: {} calls written, {dropped} events dropped; the program ran to its end",
         args.len()

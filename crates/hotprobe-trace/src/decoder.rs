@@ -415,4 +415,3 @@ impl<R: Read> Decoder<R> {
         Ok(Some(rec))
     }
 }
-

@@ -18,8 +18,8 @@
 
 use std::io::Write;
 
-use crate::event::{Args, Record};
 pub use crate::decoder::Decoder;
+use crate::event::{Args, Record};
 pub use crate::lz4::Lz4Blocks;
 use crate::varint::zigzag;
 

@@ -66,9 +66,8 @@ impl TraceReader {
     pub fn open(dir: impl AsRef<Path>) -> Result<TraceReader> {
         let dir = dir.as_ref().to_path_buf();
         let ip = dir.join(INFO_FILE);
-        let not_found = |p: &Path| {
-            TraceError::io(p, std::io::Error::from(std::io::ErrorKind::NotFound))
-        };
+        let not_found =
+            |p: &Path| TraceError::io(p, std::io::Error::from(std::io::ErrorKind::NotFound));
         let text = read_text(&ip)?.ok_or_else(|| not_found(&ip))?;
         let info: Info = serde_json::from_str(&text).map_err(|e| TraceError::Info {
             path: ip.clone(),
@@ -366,15 +365,17 @@ impl ThreadStream {
     /// `t` in ns; an error when the time base cannot convert it (a time
     /// base that does not belong to these streams: a corrupt `info.json`).
     fn ns(&self, t: u64) -> Result<u64> {
-        self.time.to_ns_checked(t).ok_or_else(|| TraceError::Corrupt {
-            path: self.path.clone(),
-            offset: self.offset(),
-            what: format!(
-                "timestamp {t} is outside what the time base of info.json converts \
+        self.time
+            .to_ns_checked(t)
+            .ok_or_else(|| TraceError::Corrupt {
+                path: self.path.clone(),
+                offset: self.offset(),
+                what: format!(
+                    "timestamp {t} is outside what the time base of info.json converts \
                  ({:?}): corrupt time base?",
-                self.time
-            ),
-        })
+                    self.time
+                ),
+            })
     }
 
     fn convert(&self, r: Record) -> Result<Record> {

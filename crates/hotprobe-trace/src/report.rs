@@ -228,4 +228,3 @@ impl Report {
         s
     }
 }
-

@@ -295,8 +295,9 @@ impl TraceWriter {
                 let p = self.dir.join(&file);
                 let started = match self.stopped {
                     Some(_) => Ok(StreamOut::None),
-                    None => File::create(&p)
-                        .and_then(|f| StreamOut::start(f, tid, ts, self.compress)),
+                    None => {
+                        File::create(&p).and_then(|f| StreamOut::start(f, tid, ts, self.compress))
+                    }
                 };
                 let out = started.unwrap_or_else(|e| {
                     self.stop(format!("{}: {e}", p.display()));
