@@ -241,11 +241,13 @@ impl<W: Write> Encoder<W> {
     /// the events of the lost records among them), then the end record.
     /// The caller cuts the file back to what was written whole first
     /// ([`Encoder::written`], or the block writer's count). Returns the
-    /// writer, the records written per type and the events lost.
+    /// writer, the records written per type and the function events not
+    /// written (the lost record also counts the events of the lost records
+    /// not written, already counted as lost where they were noted).
     pub fn finish_lost(mut self) -> std::io::Result<(W, KindCounts, u64)> {
         let (kept, kept_lost) = self.flushed;
-        let lost = self.counts.events().saturating_sub(kept.events())
-            + self.lost_events.saturating_sub(kept_lost);
+        let dropped = self.counts.events().saturating_sub(kept.events());
+        let lost = dropped + self.lost_events.saturating_sub(kept_lost);
         self.counts = kept;
         self.len = 0;
         self.error = None;
@@ -258,7 +260,7 @@ impl<W: Write> Encoder<W> {
         }
         let counts = self.counts;
         let (out, _) = self.finish()?;
-        Ok((out, counts, lost))
+        Ok((out, counts, dropped))
     }
 
     /// Records written per type.

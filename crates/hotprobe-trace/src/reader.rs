@@ -202,11 +202,13 @@ impl TraceReader {
         &self.value_types
     }
 
-    /// Thread `tid`'s captured values (`values-TID.hpv`; empty without).
+    /// Thread `tid`'s captured values (`values-TID.hpv`; empty without; in
+    /// an unfinished trace, the records before a cut).
     pub fn thread_values(&self, tid: u32) -> Result<ThreadValues> {
         let p = self.dir.join(values_file_name(tid));
         match read_bytes(&p)? {
-            Some(bytes) => ThreadValues::parse(bytes, &p),
+            Some(bytes) if self.info.complete => ThreadValues::parse(bytes, &p),
+            Some(bytes) => ThreadValues::parse_unfinished(bytes, &p),
             None => Ok(ThreadValues::default()),
         }
     }

@@ -165,14 +165,20 @@ pub struct TraceWriter {
     unwritten: u64,
     /// When the buffered records were last written out.
     last_flush: Instant,
+    /// The event time (time-base ticks) from which they are written out
+    /// again, and [`FLUSH_EVERY`] in ticks.
+    flush_at: u64,
+    flush_ticks: u64,
 }
 
-/// How often at most the records of a busy thread stay in memory before
-/// they are written (whole records, one block): what a killed recorder
-/// can lose. Checked every [`FLUSH_CHECK`] events.
+/// How long at most records stay in memory before they are written (whole
+/// records, one block per thread) while events come: what a killed
+/// recorder can lose. Measured on the events' own timestamps (no clock
+/// read per event); [`TraceWriter::idle`] covers a pause in the events.
 pub const FLUSH_EVERY: Duration = Duration::from_millis(500);
-/// Events between two looks at the clock for [`FLUSH_EVERY`].
-const FLUSH_CHECK: u64 = 1024;
+/// How old the last write-out must be before [`TraceWriter::idle`] writes
+/// again (a trickle of events between idle passes makes no tiny blocks).
+pub const IDLE_FLUSH: Duration = Duration::from_millis(100);
 /// A file of this size is kept in the trace directory while recording and
 /// removed when the trace is finished: on a full disk, the room it frees
 /// takes the end records and the final `info.json`.
@@ -243,7 +249,7 @@ impl TraceWriter {
             threads: Vec::new(),
             stats: None,
         };
-        let w = TraceWriter {
+        let mut w = TraceWriter {
             dir,
             info,
             filter,
@@ -257,7 +263,11 @@ impl TraceWriter {
             stopped: None,
             unwritten: 0,
             last_flush: Instant::now(),
+            flush_at: 0,
+            flush_ticks: 0,
         };
+        let ticks = |hz: u64| (u128::from(hz) * FLUSH_EVERY.as_nanos() / 1_000_000_000) as u64;
+        w.flush_ticks = w.info.time_base.hz().map_or(u64::MAX, ticks).max(1);
         let rp = w.dir.join(RESERVE_FILE);
         std::fs::write(&rp, vec![0u8; RESERVE_BYTES]).map_err(|e| TraceError::io(&rp, e))?;
         w.write_info()?;
@@ -332,10 +342,23 @@ impl TraceWriter {
         if let Some(e) = t.enc.take_error() {
             self.stop(self.io_error(i, e).to_string());
         }
-        if self.events_in % FLUSH_CHECK == 0 && self.last_flush.elapsed() >= FLUSH_EVERY {
-            self.flush();
+        if ev.ts >= self.flush_at {
+            if self.flush_at != 0 {
+                self.flush();
+            }
+            self.flush_at = ev.ts.saturating_add(self.flush_ticks);
         }
         Ok(())
+    }
+
+    /// Called when no event came for a while (a drain pass found the rings
+    /// empty): writes out what is buffered once it is [`IDLE_FLUSH`] old,
+    /// so that a recorder killed while the program pauses loses nothing
+    /// it drained.
+    pub fn idle(&mut self) {
+        if self.last_flush.elapsed() >= IDLE_FLUSH {
+            self.flush();
+        }
     }
 
     /// Writes every thread's buffered records (whole records: one LZ4
@@ -343,6 +366,17 @@ impl TraceWriter {
     /// `write_event` does so every [`FLUSH_EVERY`] while events come.
     pub fn flush(&mut self) {
         self.last_flush = Instant::now();
+        if self.stopped.is_none() {
+            let mut failed = None;
+            for (tid, v) in &mut self.values {
+                if let Err(e) = v.flush() {
+                    failed = Some(format!("{}: {e}", self.dir.join(values_file_name(*tid)).display()));
+                }
+            }
+            if let Some(why) = failed {
+                self.stop(why);
+            }
+        }
         for i in 0..self.threads.len() {
             let t = &mut self.threads[i];
             t.enc.flush_chunk();
