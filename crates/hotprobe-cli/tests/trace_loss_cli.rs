@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{gcc, hotprobe, hotprobe_within, kill_group, line_reader, text};
+use common::{gcc, hotprobe_within, kill_group, line_reader, text};
 
 fn tmp() -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("trace-loss");
@@ -314,7 +314,8 @@ fn a_corrupt_time_base_is_an_error() {
     // Both calibration pairs at the same ns: every time the same (today:
     // a report of zeros); the first pair moved past the data: times before
     // ns 0 (today: clamped, zeros again).
-    let cases: [(&str, fn(&mut serde_json::Value)); 2] = [
+    type Edit = fn(&mut serde_json::Value);
+    let cases: [(&str, Edit); 2] = [
         ("same-ns", |tb| tb["ns1"] = tb["ns0"].clone()),
         ("tsc0-late", |tb| {
             let (t0, t1) = (tb["tsc0"].as_u64().unwrap(), tb["tsc1"].as_u64().unwrap());
@@ -534,12 +535,9 @@ struct Tmpfs(PathBuf);
 
 impl Tmpfs {
     fn mount(dir: PathBuf, size: &str) -> Tmpfs {
-        // SAFETY: a plain syscall.
-        assert_eq!(
-            unsafe { libc::geteuid() },
-            0,
-            "the full-disk test mounts a tmpfs: run as root"
-        );
+        // SAFETY: a plain syscall, no arguments.
+        let euid = unsafe { libc::geteuid() };
+        assert_eq!(euid, 0, "the full-disk test mounts a tmpfs: run as root");
         let _ = Command::new("umount")
             .arg(&dir)
             .stderr(Stdio::null())
@@ -613,7 +611,10 @@ fn on_a_full_disk_record_stops_writing_and_runs_the_program_to_its_end() {
     }
     let last = rep.lines().last().unwrap();
     if stats["lost"] == 0 {
-        assert!(last.ends_with(&format!("| /* lost {dropped} events */")), "{last}");
+        assert!(
+            last.ends_with(&format!("| /* lost {dropped} events */")),
+            "{last}"
+        );
     } else {
         assert!(last.contains("| /* lost "), "{last}");
     }
@@ -698,5 +699,8 @@ fn record_killed_while_the_program_pauses_keeps_every_call() {
     let (rc, out, _) = run(&["info", "--json", d]);
     assert_eq!(rc, 0);
     let info = json(&out);
-    assert_eq!((info["calls"].as_u64(), info["no_exit"].as_u64()), (Some(5001), Some(1)));
+    assert_eq!(
+        (info["calls"].as_u64(), info["no_exit"].as_u64()),
+        (Some(5001), Some(1))
+    );
 }

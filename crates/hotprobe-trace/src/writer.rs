@@ -370,7 +370,10 @@ impl TraceWriter {
             let mut failed = None;
             for (tid, v) in &mut self.values {
                 if let Err(e) = v.flush() {
-                    failed = Some(format!("{}: {e}", self.dir.join(values_file_name(*tid)).display()));
+                    failed = Some(format!(
+                        "{}: {e}",
+                        self.dir.join(values_file_name(*tid)).display()
+                    ));
                 }
             }
             if let Some(why) = failed {
