@@ -1,5 +1,5 @@
 //! [`Report`]: per-function calls, total and self time, as `report`
-//! prints them; calls whose exit was lost are counted apart and kept out
+//! prints them; calls whose exit was lost are counted (also apart) and kept out
 //! of the times.
 
 use std::collections::HashMap;
@@ -22,11 +22,12 @@ pub struct ReportRow {
     pub name: String,
     /// Module (executable or library path; may be empty).
     pub module: String,
-    /// Calls with their exit (the times count these only).
+    /// Calls, those without their exit included.
     pub calls: u64,
-    /// Calls whose exit is not in the trace (lost: an outer exit came
-    /// first, or the trace ends inside them): their duration is not
-    /// known, so they are in no time of the row.
+    /// Of those, calls whose exit is not in the trace (lost: an outer exit
+    /// came first, or the trace ends inside them): their duration is not
+    /// known, so they are in no time of the row (the average, minimum and
+    /// maximum are over `calls - no_exit`).
     pub no_exit: u64,
     /// Time inside the function, counting recursive calls once.
     pub total_ns: u64,
@@ -106,6 +107,7 @@ impl Acc {
                 ..ReportRow::default()
             });
             if unfinished {
+                row.calls += 1;
                 row.no_exit += 1;
                 return;
             }
@@ -131,8 +133,9 @@ impl Acc {
                 r.module = syms
                     .get(r.probe)
                     .map_or_else(String::new, |s| s.module.clone());
-                r.avg_ns = r.sum_ns / r.calls.max(1);
-                if r.calls == 0 {
+                let timed = r.calls - r.no_exit;
+                r.avg_ns = r.sum_ns / timed.max(1);
+                if timed == 0 {
                     r.min_ns = 0;
                 }
                 r
@@ -160,12 +163,12 @@ impl Report {
         });
     }
 
-    /// All calls (with their exit).
+    /// All calls (those without their exit included).
     pub fn calls(&self) -> u64 {
         self.rows.iter().map(|r| r.calls).sum()
     }
 
-    /// All calls without their exit.
+    /// Calls without their exit.
     pub fn no_exit(&self) -> u64 {
         self.rows.iter().map(|r| r.no_exit).sum()
     }
@@ -177,7 +180,7 @@ impl Report {
         let lost = self.no_exit() > 0;
         let mut s = String::new();
         s.push_str(if lost {
-            "  Total time   Self time     Average     Minimum     Maximum       Calls     No exit  Function\n"
+            "  Total time   Self time     Average     Minimum     Maximum     No exit       Calls  Function\n"
         } else {
             "  Total time   Self time     Average     Minimum     Maximum       Calls  Function\n"
         });
@@ -192,7 +195,7 @@ impl Report {
             // total.
             let unknown = format!("{:>10}", "-");
             let t = |ns: u64| {
-                if r.calls == 0 {
+                if r.calls == r.no_exit {
                     unknown.clone()
                 } else {
                     fmt_duration(ns)
@@ -209,7 +212,7 @@ impl Report {
                 String::new()
             };
             s.push_str(&format!(
-                "  {}  {}  {}  {}  {}  {:>10}  {no_exit}{}\n",
+                "  {}  {}  {}  {}  {}  {no_exit}{:>10}  {}\n",
                 total,
                 t(r.self_ns),
                 t(r.avg_ns),
@@ -221,7 +224,7 @@ impl Report {
         }
         if lost {
             s.push_str(&format!(
-                "# {} calls without their exit (lost): not in the times\n",
+                "# {} of the calls have no exit (lost): not in the times\n",
                 self.no_exit()
             ));
         }
