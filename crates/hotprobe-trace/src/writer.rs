@@ -310,6 +310,8 @@ impl TraceWriter {
                     }
                 };
                 let out = started.unwrap_or_else(|e| {
+                    // No stream file rather than one cut inside its header.
+                    let _ = std::fs::remove_file(&p);
                     self.stop(format!("{}: {e}", p.display()));
                     StreamOut::None
                 });
@@ -332,7 +334,9 @@ impl TraceWriter {
         Ok(i)
     }
 
-    /// Filters, aggregates and encodes one event.
+    /// Filters, aggregates and encodes one event. A failed write does not
+    /// fail it: writing stops there ([`TraceWriter::stopped`]) and the
+    /// events are counted from then on, so that the recording goes on.
     #[inline]
     pub fn write_event(&mut self, ev: &TraceEvent) -> Result<()> {
         self.events_in += 1;
