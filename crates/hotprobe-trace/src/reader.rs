@@ -422,8 +422,10 @@ impl ThreadStream {
                 probe,
                 args,
             },
+            // Not checked: the recorder stamps a loss 0 when its thread
+            // had no event yet (before ns 0: clamped to 0).
             Record::Lost { ts, count } => Record::Lost {
-                ts: self.ns(ts)?,
+                ts: self.time.to_ns(ts),
                 count,
             },
         })

@@ -131,3 +131,41 @@ fn a_finished_trace_cut_short_is_still_an_error() {
     let e = TraceReader::open(dir.path()).unwrap_err();
     assert!(matches!(e, TraceError::Truncated { .. }), "{e}");
 }
+
+#[test]
+fn a_loss_stamped_0_reads_under_a_tsc_time_base_a_call_before_ns_0_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut meta = TraceMeta::new("lost first", symbols(false));
+    // 3 GHz; tick 1,000,000 is ns 1,000.
+    meta.time_base = TimeBase::Tsc {
+        tsc0: 1_000_000,
+        ns0: 1_000,
+        tsc1: 4_000_000,
+        ns1: 1_001_000,
+    };
+    let mut w = TraceWriter::create(dir.path(), meta).unwrap();
+    // The recorder stamps a loss before its thread's first event 0.
+    w.note_lost(1, 0, 5).unwrap();
+    w.write_event(&TraceEvent::entry(2_000_000, 1, 3)).unwrap();
+    w.write_event(&TraceEvent::exit(2_000_300, 1, 3)).unwrap();
+    // A call before ns 0 on thread 2: not this time base's.
+    w.write_event(&TraceEvent::entry(10, 2, 3)).unwrap();
+    w.write_event(&TraceEvent::exit(20, 2, 3)).unwrap();
+    w.finish().unwrap();
+    let r = TraceReader::open(dir.path()).unwrap();
+    let recs = read_thread(&r, 1);
+    assert_eq!(recs[0], Record::Lost { ts: 0, count: 5 });
+    assert!(
+        matches!(
+            recs[1],
+            Record::Call {
+                ts: 334_333,
+                dur: 100,
+                ..
+            }
+        ),
+        "{recs:?}"
+    );
+    let e = r.thread(2).unwrap().next().unwrap().unwrap_err();
+    assert!(e.to_string().contains("corrupt time base?"), "{e}");
+}
