@@ -43,9 +43,22 @@ impl QueryArgs {
                 ));
             }
         }
-        self.query()
-            .compile(r)
-            .with_context(|| format!("cannot filter {}", r.dir().display()))
+        match self.query().compile(r) {
+            // A bad pattern is the command line's fault.
+            Err(TraceError::Invalid(what)) => bail!(crate::UsageError(what)),
+            c => c.with_context(|| format!("cannot filter {}", r.dir().display())),
+        }
+    }
+
+    /// Says so on stderr, and true, when the `-F` patterns match no
+    /// function of the trace (the output would be empty).
+    fn matches_nothing(&self, c: &CompiledQuery) -> bool {
+        if !c.filter_matches_nothing() {
+            return false;
+        }
+        let fs: Vec<String> = self.filter.iter().map(|f| format!("-F {f}")).collect();
+        errln!("hotprobe: no call matches {}", fs.join(" "));
+        true
     }
 }
 
@@ -96,14 +109,26 @@ fn with_bar<T>(
     r
 }
 
-/// Says so on stderr when the recorder did not finish (the reader then
-/// refuses the streams it cannot trust).
+/// Says so on stderr when the recorder did not finish (killed): the
+/// reader takes each stream up to its last whole block, and says how much
+/// of each stream that is.
 fn warn_incomplete(r: &TraceReader) {
     if !r.info().complete {
         errln!(
-            "hotprobe: warning: {} was not finished by its recorder",
+            "hotprobe: warning: {} was not finished by its recorder (killed?): \
+             cut short, read up to the last whole block of each stream",
             r.dir().display()
         );
+        for c in r.cut_short() {
+            errln!(
+                "hotprobe: warning: thread {}: {}: read {} records, {} of its {} bytes",
+                c.tid,
+                c.what,
+                c.records,
+                c.bytes_read,
+                c.file_bytes
+            );
+        }
     }
 }
 
@@ -135,6 +160,9 @@ pub fn replay_cmd(dir: &Path, q: &QueryArgs) -> Result<()> {
     let r = open(dir)?;
     warn_incomplete(&r);
     let query = q.compile(&r)?;
+    if q.matches_nothing(&query) {
+        return Ok(());
+    }
     let bar = bytes_bar(&r, "replaying");
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
@@ -171,9 +199,23 @@ fn sort_name(s: SortArg) -> &'static str {
 /// `hotprobe report DIR [--phases] [filters] [-s KEY] [--task | --diff DIR2
 /// | --hist FUNC | --flame] [--json]`.
 pub fn report_cmd(dir: &Path, phases: bool, markers: &[String], o: &ReportArgs) -> Result<()> {
+    if let Some(m) = markers.iter().find(|m| m.is_empty()) {
+        bail!(crate::UsageError(format!(
+            "--marker {m:?}: give a function name"
+        )));
+    }
     let r = open(dir)?;
     warn_incomplete(&r);
     let query = o.query.compile(&r)?;
+    if o.query.matches_nothing(&query) {
+        return Ok(());
+    }
+    for m in markers {
+        let syms = r.symbols();
+        if !(0..syms.id_bound()).any(|id| syms.name(id) == m.as_str()) {
+            errln!("hotprobe: no call matches --marker {m}");
+        }
+    }
     let key: SortKey = o.sort.into();
     let bar = bytes_bar(&r, "reading");
     let ctx = || format!("cannot report {}", dir.display());
@@ -234,6 +276,12 @@ pub fn report_cmd(dir: &Path, phases: bool, markers: &[String], o: &ReportArgs) 
                 hotprobe_trace::fmt_duration(h.min_ns()).trim(),
                 hotprobe_trace::fmt_duration(h.max_ns()).trim()
             ));
+            if h.no_exit() > 0 {
+                s.push_str(&format!(
+                    "# {f}: {} calls without their exit (lost): not in the histogram\n",
+                    h.no_exit()
+                ));
+            }
             s.push_str(&h.to_text());
         }
         return print(&s);
@@ -356,6 +404,7 @@ pub fn report_cmd(dir: &Path, phases: bool, markers: &[String], o: &ReportArgs) 
 /// `hotprobe info DIR [--json]`: the trace's metadata and contents.
 pub fn info_cmd(dir: &Path, json: bool) -> Result<()> {
     let r = open(dir)?;
+    warn_incomplete(&r);
     let bar = bytes_bar(&r, "reading");
     let s = with_bar(&bar, |cb| summarize(&r, Some(cb)))
         .with_context(|| format!("cannot read {}", dir.display()))?;

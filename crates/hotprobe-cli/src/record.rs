@@ -451,6 +451,14 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     let mut typed_sink = typed::RegisterTyped::new(&mut writer, &typing, &placed);
     let ran = t.run(&placed, o.duration, Some(&mut typed_sink));
     let stats = writer.finish().context("cannot finish the trace")?;
+    if let Some(e) = &stats.write_error {
+        errln!(
+            "hotprobe: warning: {e}: stopped writing the trace there and let the program run \
+             to its end; {} events were not written (the trace ends with a lost record \
+             counting them)",
+            stats.dropped
+        );
+    }
     ran?;
     let how = match t.status() {
         Some(st @ (ExitStatus::Code(_) | ExitStatus::Signal(_))) => format!("pid {pid} {st}"),

@@ -388,6 +388,10 @@ impl EventSink for RegisterTyped<'_> {
     fn lost(&mut self, tid: u32, ts: u64, count: u64) -> Result<(), SinkError> {
         self.inner.lost(tid, ts, count)
     }
+
+    fn idle(&mut self) {
+        self.inner.idle();
+    }
 }
 
 /// A recorded event's registers: the argument registers of an entry, rax

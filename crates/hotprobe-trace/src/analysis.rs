@@ -12,6 +12,8 @@ use crate::event::{Args, Record};
 use crate::hist::Histogram;
 use crate::query::{CompiledQuery, QueryStack};
 use crate::reader::{ThreadStream, TraceReader};
+use crate::report::Acc;
+pub use crate::report::{Report, ReportRow, SortKey};
 use crate::symbols::{ProbeKind, SymbolTable};
 
 /// A progress callback: `(bytes done, bytes total)` of the input streams.
@@ -481,175 +483,6 @@ pub fn replay_filtered(
     Ok(())
 }
 
-/// One function's line of a report. Serialized (`--json`) with the field
-/// names `function`, `module`, `calls`, `total_ns`, `self_ns`, `avg_ns`,
-/// `min_ns`, `max_ns`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct ReportRow {
-    /// Probe id.
-    #[serde(skip)]
-    pub probe: u32,
-    /// Function name.
-    #[serde(rename = "function")]
-    pub name: String,
-    /// Module (executable or library path; may be empty).
-    pub module: String,
-    /// Calls (finished or still running at the end).
-    pub calls: u64,
-    /// Time inside the function, counting recursive calls once.
-    pub total_ns: u64,
-    /// Time not spent in recorded callees.
-    pub self_ns: u64,
-    /// Average duration of a call (recursive calls each count).
-    pub avg_ns: u64,
-    /// Shortest call.
-    pub min_ns: u64,
-    /// Longest call.
-    pub max_ns: u64,
-    /// Sum of the call durations (recursive calls each count).
-    #[serde(skip)]
-    pub sum_ns: u64,
-}
-
-/// What a report is sorted by (descending; ties: calls, then name).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum SortKey {
-    /// Total time.
-    #[default]
-    Total,
-    /// Self time.
-    SelfTime,
-    /// Calls.
-    Calls,
-    /// Average call duration.
-    Avg,
-    /// Longest call.
-    Max,
-}
-
-impl SortKey {
-    /// The row's value for this key.
-    pub fn of(self, r: &ReportRow) -> u64 {
-        match self {
-            SortKey::Total => r.total_ns,
-            SortKey::SelfTime => r.self_ns,
-            SortKey::Calls => r.calls,
-            SortKey::Avg => r.avg_ns,
-            SortKey::Max => r.max_ns,
-        }
-    }
-}
-
-/// Per-function totals, sorted by total time (descending) unless
-/// [`Report::sort`] said otherwise.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Report {
-    /// The rows.
-    pub rows: Vec<ReportRow>,
-}
-
-#[derive(Default)]
-struct Acc {
-    by_probe: HashMap<u32, ReportRow>,
-}
-
-impl Acc {
-    fn leave(&mut self, s: &Step) {
-        if let Step::Leave {
-            probe,
-            start,
-            end,
-            self_ns,
-            outermost,
-            ..
-        } = *s
-        {
-            let row = self.by_probe.entry(probe).or_insert_with(|| ReportRow {
-                probe,
-                min_ns: u64::MAX,
-                ..ReportRow::default()
-            });
-            let dur = end - start;
-            row.calls += 1;
-            row.self_ns += self_ns;
-            row.sum_ns += dur;
-            row.min_ns = row.min_ns.min(dur);
-            row.max_ns = row.max_ns.max(dur);
-            if outermost {
-                row.total_ns += dur;
-            }
-        }
-    }
-
-    fn into_report(self, syms: &SymbolTable) -> Report {
-        let rows: Vec<ReportRow> = self
-            .by_probe
-            .into_values()
-            .map(|mut r| {
-                r.name = syms.name(r.probe).into_owned();
-                r.module = syms
-                    .get(r.probe)
-                    .map_or_else(String::new, |s| s.module.clone());
-                r.avg_ns = r.sum_ns / r.calls.max(1);
-                if r.calls == 0 {
-                    r.min_ns = 0;
-                }
-                r
-            })
-            .collect();
-        let mut rep = Report { rows };
-        rep.sort(SortKey::Total);
-        rep
-    }
-}
-
-impl Report {
-    /// The row of a function name.
-    pub fn row(&self, name: &str) -> Option<&ReportRow> {
-        self.rows.iter().find(|r| r.name == name)
-    }
-
-    /// Sorts the rows by `key`, descending (ties: more calls, then name).
-    pub fn sort(&mut self, key: SortKey) {
-        self.rows.sort_by(|a, b| {
-            key.of(b)
-                .cmp(&key.of(a))
-                .then(b.calls.cmp(&a.calls))
-                .then(a.name.cmp(&b.name))
-        });
-    }
-
-    /// All calls.
-    pub fn calls(&self) -> u64 {
-        self.rows.iter().map(|r| r.calls).sum()
-    }
-
-    /// The table as text (like `uftrace report`): total, self, average,
-    /// shortest and longest call, calls, function.
-    pub fn to_text(&self) -> String {
-        let mut s = String::new();
-        s.push_str(
-            "  Total time   Self time     Average     Minimum     Maximum       Calls  Function\n",
-        );
-        s.push_str(
-            "  ==========  ==========  ==========  ==========  ==========  ==========  ====================\n",
-        );
-        for r in &self.rows {
-            s.push_str(&format!(
-                "  {}  {}  {}  {}  {}  {:>10}  {}\n",
-                fmt_duration(r.total_ns),
-                fmt_duration(r.self_ns),
-                fmt_duration(r.avg_ns),
-                fmt_duration(r.min_ns),
-                fmt_duration(r.max_ns),
-                r.calls,
-                r.name
-            ));
-        }
-        s
-    }
-}
-
 /// Per-function calls, total and self time over all threads.
 pub fn report(reader: &TraceReader, progress: Progress<'_>) -> Result<Report> {
     report_filtered(reader, &CompiledQuery::all(), progress)
@@ -752,13 +585,20 @@ pub fn histograms(
     }
     visit_threads(reader, query, progress, |_, s| {
         if let Step::Leave {
-            probe, start, end, ..
+            probe,
+            start,
+            end,
+            unfinished,
+            ..
         } = s
         {
             if wanted.get(probe as usize).copied().unwrap_or(false) {
-                by.entry(syms.name(probe).into_owned())
-                    .or_default()
-                    .add(end - start);
+                let h = by.entry(syms.name(probe).into_owned()).or_default();
+                // A call whose exit was lost has no known duration.
+                match unfinished {
+                    true => h.add_no_exit(),
+                    false => h.add(end - start),
+                }
             }
         }
     })?;

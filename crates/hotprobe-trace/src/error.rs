@@ -55,6 +55,15 @@ pub enum TraceError {
         /// What is wrong.
         what: String,
     },
+    /// A file of the trace is not a regular file (a FIFO, a device, a
+    /// directory...): refused before anything is read from it.
+    #[error("{}: not a regular file but {kind}: refused (reading it could block or have effects)", path.display())]
+    NotAFile {
+        /// The file.
+        path: PathBuf,
+        /// What it is (`a FIFO`, `a character device`, ...).
+        kind: &'static str,
+    },
     /// The caller passed something unusable (bad filter pattern, …).
     #[error("invalid argument: {0}")]
     Invalid(String),

@@ -254,7 +254,10 @@ impl TimeBase {
         }
     }
 
-    /// True when the two calibration pairs can convert (always for ns).
+    /// True when the two calibration pairs can convert (always for ns):
+    /// both clocks advance from the first pair to the second, at a rate of
+    /// 1 kHz to 1 THz ticks per second (anything else is not a clock this
+    /// recorder reads: a corrupt `info.json`).
     pub fn is_valid(&self) -> bool {
         match *self {
             TimeBase::Ns => true,
@@ -264,7 +267,36 @@ impl TimeBase {
                 ns0,
                 ns1,
                 ..
-            } => tsc1 > tsc0 && ns1 >= ns0,
+            } => {
+                tsc1 > tsc0
+                    && ns1 > ns0
+                    && self
+                        .hz()
+                        .is_some_and(|hz| (1_000..=1_000_000_000_000).contains(&hz))
+            }
+        }
+    }
+
+    /// Nanoseconds of a timestamp; `None` when the result is outside
+    /// `u64` (before ns 0 or past its end: the timestamp does not belong
+    /// to this time base).
+    pub fn to_ns_checked(&self, t: u64) -> Option<u64> {
+        match *self {
+            TimeBase::Ns => Some(t),
+            TimeBase::Tsc {
+                tsc0,
+                ns0,
+                tsc1,
+                ns1,
+            } => {
+                let dt = tsc1 as i128 - tsc0 as i128;
+                if dt == 0 {
+                    return None;
+                }
+                let dn = ns1 as i128 - ns0 as i128;
+                let v = ns0 as i128 + (t as i128 - tsc0 as i128) * dn / dt;
+                u64::try_from(v).ok()
+            }
         }
     }
 

@@ -25,6 +25,8 @@ const PER_UNIT: usize = 10;
 pub struct Histogram {
     counts: Vec<u64>,
     count: u64,
+    /// Calls whose exit was lost: no duration, in no bucket.
+    no_exit: u64,
     sum_ns: u64,
     min_ns: u64,
     max_ns: u64,
@@ -88,6 +90,17 @@ impl Histogram {
     /// An empty histogram.
     pub fn new() -> Histogram {
         Histogram::default()
+    }
+
+    /// Counts a call whose exit was lost (its duration is not known: it
+    /// goes in no bucket and no statistic).
+    pub fn add_no_exit(&mut self) {
+        self.no_exit += 1;
+    }
+
+    /// Calls whose exit was lost ([`Histogram::add_no_exit`]).
+    pub fn no_exit(&self) -> u64 {
+        self.no_exit
     }
 
     /// Adds one duration.
@@ -192,8 +205,8 @@ impl Histogram {
 }
 
 impl Serialize for Histogram {
-    /// `{"count", "sum_ns", "min_ns", "max_ns", "avg_ns", "buckets": [{"lo_ns",
-    /// "hi_ns", "count"}]}`.
+    /// `{"count", "sum_ns", "min_ns", "max_ns", "avg_ns", "no_exit",
+    /// "buckets": [{"lo_ns", "hi_ns", "count"}]}`.
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         #[derive(Serialize)]
         struct H {
@@ -202,10 +215,12 @@ impl Serialize for Histogram {
             min_ns: u64,
             max_ns: u64,
             avg_ns: u64,
+            no_exit: u64,
             buckets: Vec<Bucket>,
         }
         H {
             count: self.count,
+            no_exit: self.no_exit,
             sum_ns: self.sum_ns,
             min_ns: self.min_ns,
             max_ns: self.max_ns,

@@ -45,6 +45,15 @@ pub struct WriteStats {
     pub lost: u64,
     /// Threads (stream files).
     pub threads: u64,
+    /// Function events the writer could not write: after a failed write
+    /// (a full disk) it stops writing and ends each stream with a lost
+    /// record counting them (and the events of the lost records it could
+    /// not write, counted in `lost` already).
+    #[serde(default)]
+    pub dropped: u64,
+    /// The write that failed (file and OS error), if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_error: Option<String>,
 }
 
 impl WriteStats {

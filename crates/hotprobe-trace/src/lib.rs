@@ -20,15 +20,19 @@
 #![deny(missing_docs)]
 
 pub mod analysis;
+mod decoder;
 mod error;
 mod event;
 pub mod export;
+mod files;
 pub mod filter;
 pub mod format;
 mod hist;
 mod info;
+mod lz4;
 pub mod query;
 mod reader;
+mod report;
 mod summary;
 mod symbols;
 mod values;
@@ -63,4 +67,6 @@ pub use reader::{StreamFile, ThreadStream, TraceReader};
 pub use summary::{rfc3339, summarize, ThreadSummary, TraceSummary};
 pub use symbols::{ProbeKind, Symbol, SymbolTable};
 pub use values::{values_file_name, ThreadValues, ValueTypes, MAX_VALUES_LEN, TYPES_FILE};
-pub use writer::{stream_file_name, TraceMeta, TraceWriter, INFO_FILE, SYMBOLS_FILE};
+pub use writer::{
+    stream_file_name, TraceMeta, TraceWriter, FLUSH_EVERY, IDLE_FLUSH, INFO_FILE, SYMBOLS_FILE,
+};

@@ -76,6 +76,18 @@ impl Query {
         if self.max_depth == Some(0) {
             return Err(TraceError::Invalid("maximum depth 0 keeps nothing".into()));
         }
+        for (what, pats) in [("filter", &self.filter), ("notrace", &self.notrace)] {
+            for p in pats {
+                if p.is_empty() {
+                    return Err(TraceError::Invalid(format!(
+                        "empty {what} pattern (it would match nothing)"
+                    )));
+                }
+                if let Err(e) = hotprobe_symbols::NamePattern::new(p) {
+                    return Err(TraceError::Invalid(format!("{what} pattern: {e}")));
+                }
+            }
+        }
         if let (Some(s), Some(u)) = (self.since_ns, self.until_ns) {
             if u <= s {
                 return Err(TraceError::Invalid(format!(
@@ -157,6 +169,12 @@ impl CompiledQuery {
             lo: 0,
             hi: u64::MAX,
         }
+    }
+
+    /// Whether the query has `filter` patterns and none of them matches a
+    /// probe of the trace (so that it keeps no call at all).
+    pub fn filter_matches_nothing(&self) -> bool {
+        self.has_filter && !self.filter.contains(&true)
     }
 
     /// Whether thread `tid` is kept at all.

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Result, TraceError};
 use crate::event::{Record, TimeBase};
+use crate::files::{check_regular, open_regular, read_bytes, read_text};
 use crate::format::Decoder;
 use crate::info::{Info, FORMAT_NAME, FORMAT_VERSION};
 use crate::symbols::SymbolTable;
@@ -22,6 +23,25 @@ pub struct StreamFile {
     pub bytes: u64,
 }
 
+/// A stream whose writer did not finish it (killed, or a cut copy of an
+/// unfinished trace): what could be read of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamCut {
+    /// Thread id.
+    pub tid: u32,
+    /// The stream file.
+    pub path: PathBuf,
+    /// Records read (whole records, before the cut).
+    pub records: u64,
+    /// Bytes of the file they take (header included): whole records of a
+    /// plain stream, whole blocks of a compressed one.
+    pub bytes_read: u64,
+    /// Size of the file.
+    pub file_bytes: u64,
+    /// Where the data ends (no end record, a block cut short...).
+    pub what: String,
+}
+
 /// An opened trace directory.
 #[derive(Clone, Debug)]
 pub struct TraceReader {
@@ -30,16 +50,25 @@ pub struct TraceReader {
     symbols: SymbolTable,
     streams: Vec<StreamFile>,
     value_types: ValueTypes,
+    cuts: Vec<StreamCut>,
 }
 
 impl TraceReader {
     /// Reads `info.json` and `symbols.tsv` and lists the streams; every
-    /// inconsistency (unknown format or version, symbol count, a listed
-    /// stream missing or of another size) is an error naming the file.
+    /// inconsistency (unknown format or version, unusable time base, symbol
+    /// count, a listed stream missing or of another size, a file that is
+    /// not a regular file) is an error naming the file.
+    ///
+    /// A trace its recorder did not finish (`"complete": false`: it was
+    /// killed) is read up to the last whole block (or record) of each
+    /// stream: its streams are read once here, and what each holds is in
+    /// [`TraceReader::cut_short`].
     pub fn open(dir: impl AsRef<Path>) -> Result<TraceReader> {
         let dir = dir.as_ref().to_path_buf();
         let ip = dir.join(INFO_FILE);
-        let text = std::fs::read_to_string(&ip).map_err(|e| TraceError::io(&ip, e))?;
+        let not_found =
+            |p: &Path| TraceError::io(p, std::io::Error::from(std::io::ErrorKind::NotFound));
+        let text = read_text(&ip)?.ok_or_else(|| not_found(&ip))?;
         let info: Info = serde_json::from_str(&text).map_err(|e| TraceError::Info {
             path: ip.clone(),
             what: format!("not a hotprobe trace description: {e}"),
@@ -63,11 +92,15 @@ impl TraceReader {
         if !info.time_base.is_valid() {
             return Err(TraceError::Info {
                 path: ip,
-                what: format!("unusable time base {:?}", info.time_base),
+                what: format!(
+                    "corrupt time base {:?}: its two (TSC, ns) pairs must both advance, \
+                     at 1 kHz to 1 THz",
+                    info.time_base
+                ),
             });
         }
         let sp = dir.join(SYMBOLS_FILE);
-        let stext = std::fs::read_to_string(&sp).map_err(|e| TraceError::io(&sp, e))?;
+        let stext = read_text(&sp)?.ok_or_else(|| not_found(&sp))?;
         let symbols = SymbolTable::parse_tsv(&stext, &sp)?;
         if symbols.len() != info.symbols {
             return Err(TraceError::Symbols {
@@ -94,6 +127,7 @@ impl TraceReader {
                 continue;
             };
             let p = ent.path();
+            check_regular(&p)?;
             let bytes = ent.metadata().map_err(|e| TraceError::io(&p, e))?.len();
             streams.push(StreamFile {
                 tid,
@@ -133,18 +167,34 @@ impl TraceReader {
             }
         }
         let tp = dir.join(TYPES_FILE);
-        let value_types = match std::fs::read_to_string(&tp) {
-            Ok(text) => ValueTypes::parse(&text, &tp)?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => ValueTypes::default(),
-            Err(e) => return Err(TraceError::io(&tp, e)),
+        let value_types = match read_text(&tp)? {
+            Some(text) => ValueTypes::parse(&text, &tp)?,
+            None => ValueTypes::default(),
         };
-        Ok(TraceReader {
+        let mut r = TraceReader {
             dir,
             info,
             symbols,
             streams,
             value_types,
-        })
+            cuts: Vec::new(),
+        };
+        if !r.info.complete {
+            for s in &r.streams {
+                let mut st = r.thread(s.tid)?;
+                for rec in st.by_ref() {
+                    rec?;
+                }
+                r.cuts.extend(st.cut().cloned());
+            }
+        }
+        Ok(r)
+    }
+
+    /// The streams of an unfinished trace that end without their end
+    /// record, and how much of each is read (empty for a finished trace).
+    pub fn cut_short(&self) -> &[StreamCut] {
+        &self.cuts
     }
 
     /// The shapes of the typed probes' values (`types.tsv`; empty without).
@@ -152,13 +202,14 @@ impl TraceReader {
         &self.value_types
     }
 
-    /// Thread `tid`'s captured values (`values-TID.hpv`; empty without).
+    /// Thread `tid`'s captured values (`values-TID.hpv`; empty without; in
+    /// an unfinished trace, the records before a cut).
     pub fn thread_values(&self, tid: u32) -> Result<ThreadValues> {
         let p = self.dir.join(values_file_name(tid));
-        match std::fs::read(&p) {
-            Ok(bytes) => ThreadValues::parse(bytes, &p),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ThreadValues::default()),
-            Err(e) => Err(TraceError::io(&p, e)),
+        match read_bytes(&p)? {
+            Some(bytes) if self.info.complete => ThreadValues::parse(bytes, &p),
+            Some(bytes) => ThreadValues::parse_unfinished(bytes, &p),
+            None => Ok(ThreadValues::default()),
         }
     }
 
@@ -199,7 +250,11 @@ impl TraceReader {
             .iter()
             .find(|s| s.tid == tid)
             .ok_or_else(|| TraceError::Invalid(format!("no stream for thread {tid}")))?;
-        ThreadStream::open(&s.path, self.info.time_base, Some(tid))
+        if self.info.complete {
+            ThreadStream::open(&s.path, self.info.time_base, Some(tid))
+        } else {
+            ThreadStream::open_unfinished(&s.path, self.info.time_base, tid)
+        }
     }
 
     /// Opens every stream, in tid order.
@@ -211,17 +266,23 @@ impl TraceReader {
 /// Iterator over one thread's records (`Result` per record; after the
 /// first error or the end record it yields `None`).
 pub struct ThreadStream {
-    dec: Decoder<File>,
+    /// `None`: an unfinished stream cut inside its header.
+    dec: Option<Decoder<File>>,
+    tid: u32,
+    path: PathBuf,
     time: TimeBase,
     raw: bool,
     done: bool,
+    /// Read as the stream of an unfinished trace.
+    unfinished: bool,
+    cut: Option<StreamCut>,
 }
 
 impl ThreadStream {
     /// Opens a stream file; times are converted with `time` to ns.
     /// `expect_tid` checks the header's tid.
     pub fn open(path: &Path, time: TimeBase, expect_tid: Option<u32>) -> Result<ThreadStream> {
-        let f = File::open(path).map_err(|e| TraceError::io(path, e))?;
+        let f = open_regular(path)?;
         let dec = Decoder::new(f, path)?;
         if let Some(t) = expect_tid {
             if dec.tid() != t {
@@ -233,11 +294,53 @@ impl ThreadStream {
             }
         }
         Ok(ThreadStream {
-            dec,
+            tid: dec.tid(),
+            dec: Some(dec),
+            path: path.to_path_buf(),
             time,
             raw: false,
             done: false,
+            unfinished: false,
+            cut: None,
         })
+    }
+
+    /// Opens the stream of thread `tid` of a trace its writer did not
+    /// finish (killed): the data ends at the last whole record (a plain
+    /// stream) or block (compressed) instead of an end record, and that is
+    /// not an error: the iterator ends there and [`ThreadStream::cut`]
+    /// says where. Anything else wrong in the data still is an error.
+    pub fn open_unfinished(path: &Path, time: TimeBase, tid: u32) -> Result<ThreadStream> {
+        match ThreadStream::open(path, time, Some(tid)) {
+            Ok(mut s) => {
+                s.unfinished = true;
+                Ok(s)
+            }
+            Err(TraceError::Truncated { what, .. }) => Ok(ThreadStream {
+                dec: None,
+                tid,
+                path: path.to_path_buf(),
+                time,
+                raw: false,
+                done: true,
+                unfinished: true,
+                cut: Some(StreamCut {
+                    tid,
+                    path: path.to_path_buf(),
+                    records: 0,
+                    bytes_read: 0,
+                    file_bytes: std::fs::metadata(path).map_or(0, |m| m.len()),
+                    what,
+                }),
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Where an unfinished stream ends, once the iterator has ended
+    /// (`None` for a stream that ends with its end record).
+    pub fn cut(&self) -> Option<&StreamCut> {
+        self.cut.as_ref()
     }
 
     /// Yields timestamps in raw ticks of the time base instead of ns.
@@ -248,27 +351,42 @@ impl ThreadStream {
 
     /// Thread id.
     pub fn tid(&self) -> u32 {
-        self.dec.tid()
+        self.tid
     }
 
     /// Byte offset of the next record.
     pub fn offset(&self) -> u64 {
-        self.dec.offset()
+        self.dec.as_ref().map_or(0, |d| d.offset())
     }
 
     /// The file.
     pub fn path(&self) -> &Path {
-        self.dec.path()
+        &self.path
     }
 
-    fn convert(&self, r: Record) -> Record {
+    /// `t` in ns; an error when the time base cannot convert it (a time
+    /// base that does not belong to these streams: a corrupt `info.json`).
+    fn ns(&self, t: u64) -> Result<u64> {
+        self.time
+            .to_ns_checked(t)
+            .ok_or_else(|| TraceError::Corrupt {
+                path: self.path.clone(),
+                offset: self.offset(),
+                what: format!(
+                    "timestamp {t} is outside what the time base of info.json converts \
+                 ({:?}): corrupt time base?",
+                    self.time
+                ),
+            })
+    }
+
+    fn convert(&self, r: Record) -> Result<Record> {
         if self.raw || self.time == TimeBase::Ns {
-            return r;
+            return Ok(r);
         }
-        let t = |x: u64| self.time.to_ns(x);
-        match r {
+        Ok(match r {
             Record::Entry { ts, probe, args } => Record::Entry {
-                ts: t(ts),
+                ts: self.ns(ts)?,
                 probe,
                 args,
             },
@@ -278,7 +396,7 @@ impl ThreadStream {
                 ret,
                 unwound,
             } => Record::Exit {
-                ts: t(ts),
+                ts: self.ns(ts)?,
                 probe,
                 ret,
                 unwound,
@@ -290,22 +408,27 @@ impl ThreadStream {
                 args,
                 ret,
             } => {
-                let s = t(ts);
+                let s = self.ns(ts)?;
                 Record::Call {
                     ts: s,
-                    dur: t(ts.saturating_add(dur)).saturating_sub(s),
+                    dur: self.ns(ts.saturating_add(dur))?.saturating_sub(s),
                     probe,
                     args,
                     ret,
                 }
             }
             Record::Hit { ts, probe, args } => Record::Hit {
-                ts: t(ts),
+                ts: self.ns(ts)?,
                 probe,
                 args,
             },
-            Record::Lost { ts, count } => Record::Lost { ts: t(ts), count },
-        }
+            // Not checked: the recorder stamps a loss 0 when its thread
+            // had no event yet (before ns 0: clamped to 0).
+            Record::Lost { ts, count } => Record::Lost {
+                ts: self.time.to_ns(ts),
+                count,
+            },
+        })
     }
 }
 
@@ -316,10 +439,27 @@ impl Iterator for ThreadStream {
         if self.done {
             return None;
         }
-        match self.dec.next_record() {
-            Ok(Some(r)) => Some(Ok(self.convert(r))),
+        let dec = self.dec.as_mut()?;
+        match dec.next_record() {
+            Ok(Some(r)) => {
+                let r = self.convert(r);
+                self.done = r.is_err();
+                Some(r)
+            }
             Ok(None) => {
                 self.done = true;
+                None
+            }
+            Err(TraceError::Truncated { what, .. }) if self.unfinished => {
+                self.done = true;
+                self.cut = Some(StreamCut {
+                    tid: self.tid,
+                    path: self.path.clone(),
+                    records: dec.records(),
+                    bytes_read: dec.whole_bytes(),
+                    file_bytes: std::fs::metadata(&self.path).map_or(0, |m| m.len()),
+                    what,
+                });
                 None
             }
             Err(e) => {

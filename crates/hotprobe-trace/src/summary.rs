@@ -20,6 +20,9 @@ pub struct ThreadSummary {
     pub events: u64,
     /// Calls (entry and exit pairs, and calls still open at the end).
     pub calls: u64,
+    /// Of those, calls whose exit is not in the trace (lost, or still
+    /// running at the end).
+    pub no_exit: u64,
     /// Stream size in bytes.
     pub bytes: u64,
     /// First record time (ns, trace clock), 0 when empty.
@@ -64,8 +67,16 @@ pub struct TraceSummary {
     pub events: u64,
     /// Calls of all threads.
     pub calls: u64,
-    /// Events lost (full rings, threads without a ring).
+    /// Of those, calls whose exit is not in the trace.
+    pub no_exit: u64,
+    /// Events lost (full rings, threads without a ring, events the writer
+    /// could not write): the larger of what `info.json` counts and what
+    /// the streams' lost records count.
     pub lost: u64,
+    /// Of those, events the writer could not write (a full disk).
+    pub dropped: u64,
+    /// The write that failed, if one did (the writer stopped there).
+    pub write_error: Option<String>,
     /// Stream bytes.
     pub bytes: u64,
     /// Entries of `symbols.tsv`.
@@ -78,12 +89,21 @@ pub struct TraceSummary {
     pub phase_markers: Vec<String>,
 }
 
+/// Counts a call (and a call without its exit).
+fn count(calls: &mut u64, no_exit: &mut u64, st: &Step) {
+    if let Step::Leave { unfinished, .. } = st {
+        *calls += 1;
+        *no_exit += u64::from(*unfinished);
+    }
+}
+
 /// Reads every stream once.
 pub fn summarize(reader: &TraceReader, mut progress: Progress<'_>) -> Result<TraceSummary> {
     let info = reader.info();
     let mut threads = Vec::new();
     let total = reader.total_bytes();
     let mut done = 0;
+    let mut stream_lost = 0u64;
     for s in reader.streams() {
         let mut t = ThreadSummary {
             tid: s.tid,
@@ -93,8 +113,12 @@ pub fn summarize(reader: &TraceReader, mut progress: Progress<'_>) -> Result<Tra
         };
         let mut cs = CallStack::new();
         let mut calls = 0u64;
+        let mut no_exit = 0u64;
         for r in reader.thread(s.tid)? {
             let r = r?;
+            if let Record::Lost { count, .. } = r {
+                stream_lost = stream_lost.saturating_add(count);
+            }
             t.records += 1;
             t.events += r.event_count();
             t.first_ns = t.first_ns.min(r.ts());
@@ -102,12 +126,11 @@ pub fn summarize(reader: &TraceReader, mut progress: Progress<'_>) -> Result<Tra
                 Record::Call { ts, dur, .. } => ts.saturating_add(dur),
                 _ => r.ts(),
             });
-            cs.feed(&r, |st| {
-                calls += u64::from(matches!(st, Step::Leave { .. }))
-            });
+            cs.feed(&r, |st| count(&mut calls, &mut no_exit, &st));
         }
-        cs.finish(|st| calls += u64::from(matches!(st, Step::Leave { .. })));
+        cs.finish(|st| count(&mut calls, &mut no_exit, &st));
         t.calls = calls;
+        t.no_exit = no_exit;
         if t.records == 0 {
             t.first_ns = 0;
         }
@@ -120,7 +143,11 @@ pub fn summarize(reader: &TraceReader, mut progress: Progress<'_>) -> Result<Tra
     let busy: Vec<&ThreadSummary> = threads.iter().filter(|t| t.records > 0).collect();
     let first = busy.iter().map(|t| t.first_ns).min().unwrap_or(0);
     let last = busy.iter().map(|t| t.last_ns).max().unwrap_or(0);
-    let lost = info.stats.as_ref().map_or(0, |s| s.lost);
+    let lost = info
+        .stats
+        .as_ref()
+        .map_or(0, |s| s.lost.saturating_add(s.dropped))
+        .max(stream_lost);
     Ok(TraceSummary {
         format: info.format.clone(),
         version: info.version,
@@ -137,9 +164,12 @@ pub fn summarize(reader: &TraceReader, mut progress: Progress<'_>) -> Result<Tra
         records: threads.iter().map(|t| t.records).sum(),
         events: threads.iter().map(|t| t.events).sum(),
         calls: threads.iter().map(|t| t.calls).sum(),
+        no_exit: threads.iter().map(|t| t.no_exit).sum(),
         bytes: threads.iter().map(|t| t.bytes).sum(),
         threads,
         lost,
+        dropped: info.stats.as_ref().map_or(0, |s| s.dropped),
+        write_error: info.stats.as_ref().and_then(|s| s.write_error.clone()),
         symbols: info.symbols,
         filter: info.filter.clone(),
         filtered: info.stats.as_ref().map(|s| s.filtered),
@@ -223,10 +253,27 @@ impl TraceSummary {
         kv(
             "events:",
             format!(
-                "{} function events, {} calls, {} records, {} lost",
-                self.events, self.calls, self.records, self.lost
+                "{} function events, {} calls{}, {} records, {} lost",
+                self.events,
+                self.calls,
+                if self.no_exit > 0 {
+                    format!(" ({} without their exit)", self.no_exit)
+                } else {
+                    String::new()
+                },
+                self.records,
+                self.lost
             ),
         );
+        if let Some(e) = &self.write_error {
+            kv(
+                "write error:",
+                format!(
+                    "{e}: writing stopped there, {} events not written (counted as lost)",
+                    self.dropped
+                ),
+            );
+        }
         kv(
             "size:",
             format!(

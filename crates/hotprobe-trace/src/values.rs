@@ -140,6 +140,11 @@ impl ValuesWriter {
         Ok(self.next - 1)
     }
 
+    /// Writes out the whole records buffered.
+    pub(crate) fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+
     pub(crate) fn finish(mut self) -> std::io::Result<()> {
         self.out.flush()
     }
@@ -157,6 +162,20 @@ impl ThreadValues {
     /// Parses a values file (`path` names it in errors); a record cut short
     /// is an error.
     pub fn parse(bytes: Vec<u8>, path: &Path) -> Result<ThreadValues> {
+        ThreadValues::parse_as(bytes, path, false)
+    }
+
+    /// Parses the values file of an unfinished trace (its writer was
+    /// killed): a file cut inside its header or its last record keeps the
+    /// records before the cut (the events of the others print `<…>`).
+    pub fn parse_unfinished(bytes: Vec<u8>, path: &Path) -> Result<ThreadValues> {
+        ThreadValues::parse_as(bytes, path, true)
+    }
+
+    fn parse_as(mut bytes: Vec<u8>, path: &Path, unfinished: bool) -> Result<ThreadValues> {
+        if unfinished && bytes.len() < 6 && MAGIC.starts_with(&bytes[..bytes.len().min(4)]) {
+            return Ok(ThreadValues::default());
+        }
         let corrupt = |offset: usize, what: &str| TraceError::Corrupt {
             path: path.to_path_buf(),
             offset: offset as u64,
@@ -171,18 +190,27 @@ impl ThreadValues {
         let mut pos = 6;
         let mut spans = Vec::new();
         while pos < bytes.len() {
-            let (len, n) =
-                varint::get_uvarint(&bytes[pos..]).map_err(|_| corrupt(pos, "bad length"))?;
+            let (len, n) = match varint::get_uvarint(&bytes[pos..]) {
+                Ok(v) => v,
+                // A length cut short by the end of the file.
+                Err(_) if unfinished && bytes.len() - pos < 10 => break,
+                Err(_) => return Err(corrupt(pos, "bad length")),
+            };
             let start = pos + n;
             let end = usize::try_from(len)
                 .ok()
                 .filter(|l| *l <= MAX_VALUES_LEN)
-                .and_then(|l| start.checked_add(l))
-                .filter(|e| *e <= bytes.len())
-                .ok_or_else(|| corrupt(pos, "record longer than the file"))?;
-            spans.push((start, end));
-            pos = end;
+                .and_then(|l| start.checked_add(l));
+            match end {
+                Some(e) if e <= bytes.len() => {
+                    spans.push((start, e));
+                    pos = e;
+                }
+                Some(_) if unfinished => break,
+                _ => return Err(corrupt(pos, "record longer than the file")),
+            }
         }
+        bytes.truncate(pos);
         Ok(ThreadValues { data: bytes, spans })
     }
 

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use crate::error::{Result, TraceError};
 use crate::event::{Record, TimeBase, TraceEvent};
@@ -65,10 +66,12 @@ impl TraceMeta {
 }
 
 /// A stream file after its header: plain, or LZ4 blocks
-/// ([`crate::format::FLAG_LZ4`]).
+/// ([`crate::format::FLAG_LZ4`]); or none (a thread first seen after
+/// writing stopped: its events are only counted).
 enum StreamOut {
     Plain(File),
     Lz4(crate::format::Lz4Blocks<File>),
+    None,
 }
 
 impl StreamOut {
@@ -88,7 +91,25 @@ impl StreamOut {
         match self {
             StreamOut::Plain(f) => Ok(f),
             StreamOut::Lz4(e) => Ok(e.into_inner()),
+            StreamOut::None => Err(std::io::Error::other("no stream file")),
         }
+    }
+
+    /// Cuts the file back to the header and the records (or blocks) that
+    /// were written whole, `plain_written` bytes for a plain stream: what
+    /// a failed write left after them goes.
+    fn cut_back(&mut self, plain_written: u64) -> std::io::Result<()> {
+        use std::io::{Seek, SeekFrom};
+        let (f, len) = match self {
+            StreamOut::Plain(f) => (f, plain_written),
+            StreamOut::Lz4(b) => {
+                let len = crate::format::HEADER_LEN as u64 + b.written();
+                (b.get_mut(), len)
+            }
+            StreamOut::None => return Ok(()),
+        };
+        f.set_len(len)?;
+        f.seek(SeekFrom::Start(len)).map(|_| ())
     }
 }
 
@@ -97,6 +118,7 @@ impl Write for StreamOut {
         match self {
             StreamOut::Plain(f) => f.write(buf),
             StreamOut::Lz4(e) => e.write(buf),
+            StreamOut::None => Err(std::io::Error::other("no stream file")),
         }
     }
 
@@ -104,6 +126,7 @@ impl Write for StreamOut {
         match self {
             StreamOut::Plain(f) => f.flush(),
             StreamOut::Lz4(e) => e.flush(),
+            StreamOut::None => Ok(()),
         }
     }
 }
@@ -135,7 +158,33 @@ pub struct TraceWriter {
     values: HashMap<u32, ValuesWriter>,
     /// Streams are LZ4 blocks ([`TraceWriter::compress`]).
     compress: bool,
+    /// The first write that failed (file and error): nothing is written
+    /// from then on, events are only counted ([`TraceWriter::stopped`]).
+    stopped: Option<String>,
+    /// Events of threads whose stream file could not be created.
+    unwritten: u64,
+    /// When the buffered records were last written out.
+    last_flush: Instant,
+    /// The event time (time-base ticks) from which they are written out
+    /// again, and [`FLUSH_EVERY`] in ticks.
+    flush_at: u64,
+    flush_ticks: u64,
 }
+
+/// How long at most records stay in memory before they are written (whole
+/// records, one block per thread) while events come: what a killed
+/// recorder can lose. Measured on the events' own timestamps (no clock
+/// read per event); [`TraceWriter::idle`] covers a pause in the events.
+pub const FLUSH_EVERY: Duration = Duration::from_millis(500);
+/// How old the last write-out must be before [`TraceWriter::idle`] writes
+/// again (a trickle of events between idle passes makes no tiny blocks).
+pub const IDLE_FLUSH: Duration = Duration::from_millis(100);
+/// A file of this size is kept in the trace directory while recording and
+/// removed when the trace is finished: on a full disk, the room it frees
+/// takes the end records and the final `info.json`.
+const RESERVE_BYTES: usize = 64 * 1024;
+/// The reserve's file name.
+const RESERVE_FILE: &str = ".reserve";
 
 impl TraceWriter {
     /// Whether the thread streams created from now on are compressed (LZ4
@@ -200,7 +249,7 @@ impl TraceWriter {
             threads: Vec::new(),
             stats: None,
         };
-        let w = TraceWriter {
+        let mut w = TraceWriter {
             dir,
             info,
             filter,
@@ -211,7 +260,16 @@ impl TraceWriter {
             lost: 0,
             values: HashMap::new(),
             compress: true,
+            stopped: None,
+            unwritten: 0,
+            last_flush: Instant::now(),
+            flush_at: 0,
+            flush_ticks: 0,
         };
+        let ticks = |hz: u64| (u128::from(hz) * FLUSH_EVERY.as_nanos() / 1_000_000_000) as u64;
+        w.flush_ticks = w.info.time_base.hz().map_or(u64::MAX, ticks).max(1);
+        let rp = w.dir.join(RESERVE_FILE);
+        std::fs::write(&rp, vec![0u8; RESERVE_BYTES]).map_err(|e| TraceError::io(&rp, e))?;
         w.write_info()?;
         Ok(w)
     }
@@ -245,10 +303,22 @@ impl TraceWriter {
             None => {
                 let file = stream_file_name(tid);
                 let p = self.dir.join(&file);
-                let f = File::create(&p).map_err(|e| TraceError::io(&p, e))?;
-                let enc = StreamOut::start(f, tid, ts, self.compress)
-                    .map(|out| Encoder::after_header(out, ts))
-                    .map_err(|e| TraceError::io(&p, e))?;
+                let started = match self.stopped {
+                    Some(_) => Ok(StreamOut::None),
+                    None => {
+                        File::create(&p).and_then(|f| StreamOut::start(f, tid, ts, self.compress))
+                    }
+                };
+                let out = started.unwrap_or_else(|e| {
+                    // No stream file rather than one cut inside its header.
+                    let _ = std::fs::remove_file(&p);
+                    self.stop(format!("{}: {e}", p.display()));
+                    StreamOut::None
+                });
+                let mut enc = Encoder::after_header(out, ts);
+                if self.stopped.is_some() {
+                    enc.stop();
+                }
                 self.threads.push(ThreadState {
                     tid,
                     filter: ThreadFilter::new(),
@@ -264,17 +334,84 @@ impl TraceWriter {
         Ok(i)
     }
 
-    /// Filters, aggregates and encodes one event.
+    /// Filters, aggregates and encodes one event. A failed write does not
+    /// fail it: writing stops there ([`TraceWriter::stopped`]) and the
+    /// events are counted from then on, so that the recording goes on.
     #[inline]
     pub fn write_event(&mut self, ev: &TraceEvent) -> Result<()> {
         self.events_in += 1;
         let i = self.thread(ev.tid, ev.ts)?;
         let t = &mut self.threads[i];
         t.filter.push(&self.filter, ev, &mut t.enc);
-        match t.enc.take_error() {
-            None => Ok(()),
-            Some(e) => Err(self.io_error(i, e)),
+        if let Some(e) = t.enc.take_error() {
+            self.stop(self.io_error(i, e).to_string());
         }
+        if ev.ts >= self.flush_at {
+            if self.flush_at != 0 {
+                self.flush();
+            }
+            self.flush_at = ev.ts.saturating_add(self.flush_ticks);
+        }
+        Ok(())
+    }
+
+    /// Called when no event came for a while (a drain pass found the rings
+    /// empty): writes out what is buffered once it is [`IDLE_FLUSH`] old,
+    /// so that a recorder killed while the program pauses loses nothing
+    /// it drained.
+    pub fn idle(&mut self) {
+        if self.last_flush.elapsed() >= IDLE_FLUSH {
+            self.flush();
+        }
+    }
+
+    /// Writes every thread's buffered records (whole records: one LZ4
+    /// block per thread), so that they survive the recorder being killed.
+    /// `write_event` does so every [`FLUSH_EVERY`] while events come.
+    pub fn flush(&mut self) {
+        self.last_flush = Instant::now();
+        if self.stopped.is_none() {
+            let mut failed = None;
+            for (tid, v) in &mut self.values {
+                if let Err(e) = v.flush() {
+                    failed = Some(format!(
+                        "{}: {e}",
+                        self.dir.join(values_file_name(*tid)).display()
+                    ));
+                }
+            }
+            if let Some(why) = failed {
+                self.stop(why);
+            }
+        }
+        for i in 0..self.threads.len() {
+            let t = &mut self.threads[i];
+            t.enc.flush_chunk();
+            if let Some(e) = t.enc.take_error() {
+                self.stop(self.io_error(i, e).to_string());
+            }
+        }
+    }
+
+    /// Stops writing (the first failed write, `why`): every stream keeps
+    /// what was written whole, later events are only counted, and
+    /// [`TraceWriter::finish`] ends each stream with a lost record
+    /// counting them.
+    #[cold]
+    fn stop(&mut self, why: String) {
+        if self.stopped.is_none() {
+            self.stopped = Some(why);
+        }
+        for t in &mut self.threads {
+            t.enc.stop();
+        }
+    }
+
+    /// The write that failed, if writing stopped (the file and the OS
+    /// error, e.g. "No space left on device"); events are only counted
+    /// since, and the streams end with a lost record counting them.
+    pub fn stopped(&self) -> Option<&str> {
+        self.stopped.as_deref()
     }
 
     /// Writes `types.tsv`: the shapes of the typed probes' values. Their
@@ -288,15 +425,24 @@ impl TraceWriter {
     /// they go to the thread's values file, and the event keeps their
     /// index as its argument (entry, hit) or return value (exit).
     pub fn write_event_values(&mut self, ev: &TraceEvent, data: &[u8]) -> Result<()> {
-        let w = match self.values.entry(ev.tid) {
-            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+        if self.stopped.is_some() {
+            return self.write_event(ev);
+        }
+        let pushed = match self.values.entry(ev.tid) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut().push(data),
             std::collections::hash_map::Entry::Vacant(v) => {
                 let p = self.dir.join(values_file_name(ev.tid));
-                v.insert(ValuesWriter::create(&p).map_err(|e| TraceError::io(&p, e))?)
+                ValuesWriter::create(&p).and_then(|w| v.insert(w).push(data))
             }
         };
-        let p = || self.dir.join(values_file_name(ev.tid));
-        let i = w.push(data).map_err(|e| TraceError::io(p(), e))?;
+        let i = match pushed {
+            Ok(i) => i,
+            Err(e) => {
+                let p = self.dir.join(values_file_name(ev.tid));
+                self.stop(format!("{}: {e}", p.display()));
+                return self.write_event(ev);
+            }
+        };
         let mut ev = *ev;
         match ev.kind {
             crate::EventKind::Exit => ev.ret = Some(i),
@@ -321,7 +467,7 @@ impl TraceWriter {
         let t = &mut self.threads[i];
         t.enc.write(&Record::Lost { ts, count });
         if let Some(e) = t.enc.take_error() {
-            return Err(TraceError::io(self.dir.join(&t.file), e));
+            self.stop(self.io_error(i, e).to_string());
         }
         Ok(())
     }
@@ -336,30 +482,67 @@ impl TraceWriter {
     }
 
     /// Writes held entries and end records, closes the streams and writes
-    /// the final `info.json`.
+    /// the final `info.json`. After a failed write ([`TraceWriter::stopped`])
+    /// each stream is cut back to what was written whole and ends with a
+    /// lost record counting the events not written (`stats.dropped`).
     pub fn finish(mut self) -> Result<WriteStats> {
+        // The reserve's room takes the end records and info.json.
+        let rp = self.dir.join(RESERVE_FILE);
+        match std::fs::remove_file(&rp) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(TraceError::io(&rp, e))
+            }
+            _ => {}
+        }
         let mut stats = WriteStats {
             events_in: self.events_in,
             lost: self.lost,
+            dropped: self.unwritten,
             ..WriteStats::default()
         };
         for (tid, w) in std::mem::take(&mut self.values) {
             let p = self.dir.join(values_file_name(tid));
-            w.finish().map_err(|e| TraceError::io(&p, e))?;
+            if let Err(e) = w.finish() {
+                self.stop(format!("{}: {e}", p.display()));
+            }
+        }
+        // Held entries first: writing them may fail too.
+        for i in 0..self.threads.len() {
+            let t = &mut self.threads[i];
+            t.filter.finish(&mut t.enc);
+            t.enc.flush_chunk();
+            if let Some(e) = t.enc.take_error() {
+                self.stop(self.io_error(i, e).to_string());
+            }
         }
         let mut states = std::mem::take(&mut self.threads);
         states.sort_by_key(|t| t.tid);
         for mut t in states {
             let tid = t.tid;
-            t.filter.finish(&mut t.enc);
             stats.filtered.add(t.filter.stats());
-            let counts: KindCounts = *t.enc.counts();
             let p = self.dir.join(&t.file);
-            let f = t
-                .enc
-                .finish()
-                .and_then(|(out, _)| out.finish())
-                .map_err(|e| TraceError::io(&p, e))?;
+            let (f, counts) = if t.enc.stopped() {
+                let whole = t.enc.written();
+                if matches!(t.enc.get_mut(), StreamOut::None) {
+                    stats.dropped += t.enc.counts().events();
+                    continue;
+                }
+                t.enc
+                    .get_mut()
+                    .cut_back(whole)
+                    .map_err(|e| TraceError::io(&p, e))?;
+                let (out, counts, lost) = t.enc.finish_lost().map_err(|e| TraceError::io(&p, e))?;
+                stats.dropped += lost;
+                (out.finish().map_err(|e| TraceError::io(&p, e))?, counts)
+            } else {
+                let counts: KindCounts = *t.enc.counts();
+                let f = t
+                    .enc
+                    .finish()
+                    .and_then(|(out, _)| out.finish())
+                    .map_err(|e| TraceError::io(&p, e))?;
+                (f, counts)
+            };
             f.sync_all().map_err(|e| TraceError::io(&p, e))?;
             // The file's size (compressed), which a reader checks.
             let bytes = f.metadata().map_err(|e| TraceError::io(&p, e))?.len();
@@ -376,6 +559,7 @@ impl TraceWriter {
         }
         stats.records = stats.kinds.records();
         stats.events_out = stats.kinds.events();
+        stats.write_error = self.stopped.clone();
         self.info.complete = true;
         self.info.stats = Some(stats.clone());
         self.write_info()?;

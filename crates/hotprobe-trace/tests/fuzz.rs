@@ -40,7 +40,13 @@ fn fuzz_trace_dir() {
     );
     let t = TraceDir::new(src.path(), work.path(), ctf.path());
     Fuzz::new("trace_dir")
-        .seeds((0..FILES.len()).map(|i| t.seed(i)))
+        // Each file replaced, in a finished trace and in one marked
+        // unfinished (the first byte's high bit).
+        .seeds((0..2 * FILES.len()).map(|i| {
+            let mut s = t.seed(i % FILES.len());
+            s[0] |= if i >= FILES.len() { 0x80 } else { 0 };
+            s
+        }))
         .tokens([
             &b"\"complete\":"[..],
             b"false",

@@ -28,6 +28,10 @@ pub trait EventSink {
     /// `count` events of thread `tid` were lost (a full ring) after time
     /// stamp `ts`.
     fn lost(&mut self, tid: u32, ts: u64, count: u64) -> Result<(), SinkError>;
+
+    /// A drain pass found every ring empty (the target is not producing
+    /// events): a chance to write out what is buffered. Default: nothing.
+    fn idle(&mut self) {}
 }
 
 /// An [`EventSink`] failed (e.g. the trace file could not be written).
@@ -53,6 +57,9 @@ impl EventSink for hotprobe_trace::TraceWriter {
     fn lost(&mut self, tid: u32, ts: u64, count: u64) -> Result<(), SinkError> {
         self.note_lost(tid, ts, count)
             .map_err(|e| SinkError(Box::new(e)))
+    }
+    fn idle(&mut self) {
+        hotprobe_trace::TraceWriter::idle(self);
     }
 }
 
@@ -177,6 +184,9 @@ impl RingDrain {
         }
         self.stats.events += pass.events;
         self.note_drops(fp, sink)?;
+        if pass.events == 0 {
+            sink.idle();
+        }
         Ok(pass)
     }
 

@@ -1,5 +1,6 @@
 //! A whole trace directory with one file replaced by the input (first byte:
-//! which of info.json, symbols.tsv, tid-1.hpt), read through every analysis
+//! which of info.json, symbols.tsv, tid-1.hpt, types.tsv, values-1.hpv; its
+//! high bit marks the trace unfinished), read through every analysis
 //! and exporter: errors, never a panic. The check is shared with the
 //! bounded pass in `tests/fuzz.rs`.
 #![no_main]

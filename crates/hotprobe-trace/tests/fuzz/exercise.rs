@@ -26,7 +26,15 @@ pub fn read_stream(data: &[u8]) -> bool {
                 assert!(n <= data.len() as u64, "more records than bytes");
             }
             Ok(None) => break true,
-            Err(_) => break false,
+            Err(e) => {
+                // What a reader of an unfinished trace keeps: whole
+                // records (or blocks) of the input, never more.
+                if let TraceError::Truncated { .. } = e {
+                    assert!(dec.whole_bytes() <= data.len() as u64, "{e}");
+                    assert_eq!(dec.records(), n);
+                }
+                break false;
+            }
         }
     };
     stack.finish(|_| {});
@@ -126,19 +134,26 @@ impl TraceDir {
         s
     }
 
-    /// The first byte picks the file of [`FILES`] the rest replaces; the
-    /// trace is then read through every analysis and exporter. True if all
-    /// of them succeeded.
+    /// The first byte picks the file of [`FILES`] the rest replaces (its
+    /// low 7 bits) and whether the trace is marked unfinished (its high
+    /// bit: `"complete": false`, as a killed recorder leaves it); the
+    /// trace is then read through every analysis and exporter. True if
+    /// all of them succeeded.
     pub fn check(&self, data: &[u8]) -> bool {
         let Some((&which, content)) = data.split_first() else {
             return false;
         };
-        let replaced = FILES[usize::from(which) % FILES.len()];
+        let replaced = FILES[usize::from(which & 0x7f) % FILES.len()];
+        let unfinished = which & 0x80 != 0;
         for (name, bytes) in &self.originals {
             let bytes = if name.as_os_str() == replaced {
-                content
+                content.to_vec()
+            } else if unfinished && name.as_os_str() == INFO_FILE {
+                String::from_utf8_lossy(bytes)
+                    .replace("\"complete\": true", "\"complete\": false")
+                    .into_bytes()
             } else {
-                bytes
+                bytes.clone()
             };
             std::fs::write(self.work.join(name), bytes).unwrap();
         }

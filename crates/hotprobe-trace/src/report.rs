@@ -1,0 +1,233 @@
+//! [`Report`]: per-function calls, total and self time, as `report`
+//! prints them; calls whose exit was lost are counted (also apart) and kept out
+//! of the times.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use crate::analysis::{fmt_duration, Step};
+use crate::symbols::SymbolTable;
+
+/// One function's line of a report. Serialized (`--json`) with the field
+/// names `function`, `module`, `calls`, `total_ns`, `self_ns`, `avg_ns`,
+/// `min_ns`, `max_ns`, `no_exit`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ReportRow {
+    /// Probe id.
+    #[serde(skip)]
+    pub probe: u32,
+    /// Function name.
+    #[serde(rename = "function")]
+    pub name: String,
+    /// Module (executable or library path; may be empty).
+    pub module: String,
+    /// Calls, those without their exit included.
+    pub calls: u64,
+    /// Of those, calls whose exit is not in the trace (lost: an outer exit
+    /// came first, or the trace ends inside them): their duration is not
+    /// known, so they are in no time of the row (the average, minimum and
+    /// maximum are over `calls - no_exit`).
+    pub no_exit: u64,
+    /// Time inside the function, counting recursive calls once.
+    pub total_ns: u64,
+    /// Time not spent in recorded callees.
+    pub self_ns: u64,
+    /// Average duration of a call (recursive calls each count).
+    pub avg_ns: u64,
+    /// Shortest call.
+    pub min_ns: u64,
+    /// Longest call.
+    pub max_ns: u64,
+    /// Sum of the call durations (recursive calls each count).
+    #[serde(skip)]
+    pub sum_ns: u64,
+    /// Outermost calls with their exit (those `total_ns` adds up).
+    #[serde(skip)]
+    pub outer_calls: u64,
+}
+
+/// What a report is sorted by (descending; ties: calls, then name).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SortKey {
+    /// Total time.
+    #[default]
+    Total,
+    /// Self time.
+    SelfTime,
+    /// Calls.
+    Calls,
+    /// Average call duration.
+    Avg,
+    /// Longest call.
+    Max,
+}
+
+impl SortKey {
+    /// The row's value for this key.
+    pub fn of(self, r: &ReportRow) -> u64 {
+        match self {
+            SortKey::Total => r.total_ns,
+            SortKey::SelfTime => r.self_ns,
+            SortKey::Calls => r.calls,
+            SortKey::Avg => r.avg_ns,
+            SortKey::Max => r.max_ns,
+        }
+    }
+}
+
+/// Per-function totals, sorted by total time (descending) unless
+/// [`Report::sort`] said otherwise.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Report {
+    /// The rows.
+    pub rows: Vec<ReportRow>,
+}
+
+#[derive(Default)]
+pub(crate) struct Acc {
+    pub(crate) by_probe: HashMap<u32, ReportRow>,
+}
+
+impl Acc {
+    pub(crate) fn leave(&mut self, s: &Step) {
+        if let Step::Leave {
+            probe,
+            start,
+            end,
+            self_ns,
+            outermost,
+            unfinished,
+            ..
+        } = *s
+        {
+            let row = self.by_probe.entry(probe).or_insert_with(|| ReportRow {
+                probe,
+                min_ns: u64::MAX,
+                ..ReportRow::default()
+            });
+            if unfinished {
+                row.calls += 1;
+                row.no_exit += 1;
+                return;
+            }
+            let dur = end - start;
+            row.calls += 1;
+            row.self_ns += self_ns;
+            row.sum_ns += dur;
+            row.min_ns = row.min_ns.min(dur);
+            row.max_ns = row.max_ns.max(dur);
+            if outermost {
+                row.total_ns += dur;
+                row.outer_calls += 1;
+            }
+        }
+    }
+
+    pub(crate) fn into_report(self, syms: &SymbolTable) -> Report {
+        let rows: Vec<ReportRow> = self
+            .by_probe
+            .into_values()
+            .map(|mut r| {
+                r.name = syms.name(r.probe).into_owned();
+                r.module = syms
+                    .get(r.probe)
+                    .map_or_else(String::new, |s| s.module.clone());
+                let timed = r.calls - r.no_exit;
+                r.avg_ns = r.sum_ns / timed.max(1);
+                if timed == 0 {
+                    r.min_ns = 0;
+                }
+                r
+            })
+            .collect();
+        let mut rep = Report { rows };
+        rep.sort(SortKey::Total);
+        rep
+    }
+}
+
+impl Report {
+    /// The row of a function name.
+    pub fn row(&self, name: &str) -> Option<&ReportRow> {
+        self.rows.iter().find(|r| r.name == name)
+    }
+
+    /// Sorts the rows by `key`, descending (ties: more calls, then name).
+    pub fn sort(&mut self, key: SortKey) {
+        self.rows.sort_by(|a, b| {
+            key.of(b)
+                .cmp(&key.of(a))
+                .then(b.calls.cmp(&a.calls))
+                .then(a.name.cmp(&b.name))
+        });
+    }
+
+    /// All calls (those without their exit included).
+    pub fn calls(&self) -> u64 {
+        self.rows.iter().map(|r| r.calls).sum()
+    }
+
+    /// Calls without their exit.
+    pub fn no_exit(&self) -> u64 {
+        self.rows.iter().map(|r| r.no_exit).sum()
+    }
+
+    /// The table as text (like `uftrace report`): total, self, average,
+    /// shortest and longest call, calls, function.
+    pub fn to_text(&self) -> String {
+        // Calls whose exit was lost get a column of their own, when any.
+        let lost = self.no_exit() > 0;
+        let mut s = String::new();
+        s.push_str(if lost {
+            "  Total time   Self time     Average     Minimum     Maximum     No exit       Calls  Function\n"
+        } else {
+            "  Total time   Self time     Average     Minimum     Maximum       Calls  Function\n"
+        });
+        s.push_str(if lost {
+            "  ==========  ==========  ==========  ==========  ==========  ==========  ==========  ====================\n"
+        } else {
+            "  ==========  ==========  ==========  ==========  ==========  ==========  ====================\n"
+        });
+        for r in &self.rows {
+            // No call with its exit: no time is known; no outermost call
+            // with its exit (recursion whose outer exits were lost): no
+            // total.
+            let unknown = format!("{:>10}", "-");
+            let t = |ns: u64| {
+                if r.calls == r.no_exit {
+                    unknown.clone()
+                } else {
+                    fmt_duration(ns)
+                }
+            };
+            let total = if r.outer_calls == 0 {
+                unknown.clone()
+            } else {
+                fmt_duration(r.total_ns)
+            };
+            let no_exit = if lost {
+                format!("{:>10}  ", r.no_exit)
+            } else {
+                String::new()
+            };
+            s.push_str(&format!(
+                "  {}  {}  {}  {}  {}  {no_exit}{:>10}  {}\n",
+                total,
+                t(r.self_ns),
+                t(r.avg_ns),
+                t(r.min_ns),
+                t(r.max_ns),
+                r.calls,
+                r.name
+            ));
+        }
+        if lost {
+            s.push_str(&format!(
+                "# {} of the calls have no exit (lost): not in the times\n",
+                self.no_exit()
+            ));
+        }
+        s
+    }
+}
