@@ -213,7 +213,7 @@ fn every_test_design_md_names_exists() {
             let found = if prefix {
                 functions.iter().any(|f| f.starts_with(&name))
             } else {
-                functions.iter().any(|f| *f == name)
+                functions.contains(&name)
             };
             if !found {
                 missing.push(format!("`{span}`: no `fn {name}` in the tree"));
