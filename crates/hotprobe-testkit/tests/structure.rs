@@ -19,7 +19,6 @@ const OVER_LIMIT: &[(&str, usize)] = &[
     ("crates/hotprobe-guest/src/target.rs", 1238),
     ("crates/hotprobe-capi/src/lib.rs", 1207),
     ("crates/hotprobe-cli/src/guest.rs", 1197),
-    ("crates/hotprobe-guest/src/rsp.rs", 1151),
     ("crates/hotprobe-trace/src/analysis.rs", 1144),
     ("crates/hotprobe-guest/src/client.rs", 1130),
     ("crates/hotprobe-agent/src/hit.rs", 1122),
