@@ -109,7 +109,7 @@ pub fn unescape(raw: &[u8]) -> Result<Vec<u8>, DecodeError> {
                 if out.len() + repeat > MAX_PACKET * 4 {
                     return Err(DecodeError::TooLong);
                 }
-                out.extend(std::iter::repeat(last).take(repeat));
+                out.extend(std::iter::repeat_n(last, repeat));
                 i += 2;
             }
             _ => {
@@ -292,7 +292,7 @@ impl ParseError {
 
 /// Decodes a hex string into bytes.
 pub fn decode_hex(hex: &[u8]) -> Result<Vec<u8>, ParseError> {
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return Err(ParseError::new("hex bytes (odd length)", hex));
     }
     hex.chunks_exact(2)

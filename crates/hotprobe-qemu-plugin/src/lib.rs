@@ -456,7 +456,7 @@ impl Plugin {
             }
             std::hint::spin_loop();
             i = i.wrapping_add(1);
-            if i % 8 == 0 && now_ns().saturating_sub(t0) >= spin_ns {
+            if i.is_multiple_of(8) && now_ns().saturating_sub(t0) >= spin_ns {
                 break;
             }
         }
