@@ -20,7 +20,6 @@ const OVER_LIMIT: &[(&str, usize)] = &[
     ("crates/hotprobe-capi/src/lib.rs", 1207),
     ("crates/hotprobe-cli/src/guest.rs", 1197),
     ("crates/hotprobe-trace/src/analysis.rs", 1144),
-    ("crates/hotprobe-guest/src/client.rs", 1130),
     ("crates/hotprobe-agent/src/hit.rs", 1122),
     ("crates/hotprobe-qemu-plugin/src/lib.rs", 1110),
     ("crates/hotprobe-py/src/lib.rs", 1021),
