@@ -16,7 +16,6 @@ const OVER_LIMIT: &[(&str, usize)] = &[
     ("crates/hotprobe/src/engine.rs", 2005),
     ("crates/hotprobe-process/src/lib.rs", 1902),
     ("crates/hotprobe-fastpath/src/lib.rs", 1830),
-    ("crates/hotprobe-guest/src/target.rs", 1238),
     ("crates/hotprobe-capi/src/lib.rs", 1207),
     ("crates/hotprobe-cli/src/guest.rs", 1197),
     ("crates/hotprobe-trace/src/analysis.rs", 1144),
