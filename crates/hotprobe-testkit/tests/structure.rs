@@ -25,7 +25,6 @@ const OVER_LIMIT: &[(&str, usize)] = &[
     ("crates/hotprobe-symbols/src/process.rs", 973),
     ("crates/hotprobe-trace/src/format.rs", 934),
     ("crates/hotprobe-abi/src/layout.rs", 910),
-    ("crates/hotprobe-symbols/src/elf.rs", 899),
     ("crates/hotprobe-qemu/src/host.rs", 828),
 ];
 
