@@ -22,7 +22,6 @@ const OVER_LIMIT: &[(&str, usize)] = &[
     ("crates/hotprobe-agent/src/hit.rs", 1122),
     ("crates/hotprobe-qemu-plugin/src/lib.rs", 1110),
     ("crates/hotprobe-py/src/lib.rs", 1021),
-    ("crates/hotprobe-symbols/src/process.rs", 973),
     ("crates/hotprobe-trace/src/format.rs", 934),
     ("crates/hotprobe-abi/src/layout.rs", 910),
     ("crates/hotprobe-qemu/src/host.rs", 828),
