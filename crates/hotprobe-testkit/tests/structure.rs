@@ -20,7 +20,6 @@ const OVER_LIMIT: &[(&str, usize)] = &[
     ("crates/hotprobe-cli/src/guest.rs", 1197),
     ("crates/hotprobe-trace/src/analysis.rs", 1144),
     ("crates/hotprobe-agent/src/hit.rs", 1122),
-    ("crates/hotprobe-qemu-plugin/src/lib.rs", 1110),
     ("crates/hotprobe-py/src/lib.rs", 1021),
     ("crates/hotprobe-trace/src/format.rs", 934),
     ("crates/hotprobe-abi/src/layout.rs", 910),
