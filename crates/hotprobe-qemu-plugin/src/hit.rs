@@ -1,4 +1,5 @@
-//! What a hit does: entry and return callbacks, live instances, filters, and delivery to counters, ring or mailbox.
+//! What a hit does: entry and return callbacks, live instances, filters, and
+//! delivery to counters, ring or mailbox.
 
 use super::*;
 

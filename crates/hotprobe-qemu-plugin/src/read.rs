@@ -1,4 +1,5 @@
-//! Reading the guest in a callback: registers, virtual memory, strings, the current task and its fields.
+//! Reading the guest in a callback: registers, virtual memory, strings, the
+//! current task and its fields.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! The trap table: breakpoint slots, return instances, scratch regions, in-process sites, shared-memory handler slots.
+//! The trap table: breakpoint slots, return instances, scratch regions,
+//! in-process sites, shared-memory handler slots.
 
 use super::*;
 

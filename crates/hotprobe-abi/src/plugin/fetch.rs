@@ -1,4 +1,5 @@
-//! What an event carries: the guest registers and the fetches (task fields, guest strings) a probe names.
+//! What an event carries: the guest registers and the fetches (task fields,
+//! guest strings) a probe names.
 
 /// Guest registers a [`Fetch`] can name (the plugin reads them through
 /// QEMU's register API, by their gdb names).

@@ -1,4 +1,5 @@
-//! The validated view of a plugin mapping: its header, probes, sites, vCPU blocks, mailboxes and rings.
+//! The validated view of a plugin mapping: its header, probes, sites, vCPU
+//! blocks, mailboxes and rings.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! Parsers of the replies a client reads: thread ids, stop replies, `qSupported` features, thread lists.
+//! Parsers of the replies a client reads: thread ids, stop replies,
+//! `qSupported` features, thread lists.
 
 use super::*;
 
