@@ -241,7 +241,7 @@ fn markers_ending_at(d: &[u8], end: usize, width: usize) -> Option<(usize, Vec<u
 /// aligned ones.
 fn visit_marker_tables(d: &[u8], table_start: usize, mut visit: impl FnMut(Markers) -> bool) {
     for aligned in [true, false] {
-        let fits = |start: usize| (start % 8 == 0) == aligned;
+        let fits = |start: usize| start.is_multiple_of(8) == aligned;
         for width in [4usize, 8] {
             for pad in 0..8 {
                 let Some(end) = table_start.checked_sub(pad) else {

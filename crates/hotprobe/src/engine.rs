@@ -934,12 +934,12 @@ impl Engine {
                 Ok(())
             }
             TargetEvent::Exited(st) => {
-                // An exit is the normal end: nothing is "dropped" then.
-                // A death by signal says how many of the user's probes
-                // were armed in the program.
+                // An exit is the normal end: nothing is "dropped" then. A
+                // death by signal, or a guest whose stub went away, says
+                // how many of the user's probes were armed in it.
                 let n = match st {
-                    ExitStatus::Signal(_) => self.user_probes(|p| !p.dropped),
-                    _ => 0,
+                    ExitStatus::Code(_) => 0,
+                    _ => self.user_probes(|p| !p.dropped),
                 };
                 self.notices.push(if n > 0 {
                     format!(

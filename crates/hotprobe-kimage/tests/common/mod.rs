@@ -109,7 +109,7 @@ pub fn symbols(n: usize, percpu: bool, seed: u64) -> Vec<KernelSymbol> {
 }
 
 fn align(v: &mut Vec<u8>, a: usize) {
-    while v.len() % a != 0 {
+    while !v.len().is_multiple_of(a) {
         v.push(0);
     }
 }
@@ -276,7 +276,7 @@ pub fn build(syms: &[KernelSymbol], gen: Gen, prefix: usize) -> Built {
             token_tables(&mut d, &mut b);
         }
     }
-    d.extend(std::iter::repeat(0xcc).take(4096));
+    d.extend(std::iter::repeat_n(0xcc, 4096));
     b.data = d;
     b
 }

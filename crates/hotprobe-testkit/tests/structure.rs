@@ -1,0 +1,257 @@
+//! The repository's shape: no source file past 800 lines (a ratchet for the
+//! files still over it), and every test docs/DESIGN.md names exists.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// The most lines a file under `crates/*/src` may have.
+const MAX_LINES: usize = 800;
+
+/// Files still over [`MAX_LINES`], each with its line count when it was
+/// listed as a ceiling: a listed file may not grow, and once it is at or
+/// under the limit it must come off the list (the list only shrinks).
+const OVER_LIMIT: &[(&str, usize)] = &[
+    ("crates/hotprobe/src/session.rs", 3049),
+    ("crates/hotprobe/src/engine.rs", 2005),
+    ("crates/hotprobe-process/src/lib.rs", 1902),
+    ("crates/hotprobe-fastpath/src/lib.rs", 1830),
+    ("crates/hotprobe-capi/src/lib.rs", 1207),
+    ("crates/hotprobe-cli/src/guest.rs", 1197),
+    ("crates/hotprobe-trace/src/analysis.rs", 1144),
+    ("crates/hotprobe-agent/src/hit.rs", 1122),
+    ("crates/hotprobe-py/src/lib.rs", 1021),
+    ("crates/hotprobe-trace/src/format.rs", 934),
+];
+
+/// Backticked snake_case names in DESIGN.md that are not this project's
+/// functions (kernel, libc, QEMU symbols): not checked.
+const NOT_OURS: &[&str] = &[
+    "process_vm_readv",
+    "do_one_initcall",
+    "do_initcall_level",
+    "run_init_process",
+    "set_virtual_clock",
+    "qemu_clock_advance_virtual_time",
+    "qemu_plugin_update_ns",
+    "qemu_plugin_request_time_control",
+    "qemu_plugin_register_vcpu_insn_exec_cond_cb",
+    "qemu_plugin_read_memory_vaddr",
+];
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("crates/hotprobe-testkit has a grandparent")
+        .to_path_buf()
+}
+
+/// Every file under `dir`, recursively.
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries {
+        let path = entry.expect("a readable directory entry").path();
+        if path.is_dir() {
+            walk(&path, out);
+        } else {
+            out.push(path);
+        }
+    }
+}
+
+/// The crates' directories: `crates/*`.
+fn crate_dirs(root: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = fs::read_dir(root.join("crates"))
+        .expect("crates/ is readable")
+        .map(|e| e.expect("a readable directory entry").path())
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+fn relative(root: &Path, path: &Path) -> String {
+    path.strip_prefix(root)
+        .expect("under the root")
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn source_files_are_at_most_800_lines_or_listed_and_not_growing() {
+    let root = repo_root();
+    let mut counts = BTreeMap::new();
+    for dir in crate_dirs(&root) {
+        let mut files = Vec::new();
+        walk(&dir.join("src"), &mut files);
+        for file in files {
+            let text = fs::read(&file).expect("a readable source file");
+            let lines = text.iter().filter(|&&b| b == b'\n').count();
+            counts.insert(relative(&root, &file), lines);
+        }
+    }
+    assert!(!counts.is_empty(), "no file found under crates/*/src");
+
+    let listed: BTreeMap<&str, usize> = OVER_LIMIT.iter().copied().collect();
+    assert_eq!(listed.len(), OVER_LIMIT.len(), "a file listed twice");
+    let mut problems = Vec::new();
+    for (path, &lines) in &counts {
+        match listed.get(path.as_str()) {
+            None if lines > MAX_LINES => problems.push(format!(
+                "{path}: {lines} lines, over {MAX_LINES}: split it by job"
+            )),
+            Some(&ceiling) if lines > ceiling => problems.push(format!(
+                "{path}: {lines} lines, grew past its ceiling of {ceiling}: split it by job"
+            )),
+            Some(_) if lines <= MAX_LINES => problems.push(format!(
+                "{path}: {lines} lines, now within {MAX_LINES}: take it off OVER_LIMIT"
+            )),
+            _ => {}
+        }
+    }
+    for path in listed.keys() {
+        if !counts.contains_key(*path) {
+            problems.push(format!(
+                "{path}: listed in OVER_LIMIT but gone: take it off"
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "\n{}", problems.join("\n"));
+}
+
+/// Whether `s` is a snake_case identifier of at least three words.
+fn is_long_snake(s: &str) -> bool {
+    s.starts_with(|c: char| c.is_ascii_lowercase())
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && s.split('_').filter(|w| !w.is_empty()).count() >= 3
+}
+
+/// The function names a backticked span of DESIGN.md names, each with
+/// whether it is a prefix (the span ends with `…`): `a_b_c`, `a_b_c…`,
+/// and `a_b_o0/_o2` (two names, the last word swapped).
+fn named_functions(span: &str) -> Vec<(String, bool)> {
+    if let Some(prefix) = span.strip_suffix('…') {
+        if is_long_snake(prefix) {
+            return vec![(prefix.to_string(), true)];
+        }
+    }
+    if let Some((name, suffix)) = span.split_once('/') {
+        if is_long_snake(name) && suffix.starts_with('_') && is_long_snake(&format!("a_b{suffix}"))
+        {
+            let (stem, _) = name.rsplit_once('_').expect("three words");
+            return vec![
+                (name.to_string(), false),
+                (format!("{stem}{suffix}"), false),
+            ];
+        }
+    }
+    if is_long_snake(span) {
+        return vec![(span.to_string(), false)];
+    }
+    Vec::new()
+}
+
+/// Every `fn NAME` under `crates/*/src` and `crates/*/tests` (and the
+/// benches), by name.
+fn function_names(root: &Path) -> Vec<String> {
+    let mut files = Vec::new();
+    for dir in crate_dirs(root) {
+        walk(&dir.join("src"), &mut files);
+        walk(&dir.join("tests"), &mut files);
+    }
+    walk(&root.join("benches"), &mut files);
+    let mut names = Vec::new();
+    for file in files
+        .iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "rs"))
+    {
+        let text = fs::read_to_string(file).expect("a readable source file");
+        for (at, _) in text.match_indices("fn ") {
+            let before = text[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+                continue;
+            }
+            let name: String = text[at + 3..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                names.push(name);
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn every_test_design_md_names_exists() {
+    let root = repo_root();
+    let design = fs::read_to_string(root.join("docs/DESIGN.md")).expect("docs/DESIGN.md");
+    let functions = function_names(&root);
+    let mut missing = Vec::new();
+
+    // Backticked snake_case names of three words or more: this project's
+    // functions (its tests among them), unless known to be someone else's.
+    for (i, span) in design.split('`').enumerate() {
+        if i % 2 == 0 || span.starts_with('_') || NOT_OURS.contains(&span) {
+            continue;
+        }
+        for (name, prefix) in named_functions(span) {
+            let found = if prefix {
+                functions.iter().any(|f| f.starts_with(&name))
+            } else {
+                functions.contains(&name)
+            };
+            if !found {
+                missing.push(format!("`{span}`: no `fn {name}` in the tree"));
+            }
+        }
+    }
+
+    // Test files: `--test NAME` and `tests/NAME.rs` (a crate's, or the path
+    // given in full).
+    let test_files: Vec<String> = crate_dirs(&root)
+        .iter()
+        .flat_map(|dir| {
+            let mut files = Vec::new();
+            walk(&dir.join("tests"), &mut files);
+            files
+        })
+        .map(|f| relative(&root, &f))
+        .collect();
+    let words: Vec<&str> = design
+        .split(|c: char| c.is_whitespace() || c == '`')
+        .collect();
+    for (i, word) in words.iter().enumerate() {
+        let word = word
+            .trim_start_matches('(')
+            .trim_end_matches(['.', ',', ';', ':', ')']);
+        if word == "--test" {
+            if let Some(name) = words.get(i + 1) {
+                let name = name.trim_end_matches(['.', ',', ';', ':', ')']);
+                let file = format!("/tests/{name}.rs");
+                if !test_files.iter().any(|f| f.ends_with(&file)) {
+                    missing.push(format!("`--test {name}`: no tests/{name}.rs in a crate"));
+                }
+            }
+        } else if word.ends_with(".rs") && word.contains("tests/") {
+            let found = if word.starts_with("crates/") {
+                root.join(word).is_file()
+            } else {
+                test_files.iter().any(|f| f.ends_with(&format!("/{word}")))
+            };
+            if !found {
+                missing.push(format!("{word}: no such test file"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/DESIGN.md names tests that do not exist:\n{}",
+        missing.join("\n")
+    );
+}
