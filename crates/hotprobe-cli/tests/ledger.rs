@@ -4,13 +4,15 @@
 //! is no return address, and the exit notice. Each program prints its own
 //! counts; the table must equal them and the output must be the program's.
 
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod common;
-use common::{hotprobe_within, mix_program, program_output, text, CountTable};
+use common::{
+    file_offset_of, hotprobe_within, memory_at, mix_program, program_output, text, CountTable,
+};
 
 #[path = "../../hotprobe/tests/nonlocal_support/mod.rs"]
 mod nonlocal_support;
@@ -185,38 +187,10 @@ fn a_normal_exit_names_no_dropped_probes() {
     assert!(!stderr.contains("dropped"), "{stderr}");
 }
 
-/// The bytes of `bin`'s file behind run-time address `addr` of `pid`
-/// (its mapping in /proc/PID/maps gives the file offset).
+/// The bytes of `bin`'s file behind run-time address `addr` of `pid`.
 fn file_bytes_at(pid: u32, bin: &Path, addr: u64, len: usize) -> Vec<u8> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let name = bin.canonicalize().unwrap();
-    let off = maps
-        .lines()
-        .find_map(|l| {
-            let w: Vec<&str> = l.split_whitespace().collect();
-            let (range, offset) = (w[0], u64::from_str_radix(w[2], 16).ok()?);
-            let (s, e) = range.split_once('-')?;
-            let (s, e) = (
-                u64::from_str_radix(s, 16).ok()?,
-                u64::from_str_radix(e, 16).ok()?,
-            );
-            (w.len() > 5 && Path::new(w[5]) == name && (s..e).contains(&addr))
-                .then_some(addr - s + offset)
-        })
-        .unwrap_or_else(|| panic!("{addr:#x} is in no mapping of {}", name.display()));
-    let mut f = std::fs::File::open(bin).unwrap();
-    f.seek(SeekFrom::Start(off)).unwrap();
-    let mut b = vec![0u8; len];
-    f.read_exact(&mut b).unwrap();
-    b
-}
-
-fn memory_at(pid: u32, addr: u64, len: usize) -> Vec<u8> {
-    let mut f = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
-    f.seek(SeekFrom::Start(addr)).unwrap();
-    let mut b = vec![0u8; len];
-    f.read_exact(&mut b).unwrap();
-    b
+    let off = file_offset_of(pid, addr) as usize;
+    std::fs::read(bin).unwrap()[off..off + len].to_vec()
 }
 
 #[test]

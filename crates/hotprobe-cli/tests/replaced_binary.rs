@@ -3,12 +3,12 @@
 //! new file now at that path: the probe counts, the program computes what
 //! it computed before, and after detach its code is the old file's.
 
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 mod common;
-use common::{mix_program, text, CountTable};
+use common::{file_offset_of, memory_at, mix_program, while_attached, CountTable};
 
 /// The other program put at the same path: `mix` with a longer body.
 const OTHER: &str = r#"
@@ -50,28 +50,13 @@ fn a_program_rebuilt_at_its_path_is_probed_from_the_code_it_runs() {
     let built = hotprobe_testkit::compile("gcc", &src, &dir.join("other"), &["-O1", "-g"], &[]);
     std::fs::copy(&built, &path).unwrap();
     let pid = server.id().to_string();
-    // The request is made once hotprobe says it is attached (its probes
-    // are in by then); it detaches when --duration ends.
-    let mut hp = Command::new(common::HOTPROBE)
-        .args(["count", "-p", &pid, "--duration", "2", "mix"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(hp.stderr.take().unwrap());
-    let mut started = String::new();
-    err.read_line(&mut started).unwrap();
-    assert!(
-        started.starts_with("hotprobe: attached to pid"),
-        "{started}"
-    );
-    let during = ask(100);
-    let out = hp.wait_with_output().unwrap();
-    let mut rest = String::new();
-    err.read_to_string(&mut rest).unwrap();
-    let (stdout, stderr) = (text(&out.stdout), format!("{started}{rest}"));
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    // The request is made once hotprobe is attached (its probes are in);
+    // it detaches when --duration ends.
+    let (during, status, stdout, stderr) =
+        while_attached(&["count", "-p", &pid, "--duration", "2", "mix"], || {
+            ask(100)
+        });
+    assert!(status.success(), "{stdout}\n{stderr}");
     assert_eq!(
         during, before,
         "the program computed something else under the probe"
@@ -87,26 +72,8 @@ fn a_program_rebuilt_at_its_path_is_probed_from_the_code_it_runs() {
     // Detached: the code in memory is the old file's, and it still answers.
     let addr =
         u64::from_str_radix(t.row("mix")[t.col("ADDRESS")].trim_start_matches("0x"), 16).unwrap();
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let off = maps
-        .lines()
-        .find_map(|l| {
-            let w: Vec<&str> = l.split_whitespace().collect();
-            let (s, e) = w[0].split_once('-')?;
-            let (s, e) = (
-                u64::from_str_radix(s, 16).ok()?,
-                u64::from_str_radix(e, 16).ok()?,
-            );
-            (s..e)
-                .contains(&addr)
-                .then(|| addr - s + u64::from_str_radix(w[2], 16).unwrap())
-        })
-        .unwrap();
-    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
-    mem.seek(SeekFrom::Start(addr)).unwrap();
-    let mut now = [0u8; 16];
-    mem.read_exact(&mut now).unwrap();
-    assert_eq!(&now[..], &old_bytes[off as usize..off as usize + 16]);
+    let off = file_offset_of(server.id(), addr) as usize;
+    assert_eq!(memory_at(server.id(), addr, 16), &old_bytes[off..off + 16]);
     assert_eq!(ask(100), before);
     drop(input);
     assert!(server.wait().unwrap().success());

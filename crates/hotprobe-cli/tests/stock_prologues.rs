@@ -12,8 +12,8 @@
 
 mod common;
 
-use common::{gcc, hotprobe, text, CountTable};
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use common::{file_offset_of, gcc, hotprobe, memory_at, text, while_attached, CountTable};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -286,26 +286,8 @@ fn after_a_detach_the_code_is_the_files() {
     let pid = server.id().to_string();
     let mut args = vec!["count", "-p", &pid, "--duration", "2"];
     args.extend_from_slice(JUMPED);
-    let mut hp = Command::new(common::HOTPROBE)
-        .args(&args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(hp.stderr.take().unwrap());
-    let mut started = String::new();
-    err.read_line(&mut started).unwrap();
-    assert!(
-        started.starts_with("hotprobe: attached to pid"),
-        "{started}"
-    );
-    let during = ask(10);
-    let out = hp.wait_with_output().unwrap();
-    let mut rest = String::new();
-    err.read_to_string(&mut rest).unwrap();
-    let (stdout, stderr) = (text(&out.stdout), format!("{started}{rest}"));
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let (during, status, stdout, stderr) = while_attached(&args, || ask(10));
+    assert!(status.success(), "{stdout}\n{stderr}");
     assert_eq!(during, before, "computed otherwise under the probes");
     let t = CountTable::parse(&stdout, &stderr);
     for f in JUMPED {
@@ -313,32 +295,14 @@ fn after_a_detach_the_code_is_the_files() {
         let n = if *f == "c_wrap" { 20 } else { 10 };
         assert_eq!(t.hits(f), n, "{f}: {}", t.all);
     }
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
     for f in JUMPED {
         // The site: the entry, or entry + 4 after an endbr64.
         let addr =
             u64::from_str_radix(t.row(f)[t.col("ADDRESS")].trim_start_matches("0x"), 16).unwrap();
-        let off = maps
-            .lines()
-            .find_map(|l| {
-                let w: Vec<&str> = l.split_whitespace().collect();
-                let (s, e) = w[0].split_once('-')?;
-                let (s, e) = (
-                    u64::from_str_radix(s, 16).ok()?,
-                    u64::from_str_radix(e, 16).ok()?,
-                );
-                (s..e)
-                    .contains(&addr)
-                    .then(|| addr - s + u64::from_str_radix(w[2], 16).unwrap())
-            })
-            .unwrap_or_else(|| panic!("{f} at {addr:#x} not mapped:\n{maps}"));
-        mem.seek(SeekFrom::Start(addr)).unwrap();
-        let mut now = [0u8; 12];
-        mem.read_exact(&mut now).unwrap();
+        let off = file_offset_of(server.id(), addr) as usize;
         assert_eq!(
-            &now[..],
-            &file[off as usize..off as usize + 12],
+            memory_at(server.id(), addr, 12),
+            &file[off..off + 12],
             "{f} at {addr:#x} after detach"
         );
     }

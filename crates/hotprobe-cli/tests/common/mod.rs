@@ -240,3 +240,66 @@ pub fn mix_program() -> PathBuf {
     let src = hotprobe_testkit::write_source(&dir, "mix.c", MIX);
     gcc(&src, &dir.join("mix"), &["-O1"])
 }
+
+/// `len` bytes of process `pid`'s memory at `addr` (/proc/PID/mem).
+pub fn memory_at(pid: u32, addr: u64, len: usize) -> Vec<u8> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    f.seek(SeekFrom::Start(addr)).unwrap();
+    let mut b = vec![0u8; len];
+    f.read_exact(&mut b).unwrap();
+    b
+}
+
+/// The offset in its file of run-time address `addr` of process `pid`
+/// (the file mapping /proc/PID/maps shows around it).
+pub fn file_offset_of(pid: u32, addr: u64) -> u64 {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    maps.lines()
+        .find_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let (s, e) = w.first()?.split_once('-')?;
+            let (s, e) = (
+                u64::from_str_radix(s, 16).ok()?,
+                u64::from_str_radix(e, 16).ok()?,
+            );
+            let offset = u64::from_str_radix(w.get(2)?, 16).ok()?;
+            (s..e).contains(&addr).then_some(addr - s + offset)
+        })
+        .unwrap_or_else(|| panic!("{addr:#x} is not mapped in {pid}:\n{maps}"))
+}
+
+/// `hotprobe ARGS` on an attached process: started, and once it says it
+/// is attached (its probes are in), `during` runs; then hotprobe's end is
+/// waited for (ARGS give it `--duration`). What `during` returned, with
+/// hotprobe's exit status, stdout and stderr.
+pub fn while_attached<T>(
+    args: &[&str],
+    during: impl FnOnce() -> T,
+) -> (T, std::process::ExitStatus, String, String) {
+    use std::io::{BufRead, BufReader, Read};
+    let mut hp = Command::new(HOTPROBE)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(hp.stderr.take().unwrap());
+    let mut started = String::new();
+    err.read_line(&mut started).unwrap();
+    assert!(
+        started.starts_with("hotprobe: attached to pid"),
+        "{args:?}: {started}"
+    );
+    let value = during();
+    let out = hp.wait_with_output().unwrap();
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    (
+        value,
+        out.status,
+        text(&out.stdout),
+        format!("{started}{rest}"),
+    )
+}
