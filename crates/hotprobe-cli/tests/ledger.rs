@@ -4,14 +4,13 @@
 //! is no return address, and the exit notice. Each program prints its own
 //! counts; the table must equal them and the output must be the program's.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod common;
 use common::{
     file_offset_of, hotprobe_within, memory_at, mix_program, program_output, text, CountTable,
+    MixServer,
 };
 
 #[path = "../../hotprobe/tests/nonlocal_support/mod.rs"]
@@ -197,14 +196,8 @@ fn file_bytes_at(pid: u32, bin: &Path, addr: u64, len: usize) -> Vec<u8> {
 fn after_detach_a_running_program_holds_the_files_code_where_both_probes_were() {
     let bin = mix_program();
     for pair in [["mix", "mix+3"], ["mix+3", "mix"]] {
-        let mut child = Command::new(&bin)
-            .arg("serve")
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        assert_eq!(lines.next().unwrap().unwrap(), "ready");
-        let pid = child.id();
+        let mut server = MixServer::start();
+        let pid = server.pid();
         let p = pid.to_string();
         let out = hotprobe_within(
             &["count", "-p", &p, "--duration", "1", pair[0], pair[1]],
@@ -220,7 +213,7 @@ fn after_detach_a_running_program_holds_the_files_code_where_both_probes_were() 
         assert!(a > 0 && a.abs_diff(b) <= 1, "{pair:?}: {a} {b}\n{stderr}");
         // The program still runs, on the file's code.
         assert!(
-            child.try_wait().unwrap().is_none(),
+            server.child.try_wait().unwrap().is_none(),
             "{pair:?}: the program died"
         );
         assert_eq!(
@@ -228,7 +221,5 @@ fn after_detach_a_running_program_holds_the_files_code_where_both_probes_were() 
             file_bytes_at(pid, &bin, addr, 16),
             "{pair:?}\n{stderr}"
         );
-        child.kill().unwrap();
-        child.wait().unwrap();
     }
 }

@@ -8,19 +8,12 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod common;
-use common::{mix_program, HOTPROBE};
+use common::{MixServer, HOTPROBE};
 
 #[test]
 fn a_reader_that_goes_away_detaches_hotprobe_from_a_live_server() {
-    let bin = mix_program();
-    let mut server = Command::new(&bin)
-        .arg("serve")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
-    assert_eq!(lines.next().unwrap().unwrap(), "ready");
-    let pid = server.id().to_string();
+    let mut server = MixServer::start();
+    let pid = server.pid().to_string();
     let mut trace = Command::new(HOTPROBE)
         .args(["trace", "-p", &pid, "mix"])
         .stdin(Stdio::null())
@@ -57,10 +50,11 @@ fn a_reader_that_goes_away_detaches_hotprobe_from_a_live_server() {
         )),
         "{err}"
     );
-    assert!(server.try_wait().unwrap().is_none(), "the server died");
+    assert!(
+        server.child.try_wait().unwrap().is_none(),
+        "the server died"
+    );
     // Detached: no tracer holds it.
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     assert!(status.contains("TracerPid:\t0\n"), "{status}");
-    server.kill().unwrap();
-    server.wait().unwrap();
 }

@@ -6,13 +6,11 @@
 //! agent that cannot see the program's mask changes (injected into a
 //! running process, or in a Go program) gets no in-process trap.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod common;
-use common::{gcc, hotprobe_within, mix_program, program_output, text, CountTable};
+use common::{gcc, hotprobe_within, program_output, text, CountTable, MixServer};
 
 #[path = "../../hotprobe/tests/nonlocal_support/mod.rs"]
 mod nonlocal_support;
@@ -87,15 +85,8 @@ fn a_program_that_ignores_and_blocks_sigtrap_behaves_the_same() {
 
 #[test]
 fn an_attached_process_or_a_go_program_gets_no_in_process_trap() {
-    let mix = mix_program();
-    let mut server = Command::new(&mix)
-        .arg("serve")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
-    assert_eq!(lines.next().unwrap().unwrap(), "ready");
-    let pid = server.id().to_string();
+    let server = MixServer::start();
+    let pid = server.pid().to_string();
     let out = hotprobe_within(&["count", "-p", &pid, "--duration", "1", "mix+3"], LIMIT);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{stdout}\n{stderr}");
@@ -107,8 +98,7 @@ fn an_attached_process_or_a_go_program_gets_no_in_process_trap() {
         "{stdout}"
     );
     assert!(t.hits("mix+3") > 0);
-    server.kill().unwrap();
-    server.wait().unwrap();
+    drop(server);
 
     let go = go_program("gofunc", "");
     let b = go.to_str().unwrap();

@@ -303,3 +303,41 @@ pub fn while_attached<T>(
         format!("{started}{rest}"),
     )
 }
+
+/// [`mix_program`] `serve`, started and past its `ready` line: a process
+/// that calls `mix` every millisecond until killed (killed on drop).
+pub struct MixServer {
+    /// The process.
+    pub child: std::process::Child,
+    /// Its output after `ready` (kept open: the program writes nothing more).
+    _out: std::process::ChildStdout,
+}
+
+impl MixServer {
+    /// Starts it and waits for its `ready` line.
+    pub fn start() -> MixServer {
+        use std::io::Read;
+        let mut child = Command::new(mix_program())
+            .arg("serve")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = child.stdout.take().unwrap();
+        let mut ready = [0u8; 6];
+        out.read_exact(&mut ready).unwrap();
+        assert_eq!(&ready, b"ready\n");
+        MixServer { child, _out: out }
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for MixServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
