@@ -457,6 +457,34 @@ fn fast_path_uses_no_vector_registers() {
             funcs.get_mut(c).unwrap().push(l.to_string());
         }
     }
+    // Indirect calls through a pointer the loader relocates (`call [rip+x]`
+    // with an `R_X86_64_RELATIVE` slot): the slot's address → the agent's
+    // function it points to, by address.
+    let relocs = Command::new("objdump").arg("-R").arg(&so).output().unwrap();
+    let relative: std::collections::HashMap<String, u64> = String::from_utf8(relocs.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let value = w.get(2)?.strip_prefix("*ABS*+0x")?;
+            (w.get(1) == Some(&"R_X86_64_RELATIVE")).then(|| {
+                let slot = w[0].trim_start_matches('0').to_string();
+                (slot, u64::from_str_radix(value, 16).unwrap_or(0))
+            })
+        })
+        .collect();
+    let syms = Command::new("nm").arg(&so).output().unwrap();
+    let by_addr: std::collections::HashMap<u64, String> = String::from_utf8(syms.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            Some((
+                u64::from_str_radix(w.first()?, 16).ok()?,
+                w.get(2)?.to_string(),
+            ))
+        })
+        .collect();
     // fast_hit (entry trampolines) and ret_hit (return trampoline, which
     // saves the general registers only).
     let mut todo: Vec<String> = ["fast_hit", "ret_hit"]
@@ -481,7 +509,22 @@ fn fast_path_uses_no_vector_registers() {
             );
             if l.contains("call") {
                 if let Some(n) = l.split_once('<').and_then(|(_, n)| n.strip_suffix('>')) {
-                    let n = n.split('+').next().unwrap().to_string();
+                    let mut n = n.split('+').next().unwrap().to_string();
+                    // `call [rip+x]  # SLOT <_DYNAMIC+...>`: the function the
+                    // slot holds.
+                    if l.contains("QWORD PTR [rip") {
+                        let slot = l
+                            .split_once("# ")
+                            .map(|(_, r)| r.split(' ').next().unwrap_or(""));
+                        if let Some(to) = slot.and_then(|s| relative.get(s)) {
+                            n = by_addr.get(to).cloned().unwrap_or(n);
+                        }
+                    }
+                    if n.contains("panic_cannot_unwind") || n.contains("panic_nounwind") {
+                        // The compiler's guard after a call that cannot
+                        // unwind out of an extern "C" function: it aborts.
+                        continue;
+                    }
                     if n.starts_with("abort@") {
                         // ret_hit's lost return: never comes back.
                         continue;
