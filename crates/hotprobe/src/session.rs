@@ -14,10 +14,13 @@ use hotprobe_symbols::{ProbeSpec, ResolvedProbe};
 use hotprobe_target::{ExitStatus, RuntimeAddr, Target, TargetError, TargetEvent};
 use ledger::ProbeOwner;
 
+#[path = "session_foreign.rs"]
+mod foreign;
 #[path = "session_inproc.rs"]
 mod inproc;
 #[path = "session_ledger.rs"]
 mod ledger;
+use foreign::uprobes_on_rewritten_sites;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -337,6 +340,9 @@ struct Slot {
     /// The fast path's sites by the address their bytes start at, with
     /// the session probes on each (and whether it records).
     fast_sites: HashMap<u64, Vec<(ProbeId, bool)>>,
+    /// The bytes of those sites (start → end), the ledger's index: a probe
+    /// is fitted to the sites already there without walking them all.
+    fast_ranges: std::collections::BTreeMap<u64, u64>,
 }
 
 impl Slot {
@@ -932,6 +938,7 @@ impl Session {
             removed_fast: Default::default(),
             handed: HashMap::new(),
             fast_sites: HashMap::new(),
+            fast_ranges: Default::default(),
         });
         let follow = self.config.follow_forks && pid.is_some();
         let slot = &mut self.slots[id];
@@ -1094,7 +1101,8 @@ impl Session {
             force: self.config.force,
         };
         let slot = self.slot(t)?;
-        let originals = slot.originals();
+        let from = r.boundary.as_ref().map_or(r.addr.0, |b| b.start.0);
+        let originals = slot.originals_in(from, r.addr.0 + hotprobe_x86::MAX_INSN_LEN as u64);
         if let Some(resolver) = slot.resolver.as_ref() {
             resolver
                 .check_over(r, slot.engine.target(), options, &originals)
@@ -1763,7 +1771,13 @@ impl Session {
         if batching {
             fp.begin_batch();
         }
+        let written_before = fp.written_count();
         let info = fp.add_function(pt, path, bias, function, action, choice);
+        let ranges: Vec<(u64, u64)> = fp
+            .written_since(written_before)
+            .iter()
+            .map(|(a, b)| (*a, *a + b.len() as u64))
+            .collect();
         if started && !fp.in_batch() {
             pt.resume_all()?;
         }
@@ -1773,6 +1787,7 @@ impl Session {
             .entry(info.addr)
             .or_default()
             .push((id, record));
+        slot.fast_ranges.extend(ranges);
         let mechanism = from_fast(info.mechanism);
         Ok(Placement {
             id,
@@ -2052,6 +2067,15 @@ impl Session {
                     if let Fast::On(fp) = &mut slot.fast {
                         fp.forget_range(start, end);
                     }
+                    let gone: Vec<u64> = slot
+                        .fast_ranges
+                        .range(start..end)
+                        .map(|(s, _)| *s)
+                        .collect();
+                    for s in gone {
+                        slot.fast_ranges.remove(&s);
+                        slot.fast_sites.remove(&s);
+                    }
                     slot.update_fork_restores();
                     slot.engine.notices.push(format!(
                         "pid {pid}: {spec}: its module was unloaded; armed again if it is loaded again"
@@ -2267,7 +2291,13 @@ impl Session {
                 for probes in slot.fast_sites.values_mut() {
                     probes.retain(|(p, _)| *p != id);
                 }
-                slot.fast_sites.retain(|_, probes| !probes.is_empty());
+                let ranges = &mut slot.fast_ranges;
+                slot.fast_sites.retain(|start, probes| {
+                    if probes.is_empty() {
+                        ranges.remove(start);
+                    }
+                    !probes.is_empty()
+                });
                 // Its counters stay readable (stats); no handler call is
                 // served any more (a thread waiting in one resumes unmodified).
                 slot.shm_handlers.retain(|_, (p, _)| *p != id);
@@ -2700,6 +2730,7 @@ impl Session {
                     fp.forget();
                 }
                 slot.fast_sites.clear();
+                slot.fast_ranges.clear();
             }
             TargetEvent::Exited(status) => {
                 // SIGILL, SIGTRAP, SIGBUS, SIGSEGV (x86-64 Linux).
@@ -2854,73 +2885,6 @@ impl Session {
         v.sort_by_key(|b| b.start);
         Ok(v)
     }
-}
-
-/// When a process hotprobe rewrote code in died of a crash signal: the
-/// kernel uprobes registered on instructions it rewrote (`written`: each
-/// site's address and length), as a notice (a uprobe placed over
-/// hotprobe's code crashes the program; see docs/DESIGN.md, "Code shared
-/// with other tools"). `None` if there is none, or none visible (another
-/// user's uprobes, without root).
-fn uprobes_on_rewritten_sites(
-    slot: &Slot,
-    written: &[(u64, usize)],
-    status: &ExitStatus,
-) -> Option<String> {
-    use std::collections::HashMap;
-    use std::path::PathBuf;
-    let resolver = slot.resolver.as_ref()?;
-    let mut canonical: HashMap<PathBuf, PathBuf> = HashMap::new();
-    // File → (offset, length, address) of each site in it.
-    let mut sites: HashMap<PathBuf, Vec<(u64, u64, u64)>> = HashMap::new();
-    for &(addr, len) in written {
-        let Some((path, off)) = resolver.file_offset_at(RuntimeAddr(addr)) else {
-            continue;
-        };
-        let path = canonical
-            .entry(path)
-            .or_insert_with_key(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
-            .clone();
-        sites.entry(path).or_default().push((off, len as u64, addr));
-    }
-    let symbolizer = resolver.symbolizer();
-    let mut hit: Vec<String> = Vec::new();
-    for u in hotprobe_process::kernel_uprobes() {
-        let path = std::fs::canonicalize(&u.path).unwrap_or(u.path);
-        let Some(&(_, _, addr)) = sites.get(&path).and_then(|v| {
-            v.iter()
-                .find(|(off, len, _)| (*off..off + len).contains(&u.offset))
-        }) else {
-            continue;
-        };
-        let name = symbolizer
-            .symbolize(RuntimeAddr(addr))
-            .unwrap_or_else(|| format!("{}+{:#x}", path.display(), u.offset));
-        let by = match u.owner {
-            Some(o) => format!("held by {} (pid {})", o.comm, o.pid),
-            None => "defined in tracefs uprobe_events".into(),
-        };
-        hit.push(format!("{name} at {addr:#x}, {by}"));
-    }
-    if hit.is_empty() {
-        return None;
-    }
-    hit.sort();
-    hit.dedup();
-    let more = hit.len().saturating_sub(5);
-    hit.truncate(5);
-    let more = match more {
-        0 => String::new(),
-        n => format!(" and {n} more"),
-    };
-    let who = slot.pid.map_or("the target".into(), |p| format!("pid {p}"));
-    Some(format!(
-        "{who} was {status} with hotprobe's code in it, and kernel uprobes sit on instructions \
-         hotprobe rewrote: {}{more}; a uprobe placed over hotprobe's code makes the program crash \
-         (docs/DESIGN.md, \"Code shared with other tools\"): probe those functions with one tool \
-         at a time",
-        hit.join("; ")
-    ))
 }
 
 /// Collects a ring pass's events (to merge them with trap events);

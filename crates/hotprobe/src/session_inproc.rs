@@ -253,7 +253,7 @@ impl Session {
         if !slot.is_process()
             || slot.plugin.is_some()
             || slot.engine.execution_of(r.addr).is_some()
-            || slot.ledger().iter().any(|s| s.covers(r.addr.0))
+            || slot.owner_at(r.addr.0).is_some()
             || slot.ensure_fast(&config).is_err()
         {
             return Ok(Err(probe));
@@ -348,7 +348,13 @@ impl Session {
         let (Fast::On(fp), Some(pt)) = (fast, Slot::process(engine)) else {
             return Ok(Err(probe));
         };
+        let written_before = fp.written_count();
         let placed = fp.add_stub_handler(pt, &path, bias, &function, choice);
+        let ranges: Vec<(u64, u64)> = fp
+            .written_since(written_before)
+            .iter()
+            .map(|(a, b)| (*a, *a + b.len() as u64))
+            .collect();
         if started {
             pt.resume_all()?;
         }
@@ -361,6 +367,7 @@ impl Session {
             .entry(info.addr)
             .or_default()
             .push((id, false));
+        slot.fast_ranges.extend(ranges);
         let mechanism = from_fast(info.mechanism);
         Ok(Ok(Placement {
             id,

@@ -45,15 +45,6 @@ pub(crate) struct LedgerSite {
     pub start: u64,
     /// The bytes the write replaced.
     pub original: Vec<u8>,
-    /// Who wrote it.
-    pub owner: Owner,
-}
-
-impl LedgerSite {
-    /// Whether the bytes written hold `addr`.
-    pub(crate) fn covers(&self, addr: u64) -> bool {
-        (self.start..self.start + self.original.len() as u64).contains(&addr)
-    }
 }
 
 /// Which mechanism serves a probe of a target: the one place that says
@@ -107,35 +98,77 @@ impl Slot {
                 sites.push(LedgerSite {
                     start: a,
                     original: vec![b],
-                    owner: Owner::Trap,
                 });
             }
         }
         if let Fast::On(fp) = &self.fast {
-            let inproc: std::collections::HashSet<u64> =
-                self.inproc.values().map(|(a, _)| *a).collect();
-            for (a, original) in fp.written_bytes().into_iter().rev() {
-                let owner = match inproc.contains(&a) && original.len() == 1 {
-                    true => Owner::InProcess,
-                    false => Owner::Fast,
-                };
-                sites.push(LedgerSite {
-                    start: a,
-                    original,
-                    owner,
-                });
+            for (start, original) in fp.written_bytes().into_iter().rev() {
+                sites.push(LedgerSite { start, original });
             }
         }
         sites
     }
 
-    /// The ledger's originals, for laying over code read from the target
-    /// ([`hotprobe_resolve::lay_over`]).
-    pub(crate) fn originals(&mut self) -> Vec<(u64, Vec<u8>)> {
+    /// The ledger's originals that lie in `start..end`, for laying over
+    /// code read from the target ([`hotprobe_resolve::lay_over`]); the
+    /// whole ledger is read only when a fast-path site is in the span (the
+    /// process target already shows the originals under its `int3`s).
+    pub(crate) fn originals_in(&mut self, start: u64, end: u64) -> Vec<(u64, Vec<u8>)> {
+        let fast_there = self
+            .fast_ranges
+            .range(..end)
+            .next_back()
+            .is_some_and(|(_, e)| *e > start);
+        if !fast_there {
+            return Vec::new();
+        }
         self.ledger()
             .into_iter()
+            .filter(|s| s.start < end && s.start + s.original.len() as u64 > start)
             .map(|s| (s.start, s.original))
             .collect()
+    }
+
+    /// The fast-path site (start, end) whose bytes hold `addr`, from the
+    /// index the placements keep ([`Slot::fast_ranges`]).
+    pub(crate) fn fast_range_at(&self, addr: u64) -> Option<(u64, u64)> {
+        self.fast_ranges
+            .range(..=addr)
+            .next_back()
+            .filter(|(_, e)| **e > addr)
+            .map(|(s, e)| (*s, *e))
+    }
+
+    /// Who owns the byte at `addr`, and where its site starts: an `int3`
+    /// of the process (the engine's, the session's own), an in-process
+    /// trap, or a fast-path site holding it.
+    pub(crate) fn owner_at(&mut self, addr: u64) -> Option<(Owner, u64)> {
+        if self.inproc.values().any(|(a, _)| *a == addr) {
+            return Some((Owner::InProcess, addr));
+        }
+        if let Some((s, _)) = self.fast_range_at(addr) {
+            return Some((Owner::Fast, s));
+        }
+        let pt = Slot::process(&mut self.engine)?;
+        pt.breakpoint_at(addr).map(|_| (Owner::Trap, addr))
+    }
+
+    /// The first site start in `from..to` (a fast-path site, an
+    /// in-process trap or an `int3` of the process), if any.
+    pub(crate) fn site_start_in(&mut self, from: u64, to: u64) -> Option<u64> {
+        if from >= to {
+            return None;
+        }
+        let fast = self.fast_ranges.range(from..to).next().map(|(s, _)| *s);
+        let inproc = self
+            .inproc
+            .values()
+            .map(|(a, _)| *a)
+            .filter(|a| (from..to).contains(a))
+            .min();
+        let trap = Slot::process(&mut self.engine)
+            .and_then(|pt| (from..to).find(|a| pt.breakpoint_at(*a).is_some()));
+        [fast, inproc, trap].into_iter().flatten().min()
     }
 }
 
@@ -156,19 +189,18 @@ impl Session {
         if !slot.is_process() {
             return Ok(plan);
         }
-        let sites = slot.ledger();
-        if let Some(s) = sites.iter().find(|s| s.covers(a)) {
-            return match s.owner {
-                Owner::Trap => Ok(Plan::Join("joins the trap already at this address".into())),
-                Owner::InProcess => Ok(Plan::Join(
+        if let Some(owner) = slot.owner_at(a) {
+            return match owner {
+                (Owner::Trap, _) => Ok(Plan::Join("joins the trap already at this address".into())),
+                (Owner::InProcess, _) => Ok(Plan::Join(
                     "joins the in-process trap at this address (taken over by the trap, which \
                      serves both)"
                         .into(),
                 )),
-                Owner::Fast => {
-                    let here = slot.fast_sites.contains_key(&a) && s.start == a;
+                (Owner::Fast, start) => {
+                    let here = start == a && slot.fast_sites.contains_key(&a);
                     if let (true, true, Plan::Fast { site, .. }) = (here, fast_ok, &plan) {
-                        if *site == s.start {
+                        if *site == start {
                             return Ok(plan);
                         }
                     }
@@ -178,18 +210,17 @@ impl Session {
                         false => "this address lies in its bytes",
                     };
                     Ok(Plan::Join(format!(
-                        "the fast-path site at {:#x} goes to the trap, which serves both ({why})",
-                        s.start
+                        "the fast-path site at {start:#x} goes to the trap, which serves both \
+                         ({why})"
                     )))
                 }
             };
         }
         if let Plan::Fast { site, len, .. } = &plan {
             let (site, end) = (*site, *site + *len as u64);
-            if let Some(s) = sites.iter().find(|s| (site..end).contains(&s.start)) {
+            if let Some(other) = slot.site_start_in(site + 1, end) {
                 return Ok(Plan::Trap(format!(
-                    "a probe at {:#x} lies in the {} bytes the fast path would rewrite",
-                    s.start,
+                    "a probe at {other:#x} lies in the {} bytes the fast path would rewrite",
                     end - site
                 )));
             }
@@ -213,12 +244,7 @@ impl Session {
         if !matches!(slot.fast, Fast::On(_)) {
             return Ok(());
         }
-        let Some(start) = slot
-            .ledger()
-            .into_iter()
-            .find(|s| s.owner == Owner::Fast && s.covers(at.0))
-            .map(|s| s.start)
-        else {
+        let Some(start) = slot.fast_range_at(at.0).map(|(s, _)| s) else {
             return Ok(());
         };
         let probes = slot.fast_sites.get(&start).cloned().unwrap_or_default();
@@ -243,6 +269,7 @@ impl Session {
         }
         let addr = RuntimeAddr(start);
         slot.fast_sites.remove(&start);
+        slot.fast_ranges.remove(&start);
         for (id, _) in probes {
             let mut probe = Probe::default();
             if let Some(k) = slot
