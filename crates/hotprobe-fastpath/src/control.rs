@@ -28,6 +28,17 @@ use hotprobe_process::ProcessTarget;
 use hotprobe_target::{RuntimeAddr, Target};
 
 impl FastPath {
+    /// The spans `(start, end)` of [`FastPath::written_bytes`] from the
+    /// `from`-th write on, without copying their bytes (the session's index
+    /// of its sites).
+    pub fn written_spans_since(&self, from: usize) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.installed
+            .get(from..)
+            .unwrap_or_default()
+            .iter()
+            .map(|i| (i.addr, i.addr + i.original.len() as u64))
+    }
+
     /// Takes hotprobe's bytes out of site `i` (see
     /// [`take_own_bytes_out`]), noting another writer's change.
     fn take_out(&mut self, t: &mut ProcessTarget, i: usize) -> Result<(), FastPathError> {

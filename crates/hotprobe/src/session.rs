@@ -337,12 +337,10 @@ struct Slot {
     /// probe came to the same address, or into a jump's bytes: see
     /// `session_ledger.rs`): probe → the engine probe that counts on for it.
     handed: HashMap<ProbeId, ProbeId>,
-    /// The fast path's sites by the address their bytes start at, with
-    /// the session probes on each (and whether it records).
-    fast_sites: HashMap<u64, Vec<(ProbeId, bool)>>,
-    /// The bytes of those sites (start → end), the ledger's index: a probe
-    /// is fitted to the sites already there without walking them all.
-    fast_ranges: std::collections::BTreeMap<u64, u64>,
+    /// The bytes the fast path wrote, by the address they start at: the
+    /// ledger's index (a probe is fitted to the sites already there
+    /// without walking them all), with the session probes on each site.
+    fast_ranges: std::collections::BTreeMap<u64, ledger::FastSpan>,
 }
 
 impl Slot {
@@ -937,7 +935,6 @@ impl Session {
             shm_taken: HashMap::new(),
             removed_fast: Default::default(),
             handed: HashMap::new(),
-            fast_sites: HashMap::new(),
             fast_ranges: Default::default(),
         });
         let follow = self.config.follow_forks && pid.is_some();
@@ -1773,21 +1770,18 @@ impl Session {
         }
         let written_before = fp.written_count();
         let info = fp.add_function(pt, path, bias, function, action, choice);
-        let ranges: Vec<(u64, u64)> = fp
-            .written_since(written_before)
-            .iter()
-            .map(|(a, b)| (*a, *a + b.len() as u64))
-            .collect();
         if started && !fp.in_batch() {
             pt.resume_all()?;
         }
         let info = info?;
         slot.bind_fast(id, info.probe_id, info.exit_probe_id);
-        slot.fast_sites
-            .entry(info.addr)
-            .or_default()
-            .push((id, record));
-        slot.fast_ranges.extend(ranges);
+        if let Fast::On(fp) = &slot.fast {
+            ledger::FastSpan::add(
+                &mut slot.fast_ranges,
+                fp.written_spans_since(written_before),
+            );
+        }
+        ledger::FastSpan::add_probe(&mut slot.fast_ranges, info.addr, (id, record));
         let mechanism = from_fast(info.mechanism);
         Ok(Placement {
             id,
@@ -2074,7 +2068,6 @@ impl Session {
                         .collect();
                     for s in gone {
                         slot.fast_ranges.remove(&s);
-                        slot.fast_sites.remove(&s);
                     }
                     slot.update_fork_restores();
                     slot.engine.notices.push(format!(
@@ -2288,16 +2281,9 @@ impl Session {
             ProbeOwner::Fast => {
                 slot.change_fast(id, |fp, pt, c| fp.remove_probe(pt, c).map(|_| ()))?;
                 slot.removed_fast.insert(id);
-                for probes in slot.fast_sites.values_mut() {
-                    probes.retain(|(p, _)| *p != id);
-                }
-                let ranges = &mut slot.fast_ranges;
-                slot.fast_sites.retain(|start, probes| {
-                    if probes.is_empty() {
-                        ranges.remove(start);
-                    }
-                    !probes.is_empty()
-                });
+                // Its site's span stays in the index while another probe
+                // holds it (the fast path took the bytes out otherwise).
+                slot.fast_ranges.retain(|_, span| span.drop_probe(id));
                 // Its counters stay readable (stats); no handler call is
                 // served any more (a thread waiting in one resumes unmodified).
                 slot.shm_handlers.retain(|_, (p, _)| *p != id);
@@ -2729,7 +2715,6 @@ impl Session {
                     }
                     fp.forget();
                 }
-                slot.fast_sites.clear();
                 slot.fast_ranges.clear();
             }
             TargetEvent::Exited(status) => {

@@ -350,11 +350,7 @@ impl Session {
         };
         let written_before = fp.written_count();
         let placed = fp.add_stub_handler(pt, &path, bias, &function, choice);
-        let ranges: Vec<(u64, u64)> = fp
-            .written_since(written_before)
-            .iter()
-            .map(|(a, b)| (*a, *a + b.len() as u64))
-            .collect();
+        let ranges: Vec<(u64, u64)> = fp.written_spans_since(written_before).collect();
         if started {
             pt.resume_all()?;
         }
@@ -363,11 +359,8 @@ impl Session {
         };
         fp.set_handler_wait(spin, timeout);
         let id = slot.add_shm_handler(info.probe_id, probe);
-        slot.fast_sites
-            .entry(info.addr)
-            .or_default()
-            .push((id, false));
-        slot.fast_ranges.extend(ranges);
+        ledger::FastSpan::add(&mut slot.fast_ranges, ranges);
+        ledger::FastSpan::add_probe(&mut slot.fast_ranges, info.addr, (id, false));
         let mechanism = from_fast(info.mechanism);
         Ok(Ok(Placement {
             id,

@@ -47,6 +47,73 @@ pub(crate) struct LedgerSite {
     pub original: Vec<u8>,
 }
 
+/// The bytes the fast path wrote at one address (the key of
+/// [`Slot::fast_ranges`]): where they end, and the session probes the site
+/// serves (none for an exit placeholder or a stub); kept without an
+/// allocation for the usual one probe.
+#[derive(Clone, Debug)]
+pub(crate) struct FastSpan {
+    /// One past the last byte written.
+    pub end: u64,
+    /// The first probe on the site, and whether it records.
+    pub first: Option<(ProbeId, bool)>,
+    /// Further probes on the site.
+    pub more: Vec<(ProbeId, bool)>,
+}
+
+impl FastSpan {
+    /// Adds `spans` (start, end) to `index`, keeping the probes of a span
+    /// already there.
+    pub(crate) fn add(
+        index: &mut std::collections::BTreeMap<u64, FastSpan>,
+        spans: impl IntoIterator<Item = (u64, u64)>,
+    ) {
+        for (start, end) in spans {
+            index
+                .entry(start)
+                .and_modify(|s| s.end = s.end.max(end))
+                .or_insert(FastSpan {
+                    end,
+                    first: None,
+                    more: Vec::new(),
+                });
+        }
+    }
+
+    /// Puts `probe` on the site starting at `start`.
+    pub(crate) fn add_probe(
+        index: &mut std::collections::BTreeMap<u64, FastSpan>,
+        start: u64,
+        probe: (ProbeId, bool),
+    ) {
+        let span = index.entry(start).or_insert(FastSpan {
+            end: start + 1,
+            first: None,
+            more: Vec::new(),
+        });
+        match span.first {
+            None => span.first = Some(probe),
+            Some(_) => span.more.push(probe),
+        }
+    }
+
+    /// The probes on the site.
+    pub(crate) fn probes(&self) -> impl Iterator<Item = (ProbeId, bool)> + '_ {
+        self.first.into_iter().chain(self.more.iter().copied())
+    }
+
+    /// Takes probe `id` off the site; false when the site had probes and
+    /// has none left (its bytes were taken out).
+    pub(crate) fn drop_probe(&mut self, id: ProbeId) -> bool {
+        let had = self.first.is_some();
+        self.more.retain(|(p, _)| *p != id);
+        if self.first.is_some_and(|(p, _)| p == id) {
+            self.first = (!self.more.is_empty()).then(|| self.more.remove(0));
+        }
+        !had || self.first.is_some()
+    }
+}
+
 /// Which mechanism serves a probe of a target: the one place that says
 /// so (`Session::set_enabled` and `remove_probe` dispatch on it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,7 +185,7 @@ impl Slot {
             .fast_ranges
             .range(..end)
             .next_back()
-            .is_some_and(|(_, e)| *e > start);
+            .is_some_and(|(_, s)| s.end > start);
         if !fast_there {
             return Vec::new();
         }
@@ -135,8 +202,8 @@ impl Slot {
         self.fast_ranges
             .range(..=addr)
             .next_back()
-            .filter(|(_, e)| **e > addr)
-            .map(|(s, e)| (*s, *e))
+            .filter(|(_, s)| s.end > addr)
+            .map(|(start, s)| (*start, s.end))
     }
 
     /// Who owns the byte at `addr`, and where its site starts: an `int3`
@@ -198,7 +265,8 @@ impl Session {
                         .into(),
                 )),
                 (Owner::Fast, start) => {
-                    let here = start == a && slot.fast_sites.contains_key(&a);
+                    let here =
+                        start == a && slot.fast_ranges.get(&a).is_some_and(|s| s.first.is_some());
                     if let (true, true, Plan::Fast { site, .. }) = (here, fast_ok, &plan) {
                         if *site == start {
                             return Ok(plan);
@@ -247,7 +315,11 @@ impl Session {
         let Some(start) = slot.fast_range_at(at.0).map(|(s, _)| s) else {
             return Ok(());
         };
-        let probes = slot.fast_sites.get(&start).cloned().unwrap_or_default();
+        let probes: Vec<(ProbeId, bool)> = slot
+            .fast_ranges
+            .get(&start)
+            .map(|s| s.probes().collect())
+            .unwrap_or_default();
         if probes.is_empty() {
             return Err(EngineError::RefusedSpec {
                 spec: at.to_string(),
@@ -268,7 +340,6 @@ impl Session {
             });
         }
         let addr = RuntimeAddr(start);
-        slot.fast_sites.remove(&start);
         slot.fast_ranges.remove(&start);
         for (id, _) in probes {
             let mut probe = Probe::default();
