@@ -45,10 +45,14 @@ pub fn line(args: fmt::Arguments<'_>) -> bool {
     }
 }
 
-/// One line on stderr, whatever becomes of it.
+/// One line on stderr, whatever becomes of it: formatted first and
+/// written at once (stderr is unbuffered: `write_fmt` would write each
+/// piece apart, and a traced program writing to the same stderr could
+/// land in the middle of the line).
 pub fn err_line(args: fmt::Arguments<'_>) {
-    let mut err = std::io::stderr().lock();
-    let _ = err.write_fmt(args).and_then(|()| err.write_all(b"\n"));
+    let mut line = args.to_string();
+    line.push('\n');
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 /// `println!` that does not panic: see [`line`]; evaluates to its bool.
