@@ -350,7 +350,6 @@ impl Session {
         };
         let written_before = fp.written_count();
         let placed = fp.add_stub_handler(pt, &path, bias, &function, choice);
-        let ranges: Vec<(u64, u64)> = fp.written_spans_since(written_before).collect();
         if started {
             pt.resume_all()?;
         }
@@ -359,7 +358,12 @@ impl Session {
         };
         fp.set_handler_wait(spin, timeout);
         let id = slot.add_shm_handler(info.probe_id, probe);
-        ledger::FastSpan::add(&mut slot.fast_ranges, ranges);
+        if let Fast::On(fp) = &slot.fast {
+            ledger::FastSpan::add(
+                &mut slot.fast_ranges,
+                fp.written_spans_since(written_before),
+            );
+        }
         ledger::FastSpan::add_probe(&mut slot.fast_ranges, info.addr, (id, false));
         let mechanism = from_fast(info.mechanism);
         Ok(Ok(Placement {
