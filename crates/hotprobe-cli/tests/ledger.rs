@@ -223,3 +223,63 @@ fn after_detach_a_running_program_holds_the_files_code_where_both_probes_were() 
         );
     }
 }
+
+/// noreturn.c, built with gcc -O1 -g.
+fn noreturn_program() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ledger");
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/noreturn.c");
+    common::gcc(&src, &dir.join("noreturn"), &["-O1"])
+}
+
+#[test]
+fn a_function_dwarf_marks_noreturn_gets_no_return_hook() {
+    let bin = noreturn_program();
+    let b = bin.to_str().unwrap();
+    let native = std::process::Command::new(&bin).arg("4").output().unwrap();
+    assert_eq!(native.status.code(), Some(7));
+    assert_eq!(text(&native.stdout), "sum=22\nfinishing with 7\n");
+
+    let out = hotprobe_within(&["count", "finish_run%return", "--", b, "4"], LIMIT);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "cannot probe finish_run%return: finish_run does not return (DWARF: DW_AT_noreturn)"
+        ),
+        "{stderr}"
+    );
+
+    // Its entry counts; the program's output and status are its own.
+    let out = hotprobe_within(&["count", "finish_run", "work", "--", b, "4"], LIMIT);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(7), "{stdout}\n{stderr}");
+    assert_eq!(program_output(&stdout), "sum=22\nfinishing with 7\n");
+    let t = CountTable::parse(&stdout, &stderr);
+    assert_eq!(t.hits("finish_run"), 1, "{}", t.all);
+    assert_eq!(t.hits("work"), 4, "{}", t.all);
+
+    // record takes its entry only, and says so.
+    let dir = hotprobe_testkit::TempDir::new("noreturn-record");
+    let trace = dir.path().join("t");
+    let out = hotprobe_within(
+        &[
+            "record",
+            "-o",
+            trace.to_str().unwrap(),
+            "finish_run",
+            "work",
+            "--",
+            b,
+            "4",
+        ],
+        LIMIT,
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(7), "{stdout}\n{stderr}");
+    assert!(stdout.contains("sum=22\nfinishing with 7\n"), "{stdout}");
+    assert!(
+        stderr.contains("finish_run: entries only, no return hooked (finish_run does not return"),
+        "{stderr}"
+    );
+}

@@ -397,6 +397,19 @@ impl ElfModule {
         )
     }
 
+    /// Whether DWARF marks the function entered at `addr` as one that
+    /// never returns (`DW_AT_noreturn`). DWARF is read on first use;
+    /// `false` without DWARF.
+    pub fn dwarf_no_return(&self, addr: LinkAddr) -> bool {
+        let roles = self
+            .dwarf_roles
+            .get_or_init(|| self.dwarf().map(|d| dwarf_roles(d)).unwrap_or_default());
+        matches!(
+            roles.get(&addr.0),
+            Some(DwarfRole::Entry { no_return: true })
+        )
+    }
+
     /// The file's path (as given to [`ElfModule::open`]).
     pub fn path(&self) -> &Path {
         &self.path

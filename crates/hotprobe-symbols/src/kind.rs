@@ -187,8 +187,12 @@ pub(crate) fn fde_containing(fdes: &[Fde], addr: LinkAddr) -> Option<Fde> {
 /// What DWARF says starts at an address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum DwarfRole {
-    /// A subprogram's entry.
-    Entry,
+    /// A subprogram's entry; `no_return` when DWARF says it never returns
+    /// (`DW_AT_noreturn`, on it or on the declaration it completes).
+    Entry {
+        /// `DW_AT_noreturn`.
+        no_return: bool,
+    },
     /// A piece of a subprogram's `DW_AT_ranges` other than the one holding
     /// its entry, whose entry is the address given.
     Piece(u64),
@@ -279,12 +283,51 @@ fn subprogram<R: gimli::Reader>(
         // Discarded by the linker (a COMDAT copy or --gc-sections).
         return;
     }
-    roles.insert(entry_addr, DwarfRole::Entry);
+    let no_return = is_no_return(unit, entry);
+    roles.insert(entry_addr, DwarfRole::Entry { no_return });
     for p in pieces {
         if p != entry_addr && p != 0 {
             roles.entry(p).or_insert(DwarfRole::Piece(entry_addr));
         }
     }
+}
+
+/// Whether `entry` (a subprogram) has `DW_AT_noreturn`, itself or on the
+/// declaration or abstract instance it completes (`DW_AT_specification`,
+/// `DW_AT_abstract_origin`, followed two levels within its unit).
+fn is_no_return<R: gimli::Reader>(
+    unit: &gimli::Unit<R>,
+    entry: &gimli::DebuggingInformationEntry<'_, '_, R>,
+) -> bool {
+    let flag = |e: &gimli::DebuggingInformationEntry<'_, '_, R>| {
+        matches!(
+            e.attr_value(gimli::DW_AT_noreturn),
+            Ok(Some(gimli::AttributeValue::Flag(true)))
+        )
+    };
+    if flag(entry) {
+        return true;
+    }
+    let origin = |e: &gimli::DebuggingInformationEntry<'_, '_, R>| {
+        [gimli::DW_AT_specification, gimli::DW_AT_abstract_origin]
+            .into_iter()
+            .find_map(|a| match e.attr_value(a) {
+                Ok(Some(gimli::AttributeValue::UnitRef(o))) => Some(o),
+                _ => None,
+            })
+    };
+    let mut next = origin(entry);
+    for _ in 0..2 {
+        let Some(offset) = next else { return false };
+        let Ok(e) = unit.entry(offset) else {
+            return false;
+        };
+        if flag(&e) {
+            return true;
+        }
+        next = origin(&e);
+    }
+    false
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Code whose `[rsp]` at entry is no return address a return hook may
 //! swap: the entry points (`[rsp]` is `argc`), the lazy binder (`[rsp]` is
-//! a relocation index) and the functions that never return. A `%return`
+//! a relocation index) and the functions that never return (DWARF's
+//! `DW_AT_noreturn`, and a documented list for code without DWARF). A `%return`
 //! there is refused; `record` and `trace` take their entries only.
 
 use crate::process::LoadedModule;
@@ -43,6 +44,14 @@ pub fn no_return_reason(
                  return address)",
                 function.unwrap_or("the address"),
                 m.name
+            ));
+        }
+    }
+    if let Some(m) = module {
+        if link.0 != 0 && m.module.dwarf_no_return(link) {
+            return Some(format!(
+                "{} does not return (DWARF: DW_AT_noreturn)",
+                function.unwrap_or("the function")
             ));
         }
     }
