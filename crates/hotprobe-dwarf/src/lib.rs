@@ -23,12 +23,16 @@ mod expr;
 #[cfg(feature = "dwarf")]
 mod plan;
 #[cfg(feature = "dwarf")]
+mod prototypes;
+#[cfg(feature = "dwarf")]
 mod types;
 mod value;
 
 pub use expr::DwarfExpr;
 #[cfg(feature = "dwarf")]
 pub use plan::{plan_args, plan_auto, plan_return, ArgExpr, Planned};
+#[cfg(feature = "dwarf")]
+pub use prototypes::libc_prototype;
 #[cfg(feature = "dwarf")]
 pub use types::{DebugTypes, EntryLoc, Field, Param, Signature, Type};
 pub use value::{

@@ -205,19 +205,6 @@ fn has_symtab(file: &object::File<'_>) -> bool {
     file.symbols().next().is_some()
 }
 
-/// The separate debug file for a build id, if one is installed.
-fn debug_file_for(build_id: &[u8]) -> Option<PathBuf> {
-    if build_id.len() < 2 {
-        return None;
-    }
-    let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
-    let p = Path::new(DEBUG_ROOT)
-        .join(".build-id")
-        .join(&hex[..2])
-        .join(format!("{}.debug", &hex[2..]));
-    p.is_file().then_some(p)
-}
-
 impl ElfModule {
     /// Read and parse the ELF file at `path`.
     pub fn open(path: &Path) -> Result<Self, SymbolError> {
@@ -278,20 +265,19 @@ impl ElfModule {
         let mut debug_file = None;
         let mut dwarf_bytes = own_dwarf.then(|| (path.clone(), bytes.clone()));
         if !own_symtab || !own_dwarf {
-            if let Some(dbg_path) = build_id.as_deref().and_then(debug_file_for) {
+            // Checked by `find_debug_file` to belong to this file (build
+            // id or debuglink CRC).
+            if let Some((dbg_path, _)) = crate::debuginfo::find_debug_file(&path, &bytes) {
                 if let Ok(dbg_bytes) = std::fs::read(&dbg_path) {
                     let dbg_bytes: Arc<[u8]> = Arc::from(dbg_bytes);
                     if let Ok(dbg) = object::File::parse(&*dbg_bytes) {
-                        let same = dbg.build_id().ok().flatten() == build_id.as_deref();
-                        if same {
-                            if !own_symtab {
-                                collect_functions(&dbg, &mut raw_funcs);
-                            }
-                            if !own_dwarf && has_dwarf(&dbg) {
-                                dwarf_bytes = Some((dbg_path.clone(), dbg_bytes.clone()));
-                            }
-                            debug_file = Some(dbg_path);
+                        if !own_symtab {
+                            collect_functions(&dbg, &mut raw_funcs);
                         }
+                        if !own_dwarf && has_dwarf(&dbg) {
+                            dwarf_bytes = Some((dbg_path.clone(), dbg_bytes.clone()));
+                        }
+                        debug_file = Some(dbg_path);
                     }
                 }
             }

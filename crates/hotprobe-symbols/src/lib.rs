@@ -14,6 +14,7 @@
 //! - [`pattern`]: the one glob matcher for function names (`comp*`,
 //!   `sys_[gs]et?id`), [`NamePattern`].
 
+mod debuginfo;
 mod demangle;
 mod elf;
 mod error;
@@ -26,6 +27,7 @@ pub mod pattern;
 mod process;
 mod spec;
 
+pub use debuginfo::{debug_files_hidden, find_debug_file, set_debug_files_hidden, DebugFileSource};
 pub use demangle::demangle;
 pub use elf::{data_symbol, ElfModule, Symbol, DEBUG_ROOT};
 pub use error::SymbolError;
