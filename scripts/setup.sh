@@ -49,7 +49,7 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 PKGS=(build-essential gcc g++ make pkg-config libc6-dbg gdb cpio busybox-static man-db groff-base
       uftrace bpftrace babeltrace2 strace python3 python3-pip python3-venv librsvg2-bin
-      zlib1g-dev libsqlite3-dev sqlite3)
+      zlib1g-dev libsqlite3-dev sqlite3 jq nginx-light systemtap-sdt-dev)
 # The reliability tests compile Rust and Go programs too: Debian's
 # toolchains unless one is there already (rustup's, Go's own in /usr/local/go).
 command -v rustc >/dev/null 2>&1 || PKGS+=(rustc)
