@@ -26,6 +26,7 @@ mod noreturn;
 pub mod pattern;
 mod process;
 mod spec;
+mod usdt;
 
 pub use debuginfo::{debug_files_hidden, find_debug_file, set_debug_files_hidden, DebugFileSource};
 pub use demangle::demangle;
@@ -42,5 +43,9 @@ pub use process::{
     SymbolizedAddr,
 };
 pub use spec::{ProbeSpec, MAX_SPEC_LEN, RETURN_SUFFIX};
+pub use usdt::{
+    parse_args as parse_usdt_args, usdt_markers, UsdtArg, UsdtError, UsdtMarker, UsdtOperand,
+    MAX_USDT_ARGS,
+};
 
 pub use hotprobe_target::{LinkAddr, LoadBias, RuntimeAddr};

@@ -226,3 +226,26 @@ fn fuzz_name_pattern() {
         .max_len(300)
         .run(exercise::name_pattern);
 }
+
+#[test]
+fn fuzz_usdt_notes() {
+    let stdcxx = "/usr/lib/x86_64-linux-gnu/libstdc++.so.6";
+    assert!(
+        std::path::Path::new(stdcxx).exists(),
+        "{stdcxx}: libstdc++ carries USDT notes"
+    );
+    Fuzz::new("usdt")
+        .seed_file(stdcxx)
+        .tokens([&b"stapsdt"[..], b".note.stapsdt", b"libstdcxx", b"8@%rax"])
+        .iterations(2_000)
+        .run(exercise::usdt);
+    Fuzz::new("usdt_args")
+        .seeds([
+            "-4@%edi 8@-8(%rbp) 4@$5",
+            "8@8(%rax,%rdx,4) 2@%r9w",
+            "-8@$-3 8@16(%rip)",
+        ])
+        .tokens(["@", "%", "$", "(", ")", ",", "-", "0x", "rax", "r8d"])
+        .iterations(20_000)
+        .run(exercise::usdt_args);
+}

@@ -163,3 +163,20 @@ pub fn name_pattern(data: &[u8]) -> bool {
     }
     compiled.is_ok()
 }
+
+/// An ELF file's USDT notes: what parses has sizes sdt.h allows.
+pub fn usdt(data: &[u8]) -> bool {
+    let Ok(markers) = hotprobe_symbols::usdt_markers(data) else {
+        return false;
+    };
+    for m in &markers {
+        assert!(m.args.len() <= hotprobe_symbols::MAX_USDT_ARGS);
+        assert!(m.args.iter().all(|a| matches!(a.size, 1 | 2 | 4 | 8)));
+    }
+    true
+}
+
+/// USDT argument strings.
+pub fn usdt_args(data: &[u8]) -> bool {
+    hotprobe_symbols::parse_usdt_args(&String::from_utf8_lossy(data)).is_ok()
+}
