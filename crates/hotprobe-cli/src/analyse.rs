@@ -10,10 +10,10 @@ use crate::cli::{ExportFormat, QueryArgs, ReportArgs, SortArg};
 use crate::out::errln;
 use anyhow::{bail, Context, Result};
 use hotprobe_trace::{
-    export_chrome, export_ctf, export_flamegraph, export_folded, export_otlp, export_parquet,
-    histograms, replay_filtered, report_by_thread, report_filtered, report_phases_filtered,
-    summarize, CompiledQuery, FlameOptions, FoldedOptions, FoldedValue, OtlpOptions, OtlpSignal,
-    PhaseSpec, Query, ReportDiff, SortKey, TraceError, TraceReader,
+    export_chrome_filtered, export_ctf_filtered, export_flamegraph, export_folded_filtered,
+    export_otlp, export_parquet, histograms, replay_filtered, report_by_thread, report_filtered,
+    report_phases_filtered, summarize, CompiledQuery, FlameOptions, FoldedOptions, FoldedValue,
+    OtlpOptions, OtlpSignal, PhaseSpec, Query, ReportDiff, SortKey, TraceError, TraceReader,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -435,10 +435,12 @@ pub struct ExportOptions<'a> {
     pub per_thread: bool,
     /// Otlp: the receiver's base URL (`http://HOST:PORT`).
     pub endpoint: Option<&'a str>,
+    /// Which calls go out.
+    pub query: &'a QueryArgs,
 }
 
 /// `hotprobe export DIR --format chrome|ctf|folded|svg|html|otlp|parquet
-/// [-o OUT] [--endpoint URL]`.
+/// [-o OUT] [--endpoint URL] [filters]`.
 pub fn export_cmd(o: &ExportOptions<'_>) -> Result<()> {
     if o.format == ExportFormat::Parquet && o.out.is_none() {
         bail!(crate::UsageError(
@@ -458,6 +460,10 @@ pub fn export_cmd(o: &ExportOptions<'_>) -> Result<()> {
     let endpoint = o.endpoint.map(Endpoint::parse).transpose()?;
     let r = open(o.dir)?;
     warn_incomplete(&r);
+    let query = o.query.compile(&r)?;
+    if o.query.matches_nothing(&query) {
+        return Ok(());
+    }
     let bar = bytes_bar(&r, "exporting");
     let ctx = || format!("cannot export {}", o.dir.display());
     let folded = FoldedOptions {
@@ -468,11 +474,11 @@ pub fn export_cmd(o: &ExportOptions<'_>) -> Result<()> {
         },
         per_thread: o.per_thread,
     };
-    let all = CompiledQuery::all();
     match o.format {
         ExportFormat::Ctf => {
             let out: PathBuf = o.out.map_or_else(|| o.dir.join("ctf"), Path::to_path_buf);
-            let s = with_bar(&bar, |cb| export_ctf(&r, &out, Some(cb))).with_context(ctx)?;
+            let s = with_bar(&bar, |cb| export_ctf_filtered(&r, &query, &out, Some(cb)))
+                .with_context(ctx)?;
             errln!(
                 "hotprobe: {} events in {} packets, {} streams: {}",
                 s.events,
@@ -486,7 +492,7 @@ pub fn export_cmd(o: &ExportOptions<'_>) -> Result<()> {
             let f = std::fs::File::create(p)
                 .with_context(|| format!("cannot create {}", p.display()))?;
             let s = with_bar(&bar, |cb| {
-                export_parquet(&r, &all, std::io::BufWriter::new(f), Some(cb))
+                export_parquet(&r, &query, std::io::BufWriter::new(f), Some(cb))
             })
             .with_context(ctx)?;
             errln!(
@@ -501,7 +507,7 @@ pub fn export_cmd(o: &ExportOptions<'_>) -> Result<()> {
             let ep = endpoint.context("no endpoint")?;
             let opts = OtlpOptions::default();
             let s = with_bar(&bar, |cb| {
-                export_otlp(&r, &all, &opts, |sig, body| ep.post(sig, &body), Some(cb))
+                export_otlp(&r, &query, &opts, |sig, body| ep.post(sig, &body), Some(cb))
             })
             .with_context(ctx)?;
             errln!(
@@ -522,19 +528,21 @@ pub fn export_cmd(o: &ExportOptions<'_>) -> Result<()> {
                 None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
             };
             let res = match o.format {
-                ExportFormat::Chrome => with_bar(&bar, |cb| export_chrome(&r, &mut sink, Some(cb)))
-                    .map(|s| {
-                        format!(
-                            "{} B/E, {} X, {} instant events",
-                            s.begins + s.ends,
-                            s.completes,
-                            s.instants
-                        )
-                    }),
-                ExportFormat::Folded => {
-                    with_bar(&bar, |cb| export_folded(&r, &mut sink, folded, Some(cb)))
-                        .map(|n| format!("{n} stacks"))
-                }
+                ExportFormat::Chrome => with_bar(&bar, |cb| {
+                    export_chrome_filtered(&r, &query, &mut sink, Some(cb))
+                })
+                .map(|s| {
+                    format!(
+                        "{} B/E, {} X, {} instant events",
+                        s.begins + s.ends,
+                        s.completes,
+                        s.instants
+                    )
+                }),
+                ExportFormat::Folded => with_bar(&bar, |cb| {
+                    export_folded_filtered(&r, &query, &mut sink, folded, Some(cb))
+                })
+                .map(|n| format!("{n} stacks")),
                 _ => {
                     let opts = FlameOptions {
                         title: None,
@@ -542,7 +550,7 @@ pub fn export_cmd(o: &ExportOptions<'_>) -> Result<()> {
                         html: o.format == ExportFormat::Html,
                     };
                     with_bar(&bar, |cb| {
-                        export_flamegraph(&r, &all, &opts, &mut sink, Some(cb))
+                        export_flamegraph(&r, &query, &opts, &mut sink, Some(cb))
                     })
                     .map(|s| format!("{} stacks", s.stacks))
                 }

@@ -354,6 +354,9 @@ pub enum Cmd {
         /// 4318 by default); POSTs to PREFIX/v1/traces and /v1/metrics.
         #[arg(long, value_name = "URL")]
         endpoint: Option<String>,
+        /// Which calls go out (replay's filters, uftrace's semantics).
+        #[command(flatten)]
+        query: QueryArgs,
     },
     /// Build the bundled demo program (tests/programs/demo.c) and trace it.
     Demo,

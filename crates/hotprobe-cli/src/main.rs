@@ -274,6 +274,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             calls,
             per_thread,
             endpoint,
+            query,
         } => analyse::export_cmd(&analyse::ExportOptions {
             dir: &dir,
             format,
@@ -281,6 +282,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             calls,
             per_thread,
             endpoint: endpoint.as_deref(),
+            query: &query,
         })
         .map(|()| 0),
         Cmd::Demo => {

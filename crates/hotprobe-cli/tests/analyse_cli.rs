@@ -252,6 +252,65 @@ fn replayed(run: &Run, q: &Q) -> Tree {
     t
 }
 
+/// The kept calls of a Chrome export with `q`: per thread, (depth, name)
+/// in entry order (`B` opens a call, `E` closes it, `X` is a call with
+/// nothing kept inside).
+fn chrome_tree(run: &Run, q: &Q) -> Tree {
+    let mut args = vec!["export".to_string(), run.d().to_string()];
+    args.extend(["--format".into(), "chrome".into()]);
+    args.extend(q.args());
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let v: Value = serde_json::from_str(&ok(&a)).unwrap();
+    let mut t = Tree::new();
+    let mut open: BTreeMap<u32, usize> = BTreeMap::new();
+    for e in v["traceEvents"].as_array().unwrap() {
+        let tid = e["tid"].as_u64().unwrap() as u32;
+        let name = e["name"].as_str().unwrap().to_string();
+        let depth = open.entry(tid).or_default();
+        match e["ph"].as_str().unwrap() {
+            "B" => {
+                t.entry(tid).or_default().push((*depth, name));
+                *depth += 1;
+            }
+            "E" => *depth -= 1,
+            "X" => t.entry(tid).or_default().push((*depth, name)),
+            _ => {}
+        }
+    }
+    t
+}
+
+/// Calls in a folded export (`--calls`) and events in a CTF export with
+/// `q`.
+fn folded_calls_and_ctf_events(run: &Run, q: &Q) -> (u64, u64) {
+    let run_export = |format: &str, extra: &[&str]| {
+        let mut args = vec!["export".to_string(), run.d().to_string()];
+        args.extend(["--format".into(), format.into()]);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args.extend(q.args());
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        hotprobe(&a)
+    };
+    let folded = run_export("folded", &["--calls"]);
+    assert!(folded.status.success(), "{}", text(&folded.stderr));
+    let calls = text(&folded.stdout)
+        .lines()
+        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap())
+        .sum();
+    let dir = tmp().join(format!("ctf-{}", q.args().join("_").replace('/', "_")));
+    let ctf = run_export("ctf", &["-o", dir.to_str().unwrap()]);
+    let err = text(&ctf.stderr);
+    assert!(ctf.status.success(), "{err}");
+    // "hotprobe: N events in P packets, S streams: DIR"
+    let events = err
+        .split("hotprobe: ")
+        .nth(1)
+        .and_then(|l| l.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{err}"));
+    (calls, events)
+}
+
 /// `report --json` rows by function.
 fn report_rows(run: &Run, extra: &[&str]) -> (Value, BTreeMap<String, Value>) {
     let mut a = vec!["report", run.d(), "--json"];
@@ -373,6 +432,14 @@ fn replay_and_report_filters_keep_what_the_program_logged() {
     for (what, q) in &queries {
         let want = expected(&run.calls, q);
         assert_eq!(replayed(run, q), want, "replay {what}");
+        // The exports take the same filters (issue 24).
+        assert_eq!(chrome_tree(run, q), want, "export chrome {what}");
+        let kept: u64 = want.values().map(|t| t.len() as u64).sum();
+        assert_eq!(
+            folded_calls_and_ctf_events(run, q),
+            (kept, 2 * kept),
+            "export folded and ctf {what}"
+        );
         // The report counts the same calls.
         let args = q.args();
         let a: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -47,8 +47,9 @@ pub use analysis::{
 pub use error::{Result, TraceError};
 pub use event::{Args, EventKind, Record, TimeBase, TraceEvent, MAX_ARGS};
 pub use export::{
-    export_chrome, export_ctf, export_folded, folded_stacks, value_string, ChromeStats, CtfStats,
-    FoldedOptions, FoldedValue,
+    export_chrome, export_chrome_filtered, export_ctf, export_ctf_filtered, export_folded,
+    export_folded_filtered, folded_stacks, value_string, ChromeStats, CtfStats, FoldedOptions,
+    FoldedValue,
 };
 #[cfg(feature = "flamegraph")]
 pub use export::{export_flamegraph, FlameOptions, FlameStats};
@@ -62,7 +63,7 @@ pub use hist::{fmt_bound, Bucket, Histogram};
 /// Shapes of typed values (`types.tsv`), from hotprobe-dwarf.
 pub use hotprobe_dwarf::{Shape, ShapeItem};
 pub use info::{Info, ThreadInfo, WriteStats, FORMAT_NAME, FORMAT_VERSION};
-pub use query::{CompiledQuery, Query, QueryStack};
+pub use query::{CompiledQuery, Query, QueryStack, StepStack};
 pub use reader::{StreamFile, ThreadStream, TraceReader};
 pub use summary::{rfc3339, summarize, ThreadSummary, TraceSummary};
 pub use symbols::{ProbeKind, Symbol, SymbolTable};

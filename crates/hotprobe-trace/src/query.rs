@@ -171,6 +171,19 @@ impl CompiledQuery {
         }
     }
 
+    /// Whether it keeps every call of every thread (then the raw
+    /// [`CallStack`] gives the same calls, with entries and exits as
+    /// recorded).
+    pub fn keeps_all(&self) -> bool {
+        !self.has_filter
+            && !self.notrace.contains(&true)
+            && self.max_depth == usize::MAX
+            && self.min_ns == 0
+            && self.tids.is_empty()
+            && self.lo == 0
+            && self.hi == u64::MAX
+    }
+
     /// Whether the query has `filter` patterns and none of them matches a
     /// probe of the trace (so that it keeps no call at all).
     pub fn filter_matches_nothing(&self) -> bool {
@@ -261,6 +274,44 @@ impl<'q> QueryStack<'q> {
     pub fn finish(&mut self, mut f: impl FnMut(Step)) {
         let (q, st) = (self.q, &mut self.state);
         self.cs.finish(|s| st.step(q, s, &mut f));
+    }
+}
+
+/// One thread's steps for an exporter: the raw [`CallStack`] when the
+/// query keeps everything (so an unfiltered export is what it always was),
+/// the [`QueryStack`] otherwise.
+#[derive(Debug)]
+pub enum StepStack<'q> {
+    /// Every record, as recorded.
+    Raw(CallStack),
+    /// The calls a query keeps.
+    Filtered(QueryStack<'q>),
+}
+
+impl<'q> StepStack<'q> {
+    /// The stack `q` calls for.
+    pub fn new(q: &'q CompiledQuery) -> StepStack<'q> {
+        if q.keeps_all() {
+            StepStack::Raw(CallStack::new())
+        } else {
+            StepStack::Filtered(QueryStack::new(q))
+        }
+    }
+
+    /// Feeds one record.
+    pub fn feed(&mut self, r: &Record, f: impl FnMut(Step)) {
+        match self {
+            StepStack::Raw(c) => c.feed(r, f),
+            StepStack::Filtered(q) => q.feed(r, f),
+        }
+    }
+
+    /// Closes the calls still open at the last time seen.
+    pub fn finish(&mut self, f: impl FnMut(Step)) {
+        match self {
+            StepStack::Raw(c) => c.finish(f),
+            StepStack::Filtered(q) => q.finish(f),
+        }
     }
 }
 

@@ -4,8 +4,9 @@ use std::io::Write;
 
 use serde_json::json;
 
-use crate::analysis::{CallStack, Progress, Step};
+use crate::analysis::{Progress, Step};
 use crate::error::{Result, TraceError};
+use crate::query::{CompiledQuery, StepStack};
 use crate::reader::TraceReader;
 
 /// Counts of what [`export_chrome`] wrote.
@@ -48,6 +49,18 @@ fn values(args: &[u64]) -> serde_json::Value {
 pub fn export_chrome(
     reader: &TraceReader,
     out: &mut impl Write,
+    progress: Progress<'_>,
+) -> Result<ChromeStats> {
+    export_chrome_filtered(reader, &CompiledQuery::all(), out, progress)
+}
+
+/// [`export_chrome`] of the calls `query` keeps ([`crate::query`]): a call
+/// with nothing kept inside is one `X` event; threads the query leaves
+/// out have no track.
+pub fn export_chrome_filtered(
+    reader: &TraceReader,
+    query: &CompiledQuery,
+    out: &mut impl Write,
     mut progress: Progress<'_>,
 ) -> Result<ChromeStats> {
     let io = |e: std::io::Error| TraceError::io("<chrome output>", e);
@@ -73,13 +86,17 @@ pub fn export_chrome(
     for st in reader.threads()? {
         let tid = st.tid();
         let path = st.path().to_path_buf();
+        if !query.keeps_thread(tid) {
+            done += std::fs::metadata(&path).map_or(0, |m| m.len());
+            continue;
+        }
         out.write_all(b",\n").map_err(io)?;
         serde_json::to_writer(
             &mut *out,
             &json!({"ph":"M","name":"thread_name","pid":pid,"tid":tid,"args":{"name":format!("tid {tid}")}}),
         )
         .map_err(js)?;
-        let mut cs = CallStack::new();
+        let mut cs = StepStack::new(query);
         let mut err: Option<TraceError> = None;
         // Typed probes (format version 2): their values as text.
         let arg_values = |probe: u32, args: &crate::Args| match typed.typed_args(tid, probe, args) {

@@ -10,9 +10,10 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use crate::analysis::Progress;
+use crate::analysis::{Progress, Step};
 use crate::error::{Result, TraceError};
 use crate::event::{Args, Record};
+use crate::query::{CompiledQuery, QueryStack};
 use crate::reader::TraceReader;
 use crate::ValueTypes;
 
@@ -243,6 +244,20 @@ fn exit_fields(f: &mut Vec<u8>, probe: u32, ret: Option<u64>, unwound: bool, typ
 pub fn export_ctf(
     reader: &TraceReader,
     out_dir: impl AsRef<Path>,
+    progress: Progress<'_>,
+) -> Result<CtfStats> {
+    export_ctf_filtered(reader, &CompiledQuery::all(), out_dir, progress)
+}
+
+/// [`export_ctf`] of the calls `query` keeps ([`crate::query`]): each kept
+/// call is a `func_entry` and a `func_exit` (a call with nothing kept
+/// inside gets both when it ends), hits inside kept calls and lost-event
+/// notes are kept; threads the query leaves out have no stream. An exit's
+/// `unwound` flag is not carried through the filter (it reads false).
+pub fn export_ctf_filtered(
+    reader: &TraceReader,
+    query: &CompiledQuery,
+    out_dir: impl AsRef<Path>,
     mut progress: Progress<'_>,
 ) -> Result<CtfStats> {
     let dir = out_dir.as_ref();
@@ -252,9 +267,14 @@ pub fn export_ctf(
     let mut stats = CtfStats::default();
     let total = reader.total_bytes();
     let mut done = 0;
+    let types = reader.value_types();
     for st in reader.threads()? {
         let tid = st.tid();
         let src = st.path().to_path_buf();
+        if !query.keeps_thread(tid) {
+            done += std::fs::metadata(&src).map_or(0, |m| m.len());
+            continue;
+        }
         let p = dir.join(format!("stream_{tid}"));
         let io = |e: std::io::Error| TraceError::io(&p, e);
         let f = File::create(&p).map_err(io)?;
@@ -267,45 +287,31 @@ pub fn export_ctf(
             events: 0,
             packets: 0,
         };
-        let types = reader.value_types();
         let mut fields = Vec::with_capacity(64);
-        for r in st {
-            fields.clear();
-            match r? {
-                Record::Entry { ts, probe, args } => {
-                    args_fields(&mut fields, probe, &args, types);
-                    pk.event(EV_ENTRY, ts, &fields).map_err(io)?;
+        if query.keeps_all() {
+            for r in st {
+                write_record(&mut pk, &mut fields, types, r?).map_err(io)?;
+            }
+        } else {
+            let mut qs = QueryStack::new(query);
+            let mut failed: Option<std::io::Error> = None;
+            let mut emit = |s: Step| {
+                if failed.is_some() {
+                    return;
                 }
-                Record::Hit { ts, probe, args } => {
-                    args_fields(&mut fields, probe, &args, types);
-                    pk.event(EV_HIT, ts, &fields).map_err(io)?;
+                for r in step_records(s).into_iter().flatten() {
+                    if let Err(e) = write_record(&mut pk, &mut fields, types, r) {
+                        failed = Some(e);
+                        return;
+                    }
                 }
-                Record::Exit {
-                    ts,
-                    probe,
-                    ret,
-                    unwound,
-                } => {
-                    exit_fields(&mut fields, probe, ret, unwound, types);
-                    pk.event(EV_EXIT, ts, &fields).map_err(io)?;
-                }
-                Record::Call {
-                    ts,
-                    dur,
-                    probe,
-                    args,
-                    ret,
-                } => {
-                    args_fields(&mut fields, probe, &args, types);
-                    pk.event(EV_ENTRY, ts, &fields).map_err(io)?;
-                    fields.clear();
-                    exit_fields(&mut fields, probe, ret, false, types);
-                    pk.event(EV_EXIT, ts.saturating_add(dur), &fields)
-                        .map_err(io)?;
-                }
-                Record::Lost { ts, count } => {
-                    pk.event(EV_LOST, ts, &count.to_le_bytes()).map_err(io)?;
-                }
+            };
+            for r in st {
+                qs.feed(&r?, &mut emit);
+            }
+            qs.finish(&mut emit);
+            if let Some(e) = failed {
+                return Err(io(e));
             }
         }
         pk.flush_packet().map_err(io)?;
@@ -319,4 +325,95 @@ pub fn export_ctf(
         }
     }
     Ok(stats)
+}
+
+/// The records a step of the filtered tree stands for, in time order.
+fn step_records(s: Step) -> [Option<Record>; 2] {
+    match s {
+        Step::Enter {
+            probe, ts, args, ..
+        } => [Some(Record::Entry { ts, probe, args }), None],
+        Step::Leave {
+            probe,
+            start,
+            end,
+            args,
+            ret,
+            leaf,
+            unfinished,
+            ..
+        } => {
+            // A call closed without its exit (the stream ended) has none
+            // here either, as in the unfiltered export.
+            let exit = (!unfinished).then_some(Record::Exit {
+                ts: end,
+                probe,
+                ret,
+                unwound: false,
+            });
+            if leaf {
+                [
+                    Some(Record::Entry {
+                        ts: start,
+                        probe,
+                        args,
+                    }),
+                    exit,
+                ]
+            } else {
+                [exit, None]
+            }
+        }
+        Step::Hit {
+            probe, ts, args, ..
+        } => [Some(Record::Hit { ts, probe, args }), None],
+        Step::Lost { ts, count } => [Some(Record::Lost { ts, count }), None],
+        Step::Orphan { .. } => [None, None],
+    }
+}
+
+/// One record as CTF events.
+fn write_record<W: Write>(
+    pk: &mut Packets<W>,
+    fields: &mut Vec<u8>,
+    types: &ValueTypes,
+    r: Record,
+) -> std::io::Result<()> {
+    fields.clear();
+    match r {
+        Record::Entry { ts, probe, args } => {
+            args_fields(fields, probe, &args, types);
+            pk.event(EV_ENTRY, ts, fields)?;
+        }
+        Record::Hit { ts, probe, args } => {
+            args_fields(fields, probe, &args, types);
+            pk.event(EV_HIT, ts, fields)?;
+        }
+        Record::Exit {
+            ts,
+            probe,
+            ret,
+            unwound,
+        } => {
+            exit_fields(fields, probe, ret, unwound, types);
+            pk.event(EV_EXIT, ts, fields)?;
+        }
+        Record::Call {
+            ts,
+            dur,
+            probe,
+            args,
+            ret,
+        } => {
+            args_fields(fields, probe, &args, types);
+            pk.event(EV_ENTRY, ts, fields)?;
+            fields.clear();
+            exit_fields(fields, probe, ret, false, types);
+            pk.event(EV_EXIT, ts.saturating_add(dur), fields)?;
+        }
+        Record::Lost { ts, count } => {
+            pk.event(EV_LOST, ts, &count.to_le_bytes())?;
+        }
+    }
+    Ok(())
 }

@@ -35,7 +35,18 @@ pub fn export_folded(
     opts: FoldedOptions,
     progress: Progress<'_>,
 ) -> Result<u64> {
-    let acc = folded_stacks(reader, &CompiledQuery::all(), opts, progress)?;
+    export_folded_filtered(reader, &CompiledQuery::all(), out, opts, progress)
+}
+
+/// [`export_folded`] of the calls `query` keeps.
+pub fn export_folded_filtered(
+    reader: &TraceReader,
+    query: &CompiledQuery,
+    out: &mut impl Write,
+    opts: FoldedOptions,
+    progress: Progress<'_>,
+) -> Result<u64> {
+    let acc = folded_stacks(reader, query, opts, progress)?;
     let mut n = 0;
     for (k, v) in acc {
         writeln!(out, "{k} {v}").map_err(|e| TraceError::io("<folded output>", e))?;

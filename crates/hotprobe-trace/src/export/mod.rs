@@ -10,11 +10,13 @@ mod otlp;
 #[cfg(feature = "parquet")]
 mod parquet;
 
-pub use chrome::{export_chrome, value_string, ChromeStats};
-pub use ctf::{export_ctf, CtfStats};
+pub use chrome::{export_chrome, export_chrome_filtered, value_string, ChromeStats};
+pub use ctf::{export_ctf, export_ctf_filtered, CtfStats};
 #[cfg(feature = "flamegraph")]
 pub use flame::{export_flamegraph, FlameOptions, FlameStats};
-pub use folded::{export_folded, folded_stacks, FoldedOptions, FoldedValue};
+pub use folded::{
+    export_folded, export_folded_filtered, folded_stacks, FoldedOptions, FoldedValue,
+};
 #[cfg(feature = "otlp")]
 pub use otlp::{export_otlp, OtlpOptions, OtlpSignal, OtlpStats};
 #[cfg(feature = "parquet")]
