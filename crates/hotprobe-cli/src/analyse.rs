@@ -11,9 +11,10 @@ use crate::out::errln;
 use anyhow::{bail, Context, Result};
 use hotprobe_trace::{
     export_chrome_filtered, export_ctf_filtered, export_flamegraph, export_folded_filtered,
-    export_otlp, export_parquet, histograms, replay_filtered, report_by_thread, report_filtered,
+    export_otlp, export_parquet, histograms, replay_with, report_by_thread, report_filtered,
     report_phases_filtered, summarize, CompiledQuery, FlameOptions, FoldedOptions, FoldedValue,
-    OtlpOptions, OtlpSignal, PhaseSpec, Query, ReportDiff, SortKey, TraceError, TraceReader,
+    OtlpOptions, OtlpSignal, PhaseSpec, Query, ReplayField, ReplayOptions, ReportDiff, SortKey,
+    TraceError, TraceReader,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -155,8 +156,10 @@ fn print_json(v: &impl Serialize) -> Result<()> {
     print(&s)
 }
 
-/// `hotprobe replay DIR [filters]`: the call tree on stdout.
-pub fn replay_cmd(dir: &Path, q: &QueryArgs) -> Result<()> {
+/// `hotprobe replay DIR [filters] [-f FIELDS]`: the call tree on stdout.
+pub fn replay_cmd(dir: &Path, q: &QueryArgs, fields: &str) -> Result<()> {
+    let fields = ReplayField::parse_list(fields)
+        .map_err(|e| crate::UsageError(format!("-f {fields}: {e}")))?;
     let r = open(dir)?;
     warn_incomplete(&r);
     let query = q.compile(&r)?;
@@ -166,7 +169,14 @@ pub fn replay_cmd(dir: &Path, q: &QueryArgs) -> Result<()> {
     let bar = bytes_bar(&r, "replaying");
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    match with_bar(&bar, |cb| replay_filtered(&r, &query, &mut out, Some(cb))) {
+    let opts = ReplayOptions {
+        fields,
+        color: crate::out::colors_on(),
+        ..ReplayOptions::default()
+    };
+    match with_bar(&bar, |cb| {
+        replay_with(&r, &query, &opts, &mut out, Some(cb))
+    }) {
         Err(e) if broken_pipe(&e) => return Ok(()),
         r => r.with_context(|| format!("cannot replay {}", dir.display()))?,
     }
@@ -351,7 +361,7 @@ pub fn report_cmd(dir: &Path, phases: bool, markers: &[String], o: &ReportArgs) 
                 "# thread {}: {} calls\n{}",
                 t.tid,
                 t.report.calls(),
-                t.report.to_text()
+                t.report.to_text_colored(crate::out::colors_on())
             ));
         }
         return print(&s);
@@ -398,7 +408,7 @@ pub fn report_cmd(dir: &Path, phases: bool, markers: &[String], o: &ReportArgs) 
             rows: &rep.rows,
         });
     }
-    print(&rep.to_text())
+    print(&rep.to_text_colored(crate::out::colors_on()))
 }
 
 /// `hotprobe info DIR [--json]`: the trace's metadata and contents.

@@ -303,6 +303,16 @@ pub enum Cmd {
         dir: PathBuf,
         #[command(flatten)]
         query: QueryArgs,
+        /// The columns before each function, in order: time (the trace's
+        /// clock), delta (since the previous line), elapsed (since the
+        /// trace's start), duration, tid; or none.
+        #[arg(
+            short = 'f',
+            long = "output-fields",
+            value_name = "FIELDS",
+            default_value = "duration,tid"
+        )]
+        fields: String,
     },
     /// Per-function calls, total and self time of a recorded trace.
     Report {

@@ -259,7 +259,9 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 cmd: &cmd,
             })
         }
-        Cmd::Replay { dir, query } => analyse::replay_cmd(&dir, &query).map(|()| 0),
+        Cmd::Replay { dir, query, fields } => {
+            analyse::replay_cmd(&dir, &query, &fields).map(|()| 0)
+        }
         Cmd::Report {
             dir,
             phases,

@@ -125,6 +125,11 @@ pub fn init_colors(when: ColorWhen) {
     COLOR_ERR.store(err, Ordering::Relaxed);
 }
 
+/// Whether stdout has colours ([`init_colors`]).
+pub fn colors_on() -> bool {
+    COLOR_OUT.load(Ordering::Relaxed)
+}
+
 /// Bold: function names.
 pub const NAME: &str = "1";
 /// Yellow: durations of 1 ms and more.

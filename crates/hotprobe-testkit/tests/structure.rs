@@ -22,7 +22,6 @@ const OVER_LIMIT: &[(&str, usize)] = &[
     ("crates/hotprobe-capi/src/lib.rs", 1223),
     ("crates/hotprobe-cli/src/guest.rs", 1198),
     ("crates/hotprobe-py/src/lib.rs", 1046),
-    ("crates/hotprobe-trace/src/analysis.rs", 984),
 ];
 
 /// Backticked snake_case names in DESIGN.md that are not this project's

@@ -32,6 +32,7 @@ mod info;
 mod lz4;
 pub mod query;
 mod reader;
+mod replay;
 mod report;
 mod summary;
 mod symbols;
@@ -40,9 +41,10 @@ pub mod varint;
 mod writer;
 
 pub use analysis::{
-    fmt_duration, histograms, replay, replay_filtered, report, report_by_thread, report_filtered,
-    report_phases, report_phases_filtered, visit_threads, CallStack, DiffRow, Phase, PhaseReport,
-    PhaseSpec, Progress, Report, ReportDiff, ReportRow, SortKey, Step, ThreadReport,
+    fmt_duration, histograms, replay, replay_filtered, replay_with, report, report_by_thread,
+    report_filtered, report_phases, report_phases_filtered, visit_threads, CallStack, DiffRow,
+    Phase, PhaseReport, PhaseSpec, Progress, ReplayField, ReplayOptions, Report, ReportDiff,
+    ReportRow, SortKey, Step, ThreadReport,
 };
 pub use error::{Result, TraceError};
 pub use event::{Args, EventKind, Record, TimeBase, TraceEvent, MAX_ARGS};

@@ -176,6 +176,26 @@ impl Report {
     /// The table as text (like `uftrace report`): total, self, average,
     /// shortest and longest call, calls, function.
     pub fn to_text(&self) -> String {
+        self.to_text_colored(false)
+    }
+
+    /// [`Report::to_text`], with ANSI colours when `color`: function names
+    /// bold, total and self times of 1 ms or more yellow and of 1 s or
+    /// more red (as `replay` and `count` colour durations), a nonzero
+    /// "No exit" red.
+    pub fn to_text_colored(&self, color: bool) -> String {
+        let paint = |text: String, code: &str| {
+            if color {
+                format!("\x1b[{code}m{text}\x1b[0m")
+            } else {
+                text
+            }
+        };
+        let time = |text: String, ns: u64| match ns {
+            1_000_000_000.. => paint(text, "31"),
+            1_000_000.. => paint(text, "33"),
+            _ => text,
+        };
         // Calls whose exit was lost get a column of their own, when any.
         let lost = self.no_exit() > 0;
         let mut s = String::new();
@@ -204,22 +224,27 @@ impl Report {
             let total = if r.outer_calls == 0 {
                 unknown.clone()
             } else {
-                fmt_duration(r.total_ns)
+                time(fmt_duration(r.total_ns), r.total_ns)
             };
-            let no_exit = if lost {
-                format!("{:>10}  ", r.no_exit)
+            let self_time = if r.calls == r.no_exit {
+                unknown.clone()
             } else {
-                String::new()
+                time(fmt_duration(r.self_ns), r.self_ns)
+            };
+            let no_exit = match (lost, r.no_exit) {
+                (false, _) => String::new(),
+                (true, 0) => format!("{:>10}  ", 0),
+                (true, n) => format!("{}  ", paint(format!("{n:>10}"), "31")),
             };
             s.push_str(&format!(
                 "  {}  {}  {}  {}  {}  {no_exit}{:>10}  {}\n",
                 total,
-                t(r.self_ns),
+                self_time,
                 t(r.avg_ns),
                 t(r.min_ns),
                 t(r.max_ns),
                 r.calls,
-                r.name
+                paint(r.name.clone(), "1")
             ));
         }
         if lost {

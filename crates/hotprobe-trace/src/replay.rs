@@ -1,0 +1,395 @@
+//! `replay`: the call tree of a recorded trace, like `uftrace replay`,
+//! with uftrace's output fields (`-f time,delta,elapsed,duration,tid`)
+//! and optional colours (function names, long durations, lost events).
+
+use std::collections::HashMap;
+use std::io::Write;
+
+use crate::analysis::{fmt_duration, merged, Progress, Step};
+use crate::error::{Result, TraceError};
+use crate::event::Args;
+use crate::query::{CompiledQuery, QueryStack};
+use crate::reader::TraceReader;
+
+/// A column `replay` prints before the function (uftrace's `-f`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplayField {
+    /// The line's time stamp (the trace's clock, seconds.nanoseconds).
+    Time,
+    /// Time since the previous line of any thread.
+    Delta,
+    /// Time since the trace's first record.
+    Elapsed,
+    /// A finished call's duration.
+    Duration,
+    /// The thread.
+    Tid,
+}
+
+impl ReplayField {
+    /// Every field, by the name `-f` takes.
+    pub const NAMES: [(&'static str, ReplayField); 5] = [
+        ("time", ReplayField::Time),
+        ("delta", ReplayField::Delta),
+        ("elapsed", ReplayField::Elapsed),
+        ("duration", ReplayField::Duration),
+        ("tid", ReplayField::Tid),
+    ];
+
+    /// `time,duration,tid` (or `none`) as fields; an unknown name is an
+    /// error naming the known ones.
+    pub fn parse_list(text: &str) -> std::result::Result<Vec<ReplayField>, String> {
+        if text.trim() == "none" {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        for name in text.split(',').map(str::trim) {
+            let f = Self::NAMES
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, f)| *f)
+                .ok_or_else(|| {
+                    let known: Vec<&str> = Self::NAMES.iter().map(|(n, _)| *n).collect();
+                    format!(
+                        "unknown field {name:?}: the fields are {}, or none",
+                        known.join(", ")
+                    )
+                })?;
+            if !out.contains(&f) {
+                out.push(f);
+            }
+        }
+        Ok(out)
+    }
+
+    fn header(self) -> &'static str {
+        match self {
+            ReplayField::Time => "    TIMESTAMP    ",
+            ReplayField::Delta => "  DELTA   ",
+            ReplayField::Elapsed => " ELAPSED  ",
+            ReplayField::Duration => " DURATION  ",
+            ReplayField::Tid => "   TID   ",
+        }
+    }
+}
+
+/// How `replay` prints.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplayOptions {
+    /// The columns before the function, in order (default: duration, tid).
+    pub fields: Vec<ReplayField>,
+    /// ANSI colours: function names bold, durations of at least
+    /// `slow_ns` yellow and of 1,000 times that red, lost events red.
+    pub color: bool,
+    /// What a long call is (default 1 ms, as `count`'s table colours it).
+    pub slow_ns: u64,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions {
+            fields: vec![ReplayField::Duration, ReplayField::Tid],
+            color: false,
+            slow_ns: 1_000_000,
+        }
+    }
+}
+
+const BOLD: &str = "\x1b[1m";
+const RED: &str = "\x1b[31m";
+const YELLOW: &str = "\x1b[33m";
+const RESET: &str = "\x1b[0m";
+
+fn fmt_args(args: &Args) -> String {
+    let v: Vec<String> = args
+        .as_slice()
+        .iter()
+        .map(|&a| {
+            let s = a as i64;
+            if (-1_000_000..1_000_000).contains(&s) {
+                s.to_string()
+            } else {
+                format!("{a:#x}")
+            }
+        })
+        .collect();
+    v.join(", ")
+}
+
+fn fmt_ret(ret: Option<u64>) -> String {
+    match ret {
+        Some(r) => format!(" = {}", fmt_args(&Args::from_slice(&[r]))),
+        None => String::new(),
+    }
+}
+
+/// Argument and return values as replay prints them: typed probes' from
+/// their captured records (format version 2), others' registers.
+pub(crate) struct TypedText<'r> {
+    reader: &'r TraceReader,
+    /// Per thread: its values file, read when first needed.
+    values: std::cell::RefCell<HashMap<u32, crate::ThreadValues>>,
+}
+
+impl<'r> TypedText<'r> {
+    pub(crate) fn new(reader: &'r TraceReader) -> Result<TypedText<'r>> {
+        Ok(TypedText {
+            reader,
+            values: Default::default(),
+        })
+    }
+
+    /// Record `index` of thread `tid`, as text for probe `probe`.
+    fn record(&self, tid: u32, probe: u32, exit: bool, index: u64) -> Vec<String> {
+        let mut values = self.values.borrow_mut();
+        let v = values.entry(tid).or_insert_with(|| {
+            // An unreadable file shows as missing records, per value.
+            self.reader.thread_values(tid).unwrap_or_default()
+        });
+        match v.get(index) {
+            Some(data) => self
+                .reader
+                .value_types()
+                .format(probe, exit, data)
+                .unwrap_or_default(),
+            None => vec![format!("<no captured values #{index}>")],
+        }
+    }
+
+    /// A typed probe's argument values as text; `None` for other probes.
+    pub(crate) fn typed_args(&self, tid: u32, probe: u32, args: &Args) -> Option<Vec<String>> {
+        let &i = args.as_slice().first()?;
+        self.reader
+            .value_types()
+            .is_typed(probe)
+            .then(|| self.record(tid, probe, false, i))
+    }
+
+    /// A typed probe's return value as text; `None` for other probes (and
+    /// a typed void function's).
+    pub(crate) fn typed_ret(&self, tid: u32, probe: u32, ret: u64) -> Option<String> {
+        if !self.reader.value_types().is_typed(probe) {
+            return None;
+        }
+        self.record(tid, probe, true, ret).into_iter().next()
+    }
+
+    /// Whether `probe`'s arguments and return value are record indices.
+    pub(crate) fn is_typed(&self, probe: u32) -> bool {
+        self.reader.value_types().is_typed(probe)
+    }
+
+    fn args(&self, tid: u32, probe: u32, args: &Args) -> String {
+        match args.as_slice().first() {
+            Some(&i) if self.reader.value_types().is_typed(probe) => {
+                self.record(tid, probe, false, i).join(", ")
+            }
+            _ => fmt_args(args),
+        }
+    }
+
+    fn ret(&self, tid: u32, probe: u32, ret: Option<u64>) -> String {
+        match ret {
+            Some(i) if self.reader.value_types().is_typed(probe) => self
+                .record(tid, probe, true, i)
+                .first()
+                .map_or(String::new(), |v| format!(" = {v}")),
+            r => fmt_ret(r),
+        }
+    }
+}
+
+/// Writes the call tree of all threads in time order, like `uftrace replay`:
+///
+/// ```text
+/// # DURATION     TID     FUNCTION
+///             [  1234] | main() {
+///    0.120 us [  1234] |   leaf();
+///    2.000 us [  1234] | }; /* main */
+/// ```
+pub fn replay(reader: &TraceReader, out: &mut impl Write, progress: Progress<'_>) -> Result<()> {
+    replay_filtered(reader, &CompiledQuery::all(), out, progress)
+}
+
+/// [`replay`] of the calls a query keeps ([`crate::query`]): depths are
+/// those of the filtered tree, and a call whose callees were all left out
+/// shows as a leaf (`name();`).
+pub fn replay_filtered(
+    reader: &TraceReader,
+    query: &CompiledQuery,
+    out: &mut impl Write,
+    progress: Progress<'_>,
+) -> Result<()> {
+    replay_with(reader, query, &ReplayOptions::default(), out, progress)
+}
+
+/// [`replay_filtered`] with the columns and colours of `opts`.
+pub fn replay_with(
+    reader: &TraceReader,
+    query: &CompiledQuery,
+    opts: &ReplayOptions,
+    out: &mut impl Write,
+    progress: Progress<'_>,
+) -> Result<()> {
+    let syms = reader.symbols();
+    let mut stacks: HashMap<u32, QueryStack<'_>> = HashMap::new();
+    let io = |e| TraceError::io("<output>", e);
+    let typed = TypedText::new(reader)?;
+    let fmt_args = |tid: u32, probe: u32, args: &Args| typed.args(tid, probe, args);
+    let fmt_ret = |tid: u32, probe: u32, ret: Option<u64>| typed.ret(tid, probe, ret);
+    let mut header = String::from("#");
+    for f in &opts.fields {
+        header.push_str(f.header());
+    }
+    writeln!(out, "{header}  FUNCTION").map_err(io)?;
+    let start = crate::query::trace_start(reader)?.unwrap_or(0);
+    let mut last_ts: Option<u64> = None;
+    let paint = |text: String, code: &str| {
+        if opts.color {
+            format!("{code}{text}{RESET}")
+        } else {
+            text
+        }
+    };
+    let name = |probe: u32| paint(syms.name(probe).to_string(), BOLD);
+    let duration = |ns: u64| {
+        let d = fmt_duration(ns);
+        if !opts.color {
+            d
+        } else if ns >= opts.slow_ns.saturating_mul(1000) {
+            paint(d, RED)
+        } else if ns >= opts.slow_ns {
+            paint(d, YELLOW)
+        } else {
+            d
+        }
+    };
+    // The columns of a line at `ts` (`dur` for a finished call).
+    let mut columns = |tid: u32, ts: u64, dur: Option<u64>| -> String {
+        let mut c = String::new();
+        for f in &opts.fields {
+            match f {
+                ReplayField::Time => c.push_str(&format!(
+                    " {:>6}.{:09} ",
+                    ts / 1_000_000_000,
+                    ts % 1_000_000_000
+                )),
+                ReplayField::Delta => {
+                    let d = last_ts.map_or(0, |l| ts.saturating_sub(l));
+                    c.push_str(&format!(" {}", fmt_duration(d)));
+                }
+                ReplayField::Elapsed => {
+                    c.push_str(&format!(" {}", fmt_duration(ts.saturating_sub(start))))
+                }
+                ReplayField::Duration => match dur {
+                    Some(ns) => c.push_str(&format!(" {}", duration(ns))),
+                    None => c.push_str(&" ".repeat(11)),
+                },
+                ReplayField::Tid => c.push_str(&format!(" [{tid:>6}]")),
+            }
+        }
+        last_ts = Some(ts);
+        c
+    };
+    let mut line = |out: &mut dyn Write, tid: u32, s: Step| -> std::io::Result<()> {
+        let ind = |d: usize| "  ".repeat(d);
+        match s {
+            Step::Enter {
+                probe,
+                ts,
+                depth,
+                args,
+            } => writeln!(
+                out,
+                "{} | {}{}({}) {{",
+                columns(tid, ts, None),
+                ind(depth),
+                name(probe),
+                fmt_args(tid, probe, &args)
+            ),
+            Step::Leave {
+                probe,
+                start,
+                end,
+                depth,
+                args,
+                ret,
+                leaf,
+                unfinished,
+                ..
+            } => {
+                if unfinished {
+                    return Ok(());
+                }
+                if leaf {
+                    writeln!(
+                        out,
+                        "{} | {}{}({}){};",
+                        columns(tid, start, Some(end - start)),
+                        ind(depth),
+                        name(probe),
+                        fmt_args(tid, probe, &args),
+                        fmt_ret(tid, probe, ret)
+                    )
+                } else {
+                    writeln!(
+                        out,
+                        "{} | {}}}{}; /* {} */",
+                        columns(tid, end, Some(end - start)),
+                        ind(depth),
+                        fmt_ret(tid, probe, ret),
+                        syms.name(probe)
+                    )
+                }
+            }
+            Step::Hit {
+                probe,
+                ts,
+                depth,
+                args,
+            } => writeln!(
+                out,
+                "{} | {}/* {} hit ({}) */",
+                columns(tid, ts, None),
+                ind(depth),
+                name(probe),
+                fmt_args(tid, probe, &args)
+            ),
+            Step::Lost { ts, count } => writeln!(
+                out,
+                "{} | {}",
+                columns(tid, ts, None),
+                paint(format!("/* lost {count} events */"), RED)
+            ),
+            Step::Orphan { .. } => Ok(()),
+        }
+    };
+    merged(reader, progress, |tid, r| {
+        if !query.keeps_thread(tid) {
+            return Ok(());
+        }
+        let st = stacks.entry(tid).or_insert_with(|| QueryStack::new(query));
+        let mut res = Ok(());
+        st.feed(r, |s| {
+            if res.is_ok() {
+                res = line(out, tid, s);
+            }
+        });
+        res.map_err(io)
+    })?;
+    // Calls still open at the end of their thread: their entries.
+    let mut tids: Vec<u32> = stacks.keys().copied().collect();
+    tids.sort_unstable();
+    for tid in tids {
+        let mut res = Ok(());
+        if let Some(st) = stacks.get_mut(&tid) {
+            st.finish(|s| {
+                if res.is_ok() {
+                    res = line(out, tid, s);
+                }
+            });
+        }
+        res.map_err(io)?;
+    }
+    Ok(())
+}
