@@ -1,6 +1,6 @@
 //! The raw system calls behind the process target's OS layer (ptrace,
-//! waitpid, tgkill, kill): [`crate::os::RealOs`] makes them, and the target
-//! itself calls only [`crate::os::Sys`] (which tests give a scripted fake).
+//! waitpid, tgkill, kill): [`crate::ptrace::RealOs`] makes them, and the target
+//! itself calls only [`crate::ptrace::Sys`] (which tests give a scripted fake).
 //! Each returns a [`SysError`] naming the call and the errno. Public for
 //! tests that drive a tracee by hand.
 //!
