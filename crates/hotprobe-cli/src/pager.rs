@@ -82,14 +82,18 @@ pub fn start() -> Option<Pager> {
 extern "C" fn on_signal(sig: libc::c_int) {
     // Only async-signal-safe calls: the pager keeps the terminal until it
     // exits, then the signal takes its default course.
-    // SAFETY: close, waitpid, signal and raise are async-signal-safe.
+    // SAFETY: close is async-signal-safe.
     unsafe {
         libc::close(1);
         libc::close(2);
-        let pid = PAGER_PID.load(Ordering::SeqCst);
-        if pid > 0 {
-            libc::waitpid(pid, std::ptr::null_mut(), 0);
-        }
+    }
+    let pid = PAGER_PID.load(Ordering::SeqCst);
+    if pid > 0 {
+        // A blocking waitpid: async-signal-safe (no allocation, no lock).
+        let _ = hotprobe::os::sys::waitpid(pid, 0);
+    }
+    // SAFETY: signal and raise are async-signal-safe.
+    unsafe {
         libc::signal(sig, libc::SIG_DFL);
         libc::raise(sig);
     }

@@ -482,19 +482,6 @@ fn regs_to_slot(r: &Registers) -> [u64; hotprobe_abi::HANDLER_REGS] {
     ]
 }
 
-fn futex(word: &std::sync::atomic::AtomicU32, op: i32, val: u32, timeout: Option<Duration>) {
-    let ts = timeout.map(|d| libc::timespec {
-        tv_sec: d.as_secs() as libc::time_t,
-        tv_nsec: d.subsec_nanos() as libc::c_long,
-    });
-    let tsp = ts
-        .as_ref()
-        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    // SAFETY: `word` is a valid, aligned u32 in the shared mapping; `tsp`
-    // is null or a valid timespec.
-    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), op, val, tsp) };
-}
-
 impl FastPath {
     /// How long a thread spins for its handler's answer before it sleeps
     /// (futex), and how long it waits for the tracer to take a request
@@ -538,7 +525,7 @@ impl FastPath {
             c.tracer_sleeping
                 .store(1, std::sync::atomic::Ordering::SeqCst);
             if self.handler_doorbell() == seen {
-                futex(&c.doorbell, libc::FUTEX_WAIT, seen, Some(deadline - now));
+                let _ = hotprobe_os::futex_wait(&c.doorbell, seen, Some(deadline - now));
             }
             c.tracer_sleeping.store(0, Relaxed);
         }
@@ -621,7 +608,7 @@ impl FastPath {
         s.state
             .swap(HANDLER_DONE, std::sync::atomic::Ordering::SeqCst);
         if s.flags.load(Relaxed) & HANDLER_SLEEPING != 0 {
-            futex(&s.state, libc::FUTEX_WAKE, 1, None);
+            let _ = hotprobe_os::futex_wake(&s.state, 1);
         }
     }
 

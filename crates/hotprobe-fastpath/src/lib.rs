@@ -333,34 +333,9 @@ pub fn embedded_agent() -> Result<PathBuf, FastPathError> {
 
 /// Creates the memfd holding [`EMBEDDED_AGENT`], sealed against any change.
 fn agent_memfd() -> Result<std::os::fd::OwnedFd, String> {
-    use std::io::Write;
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    let err = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
-    let name = std::ffi::CString::new(AGENT_MEMFD_NAME).expect("no NUL");
-    // MFD_EXEC (Linux 6.3): executable even where vm.memfd_noexec makes
-    // memfds non-executable by default; older kernels refuse the flag.
-    const MFD_EXEC: libc::c_uint = 0x10;
-    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
-    // SAFETY: a NUL-terminated name; no memory is passed.
-    let mut fd = unsafe { libc::memfd_create(name.as_ptr(), flags | MFD_EXEC) };
-    if fd < 0 {
-        // SAFETY: as above.
-        fd = unsafe { libc::memfd_create(name.as_ptr(), flags) };
-    }
-    if fd < 0 {
-        return Err(err("memfd_create"));
-    }
-    // SAFETY: a fresh descriptor that nothing else owns.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    let mut file = std::fs::File::from(owned);
-    file.write_all(EMBEDDED_AGENT)
-        .map_err(|e| format!("write: {e}"))?;
-    let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
-    // SAFETY: fcntl on our own descriptor; no memory is passed.
-    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
-        return Err(err("F_ADD_SEALS"));
-    }
-    Ok(OwnedFd::from(file))
+    hotprobe_os::Memfd::sealed_executable(AGENT_MEMFD_NAME, EMBEDDED_AGENT)
+        .map(Into::into)
+        .map_err(|e| e.to_string())
 }
 
 /// The trap table of a fast path's shared memory (a cheap handle: clone it

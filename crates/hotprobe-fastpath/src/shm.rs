@@ -1,29 +1,26 @@
 //! The tracer's side of the shared memory: a memfd, mapped, with a
 //! heartbeat thread.
 
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hotprobe_abi::{rdtsc, Layout, Params, Shm, EVENT_SIZE_COMPACT, EVENT_SIZE_FULL};
 
 use crate::{FastPathConfig, FastPathError};
+use hotprobe_os::{clock, Mapping, Memfd};
 
 /// A memfd holding the shared memory, mapped in the tracer.
 #[derive(Debug)]
 pub(crate) struct OwnedShm {
-    fd: i32,
-    ptr: *mut libc::c_void,
-    len: usize,
+    // Dropped in this order: `shm` (which points into the mapping), the
+    // mapping (held for its `Drop` only), the memfd.
     shm: Shm,
+    _mapping: Mapping,
+    memfd: Memfd,
 }
-
-// SAFETY: the mapping is process-wide and lives as long as the value; all
-// access goes through `Shm`, which is Sync.
-unsafe impl Send for OwnedShm {}
-// SAFETY: as above.
-unsafe impl Sync for OwnedShm {}
 
 impl OwnedShm {
     pub(crate) fn create(config: FastPathConfig) -> Result<OwnedShm, FastPathError> {
@@ -43,70 +40,37 @@ impl OwnedShm {
             },
         };
         let layout = Layout::new(params).map_err(|e| FastPathError::Shm(e.to_string()))?;
-        let err =
-            |what: &str| FastPathError::Shm(format!("{what}: {}", std::io::Error::last_os_error()));
-        // SAFETY: a NUL-terminated name. CLOEXEC: no child of ours inherits
-        // it; the target opens it through `/proc/OUR_PID/fd/FD`.
-        let fd = unsafe { libc::memfd_create(c"hotprobe".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(err("memfd_create"));
-        }
-        // SAFETY: our fresh descriptor.
-        if unsafe { libc::ftruncate(fd, layout.total_size as i64) } != 0 {
-            // SAFETY: our descriptor.
-            unsafe { libc::close(fd) };
-            return Err(err("ftruncate"));
-        }
-        // SAFETY: a fresh shared mapping of our memfd.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                layout.total_size,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            // SAFETY: our descriptor.
-            unsafe { libc::close(fd) };
-            return Err(err("mmap"));
-        }
-        // SAFETY: zero-filled, page-aligned, valid until Drop unmaps it after `shm`.
-        let shm = unsafe { Shm::create(ptr as *mut u8, layout.total_size, params) }
+        let err = |e: hotprobe_os::OsError| FastPathError::Shm(e.to_string());
+        // Close-on-exec: no child of ours inherits it; the target opens it
+        // through `/proc/OUR_PID/fd/FD`.
+        let memfd = Memfd::new("hotprobe").map_err(err)?;
+        memfd.set_len(layout.total_size as u64).map_err(err)?;
+        let mapping = Mapping::shared(&memfd, layout.total_size).map_err(err)?;
+        // SAFETY: zero-filled, page-aligned, valid until `mapping` drops,
+        // after `shm`.
+        let shm = unsafe { Shm::create(mapping.as_ptr(), layout.total_size, params) }
             .map_err(|e| FastPathError::Shm(e.to_string()))?;
-        let ticks = tsc_per_sec();
+        let ticks = clock::tsc_per_sec(TSC_CALIBRATION);
         shm.header().heartbeat_tsc.store(rdtsc(), Relaxed);
         // For threads that may not run `rdtsc` (the agent's clock module):
         // the frequency and a (TSC, CLOCK_MONOTONIC) pair.
         shm.header().tsc_hz.store(ticks, Relaxed);
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        let t = rdtsc();
-        // SAFETY: a valid out-pointer.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        let (t, ns) = clock::tsc_monotonic_pair();
         shm.header().calib_tsc.store(t, Relaxed);
-        shm.header().calib_ns.store(
-            ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64,
-            Relaxed,
-        );
+        shm.header().calib_ns.store(ns, Relaxed);
         shm.header().heartbeat_timeout_tsc.store(
             (ticks as f64 * config.heartbeat_timeout.as_secs_f64()) as u64,
             Relaxed,
         );
         Ok(OwnedShm {
-            fd,
-            ptr,
-            len: layout.total_size,
             shm,
+            _mapping: mapping,
+            memfd,
         })
     }
 
     pub(crate) fn fd(&self) -> i32 {
-        self.fd
+        self.memfd.as_raw_fd()
     }
 
     pub(crate) fn shm(&self) -> &Shm {
@@ -114,27 +78,9 @@ impl OwnedShm {
     }
 }
 
-impl Drop for OwnedShm {
-    fn drop(&mut self) {
-        // SAFETY: our mapping and descriptor; `shm` is not used afterwards.
-        unsafe {
-            libc::munmap(self.ptr, self.len);
-            libc::close(self.fd);
-        }
-    }
-}
-
-/// TSC ticks per second, measured over 2 ms (it sizes the heartbeat
-/// timeout: a part in a thousand is plenty; every session start waits
-/// for it).
-fn tsc_per_sec() -> u64 {
-    let t0 = Instant::now();
-    let c0 = rdtsc();
-    std::thread::sleep(Duration::from_millis(2));
-    let c1 = rdtsc();
-    let dt = t0.elapsed().as_secs_f64();
-    ((c1 - c0) as f64 / dt) as u64
-}
+/// How long the TSC rate is measured (it sizes the heartbeat timeout: a
+/// part in a thousand is plenty; every session start waits for it).
+const TSC_CALIBRATION: Duration = Duration::from_millis(2);
 
 /// A thread writing the heartbeat every 100 ms until dropped (woken at
 /// once then: dropping does not wait out its nap).

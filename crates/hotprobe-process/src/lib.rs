@@ -9,27 +9,31 @@
 //! `mmap` calls. A spawned process stops before any constructor runs. It
 //! implements [`hotprobe_target::Target`]; the probe semantics live in the
 //! `hotprobe` engine. Every ptrace and wait call goes through one OS layer
-//! ([`os::Sys`]), which tests replace with a scripted fake.
+//! ([`os::Sys`], the crate `hotprobe-os`), which tests replace with a
+//! scripted fake.
 
 mod attach;
 mod maps;
-pub mod os;
 mod release;
 mod remote;
 pub mod remote_call;
 mod rendezvous;
 mod spawn;
 mod strays;
-pub mod sys;
 mod target;
 mod uprobes;
 mod wait;
-mod waiter;
 mod watch;
 mod watchpoints;
 
 #[cfg(test)]
 mod wait_tests;
+
+/// The ptrace layer ([`hotprobe_os::ptrace`]): every ptrace and wait call
+/// of the target goes through its [`os::Sys`].
+pub use hotprobe_os::ptrace as os;
+/// The raw ptrace, wait and signal calls ([`hotprobe_os::sys`]).
+pub use hotprobe_os::sys;
 
 use hotprobe_target::{
     ExitStatus, Registers, ResumeMode, RuntimeAddr, ScratchRegion, Target, TargetError,

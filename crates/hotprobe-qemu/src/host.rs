@@ -14,6 +14,7 @@ use hotprobe_abi::plugin::{
 };
 
 use crate::PluginError;
+use hotprobe_os::{Mapping, Memfd};
 
 mod service;
 
@@ -166,30 +167,14 @@ pub type SyncHandler = Box<dyn FnMut(&PluginEvent, &[u8]) -> u64 + Send>;
 
 /// The memfd, its mapping and the view.
 struct Mapped {
-    fd: i32,
-    ptr: *mut libc::c_void,
-    len: usize,
     shm: PluginShm,
     handler: Mutex<Option<SyncHandler>>,
     stop: AtomicBool,
     sync: SyncStats,
     host_spin: Duration,
-}
-
-// SAFETY: the mapping lives as long as the value; shared state is reached
-// through `PluginShm` (atomics, volatile copies) and the mutex.
-unsafe impl Send for Mapped {}
-// SAFETY: as above.
-unsafe impl Sync for Mapped {}
-
-impl Drop for Mapped {
-    fn drop(&mut self) {
-        // SAFETY: our mapping and descriptor, unused after this.
-        unsafe {
-            libc::munmap(self.ptr, self.len);
-            libc::close(self.fd);
-        }
-    }
+    // Dropped after `shm`, which points into it; then the memfd.
+    mapping: Mapping,
+    memfd: Memfd,
 }
 
 /// hotprobe's side of one plugin (one QEMU).
@@ -214,15 +199,7 @@ impl std::fmt::Debug for PluginHost {
     }
 }
 
-pub(crate) fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub(crate) use hotprobe_os::clock::monotonic_ns as now_ns;
 
 impl PluginHost {
     /// Creates the shared memory (a memfd) and starts the service thread
@@ -239,48 +216,16 @@ impl PluginHost {
             slot_size,
         };
         let layout = hotprobe_abi::plugin::PluginLayout::new(params).map_err(PluginError::Abi)?;
-        let err =
-            |what: &str| PluginError::Shm(format!("{what}: {}", std::io::Error::last_os_error()));
-        // SAFETY: a NUL-terminated name. Close-on-exec: QEMU opens it by
-        // its /proc path.
-        let fd = unsafe { libc::memfd_create(c"hotprobe-qemu".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(err("memfd_create"));
-        }
-        // SAFETY: our fresh descriptor.
-        if unsafe { libc::ftruncate(fd, layout.total_size as i64) } != 0 {
-            // SAFETY: ours.
-            unsafe { libc::close(fd) };
-            return Err(err("ftruncate"));
-        }
-        // SAFETY: a fresh shared mapping of our memfd.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                layout.total_size,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            // SAFETY: ours.
-            unsafe { libc::close(fd) };
-            return Err(err("mmap"));
-        }
-        // SAFETY: zero-filled, page-aligned, ours until `Mapped` drops.
-        let shm = match unsafe { PluginShm::create(ptr as *mut u8, layout.total_size, params) } {
-            Ok(s) => s,
-            Err(e) => {
-                // SAFETY: ours.
-                unsafe {
-                    libc::munmap(ptr, layout.total_size);
-                    libc::close(fd);
-                }
-                return Err(PluginError::Abi(e));
-            }
-        };
+        let err = |e: hotprobe_os::OsError| PluginError::Shm(e.to_string());
+        // Close-on-exec: QEMU opens it by its /proc path.
+        let memfd = Memfd::new("hotprobe-qemu").map_err(err)?;
+        memfd.set_len(layout.total_size as u64).map_err(err)?;
+        let mapping = Mapping::shared(&memfd, layout.total_size).map_err(err)?;
+        let ptr = mapping.as_ptr();
+        // SAFETY: zero-filled, page-aligned, ours until `Mapped` drops
+        // (`mapping` after `shm`).
+        let shm = unsafe { PluginShm::create(ptr, layout.total_size, params) }
+            .map_err(PluginError::Abi)?;
         // SAFETY: the header is ours before QEMU starts: plain fields.
         unsafe {
             let h = ptr as *mut hotprobe_abi::plugin::PluginHeader;
@@ -295,14 +240,13 @@ impl PluginHost {
         shm.header().heartbeat_ns.store(now_ns(), Relaxed);
         let data_cap = shm.data_cap();
         let m = Arc::new(Mapped {
-            fd,
-            ptr,
-            len: layout.total_size,
             shm,
             handler: Mutex::new(None),
             stop: AtomicBool::new(false),
             sync: SyncStats::default(),
             host_spin: config.host_spin,
+            mapping,
+            memfd,
         });
         let m2 = m.clone();
         let service = std::thread::Builder::new()
@@ -326,7 +270,7 @@ impl PluginHost {
 
     /// The path QEMU opens the shared memory by: `/proc/OUR_PID/fd/N`.
     pub fn shm_path(&self) -> PathBuf {
-        PathBuf::from(format!("/proc/{}/fd/{}", std::process::id(), self.m.fd))
+        self.m.memfd.proc_path()
     }
 
     /// QEMU's `-plugin LIBRARY,shm=PATH` arguments.
@@ -343,7 +287,7 @@ impl PluginHost {
         if self.frozen {
             return Err(PluginError::Refused("the plugin's sites are frozen".into()));
         }
-        let h = self.m.ptr as *mut hotprobe_abi::plugin::PluginHeader;
+        let h = self.m.mapping.as_ptr() as *mut hotprobe_abi::plugin::PluginHeader;
         // SAFETY: before the freeze the plugin reads nothing but the
         // frozen flag; a plain field of our mapping.
         unsafe { std::ptr::addr_of_mut!((*h).return_thunk).write_volatile(addr) };
@@ -357,7 +301,7 @@ impl PluginHost {
         if self.frozen {
             return Err(PluginError::Refused("the plugin's sites are frozen".into()));
         }
-        let h = self.m.ptr as *mut hotprobe_abi::plugin::PluginHeader;
+        let h = self.m.mapping.as_ptr() as *mut hotprobe_abi::plugin::PluginHeader;
         // SAFETY: before the freeze the plugin reads nothing but the
         // frozen flag; a plain field of our mapping.
         unsafe { std::ptr::addr_of_mut!((*h).task).write_volatile(layout) };

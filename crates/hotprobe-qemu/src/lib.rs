@@ -82,46 +82,12 @@ pub fn plugin_path() -> Result<PathBuf, PluginError> {
             ))),
         };
     }
-    static FD: std::sync::OnceLock<Result<std::os::fd::OwnedFd, String>> =
-        std::sync::OnceLock::new();
-    match FD.get_or_init(|| sealed_memfd(PLUGIN_MEMFD_NAME, EMBEDDED_PLUGIN)) {
-        Ok(fd) => {
-            use std::os::fd::AsRawFd;
-            Ok(PathBuf::from(format!(
-                "/proc/{}/fd/{}",
-                std::process::id(),
-                fd.as_raw_fd()
-            )))
-        }
+    static FD: std::sync::OnceLock<Result<hotprobe_os::Memfd, String>> = std::sync::OnceLock::new();
+    match FD.get_or_init(|| {
+        hotprobe_os::Memfd::sealed_executable(PLUGIN_MEMFD_NAME, EMBEDDED_PLUGIN)
+            .map_err(|e| e.to_string())
+    }) {
+        Ok(memfd) => Ok(memfd.proc_path()),
         Err(e) => Err(PluginError::Library(e.clone())),
     }
-}
-
-/// A sealed, close-on-exec memfd holding `bytes`.
-fn sealed_memfd(name: &str, bytes: &[u8]) -> Result<std::os::fd::OwnedFd, String> {
-    use std::io::Write;
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    let err = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
-    let cname = std::ffi::CString::new(name).map_err(|_| "NUL in name".to_string())?;
-    // MFD_EXEC (Linux 6.3): executable even where memfds are not by default.
-    const MFD_EXEC: libc::c_uint = 0x10;
-    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
-    // SAFETY: a NUL-terminated name; no memory is passed.
-    let mut fd = unsafe { libc::memfd_create(cname.as_ptr(), flags | MFD_EXEC) };
-    if fd < 0 {
-        // SAFETY: as above.
-        fd = unsafe { libc::memfd_create(cname.as_ptr(), flags) };
-    }
-    if fd < 0 {
-        return Err(err("memfd_create"));
-    }
-    // SAFETY: a fresh descriptor nothing else owns.
-    let mut file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-    file.write_all(bytes).map_err(|e| format!("write: {e}"))?;
-    let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
-    // SAFETY: fcntl on our descriptor.
-    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
-        return Err(err("F_ADD_SEALS"));
-    }
-    Ok(OwnedFd::from(file))
 }

@@ -301,3 +301,263 @@ fn no_target_or_mechanism_is_reached_by_a_downcast() {
     }
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
+
+/// Where the OS layer's system calls may be made directly: the OS layer
+/// itself, and the two crates that cannot link std (the in-target agent
+/// and the QEMU plugin keep libc-only copies). Issue 21: ptrace and wait,
+/// shared memory and futex are each written once.
+const OS_CALLS_ALLOWED: &[&str] = &[
+    "crates/hotprobe-os/",
+    "crates/hotprobe-agent/",
+    "crates/hotprobe-qemu-plugin/",
+];
+
+/// The calls of the OS layer, made through a crate path (`libc::waitpid(`,
+/// `use libc::{ptrace, …}`, `rustix::fs::memfd_create`, …).
+const OS_CALLS: &[&str] = &[
+    "ptrace",
+    "waitpid",
+    "process_vm_readv",
+    "process_vm_writev",
+    "memfd_create",
+];
+
+/// The same as raw system call numbers (`syscall(libc::SYS_futex, …)`).
+const OS_SYSCALL_NUMBERS: &[&str] = &[
+    "SYS_futex",
+    "SYS_ptrace",
+    "SYS_wait4",
+    "SYS_process_vm_readv",
+    "SYS_process_vm_writev",
+    "SYS_memfd_create",
+];
+
+/// The crates whose paths make a raw call.
+const SYSCALL_CRATES: &[&str] = &["libc", "nix", "rustix"];
+
+/// Whether the `r` at `i` continues an identifier (`for`, `r#ident`
+/// aside): not a raw string's prefix. `br"…"` and `cr"…"` are raw strings.
+fn code_char_before(c: &[char], i: usize) -> bool {
+    let ident = |ch: char| ch.is_alphanumeric() || ch == '_';
+    match i.checked_sub(1).map(|j| c[j]) {
+        Some('b') | Some('c') => i >= 2 && ident(c[i - 2]),
+        Some(ch) => ident(ch),
+        None => false,
+    }
+}
+
+/// `text` with its comments removed and the insides of its string and
+/// character literals blanked (newlines kept, so line numbers hold): what
+/// is left is code.
+fn code_only(text: &str) -> String {
+    let c: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let blank = |ch: char| if ch == '\n' { '\n' } else { ' ' };
+    let mut i = 0;
+    while i < c.len() {
+        if c[i] == '/' && c.get(i + 1) == Some(&'/') {
+            while i < c.len() && c[i] != '\n' {
+                i += 1;
+            }
+        } else if c[i] == '/' && c.get(i + 1) == Some(&'*') {
+            let mut depth = 0;
+            while i < c.len() {
+                if c[i] == '/' && c.get(i + 1) == Some(&'*') {
+                    depth += 1;
+                    i += 2;
+                } else if c[i] == '*' && c.get(i + 1) == Some(&'/') {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    out.push(blank(c[i]));
+                    i += 1;
+                }
+            }
+        } else if c[i] == 'r'
+            && matches!(c.get(i + 1), Some('"') | Some('#'))
+            && !code_char_before(&c, i)
+        {
+            // A raw string: r"…", r#"…"#.
+            let mut j = i + 1;
+            let mut hashes = 0;
+            while c.get(j) == Some(&'#') {
+                hashes += 1;
+                j += 1;
+            }
+            if c.get(j) != Some(&'"') {
+                out.push(c[i]);
+                i += 1;
+                continue;
+            }
+            out.push('"');
+            j += 1;
+            loop {
+                if j >= c.len() {
+                    break;
+                }
+                if c[j] == '"' && (1..=hashes).all(|k| c.get(j + k) == Some(&'#')) {
+                    j += 1 + hashes;
+                    break;
+                }
+                out.push(blank(c[j]));
+                j += 1;
+            }
+            out.push('"');
+            i = j;
+        } else if c[i] == '"' {
+            out.push('"');
+            i += 1;
+            while i < c.len() && c[i] != '"' {
+                if c[i] == '\\' {
+                    out.push(' ');
+                    i += 1;
+                }
+                if i < c.len() {
+                    out.push(blank(c[i]));
+                    i += 1;
+                }
+            }
+            out.push('"');
+            i += 1;
+        } else if c[i] == '\'' && c.get(i + 1) == Some(&'\\') {
+            // '\n', '\'', '\u{…}': the escaped character is skipped.
+            out.push('\'');
+            i += 3;
+            while i < c.len() && c[i] != '\'' {
+                i += 1;
+            }
+            out.push('\'');
+            i += 1;
+        } else if c[i] == '\'' && c.get(i + 2) == Some(&'\'') {
+            out.push_str("' '");
+            i += 3;
+        } else {
+            out.push(c[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// Whether `code[at..]`, the identifier `name`, is reached through a path
+/// rooted at one of [`SYSCALL_CRATES`] (`libc::name`, `nix::a::b::name`).
+fn through_syscall_crate(code: &str, at: usize) -> bool {
+    let mut head = code[..at].trim_end();
+    while let Some(rest) = head.strip_suffix("::") {
+        let rest = rest.trim_end();
+        let seg_start = rest
+            .rfind(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_'))
+            .map_or(0, |p| p + 1);
+        let seg = &rest[seg_start..];
+        if SYSCALL_CRATES.contains(&seg) {
+            return true;
+        }
+        if seg.is_empty() {
+            return false;
+        }
+        head = rest[..seg_start].trim_end();
+    }
+    false
+}
+
+/// Where `name` stands in `code` as a whole identifier.
+fn identifier_at(code: &str, name: &str) -> Vec<usize> {
+    code.match_indices(name)
+        .filter(|(at, _)| {
+            let before = code[..*at].chars().next_back();
+            let after = code[at + name.len()..].chars().next();
+            let ident =
+                |ch: Option<char>| ch.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+            !ident(before) && !ident(after)
+        })
+        .map(|(at, _)| at)
+        .collect()
+}
+
+/// The OS layer's calls made in `text` (a source file's), as `line: what`.
+fn os_calls_in(text: &str) -> Vec<String> {
+    let code = code_only(text);
+    let line_of = |at: usize| code[..at].matches('\n').count() + 1;
+    let mut found = Vec::new();
+    for name in OS_CALLS {
+        for at in identifier_at(&code, name) {
+            let line_start = code[..at].rfind('\n').map_or(0, |p| p + 1);
+            let line = code[line_start..].lines().next().unwrap_or("").trim_start();
+            let in_use = (line.starts_with("use ") || line.starts_with("pub use "))
+                && SYSCALL_CRATES.iter().any(|c| {
+                    line.contains(&format!("use {c}::")) || line.contains(&format!(" {c}::"))
+                });
+            if through_syscall_crate(&code, at) || in_use {
+                found.push(format!("{}: {name}", line_of(at)));
+            }
+        }
+    }
+    for name in OS_SYSCALL_NUMBERS {
+        for at in identifier_at(&code, name) {
+            found.push(format!("{}: {name}", line_of(at)));
+        }
+    }
+    found.sort_by_key(|f| f.split(':').next().and_then(|n| n.parse::<usize>().ok()));
+    found
+}
+
+#[test]
+fn the_scan_for_os_calls_finds_calls_and_skips_comments_and_strings() {
+    let sample = r##"
+        // libc::waitpid(pid, null, 0) in a comment
+        /* libc::ptrace(...) /* nested */ SYS_futex */
+        let s = "libc::memfd_create(name, 0) and SYS_futex";
+        let r = r#"libc::waitpid("x")"#;
+        let q = '"'; let l: &'static str = ""; let e = '\''; let n = '\n';
+        let a = unsafe { libc::waitpid(pid, &mut st, 0) };
+        self.sys.waitpid(pid, 0);
+        hotprobe::os::sys::waitpid(pid, 0);
+        let b = unsafe { libc::syscall(libc::SYS_futex, w, op) };
+        use libc::{c_int, ptrace};
+        let c = rustix::fs::memfd_create("n", flags);
+        let d = nix :: sys :: ptrace :: attach(pid);
+        let e = my_waitpid(pid);
+        let f = unsafe { libc::memfd_create(c"hotprobe".as_ptr(), 0) };
+        let g = "\"libc::waitpid(\"";
+    "##;
+    assert_eq!(
+        os_calls_in(sample),
+        [
+            "7: waitpid",
+            "10: SYS_futex",
+            "11: ptrace",
+            "12: memfd_create",
+            "13: ptrace",
+            "15: memfd_create"
+        ]
+    );
+}
+
+#[test]
+fn no_ptrace_wait_memfd_or_futex_call_outside_the_os_layer() {
+    let root = repo_root();
+    let mut found = Vec::new();
+    for dir in crate_dirs(&root) {
+        let mut files = Vec::new();
+        walk(&dir.join("src"), &mut files);
+        for f in files
+            .iter()
+            .filter(|f| f.extension().is_some_and(|e| e == "rs"))
+        {
+            let rel = relative(&root, f);
+            if OS_CALLS_ALLOWED.iter().any(|p| rel.starts_with(p)) {
+                continue;
+            }
+            let text = fs::read_to_string(f).expect("a readable source file");
+            found.extend(os_calls_in(&text).into_iter().map(|l| format!("{rel}:{l}")));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "system calls of the OS layer made outside it (use hotprobe-os):\n{}",
+        found.join("\n")
+    );
+}

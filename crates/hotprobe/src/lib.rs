@@ -35,6 +35,8 @@ pub use engine::{Engine, Outcome, ProbeStats};
 pub use handler::{EntryInfo, Handler, HitContext, HitKind, Probe, ProbeId, RetProbe};
 pub use held::HeldTarget;
 pub use hotprobe_fastpath::{FastPathConfig, RecordedEvent, KIND_ENTRY, KIND_EXIT, KIND_HIT};
+/// The OS layer (ptrace and wait, memfd and mappings, futex, clocks).
+pub use hotprobe_os as os;
 pub use hotprobe_process::{ProcessError, ProcessTarget, SpawnOptions};
 pub use hotprobe_symbols::{ProbeSpec, ResolvedProbe, SymbolError};
 pub use hotprobe_target::{

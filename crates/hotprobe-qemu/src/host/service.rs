@@ -2,38 +2,15 @@
 
 use super::*;
 
+/// Sleeps on `word` while it holds `val`, `timeout` at most; the caller
+/// looks at the word again whatever woke it.
 pub(super) fn futex_wait(word: &AtomicU32, val: u32, timeout: Duration) {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: a futex word in a shared mapping; a valid timeout.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            val,
-            &ts as *const libc::timespec,
-            std::ptr::null::<u32>(),
-            0,
-        )
-    };
+    let _ = hotprobe_os::futex_wait(word, val, Some(timeout));
 }
 
+/// Wakes every waiter on `word`.
 pub(super) fn futex_wake(word: &AtomicU32) {
-    // SAFETY: a futex word in a shared mapping.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE,
-            i32::MAX,
-            std::ptr::null::<libc::timespec>(),
-            std::ptr::null::<u32>(),
-            0,
-        )
-    };
+    let _ = hotprobe_os::futex_wake(word, i32::MAX as u32);
 }
 
 /// The service thread: refreshes the heartbeat, answers synchronous events

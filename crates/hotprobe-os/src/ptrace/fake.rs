@@ -22,14 +22,14 @@ struct Line {
 
 /// A scripted OS layer (see the module docs).
 #[derive(Debug)]
-pub(crate) struct FakeOs {
+pub struct FakeOs {
     script: Mutex<VecDeque<Line>>,
     made: Mutex<Vec<String>>,
 }
 
 impl FakeOs {
     /// The fake answering `script` (comments and blank lines skipped).
-    pub(crate) fn new(script: &str) -> Self {
+    pub fn new(script: &str) -> Self {
         let lines = script
             .lines()
             .enumerate()
@@ -55,12 +55,12 @@ impl FakeOs {
     }
 
     /// The calls made so far, as script lines' left sides.
-    pub(crate) fn made(&self) -> Vec<String> {
+    pub fn made(&self) -> Vec<String> {
         self.made.lock().expect("fake lock").clone()
     }
 
     /// The script lines not reached yet.
-    pub(crate) fn remaining(&self) -> Vec<String> {
+    pub fn remaining(&self) -> Vec<String> {
         self.script
             .lock()
             .expect("fake lock")

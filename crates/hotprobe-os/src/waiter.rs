@@ -27,7 +27,7 @@
 //! within that): 4 µs a stop in the same runs, and at most 30 µs of CPU
 //! per timed wait that finds nothing.
 
-use crate::os::Waited;
+use crate::ptrace::Waited;
 use crate::sys;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};

@@ -1,6 +1,6 @@
 //! The raw system calls behind the process target's OS layer (ptrace,
-//! waitpid, tgkill, kill): [`crate::os::RealOs`] makes them, and the target
-//! itself calls only [`crate::os::Sys`] (which tests give a scripted fake).
+//! waitpid, tgkill, kill): [`crate::ptrace::RealOs`] makes them, and the target
+//! itself calls only [`crate::ptrace::Sys`] (which tests give a scripted fake).
 //! Each returns a [`SysError`] naming the call and the errno. Public for
 //! tests that drive a tracee by hand.
 //!
@@ -218,6 +218,8 @@ pub fn setoptions(pid: i32, options: i32) -> Result<(), SysError> {
 }
 
 /// `waitpid(pid, __WALL | extra)`: `Ok(None)` when WNOHANG found nothing.
+/// Async-signal-safe (no allocation, no lock: the error is the errno), so
+/// a signal handler may reap a child with it.
 pub fn waitpid(pid: i32, extra_flags: i32) -> Result<Option<(i32, i32)>, SysError> {
     let mut status = 0;
     // SAFETY: status is a valid out pointer.

@@ -1,7 +1,8 @@
-//! The one OS layer of the process target: every ptrace, wait and
+//! The ptrace layer of the process target: every ptrace, wait and
 //! tgkill/kill call (and the opening of `/proc/PID/mem`) goes through
 //! [`Sys`], a facade over an [`Os`]: [`RealOs`] makes the system calls
-//! (`sys.rs`), a scripted fake (`os/fake.rs`, tests only) answers them from
+//! (`sys.rs`), a scripted fake (`ptrace/fake.rs`, for tests: this crate's
+//! feature `fake`) answers them from
 //! a script, so that the wait state machine runs without a kernel (as aya
 //! routes its system calls through one function its tests override).
 //!
@@ -398,7 +399,7 @@ pub(crate) fn regs_words(r: &libc::user_regs_struct) -> [u64; 27] {
 }
 
 /// The inverse of [`regs_words`].
-#[cfg(test)]
+#[cfg(any(test, feature = "fake"))]
 pub(crate) fn regs_from_words(w: &[u64; 27]) -> libc::user_regs_struct {
     libc::user_regs_struct {
         r15: w[0],
@@ -431,5 +432,5 @@ pub(crate) fn regs_from_words(w: &[u64; 27]) -> libc::user_regs_struct {
     }
 }
 
-#[cfg(test)]
-pub(crate) mod fake;
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
