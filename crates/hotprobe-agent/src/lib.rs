@@ -44,6 +44,7 @@ mod env;
 mod hit;
 mod inproc;
 mod orphan;
+mod rawcall;
 mod sigmask;
 mod threads;
 mod tls;
@@ -250,6 +251,7 @@ fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
         h.calib_tsc.store(t, Relaxed);
         h.calib_ns.store(clock::raw_ns(), Relaxed);
     }
+    rawcall::resolve();
     let s: &'static Shm = Box::leak(Box::new(shm));
     threads::rehome_threads(s);
     inproc::set(s);

@@ -99,3 +99,87 @@ fn the_agent_handler_uses_no_more_stack_than_it_reserves() {
     let extra = field(&got, "probed").saturating_sub(field(&got, "trivial"));
     assert!(extra > 0 && extra <= AGENT_FRAME, "{got}");
 }
+
+fn rawsys(inline: bool) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/rawsys.c");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("signal-state2");
+    std::fs::create_dir_all(&dir).unwrap();
+    match inline {
+        false => gcc(&src, &dir.join("rawsys"), &["-O1"]),
+        true => gcc(
+            &src,
+            &dir.join("rawsys_inline"),
+            &["-O1", "-DINLINE_SYSCALL"],
+        ),
+    }
+}
+
+/// `syscall(SYS_rt_sigprocmask)` blocking every signal in four threads,
+/// `syscall(SYS_rt_sigaction)` ignoring SIGTRAP: libc's `syscall()` is
+/// the agent's too, so the in-process trap stays and counts every call;
+/// the program reads back what it set.
+#[test]
+fn signal_state_set_through_libc_syscall_keeps_the_in_process_trap() {
+    let bin = rawsys(false);
+    for (mode, calls) in [("mask", 4000), ("ignore", 1000)] {
+        let want = native_output(&bin, &[mode]);
+        let (got, t) = count("tiny", &bin, &[mode]);
+        assert_eq!(got, want, "{}", t.all);
+        assert_eq!(t.execution("tiny"), "in-process", "{}", t.all);
+        assert_eq!(
+            (t.hits("tiny"), t.row("tiny")[t.col("NMISSED")].as_str()),
+            (calls, "0"),
+            "{}",
+            t.all
+        );
+    }
+    assert_eq!(
+        native_output(&bin, &["mask"]),
+        "calls=4000 result=6002000\n"
+    );
+    assert_eq!(
+        native_output(&bin, &["ignore"]),
+        "calls=1000 sum=500500 blocked=1 ignored=1\n"
+    );
+}
+
+/// Seccomp strict mode entered with `syscall(SYS_seccomp)`: counted
+/// exactly; recorded up to it, the calls after it counted lost (the
+/// thread may not read the clock): before, the agent's `rdtsc` killed it.
+#[test]
+fn seccomp_strict_mode_entered_through_libc_syscall_is_counted_and_its_losses_reported() {
+    let bin = rawsys(false);
+    let want = native_output(&bin, &["strict"]);
+    assert_eq!(want, "before=1000 after=1000 sum=1001000\n");
+    let (got, t) = count("tiny", &bin, &["strict"]);
+    assert_eq!(got, want);
+    assert_eq!(t.hits("tiny"), 2000, "{}", t.all);
+    let dir = trace_dir("rawsys-strict");
+    let (out, _) = record(&dir, &["tiny"], &[bin.to_str().unwrap(), "strict"], LIMIT);
+    assert_eq!(out, want);
+    let i = info(&dir, LIMIT);
+    assert_eq!((i.calls, i.lost), (1000, 2000), "{i:?}");
+}
+
+/// A `syscall` instruction of the program's own (inline assembly blocking
+/// every signal): the agent cannot see it, so the process gets no
+/// in-process trap, the placement says why, and the ptrace trap counts.
+#[test]
+fn a_program_with_its_own_syscall_instruction_gets_no_in_process_trap() {
+    let bin = rawsys(true);
+    let want = native_output(&bin, &["mask"]);
+    assert_eq!(want, "calls=4000 result=6002000\n");
+    let (got, t) = count("tiny", &bin, &["mask"]);
+    assert_eq!(got, want, "{}", t.all);
+    assert!(t.execution("tiny").starts_with("trap"), "{}", t.all);
+    assert!(
+        t.all.contains(
+            "in-process trap: rawsys_inline has a `syscall` instruction of its own at 0x"
+        ) && t
+            .all
+            .contains("(rt_sigprocmask): signal masks, handlers and threads"),
+        "{}",
+        t.all
+    );
+    assert_eq!(t.hits("tiny"), 4000, "{}", t.all);
+}
