@@ -40,6 +40,7 @@ use hotprobe_abi::{rdtsc, Shm, STATUS_ATTACHED, STATUS_NO_NEAR_PAGE, VERSION};
 
 mod altstack;
 mod clock;
+mod coro;
 mod env;
 mod hit;
 mod inproc;
