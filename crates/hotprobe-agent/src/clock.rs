@@ -149,7 +149,12 @@ pub(crate) fn now_ns(shm: &Shm, mode: u32) -> Option<u64> {
 pub(crate) fn set_mode(t: &ThreadEntry, shm: Option<&Shm>, mode: u32) {
     t.clock.store(mode, Relaxed);
     let key = match (mode, shm) {
-        (CLOCK_TSC, Some(s)) if t.fast.counters.load(Relaxed) != 0 => s.stub_key(),
+        (CLOCK_TSC, Some(s))
+            if t.fast.counters.load(Relaxed) != 0
+                && !crate::shared_tls::is_shared(t.key.load(Relaxed)) =>
+        {
+            s.stub_key()
+        }
         _ => 0,
     };
     t.fast.stub_key.store(key, Relaxed);

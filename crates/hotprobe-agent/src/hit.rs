@@ -432,7 +432,13 @@ fn take_hit(shm: &Shm, frame: &Frame, kind: u32, probe: u32, action: u32, contro
         // The agent's own call of a probed function: not the program's.
         return 0;
     }
-    let Some(t) = find_thread(thread_pointer()) else {
+    let tp = thread_pointer();
+    if crate::shared_tls::is_shared(tp) {
+        // Several threads on this block (see `shared_tls`): locked counts.
+        refuse(shm, None, kind, probe, action, control);
+        return 0;
+    }
+    let Some(t) = find_thread(tp) else {
         if word == registering() || word == crate::threads::exited() {
             // A signal handler interrupting this thread's registration, or
             // the thread past its exit destructor (its slots given back).
@@ -767,8 +773,9 @@ pub(crate) fn count_in_handler(shm: &Shm, counter: u32) {
         return;
     }
     let i = counter as usize;
-    let slot = find_thread(thread_pointer()).map_or(NO_SLOT, |e| e.slot.load(Relaxed));
-    if slot != NO_SLOT && slot != PENDING_SLOT {
+    let tp = thread_pointer();
+    let slot = find_thread(tp).map_or(NO_SLOT, |e| e.slot.load(Relaxed));
+    if slot != NO_SLOT && slot != PENDING_SLOT && !crate::shared_tls::is_shared(tp) {
         if let Some(c) = shm.thread_counters(slot).and_then(|c| c.get(i)) {
             bump(c);
             return;

@@ -46,6 +46,7 @@ mod hit;
 mod inproc;
 mod orphan;
 mod rawcall;
+mod shared_tls;
 mod sigmask;
 mod threads;
 mod tls;
