@@ -50,6 +50,10 @@ const PR_SET_TSC: i32 = 26;
 const PR_TSC_SIGSEGV: u64 = 2;
 const PR_SET_SECCOMP: i32 = 22;
 const SECCOMP_MODE_STRICT: u64 = 1;
+const SECCOMP_MODE_FILTER: u64 = 2;
+/// `seccomp(2)`'s operations.
+const SECCOMP_SET_MODE_STRICT: u64 = 0;
+const SECCOMP_SET_MODE_FILTER: u64 = 1;
 
 /// The calling thread's TSC setting, from the kernel (`prctl(PR_GET_TSC)`,
 /// a raw system call): [`CLOCK_SYSCALL`] when `rdtsc` faults.
@@ -145,7 +149,12 @@ pub(crate) fn now_ns(shm: &Shm, mode: u32) -> Option<u64> {
 pub(crate) fn set_mode(t: &ThreadEntry, shm: Option<&Shm>, mode: u32) {
     t.clock.store(mode, Relaxed);
     let key = match (mode, shm) {
-        (CLOCK_TSC, Some(s)) if t.fast.counters.load(Relaxed) != 0 => s.stub_key(),
+        (CLOCK_TSC, Some(s))
+            if t.fast.counters.load(Relaxed) != 0
+                && !crate::shared_tls::is_shared(t.key.load(Relaxed)) =>
+        {
+            s.stub_key()
+        }
         _ => 0,
     };
     t.fast.stub_key.store(key, Relaxed);
@@ -167,6 +176,9 @@ pub unsafe extern "C" fn prctl(
     a5: libc::c_ulong,
 ) -> libc::c_int {
     let strict = option == PR_SET_SECCOMP && a2 == SECCOMP_MODE_STRICT;
+    if option == PR_SET_SECCOMP && a2 == SECCOMP_MODE_FILTER {
+        before_filter();
+    }
     let before = strict.then(enter_strict);
     let r = crate::orphan::syscall6(libc::SYS_prctl, [option as u64, a2, a3, a4, a5, 0]) as i64;
     if (-4095..0).contains(&r) {
@@ -193,6 +205,36 @@ pub unsafe extern "C" fn prctl(
         }
     }
     r as libc::c_int
+}
+
+/// `seccomp(op, flags, args)` as libc's `syscall()` makes it, keeping the
+/// thread's clock mode true (see the module docs): 0 or more, or the
+/// negated error.
+pub(crate) fn seccomp(op: u64, flags: u64, args: u64) -> i64 {
+    let strict = op == SECCOMP_SET_MODE_STRICT;
+    if op == SECCOMP_SET_MODE_FILTER {
+        before_filter();
+    }
+    let before = strict.then(enter_strict);
+    let r = crate::orphan::syscall(libc::SYS_seccomp, [op, flags, args, 0]) as i64;
+    if (-4095..0).contains(&r) {
+        if let Some(Some((t, was))) = before {
+            set_mode(t, crate::shm(), was);
+        }
+    } else if strict {
+        ANY_STRICT.store(1, Relaxed);
+    }
+    r
+}
+
+/// Before the calling thread installs a seccomp filter: registers it
+/// (while every system call is still allowed).
+fn before_filter() {
+    let Some(shm) = crate::shm() else { return };
+    let tp = thread_pointer();
+    if find_thread(tp).is_none_or(|t| t.slot.load(Relaxed) == crate::hit::PENDING_SLOT) {
+        crate::threads::register_current(shm, tp);
+    }
 }
 
 /// Before the calling thread enters seccomp strict mode: registers it

@@ -432,7 +432,13 @@ fn take_hit(shm: &Shm, frame: &Frame, kind: u32, probe: u32, action: u32, contro
         // The agent's own call of a probed function: not the program's.
         return 0;
     }
-    let Some(t) = find_thread(thread_pointer()) else {
+    let tp = thread_pointer();
+    if crate::shared_tls::is_shared(tp) {
+        // Several threads on this block (see `shared_tls`): locked counts.
+        refuse(shm, None, kind, probe, action, control);
+        return 0;
+    }
+    let Some(t) = find_thread(tp) else {
         if word == registering() || word == crate::threads::exited() {
             // A signal handler interrupting this thread's registration, or
             // the thread past its exit destructor (its slots given back).
@@ -541,7 +547,7 @@ pub(crate) fn inproc_hit(shm: &Shm, probe: u32, exit: bool, at: u64, gregs: &[li
 }
 
 #[inline(always)]
-fn record_exit(
+pub(crate) fn record_exit(
     shm: &Shm,
     t: &ThreadEntry,
     probe: u32,
@@ -603,6 +609,10 @@ pub(crate) fn pop_dead(
     limit: u64,
     inclusive: bool,
 ) -> Option<u64> {
+    if crate::coro::any() {
+        // Several stacks on this thread (see `coro`).
+        return crate::coro::pop_dead(shm, t, base, limit, inclusive);
+    }
     let mut d = t.depth.load(Relaxed) as usize;
     let mut same = None;
     let record = shm.is_some_and(|s| s.header().control.load(Relaxed) & CONTROL_RECORD != 0);
@@ -715,21 +725,26 @@ pub(crate) extern "C" fn ret_hit(slot: u64, rax: u64, rdx: u64, xmm0: u64) -> u6
     pop_dead(shm, t, base, slot, false);
     let d = t.depth.load(Relaxed) as usize;
     let mut real = 0;
-    if d > 0 {
+    // Several stacks on this thread: the newest entry of this slot,
+    // wherever it is (see `coro`); else the top one.
+    let taken = match (crate::coro::any(), d) {
+        (true, _) => crate::coro::take_return(t, base, slot),
+        (false, 0) => None,
         // SAFETY: d - 1 < SHADOW_CAP.
-        let e = unsafe { *base.add(d - 1) };
-        if e.slot == slot {
-            t.depth.store(d as u32 - 1, Relaxed);
-            real = e.real;
-            if let Some(shm) = shm {
-                let control = shm.header().control.load(Relaxed);
-                if e.flags & SHADOW_RECORD != 0
-                    && control & CONTROL_RECORD != 0
-                    && control & CONTROL_ENABLED != 0
-                {
-                    let x = (e.flags & SHADOW_XMM != 0).then_some(xmm0);
-                    record_exit(shm, t, e.probe, rax, rdx, x, 0);
-                }
+        (false, _) => Some(unsafe { *base.add(d - 1) })
+            .filter(|e| e.slot == slot)
+            .inspect(|_| t.depth.store(d as u32 - 1, Relaxed)),
+    };
+    if let Some(e) = taken {
+        real = e.real;
+        if let Some(shm) = shm {
+            let control = shm.header().control.load(Relaxed);
+            if e.flags & SHADOW_RECORD != 0
+                && control & CONTROL_RECORD != 0
+                && control & CONTROL_ENABLED != 0
+            {
+                let x = (e.flags & SHADOW_XMM != 0).then_some(xmm0);
+                record_exit(shm, t, e.probe, rax, rdx, x, 0);
             }
         }
     }
@@ -758,8 +773,9 @@ pub(crate) fn count_in_handler(shm: &Shm, counter: u32) {
         return;
     }
     let i = counter as usize;
-    let slot = find_thread(thread_pointer()).map_or(NO_SLOT, |e| e.slot.load(Relaxed));
-    if slot != NO_SLOT && slot != PENDING_SLOT {
+    let tp = thread_pointer();
+    let slot = find_thread(tp).map_or(NO_SLOT, |e| e.slot.load(Relaxed));
+    if slot != NO_SLOT && slot != PENDING_SLOT && !crate::shared_tls::is_shared(tp) {
         if let Some(c) = shm.thread_counters(slot).and_then(|c| c.get(i)) {
             bump(c);
             return;

@@ -38,11 +38,15 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64};
 use hotprobe_abi::patch::{abs_jmp_stub, NEAR_STUB_ENTRY, NEAR_STUB_EXIT, NEAR_STUB_MID};
 use hotprobe_abi::{rdtsc, Shm, STATUS_ATTACHED, STATUS_NO_NEAR_PAGE, VERSION};
 
+mod altstack;
 mod clock;
+mod coro;
 mod env;
 mod hit;
 mod inproc;
 mod orphan;
+mod rawcall;
+mod shared_tls;
 mod sigmask;
 mod threads;
 mod tls;
@@ -249,6 +253,7 @@ fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
         h.calib_tsc.store(t, Relaxed);
         h.calib_ns.store(clock::raw_ns(), Relaxed);
     }
+    rawcall::resolve();
     let s: &'static Shm = Box::leak(Box::new(shm));
     threads::rehome_threads(s);
     inproc::set(s);

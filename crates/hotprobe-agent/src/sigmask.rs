@@ -13,10 +13,14 @@
 //! `SIGTRAP` sent by `kill` while it believes it blocked (delivered to the
 //! chained handler at once instead of staying pending), and a new thread's
 //! view of the mask it inherited (the thread starts with `SIGTRAP` shown
-//! unblocked). Not covered: raw `rt_sigprocmask` system calls (the Go
-//! runtime's: the session gives a Go program no in-process trap) and an
-//! agent injected into a running process (its calls are bound to glibc
-//! already: the session gives it no in-process trap either).
+//! unblocked). The libc `syscall()` function is interposed too
+//! (`rawcall`): `syscall(SYS_rt_sigprocmask, …)` and
+//! `syscall(SYS_rt_sigaction, …)` get the same treatment on the kernel's
+//! 8-byte sets ([`kernel_mask`], [`kernel_handler_mask`]). Not covered:
+//! a `syscall` instruction of the program's own (the Go runtime's, or
+//! inline assembly: the session gives such a program no in-process trap)
+//! and an agent injected into a running process (its calls are bound to
+//! glibc already: the session gives it no in-process trap either).
 
 // The interposers are exported (`no_mangle`) in the library only: a unit
 // test build calls none of them.
@@ -76,12 +80,7 @@ unsafe fn masked(
         copy = unsafe { *set };
         // SAFETY: a valid set.
         let trap = unsafe { libc::sigismember(&copy, libc::SIGTRAP) } == 1;
-        after = match how {
-            libc::SIG_BLOCK => before || trap,
-            libc::SIG_UNBLOCK => before && !trap,
-            libc::SIG_SETMASK => trap,
-            _ => before,
-        };
+        after = wants_after(before, how, trap);
         if trap && how != libc::SIG_UNBLOCK {
             // SAFETY: a valid set.
             unsafe { libc::sigdelset(&mut copy, libc::SIGTRAP) };
@@ -98,6 +97,82 @@ unsafe fn masked(
         }
     }
     rc
+}
+
+/// Whether the program wants `SIGTRAP` blocked after a mask change `how`
+/// whose set holds it (`trap`) or not, having wanted it (`before`).
+fn wants_after(before: bool, how: libc::c_int, trap: bool) -> bool {
+    match how {
+        libc::SIG_BLOCK => before || trap,
+        libc::SIG_UNBLOCK => before && !trap,
+        libc::SIG_SETMASK => trap,
+        _ => before,
+    }
+}
+
+/// `SIGTRAP`'s bit in the kernel's signal set.
+const TRAP_BIT: u64 = 1 << (libc::SIGTRAP - 1);
+
+/// `rt_sigprocmask(how, set, old, size)` on the kernel's 8-byte sets, made
+/// by `call` (libc's `syscall`) with `set` less `SIGTRAP` while the
+/// agent's handler is installed; `old` gets the mask the program believes
+/// in (see the module docs).
+///
+/// # Safety
+/// `set` and `old` are null or valid for `size` bytes (the kernel checks
+/// `size`; the set's first word is read and written only when it is 8).
+pub(crate) unsafe fn kernel_mask(
+    how: libc::c_int,
+    set: *const u64,
+    old: *mut u64,
+    size: usize,
+    call: impl FnOnce(*const u64) -> libc::c_long,
+) -> libc::c_long {
+    if !crate::orphan::installed() || size != 8 {
+        return call(set);
+    }
+    let before = WANTS_TRAP_BLOCKED.with(Cell::get);
+    let mut after = before;
+    let mut copy;
+    let mut arg = set;
+    if !set.is_null() {
+        // SAFETY: `set` is valid for 8 bytes (caller); copied, as `old`
+        // may be the same memory.
+        copy = unsafe { set.read_unaligned() };
+        let trap = copy & TRAP_BIT != 0;
+        after = wants_after(before, how, trap);
+        if trap && how != libc::SIG_UNBLOCK {
+            copy &= !TRAP_BIT;
+        }
+        arg = &copy;
+    }
+    let rc = call(arg);
+    if rc == 0 {
+        WANTS_TRAP_BLOCKED.with(|w| w.set(after));
+        if before && !old.is_null() {
+            // SAFETY: `old` is valid for 8 bytes (caller), just written.
+            unsafe { old.write_unaligned(old.read_unaligned() | TRAP_BIT) };
+        }
+    }
+    rc
+}
+
+/// For an `rt_sigaction` system call on a signal other than `SIGTRAP`
+/// while the agent's handler is installed: takes `SIGTRAP` out of the
+/// kernel mask `mask` (remembered, as [`handler_mask`] does); returns
+/// whether the signal's previous handler had asked for it.
+pub(crate) fn kernel_handler_mask(sig: libc::c_int, mask: Option<&mut u64>) -> bool {
+    let bit = 1u64.checked_shl(sig.wrapping_sub(1) as u32).unwrap_or(0);
+    let had = TRAP_IN_HANDLER_MASK.load(Relaxed) & bit != 0;
+    if let Some(m) = mask {
+        if *m & TRAP_BIT != 0 {
+            *m &= !TRAP_BIT;
+            TRAP_IN_HANDLER_MASK.fetch_or(bit, Relaxed);
+        } else {
+            TRAP_IN_HANDLER_MASK.fetch_and(!bit, Relaxed);
+        }
+    }
+    had
 }
 
 /// `pthread_sigmask`, interposed (see the module docs).

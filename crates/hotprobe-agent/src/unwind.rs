@@ -14,6 +14,9 @@
 //! interpose these symbols: the tracer then must not hook returns in
 //! programs that throw through probed frames (documented limitation).
 //!
+//! `backtrace` (glibc's, which walks the stack with the same unwinder)
+//! is interposed too: the walk sees the real return addresses.
+//!
 //! Each hook is a naked function (it must see the caller's exact stack
 //! pointer) calling a Rust helper that returns the real function's address,
 //! resolved with `dlsym(RTLD_NEXT)`, then tail-jumps to it.
@@ -125,7 +128,7 @@ fn current_shadow() -> Option<(&'static ThreadEntry, *mut Shadow)> {
 /// Before an unwinder walks the stack from `sp` (the caller's stack
 /// pointer): drops the entries of dead frames and puts every live frame's
 /// real return address back, marking it restored.
-fn restore_for_unwind(sp: u64) {
+pub(crate) fn restore_for_unwind(sp: u64) {
     let Some((t, base)) = current_shadow() else {
         return;
     };
@@ -154,7 +157,7 @@ fn restore_for_unwind(sp: u64) {
 /// When a handler catches (the caller's stack pointer is `sp`): the frames
 /// below `sp` were unwound (their entries are popped with unwound exits);
 /// the live ones are hooked again.
-fn rearm_after_catch(sp: u64) {
+pub(crate) fn rearm_after_catch(sp: u64) {
     let Some((t, base)) = current_shadow() else {
         return;
     };
@@ -178,4 +181,64 @@ fn rearm_after_catch(sp: u64) {
         }
     }
     t.fast.busy.store(was, Relaxed);
+}
+
+/// glibc's `backtrace`.
+static NEXT_BACKTRACE: AtomicUsize = AtomicUsize::new(0);
+
+type BacktraceFn = unsafe extern "C" fn(*mut *mut libc::c_void, libc::c_int) -> libc::c_int;
+
+/// Frames [`backtrace`] gathers on its stack before copying them out.
+const BACKTRACE_FRAMES: usize = 256;
+
+/// `backtrace`, interposed: glibc's unwinder stops at the return
+/// trampoline (it has no unwind information, and its address is not the
+/// caller's), so while it walks, every live hooked frame holds its real
+/// return address again — as for an exception, [`restore_for_unwind`] —
+/// and is hooked again after ([`rearm_after_catch`], which finds no dead
+/// frame: the walk unwinds nothing). The frames are the program's own:
+/// this function's frame, which glibc's would report first, is left out.
+///
+/// # Safety
+/// As glibc's `backtrace`: `buf` is valid for `size` pointers.
+#[no_mangle]
+pub unsafe extern "C" fn backtrace(buf: *mut *mut libc::c_void, size: libc::c_int) -> libc::c_int {
+    let mut f = NEXT_BACKTRACE.load(Relaxed);
+    if f == 0 {
+        // SAFETY: a NUL-terminated name; RTLD_NEXT is a valid handle.
+        f = crate::threads::as_own_call(|| unsafe {
+            libc::dlsym(libc::RTLD_NEXT, c"backtrace".as_ptr())
+        }) as usize;
+        NEXT_BACKTRACE.store(f, Relaxed);
+    }
+    if f == 0 || size <= 0 || buf.is_null() {
+        return 0;
+    }
+    // SAFETY: dlsym's address of glibc's backtrace.
+    let real = unsafe { core::mem::transmute::<usize, BacktraceFn>(f) };
+    let sp: u64;
+    // SAFETY: reads the stack pointer; no other effect.
+    unsafe {
+        core::arch::asm!("mov {}, rsp", out(reg) sp, options(nomem, nostack, preserves_flags))
+    };
+    restore_for_unwind(sp);
+    let want = size as usize;
+    let mut tmp = [core::ptr::null_mut::<libc::c_void>(); BACKTRACE_FRAMES];
+    let n = if want < BACKTRACE_FRAMES {
+        // One more: this function's frame comes first.
+        // SAFETY: tmp holds want + 1 <= BACKTRACE_FRAMES pointers.
+        let got = unsafe { real(tmp.as_mut_ptr(), want as libc::c_int + 1) }.max(0) as usize;
+        let n = got.saturating_sub(1);
+        // SAFETY: n <= want pointers of `buf` (caller), from tmp[1..].
+        unsafe { core::ptr::copy_nonoverlapping(tmp.as_ptr().add(1), buf, n) };
+        n
+    } else {
+        // SAFETY: the caller's buffer; the first frame (this one) dropped.
+        let got = unsafe { real(buf, size) }.max(0) as usize;
+        // SAFETY: within the `got` pointers written.
+        unsafe { core::ptr::copy(buf.add(1), buf, got.saturating_sub(1)) };
+        got.saturating_sub(1)
+    };
+    rearm_after_catch(sp);
+    n as libc::c_int
 }

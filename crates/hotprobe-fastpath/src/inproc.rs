@@ -18,7 +18,9 @@
 //! * refused (the site stays on the ptrace trap, with this reason):
 //!   instructions the trap mechanism must single-step (an indirect `call`,
 //!   which would push the copy's address; `ret imm16`), and what
-//!   `plan_probe` refuses (`int3`, `ud2`, privileged instructions…).
+//!   `plan_probe` refuses (`int3`, `ud2`, privileged instructions…);
+//!   every site of a process with a `syscall` instruction of its own that
+//!   may change its signal state unseen (`raw_syscalls`).
 //!
 //! Detach writes the original byte back and stops counting; the table
 //! entry and the copy stay, so a thread whose `SIGTRAP` is still pending,
@@ -42,6 +44,8 @@ use hotprobe_x86::iced_x86::{
 use hotprobe_x86::{plan_probe, Emulation, Execution};
 
 use crate::{take_own_bytes_out, FastPath, FastPathError, ForeignWrite, Installed};
+
+mod raw_syscalls;
 
 /// What [`FastPath::add_inproc`] placed.
 #[derive(Clone, Debug)]
@@ -181,6 +185,9 @@ impl FastPath {
             why,
         };
         let (plan, text) = plan_site(&code, addr).map_err(impossible)?;
+        if let Some(why) = raw_syscalls::refusal(t.pid()) {
+            return Err(impossible(why));
+        }
         let probe_id = self.next_probe;
         if probe_id >= self.shm().layout().params.n_probes {
             return Err(FastPathError::Shm(

@@ -1,0 +1,176 @@
+//! libc's `syscall()`, interposed (issue 22): a program that changes its
+//! signal state or its clock with `syscall(SYS_rt_sigprocmask, …)` and the
+//! like, rather than through the libc functions the agent interposes,
+//! gets the same treatment as through them:
+//!
+//! * `rt_sigprocmask`: `SIGTRAP` kept out of the mask, the program shown
+//!   the mask it asked for (`sigmask`);
+//! * `rt_sigaction`: `SIGTRAP` kept out of a handler's mask; a handler of
+//!   `SIGTRAP` itself becomes the chained one (`orphan::sigaction`);
+//! * `sigaltstack`: the agent's larger stack in the kernel (`altstack`);
+//! * `prctl` and `seccomp`: the thread's clock mode (`clock`).
+//!
+//! Every other number goes to libc's `syscall()` unchanged, as do the
+//! changed `rt_sigprocmask` and `rt_sigaction` calls (a probe on libc's
+//! `syscall` counts them); the other three make the system call
+//! themselves. A `syscall` instruction of the program's own is not seen:
+//! the session gives a program with one no in-process trap.
+
+#![cfg_attr(test, allow(dead_code))]
+
+use core::sync::atomic::AtomicUsize;
+use core::sync::atomic::Ordering::Relaxed;
+
+use libc::c_long;
+
+type SyscallFn = unsafe extern "C" fn(c_long, ...) -> c_long;
+
+/// glibc's `syscall` (found once through `dlsym(RTLD_NEXT)`).
+static NEXT_SYSCALL: AtomicUsize = AtomicUsize::new(0);
+
+/// Finds glibc's `syscall` now (at attach): a thread in seccomp strict
+/// mode may make no system call, and `dlsym` makes some.
+pub(crate) fn resolve() {
+    next();
+}
+
+fn next() -> Option<SyscallFn> {
+    let mut f = NEXT_SYSCALL.load(Relaxed);
+    if f == 0 {
+        // SAFETY: a NUL-terminated name; RTLD_NEXT is a valid handle.
+        f = crate::threads::as_own_call(|| unsafe {
+            libc::dlsym(libc::RTLD_NEXT, c"syscall".as_ptr())
+        }) as usize;
+        NEXT_SYSCALL.store(f, Relaxed);
+    }
+    // SAFETY: dlsym's address of glibc's variadic `syscall`.
+    (f != 0).then(|| unsafe { core::mem::transmute::<usize, SyscallFn>(f) })
+}
+
+/// A result of the system call itself (0 or more, or the negated error)
+/// as libc's `syscall` returns it: -1 with `errno` set on error.
+fn as_libc(r: i64) -> c_long {
+    if (-4095..0).contains(&r) {
+        // SAFETY: errno of the calling thread.
+        unsafe { *libc::__errno_location() = -r as i32 };
+        -1
+    } else {
+        r as c_long
+    }
+}
+
+/// The kernel's `struct sigaction` (x86-64).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct KernelSigaction {
+    handler: u64,
+    flags: u64,
+    restorer: u64,
+    mask: u64,
+}
+
+/// `rt_sigaction(sig, act, old, size)` (see the module docs); `call`
+/// makes the system call with the given action through libc.
+///
+/// # Safety
+/// `act` and `old` are null or valid kernel sigactions.
+unsafe fn rt_sigaction(
+    sig: libc::c_int,
+    act: *const KernelSigaction,
+    old: *mut KernelSigaction,
+    size: usize,
+    call: impl FnOnce(*const KernelSigaction) -> c_long,
+) -> c_long {
+    if !crate::orphan::installed() || size != 8 {
+        return call(act);
+    }
+    if sig != libc::SIGTRAP {
+        // SAFETY: `act` is null or valid (caller); copied.
+        let mut copy = (!act.is_null()).then(|| unsafe { act.read_unaligned() });
+        let had = crate::sigmask::kernel_handler_mask(sig, copy.as_mut().map(|a| &mut a.mask));
+        let rc = call(copy.as_ref().map_or(core::ptr::null(), |a| a as *const _));
+        if rc == 0 && had && !old.is_null() {
+            // SAFETY: `old` is valid (caller) and was just written.
+            unsafe { (*old).mask |= 1 << (libc::SIGTRAP - 1) };
+        }
+        return rc;
+    }
+    // SIGTRAP: the chained handler, through the agent's `sigaction`.
+    // SAFETY: zeroed sigactions are valid; `act` is valid when non-null.
+    unsafe {
+        let mut a: libc::sigaction = core::mem::zeroed();
+        let mut o: libc::sigaction = core::mem::zeroed();
+        let ap = if act.is_null() {
+            core::ptr::null()
+        } else {
+            let k = act.read_unaligned();
+            a.sa_sigaction = k.handler as usize;
+            a.sa_flags = k.flags as libc::c_int;
+            &a as *const libc::sigaction
+        };
+        let rc = crate::orphan::sigaction(sig, ap, &mut o);
+        if rc == 0 && !old.is_null() {
+            old.write_unaligned(KernelSigaction {
+                handler: o.sa_sigaction as u64,
+                flags: o.sa_flags as u64,
+                restorer: 0,
+                mask: 0,
+            });
+        }
+        rc as c_long
+    }
+}
+
+/// libc's `syscall`, interposed (see the module docs). Declared with six
+/// arguments after the number, as glibc's takes them: a caller of the
+/// variadic function passes them in the same registers and stack slot.
+///
+/// # Safety
+/// As glibc's `syscall`: the arguments are valid for system call `nr`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn syscall(
+    nr: c_long,
+    a1: c_long,
+    a2: c_long,
+    a3: c_long,
+    a4: c_long,
+    a5: c_long,
+    a6: c_long,
+) -> c_long {
+    let Some(real) = next() else {
+        return as_libc(-(libc::ENOSYS as i64));
+    };
+    // SAFETY: the caller's arguments, passed on as it gave them (or with
+    // a copy of the set or action it passed, changed as documented).
+    unsafe {
+        match nr {
+            libc::SYS_rt_sigprocmask => crate::sigmask::kernel_mask(
+                a1 as libc::c_int,
+                a2 as *const u64,
+                a3 as *mut u64,
+                a4 as usize,
+                |set| real(nr, a1, set as c_long, a3, a4),
+            ),
+            libc::SYS_rt_sigaction => rt_sigaction(
+                a1 as libc::c_int,
+                a2 as *const KernelSigaction,
+                a3 as *mut KernelSigaction,
+                a4 as usize,
+                |act| real(nr, a1, act as c_long, a3, a4),
+            ),
+            libc::SYS_sigaltstack => {
+                crate::altstack::sigaltstack(a1 as *const libc::stack_t, a2 as *mut libc::stack_t)
+                    as c_long
+            }
+            libc::SYS_prctl => crate::clock::prctl(
+                a1 as libc::c_int,
+                a2 as libc::c_ulong,
+                a3 as libc::c_ulong,
+                a4 as libc::c_ulong,
+                a5 as libc::c_ulong,
+            ) as c_long,
+            libc::SYS_seccomp => as_libc(crate::clock::seccomp(a1 as u64, a2 as u64, a3 as u64)),
+            _ => real(nr, a1, a2, a3, a4, a5, a6),
+        }
+    }
+}
