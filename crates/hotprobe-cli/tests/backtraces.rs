@@ -10,8 +10,7 @@ use std::time::Duration;
 
 mod common;
 use common::gcc;
-mod record_support;
-use record_support::{info, record, trace_dir};
+use common::record::{info, record, trace_dir};
 
 #[path = "../../hotprobe/tests/nonlocal_support/mod.rs"]
 mod nonlocal_support;

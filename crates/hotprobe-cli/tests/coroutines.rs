@@ -10,9 +10,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 mod common;
+use common::record::{info, record, trace_dir};
 use common::{gcc, hotprobe_within, text};
-mod record_support;
-use record_support::{info, record, trace_dir};
 
 #[path = "../../hotprobe/tests/nonlocal_support/mod.rs"]
 mod nonlocal_support;

@@ -8,9 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 mod common;
+use common::record::{info, record, trace_dir, Info};
 use common::{gcc, hotprobe_within, program_output, text, CountTable};
-mod record_support;
-use record_support::{info, record, trace_dir, Info};
 
 #[path = "../../hotprobe/tests/nonlocal_support/mod.rs"]
 mod nonlocal_support;

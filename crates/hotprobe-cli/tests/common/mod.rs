@@ -1,6 +1,9 @@
 //! Helpers shared by the CLI's integration tests.
 #![allow(dead_code)] // each test binary uses its own subset
 
+/// `hotprobe record` runs and `info` of their traces.
+pub mod record;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 

@@ -1,12 +1,11 @@
 //! `hotprobe record` runs for the tests of unusual stacks and signal
 //! state (issue 22): the program's output and status as its own, and what
 //! `info` says of the trace.
-#![allow(dead_code)] // each test binary uses its own subset
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::common::{hotprobe_within, text};
+use super::{hotprobe_within, text};
 
 /// What `hotprobe info` says of a trace.
 #[derive(Debug, PartialEq, Eq)]
