@@ -56,6 +56,7 @@ pub use session::{
     Action, Added, Capture, CaptureChooser, Mechanism, MechanismChoice, PatchKind, Placement,
     RunEnd, Session, SessionConfig, Skipped, TargetId, XmmChooser,
 };
+pub use session::{CodeOwner, CodeSite};
 
 /// Errors of the engine and the session.
 #[derive(Debug, thiserror::Error)]

@@ -118,11 +118,6 @@ impl GuestPlugin {
         self.sites.contains(&addr)
     }
 
-    /// Whether probe `id` is the plugin's.
-    pub(crate) fn has(&self, id: ProbeId) -> bool {
-        self.index.contains_key(&id)
-    }
-
     /// Adds a probe (before the guest runs): `record` makes it a return
     /// probe with entry and exit events; a `Count` with `is_return` counts
     /// returns.

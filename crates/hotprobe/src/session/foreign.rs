@@ -1,8 +1,63 @@
 //! Kernel uprobes found on the sites hotprobe rewrote, named when a
 //! program with hotprobe's code in it crashes (see "Code shared with other
-//! tools" in docs/DESIGN.md).
+//! tools" in docs/DESIGN.md), and the sites another writer changed.
 
 use super::*;
+
+/// Turns the fast path's sites another writer changed (see
+/// [`hotprobe_fastpath::ForeignWrite`]) into notices naming them.
+pub(super) fn note_foreign_writes(engine: &mut Engine, agent: &mut Agent) {
+    let Some(fp) = agent.fast_path_mut() else {
+        return;
+    };
+    let found = fp.take_foreign_writes();
+    if found.is_empty() {
+        return;
+    }
+    let symbolizer = engine.target_and_symbolizer().1;
+    let mut notes = Vec::new();
+    let hex = |b: &[u8]| {
+        b.iter()
+            .map(|x| format!("{x:02x}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    for f in found {
+        let name = symbolizer
+            .as_ref()
+            .and_then(|s| s.symbolize(RuntimeAddr(f.addr)))
+            .map_or(String::new(), |n| format!("{n} "));
+        let (left, found) = (hex(&f.expected), hex(&f.found));
+        let site = format!("the probe site {name}at {:#x}", f.addr);
+        use hotprobe_fastpath::ForeignOutcome as O;
+        notes.push(match f.outcome {
+            O::Int3Kept => format!(
+                "{site} was changed by another writer while hotprobe's code was in it \
+                 (hotprobe left {left}, found {found}): a kernel uprobe (bpftrace, perf probe) \
+                 or a breakpoint on the same instruction (a hit on both crashes a jump or call \
+                 site, and an int3 site's hits go to it); its int3 was kept, over the original \
+                 instructions"
+            ),
+            O::Restored => format!(
+                "{site} was changed by another writer while hotprobe's code was in it \
+                 (hotprobe left {left}, found {found}): a kernel uprobe placed and removed \
+                 since (a hit on both crashes a jump or call site, and an int3 site's hits go \
+                 to it); the original bytes were put back"
+            ),
+            O::LeftAsFound => format!(
+                "{site} holds code hotprobe did not write (hotprobe left {left}, found \
+                 {found}): another tool's (a kernel uprobe's, a debugger's); it was left as \
+                 found"
+            ),
+            O::LeftDisabled => format!(
+                "{site} stays disabled: its original bytes were changed since the disable \
+                 (expected {left}, found {found}), by a kernel uprobe or a breakpoint; \
+                 enabling it would break that probe"
+            ),
+        });
+    }
+    engine.notices.extend(notes);
+}
 
 /// When a process hotprobe rewrote code in died of a crash signal: the
 /// kernel uprobes registered on instructions it rewrote (`written`: each

@@ -1,0 +1,119 @@
+//! Recorded events out of every mechanism into the caller's sink: each
+//! mechanism's own (the plugin's rings, the trap's queued events) and the
+//! agent's rings, merged by time stamp where both hold a thread's events.
+
+use super::*;
+
+impl Session {
+    /// Drains every recording target into `sink`. With `low` 0, the usual
+    /// thresholds apply and the nap before the next drain is returned;
+    /// otherwise every ring is emptied.
+    pub(super) fn drain<'s>(
+        &mut self,
+        sink: Option<&mut (dyn EventSink + 's)>,
+        low: u64,
+    ) -> Result<Duration, EngineError> {
+        let Some(sink) = sink else {
+            // Nobody to hand trap record events to: drop them rather than
+            // let the queues grow (the counts stay in stats()).
+            for s in &self.slots {
+                s.mechs.trap.discard_events();
+            }
+            return Ok(Duration::ZERO);
+        };
+        let mut nap = Duration::from_millis(1);
+        for s in &mut self.slots {
+            if !s.recording {
+                continue;
+            }
+            let mut queued = Vec::new();
+            for m in s.mechs.all() {
+                let (n, drops) = m.drain(sink, &mut queued).map_err(EngineError::Sink)?;
+                s.drain.stats.events += n;
+                s.drain.stats.ring_drops += drops;
+            }
+            for (ev, _) in &mut queued {
+                if let Some(r) = s.origin.get(&ProbeId(ev.probe_id)) {
+                    ev.probe_id = r.0;
+                }
+            }
+            s.drain.stats.events += queued.len() as u64;
+            let Some(fp) = s.agent.fast_path() else {
+                for (ev, data) in &queued {
+                    emit(sink, ev, data.as_deref()).map_err(EngineError::Sink)?;
+                }
+                continue;
+            };
+            if !queued.is_empty() {
+                // Queued events were taken at ptrace stops, after every
+                // event their thread had written into its ring: one pass
+                // over the rings, merged with them by time stamp, keeps
+                // each thread's events in order.
+                let mut merged = Merge {
+                    events: queued,
+                    sink: &mut *sink,
+                };
+                s.drain
+                    .pass(fp, &s.agent.ids, 1, &mut merged)
+                    .map_err(EngineError::Sink)?;
+                merged.events.sort_by_key(|(e, _)| e.tsc);
+                for (ev, data) in &merged.events {
+                    emit(sink, ev, data.as_deref()).map_err(EngineError::Sink)?;
+                }
+                continue;
+            }
+            // A ring is drained again while a drain of it returned at least
+            // `low` events; the loop naps only when no ring held that many
+            // (a drain right behind the producer pulls the cache lines it
+            // is writing away from it). 1/64 of a ring.
+            let ring_low = (u64::from(fp.ring_capacity()) / 64).max(64);
+            let pass = s
+                .drain
+                .pass(
+                    fp,
+                    &s.agent.ids,
+                    if low == 0 { ring_low } else { low },
+                    sink,
+                )
+                .map_err(EngineError::Sink)?;
+            let this = if pass.events == 0 {
+                Duration::from_millis(1)
+            } else if pass.max_fill < ring_low {
+                Duration::from_micros(100)
+            } else {
+                Duration::ZERO
+            };
+            nap = nap.min(this);
+        }
+        Ok(nap)
+    }
+}
+
+/// Collects a ring pass's events (to merge them with queued events);
+/// losses go straight on.
+struct Merge<'a, 's> {
+    events: Vec<(RecordedEvent, Option<Vec<u8>>)>,
+    sink: &'a mut (dyn EventSink + 's),
+}
+
+impl EventSink for Merge<'_, '_> {
+    fn event(&mut self, ev: &RecordedEvent) -> Result<(), crate::SinkError> {
+        self.events.push((*ev, None));
+        Ok(())
+    }
+    fn lost(&mut self, tid: u32, ts: u64, count: u64) -> Result<(), crate::SinkError> {
+        self.sink.lost(tid, ts, count)
+    }
+}
+
+/// Hands `ev` to `sink`, with its captured bytes when it has some.
+fn emit(
+    sink: &mut (dyn EventSink + '_),
+    ev: &RecordedEvent,
+    data: Option<&[u8]>,
+) -> Result<(), crate::SinkError> {
+    match data {
+        Some(bytes) => sink.event_data(ev, bytes),
+        None => sink.event(ev),
+    }
+}

@@ -1,0 +1,227 @@
+//! Probes whose handlers run in the session through shared memory: at a
+//! patch or jump site whose call hands the registers over, or at an
+//! in-process trap; and the session's side of those calls.
+
+use super::*;
+use std::cell::RefCell;
+use std::time::{Duration, Instant};
+
+/// Default spin of each side of a shared-memory handler call.
+const DEFAULT_HANDLER_SPIN: Duration = Duration::from_micros(50);
+/// Default time a request may wait to be taken before its thread
+/// withdraws it (see [`Session::set_handler_timeout`]).
+const DEFAULT_HANDLER_TIMEOUT: Duration = Duration::from_secs(1);
+
+impl Session {
+    /// How long each side of a shared-memory handler call spins before it
+    /// sleeps on a futex: the target's thread for the answer, the session
+    /// for the next request (default 50 µs; zero: both sleep at once).
+    /// Applies to targets whose first such probe is added afterwards, and
+    /// to the session's own waiting at once.
+    pub fn set_handler_spin(&mut self, spin: Duration) {
+        self.handler_spin = Some(spin);
+        self.apply_handler_wait();
+    }
+
+    /// How long a thread's shared-memory handler request may wait for the
+    /// session to take it before the thread withdraws it and resumes
+    /// unmodified — the handler does not run for that hit, which is
+    /// counted in the probe's `nmissed` ([`Session::stats`]). Default
+    /// 1 s: it bounds how long a program stalls on
+    /// a session that stopped serving (not in `run`, or stuck); a session
+    /// that serves loses no request to it unless it cannot get to one for
+    /// that long (its process starved of CPU, a handler that blocks).
+    /// A request already taken is waited for as long as the session is
+    /// alive. Applies at once, and to targets given handler probes later.
+    pub fn set_handler_timeout(&mut self, timeout: Duration) {
+        self.handler_timeout = Some(timeout);
+        self.apply_handler_wait();
+    }
+
+    pub(super) fn apply_handler_wait(&self) {
+        for s in &self.slots {
+            if let (Some(fp), false) = (s.agent.fast_path(), s.agent.handlers.is_empty()) {
+                fp.set_handler_wait(self.spin(), self.handler_timeout());
+            }
+        }
+    }
+
+    pub(super) fn spin(&self) -> Duration {
+        self.handler_spin.unwrap_or(DEFAULT_HANDLER_SPIN)
+    }
+
+    pub(super) fn handler_timeout(&self) -> Duration {
+        self.handler_timeout.unwrap_or(DEFAULT_HANDLER_TIMEOUT)
+    }
+
+    /// Places a probe with a pre handler and no post handler on a patch or
+    /// jump site whose call hands the registers over (see
+    /// `place_stub_handler`), else — or with a post handler — as an
+    /// in-process trap whose handlers run here through shared memory
+    /// (a post handler: a second hand-over after the displaced
+    /// instruction): no ptrace stop. `Ok(Err(probe))` (the probe handed back) when it cannot
+    /// go there: the caller places it on the trap.
+    pub(super) fn place_shm_handler(
+        &mut self,
+        t: TargetId,
+        r: &ResolvedProbe,
+        mut probe: Probe,
+        label: String,
+    ) -> Result<Result<Placement, Probe>, EngineError> {
+        if self.config.mechanism != MechanismChoice::Auto {
+            return Ok(Err(probe));
+        }
+        let post = probe.post.is_some();
+        let config = self.config.fast_path;
+        let waits = (self.spin(), self.handler_timeout());
+        let slot = self.slot(t)?;
+        slot.sync_ledger();
+        // A site already at the address (or holding it in its bytes):
+        // the trap joins or takes it over (`plan.rs`).
+        if !slot.is_process()
+            || slot.mechs.plugin.is_some()
+            || slot.engine.execution_of(r.addr).is_some()
+            || slot.ledger.site_at(r.addr.0).is_some()
+            || slot.agent.ensure(&mut slot.engine, &config).is_err()
+        {
+            return Ok(Err(probe));
+        }
+        if !post && r.offset == 0 && r.is_entry() && !r.is_return {
+            match self.place_stub_handler(t, r, probe, label.clone(), waits)? {
+                Ok(p) => return Ok(Ok(p)),
+                Err(p) => probe = p,
+            }
+        }
+        if self.inproc_refusal(t)?.is_some() {
+            return Ok(Err(probe));
+        }
+        let slot = self.slot(t)?;
+        let (mut cx, mechs) = slot.parts();
+        let Some(inproc) = mechs.inproc.as_mut() else {
+            return Ok(Err(probe));
+        };
+        let placed = inproc.place_handler(&mut cx, (r, label), probe, waits)?;
+        if let Ok(p) = &placed {
+            slot.owner.insert(p.id, MechKind::InProcess);
+        }
+        Ok(placed)
+    }
+
+    /// Places a pre-handler probe at a function's entry on a patch or a
+    /// jump whose `call` goes to the agent's handler trampoline (the
+    /// register file handed over through shared memory, no signal);
+    /// `Ok(Err(probe))` where neither fits (the caller tries the
+    /// in-process trap).
+    pub(super) fn place_stub_handler(
+        &mut self,
+        t: TargetId,
+        r: &ResolvedProbe,
+        probe: Probe,
+        label: String,
+        (spin, timeout): (Duration, Duration),
+    ) -> Result<Result<Placement, Probe>, EngineError> {
+        let choice = self.config.mechanism;
+        let Some(pid) = self.slot(t)?.pid else {
+            return Ok(Err(probe));
+        };
+        let Ok(symbols) = hotprobe_symbols::ProcessSymbols::for_pid(pid as u32) else {
+            return Ok(Err(probe));
+        };
+        let plan = self.plan_resolved(t, r, false, false, Some(&symbols))?;
+        if !matches!(plan, Plan::Fast { .. }) {
+            return Ok(Err(probe));
+        }
+        let slot = self.slot(t)?;
+        let (mut cx, mechs) = slot.parts();
+        let Some(fast) = mechs.fast.as_mut() else {
+            return Ok(Err(probe));
+        };
+        let placed =
+            fast.place_stub_handler(&mut cx, (r, label), probe, plan, (choice, spin, timeout))?;
+        if let Ok(p) = &placed {
+            slot.owner.insert(p.id, MechKind::Fast);
+        }
+        Ok(placed)
+    }
+
+    /// Runs the shared-memory handler calls of slot `i` for up to
+    /// `timeout` (20 ms without one): spinning for the next request for
+    /// the handler spin, then sleeping on the doorbell. True when a
+    /// handler asked to stop.
+    pub(super) fn serve_handlers(&mut self, i: usize, timeout: Option<Duration>) -> bool {
+        let spin = self.spin();
+        let deadline = Instant::now() + timeout.unwrap_or(Duration::from_millis(20));
+        let slot = &mut self.slots[i];
+        let Slot { engine, agent, .. } = slot;
+        let agent::Agent {
+            state,
+            handlers: shm_handlers,
+            taken: shm_taken,
+            ..
+        } = agent;
+        let AgentState::On(fp) = state else {
+            return false;
+        };
+        let mut stop = false;
+        loop {
+            let seen = fp.handler_doorbell();
+            // No call taken once a handler asked to stop: the next waits
+            // for the next run (as a trap hit waits stopped).
+            while let Some(call) = (!stop).then(|| fp.take_handler_call()).flatten() {
+                // A hit is its pre call (a post call is the same hit's
+                // second hand-over).
+                if !call.post {
+                    *shm_taken.entry(call.counter).or_insert(0) += 1;
+                }
+                let Some((id, probe)) = shm_handlers.get_mut(&call.counter) else {
+                    fp.finish_handler_call(&call, None);
+                    continue;
+                };
+                let mut regs = crate::handler::HitRegs::complete(call.regs);
+                {
+                    let (target, symbolizer) = engine.target_and_symbolizer();
+                    let mut ctx = crate::HitContext {
+                        target: RefCell::new(target),
+                        thread: hotprobe_target::ThreadId(u64::from(call.tid)),
+                        regs: &mut regs,
+                        probe: *id,
+                        addr: RuntimeAddr(call.addr),
+                        kind: if call.post {
+                            crate::HitKind::Post
+                        } else {
+                            crate::HitKind::Pre
+                        },
+                        stop: &mut stop,
+                        symbolizer,
+                        entry: None,
+                        fetch_error: RefCell::new(None),
+                        watch: None,
+                    };
+                    let handler = if call.post {
+                        probe.post.as_mut()
+                    } else {
+                        probe.pre.as_mut()
+                    };
+                    if let Some(h) = handler {
+                        h(&mut ctx);
+                    }
+                }
+                let after = regs.fetched().copied().filter(|r| *r != call.regs);
+                fp.finish_handler_call(&call, after.as_ref());
+            }
+            let now = Instant::now();
+            if stop || now >= deadline {
+                return stop;
+            }
+            // Without a caller's timeout, a sleep never shorter than the
+            // kernel's tick (5 ms past the cycle's end at most): a shorter
+            // timed wait programs the timer each time, which costs a
+            // hand-over microseconds in a VM.
+            let until = match timeout {
+                None => deadline.max(now + Duration::from_millis(5)),
+                Some(_) => deadline,
+            };
+            fp.wait_handler_calls(seen, spin, until);
+        }
+    }
+}

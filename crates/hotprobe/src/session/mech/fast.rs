@@ -1,0 +1,323 @@
+//! The fast path's patch and jump sites: a compiler's placeholder NOP
+//! rewritten into a call to the agent, or a function's first instructions
+//! moved to a trampoline that calls it (`hotprobe_fastpath`). No trap, no
+//! stop. One module for both: they differ only in how the fast path
+//! rewrites the entry, which it chooses.
+//!
+//! The agent is a resource of the target this mechanism shares with the
+//! in-process trap (see `agent.rs`): its counters count for both (read by
+//! the session, `Session::stats_by_process`), its rings are drained by the
+//! session, and what happens to the agent's writes at an exec, an exit or
+//! an unmapping (forgotten, the image is gone) is done here for both.
+
+use super::*;
+use crate::session::agent::{sync_agent_writes, AgentState};
+use crate::session::foreign::note_foreign_writes;
+use crate::session::{from_fast, Probe};
+use hotprobe_target::RuntimeAddr;
+use hotprobe_target::Target;
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::Duration;
+
+/// The fast path's state beside the agent's.
+#[derive(Default)]
+pub(crate) struct FastMech {
+    /// Probes removed while the target ran (`Session::remove_probe`):
+    /// their counts stay readable, nothing else applies to them.
+    removed: HashSet<ProbeId>,
+}
+
+impl FastMech {
+    /// Places a pre-handler probe at a function's entry on a patch or a
+    /// jump whose `call` goes to the agent's handler trampoline (the
+    /// register file handed over through shared memory, no signal) as
+    /// `plan` says; `Err(probe)` (handed back) where it does not fit.
+    pub(crate) fn place_stub_handler(
+        &mut self,
+        cx: &mut Cx<'_>,
+        (r, label): (&ResolvedProbe, String),
+        probe: Probe,
+        plan: Plan,
+        (choice, spin, timeout): (MechanismChoice, Duration, Duration),
+    ) -> Result<Result<Placement, Probe>, EngineError> {
+        let Plan::Fast {
+            path,
+            bias,
+            function,
+            reason,
+            ..
+        } = plan
+        else {
+            return Ok(Err(probe));
+        };
+        let started = cx.engine.started;
+        let (AgentState::On(fp), Some(pt)) = (&mut cx.agent.state, cx.engine.process()) else {
+            return Ok(Err(probe));
+        };
+        let placed = fp.add_stub_handler(pt, &path, bias, &function, choice);
+        if started {
+            pt.resume_all()?;
+        }
+        let Ok(info) = placed else {
+            return Ok(Err(probe));
+        };
+        fp.set_handler_wait(spin, timeout);
+        let id = cx.engine.new_id();
+        cx.agent.add_handler(id, info.probe_id, probe);
+        sync_agent_writes(cx.engine, cx.agent, cx.ledger);
+        cx.ledger.add_probe(info.addr, (id, false));
+        let mechanism = from_fast(info.mechanism);
+        Ok(Ok(Placement {
+            id,
+            label,
+            addr: RuntimeAddr(info.addr),
+            function: r.function.clone(),
+            module: r.module.clone(),
+            is_return: r.is_return,
+            mechanism,
+            reason: format!(
+                "{reason}; the pre handler runs in hotprobe through shared memory \
+                 (the site's call saves the registers: no signal)"
+            ),
+            execution: format!("{mechanism} (shared-memory handler)"),
+            entry_only: None,
+        }))
+    }
+
+    /// Notes probe `id` as removed by a hand-over to the trap (its counts
+    /// stay readable).
+    pub(crate) fn mark_removed(&mut self, id: ProbeId) {
+        self.removed.insert(id);
+    }
+}
+
+impl ProbeMechanism for FastMech {
+    fn kind(&self) -> MechKind {
+        MechKind::Fast
+    }
+
+    /// A function entry the fast path can rewrite: what
+    /// `FastPath::plan` says of it (patch, then jump).
+    fn plan(
+        &mut self,
+        cx: &mut Cx<'_>,
+        ask: &SiteAsk<'_>,
+        _before: Option<String>,
+    ) -> Result<Verdict, EngineError> {
+        let (r, choice) = (ask.r, ask.choice);
+        let forced = matches!(choice, MechanismChoice::Patch | MechanismChoice::Jump);
+        let Some(symbols) = ask.symbols else {
+            return Ok(Verdict::Pass("guest probes use the GDB stub".into()));
+        };
+        let trap_only = if choice == MechanismChoice::Trap {
+            Some("--mechanism trap".to_string())
+        } else if ask.is_return && !ask.record {
+            Some("return counts use a return probe".to_string())
+        } else if r.offset != 0 || !r.is_entry() {
+            Some("not a function entry (the fast path probes entries)".to_string())
+        } else {
+            None
+        };
+        if let Some(why) = trap_only {
+            if forced {
+                return Err(EngineError::RefusedSpec {
+                    spec: r.to_string(),
+                    reason: format!("--mechanism patch|jump applies to function entries: {why}"),
+                });
+            }
+            return Ok(Verdict::Pass(why));
+        }
+        let Some(module) = symbols.modules().iter().find(|m| m.contains(r.addr)) else {
+            return Ok(Verdict::Pass("no module maps this address".into()));
+        };
+        // The file the symbols were read from: a program or library
+        // replaced on disk since it was mapped is read through the
+        // mapping (`/proc/PID/map_files`), never through its old path,
+        // which now names another file (issue 22).
+        let (path, bias) = (module.module.path().to_path_buf(), module.bias.0);
+        let fp = match cx.agent.ensure(cx.engine, &ask.fast_path) {
+            Ok(fp) => fp,
+            Err(why) if !forced => return Ok(Verdict::Pass(why)),
+            Err(why) => {
+                return Err(EngineError::RefusedSpec {
+                    spec: r.to_string(),
+                    reason: why,
+                })
+            }
+        };
+        let function = match fp.function_at(&path, r.link_addr.0, r.function.as_deref()) {
+            Ok(f) => f,
+            Err(e) if !forced => return Ok(Verdict::Pass(e.to_string())),
+            Err(e) => return Err(e.into()),
+        };
+        let plan = fp.plan(&path, &function, choice)?;
+        Ok(match plan.mechanism {
+            hotprobe_fastpath::Mechanism::Trap => Verdict::Pass(plan.reason),
+            _ => Verdict::Take(Plan::Fast {
+                path,
+                bias,
+                function,
+                reason: plan.reason,
+                site: plan.site.wrapping_add(bias),
+                len: plan.len,
+            }),
+        })
+    }
+
+    fn place(
+        &mut self,
+        cx: &mut Cx<'_>,
+        ask: SiteAsk<'_>,
+        plan: Plan,
+    ) -> Result<Result<Placement, String>, EngineError> {
+        let Plan::Fast {
+            path,
+            bias,
+            function,
+            reason,
+            ..
+        } = plan
+        else {
+            return Ok(Err("not a fast-path site".into()));
+        };
+        let (r, record, label) = (ask.r, ask.record, ask.label);
+        let id = match ask.existing {
+            Some(id) => id,
+            None => cx.engine.new_id(),
+        };
+        let started = cx.engine.started;
+        let AgentState::On(fp) = &mut cx.agent.state else {
+            unreachable!("planned on the fast path")
+        };
+        let pt = cx
+            .engine
+            .process()
+            .ok_or_else(|| EngineError::RefusedSpec {
+                spec: label.clone(),
+                reason: "not a process".into(),
+            })?;
+        let entry_only = r.no_return.clone().filter(|_| record);
+        let action = if record {
+            let a = hotprobe_fastpath::Action::record();
+            let a = match entry_only {
+                Some(_) => a,
+                None => a.with_exit(),
+            };
+            match ask.xmm {
+                Some(k) => a.with_xmm(k),
+                None => a,
+            }
+        } else {
+            hotprobe_fastpath::Action::count()
+        };
+        if ask.batching {
+            fp.begin_batch();
+        }
+        let info = fp.add_function(pt, Path::new(&path), bias, &function, action, ask.choice);
+        if started && !fp.in_batch() {
+            pt.resume_all()?;
+        }
+        let info = info?;
+        cx.agent.bind(id, info.probe_id, info.exit_probe_id);
+        sync_agent_writes(cx.engine, cx.agent, cx.ledger);
+        cx.ledger.add_probe(info.addr, (id, record));
+        let mechanism = from_fast(info.mechanism);
+        Ok(Ok(Placement {
+            id,
+            label,
+            addr: RuntimeAddr(info.addr),
+            function: r.function.clone(),
+            module: r.module.clone(),
+            is_return: r.is_return,
+            mechanism,
+            reason,
+            execution: mechanism.to_string(),
+            entry_only,
+        }))
+    }
+
+    fn set_enabled(&mut self, cx: &mut Cx<'_>, id: ProbeId, on: bool) -> Result<(), EngineError> {
+        if self.removed.contains(&id) {
+            return Err(EngineError::NoSuchProbe(id));
+        }
+        cx.agent.change(cx.engine, id, |fp, pt, c| {
+            fp.set_probe_enabled(pt, c, on).map(|_| ())
+        })
+    }
+
+    fn remove(&mut self, cx: &mut Cx<'_>, id: ProbeId) -> Result<(), EngineError> {
+        if self.removed.contains(&id) {
+            return Err(EngineError::NoSuchProbe(id));
+        }
+        cx.agent.change(cx.engine, id, |fp, pt, c| {
+            fp.remove_probe(pt, c).map(|_| ())
+        })?;
+        self.removed.insert(id);
+        // Its site stays in the ledger while another probe holds it (the
+        // fast path took the bytes out otherwise).
+        cx.ledger.drop_probe(id);
+        sync_agent_writes(cx.engine, cx.agent, cx.ledger);
+        // Its counters stay readable (stats); no handler call is served
+        // any more (a thread waiting in one resumes unmodified).
+        cx.agent.take_handler(id);
+        Ok(())
+    }
+
+    /// The agent's counters count for this mechanism: the session reads
+    /// them once for both of the agent's mechanisms (`Agent::add_counts`).
+    fn stats(&self, _engine: &Engine, _id: ProbeId, _me: i32, _by: &mut ByProcess) -> bool {
+        false
+    }
+
+    /// The agent's rings are drained by the session (for both of the
+    /// agent's mechanisms, merged with the trap's events).
+    fn drain(
+        &mut self,
+        _sink: &mut dyn EventSink,
+        _queued: &mut Vec<(RecordedEvent, Option<Vec<u8>>)>,
+    ) -> Result<(u64, u64), SinkError> {
+        Ok((0, 0))
+    }
+
+    /// The image the agent wrote into is gone (exec, exit) or partly gone
+    /// (an unmapped module): its writes there are forgotten, nothing is
+    /// restored. Counts and rings stay the session's.
+    fn on_change(&mut self, cx: &mut Cx<'_>, change: &TargetChange) {
+        let AgentState::On(fp) = &mut cx.agent.state else {
+            return;
+        };
+        match change {
+            TargetChange::Exec => {
+                let n = cx.agent.counters.len();
+                if !fp.is_detached() && n > 0 {
+                    let who = cx.engine.target().describe();
+                    cx.engine.notices.push(format!(
+                        "{who}: exec: {n} fast-path probes dropped (their counts and events \
+                         before the exec are kept)"
+                    ));
+                }
+                fp.forget();
+            }
+            TargetChange::Exited => fp.forget(),
+            TargetChange::Unmapped { start, end } => fp.forget_range(*start, *end),
+        }
+        sync_agent_writes(cx.engine, cx.agent, cx.ledger);
+    }
+
+    fn detach(&mut self, cx: &mut Cx<'_>, gone: bool) -> Result<(), EngineError> {
+        let AgentState::On(fp) = &mut cx.agent.state else {
+            return Ok(());
+        };
+        if gone {
+            fp.forget();
+            return Ok(());
+        }
+        let Some(pt) = cx.engine.process() else {
+            return Ok(());
+        };
+        let r = fp.detach(pt);
+        note_foreign_writes(cx.engine, cx.agent);
+        Ok(r?)
+    }
+}

@@ -1,0 +1,256 @@
+//! The mechanisms a session places probes with, behind one interface
+//! ([`ProbeMechanism`]), and the list of them a target has ([`Mechs`]).
+//!
+//! - [`trap::TrapMech`]: the trap engine ([`crate::Engine`]): an `int3`
+//!   handled through ptrace, or, on a guest, a breakpoint through QEMU's
+//!   GDB stub: the guest stub is this same mechanism over the guest's
+//!   target (`Mechanism::Stub` only names it in placements).
+//! - [`fast::FastMech`]: the fast path's patch and jump sites (a call to
+//!   the agent, no trap).
+//! - [`inproc::InProcMech`]: the agent's in-process trap (an `int3` its
+//!   `SIGTRAP` handler takes, no ptrace stop).
+//! - [`plugin::PluginMech`]: hotprobe's QEMU TCG plugin of a guest.
+//!
+//! A mechanism borrows what the target shares ([`Cx`]): the engine, which
+//! holds the target (the engine's API is kept as it is, so the target is
+//! reached through it), the agent (the fast path, the in-process traps and
+//! the trap table all live in it) and the code ledger.
+//!
+//! The session keeps, per target, the list of mechanisms and which one
+//! serves each probe (`Slot::owner`), allocates probe ids (from the
+//! engine's counter, which numbers the engine's own probes too), plans a
+//! site by an ordered choice over the mechanisms (`plan.rs`), and holds
+//! notices, pending probes and followed children.
+
+pub(super) mod fast;
+pub(super) mod inproc;
+pub(super) mod plugin;
+pub(super) mod trap;
+
+use super::agent::{Agent, ByProcess};
+use super::ledger::CodeLedger;
+use super::{Capture, Placement, Plan};
+use crate::handler::ProbeId;
+use crate::recorder::{EventSink, SinkError};
+use crate::{Engine, EngineError};
+use hotprobe_fastpath::{MechanismChoice, RecordedEvent};
+use hotprobe_symbols::ResolvedProbe;
+
+/// Which mechanism serves a probe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum MechKind {
+    /// The trap engine (ptrace trap, guest stub).
+    Trap,
+    /// A patch or jump site of the fast path.
+    Fast,
+    /// The agent's in-process trap.
+    InProcess,
+    /// The guest's QEMU plugin.
+    Plugin,
+}
+
+/// What the mechanisms of a target borrow from it.
+pub(crate) struct Cx<'a> {
+    /// The trap engine, holding the target.
+    pub engine: &'a mut Engine,
+    /// The agent (a process target's).
+    pub agent: &'a mut Agent,
+    /// Every byte written into the target's code.
+    pub ledger: &'a mut CodeLedger,
+}
+
+/// A `Count` or `Record` probe to place at one resolved address.
+pub(crate) struct SiteAsk<'r> {
+    /// Where.
+    pub r: &'r ResolvedProbe,
+    /// What the user sees.
+    pub label: String,
+    /// A `%return` spec.
+    pub is_return: bool,
+    /// `Record` (else `Count`).
+    pub record: bool,
+    /// What a trap `Record` reads at its hits (typed values).
+    pub capture: Option<Capture>,
+    /// Float/double values from xmm registers on the fast path.
+    pub xmm: Option<u8>,
+    /// The probe id already given (a pending probe being armed).
+    pub existing: Option<ProbeId>,
+    /// The session's (or this spec's) choice of mechanism.
+    pub choice: MechanismChoice,
+    /// Live return instances a trap return probe follows.
+    pub maxactive: usize,
+    /// Argument registers a record event carries.
+    pub nargs: usize,
+    /// The fast path's shared-memory sizes.
+    pub fast_path: hotprobe_fastpath::FastPathConfig,
+    /// Inside `Session::add_filtered`: fast-path writes held for a batch.
+    pub batching: bool,
+    /// Why the in-process trap may not be used in this target, if so.
+    pub inproc_refusal: Option<String>,
+    /// The plugin's options for this probe.
+    pub plugin: Option<crate::PluginOptions>,
+    /// The guest's `__x86_return_thunk`, for the plugin.
+    pub return_thunk: Option<u64>,
+    /// A process's modules (`None` for a guest).
+    pub symbols: Option<&'r hotprobe_symbols::ProcessSymbols>,
+}
+
+/// A mechanism's answer to a site.
+pub(crate) enum Verdict {
+    /// It takes the site, as planned.
+    Take(Plan),
+    /// It cannot, and why (the next mechanism in the order is asked).
+    Pass(String),
+}
+
+/// A change of the target every mechanism reacts to.
+pub(crate) enum TargetChange {
+    /// The process ran `execve`: its image is gone.
+    Exec,
+    /// The target exited (or died).
+    Exited,
+    /// A module was unmapped: the sites in `start..end` are gone.
+    Unmapped { start: u64, end: u64 },
+}
+
+/// One way of executing probes (see the module docs).
+pub(crate) trait ProbeMechanism {
+    /// Which mechanism this is.
+    fn kind(&self) -> MechKind;
+
+    /// Whether this mechanism can serve `ask`, and if not why; `Err` when
+    /// the caller's forced choice of it cannot be met.
+    fn plan(
+        &mut self,
+        cx: &mut Cx<'_>,
+        ask: &SiteAsk<'_>,
+        before: Option<String>,
+    ) -> Result<Verdict, EngineError>;
+
+    /// Places `ask` as `plan` said; `Ok(Err(why))` when the site turns out
+    /// not to take it after all (the caller falls back).
+    fn place(
+        &mut self,
+        cx: &mut Cx<'_>,
+        ask: SiteAsk<'_>,
+        plan: Plan,
+    ) -> Result<Result<Placement, String>, EngineError>;
+
+    /// Enables or disables probe `id` at run time.
+    fn set_enabled(&mut self, cx: &mut Cx<'_>, id: ProbeId, on: bool) -> Result<(), EngineError>;
+
+    /// Removes probe `id`.
+    fn remove(&mut self, cx: &mut Cx<'_>, id: ProbeId) -> Result<(), EngineError>;
+
+    /// Adds probe `id`'s counts of this mechanism to `by` (`me`: the
+    /// target's pid); false when it has none for it.
+    fn stats(&self, engine: &Engine, id: ProbeId, me: i32, by: &mut ByProcess) -> bool;
+
+    /// Hands this mechanism's recorded events to `sink`, or, when they
+    /// must be merged with the agent's rings by time stamp, queues them
+    /// (with the bytes captured at the hit, if any). Returns how many were
+    /// handed to `sink`, and how many were lost in full rings.
+    fn drain(
+        &mut self,
+        sink: &mut dyn EventSink,
+        queued: &mut Vec<(RecordedEvent, Option<Vec<u8>>)>,
+    ) -> Result<(u64, u64), SinkError>;
+
+    /// Reacts to a change of the target, before the engine handles it.
+    fn on_change(&mut self, cx: &mut Cx<'_>, change: &TargetChange);
+
+    /// Takes this mechanism out of a target that runs on (or forgets it,
+    /// `gone`: the target is gone).
+    fn detach(&mut self, cx: &mut Cx<'_>, gone: bool) -> Result<(), EngineError>;
+}
+
+/// The mechanisms registered on one target: the trap engine always; the
+/// fast path and the in-process trap on a process; the plugin on a guest
+/// started with it.
+pub(crate) struct Mechs {
+    pub trap: trap::TrapMech,
+    pub fast: Option<fast::FastMech>,
+    pub inproc: Option<inproc::InProcMech>,
+    pub plugin: Option<plugin::PluginMech>,
+}
+
+impl Mechs {
+    /// The mechanisms of a process target.
+    pub(crate) fn process() -> Mechs {
+        Mechs {
+            trap: trap::TrapMech::default(),
+            fast: Some(fast::FastMech::default()),
+            inproc: Some(inproc::InProcMech::default()),
+            plugin: None,
+        }
+    }
+
+    /// The mechanisms of any other target (the trap engine alone).
+    pub(crate) fn other() -> Mechs {
+        Mechs {
+            trap: trap::TrapMech::default(),
+            fast: None,
+            inproc: None,
+            plugin: None,
+        }
+    }
+
+    /// The mechanism `kind`, if registered.
+    pub(crate) fn get(&mut self, kind: MechKind) -> Option<&mut dyn ProbeMechanism> {
+        match kind {
+            MechKind::Trap => Some(&mut self.trap),
+            MechKind::Fast => self.fast.as_mut().map(|m| m as &mut dyn ProbeMechanism),
+            MechKind::InProcess => self.inproc.as_mut().map(|m| m as &mut dyn ProbeMechanism),
+            MechKind::Plugin => self.plugin.as_mut().map(|m| m as &mut dyn ProbeMechanism),
+        }
+    }
+
+    /// The order a site is planned in: the plugin, the fast path, then
+    /// the trap engine, which takes whatever the others passed on. (The
+    /// in-process trap is tried at placement, where the trap was planned:
+    /// it needs the site's instruction checked in the target.)
+    pub(crate) fn planning_order(&mut self) -> Vec<&mut dyn ProbeMechanism> {
+        let mut v: Vec<&mut dyn ProbeMechanism> = Vec::new();
+        if let Some(p) = &mut self.plugin {
+            v.push(p);
+        }
+        if let Some(f) = &mut self.fast {
+            v.push(f);
+        }
+        v.push(&mut self.trap);
+        v
+    }
+
+    /// Every registered mechanism, in the order they are taken out of a
+    /// target: the plugin, the fast path, the in-process trap, the trap.
+    pub(crate) fn all(&mut self) -> Vec<&mut dyn ProbeMechanism> {
+        let mut v: Vec<&mut dyn ProbeMechanism> = Vec::new();
+        if let Some(p) = &mut self.plugin {
+            v.push(p);
+        }
+        if let Some(f) = &mut self.fast {
+            v.push(f);
+        }
+        if let Some(i) = &mut self.inproc {
+            v.push(i);
+        }
+        v.push(&mut self.trap);
+        v
+    }
+
+    /// Every registered mechanism (shared).
+    pub(crate) fn all_ref(&self) -> Vec<&dyn ProbeMechanism> {
+        let mut v: Vec<&dyn ProbeMechanism> = Vec::new();
+        if let Some(p) = &self.plugin {
+            v.push(p);
+        }
+        if let Some(f) = &self.fast {
+            v.push(f);
+        }
+        if let Some(i) = &self.inproc {
+            v.push(i);
+        }
+        v.push(&self.trap);
+        v
+    }
+}

@@ -1,0 +1,708 @@
+//! The trap mechanism: the trap engine ([`crate::Engine`]), an `int3`
+//! per site handled through ptrace, or, on a guest, a breakpoint through
+//! QEMU's GDB stub (the guest stub is this mechanism over the guest's
+//! target). Besides the engine's probes it keeps what the session adds
+//! around them: the publication of every `int3` in the agent's trap table
+//! (with guards), the publisher probes of return probes, the probes a
+//! followed child gets again, the probes it took over from the agent's
+//! mechanisms, and the events of `Record` probes.
+
+use super::super::ledger::CodeLedger;
+use super::*;
+use crate::handler::{Probe, RetProbe};
+use crate::session::agent::Agent;
+use crate::session::Mechanism;
+use hotprobe_fastpath::{FastPathConfig, TrapTable};
+use hotprobe_process::ProcessTarget;
+use hotprobe_target::{RuntimeAddr, Target};
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+
+/// The trap mechanism's state beside the engine (see the module docs).
+#[derive(Default)]
+pub(crate) struct TrapMech {
+    /// The `int3`s published in the agent's trap table (address →
+    /// original byte), for the agent to undo if we die.
+    published: HashMap<u64, u8>,
+    /// `int3`s the trap table had no room for (past its
+    /// [`hotprobe_fastpath::TRAP_SLOTS`]): they work (ptrace), but an agent
+    /// whose tracer died cannot undo them. Not retried.
+    pub(crate) overflow: HashSet<u64>,
+    /// Guard `int3`s (address → the breakpoint they guard, one byte before).
+    guards: HashMap<u64, u64>,
+    /// Trap return probes → the plain probe, at the same address and just
+    /// before them, that publishes each call in the trap table before the
+    /// return address is swapped ([`publisher`]).
+    pub(crate) publishers: HashMap<ProbeId, ProbeId>,
+    /// Trap `Count`/`Record` probes a followed child gets too: (probe,
+    /// address, `%return`, record, returns hooked).
+    pub(crate) followable: Vec<(ProbeId, RuntimeAddr, bool, bool, bool)>,
+    /// Probes of the agent's mechanisms handed over to the engine (a trap
+    /// probe came to the same address, or into a jump's bytes: see
+    /// `plan.rs`): probe → the engine probe that counts on for it.
+    pub(crate) handed: HashMap<ProbeId, ProbeId>,
+    /// Record probes push their events here.
+    events: Rc<RefCell<Vec<RecordedEvent>>>,
+    /// Bytes captured with the events: an event whose `reserved2` is
+    /// `n > 0` carries entry `n - 1` (see [`Capture`]).
+    data: Rc<RefCell<Vec<Vec<u8>>>>,
+}
+
+impl TrapMech {
+    /// Puts a plain probe at `addr` (the caller handed over what another
+    /// mechanism had there: `Session::before_trap_at`).
+    pub(crate) fn add_probe(
+        &mut self,
+        cx: &mut Cx<'_>,
+        addr: RuntimeAddr,
+        probe: Probe,
+        config: &FastPathConfig,
+    ) -> Result<ProbeId, EngineError> {
+        self.agent_for_traps(cx, config);
+        self.prepublish(cx, addr);
+        self.change(cx, |e| e.add_probe(addr, probe))
+    }
+
+    /// Puts a return probe on the function entered at `addr`, after the
+    /// probe that publishes each call in the trap table (the caller
+    /// checked that the function returns once: `nonlocal`).
+    pub(crate) fn add_retprobe(
+        &mut self,
+        cx: &mut Cx<'_>,
+        addr: RuntimeAddr,
+        rp: RetProbe,
+        config: &FastPathConfig,
+    ) -> Result<ProbeId, EngineError> {
+        self.agent_for_traps(cx, config);
+        let table = cx.agent.trap_table();
+        self.prepublish(cx, addr);
+        let (id, publishing) = self.change(cx, |e| {
+            let publishing = match table {
+                Some(table) => Some(e.add_probe(addr, publisher(table))?),
+                None => None,
+            };
+            match e.add_retprobe(addr, rp) {
+                Ok(id) => Ok((id, publishing)),
+                Err(err) => {
+                    if let Some(p) = publishing {
+                        let _ = e.remove_probe(p);
+                    }
+                    Err(err)
+                }
+            }
+        })?;
+        if let Some(p) = publishing {
+            cx.engine.mark_internal(p);
+            self.publishers.insert(id, p);
+        }
+        if let Some(pid) = cx.engine.process().map(|p| p.pid()) {
+            crate::nonlocal::sync_unwind_hooks(cx.engine, pid);
+        }
+        Ok(id)
+    }
+
+    /// An unarmed probe (a pending one: armed by [`TrapMech::arm`]), with
+    /// its publisher if it is a return probe.
+    pub(crate) fn add_unarmed(
+        &mut self,
+        cx: &mut Cx<'_>,
+        probe: Option<Probe>,
+        rp: Option<RetProbe>,
+    ) -> ProbeId {
+        let publishing = match (&rp, cx.agent.trap_table()) {
+            (Some(_), Some(table)) => Some(cx.engine.add_unarmed(Some(publisher(table)), None)),
+            _ => None,
+        };
+        let id = cx.engine.add_unarmed(probe, rp);
+        if let Some(p) = publishing {
+            cx.engine.mark_internal(p);
+            self.publishers.insert(id, p);
+        }
+        id
+    }
+
+    /// Arms unarmed probe `id` (and its publisher) at `addr`.
+    pub(crate) fn arm(
+        &mut self,
+        cx: &mut Cx<'_>,
+        id: ProbeId,
+        addr: RuntimeAddr,
+        config: &FastPathConfig,
+    ) -> Result<(), EngineError> {
+        if let Some(pid) = cx.engine.process().map(|p| p.pid()) {
+            if cx.engine.is_return_probe(id) {
+                crate::nonlocal::check_return_probe(pid, addr)?;
+            }
+        }
+        let publishing = self.publishers.get(&id).copied();
+        self.agent_for_traps(cx, config);
+        self.prepublish(cx, addr);
+        self.change(cx, |e| {
+            if let Some(p) = publishing {
+                e.arm_at(p, addr)?;
+            }
+            e.arm_at(id, addr)
+        })
+    }
+
+    /// A probe at `addr` that counts on for probe `id` of another
+    /// mechanism (its handler `probe`, if it had one), which handed its
+    /// site over.
+    pub(crate) fn take_over(
+        &mut self,
+        cx: &mut Cx<'_>,
+        id: ProbeId,
+        addr: RuntimeAddr,
+        probe: Probe,
+    ) -> Result<(), EngineError> {
+        self.prepublish(cx, addr);
+        let x = self.change(cx, |e| e.add_probe(addr, probe))?;
+        self.handed.insert(id, x);
+        Ok(())
+    }
+
+    /// The trap form of a `Count` (`%return`: a return probe) or `Record`
+    /// action: a return probe whose handlers queue time-stamped entry and
+    /// exit events for the drain (`exits` false: entries only).
+    pub(crate) fn form(
+        &self,
+        is_return: bool,
+        record: bool,
+        capture: Option<Capture>,
+        exits: bool,
+        (maxactive, nargs): (usize, usize),
+    ) -> (Option<Probe>, Option<RetProbe>) {
+        if record && !exits {
+            // Entries only (the function does not return to `[rsp]`).
+            let events = self.events.clone();
+            let data = self.data.clone();
+            let probe = Probe::new().pre(move |ctx| {
+                let mut ev = trap_event(ctx, hotprobe_fastpath::KIND_ENTRY);
+                ev.nargs = nargs as u8;
+                for (i, a) in ev.args.iter_mut().take(nargs).enumerate() {
+                    *a = ctx.arg(i).unwrap_or(0);
+                }
+                if let Some(c) = &capture {
+                    ev.reserved2 = captured(ctx, c, false, &data);
+                }
+                events.borrow_mut().push(ev);
+            });
+            (Some(probe), None)
+        } else if record {
+            let events = self.events.clone();
+            let exits = events.clone();
+            let data = self.data.clone();
+            let exit_data = data.clone();
+            let exit_capture = capture.clone();
+            let rp = RetProbe::new(maxactive)
+                .entry(move |ctx| {
+                    let mut ev = trap_event(ctx, hotprobe_fastpath::KIND_ENTRY);
+                    ev.nargs = nargs as u8;
+                    for (i, a) in ev.args.iter_mut().take(nargs).enumerate() {
+                        *a = ctx.arg(i).unwrap_or(0);
+                    }
+                    if let Some(c) = &capture {
+                        ev.reserved2 = captured(ctx, c, false, &data);
+                    }
+                    events.borrow_mut().push(ev);
+                })
+                .ret(move |ctx| {
+                    let mut ev = trap_event(ctx, hotprobe_fastpath::KIND_EXIT);
+                    if nargs > 0 {
+                        ev.nargs = 2;
+                        ev.args[0] = ctx.regs().rax;
+                        ev.args[1] = ctx.regs().rdx;
+                    }
+                    if let Some(c) = &exit_capture {
+                        ev.reserved2 = captured(ctx, c, true, &exit_data);
+                    }
+                    exits.borrow_mut().push(ev);
+                });
+            (None, Some(rp))
+        } else if is_return {
+            (None, Some(RetProbe::new(maxactive)))
+        } else {
+            (Some(Probe::new()), None)
+        }
+    }
+
+    /// Drops the queued events (nobody to hand them to: the counts stay
+    /// in the stats).
+    pub(crate) fn discard_events(&self) {
+        self.events.borrow_mut().clear();
+        self.data.borrow_mut().clear();
+    }
+
+    /// The placement of trap probe `id`, as a table shows it.
+    pub(crate) fn placement(
+        &self,
+        engine: &Engine,
+        process: bool,
+        (id, label): (ProbeId, String),
+        r: &ResolvedProbe,
+        reason: Option<String>,
+    ) -> Placement {
+        let mechanism = if process {
+            Mechanism::Trap
+        } else {
+            Mechanism::Stub
+        };
+        let execution = match engine.execution_of(r.addr) {
+            Some(e) => format!("{mechanism} ({e})"),
+            None => mechanism.to_string(),
+        };
+        let mut reason = reason.unwrap_or_else(|| "handlers run in hotprobe".into());
+        if self.overflow.contains(&r.addr.0) {
+            reason.push_str(&format!(
+                "; not in the agent's trap table (full: {} slots), so a hotprobe killed \
+                 with SIGKILL leaves this int3 in",
+                hotprobe_fastpath::TRAP_SLOTS
+            ));
+        }
+        Placement {
+            id,
+            label,
+            addr: r.addr,
+            function: r.function.clone(),
+            module: r.module.clone(),
+            is_return: r.is_return,
+            mechanism,
+            reason,
+            execution,
+            entry_only: None,
+        }
+    }
+
+    /// An attached process gets the agent before its first trap probe
+    /// (quietly: without it, the probes work, only a hotprobe killed with
+    /// them in leaves int3s nobody undoes).
+    fn agent_for_traps(&mut self, cx: &mut Cx<'_>, config: &FastPathConfig) {
+        if matches!(cx.agent.state, super::super::agent::AgentState::Injectable) {
+            let _ = cx.agent.ensure(cx.engine, config);
+            self.publish(cx);
+        }
+    }
+
+    /// Publishes the `int3` about to be written at `addr` (its original
+    /// byte read now), so that no moment passes with an unpublished one.
+    fn prepublish(&mut self, cx: &mut Cx<'_>, addr: RuntimeAddr) {
+        let Some(table) = cx.agent.trap_table() else {
+            return;
+        };
+        // Into the table only: `publish` then takes it as new (and guards
+        // it); a failed placement leaves an entry no int3 uses.
+        let mut b = [0u8];
+        if cx.engine.target().read_memory(addr, &mut b).is_ok() {
+            table.publish(addr.0, b[0], 0);
+        }
+    }
+
+    /// Runs `f`, a change of the engine's breakpoints, with every thread
+    /// stopped, then guards and publishes the new set before any thread
+    /// runs (a guard left in an instruction whose breakpoint went would
+    /// corrupt it).
+    pub(crate) fn change<R>(
+        &mut self,
+        cx: &mut Cx<'_>,
+        f: impl FnOnce(&mut Engine) -> Result<R, EngineError>,
+    ) -> Result<R, EngineError> {
+        let started = cx.engine.started;
+        if started {
+            cx.engine.target().stop_all()?;
+        }
+        let r = f(cx.engine);
+        self.publish(cx);
+        if started {
+            cx.engine.target().resume_all()?;
+        }
+        r
+    }
+
+    /// Takes the process's `int3` changes into the ledger (the guards
+    /// marked as such).
+    pub(crate) fn sync(&self, engine: &mut Engine, ledger: &mut CodeLedger) {
+        let Some(pt) = engine.process() else {
+            return;
+        };
+        let changed = pt.take_breakpoint_changes();
+        let pt: &ProcessTarget = pt;
+        ledger.sync_traps(
+            changed,
+            || pt.breakpoints(),
+            |a| pt.breakpoint_at(a),
+            |a| self.guards.contains_key(&a),
+        );
+    }
+
+    /// Brings the agent's trap table in line with the target's `int3`s
+    /// (and out-of-line memory), as the ledger has them: an agent whose
+    /// tracer died undoes them (hotprobe_agent's `orphan` module). Called
+    /// after every change.
+    pub(crate) fn publish(&mut self, cx: &mut Cx<'_>) {
+        self.sync(cx.engine, cx.ledger);
+        let Some(table) = cx.agent.trap_table() else {
+            return;
+        };
+        match cx.ledger.take_trap_changes() {
+            Some(changed) => self.publish_changes(cx, &table, changed),
+            None => {
+                let every = self.every_known(cx);
+                self.publish_changes(cx, &table, every)
+            }
+        }
+    }
+
+    /// [`TrapMech::publish`] for the `int3`s at `changed` (written or
+    /// taken out since the last call): a probe added costs the same with
+    /// 10 or 100,000 in (the whole set is walked only after an exec).
+    ///
+    /// Each new breakpoint whose instruction is 2 bytes or more (and the
+    /// return trampoline's NOPs) gets a guard `int3` one byte in; the
+    /// guards of breakpoints that went are taken out. Should we die while
+    /// a thread is stopped at a breakpoint, the kernel resumes it one byte
+    /// past the `int3`, without the signal: on the guard, which sends it to
+    /// the agent (see [`hotprobe_fastpath::TRAP_GUARD`]). No thread runs a
+    /// guard while we live (it is inside an instruction that never runs in
+    /// place: it runs out of line, or is emulated).
+    fn publish_changes(&mut self, cx: &mut Cx<'_>, table: &TrapTable, mut changed: Vec<u64>) {
+        let Some(pt) = cx.engine.process() else {
+            return;
+        };
+        let regions = pt.scratch_regions();
+        // Guards whose breakpoint went, and guards gone themselves.
+        for &a in &changed {
+            if pt.breakpoint_at(a).is_some() {
+                continue;
+            }
+            let g = a.wrapping_add(1);
+            if self.guards.get(&g) == Some(&a) {
+                self.guards.remove(&g);
+                if pt.breakpoint_at(g).is_some() && pt.remove_breakpoint(RuntimeAddr(g)).is_err() {
+                    // Its memory is gone (an unloaded library).
+                    pt.forget_breakpoint(RuntimeAddr(g));
+                }
+            }
+            self.guards.remove(&a);
+        }
+        // Guards for the new breakpoints.
+        let mut wanted = Vec::new();
+        for &a in &changed {
+            if pt.breakpoint_at(a).is_none()
+                || self.published.contains_key(&a)
+                || self.overflow.contains(&a)
+            {
+                continue;
+            }
+            let g = a.wrapping_add(1);
+            if self.guards.contains_key(&a)
+                || self.guards.get(&g) == Some(&a)
+                || pt.breakpoint_at(g).is_some()
+            {
+                continue;
+            }
+            if guard_fits(pt, &regions, a) {
+                wanted.push(a);
+            }
+        }
+        self.insert_guards(cx.engine, wanted);
+        self.sync(cx.engine, cx.ledger);
+        match cx.ledger.take_trap_changes() {
+            Some(more) => changed.extend(more),
+            None => changed.extend(self.every_known(cx)),
+        }
+        let Some(pt) = cx.engine.process() else {
+            return;
+        };
+        changed.sort_unstable();
+        changed.dedup();
+        let now: Vec<(u64, Option<u8>)> =
+            changed.iter().map(|a| (*a, pt.breakpoint_at(*a))).collect();
+        for (a, at) in now {
+            match at {
+                Some(b) => {
+                    let flags = trap_flags(&self.guards, &regions, a);
+                    self.publish_one(cx.engine, table, a, b, flags);
+                }
+                None => {
+                    self.overflow.remove(&a);
+                    if self.published.remove(&a).is_some() {
+                        table.unpublish(a);
+                    }
+                }
+            }
+        }
+        table.set_regions(&regions);
+    }
+
+    /// Publishes the `int3` at `a` (original byte `b`), or counts it past
+    /// the table.
+    fn publish_one(&mut self, engine: &mut Engine, table: &TrapTable, a: u64, b: u8, flags: u32) {
+        if self.published.get(&a) == Some(&b) || self.overflow.contains(&a) {
+            return;
+        }
+        if table.publish(a, b, flags) {
+            self.published.insert(a, b);
+        } else {
+            if self.overflow.is_empty() {
+                engine.notices.push(format!(
+                    "the agent's trap table is full ({} slots, guards included): \
+                     int3s placed past it work, but a hotprobe killed with SIGKILL \
+                     leaves them in",
+                    hotprobe_fastpath::TRAP_SLOTS
+                ));
+            }
+            self.overflow.insert(a);
+        }
+    }
+
+    /// Every address [`TrapMech::publish_changes`] may have to look at:
+    /// the ledger's `int3`s, the published ones, the ones past the table,
+    /// the guards and their sites.
+    fn every_known(&self, cx: &Cx<'_>) -> Vec<u64> {
+        let mut v: Vec<u64> = cx.ledger.traps().collect();
+        v.extend(self.published.keys());
+        v.extend(&self.overflow);
+        v.extend(self.guards.iter().flat_map(|(g, site)| [*g, *site]));
+        v
+    }
+
+    /// Puts the guard `int3` one byte into each breakpoint of `sites`,
+    /// except an instruction stepped in place (it runs where it is).
+    fn insert_guards(&mut self, engine: &mut Engine, mut sites: Vec<u64>) {
+        sites.retain(|a| engine.execution_of(RuntimeAddr(*a)) != Some("stepped in place"));
+        let Some(pt) = engine.process() else {
+            return;
+        };
+        for a in sites {
+            let g = a.wrapping_add(1);
+            if pt.insert_breakpoint(RuntimeAddr(g)).is_ok() {
+                self.guards.insert(g, a);
+            }
+        }
+    }
+
+    /// Empties the trap table (every `int3` taken out, every return
+    /// address put back: detach).
+    fn unpublish(&mut self, agent: &Agent) {
+        if let Some(table) = agent.trap_table() {
+            for a in self.published.keys() {
+                table.unpublish(*a);
+            }
+            table.clear_returns();
+            table.set_regions(&[]);
+        }
+        self.published.clear();
+        self.overflow.clear();
+        self.guards.clear();
+    }
+}
+
+impl ProbeMechanism for TrapMech {
+    fn kind(&self) -> MechKind {
+        MechKind::Trap
+    }
+
+    /// The trap takes any site: the reason is why the mechanisms before
+    /// it passed (`before`), or, on a guest, the stub's.
+    fn plan(
+        &mut self,
+        cx: &mut Cx<'_>,
+        _ask: &SiteAsk<'_>,
+        before: Option<String>,
+    ) -> Result<Verdict, EngineError> {
+        Ok(Verdict::Take(Plan::Trap(before.unwrap_or_else(
+            || match cx.engine.process() {
+                Some(_) => "no other mechanism".into(),
+                None => "guest probes use the GDB stub".into(),
+            },
+        ))))
+    }
+
+    fn place(
+        &mut self,
+        cx: &mut Cx<'_>,
+        ask: SiteAsk<'_>,
+        plan: Plan,
+    ) -> Result<Result<Placement, String>, EngineError> {
+        let (Plan::Trap(reason) | Plan::Join(reason)) = plan else {
+            return Ok(Err("not a trap site".into()));
+        };
+        let r = ask.r;
+        let entry_only = r.no_return.clone().filter(|_| ask.record);
+        let form = self.form(
+            ask.is_return,
+            ask.record,
+            ask.capture,
+            entry_only.is_none(),
+            (ask.maxactive, ask.nargs),
+        );
+        let id = match form {
+            (_, Some(rp)) => self.add_retprobe(cx, r.addr, rp, &ask.fast_path)?,
+            (p, None) => self.add_probe(cx, r.addr, p.unwrap_or_default(), &ask.fast_path)?,
+        };
+        self.followable
+            .push((id, r.addr, ask.is_return, ask.record, entry_only.is_none()));
+        let process = cx.engine.process().is_some();
+        let mut placed = self.placement(cx.engine, process, (id, ask.label), r, Some(reason));
+        placed.entry_only = entry_only;
+        Ok(Ok(placed))
+    }
+
+    fn set_enabled(&mut self, cx: &mut Cx<'_>, id: ProbeId, on: bool) -> Result<(), EngineError> {
+        let id = self.handed.get(&id).copied().unwrap_or(id);
+        cx.engine.set_enabled(id, on)
+    }
+
+    fn remove(&mut self, cx: &mut Cx<'_>, id: ProbeId) -> Result<(), EngineError> {
+        if let Some(x) = self.handed.remove(&id) {
+            return self.change(cx, |e| e.remove_probe(x));
+        }
+        let publishing = self.publishers.remove(&id);
+        self.change(cx, |e| {
+            e.remove_probe(id)?;
+            match publishing {
+                Some(p) => e.remove_probe(p),
+                None => Ok(()),
+            }
+        })
+    }
+
+    fn stats(&self, engine: &Engine, id: ProbeId, me: i32, by: &mut ByProcess) -> bool {
+        let mut found = false;
+        if let Some(s) = engine.stats(id) {
+            by.add_stats(me, &s);
+            found = true;
+        }
+        if let Some(h) = self.handed.get(&id).and_then(|x| engine.stats(*x)) {
+            // Handed over to the engine: its hits since then.
+            by.add(me, |st| {
+                st.hits += h.hits;
+                st.nmissed += h.nmissed;
+            });
+        }
+        found
+    }
+
+    fn drain(
+        &mut self,
+        _sink: &mut dyn EventSink,
+        queued: &mut Vec<(RecordedEvent, Option<Vec<u8>>)>,
+    ) -> Result<(u64, u64), SinkError> {
+        // Merged with the agent's rings by the session: trap events were
+        // taken at ptrace stops, after every event their thread had
+        // written into its ring.
+        let events: Vec<RecordedEvent> = self.events.borrow_mut().drain(..).collect();
+        let mut data: Vec<Option<Vec<u8>>> = self.data.borrow_mut().drain(..).map(Some).collect();
+        for ev in events {
+            let bytes = ev
+                .reserved2
+                .checked_sub(1)
+                .and_then(|i| data.get_mut(i as usize))
+                .and_then(Option::take);
+            let mut plain = ev;
+            if bytes.is_some() {
+                plain.reserved2 = 0;
+            }
+            queued.push((plain, bytes));
+        }
+        Ok((0, 0))
+    }
+
+    fn on_change(&mut self, _cx: &mut Cx<'_>, _change: &TargetChange) {
+        // The engine handles the target's events itself (`Engine::handle`);
+        // the table is published again after it (`Session::poll_slot`).
+    }
+
+    fn detach(&mut self, cx: &mut Cx<'_>, gone: bool) -> Result<(), EngineError> {
+        if gone {
+            return Ok(());
+        }
+        match cx.engine.detach() {
+            Ok(()) => {
+                self.unpublish(cx.agent);
+                Ok(())
+            }
+            // Gone meanwhile: nothing left to restore.
+            Err(EngineError::Target(hotprobe_target::TargetError::Gone { .. })) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The plain probe placed just before a trap return probe, at the same
+/// address (so that its handler runs first at each hit): it publishes the
+/// call (thread, stack slot, real return address) in `table` before the
+/// return probe swaps the return address for the engine's trampoline; an
+/// agent whose tracer died anywhere between that swap and the thread's
+/// return completes the return (see [`TrapTable`]). Entries stay: the next
+/// call with the same slot replaces them.
+fn publisher(table: TrapTable) -> Probe {
+    Probe::new().pre(move |ctx| {
+        let rsp = ctx.regs().rsp;
+        let tid = ctx.thread().0 as u32;
+        if let Ok(real) = ctx.read_u64(rsp) {
+            // Swapped already by another return probe on this function.
+            if !table.is_return_trampoline(real) {
+                table.publish_return(tid, rsp, real);
+            }
+        }
+    })
+}
+
+/// Runs `capture` at a trap record probe's hit; the `reserved2` value
+/// that ties the event to its bytes in `store`.
+fn captured(
+    ctx: &mut crate::HitContext<'_>,
+    capture: &Capture,
+    exit: bool,
+    store: &RefCell<Vec<Vec<u8>>>,
+) -> u32 {
+    let mut bytes = Vec::new();
+    capture(ctx, exit, &mut bytes);
+    let mut store = store.borrow_mut();
+    store.push(bytes);
+    store.len() as u32
+}
+
+/// An event for a trap record probe, stamped now.
+fn trap_event(ctx: &crate::HitContext<'_>, kind: u8) -> RecordedEvent {
+    // SAFETY: rdtsc has no preconditions on x86-64.
+    let tsc = unsafe { core::arch::x86_64::_rdtsc() };
+    RecordedEvent {
+        tsc,
+        probe_id: ctx.probe().0,
+        tid: ctx.thread().0 as u32,
+        kind,
+        nargs: 0,
+        reserved: 0,
+        reserved2: 0,
+        args: [0; 6],
+    }
+}
+
+/// Whether the instruction under the breakpoint at `a` has room for a
+/// guard one byte in (2 bytes or more; the return trampoline's `int3` is
+/// followed by NOPs nothing runs).
+fn guard_fits(pt: &mut ProcessTarget, regions: &[(u64, u64)], a: u64) -> bool {
+    if regions.iter().any(|(s, e)| a >= *s && a < *e) {
+        return true;
+    }
+    let mut code = [0u8; 15];
+    match pt.read_memory(RuntimeAddr(a), &mut code) {
+        Ok(()) => hotprobe_x86::decode(&code, a).is_ok_and(|i| i.len() >= 2),
+        Err(_) => false,
+    }
+}
+
+/// The trap table's flags for the `int3` at `a`: a guard, the return
+/// trampoline (the only `int3` in scratch memory), or a probe's.
+fn trap_flags(guards: &HashMap<u64, u64>, regions: &[(u64, u64)], a: u64) -> u32 {
+    if guards.contains_key(&a) {
+        hotprobe_fastpath::TRAP_GUARD
+    } else if regions.iter().any(|(s, e)| a >= *s && a < *e) {
+        hotprobe_fastpath::TRAP_RETURN
+    } else {
+        0
+    }
+}

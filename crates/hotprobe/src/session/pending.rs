@@ -1,0 +1,221 @@
+//! Probes on modules that are not loaded: pending, armed at the dynamic
+//! loader's rendezvous when the module is mapped, before its constructors
+//! run; disarmed (nothing written: the memory is gone) when it is
+//! unmapped.
+
+use super::resolve::{not_an_entry, not_loaded};
+use super::*;
+
+/// A probe whose module was not loaded when it was added (or was
+/// unloaded since): armed at the dynamic loader's rendezvous when the
+/// module is mapped, before its constructors run; disarmed (nothing
+/// written: the memory is gone) when it is unmapped.
+pub(super) struct Pending {
+    /// The spec, resolved again at each change of the loaded modules.
+    spec: String,
+    /// The probe (an unarmed engine probe with the trap form of its action).
+    id: ProbeId,
+    /// `Count` or `Record`: the fast path may take it.
+    fast_ok: bool,
+    record: bool,
+    is_return: bool,
+    /// Where it is armed now.
+    armed: Option<Armed>,
+}
+
+/// Where a pending probe is armed.
+struct Armed {
+    /// The module's path and the span of its mappings.
+    path: PathBuf,
+    start: u64,
+    end: u64,
+    addr: u64,
+}
+
+impl Slot {
+    /// A module mapped at `start..end` was unmapped: every mechanism
+    /// forgets its sites there (nothing is restored: the memory is gone),
+    /// and so does the ledger.
+    pub(super) fn forget_unmapped(&mut self, start: u64, end: u64) {
+        self.engine.forget_range(start, end);
+        let (mut cx, mechs) = self.parts();
+        for m in mechs.all() {
+            m.on_change(&mut cx, &mech::TargetChange::Unmapped { start, end });
+        }
+        self.ledger.forget_range(start, end);
+        self.sync_ledger();
+    }
+}
+
+impl Session {
+    /// A probe on a module that is not loaded: pending, armed when the
+    /// program maps the module (see [`Pending`]). `why` is the resolver's
+    /// refusal, for targets that cannot follow their loader.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn add_pending(
+        &mut self,
+        t: TargetId,
+        spec: &str,
+        probe: Option<Probe>,
+        rp: Option<RetProbe>,
+        fast_ok: bool,
+        is_return: bool,
+        why: EngineError,
+    ) -> Result<Added, EngineError> {
+        let record = fast_ok && rp.as_ref().is_some_and(|r| r.entry.is_some());
+        let slot = self.slot(t)?;
+        if !slot.is_process() {
+            return Err(why);
+        }
+        // Pending only for a library that exists: a misspelt name is an
+        // error now, not a probe that waits forever.
+        let module = match &why {
+            EngineError::Symbol(hotprobe_symbols::SymbolError::ModuleNotFound { name, .. }) => {
+                name.clone()
+            }
+            _ => return Err(why),
+        };
+        let program_dir = Slot::process(&mut slot.engine)
+            .and_then(|pt| pt.program().parent().map(Path::to_path_buf));
+        if hotprobe_symbols::find_library(&module, program_dir.as_deref()).is_none() {
+            return Err(why);
+        }
+        let (mut cx, mechs) = slot.parts();
+        let id = mechs.trap.add_unarmed(&mut cx, probe, rp);
+        slot.pending.push(Pending {
+            spec: spec.to_string(),
+            id,
+            fast_ok,
+            record,
+            is_return,
+            armed: None,
+        });
+        if record {
+            slot.recording = true;
+        }
+        Ok(Added {
+            placements: vec![Placement {
+                id,
+                label: spec.to_string(),
+                addr: RuntimeAddr(0),
+                function: None,
+                reason: format!("{module} is not loaded: armed when the program loads it"),
+                module,
+                is_return,
+                mechanism: Mechanism::Pending,
+                execution: "pending".into(),
+                entry_only: None,
+            }],
+            ..Added::default()
+        })
+    }
+
+    /// After the loaded modules changed (the loader's rendezvous, the
+    /// thread stopped there, before any new constructor runs): disarms
+    /// pending probes whose module is gone, arms those whose module is now
+    /// mapped. What fails is said in a notice; the run goes on.
+    pub(super) fn refresh_pending(&mut self, i: usize) {
+        let t = TargetId(i);
+        let Some(pid) = self.slots[i].pid else { return };
+        if self.slots[i].pending.is_empty() {
+            return;
+        }
+        let syms = match hotprobe_symbols::ProcessSymbols::for_pid(pid as u32) {
+            Ok(s) => s,
+            Err(e) => {
+                self.slots[i]
+                    .engine
+                    .notices
+                    .push(format!("pid {pid}: cannot read its modules: {e}"));
+                return;
+            }
+        };
+        for k in 0..self.slots[i].pending.len() {
+            let slot = &mut self.slots[i];
+            let p = &mut slot.pending[k];
+            if let Some(a) = &p.armed {
+                let mapped = syms.modules().iter().any(|m| {
+                    m.path == a.path && m.ranges.iter().any(|r| r.contains(&RuntimeAddr(a.addr)))
+                });
+                if !mapped {
+                    let (start, end) = (a.start, a.end);
+                    p.armed = None;
+                    let spec = p.spec.clone();
+                    slot.forget_unmapped(start, end);
+                    slot.engine.notices.push(format!(
+                        "pid {pid}: {spec}: its module was unloaded; armed again if it is loaded again"
+                    ));
+                }
+            }
+            if self.slots[i].pending[k].armed.is_some() {
+                continue;
+            }
+            let spec = self.slots[i].pending[k].spec.clone();
+            match self.arm_pending(t, k, &syms) {
+                Ok(()) => {}
+                Err(e) if not_loaded(&e) => {}
+                Err(e) => self.slots[i]
+                    .engine
+                    .notices
+                    .push(format!("pid {pid}: cannot arm {spec}: {e}")),
+            }
+        }
+        let (mut cx, mechs) = self.slots[i].parts();
+        mechs.trap.publish(&mut cx);
+    }
+
+    pub(super) fn arm_pending(
+        &mut self,
+        t: TargetId,
+        k: usize,
+        syms: &hotprobe_symbols::ProcessSymbols,
+    ) -> Result<(), EngineError> {
+        let (spec, id, fast_ok, record, is_return) = {
+            let p = &self.slot(t)?.pending[k];
+            (p.spec.clone(), p.id, p.fast_ok, p.record, p.is_return)
+        };
+        let r = self.resolve_one(t, &spec)?;
+        if (is_return || record) && !r.is_entry() {
+            return Err(not_an_entry(&spec, &r));
+        }
+        let Some(m) = syms.modules().iter().find(|m| m.contains(r.addr)) else {
+            return Err(EngineError::RefusedSpec {
+                spec,
+                reason: "no module maps its address".into(),
+            });
+        };
+        let start = m.ranges.iter().map(|r| r.start.0).min().unwrap_or(0);
+        let end = m.ranges.iter().map(|r| r.end.0).max().unwrap_or(0);
+        let path = m.path.clone();
+        let plan = if fast_ok {
+            self.plan_resolved(t, &r, is_return, record, Some(syms))?
+        } else {
+            Plan::Trap(String::new())
+        };
+        let no_trap = (record && !self.config.record_traps) || self.config.no_traps;
+        if let (Plan::Trap(why), true) = (&plan, no_trap) {
+            return Err(EngineError::RefusedSpec {
+                spec,
+                reason: format!("needs the trap mechanism ({why})"),
+            });
+        }
+        match plan {
+            plan @ Plan::Fast { .. } => {
+                self.place_fast(t, &r, plan, record, None, spec.clone(), Some(id))?;
+                self.slot(t)?.sync_ledger();
+            }
+            Plan::Trap(_) | Plan::Join(_) | Plan::Plugin(_) => {
+                let config = self.config.fast_path;
+                let (mut cx, mechs) = self.slot(t)?.parts();
+                mechs.trap.arm(&mut cx, id, r.addr, &config)?;
+            }
+        }
+        self.slot(t)?.pending[k].armed = Some(Armed {
+            path,
+            start,
+            end,
+            addr: r.addr.0,
+        });
+        Ok(())
+    }
+}

@@ -1,0 +1,271 @@
+//! The run: starting the targets, the loop that waits for their events
+//! and hands each to every mechanism, the end (grace, detach).
+
+use super::foreign::uprobes_on_rewritten_sites;
+use super::*;
+
+impl Session {
+    /// Let every target run (after attaching/spawning and adding probes).
+    pub fn start(&mut self) -> Result<(), EngineError> {
+        for s in &mut self.slots {
+            if let Some(p) = &mut s.mechs.plugin {
+                let p = &mut p.plugin;
+                // The candidate sites are final before the VM's first
+                // translation, the enable flags applied.
+                p.host.freeze().map_err(|e| EngineError::RefusedSpec {
+                    spec: "the QEMU plugin's probes".into(),
+                    reason: e.to_string(),
+                })?;
+            }
+            if s.engine.gone().is_none() && !s.engine.started {
+                // Without the agent nothing in the program can take the
+                // int3s out if hotprobe dies: said once, at the start.
+                if let (AgentState::Off(why), Some(pid), true) =
+                    (&s.agent.state, s.pid, s.engine.has_armed_sites())
+                {
+                    s.engine.notices.push(format!(
+                        "pid {pid}: {why}: a hotprobe killed with SIGKILL would leave its \
+                         int3s in the program (Ctrl-C, --duration and the program's exit take \
+                         them out)"
+                    ));
+                }
+                s.engine.target().resume_all()?;
+                s.engine.started = true;
+            }
+        }
+        for i in 0..self.slots.len() {
+            self.maybe_release(i);
+        }
+        Ok(())
+    }
+
+    /// Handle events until a handler stops, or every target is gone.
+    pub fn run(&mut self) -> Result<RunEnd, EngineError> {
+        self.run_until(&AtomicBool::new(false))
+    }
+
+    /// As [`Session::run`], also returning when `interrupt` becomes true.
+    /// With one target the loop blocks until the target's next event: set
+    /// `interrupt` from a signal handler installed without `SA_RESTART`
+    /// (the signal interrupts the wait), as the CLI does for Ctrl-C.
+    pub fn run_until(&mut self, interrupt: &AtomicBool) -> Result<RunEnd, EngineError> {
+        self.run_with(interrupt, None)
+    }
+
+    /// As [`Session::run_until`], handing every recorded event (fast path
+    /// rings and trap record probes) to `sink` while the targets run. The
+    /// last events are drained before it returns.
+    pub fn run_with<'s>(
+        &mut self,
+        interrupt: &AtomicBool,
+        mut sink: Option<&mut (dyn EventSink + 's)>,
+    ) -> Result<RunEnd, EngineError> {
+        loop {
+            if interrupt.load(Ordering::Relaxed) {
+                self.drain(sink.as_deref_mut(), 1)?;
+                return Ok(RunEnd::Interrupted);
+            }
+            match self.step(sink.as_deref_mut())? {
+                Some(end) => {
+                    self.drain(sink.as_deref_mut(), 1)?;
+                    return Ok(end);
+                }
+                None => continue,
+            }
+        }
+    }
+
+    /// One pass: drain the rings, then wait for (and handle) one event of
+    /// each live target. `Some(end)` when the loop is over.
+    pub(super) fn step<'s>(
+        &mut self,
+        sink: Option<&mut (dyn EventSink + 's)>,
+    ) -> Result<Option<RunEnd>, EngineError> {
+        let live: Vec<usize> = (0..self.slots.len())
+            .filter(|i| self.slots[*i].engine.gone().is_none())
+            .collect();
+        if live.is_empty() {
+            return Ok(Some(RunEnd::AllExited));
+        }
+        let recording = live.iter().any(|i| self.slots[*i].recording);
+        if recording && sink.is_none() {
+            self.drain(None, 0)?;
+        }
+        let timeout = if recording && sink.is_some() {
+            Some(self.drain(sink, 0)?)
+        } else if live.len() == 1 {
+            None
+        } else {
+            Some(Duration::from_millis(1))
+        };
+        for i in live {
+            if self.poll_slot(i, timeout)? {
+                return Ok(Some(RunEnd::Stopped));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Waits up to `timeout` for one event of slot `i` and handles it, for
+    /// every mechanism of the target. True when a handler asked to stop.
+    pub(super) fn poll_slot(
+        &mut self,
+        i: usize,
+        timeout: Option<Duration>,
+    ) -> Result<bool, EngineError> {
+        let mut timeout = timeout;
+        if !self.slots[i].agent.handlers.is_empty() && self.slots[i].engine.gone().is_none() {
+            if self.serve_handlers(i, timeout) {
+                return Ok(true);
+            }
+            timeout = Some(Duration::ZERO);
+        }
+        let slot = &mut self.slots[i];
+        let ev = match slot.engine.target().wait(timeout) {
+            Ok(ev) => ev,
+            Err(TargetError::Gone { .. }) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        };
+        let change = match &ev {
+            TargetEvent::Exec => Some(mech::TargetChange::Exec),
+            TargetEvent::Exited(status) => {
+                // SIGILL, SIGTRAP, SIGBUS, SIGSEGV (x86-64 Linux).
+                if matches!(status, ExitStatus::Signal(4 | 5 | 7 | 11))
+                    && slot.agent.fast_path().is_some()
+                {
+                    slot.sync_ledger();
+                    let written: Vec<(u64, usize)> = slot
+                        .ledger
+                        .agent_writes()
+                        .into_iter()
+                        .map(|(a, b)| (a, b.len()))
+                        .collect();
+                    if !written.is_empty() {
+                        if let Some(n) = uprobes_on_rewritten_sites(slot, &written, status) {
+                            slot.engine.notices.push(n);
+                        }
+                    }
+                }
+                Some(mech::TargetChange::Exited)
+            }
+            _ => None,
+        };
+        if let Some(change) = change {
+            // The image the agent wrote into is gone: nothing is restored
+            // into the new one. Counts and rings stay ours.
+            let (mut cx, mechs) = slot.parts();
+            for m in mechs.all() {
+                m.on_change(&mut cx, &change);
+            }
+            slot.ledger.forget_agent();
+        }
+        if let TargetEvent::Watchpoint {
+            thread,
+            slots,
+            regs,
+        } = ev
+        {
+            return self.on_watchpoint(i, thread, slots, regs);
+        }
+        let exec = matches!(ev, TargetEvent::Exec);
+        if exec {
+            self.watches_exec(i);
+        }
+        if matches!(ev, TargetEvent::ModulesChanged { .. }) {
+            self.refresh_pending(i);
+            if let Some(pid) = self.slots[i].pid {
+                crate::nonlocal::sync_unwind_hooks(&mut self.slots[i].engine, pid);
+            }
+        }
+        let slot = &mut self.slots[i];
+        slot.engine.handle(ev)?;
+        if exec {
+            slot.sync_ledger();
+            slot.inherited.clear();
+            let (mut cx, mechs) = slot.parts();
+            mechs.trap.publish(&mut cx);
+        }
+        let stop = slot.engine.take_stop();
+        for (child, fixes) in std::mem::take(&mut slot.engine.forked) {
+            self.follow_child(i, child, fixes);
+        }
+        Ok(stop)
+    }
+
+    /// Ends the run: spawned targets still alive get `grace` to exit on
+    /// their own (a terminal's Ctrl-C reaches them as well as hotprobe)
+    /// while their events are handled and drained; every target still
+    /// alive then is detached (code restored, running on). The last events
+    /// are drained into `sink`. A target that dies meanwhile is no error.
+    pub fn finish<'s>(
+        &mut self,
+        grace: Duration,
+        mut sink: Option<&mut (dyn EventSink + 's)>,
+    ) -> Result<(), EngineError> {
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline
+            && self
+                .slots
+                .iter()
+                .any(|s| s.spawned && s.engine.gone().is_none())
+        {
+            let live: Vec<usize> = (0..self.slots.len())
+                .filter(|i| self.slots[*i].engine.gone().is_none())
+                .collect();
+            self.drain(sink.as_deref_mut(), 0)?;
+            for i in live {
+                self.poll_slot(i, Some(Duration::from_millis(5)))?;
+            }
+        }
+        self.drain(sink.as_deref_mut(), 1)?;
+        let r = self.detach();
+        self.drain(sink, 1)?;
+        r
+    }
+
+    /// Detach from every target: handlers stop, threads leave scratch
+    /// slots, return addresses are put back, original bytes restored
+    /// (the fast path's and the traps'), targets run on. Targets already
+    /// gone are skipped.
+    pub fn detach(&mut self) -> Result<(), EngineError> {
+        let mut first_err = None;
+        for s in &mut self.slots {
+            let gone = s.engine.gone().is_some();
+            let (mut cx, mechs) = s.parts();
+            // The agent's mechanisms first (the plugin's, the fast path's
+            // and in-process traps' writes), the trap engine last.
+            for m in mechs.all() {
+                if m.kind() == MechKind::Trap {
+                    continue;
+                }
+                if let Err(e) = m.detach(&mut cx, gone) {
+                    first_err.get_or_insert(e);
+                }
+            }
+            if gone {
+                s.ledger.clear();
+                continue;
+            }
+            if !s.inherited.is_empty() {
+                // A followed child still running: its parent's fast-path
+                // code goes (threads are never inside those bytes but at
+                // their first one: each is one instruction).
+                let t = s.engine.target();
+                if t.stop_all().is_ok() {
+                    for (a, b) in std::mem::take(&mut s.inherited) {
+                        let _ = t.write_memory(a, &b);
+                    }
+                }
+            }
+            let (mut cx, mechs) = s.parts();
+            if let Err(e) = mechs.trap.detach(&mut cx, false) {
+                first_err.get_or_insert(e);
+            }
+            s.ledger.clear();
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
