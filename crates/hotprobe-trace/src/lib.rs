@@ -59,6 +59,8 @@ pub use export::{export_flamegraph, FlameOptions, FlameStats};
 pub use export::{export_otlp, OtlpOptions, OtlpSignal, OtlpStats};
 #[cfg(feature = "parquet")]
 pub use export::{export_parquet, ParquetStats};
+#[cfg(feature = "otlp")]
+pub use export::{OtlpEndpoint, OtlpEndpointError, OTLP_HTTP_PORT};
 pub use filter::{CompiledFilter, Filter, FilterStats, ThreadFilter};
 pub use format::KindCounts;
 pub use hist::{fmt_bound, Bucket, Histogram};
