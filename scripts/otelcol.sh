@@ -10,8 +10,8 @@
 # and is reused when present, so a fresh clone (CI) does not build it again.
 # Prints that path on stdout. `scripts/otelcol.sh --path` prints it without
 # building. Needs Go >= 1.26 (the collector modules' go.mod say `go 1.26.0`),
-# found in PATH or /usr/local/go/bin; Debian bookworm's Go 1.19 is too old,
-# and the script says so.
+# found in PATH or /usr/local/go/bin (or $HOTPROBE_GO); Debian bookworm's
+# Go 1.19 is too old, and the script says so.
 set -euo pipefail
 
 # One release for every collector module: contrib's fileexporter passes at
@@ -40,10 +40,20 @@ version_ok() { # $1 >= $GO_MIN (major.minor)
     local have_major=${1%%.*} have_minor=${1#*.} min_major=${GO_MIN%%.*} min_minor=${GO_MIN#*.}
     [ "$have_major" -gt "$min_major" ] || { [ "$have_major" -eq "$min_major" ] && [ "$have_minor" -ge "$min_minor" ]; }
 }
+# HOTPROBE_GO names the one to use instead.
 GO=""
 seen=""
-for cand in "$(command -v go 2>/dev/null || true)" /usr/local/go/bin/go; do
-    [ -n "$cand" ] && [ -x "$cand" ] || continue
+if [ -n "${HOTPROBE_GO:-}" ]; then
+    candidates=("$HOTPROBE_GO")
+else
+    candidates=("$(command -v go 2>/dev/null || true)" /usr/local/go/bin/go)
+fi
+for cand in "${candidates[@]}"; do
+    [ -n "$cand" ] || continue
+    if [ ! -x "$cand" ]; then
+        seen="$seen $cand (not there)"
+        continue
+    fi
     v=$(go_version "$cand")
     seen="$seen $cand (go${v:-?})"
     if [ -n "$v" ] && version_ok "$v"; then
