@@ -16,7 +16,8 @@
 //! * [`summarize`]: what `hotprobe info` prints.
 //! * [`export`]: Chrome Trace Event JSON, CTF 1.8, folded stacks; with
 //!   features, flame graphs (`flamegraph`: SVG, HTML), OpenTelemetry
-//!   protobuf (`otlp`) and Parquet (`parquet`).
+//!   protobuf (`otlp`, with `OtlpEndpoint`, its blocking OTLP/HTTP
+//!   client) and Parquet (`parquet`).
 #![deny(missing_docs)]
 
 pub mod analysis;
