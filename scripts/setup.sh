@@ -7,6 +7,8 @@
 # - rsvg-convert (flame graph tests) and the git-ignored .venv/ with opentelemetry-proto and
 #   duckdb (the OTLP receiver and Parquet reader of the CLI tests), and the hotprobe
 #   Python package (crates/hotprobe-py) built with maturin and installed into it
+# - an OpenTelemetry Collector for the OTLP export test, built once by scripts/otelcol.sh
+#   (Go >= 1.26) into ~/.cache/hotprobe/otelcol-<release>/ and reused from there
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -120,4 +122,12 @@ rm -f "$ROOT"/target/wheels/hotprobe-*.whl
 "$PYVENV/bin/python" -c 'import hotprobe' \
     || { echo "setup.sh: the hotprobe Python package does not import" >&2; exit 1; }
 
-echo "setup.sh: done ($(qemu-system-x86_64 --version | head -n1))"
+# 6. A real OpenTelemetry Collector (crates/hotprobe-cli/tests/otlp_collector.rs),
+#    built with the collector builder into a cache outside the work tree keyed by
+#    its release (~/.cache/hotprobe/otelcol-<release>), so that a fresh clone
+#    reuses it; about 5 minutes the first time. Fails, saying why, on a Go older
+#    than the collector needs (Debian's 1.19).
+OTELCOL=$("$ROOT/scripts/otelcol.sh") \
+    || { echo "setup.sh: cannot build the OpenTelemetry Collector (scripts/otelcol.sh, above)" >&2; exit 1; }
+
+echo "setup.sh: done ($(qemu-system-x86_64 --version | head -n1); collector $OTELCOL)"

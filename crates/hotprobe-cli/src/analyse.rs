@@ -13,14 +13,13 @@ use hotprobe_trace::{
     export_chrome_filtered, export_ctf_filtered, export_flamegraph, export_folded_filtered,
     export_otlp, export_parquet, histograms, replay_with, report_by_thread, report_filtered,
     report_phases_filtered, summarize, CompiledQuery, FlameOptions, FoldedOptions, FoldedValue,
-    OtlpOptions, OtlpSignal, PhaseSpec, Query, ReplayField, ReplayOptions, ReportDiff, SortKey,
+    OtlpEndpoint, OtlpOptions, PhaseSpec, Query, ReplayField, ReplayOptions, ReportDiff, SortKey,
     TraceError, TraceReader,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 impl QueryArgs {
     /// The library's query.
@@ -467,7 +466,13 @@ pub fn export_cmd(o: &ExportOptions<'_>) -> Result<()> {
             "--endpoint goes with --format otlp".into()
         ));
     }
-    let endpoint = o.endpoint.map(Endpoint::parse).transpose()?;
+    let endpoint = o
+        .endpoint
+        .map(|url| {
+            OtlpEndpoint::parse(url)
+                .map_err(|e| crate::UsageError(format!("--endpoint {url}: {e}")))
+        })
+        .transpose()?;
     let r = open(o.dir)?;
     warn_incomplete(&r);
     let query = o.query.compile(&r)?;
@@ -526,7 +531,7 @@ pub fn export_cmd(o: &ExportOptions<'_>) -> Result<()> {
                 s.points,
                 s.requests,
                 s.bytes,
-                ep.url
+                ep.url()
             );
         }
         ExportFormat::Chrome | ExportFormat::Folded | ExportFormat::Svg | ExportFormat::Html => {
@@ -579,171 +584,4 @@ pub fn export_cmd(o: &ExportOptions<'_>) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// An OTLP/HTTP receiver: `http://HOST[:PORT][/PREFIX]` (port 4318 by
-/// default); bodies are POSTed to PREFIX/v1/traces and PREFIX/v1/metrics.
-struct Endpoint {
-    url: String,
-    host: String,
-    port: u16,
-    prefix: String,
-}
-
-impl Endpoint {
-    fn parse(url: &str) -> Result<Endpoint> {
-        let bad = |why: &str| crate::UsageError(format!("--endpoint {url}: {why}"));
-        let rest = match url.split_once("://") {
-            Some(("http", r)) => r,
-            Some(("https", _)) => {
-                return Err(
-                    bad("https is not supported; give an http:// URL (a local collector)").into(),
-                )
-            }
-            Some(_) | None => return Err(bad("give an http://HOST:PORT URL").into()),
-        };
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, ""),
-        };
-        let port_of = |p: &str| {
-            p.parse::<u16>()
-                .map_err(|_| bad(&format!("`{p}` is not a port")))
-        };
-        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-            match v6.split_once(']') {
-                Some((h, "")) => (h, 4318),
-                Some((h, p)) => match p.strip_prefix(':') {
-                    Some(p) => (h, port_of(p)?),
-                    None => return Err(bad("bad IPv6 address").into()),
-                },
-                None => return Err(bad("bad IPv6 address").into()),
-            }
-        } else {
-            match authority.rsplit_once(':') {
-                Some((h, p)) => (h, port_of(p)?),
-                None => (authority, 4318),
-            }
-        };
-        if host.is_empty() {
-            return Err(bad("no host").into());
-        }
-        let mut prefix = path.trim_end_matches('/').to_string();
-        for s in ["/v1/traces", "/v1/metrics"] {
-            if let Some(p) = prefix.strip_suffix(s) {
-                prefix = p.to_string();
-            }
-        }
-        Ok(Endpoint {
-            url: url.to_string(),
-            host: host.into(),
-            port,
-            prefix,
-        })
-    }
-
-    /// One POST over a fresh connection (`Connection: close`); a status
-    /// other than 2xx is an error holding the start of the response body.
-    fn post(&self, sig: OtlpSignal, body: &[u8]) -> std::io::Result<()> {
-        use std::net::{TcpStream, ToSocketAddrs};
-        let err = std::io::Error::other;
-        let path = format!("{}{}", self.prefix, sig.path());
-        let addrs: Vec<_> = (self.host.as_str(), self.port).to_socket_addrs()?.collect();
-        let mut last = None;
-        let mut conn = None;
-        for a in addrs {
-            match TcpStream::connect_timeout(&a, Duration::from_secs(10)) {
-                Ok(s) => {
-                    conn = Some(s);
-                    break;
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        let mut s = match conn {
-            Some(s) => s,
-            None => return Err(last.unwrap_or_else(|| err(format!("{}: no address", self.host)))),
-        };
-        s.set_read_timeout(Some(Duration::from_secs(30)))?;
-        s.set_write_timeout(Some(Duration::from_secs(30)))?;
-        let host = if self.host.contains(':') {
-            format!("[{}]:{}", self.host, self.port)
-        } else {
-            format!("{}:{}", self.host, self.port)
-        };
-        let head = format!(
-            "POST {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: hotprobe/{}\r\n\
-             Content-Type: application/x-protobuf\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            env!("CARGO_PKG_VERSION"),
-            body.len()
-        );
-        s.write_all(head.as_bytes())?;
-        s.write_all(body)?;
-        s.flush()?;
-        let mut resp = Vec::new();
-        // Until the peer closes, or the headers and Content-Length bytes.
-        let mut buf = [0u8; 8192];
-        loop {
-            let n = match s.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            };
-            resp.extend_from_slice(&buf[..n]);
-            if let Some(end) = resp.windows(4).position(|w| w == b"\r\n\r\n") {
-                let headers = String::from_utf8_lossy(&resp[..end]).to_ascii_lowercase();
-                let len = headers
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length:"))
-                    .and_then(|v| v.trim().parse::<usize>().ok());
-                if len.is_some_and(|l| resp.len() >= end + 4 + l) {
-                    break;
-                }
-            }
-        }
-        let text = String::from_utf8_lossy(&resp);
-        let status = text
-            .lines()
-            .next()
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|c| c.parse::<u16>().ok());
-        match status {
-            Some(200..=299) => Ok(()),
-            Some(c) => {
-                let body = text.split_once("\r\n\r\n").map_or("", |b| b.1);
-                let body: String = body.chars().take(200).collect();
-                Err(err(format!(
-                    "POST {path} to {host}: HTTP {c}: {}",
-                    body.trim()
-                )))
-            }
-            None => Err(err(format!("POST {path} to {host}: no HTTP response"))),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Endpoint;
-
-    #[test]
-    fn endpoints() {
-        let e = Endpoint::parse("http://localhost:4318").unwrap();
-        assert_eq!(
-            (e.host.as_str(), e.port, e.prefix.as_str()),
-            ("localhost", 4318, "")
-        );
-        let e = Endpoint::parse("http://127.0.0.1:9/otlp/v1/traces/").unwrap();
-        assert_eq!(
-            (e.host.as_str(), e.port, e.prefix.as_str()),
-            ("127.0.0.1", 9, "/otlp")
-        );
-        let e = Endpoint::parse("http://[::1]:5000").unwrap();
-        assert_eq!((e.host.as_str(), e.port), ("::1", 5000));
-        assert_eq!(Endpoint::parse("http://collector").unwrap().port, 4318);
-        assert!(Endpoint::parse("https://x:1").is_err());
-        assert!(Endpoint::parse("localhost:4318").is_err());
-        assert!(Endpoint::parse("http://x:port").is_err());
-    }
 }

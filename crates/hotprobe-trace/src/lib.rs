@@ -16,7 +16,8 @@
 //! * [`summarize`]: what `hotprobe info` prints.
 //! * [`export`]: Chrome Trace Event JSON, CTF 1.8, folded stacks; with
 //!   features, flame graphs (`flamegraph`: SVG, HTML), OpenTelemetry
-//!   protobuf (`otlp`) and Parquet (`parquet`).
+//!   protobuf (`otlp`, with `OtlpEndpoint`, its blocking OTLP/HTTP
+//!   client) and Parquet (`parquet`).
 #![deny(missing_docs)]
 
 pub mod analysis;
@@ -59,6 +60,8 @@ pub use export::{export_flamegraph, FlameOptions, FlameStats};
 pub use export::{export_otlp, OtlpOptions, OtlpSignal, OtlpStats};
 #[cfg(feature = "parquet")]
 pub use export::{export_parquet, ParquetStats};
+#[cfg(feature = "otlp")]
+pub use export::{OtlpEndpoint, OtlpEndpointError, OTLP_HTTP_PORT};
 pub use filter::{CompiledFilter, Filter, FilterStats, ThreadFilter};
 pub use format::KindCounts;
 pub use hist::{fmt_bound, Bucket, Histogram};

@@ -7,6 +7,8 @@ mod flame;
 mod folded;
 #[cfg(feature = "otlp")]
 mod otlp;
+#[cfg(feature = "otlp")]
+mod otlp_http;
 #[cfg(feature = "parquet")]
 mod parquet;
 
@@ -19,5 +21,7 @@ pub use folded::{
 };
 #[cfg(feature = "otlp")]
 pub use otlp::{export_otlp, OtlpOptions, OtlpSignal, OtlpStats};
+#[cfg(feature = "otlp")]
+pub use otlp_http::{OtlpEndpoint, OtlpEndpointError, OTLP_HTTP_PORT};
 #[cfg(feature = "parquet")]
 pub use parquet::{export_parquet, ParquetStats};

@@ -1,7 +1,7 @@
 //! OpenTelemetry (OTLP) protobuf bodies: the calls as spans, the counts as
 //! metrics, ready to POST to an OTLP/HTTP receiver (`/v1/traces`,
 //! `/v1/metrics`, `Content-Type: application/x-protobuf`). This module
-//! only encodes; sending is the caller's.
+//! only encodes; [`OtlpEndpoint`](super::OtlpEndpoint) sends.
 //!
 //! * **Spans**: one per call; a thread's calls form one trace (trace id
 //!   from pid, tid and start time), each call's parent span is its
