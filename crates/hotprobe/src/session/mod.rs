@@ -44,6 +44,7 @@ mod open;
 mod pending;
 mod plan;
 mod resolve;
+mod reverted;
 mod run;
 mod stats;
 mod untraced;
@@ -280,6 +281,8 @@ struct Slot {
     /// The process's modules and the `/proc/PID/maps` they were read from:
     /// read again only when the maps change (issue 14).
     symbols: Option<(String, std::sync::Arc<hotprobe_symbols::ProcessSymbols>)>,
+    /// The walk for sites whose code is the original again.
+    reverted: reverted::RevertedSites,
 }
 
 impl Slot {
@@ -466,6 +469,7 @@ impl Session {
             inherited: Vec::new(),
             origin: HashMap::new(),
             symbols: None,
+            reverted: Default::default(),
         });
         let follow = self.config.follow_forks && pid.is_some();
         let slot = &mut self.slots[id];

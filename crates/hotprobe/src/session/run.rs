@@ -2,6 +2,7 @@
 //! and hands each to every mechanism, the end (grace, detach).
 
 use super::foreign::uprobes_on_rewritten_sites;
+use super::reverted;
 use super::*;
 
 impl Session {
@@ -91,10 +92,13 @@ impl Session {
         if recording && sink.is_none() {
             self.drain(None, 0)?;
         }
+        self.check_reverted_sites(false);
         let timeout = if recording && sink.is_some() {
             Some(self.drain(sink, 0)?)
-        } else if live.len() == 1 {
+        } else if live.len() == 1 && !self.has_code_to_watch() {
             None
+        } else if live.len() == 1 {
+            Some(reverted::REVERTED_CHECK_EVERY)
         } else {
             Some(Duration::from_millis(1))
         };
@@ -228,6 +232,9 @@ impl Session {
     /// (the fast path's and the traps'), targets run on. Targets already
     /// gone are skipped.
     pub fn detach(&mut self) -> Result<(), EngineError> {
+        // Sites the program took back since the last walk are named
+        // before the ledger goes.
+        self.check_reverted_sites(true);
         let mut first_err = None;
         for s in &mut self.slots {
             let gone = s.engine.gone().is_some();

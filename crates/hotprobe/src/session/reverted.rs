@@ -1,0 +1,146 @@
+//! Code that changes under a probe (issue 22): a program that maps its
+//! text again from the file, or drops its pages with `MADV_DONTNEED`,
+//! silently takes hotprobe's bytes out: the file's code runs again and the
+//! probe counts nothing from then on. The ledger is walked for that once
+//! a second while a target runs, and before detaching it: a site whose
+//! bytes are all the original ones again is named in a notice (once),
+//! so the end summary says which probes stopped counting and since when.
+//!
+//! Not done: re-arming such a site (the mechanism that wrote it would have
+//! to write it again, as at placement).
+
+use super::*;
+
+/// How often the running targets' ledgers are walked.
+pub(super) const REVERTED_CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// Bytes read at once around the sites (one read covers the sites of a
+/// few pages of text).
+const WINDOW: usize = 16 << 10;
+
+/// What the walk keeps between two checks of one target.
+#[derive(Debug, Default)]
+pub(super) struct RevertedSites {
+    /// When the ledger was last walked.
+    last: Option<Instant>,
+    /// Sites already named (their start).
+    named: std::collections::HashSet<u64>,
+}
+
+impl Session {
+    /// Walks the ledger of every live process target whose last walk is
+    /// older than [`REVERTED_CHECK_EVERY`] (every one when `now_all`),
+    /// naming the sites whose code is the original again.
+    pub(super) fn check_reverted_sites(&mut self, now_all: bool) {
+        for slot in &mut self.slots {
+            if !slot.is_process() || slot.engine.gone().is_some() {
+                continue;
+            }
+            let due = now_all
+                || slot
+                    .reverted
+                    .last
+                    .is_none_or(|t| t.elapsed() >= REVERTED_CHECK_EVERY);
+            if due {
+                slot.reverted.last = Some(Instant::now());
+                check_slot(slot);
+            }
+        }
+    }
+
+    /// Whether some live target has code in its ledger to watch over (the
+    /// run loop then wakes at least every [`REVERTED_CHECK_EVERY`]).
+    pub(super) fn has_code_to_watch(&self) -> bool {
+        self.slots
+            .iter()
+            .any(|s| s.is_process() && s.engine.gone().is_none() && !s.ledger.sites().is_empty())
+    }
+}
+
+/// One target's walk: every site not named yet whose bytes equal the
+/// original ones again.
+fn check_slot(slot: &mut Slot) {
+    slot.sync_ledger();
+    let pid = slot.pid.unwrap_or(0);
+    let mut found: Vec<u64> = Vec::new();
+    // The sites of user probes whose bytes stay in place while armed: not
+    // the session's own int3s (the loader rendezvous is stepped over in
+    // place), not guards (there for a moment), not a trap stepped in place
+    // (its original byte is back during each step), not a fast-path
+    // placeholder without a probe.
+    let watched: Vec<(u64, &[u8])> = slot
+        .ledger
+        .sites()
+        .iter()
+        .filter(|site| match site.owner {
+            CodeOwner::Guard => false,
+            CodeOwner::Trap => slot
+                .engine
+                .execution_of(RuntimeAddr(site.start))
+                .is_some_and(|e| e != "stepped in place"),
+            CodeOwner::Fast => site.has_probes(),
+            CodeOwner::InProcess => true,
+        })
+        .map(|site| (site.start, site.original()))
+        .filter(|(start, original)| !original.is_empty() && !slot.reverted.named.contains(start))
+        .collect();
+    {
+        let target = slot.engine.target();
+        let mut window: (u64, Vec<u8>) = (0, Vec::new());
+        for (start, original) in watched {
+            let len = original.len();
+            let inside =
+                start >= window.0 && start + len as u64 <= window.0 + window.1.len() as u64;
+            if !inside {
+                window = (start, vec![0u8; WINDOW.max(len)]);
+                if target
+                    .read_memory(RuntimeAddr(start), &mut window.1)
+                    .is_err()
+                {
+                    // The window runs past the mapping: this site alone.
+                    window.1.truncate(len);
+                    if target
+                        .read_memory(RuntimeAddr(start), &mut window.1)
+                        .is_err()
+                    {
+                        window.1.clear();
+                        continue;
+                    }
+                }
+            }
+            let at = (start - window.0) as usize;
+            if window.1[at..at + len] == *original {
+                found.push(start);
+            }
+        }
+    }
+    if found.is_empty() {
+        return;
+    }
+    let symbolizer = slot.engine.target_and_symbolizer().1;
+    let names: Vec<String> = found
+        .iter()
+        .map(|&a| {
+            symbolizer
+                .as_ref()
+                .and_then(|s| s.symbolize(RuntimeAddr(a)))
+                .map_or_else(|| format!("{a:#x}"), |n| format!("{n} at {a:#x}"))
+        })
+        .collect();
+    let shown: Vec<&str> = names.iter().take(8).map(String::as_str).collect();
+    let more = names.len().saturating_sub(shown.len());
+    slot.engine.notices.push(format!(
+        "pid {pid}: {} probe site{} hold{} the original code again (the text was mapped again, \
+         or its pages dropped with MADV_DONTNEED): {}{}; their probes count nothing from then on",
+        found.len(),
+        if found.len() == 1 { "" } else { "s" },
+        if found.len() == 1 { "s" } else { "" },
+        shown.join(", "),
+        if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        }
+    ));
+    slot.reverted.named.extend(found);
+}
