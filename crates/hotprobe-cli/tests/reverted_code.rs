@@ -1,6 +1,6 @@
 //! Issue 22: code that changes under a probe. A program that drops its
 //! own text pages with `MADV_DONTNEED` gets the file's code back over
-//! hotprobe's: the probe counts nothing from then on, and hotprobe says so
+//! hotprobe's jump: the probe counts nothing from then on, and hotprobe says so
 //! by name while the program runs (the ledger is walked once a second)
 //! instead of leaving the count silently short.
 
@@ -28,7 +28,7 @@ fn sites_whose_pages_were_dropped_are_named_and_count_only_before() {
     assert!(native.status.success());
     let want = text(&native.stdout);
     assert_eq!(want, "before 1000\nafter 1 sum=1\n");
-    for mechanism in ["auto", "trap"] {
+    for mechanism in ["auto", "jump"] {
         let out = hotprobe_within(
             &["count", "--mechanism", mechanism, "work", "--", b, "1000"],
             Duration::from_secs(60),

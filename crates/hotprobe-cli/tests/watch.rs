@@ -385,3 +385,32 @@ fn attach_then_ctrl_c_leaves_no_debug_register() {
     let st = prog.wait().unwrap();
     assert!(st.success(), "the program ended with {st}");
 }
+
+/// kernel_write.c, built with gcc -O0.
+fn kernel_write() -> PathBuf {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/programs/kernel_write.c");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("watch");
+    std::fs::create_dir_all(&dir).unwrap();
+    gcc(&src, &dir.join("kernel_write"), &["-O0"])
+}
+
+#[test]
+fn a_write_by_the_kernel_is_said_and_the_next_old_value_is_the_one_read() {
+    let bin = kernel_write();
+    let out = hotprobe_within(&["watch", "counter", "--", bin.to_str().unwrap()], LIMIT);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("after read 1005\n") && stdout.contains("after store 2001\n"),
+        "{stdout}"
+    );
+    // The kernel's write: no debug register sees it; said with both values.
+    assert!(
+        stderr.contains(":4: 10 -> 1005 with no watched access: written by the kernel"),
+        "{stderr}"
+    );
+    // The program's own store: its old value is the one read since, not 10.
+    let stores: Vec<Access> = stdout.lines().filter_map(parse_access).collect();
+    assert_eq!(stores.len(), 1, "{stdout}");
+    assert_eq!((stores[0].old, stores[0].new), (1005, 2001), "{stdout}");
+}

@@ -514,6 +514,55 @@ impl Session {
         Ok(engine.take_stop())
     }
 
+    /// The session loop's once-a-second hook, and the last look before
+    /// detaching: a watched value that differs from what the last hit
+    /// left was written by no instruction the debug registers see — the
+    /// kernel (`read(2)` into it, any system call's output) or another
+    /// process. A notice says so with both values read, and the next hit's
+    /// `old` is the value read now, not a stale one.
+    pub(crate) fn check_unseen_writes(&mut self) {
+        for w in self
+            .watches
+            .list
+            .iter_mut()
+            .filter(|w| w.hw.kind != WatchKind::Execute)
+        {
+            let Some(slot) = self.slots.get_mut(w.slot) else {
+                continue;
+            };
+            if slot.engine.gone().is_some() {
+                continue;
+            }
+            let len = w.hw.len as usize;
+            let mut bytes = [0u8; 8];
+            if slot
+                .engine
+                .target()
+                .read_memory(RuntimeAddr(w.hw.addr), &mut bytes[..len])
+                .is_err()
+            {
+                continue;
+            }
+            let now = le_value(&bytes[..len]);
+            if now != w.last {
+                slot.engine.notices.push(format!(
+                    "watch {:#x}:{}: {} -> {} with no watched access: written by the kernel                      (a system call's output, e.g. read(2) into it) or by another process",
+                    w.hw.addr, w.hw.len, w.last, now
+                ));
+                w.last = now;
+            }
+        }
+    }
+
+    /// Whether some watchpoint on data is set (the loop then wakes once a
+    /// second for [`Session::check_unseen_writes`]).
+    pub(crate) fn has_data_watches(&self) -> bool {
+        self.watches
+            .list
+            .iter()
+            .any(|w| w.hw.kind != WatchKind::Execute)
+    }
+
     /// The session loop's hook at an exec of slot `i`: the kernel dropped
     /// the debug registers, the addresses mean nothing in the new image.
     pub(crate) fn watches_exec(&mut self, i: usize) {

@@ -341,6 +341,9 @@ pub struct Session {
     handler_timeout: Option<Duration>,
     /// Hardware watchpoints ([`Session::watch`]).
     watches: watch::Watches,
+    /// When watched values were last read for writes no debug register
+    /// sees (see `watch.rs`'s `check_unseen_writes`).
+    watch_check: Option<Instant>,
     /// Inside [`Session::add_filtered`]: fast-path sites are written in one
     /// batch at its end, the target stopped once (issue 14).
     batching: bool,
@@ -363,6 +366,7 @@ impl Session {
             handler_spin: None,
             handler_timeout: None,
             watches: watch::Watches::default(),
+            watch_check: None,
             capture: None,
             batching: false,
             xmm_layout: None,

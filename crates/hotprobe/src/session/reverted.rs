@@ -6,8 +6,10 @@
 //! bytes are all the original ones again is named in a notice (once),
 //! so the end summary says which probes stopped counting and since when.
 //!
-//! Not done: re-arming such a site (the mechanism that wrote it would have
-//! to write it again, as at placement).
+//! The sites watched are the agent's (patch calls, jumps, in-process
+//! traps). Not done: the ptrace trap's `int3`s (see `check_slot`), and
+//! re-arming a site (the mechanism that wrote it would have to write it
+//! again, as at placement).
 
 use super::*;
 
@@ -32,6 +34,14 @@ impl Session {
     /// older than [`REVERTED_CHECK_EVERY`] (every one when `now_all`),
     /// naming the sites whose code is the original again.
     pub(super) fn check_reverted_sites(&mut self, now_all: bool) {
+        let due = now_all
+            || self
+                .watch_check
+                .is_none_or(|t| t.elapsed() >= REVERTED_CHECK_EVERY);
+        if due && self.has_data_watches() {
+            self.watch_check = Some(Instant::now());
+            self.check_unseen_writes();
+        }
         for slot in &mut self.slots {
             if !slot.is_process() || slot.engine.gone().is_some() {
                 continue;
@@ -63,21 +73,18 @@ fn check_slot(slot: &mut Slot) {
     slot.sync_ledger();
     let pid = slot.pid.unwrap_or(0);
     let mut found: Vec<u64> = Vec::new();
-    // The sites of user probes whose bytes stay in place while armed: not
-    // the session's own int3s (the loader rendezvous is stepped over in
-    // place), not guards (there for a moment), not a trap stepped in place
-    // (its original byte is back during each step), not a fast-path
-    // placeholder without a probe.
+    // The sites of the agent's mechanisms that serve a probe: their bytes
+    // stay in place while armed. Not the process target's int3s: the
+    // session's own are stepped over in place, a failed placement or an
+    // exiting process takes some out before the ledger hears of it, and
+    // guards are there for a moment; none can be told apart from a page
+    // dropped under it without asking the target what it holds.
     let watched: Vec<(u64, &[u8])> = slot
         .ledger
         .sites()
         .iter()
         .filter(|site| match site.owner {
-            CodeOwner::Guard => false,
-            CodeOwner::Trap => slot
-                .engine
-                .execution_of(RuntimeAddr(site.start))
-                .is_some_and(|e| e != "stepped in place"),
+            CodeOwner::Guard | CodeOwner::Trap => false,
             CodeOwner::Fast => site.has_probes(),
             CodeOwner::InProcess => true,
         })
