@@ -195,6 +195,7 @@ impl KernelResolver {
             no_return: (offset == 0)
                 .then(|| hotprobe_symbols::no_return_reason(None, Some(&sym.name), LinkAddr(addr)))
                 .flatten(),
+            semaphore: None,
         }
     }
 
@@ -254,6 +255,10 @@ impl KernelResolver {
                     "module-relative addresses ({m}:0x...) are not supported for guest kernels: \
                      give the absolute address from kallsyms"
                 ),
+            }),
+            ProbeSpec::Usdt { .. } => Err(SymbolError::Unprobeable {
+                spec: spec.to_string(),
+                reason: "USDT markers are in user-space programs, not in a guest kernel".into(),
             }),
             ProbeSpec::Line { .. } => Err(SymbolError::Unprobeable {
                 spec: spec.to_string(),

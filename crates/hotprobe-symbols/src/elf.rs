@@ -87,6 +87,9 @@ pub struct ElfModule {
     path: PathBuf,
     /// The bytes holding DWARF: this file's or a separate debug file's.
     dwarf_bytes: Option<(PathBuf, Arc<[u8]>)>,
+    /// The file's USDT markers (`.note.stapsdt`); none when it has none or
+    /// they cannot be read.
+    usdt: Vec<crate::UsdtMarker>,
     is_pie: bool,
     entry: LinkAddr,
     functions: Vec<Symbol>,
@@ -226,6 +229,7 @@ impl ElfModule {
         let is_pie = file.kind() == object::ObjectKind::Dynamic;
         let entry = LinkAddr(file.entry());
         let build_id = file.build_id().ok().flatten().map(<[u8]>::to_vec);
+        let usdt = crate::usdt_markers(&bytes).unwrap_or_default();
 
         let mut segments = Vec::new();
         for seg in file.segments() {
@@ -332,6 +336,7 @@ impl ElfModule {
         Ok(ElfModule {
             path,
             dwarf_bytes,
+            usdt,
             is_pie,
             entry,
             functions,
@@ -394,6 +399,11 @@ impl ElfModule {
             roles.get(&addr.0),
             Some(DwarfRole::Entry { no_return: true })
         )
+    }
+
+    /// The file's USDT markers (`.note.stapsdt`), in note order.
+    pub fn usdt_markers(&self) -> &[crate::UsdtMarker] {
+        &self.usdt
     }
 
     /// The file's path (as given to [`ElfModule::open`]).

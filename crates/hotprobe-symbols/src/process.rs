@@ -215,6 +215,10 @@ pub struct ResolvedProbe {
     /// [`crate::no_return_reason`]); `None` when it may. `%return` is
     /// refused there, and recording takes the entry only.
     pub no_return: Option<String>,
+    /// A USDT marker's semaphore (run-time address of its 16-bit
+    /// counter): incremented while the probe is placed, so that the
+    /// program runs the code that reaches the marker.
+    pub semaphore: Option<RuntimeAddr>,
 }
 
 impl ResolvedProbe {

@@ -37,6 +37,17 @@ pub enum ProbeSpec {
         /// Probe the return of the function starting there.
         is_return: bool,
     },
+    /// A USDT (SystemTap SDT) marker: `usdt:[MODULE:]PROVIDER:NAME`, in
+    /// the main executable first, then every other module, unless a module
+    /// is named. Every marker of that name is probed.
+    Usdt {
+        /// The module, when named.
+        module: Option<String>,
+        /// The provider (`python`).
+        provider: String,
+        /// The marker's name (`gc__start`).
+        name: String,
+    },
     /// A source line (from DWARF), in any module.
     Line {
         /// Source file name or path suffix (`prog.c`, `src/prog.c`).
@@ -55,15 +66,16 @@ impl ProbeSpec {
             ProbeSpec::Function { is_return, .. }
             | ProbeSpec::Address { is_return, .. }
             | ProbeSpec::Line { is_return, .. } => *is_return,
+            ProbeSpec::Usdt { .. } => false,
         }
     }
 
     /// The module the spec names, if any.
     pub fn module(&self) -> Option<&str> {
         match self {
-            ProbeSpec::Function { module, .. } | ProbeSpec::Address { module, .. } => {
-                module.as_deref()
-            }
+            ProbeSpec::Function { module, .. }
+            | ProbeSpec::Address { module, .. }
+            | ProbeSpec::Usdt { module, .. } => module.as_deref(),
             ProbeSpec::Line { .. } => None,
         }
     }
@@ -210,6 +222,9 @@ impl FromStr for ProbeSpec {
         if s.contains('%') {
             return Err(bad(spec, "the only suffix allowed is %return"));
         }
+        if let Some(rest) = s.strip_prefix(USDT_PREFIX) {
+            return parse_usdt(spec, rest, is_return);
+        }
         let Some(colon) = module_separator(s) else {
             if is_hex_literal(s) {
                 let addr = parse_number(s).ok_or_else(|| bad(spec, "bad hex address"))?;
@@ -274,6 +289,46 @@ impl FromStr for ProbeSpec {
     }
 }
 
+/// What a USDT spec starts with.
+pub const USDT_PREFIX: &str = "usdt:";
+
+/// `[MODULE:]PROVIDER:NAME` after `usdt:`.
+fn parse_usdt(spec: &str, rest: &str, is_return: bool) -> Result<ProbeSpec, SymbolError> {
+    if is_return {
+        return Err(bad(
+            spec,
+            "a USDT marker is one instruction, not a function: it has no %return",
+        ));
+    }
+    let parts: Vec<&str> = rest.split(':').collect();
+    let ident = |p: &str| {
+        !p.is_empty()
+            && p.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+    };
+    let (module, provider, name) = match parts.as_slice() {
+        [p, n] => (None, *p, *n),
+        [m, p, n] => {
+            check_module(spec, m)?;
+            (Some((*m).to_string()), *p, *n)
+        }
+        _ => {
+            return Err(bad(
+                spec,
+                "a USDT probe is usdt:PROVIDER:NAME or usdt:MODULE:PROVIDER:NAME",
+            ))
+        }
+    };
+    if !ident(provider) || !ident(name) {
+        return Err(bad(spec, "a USDT provider and name are identifiers"));
+    }
+    Ok(ProbeSpec::Usdt {
+        module,
+        provider: provider.to_string(),
+        name: name.to_string(),
+    })
+}
+
 impl fmt::Display for ProbeSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -298,6 +353,17 @@ impl fmt::Display for ProbeSpec {
                 write!(f, "{addr:#x}")?;
             }
             ProbeSpec::Line { file, line, .. } => write!(f, "{file}:{line}")?,
+            ProbeSpec::Usdt {
+                module,
+                provider,
+                name,
+            } => {
+                write!(f, "{USDT_PREFIX}")?;
+                if let Some(m) = module {
+                    write!(f, "{m}:")?;
+                }
+                write!(f, "{provider}:{name}")?;
+            }
         }
         if self.is_return() {
             f.write_str(RETURN_SUFFIX)?;

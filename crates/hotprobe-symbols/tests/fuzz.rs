@@ -190,6 +190,8 @@ fn fuzz_probe_spec() {
         "comp*",
         "libc:getpp*",
         "sys_[gs]et?id",
+        "usdt:python:gc__start",
+        "usdt:libstdc++.so.6:libstdcxx:throw",
     ];
     Fuzz::new("probe_spec")
         .seeds(specs)

@@ -54,7 +54,51 @@ impl ProcessSymbols {
                     .map(|(s, _)| s.name.as_str()),
                 link,
             ),
+            semaphore: None,
         }
+    }
+
+    /// Every marker `provider:name` of the named module, or of the first
+    /// module (main executable first) that has one: a probe on the
+    /// marker's instruction, with its semaphore.
+    fn resolve_usdt(
+        &self,
+        spec: &ProbeSpec,
+        module: Option<&str>,
+        provider: &str,
+        name: &str,
+    ) -> Result<Vec<ResolvedProbe>, SymbolError> {
+        let in_module = module.map(|m| self.find_module(m)).transpose()?;
+        let candidates: Vec<&LoadedModule> = match in_module {
+            Some(lm) => vec![lm],
+            None => self.search_order().collect(),
+        };
+        for lm in candidates {
+            let found: Vec<ResolvedProbe> = lm
+                .module
+                .usdt_markers()
+                .iter()
+                .filter(|m| m.provider == provider && m.name == name)
+                .map(|m| {
+                    let mut p = Self::probe_at(lm, LinkAddr(m.addr), false);
+                    p.semaphore = m.semaphore.map(|s| lm.runtime(LinkAddr(s)));
+                    p
+                })
+                .collect();
+            if !found.is_empty() {
+                return Ok(found);
+            }
+        }
+        let where_ = match module {
+            Some(m) => m.to_string(),
+            None => "any loaded module".into(),
+        };
+        Err(SymbolError::Unprobeable {
+            spec: spec.to_string(),
+            reason: format!(
+                "no USDT marker {provider}:{name} in {where_} (`hotprobe list --usdt` lists them)"
+            ),
+        })
     }
 
     /// Turn a probe spec into run-time addresses.
@@ -157,6 +201,11 @@ impl ProcessSymbols {
                 }
                 Ok(vec![p])
             }
+            ProbeSpec::Usdt {
+                module,
+                provider,
+                name,
+            } => self.resolve_usdt(spec, module.as_deref(), provider, name),
             ProbeSpec::Line {
                 file,
                 line,

@@ -427,8 +427,14 @@ impl Session {
                 }
                 Plan::Plugin(reason) => self.place_plugin(t, &r, is_return, record, reason, label),
             };
+            let semaphore = r.semaphore;
             match placed {
-                Ok(p) => added.placements.push(p),
+                Ok(p) => {
+                    if let Some(at) = semaphore {
+                        self.raise_semaphore(t, at)?;
+                    }
+                    added.placements.push(p)
+                }
                 Err(e) if pattern => added.skipped.push(Skipped {
                     label: r.function.clone().unwrap_or_else(|| r.addr.to_string()),
                     reason: e.to_string(),

@@ -48,6 +48,7 @@ mod reverted;
 mod run;
 mod stats;
 mod untraced;
+mod usdt;
 
 // Watchpoints (`Session::watch`): a child module for the session's fields,
 // in a file of its own.
@@ -283,6 +284,9 @@ struct Slot {
     symbols: Option<(String, std::sync::Arc<hotprobe_symbols::ProcessSymbols>)>,
     /// The walk for sites whose code is the original again.
     reverted: reverted::RevertedSites,
+    /// USDT semaphores raised, one entry per probe placed on a marker
+    /// that has one (see `usdt.rs`).
+    semaphores: Vec<RuntimeAddr>,
 }
 
 impl Slot {
@@ -474,6 +478,7 @@ impl Session {
             origin: HashMap::new(),
             symbols: None,
             reverted: Default::default(),
+            semaphores: Vec::new(),
         });
         let follow = self.config.follow_forks && pid.is_some();
         let slot = &mut self.slots[id];

@@ -186,6 +186,7 @@ impl Session {
         if exec {
             slot.sync_ledger();
             slot.inherited.clear();
+            slot.semaphores.clear();
             let (mut cx, mechs) = slot.parts();
             mechs.trap.publish(&mut cx);
         }
@@ -238,6 +239,9 @@ impl Session {
         let mut first_err = None;
         for s in &mut self.slots {
             let gone = s.engine.gone().is_some();
+            if !gone {
+                super::usdt::lower_semaphores(s);
+            }
             let (mut cx, mechs) = s.parts();
             // The agent's mechanisms first (the plugin's, the fast path's
             // and in-process traps' writes), the trap engine last.
