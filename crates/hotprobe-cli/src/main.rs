@@ -39,7 +39,6 @@ mod record;
 mod session;
 mod signals;
 mod trace;
-mod typed;
 mod usage;
 mod watch;
 

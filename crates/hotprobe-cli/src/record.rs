@@ -18,8 +18,8 @@
 
 use crate::out::errln;
 use crate::session::{mechanism_summary, progress, Traced};
-use crate::typed;
 use anyhow::{bail, Context, Result};
+use hotprobe::typed;
 use hotprobe::{Action, DrainStats, ExitStatus, FastPathConfig, MechanismChoice, SessionConfig};
 use hotprobe_symbols::pattern;
 use hotprobe_trace::{
@@ -322,7 +322,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             };
             // A typed function's events keep the index of their captured
             // values (hotprobe-trace's values files).
-            let typed = typing.shapes.borrow().contains_key(&p.addr.0);
+            let typed = typing.is_typed(p.addr.0);
             symbols.push(Symbol {
                 id: p.id.0,
                 name: name.clone(),
@@ -422,7 +422,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             return Err(e);
         }
     }
-    typing.note_untyped();
+    crate::session::note_untyped(&typing);
     let types = typed::TypedShapes::new(&typing, &placed).value_types();
     let mut writer = match TraceWriter::create(o.out, meta)
         .and_then(|mut w| w.set_value_types(&types).map(|()| w))

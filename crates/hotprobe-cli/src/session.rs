@@ -443,3 +443,20 @@ pub fn progress(len: u64, what: &str) -> ProgressBar {
     }
     bar
 }
+
+/// Says on stderr which functions `-a` shows without arguments (no DWARF
+/// for them): by name when few, else how many.
+pub fn note_untyped(typing: &hotprobe::typed::Typing) {
+    let u = typing.untyped();
+    match u.len() {
+        0 => {}
+        1..=5 => errln!(
+            "hotprobe: no DWARF for {} (build with -g): shown without arguments",
+            u.join(", ")
+        ),
+        n => errln!(
+            "hotprobe: no DWARF for {n} functions (e.g. {}): shown without arguments",
+            u[..3].join(", ")
+        ),
+    }
+}

@@ -29,6 +29,7 @@ pub mod nonlocal;
 mod plugin;
 mod recorder;
 mod session;
+pub mod typed;
 
 pub use count::{tsc_ticks_per_ns, CountError, CountSink};
 pub use engine::{Engine, Outcome, ProbeStats};
