@@ -26,6 +26,7 @@ mod engine;
 mod handler;
 mod held;
 pub mod nonlocal;
+pub mod pending;
 mod plugin;
 mod recorder;
 mod session;
