@@ -32,6 +32,7 @@ mod coldpatch;
 mod count;
 mod demo;
 mod guest;
+mod guest_syscalls;
 mod list;
 mod out;
 mod pager;
@@ -311,7 +312,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 let symbols = sub_symbols.clone().or_else(|| symbols.first().cloned());
                 let duration = duration(*secs)?;
                 signals::install()?;
-                return guest::run_syscalls(&guest::SyscallsOptions {
+                return guest_syscalls::run_syscalls(&guest_syscalls::SyscallsOptions {
                     qemu,
                     symbols,
                     pid: *pid,

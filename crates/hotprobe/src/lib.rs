@@ -23,6 +23,7 @@
 pub mod cond;
 mod count;
 mod engine;
+pub mod guest_boot;
 mod handler;
 mod held;
 pub mod nonlocal;
