@@ -18,7 +18,7 @@
 //! `System.map`, its vmlinux, or the bzImage QEMU boots with `-kernel`
 //! (recognised by its boot header, `HdrS`: the symbols are recovered from
 //! the kernel's own kallsyms tables and cached, see
-//! `hotprobe_guest::symbols_from_kernel_image`; boot the guest with
+//! `hotprobe::guest::symbols_from_kernel_image`; boot the guest with
 //! `nokaslr`). `--ram` is QEMU's shared
 //! `memory-backend-file` (`mem-path=`), to read guest memory without the
 //! stub. A guest whose stub closes is dropped with a notice; the others go
@@ -30,17 +30,17 @@ use crate::session::{print_table, progress};
 use crate::signals::{self, StopReason};
 use crate::trace::{LiveTree, HEADER};
 use anyhow::{bail, Context, Result};
-use hotprobe::guest_boot::{BootError, BootMarkers};
-use hotprobe::{
-    EventSink, FastPathConfig, Placement, PluginOptions, RunEnd, Session, SessionConfig, TargetId,
-};
-use hotprobe_guest::{
+use hotprobe::guest::{
     kernel_image, load_symbols, open_guest, shell_exit_code, GuestConfig, GuestFleet,
     LaunchOptions, StubAddr,
 };
-use hotprobe_qemu::Delivery;
-use hotprobe_symbols::KernelSymbols;
-use hotprobe_trace::{Filter, TimeBase, TraceMeta, TraceWriter};
+use hotprobe::guest_boot::{BootError, BootMarkers};
+use hotprobe::qemu::Delivery;
+use hotprobe::symbols::KernelSymbols;
+use hotprobe::trace::{Filter, TimeBase, TraceMeta, TraceWriter};
+use hotprobe::{
+    EventSink, FastPathConfig, Placement, PluginOptions, RunEnd, Session, SessionConfig, TargetId,
+};
 use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};

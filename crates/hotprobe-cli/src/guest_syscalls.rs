@@ -4,8 +4,8 @@
 use crate::guest::{delivery, print_notices, run_launched_loop};
 use crate::out::{errln, outln};
 use anyhow::{bail, Context, Result};
+use hotprobe::guest::{kernel_image, load_symbols, shell_exit_code, GuestFleet, LaunchOptions};
 use hotprobe::{EventSink, PluginOptions, Session, SessionConfig};
-use hotprobe_guest::{kernel_image, load_symbols, shell_exit_code, GuestFleet, LaunchOptions};
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -87,7 +87,7 @@ impl EventSink for SyscallPrinter {
         if ev.kind == hotprobe::KIND_EXIT {
             // Exit events: rax, rdx, rsp, pid.
             let pid = ev.args[3];
-            let ret = hotprobe_guest::syscalls::format_return(&name, ev.args[0]);
+            let ret = hotprobe::guest::syscalls::format_return(&name, ev.args[0]);
             match self.pending.take() {
                 Some((ppid, line)) if ppid == pid => {
                     self.line(format_args!("{line} = {ret}"));
@@ -106,7 +106,7 @@ impl EventSink for SyscallPrinter {
         let path = (!data.is_empty()).then_some(data);
         let line = format!(
             "[pid {pid}] {}",
-            hotprobe_guest::syscalls::format_call(&name, &ev.args[..n], path)
+            hotprobe::guest::syscalls::format_call(&name, &ev.args[..n], path)
         );
         self.flush_pending();
         if matches!(name.as_str(), "exit" | "exit_group") {
@@ -130,7 +130,7 @@ impl EventSink for SyscallPrinter {
 /// the kernel's current-task pointer, filtered in the plugin) and prints
 /// each call as strace does. Returns QEMU's exit code.
 pub fn run_syscalls(o: &SyscallsOptions<'_>) -> Result<u8> {
-    use hotprobe_guest::syscalls;
+    use hotprobe::guest::syscalls;
     let image = kernel_image(o.qemu);
     let Some(sym_path) = o.symbols.clone().or_else(|| image.clone()) else {
         bail!("give --symbols FILE or boot the guest with -kernel IMAGE");
@@ -138,7 +138,7 @@ pub fn run_syscalls(o: &SyscallsOptions<'_>) -> Result<u8> {
     let (symbols, _) =
         load_symbols(&sym_path).with_context(|| format!("guest symbols {}", sym_path.display()))?;
     let task = match &image {
-        Some(img) => match hotprobe_guest::task_layout_from_kernel_image(img) {
+        Some(img) => match hotprobe::guest::task_layout_from_kernel_image(img) {
             Ok(l) => Some(l),
             Err(e) if o.pid.is_some() || o.comm.is_some() => {
                 return Err(e).context("--pid/--comm need the kernel's task layout (its BTF)")
@@ -175,9 +175,9 @@ pub fn run_syscalls(o: &SyscallsOptions<'_>) -> Result<u8> {
         );
     }
     let opts = LaunchOptions {
-        plugin: hotprobe_qemu::PluginConfig {
+        plugin: hotprobe::qemu::PluginConfig {
             max_probes: (names.len() as u32 + 16).next_power_of_two(),
-            ..hotprobe_qemu::PluginConfig::default()
+            ..hotprobe::qemu::PluginConfig::default()
         },
         task_layout: task,
         ..LaunchOptions::default()

@@ -542,8 +542,8 @@ fn message(e: &anyhow::Error) -> String {
 /// Whether `e` comes from bad input (exit code 2, as a usage error): a
 /// malformed probe spec, or `HOTPROBE_AGENT` naming no usable agent.
 fn bad_input(e: &anyhow::Error) -> bool {
-    use hotprobe_fastpath::FastPathError;
-    use hotprobe_symbols::SymbolError;
+    use hotprobe::fastpath::FastPathError;
+    use hotprobe::symbols::SymbolError;
     e.chain().any(|c| {
         matches!(c.downcast_ref(), Some(SymbolError::BadSpec { .. }))
             || matches!(c.downcast_ref(), Some(FastPathError::AgentOverride { .. }))

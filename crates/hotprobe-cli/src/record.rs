@@ -20,12 +20,12 @@ use crate::out::errln;
 use crate::session::{mechanism_summary, progress, Traced};
 use anyhow::{bail, Context, Result};
 use hotprobe::pending::{add_pending_pattern, module_pattern, PendingError};
-use hotprobe::typed;
-use hotprobe::{Action, DrainStats, ExitStatus, FastPathConfig, MechanismChoice, SessionConfig};
-use hotprobe_symbols::pattern;
-use hotprobe_trace::{
+use hotprobe::symbols::pattern;
+use hotprobe::trace::{
     Filter, ProbeKind, Symbol, TimeBase, TraceMeta, TraceWriter, WriteStats, INFO_FILE,
 };
+use hotprobe::typed;
+use hotprobe::{Action, DrainStats, ExitStatus, FastPathConfig, MechanismChoice, SessionConfig};
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -279,10 +279,9 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             Ok(a) => a,
             // A pattern on a library not loaded yet: one pending probe per
             // function of the library's file it matches.
-            Err(hotprobe::EngineError::Symbol(hotprobe_symbols::SymbolError::ModuleNotFound {
-                name,
-                loaded,
-            })) if !marker && module_pattern(spec).is_some() => {
+            Err(hotprobe::EngineError::Symbol(
+                hotprobe::symbols::SymbolError::ModuleNotFound { name, loaded },
+            )) if !marker && module_pattern(spec).is_some() => {
                 let pending = add_pending_pattern(
                     &mut t.session,
                     t.target,
@@ -298,7 +297,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
                         t.abandon();
                         let e = match e {
                             PendingError::NoLibrary => hotprobe::EngineError::Symbol(
-                                hotprobe_symbols::SymbolError::ModuleNotFound { name, loaded },
+                                hotprobe::symbols::SymbolError::ModuleNotFound { name, loaded },
                             )
                             .to_string(),
                             e => e.to_string(),
@@ -354,7 +353,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     bar.finish_and_clear();
     // Each function's module, as a path (the main executable's as before:
     // the program's path); a module's file name if its mapping is gone.
-    let modules = hotprobe_symbols::ProcessSymbols::for_pid(pid as u32).ok();
+    let modules = hotprobe::symbols::ProcessSymbols::for_pid(pid as u32).ok();
     let main_path = modules
         .as_ref()
         .and_then(|m| m.main_module())
@@ -500,8 +499,8 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
 /// The function-name glob of a probe spec (`libz.so.1:deflate*` →
 /// `deflate*`); the spec itself when it names no function.
 fn function_glob(spec: &str) -> String {
-    match spec.parse::<hotprobe_symbols::ProbeSpec>() {
-        Ok(hotprobe_symbols::ProbeSpec::Function { name, .. }) => name,
+    match spec.parse::<hotprobe::symbols::ProbeSpec>() {
+        Ok(hotprobe::symbols::ProbeSpec::Function { name, .. }) => name,
         _ => spec.to_string(),
     }
 }

@@ -7,10 +7,10 @@
 use crate::out::errln;
 use crate::signals::{self, StopReason};
 use anyhow::{bail, Context, Result};
+use hotprobe::trace::{fmt_duration, Histogram};
 use hotprobe::{
     Action, EventSink, ExitStatus, Placement, RunEnd, Session, SessionConfig, TargetId,
 };
-use hotprobe_trace::{fmt_duration, Histogram};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::HashMap;
 use std::ffi::OsString;

@@ -169,7 +169,7 @@ impl LiveTree {
                 };
                 let indent = "  ".repeat(depth);
                 let ret = match (typed, self.args) {
-                    (Some(v), _) if ev.reserved & hotprobe_fastpath::EXIT_UNWOUND != 0 => {
+                    (Some(v), _) if ev.reserved & hotprobe::fastpath::EXIT_UNWOUND != 0 => {
                         let _ = v;
                         String::new()
                     }

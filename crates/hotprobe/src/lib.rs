@@ -57,6 +57,16 @@ pub use session::{
     Action, Added, Capture, CaptureChooser, Mechanism, MechanismChoice, PatchKind, Placement,
     RunEnd, Session, SessionConfig, Skipped, TargetId, XmmChooser,
 };
+// The facade, as ripgrep's `grep` crate: the crates a front end (the CLI,
+// the bindings) parses, prints and reads traces with, under short names.
+pub use hotprobe_coldpatch as coldpatch;
+pub use hotprobe_dwarf as dwarf;
+pub use hotprobe_fastpath as fastpath;
+pub use hotprobe_guest as guest;
+pub use hotprobe_qemu as qemu;
+pub use hotprobe_symbols as symbols;
+pub use hotprobe_trace as trace;
+pub use hotprobe_x86 as x86;
 
 /// Errors of the engine and the session.
 #[derive(Debug, thiserror::Error)]
