@@ -32,6 +32,7 @@ mod plugin;
 mod recorder;
 mod session;
 pub mod typed;
+pub mod typed_capture;
 
 pub use count::{tsc_ticks_per_ns, CountError, CountSink};
 pub use engine::{Engine, Outcome, ProbeStats};
