@@ -20,7 +20,7 @@ const OVER_LIMIT: &[(&str, usize)] = &[
     ("crates/hotprobe/src/engine.rs", 2022),
     ("crates/hotprobe-fastpath/src/lib.rs", 1833),
     ("crates/hotprobe-capi/src/lib.rs", 1175),
-    ("crates/hotprobe-py/src/lib.rs", 1046),
+    ("crates/hotprobe-py/src/lib.rs", 1019),
     ("crates/hotprobe-trace/src/analysis.rs", 984),
 ];
 

@@ -62,9 +62,10 @@ pub struct TypedEvent {
 /// The typed probes of one session and the values they recorded.
 #[derive(Default)]
 pub struct TypedCapture {
-    /// The DWARF and plans per target process.
-    typings: Vec<(TargetId, Rc<Typing>)>,
-    placed: Vec<(TargetId, Placement)>,
+    /// One plan per [`TypedCapture::place`] (two specs on one function
+    /// capture different values: their shapes are kept apart), with the
+    /// probes it placed.
+    typings: Vec<(Rc<Typing>, Vec<Placement>)>,
     events: Vec<TypedEvent>,
 }
 
@@ -96,14 +97,7 @@ impl TypedCapture {
             });
         }
         let pid = session.pid(t).ok_or(TypedCaptureError::NoProcess(t.0))?;
-        let typing = match self.typings.iter().find(|(id, _)| *id == t) {
-            Some((_, typing)) => typing.clone(),
-            None => {
-                let typing = Rc::new(Typing::new(pid));
-                self.typings.push((t, typing.clone()));
-                typing
-            }
-        };
+        let typing = Rc::new(Typing::new(pid));
         let auto = exprs.is_empty();
         session.set_xmm_layout(typing.xmm_chooser_for(exprs.clone(), auto));
         session.set_capture(typing.chooser_for(exprs, auto));
@@ -112,20 +106,21 @@ impl TypedCapture {
         session.set_xmm_layout(None);
         let added = added?;
         typing.check()?;
-        self.placed
-            .extend(added.placements.iter().map(|p| (t, p.clone())));
+        self.typings.push((typing, added.placements.clone()));
         Ok(added)
     }
 
     /// The functions placed so far that have no DWARF (recorded without
     /// values).
     pub fn untyped(&self) -> Vec<String> {
-        self.typings.iter().flat_map(|(_, t)| t.untyped()).collect()
+        self.typings.iter().flat_map(|(t, _)| t.untyped()).collect()
     }
 
     /// Whether probe `id` is a typed capture's.
     pub fn follows(&self, id: ProbeId) -> bool {
-        self.placed.iter().any(|(_, p)| p.id == id)
+        self.typings
+            .iter()
+            .any(|(_, placed)| placed.iter().any(|p| p.id == id))
     }
 
     /// Runs `f` with the sink to drain into: the typed probes' events are
@@ -136,36 +131,25 @@ impl TypedCapture {
         f: impl FnOnce(&mut dyn EventSink) -> R,
     ) -> R {
         let mut keep = Keep {
-            shapes: Vec::new(),
+            shapes: self
+                .typings
+                .iter()
+                .map(|(typing, placed)| {
+                    let ids = placed.iter().map(|p| p.id).collect();
+                    (ids, TypedShapes::new(typing, placed))
+                })
+                .collect(),
             events: &mut self.events,
             inner,
         };
-        let mut typed: Vec<(TargetId, Vec<Placement>)> = Vec::new();
-        for (t, p) in &self.placed {
-            match typed.iter_mut().find(|(id, _)| id == t) {
-                Some((_, v)) => v.push(p.clone()),
-                None => typed.push((*t, vec![p.clone()])),
-            }
-        }
-        for (t, placed) in &typed {
-            if let Some((_, typing)) = self.typings.iter().find(|(id, _)| id == t) {
-                keep.shapes.push((
-                    placed.iter().map(|p| p.id).collect(),
-                    TypedShapes::new(typing, placed),
-                ));
-            }
-        }
-        // One RegisterTyped per target process: each knows its own plans.
-        // Their probe ids differ (the target is in the high bits), so the
-        // chain passes every event through each in turn.
-        let typings: Vec<(Rc<Typing>, Vec<Placement>)> = typed
-            .into_iter()
-            .filter_map(|(t, placed)| {
-                let typing = self.typings.iter().find(|(id, _)| *id == t)?.1.clone();
-                Some((typing, placed))
-            })
-            .collect();
-        chain(&typings, &mut keep, f)
+        // One RegisterTyped per plan: each types its own probes' events
+        // and passes the others on down the chain.
+        chain(&self.typings, &mut keep, f)
+    }
+
+    /// The typed events collected so far (kept until taken).
+    pub fn events(&self) -> &[TypedEvent] {
+        &self.events
     }
 
     /// The typed events collected so far, taken.
