@@ -113,8 +113,7 @@ pub struct Typing {
 }
 
 /// A function's parameters and the argument register of each (or why it
-/// has none).
-/// The reason is text because [`crate::cond::NameMap`] takes it so.
+/// has none; text, as [`crate::cond::NameMap`] takes it).
 pub type ParamRegs = Vec<(String, Result<crate::cond::Operand, String>)>;
 
 impl Typing {
