@@ -360,6 +360,42 @@ typedef struct hotprobe_regs {
   uint64_t rflags;
 } hotprobe_regs;
 
+/**
+ * One recorded call boundary of a typed capture (valid during the
+ * handler's call only).
+ */
+typedef struct hotprobe_typed_event {
+  /**
+   * The probe ([`hotprobe_record_typed`]'s id).
+   */
+  hotprobe_probe probe;
+  /**
+   * The thread.
+   */
+  uint32_t tid;
+  /**
+   * `false`: the entry (the parameters); `true`: the return.
+   */
+  bool is_return;
+  /**
+   * How many values `values` holds (0 for a return the program
+   * unwound past, and for a function without DWARF).
+   */
+  size_t nvalues;
+  /**
+   * The values as NUL-terminated text: every parameter's in order (or
+   * `EXPR=value` for each expression the spec gave) at an entry, the
+   * return value at a return.
+   */
+  const char *const *values;
+} hotprobe_typed_event;
+
+/**
+ * Called by [`hotprobe_typed_take`] with each recorded event and the
+ * caller's `user_data`. It must not unwind.
+ */
+typedef void (*hotprobe_typed_handler)(const struct hotprobe_typed_event *ev, void *user_data);
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -731,6 +767,44 @@ int hotprobe_count_if_hits(struct hotprobe_session *s, hotprobe_probe probe, uin
  * `s` is a live session; `lost_out` null or writable.
  */
 int hotprobe_count_if_lost(struct hotprobe_session *s, uint64_t *lost_out);
+
+/**
+ * Records each call of every function `spec` names with typed values:
+ * `"work"` (every parameter and the return value) or `"work(i, s)"` (the
+ * parameters named; `p->len` and `name:string` as on the command line).
+ * Writes up to `cap` probe ids to `ids` and how many were placed to
+ * `n_out`. Read the values with [`hotprobe_typed_take`] after (or
+ * between) runs.
+ *
+ * Refused with `HOTPROBE_ERR_INVALID` before anything is placed: an
+ * argument expression that does not parse, a parameter name the function
+ * does not have, names for a function without DWARF, a `%return` spec.
+ *
+ * # Safety
+ * `s` is a live session; `spec` a C string; `ids` null or valid for
+ * `cap` writes; `n_out` null or writable.
+ */
+int hotprobe_record_typed(struct hotprobe_session *s,
+                          hotprobe_target target,
+                          const char *spec,
+                          hotprobe_probe *ids,
+                          size_t cap,
+                          size_t *n_out);
+
+/**
+ * Calls `handler` with each event the typed captures recorded since the
+ * last call, in the order they were drained (per thread, the program's
+ * order), and forgets them; writes how many to `n_out`.
+ *
+ * # Safety
+ * `s` is a live session; `handler` a function as
+ * [`hotprobe_typed_handler`] says (or NULL: the events are dropped);
+ * `n_out` null or writable.
+ */
+int hotprobe_typed_take(struct hotprobe_session *s,
+                        hotprobe_typed_handler handler,
+                        void *user_data,
+                        size_t *n_out);
 
 #ifdef __cplusplus
 }  // extern "C"

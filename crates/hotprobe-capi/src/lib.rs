@@ -5,7 +5,8 @@
 //! enable, disable or unregister them, run the loop, stop it from a
 //! handler, read and write registers and memory from the handler context,
 //! read the statistics; count the calls whose arguments satisfy a
-//! condition (`count_if`: `hotprobe_count_if`, `hotprobe_count_if_hits`).
+//! condition (`count_if`: `hotprobe_count_if`, `hotprobe_count_if_hits`);
+//! record calls with typed values (`hotprobe_record_typed`).
 //!
 //! Everything goes through [`hotprobe::Session`]: probes with handlers are
 //! `Action::Handler` / `Action::Return`, so a faster handler path in the
@@ -23,17 +24,23 @@
 
 mod count_if;
 mod limits;
+mod regs;
+mod typed;
 pub use count_if::{hotprobe_count_if, hotprobe_count_if_hits, hotprobe_count_if_lost};
 use hotprobe::{
-    Action, EngineError, HitContext, HitKind, MechanismChoice, Probe, ProbeId, Registers, RetProbe,
-    RunEnd, Session, SessionConfig, TargetId,
+    Action, EngineError, HitContext, HitKind, MechanismChoice, Probe, ProbeId, RetProbe, RunEnd,
+    Session, SessionConfig, TargetId,
 };
 pub use limits::HOTPROBE_MAX_READ;
+use regs::{from_c_regs, reg_mut, to_c_regs};
 use std::cell::{Cell, RefCell, UnsafeCell};
 use std::ffi::{c_char, c_int, c_void, CStr, CString, OsString};
 use std::os::unix::ffi::OsStringExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
+pub use typed::{
+    hotprobe_record_typed, hotprobe_typed_event, hotprobe_typed_handler, hotprobe_typed_take,
+};
 
 /// Success.
 pub const HOTPROBE_OK: c_int = 0;
@@ -132,6 +139,8 @@ pub struct hotprobe_session {
     /// The conditional counts ([`hotprobe_count_if`]): the sink of every
     /// run.
     counts: RefCell<hotprobe::CountSink>,
+    /// The typed captures ([`hotprobe_record_typed`]) and their values.
+    typed: RefCell<hotprobe::typed_capture::TypedCapture>,
 }
 
 /// Clears `running` when a run ends, whether it returns or unwinds.
@@ -230,63 +239,6 @@ pub struct hotprobe_regs {
     pub rip: u64,
     /// rflags.
     pub rflags: u64,
-}
-
-/// Applies `$m!(field, INDEX)` to every register of `hotprobe_regs`.
-macro_rules! each_reg {
-    ($m:ident) => {
-        $m!(rax, HOTPROBE_REG_RAX);
-        $m!(rbx, HOTPROBE_REG_RBX);
-        $m!(rcx, HOTPROBE_REG_RCX);
-        $m!(rdx, HOTPROBE_REG_RDX);
-        $m!(rsi, HOTPROBE_REG_RSI);
-        $m!(rdi, HOTPROBE_REG_RDI);
-        $m!(rbp, HOTPROBE_REG_RBP);
-        $m!(rsp, HOTPROBE_REG_RSP);
-        $m!(r8, HOTPROBE_REG_R8);
-        $m!(r9, HOTPROBE_REG_R9);
-        $m!(r10, HOTPROBE_REG_R10);
-        $m!(r11, HOTPROBE_REG_R11);
-        $m!(r12, HOTPROBE_REG_R12);
-        $m!(r13, HOTPROBE_REG_R13);
-        $m!(r14, HOTPROBE_REG_R14);
-        $m!(r15, HOTPROBE_REG_R15);
-        $m!(rip, HOTPROBE_REG_RIP);
-        $m!(rflags, HOTPROBE_REG_RFLAGS);
-    };
-}
-
-/// The register `index` (`HOTPROBE_REG_*`) of `r`, writable.
-fn reg_mut(r: &mut Registers, index: u32) -> Option<&mut u64> {
-    macro_rules! pick {
-        ($f:ident, $i:ident) => {
-            if index == $i {
-                return Some(&mut r.$f);
-            }
-        };
-    }
-    each_reg!(pick);
-    None
-}
-
-fn to_c_regs(r: &Registers) -> hotprobe_regs {
-    let mut c = hotprobe_regs::default();
-    macro_rules! copy {
-        ($f:ident, $i:ident) => {
-            c.$f = r.$f;
-        };
-    }
-    each_reg!(copy);
-    c
-}
-
-fn from_c_regs(c: &hotprobe_regs, r: &mut Registers) {
-    macro_rules! copy {
-        ($f:ident, $i:ident) => {
-            r.$f = c.$f;
-        };
-    }
-    each_reg!(copy);
 }
 
 /// A failure: its code and message.
@@ -502,6 +454,7 @@ pub unsafe extern "C" fn hotprobe_open(config: *const hotprobe_config) -> *mut h
             started: Cell::new(false),
             running: Cell::new(false),
             counts: RefCell::new(hotprobe::CountSink::new(false)),
+            typed: RefCell::default(),
         }));
         Ok(HOTPROBE_OK)
     });
@@ -899,12 +852,11 @@ pub unsafe extern "C" fn hotprobe_run(s: *mut hotprobe_session) -> c_int {
             session.start()?;
             h.started.set(true);
         }
-        // Recorded events (conditional counts) go to the session's sink.
+        // Recorded events: the typed captures' kept, the rest counted.
         let mut counts = h.counts.borrow_mut();
-        let end = session.run_with(
-            &std::sync::atomic::AtomicBool::new(false),
-            Some(&mut *counts),
-        )?;
+        let end = h.typed.borrow_mut().with_sink(Some(&mut *counts), |sink| {
+            session.run_with(&std::sync::atomic::AtomicBool::new(false), Some(sink))
+        })?;
         Ok(match end {
             RunEnd::Stopped => HOTPROBE_END_STOPPED,
             RunEnd::AllExited => HOTPROBE_END_EXITED,

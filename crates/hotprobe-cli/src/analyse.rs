@@ -9,7 +9,7 @@
 use crate::cli::{ExportFormat, QueryArgs, ReportArgs, SortArg};
 use crate::out::errln;
 use anyhow::{bail, Context, Result};
-use hotprobe_trace::{
+use hotprobe::trace::{
     export_chrome_filtered, export_ctf_filtered, export_flamegraph, export_folded_filtered,
     export_otlp, export_parquet, histograms, replay_with, report_by_thread, report_filtered,
     report_phases_filtered, summarize, CompiledQuery, FlameOptions, FoldedOptions, FoldedValue,
@@ -98,8 +98,8 @@ fn bytes_bar(reader: &TraceReader, what: &str) -> ProgressBar {
 /// Runs `f` with a progress callback driving `bar`.
 fn with_bar<T>(
     bar: &ProgressBar,
-    f: impl FnOnce(&mut dyn FnMut(u64, u64)) -> hotprobe_trace::Result<T>,
-) -> hotprobe_trace::Result<T> {
+    f: impl FnOnce(&mut dyn FnMut(u64, u64)) -> hotprobe::trace::Result<T>,
+) -> hotprobe::trace::Result<T> {
     let mut cb = |done: u64, total: u64| {
         bar.set_length(total);
         bar.set_position(done);
@@ -192,7 +192,7 @@ struct ReportJson<'a> {
     query: Query,
     sort: &'static str,
     calls: u64,
-    rows: &'a [hotprobe_trace::ReportRow],
+    rows: &'a [hotprobe::trace::ReportRow],
 }
 
 fn sort_name(s: SortArg) -> &'static str {
@@ -253,7 +253,7 @@ pub fn report_cmd(dir: &Path, phases: bool, markers: &[String], o: &ReportArgs) 
             struct H<'a> {
                 function: &'a str,
                 #[serde(flatten)]
-                hist: &'a hotprobe_trace::Histogram,
+                hist: &'a hotprobe::trace::Histogram,
             }
             #[derive(Serialize)]
             struct Hs<'a> {
@@ -281,9 +281,9 @@ pub fn report_cmd(dir: &Path, phases: bool, markers: &[String], o: &ReportArgs) 
             s.push_str(&format!(
                 "# {f}: {} calls, avg {}, min {}, max {}\n",
                 h.count(),
-                hotprobe_trace::fmt_duration(h.avg_ns()).trim(),
-                hotprobe_trace::fmt_duration(h.min_ns()).trim(),
-                hotprobe_trace::fmt_duration(h.max_ns()).trim()
+                hotprobe::trace::fmt_duration(h.avg_ns()).trim(),
+                hotprobe::trace::fmt_duration(h.min_ns()).trim(),
+                hotprobe::trace::fmt_duration(h.max_ns()).trim()
             ));
             if h.no_exit() > 0 {
                 s.push_str(&format!(
@@ -310,7 +310,7 @@ pub fn report_cmd(dir: &Path, phases: bool, markers: &[String], o: &ReportArgs) 
                 b: &'a Path,
                 query: Query,
                 sort: &'static str,
-                rows: &'a [hotprobe_trace::DiffRow],
+                rows: &'a [hotprobe::trace::DiffRow],
             }
             return print_json(&D {
                 a: dir,
@@ -339,7 +339,7 @@ pub fn report_cmd(dir: &Path, phases: bool, markers: &[String], o: &ReportArgs) 
                 trace: &'a Path,
                 query: Query,
                 sort: &'static str,
-                threads: &'a [hotprobe_trace::ThreadReport],
+                threads: &'a [hotprobe::trace::ThreadReport],
             }
             return print_json(&T {
                 trace: dir,
@@ -381,7 +381,7 @@ pub fn report_cmd(dir: &Path, phases: bool, markers: &[String], o: &ReportArgs) 
                 trace: &'a Path,
                 query: Query,
                 sort: &'static str,
-                phases: &'a [hotprobe_trace::Phase],
+                phases: &'a [hotprobe::trace::Phase],
             }
             return print_json(&P {
                 trace: dir,

@@ -60,7 +60,7 @@ struct Spec {
 /// The condition `text`, whose names are parameters of the function `p`
 /// is placed on (from its DWARF).
 fn named_cond(
-    typing: &crate::typed::Typing,
+    typing: &hotprobe::typed::Typing,
     p: &hotprobe::Placement,
     text: &str,
 ) -> Result<Cond, String> {
@@ -144,7 +144,7 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
     let mut placed = Vec::new();
     let mut conds: HashMap<u32, Cond> = HashMap::new();
     let mut cond_text: HashMap<u32, String> = HashMap::new();
-    let typing = std::rc::Rc::new(crate::typed::Typing::new(t.pid));
+    let typing = std::rc::Rc::new(hotprobe::typed::Typing::new(t.pid));
     for s in &specs {
         let named = matches!(&s.cond, Some((_, None)));
         t.session.set_capture(named.then(|| typing.name_chooser()));

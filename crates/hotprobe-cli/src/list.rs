@@ -3,10 +3,10 @@
 
 use crate::out::{self, outln};
 use anyhow::{bail, Context, Result};
+use hotprobe::symbols::pattern;
+use hotprobe::symbols::{ElfModule, FunctionKind, ProcessSymbols, Symbol};
+use hotprobe::x86::Execution;
 use hotprobe::Session;
-use hotprobe_symbols::pattern;
-use hotprobe_symbols::{ElfModule, FunctionKind, ProcessSymbols, Symbol};
-use hotprobe_x86::Execution;
 use object::{Object, ObjectSegment};
 use std::path::{Path, PathBuf};
 
@@ -77,7 +77,7 @@ fn mechanism(code: Option<&FileCode>, sym: &Symbol) -> String {
     let Some(bytes) = code.and_then(|c| c.code_at(sym.addr.0)) else {
         return "?".into();
     };
-    match hotprobe_x86::plan_probe(bytes, sym.addr.0, sym.addr.0) {
+    match hotprobe::x86::plan_probe(bytes, sym.addr.0, sym.addr.0) {
         Ok(plan) => match plan.execution {
             Execution::Boost => "trap (boosted)",
             Execution::Emulate(_) => "trap (emulated)",
@@ -92,11 +92,11 @@ fn mechanism(code: Option<&FileCode>, sym: &Symbol) -> String {
 /// (patch, then jump, else trap) and why. A symbol that is not a function
 /// entry (a `.cold` partition, a label) gets a trap, and says why.
 fn fast_mechanism(
-    fast: Option<&hotprobe_fastpath::ModuleInfo>,
+    fast: Option<&hotprobe::fastpath::ModuleInfo>,
     code: Option<&FileCode>,
     sym: &Symbol,
 ) -> (String, String) {
-    use hotprobe_fastpath::{Mechanism, MechanismChoice};
+    use hotprobe::fastpath::{Mechanism, MechanismChoice};
     if let Some(why) = not_entry(&sym.kind) {
         return (mechanism(code, sym), why);
     }
@@ -136,7 +136,7 @@ pub fn run(o: &ListOptions<'_>) -> Result<()> {
         (Some(bin), None) => {
             let m = ElfModule::open(bin)?;
             let code = FileCode::open(bin).ok();
-            let fast = hotprobe_fastpath::ModuleInfo::open(bin).ok();
+            let fast = hotprobe::fastpath::ModuleInfo::open(bin).ok();
             let name = m.file_name();
             let rows: Vec<Row> = m
                 .functions()
@@ -165,7 +165,7 @@ pub fn run(o: &ListOptions<'_>) -> Result<()> {
         }
         (None, Some(pid)) => {
             let syms = ProcessSymbols::for_pid(pid as u32).map_err(|e| match e {
-                hotprobe_symbols::SymbolError::Proc { source, .. }
+                hotprobe::symbols::SymbolError::Proc { source, .. }
                     if source.kind() == std::io::ErrorKind::NotFound =>
                 {
                     anyhow::anyhow!("no such process: {pid}")

@@ -32,6 +32,7 @@ mod coldpatch;
 mod count;
 mod demo;
 mod guest;
+mod guest_syscalls;
 mod list;
 mod out;
 mod pager;
@@ -39,7 +40,6 @@ mod record;
 mod session;
 mod signals;
 mod trace;
-mod typed;
 mod usage;
 mod watch;
 
@@ -316,7 +316,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 let symbols = sub_symbols.clone().or_else(|| symbols.first().cloned());
                 let duration = duration(*secs)?;
                 signals::install()?;
-                return guest::run_syscalls(&guest::SyscallsOptions {
+                return guest_syscalls::run_syscalls(&guest_syscalls::SyscallsOptions {
                     qemu,
                     symbols,
                     pid: *pid,
@@ -546,8 +546,8 @@ fn message(e: &anyhow::Error) -> String {
 /// Whether `e` comes from bad input (exit code 2, as a usage error): a
 /// malformed probe spec, or `HOTPROBE_AGENT` naming no usable agent.
 fn bad_input(e: &anyhow::Error) -> bool {
-    use hotprobe_fastpath::FastPathError;
-    use hotprobe_symbols::SymbolError;
+    use hotprobe::fastpath::FastPathError;
+    use hotprobe::symbols::SymbolError;
     e.chain().any(|c| {
         matches!(c.downcast_ref(), Some(SymbolError::BadSpec { .. }))
             || matches!(c.downcast_ref(), Some(FastPathError::AgentOverride { .. }))

@@ -18,13 +18,14 @@
 
 use crate::out::errln;
 use crate::session::{mechanism_summary, progress, Traced};
-use crate::typed;
 use anyhow::{bail, Context, Result};
-use hotprobe::{Action, DrainStats, ExitStatus, FastPathConfig, MechanismChoice, SessionConfig};
-use hotprobe_symbols::pattern;
-use hotprobe_trace::{
+use hotprobe::pending::{add_pending_pattern, module_pattern, PendingError};
+use hotprobe::symbols::pattern;
+use hotprobe::trace::{
     Filter, ProbeKind, Symbol, TimeBase, TraceMeta, TraceWriter, WriteStats, INFO_FILE,
 };
+use hotprobe::typed;
+use hotprobe::{Action, DrainStats, ExitStatus, FastPathConfig, MechanismChoice, SessionConfig};
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -278,20 +279,28 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             Ok(a) => a,
             // A pattern on a library not loaded yet: one pending probe per
             // function of the library's file it matches.
-            Err(hotprobe::EngineError::Symbol(hotprobe_symbols::SymbolError::ModuleNotFound {
-                name,
-                loaded,
-            })) if !marker && module_pattern(spec).is_some() => {
-                match add_pending_pattern(&mut t, spec, &name, &exe, &keep) {
+            Err(hotprobe::EngineError::Symbol(
+                hotprobe::symbols::SymbolError::ModuleNotFound { name, loaded },
+            )) if !marker && module_pattern(spec).is_some() => {
+                let pending = add_pending_pattern(
+                    &mut t.session,
+                    t.target,
+                    spec,
+                    &name,
+                    exe.parent(),
+                    &|| Action::Record,
+                    &keep,
+                );
+                match pending {
                     Ok(a) => a,
                     Err(e) => {
                         t.abandon();
                         let e = match e {
                             PendingError::NoLibrary => hotprobe::EngineError::Symbol(
-                                hotprobe_symbols::SymbolError::ModuleNotFound { name, loaded },
+                                hotprobe::symbols::SymbolError::ModuleNotFound { name, loaded },
                             )
                             .to_string(),
-                            PendingError::Other(e) => e,
+                            e => e.to_string(),
                         };
                         return Err(crate::UsageError(format!("{spec}: {e}")).into());
                     }
@@ -322,7 +331,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             };
             // A typed function's events keep the index of their captured
             // values (hotprobe-trace's values files).
-            let typed = typing.shapes.borrow().contains_key(&p.addr.0);
+            let typed = typing.is_typed(p.addr.0);
             symbols.push(Symbol {
                 id: p.id.0,
                 name: name.clone(),
@@ -344,7 +353,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     bar.finish_and_clear();
     // Each function's module, as a path (the main executable's as before:
     // the program's path); a module's file name if its mapping is gone.
-    let modules = hotprobe_symbols::ProcessSymbols::for_pid(pid as u32).ok();
+    let modules = hotprobe::symbols::ProcessSymbols::for_pid(pid as u32).ok();
     let main_path = modules
         .as_ref()
         .and_then(|m| m.main_module())
@@ -422,7 +431,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             return Err(e);
         }
     }
-    typing.note_untyped();
+    crate::session::note_untyped(&typing);
     let types = typed::TypedShapes::new(&typing, &placed).value_types();
     let mut writer = match TraceWriter::create(o.out, meta)
         .and_then(|mut w| w.set_value_types(&types).map(|()| w))
@@ -487,84 +496,11 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     Ok(t.exit_code())
 }
 
-/// `(module, glob)` of a `MODULE:GLOB` spec whose GLOB is a pattern.
-fn module_pattern(spec: &str) -> Option<(String, String)> {
-    match spec.parse::<hotprobe_symbols::ProbeSpec>() {
-        Ok(hotprobe_symbols::ProbeSpec::Function {
-            module: Some(m),
-            name,
-            offset: 0,
-            is_return: false,
-        }) if hotprobe_symbols::is_pattern(&name) => Some((m, name)),
-        _ => None,
-    }
-}
-
-/// Why a pattern on a library not loaded yet could not be made pending.
-enum PendingError {
-    /// The library is nowhere the loader looks (the resolver's error).
-    NoLibrary,
-    /// Anything else, said.
-    Other(String),
-}
-
-/// `MODULE:GLOB` where MODULE is not loaded (yet): the functions of
-/// MODULE's file (found where the loader looks) that GLOB matches and
-/// `keep` keeps, each added as `MODULE:NAME`, a pending probe armed when
-/// the program loads the library (dlopen). One probe per address (aliases
-/// share one); labels and `.cold` parts are not functions.
-fn add_pending_pattern(
-    t: &mut Traced,
-    spec: &str,
-    module: &str,
-    exe: &Path,
-    keep: &dyn Fn(&str) -> bool,
-) -> std::result::Result<hotprobe::Added, PendingError> {
-    let (_, glob) = module_pattern(spec).ok_or(PendingError::NoLibrary)?;
-    let path =
-        hotprobe_symbols::find_library(module, exe.parent()).ok_or(PendingError::NoLibrary)?;
-    let elf = hotprobe_symbols::ElfModule::open(&path)
-        .map_err(|e| PendingError::Other(format!("cannot read {}: {e}", path.display())))?;
-    let pat = hotprobe_symbols::NamePattern::new(&glob)
-        .map_err(|e| PendingError::Other(e.to_string()))?;
-    let mut seen = HashSet::new();
-    let mut added = hotprobe::Added::default();
-    let mut matched = 0;
-    for sym in elf.functions() {
-        if !(pat.matches(&sym.name) || pat.matches(&sym.raw_name))
-            || sym.kind.summary().is_some()
-            || !seen.insert(sym.addr)
-        {
-            continue;
-        }
-        matched += 1;
-        if !keep(&sym.name) {
-            added.left_out += 1;
-            continue;
-        }
-        let one = format!("{module}:{}", sym.raw_name);
-        match t.session.add(t.target, &one, Action::Record) {
-            Ok(a) => added.placements.extend(a.placements),
-            Err(e) => added.skipped.push(hotprobe::Skipped {
-                label: sym.name.clone(),
-                reason: reason_of(e),
-            }),
-        }
-    }
-    if matched == 0 {
-        return Err(PendingError::Other(format!(
-            "no function matches `{glob}` in {} (not loaded yet)",
-            path.display()
-        )));
-    }
-    Ok(added)
-}
-
 /// The function-name glob of a probe spec (`libz.so.1:deflate*` →
 /// `deflate*`); the spec itself when it names no function.
 fn function_glob(spec: &str) -> String {
-    match spec.parse::<hotprobe_symbols::ProbeSpec>() {
-        Ok(hotprobe_symbols::ProbeSpec::Function { name, .. }) => name,
+    match spec.parse::<hotprobe::symbols::ProbeSpec>() {
+        Ok(hotprobe::symbols::ProbeSpec::Function { name, .. }) => name,
         _ => spec.to_string(),
     }
 }

@@ -7,10 +7,10 @@
 use crate::out::errln;
 use crate::signals::{self, StopReason};
 use anyhow::{bail, Context, Result};
+use hotprobe::trace::{fmt_duration, Histogram};
 use hotprobe::{
     Action, EventSink, ExitStatus, Placement, RunEnd, Session, SessionConfig, TargetId,
 };
-use hotprobe_trace::{fmt_duration, Histogram};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -442,4 +442,21 @@ pub fn progress(len: u64, what: &str) -> ProgressBar {
         bar.set_style(style);
     }
     bar
+}
+
+/// Says on stderr which functions `-a` shows without arguments (no DWARF
+/// for them): by name when few, else how many.
+pub fn note_untyped(typing: &hotprobe::typed::Typing) {
+    let u = typing.untyped();
+    match u.len() {
+        0 => {}
+        1..=5 => errln!(
+            "hotprobe: no DWARF for {} (build with -g): shown without arguments",
+            u.join(", ")
+        ),
+        n => errln!(
+            "hotprobe: no DWARF for {n} functions (e.g. {}): shown without arguments",
+            u[..3].join(", ")
+        ),
+    }
 }

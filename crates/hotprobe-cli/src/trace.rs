@@ -15,8 +15,8 @@
 
 use crate::out::{self, outln};
 use crate::session::{print_table, Traced};
-use crate::typed::{self, TypedShapes, Typing};
 use anyhow::{bail, Result};
+use hotprobe::typed::{self, TypedShapes, Typing};
 use hotprobe::{
     Action, EventSink, FastPathConfig, MechanismChoice, Placement, RecordedEvent, SessionConfig,
     SinkError, KIND_EXIT, KIND_HIT,
@@ -140,7 +140,7 @@ impl LiveTree {
 pub(crate) use hotprobe::tsc_ticks_per_ns;
 
 impl LiveTree {
-    /// Prints typed probes' values (see [`crate::typed`]).
+    /// Prints typed probes' values (see [`hotprobe::typed`]).
     pub fn with_types(mut self, typed: TypedShapes) -> LiveTree {
         self.typed = typed;
         self
@@ -169,7 +169,7 @@ impl LiveTree {
                 };
                 let indent = "  ".repeat(depth);
                 let ret = match (typed, self.args) {
-                    (Some(v), _) if ev.reserved & hotprobe_fastpath::EXIT_UNWOUND != 0 => {
+                    (Some(v), _) if ev.reserved & hotprobe::fastpath::EXIT_UNWOUND != 0 => {
                         let _ = v;
                         String::new()
                     }
@@ -264,7 +264,7 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
         .probes
         .iter()
         .map(|s| typed::split_spec(s))
-        .collect::<Result<Vec<_>>>()?;
+        .collect::<std::result::Result<Vec<_>, _>>()?;
     let mut t = Traced::open(config, o.pid, o.cmd)?;
     let typing = Rc::new(Typing::new(t.pid));
     let mut placed = Vec::new();
@@ -276,7 +276,7 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
         let added = t.add_all(std::slice::from_ref(&func), |_| Action::Record);
         t.session.set_capture(None);
         t.session.set_xmm_layout(None);
-        match added.and_then(|a| typing.check().map(|()| a)) {
+        match added.and_then(|a| typing.check().map(|()| a).map_err(anyhow::Error::from)) {
             Ok(p) => placed.extend(p),
             Err(e) => {
                 t.abandon();
@@ -284,7 +284,7 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
             }
         }
     }
-    typing.note_untyped();
+    crate::session::note_untyped(&typing);
     let mut tree = LiveTree::new(&placed, o.args).with_types(TypedShapes::new(&typing, &placed));
     outln!("{HEADER}");
     let mut typed_sink = typed::RegisterTyped::new(&mut tree, &typing, &placed);

@@ -18,12 +18,15 @@
 //! - [`syscalls`]: decoding Linux system calls for `hotprobe guest syscalls`.
 //! - [`launch`]: starts a guest with hotprobe's QEMU plugin (`hotprobe_qemu`)
 //!   and its stub, for `hotprobe::Session::add_plugin_guest`.
+//! - [`fleet`]: [`GuestFleet`], the guests started so far, whose QEMUs are
+//!   killed on drop until released.
 //!
 //! This crate does not depend on the engine (`hotprobe`).
 
 #![warn(missing_docs)]
 
 pub mod client;
+pub mod fleet;
 pub mod image;
 pub mod launch;
 pub mod mem;
@@ -33,6 +36,7 @@ pub mod syscalls;
 pub mod target;
 
 pub use client::{GdbClient, GdbError};
+pub use fleet::{kernel_image, shell_exit_code, FleetGuest, GuestFleet};
 pub use image::{
     is_kernel_image, symbols_from_kernel_image, task_layout_from_kernel_image, ImageSymbolsError,
 };

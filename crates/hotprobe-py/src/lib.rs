@@ -9,15 +9,18 @@
 
 mod cond_count;
 mod limits;
+mod sink;
+mod typed;
 use hotprobe::{
-    Action, EngineError, EventSink, HitContext, HitKind, MechanismChoice, Probe as RsProbe,
-    ProbeId, RecordedEvent, Registers, RetProbe, RunEnd, SessionConfig, SinkError, SpawnOptions,
-    TargetId, KIND_ENTRY, KIND_EXIT, KIND_HIT,
+    Action, EngineError, HitContext, HitKind, MechanismChoice, Probe as RsProbe, ProbeId,
+    Registers, RetProbe, RunEnd, SessionConfig, SpawnOptions, TargetId, KIND_ENTRY, KIND_EXIT,
+    KIND_HIT,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::{PyAttributeError, PyException, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
+use sink::{Events, OnThisThread, Sink};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -83,48 +86,6 @@ struct Shared {
     error: RefCell<Option<PyErr>>,
 }
 
-/// Recorded events, as the run's sink hands them on.
-#[derive(Default)]
-struct Events {
-    events: Vec<RecordedEvent>,
-    /// Events lost (full rings), per thread.
-    lost: u64,
-}
-
-/// The sink of a run: events of conditional counts to the session's
-/// [`hotprobe::CountSink`], the others kept for the recordings.
-struct Sink(Rc<RefCell<Events>>, Rc<RefCell<hotprobe::CountSink>>);
-
-impl EventSink for Sink {
-    fn event(&mut self, ev: &RecordedEvent) -> Result<(), SinkError> {
-        let mut counts = self.1.borrow_mut();
-        if counts.follows(ProbeId(ev.probe_id)) {
-            return counts.event(ev);
-        }
-        self.0.borrow_mut().events.push(*ev);
-        Ok(())
-    }
-
-    fn lost(&mut self, tid: u32, ts: u64, count: u64) -> Result<(), SinkError> {
-        self.0.borrow_mut().lost += count;
-        self.1.borrow_mut().lost(tid, ts, count)
-    }
-}
-
-/// Moves a value into `Python::allow_threads`, whose closure must be
-/// `Send` although it runs on the calling thread.
-struct OnThisThread<T>(T);
-
-// SAFETY: `allow_threads` runs its closure on the calling thread, before it
-// returns: the value never reaches another thread.
-unsafe impl<T> Send for OnThisThread<T> {}
-
-impl<T> OnThisThread<T> {
-    fn into_inner(self) -> T {
-        self.0
-    }
-}
-
 /// A probing session: targets, probes, the event loop.
 ///
 /// ```python
@@ -141,6 +102,8 @@ struct Session {
     events: Rc<RefCell<Events>>,
     /// Conditional counts (`Session.count(..., cond=...)`).
     counts: Rc<RefCell<hotprobe::CountSink>>,
+    /// Typed captures (`Session.record(..., typed=True)`) and their values.
+    typed: RefCell<hotprobe::typed_capture::TypedCapture>,
     started: Cell<bool>,
 }
 
@@ -256,6 +219,7 @@ impl Session {
             shared: Rc::new(Shared::default()),
             events: Rc::new(RefCell::new(Events::default())),
             counts: Rc::new(RefCell::new(hotprobe::CountSink::new(false))),
+            typed: RefCell::default(),
             started: Cell::new(false),
         })
     }
@@ -411,7 +375,13 @@ impl Session {
     /// Record an entry event (with the first argument registers) and an
     /// exit event (with the return value) of every function `spec` names.
     /// Returns a `Recording` whose `events` fill while the session runs.
-    fn record(slf: &Bound<'_, Self>, target: usize, spec: &str) -> PyResult<Recording> {
+    /// With `typed=True`, the parameters and return values typed from
+    /// DWARF: returns a `TypedRecording` whose `calls` fill.
+    #[pyo3(signature = (target, spec, typed = false))]
+    fn record(slf: &Bound<'_, Self>, target: usize, spec: &str, typed: bool) -> PyResult<PyObject> {
+        if typed {
+            return typed::record_typed(slf, target, spec);
+        }
         let me = slf.borrow();
         let added = me
             .session()?
@@ -427,11 +397,12 @@ impl Session {
                 )
             })
             .collect();
-        Ok(Recording {
+        let rec = Recording {
             session: slf.clone().unbind(),
             probes: placed(slf, &added),
             labels,
-        })
+        };
+        Ok(Py::new(slf.py(), rec)?.into_any())
     }
 
     /// Let the targets run and handle their events until a handler calls
@@ -461,10 +432,11 @@ impl Session {
         } else {
             None
         };
-        let job = OnThisThread((&mut *s, sink));
+        // Typed captures' events are kept as values, the rest as above.
+        let job = OnThisThread((&mut *s, sink, &mut *self.typed.borrow_mut()));
         let r = py.allow_threads(move || {
-            let (s, mut sink) = job.into_inner();
-            OnThisThread(s.run_with(&INTERRUPTED, Some(&mut sink)))
+            let (s, mut sink, typed) = job.into_inner();
+            OnThisThread(typed.with_sink(Some(&mut sink), |k| s.run_with(&INTERRUPTED, Some(k))))
         });
         drop(guard);
         let r = r.into_inner();
@@ -1037,6 +1009,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Count>()?;
     m.add_class::<cond_count::ConditionalCount>()?;
     m.add_class::<Recording>()?;
+    m.add_class::<typed::TypedRecording>()?;
     m.add_class::<Event>()?;
     m.add_class::<Stats>()?;
     m.add_class::<Context>()?;

@@ -351,3 +351,61 @@ fn python_conditional_count() {
         );
     }
 }
+
+/// A typed capture from Python (`Session.record(t, spec, typed=True)`) on
+/// a program compiled with -g whose `work(int, double, const char *)`
+/// logs each call: every parameter (`work`) and two named ones
+/// (`work(s, i)`) in one session, with the values the program logged,
+/// with the default mechanism and on traps; bad names and `%return`
+/// refused before anything is placed.
+#[test]
+fn python_typed_capture() {
+    let Some(py) = python() else { return };
+    let dir = scratch("py-typed");
+    let src = root().join("crates/hotprobe-capi/tests/programs/typed.c");
+    let prog = gcc(&src, &dir.join("typed"), &["-O1", "-g"]);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/typed.py");
+    for mechanism in ["auto", "trap"] {
+        let out_path = dir.join(format!("out-{mechanism}"));
+        let out = py_run(
+            &py,
+            &[
+                script.as_os_str(),
+                prog.as_os_str(),
+                mechanism.as_ref(),
+                out_path.as_os_str(),
+            ],
+        );
+        let printed = std::fs::read_to_string(&out_path).unwrap();
+        // "work I D S = R" per call, S possibly with a space or empty.
+        let calls: Vec<(&str, f64, &str, &str)> = printed
+            .lines()
+            .map(|l| {
+                let (args, r) = l.strip_prefix("work ").unwrap().rsplit_once(" = ").unwrap();
+                let mut it = args.splitn(3, ' ');
+                let (i, d, s) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
+                (i, d.parse().unwrap(), s, r)
+            })
+            .collect();
+        assert_eq!(calls.len(), 4, "the program printed: {printed}");
+        let mut want = vec![
+            "types: TypedRecording TypedRecording".to_string(),
+            "refused: work has no parameter nosuch".into(),
+            "refused: work%return: a typed capture records entries and returns: give the \
+             function without %return"
+                .into(),
+            "run: exited".into(),
+        ];
+        for (i, d, s, r) in &calls {
+            want.push(format!("work entry True {i} {d} \"{s}\""));
+            want.push(format!("work return True {r}"));
+        }
+        for (i, _, s, r) in &calls {
+            want.push(format!("work entry True s=\"{s}\" i={i}"));
+            want.push(format!("work return True {r}"));
+        }
+        want.push("untyped: []".into());
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines, want, "{mechanism}");
+    }
+}

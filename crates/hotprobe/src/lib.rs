@@ -23,12 +23,16 @@
 pub mod cond;
 mod count;
 mod engine;
+pub mod guest_boot;
 mod handler;
 mod held;
 pub mod nonlocal;
+pub mod pending;
 mod plugin;
 mod recorder;
 mod session;
+pub mod typed;
+pub mod typed_capture;
 
 pub use count::{tsc_ticks_per_ns, CountError, CountSink};
 pub use engine::{Engine, Outcome, ProbeStats};
@@ -57,6 +61,16 @@ pub use session::{
     RunEnd, Session, SessionConfig, Skipped, TargetId, XmmChooser,
 };
 pub use session::{CodeOwner, CodeSite};
+// The facade, as ripgrep's `grep` crate: the crates a front end (the CLI,
+// the bindings) parses, prints and reads traces with, under short names.
+pub use hotprobe_coldpatch as coldpatch;
+pub use hotprobe_dwarf as dwarf;
+pub use hotprobe_fastpath as fastpath;
+pub use hotprobe_guest as guest;
+pub use hotprobe_qemu as qemu;
+pub use hotprobe_symbols as symbols;
+pub use hotprobe_trace as trace;
+pub use hotprobe_x86 as x86;
 
 /// Errors of the engine and the session.
 #[derive(Debug, thiserror::Error)]

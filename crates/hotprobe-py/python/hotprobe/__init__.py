@@ -22,6 +22,9 @@ their results are Count (.hits, .by_label()) and Recording (.events) objects.
 Session.count(t, spec, cond="arg0 > 256") counts only the calls whose
 arguments satisfy the condition (arg0 to arg5, signed; == != < <= > >=, &&,
 ||, !, parentheses): a ConditionalCount (.hits, .by_label(), .lost).
+Session.record(t, spec, typed=True) records each call with its parameters
+and return value typed from DWARF ("work", or "work(i, s)" for those): a
+TypedRecording whose .calls are (function, "entry" | "return", tid, values).
 read_trace(dir) reads a trace written by `hotprobe record` into rows, and
 trace_frame(dir) into a pandas DataFrame.
 """
@@ -39,6 +42,7 @@ from ._native import (  # noqa: F401
     Probe,
     Recording,
     Stats,
+    TypedRecording,
 )
 from ._native import read_trace as _read_trace
 
@@ -53,6 +57,7 @@ __all__ = [
     "Session",
     "Stats",
     "TraceRow",
+    "TypedRecording",
     "read_trace",
     "trace_frame",
 ]

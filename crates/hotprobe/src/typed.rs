@@ -1,21 +1,21 @@
-//! Typed arguments and return values (`-a/--auto-args`, `func(a, b)`,
-//! `'func name:string p->len'`): the DWARF of each probed function's
+//! Typed arguments and return values (the CLI's `-a/--auto-args`,
+//! `func(a, b)`, `'func name:string p->len'`; the C and Python APIs' typed
+//! capture): the DWARF of each probed function's
 //! module ([`hotprobe_dwarf`]) says what to read at the entry and the
 //! return; values in integer and xmm registers are recorded by whatever
 //! mechanism takes the function (the fast path's xmm layout for floats and
-//! doubles, [`hotprobe::Session::set_xmm_layout`]) and typed as drained
+//! doubles, [`crate::Session::set_xmm_layout`]) and typed as drained
 //! ([`RegisterTyped`]); anything else runs on the trap path
-//! ([`hotprobe::Session::set_capture`]), which hands the bytes to the sink
+//! ([`crate::Session::set_capture`]), which hands the bytes to the sink
 //! with the event; [`TypedShapes`] turns them back into text.
 
-use anyhow::{bail, Result};
-use hotprobe::{
+use crate::{
     Capture, CaptureChooser, EventSink, HitContext, Mechanism, RecordedEvent, SinkError,
     XmmChooser, KIND_EXIT,
 };
 use hotprobe_dwarf::{
-    capture, format_values, plan_args, plan_auto, ArgExpr, DebugTypes, Fetch, Machine, Planned,
-    ShapeItem, Source,
+    capture, format_values, plan_args, plan_auto, ArgExpr, DebugTypes, DwarfError, Fetch, Machine,
+    Planned, ShapeItem, Source,
 };
 use hotprobe_fastpath::{EVENT_XMM, EXIT_UNWOUND};
 use hotprobe_symbols::ResolvedProbe;
@@ -23,10 +23,38 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
+/// Why typed values could not be planned.
+#[derive(Debug, thiserror::Error)]
+pub enum TypedError {
+    /// An argument expression is malformed, names no parameter of the
+    /// function, or does not fit its type.
+    #[error(transparent)]
+    Dwarf(#[from] DwarfError),
+    /// Argument names were given for a function without DWARF.
+    #[error("{function}: no DWARF for it in {module} (build with -g): argument names need it")]
+    NoDwarf {
+        /// The function.
+        function: String,
+        /// Its module.
+        module: String,
+    },
+    /// Several functions could not be planned (one line each).
+    #[error("{}", join_lines(.0))]
+    Several(Vec<TypedError>),
+}
+
+fn join_lines(errors: &[TypedError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// A probe spec with argument expressions: `greet(name, n)` or
 /// `greet name n:string p->len` → (`greet`, expressions). A spec without
 /// any gives an empty list.
-pub fn split_spec(spec: &str) -> Result<(String, Vec<ArgExpr>)> {
+pub fn split_spec(spec: &str) -> Result<(String, Vec<ArgExpr>), TypedError> {
     let spec = spec.trim();
     let (func, list): (&str, Vec<&str>) = match (spec.find('('), spec.strip_suffix(')')) {
         (Some(open), Some(inner))
@@ -49,8 +77,8 @@ pub fn split_spec(spec: &str) -> Result<(String, Vec<ArgExpr>)> {
     };
     let exprs = list
         .into_iter()
-        .map(|e| e.parse::<ArgExpr>().map_err(anyhow::Error::from))
-        .collect::<Result<Vec<_>>>()?;
+        .map(|e| e.parse::<ArgExpr>())
+        .collect::<Result<Vec<_>, _>>()?;
     Ok((func.to_string(), exprs))
 }
 
@@ -68,11 +96,11 @@ pub struct Typing {
     pid: i32,
     modules: RefCell<HashMap<String, Option<Rc<DebugTypes>>>>,
     /// What each placed typed function shows.
-    pub shapes: RefCell<ShapeMap>,
+    shapes: RefCell<ShapeMap>,
     /// A spec's argument expressions that could not be planned.
-    errors: RefCell<Vec<String>>,
+    errors: RefCell<Vec<TypedError>>,
     /// Functions without DWARF (shown without arguments).
-    pub untyped: RefCell<Vec<String>>,
+    untyped: RefCell<Vec<String>>,
     /// Typed functions whose values are all in integer registers (read
     /// from the recorded registers, on any mechanism), by address.
     register_plans: RefCell<HashMap<u64, EntryExit>>,
@@ -85,7 +113,7 @@ pub struct Typing {
 }
 
 /// A function's parameters and the argument register of each (or why it
-/// has none).
+/// has none; text, as [`crate::cond::NameMap`] takes it).
 pub type ParamRegs = Vec<(String, Result<crate::cond::Operand, String>)>;
 
 impl Typing {
@@ -122,10 +150,10 @@ impl Typing {
             .and_then(|d| d.signature(r.link_addr.0).ok().flatten());
         let Some(sig) = sig else {
             match exprs {
-                Some(_) => self.errors.borrow_mut().push(format!(
-                    "{func}: no DWARF for it in {} (build with -g): argument names need it",
-                    r.module
-                )),
+                Some(_) => self.errors.borrow_mut().push(TypedError::NoDwarf {
+                    function: func,
+                    module: r.module.clone(),
+                }),
                 None => self.untyped.borrow_mut().push(func),
             }
             return None;
@@ -135,7 +163,7 @@ impl Typing {
             Some(e) => match plan_args(&sig, &func, e) {
                 Ok(p) => Some(p),
                 Err(e) => {
-                    self.errors.borrow_mut().push(e.to_string());
+                    self.errors.borrow_mut().push(e.into());
                     None
                 }
             },
@@ -185,7 +213,7 @@ impl Typing {
     /// [`Typing::chooser_for`]): a function whose values are all in
     /// integer and xmm registers, at least one float or double among them,
     /// is recorded on the fast path with the xmm layout (see
-    /// [`hotprobe::XmmChooser`]) instead of through the trap.
+    /// [`crate::XmmChooser`]) instead of through the trap.
     pub fn xmm_chooser_for(self: &Rc<Self>, exprs: Vec<ArgExpr>, auto: bool) -> Option<XmmChooser> {
         let exprs = match (exprs.is_empty(), auto) {
             (false, _) => Some(exprs),
@@ -267,31 +295,27 @@ impl Typing {
         self.param_regs.borrow().get(&addr).cloned().flatten()
     }
 
-    /// Says on stderr which functions `-a` shows without arguments (no
-    /// DWARF for them): by name when few, else how many.
-    pub fn note_untyped(&self) {
-        let u = self.untyped.borrow();
-        match u.len() {
-            0 => {}
-            1..=5 => crate::out::errln!(
-                "hotprobe: no DWARF for {} (build with -g): shown without arguments",
-                u.join(", ")
-            ),
-            n => crate::out::errln!(
-                "hotprobe: no DWARF for {n} functions (e.g. {}): shown without arguments",
-                u[..3].join(", ")
-            ),
-        }
+    /// The functions every parameter was asked of that have no DWARF
+    /// (shown without arguments), in the order they were placed.
+    pub fn untyped(&self) -> Vec<String> {
+        self.untyped.borrow().clone()
+    }
+
+    /// Whether the function placed at `addr` has typed values.
+    pub fn is_typed(&self, addr: u64) -> bool {
+        self.shapes.borrow().contains_key(&addr)
     }
 
     /// Fails with what could not be planned (a parameter name the
-    /// function does not have, a function without DWARF).
-    pub fn check(&self) -> Result<()> {
-        let errors = std::mem::take(&mut *self.errors.borrow_mut());
-        if !errors.is_empty() {
-            bail!("{}", errors.join("\n"));
+    /// function does not have, a function without DWARF) since the last
+    /// check.
+    pub fn check(&self) -> Result<(), TypedError> {
+        let mut errors = std::mem::take(&mut *self.errors.borrow_mut());
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            _ => Err(TypedError::Several(errors)),
         }
-        Ok(())
     }
 }
 
@@ -345,7 +369,7 @@ impl<'a> RegisterTyped<'a> {
     pub fn new(
         inner: &'a mut dyn EventSink,
         typing: &Typing,
-        placed: &[hotprobe::Placement],
+        placed: &[crate::Placement],
     ) -> RegisterTyped<'a> {
         let plans = typing.register_plans.borrow();
         let xmm = typing.xmm_plans.borrow();
@@ -481,7 +505,7 @@ pub struct TypedShapes {
 
 impl TypedShapes {
     /// From what `typing` planned and where it was placed.
-    pub fn new(typing: &Typing, placed: &[hotprobe::Placement]) -> TypedShapes {
+    pub fn new(typing: &Typing, placed: &[crate::Placement]) -> TypedShapes {
         let shapes = typing.shapes.borrow();
         TypedShapes {
             by_probe: placed
@@ -530,7 +554,28 @@ mod tests {
         assert_eq!(e[1].path, [(true, "len".to_string())]);
         let (f, e) = split_spec("libc:getpid").unwrap();
         assert_eq!((f.as_str(), e.len()), ("libc:getpid", 0));
-        assert!(split_spec("f(a b)").is_err());
-        assert!(split_spec("f p->").is_err());
+        assert!(matches!(split_spec("f(a b)"), Err(TypedError::Dwarf(_))));
+        assert!(matches!(split_spec("f p->"), Err(TypedError::Dwarf(_))));
+    }
+
+    #[test]
+    fn several_errors_one_line_each() {
+        let typing = Typing::new(0);
+        assert!(typing.check().is_ok());
+        for f in ["f", "g"] {
+            typing.errors.borrow_mut().push(TypedError::NoDwarf {
+                function: f.into(),
+                module: "m".into(),
+            });
+        }
+        let e = typing.check().unwrap_err();
+        assert!(matches!(&e, TypedError::Several(v) if v.len() == 2));
+        assert_eq!(
+            e.to_string(),
+            "f: no DWARF for it in m (build with -g): argument names need it\n\
+             g: no DWARF for it in m (build with -g): argument names need it"
+        );
+        // Taken by the check: the next one starts afresh.
+        assert!(typing.check().is_ok());
     }
 }
