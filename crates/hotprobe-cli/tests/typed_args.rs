@@ -536,3 +536,46 @@ fn floats_at_coldpatch_placeholders_fall_back_to_the_trap() {
         );
     }
 }
+
+/// libc_typed.c, built without -g.
+fn libc_program() -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/libc_typed.c");
+    let out = tmp().join("libc_typed");
+    hotprobe_testkit::compile("gcc", &src, &out, &["-O1"], &[])
+}
+
+/// Issue 23: typed values of libc from where Debian puts its debug
+/// information (libc6-dbg, found by build id: `fopen64`'s DWARF entry is
+/// `_IO_new_fopen`, found by address), and from the prototype table when
+/// debug files are hidden.
+#[test]
+fn libc_values_from_its_debug_package_and_from_the_prototype_table() {
+    let bin = libc_program();
+    let b = bin.to_str().unwrap();
+    for hidden in [false, true] {
+        let mut c = std::process::Command::new(common::HOTPROBE);
+        c.args([
+            "trace",
+            "-a",
+            "libc:fopen64",
+            "libc:write(fd, nbytes)",
+            "--",
+            b,
+        ]);
+        if hidden {
+            c.env("HOTPROBE_NO_DEBUG_FILES", "1");
+        }
+        let out = c.output().unwrap();
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "hidden {hidden}: {stderr}");
+        assert!(stdout.contains("typed\n"), "{stdout}");
+        assert!(
+            stdout.contains("| fopen64(\"/etc/hostname\", \"rb\") {"),
+            "hidden {hidden}: {stdout}\n{stderr}"
+        );
+        assert!(
+            stdout.contains("| write(fd=1, nbytes=6) {"),
+            "hidden {hidden}: {stdout}\n{stderr}"
+        );
+    }
+}

@@ -136,7 +136,16 @@ impl Typing {
             .into_iter()
             .find(|m| m.start <= r.addr && r.addr < m.end)?
             .path?;
-        let d = DebugTypes::load(&path).ok().map(Rc::new);
+        // The file's own DWARF, else its separate debug file where the
+        // distribution puts it (debuglink, build id, debuginfod cache).
+        let d = DebugTypes::load(&path)
+            .ok()
+            .or_else(|| {
+                let bytes = std::fs::read(&path).ok()?;
+                let (dbg, _) = hotprobe_symbols::find_debug_file(&path, &bytes)?;
+                DebugTypes::load(&dbg).ok()
+            })
+            .map(Rc::new);
         self.modules
             .borrow_mut()
             .insert(r.module.clone(), d.clone());
@@ -147,7 +156,8 @@ impl Typing {
         let func = r.function.clone().unwrap_or_else(|| r.addr.to_string());
         let sig = self
             .debug_types(r)
-            .and_then(|d| d.signature(r.link_addr.0).ok().flatten());
+            .and_then(|d| d.signature(r.link_addr.0).ok().flatten())
+            .or_else(|| libc_prototype_of(r));
         let Some(sig) = sig else {
             match exprs {
                 Some(_) => self.errors.borrow_mut().push(TypedError::NoDwarf {
@@ -578,4 +588,15 @@ mod tests {
         // Taken by the check: the next one starts afresh.
         assert!(typing.check().is_ok());
     }
+}
+
+/// The prototype table's signature of a libc function without DWARF
+/// (`hotprobe_dwarf::libc_prototype`), at `r`'s address.
+fn libc_prototype_of(r: &ResolvedProbe) -> Option<hotprobe_dwarf::Signature> {
+    if !(r.module.starts_with("libc.so") || r.module.starts_with("libc-")) || r.offset != 0 {
+        return None;
+    }
+    let mut sig = hotprobe_dwarf::libc_prototype(r.function.as_deref()?)?;
+    sig.low_pc = r.link_addr.0;
+    Some(sig)
 }
