@@ -546,6 +546,17 @@ impl TypedShapes {
     }
 }
 
+/// The prototype table's signature of a libc function without DWARF
+/// (`hotprobe_dwarf::libc_prototype`), at `r`'s address.
+fn libc_prototype_of(r: &ResolvedProbe) -> Option<hotprobe_dwarf::Signature> {
+    if !(r.module.starts_with("libc.so") || r.module.starts_with("libc-")) || r.offset != 0 {
+        return None;
+    }
+    let mut sig = hotprobe_dwarf::libc_prototype(r.function.as_deref()?)?;
+    sig.low_pc = r.link_addr.0;
+    Some(sig)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -588,15 +599,4 @@ mod tests {
         // Taken by the check: the next one starts afresh.
         assert!(typing.check().is_ok());
     }
-}
-
-/// The prototype table's signature of a libc function without DWARF
-/// (`hotprobe_dwarf::libc_prototype`), at `r`'s address.
-fn libc_prototype_of(r: &ResolvedProbe) -> Option<hotprobe_dwarf::Signature> {
-    if !(r.module.starts_with("libc.so") || r.module.starts_with("libc-")) || r.offset != 0 {
-        return None;
-    }
-    let mut sig = hotprobe_dwarf::libc_prototype(r.function.as_deref()?)?;
-    sig.low_pc = r.link_addr.0;
-    Some(sig)
 }
