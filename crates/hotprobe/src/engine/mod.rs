@@ -157,7 +157,9 @@ pub struct ProbeStats {
     /// Times the probe's site was hit with the probe enabled.
     pub hits: u64,
     /// Hits not handled (re-entry) or calls whose return is not followed
-    /// (beyond `maxactive`): real misses only.
+    /// (beyond `maxactive`, or, on a target that puts a breakpoint at the
+    /// return address, a return address no breakpoint can go to): real
+    /// misses only.
     pub nmissed: u64,
     /// Return handler runs (return probes): calls that returned normally.
     pub returns: u64,

@@ -4,7 +4,7 @@
 use super::{Engine, Instance, ProbeEntry, ProbeKind, GRAVEYARD};
 use crate::handler::{EntryInfo, HitKind, ProbeId};
 use crate::EngineError;
-use hotprobe_target::{Registers, ResumeMode, ReturnStrategy, RuntimeAddr, ThreadId};
+use hotprobe_target::{Registers, ResumeMode, ReturnStrategy, RuntimeAddr, TargetError, ThreadId};
 use std::time::Instant;
 
 impl Engine {
@@ -58,7 +58,25 @@ impl Engine {
                 let ra = RuntimeAddr(return_addr);
                 if !self.sites.contains_key(&ra.0) {
                     // A breakpoint only for returns: plan it like any site.
-                    self.ensure_site(ra)?;
+                    // Where none can go (the call is followed by an
+                    // instruction no breakpoint may replace, such as the
+                    // `hlt` or `ud2` after a call that does not return, or
+                    // `[rsp]` is no code address), this call's return
+                    // cannot be seen: a miss, as beyond `maxactive`, and
+                    // the thread runs on.
+                    match self.ensure_site(ra) {
+                        Ok(()) => {}
+                        Err(
+                            EngineError::Refused { .. }
+                            | EngineError::Target(TargetError::Memory { .. }),
+                        ) => {
+                            if let Some(p) = self.probes.get_mut(&id) {
+                                p.nmissed += 1;
+                            }
+                            return Ok(());
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
                 self.sites.get_mut(&ra.0).expect("site").return_refs += 1;
                 self.return_waiters.entry(ra.0).or_default().push(inst);

@@ -1,6 +1,7 @@
-//! Unit tests of the engine over a mock target.
+//! The registers a hit fetches, and steps in place, over a mock target
+//! that counts what the engine asks of it.
 
-use super::{Engine, SCRATCH_CHUNK};
+use crate::engine::{Engine, SCRATCH_CHUNK};
 use crate::Probe;
 use hotprobe_target::{
     Registers, ResumeMode, RuntimeAddr, ScratchRegion, Target, TargetError, TargetEvent, ThreadId,
