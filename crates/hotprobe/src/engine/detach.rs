@@ -1,0 +1,120 @@
+//! Detach: threads out of slots, return addresses back, breakpoints gone.
+
+use super::Engine;
+use crate::EngineError;
+use hotprobe_target::{ExitStatus, RuntimeAddr, TargetEvent};
+
+impl Engine {
+    /// Detach: no handler runs any more; threads are moved out of slots,
+    /// live return addresses put back, breakpoints and scratch removed.
+    pub fn detach(&mut self) -> Result<(), EngineError> {
+        if self.gone.is_some() {
+            return Ok(());
+        }
+        for p in self.probes.values_mut() {
+            p.enabled = false;
+        }
+        self.target.stop_all()?;
+        // Finish what the target reported meanwhile, without handlers.
+        loop {
+            match self.target.wait(Some(std::time::Duration::ZERO))? {
+                TargetEvent::Timeout => break,
+                TargetEvent::Stepped { thread, mut regs } => {
+                    if let Some(st) = self.stepping.get_mut(&thread).and_then(|s| s.pop()) {
+                        if let Some(site) = self.sites.get(&st.site) {
+                            if let Some(slot) = site.slot {
+                                if let Some(w) = hotprobe_x86::fixup_after_step(
+                                    &site.plan, st.site, slot.0, &mut regs,
+                                ) {
+                                    self.target.write_memory(RuntimeAddr(w.addr), &w.bytes)?;
+                                }
+                            }
+                        }
+                        self.target.set_registers(thread, &regs)?;
+                    }
+                }
+                TargetEvent::Breakpoint {
+                    thread,
+                    addr,
+                    mut regs,
+                } if Some(addr) == self.trampoline => {
+                    if self.partial_regs {
+                        regs = self.target.registers(thread)?;
+                    }
+                    let popped = regs.rsp.wrapping_sub(8);
+                    let live = self.shadow.get_mut(&thread).and_then(|stack| {
+                        let pos = stack.iter().rposition(|i| i.slot == popped)?;
+                        let ra = stack[pos].return_addr;
+                        stack.truncate(pos);
+                        Some(ra)
+                    });
+                    let ra = live.or_else(|| {
+                        self.find_elsewhere(thread, popped)
+                            .map(|(i, _)| i.return_addr)
+                    });
+                    if let Some(ra) = ra {
+                        regs.rip = ra;
+                        self.target.set_registers(thread, &regs)?;
+                    }
+                }
+                TargetEvent::Exited(st) => {
+                    self.gone = Some(st);
+                    return Ok(());
+                }
+                // A breakpoint hit: the target rewinds it at detach.
+                _ => {}
+            }
+        }
+        // Threads inside a slot go back to the original code.
+        for thread in self.target.threads() {
+            let Ok(mut regs) = self.target.registers(thread) else {
+                continue;
+            };
+            if !self.in_scratch(RuntimeAddr(regs.rip)) {
+                continue;
+            }
+            let mapped = self.sites.iter().find_map(|(addr, s)| {
+                let slot = s.slot?;
+                hotprobe_x86::slot_to_original(&s.plan, *addr, slot.0, regs.rip)
+            });
+            match mapped {
+                Some(orig) => {
+                    regs.rip = orig;
+                    self.target.set_registers(thread, &regs)?;
+                }
+                None => self.notices.push(format!(
+                    "thread {thread} left at {:#x} in scratch memory",
+                    regs.rip
+                )),
+            }
+        }
+        // Put back every return address still swapped for the trampoline.
+        if let Some(t) = self.trampoline {
+            // Frames dropped as dead that may be alive after all (their
+            // slot still holds the trampoline), unless a live one is there.
+            let live: std::collections::HashSet<u64> =
+                self.shadow.values().flatten().map(|i| i.slot).collect();
+            let graves = self.graveyard.values().flatten();
+            let graves = graves.filter(|i| !live.contains(&i.slot));
+            for inst in graves.chain(self.shadow.values().flatten()) {
+                let mut b = [0u8; 8];
+                if self
+                    .target
+                    .read_memory(RuntimeAddr(inst.slot), &mut b)
+                    .is_ok()
+                    && u64::from_le_bytes(b) == t.0
+                {
+                    self.target
+                        .write_memory(RuntimeAddr(inst.slot), &inst.return_addr.to_le_bytes())?;
+                }
+            }
+        }
+        self.shadow.clear();
+        self.graveyard.clear();
+        self.unwind_hooks.clear();
+        self.sites.clear();
+        self.target.detach()?;
+        self.gone = Some(ExitStatus::Disconnected("detached".into()));
+        Ok(())
+    }
+}

@@ -1,0 +1,167 @@
+//! The event loop: one [`TargetEvent`] at a time (fork, exec and exit
+//! included).
+
+use super::{Engine, Outcome, ProbeKind};
+use crate::EngineError;
+use hotprobe_target::{ExitStatus, ResumeMode, ReturnStrategy, RuntimeAddr, TargetEvent, ThreadId};
+
+impl Engine {
+    /// Wait for one event (at most `timeout`) and handle it.
+    pub fn poll(&mut self, timeout: Option<std::time::Duration>) -> Result<Outcome, EngineError> {
+        if let Some(st) = &self.gone {
+            return Ok(Outcome::Exited(st.clone()));
+        }
+        let ev = self.target.wait(timeout)?;
+        self.handle(ev)?;
+        if let Some(st) = &self.gone {
+            return Ok(Outcome::Exited(st.clone()));
+        }
+        if self.stop {
+            return Ok(Outcome::Stopped);
+        }
+        Ok(Outcome::Handled)
+    }
+
+    /// Handle one event from the target.
+    pub fn handle(&mut self, ev: TargetEvent) -> Result<(), EngineError> {
+        match ev {
+            TargetEvent::Breakpoint { thread, addr, regs } => {
+                self.on_breakpoint(thread, addr, regs)
+            }
+            TargetEvent::Stepped { thread, regs } => self.on_stepped(thread, regs),
+            TargetEvent::ThreadCreated(_) => Ok(()),
+            // Watchpoints are the session's ([`crate::Session::watch`]);
+            // an engine on its own lets the thread run on.
+            TargetEvent::Watchpoint { thread, .. } => {
+                self.target.resume(thread, ResumeMode::Continue)?;
+                Ok(())
+            }
+            TargetEvent::ThreadExited(t) => {
+                self.drop_thread(t);
+                Ok(())
+            }
+            TargetEvent::Forked { thread, child } => {
+                // Code the fast path rewrote, then the return addresses
+                // swapped in the forking thread's stack: the child runs the
+                // program as it was, without probes. A followed child keeps
+                // the fast path's code (its agent counts into slots of its
+                // own) and is handed to the session with its stack fixes.
+                let mut fixes = if self.follow_forks {
+                    Vec::new()
+                } else {
+                    self.fork_restores.clone()
+                };
+                if self.strategy == ReturnStrategy::Trampoline {
+                    // Dropped frames that may be alive after all first, so
+                    // that a live instance at the same slot wins.
+                    let t = self.trampoline.map_or(0, |t| t.0);
+                    for inst in self.graveyard.get(&thread).into_iter().flatten() {
+                        let mut b = [0u8; 8];
+                        if self
+                            .target
+                            .read_memory(RuntimeAddr(inst.slot), &mut b)
+                            .is_ok()
+                            && u64::from_le_bytes(b) == t
+                        {
+                            fixes.push((
+                                RuntimeAddr(inst.slot),
+                                inst.return_addr.to_le_bytes().to_vec(),
+                            ));
+                        }
+                    }
+                    if let Some(v) = self.shadow.get(&thread) {
+                        fixes.extend(
+                            v.iter().map(|i| {
+                                (RuntimeAddr(i.slot), i.return_addr.to_le_bytes().to_vec())
+                            }),
+                        );
+                    }
+                }
+                if self.follow_forks {
+                    self.forked.push((child, fixes));
+                    self.target.resume(thread, ResumeMode::Continue)?;
+                    return Ok(());
+                }
+                self.target.release_fork_child(child, &fixes)?;
+                self.notices.push(format!(
+                    "{}: forked child {child} (released without probes)",
+                    self.target.describe()
+                ));
+                self.target.resume(thread, ResumeMode::Continue)?;
+                Ok(())
+            }
+            TargetEvent::Exec => {
+                // Nothing is written into the new image: its addresses mean
+                // something else. The probes stay, disabled and unarmed, so
+                // that what they counted before the exec is still reported.
+                let n = self.user_probes(|_| true);
+                self.sites.clear();
+                self.shadow.clear();
+                self.graveyard.clear();
+                self.unwind_hooks.clear();
+                self.stepping.clear();
+                self.return_waiters.clear();
+                self.scratch.clear();
+                self.trampoline = None;
+                self.fork_restores.clear();
+                for p in self.probes.values_mut() {
+                    p.enabled = false;
+                    p.dropped = true;
+                    if let ProbeKind::Ret { live, .. } = &mut p.kind {
+                        *live = 0;
+                    }
+                }
+                if n > 0 {
+                    self.notices.push(format!(
+                        "{}: exec: {n} trap probes dropped (their counts before the exec are kept)",
+                        self.target.describe()
+                    ));
+                }
+                for t in self.target.threads() {
+                    let _ = self.target.resume(t, ResumeMode::Continue);
+                }
+                Ok(())
+            }
+            TargetEvent::Exited(st) => {
+                // An exit is the normal end: nothing is "dropped" then. A
+                // death by signal, or a guest whose stub went away, says
+                // how many of the user's probes were armed in it.
+                let n = match st {
+                    ExitStatus::Code(_) => 0,
+                    _ => self.user_probes(|p| !p.dropped),
+                };
+                self.notices.push(if n > 0 {
+                    format!(
+                        "{} {st}: its {n} probes are dropped",
+                        self.target.describe()
+                    )
+                } else {
+                    format!("{} {st}", self.target.describe())
+                });
+                self.gone = Some(st);
+                self.sites.clear();
+                self.shadow.clear();
+                self.graveyard.clear();
+                self.unwind_hooks.clear();
+                self.stepping.clear();
+                Ok(())
+            }
+            TargetEvent::ModulesChanged { thread } => {
+                self.target.resume(thread, ResumeMode::Continue)?;
+                Ok(())
+            }
+            TargetEvent::Timeout => Ok(()),
+        }
+    }
+
+    fn drop_thread(&mut self, t: ThreadId) {
+        // Calls still open when their thread ended never returned.
+        if let Some(stack) = self.shadow.remove(&t) {
+            for inst in stack {
+                self.abandon(t, inst, false);
+            }
+        }
+        self.graveyard.remove(&t);
+        self.stepping.remove(&t);
+    }
+}

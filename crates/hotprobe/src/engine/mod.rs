@@ -1,0 +1,367 @@
+//! The trap engine for one target: the trap mechanism. Kprobes' semantics
+//! written once for any [`Target`]: the probe table, out-of-line slots,
+//! boosting, emulation, single-step fixups, return-probe instances, and the
+//! handling of every [`hotprobe_target::TargetEvent`].
+//!
+//! It is the only trap mechanism: a Linux process's trap probes (ptrace) and
+//! a guest kernel's (QEMU's GDB stub, `hotprobe-guest`) are this same engine
+//! over two targets; the guest stub is not a second implementation. The
+//! engine owns its target (a [`HeldTarget`]) and the session reaches the
+//! target through it.
+//!
+//! The files, by job:
+//! - `site`: planning a probed instruction, its slot, the trampoline;
+//!   adding, arming, enabling and removing probes;
+//! - `event`: the event loop (fork, exec, exit, threads ending);
+//! - `hit`: a breakpoint hit, its handlers, and the instruction boosted,
+//!   emulated or single-stepped;
+//! - `retprobe`: return instances, their returns, frames left by `longjmp`;
+//! - `unwind`: the unwinder's hooks (exceptions, see [`crate::nonlocal`]);
+//! - `detach`: everything the engine changed in the target, undone.
+
+use crate::handler::{EntryInfo, Handler, ProbeId};
+use crate::held::HeldTarget;
+use crate::nonlocal::UnwindHook;
+use crate::EngineError;
+use hotprobe_resolve::Symbolizer;
+use hotprobe_target::{
+    ExitStatus, ReturnStrategy, RuntimeAddr, ScratchRegion, Target, TargetError, ThreadId,
+};
+use hotprobe_x86::ProbePlan;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+
+mod detach;
+mod event;
+mod hit;
+mod retprobe;
+mod site;
+mod unwind;
+
+/// Size of each scratch region asked of the target (2048 slots).
+const SCRATCH_CHUNK: u64 = 64 * 1024;
+
+/// Dropped return instances kept per thread (see `Engine::graveyard`).
+const GRAVEYARD: usize = 256;
+
+/// A hasher for addresses: one multiply (Fibonacci hashing), so a hit finds
+/// its site in O(1) without SipHash's cost.
+#[derive(Default)]
+pub(crate) struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ *b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(n as u64)
+    }
+}
+
+pub(crate) type AddrMap<V> = HashMap<u64, V, BuildHasherDefault<AddrHasher>>;
+
+/// Byte ranges to write back (address, original bytes).
+pub(crate) type Restores = Vec<(RuntimeAddr, Vec<u8>)>;
+
+/// What a probe does when its site is hit.
+pub(crate) enum ProbeKind {
+    /// A plain probe.
+    Plain {
+        pre: Option<Handler>,
+        post: Option<Handler>,
+    },
+    /// A return probe's entry half.
+    Ret {
+        entry: Option<Handler>,
+        ret: Option<Handler>,
+        maxactive: usize,
+        live: usize,
+    },
+}
+
+/// One registered probe.
+pub(crate) struct ProbeEntry {
+    pub addr: RuntimeAddr,
+    pub kind: ProbeKind,
+    pub enabled: bool,
+    pub hits: u64,
+    pub nmissed: u64,
+    pub returns: u64,
+    pub abandoned: u64,
+    /// Dropped at an exec: nothing armed, counts kept.
+    pub dropped: bool,
+    /// The session's own (a trap-table publisher, a loader breakpoint):
+    /// never counted in what a notice tells the user.
+    pub internal: bool,
+}
+
+/// A probed address: the instruction's plan, its slot, and the probes on it.
+struct Site {
+    plan: ProbePlan,
+    slot: Option<RuntimeAddr>,
+    probes: Vec<ProbeId>,
+    /// Return-breakpoint references (targets with BreakpointAtReturn).
+    return_refs: usize,
+    /// The breakpoint is in the target.
+    armed: bool,
+}
+
+/// A followed call of a return-probed function.
+#[derive(Clone, Copy, Debug)]
+struct Instance {
+    probe: ProbeId,
+    /// Where the return address lives on the stack (rsp at entry).
+    slot: u64,
+    /// The real return address.
+    return_addr: u64,
+    entry: EntryInfo,
+    /// The slot holds the trampoline (Trampoline targets). False while an
+    /// unwinder runs over the frame: the real return address is back.
+    swapped: bool,
+}
+
+/// A thread's single-step in progress.
+#[derive(Clone, Copy, Debug)]
+struct StepState {
+    site: u64,
+    /// Stepping in place (no slot): the breakpoint was lifted and must be put back.
+    in_place: bool,
+    /// Post handlers to run after the step (false on re-entry).
+    run_post: bool,
+}
+
+/// How a pass over the event loop ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// A handler asked to stop.
+    Stopped,
+    /// The target is gone.
+    Exited(ExitStatus),
+    /// Nothing happened within the timeout.
+    Idle,
+    /// An event was handled.
+    Handled,
+}
+
+/// Counts kept per probe.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProbeStats {
+    /// Times the probe's site was hit with the probe enabled.
+    pub hits: u64,
+    /// Hits not handled (re-entry) or calls whose return is not followed
+    /// (beyond `maxactive`, or, on a target that puts a breakpoint at the
+    /// return address, a return address no breakpoint can go to): real
+    /// misses only.
+    pub nmissed: u64,
+    /// Return handler runs (return probes): calls that returned normally.
+    pub returns: u64,
+    /// Followed calls whose frame was left without a return (return
+    /// probes, trap mechanism): unwound by a C++ exception, a Rust panic or
+    /// a forced unwind (`pthread_exit`, cancellation), jumped over by
+    /// `longjmp`/`siglongjmp`, or still open when their thread ended. No
+    /// `ret` handler runs for them and they are not `nmissed`; each frees
+    /// its place under `maxactive`. So `hits = returns + nmissed +
+    /// abandoned` once no call is live (re-entry misses aside).
+    pub abandoned: u64,
+}
+
+/// The engine for one target.
+pub struct Engine {
+    target: HeldTarget,
+    symbolizer: Option<Box<dyn Symbolizer>>,
+    sites: AddrMap<Site>,
+    pub(crate) probes: HashMap<ProbeId, ProbeEntry>,
+    next_probe: u32,
+    id_base: u32,
+    scratch: Vec<(ScratchRegion, u64)>,
+    trampoline: Option<RuntimeAddr>,
+    shadow: HashMap<ThreadId, Vec<Instance>>,
+    /// Instances dropped as dead by stack pointer (longjmp), newest last,
+    /// at most [`GRAVEYARD`] per thread: kept in case the frame was alive
+    /// after all (a signal handler on an alternate stack, coroutines) and
+    /// returns through the trampoline later.
+    graveyard: HashMap<ThreadId, VecDeque<Instance>>,
+    /// Internal breakpoints in the unwinder (see [`crate::nonlocal`]):
+    /// not probes, never counted, removed at detach.
+    unwind_hooks: AddrMap<UnwindHook>,
+    stepping: HashMap<ThreadId, Vec<StepState>>,
+    /// Return breakpoints (BreakpointAtReturn): return address -> instances.
+    return_waiters: AddrMap<Vec<Instance>>,
+    strategy: ReturnStrategy,
+    gone: Option<ExitStatus>,
+    stop: bool,
+    /// The target was let run by `Session::start` (before that, every
+    /// thread is stopped and probes go in without stopping the world).
+    pub(crate) started: bool,
+    /// Notices for the user (exec, fork, dropped probes).
+    pub(crate) notices: Vec<String>,
+    /// Size of the scratch regions asked of the target (lowered to a single
+    /// slot's size when the target cannot give a whole chunk).
+    scratch_chunk: u64,
+    /// Instructions the planner refuses only because they cannot run out of
+    /// line (privileged, far transfers) are single-stepped in place instead.
+    step_unsupported_in_place: bool,
+    /// The target reports breakpoint hits with `rip` alone; the rest is
+    /// fetched when a handler or the engine needs it.
+    partial_regs: bool,
+    /// Bytes other mechanisms wrote into the target (address, original),
+    /// written back into a forked child before it is released.
+    fork_restores: Restores,
+    /// Forked children are kept (held stopped) for the session to follow
+    /// instead of being released.
+    pub(crate) follow_forks: bool,
+    /// Children held for the session, with the stack fixes they need.
+    pub(crate) forked: Vec<(u64, Restores)>,
+}
+
+impl Engine {
+    /// An engine driving `target`; probe ids start at `id_base`.
+    pub fn new(target: Box<dyn Target>, id_base: u32) -> Self {
+        Engine::holding(HeldTarget::Other(target), id_base)
+    }
+
+    /// An engine driving `target` (a process, or any other: see
+    /// [`HeldTarget`]); probe ids start at `id_base`.
+    pub fn holding(mut target: HeldTarget, id_base: u32) -> Self {
+        let strategy = target.as_target().return_strategy();
+        let partial_regs = target.as_target().set_partial_breakpoint_registers(true);
+        Engine {
+            target,
+            symbolizer: None,
+            sites: AddrMap::default(),
+            probes: HashMap::new(),
+            next_probe: 0,
+            id_base,
+            scratch: Vec::new(),
+            trampoline: None,
+            shadow: HashMap::new(),
+            graveyard: HashMap::new(),
+            unwind_hooks: AddrMap::default(),
+            stepping: HashMap::new(),
+            return_waiters: AddrMap::default(),
+            strategy,
+            gone: None,
+            stop: false,
+            started: false,
+            notices: Vec::new(),
+            scratch_chunk: SCRATCH_CHUNK,
+            step_unsupported_in_place: false,
+            partial_regs,
+            fork_restores: Vec::new(),
+            follow_forks: false,
+            forked: Vec::new(),
+        }
+    }
+
+    /// What a handler context outside the engine's probes needs (the
+    /// session's watchpoints): the target, the stop flag, the symbolizer.
+    pub(crate) fn handler_parts(
+        &mut self,
+    ) -> (&mut dyn Target, &mut bool, Option<&dyn Symbolizer>) {
+        (
+            self.target.as_target(),
+            &mut self.stop,
+            self.symbolizer.as_deref(),
+        )
+    }
+
+    /// Set the symbolizer handlers use.
+    pub fn set_symbolizer(&mut self, s: Box<dyn Symbolizer>) {
+        self.symbolizer = Some(s);
+    }
+
+    /// The target.
+    pub fn target(&mut self) -> &mut dyn Target {
+        self.target.as_target()
+    }
+
+    /// The process target, when the engine drives a process.
+    pub fn process(&mut self) -> Option<&mut hotprobe_process::ProcessTarget> {
+        self.target.process()
+    }
+
+    /// The target and the handlers' symbolizer together (for handlers the
+    /// session runs itself: shared-memory handlers).
+    pub(crate) fn target_and_symbolizer(&mut self) -> (&mut dyn Target, Option<&dyn Symbolizer>) {
+        (self.target.as_target(), self.symbolizer.as_deref())
+    }
+
+    /// How the target ended, if it has.
+    pub fn gone(&self) -> Option<&ExitStatus> {
+        self.gone.as_ref()
+    }
+
+    /// Whether `addr` lies in scratch memory the engine owns.
+    pub fn in_scratch(&self, addr: RuntimeAddr) -> bool {
+        self.scratch.iter().any(|(r, _)| r.contains(addr))
+    }
+
+    /// Bytes other mechanisms wrote (address, original) that a forked
+    /// child must get back before it runs on its own.
+    pub fn set_fork_restores(&mut self, restores: Vec<(RuntimeAddr, Vec<u8>)>) {
+        self.fork_restores = restores;
+    }
+
+    /// Adds to [`Engine::set_fork_restores`]'s list.
+    pub fn extend_fork_restores(&mut self, more: Vec<(RuntimeAddr, Vec<u8>)>) {
+        self.fork_restores.extend(more);
+    }
+
+    /// A fresh probe id (for probes another mechanism runs).
+    pub(crate) fn new_id(&mut self) -> ProbeId {
+        let id = ProbeId(self.id_base + self.next_probe);
+        self.next_probe += 1;
+        id
+    }
+
+    /// Marks probe `id` as the session's own (see [`ProbeEntry::internal`]).
+    pub(crate) fn mark_internal(&mut self, id: ProbeId) {
+        if let Some(p) = self.probes.get_mut(&id) {
+            p.internal = true;
+        }
+    }
+
+    /// How many of the user's probes (not the session's own) `keep` takes.
+    fn user_probes(&self, keep: impl Fn(&ProbeEntry) -> bool) -> usize {
+        self.probes
+            .values()
+            .filter(|p| !p.internal && keep(p))
+            .count()
+    }
+
+    fn check_alive(&self) -> Result<(), EngineError> {
+        match &self.gone {
+            Some(st) => Err(EngineError::Target(TargetError::Gone {
+                target: self.target.describe(),
+                status: st.clone(),
+            })),
+            None => Ok(()),
+        }
+    }
+
+    /// Counts of a probe.
+    pub fn stats(&self, id: ProbeId) -> Option<ProbeStats> {
+        self.probes.get(&id).map(|p| ProbeStats {
+            hits: p.hits,
+            nmissed: p.nmissed,
+            returns: p.returns,
+            abandoned: p.abandoned,
+        })
+    }
+
+    /// Whether a handler asked to stop (cleared by reading).
+    pub fn take_stop(&mut self) -> bool {
+        std::mem::take(&mut self.stop)
+    }
+}
+
+#[cfg(test)]
+mod tests;
