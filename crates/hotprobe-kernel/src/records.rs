@@ -7,12 +7,12 @@
 //! fit is an error, never a panic (fuzzed: `tests/fuzz.rs`).
 //!
 //! The events are opened with `sample_type` = IDENTIFIER | TID | TIME |
-//! CPU | RAW and `sample_id_all`, so that
+//! RAW and `sample_id_all`, so that
 //! * a sample (`PERF_RECORD_SAMPLE`) is: header, identifier (u64), pid and
-//!   tid (u32 each), time (u64), cpu and a reserved word (u32 each), the
-//!   raw size (u32) and the tracepoint's raw bytes;
+//!   tid (u32 each), time (u64), the raw size (u32) and the tracepoint's
+//!   raw bytes;
 //! * every other record ends with the `sample_id` block: pid, tid, time,
-//!   cpu, reserved, identifier (32 bytes).
+//!   identifier (24 bytes).
 
 use perf_event_open_sys::bindings as sys;
 
@@ -20,11 +20,10 @@ use perf_event_open_sys::bindings as sys;
 pub const SAMPLE_TYPE: u64 = (sys::PERF_SAMPLE_IDENTIFIER
     | sys::PERF_SAMPLE_TID
     | sys::PERF_SAMPLE_TIME
-    | sys::PERF_SAMPLE_CPU
     | sys::PERF_SAMPLE_RAW) as u64;
 
 /// Size of the `sample_id` block that ends each non-sample record.
-const SAMPLE_ID_LEN: usize = 32;
+const SAMPLE_ID_LEN: usize = 24;
 /// Size of a record header (type u32, misc u16, size u16).
 const HEADER_LEN: usize = 8;
 
@@ -242,14 +241,14 @@ fn sample_id(rec: &[u8]) -> Option<Stamp> {
 /// A sample: `None` inside when it is of another tracepoint; `None`
 /// outside when it is too short for its fields.
 fn parse_sample(rec: &[u8], layout: &RawLayout) -> Option<Option<KernelRecord>> {
-    // header, identifier, pid/tid, time, cpu/res, raw size, raw.
+    // header, identifier, pid/tid, time, raw size, raw.
     let at = Stamp {
         pid: u32_at(rec, 16)?,
         tid: u32_at(rec, 20)?,
         time: u64_at(rec, 24)?,
     };
-    let raw_len = u32_at(rec, 40)? as usize;
-    let raw = rec.get(44..44usize.checked_add(raw_len)?)?;
+    let raw_len = u32_at(rec, 32)? as usize;
+    let raw = rec.get(36..36usize.checked_add(raw_len)?)?;
     let ty = u16_at(raw, layout.common_type)?;
     let nr = u64_at(raw, layout.nr).map(|v| v as i64);
     Some(if ty == layout.enter_type {
@@ -278,7 +277,6 @@ pub fn encode_record(r: &KernelRecord, layout: &RawLayout) -> Vec<u8> {
         b.extend_from_slice(&at.pid.to_le_bytes());
         b.extend_from_slice(&at.tid.to_le_bytes());
         b.extend_from_slice(&at.time.to_le_bytes());
-        b.extend_from_slice(&[0u8; 8]);
         b.extend_from_slice(&7u64.to_le_bytes());
     };
     match r {
@@ -292,7 +290,6 @@ pub fn encode_record(r: &KernelRecord, layout: &RawLayout) -> Vec<u8> {
             b.extend_from_slice(&at.pid.to_le_bytes());
             b.extend_from_slice(&at.tid.to_le_bytes());
             b.extend_from_slice(&at.time.to_le_bytes());
-            b.extend_from_slice(&[0u8; 8]);
             let mut raw = vec![0u8; len.max(layout.nr + 8).max(layout.common_type + 2)];
             raw[layout.common_type..layout.common_type + 2].copy_from_slice(&ty.to_le_bytes());
             raw[layout.nr..layout.nr + 8].copy_from_slice(&nr.to_le_bytes());
@@ -300,7 +297,7 @@ pub fn encode_record(r: &KernelRecord, layout: &RawLayout) -> Vec<u8> {
                 raw[layout.ret..layout.ret + 8].copy_from_slice(&ret.to_le_bytes());
             }
             // The kernel pads the raw part so that the record is 8-aligned.
-            let pad = (8 - (44 + raw.len()) % 8) % 8;
+            let pad = (8 - (36 + raw.len()) % 8) % 8;
             raw.resize(raw.len() + pad, 0);
             b.extend_from_slice(&(raw.len() as u32).to_le_bytes());
             b.extend_from_slice(&raw);
