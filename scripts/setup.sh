@@ -120,4 +120,13 @@ rm -f "$ROOT"/target/wheels/hotprobe-*.whl
 "$PYVENV/bin/python" -c 'import hotprobe' \
     || { echo "setup.sh: the hotprobe Python package does not import" >&2; exit 1; }
 
+# 6. tracefs (record --kernel, issue 25: the syscall tracepoints' ids are
+#    read there): mounted where it is missing, left alone where it is
+#    (debugfs's tracing directory counts too).
+if [ ! -d /sys/kernel/tracing/events/raw_syscalls ] \
+    && [ ! -d /sys/kernel/debug/tracing/events/raw_syscalls ]; then
+    mount -t tracefs nodev /sys/kernel/tracing \
+        || echo "setup.sh: warning: cannot mount tracefs on /sys/kernel/tracing (record --kernel needs it)" >&2
+fi
+
 echo "setup.sh: done ($(qemu-system-x86_64 --version | head -n1))"
