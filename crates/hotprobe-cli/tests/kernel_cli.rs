@@ -205,7 +205,14 @@ fn attached_with_p_each_threads_syscalls_are_its_own() {
     let pid = prog.id().to_string();
     let mut stdin = prog.stdin.take().unwrap();
     let mut hp = Command::new(HOTPROBE)
-        .args(["record", "--kernel", "-o", dir.to_str().unwrap(), "-p", &pid])
+        .args([
+            "record",
+            "--kernel",
+            "-o",
+            dir.to_str().unwrap(),
+            "-p",
+            &pid,
+        ])
         .stdin(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
