@@ -174,7 +174,9 @@ impl TraceDir {
             for tb in [TimeBase::Ns, TimeBase::tsc_hz(3_000_000_000)] {
                 if let Ok(ev) = kernel::decode(content, Path::new(replaced), 1, &tb) {
                     assert!(ev.iter().all(|e| e.end >= e.start));
-                    let _ = ev.iter().map(|e| (e.name(), e.ret_text())).count();
+                    for e in &ev {
+                        let _ = (e.name(), e.ret_text(), e.dur());
+                    }
                 }
             }
         }
