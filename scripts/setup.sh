@@ -122,7 +122,16 @@ rm -f "$ROOT"/target/wheels/hotprobe-*.whl
 "$PYVENV/bin/python" -c 'import hotprobe' \
     || { echo "setup.sh: the hotprobe Python package does not import" >&2; exit 1; }
 
-# 6. A real OpenTelemetry Collector (crates/hotprobe-cli/tests/otlp_collector.rs),
+# 6. tracefs (record --kernel, issue 25: the syscall tracepoints' ids are
+#    read there): mounted where it is missing, left alone where it is
+#    (debugfs's tracing directory counts too).
+if [ ! -d /sys/kernel/tracing/events/raw_syscalls ] \
+    && [ ! -d /sys/kernel/debug/tracing/events/raw_syscalls ]; then
+    mount -t tracefs nodev /sys/kernel/tracing \
+        || echo "setup.sh: warning: cannot mount tracefs on /sys/kernel/tracing (record --kernel needs it)" >&2
+fi
+
+# 7. A real OpenTelemetry Collector (crates/hotprobe-cli/tests/otlp_collector.rs),
 #    built with the collector builder into a cache outside the work tree keyed by
 #    its release (~/.cache/hotprobe/otelcol-<release>), so that a fresh clone
 #    reuses it; about 5 minutes the first time. Fails, saying why, on a Go older

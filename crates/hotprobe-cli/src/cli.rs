@@ -267,6 +267,12 @@ pub enum Cmd {
         /// by default they run without probes.
         #[arg(short = 'f', long)]
         follow_forks: bool,
+        /// Also record the host kernel's events of the traced threads and
+        /// of the threads and processes they create: syscalls (name, return
+        /// value, duration) and off-CPU time, through perf tracepoints
+        /// (needs root and tracefs mounted).
+        #[arg(long)]
+        kernel: bool,
         /// Write every entry and exit as its own record (to measure what
         /// merging an entry and its exit into one call record saves).
         #[arg(long)]

@@ -33,6 +33,7 @@ mod count;
 mod demo;
 mod guest;
 mod guest_syscalls;
+mod kernel;
 mod list;
 mod out;
 mod pager;
@@ -220,6 +221,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             auto_args,
             mechanism,
             follow_forks,
+            kernel,
             no_aggregate,
             no_traps,
             ring_events,
@@ -239,6 +241,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             signals::install()?;
             record::run(&record::RecordOptions {
                 follow_forks,
+                kernel,
                 out: &output,
                 force,
                 include: &patterns,
@@ -549,7 +552,9 @@ fn bad_input(e: &anyhow::Error) -> bool {
     use hotprobe::fastpath::FastPathError;
     use hotprobe::symbols::SymbolError;
     e.chain().any(|c| {
-        matches!(c.downcast_ref(), Some(SymbolError::BadSpec { .. }))
+        // A permission `record --kernel` lacks (said in the message).
+        matches!(c.downcast_ref::<hotprobe::kernel::KernelError>(), Some(k) if k.is_permission())
+            || matches!(c.downcast_ref(), Some(SymbolError::BadSpec { .. }))
             || matches!(c.downcast_ref(), Some(FastPathError::AgentOverride { .. }))
             || matches!(
                 c.downcast_ref(),

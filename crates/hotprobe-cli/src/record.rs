@@ -76,6 +76,8 @@ pub struct RecordOptions<'a> {
     pub traps: bool,
     /// `-f`: follow forked children.
     pub follow_forks: bool,
+    /// `--kernel`: the host kernel's events too (syscalls, off-CPU).
+    pub kernel: bool,
     /// Merge entry+exit pairs into call records.
     pub aggregate: bool,
     /// Events per thread ring.
@@ -209,6 +211,9 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             ))
             .into());
         }
+    }
+    if o.kernel {
+        crate::kernel::check()?;
     }
     let (tsc0, ns0) = clock_pair();
     let defaults = FastPathConfig::default();
@@ -455,10 +460,20 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     // SAFETY: plain syscall on the calling thread, no pointers.
     unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, -10) };
     let started = Instant::now();
+    // The kernel's events start while the target is stopped; children
+    // inherit them.
+    let kernel = match o.kernel.then(|| crate::kernel::start(pid)).transpose() {
+        Ok(k) => k,
+        Err(e) => {
+            t.abandon();
+            return Err(e);
+        }
+    };
     // Whatever happens to the run, the trace is finished: every event
     // drained before the end stays readable.
     let mut typed_sink = typed::RegisterTyped::new(&mut writer, &typing, &placed);
     let ran = t.run(&placed, o.duration, Some(&mut typed_sink));
+    let kernel = kernel.map(|k| crate::kernel::finish(k, &mut writer));
     let stats = writer.finish().context("cannot finish the trace")?;
     if let Some(e) = &stats.write_error {
         errln!(
@@ -493,6 +508,9 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             .collect::<Vec<_>>(),
         elapsed: started.elapsed(),
     });
+    if let Some(k) = kernel {
+        errln!("{}", crate::kernel::summary(&k?));
+    }
     Ok(t.exit_code())
 }
 

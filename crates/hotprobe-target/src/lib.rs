@@ -9,6 +9,7 @@
 
 mod addr;
 mod regs;
+pub mod syscalls;
 
 pub use addr::{GuestPhys, GuestVirt, LinkAddr, LoadBias, RuntimeAddr};
 pub use regs::Registers;

@@ -305,8 +305,8 @@ pub fn report_filtered(
     query: &CompiledQuery,
     progress: Progress<'_>,
 ) -> Result<Report> {
-    let mut acc = Acc::default();
-    visit_threads(reader, query, progress, |_, s| acc.leave(&s))?;
+    let mut acc = Acc::for_trace(reader)?;
+    visit_threads(reader, query, progress, |tid, s| acc.leave_on(tid, &s))?;
     Ok(acc.into_report(reader.symbols()))
 }
 

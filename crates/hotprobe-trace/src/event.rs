@@ -321,6 +321,30 @@ impl TimeBase {
         }
     }
 
+    /// The timestamp (in this base's ticks) of a `CLOCK_MONOTONIC` ns
+    /// time: the inverse of [`TimeBase::to_ns`] through the calibration
+    /// pairs (saturating at the ends of `u64`), for events of another
+    /// source on the ns clock (the host kernel's).
+    pub fn ticks_at_ns(&self, ns: u64) -> u64 {
+        match *self {
+            TimeBase::Ns => ns,
+            TimeBase::Tsc {
+                tsc0,
+                ns0,
+                tsc1,
+                ns1,
+            } => {
+                let dn = ns1 as i128 - ns0 as i128;
+                if dn == 0 {
+                    return ns;
+                }
+                let dt = tsc1 as i128 - tsc0 as i128;
+                let v = tsc0 as i128 + (ns as i128 - ns0 as i128) * dt / dn;
+                v.clamp(0, u64::MAX as i128) as u64
+            }
+        }
+    }
+
     /// Ticks of a duration in nanoseconds (rounded up).
     pub fn ticks_of_ns(&self, ns: u64) -> u64 {
         match *self {

@@ -8,8 +8,9 @@ use crate::format::KindCounts;
 
 /// Format name in `info.json`.
 pub const FORMAT_NAME: &str = "hotprobe-trace";
-/// Format version in `info.json` (streams carry their own version too).
-pub const FORMAT_VERSION: u32 = 2;
+/// Format version in `info.json` (streams carry their own version too):
+/// 2 added typed values, 3 the host kernel's events (`kernel`).
+pub const FORMAT_VERSION: u32 = 3;
 
 /// One thread's stream as listed in `info.json`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,4 +101,7 @@ pub struct Info {
     /// Totals (filled at finish).
     #[serde(default)]
     pub stats: Option<WriteStats>,
+    /// The host kernel's events (`record --kernel`; version 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<crate::kernel::KernelInfo>,
 }

@@ -30,6 +30,7 @@ pub mod filter;
 pub mod format;
 mod hist;
 mod info;
+pub mod kernel;
 mod lz4;
 pub mod query;
 mod reader;
@@ -68,6 +69,9 @@ pub use hist::{fmt_bound, Bucket, Histogram};
 /// Shapes of typed values (`types.tsv`), from hotprobe-dwarf.
 pub use hotprobe_dwarf::{Shape, ShapeItem};
 pub use info::{Info, ThreadInfo, WriteStats, FORMAT_NAME, FORMAT_VERSION};
+pub use kernel::{
+    kernel_file_name, KernelEvent, KernelInfo, KernelKind, KernelThreadInfo, ThreadKernel,
+};
 pub use query::{CompiledQuery, Query, QueryStack, StepStack};
 pub use reader::{StreamFile, ThreadStream, TraceReader};
 pub use summary::{rfc3339, summarize, ThreadSummary, TraceSummary};

@@ -1,5 +1,6 @@
 //! [`TraceReader`]: opens a trace directory and decodes its thread streams.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -79,7 +80,8 @@ impl TraceReader {
                 what: format!("format {:?}, expected {FORMAT_NAME:?}", info.format),
             });
         }
-        // Version 1 has no typed values; everything else is the same.
+        // Version 1 has no typed values, 2 no kernel events; everything
+        // else is the same.
         if !(1..=FORMAT_VERSION).contains(&info.version) {
             return Err(TraceError::Info {
                 path: ip,
@@ -211,6 +213,47 @@ impl TraceReader {
             Some(bytes) => ThreadValues::parse_unfinished(bytes, &p),
             None => Ok(ThreadValues::default()),
         }
+    }
+
+    /// What the host kernel's events gave (`record --kernel`), if any.
+    pub fn kernel_info(&self) -> Option<&crate::kernel::KernelInfo> {
+        self.info.kernel.as_ref()
+    }
+
+    /// Thread `tid`'s host-kernel events (ns), by start; empty when it has
+    /// none. Its file must have the size `info.json` gives.
+    pub fn kernel_events(&self, tid: u32) -> Result<Vec<crate::kernel::KernelEvent>> {
+        let Some(t) = self
+            .kernel_info()
+            .and_then(|k| k.threads.iter().find(|t| t.tid == tid))
+        else {
+            return Ok(Vec::new());
+        };
+        let p = self.dir.join(crate::kernel::kernel_file_name(tid));
+        let bytes = read_bytes(&p)?.ok_or_else(|| {
+            TraceError::io(&p, std::io::Error::from(std::io::ErrorKind::NotFound))
+        })?;
+        if bytes.len() as u64 != t.bytes {
+            return Err(TraceError::Truncated {
+                path: p,
+                offset: bytes.len() as u64,
+                what: format!("file has {} bytes, info.json says {}", bytes.len(), t.bytes),
+            });
+        }
+        crate::kernel::decode(&bytes, &p, tid, &self.info.time_base)
+    }
+
+    /// Every thread's host-kernel events, split into syscalls and off-CPU
+    /// intervals (empty without).
+    pub fn kernel_threads(&self) -> Result<HashMap<u32, crate::kernel::ThreadKernel>> {
+        let mut out = HashMap::new();
+        for t in self.kernel_info().map_or(&[][..], |k| &k.threads[..]) {
+            out.insert(
+                t.tid,
+                crate::kernel::ThreadKernel::new(self.kernel_events(t.tid)?),
+            );
+        }
+        Ok(out)
     }
 
     /// The directory.

@@ -2,12 +2,13 @@
 //! with uftrace's output fields (`-f time,delta,elapsed,duration,tid`)
 //! and optional colours (function names, long durations, lost events).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 
 use crate::analysis::{fmt_duration, merged, Progress, Step};
 use crate::error::{Result, TraceError};
 use crate::event::Args;
+use crate::kernel::KernelEvent;
 use crate::query::{CompiledQuery, QueryStack};
 use crate::reader::TraceReader;
 
@@ -98,6 +99,7 @@ impl Default for ReplayOptions {
 const BOLD: &str = "\x1b[1m";
 const RED: &str = "\x1b[31m";
 const YELLOW: &str = "\x1b[33m";
+const CYAN: &str = "\x1b[36m";
 const RESET: &str = "\x1b[0m";
 
 fn fmt_args(args: &Args) -> String {
@@ -291,8 +293,102 @@ pub fn replay_with(
         last_ts = Some(ts);
         c
     };
-    let mut line = |out: &mut dyn Write, tid: u32, s: Step| -> std::io::Result<()> {
+    // The host kernel's syscalls per thread (`record --kernel`), printed
+    // inside the call tree where they happened: those outside every kept
+    // call only when the query keeps everything.
+    let mut syscalls: HashMap<u32, VecDeque<KernelEvent>> = HashMap::new();
+    if let Some(k) = reader.kernel_info() {
+        for t in k.threads.iter().filter(|t| query.keeps_thread(t.tid)) {
+            let ev = reader.kernel_events(t.tid)?;
+            syscalls.insert(t.tid, ev.into_iter().filter(|e| e.is_syscall()).collect());
+        }
+    }
+    let outside = query.keeps_all();
+    let kernel_tids: Vec<u32> = syscalls.keys().copied().collect();
+    let mut line = |out: &mut dyn Write, tid: u32, s: Option<Step>| -> std::io::Result<()> {
         let ind = |d: usize| "  ".repeat(d);
+        let queue = syscalls.get_mut(&tid);
+        let mut empty = VecDeque::new();
+        let queue = queue.unwrap_or(&mut empty);
+        // Prints the syscalls that started before `ts`, at `depth`.
+        let flush = |out: &mut dyn Write,
+                     queue: &mut VecDeque<KernelEvent>,
+                     columns: &mut dyn FnMut(u32, u64, Option<u64>) -> String,
+                     ts: u64,
+                     depth: usize|
+         -> std::io::Result<()> {
+            while queue.front().is_some_and(|e| e.start < ts) {
+                let Some(e) = queue.pop_front() else { break };
+                if depth == 0 && !outside {
+                    continue;
+                }
+                writeln!(
+                    out,
+                    "{} | {}{}() = {};",
+                    columns(tid, e.start, Some(e.dur())),
+                    ind(depth),
+                    paint(format!("syscall:{}", e.name()), CYAN),
+                    e.ret_text()
+                )?;
+            }
+            Ok(())
+        };
+        let Some(s) = s else {
+            return flush(out, queue, &mut columns, u64::MAX, 0);
+        };
+        match s {
+            Step::Enter { ts, depth, .. } | Step::Hit { ts, depth, .. } => {
+                flush(out, queue, &mut columns, ts, depth)?
+            }
+            Step::Leave {
+                start,
+                end,
+                depth,
+                leaf,
+                unfinished: false,
+                ..
+            } => {
+                if leaf {
+                    flush(out, queue, &mut columns, start, depth)?;
+                } else {
+                    flush(out, queue, &mut columns, end, depth + 1)?;
+                }
+            }
+            _ => {}
+        }
+        // A leaf call with syscalls inside: opened and closed around them.
+        if let Step::Leave {
+            probe,
+            start,
+            end,
+            depth,
+            args,
+            ret,
+            leaf: true,
+            unfinished: false,
+            ..
+        } = s
+        {
+            if queue.front().is_some_and(|e| e.start < end) {
+                writeln!(
+                    out,
+                    "{} | {}{}({}) {{",
+                    columns(tid, start, None),
+                    ind(depth),
+                    name(probe),
+                    fmt_args(tid, probe, &args)
+                )?;
+                flush(out, queue, &mut columns, end, depth + 1)?;
+                return writeln!(
+                    out,
+                    "{} | {}}}{}; /* {} */",
+                    columns(tid, end, Some(end - start)),
+                    ind(depth),
+                    fmt_ret(tid, probe, ret),
+                    syms.name(probe)
+                );
+            }
+        }
         match s {
             Step::Enter {
                 probe,
@@ -372,24 +468,26 @@ pub fn replay_with(
         let mut res = Ok(());
         st.feed(r, |s| {
             if res.is_ok() {
-                res = line(out, tid, s);
+                res = line(out, tid, Some(s));
             }
         });
         res.map_err(io)
     })?;
-    // Calls still open at the end of their thread: their entries.
-    let mut tids: Vec<u32> = stacks.keys().copied().collect();
+    // Calls still open at the end of their thread: their entries; then
+    // the syscalls after the thread's last call.
+    let mut tids: Vec<u32> = stacks.keys().copied().chain(kernel_tids).collect();
     tids.sort_unstable();
+    tids.dedup();
     for tid in tids {
         let mut res = Ok(());
         if let Some(st) = stacks.get_mut(&tid) {
             st.finish(|s| {
                 if res.is_ok() {
-                    res = line(out, tid, s);
+                    res = line(out, tid, Some(s));
                 }
             });
         }
-        res.map_err(io)?;
+        res.and_then(|()| line(out, tid, None)).map_err(io)?;
     }
     Ok(())
 }

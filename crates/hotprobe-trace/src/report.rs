@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use crate::analysis::{fmt_duration, Step};
+use crate::kernel::ThreadKernel;
 use crate::symbols::SymbolTable;
 
 /// One function's line of a report. Serialized (`--json`) with the field
@@ -45,6 +46,13 @@ pub struct ReportRow {
     /// Outermost calls with their exit (those `total_ns` adds up).
     #[serde(skip)]
     pub outer_calls: u64,
+    /// Of `total_ns`, time the thread was off the CPU (a trace with the
+    /// host kernel's events: `record --kernel`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub off_cpu_ns: Option<u64>,
+    /// Of `total_ns`, time the thread was in a syscall (idem).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub syscall_ns: Option<u64>,
 }
 
 /// What a report is sorted by (descending; ties: calls, then name).
@@ -82,14 +90,60 @@ impl SortKey {
 pub struct Report {
     /// The rows.
     pub rows: Vec<ReportRow>,
+    /// The trace has the host kernel's events: the text has an off-CPU
+    /// and an in-syscall column.
+    #[serde(skip)]
+    pub kernel: bool,
 }
 
 #[derive(Default)]
 pub(crate) struct Acc {
     pub(crate) by_probe: HashMap<u32, ReportRow>,
+    /// The host kernel's events per thread, when the trace has them.
+    pub(crate) kernel: Option<HashMap<u32, ThreadKernel>>,
 }
 
 impl Acc {
+    /// An accumulator that also sums off-CPU and in-syscall time per
+    /// function when the trace has the host kernel's events.
+    pub(crate) fn for_trace(reader: &crate::TraceReader) -> crate::Result<Acc> {
+        Ok(Acc {
+            kernel: match reader.kernel_info() {
+                Some(_) => Some(reader.kernel_threads()?),
+                None => None,
+            },
+            ..Acc::default()
+        })
+    }
+
+    /// [`Acc::leave`] of a step of thread `tid`: with kernel events, the
+    /// call's off-CPU and in-syscall time too (outermost calls, as the
+    /// total time).
+    pub(crate) fn leave_on(&mut self, tid: u32, s: &Step) {
+        self.leave(s);
+        let Some(kernel) = &self.kernel else { return };
+        if let Step::Leave {
+            probe,
+            start,
+            end,
+            outermost,
+            unfinished,
+            ..
+        } = *s
+        {
+            let row = self.by_probe.entry(probe).or_default();
+            let (off, sys) = match kernel.get(&tid) {
+                Some(k) if outermost && !unfinished => (
+                    ThreadKernel::overlap(&k.off_cpu, start, end),
+                    ThreadKernel::overlap(&k.syscalls, start, end),
+                ),
+                _ => (0, 0),
+            };
+            *row.off_cpu_ns.get_or_insert(0) += off;
+            *row.syscall_ns.get_or_insert(0) += sys;
+        }
+    }
+
     pub(crate) fn leave(&mut self, s: &Step) {
         if let Step::Leave {
             probe,
@@ -141,7 +195,8 @@ impl Acc {
                 r
             })
             .collect();
-        let mut rep = Report { rows };
+        let kernel = self.kernel.is_some();
+        let mut rep = Report { rows, kernel };
         rep.sort(SortKey::Total);
         rep
     }
@@ -199,15 +254,22 @@ impl Report {
         // Calls whose exit was lost get a column of their own, when any.
         let lost = self.no_exit() > 0;
         let mut s = String::new();
-        s.push_str(if lost {
-            "  Total time   Self time     Average     Minimum     Maximum     No exit       Calls  Function\n"
+        // With the host kernel's events: off-CPU and in-syscall time after
+        // the self time.
+        let (kh, ku) = if self.kernel {
+            ("     Off-CPU  In syscall", "  ==========  ==========")
         } else {
-            "  Total time   Self time     Average     Minimum     Maximum       Calls  Function\n"
+            ("", "")
+        };
+        s.push_str(&if lost {
+            format!("  Total time   Self time{kh}     Average     Minimum     Maximum     No exit       Calls  Function\n")
+        } else {
+            format!("  Total time   Self time{kh}     Average     Minimum     Maximum       Calls  Function\n")
         });
-        s.push_str(if lost {
-            "  ==========  ==========  ==========  ==========  ==========  ==========  ==========  ====================\n"
+        s.push_str(&if lost {
+            format!("  ==========  =========={ku}  ==========  ==========  ==========  ==========  ==========  ====================\n")
         } else {
-            "  ==========  ==========  ==========  ==========  ==========  ==========  ====================\n"
+            format!("  ==========  =========={ku}  ==========  ==========  ==========  ==========  ====================\n")
         });
         for r in &self.rows {
             // No call with its exit: no time is known; no outermost call
@@ -236,8 +298,17 @@ impl Report {
                 (true, 0) => format!("{:>10}  ", 0),
                 (true, n) => format!("{}  ", paint(format!("{n:>10}"), "31")),
             };
+            let kernel = if self.kernel {
+                let k = |ns: Option<u64>| match ns {
+                    Some(ns) if r.outer_calls > 0 => time(fmt_duration(ns), ns),
+                    _ => unknown.clone(),
+                };
+                format!("  {}  {}", k(r.off_cpu_ns), k(r.syscall_ns))
+            } else {
+                String::new()
+            };
             s.push_str(&format!(
-                "  {}  {}  {}  {}  {}  {no_exit}{:>10}  {}\n",
+                "  {}  {}{kernel}  {}  {}  {}  {no_exit}{:>10}  {}\n",
                 total,
                 self_time,
                 t(r.avg_ns),

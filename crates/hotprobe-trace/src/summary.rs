@@ -87,6 +87,9 @@ pub struct TraceSummary {
     pub filtered: Option<FilterStats>,
     /// Phase marker functions.
     pub phase_markers: Vec<String>,
+    /// The host kernel's events (`record --kernel`): taken, lost, per thread.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<crate::kernel::KernelInfo>,
 }
 
 /// Counts a call (and a call without its exit).
@@ -174,6 +177,7 @@ pub fn summarize(reader: &TraceReader, mut progress: Progress<'_>) -> Result<Tra
         filter: info.filter.clone(),
         filtered: info.stats.as_ref().map(|s| s.filtered),
         phase_markers: info.phase_markers.clone(),
+        kernel: info.kernel.clone(),
     })
 }
 
@@ -265,6 +269,26 @@ impl TraceSummary {
                 self.lost
             ),
         );
+        if let Some(k) = &self.kernel {
+            kv(
+                "kernel:",
+                format!(
+                    "{} syscalls, {} off-CPU intervals in {} threads; {} records taken, \
+                     {} lost by the kernel, {} unpaired{}",
+                    k.syscalls(),
+                    k.off_cpu(),
+                    k.threads.len(),
+                    k.taken,
+                    k.lost,
+                    k.unpaired,
+                    if k.corrupt > 0 {
+                        format!(", {} ring reads not parsed whole", k.corrupt)
+                    } else {
+                        String::new()
+                    }
+                ),
+            );
+        }
         if let Some(e) = &self.write_error {
             kv(
                 "write error:",

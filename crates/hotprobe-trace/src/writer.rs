@@ -212,7 +212,8 @@ impl TraceWriter {
             let ent = ent.map_err(|e| TraceError::io(&dir, e))?;
             let name = ent.file_name();
             let name = name.to_string_lossy();
-            let values = name.starts_with("values-") && name.ends_with(".hpv");
+            let values = (name.starts_with("values-") && name.ends_with(".hpv"))
+                || (name.starts_with("kernel-") && name.ends_with(".hpk"));
             if (name.starts_with("tid-") && name.ends_with(".hpt")) || values || name == TYPES_FILE
             {
                 std::fs::remove_file(ent.path()).map_err(|e| TraceError::io(ent.path(), e))?;
@@ -248,6 +249,7 @@ impl TraceWriter {
             complete: false,
             threads: Vec::new(),
             stats: None,
+            kernel: None,
         };
         let mut w = TraceWriter {
             dir,
@@ -472,6 +474,52 @@ impl TraceWriter {
         Ok(())
     }
 
+    /// Writes thread `tid`'s host-kernel events (times in CLOCK_MONOTONIC
+    /// ns, converted to the time base's ticks through its calibration
+    /// pairs) to `kernel-TID.hpk`, listed in `info.json` at
+    /// [`TraceWriter::finish`]. Once per thread.
+    pub fn write_kernel_thread(
+        &mut self,
+        tid: u32,
+        pid: u32,
+        events_ns: &[crate::kernel::KernelEvent],
+    ) -> Result<()> {
+        let tb = self.info.time_base;
+        let mut ev: Vec<_> = events_ns
+            .iter()
+            .map(|e| crate::kernel::KernelEvent {
+                start: tb.ticks_at_ns(e.start),
+                end: tb.ticks_at_ns(e.end),
+                kind: e.kind,
+            })
+            .collect();
+        let syscalls = ev.iter().filter(|e| e.is_syscall()).count() as u64;
+        let bytes = crate::kernel::encode(tid, pid, &mut ev);
+        let file = crate::kernel::kernel_file_name(tid);
+        let p = self.dir.join(&file);
+        std::fs::write(&p, &bytes).map_err(|e| TraceError::io(&p, e))?;
+        let k = self.info.kernel.get_or_insert_with(Default::default);
+        k.threads.push(crate::kernel::KernelThreadInfo {
+            tid,
+            pid,
+            file,
+            syscalls,
+            off_cpu: ev.len() as u64 - syscalls,
+            bytes: bytes.len() as u64,
+        });
+        Ok(())
+    }
+
+    /// Records the counts of the host kernel's events: records taken,
+    /// lost by the kernel, left unpaired, ring reads not parsed whole.
+    pub fn note_kernel(&mut self, taken: u64, lost: u64, unpaired: u64, corrupt: u64) {
+        let k = self.info.kernel.get_or_insert_with(Default::default);
+        k.taken += taken;
+        k.lost += lost;
+        k.unpaired += unpaired;
+        k.corrupt += corrupt;
+    }
+
     /// Filter counters so far, summed over threads.
     pub fn filter_stats(&self) -> FilterStats {
         let mut s = FilterStats::default();
@@ -560,6 +608,9 @@ impl TraceWriter {
         stats.records = stats.kinds.records();
         stats.events_out = stats.kinds.events();
         stats.write_error = self.stopped.clone();
+        if let Some(k) = &mut self.info.kernel {
+            k.threads.sort_by_key(|t| t.tid);
+        }
         self.info.complete = true;
         self.info.stats = Some(stats.clone());
         self.write_info()?;

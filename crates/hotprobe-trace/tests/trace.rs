@@ -650,7 +650,7 @@ fn typed_values_round_trip_and_version_1_still_reads() {
     }
     w.finish().unwrap();
     let r = TraceReader::open(dir.path()).unwrap();
-    assert_eq!(r.info().version, 2);
+    assert_eq!(r.info().version, FORMAT_VERSION);
     assert_eq!(r.thread_values(9).unwrap().len(), 4);
     let mut out = Vec::new();
     replay(&r, &mut out, None).unwrap();
@@ -709,14 +709,16 @@ fn typed_values_round_trip_and_version_1_still_reads() {
     w.finish().unwrap();
     let ip = dir1.path().join(INFO_FILE);
     let info = std::fs::read_to_string(&ip).unwrap();
-    std::fs::write(&ip, info.replace("\"version\": 2", "\"version\": 1")).unwrap();
+    let current = format!("\"version\": {FORMAT_VERSION}");
+    std::fs::write(&ip, info.replace(&current, "\"version\": 1")).unwrap();
     let r = TraceReader::open(dir1.path()).unwrap();
     assert_eq!(r.info().version, 1);
     let mut out = Vec::new();
     replay(&r, &mut out, None).unwrap();
     let out = String::from_utf8(out).unwrap();
     assert!(out.contains("| greet(7, -1) = 5;"), "{out}");
-    // Version 3 is refused.
-    std::fs::write(&ip, info.replace("\"version\": 2", "\"version\": 3")).unwrap();
+    // A version after this reader's is refused.
+    let next = format!("\"version\": {}", FORMAT_VERSION + 1);
+    std::fs::write(&ip, info.replace(&current, &next)).unwrap();
     assert!(TraceReader::open(dir1.path()).is_err());
 }

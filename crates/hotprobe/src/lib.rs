@@ -67,6 +67,7 @@ pub use hotprobe_coldpatch as coldpatch;
 pub use hotprobe_dwarf as dwarf;
 pub use hotprobe_fastpath as fastpath;
 pub use hotprobe_guest as guest;
+pub use hotprobe_kernel as kernel;
 pub use hotprobe_qemu as qemu;
 pub use hotprobe_symbols as symbols;
 pub use hotprobe_trace as trace;

@@ -21,6 +21,9 @@ pub struct ChromeStats {
     pub completes: u64,
     /// `i` (instant) events: hits and lost-event notes.
     pub instants: u64,
+    /// `X` events of the host kernel (`record --kernel`): syscalls
+    /// (category `syscall`) and off-CPU intervals (`off-cpu`).
+    pub kernel: u64,
 }
 
 fn us(ns: u64) -> f64 {
@@ -180,6 +183,23 @@ pub fn export_chrome_filtered(
         cs.finish(&mut emit);
         if let Some(e) = err {
             return Err(e);
+        }
+        // The host kernel's events (`record --kernel`) on the same track.
+        for k in reader.kernel_events(tid)? {
+            stats.kernel += 1;
+            let mut e = json!({"ph":"X","name":k.name(),"pid":pid,"tid":tid,"ts":us(k.start),"dur":us(k.dur())});
+            e["cat"] = match k.kind {
+                crate::kernel::KernelKind::Syscall { .. } => {
+                    e["args"] = json!({"retval": k.ret_text()});
+                    "syscall".into()
+                }
+                crate::kernel::KernelKind::OffCpu { preempted } => {
+                    e["args"] = json!({"preempted": preempted});
+                    "off-cpu".into()
+                }
+            };
+            out.write_all(b",\n").map_err(io)?;
+            serde_json::to_writer(&mut *out, &e).map_err(js)?;
         }
         done += std::fs::metadata(&path).map_or(0, |m| m.len());
         if let Some(p) = progress.as_mut() {

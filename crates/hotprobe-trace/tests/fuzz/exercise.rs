@@ -83,16 +83,40 @@ pub fn small_trace(dir: &Path) {
         }
         w.write_event_values(e, &data).unwrap();
     }
+    // The host kernel's events of thread 1 (format version 3): a read,
+    // an error, an off-CPU interval inside the read, over its calls.
+    let (first, last) = (events[0].ts, events[events.len() - 1].ts);
+    let mid = first + (last - first) / 2;
+    let kernel = [
+        KernelEvent {
+            start: first,
+            end: mid,
+            kind: KernelKind::Syscall { nr: 0, ret: 3 },
+        },
+        KernelEvent {
+            start: first + 1,
+            end: mid - 1,
+            kind: KernelKind::OffCpu { preempted: false },
+        },
+        KernelEvent {
+            start: mid + 1,
+            end: last,
+            kind: KernelKind::Syscall { nr: 1, ret: -11 },
+        },
+    ];
+    w.write_kernel_thread(1, 1, &kernel).unwrap();
+    w.note_kernel(5, 1, 1, 0);
     w.finish().unwrap();
 }
 
 /// The files of a trace directory the first input byte picks from.
-pub const FILES: [&str; 5] = [
+pub const FILES: [&str; 6] = [
     INFO_FILE,
     SYMBOLS_FILE,
     "tid-1.hpt",
     TYPES_FILE,
     "values-1.hpv",
+    "kernel-1.hpk",
 ];
 
 /// A whole trace directory with one file replaced by the input.
@@ -145,6 +169,17 @@ impl TraceDir {
         };
         let replaced = FILES[usize::from(which & 0x7f) % FILES.len()];
         let unfinished = which & 0x80 != 0;
+        if replaced == "kernel-1.hpk" {
+            // The decoder itself, whatever size info.json gives.
+            for tb in [TimeBase::Ns, TimeBase::tsc_hz(3_000_000_000)] {
+                if let Ok(ev) = kernel::decode(content, Path::new(replaced), 1, &tb) {
+                    assert!(ev.iter().all(|e| e.end >= e.start));
+                    for e in &ev {
+                        let _ = (e.name(), e.ret_text(), e.dur());
+                    }
+                }
+            }
+        }
         for (name, bytes) in &self.originals {
             let bytes = if name.as_os_str() == replaced {
                 content.to_vec()
@@ -199,5 +234,6 @@ fn read_everything(dir: &Path, ctf: &Path) -> bool {
         ok &= export_folded(&r, &mut std::io::sink(), opts, None).is_ok();
     }
     ok &= export_ctf(&r, ctf, None).is_ok();
+    ok &= summarize(&r, None).map(|s| s.to_text()).is_ok();
     ok
 }
