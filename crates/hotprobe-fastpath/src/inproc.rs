@@ -41,7 +41,8 @@ use hotprobe_x86::iced_x86::{
 };
 use hotprobe_x86::{plan_probe, Emulation, Execution};
 
-use crate::{take_own_bytes_out, FastPath, FastPathError, ForeignWrite, Installed};
+use crate::foreign::take_own_bytes_out;
+use crate::{FastPath, FastPathError, ForeignWrite, Installed};
 
 /// What [`FastPath::add_inproc`] placed.
 #[derive(Clone, Debug)]
