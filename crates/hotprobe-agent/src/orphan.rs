@@ -37,6 +37,11 @@
 //! tracer had moved it already): the window is the few microseconds
 //! between the hit and the tracer's reaction.
 //!
+//! The tracer's other code (the fast path's sites) and the `int3`s of the
+//! table no thread has hit yet are put back by `undo`, which this handler
+//! calls at the first such hit, and which also takes the hang-up pipe's
+//! `SIGTRAP` and the `int3`s of its own restores.
+//!
 //! Anything else (a `SIGTRAP` of the program's own, or any while the
 //! tracer is alive and attached) goes to the program's handler, or to the
 //! default action. The tracer is gone when its heartbeat is stale or, as
@@ -197,7 +202,7 @@ extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut 
         && !uc.is_null()
         && unsafe {
             let (info, uc) = (&*info, &mut *(uc as *mut libc::ucontext_t));
-            crate::inproc::handle(info, uc) || handle(info, uc)
+            crate::undo::on_signal(info) || crate::inproc::handle(info, uc) || handle(info, uc)
         };
     if ok {
         return;
@@ -282,11 +287,15 @@ fn handle(info: &libc::siginfo_t, uc: &mut libc::ucontext_t) -> bool {
     }
     let at = rip.wrapping_sub(1);
     let Some((orig, flags)) = shm.lookup_trap(at) else {
-        return false;
+        // Not the trap mechanism's: perhaps a fast-path site being put
+        // back (see `undo`).
+        return crate::undo::resume_at_site(shm, at, gregs);
     };
     if !tracer_gone(shm) {
         return false;
     }
+    // The rest of the tracer's code goes too, at once (see `undo`).
+    crate::undo::undo_all(shm);
     let (site, found) = if flags & TRAP_GUARD != 0 {
         // A thread the tracer had stopped at the int3 before this one
         // when it died, resumed here by the kernel without its signal.

@@ -174,7 +174,8 @@ impl FastPath {
         }
         // `sites` is in descending index order: removal keeps the rest valid.
         for &i in &sites {
-            self.installed.remove(i);
+            let s = self.installed.remove(i);
+            self.ledger_unpublish(s.ledger);
         }
         self.removals += 1;
         Ok(sites.len())

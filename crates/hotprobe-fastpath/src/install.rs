@@ -446,12 +446,20 @@ impl FastPath {
             return Ok(());
         };
         let bps = t.breakpoints().into_iter().map(|b| b.0).collect();
-        write_spans(t, writes, Some(&bps))
+        // Stubs and trampolines first, the sites that call or jump into
+        // them after: a tracer killed between two writes leaves no site
+        // going to a pool still full of `int3`.
+        let (pooled, sites): (Vec<_>, Vec<_>) = writes
+            .into_iter()
+            .partition(|(a, _)| self.pools.iter().any(|p| (p.start..p.end).contains(a)));
+        write_spans(t, pooled, Some(&bps))?;
+        write_spans(t, sites, Some(&bps))
     }
 
     /// Writes `bytes` at `addr` once no thread's PC lies strictly inside
     /// them (resuming the threads briefly while one does), after publishing
-    /// the site key. Expects every thread stopped; leaves them stopped.
+    /// the site key and the site in the code ledger. Expects every thread
+    /// stopped; leaves them stopped.
     pub(crate) fn install(
         &mut self,
         t: &mut ProcessTarget,
@@ -467,12 +475,19 @@ impl FastPath {
         self.shm()
             .insert_site(key, probe_id, bits)
             .map_err(|e| FastPathError::Shm(e.to_string()))?;
+        let owner = match bytes.first() {
+            Some(0xe8) => hotprobe_abi::LEDGER_PATCH,
+            _ => hotprobe_abi::LEDGER_JUMP,
+        };
+        // In the ledger before the bytes go in (see the `ledger` module).
+        let ledger = self.ledger_publish(addr, &original, bytes, owner);
         self.write(t, addr, bytes)?;
         self.installed.push(Installed {
             addr,
             original,
             written: bytes.to_vec(),
             key,
+            ledger,
         });
         Ok(())
     }

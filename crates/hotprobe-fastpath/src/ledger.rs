@@ -1,5 +1,22 @@
 //! The code bytes this fast path wrote: detach, the list of written
-//! bytes, forgetting them.
+//! bytes, forgetting them, and their mirror in shared memory.
+//!
+//! Every site is published in the shared memory's code ledger
+//! (`hotprobe_abi::LedgerEntry`: address, original bytes, the bytes
+//! written, owner) before its bytes go into the target, and taken out
+//! after the original is back (detach, removal) or the image is gone
+//! (`forget`). A disabled site keeps its entry: the agent only restores a
+//! site where it finds exactly the bytes written, so an entry published
+//! early (bytes not written yet, a batch still open), late (the original
+//! back already) or over a disabled site is harmless, and no moment leaves
+//! hotprobe's bytes in the code without an entry. When the tracer dies
+//! (SIGKILL) the agent puts every published site back (see the agent's
+//! `undo` module). Past the ledger's capacity (one entry per site-table
+//! slot and per in-process trap, so never reached while the site table
+//! has room) a site is written without an entry and counted in
+//! `LedgerCtl::unmirrored` ([`FastPath::ledger_unmirrored`]).
+
+use std::sync::atomic::Ordering::Relaxed;
 
 use hotprobe_process::ProcessTarget;
 use hotprobe_target::{Target, TargetError};
@@ -61,6 +78,9 @@ impl FastPath {
         // What was found before a failure is reported all the same.
         self.foreign.extend(foreign);
         restored?;
+        for i in 0..self.installed.len() {
+            self.ledger_unpublish(self.installed[i].ledger);
+        }
         self.disabled.clear();
         self.installed.clear();
         self.removals += 1;
@@ -113,7 +133,12 @@ impl FastPath {
     pub fn forget(&mut self) {
         for s in &self.installed {
             let _ = self.shm.shm().set_site_action(s.key, 0);
+            if let Some(i) = s.ledger {
+                self.shm.shm().unpublish_site(i);
+            }
         }
+        self.ledger_free.clear();
+        self.ledger_next = 0;
         self.installed.clear();
         self.disabled.clear();
         self.removals += 1;
@@ -128,12 +153,70 @@ impl FastPath {
         self.removals += 1;
         // A library mapped there again is probed afresh, enabled.
         self.disabled.retain(|a, _| *a < start || *a >= end);
+        let free = &mut self.ledger_free;
         self.installed.retain(|s| {
             let inside = s.addr >= start && s.addr < end;
             if inside {
                 let _ = shm.shm().set_site_action(s.key, 0);
+                if let Some(i) = s.ledger {
+                    shm.shm().unpublish_site(i);
+                    free.push(i);
+                }
             }
             !inside
         });
+    }
+
+    /// Publishes a site in the code ledger before its bytes go in (see the
+    /// module docs): its entry, or `None` when the ledger is full (counted).
+    pub(crate) fn ledger_publish(
+        &mut self,
+        addr: u64,
+        original: &[u8],
+        written: &[u8],
+        owner: u32,
+    ) -> Option<u32> {
+        let shm = self.shm.shm();
+        let index = match self.ledger_free.pop() {
+            Some(i) => i,
+            None if (self.ledger_next as usize) < shm.ledger().len() => {
+                self.ledger_next += 1;
+                self.ledger_next - 1
+            }
+            None => u32::MAX,
+        };
+        if shm.publish_site(index, addr, original, written, owner) {
+            return Some(index);
+        }
+        if index != u32::MAX {
+            self.ledger_free.push(index);
+        }
+        shm.ledger_ctl().unmirrored.fetch_add(1, Relaxed);
+        None
+    }
+
+    /// Takes a site's entry out of the code ledger (its original is back,
+    /// or hotprobe gave it up) and frees it.
+    pub(crate) fn ledger_unpublish(&mut self, entry: Option<u32>) {
+        if let Some(i) = entry {
+            self.shm.shm().unpublish_site(i);
+            self.ledger_free.push(i);
+        }
+    }
+
+    /// Sites written without an entry in the code ledger (it was full):
+    /// the agent cannot put those back if the tracer dies.
+    pub fn ledger_unmirrored(&self) -> u64 {
+        self.shm().ledger_ctl().unmirrored.load(Relaxed)
+    }
+
+    /// Sites published in the code ledger now (what the agent would put
+    /// back if the tracer died).
+    pub fn ledger_published(&self) -> usize {
+        let shm = self.shm();
+        shm.ledger_in_use()
+            .iter()
+            .filter(|e| shm.ledger_site(e).is_some())
+            .count()
     }
 }

@@ -431,6 +431,9 @@ struct Installed {
     /// in-process trap's `int3`).
     written: Vec<u8>,
     key: u64,
+    /// Its entry in the shared memory's code ledger (see the `ledger`
+    /// module); `None` when the ledger was full.
+    ledger: Option<u32>,
 }
 
 /// The fast path of one process target.
@@ -465,6 +468,10 @@ pub struct FastPath {
     /// Sites found changed by another writer when hotprobe took its bytes
     /// out, not yet taken by [`FastPath::take_foreign_writes`].
     foreign: Vec<ForeignWrite>,
+    /// Code-ledger entries free again (see the `ledger` module).
+    ledger_free: Vec<u32>,
+    /// Code-ledger entries never used start here.
+    ledger_next: u32,
 }
 
 impl FastPath {
@@ -501,6 +508,8 @@ impl FastPath {
             page_cache: None,
             disabled: HashMap::new(),
             foreign: Vec::new(),
+            ledger_free: Vec::new(),
+            ledger_next: 0,
         })
     }
 

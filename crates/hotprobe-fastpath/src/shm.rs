@@ -14,6 +14,8 @@ use crate::{FastPathConfig, FastPathError};
 #[derive(Debug)]
 pub(crate) struct OwnedShm {
     fd: i32,
+    /// The write end of the hang-up pipe (see `hangup_pipe`); -1: none.
+    hangup: i32,
     ptr: *mut libc::c_void,
     len: usize,
     shm: Shm,
@@ -97,8 +99,15 @@ impl OwnedShm {
             (ticks as f64 * config.heartbeat_timeout.as_secs_f64()) as u64,
             Relaxed,
         );
+        let ledger = shm.ledger_ctl();
+        ledger.tracer_pid.store(std::process::id(), Relaxed);
+        let hangup = hangup_pipe();
+        if hangup >= 0 {
+            ledger.hangup_fd.store(hangup as u32, Relaxed);
+        }
         Ok(OwnedShm {
             fd,
+            hangup,
             ptr,
             len: layout.total_size,
             shm,
@@ -120,8 +129,29 @@ impl Drop for OwnedShm {
         unsafe {
             libc::munmap(self.ptr, self.len);
             libc::close(self.fd);
+            if self.hangup >= 0 {
+                libc::close(self.hangup);
+            }
         }
     }
+}
+
+/// The write end of a pipe whose read end is closed at once: the agent
+/// opens the pipe again through `/proc/OUR_PID/fd/N` and asks for a
+/// `SIGTRAP` when it hangs up, which it does when this end closes — when
+/// this memory is dropped, or the tracer dies however it dies (see
+/// `hotprobe_abi::LedgerCtl::hangup_fd`). Close-on-exec: no program the
+/// tracer starts keeps it open. -1 when no pipe could be made (the agent
+/// then relies on the heartbeat alone).
+fn hangup_pipe() -> i32 {
+    let mut fds = [-1i32; 2];
+    // SAFETY: a valid two-int array for the new descriptors.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return -1;
+    }
+    // SAFETY: our fresh read end, used nowhere else.
+    unsafe { libc::close(fds[0]) };
+    fds[1]
 }
 
 /// TSC ticks per second, measured over 2 ms (it sizes the heartbeat
