@@ -17,9 +17,11 @@
 //!   return address is the thread's published return instance for the
 //!   slot the `ret` popped (`rsp - 8`). Without one, the return cannot be
 //!   completed: the program gets the signal.
-//! * a single-step trap (a thread the tracer was stepping when it died)
-//!   outside the tracer's out-of-line memory: the trap flag is cleared and
-//!   the thread runs on. Inside it, the continuation is the tracer's
+//! * a single-step trap (a thread the tracer was stepping when it died:
+//!   a trap probe's instruction, or a remote system call of the fast
+//!   path's) outside the tracer's out-of-line memory, in a program with no
+//!   `SIGTRAP` handler of its own: the trap flag is cleared and the thread
+//!   runs on. Inside it, the continuation is the tracer's
 //!   secret: the program gets the signal.
 //!
 //! * a *guard* `int3` (`hotprobe_abi::TRAP_GUARD`): a thread the tracer
@@ -57,6 +59,9 @@ use hotprobe_abi::{Shm, TRAP_GUARD, TRAP_RETURN};
 const INT3: u8 = 0xcc;
 const SI_KERNEL: i32 = 0x80;
 const TRAP_TRACE: i32 = 2;
+/// The `si_code` of a single-step over a `syscall` instruction (the
+/// kernel reports it at the system call's exit).
+const TRAP_BRKPT: i32 = 1;
 const EFLAGS_TF: i64 = 0x100;
 
 /// The program's `SIGTRAP` disposition when the handler was installed.
@@ -271,15 +276,23 @@ fn handle(info: &libc::siginfo_t, uc: &mut libc::ucontext_t) -> bool {
     let rsp = gregs[libc::REG_RSP as usize] as u64;
     match code {
         SI_KERNEL => {}
-        TRAP_TRACE => {
+        TRAP_TRACE | TRAP_BRKPT => {
             // A single-step trap: the program's own, if it has a handler.
+            // Without one, and with the tracer gone, a step the tracer
+            // left: its trap mechanism's, or a remote system call's (the
+            // fast path allocates trampoline memory that way, before any
+            // int3 is published; a step over a `syscall` reports
+            // TRAP_BRKPT) — the kernel delivers the SIGTRAP of the stop a
+            // dead tracer never consumed. The tracer put the thread's
+            // registers back right after the step: it runs on from where
+            // it was.
             if OLD_HANDLER.load(Relaxed) > libc::SIG_IGN
                 || shm.in_trap_region(rip)
-                || !shm.any_trap_published()
                 || !tracer_gone(shm)
             {
                 return false;
             }
+            crate::undo::undo_all(shm);
             gregs[libc::REG_EFL as usize] &= !EFLAGS_TF;
             return true;
         }

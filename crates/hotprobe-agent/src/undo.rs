@@ -55,14 +55,11 @@ use crate::orphan::syscall;
 
 const INT3: u8 = 0xcc;
 /// `si_code` of a signal `F_SETSIG` asked for, where the signal has
-/// codes of its own (`SIGTRAP` has): `SI_SIGIO`.
+/// codes of its own (`SIGTRAP` has; `POLL_IN` would be `TRAP_BRKPT`):
+/// `SI_SIGIO`.
 const SI_SIGIO: i32 = -5;
 /// `si_code` of a signal sent by `tgkill` ([`request_check`]).
 const SI_TKILL: i32 = -6;
-/// `si_code` of a `SIGIO`-style signal for input (other signals).
-const POLL_IN: i32 = 1;
-/// `si_code` of a `SIGIO`-style signal for a hang-up (other signals).
-const POLL_HUP: i32 = 6;
 
 /// `fcntl`'s `F_SETSIG` (Linux; not in the libc crate).
 const F_SETSIG: i32 = 10;
@@ -205,7 +202,7 @@ pub(crate) fn on_signal(info: &libc::siginfo_t) -> bool {
         }
         return true;
     }
-    if !matches!(info.si_code, SI_SIGIO | POLL_IN | POLL_HUP) {
+    if info.si_code != SI_SIGIO {
         return false;
     }
     // SAFETY: for a SIGIO-style signal the kernel fills the `sigpoll`

@@ -32,6 +32,7 @@ mod foreign;
 mod inproc;
 mod install;
 mod ledger;
+mod ledger_view;
 mod plan;
 mod pool;
 mod shm;
@@ -55,6 +56,7 @@ pub use hotprobe_abi::{
     TRAP_GUARD, TRAP_RETURN, TRAP_SLOTS,
 };
 pub use inproc::{HandlerCall, InprocInfo, StubHandlerInfo};
+pub use ledger_view::{ledger_state, LedgerState, UndoState};
 pub use plan::{
     explain, probe_list_path, ExitSite, FunctionInfo, FunctionPlan, Mechanism, MechanismChoice,
     ModuleInfo, PatchKind, SitePlan,
