@@ -291,7 +291,7 @@ fn run(prog: &Path, phase: Phase, rng: &mut Rng, ctx: &str) -> String {
             rounds.take(&l, ctx);
             // SAFETY: a plain syscall on the child this test started.
             unsafe { libc::kill(hp.id() as i32, libc::SIGINT) };
-            if rng.next() % 2 == 0 {
+            if rng.next().is_multiple_of(2) {
                 // The kill moment: a seeded delay into the detach.
                 let delay = Duration::from_micros(rng.next() % 3_000);
                 let until = Instant::now() + delay;
