@@ -12,10 +12,9 @@
 //!   `/proc/TRACER/fd/N`, a pipe whose only writer is the tracer
 //!   (`hotprobe_abi::LedgerCtl::hangup_fd`), moves it to a high descriptor
 //!   and asks for a `SIGTRAP` (`F_SETSIG`, `O_ASYNC`) when it hangs up. It
-//!   hangs up when the tracer's end closes — the tracer died, or dropped
-//!   the memory (after detaching: nothing is left published then) — so a
-//!   program whose hits never enter the agent (per-site stubs) hears of it
-//!   at once. The agent's `SIGTRAP` handler (`orphan`) takes it by its
+//!   hangs up when the tracer's process dies, however it dies (the tracer
+//!   never closes its end), so a program whose hits never enter the agent
+//!   (per-site stubs) hears of it at once. The agent's `SIGTRAP` handler (`orphan`) takes it by its
 //!   `si_code` (`SI_SIGIO`) and `si_fd`, and checks with `poll` that the
 //!   current pipe did hang up (a signal left from an earlier tracer is
 //!   ignored).

@@ -14,8 +14,6 @@ use crate::{FastPathConfig, FastPathError};
 #[derive(Debug)]
 pub(crate) struct OwnedShm {
     fd: i32,
-    /// The write end of the hang-up pipe (see `hangup_pipe`); -1: none.
-    hangup: i32,
     ptr: *mut libc::c_void,
     len: usize,
     shm: Shm,
@@ -107,7 +105,6 @@ impl OwnedShm {
         }
         Ok(OwnedShm {
             fd,
-            hangup,
             ptr,
             len: layout.total_size,
             shm,
@@ -129,29 +126,31 @@ impl Drop for OwnedShm {
         unsafe {
             libc::munmap(self.ptr, self.len);
             libc::close(self.fd);
-            if self.hangup >= 0 {
-                libc::close(self.hangup);
-            }
         }
     }
 }
 
-/// The write end of a pipe whose read end is closed at once: the agent
-/// opens the pipe again through `/proc/OUR_PID/fd/N` and asks for a
-/// `SIGTRAP` when it hangs up, which it does when this end closes — when
-/// this memory is dropped, or the tracer dies however it dies (see
-/// `hotprobe_abi::LedgerCtl::hangup_fd`). Close-on-exec: no program the
-/// tracer starts keeps it open. -1 when no pipe could be made (the agent
-/// then relies on the heartbeat alone).
+/// The write end of a pipe whose read end is closed at once, made once
+/// per tracer process and never closed: the agent opens the pipe again
+/// through `/proc/OUR_PID/fd/N` and asks for a `SIGTRAP` when it hangs
+/// up, which it does only when this process dies, however it dies (see
+/// `hotprobe_abi::LedgerCtl::hangup_fd`) — not when a fast path is
+/// dropped (a process still traced would take that `SIGTRAP` as its
+/// tracer's). Close-on-exec: no program the tracer starts keeps it open.
+/// -1 when no pipe could be made (the agent then relies on the heartbeat
+/// alone).
 fn hangup_pipe() -> i32 {
-    let mut fds = [-1i32; 2];
-    // SAFETY: a valid two-int array for the new descriptors.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return -1;
-    }
-    // SAFETY: our fresh read end, used nowhere else.
-    unsafe { libc::close(fds[0]) };
-    fds[1]
+    static PIPE: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    *PIPE.get_or_init(|| {
+        let mut fds = [-1i32; 2];
+        // SAFETY: a valid two-int array for the new descriptors.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return -1;
+        }
+        // SAFETY: our fresh read end, used nowhere else.
+        unsafe { libc::close(fds[0]) };
+        fds[1]
+    })
 }
 
 /// TSC ticks per second, measured over 2 ms (it sizes the heartbeat

@@ -58,7 +58,7 @@ pub struct LedgerCtl {
     /// that it still exists when the heartbeat is late.
     pub tracer_pid: AtomicU32,
     /// Descriptor number, in the tracer, of the write end of a pipe only
-    /// the tracer holds (tracer; 0: none). The agent opens the read end
+    /// the tracer holds, for as long as its process lives (tracer; 0: none). The agent opens the read end
     /// through `/proc/TRACER/fd/N` and asks for a signal when it hangs up:
     /// the tracer's death then reaches the agent at once, even in a
     /// program whose hits never enter the agent (per-site stubs).
