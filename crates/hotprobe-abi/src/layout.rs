@@ -11,6 +11,8 @@
 //!                       +TRAP_RETURNS_OFFSET   TrapReturn[TRAP_RETURNS]  live trap return instances
 //!                       +TRAP_SLOTS_OFFSET     TrapSlot[TRAP_SLOTS]      every int3: address → byte
 //!                       +INPROC_OFFSET         InprocSite[INPROC_SITES]  in-process traps: int3 → counter, boosted copy
+//! ledger_offset       the code ledger (page-aligned): LedgerCtl, then
+//!                       LedgerEntry[ledger_capacity]  every site the fast path wrote
 //! threads_offset      ThreadSlot[n_threads], each thread_stride bytes:
 //!                       +0                     RingCtl (192 bytes)
 //!                       +THREAD_COUNTERS_OFFSET AtomicU64[n_probes] per-thread counters
@@ -32,7 +34,9 @@ use core::sync::atomic::{AtomicU32, AtomicU64};
 
 use crate::AbiError;
 
+mod ledger;
 mod traps;
+pub use ledger::*;
 pub use traps::*;
 
 /// `b"HOTPROBE"` read as a little-endian `u64`: the first word of the mapping.
@@ -47,8 +51,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"HOTPROBE");
 /// keeps nearby sites on nearby slots; 10: xmm layouts in a site's action
 /// bits 4–6 and [`EVENT_XMM`] events; 11: thread and handler slots are
 /// recycled ([`crate::THREAD_RETIRING`], [`crate::THREAD_REUSABLE`]),
-/// [`Header::tsc_hz`]).
-pub const VERSION: u32 = 11;
+/// [`Header::tsc_hz`]; 12: the code ledger ([`LedgerCtl`], [`LedgerEntry`])
+/// between the trap table and the thread slots).
+pub const VERSION: u32 = 12;
 /// Size of [`Header`] in bytes.
 pub const HEADER_SIZE: usize = 256;
 /// Alignment of every section start (the site table and the thread slots).
@@ -477,6 +482,10 @@ pub struct Layout {
     pub missed_offset: usize,
     /// See [`Header::traps_offset`].
     pub traps_offset: usize,
+    /// Offset of the code ledger ([`LedgerCtl`], then
+    /// [`ledger_capacity`] × [`LedgerEntry`]); no header field: computed
+    /// from the parameters on both sides.
+    pub ledger_offset: usize,
     /// See [`Header::threads_offset`].
     pub threads_offset: usize,
     /// See [`Header::thread_stride`].
@@ -527,7 +536,9 @@ impl Layout {
         let counters_bytes = p.n_probes as usize * 8;
         let missed_offset = align_up(counters_offset + counters_bytes, 64).ok_or(overflow)?;
         let traps_offset = align_up(missed_offset + counters_bytes, PAGE).ok_or(overflow)?;
-        let threads_offset = align_up(traps_offset + TRAP_TABLE_SIZE, PAGE).ok_or(overflow)?;
+        let ledger_offset = align_up(traps_offset + TRAP_TABLE_SIZE, PAGE).ok_or(overflow)?;
+        let ledger_bytes = size_of::<LedgerCtl>() + ledger_capacity(&p) * size_of::<LedgerEntry>();
+        let threads_offset = align_up(ledger_offset + ledger_bytes, PAGE).ok_or(overflow)?;
         let events_offset =
             align_up(THREAD_COUNTERS_OFFSET + counters_bytes, 64).ok_or(overflow)?;
         let ring_bytes = p.ring_capacity as usize * p.event_size as usize;
@@ -543,6 +554,7 @@ impl Layout {
             counters_offset,
             missed_offset,
             traps_offset,
+            ledger_offset,
             threads_offset,
             thread_stride,
             events_offset,

@@ -24,7 +24,7 @@ mod slots;
 
 pub use layout::*;
 pub use ring::{Consumer, DrainStats, Producer};
-pub use shm::Shm;
+pub use shm::{LedgerSite, Shm};
 pub use slots::{
     THREAD_CLAIMING, THREAD_EXITED, THREAD_FREE, THREAD_LIVE, THREAD_RETIRING, THREAD_REUSABLE,
 };

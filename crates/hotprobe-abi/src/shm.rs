@@ -14,6 +14,9 @@ use crate::layout::{HandlerCtl, HandlerSlot, HANDLER_OFFSET, HANDLER_SLOTS};
 use crate::ring::{Consumer, Producer};
 use crate::AbiError;
 
+mod ledger;
+pub use ledger::LedgerSite;
+
 /// A validated view of a hotprobe shared-memory mapping.
 ///
 /// Every access after construction goes through atomics or volatile copies,
@@ -77,6 +80,11 @@ impl Shm {
             core::ptr::addr_of_mut!((*h).thread_stride).write(layout.thread_stride as u64);
             core::ptr::addr_of_mut!((*h).event_size).write(params.event_size);
             core::ptr::addr_of_mut!((*h).stub_key).write(new_stub_key());
+            // The ledger's control block lies inside the mapping too
+            // (layout.ledger_offset + 64 <= total_size <= len), page-aligned.
+            let ledger = ptr.add(layout.ledger_offset) as *mut crate::LedgerCtl;
+            core::ptr::addr_of_mut!((*ledger).capacity)
+                .write(crate::ledger_capacity(&params) as u32);
             core::ptr::addr_of_mut!((*h).magic).write_volatile(MAGIC);
         }
         Ok(Shm { base, len, layout })

@@ -257,6 +257,7 @@ fn check_heartbeat(shm: &Shm, t: &ThreadEntry) {
     if age > timeout as i64 {
         h.control.fetch_and(!CONTROL_RECORD, Relaxed);
         h.status.fetch_or(STATUS_ORPHANED, Relaxed);
+        crate::undo::request_check(shm);
     }
 }
 

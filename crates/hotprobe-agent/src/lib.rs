@@ -51,6 +51,7 @@ mod sigmask;
 mod threads;
 mod tls;
 pub mod trampoline;
+mod undo;
 mod unwind;
 
 pub use clock::prctl;
@@ -261,6 +262,8 @@ fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
     orphan::install();
     // Release pairs with the Acquire load in `shm()`.
     SHM.store(s as *const Shm as *mut Shm, Release);
+    // The tracer's death, heard at once (see `undo`).
+    undo::arm(s);
     // Release pairs with the tracer's `status.load(Acquire)`: the
     // addresses above are visible once ATTACHED is.
     s.header().status.fetch_or(STATUS_ATTACHED, Release);

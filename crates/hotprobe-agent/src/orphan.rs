@@ -17,9 +17,11 @@
 //!   return address is the thread's published return instance for the
 //!   slot the `ret` popped (`rsp - 8`). Without one, the return cannot be
 //!   completed: the program gets the signal.
-//! * a single-step trap (a thread the tracer was stepping when it died)
-//!   outside the tracer's out-of-line memory: the trap flag is cleared and
-//!   the thread runs on. Inside it, the continuation is the tracer's
+//! * a single-step trap (a thread the tracer was stepping when it died:
+//!   a trap probe's instruction, or a remote system call of the fast
+//!   path's) outside the tracer's out-of-line memory, in a program with no
+//!   `SIGTRAP` handler of its own: the trap flag is cleared and the thread
+//!   runs on. Inside it, the continuation is the tracer's
 //!   secret: the program gets the signal.
 //!
 //! * a *guard* `int3` (`hotprobe_abi::TRAP_GUARD`): a thread the tracer
@@ -37,6 +39,11 @@
 //! tracer had moved it already): the window is the few microseconds
 //! between the hit and the tracer's reaction.
 //!
+//! The tracer's other code (the fast path's sites) and the `int3`s of the
+//! table no thread has hit yet are put back by `undo`, which this handler
+//! calls at the first such hit, and which also takes the hang-up pipe's
+//! `SIGTRAP` and the `int3`s of its own restores.
+//!
 //! Anything else (a `SIGTRAP` of the program's own, or any while the
 //! tracer is alive and attached) goes to the program's handler, or to the
 //! default action. The tracer is gone when its heartbeat is stale or, as
@@ -52,6 +59,9 @@ use hotprobe_abi::{Shm, TRAP_GUARD, TRAP_RETURN};
 const INT3: u8 = 0xcc;
 const SI_KERNEL: i32 = 0x80;
 const TRAP_TRACE: i32 = 2;
+/// The `si_code` of a single-step over a `syscall` instruction (the
+/// kernel reports it at the system call's exit).
+const TRAP_BRKPT: i32 = 1;
 const EFLAGS_TF: i64 = 0x100;
 
 /// The program's `SIGTRAP` disposition when the handler was installed.
@@ -197,7 +207,7 @@ extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut 
         && !uc.is_null()
         && unsafe {
             let (info, uc) = (&*info, &mut *(uc as *mut libc::ucontext_t));
-            crate::inproc::handle(info, uc) || handle(info, uc)
+            crate::undo::on_signal(info) || crate::inproc::handle(info, uc) || handle(info, uc)
         };
     if ok {
         return;
@@ -266,15 +276,23 @@ fn handle(info: &libc::siginfo_t, uc: &mut libc::ucontext_t) -> bool {
     let rsp = gregs[libc::REG_RSP as usize] as u64;
     match code {
         SI_KERNEL => {}
-        TRAP_TRACE => {
+        TRAP_TRACE | TRAP_BRKPT => {
             // A single-step trap: the program's own, if it has a handler.
+            // Without one, and with the tracer gone, a step the tracer
+            // left: its trap mechanism's, or a remote system call's (the
+            // fast path allocates trampoline memory that way, before any
+            // int3 is published; a step over a `syscall` reports
+            // TRAP_BRKPT) — the kernel delivers the SIGTRAP of the stop a
+            // dead tracer never consumed. The tracer put the thread's
+            // registers back right after the step: it runs on from where
+            // it was.
             if OLD_HANDLER.load(Relaxed) > libc::SIG_IGN
                 || shm.in_trap_region(rip)
-                || !shm.any_trap_published()
                 || !tracer_gone(shm)
             {
                 return false;
             }
+            crate::undo::undo_all(shm);
             gregs[libc::REG_EFL as usize] &= !EFLAGS_TF;
             return true;
         }
@@ -282,11 +300,15 @@ fn handle(info: &libc::siginfo_t, uc: &mut libc::ucontext_t) -> bool {
     }
     let at = rip.wrapping_sub(1);
     let Some((orig, flags)) = shm.lookup_trap(at) else {
-        return false;
+        // Not the trap mechanism's: perhaps a fast-path site being put
+        // back (see `undo`).
+        return crate::undo::resume_at_site(shm, at, gregs);
     };
     if !tracer_gone(shm) {
         return false;
     }
+    // The rest of the tracer's code goes too, at once (see `undo`).
+    crate::undo::undo_all(shm);
     let (site, found) = if flags & TRAP_GUARD != 0 {
         // A thread the tracer had stopped at the int3 before this one
         // when it died, resumed here by the kernel without its signal.

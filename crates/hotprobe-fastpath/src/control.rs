@@ -21,9 +21,9 @@
 //! since stays disabled; both are reported by
 //! [`FastPath::take_foreign_writes`].
 
-use crate::{
-    take_own_bytes_out, wait_pcs_outside, FastPath, FastPathError, ForeignOutcome, ForeignWrite,
-};
+use crate::foreign::take_own_bytes_out;
+use crate::install::wait_pcs_outside;
+use crate::{FastPath, FastPathError, ForeignOutcome, ForeignWrite};
 use hotprobe_process::ProcessTarget;
 use hotprobe_target::{RuntimeAddr, Target};
 
@@ -174,7 +174,8 @@ impl FastPath {
         }
         // `sites` is in descending index order: removal keeps the rest valid.
         for &i in &sites {
-            self.installed.remove(i);
+            let s = self.installed.remove(i);
+            self.ledger_unpublish(s.ledger);
         }
         self.removals += 1;
         Ok(sites.len())

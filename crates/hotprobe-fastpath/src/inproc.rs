@@ -43,7 +43,8 @@ use hotprobe_x86::iced_x86::{
 };
 use hotprobe_x86::{plan_probe, Emulation, Execution};
 
-use crate::{take_own_bytes_out, FastPath, FastPathError, ForeignWrite, Installed};
+use crate::foreign::take_own_bytes_out;
+use crate::{FastPath, FastPathError, ForeignWrite, Installed};
 
 mod raw_syscalls;
 
@@ -251,12 +252,14 @@ impl FastPath {
         {
             return Err(FastPathError::Shm("in-process trap table full".into()));
         }
+        let ledger = self.ledger_publish(addr, &orig, &[0xcc], hotprobe_abi::LEDGER_INPROC);
         t.write_memory(RuntimeAddr(addr), &[0xcc])?;
         self.installed.push(Installed {
             addr,
             original: orig.to_vec(),
             written: vec![0xcc],
             key: 0,
+            ledger,
         });
         Ok(InprocInfo {
             probe_id,
@@ -298,7 +301,8 @@ impl FastPath {
         t.write_memory(RuntimeAddr(addr), &live)?;
         self.set_inproc_enabled(addr, true, false);
         self.shm().quiet_inproc(addr);
-        self.installed.remove(i);
+        let s = self.installed.remove(i);
+        self.ledger_unpublish(s.ledger);
         Ok(true)
     }
 

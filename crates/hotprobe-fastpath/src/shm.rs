@@ -62,6 +62,12 @@ impl OwnedShm {
             (ticks as f64 * config.heartbeat_timeout.as_secs_f64()) as u64,
             Relaxed,
         );
+        let ledger = shm.ledger_ctl();
+        ledger.tracer_pid.store(std::process::id(), Relaxed);
+        let hangup = hangup_pipe();
+        if hangup >= 0 {
+            ledger.hangup_fd.store(hangup as u32, Relaxed);
+        }
         Ok(OwnedShm {
             shm,
             _mapping: mapping,
@@ -81,6 +87,30 @@ impl OwnedShm {
 /// How long the TSC rate is measured (it sizes the heartbeat timeout: a
 /// part in a thousand is plenty; every session start waits for it).
 const TSC_CALIBRATION: Duration = Duration::from_millis(2);
+
+/// The write end of a pipe whose read end is closed at once, made once
+/// per tracer process and never closed: the agent opens the pipe again
+/// through `/proc/OUR_PID/fd/N` and asks for a `SIGTRAP` when it hangs
+/// up, which it does only when this process dies, however it dies (see
+/// `hotprobe_abi::LedgerCtl::hangup_fd`) — not when a fast path is
+/// dropped (a process still traced would take that `SIGTRAP` as its
+/// tracer's). Close-on-exec: no program the tracer starts keeps it open.
+/// -1 when no pipe could be made (the agent then relies on the heartbeat
+/// alone).
+fn hangup_pipe() -> i32 {
+    static PIPE: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    *PIPE.get_or_init(|| {
+        let mut fds = [-1i32; 2];
+        // SAFETY: a valid two-int array for the new descriptors.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return -1;
+        }
+        // SAFETY: our fresh read end, used nowhere else.
+        unsafe { libc::close(fds[0]) };
+        fds[1]
+    })
+}
+
 
 /// A thread writing the heartbeat every 100 ms until dropped (woken at
 /// once then: dropping does not wait out its nap).

@@ -1,0 +1,404 @@
+//! Issue 22 item 3 and issue 21 item 2: `hotprobe` killed with SIGKILL
+//! while it arms, runs or detaches leaves the program running its original
+//! code. The fast path mirrors every site it writes in the shared memory's
+//! code ledger; the agent hears of the tracer's death (its hang-up pipe)
+//! and puts every published site back, int3 first.
+//!
+//! A C program generated here with a few thousand functions (half with a
+//! `-fpatchable-function-entry` placeholder: patch sites; half without:
+//! jump sites, some with `int3` padding) calls all of them in rounds and
+//! prints each round's running checksum. `hotprobe count -p PID 'f_*'`
+//! probes every function; it is killed at a moment drawn from a seed the
+//! test prints (`HOTPROBE_KILL_SEED` repeats it): once the first sites are
+//! in the code, the threads still stopped (arming), after a seeded number
+//! of rounds with the probes in (running), or a seeded delay after Ctrl-C
+//! or once the detach restored the code (detach). Every run must hold: the agent's ledger ends with no site
+//! published, the program's executable mappings equal the file byte for
+//! byte, and the program, told to stop, prints the checksum of every round
+//! it ran and exits with its own status (7).
+//!
+//! Attached processes only: a program `hotprobe` spawned dies with it
+//! while traced (`PTRACE_O_EXITKILL`, by design). Not covered: a kill
+//! while a thread's registers are borrowed for a remote call or system
+//! call (the agent's injection, trampoline memory): the thread then runs
+//! on with the borrowed registers.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+mod common;
+use common::{gcc, kill_group, line_reader, HOTPROBE};
+
+use hotprobe::fastpath::{ledger_state, UndoState};
+
+/// Functions of the generated program.
+const FUNCTIONS: u64 = 3000;
+/// Runs per phase.
+const RUNS: usize = 10;
+/// The longest any wait here may take; longer is a hang.
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// `f_i(x)` of the generated program.
+fn f(i: u64, x: i64) -> i64 {
+    x.wrapping_mul(3)
+        .wrapping_add(i as i64)
+        .wrapping_sub(x >> 2)
+}
+
+/// The program: `ready PID`, then rounds of calls of every function,
+/// each round's line `round R sum S`, until a line on stdin; then
+/// `done R rounds sum S`, exit status 7.
+fn source() -> String {
+    let mut s = String::from("#include <poll.h>\n#include <stdio.h>\n#include <unistd.h>\n\n");
+    for i in 0..FUNCTIONS {
+        let attr = if i % 2 == 1 {
+            "__attribute__((noinline, patchable_function_entry(5, 0)))"
+        } else {
+            "__attribute__((noinline))"
+        };
+        s += &format!("{attr} long f_{i}(long x) {{ return x * 3 + {i} - (x >> 2); }}\n");
+    }
+    s += "static long (*const table[])(long) = {\n";
+    for i in 0..FUNCTIONS {
+        s += &format!("    f_{i},\n");
+    }
+    s += &format!(
+        r#"}};
+
+int main(void) {{
+    printf("ready %d\n", getpid());
+    fflush(stdout);
+    unsigned long sum = 0;
+    long rounds = 0;
+    for (;;) {{
+        for (long i = 0; i < {FUNCTIONS}; i++)
+            sum += (unsigned long)(table[i](rounds + i) & 0xffff);
+        rounds++;
+        printf("round %ld sum %lu\n", rounds, sum);
+        fflush(stdout);
+        struct pollfd p = {{ 0, POLLIN, 0 }};
+        if (poll(&p, 1, 1) > 0)
+            break;
+    }}
+    printf("done %ld rounds sum %lu\n", rounds, sum);
+    return 7;
+}}
+"#
+    );
+    s
+}
+
+fn program() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tracer-killed");
+    let src = hotprobe_testkit::write_source(&dir, "many.c", &source());
+    gcc(&src, &dir.join("many"), &["-O1"])
+}
+
+/// A small seeded PRNG (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+/// Kills a process when dropped (also when the test panics).
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Kills a process group when dropped.
+struct Group(i32);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        kill_group(self.0);
+    }
+}
+
+/// Where a kill is aimed.
+#[derive(Clone, Copy, Debug)]
+enum Phase {
+    Arming,
+    Running,
+    Detach,
+}
+
+/// The lines of the program, checked as they come: consecutive rounds,
+/// each with the checksum the functions' original code gives.
+struct Rounds {
+    rounds: i64,
+    sum: u64,
+    done: Option<String>,
+}
+
+impl Rounds {
+    fn take(&mut self, line: &str, ctx: &str) {
+        if let Some(rest) = line.strip_prefix("round ") {
+            let (r, s) = rest
+                .split_once(" sum ")
+                .unwrap_or_else(|| panic!("{ctx}: line {line:?}"));
+            for i in 0..FUNCTIONS {
+                self.sum = self
+                    .sum
+                    .wrapping_add((f(i, self.rounds + i as i64) & 0xffff) as u64);
+            }
+            self.rounds += 1;
+            assert_eq!(
+                (r.parse::<i64>().unwrap(), s.parse::<u64>().unwrap()),
+                (self.rounds, self.sum),
+                "{ctx}: round line {line:?}: not what the program's own code computes"
+            );
+        } else if line.starts_with("done ") {
+            self.done = Some(line.to_string());
+        } else {
+            panic!("{ctx}: unexpected line {line:?}");
+        }
+    }
+}
+
+/// The bytes of every executable mapping of `file` in process `pid`
+/// that differ from the file: (address, in memory, in the file).
+fn text_differences(pid: u32, file: &Path) -> Vec<(u64, u8, u8)> {
+    let bytes = std::fs::read(file).unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mut diffs = Vec::new();
+    let name = file.to_str().unwrap();
+    for l in maps.lines() {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        if w.len() < 6 || w[5] != name || !w[1].contains('x') {
+            continue;
+        }
+        let (s, e) = w[0].split_once('-').unwrap();
+        let (s, e) = (
+            u64::from_str_radix(s, 16).unwrap(),
+            u64::from_str_radix(e, 16).unwrap(),
+        );
+        let off = u64::from_str_radix(w[2], 16).unwrap() as usize;
+        let len = ((e - s) as usize).min(bytes.len().saturating_sub(off));
+        let mem = common::memory_at(pid, s, len);
+        for (i, (m, f)) in mem.iter().zip(&bytes[off..off + len]).enumerate() {
+            if m != f {
+                diffs.push((s + i as u64, *m, *f));
+            }
+        }
+    }
+    diffs
+}
+
+/// One run: the program started, `hotprobe count -p` on it, killed where
+/// `phase` says, then everything checked.
+fn run(prog: &Path, phase: Phase, rng: &mut Rng, ctx: &str) -> String {
+    let mut target = Killed(
+        Command::new(prog)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let lines = line_reader(target.0.stdout.take().unwrap());
+    let ready = lines.recv_timeout(LIMIT).expect("the program's first line");
+    let pid: u32 = ready
+        .strip_prefix("ready ")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("{ctx}: {ready:?}"));
+    assert_eq!(pid, target.0.id());
+    let mut rounds = Rounds {
+        rounds: 0,
+        sum: 0,
+        done: None,
+    };
+    use std::os::unix::process::CommandExt;
+    let mut hp = Command::new(HOTPROBE)
+        .args(["count", "-p", &pid.to_string(), "f_*"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let _group = Group(hp.id() as i32);
+    let errs = line_reader(hp.stderr.take().unwrap());
+    let mut said: Vec<String> = Vec::new();
+    let attached = |said: &[String]| said.iter().any(|l| l.contains("attached to pid"));
+    // Takes whatever the two processes printed; true once hotprobe said
+    // it is attached.
+    let pump = |lines: &Receiver<String>, said: &mut Vec<String>, rounds: &mut Rounds| {
+        while let Ok(l) = errs.try_recv() {
+            said.push(l);
+        }
+        while let Ok(l) = lines.try_recv() {
+            rounds.take(&l, ctx);
+        }
+        attached(said)
+    };
+    let deadline = Instant::now() + LIMIT;
+    let moment = match phase {
+        Phase::Arming => {
+            // Killed once the first sites are in the code: the batch
+            // written or being written, the threads still stopped,
+            // "attached" not said yet; the moment within the batch's
+            // writes is the poll's (a seeded number of extra polls).
+            let extra = rng.next() % 4;
+            let mut polls = 0;
+            loop {
+                let published = ledger_state(pid).unwrap().map_or(0, |s| s.published);
+                if published > 0 && !text_differences(pid, prog).is_empty() {
+                    polls += 1;
+                    if polls > extra {
+                        break format!("{published} sites published and written ({extra} polls)");
+                    }
+                }
+                if pump(&lines, &mut said, &mut rounds) {
+                    break format!("{published} sites published, arming over");
+                }
+                assert!(Instant::now() < deadline, "{ctx}: no arming: {said:?}");
+                std::thread::yield_now();
+            }
+        }
+        Phase::Running => {
+            while !pump(&lines, &mut said, &mut rounds) {
+                assert!(Instant::now() < deadline, "{ctx}: not attached: {said:?}");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            // A seeded number of rounds with the probes in.
+            let n = 1 + rng.next() % 5;
+            let from = rounds.rounds;
+            while rounds.rounds < from + n as i64 {
+                let l = lines.recv_timeout(LIMIT).expect("a round");
+                rounds.take(&l, ctx);
+            }
+            format!("{n} rounds after the probes went in")
+        }
+        Phase::Detach => {
+            while !pump(&lines, &mut said, &mut rounds) {
+                assert!(Instant::now() < deadline, "{ctx}: not attached: {said:?}");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let l = lines.recv_timeout(LIMIT).expect("a round");
+            rounds.take(&l, ctx);
+            // SAFETY: a plain syscall on the child this test started.
+            unsafe { libc::kill(hp.id() as i32, libc::SIGINT) };
+            if rng.next().is_multiple_of(2) {
+                // The kill moment: a seeded delay into the detach.
+                let delay = Duration::from_micros(rng.next() % 3_000);
+                let until = Instant::now() + delay;
+                while let Some(left) = until.checked_duration_since(Instant::now()) {
+                    if let Ok(l) = errs.recv_timeout(left) {
+                        said.push(l);
+                    }
+                }
+                format!("{delay:?} after Ctrl-C")
+            } else {
+                // The kill moment: the code restored by the detach (its
+                // sites still in the ledger, or just taken out).
+                while !text_differences(pid, prog).is_empty() {
+                    assert!(Instant::now() < deadline, "{ctx}: no detach: {said:?}");
+                }
+                let left = ledger_state(pid).unwrap().map_or(0, |s| s.published);
+                format!("once the code was restored ({left} sites still published)")
+            }
+        }
+    };
+    // SAFETY: a plain syscall on the child this test started.
+    unsafe { libc::kill(hp.id() as i32, libc::SIGKILL) };
+    hp.wait().unwrap();
+    while let Ok(l) = errs.try_recv() {
+        said.push(l);
+    }
+    // The agent puts every published site back: none left published, and
+    // the program's code is the file's again.
+    let deadline = Instant::now() + LIMIT;
+    let state = loop {
+        let state = ledger_state(pid).unwrap();
+        let settled = state.is_none_or(|s| s.published == 0 && s.undo != UndoState::Running);
+        if settled {
+            let diffs = text_differences(pid, prog);
+            if diffs.is_empty() {
+                break state;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{ctx} (killed {moment}): {} bytes of the program's code differ from the \
+                 file, the first {:x?}; ledger {state:?}; hotprobe said {said:?}",
+                diffs.len(),
+                &diffs[..diffs.len().min(8)]
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{ctx} (killed {moment}): sites still published: {state:?}; hotprobe said {said:?}"
+        );
+        if let Ok(l) = lines.recv_timeout(Duration::from_millis(5)) {
+            rounds.take(&l, ctx);
+        }
+    };
+    assert!(
+        target.0.try_wait().unwrap().is_none(),
+        "{ctx} (killed {moment}): the program ended: {:?}; hotprobe said {said:?}",
+        target.0.try_wait()
+    );
+    // Told to stop, it ends with its own output and status.
+    let mut stdin = target.0.stdin.take().unwrap();
+    stdin.write_all(b"q\n").unwrap();
+    drop(stdin);
+    for l in lines.iter() {
+        rounds.take(&l, ctx);
+    }
+    let status = target.0.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(7),
+        "{ctx} (killed {moment}): {status:?}; hotprobe said {said:?}"
+    );
+    assert_eq!(
+        rounds.done.as_deref(),
+        Some(format!("done {} rounds sum {}", rounds.rounds, rounds.sum).as_str()),
+        "{ctx} (killed {moment})"
+    );
+    format!(
+        "{ctx}: killed {moment}; {}; {} rounds checked; undo {:?}",
+        if attached(&said) {
+            "after 'attached'"
+        } else {
+            "before 'attached'"
+        },
+        rounds.rounds,
+        state
+    )
+}
+
+#[test]
+fn hotprobe_killed_while_arming_running_or_detaching_leaves_the_programs_code_as_it_was() {
+    let seed: u64 = std::env::var("HOTPROBE_KILL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("kill moments from seed {seed} (HOTPROBE_KILL_SEED={seed} repeats them)");
+    let mut rng = Rng(seed);
+    let prog = program();
+    for phase in [Phase::Arming, Phase::Running, Phase::Detach] {
+        for n in 0..RUNS {
+            let ctx = format!("seed {seed}, {phase:?} run {n}");
+            eprintln!("{}", run(&prog, phase, &mut rng, &ctx));
+        }
+    }
+}

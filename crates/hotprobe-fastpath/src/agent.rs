@@ -1,0 +1,243 @@
+//! Loading the agent: preloaded at spawn, or injected into a running
+//! process (remote `dlopen`), and attached to our shared memory.
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hotprobe_process::{ProcessTarget, SpawnOptions};
+use hotprobe_target::{RuntimeAddr, Target};
+
+use crate::shm::OwnedShm;
+use crate::{FastPath, FastPathConfig, FastPathError, PendingFastPath};
+
+impl FastPath {
+    /// Prepares the shared memory and the environment (`LD_PRELOAD` of
+    /// `agent`, `HOTPROBE_SHM_PATH` naming our memfd) of a process to be spawned with `opts`,
+    /// and sets `opts.stop_at_entry`: the agent attaches from its constructor.
+    pub fn for_spawn(
+        opts: &mut SpawnOptions,
+        agent: &Path,
+        config: FastPathConfig,
+    ) -> Result<PendingFastPath, FastPathError> {
+        let shm = Arc::new(OwnedShm::create(config)?);
+        let mut preload = OsString::from(agent);
+        if let Some(old) = std::env::var_os("LD_PRELOAD") {
+            preload.push(":");
+            preload.push(old);
+        }
+        opts.env.push(("LD_PRELOAD".into(), preload));
+        // The agent is mapped and relocated at the spawn stop (before any
+        // constructor runs, its own included): `PendingFastPath::attach`
+        // attaches it there by a remote call, so that probes go in before
+        // any constructor of the program or its libraries runs.
+        Ok(PendingFastPath {
+            shm,
+            stubs: config.stubs,
+        })
+    }
+
+    /// Loads the agent into the running, attached, stopped process `t`
+    /// (remote `dlopen`, then `hotprobe_agent_attach_fd` — found with a
+    /// remote `dlsym` on the handle, so whatever the library's name in the
+    /// target's maps, e.g. a memfd's — on a descriptor the target opens on
+    /// our memfd through `/proc/OUR_PID/fd`). An agent the target already
+    /// has (a previous tracer's) is attached again instead, when it speaks
+    /// this layout version.
+    pub fn inject(
+        t: &mut ProcessTarget,
+        agent: &Path,
+        config: FastPathConfig,
+    ) -> Result<FastPath, FastPathError> {
+        let shm = Arc::new(OwnedShm::create(config)?);
+        t.stop_all()?;
+        let syms = hotprobe_symbols::ProcessSymbols::for_pid(t.pid() as u32)?;
+        let libc_mod = syms
+            .modules()
+            .iter()
+            .find(|m| m.name.starts_with("libc.so") || m.name.starts_with("libc-"))
+            .ok_or_else(|| FastPathError::AgentNotAttached {
+                pid: t.pid(),
+                why: "no libc mapped in the target".into(),
+            })?;
+        let libc_fn = |names: &[&str]| {
+            names
+                .iter()
+                .find_map(|n| libc_mod.module.find(n))
+                .map(|s| libc_mod.runtime(s.addr).0)
+        };
+        let dlopen = libc_fn(&["dlopen", "__libc_dlopen_mode"]).ok_or_else(|| {
+            FastPathError::AgentNotAttached {
+                pid: t.pid(),
+                why: "no dlopen in the target's libc".into(),
+            }
+        })?;
+        let dlsym = libc_fn(&["dlsym", "__libc_dlsym"]);
+        // An agent already loaded (a previous tracer's, preloaded or
+        // injected, from another path or memfd than ours) is attached
+        // again rather than joined by a second copy, if it speaks our
+        // layout: its stubs and thread registrations stay consistent.
+        let existing = syms
+            .modules()
+            .iter()
+            .filter(|m| m.name.starts_with("libhotprobe_agent"))
+            .find_map(|m| {
+                let f = |n: &str| m.module.find(n).map(|s| m.runtime(s.addr).0);
+                Some((f("hotprobe_agent_attach_fd")?, f("hotprobe_agent_version")?))
+            });
+        drop(syms);
+        let pid = t.pid();
+        let fail = |why: String| FastPathError::AgentNotAttached { pid, why };
+        let timeout = Duration::from_secs(10);
+        let mut attach_fn = None;
+        if let Some((attach, version)) = existing {
+            let v = hotprobe_process::remote_call::remote_call(t, version, &[], timeout)?;
+            if v as u32 == hotprobe_abi::VERSION {
+                attach_fn = Some(attach);
+            }
+        }
+        // Scratch page for the strings.
+        let page = remote_page(t)?;
+        let agent_c = format!("{}\0", agent.display());
+        if agent_c.len() > 2048 {
+            return Err(fail(format!("agent path too long: {}", agent.display())));
+        }
+        const ATTACH_NAME: &[u8] = b"hotprobe_agent_attach_fd\0";
+        t.write_memory(RuntimeAddr(page), agent_c.as_bytes())?;
+        t.write_memory(RuntimeAddr(page + 3072), ATTACH_NAME)?;
+        if attach_fn.is_none() {
+            let handle = hotprobe_process::remote_call::remote_call(
+                t,
+                dlopen,
+                &[page, (libc::RTLD_NOW | libc::RTLD_GLOBAL) as u64],
+                timeout,
+            )?;
+            if handle == 0 {
+                return Err(fail(format!("dlopen({}) returned NULL", agent.display())));
+            }
+            // The symbol of the copy just loaded, whatever its file is
+            // called in the target's maps (a memfd's name).
+            if let Some(dlsym) = dlsym {
+                let a = hotprobe_process::remote_call::remote_call(
+                    t,
+                    dlsym,
+                    &[handle, page + 3072],
+                    timeout,
+                )?;
+                attach_fn = (a != 0).then_some(a);
+            }
+            if attach_fn.is_none() {
+                let syms = hotprobe_symbols::ProcessSymbols::for_pid(t.pid() as u32)?;
+                attach_fn = syms
+                    .modules()
+                    .iter()
+                    .find(|m| m.name.starts_with("libhotprobe_agent"))
+                    .and_then(|m| {
+                        m.module
+                            .find("hotprobe_agent_attach_fd")
+                            .map(|s| m.runtime(s.addr).0)
+                    });
+            }
+        }
+        let attach_fn = attach_fn
+            .ok_or_else(|| fail("agent mapped but hotprobe_agent_attach_fd not found".into()))?;
+        let _ = hotprobe_process::remote_call::remote_syscall(
+            t,
+            libc::SYS_munmap as u64,
+            &[page, 4096],
+        );
+        remote_attach(t, &shm, attach_fn)?;
+        FastPath::new(shm, t, config.stubs)
+    }
+}
+
+impl PendingFastPath {
+    /// Attaches the preloaded agent to our shared memory by a remote call
+    /// of `hotprobe_agent_attach_fd`, wherever the process stopped after
+    /// its spawn (before any constructor: the agent is mapped and
+    /// relocated there; or at its entry point).
+    pub fn attach(self, t: &mut ProcessTarget) -> Result<FastPath, FastPathError> {
+        let pid = t.pid();
+        let syms = hotprobe_symbols::ProcessSymbols::for_pid(pid as u32)?;
+        let attach_fn = syms
+            .modules()
+            .iter()
+            .filter(|m| m.name.starts_with("libhotprobe_agent"))
+            .find_map(|m| {
+                m.module
+                    .find("hotprobe_agent_attach_fd")
+                    .map(|s| m.runtime(s.addr).0)
+            })
+            .ok_or_else(|| FastPathError::AgentNotAttached {
+                pid,
+                why: "the agent is not mapped (LD_PRELOAD ignored? a setuid or static binary?)"
+                    .into(),
+            })?;
+        drop(syms);
+        remote_attach(t, &self.shm, attach_fn)?;
+        FastPath::new(self.shm, t, self.stubs)
+    }
+}
+
+/// A fresh read-write page in the stopped target (a remote `mmap`), for
+/// the strings of remote calls; the caller unmaps it.
+pub(crate) fn remote_page(t: &mut ProcessTarget) -> Result<u64, FastPathError> {
+    let page = hotprobe_process::remote_call::remote_syscall(
+        t,
+        libc::SYS_mmap as u64,
+        &[
+            0,
+            4096,
+            (libc::PROT_READ | libc::PROT_WRITE) as u64,
+            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+            u64::MAX,
+            0,
+        ],
+    )?;
+    if (page as i64) < 0 {
+        return Err(FastPathError::AgentNotAttached {
+            pid: t.pid(),
+            why: format!("remote mmap failed: errno {}", -(page as i64)),
+        });
+    }
+    Ok(page)
+}
+
+/// Makes the stopped target open our memfd (through `/proc/OUR_PID/fd`)
+/// and call the agent's `attach_fn` (`hotprobe_agent_attach_fd`) on it.
+pub(crate) fn remote_attach(
+    t: &mut ProcessTarget,
+    shm: &OwnedShm,
+    attach_fn: u64,
+) -> Result<(), FastPathError> {
+    use hotprobe_process::remote_call::{remote_call, remote_syscall};
+    let pid = t.pid();
+    let fail = |why: String| FastPathError::AgentNotAttached { pid, why };
+    let page = remote_page(t)?;
+    let fd_path = format!("/proc/{}/fd/{}\0", std::process::id(), shm.fd());
+    t.write_memory(RuntimeAddr(page), fd_path.as_bytes())?;
+    let fd = remote_syscall(
+        t,
+        libc::SYS_open as u64,
+        &[page, (libc::O_RDWR | libc::O_CLOEXEC) as u64],
+    );
+    let _ = remote_syscall(t, libc::SYS_munmap as u64, &[page, 4096]);
+    let fd = fd?;
+    if (fd as i64) < 0 {
+        return Err(fail(format!(
+            "remote open of our memfd: errno {}",
+            -(fd as i64)
+        )));
+    }
+    let r = remote_call(t, attach_fn, &[fd], Duration::from_secs(10));
+    let _ = remote_syscall(t, libc::SYS_close as u64, &[fd]);
+    let r = r?;
+    if r as i32 != 0 {
+        return Err(fail(format!(
+            "hotprobe_agent_attach_fd returned {}",
+            r as i32
+        )));
+    }
+    Ok(())
+}
