@@ -126,11 +126,16 @@ pub fn build(e: &Embedded<'_>) -> PathBuf {
 }
 
 /// Copies `from` to `to` unless `to` already holds the same bytes (keeps
-/// its mtime, so the embedding crate is not rebuilt for nothing).
+/// its mtime, so the embedding crate is not rebuilt for nothing). The new
+/// file is written beside and renamed over `to`, never written in place:
+/// a `to` hard-linked into another build tree (`cp -al` of a target
+/// directory) keeps that tree's bytes.
 fn copy(from: &Path, to: &Path) {
     let bytes = std::fs::read(from).unwrap_or_else(|e| panic!("{}: {e}", from.display()));
     if std::fs::read(to).ok().as_deref() == Some(&bytes[..]) {
         return;
     }
-    std::fs::write(to, &bytes).unwrap_or_else(|e| panic!("{}: {e}", to.display()));
+    let tmp = to.with_extension("embed-tmp");
+    std::fs::write(&tmp, &bytes).unwrap_or_else(|e| panic!("{}: {e}", tmp.display()));
+    std::fs::rename(&tmp, to).unwrap_or_else(|e| panic!("{}: {e}", to.display()));
 }
