@@ -111,7 +111,6 @@ fn hangup_pipe() -> i32 {
     })
 }
 
-
 /// A thread writing the heartbeat every 100 ms until dropped (woken at
 /// once then: dropping does not wait out its nap).
 #[derive(Debug)]
