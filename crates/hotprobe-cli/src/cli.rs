@@ -48,6 +48,11 @@ pub enum Cmd {
         /// in-process trap, trap) and, for the traps, per reason (BINARY only).
         #[arg(long, conflicts_with_all = ["pid", "blacklist"])]
         summary: bool,
+        /// List the USDT markers (`.note.stapsdt`) instead: the spec that
+        /// probes each (`usdt:PROVIDER:NAME`), its address, semaphore and
+        /// arguments; PATTERN matches `PROVIDER:NAME`.
+        #[arg(long, conflicts_with_all = ["blacklist", "summary"])]
+        usdt: bool,
     },
     /// Count hits of probes (fast path where a function entry allows it,
     /// else trap; see --mechanism); print a table when the target exits,

@@ -22,6 +22,8 @@ pub struct ListOptions<'a> {
     pub blacklist: bool,
     /// Only the count of functions per mechanism and per trap reason.
     pub summary: bool,
+    /// The USDT markers instead of the functions.
+    pub usdt: bool,
 }
 
 /// One row of the function list.
@@ -130,6 +132,9 @@ fn wanted(pattern: Option<&str>, s: &Symbol) -> bool {
 
 /// Run `list`.
 pub fn run(o: &ListOptions<'_>) -> Result<()> {
+    if o.usdt {
+        return usdt_markers(o);
+    }
     match (o.binary, o.pid) {
         (Some(bin), None) if o.blacklist => blacklist_of_file(bin),
         (None, Some(pid)) if o.blacklist => blacklist_of_process(pid),
@@ -399,6 +404,101 @@ pub fn check_binary(p: &Path) -> Result<PathBuf> {
         bail!("{}: no such file", p.display());
     }
     Ok(p.to_path_buf())
+}
+
+/// `list --usdt`: the markers of a file, or of every module a process
+/// maps, one row each: the spec that probes it, address (link-time for a
+/// file, run-time for a process), semaphore, arguments, module.
+fn usdt_markers(o: &ListOptions<'_>) -> Result<()> {
+    use hotprobe::symbols::{read_maps, NamePattern};
+    let pattern = o
+        .pattern
+        .map(NamePattern::new)
+        .transpose()
+        .map_err(|e| crate::UsageError(e.to_string()))?;
+    // (file, bias) of each module.
+    let modules: Vec<(PathBuf, u64)> = match (o.binary, o.pid) {
+        (Some(bin), _) => vec![(bin.to_path_buf(), 0)],
+        (None, Some(pid)) => {
+            let maps = read_maps(pid as u32)
+                .with_context(|| format!("cannot read the maps of pid {pid}"))?;
+            let mut seen = std::collections::BTreeMap::new();
+            for m in maps {
+                let Some(path) = m.path.clone() else { continue };
+                if !path.is_absolute() || seen.contains_key(&path) {
+                    continue;
+                }
+                let Ok(elf) = ElfModule::open(&path) else {
+                    continue;
+                };
+                let bias = elf.load_bias(&m).map_or(0, |b| b.0);
+                seen.insert(path, bias);
+            }
+            seen.into_iter().collect()
+        }
+        (None, None) => return Ok(()),
+    };
+    let mut rows = Vec::new();
+    for (path, bias) in &modules {
+        let Ok(m) = ElfModule::open(path) else {
+            continue;
+        };
+        let name = m.file_name();
+        for u in m.usdt_markers() {
+            let full = format!("{}:{}", u.provider, u.name);
+            if pattern.as_ref().is_some_and(|p| !p.matches(&full)) {
+                continue;
+            }
+            rows.push((
+                format!("usdt:{full}"),
+                format!("{:#x}", u.addr.wrapping_add(*bias)),
+                u.semaphore.map_or_else(
+                    || "-".to_string(),
+                    |s| format!("{:#x}", s.wrapping_add(*bias)),
+                ),
+                u.args_text.clone(),
+                name.clone(),
+            ));
+        }
+    }
+    if rows.is_empty() {
+        out::errln!(
+            "hotprobe: no USDT marker{}",
+            match o.pattern {
+                Some(p) => format!(" matches {p}"),
+                None => " (no .note.stapsdt)".into(),
+            }
+        );
+        return Ok(());
+    }
+    let w = |i: usize, min: usize| {
+        rows.iter()
+            .map(|r| [&r.0, &r.1, &r.2, &r.3][i].len())
+            .max()
+            .unwrap_or(0)
+            .max(min)
+    };
+    let (w0, w1, w2, w3) = (w(0, 6), w(1, 7), w(2, 9), w(3, 9));
+    outln!(
+        "{:w0$}  {:>w1$}  {:>w2$}  {:w3$}  MODULE",
+        "MARKER",
+        "ADDRESS",
+        "SEMAPHORE",
+        "ARGUMENTS"
+    );
+    for r in &rows {
+        if !outln!(
+            "{:w0$}  {:>w1$}  {:>w2$}  {:w3$}  {}",
+            r.0,
+            r.1,
+            r.2,
+            r.3,
+            r.4
+        ) {
+            break;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

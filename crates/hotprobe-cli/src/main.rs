@@ -104,6 +104,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             pid,
             blacklist,
             summary,
+            usdt,
         } => {
             let (binary, pattern) = match (pid, args.as_slice()) {
                 (Some(_), []) => (None, None),
@@ -124,6 +125,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 pattern,
                 blacklist,
                 summary,
+                usdt,
             })
             .map(|()| 0)
         }

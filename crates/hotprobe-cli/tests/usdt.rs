@@ -72,3 +72,58 @@ fn python_gc_start_counts_every_collection() {
     let t = CountTable::parse(&stdout, &stderr);
     assert!(t.hits("usdt:python:gc__start") >= 50, "{}\n{stderr}", t.all);
 }
+
+#[test]
+fn list_usdt_shows_the_markers_of_a_file_and_of_a_process() {
+    let bin = sdt_demo();
+    let out = common::hotprobe(&["list", "--usdt", bin.to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let tick: Vec<&str> = stdout
+        .lines()
+        .find(|l| l.starts_with("usdt:demo:tick "))
+        .unwrap_or_else(|| panic!("{stdout}"))
+        .split_whitespace()
+        .collect();
+    // Spec, address, semaphore, three arguments (register, memory or
+    // register, constant), module.
+    assert_eq!(tick.len(), 7, "{tick:?}");
+    assert!(tick[2].starts_with("0x"), "a semaphore: {tick:?}");
+    assert_eq!(tick[5], "-4@$42", "{tick:?}");
+    assert!(
+        stdout.lines().any(|l| l.starts_with("usdt:demo:done ")),
+        "{stdout}"
+    );
+
+    // libstdc++'s markers (issue 24's acceptance).
+    let out = common::hotprobe(&["list", "--usdt", "/usr/lib/x86_64-linux-gnu/libstdc++.so.6"]);
+    let stdout = text(&out.stdout);
+    for m in ["catch", "throw", "rethrow"] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with(&format!("usdt:libstdcxx:{m} "))),
+            "{stdout}"
+        );
+    }
+
+    // A running python3, by pid and pattern: its module's markers at
+    // run-time addresses.
+    let mut py = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", "import sys; sys.stdin.read()"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = py.id().to_string();
+    let out = common::hotprobe(&["list", "--usdt", "-p", &pid, "python:gc__*"]);
+    drop(py.stdin.take());
+    py.wait().unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows: Vec<&str> = stdout.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    assert!(
+        rows.iter().all(|r| r.starts_with("usdt:python:gc__")),
+        "{stdout}"
+    );
+}

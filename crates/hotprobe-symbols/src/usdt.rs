@@ -35,6 +35,8 @@ pub struct UsdtMarker {
     pub semaphore: Option<u64>,
     /// The arguments, in order.
     pub args: Vec<UsdtArg>,
+    /// The arguments as the note writes them (`-4@%edi 8@-8(%rbp)`).
+    pub args_text: String,
 }
 
 /// One argument of a USDT marker: its size and signedness, and where it is
@@ -154,13 +156,14 @@ fn marker(desc: &[u8], base_now: Option<u64>) -> Result<UsdtMarker, UsdtError> {
     // Where the linker put .stapsdt.base against where the note says it
     // was: the same shift applies to the pc and the semaphore.
     let shift = base_now.map_or(0, |now| now.wrapping_sub(base));
-    let args = parse_args(&args)?;
+    let parsed = parse_args(&args)?;
     Ok(UsdtMarker {
         provider,
         name,
         addr: pc.wrapping_add(shift),
         semaphore: (sem != 0).then(|| sem.wrapping_add(shift)),
-        args,
+        args: parsed,
+        args_text: args,
     })
 }
 
