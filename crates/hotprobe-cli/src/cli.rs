@@ -96,6 +96,11 @@ pub enum Cmd {
         /// Print the table as JSON (one line; docs/JSON.md).
         #[arg(long)]
         json: bool,
+        /// Also the rows of a pattern's functions that nothing hit (left
+        /// out of the table by default, and counted under it; --json has
+        /// every row).
+        #[arg(long)]
+        all: bool,
         /// Probe addresses not shown to start an instruction (no symbol or
         /// .eh_frame entry before them, as in a stripped binary): skips the
         /// instruction-boundary check only, never the blacklist.

@@ -17,7 +17,7 @@ use crate::cond::{split_spec, Cond};
 use crate::out::errln;
 use crate::session::{print_table_with, TableExtras, Traced};
 use anyhow::{bail, Context, Result};
-use hotprobe::{Action, CountSink, FastPathConfig, MechanismChoice, SessionConfig};
+use hotprobe::{Action, CountSink, FastPathConfig, MechanismChoice, Placement, SessionConfig};
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::time::Duration;
@@ -44,6 +44,8 @@ pub struct CountOptions<'a> {
     pub hist: bool,
     /// `--json`: the table as JSON.
     pub json: bool,
+    /// `--all`: also the rows of patterns' functions nothing hit.
+    pub all: bool,
     /// `--force`: probe addresses not shown to start an instruction.
     pub force: bool,
 }
@@ -144,6 +146,9 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
     let mut placed = Vec::new();
     let mut conds: HashMap<u32, Cond> = HashMap::new();
     let mut cond_text: HashMap<u32, String> = HashMap::new();
+    // Probes placed for a pattern (`libc:str*`): their rows without a hit
+    // are left out of the table unless --all.
+    let mut from_pattern: std::collections::HashSet<u32> = std::collections::HashSet::new();
     let typing = std::rc::Rc::new(hotprobe::typed::Typing::new(t.pid));
     for s in &specs {
         let named = matches!(&s.cond, Some((_, None)));
@@ -179,6 +184,9 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
                 cond_text.insert(p.id.0, text.clone());
             }
         }
+        if hotprobe::symbols::is_pattern(&s.probe) {
+            from_pattern.extend(added.iter().map(|p| p.id.0));
+        }
         placed.extend(added);
     }
     let ids: Vec<u32> = placed.iter().map(|p| p.id.0).collect();
@@ -206,7 +214,29 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         json: o.json,
         guests: None,
     };
-    print_table_with(&t.session, &placed, o.follow_forks, &extras);
+    let hits_of = |p: &Placement| -> u64 {
+        match &extras.hits {
+            Some(h) => h.get(&p.id.0).copied().unwrap_or(0),
+            None => t
+                .session
+                .stats(p.id)
+                .map_or(0, |st| st.hits + st.returns + st.nmissed),
+        }
+    };
+    let (shown, hidden): (Vec<Placement>, Vec<Placement>) = placed
+        .iter()
+        .cloned()
+        .partition(|p| o.all || o.json || !from_pattern.contains(&p.id.0) || hits_of(p) > 0);
+    print_table_with(&t.session, &shown, o.follow_forks, &extras);
+    if !hidden.is_empty() {
+        errln!(
+            "hotprobe: {} probes of patterns had no hit and are not shown (--all shows them)",
+            hidden.len()
+        );
+    }
+    for (module, n) in crate::record::never_armed(&t.session, &placed) {
+        errln!("hotprobe: never armed: {n} probes on {module}: the program never loaded it");
+    }
     t.print_skipped();
     ran.context("the run failed")?;
     Ok(t.exit_code())

@@ -139,6 +139,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             follow_forks,
             hist,
             json,
+            all,
             force,
             cmd,
         } => {
@@ -147,6 +148,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             count::run(&count::CountOptions {
                 hist,
                 json,
+                all,
                 force,
                 follow_forks,
                 probes: &probes,

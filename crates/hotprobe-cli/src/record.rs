@@ -508,10 +508,27 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             .collect::<Vec<_>>(),
         elapsed: started.elapsed(),
     });
+    for (module, n) in never_armed(&t.session, &placed) {
+        errln!("  never armed: {n} probes on {module}: the program never loaded it");
+    }
     if let Some(k) = kernel {
         errln!("{}", crate::kernel::summary(&k?));
     }
     Ok(t.exit_code())
+}
+
+/// Pending probes that were never armed (their library never loaded), per
+/// module of their label (`libz.so.1:deflate` → `libz.so.1`).
+pub fn never_armed(
+    session: &hotprobe::Session,
+    placed: &[hotprobe::Placement],
+) -> std::collections::BTreeMap<String, usize> {
+    let mut by = std::collections::BTreeMap::new();
+    for p in placed.iter().filter(|p| session.never_armed(p.id)) {
+        let module = p.label.split_once(':').map_or(p.label.as_str(), |(m, _)| m);
+        *by.entry(module.to_string()).or_insert(0) += 1;
+    }
+    by
 }
 
 /// The function-name glob of a probe spec (`libz.so.1:deflate*` →

@@ -149,3 +149,66 @@ fn colour_in_replay_and_report_only_when_asked() {
         assert!(!lines_of(&[cmd, d]).join("\n").contains('\x1b'));
     }
 }
+
+#[test]
+fn count_hides_pattern_rows_without_hits_unless_all() {
+    let bin = mix_program();
+    let b = bin.to_str().unwrap();
+    let rows = |extra: &[&str]| -> (Vec<String>, String) {
+        let mut a = vec!["count", "libc.so.6:str*"];
+        a.extend_from_slice(extra);
+        a.extend_from_slice(&["--", b, "3"]);
+        let out = hotprobe(&a);
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "{stderr}");
+        let table: Vec<String> = stdout
+            .lines()
+            .skip_while(|l| !l.starts_with("PROBE "))
+            .skip(1)
+            .map(str::to_string)
+            .collect();
+        (table, stderr)
+    };
+    let hits = |r: &String| r.split_whitespace().nth(2).unwrap().parse::<u64>().unwrap();
+    let (shown, stderr) = rows(&[]);
+    assert!(shown.iter().all(|r| hits(r) > 0), "{shown:?}");
+    // "hotprobe: N probes of patterns had no hit and are not shown …"
+    let hidden: usize = stderr
+        .lines()
+        .find(|l| l.contains(" probes of patterns had no hit and are not shown (--all shows them)"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{stderr}"));
+    let (all, stderr) = rows(&["--all"]);
+    assert!(!stderr.contains("not shown"), "{stderr}");
+    assert_eq!(all.len(), shown.len() + hidden, "{all:?}");
+    assert_eq!(all.iter().filter(|r| hits(r) == 0).count(), hidden);
+}
+
+#[test]
+fn a_pattern_whose_library_never_loads_is_named_at_the_end() {
+    let bin = mix_program();
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("never-armed");
+    let out = hotprobe(&[
+        "record",
+        "-o",
+        dir.to_str().unwrap(),
+        "--force",
+        "mix",
+        "libz.so.1:deflate*",
+        "--",
+        bin.to_str().unwrap(),
+        "3",
+    ]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("  never armed: "))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert!(
+        line.ends_with(" probes on libz.so.1: the program never loaded it"),
+        "{line}"
+    );
+    assert!(!line.contains(": 0 probes"), "{line}");
+}

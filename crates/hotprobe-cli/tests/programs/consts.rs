@@ -4,11 +4,15 @@
 // `a` of pick) and computed locations (`b` of add: DW_OP_lit1;
 // DW_OP_stack_value; `b` of pick: DW_OP_breg5 RDI+0 ... DW_OP_stack_value,
 // in rdi where the ABI would put `a`). Each call logs its arguments on
-// stderr as `CALL name(args)`.
+// stderr as `CALL name(args)`, formatted first and written at once
+// (eprintln! writes each piece apart, and hotprobe's own stderr lines
+// could land between them).
 
 #[inline(never)]
 fn log<T: std::fmt::Display + Copy>(name: &str, a: i64, b: T) {
-    eprintln!("CALL {name}({a}, {b})");
+    use std::io::Write;
+    let line = format!("CALL {name}({a}, {b})\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 #[inline(never)]

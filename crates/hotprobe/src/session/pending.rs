@@ -21,6 +21,8 @@ pub(super) struct Pending {
     is_return: bool,
     /// Where it is armed now.
     armed: Option<Armed>,
+    /// Whether it was ever armed (its module loaded at some point).
+    ever_armed: bool,
 }
 
 /// Where a pending probe is armed.
@@ -48,6 +50,17 @@ impl Slot {
 }
 
 impl Session {
+    /// Whether probe `id` is a pending one whose module was never loaded
+    /// (so it was never armed: a pattern over a library the program does
+    /// not use). False for every other probe.
+    pub fn never_armed(&self, id: ProbeId) -> bool {
+        self.slots.iter().any(|s| {
+            s.pending
+                .iter()
+                .any(|p| p.id == id && !p.ever_armed && p.armed.is_none())
+        })
+    }
+
     /// A probe on a module that is not loaded: pending, armed when the
     /// program maps the module (see [`Pending`]). `why` is the resolver's
     /// refusal, for targets that cannot follow their loader.
@@ -89,6 +102,7 @@ impl Session {
             record,
             is_return,
             armed: None,
+            ever_armed: false,
         });
         if record {
             slot.recording = true;
@@ -210,6 +224,7 @@ impl Session {
                 mechs.trap.arm(&mut cx, id, r.addr, &config)?;
             }
         }
+        self.slot(t)?.pending[k].ever_armed = true;
         self.slot(t)?.pending[k].armed = Some(Armed {
             path,
             start,
