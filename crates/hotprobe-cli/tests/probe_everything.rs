@@ -138,12 +138,12 @@ fn bpftrace_counts(
     m
 }
 
-/// `hotprobe count SPECS -- CMD`: checks it ran to completion with the
-/// program's output unchanged and every probe placed, and returns the
-/// table and hotprobe's stderr.
+/// `hotprobe count --all SPECS -- CMD` (every row, those without a hit
+/// too): checks it ran to completion with the program's output unchanged
+/// and every probe placed, and returns the table and hotprobe's stderr.
 fn count_everything(specs: &[&str], cmd: &[&str], env: &[(&str, &str)]) -> (CountTable, String) {
     let expected = native(cmd, env);
-    let mut args: Vec<&str> = vec!["count"];
+    let mut args: Vec<&str> = vec!["count", "--all"];
     args.extend_from_slice(specs);
     args.push("--");
     args.extend_from_slice(cmd);
