@@ -129,18 +129,11 @@ extern "C" fn before_makecontext(ucp: *const libc::ucontext_t) -> usize {
         let st = unsafe { (*ucp).uc_stack };
         note(st.ss_sp as u64, st.ss_size as u64);
     }
-    let mut f = NEXT_MAKECONTEXT.load(Relaxed);
+    let f = crate::next_symbol::next_symbol(&NEXT_MAKECONTEXT, c"makecontext");
     if f == 0 {
-        // SAFETY: a NUL-terminated name; RTLD_NEXT is a valid handle.
-        f = crate::threads::as_own_call(|| unsafe {
-            libc::dlsym(libc::RTLD_NEXT, c"makecontext".as_ptr())
-        }) as usize;
-        if f == 0 {
-            // SAFETY: abort has no preconditions; without glibc's
-            // makecontext the program could not have linked against it.
-            unsafe { libc::abort() };
-        }
-        NEXT_MAKECONTEXT.store(f, Relaxed);
+        // SAFETY: abort has no preconditions; without glibc's
+        // makecontext the program could not have linked against it.
+        unsafe { libc::abort() };
     }
     f
 }

@@ -44,6 +44,7 @@ mod coro;
 mod env;
 mod hit;
 mod inproc;
+mod next_symbol;
 mod orphan;
 mod rawcall;
 mod shared_tls;

@@ -19,7 +19,6 @@
 #![cfg_attr(test, allow(dead_code))]
 
 use core::sync::atomic::AtomicUsize;
-use core::sync::atomic::Ordering::Relaxed;
 
 use libc::c_long;
 
@@ -35,14 +34,7 @@ pub(crate) fn resolve() {
 }
 
 fn next() -> Option<SyscallFn> {
-    let mut f = NEXT_SYSCALL.load(Relaxed);
-    if f == 0 {
-        // SAFETY: a NUL-terminated name; RTLD_NEXT is a valid handle.
-        f = crate::threads::as_own_call(|| unsafe {
-            libc::dlsym(libc::RTLD_NEXT, c"syscall".as_ptr())
-        }) as usize;
-        NEXT_SYSCALL.store(f, Relaxed);
-    }
+    let f = crate::next_symbol::next_symbol(&NEXT_SYSCALL, c"syscall");
     // SAFETY: dlsym's address of glibc's variadic `syscall`.
     (f != 0).then(|| unsafe { core::mem::transmute::<usize, SyscallFn>(f) })
 }

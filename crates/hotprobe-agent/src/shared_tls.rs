@@ -75,18 +75,11 @@ extern "C" fn before_clone(flags: u64) -> usize {
     if flags & CLONE_VM != 0 && flags & CLONE_SETTLS == 0 {
         mark(crate::hit::thread_pointer());
     }
-    let mut f = NEXT_CLONE.load(Relaxed);
+    let f = crate::next_symbol::next_symbol(&NEXT_CLONE, c"clone");
     if f == 0 {
-        // SAFETY: a NUL-terminated name; RTLD_NEXT is a valid handle.
-        f = crate::threads::as_own_call(|| unsafe {
-            libc::dlsym(libc::RTLD_NEXT, c"clone".as_ptr())
-        }) as usize;
-        if f == 0 {
-            // SAFETY: abort has no preconditions; without glibc's clone
-            // the program could not have linked against it.
-            unsafe { libc::abort() };
-        }
-        NEXT_CLONE.store(f, Relaxed);
+        // SAFETY: abort has no preconditions; without glibc's clone the
+        // program could not have linked against it.
+        unsafe { libc::abort() };
     }
     f
 }

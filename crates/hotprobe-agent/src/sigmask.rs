@@ -43,14 +43,9 @@ type MaskFn =
 static NEXT_PTHREAD_SIGMASK: AtomicUsize = AtomicUsize::new(0);
 static NEXT_SIGPROCMASK: AtomicUsize = AtomicUsize::new(0);
 
-/// The next definition of `name` (a NUL-terminated name) after the agent.
-fn next(cache: &AtomicUsize, name: &[u8]) -> Option<MaskFn> {
-    let mut f = cache.load(Relaxed);
-    if f == 0 {
-        // SAFETY: `name` is NUL-terminated; RTLD_NEXT is a valid handle.
-        f = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr().cast()) } as usize;
-        cache.store(f, Relaxed);
-    }
+/// The next definition of `name` after the agent.
+fn next(cache: &AtomicUsize, name: &core::ffi::CStr) -> Option<MaskFn> {
+    let f = crate::next_symbol::next_symbol(cache, name);
     // SAFETY: a non-null address dlsym gave for a function of this type.
     (f != 0).then(|| unsafe { core::mem::transmute::<usize, MaskFn>(f) })
 }
@@ -185,7 +180,7 @@ pub unsafe extern "C" fn pthread_sigmask(
     set: *const libc::sigset_t,
     old: *mut libc::sigset_t,
 ) -> libc::c_int {
-    match next(&NEXT_PTHREAD_SIGMASK, b"pthread_sigmask\0") {
+    match next(&NEXT_PTHREAD_SIGMASK, c"pthread_sigmask") {
         // SAFETY: the caller's arguments.
         Some(real) => unsafe { masked(real, how, set, old) },
         None => libc::ENOSYS,
@@ -202,7 +197,7 @@ pub unsafe extern "C" fn sigprocmask(
     set: *const libc::sigset_t,
     old: *mut libc::sigset_t,
 ) -> libc::c_int {
-    match next(&NEXT_SIGPROCMASK, b"sigprocmask\0") {
+    match next(&NEXT_SIGPROCMASK, c"sigprocmask") {
         // SAFETY: the caller's arguments.
         Some(real) => unsafe { masked(real, how, set, old) },
         None => {
@@ -285,12 +280,7 @@ pub unsafe extern "C" fn pthread_create(
     routine: StartFn,
     arg: *mut libc::c_void,
 ) -> libc::c_int {
-    let mut f = NEXT_PTHREAD_CREATE.load(Relaxed);
-    if f == 0 {
-        // SAFETY: a NUL-terminated name; RTLD_NEXT is a valid handle.
-        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"pthread_create".as_ptr()) } as usize;
-        NEXT_PTHREAD_CREATE.store(f, Relaxed);
-    }
+    let f = crate::next_symbol::next_symbol(&NEXT_PTHREAD_CREATE, c"pthread_create");
     if f == 0 {
         return libc::ENOSYS;
     }

@@ -37,21 +37,13 @@ const NAMES: [&CStr; 4] = [
 ];
 
 fn real(i: usize) -> usize {
-    let r = REAL[i].load(Relaxed);
-    if r != 0 {
-        return r;
-    }
-    // SAFETY: dlsym with a valid C string; RTLD_NEXT finds the definition
-    // after the agent's (libgcc_s, libstdc++).
-    let p =
-        crate::threads::as_own_call(|| unsafe { libc::dlsym(libc::RTLD_NEXT, NAMES[i].as_ptr()) })
-            as usize;
+    // The definition after the agent's (libgcc_s, libstdc++).
+    let p = crate::next_symbol::next_symbol(&REAL[i], NAMES[i]);
     if p == 0 {
         // SAFETY: abort has no preconditions; with no real unwinder the
         // program could not have thrown.
         unsafe { libc::abort() };
     }
-    REAL[i].store(p, Relaxed);
     p
 }
 
@@ -203,14 +195,7 @@ const BACKTRACE_FRAMES: usize = 256;
 /// As glibc's `backtrace`: `buf` is valid for `size` pointers.
 #[no_mangle]
 pub unsafe extern "C" fn backtrace(buf: *mut *mut libc::c_void, size: libc::c_int) -> libc::c_int {
-    let mut f = NEXT_BACKTRACE.load(Relaxed);
-    if f == 0 {
-        // SAFETY: a NUL-terminated name; RTLD_NEXT is a valid handle.
-        f = crate::threads::as_own_call(|| unsafe {
-            libc::dlsym(libc::RTLD_NEXT, c"backtrace".as_ptr())
-        }) as usize;
-        NEXT_BACKTRACE.store(f, Relaxed);
-    }
+    let f = crate::next_symbol::next_symbol(&NEXT_BACKTRACE, c"backtrace");
     if f == 0 || size <= 0 || buf.is_null() {
         return 0;
     }
