@@ -42,7 +42,7 @@ pub enum KernelError {
         /// The file.
         path: PathBuf,
         /// What is wrong.
-        what: String,
+        what: crate::tracefs::FormatError,
     },
     /// `perf_event_open` refused the tracepoints for lack of permission.
     #[error(

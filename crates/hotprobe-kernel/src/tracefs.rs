@@ -45,15 +45,22 @@ pub fn raw_syscalls_layout() -> Result<RawLayout, KernelError> {
     };
     let enter = read("sys_enter/format")?;
     let exit = read("sys_exit/format")?;
-    let bad = |file: &str, what: String| KernelError::Format {
+    let bad = |file: &str, what: FormatError| KernelError::Format {
         path: ev.join(file),
         what,
     };
     let e = parse_format(&enter).map_err(|w| bad("sys_enter/format", w))?;
     let x = parse_format(&exit).map_err(|w| bad("sys_exit/format", w))?;
     let field = |f: &Format, name: &str, size: usize, file: &str| {
-        f.field(name, size)
-            .ok_or_else(|| bad(file, format!("no {size}-byte field `{name}`")))
+        f.field(name, size).ok_or_else(|| {
+            bad(
+                file,
+                FormatError::NoField {
+                    name: name.to_string(),
+                    size,
+                },
+            )
+        })
     };
     let layout = RawLayout {
         enter_type: e.id,
@@ -65,10 +72,7 @@ pub fn raw_syscalls_layout() -> Result<RawLayout, KernelError> {
     if field(&x, "id", 8, "sys_exit/format")? != layout.nr
         || field(&x, "common_type", 2, "sys_exit/format")? != layout.common_type
     {
-        return Err(bad(
-            "sys_exit/format",
-            "`id` or `common_type` not where sys_enter has it".into(),
-        ));
+        return Err(bad("sys_exit/format", FormatError::UnlikeEnter));
     }
     Ok(layout)
 }
@@ -92,16 +96,52 @@ impl Format {
     }
 }
 
+/// What is wrong in a tracepoint's `format` file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FormatError {
+    /// The `ID:` line's value is no 16-bit number.
+    #[error("bad ID `{0}`")]
+    BadId(String),
+    /// No `ID:` line.
+    #[error("no ID line")]
+    NoId,
+    /// A field line lacks `offset:` or `size:`, or a number there.
+    #[error("field `{field}`: no {key}")]
+    NoNumber {
+        /// The field's name.
+        field: String,
+        /// `offset:` or `size:`.
+        key: String,
+    },
+    /// A field with no name, or whose offset and size run past 4 KiB.
+    #[error("field `{0}`: bad name, offset or size")]
+    BadField(String),
+    /// sys_exit's `id` or `common_type` is not where sys_enter has it.
+    #[error("`id` or `common_type` not where sys_enter has it")]
+    UnlikeEnter,
+    /// A field this crate reads is not there with its size.
+    #[error("no {size}-byte field `{name}`")]
+    NoField {
+        /// The field.
+        name: String,
+        /// Its size in bytes.
+        size: usize,
+    },
+}
+
 /// Parses a tracepoint's `format` file (untrusted text: an error, never a
 /// panic). Lines are `field:TYPE NAME[N];\toffset:O;\tsize:S;\tsigned:X;`.
-pub fn parse_format(text: &str) -> Result<Format, String> {
+pub fn parse_format(text: &str) -> Result<Format, FormatError> {
     let mut f = Format::default();
     let mut id = None;
     for line in text.lines() {
         let line = line.trim();
         if let Some(v) = line.strip_prefix("ID:") {
             let v = v.trim();
-            id = Some(v.parse::<u16>().map_err(|_| format!("bad ID `{v}`"))?);
+            id = Some(
+                v.parse::<u16>()
+                    .map_err(|_| FormatError::BadId(v.to_string()))?,
+            );
         } else if let Some(rest) = line.strip_prefix("field:") {
             let mut parts = rest.split(';').map(str::trim);
             let decl = parts.next().unwrap_or("");
@@ -112,22 +152,25 @@ pub fn parse_format(text: &str) -> Result<Format, String> {
                 .split('[')
                 .next()
                 .unwrap_or("");
-            let mut num = |key: &str| -> Result<usize, String> {
+            let mut num = |key: &str| -> Result<usize, FormatError> {
                 parts
                     .next()
                     .and_then(|p| p.strip_prefix(key))
                     .and_then(|v| v.parse::<usize>().ok())
-                    .ok_or_else(|| format!("field `{name}`: no {key}"))
+                    .ok_or_else(|| FormatError::NoNumber {
+                        field: name.to_string(),
+                        key: key.to_string(),
+                    })
             };
             let offset = num("offset:")?;
             let size = num("size:")?;
             if name.is_empty() || offset.checked_add(size).is_none_or(|e| e > 4096) {
-                return Err(format!("field `{decl}`: bad name, offset or size"));
+                return Err(FormatError::BadField(decl.to_string()));
             }
             f.fields.push((name.to_string(), offset, size));
         }
     }
-    f.id = id.ok_or("no ID line")?;
+    f.id = id.ok_or(FormatError::NoId)?;
     Ok(f)
 }
 
