@@ -460,20 +460,20 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     // SAFETY: plain syscall on the calling thread, no pointers.
     unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, -10) };
     let started = Instant::now();
-    // The kernel's events start while the target is stopped; children
-    // inherit them.
-    let kernel = match o.kernel.then(|| crate::kernel::start(pid)).transpose() {
-        Ok(k) => k,
-        Err(e) => {
-            t.abandon();
-            return Err(e);
-        }
-    };
+    // The kernel's events: an observer of the session, started while the
+    // target is stopped (children inherit them).
+    let kernel = o.kernel.then(|| {
+        let k = std::rc::Rc::new(std::cell::RefCell::new(
+            hotprobe::kernel_source::KernelSource::new(),
+        ));
+        t.session.observe(k.clone());
+        k
+    });
     // Whatever happens to the run, the trace is finished: every event
     // drained before the end stays readable.
     let mut typed_sink = typed::RegisterTyped::new(&mut writer, &typing, &placed);
     let ran = t.run(&placed, o.duration, Some(&mut typed_sink));
-    let kernel = kernel.map(|k| crate::kernel::finish(k, &mut writer));
+    let kernel = kernel.map(|k| k.borrow_mut().finish(&mut writer));
     let stats = writer.finish().context("cannot finish the trace")?;
     if let Some(e) = &stats.write_error {
         errln!(
@@ -511,8 +511,8 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     for (module, n) in never_armed(&t.session, &placed) {
         errln!("  never armed: {n} probes on {module}: the program never loaded it");
     }
-    if let Some(k) = kernel {
-        errln!("{}", crate::kernel::summary(&k?));
+    if let Some(k) = kernel.transpose()?.flatten() {
+        errln!("{}", crate::kernel::summary(&k));
     }
     Ok(t.exit_code())
 }

@@ -26,7 +26,9 @@ mod engine;
 pub mod guest_boot;
 mod handler;
 mod held;
+pub mod kernel_source;
 pub mod nonlocal;
+pub mod observer;
 pub mod pending;
 mod plugin;
 mod recorder;
@@ -79,6 +81,9 @@ pub enum EngineError {
     /// The target failed.
     #[error(transparent)]
     Target(#[from] TargetError),
+    /// A source of the host kernel's events (an observer) failed.
+    #[error(transparent)]
+    Kernel(#[from] hotprobe_kernel::KernelError),
     /// Starting or attaching to a process failed.
     #[error(transparent)]
     Process(#[from] ProcessError),

@@ -348,6 +348,8 @@ pub struct Session {
     /// When watched values were last read for writes no debug register
     /// sees (see `watch.rs`'s `check_unseen_writes`).
     watch_check: Option<Instant>,
+    /// Sources that follow the processes from outside (`Session::observe`).
+    observers: Vec<Rc<std::cell::RefCell<dyn crate::observer::TargetObserver>>>,
     /// Inside [`Session::add_filtered`]: fast-path sites are written in one
     /// batch at its end, the target stopped once (issue 14).
     batching: bool,
@@ -371,6 +373,7 @@ impl Session {
             handler_timeout: None,
             watches: watch::Watches::default(),
             watch_check: None,
+            observers: Vec::new(),
             capture: None,
             batching: false,
             xmm_layout: None,

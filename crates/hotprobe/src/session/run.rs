@@ -6,8 +6,23 @@ use super::reverted;
 use super::*;
 
 impl Session {
+    /// Registers a source of events that follows the processes from
+    /// outside (the host kernel's, `crate::kernel_source::KernelSource`):
+    /// it is told of each process about to run for the first time, in
+    /// [`Session::start`]. Keep a clone to read what it gathered.
+    pub fn observe(&mut self, o: Rc<std::cell::RefCell<dyn crate::observer::TargetObserver>>) {
+        self.observers.push(o);
+    }
+
     /// Let every target run (after attaching/spawning and adding probes).
     pub fn start(&mut self) -> Result<(), EngineError> {
+        for s in &self.slots {
+            if let (Some(pid), false, None) = (s.pid, s.engine.started, s.engine.gone()) {
+                for o in &self.observers {
+                    o.borrow_mut().process_starting(pid)?;
+                }
+            }
+        }
         for s in &mut self.slots {
             if let Some(p) = &mut s.mechs.plugin {
                 let p = &mut p.plugin;
