@@ -464,7 +464,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     // target is stopped (children inherit them).
     let kernel = o.kernel.then(|| {
         let k = std::rc::Rc::new(std::cell::RefCell::new(
-            hotprobe::kernel_source::KernelSource::new(),
+            hotprobe::kernel_source::KernelSource::following(o.follow_forks),
         ));
         t.session.observe(k.clone());
         k

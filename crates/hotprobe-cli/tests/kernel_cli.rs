@@ -255,6 +255,17 @@ fn a_followed_forks_syscalls_are_its_own() {
         vec![(parent, (parent, 2)), (child, (child, 4))],
         "{err}"
     );
+
+    // Without -f the child is not followed: its events (inherited by the
+    // kernel all the same) are not written, the parent's are.
+    let dir = tmp().join("not-followed");
+    let (out, err) = record(&dir, &[], &program("kernel_fork"));
+    let parent = tid_of(&out, "parent");
+    assert_eq!(
+        getppid_by_tid(&dir).into_iter().collect::<Vec<_>>(),
+        vec![(parent, (parent, 2))],
+        "{err}"
+    );
 }
 
 #[test]

@@ -22,6 +22,10 @@ pub fn check_kernel_access() -> Result<(), KernelError> {
 pub struct KernelSource {
     options: KernelOptions,
     draining: Option<Draining>,
+    /// The process started first, and whether its children's events are
+    /// kept (`-f`): without, only its own threads' are written.
+    root: Option<u32>,
+    follow_children: bool,
 }
 
 /// What [`KernelSource::finish`] wrote.
@@ -47,9 +51,19 @@ pub enum KernelSourceError {
 }
 
 impl KernelSource {
-    /// A source with the default options (one 4 MiB ring a CPU).
+    /// A source with the default options (one 4 MiB ring a CPU) that
+    /// keeps the events of the process's own threads only.
     pub fn new() -> KernelSource {
         KernelSource::default()
+    }
+
+    /// As [`KernelSource::new`], keeping the events of the processes it
+    /// creates too when `follow_children` (the session follows them).
+    pub fn following(follow_children: bool) -> KernelSource {
+        KernelSource {
+            follow_children,
+            ..KernelSource::default()
+        }
     }
 
     /// Opens the events on every thread of `pid` (stopped: no thread is
@@ -62,6 +76,7 @@ impl KernelSource {
         let rec = KernelRecorder::open(pid, self.options)?;
         rec.enable()?;
         self.draining = Some(rec.drain_in_background()?);
+        self.root = Some(pid as u32);
         Ok(())
     }
 
@@ -76,8 +91,12 @@ impl KernelSource {
             return Ok(None);
         };
         let cap = draining.finish()?;
+        // The perf events are inherited by every child; a child the session
+        // does not follow is not ours to write.
+        let keep = |pid: u32| self.follow_children || Some(pid) == self.root;
+        let spans: Vec<_> = cap.spans.iter().filter(|s| keep(s.pid)).collect();
         let mut by_tid: BTreeMap<u32, (u32, Vec<KernelEvent>)> = BTreeMap::new();
-        for s in &cap.spans {
+        for s in &spans {
             let kind = match s.kind {
                 SpanKind::Syscall { nr, ret } => KernelKind::Syscall { nr, ret },
                 SpanKind::OffCpu { preempted } => KernelKind::OffCpu { preempted },
@@ -97,15 +116,14 @@ impl KernelSource {
         }
         let st = cap.stats;
         writer.note_kernel(st.records, st.lost, st.unpaired + st.unfinished, st.corrupt);
-        let syscalls = cap
-            .spans
+        let syscalls = spans
             .iter()
             .filter(|s| matches!(s.kind, SpanKind::Syscall { .. }))
             .count() as u64;
         Ok(Some(KernelRecorded {
             stats: st,
             syscalls,
-            off_cpu: cap.spans.len() as u64 - syscalls,
+            off_cpu: spans.len() as u64 - syscalls,
         }))
     }
 }
