@@ -96,7 +96,10 @@ impl Traced {
                     bar.suspend(|| self.print_skipped());
                     return Err(match e {
                         // Says which spec already.
-                        e @ hotprobe::EngineError::RefusedSpec { .. } => e.into(),
+                        e @ (hotprobe::EngineError::RefusedSpec { .. }
+                        | hotprobe::EngineError::Symbol(
+                            hotprobe::SymbolError::Unprobeable { .. },
+                        )) => e.into(),
                         e => anyhow::Error::from(e).context(format!("cannot probe {spec}")),
                     });
                 }
