@@ -143,7 +143,9 @@ fn functions(elf: &ElfFile64<'_>) -> Vec<(u64, u64, String)> {
 fn containing(funcs: &[(u64, u64, String)], addr: u64) -> Option<String> {
     let i = funcs.partition_point(|f| f.0 <= addr).checked_sub(1)?;
     let (a, size, name) = &funcs[i];
-    (addr < a + size).then(|| name.clone())
+    // A hostile symbol table may put a symbol at the top of the address
+    // space: no overflow, just no match.
+    (addr - a < *size).then(|| name.clone())
 }
 
 type Dwarf<'a> = addr2line::Context<gimli::EndianSlice<'a, gimli::RunTimeEndian>>;
@@ -277,4 +279,23 @@ pub mod placeholder {
     pub const RET_NOP4: [u8; 5] = [0xc3, 0x0f, 0x1f, 0x40, 0x00];
     /// `ret` + `nop dword [rax+rax*1+0]`: a 6-byte `jmp [rip+GOT]` tail call.
     pub const RET_NOP5: [u8; 6] = [0xc3, 0x0f, 0x1f, 0x44, 0x00, 0x00];
+}
+
+#[cfg(test)]
+mod tests {
+    use super::containing;
+
+    #[test]
+    fn a_symbol_at_the_top_of_the_address_space_is_no_overflow() {
+        // Found by fuzz_coldpatch (HOTPROBE_FUZZ_SEED=0x6d64207fe4e2d473):
+        // `a + size` overflowed.
+        let funcs = vec![
+            (0x1000, 0x10, "f".to_string()),
+            (u64::MAX - 0x10, 0x100, "top".to_string()),
+        ];
+        assert_eq!(containing(&funcs, 0x1008), Some("f".into()));
+        assert_eq!(containing(&funcs, 0x1010), None);
+        assert_eq!(containing(&funcs, u64::MAX - 8), Some("top".into()));
+        assert_eq!(containing(&funcs, 0x10), None);
+    }
 }
