@@ -153,23 +153,28 @@ impl Collector {
         // SAFETY: a signal to the child this test started (not yet waited).
         let r = unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         assert_eq!(r, 0, "kill: {}", std::io::Error::last_os_error());
+        // Its stderr (the log) closes when it exits.
         let deadline = Instant::now() + Duration::from_secs(30);
+        let mut log = Vec::new();
         loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                let log: Vec<String> = self.log.try_iter().collect();
-                assert!(
-                    st.success(),
-                    "the collector ended with {st}:\n{}",
+            match self
+                .log
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
+                Ok(l) => log.push(l),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!(
+                    "the collector did not stop within 30 s of SIGTERM:\n{}",
                     log.join("\n")
-                );
-                return;
+                ),
             }
-            assert!(
-                Instant::now() < deadline,
-                "the collector did not stop within 30 s of SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(20));
         }
+        let st = self.child.wait().unwrap();
+        assert!(
+            st.success(),
+            "the collector ended with {st}:\n{}",
+            log.join("\n")
+        );
     }
 }
 

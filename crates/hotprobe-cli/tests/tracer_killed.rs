@@ -270,8 +270,11 @@ fn run(prog: &Path, phase: Phase, rng: &mut Rng, ctx: &str) -> String {
         }
         Phase::Running => {
             while !pump(&lines, &mut said, &mut rounds) {
-                assert!(Instant::now() < deadline, "{ctx}: not attached: {said:?}");
-                std::thread::sleep(Duration::from_millis(2));
+                // hotprobe's next line (or its end, which fails here).
+                match errs.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                    Ok(l) => said.push(l),
+                    Err(e) => panic!("{ctx}: not attached ({e}): {said:?}"),
+                }
             }
             // A seeded number of rounds with the probes in.
             let n = 1 + rng.next() % 5;
@@ -284,8 +287,11 @@ fn run(prog: &Path, phase: Phase, rng: &mut Rng, ctx: &str) -> String {
         }
         Phase::Detach => {
             while !pump(&lines, &mut said, &mut rounds) {
-                assert!(Instant::now() < deadline, "{ctx}: not attached: {said:?}");
-                std::thread::sleep(Duration::from_millis(2));
+                // hotprobe's next line (or its end, which fails here).
+                match errs.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                    Ok(l) => said.push(l),
+                    Err(e) => panic!("{ctx}: not attached ({e}): {said:?}"),
+                }
             }
             let l = lines.recv_timeout(LIMIT).expect("a round");
             rounds.take(&l, ctx);
