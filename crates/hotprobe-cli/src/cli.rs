@@ -514,6 +514,9 @@ pub enum GuestCmd {
         /// The trace directory.
         #[arg(short = 'o', long, value_name = "DIR")]
         output: PathBuf,
+        /// Replace the trace already in the -o directory (refused without).
+        #[arg(long)]
+        force: bool,
         /// Argument registers recorded (0-6).
         #[arg(long, default_value_t = 2, value_name = "N")]
         args: usize,

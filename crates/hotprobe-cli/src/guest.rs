@@ -297,6 +297,8 @@ pub enum LaunchedAction<'a> {
     Record {
         /// The trace directory.
         out: &'a Path,
+        /// Replace a trace already in `out`.
+        force: bool,
         /// Argument registers recorded.
         args: usize,
         /// Boot phases: the kernel's boot milestones and initcall levels
@@ -331,6 +333,8 @@ pub struct LaunchedOptions<'a> {
 struct Started {
     n: usize,
     t: TargetId,
+    /// The target's own name in notices (`guest SOCKET`).
+    name: String,
 }
 
 /// Starts QEMU with hotprobe's plugin (and a GDB stub of hotprobe's) for
@@ -355,6 +359,13 @@ pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
     if o.qemus.is_empty() || (several && matches!(o.action, LaunchedAction::Record { .. })) {
         bail!("several guests (one -- block each) are for guest count and trace only");
     }
+    // The trace directory is checked before any QEMU starts.
+    let out_dir = match o.action {
+        LaunchedAction::Record { out, force, .. } => {
+            Some(crate::record::check_out_dir(out, force)?)
+        }
+        _ => None,
+    };
     let mut session = Session::with_config(SessionConfig {
         maxactive: o.maxactive,
         fast_path: FastPathConfig {
@@ -393,19 +404,20 @@ pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
             "hotprobe: {who}started QEMU (pid {}) with hotprobe's plugin",
             launched.pid
         );
+        let name = hotprobe::Target::describe(&launched.target);
         let t = session.add_plugin_guest(
             Box::new(launched.target),
             Some(Box::new(launched.resolver)),
             launched.plugin,
         );
-        started.push(Started { n, t });
+        started.push(Started { n, t, name });
     }
     // The guest of each probe (several guests: the GUEST column, one call
     // tree each).
     let mut guest_of = std::collections::HashMap::new();
     let mut index_of = std::collections::HashMap::new();
     let mut placed = Vec::new();
-    for (i, &Started { n, t }) in started.iter().enumerate() {
+    for (i, &Started { n, t, .. }) in started.iter().enumerate() {
         match place_launched(&mut session, t, o) {
             Ok(p) => {
                 for pl in &p {
@@ -441,6 +453,9 @@ pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
     };
     let mut writer = None;
     if let LaunchedAction::Record { out, .. } = o.action {
+        if out_dir == Some(crate::record::OutDir::Replace) {
+            crate::record::clear_trace_dir(out)?;
+        }
         let pid = fleet.pid(0).unwrap_or(0);
         writer = Some(record_writer(out, o, &placed, pid, nargs, &markers)?);
     }
@@ -506,10 +521,11 @@ pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
             }
         }
     }
-    print_notices(&mut session);
-    ran?;
+    let notices = session.take_notices();
+    let end = ran?;
     // The guests powered off, or Ctrl-C reached QEMU too; else they run on.
     let mut status = 0;
+    let mut normal_ends = Vec::new();
     for (g, qemu) in started.iter().zip(&mut qemus) {
         let who = if several {
             format!("guest {}: ", g.n)
@@ -519,17 +535,22 @@ pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
         match qemu.wait_timeout(Duration::from_secs(3)) {
             Some(st) => {
                 let code = shell_exit_code(st);
-                if several {
-                    match st.signal() {
-                        Some(s) => errln!(
-                            "hotprobe: {who}QEMU (pid {}) was killed by signal {s}",
-                            qemu.pid()
-                        ),
-                        None => errln!(
-                            "hotprobe: {who}QEMU (pid {}) exited with status {code}",
-                            qemu.pid()
-                        ),
-                    }
+                match st.signal() {
+                    Some(s) => errln!(
+                        "hotprobe: {who}QEMU (pid {}) was killed by signal {s}",
+                        qemu.pid()
+                    ),
+                    // Several guests: each one's end is said (a column of
+                    // the run); one guest that powered off ends silently.
+                    None if code != 0 || several => errln!(
+                        "hotprobe: {who}QEMU (pid {}) exited with status {code}",
+                        qemu.pid()
+                    ),
+                    None => {}
+                }
+                if st.signal().is_none() && code == 0 {
+                    // Its stub's disconnection is no news then.
+                    normal_ends.push(g.name.as_str());
                 }
                 if status == 0 {
                     status = code;
@@ -543,7 +564,32 @@ pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
             }
         }
     }
+    print_end_notices(notices, &normal_ends);
+    if matches!(end, RunEnd::AllExited) && normal_ends.len() < started.len() {
+        errln!(
+            "hotprobe: {}",
+            if several {
+                "every guest is gone"
+            } else {
+                "the guest is gone"
+            }
+        );
+    }
     Ok(status)
+}
+
+/// Prints the session's notices at the end of a launched run, but not the
+/// stub disconnection of a guest whose QEMU exited 0 (`normal_ends`: the
+/// targets' names): a guest that powered off ends silently.
+pub(crate) fn print_end_notices(notices: Vec<String>, normal_ends: &[&str]) {
+    for n in notices {
+        let routine = normal_ends
+            .iter()
+            .any(|name| n.starts_with(&format!("{name} disconnected")));
+        if !routine {
+            errln!("hotprobe: {n}");
+        }
+    }
 }
 
 /// The live call trees of `guest trace`: one per guest (each its own
@@ -702,7 +748,7 @@ pub(crate) fn run_launched_loop(
     nguests: usize,
     duration: Option<Duration>,
     mut sink: Option<&mut dyn EventSink>,
-) -> Result<()> {
+) -> Result<RunEnd> {
     session.start()?;
     if nguests == 1 {
         errln!("hotprobe: the guest runs: {nprobes} probes");
@@ -719,15 +765,13 @@ pub(crate) fn run_launched_loop(
             return Err(e).context("the event loop failed; detached");
         }
     };
-    match end {
-        RunEnd::AllExited if nguests == 1 => errln!("hotprobe: the guest is gone"),
-        RunEnd::AllExited => errln!("hotprobe: every guest is gone"),
-        RunEnd::Interrupted | RunEnd::Stopped => {
-            // Ctrl-C reached QEMU too: it may be on its way out.
-            session
-                .finish(Duration::from_secs(2), sink)
-                .context("cannot detach from the guests")?;
-        }
+    // An end of every guest is said by the caller once QEMU's exit status
+    // is known (a guest that powered off ends silently).
+    if let RunEnd::Interrupted | RunEnd::Stopped = end {
+        // Ctrl-C reached QEMU too: it may be on its way out.
+        session
+            .finish(Duration::from_secs(2), sink)
+            .context("cannot detach from the guests")?;
     }
-    Ok(())
+    Ok(end)
 }

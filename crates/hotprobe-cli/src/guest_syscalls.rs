@@ -1,7 +1,7 @@
 //! `hotprobe guest syscalls`: every system call of a guest hotprobe starts
 //! with its QEMU plugin, printed as strace does.
 
-use crate::guest::{delivery, print_notices, run_launched_loop};
+use crate::guest::{delivery, print_end_notices, run_launched_loop};
 use crate::out::{errln, outln};
 use anyhow::{bail, Context, Result};
 use hotprobe::guest::{kernel_image, load_symbols, shell_exit_code, GuestFleet, LaunchOptions};
@@ -195,6 +195,7 @@ pub fn run_syscalls(o: &SyscallsOptions<'_>) -> Result<u8> {
         maxactive: 64,
         ..SessionConfig::default()
     });
+    let name = hotprobe::Target::describe(&launched.target);
     let t = session.add_plugin_guest(
         Box::new(launched.target),
         Some(Box::new(launched.resolver)),
@@ -275,14 +276,21 @@ pub fn run_syscalls(o: &SyscallsOptions<'_>) -> Result<u8> {
             );
         }
     }
-    print_notices(&mut session);
-    ran?;
+    let notices = session.take_notices();
+    let end = ran?;
     let status = qemu.wait_timeout(Duration::from_secs(3));
-    Ok(match status {
+    let code = match status {
         Some(st) => shell_exit_code(st),
         None => {
             errln!("hotprobe: QEMU (pid {}) runs on without probes", qemu.pid());
             0
         }
-    })
+    };
+    let normal = status.is_some() && code == 0;
+    let ended = [name.as_str()];
+    print_end_notices(notices, if normal { &ended } else { &[] });
+    if matches!(end, hotprobe::RunEnd::AllExited) && !normal {
+        errln!("hotprobe: the guest is gone (QEMU's status {code})");
+    }
+    Ok(code)
 }

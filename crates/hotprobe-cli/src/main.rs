@@ -474,6 +474,7 @@ fn launched_guest(
             args,
             sync,
             output,
+            force,
             boot,
         } => (
             qemu,
@@ -484,6 +485,7 @@ fn launched_guest(
             *sync,
             guest::LaunchedAction::Record {
                 out: output,
+                force: *force,
                 args: *args,
                 boot: *boot,
             },

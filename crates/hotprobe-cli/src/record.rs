@@ -119,7 +119,7 @@ fn resolve_program(prog: &Path) -> Option<PathBuf> {
 
 /// What is in the directory `record` is asked to write.
 #[derive(Debug, PartialEq, Eq)]
-enum OutDir {
+pub(crate) enum OutDir {
     /// Nothing yet (missing, or an empty directory).
     Fresh,
     /// A trace, to be replaced (`--force`).
@@ -129,7 +129,7 @@ enum OutDir {
 /// Checks, before anything runs, that `dir` may be written: a missing or
 /// empty directory may; a trace (it has `info.json`) only with `force`;
 /// anything else never.
-fn check_out_dir(dir: &Path, force: bool) -> Result<OutDir> {
+pub(crate) fn check_out_dir(dir: &Path, force: bool) -> Result<OutDir> {
     let d = dir.display();
     let entries = match std::fs::read_dir(dir) {
         Ok(rd) => rd.count(),
@@ -155,7 +155,7 @@ fn check_out_dir(dir: &Path, force: bool) -> Result<OutDir> {
 }
 
 /// Removes everything in the trace directory `dir` (streams, exports).
-fn clear_trace_dir(dir: &Path) -> Result<()> {
+pub(crate) fn clear_trace_dir(dir: &Path) -> Result<()> {
     let ctx = || format!("cannot remove the old trace in {}", dir.display());
     for ent in std::fs::read_dir(dir).with_context(ctx)? {
         let ent = ent.with_context(ctx)?;
