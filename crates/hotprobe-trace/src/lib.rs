@@ -32,6 +32,7 @@ mod hist;
 mod info;
 pub mod kernel;
 mod lz4;
+mod overhead;
 pub mod query;
 mod reader;
 mod replay;
@@ -72,6 +73,7 @@ pub use info::{Info, ThreadInfo, WriteStats, FORMAT_NAME, FORMAT_VERSION};
 pub use kernel::{
     kernel_file_name, KernelEvent, KernelInfo, KernelKind, KernelThreadInfo, ThreadKernel,
 };
+pub use overhead::{MechanismCost, ProbeCosts, COSTS_FILE};
 pub use query::{CompiledQuery, Query, QueryStack, StepStack};
 pub use reader::{StreamFile, ThreadStream, TraceReader};
 pub use summary::{rfc3339, summarize, ThreadSummary, TraceSummary};

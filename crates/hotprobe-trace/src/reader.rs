@@ -9,6 +9,7 @@ use crate::event::{Record, TimeBase};
 use crate::files::{check_regular, open_regular, read_bytes, read_text};
 use crate::format::Decoder;
 use crate::info::{Info, FORMAT_NAME, FORMAT_VERSION};
+use crate::overhead::{OverheadClock, ProbeCosts, COSTS_FILE};
 use crate::symbols::SymbolTable;
 use crate::values::{values_file_name, ThreadValues, ValueTypes, TYPES_FILE};
 use crate::writer::{INFO_FILE, SYMBOLS_FILE};
@@ -52,6 +53,10 @@ pub struct TraceReader {
     streams: Vec<StreamFile>,
     value_types: ValueTypes,
     cuts: Vec<StreamCut>,
+    /// The calibrated probe costs (`costs.tsv`), if the recorder wrote them.
+    costs: Option<ProbeCosts>,
+    /// Whether streams leave the probes' costs out of their times.
+    correct: bool,
 }
 
 impl TraceReader {
@@ -173,6 +178,14 @@ impl TraceReader {
             Some(text) => ValueTypes::parse(&text, &tp)?,
             None => ValueTypes::default(),
         };
+        let cp = dir.join(COSTS_FILE);
+        let costs = match read_text(&cp)? {
+            Some(text) => Some(ProbeCosts::parse(&text, &cp)?),
+            None => None,
+        };
+        // Kernel events keep the measured clock: calls stay measured too,
+        // so that both line up.
+        let correct = costs.is_some() && info.kernel.is_none();
         let mut r = TraceReader {
             dir,
             info,
@@ -180,6 +193,8 @@ impl TraceReader {
             streams,
             value_types,
             cuts: Vec::new(),
+            costs,
+            correct,
         };
         if !r.info.complete {
             for s in &r.streams {
@@ -293,11 +308,79 @@ impl TraceReader {
             .iter()
             .find(|s| s.tid == tid)
             .ok_or_else(|| TraceError::Invalid(format!("no stream for thread {tid}")))?;
-        if self.info.complete {
+        let mut st = if self.info.complete {
             ThreadStream::open(&s.path, self.info.time_base, Some(tid))
         } else {
             ThreadStream::open_unfinished(&s.path, self.info.time_base, tid)
+        }?;
+        if self.correct {
+            st.clock = self.costs.as_ref().map(OverheadClock::new);
         }
+        Ok(st)
+    }
+
+    /// The probes' calibrated costs per hit and mechanisms, if the
+    /// recorder wrote them (`costs.tsv`; traces before it have none).
+    pub fn probe_costs(&self) -> Option<&ProbeCosts> {
+        self.costs.as_ref()
+    }
+
+    /// Whether the streams' times leave the probes' costs out (on when the
+    /// trace has calibrated costs and no host-kernel events).
+    pub fn overhead_corrected(&self) -> bool {
+        self.correct
+    }
+
+    /// Reads the streams with their measured times (`false`) or without
+    /// the probes' costs (`true`: only where the trace has them).
+    pub fn set_overhead_correction(&mut self, on: bool) {
+        self.correct = on && self.costs.is_some() && self.info.kernel.is_none();
+    }
+
+    /// One line saying whether the times leave the probes' costs out, with
+    /// each mechanism's cost a hit (`None` for a trace without costs).
+    pub fn overhead_note(&self) -> Option<String> {
+        let c = self.costs.as_ref()?;
+        let each = c
+            .mechanisms
+            .iter()
+            .map(|m| format!("{} {}", m.label, crate::overhead::fmt_cost(m.ns_per_hit)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        Some(if self.correct {
+            format!(
+                "times without the probes' costs (a hit: {each}, calibrated when the \
+                 recording started; --raw-times: as measured)"
+            )
+        } else if self.info.kernel.is_some() {
+            format!(
+                "times as measured, the probes' costs in them (a hit: {each}; not taken \
+                 out: the host kernel's events share the clock)"
+            )
+        } else {
+            format!("times as measured, the probes' costs in them (a hit: {each})")
+        })
+    }
+
+    /// The functions probed through a trap (ptrace or in-process), each
+    /// with its mechanism, by name (empty for a trace without costs).
+    pub fn trap_functions(&self) -> Vec<(String, String)> {
+        let Some(c) = &self.costs else {
+            return Vec::new();
+        };
+        let mut v: Vec<(String, String)> = c
+            .probes
+            .keys()
+            .filter_map(|&id| {
+                let m = c.mechanism_of(id)?;
+                m.label
+                    .contains("trap")
+                    .then(|| (self.symbols.name(id).into_owned(), m.label.clone()))
+            })
+            .collect();
+        v.sort();
+        v.dedup();
+        v
     }
 
     /// Opens every stream, in tid order.
@@ -319,6 +402,8 @@ pub struct ThreadStream {
     /// Read as the stream of an unfinished trace.
     unfinished: bool,
     cut: Option<StreamCut>,
+    /// The clock without the probes' costs (a trace with `costs.tsv`).
+    clock: Option<OverheadClock>,
 }
 
 impl ThreadStream {
@@ -345,6 +430,7 @@ impl ThreadStream {
             done: false,
             unfinished: false,
             cut: None,
+            clock: None,
         })
     }
 
@@ -367,6 +453,7 @@ impl ThreadStream {
                 raw: false,
                 done: true,
                 unfinished: true,
+                clock: None,
                 cut: Some(StreamCut {
                     tid,
                     path: path.to_path_buf(),
@@ -421,6 +508,58 @@ impl ThreadStream {
                     self.time
                 ),
             })
+    }
+
+    /// `r` on the clock without the probes' costs (unchanged without one,
+    /// or for raw ticks).
+    fn take_out_costs(&mut self, r: Record) -> Record {
+        let Some(k) = self.clock.as_mut().filter(|_| !self.raw) else {
+            return r;
+        };
+        match r {
+            Record::Entry { ts, probe, args } => Record::Entry {
+                ts: k.hit(ts, probe),
+                probe,
+                args,
+            },
+            Record::Exit {
+                ts,
+                probe,
+                ret,
+                unwound,
+            } => Record::Exit {
+                ts: k.hit(ts, probe),
+                probe,
+                ret,
+                unwound,
+            },
+            Record::Call {
+                ts,
+                dur,
+                probe,
+                args,
+                ret,
+            } => {
+                let s = k.hit(ts, probe);
+                let e = k.hit(ts.saturating_add(dur), probe);
+                Record::Call {
+                    ts: s,
+                    dur: e - s,
+                    probe,
+                    args,
+                    ret,
+                }
+            }
+            Record::Hit { ts, probe, args } => Record::Hit {
+                ts: k.hit(ts, probe),
+                probe,
+                args,
+            },
+            Record::Lost { ts, count } => Record::Lost {
+                ts: k.plain(ts),
+                count,
+            },
+        }
     }
 
     fn convert(&self, r: Record) -> Result<Record> {
@@ -485,7 +624,7 @@ impl Iterator for ThreadStream {
         let dec = self.dec.as_mut()?;
         match dec.next_record() {
             Ok(Some(r)) => {
-                let r = self.convert(r);
+                let r = self.convert(r).map(|r| self.take_out_costs(r));
                 self.done = r.is_err();
                 Some(r)
             }

@@ -90,6 +90,10 @@ pub struct TraceSummary {
     /// The host kernel's events (`record --kernel`): taken, lost, per thread.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel: Option<crate::kernel::KernelInfo>,
+    /// Each mechanism's calibrated cost a hit and whether the times leave
+    /// them out ([`TraceReader::overhead_note`]; none before `costs.tsv`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe_costs: Option<String>,
 }
 
 /// Counts a call (and a call without its exit).
@@ -178,6 +182,7 @@ pub fn summarize(reader: &TraceReader, mut progress: Progress<'_>) -> Result<Tra
         filtered: info.stats.as_ref().map(|s| s.filtered),
         phase_markers: info.phase_markers.clone(),
         kernel: info.kernel.clone(),
+        probe_costs: reader.overhead_note(),
     })
 }
 
@@ -347,6 +352,9 @@ impl TraceSummary {
         }
         if !self.phase_markers.is_empty() {
             kv("phase markers:", self.phase_markers.join(", "));
+        }
+        if let Some(c) = &self.probe_costs {
+            kv("probe costs:", c.clone());
         }
         s
     }

@@ -423,6 +423,12 @@ impl TraceWriter {
         types.write(&self.dir.join(TYPES_FILE))
     }
 
+    /// Writes the probes' calibrated costs (`costs.tsv`): readers then take
+    /// them out of the recorded times ([`crate::ProbeCosts`]).
+    pub fn set_probe_costs(&mut self, costs: &crate::ProbeCosts) -> Result<()> {
+        costs.write(&self.dir.join(crate::COSTS_FILE))
+    }
+
     /// Writes an event of a typed probe with the bytes captured at its hit:
     /// they go to the thread's values file, and the event keeps their
     /// index as its argument (entry, hit) or return value (exit).

@@ -77,7 +77,8 @@ pub fn export_chrome_filtered(
     writeln!(
         out,
         "{{\"displayTimeUnit\":\"ns\",\"otherData\":{},\"traceEvents\":[",
-        json!({"tracer": "hotprobe", "target": info.target, "version": info.version})
+        json!({"tracer": "hotprobe", "target": info.target, "version": info.version,
+               "probe_costs": reader.overhead_note()})
     )
     .map_err(io)?;
     serde_json::to_writer(

@@ -68,6 +68,11 @@ fn metadata(reader: &TraceReader) -> String {
     } else {
         format!("enum : uint32_t {{\n{labels}}}")
     };
+    let costs = tsdl_string(
+        &reader
+            .overhead_note()
+            .unwrap_or_else(|| "not calibrated: times as measured".into()),
+    );
     format!(
         r#"/* CTF 1.8 */
 
@@ -89,6 +94,7 @@ trace {{
 env {{
 	tracer_name = "hotprobe";
 	target = {target};
+	probe_costs = {costs};
 	hostname = "";
 }};
 

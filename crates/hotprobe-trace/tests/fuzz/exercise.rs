@@ -66,6 +66,21 @@ pub fn small_trace(dir: &Path) {
         vec![item("", Shape::F64)],
     );
     w.set_value_types(&types).unwrap();
+    // Probe costs: readers then take them out of the times.
+    let mut costs = ProbeCosts::default();
+    let jump = costs.mechanism(MechanismCost {
+        label: "jump".into(),
+        ns_per_hit: 30.0,
+        how: "fuzz seed".into(),
+    });
+    let trap = costs.mechanism(MechanismCost {
+        label: "in-process trap".into(),
+        ns_per_hit: 600.0,
+        how: "fuzz seed".into(),
+    });
+    costs.probes.insert(MAIN, trap);
+    costs.probes.insert(MAIN + 1, jump);
+    w.set_probe_costs(&costs).unwrap();
     for e in &events {
         if e.probe != MAIN {
             w.write_event(e).unwrap();
@@ -110,13 +125,14 @@ pub fn small_trace(dir: &Path) {
 }
 
 /// The files of a trace directory the first input byte picks from.
-pub const FILES: [&str; 6] = [
+pub const FILES: [&str; 7] = [
     INFO_FILE,
     SYMBOLS_FILE,
     "tid-1.hpt",
     TYPES_FILE,
     "values-1.hpv",
     "kernel-1.hpk",
+    COSTS_FILE,
 ];
 
 /// A whole trace directory with one file replaced by the input.
