@@ -78,6 +78,27 @@ fn open(dir: &Path) -> Result<TraceReader> {
     TraceReader::open(dir).with_context(|| format!("cannot read the trace in {}", dir.display()))
 }
 
+/// [`open`] for replay, report and export: times with or without the
+/// probes' costs (`--raw-times`).
+fn open_timed(dir: &Path, q: &QueryArgs) -> Result<TraceReader> {
+    let mut r = open(dir)?;
+    r.set_overhead_correction(!q.raw_times);
+    Ok(r)
+}
+
+/// Says on stderr, after a replay or a report, whether its times leave the
+/// probes' costs out, and which functions went through a trap.
+fn say_times(r: &TraceReader) {
+    if let Some(note) = r.overhead_note() {
+        errln!("hotprobe: {note}");
+        let traps = r.trap_functions();
+        if !traps.is_empty() {
+            let names: Vec<String> = traps.iter().map(|(f, m)| format!("{f} ({m})")).collect();
+            errln!("hotprobe: on a trap: {}", names.join(", "));
+        }
+    }
+}
+
 /// A byte-progress bar over the trace's streams, hidden when stderr is not
 /// a terminal or the input is small.
 fn bytes_bar(reader: &TraceReader, what: &str) -> ProgressBar {
@@ -159,13 +180,22 @@ fn print_json(v: &impl Serialize) -> Result<()> {
 pub fn replay_cmd(dir: &Path, q: &QueryArgs, fields: &str) -> Result<()> {
     let fields = ReplayField::parse_list(fields)
         .map_err(|e| crate::UsageError(format!("-f {fields}: {e}")))?;
-    let r = open(dir)?;
-    warn_incomplete(&r);
-    let query = q.compile(&r)?;
+    let r = open_timed(dir, q)?;
+    replay_of(&r, dir, q, fields)?;
+    // Unless nothing was shown ("no call matches").
+    if !q.compile(&r)?.filter_matches_nothing() {
+        say_times(&r);
+    }
+    Ok(())
+}
+
+fn replay_of(r: &TraceReader, dir: &Path, q: &QueryArgs, fields: Vec<ReplayField>) -> Result<()> {
+    warn_incomplete(r);
+    let query = q.compile(r)?;
     if q.matches_nothing(&query) {
         return Ok(());
     }
-    let bar = bytes_bar(&r, "replaying");
+    let bar = bytes_bar(r, "replaying");
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let opts = ReplayOptions {
@@ -173,9 +203,7 @@ pub fn replay_cmd(dir: &Path, q: &QueryArgs, fields: &str) -> Result<()> {
         color: crate::out::colors_on(),
         ..ReplayOptions::default()
     };
-    match with_bar(&bar, |cb| {
-        replay_with(&r, &query, &opts, &mut out, Some(cb))
-    }) {
+    match with_bar(&bar, |cb| replay_with(r, &query, &opts, &mut out, Some(cb))) {
         Err(e) if broken_pipe(&e) => return Ok(()),
         r => r.with_context(|| format!("cannot replay {}", dir.display()))?,
     }
@@ -193,6 +221,9 @@ struct ReportJson<'a> {
     sort: &'static str,
     calls: u64,
     rows: &'a [hotprobe::trace::ReportRow],
+    /// Whether the times leave the probes' costs out, and those costs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    probe_costs: Option<String>,
 }
 
 fn sort_name(s: SortArg) -> &'static str {
@@ -213,9 +244,24 @@ pub fn report_cmd(dir: &Path, phases: bool, markers: &[String], o: &ReportArgs) 
             "--marker {m:?}: give a function name"
         )));
     }
-    let r = open(dir)?;
-    warn_incomplete(&r);
-    let query = o.query.compile(&r)?;
+    let r = open_timed(dir, &o.query)?;
+    report_of(&r, dir, phases, markers, o)?;
+    // Unless nothing was shown ("no call matches").
+    if !o.query.compile(&r)?.filter_matches_nothing() {
+        say_times(&r);
+    }
+    Ok(())
+}
+
+fn report_of(
+    r: &TraceReader,
+    dir: &Path,
+    phases: bool,
+    markers: &[String],
+    o: &ReportArgs,
+) -> Result<()> {
+    warn_incomplete(r);
+    let query = o.query.compile(r)?;
     if o.query.matches_nothing(&query) {
         return Ok(());
     }
@@ -226,7 +272,7 @@ pub fn report_cmd(dir: &Path, phases: bool, markers: &[String], o: &ReportArgs) 
         }
     }
     let key: SortKey = o.sort.into();
-    let bar = bytes_bar(&r, "reading");
+    let bar = bytes_bar(r, "reading");
     let ctx = || format!("cannot report {}", dir.display());
     if o.flame {
         let path = dir.join("flame.svg");
@@ -235,7 +281,7 @@ pub fn report_cmd(dir: &Path, phases: bool, markers: &[String], o: &ReportArgs) 
                 .with_context(|| format!("cannot create {}", path.display()))?,
         );
         with_bar(&bar, |cb| {
-            export_flamegraph(&r, &query, &FlameOptions::default(), &mut f, Some(cb))
+            export_flamegraph(r, &query, &FlameOptions::default(), &mut f, Some(cb))
         })
         .with_context(ctx)?;
         f.flush()
@@ -243,8 +289,7 @@ pub fn report_cmd(dir: &Path, phases: bool, markers: &[String], o: &ReportArgs) 
         return print(&format!("{}\n", path.display()));
     }
     if let Some(pattern) = &o.hist {
-        let hs =
-            with_bar(&bar, |cb| histograms(&r, &query, pattern, Some(cb))).with_context(ctx)?;
+        let hs = with_bar(&bar, |cb| histograms(r, &query, pattern, Some(cb))).with_context(ctx)?;
         if hs.is_empty() {
             bail!("no function matching `{pattern}` in {}", dir.display());
         }
@@ -296,10 +341,11 @@ pub fn report_cmd(dir: &Path, phases: bool, markers: &[String], o: &ReportArgs) 
         return print(&s);
     }
     if let Some(dir2) = &o.diff {
-        let r2 = open(dir2)?;
+        let mut r2 = open(dir2)?;
+        r2.set_overhead_correction(!o.query.raw_times);
         warn_incomplete(&r2);
         let q2 = o.query.compile(&r2)?;
-        let a = with_bar(&bar, |cb| report_filtered(&r, &query, Some(cb))).with_context(ctx)?;
+        let a = with_bar(&bar, |cb| report_filtered(r, &query, Some(cb))).with_context(ctx)?;
         let b = report_filtered(&r2, &q2, None)
             .with_context(|| format!("cannot report {}", dir2.display()))?;
         let d = ReportDiff::new(&a, &b, key);
@@ -329,7 +375,7 @@ pub fn report_cmd(dir: &Path, phases: bool, markers: &[String], o: &ReportArgs) 
     }
     if o.task {
         let mut ts =
-            with_bar(&bar, |cb| report_by_thread(&r, &query, Some(cb))).with_context(ctx)?;
+            with_bar(&bar, |cb| report_by_thread(r, &query, Some(cb))).with_context(ctx)?;
         for t in &mut ts {
             t.report.sort(key);
         }
@@ -366,10 +412,10 @@ pub fn report_cmd(dir: &Path, phases: bool, markers: &[String], o: &ReportArgs) 
         return print(&s);
     }
     if phases || !markers.is_empty() {
-        let mut spec = PhaseSpec::from_trace(&r);
+        let mut spec = PhaseSpec::from_trace(r);
         spec.names.extend(markers.iter().cloned());
         let mut rep = with_bar(&bar, |cb| {
-            report_phases_filtered(&r, &spec, &query, Some(cb))
+            report_phases_filtered(r, &spec, &query, Some(cb))
         })
         .with_context(ctx)?;
         for p in &mut rep.phases {
@@ -396,7 +442,7 @@ pub fn report_cmd(dir: &Path, phases: bool, markers: &[String], o: &ReportArgs) 
             rep.to_text()
         });
     }
-    let mut rep = with_bar(&bar, |cb| report_filtered(&r, &query, Some(cb))).with_context(ctx)?;
+    let mut rep = with_bar(&bar, |cb| report_filtered(r, &query, Some(cb))).with_context(ctx)?;
     rep.sort(key);
     if o.json {
         return print_json(&ReportJson {
@@ -405,6 +451,7 @@ pub fn report_cmd(dir: &Path, phases: bool, markers: &[String], o: &ReportArgs) 
             sort: sort_name(o.sort),
             calls: rep.calls(),
             rows: &rep.rows,
+            probe_costs: r.overhead_note(),
         });
     }
     print(&rep.to_text_colored(crate::out::colors_on()))
@@ -473,7 +520,7 @@ pub fn export_cmd(o: &ExportOptions<'_>) -> Result<()> {
                 .map_err(|e| crate::UsageError(format!("--endpoint {url}: {e}")))
         })
         .transpose()?;
-    let r = open(o.dir)?;
+    let r = open_timed(o.dir, o.query)?;
     warn_incomplete(&r);
     let query = o.query.compile(&r)?;
     if o.query.matches_nothing(&query) {

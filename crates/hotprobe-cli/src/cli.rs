@@ -659,6 +659,10 @@ pub struct QueryArgs {
     /// Keep only calls starting less than DUR after the trace start.
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     pub until: Option<u64>,
+    /// Times as measured, the probes' costs in them (by default a trace
+    /// whose recording calibrated them reads without them).
+    #[arg(long)]
+    pub raw_times: bool,
 }
 
 /// `report -s` values.

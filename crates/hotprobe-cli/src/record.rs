@@ -387,6 +387,13 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
         );
     }
 
+    // Each mechanism's cost per hit, measured now (a trace with
+    // host-kernel events keeps measured times: none then).
+    let costs = if o.kernel {
+        None
+    } else {
+        calibrate_costs(&placed)
+    };
     // The time base: two (TSC, ns) pairs at least 50 ms apart.
     let since = Duration::from_nanos(clock_pair().1.saturating_sub(ns0));
     if since < Duration::from_millis(50) {
@@ -440,7 +447,10 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     let types = typed::TypedShapes::new(&typing, &placed).value_types();
     let mut writer = match TraceWriter::create(o.out, meta)
         .and_then(|mut w| w.set_value_types(&types).map(|()| w))
-    {
+        .and_then(|mut w| match &costs {
+            Some(c) => w.set_probe_costs(c).map(|()| w),
+            None => Ok(w),
+        }) {
         Ok(w) => w,
         Err(e) => {
             t.abandon();
@@ -713,4 +723,48 @@ fn print_summary(s: &Summary<'_>) {
         f.orphan_exits,
         f.clamped
     );
+}
+
+/// Each mechanism's cost per hit, calibrated now for the mechanisms the
+/// probes use, with the mechanism of each probe (`None`, with a warning,
+/// when it cannot be measured: the trace then keeps measured times).
+fn calibrate_costs(placed: &[hotprobe::Placement]) -> Option<hotprobe::trace::ProbeCosts> {
+    use hotprobe::calibration::{calibrate, CostClass};
+    use hotprobe::trace::{MechanismCost, ProbeCosts};
+    let mut classes: Vec<CostClass> = Vec::new();
+    for c in placed.iter().filter_map(CostClass::of) {
+        if !classes.contains(&c) {
+            classes.push(c);
+        }
+    }
+    if classes.is_empty() {
+        return None;
+    }
+    let measured = match calibrate(&classes) {
+        Ok(m) => m,
+        Err(e) => {
+            errln!(
+                "hotprobe: warning: cannot calibrate the probes' costs ({e}): the trace keeps \
+                 measured times"
+            );
+            return None;
+        }
+    };
+    let mut costs = ProbeCosts::default();
+    let mut index = Vec::new();
+    for m in measured {
+        let i = costs.mechanism(MechanismCost {
+            label: m.class.label().into(),
+            ns_per_hit: m.ns_per_hit,
+            how: m.how,
+        });
+        index.push((m.class, i));
+    }
+    for p in placed {
+        let class = CostClass::of(p);
+        if let Some(&(_, i)) = index.iter().find(|(c, _)| Some(*c) == class) {
+            costs.probes.insert(p.id.0, i);
+        }
+    }
+    Some(costs)
 }

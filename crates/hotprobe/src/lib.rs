@@ -20,6 +20,7 @@
 //! through a trampoline and a per-thread shadow stack bounded by
 //! `maxactive`, several probes per address, enable/disable at run time.
 
+pub mod calibration;
 pub mod cond;
 mod count;
 mod engine;
