@@ -10,9 +10,11 @@
 //! r9, compared as signed 64-bit integers), numbers, `== != < <= > >=`,
 //! `&&`, `||`, `!`, parentheses.
 
+use crate::args::{handle_arg, put, session_arg, str_arg};
+use crate::error::{guard, Fail};
 use crate::{
-    guard, handle_arg, hotprobe_probe, hotprobe_session, hotprobe_target, put, session_arg,
-    str_arg, Fail, HOTPROBE_ERR_INVALID, HOTPROBE_ERR_NOT_FOUND, HOTPROBE_OK,
+    hotprobe_probe, hotprobe_session, hotprobe_target, HOTPROBE_ERR_INVALID,
+    HOTPROBE_ERR_NOT_FOUND, HOTPROBE_OK,
 };
 use hotprobe::{CountError, ProbeId, TargetId};
 use std::ffi::{c_char, c_int};
