@@ -9,7 +9,9 @@
 //! `arg0`…`arg5` compared as signed 64-bit integers, numbers,
 //! `== != < <= > >=`, `&&`, `||`, `!`, parentheses.
 
-use crate::{err, placed, target_id, PyProbe, Session};
+use crate::err;
+use crate::probe::{placed, PyProbe};
+use crate::session::{target_id, Session};
 use hotprobe::{CountError, ProbeId};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
