@@ -286,8 +286,11 @@ impl Session {
     /// Count the hits of every address `spec` names (a pattern names
     /// every matching function; `%return` counts returns), each on the
     /// cheapest mechanism that fits. Returns a `Count`. With `cond`
-    /// (`"arg0 > 256"`), count the calls whose arguments satisfy it
-    /// instead: returns a `ConditionalCount`.
+    /// (`"arg0 > 256"`, or with the names of the function's parameters
+    /// from its DWARF: `"size > 256 && key < 0"`), count the calls whose
+    /// arguments satisfy it instead: returns a `ConditionalCount`. A bad
+    /// condition (or a parameter the function does not have) raises
+    /// ValueError, and leaves nothing placed.
     #[pyo3(signature = (target, spec, cond = None))]
     fn count(
         slf: &Bound<'_, Self>,
