@@ -264,12 +264,8 @@ fn named_counts(mechanism: u32) -> (u64, u64, u64, u64, String) {
     let both = count_if(s, t, "put", "size > 256 && key > 0").unwrap();
     let mixed = count_if(s, t, "put", "key == 3 || arg1 == 0").unwrap();
     // SAFETY: live session.
-    assert_eq!(
-        unsafe { hotprobe_run(s) },
-        HOTPROBE_END_EXITED,
-        "{}",
-        last_error()
-    );
+    let end = unsafe { hotprobe_run(s) };
+    assert_eq!(end, HOTPROBE_END_EXITED, "{}", last_error());
     let mut lost = u64::MAX;
     // SAFETY: live session, writable out.
     assert_eq!(unsafe { hotprobe_count_if_lost(s, &mut lost) }, HOTPROBE_OK);
@@ -339,12 +335,8 @@ fn unknown_parameters_and_no_dwarf_are_refused_and_nothing_stays_placed() {
         assert!(msg.starts_with(want), "{cond}: {msg}");
         let after = count_if(s, t, "put", "arg0 == arg0").unwrap();
         // SAFETY: live session.
-        assert_eq!(
-            unsafe { hotprobe_run(s) },
-            HOTPROBE_END_EXITED,
-            "{}",
-            last_error()
-        );
+        let end = unsafe { hotprobe_run(s) };
+        assert_eq!(end, HOTPROBE_END_EXITED, "{}", last_error());
         assert_eq!((hits(s, before), hits(s, after)), (8, 8), "{cond}");
         let placed_between = cond != "key > 1 &&";
         assert_eq!(
