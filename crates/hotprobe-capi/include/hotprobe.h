@@ -728,14 +728,17 @@ int hotprobe_ctx_stop(struct hotprobe_ctx *ctx);
 
 /**
  * Counts the calls of every function `spec` names (a pattern names every
- * matching function) whose arguments satisfy `cond` (e.g. `"arg0 > 256"`;
- * NULL counts every call). Writes up to `cap` probe ids to `ids` and how
- * many were placed to `n_out`; read each count with
- * [`hotprobe_count_if_hits`] after (or between) runs.
+ * matching function) whose arguments satisfy `cond` (e.g. `"arg0 > 256"`,
+ * or with the names of the function's parameters, from its DWARF:
+ * `"size > 256 && key < 0"`; NULL counts every call). Writes up to `cap`
+ * probe ids to `ids` and how many were placed to `n_out`; read each count
+ * with [`hotprobe_count_if_hits`] after (or between) runs.
  *
- * Refused with `HOTPROBE_ERR_INVALID` before anything is placed: a
+ * Refused with `HOTPROBE_ERR_INVALID`, and nothing left placed: a
  * condition that does not parse (the message gives the column), a
- * `%return` spec, a session that follows forks.
+ * `%return` spec, a session that follows forks; for a condition naming
+ * parameters, a function without DWARF or without such a parameter (the
+ * message lists its parameters), or a target that is no process.
  *
  * # Safety
  * `s` is a live session; `spec` a C string; `cond` null or a C string;

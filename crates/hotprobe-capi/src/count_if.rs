@@ -7,12 +7,16 @@
 //! COND'` uses) evaluates each entry's condition while the run drains the
 //! events, and counts those where it holds. The condition grammar is the
 //! library's ([`hotprobe::cond`]): `arg0`…`arg5` (rdi, rsi, rdx, rcx, r8,
-//! r9, compared as signed 64-bit integers), numbers, `== != < <= > >=`,
-//! `&&`, `||`, `!`, parentheses.
+//! r9, compared as signed 64-bit integers), the names of the function's
+//! parameters from its DWARF (`"size > 256"`: compared with their own
+//! size and signedness), numbers, `== != < <= > >=`, `&&`, `||`, `!`,
+//! parentheses.
 
+use crate::args::{handle_arg, put, session_arg, str_arg};
+use crate::error::{guard, Fail};
 use crate::{
-    guard, handle_arg, hotprobe_probe, hotprobe_session, hotprobe_target, put, session_arg,
-    str_arg, Fail, HOTPROBE_ERR_INVALID, HOTPROBE_ERR_NOT_FOUND, HOTPROBE_OK,
+    hotprobe_probe, hotprobe_session, hotprobe_target, HOTPROBE_ERR_INVALID,
+    HOTPROBE_ERR_NOT_FOUND, HOTPROBE_OK,
 };
 use hotprobe::{CountError, ProbeId, TargetId};
 use std::ffi::{c_char, c_int};
@@ -30,14 +34,17 @@ impl From<CountError> for Fail {
 }
 
 /// Counts the calls of every function `spec` names (a pattern names every
-/// matching function) whose arguments satisfy `cond` (e.g. `"arg0 > 256"`;
-/// NULL counts every call). Writes up to `cap` probe ids to `ids` and how
-/// many were placed to `n_out`; read each count with
-/// [`hotprobe_count_if_hits`] after (or between) runs.
+/// matching function) whose arguments satisfy `cond` (e.g. `"arg0 > 256"`,
+/// or with the names of the function's parameters, from its DWARF:
+/// `"size > 256 && key < 0"`; NULL counts every call). Writes up to `cap`
+/// probe ids to `ids` and how many were placed to `n_out`; read each count
+/// with [`hotprobe_count_if_hits`] after (or between) runs.
 ///
-/// Refused with `HOTPROBE_ERR_INVALID` before anything is placed: a
+/// Refused with `HOTPROBE_ERR_INVALID`, and nothing left placed: a
 /// condition that does not parse (the message gives the column), a
-/// `%return` spec, a session that follows forks.
+/// `%return` spec, a session that follows forks; for a condition naming
+/// parameters, a function without DWARF or without such a parameter (the
+/// message lists its parameters), or a target that is no process.
 ///
 /// # Safety
 /// `s` is a live session; `spec` a C string; `cond` null or a C string;

@@ -11,10 +11,9 @@
 //! collects; values in registers come from the recorded events on any
 //! mechanism, anything else (strings, fields) through a trap.
 
-use crate::{
-    guard, handle_arg, hotprobe_probe, hotprobe_session, hotprobe_target, put, session_arg,
-    str_arg, Fail, HOTPROBE_ERR_INVALID, HOTPROBE_OK,
-};
+use crate::args::{handle_arg, put, session_arg, str_arg};
+use crate::error::{guard, Fail};
+use crate::{hotprobe_probe, hotprobe_session, hotprobe_target, HOTPROBE_ERR_INVALID, HOTPROBE_OK};
 use hotprobe::typed_capture::TypedCaptureError;
 use hotprobe::TargetId;
 use std::ffi::{c_char, c_int, c_void, CString};

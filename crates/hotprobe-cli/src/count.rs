@@ -59,32 +59,6 @@ struct Spec {
 }
 
 /// Run `count`; returns hotprobe's exit code (the command's).
-/// The condition `text`, whose names are parameters of the function `p`
-/// is placed on (from its DWARF).
-fn named_cond(
-    typing: &hotprobe::typed::Typing,
-    p: &hotprobe::Placement,
-    text: &str,
-) -> Result<Cond, String> {
-    let func = p.function.clone().unwrap_or_else(|| p.label.clone());
-    let Some(regs) = typing.param_registers(p.addr.0) else {
-        return Err(format!(
-            "the condition names a parameter, and {func} has no DWARF (build with -g)"
-        ));
-    };
-    let map = |name: &str| regs.iter().find(|(n, _)| n == name).map(|(_, r)| r.clone());
-    Cond::parse_with(text, &map).map_err(|e| match e {
-        crate::cond::CondError::UnknownName { name, .. } => format!(
-            "the condition: {func} has no parameter {name}; its parameters: {}",
-            regs.iter()
-                .map(|(n, _)| n.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        e => format!("the condition: {e}"),
-    })
-}
-
 pub fn run(o: &CountOptions<'_>) -> Result<u8> {
     let mut specs = Vec::new();
     for s in o.probes {
@@ -172,7 +146,7 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
             for p in &added {
                 let c = match c {
                     Some(c) => c.clone(),
-                    None => match named_cond(&typing, p, text) {
+                    None => match crate::cond::named_cond(&typing, p, text) {
                         Ok(c) => c,
                         Err(e) => {
                             t.abandon();

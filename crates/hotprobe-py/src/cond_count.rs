@@ -6,10 +6,14 @@
 //! (the one the command line's `count 'SPEC if COND'` and the C API's
 //! `hotprobe_count_if` use) evaluates the condition on each while the run
 //! drains them. The grammar is the library's ([`hotprobe::cond`]):
-//! `arg0`…`arg5` compared as signed 64-bit integers, numbers,
-//! `== != < <= > >=`, `&&`, `||`, `!`, parentheses.
+//! `arg0`…`arg5` compared as signed 64-bit integers, the names of the
+//! function's parameters from its DWARF (`cond="size > 256"`, compared
+//! with their own size and signedness), numbers, `== != < <= > >=`,
+//! `&&`, `||`, `!`, parentheses.
 
-use crate::{err, placed, target_id, PyProbe, Session};
+use crate::err;
+use crate::probe::{placed, PyProbe};
+use crate::session::{target_id, Session};
 use hotprobe::{CountError, ProbeId};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;

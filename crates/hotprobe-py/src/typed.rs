@@ -9,7 +9,9 @@
 //! registers come from the recorded events on any mechanism, anything
 //! else (strings, fields) through a trap.
 
-use crate::{err, placed, target_id, PyProbe, Session};
+use crate::err;
+use crate::probe::{placed, PyProbe};
+use crate::session::{target_id, Session};
 use hotprobe::typed_capture::TypedCaptureError;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;

@@ -352,6 +352,51 @@ fn python_conditional_count() {
     }
 }
 
+/// `Session.count(t, "put", cond=...)` with conditions naming `put`'s
+/// parameters (tests/programs/params.c, compiled with -g): each count is
+/// the number of calls whose arguments match, on the fast path and on
+/// traps; an unknown parameter and a bad condition raise ValueError.
+#[test]
+fn python_conditional_count_by_parameter_name() {
+    let Some(py) = python() else { return };
+    let dir = scratch("py-named-cond");
+    let src = root().join("crates/hotprobe-capi/tests/programs/params.c");
+    let prog = gcc(&src, &dir.join("params"), &["-O1", "-g"]);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/named_cond.py");
+    for mechanism in ["auto", "trap"] {
+        let out_path = dir.join(format!("out-{mechanism}"));
+        let out = py_run(
+            &py,
+            &[
+                script.as_os_str(),
+                prog.as_os_str(),
+                mechanism.as_ref(),
+                out_path.as_os_str(),
+            ],
+        );
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "refused: the condition: put has no parameter nosuch; its parameters: key, size",
+                "refused: the condition: column 11: expected an argument (arg0 to arg5) or a \
+                 number, found the end of the condition",
+                "run: exited",
+                // -2, -4, -7.
+                "key < 0: 3 {'put': 3} 0",
+                // 300, 4096, 257, 1000, 4000000000 (unsigned).
+                "size > 256: 5 {'put': 5} 0",
+                // 4096 (key 3), 257 (5), 4000000000 (8).
+                "both: 3 {'put': 3} 0",
+                // key 3, and size 0 (key -4).
+                "mixed: 2 {'put': 2} 0",
+                "program: sum 10",
+            ],
+            "{mechanism}"
+        );
+    }
+}
+
 /// A typed capture from Python (`Session.record(t, spec, typed=True)`) on
 /// a program compiled with -g whose `work(int, double, const char *)`
 /// logs each call: every parameter (`work`) and two named ones

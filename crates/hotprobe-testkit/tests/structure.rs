@@ -15,9 +15,8 @@ const OVER_LIMIT: &[(&str, usize)] = &[
     // Sizes when issues 21-23's first work was merged (2026-11-27: the
     // ledger, the signal guards, --no-traps and the OS layer went into
     // these files before they were cut); process/lib.rs, agent/hit.rs and
-    // trace/format.rs left the list then.
-    ("crates/hotprobe-capi/src/lib.rs", 1175),
-    ("crates/hotprobe-py/src/lib.rs", 1019),
+    // trace/format.rs left the list then, capi/lib.rs and py/lib.rs
+    // after them (cut by job).
 ];
 
 /// Backticked snake_case names in DESIGN.md that are not this project's
@@ -260,7 +259,7 @@ fn every_test_design_md_names_exists() {
 /// `anyhow` error in the CLI. Never a target or a mechanism (issue 21:
 /// optional abilities are typed accessors).
 const DOWNCASTS: &[(&str, &str)] = &[
-    ("crates/hotprobe-capi/src/lib.rs", "a panic's payload"),
+    ("crates/hotprobe-capi/src/error.rs", "a panic's payload"),
     ("crates/hotprobe-fuzzcheck/src/lib.rs", "a panic's payload"),
     (
         "crates/hotprobe-process/src/wait_tests.rs",

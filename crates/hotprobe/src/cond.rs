@@ -18,8 +18,14 @@
 //!
 //! A NAME is a parameter of the probed function, found in its DWARF
 //! (`count 'greet if n > 2'`): one the SysV ABI passes in an integer
-//! register at the entry ([`Cond::parse_with`] with the caller's map from
-//! names to registers; [`Cond::parse`] knows `arg0`…`arg5` only).
+//! register at the entry, compared with its own size and signedness
+//! ([`Cond::parse_with`] with the caller's map from names to registers;
+//! [`Cond::parse`] knows `arg0`…`arg5` only). [`named_cond`] compiles a
+//! condition for the function a probe was placed on, from the parameters
+//! [`crate::typed::Typing::name_chooser`] noted while it was placed; the
+//! command line, the C API's `hotprobe_count_if` and Python's
+//! `Session.count(..., cond=...)` all go through it
+//! ([`crate::CountSink::place`]).
 //!
 //! Arguments are the entry's argument registers (rdi, rsi, rdx, rcx, r8,
 //! r9) compared as signed 64-bit integers: `arg0 < 0` holds for -1. A
@@ -153,6 +159,60 @@ pub enum CondError {
         /// Why.
         why: String,
     },
+}
+
+/// Why a condition naming parameters does not compile for the function a
+/// probe was placed on ([`named_cond`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NamedCondError {
+    /// The function has no DWARF: its parameters have no names here.
+    #[error("the condition names a parameter, and {function} has no DWARF (build with -g)")]
+    NoDwarf {
+        /// The function (or the probe's label).
+        function: String,
+    },
+    /// A name that is none of the function's parameters.
+    #[error(
+        "the condition: {function} has no parameter {name}; its parameters: {}",
+        .params.join(", ")
+    )]
+    NoSuchParam {
+        /// The function (or the probe's label).
+        function: String,
+        /// The name.
+        name: String,
+        /// The function's parameters, in order.
+        params: Vec<String>,
+    },
+    /// Any other error of the condition (a parameter that is not in an
+    /// integer register, a syntax error).
+    #[error("the condition: {0}")]
+    Cond(CondError),
+}
+
+/// Compiles the condition `text` for the function the probe `p` was
+/// placed on: its names are that function's parameters, as `typing`
+/// noted them when the probe was placed (with
+/// [`crate::typed::Typing::name_chooser`] as the session's capture
+/// chooser), besides `arg0`…`arg5`.
+pub fn named_cond(
+    typing: &crate::typed::Typing,
+    p: &crate::Placement,
+    text: &str,
+) -> Result<Cond, NamedCondError> {
+    let function = p.function.clone().unwrap_or_else(|| p.label.clone());
+    let Some(regs) = typing.param_registers(p.addr.0) else {
+        return Err(NamedCondError::NoDwarf { function });
+    };
+    let map = |name: &str| regs.iter().find(|(n, _)| n == name).map(|(_, r)| r.clone());
+    Cond::parse_with(text, &map).map_err(|e| match e {
+        CondError::UnknownName { name, .. } => NamedCondError::NoSuchParam {
+            function,
+            name,
+            params: regs.iter().map(|(n, _)| n.clone()).collect(),
+        },
+        e => NamedCondError::Cond(e),
+    })
 }
 
 /// How a condition's parameter names map to argument registers: `None`
@@ -413,6 +473,28 @@ impl Cond {
         Cond::parse_names(s, Some(names))
     }
 
+    /// Whether the condition names parameters (compiled per function
+    /// once placed, [`named_cond`]) rather than `arg0`…`arg5` only; an
+    /// error for a condition that does not parse whatever its names are.
+    pub fn names_parameters(s: &str) -> Result<bool, CondError> {
+        match Cond::parse(s) {
+            Ok(_) => Ok(false),
+            Err(CondError::UnknownName { .. }) => {
+                // Every name stands for some parameter: what is left is
+                // the syntax.
+                let any = |_: &str| {
+                    Some(Ok(Operand::Param {
+                        reg: 0,
+                        size: 8,
+                        signed: true,
+                    }))
+                };
+                Cond::parse_with(s, &any).map(|_| true)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     fn parse_names(s: &str, names: Option<NameMap<'_>>) -> Result<Cond, CondError> {
         let toks = lex(s)?;
         let mut p = Parser {
@@ -604,6 +686,20 @@ mod tests {
             Cond::parse(&deep).unwrap_err().to_string(),
             "column 65: the condition nests deeper than 64 levels (parentheses and `!`)"
         );
+    }
+
+    #[test]
+    fn names_are_parameters_or_syntax_errors() {
+        assert_eq!(Cond::names_parameters("arg0 > 1"), Ok(false));
+        assert_eq!(Cond::names_parameters("n > 1 && arg1 == 0"), Ok(true));
+        assert!(matches!(
+            Cond::names_parameters("n > 1 &&"),
+            Err(CondError::End { .. })
+        ));
+        assert!(matches!(
+            Cond::names_parameters("arg7 > n"),
+            Err(CondError::NoSuchArg { n: 7, .. })
+        ));
     }
 
     #[test]

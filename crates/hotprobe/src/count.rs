@@ -27,13 +27,15 @@
 //! C API's `hotprobe_count_if` and Python's `Session.count(..., cond=...)`
 //! all aggregate here.
 
-use crate::cond::{Cond, CondError};
+use crate::cond::{named_cond, Cond, CondError, NamedCondError};
+use crate::typed::Typing;
 use crate::{
     Action, Added, EngineError, EventSink, ProbeId, RecordedEvent, Session, SinkError, TargetId,
     KIND_ENTRY, KIND_EXIT, KIND_HIT,
 };
 use hotprobe_trace::Histogram;
 use std::collections::HashMap;
+use std::rc::Rc;
 use std::time::Duration;
 
 /// Why [`CountSink::place`] placed nothing.
@@ -42,6 +44,14 @@ pub enum CountError {
     /// The condition does not parse.
     #[error("the condition: {0}")]
     Cond(#[from] CondError),
+    /// The condition names parameters, and does not compile for a
+    /// function the spec named (nothing is left placed).
+    #[error(transparent)]
+    Named(#[from] NamedCondError),
+    /// The condition names parameters, and the target is no process
+    /// (parameter names come from the DWARF of the process's modules).
+    #[error("the condition names parameters: the target is not a process (use arg0 to arg5)")]
+    NamesNeedAProcess,
     /// Conditions and histograms follow function entries, not returns.
     #[error("{spec}: conditions and histograms work on function entries (no %return)")]
     Return {
@@ -120,11 +130,15 @@ impl CountSink {
 
     /// Places recording probes on every address `spec` names in target
     /// `t` and follows them: their entries count when `cond` (the
-    /// [`crate::cond`] grammar, `arg0`…`arg5` only) holds, every entry
-    /// without one. Hand this sink to [`Session::run_with`] to count.
+    /// [`crate::cond`] grammar: `arg0`…`arg5`, and the names of the
+    /// function's parameters from its DWARF) holds, every entry without
+    /// one. Hand this sink to [`Session::run_with`] to count.
     /// Refused before anything is placed: a condition that does not
     /// parse, a `%return` spec, a session following forks, a condition
-    /// comparing arguments the session does not record.
+    /// comparing arguments the session does not record. A condition
+    /// naming parameters compiles per function once placed ([`named_cond`]):
+    /// when it does not for one of them (no DWARF, no such parameter),
+    /// the probes just placed are removed again and the error says why.
     pub fn place(
         &mut self,
         session: &mut Session,
@@ -132,7 +146,10 @@ impl CountSink {
         spec: &str,
         cond: Option<&str>,
     ) -> Result<Added, CountError> {
-        let cond = cond.map(Cond::parse).transpose()?;
+        let named = match cond {
+            Some(text) => Cond::names_parameters(text)?,
+            None => false,
+        };
         if spec.trim_end().ends_with("%return") {
             return Err(CountError::Return {
                 spec: spec.to_string(),
@@ -141,6 +158,10 @@ impl CountSink {
         if session.config().follow_forks {
             return Err(CountError::FollowForks);
         }
+        let cond = match cond {
+            Some(text) if named => return self.place_named(session, t, spec, text),
+            c => c.map(Cond::parse).transpose()?,
+        };
         let recorded = session.config().fast_path.record_args.min(6);
         let needed = cond.as_ref().map_or(0, Cond::args_needed);
         if needed > recorded {
@@ -151,6 +172,60 @@ impl CountSink {
             self.add(p.id, cond.clone());
         }
         Ok(added)
+    }
+
+    /// [`CountSink::place`] for a condition naming parameters (checked
+    /// already: it parses, the spec is no `%return`, the session follows
+    /// no forks): the probes are placed with a chooser that notes each
+    /// function's parameters, then the condition compiles per function.
+    fn place_named(
+        &mut self,
+        session: &mut Session,
+        t: TargetId,
+        spec: &str,
+        text: &str,
+    ) -> Result<Added, CountError> {
+        let pid = session.pid(t).ok_or(CountError::NamesNeedAProcess)?;
+        let typing = Rc::new(Typing::new(pid));
+        session.set_capture(Some(typing.name_chooser()));
+        let added = session.add(t, spec, Action::Record);
+        session.set_capture(None);
+        let added = added?;
+        let recorded = session.config().fast_path.record_args.min(6);
+        let compiled: Result<Vec<Cond>, CountError> = added
+            .placements
+            .iter()
+            .map(|p| {
+                let c = named_cond(&typing, p, text)?;
+                let needed = c.args_needed();
+                if needed > recorded {
+                    return Err(CountError::TooFewArgs { needed, recorded });
+                }
+                Ok(c)
+            })
+            .collect();
+        match compiled {
+            Ok(conds) => {
+                for (p, c) in added.placements.iter().zip(conds) {
+                    self.add(p.id, Some(c));
+                }
+                Ok(added)
+            }
+            Err(e) => {
+                // Nothing stays placed for a refused condition. A probe
+                // that cannot be removed is the worse news: that error
+                // is the one returned.
+                let mut removing = Ok(());
+                for p in &added.placements {
+                    let r = session.remove_probe(p.id);
+                    if removing.is_ok() {
+                        removing = r;
+                    }
+                }
+                removing?;
+                Err(e)
+            }
+        }
     }
 
     /// Whether probe `id` is followed ([`CountSink::add`]).

@@ -20,7 +20,8 @@ Session.count(t, spec) and Session.record(t, spec) place probes that run
 without a handler (patch or jump where the fast path can, traps elsewhere):
 their results are Count (.hits, .by_label()) and Recording (.events) objects.
 Session.count(t, spec, cond="arg0 > 256") counts only the calls whose
-arguments satisfy the condition (arg0 to arg5, signed; == != < <= > >=, &&,
+arguments satisfy the condition (arg0 to arg5, signed, or the function's
+parameters by name from its DWARF, cond="size > 256"; == != < <= > >=, &&,
 ||, !, parentheses): a ConditionalCount (.hits, .by_label(), .lost).
 Session.record(t, spec, typed=True) records each call with its parameters
 and return value typed from DWARF ("work", or "work(i, s)" for those): a
