@@ -36,7 +36,8 @@ pub use prototypes::libc_prototype;
 #[cfg(feature = "dwarf")]
 pub use types::{DebugTypes, EntryLoc, Field, Param, Signature, Type};
 pub use value::{
-    capture, format_values, Fetch, Machine, Shape, ShapeItem, Source, ValueError, MAX_STRING,
+    capture, decode_values, format_values, Fetch, Machine, Shape, ShapeItem, Source, Value,
+    ValueError, MAX_STRING,
 };
 
 #[cfg(feature = "dwarf")]

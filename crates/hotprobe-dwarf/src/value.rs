@@ -186,9 +186,40 @@ pub enum ValueError {
     BadShape(usize),
 }
 
-/// Prints the values `data` holds, one string per shape (`label=value`
-/// when labelled).
-pub fn format_values(shapes: &[ShapeItem], data: &[u8]) -> Result<Vec<String>, ValueError> {
+/// One captured value, decoded by its shape ([`decode_values`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    /// A signed integer, a `bool` (0 or 1) or an enum's number.
+    Int(i64),
+    /// An unsigned integer.
+    UInt(u64),
+    /// `true` / `false`.
+    Bool(bool),
+    /// A character's byte.
+    Char(u8),
+    /// A `float`.
+    F32(f32),
+    /// A `double`.
+    F64(f64),
+    /// A pointer (not null).
+    Ptr(u64),
+    /// An enumerator's name.
+    Enum(String),
+    /// A string's bytes, and whether they were cut at [`MAX_STRING`].
+    Str(Vec<u8>, bool),
+    /// A null pointer (a pointer or a string).
+    Null,
+    /// An address that could not be read.
+    Unreadable(u64),
+    /// Not available at the hit (`<WHY>`: optimised out, not captured).
+    Unavailable(String),
+}
+
+/// The values `data` holds, one per shape, with their labels.
+pub fn decode_values(
+    shapes: &[ShapeItem],
+    data: &[u8],
+) -> Result<Vec<(String, Value)>, ValueError> {
     let mut pos = 0;
     let mut out = Vec::with_capacity(shapes.len());
     let take = |pos: &mut usize, n: usize| -> Result<&[u8], ValueError> {
@@ -200,10 +231,10 @@ pub fn format_values(shapes: &[ShapeItem], data: &[u8]) -> Result<Vec<String>, V
     for item in shapes {
         let at = pos;
         let tag = take(&mut pos, 1)?[0];
-        let text = match tag {
+        let value = match tag {
             0 => {
                 let v = u64::from_le_bytes(take(&mut pos, 8)?.try_into().unwrap_or([0; 8]));
-                show(&item.shape, v)
+                typed(&item.shape, v)
             }
             1 => {
                 let flags = take(&mut pos, 1)?[0];
@@ -211,30 +242,20 @@ pub fn format_values(shapes: &[ShapeItem], data: &[u8]) -> Result<Vec<String>, V
                 if flags > 1 || len as usize > MAX_STRING {
                     return Err(ValueError::Corrupt(at));
                 }
-                let s = take(&mut pos, len as usize)?;
-                let mut t = quote(s);
-                if flags == 1 {
-                    t.push_str("...");
-                }
-                t
+                Value::Str(take(&mut pos, len as usize)?.to_vec(), flags == 1)
             }
-            2 => {
-                let a = u64::from_le_bytes(take(&mut pos, 8)?.try_into().unwrap_or([0; 8]));
-                format!("<unreadable {a:#x}>")
-            }
-            3 => "<unavailable>".into(),
-            4 => "(null)".into(),
+            2 => Value::Unreadable(u64::from_le_bytes(
+                take(&mut pos, 8)?.try_into().unwrap_or([0; 8]),
+            )),
+            3 => Value::Unavailable("unavailable".into()),
+            4 => Value::Null,
             _ => return Err(ValueError::Corrupt(at)),
         };
-        let text = match &item.shape {
-            Shape::Missing(why) => format!("<{why}>"),
-            _ => text,
+        let value = match &item.shape {
+            Shape::Missing(why) => Value::Unavailable(why.clone()),
+            _ => value,
         };
-        out.push(if item.label.is_empty() {
-            text
-        } else {
-            format!("{}={text}", item.label)
-        });
+        out.push((item.label.clone(), value));
     }
     if pos != data.len() {
         return Err(ValueError::Corrupt(pos));
@@ -242,7 +263,54 @@ pub fn format_values(shapes: &[ShapeItem], data: &[u8]) -> Result<Vec<String>, V
     Ok(out)
 }
 
-fn show(shape: &Shape, v: u64) -> String {
+/// Prints the values `data` holds, one string per shape (`label=value`
+/// when labelled).
+pub fn format_values(shapes: &[ShapeItem], data: &[u8]) -> Result<Vec<String>, ValueError> {
+    Ok(decode_values(shapes, data)?
+        .into_iter()
+        .map(|(label, v)| {
+            let text = v.to_string();
+            if label.is_empty() {
+                text
+            } else {
+                format!("{label}={text}")
+            }
+        })
+        .collect())
+}
+
+impl std::fmt::Display for Value {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Value::Int(v) => write!(f, "{v}"),
+            Value::UInt(v) => write!(f, "{v}"),
+            Value::Bool(b) => write!(f, "{b}"),
+            Value::Char(c) => {
+                let mut t = String::from("'");
+                escape_byte(*c, b'\'', &mut t);
+                t.push('\'');
+                f.write_str(&t)
+            }
+            Value::F32(v) => write!(f, "{v}"),
+            Value::F64(v) => write!(f, "{v}"),
+            Value::Ptr(v) => write!(f, "{v:#x}"),
+            Value::Enum(name) => f.write_str(name),
+            Value::Str(s, cut) => {
+                f.write_str(&quote(s))?;
+                if *cut {
+                    f.write_str("...")?;
+                }
+                Ok(())
+            }
+            Value::Null => f.write_str("(null)"),
+            Value::Unreadable(a) => write!(f, "<unreadable {a:#x}>"),
+            Value::Unavailable(why) => write!(f, "<{why}>"),
+        }
+    }
+}
+
+/// A register's or memory's bits as the value `shape` says.
+fn typed(shape: &Shape, v: u64) -> Value {
     let sext = |size: u8| -> i64 {
         let bits = u32::from(size.clamp(1, 8)) * 8;
         ((v << (64 - bits)) as i64) >> (64 - bits)
@@ -256,28 +324,22 @@ fn show(shape: &Shape, v: u64) -> String {
         }
     };
     match shape {
-        Shape::Signed(s) => sext(*s).to_string(),
-        Shape::Unsigned(s) => zext(*s).to_string(),
-        Shape::Bool => (v & 0xff != 0).to_string(),
-        Shape::Char => {
-            let c = (v & 0xff) as u8;
-            let mut t = String::from("'");
-            escape_byte(c, b'\'', &mut t);
-            t.push('\'');
-            t
-        }
-        Shape::F32 => f32::from_bits(v as u32).to_string(),
-        Shape::F64 => f64::from_bits(v).to_string(),
-        Shape::Ptr | Shape::Str if v == 0 => "(null)".into(),
-        Shape::Ptr | Shape::Str => format!("{v:#x}"),
+        Shape::Signed(s) => Value::Int(sext(*s)),
+        Shape::Unsigned(s) => Value::UInt(zext(*s)),
+        Shape::Bool => Value::Bool(v & 0xff != 0),
+        Shape::Char => Value::Char((v & 0xff) as u8),
+        Shape::F32 => Value::F32(f32::from_bits(v as u32)),
+        Shape::F64 => Value::F64(f64::from_bits(v)),
+        Shape::Ptr | Shape::Str if v == 0 => Value::Null,
+        Shape::Ptr | Shape::Str => Value::Ptr(v),
         Shape::Enum(values) => {
             let n = v as u32 as i32 as i64;
             values
                 .iter()
                 .find(|(x, _)| *x == n || *x as u64 == v)
-                .map_or_else(|| n.to_string(), |(_, name)| name.clone())
+                .map_or(Value::Int(n), |(_, name)| Value::Enum(name.clone()))
         }
-        Shape::Missing(why) => format!("<{why}>"),
+        Shape::Missing(why) => Value::Unavailable(why.clone()),
     }
 }
 

@@ -240,6 +240,84 @@ fn python_trace_reader_returns_the_rows_written() {
     }
 }
 
+/// A typed probe's values (issue 24: `read_trace` gave their record
+/// indices), in a TSC-timed trace (its times in ns once: they were
+/// converted twice), with calibrated probe costs taken out as `report`
+/// does.
+#[test]
+fn python_trace_reader_decodes_typed_values() {
+    use hotprobe_trace::{
+        MechanismCost, ProbeCosts, Shape, ShapeItem, Symbol, TimeBase, TraceEvent, TraceMeta,
+        TraceWriter, ValueTypes,
+    };
+    let Some(py) = python() else { return };
+    let dir = scratch("py-typed-trace");
+    let trace = dir.join("trace");
+    let mut work = Symbol::function(0, "work");
+    work.nargs = 1;
+    work.retval = true;
+    let mut plain = Symbol::function(1, "plain");
+    plain.nargs = 1;
+    plain.retval = true;
+    let mut meta = TraceMeta::new("test", vec![work, plain]);
+    // 2 GHz: tick t is t / 2 ns.
+    meta.time_base = TimeBase::tsc_hz(2_000_000_000);
+    let mut w = TraceWriter::create(&trace, meta).expect("create trace");
+    let item = |label: &str, shape| ShapeItem {
+        label: label.into(),
+        shape,
+    };
+    let mut types = ValueTypes::default();
+    types.insert(
+        0,
+        vec![
+            item("n", Shape::Signed(4)),
+            item("name", Shape::Str),
+            item("p", Shape::Ptr),
+        ],
+        vec![item("", Shape::F64)],
+    );
+    w.set_value_types(&types).expect("types");
+    let mut costs = ProbeCosts::default();
+    let jump = costs.mechanism(MechanismCost {
+        label: "jump".into(),
+        ns_per_hit: 100.0,
+        how: "test".into(),
+    });
+    costs.probes.insert(0, jump);
+    w.set_probe_costs(&costs).expect("costs");
+    // work(16, "abc", NULL) = 2.5, entered at 2000 ticks (1000 ns), left
+    // at 4000 (2000 ns): 1000 ns measured, 900 without its own halves.
+    let mut entry = vec![0u8];
+    entry.extend(16u64.to_le_bytes());
+    entry.extend([1, 0]);
+    entry.extend(3u16.to_le_bytes());
+    entry.extend(b"abc");
+    entry.push(4);
+    let mut exit = vec![0u8];
+    exit.extend(2.5f64.to_bits().to_le_bytes());
+    w.write_event_values(&TraceEvent::entry(2000, 7, 0), &entry)
+        .expect("entry");
+    w.write_event(&TraceEvent::entry(2600, 7, 1).with_args(&[42]))
+        .expect("plain entry");
+    w.write_event(&TraceEvent::exit(3000, 7, 1).with_ret(5))
+        .expect("plain exit");
+    w.write_event_values(&TraceEvent::exit(4000, 7, 0), &exit)
+        .expect("exit");
+    w.finish().expect("finish trace");
+    let code = "import sys, hotprobe\n\
+                for r in hotprobe.read_trace(sys.argv[1]): print(tuple(r))\n";
+    let out = py_run(&py, &["-c".as_ref(), code.as_ref(), trace.as_os_str()]);
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        [
+            "(7, 'entry', 'work', 950, None, [16, 'abc', None], None, 0)",
+            "(7, 'call', 'plain', 1200, 200, [42], 5, 0)",
+            "(7, 'exit', 'work', 1850, None, [], 2.5, 0)",
+        ]
+    );
+}
+
 #[test]
 fn python_ctrl_c_interrupts_run() {
     use std::io::BufRead;

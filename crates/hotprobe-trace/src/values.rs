@@ -67,6 +67,21 @@ impl ValueTypes {
         })
     }
 
+    /// The values of record `data` of probe `id`'s entry (or exit),
+    /// decoded, with their labels (`None` for a probe that is not typed).
+    pub fn decode(
+        &self,
+        id: u32,
+        exit: bool,
+        data: &[u8],
+    ) -> Option<Result<Vec<(String, hotprobe_dwarf::Value)>, hotprobe_dwarf::ValueError>> {
+        let (entry, exit_shapes) = self.by_probe.get(&id)?;
+        Some(hotprobe_dwarf::decode_values(
+            if exit { exit_shapes } else { entry },
+            data,
+        ))
+    }
+
     /// Writes `types.tsv`.
     pub fn write(&self, path: &Path) -> Result<()> {
         let mut ids: Vec<&u32> = self.by_probe.keys().collect();

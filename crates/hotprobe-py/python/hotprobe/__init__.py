@@ -91,7 +91,11 @@ TraceRow = namedtuple(
     "TraceRow", ["tid", "kind", "function", "ts_ns", "dur_ns", "args", "ret", "lost"]
 )
 TraceRow.__doc__ = """One record of a trace: kind is "call" (an entry and its exit,
-with dur_ns), "entry", "exit", "hit" or "lost" (lost events, counted in lost)."""
+with dur_ns), "entry", "exit", "hit" or "lost" (lost events, counted in lost).
+A typed probe's args and ret are its values (int, float, bool, str, None for
+a null pointer or a value not available); other probes' are the raw
+registers, as ints. Times leave the probes' calibrated costs out where the
+trace has them, as `hotprobe report` does."""
 
 
 def read_trace(path):
