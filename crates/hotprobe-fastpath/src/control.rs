@@ -143,6 +143,44 @@ impl FastPath {
         Ok(changed)
     }
 
+    /// Writes this fast path's bytes again at the sites of `addrs` that
+    /// hold the original code again (the program mapped its text again,
+    /// or dropped its pages with `MADV_DONTNEED`), as enabling does: every
+    /// thread stopped, none strictly inside the bytes. A disabled site, a
+    /// site not this fast path's, or one whose bytes are neither the
+    /// original nor ours, is left alone. Returns the sites rewritten.
+    /// Leaves the threads stopped.
+    pub fn rearm_reverted(
+        &mut self,
+        t: &mut ProcessTarget,
+        addrs: &[u64],
+    ) -> Result<Vec<u64>, FastPathError> {
+        let sites: Vec<usize> = (0..self.installed.len())
+            .filter(|&i| {
+                let a = self.installed[i].addr;
+                addrs.contains(&a) && !self.disabled.contains_key(&a)
+            })
+            .collect();
+        if sites.is_empty() {
+            return Ok(Vec::new());
+        }
+        t.stop_all()?;
+        let mut done = Vec::new();
+        for i in sites {
+            let (addr, len) = (self.installed[i].addr, self.installed[i].original.len());
+            let mut live = vec![0u8; len];
+            t.read_memory(RuntimeAddr(addr), &mut live)?;
+            if live != self.installed[i].original {
+                continue;
+            }
+            wait_pcs_outside(t, addr, len as u64)?;
+            let written = self.installed[i].written.clone();
+            t.write_memory(RuntimeAddr(addr), &written)?;
+            done.push(addr);
+        }
+        Ok(done)
+    }
+
     /// Removes fast probe `probe_id` for good: its sites are quieted, get
     /// their original bytes back and leave the list of written bytes; its
     /// stubs and trampolines stay mapped until detach (a thread may still

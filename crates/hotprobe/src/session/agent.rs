@@ -217,6 +217,38 @@ impl Agent {
     }
 }
 
+impl Agent {
+    /// Writes the fast path's bytes again at `addrs`, sites that hold the
+    /// original code again (see [`FastPath::rearm_reverted`]), and lets the
+    /// threads go on: the sites rewritten.
+    pub(super) fn rearm(
+        &mut self,
+        engine: &mut Engine,
+        addrs: &[u64],
+    ) -> Result<Vec<u64>, EngineError> {
+        let started = engine.started;
+        let AgentState::On(fp) = &mut self.state else {
+            return Ok(Vec::new());
+        };
+        if fp.is_detached() {
+            return Ok(Vec::new());
+        }
+        let Some(pt) = engine.process() else {
+            return Ok(Vec::new());
+        };
+        if pt.is_released() {
+            pt.reacquire()?;
+        }
+        let r = fp.rearm_reverted(pt, addrs);
+        let resumed = match started {
+            true => pt.resume_all(),
+            false => Ok(()),
+        };
+        resumed?;
+        Ok(r?)
+    }
+}
+
 /// A probe's counts per process, the process it was placed in first.
 pub(super) struct ByProcess(pub(super) Vec<(i32, ProbeStats)>);
 

@@ -1,15 +1,17 @@
 //! Code that changes under a probe (issue 22): a program that maps its
 //! text again from the file, or drops its pages with `MADV_DONTNEED`,
 //! silently takes hotprobe's bytes out: the file's code runs again and the
-//! probe counts nothing from then on. The ledger is walked for that once
-//! a second while a target runs, and before detaching it: a site whose
-//! bytes are all the original ones again is named in a notice (once),
-//! so the end summary says which probes stopped counting and since when.
+//! probe would count nothing from then on. The ledger is walked for that
+//! once a second while a target runs, and before detaching it: a site
+//! whose bytes are all the original ones again is armed again and named
+//! in a notice.
 //!
 //! The sites watched are the agent's (patch calls, jumps, in-process
-//! traps). Not done: the ptrace trap's `int3`s (see `check_slot`), and
-//! re-arming a site (the mechanism that wrote it would have to write it
-//! again, as at placement).
+//! traps): each found is written again by the fast path, as at placement
+//! ([`hotprobe_fastpath::FastPath::rearm_reverted`]), and the notice says
+//! that the calls made in between went uncounted; a site it cannot write
+//! again is named as counting nothing from then on. Not watched: the
+//! ptrace trap's `int3`s (see `check_slot`).
 
 use super::*;
 
@@ -124,30 +126,70 @@ fn check_slot(slot: &mut Slot) {
     if found.is_empty() {
         return;
     }
-    let symbolizer = slot.engine.target_and_symbolizer().1;
-    let names: Vec<String> = found
-        .iter()
-        .map(|&a| {
-            symbolizer
-                .as_ref()
-                .and_then(|s| s.symbolize(RuntimeAddr(a)))
-                .map_or_else(|| format!("{a:#x}"), |n| format!("{n} at {a:#x}"))
-        })
-        .collect();
-    let shown: Vec<&str> = names.iter().take(8).map(String::as_str).collect();
-    let more = names.len().saturating_sub(shown.len());
-    slot.engine.notices.push(format!(
-        "pid {pid}: {} probe site{} hold{} the original code again (the text was mapped again, \
-         or its pages dropped with MADV_DONTNEED): {}{}; their probes count nothing from then on",
-        found.len(),
-        if found.len() == 1 { "" } else { "s" },
-        if found.len() == 1 { "s" } else { "" },
-        shown.join(", "),
-        if more > 0 {
-            format!(" and {more} more")
-        } else {
-            String::new()
+    // Armed again where the fast path can: its bytes written back, as at
+    // placement; the calls made between the change and now went uncounted.
+    let rearmed = match slot.agent.rearm(&mut slot.engine, &found) {
+        Ok(r) => r,
+        Err(e) => {
+            slot.engine.notices.push(format!(
+                "pid {pid}: cannot arm reverted probe sites again: {e}"
+            ));
+            Vec::new()
         }
-    ));
-    slot.reverted.named.extend(found);
+    };
+    let (again, lost): (Vec<u64>, Vec<u64>) = found.into_iter().partition(|a| rearmed.contains(a));
+    let symbolizer = slot.engine.target_and_symbolizer().1;
+    let names = |sites: &[u64]| -> String {
+        let names: Vec<String> = sites
+            .iter()
+            .map(|&a| {
+                symbolizer
+                    .as_ref()
+                    .and_then(|s| s.symbolize(RuntimeAddr(a)))
+                    .map_or_else(|| format!("{a:#x}"), |n| format!("{n} at {a:#x}"))
+            })
+            .collect();
+        let shown: Vec<&str> = names.iter().take(8).map(String::as_str).collect();
+        let more = names.len().saturating_sub(shown.len());
+        format!(
+            "{}{}",
+            shown.join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        )
+    };
+    let sites = |n: usize| {
+        if n == 1 {
+            "1 probe site".to_string()
+        } else {
+            format!("{n} probe sites")
+        }
+    };
+    let mut notices = Vec::new();
+    if !again.is_empty() {
+        notices.push(format!(
+            "pid {pid}: {} held the original code again (the text was mapped again, or its pages \
+             dropped with MADV_DONTNEED) and {} armed again: {}; calls made in between (up to \
+             {} s) were not counted",
+            sites(again.len()),
+            if again.len() == 1 { "is" } else { "are" },
+            names(&again),
+            REVERTED_CHECK_EVERY.as_secs()
+        ));
+    }
+    if !lost.is_empty() {
+        notices.push(format!(
+            "pid {pid}: {} hold{} the original code again (the text was mapped again, or its \
+             pages dropped with MADV_DONTNEED): {}; their probes count nothing from then on",
+            sites(lost.len()),
+            if lost.len() == 1 { "s" } else { "" },
+            names(&lost)
+        ));
+        // Named once: nothing will change for them.
+        slot.reverted.named.extend(lost);
+    }
+    slot.engine.notices.extend(notices);
 }
