@@ -131,6 +131,15 @@ pub(crate) fn arm(shm: &Shm) {
     HANGUP_FD.store(high as i32, Release);
 }
 
+/// Closes the hang-up pipe (at release, see `release`): the tracer's
+/// exit no longer raises a `SIGTRAP` here.
+pub(crate) fn disarm() {
+    let fd = HANGUP_FD.swap(-1, AcqRel);
+    if fd >= 0 {
+        syscall(libc::SYS_close, [fd as u64, 0, 0, 0]);
+    }
+}
+
 /// Where the hang-up descriptor goes: 64 below the soft limit of open
 /// files (and at least 10).
 fn high_fd_base() -> u64 {

@@ -84,17 +84,26 @@ impl FastPath {
             .filter(|m| m.name.starts_with("libhotprobe_agent"))
             .find_map(|m| {
                 let f = |n: &str| m.module.find(n).map(|s| m.runtime(s.addr).0);
-                Some((f("hotprobe_agent_attach_fd")?, f("hotprobe_agent_version")?))
+                Some((
+                    f("hotprobe_agent_attach_fd")?,
+                    f("hotprobe_agent_version")?,
+                    f("hotprobe_agent_release"),
+                ))
             });
+        let dlclose = libc_fn(&["dlclose", "__libc_dlclose"]);
         drop(syms);
         let pid = t.pid();
         let fail = |why: String| FastPathError::AgentNotAttached { pid, why };
         let timeout = Duration::from_secs(10);
         let mut attach_fn = None;
-        if let Some((attach, version)) = existing {
+        // How to take the agent out again at detach (see `unload`).
+        let mut release_fn = None;
+        let mut handle_of_ours = None;
+        if let Some((attach, version, release)) = existing {
             let v = hotprobe_process::remote_call::remote_call(t, version, &[], timeout)?;
             if v as u32 == hotprobe_abi::VERSION {
                 attach_fn = Some(attach);
+                release_fn = release;
             }
         }
         // Scratch page for the strings.
@@ -104,8 +113,10 @@ impl FastPath {
             return Err(fail(format!("agent path too long: {}", agent.display())));
         }
         const ATTACH_NAME: &[u8] = b"hotprobe_agent_attach_fd\0";
+        const RELEASE_NAME: &[u8] = b"hotprobe_agent_release\0";
         t.write_memory(RuntimeAddr(page), agent_c.as_bytes())?;
         t.write_memory(RuntimeAddr(page + 3072), ATTACH_NAME)?;
+        t.write_memory(RuntimeAddr(page + 3584), RELEASE_NAME)?;
         if attach_fn.is_none() {
             let handle = hotprobe_process::remote_call::remote_call(
                 t,
@@ -126,7 +137,15 @@ impl FastPath {
                     timeout,
                 )?;
                 attach_fn = (a != 0).then_some(a);
+                let r = hotprobe_process::remote_call::remote_call(
+                    t,
+                    dlsym,
+                    &[handle, page + 3584],
+                    timeout,
+                )?;
+                release_fn = (r != 0).then_some(r);
             }
+            handle_of_ours = Some(handle);
             if attach_fn.is_none() {
                 let syms = hotprobe_symbols::ProcessSymbols::for_pid(t.pid() as u32)?;
                 attach_fn = syms
@@ -148,7 +167,12 @@ impl FastPath {
             &[page, 4096],
         );
         remote_attach(t, &shm, attach_fn)?;
-        FastPath::new(shm, t, config.stubs)
+        let mut fp = FastPath::new(shm, t, config.stubs)?;
+        fp.unload = release_fn.map(|release| crate::unload::Unload {
+            release,
+            dlclose: dlclose.zip(handle_of_ours),
+        });
+        Ok(fp)
     }
 }
 

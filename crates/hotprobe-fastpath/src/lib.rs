@@ -37,6 +37,7 @@ mod plan;
 mod pool;
 mod shm;
 mod stub;
+mod unload;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -449,6 +450,10 @@ pub struct FastPath {
     ledger_free: Vec<u32>,
     /// Code-ledger entries never used start here.
     ledger_next: u32,
+    /// How to unload the agent at detach: set when we injected it.
+    unload: Option<unload::Unload>,
+    /// What stayed in the target at detach, and why (see `unload`).
+    left_behind: Vec<String>,
 }
 
 impl FastPath {
@@ -487,6 +492,8 @@ impl FastPath {
             foreign: Vec::new(),
             ledger_free: Vec::new(),
             ledger_next: 0,
+            unload: None,
+            left_behind: Vec::new(),
         })
     }
 
