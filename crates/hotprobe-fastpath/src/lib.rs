@@ -452,8 +452,9 @@ pub struct FastPath {
     ledger_next: u32,
     /// How to unload the agent at detach: set when we injected it.
     unload: Option<unload::Unload>,
-    /// What stayed in the target at detach, and why (see `unload`).
-    left_behind: Vec<String>,
+    /// What stayed in the target at detach, and why (see `unload`):
+    /// filled at the target's detach.
+    left_behind: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl FastPath {
@@ -493,7 +494,7 @@ impl FastPath {
             ledger_free: Vec::new(),
             ledger_next: 0,
             unload: None,
-            left_behind: Vec::new(),
+            left_behind: Arc::default(),
         })
     }
 

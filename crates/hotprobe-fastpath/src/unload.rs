@@ -36,84 +36,113 @@ const LEAVE_TRIES: usize = 50;
 
 impl FastPath {
     /// What was left in the target at detach, and why (empty when nothing
-    /// of hotprobe's stayed mapped, or the agent was preloaded).
+    /// of hotprobe's stayed mapped, or the agent was preloaded). Known
+    /// once the target is detached: the unload runs last (see
+    /// [`FastPath::unload_agent`]).
     pub fn take_left_behind(&mut self) -> Vec<String> {
-        std::mem::take(&mut self.left_behind)
+        self.left_behind
+            .lock()
+            .map(|mut l| std::mem::take(&mut *l))
+            .unwrap_or_default()
     }
 
-    /// Unloads the injected agent and unmaps our pages (see the module
-    /// docs); the threads are stopped and left stopped. Never fails: what
-    /// cannot go stays, with the reason in [`FastPath::take_left_behind`].
+    /// Has the injected agent unloaded and our pages unmapped (see the
+    /// module docs) at the target's detach, after the engine's last
+    /// breakpoint is out: a breakpoint may lie in the agent or in a
+    /// library it brought (the engine hooks libgcc's unwinder for return
+    /// probes), which the `dlclose` unmaps.
     pub(crate) fn unload_agent(&mut self, t: &mut ProcessTarget) {
         let Some(unload) = self.unload.take() else {
             return;
         };
-        let pid = t.pid();
-        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
-        let mut code: Vec<(u64, u64)> = hotprobe_process::parse_maps_lines(&maps)
+        let pools: Vec<(u64, u64)> = std::mem::take(&mut self.pools)
             .into_iter()
-            .filter(|m| m.exec && m.name.contains("libhotprobe_agent"))
-            .map(|m| (m.start, m.end))
+            .map(|p| (p.start, p.end))
             .collect();
-        code.extend(self.pools.iter().map(|p| (p.start, p.end)));
+        self.page_cache = None;
         let near = self
             .shm()
             .header()
             .near_page
             .load(std::sync::atomic::Ordering::Relaxed);
-        if near != 0 {
-            code.push((near, near + 4096));
-        }
-        if let Some((tid, rip)) = leave_code(t, &code) {
-            self.left_behind.push(format!(
-                "the agent and its pages stay mapped in pid {pid}: thread {tid} stays at {rip:#x} \
-                 in hotprobe's code"
-            ));
-            return;
-        }
-        match remote_call(t, unload.release, &[], CALL_TIMEOUT) {
-            Ok(r) if r as i32 == -RELEASE_BUSY => {
-                self.left_behind.push(format!(
-                    "the agent and its pages stay mapped in pid {pid}: a thread is inside the \
-                     agent or a stub (a signal handler or a call on top of it)"
-                ));
-                return;
+        let left = self.left_behind.clone();
+        t.on_detach(move |t| {
+            let notes = unload_now(t, unload, &pools, near);
+            if let Ok(mut l) = left.lock() {
+                l.extend(notes);
             }
-            Ok(r) if r as i32 > 0 => self.left_behind.push(format!(
-                "{} shared-memory mappings stay in pid {pid} (past the agent's table)",
+        });
+    }
+}
+
+/// The unload itself (see the module docs), with every thread stopped;
+/// what stays, and why.
+fn unload_now(
+    t: &mut ProcessTarget,
+    unload: Unload,
+    pools: &[(u64, u64)],
+    near: u64,
+) -> Vec<String> {
+    let mut left = Vec::new();
+    let pid = t.pid();
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let mut code: Vec<(u64, u64)> = hotprobe_process::parse_maps_lines(&maps)
+        .into_iter()
+        .filter(|m| m.exec && m.name.contains("libhotprobe_agent"))
+        .map(|m| (m.start, m.end))
+        .collect();
+    code.extend(pools.iter().copied());
+    if near != 0 {
+        code.push((near, near + 4096));
+    }
+    if let Some((tid, rip)) = leave_code(t, &code) {
+        left.push(format!(
+            "the agent and its pages stay mapped in pid {pid}: thread {tid} stays at {rip:#x} \
+             in hotprobe's code"
+        ));
+        return left;
+    }
+    match remote_call(t, unload.release, &[], CALL_TIMEOUT) {
+        Ok(r) if r as i32 == -RELEASE_BUSY => {
+            left.push(format!(
+                "the agent and its pages stay mapped in pid {pid}: a thread is inside the \
+                 agent or a stub (a signal handler or a call on top of it)"
+            ));
+            return left;
+        }
+        Ok(r) if r as i32 > 0 => left.push(format!(
+            "{} shared-memory mappings stay in pid {pid} (past the agent's table)",
+            r as i32
+        )),
+        Ok(_) => {}
+        Err(e) => {
+            left.push(format!(
+                "the agent stays in pid {pid}: its release failed: {e}"
+            ));
+            return left;
+        }
+    }
+    if let Some((dlclose, handle)) = unload.dlclose {
+        match remote_call(t, dlclose, &[handle], CALL_TIMEOUT) {
+            Ok(r) if r as i32 == 0 => {}
+            Ok(r) => left.push(format!(
+                "the agent stays loaded, dormant, in pid {pid}: dlclose returned {}",
                 r as i32
             )),
-            Ok(_) => {}
-            Err(e) => {
-                self.left_behind.push(format!(
-                    "the agent stays in pid {pid}: its release failed: {e}"
-                ));
-                return;
-            }
+            Err(e) => left.push(format!(
+                "the agent stays loaded, dormant, in pid {pid}: {e}"
+            )),
         }
-        if let Some((dlclose, handle)) = unload.dlclose {
-            match remote_call(t, dlclose, &[handle], CALL_TIMEOUT) {
-                Ok(0) => {}
-                Ok(r) => self.left_behind.push(format!(
-                    "the agent stays loaded, dormant, in pid {pid}: dlclose returned {}",
-                    r as i32
-                )),
-                Err(e) => self.left_behind.push(format!(
-                    "the agent stays loaded, dormant, in pid {pid}: {e}"
-                )),
-            }
-        }
-        for p in std::mem::take(&mut self.pools) {
-            let r = remote_syscall(t, libc::SYS_munmap as u64, &[p.start, p.end - p.start]);
-            if !matches!(r, Ok(0)) {
-                self.left_behind.push(format!(
-                    "the stub pages {:#x}..{:#x} stay mapped in pid {pid}",
-                    p.start, p.end
-                ));
-            }
-        }
-        self.page_cache = None;
     }
+    for &(start, end) in pools {
+        let r = remote_syscall(t, libc::SYS_munmap as u64, &[start, end - start]);
+        if !matches!(r, Ok(0)) {
+            left.push(format!(
+                "the stub pages {start:#x}..{end:#x} stay mapped in pid {pid}"
+            ));
+        }
+    }
+    left
 }
 
 /// `hotprobe_agent_release`'s "busy" code (the agent's `RELEASE_BUSY`).

@@ -317,8 +317,6 @@ impl ProbeMechanism for FastMech {
             return Ok(());
         };
         let r = fp.detach(pt);
-        let left = fp.take_left_behind();
-        cx.engine.notices.extend(left);
         note_foreign_writes(cx.engine, cx.agent);
         Ok(r?)
     }
