@@ -33,6 +33,7 @@ mod inproc;
 mod install;
 mod ledger;
 mod ledger_view;
+mod pass;
 mod plan;
 mod pool;
 mod shm;

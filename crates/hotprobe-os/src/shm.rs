@@ -22,6 +22,12 @@ impl Memfd {
         Ok(Memfd { fd })
     }
 
+    /// A memory file another process created, taken into ours
+    /// ([`crate::pidfd::take_fd`]): the same file, shared with it.
+    pub fn from_fd(fd: OwnedFd) -> Memfd {
+        Memfd { fd }
+    }
+
     /// A memfd that can be mapped executable and sealed: `MFD_EXEC`
     /// (Linux 6.3) keeps it executable where `vm.memfd_noexec` makes
     /// memfds non-executable by default; older kernels refuse the flag, and
