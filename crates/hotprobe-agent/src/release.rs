@@ -21,12 +21,13 @@
 //! 4. deletes its thread-exit key (glibc would call its destructor in
 //!    every registered thread's exit: code about to go);
 //! 5. unmaps what it mapped: every shared memory it attached to, each
-//!    thread's shadow stack and the near page.
+//!    thread's shadow stack and the near page, and the tracer's stub and
+//!    trampoline pages it is given.
 //!
-//! The tracer then `dlclose`s the library (its `pthread_atfork` handler
-//! goes with it: glibc drops the handlers of an unloaded object) and
-//! unmaps its own stub and trampoline pages. If the library cannot be
-//! unloaded it stays, dormant: a later attach starts it again.
+//! The tracer's code that called it then `dlclose`s the library (its
+//! `pthread_atfork` handler goes with it: glibc drops the handlers of an
+//! unloaded object). If the library cannot be unloaded it stays, dormant:
+//! a later attach starts it again.
 
 use core::sync::atomic::Ordering::{Relaxed, Release};
 use core::sync::atomic::{AtomicU64, AtomicUsize};
@@ -59,12 +60,17 @@ pub(crate) fn note_mapping(addr: u64, len: u64) {
 }
 
 /// Takes back everything the agent set up in the process (see the module
-/// docs), with every other thread stopped by the tracer. Returns 0, or
-/// -[`RELEASE_BUSY`] having changed nothing; a positive count is the
-/// number of shared-memory mappings it could not unmap (past its table),
-/// everything else done.
+/// docs), with every other thread stopped by the tracer, and unmaps the
+/// tracer's `n` stub and trampoline pages at `pages` (start, end pairs).
+/// Returns 0, or -[`RELEASE_BUSY`] having changed nothing; a positive
+/// count is the number of shared-memory mappings it could not unmap (past
+/// its table), everything else done.
+///
+/// # Safety
+/// `pages` points at `n` pairs of readable words (or `n` is 0), ranges
+/// the tracer mapped, which no thread uses any more.
 #[no_mangle]
-pub extern "C" fn hotprobe_agent_release() -> i32 {
+pub unsafe extern "C" fn hotprobe_agent_release(pages: *const [u64; 2], n: usize) -> i32 {
     // Nothing here unwinds (atomics and raw system calls, and libc's
     // `pthread_key_delete` and `sigaction`).
     if THREADS
@@ -118,6 +124,13 @@ pub extern "C" fn hotprobe_agent_release() -> i32 {
         }
     }
     crate::forget_near_page();
+    for i in 0..n {
+        // SAFETY: `i < n` pairs at `pages` (the caller's promise).
+        let [start, end] = unsafe { *pages.add(i) };
+        if end > start {
+            syscall(libc::SYS_munmap, [start, end - start, 0, 0]);
+        }
+    }
     UNTRACKED.swap(0, Relaxed) as i32
 }
 

@@ -2,17 +2,22 @@
 //! server and detaching leaves nothing of hotprobe's mapped in it (agent,
 //! shared memory, shadow stacks, stub and trampoline pages), its memory
 //! where a server never attached to has it, and the server answering.
+//! Processes that dropped their privileges (another uid, not dumpable:
+//! they cannot open the tracer's `/proc/PID/fd`) get the agent all the
+//! same, as descriptors of their own: probes on jump and patch, exact
+//! counts.
 
 mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
 use common::record::{info, trace_dir};
-use common::{line_reader, text, CountTable, HOTPROBE};
+use common::{gcc, line_reader, text, CountTable, HOTPROBE};
 use hotprobe_testkit::TempDir;
 
 /// Debian's python (not a shim on PATH).
@@ -240,4 +245,188 @@ fn http_server_left_as_found_after_ten_cycles() {
         "RSS {a} KiB after 10 cycles, {c} KiB never attached\n{}",
         maps(pid)
     );
+}
+
+/// The program tests/programs/dropped_privileges.c, built with -O1.
+fn dropped_privileges_program() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("live-server");
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/dropped_privileges.c");
+    gcc(&src, &dir.join("dropped_privileges"), &["-O1"])
+}
+
+/// A program that called setuid(65534) and PR_SET_DUMPABLE 0: attached
+/// to, its two work functions go on a jump and a patch (the agent loaded:
+/// no trap), their counts equal the calls it made while attached, nothing
+/// of hotprobe's stays mapped after detach, and it works on.
+#[test]
+fn process_that_dropped_privileges_gets_the_agent() {
+    let mut child = Command::new(dropped_privileges_program())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let lines = line_reader(child.stdout.take().unwrap());
+    let ready = lines
+        .recv_timeout(LIMIT)
+        .expect("the program says it is ready");
+    assert_eq!(ready, "ready uid 65534 dumpable 0");
+    let pid = child.id();
+    let exec_before = exec_mappings(pid);
+    let mut ask = |n: u64| {
+        writeln!(input, "{n}").unwrap();
+        let done = lines.recv_timeout(LIMIT).expect("the program answers");
+        assert_eq!(done, format!("done {n}"));
+    };
+    let (out, err) = attached(
+        &["count", "-p", &pid.to_string(), "work_jump", "work_patch"],
+        || {
+            ask(1000);
+            ask(234);
+        },
+    );
+    let table = CountTable::parse(&out, &err);
+    assert_eq!(table.execution("work_jump"), "jump", "{out}\n{err}");
+    assert_eq!(
+        table.execution("work_patch"),
+        "patch (patchable entry)",
+        "{out}\n{err}"
+    );
+    assert_eq!(table.hits("work_jump"), 1234, "{out}\n{err}");
+    assert_eq!(table.hits("work_patch"), 1234, "{out}\n{err}");
+    assert!(!err.contains("could not be loaded"), "{err}");
+    assert_left_as_found(pid, &exec_before, &err);
+    ask(5);
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// nginx with `master_process on; user nobody`, on a free port of
+/// 127.0.0.1 with its files in a temporary folder; killed on drop.
+struct Nginx {
+    master: Child,
+    worker: u32,
+    port: u16,
+    _dir: TempDir,
+}
+
+impl Nginx {
+    fn start() -> Nginx {
+        let dir = TempDir::new("live-nginx");
+        // World-readable: the worker runs as nobody.
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let d = dir.path().display();
+        let conf = format!(
+            "master_process on;\nworker_processes 1;\nuser nobody nogroup;\ndaemon off;\n\
+             pid {d}/nginx.pid;\nerror_log stderr notice;\n\
+             events {{ worker_connections 64; }}\n\
+             http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n\
+             proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n\
+             uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
+             server {{ listen 127.0.0.1:{port}; location / {{ return 200 \"ok\\n\"; }} }}\n}}\n"
+        );
+        let conf_path = dir.path().join("nginx.conf");
+        std::fs::write(&conf_path, conf).unwrap();
+        let mut master = Command::new("/usr/sbin/nginx")
+            .arg("-c")
+            .arg(&conf_path)
+            .arg("-p")
+            .arg(dir.path())
+            .args(["-e", "stderr"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("nginx runs (setup.sh installs nginx-light)");
+        let lines = line_reader(master.stderr.take().unwrap());
+        // "... [notice] M#M: start worker process W": the worker exists;
+        // the master listens already (it binds before forking).
+        let worker = loop {
+            let l = lines.recv_timeout(LIMIT).expect("nginx starts its worker");
+            if let Some(w) = l.split("start worker process ").nth(1) {
+                break w.trim().parse().unwrap();
+            }
+            assert!(!l.contains("[emerg]"), "{l}");
+        };
+        Nginx {
+            master,
+            worker,
+            port,
+            _dir: dir,
+        }
+    }
+
+    /// One GET / answered "ok".
+    fn request(&self) {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("nginx answers");
+        s.set_read_timeout(Some(LIMIT)).unwrap();
+        write!(s, "GET / HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with("\r\n\r\nok\n"), "{answer}");
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        // SIGTERM to the master stops the worker too; then make sure.
+        // SAFETY: signals to processes this test started.
+        unsafe {
+            libc::kill(self.master.id() as i32, libc::SIGTERM);
+        }
+        let _ = self.master.wait();
+        // SAFETY: as above (the worker is gone already, or goes now).
+        unsafe { libc::kill(self.worker as i32, libc::SIGKILL) };
+    }
+}
+
+/// Whether `pid` runs as uid 65534 (nobody): it cannot open the files
+/// of a tracer running as root under /proc.
+fn runs_as_nobody(pid: u32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("65534"))
+}
+
+/// An nginx worker running as nobody: `count` on its request handling
+/// goes on jumps, counts equal the requests made, nothing stays mapped,
+/// and nginx answers after.
+#[test]
+fn nginx_worker_running_as_nobody_gets_the_agent() {
+    let nginx = Nginx::start();
+    nginx.request();
+    let w = nginx.worker;
+    assert!(runs_as_nobody(w), "worker {w}");
+    let exec_before = exec_mappings(w);
+    const REQUESTS: u64 = 25;
+    let (out, err) = attached(
+        &[
+            "count",
+            "-p",
+            &w.to_string(),
+            "ngx_http_create_request",
+            "ngx_http_process_request",
+        ],
+        || (0..REQUESTS).for_each(|_| nginx.request()),
+    );
+    let table = CountTable::parse(&out, &err);
+    for f in ["ngx_http_create_request", "ngx_http_process_request"] {
+        assert_eq!(table.execution(f), "jump", "{out}\n{err}");
+        assert_eq!(table.hits(f), REQUESTS, "{f}: {out}\n{err}");
+    }
+    assert_left_as_found(w, &exec_before, &err);
+    nginx.request();
 }

@@ -13,9 +13,9 @@
 
 use std::time::Duration;
 
-use hotprobe_process::remote_call::{remote_call, remote_syscall};
+use hotprobe_process::remote_call::remote_syscall;
 use hotprobe_process::ProcessTarget;
-use hotprobe_target::Target;
+use hotprobe_target::{RuntimeAddr, Target};
 
 use crate::FastPath;
 
@@ -55,9 +55,9 @@ impl FastPath {
         let Some(unload) = self.unload.take() else {
             return;
         };
-        let pools: Vec<(u64, u64)> = std::mem::take(&mut self.pools)
+        let pools: Vec<(u64, u64, u64)> = std::mem::take(&mut self.pools)
             .into_iter()
-            .map(|p| (p.start, p.end))
+            .map(|p| (p.start, p.next, p.end))
             .collect();
         self.page_cache = None;
         let near = self
@@ -80,7 +80,7 @@ impl FastPath {
 fn unload_now(
     t: &mut ProcessTarget,
     unload: Unload,
-    pools: &[(u64, u64)],
+    pools: &[(u64, u64, u64)],
     near: u64,
 ) -> Vec<String> {
     let mut left = Vec::new();
@@ -91,7 +91,7 @@ fn unload_now(
         .filter(|m| m.exec && m.name.contains("libhotprobe_agent"))
         .map(|m| (m.start, m.end))
         .collect();
-    code.extend(pools.iter().copied());
+    code.extend(pools.iter().map(|p| (p.0, p.2)));
     if near != 0 {
         code.push((near, near + 4096));
     }
@@ -102,47 +102,228 @@ fn unload_now(
         ));
         return left;
     }
-    match remote_call(t, unload.release, &[], CALL_TIMEOUT) {
-        Ok(r) if r as i32 == -RELEASE_BUSY => {
-            left.push(format!(
-                "the agent and its pages stay mapped in pid {pid}: a thread is inside the \
-                 agent or a stub (a signal handler or a call on top of it)"
-            ));
-            return left;
+    match call_release(t, unload, pools) {
+        Ok(Released { release, dlclose }) => {
+            if release == -RELEASE_BUSY {
+                left.push(format!(
+                    "the agent and its pages stay mapped in pid {pid}: a thread is inside the \
+                     agent or a stub (a signal handler or a call on top of it)"
+                ));
+            } else if release > 0 {
+                left.push(format!(
+                    "{release} shared-memory mappings stay in pid {pid} (past the agent's table)"
+                ));
+            }
+            if let Some(r) = dlclose.filter(|r| *r != 0) {
+                left.push(format!(
+                    "the agent stays loaded, dormant, in pid {pid}: dlclose returned {r}"
+                ));
+            }
         }
-        Ok(r) if r as i32 > 0 => left.push(format!(
-            "{} shared-memory mappings stay in pid {pid} (past the agent's table)",
-            r as i32
+        Err(e) => left.push(format!(
+            "the agent stays in pid {pid}: its release failed: {e}"
         )),
-        Ok(_) => {}
-        Err(e) => {
-            left.push(format!(
-                "the agent stays in pid {pid}: its release failed: {e}"
-            ));
-            return left;
-        }
-    }
-    if let Some((dlclose, handle)) = unload.dlclose {
-        match remote_call(t, dlclose, &[handle], CALL_TIMEOUT) {
-            Ok(r) if r as i32 == 0 => {}
-            Ok(r) => left.push(format!(
-                "the agent stays loaded, dormant, in pid {pid}: dlclose returned {}",
-                r as i32
-            )),
-            Err(e) => left.push(format!(
-                "the agent stays loaded, dormant, in pid {pid}: {e}"
-            )),
-        }
-    }
-    for &(start, end) in pools {
-        let r = remote_syscall(t, libc::SYS_munmap as u64, &[start, end - start]);
-        if !matches!(r, Ok(0)) {
-            left.push(format!(
-                "the stub pages {start:#x}..{end:#x} stay mapped in pid {pid}"
-            ));
-        }
     }
     left
+}
+
+/// What the release code found: `hotprobe_agent_release`'s result, and
+/// `dlclose`'s if it was called.
+struct Released {
+    release: i32,
+    dlclose: Option<i32>,
+}
+
+/// Most stub pages the release code hands the agent; more are unmapped by
+/// remote system calls after it.
+const MAX_PAGES: usize = 250;
+/// Pause iterations the release code waits for the tracer before it
+/// restores the thread itself (a tracer killed meanwhile): well over the
+/// tracer's 200 µs polling, well under a second.
+const SPIN: u64 = 1 << 22;
+
+/// Runs `hotprobe_agent_release` (with our pages) then `dlclose` in the
+/// target by code written there that returns the thread to where it was
+/// even if we die meanwhile (`remote_call_resumable`). The code and its
+/// constants go in the free room of one of our pages, which the agent
+/// does not unmap (we do, last), so that no remote system call, which a
+/// tracer killed in its midst would leave half done, comes before it; its
+/// results go on the thread's stack, below the red zone.
+fn call_release(
+    t: &mut ProcessTarget,
+    unload: Unload,
+    pools: &[(u64, u64, u64)],
+) -> Result<Released, String> {
+    use hotprobe_process::remote_resumable::{
+        remote_call_resumable, resumable_stack, resumable_thread_registers, resume_context,
+    };
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let regs = resumable_thread_registers(t).map_err(|x| e(&x))?;
+    let resume = resume_context(&regs);
+    let data = resumable_stack(&regs);
+    let others = |host: Option<usize>| -> Vec<(u64, u64)> {
+        pools
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| Some(*i) != host)
+            .map(|(_, p)| (p.0, p.2))
+            .collect()
+    };
+    // A page of ours with room for the code and the page list.
+    let room = CODE_ROOM + 16 * pools.len().min(MAX_PAGES) as u64;
+    let host = pools.iter().position(|p| p.2 - p.1 >= room);
+    let (base, mapped) = match host {
+        Some(i) => (((pools[i].1 + 63) & !63), None),
+        None => {
+            let m = remote_syscall(
+                t,
+                libc::SYS_mmap as u64,
+                &[
+                    0,
+                    4096,
+                    (libc::PROT_READ | libc::PROT_EXEC) as u64,
+                    (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+                    u64::MAX,
+                    0,
+                ],
+            )
+            .map_err(|x| e(&x))?;
+            if (m as i64) < 0 {
+                return Err(format!("remote mmap: errno {}", -(m as i64)));
+            }
+            (m, Some(m))
+        }
+    };
+    let given_all = others(host);
+    let (given, rest) = given_all.split_at(given_all.len().min(MAX_PAGES));
+    let r = (|| -> Result<Released, String> {
+        let list = base + CODE_ROOM;
+        let code = release_code(base, data, list, unload, given.len() as u64, &resume)
+            .map_err(|x| e(&x))?;
+        if code.len() as u64 > CODE_ROOM {
+            return Err(format!("release code of {} bytes", code.len()));
+        }
+        let mut page_list = Vec::with_capacity(given.len() * 16);
+        for (s, end) in given {
+            page_list.extend_from_slice(&s.to_le_bytes());
+            page_list.extend_from_slice(&end.to_le_bytes());
+        }
+        t.write_memory(RuntimeAddr(list), &page_list)
+            .map_err(|x| e(&x))?;
+        t.write_memory(RuntimeAddr(data), &[0u8; 24])
+            .map_err(|x| e(&x))?;
+        t.write_memory(RuntimeAddr(base), &code)
+            .map_err(|x| e(&x))?;
+        remote_call_resumable(t, base, (base, base + room), data + DATA_DONE, CALL_TIMEOUT)
+            .map_err(|x| e(&x))?;
+        let mut w = [0u8; 16];
+        t.read_memory(RuntimeAddr(data), &mut w)
+            .map_err(|x| e(&x))?;
+        let release = i64::from_le_bytes(w[..8].try_into().unwrap_or_default()) as i32;
+        let dl = u64::from_le_bytes(w[8..].try_into().unwrap_or_default());
+        Ok(Released {
+            release,
+            // The code stores dlclose's result + 1 (0: not called).
+            dlclose: (dl != 0).then(|| dl.wrapping_sub(1) as i32),
+        })
+    })();
+    // The thread is out of the code (restored, or gone on alone): the
+    // page that held it goes last (the agent unmapped the others).
+    let released = matches!(&r, Ok(rel) if rel.release >= 0);
+    if let Some(m) = mapped {
+        let _ = remote_syscall(t, libc::SYS_munmap as u64, &[m, 4096]);
+    }
+    if released {
+        let last = host.map(|i| (pools[i].0, pools[i].2));
+        for &(start, end) in rest.iter().chain(last.iter()) {
+            let _ = remote_syscall(t, libc::SYS_munmap as u64, &[start, end - start]);
+        }
+    }
+    r
+}
+
+/// Room for the release code and its constants (under 400 bytes).
+const CODE_ROOM: u64 = 512;
+/// Offsets in the results (on the thread's stack): `hotprobe_agent_release`'s
+/// result at 0, dlclose's (+ 1) at 8, the done word.
+const DATA_DONE: u64 = 16;
+
+/// The release code at `base` (see [`call_release`]), its results at
+/// `data`: calls the release with the page list at `list`, then (unless it refused)
+/// `dlclose`, stores the results, sets the done word, spins [`SPIN`]
+/// times, then restores `resume` (every general register, the flags
+/// through the stack below the red zone) and jumps to its `rip`.
+fn release_code(
+    base: u64,
+    data: u64,
+    list: u64,
+    unload: Unload,
+    n_pages: u64,
+    resume: &hotprobe_target::Registers,
+) -> Result<Vec<u8>, iced_x86::IcedError> {
+    use iced_x86::code_asm::*;
+    let mut a = CodeAssembler::new(64)?;
+    let mut release_fn = a.create_label();
+    let mut dlclose_fn = a.create_label();
+    let mut handle = a.create_label();
+    let mut skip = a.create_label();
+    let mut spin = a.create_label();
+    // One label per saved word: rax … r15, rsp, rflags, rip.
+    let mut saved: Vec<CodeLabel> = (0..18).map(|_| a.create_label()).collect();
+    a.mov(rdi, list)?;
+    a.mov(rsi, n_pages)?;
+    a.call(qword_ptr(release_fn))?;
+    a.mov(rcx, data)?;
+    a.movsxd(rax, eax)?;
+    a.mov(qword_ptr(rcx), rax)?;
+    a.test(eax, eax)?;
+    a.js(skip)?;
+    a.mov(rax, qword_ptr(dlclose_fn))?;
+    a.test(rax, rax)?;
+    a.jz(skip)?;
+    a.mov(rdi, qword_ptr(handle))?;
+    a.call(rax)?;
+    a.mov(rcx, data)?;
+    a.mov(eax, eax)?;
+    a.inc(rax)?;
+    a.mov(qword_ptr(rcx + 8), rax)?;
+    a.set_label(&mut skip)?;
+    a.mov(rcx, data)?;
+    a.mov(qword_ptr(rcx + DATA_DONE as i32), 1i32)?;
+    a.mov(rdx, SPIN)?;
+    a.set_label(&mut spin)?;
+    a.pause()?;
+    a.dec(rdx)?;
+    a.jnz(spin)?;
+    // The thread's own registers back: it goes on where it was.
+    let order = [
+        rax, rbx, rcx, rdx, rsi, rdi, rbp, r8, r9, r10, r11, r12, r13, r14, r15,
+    ];
+    for (r, l) in order.iter().zip(&saved) {
+        a.mov(*r, qword_ptr(*l))?;
+    }
+    a.mov(rsp, qword_ptr(saved[15]))?;
+    a.lea(rsp, qword_ptr(rsp - 128))?;
+    a.push(qword_ptr(saved[16]))?;
+    a.popfq()?;
+    a.lea(rsp, qword_ptr(rsp + 128))?;
+    a.jmp(qword_ptr(saved[17]))?;
+    a.set_label(&mut release_fn)?;
+    a.dq(&[unload.release])?;
+    a.set_label(&mut dlclose_fn)?;
+    a.dq(&[unload.dlclose.map_or(0, |d| d.0)])?;
+    a.set_label(&mut handle)?;
+    a.dq(&[unload.dlclose.map_or(0, |d| d.1)])?;
+    let r = resume;
+    let words = [
+        r.rax, r.rbx, r.rcx, r.rdx, r.rsi, r.rdi, r.rbp, r.r8, r.r9, r.r10, r.r11, r.r12, r.r13,
+        r.r14, r.r15, r.rsp, r.rflags, r.rip,
+    ];
+    for (l, w) in saved.iter_mut().zip(words) {
+        a.set_label(l)?;
+        a.dq(&[w])?;
+    }
+    a.assemble(base)
 }
 
 /// `hotprobe_agent_release`'s "busy" code (the agent's `RELEASE_BUSY`).

@@ -17,6 +17,7 @@ mod maps;
 mod release;
 mod remote;
 pub mod remote_call;
+pub mod remote_resumable;
 mod rendezvous;
 mod spawn;
 mod strays;
