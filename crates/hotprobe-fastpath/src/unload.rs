@@ -3,8 +3,9 @@
 //! set up (`hotprobe_agent_release`: hooked return addresses, its
 //! `SIGTRAP` handler, hang-up pipe and thread-exit key, its shared
 //! memories, shadow stacks and near page), the library is `dlclose`d, and
-//! our stub and trampoline pages are unmapped, all by remote calls with
-//! every thread stopped. Nothing goes while a thread can still run in it
+//! our stub and trampoline pages are unmapped, with every thread stopped,
+//! by code that brings its thread back even if we die meanwhile (see
+//! [`call_release`]). Nothing goes while a thread can still run in it
 //! or return into it: a thread whose PC stays in hotprobe's code, or one
 //! inside the agent or a stub (a signal handler or a libc call of the
 //! agent's on top of it), keeps everything mapped, and the reason is
@@ -114,10 +115,15 @@ fn unload_now(
                     "{release} shared-memory mappings stay in pid {pid} (past the agent's table)"
                 ));
             }
-            if let Some(r) = dlclose.filter(|r| *r != 0) {
-                left.push(format!(
+            match dlclose {
+                Some(0) => {}
+                Some(r) => left.push(format!(
                     "the agent stays loaded, dormant, in pid {pid}: dlclose returned {r}"
-                ));
+                )),
+                None if release >= 0 && unload.dlclose.is_none() => left.push(format!(
+                    "the agent stays loaded, dormant, in pid {pid}: it was there before us"
+                )),
+                None => {}
             }
         }
         Err(e) => left.push(format!(
