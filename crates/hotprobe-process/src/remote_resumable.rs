@@ -165,3 +165,37 @@ pub fn remote_call_resumable(
     }
     result
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stopped_in(nr: u64, rax: i64) -> Registers {
+        Registers {
+            rax: rax as u64,
+            orig_rax: nr,
+            rip: 0x1002,
+            rdi: 7,
+            ..Registers::default()
+        }
+    }
+
+    #[test]
+    fn an_interrupted_system_call_restarts_on_its_syscall_instruction() {
+        for code in [ERESTARTSYS, ERESTARTNOINTR, ERESTARTNOHAND] {
+            let r = resume_context(&stopped_in(libc::SYS_read as u64, code));
+            assert_eq!((r.rip, r.rax, r.rdi), (0x1000, libc::SYS_read as u64, 7));
+        }
+        let r = resume_context(&stopped_in(libc::SYS_poll as u64, ERESTART_RESTARTBLOCK));
+        assert_eq!((r.rip, r.rax), (0x1000, libc::SYS_restart_syscall as u64));
+    }
+
+    #[test]
+    fn other_stops_resume_as_they_are() {
+        // A finished system call's result, an error, or no system call.
+        for (nr, rax) in [(0, 5), (0, -(libc::EINTR as i64)), (u64::MAX, ERESTARTSYS)] {
+            let regs = stopped_in(nr, rax);
+            assert_eq!(resume_context(&regs), regs);
+        }
+    }
+}
