@@ -45,7 +45,7 @@ pub(crate) fn target_memfd(
         .map_err(|e| e.to_string())?;
     let flags = libc::MFD_CLOEXEC as u64;
     let create = |t: &mut ProcessTarget, flags: u64| {
-        remote_syscall(t, libc::SYS_memfd_create as u64, &[scratch, flags])
+        remote_syscall(t, hotprobe_os::shm::MEMFD_CREATE_NR, &[scratch, flags])
             .map_err(|e| e.to_string())
     };
     let mut fd = create(t, if exec { flags | MFD_EXEC } else { flags })?;

@@ -338,28 +338,23 @@ const RELEASE_BUSY: i32 = 1;
 /// Runs the threads on briefly until none has its PC in `code` (address
 /// ranges); the thread and PC still there after [`LEAVE_TRIES`], if any.
 fn leave_code(t: &mut ProcessTarget, code: &[(u64, u64)]) -> Option<(u64, u64)> {
-    let mut last = None;
+    let inside = |t: &mut ProcessTarget| {
+        t.threads().into_iter().find_map(|th| {
+            let rip = t.registers(th).ok()?.rip;
+            code.iter()
+                .any(|&(s, e)| rip >= s && rip < e)
+                .then_some((th.0, rip))
+        })
+    };
     for _ in 0..LEAVE_TRIES {
-        last = None;
-        for th in t.threads() {
-            let Ok(regs) = t.registers(th) else {
-                continue;
-            };
-            if code.iter().any(|&(s, e)| regs.rip >= s && regs.rip < e) {
-                last = Some((th.0, regs.rip));
-                break;
-            }
-        }
-        if last.is_none() {
-            return None;
-        }
+        let last = inside(t)?;
         if t.resume_all().is_err() {
-            return last;
+            return Some(last);
         }
         std::thread::yield_now();
         if t.stop_all().is_err() {
-            return last;
+            return Some(last);
         }
     }
-    last
+    inside(t)
 }
