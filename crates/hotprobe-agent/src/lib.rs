@@ -110,6 +110,21 @@ pub extern "C" fn hotprobe_agent_version() -> u32 {
     VERSION
 }
 
+/// Arms the hang-up pipe whose read end is `fd` (the caller's, which it
+/// closes: a copy is kept): the tracer's death raises a `SIGTRAP` that
+/// puts its code back (see `undo`). For a process that cannot open the
+/// tracer's pipe through `/proc/TRACER/fd/N` (another uid, not
+/// dumpable): the tracer makes the pipe there and keeps its write end.
+/// Returns 0, or -1 when it could not be armed.
+#[no_mangle]
+pub extern "C" fn hotprobe_agent_hangup_fd(fd: c_int) -> c_int {
+    if undo::arm_fd(fd) {
+        0
+    } else {
+        -1
+    }
+}
+
 /// Maps the shared memory behind `fd` (which stays open, owned by the
 /// caller) and attaches to it. Returns 0, or a negated [`AttachError`].
 #[no_mangle]

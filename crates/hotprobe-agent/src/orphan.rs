@@ -436,7 +436,7 @@ fn open(path: &core::ffi::CStr, flags: i32) -> Option<u64> {
 
 /// The byte at `addr` of this process, or None when it is not mapped.
 fn read_byte(addr: u64) -> Option<u8> {
-    let fd = open(c"/proc/self/mem", libc::O_RDONLY)?;
+    let fd = crate::undo::open_self_mem(libc::O_RDONLY)?;
     let mut b = 0u8;
     let n = syscall(libc::SYS_pread64, [fd, &mut b as *mut u8 as u64, 1, addr]) as i64;
     syscall(libc::SYS_close, [fd, 0, 0, 0]);
@@ -446,7 +446,7 @@ fn read_byte(addr: u64) -> Option<u8> {
 /// Writes `b` at `addr` through `/proc/self/mem` (whatever the page's
 /// protection).
 fn write_byte(addr: u64, b: u8) -> bool {
-    let Some(fd) = open(c"/proc/self/mem", libc::O_RDWR) else {
+    let Some(fd) = crate::undo::open_self_mem(libc::O_RDWR) else {
         return false;
     };
     let n = syscall(libc::SYS_pwrite64, [fd, &b as *const u8 as u64, 1, addr]) as i64;
@@ -488,7 +488,7 @@ pub(crate) fn syscall(nr: libc::c_long, a: [u64; 4]) -> u64 {
     // SAFETY: the calls made here and by `env`, the constructor, `clock`,
     // `inproc` and `threads` (open, read, readlink, pread64, pwrite64,
     // close, getpid, gettid, tgkill, rt_sigaction, rt_sigprocmask, prctl
-    // PR_GET_TSC, clock_gettime, futex, sched_yield, madvise, and
+    // PR_GET_TSC and PR_GET/SET_DUMPABLE, clock_gettime, futex, sched_yield, madvise, and
     // `release`'s munmap of the agent's own mappings once no thread can
     // use them) take the
     // arguments given, read or write only the buffers passed (or the

@@ -14,10 +14,11 @@ use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::Receiver;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::record::{info, trace_dir};
 use common::{gcc, line_reader, text, CountTable, HOTPROBE};
+use hotprobe::fastpath::{ledger_state, UndoState};
 use hotprobe_testkit::TempDir;
 
 /// Debian's python (not a shim on PATH).
@@ -296,6 +297,35 @@ fn process_that_dropped_privileges_gets_the_agent() {
     assert!(!err.contains("could not be loaded"), "{err}");
     assert_left_as_found(pid, &exec_before, &err);
     ask(5);
+    // Attached again, then hotprobe killed with SIGKILL: the agent hears
+    // it at once through the hang-up pipe it was handed as a descriptor
+    // of its own (it cannot open hotprobe's), and puts the code back with
+    // no hit of a probe (a stale heartbeat is seen only on a hit).
+    let mut hp = Command::new(HOTPROBE)
+        .args(["count", "-p", &pid.to_string(), "work_jump", "work_patch"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let said = line_reader(hp.stderr.take().unwrap());
+    let first = said.recv_timeout(LIMIT).expect("hotprobe says it attached");
+    assert!(first.starts_with("hotprobe: attached to pid"), "{first}");
+    let published = ledger_state(pid).unwrap().map_or(0, |s| s.published);
+    assert_eq!(published, 2, "{first}");
+    hp.kill().unwrap();
+    hp.wait().unwrap();
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let state = ledger_state(pid).unwrap();
+        if state.is_some_and(|s| s.undo == UndoState::Done && s.published == 0) {
+            assert_eq!(state.map(|s| s.undone), Some(2), "{state:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no undo: {state:?}");
+        std::thread::yield_now();
+    }
+    ask(7);
     let _ = child.kill();
     let _ = child.wait();
 }

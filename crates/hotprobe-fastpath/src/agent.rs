@@ -88,6 +88,7 @@ impl FastPath {
                     f("hotprobe_agent_attach_fd")?,
                     f("hotprobe_agent_version")?,
                     f("hotprobe_agent_release"),
+                    f("hotprobe_agent_hangup_fd"),
                 ))
             });
         let dlclose = libc_fn(&["dlclose", "__libc_dlclose"]);
@@ -98,12 +99,14 @@ impl FastPath {
         let mut attach_fn = None;
         // How to take the agent out again at detach (see `unload`).
         let mut release_fn = None;
+        let mut hangup_fn = None;
         let mut handle_of_ours = None;
-        if let Some((attach, version, release)) = existing {
+        if let Some((attach, version, release, hangup)) = existing {
             let v = hotprobe_process::remote_call::remote_call(t, version, &[], timeout)?;
             if v as u32 == hotprobe_abi::VERSION {
                 attach_fn = Some(attach);
                 release_fn = release;
+                hangup_fn = hangup;
             }
         }
         // Scratch page for the strings.
@@ -140,9 +143,11 @@ impl FastPath {
         }
         const ATTACH_NAME: &[u8] = b"hotprobe_agent_attach_fd\0";
         const RELEASE_NAME: &[u8] = b"hotprobe_agent_release\0";
+        const HANGUP_NAME: &[u8] = b"hotprobe_agent_hangup_fd\0";
         t.write_memory(RuntimeAddr(page), agent_c.as_bytes())?;
         t.write_memory(RuntimeAddr(page + 3072), ATTACH_NAME)?;
         t.write_memory(RuntimeAddr(page + 3584), RELEASE_NAME)?;
+        t.write_memory(RuntimeAddr(page + 3840), HANGUP_NAME)?;
         if attach_fn.is_none() {
             let handle = hotprobe_process::remote_call::remote_call(
                 t,
@@ -178,6 +183,13 @@ impl FastPath {
                     timeout,
                 )?;
                 release_fn = (r != 0).then_some(r);
+                let h = hotprobe_process::remote_call::remote_call(
+                    t,
+                    dlsym,
+                    &[handle, page + 3840],
+                    timeout,
+                )?;
+                hangup_fn = (h != 0).then_some(h);
             }
             handle_of_ours = Some(handle);
             if attach_fn.is_none() {
@@ -211,6 +223,12 @@ impl FastPath {
             }
             (e, _) => e,
         })?;
+        // A process that cannot open our hang-up pipe (the reason the
+        // memory went as a descriptor) gets one of its own; best effort:
+        // without it the agent hears of our death by the heartbeat.
+        if let (Some(_), Some(hangup)) = (shm_fd, hangup_fn) {
+            let _ = crate::pass::pass_hangup(t, hangup);
+        }
         let mut fp = FastPath::new(shm, t, config.stubs)?;
         fp.unload = release_fn.map(|release| crate::unload::Unload {
             release,

@@ -75,3 +75,53 @@ pub(crate) fn target_memfd(
 pub(crate) fn close_in_target(t: &mut ProcessTarget, fd: u64) {
     let _ = remote_syscall(t, libc::SYS_close as u64, &[fd]);
 }
+
+/// Gives the stopped target's agent a hang-up pipe of the target's own
+/// (see the agent's `undo`): a remote `pipe2` there, its write end taken
+/// into ours and kept open for the life of this process (it hangs up when
+/// we die, however we die), its read end armed by the agent's
+/// `hangup_fn` (`hotprobe_agent_hangup_fd`, which keeps a copy); both of
+/// the target's descriptors are closed afterwards.
+pub(crate) fn pass_hangup(t: &mut ProcessTarget, hangup_fn: u64) -> Result<(), String> {
+    use hotprobe_process::remote_call::remote_call;
+    let page = crate::agent::remote_page(t).map_err(|e| e.to_string())?;
+    let r = (|| {
+        let rc = remote_syscall(t, libc::SYS_pipe2 as u64, &[page, libc::O_CLOEXEC as u64])
+            .map_err(|e| e.to_string())?;
+        if rc != 0 {
+            return Err(format!(
+                "pipe2 in the target failed: {}",
+                std::io::Error::from_raw_os_error(-(rc as i64) as i32)
+            ));
+        }
+        let mut fds = [0u8; 8];
+        t.read_memory(RuntimeAddr(page), &mut fds)
+            .map_err(|e| e.to_string())?;
+        let read_end = u32::from_le_bytes([fds[0], fds[1], fds[2], fds[3]]) as u64;
+        let write_end = u32::from_le_bytes([fds[4], fds[5], fds[6], fds[7]]) as u64;
+        let taken = hotprobe_os::pidfd::take_fd(t.pid(), write_end as i32);
+        let armed = match &taken {
+            Ok(_) => remote_call(
+                t,
+                hangup_fn,
+                &[read_end],
+                std::time::Duration::from_secs(10),
+            )
+            .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        close_in_target(t, read_end);
+        close_in_target(t, write_end);
+        match (taken, armed) {
+            (Ok(w), Ok(r)) if r as i32 == 0 => {
+                // Ours for the life of this process: closed by our death.
+                std::mem::forget(w);
+                Ok(())
+            }
+            (_, Ok(r)) => Err(format!("hotprobe_agent_hangup_fd returned {}", r as i32)),
+            (_, Err(e)) => Err(e),
+        }
+    })();
+    let _ = remote_syscall(t, libc::SYS_munmap as u64, &[page, 4096]);
+    r
+}
