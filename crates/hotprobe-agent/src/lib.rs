@@ -47,6 +47,7 @@ mod inproc;
 mod next_symbol;
 mod orphan;
 mod rawcall;
+mod release;
 mod shared_tls;
 mod sigmask;
 mod threads;
@@ -58,6 +59,7 @@ mod unwind;
 pub use clock::prctl;
 pub use hotprobe_abi::patch::call_rel32;
 pub use orphan::{sigaction, signal};
+pub use release::{hotprobe_agent_release, RELEASE_BUSY};
 
 /// The shared memory of the current tracer (a leaked `Box`: a mapping is
 /// never unmapped, since a thread may still hold a reference into an older
@@ -106,6 +108,21 @@ pub enum AttachError {
 #[no_mangle]
 pub extern "C" fn hotprobe_agent_version() -> u32 {
     VERSION
+}
+
+/// Arms the hang-up pipe whose read end is `fd` (the caller's, which it
+/// closes: a copy is kept): the tracer's death raises a `SIGTRAP` that
+/// puts its code back (see `undo`). For a process that cannot open the
+/// tracer's pipe through `/proc/TRACER/fd/N` (another uid, not
+/// dumpable): the tracer makes the pipe there and keeps its write end.
+/// Returns 0, or -1 when it could not be armed.
+#[no_mangle]
+pub extern "C" fn hotprobe_agent_hangup_fd(fd: c_int) -> c_int {
+    if undo::arm_fd(fd) {
+        0
+    } else {
+        -1
+    }
 }
 
 /// Maps the shared memory behind `fd` (which stays open, owned by the
@@ -199,6 +216,8 @@ fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
             return Err(AttachError::Layout);
         }
     };
+    // Unmapped at release (see `release`), never before.
+    release::note_mapping(p as u64, len as u64);
     // Once per process (not per attach: a forked child that went dormant
     // and is attached again by a tracer of its own keeps them).
     if !HOOKS.swap(true, Relaxed) {
@@ -292,6 +311,33 @@ pub(crate) fn go_dormant() {
     // Relaxed: the child has one thread; a null pointer publishes nothing.
     SHM.store(std::ptr::null_mut(), Relaxed);
     ATTACHING.store(false, Relaxed);
+}
+
+/// At release (see `release`): forget the shared memory, as a dormant
+/// child does, and the process-wide hooks (registered again by the next
+/// attach, if the library stays loaded). Every other thread is stopped.
+pub(crate) fn forget_shm() {
+    SHM.store(std::ptr::null_mut(), Release);
+}
+
+/// At release: the thread-exit key is deleted (glibc no longer calls its
+/// destructor, code about to be unloaded) and the hooks are registered
+/// again by a later attach.
+pub(crate) fn forget_exit_key() {
+    if let Some(key) = exit_key() {
+        // SAFETY: a key this agent created; deleting it runs no destructor.
+        unsafe { libc::pthread_key_delete(key) };
+    }
+    EXIT_KEY.store(u32::MAX, Relaxed);
+    HOOKS.store(false, Relaxed);
+}
+
+/// At release: the near page is unmapped (its stubs jump into the agent).
+pub(crate) fn forget_near_page() {
+    let page = NEAR_PAGE.swap(0, Relaxed);
+    if page != 0 {
+        orphan::syscall(libc::SYS_munmap, [page, 4096, 0, 0]);
+    }
 }
 
 /// In a forked child that follows forks: an attach in progress on another

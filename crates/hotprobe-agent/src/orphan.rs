@@ -51,7 +51,7 @@
 //! `/proc/self/status` says no tracer is attached. Only raw system calls
 //! and atomics: async-signal-safe.
 
-use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use core::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 
 use hotprobe_abi::{Shm, TRAP_GUARD, TRAP_RETURN};
@@ -97,6 +97,30 @@ pub(crate) fn install() {
             OLD_FLAGS.store(old.sa_flags as u64, Relaxed);
             INSTALLED.store(true, Release);
         }
+    }
+}
+
+/// Gives `SIGTRAP` back the handler and flags it had before [`install`]
+/// (at release, see `release`), if ours is still the disposition (a
+/// program that replaced it by the system call keeps its own).
+pub(crate) fn uninstall() {
+    if !INSTALLED.swap(false, AcqRel) {
+        return;
+    }
+    // SAFETY: zeroed sigaction structures are valid; sigaction reads and
+    // writes them.
+    unsafe {
+        let mut cur: libc::sigaction = core::mem::zeroed();
+        if __sigaction(libc::SIGTRAP, core::ptr::null(), &mut cur) != 0
+            || cur.sa_sigaction != on_sigtrap as *const () as usize
+        {
+            return;
+        }
+        let mut sa: libc::sigaction = core::mem::zeroed();
+        sa.sa_sigaction = OLD_HANDLER.load(Relaxed);
+        sa.sa_flags = OLD_FLAGS.load(Relaxed) as libc::c_int;
+        libc::sigemptyset(&mut sa.sa_mask);
+        __sigaction(libc::SIGTRAP, &sa, core::ptr::null_mut());
     }
 }
 
@@ -412,7 +436,7 @@ fn open(path: &core::ffi::CStr, flags: i32) -> Option<u64> {
 
 /// The byte at `addr` of this process, or None when it is not mapped.
 fn read_byte(addr: u64) -> Option<u8> {
-    let fd = open(c"/proc/self/mem", libc::O_RDONLY)?;
+    let fd = crate::undo::open_self_mem(libc::O_RDONLY)?;
     let mut b = 0u8;
     let n = syscall(libc::SYS_pread64, [fd, &mut b as *mut u8 as u64, 1, addr]) as i64;
     syscall(libc::SYS_close, [fd, 0, 0, 0]);
@@ -422,7 +446,7 @@ fn read_byte(addr: u64) -> Option<u8> {
 /// Writes `b` at `addr` through `/proc/self/mem` (whatever the page's
 /// protection).
 fn write_byte(addr: u64, b: u8) -> bool {
-    let Some(fd) = open(c"/proc/self/mem", libc::O_RDWR) else {
+    let Some(fd) = crate::undo::open_self_mem(libc::O_RDWR) else {
         return false;
     };
     let n = syscall(libc::SYS_pwrite64, [fd, &b as *const u8 as u64, 1, addr]) as i64;
@@ -434,7 +458,8 @@ fn write_byte(addr: u64, b: u8) -> bool {
 /// instruction: never through libc, whose functions may be probed.
 pub(crate) fn syscall6(nr: libc::c_long, a: [u64; 6]) -> u64 {
     let r: u64;
-    // SAFETY: the calls made with it (mmap of fresh anonymous memory, and
+    // SAFETY: the calls made with it (mmap of fresh anonymous memory,
+    // `process_vm_readv`/`writev` of one word of the process itself, and
     // the program's own `prctl` with its arguments: see `clock::prctl`)
     // take the arguments given, touch no memory of ours but what they
     // point at, and clobber rcx and r11.
@@ -463,7 +488,9 @@ pub(crate) fn syscall(nr: libc::c_long, a: [u64; 4]) -> u64 {
     // SAFETY: the calls made here and by `env`, the constructor, `clock`,
     // `inproc` and `threads` (open, read, readlink, pread64, pwrite64,
     // close, getpid, gettid, tgkill, rt_sigaction, rt_sigprocmask, prctl
-    // PR_GET_TSC, clock_gettime, futex, sched_yield, madvise) take the
+    // PR_GET_TSC and PR_GET/SET_DUMPABLE, clock_gettime, futex, sched_yield, madvise, and
+    // `release`'s munmap of the agent's own mappings once no thread can
+    // use them) take the
     // arguments given, read or write only the buffers passed (or the
     // futex word), and clobber rcx and r11.
     unsafe {

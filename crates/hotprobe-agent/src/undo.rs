@@ -90,7 +90,22 @@ pub(crate) fn arm(shm: &Shm) {
     let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC;
     let fd = syscall(libc::SYS_open, [path.as_ptr() as u64, flags as u64, 0, 0]) as i64;
     if fd < 0 {
+        // A process that changed its uid or is not dumpable may not open
+        // the tracer's descriptors: the tracer hands it a pipe of its own
+        // ([`arm_fd`]).
         return;
+    }
+    arm_fd(fd as i32);
+    syscall(libc::SYS_close, [fd as u64, 0, 0, 0]);
+}
+
+/// Arms the hang-up pipe whose read end is `fd` (a descriptor the caller
+/// keeps and closes: a copy is made), replacing the current one. True
+/// when armed.
+pub(crate) fn arm_fd(fd: i32) -> bool {
+    let old = HANGUP_FD.swap(-1, Relaxed);
+    if old >= 0 {
+        syscall(libc::SYS_close, [old as u64, 0, 0, 0]);
     }
     // Out of the program's way: the program's next `open` gets the number
     // it would have got without the agent.
@@ -98,9 +113,8 @@ pub(crate) fn arm(shm: &Shm) {
         libc::SYS_fcntl,
         [fd as u64, libc::F_DUPFD_CLOEXEC as u64, high_fd_base(), 0],
     ) as i64;
-    syscall(libc::SYS_close, [fd as u64, 0, 0, 0]);
     if high < 0 {
-        return;
+        return false;
     }
     let ok = syscall(
         libc::SYS_fcntl,
@@ -126,9 +140,19 @@ pub(crate) fn arm(shm: &Shm) {
         ) == 0;
     if !ok {
         syscall(libc::SYS_close, [high as u64, 0, 0, 0]);
-        return;
+        return false;
     }
     HANGUP_FD.store(high as i32, Release);
+    true
+}
+
+/// Closes the hang-up pipe (at release, see `release`): the tracer's
+/// exit no longer raises a `SIGTRAP` here.
+pub(crate) fn disarm() {
+    let fd = HANGUP_FD.swap(-1, AcqRel);
+    if fd >= 0 {
+        syscall(libc::SYS_close, [fd as u64, 0, 0, 0]);
+    }
 }
 
 /// Where the hang-up descriptor goes: 64 below the soft limit of open
@@ -504,17 +528,40 @@ pub(crate) fn resume_at_site(shm: &Shm, at: u64, gregs: &mut [libc::greg_t]) -> 
     ours
 }
 
+/// `/proc/self/mem` opened with `flags` (close-on-exec added). A process
+/// that is not dumpable (it changed its uid, or asked) may not open its
+/// own: it is made dumpable for the `open`, and not dumpable again right
+/// after (the descriptor stays usable). Raw system calls only (a signal
+/// handler calls it).
+pub(crate) fn open_self_mem(flags: i32) -> Option<u64> {
+    let open = || {
+        syscall(
+            libc::SYS_open,
+            [
+                c"/proc/self/mem".as_ptr() as u64,
+                (flags | libc::O_CLOEXEC) as u64,
+                0,
+                0,
+            ],
+        ) as i64
+    };
+    let mut fd = open();
+    if fd == -(libc::EACCES as i64)
+        && syscall(libc::SYS_prctl, [libc::PR_GET_DUMPABLE as u64, 0, 0, 0]) == 0
+        && syscall(libc::SYS_prctl, [libc::PR_SET_DUMPABLE as u64, 1, 0, 0]) == 0
+    {
+        fd = open();
+        syscall(libc::SYS_prctl, [libc::PR_SET_DUMPABLE as u64, 0, 0, 0]);
+    }
+    (fd >= 0).then_some(fd as u64)
+}
+
 /// `/proc/self/mem`, open for reading and writing.
 struct Mem(u64);
 
 impl Mem {
     fn open() -> Option<Mem> {
-        let flags = (libc::O_RDWR | libc::O_CLOEXEC) as u64;
-        let fd = syscall(
-            libc::SYS_open,
-            [c"/proc/self/mem".as_ptr() as u64, flags, 0, 0],
-        ) as i64;
-        (fd >= 0).then_some(Mem(fd as u64))
+        open_self_mem(libc::O_RDWR).map(Mem)
     }
 
     fn read_byte(&self, addr: u64) -> Option<u8> {

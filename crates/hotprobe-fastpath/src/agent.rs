@@ -9,6 +9,7 @@ use std::time::Duration;
 use hotprobe_process::{ProcessTarget, SpawnOptions};
 use hotprobe_target::{RuntimeAddr, Target};
 
+use crate::pass::{close_in_target, target_memfd};
 use crate::shm::OwnedShm;
 use crate::{FastPath, FastPathConfig, FastPathError, PendingFastPath};
 
@@ -50,7 +51,6 @@ impl FastPath {
         agent: &Path,
         config: FastPathConfig,
     ) -> Result<FastPath, FastPathError> {
-        let shm = Arc::new(OwnedShm::create(config)?);
         t.stop_all()?;
         let syms = hotprobe_symbols::ProcessSymbols::for_pid(t.pid() as u32)?;
         let libc_mod = syms
@@ -84,37 +84,87 @@ impl FastPath {
             .filter(|m| m.name.starts_with("libhotprobe_agent"))
             .find_map(|m| {
                 let f = |n: &str| m.module.find(n).map(|s| m.runtime(s.addr).0);
-                Some((f("hotprobe_agent_attach_fd")?, f("hotprobe_agent_version")?))
+                Some((
+                    f("hotprobe_agent_attach_fd")?,
+                    f("hotprobe_agent_version")?,
+                    f("hotprobe_agent_release"),
+                    f("hotprobe_agent_hangup_fd"),
+                ))
             });
+        let dlclose = libc_fn(&["dlclose", "__libc_dlclose"]);
         drop(syms);
         let pid = t.pid();
         let fail = |why: String| FastPathError::AgentNotAttached { pid, why };
         let timeout = Duration::from_secs(10);
         let mut attach_fn = None;
-        if let Some((attach, version)) = existing {
+        // How to take the agent out again at detach (see `unload`).
+        let mut release_fn = None;
+        let mut hangup_fn = None;
+        let mut handle_of_ours = None;
+        if let Some((attach, version, release, hangup)) = existing {
             let v = hotprobe_process::remote_call::remote_call(t, version, &[], timeout)?;
             if v as u32 == hotprobe_abi::VERSION {
                 attach_fn = Some(attach);
+                release_fn = release;
+                hangup_fn = hangup;
             }
         }
         // Scratch page for the strings.
         let page = remote_page(t)?;
-        let agent_c = format!("{}\0", agent.display());
+        // The shared memory in a memfd the target created, when it can
+        // be had (see `pass`); else in ours, opened through /proc.
+        let (shm, shm_fd, shm_why) = match target_memfd(t, page + 2048, "hotprobe", false) {
+            Ok(p) => match OwnedShm::create_in(config, p.memfd) {
+                Ok(shm) => (shm, Some(p.target_fd), None),
+                Err(e) => {
+                    close_in_target(t, p.target_fd);
+                    return Err(e);
+                }
+            },
+            Err(why) => (OwnedShm::create(config)?, None, Some(why)),
+        };
+        let shm = Arc::new(shm);
+        // The agent, likewise, in a memfd the target opens as its own.
+        let mut dl_path = agent.display().to_string();
+        let mut agent_fd = None;
+        let mut agent_why = None;
+        if attach_fn.is_none() {
+            match pass_agent(t, page + 2048, agent) {
+                Ok(fd) => {
+                    dl_path = format!("/proc/self/fd/{fd}");
+                    agent_fd = Some(fd);
+                }
+                Err(why) => agent_why = Some(why),
+            }
+        }
+        let agent_c = format!("{dl_path}\0");
         if agent_c.len() > 2048 {
             return Err(fail(format!("agent path too long: {}", agent.display())));
         }
         const ATTACH_NAME: &[u8] = b"hotprobe_agent_attach_fd\0";
+        const RELEASE_NAME: &[u8] = b"hotprobe_agent_release\0";
+        const HANGUP_NAME: &[u8] = b"hotprobe_agent_hangup_fd\0";
         t.write_memory(RuntimeAddr(page), agent_c.as_bytes())?;
         t.write_memory(RuntimeAddr(page + 3072), ATTACH_NAME)?;
+        t.write_memory(RuntimeAddr(page + 3584), RELEASE_NAME)?;
+        t.write_memory(RuntimeAddr(page + 3840), HANGUP_NAME)?;
         if attach_fn.is_none() {
             let handle = hotprobe_process::remote_call::remote_call(
                 t,
                 dlopen,
                 &[page, (libc::RTLD_NOW | libc::RTLD_GLOBAL) as u64],
                 timeout,
-            )?;
+            );
+            if let Some(fd) = agent_fd {
+                // The loader keeps its mapping; the descriptor goes.
+                close_in_target(t, fd);
+            }
+            let handle = handle?;
             if handle == 0 {
-                return Err(fail(format!("dlopen({}) returned NULL", agent.display())));
+                let why = agent_why
+                    .map(|w| format!(" (it could not be passed as a descriptor: {w})"))
+                    .unwrap_or_default();
+                return Err(fail(format!("dlopen({dl_path}) returned NULL{why}")));
             }
             // The symbol of the copy just loaded, whatever its file is
             // called in the target's maps (a memfd's name).
@@ -126,7 +176,22 @@ impl FastPath {
                     timeout,
                 )?;
                 attach_fn = (a != 0).then_some(a);
+                let r = hotprobe_process::remote_call::remote_call(
+                    t,
+                    dlsym,
+                    &[handle, page + 3584],
+                    timeout,
+                )?;
+                release_fn = (r != 0).then_some(r);
+                let h = hotprobe_process::remote_call::remote_call(
+                    t,
+                    dlsym,
+                    &[handle, page + 3840],
+                    timeout,
+                )?;
+                hangup_fn = (h != 0).then_some(h);
             }
+            handle_of_ours = Some(handle);
             if attach_fn.is_none() {
                 let syms = hotprobe_symbols::ProcessSymbols::for_pid(t.pid() as u32)?;
                 attach_fn = syms
@@ -147,8 +212,29 @@ impl FastPath {
             libc::SYS_munmap as u64,
             &[page, 4096],
         );
-        remote_attach(t, &shm, attach_fn)?;
-        FastPath::new(shm, t, config.stubs)
+        remote_attach(t, &shm, attach_fn, shm_fd).map_err(|e| match (e, shm_why) {
+            (FastPathError::AgentNotAttached { pid, why }, Some(w)) => {
+                FastPathError::AgentNotAttached {
+                    pid,
+                    why: format!(
+                        "{why} (the shared memory could not be passed as a descriptor: {w})"
+                    ),
+                }
+            }
+            (e, _) => e,
+        })?;
+        // A process that cannot open our hang-up pipe (the reason the
+        // memory went as a descriptor) gets one of its own; best effort:
+        // without it the agent hears of our death by the heartbeat.
+        if let (Some(_), Some(hangup)) = (shm_fd, hangup_fn) {
+            let _ = crate::pass::pass_hangup(t, hangup);
+        }
+        let mut fp = FastPath::new(shm, t, config.stubs)?;
+        fp.unload = release_fn.map(|release| crate::unload::Unload {
+            release,
+            dlclose: dlclose.zip(handle_of_ours),
+        });
+        Ok(fp)
     }
 }
 
@@ -175,7 +261,7 @@ impl PendingFastPath {
                     .into(),
             })?;
         drop(syms);
-        remote_attach(t, &self.shm, attach_fn)?;
+        remote_attach(t, &self.shm, attach_fn, None)?;
         FastPath::new(self.shm, t, self.stubs)
     }
 }
@@ -204,16 +290,27 @@ pub(crate) fn remote_page(t: &mut ProcessTarget) -> Result<u64, FastPathError> {
     Ok(page)
 }
 
-/// Makes the stopped target open our memfd (through `/proc/OUR_PID/fd`)
-/// and call the agent's `attach_fn` (`hotprobe_agent_attach_fd`) on it.
+/// Makes the stopped target call the agent's `attach_fn`
+/// (`hotprobe_agent_attach_fd`) on the shared memory: on `target_fd`, its
+/// own descriptor of it (closed afterwards), or on one it opens on our
+/// memfd through `/proc/OUR_PID/fd`.
 pub(crate) fn remote_attach(
     t: &mut ProcessTarget,
     shm: &OwnedShm,
     attach_fn: u64,
+    target_fd: Option<u64>,
 ) -> Result<(), FastPathError> {
     use hotprobe_process::remote_call::{remote_call, remote_syscall};
     let pid = t.pid();
     let fail = |why: String| FastPathError::AgentNotAttached { pid, why };
+    if let Some(fd) = target_fd {
+        let r = remote_call(t, attach_fn, &[fd], Duration::from_secs(10));
+        close_in_target(t, fd);
+        return match r? as i32 {
+            0 => Ok(()),
+            r => Err(fail(format!("hotprobe_agent_attach_fd returned {r}"))),
+        };
+    }
     let page = remote_page(t)?;
     let fd_path = format!("/proc/{}/fd/{}\0", std::process::id(), shm.fd());
     t.write_memory(RuntimeAddr(page), fd_path.as_bytes())?;
@@ -240,4 +337,19 @@ pub(crate) fn remote_attach(
         )));
     }
     Ok(())
+}
+
+/// Writes the agent library at `agent` into a memfd the stopped target
+/// creates (see `pass`): its descriptor there, for a `dlopen` of
+/// `/proc/self/fd/N`. `scratch`: a page of the target's for the name.
+fn pass_agent(t: &mut ProcessTarget, scratch: u64, agent: &Path) -> Result<u64, String> {
+    let bytes = std::fs::read(agent).map_err(|e| format!("{}: {e}", agent.display()))?;
+    let p = target_memfd(t, scratch, crate::AGENT_MEMFD_NAME, true)?;
+    match p.memfd.write_all(&bytes) {
+        Ok(()) => Ok(p.target_fd),
+        Err(e) => {
+            close_in_target(t, p.target_fd);
+            Err(e.to_string())
+        }
+    }
 }

@@ -31,8 +31,9 @@ impl FastPath {
     /// [`ForeignOutcome`] says where another writer changed a site; see
     /// [`FastPath::take_foreign_writes`]), disables every site, stops the
     /// heartbeat. The threads are stopped for the restore and left stopped
-    /// (resume or detach the target afterwards). Trampoline pages and the
-    /// agent stay mapped (see the crate docs).
+    /// (resume or detach the target afterwards). An agent we injected is
+    /// unloaded and our trampoline pages unmapped when no thread can still
+    /// run in them (see the `unload` module); a preloaded agent stays.
     pub fn detach(&mut self, t: &mut ProcessTarget) -> Result<(), FastPathError> {
         if self.detached {
             return Ok(());
@@ -86,6 +87,8 @@ impl FastPath {
         self.removals += 1;
         self.heartbeat = None;
         self.detached = true;
+        // Nothing of ours left mapped in a process we attached to.
+        self.unload_agent(t);
         Ok(())
     }
 

@@ -45,22 +45,38 @@ pub struct LedgerState {
 /// (a memfd named `hotprobe`), read through `/proc/PID/mem`; `None` when
 /// the process maps none, or one of another layout version.
 pub fn ledger_state(pid: u32) -> Result<Option<LedgerState>, FastPathError> {
-    let io = |path: String| {
-        move |source| FastPathError::Io {
+    let io = |path: String| -> Box<dyn FnOnce(std::io::Error) -> FastPathError> {
+        Box::new(move |source| FastPathError::Io {
             path: PathBuf::from(path),
             source,
-        }
+        })
     };
     let maps_path = format!("/proc/{pid}/maps");
-    let maps = std::fs::read_to_string(&maps_path).map_err(io(maps_path))?;
-    let Some(base) = maps
-        .lines()
-        .filter(|l| l.contains("/memfd:hotprobe ") || l.ends_with("/memfd:hotprobe"))
-        .filter_map(|l| u64::from_str_radix(l.split('-').next()?, 16).ok())
-        .next_back()
-    else {
+    let last_memory = || -> Result<Option<u64>, FastPathError> {
+        let maps = std::fs::read_to_string(&maps_path).map_err(io(maps_path.clone()))?;
+        Ok(maps
+            .lines()
+            .filter(|l| l.contains("/memfd:hotprobe ") || l.ends_with("/memfd:hotprobe"))
+            .filter_map(|l| u64::from_str_radix(l.split('-').next()?, 16).ok())
+            .next_back())
+    };
+    let Some(base) = last_memory()? else {
         return Ok(None);
     };
+    match ledger_at(pid, base, &io) {
+        // Unmapped meanwhile (a detach takes the memory out of the
+        // process): no ledger any more.
+        Err(_) if last_memory()? != Some(base) => Ok(None),
+        r => r,
+    }
+}
+
+/// The code ledger of the hotprobe memory mapped at `base` in `pid`.
+fn ledger_at(
+    pid: u32,
+    base: u64,
+    io: &dyn Fn(String) -> Box<dyn FnOnce(std::io::Error) -> FastPathError>,
+) -> Result<Option<LedgerState>, FastPathError> {
     let mem_path = format!("/proc/{pid}/mem");
     let mut mem = std::fs::File::open(&mem_path).map_err(io(mem_path.clone()))?;
     let mut read = |at: u64, buf: &mut [u8]| -> Result<(), FastPathError> {

@@ -33,10 +33,12 @@ mod inproc;
 mod install;
 mod ledger;
 mod ledger_view;
+mod pass;
 mod plan;
 mod pool;
 mod shm;
 mod stub;
+mod unload;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -449,6 +451,11 @@ pub struct FastPath {
     ledger_free: Vec<u32>,
     /// Code-ledger entries never used start here.
     ledger_next: u32,
+    /// How to unload the agent at detach: set when we injected it.
+    unload: Option<unload::Unload>,
+    /// What stayed in the target at detach, and why (see `unload`):
+    /// filled at the target's detach.
+    left_behind: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl FastPath {
@@ -487,6 +494,8 @@ impl FastPath {
             foreign: Vec::new(),
             ledger_free: Vec::new(),
             ledger_next: 0,
+            unload: None,
+            left_behind: Arc::default(),
         })
     }
 

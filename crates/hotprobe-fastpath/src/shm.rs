@@ -23,7 +23,19 @@ pub(crate) struct OwnedShm {
 }
 
 impl OwnedShm {
+    /// In a memfd of ours, which the target opens through
+    /// `/proc/OUR_PID/fd/FD` (close-on-exec: no child of ours inherits it).
     pub(crate) fn create(config: FastPathConfig) -> Result<OwnedShm, FastPathError> {
+        let memfd = Memfd::new("hotprobe").map_err(|e| FastPathError::Shm(e.to_string()))?;
+        OwnedShm::create_in(config, memfd)
+    }
+
+    /// In `memfd`, empty (one the target created and we took: see the
+    /// `pass` module).
+    pub(crate) fn create_in(
+        config: FastPathConfig,
+        memfd: Memfd,
+    ) -> Result<OwnedShm, FastPathError> {
         let params = Params {
             n_probes: config.max_probes,
             // Two slots per probe id: the site table's index keeps neighbouring
@@ -41,9 +53,6 @@ impl OwnedShm {
         };
         let layout = Layout::new(params).map_err(|e| FastPathError::Shm(e.to_string()))?;
         let err = |e: hotprobe_os::OsError| FastPathError::Shm(e.to_string());
-        // Close-on-exec: no child of ours inherits it; the target opens it
-        // through `/proc/OUR_PID/fd/FD`.
-        let memfd = Memfd::new("hotprobe").map_err(err)?;
         memfd.set_len(layout.total_size as u64).map_err(err)?;
         let mapping = Mapping::shared(&memfd, layout.total_size).map_err(err)?;
         // SAFETY: zero-filled, page-aligned, valid until `mapping` drops,

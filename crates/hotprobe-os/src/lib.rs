@@ -10,6 +10,7 @@
 //! - [`futex`]: wait and wake on a word of a shared mapping (not
 //!   process-private: the other side is another process).
 //! - [`clock`]: `CLOCK_MONOTONIC` and the TSC, and the rate between them.
+//! - [`pidfd`]: a descriptor of another process, duplicated into ours.
 //!
 //! Built on rustix where it covers the call; ptrace and wait are on raw
 //! libc (see [`sys`]). The in-target agent and the QEMU plugin cannot link
@@ -17,6 +18,7 @@
 
 pub mod clock;
 pub mod futex;
+pub mod pidfd;
 pub mod ptrace;
 pub mod shm;
 pub mod sys;

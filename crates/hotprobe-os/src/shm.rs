@@ -6,6 +6,11 @@ use rustix::fs::{MemfdFlags, SealFlags};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 
+/// The number of the `memfd_create` system call, for a target to make it
+/// by a remote system call (a memfd of its own: see
+/// [`crate::pidfd::take_fd`]).
+pub const MEMFD_CREATE_NR: u64 = libc::SYS_memfd_create as u64;
+
 /// An anonymous memory file (`memfd_create`), closed on drop. Always
 /// close-on-exec: a child of ours does not inherit it; another process
 /// opens it through [`Memfd::proc_path`].
@@ -20,6 +25,12 @@ impl Memfd {
         let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC)
             .map_err(|e| OsError::new("memfd_create", e))?;
         Ok(Memfd { fd })
+    }
+
+    /// A memory file another process created, taken into ours
+    /// ([`crate::pidfd::take_fd`]): the same file, shared with it.
+    pub fn from_fd(fd: OwnedFd) -> Memfd {
+        Memfd { fd }
     }
 
     /// A memfd that can be mapped executable and sealed: `MFD_EXEC`

@@ -17,6 +17,7 @@ mod maps;
 mod release;
 mod remote;
 pub mod remote_call;
+pub mod remote_resumable;
 mod rendezvous;
 mod spawn;
 mod strays;
@@ -265,6 +266,17 @@ pub struct ProcessTarget {
     /// Tasks that ended in an exec of another thread (the kernel reports
     /// their exit after the exec, sometimes): their exit is no event.
     exec_gone: Vec<i32>,
+    /// Run at detach (see [`ProcessTarget::on_detach`]).
+    detach_hooks: Vec<DetachHook>,
+}
+
+/// Work for the last moment of a detach (see [`ProcessTarget::on_detach`]).
+pub struct DetachHook(Box<dyn FnOnce(&mut ProcessTarget) + Send>);
+
+impl std::fmt::Debug for DetachHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DetachHook")
+    }
 }
 
 impl ProcessTarget {
@@ -292,7 +304,17 @@ impl ProcessTarget {
             sys,
             strays: Strays::new(),
             exec_gone: Vec::new(),
+            detach_hooks: Vec::new(),
         }
+    }
+
+    /// Runs `f` at detach, once every breakpoint is out and scratch memory
+    /// unmapped, with every thread still stopped and traced (remote calls
+    /// work), just before the threads are let go: where an injected
+    /// library is unloaded (a breakpoint the engine put into it, or into a
+    /// library it brought, is out by then). Not run if the process is gone.
+    pub fn on_detach(&mut self, f: impl FnOnce(&mut ProcessTarget) + Send + 'static) {
+        self.detach_hooks.push(DetachHook(Box::new(f)));
     }
 
     /// Shares the session's table of stray wait statuses (see [`Strays`]):

@@ -288,6 +288,9 @@ impl Target for ProcessTarget {
                 }
             }
         }
+        for hook in std::mem::take(&mut self.detach_hooks) {
+            (hook.0)(self);
+        }
         for child in std::mem::take(&mut self.forked_children) {
             let _ = self.sys.detach(child, 0);
         }

@@ -287,6 +287,12 @@ impl Session {
             if let Err(e) = mechs.trap.detach(&mut cx, false) {
                 first_err.get_or_insert(e);
             }
+            // What of the agent stayed in the target (its unload runs at
+            // the target's detach, last).
+            if let Some(fp) = cx.agent.fast_path_mut() {
+                let left = fp.take_left_behind();
+                cx.engine.notices.extend(left);
+            }
             s.ledger.clear();
         }
         match first_err {
