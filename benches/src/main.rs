@@ -127,6 +127,18 @@ enum What {
         #[arg(long, default_value_t = 1000)]
         bpftrace_max: usize,
     },
+    /// Debian's sqlite3 and jq, every library function: native, `hotprobe
+    /// count`, `hotprobe record`, `uftrace record -P .@LIB`, whole runs
+    /// (issue 23).
+    Stock {
+        /// Rows of the sqlite3 database (the jq input has half as many
+        /// objects).
+        #[arg(long, default_value_t = 200_000)]
+        rows: u64,
+        /// Runs per row (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+    },
     /// One measurement of `scale`, in a process of its own (internal).
     #[command(hide = true)]
     ScaleOne {
@@ -138,6 +150,7 @@ enum What {
 }
 
 mod handlers;
+mod stock;
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
@@ -147,6 +160,7 @@ fn main() -> Result<()> {
         What::Inproc { cpu, hits, runs } => inproc::run(cpu, hits, runs),
         What::Typed { calls, runs } => typed(calls, runs),
         What::Sqlite { rows, runs } => sqlite::sqlite(rows, runs),
+        What::Stock { rows, runs } => stock::run_all(rows, runs),
         What::Handlers { cpu, hits, runs } => handlers::run(cpu, hits, runs),
         What::Scale {
             n,
