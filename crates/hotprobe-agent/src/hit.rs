@@ -27,9 +27,9 @@ use core::sync::atomic::{compiler_fence, AtomicU32, AtomicU64};
 
 use hotprobe_abi::fast::ThreadBlock;
 use hotprobe_abi::{
-    Event, Shm, ACTION_ALT_COUNTER, ACTION_COUNT, ACTION_COUNTER_SHIFT, ACTION_EXIT, ACTION_RECORD,
-    CONTROL_ENABLED, CONTROL_RECORD, EVENT_XMM, EXIT_UNWOUND, KIND_ENTRY, KIND_EXIT, KIND_HIT,
-    STATUS_ORPHANED,
+    Event, Shm, ACTION_AGG, ACTION_ALT_COUNTER, ACTION_COUNT, ACTION_COUNTER_SHIFT, ACTION_EXIT,
+    ACTION_RECORD, CONTROL_ENABLED, CONTROL_RECORD, EVENT_XMM, EXIT_UNWOUND, KIND_ENTRY, KIND_EXIT,
+    KIND_HIT, STATUS_ORPHANED,
 };
 
 use crate::trampoline::Frame;
@@ -193,6 +193,9 @@ fn refuse(shm: &Shm, t: Option<&ThreadEntry>, kind: u32, probe: u32, action: u32
                 }
             }
         }
+    }
+    if action & ACTION_AGG != 0 {
+        crate::agg::refused(shm, probe);
     }
     let hooks = action & ACTION_EXIT != 0 && kind == KIND_ENTRY as u32;
     if hooks {
@@ -374,6 +377,9 @@ fn act<const HOOK: bool>(
             },
             same,
         );
+    }
+    if action & ACTION_AGG != 0 {
+        crate::agg::on_hit(shm, t, frame, probe);
     }
     let hits = t.hits.load(Relaxed).wrapping_add(1);
     t.hits.store(hits, Relaxed);

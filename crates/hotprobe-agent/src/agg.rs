@@ -1,0 +1,86 @@
+//! Aggregations in the target (`count --hist=arg0`, `--lhist`, `--by`):
+//! a hit of a site whose action has `ACTION_AGG` adds into its probe's
+//! histogram or key count in the shared memory (`hotprobe_abi::agg`)
+//! instead of writing an event. Allocation-free and lock-free: a rule
+//! lookup, then one locked add (a bucket) or a bounded probe of the key
+//! table. Hits that cannot be aggregated are counted as such.
+
+use core::sync::atomic::Ordering::Relaxed;
+
+use hotprobe_abi::agg::{self, AGG_SRC_ARG0, AGG_SRC_COMM, AGG_SRC_TID};
+use hotprobe_abi::Shm;
+
+use crate::hit::ThreadEntry;
+use crate::trampoline::Frame;
+
+/// A hit of `probe` on thread `t` with the registers of `frame`: adds it
+/// into the probe's aggregation (no rule: nothing, the site was armed
+/// before its rule, which the tracer never does).
+#[inline(never)]
+pub(crate) fn on_hit(shm: &Shm, t: &ThreadEntry, frame: &Frame, probe: u32) {
+    let Some(rule) = agg::find_rule(shm, probe) else {
+        return;
+    };
+    let source = rule.source.load(Relaxed);
+    let (k0, k1) = match source {
+        AGG_SRC_TID => (t.tid.load(Relaxed) as u64, 0),
+        AGG_SRC_COMM => match comm(t) {
+            Some(c) => c,
+            None => {
+                rule.uncounted.fetch_add(1, Relaxed);
+                return;
+            }
+        },
+        s => match frame.args.get(s.wrapping_sub(AGG_SRC_ARG0) as usize) {
+            Some(v) => (*v, 0),
+            None => {
+                rule.uncounted.fetch_add(1, Relaxed);
+                return;
+            }
+        },
+    };
+    agg::add_hit(shm, rule, probe, k0, k1);
+}
+
+/// A hit of `probe` that could not be aggregated (its thread was inside
+/// the agent, or registering): counted in the rule's `uncounted`.
+#[cold]
+pub(crate) fn refused(shm: &Shm, probe: u32) {
+    if let Some(rule) = agg::find_rule(shm, probe) {
+        rule.uncounted.fetch_add(1, Relaxed);
+    }
+}
+
+/// The calling thread's command name as two little-endian words
+/// (`prctl(PR_GET_NAME)`, a raw system call: the name may change at any
+/// time, with `prctl` or through `/proc`). `None` in seccomp strict mode,
+/// where the call would kill the thread.
+fn comm(t: &ThreadEntry) -> Option<(u64, u64)> {
+    if t.clock.load(Relaxed) == crate::clock::CLOCK_NONE {
+        return None;
+    }
+    let mut buf = [0u8; 16];
+    let r: i64;
+    // SAFETY: prctl(PR_GET_NAME, buf) writes at most 16 bytes into `buf`,
+    // a live local; `syscall` clobbers rcx and r11.
+    unsafe {
+        core::arch::asm!(
+            "syscall",
+            inlateout("rax") libc::SYS_prctl => r,
+            in("rdi") libc::PR_GET_NAME as u64,
+            in("rsi") buf.as_mut_ptr(),
+            in("rdx") 0u64,
+            in("r10") 0u64,
+            in("r8") 0u64,
+            out("rcx") _,
+            out("r11") _,
+            options(nostack)
+        )
+    };
+    if r != 0 {
+        return None;
+    }
+    let (a, b) = buf.split_at(8);
+    let w = |s: &[u8]| s.try_into().map_or(0, u64::from_le_bytes);
+    Some((w(a), w(b)))
+}
