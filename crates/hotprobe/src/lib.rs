@@ -20,6 +20,7 @@
 //! through a trampoline and a per-thread shadow stack bounded by
 //! `maxactive`, several probes per address, enable/disable at run time.
 
+pub mod agg;
 pub mod cond;
 mod count;
 mod engine;
@@ -59,7 +60,7 @@ pub use hotprobe_resolve::{
 };
 pub use session::watch::{ValueSource, WatchAt, WatchHit, WatchKind, WatchSpec, WatchStats};
 pub use session::{
-    Action, Added, Capture, CaptureChooser, Mechanism, MechanismChoice, PatchKind, Placement,
+    Action, Added, AggChooser, Capture, CaptureChooser, Mechanism, MechanismChoice, PatchKind, Placement,
     RunEnd, Session, SessionConfig, Skipped, TargetId, XmmChooser,
 };
 pub use session::{CodeOwner, CodeSite};
