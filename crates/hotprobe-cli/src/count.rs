@@ -17,6 +17,7 @@ use crate::cond::{split_spec, Cond};
 use crate::out::errln;
 use crate::session::{print_table_with, TableExtras, Traced};
 use anyhow::{bail, Context, Result};
+use hotprobe::agg::{AggSink, AggSource, AggSpec};
 use hotprobe::{Action, CountSink, FastPathConfig, MechanismChoice, Placement, SessionConfig};
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -42,6 +43,11 @@ pub struct CountOptions<'a> {
     pub follow_forks: bool,
     /// `--hist`: a histogram of each function's call durations.
     pub hist: bool,
+    /// `--hist=VALUE`, `--lhist` or `--by`: an aggregation, computed in
+    /// the target on the fast path.
+    pub agg: Option<AggSpec>,
+    /// `--top N`: the N keys of `--by` with the most calls.
+    pub top: Option<usize>,
     /// `--json`: the table as JSON.
     pub json: bool,
     /// `--all`: also the rows of patterns' functions nothing hit.
@@ -56,6 +62,56 @@ struct Spec {
     /// The condition's text and, unless it names parameters (compiled
     /// per function once placed), the condition.
     cond: Option<(String, Option<Cond>)>,
+}
+
+/// The aggregation of `--hist=VALUE`, `--lhist` or `--by`, if one is asked
+/// for (bad specs are usage errors).
+pub fn agg_spec(
+    hist: Option<&Option<String>>,
+    lhist: Option<&str>,
+    by: Option<&str>,
+) -> Result<Option<AggSpec>> {
+    let spec = match (hist, lhist, by) {
+        (Some(Some(v)), _, _) => AggSpec::hist(v).map_err(|e| ("--hist", e)),
+        (_, Some(l), _) => AggSpec::lhist(l).map_err(|e| ("--lhist", e)),
+        (_, _, Some(k)) => AggSpec::by(k).map_err(|e| ("--by", e)),
+        _ => return Ok(None),
+    };
+    match spec {
+        Ok(s) => Ok(Some(s)),
+        Err((flag, e)) => Err(crate::UsageError(format!("{flag}: {e}")).into()),
+    }
+}
+
+/// The argument register of the aggregation's value or key in the function
+/// `func` placed at `addr` (a parameter name through its DWARF); 0 when it
+/// reads none.
+fn agg_register(
+    typing: &hotprobe::typed::Typing,
+    addr: u64,
+    func: &str,
+    spec: &AggSpec,
+) -> Result<u8, String> {
+    let AggSource::Name(name) = &spec.source else {
+        return Ok(0);
+    };
+    let Some(regs) = typing.param_registers(addr) else {
+        return Err(format!(
+            "{name}: {func} has no DWARF (build with -g), use arg0..arg5"
+        ));
+    };
+    match regs.iter().find(|(n, _)| n == name) {
+        Some((_, Ok(hotprobe::cond::Operand::Param { reg, .. }))) => Ok(*reg),
+        Some((_, Ok(_))) => Err(format!("{name}: not an integer argument of {func}")),
+        Some((_, Err(why))) => Err(format!("{name} of {func}: {why}")),
+        None => Err(format!(
+            "{func} has no parameter {name}; its parameters: {}",
+            regs.iter()
+                .map(|(n, _)| n.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
 }
 
 /// Run `count`; returns hotprobe's exit code (the command's).
@@ -107,6 +163,21 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
             cond,
         });
     }
+    if let Some(a) = &o.agg {
+        if specs.iter().any(|s| s.cond.is_some()) || o.hist || o.json {
+            bail!(crate::UsageError(format!(
+                "{}: conditions, the latency --hist and --json do not combine with it yet",
+                a.describe()
+            )));
+        }
+        if let Some(s) = specs.iter().find(|s| s.probe.ends_with("%return")) {
+            bail!(crate::UsageError(format!(
+                "{}: {} works on function entries (no %return)",
+                s.probe,
+                a.describe()
+            )));
+        }
+    }
     let recording = o.hist || specs.iter().any(|s| s.cond.is_some());
     if recording {
         if o.follow_forks {
@@ -129,7 +200,12 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
                 .map(|c| c.1.as_ref().map_or(6, Cond::args_needed))
         })
         .max()
-        .unwrap_or(0);
+        .unwrap_or(0)
+        .max(match o.agg.as_ref().map(|a| &a.source) {
+            Some(AggSource::Arg(_) | AggSource::Name(_)) => 6,
+            _ => 0,
+        });
+    let recording = recording || o.agg.is_some();
     let config = SessionConfig {
         mechanism: o.mechanism,
         maxactive: o.maxactive,
@@ -150,8 +226,22 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
     // are left out of the table unless --all.
     let mut from_pattern: std::collections::HashSet<u32> = std::collections::HashSet::new();
     let typing = std::rc::Rc::new(hotprobe::typed::Typing::new(t.pid));
+    // Where the fast path takes a function, it aggregates in the target;
+    // elsewhere its entries are recorded and aggregated here.
+    if let Some(a) = &o.agg {
+        let (a, ty) = (a.clone(), typing.clone());
+        t.session.set_aggregate(Some(std::rc::Rc::new(move |r| {
+            let func = r.function.as_deref().unwrap_or_default();
+            // A name the function lacks: refused once placed (below).
+            agg_register(&ty, r.addr.0, func, &a)
+                .ok()
+                .map(|reg| a.rule(reg))
+        })));
+    }
+    let mut agg_rules = HashMap::new();
     for s in &specs {
-        let named = matches!(&s.cond, Some((_, None)));
+        let named = matches!(&s.cond, Some((_, None)))
+            || matches!(o.agg.as_ref().map(|a| &a.source), Some(AggSource::Name(_)));
         t.session.set_capture(named.then(|| typing.name_chooser()));
         let added = t.add_all(std::slice::from_ref(&s.probe), |_| {
             if recording {
@@ -184,6 +274,20 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
                 cond_text.insert(p.id.0, text.clone());
             }
         }
+        if let Some(a) = &o.agg {
+            for p in &added {
+                let func = p.function.as_deref().unwrap_or(&p.label);
+                match agg_register(&typing, p.addr.0, func, a) {
+                    Ok(reg) => {
+                        agg_rules.insert(p.id, a.rule(reg));
+                    }
+                    Err(e) => {
+                        t.abandon();
+                        return Err(crate::UsageError(format!("`{}`: {e}", s.probe)).into());
+                    }
+                }
+            }
+        }
         if hotprobe::symbols::is_pattern(&s.probe) {
             from_pattern.extend(added.iter().map(|p| p.id.0));
         }
@@ -192,7 +296,20 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
     let ids: Vec<u32> = placed.iter().map(|p| p.id.0).collect();
     let mut sink = recording.then(|| CountSink::with_conditions(conds, o.hist, &ids));
     // The table prints whatever happened to the run.
+    let mut agg_events = HashMap::new();
     let ran = match sink.as_mut() {
+        Some(s) if o.agg.is_some() => {
+            let mut a = AggSink::new(s);
+            for (id, rule) in &agg_rules {
+                // Not aggregated in the target: from its recorded entries.
+                if t.session.aggregation(*id).is_none() {
+                    a.add(*id, *rule);
+                }
+            }
+            let ran = t.run(&placed, o.duration, Some(&mut a));
+            agg_events = a.tables;
+            ran
+        }
         Some(s) => t.run(&placed, o.duration, Some(s)),
         None => t.run(&placed, o.duration, None),
     };
@@ -205,7 +322,11 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         }
     }
     let extras = TableExtras {
-        hits: sink.as_ref().map(CountSink::all_hits),
+        // Aggregating probes count in the target (or the engine).
+        hits: sink
+            .as_ref()
+            .filter(|_| o.agg.is_none())
+            .map(CountSink::all_hits),
         conditions: Some(&cond_text),
         hists: sink
             .as_ref()
@@ -234,10 +355,54 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
             hidden.len()
         );
     }
+    if let Some(a) = &o.agg {
+        print_aggregations(&t, &shown, a, o.top, &agg_events);
+    }
     for (module, n) in crate::record::never_armed(&t.session, &placed) {
         errln!("hotprobe: never armed: {n} probes on {module}: the program never loaded it");
     }
     t.print_skipped();
     ran.context("the run failed")?;
     Ok(t.exit_code())
+}
+
+/// Prints each probe's aggregation under the table, as bpftrace prints
+/// its maps, and says how many hits could not be aggregated.
+fn print_aggregations(
+    t: &Traced,
+    shown: &[Placement],
+    spec: &AggSpec,
+    top: Option<usize>,
+    from_events: &HashMap<u32, hotprobe::agg::AggTable>,
+) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    for p in shown {
+        let table = match t.session.aggregation(p.id) {
+            Some(mut a) => {
+                if let Some(e) = from_events.get(&p.id.0) {
+                    a.merge(e);
+                }
+                a
+            }
+            None => match from_events.get(&p.id.0) {
+                Some(e) => e.clone(),
+                None => continue,
+            },
+        };
+        let _ = writeln!(out, "\n@{} {}:", spec.describe(), p.label);
+        let text = table.render(top);
+        let _ = if text.is_empty() {
+            writeln!(out, "(no calls)")
+        } else {
+            write!(out, "{text}")
+        };
+        if table.uncounted > 0 {
+            errln!(
+                "hotprobe: {}: {} calls not aggregated (the key table was full, or the key could not be read)",
+                p.label,
+                table.uncounted
+            );
+        }
+    }
 }
