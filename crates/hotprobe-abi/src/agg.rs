@@ -66,6 +66,32 @@ pub struct AggRule {
     pub kind: AggKind,
     /// `AGG_SRC_*`: the value histogrammed, or the key.
     pub source: u32,
+    /// How much of an argument register the value is (see [`narrow`]):
+    /// its size in bytes (1, 2, 4; 0 or 8: the whole register), with
+    /// [`AGG_SIGNED`] for a signed type.
+    pub width: u32,
+}
+
+/// [`AggRule::width`] flag: the value is signed (sign-extended).
+pub const AGG_SIGNED: u32 = 1 << 8;
+
+/// The value of a `width`-wide argument (see [`AggRule::width`]) held in
+/// register value `v`: the upper bytes the callee may not rely on are
+/// cleared, or filled with the sign.
+#[inline(always)]
+pub const fn narrow(v: u64, width: u32) -> u64 {
+    let bits = match width & 0xff {
+        1 => 8,
+        2 => 16,
+        4 => 32,
+        _ => return v,
+    };
+    let shift = 64 - bits;
+    if width & AGG_SIGNED != 0 {
+        (((v << shift) as i64) >> shift) as u64
+    } else {
+        (v << shift) >> shift
+    }
 }
 
 impl AggRule {
@@ -185,6 +211,10 @@ pub struct AggRuleSlot {
     pub max: AtomicI64,
     /// Linear: `step`.
     pub step: AtomicU64,
+    /// See [`AggRule::width`].
+    pub width: AtomicU32,
+    /// Reserved, zero.
+    pub reserved: AtomicU32,
     /// Hits not aggregated (agent, locked add): no key-table slot, a key
     /// that could not be read, a hit refused inside the agent.
     pub uncounted: AtomicU64,
@@ -312,6 +342,7 @@ pub fn define(shm: &Shm, probe: u32, rule: AggRule) -> Result<(), AbiError> {
     slot.min.store(min, Relaxed);
     slot.max.store(max, Relaxed);
     slot.step.store(step, Relaxed);
+    slot.width.store(rule.width, Relaxed);
     c.buckets_used.store(first + nbuckets as u64, Relaxed);
     c.rules_used.fetch_add(1, Relaxed);
     // Pairs with the Acquire of `find_rule` in the agent.
@@ -333,6 +364,7 @@ pub fn rule_of(slot: &AggRuleSlot) -> AggRule {
     AggRule {
         kind,
         source: slot.source.load(Relaxed),
+        width: slot.width.load(Relaxed),
     }
 }
 

@@ -32,7 +32,7 @@ pub(crate) fn on_hit(shm: &Shm, t: &ThreadEntry, frame: &Frame, probe: u32) {
             }
         },
         s => match frame.args.get(s.wrapping_sub(AGG_SRC_ARG0) as usize) {
-            Some(v) => (*v, 0),
+            Some(v) => (agg::narrow(*v, rule.width.load(Relaxed)), 0),
             None => {
                 rule.uncounted.fetch_add(1, Relaxed);
                 return;

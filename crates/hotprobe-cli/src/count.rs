@@ -84,16 +84,16 @@ pub fn agg_spec(
 }
 
 /// The argument register of the aggregation's value or key in the function
-/// `func` placed at `addr` (a parameter name through its DWARF); 0 when it
-/// reads none.
-fn agg_register(
+/// `func` placed at `addr` (a parameter name through its DWARF: its
+/// register and width), as the rule to place.
+fn agg_rule(
     typing: &hotprobe::typed::Typing,
     addr: u64,
     func: &str,
     spec: &AggSpec,
-) -> Result<u8, String> {
+) -> Result<hotprobe::fastpath::agg::AggRule, String> {
     let AggSource::Name(name) = &spec.source else {
-        return Ok(0);
+        return Ok(spec.rule(0));
     };
     let Some(regs) = typing.param_registers(addr) else {
         return Err(format!(
@@ -101,7 +101,14 @@ fn agg_register(
         ));
     };
     match regs.iter().find(|(n, _)| n == name) {
-        Some((_, Ok(hotprobe::cond::Operand::Param { reg, .. }))) => Ok(*reg),
+        Some((_, Ok(hotprobe::cond::Operand::Param { reg, size, signed }))) => {
+            let sign = if *signed {
+                hotprobe::fastpath::agg::AGG_SIGNED
+            } else {
+                0
+            };
+            Ok(spec.rule_with(*reg, *size as u32 | sign))
+        }
         Some((_, Ok(_))) => Err(format!("{name}: not an integer argument of {func}")),
         Some((_, Err(why))) => Err(format!("{name} of {func}: {why}")),
         None => Err(format!(
@@ -233,9 +240,7 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         t.session.set_aggregate(Some(std::rc::Rc::new(move |r| {
             let func = r.function.as_deref().unwrap_or_default();
             // A name the function lacks: refused once placed (below).
-            agg_register(&ty, r.addr.0, func, &a)
-                .ok()
-                .map(|reg| a.rule(reg))
+            agg_rule(&ty, r.addr.0, func, &a).ok()
         })));
     }
     let mut agg_rules = HashMap::new();
@@ -277,9 +282,9 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         if let Some(a) = &o.agg {
             for p in &added {
                 let func = p.function.as_deref().unwrap_or(&p.label);
-                match agg_register(&typing, p.addr.0, func, a) {
-                    Ok(reg) => {
-                        agg_rules.insert(p.id, a.rule(reg));
+                match agg_rule(&typing, p.addr.0, func, a) {
+                    Ok(rule) => {
+                        agg_rules.insert(p.id, rule);
                     }
                     Err(e) => {
                         t.abandon();

@@ -165,6 +165,69 @@ fn hist_of_malloc_sizes_equals_the_programs_log() {
 }
 
 #[test]
+fn the_trap_mechanism_aggregates_in_the_tracer_alike() {
+    // `--mechanism trap`: no agent table; the entries reach the tracer
+    // with their registers and are aggregated there.
+    let prog = program("agg_sizes");
+    let o = hotprobe(&[
+        "count",
+        "libc:malloc",
+        "--mechanism",
+        "trap",
+        "--lhist=arg0:0:4096:512",
+        "--",
+        prog.to_str().unwrap(),
+        "40",
+    ]);
+    let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    let table = CountTable::parse(&stdout, &stderr);
+    assert!(table.execution("libc:malloc").starts_with("trap"), "{stdout}");
+    assert_eq!(table.hits("libc:malloc"), 40, "{stdout}");
+    let sizes: Vec<i128> = logged(&stdout, "SIZE ")
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+    assert_rows_match(&hist_rows(&agg_lines(&stdout)), &sizes);
+}
+
+#[test]
+fn a_named_int_parameter_is_read_at_its_width_with_its_sign() {
+    // take(int n) gets negative values: read as the whole register they
+    // would be large positive numbers (the caller zero-extends).
+    let prog = program("agg_sizes");
+    let o = hotprobe(&[
+        "count",
+        "take",
+        "--hist=n",
+        "--",
+        prog.to_str().unwrap(),
+        "60",
+    ]);
+    let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    let values: Vec<i128> = logged(&stdout, "TAKE ")
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+    assert!(values.iter().any(|&v| v < 0), "{values:?}");
+    let at = stdout
+        .lines()
+        .position(|l| l == "@hist(n) take:")
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let lines: Vec<String> = stdout
+        .lines()
+        .skip(at + 1)
+        .take_while(|l| !l.trim().is_empty())
+        .map(String::from)
+        .collect();
+    let rows = hist_rows(&lines);
+    // The negative bucket first: (..., 0).
+    assert_eq!((rows[0].lo, rows[0].hi), (None, Some(0)), "{stdout}");
+    assert_rows_match(&rows, &values);
+}
+
+#[test]
 fn hist_by_parameter_name_reads_the_same_register() {
     // malloc's parameter through libc's DWARF where the system has it
     // (Debian's libc6-dbg): the same histogram as arg0.

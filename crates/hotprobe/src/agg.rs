@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use hotprobe_fastpath::agg::{
-    linear_bucket, log2_bucket, log2_range, AggKind, AggRule, AGG_SRC_ARG0, AGG_SRC_COMM,
+    linear_bucket, log2_bucket, log2_range, narrow, AggKind, AggRule, AGG_SRC_ARG0, AGG_SRC_COMM,
     AGG_SRC_TID,
 };
 
@@ -133,8 +133,18 @@ impl AggSpec {
         })
     }
 
-    /// The argument register the spec reads, once a name is resolved to
-    /// `arg` (`None` for tid and comm).
+    /// The rule of the spec, a parameter name resolved to argument
+    /// register `arg` of `width` (see [`AggRule::width`]; 0 for a whole
+    /// register).
+    pub fn rule_with(&self, arg: u8, width: u32) -> AggRule {
+        AggRule {
+            width,
+            ..self.rule(arg)
+        }
+    }
+
+    /// The rule of the spec, a parameter name resolved to argument
+    /// register `arg` (unused for others), read whole.
     pub fn rule(&self, arg: u8) -> AggRule {
         let source = match &self.source {
             AggSource::Arg(n) => AGG_SRC_ARG0 + *n as u32,
@@ -145,6 +155,7 @@ impl AggSpec {
         AggRule {
             kind: self.kind,
             source,
+            width: 0,
         }
     }
 
@@ -244,7 +255,12 @@ impl AggTable {
     /// target): its arguments, or its thread (and the thread's name, read
     /// from `/proc` now).
     pub fn add_event(&mut self, ev: &RecordedEvent) {
-        let arg = |i: u32| ev.args.get(i.wrapping_sub(AGG_SRC_ARG0) as usize).copied();
+        let width = self.rule.width;
+        let arg = |i: u32| {
+            ev.args
+                .get(i.wrapping_sub(AGG_SRC_ARG0) as usize)
+                .map(|v| narrow(*v, width))
+        };
         let keyed = self.rule.kind == AggKind::Keyed;
         match (self.rule.source, keyed) {
             (AGG_SRC_TID, true) => self.add_key(ev.tid as u64, 0, 1),
