@@ -59,16 +59,20 @@ fn comm(t: &ThreadEntry) -> Option<(u64, u64)> {
     if t.clock.load(Relaxed) == crate::clock::CLOCK_NONE {
         return None;
     }
-    let mut buf = [0u8; 16];
+    // Not zeroed, read word by word: a 16-byte zeroing or copy compiles
+    // to an xmm store, which the fast path must not touch. The kernel
+    // writes all 16 bytes (TASK_COMM_LEN, NUL-padded).
+    let mut buf = core::mem::MaybeUninit::<[u64; 2]>::uninit();
+    let p = buf.as_mut_ptr() as *mut u64;
     let r: i64;
-    // SAFETY: prctl(PR_GET_NAME, buf) writes at most 16 bytes into `buf`,
-    // a live local; `syscall` clobbers rcx and r11.
+    // SAFETY: prctl(PR_GET_NAME, p) writes 16 bytes at `p`, a live local
+    // of 16 bytes; `syscall` clobbers rcx and r11.
     unsafe {
         core::arch::asm!(
             "syscall",
             inlateout("rax") libc::SYS_prctl => r,
             in("rdi") libc::PR_GET_NAME as u64,
-            in("rsi") buf.as_mut_ptr(),
+            in("rsi") p,
             in("rdx") 0u64,
             in("r10") 0u64,
             in("r8") 0u64,
@@ -80,7 +84,6 @@ fn comm(t: &ThreadEntry) -> Option<(u64, u64)> {
     if r != 0 {
         return None;
     }
-    let (a, b) = buf.split_at(8);
-    let w = |s: &[u8]| s.try_into().map_or(0, u64::from_le_bytes);
-    Some((w(a), w(b)))
+    // SAFETY: the call succeeded: both words are written.
+    unsafe { Some((p.read_volatile(), p.add(1).read_volatile())) }
 }
