@@ -182,7 +182,10 @@ fn the_trap_mechanism_aggregates_in_the_tracer_alike() {
     let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
     assert!(o.status.success(), "{stdout}\n{stderr}");
     let table = CountTable::parse(&stdout, &stderr);
-    assert!(table.execution("libc:malloc").starts_with("trap"), "{stdout}");
+    assert!(
+        table.execution("libc:malloc").starts_with("trap"),
+        "{stdout}"
+    );
     assert_eq!(table.hits("libc:malloc"), 40, "{stdout}");
     let sizes: Vec<i128> = logged(&stdout, "SIZE ")
         .iter()
@@ -344,7 +347,7 @@ fn by_tid_gives_one_row_per_thread_and_top_limits_them() {
         "5",
     ]);
     let mut expected: Vec<(String, u64)> = logged_counts(&stdout, "TID ").into_iter().collect();
-    expected.sort_by(|a, b| b.1.cmp(&a.1));
+    expected.sort_by_key(|e| std::cmp::Reverse(e.1));
     let lines = agg_lines(&stdout);
     assert_eq!(key_rows(&lines), expected[..2].to_vec(), "{stdout}");
     assert!(lines.contains(&"(4 more keys)".to_string()), "{stdout}");

@@ -347,7 +347,11 @@ impl AggTable {
         let mut out = String::new();
         if self.rule.kind == AggKind::Keyed {
             let rows = self.key_rows(top);
-            let w = rows.iter().map(|r| r.0.to_string().len()).max().unwrap_or(0);
+            let w = rows
+                .iter()
+                .map(|r| r.0.to_string().len())
+                .max()
+                .unwrap_or(0);
             for (k, n) in &rows {
                 let _ = writeln!(out, "@[{k}]:{:pad$} {n}", "", pad = w - k.to_string().len());
             }

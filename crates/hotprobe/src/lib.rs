@@ -60,8 +60,8 @@ pub use hotprobe_resolve::{
 };
 pub use session::watch::{ValueSource, WatchAt, WatchHit, WatchKind, WatchSpec, WatchStats};
 pub use session::{
-    Action, Added, AggChooser, Capture, CaptureChooser, Mechanism, MechanismChoice, PatchKind, Placement,
-    RunEnd, Session, SessionConfig, Skipped, TargetId, XmmChooser,
+    Action, Added, AggChooser, Capture, CaptureChooser, Mechanism, MechanismChoice, PatchKind,
+    Placement, RunEnd, Session, SessionConfig, Skipped, TargetId, XmmChooser,
 };
 pub use session::{CodeOwner, CodeSite};
 // The facade, as ripgrep's `grep` crate: the crates a front end (the CLI,

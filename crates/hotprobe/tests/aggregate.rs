@@ -44,11 +44,7 @@ fn an_aggregating_probe_writes_no_event_and_fills_its_table() {
     assert_eq!(end, RunEnd::AllExited);
     assert_eq!(s.stats(r.id).unwrap().hits, 5);
     // Not one event: the hits were aggregated in the target.
-    assert!(
-        sink.0.iter().all(|e| e.probe_id != r.id.0),
-        "{:?}",
-        sink.0
-    );
+    assert!(sink.0.iter().all(|e| e.probe_id != r.id.0), "{:?}", sink.0);
     let table = s.aggregation(r.id).expect("aggregated in the target");
     let expected: HashMap<AggKey, u64> = (1..=5).map(|v| (AggKey::Value(v), 1)).collect();
     assert_eq!(table.keys, expected);
