@@ -411,3 +411,44 @@ fn bad_aggregation_specs_are_refused_with_exit_2() {
         assert_eq!(text(&o.stdout), "", "{args:?}");
     }
 }
+
+#[test]
+fn keys_past_the_table_are_counted_as_not_aggregated() {
+    // 100,001 distinct values of take's argument: more than the target's
+    // key table holds (65,536 slots). Every call is in a row or in the
+    // count of calls not aggregated, which is said.
+    let prog = program("agg_sizes");
+    let o = hotprobe(&[
+        "count",
+        "take",
+        "--by",
+        "arg0",
+        "--",
+        prog.to_str().unwrap(),
+        "1",
+        "100000",
+    ]);
+    let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "{stderr}");
+    let table = CountTable::parse(&stdout, &stderr);
+    assert_eq!(table.hits("take"), 100_001, "{stderr}");
+    let at = stdout
+        .lines()
+        .position(|l| l == "@count by arg0 take:")
+        .unwrap_or_else(|| panic!("{stderr}"));
+    let lines: Vec<String> = stdout.lines().skip(at + 1).map(String::from).collect();
+    let rows = key_rows(&lines);
+    let aggregated: u64 = rows.iter().map(|r| r.1).sum();
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("hotprobe: take: ") && l.contains("calls not aggregated"))
+        .unwrap_or_else(|| panic!("no word of the calls not aggregated:\n{stderr}"));
+    let missed: u64 = line["hotprobe: take: ".len()..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(missed > 0 && rows.len() <= 65_536, "{line}");
+    assert_eq!(aggregated + missed, 100_001, "{line}");
+}

@@ -1,7 +1,8 @@
 /* Allocates N sizes from a fixed pseudo-random sequence and logs each one
  * ("SIZE n", with write(2): stdio would allocate its buffer through
  * malloc) before its call; then passes N ints, negative ones among them,
- * to take() ("TAKE n"). The aggregation tests compare hotprobe's
+ * to take() ("TAKE n"); then, given M, take(0) .. take(M - 1) without a
+ * word ("DISTINCT M"). The aggregation tests compare hotprobe's
  * histograms of malloc's argument and take's parameter with this log. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +40,10 @@ int main(int argc, char **argv) {
         say("TAKE", v);
         take(v);
     }
+    int distinct = argc > 2 ? atoi(argv[2]) : 0;
+    say("DISTINCT", distinct);
+    for (int i = 0; i < distinct; i++)
+        take(i);
     for (int i = 0; i < n; i++)
         free(keep[i]);
     free(keep);
