@@ -231,6 +231,47 @@ fn a_named_int_parameter_is_read_at_its_width_with_its_sign() {
 }
 
 #[test]
+fn an_in_process_trap_aggregates_from_its_recorded_entries() {
+    // tiny() is too short for a jump: the agent's SIGTRAP handler takes
+    // its hits and records them; hotprobe aggregates the entries.
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/agg_tiny.c");
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("aggregations/agg_tiny");
+    let prog = gcc(&src, &out, &["-O2"]);
+    let o = hotprobe(&[
+        "count",
+        "tiny",
+        "--lhist=arg0:0:400:100",
+        "--",
+        prog.to_str().unwrap(),
+        "120",
+    ]);
+    let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    let table = CountTable::parse(&stdout, &stderr);
+    assert!(
+        table.execution("tiny").starts_with("in-process"),
+        "{stdout}"
+    );
+    let values: Vec<i128> = logged(&stdout, "VALUE ")
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+    assert_eq!(values.len(), 120);
+    assert!(values.iter().any(|&v| v >= 400), "no overflow value");
+    let at = stdout
+        .lines()
+        .position(|l| l == "@lhist(arg0, 0, 400, 100) tiny:")
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let lines: Vec<String> = stdout
+        .lines()
+        .skip(at + 1)
+        .take_while(|l| !l.trim().is_empty())
+        .map(String::from)
+        .collect();
+    assert_rows_match(&hist_rows(&lines), &values);
+}
+
+#[test]
 fn hist_by_parameter_name_reads_the_same_register() {
     // malloc's parameter through libc's DWARF where the system has it
     // (Debian's libc6-dbg): the same histogram as arg0.
