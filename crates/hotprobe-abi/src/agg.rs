@@ -55,6 +55,9 @@ pub enum AggKind {
 pub const AGG_SRC_ARG0: u32 = 0;
 /// [`AggRule::source`]: the Linux thread id.
 pub const AGG_SRC_TID: u32 = 8;
+/// [`AggRule::source`]: the return value (rax) of the call: added at its
+/// return (a hooked return, or an exit placeholder), not at its entry.
+pub const AGG_SRC_RETVAL: u32 = 10;
 /// [`AggRule::source`]: the thread's command name (`PR_GET_NAME`, 16
 /// bytes, as the key's two words).
 pub const AGG_SRC_COMM: u32 = 9;
@@ -472,6 +475,14 @@ pub fn for_each_key(shm: &Shm, probe: u32, mut f: impl FnMut(u64, u64, u64)) {
             );
         }
     }
+}
+
+/// Every hit probe `probe`'s rule `slot` took: its buckets, its keys and
+/// the hits it could not aggregate (tracer side).
+pub fn rule_hits(shm: &Shm, slot: &AggRuleSlot, probe: u32) -> u64 {
+    let mut n: u64 = buckets(shm, slot).iter().map(|b| b.load(Relaxed)).sum();
+    for_each_key(shm, probe, |_, _, c| n += c);
+    n + claimed_hits(shm, probe) + slot.uncounted.load(Relaxed)
 }
 
 /// Hits of probe `probe` in key-table slots whose claim never finished

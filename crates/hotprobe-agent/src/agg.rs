@@ -7,22 +7,51 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use hotprobe_abi::agg::{self, AGG_SRC_ARG0, AGG_SRC_COMM, AGG_SRC_TID};
-use hotprobe_abi::Shm;
+use hotprobe_abi::agg::{self, AGG_SRC_ARG0, AGG_SRC_COMM, AGG_SRC_RETVAL, AGG_SRC_TID};
+use hotprobe_abi::{Shm, ACTION_AGG, KIND_EXIT};
 
 use crate::hit::ThreadEntry;
 use crate::trampoline::Frame;
 
-/// A hit of `probe` on thread `t` with the registers of `frame`: adds it
-/// into the probe's aggregation (no rule: nothing, the site was armed
-/// before its rule, which the tracer never does).
+/// A shadow-stack flag (`hit::Shadow::flags`): the hooked return adds
+/// its return value into the probe's aggregation ([`on_return`]).
+pub(crate) const SHADOW_AGG: u32 = 8;
+
+/// The shadow-stack flag an entry of `probe` with `action` hooks its
+/// return with: [`SHADOW_AGG`] when the probe aggregates return values.
+#[inline(always)]
+pub(crate) fn shadow_flag(shm: &Shm, probe: u32, action: u32) -> u32 {
+    match agg::find_rule(shm, probe) {
+        Some(r) if action & ACTION_AGG != 0 && r.source.load(Relaxed) == AGG_SRC_RETVAL => {
+            SHADOW_AGG
+        }
+        _ => 0,
+    }
+}
+
+/// A hooked return of `probe` with return value `rax`: added into the
+/// probe's aggregation of return values.
 #[inline(never)]
-pub(crate) fn on_hit(shm: &Shm, t: &ThreadEntry, frame: &Frame, probe: u32) {
+pub(crate) fn on_return(shm: &Shm, probe: u32, rax: u64) {
+    if let Some(rule) = agg::find_rule(shm, probe) {
+        agg::add_hit(shm, rule, probe, rax, 0);
+    }
+}
+
+/// A hit of `probe` on thread `t` with the registers of `frame` (`kind`:
+/// an entry, or an exit placeholder's): adds it into the probe's
+/// aggregation (no rule: nothing, the site was armed before its rule,
+/// which the tracer never does). Return values are added at the return:
+/// an entry of such a probe adds nothing.
+#[inline(never)]
+pub(crate) fn on_hit(shm: &Shm, t: &ThreadEntry, frame: &Frame, probe: u32, kind: u32) {
     let Some(rule) = agg::find_rule(shm, probe) else {
         return;
     };
     let source = rule.source.load(Relaxed);
     let (k0, k1) = match source {
+        AGG_SRC_RETVAL if kind == KIND_EXIT as u32 => (frame.rax, 0),
+        AGG_SRC_RETVAL => return,
         AGG_SRC_TID => (t.tid.load(Relaxed) as u64, 0),
         AGG_SRC_COMM => match comm(t) {
             Some(c) => c,

@@ -374,12 +374,12 @@ fn act<const HOOK: bool>(
                 (false, _) => 0,
                 (true, None) => SHADOW_RECORD,
                 (true, Some(_)) => SHADOW_RECORD | SHADOW_XMM,
-            },
+            } | crate::agg::shadow_flag(shm, probe, action),
             same,
         );
     }
     if action & ACTION_AGG != 0 {
-        crate::agg::on_hit(shm, t, frame, probe);
+        crate::agg::on_hit(shm, t, frame, probe, kind);
     }
     let hits = t.hits.load(Relaxed).wrapping_add(1);
     t.hits.store(hits, Relaxed);
@@ -752,6 +752,9 @@ pub(crate) extern "C" fn ret_hit(slot: u64, rax: u64, rdx: u64, xmm0: u64) -> u6
             {
                 let x = (e.flags & SHADOW_XMM != 0).then_some(xmm0);
                 record_exit(shm, t, e.probe, rax, rdx, x, 0);
+            }
+            if e.flags & crate::agg::SHADOW_AGG != 0 && control & CONTROL_ENABLED != 0 {
+                crate::agg::on_return(shm, e.probe, rax);
             }
         }
     }

@@ -177,11 +177,20 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
                 a.describe()
             )));
         }
-        if let Some(s) = specs.iter().find(|s| s.probe.ends_with("%return")) {
+        let retval = a.source == AggSource::Retval;
+        if let Some(s) = specs
+            .iter()
+            .find(|s| s.probe.ends_with("%return") != retval)
+        {
             bail!(crate::UsageError(format!(
-                "{}: {} works on function entries (no %return)",
+                "{}: {} {}",
                 s.probe,
-                a.describe()
+                a.describe(),
+                if retval {
+                    "needs a %return probe"
+                } else {
+                    "works on function entries (no %return)"
+                }
             )));
         }
     }
@@ -209,7 +218,8 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         .max()
         .unwrap_or(0)
         .max(match o.agg.as_ref().map(|a| &a.source) {
-            Some(AggSource::Arg(_) | AggSource::Name(_)) => 6,
+            // Exits carry rax only when arguments are recorded.
+            Some(AggSource::Arg(_) | AggSource::Name(_) | AggSource::Retval) => 6,
             _ => 0,
         });
     let recording = recording || o.agg.is_some();

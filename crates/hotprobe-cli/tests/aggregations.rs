@@ -27,7 +27,11 @@ fn run_ok(args: &[&str]) -> (String, String) {
     assert!(o.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
     let table = CountTable::parse(&stdout, &stderr);
     let col = table.col("EXECUTION");
-    let rows = table.rows_of("libc:malloc");
+    let probe = args
+        .iter()
+        .find(|a| a.starts_with("libc:malloc"))
+        .expect("a malloc probe");
+    let rows = table.rows_of(probe);
     assert!(!rows.is_empty(), "{stdout}");
     for row in rows {
         let exec = &row[col];
@@ -437,6 +441,11 @@ fn bad_aggregation_specs_are_refused_with_exit_2() {
              hotprobe count --help)",
         ),
         (
+            &["--hist=retval"][..],
+            "hotprobe: error: libc:malloc: hist(retval) needs a %return probe (see hotprobe \
+             count --help)",
+        ),
+        (
             &["--by", "comm", "--hist=arg0"][..],
             "hotprobe: error: the argument '--by <KEY>' cannot be used with '--hist[=<VALUE>]' \
              (see hotprobe count --help)",
@@ -492,4 +501,78 @@ fn keys_past_the_table_are_counted_as_not_aggregated() {
         .unwrap();
     assert!(missed > 0 && rows.len() <= 65_536, "{line}");
     assert_eq!(aggregated + missed, 100_001, "{line}");
+}
+
+#[test]
+fn return_values_of_malloc_by_retval_are_the_pointers_it_returned() {
+    // Every pointer is kept until the end: each one comes back once.
+    let prog = program("agg_sizes");
+    let (stdout, _) = run_ok(&[
+        "count",
+        "libc:malloc%return",
+        "--by",
+        "retval",
+        "--",
+        prog.to_str().unwrap(),
+        "100",
+    ]);
+    let ptrs: BTreeMap<String, u64> = logged(&stdout, "PTR ")
+        .iter()
+        .map(|p| (p.parse::<i64>().unwrap() as u64).to_string())
+        .map(|p| (p, 1))
+        .collect();
+    assert_eq!(ptrs.len(), 100, "{stdout}");
+    let table = CountTable::parse(&stdout, "");
+    // The returns, counted from the aggregation.
+    assert_eq!(table.hits("libc:malloc%return"), 100, "{stdout}");
+    let at = stdout
+        .lines()
+        .position(|l| l == "@count by retval libc:malloc%return:")
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let lines: Vec<String> = stdout.lines().skip(at + 1).map(String::from).collect();
+    let got: BTreeMap<String, u64> = key_rows(&lines).into_iter().collect();
+    assert_eq!(got, ptrs);
+}
+
+#[test]
+fn return_value_histograms_on_the_fast_path_and_on_a_trap_agree_with_the_log() {
+    // tiny(v) returns v: at -O0 its entry takes a jump and its return is
+    // hooked by the agent; at -O2 it is 3 bytes and a ptrace trap takes it.
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/agg_tiny.c");
+    for (opt, mechanism) in [("-O0", "jump"), ("-O2", "trap")] {
+        let out =
+            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("aggregations/agg_tiny{opt}"));
+        let prog = gcc(&src, &out, &[opt]);
+        let o = hotprobe(&[
+            "count",
+            "tiny%return",
+            "--lhist=retval:0:400:50",
+            "--",
+            prog.to_str().unwrap(),
+            "90",
+        ]);
+        let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
+        assert!(o.status.success(), "{stdout}\n{stderr}");
+        let table = CountTable::parse(&stdout, &stderr);
+        assert!(
+            table.execution("tiny%return").starts_with(mechanism),
+            "{stdout}"
+        );
+        assert_eq!(table.hits("tiny%return"), 90, "{stdout}");
+        let values: Vec<i128> = logged(&stdout, "VALUE ")
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        let at = stdout
+            .lines()
+            .position(|l| l == "@lhist(retval, 0, 400, 50) tiny%return:")
+            .unwrap_or_else(|| panic!("{stdout}"));
+        let lines: Vec<String> = stdout
+            .lines()
+            .skip(at + 1)
+            .take_while(|l| !l.trim().is_empty())
+            .map(String::from)
+            .collect();
+        assert_rows_match(&hist_rows(&lines), &values);
+    }
 }

@@ -332,7 +332,9 @@ impl FastPath {
         let (record, xmm) = (action.record, action.xmm);
         let h = self.shm().header();
         let tpoff = h.thread_tpoff.load(Relaxed);
-        if !self.stubs || tpoff == 0 {
+        // An aggregation (return values at exit placeholders too) is the
+        // agent's: no stub.
+        if !self.stubs || tpoff == 0 || action.agg.is_some() {
             return Ok(None);
         }
         let generic = match kind {

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 use hotprobe_fastpath::agg::{
     linear_bucket, log2_bucket, log2_range, narrow, AggKind, AggRule, AGG_SRC_ARG0, AGG_SRC_COMM,
-    AGG_SRC_TID,
+    AGG_SRC_RETVAL, AGG_SRC_TID,
 };
 
 use crate::{EventSink, ProbeId, RecordedEvent, SinkError};
@@ -21,6 +21,8 @@ pub enum AggSource {
     Arg(u8),
     /// A parameter named in the function's DWARF.
     Name(String),
+    /// The return value (on `%return` probes).
+    Retval,
     /// The thread id.
     Tid,
     /// The thread's command name.
@@ -42,11 +44,11 @@ pub enum AggSpecError {
     /// `argN` with N above 5.
     #[error("{0}: only arg0..arg5 (the six integer argument registers) can be read")]
     ArgOutOfRange(String),
-    /// Not an argument, a parameter name, `tid` or `comm`.
-    #[error("{0}: not arg0..arg5, a parameter name, tid or comm")]
+    /// Not an argument, a parameter name, `retval`, `tid` or `comm`.
+    #[error("{0}: not arg0..arg5, a parameter name, retval, tid or comm")]
     BadSource(String),
     /// A histogram of something that is no number.
-    #[error("{0}: a histogram needs a number (arg0..arg5 or a parameter name)")]
+    #[error("{0}: a histogram needs a number (arg0..arg5, a parameter name or retval)")]
     NotANumber(String),
     /// `--lhist` without its four fields.
     #[error("{0}: --lhist takes VALUE:MIN:MAX:STEP")]
@@ -71,6 +73,7 @@ fn source(s: &str) -> Result<AggSource, AggSpecError> {
     }
     match s {
         "tid" => Ok(AggSource::Tid),
+        "retval" => Ok(AggSource::Retval),
         "comm" => Ok(AggSource::Comm),
         _ if !s.is_empty()
             && !s.starts_with(|c: char| c.is_ascii_digit())
@@ -151,6 +154,7 @@ impl AggSpec {
             AggSource::Name(_) => AGG_SRC_ARG0 + arg as u32,
             AggSource::Tid => AGG_SRC_TID,
             AggSource::Comm => AGG_SRC_COMM,
+            AggSource::Retval => AGG_SRC_RETVAL,
         };
         AggRule {
             kind: self.kind,
@@ -166,6 +170,7 @@ impl AggSpec {
             AggSource::Name(n) => n.clone(),
             AggSource::Tid => "tid".into(),
             AggSource::Comm => "comm".into(),
+            AggSource::Retval => "retval".into(),
         };
         match self.kind {
             AggKind::Log2 => format!("hist({src})"),
@@ -251,10 +256,24 @@ impl AggTable {
         }
     }
 
-    /// Adds a recorded entry (the mechanisms that do not aggregate in the
-    /// target): its arguments, or its thread (and the thread's name, read
-    /// from `/proc` now).
+    /// Adds a recorded event (the mechanisms that do not aggregate in the
+    /// target): an entry's arguments, or its thread (and the thread's
+    /// name, read from `/proc` now); an exit's return value for `retval`
+    /// (a frame left without returning has none). Other events are not
+    /// this table's.
     pub fn add_event(&mut self, ev: &RecordedEvent) {
+        let exit = ev.kind == crate::KIND_EXIT;
+        if exit != (self.rule.source == AGG_SRC_RETVAL)
+            || (exit && ev.reserved & crate::fastpath::EXIT_UNWOUND != 0)
+        {
+            return;
+        }
+        if exit {
+            return match self.rule.kind {
+                AggKind::Keyed => self.add_key(ev.args[0], 0, 1),
+                _ => self.add_value(ev.args[0]),
+            };
+        }
         let width = self.rule.width;
         let arg = |i: u32| {
             ev.args
@@ -398,10 +417,8 @@ pub struct AggSink<'a, S: EventSink> {
 
 impl<S: EventSink> EventSink for AggSink<'_, S> {
     fn event(&mut self, ev: &RecordedEvent) -> Result<(), SinkError> {
-        if ev.kind != crate::KIND_EXIT {
-            if let Some(t) = self.tables.get_mut(&ev.probe_id) {
-                t.add_event(ev);
-            }
+        if let Some(t) = self.tables.get_mut(&ev.probe_id) {
+            t.add_event(ev);
         }
         self.inner.event(ev)
     }

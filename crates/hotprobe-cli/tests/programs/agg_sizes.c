@@ -1,6 +1,6 @@
 /* Allocates N sizes from a fixed pseudo-random sequence and logs each one
  * ("SIZE n", with write(2): stdio would allocate its buffer through
- * malloc) before its call; then passes N ints, negative ones among them,
+ * malloc) before its call, and the pointer it returned ("PTR p") after; then passes N ints, negative ones among them,
  * to take() ("TAKE n"); then, given M, take(0) .. take(M - 1) without a
  * word ("DISTINCT M"). The aggregation tests compare hotprobe's
  * histograms of malloc's argument and take's parameter with this log. */
@@ -33,6 +33,7 @@ int main(int argc, char **argv) {
         unsigned long size = (x >> 33) % (1UL << (x >> 60));
         say("SIZE", (long)size);
         keep[i] = malloc(size);
+        say("PTR", (long)keep[i]);
     }
     for (int i = 0; i < n; i++) {
         x = x * 6364136223846793005UL + 1442695040888963407UL;

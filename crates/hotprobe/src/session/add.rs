@@ -466,7 +466,8 @@ impl Session {
     ) -> Result<Placement, EngineError> {
         let mut ask = self.ask(r, label, (r.is_return, record), None);
         ask.xmm = xmm;
-        ask.agg = match (&self.aggregate, record && !r.is_return) {
+        // The chooser sees `%return` specs too (return values).
+        ask.agg = match (&self.aggregate, record) {
             (Some(choose), true) => choose(r),
             _ => None,
         };

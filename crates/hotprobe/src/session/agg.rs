@@ -5,13 +5,21 @@ use super::*;
 use crate::agg::AggTable;
 use hotprobe_fastpath::agg;
 
+/// The returns counter `c` of the fast path aggregated the values of,
+/// when it aggregates return values (no counter counts those returns).
+pub(super) fn returns_aggregated(fp: &FastPath, c: u32) -> Option<u64> {
+    let slot = agg::find_rule(fp.shm(), c)?;
+    (agg::rule_of(slot).source == agg::AGG_SRC_RETVAL).then(|| agg::rule_hits(fp.shm(), slot, c))
+}
+
 impl Session {
     /// Which `Record` probes added from now on aggregate in the target
     /// instead of writing events, on the fast path (patch or jump): a
     /// function the chooser gives a rule is placed counting, with each
-    /// hit added into its histogram or key table there
-    /// ([`Session::aggregation`] reads it). Functions other mechanisms
-    /// take record events as before.
+    /// hit (each return, for a rule of return values) added into its
+    /// histogram or key table there ([`Session::aggregation`] reads it).
+    /// Functions other mechanisms take record events as before. The
+    /// chooser sees `%return` specs too.
     pub fn set_aggregate(&mut self, chooser: Option<AggChooser>) {
         self.aggregate = chooser;
     }
