@@ -17,7 +17,7 @@ use crate::cond::{split_spec, Cond};
 use crate::out::errln;
 use crate::session::{print_table_with, TableExtras, Traced};
 use anyhow::{bail, Context, Result};
-use hotprobe::agg::{AggSink, AggSource, AggSpec};
+use hotprobe::agg::{AggKey, AggSink, AggSource, AggSpec, AggTable};
 use hotprobe::{Action, CountSink, FastPathConfig, MechanismChoice, Placement, SessionConfig};
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -171,9 +171,9 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         });
     }
     if let Some(a) = &o.agg {
-        if specs.iter().any(|s| s.cond.is_some()) || o.hist || o.json {
+        if specs.iter().any(|s| s.cond.is_some()) || o.hist {
             bail!(crate::UsageError(format!(
-                "{}: conditions, the latency --hist and --json do not combine with it yet",
+                "{}: conditions and the latency --hist do not combine with it yet",
                 a.describe()
             )));
         }
@@ -336,6 +336,14 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
             );
         }
     }
+    let tables = aggregations(&t, &placed, agg_events);
+    let agg_json: HashMap<u32, serde_json::Value> = match (&o.agg, o.json) {
+        (Some(a), true) => tables
+            .iter()
+            .map(|(id, table)| (*id, agg_json(a, table, o.top)))
+            .collect(),
+        _ => HashMap::new(),
+    };
     let extras = TableExtras {
         // Aggregating probes count in the target (or the engine).
         hits: sink
@@ -349,6 +357,7 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
             .map(CountSink::all_histograms),
         json: o.json,
         guests: None,
+        aggregations: Some(&agg_json).filter(|m| !m.is_empty()),
     };
     let hits_of = |p: &Placement| -> u64 {
         match &extras.hits {
@@ -371,7 +380,7 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         );
     }
     if let Some(a) = &o.agg {
-        print_aggregations(&t, &shown, a, o.top, &agg_events);
+        print_aggregations(&shown, &tables, a, o.top, o.json);
     }
     for (module, n) in crate::record::never_armed(&t.session, &placed) {
         errln!("hotprobe: never armed: {n} probes on {module}: the program never loaded it");
@@ -381,37 +390,88 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
     Ok(t.exit_code())
 }
 
-/// Prints each probe's aggregation under the table, as bpftrace prints
-/// its maps, and says how many hits could not be aggregated.
-fn print_aggregations(
+/// Each placed probe's aggregation: the target's tables with what was
+/// aggregated from recorded events added.
+fn aggregations(
     t: &Traced,
+    placed: &[Placement],
+    mut from_events: HashMap<u32, AggTable>,
+) -> HashMap<u32, AggTable> {
+    let mut out = HashMap::new();
+    for p in placed {
+        let events = from_events.remove(&p.id.0);
+        let table = match (t.session.aggregation(p.id), events) {
+            (Some(mut a), Some(e)) => {
+                a.merge(&e);
+                a
+            }
+            (Some(a), None) | (None, Some(a)) => a,
+            (None, None) => continue,
+        };
+        out.insert(p.id.0, table);
+    }
+    out
+}
+
+/// An aggregation as a JSON object (`count --json`, docs/JSON.md).
+fn agg_json(spec: &AggSpec, table: &AggTable, top: Option<usize>) -> serde_json::Value {
+    let mut o = serde_json::json!({
+        "aggregate": spec.describe(),
+        "not_aggregated": table.uncounted,
+    });
+    if table.rule.kind == hotprobe::fastpath::agg::AggKind::Keyed {
+        let keys: Vec<serde_json::Value> = table
+            .key_rows(top)
+            .into_iter()
+            .map(|(k, n)| {
+                let key = match k {
+                    AggKey::Value(v) => serde_json::json!(v),
+                    AggKey::Tid(t) => serde_json::json!(t),
+                    AggKey::Comm(c) => serde_json::json!(c),
+                };
+                serde_json::json!({"key": key, "count": n})
+            })
+            .collect();
+        o["keys"] = keys.into();
+    } else {
+        let buckets: Vec<serde_json::Value> = table
+            .hist_ranges()
+            .into_iter()
+            .map(|(lo, hi, n)| {
+                let num = |v: Option<i128>| v.map(|v| serde_json::json!(v as i64));
+                serde_json::json!({"lo": num(lo), "hi": num(hi), "count": n})
+            })
+            .collect();
+        o["buckets"] = buckets.into();
+    }
+    o
+}
+
+/// Prints each probe's aggregation under the table (unless `json`: they
+/// are in it), as bpftrace prints its maps, and says how many hits could
+/// not be aggregated.
+fn print_aggregations(
     shown: &[Placement],
+    tables: &HashMap<u32, AggTable>,
     spec: &AggSpec,
     top: Option<usize>,
-    from_events: &HashMap<u32, hotprobe::agg::AggTable>,
+    json: bool,
 ) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     for p in shown {
-        let table = match t.session.aggregation(p.id) {
-            Some(mut a) => {
-                if let Some(e) = from_events.get(&p.id.0) {
-                    a.merge(e);
-                }
-                a
-            }
-            None => match from_events.get(&p.id.0) {
-                Some(e) => e.clone(),
-                None => continue,
-            },
+        let Some(table) = tables.get(&p.id.0) else {
+            continue;
         };
-        let _ = writeln!(out, "\n@{} {}:", spec.describe(), p.label);
-        let text = table.render(top);
-        let _ = if text.is_empty() {
-            writeln!(out, "(no calls)")
-        } else {
-            write!(out, "{text}")
-        };
+        if !json {
+            let _ = writeln!(out, "\n@{} {}:", spec.describe(), p.label);
+            let text = table.render(top);
+            let _ = if text.is_empty() {
+                writeln!(out, "(no calls)")
+            } else {
+                write!(out, "{text}")
+            };
+        }
         if table.uncounted > 0 {
             errln!(
                 "hotprobe: {}: {} calls not aggregated (the key table was full, or the key could not be read)",

@@ -576,3 +576,65 @@ fn return_value_histograms_on_the_fast_path_and_on_a_trap_agree_with_the_log() {
         assert_rows_match(&hist_rows(&lines), &values);
     }
 }
+
+/// `hotprobe ARGS` with `--json`: its stdout and the JSON line ending it.
+fn run_json(args: &[&str]) -> (String, serde_json::Value) {
+    let o = hotprobe(args);
+    let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("not aggregated"), "{stderr}");
+    let json = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    (stdout, json)
+}
+
+#[test]
+fn json_carries_the_aggregation() {
+    let prog = program("agg_threads");
+    let (stdout, json) = run_json(&[
+        "count",
+        "libc:malloc",
+        "--by",
+        "tid",
+        "--json",
+        "--",
+        prog.to_str().unwrap(),
+        "3",
+    ]);
+    let expected = logged_counts(&stdout, "TID ");
+    let a = &json[0]["aggregation"];
+    assert_eq!(a["aggregate"], "count by tid", "{json}");
+    assert_eq!(a["not_aggregated"], 0, "{json}");
+    let got: BTreeMap<String, u64> = a["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| (k["key"].to_string(), k["count"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(got, expected, "{json}");
+
+    let prog = program("agg_sizes");
+    let (stdout, json) = run_json(&[
+        "count",
+        "libc:malloc",
+        "--lhist=arg0:0:4096:1024",
+        "--json",
+        "--",
+        prog.to_str().unwrap(),
+        "50",
+    ]);
+    let sizes: Vec<i128> = logged(&stdout, "SIZE ")
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+    let rows: Vec<Row> = json[0]["aggregation"]["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| Row {
+            lo: b["lo"].as_i64().map(i128::from),
+            hi: b["hi"].as_i64().map(i128::from),
+            count: b["count"].as_u64().unwrap(),
+        })
+        .collect();
+    assert_rows_match(&rows, &sizes);
+}

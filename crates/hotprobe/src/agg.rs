@@ -320,35 +320,60 @@ impl AggTable {
         self.buckets.iter().sum::<u64>() + self.keys.values().sum::<u64>()
     }
 
-    /// The histogram's rows from the first bucket with a hit to the last:
-    /// `(label, count)`, labels as bpftrace writes them (`[4, 8)`,
-    /// `[1K, 2K)`, `(..., 0)`, `[4096, ...)`).
-    pub fn hist_rows(&self) -> Vec<(String, u64)> {
+    /// The values `[lo, hi)` of histogram bucket `i` (`None`: open below
+    /// or above).
+    pub fn bucket_range(&self, i: usize) -> (Option<i128>, Option<i128>) {
+        let n = self.buckets.len();
+        match self.rule.kind {
+            AggKind::Linear { min, max, step } => {
+                let lo = min as i128 + (i as i128 - 1) * step as i128;
+                match i {
+                    0 => (None, Some(min as i128)),
+                    _ if i + 1 == n => (Some(max as i128), None),
+                    _ => (Some(lo), Some((lo + step as i128).min(max as i128))),
+                }
+            }
+            _ => match (i, log2_range(i)) {
+                (0, _) => (None, Some(0)),
+                (_, (lo, i64::MAX)) => (Some(lo as i128), None),
+                (_, (lo, hi)) => (Some(lo as i128), Some(hi as i128)),
+            },
+        }
+    }
+
+    /// The histogram's buckets from the first with a hit to the last:
+    /// `(lo, hi, count)` (see [`AggTable::bucket_range`]).
+    pub fn hist_ranges(&self) -> Vec<(Option<i128>, Option<i128>, u64)> {
         let first = self.buckets.iter().position(|&c| c > 0);
         let last = self.buckets.iter().rposition(|&c| c > 0);
         let (Some(first), Some(last)) = (first, last) else {
             return Vec::new();
         };
-        let n = self.buckets.len();
         (first..=last)
             .map(|i| {
-                let label = match self.rule.kind {
-                    AggKind::Linear { min, step, .. } => {
-                        let lo = min as i128 + (i as i128 - 1) * step as i128;
-                        match i {
-                            0 => format!("(..., {min})"),
-                            _ if i == n - 1 => format!("[{lo}, ...)"),
-                            _ => format!("[{lo}, {})", lo + step as i128),
-                        }
-                    }
-                    _ => match (i, log2_range(i)) {
-                        (0, _) => "(..., 0)".into(),
-                        (1, _) => "[0]".into(),
-                        (2, _) => "[1]".into(),
-                        (_, (lo, hi)) => format!("[{}, {})", size(lo), size(hi)),
-                    },
+                let (lo, hi) = self.bucket_range(i);
+                (lo, hi, self.buckets[i])
+            })
+            .collect()
+    }
+
+    /// The histogram's rows from the first bucket with a hit to the last:
+    /// `(label, count)`, labels as bpftrace writes them (`[4, 8)`,
+    /// `[1K, 2K)`, `(..., 0)`, `[4096, ...)`).
+    pub fn hist_rows(&self) -> Vec<(String, u64)> {
+        let log2 = self.rule.kind == AggKind::Log2;
+        let bound = |v: i128| if log2 { size(v as i64) } else { v.to_string() };
+        self.hist_ranges()
+            .into_iter()
+            .map(|(lo, hi, n)| {
+                let label = match (lo, hi) {
+                    (None, Some(hi)) => format!("(..., {hi})"),
+                    (Some(lo), None) => format!("[{}, ...)", bound(lo)),
+                    (Some(lo), Some(hi)) if log2 && hi == lo + 1 => format!("[{lo}]"),
+                    (Some(lo), Some(hi)) => format!("[{}, {})", bound(lo), bound(hi)),
+                    (None, None) => "(..., ...)".into(),
                 };
-                (label, self.buckets[i])
+                (label, n)
             })
             .collect()
     }
@@ -502,5 +527,13 @@ mod tests {
         assert_eq!(rows.first().unwrap(), &("(..., 0)".to_string(), 1));
         assert_eq!(rows[1], ("[0, 10)".to_string(), 1));
         assert_eq!(rows.last().unwrap(), &("[100, ...)".to_string(), 1));
+        // A step that does not divide the span: the last bucket ends at MAX.
+        let mut u = AggTable::new(AggSpec::lhist("arg0:0:100:30").unwrap().rule(0));
+        for v in [95u64, 100] {
+            u.add_value(v);
+        }
+        let rows = u.hist_rows();
+        assert_eq!(rows[0], ("[90, 100)".to_string(), 1));
+        assert_eq!(rows[1], ("[100, ...)".to_string(), 1));
     }
 }
