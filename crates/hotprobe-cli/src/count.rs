@@ -10,8 +10,11 @@
 //! `--hist`, the probes record instead of counting: entries (with the
 //! arguments the conditions name) and exits go to the library's
 //! [`CountSink`], which counts the entries whose condition holds and builds
-//! a log2 histogram of the durations of those calls. This module only
-//! turns the command line into probes and conditions, and prints.
+//! a log2 histogram of the durations of those calls. `--hist=VALUE`,
+//! `--lhist` and `--by` aggregate (`hotprobe::agg`): in the target on the
+//! fast path, from recorded entries elsewhere or under a condition. This
+//! module only turns the command line into probes, conditions and
+//! aggregations, and prints.
 
 use crate::cond::{split_spec, Cond};
 use crate::out::errln;
@@ -170,14 +173,15 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
             cond,
         });
     }
+    let any_cond = specs.iter().any(|s| s.cond.is_some());
     if let Some(a) = &o.agg {
-        if specs.iter().any(|s| s.cond.is_some()) || o.hist {
+        let retval = a.source == AggSource::Retval;
+        if o.hist || (any_cond && retval) {
             bail!(crate::UsageError(format!(
-                "{}: conditions and the latency --hist do not combine with it yet",
+                "{}: the latency --hist, and conditions on return values, do not combine with it",
                 a.describe()
             )));
         }
-        let retval = a.source == AggSource::Retval;
         if let Some(s) = specs
             .iter()
             .find(|s| s.probe.ends_with("%return") != retval)
@@ -244,8 +248,9 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
     let mut from_pattern: std::collections::HashSet<u32> = std::collections::HashSet::new();
     let typing = std::rc::Rc::new(hotprobe::typed::Typing::new(t.pid));
     // Where the fast path takes a function, it aggregates in the target;
-    // elsewhere its entries are recorded and aggregated here.
-    if let Some(a) = &o.agg {
+    // elsewhere (and with conditions, which hotprobe evaluates) its
+    // entries are recorded and aggregated here.
+    if let (Some(a), false) = (&o.agg, any_cond) {
         let (a, ty) = (a.clone(), typing.clone());
         t.session.set_aggregate(Some(std::rc::Rc::new(move |r| {
             let func = r.function.as_deref().unwrap_or_default();
@@ -309,12 +314,14 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         placed.extend(added);
     }
     let ids: Vec<u32> = placed.iter().map(|p| p.id.0).collect();
+    let agg_conds = conds.clone();
     let mut sink = recording.then(|| CountSink::with_conditions(conds, o.hist, &ids));
     // The table prints whatever happened to the run.
     let mut agg_events = HashMap::new();
     let ran = match sink.as_mut() {
         Some(s) if o.agg.is_some() => {
             let mut a = AggSink::new(s);
+            a.conditions = agg_conds;
             for (id, rule) in &agg_rules {
                 // Not aggregated in the target: from its recorded entries.
                 if t.session.aggregation(*id).is_none() {
@@ -348,7 +355,7 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         // Aggregating probes count in the target (or the engine).
         hits: sink
             .as_ref()
-            .filter(|_| o.agg.is_none())
+            .filter(|_| o.agg.is_none() || any_cond)
             .map(CountSink::all_hits),
         conditions: Some(&cond_text),
         hists: sink

@@ -638,3 +638,29 @@ fn json_carries_the_aggregation() {
         .collect();
     assert_rows_match(&rows, &sizes);
 }
+
+#[test]
+fn a_condition_keeps_the_calls_it_holds_for() {
+    // With a condition hotprobe evaluates, the entries are recorded and
+    // aggregated by hotprobe: only the calls the condition holds for.
+    let prog = program("agg_sizes");
+    let o = hotprobe(&[
+        "count",
+        "libc:malloc if arg0 > 1000",
+        "--lhist=arg0:0:20000:2500",
+        "--",
+        prog.to_str().unwrap(),
+        "200",
+    ]);
+    let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    let sizes: Vec<i128> = logged(&stdout, "SIZE ")
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .filter(|&s: &i128| s > 1000)
+        .collect();
+    assert!(!sizes.is_empty() && sizes.len() < 200);
+    let table = CountTable::parse(&stdout, &stderr);
+    assert_eq!(table.hits("libc:malloc"), sizes.len() as u64, "{stdout}");
+    assert_rows_match(&hist_rows(&agg_lines(&stdout)), &sizes);
+}

@@ -438,11 +438,18 @@ pub struct AggSink<'a, S: EventSink> {
     pub inner: &'a mut S,
     /// The tables, by session probe id.
     pub tables: HashMap<u32, AggTable>,
+    /// The condition an entry of a probe must satisfy to be aggregated.
+    pub conditions: HashMap<u32, crate::cond::Cond>,
 }
 
 impl<S: EventSink> EventSink for AggSink<'_, S> {
     fn event(&mut self, ev: &RecordedEvent) -> Result<(), SinkError> {
-        if let Some(t) = self.tables.get_mut(&ev.probe_id) {
+        let n = (ev.nargs as usize).min(ev.args.len());
+        let holds = self
+            .conditions
+            .get(&ev.probe_id)
+            .is_none_or(|c| c.eval(&ev.args[..n]));
+        if let Some(t) = self.tables.get_mut(&ev.probe_id).filter(|_| holds) {
             t.add_event(ev);
         }
         self.inner.event(ev)
@@ -463,6 +470,7 @@ impl<'a, S: EventSink> AggSink<'a, S> {
         AggSink {
             inner,
             tables: HashMap::new(),
+            conditions: HashMap::new(),
         }
     }
 
