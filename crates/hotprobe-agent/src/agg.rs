@@ -21,10 +21,11 @@ pub(crate) const SHADOW_AGG: u32 = 8;
 /// return with: [`SHADOW_AGG`] when the probe aggregates return values.
 #[inline(always)]
 pub(crate) fn shadow_flag(shm: &Shm, probe: u32, action: u32) -> u32 {
+    if action & ACTION_AGG == 0 {
+        return 0;
+    }
     match agg::find_rule(shm, probe) {
-        Some(r) if action & ACTION_AGG != 0 && r.source.load(Relaxed) == AGG_SRC_RETVAL => {
-            SHADOW_AGG
-        }
+        Some(r) if r.source.load(Relaxed) == AGG_SRC_RETVAL => SHADOW_AGG,
         _ => 0,
     }
 }
