@@ -86,44 +86,6 @@ pub fn agg_spec(
     }
 }
 
-/// The argument register of the aggregation's value or key in the function
-/// `func` placed at `addr` (a parameter name through its DWARF: its
-/// register and width), as the rule to place.
-fn agg_rule(
-    typing: &hotprobe::typed::Typing,
-    addr: u64,
-    func: &str,
-    spec: &AggSpec,
-) -> Result<hotprobe::fastpath::agg::AggRule, String> {
-    let AggSource::Name(name) = &spec.source else {
-        return Ok(spec.rule(0));
-    };
-    let Some(regs) = typing.param_registers(addr) else {
-        return Err(format!(
-            "{name}: {func} has no DWARF (build with -g), use arg0..arg5"
-        ));
-    };
-    match regs.iter().find(|(n, _)| n == name) {
-        Some((_, Ok(hotprobe::cond::Operand::Param { reg, size, signed }))) => {
-            let sign = if *signed {
-                hotprobe::fastpath::agg::AGG_SIGNED
-            } else {
-                0
-            };
-            Ok(spec.rule_with(*reg, *size as u32 | sign))
-        }
-        Some((_, Ok(_))) => Err(format!("{name}: not an integer argument of {func}")),
-        Some((_, Err(why))) => Err(format!("{name} of {func}: {why}")),
-        None => Err(format!(
-            "{func} has no parameter {name}; its parameters: {}",
-            regs.iter()
-                .map(|(n, _)| n.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
-    }
-}
-
 /// Run `count`; returns hotprobe's exit code (the command's).
 /// The condition `text`, whose names are parameters of the function `p`
 /// is placed on (from its DWARF).
@@ -255,7 +217,7 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         t.session.set_aggregate(Some(std::rc::Rc::new(move |r| {
             let func = r.function.as_deref().unwrap_or_default();
             // A name the function lacks: refused once placed (below).
-            agg_rule(&ty, r.addr.0, func, &a).ok()
+            a.rule_for(&ty, r.addr.0, func).ok()
         })));
     }
     let mut agg_rules = HashMap::new();
@@ -297,7 +259,7 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         if let Some(a) = &o.agg {
             for p in &added {
                 let func = p.function.as_deref().unwrap_or(&p.label);
-                match agg_rule(&typing, p.addr.0, func, a) {
+                match a.rule_for(&typing, p.addr.0, func) {
                     Ok(rule) => {
                         agg_rules.insert(p.id, rule);
                     }

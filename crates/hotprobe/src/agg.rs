@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use hotprobe_fastpath::agg::{
-    linear_bucket, log2_bucket, log2_range, narrow, AggKind, AggRule, AGG_SRC_ARG0, AGG_SRC_COMM,
-    AGG_SRC_RETVAL, AGG_SRC_TID,
+    linear_bucket, log2_bucket, log2_range, narrow, AggKind, AggRule, AGG_SIGNED, AGG_SRC_ARG0,
+    AGG_SRC_COMM, AGG_SRC_RETVAL, AGG_SRC_TID,
 };
 
 use crate::{EventSink, ProbeId, RecordedEvent, SinkError};
@@ -59,6 +59,34 @@ pub enum AggSpecError {
     /// `--lhist` bounds that make no buckets.
     #[error("{0}: MIN must be below MAX, STEP positive, and at most 4096 buckets")]
     LhistBounds(String),
+    /// A parameter name, and the function has no DWARF.
+    #[error("{name}: {func} has no DWARF (build with -g), use arg0..arg5")]
+    NoDwarf {
+        /// The name.
+        name: String,
+        /// The function.
+        func: String,
+    },
+    /// A parameter name the function does not have.
+    #[error("{func} has no parameter {name}; its parameters: {params}")]
+    NoParameter {
+        /// The name.
+        name: String,
+        /// The function.
+        func: String,
+        /// Its parameters, comma-separated.
+        params: String,
+    },
+    /// A parameter no integer register holds at the entry.
+    #[error("{name} of {func}: {why}")]
+    NotReadable {
+        /// The name.
+        name: String,
+        /// The function.
+        func: String,
+        /// Why (its type, a register it is not in).
+        why: String,
+    },
 }
 
 fn source(s: &str) -> Result<AggSource, AggSpecError> {
@@ -134,6 +162,50 @@ impl AggSpec {
             kind: AggKind::Keyed,
             source: source(s)?,
         })
+    }
+
+    /// The rule of the spec for function `func` placed at `addr`: a
+    /// parameter name is looked up in what `typing` noted of the function
+    /// (its DWARF, see [`crate::typed::Typing::name_chooser`]) and read from
+    /// its argument register at its width and sign.
+    pub fn rule_for(
+        &self,
+        typing: &crate::typed::Typing,
+        addr: u64,
+        func: &str,
+    ) -> Result<AggRule, AggSpecError> {
+        let AggSource::Name(name) = &self.source else {
+            return Ok(self.rule(0));
+        };
+        let (name, func) = (name.clone(), func.to_string());
+        let Some(regs) = typing.param_registers(addr) else {
+            return Err(AggSpecError::NoDwarf { name, func });
+        };
+        match regs.iter().find(|(n, _)| *n == name) {
+            Some((_, Ok(crate::cond::Operand::Param { reg, size, signed }))) => {
+                let sign = if *signed { AGG_SIGNED } else { 0 };
+                Ok(self.rule_with(*reg, *size as u32 | sign))
+            }
+            Some((_, Ok(_))) => Err(AggSpecError::NotReadable {
+                name,
+                func,
+                why: "not an integer argument".into(),
+            }),
+            Some((_, Err(why))) => Err(AggSpecError::NotReadable {
+                name,
+                func,
+                why: why.clone(),
+            }),
+            None => Err(AggSpecError::NoParameter {
+                name,
+                func,
+                params: regs
+                    .iter()
+                    .map(|(n, _)| n.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+        }
     }
 
     /// The rule of the spec, a parameter name resolved to argument
