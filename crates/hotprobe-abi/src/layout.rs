@@ -17,6 +17,7 @@
 //!                       +0                     RingCtl (192 bytes)
 //!                       +THREAD_COUNTERS_OFFSET AtomicU64[n_probes] per-thread counters
 //!                       +events_offset          event slots: ring_capacity × event_size bytes
+//! agg_offset          the aggregation region (page-aligned, crate::agg::AGG_REGION_SIZE bytes)
 //! ```
 //! Every offset is a multiple of 64 (sections start on a page).
 //!
@@ -52,8 +53,10 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"HOTPROBE");
 /// bits 4–6 and [`EVENT_XMM`] events; 11: thread and handler slots are
 /// recycled ([`crate::THREAD_RETIRING`], [`crate::THREAD_REUSABLE`]),
 /// [`Header::tsc_hz`]; 12: the code ledger ([`LedgerCtl`], [`LedgerEntry`])
-/// between the trap table and the thread slots).
-pub const VERSION: u32 = 12;
+/// between the trap table and the thread slots; 13: the aggregation
+/// region ([`crate::agg`], [`Layout::agg_offset`], [`ACTION_AGG`]) after
+/// the thread slots).
+pub const VERSION: u32 = 13;
 /// Size of [`Header`] in bytes.
 pub const HEADER_SIZE: usize = 256;
 /// Alignment of every section start (the site table and the thread slots).
@@ -120,6 +123,10 @@ pub const ACTION_EXIT: u32 = 1 << 2;
 /// instead of the site's probe id (exit placeholders count their returns
 /// apart from the entries, while their events carry the entry's probe id).
 pub const ACTION_ALT_COUNTER: u32 = 1 << 3;
+/// [`SiteSlot::action`] bit: add the hit into the probe's aggregation
+/// (see [`crate::agg`]: a histogram of a value, or a count per key), in
+/// the target, instead of writing an event.
+pub const ACTION_AGG: u32 = 1 << 7;
 /// Shift of the alternative counter index in [`SiteSlot::action`].
 pub const ACTION_COUNTER_SHIFT: u32 = 8;
 /// Shift of the xmm layout in [`SiteSlot::action`] (3 bits, see
@@ -490,6 +497,10 @@ pub struct Layout {
     pub threads_offset: usize,
     /// See [`Header::thread_stride`].
     pub thread_stride: usize,
+    /// Offset of the aggregation region ([`crate::agg`],
+    /// [`crate::agg::AGG_REGION_SIZE`] bytes, the mapping's last): after
+    /// the thread slots, page-aligned; no header field.
+    pub agg_offset: usize,
     /// Offset of the event array inside a thread slot.
     pub events_offset: usize,
     /// Total bytes of the mapping.
@@ -543,10 +554,13 @@ impl Layout {
             align_up(THREAD_COUNTERS_OFFSET + counters_bytes, 64).ok_or(overflow)?;
         let ring_bytes = p.ring_capacity as usize * p.event_size as usize;
         let thread_stride = align_up(events_offset + ring_bytes, 64).ok_or(overflow)?;
-        let total = thread_stride
+        let agg_offset = thread_stride
             .checked_mul(p.n_threads as usize)
             .and_then(|t| t.checked_add(threads_offset))
             .and_then(|t| align_up(t, PAGE))
+            .ok_or(overflow)?;
+        let total = agg_offset
+            .checked_add(crate::agg::AGG_REGION_SIZE)
             .ok_or(overflow)?;
         Ok(Layout {
             params,
@@ -557,6 +571,7 @@ impl Layout {
             ledger_offset,
             threads_offset,
             thread_stride,
+            agg_offset,
             events_offset,
             total_size: total,
             site_shift: 64 - p.n_site_slots.trailing_zeros(),

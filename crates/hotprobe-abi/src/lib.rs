@@ -14,6 +14,7 @@
 //! on the other side.
 #![no_std]
 
+pub mod agg;
 pub mod fast;
 mod layout;
 pub mod patch;

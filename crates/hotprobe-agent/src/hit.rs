@@ -27,9 +27,9 @@ use core::sync::atomic::{compiler_fence, AtomicU32, AtomicU64};
 
 use hotprobe_abi::fast::ThreadBlock;
 use hotprobe_abi::{
-    Event, Shm, ACTION_ALT_COUNTER, ACTION_COUNT, ACTION_COUNTER_SHIFT, ACTION_EXIT, ACTION_RECORD,
-    CONTROL_ENABLED, CONTROL_RECORD, EVENT_XMM, EXIT_UNWOUND, KIND_ENTRY, KIND_EXIT, KIND_HIT,
-    STATUS_ORPHANED,
+    Event, Shm, ACTION_AGG, ACTION_ALT_COUNTER, ACTION_COUNT, ACTION_COUNTER_SHIFT, ACTION_EXIT,
+    ACTION_RECORD, CONTROL_ENABLED, CONTROL_RECORD, EVENT_XMM, EXIT_UNWOUND, KIND_ENTRY, KIND_EXIT,
+    KIND_HIT, STATUS_ORPHANED,
 };
 
 use crate::trampoline::Frame;
@@ -193,6 +193,9 @@ fn refuse(shm: &Shm, t: Option<&ThreadEntry>, kind: u32, probe: u32, action: u32
                 }
             }
         }
+    }
+    if action & ACTION_AGG != 0 {
+        crate::agg::refused(shm, probe);
     }
     let hooks = action & ACTION_EXIT != 0 && kind == KIND_ENTRY as u32;
     if hooks {
@@ -371,9 +374,12 @@ fn act<const HOOK: bool>(
                 (false, _) => 0,
                 (true, None) => SHADOW_RECORD,
                 (true, Some(_)) => SHADOW_RECORD | SHADOW_XMM,
-            },
+            } | crate::agg::shadow_flag(shm, probe, action),
             same,
         );
+    }
+    if action & ACTION_AGG != 0 {
+        crate::agg::on_hit(shm, t, frame, probe, kind);
     }
     let hits = t.hits.load(Relaxed).wrapping_add(1);
     t.hits.store(hits, Relaxed);
@@ -746,6 +752,9 @@ pub(crate) extern "C" fn ret_hit(slot: u64, rax: u64, rdx: u64, xmm0: u64) -> u6
             {
                 let x = (e.flags & SHADOW_XMM != 0).then_some(xmm0);
                 record_exit(shm, t, e.probe, rax, rdx, x, 0);
+            }
+            if e.flags & crate::agg::SHADOW_AGG != 0 && control & CONTROL_ENABLED != 0 {
+                crate::agg::on_return(shm, e.probe, rax);
             }
         }
     }

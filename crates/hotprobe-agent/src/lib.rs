@@ -38,6 +38,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64};
 use hotprobe_abi::patch::{abs_jmp_stub, NEAR_STUB_ENTRY, NEAR_STUB_EXIT, NEAR_STUB_MID};
 use hotprobe_abi::{rdtsc, Shm, STATUS_ATTACHED, STATUS_NO_NEAR_PAGE, VERSION};
 
+mod agg;
 mod altstack;
 mod clock;
 mod coro;

@@ -89,10 +89,23 @@ pub enum Cmd {
         /// by default they run without probes.
         #[arg(short = 'f', long)]
         follow_forks: bool,
-        /// Also a latency histogram of each function's calls (log2 buckets;
-        /// records entries and exits instead of counting).
-        #[arg(long)]
-        hist: bool,
+        /// Alone: also a latency histogram of each function's calls (log2
+        /// buckets; records entries and exits instead of counting).
+        /// `--hist=VALUE`: a log2 histogram of VALUE at each call instead
+        /// (arg0..arg5 or a parameter name), computed in the target on
+        /// the fast path.
+        #[arg(long, value_name = "VALUE", num_args = 0..=1, require_equals = true)]
+        hist: Option<Option<String>>,
+        /// A linear histogram of VALUE (arg0..arg5 or a parameter name):
+        /// buckets of STEP from MIN to MAX, and one below and one above.
+        #[arg(long, value_name = "VALUE:MIN:MAX:STEP", conflicts_with = "hist")]
+        lhist: Option<String>,
+        /// Count the calls per KEY: arg0..arg5, a parameter name, tid or comm.
+        #[arg(long, value_name = "KEY", conflicts_with_all = ["hist", "lhist"])]
+        by: Option<String>,
+        /// With --by: only the N keys with the most calls.
+        #[arg(long, value_name = "N", requires = "by")]
+        top: Option<usize>,
         /// Print the table as JSON (one line; docs/JSON.md).
         #[arg(long)]
         json: bool,

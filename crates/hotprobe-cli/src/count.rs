@@ -10,13 +10,17 @@
 //! `--hist`, the probes record instead of counting: entries (with the
 //! arguments the conditions name) and exits go to the library's
 //! [`CountSink`], which counts the entries whose condition holds and builds
-//! a log2 histogram of the durations of those calls. This module only
-//! turns the command line into probes and conditions, and prints.
+//! a log2 histogram of the durations of those calls. `--hist=VALUE`,
+//! `--lhist` and `--by` aggregate (`hotprobe::agg`): in the target on the
+//! fast path, from recorded entries elsewhere or under a condition. This
+//! module only turns the command line into probes, conditions and
+//! aggregations, and prints.
 
 use crate::cond::{split_spec, Cond};
 use crate::out::errln;
 use crate::session::{print_table_with, TableExtras, Traced};
 use anyhow::{bail, Context, Result};
+use hotprobe::agg::{AggKey, AggSink, AggSource, AggSpec, AggTable};
 use hotprobe::{Action, CountSink, FastPathConfig, MechanismChoice, Placement, SessionConfig};
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -42,6 +46,11 @@ pub struct CountOptions<'a> {
     pub follow_forks: bool,
     /// `--hist`: a histogram of each function's call durations.
     pub hist: bool,
+    /// `--hist=VALUE`, `--lhist` or `--by`: an aggregation, computed in
+    /// the target on the fast path.
+    pub agg: Option<AggSpec>,
+    /// `--top N`: the N keys of `--by` with the most calls.
+    pub top: Option<usize>,
     /// `--json`: the table as JSON.
     pub json: bool,
     /// `--all`: also the rows of patterns' functions nothing hit.
@@ -56,6 +65,25 @@ struct Spec {
     /// The condition's text and, unless it names parameters (compiled
     /// per function once placed), the condition.
     cond: Option<(String, Option<Cond>)>,
+}
+
+/// The aggregation of `--hist=VALUE`, `--lhist` or `--by`, if one is asked
+/// for (bad specs are usage errors).
+pub fn agg_spec(
+    hist: Option<&Option<String>>,
+    lhist: Option<&str>,
+    by: Option<&str>,
+) -> Result<Option<AggSpec>> {
+    let spec = match (hist, lhist, by) {
+        (Some(Some(v)), _, _) => AggSpec::hist(v).map_err(|e| ("--hist", e)),
+        (_, Some(l), _) => AggSpec::lhist(l).map_err(|e| ("--lhist", e)),
+        (_, _, Some(k)) => AggSpec::by(k).map_err(|e| ("--by", e)),
+        _ => return Ok(None),
+    };
+    match spec {
+        Ok(s) => Ok(Some(s)),
+        Err((flag, e)) => Err(crate::UsageError(format!("{flag}: {e}")).into()),
+    }
 }
 
 /// Run `count`; returns hotprobe's exit code (the command's).
@@ -81,6 +109,31 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
             cond,
         });
     }
+    let any_cond = specs.iter().any(|s| s.cond.is_some());
+    if let Some(a) = &o.agg {
+        let retval = a.source == AggSource::Retval;
+        if o.hist || (any_cond && retval) {
+            bail!(crate::UsageError(format!(
+                "{}: the latency --hist, and conditions on return values, do not combine with it",
+                a.describe()
+            )));
+        }
+        if let Some(s) = specs
+            .iter()
+            .find(|s| s.probe.ends_with("%return") != retval)
+        {
+            bail!(crate::UsageError(format!(
+                "{}: {} {}",
+                s.probe,
+                a.describe(),
+                if retval {
+                    "needs a %return probe"
+                } else {
+                    "works on function entries (no %return)"
+                }
+            )));
+        }
+    }
     let recording = o.hist || specs.iter().any(|s| s.cond.is_some());
     if recording {
         if o.follow_forks {
@@ -103,7 +156,13 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
                 .map(|c| c.1.as_ref().map_or(6, Cond::args_needed))
         })
         .max()
-        .unwrap_or(0);
+        .unwrap_or(0)
+        .max(match o.agg.as_ref().map(|a| &a.source) {
+            // Exits carry rax only when arguments are recorded.
+            Some(AggSource::Arg(_) | AggSource::Name(_) | AggSource::Retval) => 6,
+            _ => 0,
+        });
+    let recording = recording || o.agg.is_some();
     let config = SessionConfig {
         mechanism: o.mechanism,
         maxactive: o.maxactive,
@@ -124,8 +183,21 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
     // are left out of the table unless --all.
     let mut from_pattern: std::collections::HashSet<u32> = std::collections::HashSet::new();
     let typing = std::rc::Rc::new(hotprobe::typed::Typing::new(t.pid));
+    // Where the fast path takes a function, it aggregates in the target;
+    // elsewhere (and with conditions, which hotprobe evaluates) its
+    // entries are recorded and aggregated here.
+    if let (Some(a), false) = (&o.agg, any_cond) {
+        let (a, ty) = (a.clone(), typing.clone());
+        t.session.set_aggregate(Some(std::rc::Rc::new(move |r| {
+            let func = r.function.as_deref().unwrap_or_default();
+            // A name the function lacks: refused once placed (below).
+            a.rule_for(&ty, r.addr.0, func).ok()
+        })));
+    }
+    let mut agg_rules = HashMap::new();
     for s in &specs {
-        let named = matches!(&s.cond, Some((_, None)));
+        let named = matches!(&s.cond, Some((_, None)))
+            || matches!(o.agg.as_ref().map(|a| &a.source), Some(AggSource::Name(_)));
         t.session.set_capture(named.then(|| typing.name_chooser()));
         let added = t.add_all(std::slice::from_ref(&s.probe), |_| {
             if recording {
@@ -158,15 +230,44 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
                 cond_text.insert(p.id.0, text.clone());
             }
         }
+        if let Some(a) = &o.agg {
+            for p in &added {
+                let func = p.function.as_deref().unwrap_or(&p.label);
+                match a.rule_for(&typing, p.addr.0, func) {
+                    Ok(rule) => {
+                        agg_rules.insert(p.id, rule);
+                    }
+                    Err(e) => {
+                        t.abandon();
+                        return Err(crate::UsageError(format!("`{}`: {e}", s.probe)).into());
+                    }
+                }
+            }
+        }
         if hotprobe::symbols::is_pattern(&s.probe) {
             from_pattern.extend(added.iter().map(|p| p.id.0));
         }
         placed.extend(added);
     }
     let ids: Vec<u32> = placed.iter().map(|p| p.id.0).collect();
+    let agg_conds = conds.clone();
     let mut sink = recording.then(|| CountSink::with_conditions(conds, o.hist, &ids));
     // The table prints whatever happened to the run.
+    let mut agg_events = HashMap::new();
     let ran = match sink.as_mut() {
+        Some(s) if o.agg.is_some() => {
+            let mut a = AggSink::new(s);
+            a.conditions = agg_conds;
+            for (id, rule) in &agg_rules {
+                // Not aggregated in the target: from its recorded entries.
+                if t.session.aggregation(*id).is_none() {
+                    a.add(*id, *rule);
+                }
+            }
+            let ran = t.run(&placed, o.duration, Some(&mut a));
+            agg_events = a.tables;
+            ran
+        }
         Some(s) => t.run(&placed, o.duration, Some(s)),
         None => t.run(&placed, o.duration, None),
     };
@@ -178,8 +279,20 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
             );
         }
     }
+    let tables = aggregations(&t, &placed, agg_events);
+    let agg_json: HashMap<u32, serde_json::Value> = match (&o.agg, o.json) {
+        (Some(a), true) => tables
+            .iter()
+            .map(|(id, table)| (*id, agg_json(a, table, o.top)))
+            .collect(),
+        _ => HashMap::new(),
+    };
     let extras = TableExtras {
-        hits: sink.as_ref().map(CountSink::all_hits),
+        // Aggregating probes count in the target (or the engine).
+        hits: sink
+            .as_ref()
+            .filter(|_| o.agg.is_none() || any_cond)
+            .map(CountSink::all_hits),
         conditions: Some(&cond_text),
         hists: sink
             .as_ref()
@@ -187,6 +300,7 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
             .map(CountSink::all_histograms),
         json: o.json,
         guests: None,
+        aggregations: Some(&agg_json).filter(|m| !m.is_empty()),
     };
     let hits_of = |p: &Placement| -> u64 {
         match &extras.hits {
@@ -208,10 +322,105 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
             hidden.len()
         );
     }
+    if let Some(a) = &o.agg {
+        print_aggregations(&shown, &tables, a, o.top, o.json);
+    }
     for (module, n) in crate::record::never_armed(&t.session, &placed) {
         errln!("hotprobe: never armed: {n} probes on {module}: the program never loaded it");
     }
     t.print_skipped();
     ran.context("the run failed")?;
     Ok(t.exit_code())
+}
+
+/// Each placed probe's aggregation: the target's tables with what was
+/// aggregated from recorded events added.
+fn aggregations(
+    t: &Traced,
+    placed: &[Placement],
+    mut from_events: HashMap<u32, AggTable>,
+) -> HashMap<u32, AggTable> {
+    let mut out = HashMap::new();
+    for p in placed {
+        let events = from_events.remove(&p.id.0);
+        let table = match (t.session.aggregation(p.id), events) {
+            (Some(mut a), Some(e)) => {
+                a.merge(&e);
+                a
+            }
+            (Some(a), None) | (None, Some(a)) => a,
+            (None, None) => continue,
+        };
+        out.insert(p.id.0, table);
+    }
+    out
+}
+
+/// An aggregation as a JSON object (`count --json`, docs/JSON.md).
+fn agg_json(spec: &AggSpec, table: &AggTable, top: Option<usize>) -> serde_json::Value {
+    let mut o = serde_json::json!({
+        "aggregate": spec.describe(),
+        "not_aggregated": table.uncounted,
+    });
+    if table.rule.kind == hotprobe::fastpath::agg::AggKind::Keyed {
+        let keys: Vec<serde_json::Value> = table
+            .key_rows(top)
+            .into_iter()
+            .map(|(k, n)| {
+                let key = match k {
+                    AggKey::Value(v) => serde_json::json!(v),
+                    AggKey::Tid(t) => serde_json::json!(t),
+                    AggKey::Comm(c) => serde_json::json!(c),
+                };
+                serde_json::json!({"key": key, "count": n})
+            })
+            .collect();
+        o["keys"] = keys.into();
+    } else {
+        let buckets: Vec<serde_json::Value> = table
+            .hist_ranges()
+            .into_iter()
+            .map(|(lo, hi, n)| {
+                let num = |v: Option<i128>| v.map(|v| serde_json::json!(v as i64));
+                serde_json::json!({"lo": num(lo), "hi": num(hi), "count": n})
+            })
+            .collect();
+        o["buckets"] = buckets.into();
+    }
+    o
+}
+
+/// Prints each probe's aggregation under the table (unless `json`: they
+/// are in it), as bpftrace prints its maps, and says how many hits could
+/// not be aggregated.
+fn print_aggregations(
+    shown: &[Placement],
+    tables: &HashMap<u32, AggTable>,
+    spec: &AggSpec,
+    top: Option<usize>,
+    json: bool,
+) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    for p in shown {
+        let Some(table) = tables.get(&p.id.0) else {
+            continue;
+        };
+        if !json {
+            let _ = writeln!(out, "\n@{} {}:", spec.describe(), p.label);
+            let text = table.render(top);
+            let _ = if text.is_empty() {
+                writeln!(out, "(no calls)")
+            } else {
+                write!(out, "{text}")
+            };
+        }
+        if table.uncounted > 0 {
+            errln!(
+                "hotprobe: {}: {} calls not aggregated (the key table was full, or the key could not be read)",
+                p.label,
+                table.uncounted
+            );
+        }
+    }
 }

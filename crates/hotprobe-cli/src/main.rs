@@ -138,6 +138,9 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             no_traps,
             follow_forks,
             hist,
+            lhist,
+            by,
+            top,
             json,
             all,
             force,
@@ -145,8 +148,11 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         } => {
             let duration = duration(secs)?;
             signals::install()?;
+            let agg = count::agg_spec(hist.as_ref(), lhist.as_deref(), by.as_deref())?;
             count::run(&count::CountOptions {
-                hist,
+                hist: matches!(hist, Some(None)),
+                agg,
+                top,
                 json,
                 all,
                 force,

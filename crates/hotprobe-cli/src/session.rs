@@ -282,6 +282,9 @@ pub struct TableExtras<'a> {
     /// The guest of each probe id (`guest count` with several guests): a
     /// GUEST column after PROBE (`guest` in JSON).
     pub guests: Option<&'a HashMap<u32, String>>,
+    /// The aggregation of each probe id as JSON (`count --json` with
+    /// `--hist=VALUE`, `--lhist`, `--by`): on the probe's first row.
+    pub aggregations: Option<&'a HashMap<u32, serde_json::Value>>,
 }
 
 /// Print the per-probe table on stdout: spec, address, hits (returns for a
@@ -305,6 +308,7 @@ pub fn print_table_with(
 ) {
     let mut rows: Vec<Vec<String>> = Vec::new();
     let mut json_rows: Vec<serde_json::Value> = Vec::new();
+    let mut aggregated = std::collections::HashSet::new();
     for p in placed {
         let by = session.stats_by_process(p.id).unwrap_or_default();
         let by: Vec<(i32, hotprobe::ProbeStats)> = if per_process {
@@ -348,6 +352,12 @@ pub fn print_table_with(
                 }
                 if let Some(h) = x.hists.and_then(|h| h.get(&p.id.0)) {
                     o["histogram"] = serde_json::to_value(h).unwrap_or_default();
+                }
+                // Over every process: once, on the probe's first row.
+                if let Some(a) = x.aggregations.and_then(|a| a.get(&p.id.0)) {
+                    if aggregated.insert(p.id) {
+                        o["aggregation"] = a.clone();
+                    }
                 }
                 json_rows.push(o);
             }

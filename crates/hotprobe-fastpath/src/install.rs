@@ -170,6 +170,11 @@ impl FastPath {
                 });
             }
         }
+        if let Some(rule) = action.agg {
+            // The rule before the site: no hit finds it missing.
+            hotprobe_abi::agg::define(self.shm(), probe_id, rule)
+                .map_err(|e| FastPathError::Shm(e.to_string()))?;
+        }
         self.next_probe += 1;
         let bits = action.bits();
         t.stop_all()?;
@@ -302,7 +307,8 @@ impl FastPath {
         bits: u32,
         info: &mut SiteInfo,
     ) -> Result<u64, FastPathError> {
-        let stub = if bits & ACTION_EXIT == 0 {
+        // A return hook or an aggregation needs the agent's generic path.
+        let stub = if bits & (ACTION_EXIT | hotprobe_abi::ACTION_AGG) == 0 {
             self.stub(t, at, StubKind::Entry, probe_id, probe_id, action)?
         } else {
             None
@@ -326,7 +332,9 @@ impl FastPath {
         let (record, xmm) = (action.record, action.xmm);
         let h = self.shm().header();
         let tpoff = h.thread_tpoff.load(Relaxed);
-        if !self.stubs || tpoff == 0 {
+        // An aggregation (return values at exit placeholders too) is the
+        // agent's: no stub.
+        if !self.stubs || tpoff == 0 || action.agg.is_some() {
             return Ok(None);
         }
         let generic = match kind {

@@ -53,6 +53,8 @@ use hotprobe_process::ProcessTarget;
 use hotprobe_target::TargetError;
 
 pub use foreign::{ForeignOutcome, ForeignWrite};
+/// The in-target aggregation tables (`Action::agg`).
+pub use hotprobe_abi::agg;
 pub use hotprobe_abi::{
     Event as RecordedEvent, EVENT_XMM, EXIT_UNWOUND, INPROC_SITES, KIND_ENTRY, KIND_EXIT, KIND_HIT,
     TRAP_GUARD, TRAP_RETURN, TRAP_SLOTS,
@@ -175,6 +177,9 @@ pub struct Action {
     /// integer argument registers then xmm0, xmm1, …, exits rax, rdx and
     /// xmm0. Needs 64-byte event slots ([`FastPathConfig::record_args`] > 2).
     pub xmm: Option<u8>,
+    /// Aggregate in the target (`hotprobe_abi::agg`): each hit adds into
+    /// the probe's histogram or key count, through the agent (no stub).
+    pub agg: Option<hotprobe_abi::agg::AggRule>,
 }
 
 impl Action {
@@ -184,6 +189,7 @@ impl Action {
             record: false,
             exit: false,
             xmm: None,
+            agg: None,
         }
     }
     /// Count and record entries.
@@ -192,6 +198,7 @@ impl Action {
             record: true,
             exit: false,
             xmm: None,
+            agg: None,
         }
     }
     /// Also observe exits (exit events when recording).
@@ -206,12 +213,24 @@ impl Action {
             ..self
         }
     }
+    /// Also aggregate in the target (see [`Action::agg`]).
+    pub fn with_agg(self, rule: hotprobe_abi::agg::AggRule) -> Action {
+        Action {
+            agg: Some(rule),
+            ..self
+        }
+    }
     fn bits(self) -> u32 {
         let xmm = match (self.record, self.xmm) {
             (true, Some(k)) => hotprobe_abi::action_xmm(k),
             _ => 0,
         };
-        ACTION_COUNT | if self.record { ACTION_RECORD } else { 0 } | xmm
+        let agg = if self.agg.is_some() {
+            hotprobe_abi::ACTION_AGG
+        } else {
+            0
+        };
+        ACTION_COUNT | if self.record { ACTION_RECORD } else { 0 } | xmm | agg
     }
 }
 

@@ -20,6 +20,7 @@
 //! through a trampoline and a per-thread shadow stack bounded by
 //! `maxactive`, several probes per address, enable/disable at run time.
 
+pub mod agg;
 pub mod calibration;
 pub mod cond;
 mod count;
@@ -60,8 +61,8 @@ pub use hotprobe_resolve::{
 };
 pub use session::watch::{ValueSource, WatchAt, WatchHit, WatchKind, WatchSpec, WatchStats};
 pub use session::{
-    Action, Added, Capture, CaptureChooser, Mechanism, MechanismChoice, PatchKind, Placement,
-    RunEnd, Session, SessionConfig, Skipped, TargetId, XmmChooser,
+    Action, Added, AggChooser, Capture, CaptureChooser, Mechanism, MechanismChoice, PatchKind,
+    Placement, RunEnd, Session, SessionConfig, Skipped, TargetId, XmmChooser,
 };
 pub use session::{CodeOwner, CodeSite};
 // The facade, as ripgrep's `grep` crate: the crates a front end (the CLI,

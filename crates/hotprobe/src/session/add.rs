@@ -466,6 +466,11 @@ impl Session {
     ) -> Result<Placement, EngineError> {
         let mut ask = self.ask(r, label, (r.is_return, record), None);
         ask.xmm = xmm;
+        // The chooser sees `%return` specs too (return values).
+        ask.agg = match (&self.aggregate, record) {
+            (Some(choose), true) => choose(r),
+            _ => None,
+        };
         ask.existing = existing;
         let spec = ask.label.clone();
         self.place_on(t, MechKind::Fast, ask, plan)?

@@ -161,6 +161,10 @@ impl Agent {
             for (pid, n) in exit.map(|e| fp.counts_by_process(e)).unwrap_or_default() {
                 by.add(pid as i32, |st| st.returns += n);
             }
+            // Returns whose values it aggregates (all processes' at once).
+            if let Some(n) = super::agg::returns_aggregated(fp, *c) {
+                by.add(me, |st| st.returns += n);
+            }
         }
         true
     }

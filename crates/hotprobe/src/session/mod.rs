@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 mod add;
 mod agent;
+mod agg;
 mod drain;
 mod follow;
 mod foreign;
@@ -82,6 +83,11 @@ pub enum Action {
     /// with the return value, into the session's [`EventSink`].
     Record,
 }
+
+/// Chooses, for each function a `Record` action places on the fast path,
+/// an aggregation computed in the target instead of events (see
+/// [`Session::set_aggregate`]).
+pub type AggChooser = Rc<dyn Fn(&ResolvedProbe) -> Option<hotprobe_fastpath::agg::AggRule>>;
 
 /// What a trap `Record` probe reads at its hits beyond the argument
 /// registers (typed arguments: floats in xmm registers, strings and fields
@@ -334,6 +340,9 @@ pub struct Session {
     /// Which `Record` probes record xmm registers on the fast path (see
     /// [`Session::set_xmm_layout`]).
     xmm_layout: Option<XmmChooser>,
+    /// Which `Record` probes aggregate in the target on the fast path
+    /// (see [`Session::set_aggregate`]).
+    aggregate: Option<AggChooser>,
     /// Options of plugin probes being added (see [`Session::add_plugin`]).
     plugin_options: Option<PluginOptions>,
     /// How long each side of a shared-memory handler call spins before
@@ -377,6 +386,7 @@ impl Session {
             capture: None,
             batching: false,
             xmm_layout: None,
+            aggregate: None,
             strays: Default::default(),
         }
     }

@@ -198,7 +198,15 @@ impl ProbeMechanism for FastMech {
                 reason: "not a process".into(),
             })?;
         let entry_only = r.no_return.clone().filter(|_| record);
-        let action = if record {
+        let action = if let Some(rule) = ask.agg {
+            // Aggregated in the target: counted, no event; return values
+            // at the return.
+            let a = hotprobe_fastpath::Action::count().with_agg(rule);
+            match (rule.source, &entry_only) {
+                (hotprobe_fastpath::agg::AGG_SRC_RETVAL, None) => a.with_exit(),
+                _ => a,
+            }
+        } else if record {
             let a = hotprobe_fastpath::Action::record();
             let a = match entry_only {
                 Some(_) => a,
