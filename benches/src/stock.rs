@@ -106,6 +106,7 @@ pub fn run_all(rows: u64, runs: usize) -> Result<()> {
         },
     ];
     let trace = dir.join("stock-trace");
+    let utrace = dir.join("stock-uftrace");
     println!(
         "| workload | native s | hotprobe count s | hotprobe record s | uftrace record s | \
          record / uftrace |"
@@ -133,7 +134,7 @@ pub fn run_all(rows: u64, runs: usize) -> Result<()> {
                 .args(&w.args);
             cmds[3]
                 .args(["record", "--force", "-d"])
-                .arg(&trace)
+                .arg(&utrace)
                 .arg("-P")
                 .arg(format!(".@{}", w.lib))
                 .arg(w.program)
@@ -160,5 +161,6 @@ pub fn run_all(rows: u64, runs: usize) -> Result<()> {
         );
     }
     let _ = std::fs::remove_dir_all(&trace);
+    let _ = std::fs::remove_dir_all(&utrace);
     Ok(())
 }
