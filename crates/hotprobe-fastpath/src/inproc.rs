@@ -409,9 +409,9 @@ impl FastPath {
                 site + 5
             }
             Mechanism::Jump => {
-                let mut code = vec![0u8; f.size as usize];
+                let mut code = vec![0u8; (f.size + f.padding) as usize];
                 t.read_memory(RuntimeAddr(entry), &mut code)?;
-                let jp = hotprobe_x86::plan_jump(&code, entry, site)?;
+                let jp = hotprobe_x86::plan_jump_padded(&code, f.size as usize, entry, site)?;
                 let at = self.alloc(t, site, 64)?;
                 let to = target(self, t, at)?;
                 let mut body = call_rel32(at, to).expect("within reach").to_vec();

@@ -11,7 +11,7 @@ use hotprobe_abi::patch::{
 use hotprobe_abi::{ACTION_ALT_COUNTER, ACTION_COUNTER_SHIFT, ACTION_EXIT, EVENT_SIZE_FULL};
 use hotprobe_process::ProcessTarget;
 use hotprobe_target::{RuntimeAddr, Target};
-use hotprobe_x86::plan_jump;
+use hotprobe_x86::plan_jump_padded;
 
 use crate::foreign::all_nops;
 use crate::pool::{write_spans, STUB_ROOM};
@@ -264,10 +264,10 @@ impl FastPath {
                 }
             }
             Mechanism::Jump => {
-                let mut code = vec![0u8; f.size as usize];
+                let mut code = vec![0u8; (f.size + f.padding) as usize];
                 let fstart = f.addr.wrapping_add(bias);
                 t.read_memory(RuntimeAddr(fstart), &mut code)?;
-                let jp = plan_jump(&code, fstart, site)?;
+                let jp = plan_jump_padded(&code, f.size as usize, fstart, site)?;
                 let mut bits = bits;
                 if action.exit {
                     bits |= ACTION_EXIT;

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use hotprobe_coldpatch::{ProbeList, SiteKind};
-use hotprobe_x86::plan_jump;
+use hotprobe_x86::plan_jump_padded;
 use object::{Object, ObjectSection, ObjectSegment};
 
 use crate::FastPathError;
@@ -96,6 +96,10 @@ pub struct FunctionInfo {
     pub addr: u64,
     /// Size in bytes (0 if unknown: only a probe list named it).
     pub size: u64,
+    /// For a function shorter than a jump: bytes of padding after it (`nop`
+    /// forms, `int3`) before the next function, which a jump may overwrite
+    /// (see [`hotprobe_x86::plan_jump_padded`]); 0 otherwise.
+    pub padding: u64,
 }
 
 /// One ELF module's placeholders and functions.
@@ -242,6 +246,7 @@ impl ModuleInfo {
                     name: f.name.clone(),
                     addr: f.addr.0,
                     size: f.size,
+                    padding: 0,
                 });
             }
         }
@@ -259,15 +264,12 @@ impl ModuleInfo {
                     name: name.clone(),
                     addr: s.vaddr,
                     size: 0,
+                    padding: 0,
                 });
             }
         }
         functions.sort_by_key(|f| f.addr);
-        let mut by_name = std::collections::HashMap::with_capacity(functions.len());
-        for (i, f) in functions.iter().enumerate() {
-            by_name.entry(f.name.clone()).or_insert(i);
-        }
-        Ok(ModuleInfo {
+        let mut m = ModuleInfo {
             path: path.to_path_buf(),
             bytes,
             segments,
@@ -276,8 +278,17 @@ impl ModuleInfo {
             probes,
             functions,
             branch_targets: std::sync::OnceLock::new(),
-            by_name,
-        })
+            by_name: std::collections::HashMap::new(),
+        };
+        m.find_padding();
+        let functions = std::mem::take(&mut m.functions);
+        let mut by_name = std::collections::HashMap::with_capacity(functions.len());
+        for (i, f) in functions.iter().enumerate() {
+            by_name.entry(f.name.clone()).or_insert(i);
+        }
+        m.functions = functions;
+        m.by_name = by_name;
+        Ok(m)
     }
 
     /// A direct branch (`jmp`, `jcc`, `call`, `loop`…) of any function of
@@ -356,6 +367,39 @@ impl ModuleInfo {
         self.functions.get(i).filter(|f| f.addr == addr)
     }
 
+    /// Sets [`FunctionInfo::padding`] of each function shorter than a jump:
+    /// the `nop`/`int3` bytes between its end and the next function's start
+    /// (at most 16 looked at: a jump needs 4 at the most).
+    fn find_padding(&mut self) {
+        for i in 0..self.functions.len() {
+            let f = &self.functions[i];
+            if f.size == 0 || f.size >= 5 {
+                continue;
+            }
+            let end = f.addr + f.size;
+            let next = self.functions[i + 1..]
+                .iter()
+                .map(|g| g.addr)
+                .find(|&a| a > f.addr);
+            let gap = match next {
+                Some(n) if n >= end => n - end,
+                Some(_) => continue, // overlapping symbols: leave it
+                None => 16,
+            };
+            let Some(bytes) = self.code(end, gap.min(16)) else {
+                continue;
+            };
+            let padding = nop_prefix(bytes, end);
+            self.functions[i].padding = padding;
+        }
+    }
+
+    /// A function's bytes and the padding after it (see
+    /// [`FunctionInfo::padding`]).
+    pub fn code_with_padding(&self, f: &FunctionInfo) -> Option<&[u8]> {
+        self.code(f.addr, f.size + f.padding)
+    }
+
     /// The file bytes at link address `addr`, `len` long, if mapped from the file.
     pub fn code(&self, addr: u64, len: u64) -> Option<&[u8]> {
         let end = addr.checked_add(len)?;
@@ -432,7 +476,7 @@ impl ModuleInfo {
     /// there (a function of less than 9 bytes) is the `endbr64` displaced
     /// with the rest, and the reason says so.
     fn plan_jump_site(&self, f: &FunctionInfo) -> (u64, Result<usize, String>) {
-        let Some(code) = self.code(f.addr, f.size).filter(|_| f.size > 0) else {
+        let Some(code) = self.code_with_padding(f).filter(|_| f.size > 0) else {
             let why = match f.size {
                 0 => "function size unknown (stripped binary)",
                 _ => "function bytes not in the file",
@@ -440,7 +484,7 @@ impl ModuleInfo {
             return (f.addr, Err(why.to_string()));
         };
         let at = |site: u64| {
-            let covered = plan_jump(code, f.addr, site)
+            let covered = plan_jump_padded(code, f.size as usize, f.addr, site)
                 .map(|p| p.covered)
                 .map_err(|e| e.to_string())?;
             match self.branch_into(site, covered as u64) {
@@ -531,6 +575,12 @@ impl ModuleInfo {
                          among them (no jump fits after it; under enforced indirect-branch \
                          tracking an indirect call would fault)"
                     ),
+                    0 if f.size < 5 => format!(
+                        "the whole {}-byte function and {} bytes of the padding after it \
+                         (never executed), relocated",
+                        f.size,
+                        covered as u64 - f.size
+                    ),
                     0 => format!(
                         "{covered} bytes of relocatable instructions at the entry, no branch into them"
                     ),
@@ -583,4 +633,20 @@ pub fn explain(path: &Path) -> Result<Vec<FunctionPlan>, FastPathError> {
         }
     }
     Ok(out)
+}
+
+/// How many bytes from the start of `bytes` (at `at`) decode as padding:
+/// `nop` forms and `int3`, whole instructions only.
+fn nop_prefix(bytes: &[u8], at: u64) -> u64 {
+    use iced_x86::{Code, Decoder, DecoderOptions, Mnemonic};
+    let mut d = Decoder::with_ip(64, bytes, at, DecoderOptions::NONE);
+    let mut n = 0;
+    while d.can_decode() {
+        let i = d.decode();
+        if i.code() == Code::INVALID || !(i.mnemonic() == Mnemonic::Nop || i.code() == Code::Int3) {
+            break;
+        }
+        n += i.len() as u64;
+    }
+    n
 }

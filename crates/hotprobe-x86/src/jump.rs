@@ -347,6 +347,86 @@ pub fn plan_jump(function: &[u8], func_start: u64, site: u64) -> Result<JumpPlan
     })
 }
 
+/// As [`plan_jump`], for a function shorter than the jump followed by
+/// padding no code reaches: `code` holds the function's `body_len` bytes
+/// and then the padding after it up to the next function (the caller
+/// checked that no symbol starts there). Such a function (a 1-byte `ret`,
+/// a 4-byte `lea eax, [rdi+1]; ret`, common in stock libraries, where only
+/// a trap took it) can take the jump when its last instruction leaves it
+/// (`ret` or `jmp`) and the bytes after it, up to the jump's 5th, decode
+/// as padding (`nop` forms or `int3`): the whole function is displaced and
+/// runs relocated; the padding overwritten was never executed. A function
+/// of 5 bytes or more is planned by [`plan_jump`] on its own bytes.
+pub fn plan_jump_padded(
+    code: &[u8],
+    body_len: usize,
+    func_start: u64,
+    site: u64,
+) -> Result<JumpPlan, JumpError> {
+    let body = code.get(..body_len).unwrap_or(code);
+    if body.len() >= JMP_REL32_LEN || code.len() <= body.len() {
+        return plan_jump(body, func_start, site);
+    }
+    let too_short = JumpError::FunctionTooShort {
+        len: body.len() as u64,
+    };
+    if site != func_start || code.len() < JMP_REL32_LEN || body.is_empty() {
+        return Err(too_short);
+    }
+    let mut dec = Decoder::with_ip(64, body, func_start, DecoderOptions::NONE);
+    let mut instructions = Vec::new();
+    while dec.can_decode() {
+        let instr = dec.decode();
+        if instr.code() == Code::INVALID {
+            return Err(JumpError::Invalid {
+                offset: instr.ip() - func_start,
+            });
+        }
+        let ends_body = instr.next_ip() == func_start + body.len() as u64;
+        let refuse = |why| {
+            Err(JumpError::Unrelocatable {
+                offset: instr.ip() - func_start,
+                mnemonic: format_instruction(&instr),
+                why,
+            })
+        };
+        match instr.flow_control() {
+            FlowControl::Return
+            | FlowControl::UnconditionalBranch
+            | FlowControl::IndirectBranch
+                if ends_body => {}
+            FlowControl::Next if !ends_body => {}
+            FlowControl::Next => return Err(too_short),
+            _ => return refuse("is a branch inside a function shorter than 5 bytes"),
+        }
+        if matches!(instr.mnemonic(), Mnemonic::Syscall | Mnemonic::Sysenter) {
+            return refuse("is a system call (the kernel may restart it by address)");
+        }
+        if instr.is_ip_rel_memory_operand() && instr.memory_base() != Register::RIP {
+            return refuse("uses EIP-relative addressing");
+        }
+        instructions.push(instr);
+    }
+    // The padding the jump's tail lands on: nothing but `nop` and `int3`.
+    let pad_start = func_start + body.len() as u64;
+    let mut dec = Decoder::with_ip(64, &code[body.len()..], pad_start, DecoderOptions::NONE);
+    while dec.ip() < func_start + JMP_REL32_LEN as u64 {
+        if !dec.can_decode() {
+            return Err(too_short);
+        }
+        let instr = dec.decode();
+        if instr.mnemonic() != Mnemonic::Nop && instr.code() != Code::Int3 {
+            return Err(too_short);
+        }
+    }
+    Ok(JumpPlan {
+        site,
+        covered: JMP_REL32_LEN,
+        original: code[..JMP_REL32_LEN].to_vec(),
+        instructions,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -394,6 +474,42 @@ mod tests {
         let mut d = Decoder::with_ip(64, &code, 0x8000, DecoderOptions::NONE);
         assert_eq!(d.decode().mnemonic(), Mnemonic::Xor);
         assert_eq!(d.decode().near_branch_target(), 0x1000 + 7 + 0x1000);
+    }
+
+    #[test]
+    fn a_short_function_before_padding_takes_the_jump() {
+        // lea eax, [rdi+1] (3); ret; then `nop dword [rax+rax]` padding.
+        let code = [0x8d, 0x47, 0x01, 0xc3, 0x0f, 0x1f, 0x44, 0x00, 0x00];
+        let p = plan_jump_padded(&code, 4, 0x1000, 0x1000).unwrap();
+        assert_eq!(p.covered, 5);
+        assert_eq!(p.original, code[..5]);
+        let reloc = p.relocate(0x8000).unwrap();
+        let mut d = Decoder::with_ip(64, &reloc, 0x8000, DecoderOptions::NONE);
+        assert_eq!(d.decode().mnemonic(), Mnemonic::Lea);
+        assert_eq!(d.decode().flow_control(), FlowControl::Return);
+        // A 1-byte `ret` before int3 padding.
+        let p = plan_jump_padded(&[0xc3, 0xcc, 0xcc, 0xcc, 0xcc], 1, 0x1000, 0x1000).unwrap();
+        assert_eq!(p.instructions.len(), 1);
+        // Too little padding, padding that is code, a function that does
+        // not end in a ret or jmp, a site past the entry: refused.
+        for (code, len, site) in [
+            (&[0x8d, 0x47, 0x01, 0xc3][..], 4, 0x1000),
+            (&[0x8d, 0x47, 0x01, 0xc3, 0x31, 0xc0][..], 4, 0x1000),
+            (&[0x31, 0xc0, 0x90, 0x90, 0x90, 0x90][..], 2, 0x1000),
+            (&[0x31, 0xc0, 0xc3, 0x90, 0x90, 0x90][..], 3, 0x1002),
+            (&[0x74, 0x00, 0xc3, 0x90, 0x90, 0x90][..], 3, 0x1000),
+        ] {
+            assert!(
+                plan_jump_padded(code, len, 0x1000, site).is_err(),
+                "{code:x?}"
+            );
+        }
+        // 5 bytes or more: the function's own bytes, as plan_jump.
+        let f = [0x48, 0x8d, 0x47, 0x01, 0xc3, 0x90];
+        assert_eq!(
+            plan_jump_padded(&f, 5, 0x1000, 0x1000).unwrap(),
+            plan_jump(&f[..5], 0x1000, 0x1000).unwrap()
+        );
     }
 
     #[test]

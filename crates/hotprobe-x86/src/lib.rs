@@ -35,7 +35,7 @@ pub use decode::{decode, format_instruction, instruction_starts, is_instruction_
 pub use emulate::{emulate, fixup_after_step, slot_to_original, MemWrite};
 pub use error::X86Error;
 pub use hotprobe_target::Registers;
-pub use jump::{plan_jump, JumpError, JumpPlan};
+pub use jump::{plan_jump, plan_jump_padded, JumpError, JumpPlan};
 pub use plan::{
     plan_probe, Condition, Emulation, Execution, Gpr, LoopKind, ProbePlan, SlotImage, StepFixup,
 };

@@ -1,6 +1,7 @@
-//! Bounded fuzz pass (hotprobe-fuzzcheck): `data_access` (the instruction
+//! Bounded fuzz passes (hotprobe-fuzzcheck): `data_access` (the instruction
 //! a watchpoint trapped after) never panics on arbitrary code, registers
-//! and addresses. The longer run is the cargo-fuzz target `data_access` in
+//! and addresses; nor does the jump planner on arbitrary function bytes
+//! and padding. The longer run is the cargo-fuzz target `data_access` in
 //! `fuzz/` (docs/FUZZING.md).
 
 #[path = "fuzz/exercise.rs"]
@@ -46,4 +47,39 @@ fn fuzz_data_access() {
         .iterations(30_000)
         .run(exercise::data_access_input);
     assert!(report.accepted > 0, "no input found an access: {report:?}");
+}
+
+#[test]
+fn fuzz_plan_jump() {
+    let seed = |len: u8, code: &[u8]| {
+        let mut v = vec![len];
+        v.extend_from_slice(code);
+        v
+    };
+    let report = Fuzz::new("plan_jump")
+        // lea eax, [rdi+1]; ret; nop padding.
+        .seed(seed(
+            4,
+            &[0x8d, 0x47, 0x01, 0xc3, 0x0f, 0x1f, 0x44, 0x00, 0x00],
+        ))
+        // ret; int3 padding.
+        .seed(seed(1, &[0xc3, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc]))
+        // push rbp; mov rbp, rsp; call rel32; pop rbp; ret.
+        .seed(seed(
+            10,
+            &[0x55, 0x48, 0x89, 0xe5, 0xe8, 0, 0, 0, 0, 0x5d, 0xc3],
+        ))
+        // sub rsp, 8; jmp rel8 over padding; ret.
+        .seed(seed(8, &[0x48, 0x83, 0xec, 0x08, 0xeb, 0x01, 0x90, 0xc3]))
+        .tokens([
+            &[0xc3u8][..],
+            &[0xcc],
+            &[0x90],
+            &[0xe8],
+            &[0xe9],
+            &[0x0f, 0x1f],
+        ])
+        .iterations(30_000)
+        .run(exercise::plan_jump_input);
+    assert!(report.accepted > 0, "no input made a plan: {report:?}");
 }

@@ -36,3 +36,29 @@ pub fn data_access_input(data: &[u8]) -> bool {
         None => false,
     }
 }
+
+/// `plan_jump_padded` (and so `plan_jump`) on arbitrary function bytes:
+/// the first byte is the function's length (the rest of the input is its
+/// code, then the padding after it); a plan covers at least the jump, its
+/// original bytes are the input's, and it relocates without a panic. True
+/// if a plan was made.
+#[allow(dead_code)] // unused by the cargo-fuzz target `data_access`
+pub fn plan_jump_input(data: &[u8]) -> bool {
+    let Some((&len, code)) = data.split_first() else {
+        return false;
+    };
+    let start = 0x40_1000u64;
+    match hotprobe_x86::plan_jump_padded(code, usize::from(len), start, start) {
+        Ok(p) => {
+            assert!(p.covered >= 5 && p.covered <= code.len(), "{p:?}");
+            assert_eq!(p.original, code[..p.covered]);
+            let _ = p.relocate(0x40_8000);
+            let _ = p.patch_bytes(0x40_8000);
+            true
+        }
+        Err(e) => {
+            let _ = e.to_string();
+            false
+        }
+    }
+}
