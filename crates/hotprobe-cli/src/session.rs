@@ -306,6 +306,7 @@ pub fn print_table_with(
     let mut rows: Vec<Vec<String>> = Vec::new();
     let mut json_rows: Vec<serde_json::Value> = Vec::new();
     for p in placed {
+        note_vfork_uncounted(session, p);
         let by = session.stats_by_process(p.id).unwrap_or_default();
         let by: Vec<(i32, hotprobe::ProbeStats)> = if per_process {
             by.into_iter()
@@ -445,6 +446,18 @@ pub fn progress(len: u64, what: &str) -> ProgressBar {
         bar.set_style(style);
     }
     bar
+}
+
+/// Says on stderr the hits of probe `p` by vfork children that are in no
+/// row: without `-f`, a vfork child runs in its parent's memory, probes
+/// included, and its hits are neither counted nor the parent's.
+fn note_vfork_uncounted(session: &Session, p: &Placement) {
+    for (pid, n) in session.vfork_uncounted(p.id) {
+        errln!(
+            "hotprobe: {}: {n} hits in vfork child {pid} not counted (-f counts them as its own)",
+            p.label
+        );
+    }
 }
 
 /// Says on stderr which functions `-a` shows without arguments (no DWARF
