@@ -1,0 +1,80 @@
+// A child that runs in its parent's memory until it exits: made by
+// vfork() (`vfork`), glibc's clone(CLONE_VM | CLONE_VFORK) with a stack
+// of its own (`clone`), or clone3(CLONE_VM | CLONE_VFORK) through
+// syscall() with a stack of its own (`clone3`: the child returns from
+// syscall() on that stack, into child_calls, whose address is the word at
+// its top). The parent calls `leaf` (7 bytes) and `leaf4` (4 bytes) 1000
+// times each, makes the child, which calls both 1000 times and exits with
+// 3, then calls both 500 times more and exits with 7. It prints what it
+// did, then the two pids on a line of their own.
+#define _GNU_SOURCE
+#include <linux/sched.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+volatile long sink;
+__attribute__((noinline)) void leaf(long x) { sink += x; }
+__attribute__((noinline)) int leaf4(int x) { return x + 1; }
+
+static void calls(int n) {
+    for (int i = 0; i < n; i++) {
+        leaf(i);
+        sink += leaf4(i);
+    }
+}
+
+static void child_calls(void) {
+    calls(1000);
+    _exit(3);
+}
+
+static int clone_child(void *arg) {
+    (void)arg;
+    child_calls();
+    return 0;
+}
+
+static char stack[1 << 16] __attribute__((aligned(16)));
+
+int main(int argc, char **argv) {
+    const char *how = argc > 1 ? argv[1] : "vfork";
+    calls(1000);
+    pid_t c;
+    if (strcmp(how, "vfork") == 0) {
+        c = vfork();
+        if (c == 0)
+            child_calls();
+    } else if (strcmp(how, "clone") == 0) {
+        c = clone(clone_child, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, NULL);
+    } else {
+        struct clone_args a;
+        memset(&a, 0, sizeof a);
+        a.flags = CLONE_VM | CLONE_VFORK;
+        a.exit_signal = SIGCHLD;
+        uint64_t *top = (uint64_t *)(stack + sizeof stack) - 2;
+        top[0] = (uint64_t)(uintptr_t)child_calls;
+        a.stack = (uint64_t)(uintptr_t)stack;
+        a.stack_size = (uint64_t)((char *)top - stack);
+        c = syscall(SYS_clone3, &a, sizeof a);
+    }
+    if (c < 0) {
+        perror(how);
+        return 1;
+    }
+    int st;
+    if (waitpid(c, &st, 0) != c) {
+        perror("waitpid");
+        return 1;
+    }
+    calls(500);
+    printf("%s: parent calls=1500 child calls=1000 child status=%d\n", how, WEXITSTATUS(st));
+    printf("pids parent=%d child=%d\n", getpid(), c);
+    return 7;
+}

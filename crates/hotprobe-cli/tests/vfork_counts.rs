@@ -1,0 +1,127 @@
+//! Issue 22: `-f` with vfork and clone3(CLONE_VFORK) gives each process
+//! its own calls. A vfork child runs in its parent's memory, on its
+//! thread pointer: before, its hits counted as the parent's (one row,
+//! 2500 hits) on every mechanism. Now, with `-f`, the parent's row has
+//! its 1500 calls and the child's row (its pid) its 1000; without `-f`,
+//! the parent's row has its 1500 and the child's calls are said not to be
+//! counted. Made by vfork(), glibc's clone(CLONE_VFORK) and clone3
+//! through syscall(); `leaf` goes to a jump, `leaf4` (4 bytes) to the
+//! in-process trap, and both to the ptrace trap with `--mechanism trap`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+mod common;
+use common::{gcc, hotprobe_within, program_output, text, CountTable};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn program() -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/vfork_counts.c");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("vfork-counts");
+    std::fs::create_dir_all(&dir).unwrap();
+    gcc(&src, &dir.join("vfork_counts"), &["-O1"])
+}
+
+/// The program's output but its last line (the pids), and the pids.
+fn split_pids(out: &str) -> (&str, i32, i32) {
+    let body = out.trim_end_matches('\n');
+    let (head, last) = body.rsplit_once('\n').unwrap_or(("", body));
+    let pid = |k: &str| -> i32 {
+        last.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {k} in {last:?}"))
+    };
+    let parent = pid("parent=");
+    let child = pid("child=");
+    (head, parent, child)
+}
+
+fn check(how: &str, mechanism: &[&str], follow: bool) {
+    let bin = program();
+    let b = bin.to_str().unwrap();
+    let native = Command::new(&bin).arg(how).output().unwrap();
+    assert_eq!(native.status.code(), Some(7), "{how} natively");
+    let native = text(&native.stdout);
+    let (want, _, _) = split_pids(&native);
+    assert_eq!(
+        want,
+        format!("{how}: parent calls=1500 child calls=1000 child status=3")
+    );
+    let mut args = vec!["count"];
+    if follow {
+        args.push("-f");
+    }
+    args.extend(mechanism);
+    args.extend(["leaf", "leaf4", "--", b, how]);
+    let o = hotprobe_within(&args, LIMIT);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    let ctx = format!("{args:?}\n{out}\n{err}");
+    assert_eq!(o.status.code(), Some(7), "{ctx}");
+    assert!(err.contains("exited with code 7"), "{ctx}");
+    let (got, parent, child) = split_pids(program_output(&out));
+    assert_eq!(got, want, "{ctx}");
+    let t = CountTable::parse(&out, &err);
+    let execution = |probe: &str| {
+        let c = t.col("EXECUTION");
+        t.rows_of(probe)[0][c].clone()
+    };
+    if mechanism.is_empty() {
+        assert_eq!(execution("leaf"), "jump", "{ctx}");
+        assert_eq!(execution("leaf4"), "in-process", "{ctx}");
+    } else {
+        assert_eq!(execution("leaf"), "trap", "{ctx}");
+        assert_eq!(execution("leaf4"), "trap", "{ctx}");
+    }
+    for probe in ["leaf", "leaf4"] {
+        let not_counted = format!(
+            "hotprobe: {probe}: 1000 hits in vfork child {child} not counted \
+             (-f counts them as its own)"
+        );
+        if follow {
+            assert_eq!(t.rows_of(probe).len(), 2, "{ctx}");
+            assert_eq!(t.hits_of(probe, parent), 1500, "{ctx}");
+            assert_eq!(t.hits_of(probe, child), 1000, "{ctx}");
+            assert!(!err.contains("not counted"), "{ctx}");
+        } else {
+            assert_eq!(t.hits(probe), 1500, "{ctx}");
+            assert_eq!(
+                err.lines().filter(|l| *l == not_counted).count(),
+                1,
+                "{not_counted}\n{ctx}"
+            );
+        }
+    }
+}
+
+#[test]
+fn vfork_child_has_its_own_row_on_jump_and_in_process_trap() {
+    check("vfork", &[], true);
+}
+
+#[test]
+fn vfork_child_has_its_own_row_on_the_trap() {
+    check("vfork", &["--mechanism", "trap"], true);
+}
+
+#[test]
+fn clone_vfork_child_has_its_own_row_on_every_mechanism() {
+    check("clone", &[], true);
+    check("clone", &["--mechanism", "trap"], true);
+}
+
+#[test]
+fn clone3_vfork_child_has_its_own_row_on_every_mechanism() {
+    check("clone3", &[], true);
+    check("clone3", &["--mechanism", "trap"], true);
+}
+
+#[test]
+fn without_follow_a_vfork_child_is_not_counted_and_said_so() {
+    for how in ["vfork", "clone", "clone3"] {
+        check(how, &[], false);
+        check(how, &["--mechanism", "trap"], false);
+    }
+}
