@@ -480,11 +480,13 @@ pub(crate) extern "C" fn slow_hit(frame: *mut Frame, kind: u32) -> u32 {
     let r = std::panic::catch_unwind(|| {
         let Some(shm) = crate::shm() else { return };
         let tp = thread_pointer();
+        let vfork_parent = crate::vfork::parent_in_window(tp);
         // Until the thread's block is set (or the registration gave up),
         // hits of a signal handler on this thread count globally instead of
         // registering it again (see REGISTERING).
-        if crate::threads::register_current(shm, tp) {
+        if vfork_parent.is_some() || crate::threads::register_current(shm, tp) {
             fast_hit(frame, kind);
+            vfork_parent.map(crate::vfork::rearm);
         } else {
             crate::tls::set(0);
             // No table entry to guard with: count globally, drop the event.
@@ -539,8 +541,10 @@ pub(crate) fn inproc_hit(shm: &Shm, probe: u32, exit: bool, at: u64, gregs: &[li
         return;
     }
     let tp = thread_pointer();
-    if crate::threads::register_current(shm, tp) {
+    let vfork_parent = crate::vfork::parent_in_window(tp);
+    if vfork_parent.is_some() || crate::threads::register_current(shm, tp) {
         take_hit(shm, &frame, kind, probe, action, control);
+        vfork_parent.map(crate::vfork::rearm);
     } else {
         crate::tls::set(0);
         refuse(shm, None, kind, probe, action, control);

@@ -57,6 +57,8 @@ struct Saved {
     tls: AtomicU64,
     /// The real return address of the interposed call.
     ret: AtomicU64,
+    /// The parent's pid.
+    pid: AtomicU32,
     shadow: AtomicU64,
     /// The children's shadow stack (mapped at the first vfork, kept).
     spare_shadow: AtomicU64,
@@ -76,6 +78,7 @@ const SAVED_INIT: Saved = Saved {
     stub_key: AtomicU32::new(0),
     tls: AtomicU64::new(0),
     ret: AtomicU64::new(0),
+    pid: AtomicU32::new(0),
     shadow: AtomicU64::new(0),
     spare_shadow: AtomicU64::new(0),
     fast: [const { AtomicU64::new(0) }; 6],
@@ -131,42 +134,74 @@ pub(crate) fn before(ret_slot: *mut u64) {
         if s.active.load(Relaxed) != 0 {
             return;
         }
-        let was = e.fast.busy.swap(1, Relaxed);
-        s.slot.store(e.slot.load(Relaxed), Relaxed);
-        s.tid.store(e.tid.load(Relaxed), Relaxed);
-        s.hslot.store(e.hslot.load(Relaxed), Relaxed);
-        s.depth.store(e.depth.load(Relaxed), Relaxed);
-        s.hits.store(e.hits.load(Relaxed), Relaxed);
-        s.clock.store(e.clock.load(Relaxed), Relaxed);
-        s.stub_key.store(e.fast.stub_key.load(Relaxed), Relaxed);
-        s.shadow.store(e.shadow.load(Relaxed), Relaxed);
-        s.tls.store(crate::tls::get(), Relaxed);
-        for (k, w) in fast_words(e).into_iter().enumerate() {
-            s.fast[k].store(w.load(Relaxed), Relaxed);
-        }
         // SAFETY: the caller's return-address slot on its stack (the
         // naked interposers pass the address of the word `call` pushed).
         unsafe {
             s.ret.store(ret_slot.read(), Relaxed);
             ret_slot.write(vfork_return as *const () as usize as u64);
         }
-        // The child's state: a slot of its own at its first hit, a shadow
-        // stack of its own (the parent's live entries stay untouched).
+        s.pid.store(crate::threads::getpid(), Relaxed);
         if s.spare_shadow.load(Relaxed) == 0 {
             s.spare_shadow
                 .store(crate::threads::map_shadow(), Relaxed);
         }
-        e.shadow.store(s.spare_shadow.load(Relaxed), Relaxed);
-        e.depth.store(0, Relaxed);
-        e.tid.store(0, Relaxed);
-        e.hits.store(0, Relaxed);
-        e.hslot.store(0, Relaxed);
-        e.slot.store(PENDING_SLOT, Relaxed);
-        crate::threads::clear_fast(e);
-        crate::tls::set(0);
-        s.active.store(1, Relaxed);
-        e.fast.busy.store(was, Relaxed);
+        arm(e, s);
     });
+}
+
+/// Saves `e`'s state into `s` and leaves `e` as the child's: a slot of
+/// its own at its first hit, a shadow stack of its own (the parent's live
+/// entries stay untouched).
+fn arm(e: &'static ThreadEntry, s: &Saved) {
+    let was = e.fast.busy.swap(1, Relaxed);
+    s.slot.store(e.slot.load(Relaxed), Relaxed);
+    s.tid.store(e.tid.load(Relaxed), Relaxed);
+    s.hslot.store(e.hslot.load(Relaxed), Relaxed);
+    s.depth.store(e.depth.load(Relaxed), Relaxed);
+    s.hits.store(e.hits.load(Relaxed), Relaxed);
+    s.clock.store(e.clock.load(Relaxed), Relaxed);
+    s.stub_key.store(e.fast.stub_key.load(Relaxed), Relaxed);
+    s.shadow.store(e.shadow.load(Relaxed), Relaxed);
+    s.tls.store(crate::tls::get(), Relaxed);
+    for (k, w) in fast_words(e).into_iter().enumerate() {
+        s.fast[k].store(w.load(Relaxed), Relaxed);
+    }
+    e.shadow.store(s.spare_shadow.load(Relaxed), Relaxed);
+    e.depth.store(0, Relaxed);
+    e.tid.store(0, Relaxed);
+    e.hits.store(0, Relaxed);
+    e.hslot.store(0, Relaxed);
+    e.slot.store(PENDING_SLOT, Relaxed);
+    crate::threads::clear_fast(e);
+    crate::tls::set(0);
+    s.active.store(1, Relaxed);
+    e.fast.busy.store(was, Relaxed);
+}
+
+/// A hit on the slow path of the thread with thread pointer `tp`, whose
+/// entry waits for a vfork child's first hit: when the caller is the
+/// parent itself (between the interposer and the system call: a probe on
+/// glibc's `vfork` or `clone`), its state is put back for this hit and
+/// the entry returned, to be armed again after it ([`rearm`]). One
+/// `getpid` per such hit; None for every other thread and for the child.
+pub(crate) fn parent_in_window(tp: u64) -> Option<&'static ThreadEntry> {
+    let e = find_thread(tp)?;
+    let s = saved_of(e)?;
+    if s.active.load(Relaxed) == 0
+        || e.slot.load(Relaxed) != PENDING_SLOT
+        || crate::threads::getpid() != s.pid.load(Relaxed)
+    {
+        return None;
+    }
+    restore(e, s);
+    Some(e)
+}
+
+/// Arms `e` again after [`parent_in_window`]'s hit.
+pub(crate) fn rearm(e: &'static ThreadEntry) {
+    if let Some(s) = saved_of(e) {
+        arm(e, s);
+    }
 }
 
 /// Where an interposed vfork-like call returns (`rax`: its result): in

@@ -7,6 +7,8 @@
 //! counted. Made by vfork(), glibc's clone(CLONE_VFORK) and clone3
 //! through syscall(); `leaf` goes to a jump, `leaf4` (4 bytes) to the
 //! in-process trap, and both to the ptrace trap with `--mechanism trap`.
+//! The libc function that makes the child is probed too: its one call is
+//! the parent's.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -55,7 +57,15 @@ fn check(how: &str, mechanism: &[&str], follow: bool) {
         args.push("-f");
     }
     args.extend(mechanism);
-    args.extend(["leaf", "leaf4", "--", b, how]);
+    // The libc function that makes the child, probed too: one call, the
+    // parent's (its hit lies between the agent's interposer and the
+    // system call).
+    let maker = match how {
+        "vfork" => "vfork",
+        "clone" => "clone",
+        _ => "syscall",
+    };
+    args.extend(["leaf", "leaf4", maker, "--", b, how]);
     let o = hotprobe_within(&args, LIMIT);
     let (out, err) = (text(&o.stdout), text(&o.stderr));
     let ctx = format!("{args:?}\n{out}\n{err}");
@@ -74,6 +84,12 @@ fn check(how: &str, mechanism: &[&str], follow: bool) {
     } else {
         assert_eq!(execution("leaf"), "trap", "{ctx}");
         assert_eq!(execution("leaf4"), "trap", "{ctx}");
+    }
+    assert_eq!(t.rows_of(maker).len(), 1, "{ctx}");
+    if follow {
+        assert_eq!(t.hits_of(maker, parent), 1, "{ctx}");
+    } else {
+        assert_eq!(t.hits(maker), 1, "{ctx}");
     }
     for probe in ["leaf", "leaf4"] {
         let not_counted = format!(
