@@ -5,8 +5,8 @@
 //! parent's.
 //!
 //! The calls that make one, interposed — `vfork`, `__vfork`, `clone` with
-//! `CLONE_VFORK` (`shared_tls`), and `syscall(SYS_clone3 or SYS_clone, …)`
-//! with `CLONE_VFORK` (`rawcall`) — save the calling thread's agent state
+//! `CLONE_VFORK` (`shared_tls`), `syscall(SYS_clone3 or SYS_clone, …)`
+//! with `CLONE_VFORK` (`rawcall`), and `posix_spawn` — save the calling thread's agent state
 //! (its entry's slot, tid, handler slot, shadow stack, stubs' view, and
 //! its TLS word) into a save area of its entry ([`SAVED`], same index:
 //! no allocation), and leave the entry as a followed fork child's is
@@ -24,11 +24,16 @@
 //! forks or not: the session shows them as the child's row with `-f`, and
 //! as not counted without it (see `hotprobe`'s session).
 //!
-//! Not seen: `posix_spawn` (glibc's internal `clone`; its child runs no
-//! code of the program's before it executes), a `syscall` instruction of
-//! the program's own, and an injected agent (its interposers are not
-//! bound): those children count into the parent's slot on the agent's
-//! paths.
+//! `posix_spawn` and `posix_spawnp` make their child with glibc's internal
+//! `clone`: they are interposed as plain calls, armed around glibc's
+//! ([`spawn`]); the parent's state comes back when glibc's returns, so a
+//! probe glibc reaches in the parent after the child executed (its
+//! `munmap` of the child's stack) counts as the child's.
+//!
+//! Not seen: `system` and `popen` (glibc's internal `posix_spawn`), a
+//! `syscall` instruction of the program's own, and an injected agent (its
+//! interposers are not bound): those children count into the parent's
+//! slot on the agent's paths.
 
 #![cfg_attr(test, allow(dead_code))]
 
@@ -95,58 +100,58 @@ fn saved_of(e: &ThreadEntry) -> Option<&'static Saved> {
 /// The stubs' view words of `e`, in [`Saved::fast`]'s order.
 fn fast_words(e: &ThreadEntry) -> [&AtomicU64; 6] {
     let f = &e.fast;
-    [
-        &f.counters,
-        &f.ctl,
-        &f.events,
-        &f.mask,
-        &f.limit,
-        &f.header,
-    ]
+    [&f.counters, &f.ctl, &f.events, &f.mask, &f.limit, &f.header]
 }
 
 /// Before a call that makes a vfork child, on the calling thread, whose
 /// return address is at `ret_slot`: saves the thread's state and sets the
 /// child's (see the module docs), and swaps the return address for
-/// [`vfork_return`]. Nothing when the agent is not attached, the thread
-/// cannot be registered, or a vfork child is already running on its
-/// entry (a child's own vfork: the grandchild counts as the child).
+/// [`vfork_return`].
 pub(crate) fn before(ret_slot: *mut u64) {
     let _ = std::panic::catch_unwind(|| {
-        let Some(shm) = crate::shm() else { return };
-        let w = crate::tls::get();
-        if w == crate::threads::own_call() || w == crate::threads::exited() || w == registering()
-        {
-            return;
-        }
-        let tp = thread_pointer();
-        if crate::shared_tls::is_shared(tp) {
-            // Counted globally, as the process's, either way.
-            return;
-        }
-        if find_thread(tp).is_none() || crate::tls::get() == 0 {
-            // Its entry and slot now: the child's must not be taken for
-            // the parent's (or be given back under it).
-            crate::threads::register_current(shm, tp);
-        }
-        let Some(e) = find_thread(tp) else { return };
-        let Some(s) = saved_of(e) else { return };
-        if s.active.load(Relaxed) != 0 {
-            return;
-        }
+        let Some((e, s)) = arm_caller() else { return };
         // SAFETY: the caller's return-address slot on its stack (the
         // naked interposers pass the address of the word `call` pushed).
         unsafe {
             s.ret.store(ret_slot.read(), Relaxed);
             ret_slot.write(vfork_return as *const () as usize as u64);
         }
-        s.pid.store(crate::threads::getpid(), Relaxed);
-        if s.spare_shadow.load(Relaxed) == 0 {
-            s.spare_shadow
-                .store(crate::threads::map_shadow(), Relaxed);
-        }
         arm(e, s);
     });
+}
+
+/// The calling thread's entry and save area, ready to be armed for a
+/// vfork child (registered first if need be, the parent's pid noted).
+/// None when the agent is not attached, the thread cannot be registered,
+/// or a vfork child is already running on its entry (a child's own
+/// vfork: the grandchild counts as the child).
+fn arm_caller() -> Option<(&'static ThreadEntry, &'static Saved)> {
+    let shm = crate::shm()?;
+    let w = crate::tls::get();
+    if w == crate::threads::own_call() || w == crate::threads::exited() || w == registering() {
+        return None;
+    }
+    let tp = thread_pointer();
+    if crate::shared_tls::is_shared(tp) {
+        // Counted globally, as the process's, either way.
+        return None;
+    }
+    if find_thread(tp).is_none() || crate::tls::get() == 0 {
+        // Its entry and slot now: the child's first hit must not register
+        // the thread (its pthread_setspecific would be the parent's too).
+        crate::threads::register_current(shm, tp);
+    }
+    let e = find_thread(tp)?;
+    let s = saved_of(e)?;
+    if s.active.load(Relaxed) != 0 {
+        return None;
+    }
+    s.ret.store(0, Relaxed);
+    s.pid.store(crate::threads::getpid(), Relaxed);
+    if s.spare_shadow.load(Relaxed) == 0 {
+        s.spare_shadow.store(crate::threads::map_shadow(), Relaxed);
+    }
+    Some((e, s))
 }
 
 /// Saves `e`'s state into `s` and leaves `e` as the child's: a slot of
@@ -333,4 +338,104 @@ pub unsafe extern "C" fn __vfork() {
         "jmp rax",
         f = sym before_under_vfork,
     );
+}
+
+type SpawnFn = unsafe extern "C" fn(
+    *mut libc::pid_t,
+    *const libc::c_char,
+    *const libc::posix_spawn_file_actions_t,
+    *const libc::posix_spawnattr_t,
+    *const *mut libc::c_char,
+    *const *mut libc::c_char,
+) -> libc::c_int;
+
+/// glibc's `posix_spawn` and `posix_spawnp`.
+static NEXT_SPAWN: AtomicUsize = AtomicUsize::new(0);
+static NEXT_SPAWNP: AtomicUsize = AtomicUsize::new(0);
+
+/// glibc's `name` (from `cache`), called with the calling thread armed for
+/// a vfork child around it: glibc makes its child with an internal
+/// `clone(CLONE_VM | CLONE_VFORK)` the other interposers do not see. The
+/// parent gets its state back when glibc's function returns (the child
+/// has executed or exited by then).
+///
+/// # Safety
+/// As glibc's `posix_spawn`.
+unsafe fn spawn(
+    cache: &AtomicUsize,
+    name: &core::ffi::CStr,
+    args: (
+        *mut libc::pid_t,
+        *const libc::c_char,
+        *const libc::posix_spawn_file_actions_t,
+        *const libc::posix_spawnattr_t,
+        *const *mut libc::c_char,
+        *const *mut libc::c_char,
+    ),
+) -> libc::c_int {
+    let f = crate::next_symbol::next_symbol(cache, name);
+    if f == 0 {
+        return libc::ENOSYS;
+    }
+    // SAFETY: dlsym's address of glibc's function of this type.
+    let real = unsafe { core::mem::transmute::<usize, SpawnFn>(f) };
+    let armed = std::panic::catch_unwind(|| {
+        let (e, s) = arm_caller()?;
+        arm(e, s);
+        Some((e, s))
+    })
+    .ok()
+    .flatten();
+    // SAFETY: the caller's arguments, passed on unchanged.
+    let r = unsafe { real(args.0, args.1, args.2, args.3, args.4, args.5) };
+    if let Some((e, s)) = armed {
+        let _ = std::panic::catch_unwind(|| restore(e, s));
+    }
+    r
+}
+
+/// `posix_spawn`, interposed (see [`spawn`]).
+///
+/// # Safety
+/// As glibc's `posix_spawn`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut libc::pid_t,
+    path: *const libc::c_char,
+    file_actions: *const libc::posix_spawn_file_actions_t,
+    attrp: *const libc::posix_spawnattr_t,
+    argv: *const *mut libc::c_char,
+    envp: *const *mut libc::c_char,
+) -> libc::c_int {
+    // SAFETY: as the caller's.
+    unsafe {
+        spawn(
+            &NEXT_SPAWN,
+            c"posix_spawn",
+            (pid, path, file_actions, attrp, argv, envp),
+        )
+    }
+}
+
+/// `posix_spawnp`, interposed (see [`spawn`]).
+///
+/// # Safety
+/// As glibc's `posix_spawnp`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut libc::pid_t,
+    file: *const libc::c_char,
+    file_actions: *const libc::posix_spawn_file_actions_t,
+    attrp: *const libc::posix_spawnattr_t,
+    argv: *const *mut libc::c_char,
+    envp: *const *mut libc::c_char,
+) -> libc::c_int {
+    // SAFETY: as the caller's.
+    unsafe {
+        spawn(
+            &NEXT_SPAWNP,
+            c"posix_spawnp",
+            (pid, file, file_actions, attrp, argv, envp),
+        )
+    }
 }

@@ -453,8 +453,9 @@ pub fn progress(len: u64, what: &str) -> ProgressBar {
 /// included, and its hits are neither counted nor the parent's.
 fn note_vfork_uncounted(session: &Session, p: &Placement) {
     for (pid, n) in session.vfork_uncounted(p.id) {
+        let hits = if n == 1 { "hit" } else { "hits" };
         errln!(
-            "hotprobe: {}: {n} hits in vfork child {pid} not counted (-f counts them as its own)",
+            "hotprobe: {}: {n} {hits} in vfork child {pid} not counted (-f counts them as its own)",
             p.label
         );
     }

@@ -8,7 +8,10 @@
 //! through syscall(); `leaf` goes to a jump, `leaf4` (4 bytes) to the
 //! in-process trap, and both to the ptrace trap with `--mechanism trap`.
 //! The libc function that makes the child is probed too: its one call is
-//! the parent's.
+//! the parent's. And posix_spawn, whose child (glibc's internal
+//! clone(CLONE_VFORK)) calls execve once, made before the parent's first
+//! probed call: before, the child registered the parent's thread and
+//! the parent's later calls all counted as the child's.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -139,5 +142,66 @@ fn without_follow_a_vfork_child_is_not_counted_and_said_so() {
     for how in ["vfork", "clone", "clone3"] {
         check(how, &[], false);
         check(how, &["--mechanism", "trap"], false);
+    }
+}
+
+fn check_spawn(mechanism: &[&str], follow: bool) {
+    let bin = program();
+    let b = bin.to_str().unwrap();
+    let native = Command::new(&bin).arg("spawn").output().unwrap();
+    assert_eq!(native.status.code(), Some(7), "spawn natively");
+    let native = text(&native.stdout);
+    let (want, _, _) = split_pids(&native);
+    assert_eq!(
+        want,
+        "spawn: parent calls=1500 child execve=1 child status=0"
+    );
+    let mut args = vec!["count"];
+    if follow {
+        args.push("-f");
+    }
+    args.extend(mechanism);
+    args.extend(["leaf", "leaf4", "posix_spawn", "execve", "--", b, "spawn"]);
+    let o = hotprobe_within(&args, LIMIT);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    let ctx = format!("{args:?}\n{out}\n{err}");
+    assert_eq!(o.status.code(), Some(7), "{ctx}");
+    let (got, parent, child) = split_pids(program_output(&out));
+    assert_eq!(got, want, "{ctx}");
+    let t = CountTable::parse(&out, &err);
+    let not_counted = format!(
+        "hotprobe: execve: 1 hit in vfork child {child} not counted (-f counts them as its own)"
+    );
+    if follow {
+        for (probe, n) in [("leaf", 1500), ("leaf4", 1500), ("posix_spawn", 1)] {
+            assert_eq!(t.rows_of(probe).len(), 1, "{probe}: {ctx}");
+            assert_eq!(t.hits_of(probe, parent), n, "{probe}: {ctx}");
+        }
+        assert_eq!(t.hits_of("execve", parent), 0, "{ctx}");
+        assert_eq!(t.hits_of("execve", child), 1, "{ctx}");
+        assert!(!err.contains("not counted"), "{ctx}");
+    } else {
+        for (probe, n) in [
+            ("leaf", 1500),
+            ("leaf4", 1500),
+            ("posix_spawn", 1),
+            ("execve", 0),
+        ] {
+            assert_eq!(t.hits(probe), n, "{probe}: {ctx}");
+        }
+        assert_eq!(
+            err.lines().filter(|l| *l == not_counted).count(),
+            1,
+            "{not_counted}\n{ctx}"
+        );
+        assert_eq!(err.matches("not counted").count(), 1, "{ctx}");
+    }
+}
+
+#[test]
+fn posix_spawn_child_has_its_own_calls_and_the_parent_keeps_its_own() {
+    for follow in [true, false] {
+        check_spawn(&[], follow);
+        check_spawn(&["--mechanism", "trap"], follow);
     }
 }
