@@ -486,7 +486,9 @@ pub(crate) extern "C" fn slow_hit(frame: *mut Frame, kind: u32) -> u32 {
         // registering it again (see REGISTERING).
         if vfork_parent.is_some() || crate::threads::register_current(shm, tp) {
             fast_hit(frame, kind);
-            vfork_parent.map(crate::vfork::rearm);
+            if let Some(e) = vfork_parent {
+                crate::vfork::rearm(e);
+            }
         } else {
             crate::tls::set(0);
             // No table entry to guard with: count globally, drop the event.
@@ -544,7 +546,9 @@ pub(crate) fn inproc_hit(shm: &Shm, probe: u32, exit: bool, at: u64, gregs: &[li
     let vfork_parent = crate::vfork::parent_in_window(tp);
     if vfork_parent.is_some() || crate::threads::register_current(shm, tp) {
         take_hit(shm, &frame, kind, probe, action, control);
-        vfork_parent.map(crate::vfork::rearm);
+        if let Some(e) = vfork_parent {
+            crate::vfork::rearm(e);
+        }
     } else {
         crate::tls::set(0);
         refuse(shm, None, kind, probe, action, control);
