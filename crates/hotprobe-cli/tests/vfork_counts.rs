@@ -64,7 +64,7 @@ fn check(how: &str, mechanism: &[&str], follow: bool) {
     // parent's (its hit lies between the agent's interposer and the
     // system call).
     let maker = match how {
-        "vfork" => "vfork",
+        "vfork" | "vfork0" => "vfork",
         "clone" => "clone",
         _ => "syscall",
     };
@@ -123,6 +123,16 @@ fn vfork_child_has_its_own_row_on_jump_and_in_process_trap() {
 #[test]
 fn vfork_child_has_its_own_row_on_the_trap() {
     check("vfork", &["--mechanism", "trap"], true);
+}
+
+/// The case: the parent's thread made no probed call before the
+/// child's (before: the child registered it, and every later call of the
+/// parent's counted as the child's).
+#[test]
+fn vfork_child_before_any_call_of_the_parent_has_its_own_row() {
+    check("vfork0", &[], true);
+    check("vfork0", &["--mechanism", "trap"], true);
+    check("vfork0", &[], false);
 }
 
 #[test]

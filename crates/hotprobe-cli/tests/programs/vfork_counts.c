@@ -6,7 +6,9 @@
 // its top). The parent calls `leaf` (7 bytes) and `leaf4` (4 bytes) 1000
 // times each, makes the child, which calls both 1000 times and exits with
 // 3, then calls both 500 times more and exits with 7. It prints what it
-// did, then the two pids on a line of their own. `spawn`: posix_spawn of
+// did, then the two pids on a line of their own. `vfork0`: as `vfork`, but
+// the parent's 1500 calls all come after the child's (its thread has made
+// no probed call before the child's). `spawn`: posix_spawn of
 // /bin/true (glibc makes its child with an internal clone(CLONE_VM |
 // CLONE_VFORK); the child calls libc's execve once), before any probed
 // call of the parent's, then the parent calls both 1500 times.
@@ -53,6 +55,7 @@ int main(int argc, char **argv) {
     const char *how = argc > 1 ? argv[1] : "vfork";
     pid_t c;
     int spawn = strcmp(how, "spawn") == 0;
+    int late = spawn || strcmp(how, "vfork0") == 0;
     if (spawn) {
         char *av[] = {"/bin/true", NULL};
         int e = posix_spawn(&c, "/bin/true", NULL, NULL, av, environ);
@@ -60,12 +63,12 @@ int main(int argc, char **argv) {
             fprintf(stderr, "posix_spawn: %s\n", strerror(e));
             return 1;
         }
-    } else {
+    } else if (!late) {
         calls(1000);
     }
     if (spawn) {
         /* made above */
-    } else if (strcmp(how, "vfork") == 0) {
+    } else if (strcmp(how, "vfork") == 0 || strcmp(how, "vfork0") == 0) {
         c = vfork();
         if (c == 0)
             child_calls();
@@ -91,7 +94,7 @@ int main(int argc, char **argv) {
         perror("waitpid");
         return 1;
     }
-    calls(spawn ? 1500 : 500);
+    calls(late ? 1500 : 500);
     if (spawn)
         printf("%s: parent calls=1500 child execve=1 child status=%d\n", how, WEXITSTATUS(st));
     else
