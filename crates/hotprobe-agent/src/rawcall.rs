@@ -116,8 +116,9 @@ unsafe fn rt_sigaction(
 }
 
 /// The flags of `clone3`'s `struct clone_args` at `args` (`size` bytes),
-/// read without faulting (0 when they cannot be read: the kernel answers
-/// the call itself).
+/// read without faulting (0 when the memory is not readable: the kernel
+/// answers the call itself with `EFAULT`). Where `process_vm_readv` is
+/// refused otherwise (a seccomp filter's `EPERM`), read directly.
 fn clone3_flags(args: c_long, size: c_long) -> u64 {
     if args == 0 || size < 8 {
         return 0;
@@ -143,10 +144,12 @@ fn clone3_flags(args: c_long, size: c_long) -> u64 {
             0,
         ],
     );
-    if n == 8 {
-        flags
-    } else {
-        0
+    match n as i64 {
+        8 => flags,
+        e if e == -(libc::EFAULT as i64) => 0,
+        // SAFETY: `args` is non-null and the program passes it to clone3
+        // as a readable `struct clone_args` of `size` >= 8 bytes.
+        _ => unsafe { (args as *const u64).read_unaligned() },
     }
 }
 
