@@ -450,14 +450,23 @@ pub fn progress(len: u64, what: &str) -> ProgressBar {
 
 /// Says on stderr the hits of probe `p` by vfork children that are in no
 /// row: without `-f`, a vfork child runs in its parent's memory, probes
-/// included, and its hits are neither counted nor the parent's.
+/// included, and its hits are neither counted nor the parent's. One line
+/// per probe: the child's pid, or how many children.
 fn note_vfork_uncounted(session: &Session, p: &Placement) {
-    for (pid, n) in session.vfork_uncounted(p.id) {
-        let hits = if n == 1 { "hit" } else { "hits" };
-        errln!(
+    let by = session.vfork_uncounted(p.id);
+    let n: u64 = by.iter().map(|(_, n)| n).sum();
+    let hits = if n == 1 { "hit" } else { "hits" };
+    match by.as_slice() {
+        [] => {}
+        [(pid, _)] => errln!(
             "hotprobe: {}: {n} {hits} in vfork child {pid} not counted (-f counts them as its own)",
             p.label
-        );
+        ),
+        more => errln!(
+            "hotprobe: {}: {n} {hits} in {} vfork children not counted (-f counts them as their own)",
+            p.label,
+            more.len()
+        ),
     }
 }
 

@@ -215,3 +215,64 @@ fn posix_spawn_child_has_its_own_calls_and_the_parent_keeps_its_own() {
         check_spawn(&["--mechanism", "trap"], follow);
     }
 }
+
+/// Fifty vfork children, one after the other, while another thread of the
+/// parent calls the probed functions all along: the parent's row holds
+/// its two threads' calls exactly, each child's row its own 100 (with
+/// `-f`), or one line says how many hits of how many children were not
+/// counted (without).
+#[test]
+fn many_vfork_children_beside_a_busy_thread_count_exactly() {
+    let bin = program();
+    let b = bin.to_str().unwrap();
+    let native = Command::new(&bin).arg("many").output().unwrap();
+    assert_eq!(native.status.code(), Some(7), "many natively");
+    let native = text(&native.stdout);
+    let (want, _, _) = split_pids(&native);
+    assert_eq!(
+        want,
+        "many: parent calls=200050 children=50 child calls=100"
+    );
+    for mechanism in [&[][..], &["--mechanism", "trap"][..]] {
+        for follow in [true, false] {
+            let mut args = vec!["count"];
+            if follow {
+                args.push("-f");
+            }
+            args.extend(mechanism);
+            args.extend(["leaf", "leaf4", "--", b, "many"]);
+            let o = hotprobe_within(&args, LIMIT);
+            let (out, err) = (text(&o.stdout), text(&o.stderr));
+            let ctx = format!("{args:?}\n{out}\n{err}");
+            assert_eq!(o.status.code(), Some(7), "{ctx}");
+            let (got, parent, _) = split_pids(program_output(&out));
+            assert_eq!(got, want, "{ctx}");
+            let t = CountTable::parse(&out, &err);
+            for probe in ["leaf", "leaf4"] {
+                if follow {
+                    assert_eq!(t.hits_of(probe, parent), 200_050, "{ctx}");
+                    let rows = t.rows_of(probe);
+                    assert_eq!(rows.len(), 51, "{ctx}");
+                    let hits = t.col("HITS");
+                    let children: Vec<&str> = rows
+                        .iter()
+                        .filter(|r| r[t.col("PID")] != parent.to_string())
+                        .map(|r| r[hits].as_str())
+                        .collect();
+                    assert_eq!(children, vec!["100"; 50], "{ctx}");
+                } else {
+                    assert_eq!(t.hits(probe), 200_050, "{ctx}");
+                    let line = format!(
+                        "hotprobe: {probe}: 5000 hits in 50 vfork children not counted \
+                         (-f counts them as their own)"
+                    );
+                    assert_eq!(
+                        err.lines().filter(|l| *l == line).count(),
+                        1,
+                        "{line}\n{ctx}"
+                    );
+                }
+            }
+        }
+    }
+}

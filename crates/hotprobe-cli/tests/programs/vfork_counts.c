@@ -11,9 +11,13 @@
 // no probed call before the child's). `spawn`: posix_spawn of
 // /bin/true (glibc makes its child with an internal clone(CLONE_VM |
 // CLONE_VFORK); the child calls libc's execve once), before any probed
-// call of the parent's, then the parent calls both 1500 times.
+// call of the parent's, then the parent calls both 1500 times. `many`: a
+// second thread calls both 200000 times while the main thread makes 50
+// vfork children one after the other, each calling both 100 times, and
+// calls both once after each.
 #define _GNU_SOURCE
 #include <linux/sched.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <spawn.h>
@@ -51,8 +55,35 @@ extern char **environ;
 
 static char stack[1 << 16] __attribute__((aligned(16)));
 
+static void *background(void *arg) {
+    calls(200000);
+    return arg;
+}
+
+static int many(void) {
+    pthread_t t;
+    if (pthread_create(&t, NULL, background, NULL) != 0)
+        return 1;
+    for (int k = 0; k < 50; k++) {
+        pid_t c = vfork();
+        if (c == 0) {
+            calls(100);
+            _exit(0);
+        }
+        if (c < 0 || waitpid(c, NULL, 0) != c)
+            return 1;
+        calls(1);
+    }
+    pthread_join(t, NULL);
+    printf("many: parent calls=200050 children=50 child calls=100\n");
+    printf("pids parent=%d child=0\n", getpid());
+    return 7;
+}
+
 int main(int argc, char **argv) {
     const char *how = argc > 1 ? argv[1] : "vfork";
+    if (strcmp(how, "many") == 0)
+        return many();
     pid_t c;
     int spawn = strcmp(how, "spawn") == 0;
     int late = spawn || strcmp(how, "vfork0") == 0;
