@@ -470,6 +470,23 @@ fn note_vfork_uncounted(session: &Session, p: &Placement) {
     }
 }
 
+/// Says on stderr the events of vfork children not recorded (without
+/// `-f`: see [`hotprobe::Session::vfork_unrecorded`]), one line.
+pub fn note_vfork_unrecorded(session: &Session) {
+    let by = session.vfork_unrecorded();
+    let n: u64 = by.iter().map(|(_, n)| n).sum();
+    match by.as_slice() {
+        [] => {}
+        [(pid, _)] => errln!(
+            "hotprobe: {n} events of vfork child {pid} not recorded (-f records them as its own)"
+        ),
+        more => errln!(
+            "hotprobe: {n} events of {} vfork children not recorded (-f records them as their own)",
+            more.len()
+        ),
+    }
+}
+
 /// Says on stderr which functions `-a` shows without arguments (no DWARF
 /// for them): by name when few, else how many.
 pub fn note_untyped(typing: &hotprobe::typed::Typing) {

@@ -8,7 +8,9 @@
 //! through syscall(); `leaf` goes to a jump, `leaf4` (4 bytes) to the
 //! in-process trap, and both to the ptrace trap with `--mechanism trap`.
 //! The libc function that makes the child is probed too: its one call is
-//! the parent's. And posix_spawn, whose child (glibc's internal
+//! the parent's. `record` keeps the child's events under its own thread
+//! id with `-f`, and without it records none of them and says how many.
+//! And posix_spawn, whose child (glibc's internal
 //! clone(CLONE_VFORK)) calls execve once, made before the parent's first
 //! probed call: before, the child registered the parent's thread and
 //! the parent's later calls all counted as the child's.
@@ -274,5 +276,60 @@ fn many_vfork_children_beside_a_busy_thread_count_exactly() {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn record_keeps_a_vfork_childs_events_its_own_or_says_they_were_not_recorded() {
+    let bin = program();
+    let b = bin.to_str().unwrap();
+    let native = Command::new(&bin).arg("vfork").output().unwrap();
+    let native = text(&native.stdout);
+    let (want, _, _) = split_pids(&native);
+    for follow in [true, false] {
+        let dir = common::record::trace_dir(if follow { "vfork-f" } else { "vfork" });
+        let mut args = vec!["record"];
+        if follow {
+            args.push("-f");
+        }
+        args.extend([
+            "-o",
+            dir.to_str().unwrap(),
+            "leaf",
+            "leaf4",
+            "--",
+            b,
+            "vfork",
+        ]);
+        let o = hotprobe_within(&args, LIMIT);
+        let (out, err) = (text(&o.stdout), text(&o.stderr));
+        let ctx = format!("{args:?}\n{out}\n{err}");
+        assert_eq!(o.status.code(), Some(7), "{ctx}");
+        let (got, parent, child) = split_pids(&out);
+        assert_eq!(got, want, "{ctx}");
+        let info = common::record::info(&dir, LIMIT);
+        let threads = text(&hotprobe_within(&["info", dir.to_str().unwrap()], LIMIT).stdout)
+            .lines()
+            .find(|l| l.starts_with("# threads:"))
+            .map(|l| l.split_whitespace().skip(2).collect::<Vec<_>>().join(" "))
+            .unwrap_or_default();
+        let not_recorded = format!(
+            "hotprobe: 4000 events of vfork child {child} not recorded (-f records them as its own)"
+        );
+        if follow {
+            // Two probes, 2500 calls each: the parent's 1500 and the child's 1000.
+            assert_eq!(info.calls, 5000, "{ctx}");
+            assert_eq!(threads, format!("2 ({parent} {child})"), "{ctx}");
+            assert!(!err.contains("not recorded"), "{ctx}");
+        } else {
+            assert_eq!(info.calls, 3000, "{ctx}");
+            assert_eq!(threads, format!("1 ({parent})"), "{ctx}");
+            assert_eq!(
+                err.lines().filter(|l| *l == not_recorded).count(),
+                1,
+                "{not_recorded}\n{ctx}"
+            );
+        }
+        assert_eq!(info.lost, 0, "{ctx}");
     }
 }

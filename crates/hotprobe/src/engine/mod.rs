@@ -369,6 +369,14 @@ impl Engine {
         self.vfork_hits.get(&id).map_or(&[], Vec::as_slice)
     }
 
+    /// The vfork children that hit a probe so far (their pids).
+    pub fn vfork_children_hit(&self) -> Vec<i32> {
+        let mut v: Vec<i32> = self.vfork_hits.values().flatten().map(|x| x.0).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
     /// Counts one hit of probe `id` by thread `thread`: the process's, or
     /// a vfork child's (see [`Engine::vfork_hits`]).
     pub(crate) fn count_hit(&mut self, id: ProbeId, thread: ThreadId) {

@@ -355,6 +355,9 @@ pub struct Session {
     batching: bool,
     /// Wait statuses one process target reaped for another (shared by all).
     strays: hotprobe_process::Strays,
+    /// Events of vfork children not recorded (no `follow_forks`), per
+    /// child (see `drain.rs`).
+    vfork_unrecorded: std::collections::BTreeMap<u32, u64>,
 }
 
 impl Session {
@@ -378,6 +381,7 @@ impl Session {
             batching: false,
             xmm_layout: None,
             strays: Default::default(),
+            vfork_unrecorded: Default::default(),
         }
     }
 
