@@ -147,6 +147,7 @@ fn claim_slot(e: &'static ThreadEntry, shm: &Shm) {
     let slot = shm.claim_thread_for(getpid(), tid).unwrap_or(NO_SLOT);
     e.slot.store(slot, Relaxed);
     set_fast(e, shm, slot);
+    crate::vfork::claimed(e, slot);
     e.fast.busy.store(was, Relaxed);
 }
 

@@ -22,7 +22,10 @@
 //!
 //! The child's hits are thus always its own, whether the tracer follows
 //! forks or not: the session shows them as the child's row with `-f`, and
-//! as not counted without it (see `hotprobe`'s session).
+//! as not counted without it (see `hotprobe`'s session). A child that
+//! finds no free thread slot counts each hit as missed for its probe
+//! ([`unslotted`]): never into the process's global counters, which are
+//! its parent's.
 //!
 //! `posix_spawn` and `posix_spawnp` make their child with glibc's internal
 //! `clone`: they are interposed as plain calls, armed around glibc's
@@ -200,6 +203,40 @@ pub(crate) fn parent_in_window(tp: u64) -> Option<&'static ThreadEntry> {
     }
     restore(e, s);
     Some(e)
+}
+
+/// What a vfork child's TLS word points at when it found no thread slot:
+/// its hits must not count into the global counters (which are the
+/// process's, its parent's), so each is counted as missed for its probe
+/// ([`unslotted`]). Its key (0) matches no memory's: stubs send its hits
+/// to the generic path.
+#[allow(clippy::declare_interior_mutable_const)]
+static UNSLOTTED: hotprobe_abi::fast::ThreadBlock = crate::hit::ENTRY_INIT.fast;
+
+/// After the calling thread's slot claim for entry `e` (`slot`, or
+/// [`NO_SLOT`]): a vfork child without a slot gets [`UNSLOTTED`].
+pub(crate) fn claimed(e: &ThreadEntry, slot: u32) {
+    if slot != NO_SLOT {
+        return;
+    }
+    let child = saved_of(e).is_some_and(|s| {
+        s.active.load(Relaxed) != 0 && s.pid.load(Relaxed) != crate::threads::getpid()
+    });
+    if child {
+        crate::tls::set(&UNSLOTTED as *const _ as u64);
+    }
+}
+
+/// Whether TLS word `word` is [`UNSLOTTED`]'s: then the hit of `probe` is
+/// counted as missed, not as a hit (the generic path and the in-process
+/// trap's handler).
+#[inline(always)]
+pub(crate) fn unslotted(shm: &hotprobe_abi::Shm, word: u64, probe: u32) -> bool {
+    if word != &UNSLOTTED as *const _ as u64 {
+        return false;
+    }
+    shm.note_missed(probe);
+    true
 }
 
 /// Arms `e` again after [`parent_in_window`]'s hit.

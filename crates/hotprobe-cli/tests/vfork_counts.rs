@@ -53,9 +53,10 @@ fn check(how: &str, mechanism: &[&str], follow: bool) {
     assert_eq!(native.status.code(), Some(7), "{how} natively");
     let native = text(&native.stdout);
     let (want, _, _) = split_pids(&native);
+    let child_calls = if how == "vfork4" { "leaf4" } else { "calls" };
     assert_eq!(
         want,
-        format!("{how}: parent calls=1500 child calls=1000 child status=3")
+        format!("{how}: parent calls=1500 child {child_calls}=1000 child status=3")
     );
     let mut args = vec!["count"];
     if follow {
@@ -66,7 +67,7 @@ fn check(how: &str, mechanism: &[&str], follow: bool) {
     // parent's (its hit lies between the agent's interposer and the
     // system call).
     let maker = match how {
-        "vfork" | "vfork0" => "vfork",
+        "vfork" | "vfork0" | "vfork4" => "vfork",
         "clone" => "clone",
         _ => "syscall",
     };
@@ -97,6 +98,12 @@ fn check(how: &str, mechanism: &[&str], follow: bool) {
         assert_eq!(t.hits(maker), 1, "{ctx}");
     }
     for probe in ["leaf", "leaf4"] {
+        if how == "vfork4" && probe == "leaf" {
+            // Not called by the child.
+            assert_eq!(t.rows_of(probe).len(), 1, "{ctx}");
+            assert_eq!(t.rows_of(probe)[0][t.col("HITS")], "1500", "{ctx}");
+            continue;
+        }
         let not_counted = format!(
             "hotprobe: {probe}: 1000 hits in vfork child {child} not counted \
              (-f counts them as its own)"
@@ -125,6 +132,15 @@ fn vfork_child_has_its_own_row_on_jump_and_in_process_trap() {
 #[test]
 fn vfork_child_has_its_own_row_on_the_trap() {
     check("vfork", &["--mechanism", "trap"], true);
+}
+
+/// A child whose only probed calls are an in-process trap's count site:
+/// its first hit is in the agent's `SIGTRAP` handler, which claims its
+/// slot (before, it counted into the process's global counters).
+#[test]
+fn vfork_child_with_in_process_hits_only_has_its_own_row() {
+    check("vfork4", &[], true);
+    check("vfork4", &[], false);
 }
 
 /// The issue's case: the parent's thread made no probed call before the
@@ -218,22 +234,25 @@ fn posix_spawn_child_has_its_own_calls_and_the_parent_keeps_its_own() {
     }
 }
 
-/// Fifty vfork children, one after the other, while another thread of the
+/// `n` vfork children, one after the other, while another thread of the
 /// parent calls the probed functions all along: the parent's row holds
-/// its two threads' calls exactly, each child's row its own 100 (with
-/// `-f`), or one line says how many hits of how many children were not
-/// counted (without).
-#[test]
-fn many_vfork_children_beside_a_busy_thread_count_exactly() {
+/// its two threads' calls exactly; with `-f` each child's row its own 100,
+/// and a child that found no free thread slot (the shared memory has a
+/// fixed number) counts its hits as missed (NMISSED of the parent's row),
+/// never as the parent's; without `-f` one line says how many hits of how
+/// many children were not counted.
+fn check_many(n: u64) {
     let bin = program();
     let b = bin.to_str().unwrap();
-    let native = Command::new(&bin).arg("many").output().unwrap();
+    let arg = n.to_string();
+    let native = Command::new(&bin).args(["many", &arg]).output().unwrap();
     assert_eq!(native.status.code(), Some(7), "many natively");
     let native = text(&native.stdout);
     let (want, _, _) = split_pids(&native);
+    let parent_calls = 200_000 + n;
     assert_eq!(
         want,
-        "many: parent calls=200050 children=50 child calls=100"
+        format!("many: parent calls={parent_calls} children={n} child calls=100")
     );
     for mechanism in [&[][..], &["--mechanism", "trap"][..]] {
         for follow in [true, false] {
@@ -242,7 +261,7 @@ fn many_vfork_children_beside_a_busy_thread_count_exactly() {
                 args.push("-f");
             }
             args.extend(mechanism);
-            args.extend(["leaf", "leaf4", "--", b, "many"]);
+            args.extend(["leaf", "leaf4", "--", b, "many", &arg]);
             let o = hotprobe_within(&args, LIMIT);
             let (out, err) = (text(&o.stdout), text(&o.stderr));
             let ctx = format!("{args:?}\n{out}\n{err}");
@@ -250,24 +269,39 @@ fn many_vfork_children_beside_a_busy_thread_count_exactly() {
             let (got, parent, _) = split_pids(program_output(&out));
             assert_eq!(got, want, "{ctx}");
             let t = CountTable::parse(&out, &err);
+            let (hits, nmissed) = (t.col("HITS"), t.col("NMISSED"));
             for probe in ["leaf", "leaf4"] {
-                if follow {
-                    assert_eq!(t.hits_of(probe, parent), 200_050, "{ctx}");
-                    let rows = t.rows_of(probe);
-                    assert_eq!(rows.len(), 51, "{ctx}");
-                    let hits = t.col("HITS");
-                    let children: Vec<&str> = rows
-                        .iter()
-                        .filter(|r| r[t.col("PID")] != parent.to_string())
-                        .map(|r| r[hits].as_str())
-                        .collect();
-                    assert_eq!(children, vec!["100"; 50], "{ctx}");
+                let rows = t.rows_of(probe);
+                let mine =
+                    |r: &&&Vec<String>| r[t.col("PROBE") + follow as usize] == parent.to_string();
+                let num = |r: &Vec<String>, c: usize| -> u64 { r[c].parse().unwrap() };
+                let (parent_row, children): (Vec<_>, Vec<_>) = if follow {
+                    rows.iter().partition(mine)
                 } else {
-                    assert_eq!(t.hits(probe), 200_050, "{ctx}");
-                    let line = format!(
-                        "hotprobe: {probe}: 5000 hits in 50 vfork children not counted \
-                         (-f counts them as their own)"
-                    );
+                    (rows.iter().collect(), Vec::new())
+                };
+                assert_eq!(parent_row.len(), 1, "{ctx}");
+                assert_eq!(num(parent_row[0], hits), parent_calls, "{probe}: {ctx}");
+                let missed = num(parent_row[0], nmissed);
+                assert_eq!(missed % 100, 0, "{probe}: {ctx}");
+                if follow {
+                    for c in &children {
+                        assert_eq!(num(c, hits), 100, "{probe}: {ctx}");
+                    }
+                    let counted = children.len() as u64 * 100;
+                    assert_eq!(counted + missed, n * 100, "{probe}: {ctx}");
+                    assert!(!err.contains("not counted"), "{ctx}");
+                } else {
+                    let k = n - missed / 100;
+                    let line = if k == 1 {
+                        String::new()
+                    } else {
+                        format!(
+                            "hotprobe: {probe}: {} hits in {k} vfork children not counted \
+                             (-f counts them as their own)",
+                            k * 100
+                        )
+                    };
                     assert_eq!(
                         err.lines().filter(|l| *l == line).count(),
                         1,
@@ -277,6 +311,18 @@ fn many_vfork_children_beside_a_busy_thread_count_exactly() {
             }
         }
     }
+}
+
+#[test]
+fn many_vfork_children_beside_a_busy_thread_count_exactly() {
+    check_many(50);
+}
+
+/// More children than the shared memory has thread slots (64 by
+/// default): the children past them count as missed, not as the parent's.
+#[test]
+fn vfork_children_past_the_thread_slots_are_missed_not_the_parents() {
+    check_many(100);
 }
 
 #[test]

@@ -8,13 +8,15 @@
 // 3, then calls both 500 times more and exits with 7. It prints what it
 // did, then the two pids on a line of their own. `vfork0`: as `vfork`, but
 // the parent's 1500 calls all come after the child's (its thread has made
-// no probed call before the child's). `spawn`: posix_spawn of
+// no probed call before the child's). `vfork4`: as `vfork`, but the
+// child calls only `leaf4` (an in-process trap's site: its first hit is
+// there). `spawn`: posix_spawn of
 // /bin/true (glibc makes its child with an internal clone(CLONE_VM |
 // CLONE_VFORK); the child calls libc's execve once), before any probed
 // call of the parent's, then the parent calls both 1500 times. `many`: a
-// second thread calls both 200000 times while the main thread makes 50
-// vfork children one after the other, each calling both 100 times, and
-// calls both once after each.
+// second thread calls both 200000 times while the main thread makes N
+// vfork children (argv[2], 50 by default) one after the other, each
+// calling both 100 times, and calls both once after each.
 #define _GNU_SOURCE
 #include <linux/sched.h>
 #include <pthread.h>
@@ -45,6 +47,12 @@ static void child_calls(void) {
     _exit(3);
 }
 
+static void child_calls4(void) {
+    for (int i = 0; i < 1000; i++)
+        sink += leaf4(i);
+    _exit(3);
+}
+
 static int clone_child(void *arg) {
     (void)arg;
     child_calls();
@@ -60,11 +68,11 @@ static void *background(void *arg) {
     return arg;
 }
 
-static int many(void) {
+static int many(int n) {
     pthread_t t;
     if (pthread_create(&t, NULL, background, NULL) != 0)
         return 1;
-    for (int k = 0; k < 50; k++) {
+    for (int k = 0; k < n; k++) {
         pid_t c = vfork();
         if (c == 0) {
             calls(100);
@@ -75,7 +83,7 @@ static int many(void) {
         calls(1);
     }
     pthread_join(t, NULL);
-    printf("many: parent calls=200050 children=50 child calls=100\n");
+    printf("many: parent calls=%d children=%d child calls=100\n", 200000 + n, n);
     printf("pids parent=%d child=0\n", getpid());
     return 7;
 }
@@ -83,7 +91,7 @@ static int many(void) {
 int main(int argc, char **argv) {
     const char *how = argc > 1 ? argv[1] : "vfork";
     if (strcmp(how, "many") == 0)
-        return many();
+        return many(argc > 2 ? atoi(argv[2]) : 50);
     pid_t c;
     int spawn = strcmp(how, "spawn") == 0;
     int late = spawn || strcmp(how, "vfork0") == 0;
@@ -99,6 +107,10 @@ int main(int argc, char **argv) {
     }
     if (spawn) {
         /* made above */
+    } else if (strcmp(how, "vfork4") == 0) {
+        c = vfork();
+        if (c == 0)
+            child_calls4();
     } else if (strcmp(how, "vfork") == 0 || strcmp(how, "vfork0") == 0) {
         c = vfork();
         if (c == 0)
@@ -128,6 +140,8 @@ int main(int argc, char **argv) {
     calls(late ? 1500 : 500);
     if (spawn)
         printf("%s: parent calls=1500 child execve=1 child status=%d\n", how, WEXITSTATUS(st));
+    else if (strcmp(how, "vfork4") == 0)
+        printf("%s: parent calls=1500 child leaf4=1000 child status=%d\n", how, WEXITSTATUS(st));
     else
         printf("%s: parent calls=1500 child calls=1000 child status=%d\n", how, WEXITSTATUS(st));
     printf("pids parent=%d child=%d\n", getpid(), c);
