@@ -235,8 +235,14 @@ pub(crate) fn unslotted(shm: &hotprobe_abi::Shm, word: u64, probe: u32) -> bool 
     if word != &UNSLOTTED as *const _ as u64 {
         return false;
     }
-    shm.note_missed(probe);
+    missed(shm, probe);
     true
+}
+
+#[cold]
+#[inline(never)]
+fn missed(shm: &hotprobe_abi::Shm, probe: u32) {
+    shm.note_missed(probe);
 }
 
 /// Arms `e` again after [`parent_in_window`]'s hit.
