@@ -6,9 +6,10 @@
 //!
 //! The calls that make one, interposed — `vfork`, `__vfork`, `clone` with
 //! `CLONE_VFORK` (`shared_tls`), `syscall(SYS_clone3 or SYS_clone, …)`
-//! with `CLONE_VFORK` (`rawcall`), and `posix_spawn` — save the calling thread's agent state
-//! (its entry's slot, tid, handler slot, shadow stack, stubs' view, and
-//! its TLS word) into a save area of its entry ([`SAVED`], same index:
+//! with `CLONE_VFORK` (`rawcall`), and `posix_spawn` — save the calling
+//! thread's agent state (its entry's slot, tid, handler slot, shadow
+//! stack, stubs' view, and its TLS word) into a save area of its entry
+//! ([`SAVED`], same index:
 //! no allocation), and leave the entry as a followed fork child's is
 //! ([`PENDING_SLOT`], TLS word 0, a shadow stack of its own): the child's
 //! first hit claims a thread slot owned by the child's pid and tid
@@ -18,7 +19,12 @@
 //! or exits, so nothing else uses the entry meanwhile; when it returns
 //! (through [`vfork_return`]: result non-zero) its state is put back and
 //! the child's slots are given back (their counts stay the child's). A
-//! child returning the same way (`vfork`, result 0) just returns.
+//! child returning the same way (`vfork`, result 0) just returns. A hit
+//! of the parent's own between the interposer and the system call (a
+//! probe on glibc's `vfork`) finds the entry pending with its own pid:
+//! it counts in the parent's state ([`parent_in_window`]). The swapped
+//! return address assumes no CET shadow stack (glibc enables none in a
+//! process with the agent, which is not marked for it).
 //!
 //! The child's hits are thus always its own, whether the tracer follows
 //! forks or not: the session shows them as the child's row with `-f`, and
