@@ -135,7 +135,7 @@ pub(crate) fn registering() -> u64 {
 /// no other thread writes it), so that a signal handler on this thread
 /// counting into the same counter cannot lose the increment it interrupts.
 #[inline(always)]
-fn bump(c: &AtomicU64) {
+pub(crate) fn bump(c: &AtomicU64) {
     // SAFETY: `c` is a valid, aligned u64 in memory this thread may write;
     // `inc` only changes that word and the flags.
     unsafe {
@@ -435,8 +435,9 @@ pub(crate) extern "C" fn fast_hit(frame: *mut Frame, kind: u32) -> u32 {
 #[inline(always)]
 fn take_hit(shm: &Shm, frame: &Frame, kind: u32, probe: u32, action: u32, control: u32) -> u32 {
     let word = crate::tls::get();
-    if word == crate::threads::own_call() {
-        // The agent's own call of a probed function: not the program's.
+    // The agent's own call of a probed function (not the program's), or a
+    // hit of a vfork child that found no slot (missed: `vfork::unslotted`).
+    if word == crate::threads::own_call() || crate::vfork::unslotted(shm, word, probe) {
         return 0;
     }
     let tp = thread_pointer();
@@ -486,11 +487,15 @@ pub(crate) extern "C" fn slow_hit(frame: *mut Frame, kind: u32) -> u32 {
     let r = std::panic::catch_unwind(|| {
         let Some(shm) = crate::shm() else { return };
         let tp = thread_pointer();
+        let vfork_parent = crate::vfork::parent_in_window(tp);
         // Until the thread's block is set (or the registration gave up),
         // hits of a signal handler on this thread count globally instead of
         // registering it again (see REGISTERING).
-        if crate::threads::register_current(shm, tp) {
+        if vfork_parent.is_some() || crate::threads::register_current(shm, tp) {
             fast_hit(frame, kind);
+            if let Some(e) = vfork_parent {
+                crate::vfork::rearm(e);
+            }
         } else {
             crate::tls::set(0);
             // No table entry to guard with: count globally, drop the event.
@@ -545,8 +550,12 @@ pub(crate) fn inproc_hit(shm: &Shm, probe: u32, exit: bool, at: u64, gregs: &[li
         return;
     }
     let tp = thread_pointer();
-    if crate::threads::register_current(shm, tp) {
+    let vfork_parent = crate::vfork::parent_in_window(tp);
+    if vfork_parent.is_some() || crate::threads::register_current(shm, tp) {
         take_hit(shm, &frame, kind, probe, action, control);
+        if let Some(e) = vfork_parent {
+            crate::vfork::rearm(e);
+        }
     } else {
         crate::tls::set(0);
         refuse(shm, None, kind, probe, action, control);
@@ -772,26 +781,4 @@ fn lost_return() -> u64 {
     // left. Nothing sane to return to.
     // SAFETY: abort has no preconditions.
     unsafe { libc::abort() }
-}
-
-/// Counts one hit of counter `counter` from the in-process trap's
-/// `SIGTRAP` handler (`inproc`): into the calling thread's own counter
-/// (one `inc`) when the thread has a slot, else into the shared global
-/// counter (a locked add). Only atomics: async-signal-safe.
-pub(crate) fn count_in_handler(shm: &Shm, counter: u32) {
-    if crate::threads::in_own_call() {
-        return;
-    }
-    let i = counter as usize;
-    let tp = thread_pointer();
-    let slot = find_thread(tp).map_or(NO_SLOT, |e| e.slot.load(Relaxed));
-    if slot != NO_SLOT && slot != PENDING_SLOT && !crate::shared_tls::is_shared(tp) {
-        if let Some(c) = shm.thread_counters(slot).and_then(|c| c.get(i)) {
-            bump(c);
-            return;
-        }
-    }
-    if let Some(c) = shm.global_counters().get(i) {
-        c.fetch_add(1, Relaxed);
-    }
 }

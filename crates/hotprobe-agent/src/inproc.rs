@@ -115,7 +115,7 @@ pub(crate) fn handle(info: &libc::siginfo_t, uc: &mut libc::ucontext_t) -> bool 
                 // points at the return address).
                 crate::hit::inproc_hit(shm, counter, flags & INPROC_EXIT != 0, at, gregs);
             } else if shm.header().control.load(Relaxed) & CONTROL_ENABLED != 0 {
-                crate::hit::count_in_handler(shm, counter);
+                count_in_handler(shm, counter);
             }
         }
     }
@@ -331,7 +331,52 @@ pub(crate) extern "C" fn handler_hit(frame: *mut libc::greg_t) {
         return;
     }
     if action & ACTION_COUNT != 0 {
-        crate::hit::count_in_handler(shm, probe);
+        count_in_handler(shm, probe);
     }
     call_tracer(shm, probe, key, regs, HANDLER_STUB);
+}
+
+/// Counts one hit of counter `counter` from the in-process trap's
+/// `SIGTRAP` handler or the handler trampoline: into the calling thread's
+/// own counter (one `inc`) when the thread has a slot, else into the
+/// shared global counter (a locked add). A thread waiting for a slot of
+/// its own (a forked or vfork child's, `PENDING_SLOT`) claims it first,
+/// as on the slow path, rather than count as the process's; a vfork
+/// child without one counts the hit as missed (`vfork::unslotted`), and
+/// the parent of a pending vfork child counts in its own slot. Only
+/// atomics and system calls: async-signal-safe.
+pub(crate) fn count_in_handler(shm: &Shm, counter: u32) {
+    use crate::hit::{find_thread, thread_pointer, NO_SLOT, PENDING_SLOT};
+    let word = crate::tls::get();
+    if word == crate::threads::own_call() || crate::vfork::unslotted(shm, word, counter) {
+        return;
+    }
+    let i = counter as usize;
+    let tp = thread_pointer();
+    let pending = find_thread(tp).is_some_and(|e| e.slot.load(Relaxed) == PENDING_SLOT);
+    let parent = pending
+        .then(|| crate::vfork::parent_in_window(tp))
+        .flatten();
+    if pending && parent.is_none() && word != crate::hit::registering() {
+        crate::threads::register_current(shm, tp);
+        if crate::vfork::unslotted(shm, crate::tls::get(), counter) {
+            return;
+        }
+    }
+    let slot = find_thread(tp).map_or(NO_SLOT, |e| e.slot.load(Relaxed));
+    let mut counted = false;
+    if slot != NO_SLOT && slot != PENDING_SLOT && !crate::shared_tls::is_shared(tp) {
+        if let Some(c) = shm.thread_counters(slot).and_then(|c| c.get(i)) {
+            crate::hit::bump(c);
+            counted = true;
+        }
+    }
+    if !counted {
+        if let Some(c) = shm.global_counters().get(i) {
+            c.fetch_add(1, Relaxed);
+        }
+    }
+    if let Some(e) = parent {
+        crate::vfork::rearm(e);
+    }
 }

@@ -56,6 +56,7 @@ mod tls;
 pub mod trampoline;
 mod undo;
 mod unwind;
+mod vfork;
 
 pub use clock::prctl;
 pub use hotprobe_abi::patch::call_rel32;

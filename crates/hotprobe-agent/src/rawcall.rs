@@ -13,7 +13,9 @@
 //! Every other number goes to libc's `syscall()` unchanged, as do the
 //! changed `rt_sigprocmask` and `rt_sigaction` calls (a probe on libc's
 //! `syscall` counts them); the other three make the system call
-//! themselves. A `syscall` instruction of the program's own is not seen:
+//! themselves. `clone` and `clone3` jump straight to libc's (a child on a
+//! stack of its own returns from it with nothing of the agent's on its
+//! stack), after `vfork`'s bookkeeping when they carry `CLONE_VFORK`. A `syscall` instruction of the program's own is not seen:
 //! the session gives a program with one no in-process trap.
 
 #![cfg_attr(test, allow(dead_code))]
@@ -113,14 +115,105 @@ unsafe fn rt_sigaction(
     }
 }
 
-/// libc's `syscall`, interposed (see the module docs). Declared with six
-/// arguments after the number, as glibc's takes them: a caller of the
-/// variadic function passes them in the same registers and stack slot.
+/// The flags of `clone3`'s `struct clone_args` at `args` (`size` bytes),
+/// read without faulting (0 when the memory is not readable: the kernel
+/// answers the call itself with `EFAULT`). Where `process_vm_readv` is
+/// refused otherwise (a seccomp filter's `EPERM`), read directly.
+fn clone3_flags(args: c_long, size: c_long) -> u64 {
+    if args == 0 || size < 8 {
+        return 0;
+    }
+    let mut flags: u64 = 0;
+    let local = libc::iovec {
+        iov_base: &mut flags as *mut u64 as *mut libc::c_void,
+        iov_len: 8,
+    };
+    let remote = libc::iovec {
+        iov_base: args as *mut libc::c_void,
+        iov_len: 8,
+    };
+    // process_vm_readv of our own memory: EFAULT rather than a fault.
+    let n = crate::orphan::syscall6(
+        libc::SYS_process_vm_readv,
+        [
+            crate::threads::getpid() as u64,
+            &local as *const libc::iovec as u64,
+            1,
+            &remote as *const libc::iovec as u64,
+            1,
+            0,
+        ],
+    );
+    match n as i64 {
+        8 => flags,
+        e if e == -(libc::EFAULT as i64) => 0,
+        // SAFETY: `args` is non-null and the program passes it to clone3
+        // as a readable `struct clone_args` of `size` >= 8 bytes.
+        _ => unsafe { (args as *const u64).read_unaligned() },
+    }
+}
+
+/// Where a `syscall()` call goes (its return address at `ret_slot`):
+/// `clone` and `clone3` to libc's, the others to [`syscall_other`].
+extern "C" fn route(nr: c_long, a1: c_long, a2: c_long, ret_slot: *mut u64) -> usize {
+    let flags = match nr {
+        libc::SYS_clone => a1 as u64,
+        libc::SYS_clone3 => clone3_flags(a1, a2),
+        _ => return syscall_other as *const () as usize,
+    };
+    match next() {
+        Some(real) => {
+            if flags & crate::vfork::CLONE_VFORK != 0 {
+                crate::vfork::before(ret_slot);
+            }
+            real as *const () as usize
+        }
+        None => syscall_other as *const () as usize,
+    }
+}
+
+/// libc's `syscall`, interposed (see the module docs): a naked function
+/// that keeps every argument register and the stack, then jumps to
+/// libc's or to [`syscall_other`].
 ///
 /// # Safety
 /// As glibc's `syscall`: the arguments are valid for system call `nr`.
+#[unsafe(naked)]
 #[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn syscall(
+pub unsafe extern "C" fn syscall() {
+    core::arch::naked_asm!(
+        // Entry rsp ≡ 8 (mod 16); seven pushes make the call aligned.
+        "push rax",
+        "push rdi",
+        "push rsi",
+        "push rdx",
+        "push rcx",
+        "push r8",
+        "push r9",
+        // nr, a1, a2 are in place; then the return address's slot.
+        "lea rcx, [rsp + 56]",
+        "call {f}",
+        "mov r11, rax",
+        "pop r9",
+        "pop r8",
+        "pop rcx",
+        "pop rdx",
+        "pop rsi",
+        "pop rdi",
+        "pop rax",
+        "jmp r11",
+        f = sym route,
+    );
+}
+
+/// `syscall()` but `clone` and `clone3` (see the module docs). Declared
+/// with six arguments after the number, as glibc's takes them: a caller
+/// of the variadic function passes them in the same registers and stack
+/// slot.
+///
+/// # Safety
+/// As glibc's `syscall`: the arguments are valid for system call `nr`.
+unsafe extern "C" fn syscall_other(
     nr: c_long,
     a1: c_long,
     a2: c_long,

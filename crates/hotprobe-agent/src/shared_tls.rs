@@ -70,9 +70,13 @@ const CLONE_SETTLS: u64 = 0x80000;
 /// glibc's `clone`.
 static NEXT_CLONE: AtomicUsize = AtomicUsize::new(0);
 
-/// Notes a `clone` with `flags`; returns glibc's `clone`.
-extern "C" fn before_clone(flags: u64) -> usize {
-    if flags & CLONE_VM != 0 && flags & CLONE_SETTLS == 0 {
+/// Notes a `clone` with `flags` (return address at `ret_slot`); returns
+/// glibc's `clone`. A `CLONE_VFORK` child runs while its parent thread
+/// sleeps: not a shared thread pointer, but a vfork child (`vfork`).
+extern "C" fn before_clone(flags: u64, ret_slot: *mut u64) -> usize {
+    if flags & crate::vfork::CLONE_VFORK != 0 {
+        crate::vfork::before(ret_slot);
+    } else if flags & CLONE_VM != 0 && flags & CLONE_SETTLS == 0 {
         mark(crate::hit::thread_pointer());
     }
     let f = crate::next_symbol::next_symbol(&NEXT_CLONE, c"clone");
@@ -101,8 +105,10 @@ pub unsafe extern "C" fn clone() {
         "push rcx",
         "push r8",
         "push r9",
-        // The flags are the third argument.
+        // The flags are the third argument; then the return address's
+        // slot, above the seven pushes.
         "mov rdi, rdx",
+        "lea rsi, [rsp + 56]",
         "call {f}",
         "mov r11, rax",
         "pop r9",

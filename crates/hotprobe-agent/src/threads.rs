@@ -138,14 +138,16 @@ pub(crate) fn getpid() -> u32 {
 }
 
 /// Gives entry `e` of the calling thread (a forked child's forking thread,
-/// [`PENDING_SLOT`]) a thread slot of its own, owned by this process.
+/// or a vfork child's: [`PENDING_SLOT`]) a thread slot of its own, owned
+/// by this process and thread.
 fn claim_slot(e: &'static ThreadEntry, shm: &Shm) {
     let was = e.fast.busy.swap(1, Relaxed);
-    let slot = shm
-        .claim_thread_for(getpid(), e.tid.load(Relaxed))
-        .unwrap_or(NO_SLOT);
+    let tid = gettid();
+    e.tid.store(tid, Relaxed);
+    let slot = shm.claim_thread_for(getpid(), tid).unwrap_or(NO_SLOT);
     e.slot.store(slot, Relaxed);
     set_fast(e, shm, slot);
+    crate::vfork::claimed(e, slot);
     e.fast.busy.store(was, Relaxed);
 }
 
@@ -395,7 +397,7 @@ fn forget_other_threads(tp: u64, mine: Option<&'static ThreadEntry>) {
 
 /// Points `e`'s stub view nowhere (the forked child's copy of the parent's
 /// slot addresses).
-fn clear_fast(e: &ThreadEntry) {
+pub(crate) fn clear_fast(e: &ThreadEntry) {
     let f = &e.fast;
     f.counters.store(0, Relaxed);
     f.ctl.store(0, Relaxed);
@@ -405,7 +407,8 @@ fn clear_fast(e: &ThreadEntry) {
     f.stub_key.store(0, Relaxed);
 }
 
-fn map_shadow() -> u64 {
+/// A fresh shadow stack mapping (0 when `mmap` failed).
+pub(crate) fn map_shadow() -> u64 {
     // A fresh private anonymous mapping, by the system call: libc's `mmap`
     // may be probed, and this runs inside a hit (a thread's first).
     let p = crate::orphan::syscall6(

@@ -521,6 +521,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     for (module, n) in never_armed(&t.session, &placed) {
         errln!("  never armed: {n} probes on {module}: the program never loaded it");
     }
+    crate::session::note_vfork_unrecorded(&t.session);
     if let Some(k) = kernel.transpose()?.flatten() {
         errln!("{}", crate::kernel::summary(&k));
     }

@@ -310,6 +310,7 @@ pub fn print_table_with(
     let mut json_rows: Vec<serde_json::Value> = Vec::new();
     let mut aggregated = std::collections::HashSet::new();
     for p in placed {
+        note_vfork_uncounted(session, p);
         let by = session.stats_by_process(p.id).unwrap_or_default();
         let by: Vec<(i32, hotprobe::ProbeStats)> = if per_process {
             by.into_iter()
@@ -455,6 +456,45 @@ pub fn progress(len: u64, what: &str) -> ProgressBar {
         bar.set_style(style);
     }
     bar
+}
+
+/// Says on stderr the hits of probe `p` by vfork children that are in no
+/// row: without `-f`, a vfork child runs in its parent's memory, probes
+/// included, and its hits are neither counted nor the parent's. One line
+/// per probe: the child's pid, or how many children.
+fn note_vfork_uncounted(session: &Session, p: &Placement) {
+    let by = session.vfork_uncounted(p.id);
+    let n: u64 = by.iter().map(|(_, n)| n).sum();
+    let hits = if n == 1 { "hit" } else { "hits" };
+    match by.as_slice() {
+        [] => {}
+        [(pid, _)] => errln!(
+            "hotprobe: {}: {n} {hits} in vfork child {pid} not counted (-f counts them as its own)",
+            p.label
+        ),
+        more => errln!(
+            "hotprobe: {}: {n} {hits} in {} vfork children not counted (-f counts them as their own)",
+            p.label,
+            more.len()
+        ),
+    }
+}
+
+/// Says on stderr the events of vfork children not recorded (without
+/// `-f`: see [`hotprobe::Session::vfork_unrecorded`]), one line.
+pub fn note_vfork_unrecorded(session: &Session) {
+    let by = session.vfork_unrecorded();
+    let n: u64 = by.iter().map(|(_, n)| n).sum();
+    match by.as_slice() {
+        [] => {}
+        [(pid, _)] => errln!(
+            "hotprobe: {n} events of vfork child {pid} not recorded (-f records them as its own)"
+        ),
+        more => errln!(
+            "hotprobe: {n} events of {} vfork children not recorded (-f records them as their own)",
+            more.len()
+        ),
+    }
 }
 
 /// Says on stderr which functions `-a` shows without arguments (no DWARF

@@ -294,6 +294,7 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
         print_table(&t.session, &placed, o.follow_forks);
     }
     t.print_skipped();
+    crate::session::note_vfork_unrecorded(&t.session);
     ran?;
     Ok(t.exit_code())
 }

@@ -351,6 +351,12 @@ impl ProcessTarget {
         self.strays.forget(mine);
     }
 
+    /// Whether task `tid` is a vfork child (sharing this process's memory
+    /// until it executes or exits), not a thread of the process.
+    pub fn is_vfork_child(&self, tid: i32) -> bool {
+        self.vfork_children.contains(&tid)
+    }
+
     /// The process id.
     pub fn pid(&self) -> i32 {
         self.pid

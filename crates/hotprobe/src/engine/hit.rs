@@ -145,7 +145,10 @@ impl Engine {
                 p.nmissed += 1;
                 continue;
             }
-            p.hits += 1;
+            self.count_hit(*id, thread);
+            let Some(p) = self.probes.get(id) else {
+                continue;
+            };
             match &p.kind {
                 ProbeKind::Plain { post, .. } => {
                     needs_post |= post.is_some();

@@ -220,6 +220,9 @@ pub struct Engine {
     pub(crate) follow_forks: bool,
     /// Children held for the session, with the stack fixes they need.
     pub(crate) forked: Vec<(u64, Restores)>,
+    /// Hits by vfork children (their pid), per probe: not the process's
+    /// (see [`Engine::vfork_hits`]).
+    vfork_hits: HashMap<ProbeId, Vec<(i32, u64)>>,
 }
 
 impl Engine {
@@ -258,6 +261,7 @@ impl Engine {
             fork_restores: Vec::new(),
             follow_forks: false,
             forked: Vec::new(),
+            vfork_hits: HashMap::new(),
         }
     }
 
@@ -355,6 +359,41 @@ impl Engine {
             returns: p.returns,
             abandoned: p.abandoned,
         })
+    }
+
+    /// Hits of probe `id` by vfork children of the process, per child
+    /// pid: such a child runs in the process's memory, so its hits reach
+    /// this engine, but they are not the process's (not in
+    /// [`Engine::stats`]).
+    pub fn vfork_hits(&self, id: ProbeId) -> &[(i32, u64)] {
+        self.vfork_hits.get(&id).map_or(&[], Vec::as_slice)
+    }
+
+    /// The vfork children that hit a probe so far (their pids).
+    pub fn vfork_children_hit(&self) -> Vec<i32> {
+        let mut v: Vec<i32> = self.vfork_hits.values().flatten().map(|x| x.0).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Counts one hit of probe `id` by thread `thread`: the process's, or
+    /// a vfork child's (see [`Engine::vfork_hits`]).
+    pub(crate) fn count_hit(&mut self, id: ProbeId, thread: ThreadId) {
+        let tid = thread.0 as i32;
+        if self
+            .target
+            .process_ref()
+            .is_some_and(|p| p.is_vfork_child(tid))
+        {
+            let by = self.vfork_hits.entry(id).or_default();
+            match by.iter_mut().find(|(p, _)| *p == tid) {
+                Some((_, n)) => *n += 1,
+                None => by.push((tid, 1)),
+            }
+        } else if let Some(p) = self.probes.get_mut(&id) {
+            p.hits += 1;
+        }
     }
 
     /// Whether a handler asked to stop (cleared by reading).

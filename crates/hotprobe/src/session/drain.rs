@@ -22,10 +22,24 @@ impl Session {
             return Ok(Duration::ZERO);
         };
         let mut nap = Duration::from_millis(1);
+        let follow = self.config.follow_forks;
         for s in &mut self.slots {
             if !s.recording {
                 continue;
             }
+            // Without follow_forks a vfork child's events are not the
+            // process's: not recorded, counted (see `vfork_unrecorded`).
+            let skip = if follow {
+                Vec::new()
+            } else {
+                vfork_children(s)
+            };
+            let mut unfollowed = Unfollowed {
+                skip: &skip,
+                skipped: &mut self.vfork_unrecorded,
+                inner: &mut *sink,
+            };
+            let sink: &mut dyn EventSink = &mut unfollowed;
             let mut queued = Vec::new();
             for m in s.mechs.all() {
                 let (n, drops) = m.drain(sink, &mut queued).map_err(EngineError::Sink)?;
@@ -86,6 +100,82 @@ impl Session {
             nap = nap.min(this);
         }
         Ok(nap)
+    }
+}
+
+/// The vfork children of slot `s`'s process that hit a probe: the trap's,
+/// and the owners of the agent's thread slots of another pid (a vfork
+/// child's slot: without `follow_forks` no other process claims one).
+fn vfork_children(s: &Slot) -> Vec<u32> {
+    let mut v: Vec<u32> = s
+        .engine
+        .vfork_children_hit()
+        .into_iter()
+        .map(|p| p as u32)
+        .collect();
+    if let (Some(fp), Some(me)) = (s.agent.fast_path(), s.pid) {
+        let shm = fp.shm();
+        v.extend(
+            (0..shm.threads_in_use())
+                .filter_map(|slot| shm.thread_owner(slot))
+                .filter(|(pid, _)| *pid != me as u32)
+                .map(|(_, tid)| tid),
+        );
+    }
+    v
+}
+
+impl Session {
+    /// Events of vfork children not recorded, per child pid (without
+    /// `follow_forks`: such a child runs in its parent's memory, probes
+    /// included, but its events are not the parent's).
+    pub fn vfork_unrecorded(&self) -> Vec<(u32, u64)> {
+        self.vfork_unrecorded
+            .iter()
+            .map(|(p, n)| (*p, *n))
+            .collect()
+    }
+}
+
+/// Hands on every event but those of the threads in `skip`, which it
+/// counts per thread in `skipped`.
+struct Unfollowed<'a, 's> {
+    skip: &'a [u32],
+    skipped: &'a mut std::collections::BTreeMap<u32, u64>,
+    inner: &'a mut (dyn EventSink + 's),
+}
+
+impl Unfollowed<'_, '_> {
+    fn skips(&mut self, tid: u32, n: u64) -> bool {
+        let skip = self.skip.contains(&tid);
+        if skip {
+            *self.skipped.entry(tid).or_default() += n;
+        }
+        skip
+    }
+}
+
+impl EventSink for Unfollowed<'_, '_> {
+    fn event(&mut self, ev: &RecordedEvent) -> Result<(), crate::SinkError> {
+        if self.skips(ev.tid, 1) {
+            return Ok(());
+        }
+        self.inner.event(ev)
+    }
+    fn event_data(&mut self, ev: &RecordedEvent, data: &[u8]) -> Result<(), crate::SinkError> {
+        if self.skips(ev.tid, 1) {
+            return Ok(());
+        }
+        self.inner.event_data(ev, data)
+    }
+    fn lost(&mut self, tid: u32, ts: u64, count: u64) -> Result<(), crate::SinkError> {
+        if self.skips(tid, 0) {
+            return Ok(());
+        }
+        self.inner.lost(tid, ts, count)
+    }
+    fn idle(&mut self) {
+        self.inner.idle()
     }
 }
 

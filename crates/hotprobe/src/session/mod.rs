@@ -364,6 +364,9 @@ pub struct Session {
     batching: bool,
     /// Wait statuses one process target reaped for another (shared by all).
     strays: hotprobe_process::Strays,
+    /// Events of vfork children not recorded (no `follow_forks`), per
+    /// child (see `drain.rs`).
+    vfork_unrecorded: std::collections::BTreeMap<u32, u64>,
 }
 
 impl Session {
@@ -388,6 +391,7 @@ impl Session {
             xmm_layout: None,
             aggregate: None,
             strays: Default::default(),
+            vfork_unrecorded: Default::default(),
         }
     }
 

@@ -58,10 +58,40 @@ impl Session {
     }
 
     /// A probe's counts per process: the process it was placed in, then
-    /// each followed fork child that hit it.
+    /// each followed fork child that hit it (vfork children included).
+    /// Without `follow_forks`, a vfork child's hits (it runs in its
+    /// parent's memory, probes included) are in no row: see
+    /// [`Session::vfork_uncounted`].
     pub fn stats_by_process(&self, id: ProbeId) -> Option<Vec<(i32, ProbeStats)>> {
+        let (me, mut by) = self.stats_of_every_process(id)?;
+        if !self.config.follow_forks {
+            by.retain(|(pid, _)| *pid == me);
+        }
+        Some(by)
+    }
+
+    /// Hits of probe `id` by vfork children of a process not followed
+    /// (no `follow_forks`), per child pid: counted apart from their
+    /// parent's, and in no row of [`Session::stats_by_process`].
+    pub fn vfork_uncounted(&self, id: ProbeId) -> Vec<(i32, u64)> {
+        if self.config.follow_forks {
+            return Vec::new();
+        }
+        let Some((me, by)) = self.stats_of_every_process(id) else {
+            return Vec::new();
+        };
+        by.into_iter()
+            .filter(|(pid, st)| *pid != me && st.hits > 0)
+            .map(|(pid, st)| (pid, st.hits))
+            .collect()
+    }
+
+    /// The process probe `id` was placed in, and its counts in every
+    /// process that hit it.
+    fn stats_of_every_process(&self, id: ProbeId) -> Option<(i32, Vec<(i32, ProbeStats)>)> {
         if let Some(w) = self.watch_probe_stats(id) {
-            return Some(w);
+            let me = w.first().map_or(0, |x| x.0);
+            return Some((me, w));
         }
         let ri = (id.0 >> TARGET_SHIFT) as usize;
         let root = self.slots.get(ri)?;
@@ -85,7 +115,7 @@ impl Session {
             }
         }
         root.agent.add_counts(id, me, &mut by);
-        Some(by.0)
+        Some((me, by.0))
     }
 
     /// How hits at this probe's address are executed (trap probes: "boosted",

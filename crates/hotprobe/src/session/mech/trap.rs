@@ -574,6 +574,12 @@ impl ProbeMechanism for TrapMech {
             by.add_stats(me, &s);
             found = true;
         }
+        // A vfork child's hits are its own (its pid's row).
+        for x in std::iter::once(id).chain(self.handed.get(&id).copied()) {
+            for (pid, n) in engine.vfork_hits(x) {
+                by.add(*pid, |st| st.hits += n);
+            }
+        }
         if let Some(h) = self.handed.get(&id).and_then(|x| engine.stats(*x)) {
             // Handed over to the engine: its hits since then.
             by.add(me, |st| {
