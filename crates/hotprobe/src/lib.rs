@@ -33,6 +33,7 @@ pub mod pending;
 mod plugin;
 mod recorder;
 mod session;
+pub mod stacks;
 pub mod typed;
 pub mod typed_capture;
 
