@@ -52,8 +52,10 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"HOTPROBE");
 /// bits 4–6 and [`EVENT_XMM`] events; 11: thread and handler slots are
 /// recycled ([`crate::THREAD_RETIRING`], [`crate::THREAD_REUSABLE`]),
 /// [`Header::tsc_hz`]; 12: the code ledger ([`LedgerCtl`], [`LedgerEntry`])
-/// between the trap table and the thread slots).
-pub const VERSION: u32 = 12;
+/// between the trap table and the thread slots; 13: the stacks region
+/// after the main layout ([`crate::stacks::StacksView`]) and
+/// [`ACTION_STACK`]).
+pub const VERSION: u32 = 13;
 /// Size of [`Header`] in bytes.
 pub const HEADER_SIZE: usize = 256;
 /// Alignment of every section start (the site table and the thread slots).
@@ -120,6 +122,10 @@ pub const ACTION_EXIT: u32 = 1 << 2;
 /// instead of the site's probe id (exit placeholders count their returns
 /// apart from the entries, while their events carry the entry's probe id).
 pub const ACTION_ALT_COUNTER: u32 = 1 << 3;
+/// [`SiteSlot::action`] bit: capture the user stack at an entry (the
+/// agent walks it with the tables of [`crate::stacks`] and adds it to the
+/// stack table). Sites with it take the agent's generic trampoline.
+pub const ACTION_STACK: u32 = 1 << 7;
 /// Shift of the alternative counter index in [`SiteSlot::action`].
 pub const ACTION_COUNTER_SHIFT: u32 = 8;
 /// Shift of the xmm layout in [`SiteSlot::action`] (3 bits, see

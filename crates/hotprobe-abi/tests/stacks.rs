@@ -182,3 +182,66 @@ fn a_frame_below_the_stack_pointer_stops() {
         }
     );
 }
+
+/// A zeroed, 64-byte aligned buffer.
+fn region(len: usize) -> Vec<u64> {
+    vec![0u64; len / 8]
+}
+
+#[test]
+fn stacks_region_publish_add_and_read_back() {
+    let p = StacksParams {
+        table_slots: 16,
+        rows_capacity: 100,
+        regions_capacity: 4,
+    };
+    let len = stacks_size(p).unwrap();
+    let mut buf = region(len + 64);
+    let base = buf.as_mut_ptr() as usize;
+    let ptr = ((base + 63) & !63) as *mut u8;
+    // SAFETY: `len` bytes of `buf` from `ptr`, alive for the test.
+    let view = unsafe { StacksView::create(ptr, len, p) }.unwrap();
+    // SAFETY: as above.
+    assert!(unsafe { StacksView::attach(ptr, len - 1) }.is_err());
+    let rows = rows();
+    let regions = [ReadableRegion {
+        start: 0x7000,
+        end: 0x8000,
+    }];
+    // SAFETY: the only writer.
+    assert!(unsafe { view.publish(&rows, &regions) });
+    assert_eq!(view.ctl().seq.load(std::sync::atomic::Ordering::Relaxed), 2);
+    assert_eq!(view.rows(), &rows[..]);
+    assert_eq!(view.regions(), &regions[..]);
+    // SAFETY: as above. Too many rows: refused, nothing changed.
+    assert!(!unsafe { view.publish(&vec![StackRow::default(); 101], &regions) });
+    assert_eq!(view.rows().len(), rows.len());
+    for _ in 0..3 {
+        assert!(view.add(7, &[1, 2, 3], false));
+    }
+    assert!(view.add(7, &[1, 2], true));
+    assert!(view.add(8, &[1, 2, 3], false));
+    let mut seen = Vec::new();
+    view.for_each(|probe, frames, truncated, count| {
+        seen.push((probe, frames.to_vec(), truncated, count))
+    });
+    seen.sort();
+    assert_eq!(
+        seen,
+        vec![
+            (7, vec![1, 2], true, 1),
+            (7, vec![1, 2, 3], false, 3),
+            (8, vec![1, 2, 3], false, 1)
+        ]
+    );
+    // A full table counts what it cannot store.
+    for i in 0..40u64 {
+        view.add(9, &[i], false);
+    }
+    assert_eq!(
+        view.ctl()
+            .table_full
+            .load(std::sync::atomic::Ordering::Relaxed),
+        40 + 3 - 16
+    );
+}

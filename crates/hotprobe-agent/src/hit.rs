@@ -463,6 +463,9 @@ fn take_hit(shm: &Shm, frame: &Frame, kind: u32, probe: u32, action: u32, contro
     t.fast.busy.store(1, Relaxed);
     // Signal fence: a handler interrupting this thread sees busy = 1.
     compiler_fence(SeqCst);
+    if action & hotprobe_abi::ACTION_STACK != 0 && kind == KIND_ENTRY as u32 {
+        crate::stackwalk::capture(shm, t, frame, probe);
+    }
     if action & ACTION_EXIT != 0 && kind == KIND_ENTRY as u32 {
         act_hooked(shm, t, frame, kind, probe, action, control);
     } else {

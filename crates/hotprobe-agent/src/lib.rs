@@ -49,6 +49,7 @@ mod orphan;
 mod rawcall;
 mod shared_tls;
 mod sigmask;
+mod stackwalk;
 mod threads;
 mod tls;
 pub mod trampoline;

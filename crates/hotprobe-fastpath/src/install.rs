@@ -302,7 +302,8 @@ impl FastPath {
         bits: u32,
         info: &mut SiteInfo,
     ) -> Result<u64, FastPathError> {
-        let stub = if bits & ACTION_EXIT == 0 {
+        // Stubs neither hook returns nor walk stacks: the agent does.
+        let stub = if bits & (ACTION_EXIT | hotprobe_abi::ACTION_STACK) == 0 {
             self.stub(t, at, StubKind::Entry, probe_id, probe_id, action)?
         } else {
             None

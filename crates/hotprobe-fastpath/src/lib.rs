@@ -173,6 +173,10 @@ pub struct Action {
     /// integer argument registers then xmm0, xmm1, …, exits rax, rdx and
     /// xmm0. Needs 64-byte event slots ([`FastPathConfig::record_args`] > 2).
     pub xmm: Option<u8>,
+    /// Capture the user stack at each entry (issue 24, `--stacks`): the
+    /// agent walks it and counts it in the stacks region
+    /// ([`hotprobe_abi::stacks`]); needs [`FastPathConfig::stacks`].
+    pub stack: bool,
 }
 
 impl Action {
@@ -182,6 +186,7 @@ impl Action {
             record: false,
             exit: false,
             xmm: None,
+            stack: false,
         }
     }
     /// Count and record entries.
@@ -190,9 +195,17 @@ impl Action {
             record: true,
             exit: false,
             xmm: None,
+            stack: false,
         }
     }
     /// Also observe exits (exit events when recording).
+    pub fn with_stack(self) -> Action {
+        Action {
+            stack: true,
+            ..self
+        }
+    }
+    /// Also observe the function's exits.
     pub fn with_exit(self) -> Action {
         Action { exit: true, ..self }
     }
@@ -209,7 +222,12 @@ impl Action {
             (true, Some(k)) => hotprobe_abi::action_xmm(k),
             _ => 0,
         };
-        ACTION_COUNT | if self.record { ACTION_RECORD } else { 0 } | xmm
+        let stack = if self.stack {
+            hotprobe_abi::ACTION_STACK
+        } else {
+            0
+        };
+        ACTION_COUNT | if self.record { ACTION_RECORD } else { 0 } | xmm | stack
     }
 }
 
@@ -264,6 +282,9 @@ pub struct FastPathConfig {
     /// sends every hit through the agent's generic trampolines (slower;
     /// kept for comparison).
     pub stubs: bool,
+    /// Reserve the stacks region ([`hotprobe_abi::stacks`]) after the
+    /// main layout, for [`Action::stack`] probes (issue 24, `--stacks`).
+    pub stacks: bool,
 }
 
 impl Default for FastPathConfig {
@@ -275,6 +296,7 @@ impl Default for FastPathConfig {
             record_args: 6,
             heartbeat_timeout: Duration::from_secs(2),
             stubs: true,
+            stacks: false,
         }
     }
 }
@@ -493,6 +515,11 @@ impl FastPath {
     /// The validated shared-memory view (counters, rings, header).
     pub fn shm(&self) -> &hotprobe_abi::Shm {
         self.shm.shm()
+    }
+
+    /// The stacks region, when [`FastPathConfig::stacks`] reserved one.
+    pub fn stacks(&self) -> Option<hotprobe_abi::stacks::StacksView> {
+        hotprobe_abi::stacks::StacksView::of(self.shm())
     }
 
     /// Hits of `probe_id` so far (exact once the target's threads are quiescent).
