@@ -262,8 +262,8 @@ pub struct StacksCtl {
     pub torn: AtomicU64,
     /// Hits whose stack found the table full (agent). Counted, not stored.
     pub table_full: AtomicU64,
-    /// Hits whose stack pointer lay in no readable region (agent): their
-    /// stack is stored with the first frame only, truncated.
+    /// Hits whose stack pointer lay in no readable region (agent): no
+    /// stack stored, counted here.
     pub no_region: AtomicU64,
 }
 

@@ -106,6 +106,11 @@ pub enum Cmd {
         /// instruction-boundary check only, never the blacklist.
         #[arg(long)]
         force: bool,
+        /// Also count the user stacks at each function entry (callers,
+        /// walked in the target with .eh_frame tables and frame pointers),
+        /// printed symbolized, most frequent first.
+        #[arg(long)]
+        stacks: bool,
         /// The command to start (after `--`).
         #[arg(last = true, value_name = "CMD")]
         cmd: Vec<OsString>,

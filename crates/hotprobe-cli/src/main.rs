@@ -40,6 +40,7 @@ mod pager;
 mod record;
 mod session;
 mod signals;
+mod stacks;
 mod trace;
 mod usage;
 mod watch;
@@ -141,11 +142,13 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             json,
             all,
             force,
+            stacks,
             cmd,
         } => {
             let duration = duration(secs)?;
             signals::install()?;
             count::run(&count::CountOptions {
+                stacks,
                 hist,
                 json,
                 all,

@@ -58,6 +58,7 @@ pub use hotprobe_resolve::{
     check_probe_point, module_blacklist, BlacklistEntry, CheckOptions, ProcessResolver, Resolver,
     Symbolizer, SIGRETURN_SYMBOLS,
 };
+pub use session::stacks::ProbeStack;
 pub use session::watch::{ValueSource, WatchAt, WatchHit, WatchKind, WatchSpec, WatchStats};
 pub use session::{
     Action, Added, Capture, CaptureChooser, Mechanism, MechanismChoice, PatchKind, Placement,
