@@ -6,7 +6,9 @@
 //! The walk ([`hotprobe_abi::stacks::walk`]) follows the tracer's
 //! compiled `.eh_frame` rows, frame pointers where a module has none, and
 //! maps return addresses the agent swapped for its return trampoline back
-//! through the thread's shadow stack. It reads only the thread's own
+//! through the thread's shadow stack, and those the tracer swapped for its
+//! trap return trampoline (a trap `%return` probe) through the return
+//! instances it publishes (`Shm::find_return`). It reads only the thread's own
 //! stack, between the hit's stack pointer and the end of the readable
 //! region (a stack mapping the tracer published) that holds it: never
 //! memory the program could have unmapped, and no `SIGSEGV` handler.
@@ -16,7 +18,7 @@
 
 use core::sync::atomic::Ordering::{Acquire, Relaxed};
 
-use hotprobe_abi::stacks::{walk, StacksView, WalkStart, MAX_FRAMES};
+use hotprobe_abi::stacks::{find_row, walk, StacksView, WalkStart, CFA_NONE, MAX_FRAMES};
 use hotprobe_abi::Shm;
 
 use crate::hit::{return_trampoline, Shadow, ThreadEntry};
@@ -63,8 +65,17 @@ pub(crate) fn capture(shm: &Shm, t: &ThreadEntry, frame: &Frame, probe: u32) {
     let tramp = return_trampoline();
     let shadow = t.shadow.load(Relaxed) as *const Shadow;
     let depth = t.depth.load(Relaxed) as usize;
+    let rows = view.rows();
+    let tid = t.tid.load(Relaxed);
     let fix = |at: u64, word: u64| -> Option<u64> {
         if word != tramp {
+            // No CFI covers it: maybe the tracer's trap return trampoline
+            // (a trap `%return` probe), whose real address it published.
+            let covered =
+                find_row(rows, word.wrapping_sub(1)).is_some_and(|r| r.cfa_reg != CFA_NONE);
+            if !covered {
+                return Some(shm.find_return(tid, at).unwrap_or(word));
+            }
             return Some(word);
         }
         if shadow.is_null() {
@@ -93,7 +104,7 @@ pub(crate) fn capture(shm: &Shm, t: &ThreadEntry, frame: &Frame, probe: u32) {
         return;
     };
     let start = WalkStart { ret, ..start };
-    let out = walk(view.rows(), start, read, fix, &mut frames);
+    let out = walk(rows, start, read, fix, &mut frames);
     // Pairs with the tracer's Release increment after it rewrote tables.
     if ctl.seq.load(Acquire) != seq {
         ctl.torn.fetch_add(1, Relaxed);
