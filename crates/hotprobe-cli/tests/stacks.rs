@@ -148,3 +148,87 @@ fn count_stacks_across_return_trampolines() {
     assert_eq!(inner[0].count, 7);
     assert_eq!(inner[0].frames[..2], ["path_c", "main"]);
 }
+
+/// `record --stacks`: the trace's stacks give the same three paths to
+/// `report --callers malloc` and `export --format folded`, and `report
+/// --graph main` shows the recorded call tree's paths with their calls.
+#[test]
+fn record_stacks_callers_folded_and_graph_agree() {
+    let bin = build("nofp", &["-O2", "-fomit-frame-pointer"]);
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("stacks-trace");
+    let (out, err) = run_count(&bin, &["libc:malloc"], &[]);
+    let counted = check_three_paths(&out, &err);
+    let o = hotprobe_within(
+        &[
+            "record",
+            "--force",
+            "-o",
+            dir.to_str().unwrap(),
+            "--stacks",
+            "libc:malloc",
+            "main",
+            "path_*",
+            "alloc_leaf",
+            "--",
+            bin.to_str().unwrap(),
+        ],
+        LIMIT,
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), native(&bin));
+    let d = dir.to_str().unwrap();
+
+    // report --callers: alloc_leaf called malloc 15 times, by the three
+    // paths with their counts; and the printf path once, as counted.
+    let o = hotprobe_within(&["report", d, "--callers", "malloc"], LIMIT);
+    let rep = text(&o.stdout);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let lines: Vec<&str> = rep.lines().map(str::trim).collect();
+    assert!(lines.contains(&"15  alloc_leaf -> malloc"), "{rep}");
+    for s in &counted {
+        let path = s.frames.join(" <- ");
+        assert!(
+            lines.contains(&format!("{}      {path}", s.count).as_str()),
+            "{path} ×{} in\n{rep}",
+            s.count
+        );
+    }
+
+    // export --format folded: one line per counted stack, outermost first.
+    let o = hotprobe_within(&["export", d, "--format", "folded"], LIMIT);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let folded = text(&o.stdout);
+    for s in &counted {
+        let mut frames: Vec<&str> = s.frames.iter().rev().map(String::as_str).collect();
+        frames.push("malloc");
+        let line = format!("{} {}", frames.join(";"), s.count);
+        assert!(folded.lines().any(|l| l == line), "{line} in\n{folded}");
+    }
+
+    // report --graph main: the recorded call tree below main.
+    let o = hotprobe_within(&["report", d, "--graph", "main"], LIMIT);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let graph = text(&o.stdout);
+    let tree: Vec<&str> = graph
+        .lines()
+        .filter_map(|l| l.split_once(" : ").map(|(_, t)| t.trim_end()))
+        .collect();
+    for want in [
+        "(1) main",
+        " +-(3) path_a",
+        " | +-(3) alloc_leaf",
+        " |   +-(3) malloc",
+        " +-(5) path_b",
+        " +-(7) path_c",
+        " | +-(7) path_c_inner",
+        " |   +-(7) alloc_leaf",
+        " |     +-(7) malloc",
+    ] {
+        assert!(tree.contains(&want), "{want:?} in\n{graph}");
+    }
+
+    // A function with no captured stack.
+    let o = hotprobe_within(&["report", d, "--callers", "nosuchfunc"], LIMIT);
+    assert!(o.status.success());
+    assert!(text(&o.stdout).contains("no call matches --callers nosuchfunc"));
+}

@@ -80,4 +80,44 @@ impl Session {
         let stacks = merged;
         Some((stacks, totals))
     }
+
+    /// The stacks of every probe of `placed` that has some, for a trace's
+    /// `stacks.tsv` (the function's name, or the probe's label), with the
+    /// totals of what the agents could not capture.
+    pub fn captured_stacks(
+        &self,
+        placed: &[Placement],
+    ) -> (
+        Vec<hotprobe_trace::stacks::CapturedStack>,
+        crate::stacks::StackTotals,
+    ) {
+        let mut out = Vec::new();
+        let mut totals = crate::stacks::StackTotals::default();
+        let mut seen_slots = std::collections::HashSet::new();
+        for p in placed {
+            let Some((stacks, t)) = self.stacks(p.id) else {
+                continue;
+            };
+            // One stacks region per target: its totals once.
+            if seen_slots.insert(p.id.0 >> TARGET_SHIFT) {
+                totals.captured += t.captured;
+                totals.truncated += t.truncated;
+                totals.torn += t.torn;
+                totals.table_full += t.table_full;
+                totals.no_region += t.no_region;
+            }
+            let function = p.function.clone().unwrap_or_else(|| p.label.clone());
+            out.extend(
+                stacks
+                    .into_iter()
+                    .map(|s| hotprobe_trace::stacks::CapturedStack {
+                        function: function.clone(),
+                        callers: s.frames,
+                        truncated: s.truncated,
+                        count: s.count,
+                    }),
+            );
+        }
+        (out, totals)
+    }
 }
