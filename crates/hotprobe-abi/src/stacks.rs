@@ -95,13 +95,15 @@ pub struct WalkEnd {
 /// (`out[0]` = `start.ret`) until the outermost frame, the end of `out`,
 /// or a frame it cannot unwind (then `truncated`).
 ///
+/// `lookup(pc)` gives the row covering `pc` ([`find_row`] over the
+/// table, or a cache in front of it).
 /// `read(addr)` returns the 8-byte word at `addr`, or `None` where it may
 /// not be read. `fix(slot, word)` maps a return address read at `slot`
 /// back to the real one when the agent swapped it for its return
 /// trampoline (identity otherwise; `None`: unknown, the walk stops
 /// truncated). No allocation, no panic, no recursion.
 pub fn walk(
-    rows: &[StackRow],
+    mut lookup: impl FnMut(u64) -> Option<StackRow>,
     start: WalkStart,
     mut read: impl FnMut(u64) -> Option<u64>,
     mut fix: impl FnMut(u64, u64) -> Option<u64>,
@@ -128,12 +130,10 @@ pub fn walk(
         depth += 1;
         // A return address points after its call: the call's own row is
         // the one covering pc - 1.
-        let row = find_row(rows, pc.wrapping_sub(1))
-            .copied()
-            .unwrap_or(StackRow {
-                cfa_reg: CFA_NONE,
-                ..StackRow::default()
-            });
+        let row = lookup(pc.wrapping_sub(1)).unwrap_or(StackRow {
+            cfa_reg: CFA_NONE,
+            ..StackRow::default()
+        });
         let (cfa, caller_rbp) = match row.cfa_reg {
             CFA_RSP | CFA_RBP => {
                 let base = if row.cfa_reg == CFA_RSP { rsp } else { rbp };

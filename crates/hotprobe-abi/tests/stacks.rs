@@ -68,7 +68,7 @@ fn walks_cfi_frame_pointers_and_trampoline() {
     let (m, start) = stack();
     let mut out = [0u64; 8];
     let end = walk(
-        &rows(),
+        |pc| find_row(&rows(), pc).copied(),
         start,
         |a| m.get(&a).copied(),
         |slot, w| match w {
@@ -93,7 +93,7 @@ fn depth_limit_and_unreadable_words_truncate() {
     let (m, start) = stack();
     let mut out = [0u64; 2];
     let end = walk(
-        &rows(),
+        |pc| find_row(&rows(), pc).copied(),
         start,
         |a| m.get(&a).copied(),
         |_, w| Some(if w == TRAMP { 0x2030 } else { w }),
@@ -109,7 +109,7 @@ fn depth_limit_and_unreadable_words_truncate() {
     // The frame-pointer frame's word is not readable.
     let mut out = [0u64; 8];
     let end = walk(
-        &rows(),
+        |pc| find_row(&rows(), pc).copied(),
         start,
         |a| {
             if a == 0x7080 {
@@ -130,7 +130,7 @@ fn depth_limit_and_unreadable_words_truncate() {
     );
     // An unknown trampoline slot stops the walk.
     let end = walk(
-        &rows(),
+        |pc| find_row(&rows(), pc).copied(),
         start,
         |a| m.get(&a).copied(),
         |_, w| (w != TRAMP).then_some(w),
@@ -149,7 +149,7 @@ fn depth_limit_and_unreadable_words_truncate() {
         ..start
     };
     let end = walk(
-        &rows(),
+        |pc| find_row(&rows(), pc).copied(),
         start,
         |a| m.get(&a).copied(),
         |_, w| Some(w),
@@ -173,7 +173,13 @@ fn a_frame_below_the_stack_pointer_stops() {
         rbp: 0x6000,
     };
     let mut out = [0u64; 8];
-    let end = walk(&rows(), start, |_| Some(0x1234), |_, w| Some(w), &mut out);
+    let end = walk(
+        |pc| find_row(&rows(), pc).copied(),
+        start,
+        |_| Some(0x1234),
+        |_, w| Some(w),
+        &mut out,
+    );
     assert_eq!(
         end,
         WalkEnd {

@@ -18,10 +18,12 @@
 
 use core::sync::atomic::Ordering::{Acquire, Relaxed};
 
-use hotprobe_abi::stacks::{find_row, walk, StacksView, WalkStart, CFA_NONE, MAX_FRAMES};
+use core::sync::atomic::AtomicU64;
+
+use hotprobe_abi::stacks::{find_row, walk, StackRow, StacksView, WalkStart, MAX_FRAMES};
 use hotprobe_abi::Shm;
 
-use crate::hit::{return_trampoline, Shadow, ThreadEntry};
+use crate::hit::{return_trampoline, Shadow, ThreadEntry, MAX_THREADS, THREADS};
 use crate::trampoline::Frame;
 
 /// Captures the stack of an entry hit of `probe` (the trampoline's
@@ -66,14 +68,29 @@ pub(crate) fn capture(shm: &Shm, t: &ThreadEntry, frame: &Frame, probe: u32) {
     let shadow = t.shadow.load(Relaxed) as *const Shadow;
     let depth = t.depth.load(Relaxed) as usize;
     let rows = view.rows();
+    let cache = thread_cache(t);
+    let lookup = |pc: u64| -> Option<StackRow> {
+        let key = pc | (seq & 0xffff) << 48;
+        let e = cache.and_then(|c| c.get(cache_index(pc)));
+        if let Some(e) = e {
+            if e.key.load(Relaxed) == key {
+                return Some(unpack(pc, e.rule.load(Relaxed)));
+            }
+        }
+        let row = find_row(rows, pc).copied();
+        if let (Some(e), Some(r)) = (e, row) {
+            e.rule.store(pack(&r), Relaxed);
+            e.key.store(key, Relaxed);
+        }
+        row
+    };
     let tid = t.tid.load(Relaxed);
     let fix = |at: u64, word: u64| -> Option<u64> {
         if word != tramp {
-            // No CFI covers it: maybe the tracer's trap return trampoline
-            // (a trap `%return` probe), whose real address it published.
-            let covered =
-                find_row(rows, word.wrapping_sub(1)).is_some_and(|r| r.cfa_reg != CFA_NONE);
-            if !covered {
+            // The tracer's trap return trampoline (a trap `%return`
+            // probe) lies in its out-of-line regions; it published the
+            // real address of each such return.
+            if shm.in_trap_region(word) {
                 return Some(shm.find_return(tid, at).unwrap_or(word));
             }
             return Some(word);
@@ -104,7 +121,7 @@ pub(crate) fn capture(shm: &Shm, t: &ThreadEntry, frame: &Frame, probe: u32) {
         return;
     };
     let start = WalkStart { ret, ..start };
-    let out = walk(rows, start, read, fix, &mut frames);
+    let out = walk(lookup, start, read, fix, &mut frames);
     // Pairs with the tracer's Release increment after it rewrote tables.
     if ctl.seq.load(Acquire) != seq {
         ctl.torn.fetch_add(1, Relaxed);
@@ -115,4 +132,60 @@ pub(crate) fn capture(shm: &Shm, t: &ThreadEntry, frame: &Frame, probe: u32) {
         ctl.truncated.fetch_add(1, Relaxed);
     }
     view.add(probe, frames.get(..out.depth).unwrap_or(&[]), out.truncated);
+}
+
+/// Rows cached per thread (direct-mapped by return address): a walk of
+/// the same stacks again finds its rows without the binary search over
+/// the whole table (12 frames: 1.1 µs → see docs/PERFORMANCE.md).
+const CACHE_ROWS: usize = 64;
+
+/// One cached row: `key` = the looked-up pc with the table's sequence in
+/// bits 48–63 (a rewrite of the tables invalidates it), `rule` the row
+/// packed by [`pack`]. Single writer: the thread (its busy flag keeps its
+/// signal handlers out).
+struct CacheEntry {
+    key: AtomicU64,
+    rule: AtomicU64,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const ENTRY: CacheEntry = CacheEntry {
+    key: AtomicU64::new(0),
+    rule: AtomicU64::new(0),
+};
+#[allow(clippy::declare_interior_mutable_const)]
+const THREAD_CACHE: [CacheEntry; CACHE_ROWS] = [ENTRY; CACHE_ROWS];
+
+/// Per thread-table entry (zero pages until a thread walks: 1 KiB each).
+static CACHE: [[CacheEntry; CACHE_ROWS]; MAX_THREADS] = [THREAD_CACHE; MAX_THREADS];
+
+/// The cache of thread `t` (its index in the thread table).
+fn thread_cache(t: &ThreadEntry) -> Option<&'static [CacheEntry; CACHE_ROWS]> {
+    let base = THREADS.as_ptr() as usize;
+    let i =
+        (t as *const ThreadEntry as usize).wrapping_sub(base) / core::mem::size_of::<ThreadEntry>();
+    CACHE.get(i)
+}
+
+#[inline(always)]
+fn cache_index(pc: u64) -> usize {
+    (pc.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 57) as usize % CACHE_ROWS
+}
+
+/// A row's rule in one word (its `pc` is not kept: the entry's key is).
+fn pack(r: &StackRow) -> u64 {
+    (r.cfa_off as u32 as u64)
+        | (r.rbp_off as u16 as u64) << 32
+        | (r.cfa_reg as u64) << 48
+        | (r.rbp_rule as u64) << 56
+}
+
+fn unpack(pc: u64, w: u64) -> StackRow {
+    StackRow {
+        pc,
+        cfa_off: w as u32 as i32,
+        rbp_off: (w >> 32) as u16 as i16,
+        cfa_reg: (w >> 48) as u8,
+        rbp_rule: (w >> 56) as u8,
+    }
 }
