@@ -607,19 +607,20 @@ impl StacksView {
     }
 }
 
-/// FNV-1a over the probe id, depth word and frames; never 0.
+/// A 64-bit hash of the probe id, depth word and frames (a multiply
+/// and a rotate per word, then a final mix); never 0.
 pub fn stack_hash(probe: u32, depth: u32, frames: &[u64]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut mix = |w: u64| {
-        for b in w.to_le_bytes() {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    };
-    mix(((depth as u64) << 32) | probe as u64);
+    const K: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut h = (((depth as u64) << 32) | probe as u64).wrapping_mul(K);
     for f in frames {
-        mix(*f);
+        h = (h.rotate_left(23) ^ f).wrapping_mul(K);
     }
+    // splitmix64's finaliser.
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^= h >> 31;
     if h == 0 {
         1
     } else {

@@ -21,7 +21,7 @@ use core::sync::atomic::Ordering::{Acquire, Relaxed};
 use core::sync::atomic::AtomicU64;
 
 use hotprobe_abi::stacks::{find_row, walk, StackRow, StacksView, WalkStart, MAX_FRAMES};
-use hotprobe_abi::Shm;
+use hotprobe_abi::{Shm, TRAP_REGIONS};
 
 use crate::hit::{return_trampoline, Shadow, ThreadEntry, MAX_THREADS, THREADS};
 use crate::trampoline::Frame;
@@ -85,12 +85,25 @@ pub(crate) fn capture(shm: &Shm, t: &ThreadEntry, frame: &Frame, probe: u32) {
         row
     };
     let tid = t.tid.load(Relaxed);
+    // The tracer's out-of-line regions (its trap return trampoline among
+    // them), read once: the few in use.
+    let mut trap_regions = [(0u64, 0u64); TRAP_REGIONS];
+    let mut n_regions = 0;
+    for r in shm.trap_regions() {
+        let end = r.end.load(Acquire);
+        if end != 0 {
+            if let Some(slot) = trap_regions.get_mut(n_regions) {
+                *slot = (r.start.load(Relaxed), end);
+                n_regions += 1;
+            }
+        }
+    }
+    let trap_regions = trap_regions.get(..n_regions).unwrap_or(&[]);
     let fix = |at: u64, word: u64| -> Option<u64> {
         if word != tramp {
-            // The tracer's trap return trampoline (a trap `%return`
-            // probe) lies in its out-of-line regions; it published the
-            // real address of each such return.
-            if shm.in_trap_region(word) {
+            // A return through the tracer's trap return trampoline (a
+            // trap `%return` probe): it published the real address.
+            if trap_regions.iter().any(|&(s, e)| word >= s && word < e) {
                 return Some(shm.find_return(tid, at).unwrap_or(word));
             }
             return Some(word);
