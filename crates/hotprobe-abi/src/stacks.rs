@@ -262,8 +262,10 @@ pub struct StacksCtl {
     pub torn: AtomicU64,
     /// Hits whose stack found the table full (agent). Counted, not stored.
     pub table_full: AtomicU64,
-    /// Hits whose stack pointer lay in no readable region (agent): no
-    /// stack stored, counted here.
+    /// Hits whose stack pointer lay in no readable region (agent): a
+    /// thread started since the tracer last published them. Walked with
+    /// fault-safe reads (a system call a word), or, in seccomp strict
+    /// mode, not at all.
     pub no_region: AtomicU64,
 }
 
@@ -323,16 +325,28 @@ impl Default for StacksParams {
 
 /// Offsets of a stacks region of `p` (table, rows, regions, total size).
 fn stacks_layout(p: StacksParams) -> Option<(u64, u64, u64, u64)> {
+    layout_of(p.table_slots, p.rows_capacity, p.regions_capacity)
+}
+
+/// [`stacks_layout`] from scalars, inlined (the agent's fast path
+/// validates a region at each hit: no struct copies, see
+/// [`StacksView::of`]).
+#[inline(always)]
+fn layout_of(
+    table_slots: u32,
+    rows_capacity: u64,
+    regions_capacity: u64,
+) -> Option<(u64, u64, u64, u64)> {
     let align = |x: u64| {
         x.checked_add(PAGE as u64 - 1)
             .map(|v| v & !(PAGE as u64 - 1))
     };
-    let slots = (p.table_slots.max(2) as u64).checked_next_power_of_two()?;
+    let slots = (table_slots.max(2) as u64).checked_next_power_of_two()?;
     let table = PAGE as u64;
     let rows =
         align(table.checked_add(slots.checked_mul(core::mem::size_of::<StackSlot>() as u64)?)?)?;
-    let regions = align(rows.checked_add(p.rows_capacity.checked_mul(16)?)?)?;
-    let size = align(regions.checked_add(p.regions_capacity.checked_mul(16)?)?)?;
+    let regions = align(rows.checked_add(rows_capacity.checked_mul(16)?)?)?;
+    let size = align(regions.checked_add(regions_capacity.checked_mul(16)?)?)?;
     Some((table, rows, regions, size))
 }
 
@@ -406,6 +420,7 @@ impl StacksView {
     /// # Safety
     /// `ptr` is valid for reads and writes of `len` bytes for the view's
     /// life.
+    #[inline(always)]
     pub unsafe fn attach(ptr: *mut u8, len: usize) -> Result<StacksView, AbiError> {
         if ptr.is_null() {
             return Err(AbiError::Null);
@@ -427,12 +442,9 @@ impl StacksView {
                 expected: STACKS_VERSION,
             });
         }
-        let p = StacksParams {
-            table_slots: c.table_slots,
-            rows_capacity: c.rows_capacity,
-            regions_capacity: c.regions_capacity,
-        };
-        let Some((table, rows, regions, size)) = stacks_layout(p) else {
+        let Some((table, rows, regions, size)) =
+            layout_of(c.table_slots, c.rows_capacity, c.regions_capacity)
+        else {
             return Err(AbiError::Inconsistent("stacks sizes overflow"));
         };
         if !c.table_slots.is_power_of_two()
@@ -461,7 +473,9 @@ impl StacksView {
     }
 
     /// The stacks region of `shm`: the bytes of its mapping past the main
-    /// layout, when they hold one.
+    /// layout, when they hold one. Inlined: the agent's fast path may not
+    /// copy the view (a struct copy compiles to vector moves).
+    #[inline(always)]
     pub fn of(shm: &Shm) -> Option<StacksView> {
         let off = shm.layout().total_size;
         let len = shm.len().checked_sub(off)?;
@@ -537,6 +551,32 @@ impl StacksView {
             );
         }
         c.n_rows.store(rows.len() as u64, Ordering::Release);
+        c.n_regions.store(regions.len() as u64, Ordering::Release);
+        // Pairs with the agent's Acquire load of `seq` after its walk.
+        c.seq.fetch_add(1, Ordering::Release);
+        true
+    }
+
+    /// Replaces the readable regions alone (tracer; a thread started, its
+    /// stack mapped): as [`StacksView::publish`], rows untouched.
+    ///
+    /// # Safety
+    /// Only one writer (the tracer) at a time.
+    pub unsafe fn publish_regions(&self, regions: &[ReadableRegion]) -> bool {
+        if regions.len() > self.regions_capacity {
+            return false;
+        }
+        let c = self.ctl();
+        c.seq.fetch_add(1, Ordering::AcqRel);
+        core::sync::atomic::fence(Ordering::Release);
+        // SAFETY: in bounds (checked above); readers check `seq`.
+        unsafe {
+            core::ptr::copy_nonoverlapping(
+                regions.as_ptr(),
+                self.base.add(self.regions_offset) as *mut ReadableRegion,
+                regions.len(),
+            );
+        }
         c.n_regions.store(regions.len() as u64, Ordering::Release);
         // Pairs with the agent's Acquire load of `seq` after its walk.
         c.seq.fetch_add(1, Ordering::Release);

@@ -11,7 +11,10 @@
 //! instances it publishes (`Shm::find_return`). It reads only the thread's own
 //! stack, between the hit's stack pointer and the end of the readable
 //! region (a stack mapping the tracer published) that holds it: never
-//! memory the program could have unmapped, and no `SIGSEGV` handler.
+//! memory the program could have unmapped, and no `SIGSEGV` handler. A
+//! stack not published yet (a thread started since the last publication)
+//! is read with `process_vm_readv` on the agent's own pid, a system call a
+//! word, which fails where memory is not mapped instead of faulting.
 //! The tables may change under the walk (a library loaded): the region's
 //! sequence is read before and after, and a walk that saw a change is
 //! dropped and counted (`torn`). No allocation, no lock, no system call.
@@ -21,7 +24,7 @@ use core::sync::atomic::Ordering::{Acquire, Relaxed};
 use core::sync::atomic::AtomicU64;
 
 use hotprobe_abi::stacks::{find_row, walk, StackRow, StacksView, WalkStart, MAX_FRAMES};
-use hotprobe_abi::{Shm, TRAP_REGIONS};
+use hotprobe_abi::Shm;
 
 use crate::hit::{return_trampoline, Shadow, ThreadEntry, MAX_THREADS, THREADS};
 use crate::trampoline::Frame;
@@ -34,6 +37,24 @@ pub(crate) fn capture(shm: &Shm, t: &ThreadEntry, frame: &Frame, probe: u32) {
     let Some(view) = StacksView::of(shm) else {
         return;
     };
+    let Some(scratch) = thread_scratch(t) else {
+        return;
+    };
+    capture_with(shm, &view, scratch, t, frame, probe);
+}
+
+/// [`capture`] with the region's view and the thread's scratch memory
+/// (out of line, so that the view is not copied: the fast path may touch
+/// no vector register, and struct copies compile to `movups`).
+#[inline(never)]
+fn capture_with(
+    shm: &Shm,
+    view: &StacksView,
+    scratch: &mut Scratch,
+    t: &ThreadEntry,
+    frame: &Frame,
+    probe: u32,
+) {
     let ctl = view.ctl();
     let slot = frame.slot;
     if slot == 0 {
@@ -55,8 +76,37 @@ pub(crate) fn capture(shm: &Shm, t: &ThreadEntry, frame: &Frame, probe: u32) {
         .iter()
         .find(|r| r.start <= slot && slot < r.end)
         .map_or(0, |r| r.end);
+    // A stack the tracer has not published yet (a thread started since:
+    // the tracer publishes its stack at the thread's creation event, after
+    // the thread runs): words are read with `process_vm_readv` on our own
+    // pid, which fails with EFAULT where memory is not mapped instead of
+    // faulting — a system call a word, until the tables catch up. Never in
+    // seccomp strict mode (any other system call kills the thread).
+    let safe_reads = end == 0 && t.clock.load(Relaxed) != crate::clock::CLOCK_NONE;
+    if end == 0 {
+        ctl.no_region.fetch_add(1, Relaxed);
+        if !safe_reads {
+            return;
+        }
+    }
+    let pid = if safe_reads {
+        crate::threads::getpid()
+    } else {
+        0
+    };
     let read = |addr: u64| -> Option<u64> {
-        if addr < slot || addr > end.checked_sub(8)? || addr % 8 != 0 {
+        if addr < slot || addr % 8 != 0 {
+            return None;
+        }
+        if safe_reads {
+            // At most 8 MiB above the hit's stack pointer (the default
+            // stack size): garbage pointers go no further.
+            if addr - slot > STACK_SPAN {
+                return None;
+            }
+            return read_word_safely(pid, addr);
+        }
+        if addr > end.checked_sub(8)? {
             return None;
         }
         // SAFETY: `addr` lies between this thread's stack pointer at the
@@ -87,23 +137,36 @@ pub(crate) fn capture(shm: &Shm, t: &ThreadEntry, frame: &Frame, probe: u32) {
     let tid = t.tid.load(Relaxed);
     // The tracer's out-of-line regions (its trap return trampoline among
     // them), read once: the few in use.
-    let mut trap_regions = [(0u64, 0u64); TRAP_REGIONS];
-    let mut n_regions = 0;
+    let mut total = 0usize;
     for r in shm.trap_regions() {
         let end = r.end.load(Acquire);
-        if end != 0 {
-            if let Some(slot) = trap_regions.get_mut(n_regions) {
-                *slot = (r.start.load(Relaxed), end);
-                n_regions += 1;
-            }
+        if end == 0 {
+            continue;
         }
+        if let (Some(s), Some(e)) = (
+            scratch.region_starts.get_mut(total),
+            scratch.region_ends.get_mut(total),
+        ) {
+            *s = r.start.load(Relaxed);
+            *e = end;
+        }
+        total += 1;
     }
-    let trap_regions = trap_regions.get(..n_regions).unwrap_or(&[]);
+    let n_regions = total.min(SCRATCH_REGIONS);
+    let many_regions = total > SCRATCH_REGIONS;
+    let starts = scratch.region_starts.get(..n_regions).unwrap_or(&[]);
+    let ends = scratch.region_ends.get(..n_regions).unwrap_or(&[]);
+    let in_trap_region = |w: u64| {
+        if many_regions {
+            return shm.in_trap_region(w);
+        }
+        starts.iter().zip(ends).any(|(&s, &e)| w >= s && w < e)
+    };
     let fix = |at: u64, word: u64| -> Option<u64> {
         if word != tramp {
             // A return through the tracer's trap return trampoline (a
             // trap `%return` probe): it published the real address.
-            if trap_regions.iter().any(|&(s, e)| word >= s && word < e) {
+            if in_trap_region(word) {
                 return Some(shm.find_return(tid, at).unwrap_or(word));
             }
             return Some(word);
@@ -119,10 +182,8 @@ pub(crate) fn capture(shm: &Shm, t: &ThreadEntry, frame: &Frame, probe: u32) {
             (e.slot == at).then_some(e.real)
         })
     };
-    let mut frames = [0u64; MAX_FRAMES];
-    let first = if end == 0 { None } else { read(slot) };
-    let Some(first) = first else {
-        ctl.no_region.fetch_add(1, Relaxed);
+    let frames = &mut scratch.frames;
+    let Some(first) = read(slot) else {
         return;
     };
     let start = WalkStart {
@@ -134,7 +195,7 @@ pub(crate) fn capture(shm: &Shm, t: &ThreadEntry, frame: &Frame, probe: u32) {
         return;
     };
     let start = WalkStart { ret, ..start };
-    let out = walk(lookup, start, read, fix, &mut frames);
+    let out = walk(lookup, start, read, fix, frames);
     // Pairs with the tracer's Release increment after it rewrote tables.
     if ctl.seq.load(Acquire) != seq {
         ctl.torn.fetch_add(1, Relaxed);
@@ -201,4 +262,77 @@ fn unpack(pc: u64, w: u64) -> StackRow {
         cfa_reg: (w >> 48) as u8,
         rbp_rule: (w >> 56) as u8,
     }
+}
+
+/// How far above the hit's stack pointer a walk of an unpublished stack
+/// reads.
+const STACK_SPAN: u64 = 8 << 20;
+
+/// The word at `addr` of this process, read with `process_vm_readv`:
+/// `None` (EFAULT) where it is not mapped readable, never a fault.
+#[cold]
+fn read_word_safely(pid: u32, addr: u64) -> Option<u64> {
+    let mut word = 0u64;
+    let local = libc::iovec {
+        iov_base: (&mut word as *mut u64).cast(),
+        iov_len: 8,
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: 8,
+    };
+    let n = crate::orphan::syscall6(
+        libc::SYS_process_vm_readv,
+        [
+            pid as u64,
+            &local as *const libc::iovec as u64,
+            1,
+            &remote as *const libc::iovec as u64,
+            1,
+            0,
+        ],
+    );
+    (n == 8).then_some(word)
+}
+
+/// Trap regions a walk keeps at hand (more: scanned in shared memory).
+const SCRATCH_REGIONS: usize = 8;
+
+/// A thread's working memory for its walks (static, not on the stack:
+/// zeroing or copying arrays compiles to vector stores or `memset`, which
+/// the fast path may not use). Only the thread itself uses its scratch,
+/// with its busy flag held (no signal handler of its own re-enters).
+pub(crate) struct Scratch {
+    frames: [u64; MAX_FRAMES],
+    region_starts: [u64; SCRATCH_REGIONS],
+    region_ends: [u64; SCRATCH_REGIONS],
+}
+
+struct ScratchCell(core::cell::UnsafeCell<Scratch>);
+// SAFETY: each cell is used by one thread at a time (its thread-table
+// entry's), with the thread's busy flag held.
+unsafe impl Sync for ScratchCell {}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const SCRATCH_INIT: ScratchCell = ScratchCell(core::cell::UnsafeCell::new(Scratch {
+    frames: [0; MAX_FRAMES],
+    region_starts: [0; SCRATCH_REGIONS],
+    region_ends: [0; SCRATCH_REGIONS],
+}));
+
+/// Per thread-table entry (zero pages until a thread walks).
+static SCRATCH: [ScratchCell; MAX_THREADS] = [SCRATCH_INIT; MAX_THREADS];
+
+fn thread_index(t: &ThreadEntry) -> usize {
+    let base = THREADS.as_ptr() as usize;
+    (t as *const ThreadEntry as usize).wrapping_sub(base) / core::mem::size_of::<ThreadEntry>()
+}
+
+/// Thread `t`'s scratch memory.
+#[allow(clippy::mut_from_ref)]
+fn thread_scratch(t: &ThreadEntry) -> Option<&mut Scratch> {
+    let cell = SCRATCH.get(thread_index(t))?;
+    // SAFETY: only thread `t` walks with its entry's scratch, with its
+    // busy flag held: no other reference to it exists meanwhile.
+    Some(unsafe { &mut *cell.0.get() })
 }

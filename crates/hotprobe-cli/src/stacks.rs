@@ -38,12 +38,6 @@ pub fn print_stacks(session: &Session, placed: &[Placement]) {
                 totals.table_full
             );
         }
-        if totals.no_region > 0 {
-            errln!(
-                "hotprobe: --stacks: {} hits on a stack the tracer had not published (a thread started later): no frames",
-                totals.no_region
-            );
-        }
     }
 }
 
@@ -57,13 +51,12 @@ pub fn write_trace_stacks(
     use anyhow::Context;
     let (stacks, totals) = session.captured_stacks(placed);
     hotprobe::trace::stacks::write_stacks(dir, &stacks).context("cannot write the stacks")?;
-    let lost = totals.torn + totals.table_full + totals.no_region;
+    let lost = totals.torn + totals.table_full;
     if lost > 0 {
         errln!(
-            "hotprobe: --stacks: {lost} stacks not captured ({} walked while the tables changed, {} with the stack table full, {} on a stack not published)",
+            "hotprobe: --stacks: {lost} stacks not captured ({} walked while the tables changed, {} with the stack table full)",
             totals.torn,
-            totals.table_full,
-            totals.no_region
+            totals.table_full
         );
     }
     Ok(())

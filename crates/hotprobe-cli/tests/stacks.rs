@@ -232,3 +232,31 @@ fn record_stacks_callers_folded_and_graph_agree() {
     assert!(o.status.success());
     assert!(text(&o.stdout).contains("no call matches --callers nosuchfunc"));
 }
+
+/// Threads started after the probes were placed: their stacks are walked
+/// too (fault-safe reads until the tracer publishes them), each ending at
+/// the thread's first frame (`clone3`, return address undefined).
+#[test]
+fn count_stacks_of_threads_started_later() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/stack_threads.c");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("stacks");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = gcc(&src, &dir.join("threads"), &["-O2", "-fomit-frame-pointer"]);
+    let (out, err) = run_count(&bin, &["libc:malloc"], &[]);
+    let stacks = stacks_of(&out, "libc:malloc");
+    let s = stacks
+        .iter()
+        .find(|s| {
+            s.frames
+                .starts_with(&["alloc_leaf".into(), "thread_path".into()])
+        })
+        .unwrap_or_else(|| panic!("{out}\n{err}"));
+    assert_eq!(s.count, 20, "{out}\n{err}");
+    assert!(!s.truncated, "{s:?}");
+    assert_eq!(
+        s.frames.get(2).map(String::as_str),
+        Some("thread_main"),
+        "{s:?}"
+    );
+    assert!(!err.contains("not counted"), "{err}");
+}

@@ -43,7 +43,39 @@ impl Agent {
     }
 }
 
+impl Agent {
+    /// After a thread started: its stack is published as readable (else
+    /// its hits are counted as on an unpublished stack, with no frames).
+    pub(super) fn refresh_stack_regions(&mut self, pid: i32) -> Option<String> {
+        let AgentState::On(fp) = &self.state else {
+            return None;
+        };
+        let view = fp.stacks()?;
+        match self.stack_tables.refresh_regions(pid as u32, &view) {
+            Ok(_) => None,
+            Err(e) => Some(format!("--stacks: {e}")),
+        }
+    }
+}
+
 impl Session {
+    /// Publishes the unwind tables (a library loaded) or the stack regions
+    /// (a thread started) of target `i` again, for `--stacks`.
+    pub(super) fn stacks_on_event(&mut self, i: usize, ev: &TargetEvent) {
+        let Some(slot) = self.slots.get_mut(i) else {
+            return;
+        };
+        let Some(pid) = slot.pid else { return };
+        let notice = match ev {
+            TargetEvent::ModulesChanged { .. } => slot.agent.refresh_stacks(pid),
+            TargetEvent::ThreadCreated(_) => slot.agent.refresh_stack_regions(pid),
+            _ => None,
+        };
+        if let Some(n) = notice {
+            slot.engine.notices.push(n);
+        }
+    }
+
     /// The stacks captured at probe `id`'s entries (a fast-path probe of a
     /// session opened with [`FastPathConfig::stacks`]), most frequent
     /// first, with what the agent counted beside them. `None` when the

@@ -82,17 +82,7 @@ impl StackTables {
             });
             modules.insert(key);
         }
-        // Stack mappings: the main stack and anonymous read-write memory
-        // (thread stacks are such mappings).
-        let regions: Vec<ReadableRegion> = maps
-            .iter()
-            .filter(|m| m.perms.read && m.perms.write && !m.perms.shared)
-            .filter(|m| m.path.is_none() && matches!(m.pseudo.as_deref(), None | Some("[stack]")))
-            .map(|m| ReadableRegion {
-                start: m.start.0,
-                end: m.end.0,
-            })
-            .collect();
+        let regions = stack_regions(&maps);
         let mut report = RefreshReport {
             regions: regions.len(),
             ..RefreshReport::default()
@@ -128,6 +118,28 @@ impl StackTables {
         Ok(report)
     }
 
+    /// Publishes the stack regions again when they changed (a thread
+    /// started: its stack is a new mapping); the rows stay. Does nothing
+    /// before the first [`StackTables::refresh`].
+    pub fn refresh_regions(&mut self, pid: u32, view: &StacksView) -> Result<bool, StacksError> {
+        let Some((_, published)) = &mut self.published else {
+            return Ok(false);
+        };
+        let regions = stack_regions(&read_maps(pid)?);
+        if *published == regions {
+            return Ok(false);
+        }
+        // SAFETY: the tracer is the region's only writer.
+        if !unsafe { view.publish_regions(&regions) } {
+            return Err(StacksError::TooLarge {
+                rows: 0,
+                regions: regions.len(),
+            });
+        }
+        *published = regions;
+        Ok(true)
+    }
+
     /// The name of the frame at return address `addr` (see
     /// [`frame_name`]), with the modules of the last refresh.
     pub fn frame_name(&self, addr: u64) -> String {
@@ -136,6 +148,19 @@ impl StackTables {
             None => format!("{addr:#x}"),
         }
     }
+}
+
+/// Stack mappings: the main stack and anonymous read-write memory (thread
+/// stacks are such mappings).
+fn stack_regions(maps: &[hotprobe_symbols::Mapping]) -> Vec<ReadableRegion> {
+    maps.iter()
+        .filter(|m| m.perms.read && m.perms.write && !m.perms.shared)
+        .filter(|m| m.path.is_none() && matches!(m.pseudo.as_deref(), None | Some("[stack]")))
+        .map(|m| ReadableRegion {
+            start: m.start.0,
+            end: m.end.0,
+        })
+        .collect()
 }
 
 /// One stack as counted in the target.
@@ -162,7 +187,8 @@ pub struct StackTotals {
     pub torn: u64,
     /// Hits whose stack found the table full (not stored).
     pub table_full: u64,
-    /// Hits on a stack the tracer had not published (first frame only).
+    /// Hits on a stack the tracer had not published yet (walked with
+    /// fault-safe reads, or not at all in seccomp strict mode).
     pub no_region: u64,
 }
 
