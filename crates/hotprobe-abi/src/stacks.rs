@@ -389,7 +389,7 @@ impl StacksView {
         if ptr.is_null() {
             return Err(AbiError::Null);
         }
-        if (ptr as usize) % 64 != 0 {
+        if !(ptr as usize).is_multiple_of(64) {
             return Err(AbiError::Misaligned);
         }
         if size > len as u64 {
@@ -425,7 +425,7 @@ impl StacksView {
         if ptr.is_null() {
             return Err(AbiError::Null);
         }
-        if (ptr as usize) % 64 != 0 {
+        if !(ptr as usize).is_multiple_of(64) {
             return Err(AbiError::Misaligned);
         }
         if len < PAGE {

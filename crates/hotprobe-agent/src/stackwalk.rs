@@ -95,7 +95,7 @@ fn capture_with(
         0
     };
     let read = |addr: u64| -> Option<u64> {
-        if addr < slot || addr % 8 != 0 {
+        if addr < slot || !addr.is_multiple_of(8) {
             return None;
         }
         if safe_reads {

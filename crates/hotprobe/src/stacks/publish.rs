@@ -30,6 +30,9 @@ pub enum StacksError {
 /// A module's compiled rows, or why it has none.
 type Compiled = Result<Vec<StackRow>, String>;
 
+/// The modules (path, load bias) and stack regions last published.
+type Published = (BTreeSet<(PathBuf, u64)>, Vec<ReadableRegion>);
+
 /// The tables published into one process, kept to publish again only what
 /// changed.
 #[derive(Debug, Default)]
@@ -37,7 +40,7 @@ pub struct StackTables {
     /// Compiled rows per (module path, load bias).
     cache: HashMap<(PathBuf, u64), Compiled>,
     /// The modules and regions last published.
-    published: Option<(BTreeSet<(PathBuf, u64)>, Vec<ReadableRegion>)>,
+    published: Option<Published>,
     /// The process's modules at the last refresh: stacks are symbolized
     /// with them, after the process may be gone.
     symbols: Option<ProcessSymbols>,
