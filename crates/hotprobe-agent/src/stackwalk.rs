@@ -34,13 +34,16 @@ use crate::trampoline::Frame;
 /// table. Called with the thread's busy flag held.
 #[inline(never)]
 pub(crate) fn capture(shm: &Shm, t: &ThreadEntry, frame: &Frame, probe: u32) {
-    let Some(view) = StacksView::of(shm) else {
+    // Borrowed where `of` left it: moving the view would copy it with
+    // vector moves, which the fast path may not use.
+    let found = StacksView::of(shm);
+    let Some(view) = found.as_ref() else {
         return;
     };
     let Some(scratch) = thread_scratch(t) else {
         return;
     };
-    capture_with(shm, &view, scratch, t, frame, probe);
+    capture_with(shm, view, scratch, t, frame, probe);
 }
 
 /// [`capture`] with the region's view and the thread's scratch memory
