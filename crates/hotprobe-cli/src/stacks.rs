@@ -19,6 +19,13 @@ pub fn print_stacks(session: &Session, placed: &[Placement]) {
             );
             continue;
         };
+        if stacks.is_empty() && session.stats(p.id).is_some_and(|s| s.hits > 0) {
+            errln!(
+                "hotprobe: --stacks: no stacks for {} ({}: only sites at a function's first instruction capture them)",
+                p.label,
+                p.mechanism
+            );
+        }
         outln!();
         outln!("stacks of {} (most frequent first):", p.label);
         for s in &stacks {

@@ -181,6 +181,11 @@ impl FastPath {
                     bits |= ACTION_EXIT;
                     info.exits = "return hook";
                 }
+                if coldpatch {
+                    // The placeholder runs after the prologue: the stack is
+                    // not as at the first instruction, no walk starts there.
+                    bits &= !hotprobe_abi::ACTION_STACK;
+                }
                 let target = self.entry_target(t, site, probe_id, action, bits, &mut info)?;
                 let mut bytes = call_rel32(site, target)
                     .expect("target within reach")
