@@ -26,6 +26,7 @@ use std::process::Command;
 mod inproc;
 mod scale;
 mod sqlite;
+mod stacks;
 
 #[derive(Parser)]
 #[command(about = "hotprobe benchmarks, peers side by side")]
@@ -36,6 +37,19 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum What {
+    /// The cost per hit of `--stacks`: a jump counting a function 12
+    /// frames deep, with and without the agent's stack walk, vs native.
+    Stacks {
+        /// Pin this process and every tracee to one CPU.
+        #[arg(long)]
+        cpu: Option<usize>,
+        /// Calls per run.
+        #[arg(long, default_value_t = 1_000_000)]
+        calls: u64,
+        /// Runs per row (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+    },
     /// Trap probes (boosted, single-stepped) vs native, naive ptrace, gdb, bpftrace.
     Trap {
         /// Pin this process and every tracee to one CPU (tracer and target on one core).
@@ -156,6 +170,7 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.what {
         What::Trap { cpu, hits, runs } => trap(cpu, hits, runs),
+        What::Stacks { cpu, calls, runs } => stacks::run(cpu, calls, runs),
         What::RecordTrap { calls, runs } => record_trap(calls, runs),
         What::Inproc { cpu, hits, runs } => inproc::run(cpu, hits, runs),
         What::Typed { calls, runs } => typed(calls, runs),

@@ -55,8 +55,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"HOTPROBE");
 /// [`Header::tsc_hz`]; 12: the code ledger ([`LedgerCtl`], [`LedgerEntry`])
 /// between the trap table and the thread slots; 13: the aggregation
 /// region ([`crate::agg`], [`Layout::agg_offset`], [`ACTION_AGG`]) after
-/// the thread slots).
-pub const VERSION: u32 = 13;
+/// the thread slots; 14: the stacks region after the main layout
+/// ([`crate::stacks::StacksView`]) and [`ACTION_STACK`]).
+pub const VERSION: u32 = 14;
 /// Size of [`Header`] in bytes.
 pub const HEADER_SIZE: usize = 256;
 /// Alignment of every section start (the site table and the thread slots).
@@ -127,8 +128,18 @@ pub const ACTION_ALT_COUNTER: u32 = 1 << 3;
 /// (see [`crate::agg`]: a histogram of a value, or a count per key), in
 /// the target, instead of writing an event.
 pub const ACTION_AGG: u32 = 1 << 7;
+/// [`SiteSlot::action`] bit: capture the user stack at an entry (the
+/// agent walks it with the tables of [`crate::stacks`] and adds it to the
+/// stack table). Sites with it take the agent's generic trampoline. The
+/// top bit: the bits below 8 are taken, and the alternative counter index
+/// above [`ACTION_COUNTER_SHIFT`] (a probe id, below 2^23) never reaches
+/// it; readers of that index mask it off ([`ACTION_COUNTER_MASK`]).
+pub const ACTION_STACK: u32 = 1 << 31;
 /// Shift of the alternative counter index in [`SiteSlot::action`].
 pub const ACTION_COUNTER_SHIFT: u32 = 8;
+/// The bits of [`SiteSlot::action`] that hold the alternative counter
+/// index (shifted by [`ACTION_COUNTER_SHIFT`]): all but [`ACTION_STACK`].
+pub const ACTION_COUNTER_MASK: u32 = !ACTION_STACK;
 /// Shift of the xmm layout in [`SiteSlot::action`] (3 bits, see
 /// [`action_xmm`]): 0 records the usual registers; `k + 1` (k in 0..=6)
 /// makes an entry record the first `k` integer argument registers

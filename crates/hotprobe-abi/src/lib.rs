@@ -22,6 +22,7 @@ pub mod plugin;
 mod ring;
 mod shm;
 mod slots;
+pub mod stacks;
 
 pub use layout::*;
 pub use ring::{Consumer, DrainStats, Producer};

@@ -147,7 +147,7 @@ pub(crate) fn bump(c: &AtomicU64) {
 #[inline(always)]
 fn counter_of(probe: u32, action: u32) -> u32 {
     if action & ACTION_ALT_COUNTER != 0 {
-        action >> ACTION_COUNTER_SHIFT
+        (action & hotprobe_abi::ACTION_COUNTER_MASK) >> ACTION_COUNTER_SHIFT
     } else {
         probe
     }
@@ -470,6 +470,9 @@ fn take_hit(shm: &Shm, frame: &Frame, kind: u32, probe: u32, action: u32, contro
     t.fast.busy.store(1, Relaxed);
     // Signal fence: a handler interrupting this thread sees busy = 1.
     compiler_fence(SeqCst);
+    if action & hotprobe_abi::ACTION_STACK != 0 && kind == KIND_ENTRY as u32 {
+        crate::stackwalk::capture(shm, t, frame, probe);
+    }
     if action & ACTION_EXIT != 0 && kind == KIND_ENTRY as u32 {
         act_hooked(shm, t, frame, kind, probe, action, control);
     } else {

@@ -51,6 +51,7 @@ mod rawcall;
 mod release;
 mod shared_tls;
 mod sigmask;
+mod stackwalk;
 mod threads;
 mod tls;
 pub mod trampoline;

@@ -261,9 +261,15 @@ fn report_of(
     o: &ReportArgs,
 ) -> Result<()> {
     warn_incomplete(r);
+    if let Some(func) = &o.callers {
+        return crate::stacks::print_callers(dir, func);
+    }
     let query = o.query.compile(r)?;
     if o.query.matches_nothing(&query) {
         return Ok(());
+    }
+    if let Some(func) = &o.graph {
+        return crate::stacks::print_graph(&r, &query, func);
     }
     for m in markers {
         let syms = r.symbols();
@@ -601,10 +607,22 @@ pub fn export_cmd(o: &ExportOptions<'_>) -> Result<()> {
                         s.instants
                     )
                 }),
-                ExportFormat::Folded => with_bar(&bar, |cb| {
-                    export_folded_filtered(&r, &query, &mut sink, folded, Some(cb))
-                })
-                .map(|n| format!("{n} stacks")),
+                ExportFormat::Folded => {
+                    match crate::stacks::captured_folded(o.dir, o.per_thread)? {
+                        // `record --stacks`: the captured stacks, in calls.
+                        Some(text) => sink
+                            .write_all(text.as_bytes())
+                            .map(|()| format!("{} captured stacks", text.lines().count()))
+                            .map_err(|source| TraceError::Io {
+                                path: PathBuf::from("-"),
+                                source,
+                            }),
+                        None => with_bar(&bar, |cb| {
+                            export_folded_filtered(&r, &query, &mut sink, folded, Some(cb))
+                        })
+                        .map(|n| format!("{n} stacks")),
+                    }
+                }
                 _ => {
                     let opts = FlameOptions {
                         title: None,

@@ -119,6 +119,11 @@ pub enum Cmd {
         /// instruction-boundary check only, never the blacklist.
         #[arg(long)]
         force: bool,
+        /// Also count the user stacks at each function entry (callers,
+        /// walked in the target with .eh_frame tables and frame pointers),
+        /// printed symbolized, most frequent first.
+        #[arg(long)]
+        stacks: bool,
         /// The command to start (after `--`).
         #[arg(last = true, value_name = "CMD")]
         cmd: Vec<OsString>,
@@ -311,6 +316,11 @@ pub enum Cmd {
         #[arg(long, value_name = "N", default_value_t = 64,
               value_parser = clap::value_parser!(u32).range(1..=4096))]
         max_threads: u32,
+        /// Capture the user stack at each function entry and write the
+        /// stacks, counted and symbolized, into the trace (stacks.tsv):
+        /// `report --callers`, `export --format folded` read them.
+        #[arg(long)]
+        stacks: bool,
         /// Stop after recording this many seconds (counted from when the
         /// probes are in): the probes are removed and the target runs on
         /// untraced.
@@ -722,4 +732,13 @@ pub struct ReportArgs {
     /// Print JSON (one line) instead of the table (docs/JSON.md).
     #[arg(long)]
     pub json: bool,
+    /// The callers of FUNC (a glob), from the stacks `record --stacks`
+    /// captured: each direct caller with its calls, and the full stacks
+    /// through it.
+    #[arg(long, value_name = "FUNC", conflicts_with_all = ["phases", "diff", "hist", "flame", "task", "graph"])]
+    pub callers: Option<String>,
+    /// The call graph below FUNC (a glob) from the recorded call tree, as
+    /// `uftrace graph` shows it: calls and total time of each callee path.
+    #[arg(long, value_name = "FUNC", conflicts_with_all = ["phases", "diff", "hist", "flame", "task"])]
+    pub graph: Option<String>,
 }

@@ -57,6 +57,8 @@ pub struct CountOptions<'a> {
     pub all: bool,
     /// `--force`: probe addresses not shown to start an instruction.
     pub force: bool,
+    /// `--stacks`: count the stacks at each entry too.
+    pub stacks: bool,
 }
 
 /// A probe spec split from its condition.
@@ -169,6 +171,7 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         follow_forks: o.follow_forks,
         fast_path: FastPathConfig {
             record_args,
+            stacks: o.stacks,
             ..FastPathConfig::default()
         },
         force: o.force,
@@ -316,6 +319,9 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         .cloned()
         .partition(|p| o.all || o.json || !from_pattern.contains(&p.id.0) || hits_of(p) > 0);
     print_table_with(&t.session, &shown, o.follow_forks, &extras);
+    if o.stacks {
+        crate::stacks::print_stacks(&t.session, &shown);
+    }
     if !hidden.is_empty() {
         errln!(
             "hotprobe: {} probes of patterns had no hit and are not shown (--all shows them)",

@@ -40,6 +40,7 @@ mod pager;
 mod record;
 mod session;
 mod signals;
+mod stacks;
 mod trace;
 mod usage;
 mod watch;
@@ -144,6 +145,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             json,
             all,
             force,
+            stacks,
             cmd,
         } => {
             let duration = duration(secs)?;
@@ -153,6 +155,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 hist: matches!(hist, Some(None)),
                 agg,
                 top,
+                stacks,
                 json,
                 all,
                 force,
@@ -236,6 +239,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             no_traps,
             ring_events,
             max_threads,
+            stacks,
             duration: secs,
             pid,
             cmd,
@@ -267,6 +271,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 aggregate: !no_aggregate,
                 ring_events,
                 max_threads,
+                stacks,
                 duration,
                 pid,
                 cmd: &cmd,

@@ -51,6 +51,8 @@ const RUNTIME_FUNCTIONS: &[&str] = &[
 pub struct RecordOptions<'a> {
     /// The trace directory to write.
     pub out: &'a Path,
+    /// `--stacks`: capture the stacks at entries into stacks.tsv.
+    pub stacks: bool,
     /// `--force`: replace the trace already in `out`.
     pub force: bool,
     /// Include globs (empty: every function of the main executable).
@@ -229,6 +231,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             // -a: typed values in integer registers come from the
             // recorded ones (all six argument registers).
             record_args: if o.auto_args { 6 } else { o.args },
+            stacks: o.stacks,
             ..defaults
         },
         // A trap costs a ptrace stop per hit (docs/DESIGN.md, "Library
@@ -485,6 +488,9 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     let ran = t.run(&placed, o.duration, Some(&mut typed_sink));
     let kernel = kernel.map(|k| k.borrow_mut().finish(&mut writer));
     let stats = writer.finish().context("cannot finish the trace")?;
+    if o.stacks {
+        crate::stacks::write_trace_stacks(&t.session, &placed, o.out)?;
+    }
     if let Some(e) = &stats.write_error {
         errln!(
             "hotprobe: warning: {e}: stopped writing the trace there and let the program run \

@@ -186,6 +186,11 @@ impl FastPath {
                     bits |= ACTION_EXIT;
                     info.exits = "return hook";
                 }
+                if coldpatch {
+                    // The placeholder runs after the prologue: the stack is
+                    // not as at the first instruction, no walk starts there.
+                    bits &= !hotprobe_abi::ACTION_STACK;
+                }
                 let target = self.entry_target(t, site, probe_id, action, bits, &mut info)?;
                 let mut bytes = call_rel32(site, target)
                     .expect("target within reach")
@@ -307,8 +312,12 @@ impl FastPath {
         bits: u32,
         info: &mut SiteInfo,
     ) -> Result<u64, FastPathError> {
-        // A return hook or an aggregation needs the agent's generic path.
-        let stub = if bits & (ACTION_EXIT | hotprobe_abi::ACTION_AGG) == 0 {
+        // A return hook, an aggregation or a stack walk needs the agent's
+        // generic path: stubs do none of them.
+        let stub = if bits
+            & (ACTION_EXIT | hotprobe_abi::ACTION_AGG | hotprobe_abi::ACTION_STACK)
+            == 0
+        {
             self.stub(t, at, StubKind::Entry, probe_id, probe_id, action)?
         } else {
             None

@@ -180,6 +180,10 @@ pub struct Action {
     /// Aggregate in the target (`hotprobe_abi::agg`): each hit adds into
     /// the probe's histogram or key count, through the agent (no stub).
     pub agg: Option<hotprobe_abi::agg::AggRule>,
+    /// Capture the user stack at each entry (issue 24, `--stacks`): the
+    /// agent walks it and counts it in the stacks region
+    /// ([`hotprobe_abi::stacks`]); needs [`FastPathConfig::stacks`].
+    pub stack: bool,
 }
 
 impl Action {
@@ -190,6 +194,7 @@ impl Action {
             exit: false,
             xmm: None,
             agg: None,
+            stack: false,
         }
     }
     /// Count and record entries.
@@ -199,9 +204,17 @@ impl Action {
             exit: false,
             xmm: None,
             agg: None,
+            stack: false,
         }
     }
     /// Also observe exits (exit events when recording).
+    pub fn with_stack(self) -> Action {
+        Action {
+            stack: true,
+            ..self
+        }
+    }
+    /// Also observe the function's exits.
     pub fn with_exit(self) -> Action {
         Action { exit: true, ..self }
     }
@@ -230,7 +243,12 @@ impl Action {
         } else {
             0
         };
-        ACTION_COUNT | if self.record { ACTION_RECORD } else { 0 } | xmm | agg
+        let stack = if self.stack {
+            hotprobe_abi::ACTION_STACK
+        } else {
+            0
+        };
+        ACTION_COUNT | if self.record { ACTION_RECORD } else { 0 } | xmm | agg | stack
     }
 }
 
@@ -285,6 +303,9 @@ pub struct FastPathConfig {
     /// sends every hit through the agent's generic trampolines (slower;
     /// kept for comparison).
     pub stubs: bool,
+    /// Reserve the stacks region ([`hotprobe_abi::stacks`]) after the
+    /// main layout, for [`Action::stack`] probes (issue 24, `--stacks`).
+    pub stacks: bool,
 }
 
 impl Default for FastPathConfig {
@@ -296,6 +317,7 @@ impl Default for FastPathConfig {
             record_args: 6,
             heartbeat_timeout: Duration::from_secs(2),
             stubs: true,
+            stacks: false,
         }
     }
 }
@@ -521,6 +543,11 @@ impl FastPath {
     /// The validated shared-memory view (counters, rings, header).
     pub fn shm(&self) -> &hotprobe_abi::Shm {
         self.shm.shm()
+    }
+
+    /// The stacks region, when [`FastPathConfig::stacks`] reserved one.
+    pub fn stacks(&self) -> Option<hotprobe_abi::stacks::StacksView> {
+        hotprobe_abi::stacks::StacksView::of(self.shm())
     }
 
     /// Hits of `probe_id` so far (exact once the target's threads are quiescent).

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use hotprobe_abi::stacks::{stacks_size, StacksParams, StacksView};
 use hotprobe_abi::{rdtsc, Layout, Params, Shm, EVENT_SIZE_COMPACT, EVENT_SIZE_FULL};
 
 use crate::{FastPathConfig, FastPathError};
@@ -53,12 +54,28 @@ impl OwnedShm {
         };
         let layout = Layout::new(params).map_err(|e| FastPathError::Shm(e.to_string()))?;
         let err = |e: hotprobe_os::OsError| FastPathError::Shm(e.to_string());
-        memfd.set_len(layout.total_size as u64).map_err(err)?;
-        let mapping = Mapping::shared(&memfd, layout.total_size).map_err(err)?;
+        // The stacks region (issue 24) goes after the main layout; the
+        // agent maps the whole file and finds it there.
+        let stacks = StacksParams::default();
+        let stacks_len = match config.stacks {
+            true => stacks_size(stacks).ok_or(FastPathError::Shm("stacks region size".into()))?,
+            false => 0,
+        };
+        let total = layout.total_size + stacks_len;
+        memfd.set_len(total as u64).map_err(err)?;
+        let mapping = Mapping::shared(&memfd, total).map_err(err)?;
         // SAFETY: zero-filled, page-aligned, valid until `mapping` drops,
         // after `shm`.
-        let shm = unsafe { Shm::create(mapping.as_ptr(), layout.total_size, params) }
+        let shm = unsafe { Shm::create(mapping.as_ptr(), total, params) }
             .map_err(|e| FastPathError::Shm(e.to_string()))?;
+        if config.stacks {
+            // SAFETY: the last `stacks_len` bytes of the same mapping,
+            // zero-filled and 64-byte aligned (every section of the layout is).
+            unsafe {
+                StacksView::create(mapping.as_ptr().add(layout.total_size), stacks_len, stacks)
+            }
+            .map_err(|e| FastPathError::Shm(e.to_string()))?;
+        }
         let ticks = clock::tsc_per_sec(TSC_CALIBRATION);
         shm.header().heartbeat_tsc.store(rdtsc(), Relaxed);
         // For threads that may not run `rdtsc` (the agent's clock module):

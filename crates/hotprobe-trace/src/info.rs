@@ -9,8 +9,9 @@ use crate::format::KindCounts;
 /// Format name in `info.json`.
 pub const FORMAT_NAME: &str = "hotprobe-trace";
 /// Format version in `info.json` (streams carry their own version too):
-/// 2 added typed values, 3 the host kernel's events (`kernel`).
-pub const FORMAT_VERSION: u32 = 3;
+/// 2 added typed values, 3 the host kernel's events (`kernel`), 4 the
+/// captured user stacks (`stacks.tsv`, [`crate::stacks`]).
+pub const FORMAT_VERSION: u32 = 4;
 
 /// One thread's stream as listed in `info.json`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

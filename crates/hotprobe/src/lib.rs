@@ -35,6 +35,7 @@ pub mod pending;
 mod plugin;
 mod recorder;
 mod session;
+pub mod stacks;
 pub mod typed;
 pub mod typed_capture;
 
@@ -59,6 +60,7 @@ pub use hotprobe_resolve::{
     check_probe_point, module_blacklist, BlacklistEntry, CheckOptions, ProcessResolver, Resolver,
     Symbolizer, SIGRETURN_SYMBOLS,
 };
+pub use session::stacks::ProbeStack;
 pub use session::watch::{ValueSource, WatchAt, WatchHit, WatchKind, WatchSpec, WatchStats};
 pub use session::{
     Action, Added, AggChooser, Capture, CaptureChooser, Mechanism, MechanismChoice, PatchKind,

@@ -37,6 +37,8 @@ pub(super) struct Agent {
     /// ever had a shared-memory handler: its hits are the calls taken plus
     /// those the agent withdrew (see `Agent::add_counts`).
     pub(super) taken: HashMap<u32, u64>,
+    /// The unwind tables published for `--stacks` (issue 24, `stacks.rs`).
+    pub(super) stack_tables: crate::stacks::StackTables,
 }
 
 impl Agent {
@@ -47,6 +49,7 @@ impl Agent {
             counters: HashMap::new(),
             handlers: HashMap::new(),
             taken: HashMap::new(),
+            stack_tables: crate::stacks::StackTables::new(),
         }
     }
 

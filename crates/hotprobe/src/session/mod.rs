@@ -47,6 +47,7 @@ mod plan;
 mod resolve;
 mod reverted;
 mod run;
+pub(crate) mod stacks;
 mod stats;
 mod untraced;
 mod usdt;

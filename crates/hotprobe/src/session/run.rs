@@ -196,6 +196,12 @@ impl Session {
                 crate::nonlocal::sync_unwind_hooks(&mut self.slots[i].engine, pid);
             }
         }
+        if matches!(
+            ev,
+            TargetEvent::ModulesChanged { .. } | TargetEvent::ThreadCreated(_)
+        ) {
+            self.stacks_on_event(i, &ev);
+        }
         let slot = &mut self.slots[i];
         slot.engine.handle(ev)?;
         if exec {

@@ -219,6 +219,9 @@ impl ProbeMechanism for FastMech {
         } else {
             hotprobe_fastpath::Action::count()
         };
+        // `--stacks`: every entry walks its stack (issue 24).
+        let stacks = fp.stacks().is_some();
+        let action = if stacks { action.with_stack() } else { action };
         if ask.batching {
             fp.begin_batch();
         }
@@ -228,6 +231,11 @@ impl ProbeMechanism for FastMech {
         }
         let info = info?;
         cx.agent.bind(id, info.probe_id, info.exit_probe_id);
+        if stacks {
+            if let Some(n) = cx.agent.refresh_stacks(pt.pid()) {
+                cx.engine.notices.push(n);
+            }
+        }
         sync_agent_writes(cx.engine, cx.agent, cx.ledger);
         cx.ledger.add_probe(info.addr, (id, record));
         let mechanism = from_fast(info.mechanism);

@@ -1,0 +1,155 @@
+//! Stacks at a hit (issue 24, `--stacks`): the session publishes a
+//! process's unwind tables when a probe is placed, and reads the stacks the
+//! agent counted, symbolized with the modules it published.
+
+use super::*;
+
+/// One captured stack of a probe, symbolized.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeStack {
+    /// The callers, innermost first: the probed function's caller, its
+    /// caller, … (`function` or `module!0xaddr`).
+    pub frames: Vec<String>,
+    /// The return addresses of the first stack seen with these names.
+    pub addrs: Vec<u64>,
+    /// The walk stopped before the outermost frame (depth limit, a frame it
+    /// could not unwind).
+    pub truncated: bool,
+    /// Hits with this stack.
+    pub count: u64,
+}
+
+impl Agent {
+    /// Publishes the process's unwind tables and stack regions again where
+    /// they changed; a notice when they could not be.
+    pub(super) fn refresh_stacks(&mut self, pid: i32) -> Option<String> {
+        let AgentState::On(fp) = &self.state else {
+            return None;
+        };
+        let view = fp.stacks()?;
+        match self.stack_tables.refresh(pid as u32, &view) {
+            Ok(r) if r.failed.is_empty() => None,
+            Ok(r) => Some(format!(
+                "--stacks: no unwind table for {} (walked by frame pointers): {}",
+                r.failed.len(),
+                r.failed
+                    .iter()
+                    .map(|(p, e)| format!("{}: {e}", p.display()))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )),
+            Err(e) => Some(format!("--stacks: {e}")),
+        }
+    }
+}
+
+impl Agent {
+    /// After a thread started: its stack is published as readable (else
+    /// its hits are counted as on an unpublished stack, with no frames).
+    pub(super) fn refresh_stack_regions(&mut self, pid: i32) -> Option<String> {
+        let AgentState::On(fp) = &self.state else {
+            return None;
+        };
+        let view = fp.stacks()?;
+        match self.stack_tables.refresh_regions(pid as u32, &view) {
+            Ok(_) => None,
+            Err(e) => Some(format!("--stacks: {e}")),
+        }
+    }
+}
+
+impl Session {
+    /// Publishes the unwind tables (a library loaded) or the stack regions
+    /// (a thread started) of target `i` again, for `--stacks`.
+    pub(super) fn stacks_on_event(&mut self, i: usize, ev: &TargetEvent) {
+        let Some(slot) = self.slots.get_mut(i) else {
+            return;
+        };
+        let Some(pid) = slot.pid else { return };
+        let notice = match ev {
+            TargetEvent::ModulesChanged { .. } => slot.agent.refresh_stacks(pid),
+            TargetEvent::ThreadCreated(_) => slot.agent.refresh_stack_regions(pid),
+            _ => None,
+        };
+        if let Some(n) = notice {
+            slot.engine.notices.push(n);
+        }
+    }
+
+    /// The stacks captured at probe `id`'s entries (a fast-path probe of a
+    /// session opened with [`FastPathConfig::stacks`]), most frequent
+    /// first, with what the agent counted beside them. `None` when the
+    /// probe has no stacks region.
+    pub fn stacks(&self, id: ProbeId) -> Option<(Vec<ProbeStack>, crate::stacks::StackTotals)> {
+        let slot = self.slots.get((id.0 >> TARGET_SHIFT) as usize)?;
+        let fp = slot.agent.fast_path()?;
+        let view = fp.stacks()?;
+        let counters = slot.agent.counters.get(&id)?;
+        let (all, totals) = crate::stacks::read_stacks(&view);
+        let tables = &slot.agent.stack_tables;
+        // Stacks with the same callers (by name) are one: a loop the
+        // compiler unrolled calls from several addresses of one function.
+        let mut merged: Vec<ProbeStack> = Vec::new();
+        for s in all
+            .into_iter()
+            .filter(|s| counters.iter().any(|(c, _)| *c == s.probe))
+        {
+            let frames: Vec<String> = s.frames.iter().map(|a| tables.frame_name(*a)).collect();
+            match merged
+                .iter_mut()
+                .find(|m| m.frames == frames && m.truncated == s.truncated)
+            {
+                Some(m) => m.count += s.count,
+                None => merged.push(ProbeStack {
+                    frames,
+                    addrs: s.frames,
+                    truncated: s.truncated,
+                    count: s.count,
+                }),
+            }
+        }
+        merged.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.frames.cmp(&b.frames)));
+        let stacks = merged;
+        Some((stacks, totals))
+    }
+
+    /// The stacks of every probe of `placed` that has some, for a trace's
+    /// `stacks.tsv` (the function's name, or the probe's label), with the
+    /// totals of what the agents could not capture.
+    pub fn captured_stacks(
+        &self,
+        placed: &[Placement],
+    ) -> (
+        Vec<hotprobe_trace::stacks::CapturedStack>,
+        crate::stacks::StackTotals,
+    ) {
+        let mut out = Vec::new();
+        let mut totals = crate::stacks::StackTotals::default();
+        let mut seen_slots = std::collections::HashSet::new();
+        for p in placed {
+            let Some((stacks, t)) = self.stacks(p.id) else {
+                continue;
+            };
+            // One stacks region per target: its totals once.
+            if seen_slots.insert(p.id.0 >> TARGET_SHIFT) {
+                totals.captured += t.captured;
+                totals.truncated += t.truncated;
+                totals.torn += t.torn;
+                totals.table_full += t.table_full;
+                totals.no_region += t.no_region;
+            }
+            let function = p.function.clone().unwrap_or_else(|| p.label.clone());
+            out.extend(
+                stacks
+                    .into_iter()
+                    .map(|s| hotprobe_trace::stacks::CapturedStack {
+                        function: function.clone(),
+                        callers: s.frames,
+                        truncated: s.truncated,
+                        count: s.count,
+                    }),
+            );
+        }
+        (out, totals)
+    }
+}

@@ -1,0 +1,13 @@
+//! Stacks at a hit (issue 24): the tracer's side. [`cfi`] compiles a
+//! module's `.eh_frame` into the rows the agent walks
+//! ([`hotprobe_abi::stacks`]); [`publish`] writes them, with the stack
+//! mappings, into a process's stacks region and reads the captured
+//! stacks back.
+
+pub mod cfi;
+pub mod publish;
+
+pub use cfi::{compile_module, CfiError};
+pub use publish::{
+    frame_name, read_stacks, RefreshReport, StackCount, StackTables, StackTotals, StacksError,
+};
