@@ -89,6 +89,11 @@ pub enum Cmd {
         /// by default they run without probes.
         #[arg(short = 'f', long)]
         follow_forks: bool,
+        /// With -f: a process that executes another program is not probed
+        /// in it (by default the probes are placed again in each program
+        /// a followed process executes).
+        #[arg(long, requires = "follow_forks")]
+        no_follow_exec: bool,
         /// Also a latency histogram of each function's calls (log2 buckets;
         /// records entries and exits instead of counting).
         #[arg(long)]
@@ -190,6 +195,11 @@ pub enum Cmd {
         /// by default they run without probes.
         #[arg(short = 'f', long)]
         follow_forks: bool,
+        /// With -f: a process that executes another program is not probed
+        /// in it (by default the probes are placed again in each program
+        /// a followed process executes).
+        #[arg(long, requires = "follow_forks")]
+        no_follow_exec: bool,
         /// Probe addresses not shown to start an instruction (no symbol or
         /// .eh_frame entry before them, as in a stripped binary): skips the
         /// instruction-boundary check only, never the blacklist.
@@ -277,6 +287,11 @@ pub enum Cmd {
         /// by default they run without probes.
         #[arg(short = 'f', long)]
         follow_forks: bool,
+        /// With -f: a process that executes another program is not probed
+        /// in it (by default the probes are placed again in each program
+        /// a followed process executes).
+        #[arg(long, requires = "follow_forks")]
+        no_follow_exec: bool,
         /// Also record the host kernel's events of the traced threads and
         /// of the threads and processes they create: syscalls (name, return
         /// value, duration) and off-CPU time, through perf tracepoints

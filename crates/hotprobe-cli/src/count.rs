@@ -40,6 +40,9 @@ pub struct CountOptions<'a> {
     pub no_traps: bool,
     /// `-f`: follow forked children, a row per probe and process.
     pub follow_forks: bool,
+    /// `-f` without `--no-follow-exec`: probes placed again in each
+    /// program a followed process executes, a row per process and image.
+    pub follow_exec: bool,
     /// `--hist`: a histogram of each function's call durations.
     pub hist: bool,
     /// `--json`: the table as JSON.
@@ -134,6 +137,7 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         mechanism: o.mechanism,
         maxactive: o.maxactive,
         follow_forks: o.follow_forks,
+        follow_exec: o.follow_exec,
         fast_path: FastPathConfig {
             record_args,
             ..FastPathConfig::default()
@@ -213,6 +217,7 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
             .map(CountSink::all_histograms),
         json: o.json,
         guests: None,
+        comms: None,
     };
     let hits_of = |p: &Placement| -> u64 {
         match &extras.hits {
@@ -222,6 +227,13 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
                 .stats(p.id)
                 .map_or(0, |st| st.hits + st.returns + st.nmissed),
         }
+    };
+    // -f across exec: the probes placed in each program executed, a
+    // COMM column (see crate::exec_rows).
+    let (placed, comms) = crate::session::with_exec_rows(&t.session, placed, &mut from_pattern);
+    let extras = TableExtras {
+        comms: comms.as_ref(),
+        ..extras
     };
     let (shown, hidden): (Vec<Placement>, Vec<Placement>) = placed
         .iter()

@@ -112,6 +112,7 @@ pub fn run() -> Result<u8> {
         mechanism: hotprobe::MechanismChoice::Auto,
         no_traps: false,
         follow_forks: false,
+        follow_exec: false,
         force: false,
     })
 }

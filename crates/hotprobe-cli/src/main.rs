@@ -137,6 +137,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             mechanism,
             no_traps,
             follow_forks,
+            no_follow_exec,
             hist,
             json,
             all,
@@ -151,6 +152,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 all,
                 force,
                 follow_forks,
+                follow_exec: follow_forks && !no_follow_exec,
                 probes: &probes,
                 pid,
                 cmd: &cmd,
@@ -191,6 +193,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             mechanism,
             no_traps,
             follow_forks,
+            no_follow_exec,
             force,
             cmd,
         } => {
@@ -198,6 +201,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             signals::install()?;
             trace::run(&trace::TraceOptions {
                 follow_forks,
+                follow_exec: follow_forks && !no_follow_exec,
                 force,
                 probes: &probes,
                 pid,
@@ -225,6 +229,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             auto_args,
             mechanism,
             follow_forks,
+            no_follow_exec,
             kernel,
             no_aggregate,
             no_traps,
@@ -245,6 +250,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             signals::install()?;
             record::run(&record::RecordOptions {
                 follow_forks,
+                follow_exec: follow_forks && !no_follow_exec,
                 kernel,
                 out: &output,
                 force,

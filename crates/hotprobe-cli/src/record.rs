@@ -76,6 +76,9 @@ pub struct RecordOptions<'a> {
     pub traps: bool,
     /// `-f`: follow forked children.
     pub follow_forks: bool,
+    /// `-f` without `--no-follow-exec`: probes placed again in each
+    /// program a followed process executes.
+    pub follow_exec: bool,
     /// `--kernel`: the host kernel's events too (syscalls, off-CPU).
     pub kernel: bool,
     /// Merge entry+exit pairs into call records.
@@ -237,6 +240,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
         record_traps: o.traps,
         no_traps: !o.traps,
         follow_forks: o.follow_forks,
+        follow_exec: o.follow_exec,
         ..SessionConfig::default()
     };
     let mut t = Traced::open(config, o.pid, o.cmd)?;

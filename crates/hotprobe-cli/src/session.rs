@@ -282,6 +282,9 @@ pub struct TableExtras<'a> {
     /// The guest of each probe id (`guest count` with several guests): a
     /// GUEST column after PROBE (`guest` in JSON).
     pub guests: Option<&'a HashMap<u32, String>>,
+    /// The command name of the image each probe id was placed in (`-f`
+    /// across exec): a COMM column after PID (`comm` in JSON).
+    pub comms: Option<&'a HashMap<u32, String>>,
 }
 
 /// Print the per-probe table on stdout: spec, address, hits (returns for a
@@ -340,6 +343,9 @@ pub fn print_table_with(
                 if per_process {
                     o["pid"] = pid.into();
                 }
+                if let Some(c) = x.comms.and_then(|c| c.get(&p.id.0)) {
+                    o["comm"] = c.as_str().into();
+                }
                 if let Some(g) = x.guests.and_then(|g| g.get(&p.id.0)) {
                     o["guest"] = g.as_str().into();
                 }
@@ -357,6 +363,9 @@ pub fn print_table_with(
             }
             if per_process {
                 row.push(pid.to_string());
+            }
+            if let Some(c) = x.comms {
+                row.push(c.get(&p.id.0).cloned().unwrap_or_default());
             }
             row.extend([
                 format!("{:#x}", p.addr.0),
@@ -379,6 +388,9 @@ pub fn print_table_with(
     }
     if per_process {
         head.push("PID");
+    }
+    if x.comms.is_some() {
+        head.push("COMM");
     }
     head.extend(["ADDRESS", "HITS", "NMISSED", "EXECUTION", "WHY"]);
     let mut w: Vec<usize> = head.iter().map(|h| h.len()).collect();
@@ -462,4 +474,46 @@ pub fn note_untyped(typing: &hotprobe::typed::Typing) {
             u[..3].join(", ")
         ),
     }
+}
+
+/// With exec followed (`-f`): `placed` without the specs that waited for
+/// an exec (each said on stderr when no program executed had it), then the
+/// probes placed in each program a followed process executed (those of a
+/// pattern's match added to `from_pattern`), and the command name of each
+/// probe's image for a COMM column. Unchanged when no process executed a
+/// program under probes.
+pub fn with_exec_rows(
+    session: &Session,
+    placed: Vec<Placement>,
+    from_pattern: &mut std::collections::HashSet<u32>,
+) -> (Vec<Placement>, Option<HashMap<u32, String>>) {
+    let images = session.exec_images();
+    let waiting =
+        |p: &Placement| p.mechanism == hotprobe::Mechanism::Pending && p.execution == "at exec";
+    for p in placed.iter().filter(|p| waiting(p)) {
+        if !images.iter().any(|i| !i.missing.contains(&p.label)) {
+            errln!(
+                "hotprobe: {}: no followed process executed a program that has it",
+                p.label
+            );
+        }
+    }
+    if images.is_empty() {
+        return (placed, None);
+    }
+    let specs: std::collections::HashSet<String> = placed.iter().map(|p| p.label.clone()).collect();
+    let mut rows: Vec<Placement> = placed.into_iter().filter(|p| !waiting(p)).collect();
+    for img in images {
+        for p in &img.placements {
+            if !specs.contains(&p.label) {
+                from_pattern.insert(p.id.0);
+            }
+            rows.push(p.clone());
+        }
+    }
+    let comms = rows
+        .iter()
+        .filter_map(|p| Some((p.id.0, session.comm_of(p.id)?)))
+        .collect();
+    (rows, Some(comms))
 }

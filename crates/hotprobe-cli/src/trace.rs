@@ -50,6 +50,9 @@ pub struct TraceOptions<'a> {
     pub no_traps: bool,
     /// `-f`: follow forked children.
     pub follow_forks: bool,
+    /// `-f` without `--no-follow-exec`: probes placed again in each
+    /// program a followed process executes.
+    pub follow_exec: bool,
     /// `--force`: probe addresses not shown to start an instruction.
     pub force: bool,
 }
@@ -256,6 +259,7 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
             ..FastPathConfig::default()
         },
         follow_forks: o.follow_forks,
+        follow_exec: o.follow_exec,
         force: o.force,
         no_traps: o.no_traps,
         ..SessionConfig::default()

@@ -265,4 +265,37 @@ impl ProcessTarget {
         t.arm_rendezvous();
         Ok(t)
     }
+
+    /// Whether vfork children that execute a program are held stopped at
+    /// their exec for [`ProcessTarget::adopt_execd_vfork_child`] (rather
+    /// than let go at once, without probes).
+    pub fn set_keep_execd_vfork_children(&mut self, keep: bool) {
+        self.keep_execd_vfork = keep;
+    }
+
+    /// The vfork children held at their exec since the last call.
+    pub fn take_execd_vfork_children(&mut self) -> Vec<i32> {
+        std::mem::take(&mut self.execd_vfork_children)
+    }
+
+    /// Releases a vfork child held at its exec without taking it (it runs
+    /// on untraced).
+    pub fn release_execd_vfork_child(&mut self, child: i32) {
+        let _ = self.sys.detach(child, 0);
+    }
+
+    /// A vfork child held at its exec (see
+    /// [`ProcessTarget::take_execd_vfork_children`]) as a target of its
+    /// own, still stopped there: its new program's loader is mapped and has
+    /// not run.
+    pub fn adopt_execd_vfork_child(&mut self, child: i32) -> Result<ProcessTarget, ProcessError> {
+        let mem = open_mem(&self.sys, child)?;
+        let program = std::fs::read_link(format!("/proc/{child}/exe")).unwrap_or_default();
+        let mut t = ProcessTarget::new(child, program, mem, self.spawned, self.sys.clone());
+        t.strays = self.strays.clone();
+        t.keep_execd_vfork = self.keep_execd_vfork;
+        t.threads.insert(child, Thread::new(RunState::Parked));
+        t.arm_rendezvous();
+        Ok(t)
+    }
 }

@@ -58,6 +58,7 @@ pub use hotprobe_resolve::{
     Symbolizer, SIGRETURN_SYMBOLS,
 };
 pub use session::watch::{ValueSource, WatchAt, WatchHit, WatchKind, WatchSpec, WatchStats};
+pub use session::ExecImage;
 pub use session::{
     Action, Added, Capture, CaptureChooser, Mechanism, MechanismChoice, PatchKind, Placement,
     RunEnd, Session, SessionConfig, Skipped, TargetId, XmmChooser,

@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 mod add;
 mod agent;
 mod drain;
+mod exec;
 mod follow;
 mod foreign;
 mod handlers;
@@ -55,6 +56,7 @@ mod usdt;
 #[path = "../watch.rs"]
 pub(crate) mod watch;
 
+pub use exec::ExecImage;
 pub use ledger::{CodeOwner, CodeSite};
 use pending::Pending;
 use plan::Plan;
@@ -226,6 +228,11 @@ pub struct SessionConfig {
     /// probes (`strace -f`, `uftrace` habits). Probes with handlers of the
     /// caller's are not followed; `Count` and `Record` probes are.
     pub follow_forks: bool,
+    /// With [`SessionConfig::follow_forks`]: when a process the session
+    /// holds executes another program, its `Count` and `Record` specs are
+    /// placed again in the new image (see [`Session::exec_images`]) instead
+    /// of its probes ending there.
+    pub follow_exec: bool,
     /// Accept probe addresses not shown to start an instruction (no known
     /// boundary before them, e.g. in a stripped binary without
     /// `.eh_frame`, or decoding from one does not land on them):
@@ -242,6 +249,7 @@ impl Default for SessionConfig {
             record_traps: true,
             no_traps: false,
             follow_forks: false,
+            follow_exec: false,
             force: false,
         }
     }
@@ -287,6 +295,11 @@ struct Slot {
     /// USDT semaphores raised, one entry per probe placed on a marker
     /// that has one (see `usdt.rs`).
     semaphores: Vec<RuntimeAddr>,
+    /// The process executed another program that the session followed
+    /// (see `exec.rs`): its fork children take its probes, not its root's.
+    execd: bool,
+    /// The process's command name when the session took it.
+    first_comm: String,
 }
 
 impl Slot {
@@ -355,6 +368,12 @@ pub struct Session {
     batching: bool,
     /// Wait statuses one process target reaped for another (shared by all).
     strays: hotprobe_process::Strays,
+    /// `Count`/`Record` specs placed again at each followed exec.
+    exec_specs: Vec<exec::ExecSpec>,
+    /// The images followed execs brought, with their probes.
+    exec_images: Vec<ExecImage>,
+    /// Inside [`Session::follow_exec`]: specs are not remembered again.
+    placing_exec: bool,
 }
 
 impl Session {
@@ -378,6 +397,9 @@ impl Session {
             batching: false,
             xmm_layout: None,
             strays: Default::default(),
+            exec_specs: Vec::new(),
+            exec_images: Vec::new(),
+            placing_exec: false,
         }
     }
 
@@ -482,10 +504,17 @@ impl Session {
             symbols: None,
             reverted: Default::default(),
             semaphores: Vec::new(),
+            execd: false,
+            first_comm: pid.map(exec::comm_of).unwrap_or_default(),
         });
         let follow = self.config.follow_forks && pid.is_some();
         let slot = &mut self.slots[id];
         slot.engine.follow_forks = follow;
+        slot.engine.hold_at_exec = follow && self.config.follow_exec;
+        let hold = slot.engine.hold_at_exec;
+        if let Some(pt) = Slot::process(&mut slot.engine) {
+            pt.set_keep_execd_vfork_children(hold);
+        }
         if let Some(fp) = slot.agent.fast_path() {
             fp.set_follow_forks(follow);
         }

@@ -204,11 +204,14 @@ impl Session {
             slot.semaphores.clear();
             let (mut cx, mechs) = slot.parts();
             mechs.trap.publish(&mut cx);
+            self.follow_exec(i);
         }
+        let slot = &mut self.slots[i];
         let stop = slot.engine.take_stop();
         for (child, fixes) in std::mem::take(&mut slot.engine.forked) {
             self.follow_child(i, child, fixes);
         }
+        self.follow_execd_vfork_children(i);
         Ok(stop)
     }
 
