@@ -475,7 +475,11 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     });
     // Whatever happens to the run, the trace is finished: every event
     // drained before the end stays readable.
-    let mut typed_sink = typed::RegisterTyped::new(&mut writer, &typing, &placed);
+    // -f across exec: the functions of each program executed join the
+    // trace's symbols, the processes its info.json.
+    let first_id = placed.iter().map(|p| p.id.0 + 1).max().unwrap_or(0);
+    let mut exec_sink = hotprobe::ExecTraceSink::new(&mut writer, first_id, o.args, o.args > 0);
+    let mut typed_sink = typed::RegisterTyped::new(&mut exec_sink, &typing, &placed);
     let ran = t.run(&placed, o.duration, Some(&mut typed_sink));
     let kernel = kernel.map(|k| k.borrow_mut().finish(&mut writer));
     let stats = writer.finish().context("cannot finish the trace")?;

@@ -100,3 +100,50 @@ fn no_follow_exec_keeps_the_probes_to_the_first_program() {
     );
     assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
 }
+
+#[test]
+fn record_follows_exec_with_the_pid_and_comm_of_each_process() {
+    let dir = leafn_dir("record");
+    let trace = dir.join("trace");
+    let t = trace.to_str().unwrap();
+    let o = hotprobe_in(
+        &dir,
+        &[
+            "record", "--force", "-o", t, "-f", "leafwork", "--", "sh", "-c", SCRIPT,
+        ],
+    );
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(7), "{err}");
+    assert_eq!(text(&o.stdout), OUTPUT, "{err}");
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(trace.join("info.json")).unwrap()).unwrap();
+    let procs = info["processes"]
+        .as_array()
+        .expect("processes in info.json");
+    assert_eq!(procs.len(), 2, "{info}");
+    let pids: Vec<u64> = procs.iter().map(|p| p["pid"].as_u64().unwrap()).collect();
+    for p in procs {
+        assert_eq!(p["comm"], "leafn", "{info}");
+        assert_eq!(p["program"], dir.join("leafn").to_str().unwrap(), "{info}");
+    }
+    // Each process's calls, under its pid (single-threaded: its tid).
+    let replay = text(&hotprobe_within(&["replay", t], Duration::from_secs(20)).stdout);
+    let calls = common::call_tree(&replay);
+    for (pid, n) in pids.iter().zip([3, 5]) {
+        let mine = calls
+            .iter()
+            .filter(|(tid, _, name)| u64::from(*tid) == *pid && name == "leafwork")
+            .count();
+        assert_eq!(mine, n, "pid {pid}:\n{replay}");
+    }
+    let shown = text(&hotprobe_within(&["info", t], Duration::from_secs(20)).stdout);
+    for pid in &pids {
+        assert!(
+            shown.contains(&format!(
+                "pid {pid} leafn ({})",
+                dir.join("leafn").display()
+            )),
+            "info names pid {pid} and its comm:\n{shown}"
+        );
+    }
+}

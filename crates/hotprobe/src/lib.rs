@@ -23,6 +23,7 @@
 pub mod cond;
 mod count;
 mod engine;
+mod exec_trace;
 pub mod guest_boot;
 mod handler;
 mod held;
@@ -53,6 +54,7 @@ pub use plugin::PluginOptions;
 pub use recorder::{DrainStats, EventSink, SinkError};
 // Resolution lives below the engine (target crates implement `Resolver`
 // without depending on it); re-exported under the names it always had.
+pub use exec_trace::ExecTraceSink;
 pub use hotprobe_resolve::{
     check_probe_point, module_blacklist, BlacklistEntry, CheckOptions, ProcessResolver, Resolver,
     Symbolizer, SIGRETURN_SYMBOLS,

@@ -374,6 +374,8 @@ pub struct Session {
     exec_images: Vec<ExecImage>,
     /// Inside [`Session::follow_exec`]: specs are not remembered again.
     placing_exec: bool,
+    /// How many of `exec_images` the sink was told of.
+    exec_announced: usize,
 }
 
 impl Session {
@@ -400,6 +402,7 @@ impl Session {
             exec_specs: Vec::new(),
             exec_images: Vec::new(),
             placing_exec: false,
+            exec_announced: 0,
         }
     }
 
