@@ -236,6 +236,23 @@ impl EventSink for LiveTree {
         );
         Ok(())
     }
+
+    /// `-f` across exec: the probes of the program a process executed,
+    /// said in the tree with its pid and command name.
+    fn exec_image(&mut self, image: &hotprobe::ExecImage) -> Result<(), SinkError> {
+        let more = LiveTree::new(&image.placements, self.args);
+        self.names.extend(more.names);
+        self.labels.extend(more.labels);
+        outln!(
+            "{:>11} [{:>6}] | /* pid {} executed {} ({}) */",
+            "",
+            image.pid,
+            image.pid,
+            image.path.display(),
+            image.comm
+        );
+        Ok(())
+    }
 }
 
 /// Run `trace`; returns hotprobe's exit code (the command's).
