@@ -57,7 +57,7 @@ pub enum Cmd {
     /// Count hits of probes (fast path where a function entry allows it,
     /// else trap; see --mechanism); print a table when the target exits,
     /// on Ctrl-C, or after --duration.
-    #[command(group(ArgGroup::new("target").required(true).args(["pid", "cmd"])))]
+    #[command(group(ArgGroup::new("target").required(true).args(["pid", "cmd", "exe", "comm"])))]
     Count {
         /// Probe specs: [module:]function[+off] | [module:]0xADDR | file.c:LINE,
         /// with %return to count returns; `*` in a function name expands.
@@ -69,6 +69,15 @@ pub enum Cmd {
         /// Attach to this running process.
         #[arg(short, long, value_name = "PID")]
         pid: Option<i32>,
+        /// Take every process that runs this program, those running now
+        /// and those that start later (each held at its exec, before its
+        /// first instruction), until Ctrl-C or --duration. Needs root.
+        #[arg(long, value_name = "PATH")]
+        exe: Option<PathBuf>,
+        /// As --exe, for the processes whose command name (the kernel's
+        /// 15-character comm) is NAME.
+        #[arg(long, value_name = "NAME")]
+        comm: Option<String>,
         /// Stop (and detach) after this many seconds.
         #[arg(long, value_name = "SECS")]
         duration: Option<f64>,

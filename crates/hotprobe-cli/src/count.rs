@@ -43,6 +43,8 @@ pub struct CountOptions<'a> {
     /// `-f` without `--no-follow-exec`: probes placed again in each
     /// program a followed process executes, a row per process and image.
     pub follow_exec: bool,
+    /// `--exe`/`--comm`: every matching process, running or started later.
+    pub new_processes: Option<hotprobe::ProcessMatch>,
     /// `--hist`: a histogram of each function's call durations.
     pub hist: bool,
     /// `--json`: the table as JSON.
@@ -146,7 +148,10 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         no_traps: o.no_traps,
         ..SessionConfig::default()
     };
-    let mut t = Traced::open(config, o.pid, o.cmd)?;
+    let mut t = match &o.new_processes {
+        Some(what) => Traced::waiting(config, what.clone())?,
+        None => Traced::open(config, o.pid, o.cmd)?,
+    };
     let mut placed = Vec::new();
     let mut conds: HashMap<u32, Cond> = HashMap::new();
     let mut cond_text: HashMap<u32, String> = HashMap::new();
@@ -239,7 +244,8 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         .iter()
         .cloned()
         .partition(|p| o.all || o.json || !from_pattern.contains(&p.id.0) || hits_of(p) > 0);
-    print_table_with(&t.session, &shown, o.follow_forks, &extras);
+    let per_process = o.follow_forks || o.new_processes.is_some();
+    print_table_with(&t.session, &shown, per_process, &extras);
     if !hidden.is_empty() {
         errln!(
             "hotprobe: {} probes of patterns had no hit and are not shown (--all shows them)",

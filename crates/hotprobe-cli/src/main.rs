@@ -132,6 +132,8 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Count {
             probes,
             pid,
+            exe,
+            comm,
             duration: secs,
             maxactive,
             mechanism,
@@ -153,6 +155,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 force,
                 follow_forks,
                 follow_exec: follow_forks && !no_follow_exec,
+                new_processes: new_processes(exe, comm)?,
                 probes: &probes,
                 pid,
                 cmd: &cmd,
@@ -622,5 +625,25 @@ fn main() -> ExitCode {
             errln!("{} {}{see}", out::error_prefix(), one_line(&message(&e)));
             ExitCode::from(if usage || bad_input(&e) { 2 } else { 1 })
         }
+    }
+}
+
+/// `--exe PATH` / `--comm NAME`: which processes to take.
+fn new_processes(
+    exe: Option<PathBuf>,
+    comm: Option<String>,
+) -> anyhow::Result<Option<hotprobe::ProcessMatch>> {
+    match (exe, comm) {
+        (Some(p), None) => {
+            let p = std::fs::canonicalize(&p)
+                .map_err(|e| UsageError(format!("--exe {}: {e}", p.display())))?;
+            Ok(Some(hotprobe::ProcessMatch::Exe(p)))
+        }
+        (None, Some(c)) if c.is_empty() || c.len() > 15 => Err(UsageError(format!(
+            "--comm {c}: a command name has 1 to 15 bytes (the kernel's comm)"
+        ))
+        .into()),
+        (None, Some(c)) => Ok(Some(hotprobe::ProcessMatch::Comm(c))),
+        _ => Ok(None),
     }
 }

@@ -126,13 +126,7 @@ impl ExecGate {
         let mut buf = [0u8; 4096];
         loop {
             // SAFETY: reads into our buffer, at most its length.
-            let r = unsafe {
-                libc::read(
-                    self.fd.as_raw_fd(),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                )
-            };
+            let r = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
             if r < 0 {
                 let e = std::io::Error::last_os_error();
                 match e.kind() {
@@ -159,8 +153,8 @@ impl ExecGate {
                 }
                 // SAFETY: the event's descriptor is ours to close.
                 let file = unsafe { OwnedFd::from_raw_fd(m.fd) };
-                let program = std::fs::read_link(format!("/proc/self/fd/{}", m.fd))
-                    .unwrap_or_default();
+                let program =
+                    std::fs::read_link(format!("/proc/self/fd/{}", m.fd)).unwrap_or_default();
                 held.push(HeldExec {
                     pid: m.pid,
                     program,

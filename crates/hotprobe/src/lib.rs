@@ -60,12 +60,12 @@ pub use hotprobe_resolve::{
     Symbolizer, SIGRETURN_SYMBOLS,
 };
 pub use session::watch::{ValueSource, WatchAt, WatchHit, WatchKind, WatchSpec, WatchStats};
-pub use session::ExecImage;
 pub use session::{
     Action, Added, Capture, CaptureChooser, Mechanism, MechanismChoice, PatchKind, Placement,
     RunEnd, Session, SessionConfig, Skipped, TargetId, XmmChooser,
 };
 pub use session::{CodeOwner, CodeSite};
+pub use session::{ExecImage, ProcessMatch};
 // The facade, as ripgrep's `grep` crate: the crates a front end (the CLI,
 // the bindings) parses, prints and reads traces with, under short names.
 pub use hotprobe_coldpatch as coldpatch;

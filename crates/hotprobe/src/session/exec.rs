@@ -31,8 +31,8 @@ pub struct ExecImage {
 /// image a followed process executes.
 #[derive(Clone, Debug)]
 pub(super) struct ExecSpec {
-    spec: String,
-    record: bool,
+    pub(super) spec: String,
+    pub(super) record: bool,
 }
 
 /// The kernel's command name of `pid` (empty when it cannot be read).
@@ -152,7 +152,7 @@ impl Session {
         }
     }
 
-    fn place_in_new_image(&mut self, i: usize) {
+    pub(super) fn place_in_new_image(&mut self, i: usize) {
         if self.exec_specs.is_empty() {
             return;
         }
@@ -199,8 +199,7 @@ impl Session {
             match self.add_using(t, &s.spec, action, MechanismChoice::Trap) {
                 Ok(a) => placements.extend(a.placements.into_iter().map(|mut p| {
                     if p.mechanism == Mechanism::Trap {
-                        p.reason =
-                            "a program a followed process executed: traps (no agent in it)".into();
+                        p.reason = "a program taken at its exec: traps (no agent in it)".into();
                     }
                     p
                 })),

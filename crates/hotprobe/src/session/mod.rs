@@ -41,6 +41,7 @@ mod foreign;
 mod handlers;
 pub(crate) mod ledger;
 mod mech;
+mod newproc;
 mod open;
 mod pending;
 mod plan;
@@ -58,6 +59,7 @@ pub(crate) mod watch;
 
 pub use exec::ExecImage;
 pub use ledger::{CodeOwner, CodeSite};
+pub use newproc::ProcessMatch;
 use pending::Pending;
 use plan::Plan;
 
@@ -376,6 +378,12 @@ pub struct Session {
     placing_exec: bool,
     /// How many of `exec_images` the sink was told of.
     exec_announced: usize,
+    /// Processes that start later (`newproc.rs`).
+    new_processes: Option<newproc::NewProcesses>,
+    /// A `Record` spec is given for them.
+    recording_new: bool,
+    /// What the exec gate had to say.
+    gate_notices: Vec<String>,
 }
 
 impl Session {
@@ -403,6 +411,9 @@ impl Session {
             exec_images: Vec::new(),
             placing_exec: false,
             exec_announced: 0,
+            new_processes: None,
+            recording_new: false,
+            gate_notices: Vec::new(),
         }
     }
 
