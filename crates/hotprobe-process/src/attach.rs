@@ -309,15 +309,16 @@ impl ProcessTarget {
     }
 
     /// The process seized by [`ProcessTarget::seize_before_exec`] as a
-    /// target, once its exec stop came (waited for up to `limit`; a status
-    /// another target of the session reaped is found in `strays`): stopped
-    /// there, its new program's loader mapped and not run. Signals that
-    /// stop it before are delivered; an exit before is `NoSuchProcess`.
+    /// target, once its exec stop came (waited for up to `limit`: `None`
+    /// when it has not come yet; a status another target of the session
+    /// reaped is found in `strays`): stopped there, its new program's
+    /// loader mapped and not run. Signals that stop it before are
+    /// delivered; an exit before is `NoSuchProcess`.
     pub fn take_at_exec(
         pid: i32,
         strays: &Strays,
         limit: std::time::Duration,
-    ) -> Result<ProcessTarget, ProcessError> {
+    ) -> Result<Option<ProcessTarget>, ProcessError> {
         let sys = Sys::real();
         let deadline = std::time::Instant::now() + limit;
         loop {
@@ -326,7 +327,7 @@ impl ProcessTarget {
                 None => match sys.waitpid_timeout(
                     pid,
                     libc::__WALL,
-                    std::time::Duration::from_millis(20),
+                    limit.min(std::time::Duration::from_millis(20)),
                 ) {
                     Some(Ok(Some((_, st)))) => Some(st),
                     Some(Ok(None)) | None => None,
@@ -342,10 +343,7 @@ impl ProcessTarget {
                     sys.cont(pid, pass)?;
                 }
                 Some(_) => return Err(ProcessError::NoSuchProcess { pid }),
-                None if std::time::Instant::now() >= deadline => {
-                    let _ = sys.detach(pid, 0);
-                    return Err(ProcessError::NoSuchProcess { pid });
-                }
+                None if std::time::Instant::now() >= deadline => return Ok(None),
                 None => {}
             }
         }
@@ -355,6 +353,6 @@ impl ProcessTarget {
         t.strays = strays.clone();
         t.threads.insert(pid, Thread::new(RunState::Parked));
         t.arm_rendezvous();
-        Ok(t)
+        Ok(Some(t))
     }
 }

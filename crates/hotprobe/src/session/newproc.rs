@@ -28,6 +28,10 @@ pub enum ProcessMatch {
 pub(super) struct NewProcesses {
     gate: ExecGate,
     what: ProcessMatch,
+    /// Seized and let go on: their exec stops are still to come (the
+    /// gate keeps serving meanwhile: the exec opens the program's loader,
+    /// another held open on a mount).
+    awaiting: Vec<i32>,
 }
 
 /// The kernel's command name for a program file name: its first 15 bytes.
@@ -124,7 +128,11 @@ impl Session {
                 }
             }
         }
-        self.new_processes = Some(NewProcesses { gate, what });
+        self.new_processes = Some(NewProcesses {
+            gate,
+            what,
+            awaiting: Vec::new(),
+        });
         Ok(running)
     }
 
@@ -166,6 +174,7 @@ impl Session {
         for h in held {
             self.serve_held(h);
         }
+        self.take_awaiting();
     }
 
     fn gate_notice(&mut self, n: String) {
@@ -182,20 +191,33 @@ impl Session {
         if let Err(e) = np.gate.allow(h) {
             self.gate_notice(format!("pid {pid}: cannot let its exec go on: {e}"));
         }
-        if !seized {
-            return;
-        }
-        let target = match hotprobe_process::ProcessTarget::take_at_exec(
-            pid,
-            &self.strays,
-            Duration::from_secs(5),
-        ) {
-            Ok(t) => t,
-            Err(e) => {
-                self.gate_notice(format!("pid {pid}: not taken at its exec: {e}"));
-                return;
+        if seized {
+            if let Some(np) = &mut self.new_processes {
+                np.awaiting.push(pid);
             }
+        }
+    }
+
+    /// Takes the seized processes whose exec stop came.
+    fn take_awaiting(&mut self) {
+        let awaiting = match &mut self.new_processes {
+            Some(np) => std::mem::take(&mut np.awaiting),
+            None => return,
         };
+        for pid in awaiting {
+            match hotprobe_process::ProcessTarget::take_at_exec(pid, &self.strays, Duration::ZERO) {
+                Ok(Some(t)) => self.take_at_exec(pid, t),
+                Ok(None) => {
+                    if let Some(np) = &mut self.new_processes {
+                        np.awaiting.push(pid);
+                    }
+                }
+                Err(e) => self.gate_notice(format!("pid {pid}: not taken at its exec: {e}")),
+            }
+        }
+    }
+
+    fn take_at_exec(&mut self, pid: i32, target: hotprobe_process::ProcessTarget) {
         let wanted = match &self.new_processes {
             Some(NewProcesses {
                 what: ProcessMatch::Comm(c),
