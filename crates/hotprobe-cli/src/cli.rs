@@ -163,7 +163,7 @@ pub enum Cmd {
         cmd: Vec<OsString>,
     },
     /// Show a live call tree of the given functions (like `uftrace replay`).
-    #[command(group(ArgGroup::new("target").required(true).args(["pid", "cmd"])))]
+    #[command(group(ArgGroup::new("target").required(true).args(["pid", "cmd", "exe", "comm"])))]
     Trace {
         /// Function specs: [module:]function | [module:]0xADDR; `*` expands.
         #[arg(required = true, value_name = "PROBE")]
@@ -171,6 +171,15 @@ pub enum Cmd {
         /// Attach to this running process.
         #[arg(short, long, value_name = "PID")]
         pid: Option<i32>,
+        /// Take every process that runs this program, those running now
+        /// and those that start later (each held at its exec, before its
+        /// first instruction), until Ctrl-C or --duration. Needs root.
+        #[arg(long, value_name = "PATH")]
+        exe: Option<PathBuf>,
+        /// As --exe, for the processes whose command name (the kernel's
+        /// 15-character comm) is NAME.
+        #[arg(long, value_name = "NAME")]
+        comm: Option<String>,
         /// Show the first N argument registers (0-6) and the return value.
         #[arg(long, value_name = "N")]
         args: Option<usize>,

@@ -113,6 +113,7 @@ pub fn run() -> Result<u8> {
         no_traps: false,
         follow_forks: false,
         follow_exec: false,
+        new_processes: None,
         force: false,
     })
 }

@@ -188,6 +188,8 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Trace {
             probes,
             pid,
+            exe,
+            comm,
             args,
             auto_args,
             maxactive,
@@ -205,6 +207,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             trace::run(&trace::TraceOptions {
                 follow_forks,
                 follow_exec: follow_forks && !no_follow_exec,
+                new_processes: new_processes(exe, comm)?,
                 force,
                 probes: &probes,
                 pid,

@@ -32,8 +32,13 @@ fn leafn_dir(tag: &str) -> PathBuf {
 
 /// `hotprobe count ARGS leafwork` started in `dir`, and its stderr lines.
 fn start(dir: &Path, args: &[&str]) -> (Child, Receiver<String>) {
+    start_cmd("count", dir, args)
+}
+
+/// `hotprobe CMD ARGS leafwork` started in `dir`, and its stderr lines.
+fn start_cmd(cmd: &str, dir: &Path, args: &[&str]) -> (Child, Receiver<String>) {
     let mut c = Command::new(HOTPROBE)
-        .arg("count")
+        .arg(cmd)
         .args(args)
         .arg("leafwork")
         .current_dir(dir)
@@ -158,4 +163,36 @@ fn exe_takes_one_already_running_and_those_started_later() {
     assert_eq!(r.len(), 6, "a row per process:\n{}", t.all);
     assert!(r.iter().all(|(_, h)| *h == 4), "4 calls each:\n{}", t.all);
     assert!(r.iter().any(|(p, _)| *p == early_pid), "{}", t.all);
+}
+
+#[test]
+fn trace_exe_shows_the_calls_of_each_process_started_later() {
+    let _one = one_at_a_time();
+    let dir = leafn_dir("trace");
+    let (mut c, lines) = start_cmd("trace", &dir, &["--exe", "./leafn", "--duration", "120"]);
+    let mut seen = String::new();
+    until(&lines, "waiting for processes", &mut seen);
+    assert_eq!(five_runs(&dir), "leafn 4 sum 20\n".repeat(5));
+    let out = reader(c.stdout.take().unwrap());
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(c.id() as i32, libc::SIGINT) };
+    assert_eq!(c.wait().unwrap().code(), Some(0), "{seen}");
+    let out = text(&out.join().unwrap());
+    let calls = common::call_tree(&out);
+    let mut per_tid: std::collections::BTreeMap<u32, usize> = Default::default();
+    for (tid, _, name) in calls.iter().filter(|c| !c.2.starts_with("/*")) {
+        assert_eq!(name, "leafwork", "{out}");
+        *per_tid.entry(*tid).or_default() += 1;
+    }
+    assert_eq!(per_tid.len(), 5, "five processes:\n{out}");
+    assert!(per_tid.values().all(|n| *n == 4), "4 calls each:\n{out}");
+    for tid in per_tid.keys() {
+        assert!(
+            out.contains(&format!(
+                "/* pid {tid} executed {} (leafn) */",
+                dir.join("leafn").display()
+            )),
+            "the exec of {tid} said:\n{out}"
+        );
+    }
 }
