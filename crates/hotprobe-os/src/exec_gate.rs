@@ -47,9 +47,8 @@ impl ExecGate {
             return Err(last("fanotify_init"));
         }
         // SAFETY: `fd` is a descriptor we own from here on.
-        Ok(ExecGate {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(ExecGate { fd })
     }
 
     fn mark(&self, flags: libc::c_uint, path: &Path) -> Result<(), OsError> {
