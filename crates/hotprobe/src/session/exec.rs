@@ -42,6 +42,20 @@ pub(super) fn comm_of(pid: i32) -> String {
         .unwrap_or_default()
 }
 
+/// Whether the program process `pid` runs imports `ptrace` (a tracer:
+/// strace, gdb, hotprobe), from its dynamic symbols.
+fn calls_ptrace(pid: i32) -> bool {
+    use object::{Object, ObjectSymbol};
+    let Ok(data) = std::fs::read(format!("/proc/{pid}/exe")) else {
+        return false;
+    };
+    let Ok(file) = object::File::parse(&*data) else {
+        return false;
+    };
+    file.dynamic_symbols()
+        .any(|s| s.is_undefined() && s.name() == Ok("ptrace"))
+}
+
 /// Whether `e` says a spec names nothing in this image (a function it does
 /// not have): with exec followed, such a spec waits for the next image.
 fn names_nothing_here(e: &EngineError) -> bool {
@@ -132,6 +146,25 @@ impl Session {
     pub(super) fn follow_exec(&mut self, i: usize) {
         if !self.slots[i].engine.hold_at_exec {
             return;
+        }
+        if let Some(pid) = self.slots[i].pid {
+            if calls_ptrace(pid) {
+                // A tracer (strace, gdb, hotprobe) cannot trace its
+                // children while we trace it (they would be ours): it is
+                // let go, untraced, so that it works as without us.
+                let path = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+                let slot = &mut self.slots[i];
+                let r = slot.engine.target().detach();
+                slot.engine.notices.push(match r {
+                    Ok(()) => format!(
+                        "pid {pid} executed {}, which calls ptrace: let go without probes so \
+                         that its own tracing works",
+                        path.display()
+                    ),
+                    Err(e) => format!("pid {pid}: cannot let it go after its exec: {e}"),
+                });
+                return;
+            }
         }
         // Not started while the probes go in: nothing resumes it midway.
         let started = std::mem::replace(&mut self.slots[i].engine.started, false);
