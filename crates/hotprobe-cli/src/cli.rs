@@ -236,7 +236,7 @@ pub enum Cmd {
     /// drained events, before anything is written (the target still pays
     /// for those events). Prints a summary: events, bytes, bytes/event,
     /// drops, and what each filter removed.
-    #[command(group(ArgGroup::new("target").required(true).args(["pid", "cmd"])))]
+    #[command(group(ArgGroup::new("target").required(true).args(["pid", "cmd", "exe", "comm"])))]
     Record {
         /// The trace directory to write (created). A directory holding a
         /// trace is replaced only with --force.
@@ -341,6 +341,15 @@ pub enum Cmd {
         /// exits, counted as orphan exits). Ctrl-C or --duration detach.
         #[arg(short, long, value_name = "PID")]
         pid: Option<i32>,
+        /// Take every process that runs this program, those running now
+        /// and those that start later (each held at its exec, before its
+        /// first instruction), until Ctrl-C or --duration. Needs root.
+        #[arg(long, value_name = "PATH")]
+        exe: Option<PathBuf>,
+        /// As --exe, for the processes whose command name (the kernel's
+        /// 15-character comm) is NAME.
+        #[arg(long, value_name = "NAME")]
+        comm: Option<String>,
         /// The command to start (after `--`).
         #[arg(last = true, value_name = "CMD")]
         cmd: Vec<OsString>,

@@ -243,6 +243,8 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             max_threads,
             duration: secs,
             pid,
+            exe,
+            comm,
             cmd,
         } => {
             let duration = duration(secs)?;
@@ -257,6 +259,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             record::run(&record::RecordOptions {
                 follow_forks,
                 follow_exec: follow_forks && !no_follow_exec,
+                new_processes: new_processes(exe, comm)?,
                 kernel,
                 out: &output,
                 force,

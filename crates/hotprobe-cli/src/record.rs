@@ -93,6 +93,9 @@ pub struct RecordOptions<'a> {
     pub pid: Option<i32>,
     /// Or start this command.
     pub cmd: &'a [OsString],
+    /// Or `--exe`/`--comm`: every matching process, running or started
+    /// later.
+    pub new_processes: Option<hotprobe::ProcessMatch>,
 }
 
 /// A (TSC, CLOCK_MONOTONIC ns) pair taken now.
@@ -194,6 +197,11 @@ impl Skipped {
 /// Run `record`; returns hotprobe's exit code (the command's).
 pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     let exe = match (o.pid, o.cmd.first()) {
+        _ if o.new_processes.is_some() => match &o.new_processes {
+            Some(hotprobe::ProcessMatch::Exe(p)) => p.clone(),
+            Some(hotprobe::ProcessMatch::Comm(c)) => PathBuf::from(format!("comm {c}")),
+            None => PathBuf::new(),
+        },
         (Some(pid), None) => {
             // A clear refusal (init, a kernel thread, a zombie...) first.
             hotprobe::ProcessTarget::check_attachable(pid)?;
@@ -243,7 +251,10 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
         follow_exec: o.follow_exec,
         ..SessionConfig::default()
     };
-    let mut t = Traced::open(config, o.pid, o.cmd)?;
+    let mut t = match &o.new_processes {
+        Some(what) => Traced::waiting(config, what.clone())?,
+        None => Traced::open(config, o.pid, o.cmd)?,
+    };
     // The summary says how the process ended.
     t.end_said_later = true;
     let pid = t.pid;
@@ -279,6 +290,13 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             .set_xmm_layout(typing.xmm_chooser_for(Vec::new(), o.auto_args && !marker));
         t.session
             .set_capture(typing.chooser_for(Vec::new(), o.auto_args && !marker));
+        if t.waiting.is_some() {
+            // Placed in each process taken (its symbols join the trace then).
+            if let Err(e) = t.session.add_for_new_processes(spec, true) {
+                return Err(crate::UsageError(format!("{spec}: {e}")).into());
+            }
+            continue;
+        }
         let added = t
             .session
             .add_filtered(t.target, spec, Action::Record, &keep);
@@ -379,7 +397,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             None => std::mem::take(&mut s.module),
         };
     }
-    if symbols.is_empty() {
+    if symbols.is_empty() && t.waiting.is_none() {
         t.abandon();
         bail!(
             "none of the selected functions can be recorded (e.g. {}): nothing to record",
@@ -425,7 +443,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect(),
-        pid: Some(pid as u32),
+        pid: (t.waiting.is_none()).then_some(pid as u32),
         time_base,
         start_unix_ns: 0,
         phase_markers: o.phases.to_vec(),
@@ -452,10 +470,17 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
                 .with_context(|| format!("cannot create the trace in {}", o.out.display()));
         }
     };
-    errln!(
-        "hotprobe: recording {nprobes} functions into {}",
-        o.out.display()
-    );
+    if t.waiting.is_some() {
+        errln!(
+            "hotprobe: recording into {}: the functions of each process taken",
+            o.out.display()
+        );
+    } else {
+        errln!(
+            "hotprobe: recording {nprobes} functions into {}",
+            o.out.display()
+        );
+    }
     // The drain competes for the CPUs with the target (and whatever else
     // runs): asleep for longer than a ring lasts (2^20 events: 30–100 ms
     // at 10–36 M events/s), it loses events. Ask for a higher priority
@@ -493,6 +518,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     }
     ran?;
     let how = match t.status() {
+        _ if t.waiting.is_some() => format!("took {} processes", t.session.exec_images().len()),
         Some(st @ (ExitStatus::Code(_) | ExitStatus::Signal(_))) => format!("pid {pid} {st}"),
         _ => format!("detached from pid {pid}"),
     };

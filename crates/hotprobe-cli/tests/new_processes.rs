@@ -196,3 +196,38 @@ fn trace_exe_shows_the_calls_of_each_process_started_later() {
         );
     }
 }
+
+#[test]
+fn record_exe_writes_each_process_with_its_pid_and_comm() {
+    let _one = one_at_a_time();
+    let dir = leafn_dir("record");
+    let trace = dir.join("trace");
+    let t = trace.to_str().unwrap();
+    let (c, lines) = start_cmd(
+        "record",
+        &dir,
+        &["--force", "-o", t, "--exe", "./leafn", "--duration", "120"],
+    );
+    let mut seen = String::new();
+    until(&lines, "waiting for processes", &mut seen);
+    assert_eq!(five_runs(&dir), "leafn 4 sum 20\n".repeat(5));
+    let mut c = c;
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(c.id() as i32, libc::SIGINT) };
+    assert_eq!(c.wait().unwrap().code(), Some(0), "{seen}");
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(trace.join("info.json")).unwrap()).unwrap();
+    let procs = info["processes"].as_array().expect("processes");
+    assert_eq!(procs.len(), 5, "{info}");
+    assert!(procs.iter().all(|p| p["comm"] == "leafn"), "{info}");
+    let out = text(&common::hotprobe_within(&["replay", t], WAIT).stdout);
+    let calls = common::call_tree(&out);
+    for p in procs {
+        let pid = p["pid"].as_u64().unwrap();
+        let n = calls
+            .iter()
+            .filter(|(tid, _, f)| u64::from(*tid) == pid && f == "leafwork")
+            .count();
+        assert_eq!(n, 4, "pid {pid}:\n{out}");
+    }
+}
