@@ -69,15 +69,8 @@ pub enum Cmd {
         /// Attach to this running process.
         #[arg(short, long, value_name = "PID")]
         pid: Option<i32>,
-        /// Take every process that runs this program, those running now
-        /// and those that start later (each held at its exec, before its
-        /// first instruction), until Ctrl-C or --duration. Needs root.
-        #[arg(long, value_name = "PATH")]
-        exe: Option<PathBuf>,
-        /// As --exe, for the processes whose command name (the kernel's
-        /// 15-character comm) is NAME.
-        #[arg(long, value_name = "NAME")]
-        comm: Option<String>,
+        #[command(flatten)]
+        later: NewProcessArgs,
         /// Stop (and detach) after this many seconds.
         #[arg(long, value_name = "SECS")]
         duration: Option<f64>,
@@ -171,15 +164,8 @@ pub enum Cmd {
         /// Attach to this running process.
         #[arg(short, long, value_name = "PID")]
         pid: Option<i32>,
-        /// Take every process that runs this program, those running now
-        /// and those that start later (each held at its exec, before its
-        /// first instruction), until Ctrl-C or --duration. Needs root.
-        #[arg(long, value_name = "PATH")]
-        exe: Option<PathBuf>,
-        /// As --exe, for the processes whose command name (the kernel's
-        /// 15-character comm) is NAME.
-        #[arg(long, value_name = "NAME")]
-        comm: Option<String>,
+        #[command(flatten)]
+        later: NewProcessArgs,
         /// Show the first N argument registers (0-6) and the return value.
         #[arg(long, value_name = "N")]
         args: Option<usize>,
@@ -341,15 +327,8 @@ pub enum Cmd {
         /// exits, counted as orphan exits). Ctrl-C or --duration detach.
         #[arg(short, long, value_name = "PID")]
         pid: Option<i32>,
-        /// Take every process that runs this program, those running now
-        /// and those that start later (each held at its exec, before its
-        /// first instruction), until Ctrl-C or --duration. Needs root.
-        #[arg(long, value_name = "PATH")]
-        exe: Option<PathBuf>,
-        /// As --exe, for the processes whose command name (the kernel's
-        /// 15-character comm) is NAME.
-        #[arg(long, value_name = "NAME")]
-        comm: Option<String>,
+        #[command(flatten)]
+        later: NewProcessArgs,
         /// The command to start (after `--`).
         #[arg(last = true, value_name = "CMD")]
         cmd: Vec<OsString>,
@@ -744,4 +723,18 @@ pub struct ReportArgs {
     /// Print JSON (one line) instead of the table (docs/JSON.md).
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--exe PATH` / `--comm NAME` of count, trace and record.
+#[derive(clap::Args, Debug)]
+pub struct NewProcessArgs {
+    /// Take every process that runs this program, those running now and
+    /// those that start later (each held at its exec, before its first
+    /// instruction), until Ctrl-C or --duration. Needs root.
+    #[arg(long, value_name = "PATH")]
+    pub exe: Option<PathBuf>,
+    /// As --exe, for the processes whose command name (the kernel's
+    /// 15-character comm) is NAME.
+    #[arg(long, value_name = "NAME")]
+    pub comm: Option<String>,
 }

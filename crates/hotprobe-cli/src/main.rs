@@ -132,8 +132,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Count {
             probes,
             pid,
-            exe,
-            comm,
+            later,
             duration: secs,
             maxactive,
             mechanism,
@@ -155,7 +154,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 force,
                 follow_forks,
                 follow_exec: follow_forks && !no_follow_exec,
-                new_processes: new_processes(exe, comm)?,
+                new_processes: new_processes(later)?,
                 probes: &probes,
                 pid,
                 cmd: &cmd,
@@ -188,8 +187,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Trace {
             probes,
             pid,
-            exe,
-            comm,
+            later,
             args,
             auto_args,
             maxactive,
@@ -207,7 +205,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             trace::run(&trace::TraceOptions {
                 follow_forks,
                 follow_exec: follow_forks && !no_follow_exec,
-                new_processes: new_processes(exe, comm)?,
+                new_processes: new_processes(later)?,
                 force,
                 probes: &probes,
                 pid,
@@ -243,8 +241,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             max_threads,
             duration: secs,
             pid,
-            exe,
-            comm,
+            later,
             cmd,
         } => {
             let duration = duration(secs)?;
@@ -259,7 +256,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             record::run(&record::RecordOptions {
                 follow_forks,
                 follow_exec: follow_forks && !no_follow_exec,
-                new_processes: new_processes(exe, comm)?,
+                new_processes: new_processes(later)?,
                 kernel,
                 out: &output,
                 force,
@@ -635,11 +632,8 @@ fn main() -> ExitCode {
 }
 
 /// `--exe PATH` / `--comm NAME`: which processes to take.
-fn new_processes(
-    exe: Option<PathBuf>,
-    comm: Option<String>,
-) -> anyhow::Result<Option<hotprobe::ProcessMatch>> {
-    match (exe, comm) {
+fn new_processes(later: cli::NewProcessArgs) -> anyhow::Result<Option<hotprobe::ProcessMatch>> {
+    match (later.exe, later.comm) {
         (Some(p), None) => {
             let p = std::fs::canonicalize(&p)
                 .map_err(|e| UsageError(format!("--exe {}: {e}", p.display())))?;
