@@ -246,3 +246,22 @@ impl Session {
         self.follow_exec(i);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_name_is_the_program_file_name_cut_to_15_bytes() {
+        assert_eq!(comm_for("leafn"), "leafn");
+        assert_eq!(comm_for("a-very-long-program-name"), "a-very-long-pro");
+        // Not cut inside a character.
+        assert_eq!(comm_for("ééééééééé"), "ééééééé");
+        let m = ProcessMatch::Comm("a-very-long-pro".into());
+        assert!(m.may_match(Path::new("/usr/bin/a-very-long-program-name")));
+        assert!(!m.may_match(Path::new("/usr/bin/a-very-long-pr")));
+        let m = ProcessMatch::Exe(PathBuf::from("/tmp/x/leafn"));
+        assert!(m.may_match(Path::new("/tmp/x/leafn")));
+        assert!(!m.may_match(Path::new("/tmp/y/leafn")));
+    }
+}
