@@ -46,10 +46,13 @@ pub(super) fn comm_of(pid: i32) -> String {
 /// strace, gdb, hotprobe), from its dynamic symbols.
 fn calls_ptrace(pid: i32) -> bool {
     use object::{Object, ObjectSymbol};
-    let Ok(data) = std::fs::read(format!("/proc/{pid}/exe")) else {
+    // Read as needed (the headers and the dynamic symbols), not whole: a
+    // debug build of a tracer is hundreds of megabytes.
+    let Ok(exe) = std::fs::File::open(format!("/proc/{pid}/exe")) else {
         return false;
     };
-    let Ok(file) = object::File::parse(&*data) else {
+    let cache = object::read::ReadCache::new(exe);
+    let Ok(file) = object::File::parse(&cache) else {
         return false;
     };
     file.dynamic_symbols()
@@ -290,10 +293,11 @@ impl Session {
                 }
             };
             target.share_strays(&self.strays);
-            let resolver = crate::ProcessResolver::new(child).ok();
+            // Its symbols are read when specs are placed in it (not for a
+            // program let go at once).
             let t = self.push_slot(
                 target.into(),
-                resolver.map(|r| Box::new(r) as Box<dyn Resolver>),
+                None,
                 Some(child),
                 true,
                 AgentState::Off("a program a followed process executed: probes use traps".into()),
