@@ -269,7 +269,7 @@ fn report_of(
         return Ok(());
     }
     if let Some(func) = &o.graph {
-        return crate::stacks::print_graph(&r, &query, func);
+        return crate::stacks::print_graph(r, &query, func);
     }
     for m in markers {
         let syms = r.symbols();

@@ -57,7 +57,7 @@ pub enum Cmd {
     /// Count hits of probes (fast path where a function entry allows it,
     /// else trap; see --mechanism); print a table when the target exits,
     /// on Ctrl-C, or after --duration.
-    #[command(group(ArgGroup::new("target").required(true).args(["pid", "cmd"])))]
+    #[command(group(ArgGroup::new("target").required(true).args(["pid", "cmd", "exe", "comm"])))]
     Count {
         /// Probe specs: [module:]function[+off] | [module:]0xADDR | file.c:LINE,
         /// with %return to count returns; `*` in a function name expands.
@@ -69,6 +69,8 @@ pub enum Cmd {
         /// Attach to this running process.
         #[arg(short, long, value_name = "PID")]
         pid: Option<i32>,
+        #[command(flatten)]
+        later: NewProcessArgs,
         /// Stop (and detach) after this many seconds.
         #[arg(long, value_name = "SECS")]
         duration: Option<f64>,
@@ -89,6 +91,11 @@ pub enum Cmd {
         /// by default they run without probes.
         #[arg(short = 'f', long)]
         follow_forks: bool,
+        /// With -f: a process that executes another program is not probed
+        /// in it (by default the probes are placed again in each program
+        /// a followed process executes).
+        #[arg(long, requires = "follow_forks")]
+        no_follow_exec: bool,
         /// Alone: also a latency histogram of each function's calls (log2
         /// buckets; records entries and exits instead of counting).
         /// `--hist=VALUE`: a log2 histogram of VALUE at each call instead
@@ -167,7 +174,7 @@ pub enum Cmd {
         cmd: Vec<OsString>,
     },
     /// Show a live call tree of the given functions (like `uftrace replay`).
-    #[command(group(ArgGroup::new("target").required(true).args(["pid", "cmd"])))]
+    #[command(group(ArgGroup::new("target").required(true).args(["pid", "cmd", "exe", "comm"])))]
     Trace {
         /// Function specs: [module:]function | [module:]0xADDR; `*` expands.
         #[arg(required = true, value_name = "PROBE")]
@@ -175,6 +182,8 @@ pub enum Cmd {
         /// Attach to this running process.
         #[arg(short, long, value_name = "PID")]
         pid: Option<i32>,
+        #[command(flatten)]
+        later: NewProcessArgs,
         /// Show the first N argument registers (0-6) and the return value.
         #[arg(long, value_name = "N")]
         args: Option<usize>,
@@ -208,6 +217,11 @@ pub enum Cmd {
         /// by default they run without probes.
         #[arg(short = 'f', long)]
         follow_forks: bool,
+        /// With -f: a process that executes another program is not probed
+        /// in it (by default the probes are placed again in each program
+        /// a followed process executes).
+        #[arg(long, requires = "follow_forks")]
+        no_follow_exec: bool,
         /// Probe addresses not shown to start an instruction (no symbol or
         /// .eh_frame entry before them, as in a stripped binary): skips the
         /// instruction-boundary check only, never the blacklist.
@@ -226,7 +240,7 @@ pub enum Cmd {
     /// drained events, before anything is written (the target still pays
     /// for those events). Prints a summary: events, bytes, bytes/event,
     /// drops, and what each filter removed.
-    #[command(group(ArgGroup::new("target").required(true).args(["pid", "cmd"])))]
+    #[command(group(ArgGroup::new("target").required(true).args(["pid", "cmd", "exe", "comm"])))]
     Record {
         /// The trace directory to write (created). A directory holding a
         /// trace is replaced only with --force.
@@ -295,6 +309,11 @@ pub enum Cmd {
         /// by default they run without probes.
         #[arg(short = 'f', long)]
         follow_forks: bool,
+        /// With -f: a process that executes another program is not probed
+        /// in it (by default the probes are placed again in each program
+        /// a followed process executes).
+        #[arg(long, requires = "follow_forks")]
+        no_follow_exec: bool,
         /// Also record the host kernel's events of the traced threads and
         /// of the threads and processes they create: syscalls (name, return
         /// value, duration) and off-CPU time, through perf tracepoints
@@ -331,6 +350,8 @@ pub enum Cmd {
         /// exits, counted as orphan exits). Ctrl-C or --duration detach.
         #[arg(short, long, value_name = "PID")]
         pid: Option<i32>,
+        #[command(flatten)]
+        later: NewProcessArgs,
         /// The command to start (after `--`).
         #[arg(last = true, value_name = "CMD")]
         cmd: Vec<OsString>,
@@ -741,4 +762,18 @@ pub struct ReportArgs {
     /// `uftrace graph` shows it: calls and total time of each callee path.
     #[arg(long, value_name = "FUNC", conflicts_with_all = ["phases", "diff", "hist", "flame", "task"])]
     pub graph: Option<String>,
+}
+
+/// `--exe PATH` / `--comm NAME` of count, trace and record.
+#[derive(clap::Args, Debug)]
+pub struct NewProcessArgs {
+    /// Take every process that runs this program, those running now and
+    /// those that start later (each held at its exec, before its first
+    /// instruction), until Ctrl-C or --duration. Needs root.
+    #[arg(long, value_name = "PATH")]
+    pub exe: Option<PathBuf>,
+    /// As --exe, for the processes whose command name (the kernel's
+    /// 15-character comm) is NAME.
+    #[arg(long, value_name = "NAME")]
+    pub comm: Option<String>,
 }

@@ -44,6 +44,11 @@ pub struct CountOptions<'a> {
     pub no_traps: bool,
     /// `-f`: follow forked children, a row per probe and process.
     pub follow_forks: bool,
+    /// `-f` without `--no-follow-exec`: probes placed again in each
+    /// program a followed process executes, a row per process and image.
+    pub follow_exec: bool,
+    /// `--exe`/`--comm`: every matching process, running or started later.
+    pub new_processes: Option<hotprobe::ProcessMatch>,
     /// `--hist`: a histogram of each function's call durations.
     pub hist: bool,
     /// `--hist=VALUE`, `--lhist` or `--by`: an aggregation, computed in
@@ -169,6 +174,7 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         mechanism: o.mechanism,
         maxactive: o.maxactive,
         follow_forks: o.follow_forks,
+        follow_exec: o.follow_exec,
         fast_path: FastPathConfig {
             record_args,
             stacks: o.stacks,
@@ -178,7 +184,10 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         no_traps: o.no_traps,
         ..SessionConfig::default()
     };
-    let mut t = Traced::open(config, o.pid, o.cmd)?;
+    let mut t = match &o.new_processes {
+        Some(what) => Traced::waiting(config, what.clone())?,
+        None => Traced::open(config, o.pid, o.cmd)?,
+    };
     let mut placed = Vec::new();
     let mut conds: HashMap<u32, Cond> = HashMap::new();
     let mut cond_text: HashMap<u32, String> = HashMap::new();
@@ -304,6 +313,7 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         json: o.json,
         guests: None,
         aggregations: Some(&agg_json).filter(|m| !m.is_empty()),
+        comms: None,
     };
     let hits_of = |p: &Placement| -> u64 {
         match &extras.hits {
@@ -314,11 +324,19 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
                 .map_or(0, |st| st.hits + st.returns + st.nmissed),
         }
     };
+    // -f across exec: the probes placed in each program executed, a
+    // COMM column (see crate::exec_rows).
+    let (placed, comms) = crate::session::with_exec_rows(&t.session, placed, &mut from_pattern);
+    let extras = TableExtras {
+        comms: comms.as_ref(),
+        ..extras
+    };
     let (shown, hidden): (Vec<Placement>, Vec<Placement>) = placed
         .iter()
         .cloned()
         .partition(|p| o.all || o.json || !from_pattern.contains(&p.id.0) || hits_of(p) > 0);
-    print_table_with(&t.session, &shown, o.follow_forks, &extras);
+    let per_process = o.follow_forks || o.new_processes.is_some();
+    print_table_with(&t.session, &shown, per_process, &extras);
     if o.stacks {
         crate::stacks::print_stacks(&t.session, &shown);
     }

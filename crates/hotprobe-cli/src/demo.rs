@@ -112,6 +112,8 @@ pub fn run() -> Result<u8> {
         mechanism: hotprobe::MechanismChoice::Auto,
         no_traps: false,
         follow_forks: false,
+        follow_exec: false,
+        new_processes: None,
         force: false,
     })
 }

@@ -133,11 +133,13 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Count {
             probes,
             pid,
+            later,
             duration: secs,
             maxactive,
             mechanism,
             no_traps,
             follow_forks,
+            no_follow_exec,
             hist,
             lhist,
             by,
@@ -160,6 +162,8 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 all,
                 force,
                 follow_forks,
+                follow_exec: follow_forks && !no_follow_exec,
+                new_processes: new_processes(later)?,
                 probes: &probes,
                 pid,
                 cmd: &cmd,
@@ -192,6 +196,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Trace {
             probes,
             pid,
+            later,
             args,
             auto_args,
             maxactive,
@@ -200,6 +205,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             mechanism,
             no_traps,
             follow_forks,
+            no_follow_exec,
             force,
             cmd,
         } => {
@@ -207,6 +213,8 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             signals::install()?;
             trace::run(&trace::TraceOptions {
                 follow_forks,
+                follow_exec: follow_forks && !no_follow_exec,
+                new_processes: new_processes(later)?,
                 force,
                 probes: &probes,
                 pid,
@@ -234,6 +242,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             auto_args,
             mechanism,
             follow_forks,
+            no_follow_exec,
             kernel,
             no_aggregate,
             no_traps,
@@ -242,6 +251,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             stacks,
             duration: secs,
             pid,
+            later,
             cmd,
         } => {
             let duration = duration(secs)?;
@@ -255,6 +265,8 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             signals::install()?;
             record::run(&record::RecordOptions {
                 follow_forks,
+                follow_exec: follow_forks && !no_follow_exec,
+                new_processes: new_processes(later)?,
                 kernel,
                 out: &output,
                 force,
@@ -629,5 +641,22 @@ fn main() -> ExitCode {
             errln!("{} {}{see}", out::error_prefix(), one_line(&message(&e)));
             ExitCode::from(if usage || bad_input(&e) { 2 } else { 1 })
         }
+    }
+}
+
+/// `--exe PATH` / `--comm NAME`: which processes to take.
+fn new_processes(later: cli::NewProcessArgs) -> anyhow::Result<Option<hotprobe::ProcessMatch>> {
+    match (later.exe, later.comm) {
+        (Some(p), None) => {
+            let p = std::fs::canonicalize(&p)
+                .map_err(|e| UsageError(format!("--exe {}: {e}", p.display())))?;
+            Ok(Some(hotprobe::ProcessMatch::Exe(p)))
+        }
+        (None, Some(c)) if c.is_empty() || c.len() > 15 => Err(UsageError(format!(
+            "--comm {c}: a command name has 1 to 15 bytes (the kernel's comm)"
+        ))
+        .into()),
+        (None, Some(c)) => Ok(Some(hotprobe::ProcessMatch::Comm(c))),
+        _ => Ok(None),
     }
 }

@@ -78,6 +78,9 @@ pub struct RecordOptions<'a> {
     pub traps: bool,
     /// `-f`: follow forked children.
     pub follow_forks: bool,
+    /// `-f` without `--no-follow-exec`: probes placed again in each
+    /// program a followed process executes.
+    pub follow_exec: bool,
     /// `--kernel`: the host kernel's events too (syscalls, off-CPU).
     pub kernel: bool,
     /// Merge entry+exit pairs into call records.
@@ -92,6 +95,9 @@ pub struct RecordOptions<'a> {
     pub pid: Option<i32>,
     /// Or start this command.
     pub cmd: &'a [OsString],
+    /// Or `--exe`/`--comm`: every matching process, running or started
+    /// later.
+    pub new_processes: Option<hotprobe::ProcessMatch>,
 }
 
 /// A (TSC, CLOCK_MONOTONIC ns) pair taken now.
@@ -193,6 +199,11 @@ impl Skipped {
 /// Run `record`; returns hotprobe's exit code (the command's).
 pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     let exe = match (o.pid, o.cmd.first()) {
+        _ if o.new_processes.is_some() => match &o.new_processes {
+            Some(hotprobe::ProcessMatch::Exe(p)) => p.clone(),
+            Some(hotprobe::ProcessMatch::Comm(c)) => PathBuf::from(format!("comm {c}")),
+            None => PathBuf::new(),
+        },
         (Some(pid), None) => {
             // A clear refusal (init, a kernel thread, a zombie...) first.
             hotprobe::ProcessTarget::check_attachable(pid)?;
@@ -240,9 +251,13 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
         record_traps: o.traps,
         no_traps: !o.traps,
         follow_forks: o.follow_forks,
+        follow_exec: o.follow_exec,
         ..SessionConfig::default()
     };
-    let mut t = Traced::open(config, o.pid, o.cmd)?;
+    let mut t = match &o.new_processes {
+        Some(what) => Traced::waiting(config, what.clone())?,
+        None => Traced::open(config, o.pid, o.cmd)?,
+    };
     // The summary says how the process ended.
     t.end_said_later = true;
     let pid = t.pid;
@@ -278,6 +293,13 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             .set_xmm_layout(typing.xmm_chooser_for(Vec::new(), o.auto_args && !marker));
         t.session
             .set_capture(typing.chooser_for(Vec::new(), o.auto_args && !marker));
+        if t.waiting.is_some() {
+            // Placed in each process taken (its symbols join the trace then).
+            if let Err(e) = t.session.add_for_new_processes(spec, true) {
+                return Err(crate::UsageError(format!("{spec}: {e}")).into());
+            }
+            continue;
+        }
         let added = t
             .session
             .add_filtered(t.target, spec, Action::Record, &keep);
@@ -378,7 +400,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             None => std::mem::take(&mut s.module),
         };
     }
-    if symbols.is_empty() {
+    if symbols.is_empty() && t.waiting.is_none() {
         t.abandon();
         bail!(
             "none of the selected functions can be recorded (e.g. {}): nothing to record",
@@ -431,7 +453,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect(),
-        pid: Some(pid as u32),
+        pid: (t.waiting.is_none()).then_some(pid as u32),
         time_base,
         start_unix_ns: 0,
         phase_markers: o.phases.to_vec(),
@@ -461,10 +483,17 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
                 .with_context(|| format!("cannot create the trace in {}", o.out.display()));
         }
     };
-    errln!(
-        "hotprobe: recording {nprobes} functions into {}",
-        o.out.display()
-    );
+    if t.waiting.is_some() {
+        errln!(
+            "hotprobe: recording into {}: the functions of each process taken",
+            o.out.display()
+        );
+    } else {
+        errln!(
+            "hotprobe: recording {nprobes} functions into {}",
+            o.out.display()
+        );
+    }
     // The drain competes for the CPUs with the target (and whatever else
     // runs): asleep for longer than a ring lasts (2^20 events: 30–100 ms
     // at 10–36 M events/s), it loses events. Ask for a higher priority
@@ -484,7 +513,11 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     });
     // Whatever happens to the run, the trace is finished: every event
     // drained before the end stays readable.
-    let mut typed_sink = typed::RegisterTyped::new(&mut writer, &typing, &placed);
+    // -f across exec: the functions of each program executed join the
+    // trace's symbols, the processes its info.json.
+    let first_id = placed.iter().map(|p| p.id.0 + 1).max().unwrap_or(0);
+    let mut exec_sink = hotprobe::ExecTraceSink::new(&mut writer, first_id, o.args, o.args > 0);
+    let mut typed_sink = typed::RegisterTyped::new(&mut exec_sink, &typing, &placed);
     let ran = t.run(&placed, o.duration, Some(&mut typed_sink));
     let kernel = kernel.map(|k| k.borrow_mut().finish(&mut writer));
     let stats = writer.finish().context("cannot finish the trace")?;
@@ -501,6 +534,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     }
     ran?;
     let how = match t.status() {
+        _ if t.waiting.is_some() => format!("took {} processes", t.session.exec_images().len()),
         Some(st @ (ExitStatus::Code(_) | ExitStatus::Signal(_))) => format!("pid {pid} {st}"),
         _ => format!("detached from pid {pid}"),
     };
@@ -732,46 +766,17 @@ fn print_summary(s: &Summary<'_>) {
     );
 }
 
-/// Each mechanism's cost per hit, calibrated now for the mechanisms the
-/// probes use, with the mechanism of each probe (`None`, with a warning,
-/// when it cannot be measured: the trace then keeps measured times).
+/// Each mechanism's cost per hit, calibrated now, with the mechanism of
+/// each probe (`None`, with a warning, when it cannot be measured: the
+/// trace then keeps measured times).
 fn calibrate_costs(placed: &[hotprobe::Placement]) -> Option<hotprobe::trace::ProbeCosts> {
-    use hotprobe::calibration::{calibrate, CostClass};
-    use hotprobe::trace::{MechanismCost, ProbeCosts};
-    let mut classes: Vec<CostClass> = Vec::new();
-    for c in placed.iter().filter_map(CostClass::of) {
-        if !classes.contains(&c) {
-            classes.push(c);
-        }
-    }
-    if classes.is_empty() {
-        return None;
-    }
-    let measured = match calibrate(&classes) {
-        Ok(m) => m,
-        Err(e) => {
+    hotprobe::calibration::probe_costs(placed)
+        .map_err(|e| {
             errln!(
                 "hotprobe: warning: cannot calibrate the probes' costs ({e}): the trace keeps \
                  measured times"
-            );
-            return None;
-        }
-    };
-    let mut costs = ProbeCosts::default();
-    let mut index = Vec::new();
-    for m in measured {
-        let i = costs.mechanism(MechanismCost {
-            label: m.class.label().into(),
-            ns_per_hit: m.ns_per_hit,
-            how: m.how,
-        });
-        index.push((m.class, i));
-    }
-    for p in placed {
-        let class = CostClass::of(p);
-        if let Some(&(_, i)) = index.iter().find(|(c, _)| Some(*c) == class) {
-            costs.probes.insert(p.id.0, i);
-        }
-    }
-    Some(costs)
+            )
+        })
+        .ok()
+        .flatten()
 }

@@ -40,6 +40,9 @@ pub struct Traced {
     /// Matches of patterns that were not probed, with why: listed at the
     /// end ([`Traced::print_skipped`]).
     pub skipped: Vec<hotprobe::Skipped>,
+    /// `--exe`/`--comm`: no process of its own; every matching process,
+    /// running or started later, is taken ([`Traced::waiting`]).
+    pub waiting: Option<hotprobe::ProcessMatch>,
 }
 
 impl Traced {
@@ -64,6 +67,31 @@ impl Traced {
             run_stops: None,
             end_said_later: false,
             skipped: Vec::new(),
+            waiting: None,
+        })
+    }
+
+    /// `--exe PATH` / `--comm NAME`: a session that takes each matching
+    /// process, those running when [`Traced::run`] starts and those that
+    /// start later, until Ctrl-C or `--duration`. Needs root.
+    pub fn waiting(config: SessionConfig, what: hotprobe::ProcessMatch) -> Result<Traced> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            bail!(crate::UsageError(
+                "--exe and --comm need root: new processes are held at their exec through \
+                 fanotify (CAP_SYS_ADMIN) and seized with ptrace"
+                    .into()
+            ));
+        }
+        Ok(Traced {
+            session: Session::with_config(config),
+            target: TargetId(usize::MAX),
+            pid: 0,
+            spawned: false,
+            run_stops: None,
+            end_said_later: false,
+            skipped: Vec::new(),
+            waiting: Some(what),
         })
     }
 
@@ -86,6 +114,9 @@ impl Traced {
         specs: &[String],
         mut action: impl FnMut(&str) -> Action,
     ) -> Result<Vec<Placement>> {
+        if self.waiting.is_some() {
+            return self.add_for_new_processes(specs, action);
+        }
         let bar = progress(specs.len() as u64, "placing probes");
         let mut placed = Vec::new();
         for spec in specs {
@@ -116,6 +147,35 @@ impl Traced {
         Ok(placed)
     }
 
+    /// [`Traced::add_all`] with `--exe`/`--comm`: each spec is placed in
+    /// every process taken; a placeholder placement stands for it.
+    fn add_for_new_processes(
+        &mut self,
+        specs: &[String],
+        mut action: impl FnMut(&str) -> Action,
+    ) -> Result<Vec<Placement>> {
+        let mut placed = Vec::new();
+        for (k, spec) in specs.iter().enumerate() {
+            let record = matches!(action(spec), Action::Record);
+            self.session
+                .add_for_new_processes(spec, record)
+                .with_context(|| format!("cannot probe {spec}"))?;
+            placed.push(Placement {
+                id: hotprobe::ProbeId(u32::MAX - k as u32),
+                label: spec.clone(),
+                addr: hotprobe::RuntimeAddr(0),
+                function: None,
+                module: String::new(),
+                is_return: spec.ends_with("%return"),
+                mechanism: hotprobe::Mechanism::Pending,
+                reason: "placed in each process taken".into(),
+                execution: "at exec".into(),
+                entry_only: None,
+            });
+        }
+        Ok(placed)
+    }
+
     /// Lists (on stderr) the matches of patterns that were not probed,
     /// one `hotprobe: skipping LABEL: REASON` line each, and forgets them.
     pub fn print_skipped(&mut self) {
@@ -135,18 +195,34 @@ impl Traced {
         duration: Option<Duration>,
         mut sink: Option<&mut dyn EventSink>,
     ) -> Result<()> {
+        if let Some(what) = self.waiting.clone() {
+            for pid in self.session.take_new_processes(what.clone())? {
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                errln!("hotprobe: attached to pid {pid} ({})", comm.trim_end());
+            }
+            let which = match &what {
+                hotprobe::ProcessMatch::Exe(p) => format!("running {}", p.display()),
+                hotprobe::ProcessMatch::Comm(c) => format!(
+                    "named {c} (held at their exec when their program's file is named so; \
+                     one run through a link of another name is not)"
+                ),
+            };
+            errln!("hotprobe: waiting for processes {which} (Ctrl-C or --duration ends)");
+        }
         self.session.start()?;
         let verb = if self.spawned {
             "started"
         } else {
             "attached to"
         };
-        errln!(
-            "hotprobe: {verb} pid {}: {} probes ({})",
-            self.pid,
-            placed.len(),
-            mechanism_summary(placed)
-        );
+        if self.waiting.is_none() {
+            errln!(
+                "hotprobe: {verb} pid {}: {} probes ({})",
+                self.pid,
+                placed.len(),
+                mechanism_summary(placed)
+            );
+        }
         for p in placed {
             if let Some(why) = &p.entry_only {
                 errln!(
@@ -184,7 +260,16 @@ impl Traced {
                 _ => Duration::ZERO,
             };
             let finished = self.session.finish(grace, sink);
-            if let Some(ExitStatus::Disconnected(_)) | None = self.status() {
+            if self.waiting.is_some() {
+                errln!(
+                    "hotprobe: {}: stopped waiting; the processes still running run on with \
+                     their code restored",
+                    match reason {
+                        Some(StopReason::Timer) => "duration elapsed",
+                        _ => "interrupted",
+                    }
+                );
+            } else if let Some(ExitStatus::Disconnected(_)) | None = self.status() {
                 let why = match reason {
                     Some(StopReason::Timer) => "duration elapsed".to_string(),
                     Some(StopReason::OutputClosed) => "the output's reader went away".to_string(),
@@ -285,6 +370,9 @@ pub struct TableExtras<'a> {
     /// The aggregation of each probe id as JSON (`count --json` with
     /// `--hist=VALUE`, `--lhist`, `--by`): on the probe's first row.
     pub aggregations: Option<&'a HashMap<u32, serde_json::Value>>,
+    /// The command name of the image each probe id was placed in (`-f`
+    /// across exec): a COMM column after PID (`comm` in JSON).
+    pub comms: Option<&'a HashMap<u32, String>>,
 }
 
 /// Print the per-probe table on stdout: spec, address, hits (returns for a
@@ -345,6 +433,9 @@ pub fn print_table_with(
                 if per_process {
                     o["pid"] = pid.into();
                 }
+                if let Some(c) = x.comms.and_then(|c| c.get(&p.id.0)) {
+                    o["comm"] = c.as_str().into();
+                }
                 if let Some(g) = x.guests.and_then(|g| g.get(&p.id.0)) {
                     o["guest"] = g.as_str().into();
                 }
@@ -369,6 +460,9 @@ pub fn print_table_with(
             if per_process {
                 row.push(pid.to_string());
             }
+            if let Some(c) = x.comms {
+                row.push(c.get(&p.id.0).cloned().unwrap_or_default());
+            }
             row.extend([
                 format!("{:#x}", p.addr.0),
                 hits.to_string(),
@@ -390,6 +484,9 @@ pub fn print_table_with(
     }
     if per_process {
         head.push("PID");
+    }
+    if x.comms.is_some() {
+        head.push("COMM");
     }
     head.extend(["ADDRESS", "HITS", "NMISSED", "EXECUTION", "WHY"]);
     let mut w: Vec<usize> = head.iter().map(|h| h.len()).collect();
@@ -512,4 +609,46 @@ pub fn note_untyped(typing: &hotprobe::typed::Typing) {
             u[..3].join(", ")
         ),
     }
+}
+
+/// With exec followed (`-f`): `placed` without the specs that waited for
+/// an exec (each said on stderr when no program executed had it), then the
+/// probes placed in each program a followed process executed (those of a
+/// pattern's match added to `from_pattern`), and the command name of each
+/// probe's image for a COMM column. Unchanged when no process executed a
+/// program under probes.
+pub fn with_exec_rows(
+    session: &Session,
+    placed: Vec<Placement>,
+    from_pattern: &mut std::collections::HashSet<u32>,
+) -> (Vec<Placement>, Option<HashMap<u32, String>>) {
+    let images = session.exec_images();
+    let waiting =
+        |p: &Placement| p.mechanism == hotprobe::Mechanism::Pending && p.execution == "at exec";
+    for p in placed.iter().filter(|p| waiting(p)) {
+        if !images.iter().any(|i| !i.missing.contains(&p.label)) {
+            errln!(
+                "hotprobe: {}: no followed process executed a program that has it",
+                p.label
+            );
+        }
+    }
+    if images.is_empty() {
+        return (placed, None);
+    }
+    let specs: std::collections::HashSet<String> = placed.iter().map(|p| p.label.clone()).collect();
+    let mut rows: Vec<Placement> = placed.into_iter().filter(|p| !waiting(p)).collect();
+    for img in images {
+        for p in &img.placements {
+            if !specs.contains(&p.label) {
+                from_pattern.insert(p.id.0);
+            }
+            rows.push(p.clone());
+        }
+    }
+    let comms = rows
+        .iter()
+        .filter_map(|p| Some((p.id.0, session.comm_of(p.id)?)))
+        .collect();
+    (rows, Some(comms))
 }

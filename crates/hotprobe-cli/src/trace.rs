@@ -14,7 +14,7 @@
 //! indentation is the call depth of followed calls on that thread.
 
 use crate::out::{self, outln};
-use crate::session::{print_table, Traced};
+use crate::session::Traced;
 use anyhow::{bail, Result};
 use hotprobe::typed::{self, TypedShapes, Typing};
 use hotprobe::{
@@ -50,6 +50,11 @@ pub struct TraceOptions<'a> {
     pub no_traps: bool,
     /// `-f`: follow forked children.
     pub follow_forks: bool,
+    /// `-f` without `--no-follow-exec`: probes placed again in each
+    /// program a followed process executes.
+    pub follow_exec: bool,
+    /// `--exe`/`--comm`: every matching process, running or started later.
+    pub new_processes: Option<hotprobe::ProcessMatch>,
     /// `--force`: probe addresses not shown to start an instruction.
     pub force: bool,
 }
@@ -233,6 +238,23 @@ impl EventSink for LiveTree {
         );
         Ok(())
     }
+
+    /// `-f` across exec: the probes of the program a process executed,
+    /// said in the tree with its pid and command name.
+    fn exec_image(&mut self, image: &hotprobe::ExecImage) -> Result<(), SinkError> {
+        let more = LiveTree::new(&image.placements, self.args);
+        self.names.extend(more.names);
+        self.labels.extend(more.labels);
+        outln!(
+            "{:>11} [{:>6}] | /* pid {} executed {} ({}) */",
+            "",
+            image.pid,
+            image.pid,
+            image.path.display(),
+            image.comm
+        );
+        Ok(())
+    }
 }
 
 /// Run `trace`; returns hotprobe's exit code (the command's).
@@ -256,6 +278,7 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
             ..FastPathConfig::default()
         },
         follow_forks: o.follow_forks,
+        follow_exec: o.follow_exec,
         force: o.force,
         no_traps: o.no_traps,
         ..SessionConfig::default()
@@ -265,7 +288,10 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
         .iter()
         .map(|s| typed::split_spec(s))
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    let mut t = Traced::open(config, o.pid, o.cmd)?;
+    let mut t = match &o.new_processes {
+        Some(what) => Traced::waiting(config, what.clone())?,
+        None => Traced::open(config, o.pid, o.cmd)?,
+    };
     let typing = Rc::new(Typing::new(t.pid));
     let mut placed = Vec::new();
     for (func, exprs) in specs {
@@ -291,7 +317,14 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
     let ran = t.run(&placed, o.duration, Some(&mut typed_sink));
     if o.summary {
         outln!();
-        print_table(&t.session, &placed, o.follow_forks);
+        let mut from_pattern = Default::default();
+        let (rows, comms) = crate::session::with_exec_rows(&t.session, placed, &mut from_pattern);
+        let per_process = o.follow_forks || o.new_processes.is_some();
+        let extras = crate::session::TableExtras {
+            comms: comms.as_ref(),
+            ..Default::default()
+        };
+        crate::session::print_table_with(&t.session, &rows, per_process, &extras);
     }
     t.print_skipped();
     crate::session::note_vfork_unrecorded(&t.session);

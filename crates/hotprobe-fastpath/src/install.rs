@@ -314,14 +314,12 @@ impl FastPath {
     ) -> Result<u64, FastPathError> {
         // A return hook, an aggregation or a stack walk needs the agent's
         // generic path: stubs do none of them.
-        let stub = if bits
-            & (ACTION_EXIT | hotprobe_abi::ACTION_AGG | hotprobe_abi::ACTION_STACK)
-            == 0
-        {
-            self.stub(t, at, StubKind::Entry, probe_id, probe_id, action)?
-        } else {
-            None
-        };
+        let stub =
+            if bits & (ACTION_EXIT | hotprobe_abi::ACTION_AGG | hotprobe_abi::ACTION_STACK) == 0 {
+                self.stub(t, at, StubKind::Entry, probe_id, probe_id, action)?
+            } else {
+                None
+            };
         info.stub = stub.is_some();
         match stub {
             Some(s) => Ok(s),

@@ -9,6 +9,8 @@
 //!   of the QEMU plugin, and the embedded agent and plugin libraries.
 //! - [`futex`]: wait and wake on a word of a shared mapping (not
 //!   process-private: the other side is another process).
+//! - [`exec_gate`]: fanotify `FAN_OPEN_EXEC_PERM`: execs of a program (or
+//!   of any) held in the kernel until answered (`--exe`, `--comm`).
 //! - [`clock`]: `CLOCK_MONOTONIC` and the TSC, and the rate between them.
 //! - [`pidfd`]: a descriptor of another process, duplicated into ours.
 //!
@@ -17,6 +19,7 @@
 //! std and keep their own libc-only copies of the few calls they make.
 
 pub mod clock;
+pub mod exec_gate;
 pub mod futex;
 pub mod pidfd;
 pub mod ptrace;

@@ -265,4 +265,94 @@ impl ProcessTarget {
         t.arm_rendezvous();
         Ok(t)
     }
+
+    /// Whether vfork children that execute a program are held stopped at
+    /// their exec for [`ProcessTarget::adopt_execd_vfork_child`] (rather
+    /// than let go at once, without probes).
+    pub fn set_keep_execd_vfork_children(&mut self, keep: bool) {
+        self.keep_execd_vfork = keep;
+    }
+
+    /// The vfork children held at their exec since the last call.
+    pub fn take_execd_vfork_children(&mut self) -> Vec<i32> {
+        std::mem::take(&mut self.execd_vfork_children)
+    }
+
+    /// Releases a vfork child held at its exec without taking it (it runs
+    /// on untraced).
+    pub fn release_execd_vfork_child(&mut self, child: i32) {
+        let _ = self.sys.detach(child, 0);
+    }
+
+    /// A vfork child held at its exec (see
+    /// [`ProcessTarget::take_execd_vfork_children`]) as a target of its
+    /// own, still stopped there: its new program's loader is mapped and has
+    /// not run.
+    pub fn adopt_execd_vfork_child(&mut self, child: i32) -> Result<ProcessTarget, ProcessError> {
+        let mem = open_mem(&self.sys, child)?;
+        let program = std::fs::read_link(format!("/proc/{child}/exe")).unwrap_or_default();
+        let mut t = ProcessTarget::new(child, program, mem, self.spawned, self.sys.clone());
+        t.strays = self.strays.clone();
+        t.keep_execd_vfork = self.keep_execd_vfork;
+        t.threads.insert(child, Thread::new(RunState::Parked));
+        t.arm_rendezvous();
+        Ok(t)
+    }
+
+    /// Seizes process `pid` while its `execve` is held in the kernel (by
+    /// [`hotprobe_os::exec_gate::ExecGate`]): once the gate lets it go on,
+    /// its exec ends in a ptrace exec stop, before the new program's first
+    /// instruction ([`ProcessTarget::take_at_exec`]).
+    pub fn seize_before_exec(pid: i32) -> Result<(), ProcessError> {
+        Sys::real().seize(pid, TRACE_OPTIONS)?;
+        Ok(())
+    }
+
+    /// The process seized by [`ProcessTarget::seize_before_exec`] as a
+    /// target, once its exec stop came (waited for up to `limit`: `None`
+    /// when it has not come yet; a status another target of the session
+    /// reaped is found in `strays`): stopped there, its new program's
+    /// loader mapped and not run. Signals that stop it before are
+    /// delivered; an exit before is `NoSuchProcess`.
+    pub fn take_at_exec(
+        pid: i32,
+        strays: &Strays,
+        limit: std::time::Duration,
+    ) -> Result<Option<ProcessTarget>, ProcessError> {
+        let sys = Sys::real();
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            let status = match strays.take(pid) {
+                Some(st) => Some(st),
+                None => match sys.waitpid_timeout(
+                    pid,
+                    libc::__WALL,
+                    limit.min(std::time::Duration::from_millis(20)),
+                ) {
+                    Some(Ok(Some((_, st)))) => Some(st),
+                    Some(Ok(None)) | None => None,
+                    Some(Err(e)) => return Err(e.into()),
+                },
+            };
+            match status {
+                Some(st) if libc::WIFSTOPPED(st) && st >> 16 == libc::PTRACE_EVENT_EXEC => break,
+                Some(st) if libc::WIFSTOPPED(st) => {
+                    // A signal (or a group stop) before the exec ended.
+                    let sig = libc::WSTOPSIG(st);
+                    let pass = if st >> 16 == 0 { sig } else { 0 };
+                    sys.cont(pid, pass)?;
+                }
+                Some(_) => return Err(ProcessError::NoSuchProcess { pid }),
+                None if std::time::Instant::now() >= deadline => return Ok(None),
+                None => {}
+            }
+        }
+        let mem = open_mem(&sys, pid)?;
+        let program = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+        let mut t = ProcessTarget::new(pid, program, mem, false, sys);
+        t.strays = strays.clone();
+        t.threads.insert(pid, Thread::new(RunState::Parked));
+        t.arm_rendezvous();
+        Ok(Some(t))
+    }
 }

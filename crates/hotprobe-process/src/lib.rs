@@ -237,6 +237,12 @@ pub struct ProcessTarget {
     vfork_children: Vec<i32>,
     /// Forked children held stopped until the engine releases them.
     forked_children: Vec<i32>,
+    /// Keep vfork children that exec, stopped at their exec, for the
+    /// session to take as targets of their own
+    /// ([`ProcessTarget::set_keep_execd_vfork_children`]).
+    keep_execd_vfork: bool,
+    /// vfork children held stopped at their exec (see `keep_execd_vfork`).
+    execd_vfork_children: Vec<i32>,
     breakpoints: HashMap<u64, u8>,
     /// Addresses whose `int3` came or went since the last
     /// [`ProcessTarget::take_breakpoint_changes`]; `None` after a
@@ -288,6 +294,8 @@ impl ProcessTarget {
             threads: BTreeMap::new(),
             vfork_children: Vec::new(),
             forked_children: Vec::new(),
+            keep_execd_vfork: false,
+            execd_vfork_children: Vec::new(),
             breakpoints: HashMap::new(),
             breakpoint_changes: Some(Vec::new()),
             scratch: Vec::new(),

@@ -169,8 +169,14 @@ impl ProcessTarget {
                     || pid != self.pid && !self.threads.contains_key(&self.pid)
                 {
                     // A vfork child ran exec: it is a process of its own now.
+                    let vforked = self.vfork_children.contains(&pid);
                     self.vfork_children.retain(|c| *c != pid);
                     self.threads.remove(&pid);
+                    if vforked && self.keep_execd_vfork {
+                        // Held at its exec for the session (exec followed).
+                        self.execd_vfork_children.push(pid);
+                        return Ok(None);
+                    }
                     let _ = self.sys.detach(pid, 0);
                     return Ok(None);
                 }

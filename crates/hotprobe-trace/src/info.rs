@@ -10,8 +10,26 @@ use crate::format::KindCounts;
 pub const FORMAT_NAME: &str = "hotprobe-trace";
 /// Format version in `info.json` (streams carry their own version too):
 /// 2 added typed values, 3 the host kernel's events (`kernel`), 4 the
-/// captured user stacks (`stacks.tsv`, [`crate::stacks`]).
+/// captured user stacks (`stacks.tsv`, [`crate::stacks`]), and the
+/// processes a recording followed across exec (`processes`).
 pub const FORMAT_VERSION: u32 = 4;
+
+/// A process a recording followed (`record -f` across exec): its pid, the
+/// command name and the program of one of its images, and the probe ids of
+/// that image's functions (version 4).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessInfo {
+    /// The process id (a single-threaded process's events carry it as
+    /// their tid).
+    pub pid: u32,
+    /// The kernel's command name (15 characters at most).
+    pub comm: String,
+    /// The program it ran.
+    pub program: String,
+    /// The ids in `symbols.tsv` of the functions probed in this image.
+    #[serde(default)]
+    pub probes: Vec<u32>,
+}
 
 /// One thread's stream as listed in `info.json`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,4 +123,8 @@ pub struct Info {
     /// The host kernel's events (`record --kernel`; version 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel: Option<crate::kernel::KernelInfo>,
+    /// The processes followed across exec and their programs (version 4,
+    /// `record -f`; empty otherwise).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub processes: Vec<ProcessInfo>,
 }

@@ -71,7 +71,7 @@ pub use format::KindCounts;
 pub use hist::{fmt_bound, Bucket, Histogram};
 /// Shapes of typed values (`types.tsv`), from hotprobe-dwarf.
 pub use hotprobe_dwarf::{Shape, ShapeItem};
-pub use info::{Info, ThreadInfo, WriteStats, FORMAT_NAME, FORMAT_VERSION};
+pub use info::{Info, ProcessInfo, ThreadInfo, WriteStats, FORMAT_NAME, FORMAT_VERSION};
 pub use kernel::{
     kernel_file_name, KernelEvent, KernelInfo, KernelKind, KernelThreadInfo, ThreadKernel,
 };

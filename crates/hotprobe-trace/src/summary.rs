@@ -45,6 +45,9 @@ pub struct TraceSummary {
     pub command: Vec<String>,
     /// Process id.
     pub pid: Option<u32>,
+    /// The processes followed across exec, with their programs (version 4).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub processes: Vec<crate::info::ProcessInfo>,
     /// Time base of the streams.
     pub time_base: TimeBase,
     /// Its tick rate (1e9 for ns).
@@ -161,6 +164,7 @@ pub fn summarize(reader: &TraceReader, mut progress: Progress<'_>) -> Result<Tra
         target: info.target.clone(),
         command: info.command.clone(),
         pid: info.pid,
+        processes: info.processes.clone(),
         time_base: info.time_base,
         time_base_hz: info.time_base.hz(),
         start_unix_ns: info.start_unix_ns,
@@ -236,6 +240,12 @@ impl TraceSummary {
             "pid:",
             self.pid.map_or_else(|| "-".to_string(), |p| p.to_string()),
         );
+        for p in &self.processes {
+            kv(
+                "executed:",
+                format!("pid {} {} ({})", p.pid, p.comm, p.program),
+            );
+        }
         kv(
             "time base:",
             match (self.time_base, self.time_base_hz) {

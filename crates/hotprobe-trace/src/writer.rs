@@ -147,6 +147,8 @@ pub struct TraceWriter {
     dir: PathBuf,
     info: Info,
     filter: CompiledFilter,
+    /// The probes (more come with [`TraceWriter::add_symbols`]).
+    symbols: SymbolTable,
     /// Thread states, and where each thread's is (most events come in runs
     /// of one thread: the last one looked up is remembered).
     threads: Vec<ThreadState>,
@@ -250,11 +252,13 @@ impl TraceWriter {
             threads: Vec::new(),
             stats: None,
             kernel: None,
+            processes: Vec::new(),
         };
         let mut w = TraceWriter {
             dir,
             info,
             filter,
+            symbols,
             threads: Vec::new(),
             index: HashMap::new(),
             last: None,
@@ -274,6 +278,38 @@ impl TraceWriter {
         std::fs::write(&rp, vec![0u8; RESERVE_BYTES]).map_err(|e| TraceError::io(&rp, e))?;
         w.write_info()?;
         Ok(w)
+    }
+
+    /// Adds probes while recording (the functions of a program a followed
+    /// process executed): `symbols.tsv` and `info.json` are written again,
+    /// the filters cover them from the next event on.
+    pub fn add_symbols(&mut self, symbols: impl IntoIterator<Item = Symbol>) -> Result<()> {
+        for s in symbols {
+            self.symbols.insert(s)?;
+        }
+        self.filter = CompiledFilter::new(
+            &self.info.filter,
+            &self.symbols,
+            &self.info.time_base,
+            self.info.aggregate,
+        )?;
+        let sp = self.dir.join(SYMBOLS_FILE);
+        let tmp = self.dir.join(".symbols.tsv.tmp");
+        let mut f = BufWriter::new(File::create(&tmp).map_err(|e| TraceError::io(&tmp, e))?);
+        self.symbols
+            .write_tsv(&mut f)
+            .and_then(|_| f.flush())
+            .map_err(|e| TraceError::io(&tmp, e))?;
+        std::fs::rename(&tmp, &sp).map_err(|e| TraceError::io(&sp, e))?;
+        self.info.symbols = self.symbols.len();
+        self.write_info()
+    }
+
+    /// Notes a process the recording followed into a program (listed in
+    /// `info.json`'s `processes`).
+    pub fn note_process(&mut self, process: crate::info::ProcessInfo) -> Result<()> {
+        self.info.processes.push(process);
+        self.write_info()
     }
 
     fn write_info(&self) -> Result<()> {

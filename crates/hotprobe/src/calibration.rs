@@ -178,6 +178,41 @@ fn parse_timing(out: &str) -> Result<f64, CalibrationError> {
         })
 }
 
+/// The calibrated costs of the mechanisms `placed` uses, with each
+/// probe's mechanism, as a trace keeps them (`None` when no placement is a
+/// process's: a guest's probes are not calibrated).
+pub fn probe_costs(
+    placed: &[crate::Placement],
+) -> Result<Option<hotprobe_trace::ProbeCosts>, CalibrationError> {
+    use hotprobe_trace::{MechanismCost, ProbeCosts};
+    let mut classes: Vec<CostClass> = Vec::new();
+    for c in placed.iter().filter_map(CostClass::of) {
+        if !classes.contains(&c) {
+            classes.push(c);
+        }
+    }
+    if classes.is_empty() {
+        return Ok(None);
+    }
+    let mut costs = ProbeCosts::default();
+    let mut index = Vec::new();
+    for m in calibrate(&classes)? {
+        let i = costs.mechanism(MechanismCost {
+            label: m.class.label().into(),
+            ns_per_hit: m.ns_per_hit,
+            how: m.how,
+        });
+        index.push((m.class, i));
+    }
+    for p in placed {
+        let class = CostClass::of(p);
+        if let Some(&(_, i)) = index.iter().find(|(c, _)| Some(*c) == class) {
+            costs.probes.insert(p.id.0, i);
+        }
+    }
+    Ok(Some(costs))
+}
+
 /// Measures the cost per hit of each class in `classes` (about 0.1 s a
 /// class; a ptrace trap's in this process's own build, the tracer's speed
 /// being part of it).

@@ -25,6 +25,7 @@ pub mod calibration;
 pub mod cond;
 mod count;
 mod engine;
+mod exec_trace;
 pub mod guest_boot;
 mod handler;
 mod held;
@@ -56,6 +57,7 @@ pub use plugin::PluginOptions;
 pub use recorder::{DrainStats, EventSink, SinkError};
 // Resolution lives below the engine (target crates implement `Resolver`
 // without depending on it); re-exported under the names it always had.
+pub use exec_trace::ExecTraceSink;
 pub use hotprobe_resolve::{
     check_probe_point, module_blacklist, BlacklistEntry, CheckOptions, ProcessResolver, Resolver,
     Symbolizer, SIGRETURN_SYMBOLS,
@@ -67,6 +69,7 @@ pub use session::{
     Placement, RunEnd, Session, SessionConfig, Skipped, TargetId, XmmChooser,
 };
 pub use session::{CodeOwner, CodeSite};
+pub use session::{ExecImage, ProcessMatch};
 // The facade, as ripgrep's `grep` crate: the crates a front end (the CLI,
 // the bindings) parses, prints and reads traces with, under short names.
 pub use hotprobe_coldpatch as coldpatch;

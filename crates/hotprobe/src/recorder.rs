@@ -32,6 +32,14 @@ pub trait EventSink {
     /// A drain pass found every ring empty (the target is not producing
     /// events): a chance to write out what is buffered. Default: nothing.
     fn idle(&mut self) {}
+
+    /// A followed process executed a program and these probes were placed
+    /// in it (see [`crate::SessionConfig::follow_exec`]): told before any
+    /// of their events. Default: nothing.
+    fn exec_image(&mut self, image: &crate::ExecImage) -> Result<(), SinkError> {
+        let _ = image;
+        Ok(())
+    }
 }
 
 /// An [`EventSink`] failed (e.g. the trace file could not be written).

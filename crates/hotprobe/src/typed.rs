@@ -426,6 +426,10 @@ impl EventSink for RegisterTyped<'_> {
     fn idle(&mut self) {
         self.inner.idle();
     }
+
+    fn exec_image(&mut self, image: &crate::ExecImage) -> Result<(), SinkError> {
+        self.inner.exec_image(image)
+    }
 }
 
 /// A recorded event's registers: the argument registers of an entry, rax

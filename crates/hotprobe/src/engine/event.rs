@@ -117,8 +117,12 @@ impl Engine {
                         self.target.describe()
                     ));
                 }
-                for t in self.target.threads() {
-                    let _ = self.target.resume(t, ResumeMode::Continue);
+                // Held: the session places probes in the new image first
+                // and resumes it (`follow_exec`).
+                if !self.hold_at_exec {
+                    for t in self.target.threads() {
+                        let _ = self.target.resume(t, ResumeMode::Continue);
+                    }
                 }
                 Ok(())
             }

@@ -217,6 +217,9 @@ pub struct Engine {
     fork_restores: Restores,
     /// Forked children are kept (held stopped) for the session to follow
     /// instead of being released.
+    /// At an exec the threads stay stopped: the session resumes them once
+    /// it placed its probes in the new image (`Session::follow_exec`).
+    pub(crate) hold_at_exec: bool,
     pub(crate) follow_forks: bool,
     /// Children held for the session, with the stack fixes they need.
     pub(crate) forked: Vec<(u64, Restores)>,
@@ -260,6 +263,7 @@ impl Engine {
             partial_regs,
             fork_restores: Vec::new(),
             follow_forks: false,
+            hold_at_exec: false,
             forked: Vec::new(),
             vfork_hits: HashMap::new(),
         }

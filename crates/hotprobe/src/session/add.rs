@@ -127,7 +127,14 @@ impl Session {
         keep: &dyn Fn(&str) -> bool,
     ) -> Result<Added, EngineError> {
         self.batching = true;
+        let record = matches!(action, Action::Record);
+        let counting = matches!(action, Action::Count | Action::Record);
         let added = self.add_filtered_unbatched(t, spec, action, keep);
+        let added = if counting {
+            self.remember_for_exec(t, spec, record, added)
+        } else {
+            added
+        };
         self.batching = false;
         let flushed = self.end_batch(t);
         let added = added?;

@@ -21,6 +21,13 @@ impl Session {
             }
             return Ok(Duration::ZERO);
         };
+        // The probes of programs executed since the last pass, before
+        // any of their events.
+        while self.exec_announced < self.exec_images.len() {
+            sink.exec_image(&self.exec_images[self.exec_announced])
+                .map_err(EngineError::Sink)?;
+            self.exec_announced += 1;
+        }
         let mut nap = Duration::from_millis(1);
         let follow = self.config.follow_forks;
         for s in &mut self.slots {

@@ -14,7 +14,12 @@ impl Session {
         child: u64,
         fixes: Vec<(RuntimeAddr, Vec<u8>)>,
     ) {
-        let root = self.slots[i].root.unwrap_or(i);
+        // A process that executed another program gives its children the
+        // probes of its new image.
+        let root = match self.slots[i].execd {
+            true => i,
+            false => self.slots[i].root.unwrap_or(i),
+        };
         // The agent's writes in the parent's code, from its ledger.
         let rs = &mut self.slots[root];
         rs.sync_ledger();

@@ -36,11 +36,13 @@ mod add;
 mod agent;
 mod agg;
 mod drain;
+mod exec;
 mod follow;
 mod foreign;
 mod handlers;
 pub(crate) mod ledger;
 mod mech;
+mod newproc;
 mod open;
 mod pending;
 mod plan;
@@ -57,7 +59,9 @@ mod usdt;
 #[path = "../watch.rs"]
 pub(crate) mod watch;
 
+pub use exec::ExecImage;
 pub use ledger::{CodeOwner, CodeSite};
+pub use newproc::ProcessMatch;
 use pending::Pending;
 use plan::Plan;
 
@@ -233,6 +237,11 @@ pub struct SessionConfig {
     /// probes (`strace -f`, `uftrace` habits). Probes with handlers of the
     /// caller's are not followed; `Count` and `Record` probes are.
     pub follow_forks: bool,
+    /// With [`SessionConfig::follow_forks`]: when a process the session
+    /// holds executes another program, its `Count` and `Record` specs are
+    /// placed again in the new image (see [`Session::exec_images`]) instead
+    /// of its probes ending there.
+    pub follow_exec: bool,
     /// Accept probe addresses not shown to start an instruction (no known
     /// boundary before them, e.g. in a stripped binary without
     /// `.eh_frame`, or decoding from one does not land on them):
@@ -249,6 +258,7 @@ impl Default for SessionConfig {
             record_traps: true,
             no_traps: false,
             follow_forks: false,
+            follow_exec: false,
             force: false,
         }
     }
@@ -294,6 +304,11 @@ struct Slot {
     /// USDT semaphores raised, one entry per probe placed on a marker
     /// that has one (see `usdt.rs`).
     semaphores: Vec<RuntimeAddr>,
+    /// The process executed another program that the session followed
+    /// (see `exec.rs`): its fork children take its probes, not its root's.
+    execd: bool,
+    /// The process's command name when the session took it.
+    first_comm: String,
 }
 
 impl Slot {
@@ -368,6 +383,20 @@ pub struct Session {
     /// Events of vfork children not recorded (no `follow_forks`), per
     /// child (see `drain.rs`).
     vfork_unrecorded: std::collections::BTreeMap<u32, u64>,
+    /// `Count`/`Record` specs placed again at each followed exec.
+    exec_specs: Vec<exec::ExecSpec>,
+    /// The images followed execs brought, with their probes.
+    exec_images: Vec<ExecImage>,
+    /// Inside [`Session::follow_exec`]: specs are not remembered again.
+    placing_exec: bool,
+    /// How many of `exec_images` the sink was told of.
+    exec_announced: usize,
+    /// Processes that start later (`newproc.rs`).
+    new_processes: Option<newproc::NewProcesses>,
+    /// A `Record` spec is given for them.
+    recording_new: bool,
+    /// What the exec gate had to say.
+    gate_notices: Vec<String>,
 }
 
 impl Session {
@@ -393,6 +422,13 @@ impl Session {
             aggregate: None,
             strays: Default::default(),
             vfork_unrecorded: Default::default(),
+            exec_specs: Vec::new(),
+            exec_images: Vec::new(),
+            placing_exec: false,
+            exec_announced: 0,
+            new_processes: None,
+            recording_new: false,
+            gate_notices: Vec::new(),
         }
     }
 
@@ -497,10 +533,17 @@ impl Session {
             symbols: None,
             reverted: Default::default(),
             semaphores: Vec::new(),
+            execd: false,
+            first_comm: pid.map(exec::comm_of).unwrap_or_default(),
         });
         let follow = self.config.follow_forks && pid.is_some();
         let slot = &mut self.slots[id];
         slot.engine.follow_forks = follow;
+        slot.engine.hold_at_exec = follow && self.config.follow_exec;
+        let hold = slot.engine.hold_at_exec;
+        if let Some(pt) = Slot::process(&mut slot.engine) {
+            pt.set_keep_execd_vfork_children(hold);
+        }
         if let Some(fp) = slot.agent.fast_path() {
             fp.set_follow_forks(follow);
         }

@@ -101,8 +101,14 @@ impl Session {
             .filter(|i| self.slots[*i].engine.gone().is_none())
             .collect();
         if live.is_empty() {
+            if self.new_processes.is_some() {
+                // Waiting for the next process to take.
+                self.serve_gate(Duration::from_millis(50));
+                return Ok(None);
+            }
             return Ok(Some(RunEnd::AllExited));
         }
+        self.serve_gate(Duration::ZERO);
         let recording = live.iter().any(|i| self.slots[*i].recording);
         if recording && sink.is_none() {
             self.drain(None, 0)?;
@@ -110,6 +116,8 @@ impl Session {
         self.check_reverted_sites(false);
         let timeout = if recording && sink.is_some() {
             Some(self.drain(sink, 0)?)
+        } else if self.new_processes.is_some() {
+            Some(Duration::from_millis(1))
         } else if live.len() == 1 && !self.has_code_to_watch() {
             None
         } else if live.len() == 1 {
@@ -210,11 +218,14 @@ impl Session {
             slot.semaphores.clear();
             let (mut cx, mechs) = slot.parts();
             mechs.trap.publish(&mut cx);
+            self.follow_exec(i);
         }
+        let slot = &mut self.slots[i];
         let stop = slot.engine.take_stop();
         for (child, fixes) in std::mem::take(&mut slot.engine.forked) {
             self.follow_child(i, child, fixes);
         }
+        self.follow_execd_vfork_children(i);
         Ok(stop)
     }
 

@@ -127,10 +127,13 @@ impl Session {
 
     /// Notices gathered since the last call (exec, fork, a target that died).
     pub fn take_notices(&mut self) -> Vec<String> {
-        self.slots
+        let mut n: Vec<String> = self
+            .slots
             .iter_mut()
             .flat_map(|s| std::mem::take(&mut s.engine.notices))
-            .collect()
+            .collect();
+        n.append(&mut self.gate_notices);
+        n
     }
 
     /// How a target ended, once it is gone (`Disconnected("detached")`
