@@ -289,10 +289,11 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             let excluded = o.exclude.iter().any(|x| pattern::matches(x, name));
             marker || !(taken.contains(name) || excluded || runtime)
         };
+        // A USDT marker's arguments are always recorded: its note types them.
+        let auto = (o.auto_args || spec.starts_with(hotprobe::symbols::USDT_PREFIX)) && !marker;
         t.session
-            .set_xmm_layout(typing.xmm_chooser_for(Vec::new(), o.auto_args && !marker));
-        t.session
-            .set_capture(typing.chooser_for(Vec::new(), o.auto_args && !marker));
+            .set_xmm_layout(typing.xmm_chooser_for(Vec::new(), auto));
+        t.session.set_capture(typing.chooser_for(Vec::new(), auto));
         if t.waiting.is_some() {
             // Placed in each process taken (its symbols join the trace then).
             if let Err(e) = t.session.add_for_new_processes(spec, true) {
@@ -354,7 +355,11 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
         for p in added.placements {
             // A pending probe (its library not loaded yet) has no function
             // yet: the name its spec gives.
+            let usdt = p.label.starts_with(hotprobe::symbols::USDT_PREFIX);
             let name = match (&p.function, p.mechanism) {
+                // A USDT marker is named by its spec, not the function
+                // it sits in.
+                _ if usdt => p.label.clone(),
                 (Some(f), _) => f.clone(),
                 (None, hotprobe::Mechanism::Pending) => function_glob(&p.label),
                 (None, _) => p.label.clone(),
@@ -370,6 +375,8 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
                 addr: p.addr.0,
                 kind: if marker {
                     ProbeKind::Marker
+                } else if usdt {
+                    ProbeKind::Hit
                 } else {
                     ProbeKind::Function
                 },

@@ -191,8 +191,10 @@ impl LiveTree {
                 // An instruction inside a function: a point, not a call.
                 let indent = "  ".repeat(stack.len());
                 let label = self.labels.get(&ev.probe_id).unwrap_or(&name);
+                // A typed hit (a USDT marker's arguments) shows its values.
+                let values = typed.map_or(String::new(), |v| format!(" ({})", v.join(", ")));
                 outln!(
-                    "{:>11} [{tid:>6}] | {indent}/* {} */",
+                    "{:>11} [{tid:>6}] | {indent}/* {}{values} */",
                     "",
                     out::paint(out::NAME, label)
                 );
@@ -295,10 +297,11 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
     let typing = Rc::new(Typing::new(t.pid));
     let mut placed = Vec::new();
     for (func, exprs) in specs {
+        // A USDT marker's arguments are always shown: its note types them.
+        let auto = o.auto_args || func.starts_with(hotprobe::symbols::USDT_PREFIX);
         t.session
-            .set_xmm_layout(typing.xmm_chooser_for(exprs.clone(), o.auto_args));
-        t.session
-            .set_capture(typing.chooser_for(exprs, o.auto_args));
+            .set_xmm_layout(typing.xmm_chooser_for(exprs.clone(), auto));
+        t.session.set_capture(typing.chooser_for(exprs, auto));
         let added = t.add_all(std::slice::from_ref(&func), |_| Action::Record);
         t.session.set_capture(None);
         t.session.set_xmm_layout(None);

@@ -1,7 +1,9 @@
 //! USDT markers (issue 24): `usdt:[MODULE:]PROVIDER:NAME` probes the
 //! marker's instruction and raises its semaphore while placed, so the
 //! program runs the code that reaches it; counts equal the program's own,
-//! on a `<sys/sdt.h>` program and on Debian's python3.
+//! on a `<sys/sdt.h>` program and on Debian's python3; `trace` and
+//! `record` show the arguments (a register, a memory and a constant
+//! operand) as the program logged them.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -51,6 +53,66 @@ fn a_marker_with_a_semaphore_counts_every_pass() {
     );
     let out = hotprobe_within(&["count", "usdt:demo:tick%return", "--", b], LIMIT);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+}
+
+/// The program's own log of each tick's arguments (stderr:
+/// `tick(I, ACC, 42)`), as `(I, ACC, 42)` strings.
+fn logged(stderr: &str) -> Vec<String> {
+    stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("tick"))
+        .map(|l| l.to_string())
+        .collect()
+}
+
+#[test]
+fn trace_and_record_show_the_arguments_the_program_logged() {
+    let bin = sdt_demo();
+    let b = bin.to_str().unwrap();
+    let out = hotprobe_within(&["trace", "usdt:demo:tick", "--", b, "7"], LIMIT);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    let want = logged(&stderr);
+    assert_eq!(want.len(), 7, "{stderr}");
+    // `/* usdt:demo:tick (arg1=I, arg2=ACC, arg3=42) */`
+    let traced: Vec<String> = stdout
+        .lines()
+        .filter_map(|l| l.split_once("/* usdt:demo:tick (")?.1.strip_suffix(") */"))
+        .map(|v| {
+            let vals: Vec<&str> = v
+                .split(", ")
+                .map(|a| a.split_once('=').unwrap().1)
+                .collect();
+            format!("({})", vals.join(", "))
+        })
+        .collect();
+    assert_eq!(traced, want, "{stdout}");
+
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("usdt/t.d");
+    let d = dir.to_str().unwrap();
+    let out = hotprobe_within(
+        &["record", "--force", "-o", d, "usdt:demo:tick", "--", b, "7"],
+        LIMIT,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let want = logged(&text(&out.stderr));
+    let replay = hotprobe_within(&["replay", d], LIMIT);
+    let replayed: Vec<String> = text(&replay.stdout)
+        .lines()
+        .filter_map(|l| {
+            l.split_once("/* usdt:demo:tick hit (")?
+                .1
+                .strip_suffix(") */")
+        })
+        .map(|v| {
+            let vals: Vec<&str> = v
+                .split(", ")
+                .map(|a| a.split_once('=').unwrap().1)
+                .collect();
+            format!("({})", vals.join(", "))
+        })
+        .collect();
+    assert_eq!(replayed, want, "{}", text(&replay.stdout));
 }
 
 #[test]

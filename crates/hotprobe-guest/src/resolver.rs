@@ -196,6 +196,7 @@ impl KernelResolver {
                 .then(|| hotprobe_symbols::no_return_reason(None, Some(&sym.name), LinkAddr(addr)))
                 .flatten(),
             semaphore: None,
+            usdt_args: Vec::new(),
         }
     }
 

@@ -42,7 +42,7 @@ pub use process::{
     Boundary, BoundarySource, LoadedModule, ModuleCache, ProcessSymbols, ResolvedProbe,
     SymbolizedAddr,
 };
-pub use spec::{ProbeSpec, MAX_SPEC_LEN, RETURN_SUFFIX};
+pub use spec::{ProbeSpec, MAX_SPEC_LEN, RETURN_SUFFIX, USDT_PREFIX};
 pub use usdt::{
     parse_args as parse_usdt_args, usdt_markers, UsdtArg, UsdtError, UsdtMarker, UsdtOperand,
     MAX_USDT_ARGS,

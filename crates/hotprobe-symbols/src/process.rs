@@ -219,6 +219,9 @@ pub struct ResolvedProbe {
     /// counter): incremented while the probe is placed, so that the
     /// program runs the code that reaches the marker.
     pub semaphore: Option<RuntimeAddr>,
+    /// A USDT marker's arguments, where they are at the marker (empty for
+    /// anything else).
+    pub usdt_args: Vec<crate::UsdtArg>,
 }
 
 impl ResolvedProbe {

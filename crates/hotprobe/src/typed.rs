@@ -153,6 +153,10 @@ impl Typing {
     }
 
     fn plan(&self, r: &ResolvedProbe, exprs: Option<&[ArgExpr]>) -> Option<Planned> {
+        if !r.usdt_args.is_empty() {
+            // A USDT marker: its note says where each argument is.
+            return Some(plan_usdt(&r.usdt_args));
+        }
         let func = r.function.clone().unwrap_or_else(|| r.addr.to_string());
         let sig = self
             .debug_types(r)
@@ -552,6 +556,51 @@ impl TypedShapes {
 
 /// The prototype table's signature of a libc function without DWARF
 /// (`hotprobe_dwarf::libc_prototype`), at `r`'s address.
+/// A USDT marker's arguments as its note gives them (`arg1`, `arg2`, …):
+/// a register, memory at a register plus an offset, or a constant, each
+/// of its size and signedness. An operand no fetch expresses (an index
+/// register, `%rip`-relative, no base) shows as `<…>` with the reason.
+fn plan_usdt(args: &[hotprobe_symbols::UsdtArg]) -> Planned {
+    use hotprobe_dwarf::Shape;
+    use hotprobe_symbols::UsdtOperand;
+    let mut p = Planned::default();
+    for (i, a) in args.iter().enumerate() {
+        let size = a.size.clamp(1, 8);
+        let shape = if a.signed {
+            Shape::Signed(size)
+        } else {
+            Shape::Unsigned(size)
+        };
+        let (fetch, shape) = match &a.operand {
+            UsdtOperand::Register(n) => (Fetch::Reg(Source::Dwarf(*n)), shape),
+            UsdtOperand::Constant(c) => (Fetch::Const(*c as u64), shape),
+            UsdtOperand::Memory {
+                base: Some(b),
+                index: None,
+                offset,
+                rip_relative: false,
+            } => (
+                Fetch::Load {
+                    addr: Box::new(Fetch::Reg(Source::Dwarf(*b))),
+                    offset: *offset as u64,
+                    size,
+                },
+                shape,
+            ),
+            UsdtOperand::Memory { .. } => (
+                Fetch::Const(0),
+                Shape::Missing("operand not read: indexed or %rip-relative".into()),
+            ),
+        };
+        p.entry.push(fetch);
+        p.entry_shapes.push(hotprobe_dwarf::ShapeItem {
+            label: format!("arg{}", i + 1),
+            shape,
+        });
+    }
+    p
+}
+
 fn libc_prototype_of(r: &ResolvedProbe) -> Option<hotprobe_dwarf::Signature> {
     if !(r.module.starts_with("libc.so") || r.module.starts_with("libc-")) || r.offset != 0 {
         return None;

@@ -1,7 +1,8 @@
 /* USDT markers as distributions build them (<sys/sdt.h>): tick, guarded by
  * its semaphore as dtrace -h headers do, with a register, a memory and a
- * constant operand; done, without one. Prints what it computed and how
- * many times the guarded block ran (the semaphore was raised). */
+ * constant operand; done, without one. Prints each tick's arguments when
+ * the guarded block runs (the semaphore was raised), what it computed, and
+ * how many times the guarded block ran. */
 #define _SDT_HAS_SEMAPHORES 1
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,8 @@ __attribute__((noinline)) void tick(int i, long *acc) {
     if (demo_tick_semaphore) {
         guarded_runs++;
         DTRACE_PROBE3(demo, tick, i, *acc, 42);
+        /* What the marker's arguments are, for a tracer to compare. */
+        fprintf(stderr, "tick(%d, %ld, 42)\n", i, *acc);
     }
 }
 

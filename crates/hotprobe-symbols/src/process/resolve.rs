@@ -55,6 +55,7 @@ impl ProcessSymbols {
                 link,
             ),
             semaphore: None,
+            usdt_args: Vec::new(),
         }
     }
 
@@ -82,6 +83,7 @@ impl ProcessSymbols {
                 .map(|m| {
                     let mut p = Self::probe_at(lm, LinkAddr(m.addr), false);
                     p.semaphore = m.semaphore.map(|s| lm.runtime(LinkAddr(s)));
+                    p.usdt_args = m.args.clone();
                     p
                 })
                 .collect();

@@ -173,12 +173,34 @@ impl TrapMech {
         exits: bool,
         (maxactive, nargs): (usize, usize),
     ) -> (Option<Probe>, Option<RetProbe>) {
-        if record && !exits {
-            // Entries only (the function does not return to `[rsp]`).
+        self.form_at(is_return, record, capture, exits, false, (maxactive, nargs))
+    }
+
+    /// [`TrapMech::form`], `hit` true for a site that is no function's
+    /// entry (a USDT marker, an instruction inside a function): its record
+    /// is one hit event, and no return is hooked (`[rsp]` there is no
+    /// return address).
+    fn form_at(
+        &self,
+        is_return: bool,
+        record: bool,
+        capture: Option<Capture>,
+        exits: bool,
+        hit: bool,
+        (maxactive, nargs): (usize, usize),
+    ) -> (Option<Probe>, Option<RetProbe>) {
+        if record && (!exits || hit) {
+            // Entries only (the function does not return to `[rsp]`), or
+            // hits.
             let events = self.events.clone();
             let data = self.data.clone();
+            let kind = if hit {
+                hotprobe_fastpath::KIND_HIT
+            } else {
+                hotprobe_fastpath::KIND_ENTRY
+            };
             let probe = Probe::new().pre(move |ctx| {
-                let mut ev = trap_event(ctx, hotprobe_fastpath::KIND_ENTRY);
+                let mut ev = trap_event(ctx, kind);
                 ev.nargs = nargs as u8;
                 for (i, a) in ev.args.iter_mut().take(nargs).enumerate() {
                     *a = ctx.arg(i).unwrap_or(0);
@@ -530,11 +552,12 @@ impl ProbeMechanism for TrapMech {
         };
         let r = ask.r;
         let entry_only = r.no_return.clone().filter(|_| ask.record);
-        let form = self.form(
+        let form = self.form_at(
             ask.is_return,
             ask.record,
             ask.capture,
             entry_only.is_none(),
+            !ask.is_return && !r.is_entry(),
             (ask.maxactive, ask.nargs),
         );
         let id = match form {
