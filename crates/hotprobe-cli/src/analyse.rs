@@ -86,9 +86,16 @@ fn open_timed(dir: &Path, q: &QueryArgs) -> Result<TraceReader> {
     Ok(r)
 }
 
-/// Says on stderr, after a replay or a report, whether its times leave the
-/// probes' costs out, and which functions went through a trap.
+/// Says on stderr, after a replay or a report to a terminal, whether its
+/// times leave the probes' costs out, and which functions went through a
+/// trap.
 fn say_times(r: &TraceReader) {
+    // For a reader at a terminal: a pipe gets the data alone (the JSON
+    // forms and `info` carry the same: `probe_costs`, `on_traps`).
+    use std::io::IsTerminal;
+    if READER_GONE.load(std::sync::atomic::Ordering::Relaxed) || !std::io::stdout().is_terminal() {
+        return;
+    }
     if let Some(note) = r.overhead_note() {
         errln!("hotprobe: {note}");
         let traps = r.trap_functions();
@@ -160,11 +167,22 @@ fn broken_pipe(e: &TraceError) -> bool {
 }
 
 /// Writes `text` to stdout; a closed pipe is not an error.
+/// Set when stdout's reader went away (`replay | head`): the run then ends
+/// quietly, without its notes on stderr.
+static READER_GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn reader_gone() {
+    READER_GONE.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 fn print(text: &str) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
-        Err(e) if e.kind() == ErrorKind::BrokenPipe => Ok(()),
+        Err(e) if e.kind() == ErrorKind::BrokenPipe => {
+            reader_gone();
+            Ok(())
+        }
         r => r.context("cannot write the output"),
     }
 }
@@ -204,11 +222,17 @@ fn replay_of(r: &TraceReader, dir: &Path, q: &QueryArgs, fields: Vec<ReplayField
         ..ReplayOptions::default()
     };
     match with_bar(&bar, |cb| replay_with(r, &query, &opts, &mut out, Some(cb))) {
-        Err(e) if broken_pipe(&e) => return Ok(()),
+        Err(e) if broken_pipe(&e) => {
+            reader_gone();
+            return Ok(());
+        }
         r => r.with_context(|| format!("cannot replay {}", dir.display()))?,
     }
     match out.flush() {
-        Err(e) if e.kind() == ErrorKind::BrokenPipe => Ok(()),
+        Err(e) if e.kind() == ErrorKind::BrokenPipe => {
+            reader_gone();
+            Ok(())
+        }
         r => r.context("cannot write the output"),
     }
 }
@@ -224,6 +248,16 @@ struct ReportJson<'a> {
     /// Whether the times leave the probes' costs out, and those costs.
     #[serde(skip_serializing_if = "Option::is_none")]
     probe_costs: Option<String>,
+    /// The functions probed through a trap, with the mechanism.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    on_traps: Vec<OnTrap>,
+}
+
+/// A function probed through a trap (`report --json`'s `on_traps`).
+#[derive(Serialize)]
+struct OnTrap {
+    function: String,
+    mechanism: String,
 }
 
 fn sort_name(s: SortArg) -> &'static str {
@@ -458,6 +492,14 @@ fn report_of(
             calls: rep.calls(),
             rows: &rep.rows,
             probe_costs: r.overhead_note(),
+            on_traps: r
+                .trap_functions()
+                .into_iter()
+                .map(|(function, mechanism)| OnTrap {
+                    function,
+                    mechanism,
+                })
+                .collect(),
         });
     }
     print(&rep.to_text_colored(crate::out::colors_on()))

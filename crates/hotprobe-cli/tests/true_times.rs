@@ -1,7 +1,8 @@
 //! True timings (issue 23): `record` calibrates each mechanism's cost per
 //! hit and writes it to the trace (costs.tsv); `report`, `replay`,
-//! `export` and `info` take it out of the times, say so, and name the
-//! functions that went through a trap. tests/programs/true_times.c spins
+//! `export` and `info` take it out of the times, say so (`report --json`:
+//! `probe_costs`, `on_traps`), and name the functions that went through
+//! a trap. tests/programs/true_times.c spins
 //! in busy_a and busy_b for durations it measures itself, with ten calls
 //! of a 4-byte function (only a trap takes it: the in-process trap)
 //! between spins. The acceptance bounds are the issue's: the busy
@@ -26,8 +27,11 @@ fn program(dir: &Path) -> PathBuf {
     )
 }
 
-/// `report --json` rows: name → (calls, self ns, avg ns).
-fn report(trace: &Path, raw: bool) -> (std::collections::HashMap<String, (u64, u64, u64)>, String) {
+/// `report --json` rows: name → (calls, self ns, avg ns), and the whole
+/// JSON.
+type Rows = std::collections::HashMap<String, (u64, u64, u64)>;
+
+fn report(trace: &Path, raw: bool) -> (Rows, serde_json::Value) {
     let mut args = vec!["report", "--json", trace.to_str().unwrap()];
     if raw {
         args.push("--raw-times");
@@ -50,7 +54,7 @@ fn report(trace: &Path, raw: bool) -> (std::collections::HashMap<String, (u64, u
             )
         })
         .collect();
-    (rows, text(&o.stderr))
+    (rows, v)
 }
 
 #[test]
@@ -80,16 +84,21 @@ fn report_takes_the_probes_costs_out_of_the_times() {
     assert!(mechanisms.contains(&"in-process trap"), "{costs}");
     assert!(mechanisms.contains(&"jump"), "{costs}");
 
-    let (rows, err) = report(&trace, false);
+    let (rows, v) = report(&trace, false);
     assert!(
-        err.lines()
-            .any(|l| l.starts_with("hotprobe: times without the probes' costs (a hit: ")),
-        "{err}"
+        v["probe_costs"]
+            .as_str()
+            .unwrap()
+            .starts_with("times without the probes' costs (a hit: "),
+        "{v}"
     );
-    assert!(
-        err.lines()
-            .any(|l| l == "hotprobe: on a trap: s1 (in-process trap), s2 (in-process trap)"),
-        "{err}"
+    assert_eq!(
+        v["on_traps"],
+        serde_json::json!([
+            {"function": "s1", "mechanism": "in-process trap"},
+            {"function": "s2", "mechanism": "in-process trap"}
+        ]),
+        "{v}"
     );
     for (busy, short) in [("busy_a", "s1"), ("busy_b", "s2")] {
         let (calls, self_ns, _) = rows[busy];
@@ -110,11 +119,13 @@ fn report_takes_the_probes_costs_out_of_the_times() {
 
     // As measured, the traps' costs are in the busy functions' self
     // times and in the short functions' durations.
-    let (raw, err) = report(&trace, true);
+    let (raw, v) = report(&trace, true);
     assert!(
-        err.lines()
-            .any(|l| l.starts_with("hotprobe: times as measured, the probes' costs in them")),
-        "{err}"
+        v["probe_costs"]
+            .as_str()
+            .unwrap()
+            .starts_with("times as measured, the probes' costs in them"),
+        "{v}"
     );
     for f in ["busy_a", "busy_b", "s1", "s2"] {
         assert!(
