@@ -13,6 +13,15 @@ use std::process::Output;
 
 /// Compiles `tests/programs/NAME.c` at -O0 (gcc removes a `free(malloc(n))`
 /// pair at -O1 and above).
+
+/// `hotprobe ARGS`, which must succeed: its stdout and stderr.
+fn succeeds(args: &[&str]) -> (String, String) {
+    let o = hotprobe(args);
+    let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "{args:?}: {stdout}\n{stderr}");
+    (stdout, stderr)
+}
+
 fn program(name: &str) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/programs/{name}.c"));
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("aggregations/{name}"));
@@ -173,7 +182,7 @@ fn the_trap_mechanism_aggregates_in_the_tracer_alike() {
     // `--mechanism trap`: no agent table; the entries reach the tracer
     // with their registers and are aggregated there.
     let prog = program("agg_sizes");
-    let o = hotprobe(&[
+    let (stdout, stderr) = succeeds(&[
         "count",
         "libc:malloc",
         "--mechanism",
@@ -183,8 +192,6 @@ fn the_trap_mechanism_aggregates_in_the_tracer_alike() {
         prog.to_str().unwrap(),
         "40",
     ]);
-    let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
-    assert!(o.status.success(), "{stdout}\n{stderr}");
     let table = CountTable::parse(&stdout, &stderr);
     assert!(
         table.execution("libc:malloc").starts_with("trap"),
@@ -203,7 +210,7 @@ fn a_named_int_parameter_is_read_at_its_width_with_its_sign() {
     // take(int n) gets negative values: read as the whole register they
     // would be large positive numbers (the caller zero-extends).
     let prog = program("agg_sizes");
-    let o = hotprobe(&[
+    let (stdout, _) = succeeds(&[
         "count",
         "take",
         "--hist=n",
@@ -211,8 +218,6 @@ fn a_named_int_parameter_is_read_at_its_width_with_its_sign() {
         prog.to_str().unwrap(),
         "60",
     ]);
-    let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
-    assert!(o.status.success(), "{stdout}\n{stderr}");
     let values: Vec<i128> = logged(&stdout, "TAKE ")
         .iter()
         .map(|s| s.parse().unwrap())
@@ -241,7 +246,7 @@ fn an_in_process_trap_aggregates_from_its_recorded_entries() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/agg_tiny.c");
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("aggregations/agg_tiny");
     let prog = gcc(&src, &out, &["-O2"]);
-    let o = hotprobe(&[
+    let (stdout, stderr) = succeeds(&[
         "count",
         "tiny",
         "--lhist=arg0:0:400:100",
@@ -249,8 +254,6 @@ fn an_in_process_trap_aggregates_from_its_recorded_entries() {
         prog.to_str().unwrap(),
         "120",
     ]);
-    let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
-    assert!(o.status.success(), "{stdout}\n{stderr}");
     let table = CountTable::parse(&stdout, &stderr);
     assert!(
         table.execution("tiny").starts_with("in-process"),
@@ -644,7 +647,7 @@ fn a_condition_keeps_the_calls_it_holds_for() {
     // With a condition hotprobe evaluates, the entries are recorded and
     // aggregated by hotprobe: only the calls the condition holds for.
     let prog = program("agg_sizes");
-    let o = hotprobe(&[
+    let (stdout, stderr) = succeeds(&[
         "count",
         "libc:malloc if arg0 > 1000",
         "--lhist=arg0:0:20000:2500",
@@ -652,8 +655,6 @@ fn a_condition_keeps_the_calls_it_holds_for() {
         prog.to_str().unwrap(),
         "200",
     ]);
-    let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
-    assert!(o.status.success(), "{stdout}\n{stderr}");
     let sizes: Vec<i128> = logged(&stdout, "SIZE ")
         .iter()
         .map(|s| s.parse().unwrap())
