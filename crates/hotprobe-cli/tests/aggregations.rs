@@ -14,18 +14,18 @@ use std::process::Output;
 /// Compiles `tests/programs/NAME.c` at -O0 (gcc removes a `free(malloc(n))`
 /// pair at -O1 and above).
 
+fn program(name: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/programs/{name}.c"));
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("aggregations/{name}"));
+    gcc(&src, &out, &["-O0", "-pthread"])
+}
+
 /// `hotprobe ARGS`, which must succeed: its stdout and stderr.
 fn succeeds(args: &[&str]) -> (String, String) {
     let o = hotprobe(args);
     let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
     assert!(o.status.success(), "{args:?}: {stdout}\n{stderr}");
     (stdout, stderr)
-}
-
-fn program(name: &str) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/programs/{name}.c"));
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("aggregations/{name}"));
-    gcc(&src, &out, &["-O0", "-pthread"])
 }
 
 /// Runs `hotprobe ARGS`; checks it and the program succeeded and that
