@@ -13,7 +13,6 @@ use std::process::Output;
 
 /// Compiles `tests/programs/NAME.c` at -O0 (gcc removes a `free(malloc(n))`
 /// pair at -O1 and above).
-
 fn program(name: &str) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/programs/{name}.c"));
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("aggregations/{name}"));
