@@ -203,6 +203,10 @@ pub enum Cmd {
         /// Print the per-function count table at the end.
         #[arg(long)]
         summary: bool,
+        /// At the end, the user stacks at each function entry, counted
+        /// (walked in the target, as `count --stacks`), most frequent first.
+        #[arg(long)]
+        stacks: bool,
         /// How probes run: auto picks patch, then jump, then trap per
         /// function; the others force one (with a pattern,
         /// the functions it cannot take are listed with the reason).

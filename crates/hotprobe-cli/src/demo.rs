@@ -109,6 +109,7 @@ pub fn run() -> Result<u8> {
         maxactive: 64,
         duration: None,
         summary: true,
+        stacks: false,
         mechanism: hotprobe::MechanismChoice::Auto,
         no_traps: false,
         follow_forks: false,

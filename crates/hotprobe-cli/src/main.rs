@@ -202,6 +202,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             maxactive,
             duration: secs,
             summary,
+            stacks,
             mechanism,
             no_traps,
             follow_forks,
@@ -212,6 +213,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             let duration = duration(secs)?;
             signals::install()?;
             trace::run(&trace::TraceOptions {
+                stacks,
                 follow_forks,
                 follow_exec: follow_forks && !no_follow_exec,
                 new_processes: new_processes(later)?,

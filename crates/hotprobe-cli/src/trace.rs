@@ -44,6 +44,8 @@ pub struct TraceOptions<'a> {
     pub duration: Option<Duration>,
     /// Print the count table at the end.
     pub summary: bool,
+    /// `--stacks`: the stacks at the entries, counted, at the end.
+    pub stacks: bool,
     /// `--mechanism`.
     pub mechanism: MechanismChoice,
     /// `--no-traps`: leave out what needs a trap.
@@ -277,6 +279,7 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
             } else {
                 o.args.unwrap_or(0) as u8
             },
+            stacks: o.stacks,
             ..FastPathConfig::default()
         },
         follow_forks: o.follow_forks,
@@ -318,6 +321,9 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
     outln!("{HEADER}");
     let mut typed_sink = typed::RegisterTyped::new(&mut tree, &typing, &placed);
     let ran = t.run(&placed, o.duration, Some(&mut typed_sink));
+    if o.stacks {
+        crate::stacks::print_stacks(&t.session, &placed);
+    }
     if o.summary {
         outln!();
         let mut from_pattern = Default::default();

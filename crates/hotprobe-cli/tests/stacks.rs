@@ -127,6 +127,30 @@ fn count_stacks_of_malloc_with_and_without_frame_pointers() {
     }
 }
 
+/// `trace --stacks`: the live call tree, then the same three stacks as
+/// `count --stacks`, counted.
+#[test]
+fn trace_stacks_prints_the_three_paths_at_the_end() {
+    let bin = build("omit_fp", &["-O2", "-fomit-frame-pointer"]);
+    let o = hotprobe_within(
+        &[
+            "trace",
+            "--stacks",
+            "libc:malloc",
+            "--",
+            bin.to_str().unwrap(),
+        ],
+        LIMIT,
+    );
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    // Every call in the tree (the 15 of the three paths and stdio's own
+    // buffer) is in one of the stacks printed after it.
+    let stacks = check_three_paths(&out, &err);
+    let total: u64 = stacks.iter().map(|s| s.count).sum();
+    assert_eq!(out.matches("malloc() {").count() as u64, total, "{out}");
+}
+
 #[test]
 fn count_stacks_across_return_trampolines() {
     let bin = build("nofp", &["-O2", "-fomit-frame-pointer"]);
