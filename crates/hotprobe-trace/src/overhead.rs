@@ -169,8 +169,9 @@ fn clean(s: &str) -> String {
 /// One thread's clock without the probes' costs (see the module doc).
 #[derive(Clone, Debug)]
 pub(crate) struct OverheadClock {
-    /// ns per hit, by probe id (0 for a probe not listed).
-    cost: Vec<u64>,
+    /// ns per hit, by probe id (0 for a probe not listed): one table for
+    /// every stream of a reader ([`OverheadClock::table`]).
+    cost: std::sync::Arc<Vec<u64>>,
     /// What the thread spent in hits so far.
     spent: u64,
     /// The last corrected time given (corrected times never go back).
@@ -178,7 +179,9 @@ pub(crate) struct OverheadClock {
 }
 
 impl OverheadClock {
-    pub(crate) fn new(costs: &ProbeCosts) -> OverheadClock {
+    /// The ns per hit of each probe id of `costs`, as the clocks of a
+    /// reader's streams share it.
+    pub(crate) fn table(costs: &ProbeCosts) -> std::sync::Arc<Vec<u64>> {
         // Probe ids are dense from 0 (symbols.tsv caps them at 2^24).
         let bound = costs.probes.keys().max().map_or(0, |&m| m as usize + 1);
         let mut cost = vec![0; bound.min(1 << 24)];
@@ -187,8 +190,13 @@ impl OverheadClock {
                 *c = costs.ns_per_hit(p).round() as u64;
             }
         }
+        std::sync::Arc::new(cost)
+    }
+
+    /// A thread's clock over the costs in `table`.
+    pub(crate) fn new(table: std::sync::Arc<Vec<u64>>) -> OverheadClock {
         OverheadClock {
-            cost,
+            cost: table,
             spent: 0,
             last: 0,
         }
@@ -266,7 +274,7 @@ mod tests {
         // 1200 later (200 ns of its own work + 1000 of its hits' halves),
         // outer exit at t0 + 3000.
         let t0 = 1_000_000;
-        let mut k = OverheadClock::new(&costs());
+        let mut k = OverheadClock::new(OverheadClock::table(&costs()));
         let oe = k.hit(t0, 1);
         let ie = k.hit(t0 + 1000, 2);
         let ix = k.hit(t0 + 2200, 2);
@@ -282,7 +290,7 @@ mod tests {
 
     #[test]
     fn corrected_times_never_go_back() {
-        let mut k = OverheadClock::new(&costs());
+        let mut k = OverheadClock::new(OverheadClock::table(&costs()));
         let a = k.hit(1_000_000, 2);
         // 10 ns measured where 1000 were expected: held at the last time.
         let b = k.hit(1_000_010, 2);

@@ -57,6 +57,8 @@ pub struct TraceReader {
     costs: Option<ProbeCosts>,
     /// Whether streams leave the probes' costs out of their times.
     correct: bool,
+    /// `costs` as the streams' clocks read them (one table for all).
+    cost_table: Option<std::sync::Arc<Vec<u64>>>,
 }
 
 impl TraceReader {
@@ -193,6 +195,7 @@ impl TraceReader {
             streams,
             value_types,
             cuts: Vec::new(),
+            cost_table: costs.as_ref().map(OverheadClock::table),
             costs,
             correct,
         };
@@ -314,7 +317,7 @@ impl TraceReader {
             ThreadStream::open_unfinished(&s.path, self.info.time_base, tid)
         }?;
         if self.correct {
-            st.clock = self.costs.as_ref().map(OverheadClock::new);
+            st.clock = self.cost_table.clone().map(OverheadClock::new);
         }
         Ok(st)
     }
