@@ -14,6 +14,18 @@ impl Target for ProcessTarget {
         v
     }
 
+    fn thread_ended(&self, t: ThreadId) -> bool {
+        // `/proc/PID/task/TID/stat`: gone, or state Z (zombie) or X (dead),
+        // the field after the command name's closing parenthesis.
+        match std::fs::read_to_string(format!("/proc/{}/task/{}/stat", self.pid, t.0)) {
+            Err(_) => true,
+            Ok(s) => s
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next())
+                .is_some_and(|state| matches!(state, 'Z' | 'X')),
+        }
+    }
+
     fn read_memory(&mut self, addr: RuntimeAddr, buf: &mut [u8]) -> Result<(), TargetError> {
         let len = buf.len();
         let err = |me: &Self| TargetError::Memory {

@@ -242,6 +242,13 @@ pub trait Target {
     /// The threads currently known (all of them stopped or running).
     fn threads(&self) -> Vec<ThreadId>;
 
+    /// Whether thread `t` has ended though its end is not handled yet (a
+    /// traced thread that exited stays a zombie until its tracer waits
+    /// for it). `false` where a target cannot tell.
+    fn thread_ended(&self, _t: ThreadId) -> bool {
+        false
+    }
+
     /// Read `buf.len()` bytes at `addr`.
     fn read_memory(&mut self, addr: RuntimeAddr, buf: &mut [u8]) -> Result<(), TargetError>;
 

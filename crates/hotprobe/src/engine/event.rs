@@ -158,7 +158,7 @@ impl Engine {
         }
     }
 
-    fn drop_thread(&mut self, t: ThreadId) {
+    pub(super) fn drop_thread(&mut self, t: ThreadId) {
         // Calls still open when their thread ended never returned.
         if let Some(stack) = self.shadow.remove(&t) {
             for inst in stack {

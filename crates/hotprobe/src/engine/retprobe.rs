@@ -15,6 +15,24 @@ impl Engine {
         thread: ThreadId,
         regs: &mut Registers,
     ) -> Result<(), EngineError> {
+        let full = matches!(
+            self.probes.get(&id),
+            Some(ProbeEntry { kind: ProbeKind::Ret { maxactive, live, .. }, .. }) if live >= maxactive
+        );
+        if full {
+            // Threads that ended (pthread_exit, a forced unwind) still hold
+            // their instances until their end is handled: drop them first,
+            // so that a miss means as many calls live at once.
+            let ended: Vec<ThreadId> = self
+                .shadow
+                .keys()
+                .copied()
+                .filter(|&t| t != thread && self.target.thread_ended(t))
+                .collect();
+            for t in ended {
+                self.drop_thread(t);
+            }
+        }
         let Some(ProbeEntry {
             kind: ProbeKind::Ret {
                 maxactive, live, ..
