@@ -522,7 +522,13 @@ pub fn run_launched(o: &LaunchedOptions<'_>) -> Result<u8> {
         }
     }
     let notices = session.take_notices();
-    let end = ran?;
+    let end = match ran {
+        Ok(end) => end,
+        Err(e) => {
+            print_end_notices(notices, &[]);
+            return Err(e);
+        }
+    };
     // The guests powered off, or Ctrl-C reached QEMU too; else they run on.
     let mut status = 0;
     let mut normal_ends = Vec::new();

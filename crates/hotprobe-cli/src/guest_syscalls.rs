@@ -277,7 +277,13 @@ pub fn run_syscalls(o: &SyscallsOptions<'_>) -> Result<u8> {
         }
     }
     let notices = session.take_notices();
-    let end = ran?;
+    let end = match ran {
+        Ok(end) => end,
+        Err(e) => {
+            print_end_notices(notices, &[]);
+            return Err(e);
+        }
+    };
     let status = qemu.wait_timeout(Duration::from_secs(3));
     let code = match status {
         Some(st) => shell_exit_code(st),
