@@ -465,9 +465,7 @@ fn replay_and_report_filters_keep_what_the_program_logged() {
 #[test]
 fn report_columns_sorting_and_threads() {
     let run = run3();
-    // As measured (--raw-times): the program's own clock, inside each
-    // call, counts the costs of the probes hit within it, which the
-    // default report takes out (issue 23's true timings).
+    // --raw-times: the program's clock counts the probes' costs (issue 23).
     let (_, rows) = report_rows(run, &["--raw-times"]);
     // min/max/avg against the program's own durations, taken inside each
     // call (so never longer than the recorded ones but for the error of
