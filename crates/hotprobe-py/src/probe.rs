@@ -20,6 +20,19 @@ pub(crate) fn placed(slf: &Bound<'_, Session>, added: &hotprobe::Added) -> Vec<P
         .collect()
 }
 
+/// The probe placed first of `added` (a handler or return probe on one
+/// address), or an error naming `spec`.
+pub(crate) fn first_placed(
+    slf: &Bound<'_, Session>,
+    added: &hotprobe::Added,
+    spec: &str,
+) -> PyResult<PyProbe> {
+    placed(slf, added)
+        .into_iter()
+        .next()
+        .ok_or_else(|| HotprobeError::new_err(format!("{spec}: not placed")))
+}
+
 /// A probe's counters.
 #[pyclass(frozen, get_all, module = "hotprobe")]
 #[derive(Clone, Copy)]

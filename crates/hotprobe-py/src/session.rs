@@ -1,11 +1,11 @@
 //! The `Session` class: targets, probes with Python handlers, counts and
 //! recordings, the event loop.
 
-use crate::probe::{placed, Count, PyProbe};
+use crate::probe::{first_placed, placed, Count, PyProbe};
 use crate::recording::Recording;
 use crate::sigint::{SigintGuard, INTERRUPTED};
 use crate::sink::{Events, OnThisThread, Sink};
-use crate::{cond_count, context::Context, err, typed, HotprobeError};
+use crate::{cond_count, context::Context, err, typed};
 use hotprobe::{
     Action, HitContext, MechanismChoice, Probe as RsProbe, RetProbe, RunEnd, SessionConfig,
     SpawnOptions, TargetId,
@@ -230,16 +230,7 @@ impl Session {
             .session()?
             .add(target_id(target), spec, Action::Handler(p))
             .map_err(err)?;
-        let pl = added
-            .placements
-            .first()
-            .ok_or_else(|| HotprobeError::new_err(format!("{spec}: not placed")))?;
-        Ok(PyProbe {
-            session: slf.clone().unbind(),
-            id: pl.id.0,
-            label: pl.label.clone(),
-            mechanism: pl.mechanism.to_string(),
-        })
+        first_placed(slf, &added, spec)
     }
 
     /// A return probe on the function `spec` names: `entry(ctx)` when a
@@ -271,16 +262,7 @@ impl Session {
             .session()?
             .add(target_id(target), spec, Action::Return(rp))
             .map_err(err)?;
-        let pl = added
-            .placements
-            .first()
-            .ok_or_else(|| HotprobeError::new_err(format!("{spec}: not placed")))?;
-        Ok(PyProbe {
-            session: slf.clone().unbind(),
-            id: pl.id.0,
-            label: pl.label.clone(),
-            mechanism: pl.mechanism.to_string(),
-        })
+        first_placed(slf, &added, spec)
     }
 
     /// Count the hits of every address `spec` names (a pattern names
