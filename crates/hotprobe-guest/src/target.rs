@@ -173,7 +173,10 @@ pub struct GuestTarget {
     breakpoints: BTreeSet<u64>,
     /// Per vCPU: the breakpoint reported and not yet executed.
     reported: HashMap<i64, u64>,
-    stepping: Option<ThreadRef>,
+    /// The vCPU an engine single-step runs on, the `rip` it started at,
+    /// and how many times it was stepped again for a stop taken before the
+    /// instruction ran.
+    stepping: Option<(ThreadRef, u64, u32)>,
     regs: HashMap<i64, (Vec<u8>, Registers)>,
     /// Per vCPU: `rip` alone, read with `p` (or expedited in the stop reply)
     /// when the whole `g` block was not needed.

@@ -40,9 +40,22 @@ impl GuestTarget {
                 }
                 self.last_thread = t;
                 let thread = ThreadId(t.tid as u64);
-                if self.stepping == Some(t) {
-                    self.stepping = None;
+                if let Some((st, from, repeats)) = self.stepping.filter(|s| s.0 == t) {
                     let regs = self.read_regs(t)?;
+                    if regs.rip == from && repeats < MAX_STEP_REPEATS {
+                        // The stop came before the instruction ran (the TCG
+                        // quirk `continue_vm` steps over too) or it is a rep
+                        // iteration: step again, or the engine would run the
+                        // instruction a second time after its post handler.
+                        self.stats.step_repeats += 1;
+                        self.stepping = Some((st, from, repeats + 1));
+                        self.invalidate();
+                        self.client.step(t).map_err(|e| self.fail(e))?;
+                        self.running = true;
+                        self.mark_resumed();
+                        return Ok(None);
+                    }
+                    self.stepping = None;
                     return Ok(Some(TargetEvent::Stepped { thread, regs }));
                 }
                 let rip = self.stop_pc(t, &pairs)?;
@@ -202,10 +215,11 @@ impl GuestTarget {
         self.stopped_by_stop_all = false;
         match mode {
             ResumeMode::Step => {
+                let from = self.pc(t, &[])?;
                 self.flush_pc()?;
                 self.reported.remove(&t.tid);
                 self.invalidate();
-                self.stepping = Some(t);
+                self.stepping = Some((t, from, 0));
                 self.client.step(t).map_err(|e| self.fail(e))?;
                 self.running = true;
                 self.mark_resumed();
