@@ -149,6 +149,22 @@ impl ProcessTarget {
         });
     }
 
+    /// Whether the dynamic loader is in the middle of a change of the base
+    /// namespace, read now: before its first load completed (attached
+    /// during the program's start, libc maybe mapped but not relocated) or
+    /// inside a `dlopen`/`dlclose`. A remote call into libc (`dlopen` of the
+    /// agent) is unsafe then. `false` without a rendezvous (static program,
+    /// unknown loader): nothing tells.
+    pub fn loader_busy(&mut self) -> bool {
+        let Some(r_debug) = self.rendezvous.as_ref().map(|r| r.r_debug) else {
+            return false;
+        };
+        match self.read_namespaces(r_debug).first() {
+            Some(base) => base.state != RT_CONSISTENT || base.map == 0,
+            None => true,
+        }
+    }
+
     /// Every namespace's `r_debug`, the base one first.
     fn read_namespaces(&mut self, r_debug: u64) -> Vec<Namespace> {
         let mut out: Vec<Namespace> = Vec::new();

@@ -457,3 +457,49 @@ fn attach_to_own_child_stop_at_fifth_hit_then_detach() {
         child.wait().unwrap();
     }
 }
+
+/// Attached while the dynamic loader relocates the program (blocked in an
+/// IFUNC resolver, libc mapped but not initialised, `r_state` RT_ADD): the
+/// agent is not loaded into the half-made process (a remote `dlopen` there
+/// faulted: the CI flake of the test above, attached right after spawn),
+/// the probe takes the trap, and the program runs on unchanged with every
+/// call counted.
+#[test]
+fn attached_inside_the_loader_the_agent_waits_and_nothing_breaks() {
+    let bin = program("loader_gate", &["-O1"]);
+    let mut child = Command::new(&bin)
+        .arg("25")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // "L": the resolver runs and now blocks reading stdin.
+    let mut mark = [0u8; 1];
+    std::io::Read::read_exact(child.stderr.as_mut().unwrap(), &mut mark).unwrap();
+    assert_eq!(&mark, b"L");
+    let mut s = Session::new();
+    let t = s.attach(child.id() as i32).unwrap();
+    let added = s.add(t, "work_impl", Action::Count).unwrap();
+    let p = &added.placements[0];
+    assert_eq!(p.mechanism, Mechanism::Trap, "{}", p.reason);
+    assert!(
+        p.reason.contains("dynamic loader is still loading"),
+        "the reason names the loader: {}",
+        p.reason
+    );
+    s.start().unwrap();
+    child.stdin.take().unwrap().write_all(b"g").unwrap();
+    assert_eq!(s.run().unwrap(), RunEnd::AllExited);
+    assert_eq!(s.stats(p.id).unwrap().hits, 25);
+    // The session reaped its tracee (our child too): its status is the session's.
+    assert_eq!(
+        s.exit_status(t),
+        Some(hotprobe::ExitStatus::Code(0)),
+        "{:?}",
+        s.take_notices()
+    );
+    let mut out = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
+    assert_eq!(out, "sum 925 calls 25\n");
+}

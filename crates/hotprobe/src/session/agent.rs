@@ -82,6 +82,17 @@ impl Agent {
         config: &FastPathConfig,
     ) -> Result<&mut FastPath, String> {
         if let AgentState::Injectable = self.state {
+            if engine.process().is_some_and(|pt| pt.loader_busy()) {
+                // Attached while ld.so loads or relocates (a program just
+                // started, or inside dlopen): a remote dlopen would run in
+                // an unrelocated libc. Traps for now; a later placement
+                // tries again.
+                return Err(
+                    "the agent could not be loaded yet: the program's dynamic loader \
+                            is still loading (attached during its start or a dlopen)"
+                        .into(),
+                );
+            }
             let r = match hotprobe_fastpath::find_agent() {
                 Err(e) => Err(e.to_string()),
                 Ok(agent) => match engine.process() {
