@@ -502,4 +502,6 @@ fn attached_inside_the_loader_the_agent_waits_and_nothing_breaks() {
     let mut out = String::new();
     std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
     assert_eq!(out, "sum 925 calls 25\n");
+    // Reaped by the session already: this wait finds no child.
+    assert!(child.wait().is_err());
 }
