@@ -35,6 +35,12 @@ fn proc_status(pid: i32) -> Option<ProcStatus> {
     Some(st)
 }
 
+/// The calling thread's id (a tracee's `TracerPid` names the tracing thread).
+fn current_tid() -> i32 {
+    // SAFETY: gettid has no arguments and cannot fail.
+    unsafe { libc::gettid() }
+}
+
 /// The `flags` field of `/proc/PID/stat` (after the parenthesised name,
 /// which may hold spaces and parentheses).
 fn proc_flags(pid: i32) -> Option<u64> {
@@ -182,6 +188,17 @@ impl ProcessTarget {
                 }
                 match t.sys.seize(tid, TRACE_OPTIONS) {
                     Ok(()) => {}
+                    // A thread exiting as we list it, or one a seized
+                    // thread just made (auto-attached: its stop arrives
+                    // with the clone event): nothing to seize.
+                    Err(e)
+                        if e.errno() == libc::EPERM
+                            && !t.threads.is_empty()
+                            && (t.thread_ended(ThreadId(tid as u64))
+                                || proc_status(tid).is_some_and(|s| s.tracer == current_tid())) =>
+                    {
+                        continue
+                    }
                     Err(e) if e.errno() == libc::EPERM => {
                         t.attached = !t.threads.is_empty();
                         if t.threads.is_empty() {

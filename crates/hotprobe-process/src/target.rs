@@ -225,10 +225,17 @@ impl Target for ProcessTarget {
         if self.released.is_some() {
             return self.reacquire();
         }
+        // Interrupted again even with an interrupt marked pending: a thread
+        // that entered another ptrace stop (a breakpoint, a clone event)
+        // after PTRACE_INTERRUPT had its pending STOP trap cleared by the
+        // kernel ("any trap clears pending STOP trap", ptrace_stop), so no
+        // stop may be coming; a second interrupt while one is still
+        // pending sets the same bit and makes no second stop. Skipping
+        // them hung `watch -p --duration` under thread churn in this wait.
         let running: Vec<i32> = self
             .threads
             .iter()
-            .filter(|(_, t)| t.state == RunState::Running && !t.interrupt_pending)
+            .filter(|(_, t)| t.state == RunState::Running)
             .map(|(tid, _)| *tid)
             .collect();
         for tid in running {

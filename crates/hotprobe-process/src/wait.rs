@@ -32,7 +32,9 @@ impl ProcessTarget {
                 .threads
                 .iter()
                 // A thread that reported an event instead is stopped too (its
-                // interrupt stays pending and is absorbed when it resumes).
+                // interrupt may still be pending, then absorbed when it
+                // resumes; or the event's stop cleared it: `stop_all`
+                // interrupts again next time).
                 .find(|(_, t)| t.interrupt_pending && t.state == RunState::Running)
                 .map(|(tid, _)| *tid)
             else {

@@ -369,6 +369,30 @@ fn cases() -> Vec<Case> {
             threads_after: &[L],
         },
         Case {
+            name: "an interrupt a clone stop cleared is sent again by the next stop_all",
+            tids: &[L],
+            setup: no_setup,
+            ops: &[Op::StopAll, Op::Wait, Op::ResumeAll, Op::StopAll],
+            script: format!(
+                "interrupt {L} = ok
+                 waitpid {L} 0x0 = {L} 0x3057f
+                 geteventmsg {L} = {T2}
+                 waitpid {T2} 0x0 = {T2} 0x80057f
+                 cont {L} 0 = ok
+                 cont {T2} 0 = ok
+                 # The clone stop cleared the leader's pending STOP trap (the
+                 # kernel's ptrace_stop: any trap clears it): no stop comes
+                 # for it. stop_all interrupts it again rather than waiting
+                 # for that stop for ever (watch -p under thread churn hung).
+                 interrupt {L} = ok
+                 interrupt {T2} = ok
+                 waitpid {L} 0x0 = {L} 0x80057f
+                 waitpid {T2} 0x0 = {T2} 0x80057f"
+            ),
+            events: &["thread-created 5000002"],
+            threads_after: &[L, T2],
+        },
+        Case {
             name: "a clone event instead of the interrupt's stop while stopping",
             tids: &[L],
             setup: no_setup,
