@@ -153,6 +153,20 @@ enum What {
         #[arg(long, default_value_t = 5)]
         runs: usize,
     },
+    /// An 8-thread program's start natively, under `hotprobe count`,
+    /// `hotprobe record` and `uftrace record` (issue 23: within 1.5×
+    /// native).
+    Threadstart {
+        /// Threads the program starts.
+        #[arg(long, default_value_t = 8)]
+        threads: u32,
+        /// Calls of `work` per thread.
+        #[arg(long, default_value_t = 1000)]
+        calls: u64,
+        /// Runs per row (the median is reported).
+        #[arg(long, default_value_t = 9)]
+        runs: usize,
+    },
     /// One measurement of `scale`, in a process of its own (internal).
     #[command(hide = true)]
     ScaleOne {
@@ -165,6 +179,7 @@ enum What {
 
 mod handlers;
 mod stock;
+mod threadstart;
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
@@ -176,6 +191,11 @@ fn main() -> Result<()> {
         What::Typed { calls, runs } => typed(calls, runs),
         What::Sqlite { rows, runs } => sqlite::sqlite(rows, runs),
         What::Stock { rows, runs } => stock::run_all(rows, runs),
+        What::Threadstart {
+            threads,
+            calls,
+            runs,
+        } => threadstart::run_all(threads, calls, runs),
         What::Handlers { cpu, hits, runs } => handlers::run(cpu, hits, runs),
         What::Scale {
             n,

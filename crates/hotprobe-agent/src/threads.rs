@@ -228,6 +228,11 @@ fn set_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32) {
     });
 }
 
+/// Bytes of a fresh ring faulted in at a thread's first hit (2,048 events
+/// of 32 bytes): the start of the first lap, without making thread start
+/// pay for the whole ring.
+const RING_PREFAULT_BYTES: usize = 64 * 1024;
+
 /// Fills `e`'s stub view of slot `slot`; returns its counters' address.
 fn fill_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32) -> u64 {
     let f = &e.fast;
@@ -252,9 +257,14 @@ fn fill_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32) -> u64 {
     // in already: populating them again costs a walk of the whole ring.
     let fresh = shm.ring_ctl(slot).filter(|c| c.head.load(Relaxed) == 0);
     if let Some(ctl) = fresh {
-        // Fault the slot's pages in now (one system call on the thread's
-        // first hit) rather than one page fault per 64 or 128 events on the
-        // hot path. Best effort: older kernels answer EINVAL.
+        // Fault the ring's first pages in now (one system call on the
+        // thread's first hit) rather than one page fault per 64 or 128
+        // events on the hot path; the rest fault in as the first lap
+        // writes them (and stay: later laps fault no more). Populating the
+        // whole ring here (32 MiB at the default 2^20 events) took 5–40 ms
+        // per thread, which an 8-thread program's start paid in full
+        // (issue 23: 55–340 ms against 0.3 ms native, `hotprobe-bench
+        // threadstart`). Best effort: older kernels answer EINVAL.
         // Not the slot's counters: with 2^20 probe ids they are 8 MB, and
         // only the pages of the probes this thread hits are ever touched
         // (one fault per 512 probes, not on the hot path of a hot probe).
@@ -262,7 +272,8 @@ fn fill_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32) -> u64 {
         let lay = shm.layout();
         let ctl_len = core::mem::size_of::<hotprobe_abi::RingCtl>() + (base & 4095);
         let events = base + lay.events_offset;
-        let events_len = lay.thread_stride - lay.events_offset + (events & 4095);
+        let events_len =
+            (lay.thread_stride - lay.events_offset).min(RING_PREFAULT_BYTES) + (events & 4095);
         // Both ranges lie in this thread's slot (the control block; the
         // ring's events up to the end of the slot), from the start of their
         // first page, inside the shared mapping (the mapping is

@@ -1,0 +1,58 @@
+/* Thread start under a tracer (issue 23's benchmark row): main takes the
+ * time, starts argv[1] threads (default 8), each calling work() argv[2]
+ * times (default 1000), joins them, and prints
+ *   "threads N start_ns S total_ns T"
+ * S: from before the first pthread_create until every thread made its
+ * first call (what a tracer's per-thread set-up delays); T: until all
+ * joined. The program times itself, so the tracer's own start-up and
+ * exit are left out. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+static long calls;
+static atomic_long started;
+static volatile long sink;
+
+__attribute__((noinline)) long work(long x) {
+    sink += x;
+    return x + 1;
+}
+
+static long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+static long n_threads;
+static atomic_long all_at;
+
+static void *worker(void *arg) {
+    long id = (long)arg;
+    work(id);
+    if (atomic_fetch_add(&started, 1) + 1 == n_threads)
+        atomic_store(&all_at, now_ns());
+    for (long i = 1; i < calls; i++)
+        work(i + id);
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    n_threads = argc > 1 ? atol(argv[1]) : 8;
+    calls = argc > 2 ? atol(argv[2]) : 1000;
+    if (n_threads < 1 || n_threads > 256)
+        return 2;
+    pthread_t t[256];
+    long t0 = now_ns();
+    for (long i = 0; i < n_threads; i++)
+        pthread_create(&t[i], NULL, worker, (void *)i);
+    for (long i = 0; i < n_threads; i++)
+        pthread_join(t[i], NULL);
+    long t1 = now_ns();
+    printf("threads %ld start_ns %ld total_ns %ld\n", n_threads, atomic_load(&all_at) - t0,
+           t1 - t0);
+    return 0;
+}
