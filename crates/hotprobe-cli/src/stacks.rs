@@ -13,7 +13,7 @@ pub fn print_stacks(session: &Session, placed: &[Placement]) {
     for p in placed {
         let Some((stacks, totals)) = session.stacks(p.id) else {
             errln!(
-                "hotprobe: --stacks: no stacks for {} ({}: only the patch and jump mechanisms capture them)",
+                "hotprobe: --stacks: no stacks for {} ({}: only probes at a function's entry capture them, on the patch, jump or trap mechanism)",
                 p.label,
                 p.mechanism
             );

@@ -65,7 +65,12 @@ fn native(bin: &Path) -> String {
 /// Checks the three known paths with their counts, each complete down to
 /// `_start`; returns the stacks.
 fn check_three_paths(stdout: &str, stderr: &str) -> Vec<Stack> {
-    let stacks = stacks_of(stdout, "libc:malloc");
+    check_three_paths_of(stdout, stderr, "libc:malloc")
+}
+
+/// [`check_three_paths`] under `stacks of LABEL`.
+fn check_three_paths_of(stdout: &str, stderr: &str, label: &str) -> Vec<Stack> {
+    let stacks = stacks_of(stdout, label);
     let want: [(&[&str], u64); 3] = [
         (&["alloc_leaf", "path_c_inner", "path_c", "main"], 7),
         (&["alloc_leaf", "path_b", "main"], 5),
@@ -283,4 +288,48 @@ fn count_stacks_of_threads_started_later() {
         "{s:?}"
     );
     assert!(!err.contains("not counted"), "{err}");
+}
+
+/// Probes on the ptrace trap (`--mechanism trap`; a static binary, which
+/// takes no agent): the tracer walks the stack at the stop with the same
+/// tables, and gives the same three stacks and counts, across the trap
+/// return trampoline in path_b's return slot.
+#[test]
+fn count_stacks_on_the_ptrace_trap() {
+    let bin = build("nofp", &["-O2", "-fomit-frame-pointer"]);
+    let trap = ["--mechanism", "trap"];
+    let (out, err) = run_count(&bin, &["libc:malloc"], &trap);
+    check_three_paths(&out, &err);
+    assert!(out.contains("trap"), "{out}");
+    let (out, err) = run_count(&bin, &["libc:malloc", "path_b%return"], &trap);
+    check_three_paths(&out, &err);
+    // path_c_inner's own stacks, on the trap: 7, from path_c.
+    let (out, err) = run_count(&bin, &["libc:malloc", "path_c_inner"], &trap);
+    check_three_paths(&out, &err);
+    let inner = stacks_of(&out, "path_c_inner");
+    assert_eq!(inner.len(), 1, "{out}");
+    assert_eq!(inner[0].count, 7, "{out}");
+    assert_eq!(inner[0].frames[..2], ["path_c", "main"], "{out}");
+
+    // A static build: no agent at all, every probe on the trap.
+    let stat = build("nofp-static", &["-O2", "-fomit-frame-pointer", "-static"]);
+    let (out, err) = run_count(&stat, &["malloc"], &[]);
+    check_three_paths_of(&out, &err, "malloc");
+    // record --stacks there: report --callers gives the same paths.
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("stacks-trap-trace");
+    let d = dir.to_str().unwrap();
+    let args = ["record", "--force", "-o", d, "--stacks", "malloc", "--"];
+    let o = hotprobe_within(&[&args[..], &[stat.to_str().unwrap()]].concat(), LIMIT);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let o = hotprobe_within(&["report", d, "--callers", "malloc"], LIMIT);
+    let rep = text(&o.stdout);
+    let lines: Vec<&str> = rep.lines().map(str::trim).collect();
+    assert!(lines.contains(&"15  alloc_leaf -> malloc"), "{rep}");
+    for (n, path) in [(7, "path_c_inner <- path_c"), (5, "path_b"), (3, "path_a")] {
+        let want = format!("{n}      alloc_leaf <- {path} <- main <- ");
+        assert!(
+            lines.iter().any(|l| l.starts_with(&want)),
+            "{want} in\n{rep}"
+        );
+    }
 }

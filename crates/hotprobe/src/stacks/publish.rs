@@ -44,6 +44,8 @@ pub struct StackTables {
     /// The process's modules at the last refresh: stacks are symbolized
     /// with them, after the process may be gone.
     symbols: Option<ProcessSymbols>,
+    /// The stacks of trap probes, walked in the tracer with these rows.
+    pub trap: super::trap::TrapStacks,
 }
 
 /// What one [`StackTables::refresh`] did.
@@ -67,8 +69,14 @@ impl StackTables {
     }
 
     /// Reads `pid`'s maps, compiles the modules not seen yet and publishes
-    /// rows and stack regions into `view` when they changed.
-    pub fn refresh(&mut self, pid: u32, view: &StacksView) -> Result<RefreshReport, StacksError> {
+    /// rows and stack regions into `view` (the agent's, when there is one)
+    /// when they changed; the trap's walks ([`StackTables::trap`]) take
+    /// the rows too.
+    pub fn refresh(
+        &mut self,
+        pid: u32,
+        view: Option<&StacksView>,
+    ) -> Result<RefreshReport, StacksError> {
         let maps = read_maps(pid)?;
         let symbols = ProcessSymbols::for_pid(pid)?;
         let mut modules = BTreeSet::new();
@@ -101,6 +109,10 @@ impl StackTables {
         let rows = finish(rows);
         report.rows = rows.len();
         self.symbols = Some(symbols);
+        self.trap.set_rows(&rows);
+        let Some(view) = view else {
+            return Ok(report);
+        };
         let same = self
             .published
             .as_ref()
