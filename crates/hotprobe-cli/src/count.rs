@@ -143,10 +143,26 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
     }
     let recording = o.hist || specs.iter().any(|s| s.cond.is_some());
     if recording {
-        if o.follow_forks {
-            bail!(crate::UsageError(
-                "conditions and --hist do not work with -f yet".into()
-            ));
+        // -f: forked processes keep the probes (and their ids): their
+        // entries count under the same conditions, in rows per process.
+        // The probes placed in a program a followed process executes are
+        // new ones: ExecConds gives them their spec's condition, which
+        // needs one that names no parameter (those compile per function
+        // from the DWARF the placement read) and no aggregation beside.
+        if o.follow_exec {
+            let named = specs.iter().find(|s| matches!(s.cond, Some((_, None))));
+            if let Some(s) = named {
+                bail!(crate::UsageError(format!(
+                    "{}: under -f, a condition naming parameters applies to forked processes only: add --no-follow-exec (or name them arg0..arg5)",
+                    s.probe
+                )));
+            }
+            if let (Some(a), true) = (&o.agg, any_cond) {
+                bail!(crate::UsageError(format!(
+                    "{} with a condition under -f applies to forked processes only: add --no-follow-exec",
+                    a.describe()
+                )));
+            }
         }
         if let Some(s) = specs.iter().find(|s| s.probe.ends_with("%return")) {
             bail!(crate::UsageError(format!(
@@ -280,7 +296,14 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
             agg_events = a.tables;
             ran
         }
-        Some(s) => t.run(&placed, o.duration, Some(s)),
+        Some(s) => {
+            let by_label = specs
+                .iter()
+                .filter_map(|sp| Some((sp.probe.clone(), sp.cond.as_ref()?.1.clone()?)))
+                .collect();
+            let mut e = ExecConds { sink: s, by_label };
+            t.run(&placed, o.duration, Some(&mut e))
+        }
         None => t.run(&placed, o.duration, None),
     };
     if let Some(s) = &sink {
@@ -299,7 +322,13 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
             .collect(),
         _ => HashMap::new(),
     };
+    let per_process = o.follow_forks || o.new_processes.is_some();
+    let process_hits = sink
+        .as_ref()
+        .filter(|_| per_process && (o.agg.is_none() || any_cond))
+        .map(|s| s.process_hits(|tid| t.session.process_of_thread(tid)));
     let extras = TableExtras {
+        process_hits: process_hits.as_ref(),
         // Aggregating probes count in the target (or the engine).
         hits: sink
             .as_ref()
@@ -335,7 +364,6 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         .iter()
         .cloned()
         .partition(|p| o.all || o.json || !from_pattern.contains(&p.id.0) || hits_of(p) > 0);
-    let per_process = o.follow_forks || o.new_processes.is_some();
     print_table_with(&t.session, &shown, per_process, &extras);
     if o.stacks {
         crate::stacks::print_stacks(&t.session, &shown);
@@ -446,5 +474,31 @@ fn print_aggregations(
                 table.uncounted
             );
         }
+    }
+}
+
+/// The recording sink of `count -f` with conditions: the probes placed in
+/// a program a followed process executes get the condition of the spec
+/// they were placed for (their ids are new; the forked processes' are
+/// their parent's).
+struct ExecConds<'a> {
+    sink: &'a mut CountSink,
+    /// Each spec's condition (those naming parameters are refused under
+    /// -f across exec).
+    by_label: HashMap<String, Cond>,
+}
+
+impl hotprobe::EventSink for ExecConds<'_> {
+    fn event(&mut self, ev: &hotprobe::RecordedEvent) -> Result<(), hotprobe::SinkError> {
+        self.sink.event(ev)
+    }
+    fn lost(&mut self, tid: u32, ts: u64, count: u64) -> Result<(), hotprobe::SinkError> {
+        self.sink.lost(tid, ts, count)
+    }
+    fn exec_image(&mut self, image: &hotprobe::ExecImage) -> Result<(), hotprobe::SinkError> {
+        for p in &image.placements {
+            self.sink.add(p.id, self.by_label.get(&p.label).cloned());
+        }
+        self.sink.exec_image(image)
     }
 }

@@ -83,6 +83,9 @@ pub struct CountSink {
     hist: bool,
     /// Entries whose condition held, per probe id.
     hits: HashMap<u32, u64>,
+    /// The same, per (probe id, thread): rows per process under
+    /// `follow_forks` ([`Session::process_of_thread`]).
+    thread_hits: HashMap<(u32, u32), u64>,
     /// Durations of those calls in nanoseconds, per probe id.
     hists: HashMap<u32, Histogram>,
     /// Per thread: open calls (probe, entry TSC, condition held).
@@ -244,6 +247,27 @@ impl CountSink {
         &self.hits
     }
 
+    /// Every followed probe's count per thread, by (raw probe id, thread
+    /// id): only (probe, thread) pairs with a counted entry.
+    pub fn thread_hits(&self) -> &HashMap<(u32, u32), u64> {
+        &self.thread_hits
+    }
+
+    /// Every followed probe's count per process, by (raw probe id, pid),
+    /// each thread's counts given to `process_of(tid)` (a thread it does
+    /// not know: counted as a process of its own id, as a main thread is).
+    pub fn process_hits(
+        &self,
+        process_of: impl Fn(u32) -> Option<i32>,
+    ) -> HashMap<(u32, i32), u64> {
+        let mut out: HashMap<(u32, i32), u64> = HashMap::new();
+        for ((probe, tid), n) in &self.thread_hits {
+            let pid = process_of(*tid).unwrap_or(*tid as i32);
+            *out.entry((*probe, pid)).or_default() += n;
+        }
+        out
+    }
+
     /// The histogram (nanoseconds) of the durations of probe `id`'s
     /// counted calls; `None` without `hist` or for a probe not followed.
     pub fn histogram(&self, id: ProbeId) -> Option<&Histogram> {
@@ -273,6 +297,7 @@ impl EventSink for CountSink {
                     .is_none_or(|c| c.eval(&ev.args[..n]));
                 if ok {
                     *self.hits.entry(ev.probe_id).or_default() += 1;
+                    *self.thread_hits.entry((ev.probe_id, ev.tid)).or_default() += 1;
                 }
                 if self.hist && ev.kind == KIND_ENTRY {
                     self.stacks
@@ -353,6 +378,16 @@ mod tests {
         assert_eq!(s.hits(ProbeId(2)), Some(7));
         assert_eq!(s.hits(ProbeId(3)), None);
         assert!(s.follows(ProbeId(2)) && !s.follows(ProbeId(3)));
+        s.event(&ev(KIND_ENTRY, 1, 9, 9, &[500])).unwrap();
+        s.event(&ev(KIND_ENTRY, 1, 10, 9, &[1])).unwrap();
+        assert_eq!(s.thread_hits()[&(1, 7)], 3);
+        assert_eq!(s.thread_hits()[&(1, 9)], 1);
+        assert!(!s.thread_hits().contains_key(&(1, 10)), "condition false");
+        // Threads 7 and 9 in process 7.
+        let by = s.process_hits(|t| (t == 9).then_some(7));
+        assert_eq!(by[&(1, 7)], 4);
+        assert_eq!(by[&(2, 7)], 7);
+        assert_eq!(by.len(), 2);
         assert!(s.histogram(ProbeId(1)).is_none());
         s.lost(7, 0, 4).unwrap();
         assert_eq!(s.lost_events(), 4);

@@ -397,6 +397,8 @@ pub struct Session {
     recording_new: bool,
     /// What the exec gate had to say.
     gate_notices: Vec<String>,
+    /// The process of each thread seen created (`Session::process_of_thread`).
+    thread_pids: HashMap<u32, i32>,
 }
 
 impl Session {
@@ -429,6 +431,7 @@ impl Session {
             new_processes: None,
             recording_new: false,
             gate_notices: Vec::new(),
+            thread_pids: HashMap::new(),
         }
     }
 
