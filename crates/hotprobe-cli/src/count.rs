@@ -69,9 +69,13 @@ pub struct CountOptions<'a> {
 /// A probe spec split from its condition.
 struct Spec {
     probe: String,
-    /// The condition's text and, unless it names parameters (compiled
-    /// per function once placed), the condition.
+    /// The condition's text and, unless it names parameters or USDT
+    /// arguments (compiled per function or marker once placed), the
+    /// condition.
     cond: Option<(String, Option<Cond>)>,
+    /// A USDT marker (`usdt:…`): its condition's `argN` are the marker's
+    /// arguments, captured at the hit.
+    usdt: bool,
 }
 
 /// The aggregation of `--hist=VALUE`, `--lhist` or `--by`, if one is asked
@@ -98,7 +102,10 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
     let mut specs = Vec::new();
     for s in o.probes {
         let (probe, cond) = split_spec(s);
+        let usdt = probe.starts_with(hotprobe::symbols::USDT_PREFIX);
         let cond = match cond {
+            // The marker's arguments: compiled once placed.
+            Some(text) if usdt => Some((text.to_string(), None)),
             // A parameter name: compiled per function once placed.
             Some(text) => match Cond::parse(text) {
                 Err(crate::cond::CondError::UnknownName { .. }) => Some((text.to_string(), None)),
@@ -114,11 +121,19 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         specs.push(Spec {
             probe: probe.to_string(),
             cond,
+            usdt,
         });
     }
     let any_cond = specs.iter().any(|s| s.cond.is_some());
     if let Some(a) = &o.agg {
         let retval = a.source == AggSource::Retval;
+        if let Some(s) = specs.iter().find(|s| s.usdt && s.cond.is_some()) {
+            bail!(crate::UsageError(format!(
+                "{}: {} does not combine with a condition on a USDT marker's arguments yet",
+                s.probe,
+                a.describe()
+            )));
+        }
         if o.hist || (any_cond && retval) {
             bail!(crate::UsageError(format!(
                 "{}: the latency --hist, and conditions on return values, do not combine with it",
@@ -153,7 +168,7 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
             let named = specs.iter().find(|s| matches!(s.cond, Some((_, None))));
             if let Some(s) = named {
                 bail!(crate::UsageError(format!(
-                    "{}: under -f, a condition naming parameters applies to forked processes only: add --no-follow-exec (or name them arg0..arg5)",
+                    "{}: under -f, a condition naming parameters or USDT arguments applies to forked processes only: add --no-follow-exec",
                     s.probe
                 )));
             }
@@ -223,10 +238,24 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         })));
     }
     let mut agg_rules = HashMap::new();
+    // USDT markers whose arguments a condition compares: their operands
+    // as the note gives them, by address, and the probes.
+    let usdt_args = std::rc::Rc::new(std::cell::RefCell::new(HashMap::new()));
+    let mut usdt_ids = Vec::new();
     for s in &specs {
-        let named = matches!(&s.cond, Some((_, None)))
+        let named = !s.usdt && matches!(&s.cond, Some((_, None)))
             || matches!(o.agg.as_ref().map(|a| &a.source), Some(AggSource::Name(_)));
-        t.session.set_capture(named.then(|| typing.name_chooser()));
+        if s.usdt && s.cond.is_some() {
+            let args = usdt_args.clone();
+            t.session.set_capture(Some(std::rc::Rc::new(
+                move |r: &hotprobe::symbols::ResolvedProbe| {
+                    args.borrow_mut().insert(r.addr.0, r.usdt_args.clone());
+                    hotprobe::typed::usdt_capture(r)
+                },
+            )));
+        } else {
+            t.session.set_capture(named.then(|| typing.name_chooser()));
+        }
         let added = t.add_all(std::slice::from_ref(&s.probe), |_| {
             if recording {
                 Action::Record
@@ -246,6 +275,27 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
             for p in &added {
                 let c = match c {
                     Some(c) => c.clone(),
+                    None if s.usdt => {
+                        let args = usdt_args
+                            .borrow()
+                            .get(&p.addr.0)
+                            .cloned()
+                            .unwrap_or_default();
+                        match hotprobe::cond::usdt_cond(text, &args) {
+                            Ok(c) => {
+                                usdt_ids.push(p.id);
+                                c
+                            }
+                            Err(e) => {
+                                t.abandon();
+                                return Err(crate::UsageError(format!(
+                                    "`{}`: the condition: {e}",
+                                    s.probe
+                                ))
+                                .into());
+                            }
+                        }
+                    }
                     None => match crate::cond::named_cond(&typing, p, text) {
                         Ok(c) => c,
                         Err(e) => {
@@ -279,7 +329,15 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
     }
     let ids: Vec<u32> = placed.iter().map(|p| p.id.0).collect();
     let agg_conds = conds.clone();
-    let mut sink = recording.then(|| CountSink::with_conditions(conds, o.hist, &ids));
+    let mut sink = recording.then(|| {
+        let mut s = CountSink::with_conditions(conds.clone(), o.hist, &ids);
+        for id in &usdt_ids {
+            if let Some(c) = conds.get(&id.0) {
+                s.add_usdt(*id, c.clone());
+            }
+        }
+        s
+    });
     // The table prints whatever happened to the run.
     let mut agg_events = HashMap::new();
     let ran = match sink.as_mut() {
@@ -307,6 +365,12 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         None => t.run(&placed, o.duration, None),
     };
     if let Some(s) = &sink {
+        if s.usdt_unread() > 0 {
+            errln!(
+                "hotprobe: {} USDT hits not counted: an argument their condition compares could not be read",
+                s.usdt_unread()
+            );
+        }
         if s.lost_events() > 0 {
             errln!(
                 "hotprobe: {} events lost (full rings): the counts are low",
@@ -491,6 +555,13 @@ struct ExecConds<'a> {
 impl hotprobe::EventSink for ExecConds<'_> {
     fn event(&mut self, ev: &hotprobe::RecordedEvent) -> Result<(), hotprobe::SinkError> {
         self.sink.event(ev)
+    }
+    fn event_data(
+        &mut self,
+        ev: &hotprobe::RecordedEvent,
+        data: &[u8],
+    ) -> Result<(), hotprobe::SinkError> {
+        self.sink.event_data(ev, data)
     }
     fn lost(&mut self, tid: u32, ts: u64, count: u64) -> Result<(), hotprobe::SinkError> {
         self.sink.lost(tid, ts, count)

@@ -93,6 +93,11 @@ pub struct CountSink {
     ticks_per_ns: f64,
     /// Events the rings dropped.
     lost: u64,
+    /// Probes on USDT markers whose condition compares the marker's
+    /// arguments, captured at the hit ([`CountSink::add_usdt`]).
+    usdt: std::collections::HashSet<u32>,
+    /// Their hits whose condition names an argument that could not be read.
+    usdt_unread: u64,
 }
 
 impl CountSink {
@@ -231,6 +236,36 @@ impl CountSink {
         }
     }
 
+    /// Follows probe `id` on a USDT marker: its hits count when `cond`
+    /// ([`crate::cond::usdt_cond`]) holds for the marker's arguments,
+    /// which the probe captures at each hit
+    /// ([`crate::typed::usdt_capture`] as its capture).
+    pub fn add_usdt(&mut self, id: ProbeId, cond: Cond) {
+        self.add(id, Some(cond));
+        self.usdt.insert(id.0);
+    }
+
+    /// Hits of USDT probes whose condition named an argument that could
+    /// not be read (memory not mapped): not counted.
+    pub fn usdt_unread(&self) -> u64 {
+        self.usdt_unread
+    }
+
+    /// Counts an entry or hit whose condition is evaluated on `args`.
+    fn count_entry(&mut self, ev: &RecordedEvent, args: &[u64], unread: bool) {
+        let ok = !unread && self.conds.get(&ev.probe_id).is_none_or(|c| c.eval(args));
+        if ok {
+            *self.hits.entry(ev.probe_id).or_default() += 1;
+            *self.thread_hits.entry((ev.probe_id, ev.tid)).or_default() += 1;
+        }
+        if self.hist && ev.kind == KIND_ENTRY {
+            self.stacks
+                .entry(ev.tid)
+                .or_default()
+                .push((ev.probe_id, ev.tsc, ok));
+        }
+    }
+
     /// Whether probe `id` is followed ([`CountSink::add`]).
     pub fn follows(&self, id: ProbeId) -> bool {
         self.hits.contains_key(&id.0)
@@ -289,22 +324,16 @@ impl CountSink {
 impl EventSink for CountSink {
     fn event(&mut self, ev: &RecordedEvent) -> Result<(), SinkError> {
         match ev.kind {
+            KIND_ENTRY | KIND_HIT if self.usdt.contains(&ev.probe_id) => {
+                // The marker's arguments come with the captured bytes
+                // (`event_data`): without them, none could be read.
+                self.usdt_unread += 1;
+                self.count_entry(ev, &[], true);
+            }
             KIND_ENTRY | KIND_HIT => {
                 let n = (ev.nargs as usize).min(ev.args.len());
-                let ok = self
-                    .conds
-                    .get(&ev.probe_id)
-                    .is_none_or(|c| c.eval(&ev.args[..n]));
-                if ok {
-                    *self.hits.entry(ev.probe_id).or_default() += 1;
-                    *self.thread_hits.entry((ev.probe_id, ev.tid)).or_default() += 1;
-                }
-                if self.hist && ev.kind == KIND_ENTRY {
-                    self.stacks
-                        .entry(ev.tid)
-                        .or_default()
-                        .push((ev.probe_id, ev.tsc, ok));
-                }
+                let args = ev.args;
+                self.count_entry(ev, &args[..n], false);
             }
             KIND_EXIT if self.hist => {
                 let stack = self.stacks.entry(ev.tid).or_default();
@@ -323,9 +352,44 @@ impl EventSink for CountSink {
         Ok(())
     }
 
+    fn event_data(&mut self, ev: &RecordedEvent, data: &[u8]) -> Result<(), SinkError> {
+        if !(self.usdt.contains(&ev.probe_id) && matches!(ev.kind, KIND_ENTRY | KIND_HIT)) {
+            return self.event(ev);
+        }
+        let values = crate::cond::usdt_values(data);
+        let read: Vec<u64> = values.iter().map(|v| v.unwrap_or(0)).collect();
+        // An argument the condition names that could not be read: the
+        // condition cannot be told (not counted, said).
+        let unread = self
+            .conds
+            .get(&ev.probe_id)
+            .is_some_and(|c| names_unread(c, &values));
+        if unread {
+            self.usdt_unread += 1;
+        }
+        self.count_entry(ev, &read, unread);
+        Ok(())
+    }
+
     fn lost(&mut self, _tid: u32, _ts: u64, count: u64) -> Result<(), SinkError> {
         self.lost += count;
         Ok(())
+    }
+}
+
+/// Whether condition `c` compares a value of `values` that is `None`.
+fn names_unread(c: &Cond, values: &[Option<u64>]) -> bool {
+    use crate::cond::Operand;
+    let missing = |o: &Operand| match *o {
+        Operand::Arg(k) | Operand::Param { reg: k, .. } => {
+            values.get(usize::from(k)).copied().flatten().is_none()
+        }
+        Operand::Const(_) => false,
+    };
+    match c {
+        Cond::Cmp(a, _, b) => missing(a) || missing(b),
+        Cond::And(a, b) | Cond::Or(a, b) => names_unread(a, values) || names_unread(b, values),
+        Cond::Not(a) => names_unread(a, values),
     }
 }
 
