@@ -333,3 +333,30 @@ fn count_stacks_on_the_ptrace_trap() {
         );
     }
 }
+
+/// `-f --stacks`: a forked child's hits on the trap are walked too (in
+/// its own memory) and counted with its parent's: work() from main, 8
+/// calls in the parent and 10 in the child, on the trap and on the jump.
+#[test]
+fn count_stacks_of_forked_children() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/fork_args.c");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("stacks");
+    std::fs::create_dir_all(&dir).unwrap();
+    for (tag, flags, extra) in [
+        ("fork-o1", &["-O1"][..], &["-f", "--mechanism", "trap"][..]),
+        ("fork-o0", &["-O0"][..], &["-f"][..]),
+    ] {
+        let bin = gcc(&src, &dir.join(tag), flags);
+        let mut args = vec!["count", "--stacks"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["work", "--", bin.to_str().unwrap()]);
+        let o = hotprobe_within(&args, LIMIT);
+        let (out, err) = (text(&o.stdout), text(&o.stderr));
+        assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+        let stacks = stacks_of(&out, "work");
+        assert_eq!(stacks.len(), 1, "{tag}: {out}\n{err}");
+        assert_eq!(stacks[0].count, 18, "{tag}: {out}");
+        assert_eq!(stacks[0].frames[0], "main", "{tag}: {out}");
+        assert_eq!(stacks[0].frames.last().map(String::as_str), Some("_start"));
+    }
+}

@@ -100,6 +100,33 @@ impl Session {
         }
     }
 
+    /// Probe `child` of followed fork child `t`, placed again for probe
+    /// `parent` of slot `root`: its hits walk into the parent's stacks
+    /// (the child's engine shares them; the modules are the parent's
+    /// until the child executes another program).
+    pub(super) fn trap_stacks_followed(
+        &mut self,
+        root: usize,
+        t: TargetId,
+        child: ProbeId,
+        parent: ProbeId,
+    ) {
+        let Some(trap) = self
+            .slots
+            .get(root)
+            .map(|s| s.agent.stack_tables.trap.clone())
+        else {
+            return;
+        };
+        if !trap.has_probe(parent) {
+            return;
+        }
+        trap.add_alias(child, parent);
+        if let Ok(slot) = self.slot(t) {
+            slot.engine.stack_hook.get_or_insert(trap);
+        }
+    }
+
     /// The stacks captured at probe `id`'s entries (a fast-path probe of a
     /// session opened with [`FastPathConfig::stacks`], or a trap probe at
     /// a function's entry, walked in the tracer), most frequent first,

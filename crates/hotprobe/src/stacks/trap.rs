@@ -36,6 +36,9 @@ struct TrapState {
     rows: Vec<StackRow>,
     /// The probes whose hits walk (trap probes at a function's entry).
     probes: HashSet<ProbeId>,
+    /// The probes a followed fork child got again, each counting for its
+    /// parent's probe.
+    aliases: HashMap<ProbeId, ProbeId>,
     /// (probe, return addresses innermost first, truncated) → hits.
     counts: HashMap<(ProbeId, Vec<u64>, bool), u64>,
     totals: StackTotals,
@@ -59,9 +62,20 @@ impl TrapStacks {
         self.inner.borrow_mut().probes.insert(id);
     }
 
+    /// Probe `child` (placed again in a followed fork child, whose
+    /// engine shares these stacks) counts its stacks as `parent`'s, if
+    /// `parent` walks.
+    pub fn add_alias(&self, child: ProbeId, parent: ProbeId) {
+        let mut s = self.inner.borrow_mut();
+        if s.probes.contains(&parent) {
+            s.aliases.insert(child, parent);
+        }
+    }
+
     /// Whether probe `id`'s hits walk their stack.
     pub fn has_probe(&self, id: ProbeId) -> bool {
-        self.inner.borrow().probes.contains(&id)
+        let s = self.inner.borrow();
+        s.probes.contains(&id) || s.aliases.contains_key(&id)
     }
 
     /// Whether any probe walks.
@@ -81,9 +95,11 @@ impl TrapStacks {
         fix: &dyn Fn(u64, u64) -> u64,
     ) {
         let mut s = self.inner.borrow_mut();
-        if !s.probes.contains(&probe) {
-            return;
-        }
+        let probe = match s.aliases.get(&probe) {
+            Some(parent) => *parent,
+            None if s.probes.contains(&probe) => probe,
+            None => return,
+        };
         let sp = regs.rsp;
         let mut read = |addr: u64| -> Option<u64> {
             if addr < sp || addr - sp > STACK_SPAN || !addr.is_multiple_of(8) {
