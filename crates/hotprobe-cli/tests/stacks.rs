@@ -360,3 +360,49 @@ fn count_stacks_of_forked_children() {
         assert_eq!(stacks[0].frames.last().map(String::as_str), Some("_start"));
     }
 }
+
+/// `trace --stacks`: each call's own stack ends its entry line (the entry
+/// event carries the id of the stack the agent walked for it): the 15
+/// calls of the three paths in the order the program makes them, then
+/// printf's, every call with one.
+#[test]
+fn trace_stacks_shows_each_calls_own_stack() {
+    let bin = build("nofp", &["-O2", "-fomit-frame-pointer"]);
+    let o = hotprobe_within(
+        &[
+            "trace",
+            "--stacks",
+            "libc:malloc",
+            "--",
+            bin.to_str().unwrap(),
+        ],
+        LIMIT,
+    );
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    let calls: Vec<&str> = out.lines().filter(|l| l.contains("malloc() {")).collect();
+    let stacks: Vec<&str> = calls
+        .iter()
+        .filter_map(|l| l.split_once("malloc() { /* <- ")?.1.strip_suffix(" */"))
+        .collect();
+    assert_eq!(
+        stacks.len(),
+        calls.len(),
+        "a call without its stack:\n{out}"
+    );
+    let tail = " <- main <- __libc_start_call_main <- __libc_start_main <- _start";
+    let mut want = Vec::new();
+    for (path, n) in [
+        ("alloc_leaf <- path_a", 3),
+        ("alloc_leaf <- path_b", 5),
+        ("alloc_leaf <- path_c_inner <- path_c", 7),
+    ] {
+        want.extend(std::iter::repeat_n(format!("{path}{tail}"), n));
+    }
+    assert!(stacks.len() > want.len(), "{out}");
+    assert_eq!(stacks[..want.len()], want[..], "{out}");
+    assert!(
+        stacks[want.len()..].iter().all(|s| s.contains("printf")),
+        "{out}"
+    );
+}

@@ -72,7 +72,7 @@ pub use hotprobe_fastpath::{MechanismChoice, PatchKind};
 pub struct TargetId(pub usize);
 
 /// Probe ids carry their target in the high bits.
-const TARGET_SHIFT: u32 = 24;
+pub(crate) const TARGET_SHIFT: u32 = 24;
 
 /// What a probe does where it is placed.
 pub enum Action {

@@ -178,6 +178,21 @@ impl Session {
         Some((merged, totals))
     }
 
+    /// Names the stacks of recorded entries of the targets placed so far
+    /// (`RecordedEvent::reserved2` of an entry of a `--stacks` fast-path
+    /// probe): [`crate::stacks::StackNames::call_stack`] with the target
+    /// of the event's probe (`probe_id >> 24`). Usable while the session
+    /// runs (it holds the stacks regions mapped).
+    pub fn stack_names(&self) -> crate::stacks::StackNames {
+        let mut names = crate::stacks::StackNames::new();
+        for (i, slot) in self.slots.iter().enumerate() {
+            if let Some(h) = slot.agent.fast_path().and_then(|fp| fp.stacks_handle()) {
+                names.add_target(i as u32, h, slot.agent.stack_tables.shared_symbols());
+            }
+        }
+        names
+    }
+
     /// The stacks of every probe of `placed` that has some, for a trace's
     /// `stacks.tsv` (the function's name, or the probe's label), with the
     /// totals of what the agents could not capture.

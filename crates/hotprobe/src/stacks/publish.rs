@@ -42,8 +42,9 @@ pub struct StackTables {
     /// The modules and regions last published.
     published: Option<Published>,
     /// The process's modules at the last refresh: stacks are symbolized
-    /// with them, after the process may be gone.
-    symbols: Option<ProcessSymbols>,
+    /// with them, after the process may be gone (shared with
+    /// [`super::StackNames`], which names stacks while the session runs).
+    symbols: std::rc::Rc<std::cell::RefCell<Option<ProcessSymbols>>>,
     /// The stacks of trap probes, walked in the tracer with these rows.
     pub trap: super::trap::TrapStacks,
 }
@@ -108,7 +109,7 @@ impl StackTables {
         }
         let rows = finish(rows);
         report.rows = rows.len();
-        self.symbols = Some(symbols);
+        *self.symbols.borrow_mut() = Some(symbols);
         self.trap.set_rows(&rows);
         let Some(view) = view else {
             return Ok(report);
@@ -158,10 +159,15 @@ impl StackTables {
     /// The name of the frame at return address `addr` (see
     /// [`frame_name`]), with the modules of the last refresh.
     pub fn frame_name(&self, addr: u64) -> String {
-        match &self.symbols {
+        match &*self.symbols.borrow() {
             Some(s) => frame_name(s, addr),
             None => format!("{addr:#x}"),
         }
+    }
+
+    /// The modules stacks are named with, shared (see [`super::StackNames`]).
+    pub fn shared_symbols(&self) -> std::rc::Rc<std::cell::RefCell<Option<ProcessSymbols>>> {
+        self.symbols.clone()
     }
 }
 
