@@ -256,6 +256,47 @@ fn record_stacks_callers_folded_and_graph_agree() {
         assert!(tree.contains(&want), "{want:?} in\n{graph}");
     }
 
+    // replay: each recorded call's own stack ends its line (call_stacks.tsv):
+    // malloc's 15 calls by the three paths in the program's order, then
+    // printf's; every call of main, path_*, alloc_leaf and malloc has one.
+    let o = hotprobe_within(&["replay", d], LIMIT);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let replay = text(&o.stdout);
+    let calls: Vec<&str> = replay
+        .lines()
+        .filter(|l| l.contains("() {") || l.ends_with(" */") && l.contains("(); /* <- "))
+        .collect();
+    assert!(calls.iter().all(|l| l.contains(" /* <- ")), "{replay}");
+    let mallocs: Vec<&str> = calls
+        .iter()
+        .filter_map(|l| l.split_once("malloc(); /* <- ")?.1.strip_suffix(" */"))
+        .collect();
+    let tail = " <- main <- __libc_start_call_main <- __libc_start_main <- _start";
+    let mut want = Vec::new();
+    for (path, n) in [
+        ("alloc_leaf <- path_a", 3),
+        ("alloc_leaf <- path_b", 5),
+        ("alloc_leaf <- path_c_inner <- path_c", 7),
+    ] {
+        want.extend(std::iter::repeat_n(format!("{path}{tail}"), n));
+    }
+    assert_eq!(mallocs[..want.len()], want[..], "{replay}");
+    assert!(
+        mallocs[want.len()..].iter().all(|s| s.contains("printf")),
+        "{replay}"
+    );
+    let inner: Vec<&&str> = calls
+        .iter()
+        .filter(|l| l.contains("path_c_inner() {"))
+        .collect();
+    assert_eq!(inner.len(), 7, "{replay}");
+    assert!(
+        inner
+            .iter()
+            .all(|l| l.ends_with(&format!("/* <- path_c{tail} */"))),
+        "{replay}"
+    );
+
     // A function with no captured stack.
     let o = hotprobe_within(&["report", d, "--callers", "nosuchfunc"], LIMIT);
     assert!(o.status.success());
