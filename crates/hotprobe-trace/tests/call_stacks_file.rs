@@ -15,8 +15,10 @@ fn sample() -> CallStacks {
             t,
         )
     };
-    c.stacks.insert(1, s("malloc", &["leaf", "a", "main"], false));
-    c.stacks.insert(2, s("malloc", &["leaf", "b", "main"], false));
+    c.stacks
+        .insert(1, s("malloc", &["leaf", "a", "main"], false));
+    c.stacks
+        .insert(2, s("malloc", &["leaf", "b", "main"], false));
     c.stacks.insert(7, s("free", &[], true));
     for (tid, entry, id) in [(10, 1, 1), (10, 2, 2), (10, 4, 2), (11, 1, 7), (11, 2, 2)] {
         c.calls.insert((tid, entry), id);

@@ -429,7 +429,7 @@ impl Parser<'_> {
                     Some(k) if self.usdt.is_some() => {
                         let args = self.usdt.unwrap_or_default();
                         match args.get((k as usize).wrapping_sub(1)) {
-                            Some(a) if k >= 1 && k <= 255 => Operand::Param {
+                            Some(a) if (1..=255).contains(&k) => Operand::Param {
                                 reg: (k - 1) as u8,
                                 size: a.size.clamp(1, 8),
                                 signed: a.signed,

@@ -13,11 +13,15 @@ use hotprobe_symbols::ProcessSymbols;
 
 use super::publish::frame_name;
 
+/// The modules a target's stacks are named with, shared with the
+/// session's [`super::StackTables`] (which publishes them again as they change).
+pub type SharedSymbols = Rc<RefCell<Option<ProcessSymbols>>>;
+
 /// Names the stacks of recorded entries, per target: its stacks region
 /// (kept mapped) and the modules the session last published.
 #[derive(Clone, Default)]
 pub struct StackNames {
-    targets: HashMap<u32, (StacksHandle, Rc<RefCell<Option<ProcessSymbols>>>)>,
+    targets: HashMap<u32, (StacksHandle, SharedSymbols)>,
 }
 
 /// One call's stack, named.
@@ -37,12 +41,7 @@ impl StackNames {
 
     /// Target `target` (the session's index) has its stacks in `handle`,
     /// named with `symbols`.
-    pub fn add_target(
-        &mut self,
-        target: u32,
-        handle: StacksHandle,
-        symbols: Rc<RefCell<Option<ProcessSymbols>>>,
-    ) {
+    pub fn add_target(&mut self, target: u32, handle: StacksHandle, symbols: SharedSymbols) {
         self.targets.insert(target, (handle, symbols));
     }
 

@@ -44,7 +44,7 @@ pub struct StackTables {
     /// The process's modules at the last refresh: stacks are symbolized
     /// with them, after the process may be gone (shared with
     /// [`super::StackNames`], which names stacks while the session runs).
-    symbols: std::rc::Rc<std::cell::RefCell<Option<ProcessSymbols>>>,
+    symbols: super::names::SharedSymbols,
     /// The stacks of trap probes, walked in the tracer with these rows.
     pub trap: super::trap::TrapStacks,
 }
@@ -166,7 +166,7 @@ impl StackTables {
     }
 
     /// The modules stacks are named with, shared (see [`super::StackNames`]).
-    pub fn shared_symbols(&self) -> std::rc::Rc<std::cell::RefCell<Option<ProcessSymbols>>> {
+    pub fn shared_symbols(&self) -> super::names::SharedSymbols {
         self.symbols.clone()
     }
 }
