@@ -56,8 +56,10 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"HOTPROBE");
 /// between the trap table and the thread slots; 13: the aggregation
 /// region ([`crate::agg`], [`Layout::agg_offset`], [`ACTION_AGG`]) after
 /// the thread slots; 14: the stacks region after the main layout
-/// ([`crate::stacks::StacksView`]) and [`ACTION_STACK`]).
-pub const VERSION: u32 = 14;
+/// ([`crate::stacks::StacksView`]) and [`ACTION_STACK`]; 15: an entry
+/// event carries its stack's id in the meta word's bits 32–63
+/// ([`META_STACK_SHIFT`], [`Event::reserved2`])).
+pub const VERSION: u32 = 15;
 /// Size of [`Header`] in bytes.
 pub const HEADER_SIZE: usize = 256;
 /// Alignment of every section start (the site table and the thread slots).
@@ -416,6 +418,8 @@ pub const META_NVALUES_SHIFT: u32 = 26;
 /// Meta word: shift of the flags ([`Event::reserved`], 2 bits: [`EXIT_UNWOUND`],
 /// [`EVENT_XMM`]).
 pub const META_FLAGS_SHIFT: u32 = 29;
+/// Meta word: shift of an entry's stack id ([`Event::reserved2`], 32 bits).
+pub const META_STACK_SHIFT: u32 = 32;
 
 /// The meta word (word 1) of an event slot: `probe | kind << 24 |
 /// nvalues << 26 | flags << 29`. Bits 31–63 are zero: a meta word is a
@@ -463,7 +467,9 @@ pub struct Event {
     pub nargs: u8,
     /// Flags ([`EXIT_UNWOUND`], [`EVENT_XMM`]; 2 bits survive the ring).
     pub reserved: u16,
-    /// Reserved, zero (not stored in the ring).
+    /// An entry's stack id with [`ACTION_STACK`]: 1 + the stack table
+    /// slot holding its stack ([`crate::stacks::StacksView::add_with_id`]);
+    /// 0 for none (stored in the meta word's high half).
     pub reserved2: u32,
     /// Argument registers (entry/hit) or rax, rdx (exit).
     pub args: [u64; 6],

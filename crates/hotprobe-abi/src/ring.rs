@@ -11,7 +11,7 @@ use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 use crate::layout::{
     pack_meta, Event, RingCtl, EVENT_HEADER_WORDS, META_FLAGS_SHIFT, META_KIND_SHIFT,
-    META_NVALUES_SHIFT, META_PROBE_MASK,
+    META_NVALUES_SHIFT, META_PROBE_MASK, META_STACK_SHIFT,
 };
 use crate::AbiError;
 
@@ -63,7 +63,8 @@ impl Producer<'_> {
         // Only the words the event uses: tsc, meta, then its values (as many
         // as it has, at most what the slot holds).
         let nv = (ev.nargs as usize).min(self.values).min(ev.args.len());
-        let meta = pack_meta(ev.probe_id, ev.kind, nv as u8, ev.reserved);
+        let meta = pack_meta(ev.probe_id, ev.kind, nv as u8, ev.reserved)
+            | (u64::from(ev.reserved2) << META_STACK_SHIFT);
         // SAFETY: `events` points to `mask + 1` slots of `1 << shift` bytes
         // inside the mapping (checked by `Shm::producer`), the index is
         // masked, and the slot is free (head - tail <= mask above), so the
@@ -219,7 +220,7 @@ unsafe fn decode(slot: *const u64, values: usize, tid: u32) -> Event {
         kind: ((meta >> META_KIND_SHIFT) & 3) as u8,
         nargs: nv as u8,
         reserved: ((meta >> META_FLAGS_SHIFT) & 3) as u16,
-        reserved2: 0,
+        reserved2: (meta >> META_STACK_SHIFT) as u32,
         args,
     }
 }

@@ -586,6 +586,13 @@ impl StacksView {
     /// Adds one hit of `probe` with `frames` to the table (agent): no
     /// lock, no allocation; false when the table is full (counted).
     pub fn add(&self, probe: u32, frames: &[u64], truncated: bool) -> bool {
+        self.add_with_id(probe, frames, truncated).is_some()
+    }
+
+    /// [`StacksView::add`], giving the stack's id: 1 + the slot that
+    /// holds it (a slot keeps its stack for the region's life), `None`
+    /// when the table is full (counted). [`StacksView::with_stack`] reads it.
+    pub fn add_with_id(&self, probe: u32, frames: &[u64], truncated: bool) -> Option<u32> {
         let frames = frames.get(..frames.len().min(MAX_FRAMES)).unwrap_or(&[]);
         let depth = frames.len() as u32 | if truncated { DEPTH_TRUNCATED } else { 0 };
         let hash = stack_hash(probe, depth, frames);
@@ -608,20 +615,47 @@ impl StacksView {
                     // Pairs with the reader's Acquire load of `ready`.
                     s.ready.store(1, Ordering::Release);
                     s.count.fetch_add(1, Ordering::Relaxed);
-                    return true;
+                    return Some(i as u32 + 1);
                 }
                 if s.hash.load(Ordering::Acquire) == hash {
                     s.count.fetch_add(1, Ordering::Relaxed);
-                    return true;
+                    return Some(i as u32 + 1);
                 }
             } else if k == hash {
                 s.count.fetch_add(1, Ordering::Relaxed);
-                return true;
+                return Some(i as u32 + 1);
             }
             i = (i + 1) & mask;
         }
         self.ctl().table_full.fetch_add(1, Ordering::Relaxed);
-        false
+        None
+    }
+
+    /// Calls `f(probe, frames, truncated)` with the stack of id `id`
+    /// ([`StacksView::add_with_id`]), frames innermost first; false for
+    /// an id no stack has (yet).
+    pub fn with_stack(&self, id: u32, f: impl FnOnce(u32, &[u64], bool)) -> bool {
+        let Some(s) = (id as usize)
+            .checked_sub(1)
+            .and_then(|i| self.table().get(i))
+        else {
+            return false;
+        };
+        if s.hash.load(Ordering::Acquire) == 0 || s.ready.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        let depth = s.depth.load(Ordering::Relaxed);
+        let n = ((depth & !DEPTH_TRUNCATED) as usize).min(MAX_FRAMES);
+        let mut buf = [0u64; MAX_FRAMES];
+        for (b, w) in buf.iter_mut().zip(&s.frames) {
+            *b = w.load(Ordering::Relaxed);
+        }
+        f(
+            s.probe.load(Ordering::Relaxed),
+            buf.get(..n).unwrap_or(&[]),
+            depth & DEPTH_TRUNCATED != 0,
+        );
+        true
     }
 
     /// Calls `f(probe, frames, truncated, count)` for every stack stored

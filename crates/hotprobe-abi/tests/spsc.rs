@@ -463,3 +463,41 @@ fn tsc_calibration() {
     assert_eq!(c.ticks_per_sec(), Some(2_000_000_000));
     assert!(rdtsc() > 0);
 }
+
+/// An entry's stack id (`reserved2`) rides in the meta word's high half
+/// and comes back out; events without one read 0.
+#[test]
+fn an_entry_carries_its_stack_id() {
+    for event_size in [EVENT_SIZE_COMPACT, EVENT_SIZE_FULL] {
+        let params = Params {
+            n_probes: 1 << 24,
+            n_site_slots: 2,
+            n_threads: 1,
+            ring_capacity: 8,
+            event_size,
+        };
+        let (_buf, shm) = make(params);
+        assert_eq!(shm.claim_thread(9), Some(0));
+        let with = Event {
+            reserved2: u32::MAX,
+            ..ev(3)
+        };
+        let low = Event {
+            reserved2: 1,
+            probe_id: (1 << 24) - 1,
+            ..ev(4)
+        };
+        let p = shm.producer(0).unwrap();
+        let mut cached = 0;
+        for e in [with, low, ev(5)] {
+            // SAFETY: single producer.
+            assert!(unsafe { p.push(&mut cached, &e) });
+        }
+        let mut seen = vec![];
+        shm.consumer(0).unwrap().drain(|e| seen.push(*e)).unwrap();
+        let ids: Vec<(u32, u32)> = seen.iter().map(|e| (e.probe_id, e.reserved2)).collect();
+        assert_eq!(ids, [(3, u32::MAX), ((1 << 24) - 1, 1), (5, 0)]);
+        assert_eq!(seen[0].kind, KIND_ENTRY);
+        assert_eq!(seen[0].args[0], 3);
+    }
+}

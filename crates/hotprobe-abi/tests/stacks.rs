@@ -240,6 +240,15 @@ fn stacks_region_publish_add_and_read_back() {
             (8, vec![1, 2, 3], false, 1)
         ]
     );
+    // A stack's id names it for good: the same stack, the same id.
+    let id = view.add_with_id(7, &[1, 2], true).unwrap();
+    assert_eq!(view.add_with_id(7, &[1, 2], true), Some(id));
+    assert_ne!(view.add_with_id(8, &[1, 2, 3], false), Some(id));
+    let mut got = None;
+    assert!(view.with_stack(id, |p, f, t| got = Some((p, f.to_vec(), t))));
+    assert_eq!(got, Some((7, vec![1, 2], true)));
+    assert!(!view.with_stack(0, |_, _, _| ()));
+    assert!(!view.with_stack(u32::MAX, |_, _, _| ()));
     // A full table counts what it cannot store.
     for i in 0..40u64 {
         view.add(9, &[i], false);

@@ -342,7 +342,12 @@ fn act<const HOOK: bool>(
             kind: kind as u8,
             nargs,
             reserved: if xmm.is_some() { EVENT_XMM } else { 0 },
-            reserved2: 0,
+            // `--stacks`: the entry's stack, walked just before (stackwalk).
+            reserved2: if action & hotprobe_abi::ACTION_STACK != 0 && kind == KIND_ENTRY as u32 {
+                crate::stackwalk::last_stack(t)
+            } else {
+                0
+            },
             args,
         };
         match shm.producer(slot) {

@@ -21,7 +21,7 @@
 
 use core::sync::atomic::Ordering::{Acquire, Relaxed};
 
-use core::sync::atomic::AtomicU64;
+use core::sync::atomic::{AtomicU32, AtomicU64};
 
 use hotprobe_abi::stacks::{find_row, walk, StackRow, StacksView, WalkStart, MAX_FRAMES};
 use hotprobe_abi::Shm;
@@ -34,6 +34,10 @@ use crate::trampoline::Frame;
 /// table. Called with the thread's busy flag held.
 #[inline(never)]
 pub(crate) fn capture(shm: &Shm, t: &ThreadEntry, frame: &Frame, probe: u32) {
+    // The entry event this hit records carries the stack's id (0: none).
+    if let Some(last) = LAST_STACK.get(thread_index(t)) {
+        last.store(0, Relaxed);
+    }
     // Borrowed where `of` left it: moving the view would copy it with
     // vector moves, which the fast path may not use.
     let found = StacksView::of(shm);
@@ -208,7 +212,27 @@ fn capture_with(
     if out.truncated {
         ctl.truncated.fetch_add(1, Relaxed);
     }
-    view.add(probe, frames.get(..out.depth).unwrap_or(&[]), out.truncated);
+    let id = view.add_with_id(probe, frames.get(..out.depth).unwrap_or(&[]), out.truncated);
+    if let (Some(last), Some(id)) = (LAST_STACK.get(thread_index(t)), id) {
+        last.store(id, Relaxed);
+    }
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const NO_STACK: AtomicU32 = AtomicU32::new(0);
+
+/// Per thread-table entry: the id of the stack its last [`capture`]
+/// stored (0: none), which the entry event it records carries
+/// (`hotprobe_abi::Event::reserved2`). Written and read by the thread
+/// itself, with its busy flag held.
+static LAST_STACK: [AtomicU32; MAX_THREADS] = [NO_STACK; MAX_THREADS];
+
+/// The id of the stack thread `t`'s last [`capture`] stored (0: none).
+#[inline(always)]
+pub(crate) fn last_stack(t: &ThreadEntry) -> u32 {
+    LAST_STACK
+        .get(thread_index(t))
+        .map_or(0, |l| l.load(Relaxed))
 }
 
 /// Rows cached per thread (direct-mapped by return address): a walk of

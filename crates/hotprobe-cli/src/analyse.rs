@@ -219,6 +219,8 @@ fn replay_of(r: &TraceReader, dir: &Path, q: &QueryArgs, fields: Vec<ReplayField
     let opts = ReplayOptions {
         fields,
         color: crate::out::colors_on(),
+        // `record --stacks`: each call's stack ends its line.
+        call_stacks: hotprobe::trace::call_stacks::read_call_stacks(dir)?,
         ..ReplayOptions::default()
     };
     match with_bar(&bar, |cb| replay_with(r, &query, &opts, &mut out, Some(cb))) {

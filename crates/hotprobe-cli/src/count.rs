@@ -69,9 +69,13 @@ pub struct CountOptions<'a> {
 /// A probe spec split from its condition.
 struct Spec {
     probe: String,
-    /// The condition's text and, unless it names parameters (compiled
-    /// per function once placed), the condition.
+    /// The condition's text and, unless it names parameters or USDT
+    /// arguments (compiled per function or marker once placed), the
+    /// condition.
     cond: Option<(String, Option<Cond>)>,
+    /// A USDT marker (`usdt:…`): its condition's `argN` are the marker's
+    /// arguments, captured at the hit.
+    usdt: bool,
 }
 
 /// The aggregation of `--hist=VALUE`, `--lhist` or `--by`, if one is asked
@@ -98,7 +102,10 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
     let mut specs = Vec::new();
     for s in o.probes {
         let (probe, cond) = split_spec(s);
+        let usdt = probe.starts_with(hotprobe::symbols::USDT_PREFIX);
         let cond = match cond {
+            // The marker's arguments: compiled once placed.
+            Some(text) if usdt => Some((text.to_string(), None)),
             // A parameter name: compiled per function once placed.
             Some(text) => match Cond::parse(text) {
                 Err(crate::cond::CondError::UnknownName { .. }) => Some((text.to_string(), None)),
@@ -114,11 +121,19 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         specs.push(Spec {
             probe: probe.to_string(),
             cond,
+            usdt,
         });
     }
     let any_cond = specs.iter().any(|s| s.cond.is_some());
     if let Some(a) = &o.agg {
         let retval = a.source == AggSource::Retval;
+        if let Some(s) = specs.iter().find(|s| s.usdt && s.cond.is_some()) {
+            bail!(crate::UsageError(format!(
+                "{}: {} does not combine with a condition on a USDT marker's arguments yet",
+                s.probe,
+                a.describe()
+            )));
+        }
         if o.hist || (any_cond && retval) {
             bail!(crate::UsageError(format!(
                 "{}: the latency --hist, and conditions on return values, do not combine with it",
@@ -143,10 +158,26 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
     }
     let recording = o.hist || specs.iter().any(|s| s.cond.is_some());
     if recording {
-        if o.follow_forks {
-            bail!(crate::UsageError(
-                "conditions and --hist do not work with -f yet".into()
-            ));
+        // -f: forked processes keep the probes (and their ids): their
+        // entries count under the same conditions, in rows per process.
+        // The probes placed in a program a followed process executes are
+        // new ones: ExecConds gives them their spec's condition, which
+        // needs one that names no parameter (those compile per function
+        // from the DWARF the placement read) and no aggregation beside.
+        if o.follow_exec {
+            let named = specs.iter().find(|s| matches!(s.cond, Some((_, None))));
+            if let Some(s) = named {
+                bail!(crate::UsageError(format!(
+                    "{}: under -f, a condition naming parameters or USDT arguments applies to forked processes only: add --no-follow-exec",
+                    s.probe
+                )));
+            }
+            if let (Some(a), true) = (&o.agg, any_cond) {
+                bail!(crate::UsageError(format!(
+                    "{} with a condition under -f applies to forked processes only: add --no-follow-exec",
+                    a.describe()
+                )));
+            }
         }
         if let Some(s) = specs.iter().find(|s| s.probe.ends_with("%return")) {
             bail!(crate::UsageError(format!(
@@ -207,10 +238,24 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         })));
     }
     let mut agg_rules = HashMap::new();
+    // USDT markers whose arguments a condition compares: their operands
+    // as the note gives them, by address, and the probes.
+    let usdt_args = std::rc::Rc::new(std::cell::RefCell::new(HashMap::new()));
+    let mut usdt_ids = Vec::new();
     for s in &specs {
-        let named = matches!(&s.cond, Some((_, None)))
+        let named = !s.usdt && matches!(&s.cond, Some((_, None)))
             || matches!(o.agg.as_ref().map(|a| &a.source), Some(AggSource::Name(_)));
-        t.session.set_capture(named.then(|| typing.name_chooser()));
+        if s.usdt && s.cond.is_some() {
+            let args = usdt_args.clone();
+            t.session.set_capture(Some(std::rc::Rc::new(
+                move |r: &hotprobe::symbols::ResolvedProbe| {
+                    args.borrow_mut().insert(r.addr.0, r.usdt_args.clone());
+                    hotprobe::typed::usdt_capture(r)
+                },
+            )));
+        } else {
+            t.session.set_capture(named.then(|| typing.name_chooser()));
+        }
         let added = t.add_all(std::slice::from_ref(&s.probe), |_| {
             if recording {
                 Action::Record
@@ -230,6 +275,27 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
             for p in &added {
                 let c = match c {
                     Some(c) => c.clone(),
+                    None if s.usdt => {
+                        let args = usdt_args
+                            .borrow()
+                            .get(&p.addr.0)
+                            .cloned()
+                            .unwrap_or_default();
+                        match hotprobe::cond::usdt_cond(text, &args) {
+                            Ok(c) => {
+                                usdt_ids.push(p.id);
+                                c
+                            }
+                            Err(e) => {
+                                t.abandon();
+                                return Err(crate::UsageError(format!(
+                                    "`{}`: the condition: {e}",
+                                    s.probe
+                                ))
+                                .into());
+                            }
+                        }
+                    }
                     None => match crate::cond::named_cond(&typing, p, text) {
                         Ok(c) => c,
                         Err(e) => {
@@ -263,7 +329,15 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
     }
     let ids: Vec<u32> = placed.iter().map(|p| p.id.0).collect();
     let agg_conds = conds.clone();
-    let mut sink = recording.then(|| CountSink::with_conditions(conds, o.hist, &ids));
+    let mut sink = recording.then(|| {
+        let mut s = CountSink::with_conditions(conds.clone(), o.hist, &ids);
+        for id in &usdt_ids {
+            if let Some(c) = conds.get(&id.0) {
+                s.add_usdt(*id, c.clone());
+            }
+        }
+        s
+    });
     // The table prints whatever happened to the run.
     let mut agg_events = HashMap::new();
     let ran = match sink.as_mut() {
@@ -280,10 +354,23 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
             agg_events = a.tables;
             ran
         }
-        Some(s) => t.run(&placed, o.duration, Some(s)),
+        Some(s) => {
+            let by_label = specs
+                .iter()
+                .filter_map(|sp| Some((sp.probe.clone(), sp.cond.as_ref()?.1.clone()?)))
+                .collect();
+            let mut e = ExecConds { sink: s, by_label };
+            t.run(&placed, o.duration, Some(&mut e))
+        }
         None => t.run(&placed, o.duration, None),
     };
     if let Some(s) = &sink {
+        if s.usdt_unread() > 0 {
+            errln!(
+                "hotprobe: {} USDT hits not counted: an argument their condition compares could not be read",
+                s.usdt_unread()
+            );
+        }
         if s.lost_events() > 0 {
             errln!(
                 "hotprobe: {} events lost (full rings): the counts are low",
@@ -299,7 +386,13 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
             .collect(),
         _ => HashMap::new(),
     };
+    let per_process = o.follow_forks || o.new_processes.is_some();
+    let process_hits = sink
+        .as_ref()
+        .filter(|_| per_process && (o.agg.is_none() || any_cond))
+        .map(|s| s.process_hits(|tid| t.session.process_of_thread(tid)));
     let extras = TableExtras {
+        process_hits: process_hits.as_ref(),
         // Aggregating probes count in the target (or the engine).
         hits: sink
             .as_ref()
@@ -335,7 +428,6 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         .iter()
         .cloned()
         .partition(|p| o.all || o.json || !from_pattern.contains(&p.id.0) || hits_of(p) > 0);
-    let per_process = o.follow_forks || o.new_processes.is_some();
     print_table_with(&t.session, &shown, per_process, &extras);
     if o.stacks {
         crate::stacks::print_stacks(&t.session, &shown);
@@ -446,5 +538,38 @@ fn print_aggregations(
                 table.uncounted
             );
         }
+    }
+}
+
+/// The recording sink of `count -f` with conditions: the probes placed in
+/// a program a followed process executes get the condition of the spec
+/// they were placed for (their ids are new; the forked processes' are
+/// their parent's).
+struct ExecConds<'a> {
+    sink: &'a mut CountSink,
+    /// Each spec's condition (those naming parameters are refused under
+    /// -f across exec).
+    by_label: HashMap<String, Cond>,
+}
+
+impl hotprobe::EventSink for ExecConds<'_> {
+    fn event(&mut self, ev: &hotprobe::RecordedEvent) -> Result<(), hotprobe::SinkError> {
+        self.sink.event(ev)
+    }
+    fn event_data(
+        &mut self,
+        ev: &hotprobe::RecordedEvent,
+        data: &[u8],
+    ) -> Result<(), hotprobe::SinkError> {
+        self.sink.event_data(ev, data)
+    }
+    fn lost(&mut self, tid: u32, ts: u64, count: u64) -> Result<(), hotprobe::SinkError> {
+        self.sink.lost(tid, ts, count)
+    }
+    fn exec_image(&mut self, image: &hotprobe::ExecImage) -> Result<(), hotprobe::SinkError> {
+        for p in &image.placements {
+            self.sink.add(p.id, self.by_label.get(&p.label).cloned());
+        }
+        self.sink.exec_image(image)
     }
 }

@@ -525,11 +525,14 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     let first_id = placed.iter().map(|p| p.id.0 + 1).max().unwrap_or(0);
     let mut exec_sink = hotprobe::ExecTraceSink::new(&mut writer, first_id, o.args, o.args > 0);
     let mut typed_sink = typed::RegisterTyped::new(&mut exec_sink, &typing, &placed);
-    let ran = t.run(&placed, o.duration, Some(&mut typed_sink));
+    let names = o.stacks.then(|| t.session.stack_names());
+    let mut call_sink = crate::stacks::CallStackSink::new(&mut typed_sink, names, &placed);
+    let ran = t.run(&placed, o.duration, Some(&mut call_sink));
+    let calls = call_sink.finish();
     let kernel = kernel.map(|k| k.borrow_mut().finish(&mut writer));
     let stats = writer.finish().context("cannot finish the trace")?;
     if o.stacks {
-        crate::stacks::write_trace_stacks(&t.session, &placed, o.out)?;
+        crate::stacks::write_trace_stacks(&t.session, &placed, o.out, &calls, &stats)?;
     }
     if let Some(e) = &stats.write_error {
         errln!(

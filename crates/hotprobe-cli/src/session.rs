@@ -358,6 +358,9 @@ pub struct TableExtras<'a> {
     /// Hits to show instead of the session's, per probe id (`count` with
     /// conditions or `--hist`: the entries the recording sink saw).
     pub hits: Option<&'a HashMap<u32, u64>>,
+    /// Hits per (probe id, pid) to show in the rows of each process
+    /// (`count -f` with conditions or `--hist`).
+    pub process_hits: Option<&'a HashMap<(u32, i32), u64>>,
     /// The condition of a probe id (`PROBE if CONDITION`).
     pub conditions: Option<&'a HashMap<u32, String>>,
     /// Call durations per probe id (`count --hist`).
@@ -420,6 +423,9 @@ pub fn print_table_with(
             if let Some(h) = x.hits {
                 hits = h.get(&p.id.0).copied().unwrap_or(0);
                 missed = "-".to_string();
+            }
+            if let (true, Some(h)) = (per_process, x.process_hits) {
+                hits = h.get(&(p.id.0, pid)).copied().unwrap_or(0);
             }
             if x.json {
                 let mut o = serde_json::json!({

@@ -115,6 +115,8 @@ pub struct LiveTree {
     stacks: HashMap<u32, Vec<(u32, u64)>>,
     /// TSC ticks per ns.
     ticks_per_ns: f64,
+    /// `--stacks`: names each entry's own stack.
+    call_stacks: Option<hotprobe::stacks::StackNames>,
 }
 
 impl LiveTree {
@@ -139,6 +141,7 @@ impl LiveTree {
             typed: TypedShapes::default(),
             stacks: HashMap::new(),
             ticks_per_ns: tsc_ticks_per_ns(),
+            call_stacks: None,
         }
     }
 }
@@ -150,6 +153,13 @@ impl LiveTree {
     /// Prints typed probes' values (see [`hotprobe::typed`]).
     pub fn with_types(mut self, typed: TypedShapes) -> LiveTree {
         self.typed = typed;
+        self
+    }
+
+    /// `--stacks`: each entry line ends with the call's own stack
+    /// (` /* <- caller <- its caller … */`), where the agent walked it.
+    pub fn with_call_stacks(mut self, names: hotprobe::stacks::StackNames) -> LiveTree {
+        self.call_stacks = Some(names);
         self
     }
 
@@ -213,8 +223,15 @@ impl LiveTree {
                         .join(", "),
                     (None, None) => String::new(),
                 };
+                let from = match self.call_stacks.as_ref().and_then(|n| n.of_event(ev)) {
+                    Some(cs) => {
+                        let more = if cs.truncated { " <- [truncated]" } else { "" };
+                        format!(" /* <- {}{more} */", cs.frames.join(" <- "))
+                    }
+                    None => String::new(),
+                };
                 outln!(
-                    "{:>11} [{tid:>6}] | {indent}{}({args}) {{",
+                    "{:>11} [{tid:>6}] | {indent}{}({args}) {{{from}",
                     "",
                     out::paint(out::NAME, &name)
                 );
@@ -318,6 +335,9 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
     }
     crate::session::note_untyped(&typing);
     let mut tree = LiveTree::new(&placed, o.args).with_types(TypedShapes::new(&typing, &placed));
+    if o.stacks {
+        tree = tree.with_call_stacks(t.session.stack_names());
+    }
     outln!("{HEADER}");
     let mut typed_sink = typed::RegisterTyped::new(&mut tree, &typing, &placed);
     let ran = t.run(&placed, o.duration, Some(&mut typed_sink));

@@ -65,7 +65,12 @@ fn native(bin: &Path) -> String {
 /// Checks the three known paths with their counts, each complete down to
 /// `_start`; returns the stacks.
 fn check_three_paths(stdout: &str, stderr: &str) -> Vec<Stack> {
-    let stacks = stacks_of(stdout, "libc:malloc");
+    check_three_paths_of(stdout, stderr, "libc:malloc")
+}
+
+/// [`check_three_paths`] under `stacks of LABEL`.
+fn check_three_paths_of(stdout: &str, stderr: &str, label: &str) -> Vec<Stack> {
+    let stacks = stacks_of(stdout, label);
     let want: [(&[&str], u64); 3] = [
         (&["alloc_leaf", "path_c_inner", "path_c", "main"], 7),
         (&["alloc_leaf", "path_b", "main"], 5),
@@ -251,6 +256,47 @@ fn record_stacks_callers_folded_and_graph_agree() {
         assert!(tree.contains(&want), "{want:?} in\n{graph}");
     }
 
+    // replay: each recorded call's own stack ends its line (call_stacks.tsv):
+    // malloc's 15 calls by the three paths in the program's order, then
+    // printf's; every call of main, path_*, alloc_leaf and malloc has one.
+    let o = hotprobe_within(&["replay", d], LIMIT);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let replay = text(&o.stdout);
+    let calls: Vec<&str> = replay
+        .lines()
+        .filter(|l| l.contains("() {") || l.ends_with(" */") && l.contains("(); /* <- "))
+        .collect();
+    assert!(calls.iter().all(|l| l.contains(" /* <- ")), "{replay}");
+    let mallocs: Vec<&str> = calls
+        .iter()
+        .filter_map(|l| l.split_once("malloc(); /* <- ")?.1.strip_suffix(" */"))
+        .collect();
+    let tail = " <- main <- __libc_start_call_main <- __libc_start_main <- _start";
+    let mut want = Vec::new();
+    for (path, n) in [
+        ("alloc_leaf <- path_a", 3),
+        ("alloc_leaf <- path_b", 5),
+        ("alloc_leaf <- path_c_inner <- path_c", 7),
+    ] {
+        want.extend(std::iter::repeat_n(format!("{path}{tail}"), n));
+    }
+    assert_eq!(mallocs[..want.len()], want[..], "{replay}");
+    assert!(
+        mallocs[want.len()..].iter().all(|s| s.contains("printf")),
+        "{replay}"
+    );
+    let inner: Vec<&&str> = calls
+        .iter()
+        .filter(|l| l.contains("path_c_inner() {"))
+        .collect();
+    assert_eq!(inner.len(), 7, "{replay}");
+    assert!(
+        inner
+            .iter()
+            .all(|l| l.ends_with(&format!("/* <- path_c{tail} */"))),
+        "{replay}"
+    );
+
     // A function with no captured stack.
     let o = hotprobe_within(&["report", d, "--callers", "nosuchfunc"], LIMIT);
     assert!(o.status.success());
@@ -283,4 +329,121 @@ fn count_stacks_of_threads_started_later() {
         "{s:?}"
     );
     assert!(!err.contains("not counted"), "{err}");
+}
+
+/// Probes on the ptrace trap (`--mechanism trap`; a static binary, which
+/// takes no agent): the tracer walks the stack at the stop with the same
+/// tables, and gives the same three stacks and counts, across the trap
+/// return trampoline in path_b's return slot.
+#[test]
+fn count_stacks_on_the_ptrace_trap() {
+    let bin = build("nofp", &["-O2", "-fomit-frame-pointer"]);
+    let trap = ["--mechanism", "trap"];
+    let (out, err) = run_count(&bin, &["libc:malloc"], &trap);
+    check_three_paths(&out, &err);
+    assert!(out.contains("trap"), "{out}");
+    let (out, err) = run_count(&bin, &["libc:malloc", "path_b%return"], &trap);
+    check_three_paths(&out, &err);
+    // path_c_inner's own stacks, on the trap: 7, from path_c.
+    let (out, err) = run_count(&bin, &["libc:malloc", "path_c_inner"], &trap);
+    check_three_paths(&out, &err);
+    let inner = stacks_of(&out, "path_c_inner");
+    assert_eq!(inner.len(), 1, "{out}");
+    assert_eq!(inner[0].count, 7, "{out}");
+    assert_eq!(inner[0].frames[..2], ["path_c", "main"], "{out}");
+
+    // A static build: no agent at all, every probe on the trap.
+    let stat = build("nofp-static", &["-O2", "-fomit-frame-pointer", "-static"]);
+    let (out, err) = run_count(&stat, &["malloc"], &[]);
+    check_three_paths_of(&out, &err, "malloc");
+    // record --stacks there: report --callers gives the same paths.
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("stacks-trap-trace");
+    let d = dir.to_str().unwrap();
+    let args = ["record", "--force", "-o", d, "--stacks", "malloc", "--"];
+    let o = hotprobe_within(&[&args[..], &[stat.to_str().unwrap()]].concat(), LIMIT);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let o = hotprobe_within(&["report", d, "--callers", "malloc"], LIMIT);
+    let rep = text(&o.stdout);
+    let lines: Vec<&str> = rep.lines().map(str::trim).collect();
+    assert!(lines.contains(&"15  alloc_leaf -> malloc"), "{rep}");
+    for (n, path) in [(7, "path_c_inner <- path_c"), (5, "path_b"), (3, "path_a")] {
+        let want = format!("{n}      alloc_leaf <- {path} <- main <- ");
+        assert!(
+            lines.iter().any(|l| l.starts_with(&want)),
+            "{want} in\n{rep}"
+        );
+    }
+}
+
+/// `-f --stacks`: a forked child's hits on the trap are walked too (in
+/// its own memory) and counted with its parent's: work() from main, 8
+/// calls in the parent and 10 in the child, on the trap and on the jump.
+#[test]
+fn count_stacks_of_forked_children() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/fork_args.c");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("stacks");
+    std::fs::create_dir_all(&dir).unwrap();
+    for (tag, flags, extra) in [
+        ("fork-o1", &["-O1"][..], &["-f", "--mechanism", "trap"][..]),
+        ("fork-o0", &["-O0"][..], &["-f"][..]),
+    ] {
+        let bin = gcc(&src, &dir.join(tag), flags);
+        let mut args = vec!["count", "--stacks"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["work", "--", bin.to_str().unwrap()]);
+        let o = hotprobe_within(&args, LIMIT);
+        let (out, err) = (text(&o.stdout), text(&o.stderr));
+        assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+        let stacks = stacks_of(&out, "work");
+        assert_eq!(stacks.len(), 1, "{tag}: {out}\n{err}");
+        assert_eq!(stacks[0].count, 18, "{tag}: {out}");
+        assert_eq!(stacks[0].frames[0], "main", "{tag}: {out}");
+        assert_eq!(stacks[0].frames.last().map(String::as_str), Some("_start"));
+    }
+}
+
+/// `trace --stacks`: each call's own stack ends its entry line (the entry
+/// event carries the id of the stack the agent walked for it): the 15
+/// calls of the three paths in the order the program makes them, then
+/// printf's, every call with one.
+#[test]
+fn trace_stacks_shows_each_calls_own_stack() {
+    let bin = build("nofp", &["-O2", "-fomit-frame-pointer"]);
+    let o = hotprobe_within(
+        &[
+            "trace",
+            "--stacks",
+            "libc:malloc",
+            "--",
+            bin.to_str().unwrap(),
+        ],
+        LIMIT,
+    );
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    let calls: Vec<&str> = out.lines().filter(|l| l.contains("malloc() {")).collect();
+    let stacks: Vec<&str> = calls
+        .iter()
+        .filter_map(|l| l.split_once("malloc() { /* <- ")?.1.strip_suffix(" */"))
+        .collect();
+    assert_eq!(
+        stacks.len(),
+        calls.len(),
+        "a call without its stack:\n{out}"
+    );
+    let tail = " <- main <- __libc_start_call_main <- __libc_start_main <- _start";
+    let mut want = Vec::new();
+    for (path, n) in [
+        ("alloc_leaf <- path_a", 3),
+        ("alloc_leaf <- path_b", 5),
+        ("alloc_leaf <- path_c_inner <- path_c", 7),
+    ] {
+        want.extend(std::iter::repeat_n(format!("{path}{tail}"), n));
+    }
+    assert!(stacks.len() > want.len(), "{out}");
+    assert_eq!(stacks[..want.len()], want[..], "{out}");
+    assert!(
+        stacks[want.len()..].iter().all(|s| s.contains("printf")),
+        "{out}"
+    );
 }

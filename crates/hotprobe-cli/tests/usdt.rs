@@ -115,6 +115,54 @@ fn trace_and_record_show_the_arguments_the_program_logged() {
     assert_eq!(replayed, want, "{}", text(&replay.stdout));
 }
 
+/// `count 'usdt:demo:tick if COND'`: `arg1`..`arg3` are the marker's
+/// operands (a register, a memory load, a constant), captured at each hit;
+/// the counts equal the ticks of the program's own log for which COND
+/// holds.
+#[test]
+fn count_conditions_on_the_markers_arguments() {
+    let bin = sdt_demo();
+    let b = bin.to_str().unwrap();
+    type Check = fn(i64, i64, i64) -> bool;
+    let cases: [(&str, Check); 4] = [
+        ("arg1 > 3", |i, _, _| i > 3),
+        ("arg2 >= 6 && arg3 == 42", |_, acc, c| acc >= 6 && c == 42),
+        ("arg1 == 2 || arg2 == 21", |i, acc, _| i == 2 || acc == 21),
+        ("arg3 != 42", |_, _, c| c != 42),
+    ];
+    for (cond, holds) in cases {
+        let spec = format!("usdt:demo:tick if {cond}");
+        let out = hotprobe_within(&["count", &spec, "--", b, "9"], LIMIT);
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "{stderr}");
+        assert_eq!(program_output(&stdout), "acc=36\n");
+        let ticks: Vec<Vec<i64>> = logged(&stderr)
+            .iter()
+            .map(|t| {
+                t.trim_matches(|c| c == '(' || c == ')')
+                    .split(", ")
+                    .map(|v| v.parse().unwrap())
+                    .collect()
+            })
+            .collect();
+        assert_eq!(ticks.len(), 9, "{stderr}");
+        let want = ticks.iter().filter(|t| holds(t[0], t[1], t[2])).count() as u64;
+        let t = CountTable::parse(&stdout, &stderr);
+        assert_eq!(t.hits("usdt:demo:tick"), want, "{cond}: {}", t.all);
+    }
+    // arg0, or past the marker's three arguments: a usage error.
+    for cond in ["arg0 > 1", "arg4 == 0"] {
+        let spec = format!("usdt:demo:tick if {cond}");
+        let out = hotprobe_within(&["count", &spec, "--", b, "3"], LIMIT);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("is no argument of this USDT marker (it has arg1 to arg3)"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+}
+
 #[test]
 fn python_gc_start_counts_every_collection() {
     let out = hotprobe_within(

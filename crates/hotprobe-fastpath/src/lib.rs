@@ -456,6 +456,21 @@ struct Installed {
     ledger: Option<u32>,
 }
 
+/// A stacks region ([`FastPath::stacks_handle`]) that keeps the shared
+/// memory mapped while it lives (the fast path may be dropped first).
+#[derive(Clone, Debug)]
+pub struct StacksHandle {
+    view: hotprobe_abi::stacks::StacksView,
+    _mapping: Arc<OwnedShm>,
+}
+
+impl StacksHandle {
+    /// The region (valid as long as this handle).
+    pub fn view(&self) -> &hotprobe_abi::stacks::StacksView {
+        &self.view
+    }
+}
+
 /// The fast path of one process target.
 #[derive(Debug)]
 pub struct FastPath {
@@ -548,6 +563,15 @@ impl FastPath {
     /// The stacks region, when [`FastPathConfig::stacks`] reserved one.
     pub fn stacks(&self) -> Option<hotprobe_abi::stacks::StacksView> {
         hotprobe_abi::stacks::StacksView::of(self.shm())
+    }
+
+    /// The stacks region with the mapping held ([`StacksHandle`]): its
+    /// stacks stay readable however long the handle is kept.
+    pub fn stacks_handle(&self) -> Option<StacksHandle> {
+        Some(StacksHandle {
+            view: self.stacks()?,
+            _mapping: self.shm.clone(),
+        })
     }
 
     /// Hits of `probe_id` so far (exact once the target's threads are quiescent).

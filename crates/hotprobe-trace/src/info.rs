@@ -11,8 +11,9 @@ pub const FORMAT_NAME: &str = "hotprobe-trace";
 /// Format version in `info.json` (streams carry their own version too):
 /// 2 added typed values, 3 the host kernel's events (`kernel`), 4 the
 /// captured user stacks (`stacks.tsv`, [`crate::stacks`]), and the
-/// processes a recording followed across exec (`processes`).
-pub const FORMAT_VERSION: u32 = 4;
+/// processes a recording followed across exec (`processes`), 5 the stack
+/// of each recorded call (`call_stacks.tsv`, [`crate::call_stacks`]).
+pub const FORMAT_VERSION: u32 = 5;
 
 /// A process a recording followed (`record -f` across exec): its pid, the
 /// command name and the program of one of its images, and the probe ids of

@@ -21,6 +21,7 @@
 #![deny(missing_docs)]
 
 pub mod analysis;
+pub mod call_stacks;
 mod decoder;
 mod error;
 mod event;

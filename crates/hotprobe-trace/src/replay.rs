@@ -8,6 +8,7 @@ use std::io::Write;
 use crate::analysis::{fmt_duration, merged, Progress, Step};
 use crate::error::{Result, TraceError};
 use crate::event::Args;
+use crate::event::Record;
 use crate::kernel::KernelEvent;
 use crate::query::{CompiledQuery, QueryStack};
 use crate::reader::TraceReader;
@@ -84,6 +85,9 @@ pub struct ReplayOptions {
     pub color: bool,
     /// What a long call is (default 1 ms, as `count`'s table colours it).
     pub slow_ns: u64,
+    /// The stack of each recorded call (`call_stacks.tsv`): an entry line
+    /// ends with it (` /* <- caller <- … */`).
+    pub call_stacks: Option<crate::call_stacks::CallStacks>,
 }
 
 impl Default for ReplayOptions {
@@ -92,6 +96,7 @@ impl Default for ReplayOptions {
             fields: vec![ReplayField::Duration, ReplayField::Tid],
             color: false,
             slow_ns: 1_000_000,
+            call_stacks: None,
         }
     }
 }
@@ -305,6 +310,22 @@ pub fn replay_with(
     }
     let outside = query.keeps_all();
     let kernel_tids: Vec<u32> = syscalls.keys().copied().collect();
+    // Each call's stack (`call_stacks.tsv`), by thread and entry time
+    // (a step names its entry by its time): noted as the entry's record
+    // is read, taken by its line.
+    let pending: std::cell::RefCell<HashMap<u32, HashMap<u64, VecDeque<String>>>> =
+        Default::default();
+    let from = |tid: u32, ts: u64| -> String {
+        let mut p = pending.borrow_mut();
+        let Some(by) = p.get_mut(&tid) else {
+            return String::new();
+        };
+        let s = by.get_mut(&ts).and_then(VecDeque::pop_front);
+        if by.get(&ts).is_some_and(VecDeque::is_empty) {
+            by.remove(&ts);
+        }
+        s.unwrap_or_default()
+    };
     let mut line = |out: &mut dyn Write, tid: u32, s: Option<Step>| -> std::io::Result<()> {
         let ind = |d: usize| "  ".repeat(d);
         let queue = syscalls.get_mut(&tid);
@@ -372,11 +393,12 @@ pub fn replay_with(
             if queue.front().is_some_and(|e| e.start < end) {
                 writeln!(
                     out,
-                    "{} | {}{}({}) {{",
+                    "{} | {}{}({}) {{{}",
                     columns(tid, start, None),
                     ind(depth),
                     name(probe),
-                    fmt_args(tid, probe, &args)
+                    fmt_args(tid, probe, &args),
+                    from(tid, start)
                 )?;
                 flush(out, queue, &mut columns, end, depth + 1)?;
                 return writeln!(
@@ -397,11 +419,12 @@ pub fn replay_with(
                 args,
             } => writeln!(
                 out,
-                "{} | {}{}({}) {{",
+                "{} | {}{}({}) {{{}",
                 columns(tid, ts, None),
                 ind(depth),
                 name(probe),
-                fmt_args(tid, probe, &args)
+                fmt_args(tid, probe, &args),
+                from(tid, ts)
             ),
             Step::Leave {
                 probe,
@@ -420,12 +443,13 @@ pub fn replay_with(
                 if leaf {
                     writeln!(
                         out,
-                        "{} | {}{}({}){};",
+                        "{} | {}{}({}){};{}",
                         columns(tid, start, Some(end - start)),
                         ind(depth),
                         name(probe),
                         fmt_args(tid, probe, &args),
-                        fmt_ret(tid, probe, ret)
+                        fmt_ret(tid, probe, ret),
+                        from(tid, start)
                     )
                 } else {
                     writeln!(
@@ -460,9 +484,26 @@ pub fn replay_with(
             Step::Orphan { .. } => Ok(()),
         }
     };
+    let mut entries: HashMap<u32, u64> = HashMap::new();
     merged(reader, progress, |tid, r| {
         if !query.keeps_thread(tid) {
             return Ok(());
+        }
+        if let (Some(cs), Record::Entry { ts, .. } | Record::Call { ts, .. }) =
+            (&opts.call_stacks, r)
+        {
+            let n = entries.entry(tid).or_default();
+            *n += 1;
+            if let Some((_, callers, truncated)) = cs.of_call(tid, *n) {
+                let more = if *truncated { " <- [truncated]" } else { "" };
+                let text = format!(" /* <- {}{more} */", callers.join(" <- "));
+                let mut p = pending.borrow_mut();
+                p.entry(tid)
+                    .or_default()
+                    .entry(*ts)
+                    .or_default()
+                    .push_back(text);
+            }
         }
         let st = stacks.entry(tid).or_insert_with(|| QueryStack::new(query));
         let mut res = Ok(());

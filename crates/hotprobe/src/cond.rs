@@ -148,6 +148,17 @@ pub enum CondError {
         /// The limit.
         limit: usize,
     },
+    /// `argN` of a USDT marker that has fewer arguments (`arg1` is the
+    /// first, as `trace` shows them).
+    #[error("column {pos}: arg{n} is no argument of this USDT marker (it has arg1 to arg{count})")]
+    NoSuchUsdtArg {
+        /// Column.
+        pos: usize,
+        /// N.
+        n: u64,
+        /// The marker's arguments.
+        count: usize,
+    },
     /// A parameter name that cannot be compared (not in an integer
     /// register, or not a parameter of the function).
     #[error("column {pos}: `{name}`: {why}")]
@@ -306,6 +317,8 @@ struct Parser<'a> {
     at: usize,
     end: usize,
     names: Option<NameMap<'a>>,
+    /// A USDT marker's arguments: `argN` is its Nth operand (1-based).
+    usdt: Option<&'a [hotprobe_symbols::UsdtArg]>,
     /// Parentheses and `!` open now.
     depth: usize,
     /// Comparisons so far.
@@ -413,6 +426,23 @@ impl Parser<'_> {
                     .strip_prefix("arg")
                     .filter(|d| !d.is_empty() && d.bytes().all(|c| c.is_ascii_digit()));
                 match idx.map(|d| d.parse::<u64>().unwrap_or(u64::MAX)) {
+                    Some(k) if self.usdt.is_some() => {
+                        let args = self.usdt.unwrap_or_default();
+                        match args.get((k as usize).wrapping_sub(1)) {
+                            Some(a) if (1..=255).contains(&k) => Operand::Param {
+                                reg: (k - 1) as u8,
+                                size: a.size.clamp(1, 8),
+                                signed: a.signed,
+                            },
+                            _ => {
+                                return Err(CondError::NoSuchUsdtArg {
+                                    pos,
+                                    n: k,
+                                    count: args.len(),
+                                })
+                            }
+                        }
+                    }
                     Some(k) if k < 6 => Operand::Arg(k as u8),
                     Some(k) => return Err(CondError::NoSuchArg { pos, n: k }),
                     None => match self.names.map(|f| f(n)) {
@@ -496,12 +526,21 @@ impl Cond {
     }
 
     fn parse_names(s: &str, names: Option<NameMap<'_>>) -> Result<Cond, CondError> {
+        Cond::parse_full(s, names, None)
+    }
+
+    fn parse_full(
+        s: &str,
+        names: Option<NameMap<'_>>,
+        usdt: Option<&[hotprobe_symbols::UsdtArg]>,
+    ) -> Result<Cond, CondError> {
         let toks = lex(s)?;
         let mut p = Parser {
             toks,
             at: 0,
             end: s.chars().count() + 1,
             names,
+            usdt,
             depth: 0,
             terms: 0,
         };
@@ -569,6 +608,42 @@ impl Cond {
             Cond::Not(a) => a.args_needed(),
         }
     }
+}
+
+/// Compiles the condition `text` on the arguments of a USDT marker:
+/// `arg1` … `argN` are its operands, as `trace` shows them, each compared
+/// with its size and signedness from the note ([`Operand::Param`], whose
+/// `reg` indexes the values [`usdt_values`] decodes).
+pub fn usdt_cond(text: &str, args: &[hotprobe_symbols::UsdtArg]) -> Result<Cond, CondError> {
+    Cond::parse_full(text, None, Some(args))
+}
+
+/// The values of a USDT marker's arguments from the bytes
+/// [`crate::typed::usdt_capture`] captured at a hit, in order; `None`
+/// for one that could not be read (memory not mapped, an operand the
+/// capture does not read), and for all after bytes it does not know.
+pub fn usdt_values(data: &[u8]) -> Vec<Option<u64>> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some(&tag) = data.get(at) {
+        let word = data
+            .get(at + 1..at + 9)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok());
+        match (tag, word) {
+            // A value; an unreadable address.
+            (0, Some(w)) => out.push(Some(u64::from_le_bytes(w))),
+            (2, Some(_)) => out.push(None),
+            // Not available.
+            (3, _) => {
+                out.push(None);
+                at += 1;
+                continue;
+            }
+            _ => break,
+        }
+        at += 9;
+    }
+    out
 }
 
 /// `spec` as an error message shows it: at most 80 characters, then `...`

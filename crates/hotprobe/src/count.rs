@@ -83,6 +83,9 @@ pub struct CountSink {
     hist: bool,
     /// Entries whose condition held, per probe id.
     hits: HashMap<u32, u64>,
+    /// The same, per (probe id, thread): rows per process under
+    /// `follow_forks` ([`Session::process_of_thread`]).
+    thread_hits: HashMap<(u32, u32), u64>,
     /// Durations of those calls in nanoseconds, per probe id.
     hists: HashMap<u32, Histogram>,
     /// Per thread: open calls (probe, entry TSC, condition held).
@@ -90,6 +93,11 @@ pub struct CountSink {
     ticks_per_ns: f64,
     /// Events the rings dropped.
     lost: u64,
+    /// Probes on USDT markers whose condition compares the marker's
+    /// arguments, captured at the hit ([`CountSink::add_usdt`]).
+    usdt: std::collections::HashSet<u32>,
+    /// Their hits whose condition names an argument that could not be read.
+    usdt_unread: u64,
 }
 
 impl CountSink {
@@ -228,6 +236,36 @@ impl CountSink {
         }
     }
 
+    /// Follows probe `id` on a USDT marker: its hits count when `cond`
+    /// ([`crate::cond::usdt_cond`]) holds for the marker's arguments,
+    /// which the probe captures at each hit
+    /// ([`crate::typed::usdt_capture`] as its capture).
+    pub fn add_usdt(&mut self, id: ProbeId, cond: Cond) {
+        self.add(id, Some(cond));
+        self.usdt.insert(id.0);
+    }
+
+    /// Hits of USDT probes whose condition named an argument that could
+    /// not be read (memory not mapped): not counted.
+    pub fn usdt_unread(&self) -> u64 {
+        self.usdt_unread
+    }
+
+    /// Counts an entry or hit whose condition is evaluated on `args`.
+    fn count_entry(&mut self, ev: &RecordedEvent, args: &[u64], unread: bool) {
+        let ok = !unread && self.conds.get(&ev.probe_id).is_none_or(|c| c.eval(args));
+        if ok {
+            *self.hits.entry(ev.probe_id).or_default() += 1;
+            *self.thread_hits.entry((ev.probe_id, ev.tid)).or_default() += 1;
+        }
+        if self.hist && ev.kind == KIND_ENTRY {
+            self.stacks
+                .entry(ev.tid)
+                .or_default()
+                .push((ev.probe_id, ev.tsc, ok));
+        }
+    }
+
     /// Whether probe `id` is followed ([`CountSink::add`]).
     pub fn follows(&self, id: ProbeId) -> bool {
         self.hits.contains_key(&id.0)
@@ -242,6 +280,27 @@ impl CountSink {
     /// Every followed probe's count, by raw probe id.
     pub fn all_hits(&self) -> &HashMap<u32, u64> {
         &self.hits
+    }
+
+    /// Every followed probe's count per thread, by (raw probe id, thread
+    /// id): only (probe, thread) pairs with a counted entry.
+    pub fn thread_hits(&self) -> &HashMap<(u32, u32), u64> {
+        &self.thread_hits
+    }
+
+    /// Every followed probe's count per process, by (raw probe id, pid),
+    /// each thread's counts given to `process_of(tid)` (a thread it does
+    /// not know: counted as a process of its own id, as a main thread is).
+    pub fn process_hits(
+        &self,
+        process_of: impl Fn(u32) -> Option<i32>,
+    ) -> HashMap<(u32, i32), u64> {
+        let mut out: HashMap<(u32, i32), u64> = HashMap::new();
+        for ((probe, tid), n) in &self.thread_hits {
+            let pid = process_of(*tid).unwrap_or(*tid as i32);
+            *out.entry((*probe, pid)).or_default() += n;
+        }
+        out
     }
 
     /// The histogram (nanoseconds) of the durations of probe `id`'s
@@ -265,21 +324,16 @@ impl CountSink {
 impl EventSink for CountSink {
     fn event(&mut self, ev: &RecordedEvent) -> Result<(), SinkError> {
         match ev.kind {
+            KIND_ENTRY | KIND_HIT if self.usdt.contains(&ev.probe_id) => {
+                // The marker's arguments come with the captured bytes
+                // (`event_data`): without them, none could be read.
+                self.usdt_unread += 1;
+                self.count_entry(ev, &[], true);
+            }
             KIND_ENTRY | KIND_HIT => {
                 let n = (ev.nargs as usize).min(ev.args.len());
-                let ok = self
-                    .conds
-                    .get(&ev.probe_id)
-                    .is_none_or(|c| c.eval(&ev.args[..n]));
-                if ok {
-                    *self.hits.entry(ev.probe_id).or_default() += 1;
-                }
-                if self.hist && ev.kind == KIND_ENTRY {
-                    self.stacks
-                        .entry(ev.tid)
-                        .or_default()
-                        .push((ev.probe_id, ev.tsc, ok));
-                }
+                let args = ev.args;
+                self.count_entry(ev, &args[..n], false);
             }
             KIND_EXIT if self.hist => {
                 let stack = self.stacks.entry(ev.tid).or_default();
@@ -298,9 +352,44 @@ impl EventSink for CountSink {
         Ok(())
     }
 
+    fn event_data(&mut self, ev: &RecordedEvent, data: &[u8]) -> Result<(), SinkError> {
+        if !(self.usdt.contains(&ev.probe_id) && matches!(ev.kind, KIND_ENTRY | KIND_HIT)) {
+            return self.event(ev);
+        }
+        let values = crate::cond::usdt_values(data);
+        let read: Vec<u64> = values.iter().map(|v| v.unwrap_or(0)).collect();
+        // An argument the condition names that could not be read: the
+        // condition cannot be told (not counted, said).
+        let unread = self
+            .conds
+            .get(&ev.probe_id)
+            .is_some_and(|c| names_unread(c, &values));
+        if unread {
+            self.usdt_unread += 1;
+        }
+        self.count_entry(ev, &read, unread);
+        Ok(())
+    }
+
     fn lost(&mut self, _tid: u32, _ts: u64, count: u64) -> Result<(), SinkError> {
         self.lost += count;
         Ok(())
+    }
+}
+
+/// Whether condition `c` compares a value of `values` that is `None`.
+fn names_unread(c: &Cond, values: &[Option<u64>]) -> bool {
+    use crate::cond::Operand;
+    let missing = |o: &Operand| match *o {
+        Operand::Arg(k) | Operand::Param { reg: k, .. } => {
+            values.get(usize::from(k)).copied().flatten().is_none()
+        }
+        Operand::Const(_) => false,
+    };
+    match c {
+        Cond::Cmp(a, _, b) => missing(a) || missing(b),
+        Cond::And(a, b) | Cond::Or(a, b) => names_unread(a, values) || names_unread(b, values),
+        Cond::Not(a) => names_unread(a, values),
     }
 }
 
@@ -353,6 +442,16 @@ mod tests {
         assert_eq!(s.hits(ProbeId(2)), Some(7));
         assert_eq!(s.hits(ProbeId(3)), None);
         assert!(s.follows(ProbeId(2)) && !s.follows(ProbeId(3)));
+        s.event(&ev(KIND_ENTRY, 1, 9, 9, &[500])).unwrap();
+        s.event(&ev(KIND_ENTRY, 1, 10, 9, &[1])).unwrap();
+        assert_eq!(s.thread_hits()[&(1, 7)], 3);
+        assert_eq!(s.thread_hits()[&(1, 9)], 1);
+        assert!(!s.thread_hits().contains_key(&(1, 10)), "condition false");
+        // Threads 7 and 9 in process 7.
+        let by = s.process_hits(|t| (t == 9).then_some(7));
+        assert_eq!(by[&(1, 7)], 4);
+        assert_eq!(by[&(2, 7)], 7);
+        assert_eq!(by.len(), 2);
         assert!(s.histogram(ProbeId(1)).is_none());
         s.lost(7, 0, 4).unwrap();
         assert_eq!(s.lost_events(), 4);

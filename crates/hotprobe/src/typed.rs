@@ -554,6 +554,22 @@ impl TypedShapes {
     }
 }
 
+/// The capture of a USDT marker's arguments at its hit (`None` for a
+/// probe that is no marker): each operand as [`plan_usdt`] reads it, in
+/// `hotprobe_dwarf::capture`'s format (`count` conditions on them,
+/// [`crate::cond::usdt_cond`]).
+pub fn usdt_capture(r: &ResolvedProbe) -> Option<Capture> {
+    if r.usdt_args.is_empty() {
+        return None;
+    }
+    let plan = plan_usdt(&r.usdt_args).entry;
+    Some(Rc::new(
+        move |ctx: &mut HitContext<'_>, _exit: bool, out: &mut Vec<u8>| {
+            capture(&plan, &mut Hit { ctx, xmm: None }, out);
+        },
+    ))
+}
+
 /// The prototype table's signature of a libc function without DWARF
 /// (`hotprobe_dwarf::libc_prototype`), at `r`'s address.
 /// A USDT marker's arguments as its note gives them (`arg1`, `arg2`, …):

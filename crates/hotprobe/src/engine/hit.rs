@@ -146,6 +146,9 @@ impl Engine {
                 continue;
             }
             self.count_hit(*id, thread);
+            if self.stack_hook.as_ref().is_some_and(|h| h.has_probe(*id)) {
+                self.walk_stack(*id, thread, &mut hr)?;
+            }
             let Some(p) = self.probes.get(id) else {
                 continue;
             };
@@ -242,6 +245,34 @@ impl Engine {
                 self.target.resume(thread, ResumeMode::Step)?;
             }
         }
+        Ok(())
+    }
+
+    /// `--stacks` on a trap probe (issue 24): the stack at this entry hit,
+    /// walked in the tracer ([`crate::stacks::TrapStacks::on_hit`]); a
+    /// return slot holding the trap return trampoline gives the real
+    /// address its followed call saved.
+    fn walk_stack(
+        &mut self,
+        id: ProbeId,
+        thread: ThreadId,
+        hr: &mut HitRegs,
+    ) -> Result<(), EngineError> {
+        let regs = *hr.fetch(self.target.as_target(), thread)?;
+        let Some(hook) = &self.stack_hook else {
+            return Ok(());
+        };
+        let trampoline = self.trampoline.map(|t| t.0);
+        let shadow = self.shadow.get(&thread);
+        let fix = |slot: u64, word: u64| -> u64 {
+            if Some(word) != trampoline {
+                return word;
+            }
+            shadow
+                .and_then(|s| s.iter().rev().find(|i| i.slot == slot && i.swapped))
+                .map_or(word, |i| i.return_addr)
+        };
+        hook.on_hit(self.target.as_target(), id, &regs, &fix);
         Ok(())
     }
 

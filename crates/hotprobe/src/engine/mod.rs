@@ -226,6 +226,9 @@ pub struct Engine {
     /// Hits by vfork children (their pid), per probe: not the process's
     /// (see [`Engine::vfork_hits`]).
     vfork_hits: HashMap<ProbeId, Vec<(i32, u64)>>,
+    /// `--stacks` on trap probes (issue 24): walks the stack at each hit
+    /// of a probe it takes (see `hit.rs`).
+    pub(crate) stack_hook: Option<crate::stacks::TrapStacks>,
 }
 
 impl Engine {
@@ -266,6 +269,7 @@ impl Engine {
             hold_at_exec: false,
             forked: Vec::new(),
             vfork_hits: HashMap::new(),
+            stack_hook: None,
         }
     }
 

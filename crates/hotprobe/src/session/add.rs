@@ -515,6 +515,13 @@ impl Session {
         label: String,
         record: bool,
     ) -> Result<Result<Placement, String>, EngineError> {
+        if self.config.fast_path.stacks && r.is_entry() && (!record || self.config.record_traps) {
+            // The in-process trap walks no stacks; the ptrace trap's are
+            // walked in hotprobe (`stacks::trap`).
+            return Ok(Err(
+                "--stacks: stacks at a trap are walked in hotprobe".into()
+            ));
+        }
         let ask = self.ask(r, label, (r.is_return, record), None);
         self.place_on(
             t,

@@ -48,3 +48,29 @@ impl Session {
         out
     }
 }
+
+impl Session {
+    /// Notes the process of a thread target `i` saw created, for
+    /// [`Session::process_of_thread`].
+    pub(super) fn note_thread_process(&mut self, i: usize, ev: &TargetEvent) {
+        if let (TargetEvent::ThreadCreated(t), Some(pid)) =
+            (ev, self.slots.get(i).and_then(|s| s.pid))
+        {
+            self.thread_pids.insert(t.0 as u32, pid);
+        }
+    }
+
+    /// The process (of those the session traces or traced) that thread
+    /// `tid` belongs to: a process's main thread is its own, another was
+    /// seen created in it. `None` for a thread the session never saw
+    /// start (one of a process attached to, started before).
+    pub fn process_of_thread(&self, tid: u32) -> Option<i32> {
+        // A process's own id first: a vfork child is seen start as a
+        // thread of its parent's before it is a process of its own.
+        self.slots
+            .iter()
+            .filter_map(|s| s.pid)
+            .find(|p| *p as u32 == tid)
+            .or_else(|| self.thread_pids.get(&tid).copied())
+    }
+}

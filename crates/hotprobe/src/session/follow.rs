@@ -73,6 +73,7 @@ impl Session {
             match placed {
                 Ok(cid) => {
                     self.slots[t.0].origin.insert(cid, rid);
+                    self.trap_stacks_followed(root, t, cid, rid);
                 }
                 Err(e) => failed.push(format!("{addr}: {e}")),
             }

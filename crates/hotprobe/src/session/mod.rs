@@ -72,7 +72,7 @@ pub use hotprobe_fastpath::{MechanismChoice, PatchKind};
 pub struct TargetId(pub usize);
 
 /// Probe ids carry their target in the high bits.
-const TARGET_SHIFT: u32 = 24;
+pub(crate) const TARGET_SHIFT: u32 = 24;
 
 /// What a probe does where it is placed.
 pub enum Action {
@@ -397,6 +397,8 @@ pub struct Session {
     recording_new: bool,
     /// What the exec gate had to say.
     gate_notices: Vec<String>,
+    /// The process of each thread seen created (`Session::process_of_thread`).
+    thread_pids: HashMap<u32, i32>,
 }
 
 impl Session {
@@ -429,6 +431,7 @@ impl Session {
             new_processes: None,
             recording_new: false,
             gate_notices: Vec::new(),
+            thread_pids: HashMap::new(),
         }
     }
 

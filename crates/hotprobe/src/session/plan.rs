@@ -158,6 +158,7 @@ impl Session {
         }
         let slot = self.slot(t)?;
         let stub_there = slot.engine.execution_of(addr).is_some();
+        let at_entry = ask.r.is_entry();
         let (mut cx, mechs) = slot.parts();
         let Some(m) = mechs.get(kind) else {
             return Ok(Err("not a mechanism of this target".into()));
@@ -169,6 +170,9 @@ impl Session {
             }
             if kind == MechKind::Plugin && stub_there {
                 self.note_plugin_overlap(t, addr, false);
+            }
+            if kind == MechKind::Trap {
+                self.trap_stacks_placed(t, p.id, at_entry);
             }
         }
         Ok(placed)

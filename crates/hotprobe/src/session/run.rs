@@ -210,6 +210,7 @@ impl Session {
         ) {
             self.stacks_on_event(i, &ev);
         }
+        self.note_thread_process(i, &ev);
         let slot = &mut self.slots[i];
         slot.engine.handle(ev)?;
         if exec {

@@ -21,13 +21,14 @@ pub struct ProbeStack {
 
 impl Agent {
     /// Publishes the process's unwind tables and stack regions again where
-    /// they changed; a notice when they could not be.
+    /// they changed (into the agent's stacks region, and for the trap's
+    /// walks); a notice when they could not be.
     pub(super) fn refresh_stacks(&mut self, pid: i32) -> Option<String> {
-        let AgentState::On(fp) = &self.state else {
+        let view = self.fast_path().and_then(|fp| fp.stacks());
+        if view.is_none() && !self.stack_tables.trap.is_active() {
             return None;
-        };
-        let view = fp.stacks()?;
-        match self.stack_tables.refresh(pid as u32, &view) {
+        }
+        match self.stack_tables.refresh(pid as u32, view.as_ref()) {
             Ok(r) if r.failed.is_empty() => None,
             Ok(r) => Some(format!(
                 "--stacks: no unwind table for {} (walked by frame pointers): {}",
@@ -76,24 +77,89 @@ impl Session {
         }
     }
 
+    /// Trap probe `id` of target `t`, placed at a function's entry in a
+    /// session opened with [`FastPathConfig::stacks`], walks its stack at
+    /// each hit in the tracer (issue 24: the agent's walk needs its
+    /// trampoline); the unwind tables are compiled at its first such probe.
+    pub(super) fn trap_stacks_placed(&mut self, t: TargetId, id: ProbeId, at_entry: bool) {
+        if !self.config.fast_path.stacks || !at_entry {
+            return;
+        }
+        let Ok(slot) = self.slot(t) else { return };
+        let Some(pid) = slot.pid.filter(|_| slot.is_process()) else {
+            return;
+        };
+        let trap = slot.agent.stack_tables.trap.clone();
+        let first = !trap.is_active();
+        trap.add_probe(id);
+        slot.engine.stack_hook.get_or_insert(trap);
+        if first {
+            if let Some(n) = slot.agent.refresh_stacks(pid) {
+                slot.engine.notices.push(n);
+            }
+        }
+    }
+
+    /// Probe `child` of followed fork child `t`, placed again for probe
+    /// `parent` of slot `root`: its hits walk into the parent's stacks
+    /// (the child's engine shares them; the modules are the parent's
+    /// until the child executes another program).
+    pub(super) fn trap_stacks_followed(
+        &mut self,
+        root: usize,
+        t: TargetId,
+        child: ProbeId,
+        parent: ProbeId,
+    ) {
+        let Some(trap) = self
+            .slots
+            .get(root)
+            .map(|s| s.agent.stack_tables.trap.clone())
+        else {
+            return;
+        };
+        if !trap.has_probe(parent) {
+            return;
+        }
+        trap.add_alias(child, parent);
+        if let Ok(slot) = self.slot(t) {
+            slot.engine.stack_hook.get_or_insert(trap);
+        }
+    }
+
     /// The stacks captured at probe `id`'s entries (a fast-path probe of a
-    /// session opened with [`FastPathConfig::stacks`]), most frequent
-    /// first, with what the agent counted beside them. `None` when the
-    /// probe has no stacks region.
+    /// session opened with [`FastPathConfig::stacks`], or a trap probe at
+    /// a function's entry, walked in the tracer), most frequent first,
+    /// with what the agent and the tracer counted beside them. `None` when
+    /// the probe captures no stacks.
     pub fn stacks(&self, id: ProbeId) -> Option<(Vec<ProbeStack>, crate::stacks::StackTotals)> {
         let slot = self.slots.get((id.0 >> TARGET_SHIFT) as usize)?;
-        let fp = slot.agent.fast_path()?;
-        let view = fp.stacks()?;
-        let counters = slot.agent.counters.get(&id)?;
-        let (all, totals) = crate::stacks::read_stacks(&view);
         let tables = &slot.agent.stack_tables;
+        let trap_totals = tables.trap.totals();
+        let view = slot.agent.fast_path().and_then(|fp| fp.stacks());
+        let (all, mut totals) = if tables.trap.has_probe(id) {
+            let totals = match &view {
+                Some(v) => crate::stacks::read_stacks(v).1,
+                None => crate::stacks::StackTotals::default(),
+            };
+            (tables.trap.stacks_of(id), totals)
+        } else {
+            let view = view?;
+            let counters = slot.agent.counters.get(&id)?;
+            let (all, totals) = crate::stacks::read_stacks(&view);
+            let mine = all
+                .into_iter()
+                .filter(|s| counters.iter().any(|(c, _)| *c == s.probe))
+                .collect();
+            (mine, totals)
+        };
+        totals.captured += trap_totals.captured;
+        totals.truncated += trap_totals.truncated;
+        totals.no_region += trap_totals.no_region;
         // Stacks with the same callers (by name) are one: a loop the
         // compiler unrolled calls from several addresses of one function.
         let mut merged: Vec<ProbeStack> = Vec::new();
-        for s in all
-            .into_iter()
-            .filter(|s| counters.iter().any(|(c, _)| *c == s.probe))
-        {
+        for s in all {
             let frames: Vec<String> = s.frames.iter().map(|a| tables.frame_name(*a)).collect();
             match merged
                 .iter_mut()
@@ -109,8 +175,22 @@ impl Session {
             }
         }
         merged.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.frames.cmp(&b.frames)));
-        let stacks = merged;
-        Some((stacks, totals))
+        Some((merged, totals))
+    }
+
+    /// Names the stacks of recorded entries of the targets placed so far
+    /// (`RecordedEvent::reserved2` of an entry of a `--stacks` fast-path
+    /// probe): [`crate::stacks::StackNames::call_stack`] with the target
+    /// of the event's probe (`probe_id >> 24`). Usable while the session
+    /// runs (it holds the stacks regions mapped).
+    pub fn stack_names(&self) -> crate::stacks::StackNames {
+        let mut names = crate::stacks::StackNames::new();
+        for (i, slot) in self.slots.iter().enumerate() {
+            if let Some(h) = slot.agent.fast_path().and_then(|fp| fp.stacks_handle()) {
+                names.add_target(i as u32, h, slot.agent.stack_tables.shared_symbols());
+            }
+        }
+        names
     }
 
     /// The stacks of every probe of `placed` that has some, for a trace's

@@ -42,8 +42,11 @@ pub struct StackTables {
     /// The modules and regions last published.
     published: Option<Published>,
     /// The process's modules at the last refresh: stacks are symbolized
-    /// with them, after the process may be gone.
-    symbols: Option<ProcessSymbols>,
+    /// with them, after the process may be gone (shared with
+    /// [`super::StackNames`], which names stacks while the session runs).
+    symbols: super::names::SharedSymbols,
+    /// The stacks of trap probes, walked in the tracer with these rows.
+    pub trap: super::trap::TrapStacks,
 }
 
 /// What one [`StackTables::refresh`] did.
@@ -67,8 +70,14 @@ impl StackTables {
     }
 
     /// Reads `pid`'s maps, compiles the modules not seen yet and publishes
-    /// rows and stack regions into `view` when they changed.
-    pub fn refresh(&mut self, pid: u32, view: &StacksView) -> Result<RefreshReport, StacksError> {
+    /// rows and stack regions into `view` (the agent's, when there is one)
+    /// when they changed; the trap's walks ([`StackTables::trap`]) take
+    /// the rows too.
+    pub fn refresh(
+        &mut self,
+        pid: u32,
+        view: Option<&StacksView>,
+    ) -> Result<RefreshReport, StacksError> {
         let maps = read_maps(pid)?;
         let symbols = ProcessSymbols::for_pid(pid)?;
         let mut modules = BTreeSet::new();
@@ -100,7 +109,11 @@ impl StackTables {
         }
         let rows = finish(rows);
         report.rows = rows.len();
-        self.symbols = Some(symbols);
+        *self.symbols.borrow_mut() = Some(symbols);
+        self.trap.set_rows(&rows);
+        let Some(view) = view else {
+            return Ok(report);
+        };
         let same = self
             .published
             .as_ref()
@@ -146,10 +159,15 @@ impl StackTables {
     /// The name of the frame at return address `addr` (see
     /// [`frame_name`]), with the modules of the last refresh.
     pub fn frame_name(&self, addr: u64) -> String {
-        match &self.symbols {
+        match &*self.symbols.borrow() {
             Some(s) => frame_name(s, addr),
             None => format!("{addr:#x}"),
         }
+    }
+
+    /// The modules stacks are named with, shared (see [`super::StackNames`]).
+    pub fn shared_symbols(&self) -> super::names::SharedSymbols {
+        self.symbols.clone()
     }
 }
 

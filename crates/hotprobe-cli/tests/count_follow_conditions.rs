@@ -1,0 +1,167 @@
+//! Issue 24: `count -f` with conditions, the latency `--hist` and value
+//! aggregations. A program forks; its child calls work(0) .. work(9), the
+//! parent work(0) .. work(7): each process's row counts its own calls
+//! whose condition holds, on the fast path and on the trap, and across an
+//! exec (the probes placed in the new image get their spec's condition).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+mod common;
+use common::{gcc, hotprobe_within, program_output, text, CountTable};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn build(tag: &str, flags: &[&str]) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/fork_args.c");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("count_follow_conditions");
+    std::fs::create_dir_all(&dir).unwrap();
+    gcc(&src, &dir.join(tag), flags)
+}
+
+/// The pids the program printed: (parent, child), in the order printed.
+fn pids(out: &str) -> Vec<(i32, i32)> {
+    let num =
+        |l: &str, w: &str| -> Option<i32> { l.strip_prefix(w)?.split(' ').next()?.parse().ok() };
+    let children: Vec<i32> = out.lines().filter_map(|l| num(l, "child ")).collect();
+    let parents: Vec<i32> = out.lines().filter_map(|l| num(l, "parent ")).collect();
+    assert_eq!(children.len(), parents.len(), "{out}");
+    parents.into_iter().zip(children).collect()
+}
+
+/// Runs `hotprobe ARGS -- CMD`: exit 0, the program's output its own.
+fn count(args: &[&str], cmd: &[&str], native: &str) -> (CountTable, String) {
+    let all: Vec<&str> = args.iter().chain(&["--"]).chain(cmd).copied().collect();
+    let o = hotprobe_within(&all, LIMIT);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    let prog = program_output(&out);
+    // The pids differ from run to run: the lines, with pids taken out.
+    let strip = |s: &str| -> Vec<String> {
+        s.lines()
+            .map(|l| {
+                l.split(' ')
+                    .filter(|w| w.parse::<i32>().is_err())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect()
+    };
+    assert_eq!(strip(prog), strip(native), "{err}");
+    (CountTable::parse(&out, &err), out)
+}
+
+fn native(cmd: &[&str]) -> String {
+    let o = Command::new(cmd[0]).args(&cmd[1..]).output().unwrap();
+    assert!(o.status.success());
+    text(&o.stdout)
+}
+
+#[test]
+fn conditions_count_per_process_under_follow_forks() {
+    // -O0: work() takes a jump (agent); -O1 on the trap.
+    for (tag, flags, extra) in [
+        ("o0", &["-O0"][..], &[][..]),
+        ("o1", &["-O1"][..], &["--mechanism", "trap"][..]),
+    ] {
+        let bin = build(tag, flags);
+        let cmd = [bin.to_str().unwrap()];
+        let nat = native(&cmd);
+        let args: Vec<&str> = ["count", "-f"]
+            .iter()
+            .chain(extra)
+            .chain(&["work if arg0 > 5"])
+            .copied()
+            .collect();
+        let (table, out) = count(&args, &cmd, &nat);
+        let [(parent, child)] = pids(&out)[..] else {
+            panic!("{out}")
+        };
+        // Child: 6, 7, 8, 9; parent: 6, 7.
+        assert_eq!(table.hits_of("work", child), 4, "{tag}");
+        assert_eq!(table.hits_of("work", parent), 2, "{tag}");
+        assert_eq!(table.rows_of("work").len(), 2, "{tag}: {out}");
+
+        // The latency histogram: every call, per process; the histogram
+        // over both.
+        let args: Vec<&str> = ["count", "-f", "--hist"]
+            .iter()
+            .chain(extra)
+            .chain(&["work"])
+            .copied()
+            .collect();
+        let (table, out) = count(&args, &cmd, &nat);
+        let [(parent, child)] = pids(&out)[..] else {
+            panic!("{out}")
+        };
+        assert_eq!(table.hits_of("work", child), 10, "{tag}");
+        assert_eq!(table.hits_of("work", parent), 8, "{tag}");
+        assert!(out.contains("# work: 18 calls"), "{tag}: {out}");
+    }
+}
+
+#[test]
+fn aggregations_with_conditions_under_follow_forks() {
+    let bin = build("o0", &["-O0"]);
+    let cmd = [bin.to_str().unwrap()];
+    let nat = native(&cmd);
+    let (table, out) = count(
+        &[
+            "count",
+            "-f",
+            "--no-follow-exec",
+            "--lhist=arg0:0:10:5",
+            "work if arg0 > 5",
+        ],
+        &cmd,
+        &nat,
+    );
+    let [(parent, child)] = pids(&out)[..] else {
+        panic!("{out}")
+    };
+    assert_eq!(table.hits_of("work", child), 4);
+    assert_eq!(table.hits_of("work", parent), 2);
+    // Over both processes: 6 and 7 twice, 8 and 9 once.
+    let bucket = out
+        .lines()
+        .find(|l| l.starts_with("[5, 10)"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert_eq!(bucket.split_whitespace().nth(2), Some("6"), "{out}");
+    assert!(!out.contains("[0, 5)"), "no call below 5 counted: {out}");
+
+    // Across exec, the aggregation and its condition are refused, and say why.
+    let o = hotprobe_within(
+        &[
+            "count",
+            "-f",
+            "--lhist=arg0:0:10:5",
+            "work if arg0 > 5",
+            "--",
+            cmd[0],
+        ],
+        LIMIT,
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o.stderr).contains("add --no-follow-exec"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn conditions_follow_exec_into_each_program() {
+    let bin = build("o0", &["-O0"]);
+    let trap = build("o1", &["-O1"]);
+    let script = format!("{}; {}", bin.display(), trap.display());
+    let cmd = ["sh", "-c", script.as_str()];
+    let nat = native(&cmd);
+    let (table, out) = count(&["count", "-f", "work if arg0 > 5"], &cmd, &nat);
+    let runs = pids(&out);
+    assert_eq!(runs.len(), 2, "{out}");
+    for (parent, child) in runs {
+        assert_eq!(table.hits_of("work", child), 4, "{out}");
+        assert_eq!(table.hits_of("work", parent), 2, "{out}");
+    }
+}
