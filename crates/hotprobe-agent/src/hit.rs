@@ -27,7 +27,7 @@ use core::sync::atomic::{compiler_fence, AtomicU32, AtomicU64};
 
 use hotprobe_abi::fast::ThreadBlock;
 use hotprobe_abi::{
-    Event, Shm, ACTION_AGG, ACTION_ALT_COUNTER, ACTION_COUNT, ACTION_COUNTER_SHIFT, ACTION_EXIT,
+    Event, Shm, ACTION_AGG, ACTION_CAPTURE, ACTION_ALT_COUNTER, ACTION_COUNT, ACTION_COUNTER_SHIFT, ACTION_EXIT,
     ACTION_RECORD, CONTROL_ENABLED, CONTROL_RECORD, EVENT_XMM, EXIT_UNWOUND, KIND_ENTRY, KIND_EXIT,
     KIND_HIT, STATUS_ORPHANED,
 };
@@ -348,9 +348,14 @@ fn act<const HOOK: bool>(
         match shm.producer(slot) {
             Some(p) => {
                 let mut limit = t.fast.limit.load(Relaxed);
-                // SAFETY: the ring of `slot` belongs to this thread alone, and
-                // the busy flag keeps a signal handler on this thread out.
-                let ok = unsafe { p.push(&mut limit, &ev) };
+                let ok = if action & ACTION_CAPTURE != 0 && kind == KIND_ENTRY as u32 {
+                    // Typed values copied in the target, in front of the event.
+                    crate::capture::push_entry(shm, t, frame, &p, &mut limit, &ev)
+                } else {
+                    // SAFETY: the ring of `slot` belongs to this thread alone,
+                    // and the busy flag keeps a signal handler on this thread out.
+                    unsafe { p.push(&mut limit, &ev) }
+                };
                 t.fast.limit.store(limit, Relaxed);
                 if !ok {
                     shm.note_missed(probe);

@@ -39,6 +39,7 @@ use hotprobe_abi::patch::{abs_jmp_stub, NEAR_STUB_ENTRY, NEAR_STUB_EXIT, NEAR_ST
 use hotprobe_abi::{rdtsc, Shm, STATUS_ATTACHED, STATUS_NO_NEAR_PAGE, VERSION};
 
 mod agg;
+mod capture;
 mod altstack;
 mod clock;
 mod coro;
@@ -48,6 +49,7 @@ mod inproc;
 mod next_symbol;
 mod orphan;
 mod rawcall;
+mod saferead;
 mod release;
 mod shared_tls;
 mod sigmask;

@@ -134,6 +134,30 @@ impl FastPath {
                 "float/double return values are not in xmm0 at coldpatch exit placeholders".into(),
             ));
         }
+        if let (true, Some(prog)) = (action.record, &action.capture) {
+            if self.shm().layout().params.event_size != EVENT_SIZE_FULL {
+                return Err(FastPathError::Shm(
+                    "typed values copied in the target need 64-byte event slots (record_args > 2)"
+                        .into(),
+                ));
+            }
+            if plan.mechanism == Mechanism::Patch(PatchKind::Coldpatch) {
+                // The placeholder runs after the prologue: neither the
+                // argument registers nor the stack are the entry's.
+                return Err(FastPathError::Shm(
+                    "typed values are not copied at coldpatch placeholders".into(),
+                ));
+            }
+            // The program before the site: no hit finds it missing.
+            if probe_id < self.shm().layout().params.n_probes
+                && !hotprobe_abi::capture::publish(self.shm(), probe_id, prog)
+            {
+                return Err(FastPathError::Shm(format!(
+                    "the capture table is full ({} functions copy typed values in the target)",
+                    hotprobe_abi::capture::CAPTURE_SLOTS
+                )));
+            }
+        }
         if probe_id >= self.shm().layout().params.n_probes {
             return Err(FastPathError::Shm(
                 "no probe id left: raise max_probes".into(),
@@ -200,7 +224,9 @@ impl FastPath {
                 if action.exit && coldpatch {
                     info.exits = "exit placeholders";
                     let exit_id = self.next_probe;
-                    if exit_id >= self.shm().layout().params.n_probes {
+                    if exit_id >= self.shm().layout().params.n_probes
+                        || exit_id >= hotprobe_abi::ACTION_COUNTER_LIMIT
+                    {
                         return Err(FastPathError::Shm(
                             "no probe id left: raise max_probes".into(),
                         ));
@@ -312,10 +338,14 @@ impl FastPath {
         bits: u32,
         info: &mut SiteInfo,
     ) -> Result<u64, FastPathError> {
-        // A return hook, an aggregation or a stack walk needs the agent's
-        // generic path: stubs do none of them.
+        // A return hook, an aggregation, a stack walk or a typed capture
+        // needs the agent's generic path: stubs do none of them.
+        let generic = ACTION_EXIT
+            | hotprobe_abi::ACTION_AGG
+            | hotprobe_abi::ACTION_STACK
+            | hotprobe_abi::ACTION_CAPTURE;
         let stub =
-            if bits & (ACTION_EXIT | hotprobe_abi::ACTION_AGG | hotprobe_abi::ACTION_STACK) == 0 {
+            if bits & generic == 0 {
                 self.stub(t, at, StubKind::Entry, probe_id, probe_id, action)?
             } else {
                 None

@@ -10,8 +10,8 @@
 //! with the event; [`TypedShapes`] turns them back into text.
 
 use crate::{
-    Capture, CaptureChooser, EventSink, HitContext, Mechanism, RecordedEvent, SinkError,
-    XmmChooser, KIND_EXIT,
+    Capture, CaptureChooser, EventSink, FastCaptureChooser, HitContext, Mechanism, RecordedEvent,
+    SinkError, XmmChooser, KIND_EXIT,
 };
 use hotprobe_dwarf::{
     capture, format_values, plan_args, plan_auto, ArgExpr, DebugTypes, DwarfError, Fetch, Machine,
@@ -108,6 +108,10 @@ pub struct Typing {
     /// offered to the fast path's xmm layout (the number of integer
     /// registers recorded before the xmm ones), by address.
     xmm_plans: RefCell<HashMap<u64, (EntryExit, u8)>>,
+    /// Typed functions whose entry values are copied in the target on the
+    /// fast path (strings, fields, stack arguments: [`Typing::fast_chooser_for`];
+    /// the exit's values are registers), by address.
+    fast_plans: RefCell<HashMap<u64, EntryExit>>,
     /// Parameters and their registers per function (`count` conditions).
     param_regs: RefCell<HashMap<u64, Option<ParamRegs>>>,
 }
@@ -256,6 +260,49 @@ impl Typing {
         }))
     }
 
+    /// The session's chooser of typed values copied in the target (as
+    /// [`Typing::chooser_for`]): a function whose entry values need memory
+    /// (a string, a field through a pointer, a stack argument) and fit a
+    /// capture program ([`crate::typed_program::compile`]), and whose
+    /// return value is in rax (or none), is recorded on the fast path with
+    /// the program instead of through the trap (see
+    /// [`crate::FastCaptureChooser`]).
+    pub fn fast_chooser_for(
+        self: &Rc<Self>,
+        exprs: Vec<ArgExpr>,
+        auto: bool,
+    ) -> Option<FastCaptureChooser> {
+        let exprs = match (exprs.is_empty(), auto) {
+            (false, _) => Some(exprs),
+            (true, true) => None,
+            (true, false) => return None,
+        };
+        let me = self.clone();
+        Some(Rc::new(move |r: &ResolvedProbe| {
+            // Planned quietly, as the xmm chooser does.
+            let errors = me.errors.borrow().len();
+            let untyped = me.untyped.borrow().len();
+            let planned = me.plan(r, exprs.as_deref());
+            me.errors.borrow_mut().truncate(errors);
+            me.untyped.borrow_mut().truncate(untyped);
+            let planned = planned?;
+            if !planned_needs_more(&planned.entry, &planned.exit)
+                || !crate::typed_program::exit_in_registers(&planned.exit)
+            {
+                return None;
+            }
+            let program = crate::typed_program::compile(&planned.entry)?;
+            me.shapes.borrow_mut().insert(
+                r.addr.0,
+                (planned.entry_shapes.clone(), planned.exit_shapes.clone()),
+            );
+            me.fast_plans
+                .borrow_mut()
+                .insert(r.addr.0, (planned.entry, planned.exit));
+            Some(program)
+        }))
+    }
+
     /// A chooser that types nothing but notes, per function, which
     /// argument register holds each parameter at the entry (for names in
     /// `count` conditions, [`Typing::param_registers`]).
@@ -387,15 +434,22 @@ impl<'a> RegisterTyped<'a> {
     ) -> RegisterTyped<'a> {
         let plans = typing.register_plans.borrow();
         let xmm = typing.xmm_plans.borrow();
+        let fast = typing.fast_plans.borrow();
         RegisterTyped {
             inner,
             plans: placed
                 .iter()
                 .filter_map(|p| {
                     let on_fast = matches!(p.mechanism, Mechanism::Patch(_) | Mechanism::Jump);
-                    match (xmm.get(&p.addr.0), plans.get(&p.addr.0)) {
-                        (Some((plan, k)), _) if on_fast => Some((p.id.0, (plan.clone(), Some(*k)))),
-                        (_, Some(plan)) => Some((p.id.0, (plan.clone(), None))),
+                    let at = &p.addr.0;
+                    match (xmm.get(at), fast.get(at), plans.get(at)) {
+                        (Some((plan, k)), _, _) if on_fast => {
+                            Some((p.id.0, (plan.clone(), Some(*k))))
+                        }
+                        // Entries come with the bytes the agent copied
+                        // (`event_data`, passed on); exits are typed here.
+                        (_, Some(plan), _) if on_fast => Some((p.id.0, (plan.clone(), None))),
+                        (_, _, Some(plan)) => Some((p.id.0, (plan.clone(), None))),
                         _ => None,
                     }
                 })

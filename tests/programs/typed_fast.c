@@ -1,0 +1,45 @@
+/* Typed values copied in the target (issue 23): strings, a field through
+ * a pointer and stack-passed arguments, each call logged by the program
+ * as "CALL name(args) = ret" so that a test compares what hotprobe shows
+ * with what the program saw.  argv[1]: calls per function.  The last call
+ * of tag() passes a pointer into unmapped memory (never dereferenced). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct point { long pad; int x; int y; };
+
+static const char *words[] = {"alpha", "be\"ta", "", "a much longer string with spaces"};
+
+__attribute__((noinline)) int slen(const char *s) { return (int)strlen(s); }
+
+/* Never reads `s`: hotprobe does. */
+__attribute__((noinline)) int tag(const char *s, int k) { return s ? k + 1 : k; }
+
+__attribute__((noinline)) int getx(const struct point *p) { return p->x; }
+
+__attribute__((noinline)) long eight(int a, int b, int c, int d, int e, int f, int g, int h) {
+    return (long)a + b + c + d + e + f + g * 10L + h * 100L;
+}
+
+int main(int argc, char **argv) {
+    int n = argc > 1 ? atoi(argv[1]) : 4;
+    long total = 0;
+    for (int i = 0; i < n; i++) {
+        const char *w = words[i % 4];
+        int r = slen(w);
+        printf("CALL slen(\"%s\") = %d\n", w, r);
+        total += r;
+        struct point p = {0, i * 3, -i};
+        r = getx(&p);
+        printf("CALL getx(p->x=%d) = %d\n", p.x, r);
+        total += r;
+        long e = eight(1, 2, 3, 4, 5, 6, i + 7, -i);
+        printf("CALL eight(1, 2, 3, 4, 5, 6, %d, %d) = %ld\n", i + 7, -i, e);
+        total += e;
+    }
+    int t = tag((const char *)1, 41);
+    printf("CALL tag(1, 41) = %d\n", t);
+    printf("total %ld\n", total + t);
+    return 7;
+}
