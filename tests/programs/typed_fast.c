@@ -2,10 +2,13 @@
  * a pointer and stack-passed arguments, each call logged by the program
  * as "CALL name(args) = ret" so that a test compares what hotprobe shows
  * with what the program saw.  argv[1]: calls per function.  The last call
- * of tag() passes a pointer into unmapped memory (never dereferenced). */
+ * of tag() passes a pointer into unmapped memory (never dereferenced);
+ * then a string longer than the 128 bytes copied, and one whose bytes run
+ * into an unmapped page before any NUL (shown cut, "..."). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 struct point { long pad; int x; int y; };
 
@@ -40,6 +43,17 @@ int main(int argc, char **argv) {
     }
     int t = tag((const char *)1, 41);
     printf("CALL tag(1, 41) = %d\n", t);
-    printf("total %ld\n", total + t);
+    char big[201];
+    memset(big, 'y', 200);
+    big[200] = 0;
+    int r = slen(big);
+    printf("CALL slen(\"%.128s\"...) = %d\n", big, r);
+    char *pg = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (pg == MAP_FAILED || munmap(pg + 4096, 4096) != 0)
+        return 1;
+    memcpy(pg + 4093, "xyz", 3);
+    int u = tag(pg + 4093, 1);
+    printf("CALL tag(\"xyz\"..., 1) = %d\n", u);
+    printf("total %ld\n", total + t + r + u);
     return 7;
 }

@@ -1,0 +1,123 @@
+//! Typed values copied in the target on the command line (issue 23 item
+//! 5): `record -a` of functions taking a string and stack-passed 7th and
+//! 8th arguments, and `trace 'getx(p->x)'`, on tests/programs/typed_fast.c
+//! at -O0 and -O2: the functions stay on patch or jump (the summary names
+//! no trap), `replay` and `trace` show exactly the calls the program
+//! logged ("CALL name(args) = ret"), a string pointer into unmapped memory
+//! shows `<unreadable 0x1>`, and the program's output and exit status are
+//! the ones it has untraced.
+
+mod common;
+
+use common::{gcc, hotprobe, text};
+use std::path::{Path, PathBuf};
+
+fn tmp() -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("typed-fast-cli");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn program(opt: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs/typed_fast.c");
+    gcc(&src, &tmp().join(format!("typed_fast{opt}")), &[opt])
+}
+
+/// The program's calls of `funcs` as it logged them, as hotprobe shows
+/// them (strings escaped, the unmapped pointer unreadable).
+fn logged(out: &str, funcs: &[&str]) -> Vec<String> {
+    out.lines()
+        .filter_map(|l| l.strip_prefix("CALL "))
+        .filter(|c| funcs.iter().any(|f| c.starts_with(&format!("{f}("))))
+        .map(|c| {
+            c.replace("be\"ta", "be\\\"ta")
+                .replace("tag(1, 41)", "tag(<unreadable 0x1>, 41)")
+        })
+        .collect()
+}
+
+/// The program's stdout and exit status, untraced.
+fn untraced(bin: &Path, n: &str) -> (String, Option<i32>) {
+    let o = std::process::Command::new(bin).arg(n).output().unwrap();
+    (text(&o.stdout), o.status.code())
+}
+
+#[test]
+fn record_a_copies_strings_and_stack_arguments_on_the_fast_path() {
+    for opt in ["-O0", "-O2"] {
+        let bin = program(opt);
+        let dir = tmp().join(format!("rec{opt}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        let bin_s = bin.to_str().unwrap();
+        let rec = hotprobe(&[
+            "record",
+            "-a",
+            "slen",
+            "tag",
+            "eight",
+            "-o",
+            dir.to_str().unwrap(),
+            "--",
+            bin_s,
+            "40",
+        ]);
+        let (out, err) = (text(&rec.stdout), text(&rec.stderr));
+        assert_eq!((out.clone(), rec.status.code()), untraced(&bin, "40"), "{err}");
+        let probes = err
+            .lines()
+            .find(|l| l.trim_start().starts_with("probes:"))
+            .unwrap_or_else(|| panic!("{opt}: no probes line:\n{err}"));
+        assert!(
+            probes.contains("3 functions (") && !probes.contains("trap"),
+            "{opt}: {probes}"
+        );
+        let replay = hotprobe(&["replay", dir.to_str().unwrap()]);
+        assert!(replay.status.success(), "{}", text(&replay.stderr));
+        // Leaf calls: `| name(args) = ret;`.
+        let shown: Vec<String> = text(&replay.stdout)
+            .lines()
+            .filter_map(|l| l.split_once("] | ").map(|(_, b)| b.trim()))
+            .filter_map(|b| b.strip_suffix(';'))
+            .map(str::to_string)
+            .collect();
+        let want = logged(&out, &["slen", "tag", "eight"]);
+        // slen 41 times, eight 40, tag twice.
+        assert_eq!(want.len(), 2 * 40 + 3, "{opt}");
+        assert_eq!(shown, want, "{opt}");
+    }
+}
+
+#[test]
+fn trace_shows_a_field_through_a_pointer_copied_in_the_target() {
+    let bin = program("-O2");
+    let t = hotprobe(&[
+        "trace",
+        "--summary",
+        "getx(p->x)",
+        "--",
+        bin.to_str().unwrap(),
+        "25",
+    ]);
+    let (out, err) = (text(&t.stdout), text(&t.stderr));
+    assert_eq!(t.status.code(), Some(7), "{err}");
+    // `getx(p->x=N) {` then `} /* getx */ = N`.
+    let mut shown = Vec::new();
+    let mut open = None;
+    for l in out.lines().filter_map(|l| l.split_once("] | ").map(|(_, b)| b.trim())) {
+        if let Some(e) = l.strip_suffix(" {") {
+            open = Some(e.to_string());
+        } else if let Some(r) = l.strip_prefix("} /* getx */ = ") {
+            shown.push(format!("{} = {r}", open.take().expect("entry first")));
+        }
+    }
+    assert_eq!(shown, logged(&out, &["getx"]));
+    assert_eq!(shown.len(), 25);
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("getx "))
+        .unwrap_or_else(|| panic!("no summary row:\n{out}"));
+    assert!(
+        row.contains("typed values copied in the target") && !row.contains("trap"),
+        "{row}"
+    );
+}
