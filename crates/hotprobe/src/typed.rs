@@ -279,6 +279,12 @@ impl Typing {
         };
         let me = self.clone();
         Some(Rc::new(move |r: &ResolvedProbe| {
+            // Function entries only: a USDT marker or an instruction
+            // inside a function is a mid-function hit (its registers and
+            // stack are not an entry's).
+            if r.offset != 0 || !r.usdt_args.is_empty() {
+                return None;
+            }
             // Planned quietly, as the xmm chooser does.
             let errors = me.errors.borrow().len();
             let untyped = me.untyped.borrow().len();
