@@ -99,17 +99,34 @@ fn an_event_comes_after_its_bytes_or_not_at_all() {
     for d in &seen[..3] {
         assert_eq!((d.kind, d.probe_id), (KIND_DATA, 5));
         assert!(d.tsc as usize <= DATA_BYTES_PER_EVENT);
-        got.extend(d.args.iter().flat_map(|w| w.to_le_bytes()).take(d.tsc as usize));
+        got.extend(
+            d.args
+                .iter()
+                .flat_map(|w| w.to_le_bytes())
+                .take(d.tsc as usize),
+        );
     }
     assert_eq!(got, bytes);
-    assert_eq!(seen[3], Event { tid: 0, ..entry(5, 77) });
+    assert_eq!(
+        seen[3],
+        Event {
+            tid: 0,
+            ..entry(5, 77)
+        }
+    );
     // 8 slots: an event with 4 continuations fits once, not twice; the
     // second is one counted drop, of which nothing is published.
     let fill = |w: &mut DataWriter<'_>| (0..24).for_each(|_| w.word(9));
     // SAFETY: as above.
     assert!(unsafe { p.push_with_data(&mut limit, &entry(6, 1), 4 * 48, fill) });
     assert!(!unsafe { p.push_with_data(&mut limit, &entry(6, 2), 4 * 48, fill) });
-    assert_eq!(shm.ring_ctl(0).unwrap().dropped.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(
+        shm.ring_ctl(0)
+            .unwrap()
+            .dropped
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
     seen.clear();
     c.drain(|e| seen.push(*e)).unwrap();
     assert_eq!(seen.len(), 5);
@@ -126,5 +143,11 @@ fn compact_slots_take_no_bytes() {
     let mut limit = 0;
     // SAFETY: one producer on this ring.
     assert!(!unsafe { p.push_with_data(&mut limit, &entry(1, 1), 9, |_| panic!("not called")) });
-    assert_eq!(shm.ring_ctl(0).unwrap().dropped.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(
+        shm.ring_ctl(0)
+            .unwrap()
+            .dropped
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
 }

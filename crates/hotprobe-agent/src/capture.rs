@@ -17,8 +17,8 @@ use core::mem::MaybeUninit;
 use core::sync::atomic::Ordering::Relaxed;
 
 use hotprobe_abi::capture::{
-    CaptureItem, CaptureProgram, BASE_ARG, BASE_CONST, BASE_RAX, BASE_RSP, BASE_XMM,
-    CAPTURE_ITEMS, CAPTURE_STEPS, CAPTURE_STRING_MAX,
+    CaptureItem, CaptureProgram, BASE_ARG, BASE_CONST, BASE_RAX, BASE_RSP, BASE_XMM, CAPTURE_ITEMS,
+    CAPTURE_STEPS, CAPTURE_STRING_MAX,
 };
 use hotprobe_abi::{DataWriter, Event, Producer, Shm};
 

@@ -39,8 +39,8 @@ use hotprobe_abi::patch::{abs_jmp_stub, NEAR_STUB_ENTRY, NEAR_STUB_EXIT, NEAR_ST
 use hotprobe_abi::{rdtsc, Shm, STATUS_ATTACHED, STATUS_NO_NEAR_PAGE, VERSION};
 
 mod agg;
-mod capture;
 mod altstack;
+mod capture;
 mod clock;
 mod coro;
 mod env;
@@ -49,8 +49,8 @@ mod inproc;
 mod next_symbol;
 mod orphan;
 mod rawcall;
-mod saferead;
 mod release;
+mod saferead;
 mod shared_tls;
 mod sigmask;
 mod stackwalk;

@@ -62,7 +62,11 @@ fn record_a_copies_strings_and_stack_arguments_on_the_fast_path() {
             "40",
         ]);
         let (out, err) = (text(&rec.stdout), text(&rec.stderr));
-        assert_eq!((out.clone(), rec.status.code()), untraced(&bin, "40"), "{err}");
+        assert_eq!(
+            (out.clone(), rec.status.code()),
+            untraced(&bin, "40"),
+            "{err}"
+        );
         let probes = err
             .lines()
             .find(|l| l.trim_start().starts_with("probes:"))
@@ -103,7 +107,10 @@ fn trace_shows_a_field_through_a_pointer_copied_in_the_target() {
     // `getx(p->x=N) {` then `} /* getx */ = N`.
     let mut shown = Vec::new();
     let mut open = None;
-    for l in out.lines().filter_map(|l| l.split_once("] | ").map(|(_, b)| b.trim())) {
+    for l in out
+        .lines()
+        .filter_map(|l| l.split_once("] | ").map(|(_, b)| b.trim()))
+    {
         if let Some(e) = l.strip_suffix(" {") {
             open = Some(e.to_string());
         } else if let Some(r) = l.strip_prefix("} /* getx */ = ") {
@@ -120,4 +127,51 @@ fn trace_shows_a_field_through_a_pointer_copied_in_the_target() {
         row.contains("typed values copied in the target") && !row.contains("trap"),
         "{row}"
     );
+}
+
+#[test]
+fn a_cpp_member_function_gets_its_string_and_reference_field_copied() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs/typed_fast.cc");
+    let bin = hotprobe_testkit::compile(
+        "g++",
+        &src,
+        &tmp().join("typed_fast_cc"),
+        &["-O2", "-g"],
+        &[],
+    );
+    let t = hotprobe(&[
+        "trace",
+        "--summary",
+        "Greeter::say(who, p->x)",
+        "--",
+        bin.to_str().unwrap(),
+        "30",
+    ]);
+    let (out, err) = (text(&t.stdout), text(&t.stderr));
+    assert_eq!(t.status.code(), Some(0), "{err}");
+    // `Greeter::say(char const*, Point const&) const(who="ada", p->x=0) {`
+    // then `} /* … */ = 103`.
+    let mut shown = Vec::new();
+    let mut open = None;
+    for l in out
+        .lines()
+        .filter_map(|l| l.split_once("] | ").map(|(_, b)| b.trim()))
+    {
+        if let Some(e) = l.strip_suffix(" {") {
+            let args = e
+                .rsplit_once("const(")
+                .expect("the values after the name")
+                .1;
+            open = Some(format!("say({args}"));
+        } else if let Some((_, r)) = l.split_once("*/ = ") {
+            shown.push(format!("{} = {r}", open.take().expect("entry first")));
+        }
+    }
+    assert_eq!(shown, logged(&out, &["say"]));
+    assert_eq!(shown.len(), 30);
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("Greeter::say "))
+        .unwrap_or_else(|| panic!("no summary row:\n{out}"));
+    assert!(row.contains("typed values copied in the target"), "{row}");
 }

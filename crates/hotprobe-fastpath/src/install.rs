@@ -344,12 +344,11 @@ impl FastPath {
             | hotprobe_abi::ACTION_AGG
             | hotprobe_abi::ACTION_STACK
             | hotprobe_abi::ACTION_CAPTURE;
-        let stub =
-            if bits & generic == 0 {
-                self.stub(t, at, StubKind::Entry, probe_id, probe_id, action)?
-            } else {
-                None
-            };
+        let stub = if bits & generic == 0 {
+            self.stub(t, at, StubKind::Entry, probe_id, probe_id, action)?
+        } else {
+            None
+        };
         info.stub = stub.is_some();
         match stub {
             Some(s) => Ok(s),

@@ -66,8 +66,9 @@ pub use hotprobe_resolve::{
 pub use session::stacks::ProbeStack;
 pub use session::watch::{ValueSource, WatchAt, WatchHit, WatchKind, WatchSpec, WatchStats};
 pub use session::{
-    Action, Added, AggChooser, Capture, CaptureChooser, Mechanism, MechanismChoice, PatchKind,
-    Placement, RunEnd, Session, SessionConfig, Skipped, TargetId, XmmChooser, FastCaptureChooser,
+    Action, Added, AggChooser, Capture, CaptureChooser, FastCaptureChooser, Mechanism,
+    MechanismChoice, PatchKind, Placement, RunEnd, Session, SessionConfig, Skipped, TargetId,
+    XmmChooser,
 };
 pub use session::{CodeOwner, CodeSite};
 pub use session::{ExecImage, ProcessMatch};

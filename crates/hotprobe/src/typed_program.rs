@@ -5,8 +5,8 @@
 //! trap path, so the bytes are formatted by the same shapes.
 
 use hotprobe_abi::capture::{
-    CaptureItem, CaptureProgram, BASE_ARG, BASE_CONST, BASE_MISSING, BASE_RAX, BASE_RSP,
-    BASE_XMM, CAPTURE_ITEMS, CAPTURE_STEPS, CAPTURE_STRING_MAX,
+    CaptureItem, CaptureProgram, BASE_ARG, BASE_CONST, BASE_MISSING, BASE_RAX, BASE_RSP, BASE_XMM,
+    CAPTURE_ITEMS, CAPTURE_STEPS, CAPTURE_STRING_MAX,
 };
 use hotprobe_dwarf::{Fetch, Source, MAX_STRING};
 
@@ -40,8 +40,12 @@ pub fn compile(entry: &[Fetch]) -> Option<CaptureProgram> {
 /// Whether every exit value is one a recorded exit event holds (rax), a
 /// constant or missing: exits of programs are recorded as registers.
 pub fn exit_in_registers(exit: &[Fetch]) -> bool {
-    exit.iter()
-        .all(|f| matches!(f, Fetch::Missing | Fetch::Const(_) | Fetch::Reg(Source::Rax)))
+    exit.iter().all(|f| {
+        matches!(
+            f,
+            Fetch::Missing | Fetch::Const(_) | Fetch::Reg(Source::Rax)
+        )
+    })
 }
 
 /// The item computing `f` (no string).
@@ -123,10 +127,16 @@ mod tests {
         let p = compile(&entry).unwrap();
         assert_eq!(p.n_items, 5);
         let i = p.items();
-        assert_eq!((i[0].base, i[0].reg, i[0].string, i[0].nsteps), (BASE_ARG, 0, 1, 0));
+        assert_eq!(
+            (i[0].base, i[0].reg, i[0].string, i[0].nsteps),
+            (BASE_ARG, 0, 1, 0)
+        );
         assert_eq!((i[1].base, i[1].reg, i[1].nsteps), (BASE_ARG, 1, 1));
         assert_eq!((i[1].offsets[0], i[1].sizes[0]), (8, 4));
-        assert_eq!((i[2].base, i[2].nsteps, i[2].offsets[0], i[2].sizes[0]), (BASE_RSP, 1, 16, 8));
+        assert_eq!(
+            (i[2].base, i[2].nsteps, i[2].offsets[0], i[2].sizes[0]),
+            (BASE_RSP, 1, 16, 8)
+        );
         assert!(p.reads_stack());
         assert_eq!((i[3].base, i[3].konst), (BASE_CONST, 7));
         assert_eq!(i[4].base, BASE_MISSING);
