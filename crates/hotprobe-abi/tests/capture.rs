@@ -119,6 +119,7 @@ fn an_event_comes_after_its_bytes_or_not_at_all() {
     let fill = |w: &mut DataWriter<'_>| (0..24).for_each(|_| w.word(9));
     // SAFETY: as above.
     assert!(unsafe { p.push_with_data(&mut limit, &entry(6, 1), 4 * 48, fill) });
+    // SAFETY: as above.
     assert!(!unsafe { p.push_with_data(&mut limit, &entry(6, 2), 4 * 48, fill) });
     assert_eq!(
         shm.ring_ctl(0)
