@@ -16,6 +16,9 @@ static const char *words[] = {"alpha", "be\"ta", "", "a much longer string with 
 
 __attribute__((noinline)) int slen(const char *s) { return (int)strlen(s); }
 
+/* A returned string. */
+__attribute__((noinline)) const char *word(int i) { return words[i % 4]; }
+
 /* Never reads `s`: hotprobe does. */
 __attribute__((noinline)) int tag(const char *s, int k) { return s ? k + 1 : k; }
 
@@ -29,7 +32,8 @@ int main(int argc, char **argv) {
     int n = argc > 1 ? atoi(argv[1]) : 4;
     long total = 0;
     for (int i = 0; i < n; i++) {
-        const char *w = words[i % 4];
+        const char *w = word(i);
+        printf("CALL word(%d) = \"%s\"\n", i, w);
         int r = slen(w);
         printf("CALL slen(\"%s\") = %d\n", w, r);
         total += r;

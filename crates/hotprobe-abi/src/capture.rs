@@ -5,7 +5,9 @@
 //! probe id; a site whose action has [`crate::ACTION_CAPTURE`] makes the
 //! agent run it at each recorded entry and write the bytes in front of the
 //! entry event as [`crate::KIND_DATA`] continuation events (see
-//! [`crate::Producer::push_with_data`]).
+//! [`crate::Producer::push_with_data`]). A probe may also have an exit
+//! program (a returned string), run the same way at the return the
+//! agent's return hook takes, on rax and rdx.
 //!
 //! The bytes are the trap path's capture records, one per item, so the
 //! tracer formats them the same way (`hotprobe_dwarf::format_values`):
@@ -105,11 +107,28 @@ impl CaptureProgram {
     }
 }
 
+/// The entry and exit programs of one probe: the exit's (a string or a
+/// field through the returned pointer) runs at the return the agent's
+/// return hook takes, on rax and rdx.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CapturePrograms {
+    /// What the entry reads.
+    pub entry: CaptureProgram,
+    /// What the return reads (`None`: rax and rdx, as recorded).
+    pub exit: Option<CaptureProgram>,
+}
+
+/// The table key of `probe`'s entry program (`exit`: its exit program).
+const fn key_of(probe: u32, exit: bool) -> u32 {
+    (probe.wrapping_add(1) & 0x7fff_ffff) | if exit { 1 << 31 } else { 0 }
+}
+
 /// One slot of the capture table.
 #[repr(C, align(64))]
 #[derive(Debug)]
 pub struct CaptureSlot {
-    /// 0: empty; else probe id + 1. Written last by the tracer (Release),
+    /// 0: empty; else probe id + 1, with bit 31 for an exit program.
+    /// Written last by the tracer (Release),
     /// after the program; cleared first when the program is taken back.
     pub key: AtomicU32,
     /// Reserved, zero.
@@ -129,16 +148,31 @@ fn slot_ptr(shm: &Shm, i: usize) -> *mut CaptureSlot {
     }
 }
 
-fn home(probe: u32) -> usize {
-    (probe as usize).wrapping_mul(0x9E37_79B9) % CAPTURE_SLOTS
+fn home(probe: u32, exit: bool) -> usize {
+    (probe as usize)
+        .wrapping_mul(2)
+        .wrapping_add(exit as usize)
+        .wrapping_mul(0x9E37_79B9)
+        % CAPTURE_SLOTS
 }
 
-/// The program of `probe`, if the tracer published one (the agent, at a
-/// hit of a site with [`crate::ACTION_CAPTURE`]).
+/// The entry program of `probe`, if the tracer published one (the agent,
+/// at a hit of a site with [`crate::ACTION_CAPTURE`]).
 #[inline]
 pub fn find(shm: &Shm, probe: u32) -> Option<&CaptureProgram> {
-    let want = probe.wrapping_add(1);
-    let mut i = home(probe);
+    find_key(shm, probe, false)
+}
+
+/// The exit program of `probe`, if the tracer published one.
+#[inline]
+pub fn find_exit(shm: &Shm, probe: u32) -> Option<&CaptureProgram> {
+    find_key(shm, probe, true)
+}
+
+#[inline]
+fn find_key(shm: &Shm, probe: u32, exit: bool) -> Option<&CaptureProgram> {
+    let want = key_of(probe, exit);
+    let mut i = home(probe, exit);
     let mut n = 0;
     while n < CAPTURE_SLOTS {
         let s = slot_ptr(shm, i);
@@ -159,11 +193,20 @@ pub fn find(shm: &Shm, probe: u32) -> Option<&CaptureProgram> {
     None
 }
 
-/// Publishes `program` for `probe` (the tracer; one writer). `false` when
-/// the table is full.
+/// Publishes `program` as `probe`'s entry program (the tracer; one
+/// writer). `false` when the table is full.
 pub fn publish(shm: &Shm, probe: u32, program: &CaptureProgram) -> bool {
-    let want = probe.wrapping_add(1);
-    let mut i = home(probe);
+    publish_key(shm, probe, false, program)
+}
+
+/// Publishes `program` as `probe`'s exit program (see [`publish`]).
+pub fn publish_exit(shm: &Shm, probe: u32, program: &CaptureProgram) -> bool {
+    publish_key(shm, probe, true, program)
+}
+
+fn publish_key(shm: &Shm, probe: u32, exit: bool, program: &CaptureProgram) -> bool {
+    let want = key_of(probe, exit);
+    let mut i = home(probe, exit);
     for _ in 0..CAPTURE_SLOTS {
         let s = slot_ptr(shm, i);
         // SAFETY: in the region, aligned; `key` is atomic.

@@ -20,7 +20,7 @@ use hotprobe_abi::capture::{
     CaptureItem, CaptureProgram, BASE_ARG, BASE_CONST, BASE_RAX, BASE_RSP, BASE_XMM, CAPTURE_ITEMS,
     CAPTURE_STEPS, CAPTURE_STRING_MAX,
 };
-use hotprobe_abi::{DataWriter, Event, Producer, Shm};
+use hotprobe_abi::{DataWriter, Event, Producer, Shm, ACTION_CAPTURE, KIND_EXIT};
 
 use crate::hit::ThreadEntry;
 use crate::trampoline::Frame;
@@ -49,6 +49,94 @@ pub(crate) fn push_entry(
     // Seccomp strict mode allows no system call: memory reads as
     // unreadable there (no event is recorded then anyway: no clock).
     let reads = t.clock.load(Relaxed) != crate::clock::CLOCK_NONE && !crate::clock::filtered();
+    let base = |it: &CaptureItem| {
+        let reg = usize::from(it.reg);
+        match it.base {
+            BASE_ARG => frame.args.get(reg).copied(),
+            BASE_RAX => Some(frame.rax),
+            BASE_XMM => frame.xmm.get(reg).copied(),
+            BASE_RSP if frame.slot != 0 => Some(frame.slot),
+            BASE_CONST => Some(it.konst),
+            _ => None,
+        }
+    };
+    push_program(p, limit, ev, prog, pid, reads, &base)
+}
+
+/// [`Shadow::flags`](crate::hit::Shadow) bit: the return runs the
+/// probe's exit program (the site's action has `ACTION_CAPTURE`).
+pub(crate) const SHADOW_CAPTURE: u32 = 16;
+
+/// The shadow flag of a hooked entry whose site has `action`.
+#[inline(always)]
+pub(crate) fn shadow_flag(action: u32) -> u32 {
+    if action & ACTION_CAPTURE != 0 {
+        SHADOW_CAPTURE
+    } else {
+        0
+    }
+}
+
+/// Records the return of `probe` (rax, rdx) with its exit program's bytes
+/// (a returned string), or as a plain exit without one. Called by the
+/// return hook with the thread's busy flag held.
+#[inline(never)]
+pub(crate) fn record_exit(shm: &Shm, t: &ThreadEntry, probe: u32, rax: u64, rdx: u64) {
+    let Some(prog) = hotprobe_abi::capture::find_exit(shm, probe) else {
+        crate::hit::record_exit(shm, t, probe, rax, rdx, None, 0);
+        return;
+    };
+    let slot = t.slot.load(Relaxed);
+    let Some(p) = shm.producer(slot) else {
+        shm.header().drops_no_thread.fetch_add(1, Relaxed);
+        shm.note_missed(probe);
+        return;
+    };
+    let clock = t.clock.load(Relaxed);
+    let Some(tsc) = crate::clock::now_tsc(shm, clock) else {
+        crate::hit::refuse_events(shm, shm.ring_ctl(slot), probe, 1);
+        return;
+    };
+    let pid = match shm.ring_ctl(slot).map(|c| c.owner_pid.load(Relaxed)) {
+        Some(pid) if pid != 0 => pid,
+        _ => crate::threads::getpid(),
+    };
+    let reads = clock != crate::clock::CLOCK_NONE && !crate::clock::filtered();
+    let ev = Event {
+        tsc,
+        probe_id: probe,
+        tid: t.tid.load(Relaxed),
+        kind: KIND_EXIT,
+        nargs: 2,
+        reserved: 0,
+        reserved2: 0,
+        args: [rax, rdx, 0, 0, 0, 0],
+    };
+    // Only the returned value is known at a return.
+    let base = |it: &CaptureItem| match it.base {
+        BASE_RAX => Some(rax),
+        BASE_CONST => Some(it.konst),
+        _ => None,
+    };
+    let mut limit = t.fast.limit.load(Relaxed);
+    if !push_program(&p, &mut limit, &ev, prog, pid, reads, &base) {
+        shm.note_missed(probe);
+    }
+    t.fast.limit.store(limit, Relaxed);
+}
+
+/// Pushes `ev` preceded by the records of `prog`'s items, each starting
+/// from `base(item)`.
+#[inline(always)]
+fn push_program(
+    p: &Producer<'_>,
+    limit: &mut u64,
+    ev: &Event,
+    prog: &CaptureProgram,
+    pid: u32,
+    reads: bool,
+    base: &dyn Fn(&CaptureItem) -> Option<u64>,
+) -> bool {
     let n = (prog.n_items as usize).min(CAPTURE_ITEMS);
     let max = max_len(prog, n);
     // SAFETY: the caller owns the ring (busy flag held).
@@ -57,7 +145,7 @@ pub(crate) fn push_entry(
             let mut i = 0;
             while i < n {
                 if let Some(item) = prog.items.get(i) {
-                    run_item(item, frame, pid, reads, w);
+                    run_item(item, base(item), pid, reads, w);
                 }
                 i += 1;
             }
@@ -79,18 +167,9 @@ fn max_len(prog: &CaptureProgram, n: usize) -> usize {
     len
 }
 
-/// One item's record.
+/// One item's record, from its base value (`None`: not available).
 #[inline(always)]
-fn run_item(it: &CaptureItem, frame: &Frame, pid: u32, reads: bool, w: &mut DataWriter<'_>) {
-    let reg = usize::from(it.reg);
-    let base = match it.base {
-        BASE_ARG => frame.args.get(reg).copied(),
-        BASE_RAX => Some(frame.rax),
-        BASE_XMM => frame.xmm.get(reg).copied(),
-        BASE_RSP if frame.slot != 0 => Some(frame.slot),
-        BASE_CONST => Some(it.konst),
-        _ => None,
-    };
+fn run_item(it: &CaptureItem, base: Option<u64>, pid: u32, reads: bool, w: &mut DataWriter<'_>) {
     let Some(mut v) = base else {
         w.byte(3);
         return;

@@ -158,7 +158,7 @@ fn counter_of(probe: u32, action: u32) -> u32 {
 /// without a ring). Locked adds: this runs in signal handlers.
 #[cold]
 #[inline(never)]
-fn refuse_events(shm: &Shm, ring: Option<&hotprobe_abi::RingCtl>, probe: u32, n: u64) {
+pub(crate) fn refuse_events(shm: &Shm, ring: Option<&hotprobe_abi::RingCtl>, probe: u32, n: u64) {
     for _ in 0..n {
         shm.note_missed(probe);
     }
@@ -379,7 +379,8 @@ fn act<const HOOK: bool>(
                 (false, _) => 0,
                 (true, None) => SHADOW_RECORD,
                 (true, Some(_)) => SHADOW_RECORD | SHADOW_XMM,
-            } | crate::agg::shadow_flag(shm, probe, action),
+            } | crate::agg::shadow_flag(shm, probe, action)
+                | crate::capture::shadow_flag(action),
             same,
         );
     }
@@ -768,7 +769,11 @@ pub(crate) extern "C" fn ret_hit(slot: u64, rax: u64, rdx: u64, xmm0: u64) -> u6
                 && control & CONTROL_ENABLED != 0
             {
                 let x = (e.flags & SHADOW_XMM != 0).then_some(xmm0);
-                record_exit(shm, t, e.probe, rax, rdx, x, 0);
+                if e.flags & crate::capture::SHADOW_CAPTURE != 0 {
+                    crate::capture::record_exit(shm, t, e.probe, rax, rdx);
+                } else {
+                    record_exit(shm, t, e.probe, rax, rdx, x, 0);
+                }
             }
             if e.flags & crate::agg::SHADOW_AGG != 0 && control & CONTROL_ENABLED != 0 {
                 crate::agg::on_return(shm, e.probe, rax);

@@ -1,6 +1,6 @@
 //! Typed values copied in the target on the command line (issue 23 item
-//! 5): `record -a` of functions taking a string and stack-passed 7th and
-//! 8th arguments, and `trace 'getx(p->x)'`, on tests/programs/typed_fast.c
+//! 5): `record -a` of functions taking or returning a string and taking
+//! stack-passed 7th and 8th arguments, and `trace 'getx(p->x)'`, on tests/programs/typed_fast.c
 //! at -O0 and -O2: the functions stay on patch or jump (the summary names
 //! no trap), `replay` and `trace` show exactly the calls the program
 //! logged ("CALL name(args) = ret"), a string pointer into unmapped memory
@@ -52,6 +52,7 @@ fn record_a_copies_strings_and_stack_arguments_on_the_fast_path() {
         let rec = hotprobe(&[
             "record",
             "-a",
+            "word",
             "slen",
             "tag",
             "eight",
@@ -72,7 +73,7 @@ fn record_a_copies_strings_and_stack_arguments_on_the_fast_path() {
             .find(|l| l.trim_start().starts_with("probes:"))
             .unwrap_or_else(|| panic!("{opt}: no probes line:\n{err}"));
         assert!(
-            probes.contains("3 functions (") && !probes.contains("trap"),
+            probes.contains("4 functions (") && !probes.contains("trap"),
             "{opt}: {probes}"
         );
         let replay = hotprobe(&["replay", dir.to_str().unwrap()]);
@@ -84,9 +85,9 @@ fn record_a_copies_strings_and_stack_arguments_on_the_fast_path() {
             .filter_map(|b| b.strip_suffix(';'))
             .map(str::to_string)
             .collect();
-        let want = logged(&out, &["slen", "tag", "eight"]);
-        // slen 41 times, eight 40, tag twice.
-        assert_eq!(want.len(), 2 * 40 + 3, "{opt}");
+        let want = logged(&out, &["word", "slen", "tag", "eight"]);
+        // word 40 times, slen 41, eight 40, tag twice.
+        assert_eq!(want.len(), 3 * 40 + 3, "{opt}");
         assert_eq!(shown, want, "{opt}");
     }
 }

@@ -149,8 +149,13 @@ impl FastPath {
                 ));
             }
             // The program before the site: no hit finds it missing.
-            if probe_id < self.shm().layout().params.n_probes
-                && !hotprobe_abi::capture::publish(self.shm(), probe_id, prog)
+            let shm = self.shm();
+            let exit_ok = match (&prog.exit, action.exit) {
+                (Some(x), true) => hotprobe_abi::capture::publish_exit(shm, probe_id, x),
+                _ => true,
+            };
+            if probe_id < shm.layout().params.n_probes
+                && !(hotprobe_abi::capture::publish(shm, probe_id, &prog.entry) && exit_ok)
             {
                 return Err(FastPathError::Shm(format!(
                     "the capture table is full ({} functions copy typed values in the target)",

@@ -190,7 +190,7 @@ pub struct Action {
     /// the agent's generic trampoline, and the bytes precede the entry
     /// event as continuation events. Needs 64-byte event slots and a site
     /// at the function's first instruction (not a coldpatch placeholder).
-    pub capture: Option<hotprobe_abi::capture::CaptureProgram>,
+    pub capture: Option<hotprobe_abi::capture::CapturePrograms>,
 }
 
 impl Action {
@@ -236,9 +236,9 @@ impl Action {
         }
     }
     /// Also copy typed values in the target (see [`Action::capture`]).
-    pub fn with_capture(self, program: hotprobe_abi::capture::CaptureProgram) -> Action {
+    pub fn with_capture(self, programs: hotprobe_abi::capture::CapturePrograms) -> Action {
         Action {
-            capture: Some(program),
+            capture: Some(programs),
             ..self
         }
     }
@@ -617,7 +617,9 @@ impl FastPath {
     }
 
     /// Hands every recorded event to `f`, ring by ring (each ring is one
-    /// thread, in order). Returns the number of events.
+    /// thread, in order). Returns the number of events. The continuation
+    /// events of typed values copied in the target (`KIND_DATA`) come as
+    /// events of their own, before the event they belong to.
     ///
     /// Call it in batches — e.g. sleep ≈ 100 µs whenever a pass returned
     /// less than an eighth of a ring, see [`FastPath::ring_capacity`] —

@@ -108,9 +108,10 @@ pub struct Typing {
     /// offered to the fast path's xmm layout (the number of integer
     /// registers recorded before the xmm ones), by address.
     xmm_plans: RefCell<HashMap<u64, (EntryExit, u8)>>,
-    /// Typed functions whose entry values are copied in the target on the
-    /// fast path (strings, fields, stack arguments: [`Typing::fast_chooser_for`];
-    /// the exit's values are registers), by address.
+    /// Typed functions whose values are copied in the target on the fast
+    /// path (strings, fields, stack arguments: [`Typing::fast_chooser_for`]),
+    /// by address: an event without the copied bytes (an exit without an
+    /// exit program) is typed from its registers.
     fast_plans: RefCell<HashMap<u64, EntryExit>>,
     /// Parameters and their registers per function (`count` conditions).
     param_regs: RefCell<HashMap<u64, Option<ParamRegs>>>,
@@ -263,9 +264,9 @@ impl Typing {
     /// The session's chooser of typed values copied in the target (as
     /// [`Typing::chooser_for`]): a function whose entry values need memory
     /// (a string, a field through a pointer, a stack argument) and fit a
-    /// capture program ([`crate::typed_program::compile`]), and whose
-    /// return value is in rax (or none), is recorded on the fast path with
-    /// the program instead of through the trap (see
+    /// capture program ([`crate::typed_program::compile_both`]: a returned
+    /// string gets an exit program), is recorded on the fast path with the
+    /// programs instead of through the trap (see
     /// [`crate::FastCaptureChooser`]).
     pub fn fast_chooser_for(
         self: &Rc<Self>,
@@ -292,12 +293,10 @@ impl Typing {
             me.errors.borrow_mut().truncate(errors);
             me.untyped.borrow_mut().truncate(untyped);
             let planned = planned?;
-            if !planned_needs_more(&planned.entry, &planned.exit)
-                || !crate::typed_program::exit_in_registers(&planned.exit)
-            {
+            if !planned_needs_more(&planned.entry, &planned.exit) {
                 return None;
             }
-            let program = crate::typed_program::compile(&planned.entry)?;
+            let program = crate::typed_program::compile_both(&planned.entry, &planned.exit)?;
             me.shapes.borrow_mut().insert(
                 r.addr.0,
                 (planned.entry_shapes.clone(), planned.exit_shapes.clone()),

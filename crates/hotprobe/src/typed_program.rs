@@ -5,8 +5,8 @@
 //! trap path, so the bytes are formatted by the same shapes.
 
 use hotprobe_abi::capture::{
-    CaptureItem, CaptureProgram, BASE_ARG, BASE_CONST, BASE_MISSING, BASE_RAX, BASE_RSP, BASE_XMM,
-    CAPTURE_ITEMS, CAPTURE_STEPS, CAPTURE_STRING_MAX,
+    CaptureItem, CaptureProgram, CapturePrograms, BASE_ARG, BASE_CONST, BASE_MISSING, BASE_RAX,
+    BASE_RSP, BASE_XMM, CAPTURE_ITEMS, CAPTURE_STEPS, CAPTURE_STRING_MAX,
 };
 use hotprobe_dwarf::{Fetch, Source, MAX_STRING};
 
@@ -35,6 +35,25 @@ pub fn compile(entry: &[Fetch]) -> Option<CaptureProgram> {
         };
     }
     Some(p)
+}
+
+/// The programs of a function's entry and exit plans: the exit's only when
+/// it needs memory (a returned string, a field through the returned
+/// pointer), and only on rax there; `None` when either does not fit.
+pub fn compile_both(entry: &[Fetch], exit: &[Fetch]) -> Option<CapturePrograms> {
+    let entry = compile(entry)?;
+    if exit_in_registers(exit) {
+        return Some(CapturePrograms { entry, exit: None });
+    }
+    let x = compile(exit)?;
+    // At a return only rax (the returned value) is known.
+    x.items()
+        .iter()
+        .all(|i| matches!(i.base, BASE_RAX | BASE_CONST | BASE_MISSING))
+        .then_some(CapturePrograms {
+            entry,
+            exit: Some(x),
+        })
 }
 
 /// Whether every exit value is one a recorded exit event holds (rax), a
@@ -161,5 +180,15 @@ mod tests {
         assert!(compile(&vec![Fetch::Missing; 9]).is_none());
         assert!(exit_in_registers(&[Fetch::Reg(Source::Rax)]));
         assert!(!exit_in_registers(&[Fetch::Str(reg(Source::Rax))]));
+        // A returned string gets an exit program; an argument register
+        // is not known at the return.
+        let entry = [Fetch::Reg(Source::IntArg(0))];
+        let p = compile_both(&entry, &[Fetch::Str(reg(Source::Rax))]).unwrap();
+        assert_eq!(p.exit.unwrap().items()[0].base, BASE_RAX);
+        assert!(compile_both(&entry, &[Fetch::Reg(Source::Rax)])
+            .unwrap()
+            .exit
+            .is_none());
+        assert!(compile_both(&entry, &[Fetch::Str(reg(Source::IntArg(0)))]).is_none());
     }
 }

@@ -1,5 +1,6 @@
-//! Typed values copied in the target (issue 23 item 5): strings, a field
-//! through a pointer and the 7th and 8th (stack-passed) arguments of
+//! Typed values copied in the target (issue 23 item 5): strings (passed
+//! and returned), a field through a pointer and the 7th and 8th
+//! (stack-passed) arguments of
 //! functions on the patch mechanism are read by the agent at each entry,
 //! with no ptrace stop: the run's ptrace stops are the same for 10 calls
 //! and for 1,000. Every value shown is the one the program logged; a
@@ -48,7 +49,7 @@ fn run(n: u32, trap: bool) -> Run {
         .unwrap();
     let mut typed = TypedCapture::new();
     let mut names = std::collections::HashMap::new();
-    for spec in ["slen", "tag", "eight", "getx(p->x)"] {
+    for spec in ["word", "slen", "tag", "eight", "getx(p->x)"] {
         let added = typed.place(&mut session, t, spec).unwrap();
         let p = &added.placements[0];
         if trap {
@@ -101,7 +102,7 @@ fn strings_fields_and_stack_arguments_are_copied_without_ptrace_stops() {
     // The same values through the trap (the trap path's capture), whose
     // stops the count sees: what the copy in the target saves.
     let trapped = run(10, true);
-    assert!(trapped.stops >= 2 * 33, "{} stops", trapped.stops);
+    assert!(trapped.stops >= 2 * 43, "{} stops", trapped.stops);
     assert_eq!(trapped.calls, few.calls);
     for r in [&few, &many] {
         let logged: Vec<String> = lines_with(&r.out, "CALL ")
@@ -115,8 +116,8 @@ fn strings_fields_and_stack_arguments_are_copied_without_ptrace_stops() {
         assert_eq!(r.calls, logged);
         assert_eq!(r.end, RunEnd::AllExited);
     }
-    assert_eq!(few.calls.len(), 3 * 10 + 3);
-    assert_eq!(many.calls.len(), 3 * 1000 + 3);
+    assert_eq!(few.calls.len(), 4 * 10 + 3);
+    assert_eq!(many.calls.len(), 4 * 1000 + 3);
     // The program's own results, as it computes them untraced.
     let untraced = std::process::Command::new(program(
         "typed_fast",

@@ -487,7 +487,7 @@ impl Session {
         r: &ResolvedProbe,
         plan: Plan,
         record: bool,
-        (xmm, program): (Option<u8>, Option<hotprobe_abi::capture::CaptureProgram>),
+        (xmm, program): (Option<u8>, Option<hotprobe_abi::capture::CapturePrograms>),
         label: String,
         existing: Option<ProbeId>,
     ) -> Result<Placement, EngineError> {

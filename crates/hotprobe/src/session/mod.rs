@@ -120,7 +120,7 @@ pub type XmmChooser = Rc<dyn Fn(&ResolvedProbe) -> Option<u8>>;
 /// the [`CaptureChooser`]; a function the fast path takes this way is not
 /// given a capture.
 pub type FastCaptureChooser =
-    Rc<dyn Fn(&ResolvedProbe) -> Option<hotprobe_abi::capture::CaptureProgram>>;
+    Rc<dyn Fn(&ResolvedProbe) -> Option<hotprobe_abi::capture::CapturePrograms>>;
 
 /// How a probe's hits are executed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
