@@ -118,6 +118,11 @@ pub struct CapturePrograms {
     pub exit: Option<CaptureProgram>,
 }
 
+/// A slot whose program was taken back, or is being rewritten: lookups
+/// pass over it (no real key has all of bits 0–30 set: probe ids are
+/// below 2^24).
+const KEY_GONE: u32 = 0x7fff_ffff;
+
 /// The table key of `probe`'s entry program (`exit`: its exit program).
 const fn key_of(probe: u32, exit: bool) -> u32 {
     (probe.wrapping_add(1) & 0x7fff_ffff) | if exit { 1 << 31 } else { 0 }
@@ -182,6 +187,7 @@ fn find_key(shm: &Shm, probe: u32, exit: bool) -> Option<&CaptureProgram> {
         // program's words are written before.
         match key.load(Ordering::Acquire) {
             0 => return None,
+            KEY_GONE => {}
             // SAFETY: the program is written before its key and not
             // changed while the key holds it.
             k if k == want => return Some(unsafe { &(*s).program }),
@@ -214,8 +220,9 @@ fn publish_key(shm: &Shm, probe: u32, exit: bool, program: &CaptureProgram) -> b
         let k = key.load(Ordering::Relaxed);
         if k == 0 || k == want {
             if k == want {
-                // Taken back while rewritten: no hit reads half a program.
-                key.store(0, Ordering::Release);
+                // Taken back while rewritten: no hit reads half a program
+                // (and lookups of other keys still pass over the slot).
+                key.store(KEY_GONE, Ordering::Release);
             }
             // SAFETY: the slot is ours (one writer) and no reader reads
             // the program while its key is not this probe's.
@@ -227,6 +234,27 @@ fn publish_key(shm: &Shm, probe: u32, exit: bool, program: &CaptureProgram) -> b
         i = (i + 1) % CAPTURE_SLOTS;
     }
     false
+}
+
+/// Takes back `probe`'s exit program, if any (the tracer: a probe id
+/// given again, without one). Its slot is not reused.
+pub fn withdraw_exit(shm: &Shm, probe: u32) {
+    let want = key_of(probe, true);
+    let mut i = home(probe, true);
+    for _ in 0..CAPTURE_SLOTS {
+        let s = slot_ptr(shm, i);
+        // SAFETY: in the region, aligned; `key` is atomic.
+        let key = unsafe { &(*s).key };
+        match key.load(Ordering::Relaxed) {
+            0 => return,
+            k if k == want => {
+                key.store(KEY_GONE, Ordering::Release);
+                return;
+            }
+            _ => {}
+        }
+        i = (i + 1) % CAPTURE_SLOTS;
+    }
 }
 
 /// Payload bytes one [`crate::KIND_DATA`] event carries (its six value

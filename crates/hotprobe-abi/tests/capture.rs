@@ -5,7 +5,8 @@
 use std::alloc::{alloc_zeroed, dealloc, Layout as AllocLayout};
 
 use hotprobe_abi::capture::{
-    find, publish, CaptureProgram, BASE_ARG, BASE_RSP, CAPTURE_SLOTS, DATA_BYTES_PER_EVENT,
+    find, find_exit, publish, publish_exit, withdraw_exit, CaptureProgram, BASE_ARG, BASE_RSP,
+    CAPTURE_SLOTS, DATA_BYTES_PER_EVENT,
 };
 use hotprobe_abi::*;
 
@@ -75,6 +76,13 @@ fn programs_are_found_by_probe_id_until_the_table_is_full() {
     assert!(!publish(&shm, 9999, &p), "a full table refuses");
     assert!(find(&shm, 100 + CAPTURE_SLOTS as u32 - 2).is_some());
     assert!(find(&shm, 9999).is_none());
+    // Exit programs have keys of their own.
+    let (_buf2, shm) = make(64, EVENT_SIZE_FULL);
+    assert!(publish(&shm, 7, &p) && publish_exit(&shm, 7, &p));
+    assert!(find_exit(&shm, 7).is_some() && find_exit(&shm, 8).is_none());
+    withdraw_exit(&shm, 7);
+    assert!(find_exit(&shm, 7).is_none());
+    assert!(find(&shm, 7).is_some(), "the entry's stays");
 }
 
 #[test]

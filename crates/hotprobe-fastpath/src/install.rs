@@ -152,7 +152,12 @@ impl FastPath {
             let shm = self.shm();
             let exit_ok = match (&prog.exit, action.exit) {
                 (Some(x), true) => hotprobe_abi::capture::publish_exit(shm, probe_id, x),
-                _ => true,
+                _ => {
+                    // A probe id handed out again (a placement that failed
+                    // after publishing) keeps no exit program of another.
+                    hotprobe_abi::capture::withdraw_exit(shm, probe_id);
+                    true
+                }
             };
             if probe_id < shm.layout().params.n_probes
                 && !(hotprobe_abi::capture::publish(shm, probe_id, &prog.entry) && exit_ok)
