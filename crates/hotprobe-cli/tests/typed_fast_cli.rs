@@ -176,3 +176,71 @@ fn a_cpp_member_function_gets_its_string_and_reference_field_copied() {
         .unwrap_or_else(|| panic!("no summary row:\n{out}"));
     assert!(row.contains("typed values copied in the target"), "{row}");
 }
+
+/// tests/programs/typed_seccomp.c, built once.
+fn seccomp_program() -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs/typed_seccomp.c");
+    gcc(&src, &tmp().join("typed_seccomp"), &["-O1"])
+}
+
+#[test]
+fn after_a_seccomp_filter_strings_show_unreadable_and_the_program_runs_on() {
+    // The filter comes while traced (through the preloaded agent's
+    // prctl): the agent stops reading memory, since a filter may kill on
+    // process_vm_readv; the string before it was copied.
+    let bin = seccomp_program();
+    let t = hotprobe(&[
+        "trace",
+        "-a",
+        "--summary",
+        "slen",
+        "--",
+        bin.to_str().unwrap(),
+    ]);
+    let (out, err) = (text(&t.stdout), text(&t.stderr));
+    assert_eq!(t.status.code(), Some(5), "{err}");
+    assert!(out.contains("| slen(\"before\") {"), "{out}");
+    assert!(out.contains("| slen(<unreadable 0x"), "{out}");
+    assert_eq!(
+        logged(&out, &["slen"]),
+        ["slen(\"before\") = 6", "slen(\"after\") = 5"]
+    );
+}
+
+#[test]
+fn a_process_already_under_a_seccomp_filter_keeps_the_traps_reads() {
+    use std::io::{BufRead, Write};
+    let bin = seccomp_program();
+    let mut child = std::process::Command::new(&bin)
+        .arg("wait")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    lines.read_line(&mut line).unwrap();
+    line.clear();
+    lines.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let pid = child.id().to_string();
+    let mut stdin = child.stdin.take().unwrap();
+    let ((), _, out, err) =
+        common::while_attached(&["trace", "-a", "--summary", "slen", "-p", &pid], || {
+            stdin.write_all(b"go\n").unwrap()
+        });
+    assert!(err.contains("exited with code 5"), "{err}");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut lines, &mut rest).unwrap();
+    assert_eq!(rest, "CALL slen(\"after\") = 5\n");
+    assert_eq!(child.wait().unwrap().code(), Some(5));
+    assert!(out.contains("| slen(\"after\") {"), "{out}");
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("slen "))
+        .unwrap_or_else(|| panic!("no summary row:\n{out}"));
+    assert!(
+        row.contains("typed values read at the hit") && !row.contains("copied in the target"),
+        "{row}"
+    );
+}

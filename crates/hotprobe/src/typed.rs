@@ -278,6 +278,11 @@ impl Typing {
             (true, true) => None,
             (true, false) => return None,
         };
+        // A thread under a seccomp filter may be killed for the agent's
+        // `process_vm_readv`: such a process keeps the trap's reads.
+        if seccomp_in_use(self.pid) {
+            return None;
+        }
         let me = self.clone();
         Some(Rc::new(move |r: &ResolvedProbe| {
             // Function entries only: a USDT marker or an instruction
@@ -383,6 +388,23 @@ impl Typing {
             _ => Err(TypedError::Several(errors)),
         }
     }
+}
+
+/// Whether a thread of process `pid` runs under seccomp (strict or a
+/// filter: `Seccomp:` in its status is not 0), or its threads cannot be
+/// read (assumed so).
+fn seccomp_in_use(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true;
+    };
+    tasks.flatten().any(|t| {
+        // A thread gone meanwhile has no filter to fear.
+        std::fs::read_to_string(t.path().join("status")).is_ok_and(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Seccomp:"))
+                .is_some_and(|v| v.trim() != "0")
+        })
+    })
 }
 
 /// The xmm layout a plan fits (the number of integer registers recorded
