@@ -5,9 +5,12 @@
 //! return; values in integer and xmm registers are recorded by whatever
 //! mechanism takes the function (the fast path's xmm layout for floats and
 //! doubles, [`crate::Session::set_xmm_layout`]) and typed as drained
-//! ([`RegisterTyped`]); anything else runs on the trap path
-//! ([`crate::Session::set_capture`]), which hands the bytes to the sink
-//! with the event; [`TypedShapes`] turns them back into text.
+//! ([`RegisterTyped`]); strings, fields through pointers and stack
+//! arguments are copied in the target by the agent on patch and jump
+//! sites ([`crate::Session::set_fast_capture`], [`crate::typed_program`]);
+//! anything else runs on the trap path ([`crate::Session::set_capture`]).
+//! Both hand the bytes to the sink with the event; [`TypedShapes`] turns
+//! them back into text.
 
 use crate::{
     Capture, CaptureChooser, EventSink, FastCaptureChooser, HitContext, Mechanism, RecordedEvent,
