@@ -1,13 +1,15 @@
 /* A program that installs a seccomp filter (allowing every system call)
  * through libc's prctl, then calls slen() with known strings: typed
- * values copied in the target stop reading memory once a filter is in
- * place (a filter may kill on process_vm_readv), and the program runs on
- * unchanged.  Logs "CALL slen("s") = n".  With argument "wait": prints
+ * values copied in the target stop reading memory through a system call
+ * once a filter is in place (a filter may kill on process_vm_readv): a
+ * literal of the program's image is still copied, a heap string is not;
+ * the program runs on unchanged.  Logs "CALL slen("s") = n".  With argument "wait": prints
  * "ready" once filtered and waits for a line on stdin first (a tracer
  * attaches to it then). */
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 
@@ -30,5 +32,8 @@ int main(int argc, char **argv) {
             return 2;
     }
     printf("CALL slen(\"after\") = %d\n", slen("after"));
+    char *heap = strdup("on the heap");
+    printf("CALL slen(\"%s\") = %d\n", heap, slen(heap));
+    free(heap);
     return 5;
 }

@@ -6,12 +6,14 @@
 //! continuation events in front of the entry event, all published at once
 //! ([`hotprobe_abi::Producer::push_with_data`]).
 //!
-//! Memory is read with `process_vm_readv` on our own pid
-//! ([`crate::saferead`]): memory that is not mapped gives the unreadable
-//! record, never a fault, and no signal handler is involved. A string is
-//! one system call (at most [`CAPTURE_STRING_MAX`] bytes, split at a page
-//! boundary), a load one. No allocation, no lock; the bytes go straight
-//! into the ring's slots.
+//! Memory inside the main executable's readable file mappings, as the
+//! tracer published them (`hotprobe_abi::capture::ImageRanges`: string
+//! literals, constant tables), is read directly; anything else with
+//! `process_vm_readv` on our own pid ([`crate::saferead`]): memory that
+//! is not mapped gives the unreadable record, never a fault, and no
+//! signal handler is involved. A string is then one system call (at most
+//! [`CAPTURE_STRING_MAX`] bytes, split at a page boundary), a load one.
+//! No allocation, no lock; the bytes go straight into the ring's slots.
 
 use core::mem::MaybeUninit;
 use core::sync::atomic::Ordering::Relaxed;
@@ -60,7 +62,7 @@ pub(crate) fn push_entry(
             _ => None,
         }
     };
-    push_program(p, limit, ev, prog, pid, reads, &base)
+    push_program(shm, p, limit, ev, prog, (pid, reads), &base)
 }
 
 /// [`Shadow::flags`](crate::hit::Shadow) bit: the return runs the
@@ -119,7 +121,7 @@ pub(crate) fn record_exit(shm: &Shm, t: &ThreadEntry, probe: u32, rax: u64, rdx:
         _ => None,
     };
     let mut limit = t.fast.limit.load(Relaxed);
-    if !push_program(&p, &mut limit, &ev, prog, pid, reads, &base) {
+    if !push_program(shm, &p, &mut limit, &ev, prog, (pid, reads), &base) {
         shm.note_missed(probe);
     }
     t.fast.limit.store(limit, Relaxed);
@@ -129,14 +131,15 @@ pub(crate) fn record_exit(shm: &Shm, t: &ThreadEntry, probe: u32, rax: u64, rdx:
 /// from `base(item)`.
 #[inline(always)]
 fn push_program(
+    shm: &Shm,
     p: &Producer<'_>,
     limit: &mut u64,
     ev: &Event,
     prog: &CaptureProgram,
-    pid: u32,
-    reads: bool,
+    (pid, reads): (u32, bool),
     base: &dyn Fn(&CaptureItem) -> Option<u64>,
 ) -> bool {
+    let mem = Memory { shm, pid, reads };
     let n = (prog.n_items as usize).min(CAPTURE_ITEMS);
     let max = max_len(prog, n);
     // SAFETY: the caller owns the ring (busy flag held).
@@ -145,7 +148,7 @@ fn push_program(
             let mut i = 0;
             while i < n {
                 if let Some(item) = prog.items.get(i) {
-                    run_item(item, base(item), pid, reads, w);
+                    run_item(item, base(item), &mem, w);
                 }
                 i += 1;
             }
@@ -167,9 +170,81 @@ fn max_len(prog: &CaptureProgram, n: usize) -> usize {
     len
 }
 
+/// Where an item's memory is read from.
+struct Memory<'a> {
+    shm: &'a Shm,
+    /// This process, for `process_vm_readv`.
+    pid: u32,
+    /// Whether system calls may be made (no seccomp filter or strict mode).
+    reads: bool,
+}
+
+impl Memory<'_> {
+    /// The `size` bytes (1–8) at `a`, zero-extended: directly inside the
+    /// main executable's published image, else through the system call.
+    #[inline(always)]
+    fn value(&self, a: u64, size: u8) -> Option<u64> {
+        let n = u64::from(size.clamp(1, 8));
+        if a == 0 {
+            return None;
+        }
+        if hotprobe_abi::capture::image_end(self.shm, a) >= a.saturating_add(n) {
+            let mut v = 0u64;
+            let mut i = 0;
+            while i < n {
+                // SAFETY: [a, a + n) lies in a readable file mapping of
+                // the main executable the tracer published (see
+                // `hotprobe_abi::capture::ImageRanges`).
+                let b = unsafe { ((a + i) as *const u8).read_volatile() };
+                v |= u64::from(b) << (8 * i);
+                i += 1;
+            }
+            return Some(v);
+        }
+        if !self.reads {
+            return None;
+        }
+        crate::saferead::read_value(self.pid, a, size)
+    }
+
+    /// Copies up to `len` bytes at `addr` into `dst`, stopping early (the
+    /// image's end) only where a NUL was copied: how many were copied.
+    ///
+    /// # Safety
+    /// `dst` is valid for writes of `len` bytes.
+    #[inline(always)]
+    unsafe fn string_bytes(&self, addr: u64, dst: *mut u8, len: usize) -> usize {
+        let end = hotprobe_abi::capture::image_end(self.shm, addr);
+        if end != 0 {
+            let n = ((end - addr) as usize).min(len);
+            let mut i = 0;
+            while i < n {
+                // SAFETY: [addr, end) is a published image range (see
+                // `value`); i < n <= len bytes of `dst`.
+                let b = unsafe { ((addr + i as u64) as *const u8).read_volatile() };
+                // SAFETY: as above.
+                unsafe { dst.add(i).write_volatile(b) };
+                if b == 0 {
+                    return i + 1;
+                }
+                i += 1;
+            }
+            if n == len {
+                return n;
+            }
+            // The image ends before a NUL: the rest through the system call.
+        }
+        if !self.reads {
+            return 0;
+        }
+        // SAFETY: caller contract.
+        unsafe { crate::saferead::read_into(self.pid, addr, dst, len) }
+    }
+}
+
 /// One item's record, from its base value (`None`: not available).
 #[inline(always)]
-fn run_item(it: &CaptureItem, base: Option<u64>, pid: u32, reads: bool, w: &mut DataWriter<'_>) {
+fn run_item(it: &CaptureItem, base: Option<u64>, mem: &Memory<'_>, w: &mut DataWriter<'_>) {
     let Some(mut v) = base else {
         w.byte(3);
         return;
@@ -180,10 +255,7 @@ fn run_item(it: &CaptureItem, base: Option<u64>, pid: u32, reads: bool, w: &mut 
         let off = it.offsets.get(s).copied().unwrap_or(0);
         let size = it.sizes.get(s).copied().unwrap_or(8);
         let a = v.wrapping_add(off);
-        match (a != 0 && reads)
-            .then(|| crate::saferead::read_value(pid, a, size))
-            .flatten()
-        {
+        match mem.value(a, size) {
             Some(x) => v = x,
             None => {
                 w.byte(2);
@@ -199,7 +271,7 @@ fn run_item(it: &CaptureItem, base: Option<u64>, pid: u32, reads: bool, w: &mut 
     } else if v == 0 {
         w.byte(4);
     } else {
-        string(v, pid, reads, w);
+        string(v, mem, w);
     }
 }
 
@@ -208,15 +280,11 @@ fn run_item(it: &CaptureItem, base: Option<u64>, pid: u32, reads: bool, w: &mut 
 /// limit, or unreadable memory after some bytes); unreadable when not
 /// even its first byte is.
 #[inline(always)]
-fn string(addr: u64, pid: u32, reads: bool, w: &mut DataWriter<'_>) {
+fn string(addr: u64, mem: &Memory<'_>, w: &mut DataWriter<'_>) {
     let mut buf = MaybeUninit::<[u8; CAPTURE_STRING_MAX]>::uninit();
     let b = buf.as_mut_ptr().cast::<u8>();
-    let got = if reads {
-        // SAFETY: `buf` holds CAPTURE_STRING_MAX bytes.
-        unsafe { crate::saferead::read_into(pid, addr, b, CAPTURE_STRING_MAX) }
-    } else {
-        0
-    };
+    // SAFETY: `buf` holds CAPTURE_STRING_MAX bytes.
+    let got = unsafe { mem.string_bytes(addr, b, CAPTURE_STRING_MAX) };
     if got == 0 {
         w.byte(2);
         w.word(addr);
