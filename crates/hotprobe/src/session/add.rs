@@ -356,6 +356,12 @@ impl Session {
             }
             let fast_ok = capture.is_none() && (record || !is_return);
             plan = self.fit_to_ledger(t, &r, plan, fast_ok)?;
+            // The ledger moved it off the fast path: its typed values are
+            // read at the hit instead of copied in the target.
+            let (program, capture) = match (program, &self.capture) {
+                (Some(_), Some(choose)) if !matches!(plan, Plan::Fast { .. }) => (None, choose(&r)),
+                (program, _) => (program, capture),
+            };
             if let (true, Plan::Trap(why) | Plan::Join(why)) = (self.config.no_traps, &plan) {
                 let reason = format!("needs a trap ({why})");
                 if pattern {
