@@ -18,6 +18,7 @@
 //!                       +THREAD_COUNTERS_OFFSET AtomicU64[n_probes] per-thread counters
 //!                       +events_offset          event slots: ring_capacity × event_size bytes
 //! agg_offset          the aggregation region (page-aligned, crate::agg::AGG_REGION_SIZE bytes)
+//! capture_offset      the capture table (crate::capture::CAPTURE_REGION_SIZE bytes)
 //! ```
 //! Every offset is a multiple of 64 (sections start on a page).
 //!
@@ -58,8 +59,10 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"HOTPROBE");
 /// the thread slots; 14: the stacks region after the main layout
 /// ([`crate::stacks::StacksView`]) and [`ACTION_STACK`]; 15: an entry
 /// event carries its stack's id in the meta word's bits 32–63
-/// ([`META_STACK_SHIFT`], [`Event::reserved2`])).
-pub const VERSION: u32 = 15;
+/// ([`META_STACK_SHIFT`], [`Event::reserved2`]); 16: the capture table
+/// ([`crate::capture`], [`Layout::capture_offset`]) after the aggregation
+/// region, [`ACTION_CAPTURE`] and [`KIND_DATA`] events).
+pub const VERSION: u32 = 16;
 /// Size of [`Header`] in bytes.
 pub const HEADER_SIZE: usize = 256;
 /// Alignment of every section start (the site table and the thread slots).
@@ -137,11 +140,21 @@ pub const ACTION_AGG: u32 = 1 << 7;
 /// above [`ACTION_COUNTER_SHIFT`] (a probe id, below 2^23) never reaches
 /// it; readers of that index mask it off ([`ACTION_COUNTER_MASK`]).
 pub const ACTION_STACK: u32 = 1 << 31;
+/// [`SiteSlot::action`] bit: at a recorded entry, run the probe's
+/// capture program ([`crate::capture`]: strings, fields through pointers,
+/// stack arguments, copied in the target) and write its bytes as
+/// [`KIND_DATA`] events in front of the entry event. Sites with it take
+/// the agent's generic trampoline. Takes bit 30: the alternative counter
+/// index is then below 2^22.
+pub const ACTION_CAPTURE: u32 = 1 << 30;
 /// Shift of the alternative counter index in [`SiteSlot::action`].
 pub const ACTION_COUNTER_SHIFT: u32 = 8;
 /// The bits of [`SiteSlot::action`] that hold the alternative counter
-/// index (shifted by [`ACTION_COUNTER_SHIFT`]): all but [`ACTION_STACK`].
-pub const ACTION_COUNTER_MASK: u32 = !ACTION_STACK;
+/// index (shifted by [`ACTION_COUNTER_SHIFT`]): all but [`ACTION_STACK`]
+/// and [`ACTION_CAPTURE`].
+pub const ACTION_COUNTER_MASK: u32 = !(ACTION_STACK | ACTION_CAPTURE);
+/// Largest alternative counter index an action holds (exclusive).
+pub const ACTION_COUNTER_LIMIT: u32 = 1 << 22;
 /// Shift of the xmm layout in [`SiteSlot::action`] (3 bits, see
 /// [`action_xmm`]): 0 records the usual registers; `k + 1` (k in 0..=6)
 /// makes an entry record the first `k` integer argument registers
@@ -399,6 +412,12 @@ pub const EXIT_UNWOUND: u16 = 1;
 pub const EVENT_XMM: u16 = 2;
 /// [`Event::kind`]: a mid-function site (args as for entry).
 pub const KIND_HIT: u8 = 2;
+/// [`Event::kind`]: a continuation of the next event of the ring that is
+/// not one (see [`crate::Producer::push_with_data`]): its tsc word is the
+/// number of payload bytes it holds (≤ 48), its six value words the
+/// bytes. A consumer appends them and hands the bytes over with the event
+/// they precede; a continuation is never an event of its own.
+pub const KIND_DATA: u8 = 3;
 
 /// Event slot size holding 2 values (tsc, meta, 2 values = 32 bytes):
 /// exits (rax, rdx), and entries recorded with at most 2 arguments.
@@ -518,6 +537,10 @@ pub struct Layout {
     /// [`crate::agg::AGG_REGION_SIZE`] bytes, the mapping's last): after
     /// the thread slots, page-aligned; no header field.
     pub agg_offset: usize,
+    /// Offset of the capture table ([`crate::capture`],
+    /// [`crate::capture::CAPTURE_REGION_SIZE`] bytes, the mapping's last):
+    /// after the aggregation region; no header field.
+    pub capture_offset: usize,
     /// Offset of the event array inside a thread slot.
     pub events_offset: usize,
     /// Total bytes of the mapping.
@@ -576,8 +599,10 @@ impl Layout {
             .and_then(|t| t.checked_add(threads_offset))
             .and_then(|t| align_up(t, PAGE))
             .ok_or(overflow)?;
-        let total = agg_offset
-            .checked_add(crate::agg::AGG_REGION_SIZE)
+        let capture_offset =
+            align_up(agg_offset + crate::agg::AGG_REGION_SIZE, PAGE).ok_or(overflow)?;
+        let total = capture_offset
+            .checked_add(crate::capture::CAPTURE_REGION_SIZE)
             .ok_or(overflow)?;
         Ok(Layout {
             params,
@@ -589,6 +614,7 @@ impl Layout {
             threads_offset,
             thread_stride,
             agg_offset,
+            capture_offset,
             events_offset,
             total_size: total,
             site_shift: 64 - p.n_site_slots.trailing_zeros(),

@@ -15,6 +15,7 @@
 #![no_std]
 
 pub mod agg;
+pub mod capture;
 pub mod fast;
 mod layout;
 pub mod patch;
@@ -25,7 +26,7 @@ mod slots;
 pub mod stacks;
 
 pub use layout::*;
-pub use ring::{Consumer, DrainStats, Producer};
+pub use ring::{Consumer, DataWriter, DrainStats, Producer};
 pub use shm::{LedgerSite, Shm};
 pub use slots::{
     THREAD_CLAIMING, THREAD_EXITED, THREAD_FREE, THREAD_LIVE, THREAD_RETIRING, THREAD_REUSABLE,

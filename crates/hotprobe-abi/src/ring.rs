@@ -103,6 +103,144 @@ impl Producer<'_> {
     }
 }
 
+impl Producer<'_> {
+    /// Appends `ev` preceded by the continuation events
+    /// ([`crate::KIND_DATA`]) holding the bytes `fill` writes (at most
+    /// `max_len`, see [`DataWriter`]), all published at once: the consumer
+    /// sees the event with all its bytes or nothing of it. A ring without
+    /// room for `ev` and `max_len` bytes counts one drop and returns
+    /// `false` (`fill` is not called), as does a ring of compact slots.
+    /// `limit` as for [`Producer::push`].
+    ///
+    /// # Safety
+    /// As [`Producer::push`].
+    #[inline(always)]
+    pub unsafe fn push_with_data(
+        &self,
+        limit: &mut u64,
+        ev: &Event,
+        max_len: usize,
+        fill: impl FnOnce(&mut DataWriter<'_>),
+    ) -> bool {
+        let head = self.ctl.head.load(Relaxed);
+        let need = crate::capture::data_events(max_len) as u64 + 1;
+        if self.values != 6 || need > self.mask + 1 {
+            let d = self.ctl.dropped.load(Relaxed);
+            self.ctl.dropped.store(d.wrapping_add(1), Relaxed);
+            return false;
+        }
+        if head.wrapping_add(need) > *limit {
+            // Acquire pairs with the consumer's Release store of `tail`.
+            let tail = self.ctl.tail.load(Acquire);
+            if head.wrapping_add(need).wrapping_sub(tail) > self.mask + 1 {
+                let d = self.ctl.dropped.load(Relaxed);
+                self.ctl.dropped.store(d.wrapping_add(1), Relaxed);
+                return false;
+            }
+            *limit = tail.wrapping_add(self.mask + 1);
+        }
+        let mut w = DataWriter {
+            p: self,
+            head,
+            pos: 0,
+            max: max_len,
+        };
+        fill(&mut w);
+        let len = w.pos;
+        let n = crate::capture::data_events(len) as u64;
+        let per = crate::capture::DATA_BYTES_PER_EVENT;
+        let meta = pack_meta(ev.probe_id, crate::KIND_DATA, 6, 0);
+        for k in 0..n {
+            let used = (len - (k as usize) * per).min(per);
+            // SAFETY: slot head + k is free (room checked above), masked,
+            // 8-aligned and 64 bytes long (values == 6).
+            unsafe {
+                let slot = self.slot(head.wrapping_add(k));
+                slot.write_volatile(used as u64);
+                slot.add(1).write_volatile(meta);
+            }
+        }
+        let nv = (ev.nargs as usize).min(self.values).min(ev.args.len());
+        // SAFETY: slot head + n is free (n + 1 <= need slots checked).
+        unsafe {
+            let slot = self.slot(head.wrapping_add(n));
+            slot.write_volatile(ev.tsc);
+            slot.add(1).write_volatile(
+                pack_meta(ev.probe_id, ev.kind, nv as u8, ev.reserved)
+                    | (u64::from(ev.reserved2) << META_STACK_SHIFT),
+            );
+            let v = slot.add(EVENT_HEADER_WORDS);
+            // Constant indices (see `push`): no vector registers.
+            v.write_volatile(ev.args[0]);
+            v.add(1).write_volatile(ev.args[1]);
+            v.add(2).write_volatile(ev.args[2]);
+            v.add(3).write_volatile(ev.args[3]);
+            v.add(4).write_volatile(ev.args[4]);
+            v.add(5).write_volatile(ev.args[5]);
+        }
+        // Release pairs with the consumer's Acquire load of `head`.
+        self.ctl.head.store(head.wrapping_add(n + 1), Release);
+        true
+    }
+
+    /// The first word of event slot `n`.
+    ///
+    /// # Safety
+    /// The caller owns slot `n` (it is free).
+    #[inline(always)]
+    unsafe fn slot(&self, n: u64) -> *mut u64 {
+        // SAFETY: masked index into the ring's slots (caller contract).
+        unsafe { self.events.add(((n & self.mask) << self.shift) as usize) as *mut u64 }
+    }
+}
+
+/// Writes the bytes of [`Producer::push_with_data`]'s continuation events
+/// straight into their slots (volatile byte stores: no vector register,
+/// no buffer). Bytes past its `max_len` are not written (see
+/// [`DataWriter::room`]).
+#[derive(Debug)]
+pub struct DataWriter<'p> {
+    p: &'p Producer<'p>,
+    head: u64,
+    pos: usize,
+    max: usize,
+}
+
+impl DataWriter<'_> {
+    /// Appends one byte (dropped beyond `max_len`).
+    #[inline(always)]
+    pub fn byte(&mut self, b: u8) {
+        if self.pos >= self.max {
+            return;
+        }
+        let per = crate::capture::DATA_BYTES_PER_EVENT;
+        let (k, at) = (self.pos / per, self.pos % per);
+        // SAFETY: the slot head + k is among the free ones reserved for
+        // `max` bytes; `16 + at` < 64 lies within its value words.
+        unsafe {
+            let slot = self.p.slot(self.head.wrapping_add(k as u64)) as *mut u8;
+            slot.add(EVENT_HEADER_WORDS * 8 + at).write_volatile(b);
+        }
+        self.pos += 1;
+    }
+
+    /// Appends a little-endian word.
+    #[inline(always)]
+    pub fn word(&mut self, v: u64) {
+        let mut i = 0;
+        while i < 8 {
+            self.byte((v >> (i * 8)) as u8);
+            i += 1;
+        }
+    }
+
+    /// Bytes still allowed.
+    #[inline(always)]
+    pub fn room(&self) -> usize {
+        self.max - self.pos
+    }
+}
+
 /// What one [`Consumer::drain`] call saw.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DrainStats {

@@ -44,6 +44,17 @@ static ANY_NO_TSC: AtomicU32 = AtomicU32::new(0);
 /// Some thread of the process entered seccomp strict mode (through the
 /// agent's `prctl`): threads the agent does not know make no system call.
 static ANY_STRICT: AtomicU32 = AtomicU32::new(0);
+/// Some thread of the process installed a seccomp filter (through the
+/// agent's `prctl` or `seccomp`): a filter may kill on a system call the
+/// program never makes, so typed captures stop reading memory
+/// (`process_vm_readv`) and record it as unreadable.
+static ANY_FILTER: AtomicU32 = AtomicU32::new(0);
+
+/// Whether a seccomp filter may be installed (see [`ANY_FILTER`]).
+#[inline(always)]
+pub(crate) fn filtered() -> bool {
+    ANY_FILTER.load(Relaxed) != 0
+}
 
 const PR_GET_TSC: u64 = 25;
 const PR_SET_TSC: i32 = 26;
@@ -230,6 +241,7 @@ pub(crate) fn seccomp(op: u64, flags: u64, args: u64) -> i64 {
 /// Before the calling thread installs a seccomp filter: registers it
 /// (while every system call is still allowed).
 fn before_filter() {
+    ANY_FILTER.store(1, Relaxed);
     let Some(shm) = crate::shm() else { return };
     let tp = thread_pointer();
     if find_thread(tp).is_none_or(|t| t.slot.load(Relaxed) == crate::hit::PENDING_SLOT) {

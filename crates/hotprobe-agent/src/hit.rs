@@ -27,9 +27,9 @@ use core::sync::atomic::{compiler_fence, AtomicU32, AtomicU64};
 
 use hotprobe_abi::fast::ThreadBlock;
 use hotprobe_abi::{
-    Event, Shm, ACTION_AGG, ACTION_ALT_COUNTER, ACTION_COUNT, ACTION_COUNTER_SHIFT, ACTION_EXIT,
-    ACTION_RECORD, CONTROL_ENABLED, CONTROL_RECORD, EVENT_XMM, EXIT_UNWOUND, KIND_ENTRY, KIND_EXIT,
-    KIND_HIT, STATUS_ORPHANED,
+    Event, Shm, ACTION_AGG, ACTION_ALT_COUNTER, ACTION_CAPTURE, ACTION_COUNT, ACTION_COUNTER_SHIFT,
+    ACTION_EXIT, ACTION_RECORD, CONTROL_ENABLED, CONTROL_RECORD, EVENT_XMM, EXIT_UNWOUND,
+    KIND_ENTRY, KIND_EXIT, KIND_HIT, STATUS_ORPHANED,
 };
 
 use crate::trampoline::Frame;
@@ -158,7 +158,7 @@ fn counter_of(probe: u32, action: u32) -> u32 {
 /// without a ring). Locked adds: this runs in signal handlers.
 #[cold]
 #[inline(never)]
-fn refuse_events(shm: &Shm, ring: Option<&hotprobe_abi::RingCtl>, probe: u32, n: u64) {
+pub(crate) fn refuse_events(shm: &Shm, ring: Option<&hotprobe_abi::RingCtl>, probe: u32, n: u64) {
     for _ in 0..n {
         shm.note_missed(probe);
     }
@@ -353,9 +353,14 @@ fn act<const HOOK: bool>(
         match shm.producer(slot) {
             Some(p) => {
                 let mut limit = t.fast.limit.load(Relaxed);
-                // SAFETY: the ring of `slot` belongs to this thread alone, and
-                // the busy flag keeps a signal handler on this thread out.
-                let ok = unsafe { p.push(&mut limit, &ev) };
+                let ok = if action & ACTION_CAPTURE != 0 && kind == KIND_ENTRY as u32 {
+                    // Typed values copied in the target, in front of the event.
+                    crate::capture::push_entry(shm, t, frame, &p, &mut limit, &ev)
+                } else {
+                    // SAFETY: the ring of `slot` belongs to this thread alone,
+                    // and the busy flag keeps a signal handler on this thread out.
+                    unsafe { p.push(&mut limit, &ev) }
+                };
                 t.fast.limit.store(limit, Relaxed);
                 if !ok {
                     shm.note_missed(probe);
@@ -379,7 +384,8 @@ fn act<const HOOK: bool>(
                 (false, _) => 0,
                 (true, None) => SHADOW_RECORD,
                 (true, Some(_)) => SHADOW_RECORD | SHADOW_XMM,
-            } | crate::agg::shadow_flag(shm, probe, action),
+            } | crate::agg::shadow_flag(shm, probe, action)
+                | crate::capture::shadow_flag(action),
             same,
         );
     }
@@ -768,7 +774,11 @@ pub(crate) extern "C" fn ret_hit(slot: u64, rax: u64, rdx: u64, xmm0: u64) -> u6
                 && control & CONTROL_ENABLED != 0
             {
                 let x = (e.flags & SHADOW_XMM != 0).then_some(xmm0);
-                record_exit(shm, t, e.probe, rax, rdx, x, 0);
+                if e.flags & crate::capture::SHADOW_CAPTURE != 0 {
+                    crate::capture::record_exit(shm, t, e.probe, rax, rdx);
+                } else {
+                    record_exit(shm, t, e.probe, rax, rdx, x, 0);
+                }
             }
             if e.flags & crate::agg::SHADOW_AGG != 0 && control & CONTROL_ENABLED != 0 {
                 crate::agg::on_return(shm, e.probe, rax);

@@ -40,6 +40,7 @@ use hotprobe_abi::{rdtsc, Shm, STATUS_ATTACHED, STATUS_NO_NEAR_PAGE, VERSION};
 
 mod agg;
 mod altstack;
+mod capture;
 mod clock;
 mod coro;
 mod env;
@@ -49,6 +50,7 @@ mod next_symbol;
 mod orphan;
 mod rawcall;
 mod release;
+mod saferead;
 mod shared_tls;
 mod sigmask;
 mod stackwalk;

@@ -296,30 +296,11 @@ fn unpack(pc: u64, w: u64) -> StackRow {
 const STACK_SPAN: u64 = 8 << 20;
 
 /// The word at `addr` of this process, read with `process_vm_readv`:
-/// `None` (EFAULT) where it is not mapped readable, never a fault.
+/// `None` (EFAULT) where it is not mapped readable, never a fault (the
+/// primitive typed captures share, `saferead`).
 #[cold]
 fn read_word_safely(pid: u32, addr: u64) -> Option<u64> {
-    let mut word = 0u64;
-    let local = libc::iovec {
-        iov_base: (&mut word as *mut u64).cast(),
-        iov_len: 8,
-    };
-    let remote = libc::iovec {
-        iov_base: addr as *mut libc::c_void,
-        iov_len: 8,
-    };
-    let n = crate::orphan::syscall6(
-        libc::SYS_process_vm_readv,
-        [
-            pid as u64,
-            &local as *const libc::iovec as u64,
-            1,
-            &remote as *const libc::iovec as u64,
-            1,
-            0,
-        ],
-    );
-    (n == 8).then_some(word)
+    crate::saferead::read_word(pid, addr)
 }
 
 /// Trap regions a walk keeps at hand (more: scanned in shared memory).

@@ -293,6 +293,8 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
         let auto = (o.auto_args || spec.starts_with(hotprobe::symbols::USDT_PREFIX)) && !marker;
         t.session
             .set_xmm_layout(typing.xmm_chooser_for(Vec::new(), auto));
+        t.session
+            .set_fast_capture(typing.fast_chooser_for(Vec::new(), auto));
         t.session.set_capture(typing.chooser_for(Vec::new(), auto));
         if t.waiting.is_some() {
             // Placed in each process taken (its symbols join the trace then).
@@ -306,6 +308,7 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             .add_filtered(t.target, spec, Action::Record, &keep);
         t.session.set_capture(None);
         t.session.set_xmm_layout(None);
+        t.session.set_fast_capture(None);
         let added = match added {
             Ok(a) => a,
             // A pattern on a library not loaded yet: one pending probe per

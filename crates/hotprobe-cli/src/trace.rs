@@ -321,10 +321,13 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
         let auto = o.auto_args || func.starts_with(hotprobe::symbols::USDT_PREFIX);
         t.session
             .set_xmm_layout(typing.xmm_chooser_for(exprs.clone(), auto));
+        t.session
+            .set_fast_capture(typing.fast_chooser_for(exprs.clone(), auto));
         t.session.set_capture(typing.chooser_for(exprs, auto));
         let added = t.add_all(std::slice::from_ref(&func), |_| Action::Record);
         t.session.set_capture(None);
         t.session.set_xmm_layout(None);
+        t.session.set_fast_capture(None);
         match added.and_then(|a| typing.check().map(|()| a).map_err(anyhow::Error::from)) {
             Ok(p) => placed.extend(p),
             Err(e) => {

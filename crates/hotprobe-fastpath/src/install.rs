@@ -134,6 +134,47 @@ impl FastPath {
                 "float/double return values are not in xmm0 at coldpatch exit placeholders".into(),
             ));
         }
+        if let (true, Some(prog)) = (action.record, &action.capture) {
+            if self.shm().layout().params.event_size != EVENT_SIZE_FULL {
+                return Err(FastPathError::Shm(
+                    "typed values copied in the target need 64-byte event slots (record_args > 2)"
+                        .into(),
+                ));
+            }
+            if plan.mechanism == Mechanism::Patch(PatchKind::Coldpatch) {
+                // The placeholder runs after the prologue: neither the
+                // argument registers nor the stack are the entry's.
+                return Err(FastPathError::Shm(
+                    "typed values are not copied at coldpatch placeholders".into(),
+                ));
+            }
+            // The program before the site: no hit finds it missing.
+            if hotprobe_abi::capture::images(self.shm())
+                .count
+                .load(Relaxed)
+                == 0
+            {
+                publish_image_ranges(self.shm(), self.pid);
+            }
+            let shm = self.shm();
+            let exit_ok = match (&prog.exit, action.exit) {
+                (Some(x), true) => hotprobe_abi::capture::publish_exit(shm, probe_id, x),
+                _ => {
+                    // A probe id handed out again (a placement that failed
+                    // after publishing) keeps no exit program of another.
+                    hotprobe_abi::capture::withdraw_exit(shm, probe_id);
+                    true
+                }
+            };
+            if probe_id < shm.layout().params.n_probes
+                && !(hotprobe_abi::capture::publish(shm, probe_id, &prog.entry) && exit_ok)
+            {
+                return Err(FastPathError::Shm(format!(
+                    "the capture table is full ({} functions copy typed values in the target)",
+                    hotprobe_abi::capture::CAPTURE_SLOTS
+                )));
+            }
+        }
         if probe_id >= self.shm().layout().params.n_probes {
             return Err(FastPathError::Shm(
                 "no probe id left: raise max_probes".into(),
@@ -200,7 +241,9 @@ impl FastPath {
                 if action.exit && coldpatch {
                     info.exits = "exit placeholders";
                     let exit_id = self.next_probe;
-                    if exit_id >= self.shm().layout().params.n_probes {
+                    if exit_id >= self.shm().layout().params.n_probes
+                        || exit_id >= hotprobe_abi::ACTION_COUNTER_LIMIT
+                    {
                         return Err(FastPathError::Shm(
                             "no probe id left: raise max_probes".into(),
                         ));
@@ -312,14 +355,17 @@ impl FastPath {
         bits: u32,
         info: &mut SiteInfo,
     ) -> Result<u64, FastPathError> {
-        // A return hook, an aggregation or a stack walk needs the agent's
-        // generic path: stubs do none of them.
-        let stub =
-            if bits & (ACTION_EXIT | hotprobe_abi::ACTION_AGG | hotprobe_abi::ACTION_STACK) == 0 {
-                self.stub(t, at, StubKind::Entry, probe_id, probe_id, action)?
-            } else {
-                None
-            };
+        // A return hook, an aggregation, a stack walk or a typed capture
+        // needs the agent's generic path: stubs do none of them.
+        let generic = ACTION_EXIT
+            | hotprobe_abi::ACTION_AGG
+            | hotprobe_abi::ACTION_STACK
+            | hotprobe_abi::ACTION_CAPTURE;
+        let stub = if bits & generic == 0 {
+            self.stub(t, at, StubKind::Entry, probe_id, probe_id, action)?
+        } else {
+            None
+        };
         info.stub = stub.is_some();
         match stub {
             Some(s) => Ok(s),
@@ -556,4 +602,23 @@ pub(crate) fn wait_pcs_outside(
         t.stop_all()?;
     }
     Err(FastPathError::Busy { addr })
+}
+
+/// Publishes the readable file mappings of process `pid`'s main
+/// executable for the agent's direct reads of typed values
+/// (`hotprobe_abi::capture::ImageRanges`); nothing when the maps cannot
+/// be read (every read then goes through `process_vm_readv`).
+fn publish_image_ranges(shm: &hotprobe_abi::Shm, pid: i32) {
+    let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
+        return;
+    };
+    let Ok(maps) = hotprobe_symbols::read_maps(pid as u32) else {
+        return;
+    };
+    let ranges: Vec<(u64, u64)> = maps
+        .iter()
+        .filter(|m| m.perms.read && !m.deleted && m.path.as_deref() == Some(exe.as_path()))
+        .map(|m| (m.start.0, m.end.0))
+        .collect();
+    hotprobe_abi::capture::publish_images(shm, &ranges);
 }

@@ -184,6 +184,13 @@ pub struct Action {
     /// agent walks it and counts it in the stacks region
     /// ([`hotprobe_abi::stacks`]); needs [`FastPathConfig::stacks`].
     pub stack: bool,
+    /// Typed values copied in the target at each recorded entry (issue 23:
+    /// strings, fields through pointers, stack arguments): the program is
+    /// published for the probe ([`hotprobe_abi::capture`]), the site takes
+    /// the agent's generic trampoline, and the bytes precede the entry
+    /// event as continuation events. Needs 64-byte event slots and a site
+    /// at the function's first instruction (not a coldpatch placeholder).
+    pub capture: Option<hotprobe_abi::capture::CapturePrograms>,
 }
 
 impl Action {
@@ -195,6 +202,7 @@ impl Action {
             xmm: None,
             agg: None,
             stack: false,
+            capture: None,
         }
     }
     /// Count and record entries.
@@ -205,6 +213,7 @@ impl Action {
             xmm: None,
             agg: None,
             stack: false,
+            capture: None,
         }
     }
     /// Also observe exits (exit events when recording).
@@ -223,6 +232,13 @@ impl Action {
     pub fn with_xmm(self, ints: u8) -> Action {
         Action {
             xmm: Some(ints.min(6)),
+            ..self
+        }
+    }
+    /// Also copy typed values in the target (see [`Action::capture`]).
+    pub fn with_capture(self, programs: hotprobe_abi::capture::CapturePrograms) -> Action {
+        Action {
+            capture: Some(programs),
             ..self
         }
     }
@@ -248,7 +264,11 @@ impl Action {
         } else {
             0
         };
-        ACTION_COUNT | if self.record { ACTION_RECORD } else { 0 } | xmm | agg | stack
+        let capture = match (self.record, self.capture) {
+            (true, Some(_)) => hotprobe_abi::ACTION_CAPTURE,
+            _ => 0,
+        };
+        ACTION_COUNT | if self.record { ACTION_RECORD } else { 0 } | xmm | agg | stack | capture
     }
 }
 
@@ -621,7 +641,9 @@ impl FastPath {
     }
 
     /// Hands every recorded event to `f`, ring by ring (each ring is one
-    /// thread, in order). Returns the number of events.
+    /// thread, in order). Returns the number of events. The continuation
+    /// events of typed values copied in the target (`KIND_DATA`) come as
+    /// events of their own, before the event they belong to.
     ///
     /// Call it in batches — e.g. sleep ≈ 100 µs whenever a pass returned
     /// less than an eighth of a ring, see [`FastPath::ring_capacity`] —

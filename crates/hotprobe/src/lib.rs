@@ -39,6 +39,7 @@ mod session;
 pub mod stacks;
 pub mod typed;
 pub mod typed_capture;
+pub mod typed_program;
 
 pub use count::{tsc_ticks_per_ns, CountError, CountSink};
 pub use engine::{Engine, Outcome, ProbeStats};
@@ -65,8 +66,9 @@ pub use hotprobe_resolve::{
 pub use session::stacks::ProbeStack;
 pub use session::watch::{ValueSource, WatchAt, WatchHit, WatchKind, WatchSpec, WatchStats};
 pub use session::{
-    Action, Added, AggChooser, Capture, CaptureChooser, Mechanism, MechanismChoice, PatchKind,
-    Placement, RunEnd, Session, SessionConfig, Skipped, TargetId, XmmChooser,
+    Action, Added, AggChooser, Capture, CaptureChooser, FastCaptureChooser, Mechanism,
+    MechanismChoice, PatchKind, Placement, RunEnd, Session, SessionConfig, Skipped, TargetId,
+    XmmChooser,
 };
 pub use session::{CodeOwner, CodeSite};
 pub use session::{ExecImage, ProcessMatch};

@@ -109,6 +109,9 @@ pub(crate) struct RingDrain {
     last_ts: Vec<u64>,
     /// Events copied out of a ring found over a quarter full.
     backlog: Vec<RecordedEvent>,
+    /// The bytes of the continuation events read so far, for the event
+    /// they precede (typed values copied in the target).
+    data: Vec<u8>,
     pub stats: DrainStats,
 }
 
@@ -139,12 +142,25 @@ impl RingDrain {
         let mut err = None;
         for slot in 0..slots {
             let mut from_ring = 0u64;
+            let mut continuations = 0u64;
             let mut first = true;
+            self.data.clear();
             while let Some(mut c) = shm.consumer(slot as u32) {
                 let last = &mut self.last_ts[slot];
                 let unknown = &mut self.stats.unknown;
+                let data = &mut self.data;
+                let conts = &mut continuations;
                 let mut write = |ev: &RecordedEvent| {
+                    if ev.kind == hotprobe_abi::KIND_DATA {
+                        // Bytes of the next event (published with it).
+                        let n = (ev.tsc as usize).min(hotprobe_abi::capture::DATA_BYTES_PER_EVENT);
+                        let bytes = ev.args.iter().flat_map(|w| w.to_le_bytes());
+                        data.extend(bytes.take(n));
+                        *conts += 1;
+                        return;
+                    }
                     let Some(Some(id)) = ids.get(ev.probe_id as usize) else {
+                        data.clear();
                         *unknown += 1;
                         return;
                     };
@@ -152,10 +168,15 @@ impl RingDrain {
                     e.probe_id = id.0;
                     *last = e.tsc;
                     if err.is_none() {
-                        if let Err(x) = sink.event(&e) {
+                        let r = match data.is_empty() {
+                            true => sink.event(&e),
+                            false => sink.event_data(&e, data),
+                        };
+                        if let Err(x) = r {
                             err = Some(x);
                         }
                     }
+                    data.clear();
                 };
                 // A ring frees its slots only at the end of a drain: one
                 // found over a quarter full (the drain was held up) is
@@ -185,7 +206,8 @@ impl RingDrain {
                     break;
                 }
             }
-            pass.events += from_ring;
+            // Continuations are parts of events, not events.
+            pass.events += from_ring.saturating_sub(continuations);
         }
         if let Some(e) = err {
             return Err(e);

@@ -5,13 +5,16 @@
 //! return; values in integer and xmm registers are recorded by whatever
 //! mechanism takes the function (the fast path's xmm layout for floats and
 //! doubles, [`crate::Session::set_xmm_layout`]) and typed as drained
-//! ([`RegisterTyped`]); anything else runs on the trap path
-//! ([`crate::Session::set_capture`]), which hands the bytes to the sink
-//! with the event; [`TypedShapes`] turns them back into text.
+//! ([`RegisterTyped`]); strings, fields through pointers and stack
+//! arguments are copied in the target by the agent on patch and jump
+//! sites ([`crate::Session::set_fast_capture`], [`crate::typed_program`]);
+//! anything else runs on the trap path ([`crate::Session::set_capture`]).
+//! Both hand the bytes to the sink with the event; [`TypedShapes`] turns
+//! them back into text.
 
 use crate::{
-    Capture, CaptureChooser, EventSink, HitContext, Mechanism, RecordedEvent, SinkError,
-    XmmChooser, KIND_EXIT,
+    Capture, CaptureChooser, EventSink, FastCaptureChooser, HitContext, Mechanism, RecordedEvent,
+    SinkError, XmmChooser, KIND_EXIT,
 };
 use hotprobe_dwarf::{
     capture, format_values, plan_args, plan_auto, ArgExpr, DebugTypes, DwarfError, Fetch, Machine,
@@ -108,6 +111,11 @@ pub struct Typing {
     /// offered to the fast path's xmm layout (the number of integer
     /// registers recorded before the xmm ones), by address.
     xmm_plans: RefCell<HashMap<u64, (EntryExit, u8)>>,
+    /// Typed functions whose values are copied in the target on the fast
+    /// path (strings, fields, stack arguments: [`Typing::fast_chooser_for`]),
+    /// by address: an event without the copied bytes (an exit without an
+    /// exit program) is typed from its registers.
+    fast_plans: RefCell<HashMap<u64, EntryExit>>,
     /// Parameters and their registers per function (`count` conditions).
     param_regs: RefCell<HashMap<u64, Option<ParamRegs>>>,
 }
@@ -256,6 +264,58 @@ impl Typing {
         }))
     }
 
+    /// The session's chooser of typed values copied in the target (as
+    /// [`Typing::chooser_for`]): a function whose entry values need memory
+    /// (a string, a field through a pointer, a stack argument) and fit a
+    /// capture program ([`crate::typed_program::compile_both`]: a returned
+    /// string gets an exit program), is recorded on the fast path with the
+    /// programs instead of through the trap (see
+    /// [`crate::FastCaptureChooser`]).
+    pub fn fast_chooser_for(
+        self: &Rc<Self>,
+        exprs: Vec<ArgExpr>,
+        auto: bool,
+    ) -> Option<FastCaptureChooser> {
+        let exprs = match (exprs.is_empty(), auto) {
+            (false, _) => Some(exprs),
+            (true, true) => None,
+            (true, false) => return None,
+        };
+        // A thread under a seccomp filter may be killed for the agent's
+        // `process_vm_readv`: such a process keeps the trap's reads.
+        if seccomp_in_use(self.pid) {
+            return None;
+        }
+        let me = self.clone();
+        Some(Rc::new(move |r: &ResolvedProbe| {
+            // Function entries only: a USDT marker or an instruction
+            // inside a function is a mid-function hit (its registers and
+            // stack are not an entry's).
+            if r.offset != 0 || !r.usdt_args.is_empty() {
+                return None;
+            }
+            // Planned quietly, as the xmm chooser does.
+            let errors = me.errors.borrow().len();
+            let untyped = me.untyped.borrow().len();
+            let planned = me.plan(r, exprs.as_deref());
+            me.errors.borrow_mut().truncate(errors);
+            me.untyped.borrow_mut().truncate(untyped);
+            let planned = planned?;
+            if !planned_needs_more(&planned.entry, &planned.exit) {
+                return None;
+            }
+            let program = crate::typed_program::compile_both(&planned.entry, &planned.exit)?;
+            me.shapes.borrow_mut().insert(
+                r.addr.0,
+                (planned.entry_shapes.clone(), planned.exit_shapes.clone()),
+            );
+            me.fast_plans
+                .borrow_mut()
+                .insert(r.addr.0, (planned.entry, planned.exit));
+            Some(program)
+        }))
+    }
+
     /// A chooser that types nothing but notes, per function, which
     /// argument register holds each parameter at the entry (for names in
     /// `count` conditions, [`Typing::param_registers`]).
@@ -333,6 +393,23 @@ impl Typing {
     }
 }
 
+/// Whether a thread of process `pid` runs under seccomp (strict or a
+/// filter: `Seccomp:` in its status is not 0), or its threads cannot be
+/// read (assumed so).
+fn seccomp_in_use(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true;
+    };
+    tasks.flatten().any(|t| {
+        // A thread gone meanwhile has no filter to fear.
+        std::fs::read_to_string(t.path().join("status")).is_ok_and(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Seccomp:"))
+                .is_some_and(|v| v.trim() != "0")
+        })
+    })
+}
+
 /// The xmm layout a plan fits (the number of integer registers recorded
 /// before the xmm ones), when every value is an integer or xmm register
 /// (or needs no register), at least one is an xmm register, and they fit
@@ -387,15 +464,22 @@ impl<'a> RegisterTyped<'a> {
     ) -> RegisterTyped<'a> {
         let plans = typing.register_plans.borrow();
         let xmm = typing.xmm_plans.borrow();
+        let fast = typing.fast_plans.borrow();
         RegisterTyped {
             inner,
             plans: placed
                 .iter()
                 .filter_map(|p| {
                     let on_fast = matches!(p.mechanism, Mechanism::Patch(_) | Mechanism::Jump);
-                    match (xmm.get(&p.addr.0), plans.get(&p.addr.0)) {
-                        (Some((plan, k)), _) if on_fast => Some((p.id.0, (plan.clone(), Some(*k)))),
-                        (_, Some(plan)) => Some((p.id.0, (plan.clone(), None))),
+                    let at = &p.addr.0;
+                    match (xmm.get(at), fast.get(at), plans.get(at)) {
+                        (Some((plan, k)), _, _) if on_fast => {
+                            Some((p.id.0, (plan.clone(), Some(*k))))
+                        }
+                        // Entries come with the bytes the agent copied
+                        // (`event_data`, passed on); exits are typed here.
+                        (_, Some(plan), _) if on_fast => Some((p.id.0, (plan.clone(), None))),
+                        (_, _, Some(plan)) => Some((p.id.0, (plan.clone(), None))),
                         _ => None,
                     }
                 })

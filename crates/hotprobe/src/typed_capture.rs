@@ -100,10 +100,12 @@ impl TypedCapture {
         let typing = Rc::new(Typing::new(pid));
         let auto = exprs.is_empty();
         session.set_xmm_layout(typing.xmm_chooser_for(exprs.clone(), auto));
+        session.set_fast_capture(typing.fast_chooser_for(exprs.clone(), auto));
         session.set_capture(typing.chooser_for(exprs, auto));
         let added = session.add(t, &func, Action::Record);
         session.set_capture(None);
         session.set_xmm_layout(None);
+        session.set_fast_capture(None);
         let added = added?;
         typing.check()?;
         self.typings.push((typing, added.placements.clone()));

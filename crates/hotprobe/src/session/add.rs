@@ -84,6 +84,17 @@ impl Session {
         self.xmm_layout = chooser;
     }
 
+    /// Which `Record` probes added from now on copy typed values in the
+    /// target (strings, fields through pointers, stack arguments) on the
+    /// fast path (patch or jump, 64-byte event slots): a function the
+    /// chooser gives a program and the fast path takes has its entries'
+    /// values written by the agent in front of the entry event (the sink
+    /// gets them with it, as from a trap's capture), and is not given a
+    /// [`Capture`]. Others go to the capture chooser as before.
+    pub fn set_fast_capture(&mut self, chooser: Option<FastCaptureChooser>) {
+        self.fast_capture = chooser;
+    }
+
     /// Put probes doing `action` on every address `spec` names (a pattern
     /// in a function name names every matching function), each on the
     /// cheapest mechanism that fits — patch, then jump, then trap for
@@ -332,8 +343,12 @@ impl Session {
                 (Some(choose), true, Plan::Fast { .. }) if full_slots => choose(&r),
                 _ => None,
             };
-            let capture = match (&self.capture, record && !is_return, xmm) {
-                (Some(choose), true, None) => choose(&r),
+            let program = match (&self.fast_capture, record && !is_return, &plan, xmm) {
+                (Some(choose), true, Plan::Fast { .. }, None) if full_slots => choose(&r),
+                _ => None,
+            };
+            let capture = match (&self.capture, record && !is_return, xmm, program) {
+                (Some(choose), true, None, None) => choose(&r),
                 _ => None,
             };
             if capture.is_some() && !matches!(plan, Plan::Trap(_)) {
@@ -341,6 +356,12 @@ impl Session {
             }
             let fast_ok = capture.is_none() && (record || !is_return);
             plan = self.fit_to_ledger(t, &r, plan, fast_ok)?;
+            // The ledger moved it off the fast path: its typed values are
+            // read at the hit instead of copied in the target.
+            let (program, capture) = match (program, &self.capture) {
+                (Some(_), Some(choose)) if !matches!(plan, Plan::Fast { .. }) => (None, choose(&r)),
+                (program, _) => (program, capture),
+            };
             if let (true, Plan::Trap(why) | Plan::Join(why)) = (self.config.no_traps, &plan) {
                 let reason = format!("needs a trap ({why})");
                 if pattern {
@@ -380,9 +401,10 @@ impl Session {
                     site,
                     len,
                 } => {
-                    let reason = match xmm {
-                        Some(_) => format!("{reason}; float/double values from xmm registers"),
-                        None => reason,
+                    let reason = match (xmm, program) {
+                        (Some(_), _) => format!("{reason}; float/double values from xmm registers"),
+                        (None, Some(_)) => format!("{reason}; typed values copied in the target"),
+                        (None, None) => reason,
                     };
                     let plan = Plan::Fast {
                         path,
@@ -392,12 +414,16 @@ impl Session {
                         site,
                         len,
                     };
-                    let placed = self.place_fast(t, &r, plan, record, xmm, label.clone(), None);
+                    let placed =
+                        self.place_fast(t, &r, plan, record, (xmm, program), label.clone(), None);
                     match (placed, &self.capture) {
                         // The fast path refused the xmm layout (compact
-                        // slots, coldpatch exits): the values are read at
-                        // the hit instead, as without it.
-                        (Err(EngineError::FastPath(why)), Some(choose)) if xmm.is_some() => {
+                        // slots, coldpatch exits) or the copy in the
+                        // target (coldpatch, a full capture table): the
+                        // values are read at the hit instead, as without.
+                        (Err(EngineError::FastPath(why)), Some(choose))
+                            if xmm.is_some() || program.is_some() =>
+                        {
                             let capture = choose(&r);
                             let reason =
                                 format!("typed values read at the hit (DWARF); fast path: {why}");
@@ -467,12 +493,13 @@ impl Session {
         r: &ResolvedProbe,
         plan: Plan,
         record: bool,
-        xmm: Option<u8>,
+        (xmm, program): (Option<u8>, Option<hotprobe_abi::capture::CapturePrograms>),
         label: String,
         existing: Option<ProbeId>,
     ) -> Result<Placement, EngineError> {
         let mut ask = self.ask(r, label, (r.is_return, record), None);
         ask.xmm = xmm;
+        ask.program = program;
         // The chooser sees `%return` specs too (return values).
         ask.agg = match (&self.aggregate, record) {
             (Some(choose), true) => choose(r),

@@ -198,6 +198,10 @@ impl EventSink for Merge<'_, '_> {
         self.events.push((*ev, None));
         Ok(())
     }
+    fn event_data(&mut self, ev: &RecordedEvent, data: &[u8]) -> Result<(), crate::SinkError> {
+        self.events.push((*ev, Some(data.to_vec())));
+        Ok(())
+    }
     fn lost(&mut self, tid: u32, ts: u64, count: u64) -> Result<(), crate::SinkError> {
         self.sink.lost(tid, ts, count)
     }

@@ -113,6 +113,15 @@ pub type CaptureChooser = Rc<dyn Fn(&ResolvedProbe) -> Option<Capture>>;
 /// a function the fast path takes this way is not given a capture.
 pub type XmmChooser = Rc<dyn Fn(&ResolvedProbe) -> Option<u8>>;
 
+/// Chooses, for each function a `Record` action places on the fast path,
+/// the typed values its entries copy in the target (issue 23: strings,
+/// fields through pointers, stack arguments; see
+/// `hotprobe_abi::capture`). Asked after the [`XmmChooser`] and before
+/// the [`CaptureChooser`]; a function the fast path takes this way is not
+/// given a capture.
+pub type FastCaptureChooser =
+    Rc<dyn Fn(&ResolvedProbe) -> Option<hotprobe_abi::capture::CapturePrograms>>;
+
 /// How a probe's hits are executed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mechanism {
@@ -356,6 +365,9 @@ pub struct Session {
     /// Which `Record` probes record xmm registers on the fast path (see
     /// [`Session::set_xmm_layout`]).
     xmm_layout: Option<XmmChooser>,
+    /// Which `Record` probes copy typed values in the target (see
+    /// [`Session::set_fast_capture`]).
+    fast_capture: Option<FastCaptureChooser>,
     /// Which `Record` probes aggregate in the target on the fast path
     /// (see [`Session::set_aggregate`]).
     aggregate: Option<AggChooser>,
@@ -421,6 +433,7 @@ impl Session {
             capture: None,
             batching: false,
             xmm_layout: None,
+            fast_capture: None,
             aggregate: None,
             strays: Default::default(),
             vfork_unrecorded: Default::default(),

@@ -215,7 +215,7 @@ impl Session {
         }
         match plan {
             plan @ Plan::Fast { .. } => {
-                self.place_fast(t, &r, plan, record, None, spec.clone(), Some(id))?;
+                self.place_fast(t, &r, plan, record, (None, None), spec.clone(), Some(id))?;
                 self.slot(t)?.sync_ledger();
             }
             Plan::Trap(_) | Plan::Join(_) | Plan::Plugin(_) => {

@@ -77,6 +77,7 @@ impl Session {
             record,
             capture: None,
             xmm: None,
+            program: None,
             agg: None,
             existing: None,
             choice: self.config.mechanism,

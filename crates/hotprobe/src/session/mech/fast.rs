@@ -212,8 +212,12 @@ impl ProbeMechanism for FastMech {
                 Some(_) => a,
                 None => a.with_exit(),
             };
-            match ask.xmm {
+            let a = match ask.xmm {
                 Some(k) => a.with_xmm(k),
+                None => a,
+            };
+            match ask.program {
+                Some(p) => a.with_capture(p),
                 None => a,
             }
         } else {

@@ -73,6 +73,8 @@ pub(crate) struct SiteAsk<'r> {
     pub capture: Option<Capture>,
     /// Float/double values from xmm registers on the fast path.
     pub xmm: Option<u8>,
+    /// Typed values copied in the target on the fast path.
+    pub program: Option<hotprobe_abi::capture::CapturePrograms>,
     /// An aggregation in the target instead of events (fast path).
     pub agg: Option<hotprobe_fastpath::agg::AggRule>,
     /// The probe id already given (a pending probe being armed).

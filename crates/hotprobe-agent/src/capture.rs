@@ -1,0 +1,313 @@
+//! Typed values copied in the target (issue 23 item 5): at a recorded
+//! entry of a site whose action has `ACTION_CAPTURE`, the probe's capture
+//! program ([`hotprobe_abi::capture`]) runs on the trampoline's saved
+//! registers and writes the trap path's capture records (a value, a
+//! string, an unreadable address, not available, a null string) as
+//! continuation events in front of the entry event, all published at once
+//! ([`hotprobe_abi::Producer::push_with_data`]).
+//!
+//! Memory inside the main executable's readable file mappings, as the
+//! tracer published them (`hotprobe_abi::capture::ImageRanges`: string
+//! literals, constant tables), is read directly; anything else with
+//! `process_vm_readv` on our own pid ([`crate::saferead`]): memory that
+//! is not mapped gives the unreadable record, never a fault, and no
+//! signal handler is involved. A string is then one system call (at most
+//! [`CAPTURE_STRING_MAX`] bytes, split at a page boundary), a load one.
+//! No allocation, no lock; the bytes go straight into the ring's slots.
+
+use core::mem::MaybeUninit;
+use core::sync::atomic::Ordering::Relaxed;
+
+use hotprobe_abi::capture::{
+    CaptureItem, CaptureProgram, BASE_ARG, BASE_CONST, BASE_RAX, BASE_RSP, BASE_XMM, CAPTURE_ITEMS,
+    CAPTURE_STEPS, CAPTURE_STRING_MAX,
+};
+use hotprobe_abi::{DataWriter, Event, Producer, Shm, ACTION_CAPTURE, KIND_EXIT};
+
+use crate::hit::ThreadEntry;
+use crate::trampoline::Frame;
+
+/// Writes entry event `ev` of a capturing site into `p`, preceded by its
+/// program's bytes; a probe without a published program gets the event
+/// alone. `false` when the ring had no room (a counted drop).
+#[inline(never)]
+pub(crate) fn push_entry(
+    shm: &Shm,
+    t: &ThreadEntry,
+    frame: &Frame,
+    p: &Producer<'_>,
+    limit: &mut u64,
+    ev: &Event,
+) -> bool {
+    let Some(prog) = hotprobe_abi::capture::find(shm, ev.probe_id) else {
+        // SAFETY: the caller owns the ring (busy flag held).
+        return unsafe { p.push(limit, ev) };
+    };
+    let slot = t.slot.load(Relaxed);
+    let pid = match shm.ring_ctl(slot).map(|c| c.owner_pid.load(Relaxed)) {
+        Some(pid) if pid != 0 => pid,
+        _ => crate::threads::getpid(),
+    };
+    // Seccomp strict mode allows no system call: memory reads as
+    // unreadable there (no event is recorded then anyway: no clock).
+    let reads = t.clock.load(Relaxed) != crate::clock::CLOCK_NONE && !crate::clock::filtered();
+    let base = |it: &CaptureItem| {
+        let reg = usize::from(it.reg);
+        match it.base {
+            BASE_ARG => frame.args.get(reg).copied(),
+            BASE_RAX => Some(frame.rax),
+            BASE_XMM => frame.xmm.get(reg).copied(),
+            BASE_RSP if frame.slot != 0 => Some(frame.slot),
+            BASE_CONST => Some(it.konst),
+            _ => None,
+        }
+    };
+    push_program(shm, p, limit, ev, prog, (pid, reads), &base)
+}
+
+/// [`Shadow::flags`](crate::hit::Shadow) bit: the return runs the
+/// probe's exit program (the site's action has `ACTION_CAPTURE`).
+pub(crate) const SHADOW_CAPTURE: u32 = 16;
+
+/// The shadow flag of a hooked entry whose site has `action`.
+#[inline(always)]
+pub(crate) fn shadow_flag(action: u32) -> u32 {
+    if action & ACTION_CAPTURE != 0 {
+        SHADOW_CAPTURE
+    } else {
+        0
+    }
+}
+
+/// Records the return of `probe` (rax, rdx) with its exit program's bytes
+/// (a returned string), or as a plain exit without one. Called by the
+/// return hook with the thread's busy flag held.
+#[inline(never)]
+pub(crate) fn record_exit(shm: &Shm, t: &ThreadEntry, probe: u32, rax: u64, rdx: u64) {
+    let Some(prog) = hotprobe_abi::capture::find_exit(shm, probe) else {
+        crate::hit::record_exit(shm, t, probe, rax, rdx, None, 0);
+        return;
+    };
+    let slot = t.slot.load(Relaxed);
+    let Some(p) = shm.producer(slot) else {
+        shm.header().drops_no_thread.fetch_add(1, Relaxed);
+        shm.note_missed(probe);
+        return;
+    };
+    let clock = t.clock.load(Relaxed);
+    let Some(tsc) = crate::clock::now_tsc(shm, clock) else {
+        crate::hit::refuse_events(shm, shm.ring_ctl(slot), probe, 1);
+        return;
+    };
+    let pid = match shm.ring_ctl(slot).map(|c| c.owner_pid.load(Relaxed)) {
+        Some(pid) if pid != 0 => pid,
+        _ => crate::threads::getpid(),
+    };
+    let reads = clock != crate::clock::CLOCK_NONE && !crate::clock::filtered();
+    let ev = Event {
+        tsc,
+        probe_id: probe,
+        tid: t.tid.load(Relaxed),
+        kind: KIND_EXIT,
+        nargs: 2,
+        reserved: 0,
+        reserved2: 0,
+        args: [rax, rdx, 0, 0, 0, 0],
+    };
+    // Only the returned value is known at a return.
+    let base = |it: &CaptureItem| match it.base {
+        BASE_RAX => Some(rax),
+        BASE_CONST => Some(it.konst),
+        _ => None,
+    };
+    let mut limit = t.fast.limit.load(Relaxed);
+    if !push_program(shm, &p, &mut limit, &ev, prog, (pid, reads), &base) {
+        shm.note_missed(probe);
+    }
+    t.fast.limit.store(limit, Relaxed);
+}
+
+/// Pushes `ev` preceded by the records of `prog`'s items, each starting
+/// from `base(item)`.
+#[inline(always)]
+fn push_program(
+    shm: &Shm,
+    p: &Producer<'_>,
+    limit: &mut u64,
+    ev: &Event,
+    prog: &CaptureProgram,
+    (pid, reads): (u32, bool),
+    base: &dyn Fn(&CaptureItem) -> Option<u64>,
+) -> bool {
+    let mem = Memory { shm, pid, reads };
+    let n = (prog.n_items as usize).min(CAPTURE_ITEMS);
+    let max = max_len(prog, n);
+    // SAFETY: the caller owns the ring (busy flag held).
+    unsafe {
+        p.push_with_data(limit, ev, max, |w| {
+            let mut i = 0;
+            while i < n {
+                if let Some(item) = prog.items.get(i) {
+                    run_item(item, base(item), &mem, w);
+                }
+                i += 1;
+            }
+        })
+    }
+}
+
+/// Bytes the first `n` items of `prog` write at most.
+fn max_len(prog: &CaptureProgram, n: usize) -> usize {
+    let mut len = 0;
+    let mut i = 0;
+    while i < n {
+        len += match prog.items.get(i) {
+            Some(it) if it.string != 0 => 4 + CAPTURE_STRING_MAX,
+            _ => 9,
+        };
+        i += 1;
+    }
+    len
+}
+
+/// Where an item's memory is read from.
+struct Memory<'a> {
+    shm: &'a Shm,
+    /// This process, for `process_vm_readv`.
+    pid: u32,
+    /// Whether system calls may be made (no seccomp filter or strict mode).
+    reads: bool,
+}
+
+impl Memory<'_> {
+    /// The `size` bytes (1–8) at `a`, zero-extended: directly inside the
+    /// main executable's published image, else through the system call.
+    #[inline(always)]
+    fn value(&self, a: u64, size: u8) -> Option<u64> {
+        let n = u64::from(size.clamp(1, 8));
+        if a == 0 {
+            return None;
+        }
+        if hotprobe_abi::capture::image_end(self.shm, a) >= a.saturating_add(n) {
+            let mut v = 0u64;
+            let mut i = 0;
+            while i < n {
+                // SAFETY: [a, a + n) lies in a readable file mapping of
+                // the main executable the tracer published (see
+                // `hotprobe_abi::capture::ImageRanges`).
+                let b = unsafe { ((a + i) as *const u8).read_volatile() };
+                v |= u64::from(b) << (8 * i);
+                i += 1;
+            }
+            return Some(v);
+        }
+        if !self.reads {
+            return None;
+        }
+        crate::saferead::read_value(self.pid, a, size)
+    }
+
+    /// Copies up to `len` bytes at `addr` into `dst`, stopping early (the
+    /// image's end) only where a NUL was copied: how many were copied.
+    ///
+    /// # Safety
+    /// `dst` is valid for writes of `len` bytes.
+    #[inline(always)]
+    unsafe fn string_bytes(&self, addr: u64, dst: *mut u8, len: usize) -> usize {
+        let end = hotprobe_abi::capture::image_end(self.shm, addr);
+        if end != 0 {
+            let n = ((end - addr) as usize).min(len);
+            let mut i = 0;
+            while i < n {
+                // SAFETY: [addr, end) is a published image range (see
+                // `value`); i < n <= len bytes of `dst`.
+                let b = unsafe { ((addr + i as u64) as *const u8).read_volatile() };
+                // SAFETY: as above.
+                unsafe { dst.add(i).write_volatile(b) };
+                if b == 0 {
+                    return i + 1;
+                }
+                i += 1;
+            }
+            if n == len {
+                return n;
+            }
+            // The image ends before a NUL: the rest through the system call.
+        }
+        if !self.reads {
+            return 0;
+        }
+        // SAFETY: caller contract.
+        unsafe { crate::saferead::read_into(self.pid, addr, dst, len) }
+    }
+}
+
+/// One item's record, from its base value (`None`: not available).
+#[inline(always)]
+fn run_item(it: &CaptureItem, base: Option<u64>, mem: &Memory<'_>, w: &mut DataWriter<'_>) {
+    let Some(mut v) = base else {
+        w.byte(3);
+        return;
+    };
+    let steps = usize::from(it.nsteps).min(CAPTURE_STEPS);
+    let mut s = 0;
+    while s < steps {
+        let off = it.offsets.get(s).copied().unwrap_or(0);
+        let size = it.sizes.get(s).copied().unwrap_or(8);
+        let a = v.wrapping_add(off);
+        match mem.value(a, size) {
+            Some(x) => v = x,
+            None => {
+                w.byte(2);
+                w.word(a);
+                return;
+            }
+        }
+        s += 1;
+    }
+    if it.string == 0 {
+        w.byte(0);
+        w.word(v);
+    } else if v == 0 {
+        w.byte(4);
+    } else {
+        string(v, mem, w);
+    }
+}
+
+/// The string record of the NUL-terminated string at `addr`: at most
+/// [`CAPTURE_STRING_MAX`] bytes, flagged cut when no NUL came first (the
+/// limit, or unreadable memory after some bytes); unreadable when not
+/// even its first byte is.
+#[inline(always)]
+fn string(addr: u64, mem: &Memory<'_>, w: &mut DataWriter<'_>) {
+    let mut buf = MaybeUninit::<[u8; CAPTURE_STRING_MAX]>::uninit();
+    let b = buf.as_mut_ptr().cast::<u8>();
+    // SAFETY: `buf` holds CAPTURE_STRING_MAX bytes.
+    let got = unsafe { mem.string_bytes(addr, b, CAPTURE_STRING_MAX) };
+    if got == 0 {
+        w.byte(2);
+        w.word(addr);
+        return;
+    }
+    let mut len = 0;
+    let mut cut = true;
+    while len < got {
+        // SAFETY: the first `got` bytes were written by the read.
+        if unsafe { b.add(len).read_volatile() } == 0 {
+            cut = false;
+            break;
+        }
+        len += 1;
+    }
+    w.byte(1);
+    w.byte(cut as u8);
+    w.byte(len as u8);
+    w.byte((len >> 8) as u8);
+    let mut i = 0;
+    while i < len {
+        // SAFETY: as above, i < len <= got.
+        w.byte(unsafe { b.add(i).read_volatile() });
+        i += 1;
+    }
+}

@@ -1,0 +1,262 @@
+//! Typed values copied in the target on the command line (issue 23 item
+//! 5): `record -a` of functions taking or returning a string and taking
+//! stack-passed 7th and 8th arguments, and `trace 'getx(p->x)'`, on tests/programs/typed_fast.c
+//! at -O0 and -O2: the functions stay on patch or jump (the summary names
+//! no trap), `replay` and `trace` show exactly the calls the program
+//! logged ("CALL name(args) = ret"), a string pointer into unmapped memory
+//! shows `<unreadable 0x1>`, and the program's output and exit status are
+//! the ones it has untraced.
+
+mod common;
+
+use common::{gcc, hotprobe, text};
+use std::path::{Path, PathBuf};
+
+fn tmp() -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("typed-fast-cli");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn program(opt: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs/typed_fast.c");
+    gcc(&src, &tmp().join(format!("typed_fast{opt}")), &[opt])
+}
+
+/// The program's calls of `funcs` as it logged them, as hotprobe shows
+/// them (strings escaped, the unmapped pointer unreadable).
+fn logged(out: &str, funcs: &[&str]) -> Vec<String> {
+    out.lines()
+        .filter_map(|l| l.strip_prefix("CALL "))
+        .filter(|c| funcs.iter().any(|f| c.starts_with(&format!("{f}("))))
+        .map(|c| {
+            c.replace("be\"ta", "be\\\"ta")
+                .replace("tag(1, 41)", "tag(<unreadable 0x1>, 41)")
+        })
+        .collect()
+}
+
+/// The program's stdout and exit status, untraced.
+fn untraced(bin: &Path, n: &str) -> (String, Option<i32>) {
+    let o = std::process::Command::new(bin).arg(n).output().unwrap();
+    (text(&o.stdout), o.status.code())
+}
+
+#[test]
+fn record_a_copies_strings_and_stack_arguments_on_the_fast_path() {
+    for opt in ["-O0", "-O2"] {
+        let bin = program(opt);
+        let dir = tmp().join(format!("rec{opt}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        let bin_s = bin.to_str().unwrap();
+        let rec = hotprobe(&[
+            "record",
+            "-a",
+            "word",
+            "slen",
+            "tag",
+            "eight",
+            "-o",
+            dir.to_str().unwrap(),
+            "--",
+            bin_s,
+            "40",
+        ]);
+        let (out, err) = (text(&rec.stdout), text(&rec.stderr));
+        assert_eq!(
+            (out.clone(), rec.status.code()),
+            untraced(&bin, "40"),
+            "{err}"
+        );
+        let probes = err
+            .lines()
+            .find(|l| l.trim_start().starts_with("probes:"))
+            .unwrap_or_else(|| panic!("{opt}: no probes line:\n{err}"));
+        assert!(
+            probes.contains("4 functions (") && !probes.contains("trap"),
+            "{opt}: {probes}"
+        );
+        let replay = hotprobe(&["replay", dir.to_str().unwrap()]);
+        assert!(replay.status.success(), "{}", text(&replay.stderr));
+        // Leaf calls: `| name(args) = ret;`.
+        let shown: Vec<String> = text(&replay.stdout)
+            .lines()
+            .filter_map(|l| l.split_once("] | ").map(|(_, b)| b.trim()))
+            .filter_map(|b| b.strip_suffix(';'))
+            .map(str::to_string)
+            .collect();
+        let want = logged(&out, &["word", "slen", "tag", "eight"]);
+        // word 40 times, slen 41, eight 40, tag twice.
+        assert_eq!(want.len(), 3 * 40 + 3, "{opt}");
+        assert_eq!(shown, want, "{opt}");
+    }
+}
+
+#[test]
+fn trace_shows_a_field_through_a_pointer_copied_in_the_target() {
+    let bin = program("-O2");
+    let t = hotprobe(&[
+        "trace",
+        "--summary",
+        "getx(p->x)",
+        "--",
+        bin.to_str().unwrap(),
+        "25",
+    ]);
+    let (out, err) = (text(&t.stdout), text(&t.stderr));
+    assert_eq!(t.status.code(), Some(7), "{err}");
+    // `getx(p->x=N) {` then `} /* getx */ = N`.
+    let mut shown = Vec::new();
+    let mut open = None;
+    for l in out
+        .lines()
+        .filter_map(|l| l.split_once("] | ").map(|(_, b)| b.trim()))
+    {
+        if let Some(e) = l.strip_suffix(" {") {
+            open = Some(e.to_string());
+        } else if let Some(r) = l.strip_prefix("} /* getx */ = ") {
+            shown.push(format!("{} = {r}", open.take().expect("entry first")));
+        }
+    }
+    assert_eq!(shown, logged(&out, &["getx"]));
+    assert_eq!(shown.len(), 25);
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("getx "))
+        .unwrap_or_else(|| panic!("no summary row:\n{out}"));
+    assert!(
+        row.contains("typed values copied in the target") && !row.contains("trap"),
+        "{row}"
+    );
+}
+
+#[test]
+fn a_cpp_member_function_gets_its_string_and_reference_field_copied() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs/typed_fast.cc");
+    let bin = hotprobe_testkit::compile(
+        "g++",
+        &src,
+        &tmp().join("typed_fast_cc"),
+        &["-O2", "-g"],
+        &[],
+    );
+    let t = hotprobe(&[
+        "trace",
+        "--summary",
+        "Greeter::say(who, p->x)",
+        "--",
+        bin.to_str().unwrap(),
+        "30",
+    ]);
+    let (out, err) = (text(&t.stdout), text(&t.stderr));
+    assert_eq!(t.status.code(), Some(0), "{err}");
+    // `Greeter::say(char const*, Point const&) const(who="ada", p->x=0) {`
+    // then `} /* … */ = 103`.
+    let mut shown = Vec::new();
+    let mut open = None;
+    for l in out
+        .lines()
+        .filter_map(|l| l.split_once("] | ").map(|(_, b)| b.trim()))
+    {
+        if let Some(e) = l.strip_suffix(" {") {
+            let args = e
+                .rsplit_once("const(")
+                .expect("the values after the name")
+                .1;
+            open = Some(format!("say({args}"));
+        } else if let Some((_, r)) = l.split_once("*/ = ") {
+            shown.push(format!("{} = {r}", open.take().expect("entry first")));
+        }
+    }
+    assert_eq!(shown, logged(&out, &["say"]));
+    assert_eq!(shown.len(), 30);
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("Greeter::say "))
+        .unwrap_or_else(|| panic!("no summary row:\n{out}"));
+    assert!(row.contains("typed values copied in the target"), "{row}");
+}
+
+/// tests/programs/typed_seccomp.c, built once.
+fn seccomp_program() -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs/typed_seccomp.c");
+    gcc(&src, &tmp().join("typed_seccomp"), &["-O1"])
+}
+
+#[test]
+fn after_a_seccomp_filter_strings_show_unreadable_and_the_program_runs_on() {
+    // The filter comes while traced (through the preloaded agent's
+    // prctl): the agent stops reading memory through process_vm_readv (a
+    // filter may kill on it); a literal of the program's image is still
+    // read directly, a heap string shows unreadable.
+    let bin = seccomp_program();
+    let t = hotprobe(&[
+        "trace",
+        "-a",
+        "--summary",
+        "slen",
+        "--",
+        bin.to_str().unwrap(),
+    ]);
+    let (out, err) = (text(&t.stdout), text(&t.stderr));
+    assert_eq!(t.status.code(), Some(5), "{err}");
+    let entries: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.split_once("] | ").map(|(_, b)| b.trim()))
+        .filter(|b| b.ends_with(" {"))
+        .collect();
+    assert_eq!(entries.len(), 3, "{out}");
+    assert_eq!(entries[0], "slen(\"before\") {");
+    assert_eq!(entries[1], "slen(\"after\") {");
+    assert!(entries[2].starts_with("slen(<unreadable 0x"), "{out}");
+    assert_eq!(
+        logged(&out, &["slen"]),
+        [
+            "slen(\"before\") = 6",
+            "slen(\"after\") = 5",
+            "slen(\"on the heap\") = 11"
+        ]
+    );
+}
+
+#[test]
+fn a_process_already_under_a_seccomp_filter_keeps_the_traps_reads() {
+    use std::io::{BufRead, Write};
+    let bin = seccomp_program();
+    let mut child = std::process::Command::new(&bin)
+        .arg("wait")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    lines.read_line(&mut line).unwrap();
+    line.clear();
+    lines.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let pid = child.id().to_string();
+    let mut stdin = child.stdin.take().unwrap();
+    let ((), _, out, err) =
+        common::while_attached(&["trace", "-a", "--summary", "slen", "-p", &pid], || {
+            stdin.write_all(b"go\n").unwrap()
+        });
+    assert!(err.contains("exited with code 5"), "{err}");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut lines, &mut rest).unwrap();
+    assert_eq!(
+        rest,
+        "CALL slen(\"after\") = 5\nCALL slen(\"on the heap\") = 11\n"
+    );
+    assert_eq!(child.wait().unwrap().code(), Some(5));
+    assert!(out.contains("| slen(\"after\") {"), "{out}");
+    assert!(out.contains("| slen(\"on the heap\") {"), "{out}");
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("slen "))
+        .unwrap_or_else(|| panic!("no summary row:\n{out}"));
+    assert!(
+        row.contains("typed values read at the hit") && !row.contains("copied in the target"),
+        "{row}"
+    );
+}
