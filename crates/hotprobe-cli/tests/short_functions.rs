@@ -61,6 +61,24 @@ fn short_functions_before_padding_take_a_jump_and_count_exactly() {
             }
         }
     }
+    // Two probes on one short function: the second chains on the first's
+    // jump (planned on the jump, not on the function's bytes, which the
+    // jump covers: "invalid instruction at +0x0" before), both exact.
+    let bin = program(true);
+    let o = hotprobe(&["count", "inc", "inc", "--", bin.to_str().unwrap(), "1000"]);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "{err}");
+    let t = CountTable::parse(&out, &err);
+    let rows = t.rows_of("inc");
+    assert_eq!(rows.len(), 2, "{}", t.all);
+    for r in rows {
+        let cell = |c: &str| r[t.col(c)].as_str();
+        assert_eq!(
+            (cell("HITS"), cell("NMISSED"), cell("EXECUTION")),
+            ("1000", "0", "jump"),
+            "{r:?}"
+        );
+    }
     // record keeps each call, with its argument and return value.
     let bin = program(true);
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("short_functions/t.d");

@@ -130,6 +130,30 @@ fn trace_shows_a_field_through_a_pointer_copied_in_the_target() {
     );
 }
 
+/// Two argument lists for one function: values and their shapes are kept
+/// per function, so the second list is refused with both named (one
+/// spec's values were printed with the other's shapes), before the program
+/// runs.
+#[test]
+fn one_function_given_two_argument_lists_is_refused() {
+    let bin = program("-O2");
+    let t = hotprobe(&[
+        "trace",
+        "getx(p->x)",
+        "getx(p)",
+        "--",
+        bin.to_str().unwrap(),
+        "3",
+    ]);
+    let (out, err) = (text(&t.stdout), text(&t.stderr));
+    assert_eq!(t.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("getx: given two argument lists ((p->x) and (p))"),
+        "{err}"
+    );
+    assert!(!out.contains("CALL "), "the program did not run: {out}");
+}
+
 #[test]
 fn a_cpp_member_function_gets_its_string_and_reference_field_copied() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs/typed_fast.cc");

@@ -357,6 +357,12 @@ pub fn plan_jump(function: &[u8], func_start: u64, site: u64) -> Result<JumpPlan
 /// as padding (`nop` forms or `int3`): the whole function is displaced and
 /// runs relocated; the padding overwritten was never executed. A function
 /// of 5 bytes or more is planned by [`plan_jump`] on its own bytes.
+///
+/// A short function whose entry already holds a `jmp rel32` (a probe
+/// placed there before, ours or another tool's: no instruction of a
+/// function under 5 bytes is one) is planned on that jump, as [`plan_jump`]
+/// plans a second probe on a longer function: the new trampoline runs
+/// the relocated jump, so both probes see every call.
 pub fn plan_jump_padded(
     code: &[u8],
     body_len: usize,
@@ -366,6 +372,9 @@ pub fn plan_jump_padded(
     let body = code.get(..body_len).unwrap_or(code);
     if body.len() >= JMP_REL32_LEN || code.len() <= body.len() {
         return plan_jump(body, func_start, site);
+    }
+    if site == func_start && code.len() >= JMP_REL32_LEN && code[0] == 0xe9 {
+        return plan_jump(&code[..JMP_REL32_LEN], func_start, site);
     }
     let too_short = JumpError::FunctionTooShort {
         len: body.len() as u64,
@@ -504,6 +513,14 @@ mod tests {
                 "{code:x?}"
             );
         }
+        // A jump written there before (a first probe's): chained, the new
+        // trampoline running that jump relocated.
+        let code = [0xe9, 0x00, 0x10, 0x00, 0x00, 0x0f, 0x1f, 0x44, 0x00];
+        let p = plan_jump_padded(&code, 4, 0x1000, 0x1000).unwrap();
+        assert_eq!(p.covered, 5);
+        let reloc = p.relocate(0x8000).unwrap();
+        let mut d = Decoder::with_ip(64, &reloc, 0x8000, DecoderOptions::NONE);
+        assert_eq!(d.decode().near_branch_target(), 0x1000 + 5 + 0x1000);
         // 5 bytes or more: the function's own bytes, as plan_jump.
         let f = [0x48, 0x8d, 0x47, 0x01, 0xc3, 0x90];
         assert_eq!(

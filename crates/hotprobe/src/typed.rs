@@ -41,6 +41,20 @@ pub enum TypedError {
         /// Its module.
         module: String,
     },
+    /// One function given two different argument lists (two specs, or a
+    /// spec and `-a`): the values of one call are typed by one list.
+    #[error(
+        "{function}: given two argument lists ({first} and {second}): name each function once, \
+         with every expression it should show"
+    )]
+    TwoArgumentLists {
+        /// The function.
+        function: String,
+        /// The list it was placed with first.
+        first: String,
+        /// The list asked next.
+        second: String,
+    },
     /// Several functions could not be planned (one line each).
     #[error("{}", join_lines(.0))]
     Several(Vec<TypedError>),
@@ -118,6 +132,24 @@ pub struct Typing {
     fast_plans: RefCell<HashMap<u64, EntryExit>>,
     /// Parameters and their registers per function (`count` conditions).
     param_regs: RefCell<HashMap<u64, Option<ParamRegs>>>,
+    /// The argument list each address was planned with (`None`: every
+    /// parameter): shapes and plans are kept per address, so a second,
+    /// different list for one function is refused.
+    lists: RefCell<HashMap<u64, Option<Vec<ArgExpr>>>>,
+}
+
+/// An argument list as the user wrote it, for messages.
+fn list_text(exprs: Option<&[ArgExpr]>) -> String {
+    match exprs {
+        None => "every parameter (-a)".into(),
+        Some(e) => format!(
+            "({})",
+            e.iter()
+                .map(|x| x.text.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
 }
 
 /// A function's parameters and the argument register of each (or why it
@@ -166,6 +198,20 @@ impl Typing {
             return Some(plan_usdt(&r.usdt_args));
         }
         let func = r.function.clone().unwrap_or_else(|| r.addr.to_string());
+        let first = self
+            .lists
+            .borrow_mut()
+            .entry(r.addr.0)
+            .or_insert_with(|| exprs.map(<[ArgExpr]>::to_vec))
+            .clone();
+        if first.as_deref() != exprs {
+            self.errors.borrow_mut().push(TypedError::TwoArgumentLists {
+                function: func,
+                first: list_text(first.as_deref()),
+                second: list_text(exprs),
+            });
+            return None;
+        }
         let sig = self
             .debug_types(r)
             .and_then(|d| d.signature(r.link_addr.0).ok().flatten())
