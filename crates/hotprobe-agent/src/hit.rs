@@ -32,6 +32,7 @@ use hotprobe_abi::{
     KIND_ENTRY, KIND_EXIT, KIND_HIT, STATUS_ORPHANED,
 };
 
+pub(crate) use crate::threads::{find_thread, thread_pointer};
 use crate::trampoline::Frame;
 
 /// Entries of the thread table (threads alive at once, with some slack).
@@ -205,41 +206,6 @@ fn refuse(shm: &Shm, t: Option<&ThreadEntry>, kind: u32, probe: u32, action: u32
         // The entry's event, and its exit's: the return is not hooked.
         refuse_events(shm, shm.ring_ctl(slot), probe, if hooks { 2 } else { 1 });
     }
-}
-
-#[inline(always)]
-pub(crate) fn thread_pointer() -> u64 {
-    let tp: u64;
-    // SAFETY: reads the first word of the TCB, which the x86-64 TLS ABI
-    // (glibc and musl) makes hold the thread pointer itself; always mapped.
-    unsafe {
-        core::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) tp, options(nostack, readonly, preserves_flags))
-    };
-    tp
-}
-
-#[inline(always)]
-pub(crate) fn table_index(tp: u64) -> usize {
-    (tp.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52) as usize
-}
-
-#[inline(always)]
-pub(crate) fn find_thread(tp: u64) -> Option<&'static ThreadEntry> {
-    let mut i = table_index(tp);
-    let mut n = 0;
-    while n < MAX_THREADS {
-        let e = THREADS.get(i % MAX_THREADS)?;
-        let k = e.key.load(Relaxed);
-        if k == tp {
-            return Some(e);
-        }
-        if k == EMPTY {
-            return None;
-        }
-        i = i.wrapping_add(1);
-        n += 1;
-    }
-    None
 }
 
 /// The tracer is gone when its heartbeat is older than the timeout: stop

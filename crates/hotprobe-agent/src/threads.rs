@@ -9,8 +9,8 @@ use hotprobe_abi::fast::ThreadBlock;
 use hotprobe_abi::{Shm, CONTROL_FOLLOW_FORKS};
 
 use crate::hit::{
-    find_thread, registering, table_index, thread_pointer, ThreadEntry, EMPTY, ENTRY_INIT,
-    MAX_THREADS, NO_SLOT, PENDING_SLOT, SHADOW_BYTES, THREADS, TOMBSTONE,
+    registering, ThreadEntry, EMPTY, ENTRY_INIT, MAX_THREADS, NO_SLOT, PENDING_SLOT, SHADOW_BYTES,
+    THREADS, TOMBSTONE,
 };
 
 /// What a thread's TLS word points at while the agent itself calls a
@@ -470,4 +470,42 @@ pub(crate) fn handler_slot(shm: &Shm) -> Option<&hotprobe_abi::HandlerSlot> {
     let (i, s) = shm.claim_handler_slot(tid)?;
     e.hslot.store(i + 1, Relaxed);
     Some(s)
+}
+
+/// The calling thread's thread pointer (`fs:0`), which keys its entry.
+#[inline(always)]
+pub(crate) fn thread_pointer() -> u64 {
+    let tp: u64;
+    // SAFETY: reads the first word of the TCB, which the x86-64 TLS ABI
+    // (glibc and musl) makes hold the thread pointer itself; always mapped.
+    unsafe {
+        core::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) tp, options(nostack, readonly, preserves_flags))
+    };
+    tp
+}
+
+/// The first slot of [`THREADS`] probed for thread pointer `tp`.
+#[inline(always)]
+pub(crate) fn table_index(tp: u64) -> usize {
+    (tp.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52) as usize
+}
+
+/// The registered entry of thread pointer `tp` (open addressing).
+#[inline(always)]
+pub(crate) fn find_thread(tp: u64) -> Option<&'static ThreadEntry> {
+    let mut i = table_index(tp);
+    let mut n = 0;
+    while n < MAX_THREADS {
+        let e = THREADS.get(i % MAX_THREADS)?;
+        let k = e.key.load(Relaxed);
+        if k == tp {
+            return Some(e);
+        }
+        if k == EMPTY {
+            return None;
+        }
+        i = i.wrapping_add(1);
+        n += 1;
+    }
+    None
 }
