@@ -202,6 +202,8 @@ struct Thread {
     /// reported as [`TargetEvent::Watchpoint`] when the engine resumes
     /// the thread after the step.
     pending_watch: u8,
+    /// The `PTRACE_EVENT_*` of the last stop handled (0: a signal stop).
+    last_event: i32,
 }
 
 impl Thread {
@@ -213,6 +215,7 @@ impl Thread {
             held_signals: VecDeque::new(),
             regs: None,
             unrewound_breakpoint: None,
+            last_event: 0,
             at_rendezvous: false,
             pending_watch: 0,
         }
@@ -499,16 +502,33 @@ impl ProcessTarget {
 
     /// A thread that is stopped, for remote syscalls.
     fn any_stopped_thread(&self) -> Option<i32> {
-        let mut tids: Vec<i32> = self
-            .threads
+        // A thread at a clone, fork, vfork or exec event stop is inside that
+        // system call: run on, it first finishes it (the kernel writes the
+        // call's result into rax), so a remote call made on it saw its own
+        // number replaced (a remote mmap failed with ENOSYS), and the
+        // registers put back afterwards held the stop's rax (-ENOSYS)
+        // instead of the result: glibc's clone3 "failed" and it started
+        // the thread again with clone (count -p on a program creating
+        // threads: SIGSEGV after detach). Any other stopped thread first.
+        // (Parked too: a clone event taken while stopping parks the thread
+        // where it is, inside the call.)
+        let in_call = |t: &Thread| {
+            matches!(
+                t.last_event,
+                libc::PTRACE_EVENT_CLONE
+                    | libc::PTRACE_EVENT_FORK
+                    | libc::PTRACE_EVENT_VFORK
+                    | libc::PTRACE_EVENT_VFORK_DONE
+                    | libc::PTRACE_EVENT_EXEC
+            )
+        };
+        self.threads
             .iter()
             .filter(|(tid, t)| {
                 t.state != RunState::Running && !t.stepping && !self.vfork_children.contains(tid)
             })
+            .min_by_key(|(tid, t)| (in_call(t), **tid))
             .map(|(tid, _)| *tid)
-            .collect();
-        tids.sort();
-        tids.first().copied()
     }
 
     /// Write an `int3` at `addr`, keeping the original byte (the engine's

@@ -109,6 +109,7 @@ impl ProcessTarget {
             let t = self.threads.get_mut(&pid).expect("known thread");
             t.state = RunState::Event;
             t.regs = None;
+            t.last_event = event;
         }
         match event {
             libc::PTRACE_EVENT_CLONE | libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK => {

@@ -448,6 +448,33 @@ fn a_call_out_of_script_order_fails_the_case() {
     );
 }
 
+/// A thread parked at its clone event is inside clone3: run on, it would
+/// finish the call first (the kernel writing the result into rax), so a
+/// remote call goes to another stopped thread, even one of a higher tid
+/// (the leader's clone3 "failed" with the restored -ENOSYS, and glibc
+/// started the thread again with clone: count -p crashed programs making
+/// threads at detach).
+#[test]
+fn a_thread_inside_its_clone_call_is_not_the_one_remote_calls_run_on() {
+    let script = format!(
+        "interrupt {L} = ok
+         interrupt {T2} = ok
+         waitpid {L} 0x0 = {L} 0x3057f
+         geteventmsg {L} = {T3}
+         waitpid {T3} 0x0 = {T3} 0x80057f
+         waitpid {T2} 0x0 = {T2} 0x80057f"
+    );
+    let (mut t, os) = fake_target(L, &[L, T2], &script);
+    t.stop_all().expect("stop_all");
+    assert!(os.remaining().is_empty(), "{:?}", os.remaining());
+    assert_eq!(t.threads[&L].state, RunState::Parked);
+    assert_eq!(t.any_stopped_thread(), Some(T2));
+    // With no other thread stopped, the leader is all there is.
+    t.threads.retain(|tid, _| *tid == L);
+    assert_eq!(t.any_stopped_thread(), Some(L));
+    t.attached = false;
+}
+
 #[test]
 fn statuses_of_other_targets_stay_in_the_shared_table_until_taken() {
     let other = 6_000_001;
