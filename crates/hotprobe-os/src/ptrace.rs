@@ -71,6 +71,19 @@ pub trait Os: fmt::Debug + Send + Sync {
     fn kill(&self, pid: i32, sig: i32) -> Result<(), SysError>;
     /// Open `/proc/PID/mem` for reading and writing.
     fn open_mem(&self, pid: i32) -> Result<File, SysError>;
+    /// `PTRACE_SYSCALL` delivering `sig` (0 for none). The default makes
+    /// the real call (a scripted fake need not answer it).
+    fn syscall_resume(&self, pid: i32, sig: i32) -> Result<(), SysError> {
+        sys::syscall_resume(pid, sig)
+    }
+    /// `PTRACE_GETSIGMASK`. The default makes the real call.
+    fn getsigmask(&self, pid: i32) -> Result<u64, SysError> {
+        sys::getsigmask(pid)
+    }
+    /// `PTRACE_SETSIGMASK`. The default makes the real call.
+    fn setsigmask(&self, pid: i32, mask: u64) -> Result<(), SysError> {
+        sys::setsigmask(pid, mask)
+    }
 }
 
 /// The real system calls (`sys.rs`); timed waits through the waiter thread
@@ -240,6 +253,19 @@ impl Sys {
     /// See [`Os::step`].
     pub fn step(&self, pid: i32, sig: i32) -> Result<(), SysError> {
         self.unit(|| format!("step {pid} {sig}"), self.os.step(pid, sig))
+    }
+    /// See [`Os::syscall_resume`] (not logged, as the signal-mask calls:
+    /// used only by remote system calls, which the fake does not script).
+    pub fn syscall_resume(&self, pid: i32, sig: i32) -> Result<(), SysError> {
+        self.os.syscall_resume(pid, sig)
+    }
+    /// See [`Os::getsigmask`] (not logged).
+    pub fn getsigmask(&self, pid: i32) -> Result<u64, SysError> {
+        self.os.getsigmask(pid)
+    }
+    /// See [`Os::setsigmask`] (not logged).
+    pub fn setsigmask(&self, pid: i32, mask: u64) -> Result<(), SysError> {
+        self.os.setsigmask(pid, mask)
     }
     /// See [`Os::listen`].
     pub fn listen(&self, pid: i32) -> Result<(), SysError> {

@@ -19,6 +19,7 @@ mod remote;
 pub mod remote_call;
 pub mod remote_resumable;
 mod rendezvous;
+mod sigtrap;
 mod spawn;
 mod strays;
 mod target;
@@ -202,6 +203,12 @@ struct Thread {
     /// reported as [`TargetEvent::Watchpoint`] when the engine resumes
     /// the thread after the step.
     pending_watch: u8,
+    /// The program blocks `SIGTRAP` in this thread, as last seen (see
+    /// `sigtrap.rs`).
+    trap_blocked: bool,
+    /// A trap of ours took `SIGTRAP` out of its mask: put back before it
+    /// runs freely.
+    trap_mask_reset: bool,
 }
 
 impl Thread {
@@ -215,6 +222,8 @@ impl Thread {
             unrewound_breakpoint: None,
             at_rendezvous: false,
             pending_watch: 0,
+            trap_blocked: false,
+            trap_mask_reset: false,
         }
     }
 }
@@ -274,6 +283,8 @@ pub struct ProcessTarget {
     exec_gone: Vec<i32>,
     /// Run at detach (see [`ProcessTarget::on_detach`]).
     detach_hooks: Vec<DetachHook>,
+    /// The program's `SIGTRAP` state kept across our traps (`sigtrap.rs`).
+    sigtrap: sigtrap::SigTrapState,
 }
 
 /// Work for the last moment of a detach (see [`ProcessTarget::on_detach`]).
@@ -313,6 +324,7 @@ impl ProcessTarget {
             strays: Strays::new(),
             exec_gone: Vec::new(),
             detach_hooks: Vec::new(),
+            sigtrap: sigtrap::SigTrapState::default(),
         }
     }
 

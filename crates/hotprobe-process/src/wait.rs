@@ -142,6 +142,7 @@ impl ProcessTarget {
                             self.sys.cont(new, 0).map_err(|e| self.sys_err(e))?;
                         }
                         self.threads.insert(new, th);
+                        self.inherit_sigtrap_state(pid, new);
                     }
                     self.park_or_continue(pid, stopping)?;
                     return Ok(if alive {
@@ -206,6 +207,10 @@ impl ProcessTarget {
                 })?;
                 // The new image's loader is mapped already (it has not run).
                 self.arm_rendezvous();
+                // Handlers are reset by the exec (ignored ones stay); the
+                // old image's sites went with it.
+                self.disarm_sig_sites();
+                self.learn_sigtrap_state();
                 return Ok(Some(TargetEvent::Exec));
             }
             libc::PTRACE_EVENT_STOP => {
@@ -257,6 +262,7 @@ impl ProcessTarget {
             // watchpoint was removed (unwatch while it ran): not the
             // program's signal — dropped, as at detach.
             let _ = watch::take_hits(&self.sys, pid);
+            self.note_forced_trap(pid);
             self.park_or_continue(pid, stopping)?;
             return Ok(None);
         }
@@ -272,6 +278,20 @@ impl ProcessTarget {
                 0
             };
             let regs = self.fetch_regs(pid)?;
+            let bp = regs.rip.wrapping_sub(1);
+            let stepping = self.threads.get(&pid).is_some_and(|t| t.stepping);
+            if !stepping && hits == 0 && self.is_sig_site(bp) {
+                self.on_sig_site(pid, bp, stopping)?;
+                return Ok(None);
+            }
+            let ours = stepping
+                || hits != 0
+                || self.is_rendezvous_trap(regs.rip)
+                || self.breakpoints.contains_key(&bp);
+            if ours {
+                // The kernel reset what the thread blocks or ignores.
+                self.note_forced_trap(pid);
+            }
             let t = self.threads.get_mut(&pid).expect("known thread");
             if t.stepping {
                 t.stepping = false;
@@ -293,7 +313,6 @@ impl ProcessTarget {
             if self.is_rendezvous_trap(regs.rip) {
                 return self.on_rendezvous(pid, regs);
             }
-            let bp = regs.rip.wrapping_sub(1);
             if self.breakpoints.contains_key(&bp) {
                 let mut r = regs;
                 r.rip = bp;
@@ -333,6 +352,8 @@ impl ProcessTarget {
             t.state = RunState::Parked;
             Ok(())
         } else {
+            self.restore_sigtrap_state(pid);
+            let t = self.threads.get_mut(&pid).expect("known thread");
             t.state = RunState::Running;
             self.sys.cont(pid, 0).map_err(|e| self.sys_err(e))
         }
