@@ -111,6 +111,13 @@ pub fn remote_call(
             t.sys.cont(tid, 0).map_err(|e| t.sys_err(e))?;
             continue;
         }
+        if sig == libc::SIGTRAP && t.is_sig_site(after.rip.wrapping_sub(1)) {
+            // A signal-state system call of the program's code the call
+            // runs through (see `sigtrap.rs`): made, noted, run on.
+            t.emulate_sig_site(tid, after.rip - 1)?;
+            t.sys.cont(tid, 0).map_err(|e| t.sys_err(e))?;
+            continue;
+        }
         // Any other signal: hold it for later delivery, keep running the call.
         if let Some(th) = t.threads.get_mut(&tid) {
             th.held_signals.push_back(sig);

@@ -305,6 +305,13 @@ impl ProcessTarget {
         addr: u64,
         stopping: bool,
     ) -> Result<(), TargetError> {
+        self.emulate_sig_site(tid, addr)?;
+        self.park_or_continue(tid, stopping)
+    }
+
+    /// [`ProcessTarget::on_sig_site`] but for letting the thread go: it
+    /// stays stopped (a remote call's thread, which runs on).
+    pub(crate) fn emulate_sig_site(&mut self, tid: i32, addr: u64) -> Result<(), TargetError> {
         let site = self.sigtrap.sites[&addr];
         self.note_forced_trap(tid);
         self.restore_sigtrap_state(tid);
@@ -331,7 +338,7 @@ impl ProcessTarget {
         if let Some(t) = self.threads.get_mut(&tid) {
             t.regs = None;
         }
-        self.park_or_continue(tid, stopping)
+        Ok(())
     }
 
     /// Notes the state a successful signal-state call `nr` with `args`
@@ -343,7 +350,13 @@ impl ProcessTarget {
                     t.trap_blocked = mask & TRAP_BIT != 0;
                 }
             }
-        } else if nr == SYS_RT_SIGACTION && args[0] == libc::SIGTRAP as u64 && args[1] != 0 {
+        } else if nr == SYS_RT_SIGACTION
+            && args[0] == libc::SIGTRAP as u64
+            && args[1] != 0
+            // A vfork child's dispositions are its own copy (posix_spawn
+            // resets them there): the process's stay.
+            && !self.vfork_children.contains(&tid)
+        {
             if let Ok(h) = self.read_u64(RuntimeAddr(args[1])) {
                 self.sigtrap.handler = Some(h);
             }
