@@ -84,6 +84,14 @@ pub trait Os: fmt::Debug + Send + Sync {
     fn setsigmask(&self, pid: i32, mask: u64) -> Result<(), SysError> {
         sys::setsigmask(pid, mask)
     }
+    /// `PTRACE_GETFPREGS`, the whole state. The default makes the real call.
+    fn getfpregs(&self, pid: i32) -> Result<libc::user_fpregs_struct, SysError> {
+        sys::getfpregs(pid)
+    }
+    /// `PTRACE_SETFPREGS`. The default makes the real call.
+    fn setfpregs(&self, pid: i32, fp: &libc::user_fpregs_struct) -> Result<(), SysError> {
+        sys::setfpregs(pid, fp)
+    }
 }
 
 /// The real system calls (`sys.rs`); timed waits through the waiter thread
@@ -262,6 +270,14 @@ impl Sys {
     /// See [`Os::getsigmask`] (not logged).
     pub fn getsigmask(&self, pid: i32) -> Result<u64, SysError> {
         self.os.getsigmask(pid)
+    }
+    /// See [`Os::getfpregs`] (not logged: for remote calls only).
+    pub fn getfpregs(&self, pid: i32) -> Result<libc::user_fpregs_struct, SysError> {
+        self.os.getfpregs(pid)
+    }
+    /// See [`Os::setfpregs`] (not logged).
+    pub fn setfpregs(&self, pid: i32, fp: &libc::user_fpregs_struct) -> Result<(), SysError> {
+        self.os.setfpregs(pid, fp)
     }
     /// See [`Os::setsigmask`] (not logged).
     pub fn setsigmask(&self, pid: i32, mask: u64) -> Result<(), SysError> {

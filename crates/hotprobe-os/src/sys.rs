@@ -232,6 +232,32 @@ pub fn getxmm(pid: i32) -> Result<[u64; 16], SysError> {
     Ok(out)
 }
 
+/// PTRACE_GETFPREGS: the whole x87/SSE state.
+pub fn getfpregs(pid: i32) -> Result<libc::user_fpregs_struct, SysError> {
+    // SAFETY: user_fpregs_struct is plain old data; all-zero is a valid value.
+    let mut fp: libc::user_fpregs_struct = unsafe { std::mem::zeroed() };
+    ptrace(
+        "ptrace(PTRACE_GETFPREGS)",
+        libc::PTRACE_GETFPREGS,
+        pid,
+        0,
+        &mut fp as *mut libc::user_fpregs_struct as usize,
+    )?;
+    Ok(fp)
+}
+
+/// PTRACE_SETFPREGS.
+pub fn setfpregs(pid: i32, fp: &libc::user_fpregs_struct) -> Result<(), SysError> {
+    ptrace(
+        "ptrace(PTRACE_SETFPREGS)",
+        libc::PTRACE_SETFPREGS,
+        pid,
+        0,
+        fp as *const libc::user_fpregs_struct as usize,
+    )
+    .map(drop)
+}
+
 /// PTRACE_SETREGS.
 pub fn setregs(pid: i32, regs: &libc::user_regs_struct) -> Result<(), SysError> {
     ptrace(

@@ -24,6 +24,7 @@ mod spawn;
 mod strays;
 mod target;
 mod uprobes;
+mod vforks;
 mod wait;
 mod watch;
 mod watchpoints;
@@ -82,6 +83,7 @@ const INT3: u8 = 0xCC;
 const TRACE_OPTIONS: i32 = libc::PTRACE_O_TRACECLONE
     | libc::PTRACE_O_TRACEFORK
     | libc::PTRACE_O_TRACEVFORK
+    | libc::PTRACE_O_TRACEVFORKDONE
     | libc::PTRACE_O_TRACEEXEC;
 
 /// Errors starting or attaching to a process.
@@ -285,6 +287,10 @@ pub struct ProcessTarget {
     detach_hooks: Vec<DetachHook>,
     /// The program's `SIGTRAP` state kept across our traps (`sigtrap.rs`).
     sigtrap: sigtrap::SigTrapState,
+    /// The agent's vfork functions, once found (see `vforks.rs`).
+    agent_vfork: Option<vforks::AgentVforkFns>,
+    /// vfork children the agent was told of: (parent thread, child).
+    vfork_armed: Vec<(i32, i32)>,
 }
 
 /// Work for the last moment of a detach (see [`ProcessTarget::on_detach`]).
@@ -325,6 +331,8 @@ impl ProcessTarget {
             exec_gone: Vec::new(),
             detach_hooks: Vec::new(),
             sigtrap: sigtrap::SigTrapState::default(),
+            agent_vfork: None,
+            vfork_armed: Vec::new(),
         }
     }
 

@@ -135,14 +135,26 @@ impl ProcessTarget {
                         }
                     }
                     if alive {
+                        let vfork = event == libc::PTRACE_EVENT_VFORK;
                         let mut th = Thread::new(RunState::Running);
                         if stopping {
                             th.state = RunState::Parked;
+                        } else if vfork {
+                            th.state = RunState::Event;
                         } else {
                             self.sys.cont(new, 0).map_err(|e| self.sys_err(e))?;
                         }
                         self.threads.insert(new, th);
                         self.inherit_sigtrap_state(pid, new);
+                        if vfork {
+                            // Before it runs: the agent counts it apart.
+                            self.vfork_started(pid, new);
+                            if !stopping {
+                                let th = self.threads.get_mut(&new).expect("inserted");
+                                th.state = RunState::Running;
+                                self.sys.cont(new, 0).map_err(|e| self.sys_err(e))?;
+                            }
+                        }
                     }
                     self.park_or_continue(pid, stopping)?;
                     return Ok(if alive {
@@ -211,6 +223,8 @@ impl ProcessTarget {
                 // old image's sites went with it.
                 self.disarm_sig_sites();
                 self.learn_sigtrap_state();
+                self.agent_vfork = None;
+                self.vfork_armed.clear();
                 return Ok(Some(TargetEvent::Exec));
             }
             libc::PTRACE_EVENT_STOP => {
@@ -243,6 +257,14 @@ impl ProcessTarget {
                 return Ok(None);
             }
             0 => {}
+            libc::PTRACE_EVENT_VFORK_DONE => {
+                // The child executed or exited; the parent runs on.
+                if let Ok(child) = self.sys.geteventmsg(pid) {
+                    self.vfork_finished(pid, child as i32);
+                }
+                self.park_or_continue(pid, stopping)?;
+                return Ok(None);
+            }
             _ => {
                 // An event stop not asked for (PTRACE_EVENT_VFORK_DONE,
                 // _EXIT, _SECCOMP): no signal to deliver, nothing to report.
