@@ -88,6 +88,10 @@ pub(crate) struct SigTrapState {
     scanned: HashSet<u64>,
     /// Sites are armed (the engine has breakpoints: traps will come).
     armed: bool,
+    /// The agent is mapped: it keeps the state itself (see
+    /// [`ProcessTarget::arm_sig_sites`]); nothing is tracked or put back
+    /// until an exec.
+    agent: bool,
 }
 
 /// `SigBlk`, `SigIgn` and `SigCgt` of `/proc/PID/task/TID/status`.
@@ -118,6 +122,9 @@ impl ProcessTarget {
     /// Reads what the program set (see the module docs) from `/proc`, for
     /// every thread: at attach, spawn and exec, all threads stopped.
     pub(crate) fn learn_sigtrap_state(&mut self) {
+        if self.sigtrap.agent {
+            return;
+        }
         let tids: Vec<i32> = self.threads.keys().copied().collect();
         let mut caught = false;
         let mut ignored = false;
@@ -156,6 +163,9 @@ impl ProcessTarget {
     /// is marked to be put back.
     pub(crate) fn note_forced_trap(&mut self, tid: i32) {
         let handler = self.sigtrap.handler;
+        if self.sigtrap.agent {
+            return;
+        }
         let Some(t) = self.threads.get_mut(&tid) else {
             return;
         };
@@ -246,8 +256,32 @@ impl ProcessTarget {
     /// scanned yet (at the engine's first breakpoint, and when modules
     /// change while armed).
     pub(crate) fn arm_sig_sites(&mut self) {
-        self.sigtrap.armed = true;
         let text = std::fs::read_to_string(format!("/proc/{}/maps", self.pid)).unwrap_or_default();
+        if text.contains("hotprobe_agent") {
+            // The agent keeps SIGTRAP out of the program's masks and its
+            // handler in: a site's trap in glibc's own all-blocked windows
+            // (a new thread's start) would reset that handler for a
+            // moment, and another thread's in-process trap could die of it.
+            self.sigtrap.armed = true;
+            let sites: Vec<u64> = self.sigtrap.sites.drain().map(|(a, _)| a).collect();
+            for a in sites {
+                let _ = self.remove_int3(RuntimeAddr(a));
+            }
+            self.sigtrap.agent = true;
+            self.sigtrap.handler = None;
+            self.sigtrap.handler_reset = false;
+            for t in self.threads.values_mut() {
+                t.trap_blocked = false;
+                t.trap_mask_reset = false;
+            }
+            return;
+        }
+        if !self.sigtrap.armed {
+            // What changed since it was last read (masks set, handlers
+            // installed) was not seen: read it again.
+            self.learn_sigtrap_state();
+        }
+        self.sigtrap.armed = true;
         let lines = crate::parse_maps_lines(&text);
         for l in lines.iter().filter(|l| l.exec && l.name.starts_with('/')) {
             if !self.sigtrap.scanned.insert(l.start) || l.end - l.start > MAX_SCAN {
@@ -277,6 +311,7 @@ impl ProcessTarget {
     /// Takes every site's `int3` out (release, exec).
     pub(crate) fn disarm_sig_sites(&mut self) {
         self.sigtrap.armed = false;
+        self.sigtrap.agent = false;
         self.sigtrap.scanned.clear();
         let sites: Vec<u64> = self.sigtrap.sites.drain().map(|(a, _)| a).collect();
         for a in sites {
