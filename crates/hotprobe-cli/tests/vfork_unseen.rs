@@ -7,6 +7,8 @@
 //! tells the agent, in the child before it runs and in the parent before
 //! it runs on. And posix_spawn (interposed) with a known number of calls
 //! in its child: 25 `dup2`s of its file actions, the parent's own 7.
+//! And return probes on the ptrace trap: a vfork child's returns were
+//! counted as its parent's (`f%return`: parent 1400, child 0).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -99,4 +101,25 @@ fn a_posix_spawn_child_has_its_own_calls() {
     let (parent, child, t) = run("spawn", true, &[], &["dup2"]);
     assert_eq!(t.hits_of("dup2", parent), 7, "{}", t.all);
     assert_eq!(t.hits_of("dup2", child), 25, "{}", t.all);
+}
+
+/// `leaf%return` on the ptrace trap: each process's returns in its own
+/// row with `-f`, the child's said not counted without it.
+#[test]
+fn a_vfork_childs_returns_are_its_own_on_the_trap() {
+    for how in ["vfork", "raw"] {
+        let probes = ["leaf%return", "leaf"];
+        let (parent, child, t) = run(how, true, &["--mechanism", "trap"], &probes);
+        for p in probes {
+            assert_eq!(t.hits_of(p, parent), 1000, "{how} {p}: {}", t.all);
+            assert_eq!(t.hits_of(p, child), 400, "{how} {p}: {}", t.all);
+        }
+        let (_, child, t) = run(how, false, &["--mechanism", "trap"], &["leaf%return"]);
+        assert_eq!(t.hits("leaf%return"), 1000, "{how}: {}", t.all);
+        let line = format!(
+            "hotprobe: leaf%return: 400 hits in vfork child {child} not counted \
+             (-f counts them as its own)"
+        );
+        assert_eq!(t.all.lines().filter(|l| *l == line).count(), 1, "{line}\n{}", t.all);
+    }
 }

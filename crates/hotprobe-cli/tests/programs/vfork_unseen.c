@@ -7,7 +7,8 @@
 // `system`: the parent calls `leaf` 600 times, runs system("exit 4"),
 // then calls `leaf` 400 times more. `spawn`: posix_spawn of /bin/true with
 // 25 dup2 file actions (the child calls dup2 25 times, then execve); the
-// parent calls dup2 7 times itself. Each prints what it did, then the
+// parent calls dup2 7 times itself. `vfork`: as `raw`, the child made by
+// libc's vfork(). Each prints what it did, then the
 // pids on a line of their own; exit status 7.
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -75,6 +76,17 @@ int main(int argc, char **argv) {
             return 1;
         calls(400);
         printf("raw: parent calls=1000 child calls=400 child status=%d\n", WEXITSTATUS(st));
+    } else if (strcmp(how, "vfork") == 0) {
+        calls(600);
+        c = vfork();
+        if (c == 0) {
+            calls(400);
+            _exit(3);
+        }
+        if (c < 0 || waitpid(c, &st, 0) != c)
+            return 1;
+        calls(400);
+        printf("vfork: parent calls=1000 child calls=400 child status=%d\n", WEXITSTATUS(st));
     } else if (strcmp(how, "system") == 0) {
         calls(600);
         st = system("exit 4");

@@ -226,6 +226,9 @@ pub struct Engine {
     /// Hits by vfork children (their pid), per probe: not the process's
     /// (see [`Engine::vfork_hits`]).
     vfork_hits: HashMap<ProbeId, Vec<(i32, u64)>>,
+    /// Returns by vfork children (their pid), per return probe: not the
+    /// process's (see [`Engine::vfork_returns`]).
+    vfork_returns: HashMap<ProbeId, Vec<(i32, u64)>>,
 }
 
 impl Engine {
@@ -266,6 +269,7 @@ impl Engine {
             hold_at_exec: false,
             forked: Vec::new(),
             vfork_hits: HashMap::new(),
+            vfork_returns: HashMap::new(),
         }
     }
 
@@ -373,6 +377,12 @@ impl Engine {
         self.vfork_hits.get(&id).map_or(&[], Vec::as_slice)
     }
 
+    /// Returns of return probe `id` by vfork children of the process, per
+    /// child pid (as [`Engine::vfork_hits`]: not in [`Engine::stats`]).
+    pub fn vfork_returns(&self, id: ProbeId) -> &[(i32, u64)] {
+        self.vfork_returns.get(&id).map_or(&[], Vec::as_slice)
+    }
+
     /// The vfork children that hit a probe so far (their pids).
     pub fn vfork_children_hit(&self) -> Vec<i32> {
         let mut v: Vec<i32> = self.vfork_hits.values().flatten().map(|x| x.0).collect();
@@ -398,6 +408,26 @@ impl Engine {
         } else if let Some(p) = self.probes.get_mut(&id) {
             p.hits += 1;
         }
+    }
+
+    /// Counts a return of probe `id` seen in thread `thread` when it is a
+    /// vfork child's (see [`Engine::vfork_returns`]); false when the
+    /// return is the process's, for the caller to count.
+    pub(crate) fn count_vfork_return(&mut self, id: ProbeId, thread: ThreadId) -> bool {
+        let tid = thread.0 as i32;
+        if !self
+            .target
+            .process_ref()
+            .is_some_and(|p| p.is_vfork_child(tid))
+        {
+            return false;
+        }
+        let by = self.vfork_returns.entry(id).or_default();
+        match by.iter_mut().find(|(p, _)| *p == tid) {
+            Some((_, n)) => *n += 1,
+            None => by.push((tid, 1)),
+        }
+        true
     }
 
     /// Whether a handler asked to stop (cleared by reading).
