@@ -19,6 +19,7 @@ mod remote;
 pub mod remote_call;
 pub mod remote_resumable;
 mod rendezvous;
+mod reverted;
 mod sigtrap;
 mod spawn;
 mod strays;
@@ -54,6 +55,7 @@ use std::time::{Duration, Instant};
 use sys::SysError;
 
 pub use maps::{find_free_gap, parse_maps_lines, MapLine};
+pub use reverted::RevertedBreakpoints;
 pub use strays::Strays;
 pub use uprobes::{kernel_uprobes, parse_uprobe_events, KernelUprobe, UprobeOwner};
 pub use watch::{dr7, HwWatch, WatchKind, WATCH_SLOTS};
