@@ -75,7 +75,12 @@ fn a_raw_clone3_vfork_child_has_its_own_row() {
             "hotprobe: leaf: 400 hits in vfork child {child} not counted \
              (-f counts them as its own)"
         );
-        assert_eq!(t.all.lines().filter(|l| *l == line).count(), 1, "{line}\n{}", t.all);
+        assert_eq!(
+            t.all.lines().filter(|l| *l == line).count(),
+            1,
+            "{line}\n{}",
+            t.all
+        );
     }
 }
 
@@ -120,6 +125,11 @@ fn a_vfork_childs_returns_are_its_own_on_the_trap() {
             "hotprobe: leaf%return: 400 hits in vfork child {child} not counted \
              (-f counts them as its own)"
         );
-        assert_eq!(t.all.lines().filter(|l| *l == line).count(), 1, "{line}\n{}", t.all);
+        assert_eq!(
+            t.all.lines().filter(|l| *l == line).count(),
+            1,
+            "{line}\n{}",
+            t.all
+        );
     }
 }

@@ -110,7 +110,10 @@ fn status_masks(pid: i32, tid: i32) -> Option<(u64, u64, u64)> {
 pub(crate) fn find_sites(code: &[u8]) -> Vec<(usize, u64)> {
     let mut out = Vec::new();
     for (i, w) in code.windows(7).enumerate() {
-        if w[0] == 0xb8 && (w[1] == 13 || w[1] == 14) && w[2..5] == [0, 0, 0] && w[5..] == [0x0f, 0x05]
+        if w[0] == 0xb8
+            && (w[1] == 13 || w[1] == 14)
+            && w[2..5] == [0, 0, 0]
+            && w[5..] == [0x0f, 0x05]
         {
             out.push((i + 5, u64::from(w[1])));
         }
@@ -407,8 +410,8 @@ mod tests {
     fn sites_are_syscalls_right_after_their_number() {
         // mov eax, 14; syscall | mov eax, 13; syscall | mov eax, 39; syscall
         let code = [
-            0x90, 0xb8, 14, 0, 0, 0, 0x0f, 0x05, 0xb8, 13, 0, 0, 0, 0x0f, 0x05, 0xb8, 39, 0, 0,
-            0, 0x0f, 0x05,
+            0x90, 0xb8, 14, 0, 0, 0, 0x0f, 0x05, 0xb8, 13, 0, 0, 0, 0x0f, 0x05, 0xb8, 39, 0, 0, 0,
+            0x0f, 0x05,
         ];
         assert_eq!(find_sites(&code), vec![(6, 14), (13, 13)]);
     }
