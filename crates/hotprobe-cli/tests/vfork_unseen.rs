@@ -133,3 +133,50 @@ fn a_vfork_childs_returns_are_its_own_on_the_trap() {
         );
     }
 }
+
+/// An agent injected into a running process binds none of its
+/// interposers: a plain vfork() child counted as its parent (1400 in one
+/// row). Attached with `-p -f` while the program waits, then let go: each
+/// process has its own row.
+#[test]
+fn a_vfork_child_of_an_attached_process_has_its_own_row() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+    for how in ["vfork", "raw"] {
+        let mut prog = Command::new(program())
+            .args([how, "wait"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(prog.stdout.take().unwrap());
+        let mut ready = String::new();
+        out.read_line(&mut ready).unwrap();
+        assert_eq!(ready, "ready\n");
+        let pid = prog.id().to_string();
+        let mut stdin = prog.stdin.take().unwrap();
+        let (printed, status, stdout, stderr) =
+            common::while_attached(&["count", "-f", "-p", &pid, "leaf"], || {
+                stdin.write_all(b"go\n").unwrap();
+                let mut rest = String::new();
+                std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+                rest
+            });
+        assert!(prog.wait().unwrap().code() == Some(7), "{how}: {stderr}");
+        let ctx = format!("{how}\n{printed}\n{stdout}\n{stderr}");
+        // hotprobe exits with the status of the process it followed.
+        assert_eq!(status.code(), Some(7), "{ctx}");
+        assert!(stderr.contains("exited with code 7"), "{ctx}");
+        let (got, parent, child) = split_pids(&printed);
+        assert_eq!(
+            got,
+            format!("{how}: parent calls=1000 child calls=400 child status=3"),
+            "{ctx}"
+        );
+        let t = CountTable::parse(&stdout, &stderr);
+        let exec = t.col("EXECUTION");
+        assert!(t.rows_of("leaf").iter().all(|r| r[exec] == "jump"), "{ctx}");
+        assert_eq!(t.hits_of("leaf", parent), 1000, "{ctx}");
+        assert_eq!(t.hits_of("leaf", child), 400, "{ctx}");
+    }
+}

@@ -8,7 +8,9 @@
 // then calls `leaf` 400 times more. `spawn`: posix_spawn of /bin/true with
 // 25 dup2 file actions (the child calls dup2 25 times, then execve); the
 // parent calls dup2 7 times itself. `vfork`: as `raw`, the child made by
-// libc's vfork(). Each prints what it did, then the
+// libc's vfork(). With a second argument `wait`, it first prints
+// "ready" and waits for a line on stdin (a tracer attaches meanwhile).
+// Each prints what it did, then the
 // pids on a line of their own; exit status 7.
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -61,6 +63,13 @@ extern char **environ;
 
 int main(int argc, char **argv) {
     const char *how = argc > 1 ? argv[1] : "raw";
+    if (argc > 2 && strcmp(argv[2], "wait") == 0) {
+        char line[16];
+        printf("ready\n");
+        fflush(stdout);
+        if (!fgets(line, sizeof line, stdin))
+            return 1;
+    }
     int st = 0;
     pid_t c = 0;
     if (strcmp(how, "raw") == 0) {
