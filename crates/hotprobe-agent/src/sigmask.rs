@@ -9,11 +9,18 @@
 //! it asked for: the old mask these calls return holds `SIGTRAP` where the
 //! program blocked it.
 //!
+//! A `SIGTRAP` of the program's own (`raise`, `pthread_kill`) that arrives
+//! while the thread believes it blocked is held, as the kernel would keep
+//! it pending ([`hold_if_blocked`]): `sigpending` shows it, and it is
+//! raised again once the program unblocks `SIGTRAP` through these calls
+//! (before, it went to the chained handler at once: the default action
+//! killed a program that blocked `SIGTRAP` and raised it).
+//!
 //! What the program can tell apart: `/proc/self/status` (`SigBlk`), a
-//! `SIGTRAP` sent by `kill` while it believes it blocked (delivered to the
-//! chained handler at once instead of staying pending), and a new thread's
-//! view of the mask it inherited (the thread starts with `SIGTRAP` shown
-//! unblocked). The libc `syscall()` function is interposed too
+//! `SIGTRAP` sent by `kill` to the process while the receiving thread
+//! believes it blocked (held by that thread rather than pending for the
+//! process), and a new thread's view of the mask it inherited (the thread
+//! starts with `SIGTRAP` shown unblocked). The libc `syscall()` function is interposed too
 //! (`rawcall`): `syscall(SYS_rt_sigprocmask, …)` and
 //! `syscall(SYS_rt_sigaction, …)` get the same treatment on the kernel's
 //! 8-byte sets ([`kernel_mask`], [`kernel_handler_mask`]). Not covered:
@@ -33,6 +40,38 @@ use core::sync::atomic::Ordering::Relaxed;
 std::thread_local! {
     /// The program asked this thread to block `SIGTRAP`.
     static WANTS_TRAP_BLOCKED: Cell<bool> = const { Cell::new(false) };
+    /// A `SIGTRAP` of the program's arrived while it believed it blocked:
+    /// pending, as far as the program can tell ([`hold_if_blocked`]).
+    static HELD_TRAP: Cell<bool> = const { Cell::new(false) };
+}
+
+/// For the agent's `SIGTRAP` handler, a signal that is no probe's: when
+/// the thread believes `SIGTRAP` blocked, it is held (the kernel would
+/// keep it pending) and true is returned; it is raised again when the
+/// program unblocks `SIGTRAP` ([`release_held`]). Async-signal-safe (a
+/// thread-local flag with a constant initialiser).
+pub(crate) fn hold_if_blocked() -> bool {
+    let blocked = WANTS_TRAP_BLOCKED.try_with(Cell::get).unwrap_or(false);
+    if blocked {
+        let _ = HELD_TRAP.try_with(|h| h.set(true));
+    }
+    blocked
+}
+
+/// After a mask change that leaves `SIGTRAP` unblocked in the program's
+/// view: a held `SIGTRAP` is raised again, for this thread (delivered
+/// before the call returns, as the kernel delivers an unblocked pending
+/// signal).
+fn release_held(now_blocked: bool) {
+    if now_blocked || !HELD_TRAP.try_with(|h| h.replace(false)).unwrap_or(false) {
+        return;
+    }
+    let pid = crate::threads::getpid();
+    let tid = crate::threads::gettid();
+    crate::orphan::syscall(
+        libc::SYS_tgkill,
+        [u64::from(pid), u64::from(tid), libc::SIGTRAP as u64, 0],
+    );
 }
 
 type MaskFn =
@@ -90,6 +129,7 @@ unsafe fn masked(
             // SAFETY: `old` is valid (caller) and was just written.
             unsafe { libc::sigaddset(old, libc::SIGTRAP) };
         }
+        release_held(after);
     }
     rc
 }
@@ -148,6 +188,7 @@ pub(crate) unsafe fn kernel_mask(
             // SAFETY: `old` is valid for 8 bytes (caller), just written.
             unsafe { old.write_unaligned(old.read_unaligned() | TRAP_BIT) };
         }
+        release_held(after);
     }
     rc
 }
@@ -239,6 +280,34 @@ pub(crate) unsafe fn handler_mask(
         TRAP_IN_HANDLER_MASK.fetch_and(!bit, Relaxed);
     }
     (Some(a), had)
+}
+
+/// glibc's `sigpending` (see [`next`]).
+static NEXT_SIGPENDING: AtomicUsize = AtomicUsize::new(0);
+
+/// `sigpending`, interposed: a held `SIGTRAP` ([`hold_if_blocked`]) is
+/// shown pending.
+///
+/// # Safety
+/// As glibc's `sigpending`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn sigpending(set: *mut libc::sigset_t) -> libc::c_int {
+    type PendingFn = unsafe extern "C" fn(*mut libc::sigset_t) -> libc::c_int;
+    let f = crate::next_symbol::next_symbol(&NEXT_SIGPENDING, c"sigpending");
+    if f == 0 {
+        // SAFETY: errno is thread-local and always valid.
+        unsafe { *libc::__errno_location() = libc::ENOSYS };
+        return -1;
+    }
+    // SAFETY: dlsym's address of glibc's sigpending.
+    let real = unsafe { core::mem::transmute::<usize, PendingFn>(f) };
+    // SAFETY: the caller's argument.
+    let rc = unsafe { real(set) };
+    if rc == 0 && !set.is_null() && HELD_TRAP.try_with(Cell::get).unwrap_or(false) {
+        // SAFETY: `set` is valid (caller) and was just written.
+        unsafe { libc::sigaddset(set, libc::SIGTRAP) };
+    }
+    rc
 }
 
 type StartFn = extern "C" fn(*mut libc::c_void) -> *mut libc::c_void;

@@ -213,6 +213,9 @@ struct Thread {
     /// A trap of ours took `SIGTRAP` out of its mask: put back before it
     /// runs freely.
     trap_mask_reset: bool,
+    /// The program's own `SIGTRAP`, pending while blocked, was what that
+    /// trap delivered: sent again once the mask is back.
+    trap_requeue: bool,
 }
 
 impl Thread {
@@ -228,6 +231,7 @@ impl Thread {
             pending_watch: 0,
             trap_blocked: false,
             trap_mask_reset: false,
+            trap_requeue: false,
         }
     }
 }

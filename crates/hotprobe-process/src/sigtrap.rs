@@ -174,7 +174,17 @@ impl ProcessTarget {
         };
         if t.trap_blocked {
             t.trap_mask_reset = true;
+            // A SIGTRAP of the program's own pending while blocked is not
+            // queued twice: the trap delivered that one (sent by a
+            // process, not the kernel), and it must be pending again.
+            let sent = self.sys.getsiginfo(tid).is_ok_and(|i| i.code <= 0);
+            if let Some(t) = self.threads.get_mut(&tid) {
+                t.trap_requeue |= sent;
+            }
         }
+        let Some(t) = self.threads.get(&tid) else {
+            return;
+        };
         let reset = t.trap_blocked || handler == Some(SIG_IGN);
         if reset && handler.is_some_and(|h| h != 0) {
             self.sigtrap.handler_reset = true;
@@ -193,6 +203,9 @@ impl ProcessTarget {
                 if mask & TRAP_BIT == 0 {
                     let _ = self.sys.setsigmask(tid, mask | TRAP_BIT);
                 }
+            }
+            if std::mem::take(&mut t.trap_requeue) {
+                let _ = self.sys.tgkill(self.pid, tid, libc::SIGTRAP);
             }
         }
         if self.sigtrap.handler_reset {

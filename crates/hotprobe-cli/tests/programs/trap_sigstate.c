@@ -8,8 +8,9 @@
 // handled) and prints again; exit status 5.
 //   block:  a worker thread blocks SIGTRAP, calls probed 300 times.
 //   ignore: the main thread ignores SIGTRAP, calls probed 200 times.
-//   blockh: a SIGTRAP handler; a worker blocks SIGTRAP, 300 calls; then
-//           the main thread raises SIGTRAP (handled once).
+//   blockh: a SIGTRAP handler; a worker blocks SIGTRAP, 300 calls,
+//           raises it (pending), unblocks it (handled then); then the
+//           main thread raises SIGTRAP (handled again).
 //   inherit: the main thread blocks SIGTRAP before creating the worker,
 //           which inherits the mask, 300 calls; main unblocks after.
 #define _GNU_SOURCE
@@ -64,12 +65,17 @@ static void calls(const char *who, int n) {
 }
 
 static void *worker(void *arg) {
-    if (arg == NULL)
+    if (arg != (void *)1)
         block_trap(SIG_BLOCK);
     calls("worker", 300);
     raise(SIGTRAP);
     printf("worker: raised blocked=%d pending=%d handled=%d\n", blocked(), pending(),
            (int)handled);
+    if (arg == (void *)2) {
+        block_trap(SIG_UNBLOCK);
+        printf("worker: unblocked blocked=%d pending=%d handled=%d\n", blocked(), pending(),
+               (int)handled);
+    }
     return NULL;
 }
 
@@ -83,9 +89,10 @@ int main(int argc, char **argv) {
         raise(SIGTRAP);
         printf("main: raised disposition=%s\n", disposition());
     } else if (!strcmp(how, "block") || !strcmp(how, "blockh")) {
-        if (!strcmp(how, "blockh"))
+        int h = !strcmp(how, "blockh");
+        if (h)
             signal(SIGTRAP, on_trap);
-        pthread_create(&t, NULL, worker, NULL);
+        pthread_create(&t, NULL, worker, h ? (void *)2 : NULL);
         pthread_join(t, NULL);
         printf("main: blocked=%d disposition=%s\n", blocked(), disposition());
         if (!strcmp(how, "blockh")) {
