@@ -258,9 +258,12 @@ impl ProcessTarget {
             }
             0 => {}
             libc::PTRACE_EVENT_VFORK_DONE => {
-                // The child executed or exited; the parent runs on.
-                if let Ok(child) = self.sys.geteventmsg(pid) {
-                    self.vfork_finished(pid, child as i32);
+                // The child executed or exited; the parent runs on (the
+                // agent told first, if it was told of the child).
+                if self.vfork_armed.iter().any(|a| a.0 == pid) {
+                    if let Ok(child) = self.sys.geteventmsg(pid) {
+                        self.vfork_finished(pid, child as i32);
+                    }
                 }
                 self.park_or_continue(pid, stopping)?;
                 return Ok(None);
