@@ -154,6 +154,10 @@ fn claim_slot(e: &'static ThreadEntry, shm: &Shm) {
 /// Registers thread `tp`, owned by process `pid` and thread `tid`: the
 /// calling thread's own ids, or (a vfork child the tracer saw, see
 /// `vfork::hotprobe_agent_vfork_child`) its parent's, for the parent.
+/// Inlined into its callers: the hit paths' one libc call
+/// (`pthread_setspecific`) stays in `register_current`, as checked by
+/// hotprobe-fastpath's `agent_imports` test.
+#[inline(always)]
 pub(crate) fn register_thread(shm: &Shm, tp: u64, pid: u32, tid: u32) {
     let mut i = table_index(tp);
     for _ in 0..MAX_THREADS {

@@ -117,7 +117,16 @@ pub(crate) fn syscall_quiet(
         }
         held.push(sig);
     };
-    t.sys.setregs(tid, &saved).map_err(|e| t.sys_err(e))?;
+    // Restored at a system-call exit stop, not a signal stop: the kernel
+    // runs no restart logic on the way out, so a system call the thread
+    // was interrupted in (`-ERESTARTSYS` and the like) is set up to
+    // restart here, as the kernel would have.
+    let back = crate::remote_resumable::resume_context(&crate::sys::regs_from_user(&saved));
+    let mut back = crate::sys::regs_to_user(&back);
+    if back.rip != saved.rip {
+        back.orig_rax = u64::MAX;
+    }
+    t.sys.setregs(tid, &back).map_err(|e| t.sys_err(e))?;
     if let Some(th) = t.threads.get_mut(&tid) {
         th.held_signals.extend(held);
         th.regs = None;

@@ -121,6 +121,23 @@ pub(crate) fn find_sites(code: &[u8]) -> Vec<(usize, u64)> {
     out
 }
 
+/// Whether the agent was preloaded into process `pid` (an entry of its
+/// environment's `LD_PRELOAD` names it, or is a `/proc/PID/fd/N` link to
+/// it: hotprobe preloads its memfd so): then its interposers are bound.
+fn agent_preloaded(pid: i32) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let names = |p: &[u8]| p.windows(14).any(|w| w == b"hotprobe_agent");
+    let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    env.split(|b| *b == 0)
+        .filter_map(|var| var.strip_prefix(b"LD_PRELOAD="))
+        .flat_map(|v| v.split(|b| *b == b':' || *b == b' '))
+        .any(|entry| {
+            names(entry)
+                || std::fs::read_link(std::ffi::OsStr::from_bytes(entry))
+                    .is_ok_and(|l| names(l.as_os_str().as_bytes()))
+        })
+}
+
 impl ProcessTarget {
     /// Reads what the program set (see the module docs) from `/proc`, for
     /// every thread: at attach, spawn and exec, all threads stopped.
@@ -273,11 +290,14 @@ impl ProcessTarget {
     /// change while armed).
     pub(crate) fn arm_sig_sites(&mut self) {
         let text = std::fs::read_to_string(format!("/proc/{}/maps", self.pid)).unwrap_or_default();
-        if text.contains("hotprobe_agent") {
-            // The agent keeps SIGTRAP out of the program's masks and its
-            // handler in: a site's trap in glibc's own all-blocked windows
-            // (a new thread's start) would reset that handler for a
-            // moment, and another thread's in-process trap could die of it.
+        if text.contains("hotprobe_agent") && agent_preloaded(self.pid) {
+            // The preloaded agent keeps SIGTRAP out of the program's
+            // masks and its handler in: a site's trap in glibc's own
+            // all-blocked windows (a new thread's start) would reset that
+            // handler for a moment, and another thread's in-process trap
+            // could die of it. (An injected agent binds none of its
+            // interposers and serves no in-process trap: the state is
+            // kept as without it.)
             self.sigtrap.armed = true;
             let sites: Vec<u64> = self.sigtrap.sites.drain().map(|(a, _)| a).collect();
             for a in sites {

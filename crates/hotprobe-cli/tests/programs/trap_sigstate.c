@@ -12,7 +12,7 @@
 //           raises it (pending), unblocks it (handled then); then the
 //           main thread raises SIGTRAP (handled again).
 //   inherit: the main thread blocks SIGTRAP before creating the worker,
-//           which inherits the mask, 300 calls; main unblocks after.
+//           which inherits the mask, 300 calls.
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>
