@@ -18,8 +18,8 @@
 //!   `/proc/PID/task/TID/status` (`SigBlk`, `SigIgn`, `SigCgt`; a caught
 //!   one's address by a remote `rt_sigaction` read); a new thread starts
 //!   with its creator's. The changes the program makes later are seen at
-//!   its system calls: each `syscall` instruction of the process's modules
-//!   preceded by `mov eax, 13` (`rt_sigaction`) or `mov eax, 14`
+//!   its system calls: each `syscall` instruction of libc (of a static
+//!   program's own code) preceded by `mov eax, 13` (`rt_sigaction`) or `mov eax, 14`
 //!   (`rt_sigprocmask`) — glibc's `sigaction`, `signal`,
 //!   `pthread_sigmask`, `sigprocmask`, and its internal ones around
 //!   `pthread_create`, `posix_spawn`, `raise`, `abort`, a static program's
@@ -319,7 +319,27 @@ impl ProcessTarget {
         }
         self.sigtrap.armed = true;
         let lines = crate::parse_maps_lines(&text);
-        for l in lines.iter().filter(|l| l.exec && l.name.starts_with('/')) {
+        // Where the calls are: libc, or a static program's own code (no
+        // loader mapped). Not every module: reading text through
+        // /proc/PID/mem faults its pages into the program's resident set.
+        let file = |l: &crate::MapLine| {
+            std::path::Path::new(&l.name)
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        };
+        let dynamic = lines.iter().any(|l| file(l).starts_with("ld-linux"));
+        let exe = std::fs::read_link(format!("/proc/{}/exe", self.pid)).ok();
+        let wanted = |l: &crate::MapLine| {
+            let f = file(l);
+            f.starts_with("libc.so")
+                || f.starts_with("libc-")
+                || (!dynamic && exe.as_deref() == Some(std::path::Path::new(&l.name)))
+        };
+        for l in lines
+            .iter()
+            .filter(|l| l.exec && l.name.starts_with('/') && wanted(l))
+        {
             if !self.sigtrap.scanned.insert(l.start) || l.end - l.start > MAX_SCAN {
                 continue;
             }
