@@ -233,7 +233,7 @@ extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut 
             let (info, uc) = (&*info, &mut *(uc as *mut libc::ucontext_t));
             crate::undo::on_signal(info) || crate::inproc::handle(info, uc) || handle(info, uc)
         };
-    if ok {
+    if ok || crate::sigmask::hold_if_blocked() {
         return;
     }
     chain(sig, info, uc);

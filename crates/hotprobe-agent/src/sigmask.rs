@@ -9,11 +9,18 @@
 //! it asked for: the old mask these calls return holds `SIGTRAP` where the
 //! program blocked it.
 //!
+//! A `SIGTRAP` of the program's own (`raise`, `pthread_kill`) that arrives
+//! while the thread believes it blocked is held, as the kernel would keep
+//! it pending ([`hold_if_blocked`]): `sigpending` shows it, and it is
+//! raised again once the program unblocks `SIGTRAP` through these calls
+//! (before, it went to the chained handler at once: the default action
+//! killed a program that blocked `SIGTRAP` and raised it).
+//!
 //! What the program can tell apart: `/proc/self/status` (`SigBlk`), a
-//! `SIGTRAP` sent by `kill` while it believes it blocked (delivered to the
-//! chained handler at once instead of staying pending), and a new thread's
-//! view of the mask it inherited (the thread starts with `SIGTRAP` shown
-//! unblocked). The libc `syscall()` function is interposed too
+//! `SIGTRAP` sent by `kill` to the process while the receiving thread
+//! believes it blocked (held by that thread rather than pending for the
+//! process), and a new thread's view of the mask it inherited (the thread
+//! starts with `SIGTRAP` shown unblocked). The libc `syscall()` function is interposed too
 //! (`rawcall`): `syscall(SYS_rt_sigprocmask, …)` and
 //! `syscall(SYS_rt_sigaction, …)` get the same treatment on the kernel's
 //! 8-byte sets ([`kernel_mask`], [`kernel_handler_mask`]). Not covered:
@@ -26,13 +33,111 @@
 // test build calls none of them.
 #![cfg_attr(test, allow(dead_code))]
 
-use core::cell::Cell;
 use core::sync::atomic::AtomicUsize;
 use core::sync::atomic::Ordering::Relaxed;
 
-std::thread_local! {
-    /// The program asked this thread to block `SIGTRAP`.
-    static WANTS_TRAP_BLOCKED: Cell<bool> = const { Cell::new(false) };
+// One initial-exec TLS word per thread for this module's flags (as
+// `tls.rs`'s: `thread_local!` in the cdylib would go through
+// `__tls_get_addr`, which may allocate, and the `SIGTRAP` handler reads
+// it).
+core::arch::global_asm!(
+    ".pushsection .tbss,\"awT\",@nobits",
+    ".p2align 3",
+    ".globl hotprobe_agent_tls_sigflags",
+    ".hidden hotprobe_agent_tls_sigflags",
+    ".type hotprobe_agent_tls_sigflags,@object",
+    ".size hotprobe_agent_tls_sigflags,8",
+    "hotprobe_agent_tls_sigflags:",
+    ".zero 8",
+    ".popsection",
+);
+
+/// Flag: the program asked this thread to block `SIGTRAP`.
+const WANTS_BLOCKED: u64 = 1;
+/// Flag: a `SIGTRAP` of the program's arrived while it believed it
+/// blocked: pending, as far as the program can tell ([`hold_if_blocked`]).
+const HELD: u64 = 2;
+
+/// The calling thread's flags word.
+#[inline(always)]
+fn flags() -> u64 {
+    let off: u64;
+    let v: u64;
+    // SAFETY: loads the word's thread-pointer offset from the GOT
+    // (R_X86_64_TPOFF64), then the calling thread's own static TLS word.
+    unsafe {
+        core::arch::asm!(
+            "mov {off}, qword ptr [rip + hotprobe_agent_tls_sigflags@GOTTPOFF]",
+            "mov {v}, qword ptr fs:[{off}]",
+            off = out(reg) off,
+            v = out(reg) v,
+            options(nostack, readonly, preserves_flags)
+        )
+    };
+    let _ = off;
+    v
+}
+
+/// Sets the calling thread's flags word.
+#[inline(always)]
+fn set_flags(v: u64) {
+    // SAFETY: as for `flags`: this thread's own static TLS word.
+    unsafe {
+        core::arch::asm!(
+            "mov {off}, qword ptr [rip + hotprobe_agent_tls_sigflags@GOTTPOFF]",
+            "mov qword ptr fs:[{off}], {v}",
+            off = out(reg) _,
+            v = in(reg) v,
+            options(nostack, preserves_flags)
+        )
+    };
+}
+
+/// Whether the program wants `SIGTRAP` blocked in this thread.
+fn wants_blocked() -> bool {
+    flags() & WANTS_BLOCKED != 0
+}
+
+/// Notes whether the program wants `SIGTRAP` blocked in this thread.
+fn set_wants_blocked(on: bool) {
+    let f = flags();
+    set_flags(if on {
+        f | WANTS_BLOCKED
+    } else {
+        f & !WANTS_BLOCKED
+    });
+}
+
+/// For the agent's `SIGTRAP` handler, a signal that is no probe's: when
+/// the thread believes `SIGTRAP` blocked, it is held (the kernel would
+/// keep it pending) and true is returned; it is raised again when the
+/// program unblocks `SIGTRAP` ([`release_held`]). Async-signal-safe (a
+/// thread-local flag with a constant initialiser).
+pub(crate) fn hold_if_blocked() -> bool {
+    let f = flags();
+    let blocked = f & WANTS_BLOCKED != 0;
+    if blocked {
+        set_flags(f | HELD);
+    }
+    blocked
+}
+
+/// After a mask change that leaves `SIGTRAP` unblocked in the program's
+/// view: a held `SIGTRAP` is raised again, for this thread (delivered
+/// before the call returns, as the kernel delivers an unblocked pending
+/// signal).
+fn release_held(now_blocked: bool) {
+    let f = flags();
+    if now_blocked || f & HELD == 0 {
+        return;
+    }
+    set_flags(f & !HELD);
+    let pid = crate::threads::getpid();
+    let tid = crate::threads::gettid();
+    crate::orphan::syscall(
+        libc::SYS_tgkill,
+        [u64::from(pid), u64::from(tid), libc::SIGTRAP as u64, 0],
+    );
 }
 
 type MaskFn =
@@ -65,7 +170,7 @@ unsafe fn masked(
         // SAFETY: the caller's arguments.
         return unsafe { real(how, set, old) };
     }
-    let before = WANTS_TRAP_BLOCKED.with(Cell::get);
+    let before = wants_blocked();
     let mut after = before;
     let mut copy: libc::sigset_t;
     let mut set = set;
@@ -85,11 +190,12 @@ unsafe fn masked(
     // SAFETY: the caller's `how` and `old`, a valid `set`.
     let rc = unsafe { real(how, set, old) };
     if rc == 0 {
-        WANTS_TRAP_BLOCKED.with(|w| w.set(after));
+        set_wants_blocked(after);
         if before && !old.is_null() {
             // SAFETY: `old` is valid (caller) and was just written.
             unsafe { libc::sigaddset(old, libc::SIGTRAP) };
         }
+        release_held(after);
     }
     rc
 }
@@ -126,7 +232,7 @@ pub(crate) unsafe fn kernel_mask(
     if !crate::orphan::installed() || size != 8 {
         return call(set);
     }
-    let before = WANTS_TRAP_BLOCKED.with(Cell::get);
+    let before = wants_blocked();
     let mut after = before;
     let mut copy;
     let mut arg = set;
@@ -143,11 +249,12 @@ pub(crate) unsafe fn kernel_mask(
     }
     let rc = call(arg);
     if rc == 0 {
-        WANTS_TRAP_BLOCKED.with(|w| w.set(after));
+        set_wants_blocked(after);
         if before && !old.is_null() {
             // SAFETY: `old` is valid for 8 bytes (caller), just written.
             unsafe { old.write_unaligned(old.read_unaligned() | TRAP_BIT) };
         }
+        release_held(after);
     }
     rc
 }
@@ -241,6 +348,34 @@ pub(crate) unsafe fn handler_mask(
     (Some(a), had)
 }
 
+/// glibc's `sigpending` (see [`next`]).
+static NEXT_SIGPENDING: AtomicUsize = AtomicUsize::new(0);
+
+/// `sigpending`, interposed: a held `SIGTRAP` ([`hold_if_blocked`]) is
+/// shown pending.
+///
+/// # Safety
+/// As glibc's `sigpending`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn sigpending(set: *mut libc::sigset_t) -> libc::c_int {
+    type PendingFn = unsafe extern "C" fn(*mut libc::sigset_t) -> libc::c_int;
+    let f = crate::next_symbol::next_symbol(&NEXT_SIGPENDING, c"sigpending");
+    if f == 0 {
+        // SAFETY: errno is thread-local and always valid.
+        unsafe { *libc::__errno_location() = libc::ENOSYS };
+        return -1;
+    }
+    // SAFETY: dlsym's address of glibc's sigpending.
+    let real = unsafe { core::mem::transmute::<usize, PendingFn>(f) };
+    // SAFETY: the caller's argument.
+    let rc = unsafe { real(set) };
+    if rc == 0 && !set.is_null() && flags() & HELD != 0 {
+        // SAFETY: `set` is valid (caller) and was just written.
+        unsafe { libc::sigaddset(set, libc::SIGTRAP) };
+    }
+    rc
+}
+
 type StartFn = extern "C" fn(*mut libc::c_void) -> *mut libc::c_void;
 type CreateFn = unsafe extern "C" fn(
     *mut libc::pthread_t,
@@ -263,7 +398,7 @@ struct Start {
 extern "C" fn start_blocked(p: *mut libc::c_void) -> *mut libc::c_void {
     // SAFETY: `p` is the Box `pthread_create` below leaked for this thread.
     let s = unsafe { Box::from_raw(p as *mut Start) };
-    WANTS_TRAP_BLOCKED.with(|w| w.set(true));
+    set_wants_blocked(true);
     (s.routine)(s.arg)
 }
 
@@ -286,7 +421,7 @@ pub unsafe extern "C" fn pthread_create(
     }
     // SAFETY: dlsym's address of glibc's pthread_create.
     let real = unsafe { core::mem::transmute::<usize, CreateFn>(f) };
-    if !crate::orphan::installed() || !WANTS_TRAP_BLOCKED.with(Cell::get) {
+    if !crate::orphan::installed() || !wants_blocked() {
         // SAFETY: the caller's arguments.
         return unsafe { real(thread, attr, routine, arg) };
     }

@@ -101,7 +101,7 @@ pub(crate) fn as_own_call<R>(f: impl FnOnce() -> R) -> R {
 pub(crate) fn register_current(shm: &Shm, tp: u64) -> bool {
     crate::tls::set(registering());
     match find_thread(tp) {
-        None => register_thread(shm, tp),
+        None => register_thread(shm, tp, getpid(), gettid()),
         Some(e) if e.slot.load(Relaxed) == PENDING_SLOT => claim_slot(e, shm),
         Some(e) => set_fast(e, shm, e.slot.load(Relaxed)),
     }
@@ -151,9 +151,14 @@ fn claim_slot(e: &'static ThreadEntry, shm: &Shm) {
     e.fast.busy.store(was, Relaxed);
 }
 
-fn register_thread(shm: &Shm, tp: u64) {
-    let tid = gettid();
-    let pid = getpid();
+/// Registers thread `tp`, owned by process `pid` and thread `tid`: the
+/// calling thread's own ids, or (a vfork child the tracer saw, see
+/// `vfork::hotprobe_agent_vfork_child`) its parent's, for the parent.
+/// Inlined into its callers: the hit paths' one libc call
+/// (`pthread_setspecific`) stays in `register_current`, as checked by
+/// hotprobe-fastpath's `agent_imports` test.
+#[inline(always)]
+pub(crate) fn register_thread(shm: &Shm, tp: u64, pid: u32, tid: u32) {
     let mut i = table_index(tp);
     for _ in 0..MAX_THREADS {
         let e = &THREADS[i % MAX_THREADS];

@@ -329,6 +329,78 @@ extern "C" fn vfork_return() {
     );
 }
 
+/// Called by the tracer (a remote call) in a vfork child it saw made —
+/// by a call no interposer sees (`system`, `popen`, a `syscall`
+/// instruction of the program's own, any call in a process the agent
+/// was injected into) — at the child's first stop, before it runs: arms
+/// the entry of the parent thread (`parent_pid`, `parent_tid`, whose
+/// thread pointer the child has) as the interposers do (registered first,
+/// on the parent's behalf, if it never was), so that the child's hits
+/// claim a slot of its own. The tracer calls
+/// [`hotprobe_agent_vfork_done`] in the parent when the child has
+/// executed or exited. Returns 0 when nothing was armed (no shared
+/// memory, a thread inside the agent, shared thread-local storage), 1
+/// when an interposer had armed it already, 2 when armed here.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "C" fn hotprobe_agent_vfork_child(parent_pid: u32, parent_tid: u32) -> u32 {
+    std::panic::catch_unwind(|| {
+        let shm = crate::shm()?;
+        let w = crate::tls::get();
+        if w == crate::threads::own_call() || w == crate::threads::exited() || w == registering() {
+            return None;
+        }
+        let tp = thread_pointer();
+        if crate::shared_tls::is_shared(tp) {
+            return None;
+        }
+        if find_thread(tp).is_none() {
+            crate::threads::register_thread(shm, tp, parent_pid, parent_tid);
+        }
+        let e = find_thread(tp)?;
+        let s = saved_of(e)?;
+        if s.active.load(Relaxed) != 0 {
+            return Some(1);
+        }
+        if e.slot.load(Relaxed) == PENDING_SLOT {
+            // A followed fork child's forking thread, not yet claimed:
+            // its first hit claims a slot as the caller's, the child's.
+            return None;
+        }
+        s.ret.store(0, Relaxed);
+        s.pid.store(parent_pid, Relaxed);
+        if s.spare_shadow.load(Relaxed) == 0 {
+            s.spare_shadow.store(crate::threads::map_shadow(), Relaxed);
+        }
+        arm(e, s);
+        Some(2)
+    })
+    .ok()
+    .flatten()
+    .unwrap_or(0)
+}
+
+/// Called by the tracer (a remote call) in the parent thread of a vfork
+/// child when the child has executed or exited, before the parent runs
+/// on: the parent's state comes back (see [`hotprobe_agent_vfork_child`];
+/// for a child an interposer armed, earlier than the interposer would:
+/// `posix_spawn`'s own work after its child executed is then the
+/// parent's). Returns 1 when a state was put back, else 0.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "C" fn hotprobe_agent_vfork_done() -> u32 {
+    std::panic::catch_unwind(|| {
+        let e = find_thread(thread_pointer())?;
+        let s = saved_of(e)?;
+        if s.active.load(Relaxed) == 0 || s.pid.load(Relaxed) != crate::threads::getpid() {
+            return None;
+        }
+        restore(e, s);
+        Some(1)
+    })
+    .ok()
+    .flatten()
+    .unwrap_or(0)
+}
+
 /// glibc's `vfork` and `__vfork`.
 static NEXT_VFORK: AtomicUsize = AtomicUsize::new(0);
 static NEXT_UNDER_VFORK: AtomicUsize = AtomicUsize::new(0);

@@ -71,6 +71,27 @@ pub trait Os: fmt::Debug + Send + Sync {
     fn kill(&self, pid: i32, sig: i32) -> Result<(), SysError>;
     /// Open `/proc/PID/mem` for reading and writing.
     fn open_mem(&self, pid: i32) -> Result<File, SysError>;
+    /// `PTRACE_SYSCALL` delivering `sig` (0 for none). The default makes
+    /// the real call (a scripted fake need not answer it).
+    fn syscall_resume(&self, pid: i32, sig: i32) -> Result<(), SysError> {
+        sys::syscall_resume(pid, sig)
+    }
+    /// `PTRACE_GETSIGMASK`. The default makes the real call.
+    fn getsigmask(&self, pid: i32) -> Result<u64, SysError> {
+        sys::getsigmask(pid)
+    }
+    /// `PTRACE_SETSIGMASK`. The default makes the real call.
+    fn setsigmask(&self, pid: i32, mask: u64) -> Result<(), SysError> {
+        sys::setsigmask(pid, mask)
+    }
+    /// `PTRACE_GETFPREGS`, the whole state. The default makes the real call.
+    fn getfpregs(&self, pid: i32) -> Result<libc::user_fpregs_struct, SysError> {
+        sys::getfpregs(pid)
+    }
+    /// `PTRACE_SETFPREGS`. The default makes the real call.
+    fn setfpregs(&self, pid: i32, fp: &libc::user_fpregs_struct) -> Result<(), SysError> {
+        sys::setfpregs(pid, fp)
+    }
 }
 
 /// The real system calls (`sys.rs`); timed waits through the waiter thread
@@ -240,6 +261,27 @@ impl Sys {
     /// See [`Os::step`].
     pub fn step(&self, pid: i32, sig: i32) -> Result<(), SysError> {
         self.unit(|| format!("step {pid} {sig}"), self.os.step(pid, sig))
+    }
+    /// See [`Os::syscall_resume`] (not logged, as the signal-mask calls:
+    /// used only by remote system calls, which the fake does not script).
+    pub fn syscall_resume(&self, pid: i32, sig: i32) -> Result<(), SysError> {
+        self.os.syscall_resume(pid, sig)
+    }
+    /// See [`Os::getsigmask`] (not logged).
+    pub fn getsigmask(&self, pid: i32) -> Result<u64, SysError> {
+        self.os.getsigmask(pid)
+    }
+    /// See [`Os::getfpregs`] (not logged: for remote calls only).
+    pub fn getfpregs(&self, pid: i32) -> Result<libc::user_fpregs_struct, SysError> {
+        self.os.getfpregs(pid)
+    }
+    /// See [`Os::setfpregs`] (not logged).
+    pub fn setfpregs(&self, pid: i32, fp: &libc::user_fpregs_struct) -> Result<(), SysError> {
+        self.os.setfpregs(pid, fp)
+    }
+    /// See [`Os::setsigmask`] (not logged).
+    pub fn setsigmask(&self, pid: i32, mask: u64) -> Result<(), SysError> {
+        self.os.setsigmask(pid, mask)
     }
     /// See [`Os::listen`].
     pub fn listen(&self, pid: i32) -> Result<(), SysError> {

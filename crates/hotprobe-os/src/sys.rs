@@ -116,6 +116,45 @@ pub fn step(pid: i32, sig: i32) -> Result<(), SysError> {
     .map(drop)
 }
 
+/// PTRACE_SYSCALL, delivering `sig` (0 for none): the thread runs to its
+/// next system-call entry or exit stop (no trap signal of the kernel's).
+pub fn syscall_resume(pid: i32, sig: i32) -> Result<(), SysError> {
+    ptrace(
+        "ptrace(PTRACE_SYSCALL)",
+        libc::PTRACE_SYSCALL,
+        pid,
+        0,
+        sig as usize,
+    )
+    .map(drop)
+}
+
+/// PTRACE_GETSIGMASK: the thread's blocked-signal mask (the kernel's
+/// 8-byte set, bit `sig - 1`).
+pub fn getsigmask(pid: i32) -> Result<u64, SysError> {
+    let mut mask = 0u64;
+    ptrace(
+        "ptrace(PTRACE_GETSIGMASK)",
+        0x420a,
+        pid,
+        8,
+        &mut mask as *mut u64 as usize,
+    )?;
+    Ok(mask)
+}
+
+/// PTRACE_SETSIGMASK: sets the thread's blocked-signal mask.
+pub fn setsigmask(pid: i32, mask: u64) -> Result<(), SysError> {
+    ptrace(
+        "ptrace(PTRACE_SETSIGMASK)",
+        0x420b,
+        pid,
+        8,
+        &mask as *const u64 as usize,
+    )
+    .map(drop)
+}
+
 /// PTRACE_LISTEN: leave a thread in group-stop while still being notified.
 pub fn listen(pid: i32) -> Result<(), SysError> {
     ptrace("ptrace(PTRACE_LISTEN)", libc::PTRACE_LISTEN, pid, 0, 0).map(drop)
@@ -191,6 +230,32 @@ pub fn getxmm(pid: i32) -> Result<[u64; 16], SysError> {
         *o = u64::from(fp.xmm_space[4 * i]) | (u64::from(fp.xmm_space[4 * i + 1]) << 32);
     }
     Ok(out)
+}
+
+/// PTRACE_GETFPREGS: the whole x87/SSE state.
+pub fn getfpregs(pid: i32) -> Result<libc::user_fpregs_struct, SysError> {
+    // SAFETY: user_fpregs_struct is plain old data; all-zero is a valid value.
+    let mut fp: libc::user_fpregs_struct = unsafe { std::mem::zeroed() };
+    ptrace(
+        "ptrace(PTRACE_GETFPREGS)",
+        libc::PTRACE_GETFPREGS,
+        pid,
+        0,
+        &mut fp as *mut libc::user_fpregs_struct as usize,
+    )?;
+    Ok(fp)
+}
+
+/// PTRACE_SETFPREGS.
+pub fn setfpregs(pid: i32, fp: &libc::user_fpregs_struct) -> Result<(), SysError> {
+    ptrace(
+        "ptrace(PTRACE_SETFPREGS)",
+        libc::PTRACE_SETFPREGS,
+        pid,
+        0,
+        fp as *const libc::user_fpregs_struct as usize,
+    )
+    .map(drop)
 }
 
 /// PTRACE_SETREGS.

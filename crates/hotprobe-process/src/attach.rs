@@ -226,6 +226,7 @@ impl ProcessTarget {
         }
         t.absorb_attach_exec(pid);
         t.arm_rendezvous();
+        t.learn_sigtrap_state();
         Ok(t)
     }
 

@@ -19,10 +19,13 @@ mod remote;
 pub mod remote_call;
 pub mod remote_resumable;
 mod rendezvous;
+mod reverted;
+mod sigtrap;
 mod spawn;
 mod strays;
 mod target;
 mod uprobes;
+mod vforks;
 mod wait;
 mod watch;
 mod watchpoints;
@@ -52,6 +55,7 @@ use std::time::{Duration, Instant};
 use sys::SysError;
 
 pub use maps::{find_free_gap, parse_maps_lines, MapLine};
+pub use reverted::RevertedBreakpoints;
 pub use strays::Strays;
 pub use uprobes::{kernel_uprobes, parse_uprobe_events, KernelUprobe, UprobeOwner};
 pub use watch::{dr7, HwWatch, WatchKind, WATCH_SLOTS};
@@ -81,6 +85,7 @@ const INT3: u8 = 0xCC;
 const TRACE_OPTIONS: i32 = libc::PTRACE_O_TRACECLONE
     | libc::PTRACE_O_TRACEFORK
     | libc::PTRACE_O_TRACEVFORK
+    | libc::PTRACE_O_TRACEVFORKDONE
     | libc::PTRACE_O_TRACEEXEC;
 
 /// Errors starting or attaching to a process.
@@ -204,6 +209,15 @@ struct Thread {
     pending_watch: u8,
     /// The `PTRACE_EVENT_*` of the last stop handled (0: a signal stop).
     last_event: i32,
+    /// The program blocks `SIGTRAP` in this thread, as last seen (see
+    /// `sigtrap.rs`).
+    trap_blocked: bool,
+    /// A trap of ours took `SIGTRAP` out of its mask: put back before it
+    /// runs freely.
+    trap_mask_reset: bool,
+    /// The program's own `SIGTRAP`, pending while blocked, was what that
+    /// trap delivered: sent again once the mask is back.
+    trap_requeue: bool,
 }
 
 impl Thread {
@@ -218,6 +232,9 @@ impl Thread {
             last_event: 0,
             at_rendezvous: false,
             pending_watch: 0,
+            trap_blocked: false,
+            trap_mask_reset: false,
+            trap_requeue: false,
         }
     }
 }
@@ -277,6 +294,12 @@ pub struct ProcessTarget {
     exec_gone: Vec<i32>,
     /// Run at detach (see [`ProcessTarget::on_detach`]).
     detach_hooks: Vec<DetachHook>,
+    /// The program's `SIGTRAP` state kept across our traps (`sigtrap.rs`).
+    sigtrap: sigtrap::SigTrapState,
+    /// The agent's vfork functions, once found (see `vforks.rs`).
+    agent_vfork: Option<vforks::AgentVforkFns>,
+    /// vfork children the agent was told of: (parent thread, child).
+    vfork_armed: Vec<(i32, i32)>,
 }
 
 /// Work for the last moment of a detach (see [`ProcessTarget::on_detach`]).
@@ -316,6 +339,9 @@ impl ProcessTarget {
             strays: Strays::new(),
             exec_gone: Vec::new(),
             detach_hooks: Vec::new(),
+            sigtrap: sigtrap::SigTrapState::default(),
+            agent_vfork: None,
+            vfork_armed: Vec::new(),
         }
     }
 

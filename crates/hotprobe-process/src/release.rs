@@ -64,7 +64,11 @@ impl ProcessTarget {
             return Ok(false);
         }
         let rendezvous = self.rendezvous.as_ref().map(|r| r.brk);
-        if self.breakpoints.keys().any(|a| Some(*a) != rendezvous) {
+        if self
+            .breakpoints
+            .keys()
+            .any(|a| Some(*a) != rendezvous && !self.is_sig_site(*a))
+        {
             return Ok(false);
         }
         if self.threads.values().any(|t| {
@@ -77,6 +81,12 @@ impl ProcessTarget {
             return Ok(false);
         }
         self.stop_all()?;
+        // Untraced, no trap of ours resets the program's signal state:
+        // the sites are not needed, and what was reset goes back.
+        self.disarm_sig_sites();
+        for tid in self.threads.keys().copied().collect::<Vec<_>>() {
+            self.restore_sigtrap_state(tid);
+        }
         if let Some(brk) = rendezvous {
             self.rendezvous = None;
             self.remove_int3(RuntimeAddr(brk))?;

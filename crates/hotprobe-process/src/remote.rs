@@ -57,6 +57,80 @@ pub(crate) fn syscall(
         th.held_signals.extend(held);
         th.regs = None;
     }
+    // The step's trap reset what the thread blocks or ignores.
+    t.note_forced_trap(tid);
+    Ok(result)
+}
+
+/// As [`syscall`], but run through `PTRACE_SYSCALL` stops instead of a
+/// single-step: no trap signal is raised, so a thread that blocks or
+/// ignores `SIGTRAP` keeps its state (see `sigtrap.rs`). For the calls
+/// that put that state back.
+pub(crate) fn syscall_quiet(
+    t: &mut ProcessTarget,
+    tid: i32,
+    nr: u64,
+    args: &[u64],
+) -> Result<u64, TargetError> {
+    let insn = find_syscall_insn(t)?;
+    let saved = t.sys.getregs(tid).map_err(|e| t.sys_err(e))?;
+    let mut regs = saved;
+    regs.rip = insn;
+    regs.rax = nr;
+    regs.orig_rax = u64::MAX;
+    set_args(&mut regs, args, ArgConvention::Syscall);
+    t.sys.setregs(tid, &regs).map_err(|e| t.sys_err(e))?;
+    let mut held = Vec::new();
+    // The entry stop, then the exit stop: both with rip past the
+    // instruction (a signal stop before it runs has rip at it).
+    let mut syscall_stops = 0;
+    let result = loop {
+        t.sys.syscall_resume(tid, 0).map_err(|e| t.sys_err(e))?;
+        let Some((_, status)) = t.sys.waitpid_restart(tid, 0).map_err(|e| t.sys_err(e))? else {
+            continue;
+        };
+        if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+            return Err(TargetError::Gone {
+                target: t.describe(),
+                status: crate::exit_status(status),
+            });
+        }
+        let sig = libc::WSTOPSIG(status);
+        if status >> 16 == libc::PTRACE_EVENT_STOP {
+            if let Some(th) = t.threads.get_mut(&tid) {
+                th.interrupt_pending = false;
+            }
+            continue;
+        }
+        if status >> 16 != 0 {
+            continue;
+        }
+        if sig == libc::SIGTRAP {
+            let after = t.sys.getregs(tid).map_err(|e| t.sys_err(e))?;
+            if after.rip == insn + 2 {
+                syscall_stops += 1;
+                if syscall_stops == 2 {
+                    break after.rax;
+                }
+                continue;
+            }
+        }
+        held.push(sig);
+    };
+    // Restored at a system-call exit stop, not a signal stop: the kernel
+    // runs no restart logic on the way out, so a system call the thread
+    // was interrupted in (`-ERESTARTSYS` and the like) is set up to
+    // restart here, as the kernel would have.
+    let back = crate::remote_resumable::resume_context(&crate::sys::regs_from_user(&saved));
+    let mut back = crate::sys::regs_to_user(&back);
+    if back.rip != saved.rip {
+        back.orig_rax = u64::MAX;
+    }
+    t.sys.setregs(tid, &back).map_err(|e| t.sys_err(e))?;
+    if let Some(th) = t.threads.get_mut(&tid) {
+        th.held_signals.extend(held);
+        th.regs = None;
+    }
     Ok(result)
 }
 
@@ -99,8 +173,13 @@ fn find_syscall_insn(t: &mut ProcessTarget) -> Result<u64, TargetError> {
         if t.read_memory(RuntimeAddr(l.start), &mut buf).is_err() {
             continue;
         }
-        if let Some(i) = buf.windows(2).position(|w| w == [0x0f, 0x05]) {
-            let a = l.start + i as u64;
+        let found = buf
+            .windows(2)
+            .enumerate()
+            .filter(|(_, w)| *w == [0x0f, 0x05])
+            .map(|(i, _)| l.start + i as u64)
+            .find(|a| !t.breakpoints.contains_key(a));
+        if let Some(a) = found {
             t.syscall_insn = Some(a);
             return Ok(a);
         }

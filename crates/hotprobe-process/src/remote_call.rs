@@ -42,6 +42,33 @@ pub fn remote_call(
     timeout: Duration,
 ) -> Result<u64, TargetError> {
     let tid = stopped(t)?;
+    remote_call_on(t, tid, func, args, timeout)
+}
+
+/// As [`remote_call`], on stopped thread `tid` (a vfork child at its
+/// first stop, its parent at the end of its vfork), its x87/SSE state
+/// kept as well: the callee may use the vector registers, which a
+/// thread stopped between two instructions of its own may hold live.
+pub(crate) fn remote_call_on(
+    t: &mut ProcessTarget,
+    tid: i32,
+    func: u64,
+    args: &[u64],
+    timeout: Duration,
+) -> Result<u64, TargetError> {
+    let fp = t.sys.getfpregs(tid).map_err(|e| t.sys_err(e))?;
+    let r = remote_call_regs(t, tid, func, args, timeout);
+    let _ = t.sys.setfpregs(tid, &fp);
+    r
+}
+
+fn remote_call_regs(
+    t: &mut ProcessTarget,
+    tid: i32,
+    func: u64,
+    args: &[u64],
+    timeout: Duration,
+) -> Result<u64, TargetError> {
     let saved = t.sys.getregs(tid).map_err(|e| t.sys_err(e))?;
     let mut regs = saved;
     // Below the red zone, 16-byte aligned, then the fake return address 0:
@@ -108,6 +135,13 @@ pub fn remote_call(
             let mut r = sys::regs_from_user(&after);
             r.rip -= 1;
             t.emulate_return(tid, &mut r)?;
+            t.sys.cont(tid, 0).map_err(|e| t.sys_err(e))?;
+            continue;
+        }
+        if sig == libc::SIGTRAP && t.is_sig_site(after.rip.wrapping_sub(1)) {
+            // A signal-state system call of the program's code the call
+            // runs through (see `sigtrap.rs`): made, noted, run on.
+            t.emulate_sig_site(tid, after.rip - 1)?;
             t.sys.cont(tid, 0).map_err(|e| t.sys_err(e))?;
             continue;
         }

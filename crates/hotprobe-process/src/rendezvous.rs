@@ -219,6 +219,10 @@ impl ProcessTarget {
             rv.base_loaded = true;
         }
         rv.states = now.iter().map(|n| (n.addr, n.state)).collect();
+        if changed && self.sig_sites_armed() {
+            // New modules' signal-state system calls (see `sigtrap.rs`).
+            self.arm_sig_sites();
+        }
         changed
     }
 
@@ -275,6 +279,7 @@ impl ProcessTarget {
             }));
         }
         self.emulate_return(pid, &mut r)?;
+        self.restore_sigtrap_state(pid);
         let t = self.threads.get_mut(&pid).expect("known thread");
         t.state = crate::RunState::Running;
         self.sys.cont(pid, 0).map_err(|e| self.sys_err(e))?;

@@ -148,6 +148,7 @@ impl ProcessTarget {
         // The exec replaced the memory: reopen /proc/PID/mem.
         t.mem = open_mem(&t.sys, child)?;
         t.arm_rendezvous();
+        t.learn_sigtrap_state();
         t.run_to_start(opts.stop_at_entry)?;
         Ok(t)
     }

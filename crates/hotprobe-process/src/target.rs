@@ -165,6 +165,9 @@ impl Target for ProcessTarget {
             });
             return Ok(());
         }
+        if mode == ResumeMode::Continue {
+            self.restore_sigtrap_state(tid);
+        }
         let t = self.stopped_thread(thread)?;
         t.regs = None;
         t.state = RunState::Running;
@@ -202,7 +205,15 @@ impl Target for ProcessTarget {
             rv.engine_owned = true;
             return Ok(());
         }
-        self.insert_int3(addr)
+        if self.give_sig_site(addr.0) {
+            // A signal-state site's int3 is there already: the engine's now.
+            return Ok(());
+        }
+        self.insert_int3(addr)?;
+        if !self.sig_sites_armed() {
+            self.arm_sig_sites();
+        }
+        Ok(())
     }
 
     fn remove_breakpoint(&mut self, addr: RuntimeAddr) -> Result<(), TargetError> {
@@ -270,6 +281,12 @@ impl Target for ProcessTarget {
         }
         self.stop_all()?;
         self.clear_watchpoints_for_detach();
+        // What our traps reset in the program's signal state goes back
+        // (sites' int3s go with the other breakpoints below).
+        self.sigtrap.sites.clear();
+        for tid in self.threads.keys().copied().collect::<Vec<_>>() {
+            self.restore_sigtrap_state(tid);
+        }
         // Threads whose breakpoint event the engine never handled re-execute
         // the (restored) original instruction.
         let tids: Vec<i32> = self.threads.keys().copied().collect();

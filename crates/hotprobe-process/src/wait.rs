@@ -138,13 +138,26 @@ impl ProcessTarget {
                         }
                     }
                     if alive {
+                        let vfork = event == libc::PTRACE_EVENT_VFORK;
                         let mut th = Thread::new(RunState::Running);
                         if stopping {
                             th.state = RunState::Parked;
+                        } else if vfork {
+                            th.state = RunState::Event;
                         } else {
                             self.sys.cont(new, 0).map_err(|e| self.sys_err(e))?;
                         }
                         self.threads.insert(new, th);
+                        self.inherit_sigtrap_state(pid, new);
+                        if vfork {
+                            // Before it runs: the agent counts it apart.
+                            self.vfork_started(pid, new);
+                            if !stopping {
+                                let th = self.threads.get_mut(&new).expect("inserted");
+                                th.state = RunState::Running;
+                                self.sys.cont(new, 0).map_err(|e| self.sys_err(e))?;
+                            }
+                        }
                     }
                     self.park_or_continue(pid, stopping)?;
                     return Ok(if alive {
@@ -209,6 +222,12 @@ impl ProcessTarget {
                 })?;
                 // The new image's loader is mapped already (it has not run).
                 self.arm_rendezvous();
+                // Handlers are reset by the exec (ignored ones stay); the
+                // old image's sites went with it.
+                self.disarm_sig_sites();
+                self.learn_sigtrap_state();
+                self.agent_vfork = None;
+                self.vfork_armed.clear();
                 return Ok(Some(TargetEvent::Exec));
             }
             libc::PTRACE_EVENT_STOP => {
@@ -241,6 +260,17 @@ impl ProcessTarget {
                 return Ok(None);
             }
             0 => {}
+            libc::PTRACE_EVENT_VFORK_DONE => {
+                // The child executed or exited; the parent runs on (the
+                // agent told first, if it was told of the child).
+                if self.vfork_armed.iter().any(|a| a.0 == pid) {
+                    if let Ok(child) = self.sys.geteventmsg(pid) {
+                        self.vfork_finished(pid, child as i32);
+                    }
+                }
+                self.park_or_continue(pid, stopping)?;
+                return Ok(None);
+            }
             _ => {
                 // An event stop not asked for (PTRACE_EVENT_VFORK_DONE,
                 // _EXIT, _SECCOMP): no signal to deliver, nothing to report.
@@ -260,6 +290,7 @@ impl ProcessTarget {
             // watchpoint was removed (unwatch while it ran): not the
             // program's signal — dropped, as at detach.
             let _ = watch::take_hits(&self.sys, pid);
+            self.note_forced_trap(pid);
             self.park_or_continue(pid, stopping)?;
             return Ok(None);
         }
@@ -275,6 +306,20 @@ impl ProcessTarget {
                 0
             };
             let regs = self.fetch_regs(pid)?;
+            let bp = regs.rip.wrapping_sub(1);
+            let stepping = self.threads.get(&pid).is_some_and(|t| t.stepping);
+            if !stepping && hits == 0 && self.is_sig_site(bp) {
+                self.on_sig_site(pid, bp, stopping)?;
+                return Ok(None);
+            }
+            let ours = stepping
+                || hits != 0
+                || self.is_rendezvous_trap(regs.rip)
+                || self.breakpoints.contains_key(&bp);
+            if ours {
+                // The kernel reset what the thread blocks or ignores.
+                self.note_forced_trap(pid);
+            }
             let t = self.threads.get_mut(&pid).expect("known thread");
             if t.stepping {
                 t.stepping = false;
@@ -296,7 +341,6 @@ impl ProcessTarget {
             if self.is_rendezvous_trap(regs.rip) {
                 return self.on_rendezvous(pid, regs);
             }
-            let bp = regs.rip.wrapping_sub(1);
             if self.breakpoints.contains_key(&bp) {
                 let mut r = regs;
                 r.rip = bp;
@@ -336,6 +380,8 @@ impl ProcessTarget {
             t.state = RunState::Parked;
             Ok(())
         } else {
+            self.restore_sigtrap_state(pid);
+            let t = self.threads.get_mut(&pid).expect("known thread");
             t.state = RunState::Running;
             self.sys.cont(pid, 0).map_err(|e| self.sys_err(e))
         }

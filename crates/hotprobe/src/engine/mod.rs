@@ -229,6 +229,9 @@ pub struct Engine {
     /// `--stacks` on trap probes (issue 24): walks the stack at each hit
     /// of a probe it takes (see `hit.rs`).
     pub(crate) stack_hook: Option<crate::stacks::TrapStacks>,
+    /// Returns by vfork children (their pid), per return probe: not the
+    /// process's (see [`Engine::vfork_returns`]).
+    vfork_returns: HashMap<ProbeId, Vec<(i32, u64)>>,
 }
 
 impl Engine {
@@ -270,6 +273,7 @@ impl Engine {
             forked: Vec::new(),
             vfork_hits: HashMap::new(),
             stack_hook: None,
+            vfork_returns: HashMap::new(),
         }
     }
 
@@ -377,6 +381,12 @@ impl Engine {
         self.vfork_hits.get(&id).map_or(&[], Vec::as_slice)
     }
 
+    /// Returns of return probe `id` by vfork children of the process, per
+    /// child pid (as [`Engine::vfork_hits`]: not in [`Engine::stats`]).
+    pub fn vfork_returns(&self, id: ProbeId) -> &[(i32, u64)] {
+        self.vfork_returns.get(&id).map_or(&[], Vec::as_slice)
+    }
+
     /// The vfork children that hit a probe so far (their pids).
     pub fn vfork_children_hit(&self) -> Vec<i32> {
         let mut v: Vec<i32> = self.vfork_hits.values().flatten().map(|x| x.0).collect();
@@ -402,6 +412,26 @@ impl Engine {
         } else if let Some(p) = self.probes.get_mut(&id) {
             p.hits += 1;
         }
+    }
+
+    /// Counts a return of probe `id` seen in thread `thread` when it is a
+    /// vfork child's (see [`Engine::vfork_returns`]); false when the
+    /// return is the process's, for the caller to count.
+    pub(crate) fn count_vfork_return(&mut self, id: ProbeId, thread: ThreadId) -> bool {
+        let tid = thread.0 as i32;
+        if !self
+            .target
+            .process_ref()
+            .is_some_and(|p| p.is_vfork_child(tid))
+        {
+            return false;
+        }
+        let by = self.vfork_returns.entry(id).or_default();
+        match by.iter_mut().find(|(p, _)| *p == tid) {
+            Some((_, n)) => *n += 1,
+            None => by.push((tid, 1)),
+        }
+        true
     }
 
     /// Whether a handler asked to stop (cleared by reading).

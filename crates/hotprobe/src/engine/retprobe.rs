@@ -117,6 +117,8 @@ impl Engine {
         thread: ThreadId,
         regs: &mut Registers,
     ) -> Result<(), EngineError> {
+        // A vfork child's return is its own (its pid's row).
+        let vforked = self.count_vfork_return(inst.probe, thread);
         if let Some(ProbeEntry {
             kind: ProbeKind::Ret { live, .. },
             returns,
@@ -124,7 +126,9 @@ impl Engine {
         }) = self.probes.get_mut(&inst.probe)
         {
             *live = live.saturating_sub(1);
-            *returns += 1;
+            if !vforked {
+                *returns += 1;
+            }
         } else {
             return Ok(());
         }

@@ -10,8 +10,10 @@
 //! traps): each found is written again by the fast path, as at placement
 //! ([`hotprobe_fastpath::FastPath::rearm_reverted`]), and the notice says
 //! that the calls made in between went uncounted; a site it cannot write
-//! again is named as counting nothing from then on. Not watched: the
-//! ptrace trap's `int3`s (see `check_slot`).
+//! again is named as counting nothing from then on. The ptrace trap's
+//! `int3`s are asked of the process target, which knows which it holds
+//! (`ProcessTarget::rearm_reverted_breakpoints`): one whose byte is the
+//! original again is written again and named the same way.
 
 use super::*;
 
@@ -76,11 +78,10 @@ fn check_slot(slot: &mut Slot) {
     let pid = slot.pid.unwrap_or(0);
     let mut found: Vec<u64> = Vec::new();
     // The sites of the agent's mechanisms that serve a probe: their bytes
-    // stay in place while armed. Not the process target's int3s: the
-    // session's own are stepped over in place, a failed placement or an
-    // exiting process takes some out before the ledger hears of it, and
-    // guards are there for a moment; none can be told apart from a page
-    // dropped under it without asking the target what it holds.
+    // stay in place while armed. The process target's int3s are not
+    // walked from the ledger (a failed placement or an exiting process
+    // takes some out before the ledger hears of it, guards are there for
+    // a moment): the target, which knows what it holds, is asked below.
     let watched: Vec<(u64, &[u8])> = slot
         .ledger
         .sites()
@@ -123,21 +124,34 @@ fn check_slot(slot: &mut Slot) {
             }
         }
     }
-    if found.is_empty() {
+    // The trap's int3s: the target writes them again itself.
+    let mut trap = slot
+        .engine
+        .process()
+        .map(|pt| pt.rearm_reverted_breakpoints())
+        .unwrap_or_default();
+    trap.lost.retain(|a| !slot.reverted.named.contains(a));
+    if found.is_empty() && trap.rearmed.is_empty() && trap.lost.is_empty() {
         return;
     }
     // Armed again where the fast path can: its bytes written back, as at
     // placement; the calls made between the change and now went uncounted.
-    let rearmed = match slot.agent.rearm(&mut slot.engine, &found) {
-        Ok(r) => r,
-        Err(e) => {
-            slot.engine.notices.push(format!(
-                "pid {pid}: cannot arm reverted probe sites again: {e}"
-            ));
-            Vec::new()
-        }
+    let rearmed = match found.is_empty() {
+        true => Vec::new(),
+        false => match slot.agent.rearm(&mut slot.engine, &found) {
+            Ok(r) => r,
+            Err(e) => {
+                slot.engine.notices.push(format!(
+                    "pid {pid}: cannot arm reverted probe sites again: {e}"
+                ));
+                Vec::new()
+            }
+        },
     };
-    let (again, lost): (Vec<u64>, Vec<u64>) = found.into_iter().partition(|a| rearmed.contains(a));
+    let (mut again, mut lost): (Vec<u64>, Vec<u64>) =
+        found.into_iter().partition(|a| rearmed.contains(a));
+    again.extend(trap.rearmed);
+    lost.extend(trap.lost);
     let symbolizer = slot.engine.target_and_symbolizer().1;
     let names = |sites: &[u64]| -> String {
         let names: Vec<String> = sites

@@ -602,6 +602,9 @@ impl ProbeMechanism for TrapMech {
             for (pid, n) in engine.vfork_hits(x) {
                 by.add(*pid, |st| st.hits += n);
             }
+            for (pid, n) in engine.vfork_returns(x) {
+                by.add(*pid, |st| st.returns += n);
+            }
         }
         if let Some(h) = self.handed.get(&id).and_then(|x| engine.stats(*x)) {
             // Handed over to the engine: its hits since then.

@@ -1,0 +1,111 @@
+// SIGTRAP blocked or ignored by the program, probed through the ptrace
+// trap (issue 22). The kernel's int3 trap unblocks SIGTRAP in a thread
+// that blocks it and resets an ignored (or, in a blocking thread, caught)
+// SIGTRAP to SIG_DFL; the tracer must put both back. Each case makes its
+// change itself (after hotprobe's probes are in), calls `probed` N times,
+// prints what pthread_sigmask and sigaction read back, raises SIGTRAP
+// itself (held pending where blocked, dropped where ignored, caught where
+// handled) and prints again; exit status 5.
+//   block:  a worker thread blocks SIGTRAP, calls probed 300 times.
+//   ignore: the main thread ignores SIGTRAP, calls probed 200 times.
+//   blockh: a SIGTRAP handler; a worker blocks SIGTRAP, 300 calls,
+//           raises it (pending), unblocks it (handled then); then the
+//           main thread raises SIGTRAP (handled again).
+//   inherit: the main thread blocks SIGTRAP before creating the worker,
+//           which inherits the mask, 300 calls.
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+volatile long sink;
+__attribute__((noinline)) void probed(long x) { sink += x; }
+
+static volatile sig_atomic_t handled;
+static void on_trap(int s) {
+    (void)s;
+    handled++;
+}
+
+static const char *disposition(void) {
+    struct sigaction sa;
+    sigaction(SIGTRAP, NULL, &sa);
+    if (sa.sa_handler == SIG_IGN)
+        return "ignored";
+    if (sa.sa_handler == SIG_DFL)
+        return "default";
+    return sa.sa_handler == on_trap ? "on_trap" : "other";
+}
+
+static int blocked(void) {
+    sigset_t s;
+    pthread_sigmask(SIG_BLOCK, NULL, &s);
+    return sigismember(&s, SIGTRAP);
+}
+
+static int pending(void) {
+    sigset_t s;
+    sigpending(&s);
+    return sigismember(&s, SIGTRAP);
+}
+
+static void block_trap(int how) {
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGTRAP);
+    pthread_sigmask(how, &s, NULL);
+}
+
+static void calls(const char *who, int n) {
+    for (int i = 0; i < n; i++)
+        probed(i);
+    printf("%s: calls=%d blocked=%d disposition=%s\n", who, n, blocked(), disposition());
+}
+
+static void *worker(void *arg) {
+    if (arg != (void *)1)
+        block_trap(SIG_BLOCK);
+    calls("worker", 300);
+    raise(SIGTRAP);
+    printf("worker: raised blocked=%d pending=%d handled=%d\n", blocked(), pending(),
+           (int)handled);
+    if (arg == (void *)2) {
+        block_trap(SIG_UNBLOCK);
+        printf("worker: unblocked blocked=%d pending=%d handled=%d\n", blocked(), pending(),
+               (int)handled);
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    const char *how = argc > 1 ? argv[1] : "block";
+    setvbuf(stdout, NULL, _IONBF, 0);
+    pthread_t t;
+    if (!strcmp(how, "ignore")) {
+        signal(SIGTRAP, SIG_IGN);
+        calls("main", 200);
+        raise(SIGTRAP);
+        printf("main: raised disposition=%s\n", disposition());
+    } else if (!strcmp(how, "block") || !strcmp(how, "blockh")) {
+        int h = !strcmp(how, "blockh");
+        if (h)
+            signal(SIGTRAP, on_trap);
+        pthread_create(&t, NULL, worker, h ? (void *)2 : NULL);
+        pthread_join(t, NULL);
+        printf("main: blocked=%d disposition=%s\n", blocked(), disposition());
+        if (!strcmp(how, "blockh")) {
+            raise(SIGTRAP);
+            printf("main: raised handled=%d\n", (int)handled);
+        }
+    } else if (!strcmp(how, "inherit")) {
+        block_trap(SIG_BLOCK);
+        pthread_create(&t, NULL, worker, (void *)1);
+        pthread_join(t, NULL);
+        printf("main: blocked=%d disposition=%s\n", blocked(), disposition());
+    } else {
+        return 2;
+    }
+    return 5;
+}
