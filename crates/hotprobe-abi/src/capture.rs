@@ -38,13 +38,8 @@ pub const CAPTURE_STRING_MAX: usize = 128;
 pub const CAPTURE_SLOTS: usize = 1024;
 /// Bytes per slot.
 pub const CAPTURE_SLOT_SIZE: usize = 512;
-/// Offset of the [`ImageRanges`] in the capture region, after the slots.
-const IMAGE_OFF: usize = CAPTURE_SLOTS * CAPTURE_SLOT_SIZE;
-/// Bytes of the capture region: the slots, then a page for the
-/// [`ImageRanges`].
-pub const CAPTURE_REGION_SIZE: usize = IMAGE_OFF + 4096;
-/// Ranges an [`ImageRanges`] holds.
-pub const IMAGE_RANGES: usize = 16;
+/// Bytes of the capture region: the slots.
+pub const CAPTURE_REGION_SIZE: usize = CAPTURE_SLOTS * CAPTURE_SLOT_SIZE;
 /// Longest payload a program writes: every item a cut string.
 pub const CAPTURE_MAX_PAYLOAD: usize = CAPTURE_ITEMS * (4 + CAPTURE_STRING_MAX);
 
@@ -260,69 +255,6 @@ pub fn withdraw_exit(shm: &Shm, probe: u32) {
         }
         i = (i + 1) % CAPTURE_SLOTS;
     }
-}
-
-/// The readable file mappings of the main executable, as the tracer read
-/// them from the process's maps when it published the first program: the
-/// agent reads memory inside them directly (string literals, constant
-/// tables) instead of through a system call. A program does not unmap
-/// or make unreadable its own image (its code runs from it); that is the
-/// assumption these reads rest on, and the only one: everything else goes
-/// through `process_vm_readv`.
-#[repr(C, align(64))]
-#[derive(Debug)]
-pub struct ImageRanges {
-    /// Ranges published (≤ [`IMAGE_RANGES`]); written last (Release).
-    pub count: AtomicU32,
-    /// Reserved, zero.
-    pub reserved: u32,
-    /// `[start, end)` of each range.
-    pub ranges: [[core::sync::atomic::AtomicU64; 2]; IMAGE_RANGES],
-}
-const _: () = assert!(size_of::<ImageRanges>() <= 4096);
-
-/// The image ranges of the capture region.
-pub fn images(shm: &Shm) -> &ImageRanges {
-    // SAFETY: the page after the slots lies in the region (see
-    // CAPTURE_REGION_SIZE), 64-aligned; atomics only.
-    unsafe {
-        &*shm
-            .as_ptr()
-            .add(shm.layout().capture_offset + IMAGE_OFF)
-            .cast::<ImageRanges>()
-    }
-}
-
-/// Publishes the image ranges (the tracer, once, before any site with
-/// [`crate::ACTION_CAPTURE`]); at most [`IMAGE_RANGES`] are kept.
-pub fn publish_images(shm: &Shm, ranges: &[(u64, u64)]) {
-    let im = images(shm);
-    let n = ranges.len().min(IMAGE_RANGES);
-    for (slot, (start, end)) in im.ranges.iter().zip(ranges) {
-        slot[0].store(*start, Ordering::Relaxed);
-        slot[1].store(*end, Ordering::Relaxed);
-    }
-    // Release pairs with `image_end`'s Acquire load of the count.
-    im.count.store(n as u32, Ordering::Release);
-}
-
-/// The end of the published image range holding `addr`, or 0 (the
-/// agent, before a direct read).
-#[inline]
-pub fn image_end(shm: &Shm, addr: u64) -> u64 {
-    let im = images(shm);
-    let n = (im.count.load(Ordering::Acquire) as usize).min(IMAGE_RANGES);
-    let mut i = 0;
-    while i < n {
-        if let Some(r) = im.ranges.get(i) {
-            let (start, end) = (r[0].load(Ordering::Relaxed), r[1].load(Ordering::Relaxed));
-            if start <= addr && addr < end {
-                return end;
-            }
-        }
-        i += 1;
-    }
-    0
 }
 
 /// Payload bytes one [`crate::KIND_DATA`] event carries (its six value

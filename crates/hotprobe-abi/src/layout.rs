@@ -61,8 +61,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"HOTPROBE");
 /// event carries its stack's id in the meta word's bits 32–63
 /// ([`META_STACK_SHIFT`], [`Event::reserved2`]); 16: the capture table
 /// ([`crate::capture`], [`Layout::capture_offset`]) after the aggregation
-/// region, [`ACTION_CAPTURE`] and [`KIND_DATA`] events).
-pub const VERSION: u32 = 16;
+/// region, [`ACTION_CAPTURE`] and [`KIND_DATA`] events; 17: no image
+/// ranges page after the capture slots).
+pub const VERSION: u32 = 17;
 /// Size of [`Header`] in bytes.
 pub const HEADER_SIZE: usize = 256;
 /// Alignment of every section start (the site table and the thread slots).

@@ -5,8 +5,8 @@
 use std::alloc::{alloc_zeroed, dealloc, Layout as AllocLayout};
 
 use hotprobe_abi::capture::{
-    find, find_exit, image_end, publish, publish_exit, publish_images, withdraw_exit,
-    CaptureProgram, BASE_ARG, BASE_RSP, CAPTURE_SLOTS, DATA_BYTES_PER_EVENT,
+    find, find_exit, publish, publish_exit, withdraw_exit, CaptureProgram, BASE_ARG, BASE_RSP,
+    CAPTURE_SLOTS, DATA_BYTES_PER_EVENT,
 };
 use hotprobe_abi::*;
 
@@ -83,18 +83,6 @@ fn programs_are_found_by_probe_id_until_the_table_is_full() {
     withdraw_exit(&shm, 7);
     assert!(find_exit(&shm, 7).is_none());
     assert!(find(&shm, 7).is_some(), "the entry's stays");
-}
-
-#[test]
-fn image_ranges_say_where_direct_reads_may_go() {
-    let (_buf, shm) = make(64, EVENT_SIZE_FULL);
-    assert_eq!(image_end(&shm, 0x1000), 0, "nothing published");
-    publish_images(&shm, &[(0x1000, 0x3000), (0x5000, 0x6000)]);
-    assert_eq!(image_end(&shm, 0x1000), 0x3000);
-    assert_eq!(image_end(&shm, 0x2fff), 0x3000);
-    assert_eq!(image_end(&shm, 0x3000), 0);
-    assert_eq!(image_end(&shm, 0x5800), 0x6000);
-    assert_eq!(image_end(&shm, 0xfff), 0);
 }
 
 #[test]

@@ -6,10 +6,8 @@
 //! continuation events in front of the entry event, all published at once
 //! ([`hotprobe_abi::Producer::push_with_data`]).
 //!
-//! Memory inside the main executable's readable file mappings, as the
-//! tracer published them (`hotprobe_abi::capture::ImageRanges`: string
-//! literals, constant tables), is read directly; anything else with
-//! `process_vm_readv` on our own pid ([`crate::saferead`]): memory that
+//! Memory is read with `process_vm_readv` on our own pid
+//! ([`crate::saferead`]), never directly: memory that
 //! is not mapped gives the unreadable record, never a fault, and no
 //! signal handler is involved. A string is then one system call (at most
 //! [`CAPTURE_STRING_MAX`] bytes, split at a page boundary), a load one.
@@ -62,7 +60,7 @@ pub(crate) fn push_entry(
             _ => None,
         }
     };
-    push_program(shm, p, limit, ev, prog, (pid, reads), &base)
+    push_program(p, limit, ev, prog, (pid, reads), &base)
 }
 
 /// [`Shadow::flags`](crate::hit::Shadow) bit: the return runs the
@@ -121,7 +119,7 @@ pub(crate) fn record_exit(shm: &Shm, t: &ThreadEntry, probe: u32, rax: u64, rdx:
         _ => None,
     };
     let mut limit = t.fast.limit.load(Relaxed);
-    if !push_program(shm, &p, &mut limit, &ev, prog, (pid, reads), &base) {
+    if !push_program(&p, &mut limit, &ev, prog, (pid, reads), &base) {
         shm.note_missed(probe);
     }
     t.fast.limit.store(limit, Relaxed);
@@ -131,7 +129,6 @@ pub(crate) fn record_exit(shm: &Shm, t: &ThreadEntry, probe: u32, rax: u64, rdx:
 /// from `base(item)`.
 #[inline(always)]
 fn push_program(
-    shm: &Shm,
     p: &Producer<'_>,
     limit: &mut u64,
     ev: &Event,
@@ -139,7 +136,7 @@ fn push_program(
     (pid, reads): (u32, bool),
     base: &dyn Fn(&CaptureItem) -> Option<u64>,
 ) -> bool {
-    let mem = Memory { shm, pid, reads };
+    let mem = Memory { pid, reads };
     let n = (prog.n_items as usize).min(CAPTURE_ITEMS);
     let max = max_len(prog, n);
     // SAFETY: the caller owns the ring (busy flag held).
@@ -171,69 +168,34 @@ fn max_len(prog: &CaptureProgram, n: usize) -> usize {
 }
 
 /// Where an item's memory is read from.
-struct Memory<'a> {
-    shm: &'a Shm,
+struct Memory {
     /// This process, for `process_vm_readv`.
     pid: u32,
     /// Whether system calls may be made (no seccomp filter or strict mode).
     reads: bool,
 }
 
-impl Memory<'_> {
-    /// The `size` bytes (1–8) at `a`, zero-extended: directly inside the
-    /// main executable's published image, else through the system call.
+impl Memory {
+    /// The `size` bytes (1–8) at `a`, zero-extended, through the system
+    /// call (never a direct load: a program may make any page of its own,
+    /// its image's included, unreadable — `mprotect(PROT_NONE)` on a page
+    /// of its `.rodata` was killed by a direct read of a published image
+    /// range).
     #[inline(always)]
     fn value(&self, a: u64, size: u8) -> Option<u64> {
-        let n = u64::from(size.clamp(1, 8));
-        if a == 0 {
-            return None;
-        }
-        if hotprobe_abi::capture::image_end(self.shm, a) >= a.saturating_add(n) {
-            let mut v = 0u64;
-            let mut i = 0;
-            while i < n {
-                // SAFETY: [a, a + n) lies in a readable file mapping of
-                // the main executable the tracer published (see
-                // `hotprobe_abi::capture::ImageRanges`).
-                let b = unsafe { ((a + i) as *const u8).read_volatile() };
-                v |= u64::from(b) << (8 * i);
-                i += 1;
-            }
-            return Some(v);
-        }
-        if !self.reads {
+        if a == 0 || !self.reads {
             return None;
         }
         crate::saferead::read_value(self.pid, a, size)
     }
 
-    /// Copies up to `len` bytes at `addr` into `dst`, stopping early (the
-    /// image's end) only where a NUL was copied: how many were copied.
+    /// Copies up to `len` bytes at `addr` into `dst` through the system
+    /// call: how many were copied.
     ///
     /// # Safety
     /// `dst` is valid for writes of `len` bytes.
     #[inline(always)]
     unsafe fn string_bytes(&self, addr: u64, dst: *mut u8, len: usize) -> usize {
-        let end = hotprobe_abi::capture::image_end(self.shm, addr);
-        if end != 0 {
-            let n = ((end - addr) as usize).min(len);
-            let mut i = 0;
-            while i < n {
-                // SAFETY: [addr, end) is a published image range (see
-                // `value`); i < n <= len bytes of `dst`.
-                let b = unsafe { ((addr + i as u64) as *const u8).read_volatile() };
-                // SAFETY: as above.
-                unsafe { dst.add(i).write_volatile(b) };
-                if b == 0 {
-                    return i + 1;
-                }
-                i += 1;
-            }
-            if n == len {
-                return n;
-            }
-            // The image ends before a NUL: the rest through the system call.
-        }
         if !self.reads {
             return 0;
         }
@@ -244,7 +206,7 @@ impl Memory<'_> {
 
 /// One item's record, from its base value (`None`: not available).
 #[inline(always)]
-fn run_item(it: &CaptureItem, base: Option<u64>, mem: &Memory<'_>, w: &mut DataWriter<'_>) {
+fn run_item(it: &CaptureItem, base: Option<u64>, mem: &Memory, w: &mut DataWriter<'_>) {
     let Some(mut v) = base else {
         w.byte(3);
         return;
@@ -280,7 +242,7 @@ fn run_item(it: &CaptureItem, base: Option<u64>, mem: &Memory<'_>, w: &mut DataW
 /// limit, or unreadable memory after some bytes); unreadable when not
 /// even its first byte is.
 #[inline(always)]
-fn string(addr: u64, mem: &Memory<'_>, w: &mut DataWriter<'_>) {
+fn string(addr: u64, mem: &Memory, w: &mut DataWriter<'_>) {
     let mut buf = MaybeUninit::<[u8; CAPTURE_STRING_MAX]>::uninit();
     let b = buf.as_mut_ptr().cast::<u8>();
     // SAFETY: `buf` holds CAPTURE_STRING_MAX bytes.

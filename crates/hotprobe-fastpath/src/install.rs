@@ -149,13 +149,6 @@ impl FastPath {
                 ));
             }
             // The program before the site: no hit finds it missing.
-            if hotprobe_abi::capture::images(self.shm())
-                .count
-                .load(Relaxed)
-                == 0
-            {
-                publish_image_ranges(self.shm(), self.pid);
-            }
             let shm = self.shm();
             let exit_ok = match (&prog.exit, action.exit) {
                 (Some(x), true) => hotprobe_abi::capture::publish_exit(shm, probe_id, x),
@@ -602,23 +595,4 @@ pub(crate) fn wait_pcs_outside(
         t.stop_all()?;
     }
     Err(FastPathError::Busy { addr })
-}
-
-/// Publishes the readable file mappings of process `pid`'s main
-/// executable for the agent's direct reads of typed values
-/// (`hotprobe_abi::capture::ImageRanges`); nothing when the maps cannot
-/// be read (every read then goes through `process_vm_readv`).
-fn publish_image_ranges(shm: &hotprobe_abi::Shm, pid: i32) {
-    let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
-        return;
-    };
-    let Ok(maps) = hotprobe_symbols::read_maps(pid as u32) else {
-        return;
-    };
-    let ranges: Vec<(u64, u64)> = maps
-        .iter()
-        .filter(|m| m.perms.read && !m.deleted && m.path.as_deref() == Some(exe.as_path()))
-        .map(|m| (m.start.0, m.end.0))
-        .collect();
-    hotprobe_abi::capture::publish_images(shm, &ranges);
 }

@@ -147,9 +147,6 @@ impl FastPath {
         self.removals += 1;
         self.heartbeat = None;
         self.detached = true;
-        // The image the ranges were read from is gone (exec): no direct
-        // read of typed values goes there any more.
-        hotprobe_abi::capture::publish_images(self.shm.shm(), &[]);
     }
 
     /// Forgets the byte ranges written inside `[start, end)` (a library
