@@ -197,6 +197,7 @@ impl KernelResolver {
                 .flatten(),
             semaphore: None,
             usdt_args: Vec::new(),
+            usdt: false,
         }
     }
 

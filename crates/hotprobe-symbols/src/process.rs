@@ -222,6 +222,9 @@ pub struct ResolvedProbe {
     /// A USDT marker's arguments, where they are at the marker (empty for
     /// anything else).
     pub usdt_args: Vec<crate::UsdtArg>,
+    /// A USDT marker's instruction (its note says it is one): not a
+    /// function entry, and needing none to be traced or recorded.
+    pub usdt: bool,
 }
 
 impl ResolvedProbe {

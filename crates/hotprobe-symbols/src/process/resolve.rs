@@ -56,6 +56,7 @@ impl ProcessSymbols {
             ),
             semaphore: None,
             usdt_args: Vec::new(),
+            usdt: false,
         }
     }
 
@@ -84,6 +85,7 @@ impl ProcessSymbols {
                     let mut p = Self::probe_at(lm, LinkAddr(m.addr), false);
                     p.semaphore = m.semaphore.map(|s| lm.runtime(LinkAddr(s)));
                     p.usdt_args = m.args.clone();
+                    p.usdt = true;
                     p
                 })
                 .collect();

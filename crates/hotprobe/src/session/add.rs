@@ -278,7 +278,9 @@ impl Session {
                 });
                 continue;
             }
-            if (record || is_return) && r.offset == 0 && !r.is_entry() {
+            // A USDT marker is an instruction its note names: recorded as
+            // a hit (see `TrapMech::form_at`), no entry needed.
+            if (record && !r.usdt || is_return) && r.offset == 0 && !r.is_entry() {
                 return Err(not_an_entry(spec, &r));
             }
             // No return to hook: `%return` is refused, recording takes
