@@ -127,6 +127,22 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
     let any_cond = specs.iter().any(|s| s.cond.is_some());
     if let Some(a) = &o.agg {
         let retval = a.source == AggSource::Retval;
+        let by_value = matches!(
+            a.source,
+            AggSource::Arg(_) | AggSource::Name(_) | AggSource::Retval
+        );
+        if let Some(s) = specs.iter().find(|s| s.usdt && by_value) {
+            // The agent and the trap read argument registers, and a
+            // marker's arguments are wherever its note says: they would
+            // aggregate rdi, rsi… (seen: rsi's running total for arg1).
+            bail!(crate::UsageError(format!(
+                "{}: {} aggregates argument registers, not a USDT marker's arguments: use a \
+                 condition ('{} if arg1 > 3') or trace for them, or --by tid|comm|stack",
+                s.probe,
+                a.describe(),
+                s.probe
+            )));
+        }
         if let Some(s) = specs.iter().find(|s| s.usdt && s.cond.is_some()) {
             bail!(crate::UsageError(format!(
                 "{}: {} does not combine with a condition on a USDT marker's arguments yet",

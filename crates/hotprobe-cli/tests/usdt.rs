@@ -227,6 +227,26 @@ fn python_markers_are_traced_and_conditioned_without_a_symbol_over_them() {
     assert_eq!(t.hits("usdt:python:gc__start") as usize, full, "{}", t.all);
 }
 
+/// Value aggregations read argument registers, which are not a marker's
+/// arguments: refused with the way to get them (they aggregated rsi's
+/// running total for arg1 before; found by review). `--by tid` works.
+#[test]
+fn value_aggregations_of_usdt_markers_are_refused_by_tid_counts() {
+    let bin = sdt_demo();
+    let b = bin.to_str().unwrap();
+    for agg in ["--hist=arg1", "--lhist=arg1:0:10:1", "--by=arg1"] {
+        let out = common::hotprobe(&["count", "usdt:demo:tick", agg, "--", b]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{agg}: {err}");
+        assert!(
+            err.contains("aggregates argument registers, not a USDT marker's arguments"),
+            "{agg}: {err}"
+        );
+    }
+    let out = common::hotprobe(&["count", "usdt:demo:tick", "--by=tid", "--", b]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
 #[test]
 fn list_usdt_shows_the_markers_of_a_file_and_of_a_process() {
     let bin = sdt_demo();
