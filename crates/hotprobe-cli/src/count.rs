@@ -394,7 +394,27 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
             );
         }
     }
+    // -f across exec: the probes placed in each program executed (their
+    // aggregations too: the chooser stays set for them), a COMM column
+    // (see crate::exec_rows).
+    let (placed, comms) = crate::session::with_exec_rows(&t.session, placed, &mut from_pattern);
     let tables = aggregations(&t, &placed, agg_events);
+    if let Some(a) = &o.agg {
+        // Probes placed at an exec run on traps there (no agent) and their
+        // entries are not recorded for this aggregation: said, not dropped.
+        let missing = placed
+            .iter()
+            .filter(|p| !tables.contains_key(&p.id.0) && !agg_rules.contains_key(&p.id))
+            .count();
+        if missing > 0 {
+            errln!(
+                "hotprobe: {}: not aggregated for {missing} probes placed in programs started by \
+                 exec (their hits are in the table): add --no-follow-exec and probe the program \
+                 itself",
+                a.describe()
+            );
+        }
+    }
     let agg_json: HashMap<u32, serde_json::Value> = match (&o.agg, o.json) {
         (Some(a), true) => tables
             .iter()
@@ -433,9 +453,6 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
                 .map_or(0, |st| st.hits + st.returns + st.nmissed),
         }
     };
-    // -f across exec: the probes placed in each program executed, a
-    // COMM column (see crate::exec_rows).
-    let (placed, comms) = crate::session::with_exec_rows(&t.session, placed, &mut from_pattern);
     let extras = TableExtras {
         comms: comms.as_ref(),
         ..extras

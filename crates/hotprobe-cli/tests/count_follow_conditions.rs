@@ -165,3 +165,32 @@ fn conditions_follow_exec_into_each_program() {
         assert_eq!(table.hits_of("work", parent), 2, "{out}");
     }
 }
+
+/// An aggregation under -f across exec: the programs the shell executes
+/// run on traps (no agent in them) and their entries are not aggregated;
+/// that is said, with the way out, and their hits are still in the table
+/// (before, the aggregation section was silently missing; found by review).
+#[test]
+fn an_aggregation_across_exec_says_what_it_did_not_aggregate() {
+    let bin = build("o0", &["-O0"]);
+    let script = format!("{}; {}", bin.display(), bin.display());
+    let cmd = ["sh", "-c", script.as_str()];
+    let all = ["count", "-f", "work", "--hist=arg0", "--"]
+        .into_iter()
+        .chain(cmd)
+        .collect::<Vec<_>>();
+    let o = hotprobe_within(&all, LIMIT);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    assert!(
+        err.contains("hist(arg0): not aggregated for 2 probes placed in programs started by exec"),
+        "{err}"
+    );
+    let table = CountTable::parse(&out, &err);
+    let runs = pids(&out);
+    assert_eq!(runs.len(), 2, "{out}");
+    for (parent, child) in runs {
+        assert_eq!(table.hits_of("work", child), 10, "{out}");
+        assert_eq!(table.hits_of("work", parent), 8, "{out}");
+    }
+}
