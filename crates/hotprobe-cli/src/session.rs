@@ -233,6 +233,10 @@ impl Traced {
         }
         if let Some(d) = duration {
             signals::stop_after(d);
+            // The timer's signal may come just before the loop blocks: no
+            // wait goes past the end.
+            self.session
+                .set_wait_deadline(Some(std::time::Instant::now() + d));
         }
         // An attached process is let go when the output's reader goes
         // away (it runs on by itself); a command hotprobe started runs to

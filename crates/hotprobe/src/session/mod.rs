@@ -371,6 +371,9 @@ pub struct Session {
     /// Which `Record` probes aggregate in the target on the fast path
     /// (see [`Session::set_aggregate`]).
     aggregate: Option<AggChooser>,
+    /// No wait of the run loop goes past this instant
+    /// ([`Session::set_wait_deadline`]).
+    wait_deadline: Option<std::time::Instant>,
     /// Options of plugin probes being added (see [`Session::add_plugin`]).
     plugin_options: Option<PluginOptions>,
     /// How long each side of a shared-memory handler call spins before
@@ -435,6 +438,7 @@ impl Session {
             xmm_layout: None,
             fast_capture: None,
             aggregate: None,
+            wait_deadline: None,
             strays: Default::default(),
             vfork_unrecorded: Default::default(),
             exec_specs: Vec::new(),

@@ -68,6 +68,14 @@ impl Session {
         self.run_with(interrupt, None)
     }
 
+    /// Bounds every wait of the run loop by `deadline` (then by 1 ms), so
+    /// that an `interrupt` set at that moment is seen at once even if the
+    /// signal meant to cut the wait short came before the wait began (the
+    /// CLI's `--duration`: a lost wake-up ran 1 s past it).
+    pub fn set_wait_deadline(&mut self, deadline: Option<std::time::Instant>) {
+        self.wait_deadline = deadline;
+    }
+
     /// As [`Session::run_until`], handing every recorded event (fast path
     /// rings and trap record probes) to `sink` while the targets run. The
     /// last events are drained before it returns.
@@ -124,6 +132,15 @@ impl Session {
             Some(reverted::REVERTED_CHECK_EVERY)
         } else {
             Some(Duration::from_millis(1))
+        };
+        let timeout = match self.wait_deadline {
+            Some(d) => {
+                let left = d
+                    .saturating_duration_since(std::time::Instant::now())
+                    .max(Duration::from_millis(1));
+                Some(timeout.map_or(left, |t| t.min(left)))
+            }
+            None => timeout,
         };
         for i in live {
             if self.poll_slot(i, timeout)? {
