@@ -518,6 +518,7 @@ fn agg_json(spec: &AggSpec, table: &AggTable, top: Option<usize>) -> serde_json:
             .map(|(k, n)| {
                 let key = match k {
                     AggKey::Value(v) => serde_json::json!(v),
+                    AggKey::Signed(v) => serde_json::json!(v),
                     AggKey::Tid(t) => serde_json::json!(t),
                     AggKey::Comm(c) => serde_json::json!(c),
                 };

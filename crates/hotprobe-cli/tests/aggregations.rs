@@ -664,3 +664,30 @@ fn a_condition_keeps_the_calls_it_holds_for() {
     assert_eq!(table.hits("libc:malloc"), sizes.len() as u64, "{stdout}");
     assert_rows_match(&hist_rows(&agg_lines(&stdout)), &sizes);
 }
+
+/// `--by` a signed parameter shows its negative values as such (-5000,
+/// not 18446744073709546616; found by review), an unsigned one as the
+/// program passed it; on the fast path and on the trap alike.
+#[test]
+fn by_a_signed_parameter_keys_are_negative_numbers() {
+    let bin = program("agg_signed");
+    let b = bin.to_str().unwrap();
+    for mech in ["auto", "trap"] {
+        for (by, want) in [
+            ("s", (-5..5).map(|i| i * 1000).collect::<Vec<i64>>()),
+            ("x", (-5..5).collect()),
+        ] {
+            let (out, err) = succeeds(&["count", "g", "--mechanism", mech, "--by", by, "--", b]);
+            let keys: Vec<i64> = out
+                .lines()
+                .filter_map(|l| l.strip_prefix("@["))
+                .map(|l| l.split(']').next().unwrap().parse().unwrap())
+                .collect::<Vec<_>>();
+            let mut sorted = keys.clone();
+            sorted.sort();
+            assert_eq!(sorted, want, "{mech} --by {by}:\n{out}\n{err}");
+        }
+        let (out, _) = succeeds(&["count", "g", "--mechanism", mech, "--by", "u", "--", b]);
+        assert!(out.contains("@[18446744073709551611]: 1"), "{mech}:\n{out}");
+    }
+}

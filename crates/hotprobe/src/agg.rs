@@ -257,6 +257,9 @@ impl AggSpec {
 pub enum AggKey {
     /// An argument's value.
     Value(u64),
+    /// A signed argument's value (its type is signed: `-5`, not
+    /// 18446744073709551611).
+    Signed(i64),
     /// A thread id.
     Tid(u32),
     /// A command name.
@@ -267,6 +270,7 @@ impl std::fmt::Display for AggKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             AggKey::Value(v) => write!(f, "{v}"),
+            AggKey::Signed(v) => write!(f, "{v}"),
             AggKey::Tid(t) => write!(f, "{t}"),
             AggKey::Comm(c) => write!(f, "{c}"),
         }
@@ -310,6 +314,7 @@ impl AggTable {
                 let end = b.iter().position(|&c| c == 0).unwrap_or(16);
                 AggKey::Comm(String::from_utf8_lossy(&b[..end]).into_owned())
             }
+            _ if self.rule.width & AGG_SIGNED != 0 => AggKey::Signed(k0 as i64),
             _ => AggKey::Value(k0),
         };
         *self.keys.entry(key).or_default() += n;
