@@ -190,8 +190,10 @@ pub enum Cmd {
         /// Show every parameter and the return value, typed from DWARF
         /// (-g): integers, chars, bools, enums by name, floats and doubles
         /// (xmm registers), strings read at the hit, pointers. Typed
-        /// functions run on the trap mechanism. A PROBE may also name its
-        /// arguments: `func(a, b)` or 'func name:string p->len'.
+        /// functions stay on patch or jump: strings, fields and stack
+        /// arguments are copied in the target, with no ptrace stop. A
+        /// PROBE may also name its arguments: `func(a, b)` or
+        /// 'func name:string p->len'.
         #[arg(short = 'a', long)]
         auto_args: bool,
         /// Live calls followed at once per function (more count as nmissed).
@@ -291,12 +293,11 @@ pub enum Cmd {
               value_parser = clap::value_parser!(u8).range(0..=6))]
         args: u8,
         /// Keep every parameter and the return value, typed from DWARF
-        /// (-g; as `trace -a`): functions whose values are all integer
-        /// registers stay on the fast path; those with strings, fields or
-        /// floats are recorded through the trap mechanism (a ptrace stop
-        /// per call) so that strings are copied and floats read at the hit;
-        /// `replay` prints them. Functions without DWARF are recorded as
-        /// without -a.
+        /// (-g; as `trace -a`): functions stay on the fast path, strings
+        /// (up to 128 bytes), fields through pointers and stack arguments
+        /// copied in the target at the hit, floats from xmm registers;
+        /// DWARF expressions take the trap. `replay` prints them.
+        /// Functions without DWARF are recorded as without -a.
         #[arg(short = 'a', long)]
         auto_args: bool,
         /// How function entries are probed: auto (patch, else jump, else
