@@ -315,8 +315,23 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
         None => Traced::open(config, o.pid, o.cmd)?,
     };
     let typing = Rc::new(Typing::new(t.pid));
-    let mut placed = Vec::new();
+    let mut placed: Vec<Placement> = Vec::new();
     for (func, exprs) in specs {
+        // One function named by two specs would be traced twice, each call
+        // shown twice (and typed by one spec's shapes only): an explicit
+        // second name is refused, a pattern's overlap left out below.
+        if !hotprobe::symbols::is_pattern(&func) && o.new_processes.is_none() {
+            if let Ok(rs) = t.session.resolve(t.target, &func) {
+                if let Some(first) = placed.iter().find(|p| rs.iter().any(|r| r.addr == p.addr)) {
+                    let first = first.label.clone();
+                    t.abandon();
+                    bail!(crate::UsageError(format!(
+                        "`{func}`: an earlier spec (`{first}`) traces that function already: \
+                         name each function once (with every expression it should show)"
+                    )));
+                }
+            }
+        }
         // A USDT marker's arguments are always shown: its note types them.
         let auto = o.auto_args || func.starts_with(hotprobe::symbols::USDT_PREFIX);
         t.session
@@ -329,7 +344,16 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
         t.session.set_xmm_layout(None);
         t.session.set_fast_capture(None);
         match added.and_then(|a| typing.check().map(|()| a).map_err(anyhow::Error::from)) {
-            Ok(p) => placed.extend(p),
+            Ok(p) => {
+                for p in p {
+                    if placed.iter().any(|q| q.addr == p.addr) {
+                        // A pattern's match another spec traces already.
+                        let _ = t.session.remove_probe(p.id);
+                        continue;
+                    }
+                    placed.push(p);
+                }
+            }
             Err(e) => {
                 t.abandon();
                 return Err(e);

@@ -162,6 +162,33 @@ fn a_page_of_its_own_image_made_unreadable_gives_unreadable_not_a_crash() {
     );
 }
 
+/// One function named twice: by a name and a pattern, each call is shown
+/// once (it was shown twice); by two names, the second is refused (its
+/// values were printed with the first spec's shapes; found by review).
+#[test]
+fn one_function_named_twice_is_traced_once_or_refused() {
+    let bin = program("-O2");
+    let b = bin.to_str().unwrap();
+    let entries = |args: &[&str]| {
+        let t = hotprobe(args);
+        assert_eq!(t.status.code(), Some(7), "{}", text(&t.stderr));
+        text(&t.stdout)
+            .lines()
+            .filter(|l| l.contains("] | slen(") && l.ends_with(" {"))
+            .count()
+    };
+    let once = entries(&["trace", "-a", "slen", "--", b, "3"]);
+    assert!(once > 0);
+    assert_eq!(entries(&["trace", "-a", "slen", "sl*", "--", b, "3"]), once);
+    let t = hotprobe(&["trace", "slen(s)", "slen", "--", b, "3"]);
+    let err = text(&t.stderr);
+    assert_eq!(t.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("`slen`: an earlier spec (`slen`) traces that function already"),
+        "{err}"
+    );
+}
+
 /// Two argument lists for one function: values and their shapes are kept
 /// per function, so the second list is refused with both named (one
 /// spec's values were printed with the other's shapes), before the program
@@ -178,9 +205,25 @@ fn one_function_given_two_argument_lists_is_refused() {
         "3",
     ]);
     let (out, err) = (text(&t.stdout), text(&t.stderr));
+    assert_eq!(t.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("`getx`: an earlier spec (`getx`) traces that function already"),
+        "{err}"
+    );
+    // With -a, a pattern matching it asks every parameter: two lists.
+    let t = hotprobe(&[
+        "trace",
+        "-a",
+        "getx(p->x)",
+        "get*",
+        "--",
+        bin.to_str().unwrap(),
+        "3",
+    ]);
+    let err = text(&t.stderr);
     assert_eq!(t.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("getx: given two argument lists ((p->x) and (p))"),
+        err.contains("getx: given two argument lists ((p->x) and every parameter (-a))"),
         "{err}"
     );
     assert!(!out.contains("CALL "), "the program did not run: {out}");
