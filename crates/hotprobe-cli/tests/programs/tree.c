@@ -3,7 +3,9 @@
  * NAME" on entry into a per-thread buffer (its own instrumentation,
  * through note_enter/note_leave, which the test excludes from recording).
  * main prints every buffer at the end: the call tree `hotprobe replay`
- * must show. */
+ * must show. The workers wait for each other (a barrier, once each has
+ * entered `worker`) so that all four are alive at once: a run with fewer
+ * ring slots than threads then loses some, whatever the timing. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
@@ -21,6 +23,7 @@ struct log {
 };
 
 static struct log logs[NTHREADS + 1];
+static pthread_barrier_t all_started;
 static __thread struct log *L;
 
 __attribute__((noinline)) void note_enter(const char *name) {
@@ -68,6 +71,7 @@ __attribute__((noinline)) void *worker(void *arg) {
     L = &logs[idx];
     L->tid = (int)syscall(SYS_gettid);
     note_enter("worker");
+    pthread_barrier_wait(&all_started);
     int s = 0;
     for (int round = 0; round <= idx; round++) {
         s += fib(2 + idx);
@@ -83,6 +87,7 @@ int main(void) {
     L->tid = (int)syscall(SYS_gettid);
     note_enter("main");
     pthread_t th[NTHREADS];
+    pthread_barrier_init(&all_started, NULL, NTHREADS);
     for (long i = 0; i < NTHREADS; i++)
         pthread_create(&th[i], NULL, worker, (void *)i);
     for (int i = 0; i < NTHREADS; i++)
