@@ -13,7 +13,7 @@
 //! exits to [`LiveTree`], which prints them as they are drained;
 //! indentation is the call depth of followed calls on that thread.
 
-use crate::out::{self, outln};
+use crate::out::{self, errln, outln};
 use crate::session::Traced;
 use anyhow::{bail, Result};
 use hotprobe::typed::{self, TypedShapes, Typing};
@@ -320,7 +320,14 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
         // One function named by two specs would be traced twice, each call
         // shown twice (and typed by one spec's shapes only): an explicit
         // second name is refused, a pattern's overlap left out below.
-        if !hotprobe::symbols::is_pattern(&func) && o.new_processes.is_none() {
+        if hotprobe::symbols::is_pattern(&func) && o.new_processes.is_none() {
+            if let Ok(rs) = t.session.resolve(t.target, &func) {
+                if !rs.is_empty() && rs.iter().all(|r| placed.iter().any(|p| p.addr == r.addr)) {
+                    errln!("hotprobe: {func}: every function it matches is traced already");
+                    continue;
+                }
+            }
+        } else if o.new_processes.is_none() {
             if let Ok(rs) = t.session.resolve(t.target, &func) {
                 if let Some(first) = placed.iter().find(|p| rs.iter().any(|r| r.addr == p.addr)) {
                     let first = first.label.clone();

@@ -210,7 +210,7 @@ fn one_function_given_two_argument_lists_is_refused() {
         err.contains("`getx`: an earlier spec (`getx`) traces that function already"),
         "{err}"
     );
-    // With -a, a pattern matching it asks every parameter: two lists.
+    // A pattern that matches only functions traced already is left out.
     let t = hotprobe(&[
         "trace",
         "-a",
@@ -221,9 +221,9 @@ fn one_function_given_two_argument_lists_is_refused() {
         "3",
     ]);
     let err = text(&t.stderr);
-    assert_eq!(t.status.code(), Some(1), "{err}");
+    assert_eq!(t.status.code(), Some(7), "{err}");
     assert!(
-        err.contains("getx: given two argument lists ((p->x) and every parameter (-a))"),
+        err.contains("get*: every function it matches is traced already"),
         "{err}"
     );
     assert!(!out.contains("CALL "), "the program did not run: {out}");

@@ -511,19 +511,29 @@ fn python_typed_capture() {
             })
             .collect();
         assert_eq!(calls.len(), 4, "the program printed: {printed}");
-        let mut want = vec![
-            "types: TypedRecording TypedRecording".to_string(),
+        // On the fast path the first capture copies its values in the
+        // target, and a second capture of the function is refused (see
+        // typed.py); on the trap both are kept.
+        let fast = mechanism == "auto";
+        let mut want = match fast {
+            true => vec![
+                "second: refused: True".to_string(),
+                "types: TypedRecording NoneType".into(),
+            ],
+            false => vec!["types: TypedRecording TypedRecording".to_string()],
+        };
+        want.extend([
             "refused: work has no parameter nosuch".into(),
             "refused: work%return: a typed capture records entries and returns: give the \
              function without %return"
                 .into(),
             "run: exited".into(),
-        ];
+        ]);
         for (i, d, s, r) in &calls {
             want.push(format!("work entry True {i} {d} \"{s}\""));
             want.push(format!("work return True {r}"));
         }
-        for (i, _, s, r) in &calls {
+        for (i, _, s, r) in calls.iter().filter(|_| !fast) {
             want.push(format!("work entry True s=\"{s}\" i={i}"));
             want.push(format!("work return True {r}"));
         }

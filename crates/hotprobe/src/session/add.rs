@@ -349,6 +349,13 @@ impl Session {
                 (Some(choose), true, Plan::Fast { .. }, None) if full_slots => choose(&r),
                 _ => None,
             };
+            // A second typed probe on a function the fast path serves
+            // already would chain a second return hook on the same frame,
+            // which the agent takes for a tail call: the first hook's exit
+            // is dropped as unwound (a typed capture's return values came
+            // back empty). Its values are read at the trap instead, which
+            // joins the site or is refused with the reason.
+            let program = program.filter(|_| !self.fast_site_at(t, r.addr));
             let capture = match (&self.capture, record && !is_return, xmm, program) {
                 (Some(choose), true, None, None) => choose(&r),
                 _ => None,

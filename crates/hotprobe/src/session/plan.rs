@@ -199,6 +199,20 @@ impl Session {
     /// sites already in target `t` (see the module docs). `fast_ok`: the
     /// fast path could serve the new probe's action (a count or a record
     /// of entries, nothing read at the hit).
+    /// Whether a fast-path site with probes starts at `addr` of target `t`.
+    pub(super) fn fast_site_at(&mut self, t: TargetId, addr: RuntimeAddr) -> bool {
+        let Ok(slot) = self.slot(t) else {
+            return false;
+        };
+        if !slot.is_process() {
+            return false;
+        }
+        slot.sync_ledger();
+        slot.ledger.site_at(addr.0).is_some_and(|site| {
+            site.owner == CodeOwner::Fast && site.start == addr.0 && site.has_probes()
+        })
+    }
+
     pub(super) fn fit_to_ledger(
         &mut self,
         t: TargetId,
