@@ -218,6 +218,28 @@ pub(crate) fn rehome_threads(shm: &Shm) {
         let slot = shm.claim_thread_for(pid, tid).unwrap_or(NO_SLOT);
         e.slot.store(slot, Relaxed);
         fill_fast(e, shm, slot);
+        forget_shadow_actions(e);
+    }
+}
+
+/// The returns an earlier memory's probes hooked on `e`'s stack still
+/// return through the trampoline, but act no more: their probe ids are
+/// another memory's (an exit recorded into the new memory under such an
+/// id was seen: `stubs_of_a_vanished_tracer_…`). Threads are stopped.
+fn forget_shadow_actions(e: &ThreadEntry) {
+    let base = e.shadow.load(Relaxed) as *mut crate::hit::Shadow;
+    if base.is_null() {
+        return;
+    }
+    let d = (e.depth.load(Relaxed) as usize).min(crate::hit::SHADOW_CAP);
+    let actions = crate::hit::SHADOW_RECORD
+        | crate::hit::SHADOW_XMM
+        | crate::capture::SHADOW_CAPTURE
+        | crate::agg::SHADOW_AGG;
+    for i in 0..d {
+        // SAFETY: i < depth <= SHADOW_CAP: an entry of the thread's shadow
+        // mapping, which the stopped thread is not using.
+        unsafe { (*base.add(i)).flags &= !actions };
     }
 }
 
