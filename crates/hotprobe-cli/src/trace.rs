@@ -391,6 +391,21 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
     }
     t.print_skipped();
     crate::session::note_vfork_unrecorded(&t.session);
+    // Probes placed at an exec are not typed (the typing is the first
+    // image's): said, not silently shown bare.
+    let typed_asked = o.auto_args || o.probes.iter().any(|p| p.contains(['(', ' ']));
+    let at_exec: usize = t
+        .session
+        .exec_images()
+        .iter()
+        .map(|i| i.placements.len())
+        .sum();
+    if typed_asked && at_exec > 0 {
+        errln!(
+            "hotprobe: {at_exec} probes placed in programs started by exec show no typed values \
+             (-a and argument names apply to the first program): trace the program itself"
+        );
+    }
     ran?;
     Ok(t.exit_code())
 }

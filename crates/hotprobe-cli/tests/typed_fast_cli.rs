@@ -360,3 +360,19 @@ fn a_process_already_under_a_seccomp_filter_keeps_the_traps_reads() {
         "{row}"
     );
 }
+
+/// `trace -f -a` into a program a shell executes: the probes placed at
+/// the exec show no typed values, and the run says so (they were shown
+/// bare without a word; found by review).
+#[test]
+fn typed_values_across_exec_are_said_to_be_missing() {
+    let bin = program("-O0");
+    let script = format!("{} 1", bin.display());
+    let t = hotprobe(&["trace", "-f", "-a", "slen", "--", "sh", "-c", &script]);
+    let err = text(&t.stderr);
+    assert_eq!(t.status.code(), Some(7), "{err}");
+    assert!(
+        err.contains("probes placed in programs started by exec show no typed values"),
+        "{err}"
+    );
+}
