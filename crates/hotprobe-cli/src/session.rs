@@ -246,6 +246,9 @@ impl Traced {
         }
         let stops = self.session.ptrace_stops(self.target);
         let end = self.session.run_with(&signals::STOP, sink.as_deref_mut());
+        // The end's own waits (a grace for the program, detach) are not
+        // cut to 1 ms by the run's deadline.
+        self.session.set_wait_deadline(None);
         self.run_stops = stops
             .zip(self.session.ptrace_stops(self.target))
             .map(|(a, b)| b.saturating_sub(a));

@@ -74,3 +74,42 @@ fn captured_values_decode_and_unreadable_ones_are_none() {
     assert_eq!(usdt_values(&[9, 1, 2, 3]), vec![]);
     assert_eq!(usdt_values(&[]), vec![]);
 }
+
+/// An argument whose operand the capture does not read (indexed or
+/// `%rip`-relative memory, as gcc -O2 emits for an array element) is
+/// refused in a condition, naming it: every hit would have gone
+/// uncounted in silence (found by review). A plain memory operand is fine.
+#[test]
+fn an_argument_the_capture_cannot_read_is_refused_in_a_condition() {
+    let indexed = UsdtArg {
+        size: 8,
+        signed: false,
+        operand: UsdtOperand::Memory {
+            base: Some(7),
+            index: Some((9, 8)),
+            offset: 16,
+            rip_relative: false,
+        },
+    };
+    let based = UsdtArg {
+        operand: UsdtOperand::Memory {
+            base: Some(7),
+            index: None,
+            offset: 16,
+            rip_relative: false,
+        },
+        ..indexed.clone()
+    };
+    let args = [arg(4, true), indexed, based];
+    match usdt_cond("arg2 != 0", &args) {
+        Err(e @ CondError::BadName { .. }) => {
+            assert!(
+                e.to_string()
+                    .contains("`arg2`: an indexed or %rip-relative"),
+                "{e}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(usdt_cond("arg1 > 0 && arg3 != 0", &args).is_ok());
+}
