@@ -183,7 +183,13 @@ impl ProcessTarget {
     /// is marked to be put back.
     pub(crate) fn note_forced_trap(&mut self, tid: i32) {
         let handler = self.sigtrap.handler;
-        if self.sigtrap.agent {
+        // Without the sites (no engine breakpoint yet: `watch` alone), the
+        // program's mask changes since attach are not seen: a blocked bit
+        // learnt then (or inherited from a creator inside glibc's
+        // all-blocked thread start) may be stale, and putting it back
+        // would block SIGTRAP where the program has it unblocked (watch -p
+        // under thread churn: the program died of SIGTRAP).
+        if self.sigtrap.agent || !self.sigtrap.armed {
             return;
         }
         let Some(t) = self.threads.get_mut(&tid) else {
