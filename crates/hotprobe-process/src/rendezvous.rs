@@ -156,6 +156,9 @@ impl ProcessTarget {
     /// agent) is unsafe then. `false` without a rendezvous (static program,
     /// unknown loader): nothing tells.
     pub fn loader_busy(&mut self) -> bool {
+        if self.leader_in_loader() {
+            return true;
+        }
         let Some(r_debug) = self.rendezvous.as_ref().map(|r| r.r_debug) else {
             return false;
         };
@@ -163,6 +166,32 @@ impl ProcessTarget {
             Some(base) => base.state != RT_CONSISTENT || base.map == 0,
             None => true,
         }
+    }
+
+    /// Whether the stopped leader's `rip` is in the program interpreter's
+    /// code (`AT_BASE`'s file): still starting the program (constructors,
+    /// the jump to the entry), or in the lazy binder or a `dlopen`. A
+    /// remote `dlopen` from there faulted once with `r_state` consistent
+    /// (attach_to_own_child, attached right after spawn).
+    fn leader_in_loader(&self) -> bool {
+        let Some(base) = read_auxv(self.pid, libc::AT_BASE).filter(|b| *b != 0) else {
+            return false;
+        };
+        let Ok(rip) = self.fetch_regs(self.pid).map(|r| r.rip) else {
+            return false;
+        };
+        let Ok(maps) = hotprobe_symbols::read_maps(self.pid as u32) else {
+            return false;
+        };
+        let Some(ld) = maps
+            .iter()
+            .find(|m| m.contains(RuntimeAddr(base)))
+            .and_then(|m| m.path.clone())
+        else {
+            return false;
+        };
+        maps.iter()
+            .any(|m| m.path.as_ref() == Some(&ld) && m.contains(RuntimeAddr(rip)))
     }
 
     /// Every namespace's `r_debug`, the base one first.
