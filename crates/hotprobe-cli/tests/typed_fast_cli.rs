@@ -36,6 +36,20 @@ fn logged(out: &str, funcs: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// The call-tree lines of `trace`/`replay` output, past `[TID] | `.
+fn tree_bodies(out: &str) -> Vec<&str> {
+    out.lines()
+        .filter_map(|l| l.split_once("] | ").map(|(_, b)| b.trim()))
+        .collect()
+}
+
+/// The `--summary` table row of `func`.
+fn summary_row<'a>(out: &'a str, func: &str) -> &'a str {
+    out.lines()
+        .find(|l| l.starts_with(&format!("{func} ")))
+        .unwrap_or_else(|| panic!("no summary row:\n{out}"))
+}
+
 /// The program's stdout and exit status, untraced.
 fn untraced(bin: &Path, n: &str) -> (String, Option<i32>) {
     let o = std::process::Command::new(bin).arg(n).output().unwrap();
@@ -79,9 +93,8 @@ fn record_a_copies_strings_and_stack_arguments_on_the_fast_path() {
         let replay = hotprobe(&["replay", dir.to_str().unwrap()]);
         assert!(replay.status.success(), "{}", text(&replay.stderr));
         // Leaf calls: `| name(args) = ret;`.
-        let shown: Vec<String> = text(&replay.stdout)
-            .lines()
-            .filter_map(|l| l.split_once("] | ").map(|(_, b)| b.trim()))
+        let shown: Vec<String> = tree_bodies(&text(&replay.stdout))
+            .into_iter()
             .filter_map(|b| b.strip_suffix(';'))
             .map(str::to_string)
             .collect();
@@ -108,10 +121,7 @@ fn trace_shows_a_field_through_a_pointer_copied_in_the_target() {
     // `getx(p->x=N) {` then `} /* getx */ = N`.
     let mut shown = Vec::new();
     let mut open = None;
-    for l in out
-        .lines()
-        .filter_map(|l| l.split_once("] | ").map(|(_, b)| b.trim()))
-    {
+    for l in tree_bodies(&out) {
         if let Some(e) = l.strip_suffix(" {") {
             open = Some(e.to_string());
         } else if let Some(r) = l.strip_prefix("} /* getx */ = ") {
@@ -120,10 +130,7 @@ fn trace_shows_a_field_through_a_pointer_copied_in_the_target() {
     }
     assert_eq!(shown, logged(&out, &["getx"]));
     assert_eq!(shown.len(), 25);
-    let row = out
-        .lines()
-        .find(|l| l.starts_with("getx "))
-        .unwrap_or_else(|| panic!("no summary row:\n{out}"));
+    let row = summary_row(&out, "getx");
     assert!(
         row.contains("typed values copied in the target") && !row.contains("trap"),
         "{row}"
@@ -147,9 +154,8 @@ fn a_page_of_its_own_image_made_unreadable_gives_unreadable_not_a_crash() {
         .lines()
         .find_map(|l| l.strip_prefix("CALL2 "))
         .unwrap_or_else(|| panic!("{out}"));
-    let entries: Vec<&str> = out
-        .lines()
-        .filter_map(|l| l.split_once("] | ").map(|(_, b)| b.trim()))
+    let entries: Vec<&str> = tree_bodies(&out)
+        .into_iter()
         .filter(|l| l.starts_with("show("))
         .collect();
     assert_eq!(
@@ -253,10 +259,7 @@ fn a_cpp_member_function_gets_its_string_and_reference_field_copied() {
     // then `} /* … */ = 103`.
     let mut shown = Vec::new();
     let mut open = None;
-    for l in out
-        .lines()
-        .filter_map(|l| l.split_once("] | ").map(|(_, b)| b.trim()))
-    {
+    for l in tree_bodies(&out) {
         if let Some(e) = l.strip_suffix(" {") {
             let args = e
                 .rsplit_once("const(")
@@ -269,10 +272,7 @@ fn a_cpp_member_function_gets_its_string_and_reference_field_copied() {
     }
     assert_eq!(shown, logged(&out, &["say"]));
     assert_eq!(shown.len(), 30);
-    let row = out
-        .lines()
-        .find(|l| l.starts_with("Greeter::say "))
-        .unwrap_or_else(|| panic!("no summary row:\n{out}"));
+    let row = summary_row(&out, "Greeter::say");
     assert!(row.contains("typed values copied in the target"), "{row}");
 }
 
@@ -300,9 +300,8 @@ fn after_a_seccomp_filter_strings_show_unreadable_and_the_program_runs_on() {
     ]);
     let (out, err) = (text(&t.stdout), text(&t.stderr));
     assert_eq!(t.status.code(), Some(5), "{err}");
-    let entries: Vec<&str> = out
-        .lines()
-        .filter_map(|l| l.split_once("] | ").map(|(_, b)| b.trim()))
+    let entries: Vec<&str> = tree_bodies(&out)
+        .into_iter()
         .filter(|b| b.ends_with(" {"))
         .collect();
     assert_eq!(entries.len(), 3, "{out}");
@@ -351,10 +350,7 @@ fn a_process_already_under_a_seccomp_filter_keeps_the_traps_reads() {
     assert_eq!(child.wait().unwrap().code(), Some(5));
     assert!(out.contains("| slen(\"after\") {"), "{out}");
     assert!(out.contains("| slen(\"on the heap\") {"), "{out}");
-    let row = out
-        .lines()
-        .find(|l| l.starts_with("slen "))
-        .unwrap_or_else(|| panic!("no summary row:\n{out}"));
+    let row = summary_row(&out, "slen");
     assert!(
         row.contains("typed values read at the hit") && !row.contains("copied in the target"),
         "{row}"
