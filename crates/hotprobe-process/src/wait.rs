@@ -61,7 +61,41 @@ impl ProcessTarget {
 
     /// Turn one waitpid status into an event for the engine, or handle it
     /// here and return `None`.
+    ///
+    /// A stopped thread stops answering ptrace when another thread ends
+    /// the process (`exit_group`, a fatal signal) or execs: handling its
+    /// stop then fails with `ESRCH`. That is not an error of the session:
+    /// the thread's exit (or the exec) is reported next, so it counts as
+    /// running until then (a Go program's thread at a signal-state site
+    /// while `main` returned failed `run` 1 time in 5).
     pub(crate) fn handle_status(
+        &mut self,
+        pid: i32,
+        status: i32,
+        stopping: bool,
+    ) -> Result<Option<TargetEvent>, TargetError> {
+        match self.handle_status_of_live(pid, status, stopping) {
+            Err(_) if self.vanished(pid) => {
+                if let Some(t) = self.threads.get_mut(&pid) {
+                    t.state = RunState::Running;
+                    t.regs = None;
+                    t.stepping = false;
+                }
+                Ok(None)
+            }
+            r => r,
+        }
+    }
+
+    /// Whether known thread `pid` no longer answers ptrace (its process
+    /// is ending or another thread's exec took it).
+    fn vanished(&self, pid: i32) -> bool {
+        self.threads.contains_key(&pid)
+            && matches!(self.sys.getregs(pid), Err(e) if e.errno() == libc::ESRCH)
+    }
+
+    /// [`ProcessTarget::handle_status`] for a thread that answers.
+    fn handle_status_of_live(
         &mut self,
         pid: i32,
         status: i32,

@@ -354,6 +354,24 @@ fn cases() -> Vec<Case> {
             threads_after: &[],
         },
         Case {
+            name: "a stopped thread the process's end took is waited for, not an error",
+            tids: &[L, T2],
+            setup: no_setup,
+            ops: &[Op::Wait, Op::Wait],
+            script: format!(
+                "# T2 stops at a trap; another thread's exit_group takes it
+                 # before its registers are read.
+                 {WAIT_ANY} = {T2} 0x57f
+                 getsiginfo {T2} = 5 128
+                 getregs {T2} = err 3
+                 getregs {T2} = err 3
+                 {WAIT_ANY} = {T2} 0x0
+                 {WAIT_ANY} = {L} 0x0"
+            ),
+            events: &["thread-exited 5000002", "exited Code(0)"],
+            threads_after: &[],
+        },
+        Case {
             name: "ECHILD for a thread being stopped: it is forgotten",
             tids: &[L, T2],
             setup: no_setup,
