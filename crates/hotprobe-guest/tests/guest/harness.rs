@@ -30,6 +30,10 @@ pub fn initramfs() -> PathBuf {
     let src = workspace_root().join("crates/hotprobe-guest/tests/guest");
     let out = workspace_root().join(".cache/guest");
     let cpio = out.join("initramfs.cpio");
+    // One build, however many guests boot at once (two threads building
+    // into the same folder made one fail).
+    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _building = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
     let newest_src = ["workload.c", "init.sh", "build-initramfs.sh"]
         .iter()
         .filter_map(|f| mtime(&src.join(f)))

@@ -8,7 +8,7 @@
 /bin/busybox stty -F /dev/console -echo 2>/dev/null
 echo hello-from-guest > /tmp/probe-me.txt
 echo "@KALLSYMS-BEGIN"
-/bin/busybox grep -E ' [tT] | _etext$| _stext$| _sdata$| __start_rodata$' /proc/kallsyms
+/bin/busybox grep -E ' [tT] | _etext$| _stext$| _sdata$| __start_rodata$| __start___jump_table$| __stop___jump_table$' /proc/kallsyms
 echo "@KALLSYMS-END"
 /workload < /dev/console > /dev/console 2>&1
 echo "@FINAL rc=$?"
