@@ -470,6 +470,36 @@ impl ElfModule {
             .or_else(|| self.alias_index.get(name).and_then(|v| self.best_of(v)))
     }
 
+    /// The C++ overloads `name` stands for when it is a function's name
+    /// without its parameter list (`ns::f` for `ns::f(int)` and
+    /// `ns::f(double)`), one per address, lowest first: as `gdb`'s
+    /// `break ns::f` takes them all. Empty when `name` is a symbol's own
+    /// name or names one function only (then [`ElfModule::find`] has it).
+    pub fn overloads(&self, name: &str) -> Vec<&Symbol> {
+        if self.raw_index.contains_key(name) {
+            return Vec::new();
+        }
+        let Some(idxs) = self.alias_index.get(name) else {
+            return Vec::new();
+        };
+        let mut found: Vec<(LinkAddr, u8, &Symbol)> = idxs
+            .iter()
+            .filter_map(|&i| usize::try_from(i).ok())
+            .filter_map(|i| Some((self.functions.get(i)?, self.ranks.get(i).copied()?)))
+            .filter(|(s, _)| s.kind == FunctionKind::Entry)
+            .filter(|(s, _)| strip_version(&s.raw_name).starts_with("_Z"))
+            .filter(|(s, _)| short_name(&s.raw_name) == name)
+            .map(|(s, rank)| (s.addr, rank, s))
+            .collect();
+        // The preferred alias of each address (the best rank).
+        found.sort_by_key(|&(addr, rank, _)| (addr, rank));
+        found.dedup_by_key(|&mut (addr, _, _)| addr);
+        if found.len() < 2 {
+            return Vec::new();
+        }
+        found.into_iter().map(|(_, _, s)| s).collect()
+    }
+
     /// Up to five function names that look like `name`.
     pub fn similar(&self, name: &str) -> Vec<String> {
         let shorts: BTreeSet<String> = self

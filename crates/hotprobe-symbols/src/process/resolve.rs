@@ -145,6 +145,16 @@ impl ProcessSymbols {
                         .search_order()
                         .find_map(|lm| lm.module.find(name).map(|s| (lm, s))),
                 };
+                // `ns::f` for several C++ overloads: each of them.
+                if let Some((lm, _)) = exact {
+                    let all = lm.module.overloads(name);
+                    if !all.is_empty() {
+                        return all
+                            .into_iter()
+                            .map(|s| Self::function_probe(lm, s, *offset, *is_return))
+                            .collect();
+                    }
+                }
                 let (lm, sym) = match (exact, in_module) {
                     (Some(found), _) => found,
                     (None, lm) if is_pattern(name) => {
