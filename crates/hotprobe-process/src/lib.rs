@@ -557,6 +557,77 @@ impl ProcessTarget {
             .map(|(tid, _)| *tid)
     }
 
+    /// A stopped thread for a remote call ([`ProcessTarget::any_stopped_thread`]).
+    /// When the only one is inside a clone, fork, vfork-done or exec call
+    /// (at its event stop), that call is finished first: the thread runs
+    /// to the call's exit stop (`PTRACE_SYSCALL`), where `rax` holds its
+    /// result, so that the remote call neither loses its own system call
+    /// nor puts back a `-ENOSYS` the program would take for the result (a
+    /// single-threaded program at its fork). A vfork parent is taken as it
+    /// is: it would wait there for its child.
+    pub(crate) fn thread_for_remote(&mut self) -> Result<Option<i32>, TargetError> {
+        let Some(tid) = self.any_stopped_thread() else {
+            return Ok(None);
+        };
+        let in_call = self.threads.get(&tid).is_some_and(|t| {
+            matches!(
+                t.last_event,
+                libc::PTRACE_EVENT_CLONE
+                    | libc::PTRACE_EVENT_FORK
+                    | libc::PTRACE_EVENT_VFORK_DONE
+                    | libc::PTRACE_EVENT_EXEC
+            )
+        });
+        if in_call {
+            self.finish_event_call(tid)?;
+        }
+        Ok(Some(tid))
+    }
+
+    /// Runs stopped thread `tid` from its event stop to the exit stop of
+    /// the system call it is in; signals that come meanwhile are kept for
+    /// its next resume.
+    fn finish_event_call(&mut self, tid: i32) -> Result<(), TargetError> {
+        let mut held = Vec::new();
+        loop {
+            self.sys
+                .syscall_resume(tid, 0)
+                .map_err(|e| self.sys_err(e))?;
+            let Some((_, status)) = self
+                .sys
+                .waitpid_restart(tid, 0)
+                .map_err(|e| self.sys_err(e))?
+            else {
+                continue;
+            };
+            if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+                return Err(TargetError::Gone {
+                    target: self.describe(),
+                    status: exit_status(status),
+                });
+            }
+            if status >> 16 == libc::PTRACE_EVENT_STOP {
+                if let Some(t) = self.threads.get_mut(&tid) {
+                    t.interrupt_pending = false;
+                }
+                continue;
+            }
+            let sig = libc::WSTOPSIG(status);
+            if status >> 16 == 0 && sig & 0x7f == libc::SIGTRAP {
+                break;
+            }
+            if status >> 16 == 0 {
+                held.push(sig);
+            }
+        }
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.last_event = 0;
+            t.regs = None;
+            t.held_signals.extend(held);
+        }
+        Ok(())
+    }
+
     /// Write an `int3` at `addr`, keeping the original byte (the engine's
     /// breakpoints and the target's own).
     fn insert_int3(&mut self, addr: RuntimeAddr) -> Result<(), TargetError> {

@@ -25,7 +25,7 @@ pub fn remote_syscall(t: &mut ProcessTarget, nr: u64, args: &[u64]) -> Result<u6
 }
 
 fn stopped(t: &mut ProcessTarget) -> Result<i32, TargetError> {
-    t.any_stopped_thread().ok_or_else(|| TargetError::Protocol {
+    t.thread_for_remote()?.ok_or_else(|| TargetError::Protocol {
         target: t.describe(),
         why: "no stopped thread to run a remote call on: call stop_all first".into(),
     })

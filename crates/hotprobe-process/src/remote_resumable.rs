@@ -51,7 +51,7 @@ pub fn resume_context(regs: &Registers) -> Registers {
 /// (the first stopped thread), for [`resume_context`].
 pub fn resumable_thread_registers(t: &mut ProcessTarget) -> Result<Registers, TargetError> {
     let tid = t
-        .any_stopped_thread()
+        .thread_for_remote()?
         .ok_or_else(|| TargetError::Protocol {
             target: t.describe(),
             why: "no stopped thread to run a remote call on: call stop_all first".into(),
@@ -81,7 +81,7 @@ pub fn remote_call_resumable(
     timeout: Duration,
 ) -> Result<(), TargetError> {
     let tid = t
-        .any_stopped_thread()
+        .thread_for_remote()?
         .ok_or_else(|| TargetError::Protocol {
             target: t.describe(),
             why: "no stopped thread to run a remote call on: call stop_all first".into(),

@@ -314,7 +314,7 @@ impl Target for ProcessTarget {
                     .unwrap_or(false)
             });
             if !busy {
-                if let Some(tid) = self.any_stopped_thread() {
+                if let Ok(Some(tid)) = self.thread_for_remote() {
                     let _ = remote::syscall(
                         self,
                         tid,
@@ -382,7 +382,7 @@ impl Target for ProcessTarget {
         let Some(addr) = find_free_gap(&lines, near.0, len) else {
             return Err(no("no free gap within ±1 GiB".into(), self));
         };
-        let Some(tid) = self.any_stopped_thread() else {
+        let Some(tid) = self.thread_for_remote()? else {
             return Err(no("no stopped thread to make the mmap call".into(), self));
         };
         let prot = (libc::PROT_READ | libc::PROT_EXEC) as u64;

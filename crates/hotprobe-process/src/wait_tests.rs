@@ -493,6 +493,33 @@ fn a_thread_inside_its_clone_call_is_not_the_one_remote_calls_run_on() {
     t.attached = false;
 }
 
+/// A single-threaded program at its fork event stop: before a remote
+/// call runs on its only thread, the fork call is finished (to its exit
+/// stop, a signal that came meanwhile kept for later), so the program
+/// gets the child's pid in rax, not the stop's -ENOSYS.
+#[test]
+fn a_lone_thread_at_its_fork_finishes_the_call_before_a_remote_call() {
+    let script = format!(
+        "syscall {L} 0 = ok
+         # SIGCHLD first (held), then the fork's exit stop.
+         waitpid {L} 0x0 = {L} 0x117f
+         syscall {L} 0 = ok
+         waitpid {L} 0x0 = {L} 0x57f"
+    );
+    let (mut t, os) = fake_target(L, &[L], &script);
+    // Stopped at its fork event (the child already handled).
+    let th = t.threads.get_mut(&L).unwrap();
+    th.state = RunState::Event;
+    th.last_event = libc::PTRACE_EVENT_FORK;
+    assert_eq!(t.thread_for_remote().expect("finished"), Some(L));
+    assert!(os.remaining().is_empty(), "{:?}", os.remaining());
+    assert_eq!(t.threads[&L].last_event, 0);
+    assert_eq!(t.threads[&L].held_signals, vec![libc::SIGCHLD]);
+    // Finished once: the next remote call takes it as it is.
+    assert_eq!(t.thread_for_remote().expect("as is"), Some(L));
+    t.attached = false;
+}
+
 #[test]
 fn statuses_of_other_targets_stay_in_the_shared_table_until_taken() {
     let other = 6_000_001;

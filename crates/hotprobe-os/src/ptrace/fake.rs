@@ -159,6 +159,10 @@ impl Os for FakeOs {
         let r = self.answer(format!("step {pid} {sig}"));
         parse("step", pid, &r, unit)
     }
+    fn syscall_resume(&self, pid: i32, sig: i32) -> Result<(), SysError> {
+        let r = self.answer(format!("syscall {pid} {sig}"));
+        parse("syscall", pid, &r, unit)
+    }
     fn listen(&self, pid: i32) -> Result<(), SysError> {
         let r = self.answer(format!("listen {pid}"));
         parse("listen", pid, &r, unit)
