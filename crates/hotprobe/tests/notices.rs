@@ -76,7 +76,9 @@ fn a_death_by_signal_counts_the_users_probes_only() {
     let (pid, notices) = run_with_one_return_probe(&["abort"]);
     assert_eq!(
         notices,
-        vec![format!("pid {pid} killed by signal 6: its 1 probes are dropped")]
+        vec![format!(
+            "pid {pid} killed by signal 6: its 1 probes are dropped"
+        )]
     );
 }
 

@@ -627,7 +627,9 @@ impl Session {
             .ok_or(EngineError::NoSuchProbe(id))
     }
 
-    /// The engine of a target (for lower-level control).
+    /// The engine of a target (for lower-level control). Probes go in
+    /// through the session, which numbers them: the engine's own
+    /// [`Engine::add_probe`] refuses.
     pub fn engine(&mut self, t: TargetId) -> Result<&mut Engine, EngineError> {
         Ok(&mut self.slot(t)?.engine)
     }
