@@ -50,7 +50,7 @@ mod tests {
         assert_eq!(ids.take(), ProbeId(3 << 24));
         let failed: Result<ProbeId, ()> = ids.place(|_| Err(()));
         assert!(failed.is_err());
-        assert_eq!(ids.place(|id| Ok::<_, ()>(id)), Ok(ProbeId((3 << 24) + 1)));
+        assert_eq!(ids.place(Ok::<_, ()>), Ok(ProbeId((3 << 24) + 1)));
         assert_eq!(ids.take(), ProbeId((3 << 24) + 2));
     }
 }
