@@ -18,6 +18,7 @@
 //! they leave by stack pointer.
 
 use crate::engine::Engine;
+use crate::session::inbox::Inbox;
 use crate::EngineError;
 use hotprobe_symbols::{LoadedModule, ProcessSymbols};
 use hotprobe_target::{RuntimeAddr, Target};
@@ -204,17 +205,18 @@ fn cfa_offset(target: &mut dyn Target, addr: RuntimeAddr) -> Option<u32> {
 /// Places (or updates) the unwinder hooks of a process whose engine has
 /// return probes on the trampoline: after a return probe is added and
 /// whenever its modules change. Every thread is stopped while breakpoints
-/// are written. What fails is said in a notice.
-pub(crate) fn sync_unwind_hooks(engine: &mut Engine, pid: i32) {
+/// are written. What fails is said in a notice, in the session's `inbox`.
+pub(crate) fn sync_unwind_hooks(engine: &mut Engine, pid: i32, inbox: &mut Inbox) {
     if !engine.has_trampoline() || engine.gone().is_some() {
         return;
     }
     let symbols = match ProcessSymbols::for_pid(pid as u32) {
         Ok(s) => s,
         Err(e) => {
-            engine
-                .notices
-                .push(format!("pid {pid}: cannot look for its unwinder: {e}"));
+            inbox.notice(
+                engine,
+                format!("pid {pid}: cannot look for its unwinder: {e}"),
+            );
             return;
         }
     };
@@ -234,9 +236,10 @@ pub(crate) fn sync_unwind_hooks(engine: &mut Engine, pid: i32) {
         (false, r) => r,
     };
     if let Err(e) = r {
-        engine
-            .notices
-            .push(format!("pid {pid}: cannot place the unwinder hooks: {e}"));
+        inbox.notice(
+            engine,
+            format!("pid {pid}: cannot place the unwinder hooks: {e}"),
+        );
     }
 }
 

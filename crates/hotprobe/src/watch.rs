@@ -545,7 +545,7 @@ impl Session {
             }
             let now = le_value(&bytes[..len]);
             if now != w.last {
-                slot.engine.notices.push(format!(
+                slot.notice(format!(
                     "watch {:#x}:{}: {} -> {} with no watched access: written by the kernel                      (a system call's output, e.g. read(2) into it) or by another process",
                     w.hw.addr, w.hw.len, w.last, now
                 ));
@@ -569,7 +569,7 @@ impl Session {
         let n = self.watches.list.iter().filter(|w| w.slot == i).count();
         if n > 0 {
             let who = self.slots[i].engine.target().describe();
-            self.slots[i].engine.notices.push(format!(
+            self.slots[i].notice(format!(
                 "{who}: exec: {n} watchpoints dropped (their counts before the exec are kept)"
             ));
             // Kept for their counts; their debug registers are free again.

@@ -1,6 +1,6 @@
 //! Detach: threads out of slots, return addresses back, breakpoints gone.
 
-use super::Engine;
+use super::{Engine, Notice};
 use crate::EngineError;
 use hotprobe_target::{ExitStatus, RuntimeAddr, TargetEvent};
 
@@ -82,10 +82,10 @@ impl Engine {
                     regs.rip = orig;
                     self.target.set_registers(thread, &regs)?;
                 }
-                None => self.notices.push(format!(
-                    "thread {thread} left at {:#x} in scratch memory",
-                    regs.rip
-                )),
+                None => self.notice(Notice::LeftInScratch {
+                    thread,
+                    rip: regs.rip,
+                }),
             }
         }
         // Put back every return address still swapped for the trampoline.

@@ -1,7 +1,7 @@
 //! The event loop: one [`TargetEvent`] at a time (fork, exec and exit
 //! included).
 
-use super::{Engine, Outcome, ProbeKind};
+use super::{Engine, Holds, Notice, Outcome, ProbeKind, Report};
 use crate::EngineError;
 use hotprobe_target::{ExitStatus, ResumeMode, ReturnStrategy, RuntimeAddr, TargetEvent, ThreadId};
 
@@ -22,8 +22,20 @@ impl Engine {
         Ok(Outcome::Handled)
     }
 
-    /// Handle one event from the target.
+    /// Handle one event from the target (an engine on its own: forked
+    /// children are released without probes, an exec lets the threads
+    /// run on).
     pub fn handle(&mut self, ev: TargetEvent) -> Result<(), EngineError> {
+        self.handle_holding(ev, Holds::default())
+    }
+
+    /// Handle one event from the target, holding back what `holds` says
+    /// (the session's choice: it follows forked children and execs).
+    pub(crate) fn handle_holding(
+        &mut self,
+        ev: TargetEvent,
+        holds: Holds,
+    ) -> Result<(), EngineError> {
         match ev {
             TargetEvent::Breakpoint { thread, addr, regs } => {
                 self.on_breakpoint(thread, addr, regs)
@@ -45,8 +57,8 @@ impl Engine {
                 // swapped in the forking thread's stack: the child runs the
                 // program as it was, without probes. A followed child keeps
                 // the fast path's code (its agent counts into slots of its
-                // own) and is handed to the session with its stack fixes.
-                let mut fixes = if self.follow_forks {
+                // own) and is reported to the session with its stack fixes.
+                let mut fixes = if holds.forks {
                     Vec::new()
                 } else {
                     self.fork_restores.clone()
@@ -77,16 +89,16 @@ impl Engine {
                         );
                     }
                 }
-                if self.follow_forks {
-                    self.forked.push((child, fixes));
+                if holds.forks {
+                    self.reports.push(Report::Forked { child, fixes });
                     self.target.resume(thread, ResumeMode::Continue)?;
                     return Ok(());
                 }
                 self.target.release_fork_child(child, &fixes)?;
-                self.notices.push(format!(
-                    "{}: forked child {child} (released without probes)",
-                    self.target.describe()
-                ));
+                self.notice(Notice::ForkReleased {
+                    target: self.target.describe(),
+                    child,
+                });
                 self.target.resume(thread, ResumeMode::Continue)?;
                 Ok(())
             }
@@ -112,14 +124,14 @@ impl Engine {
                     }
                 }
                 if n > 0 {
-                    self.notices.push(format!(
-                        "{}: exec: {n} trap probes dropped (their counts before the exec are kept)",
-                        self.target.describe()
-                    ));
+                    self.notice(Notice::ExecDropped {
+                        target: self.target.describe(),
+                        probes: n,
+                    });
                 }
                 // Held: the session places probes in the new image first
                 // and resumes it (`follow_exec`).
-                if !self.hold_at_exec {
+                if !holds.exec {
                     for t in self.target.threads() {
                         let _ = self.target.resume(t, ResumeMode::Continue);
                     }
@@ -134,13 +146,10 @@ impl Engine {
                     ExitStatus::Code(_) => 0,
                     _ => self.user_probes(|p| !p.dropped),
                 };
-                self.notices.push(if n > 0 {
-                    format!(
-                        "{} {st}: its {n} probes are dropped",
-                        self.target.describe()
-                    )
-                } else {
-                    format!("{} {st}", self.target.describe())
+                self.notice(Notice::Ended {
+                    target: self.target.describe(),
+                    status: st.clone(),
+                    probes: n,
                 });
                 self.gone = Some(st);
                 self.sites.clear();

@@ -17,11 +17,19 @@
 //!   emulated or single-stepped;
 //! - `retprobe`: return instances, their returns, frames left by `longjmp`;
 //! - `unwind`: the unwinder's hooks (exceptions, see [`crate::nonlocal`]);
-//! - `detach`: everything the engine changed in the target, undone.
+//! - `detach`: everything the engine changed in the target, undone;
+//! - `report`: what it tells its holder (notices, forked children held).
+//!
+//! Probe ids, notices and followed children are the session's: it hands
+//! the engine the id of each probe (`Engine::add_probe_as`), drains its
+//! reports after each call (`Engine::take_reports`) and says, per event,
+//! what the engine holds back (`Engine::handle_holding`). Only an engine
+//! driven on its own ([`Engine::new`]) numbers its probes itself.
 
 use crate::handler::{EntryInfo, Handler, ProbeId};
 use crate::held::HeldTarget;
 use crate::nonlocal::UnwindHook;
+use crate::session::ids::ProbeIds;
 use crate::EngineError;
 use hotprobe_resolve::Symbolizer;
 use hotprobe_target::{
@@ -34,9 +42,12 @@ use std::hash::{BuildHasherDefault, Hasher};
 mod detach;
 mod event;
 mod hit;
+mod report;
 mod retprobe;
 mod site;
 mod unwind;
+
+pub(crate) use report::{Holds, Notice, Report};
 
 /// Size of each scratch region asked of the target (2048 slots).
 const SCRATCH_CHUNK: u64 = 64 * 1024;
@@ -179,8 +190,9 @@ pub struct Engine {
     symbolizer: Option<Box<dyn Symbolizer>>,
     sites: AddrMap<Site>,
     pub(crate) probes: HashMap<ProbeId, ProbeEntry>,
-    next_probe: u32,
-    id_base: u32,
+    /// The ids of an engine driven on its own ([`Engine::new`]); `None`
+    /// for one a session holds: the session hands it every id.
+    own_ids: Option<ProbeIds>,
     scratch: Vec<(ScratchRegion, u64)>,
     trampoline: Option<RuntimeAddr>,
     shadow: HashMap<ThreadId, Vec<Instance>>,
@@ -201,8 +213,9 @@ pub struct Engine {
     /// The target was let run by `Session::start` (before that, every
     /// thread is stopped and probes go in without stopping the world).
     pub(crate) started: bool,
-    /// Notices for the user (exec, fork, dropped probes).
-    pub(crate) notices: Vec<String>,
+    /// Reports for the holder (notices, children held), drained by it
+    /// after each call ([`Engine::take_reports`]).
+    reports: Vec<Report>,
     /// Size of the scratch regions asked of the target (lowered to a single
     /// slot's size when the target cannot give a whole chunk).
     scratch_chunk: u64,
@@ -215,14 +228,6 @@ pub struct Engine {
     /// Bytes other mechanisms wrote into the target (address, original),
     /// written back into a forked child before it is released.
     fork_restores: Restores,
-    /// Forked children are kept (held stopped) for the session to follow
-    /// instead of being released.
-    /// At an exec the threads stay stopped: the session resumes them once
-    /// it placed its probes in the new image (`Session::follow_exec`).
-    pub(crate) hold_at_exec: bool,
-    pub(crate) follow_forks: bool,
-    /// Children held for the session, with the stack fixes they need.
-    pub(crate) forked: Vec<(u64, Restores)>,
     /// Hits by vfork children (their pid), per probe: not the process's
     /// (see [`Engine::vfork_hits`]).
     vfork_hits: HashMap<ProbeId, Vec<(i32, u64)>>,
@@ -235,14 +240,24 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// An engine driving `target`; probe ids start at `id_base`.
+    /// An engine driving `target` on its own; probe ids start at `id_base`.
     pub fn new(target: Box<dyn Target>, id_base: u32) -> Self {
         Engine::holding(HeldTarget::Other(target), id_base)
     }
 
     /// An engine driving `target` (a process, or any other: see
-    /// [`HeldTarget`]); probe ids start at `id_base`.
-    pub fn holding(mut target: HeldTarget, id_base: u32) -> Self {
+    /// [`HeldTarget`]) on its own; probe ids start at `id_base`.
+    pub fn holding(target: HeldTarget, id_base: u32) -> Self {
+        Engine::with_ids(target, Some(ProbeIds::new(id_base)))
+    }
+
+    /// The engine of a session's target: the session hands it the id of
+    /// every probe ([`Engine::add_probe_as`]).
+    pub(crate) fn for_session(target: HeldTarget) -> Self {
+        Engine::with_ids(target, None)
+    }
+
+    fn with_ids(mut target: HeldTarget, own_ids: Option<ProbeIds>) -> Self {
         let strategy = target.as_target().return_strategy();
         let partial_regs = target.as_target().set_partial_breakpoint_registers(true);
         Engine {
@@ -250,8 +265,7 @@ impl Engine {
             symbolizer: None,
             sites: AddrMap::default(),
             probes: HashMap::new(),
-            next_probe: 0,
-            id_base,
+            own_ids,
             scratch: Vec::new(),
             trampoline: None,
             shadow: HashMap::new(),
@@ -263,14 +277,11 @@ impl Engine {
             gone: None,
             stop: false,
             started: false,
-            notices: Vec::new(),
+            reports: Vec::new(),
             scratch_chunk: SCRATCH_CHUNK,
             step_unsupported_in_place: false,
             partial_regs,
             fork_restores: Vec::new(),
-            follow_forks: false,
-            hold_at_exec: false,
-            forked: Vec::new(),
             vfork_hits: HashMap::new(),
             stack_hook: None,
             vfork_returns: HashMap::new(),
@@ -331,11 +342,24 @@ impl Engine {
         self.fork_restores.extend(more);
     }
 
-    /// A fresh probe id (for probes another mechanism runs).
-    pub(crate) fn new_id(&mut self) -> ProbeId {
-        let id = ProbeId(self.id_base + self.next_probe);
-        self.next_probe += 1;
-        id
+    /// Runs `place` with the next id of an engine driven on its own; an
+    /// engine a session holds refuses (its ids are the session's).
+    fn with_own_id(
+        &mut self,
+        addr: RuntimeAddr,
+        place: impl FnOnce(&mut Self, ProbeId) -> Result<ProbeId, EngineError>,
+    ) -> Result<ProbeId, EngineError> {
+        let Some(mut ids) = self.own_ids.take() else {
+            return Err(EngineError::Refused {
+                addr: addr.0,
+                reason: "this engine's probe ids are its session's: add the probe through the \
+                         session"
+                    .into(),
+            });
+        };
+        let r = ids.place(|id| place(self, id));
+        self.own_ids = Some(ids);
+        r
     }
 
     /// Marks probe `id` as the session's own (see [`ProbeEntry::internal`]).

@@ -181,15 +181,25 @@ impl Engine {
         Ok(())
     }
 
-    /// Add a probe at `addr`.
+    /// Add a probe at `addr` (an engine driven on its own: in a session,
+    /// add probes through the session, which numbers them).
     pub fn add_probe(
         &mut self,
         addr: RuntimeAddr,
         probe: crate::Probe,
     ) -> Result<ProbeId, EngineError> {
+        self.with_own_id(addr, |e, id| e.add_probe_as(id, addr, probe))
+    }
+
+    /// Add a probe at `addr` under id `id` (the session's).
+    pub(crate) fn add_probe_as(
+        &mut self,
+        id: ProbeId,
+        addr: RuntimeAddr,
+        probe: crate::Probe,
+    ) -> Result<ProbeId, EngineError> {
         self.check_alive()?;
         self.ensure_site(addr)?;
-        let id = self.new_id();
         self.sites.get_mut(&addr.0).expect("site").probes.push(id);
         self.probes.insert(
             id,
@@ -211,9 +221,21 @@ impl Engine {
         Ok(id)
     }
 
-    /// Add a return probe on the function entered at `addr`.
+    /// Add a return probe on the function entered at `addr` (an engine
+    /// driven on its own, as [`Engine::add_probe`]).
     pub fn add_retprobe(
         &mut self,
+        addr: RuntimeAddr,
+        rp: RetProbe,
+    ) -> Result<ProbeId, EngineError> {
+        self.with_own_id(addr, |e, id| e.add_retprobe_as(id, addr, rp))
+    }
+
+    /// Add a return probe on the function entered at `addr` under id `id`
+    /// (the session's).
+    pub(crate) fn add_retprobe_as(
+        &mut self,
+        id: ProbeId,
         addr: RuntimeAddr,
         rp: RetProbe,
     ) -> Result<ProbeId, EngineError> {
@@ -226,7 +248,6 @@ impl Engine {
         }
         self.ensure_trampoline(addr)?;
         self.ensure_site(addr)?;
-        let id = self.new_id();
         self.sites.get_mut(&addr.0).expect("site").probes.push(id);
         self.probes.insert(
             id,
@@ -275,13 +296,14 @@ impl Engine {
     }
 
     /// A probe (or, with `rp`, a return probe) that is not armed anywhere
-    /// yet: its module is not loaded. [`Engine::arm_at`] places it.
+    /// yet: its module is not loaded. [`Engine::arm_at`] places it. Its
+    /// id `id` is the session's.
     pub(crate) fn add_unarmed(
         &mut self,
+        id: ProbeId,
         probe: Option<crate::Probe>,
         rp: Option<RetProbe>,
     ) -> ProbeId {
-        let id = self.new_id();
         let kind = match (probe, rp) {
             (_, Some(rp)) => ProbeKind::Ret {
                 entry: rp.entry,

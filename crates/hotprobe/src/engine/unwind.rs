@@ -2,7 +2,7 @@
 //! return addresses back before an unwinder walks the stack, the trampoline
 //! again for the frames that survive it.
 
-use super::{Engine, Instance};
+use super::{Engine, Instance, Notice};
 use crate::nonlocal::UnwindHook;
 use crate::EngineError;
 use hotprobe_target::{Registers, RuntimeAddr, ThreadId};
@@ -54,10 +54,11 @@ impl Engine {
         }
         for (a, h) in hooks {
             if let Err(e) = self.ensure_site(*a) {
-                self.notices.push(format!(
-                    "{}: no unwinder hook at {a}: {e} (an exception through a return-probed frame may crash the program)",
-                    self.target.describe()
-                ));
+                self.notice(Notice::NoUnwindHook {
+                    target: self.target.describe(),
+                    addr: *a,
+                    error: e.to_string(),
+                });
                 continue;
             }
             self.unwind_hooks.insert(a.0, *h);

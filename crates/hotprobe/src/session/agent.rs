@@ -189,6 +189,7 @@ impl Agent {
     pub(super) fn change(
         &mut self,
         engine: &mut Engine,
+        inbox: &mut super::Inbox,
         id: ProbeId,
         mut f: impl FnMut(
             &mut FastPath,
@@ -229,7 +230,7 @@ impl Agent {
             true => pt.resume_all(),
             false => Ok(()),
         };
-        note_foreign_writes(engine, self);
+        note_foreign_writes(engine, self, inbox);
         resumed?;
         Ok(r?)
     }

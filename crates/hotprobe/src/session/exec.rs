@@ -147,7 +147,7 @@ impl Session {
     /// mechanism, before it runs on. What cannot be placed is said in a
     /// notice.
     pub(super) fn follow_exec(&mut self, i: usize) {
-        if !self.slots[i].engine.hold_at_exec {
+        if !self.slots[i].hold_at_exec {
             return;
         }
         if let Some(pid) = self.slots[i].pid {
@@ -158,7 +158,7 @@ impl Session {
                 let path = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
                 let slot = &mut self.slots[i];
                 let r = slot.engine.target().detach();
-                slot.engine.notices.push(match r {
+                slot.notice(match r {
                     Ok(()) => format!(
                         "pid {pid} executed {}, which calls ptrace: let go without probes so \
                          that its own tracing works",
@@ -181,10 +181,7 @@ impl Session {
         }
         if let Err(e) = t.resume_all() {
             let who = t.describe();
-            self.slots[i]
-                .engine
-                .notices
-                .push(format!("{who}: cannot resume it after its exec: {e}"));
+            self.slots[i].notice(format!("{who}: cannot resume it after its exec: {e}"));
         }
     }
 
@@ -214,7 +211,7 @@ impl Session {
                 }
                 Err(e) => {
                     slot.resolver = None;
-                    slot.engine.notices.push(format!(
+                    slot.notice(format!(
                         "pid {pid} executed {}: cannot read its symbols ({e}); not probed",
                         path.display()
                     ));
@@ -240,7 +237,7 @@ impl Session {
                     p
                 })),
                 Err(e) if names_nothing_here(&e) || not_loaded(&e) => missing.push(s.spec.clone()),
-                Err(e) => self.slots[i].engine.notices.push(format!(
+                Err(e) => self.slots[i].notice(format!(
                     "pid {pid} executed {}: cannot probe {}: {e}",
                     path.display(),
                     s.spec
@@ -258,7 +255,7 @@ impl Session {
                 format!(", not in it: {}", missing.join(", "))
             }
         );
-        self.slots[i].engine.notices.push(msg);
+        self.slots[i].notice(msg);
         self.exec_images.push(ExecImage {
             pid,
             comm,
@@ -286,7 +283,7 @@ impl Session {
                 Ok(t) => t,
                 Err(e) => {
                     pt.release_execd_vfork_child(child);
-                    self.slots[i].engine.notices.push(format!(
+                    self.slots[i].notice(format!(
                         "cannot follow vfork child {child} into its exec: {e}; it runs on                          without probes"
                     ));
                     continue;
@@ -304,7 +301,7 @@ impl Session {
             );
             let parent = self.slots[i].pid.unwrap_or(0);
             self.slots[t.0].root = Some(self.slots[i].root.unwrap_or(i));
-            self.slots[t.0].engine.notices.push(format!(
+            self.slots[t.0].notice(format!(
                 "pid {parent} vforked {child}: followed into its exec"
             ));
             self.slots[t.0].engine.started = true;

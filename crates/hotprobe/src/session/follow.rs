@@ -39,7 +39,7 @@ impl Session {
                 let mut all = inherited;
                 all.extend(fixes);
                 let _ = slot.engine.target().release_fork_child(child, &all);
-                slot.engine.notices.push(format!(
+                slot.notice(format!(
                     "cannot follow forked child {child}: {why}; released without probes"
                 ));
                 return;
@@ -89,13 +89,10 @@ impl Session {
                 failed.join("; ")
             )
         };
-        slot.engine.notices.push(msg);
+        slot.notice(msg);
         match slot.engine.target().resume_all() {
             Ok(()) => slot.engine.started = true,
-            Err(e) => slot
-                .engine
-                .notices
-                .push(format!("forked child {child} could not be resumed: {e}")),
+            Err(e) => slot.notice(format!("forked child {child} could not be resumed: {e}")),
         }
     }
 }

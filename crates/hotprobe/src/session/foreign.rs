@@ -6,7 +6,7 @@ use super::*;
 
 /// Turns the fast path's sites another writer changed (see
 /// [`hotprobe_fastpath::ForeignWrite`]) into notices naming them.
-pub(super) fn note_foreign_writes(engine: &mut Engine, agent: &mut Agent) {
+pub(super) fn note_foreign_writes(engine: &mut Engine, agent: &mut Agent, inbox: &mut Inbox) {
     let Some(fp) = agent.fast_path_mut() else {
         return;
     };
@@ -56,7 +56,9 @@ pub(super) fn note_foreign_writes(engine: &mut Engine, agent: &mut Agent) {
             ),
         });
     }
-    engine.notices.extend(notes);
+    for n in notes {
+        inbox.notice(engine, n);
+    }
 }
 
 /// When a process hotprobe rewrote code in died of a crash signal: the

@@ -11,7 +11,8 @@
 //! pending probes (`pending.rs`), shared-memory handlers (`handlers.rs`),
 //! running untraced (`untraced.rs`), the run loop and detach (`run.rs`),
 //! followed children (`follow.rs`), draining events (`drain.rs`), control
-//! and counts (`stats.rs`), other writers of the code (`foreign.rs`).
+//! and counts (`stats.rs`), other writers of the code (`foreign.rs`),
+//! probe ids (`ids.rs`), notices and held children (`inbox.rs`).
 
 use crate::engine::Engine;
 use crate::handler::{Probe, ProbeId, RetProbe};
@@ -23,6 +24,8 @@ use hotprobe_fastpath::{FastPath, FastPathConfig, FunctionInfo, RecordedEvent, T
 use hotprobe_process::{ProcessTarget, SpawnOptions};
 use hotprobe_symbols::{ProbeSpec, ResolvedProbe};
 use hotprobe_target::{ExitStatus, RuntimeAddr, Target, TargetError, TargetEvent};
+use ids::ProbeIds;
+use inbox::Inbox;
 use ledger::CodeLedger;
 use mech::{Cx, MechKind, Mechs, ProbeMechanism};
 use resolve::from_fast;
@@ -40,6 +43,8 @@ mod exec;
 mod follow;
 mod foreign;
 mod handlers;
+pub(crate) mod ids;
+pub(crate) mod inbox;
 pub(crate) mod ledger;
 mod mech;
 mod newproc;
@@ -290,6 +295,18 @@ struct Slot {
     /// Which mechanism serves each probe placed by another than the trap
     /// engine (a probe not listed is the engine's).
     owner: HashMap<ProbeId, MechKind>,
+    /// The target's probe ids: every mechanism is handed its probes' ids
+    /// from here.
+    ids: ProbeIds,
+    /// The notices about the target and the fork children held for the
+    /// session, as the engine and the mechanisms reported them.
+    inbox: Inbox,
+    /// Forked children are held (stopped) and followed as targets of
+    /// their own instead of being released without probes.
+    follow_forks: bool,
+    /// At an exec the threads stay stopped: the session resumes them once
+    /// it placed its probes in the new image (`Session::follow_exec`).
+    hold_at_exec: bool,
     /// Every byte the mechanisms wrote into the target's code.
     ledger: CodeLedger,
     drain: RingDrain,
@@ -337,9 +354,24 @@ impl Slot {
                 engine: &mut self.engine,
                 agent: &mut self.agent,
                 ledger: &mut self.ledger,
+                ids: &mut self.ids,
+                inbox: &mut self.inbox,
             },
             &mut self.mechs,
         )
+    }
+
+    /// A notice about this target, after what its engine reported before.
+    fn notice(&mut self, text: String) {
+        self.inbox.notice(&mut self.engine, text);
+    }
+
+    /// What the engine holds back at this target's events.
+    fn holds(&self) -> crate::engine::Holds {
+        crate::engine::Holds {
+            forks: self.follow_forks,
+            exec: self.hold_at_exec,
+        }
     }
 
     /// Which mechanism serves probe `id`.
@@ -528,7 +560,7 @@ impl Session {
         agent: AgentState,
     ) -> TargetId {
         let id = self.slots.len();
-        let mut engine = Engine::holding(target, (id as u32) << TARGET_SHIFT);
+        let mut engine = Engine::for_session(target);
         if let Some(r) = &resolver {
             engine.set_symbolizer(r.symbolizer());
         }
@@ -543,6 +575,10 @@ impl Session {
                 None => Mechs::other(),
             },
             owner: HashMap::new(),
+            ids: ProbeIds::new((id as u32) << TARGET_SHIFT),
+            inbox: Inbox::default(),
+            follow_forks: false,
+            hold_at_exec: false,
             ledger: CodeLedger::default(),
             drain: RingDrain::default(),
             recording: false,
@@ -558,9 +594,9 @@ impl Session {
         });
         let follow = self.config.follow_forks && pid.is_some();
         let slot = &mut self.slots[id];
-        slot.engine.follow_forks = follow;
-        slot.engine.hold_at_exec = follow && self.config.follow_exec;
-        let hold = slot.engine.hold_at_exec;
+        slot.follow_forks = follow;
+        slot.hold_at_exec = follow && self.config.follow_exec;
+        let hold = slot.hold_at_exec;
         if let Some(pt) = Slot::process(&mut slot.engine) {
             pt.set_keep_execd_vfork_children(hold);
         }
@@ -591,7 +627,9 @@ impl Session {
             .ok_or(EngineError::NoSuchProbe(id))
     }
 
-    /// The engine of a target (for lower-level control).
+    /// The engine of a target (for lower-level control). Probes go in
+    /// through the session, which numbers them: the engine's own
+    /// [`Engine::add_probe`] refuses.
     pub fn engine(&mut self, t: TargetId) -> Result<&mut Engine, EngineError> {
         Ok(&mut self.slot(t)?.engine)
     }

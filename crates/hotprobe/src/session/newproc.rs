@@ -115,15 +115,13 @@ impl Session {
             match self.attach(pid) {
                 Ok(t) => {
                     let i = t.0;
-                    self.slots[i].engine.hold_at_exec = true;
+                    self.slots[i].hold_at_exec = true;
                     self.place_in_new_image(i);
                     running.push(pid);
                 }
                 Err(e) => {
                     if let Some(s) = self.slots.first_mut() {
-                        s.engine
-                            .notices
-                            .push(format!("cannot attach to pid {pid}: {e}"));
+                        s.notice(format!("cannot attach to pid {pid}: {e}"));
                     }
                 }
             }
@@ -241,7 +239,7 @@ impl Session {
         );
         let i = t.0;
         self.slots[i].recording = self.recording_new;
-        self.slots[i].engine.hold_at_exec = true;
+        self.slots[i].hold_at_exec = true;
         self.slots[i].engine.started = true;
         self.follow_exec(i);
     }

@@ -137,10 +137,7 @@ impl Session {
         let syms = match hotprobe_symbols::ProcessSymbols::for_pid(pid as u32) {
             Ok(s) => s,
             Err(e) => {
-                self.slots[i]
-                    .engine
-                    .notices
-                    .push(format!("pid {pid}: cannot read its modules: {e}"));
+                self.slots[i].notice(format!("pid {pid}: cannot read its modules: {e}"));
                 return;
             }
         };
@@ -156,7 +153,7 @@ impl Session {
                     p.armed = None;
                     let spec = p.spec.clone();
                     slot.forget_unmapped(start, end);
-                    slot.engine.notices.push(format!(
+                    slot.notice(format!(
                         "pid {pid}: {spec}: its module was unloaded; armed again if it is loaded again"
                     ));
                 }
@@ -168,10 +165,7 @@ impl Session {
             match self.arm_pending(t, k, &syms) {
                 Ok(()) => {}
                 Err(e) if not_loaded(&e) => {}
-                Err(e) => self.slots[i]
-                    .engine
-                    .notices
-                    .push(format!("pid {pid}: cannot arm {spec}: {e}")),
+                Err(e) => self.slots[i].notice(format!("pid {pid}: cannot arm {spec}: {e}")),
             }
         }
         let (mut cx, mechs) = self.slots[i].parts();

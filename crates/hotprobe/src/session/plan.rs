@@ -53,7 +53,7 @@ impl Session {
         let plugin_there = !stub || p.plugin.is_site(addr.0);
         let stub_there = stub || slot.engine.execution_of(addr).is_some();
         if plugin_there && stub_there {
-            slot.engine.notices.push(format!(
+            slot.notice(format!(
                 "{addr}: a GDB-stub probe shares this address with QEMU-plugin probes: the \
                  executions the stub handles (it emulates the instruction or runs it out of \
                  line) are not seen by the plugin's probes"
@@ -356,7 +356,7 @@ impl Session {
         for (id, _) in probes {
             let (mut cx, mechs) = slot.parts();
             let probe = cx.agent.take_handler(id).unwrap_or_default();
-            cx.agent.change(cx.engine, id, |fp, pt, c| {
+            cx.agent.change(cx.engine, cx.inbox, id, |fp, pt, c| {
                 fp.remove_probe(pt, c).map(|_| ())
             })?;
             if let Some(f) = mechs.fast.as_mut() {
@@ -367,7 +367,7 @@ impl Session {
         }
         slot.sync_ledger();
         let who = slot.engine.target().describe();
-        slot.engine.notices.push(format!(
+        slot.notice(format!(
             "{who}: the fast-path site at {start:#x} was handed to the trap for a probe at \
              {at}, which serves both (their counts go on)"
         ));

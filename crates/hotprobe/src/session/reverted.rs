@@ -141,7 +141,7 @@ fn check_slot(slot: &mut Slot) {
         false => match slot.agent.rearm(&mut slot.engine, &found) {
             Ok(r) => r,
             Err(e) => {
-                slot.engine.notices.push(format!(
+                slot.notice(format!(
                     "pid {pid}: cannot arm reverted probe sites again: {e}"
                 ));
                 Vec::new()
@@ -205,5 +205,7 @@ fn check_slot(slot: &mut Slot) {
         // Named once: nothing will change for them.
         slot.reverted.named.extend(lost);
     }
-    slot.engine.notices.extend(notices);
+    for n in notices {
+        slot.notice(n);
+    }
 }

@@ -39,7 +39,7 @@ impl Session {
                 if let (AgentState::Off(why), Some(pid), true) =
                     (&s.agent.state, s.pid, s.engine.has_armed_sites())
                 {
-                    s.engine.notices.push(format!(
+                    s.notice(format!(
                         "pid {pid}: {why}: a hotprobe killed with SIGKILL would leave its \
                          int3s in the program (Ctrl-C, --duration and the program's exit take \
                          them out)"
@@ -186,7 +186,7 @@ impl Session {
                         .collect();
                     if !written.is_empty() {
                         if let Some(n) = uprobes_on_rewritten_sites(slot, &written, status) {
-                            slot.engine.notices.push(n);
+                            slot.notice(n);
                         }
                     }
                 }
@@ -218,7 +218,8 @@ impl Session {
         if matches!(ev, TargetEvent::ModulesChanged { .. }) {
             self.refresh_pending(i);
             if let Some(pid) = self.slots[i].pid {
-                crate::nonlocal::sync_unwind_hooks(&mut self.slots[i].engine, pid);
+                let slot = &mut self.slots[i];
+                crate::nonlocal::sync_unwind_hooks(&mut slot.engine, pid, &mut slot.inbox);
             }
         }
         if matches!(
@@ -229,7 +230,8 @@ impl Session {
         }
         self.note_thread_process(i, &ev);
         let slot = &mut self.slots[i];
-        slot.engine.handle(ev)?;
+        let holds = slot.holds();
+        slot.engine.handle_holding(ev, holds)?;
         if exec {
             slot.sync_ledger();
             slot.inherited.clear();
@@ -240,8 +242,8 @@ impl Session {
         }
         let slot = &mut self.slots[i];
         let stop = slot.engine.take_stop();
-        for (child, fixes) in std::mem::take(&mut slot.engine.forked) {
-            self.follow_child(i, child, fixes);
+        for held in slot.inbox.take_children(&mut slot.engine) {
+            self.follow_child(i, held.child, held.fixes);
         }
         self.follow_execd_vfork_children(i);
         Ok(stop)
@@ -326,7 +328,9 @@ impl Session {
             // the target's detach, last).
             if let Some(fp) = cx.agent.fast_path_mut() {
                 let left = fp.take_left_behind();
-                cx.engine.notices.extend(left);
+                for n in left {
+                    cx.notice(n);
+                }
             }
             s.ledger.clear();
         }

@@ -73,7 +73,7 @@ impl Session {
             _ => None,
         };
         if let Some(n) = notice {
-            slot.engine.notices.push(n);
+            slot.notice(n);
         }
     }
 
@@ -95,7 +95,7 @@ impl Session {
         slot.engine.stack_hook.get_or_insert(trap);
         if first {
             if let Some(n) = slot.agent.refresh_stacks(pid) {
-                slot.engine.notices.push(n);
+                slot.notice(n);
             }
         }
     }

@@ -130,7 +130,7 @@ impl Session {
         let mut n: Vec<String> = self
             .slots
             .iter_mut()
-            .flat_map(|s| std::mem::take(&mut s.engine.notices))
+            .flat_map(|s| s.inbox.take_notices(&mut s.engine))
             .collect();
         n.append(&mut self.gate_notices);
         n

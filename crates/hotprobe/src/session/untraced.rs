@@ -76,7 +76,7 @@ impl Session {
         }
         if let Some(pt) = Slot::process(&mut slot.engine) {
             if let Err(e) = pt.release() {
-                slot.engine.notices.push(format!(
+                slot.notice(format!(
                     "cannot run untraced: {e}; the process stays traced"
                 ));
             }

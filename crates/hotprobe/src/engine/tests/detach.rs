@@ -5,6 +5,7 @@
 
 use super::machine::{RunState, Stop, World};
 use super::*;
+use crate::engine::{Holds, Report};
 use crate::Probe;
 use hotprobe_target::{ExitStatus, ResumeMode, TargetEvent, ThreadId};
 use std::cell::Cell;
@@ -201,4 +202,54 @@ fn a_forked_child_gets_the_real_return_addresses() {
     assert_eq!(rig.drive(1, &[]), Stop::Halted(MAIN_END));
     assert_eq!(ids.map(|id| rig.counts(id)), [[1, 1, 0, 0]; 3]);
     assert_eq!(log.borrow().len(), 3);
+}
+
+#[test]
+fn a_forked_child_held_for_the_session_is_reported_with_its_stack_fixes() {
+    let mut rig = Rig::new(MAIN, &[1], ReturnStrategy::Trampoline);
+    let log = Returns::default();
+    let ids = [(OUTER, "outer"), (MIDDLE, "middle"), (INNER, "inner")]
+        .map(|(f, n)| recorded(&mut rig, f, n, 8, &log));
+    // A followed child keeps the other mechanisms' code: no restore of it.
+    rig.engine
+        .set_fork_restores(vec![(RuntimeAddr(LEAF), vec![0xb8])]);
+    rig.start();
+    assert_eq!(rig.drive(1, &[INNER_BODY]), Stop::At(INNER_BODY));
+    let top = World::stack_top(1);
+    rig.world.borrow_mut().stop_for_event(1);
+    let fork = TargetEvent::Forked {
+        thread: ThreadId(1),
+        child: 99,
+    };
+    let holds = Holds {
+        forks: true,
+        exec: false,
+    };
+    rig.engine.handle_holding(fork, holds).unwrap();
+    {
+        let w = rig.world.borrow();
+        assert_eq!(w.state(1), RunState::Running(ResumeMode::Continue));
+        assert!(
+            w.released.is_empty(),
+            "held, not released: {:?}",
+            w.released
+        );
+    }
+    let word = |a: u64, v: u64| (RuntimeAddr(a), v.to_le_bytes().to_vec());
+    let reports = rig.engine.take_reports();
+    let [Report::Forked { child, fixes }] = &reports[..] else {
+        panic!("one held child and no notice, got {reports:?}");
+    };
+    assert_eq!(*child, 99);
+    assert_eq!(
+        *fixes,
+        vec![
+            word(top - 8, MAIN_RET),
+            word(top - 24, OUTER_RET),
+            word(top - 40, MIDDLE_RET),
+        ]
+    );
+    assert!(rig.engine.take_reports().is_empty(), "drained");
+    assert_eq!(rig.drive(1, &[]), Stop::Halted(MAIN_END));
+    assert_eq!(ids.map(|id| rig.counts(id)), [[1, 1, 0, 0]; 3]);
 }

@@ -63,7 +63,7 @@ impl FastMech {
             return Ok(Err(probe));
         };
         fp.set_handler_wait(spin, timeout);
-        let id = cx.engine.new_id();
+        let id = cx.ids.take();
         cx.agent.add_handler(id, info.probe_id, probe);
         sync_agent_writes(cx.engine, cx.agent, cx.ledger);
         cx.ledger.add_probe(info.addr, (id, false));
@@ -184,7 +184,7 @@ impl ProbeMechanism for FastMech {
         let (r, record, label) = (ask.r, ask.record, ask.label);
         let id = match ask.existing {
             Some(id) => id,
-            None => cx.engine.new_id(),
+            None => cx.ids.take(),
         };
         let started = cx.engine.started;
         let AgentState::On(fp) = &mut cx.agent.state else {
@@ -237,7 +237,7 @@ impl ProbeMechanism for FastMech {
         cx.agent.bind(id, info.probe_id, info.exit_probe_id);
         if stacks {
             if let Some(n) = cx.agent.refresh_stacks(pt.pid()) {
-                cx.engine.notices.push(n);
+                cx.notice(n);
             }
         }
         sync_agent_writes(cx.engine, cx.agent, cx.ledger);
@@ -261,7 +261,7 @@ impl ProbeMechanism for FastMech {
         if self.removed.contains(&id) {
             return Err(EngineError::NoSuchProbe(id));
         }
-        cx.agent.change(cx.engine, id, |fp, pt, c| {
+        cx.agent.change(cx.engine, cx.inbox, id, |fp, pt, c| {
             fp.set_probe_enabled(pt, c, on).map(|_| ())
         })
     }
@@ -270,7 +270,7 @@ impl ProbeMechanism for FastMech {
         if self.removed.contains(&id) {
             return Err(EngineError::NoSuchProbe(id));
         }
-        cx.agent.change(cx.engine, id, |fp, pt, c| {
+        cx.agent.change(cx.engine, cx.inbox, id, |fp, pt, c| {
             fp.remove_probe(pt, c).map(|_| ())
         })?;
         self.removed.insert(id);
@@ -312,10 +312,13 @@ impl ProbeMechanism for FastMech {
                 let n = cx.agent.counters.len();
                 if !fp.is_detached() && n > 0 {
                     let who = cx.engine.target().describe();
-                    cx.engine.notices.push(format!(
-                        "{who}: exec: {n} fast-path probes dropped (their counts and events \
+                    cx.inbox.notice(
+                        cx.engine,
+                        format!(
+                            "{who}: exec: {n} fast-path probes dropped (their counts and events \
                          before the exec are kept)"
-                    ));
+                        ),
+                    );
                 }
                 fp.forget();
             }
@@ -337,7 +340,7 @@ impl ProbeMechanism for FastMech {
             return Ok(());
         };
         let r = fp.detach(pt);
-        note_foreign_writes(cx.engine, cx.agent);
+        note_foreign_writes(cx.engine, cx.agent, cx.inbox);
         Ok(r?)
     }
 }

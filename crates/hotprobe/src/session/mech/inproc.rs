@@ -71,7 +71,7 @@ impl InProcMech {
             return Ok(Err(probe));
         };
         fp.set_handler_wait(spin, timeout);
-        let id = cx.engine.new_id();
+        let id = cx.ids.take();
         cx.agent.add_handler(id, info.probe_id, probe);
         self.insert(id, r.addr.0, true);
         sync_agent_writes(cx.engine, cx.agent, cx.ledger);
@@ -119,7 +119,7 @@ impl InProcMech {
                 true => pt.resume_all(),
                 false => Ok(()),
             };
-            note_foreign_writes(cx.engine, cx.agent);
+            note_foreign_writes(cx.engine, cx.agent, cx.inbox);
             resumed?;
             r?;
         }
@@ -170,7 +170,7 @@ impl ProbeMechanism for InProcMech {
             return Ok(Err(why));
         }
         let started = cx.engine.started;
-        let id = cx.engine.new_id();
+        let id = cx.ids.take();
         let AgentState::On(fp) = &mut cx.agent.state else {
             return Ok(Err("the agent is not loaded".into()));
         };

@@ -14,13 +14,16 @@
 //! A mechanism borrows what the target shares ([`Cx`]): the engine, which
 //! holds the target (the engine's API is kept as it is, so the target is
 //! reached through it), the agent (the fast path, the in-process traps and
-//! the trap table all live in it) and the code ledger.
+//! the trap table all live in it), the code ledger, and the session's
+//! probe ids and inbox of the target.
 //!
 //! The session keeps, per target, the list of mechanisms and which one
-//! serves each probe (`Slot::owner`), allocates probe ids (from the
-//! engine's counter, which numbers the engine's own probes too), plans a
-//! site by an ordered choice over the mechanisms (`plan.rs`), and holds
-//! notices, pending probes and followed children.
+//! serves each probe (`Slot::owner`), allocates probe ids (`ids.rs`: each
+//! mechanism is handed the id of each probe it places, the trap engine's
+//! own ids included), plans a site by an ordered choice over the
+//! mechanisms (`plan.rs`), and holds notices, pending probes and followed
+//! children (`inbox.rs`: the engine reports notices and held children,
+//! typed; mechanisms give their notices through [`Cx::notice`]).
 
 pub(super) mod fast;
 pub(super) mod inproc;
@@ -28,6 +31,8 @@ pub(super) mod plugin;
 pub(super) mod trap;
 
 use super::agent::{Agent, ByProcess};
+use super::ids::ProbeIds;
+use super::inbox::Inbox;
 use super::ledger::CodeLedger;
 use super::{Capture, Placement, Plan};
 use crate::handler::ProbeId;
@@ -57,6 +62,18 @@ pub(crate) struct Cx<'a> {
     pub agent: &'a mut Agent,
     /// Every byte written into the target's code.
     pub ledger: &'a mut CodeLedger,
+    /// The target's probe ids: a mechanism takes the id of each probe it
+    /// places from here.
+    pub ids: &'a mut ProbeIds,
+    /// The target's notices and held children.
+    pub inbox: &'a mut Inbox,
+}
+
+impl Cx<'_> {
+    /// A notice about the target, after what the engine reported before.
+    pub(crate) fn notice(&mut self, text: String) {
+        self.inbox.notice(self.engine, text);
+    }
 }
 
 /// A `Count` or `Record` probe to place at one resolved address.

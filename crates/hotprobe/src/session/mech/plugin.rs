@@ -63,7 +63,7 @@ impl ProbeMechanism for PluginMech {
         };
         let (r, is_return, record, label) = (ask.r, ask.is_return, ask.record, ask.label);
         let opts = ask.plugin.unwrap_or_default();
-        let id = cx.engine.new_id();
+        let id = cx.ids.take();
         let p = &mut self.plugin;
         if !p.thunk_set {
             p.thunk_set = true;

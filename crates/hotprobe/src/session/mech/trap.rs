@@ -61,7 +61,7 @@ impl TrapMech {
     ) -> Result<ProbeId, EngineError> {
         self.agent_for_traps(cx, config);
         self.prepublish(cx, addr);
-        self.change(cx, |e| e.add_probe(addr, probe))
+        self.change(cx, |e, ids| ids.place(|id| e.add_probe_as(id, addr, probe)))
     }
 
     /// Puts a return probe on the function entered at `addr`, after the
@@ -77,12 +77,12 @@ impl TrapMech {
         self.agent_for_traps(cx, config);
         let table = cx.agent.trap_table();
         self.prepublish(cx, addr);
-        let (id, publishing) = self.change(cx, |e| {
+        let (id, publishing) = self.change(cx, |e, ids| {
             let publishing = match table {
-                Some(table) => Some(e.add_probe(addr, publisher(table))?),
+                Some(table) => Some(ids.place(|id| e.add_probe_as(id, addr, publisher(table)))?),
                 None => None,
             };
-            match e.add_retprobe(addr, rp) {
+            match ids.place(|id| e.add_retprobe_as(id, addr, rp)) {
                 Ok(id) => Ok((id, publishing)),
                 Err(err) => {
                     if let Some(p) = publishing {
@@ -97,7 +97,7 @@ impl TrapMech {
             self.publishers.insert(id, p);
         }
         if let Some(pid) = cx.engine.process().map(|p| p.pid()) {
-            crate::nonlocal::sync_unwind_hooks(cx.engine, pid);
+            crate::nonlocal::sync_unwind_hooks(cx.engine, pid, cx.inbox);
         }
         Ok(id)
     }
@@ -111,10 +111,14 @@ impl TrapMech {
         rp: Option<RetProbe>,
     ) -> ProbeId {
         let publishing = match (&rp, cx.agent.trap_table()) {
-            (Some(_), Some(table)) => Some(cx.engine.add_unarmed(Some(publisher(table)), None)),
+            (Some(_), Some(table)) => {
+                let p = cx.ids.take();
+                Some(cx.engine.add_unarmed(p, Some(publisher(table)), None))
+            }
             _ => None,
         };
-        let id = cx.engine.add_unarmed(probe, rp);
+        let id = cx.ids.take();
+        let id = cx.engine.add_unarmed(id, probe, rp);
         if let Some(p) = publishing {
             cx.engine.mark_internal(p);
             self.publishers.insert(id, p);
@@ -138,7 +142,7 @@ impl TrapMech {
         let publishing = self.publishers.get(&id).copied();
         self.agent_for_traps(cx, config);
         self.prepublish(cx, addr);
-        self.change(cx, |e| {
+        self.change(cx, |e, _| {
             if let Some(p) = publishing {
                 e.arm_at(p, addr)?;
             }
@@ -157,7 +161,7 @@ impl TrapMech {
         probe: Probe,
     ) -> Result<(), EngineError> {
         self.prepublish(cx, addr);
-        let x = self.change(cx, |e| e.add_probe(addr, probe))?;
+        let x = self.change(cx, |e, ids| ids.place(|id| e.add_probe_as(id, addr, probe)))?;
         self.handed.insert(id, x);
         Ok(())
     }
@@ -320,20 +324,20 @@ impl TrapMech {
         }
     }
 
-    /// Runs `f`, a change of the engine's breakpoints, with every thread
-    /// stopped, then guards and publishes the new set before any thread
-    /// runs (a guard left in an instruction whose breakpoint went would
-    /// corrupt it).
+    /// Runs `f`, a change of the engine's breakpoints (a probe added takes
+    /// its id from the target's ids), with every thread stopped, then
+    /// guards and publishes the new set before any thread runs (a guard
+    /// left in an instruction whose breakpoint went would corrupt it).
     pub(crate) fn change<R>(
         &mut self,
         cx: &mut Cx<'_>,
-        f: impl FnOnce(&mut Engine) -> Result<R, EngineError>,
+        f: impl FnOnce(&mut Engine, &mut ProbeIds) -> Result<R, EngineError>,
     ) -> Result<R, EngineError> {
         let started = cx.engine.started;
         if started {
             cx.engine.target().stop_all()?;
         }
-        let r = f(cx.engine);
+        let r = f(cx.engine, cx.ids);
         self.publish(cx);
         if started {
             cx.engine.target().resume_all()?;
@@ -444,7 +448,7 @@ impl TrapMech {
             match at {
                 Some(b) => {
                     let flags = trap_flags(&self.guards, &regions, a);
-                    self.publish_one(cx.engine, table, a, b, flags);
+                    self.publish_one(cx, table, a, b, flags);
                 }
                 None => {
                     self.overflow.remove(&a);
@@ -459,7 +463,7 @@ impl TrapMech {
 
     /// Publishes the `int3` at `a` (original byte `b`), or counts it past
     /// the table.
-    fn publish_one(&mut self, engine: &mut Engine, table: &TrapTable, a: u64, b: u8, flags: u32) {
+    fn publish_one(&mut self, cx: &mut Cx<'_>, table: &TrapTable, a: u64, b: u8, flags: u32) {
         if self.published.get(&a) == Some(&b) || self.overflow.contains(&a) {
             return;
         }
@@ -467,7 +471,7 @@ impl TrapMech {
             self.published.insert(a, b);
         } else {
             if self.overflow.is_empty() {
-                engine.notices.push(format!(
+                cx.notice(format!(
                     "the agent's trap table is full ({} slots, guards included): \
                      int3s placed past it work, but a hotprobe killed with SIGKILL \
                      leaves them in",
@@ -579,10 +583,10 @@ impl ProbeMechanism for TrapMech {
 
     fn remove(&mut self, cx: &mut Cx<'_>, id: ProbeId) -> Result<(), EngineError> {
         if let Some(x) = self.handed.remove(&id) {
-            return self.change(cx, |e| e.remove_probe(x));
+            return self.change(cx, |e, _| e.remove_probe(x));
         }
         let publishing = self.publishers.remove(&id);
-        self.change(cx, |e| {
+        self.change(cx, |e, _| {
             e.remove_probe(id)?;
             match publishing {
                 Some(p) => e.remove_probe(p),
