@@ -175,6 +175,27 @@ fn reader_gone() {
     READER_GONE.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// A writer that notes (`READER_GONE`) when its reader went away, for
+/// writers that hide the error's kind (Parquet's).
+struct NotePipe<W>(W);
+
+impl<W: Write> Write for NotePipe<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let r = self.0.write(buf);
+        if r.as_ref().is_err_and(|e| e.kind() == ErrorKind::BrokenPipe) {
+            reader_gone();
+        }
+        r
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        let r = self.0.flush();
+        if r.as_ref().is_err_and(|e| e.kind() == ErrorKind::BrokenPipe) {
+            reader_gone();
+        }
+        r
+    }
+}
+
 fn print(text: &str) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -634,7 +655,7 @@ pub fn export_cmd(o: &ExportOptions<'_>) -> Result<()> {
         ExportFormat::Parquet => {
             let p = o.out.unwrap_or(Path::new("calls.parquet"));
             let sink: Box<dyn Write + Send> = if stdout_out {
-                Box::new(std::io::stdout())
+                Box::new(NotePipe(std::io::stdout()))
             } else {
                 Box::new(
                     std::fs::File::create(p)
@@ -645,7 +666,8 @@ pub fn export_cmd(o: &ExportOptions<'_>) -> Result<()> {
                 export_parquet(&r, &query, std::io::BufWriter::new(sink), Some(cb))
             });
             let s = match s {
-                Err(e) if broken_pipe(&e) => return Ok(()),
+                // The Parquet writer wraps the error: NotePipe noted it.
+                Err(_) if READER_GONE.load(std::sync::atomic::Ordering::Relaxed) => return Ok(()),
                 s => s.with_context(ctx)?,
             };
             errln!(
