@@ -175,6 +175,9 @@ pub fn write_trace_stacks(
     Ok(())
 }
 
+/// Stacks of one thread (`Some(tid)`) or of all (`None`), counted.
+type StackGroup = (Option<u32>, Vec<CapturedStack>);
+
 /// A trace's captured stacks, as it holds them.
 enum TraceStacks {
     /// Each recorded call's (`call_stacks.tsv`): the filters apply.
@@ -207,7 +210,7 @@ fn kept_stacks(
     query: &CompiledQuery,
     per_thread: bool,
     what: &str,
-) -> anyhow::Result<Option<Vec<(Option<u32>, Vec<CapturedStack>)>>> {
+) -> anyhow::Result<Option<Vec<StackGroup>>> {
     use anyhow::Context;
     match read_trace_stacks(dir)? {
         None => Ok(None),
