@@ -338,7 +338,8 @@ fn report_of(
         return crate::stacks::print_callers(r, dir, &query, &opts);
     }
     if let Some(func) = &o.graph {
-        return crate::stacks::print_graph(r, &query, func);
+        let json = o.json.then(|| o.query.query());
+        return crate::stacks::print_graph(r, &query, func, json.as_ref());
     }
     for m in markers {
         let syms = r.symbols();

@@ -417,11 +417,13 @@ pub fn captured_folded(
 }
 
 /// `report --graph FUNC`: the call graph below the functions matching the
-/// glob `func`, from the recorded call tree.
+/// glob `func`, from the recorded call tree; as JSON (with the filters
+/// `json` gives) when asked.
 pub fn print_graph(
     r: &hotprobe::trace::TraceReader,
     query: &hotprobe::trace::CompiledQuery,
     func: &str,
+    json: Option<&hotprobe::trace::Query>,
 ) -> anyhow::Result<()> {
     let roots = hotprobe::trace::graph::call_graph(
         r,
@@ -429,6 +431,23 @@ pub fn print_graph(
         |f| hotprobe::symbols::pattern::matches(func, f),
         None,
     )?;
+    if let Some(q) = json {
+        #[derive(serde::Serialize)]
+        struct J<'a> {
+            trace: &'a std::path::Path,
+            query: &'a hotprobe::trace::Query,
+            graph_of: &'a str,
+            graphs: &'a [hotprobe::trace::graph::GraphNode],
+        }
+        let s = serde_json::to_string(&J {
+            trace: r.dir(),
+            query: q,
+            graph_of: func,
+            graphs: &roots,
+        })?;
+        outln!("{s}");
+        return Ok(());
+    }
     if roots.is_empty() {
         outln!("no call matches --graph {func}");
         return Ok(());

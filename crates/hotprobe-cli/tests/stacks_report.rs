@@ -220,7 +220,7 @@ fn folded_and_callers_apply_the_filters() {
 
 /// `report --callers --json`: one line of JSON with the callers, their
 /// calls and the stacks through them (and the filters); with --task (or
-/// --per-thread), per thread.
+/// --per-thread), per thread. `report --graph --json` too.
 #[test]
 fn callers_as_json() {
     let dir = paths_trace();
@@ -270,6 +270,32 @@ fn callers_as_json() {
         .map(|c| c["calls"].as_u64().unwrap())
         .sum();
     assert_eq!(calls, 16, "15 by alloc_leaf, 1 by printf: {out}");
+
+    // report --graph --json: the recorded call tree below main, as JSON.
+    let (out, _) = run(&["report", d, "--graph", "main", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(v["graph_of"], "main");
+    let graphs = v["graphs"].as_array().expect("graphs");
+    assert_eq!(graphs.len(), 1, "{out}");
+    let mut node = &graphs[0];
+    assert_eq!(
+        (node["function"].as_str(), node["calls"].as_u64()),
+        (Some("main"), Some(1))
+    );
+    for (f, n) in [
+        ("path_c", 7),
+        ("path_c_inner", 7),
+        ("alloc_leaf", 7),
+        ("malloc", 7),
+    ] {
+        node = node["children"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["function"] == f)
+            .unwrap_or_else(|| panic!("{f} in {out}"));
+        assert_eq!(node["calls"], n, "{f}: {out}");
+    }
 }
 
 /// Four threads, each reaching malloc 5 times through thread_path: `report
