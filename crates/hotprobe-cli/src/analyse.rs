@@ -10,11 +10,11 @@ use crate::cli::{ExportFormat, QueryArgs, ReportArgs, SortArg};
 use crate::out::errln;
 use anyhow::{bail, Context, Result};
 use hotprobe::trace::{
-    export_chrome_filtered, export_ctf_filtered, export_flamegraph, export_folded_filtered,
-    export_otlp, export_parquet, histograms, replay_with, report_by_thread, report_filtered,
-    report_phases_filtered, summarize, CompiledQuery, FlameOptions, FoldedOptions, FoldedValue,
-    OtlpEndpoint, OtlpOptions, PhaseSpec, Query, ReplayField, ReplayOptions, ReportDiff, SortKey,
-    TraceError, TraceReader,
+    draw_flamegraph, export_chrome_filtered, export_ctf_filtered, export_flamegraph,
+    export_folded_filtered, export_otlp, export_parquet, histograms, replay_with, report_by_thread,
+    report_filtered, report_phases_filtered, summarize, CompiledQuery, FlameOptions, FoldedOptions,
+    FoldedValue, OtlpEndpoint, OtlpOptions, PhaseSpec, Query, ReplayField, ReplayOptions,
+    ReportDiff, SortKey, TraceError, TraceReader,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -175,6 +175,27 @@ fn reader_gone() {
     READER_GONE.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// A writer that notes (`READER_GONE`) when its reader went away, for
+/// writers that hide the error's kind (Parquet's).
+struct NotePipe<W>(W);
+
+impl<W: Write> Write for NotePipe<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let r = self.0.write(buf);
+        if r.as_ref().is_err_and(|e| e.kind() == ErrorKind::BrokenPipe) {
+            reader_gone();
+        }
+        r
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        let r = self.0.flush();
+        if r.as_ref().is_err_and(|e| e.kind() == ErrorKind::BrokenPipe) {
+            reader_gone();
+        }
+        r
+    }
+}
+
 fn print(text: &str) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -297,15 +318,28 @@ fn report_of(
     o: &ReportArgs,
 ) -> Result<()> {
     warn_incomplete(r);
-    if let Some(func) = &o.callers {
-        return crate::stacks::print_callers(dir, func);
-    }
     let query = o.query.compile(r)?;
     if o.query.matches_nothing(&query) {
         return Ok(());
     }
+    if let Some(func) = &o.callers {
+        if !markers.is_empty() {
+            bail!(crate::UsageError(
+                "--marker splits the tables into phases; --callers has none: give one of them"
+                    .into()
+            ));
+        }
+        let opts = crate::stacks::CallersOptions {
+            func,
+            per_thread: o.task,
+            json: o.json,
+            query: o.query.query(),
+        };
+        return crate::stacks::print_callers(r, dir, &query, &opts);
+    }
     if let Some(func) = &o.graph {
-        return crate::stacks::print_graph(r, &query, func);
+        let json = o.json.then(|| o.query.query());
+        return crate::stacks::print_graph(r, &query, func, json.as_ref());
     }
     for m in markers {
         let syms = r.symbols();
@@ -322,10 +356,19 @@ fn report_of(
             std::fs::File::create(&path)
                 .with_context(|| format!("cannot create {}", path.display()))?,
         );
-        with_bar(&bar, |cb| {
-            export_flamegraph(r, &query, &FlameOptions::default(), &mut f, Some(cb))
-        })
-        .with_context(ctx)?;
+        match crate::stacks::captured_folded(r, dir, &query, false, "--flame")? {
+            // `record --stacks`: the captured stacks, as export draws them.
+            Some(stacks) => {
+                let title = format!("hotprobe: {}", r.info().target);
+                draw_flamegraph(&stacks, &title, "calls", false, &mut f).with_context(ctx)?;
+            }
+            None => {
+                with_bar(&bar, |cb| {
+                    export_flamegraph(r, &query, &FlameOptions::default(), &mut f, Some(cb))
+                })
+                .with_context(ctx)?;
+            }
+        }
         f.flush()
             .with_context(|| format!("cannot write {}", path.display()))?;
         return print(&format!("{}\n", path.display()));
@@ -558,6 +601,17 @@ pub fn export_cmd(o: &ExportOptions<'_>) -> Result<()> {
             "--format otlp sends to a receiver: give --endpoint http://HOST:PORT".into()
         ));
     }
+    // `-o -`: standard output, for the formats written as one stream.
+    let stdout_out = o.out.is_some_and(|p| p == Path::new("-"));
+    match o.format {
+        ExportFormat::Otlp if o.out.is_some() => bail!(crate::UsageError(
+            "--format otlp sends to --endpoint: -o goes with the other formats".into()
+        )),
+        ExportFormat::Ctf if stdout_out => bail!(crate::UsageError(
+            "--format ctf writes a directory: give -o DIR (default DIR/ctf), not -o -".into()
+        )),
+        _ => {}
+    }
     if o.endpoint.is_some() && o.format != ExportFormat::Otlp {
         bail!(crate::UsageError(
             "--endpoint goes with --format otlp".into()
@@ -601,18 +655,32 @@ pub fn export_cmd(o: &ExportOptions<'_>) -> Result<()> {
         }
         ExportFormat::Parquet => {
             let p = o.out.unwrap_or(Path::new("calls.parquet"));
-            let f = std::fs::File::create(p)
-                .with_context(|| format!("cannot create {}", p.display()))?;
+            let sink: Box<dyn Write + Send> = if stdout_out {
+                Box::new(NotePipe(std::io::stdout()))
+            } else {
+                Box::new(
+                    std::fs::File::create(p)
+                        .with_context(|| format!("cannot create {}", p.display()))?,
+                )
+            };
             let s = with_bar(&bar, |cb| {
-                export_parquet(&r, &query, std::io::BufWriter::new(f), Some(cb))
-            })
-            .with_context(ctx)?;
+                export_parquet(&r, &query, std::io::BufWriter::new(sink), Some(cb))
+            });
+            let s = match s {
+                // The Parquet writer wraps the error: NotePipe noted it.
+                Err(_) if READER_GONE.load(std::sync::atomic::Ordering::Relaxed) => return Ok(()),
+                s => s.with_context(ctx)?,
+            };
             errln!(
                 "hotprobe: {} calls in {} row groups ({} argument columns): {}",
                 s.rows,
                 s.row_groups,
                 s.arg_columns,
-                p.display()
+                if stdout_out {
+                    "standard output".into()
+                } else {
+                    p.display().to_string()
+                }
             );
         }
         ExportFormat::Otlp => {
@@ -632,7 +700,7 @@ pub fn export_cmd(o: &ExportOptions<'_>) -> Result<()> {
             );
         }
         ExportFormat::Chrome | ExportFormat::Folded | ExportFormat::Svg | ExportFormat::Html => {
-            let mut sink: Box<dyn Write> = match o.out {
+            let mut sink: Box<dyn Write> = match o.out.filter(|_| !stdout_out) {
                 Some(p) => Box::new(std::io::BufWriter::new(
                     std::fs::File::create(p)
                         .with_context(|| format!("cannot create {}", p.display()))?,
@@ -652,15 +720,19 @@ pub fn export_cmd(o: &ExportOptions<'_>) -> Result<()> {
                     )
                 }),
                 ExportFormat::Folded => {
-                    match crate::stacks::captured_folded(o.dir, o.per_thread)? {
+                    match crate::stacks::captured_folded(&r, o.dir, &query, o.per_thread, "folded")?
+                    {
                         // `record --stacks`: the captured stacks, in calls.
-                        Some(text) => sink
-                            .write_all(text.as_bytes())
-                            .map(|()| format!("{} captured stacks", text.lines().count()))
-                            .map_err(|source| TraceError::Io {
-                                path: PathBuf::from("-"),
-                                source,
-                            }),
+                        Some(stacks) => {
+                            let text: String =
+                                stacks.iter().map(|(k, n)| format!("{k} {n}\n")).collect();
+                            sink.write_all(text.as_bytes())
+                                .map(|()| format!("{} captured stacks", stacks.len()))
+                                .map_err(|source| TraceError::Io {
+                                    path: PathBuf::from("-"),
+                                    source,
+                                })
+                        }
                         None => with_bar(&bar, |cb| {
                             export_folded_filtered(&r, &query, &mut sink, folded, Some(cb))
                         })
@@ -668,14 +740,26 @@ pub fn export_cmd(o: &ExportOptions<'_>) -> Result<()> {
                     }
                 }
                 _ => {
-                    let opts = FlameOptions {
-                        title: None,
-                        folded,
-                        html: o.format == ExportFormat::Html,
-                    };
-                    with_bar(&bar, |cb| {
-                        export_flamegraph(&r, &query, &opts, &mut sink, Some(cb))
-                    })
+                    let html = o.format == ExportFormat::Html;
+                    let what = if html { "html" } else { "svg" };
+                    match crate::stacks::captured_folded(&r, o.dir, &query, o.per_thread, what)? {
+                        // `record --stacks`: the same stacks and counts as
+                        // `--format folded`.
+                        Some(stacks) => {
+                            let title = format!("hotprobe: {}", r.info().target);
+                            draw_flamegraph(&stacks, &title, "calls", html, &mut sink)
+                        }
+                        None => {
+                            let opts = FlameOptions {
+                                title: None,
+                                folded,
+                                html,
+                            };
+                            with_bar(&bar, |cb| {
+                                export_flamegraph(&r, &query, &opts, &mut sink, Some(cb))
+                            })
+                        }
+                    }
                     .map(|s| format!("{} stacks", s.stacks))
                 }
             };
@@ -687,7 +771,7 @@ pub fn export_cmd(o: &ExportOptions<'_>) -> Result<()> {
                 Err(e) if e.kind() == ErrorKind::BrokenPipe => return Ok(()),
                 r => r.context("cannot write the output")?,
             }
-            if let Some(p) = o.out {
+            if let Some(p) = o.out.filter(|_| !stdout_out) {
                 errln!("hotprobe: {what}: {}", p.display());
             }
         }

@@ -59,11 +59,22 @@ pub enum Cmd {
     /// on Ctrl-C, or after --duration.
     #[command(group(ArgGroup::new("target").required(true).args(["pid", "cmd", "exe", "comm"])))]
     Count {
-        /// Probe specs: [module:]function[+off] | [module:]0xADDR | file.c:LINE,
-        /// with %return to count returns; `*` in a function name expands.
-        /// `'SPEC if CONDITION'` counts only the calls whose arguments satisfy
-        /// CONDITION: comparisons (== != < <= > >=) of arg0..arg5 and
-        /// integers, && || ! and parentheses (signed 64-bit).
+        /// Probe specs: [module:]function[+off] | [module:]0xADDR | file.c:LINE
+        /// | usdt:[MODULE:]PROVIDER:NAME (a USDT/SDT marker of the program
+        /// or a library; `list --usdt` lists them), with %return to count
+        /// returns (functions only); `*` in a function name expands.
+        ///
+        /// `'SPEC if CONDITION'` counts only the hits whose arguments satisfy
+        /// CONDITION: comparisons (== != < <= > >=) of two operands, joined
+        /// with && and ||, negated with !, grouped with parentheses;
+        /// compared as signed 64-bit integers. An operand is an integer
+        /// (decimal, or 0x hex; a leading - for negative), arg0..arg5 (the
+        /// argument registers rdi, rsi, rdx, rcx, r8, r9 at the function's
+        /// entry), a parameter name of the function from its DWARF (-g;
+        /// compared with its own size and signedness), or, on a usdt:
+        /// probe, arg1..argN (the marker's operands, as `list --usdt` shows
+        /// them). Examples: 'libc:malloc if arg0 >= 4096', 'greet if n > 2
+        /// && n != 7', 'usdt:demo:tick if arg1 > 3'.
         #[arg(required = true, value_name = "PROBE")]
         probes: Vec<String>,
         /// Attach to this running process.
@@ -176,7 +187,7 @@ pub enum Cmd {
     /// Show a live call tree of the given functions (like `uftrace replay`).
     #[command(group(ArgGroup::new("target").required(true).args(["pid", "cmd", "exe", "comm"])))]
     Trace {
-        /// Function specs: [module:]function | [module:]0xADDR; `*` expands.
+        /// Function specs: [module:]function | [module:]0xADDR | usdt:PROVIDER:NAME; `*` expands.
         #[arg(required = true, value_name = "PROBE")]
         probes: Vec<String>,
         /// Attach to this running process.
@@ -341,8 +352,9 @@ pub enum Cmd {
               value_parser = clap::value_parser!(u32).range(1..=4096))]
         max_threads: u32,
         /// Capture the user stack at each function entry and write the
-        /// stacks, counted and symbolized, into the trace (stacks.tsv):
-        /// `report --callers`, `export --format folded` read them.
+        /// stacks, counted and symbolized, into the trace (stacks.tsv, and
+        /// each call's in call_stacks.tsv): `report --callers`, `export
+        /// --format folded|svg|html` and `report --flame` read them.
         #[arg(long)]
         stacks: bool,
         /// Stop after recording this many seconds (counted from when the
@@ -416,13 +428,15 @@ pub enum Cmd {
         #[arg(long, value_enum)]
         format: ExportFormat,
         /// Output file (chrome, folded, svg, html: default stdout; parquet:
-        /// required) or directory (ctf; default DIR/ctf).
+        /// required) or directory (ctf; default DIR/ctf); `-` is standard
+        /// output (all but ctf).
         #[arg(short, long, value_name = "OUT")]
         output: Option<PathBuf>,
-        /// Folded, svg, html: count calls instead of self time in ns.
+        /// Folded, svg, html: count calls instead of self time in ns (the
+        /// captured stacks of `record --stacks`: always in calls).
         #[arg(long)]
         calls: bool,
-        /// Folded: start each stack with its thread (`tid-N`).
+        /// Folded, svg, html: start each stack with its thread (`tid-N`).
         #[arg(long)]
         per_thread: bool,
         /// Otlp: the OTLP/HTTP receiver, http://HOST[:PORT][/PREFIX] (port
@@ -740,8 +754,8 @@ pub struct ReportArgs {
     /// Sort by this column, descending (with --diff: by its change).
     #[arg(short = 's', long = "sort", value_enum, default_value_t = SortArg::Total)]
     pub sort: SortArg,
-    /// One table per thread.
-    #[arg(long, conflicts_with_all = ["phases", "diff", "hist", "flame"])]
+    /// One table per thread (with --callers: the callers per thread).
+    #[arg(long, visible_alias = "per-thread", conflicts_with_all = ["phases", "diff", "hist", "flame"])]
     pub task: bool,
     /// Compare with the trace in DIR2: per function, calls, total and self
     /// time of both and the change (DIR2 − DIR).
@@ -760,8 +774,9 @@ pub struct ReportArgs {
     pub json: bool,
     /// The callers of FUNC (a glob), from the stacks `record --stacks`
     /// captured: each direct caller with its calls, and the full stacks
-    /// through it.
-    #[arg(long, value_name = "FUNC", conflicts_with_all = ["phases", "diff", "hist", "flame", "task", "graph"])]
+    /// through it; of the calls the filters keep (-F, -N, -D, -t, --tid,
+    /// --since, --until), per thread with --task, as JSON with --json.
+    #[arg(long, value_name = "FUNC", conflicts_with_all = ["phases", "diff", "hist", "flame", "graph"])]
     pub callers: Option<String>,
     /// The call graph below FUNC (a glob) from the recorded call tree, as
     /// `uftrace graph` shows it: calls and total time of each callee path.

@@ -5,7 +5,10 @@
 
 use crate::out::{errln, outln};
 use hotprobe::trace::call_stacks::CallStacks;
+use hotprobe::trace::stacks::CapturedStack;
+use hotprobe::trace::{CompiledQuery, TraceReader};
 use hotprobe::{EventSink, Placement, RecordedEvent, Session, SinkError};
+use std::collections::BTreeMap;
 use std::collections::HashMap;
 
 /// Prints each probe's stacks: a block per stack, its count, then its
@@ -172,72 +175,255 @@ pub fn write_trace_stacks(
     Ok(())
 }
 
-/// The captured stacks of the trace in `dir`, counted in recorded calls
-/// where it has each call's (`call_stacks.tsv`), else as the target
-/// counted them (`stacks.tsv`); `None` without stacks.
-fn trace_stacks(
-    dir: &std::path::Path,
-) -> anyhow::Result<Option<Vec<hotprobe::trace::stacks::CapturedStack>>> {
+/// Stacks of one thread (`Some(tid)`) or of all (`None`), counted.
+type StackGroup = (Option<u32>, Vec<CapturedStack>);
+
+/// A trace's captured stacks, as it holds them.
+enum TraceStacks {
+    /// Each recorded call's (`call_stacks.tsv`): the filters apply.
+    Calls(hotprobe::trace::call_stacks::CallStacks),
+    /// Only as the target counted them (`stacks.tsv`: a trace recorded
+    /// with writer filters, or before trace format 5).
+    Counted(Vec<CapturedStack>),
+}
+
+/// The captured stacks of the trace in `dir`; `None` without stacks.
+fn read_trace_stacks(dir: &std::path::Path) -> anyhow::Result<Option<TraceStacks>> {
     use anyhow::Context;
-    let read =
-        |e| anyhow::Error::from(e).context(format!("cannot read the stacks of {}", dir.display()));
-    if let Some(calls) = hotprobe::trace::call_stacks::read_call_stacks(dir).map_err(read)? {
-        return Ok(Some(calls.counted()));
+    let ctx = || format!("cannot read the stacks of {}", dir.display());
+    if let Some(calls) = hotprobe::trace::call_stacks::read_call_stacks(dir).with_context(ctx)? {
+        return Ok(Some(TraceStacks::Calls(calls)));
     }
-    hotprobe::trace::stacks::read_stacks(dir)
-        .with_context(|| format!("cannot read the stacks of {}", dir.display()))
+    Ok(hotprobe::trace::stacks::read_stacks(dir)
+        .with_context(ctx)?
+        .map(TraceStacks::Counted))
+}
+
+/// The captured stacks of the calls `query` keeps, counted in calls: over
+/// all threads (one group, tid `None`) or per thread (`per_thread`);
+/// `None` when the trace in `dir` has no captured stacks. A trace with
+/// only the target's counts (`stacks.tsv`) is refused with filters or
+/// per thread: its stacks cannot be told apart by call or by thread.
+fn kept_stacks(
+    r: &TraceReader,
+    dir: &std::path::Path,
+    query: &CompiledQuery,
+    per_thread: bool,
+    what: &str,
+) -> anyhow::Result<Option<Vec<StackGroup>>> {
+    use anyhow::Context;
+    match read_trace_stacks(dir)? {
+        None => Ok(None),
+        Some(TraceStacks::Calls(calls)) => {
+            let kept = calls
+                .kept(r, query, None)
+                .with_context(|| format!("cannot filter the stacks of {}", dir.display()))?;
+            Ok(Some(if per_thread {
+                kept.counted_by_thread()
+                    .into_iter()
+                    .map(|(tid, s)| (Some(tid), s))
+                    .collect()
+            } else {
+                vec![(None, kept.counted())]
+            }))
+        }
+        Some(TraceStacks::Counted(stacks)) => {
+            let only = "has only the stacks the target counted (stacks.tsv), not each \
+                        call's (call_stacks.tsv: not written when the recorder's filters \
+                        left calls out, nor before trace format 5)";
+            if !query.keeps_all() {
+                anyhow::bail!(crate::UsageError(format!(
+                    "{what}: {} {only}: -F, -N, -D, -t, --tid, --since and --until cannot \
+                     apply to them; leave the filters out",
+                    dir.display()
+                )));
+            }
+            if per_thread {
+                anyhow::bail!(crate::UsageError(format!(
+                    "{what}: {} {only}: they are not split by thread; leave out \
+                     --per-thread",
+                    dir.display()
+                )));
+            }
+            Ok(Some(vec![(None, stacks)]))
+        }
+    }
+}
+
+/// `report --callers FUNC --json`: one group of callers.
+#[derive(serde::Serialize)]
+struct CallersJson {
+    /// The thread (per thread only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tid: Option<u32>,
+    callers: Vec<CallerJson>,
+}
+
+#[derive(serde::Serialize)]
+struct CallerJson {
+    function: String,
+    caller: String,
+    calls: u64,
+    paths: Vec<PathJson>,
+}
+
+#[derive(serde::Serialize)]
+struct PathJson {
+    /// Innermost first.
+    callers: Vec<String>,
+    truncated: bool,
+    calls: u64,
+}
+
+/// What `report --callers` prints.
+pub struct CallersOptions<'a> {
+    /// The glob of the called functions.
+    pub func: &'a str,
+    /// One table per thread.
+    pub per_thread: bool,
+    /// JSON instead of the table.
+    pub json: bool,
+    /// The filters, as given (for the JSON).
+    pub query: hotprobe::trace::Query,
 }
 
 /// `report --callers FUNC`: the direct callers of the functions matching
 /// the glob `func` in the stacks the trace in `dir` captured, most calls
-/// first, each with the full stacks through it.
-pub fn print_callers(dir: &std::path::Path, func: &str) -> anyhow::Result<()> {
-    let stacks = trace_stacks(dir)?;
-    let Some(stacks) = stacks else {
+/// first, each with the full stacks through it; of the calls `query`
+/// keeps, per thread or not, as a table or JSON.
+pub fn print_callers(
+    r: &TraceReader,
+    dir: &std::path::Path,
+    query: &CompiledQuery,
+    o: &CallersOptions<'_>,
+) -> anyhow::Result<()> {
+    let Some(groups) = kept_stacks(r, dir, query, o.per_thread, "--callers")? else {
         anyhow::bail!(
             "{} has no captured stacks: record with --stacks",
             dir.display()
         );
     };
-    let callers = hotprobe::trace::stacks::callers_of(&stacks, |f| {
-        hotprobe::symbols::pattern::matches(func, f)
-    });
-    if callers.is_empty() {
+    let func = o.func;
+    let groups: Vec<(Option<u32>, Vec<hotprobe::trace::stacks::Callers>)> = groups
+        .into_iter()
+        .map(|(tid, stacks)| {
+            let c = hotprobe::trace::stacks::callers_of(&stacks, |f| {
+                hotprobe::symbols::pattern::matches(func, f)
+            });
+            (tid, c)
+        })
+        .filter(|(tid, c)| tid.is_none() || !c.is_empty())
+        .collect();
+    if o.json {
+        let groups: Vec<CallersJson> = groups
+            .into_iter()
+            .map(|(tid, callers)| CallersJson {
+                tid,
+                callers: callers
+                    .into_iter()
+                    .map(|c| CallerJson {
+                        function: c.function,
+                        caller: c.caller,
+                        calls: c.count,
+                        paths: c
+                            .paths
+                            .into_iter()
+                            .map(|(callers, truncated, calls)| PathJson {
+                                callers,
+                                truncated,
+                                calls,
+                            })
+                            .collect(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        #[derive(serde::Serialize)]
+        struct J<'a> {
+            trace: &'a std::path::Path,
+            query: hotprobe::trace::Query,
+            callers_of: &'a str,
+            /// Without per thread: the one group's callers.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            callers: Option<Vec<CallerJson>>,
+            /// Per thread.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            threads: Option<Vec<CallersJson>>,
+        }
+        let (callers, threads) = if o.per_thread {
+            (None, Some(groups))
+        } else {
+            let one = groups.into_iter().next().map(|g| g.callers);
+            (Some(one.unwrap_or_default()), None)
+        };
+        let s = serde_json::to_string(&J {
+            trace: dir,
+            query: o.query.clone(),
+            callers_of: func,
+            callers,
+            threads,
+        })?;
+        outln!("{s}");
+        return Ok(());
+    }
+    if groups.iter().all(|(_, c)| c.is_empty()) {
         outln!("no call matches --callers {func}");
         return Ok(());
     }
-    outln!("{:>10}  CALLER -> FUNCTION", "CALLS");
-    for c in &callers {
-        outln!("{:>10}  {} -> {}", c.count, c.caller, c.function);
-        for (path, truncated, n) in &c.paths {
-            let more = if *truncated { " <- [truncated]" } else { "" };
-            outln!("{:>10}      {}{more}", n, path.join(" <- "));
+    for (i, (tid, callers)) in groups.iter().enumerate() {
+        if let Some(tid) = tid {
+            if i > 0 {
+                outln!();
+            }
+            let calls: u64 = callers.iter().map(|c| c.count).sum();
+            outln!("# thread {tid}: {calls} calls");
+        }
+        outln!("{:>10}  CALLER -> FUNCTION", "CALLS");
+        for c in callers {
+            outln!("{:>10}  {} -> {}", c.count, c.caller, c.function);
+            for (path, truncated, n) in &c.paths {
+                let more = if *truncated { " <- [truncated]" } else { "" };
+                outln!("{:>10}      {}{more}", n, path.join(" <- "));
+            }
         }
     }
     Ok(())
 }
 
-/// `export --format folded` of a trace with captured stacks (`record
-/// --stacks`): the stacks in folded form, counted in calls; `None` when
-/// the trace has none (the call tree is folded then).
-pub fn captured_folded(dir: &std::path::Path, per_thread: bool) -> anyhow::Result<Option<String>> {
-    let Some(stacks) = trace_stacks(dir)? else {
+/// The folded stacks (and what they count) that `export --format folded`,
+/// svg and html and `report --flame` draw from a trace with captured
+/// stacks (`record --stacks`): the stacks of the calls `query` keeps, in
+/// calls, each starting with `tid-N` per thread; `None` when the trace has
+/// none (the call tree is folded then).
+pub fn captured_folded(
+    r: &TraceReader,
+    dir: &std::path::Path,
+    query: &CompiledQuery,
+    per_thread: bool,
+    what: &str,
+) -> anyhow::Result<Option<BTreeMap<String, u64>>> {
+    let Some(groups) = kept_stacks(r, dir, query, per_thread, what)? else {
         return Ok(None);
     };
-    if per_thread {
-        errln!("hotprobe: --per-thread: captured stacks are counted over all threads; folding the call tree");
-        return Ok(None);
+    errln!("hotprobe: {what}: from the captured stacks (record --stacks), in calls");
+    let mut all = BTreeMap::new();
+    for (tid, stacks) in groups {
+        let prefix = tid.map(|t| format!("tid-{t}"));
+        for (k, n) in hotprobe::trace::stacks::folded_map(&stacks, prefix.as_deref()) {
+            *all.entry(k).or_default() += n;
+        }
     }
-    errln!("hotprobe: folded from the captured stacks (record --stacks), in calls");
-    Ok(Some(hotprobe::trace::stacks::folded_stacks(&stacks)))
+    Ok(Some(all))
 }
 
 /// `report --graph FUNC`: the call graph below the functions matching the
-/// glob `func`, from the recorded call tree.
+/// glob `func`, from the recorded call tree; as JSON (with the filters
+/// `json` gives) when asked.
 pub fn print_graph(
     r: &hotprobe::trace::TraceReader,
     query: &hotprobe::trace::CompiledQuery,
     func: &str,
+    json: Option<&hotprobe::trace::Query>,
 ) -> anyhow::Result<()> {
     let roots = hotprobe::trace::graph::call_graph(
         r,
@@ -245,6 +431,23 @@ pub fn print_graph(
         |f| hotprobe::symbols::pattern::matches(func, f),
         None,
     )?;
+    if let Some(q) = json {
+        #[derive(serde::Serialize)]
+        struct J<'a> {
+            trace: &'a std::path::Path,
+            query: &'a hotprobe::trace::Query,
+            graph_of: &'a str,
+            graphs: &'a [hotprobe::trace::graph::GraphNode],
+        }
+        let s = serde_json::to_string(&J {
+            trace: r.dir(),
+            query: q,
+            graph_of: func,
+            graphs: &roots,
+        })?;
+        outln!("{s}");
+        return Ok(());
+    }
     if roots.is_empty() {
         outln!("no call matches --graph {func}");
         return Ok(());

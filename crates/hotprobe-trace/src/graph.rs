@@ -9,7 +9,7 @@ use crate::query::CompiledQuery;
 use crate::reader::TraceReader;
 
 /// One node of a call graph: a function reached by one path from a root.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct GraphNode {
     /// The function's name.
     pub function: String,

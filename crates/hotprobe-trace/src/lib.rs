@@ -40,6 +40,7 @@ mod reader;
 mod replay;
 mod report;
 pub mod stacks;
+mod stacks_tsv;
 mod summary;
 mod symbols;
 mod values;
@@ -54,13 +55,13 @@ pub use analysis::{
 };
 pub use error::{Result, TraceError};
 pub use event::{Args, EventKind, Record, TimeBase, TraceEvent, MAX_ARGS};
+#[cfg(feature = "flamegraph")]
+pub use export::{draw_flamegraph, export_flamegraph, FlameOptions, FlameStats};
 pub use export::{
     export_chrome, export_chrome_filtered, export_ctf, export_ctf_filtered, export_folded,
     export_folded_filtered, folded_stacks, value_string, ChromeStats, CtfStats, FoldedOptions,
     FoldedValue,
 };
-#[cfg(feature = "flamegraph")]
-pub use export::{export_flamegraph, FlameOptions, FlameStats};
 #[cfg(feature = "otlp")]
 pub use export::{export_otlp, OtlpOptions, OtlpSignal, OtlpStats};
 #[cfg(feature = "parquet")]

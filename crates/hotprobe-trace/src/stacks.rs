@@ -10,11 +10,11 @@
 //! `report --callers` and `export --format folded` read them. The file is
 //! untrusted input: a malformed line is an error naming it, never a panic.
 
-use std::io::{BufRead, BufReader, Write};
+use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::error::{Result, TraceError};
-use crate::files::{check_regular, open_regular};
+use crate::error::Result;
+use crate::stacks_tsv::{format_stack, parse_number, parse_stack, read_tsv, write_tsv};
 
 /// The file's name in a trace directory.
 pub const STACKS_FILE: &str = "stacks.tsv";
@@ -33,80 +33,38 @@ pub struct CapturedStack {
     pub count: u64,
 }
 
-/// A name as one field: no tab, newline or `;` (the separators).
-fn clean(s: &str) -> String {
-    s.replace(['\t', '\n', '\r', ';'], " ")
-}
-
 /// Writes `stacks` to `dir/stacks.tsv`.
 pub fn write_stacks(dir: &Path, stacks: &[CapturedStack]) -> Result<()> {
-    let path = dir.join(STACKS_FILE);
-    let mut s = String::from(HEADER);
-    s.push('\n');
+    let mut s = String::new();
     for st in stacks {
-        let callers: Vec<String> = st.callers.iter().map(|c| clean(c)).collect();
         s.push_str(&format!(
-            "{}\t{}\t{}\t{}\n",
+            "{}\t{}\n",
             st.count,
-            u8::from(st.truncated),
-            clean(&st.function),
-            callers.join(";")
+            format_stack(&st.function, &st.callers, st.truncated)
         ));
     }
-    let mut f = std::fs::File::create(&path).map_err(|e| TraceError::io(&path, e))?;
-    f.write_all(s.as_bytes())
-        .and_then(|()| f.sync_all())
-        .map_err(|e| TraceError::io(&path, e))
+    write_tsv(&dir.join(STACKS_FILE), HEADER, &s)
 }
 
 /// The stacks of the trace in `dir`; `None` when it has none (recorded
 /// without `--stacks`, or by a version before 4).
 pub fn read_stacks(dir: &Path) -> Result<Option<Vec<CapturedStack>>> {
-    let path = dir.join(STACKS_FILE);
-    if !check_regular(&path)? {
-        return Ok(None);
-    }
-    let f = open_regular(&path)?;
     let mut out = Vec::new();
-    for (i, line) in BufReader::new(f).lines().enumerate() {
-        let line = line.map_err(|e| TraceError::io(&path, e))?;
-        let bad = |what: &str| TraceError::Symbols {
-            path: path.clone(),
-            line: i + 1,
-            what: what.to_string(),
-        };
-        if i == 0 {
-            if line != HEADER {
-                return Err(bad("not the header of stacks.tsv"));
-            }
-            continue;
-        }
-        let mut f = line.split('\t');
-        let (Some(count), Some(trunc), Some(function), Some(callers), None) =
-            (f.next(), f.next(), f.next(), f.next(), f.next())
-        else {
+    let found = read_tsv(&dir.join(STACKS_FILE), HEADER, |f, bad| {
+        let [count, trunc, function, callers] = f else {
             return Err(bad("not 4 tab-separated fields"));
         };
-        let count = count.parse().map_err(|_| bad("count is not a number"))?;
-        let truncated = match trunc {
-            "0" => false,
-            "1" => true,
-            _ => return Err(bad("truncated is not 0 or 1")),
-        };
-        if function.is_empty() {
-            return Err(bad("no function"));
-        }
+        let count = parse_number(count, "count is not a number", bad)?;
+        let (function, callers, truncated) = parse_stack(trunc, function, callers, bad)?;
         out.push(CapturedStack {
-            function: function.to_string(),
-            callers: match callers {
-                "" => Vec::new(),
-                c => c.split(';').map(str::to_string).collect(),
-            },
+            function,
+            callers,
             truncated,
             count,
         });
-    }
-    Ok(Some(out))
+        Ok(())
+    })?;
+    Ok(found.then_some(out))
 }
 
 /// The stacks in folded form (`outermost;…;caller;function count`, one
@@ -114,9 +72,20 @@ pub fn read_stacks(dir: &Path) -> Result<Option<Vec<CapturedStack>>> {
 /// names are equal are added up. A truncated stack starts with
 /// `[truncated]`.
 pub fn folded_stacks(stacks: &[CapturedStack]) -> String {
-    let mut lines: std::collections::BTreeMap<String, u64> = Default::default();
+    folded_map(stacks, None)
+        .into_iter()
+        .map(|(k, n)| format!("{k} {n}\n"))
+        .collect()
+}
+
+/// [`folded_stacks`] as a map from the folded stack to its count, each
+/// stack starting with `prefix` (`tid-N`) when one is given; what a
+/// flame graph of the stacks draws.
+pub fn folded_map(stacks: &[CapturedStack], prefix: Option<&str>) -> BTreeMap<String, u64> {
+    let mut lines: BTreeMap<String, u64> = BTreeMap::new();
     for s in stacks {
         let mut frames: Vec<&str> = Vec::new();
+        frames.extend(prefix);
         if s.truncated {
             frames.push("[truncated]");
         }
@@ -125,9 +94,6 @@ pub fn folded_stacks(stacks: &[CapturedStack]) -> String {
         *lines.entry(frames.join(";")).or_default() += s.count;
     }
     lines
-        .into_iter()
-        .map(|(k, n)| format!("{k} {n}\n"))
-        .collect()
 }
 
 /// The direct callers of `function` (a glob, see [`crate::filter`]'s

@@ -83,3 +83,86 @@ fn fuzz_call_stacks_tsv() {
         });
     assert!(report.accepted > 0, "{report:?}");
 }
+
+mod common;
+
+/// `CallStacks::kept`: under every filter, the calls it keeps are those
+/// `report` counts, function by function (each call's stack here is its
+/// function's own, numbered as the recorder numbers entries), on a
+/// synthetic trace of four threads with recursion, nesting and hits.
+#[test]
+fn kept_calls_are_the_calls_report_keeps() {
+    use hotprobe_trace::{report_filtered, Query, Record, TraceReader};
+    use std::collections::BTreeMap;
+    let dir = tmp("call-stacks-kept");
+    common::standard_trace(&dir, false);
+    let r = TraceReader::open(&dir).unwrap();
+    // Each entry (entry and call records, from 1 per thread) gets the
+    // stack of its function.
+    let mut cs = CallStacks::default();
+    for s in r.streams() {
+        let mut n = 0;
+        for rec in r.thread(s.tid).unwrap() {
+            if let Record::Entry { probe, .. } | Record::Call { probe, .. } = rec.unwrap() {
+                n += 1;
+                let name = r.symbols().name(probe).to_string();
+                cs.stacks.insert(probe, (name, Vec::new(), false));
+                cs.calls.insert((s.tid, n), probe);
+            }
+        }
+    }
+    let tids: Vec<u32> = r.streams().iter().map(|s| s.tid).collect();
+    let queries = [
+        Query::all(),
+        Query {
+            filter: vec!["fib".into()],
+            ..Query::all()
+        },
+        Query {
+            notrace: vec!["func_1*".into()],
+            ..Query::all()
+        },
+        Query {
+            max_depth: Some(2),
+            ..Query::all()
+        },
+        Query {
+            min_duration_ns: Some(500),
+            ..Query::all()
+        },
+        Query {
+            tids: vec![tids[1]],
+            filter: vec!["func_*".into()],
+            ..Query::all()
+        },
+        Query {
+            since_ns: Some(2_000),
+            until_ns: Some(20_000),
+            ..Query::all()
+        },
+    ];
+    for q in queries {
+        let c = q.compile(&r).unwrap();
+        let kept = cs.kept(&r, &c, None).unwrap();
+        let mut got: BTreeMap<String, u64> = BTreeMap::new();
+        for s in kept.counted() {
+            *got.entry(s.function).or_default() += s.count;
+        }
+        let want: BTreeMap<String, u64> = report_filtered(&r, &c, None)
+            .unwrap()
+            .rows
+            .into_iter()
+            .filter(|row| row.calls > 0)
+            .map(|row| (row.name, row.calls))
+            .collect();
+        assert!(!want.is_empty(), "{q:?} keeps nothing: a weak case");
+        assert_eq!(got, want, "{q:?}");
+        // Per thread: the same calls, split by thread.
+        let by: u64 = kept
+            .counted_by_thread()
+            .iter()
+            .flat_map(|(_, s)| s.iter().map(|s| s.count))
+            .sum();
+        assert_eq!(by, want.values().sum::<u64>(), "{q:?}");
+    }
+}

@@ -4,6 +4,9 @@
 /// `hotprobe record` runs and `info` of their traces.
 pub mod record;
 
+/// calls.c's log and recorded runs, for analyse_cli.rs and export_cli.rs.
+pub mod calls_log;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 

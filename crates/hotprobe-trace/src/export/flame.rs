@@ -6,6 +6,7 @@
 //! page only wraps it: the same SVG without its XML prologue, inline in the
 //! body, full window width.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 
 use inferno::flamegraph::{self, Options};
@@ -46,8 +47,30 @@ pub fn export_flamegraph(
     out: &mut impl Write,
     progress: Progress<'_>,
 ) -> Result<FlameStats> {
-    let io = |e: std::io::Error| TraceError::io("<flame graph output>", e);
     let stacks = folded_stacks(reader, query, opts.folded, progress)?;
+    let title = opts
+        .title
+        .clone()
+        .unwrap_or_else(|| format!("hotprobe: {}", reader.info().target));
+    let count_name = match opts.folded.value {
+        FoldedValue::SelfNs => "ns",
+        FoldedValue::Calls => "calls",
+    };
+    draw_flamegraph(&stacks, &title, count_name, opts.html, out)
+}
+
+/// Draws folded `stacks` (stack `a;b;c` → value, as [`folded_stacks`]
+/// gives them) as a flame graph titled `title`, values in `count_name`
+/// (SVG, or HTML with `html`). No stack is an error (there is nothing to
+/// draw).
+pub fn draw_flamegraph(
+    stacks: &BTreeMap<String, u64>,
+    title: &str,
+    count_name: &str,
+    html: bool,
+    out: &mut impl Write,
+) -> Result<FlameStats> {
+    let io = |e: std::io::Error| TraceError::io("<flame graph output>", e);
     if stacks.is_empty() {
         return Err(TraceError::Invalid(
             "no calls to draw (nothing recorded, or the filters kept nothing)".into(),
@@ -55,14 +78,8 @@ pub fn export_flamegraph(
     }
     let lines: Vec<String> = stacks.iter().map(|(k, v)| format!("{k} {v}")).collect();
     let mut o = Options::default();
-    o.title = opts
-        .title
-        .clone()
-        .unwrap_or_else(|| format!("hotprobe: {}", reader.info().target));
-    o.count_name = match opts.folded.value {
-        FoldedValue::SelfNs => "ns".into(),
-        FoldedValue::Calls => "calls".into(),
-    };
+    o.title = title.to_string();
+    o.count_name = count_name.to_string();
     o.name_type = "Function:".into();
     // Colours from the names: the same function has the same colour in
     // every graph.
@@ -70,7 +87,7 @@ pub fn export_flamegraph(
     o.deterministic = true;
     let mut svg = Vec::new();
     flamegraph::from_lines(&mut o, lines.iter().map(String::as_str), &mut svg).map_err(io)?;
-    if opts.html {
+    if html {
         let svg = String::from_utf8_lossy(&svg);
         let body = svg.find("<svg").map_or(&*svg, |i| &svg[i..]);
         write!(

@@ -15,7 +15,7 @@ mod parquet;
 pub use chrome::{export_chrome, export_chrome_filtered, value_string, ChromeStats};
 pub use ctf::{export_ctf, export_ctf_filtered, CtfStats};
 #[cfg(feature = "flamegraph")]
-pub use flame::{export_flamegraph, FlameOptions, FlameStats};
+pub use flame::{draw_flamegraph, export_flamegraph, FlameOptions, FlameStats};
 pub use folded::{
     export_folded, export_folded_filtered, folded_stacks, FoldedOptions, FoldedValue,
 };
