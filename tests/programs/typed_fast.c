@@ -3,7 +3,8 @@
  * as "CALL name(args) = ret" so that a test compares what hotprobe shows
  * with what the program saw.  argv[1]: calls per function.  The last call
  * of tag() passes a pointer into unmapped memory (never dereferenced);
- * then a string longer than the 128 bytes copied, and one whose bytes run
+ * then a string longer than the 128 bytes copied, one of exactly 128 bytes
+ * (whole), and one whose bytes run
  * into an unmapped page before any NUL (shown cut, "..."). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +53,12 @@ int main(int argc, char **argv) {
     big[200] = 0;
     int r = slen(big);
     printf("CALL slen(\"%.128s\"...) = %d\n", big, r);
+    /* Exactly the 128 bytes copied, its NUL right after: whole, not cut. */
+    char exact[129];
+    memset(exact, 'x', 128);
+    exact[128] = 0;
+    r += slen(exact);
+    printf("CALL slen(\"%s\") = %d\n", exact, 128);
     char *pg = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (pg == MAP_FAILED || munmap(pg + 4096, 4096) != 0)
         return 1;

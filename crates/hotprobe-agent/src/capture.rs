@@ -240,13 +240,14 @@ fn run_item(it: &CaptureItem, base: Option<u64>, mem: &Memory, w: &mut DataWrite
 /// The string record of the NUL-terminated string at `addr`: at most
 /// [`CAPTURE_STRING_MAX`] bytes, flagged cut when no NUL came first (the
 /// limit, or unreadable memory after some bytes); unreadable when not
-/// even its first byte is.
+/// even its first byte is. One byte more than the limit is read, so that
+/// a string of exactly the limit (its NUL right after) is whole.
 #[inline(always)]
 fn string(addr: u64, mem: &Memory, w: &mut DataWriter<'_>) {
-    let mut buf = MaybeUninit::<[u8; CAPTURE_STRING_MAX]>::uninit();
+    let mut buf = MaybeUninit::<[u8; CAPTURE_STRING_MAX + 1]>::uninit();
     let b = buf.as_mut_ptr().cast::<u8>();
-    // SAFETY: `buf` holds CAPTURE_STRING_MAX bytes.
-    let got = unsafe { mem.string_bytes(addr, b, CAPTURE_STRING_MAX) };
+    // SAFETY: `buf` holds CAPTURE_STRING_MAX + 1 bytes.
+    let got = unsafe { mem.string_bytes(addr, b, CAPTURE_STRING_MAX + 1) };
     if got == 0 {
         w.byte(2);
         w.word(addr);
@@ -262,6 +263,7 @@ fn string(addr: u64, mem: &Memory, w: &mut DataWriter<'_>) {
         }
         len += 1;
     }
+    let len = len.min(CAPTURE_STRING_MAX);
     w.byte(1);
     w.byte(cut as u8);
     w.byte(len as u8);

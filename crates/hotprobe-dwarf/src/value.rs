@@ -106,14 +106,17 @@ fn eval(f: &Fetch, m: &mut dyn Machine) -> Result<u64, Option<u64>> {
 }
 
 fn read_string(m: &mut dyn Machine, addr: u64, out: &mut Vec<u8>) {
-    let mut buf = [0u8; MAX_STRING];
+    // One byte past the limit: a string of exactly MAX_STRING bytes (its
+    // NUL right after) is whole, not cut.
+    const READ: usize = MAX_STRING + 1;
+    let mut buf = [0u8; READ];
     let mut len = 0;
     let mut truncated = true;
-    while len < MAX_STRING {
+    while len < READ {
         let a = addr.wrapping_add(len as u64);
         // Never cross into a page that may be unmapped in one read.
         let room = (0x1000 - (a & 0xfff)) as usize;
-        let mut n = room.min(MAX_STRING - len).min(64);
+        let mut n = room.min(READ - len).min(64);
         // A target that refuses a read running past what it has mapped
         // (a guest's page tables, a short mapping) gets shorter ones.
         while !m.read(a, &mut buf[len..len + n]) {
@@ -135,6 +138,7 @@ fn read_string(m: &mut dyn Machine, addr: u64, out: &mut Vec<u8>) {
         }
         len += n;
     }
+    let len = len.min(MAX_STRING);
     out.push(1);
     out.push(truncated as u8);
     out.extend_from_slice(&(len as u16).to_le_bytes());
@@ -602,6 +606,26 @@ mod tests {
         );
         let v = format_values(&shapes[..1], &data).unwrap();
         assert_eq!(v[0], format!("\"{}\"...", "y".repeat(MAX_STRING)));
+        // Exactly the limit (its NUL right after) is whole; one more is cut.
+        for (n, want) in [
+            (MAX_STRING, format!("\"{}\"", "z".repeat(MAX_STRING))),
+            (MAX_STRING + 1, format!("\"{}\"...", "z".repeat(MAX_STRING))),
+        ] {
+            let mut m = Fake {
+                mem: vec![(0x1000, {
+                    let mut l = vec![b'z'; n];
+                    l.push(0);
+                    l
+                })],
+            };
+            let mut data = Vec::new();
+            capture(
+                &[Fetch::Str(Box::new(Fetch::Reg(Source::IntArg(0))))],
+                &mut m,
+                &mut data,
+            );
+            assert_eq!(format_values(&shapes[..1], &data).unwrap()[0], want);
+        }
         // Bytes that do not match are an error, not a panic.
         assert!(format_values(&shapes, &data[..3]).is_err());
         assert!(Shape::decode_list("a=i3").is_err());
