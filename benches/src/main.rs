@@ -167,6 +167,13 @@ enum What {
         #[arg(long, default_value_t = 9)]
         runs: usize,
     },
+    /// `report`'s times with the probes' costs taken out against the
+    /// program's own measure (issue 23, true timings).
+    Truetimes {
+        /// Recordings (the median is reported).
+        #[arg(long, default_value_t = 9)]
+        runs: usize,
+    },
     /// One measurement of `scale`, in a process of its own (internal).
     #[command(hide = true)]
     ScaleOne {
@@ -180,6 +187,7 @@ enum What {
 mod handlers;
 mod stock;
 mod threadstart;
+mod truetimes;
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
@@ -196,6 +204,7 @@ fn main() -> Result<()> {
             calls,
             runs,
         } => threadstart::run_all(threads, calls, runs),
+        What::Truetimes { runs } => truetimes::run_all(runs),
         What::Handlers { cpu, hits, runs } => handlers::run(cpu, hits, runs),
         What::Scale {
             n,
