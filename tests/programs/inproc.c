@@ -10,10 +10,12 @@
  * two int3s of its own: its handler must see both (argv[3] "signal":
  * installed with signal() instead). Prints the sum of every result and
  * the number of its own traps. */
+#define _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <ucontext.h>
 
 int bias = 1000;
 
@@ -40,10 +42,19 @@ static void on_trap_plain(int sig) {
     own_traps++;
 }
 
+/* What each of the first traps the handler saw was (si_code, address),
+ * printed at the end: a trap of hotprobe's that reached the program says
+ * which it was. */
+static volatile int trap_codes[4];
+static volatile unsigned long trap_rips[4];
+
 static void on_trap(int sig, siginfo_t *si, void *uc) {
     (void)sig;
-    (void)si;
-    (void)uc;
+    int n = own_traps;
+    if (n < 4) {
+        trap_codes[n] = si->si_code;
+        trap_rips[n] = (unsigned long)((ucontext_t *)uc)->uc_mcontext.gregs[REG_RIP];
+    }
     own_traps++;
 }
 
@@ -89,5 +100,7 @@ int main(int argc, char **argv) {
     __asm__ volatile("int3");
     printf("total %ld\n", total);
     printf("own traps %d\n", (int)own_traps);
+    for (int i = 0; i < own_traps && i < 4; i++)
+        printf("trap %d: si_code %d at %#lx\n", i, trap_codes[i], trap_rips[i]);
     return 0;
 }
