@@ -59,13 +59,20 @@ fn calls_ptrace(pid: i32) -> bool {
         .any(|s| s.is_undefined() && s.name() == Ok("ptrace"))
 }
 
-/// Whether `e` says a spec names nothing in this image (a function it does
-/// not have): with exec followed, such a spec waits for the next image.
-fn names_nothing_here(e: &EngineError) -> bool {
-    matches!(
-        e,
-        EngineError::Symbol(hotprobe_symbols::SymbolError::SymbolNotFound { .. })
-    )
+/// Whether `e` says `spec` names nothing in this image (a function it
+/// does not have, or for a `usdt:` spec a marker no loaded module has):
+/// with exec followed, such a spec waits for the next image.
+fn names_nothing_here(spec: &str, e: &EngineError) -> bool {
+    use hotprobe_symbols::SymbolError as S;
+    match e {
+        EngineError::Symbol(S::SymbolNotFound { .. }) => true,
+        // The resolver's only refusal of a marker spec whose module is
+        // known: no such marker in it.
+        EngineError::Symbol(S::Unprobeable { .. }) => {
+            spec.starts_with(hotprobe_symbols::USDT_PREFIX)
+        }
+        _ => false,
+    }
 }
 
 impl Session {
@@ -111,7 +118,7 @@ impl Session {
             });
         }
         match added {
-            Err(e) if names_nothing_here(&e) => {
+            Err(e) if names_nothing_here(spec, &e) => {
                 let is_return = spec.ends_with("%return");
                 let (p, rp) = self.trap_form(t, is_return, record, None, true)?;
                 let slot = self.slot(t)?;
@@ -147,6 +154,8 @@ impl Session {
     /// mechanism, before it runs on. What cannot be placed is said in a
     /// notice.
     pub(super) fn follow_exec(&mut self, i: usize) {
+        // The old image's stacks stay named with its modules.
+        self.retire_stacks(i);
         if !self.slots[i].hold_at_exec {
             return;
         }
@@ -236,7 +245,9 @@ impl Session {
                     }
                     p
                 })),
-                Err(e) if names_nothing_here(&e) || not_loaded(&e) => missing.push(s.spec.clone()),
+                Err(e) if names_nothing_here(&s.spec, &e) || not_loaded(&e) => {
+                    missing.push(s.spec.clone())
+                }
                 Err(e) => self.slots[i].notice(format!(
                     "pid {pid} executed {}: cannot probe {}: {e}",
                     path.display(),

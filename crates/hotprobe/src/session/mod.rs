@@ -436,6 +436,8 @@ pub struct Session {
     exec_images: Vec<ExecImage>,
     /// Inside [`Session::follow_exec`]: specs are not remembered again.
     placing_exec: bool,
+    /// The stack tables of images processes left at an exec (`stacks.rs`).
+    retired_stacks: Vec<stacks::RetiredStacks>,
     /// How many of `exec_images` the sink was told of.
     exec_announced: usize,
     /// Processes that start later (`newproc.rs`).
@@ -476,6 +478,7 @@ impl Session {
             exec_specs: Vec::new(),
             exec_images: Vec::new(),
             placing_exec: false,
+            retired_stacks: Vec::new(),
             exec_announced: 0,
             new_processes: None,
             recording_new: false,
