@@ -15,6 +15,9 @@ use super::*;
 /// A program a followed process executed, and the probes placed in it.
 #[derive(Clone, Debug)]
 pub struct ExecImage {
+    /// Its place in [`Session::exec_images`] (the `image` its
+    /// [`ExecPlacing`] had).
+    pub index: usize,
     /// The process.
     pub pid: i32,
     /// Its command name after the exec (the kernel's 15-character `comm`).
@@ -27,13 +30,37 @@ pub struct ExecImage {
     pub missing: Vec<String>,
 }
 
+/// The image a followed exec's probes are being placed in, as an
+/// [`ExecCapture`] is told of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExecPlacing {
+    /// The process (stopped at its exec: its maps are the new image's).
+    pub pid: i32,
+    /// The [`ExecImage::index`] the image will have.
+    pub image: usize,
+}
+
+/// Gives, for each image a followed process executes, the
+/// [`CaptureChooser`] of one spec's probes placed there (what
+/// [`Session::set_capture`] was for the spec in the first image, made
+/// again for this process: a chooser that reads a process's DWARF or
+/// notes per address needs the new one's).
+pub type ExecCapture = Rc<dyn Fn(&ExecPlacing) -> Option<CaptureChooser>>;
+
 /// A `Count` or `Record` spec given to the session, placed again in each
 /// image a followed process executes.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub(super) struct ExecSpec {
     pub(super) spec: String,
     pub(super) record: bool,
+    /// The capture chooser of its probes in each new image.
+    pub(super) capture: Option<ExecCapture>,
 }
+
+/// The [`Placement::execution`] of a spec that names nothing in the
+/// first image, placed in each program a followed process executes: a
+/// placeholder, never hit itself.
+pub const AT_EXEC: &str = "at exec";
 
 /// The kernel's command name of `pid` (empty when it cannot be read).
 pub(super) fn comm_of(pid: i32) -> String {
@@ -97,6 +124,15 @@ impl Session {
             .map(|s| s.first_comm.clone())
     }
 
+    /// The capture of the specs added next, in each image a followed
+    /// process executes (see [`ExecCapture`]): kept with each spec as
+    /// [`Session::set_capture`]'s chooser is for its first placement.
+    /// Without one, the probes placed at an exec capture nothing beyond
+    /// their registers.
+    pub fn set_exec_capture(&mut self, capture: Option<ExecCapture>) {
+        self.exec_capture = capture;
+    }
+
     /// Remembers a `Count`/`Record` spec for the images to come; with
     /// exec followed, a spec that names nothing in this image (a function
     /// of a program the process will execute) is a placement waiting for
@@ -115,6 +151,7 @@ impl Session {
             self.exec_specs.push(ExecSpec {
                 spec: spec.to_string(),
                 record,
+                capture: self.exec_capture.clone(),
             });
         }
         match added {
@@ -138,7 +175,7 @@ impl Session {
                             "not in {comm} ({e}): placed in each program a followed process \
                              executes"
                         ),
-                        execution: "at exec".into(),
+                        execution: AT_EXEC.into(),
                         entry_only: None,
                     }],
                     ..Added::default()
@@ -232,13 +269,21 @@ impl Session {
         self.placing_exec = true;
         let mut placements = Vec::new();
         let mut missing = Vec::new();
+        let placing = ExecPlacing {
+            pid,
+            image: self.exec_images.len(),
+        };
         for s in self.exec_specs.clone() {
             let action = if s.record {
                 Action::Record
             } else {
                 Action::Count
             };
-            match self.add_using(t, &s.spec, action, MechanismChoice::Trap) {
+            let chooser = s.capture.as_ref().and_then(|f| f(&placing));
+            let first = std::mem::replace(&mut self.capture, chooser);
+            let added = self.add_using(t, &s.spec, action, MechanismChoice::Trap);
+            self.capture = first;
+            match added {
                 Ok(a) => placements.extend(a.placements.into_iter().map(|mut p| {
                     if p.mechanism == Mechanism::Trap {
                         p.reason = "a program taken at its exec: traps (no agent in it)".into();
@@ -268,6 +313,7 @@ impl Session {
         );
         self.slots[i].notice(msg);
         self.exec_images.push(ExecImage {
+            index: placing.image,
             pid,
             comm,
             path,
