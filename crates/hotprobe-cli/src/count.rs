@@ -21,8 +21,8 @@ use crate::out::errln;
 use crate::session::{print_table_with, TableExtras, Traced};
 use anyhow::{bail, Context, Result};
 use hotprobe::agg::{AggKey, AggSink, AggSource, AggSpec, AggTable};
-use hotprobe::{Action, CountSink, FastPathConfig, MechanismChoice, Placement, SessionConfig};
 use hotprobe::typed::Typing;
+use hotprobe::{Action, CountSink, FastPathConfig, MechanismChoice, Placement, SessionConfig};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -261,8 +261,11 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         let named = !s.usdt && matches!(&s.cond, Some((_, None)))
             || matches!(o.agg.as_ref().map(|a| &a.source), Some(AggSource::Name(_)));
         if o.follow_exec {
-            t.session
-                .set_exec_capture(exec_notes.capture(&s.probe, s.usdt && s.cond.is_some(), named));
+            t.session.set_exec_capture(exec_notes.capture(
+                &s.probe,
+                s.usdt && s.cond.is_some(),
+                named,
+            ));
         }
         if s.usdt && s.cond.is_some() {
             let args = usdt_args.clone();
@@ -652,7 +655,11 @@ impl ExecNotes {
             return Err(format!(
                 "{} is not loaded yet: the condition names {}, which are read when it is placed",
                 p.module,
-                if usdt { "marker arguments" } else { "parameters" }
+                if usdt {
+                    "marker arguments"
+                } else {
+                    "parameters"
+                }
             ));
         }
         if usdt {
@@ -661,7 +668,11 @@ impl ExecNotes {
             let args = args.ok_or_else(|| "its marker's arguments were not noted".to_string())?;
             return hotprobe::cond::usdt_cond(text, &args).map_err(|e| e.to_string());
         }
-        let typing = self.typings.borrow().get(&(image, spec.to_string())).cloned();
+        let typing = self
+            .typings
+            .borrow()
+            .get(&(image, spec.to_string()))
+            .cloned();
         let typing = typing.ok_or_else(|| "its parameters were not noted".to_string())?;
         crate::cond::named_cond(&typing, p, text).map_err(|e| e.to_string())
     }

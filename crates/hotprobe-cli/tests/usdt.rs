@@ -350,3 +350,35 @@ fn markers_are_placed_in_each_program_a_shell_executes() {
         assert_eq!(of("usdt:demo:done"), [1, 1], "{shell}: {}", t.all);
     }
 }
+
+/// A condition on a marker's arguments under `-f`, across exec: compiled
+/// in each program the shell executes from that program's note (the
+/// trap there records the marker's hits with their arguments). Passes
+/// with i > 3: 3 of 7 (4, 5, 6), 1 of 5 (4); with the constant operand
+/// compared too.
+#[test]
+fn conditions_on_marker_arguments_follow_exec() {
+    let bin = sdt_demo();
+    let script = format!("{b} 7; {b} 5", b = bin.display());
+    for cond in ["arg1 > 3", "arg1 > 3 && arg3 == 42"] {
+        let spec = format!("usdt:demo:tick if {cond}");
+        let out = hotprobe_within(&["count", "-f", &spec, "--", "sh", "-c", &script], LIMIT);
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "{cond}: {stderr}");
+        assert_eq!(program_output(&stdout), "acc=21\nacc=10\n", "{stderr}");
+        assert_eq!(logged(&stderr).len(), 12, "every pass guarded: {stderr}");
+        let t = CountTable::parse(&stdout, &stderr);
+        let (comm, hits) = (t.col("COMM"), t.col("HITS"));
+        let got: Vec<u64> = t
+            .rows_of("usdt:demo:tick")
+            .into_iter()
+            .filter(|r| r[comm] == "sdt_demo")
+            .map(|r| r[hits].parse().unwrap())
+            .collect();
+        assert_eq!(got.len(), 2, "{cond}: {}", t.all);
+        let mut sorted = got.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, [1, 3], "{cond}: {}", t.all);
+        assert!(!stderr.contains("not counted"), "{cond}: {stderr}");
+    }
+}
