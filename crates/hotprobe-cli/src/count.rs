@@ -260,7 +260,7 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
     for s in &specs {
         let named = !s.usdt && matches!(&s.cond, Some((_, None)))
             || matches!(o.agg.as_ref().map(|a| &a.source), Some(AggSource::Name(_)));
-        if o.follow_exec {
+        if o.follow_exec || o.new_processes.is_some() {
             t.session.set_exec_capture(exec_notes.capture(
                 &s.probe,
                 s.usdt && s.cond.is_some(),

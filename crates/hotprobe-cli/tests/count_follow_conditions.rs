@@ -295,3 +295,47 @@ fn a_condition_that_does_not_compile_in_an_executed_program_is_said() {
         "{err}"
     );
 }
+
+/// `count --exe` with a condition naming a parameter: each process that
+/// starts later gets it compiled from its DWARF (read in that process),
+/// a row per process with its calls with n > 5 (the parent's work(0) ..
+/// work(7): 6 and 7; its forked child is let go without probes). Needs
+/// root, as --exe does.
+#[test]
+fn conditions_naming_parameters_in_processes_started_later() {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::Stdio;
+    let bin = build("exe", &["-O0"]);
+    let mut c = Command::new(common::HOTPROBE)
+        .args(["count", "--exe", bin.to_str().unwrap(), "work if n > 5"])
+        .args(["--duration", "120"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(c.stderr.take().unwrap());
+    let mut seen = String::new();
+    // Until it waits: a process started after that line is taken.
+    while !seen.contains("waiting for processes") {
+        let mut l = String::new();
+        assert!(err.read_line(&mut l).unwrap() > 0, "{seen}");
+        seen.push_str(&l);
+    }
+    let runs: Vec<String> = (0..2).map(|_| native(&[bin.to_str().unwrap()])).collect();
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(c.id() as i32, libc::SIGINT) };
+    let mut out = String::new();
+    c.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    err.read_to_string(&mut seen).unwrap();
+    assert_eq!(c.wait().unwrap().code(), Some(0), "{seen}");
+    let table = CountTable::parse(&out, &seen);
+    assert_eq!(table.rows_of("work").len(), 2, "{}", table.all);
+    for run in runs {
+        let [(parent, _)] = pids(&run)[..] else {
+            panic!("{run}")
+        };
+        assert_eq!(table.hits_of("work", parent), 2, "{}", table.all);
+    }
+    assert!(!seen.contains("not counted"), "{seen}");
+}
