@@ -150,3 +150,50 @@ fn count_stacks_of_a_program_executed_by_a_shell() {
         assert_eq!(total, 16, "{sh}:\n{out}");
     }
 }
+
+/// `record -f --stacks`: the trace's stacks.tsv has the executed
+/// program's three paths with their counts, beside the shell's stacks.
+#[test]
+fn record_stacks_of_a_program_executed_by_a_shell() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("exec-stacks");
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/stack_paths.c");
+    let bin = gcc(&src, &dir.join("paths-rec"), &["-O1"]);
+    let trace = dir.join("trace");
+    let o = hotprobe_within(
+        &[
+            "record",
+            "--force",
+            "-f",
+            "--stacks",
+            "-o",
+            trace.to_str().unwrap(),
+            "libc:malloc",
+            "--",
+            "sh",
+            "-c",
+            bin.to_str().unwrap(),
+        ],
+        LIMIT,
+    );
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert_eq!(text(&o.stdout), "allocated 15\n", "{err}");
+    let tsv = std::fs::read_to_string(trace.join("stacks.tsv")).unwrap();
+    // COUNT, TRUNCATED, FUNCTION, callers joined with `;`.
+    let tail = ";main;__libc_start_call_main;__libc_start_main;_start";
+    for (path, count) in [
+        ("alloc_leaf;path_c_inner;path_c", 7),
+        ("alloc_leaf;path_b", 5),
+        ("alloc_leaf;path_a", 3),
+    ] {
+        let want = format!("{count}\t0\tlibc:malloc\t{path}{tail}");
+        assert_eq!(
+            tsv.lines().filter(|l| *l == want).count(),
+            1,
+            "{want:?} in\n{tsv}\n{err}"
+        );
+    }
+    let others = tsv.lines().filter(|l| !l.contains("alloc_leaf")).count();
+    assert!(others > 1, "the shell's stacks and printf's too:\n{tsv}");
+}

@@ -272,9 +272,11 @@ impl Session {
         names
     }
 
-    /// The stacks of every probe of `placed` that has some, for a trace's
-    /// `stacks.tsv` (the function's name, or the probe's label), with the
-    /// totals of what the agents could not capture.
+    /// The stacks of every probe of `placed` that has some, and of the
+    /// probes placed in the programs followed processes executed
+    /// ([`Session::exec_images`]), for a trace's `stacks.tsv` (the
+    /// function's name, or the probe's label), with the totals of what
+    /// the agents could not capture.
     pub fn captured_stacks(
         &self,
         placed: &[Placement],
@@ -285,7 +287,13 @@ impl Session {
         let mut out = Vec::new();
         let mut totals = crate::stacks::StackTotals::default();
         let mut seen_slots = std::collections::HashSet::new();
-        for p in placed {
+        let given: std::collections::HashSet<ProbeId> = placed.iter().map(|p| p.id).collect();
+        let execd = self
+            .exec_images
+            .iter()
+            .flat_map(|img| &img.placements)
+            .filter(|p| !given.contains(&p.id));
+        for p in placed.iter().chain(execd) {
             let Some((stacks, t)) = self.stacks(p.id) else {
                 continue;
             };
