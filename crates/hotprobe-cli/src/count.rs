@@ -604,9 +604,12 @@ fn print_aggregations(
 /// process), each USDT marker's arguments (its note).
 #[derive(Default, Clone)]
 struct ExecNotes {
-    typings: Rc<RefCell<HashMap<(usize, String), Rc<Typing>>>>,
+    typings: Rc<RefCell<TypingsByImage>>,
     usdt_args: Rc<RefCell<UsdtArgsByImage>>,
 }
+
+/// The parameters noted in each image, by (image, spec).
+type TypingsByImage = HashMap<(usize, String), Rc<Typing>>;
 
 /// A USDT marker's arguments, by (image, spec, run-time address).
 type UsdtArgsByImage = HashMap<(usize, String, u64), Vec<hotprobe::symbols::UsdtArg>>;
