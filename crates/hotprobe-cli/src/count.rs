@@ -21,9 +21,12 @@ use crate::out::errln;
 use crate::session::{print_table_with, TableExtras, Traced};
 use anyhow::{bail, Context, Result};
 use hotprobe::agg::{AggKey, AggSink, AggSource, AggSpec, AggTable};
+use hotprobe::typed::Typing;
 use hotprobe::{Action, CountSink, FastPathConfig, MechanismChoice, Placement, SessionConfig};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::OsString;
+use std::rc::Rc;
 use std::time::Duration;
 
 /// What `count` needs from the command line.
@@ -177,17 +180,11 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         // -f: forked processes keep the probes (and their ids): their
         // entries count under the same conditions, in rows per process.
         // The probes placed in a program a followed process executes are
-        // new ones: ExecConds gives them their spec's condition, which
-        // needs one that names no parameter (those compile per function
-        // from the DWARF the placement read) and no aggregation beside.
+        // new ones: ExecConds gives them their spec's condition, compiled
+        // for that program where it names parameters or USDT arguments
+        // (from the DWARF or the notes the placement read), with no
+        // aggregation beside.
         if o.follow_exec {
-            let named = specs.iter().find(|s| matches!(s.cond, Some((_, None))));
-            if let Some(s) = named {
-                bail!(crate::UsageError(format!(
-                    "{}: under -f, a condition naming parameters or USDT arguments applies to forked processes only: add --no-follow-exec",
-                    s.probe
-                )));
-            }
             if let (Some(a), true) = (&o.agg, any_cond) {
                 bail!(crate::UsageError(format!(
                     "{} with a condition under -f applies to forked processes only: add --no-follow-exec",
@@ -258,9 +255,18 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
     // as the note gives them, by address, and the probes.
     let usdt_args = std::rc::Rc::new(std::cell::RefCell::new(HashMap::new()));
     let mut usdt_ids = Vec::new();
+    // The same, per program a followed process executes.
+    let exec_notes = ExecNotes::default();
     for s in &specs {
         let named = !s.usdt && matches!(&s.cond, Some((_, None)))
             || matches!(o.agg.as_ref().map(|a| &a.source), Some(AggSource::Name(_)));
+        if o.follow_exec || o.new_processes.is_some() {
+            t.session.set_exec_capture(exec_notes.capture(
+                &s.probe,
+                s.usdt && s.cond.is_some(),
+                named,
+            ));
+        }
         if s.usdt && s.cond.is_some() {
             let args = usdt_args.clone();
             t.session.set_capture(Some(std::rc::Rc::new(
@@ -280,6 +286,7 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
             }
         });
         t.session.set_capture(None);
+        t.session.set_exec_capture(None);
         let added = match added {
             Ok(p) => p,
             Err(e) => {
@@ -288,7 +295,9 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
             }
         };
         if let Some((text, c)) = &s.cond {
-            for p in &added {
+            // A spec naming nothing here waits for an exec (its
+            // placeholder is never hit): its condition compiles there.
+            for p in added.iter().filter(|p| p.execution != hotprobe::AT_EXEC) {
                 let c = match c {
                     Some(c) => c.clone(),
                     None if s.usdt => {
@@ -373,14 +382,28 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         Some(s) => {
             let by_label = specs
                 .iter()
-                .filter_map(|sp| Some((sp.probe.clone(), sp.cond.as_ref()?.1.clone()?)))
+                .filter_map(|sp| {
+                    let (text, cond) = sp.cond.clone()?;
+                    Some((sp.probe.clone(), (text, cond)))
+                })
                 .collect();
-            let mut e = ExecConds { sink: s, by_label };
+            let mut e = ExecConds {
+                sink: s,
+                by_label,
+                notes: &exec_notes,
+            };
             t.run(&placed, o.duration, Some(&mut e))
         }
         None => t.run(&placed, o.duration, None),
     };
     if let Some(s) = &sink {
+        if s.uncountable_hits() > 0 {
+            errln!(
+                "hotprobe: {} hits not counted: their condition does not compile in the program \
+                 they were in (said above)",
+                s.uncountable_hits()
+            );
+        }
         if s.usdt_unread() > 0 {
             errln!(
                 "hotprobe: {} USDT hits not counted: an argument their condition compares could not be read",
@@ -575,15 +598,102 @@ fn print_aggregations(
     }
 }
 
+/// What the probes placed in each program a followed process executes
+/// noted as they were placed, by image ([`hotprobe::ExecImage::index`])
+/// and spec: each function's parameters (its DWARF, read in that
+/// process), each USDT marker's arguments (its note).
+#[derive(Default, Clone)]
+struct ExecNotes {
+    typings: Rc<RefCell<TypingsByImage>>,
+    usdt_args: Rc<RefCell<UsdtArgsByImage>>,
+}
+
+/// The parameters noted in each image, by (image, spec).
+type TypingsByImage = HashMap<(usize, String), Rc<Typing>>;
+
+/// A USDT marker's arguments, by (image, spec, run-time address).
+type UsdtArgsByImage = HashMap<(usize, String, u64), Vec<hotprobe::symbols::UsdtArg>>;
+
+impl ExecNotes {
+    /// The exec capture of a spec (`usdt`: a marker's; `named`: a
+    /// condition or aggregation naming parameters), `None` when it needs
+    /// nothing noted.
+    fn capture(&self, spec: &str, usdt: bool, named: bool) -> Option<hotprobe::ExecCapture> {
+        let spec = spec.to_string();
+        if usdt {
+            let args = self.usdt_args.clone();
+            return Some(Rc::new(move |at: &hotprobe::ExecPlacing| {
+                let (args, spec, image) = (args.clone(), spec.clone(), at.image);
+                Some(Rc::new(move |r: &hotprobe::symbols::ResolvedProbe| {
+                    args.borrow_mut()
+                        .insert((image, spec.clone(), r.addr.0), r.usdt_args.clone());
+                    hotprobe::typed::usdt_capture(r)
+                }) as hotprobe::CaptureChooser)
+            }));
+        }
+        if !named {
+            return None;
+        }
+        let typings = self.typings.clone();
+        Some(Rc::new(move |at: &hotprobe::ExecPlacing| {
+            let typing = Rc::new(Typing::new(at.pid));
+            typings
+                .borrow_mut()
+                .insert((at.image, spec.clone()), typing.clone());
+            Some(typing.name_chooser())
+        }))
+    }
+
+    /// The condition `text` of spec `spec` for probe `p`, placed in image
+    /// `image` (`usdt`: on a marker), or why it does not compile there.
+    fn compile(
+        &self,
+        image: usize,
+        spec: &str,
+        usdt: bool,
+        p: &Placement,
+        text: &str,
+    ) -> Result<Cond, String> {
+        if p.mechanism == hotprobe::Mechanism::Pending {
+            return Err(format!(
+                "{} is not loaded yet: the condition names {}, which are read when it is placed",
+                p.module,
+                if usdt {
+                    "marker arguments"
+                } else {
+                    "parameters"
+                }
+            ));
+        }
+        if usdt {
+            let key = (image, spec.to_string(), p.addr.0);
+            let args = self.usdt_args.borrow().get(&key).cloned();
+            let args = args.ok_or_else(|| "its marker's arguments were not noted".to_string())?;
+            return hotprobe::cond::usdt_cond(text, &args).map_err(|e| e.to_string());
+        }
+        let typing = self
+            .typings
+            .borrow()
+            .get(&(image, spec.to_string()))
+            .cloned();
+        let typing = typing.ok_or_else(|| "its parameters were not noted".to_string())?;
+        crate::cond::named_cond(&typing, p, text).map_err(|e| e.to_string())
+    }
+}
+
 /// The recording sink of `count -f` with conditions: the probes placed in
 /// a program a followed process executes get the condition of the spec
 /// they were placed for (their ids are new; the forked processes' are
-/// their parent's).
+/// their parent's), compiled for that program where it names parameters
+/// or marker arguments. Where it does not compile (no DWARF, no such
+/// parameter), that is said and the probe's hits are not counted (the
+/// sink says how many at the end).
 struct ExecConds<'a> {
     sink: &'a mut CountSink,
-    /// Each spec's condition (those naming parameters are refused under
-    /// -f across exec).
-    by_label: HashMap<String, Cond>,
+    /// Each spec's condition text and, unless it names parameters or USDT
+    /// arguments (compiled per image), the condition.
+    by_label: HashMap<String, (String, Option<Cond>)>,
+    notes: &'a ExecNotes,
 }
 
 impl hotprobe::EventSink for ExecConds<'_> {
@@ -602,7 +712,26 @@ impl hotprobe::EventSink for ExecConds<'_> {
     }
     fn exec_image(&mut self, image: &hotprobe::ExecImage) -> Result<(), hotprobe::SinkError> {
         for p in &image.placements {
-            self.sink.add(p.id, self.by_label.get(&p.label).cloned());
+            let usdt = p.label.starts_with(hotprobe::symbols::USDT_PREFIX);
+            match self.by_label.get(&p.label) {
+                None => self.sink.add(p.id, None),
+                Some((_, Some(c))) => self.sink.add(p.id, Some(c.clone())),
+                Some((text, None)) => {
+                    match self.notes.compile(image.index, &p.label, usdt, p, text) {
+                        Ok(c) if usdt => self.sink.add_usdt(p.id, c),
+                        Ok(c) => self.sink.add(p.id, Some(c)),
+                        Err(why) => {
+                            errln!(
+                                "hotprobe: pid {} ({}): `{} if {text}`: {why}; its hits there are not counted",
+                                image.pid,
+                                image.comm,
+                                p.label
+                            );
+                            self.sink.add_uncountable(p.id);
+                        }
+                    }
+                }
+            }
         }
         self.sink.exec_image(image)
     }

@@ -194,3 +194,148 @@ fn an_aggregation_across_exec_says_what_it_did_not_aggregate() {
         assert_eq!(table.hits_of("work", parent), 8, "{out}");
     }
 }
+
+/// A condition naming a parameter (`n`, from the DWARF) under -f: in a
+/// program that never executes another (no refusal any more), and in
+/// each program a shell executes, compiled there from that program's own
+/// DWARF (an -O0 build on the trap, an -O1 one). Each process's row has
+/// exactly its calls with n > 5.
+#[test]
+fn conditions_naming_parameters_follow_exec_into_each_program() {
+    let bin = build("o0", &["-O0"]);
+    let trap = build("o1", &["-O1"]);
+    let cmd = [bin.to_str().unwrap()];
+    let (table, out) = count(&["count", "-f", "work if n > 5"], &cmd, &native(&cmd));
+    let [(parent, child)] = pids(&out)[..] else {
+        panic!("{out}")
+    };
+    assert_eq!(table.hits_of("work", child), 4, "{out}");
+    assert_eq!(table.hits_of("work", parent), 2, "{out}");
+
+    let script = format!("{}; {}", bin.display(), trap.display());
+    let cmd = ["sh", "-c", script.as_str()];
+    let nat = native(&cmd);
+    for cond in ["work if n > 5", "work if n > 5 && arg0 >= 0"] {
+        let (table, out) = count(&["count", "-f", cond], &cmd, &nat);
+        let runs = pids(&out);
+        assert_eq!(runs.len(), 2, "{out}");
+        for (parent, child) in runs {
+            assert_eq!(table.hits_of("work", child), 4, "{cond}: {out}");
+            assert_eq!(table.hits_of("work", parent), 2, "{cond}: {out}");
+        }
+        assert_eq!(table.rows_of("work").len(), 4, "{cond}: {out}");
+    }
+}
+
+/// Where the condition does not compile in a program a shell executes (a
+/// build without DWARF; one whose work() calls its parameter `count`),
+/// that is said, naming the process, and its hits are not counted: their
+/// number is said at the end. The program with the parameter still
+/// counts exactly.
+#[test]
+fn a_condition_that_does_not_compile_in_an_executed_program_is_said() {
+    let bin = build("o0", &["-O0"]);
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("count_follow_conditions");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/fork_args.c");
+    // Without -g: no DWARF.
+    let nodwarf = hotprobe_testkit::compile("gcc", &src, &dir.join("nodwarf"), &["-O0"], &[]);
+    let renamed = gcc(&src, &dir.join("renamed"), &["-O0", "-Dn=count"]);
+    let script = format!(
+        "{}; {}; {}",
+        bin.display(),
+        nodwarf.display(),
+        renamed.display()
+    );
+    let cmd = ["sh", "-c", script.as_str()];
+    let all = ["count", "-f", "work if n > 5", "--"]
+        .into_iter()
+        .chain(cmd)
+        .collect::<Vec<_>>();
+    let o = hotprobe_within(&all, LIMIT);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    let runs = pids(&out);
+    assert_eq!(runs.len(), 3, "{out}");
+    let table = CountTable::parse(&out, &err);
+    let (first_parent, first_child) = runs[0];
+    assert_eq!(table.hits_of("work", first_child), 4, "{out}");
+    assert_eq!(table.hits_of("work", first_parent), 2, "{out}");
+    for (parent, child) in &runs[1..] {
+        assert_eq!(table.hits_of("work", *child), 0, "{out}");
+        assert_eq!(table.hits_of("work", *parent), 0, "{out}");
+    }
+    let said = |pid: i32, comm: &str, why: &str| {
+        format!(
+            "hotprobe: pid {pid} ({comm}): `work if n > 5`: {why}; its hits there are not counted"
+        )
+    };
+    let (nodwarf_pid, renamed_pid) = (runs[1].0, runs[2].0);
+    assert!(
+        err.contains(&said(
+            nodwarf_pid,
+            "nodwarf",
+            "the condition names a parameter, and work has no DWARF (build with -g)"
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains(&said(
+            renamed_pid,
+            "renamed",
+            "the condition: work has no parameter n; its parameters: count"
+        )),
+        "{err}"
+    );
+    // Two programs of 18 calls each (parent and child).
+    assert!(
+        err.contains(
+            "hotprobe: 36 hits not counted: their condition does not compile in the program they \
+             were in (said above)"
+        ),
+        "{err}"
+    );
+}
+
+/// `count --exe` with a condition naming a parameter: each process that
+/// starts later gets it compiled from its DWARF (read in that process),
+/// a row per process with its calls with n > 5 (the parent's work(0) ..
+/// work(7): 6 and 7; its forked child is let go without probes). Needs
+/// root, as --exe does.
+#[test]
+fn conditions_naming_parameters_in_processes_started_later() {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::Stdio;
+    let bin = build("exe", &["-O0"]);
+    let mut c = Command::new(common::HOTPROBE)
+        .args(["count", "--exe", bin.to_str().unwrap(), "work if n > 5"])
+        .args(["--duration", "120"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(c.stderr.take().unwrap());
+    let mut seen = String::new();
+    // Until it waits: a process started after that line is taken.
+    while !seen.contains("waiting for processes") {
+        let mut l = String::new();
+        assert!(err.read_line(&mut l).unwrap() > 0, "{seen}");
+        seen.push_str(&l);
+    }
+    let runs: Vec<String> = (0..2).map(|_| native(&[bin.to_str().unwrap()])).collect();
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(c.id() as i32, libc::SIGINT) };
+    let mut out = String::new();
+    c.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    err.read_to_string(&mut seen).unwrap();
+    assert_eq!(c.wait().unwrap().code(), Some(0), "{seen}");
+    let table = CountTable::parse(&out, &seen);
+    assert_eq!(table.rows_of("work").len(), 2, "{}", table.all);
+    for run in runs {
+        let [(parent, _)] = pids(&run)[..] else {
+            panic!("{run}")
+        };
+        assert_eq!(table.hits_of("work", parent), 2, "{}", table.all);
+    }
+    assert!(!seen.contains("not counted"), "{seen}");
+}

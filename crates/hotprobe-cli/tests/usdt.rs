@@ -301,3 +301,84 @@ fn list_usdt_shows_the_markers_of_a_file_and_of_a_process() {
         "{stdout}"
     );
 }
+
+/// `count -f` follows exec with USDT specs as with function specs: the
+/// markers of each program a shell executes are probed there (the shell
+/// has none: the spec waits for the exec), their semaphores raised in each
+/// new image (every guarded block runs), a row per process with exactly
+/// its own passes.
+#[test]
+fn markers_are_placed_in_each_program_a_shell_executes() {
+    let bin = sdt_demo();
+    let script = format!("{b} 7; {b} 3", b = bin.display());
+    for shell in ["sh", "bash"] {
+        let out = hotprobe_within(
+            &[
+                "count",
+                "-f",
+                "usdt:demo:tick",
+                "usdt:demo:done",
+                "--",
+                shell,
+                "-c",
+                &script,
+            ],
+            LIMIT,
+        );
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "{shell}: {stderr}");
+        assert_eq!(
+            program_output(&stdout),
+            "acc=21\nacc=3\n",
+            "{shell}: {stderr}"
+        );
+        // The semaphore was raised in both programs.
+        assert!(stderr.contains("guarded=7\n"), "{shell}: {stderr}");
+        assert!(stderr.contains("guarded=3\n"), "{shell}: {stderr}");
+        let t = CountTable::parse(&stdout, &stderr);
+        let (comm, hits) = (t.col("COMM"), t.col("HITS"));
+        let of = |probe: &str| -> Vec<u64> {
+            t.rows_of(probe)
+                .into_iter()
+                .filter(|r| r[comm] == "sdt_demo")
+                .map(|r| r[hits].parse().unwrap())
+                .collect()
+        };
+        let mut ticks = of("usdt:demo:tick");
+        ticks.sort_unstable();
+        assert_eq!(ticks, [3, 7], "{shell}: {}", t.all);
+        assert_eq!(of("usdt:demo:done"), [1, 1], "{shell}: {}", t.all);
+    }
+}
+
+/// A condition on a marker's arguments under `-f`, across exec: compiled
+/// in each program the shell executes from that program's note (the
+/// trap there records the marker's hits with their arguments). Passes
+/// with i > 3: 3 of 7 (4, 5, 6), 1 of 5 (4); with the constant operand
+/// compared too.
+#[test]
+fn conditions_on_marker_arguments_follow_exec() {
+    let bin = sdt_demo();
+    let script = format!("{b} 7; {b} 5", b = bin.display());
+    for cond in ["arg1 > 3", "arg1 > 3 && arg3 == 42"] {
+        let spec = format!("usdt:demo:tick if {cond}");
+        let out = hotprobe_within(&["count", "-f", &spec, "--", "sh", "-c", &script], LIMIT);
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "{cond}: {stderr}");
+        assert_eq!(program_output(&stdout), "acc=21\nacc=10\n", "{stderr}");
+        assert_eq!(logged(&stderr).len(), 12, "every pass guarded: {stderr}");
+        let t = CountTable::parse(&stdout, &stderr);
+        let (comm, hits) = (t.col("COMM"), t.col("HITS"));
+        let got: Vec<u64> = t
+            .rows_of("usdt:demo:tick")
+            .into_iter()
+            .filter(|r| r[comm] == "sdt_demo")
+            .map(|r| r[hits].parse().unwrap())
+            .collect();
+        assert_eq!(got.len(), 2, "{cond}: {}", t.all);
+        let mut sorted = got.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, [1, 3], "{cond}: {}", t.all);
+        assert!(!stderr.contains("not counted"), "{cond}: {stderr}");
+    }
+}

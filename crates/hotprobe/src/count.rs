@@ -98,6 +98,11 @@ pub struct CountSink {
     usdt: std::collections::HashSet<u32>,
     /// Their hits whose condition names an argument that could not be read.
     usdt_unread: u64,
+    /// Probes whose condition could not be compiled for what they were
+    /// placed on ([`CountSink::add_uncountable`]).
+    uncountable: std::collections::HashSet<u32>,
+    /// Their hits: not counted.
+    uncountable_hits: u64,
 }
 
 impl CountSink {
@@ -134,6 +139,7 @@ impl CountSink {
             Some(c) => self.conds.insert(id.0, c),
             None => self.conds.remove(&id.0),
         };
+        self.uncountable.remove(&id.0);
     }
 
     /// Places recording probes on every address `spec` names in target
@@ -245,6 +251,22 @@ impl CountSink {
         self.usdt.insert(id.0);
     }
 
+    /// Follows probe `id` whose condition could not be compiled for the
+    /// function or marker it was placed on (a program a followed process
+    /// executed, without DWARF or without the parameter the condition
+    /// names): whether a hit satisfies it cannot be told, so its hits are
+    /// not counted, and [`CountSink::uncountable_hits`] says how many.
+    pub fn add_uncountable(&mut self, id: ProbeId) {
+        self.add(id, None);
+        self.uncountable.insert(id.0);
+    }
+
+    /// Hits of probes followed with [`CountSink::add_uncountable`]: not
+    /// counted.
+    pub fn uncountable_hits(&self) -> u64 {
+        self.uncountable_hits
+    }
+
     /// Hits of USDT probes whose condition named an argument that could
     /// not be read (memory not mapped): not counted.
     pub fn usdt_unread(&self) -> u64 {
@@ -324,6 +346,10 @@ impl CountSink {
 impl EventSink for CountSink {
     fn event(&mut self, ev: &RecordedEvent) -> Result<(), SinkError> {
         match ev.kind {
+            KIND_ENTRY | KIND_HIT if self.uncountable.contains(&ev.probe_id) => {
+                self.uncountable_hits += 1;
+                self.count_entry(ev, &[], true);
+            }
             KIND_ENTRY | KIND_HIT if self.usdt.contains(&ev.probe_id) => {
                 // The marker's arguments come with the captured bytes
                 // (`event_data`): without them, none could be read.
@@ -353,7 +379,8 @@ impl EventSink for CountSink {
     }
 
     fn event_data(&mut self, ev: &RecordedEvent, data: &[u8]) -> Result<(), SinkError> {
-        if !(self.usdt.contains(&ev.probe_id) && matches!(ev.kind, KIND_ENTRY | KIND_HIT)) {
+        let usdt = self.usdt.contains(&ev.probe_id) && !self.uncountable.contains(&ev.probe_id);
+        if !(usdt && matches!(ev.kind, KIND_ENTRY | KIND_HIT)) {
             return self.event(ev);
         }
         let values = crate::cond::usdt_values(data);
@@ -455,6 +482,22 @@ mod tests {
         assert!(s.histogram(ProbeId(1)).is_none());
         s.lost(7, 0, 4).unwrap();
         assert_eq!(s.lost_events(), 4);
+    }
+
+    #[test]
+    fn hits_of_an_uncountable_probe_are_not_counted_and_said() {
+        let mut s = CountSink::new(false);
+        s.add_uncountable(ProbeId(3));
+        s.add(ProbeId(4), Some(Cond::parse("arg0 > 1").unwrap()));
+        for a in [0u64, 5, 9] {
+            s.event(&ev(KIND_ENTRY, 3, 7, 0, &[a])).unwrap();
+            s.event(&ev(KIND_ENTRY, 4, 7, 0, &[a])).unwrap();
+        }
+        s.event_data(&ev(KIND_ENTRY, 3, 7, 0, &[1]), &[]).unwrap();
+        assert_eq!(s.hits(ProbeId(3)), Some(0));
+        assert_eq!(s.uncountable_hits(), 4);
+        assert_eq!(s.hits(ProbeId(4)), Some(2));
+        assert!(s.thread_hits().keys().all(|(p, _)| *p == 4));
     }
 
     #[test]

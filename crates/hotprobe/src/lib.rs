@@ -71,7 +71,7 @@ pub use session::{
     XmmChooser,
 };
 pub use session::{CodeOwner, CodeSite};
-pub use session::{ExecImage, ProcessMatch};
+pub use session::{ExecCapture, ExecImage, ExecPlacing, ProcessMatch, AT_EXEC};
 // The facade, as ripgrep's `grep` crate: the crates a front end (the CLI,
 // the bindings) parses, prints and reads traces with, under short names.
 pub use hotprobe_coldpatch as coldpatch;

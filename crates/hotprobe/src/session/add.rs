@@ -301,8 +301,14 @@ impl Session {
             // Inside a function, an in-process trap records hit events
             // (no return to hook); nothing else records there.
             let mid_record = record && r.offset != 0;
+            // A USDT marker's hits are recorded on the ptrace trap as well
+            // (`TrapMech::form_at`'s hit form): the trap a program a
+            // followed process executed gets, or `--mechanism trap`.
+            let trap_hits = r.usdt && self.config.mechanism == MechanismChoice::Trap;
             if mid_record
-                && (pattern || is_return || self.config.mechanism != MechanismChoice::Auto)
+                && (pattern
+                    || is_return
+                    || (self.config.mechanism != MechanismChoice::Auto && !trap_hits))
             {
                 let e = not_whole_function(spec, &r);
                 if pattern {

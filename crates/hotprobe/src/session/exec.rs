@@ -15,6 +15,9 @@ use super::*;
 /// A program a followed process executed, and the probes placed in it.
 #[derive(Clone, Debug)]
 pub struct ExecImage {
+    /// Its place in [`Session::exec_images`] (the `image` its
+    /// [`ExecPlacing`] had).
+    pub index: usize,
     /// The process.
     pub pid: i32,
     /// Its command name after the exec (the kernel's 15-character `comm`).
@@ -27,13 +30,37 @@ pub struct ExecImage {
     pub missing: Vec<String>,
 }
 
+/// The image a followed exec's probes are being placed in, as an
+/// [`ExecCapture`] is told of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExecPlacing {
+    /// The process (stopped at its exec: its maps are the new image's).
+    pub pid: i32,
+    /// The [`ExecImage::index`] the image will have.
+    pub image: usize,
+}
+
+/// Gives, for each image a followed process executes, the
+/// [`CaptureChooser`] of one spec's probes placed there (what
+/// [`Session::set_capture`] was for the spec in the first image, made
+/// again for this process: a chooser that reads a process's DWARF or
+/// notes per address needs the new one's).
+pub type ExecCapture = Rc<dyn Fn(&ExecPlacing) -> Option<CaptureChooser>>;
+
 /// A `Count` or `Record` spec given to the session, placed again in each
 /// image a followed process executes.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub(super) struct ExecSpec {
     pub(super) spec: String,
     pub(super) record: bool,
+    /// The capture chooser of its probes in each new image.
+    pub(super) capture: Option<ExecCapture>,
 }
+
+/// The [`Placement::execution`] of a spec that names nothing in the
+/// first image, placed in each program a followed process executes: a
+/// placeholder, never hit itself.
+pub const AT_EXEC: &str = "at exec";
 
 /// The kernel's command name of `pid` (empty when it cannot be read).
 pub(super) fn comm_of(pid: i32) -> String {
@@ -59,13 +86,20 @@ fn calls_ptrace(pid: i32) -> bool {
         .any(|s| s.is_undefined() && s.name() == Ok("ptrace"))
 }
 
-/// Whether `e` says a spec names nothing in this image (a function it does
-/// not have): with exec followed, such a spec waits for the next image.
-fn names_nothing_here(e: &EngineError) -> bool {
-    matches!(
-        e,
-        EngineError::Symbol(hotprobe_symbols::SymbolError::SymbolNotFound { .. })
-    )
+/// Whether `e` says `spec` names nothing in this image (a function it
+/// does not have, or for a `usdt:` spec a marker no loaded module has):
+/// with exec followed, such a spec waits for the next image.
+fn names_nothing_here(spec: &str, e: &EngineError) -> bool {
+    use hotprobe_symbols::SymbolError as S;
+    match e {
+        EngineError::Symbol(S::SymbolNotFound { .. }) => true,
+        // The resolver's only refusal of a marker spec whose module is
+        // known: no such marker in it.
+        EngineError::Symbol(S::Unprobeable { .. }) => {
+            spec.starts_with(hotprobe_symbols::USDT_PREFIX)
+        }
+        _ => false,
+    }
 }
 
 impl Session {
@@ -90,6 +124,15 @@ impl Session {
             .map(|s| s.first_comm.clone())
     }
 
+    /// The capture of the specs added next, in each image a followed
+    /// process executes (see [`ExecCapture`]): kept with each spec as
+    /// [`Session::set_capture`]'s chooser is for its first placement.
+    /// Without one, the probes placed at an exec capture nothing beyond
+    /// their registers.
+    pub fn set_exec_capture(&mut self, capture: Option<ExecCapture>) {
+        self.exec_capture = capture;
+    }
+
     /// Remembers a `Count`/`Record` spec for the images to come; with
     /// exec followed, a spec that names nothing in this image (a function
     /// of a program the process will execute) is a placement waiting for
@@ -108,10 +151,11 @@ impl Session {
             self.exec_specs.push(ExecSpec {
                 spec: spec.to_string(),
                 record,
+                capture: self.exec_capture.clone(),
             });
         }
         match added {
-            Err(e) if names_nothing_here(&e) => {
+            Err(e) if names_nothing_here(spec, &e) => {
                 let is_return = spec.ends_with("%return");
                 let (p, rp) = self.trap_form(t, is_return, record, None, true)?;
                 let slot = self.slot(t)?;
@@ -131,7 +175,7 @@ impl Session {
                             "not in {comm} ({e}): placed in each program a followed process \
                              executes"
                         ),
-                        execution: "at exec".into(),
+                        execution: AT_EXEC.into(),
                         entry_only: None,
                     }],
                     ..Added::default()
@@ -147,6 +191,8 @@ impl Session {
     /// mechanism, before it runs on. What cannot be placed is said in a
     /// notice.
     pub(super) fn follow_exec(&mut self, i: usize) {
+        // The old image's stacks stay named with its modules.
+        self.retire_stacks(i);
         if !self.slots[i].hold_at_exec {
             return;
         }
@@ -223,20 +269,30 @@ impl Session {
         self.placing_exec = true;
         let mut placements = Vec::new();
         let mut missing = Vec::new();
+        let placing = ExecPlacing {
+            pid,
+            image: self.exec_images.len(),
+        };
         for s in self.exec_specs.clone() {
             let action = if s.record {
                 Action::Record
             } else {
                 Action::Count
             };
-            match self.add_using(t, &s.spec, action, MechanismChoice::Trap) {
+            let chooser = s.capture.as_ref().and_then(|f| f(&placing));
+            let first = std::mem::replace(&mut self.capture, chooser);
+            let added = self.add_using(t, &s.spec, action, MechanismChoice::Trap);
+            self.capture = first;
+            match added {
                 Ok(a) => placements.extend(a.placements.into_iter().map(|mut p| {
                     if p.mechanism == Mechanism::Trap {
                         p.reason = "a program taken at its exec: traps (no agent in it)".into();
                     }
                     p
                 })),
-                Err(e) if names_nothing_here(&e) || not_loaded(&e) => missing.push(s.spec.clone()),
+                Err(e) if names_nothing_here(&s.spec, &e) || not_loaded(&e) => {
+                    missing.push(s.spec.clone())
+                }
                 Err(e) => self.slots[i].notice(format!(
                     "pid {pid} executed {}: cannot probe {}: {e}",
                     path.display(),
@@ -257,6 +313,7 @@ impl Session {
         );
         self.slots[i].notice(msg);
         self.exec_images.push(ExecImage {
+            index: placing.image,
             pid,
             comm,
             path,

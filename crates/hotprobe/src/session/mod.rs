@@ -64,7 +64,7 @@ mod usdt;
 #[path = "../watch.rs"]
 pub(crate) mod watch;
 
-pub use exec::ExecImage;
+pub use exec::{ExecCapture, ExecImage, ExecPlacing, AT_EXEC};
 pub use ledger::{CodeOwner, CodeSite};
 pub use newproc::ProcessMatch;
 use pending::Pending;
@@ -436,6 +436,11 @@ pub struct Session {
     exec_images: Vec<ExecImage>,
     /// Inside [`Session::follow_exec`]: specs are not remembered again.
     placing_exec: bool,
+    /// The capture of the specs added next in exec'd images
+    /// ([`Session::set_exec_capture`]).
+    exec_capture: Option<exec::ExecCapture>,
+    /// The stack tables of images processes left at an exec (`stacks.rs`).
+    retired_stacks: Vec<stacks::RetiredStacks>,
     /// How many of `exec_images` the sink was told of.
     exec_announced: usize,
     /// Processes that start later (`newproc.rs`).
@@ -476,6 +481,8 @@ impl Session {
             exec_specs: Vec::new(),
             exec_images: Vec::new(),
             placing_exec: false,
+            retired_stacks: Vec::new(),
+            exec_capture: None,
             exec_announced: 0,
             new_processes: None,
             recording_new: false,

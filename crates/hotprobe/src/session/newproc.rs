@@ -143,6 +143,7 @@ impl Session {
             self.exec_specs.push(exec::ExecSpec {
                 spec: spec.to_string(),
                 record,
+                capture: self.exec_capture.clone(),
             });
         }
         if record {

@@ -153,6 +153,9 @@ impl Session {
                     p.armed = None;
                     let spec = p.spec.clone();
                     slot.forget_unmapped(start, end);
+                    // A marker's semaphore went with its module: nothing
+                    // to take back at detach.
+                    slot.semaphores.retain(|at| !(start..end).contains(&at.0));
                     slot.notice(format!(
                         "pid {pid}: {spec}: its module was unloaded; armed again if it is loaded again"
                     ));
@@ -195,6 +198,11 @@ impl Session {
         let start = m.ranges.iter().map(|r| r.start.0).min().unwrap_or(0);
         let end = m.ranges.iter().map(|r| r.end.0).max().unwrap_or(0);
         let path = m.path.clone();
+        // An image a followed process executed has no agent (the one the
+        // session still holds is the old image's): traps only there, as
+        // for the probes placed at its exec (a jump into the old agent's
+        // trampolines killed the program with SIGSEGV).
+        let fast_ok = fast_ok && !self.slot(t)?.execd;
         let plan = if fast_ok {
             self.plan_resolved(t, &r, is_return, record, Some(syms))?
         } else {
@@ -216,7 +224,16 @@ impl Session {
                 let config = self.config.fast_path;
                 let (mut cx, mechs) = self.slot(t)?.parts();
                 mechs.trap.arm(&mut cx, id, r.addr, &config)?;
+                // `--stacks`: its hits walk in the tracer, as a trap
+                // placed at once does (a spec placed again after an exec
+                // on a library the new image loads later is one).
+                self.trap_stacks_placed(t, id, r.is_entry());
             }
+        }
+        if let Some(at) = r.semaphore {
+            // A USDT marker in a library loaded now: its semaphore is
+            // raised as at a placement, so the program reaches it.
+            self.raise_semaphore(t, at)?;
         }
         self.slot(t)?.pending[k].ever_armed = true;
         self.slot(t)?.pending[k].armed = Some(Armed {

@@ -19,12 +19,39 @@ pub struct ProbeStack {
     pub count: u64,
 }
 
+/// The stack tables of an image a process left by executing another
+/// program: its probes' stacks are named with its modules, and the walks
+/// of its fork children still running it go on counting there.
+pub(super) struct RetiredStacks {
+    /// The slot of the process.
+    slot: usize,
+    /// The image's tables (its modules, its trap probes' stacks).
+    tables: crate::stacks::StackTables,
+    /// Its fast-path probes (their stacks are in the agent's region).
+    fast: std::collections::HashSet<ProbeId>,
+}
+
+impl RetiredStacks {
+    /// Whether probe `id` was placed in this image.
+    fn owns(&self, id: ProbeId) -> bool {
+        self.fast.contains(&id) || self.tables.trap.has_probe(id)
+    }
+}
+
 impl Agent {
+    /// The agent's stacks region, when these tables go there.
+    fn stacks_view(&self) -> Option<hotprobe_abi::stacks::StacksView> {
+        if !self.stack_tables.publishes_to_agent() {
+            return None;
+        }
+        self.fast_path().and_then(|fp| fp.stacks())
+    }
+
     /// Publishes the process's unwind tables and stack regions again where
     /// they changed (into the agent's stacks region, and for the trap's
     /// walks); a notice when they could not be.
     pub(super) fn refresh_stacks(&mut self, pid: i32) -> Option<String> {
-        let view = self.fast_path().and_then(|fp| fp.stacks());
+        let view = self.stacks_view();
         if view.is_none() && !self.stack_tables.trap.is_active() {
             return None;
         }
@@ -48,10 +75,7 @@ impl Agent {
     /// After a thread started: its stack is published as readable (else
     /// its hits are counted as on an unpublished stack, with no frames).
     pub(super) fn refresh_stack_regions(&mut self, pid: i32) -> Option<String> {
-        let AgentState::On(fp) = &self.state else {
-            return None;
-        };
-        let view = fp.stacks()?;
+        let view = self.stacks_view()?;
         match self.stack_tables.refresh_regions(pid as u32, &view) {
             Ok(_) => None,
             Err(e) => Some(format!("--stacks: {e}")),
@@ -60,6 +84,48 @@ impl Agent {
 }
 
 impl Session {
+    /// Slot `i` executed another program: the stack tables of the image it
+    /// left are kept for that image's probes (named with its modules), and
+    /// the new image gets tables of its own, walked by the trap (the agent
+    /// is not in it), published as its probes are placed and its modules
+    /// load.
+    pub(super) fn retire_stacks(&mut self, i: usize) {
+        let Some(slot) = self.slots.get_mut(i) else {
+            return;
+        };
+        let old = std::mem::replace(
+            &mut slot.agent.stack_tables,
+            crate::stacks::StackTables::without_agent(),
+        );
+        // A fork child's hook is its root's tables: its new probes walk
+        // into the new image's own.
+        slot.engine.stack_hook = None;
+        let fast: std::collections::HashSet<ProbeId> = match slot.agent.fast_path() {
+            Some(fp) if fp.stacks().is_some() => slot.agent.counters.keys().copied().collect(),
+            _ => Default::default(),
+        };
+        if old.trap.is_active() || !fast.is_empty() {
+            self.retired_stacks.push(RetiredStacks {
+                slot: i,
+                tables: old,
+                fast,
+            });
+        }
+    }
+
+    /// The stack tables probe `id` was placed with: those of the image it
+    /// was placed in.
+    fn stack_tables_of(&self, i: usize, id: ProbeId) -> Option<&crate::stacks::StackTables> {
+        let retired = self
+            .retired_stacks
+            .iter()
+            .find(|r| r.slot == i && r.owns(id));
+        match retired {
+            Some(r) => Some(&r.tables),
+            None => self.slots.get(i).map(|s| &s.agent.stack_tables),
+        }
+    }
+
     /// Publishes the unwind tables (a library loaded) or the stack regions
     /// (a thread started) of target `i` again, for `--stacks`.
     pub(super) fn stacks_on_event(&mut self, i: usize, ev: &TargetEvent) {
@@ -133,10 +199,16 @@ impl Session {
     /// with what the agent and the tracer counted beside them. `None` when
     /// the probe captures no stacks.
     pub fn stacks(&self, id: ProbeId) -> Option<(Vec<ProbeStack>, crate::stacks::StackTotals)> {
-        let slot = self.slots.get((id.0 >> TARGET_SHIFT) as usize)?;
-        let tables = &slot.agent.stack_tables;
+        let i = (id.0 >> TARGET_SHIFT) as usize;
+        let slot = self.slots.get(i)?;
+        let tables = self.stack_tables_of(i, id)?;
         let trap_totals = tables.trap.totals();
-        let view = slot.agent.fast_path().and_then(|fp| fp.stacks());
+        // The agent's region holds the stacks of the image it was in.
+        let view = slot
+            .agent
+            .fast_path()
+            .and_then(|fp| fp.stacks())
+            .filter(|_| tables.publishes_to_agent());
         let (all, mut totals) = if tables.trap.has_probe(id) {
             let totals = match &view {
                 Some(v) => crate::stacks::read_stacks(v).1,
@@ -187,15 +259,24 @@ impl Session {
         let mut names = crate::stacks::StackNames::new();
         for (i, slot) in self.slots.iter().enumerate() {
             if let Some(h) = slot.agent.fast_path().and_then(|fp| fp.stacks_handle()) {
-                names.add_target(i as u32, h, slot.agent.stack_tables.shared_symbols());
+                // The agent's stacks are of the image it was in: the first
+                // one, if the process executed another program since.
+                let tables = self
+                    .retired_stacks
+                    .iter()
+                    .find(|r| r.slot == i)
+                    .map_or(&slot.agent.stack_tables, |r| &r.tables);
+                names.add_target(i as u32, h, tables.shared_symbols());
             }
         }
         names
     }
 
-    /// The stacks of every probe of `placed` that has some, for a trace's
-    /// `stacks.tsv` (the function's name, or the probe's label), with the
-    /// totals of what the agents could not capture.
+    /// The stacks of every probe of `placed` that has some, and of the
+    /// probes placed in the programs followed processes executed
+    /// ([`Session::exec_images`]), for a trace's `stacks.tsv` (the
+    /// function's name, or the probe's label), with the totals of what
+    /// the agents could not capture.
     pub fn captured_stacks(
         &self,
         placed: &[Placement],
@@ -206,7 +287,13 @@ impl Session {
         let mut out = Vec::new();
         let mut totals = crate::stacks::StackTotals::default();
         let mut seen_slots = std::collections::HashSet::new();
-        for p in placed {
+        let given: std::collections::HashSet<ProbeId> = placed.iter().map(|p| p.id).collect();
+        let execd = self
+            .exec_images
+            .iter()
+            .flat_map(|img| &img.placements)
+            .filter(|p| !given.contains(&p.id));
+        for p in placed.iter().chain(execd) {
             let Some((stacks, t)) = self.stacks(p.id) else {
                 continue;
             };

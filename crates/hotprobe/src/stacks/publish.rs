@@ -47,6 +47,10 @@ pub struct StackTables {
     symbols: super::names::SharedSymbols,
     /// The stacks of trap probes, walked in the tracer with these rows.
     pub trap: super::trap::TrapStacks,
+    /// Tables of an image with no agent (a program a followed process
+    /// executed): the rows go to the trap's walks only, never into the
+    /// stacks region of the agent the image before had.
+    no_agent: bool,
 }
 
 /// What one [`StackTables::refresh`] did.
@@ -67,6 +71,21 @@ impl StackTables {
     /// Tables for a new process.
     pub fn new() -> StackTables {
         StackTables::default()
+    }
+
+    /// Tables for an image with no agent in it (a program a followed
+    /// process executed): [`StackTables::publishes_to_agent`] is false.
+    pub fn without_agent() -> StackTables {
+        StackTables {
+            no_agent: true,
+            ..StackTables::default()
+        }
+    }
+
+    /// Whether these tables go into the process's agent's stacks region
+    /// (false for an image the agent is not in).
+    pub fn publishes_to_agent(&self) -> bool {
+        !self.no_agent
     }
 
     /// Reads `pid`'s maps, compiles the modules not seen yet and publishes
