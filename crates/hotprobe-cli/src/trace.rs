@@ -376,7 +376,10 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
     let mut typed_sink = typed::RegisterTyped::new(&mut tree, &typing, &placed);
     let ran = t.run(&placed, o.duration, Some(&mut typed_sink));
     if o.stacks {
-        crate::stacks::print_stacks(&t.session, &placed);
+        // With the probes placed in each image a followed process executed.
+        let (rows, _) =
+            crate::session::with_exec_rows(&t.session, placed.clone(), &mut Default::default());
+        crate::stacks::print_stacks(&t.session, &rows);
     }
     if o.summary {
         outln!();

@@ -151,6 +151,52 @@ fn count_stacks_of_a_program_executed_by_a_shell() {
     }
 }
 
+/// `trace -f --stacks`: the stacks printed after the calls include the
+/// executed program's section, with its three paths and their counts.
+#[test]
+fn trace_stacks_of_a_program_executed_by_a_shell() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("exec-stacks-trace");
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/stack_paths.c");
+    let bin = gcc(&src, &dir.join("paths"), &["-O2", "-fomit-frame-pointer"]);
+    let o = hotprobe_within(
+        &[
+            "trace",
+            "-f",
+            "--stacks",
+            "libc:malloc",
+            "--",
+            "sh",
+            "-c",
+            bin.to_str().unwrap(),
+        ],
+        LIMIT,
+    );
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(out.contains("allocated 15\n"), "{out}\n{err}");
+    let prog: Vec<Vec<Stack>> = sections(&out, "libc:malloc")
+        .into_iter()
+        .filter(|sec| {
+            sec.iter()
+                .any(|s| s.frames.iter().any(|f| f.starts_with("path_")))
+        })
+        .collect();
+    assert_eq!(prog.len(), 1, "one section of the program:\n{out}");
+    for (path, count) in [
+        (&["alloc_leaf", "path_c_inner", "path_c", "main"][..], 7),
+        (&["alloc_leaf", "path_b", "main"][..], 5),
+        (&["alloc_leaf", "path_a", "main"][..], 3),
+    ] {
+        let found: Vec<&Stack> = prog[0]
+            .iter()
+            .filter(|s| s.frames.len() > path.len() && s.frames[..path.len()] == *path)
+            .collect();
+        assert_eq!(found.len(), 1, "{path:?} in\n{out}\n{err}");
+        assert_eq!(found[0].count, count, "{path:?}:\n{out}");
+    }
+}
+
 /// `record -f --stacks`: the trace's stacks.tsv has the executed
 /// program's three paths with their counts, beside the shell's stacks.
 #[test]
