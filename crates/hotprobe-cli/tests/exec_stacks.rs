@@ -242,4 +242,19 @@ fn record_stacks_of_a_program_executed_by_a_shell() {
     }
     let others = tsv.lines().filter(|l| !l.contains("alloc_leaf")).count();
     assert!(others > 1, "the shell's stacks and printf's too:\n{tsv}");
+    // The writer keeps the executed program's calls (its probe, placed
+    // before libc was loaded, is named malloc as the include is): 16
+    // calls of malloc in the program, none filtered out.
+    assert!(err.contains("pattern 0;"), "{err}");
+    let o = hotprobe_within(&["report", "--json", trace.to_str().unwrap()], LIMIT);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let calls: Vec<u64> = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["function"] == "malloc")
+        .map(|r| r["calls"].as_u64().unwrap())
+        .collect();
+    assert!(calls.contains(&16), "{calls:?}: {v}");
 }

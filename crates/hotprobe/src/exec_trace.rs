@@ -83,7 +83,15 @@ impl EventSink for ExecTraceSink<'_> {
             probes.push(id);
             symbols.push(Symbol {
                 id,
-                name: p.function.clone().unwrap_or_else(|| p.label.clone()),
+                // A probe still pending (its library not loaded yet) is
+                // named by its spec's function, as the writer's include
+                // patterns name it (`libc:malloc`: `malloc`).
+                name: p.function.clone().unwrap_or_else(|| {
+                    match p.label.parse::<hotprobe_symbols::ProbeSpec>() {
+                        Ok(hotprobe_symbols::ProbeSpec::Function { name, .. }) => name,
+                        _ => p.label.clone(),
+                    }
+                }),
                 module: if p.module.is_empty() {
                     program.clone()
                 } else {
