@@ -31,6 +31,8 @@ mod watch;
 mod watchpoints;
 
 #[cfg(test)]
+mod remote_tests;
+#[cfg(test)]
 mod wait_tests;
 
 /// The ptrace layer ([`hotprobe_os::ptrace`]): every ptrace and wait call
