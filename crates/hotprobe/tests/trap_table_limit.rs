@@ -6,7 +6,7 @@
 
 mod support;
 
-use hotprobe::{Probe, RunEnd, Session, SpawnOptions};
+use hotprobe::{Probe, RunEnd};
 use std::path::PathBuf;
 
 /// More functions than the table has slots (each takes two: its `int3`
@@ -22,19 +22,8 @@ fn build() -> PathBuf {
 #[test]
 fn trap_probes_past_the_trap_table_still_count_and_say_so() {
     let bin = build();
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("trap_table_limit.out");
-    let f = std::fs::File::create(&out).unwrap();
-    let mut s = Session::new();
-    let t = s
-        .spawn_with(
-            &bin,
-            &[],
-            &SpawnOptions {
-                stdout: Some(f),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+    let mut c = support::spawn(&bin, &[]);
+    let (s, t) = (&mut c.session, c.target);
     // Handler probes run in hotprobe: on ptrace traps, with the agent
     // (and its table) in.
     let ids: Vec<_> = (0..FUNCTIONS)
@@ -55,12 +44,9 @@ fn trap_probes_past_the_trap_table_still_count_and_say_so() {
     );
     assert_eq!(s.run().unwrap(), RunEnd::AllExited);
     let expect_sum: i64 = (0..FUNCTIONS as i64).map(|i| ((i % 2) + 1) * (2 * i)).sum();
-    assert_eq!(
-        std::fs::read_to_string(&out).unwrap().trim(),
-        format!("sum {expect_sum}")
-    );
     // Every probe counted exactly, those past the table included.
     for (i, id) in ids.iter().enumerate() {
         assert_eq!(s.stats(*id).unwrap().hits, (i % 2) as u64 + 1, "f{i}");
     }
+    assert_eq!(c.output().trim(), format!("sum {expect_sum}"));
 }
