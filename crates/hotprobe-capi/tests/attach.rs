@@ -8,19 +8,14 @@
 //! loaded machine ended with the target seen gone (`HOTPROBE_END_EXITED`)
 //! — not diagnosed yet, see docs/DESIGN.md "Known gaps".
 
+mod c_session;
 mod common;
+use c_session::*;
 use common::*;
 use hotprobe_c::*;
-use std::ffi::{c_void, CStr, CString};
+use std::ffi::{c_void, CString};
 use std::process::Command;
 use std::ptr::null;
-
-fn last_error() -> String {
-    // SAFETY: a NUL-terminated string owned by the library.
-    unsafe { CStr::from_ptr(hotprobe_last_error()) }
-        .to_string_lossy()
-        .into_owned()
-}
 
 #[derive(Default)]
 struct State {

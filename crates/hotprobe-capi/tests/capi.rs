@@ -4,20 +4,15 @@
 //! the handler context, stop from a handler, enable/disable, unregister,
 //! stats.
 
+mod c_session;
 mod common;
+use c_session::*;
 use common::*;
 use hotprobe_c::*;
-use std::ffi::{c_void, CStr, CString};
+use std::ffi::{c_void, CString};
 use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::ptr::{null, null_mut};
-
-fn last_error() -> String {
-    // SAFETY: a NUL-terminated string owned by the library.
-    unsafe { CStr::from_ptr(hotprobe_last_error()) }
-        .to_string_lossy()
-        .into_owned()
-}
 
 /// The link-time (= run-time: -no-pie) address of a symbol, from nm.
 fn nm(bin: &std::path::Path, sym: &str) -> u64 {

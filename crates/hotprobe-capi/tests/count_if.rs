@@ -6,19 +6,13 @@
 //! DWARF): tests/programs/params.c calls `put(int key, unsigned size)` 8
 //! times, and `key < 0`, `size > 256` count exactly the calls that match.
 
+mod c_session;
 mod common;
+use c_session::*;
 use common::*;
 use hotprobe_c::*;
-use std::ffi::{CStr, CString};
-use std::os::fd::AsRawFd;
+use std::ffi::CString;
 use std::ptr::{null, null_mut};
-
-fn last_error() -> String {
-    // SAFETY: a NUL-terminated string owned by the library.
-    unsafe { CStr::from_ptr(hotprobe_last_error()) }
-        .to_string_lossy()
-        .into_owned()
-}
 
 /// The test program (tests/programs/sizes.c), built into `dir`.
 fn sizes(dir: &std::path::Path) -> std::path::PathBuf {
@@ -34,36 +28,13 @@ fn counts(mechanism: u32) -> (u64, u64, u64, String) {
     let prog = sizes(&dir);
     let out_path = dir.join("out");
     let out = std::fs::File::create(&out_path).unwrap();
-    let mut cfg = hotprobe_config {
-        mechanism: 0,
-        maxactive: 0,
-        follow_forks: false,
-        force: false,
-    };
-    // SAFETY: `cfg` is writable.
-    unsafe { hotprobe_config_default(&mut cfg) };
-    cfg.mechanism = mechanism;
-    // SAFETY: a valid config.
-    let s = unsafe { hotprobe_open(&cfg) };
-    assert!(!s.is_null(), "{}", last_error());
-    let path = CString::new(prog.to_str().unwrap()).unwrap();
-    let argv = [null()];
+    let (s, t) = open_and_spawn(mechanism, &prog, &out);
     let spec = CString::new("take").unwrap();
     let cond = CString::new("arg0 > 256").unwrap();
-    let (mut t, mut n) = (0, 0usize);
+    let mut n = 0usize;
     let (mut cond_id, mut all_id, mut count_id) = (u32::MAX, u32::MAX, u32::MAX);
-    // SAFETY: live session, C strings, NULL-terminated argv, writable outs.
+    // SAFETY: live session, C strings, writable outs.
     unsafe {
-        let rc = hotprobe_spawn_io(
-            s,
-            path.as_ptr(),
-            argv.as_ptr(),
-            -1,
-            out.as_raw_fd(),
-            -1,
-            &mut t,
-        );
-        assert_eq!(rc, HOTPROBE_OK, "{}", last_error());
         let rc = hotprobe_count_if(s, t, spec.as_ptr(), cond.as_ptr(), &mut cond_id, 1, &mut n);
         assert_eq!(rc, HOTPROBE_OK, "{}", last_error());
         assert_eq!(n, 1);
@@ -179,44 +150,6 @@ fn bad_conditions_are_refused_before_anything_is_placed() {
 fn params(dir: &std::path::Path, name: &str, flags: &[&str]) -> std::path::PathBuf {
     let src = root().join("crates/hotprobe-capi/tests/programs/params.c");
     gcc(&src, &dir.join(name), flags)
-}
-
-/// Opens a session with `mechanism` and spawns `prog` with its output to
-/// `out`: (session, target).
-fn open_and_spawn(
-    mechanism: u32,
-    prog: &std::path::Path,
-    out: &std::fs::File,
-) -> (*mut hotprobe_session, hotprobe_target) {
-    let mut cfg = hotprobe_config {
-        mechanism: 0,
-        maxactive: 0,
-        follow_forks: false,
-        force: false,
-    };
-    // SAFETY: `cfg` is writable.
-    unsafe { hotprobe_config_default(&mut cfg) };
-    cfg.mechanism = mechanism;
-    // SAFETY: a valid config.
-    let s = unsafe { hotprobe_open(&cfg) };
-    assert!(!s.is_null(), "{}", last_error());
-    let path = CString::new(prog.to_str().unwrap()).unwrap();
-    let argv = [null()];
-    let mut t = 0;
-    // SAFETY: live session, C strings, NULL-terminated argv, writable out.
-    let rc = unsafe {
-        hotprobe_spawn_io(
-            s,
-            path.as_ptr(),
-            argv.as_ptr(),
-            -1,
-            out.as_raw_fd(),
-            -1,
-            &mut t,
-        )
-    };
-    assert_eq!(rc, HOTPROBE_OK, "{}", last_error());
-    (s, t)
 }
 
 /// Places `hotprobe_count_if(s, t, spec, cond)`: its one probe id, or the

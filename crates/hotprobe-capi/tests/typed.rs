@@ -4,19 +4,13 @@
 //! capture hands back are those, call by call, with the default mechanism
 //! and on traps. What the program printed is unchanged.
 
+mod c_session;
 mod common;
+use c_session::*;
 use common::*;
 use hotprobe_c::*;
 use std::ffi::{c_void, CStr, CString};
-use std::os::fd::AsRawFd;
 use std::ptr::null;
-
-fn last_error() -> String {
-    // SAFETY: a NUL-terminated string owned by the library.
-    unsafe { CStr::from_ptr(hotprobe_last_error()) }
-        .to_string_lossy()
-        .into_owned()
-}
 
 /// The events a handler got: (probe, is_return, values).
 type Got = Vec<(u32, bool, Vec<String>)>;
@@ -64,37 +58,14 @@ fn capture(mechanism: u32, spec: &str) -> (Got, u32, String) {
     let prog = gcc(&src, &dir.join("typed"), &["-O1", "-g"]);
     let out_path = dir.join("out");
     let out = std::fs::File::create(&out_path).unwrap();
-    let mut cfg = hotprobe_config {
-        mechanism: 0,
-        maxactive: 0,
-        follow_forks: false,
-        force: false,
-    };
-    // SAFETY: `cfg` is writable.
-    unsafe { hotprobe_config_default(&mut cfg) };
-    cfg.mechanism = mechanism;
-    // SAFETY: a valid config.
-    let s = unsafe { hotprobe_open(&cfg) };
-    assert!(!s.is_null(), "{}", last_error());
-    let path = CString::new(prog.to_str().unwrap()).unwrap();
-    let argv = [null()];
+    let (s, t) = open_and_spawn(mechanism, &prog, &out);
     let spec = CString::new(spec).unwrap();
-    let (mut t, mut n, mut id) = (0, 0usize, u32::MAX);
+    let (mut n, mut id) = (0usize, u32::MAX);
     let mut got: Got = Vec::new();
     let mut taken = 0usize;
-    // SAFETY: live session, C strings, NULL-terminated argv, writable
-    // outs, a handler and its `Got`.
+    // SAFETY: live session, C strings, writable outs, a handler and its
+    // `Got`.
     unsafe {
-        let rc = hotprobe_spawn_io(
-            s,
-            path.as_ptr(),
-            argv.as_ptr(),
-            -1,
-            out.as_raw_fd(),
-            -1,
-            &mut t,
-        );
-        assert_eq!(rc, HOTPROBE_OK, "{}", last_error());
         let rc = hotprobe_record_typed(s, t, spec.as_ptr(), &mut id, 1, &mut n);
         assert_eq!(rc, HOTPROBE_OK, "{}", last_error());
         assert_eq!(n, 1);
