@@ -292,12 +292,7 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
     }
     syscall(
         libc::SYS_rt_sigprocmask,
-        [
-            libc::SIG_SETMASK as u64,
-            &saved as *const u64 as u64,
-            0,
-            8,
-        ],
+        [libc::SIG_SETMASK as u64, &saved as *const u64 as u64, 0, 8],
     );
     crate::sigmask::leave_program_handler(view);
 }
@@ -384,7 +379,10 @@ fn handle(info: &libc::siginfo_t, uc: &mut libc::ucontext_t) -> bool {
             if !is_prefix(orig) {
                 if let Some((g, f)) = shm.lookup_trap(site.wrapping_add(1)) {
                     let gsite = site.wrapping_add(1);
-                    if f & TRAP_GUARD != 0 && read_byte(gsite) == Some(INT3) && !write_byte(gsite, g) {
+                    if f & TRAP_GUARD != 0
+                        && read_byte(gsite) == Some(INT3)
+                        && !write_byte(gsite, g)
+                    {
                         return false;
                     }
                 }

@@ -15,7 +15,7 @@
 //!   `rt_sigaction` system calls at libc's call sites where the agent was
 //!   injected: the tracer stops the thread there (`hotprobe-process`'s
 //!   `sigtrap.rs`, "signal-state sites") and reads or writes this block
-//!   ([`hotprobe_agent_program_sigtrap`], found by its symbol) instead of
+//!   ([`hotprobe_agent_program_sigtrap`], found by its magic words) instead of
 //!   the kernel's disposition;
 //! * put back byte for byte (a raw `rt_sigaction`) when the agent's handler
 //!   goes (at release). After a tracer died, the handler stays (threads
@@ -45,14 +45,24 @@ pub(crate) struct KernelAction {
     pub mask: u64,
 }
 
-/// The program's `SIGTRAP` action, for the tracer to find by name: word 0
-/// is 1 while the agent's handler holds the kernel's disposition (the
-/// other words are then the program's action: handler, flags, restorer,
-/// mask), 0 otherwise (the kernel's disposition is the program's own).
-/// The tracer writes words 1–4 only while word 0 is 1, with the thread
-/// that asked stopped.
+/// The first two words of [`hotprobe_agent_program_sigtrap`]: how the
+/// tracer finds the block in the agent's writable data.
+pub const PROGRAM_SIGTRAP_MAGIC: [u64; 2] = [
+    u64::from_le_bytes(*b"hotprobe"),
+    u64::from_le_bytes(*b"sigtrap1"),
+];
+
+/// The program's `SIGTRAP` action, for the tracer to find (by its symbol,
+/// or by the magic words 0–1 in the agent's writable data): word 2 is 1
+/// while the agent's handler holds the kernel's disposition (words 3–6
+/// are then the program's action: handler, flags, restorer, mask, as the
+/// kernel's `struct sigaction` lays them out), 0 otherwise (the kernel's
+/// disposition is the program's own). The tracer writes words 3–6 only
+/// while word 2 is 1, with the thread that asked stopped.
 #[no_mangle]
-pub static hotprobe_agent_program_sigtrap: [AtomicU64; 5] = [
+pub static hotprobe_agent_program_sigtrap: [AtomicU64; 7] = [
+    AtomicU64::new(PROGRAM_SIGTRAP_MAGIC[0]),
+    AtomicU64::new(PROGRAM_SIGTRAP_MAGIC[1]),
     AtomicU64::new(0),
     AtomicU64::new(0),
     AtomicU64::new(0),
@@ -60,29 +70,29 @@ pub static hotprobe_agent_program_sigtrap: [AtomicU64; 5] = [
     AtomicU64::new(0),
 ];
 
-const BLOCK: &[AtomicU64; 5] = &hotprobe_agent_program_sigtrap;
+const BLOCK: &[AtomicU64; 7] = &hotprobe_agent_program_sigtrap;
 
 /// The program's action as kept.
 pub(crate) fn get() -> KernelAction {
     KernelAction {
-        handler: BLOCK[1].load(Relaxed),
-        flags: BLOCK[2].load(Relaxed),
-        restorer: BLOCK[3].load(Relaxed),
-        mask: BLOCK[4].load(Relaxed),
+        handler: BLOCK[3].load(Relaxed),
+        flags: BLOCK[4].load(Relaxed),
+        restorer: BLOCK[5].load(Relaxed),
+        mask: BLOCK[6].load(Relaxed),
     }
 }
 
 /// Keeps `a` as the program's action.
 pub(crate) fn set(a: KernelAction) {
-    BLOCK[1].store(a.handler, Relaxed);
-    BLOCK[2].store(a.flags, Relaxed);
-    BLOCK[3].store(a.restorer, Relaxed);
-    BLOCK[4].store(a.mask, Relaxed);
+    BLOCK[3].store(a.handler, Relaxed);
+    BLOCK[4].store(a.flags, Relaxed);
+    BLOCK[5].store(a.restorer, Relaxed);
+    BLOCK[6].store(a.mask, Relaxed);
 }
 
 /// Marks whether the agent's handler holds the kernel's disposition.
 pub(crate) fn set_held(on: bool) {
-    BLOCK[0].store(u64::from(on), Release);
+    BLOCK[2].store(u64::from(on), Release);
 }
 
 /// `rt_sigaction(SIGTRAP, act, old, 8)`, raw: the kernel's action as is
