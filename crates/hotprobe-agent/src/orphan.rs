@@ -101,6 +101,7 @@ pub(crate) fn install() {
     if progtrap::kernel(None, Some(&mut mine)) == 0 {
         GLIBC_RESTORER.store(mine.restorer, Relaxed);
     }
+    progtrap::set_agent_handler(on_sigtrap as *const () as usize as u64);
     progtrap::set_held(true);
     INSTALLED.store(true, Release);
 }

@@ -52,15 +52,17 @@ pub const PROGRAM_SIGTRAP_MAGIC: [u64; 2] = [
     u64::from_le_bytes(*b"sigtrap1"),
 ];
 
-/// The program's `SIGTRAP` action, for the tracer to find (by its symbol,
-/// or by the magic words 0–1 in the agent's writable data): word 2 is 1
+/// The program's `SIGTRAP` action, for the tracer to find (by the magic
+/// words 0–1 in the agent's writable data): word 2 is 1
 /// while the agent's handler holds the kernel's disposition (words 3–6
 /// are then the program's action: handler, flags, restorer, mask, as the
 /// kernel's `struct sigaction` lays them out), 0 otherwise (the kernel's
-/// disposition is the program's own). The tracer writes words 3–6 only
-/// while word 2 is 1, with the thread that asked stopped.
+/// disposition is the program's own). Word 7 is the agent's own handler
+/// (what the tracer puts back where a trap of its reset it). The tracer
+/// writes words 3–6 only while word 2 is 1, with the thread that asked
+/// stopped.
 #[no_mangle]
-pub static hotprobe_agent_program_sigtrap: [AtomicU64; 7] = [
+pub static hotprobe_agent_program_sigtrap: [AtomicU64; 8] = [
     AtomicU64::new(PROGRAM_SIGTRAP_MAGIC[0]),
     AtomicU64::new(PROGRAM_SIGTRAP_MAGIC[1]),
     AtomicU64::new(0),
@@ -68,9 +70,15 @@ pub static hotprobe_agent_program_sigtrap: [AtomicU64; 7] = [
     AtomicU64::new(0),
     AtomicU64::new(0),
     AtomicU64::new(0),
+    AtomicU64::new(0),
 ];
 
-const BLOCK: &[AtomicU64; 7] = &hotprobe_agent_program_sigtrap;
+const BLOCK: &[AtomicU64; 8] = &hotprobe_agent_program_sigtrap;
+
+/// Notes the agent's own handler (word 7).
+pub(crate) fn set_agent_handler(h: u64) {
+    BLOCK[7].store(h, Relaxed);
+}
 
 /// The program's action as kept.
 pub(crate) fn get() -> KernelAction {

@@ -422,9 +422,20 @@ impl ProcessTarget {
         let Some(want) = self.sigtrap.handler else {
             return;
         };
+        // A trap resets the handler only in a thread blocking SIGTRAP or
+        // where it is ignored, and only to SIG_DFL: seen in /proc without
+        // a remote call (which a thread at its exec stop cannot make).
+        let blocking = self.threads.values().any(|t| t.trap_blocked);
+        if want == 0 || !(blocking || want == SIG_IGN) {
+            return;
+        }
         let Some(tid) = self.any_stopped_thread() else {
             return;
         };
+        let Some((_, ign, cgt)) = status_masks(self.pid, tid) else {
+            return;
+        };
+        let kernel_reset = ign & TRAP_BIT == 0 && cgt & TRAP_BIT == 0;
         if let Some(block) = self.held_agent_block() {
             if let Some(mut kept) = self.kept_action(block) {
                 if kept[0] != want {
@@ -437,11 +448,14 @@ impl ProcessTarget {
             }
             // The kernel's disposition is the agent's handler: the one a
             // reset of ours puts back from now on.
-            self.sigtrap.handler = self.read_trap_action(tid).ok().map(|a| a[0]);
-        } else if let Ok(now) = self.read_trap_action(tid) {
-            if now[0] != want {
-                let _ = self.write_trap_handler(tid, want);
+            self.sigtrap.handler = self.agent_handler(block);
+            if kernel_reset {
+                if let Some(h) = self.sigtrap.handler {
+                    let _ = self.write_trap_handler(tid, h);
+                }
             }
+        } else if kernel_reset {
+            let _ = self.write_trap_handler(tid, want);
         }
     }
 

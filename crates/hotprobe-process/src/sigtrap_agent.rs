@@ -25,6 +25,8 @@ const MAGIC: [u64; 2] = [
 const HELD: u64 = 16;
 /// Offset of the program's action (4 words).
 const ACTION: u64 = 24;
+/// Offset of the agent's own handler's address.
+const AGENT_HANDLER: u64 = 56;
 /// The largest agent mapping searched.
 const MAX_SEARCH: u64 = 16 << 20;
 /// `SIGKILL` and `SIGSTOP`, which the kernel never keeps in a handler's mask.
@@ -88,6 +90,11 @@ impl ProcessTarget {
     pub(crate) fn held_agent_block(&mut self) -> Option<u64> {
         let b = self.agent_block()?;
         (self.read_u64(RuntimeAddr(b + HELD)).ok()? == 1).then_some(b)
+    }
+
+    /// The agent's own `SIGTRAP` handler (of the agent at `block`).
+    pub(crate) fn agent_handler(&mut self, block: u64) -> Option<u64> {
+        self.read_u64(RuntimeAddr(block + AGENT_HANDLER)).ok()
     }
 
     /// The program's action the agent keeps at `block`.
