@@ -152,17 +152,19 @@ extern "C" {
 /// `sigaction`, interposed (the agent is preloaded ahead of libc) so that a
 /// program installing its own `SIGTRAP` handler after the agent's does not
 /// take the in-process traps' `int3`s away from the agent: while the
-/// agent's handler is installed, the program's handler and flags become the
-/// chained ones (called for every `SIGTRAP` that is not the agent's) and
-/// the previous chained one is returned as the old action. Not carried
-/// over: the program's `sa_mask` and `SA_RESETHAND` (the chained handler
-/// runs with the agent's flags). Every other signal goes to glibc with
+/// agent's handler is installed, the program's action (handler, flags,
+/// mask) is kept as the chained one (see [`crate::progtrap`]: called for
+/// every `SIGTRAP` that is not the agent's, as the kernel would) and the
+/// previous one is returned as the old action, as glibc would have read
+/// it. Every other signal goes to glibc with
 /// `SIGTRAP` taken out of its handler's `sa_mask` while the agent's handler
 /// is installed (see [`crate::sigmask`]); `SIGTRAP` before the agent
 /// attached goes to glibc unchanged. Not
-/// covered: a program that calls the `rt_sigaction` system call itself,
-/// or an agent injected into a running process (its calls are bound to
-/// glibc already).
+/// covered: a program that calls the `rt_sigaction` system call itself.
+/// An agent injected into a running process is not reached (the
+/// program's calls are bound to glibc already): there the tracer serves
+/// the program's `rt_sigaction(SIGTRAP)` from the same kept action at
+/// libc's system-call sites.
 ///
 /// # Safety
 /// As glibc's `sigaction`: `act` and `old` are null or valid.

@@ -40,6 +40,24 @@
 //!   the kernel left). A single-step's own trap in between is reset and
 //!   put back with it.
 //!
+//! - **An injected agent.** Its `SIGTRAP` handler (for a tracer that
+//!   dies) holds the kernel's disposition; it keeps the program's action
+//!   in a block of its own memory, which the program's
+//!   `rt_sigaction(SIGTRAP)` at a site reads and writes instead
+//!   (`sigtrap_agent.rs`). Traps of the injection itself (the loader's
+//!   rendezvous in `dlopen`, before the sites are armed) are undone from
+//!   the state read at attach; at detach, those of the detach's and the
+//!   unload's remote calls, before and after the agent's release.
+//!
+//! Not covered: a trap that resets the disposition in one thread while
+//! another thread's own `SIGTRAP` (`raise`, `tgkill`) is being delivered:
+//! that one meets `SIG_DFL` until the trap's stop is handled (a
+//! `pthread_create`'s new thread trapping at its site in glibc's
+//! all-blocked window, while another thread raises `SIGTRAP`: the
+//! process dies). Putting the action back before passing a `SIGTRAP`
+//! through narrows it (the wait loop's part); only keeping `SIGTRAP` out
+//! of the kernel's masks, as the preloaded agent does, closes it.
+//!
 //! Not seen: a `syscall` instruction whose number is not loaded just
 //! before it (libc's `syscall()` function, inline assembly, the Go
 //! runtime), and `sigreturn`'s or signal delivery's masks (a probed call
@@ -333,7 +351,9 @@ impl ProcessTarget {
             // handler for a moment, and another thread's in-process trap
             // could die of it. (An injected agent binds none of its
             // interposers and serves no in-process trap: the state is
-            // kept as without it.)
+            // kept as without it, its handler holding the disposition
+            // for a tracer that dies, and the program's action served
+            // from the agent's copy: `sigtrap_agent.rs`.)
             self.sigtrap.armed = true;
             let sites: Vec<u64> = self.sigtrap.sites.drain().map(|(a, _)| a).collect();
             for a in sites {
