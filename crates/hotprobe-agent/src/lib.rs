@@ -44,6 +44,7 @@ mod capture;
 mod clock;
 mod coro;
 mod env;
+mod gotbind;
 mod hit;
 mod inproc;
 mod next_symbol;

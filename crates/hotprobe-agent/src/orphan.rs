@@ -104,6 +104,8 @@ pub(crate) fn install() {
     progtrap::set_agent_handler(on_sigtrap as *const () as usize as u64);
     progtrap::set_held(true);
     INSTALLED.store(true, Release);
+    // An injected agent's program reads its action through the agent too.
+    crate::gotbind::bind();
 }
 
 /// Gives `SIGTRAP` back the program's action exactly as the kernel held
@@ -115,6 +117,7 @@ pub(crate) fn uninstall() {
     if !INSTALLED.swap(false, AcqRel) {
         return;
     }
+    crate::gotbind::unbind();
     progtrap::set_held(false);
     let mut cur = KernelAction::default();
     if progtrap::kernel(None, Some(&mut cur)) != 0
@@ -190,6 +193,19 @@ pub unsafe extern "C" fn sigaction(
         }
         return rc;
     }
+    // SAFETY: the caller's arguments.
+    unsafe { program_sigtrap_action(act, old) }
+}
+
+/// `sigaction(SIGTRAP, act, old)` on the program's kept action (see
+/// [`crate::progtrap`]), as glibc would have read and set the kernel's.
+///
+/// # Safety
+/// `act` and `old` are null or valid.
+pub(crate) unsafe fn program_sigtrap_action(
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> libc::c_int {
     let prev = progtrap::get();
     if !act.is_null() {
         // SAFETY: `act` is valid (caller).
@@ -201,6 +217,28 @@ pub unsafe extern "C" fn sigaction(
         unsafe { old.write(progtrap::to_libc(&prev)) };
     }
     0
+}
+
+/// glibc's `sigaction`.
+///
+/// # Safety
+/// As glibc's `sigaction`.
+pub(crate) unsafe fn glibc_sigaction(
+    sig: libc::c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> libc::c_int {
+    // SAFETY: the caller's arguments.
+    unsafe { __sigaction(sig, act, old) }
+}
+
+/// glibc's `signal`.
+///
+/// # Safety
+/// As glibc's `signal`.
+pub(crate) unsafe fn glibc_signal(sig: libc::c_int, h: libc::sighandler_t) -> libc::sighandler_t {
+    // SAFETY: the caller's arguments.
+    unsafe { bsd_signal(sig, h) }
 }
 
 /// `signal`, interposed for `SIGTRAP` as [`sigaction`] is (glibc's
@@ -215,7 +253,13 @@ pub unsafe extern "C" fn signal(sig: libc::c_int, h: libc::sighandler_t) -> libc
         // SAFETY: the caller's arguments, as glibc takes them.
         return unsafe { bsd_signal(sig, h) };
     }
-    // As glibc's `signal`: SA_RESTART, the signal itself in the mask.
+    program_sigtrap_signal(h)
+}
+
+/// `signal(SIGTRAP, h)` on the program's kept action (see
+/// [`crate::progtrap`]), as glibc's `signal` sets it: `SA_RESTART`, the
+/// signal itself in the mask.
+pub(crate) fn program_sigtrap_signal(h: libc::sighandler_t) -> libc::sighandler_t {
     let prev = progtrap::get();
     progtrap::set(KernelAction {
         handler: h as u64,

@@ -1,6 +1,6 @@
-//! Issue 22: `hotprobe count -p PID --mechanism trap` on a running program
-//! that installed its own `SIGTRAP` handler (and, in a second case, blocks
-//! `SIGTRAP`). Attaching injects the agent, whose own `SIGTRAP` handler
+//! Issue 22: `hotprobe count -p PID` (the ptrace trap, and the fast
+//! path) on a running program that installed its own `SIGTRAP` handler
+//! (and, in a second case, blocks `SIGTRAP`). Attaching injects the agent, whose own `SIGTRAP` handler
 //! (for a tracer that dies) then holds the kernel's disposition: before,
 //! the program read back the agent's handler and flags through
 //! `sigaction` while attached and lost its handler's `sa_mask` after the
@@ -53,7 +53,9 @@ fn native(bin: &std::path::Path, args: &[&str]) -> Vec<String> {
     out
 }
 
-fn check(args: &[&str]) {
+/// `hotprobe count -p PID MECH probed` on the program started with `args`
+/// (see the module docs); the probe's execution starts with `exec`.
+fn check(args: &[&str], mech: &[&str], exec: &str) {
     let bin = build(false);
     let want = native(&bin, args);
     let [before, during, after] = script();
@@ -63,15 +65,12 @@ fn check(args: &[&str]) {
         got.push(p.ask(c));
     }
     let masks = p.proc_masks();
+    let pid = p.pid.to_string();
+    let mut hp_args = vec!["count", "-p", &pid];
+    hp_args.extend_from_slice(mech);
+    hp_args.push("probed");
     let mut hp = Command::new(HOTPROBE)
-        .args([
-            "count",
-            "-p",
-            &p.pid.to_string(),
-            "--mechanism",
-            "trap",
-            "probed",
-        ])
+        .args(&hp_args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -91,7 +90,7 @@ fn check(args: &[&str]) {
             }
         }
     }
-    let ctx = |said: &[String]| format!("{args:?}: hotprobe said {said:?}");
+    let ctx = |said: &[String]| format!("{args:?} {mech:?}: hotprobe said {said:?}");
     // The case of the issue: the agent is injected.
     assert!(p.has_agent(), "{}", ctx(&said));
     for c in during {
@@ -121,17 +120,28 @@ fn check(args: &[&str]) {
     assert_eq!(got, want, "the program's own lines: {}", ctx(&said));
     let t = CountTable::parse(&stdout, &said.join("\n"));
     assert_eq!(t.hits("probed"), 100, "{stdout}\n{}", ctx(&said));
-    assert!(t.execution("probed").starts_with("trap"), "{stdout}");
+    assert!(t.execution("probed").starts_with(exec), "{stdout}");
 }
 
+/// With the ptrace trap: the agent is injected all the same, and its
+/// handler holds the disposition.
 #[test]
 fn a_programs_own_sigtrap_handler_is_what_it_sees_before_during_and_after_an_attach() {
-    check(&[]);
+    check(&[], &["--mechanism", "trap"], "trap");
 }
 
 #[test]
 fn a_program_blocking_sigtrap_keeps_its_mask_and_handler_through_an_attach() {
-    check(&["block"]);
+    check(&["block"], &["--mechanism", "trap"], "trap");
+}
+
+/// With the fast path (a jump: no ptrace breakpoint, no signal-state
+/// site): the agent's `sigaction` and `signal` are bound into the
+/// program's GOT (the agent's `gotbind`).
+#[test]
+fn under_the_fast_path_the_program_sees_its_own_sigtrap_handler_and_mask() {
+    check(&[], &[], "jump");
+    check(&["block"], &[], "jump");
 }
 
 /// The native answers of the script hold what the tests compare: the

@@ -125,6 +125,8 @@ pub(crate) struct SigTrapState {
     /// At detach, the program's action the agent's release puts back
     /// (see [`ProcessTarget::settle_sigtrap_before_detach_hooks`]).
     detach_action: Option<[u64; 4]>,
+    /// At detach, the threads that blocked `SIGTRAP` before the hooks.
+    detach_blocked: Vec<i32>,
 }
 
 /// `SigBlk`, `SigIgn` and `SigCgt` of `/proc/PID/task/TID/status`.
@@ -255,10 +257,13 @@ impl ProcessTarget {
     /// module docs), before it runs freely. Errors are the thread's end
     /// (ESRCH): nothing to put back then.
     pub(crate) fn restore_sigtrap_state(&mut self, tid: i32) {
-        if !self.sigtrap.armed {
-            // The thread runs freely next: what the program sets from now
-            // on is not seen until the sites are armed.
-            self.sigtrap.fresh = false;
+        if !self.sigtrap.armed && std::mem::take(&mut self.sigtrap.fresh) {
+            // The first thread to run freely since the state was read
+            // with every thread stopped, the sites not armed (no ptrace
+            // breakpoint: the fast path's probes only): what our traps
+            // (an agent's injection) reset goes back now; what the
+            // program sets from now on is not seen until they are.
+            self.undo_unarmed_traps();
         }
         let Some(t) = self.threads.get_mut(&tid) else {
             return;
@@ -486,9 +491,17 @@ impl ProcessTarget {
     /// reset during or after the unload must get back
     /// ([`ProcessTarget::settle_sigtrap_after_detach_hooks`]).
     pub(crate) fn settle_sigtrap_before_detach_hooks(&mut self) {
-        for tid in self.threads.keys().copied().collect::<Vec<_>>() {
+        let tids: Vec<i32> = self.threads.keys().copied().collect();
+        for &tid in &tids {
             self.restore_sigtrap_state(tid);
         }
+        // The masks as they are now, every thread stopped: what the
+        // hooks' traps reset in them goes back after (tracked or not:
+        // without the sites, what the program set is not).
+        self.sigtrap.detach_blocked = tids
+            .into_iter()
+            .filter(|&t| self.sys.getsigmask(t).is_ok_and(|m| m & TRAP_BIT != 0))
+            .collect();
         self.sigtrap.detach_action = self
             .held_agent_block()
             .and_then(|block| self.kept_action(block));
@@ -521,6 +534,13 @@ impl ProcessTarget {
         }
         for tid in self.threads.keys().copied().collect::<Vec<_>>() {
             self.restore_sigtrap_state(tid);
+        }
+        for tid in std::mem::take(&mut self.sigtrap.detach_blocked) {
+            if let Ok(mask) = self.sys.getsigmask(tid) {
+                if mask & TRAP_BIT == 0 {
+                    let _ = self.sys.setsigmask(tid, mask | TRAP_BIT);
+                }
+            }
         }
     }
 
