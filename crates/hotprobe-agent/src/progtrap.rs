@@ -11,12 +11,13 @@
 //!   blocked unless `SA_NODEFER`, `SA_RESETHAND` honoured, `SA_SIGINFO`'s
 //!   arguments passed;
 //! * shown and changed by the program's `sigaction`/`signal` (interposed
-//!   where the agent is preloaded, `orphan::sigaction`), and by its
+//!   where the agent is preloaded, `orphan::sigaction`; bound into the
+//!   program's GOT where it was injected, `gotbind`), and by its
 //!   `rt_sigaction` system calls at libc's call sites where the agent was
-//!   injected: the tracer stops the thread there (`hotprobe-process`'s
-//!   `sigtrap.rs`, "signal-state sites") and reads or writes this block
-//!   ([`hotprobe_agent_program_sigtrap`], found by its magic words) instead of
-//!   the kernel's disposition;
+//!   injected and the ptrace trap is in use: the tracer stops the thread
+//!   there (`hotprobe-process`'s `sigtrap.rs`, "signal-state sites") and
+//!   reads or writes this block ([`hotprobe_agent_program_sigtrap`], found
+//!   by its magic words) instead of the kernel's disposition;
 //! * put back byte for byte (a raw `rt_sigaction`) when the agent's handler
 //!   goes (at release). After a tracer died, the handler stays (threads
 //!   may still trap on what it leaves, see `orphan`): an injected agent's
