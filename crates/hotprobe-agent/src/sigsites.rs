@@ -115,29 +115,34 @@ fn each_libc_text(mut each: impl FnMut(u64, u64)) {
     if fd < 0 {
         return;
     }
-    let mut line = [0u8; 512];
+    // Not zeroed (no `memset`, which a probe could be on: only the bytes
+    // read or written are looked at).
+    let mut line = core::mem::MaybeUninit::<[u8; 512]>::uninit();
+    let line = line.as_mut_ptr() as *mut u8;
     let mut len = 0usize;
     let mut overlong = false;
-    let mut buf = [0u8; 256];
+    let mut buf = core::mem::MaybeUninit::<[u8; 256]>::uninit();
     loop {
-        let n = syscall(
-            libc::SYS_read,
-            [fd as u64, buf.as_mut_ptr() as u64, buf.len() as u64, 0],
-        ) as i64;
-        if n <= 0 {
+        let n = syscall(libc::SYS_read, [fd as u64, buf.as_mut_ptr() as u64, 256, 0]) as i64;
+        if n <= 0 || n > 256 {
             break;
         }
-        for &b in &buf[..n as usize] {
+        // SAFETY: the first `n` bytes were just written by `read`.
+        let got = unsafe { core::slice::from_raw_parts(buf.as_ptr() as *const u8, n as usize) };
+        for &b in got {
             if b == b'\n' {
+                // SAFETY: the first `len` bytes were written below.
+                let l = unsafe { core::slice::from_raw_parts(line, len) };
                 if !overlong {
-                    if let Some((s, e)) = libc_text(&line[..len]) {
+                    if let Some((s, e)) = libc_text(l) {
                         each(s, e);
                     }
                 }
                 len = 0;
                 overlong = false;
-            } else if len < line.len() {
-                line[len] = b;
+            } else if len < 512 {
+                // SAFETY: `len` < 512, inside the buffer.
+                unsafe { line.add(len).write(b) };
                 len += 1;
             } else {
                 overlong = true;
@@ -152,11 +157,12 @@ fn each_libc_text(mut each: impl FnMut(u64, u64)) {
 pub(crate) fn undo_all(mem: u64) -> u64 {
     let mut undone = 0;
     each_libc_text(|start, end| {
-        let mut chunk = [0u8; 1024];
+        // Not zeroed (see `each_libc_text`).
+        let mut chunk = core::mem::MaybeUninit::<[u8; 1024]>::uninit();
         let mut at = start;
         while at < end {
             // Chunks overlap by 6 bytes: a site across two is seen.
-            let len = ((end - at) as usize).min(chunk.len());
+            let len = ((end - at) as usize).min(1024);
             let n = syscall(
                 libc::SYS_pread64,
                 [mem, chunk.as_mut_ptr() as u64, len as u64, at],
@@ -164,7 +170,9 @@ pub(crate) fn undo_all(mem: u64) -> u64 {
             if n != len as i64 {
                 return;
             }
-            for (i, w) in chunk[..len].windows(7).enumerate() {
+            // SAFETY: the first `len` bytes were just written by `pread64`.
+            let data = unsafe { core::slice::from_raw_parts(chunk.as_ptr() as *const u8, len) };
+            for (i, w) in data.windows(7).enumerate() {
                 if is_site(w) && put_back(mem, at + i as u64 + 5, w[6] == INT3) {
                     undone += 1;
                 }

@@ -469,14 +469,15 @@ fn attach_trap(pid: u32, ctx: &str) -> (Child, Group, Vec<String>) {
 /// every site, and the program, asked for 1,000 rounds of `sigprocmask`
 /// and `sigaction` calls, more probed calls and a `SIGTRAP` of its own
 /// (which its own handler takes), prints its own lines and exits with its
-/// own status. 10 runs, with a seeded number of rounds while attached.
+/// own status. Its own `sigaction(SIGTRAP)` reads back the action it set
+/// before, during and after (the agent's handler stays the disposition,
+/// threads may still trap on what the tracer left, but the program's
+/// `sigaction` is the agent's, bound into its GOT). 10 runs, with a seeded
+/// number of rounds while attached.
 ///
-/// Not covered: what `sigaction(SIGTRAP)` reads back after the death (the
-/// agent's handler stays the disposition: threads may still trap on
-/// what the tracer left, and the tracer that showed the program its own
-/// action is gone), and a thread that blocks `SIGTRAP` (the hang-up's
-/// `SIGTRAP` stays pending there, and a site's trap resets the agent's
-/// handler: the program dies of it).
+/// Not covered: a thread that blocks `SIGTRAP` (the hang-up's `SIGTRAP`
+/// stays pending there, and a site's trap resets the agent's handler: the
+/// program dies of it).
 #[test]
 fn a_killed_tracer_leaves_libcs_signal_state_calls_as_they_were() {
     use sigtrap_own_support::{build, mapped_file, signal_state_sites, text_differences, Own};
@@ -488,6 +489,8 @@ fn a_killed_tracer_leaves_libcs_signal_state_calls_as_they_were() {
         let ctx = format!("seed {seed}, run {run}");
         let mut p = Own::start(&bin, &[]);
         assert_eq!(p.ask("raise"), "raised handled=1", "{ctx}");
+        let view = p.ask("report");
+        assert!(view.starts_with("handler=on_trap "), "{ctx}: {view}");
         let libc = mapped_file(p.pid, "libc.so.6").expect("libc mapped");
         let sites = signal_state_sites(p.pid, &libc);
         assert!(!sites.is_empty(), "{ctx}: no signal-state call in {libc:?}");
@@ -506,6 +509,7 @@ fn a_killed_tracer_leaves_libcs_signal_state_calls_as_they_were() {
                 .all(|d| sites.contains(&d.0) || sites.contains(&(d.0 - 1))),
             "{ctx}: libc changed elsewhere than at its sites: {armed:x?}"
         );
+        assert_eq!(p.ask("report"), view, "{ctx}: attached");
         let mut calls = 0;
         for _ in 0..rng.next() % 4 {
             assert_eq!(p.ask("call 50"), "called 50", "{ctx}");
@@ -533,6 +537,11 @@ fn a_killed_tracer_leaves_libcs_signal_state_calls_as_they_were() {
         assert_eq!(p.ask("sig 1000"), "sig 1000: 0", "{ctx}");
         assert_eq!(p.ask("call 100"), "called 100", "{ctx}");
         assert_eq!(p.ask("raise"), "raised handled=2", "{ctx}");
+        assert_eq!(
+            p.ask("report"),
+            view.replace("handled=1 usr1_inside=1", "handled=2 usr1_inside=1"),
+            "{ctx}: after the kill"
+        );
         calls += 100;
         // Each site holds the file's bytes (and the probe's int3 went at
         // its first hit: the program's code is the file's too).
