@@ -385,7 +385,9 @@ fn handle(info: &libc::siginfo_t, uc: &mut libc::ucontext_t) -> bool {
         if crate::undo::resume_at_site(shm, at, gregs) {
             return true;
         }
-        if !tracer_gone(shm) {
+        // Only a site's int3 (the program's own int3s, in a process run
+        // untraced, are the program's: no undo for them).
+        if !crate::sigsites::is_site_at(at) || !tracer_gone(shm) {
             return false;
         }
         crate::undo::undo_all(shm);

@@ -186,6 +186,20 @@ pub(crate) fn undo_all(mem: u64) -> u64 {
     undone
 }
 
+/// Whether the `int3` at `at` is a site's (see [`is_site`]).
+pub(crate) fn is_site_at(at: u64) -> bool {
+    let Some(fd) = crate::undo::open_self_mem(libc::O_RDONLY) else {
+        return false;
+    };
+    let mut w = [0u8; 7];
+    let n = syscall(
+        libc::SYS_pread64,
+        [fd, w.as_mut_ptr() as u64, 7, at.wrapping_sub(5)],
+    ) as i64;
+    syscall(libc::SYS_close, [fd, 0, 0, 0]);
+    n == 7 && is_site(&w)
+}
+
 /// A thread trapped on `at` (`rip - 1`) after the tracer died: if `at` is
 /// a site (with its `int3`, or put back already), its byte is put back and
 /// the thread resumes at the `syscall` instruction.
