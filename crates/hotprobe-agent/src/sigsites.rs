@@ -17,9 +17,11 @@
 //! traps on one first is resumed at it once the code is back
 //! ([`resume_at_site`]).
 //!
-//! A static program (no agent) keeps its sites after such a death; the
-//! tracer says so at attach. Only raw system calls: it runs in a signal
-//! handler.
+//! A static program (no agent) keeps its sites after such a death
+//! (`tracer_killed.rs` counts them); hotprobe's notice that a killed
+//! hotprobe leaves its int3s in covers them, but the CLI prints it with
+//! its summary, which a killed hotprobe never reaches. Only raw system
+//! calls: it runs in a signal handler.
 
 use crate::orphan::syscall;
 
