@@ -52,9 +52,11 @@
 //! and atomics: async-signal-safe.
 
 use core::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
-use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use core::sync::atomic::{AtomicBool, AtomicU64};
 
 use hotprobe_abi::{Shm, TRAP_GUARD, TRAP_RETURN};
+
+use crate::progtrap::{self, KernelAction};
 
 const INT3: u8 = 0xcc;
 const SI_KERNEL: i32 = 0x80;
@@ -64,23 +66,23 @@ const TRAP_TRACE: i32 = 2;
 const TRAP_BRKPT: i32 = 1;
 const EFLAGS_TF: i64 = 0x100;
 
-/// The program's `SIGTRAP` disposition when the handler was installed.
-static OLD_HANDLER: AtomicUsize = AtomicUsize::new(libc::SIG_DFL);
-static OLD_FLAGS: AtomicU64 = AtomicU64::new(0);
+/// glibc's restorer (`__restore_rt`), as the agent's own `sigaction`
+/// got it: the one an interposed `sigaction` of the program's gets too.
+static GLIBC_RESTORER: AtomicU64 = AtomicU64::new(0);
 
 /// Installs the `SIGTRAP` handler unless it is installed (at every attach:
-/// the program may have replaced it since).
+/// the program may have replaced it since). The program's action, as the
+/// kernel held it, is kept in [`crate::progtrap`].
 pub(crate) fn install() {
-    // SAFETY: zeroed sigaction structures are valid; sigaction reads and
-    // writes them.
+    let mut cur = KernelAction::default();
+    if progtrap::kernel(None, Some(&mut cur)) != 0 {
+        return;
+    }
+    if cur.handler == on_sigtrap as *const () as usize as u64 {
+        return;
+    }
+    // SAFETY: zeroed sigaction structures are valid; sigaction reads them.
     unsafe {
-        let mut cur: libc::sigaction = core::mem::zeroed();
-        if __sigaction(libc::SIGTRAP, core::ptr::null(), &mut cur) != 0 {
-            return;
-        }
-        if cur.sa_sigaction == on_sigtrap as *const () as usize {
-            return;
-        }
         let mut sa: libc::sigaction = core::mem::zeroed();
         sa.sa_sigaction = on_sigtrap as *const () as usize;
         // SA_NODEFER: SIGTRAP stays unblocked while the handler runs, so a
@@ -89,39 +91,41 @@ pub(crate) fn install() {
         // having the kernel kill the process (issue 22).
         sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_NODEFER;
         libc::sigemptyset(&mut sa.sa_mask);
-        OLD_HANDLER.store(cur.sa_sigaction, Relaxed);
-        OLD_FLAGS.store(cur.sa_flags as u64, Relaxed);
-        let mut old: libc::sigaction = core::mem::zeroed();
-        if __sigaction(libc::SIGTRAP, &sa, &mut old) == 0 {
-            OLD_HANDLER.store(old.sa_sigaction, Relaxed);
-            OLD_FLAGS.store(old.sa_flags as u64, Relaxed);
-            INSTALLED.store(true, Release);
+        // Kept before the handler can run (it chains to it).
+        progtrap::set(cur);
+        if __sigaction(libc::SIGTRAP, &sa, core::ptr::null_mut()) != 0 {
+            return;
         }
     }
+    let mut mine = KernelAction::default();
+    if progtrap::kernel(None, Some(&mut mine)) == 0 {
+        GLIBC_RESTORER.store(mine.restorer, Relaxed);
+    }
+    progtrap::set_agent_handler(on_sigtrap as *const () as usize as u64);
+    progtrap::set_held(true);
+    INSTALLED.store(true, Release);
+    // An injected agent's program reads its action through the agent too.
+    crate::gotbind::bind();
 }
 
-/// Gives `SIGTRAP` back the handler and flags it had before [`install`]
-/// (at release, see `release`), if ours is still the disposition (a
-/// program that replaced it by the system call keeps its own).
+/// Gives `SIGTRAP` back the program's action exactly as the kernel held
+/// it (handler, flags, restorer, mask; see [`crate::progtrap`]), at
+/// release and once a dead tracer's code is undone, if ours is still the
+/// disposition (a program that replaced it by the system call keeps its
+/// own).
 pub(crate) fn uninstall() {
     if !INSTALLED.swap(false, AcqRel) {
         return;
     }
-    // SAFETY: zeroed sigaction structures are valid; sigaction reads and
-    // writes them.
-    unsafe {
-        let mut cur: libc::sigaction = core::mem::zeroed();
-        if __sigaction(libc::SIGTRAP, core::ptr::null(), &mut cur) != 0
-            || cur.sa_sigaction != on_sigtrap as *const () as usize
-        {
-            return;
-        }
-        let mut sa: libc::sigaction = core::mem::zeroed();
-        sa.sa_sigaction = OLD_HANDLER.load(Relaxed);
-        sa.sa_flags = OLD_FLAGS.load(Relaxed) as libc::c_int;
-        libc::sigemptyset(&mut sa.sa_mask);
-        __sigaction(libc::SIGTRAP, &sa, core::ptr::null_mut());
+    crate::gotbind::unbind();
+    progtrap::set_held(false);
+    let mut cur = KernelAction::default();
+    if progtrap::kernel(None, Some(&mut cur)) != 0
+        || cur.handler != on_sigtrap as *const () as usize as u64
+    {
+        return;
     }
+    progtrap::kernel(Some(&progtrap::get()), None);
 }
 
 /// Our handler is the process's `SIGTRAP` disposition: the program's own
@@ -151,17 +155,19 @@ extern "C" {
 /// `sigaction`, interposed (the agent is preloaded ahead of libc) so that a
 /// program installing its own `SIGTRAP` handler after the agent's does not
 /// take the in-process traps' `int3`s away from the agent: while the
-/// agent's handler is installed, the program's handler and flags become the
-/// chained ones (called for every `SIGTRAP` that is not the agent's) and
-/// the previous chained one is returned as the old action. Not carried
-/// over: the program's `sa_mask` and `SA_RESETHAND` (the chained handler
-/// runs with the agent's flags). Every other signal goes to glibc with
+/// agent's handler is installed, the program's action (handler, flags,
+/// mask) is kept as the chained one (see [`crate::progtrap`]: called for
+/// every `SIGTRAP` that is not the agent's, as the kernel would) and the
+/// previous one is returned as the old action, as glibc would have read
+/// it. Every other signal goes to glibc with
 /// `SIGTRAP` taken out of its handler's `sa_mask` while the agent's handler
 /// is installed (see [`crate::sigmask`]); `SIGTRAP` before the agent
 /// attached goes to glibc unchanged. Not
-/// covered: a program that calls the `rt_sigaction` system call itself,
-/// or an agent injected into a running process (its calls are bound to
-/// glibc already).
+/// covered: a program that calls the `rt_sigaction` system call itself.
+/// An agent injected into a running process is not reached (the
+/// program's calls are bound to glibc already): there the tracer serves
+/// the program's `rt_sigaction(SIGTRAP)` from the same kept action at
+/// libc's system-call sites.
 ///
 /// # Safety
 /// As glibc's `sigaction`: `act` and `old` are null or valid.
@@ -187,23 +193,52 @@ pub unsafe extern "C" fn sigaction(
         }
         return rc;
     }
-    if !old.is_null() {
-        // SAFETY: `old` is valid (caller); a zeroed sigaction is valid.
-        unsafe {
-            let mut o: libc::sigaction = core::mem::zeroed();
-            o.sa_sigaction = OLD_HANDLER.load(Relaxed);
-            o.sa_flags = OLD_FLAGS.load(Relaxed) as libc::c_int;
-            libc::sigemptyset(&mut o.sa_mask);
-            old.write(o);
-        }
-    }
+    // SAFETY: the caller's arguments.
+    unsafe { program_sigtrap_action(act, old) }
+}
+
+/// `sigaction(SIGTRAP, act, old)` on the program's kept action (see
+/// [`crate::progtrap`]), as glibc would have read and set the kernel's.
+///
+/// # Safety
+/// `act` and `old` are null or valid.
+pub(crate) unsafe fn program_sigtrap_action(
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> libc::c_int {
+    let prev = progtrap::get();
     if !act.is_null() {
         // SAFETY: `act` is valid (caller).
         let a = unsafe { &*act };
-        OLD_FLAGS.store(a.sa_flags as u64, Relaxed);
-        OLD_HANDLER.store(a.sa_sigaction, Relaxed);
+        progtrap::set(progtrap::from_libc(a, GLIBC_RESTORER.load(Relaxed)));
+    }
+    if !old.is_null() {
+        // SAFETY: `old` is valid (caller).
+        unsafe { old.write(progtrap::to_libc(&prev)) };
     }
     0
+}
+
+/// glibc's `sigaction`.
+///
+/// # Safety
+/// As glibc's `sigaction`.
+pub(crate) unsafe fn glibc_sigaction(
+    sig: libc::c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> libc::c_int {
+    // SAFETY: the caller's arguments.
+    unsafe { __sigaction(sig, act, old) }
+}
+
+/// glibc's `signal`.
+///
+/// # Safety
+/// As glibc's `signal`.
+pub(crate) unsafe fn glibc_signal(sig: libc::c_int, h: libc::sighandler_t) -> libc::sighandler_t {
+    // SAFETY: the caller's arguments.
+    unsafe { bsd_signal(sig, h) }
 }
 
 /// `signal`, interposed for `SIGTRAP` as [`sigaction`] is (glibc's
@@ -218,10 +253,21 @@ pub unsafe extern "C" fn signal(sig: libc::c_int, h: libc::sighandler_t) -> libc
         // SAFETY: the caller's arguments, as glibc takes them.
         return unsafe { bsd_signal(sig, h) };
     }
-    let prev = OLD_HANDLER.load(Relaxed);
-    OLD_FLAGS.store(libc::SA_RESTART as u64, Relaxed);
-    OLD_HANDLER.store(h, Relaxed);
-    prev
+    program_sigtrap_signal(h)
+}
+
+/// `signal(SIGTRAP, h)` on the program's kept action (see
+/// [`crate::progtrap`]), as glibc's `signal` sets it: `SA_RESTART`, the
+/// signal itself in the mask.
+pub(crate) fn program_sigtrap_signal(h: libc::sighandler_t) -> libc::sighandler_t {
+    let prev = progtrap::get();
+    progtrap::set(KernelAction {
+        handler: h as u64,
+        flags: libc::SA_RESTART as u64 | progtrap::SA_RESTORER,
+        restorer: GLIBC_RESTORER.load(Relaxed),
+        mask: 1 << (libc::SIGTRAP - 1),
+    });
+    prev.handler as libc::sighandler_t
 }
 
 extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
@@ -239,54 +285,63 @@ extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut 
     chain(sig, info, uc);
 }
 
-/// Hands a `SIGTRAP` that is not ours to the program's handler, or to the
+/// Hands a `SIGTRAP` that is not ours to the program's handler as the
+/// kernel would have delivered it (see [`crate::progtrap`]), or to the
 /// default action (which ends the process as it would without the agent).
 fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
-    let old = OLD_HANDLER.load(Relaxed);
-    if old == libc::SIG_IGN {
+    let a = progtrap::get();
+    if a.handler == libc::SIG_IGN as u64 {
         return;
     }
-    if old == libc::SIG_DFL {
-        // Back to the default, and the signal again: it is blocked while
-        // this handler runs and delivered as it returns.
-        let act = KernelSigaction {
-            handler: libc::SIG_DFL as u64,
-            flags: 0,
-            restorer: 0,
-            mask: 0,
-        };
-        syscall(
-            libc::SYS_rt_sigaction,
-            [
-                libc::SIGTRAP as u64,
-                &act as *const KernelSigaction as u64,
-                0,
-                8,
-            ],
-        );
+    if a.handler == libc::SIG_DFL as u64 {
+        // Back to the program's action (the default), and the signal
+        // again: it is blocked while this handler runs and delivered as
+        // it returns.
+        progtrap::kernel(Some(&a), None);
         let pid = syscall(libc::SYS_getpid, [0; 4]);
         let tid = syscall(libc::SYS_gettid, [0; 4]);
         syscall(libc::SYS_tgkill, [pid, tid, sig as u64, 0]);
         return;
     }
-    if OLD_FLAGS.load(Relaxed) & libc::SA_SIGINFO as u64 != 0 {
+    if a.flags & libc::SA_RESETHAND as u32 as u64 != 0 {
+        // Delivered once, then the default (the kernel keeps the flags).
+        progtrap::set(KernelAction {
+            handler: libc::SIG_DFL as u64,
+            ..a
+        });
+    }
+    // The handler's mask, as the kernel adds it for the handler's run;
+    // SIGTRAP itself (unless SA_NODEFER) only as the program sees it: an
+    // int3 in a thread blocking SIGTRAP would reset the agent's handler.
+    let trap_bit = 1u64 << (libc::SIGTRAP - 1);
+    let trap_blocked = a.mask & trap_bit != 0 || a.flags & libc::SA_NODEFER as u64 == 0;
+    let block = a.mask & !trap_bit;
+    let mut saved = 0u64;
+    syscall(
+        libc::SYS_rt_sigprocmask,
+        [
+            libc::SIG_BLOCK as u64,
+            &block as *const u64 as u64,
+            &mut saved as *mut u64 as u64,
+            8,
+        ],
+    );
+    let view = crate::sigmask::enter_program_handler(trap_blocked);
+    if a.flags & libc::SA_SIGINFO as u64 != 0 {
         // SAFETY: the program installed this SA_SIGINFO handler.
         let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-            unsafe { core::mem::transmute(old) };
+            unsafe { core::mem::transmute(a.handler as usize) };
         f(sig, info, uc);
     } else {
         // SAFETY: the program installed this plain handler.
-        let f: extern "C" fn(libc::c_int) = unsafe { core::mem::transmute(old) };
+        let f: extern "C" fn(libc::c_int) = unsafe { core::mem::transmute(a.handler as usize) };
         f(sig);
     }
-}
-
-#[repr(C)]
-struct KernelSigaction {
-    handler: u64,
-    flags: u64,
-    restorer: u64,
-    mask: u64,
+    syscall(
+        libc::SYS_rt_sigprocmask,
+        [libc::SIG_SETMASK as u64, &saved as *const u64 as u64, 0, 8],
+    );
+    crate::sigmask::leave_program_handler(view);
 }
 
 /// Whether the `SIGTRAP` was the tracer's and has been dealt with.
@@ -310,7 +365,7 @@ fn handle(info: &libc::siginfo_t, uc: &mut libc::ucontext_t) -> bool {
             // dead tracer never consumed. The tracer put the thread's
             // registers back right after the step: it runs on from where
             // it was.
-            if OLD_HANDLER.load(Relaxed) > libc::SIG_IGN
+            if progtrap::get().handler > libc::SIG_IGN as u64
                 || shm.in_trap_region(rip)
                 || !tracer_gone(shm)
             {
@@ -325,8 +380,18 @@ fn handle(info: &libc::siginfo_t, uc: &mut libc::ucontext_t) -> bool {
     let at = rip.wrapping_sub(1);
     let Some((orig, flags)) = shm.lookup_trap(at) else {
         // Not the trap mechanism's: perhaps a fast-path site being put
-        // back (see `undo`).
-        return crate::undo::resume_at_site(shm, at, gregs);
+        // back (see `undo`), or a signal-state site of a dead tracer
+        // (see `sigsites`).
+        if crate::undo::resume_at_site(shm, at, gregs) {
+            return true;
+        }
+        // Only a site's int3 (the program's own int3s, in a process run
+        // untraced, are the program's: no undo for them).
+        if !crate::sigsites::is_site_at(at) || !tracer_gone(shm) {
+            return false;
+        }
+        crate::undo::undo_all(shm);
+        return crate::sigsites::resume_at_site(at, gregs);
     };
     if !tracer_gone(shm) {
         return false;
@@ -357,6 +422,20 @@ fn handle(info: &libc::siginfo_t, uc: &mut libc::ucontext_t) -> bool {
             true
         }
         Some((orig, _)) => {
+            // A guard one byte in goes first where the original byte and
+            // the guard's `int3` would make another instruction (`0f cc`:
+            // `bswap esp`) rather than a trap: a thread would run it.
+            if !is_prefix(orig) {
+                if let Some((g, f)) = shm.lookup_trap(site.wrapping_add(1)) {
+                    let gsite = site.wrapping_add(1);
+                    if f & TRAP_GUARD != 0
+                        && read_byte(gsite) == Some(INT3)
+                        && !write_byte(gsite, g)
+                    {
+                        return false;
+                    }
+                }
+            }
             // Another thread may have put the byte back already.
             if read_byte(site) == Some(INT3) && !write_byte(site, orig) {
                 return false;
@@ -370,6 +449,15 @@ fn handle(info: &libc::siginfo_t, uc: &mut libc::ucontext_t) -> bool {
             true
         }
     }
+}
+
+/// Whether `b` is an x86 prefix (legacy or REX): followed by a guard's
+/// `int3`, it still traps there.
+fn is_prefix(b: u8) -> bool {
+    matches!(
+        b,
+        0x26 | 0x2e | 0x36 | 0x3e | 0x40..=0x4f | 0x64 | 0x65 | 0x66 | 0x67 | 0xf0 | 0xf2 | 0xf3
+    )
 }
 
 /// The tracer's heartbeat is stale, or no tracer is attached.

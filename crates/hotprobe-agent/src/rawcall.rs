@@ -89,30 +89,31 @@ unsafe fn rt_sigaction(
         }
         return rc;
     }
-    // SIGTRAP: the chained handler, through the agent's `sigaction`.
-    // SAFETY: zeroed sigactions are valid; `act` is valid when non-null.
-    unsafe {
-        let mut a: libc::sigaction = core::mem::zeroed();
-        let mut o: libc::sigaction = core::mem::zeroed();
-        let ap = if act.is_null() {
-            core::ptr::null()
-        } else {
-            let k = act.read_unaligned();
-            a.sa_sigaction = k.handler as usize;
-            a.sa_flags = k.flags as libc::c_int;
-            &a as *const libc::sigaction
-        };
-        let rc = crate::orphan::sigaction(sig, ap, &mut o);
-        if rc == 0 && !old.is_null() {
-            old.write_unaligned(KernelSigaction {
-                handler: o.sa_sigaction as u64,
-                flags: o.sa_flags as u64,
-                restorer: 0,
-                mask: 0,
-            });
-        }
-        rc as c_long
+    // SIGTRAP: the program's kept action (see `progtrap`), exactly as
+    // the kernel would have read and written it.
+    let prev = crate::progtrap::get();
+    if !act.is_null() {
+        // SAFETY: `act` is valid (caller).
+        let k = unsafe { act.read_unaligned() };
+        crate::progtrap::set(crate::progtrap::KernelAction {
+            handler: k.handler,
+            flags: k.flags,
+            restorer: k.restorer,
+            mask: k.mask,
+        });
     }
+    if !old.is_null() {
+        // SAFETY: `old` is valid (caller).
+        unsafe {
+            old.write_unaligned(KernelSigaction {
+                handler: prev.handler,
+                flags: prev.flags,
+                restorer: prev.restorer,
+                mask: prev.mask,
+            })
+        };
+    }
+    0
 }
 
 /// The flags of `clone3`'s `struct clone_args` at `args` (`size` bytes),

@@ -140,6 +140,29 @@ fn release_held(now_blocked: bool) {
     );
 }
 
+/// Before the program's own `SIGTRAP` handler runs, chained from the
+/// agent's (`orphan::chain`): the thread is shown `SIGTRAP` blocked while
+/// it runs when the program's action asks for it (`trap_blocked`), as the
+/// kernel would block it. Returns the flags to give back to
+/// [`leave_program_handler`].
+pub(crate) fn enter_program_handler(trap_blocked: bool) -> u64 {
+    let f = flags();
+    if trap_blocked {
+        set_flags(f | WANTS_BLOCKED);
+    }
+    f
+}
+
+/// After the program's `SIGTRAP` handler returned: the thread's view of
+/// its mask is the one it had before (as `sigreturn` puts the mask back),
+/// and a `SIGTRAP` held meanwhile is raised again if that view unblocks
+/// it.
+pub(crate) fn leave_program_handler(before: u64) {
+    let held = flags() & HELD;
+    set_flags((before & WANTS_BLOCKED) | held | (before & HELD));
+    release_held(before & WANTS_BLOCKED != 0);
+}
+
 type MaskFn =
     unsafe extern "C" fn(libc::c_int, *const libc::sigset_t, *mut libc::sigset_t) -> libc::c_int;
 

@@ -38,7 +38,8 @@
 //! except the return trampoline (threads still return through it, and the
 //! handler completes those returns) and guarded sites (a thread the tracer
 //! had stopped there may resume one byte in: the handler deals with it at
-//! its guard).
+//! its guard). Last, the `int3`s the process layer put on libc's
+//! signal-state system calls go (`sigsites`: found by their bytes).
 //!
 //! Only raw system calls and atomics: it runs in a signal handler.
 
@@ -396,6 +397,9 @@ pub(crate) fn undo_all(shm: &Shm) {
             ctl.traps_undone.fetch_add(1, Relaxed);
         }
     }
+    // The process layer's signal-state sites (see `sigsites`).
+    let sites = crate::sigsites::undo_all(mem.0);
+    ctl.traps_undone.fetch_add(sites, Relaxed);
     mem.close();
     ctl.undo.store(UNDO_DONE, Release);
 }

@@ -408,3 +408,213 @@ fn hotprobe_killed_while_arming_running_or_detaching_leaves_the_programs_code_as
         }
     }
 }
+
+mod sigtrap_own_support;
+
+/// The seed of a test's kill moments (`HOTPROBE_KILL_SEED` repeats it).
+fn kill_seed() -> u64 {
+    std::env::var("HOTPROBE_KILL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        })
+}
+
+/// `hotprobe count -p PID --mechanism trap probed` on `own`, until it
+/// says it is attached: the running hotprobe, its process group and what
+/// it said.
+fn attach_trap(pid: u32, ctx: &str) -> (Child, Group, Vec<String>) {
+    use std::os::unix::process::CommandExt;
+    let mut hp = Command::new(HOTPROBE)
+        .args([
+            "count",
+            "-p",
+            &pid.to_string(),
+            "--mechanism",
+            "trap",
+            "probed",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let group = Group(hp.id() as i32);
+    let errs = line_reader(hp.stderr.take().unwrap());
+    let mut said = Vec::new();
+    let deadline = Instant::now() + LIMIT;
+    while !said.iter().any(|l: &String| l.contains("attached to pid")) {
+        match errs.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(l) => said.push(l),
+            Err(e) => panic!("{ctx}: not attached ({e}): {said:?}"),
+        }
+    }
+    (hp, group, said)
+}
+
+/// Issue 22: with the ptrace trap, the process layer puts an `int3` on
+/// each of libc's `rt_sigaction`/`rt_sigprocmask` system calls (its
+/// signal-state sites, `hotprobe-process`'s `sigtrap.rs`). A hotprobe
+/// killed with SIGKILL while attached left them in: the program's next
+/// `sigaction` or `sigprocmask` died (SIGSEGV: the agent put the site's
+/// first byte back under the trap mechanism's guard, and `0f cc` ran as
+/// `bswap esp`). Now the injected agent puts them back with the rest when
+/// it hears of the death: libc's code in memory equals the file again at
+/// every site, and the program, asked for 1,000 rounds of `sigprocmask`
+/// and `sigaction` calls, more probed calls and a `SIGTRAP` of its own
+/// (which its own handler takes), prints its own lines and exits with its
+/// own status. Its own `sigaction(SIGTRAP)` reads back the action it set
+/// before, during and after (the agent's handler stays the disposition,
+/// threads may still trap on what the tracer left, but the program's
+/// `sigaction` is the agent's, bound into its GOT). 10 runs, with a seeded
+/// number of rounds while attached.
+///
+/// Not covered: a thread that blocks `SIGTRAP` (the hang-up's `SIGTRAP`
+/// stays pending there, and a site's trap resets the agent's handler: the
+/// program dies of it).
+#[test]
+fn a_killed_tracer_leaves_libcs_signal_state_calls_as_they_were() {
+    use sigtrap_own_support::{build, mapped_file, signal_state_sites, text_differences, Own};
+    let seed = kill_seed();
+    eprintln!("kill moments from seed {seed} (HOTPROBE_KILL_SEED={seed} repeats them)");
+    let mut rng = Rng(seed);
+    let bin = build(false);
+    for run in 0..RUNS {
+        let ctx = format!("seed {seed}, run {run}");
+        let mut p = Own::start(&bin, &[]);
+        assert_eq!(p.ask("raise"), "raised handled=1", "{ctx}");
+        let view = p.ask("report");
+        assert!(view.starts_with("handler=on_trap "), "{ctx}: {view}");
+        let libc = mapped_file(p.pid, "libc.so.6").expect("libc mapped");
+        let sites = signal_state_sites(p.pid, &libc);
+        assert!(!sites.is_empty(), "{ctx}: no signal-state call in {libc:?}");
+        let (mut hp, _group, said) = attach_trap(p.pid, &ctx);
+        // The sites are in (with the trap mechanism's guards one byte in).
+        let armed = text_differences(p.pid, &libc);
+        assert!(
+            sites
+                .iter()
+                .any(|s| armed.iter().any(|d| d.0 == *s && d.1 == 0xcc)),
+            "{ctx}: no site armed: {armed:x?}; hotprobe said {said:?}"
+        );
+        assert!(
+            armed
+                .iter()
+                .all(|d| sites.contains(&d.0) || sites.contains(&(d.0 - 1))),
+            "{ctx}: libc changed elsewhere than at its sites: {armed:x?}"
+        );
+        assert_eq!(p.ask("report"), view, "{ctx}: attached");
+        let mut calls = 0;
+        for _ in 0..rng.next() % 4 {
+            assert_eq!(p.ask("call 50"), "called 50", "{ctx}");
+            assert_eq!(p.ask("sig 20"), "sig 20: 0", "{ctx}");
+            calls += 50;
+        }
+        hp.kill().unwrap();
+        hp.wait().unwrap();
+        // The agent's undo, heard through its hang-up pipe.
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let left = text_differences(p.pid, &libc);
+            if left.is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{ctx}: {} bytes of libc still differ from the file after the kill, the \
+                 first {:x?}",
+                left.len(),
+                &left[..left.len().min(8)]
+            );
+            std::thread::yield_now();
+        }
+        assert_eq!(p.ask("sig 1000"), "sig 1000: 0", "{ctx}");
+        assert_eq!(p.ask("call 100"), "called 100", "{ctx}");
+        assert_eq!(p.ask("raise"), "raised handled=2", "{ctx}");
+        assert_eq!(
+            p.ask("report"),
+            view.replace("handled=1 usr1_inside=1", "handled=2 usr1_inside=1"),
+            "{ctx}: after the kill"
+        );
+        calls += 100;
+        // Each site holds the file's bytes (and the probe's int3 went at
+        // its first hit: the program's code is the file's too).
+        let mut file = std::fs::File::open(&libc).unwrap();
+        for &s in &sites {
+            use std::io::{Read, Seek, SeekFrom};
+            let off = common::file_offset_of(p.pid, s);
+            let mut want = [0u8; 2];
+            file.seek(SeekFrom::Start(off)).unwrap();
+            file.read_exact(&mut want).unwrap();
+            assert_eq!(
+                common::memory_at(p.pid, s, 2),
+                want,
+                "{ctx}: the site at {s:#x}"
+            );
+        }
+        assert_eq!(text_differences(p.pid, &bin), vec![], "{ctx}");
+        let (last, status) = p.quit();
+        assert_eq!(last, format!("done calls={calls}"), "{ctx}");
+        assert_eq!(status, Some(5), "{ctx}");
+    }
+}
+
+/// Where no agent is in the process (a static program), nothing puts the
+/// int3s back after a kill: what stays is counted here — every
+/// signal-state site of the program's own code (its libc is linked in)
+/// and the probe, each with the trap mechanism's guard where it has one —
+/// and nothing else. hotprobe says so in its notice ("a hotprobe killed
+/// with SIGKILL would leave its int3s in the program", `no_agent.rs`),
+/// which the CLI prints with its summary: a hotprobe killed before then
+/// prints nothing.
+#[test]
+fn without_an_agent_a_killed_tracer_leaves_exactly_its_int3s() {
+    use sigtrap_own_support::{build, signal_state_sites, text_differences, Own};
+    let bin = build(true);
+    let p = Own::start(&bin, &[]);
+    let sites = signal_state_sites(p.pid, &bin);
+    assert!(!sites.is_empty(), "no signal-state call in {bin:?}");
+    let (mut hp, _group, said) = attach_trap(p.pid, "static");
+    hp.kill().unwrap();
+    hp.wait().unwrap();
+    assert!(!p.has_agent(), "{said:?}");
+    let left = text_differences(p.pid, &bin);
+    let probe = {
+        let nm = Command::new("nm").arg(&bin).output().unwrap();
+        let text = String::from_utf8(nm.stdout).unwrap();
+        let a = text
+            .lines()
+            .find_map(|l| l.strip_suffix(" T probed"))
+            .expect("probed in nm");
+        u64::from_str_radix(a, 16).unwrap()
+    };
+    let armed: Vec<u64> = left
+        .iter()
+        .map(|d| d.0)
+        .filter(|a| sites.contains(a))
+        .collect();
+    assert_eq!(armed, sites, "every site stays armed: {left:x?}");
+    assert!(
+        left.iter().any(|d| d.0 == probe),
+        "the probe's int3: {left:x?}"
+    );
+    assert!(
+        left.iter().all(|d| d.1 == 0xcc
+            && (sites.contains(&d.0)
+                || sites.contains(&(d.0 - 1))
+                || d.0 == probe
+                || d.0 == probe + 1)),
+        "int3s elsewhere: {left:x?}"
+    );
+    eprintln!(
+        "static program after the kill: {} int3s left ({} signal-state sites, the probe, guards)",
+        left.len(),
+        sites.len()
+    );
+}

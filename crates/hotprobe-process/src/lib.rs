@@ -21,6 +21,7 @@ pub mod remote_resumable;
 mod rendezvous;
 mod reverted;
 mod sigtrap;
+mod sigtrap_agent;
 mod spawn;
 mod strays;
 mod target;

@@ -40,6 +40,24 @@
 //!   the kernel left). A single-step's own trap in between is reset and
 //!   put back with it.
 //!
+//! - **An injected agent.** Its `SIGTRAP` handler (for a tracer that
+//!   dies) holds the kernel's disposition; it keeps the program's action
+//!   in a block of its own memory, which the program's
+//!   `rt_sigaction(SIGTRAP)` at a site reads and writes instead
+//!   (`sigtrap_agent.rs`). Traps of the injection itself (the loader's
+//!   rendezvous in `dlopen`, before the sites are armed) are undone from
+//!   the state read at attach; at detach, those of the detach's and the
+//!   unload's remote calls, before and after the agent's release.
+//!
+//! Not covered: a trap that resets the disposition in one thread while
+//! another thread's own `SIGTRAP` (`raise`, `tgkill`) is being delivered:
+//! that one meets `SIG_DFL` until the trap's stop is handled (a
+//! `pthread_create`'s new thread trapping at its site in glibc's
+//! all-blocked window, while another thread raises `SIGTRAP`: the
+//! process dies). Putting the action back before passing a `SIGTRAP`
+//! through narrows it (the wait loop's part); only keeping `SIGTRAP` out
+//! of the kernel's masks, as the preloaded agent does, closes it.
+//!
 //! Not seen: a `syscall` instruction whose number is not loaded just
 //! before it (libc's `syscall()` function, inline assembly, the Go
 //! runtime), and `sigreturn`'s or signal delivery's masks (a probed call
@@ -92,6 +110,23 @@ pub(crate) struct SigTrapState {
     /// [`ProcessTarget::arm_sig_sites`]); nothing is tracked or put back
     /// until an exec.
     agent: bool,
+    /// The program's whole `SIGTRAP` action (handler, flags, restorer,
+    /// mask) when it was read at attach (a caught one).
+    action: Option<[u64; 4]>,
+    /// What was read at attach is what the program has: no thread ran
+    /// freely since (the injection of an agent runs calls only). A trap
+    /// of ours before the sites are armed (the loader's rendezvous in the
+    /// agent's `dlopen`) is then undone from it (see
+    /// [`ProcessTarget::arm_sig_sites`]).
+    fresh: bool,
+    /// The address of an injected agent's copy of the program's action
+    /// (see `sigtrap_agent.rs`), once found.
+    pub(crate) block: Option<u64>,
+    /// At detach, the program's action the agent's release puts back
+    /// (see [`ProcessTarget::settle_sigtrap_before_detach_hooks`]).
+    detach_action: Option<[u64; 4]>,
+    /// At detach, the threads that blocked `SIGTRAP` before the hooks.
+    detach_blocked: Vec<i32>,
 }
 
 /// `SigBlk`, `SigIgn` and `SigCgt` of `/proc/PID/task/TID/status`.
@@ -146,6 +181,8 @@ impl ProcessTarget {
             return;
         }
         let tids: Vec<i32> = self.threads.keys().copied().collect();
+        self.sigtrap.fresh = true;
+        self.sigtrap.action = None;
         let mut caught = false;
         let mut ignored = false;
         for tid in tids {
@@ -161,9 +198,11 @@ impl ProcessTarget {
         self.sigtrap.handler = if ignored {
             Some(SIG_IGN)
         } else if caught {
-            self.any_stopped_thread()
-                .and_then(|tid| self.read_trap_action(tid).ok())
-                .map(|a| a[0])
+            let action = self
+                .any_stopped_thread()
+                .and_then(|tid| self.read_trap_action(tid).ok());
+            self.sigtrap.action = action;
+            action.map(|a| a[0])
         } else {
             Some(0)
         };
@@ -218,6 +257,14 @@ impl ProcessTarget {
     /// module docs), before it runs freely. Errors are the thread's end
     /// (ESRCH): nothing to put back then.
     pub(crate) fn restore_sigtrap_state(&mut self, tid: i32) {
+        if !self.sigtrap.armed && std::mem::take(&mut self.sigtrap.fresh) {
+            // The first thread to run freely since the state was read
+            // with every thread stopped, the sites not armed (no ptrace
+            // breakpoint: the fast path's probes only): what our traps
+            // (an agent's injection) reset goes back now; what the
+            // program sets from now on is not seen until they are.
+            self.undo_unarmed_traps();
+        }
         let Some(t) = self.threads.get_mut(&tid) else {
             return;
         };
@@ -268,6 +315,12 @@ impl ProcessTarget {
             return Ok(());
         }
         action[0] = handler;
+        self.write_trap_action(tid, action)
+    }
+
+    /// Sets `SIGTRAP`'s whole kernel action (a remote `rt_sigaction` on
+    /// `tid`).
+    fn write_trap_action(&mut self, tid: i32, action: [u64; 4]) -> Result<(), TargetError> {
         let regs = self.sys.getregs(tid).map_err(|e| self.sys_err(e))?;
         let buf = (regs.rsp.wrapping_sub(512)) & !15;
         let bytes: Vec<u8> = action.iter().flat_map(|w| w.to_le_bytes()).collect();
@@ -303,7 +356,9 @@ impl ProcessTarget {
             // handler for a moment, and another thread's in-process trap
             // could die of it. (An injected agent binds none of its
             // interposers and serves no in-process trap: the state is
-            // kept as without it.)
+            // kept as without it, its handler holding the disposition
+            // for a tracer that dies, and the program's action served
+            // from the agent's copy: `sigtrap_agent.rs`.)
             self.sigtrap.armed = true;
             let sites: Vec<u64> = self.sigtrap.sites.drain().map(|(a, _)| a).collect();
             for a in sites {
@@ -319,9 +374,15 @@ impl ProcessTarget {
             return;
         }
         if !self.sigtrap.armed {
-            // What changed since it was last read (masks set, handlers
-            // installed) was not seen: read it again.
-            self.learn_sigtrap_state();
+            if self.sigtrap.fresh {
+                // No thread ran since it was read: what differs now is
+                // our traps' doing (an agent's injection), and goes back.
+                self.undo_unarmed_traps();
+            } else {
+                // What changed since it was last read (masks set, handlers
+                // installed) was not seen: read it again.
+                self.learn_sigtrap_state();
+            }
         }
         self.sigtrap.armed = true;
         let lines = crate::parse_maps_lines(&text);
@@ -365,6 +426,124 @@ impl ProcessTarget {
         }
     }
 
+    /// Puts back what traps of ours reset before the sites were armed,
+    /// from the state read at attach (no thread ran freely since): each
+    /// thread's `SIGTRAP` block, and the handler — the kernel's, or, where
+    /// an injected agent's handler took the disposition meanwhile (after
+    /// the reset: it kept `SIG_DFL` as the program's), the program's
+    /// action the agent keeps (see `sigtrap_agent.rs`).
+    fn undo_unarmed_traps(&mut self) {
+        let tids: Vec<i32> = self.threads.keys().copied().collect();
+        for tid in &tids {
+            if !self.threads.get(tid).is_some_and(|t| t.trap_blocked) {
+                continue;
+            }
+            if let Ok(mask) = self.sys.getsigmask(*tid) {
+                if mask & TRAP_BIT == 0 {
+                    let _ = self.sys.setsigmask(*tid, mask | TRAP_BIT);
+                }
+            }
+        }
+        let Some(want) = self.sigtrap.handler else {
+            return;
+        };
+        // A trap resets the handler only in a thread blocking SIGTRAP or
+        // where it is ignored, and only to SIG_DFL: seen in /proc without
+        // a remote call (which a thread at its exec stop cannot make).
+        let blocking = self.threads.values().any(|t| t.trap_blocked);
+        if want == 0 || !(blocking || want == SIG_IGN) {
+            return;
+        }
+        let Some(tid) = self.any_stopped_thread() else {
+            return;
+        };
+        let Some((_, ign, cgt)) = status_masks(self.pid, tid) else {
+            return;
+        };
+        let kernel_reset = ign & TRAP_BIT == 0 && cgt & TRAP_BIT == 0;
+        if let Some(block) = self.held_agent_block() {
+            if let Some(mut kept) = self.kept_action(block) {
+                if kept[0] != want {
+                    // The reset changed the handler only (the kernel
+                    // keeps flags and mask).
+                    kept = self.sigtrap.action.filter(|a| a[0] == want).unwrap_or(kept);
+                    kept[0] = want;
+                    self.keep_action(block, kept);
+                }
+            }
+            // The kernel's disposition is the agent's handler: the one a
+            // reset of ours puts back from now on.
+            self.sigtrap.handler = self.agent_handler(block);
+            if kernel_reset {
+                if let Some(h) = self.sigtrap.handler {
+                    let _ = self.write_trap_handler(tid, h);
+                }
+            }
+        } else if kernel_reset {
+            let _ = self.write_trap_handler(tid, want);
+        }
+    }
+
+    /// At detach, before the detach hooks run (an injected agent's
+    /// release): what the traps of the detach's own remote calls reset
+    /// goes back, so that the agent finds its handler and puts the
+    /// program's action back exactly; that action is noted, as the one a
+    /// reset during or after the unload must get back
+    /// ([`ProcessTarget::settle_sigtrap_after_detach_hooks`]).
+    pub(crate) fn settle_sigtrap_before_detach_hooks(&mut self) {
+        let tids: Vec<i32> = self.threads.keys().copied().collect();
+        for &tid in &tids {
+            self.restore_sigtrap_state(tid);
+        }
+        // The masks as they are now, every thread stopped: what the
+        // hooks' traps reset in them goes back after (tracked or not:
+        // without the sites, what the program set is not).
+        self.sigtrap.detach_blocked = tids
+            .into_iter()
+            .filter(|&t| self.sys.getsigmask(t).is_ok_and(|m| m & TRAP_BIT != 0))
+            .collect();
+        self.sigtrap.detach_action = self
+            .held_agent_block()
+            .and_then(|block| self.kept_action(block));
+    }
+
+    /// At detach, after the hooks, just before the threads are let go:
+    /// what the unload's remote calls reset goes back — the program's own
+    /// action where the agent gave it back (its copy is gone, or says it
+    /// no longer holds the disposition).
+    pub(crate) fn settle_sigtrap_after_detach_hooks(&mut self) {
+        if let Some(action) = self.sigtrap.detach_action.take() {
+            let still_held = self
+                .sigtrap
+                .block
+                .is_some_and(|b| self.read_u64(RuntimeAddr(b + 16)).is_ok_and(|w| w == 1));
+            if !still_held {
+                // The agent's release puts the action back only over its
+                // own handler: a reset before it ran (the unload's remote
+                // calls) left SIG_DFL with the agent's flags.
+                self.sigtrap.handler = Some(action[0]);
+                self.sigtrap.block = None;
+                if let Some(tid) = self.any_stopped_thread() {
+                    if self.read_trap_action(tid).is_ok_and(|now| now != action)
+                        && self.write_trap_action(tid, action).is_ok()
+                    {
+                        self.sigtrap.handler_reset = false;
+                    }
+                }
+            }
+        }
+        for tid in self.threads.keys().copied().collect::<Vec<_>>() {
+            self.restore_sigtrap_state(tid);
+        }
+        for tid in std::mem::take(&mut self.sigtrap.detach_blocked) {
+            if let Ok(mask) = self.sys.getsigmask(tid) {
+                if mask & TRAP_BIT == 0 {
+                    let _ = self.sys.setsigmask(tid, mask | TRAP_BIT);
+                }
+            }
+        }
+    }
+
     /// Whether the sites are armed.
     pub(crate) fn sig_sites_armed(&self) -> bool {
         self.sigtrap.armed
@@ -374,6 +553,7 @@ impl ProcessTarget {
     pub(crate) fn disarm_sig_sites(&mut self) {
         self.sigtrap.armed = false;
         self.sigtrap.agent = false;
+        self.sigtrap.block = None;
         self.sigtrap.scanned.clear();
         let sites: Vec<u64> = self.sigtrap.sites.drain().map(|(a, _)| a).collect();
         for a in sites {
@@ -422,12 +602,23 @@ impl ProcessTarget {
             after.rip = addr;
         } else {
             let args = [regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9];
-            let r = crate::remote::syscall_quiet(self, tid, site.nr, &args)?;
+            let agent = (site.nr == SYS_RT_SIGACTION
+                && args[0] == libc::SIGTRAP as u64
+                && args[3] == 8
+                && !self.vfork_children.contains(&tid))
+            .then(|| self.held_agent_block())
+            .flatten();
+            let r = match agent {
+                // An injected agent's handler holds the disposition: the
+                // program's action is the agent's copy.
+                Some(block) => self.emulate_trap_action(block, args[1], args[2]),
+                None => crate::remote::syscall_quiet(self, tid, site.nr, &args)?,
+            };
             after.rax = r;
             after.rip = addr + 2;
             after.rcx = addr + 2;
             after.r11 = regs.eflags;
-            if r == 0 {
+            if r == 0 && agent.is_none() {
                 self.note_sig_call(tid, site.nr, &args);
             }
         }

@@ -324,9 +324,13 @@ impl Target for ProcessTarget {
                 }
             }
         }
+        // What our remote calls reset in the program's SIGTRAP state goes
+        // back before and after the hooks (see `sigtrap.rs`).
+        self.settle_sigtrap_before_detach_hooks();
         for hook in std::mem::take(&mut self.detach_hooks) {
             (hook.0)(self);
         }
+        self.settle_sigtrap_after_detach_hooks();
         for child in std::mem::take(&mut self.forked_children) {
             let _ = self.sys.detach(child, 0);
         }
