@@ -6,14 +6,29 @@
 use crate::ProcessTarget;
 use hotprobe_target::{RuntimeAddr, Target, TargetError};
 
-/// Run system call `nr` with up to six arguments on stopped thread `tid`;
-/// returns the raw result (a negative errno on failure).
-pub(crate) fn syscall(
+/// How a remote system call runs its thread through the `syscall`
+/// instruction.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Through {
+    /// One single-step (its trap resets what the thread blocks or
+    /// ignores: see `sigtrap.rs`).
+    Step,
+    /// `PTRACE_SYSCALL`: the entry stop, then the exit stop; no trap
+    /// signal is raised.
+    SyscallStops,
+}
+
+/// Runs system call `nr` with `args` on stopped thread `tid` from a
+/// `syscall` instruction of the target's, `through` either way: the
+/// registers the thread had, the raw result, and the signals that came
+/// meanwhile (to be delivered on its next continue).
+fn run_remote(
     t: &mut ProcessTarget,
     tid: i32,
     nr: u64,
     args: &[u64],
-) -> Result<u64, TargetError> {
+    through: Through,
+) -> Result<(libc::user_regs_struct, u64, Vec<i32>), TargetError> {
     let insn = find_syscall_insn(t)?;
     let saved = t.sys.getregs(tid).map_err(|e| t.sys_err(e))?;
     let mut regs = saved;
@@ -24,8 +39,17 @@ pub(crate) fn syscall(
     set_args(&mut regs, args, ArgConvention::Syscall);
     t.sys.setregs(tid, &regs).map_err(|e| t.sys_err(e))?;
     let mut held = Vec::new();
+    // Stepped: one trap past the instruction. Through system-call stops:
+    // the entry stop, then the exit stop, both with rip past the
+    // instruction (a signal stop before it runs has rip at it).
+    let wanted = if through == Through::Step { 1 } else { 2 };
+    let mut past = 0;
     let result = loop {
-        t.sys.step(tid, 0).map_err(|e| t.sys_err(e))?;
+        match through {
+            Through::Step => t.sys.step(tid, 0),
+            Through::SyscallStops => t.sys.syscall_resume(tid, 0),
+        }
+        .map_err(|e| t.sys_err(e))?;
         let Some((_, status)) = t.sys.waitpid_restart(tid, 0).map_err(|e| t.sys_err(e))? else {
             continue;
         };
@@ -35,28 +59,60 @@ pub(crate) fn syscall(
                 status: crate::exit_status(status),
             });
         }
-        let sig = libc::WSTOPSIG(status);
         if status >> 16 == libc::PTRACE_EVENT_STOP {
-            // A pending interrupt was consumed; step again.
+            // A pending interrupt was consumed; go on.
             if let Some(th) = t.threads.get_mut(&tid) {
                 th.interrupt_pending = false;
             }
             continue;
         }
+        if through == Through::SyscallStops && status >> 16 != 0 {
+            continue;
+        }
+        let sig = libc::WSTOPSIG(status);
         if sig == libc::SIGTRAP {
             let after = t.sys.getregs(tid).map_err(|e| t.sys_err(e))?;
             if after.rip == insn + 2 {
-                break after.rax;
+                past += 1;
+                if past == wanted {
+                    break after.rax;
+                }
             }
-            continue;
+            if through == Through::Step || after.rip == insn + 2 {
+                continue;
+            }
         }
         held.push(sig);
     };
-    t.sys.setregs(tid, &saved).map_err(|e| t.sys_err(e))?;
+    Ok((saved, result, held))
+}
+
+/// Puts `back` into thread `tid` after a remote system call, with the
+/// signals `held` meanwhile for its next continue.
+fn put_back(
+    t: &mut ProcessTarget,
+    tid: i32,
+    back: &libc::user_regs_struct,
+    held: Vec<i32>,
+) -> Result<(), TargetError> {
+    t.sys.setregs(tid, back).map_err(|e| t.sys_err(e))?;
     if let Some(th) = t.threads.get_mut(&tid) {
         th.held_signals.extend(held);
         th.regs = None;
     }
+    Ok(())
+}
+
+/// Run system call `nr` with up to six arguments on stopped thread `tid`;
+/// returns the raw result (a negative errno on failure).
+pub(crate) fn syscall(
+    t: &mut ProcessTarget,
+    tid: i32,
+    nr: u64,
+    args: &[u64],
+) -> Result<u64, TargetError> {
+    let (saved, result, held) = run_remote(t, tid, nr, args, Through::Step)?;
+    put_back(t, tid, &saved, held)?;
     // The step's trap reset what the thread blocks or ignores.
     t.note_forced_trap(tid);
     Ok(result)
@@ -72,51 +128,7 @@ pub(crate) fn syscall_quiet(
     nr: u64,
     args: &[u64],
 ) -> Result<u64, TargetError> {
-    let insn = find_syscall_insn(t)?;
-    let saved = t.sys.getregs(tid).map_err(|e| t.sys_err(e))?;
-    let mut regs = saved;
-    regs.rip = insn;
-    regs.rax = nr;
-    regs.orig_rax = u64::MAX;
-    set_args(&mut regs, args, ArgConvention::Syscall);
-    t.sys.setregs(tid, &regs).map_err(|e| t.sys_err(e))?;
-    let mut held = Vec::new();
-    // The entry stop, then the exit stop: both with rip past the
-    // instruction (a signal stop before it runs has rip at it).
-    let mut syscall_stops = 0;
-    let result = loop {
-        t.sys.syscall_resume(tid, 0).map_err(|e| t.sys_err(e))?;
-        let Some((_, status)) = t.sys.waitpid_restart(tid, 0).map_err(|e| t.sys_err(e))? else {
-            continue;
-        };
-        if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
-            return Err(TargetError::Gone {
-                target: t.describe(),
-                status: crate::exit_status(status),
-            });
-        }
-        let sig = libc::WSTOPSIG(status);
-        if status >> 16 == libc::PTRACE_EVENT_STOP {
-            if let Some(th) = t.threads.get_mut(&tid) {
-                th.interrupt_pending = false;
-            }
-            continue;
-        }
-        if status >> 16 != 0 {
-            continue;
-        }
-        if sig == libc::SIGTRAP {
-            let after = t.sys.getregs(tid).map_err(|e| t.sys_err(e))?;
-            if after.rip == insn + 2 {
-                syscall_stops += 1;
-                if syscall_stops == 2 {
-                    break after.rax;
-                }
-                continue;
-            }
-        }
-        held.push(sig);
-    };
+    let (saved, result, held) = run_remote(t, tid, nr, args, Through::SyscallStops)?;
     // Restored at a system-call exit stop, not a signal stop: the kernel
     // runs no restart logic on the way out, so a system call the thread
     // was interrupted in (`-ERESTARTSYS` and the like) is set up to
@@ -126,11 +138,7 @@ pub(crate) fn syscall_quiet(
     if back.rip != saved.rip {
         back.orig_rax = u64::MAX;
     }
-    t.sys.setregs(tid, &back).map_err(|e| t.sys_err(e))?;
-    if let Some(th) = t.threads.get_mut(&tid) {
-        th.held_signals.extend(held);
-        th.regs = None;
-    }
+    put_back(t, tid, &back, held)?;
     Ok(result)
 }
 
