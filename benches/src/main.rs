@@ -228,7 +228,17 @@ fn main() -> Result<()> {
 /// Build benches/programs/NAME.c with gcc flags into the target dir.
 pub(crate) fn build(name: &str, flags: &[&str]) -> Result<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let src = root.join("programs").join(format!("{name}.c"));
+    build_source(&root.join("programs").join(format!("{name}.c")), flags)
+}
+
+/// Build the C file `src` (of this repository) with gcc flags into the
+/// target dir, named after the file and the flags.
+pub(crate) fn build_source(src: &Path, flags: &[&str]) -> Result<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let name = src
+        .file_stem()
+        .and_then(|n| n.to_str())
+        .context("a C file's name")?;
     let dir = root.join("../target/bench-programs");
     std::fs::create_dir_all(&dir)?;
     let tag: String = flags
@@ -241,7 +251,7 @@ pub(crate) fn build(name: &str, flags: &[&str]) -> Result<PathBuf> {
         .args(flags)
         .arg("-o")
         .arg(&out)
-        .arg(&src)
+        .arg(src)
         .status()
         .context("running gcc")?;
     if !st.success() {

@@ -52,19 +52,8 @@ pub fn run_all(runs: usize) -> Result<()> {
     let hp = crate::hotprobe_bin()?;
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let src = root.join("../crates/hotprobe-cli/tests/programs/true_times.c");
-    let dir = root.join("../target/bench-programs");
-    std::fs::create_dir_all(&dir)?;
-    let bin = dir.join("true_times");
-    let st = Command::new("gcc")
-        .args(["-O2", "-g", "-falign-functions=1", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .status()
-        .context("running gcc")?;
-    if !st.success() {
-        bail!("gcc failed on {}", src.display());
-    }
-    let trace = dir.join("true_times-trace");
+    let bin = crate::build_source(&src, &["-O2", "-g", "-falign-functions=1"])?;
+    let trace = bin.with_file_name("true_times-trace");
     // Per function: (measured by the program, corrected, raw) per run.
     let funcs = ["busy_a", "busy_b", "s1", "s2"];
     let mut got: Vec<[Vec<f64>; 3]> = vec![Default::default(); funcs.len()];

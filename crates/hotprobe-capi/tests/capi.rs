@@ -142,23 +142,7 @@ fn handlers_read_and_write_registers_and_memory_stop_and_disable() {
     let s = unsafe { hotprobe_open(&cfg) };
     assert!(!s.is_null(), "{}", last_error());
 
-    let path = CString::new(prog.to_str().unwrap()).unwrap();
-    let arg = CString::new("10").unwrap();
-    let argv = [arg.as_ptr(), null()];
-    let mut t = u32::MAX;
-    // SAFETY: live session, C strings, NULL-terminated argv, open fd.
-    let rc = unsafe {
-        hotprobe_spawn_io(
-            s,
-            path.as_ptr(),
-            argv.as_ptr(),
-            -1,
-            out.as_raw_fd(),
-            -1,
-            &mut t,
-        )
-    };
-    assert_eq!(rc, HOTPROBE_OK, "{}", last_error());
+    let t = spawn_into(s, &prog, &["10"], &out);
     // SAFETY: live session.
     assert!(unsafe { hotprobe_pid(s, t) } > 0);
 

@@ -60,6 +60,30 @@ fn sections(stdout: &str, label: &str) -> Vec<Vec<Stack>> {
     out
 }
 
+/// The three paths of stack_paths.c (7, 5 and 3 calls of malloc), each
+/// once among `prog`'s stacks with its count, whole, from `_start`.
+fn assert_three_paths(prog: &[Stack], what: &str, out: &str) {
+    for (path, count) in [
+        (&["alloc_leaf", "path_c_inner", "path_c", "main"][..], 7),
+        (&["alloc_leaf", "path_b", "main"][..], 5),
+        (&["alloc_leaf", "path_a", "main"][..], 3),
+    ] {
+        let found: Vec<&Stack> = prog
+            .iter()
+            .filter(|s| s.frames.len() > path.len() && s.frames[..path.len()] == *path)
+            .collect();
+        assert_eq!(found.len(), 1, "{what}: {path:?} in\n{out}");
+        assert_eq!(found[0].count, count, "{what}: {path:?}:\n{out}");
+        assert!(!found[0].truncated, "{what}: {:?}", found[0]);
+        assert_eq!(
+            found[0].frames.last().map(String::as_str),
+            Some("_start"),
+            "{what}: {:?}",
+            found[0]
+        );
+    }
+}
+
 #[test]
 fn count_stacks_of_a_program_executed_by_a_shell() {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("exec-stacks");
@@ -126,25 +150,7 @@ fn count_stacks_of_a_program_executed_by_a_shell() {
         assert!(shell_hits > 0, "{sh}: {}", t.all);
         assert_eq!(shell_stacks, shell_hits, "{sh}:\n{out}");
         let prog = prog[0];
-        for (path, count) in [
-            (&["alloc_leaf", "path_c_inner", "path_c", "main"][..], 7),
-            (&["alloc_leaf", "path_b", "main"][..], 5),
-            (&["alloc_leaf", "path_a", "main"][..], 3),
-        ] {
-            let found: Vec<&Stack> = prog
-                .iter()
-                .filter(|s| s.frames.len() > path.len() && s.frames[..path.len()] == *path)
-                .collect();
-            assert_eq!(found.len(), 1, "{sh}: {path:?} in\n{out}\n{err}");
-            assert_eq!(found[0].count, count, "{sh}: {path:?}:\n{out}");
-            assert!(!found[0].truncated, "{sh}: {:?}", found[0]);
-            assert_eq!(
-                found[0].frames.last().map(String::as_str),
-                Some("_start"),
-                "{sh}: {:?}",
-                found[0]
-            );
-        }
+        assert_three_paths(prog, sh, &format!("{out}\n{err}"));
         // Every hit of the program has its stack.
         let total: u64 = prog.iter().map(|s| s.count).sum();
         assert_eq!(total, 16, "{sh}:\n{out}");
@@ -183,18 +189,7 @@ fn trace_stacks_of_a_program_executed_by_a_shell() {
         })
         .collect();
     assert_eq!(prog.len(), 1, "one section of the program:\n{out}");
-    for (path, count) in [
-        (&["alloc_leaf", "path_c_inner", "path_c", "main"][..], 7),
-        (&["alloc_leaf", "path_b", "main"][..], 5),
-        (&["alloc_leaf", "path_a", "main"][..], 3),
-    ] {
-        let found: Vec<&Stack> = prog[0]
-            .iter()
-            .filter(|s| s.frames.len() > path.len() && s.frames[..path.len()] == *path)
-            .collect();
-        assert_eq!(found.len(), 1, "{path:?} in\n{out}\n{err}");
-        assert_eq!(found[0].count, count, "{path:?}:\n{out}");
-    }
+    assert_three_paths(&prog[0], "trace", &format!("{out}\n{err}"));
 }
 
 /// `record -f --stacks`: the trace's stacks.tsv has the executed

@@ -35,8 +35,22 @@ pub fn open_and_spawn(
     // SAFETY: a valid config.
     let s = unsafe { hotprobe_open(&cfg) };
     assert!(!s.is_null(), "{}", last_error());
+    let t = spawn_into(s, prog, &[], out);
+    (s, t)
+}
+
+/// Spawns `prog` with `args` into session `s`, its output to `out`: the
+/// target.
+pub fn spawn_into(
+    s: *mut hotprobe_session,
+    prog: &std::path::Path,
+    args: &[&str],
+    out: &std::fs::File,
+) -> hotprobe_target {
     let path = CString::new(prog.to_str().unwrap()).unwrap();
-    let argv = [null()];
+    let args: Vec<CString> = args.iter().map(|a| CString::new(*a).unwrap()).collect();
+    let mut argv: Vec<*const std::ffi::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+    argv.push(null());
     let mut t = 0;
     // SAFETY: live session, C strings, NULL-terminated argv, writable out.
     let rc = unsafe {
@@ -51,5 +65,5 @@ pub fn open_and_spawn(
         )
     };
     assert_eq!(rc, HOTPROBE_OK, "{}", last_error());
-    (s, t)
+    t
 }
