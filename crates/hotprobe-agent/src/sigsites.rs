@@ -19,9 +19,8 @@
 //!
 //! A static program (no agent) keeps its sites after such a death
 //! (`tracer_killed.rs` counts them); hotprobe's notice that a killed
-//! hotprobe leaves its int3s in covers them, but the CLI prints it with
-//! its summary, which a killed hotprobe never reaches. Only raw system
-//! calls: it runs in a signal handler.
+//! hotprobe leaves its int3s in covers them, and the CLI prints it when
+//! the run starts. Only raw system calls: it runs in a signal handler.
 
 use crate::orphan::syscall;
 

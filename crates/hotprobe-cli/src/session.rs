@@ -231,6 +231,10 @@ impl Traced {
                 );
             }
         }
+        // What the start said (a target without the agent, whose int3s a
+        // hotprobe killed with SIGKILL would leave in) is said now, not
+        // after the run a SIGKILL never reaches.
+        self.print_notices();
         if let Some(d) = duration {
             signals::stop_after(d);
             // The timer's signal may come just before the loop blocks: no

@@ -428,7 +428,9 @@ fn kill_seed() -> u64 {
 /// `hotprobe count -p PID --mechanism trap probed` on `own`, until it
 /// says it is attached: the running hotprobe, its process group and what
 /// it said.
-fn attach_trap(pid: u32, ctx: &str) -> (Child, Group, Vec<String>) {
+/// `count -p PID --mechanism trap probed`, its stderr read until a line
+/// holds `until`: (hotprobe, its process group, the lines read).
+fn attach_trap(pid: u32, ctx: &str, until: &str) -> (Child, Group, Vec<String>) {
     use std::os::unix::process::CommandExt;
     let mut hp = Command::new(HOTPROBE)
         .args([
@@ -449,10 +451,10 @@ fn attach_trap(pid: u32, ctx: &str) -> (Child, Group, Vec<String>) {
     let errs = line_reader(hp.stderr.take().unwrap());
     let mut said = Vec::new();
     let deadline = Instant::now() + LIMIT;
-    while !said.iter().any(|l: &String| l.contains("attached to pid")) {
+    while !said.iter().any(|l: &String| l.contains(until)) {
         match errs.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             Ok(l) => said.push(l),
-            Err(e) => panic!("{ctx}: not attached ({e}): {said:?}"),
+            Err(e) => panic!("{ctx}: no line with {until:?} ({e}): {said:?}"),
         }
     }
     (hp, group, said)
@@ -494,7 +496,7 @@ fn a_killed_tracer_leaves_libcs_signal_state_calls_as_they_were() {
         let libc = mapped_file(p.pid, "libc.so.6").expect("libc mapped");
         let sites = signal_state_sites(p.pid, &libc);
         assert!(!sites.is_empty(), "{ctx}: no signal-state call in {libc:?}");
-        let (mut hp, _group, said) = attach_trap(p.pid, &ctx);
+        let (mut hp, _group, said) = attach_trap(p.pid, &ctx, "attached to pid");
         // The sites are in (with the trap mechanism's guards one byte in).
         let armed = text_differences(p.pid, &libc);
         assert!(
@@ -569,10 +571,9 @@ fn a_killed_tracer_leaves_libcs_signal_state_calls_as_they_were() {
 /// int3s back after a kill: what stays is counted here — every
 /// signal-state site of the program's own code (its libc is linked in)
 /// and the probe, each with the trap mechanism's guard where it has one —
-/// and nothing else. hotprobe says so in its notice ("a hotprobe killed
+/// and nothing else. hotprobe says so when it starts ("a hotprobe killed
 /// with SIGKILL would leave its int3s in the program", `no_agent.rs`),
-/// which the CLI prints with its summary: a hotprobe killed before then
-/// prints nothing.
+/// before any kill.
 #[test]
 fn without_an_agent_a_killed_tracer_leaves_exactly_its_int3s() {
     use sigtrap_own_support::{build, signal_state_sites, text_differences, Own};
@@ -580,7 +581,12 @@ fn without_an_agent_a_killed_tracer_leaves_exactly_its_int3s() {
     let p = Own::start(&bin, &[]);
     let sites = signal_state_sites(p.pid, &bin);
     assert!(!sites.is_empty(), "no signal-state call in {bin:?}");
-    let (mut hp, _group, said) = attach_trap(p.pid, "static");
+    // Said before the kill: at the start, not with the summary.
+    let (mut hp, _group, said) = attach_trap(
+        p.pid,
+        "static",
+        "a hotprobe killed with SIGKILL would leave its int3s in the program",
+    );
     hp.kill().unwrap();
     hp.wait().unwrap();
     assert!(!p.has_agent(), "{said:?}");
