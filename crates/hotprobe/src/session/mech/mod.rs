@@ -76,7 +76,33 @@ impl Cx<'_> {
     }
 }
 
-/// A `Count` or `Record` probe to place at one resolved address.
+/// A probe with handlers ([`crate::Action::Handler`]) to place: the
+/// mechanism that takes it takes the probe out of `probe`; one that cannot
+/// leaves it there for the next one asked (the session asks the fast
+/// path's handler call, then the in-process trap, then the trap).
+pub(crate) struct HandlerAsk {
+    /// The probe, until a mechanism takes it.
+    pub probe: std::cell::RefCell<Option<crate::handler::Probe>>,
+    /// How long each side of a shared-memory handler call spins.
+    pub spin: std::time::Duration,
+    /// How long a request may wait to be taken.
+    pub timeout: std::time::Duration,
+}
+
+impl HandlerAsk {
+    /// Takes the probe out (`None`: a mechanism took it already).
+    pub(crate) fn take(&self) -> Option<crate::handler::Probe> {
+        self.probe.borrow_mut().take()
+    }
+
+    /// Leaves the probe for the next mechanism asked.
+    pub(crate) fn give_back(&self, probe: crate::handler::Probe) {
+        *self.probe.borrow_mut() = Some(probe);
+    }
+}
+
+/// A probe to place at one resolved address: a `Count` or `Record`, or,
+/// with [`SiteAsk::handler`], a probe with handlers.
 pub(crate) struct SiteAsk<'r> {
     /// Where.
     pub r: &'r ResolvedProbe,
@@ -114,6 +140,9 @@ pub(crate) struct SiteAsk<'r> {
     pub return_thunk: Option<u64>,
     /// A process's modules (`None` for a guest).
     pub symbols: Option<&'r hotprobe_symbols::ProcessSymbols>,
+    /// A probe with handlers to place instead of a `Count` or `Record`
+    /// (`is_return` and `record` are then false).
+    pub handler: Option<&'r HandlerAsk>,
 }
 
 /// A mechanism's answer to a site.

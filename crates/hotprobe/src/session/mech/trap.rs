@@ -555,6 +555,22 @@ impl ProbeMechanism for TrapMech {
             return Ok(Err("not a trap site".into()));
         };
         let r = ask.r;
+        if let Some(handler) = ask.handler {
+            // Its handlers run at each stop of the target. Not placed
+            // again in a followed child: its handlers are the caller's.
+            let Some(probe) = handler.take() else {
+                return Ok(Err("no handler probe left to place".into()));
+            };
+            let id = self.add_probe(cx, r.addr, probe, &ask.fast_path)?;
+            let process = cx.engine.process().is_some();
+            return Ok(Ok(self.placement(
+                cx.engine,
+                process,
+                (id, ask.label),
+                r,
+                Some(reason),
+            )));
+        }
         let entry_only = r.no_return.clone().filter(|_| ask.record);
         let form = self.form_at(
             ask.is_return,
