@@ -146,6 +146,46 @@ pub(crate) fn restore_spans(
     Ok(())
 }
 
+/// One site for [`restore_sites`]: hotprobe wrote `expected` at `addr`
+/// over `original` (the same length).
+#[derive(Clone, Debug)]
+pub struct SiteRestore {
+    /// The first byte written.
+    pub addr: u64,
+    /// The bytes hotprobe left there.
+    pub expected: Vec<u8>,
+    /// The bytes they replaced.
+    pub original: Vec<u8>,
+}
+
+/// Takes hotprobe's bytes out of every site of `sites`, whoever wrote
+/// them, in one pass: a write per span of nearby sites, each site's
+/// original back where its bytes are still hotprobe's, the two changes a
+/// kernel uprobe makes recognised, anything else left as found and
+/// returned (see [`ForeignWrite`]). Sites at one address are taken in
+/// their order. `bps`: `int3`s of the process target still tracked (its
+/// reads show the byte under them, its writes keep them; `None`: do not
+/// batch). A site whose `expected` and `original` differ in length is
+/// skipped. Expects every thread stopped, none inside a site's bytes.
+pub fn restore_sites(
+    t: &mut dyn Target,
+    sites: &[SiteRestore],
+    bps: Option<&std::collections::BTreeSet<u64>>,
+) -> Result<Vec<ForeignWrite>, FastPathError> {
+    let restore = sites
+        .iter()
+        .filter(|s| s.expected.len() == s.original.len())
+        .map(|s| Restore {
+            addr: s.addr,
+            expected: &s.expected,
+            original: &s.original,
+        })
+        .collect();
+    let mut foreign = Vec::new();
+    restore_spans(t, restore, bps, &mut foreign)?;
+    Ok(foreign)
+}
+
 #[cfg(test)]
 mod tests {
     use super::{all_nops, take_own_bytes_out, ForeignOutcome};

@@ -34,27 +34,20 @@ impl FastPath {
     /// (resume or detach the target afterwards). An agent we injected is
     /// unloaded and our trampoline pages unmapped when no thread can still
     /// run in them (see the `unload` module); a preloaded agent stays.
+    ///
+    /// The same as [`FastPath::prepare_detach`], the restore of
+    /// [`FastPath::live_writes`] by [`crate::restore_sites`], then
+    /// [`FastPath::finish_detach`] (a session puts the bytes back in one
+    /// walk over every writer's sites instead).
     pub fn detach(&mut self, t: &mut ProcessTarget) -> Result<(), FastPathError> {
-        if self.detached {
+        if !self.prepare_detach(t)? {
             return Ok(());
-        }
-        if let Err(e) = t.stop_all() {
-            // A process that is gone has nothing left to restore.
-            if matches!(e, TargetError::Gone { .. }) {
-                self.forget();
-                return Ok(());
-            }
-            return Err(e.into());
         }
         // Every original put back in one batch: a write per span of
         // nearby sites (see `end_batch`), in reverse order of installation
         // (the batch keeps that order for writes to one address).
         let mut restore = Vec::with_capacity(self.installed.len());
         for s in self.installed.iter().rev() {
-            // A thread can sit at the first byte of a site (fine: it runs
-            // the original instruction) but never strictly inside: the
-            // patched bytes are one instruction, padded with int3 never run.
-            wait_pcs_outside(t, s.addr, s.original.len() as u64)?;
             // A disabled site holds its original bytes already: nothing
             // of hotprobe's to take out.
             if !self.disabled.contains_key(&s.addr) {
@@ -63,12 +56,6 @@ impl FastPath {
                     expected: &s.written,
                     original: &s.original,
                 });
-            }
-            if s.key == 0 {
-                // An in-process trap (`inproc`): its entry stays.
-                self.shm.shm().quiet_inproc(s.addr);
-            } else {
-                let _ = self.shm.shm().set_site_action(s.key, 0);
             }
         }
         // The process's own int3s (the trap engine's) over our sites.
@@ -79,6 +66,63 @@ impl FastPath {
         // What was found before a failure is reported all the same.
         self.foreign.extend(foreign);
         restored?;
+        self.finish_detach(t, Vec::new());
+        Ok(())
+    }
+
+    /// Detach, first step: every thread stopped (and left stopped), none
+    /// strictly inside a site's bytes (a thread can sit at the first byte
+    /// of a site, which runs the original instruction, never inside: the
+    /// patched bytes are one instruction, padded with int3 never run),
+    /// every site's action off. False when there is nothing to take out
+    /// (detached already, or the process is gone: then forgotten).
+    pub fn prepare_detach(&mut self, t: &mut ProcessTarget) -> Result<bool, FastPathError> {
+        if self.detached {
+            return Ok(false);
+        }
+        if let Err(e) = t.stop_all() {
+            // A process that is gone has nothing left to restore.
+            if matches!(e, TargetError::Gone { .. }) {
+                self.forget();
+                return Ok(false);
+            }
+            return Err(e.into());
+        }
+        for i in (0..self.installed.len()).rev() {
+            let (addr, len, key) = {
+                let s = &self.installed[i];
+                (s.addr, s.original.len() as u64, s.key)
+            };
+            wait_pcs_outside(t, addr, len)?;
+            if key == 0 {
+                // An in-process trap (`inproc`): its entry stays.
+                self.shm.shm().quiet_inproc(addr);
+            } else {
+                let _ = self.shm.shm().set_site_action(key, 0);
+            }
+        }
+        Ok(true)
+    }
+
+    /// The bytes of this fast path in the code now, by address: what it
+    /// wrote and what that replaced (the latest write at an address;
+    /// disabled sites, which hold their original already, left out).
+    pub fn live_writes(&self) -> std::collections::HashMap<u64, (&[u8], &[u8])> {
+        let mut m = std::collections::HashMap::with_capacity(self.installed.len());
+        for s in &self.installed {
+            if !self.disabled.contains_key(&s.addr) {
+                m.insert(s.addr, (&s.written[..], &s.original[..]));
+            }
+        }
+        m
+    }
+
+    /// Detach, last step, once every byte written is out (`foreign`: the
+    /// sites another writer had changed, found then): the code ledger's
+    /// entries go, the sites are forgotten, the heartbeat stops, and an
+    /// agent we injected is unloaded at the target's detach.
+    pub fn finish_detach(&mut self, t: &mut ProcessTarget, foreign: Vec<ForeignWrite>) {
+        self.foreign.extend(foreign);
         for i in 0..self.installed.len() {
             self.ledger_unpublish(self.installed[i].ledger);
         }
@@ -89,7 +133,6 @@ impl FastPath {
         self.detached = true;
         // Nothing of ours left mapped in a process we attached to.
         self.unload_agent(t);
-        Ok(())
     }
 
     /// The sites found changed by another writer (a kernel uprobe, a

@@ -52,7 +52,7 @@ use hotprobe_abi::{
 use hotprobe_process::ProcessTarget;
 use hotprobe_target::TargetError;
 
-pub use foreign::{ForeignOutcome, ForeignWrite};
+pub use foreign::{restore_sites, ForeignOutcome, ForeignWrite, SiteRestore};
 /// The in-target aggregation tables (`Action::agg`).
 pub use hotprobe_abi::agg;
 pub use hotprobe_abi::{

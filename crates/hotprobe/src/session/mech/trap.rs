@@ -510,7 +510,7 @@ impl TrapMech {
 
     /// Empties the trap table (every `int3` taken out, every return
     /// address put back: detach).
-    fn unpublish(&mut self, agent: &Agent) {
+    pub(crate) fn unpublish(&mut self, agent: &Agent) {
         if let Some(table) = agent.trap_table() {
             for a in self.published.keys() {
                 table.unpublish(*a);
