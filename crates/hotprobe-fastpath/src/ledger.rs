@@ -104,14 +104,31 @@ impl FastPath {
         Ok(true)
     }
 
-    /// The bytes of this fast path in the code now, by address: what it
-    /// wrote and what that replaced (the latest write at an address;
-    /// disabled sites, which hold their original already, left out).
-    pub fn live_writes(&self) -> std::collections::HashMap<u64, (&[u8], &[u8])> {
-        let mut m = std::collections::HashMap::with_capacity(self.installed.len());
+    /// The bytes of this fast path in the code now, by address, with the
+    /// bytes they replaced: the writes at one address laid over each
+    /// other in the order made (a probe joining a site writes its jump
+    /// again over the first one's), over the first write's original
+    /// (lengthened by a longer later write's). Disabled sites, which hold
+    /// their original already, are left out.
+    pub fn live_writes(&self) -> std::collections::HashMap<u64, (Vec<u8>, Vec<u8>)> {
+        let mut m: std::collections::HashMap<u64, (Vec<u8>, Vec<u8>)> =
+            std::collections::HashMap::with_capacity(self.installed.len());
         for s in &self.installed {
-            if !self.disabled.contains_key(&s.addr) {
-                m.insert(s.addr, (&s.written[..], &s.original[..]));
+            if self.disabled.contains_key(&s.addr) {
+                continue;
+            }
+            match m.get_mut(&s.addr) {
+                None => {
+                    m.insert(s.addr, (s.written.clone(), s.original.clone()));
+                }
+                Some((now, first)) => {
+                    let n = s.written.len().min(now.len());
+                    now[..n].copy_from_slice(&s.written[..n]);
+                    if s.written.len() > now.len() {
+                        first.extend_from_slice(&s.original[now.len()..]);
+                        now.extend_from_slice(&s.written[now.len()..]);
+                    }
+                }
             }
         }
         m

@@ -3,17 +3,20 @@
 //! in-process trap (a handler probe with a post handler), the fast path's
 //! patch or jump (a count), and a shared-memory handler (a pre handler on
 //! the fast path's handler call), each pair in both orders, on a program
-//! attached to while it runs and running on after the detach. Each probe
+//! started under the session (the in-process trap is refused in a process
+//! attached to) that runs on after the detach. Each probe
 //! placed counts exactly the calls made; after the detach every address
 //! the code ledger listed holds its original bytes (the file's, for the
 //! program's own code) and the program's output is what it prints unprobed.
 
 mod support;
 
-use hotprobe::{Action, EngineError, MechanismChoice, Probe, ProbeId, Session};
+use hotprobe::{Action, EngineError, MechanismChoice, Probe, ProbeId, Session, SpawnOptions};
 use std::cell::Cell;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::OwnedFd;
+use std::process::{Child, Command, Stdio};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -47,14 +50,16 @@ const MECHS: [Mech; 5] = [
 /// `target serve`, its commands sent through stdin, its lines read by a
 /// thread that raises `done` at each `done …` line.
 struct Served {
-    child: Child,
-    stdin: ChildStdin,
+    /// Run unprobed, or `None`: started by a session.
+    child: Option<Child>,
+    stdin: Option<Box<dyn Write>>,
     lines: Receiver<String>,
     done: Arc<AtomicBool>,
     pid: i32,
 }
 
 impl Served {
+    /// Started unprobed.
     fn start(bin: &std::path::Path) -> Served {
         let mut child = Command::new(bin)
             .arg("serve")
@@ -62,8 +67,30 @@ impl Served {
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let stdin = Box::new(child.stdin.take().unwrap());
+        let out = child.stdout.take().unwrap();
+        let mut served = Served::reading(out, stdin);
+        served.child = Some(child);
+        served.ready();
+        served
+    }
+
+    /// Spawned by `s` (its `ready` line is read once `s` runs it).
+    fn spawn(s: &mut Session, bin: &std::path::Path) -> (Served, hotprobe::TargetId) {
+        let (in_r, in_w) = std::io::pipe().unwrap();
+        let (out_r, out_w) = std::io::pipe().unwrap();
+        let opts = SpawnOptions {
+            stdin: Some(File::from(OwnedFd::from(in_r))),
+            stdout: Some(File::from(OwnedFd::from(out_w))),
+            ..Default::default()
+        };
+        let t = s.spawn_with(bin, &["serve".into()], &opts).unwrap();
+        drop(opts);
+        (Served::reading(out_r, Box::new(in_w)), t)
+    }
+
+    fn reading(out: impl Read + Send + 'static, stdin: Box<dyn Write>) -> Served {
+        let mut out = BufReader::new(out);
         let done = Arc::new(AtomicBool::new(false));
         let (tx, lines) = std::sync::mpsc::channel();
         let seen = done.clone();
@@ -80,22 +107,37 @@ impl Served {
                 seen.store(true, Ordering::SeqCst);
             }
         });
-        let ready = lines.recv_timeout(LIMIT).unwrap();
-        let pid = ready.strip_prefix("ready ").unwrap().parse().unwrap();
         Served {
-            child,
-            stdin,
+            child: None,
+            stdin: Some(stdin),
             lines,
             done,
-            pid,
+            pid: 0,
         }
+    }
+
+    /// Reads the `ready PID` line.
+    fn ready(&mut self) {
+        let ready = self.lines.recv_timeout(LIMIT).unwrap();
+        self.pid = ready.strip_prefix("ready ").unwrap().parse().unwrap();
+    }
+
+    /// Closes its input and reads the rest: `bye` as it ends.
+    fn finish(&mut self) -> Vec<String> {
+        self.stdin = None;
+        let mut rest = Vec::new();
+        while let Ok(l) = self.lines.recv_timeout(LIMIT) {
+            rest.push(l);
+        }
+        rest
     }
 
     /// Sends `cmd` (its `done` not seen yet).
     fn send(&mut self, cmd: &str) {
         self.done.store(false, Ordering::SeqCst);
-        writeln!(self.stdin, "{cmd}").unwrap();
-        self.stdin.flush().unwrap();
+        let stdin = self.stdin.as_mut().unwrap();
+        writeln!(stdin, "{cmd}").unwrap();
+        stdin.flush().unwrap();
     }
 
     /// The lines of the command sent last, up to its `done` line.
@@ -125,8 +167,10 @@ impl Served {
 
 impl Drop for Served {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
 
@@ -199,8 +243,6 @@ fn file_behind(pid: i32, addr: u64) -> Option<(String, u64)> {
 #[test]
 fn every_pair_of_mechanisms_on_one_function_leaves_the_original_bytes_at_detach() {
     let bin = program("target", &["-O2"]);
-    let mut srv = Served::start(&bin);
-    let mut native = Served::start(&bin);
     let file = std::fs::read(&bin).unwrap();
     let bin_path = bin.canonicalize().unwrap();
     let compute = format!("compute {CALLS}");
@@ -211,8 +253,19 @@ fn every_pair_of_mechanisms_on_one_function_leaves_the_original_bytes_at_detach(
             }
             let pair = (first, second);
             let mut s = Session::new();
-            let t = s.attach(srv.pid).unwrap();
+            let (mut srv, t) = Served::spawn(&mut s, &bin);
             let a = place(&mut s, t, first).unwrap_or_else(|e| panic!("{pair:?}: {e}"));
+            // The first is on the mechanism asked for.
+            let on = |m: &str| a.mechanism.starts_with(m);
+            let expected = match first {
+                Mech::TrapEntry | Mech::TrapReturn => on("trap /"),
+                Mech::InProcess => on("in-process trap /"),
+                Mech::Fast => (on("jump /") || on("patch /")) && !a.mechanism.contains("handler"),
+                Mech::ShmHandler => {
+                    (on("jump /") || on("patch /")) && a.mechanism.contains("shared-memory handler")
+                }
+            };
+            assert!(expected, "{pair:?}: {first:?} placed as {}", a.mechanism);
             // The second joins the first's site or is refused with the
             // reason; it never writes over it.
             let b = match place(&mut s, t, second) {
@@ -232,6 +285,9 @@ fn every_pair_of_mechanisms_on_one_function_leaves_the_original_bytes_at_detach(
             assert!(!ledger.is_empty(), "{pair:?}: nothing written");
             s.start().unwrap();
             s.set_wait_deadline(Some(Instant::now()));
+            srv.ready();
+            // The same program unprobed, given the same commands.
+            let mut native = Served::start(&bin);
             srv.send(&compute);
             let end = s.run_until(&srv.done).unwrap();
             assert_eq!(end, hotprobe::RunEnd::Interrupted, "{pair:?}");
@@ -279,8 +335,9 @@ fn every_pair_of_mechanisms_on_one_function_leaves_the_original_bytes_at_detach(
                 }
             }
             assert!(in_program > 0, "{pair:?}: no site in compute");
-            // The program runs on, unprobed, as before.
+            // The program runs on, unprobed, as before, to its end.
             assert_eq!(srv.run("compute 3"), native.run("compute 3"), "{pair:?}");
+            assert_eq!(srv.finish(), ["bye"], "{pair:?}");
         }
     }
 }

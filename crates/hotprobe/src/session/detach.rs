@@ -141,22 +141,22 @@ impl Slot {
         for s in ledger.sites() {
             match s.owner {
                 CodeOwner::Fast | CodeOwner::InProcess => {
-                    let Some((written, own)) = writes.get(&s.start) else {
+                    let Some((now, first)) = writes.get(&s.start) else {
                         continue;
                     };
                     if !covered.insert(s.start) {
                         continue;
                     }
                     // The ledger's original is the file's (the first write
-                    // at the address); the latest write's when they differ
-                    // in length.
-                    let original = match s.original().len() == written.len() {
+                    // at the address, lengthened by longer ones); the fast
+                    // path's own account of it where they differ in length.
+                    let original = match s.original().len() == now.len() {
                         true => s.original().to_vec(),
-                        false => own.to_vec(),
+                        false => first.clone(),
                     };
                     sites.push(SiteRestore {
                         addr: s.start,
-                        expected: written.to_vec(),
+                        expected: now.clone(),
                         original,
                     });
                 }
@@ -174,12 +174,12 @@ impl Slot {
         }
         // The fast path's bytes the ledger missed (it never should): out
         // all the same.
-        for (a, (written, own)) in &writes {
+        for (a, (now, first)) in &writes {
             if !covered.contains(a) {
                 sites.push(SiteRestore {
                     addr: *a,
-                    expected: written.to_vec(),
-                    original: own.to_vec(),
+                    expected: now.clone(),
+                    original: first.clone(),
                 });
             }
         }
