@@ -242,18 +242,44 @@ fn file_behind(pid: i32, addr: u64) -> Option<(String, u64)> {
 
 #[test]
 fn every_pair_of_mechanisms_on_one_function_leaves_the_original_bytes_at_detach() {
+    pairs_on_compute(&MECHS, false);
+}
+
+/// The same in a process attached to while it runs (`-p`): the in-process
+/// trap is refused there (the agent injected cannot keep `SIGTRAP`
+/// unblocked), the other four are paired.
+#[test]
+fn every_pair_on_one_function_of_a_process_attached_to_leaves_the_original_bytes() {
+    let mechs: Vec<Mech> = MECHS
+        .into_iter()
+        .filter(|m| *m != Mech::InProcess)
+        .collect();
+    pairs_on_compute(&mechs, true);
+}
+
+/// Places every ordered pair of `mechs` on `compute`, each on a `target
+/// serve` of its own, spawned by the session or (`attach`) started and
+/// attached to (see the module docs).
+fn pairs_on_compute(mechs: &[Mech], attach: bool) {
     let bin = program("target", &["-O2"]);
     let file = std::fs::read(&bin).unwrap();
     let bin_path = bin.canonicalize().unwrap();
     let compute = format!("compute {CALLS}");
-    for first in MECHS {
-        for second in MECHS {
+    for &first in mechs {
+        for &second in mechs {
             if first == second {
                 continue;
             }
-            let pair = (first, second);
+            let pair = (first, second, attach);
             let mut s = Session::new();
-            let (mut srv, t) = Served::spawn(&mut s, &bin);
+            let (mut srv, t) = match attach {
+                true => {
+                    let srv = Served::start(&bin);
+                    let t = s.attach(srv.pid).unwrap();
+                    (srv, t)
+                }
+                false => Served::spawn(&mut s, &bin),
+            };
             let a = place(&mut s, t, first).unwrap_or_else(|e| panic!("{pair:?}: {e}"));
             // The first is on the mechanism asked for.
             let on = |m: &str| a.mechanism.starts_with(m);
@@ -285,7 +311,9 @@ fn every_pair_of_mechanisms_on_one_function_leaves_the_original_bytes_at_detach(
             assert!(!ledger.is_empty(), "{pair:?}: nothing written");
             s.start().unwrap();
             s.set_wait_deadline(Some(Instant::now()));
-            srv.ready();
+            if !attach {
+                srv.ready();
+            }
             // The same program unprobed, given the same commands.
             let mut native = Served::start(&bin);
             srv.send(&compute);
