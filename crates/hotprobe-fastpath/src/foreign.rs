@@ -148,14 +148,14 @@ pub(crate) fn restore_spans(
 
 /// One site for [`restore_sites`]: hotprobe wrote `expected` at `addr`
 /// over `original` (the same length).
-#[derive(Clone, Debug)]
-pub struct SiteRestore {
+#[derive(Clone, Copy, Debug)]
+pub struct SiteRestore<'a> {
     /// The first byte written.
     pub addr: u64,
     /// The bytes hotprobe left there.
-    pub expected: Vec<u8>,
+    pub expected: &'a [u8],
     /// The bytes they replaced.
-    pub original: Vec<u8>,
+    pub original: &'a [u8],
 }
 
 /// Takes hotprobe's bytes out of every site of `sites`, whoever wrote
@@ -169,7 +169,7 @@ pub struct SiteRestore {
 /// skipped. Expects every thread stopped, none inside a site's bytes.
 pub fn restore_sites(
     t: &mut dyn Target,
-    sites: &[SiteRestore],
+    sites: &[SiteRestore<'_>],
     bps: Option<&std::collections::BTreeSet<u64>>,
 ) -> Result<Vec<ForeignWrite>, FastPathError> {
     let restore = sites
@@ -177,8 +177,8 @@ pub fn restore_sites(
         .filter(|s| s.expected.len() == s.original.len())
         .map(|s| Restore {
             addr: s.addr,
-            expected: &s.expected,
-            original: &s.original,
+            expected: s.expected,
+            original: s.original,
         })
         .collect();
     let mut foreign = Vec::new();

@@ -16,6 +16,7 @@
 //! has room) a site is written without an entry and counted in
 //! `LedgerCtl::unmirrored` ([`FastPath::ledger_unmirrored`]).
 
+use std::borrow::Cow;
 use std::sync::atomic::Ordering::Relaxed;
 
 use hotprobe_process::ProcessTarget;
@@ -108,10 +109,11 @@ impl FastPath {
     /// bytes they replaced: the writes at one address laid over each
     /// other in the order made (a probe joining a site writes its jump
     /// again over the first one's), over the first write's original
-    /// (lengthened by a longer later write's). Disabled sites, which hold
-    /// their original already, are left out.
-    pub fn live_writes(&self) -> std::collections::HashMap<u64, (Vec<u8>, Vec<u8>)> {
-        let mut m: std::collections::HashMap<u64, (Vec<u8>, Vec<u8>)> =
+    /// (lengthened by a longer later write's). Borrowed where one write
+    /// was made at the address (the usual site). Disabled sites, which
+    /// hold their original already, are left out.
+    pub fn live_writes(&self) -> std::collections::HashMap<u64, (Cow<'_, [u8]>, Cow<'_, [u8]>)> {
+        let mut m: std::collections::HashMap<u64, (Cow<'_, [u8]>, Cow<'_, [u8]>)> =
             std::collections::HashMap::with_capacity(self.installed.len());
         for s in &self.installed {
             if self.disabled.contains_key(&s.addr) {
@@ -119,9 +121,13 @@ impl FastPath {
             }
             match m.get_mut(&s.addr) {
                 None => {
-                    m.insert(s.addr, (s.written.clone(), s.original.clone()));
+                    m.insert(
+                        s.addr,
+                        (Cow::from(&s.written[..]), Cow::from(&s.original[..])),
+                    );
                 }
                 Some((now, first)) => {
+                    let (now, first) = (now.to_mut(), first.to_mut());
                     let n = s.written.len().min(now.len());
                     now[..n].copy_from_slice(&s.written[..n]);
                     if s.written.len() > now.len() {

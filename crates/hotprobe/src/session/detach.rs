@@ -65,15 +65,16 @@ impl Slot {
             },
             _ => false,
         };
-        let live = match self.engine.prepare_detach() {
-            Ok(live) => live,
-            Err(EngineError::Target(TargetError::Gone { .. })) => false,
+        // `live`: the engine's part is ready; `gone`: the process is (it
+        // exited meanwhile, or stopped answering).
+        let (live, gone) = match self.engine.prepare_detach() {
+            Ok(live) => (live, !live),
+            Err(EngineError::Target(TargetError::Gone { .. })) => (false, true),
             Err(e) => {
                 first_err.get_or_insert(e);
-                false
+                (false, false)
             }
         };
-        let gone = self.engine.gone().is_some();
         // 2. One walk over the ledger.
         if gone {
             if let (true, AgentState::On(fp)) = (fast_ready, &mut self.agent.state) {
@@ -137,53 +138,64 @@ impl Slot {
         };
         let mut sites = Vec::with_capacity(ledger.sites().len());
         let mut ints = Vec::new();
-        let mut covered = HashSet::with_capacity(writes.len());
+        let mut fast_sites = 0;
+        // Sites are by address: two of the agent's at one address (never
+        // seen) are next to each other.
+        let mut last_fast = None;
         for s in ledger.sites() {
             match s.owner {
                 CodeOwner::Fast | CodeOwner::InProcess => {
                     let Some((now, first)) = writes.get(&s.start) else {
                         continue;
                     };
-                    if !covered.insert(s.start) {
+                    if last_fast.replace(s.start) == Some(s.start) {
                         continue;
                     }
                     // The ledger's original is the file's (the first write
                     // at the address, lengthened by longer ones); the fast
                     // path's own account of it where they differ in length.
                     let original = match s.original().len() == now.len() {
-                        true => s.original().to_vec(),
-                        false => first.clone(),
+                        true => s.original(),
+                        false => first,
                     };
+                    fast_sites += 1;
                     sites.push(SiteRestore {
                         addr: s.start,
-                        expected: now.clone(),
+                        expected: now,
                         original,
                     });
                 }
                 CodeOwner::Trap | CodeOwner::Guard => {
-                    if let Some(&b) = under.get(&s.start) {
+                    if let Some(b) = under.get(&s.start) {
                         ints.push(s.start);
                         sites.push(SiteRestore {
                             addr: s.start,
-                            expected: vec![INT3],
-                            original: vec![b],
+                            expected: &[INT3],
+                            original: std::slice::from_ref(b),
                         });
                     }
                 }
             }
         }
-        // The fast path's bytes the ledger missed (it never should): out
-        // all the same.
-        for (a, (now, first)) in &writes {
-            if !covered.contains(a) {
-                sites.push(SiteRestore {
-                    addr: *a,
-                    expected: now.clone(),
-                    original: first.clone(),
-                });
+        if fast_sites < writes.len() {
+            // The fast path's bytes the ledger missed (it never should):
+            // out all the same.
+            let traps: HashSet<u64> = ints.iter().copied().collect();
+            let listed: HashSet<u64> = sites
+                .iter()
+                .map(|r| r.addr)
+                .filter(|a| !traps.contains(a))
+                .collect();
+            for (a, (now, first)) in &writes {
+                if !listed.contains(a) {
+                    sites.push(SiteRestore {
+                        addr: *a,
+                        expected: now,
+                        original: first,
+                    });
+                }
             }
         }
-        drop(writes);
         // The process target stops tracking the `int3`s the walk takes out
         // (its writes would keep them); any it tracks beyond the ledger
         // go at its detach.
