@@ -27,6 +27,10 @@ use crate::install::wait_pcs_outside;
 use crate::FastPathError;
 use crate::{FastPath, ForeignWrite};
 
+/// [`FastPath::live_writes`]: address → (the bytes there now, the bytes
+/// they replaced).
+pub type LiveWrites<'a> = std::collections::HashMap<u64, (Cow<'a, [u8]>, Cow<'a, [u8]>)>;
+
 impl FastPath {
     /// Takes out every byte written (the original back, or what
     /// [`ForeignOutcome`] says where another writer changed a site; see
@@ -112,9 +116,8 @@ impl FastPath {
     /// (lengthened by a longer later write's). Borrowed where one write
     /// was made at the address (the usual site). Disabled sites, which
     /// hold their original already, are left out.
-    pub fn live_writes(&self) -> std::collections::HashMap<u64, (Cow<'_, [u8]>, Cow<'_, [u8]>)> {
-        let mut m: std::collections::HashMap<u64, (Cow<'_, [u8]>, Cow<'_, [u8]>)> =
-            std::collections::HashMap::with_capacity(self.installed.len());
+    pub fn live_writes(&self) -> LiveWrites<'_> {
+        let mut m = LiveWrites::with_capacity(self.installed.len());
         for s in &self.installed {
             if self.disabled.contains_key(&s.addr) {
                 continue;
