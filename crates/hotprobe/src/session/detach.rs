@@ -6,7 +6,8 @@
 //! writes a span of nearby sites at a time (`hotprobe_fastpath::restore_sites`).
 //!
 //! The order keeps every thread out of the bytes being written:
-//! 1. each mechanism makes its sites safe, doing only what it alone can:
+//! 1. each mechanism makes its sites safe, doing only what it alone can
+//!    (`ProbeMechanism::prepare_detach`, in the order of `Mechs::all`):
 //!    the fast path stops the threads, waits for none to be strictly
 //!    inside a site's bytes and turns its sites' actions off; the trap
 //!    engine handles what the target reported meanwhile, moves threads
@@ -14,7 +15,8 @@
 //! 2. the walk restores every ledger site (the process target forgets the
 //!    `int3`s it tracked there first, so that its writes do not keep
 //!    them);
-//! 3. each mechanism lets go: the fast path drops its shared-memory ledger
+//! 3. each mechanism lets go, told what the walk did
+//!    (`ProbeMechanism::finish_detach`): the fast path drops its shared-memory ledger
 //!    entries and unloads the agent it injected (at the target's detach),
 //!    the engine detaches the target (scratch freed, threads let go), the
 //!    trap table is emptied.
@@ -25,12 +27,11 @@
 //! as before).
 
 use super::agent::AgentState;
-use super::foreign::note_foreign_writes;
-use super::ledger::CodeOwner;
+use super::mech::{DetachReady, MechKind, Walked};
 use super::Slot;
 use crate::EngineError;
-use hotprobe_fastpath::SiteRestore;
-use hotprobe_target::{RuntimeAddr, Target, TargetError};
+use hotprobe_fastpath::{ForeignWrite, SiteRestore};
+use hotprobe_target::{RuntimeAddr, Target};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// The `int3` the trap engine writes.
@@ -54,46 +55,55 @@ impl Slot {
                 }
             }
         }
-        // 1. Each mechanism makes its sites safe.
-        let fast_ready = match (&mut self.agent.state, self.engine.process()) {
-            (AgentState::On(fp), Some(pt)) => match fp.prepare_detach(pt) {
-                Ok(ready) => ready,
-                Err(e) => {
-                    first_err.get_or_insert(e.into());
-                    false
-                }
-            },
-            _ => false,
-        };
-        // `live`: the engine's part is ready; `gone`: the process is (it
-        // exited meanwhile, or stopped answering).
-        let (live, gone) = match self.engine.prepare_detach() {
-            Ok(live) => (live, !live),
-            Err(EngineError::Target(TargetError::Gone { .. })) => (false, true),
-            Err(e) => {
-                first_err.get_or_insert(e);
-                (false, false)
-            }
-        };
-        // 2. One walk over the ledger.
-        if gone {
-            if let (true, AgentState::On(fp)) = (fast_ready, &mut self.agent.state) {
-                fp.forget();
-            }
-        } else if fast_ready || live {
-            if let Err(e) = self.restore_ledger(fast_ready, live) {
-                first_err.get_or_insert(e);
-            }
-        }
-        // 3. Each mechanism lets go.
-        note_foreign_writes(&mut self.engine, &mut self.agent, &mut self.inbox);
-        if live {
-            match self.engine.finish_detach() {
-                Ok(()) => self.mechs.trap.unpublish(&self.agent),
-                Err(EngineError::Target(TargetError::Gone { .. })) => {}
+        // 1. Each mechanism makes its sites safe (the agent's first: its
+        // wait for threads to leave a site may let them run).
+        let mut ready: Vec<(MechKind, Option<DetachReady>)> = Vec::new();
+        let (mut cx, mechs) = self.parts();
+        for m in mechs.all() {
+            let r = match m.prepare_detach(&mut cx) {
+                Ok(r) => Some(r),
                 Err(e) => {
                     first_err.get_or_insert(e);
+                    None
                 }
+            };
+            ready.push((m.kind(), r));
+        }
+        let gone = ready.iter().any(|(_, r)| *r == Some(DetachReady::Gone));
+        let is_ready = |k: MechKind| {
+            ready
+                .iter()
+                .any(|(m, r)| *m == k && *r == Some(DetachReady::Ready))
+        };
+        let (fast, traps) = (is_ready(MechKind::Fast), is_ready(MechKind::Trap));
+        // 2. One walk over the ledger.
+        let walk = match (gone, fast || traps) {
+            (false, true) => Some(self.restore_ledger(fast, traps)),
+            _ => None,
+        };
+        // 3. Each mechanism lets go, told what the walk did.
+        let (mut foreign, failed) = match walk {
+            Some(Ok(found)) => (found, false),
+            Some(Err(e)) => {
+                first_err.get_or_insert(e);
+                (Vec::new(), true)
+            }
+            None => (Vec::new(), false),
+        };
+        let (mut cx, mechs) = self.parts();
+        for m in mechs.all() {
+            let kind = m.kind();
+            let prepared = ready.iter().find(|(k, _)| *k == kind).and_then(|(_, r)| *r);
+            let walked = match prepared {
+                _ if gone => Walked::Gone,
+                Some(DetachReady::Ready) if failed => Walked::Failed,
+                Some(DetachReady::Ready) => Walked::Restored {
+                    foreign: take_foreign_of(&mut foreign, kind),
+                },
+                _ => Walked::Skipped,
+            };
+            if let Err(e) = m.finish_detach(&mut cx, walked) {
+                first_err.get_or_insert(e);
             }
         }
         // What of the agent stayed in the target (its unload runs at the
@@ -112,8 +122,13 @@ impl Slot {
 
     /// Step 2 of [`Slot::detach_by_ledger`]: every site of the ledger
     /// back to its original, once — the fast path's (`fast`) and the
-    /// `int3`s (`traps`) — then the fast path told its bytes are out.
-    fn restore_ledger(&mut self, fast: bool, traps: bool) -> Result<(), EngineError> {
+    /// `int3`s (`traps`), those of mechanisms that are ready. Returns the
+    /// sites another writer changed, each with the writer whose it was.
+    fn restore_ledger(
+        &mut self,
+        fast: bool,
+        traps: bool,
+    ) -> Result<Vec<(MechKind, ForeignWrite)>, EngineError> {
         self.sync_ledger();
         let Slot {
             engine,
@@ -122,9 +137,9 @@ impl Slot {
             ..
         } = self;
         let Some(pt) = engine.process() else {
-            return Ok(());
+            return Ok(Vec::new());
         };
-        let fp = match &mut agent.state {
+        let fp = match &agent.state {
             AgentState::On(fp) if fast => Some(fp),
             _ => None,
         };
@@ -143,8 +158,8 @@ impl Slot {
         // seen) are next to each other.
         let mut last_fast = None;
         for s in ledger.sites() {
-            match s.owner {
-                CodeOwner::Fast | CodeOwner::InProcess => {
+            match s.owner.writer() {
+                MechKind::Fast => {
                     let Some((now, first)) = writes.get(&s.start) else {
                         continue;
                     };
@@ -165,7 +180,7 @@ impl Slot {
                         original,
                     });
                 }
-                CodeOwner::Trap | CodeOwner::Guard => {
+                MechKind::Trap => {
                     if let Some(b) = under.get(&s.start) {
                         ints.push(s.start);
                         sites.push(SiteRestore {
@@ -175,6 +190,7 @@ impl Slot {
                         });
                     }
                 }
+                MechKind::InProcess | MechKind::Plugin => {}
             }
         }
         if fast_sites < writes.len() {
@@ -203,24 +219,27 @@ impl Slot {
             pt.forget_breakpoint(RuntimeAddr(*a));
         }
         let left: BTreeSet<u64> = pt.breakpoints().into_iter().map(|b| b.0).collect();
-        let restored = hotprobe_fastpath::restore_sites(pt, &sites, Some(&left));
-        let foreign = match &restored {
-            Ok(found) => {
-                let ints: HashSet<u64> = ints.into_iter().collect();
-                found
-                    .iter()
-                    .filter(|f| !ints.contains(&f.addr))
-                    .cloned()
-                    .collect()
-            }
-            Err(_) => Vec::new(),
-        };
-        if let Some(fp) = fp {
-            if restored.is_ok() {
-                fp.finish_detach(pt, foreign);
-            }
-        }
+        let mut found = Vec::new();
+        let restored = hotprobe_fastpath::restore_sites(pt, &sites, Some(&left), &mut found);
+        let ints: HashSet<u64> = ints.into_iter().collect();
+        let found = found
+            .into_iter()
+            .map(|f| match ints.contains(&f.addr) {
+                true => (MechKind::Trap, f),
+                false => (MechKind::Fast, f),
+            })
+            .collect();
         restored?;
-        Ok(())
+        Ok(found)
     }
+}
+
+/// The sites of `kind`'s bytes another writer changed, taken out of
+/// `found`.
+fn take_foreign_of(found: &mut Vec<(MechKind, ForeignWrite)>, kind: MechKind) -> Vec<ForeignWrite> {
+    let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(found)
+        .into_iter()
+        .partition(|(k, _)| *k == kind);
+    *found = rest;
+    mine.into_iter().map(|(_, f)| f).collect()
 }

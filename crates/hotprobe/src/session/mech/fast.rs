@@ -346,6 +346,34 @@ impl ProbeMechanism for FastMech {
         sync_agent_writes(cx.engine, cx.agent, cx.ledger);
     }
 
+    /// Every thread stopped, none strictly inside a site's bytes (patch
+    /// calls, jumps, in-process traps: the agent's one list), every site's
+    /// action off.
+    fn prepare_detach(&mut self, cx: &mut Cx<'_>) -> Result<DetachReady, EngineError> {
+        let (AgentState::On(fp), Some(pt)) = (&mut cx.agent.state, cx.engine.process()) else {
+            return Ok(DetachReady::Nothing);
+        };
+        Ok(match fp.prepare_detach(pt)? {
+            true => DetachReady::Ready,
+            false => DetachReady::Nothing,
+        })
+    }
+
+    /// Its shared-memory ledger entries dropped and the agent it injected
+    /// unloaded at the target's detach once its bytes are out; forgotten
+    /// when the target is gone; the sites another writer changed named.
+    fn finish_detach(&mut self, cx: &mut Cx<'_>, walked: Walked) -> Result<(), EngineError> {
+        if let (AgentState::On(fp), Some(pt)) = (&mut cx.agent.state, cx.engine.process()) {
+            match walked {
+                Walked::Restored { foreign } => fp.finish_detach(pt, foreign),
+                Walked::Gone => fp.forget(),
+                Walked::Failed | Walked::Skipped => {}
+            }
+        }
+        note_foreign_writes(cx.engine, cx.agent, cx.inbox);
+        Ok(())
+    }
+
     fn detach(&mut self, cx: &mut Cx<'_>, gone: bool) -> Result<(), EngineError> {
         let AgentState::On(fp) = &mut cx.agent.state else {
             return Ok(());
