@@ -27,9 +27,16 @@ use crate::install::wait_pcs_outside;
 use crate::FastPathError;
 use crate::{FastPath, ForeignWrite};
 
-/// [`FastPath::live_writes`]: address → (the bytes there now, the bytes
-/// they replaced).
-pub type LiveWrites<'a> = std::collections::HashMap<u64, (Cow<'a, [u8]>, Cow<'a, [u8]>)>;
+/// One address of [`FastPath::live_writes`].
+#[derive(Clone, Debug)]
+pub struct LiveWrite<'a> {
+    /// The first byte written.
+    pub addr: u64,
+    /// The bytes there now.
+    pub now: Cow<'a, [u8]>,
+    /// The bytes they replaced.
+    pub original: Cow<'a, [u8]>,
+}
 
 impl FastPath {
     /// Takes out every byte written (the original back, or what
@@ -109,28 +116,30 @@ impl FastPath {
         Ok(true)
     }
 
-    /// The bytes of this fast path in the code now, by address, with the
-    /// bytes they replaced: the writes at one address laid over each
-    /// other in the order made (a probe joining a site writes its jump
-    /// again over the first one's), over the first write's original
-    /// (lengthened by a longer later write's). Borrowed where one write
-    /// was made at the address (the usual site). Disabled sites, which
-    /// hold their original already, are left out.
-    pub fn live_writes(&self) -> LiveWrites<'_> {
-        let mut m = LiveWrites::with_capacity(self.installed.len());
-        for s in &self.installed {
-            if self.disabled.contains_key(&s.addr) {
-                continue;
-            }
-            match m.get_mut(&s.addr) {
-                None => {
-                    m.insert(
-                        s.addr,
-                        (Cow::from(&s.written[..]), Cow::from(&s.original[..])),
-                    );
-                }
-                Some((now, first)) => {
-                    let (now, first) = (now.to_mut(), first.to_mut());
+    /// The bytes of this fast path in the code now, one entry per
+    /// address in address order, with the bytes they replaced: the writes
+    /// at one address laid over each other in the order made (a probe
+    /// joining a site writes its jump again over the first one's), over
+    /// the first write's original (lengthened by a longer later write's).
+    /// Borrowed where one write was made at the address (the usual site).
+    /// Disabled sites, which hold their original already, are left out.
+    pub fn live_writes(&self) -> Vec<LiveWrite<'_>> {
+        let mut order: Vec<&crate::Installed> = match self.disabled.is_empty() {
+            true => self.installed.iter().collect(),
+            false => self
+                .installed
+                .iter()
+                .filter(|s| !self.disabled.contains_key(&s.addr))
+                .collect(),
+        };
+        // Stable (writes at one address keep their order), and linear on
+        // the usual list, written in address order.
+        order.sort_by_key(|s| s.addr);
+        let mut out: Vec<LiveWrite<'_>> = Vec::with_capacity(order.len());
+        for s in order {
+            match out.last_mut() {
+                Some(w) if w.addr == s.addr => {
+                    let (now, first) = (w.now.to_mut(), w.original.to_mut());
                     let n = s.written.len().min(now.len());
                     now[..n].copy_from_slice(&s.written[..n]);
                     if s.written.len() > now.len() {
@@ -138,9 +147,14 @@ impl FastPath {
                         now.extend_from_slice(&s.written[now.len()..]);
                     }
                 }
+                _ => out.push(LiveWrite {
+                    addr: s.addr,
+                    now: Cow::from(&s.written[..]),
+                    original: Cow::from(&s.original[..]),
+                }),
             }
         }
-        m
+        out
     }
 
     /// Detach, last step, once every byte written is out (`foreign`: the

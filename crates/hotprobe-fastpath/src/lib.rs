@@ -60,7 +60,7 @@ pub use hotprobe_abi::{
     TRAP_GUARD, TRAP_RETURN, TRAP_SLOTS,
 };
 pub use inproc::{HandlerCall, InprocInfo, StubHandlerInfo};
-pub use ledger::LiveWrites;
+pub use ledger::LiveWrite;
 pub use ledger_view::{ledger_state, LedgerState, UndoState};
 pub use plan::{
     explain, probe_list_path, ExitSite, FunctionInfo, FunctionPlan, Mechanism, MechanismChoice,

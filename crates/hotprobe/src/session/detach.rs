@@ -30,7 +30,7 @@ use super::agent::AgentState;
 use super::mech::{DetachReady, MechKind, Walked};
 use super::Slot;
 use crate::EngineError;
-use hotprobe_fastpath::{ForeignWrite, SiteRestore};
+use hotprobe_fastpath::{ForeignWrite, LiveWrite, SiteRestore};
 use hotprobe_target::{RuntimeAddr, Target};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -140,45 +140,43 @@ impl Slot {
             return Ok(Vec::new());
         };
         let fp = match &agent.state {
-            AgentState::On(fp) if fast => Some(fp),
+            AgentState::On(fp) if fast => Some(&**fp),
             _ => None,
         };
         // What each writer has in the code now: the fast path's bytes, and
         // the byte under each `int3` the process target tracks (the
         // latest: a write under an `int3` changes it).
-        let writes = fp.as_ref().map(|fp| fp.live_writes()).unwrap_or_default();
+        let writes = fp.map(|fp| fp.live_writes()).unwrap_or_default();
         let under: HashMap<u64, u8> = match traps {
             true => pt.breakpoints().into_iter().collect(),
             false => HashMap::new(),
         };
         let mut sites = Vec::with_capacity(ledger.sites().len());
         let mut ints = Vec::new();
-        let mut fast_sites = 0;
-        // Sites are by address: two of the agent's at one address (never
-        // seen) are next to each other.
-        let mut last_fast = None;
+        // Both by address: the fast path's writes are walked along the
+        // ledger's sites; one the ledger missed (it never should) is taken
+        // out all the same.
+        let mut next = 0;
         for s in ledger.sites() {
             match s.owner.writer() {
                 MechKind::Fast => {
-                    let Some((now, first)) = writes.get(&s.start) else {
+                    while writes.get(next).is_some_and(|w| w.addr < s.start) {
+                        let w = &writes[next];
+                        sites.push(fast_site(w, &w.original));
+                        next += 1;
+                    }
+                    let Some(w) = writes.get(next).filter(|w| w.addr == s.start) else {
                         continue;
                     };
-                    if last_fast.replace(s.start) == Some(s.start) {
-                        continue;
-                    }
+                    next += 1;
                     // The ledger's original is the file's (the first write
                     // at the address, lengthened by longer ones); the fast
                     // path's own account of it where they differ in length.
-                    let original = match s.original().len() == now.len() {
+                    let original = match s.original().len() == w.now.len() {
                         true => s.original(),
-                        false => first,
+                        false => &w.original,
                     };
-                    fast_sites += 1;
-                    sites.push(SiteRestore {
-                        addr: s.start,
-                        expected: now,
-                        original,
-                    });
+                    sites.push(fast_site(w, original));
                 }
                 MechKind::Trap => {
                     if let Some(b) = under.get(&s.start) {
@@ -193,24 +191,8 @@ impl Slot {
                 MechKind::InProcess | MechKind::Plugin => {}
             }
         }
-        if fast_sites < writes.len() {
-            // The fast path's bytes the ledger missed (it never should):
-            // out all the same.
-            let traps: HashSet<u64> = ints.iter().copied().collect();
-            let listed: HashSet<u64> = sites
-                .iter()
-                .map(|r| r.addr)
-                .filter(|a| !traps.contains(a))
-                .collect();
-            for (a, (now, first)) in &writes {
-                if !listed.contains(a) {
-                    sites.push(SiteRestore {
-                        addr: *a,
-                        expected: now,
-                        original: first,
-                    });
-                }
-            }
+        for w in writes.get(next..).unwrap_or_default() {
+            sites.push(fast_site(w, &w.original));
         }
         // The process target stops tracking the `int3`s the walk takes out
         // (its writes would keep them); any it tracks beyond the ledger
@@ -231,6 +213,15 @@ impl Slot {
             .collect();
         restored?;
         Ok(found)
+    }
+}
+
+/// The fast path's write `w` to take out, back to `original`.
+fn fast_site<'a>(w: &'a LiveWrite<'_>, original: &'a [u8]) -> SiteRestore<'a> {
+    SiteRestore {
+        addr: w.addr,
+        expected: &w.now,
+        original,
     }
 }
 
