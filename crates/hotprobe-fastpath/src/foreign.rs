@@ -120,6 +120,9 @@ pub(crate) fn restore_spans(
     };
     // Stable: sites at one address keep their order.
     sites.sort_by_key(|s| s.addr);
+    // A span that cannot be read or written (its mapping gone) is no
+    // reason to leave the others: the first error is returned at the end.
+    let mut first_err = None;
     let mut i = 0;
     while i < sites.len() {
         let (j, start, end) =
@@ -128,22 +131,76 @@ pub(crate) fn restore_spans(
         if group.len() == 1 || bps.is_none_or(|b| b.range(start..end).next().is_some()) {
             for s in group {
                 let mut live = vec![0u8; s.expected.len()];
-                t.read_memory(RuntimeAddr(s.addr), &mut live)?;
-                check(s, &mut live);
-                t.write_memory(RuntimeAddr(s.addr), &live)?;
+                let r = t
+                    .read_memory(RuntimeAddr(s.addr), &mut live)
+                    .and_then(|()| {
+                        check(s, &mut live);
+                        t.write_memory(RuntimeAddr(s.addr), &live)
+                    });
+                if let Err(e) = r {
+                    first_err.get_or_insert(e);
+                }
             }
         } else {
             let mut buf = vec![0u8; (end - start) as usize];
-            t.read_memory(RuntimeAddr(start), &mut buf)?;
-            for s in group {
-                let o = (s.addr - start) as usize;
-                check(s, &mut buf[o..o + s.expected.len()]);
+            let r = t.read_memory(RuntimeAddr(start), &mut buf).and_then(|()| {
+                for s in group {
+                    let o = (s.addr - start) as usize;
+                    check(s, &mut buf[o..o + s.expected.len()]);
+                }
+                t.write_memory(RuntimeAddr(start), &buf)
+            });
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
             }
-            t.write_memory(RuntimeAddr(start), &buf)?;
         }
         i = j;
     }
-    Ok(())
+    match first_err {
+        Some(e) => Err(e.into()),
+        None => Ok(()),
+    }
+}
+
+/// One site for [`restore_sites`]: hotprobe wrote `expected` at `addr`
+/// over `original` (the same length).
+#[derive(Clone, Copy, Debug)]
+pub struct SiteRestore<'a> {
+    /// The first byte written.
+    pub addr: u64,
+    /// The bytes hotprobe left there.
+    pub expected: &'a [u8],
+    /// The bytes they replaced.
+    pub original: &'a [u8],
+}
+
+/// Takes hotprobe's bytes out of every site of `sites`, whoever wrote
+/// them, in one pass: a write per span of nearby sites, each site's
+/// original back where its bytes are still hotprobe's, the two changes a
+/// kernel uprobe makes recognised, anything else left as found and added
+/// to `foreign` (see [`ForeignWrite`]). Sites at one address are taken in
+/// their order. `bps`: `int3`s of the process target still tracked (its
+/// reads show the byte under them, its writes keep them; `None`: do not
+/// batch). A site whose `expected` and `original` differ in length is
+/// skipped. A span that cannot be written does not stop the others: the
+/// first error is returned once all were tried. Expects every thread
+/// stopped, none inside a site's bytes.
+pub fn restore_sites(
+    t: &mut dyn Target,
+    sites: &[SiteRestore<'_>],
+    bps: Option<&std::collections::BTreeSet<u64>>,
+    foreign: &mut Vec<ForeignWrite>,
+) -> Result<(), FastPathError> {
+    let restore = sites
+        .iter()
+        .filter(|s| s.expected.len() == s.original.len())
+        .map(|s| Restore {
+            addr: s.addr,
+            expected: s.expected,
+            original: s.original,
+        })
+        .collect();
+    restore_spans(t, restore, bps, foreign)
 }
 
 #[cfg(test)]

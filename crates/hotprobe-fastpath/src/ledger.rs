@@ -16,6 +16,7 @@
 //! has room) a site is written without an entry and counted in
 //! `LedgerCtl::unmirrored` ([`FastPath::ledger_unmirrored`]).
 
+use std::borrow::Cow;
 use std::sync::atomic::Ordering::Relaxed;
 
 use hotprobe_process::ProcessTarget;
@@ -26,6 +27,17 @@ use crate::install::wait_pcs_outside;
 use crate::FastPathError;
 use crate::{FastPath, ForeignWrite};
 
+/// One address of [`FastPath::live_writes`].
+#[derive(Clone, Debug)]
+pub struct LiveWrite<'a> {
+    /// The first byte written.
+    pub addr: u64,
+    /// The bytes there now.
+    pub now: Cow<'a, [u8]>,
+    /// The bytes they replaced.
+    pub original: Cow<'a, [u8]>,
+}
+
 impl FastPath {
     /// Takes out every byte written (the original back, or what
     /// [`ForeignOutcome`] says where another writer changed a site; see
@@ -34,27 +46,20 @@ impl FastPath {
     /// (resume or detach the target afterwards). An agent we injected is
     /// unloaded and our trampoline pages unmapped when no thread can still
     /// run in them (see the `unload` module); a preloaded agent stays.
+    ///
+    /// The same as [`FastPath::prepare_detach`], the restore of
+    /// [`FastPath::live_writes`] by [`crate::restore_sites`], then
+    /// [`FastPath::finish_detach`] (a session puts the bytes back in one
+    /// walk over every writer's sites instead).
     pub fn detach(&mut self, t: &mut ProcessTarget) -> Result<(), FastPathError> {
-        if self.detached {
+        if !self.prepare_detach(t)? {
             return Ok(());
-        }
-        if let Err(e) = t.stop_all() {
-            // A process that is gone has nothing left to restore.
-            if matches!(e, TargetError::Gone { .. }) {
-                self.forget();
-                return Ok(());
-            }
-            return Err(e.into());
         }
         // Every original put back in one batch: a write per span of
         // nearby sites (see `end_batch`), in reverse order of installation
         // (the batch keeps that order for writes to one address).
         let mut restore = Vec::with_capacity(self.installed.len());
         for s in self.installed.iter().rev() {
-            // A thread can sit at the first byte of a site (fine: it runs
-            // the original instruction) but never strictly inside: the
-            // patched bytes are one instruction, padded with int3 never run.
-            wait_pcs_outside(t, s.addr, s.original.len() as u64)?;
             // A disabled site holds its original bytes already: nothing
             // of hotprobe's to take out.
             if !self.disabled.contains_key(&s.addr) {
@@ -63,12 +68,6 @@ impl FastPath {
                     expected: &s.written,
                     original: &s.original,
                 });
-            }
-            if s.key == 0 {
-                // An in-process trap (`inproc`): its entry stays.
-                self.shm.shm().quiet_inproc(s.addr);
-            } else {
-                let _ = self.shm.shm().set_site_action(s.key, 0);
             }
         }
         // The process's own int3s (the trap engine's) over our sites.
@@ -79,6 +78,91 @@ impl FastPath {
         // What was found before a failure is reported all the same.
         self.foreign.extend(foreign);
         restored?;
+        self.finish_detach(t, Vec::new());
+        Ok(())
+    }
+
+    /// Detach, first step: every thread stopped (and left stopped), none
+    /// strictly inside a site's bytes (a thread can sit at the first byte
+    /// of a site, which runs the original instruction, never inside: the
+    /// patched bytes are one instruction, padded with int3 never run),
+    /// every site's action off. False when there is nothing to take out
+    /// (detached already, or the process is gone: then forgotten).
+    pub fn prepare_detach(&mut self, t: &mut ProcessTarget) -> Result<bool, FastPathError> {
+        if self.detached {
+            return Ok(false);
+        }
+        if let Err(e) = t.stop_all() {
+            // A process that is gone has nothing left to restore.
+            if matches!(e, TargetError::Gone { .. }) {
+                self.forget();
+                return Ok(false);
+            }
+            return Err(e.into());
+        }
+        for i in (0..self.installed.len()).rev() {
+            let (addr, len, key) = {
+                let s = &self.installed[i];
+                (s.addr, s.original.len() as u64, s.key)
+            };
+            wait_pcs_outside(t, addr, len)?;
+            if key == 0 {
+                // An in-process trap (`inproc`): its entry stays.
+                self.shm.shm().quiet_inproc(addr);
+            } else {
+                let _ = self.shm.shm().set_site_action(key, 0);
+            }
+        }
+        Ok(true)
+    }
+
+    /// The bytes of this fast path in the code now, one entry per
+    /// address in address order, with the bytes they replaced: the writes
+    /// at one address laid over each other in the order made (a probe
+    /// joining a site writes its jump again over the first one's), over
+    /// the first write's original (lengthened by a longer later write's).
+    /// Borrowed where one write was made at the address (the usual site).
+    /// Disabled sites, which hold their original already, are left out.
+    pub fn live_writes(&self) -> Vec<LiveWrite<'_>> {
+        let mut order: Vec<&crate::Installed> = match self.disabled.is_empty() {
+            true => self.installed.iter().collect(),
+            false => self
+                .installed
+                .iter()
+                .filter(|s| !self.disabled.contains_key(&s.addr))
+                .collect(),
+        };
+        // Stable (writes at one address keep their order), and linear on
+        // the usual list, written in address order.
+        order.sort_by_key(|s| s.addr);
+        let mut out: Vec<LiveWrite<'_>> = Vec::with_capacity(order.len());
+        for s in order {
+            match out.last_mut() {
+                Some(w) if w.addr == s.addr => {
+                    let (now, first) = (w.now.to_mut(), w.original.to_mut());
+                    let n = s.written.len().min(now.len());
+                    now[..n].copy_from_slice(&s.written[..n]);
+                    if s.written.len() > now.len() {
+                        first.extend_from_slice(&s.original[now.len()..]);
+                        now.extend_from_slice(&s.written[now.len()..]);
+                    }
+                }
+                _ => out.push(LiveWrite {
+                    addr: s.addr,
+                    now: Cow::from(&s.written[..]),
+                    original: Cow::from(&s.original[..]),
+                }),
+            }
+        }
+        out
+    }
+
+    /// Detach, last step, once every byte written is out (`foreign`: the
+    /// sites another writer had changed, found then): the code ledger's
+    /// entries go, the sites are forgotten, the heartbeat stops, and an
+    /// agent we injected is unloaded at the target's detach.
+    pub fn finish_detach(&mut self, t: &mut ProcessTarget, foreign: Vec<ForeignWrite>) {
+        self.foreign.extend(foreign);
         for i in 0..self.installed.len() {
             self.ledger_unpublish(self.installed[i].ledger);
         }
@@ -89,7 +173,6 @@ impl FastPath {
         self.detached = true;
         // Nothing of ours left mapped in a process we attached to.
         self.unload_agent(t);
-        Ok(())
     }
 
     /// The sites found changed by another writer (a kernel uprobe, a

@@ -52,7 +52,7 @@ use hotprobe_abi::{
 use hotprobe_process::ProcessTarget;
 use hotprobe_target::TargetError;
 
-pub use foreign::{ForeignOutcome, ForeignWrite};
+pub use foreign::{restore_sites, ForeignOutcome, ForeignWrite, SiteRestore};
 /// The in-target aggregation tables (`Action::agg`).
 pub use hotprobe_abi::agg;
 pub use hotprobe_abi::{
@@ -60,6 +60,7 @@ pub use hotprobe_abi::{
     TRAP_GUARD, TRAP_RETURN, TRAP_SLOTS,
 };
 pub use inproc::{HandlerCall, InprocInfo, StubHandlerInfo};
+pub use ledger::LiveWrite;
 pub use ledger_view::{ledger_state, LedgerState, UndoState};
 pub use plan::{
     explain, probe_list_path, ExitSite, FunctionInfo, FunctionPlan, Mechanism, MechanismChoice,

@@ -7,9 +7,23 @@ use hotprobe_target::{ExitStatus, RuntimeAddr, TargetEvent};
 impl Engine {
     /// Detach: no handler runs any more; threads are moved out of slots,
     /// live return addresses put back, breakpoints and scratch removed.
+    /// [`Engine::prepare_detach`], then [`Engine::finish_detach`].
     pub fn detach(&mut self) -> Result<(), EngineError> {
+        if self.prepare_detach()? {
+            self.finish_detach()?;
+        }
+        Ok(())
+    }
+
+    /// Detach, first step: no handler runs any more, every thread stopped
+    /// (and left stopped) out of the scratch slots, the live return
+    /// addresses put back. The breakpoints stay (tracked by the target):
+    /// a session takes every code byte out in one walk of its ledger
+    /// before [`Engine::finish_detach`]. False when the target is gone
+    /// (before or meanwhile): nothing to take out.
+    pub fn prepare_detach(&mut self) -> Result<bool, EngineError> {
         if self.gone.is_some() {
-            return Ok(());
+            return Ok(false);
         }
         for p in self.probes.values_mut() {
             p.enabled = false;
@@ -59,7 +73,7 @@ impl Engine {
                 }
                 TargetEvent::Exited(st) => {
                     self.gone = Some(st);
-                    return Ok(());
+                    return Ok(false);
                 }
                 // A breakpoint hit: the target rewinds it at detach.
                 _ => {}
@@ -112,6 +126,17 @@ impl Engine {
         self.shadow.clear();
         self.graveyard.clear();
         self.unwind_hooks.clear();
+        Ok(true)
+    }
+
+    /// Detach, last step, after [`Engine::prepare_detach`]: the target
+    /// takes out the breakpoints still in (every one, unless a session
+    /// took them out already), frees its scratch memory and lets the
+    /// threads go.
+    pub fn finish_detach(&mut self) -> Result<(), EngineError> {
+        if self.gone.is_some() {
+            return Ok(());
+        }
         self.sites.clear();
         self.target.detach()?;
         self.gone = Some(ExitStatus::Disconnected("detached".into()));

@@ -198,19 +198,9 @@ impl Session {
                     }
                     r => r?,
                 };
-                let p = match self.place_shm_handler(t, &r, p, spec.to_string())? {
-                    Ok(placed) => {
-                        self.maybe_release(t.0);
-                        return Ok(Added {
-                            placements: vec![placed],
-                            ..Added::default()
-                        });
-                    }
-                    Err(p) => p,
-                };
-                let id = self.probe_addr(t, r.addr, p)?;
+                let placed = self.place_handler_probe(t, &r, p, spec.to_string())?;
                 return Ok(Added {
-                    placements: vec![self.placement(t, id, spec.to_string(), &r, None)],
+                    placements: vec![placed],
                     ..Added::default()
                 });
             }

@@ -2,6 +2,7 @@
 //! patch or jump site whose call hands the registers over, or at an
 //! in-process trap; and the session's side of those calls.
 
+use super::mech::HandlerAsk;
 use super::*;
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
@@ -54,94 +55,114 @@ impl Session {
         self.handler_timeout.unwrap_or(DEFAULT_HANDLER_TIMEOUT)
     }
 
-    /// Places a probe with a pre handler and no post handler on a patch or
-    /// jump site whose call hands the registers over (see
-    /// `place_stub_handler`), else — or with a post handler — as an
-    /// in-process trap whose handlers run here through shared memory
-    /// (a post handler: a second hand-over after the displaced
-    /// instruction): no ptrace stop. `Ok(Err(probe))` (the probe handed back) when it cannot
-    /// go there: the caller places it on the trap.
-    pub(super) fn place_shm_handler(
-        &mut self,
-        t: TargetId,
-        r: &ResolvedProbe,
-        mut probe: Probe,
-        label: String,
-    ) -> Result<Result<Placement, Probe>, EngineError> {
-        if self.config.mechanism != MechanismChoice::Auto {
-            return Ok(Err(probe));
-        }
-        let post = probe.post.is_some();
-        let config = self.config.fast_path;
-        let waits = (self.spin(), self.handler_timeout());
-        let slot = self.slot(t)?;
-        slot.sync_ledger();
-        // A site already at the address (or holding it in its bytes):
-        // the trap joins or takes it over (`plan.rs`).
-        if !slot.is_process()
-            || slot.mechs.plugin.is_some()
-            || slot.engine.execution_of(r.addr).is_some()
-            || slot.ledger.site_at(r.addr.0).is_some()
-            || slot.agent.ensure(&mut slot.engine, &config).is_err()
-        {
-            return Ok(Err(probe));
-        }
-        if !post && r.offset == 0 && r.is_entry() && !r.is_return {
-            match self.place_stub_handler(t, r, probe, label.clone(), waits)? {
-                Ok(p) => return Ok(Ok(p)),
-                Err(p) => probe = p,
-            }
-        }
-        if self.inproc_refusal(t)?.is_some() {
-            return Ok(Err(probe));
-        }
-        let slot = self.slot(t)?;
-        let (mut cx, mechs) = slot.parts();
-        let Some(inproc) = mechs.inproc.as_mut() else {
-            return Ok(Err(probe));
-        };
-        let placed = inproc.place_handler(&mut cx, (r, label), probe, waits)?;
-        if let Ok(p) = &placed {
-            slot.owner.insert(p.id, MechKind::InProcess);
-        }
-        Ok(placed)
-    }
-
-    /// Places a pre-handler probe at a function's entry on a patch or a
-    /// jump whose `call` goes to the agent's handler trampoline (the
-    /// register file handed over through shared memory, no signal);
-    /// `Ok(Err(probe))` where neither fits (the caller tries the
-    /// in-process trap).
-    pub(super) fn place_stub_handler(
+    /// Places a probe with handlers ([`Action::Handler`]) at `r` through
+    /// the mechanism interface, asking in turn: the fast path (a pre
+    /// handler alone, at a function's entry: a patch or jump site whose
+    /// call hands the registers over through shared memory, no signal),
+    /// the in-process trap (its handlers run here through shared memory;
+    /// a post handler: a second hand-over after the displaced
+    /// instruction), then the trap (a ptrace stop per hit). The first two
+    /// only under `--mechanism auto`, on a process with the agent, where no
+    /// site is at the address yet (the trap joins or takes over one there:
+    /// `plan.rs`).
+    pub(super) fn place_handler_probe(
         &mut self,
         t: TargetId,
         r: &ResolvedProbe,
         probe: Probe,
         label: String,
-        (spin, timeout): (Duration, Duration),
-    ) -> Result<Result<Placement, Probe>, EngineError> {
-        let choice = self.config.mechanism;
-        let Some(pid) = self.slot(t)?.pid else {
-            return Ok(Err(probe));
+    ) -> Result<Placement, EngineError> {
+        let post = probe.post.is_some();
+        let handler = HandlerAsk {
+            probe: RefCell::new(Some(probe)),
+            spin: self.spin(),
+            timeout: self.handler_timeout(),
         };
-        let Ok(symbols) = hotprobe_symbols::ProcessSymbols::for_pid(pid as u32) else {
-            return Ok(Err(probe));
-        };
-        let plan = self.plan_resolved(t, r, false, false, Some(&symbols))?;
-        if !matches!(plan, Plan::Fast { .. }) {
-            return Ok(Err(probe));
+        if self.shm_handler_fits(t, r)? {
+            let mut tried = Vec::new();
+            if !post && r.offset == 0 && r.is_entry() && !r.is_return {
+                tried.push(MechKind::Fast);
+            }
+            tried.push(MechKind::InProcess);
+            for kind in tried {
+                if let Some(p) = self.place_handler_on(t, kind, r, &handler, &label)? {
+                    self.slot(t)?.owner.insert(p.id, kind);
+                    self.maybe_release(t.0);
+                    return Ok(p);
+                }
+            }
         }
+        self.note_plugin_overlap(t, r.addr, true);
+        self.before_trap_at(t, r.addr)?;
+        let mut ask = self.ask(r, label, (false, false), None);
+        ask.handler = Some(&handler);
         let slot = self.slot(t)?;
         let (mut cx, mechs) = slot.parts();
-        let Some(fast) = mechs.fast.as_mut() else {
-            return Ok(Err(probe));
-        };
-        let placed =
-            fast.place_stub_handler(&mut cx, (r, label), probe, plan, (choice, spin, timeout))?;
-        if let Ok(p) = &placed {
-            slot.owner.insert(p.id, MechKind::Fast);
+        let reason = Plan::Trap("handlers run in hotprobe".into());
+        mechs
+            .trap
+            .place(&mut cx, ask, reason)?
+            .map_err(|reason| EngineError::RefusedSpec {
+                spec: r.to_string(),
+                reason,
+            })
+    }
+
+    /// Whether a shared-memory handler may be tried at `r` (see
+    /// [`Session::place_handler_probe`]); loads the agent if so.
+    fn shm_handler_fits(&mut self, t: TargetId, r: &ResolvedProbe) -> Result<bool, EngineError> {
+        if self.config.mechanism != MechanismChoice::Auto {
+            return Ok(false);
         }
-        Ok(placed)
+        let config = self.config.fast_path;
+        let slot = self.slot(t)?;
+        slot.sync_ledger();
+        Ok(slot.is_process()
+            && slot.mechs.plugin.is_none()
+            && slot.engine.execution_of(r.addr).is_none()
+            && slot.ledger.site_at(r.addr.0).is_none()
+            && slot.agent.ensure(&mut slot.engine, &config).is_ok())
+    }
+
+    /// Asks mechanism `kind` (the fast path or the in-process trap) to
+    /// place `handler` at `r`; `None` when it cannot (the probe stays in
+    /// `handler` for the next one).
+    fn place_handler_on(
+        &mut self,
+        t: TargetId,
+        kind: MechKind,
+        r: &ResolvedProbe,
+        handler: &HandlerAsk,
+        label: &str,
+    ) -> Result<Option<Placement>, EngineError> {
+        let symbols;
+        let plan = match kind {
+            MechKind::Fast => {
+                let Some(pid) = self.slot(t)?.pid else {
+                    return Ok(None);
+                };
+                let Ok(s) = hotprobe_symbols::ProcessSymbols::for_pid(pid as u32) else {
+                    return Ok(None);
+                };
+                symbols = s;
+                let plan = self.plan_resolved(t, r, false, false, Some(&symbols))?;
+                if !matches!(plan, Plan::Fast { .. }) {
+                    return Ok(None);
+                }
+                plan
+            }
+            _ => Plan::Trap(String::new()),
+        };
+        let mut ask = self.ask(r, label.to_string(), (false, false), None);
+        ask.handler = Some(handler);
+        if kind == MechKind::InProcess {
+            ask.inproc_refusal = self.inproc_refusal(t)?;
+        }
+        let (mut cx, mechs) = self.slot(t)?.parts();
+        let Some(m) = mechs.get(kind) else {
+            return Ok(None);
+        };
+        Ok(m.place(&mut cx, ask, plan)?.ok())
     }
 
     /// Runs the shared-memory handler calls of slot `i` for up to

@@ -38,6 +38,18 @@ pub enum CodeOwner {
     Fast,
 }
 
+impl CodeOwner {
+    /// The mechanism whose list holds these bytes (the fast path's list
+    /// holds the agent's in-process traps too).
+    pub(crate) fn writer(self) -> super::mech::MechKind {
+        use super::mech::MechKind;
+        match self {
+            CodeOwner::Trap | CodeOwner::Guard => MechKind::Trap,
+            CodeOwner::Fast | CodeOwner::InProcess => MechKind::Fast,
+        }
+    }
+}
+
 /// `int3` changes kept for the trap mechanism before it is told to look
 /// at all of them instead.
 const MAX_TRAP_CHANGES: usize = 1 << 16;

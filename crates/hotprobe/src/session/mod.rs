@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 mod add;
 mod agent;
 mod agg;
+mod detach;
 mod drain;
 mod exec;
 mod follow;

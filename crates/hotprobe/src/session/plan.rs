@@ -89,6 +89,7 @@ impl Session {
             plugin: self.plugin_options.clone(),
             return_thunk: None,
             symbols,
+            handler: None,
         }
     }
 

@@ -294,6 +294,13 @@ impl Session {
             if !gone {
                 super::usdt::lower_semaphores(s);
             }
+            if !gone && s.is_process() {
+                // One walk of the code ledger (`detach.rs`).
+                if let Err(e) = s.detach_by_ledger() {
+                    first_err.get_or_insert(e);
+                }
+                continue;
+            }
             let (mut cx, mechs) = s.parts();
             // The agent's mechanisms first (the plugin's, the fast path's
             // and in-process traps' writes), the trap engine last.

@@ -13,12 +13,11 @@
 use super::*;
 use crate::session::agent::{sync_agent_writes, AgentState};
 use crate::session::foreign::note_foreign_writes;
-use crate::session::{from_fast, Probe};
+use crate::session::from_fast;
 use hotprobe_target::RuntimeAddr;
 use hotprobe_target::Target;
 use std::collections::HashSet;
 use std::path::Path;
-use std::time::Duration;
 
 /// The fast path's state beside the agent's.
 #[derive(Default)]
@@ -29,18 +28,20 @@ pub(crate) struct FastMech {
 }
 
 impl FastMech {
-    /// Places a pre-handler probe at a function's entry on a patch or a
-    /// jump whose `call` goes to the agent's handler trampoline (the
-    /// register file handed over through shared memory, no signal) as
-    /// `plan` says; `Err(probe)` (handed back) where it does not fit.
-    pub(crate) fn place_stub_handler(
+    /// Places a pre-handler probe (`ask.handler`) at a function's entry on
+    /// a patch or a jump whose `call` goes to the agent's handler
+    /// trampoline (the register file handed over through shared memory,
+    /// no signal) as `plan` says; `Ok(Err(why))`, the probe left in
+    /// `ask.handler`, where it does not fit.
+    fn place_stub_handler(
         &mut self,
         cx: &mut Cx<'_>,
-        (r, label): (&ResolvedProbe, String),
-        probe: Probe,
+        ask: SiteAsk<'_>,
+        handler: &HandlerAsk,
         plan: Plan,
-        (choice, spin, timeout): (MechanismChoice, Duration, Duration),
-    ) -> Result<Result<Placement, Probe>, EngineError> {
+    ) -> Result<Result<Placement, String>, EngineError> {
+        let (r, label, choice) = (ask.r, ask.label, ask.choice);
+        let (spin, timeout) = (handler.spin, handler.timeout);
         let Plan::Fast {
             path,
             bias,
@@ -49,18 +50,32 @@ impl FastMech {
             ..
         } = plan
         else {
-            return Ok(Err(probe));
+            return Ok(Err("not a fast-path site".into()));
         };
+        let Some(probe) = handler.take() else {
+            return Ok(Err("no handler probe left to place".into()));
+        };
+        let refused = |probe, why: String| {
+            handler.give_back(probe);
+            Ok(Err(why))
+        };
+        if probe.post.is_some() {
+            return refused(probe, "a post handler runs after the instruction".into());
+        }
         let started = cx.engine.started;
         let (AgentState::On(fp), Some(pt)) = (&mut cx.agent.state, cx.engine.process()) else {
-            return Ok(Err(probe));
+            return refused(probe, "the agent is not loaded".into());
         };
         let placed = fp.add_stub_handler(pt, &path, bias, &function, choice);
         if started {
-            pt.resume_all()?;
+            if let Err(e) = pt.resume_all() {
+                handler.give_back(probe);
+                return Err(e.into());
+            }
         }
-        let Ok(info) = placed else {
-            return Ok(Err(probe));
+        let info = match placed {
+            Ok(info) => info,
+            Err(e) => return refused(probe, e.to_string()),
         };
         fp.set_handler_wait(spin, timeout);
         let id = cx.ids.take();
@@ -171,6 +186,9 @@ impl ProbeMechanism for FastMech {
         ask: SiteAsk<'_>,
         plan: Plan,
     ) -> Result<Result<Placement, String>, EngineError> {
+        if let Some(handler) = ask.handler {
+            return self.place_stub_handler(cx, ask, handler, plan);
+        }
         let Plan::Fast {
             path,
             bias,
@@ -326,6 +344,34 @@ impl ProbeMechanism for FastMech {
             TargetChange::Unmapped { start, end } => fp.forget_range(*start, *end),
         }
         sync_agent_writes(cx.engine, cx.agent, cx.ledger);
+    }
+
+    /// Every thread stopped, none strictly inside a site's bytes (patch
+    /// calls, jumps, in-process traps: the agent's one list), every site's
+    /// action off.
+    fn prepare_detach(&mut self, cx: &mut Cx<'_>) -> Result<DetachReady, EngineError> {
+        let (AgentState::On(fp), Some(pt)) = (&mut cx.agent.state, cx.engine.process()) else {
+            return Ok(DetachReady::Nothing);
+        };
+        Ok(match fp.prepare_detach(pt)? {
+            true => DetachReady::Ready,
+            false => DetachReady::Nothing,
+        })
+    }
+
+    /// Its shared-memory ledger entries dropped and the agent it injected
+    /// unloaded at the target's detach once its bytes are out; forgotten
+    /// when the target is gone; the sites another writer changed named.
+    fn finish_detach(&mut self, cx: &mut Cx<'_>, walked: Walked) -> Result<(), EngineError> {
+        if let (AgentState::On(fp), Some(pt)) = (&mut cx.agent.state, cx.engine.process()) {
+            match walked {
+                Walked::Restored { foreign } => fp.finish_detach(pt, foreign),
+                Walked::Gone => fp.forget(),
+                Walked::Failed | Walked::Skipped => {}
+            }
+        }
+        note_foreign_writes(cx.engine, cx.agent, cx.inbox);
+        Ok(())
     }
 
     fn detach(&mut self, cx: &mut Cx<'_>, gone: bool) -> Result<(), EngineError> {

@@ -44,31 +44,47 @@ impl InProcMech {
     }
 
     /// Places a probe whose pre (and post) handler runs in the session
-    /// through shared memory, as an in-process trap at `r` (a post
-    /// handler: a second hand-over after the displaced instruction);
-    /// `Err(probe)` (handed back) when the site cannot take one.
-    pub(crate) fn place_handler(
+    /// through shared memory (`ask.handler`), as an in-process trap at
+    /// `r` (a post handler: a second hand-over after the displaced
+    /// instruction); `Ok(Err(why))`, the probe left in `ask.handler`, when
+    /// the site cannot take one.
+    fn place_handler(
         &mut self,
         cx: &mut Cx<'_>,
-        (r, label): (&ResolvedProbe, String),
-        probe: Probe,
-        (spin, timeout): (std::time::Duration, std::time::Duration),
-    ) -> Result<Result<Placement, Probe>, EngineError> {
+        ask: SiteAsk<'_>,
+        handler: &HandlerAsk,
+    ) -> Result<Result<Placement, String>, EngineError> {
+        let (r, label) = (ask.r, ask.label);
+        let (spin, timeout) = (handler.spin, handler.timeout);
+        if let Some(why) = ask.inproc_refusal {
+            return Ok(Err(why));
+        }
+        let Some(probe) = handler.take() else {
+            return Ok(Err("no handler probe left to place".into()));
+        };
+        let refused = |probe, why: &str| {
+            handler.give_back(probe);
+            Ok(Err(why.to_string()))
+        };
         let post = probe.post.is_some();
         let pre = probe.pre.is_some();
         let started = cx.engine.started;
         let AgentState::On(fp) = &mut cx.agent.state else {
-            return Ok(Err(probe));
+            return refused(probe, "the agent is not loaded");
         };
         let Some(pt) = cx.engine.process() else {
-            return Ok(Err(probe));
+            return refused(probe, "not a process");
         };
         let placed = fp.add_inproc_handler(pt, r.addr.0, post);
         if started {
-            pt.resume_all()?;
+            if let Err(e) = pt.resume_all() {
+                handler.give_back(probe);
+                return Err(e.into());
+            }
         }
-        let Ok(info) = placed else {
-            return Ok(Err(probe));
+        let info = match placed {
+            Ok(info) => info,
+            Err(e) => return refused(probe, &e.to_string()),
         };
         fp.set_handler_wait(spin, timeout);
         let id = cx.ids.take();
@@ -156,6 +172,9 @@ impl ProbeMechanism for InProcMech {
         ask: SiteAsk<'_>,
         plan: Plan,
     ) -> Result<Result<Placement, String>, EngineError> {
+        if let Some(handler) = ask.handler {
+            return self.place_handler(cx, ask, handler);
+        }
         let Plan::Trap(fallback) = plan else {
             return Ok(Err("not a trap site".into()));
         };

@@ -76,7 +76,33 @@ impl Cx<'_> {
     }
 }
 
-/// A `Count` or `Record` probe to place at one resolved address.
+/// A probe with handlers ([`crate::Action::Handler`]) to place: the
+/// mechanism that takes it takes the probe out of `probe`; one that cannot
+/// leaves it there for the next one asked (the session asks the fast
+/// path's handler call, then the in-process trap, then the trap).
+pub(crate) struct HandlerAsk {
+    /// The probe, until a mechanism takes it.
+    pub probe: std::cell::RefCell<Option<crate::handler::Probe>>,
+    /// How long each side of a shared-memory handler call spins.
+    pub spin: std::time::Duration,
+    /// How long a request may wait to be taken.
+    pub timeout: std::time::Duration,
+}
+
+impl HandlerAsk {
+    /// Takes the probe out (`None`: a mechanism took it already).
+    pub(crate) fn take(&self) -> Option<crate::handler::Probe> {
+        self.probe.borrow_mut().take()
+    }
+
+    /// Leaves the probe for the next mechanism asked.
+    pub(crate) fn give_back(&self, probe: crate::handler::Probe) {
+        *self.probe.borrow_mut() = Some(probe);
+    }
+}
+
+/// A probe to place at one resolved address: a `Count` or `Record`, or,
+/// with [`SiteAsk::handler`], a probe with handlers.
 pub(crate) struct SiteAsk<'r> {
     /// Where.
     pub r: &'r ResolvedProbe,
@@ -114,6 +140,9 @@ pub(crate) struct SiteAsk<'r> {
     pub return_thunk: Option<u64>,
     /// A process's modules (`None` for a guest).
     pub symbols: Option<&'r hotprobe_symbols::ProcessSymbols>,
+    /// A probe with handlers to place instead of a `Count` or `Record`
+    /// (`is_return` and `record` are then false).
+    pub handler: Option<&'r HandlerAsk>,
 }
 
 /// A mechanism's answer to a site.
@@ -132,6 +161,36 @@ pub(crate) enum TargetChange {
     Exited,
     /// A module was unmapped: the sites in `start..end` are gone.
     Unmapped { start: u64, end: u64 },
+}
+
+/// How a mechanism stands after the first step of a detach from a live
+/// process ([`ProbeMechanism::prepare_detach`]; see `session/detach.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DetachReady {
+    /// Its sites may be restored: every thread stopped, none inside them.
+    Ready,
+    /// None of its bytes are in the target.
+    Nothing,
+    /// The target is gone: nothing is restored.
+    Gone,
+}
+
+/// What the session's walk of the ledger did with a mechanism's sites,
+/// for its last step ([`ProbeMechanism::finish_detach`]).
+pub(crate) enum Walked {
+    /// Its sites have their original bytes back; `foreign`: those another
+    /// writer had changed, left as [`hotprobe_fastpath::ForeignOutcome`]
+    /// says.
+    Restored {
+        foreign: Vec<hotprobe_fastpath::ForeignWrite>,
+    },
+    /// The walk could not write every site back (the error is the
+    /// detach's).
+    Failed,
+    /// The target is gone.
+    Gone,
+    /// Its sites were not walked (it was not ready, or had none).
+    Skipped,
 }
 
 /// One way of executing probes (see the module docs).
@@ -181,8 +240,26 @@ pub(crate) trait ProbeMechanism {
     fn on_change(&mut self, cx: &mut Cx<'_>, change: &TargetChange);
 
     /// Takes this mechanism out of a target that runs on (or forgets it,
-    /// `gone`: the target is gone).
+    /// `gone`: the target is gone): a target the session does not detach
+    /// by one walk of its ledger (a guest), or one gone.
     fn detach(&mut self, cx: &mut Cx<'_>, gone: bool) -> Result<(), EngineError>;
+
+    /// Detach from a live process, first step: makes this mechanism's
+    /// sites safe to restore, doing only what it alone can (threads kept
+    /// out of its bytes or its scratch, return addresses put back), every
+    /// thread left stopped. The session then puts every ledger site back
+    /// in one walk. Nothing to do by default.
+    fn prepare_detach(&mut self, _cx: &mut Cx<'_>) -> Result<DetachReady, EngineError> {
+        Ok(DetachReady::Nothing)
+    }
+
+    /// Detach from a live process, last step, told what the walk did:
+    /// releases what only this mechanism holds (its scratch memory, its
+    /// entries in shared memory, the agent it injected). Nothing to do by
+    /// default.
+    fn finish_detach(&mut self, _cx: &mut Cx<'_>, _walked: Walked) -> Result<(), EngineError> {
+        Ok(())
+    }
 }
 
 /// The mechanisms registered on one target: the trap engine always; the

@@ -555,6 +555,22 @@ impl ProbeMechanism for TrapMech {
             return Ok(Err("not a trap site".into()));
         };
         let r = ask.r;
+        if let Some(handler) = ask.handler {
+            // Its handlers run at each stop of the target. Not placed
+            // again in a followed child: its handlers are the caller's.
+            let Some(probe) = handler.take() else {
+                return Ok(Err("no handler probe left to place".into()));
+            };
+            let id = self.add_probe(cx, r.addr, probe, &ask.fast_path)?;
+            let process = cx.engine.process().is_some();
+            return Ok(Ok(self.placement(
+                cx.engine,
+                process,
+                (id, ask.label),
+                r,
+                Some(reason),
+            )));
+        }
         let entry_only = r.no_return.clone().filter(|_| ask.record);
         let form = self.form_at(
             ask.is_return,
@@ -648,6 +664,37 @@ impl ProbeMechanism for TrapMech {
     fn on_change(&mut self, _cx: &mut Cx<'_>, _change: &TargetChange) {
         // The engine handles the target's events itself (`Engine::handle`);
         // the table is published again after it (`Session::poll_slot`).
+    }
+
+    /// What the target reported meanwhile finished without handlers,
+    /// threads moved out of the scratch slots, live return addresses put
+    /// back (`Engine::prepare_detach`); the `int3`s stay for the walk.
+    fn prepare_detach(&mut self, cx: &mut Cx<'_>) -> Result<DetachReady, EngineError> {
+        match cx.engine.prepare_detach() {
+            Ok(true) => Ok(DetachReady::Ready),
+            Ok(false) | Err(EngineError::Target(hotprobe_target::TargetError::Gone { .. })) => {
+                Ok(DetachReady::Gone)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The target detached (any `int3` the walk did not take out goes
+    /// then, scratch memory is freed, the threads let go), the trap table
+    /// emptied. An `int3` another writer changed is left quietly.
+    fn finish_detach(&mut self, cx: &mut Cx<'_>, walked: Walked) -> Result<(), EngineError> {
+        if matches!(walked, Walked::Gone | Walked::Skipped) {
+            return Ok(());
+        }
+        match cx.engine.finish_detach() {
+            Ok(()) => {
+                self.unpublish(cx.agent);
+                Ok(())
+            }
+            // Gone meanwhile: nothing left to restore.
+            Err(EngineError::Target(hotprobe_target::TargetError::Gone { .. })) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     fn detach(&mut self, cx: &mut Cx<'_>, gone: bool) -> Result<(), EngineError> {
