@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::{gcc, kill_group, line_reader, HOTPROBE};
+use sigtrap_own_support::text_differences;
 
 use hotprobe::fastpath::{ledger_state, UndoState};
 
@@ -167,35 +168,6 @@ impl Rounds {
             panic!("{ctx}: unexpected line {line:?}");
         }
     }
-}
-
-/// The bytes of every executable mapping of `file` in process `pid`
-/// that differ from the file: (address, in memory, in the file).
-fn text_differences(pid: u32, file: &Path) -> Vec<(u64, u8, u8)> {
-    let bytes = std::fs::read(file).unwrap();
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let mut diffs = Vec::new();
-    let name = file.to_str().unwrap();
-    for l in maps.lines() {
-        let w: Vec<&str> = l.split_whitespace().collect();
-        if w.len() < 6 || w[5] != name || !w[1].contains('x') {
-            continue;
-        }
-        let (s, e) = w[0].split_once('-').unwrap();
-        let (s, e) = (
-            u64::from_str_radix(s, 16).unwrap(),
-            u64::from_str_radix(e, 16).unwrap(),
-        );
-        let off = u64::from_str_radix(w[2], 16).unwrap() as usize;
-        let len = ((e - s) as usize).min(bytes.len().saturating_sub(off));
-        let mem = common::memory_at(pid, s, len);
-        for (i, (m, f)) in mem.iter().zip(&bytes[off..off + len]).enumerate() {
-            if m != f {
-                diffs.push((s + i as u64, *m, *f));
-            }
-        }
-    }
-    diffs
 }
 
 /// One run: the program started, `hotprobe count -p` on it, killed where
@@ -482,7 +454,7 @@ fn attach_trap(pid: u32, ctx: &str, until: &str) -> (Child, Group, Vec<String>) 
 /// program dies of it).
 #[test]
 fn a_killed_tracer_leaves_libcs_signal_state_calls_as_they_were() {
-    use sigtrap_own_support::{build, mapped_file, signal_state_sites, text_differences, Own};
+    use sigtrap_own_support::{build, mapped_file, signal_state_sites, Own};
     let seed = kill_seed();
     eprintln!("kill moments from seed {seed} (HOTPROBE_KILL_SEED={seed} repeats them)");
     let mut rng = Rng(seed);
@@ -576,7 +548,7 @@ fn a_killed_tracer_leaves_libcs_signal_state_calls_as_they_were() {
 /// before any kill.
 #[test]
 fn without_an_agent_a_killed_tracer_leaves_exactly_its_int3s() {
-    use sigtrap_own_support::{build, signal_state_sites, text_differences, Own};
+    use sigtrap_own_support::{build, signal_state_sites, Own};
     let bin = build(true);
     let p = Own::start(&bin, &[]);
     let sites = signal_state_sites(p.pid, &bin);
