@@ -192,13 +192,21 @@ pub(crate) fn is_site_at(at: u64) -> bool {
     let Some(fd) = crate::undo::open_self_mem(libc::O_RDONLY) else {
         return false;
     };
+    let w = site_window(fd, at);
+    syscall(libc::SYS_close, [fd, 0, 0, 0]);
+    w.is_some_and(|w| is_site(&w))
+}
+
+/// The 7 bytes around a site's `int3` at `at` (`mov eax, N` and the
+/// `syscall`), read through `fd` (the process's own memory); `None`
+/// when they cannot all be read.
+fn site_window(fd: u64, at: u64) -> Option<[u8; 7]> {
     let mut w = [0u8; 7];
     let n = syscall(
         libc::SYS_pread64,
         [fd, w.as_mut_ptr() as u64, 7, at.wrapping_sub(5)],
     ) as i64;
-    syscall(libc::SYS_close, [fd, 0, 0, 0]);
-    n == 7 && is_site(&w)
+    (n == 7).then_some(w)
 }
 
 /// A thread trapped on `at` (`rip - 1`) after the tracer died: if `at` is
@@ -208,21 +216,19 @@ pub(crate) fn resume_at_site(at: u64, gregs: &mut [libc::greg_t]) -> bool {
     let Some(fd) = crate::undo::open_self_mem(libc::O_RDWR) else {
         return false;
     };
-    let mut w = [0u8; 7];
-    let n = syscall(
-        libc::SYS_pread64,
-        [fd, w.as_mut_ptr() as u64, 7, at.wrapping_sub(5)],
-    ) as i64;
-    // Put back already (by another thread's undo): `0f 05`.
-    let restored = w[5] == SYSCALL0 && w[6] == SYSCALL1 && {
-        let mut t = w;
-        t[5] = INT3;
-        is_site(&t)
-    };
-    let ours = n == 7 && (is_site(&w) || restored);
-    if ours && w[5] == INT3 {
-        put_back(fd, at, w[6] == INT3);
-    }
+    let ours = site_window(fd, at).is_some_and(|w| {
+        // Put back already (by another thread's undo): `0f 05`.
+        let restored = w[5] == SYSCALL0 && w[6] == SYSCALL1 && {
+            let mut t = w;
+            t[5] = INT3;
+            is_site(&t)
+        };
+        let ours = is_site(&w) || restored;
+        if ours && w[5] == INT3 {
+            put_back(fd, at, w[6] == INT3);
+        }
+        ours
+    });
     syscall(libc::SYS_close, [fd, 0, 0, 0]);
     if ours {
         if let Some(rip) = gregs.get_mut(libc::REG_RIP as usize) {

@@ -352,25 +352,12 @@ fn count_places_every_match_and_counts_exactly() {
     // SAFETY: NULL config: the defaults.
     let s = unsafe { hotprobe_open(null()) };
     assert!(!s.is_null());
-    let path = CString::new(prog.to_str().unwrap()).unwrap();
-    let arg = CString::new("25").unwrap();
-    let argv = [arg.as_ptr(), null()];
     let spec = CString::new("[ct][ow][mi]*").unwrap();
-    let mut t = 0;
+    let t = spawn_into(s, &prog, &["25"], &out);
     let mut ids = [u32::MAX; 4];
     let mut n = 0usize;
     // SAFETY: live session, C strings, `ids` has room for 4.
     unsafe {
-        let rc = hotprobe_spawn_io(
-            s,
-            path.as_ptr(),
-            argv.as_ptr(),
-            -1,
-            out.as_raw_fd(),
-            -1,
-            &mut t,
-        );
-        assert_eq!(rc, HOTPROBE_OK, "{}", last_error());
         let rc = hotprobe_count(s, t, spec.as_ptr(), ids.as_mut_ptr(), ids.len(), &mut n);
         assert_eq!(rc, HOTPROBE_OK, "{}", last_error());
         assert_eq!(hotprobe_run(s), HOTPROBE_END_EXITED, "{}", last_error());
