@@ -202,6 +202,10 @@ impl ProcessTarget {
                     Err(e) if e.errno() == libc::EPERM => {
                         t.attached = !t.threads.is_empty();
                         if t.threads.is_empty() {
+                            // Checked again: a tracer that came since the
+                            // first check, or a leader now exiting, is named
+                            // as such rather than as a missing permission.
+                            check_attachable(pid)?;
                             return Err(ProcessError::PermissionDenied { pid });
                         }
                         return Err(e.into());
