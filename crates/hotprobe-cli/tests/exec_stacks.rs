@@ -60,6 +60,14 @@ fn sections(stdout: &str, label: &str) -> Vec<Vec<Stack>> {
     out
 }
 
+/// tests/programs/stack_paths.c built with `flags` as `name`.
+fn stack_paths(name: &str, flags: &[&str]) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("exec-stacks");
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/stack_paths.c");
+    gcc(&src, &dir.join(name), flags)
+}
+
 /// The three paths of stack_paths.c (7, 5 and 3 calls of malloc), each
 /// once among `prog`'s stacks with its count, whole, from `_start`.
 fn assert_three_paths(prog: &[Stack], what: &str, out: &str) {
@@ -86,10 +94,7 @@ fn assert_three_paths(prog: &[Stack], what: &str, out: &str) {
 
 #[test]
 fn count_stacks_of_a_program_executed_by_a_shell() {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("exec-stacks");
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/stack_paths.c");
-    let bin = gcc(&src, &dir.join("paths"), &["-O2", "-fomit-frame-pointer"]);
+    let bin = stack_paths("paths", &["-O2", "-fomit-frame-pointer"]);
     let native = Command::new(&bin).output().unwrap();
     assert!(native.status.success());
     assert_eq!(text(&native.stdout), "allocated 15\n");
@@ -161,10 +166,7 @@ fn count_stacks_of_a_program_executed_by_a_shell() {
 /// executed program's section, with its three paths and their counts.
 #[test]
 fn trace_stacks_of_a_program_executed_by_a_shell() {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("exec-stacks-trace");
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/stack_paths.c");
-    let bin = gcc(&src, &dir.join("paths"), &["-O2", "-fomit-frame-pointer"]);
+    let bin = stack_paths("paths-trace", &["-O2", "-fomit-frame-pointer"]);
     let o = hotprobe_within(
         &[
             "trace",
@@ -196,11 +198,8 @@ fn trace_stacks_of_a_program_executed_by_a_shell() {
 /// program's three paths with their counts, beside the shell's stacks.
 #[test]
 fn record_stacks_of_a_program_executed_by_a_shell() {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("exec-stacks");
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/stack_paths.c");
-    let bin = gcc(&src, &dir.join("paths-rec"), &["-O1"]);
-    let trace = dir.join("trace");
+    let bin = stack_paths("paths-rec", &["-O1"]);
+    let trace = bin.with_file_name("trace");
     let o = hotprobe_within(
         &[
             "record",
