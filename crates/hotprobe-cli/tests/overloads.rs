@@ -38,14 +38,20 @@ fn count_rows(bin: &Path, specs: &[&str]) -> Vec<(String, u64)> {
     let (program, json) = out.split_at(out.find("\n[").expect("a JSON table") + 1);
     assert_eq!(program_output(program), NATIVE, "{err}");
     let rows: Value = serde_json::from_str(json.trim()).unwrap();
+    sorted_pairs(&rows, "probe", "hits")
+}
+
+/// Each JSON row of `rows` as (its `name` field, its `number` field),
+/// sorted.
+fn sorted_pairs(rows: &Value, name: &str, number: &str) -> Vec<(String, u64)> {
     let mut v: Vec<(String, u64)> = rows
         .as_array()
         .unwrap()
         .iter()
         .map(|r| {
             (
-                r["probe"].as_str().unwrap().to_string(),
-                r["hits"].as_u64().unwrap(),
+                r[name].as_str().unwrap().to_string(),
+                r[number].as_u64().unwrap(),
             )
         })
         .collect();
@@ -100,20 +106,8 @@ fn record_of_a_name_keeps_the_events_of_every_overload() {
     let o = hotprobe_within(&["report", d, "--json"], LIMIT);
     assert!(o.status.success(), "{}", text(&o.stderr));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
-    let mut calls: Vec<(String, u64)> = v["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            (
-                r["function"].as_str().unwrap().to_string(),
-                r["calls"].as_u64().unwrap(),
-            )
-        })
-        .collect();
-    calls.sort();
     assert_eq!(
-        calls,
+        sorted_pairs(&v["rows"], "function", "calls"),
         vec![
             ("ns::f(char const*)".to_string(), 7),
             ("ns::f(double)".to_string(), 5),
