@@ -41,8 +41,16 @@ impl Session {
             } else {
                 vfork_children(s)
             };
+            // A child claims its slot while the rings are drained: a tid
+            // met for the first time is looked up again (see `skips`).
+            let owners = match (follow, s.agent.fast_path(), s.pid) {
+                (false, Some(fp), Some(me)) => Some((fp.shm(), me as u32)),
+                _ => None,
+            };
             let mut unfollowed = Unfollowed {
-                skip: &skip,
+                skip,
+                own: Vec::new(),
+                owners,
                 skipped: &mut self.vfork_unrecorded,
                 inner: &mut *sink,
             };
@@ -144,21 +152,43 @@ impl Session {
     }
 }
 
-/// Hands on every event but those of the threads in `skip`, which it
-/// counts per thread in `skipped`.
+/// Hands on every event but those of vfork children (the threads in
+/// `skip`, or found to be one), which it counts per thread in `skipped`.
 struct Unfollowed<'a, 's> {
-    skip: &'a [u32],
+    skip: Vec<u32>,
+    /// Threads found to be the process's own in this pass.
+    own: Vec<u32>,
+    /// The agent's thread slots and the process's pid, to look a thread
+    /// not met before up again: a vfork child can claim its slot after
+    /// `skip` was listed and before its ring is drained.
+    owners: Option<(&'a hotprobe_abi::Shm, u32)>,
     skipped: &'a mut std::collections::BTreeMap<u32, u64>,
     inner: &'a mut (dyn EventSink + 's),
 }
 
 impl Unfollowed<'_, '_> {
     fn skips(&mut self, tid: u32, n: u64) -> bool {
-        let skip = self.skip.contains(&tid);
+        let skip = self.skip.contains(&tid) || (!self.own.contains(&tid) && self.foreign(tid));
         if skip {
             *self.skipped.entry(tid).or_default() += n;
         }
         skip
+    }
+
+    /// Whether `tid` owns a thread slot of another pid than the process's
+    /// (a vfork child's), remembered either way for the rest of the pass.
+    fn foreign(&mut self, tid: u32) -> bool {
+        let Some((shm, me)) = self.owners else {
+            return false;
+        };
+        let foreign = (0..shm.threads_in_use())
+            .filter_map(|slot| shm.thread_owner(slot))
+            .any(|(pid, t)| t == tid && pid != me);
+        match foreign {
+            true => self.skip.push(tid),
+            false => self.own.push(tid),
+        }
+        foreign
     }
 }
 
