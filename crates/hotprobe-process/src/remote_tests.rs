@@ -17,7 +17,7 @@ fn a_thread_inside_its_clone_call_is_not_the_one_remote_calls_run_on() {
     let script = format!(
         "interrupt {L} = ok
          interrupt {T2} = ok
-         waitpid {L} 0x0 = {L} 0x3057f
+         waitpid {L} 0x1 = {L} 0x3057f
          geteventmsg {L} = {T3}
          waitpid {T3} 0x0 = {T3} 0x80057f
          waitpid {T2} 0x0 = {T2} 0x80057f"

@@ -40,10 +40,28 @@ impl ProcessTarget {
             else {
                 return Ok(());
             };
+            // That thread's status; for the leader of a process with
+            // other threads, if it is there, else the next of any task: a
+            // leader ending with the process reports only once its other
+            // threads' exits are reaped (a wait on it alone hung detach
+            // after a fatal SIGTRAP, all three tasks zombies).
+            let leader = tid == self.pid && self.threads.len() > 1;
             let r = match self.strays.take(tid) {
                 Some(st) => Some((tid, st)),
-                None => match self.sys.waitpid_restart(tid, 0) {
-                    Ok(r) => r,
+                None => match self
+                    .sys
+                    .waitpid_restart(tid, if leader { libc::WNOHANG } else { 0 })
+                {
+                    Ok(Some(r)) => Some(r),
+                    Ok(None) if !leader => None,
+                    Ok(None) => match self.sys.waitpid_restart(-1, libc::__WNOTHREAD) {
+                        Ok(r) => r,
+                        Err(e) if e.errno() == libc::ECHILD => {
+                            self.threads.remove(&tid);
+                            continue;
+                        }
+                        Err(e) => return Err(self.sys_err(e)),
+                    },
                     Err(e) if e.errno() == libc::ECHILD => {
                         self.threads.remove(&tid);
                         continue;

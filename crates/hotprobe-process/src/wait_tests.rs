@@ -331,7 +331,7 @@ fn cases() -> Vec<Case> {
             script: format!(
                 "interrupt {L} = ok
                  interrupt {T2} = ok
-                 waitpid {L} 0x0 = {L} 0x80057f
+                 waitpid {L} 0x1 = {L} 0x80057f
                  waitpid {T2} 0x0 = {T2} 0x0
                  cont {L} 0 = ok"
             ),
@@ -347,10 +347,28 @@ fn cases() -> Vec<Case> {
                 "interrupt {L} = ok
                  interrupt {T2} = err 3
                  interrupt {T3} = ok
-                 waitpid {L} 0x0 = {L} 0x9
+                 waitpid {L} 0x1 = {L} 0x9
                  # Gone with the leader: nothing left to wait for."
             ),
             events: &["exited Signal(9)", "exited Signal(9)"],
+            threads_after: &[],
+        },
+        Case {
+            name: "a leader whose process died is waited for with its threads' exits",
+            tids: &[L, T2],
+            setup: no_setup,
+            ops: &[Op::StopAll, Op::Wait, Op::Wait],
+            script: format!(
+                "# A fatal signal ended the process while it ran: the leader
+                 # reports only once T2's exit is reaped (a wait on the
+                 # leader alone hung, both tasks zombies).
+                 interrupt {L} = ok
+                 interrupt {T2} = err 3
+                 waitpid {L} 0x1 = none
+                 {WAIT_ANY} = {T2} 0x5
+                 waitpid {L} 0x0 = {L} 0x5"
+            ),
+            events: &["thread-exited 5000002", "exited Signal(5)"],
             threads_after: &[],
         },
         Case {
@@ -379,7 +397,7 @@ fn cases() -> Vec<Case> {
             script: format!(
                 "interrupt {L} = ok
                  interrupt {T2} = ok
-                 waitpid {L} 0x0 = {L} 0x80057f
+                 waitpid {L} 0x1 = {L} 0x80057f
                  waitpid {T2} 0x0 = err 10
                  cont {L} 0 = ok"
             ),
@@ -404,7 +422,7 @@ fn cases() -> Vec<Case> {
                  # for that stop for ever (watch -p under thread churn hung).
                  interrupt {L} = ok
                  interrupt {T2} = ok
-                 waitpid {L} 0x0 = {L} 0x80057f
+                 waitpid {L} 0x1 = {L} 0x80057f
                  waitpid {T2} 0x0 = {T2} 0x80057f"
             ),
             events: &["thread-created 5000002"],
