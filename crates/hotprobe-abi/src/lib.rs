@@ -22,6 +22,7 @@ pub mod patch;
 pub mod plugin;
 mod ring;
 mod shm;
+pub mod sigsite;
 mod slots;
 pub mod stacks;
 

@@ -23,6 +23,7 @@
 //! the run starts. Only raw system calls: it runs in a signal handler.
 
 use crate::orphan::syscall;
+use hotprobe_abi::sigsite::{sig_site_shape, SIG_SITE_MAX};
 
 const INT3: u8 = 0xcc;
 /// The `syscall` instruction's first byte, under the `int3`.
@@ -30,14 +31,34 @@ const SYSCALL0: u8 = 0x0f;
 /// The `syscall` instruction's second byte, after the `int3`.
 const SYSCALL1: u8 = 0x05;
 
-/// Whether the 7 bytes `w` are a site with the tracer's `int3` (at 5).
-fn is_site(w: &[u8]) -> bool {
-    w.len() >= 7
-        && w[0] == 0xb8
-        && (w[1] == 13 || w[1] == 14)
-        && w[2..5] == [0, 0, 0]
-        && w[5] == INT3
-        && (w[6] == SYSCALL1 || w[6] == INT3)
+/// If `w` starts with a site (`hotprobe_abi::sigsite`) whose `syscall`
+/// holds the tracer's `int3`: the `int3`'s offset in `w`, and whether it
+/// is guarded (`cc cc`).
+fn site_in(w: &[u8]) -> Option<(usize, bool)> {
+    let (at, _) = sig_site_shape(w)?;
+    match (w[at], w[at + 1]) {
+        (INT3, SYSCALL1) => Some((at, false)),
+        (INT3, INT3) => Some((at, true)),
+        _ => None,
+    }
+}
+
+/// Whether `w`, read from `INT3_AT - ...` (see [`site_window`]), holds a
+/// site whose `syscall` starts at [`INT3_AT`], with the tracer's `int3`
+/// there or (`restored`) put back already: whether it is guarded.
+fn site_ending_at(w: &[u8; WINDOW], restored: bool) -> Option<bool> {
+    (0..=INT3_AT - 5).find_map(|s| {
+        let (at, _) = sig_site_shape(&w[s..])?;
+        if s + at != INT3_AT {
+            return None;
+        }
+        match (w[INT3_AT], w[INT3_AT + 1]) {
+            (INT3, SYSCALL1) => Some(false),
+            (INT3, INT3) => Some(true),
+            (SYSCALL0, SYSCALL1) if restored => Some(false),
+            _ => None,
+        }
+    })
 }
 
 /// Puts back the site whose `int3` is at `site` (`guarded`: with the
@@ -157,12 +178,13 @@ fn each_libc_text(mut each: impl FnMut(u64, u64)) {
 /// (`mem`, open for writing); returns how many.
 pub(crate) fn undo_all(mem: u64) -> u64 {
     let mut undone = 0;
+    // Chunks overlap by a site's length but one: a site across two is seen.
+    const OVERLAP: usize = SIG_SITE_MAX - 1;
     each_libc_text(|start, end| {
         // Not zeroed (see `each_libc_text`).
         let mut chunk = core::mem::MaybeUninit::<[u8; 1024]>::uninit();
         let mut at = start;
         while at < end {
-            // Chunks overlap by 6 bytes: a site across two is seen.
             let len = ((end - at) as usize).min(1024);
             let n = syscall(
                 libc::SYS_pread64,
@@ -173,40 +195,57 @@ pub(crate) fn undo_all(mem: u64) -> u64 {
             }
             // SAFETY: the first `len` bytes were just written by `pread64`.
             let data = unsafe { core::slice::from_raw_parts(chunk.as_ptr() as *const u8, len) };
-            for (i, w) in data.windows(7).enumerate() {
-                if is_site(w) && put_back(mem, at + i as u64 + 5, w[6] == INT3) {
-                    undone += 1;
+            for i in 0..len {
+                if data[i] != 0xb8 {
+                    continue;
+                }
+                let w = &data[i..len.min(i + SIG_SITE_MAX)];
+                if let Some((o, guarded)) = site_in(w) {
+                    if put_back(mem, at + (i + o) as u64, guarded) {
+                        undone += 1;
+                    }
                 }
             }
             if at + len as u64 >= end {
                 break;
             }
-            at += len as u64 - 6;
+            at += (len - OVERLAP) as u64;
         }
     });
     undone
 }
 
-/// Whether the `int3` at `at` is a site's (see [`is_site`]).
+/// Whether the `int3` at `at` is a site's (see [`site_in`]).
 pub(crate) fn is_site_at(at: u64) -> bool {
     let Some(fd) = crate::undo::open_self_mem(libc::O_RDONLY) else {
         return false;
     };
     let w = site_window(fd, at);
     syscall(libc::SYS_close, [fd, 0, 0, 0]);
-    w.is_some_and(|w| is_site(&w))
+    w.is_some_and(|w| site_ending_at(&w, false).is_some())
 }
 
-/// The 7 bytes around a site's `int3` at `at` (`mov eax, N` and the
-/// `syscall`), read through `fd` (the process's own memory); `None`
+/// Where a site's `syscall` (or `int3`) sits in a [`site_window`].
+const INT3_AT: usize = SIG_SITE_MAX - 2;
+/// The bytes of a [`site_window`]: a whole site ending with the `syscall`.
+const WINDOW: usize = SIG_SITE_MAX;
+
+/// The bytes of a site whose `syscall` instruction starts at `at` (the
+/// `mov eax, N`, what is between, the `syscall`), from `at -`
+/// [`INT3_AT`], read through `fd` (the process's own memory); `None`
 /// when they cannot all be read.
-fn site_window(fd: u64, at: u64) -> Option<[u8; 7]> {
-    let mut w = [0u8; 7];
+fn site_window(fd: u64, at: u64) -> Option<[u8; WINDOW]> {
+    let mut w = [0u8; WINDOW];
     let n = syscall(
         libc::SYS_pread64,
-        [fd, w.as_mut_ptr() as u64, 7, at.wrapping_sub(5)],
+        [
+            fd,
+            w.as_mut_ptr() as u64,
+            WINDOW as u64,
+            at.wrapping_sub(INT3_AT as u64),
+        ],
     ) as i64;
-    (n == 7).then_some(w)
+    (n == WINDOW as i64).then_some(w)
 }
 
 /// A thread trapped on `at` (`rip - 1`) after the tracer died: if `at` is
@@ -218,16 +257,13 @@ pub(crate) fn resume_at_site(at: u64, gregs: &mut [libc::greg_t]) -> bool {
     };
     let ours = site_window(fd, at).is_some_and(|w| {
         // Put back already (by another thread's undo): `0f 05`.
-        let restored = w[5] == SYSCALL0 && w[6] == SYSCALL1 && {
-            let mut t = w;
-            t[5] = INT3;
-            is_site(&t)
+        let Some(guarded) = site_ending_at(&w, true) else {
+            return false;
         };
-        let ours = is_site(&w) || restored;
-        if ours && w[5] == INT3 {
-            put_back(fd, at, w[6] == INT3);
+        if w[INT3_AT] == INT3 {
+            put_back(fd, at, guarded);
         }
-        ours
+        true
     });
     syscall(libc::SYS_close, [fd, 0, 0, 0]);
     if ours {
@@ -244,14 +280,33 @@ mod tests {
 
     #[test]
     fn a_site_is_the_number_then_the_int3_over_syscall() {
-        assert!(is_site(&[0xb8, 14, 0, 0, 0, 0xcc, 0x05]));
-        assert!(is_site(&[0xb8, 13, 0, 0, 0, 0xcc, 0x05]));
-        assert!(!is_site(&[0xb8, 13, 0, 0, 0, 0x0f, 0x05]));
-        assert!(!is_site(&[0xb8, 39, 0, 0, 0, 0xcc, 0x05]));
-        assert!(!is_site(&[0xb8, 14, 0, 0, 1, 0xcc, 0x05]));
+        assert_eq!(site_in(&[0xb8, 14, 0, 0, 0, 0xcc, 0x05]), Some((5, false)));
+        assert_eq!(site_in(&[0xb8, 13, 0, 0, 0, 0xcc, 0x05]), Some((5, false)));
+        assert_eq!(site_in(&[0xb8, 13, 0, 0, 0, 0x0f, 0x05]), None);
+        assert_eq!(site_in(&[0xb8, 39, 0, 0, 0, 0xcc, 0x05]), None);
+        assert_eq!(site_in(&[0xb8, 14, 0, 0, 1, 0xcc, 0x05]), None);
         // Guarded by the trap mechanism.
-        assert!(is_site(&[0xb8, 14, 0, 0, 0, 0xcc, 0xcc]));
-        assert!(!is_site(&[0xb8, 14, 0, 0, 0, 0xcc, 0x90]));
+        assert_eq!(site_in(&[0xb8, 14, 0, 0, 0, 0xcc, 0xcc]), Some((5, true)));
+        assert_eq!(site_in(&[0xb8, 14, 0, 0, 0, 0xcc, 0x90]), None);
+        // glibc's pthread_create: a lea between.
+        let w = [0xb8, 14, 0, 0, 0, 0x48, 0x8d, 0x35, 1, 2, 3, 0, 0xcc, 0x05];
+        assert_eq!(site_in(&w), Some((12, false)));
+    }
+
+    #[test]
+    fn a_window_ending_at_the_syscall_is_read_back_to_its_number() {
+        let mut w = [0x90u8; WINDOW];
+        let site = [0xb8, 14, 0, 0, 0, 0x48, 0x8d, 0x35, 1, 2, 3, 0, 0xcc, 0x05];
+        w[INT3_AT + 2 - site.len()..].copy_from_slice(&site);
+        assert_eq!(site_ending_at(&w, false), Some(false));
+        w[INT3_AT] = SYSCALL0;
+        assert_eq!(site_ending_at(&w, false), None);
+        assert_eq!(site_ending_at(&w, true), Some(false));
+        let mut w = [0x90u8; WINDOW];
+        w[INT3_AT - 5..].copy_from_slice(&[0xb8, 13, 0, 0, 0, 0xcc, 0xcc]);
+        assert_eq!(site_ending_at(&w, false), Some(true));
+        w[INT3_AT - 4] = 39;
+        assert_eq!(site_ending_at(&w, true), None);
     }
 
     #[test]

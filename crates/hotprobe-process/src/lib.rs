@@ -221,6 +221,9 @@ struct Thread {
     /// The program's own `SIGTRAP`, pending while blocked, was what that
     /// trap delivered: sent again once the mask is back.
     trap_requeue: bool,
+    /// The program blocks `SIGTRAP` here but the kernel's mask does not
+    /// (`sigtrap.rs`, "lifted"): a trap of ours resets nothing.
+    trap_lifted: bool,
 }
 
 impl Thread {
@@ -238,6 +241,7 @@ impl Thread {
             trap_blocked: false,
             trap_mask_reset: false,
             trap_requeue: false,
+            trap_lifted: false,
         }
     }
 }

@@ -49,14 +49,25 @@
 //!   the state read at attach; at detach, those of the detach's and the
 //!   unload's remote calls, before and after the agent's release.
 //!
-//! Not covered: a trap that resets the disposition in one thread while
-//! another thread's own `SIGTRAP` (`raise`, `tgkill`) is being delivered:
-//! that one meets `SIG_DFL` until the trap's stop is handled (a
-//! `pthread_create`'s new thread trapping at its site in glibc's
-//! all-blocked window, while another thread raises `SIGTRAP`: the
-//! process dies). Putting the action back before passing a `SIGTRAP`
-//! through narrows it (the wait loop's part); only keeping `SIGTRAP` out
-//! of the kernel's masks, as the preloaded agent does, closes it.
+//! - **Lifted.** Putting a reset handler back comes too late for another
+//!   thread's own `SIGTRAP` (`raise`, `tgkill`) delivered meanwhile: it
+//!   met `SIG_DFL` and the process died (a `pthread_create` blocks every
+//!   signal around its clone, so the creator and the new thread both trap
+//!   at sites with `SIGTRAP` blocked, while another thread raises it). So
+//!   where the program has a handler for `SIGTRAP`, a thread's
+//!   `rt_sigprocmask` at a site that leaves `SIGTRAP` blocked leaves it
+//!   blocked in the program's view only: the kernel's mask goes without it
+//!   (a new thread inherits that), so our traps there reset nothing. Its
+//!   next `rt_sigprocmask` sees its own mask back first (the result and
+//!   the old mask it reads are the kernel's for what it set). A `SIGTRAP`
+//!   the program sends to such a thread, which it expects held pending,
+//!   is stopped before delivery: the mask goes back and the signal is sent
+//!   again, pending now (its sender then reads as the tracer). Before
+//!   release, detach and exec every thread gets its mask back. Left: a
+//!   process-directed `SIGTRAP` (`kill`) may then be taken by such a
+//!   thread rather than wait for one that unblocks it, and a thread that
+//!   blocked `SIGTRAP` before the program's handler came is lifted only
+//!   at its next `rt_sigprocmask` or `rt_sigaction(SIGTRAP)`.
 //!
 //! Not seen: a `syscall` instruction whose number is not loaded just
 //! before it (libc's `syscall()` function, inline assembly, the Go
@@ -140,17 +151,20 @@ fn status_masks(pid: i32, tid: i32) -> Option<(u64, u64, u64)> {
     Some((field("SigBlk:")?, field("SigIgn:")?, field("SigCgt:")?))
 }
 
-/// Offsets of `syscall` instructions in `code` directly preceded by
-/// `mov eax, 13` or `mov eax, 14`, with the number.
+/// Offsets of the `syscall` instructions in `code` that are signal-state
+/// sites (`hotprobe_abi::sigsite`: `mov eax, 13|14` just before, at most
+/// two simple instructions between), with the number.
 pub(crate) fn find_sites(code: &[u8]) -> Vec<(usize, u64)> {
     let mut out = Vec::new();
-    for (i, w) in code.windows(7).enumerate() {
-        if w[0] == 0xb8
-            && (w[1] == 13 || w[1] == 14)
-            && w[2..5] == [0, 0, 0]
-            && w[5..] == [0x0f, 0x05]
-        {
-            out.push((i + 5, u64::from(w[1])));
+    for i in 0..code.len() {
+        if code[i] != 0xb8 {
+            continue;
+        }
+        let w = &code[i..code.len().min(i + hotprobe_abi::sigsite::SIG_SITE_MAX)];
+        if let Some((at, nr)) = hotprobe_abi::sigsite::sig_site_shape(w) {
+            if w[at..at + 2] == [0x0f, 0x05] {
+                out.push((i + at, u64::from(nr)));
+            }
         }
     }
     out
@@ -209,11 +223,15 @@ impl ProcessTarget {
     }
 
     /// A new thread `new` made by `creator`: it starts with its creator's
-    /// mask.
+    /// mask (a lifted one too).
     pub(crate) fn inherit_sigtrap_state(&mut self, creator: i32, new: i32) {
-        let blocked = self.threads.get(&creator).is_some_and(|t| t.trap_blocked);
+        let (blocked, lifted) = self
+            .threads
+            .get(&creator)
+            .map_or((false, false), |t| (t.trap_blocked, t.trap_lifted));
         if let Some(t) = self.threads.get_mut(&new) {
             t.trap_blocked = blocked;
+            t.trap_lifted = lifted;
         }
     }
 
@@ -234,7 +252,8 @@ impl ProcessTarget {
         let Some(t) = self.threads.get_mut(&tid) else {
             return;
         };
-        if t.trap_blocked {
+        let blocked = t.trap_blocked && !t.trap_lifted;
+        if blocked {
             t.trap_mask_reset = true;
             // A SIGTRAP of the program's own pending while blocked is not
             // queued twice: the trap delivered that one (sent by a
@@ -244,10 +263,7 @@ impl ProcessTarget {
                 t.trap_requeue |= sent;
             }
         }
-        let Some(t) = self.threads.get(&tid) else {
-            return;
-        };
-        let reset = t.trap_blocked || handler == Some(SIG_IGN);
+        let reset = blocked || handler == Some(SIG_IGN);
         if reset && handler.is_some_and(|h| h != 0) {
             self.sigtrap.handler_reset = true;
         }
@@ -264,6 +280,10 @@ impl ProcessTarget {
             // (an agent's injection) reset goes back now; what the
             // program sets from now on is not seen until they are.
             self.undo_unarmed_traps();
+        }
+        if self.sigtrap.sites.is_empty() {
+            // Detach: nothing of ours traps any more.
+            self.unlift(tid);
         }
         let Some(t) = self.threads.get_mut(&tid) else {
             return;
@@ -551,6 +571,9 @@ impl ProcessTarget {
 
     /// Takes every site's `int3` out (release, exec).
     pub(crate) fn disarm_sig_sites(&mut self) {
+        for tid in self.threads.keys().copied().collect::<Vec<_>>() {
+            self.unlift(tid);
+        }
         self.sigtrap.armed = false;
         self.sigtrap.agent = false;
         self.sigtrap.block = None;
@@ -602,6 +625,10 @@ impl ProcessTarget {
             after.rip = addr;
         } else {
             let args = [regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9];
+            if site.nr == SYS_RT_SIGPROCMASK {
+                // The call reads and changes the program's own mask.
+                self.unlift(tid);
+            }
             let agent = (site.nr == SYS_RT_SIGACTION
                 && args[0] == libc::SIGTRAP as u64
                 && args[3] == 8
@@ -637,6 +664,7 @@ impl ProcessTarget {
                 if let Some(t) = self.threads.get_mut(&tid) {
                     t.trap_blocked = mask & TRAP_BIT != 0;
                 }
+                self.lift(tid, mask);
             }
         } else if nr == SYS_RT_SIGACTION
             && args[0] == libc::SIGTRAP as u64
@@ -648,13 +676,90 @@ impl ProcessTarget {
             if let Ok(h) = self.read_u64(RuntimeAddr(args[1])) {
                 self.sigtrap.handler = Some(h);
             }
+            if self.threads.get(&tid).is_some_and(|t| t.trap_blocked) {
+                if let Ok(mask) = self.sys.getsigmask(tid) {
+                    self.lift(tid, mask);
+                }
+            }
         }
     }
+
+    /// Takes `SIGTRAP` out of stopped thread `tid`'s kernel mask `mask`
+    /// where the program blocks it, has a handler for it, and has none
+    /// of its own pending there (see "Lifted" in the module docs).
+    fn lift(&mut self, tid: i32, mask: u64) {
+        let caught = self.sigtrap.handler.is_some_and(|h| h > SIG_IGN);
+        if mask & TRAP_BIT == 0
+            || !caught
+            || self.sigtrap.agent
+            || !self.sigtrap.armed
+            || trap_pending(self.pid, tid)
+        {
+            return;
+        }
+        if self.sys.setsigmask(tid, mask & !TRAP_BIT).is_ok() {
+            if let Some(t) = self.threads.get_mut(&tid) {
+                t.trap_lifted = true;
+            }
+        }
+    }
+
+    /// Puts `SIGTRAP` back into stopped thread `tid`'s kernel mask if it
+    /// was lifted.
+    fn unlift(&mut self, tid: i32) {
+        let Some(t) = self.threads.get_mut(&tid) else {
+            return;
+        };
+        if !std::mem::take(&mut t.trap_lifted) {
+            return;
+        }
+        if let Ok(mask) = self.sys.getsigmask(tid) {
+            let _ = self.sys.setsigmask(tid, mask | TRAP_BIT);
+        }
+    }
+
+    /// At `tid`'s signal-delivery stop for `SIGTRAP`: if the program sent
+    /// it to a lifted thread, where it blocks it, it is held pending as
+    /// the program expects (mask back, sent again) and true is returned:
+    /// the thread goes on without it.
+    pub(crate) fn hold_sent_trap(&mut self, tid: i32) -> bool {
+        if !self.threads.get(&tid).is_some_and(|t| t.trap_lifted)
+            || !self.sys.getsiginfo(tid).is_ok_and(|i| i.code <= 0)
+        {
+            return false;
+        }
+        self.unlift(tid);
+        let _ = self.sys.tgkill(self.pid, tid, libc::SIGTRAP);
+        true
+    }
+}
+
+/// Whether `SIGTRAP` is pending for thread `tid` or its process
+/// (`SigPnd`, `ShdPnd`).
+fn trap_pending(pid: i32, tid: i32) -> bool {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")) else {
+        return true;
+    };
+    ["SigPnd:", "ShdPnd:"].iter().any(|k| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .is_some_and(|m| m & TRAP_BIT != 0)
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sites_may_have_simple_instructions_between() {
+        // mov eax, 14; lea rsi, [rip+d]; syscall (glibc's pthread_create)
+        let code = [
+            0x90, 0xb8, 14, 0, 0, 0, 0x48, 0x8d, 0x35, 1, 2, 3, 0, 0x0f, 0x05,
+        ];
+        assert_eq!(find_sites(&code), vec![(13, 14)]);
+    }
 
     #[test]
     fn sites_are_syscalls_right_after_their_number() {

@@ -406,6 +406,29 @@ impl ProcessTarget {
                 }));
             }
         }
+        if sig == libc::SIGTRAP && self.hold_sent_trap(pid) {
+            // The program's own, to a thread where it blocks it: pending
+            // again now (`sigtrap.rs`, "Lifted"); the thread goes on.
+            let t = self.threads.get_mut(&pid).expect("known thread");
+            t.state = RunState::Running;
+            if t.stepping {
+                return self
+                    .sys
+                    .step(pid, 0)
+                    .map(|_| None)
+                    .map_err(|e| self.sys_err(e));
+            }
+            if stopping && t.interrupt_pending {
+                return self
+                    .sys
+                    .cont(pid, 0)
+                    .map(|_| None)
+                    .map_err(|e| self.sys_err(e));
+            }
+            t.state = RunState::Event;
+            self.park_or_continue(pid, stopping)?;
+            return Ok(None);
+        }
         // Pass the signal through untouched, unless the thread is stepping
         // an out-of-line slot: then hold it until the step is done.
         let t = self.threads.get_mut(&pid).expect("known thread");

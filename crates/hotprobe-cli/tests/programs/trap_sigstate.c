@@ -13,6 +13,12 @@
 //           main thread raises SIGTRAP (handled again).
 //   inherit: the main thread blocks SIGTRAP before creating the worker,
 //           which inherits the mask, 300 calls.
+//   race:   a SIGTRAP handler; a raiser thread raises SIGTRAP at itself
+//           over and over while the main thread creates 100 threads one
+//           after the other, each calling probed 3 times (300 calls).
+//           glibc's pthread_create blocks every signal around the clone,
+//           so both threads pass through signal-state calls with SIGTRAP
+//           blocked; every raise is handled (natively, always).
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>
@@ -79,6 +85,40 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+static volatile int racing = 1;
+static volatile long raised;
+
+static void *raiser(void *arg) {
+    while (racing) {
+        raise(SIGTRAP);
+        raised++;
+    }
+    return arg;
+}
+
+static void *three(void *arg) {
+    for (int i = 0; i < 3; i++)
+        probed(i);
+    return arg;
+}
+
+static int race(void) {
+    pthread_t r, t;
+    signal(SIGTRAP, on_trap);
+    if (pthread_create(&r, NULL, raiser, NULL) != 0)
+        return 1;
+    for (int i = 0; i < 100; i++) {
+        if (pthread_create(&t, NULL, three, NULL) != 0)
+            return 1;
+        pthread_join(t, NULL);
+    }
+    racing = 0;
+    pthread_join(r, NULL);
+    printf("race: threads=100 calls=300 every raise handled=%d disposition=%s\n",
+           raised > 0 && raised == handled, disposition());
+    return 5;
+}
+
 int main(int argc, char **argv) {
     const char *how = argc > 1 ? argv[1] : "block";
     setvbuf(stdout, NULL, _IONBF, 0);
@@ -99,6 +139,8 @@ int main(int argc, char **argv) {
             raise(SIGTRAP);
             printf("main: raised handled=%d\n", (int)handled);
         }
+    } else if (!strcmp(how, "race")) {
+        return race();
     } else if (!strcmp(how, "inherit")) {
         block_trap(SIG_BLOCK);
         pthread_create(&t, NULL, worker, (void *)1);

@@ -163,19 +163,22 @@ pub fn text_differences(pid: u32, file: &Path) -> Vec<(u64, u8, u8)> {
 }
 
 /// The signal-state sites of the code of `file` mapped in `pid`: the
-/// `syscall` instructions right after `mov eax, 13|14` (`rt_sigaction`,
-/// `rt_sigprocmask`), by the file's bytes: their run-time addresses.
+/// `syscall` instructions after `mov eax, 13|14` (`rt_sigaction`,
+/// `rt_sigprocmask`) and at most two simple instructions
+/// (`hotprobe_abi::sigsite`), by the file's bytes: their run-time
+/// addresses.
 pub fn signal_state_sites(pid: u32, file: &Path) -> Vec<u64> {
+    use hotprobe_abi::sigsite::{sig_site_shape, SIG_SITE_MAX};
     let bytes = std::fs::read(file).unwrap();
     let mut sites = Vec::new();
     for (s, off, len) in code_mappings(pid, file, bytes.len()) {
-        for (i, win) in bytes[off..off + len].windows(7).enumerate() {
-            if win[0] == 0xb8
-                && (win[1] == 13 || win[1] == 14)
-                && win[2..5] == [0, 0, 0]
-                && win[5..] == [0x0f, 0x05]
-            {
-                sites.push(s + i as u64 + 5);
+        let code = &bytes[off..off + len];
+        for i in 0..code.len() {
+            let w = &code[i..code.len().min(i + SIG_SITE_MAX)];
+            if let Some((at, _)) = sig_site_shape(w) {
+                if w[at..at + 2] == [0x0f, 0x05] {
+                    sites.push(s + (i + at) as u64);
+                }
             }
         }
     }
