@@ -313,7 +313,7 @@ pub enum Cmd {
         auto_args: bool,
         /// How function entries are probed: auto (patch, else jump, else
         /// a trap), or force one.
-        #[arg(long, value_enum, default_value_t = RecordMechanism::Auto)]
+        #[arg(long, value_enum, default_value_t = RecordMechanism::Auto, conflicts_with = "no_traps")]
         mechanism: RecordMechanism,
         /// Leave out (and list) the functions that neither patch nor jump
         /// can take instead of recording them through a trap (a ptrace stop
@@ -618,6 +618,8 @@ pub enum RecordMechanism {
     Auto,
     Patch,
     Jump,
+    /// Every probe on a trap (a stop per call and per return).
+    Trap,
 }
 
 /// `export --format` values.

@@ -50,11 +50,22 @@ pub fn print_stacks(session: &Session, placed: &[Placement]) {
                 totals.table_full
             );
         }
+        say_unwalked(&totals);
+    }
+}
+
+/// Says on stderr how many trap hits had a stack the tracer could not read.
+fn say_unwalked(totals: &hotprobe::stacks::StackTotals) {
+    if totals.unwalked > 0 {
+        errln!(
+            "hotprobe: --stacks: {} stacks on a trap could not be read (the stack pointer's memory was unreadable): counted as empty, truncated stacks ([unknown] callers)",
+            totals.unwalked
+        );
     }
 }
 
 /// `record --stacks`: in front of the trace's sink, notes the stack of
-/// each recorded entry that carries one (the agent walked it) as the
+/// each recorded entry that carries one (the agent walked it, or the tracer at a trap stop) as the
 /// `n`-th entry of its thread, for `call_stacks.tsv`.
 pub struct CallStackSink<'a> {
     inner: &'a mut dyn EventSink,
@@ -172,6 +183,7 @@ pub fn write_trace_stacks(
             totals.table_full
         );
     }
+    say_unwalked(&totals);
     Ok(())
 }
 
