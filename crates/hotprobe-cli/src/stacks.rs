@@ -70,7 +70,7 @@ fn say_unwalked(totals: &hotprobe::stacks::StackTotals) {
 pub struct CallStackSink<'a> {
     inner: &'a mut dyn EventSink,
     names: Option<hotprobe::stacks::StackNames>,
-    /// Probe id → the function it probes (as stacks.tsv names it).
+    /// Probe id → the function it probes (as the trace's symbols name it).
     functions: HashMap<u32, String>,
     /// Entries seen per thread.
     entries: HashMap<u32, u64>,
@@ -101,8 +101,9 @@ impl<'a> CallStackSink<'a> {
 
     fn learn(&mut self, placed: &[Placement]) {
         for p in placed {
-            let f = p.function.clone().unwrap_or_else(|| p.label.clone());
-            self.functions.insert(p.id.0, f);
+            // As the trace names the probe's calls (a pending probe of a
+            // program a followed process executed: its spec's function).
+            self.functions.insert(p.id.0, crate::record::trace_name(p));
         }
     }
 

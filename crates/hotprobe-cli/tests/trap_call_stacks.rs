@@ -1,0 +1,231 @@
+//! Issue 24, per-call stacks of calls recorded through the ptrace trap:
+//! `record --stacks --mechanism trap` walks each entry's stack in the
+//! tracer at its stop and records it with the call (call_stacks.tsv), as
+//! the agent's fast paths do, so `report --callers`, `export --format
+//! folded` (with the filters that need per-call stacks), and `replay` see
+//! every call. stack_paths.c reaches malloc from three known call paths
+//! 3, 5 and 7 times, then once from printf; built with frame pointers at
+//! -O0 and at `-O2 -fomit-frame-pointer` (walked by the `.eh_frame`
+//! tables). The same holds for a program a shell executes under `-f`,
+//! whose probes are all on the trap (no agent in the new image). The
+//! program's output is its own.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+mod common;
+use common::record::trace_dir;
+use common::{gcc, hotprobe_within, text};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// The outer frames of every stack of the program's main thread,
+/// innermost first.
+const TAIL: &str = "main <- __libc_start_call_main <- __libc_start_main <- _start";
+
+/// The three paths to malloc, callers innermost first up to `main`'s
+/// caller (excluded), and their calls.
+const PATHS: [(&str, u64); 3] = [
+    ("alloc_leaf <- path_c_inner <- path_c", 7),
+    ("alloc_leaf <- path_b", 5),
+    ("alloc_leaf <- path_a", 3),
+];
+
+fn build(tag: &str, flags: &[&str]) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/stack_paths.c");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("trap_call_stacks");
+    std::fs::create_dir_all(&dir).unwrap();
+    gcc(&src, &dir.join(tag), flags)
+}
+
+/// `hotprobe ARGS`: asserts success; stdout and stderr.
+fn run(args: &[&str]) -> (String, String) {
+    let o = hotprobe_within(args, LIMIT);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "{args:?}: {out}\n{err}");
+    (out, err)
+}
+
+/// `record --stacks EXTRA PROBES -- CMD` into a fresh trace `tag`: the
+/// trace, and record's stderr; the program printed `allocated 15`.
+fn record(tag: &str, extra: &[&str], probes: &[&str], cmd: &[&str]) -> (PathBuf, String) {
+    let dir = trace_dir(tag);
+    let mut a = vec!["record", "-o", dir.to_str().unwrap(), "--stacks"];
+    a.extend_from_slice(extra);
+    a.extend_from_slice(probes);
+    a.push("--");
+    a.extend_from_slice(cmd);
+    let (out, err) = run(&a);
+    assert_eq!(out, "allocated 15\n", "{err}");
+    assert!(err.contains("exited with code 0"), "{err}");
+    (dir, err)
+}
+
+/// `report --callers malloc` (with `extra`): the lines, trimmed.
+fn callers(dir: &Path, extra: &[&str]) -> Vec<String> {
+    let mut a = vec!["report", dir.to_str().unwrap(), "--callers", "malloc"];
+    a.extend_from_slice(extra);
+    let (out, _) = run(&a);
+    out.lines().map(|l| l.trim().to_string()).collect()
+}
+
+/// `export --format folded` (with `extra`): the lines.
+fn folded(dir: &Path, extra: &[&str]) -> Vec<String> {
+    let mut a = vec!["export", dir.to_str().unwrap(), "--format", "folded"];
+    a.extend_from_slice(extra);
+    let (out, _) = run(&a);
+    out.lines().map(str::to_string).collect()
+}
+
+/// The folded line of a malloc path (callers innermost first) counted `n`.
+fn folded_line(path: &str, n: u64) -> String {
+    let stack = format!("{path} <- {TAIL}");
+    let mut frames: Vec<&str> = stack.split(" <- ").collect();
+    frames.reverse();
+    frames.push("malloc");
+    format!("{} {n}", frames.join(";"))
+}
+
+/// Checks the three paths in the trace `dir`: `report --callers`, the
+/// folded export, the same under `-F` (only per-call stacks can be
+/// filtered), and `replay`'s per-call stacks in the program's order.
+fn check_three_paths(dir: &Path) {
+    assert!(
+        dir.join("call_stacks.tsv").is_file(),
+        "no per-call stacks in {}",
+        dir.display()
+    );
+    let lines = callers(dir, &[]);
+    assert!(
+        lines.contains(&"15  alloc_leaf -> malloc".to_string()),
+        "{lines:#?}"
+    );
+    for (path, n) in PATHS {
+        let want = format!("{n}      {path} <- {TAIL}");
+        assert!(lines.contains(&want), "{want} in {lines:#?}");
+    }
+    // printf's allocation of stdout's buffer, once.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("1      ") && l.contains("printf <- main")),
+        "{lines:#?}"
+    );
+    assert!(!lines.iter().any(|l| l.contains("[unknown]")), "{lines:#?}");
+
+    let out = folded(dir, &[]);
+    for (path, n) in PATHS {
+        let want = folded_line(path, n);
+        assert!(out.contains(&want), "{want} in {out:#?}");
+    }
+
+    // Filters need each call's stack (a trace with only counted stacks
+    // refuses them): under path_b, its 5 calls alone.
+    let lines = callers(dir, &["-F", "path_b"]);
+    assert!(
+        lines.contains(&"5  alloc_leaf -> malloc".to_string()),
+        "{lines:#?}"
+    );
+    let paths: Vec<&String> = lines.iter().filter(|l| l.contains(" <- ")).collect();
+    assert_eq!(
+        paths,
+        [&format!("5      alloc_leaf <- path_b <- {TAIL}")],
+        "{lines:#?}"
+    );
+    let out = folded(dir, &["-F", "path_c"]);
+    let mallocs: Vec<&String> = out.iter().filter(|l| l.contains(";malloc ")).collect();
+    assert_eq!(
+        mallocs,
+        [&folded_line("alloc_leaf <- path_c_inner <- path_c", 7)],
+        "{out:#?}"
+    );
+
+    // replay: each malloc call ends with its own stack, in the program's
+    // order (3 by path_a, 5 by path_b, 7 by path_c), then printf's.
+    let (out, _) = run(&["replay", dir.to_str().unwrap()]);
+    let stacks: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.split_once("malloc(); /* <- ")?.1.strip_suffix(" */"))
+        .collect();
+    let mut want: Vec<String> = Vec::new();
+    for (path, n) in PATHS.iter().rev() {
+        want.extend(std::iter::repeat_n(
+            format!("{path} <- {TAIL}"),
+            *n as usize,
+        ));
+    }
+    assert_eq!(stacks.len(), 16, "{out}");
+    assert_eq!(stacks[..15], want[..], "{out}");
+    assert!(stacks[15].contains("printf <- main"), "{out}");
+}
+
+/// `--mechanism trap`, with and without frame pointers: every call of
+/// main, the paths, alloc_leaf and malloc is recorded through a ptrace
+/// stop, with its stack; the reports give the three paths and counts,
+/// and agree with a recording on the agent's fast paths.
+#[test]
+fn record_stacks_on_the_ptrace_trap_give_each_call_its_stack() {
+    let probes = ["libc:malloc", "main", "path_*", "alloc_leaf"];
+    for (tag, flags) in [
+        ("fp", &["-O0", "-fno-omit-frame-pointer"][..]),
+        ("nofp", &["-O2", "-fomit-frame-pointer"][..]),
+    ] {
+        let bin = build(tag, flags);
+        let cmd = [bin.to_str().unwrap()];
+        let (dir, err) = record(
+            &format!("trap-call-stacks-{tag}"),
+            &["--mechanism", "trap"],
+            &probes,
+            &cmd,
+        );
+        // Every probe on the trap: 16 + 1 + 3 + 5 + 7 + 7 + 15 calls.
+        assert!(err.contains("(trap 7)"), "{tag}: {err}");
+        assert!(err.contains("54 calls"), "{tag}: {err}");
+        assert!(!err.contains("could not be read"), "{tag}: {err}");
+        check_three_paths(&dir);
+
+        // On the agent's fast paths: the same callers, line for line.
+        let (fast, _) = record(&format!("fast-call-stacks-{tag}"), &[], &probes, &cmd);
+        assert_eq!(callers(&dir, &[]), callers(&fast, &[]), "{tag}");
+        assert_eq!(folded(&dir, &[]), folded(&fast, &[]), "{tag}");
+    }
+}
+
+/// `-f` across exec: the program a shell executes has no agent, so its
+/// malloc is recorded on the trap; each of its calls has its stack, named
+/// with its own symbols, beside the shell's.
+#[test]
+fn record_stacks_of_a_program_a_shell_executes() {
+    let bin = build("exec", &["-O2", "-fomit-frame-pointer"]);
+    let (dir, err) = record(
+        "trap-call-stacks-exec",
+        &["-f"],
+        &["libc:malloc"],
+        &["sh", "-c", bin.to_str().unwrap()],
+    );
+    let lines = callers(&dir, &[]);
+    assert!(
+        lines.contains(&"15  alloc_leaf -> malloc".to_string()),
+        "{lines:#?}\n{err}"
+    );
+    for (path, n) in PATHS {
+        let want = format!("{n}      {path} <- {TAIL}");
+        assert!(lines.contains(&want), "{want} in {lines:#?}");
+    }
+    // Per thread: the program's thread (the shell's vfork child, which
+    // called malloc once before its exec) holds the three paths' 15 calls
+    // and printf's; the shell's none of them.
+    let (out, _) = run(&[
+        "report",
+        dir.to_str().unwrap(),
+        "--callers",
+        "malloc",
+        "--task",
+    ]);
+    let blocks: Vec<&str> = out.split("# thread ").skip(1).collect();
+    let program: Vec<&&str> = blocks.iter().filter(|b| b.contains("alloc_leaf")).collect();
+    assert_eq!(program.len(), 1, "{out}");
+    let lines: Vec<&str> = program[0].lines().map(str::trim).collect();
+    assert!(lines.contains(&"15  alloc_leaf -> malloc"), "{out}");
+    assert!(lines.contains(&"1  _IO_file_doallocate -> malloc"), "{out}");
+}
