@@ -753,9 +753,13 @@ pub struct ReportArgs {
     /// Filters.
     #[command(flatten)]
     pub query: QueryArgs,
-    /// Sort by this column, descending (with --diff: by its change).
-    #[arg(short = 's', long = "sort", value_enum, default_value_t = SortArg::Total)]
-    pub sort: SortArg,
+    /// Sort by this column, descending (default total; with --diff: by
+    /// its change). With --callers: the callers and their paths by their
+    /// calls (the default) or by their calls' times (total, self, avg,
+    /// max; from each call's stack). With --graph: each node's callees
+    /// (total, self, calls, avg; by default in order of first call).
+    #[arg(short = 's', long = "sort", value_enum)]
+    pub sort: Option<SortArg>,
     /// One table per thread (with --callers: the callers per thread).
     #[arg(long, visible_alias = "per-thread", conflicts_with_all = ["phases", "diff", "hist", "flame"])]
     pub task: bool,
