@@ -7,10 +7,13 @@
 //! 3, 5 and 7 times, then once from printf; built with frame pointers at
 //! -O0 and at `-O2 -fomit-frame-pointer` (walked by the `.eh_frame`
 //! tables). The same holds for a program a shell executes under `-f`,
-//! whose probes are all on the trap (no agent in the new image). The
-//! program's output is its own.
+//! whose probes are all on the trap (no agent in the new image), and for
+//! 4-byte functions with no room for a jump in a process attached with
+//! `-p` (no in-process trap there). The program's output is its own.
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod common;
@@ -228,4 +231,82 @@ fn record_stacks_of_a_program_a_shell_executes() {
     let lines: Vec<&str> = program[0].lines().map(str::trim).collect();
     assert!(lines.contains(&"15  alloc_leaf -> malloc"), "{out}");
     assert!(lines.contains(&"1  _IO_file_doallocate -> malloc"), "{out}");
+}
+
+/// tests/programs/short_fns.c's 4-byte `inc` and `twice`, packed
+/// (`-falign-functions=1`: no padding for a jump), in a process attached
+/// with `-p` (no in-process trap): recorded through the ptrace trap, and
+/// every recorded call has its stack, main's.
+#[test]
+fn record_stacks_of_short_functions_in_an_attached_process() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/short_fns.c");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("trap_call_stacks");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = gcc(
+        &src,
+        &dir.join("short_fns_packed"),
+        &["-O2", "-falign-functions=1"],
+    );
+    let mut server = Command::new(&bin)
+        .arg("serve")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert_eq!(ready, "ready\n");
+    let pid = server.id().to_string();
+    let trace = trace_dir("trap-call-stacks-attached");
+    let d = trace.to_str().unwrap();
+    let args = [
+        "record",
+        "-p",
+        &pid,
+        "-o",
+        d,
+        "--stacks",
+        "--duration",
+        "1",
+        "inc",
+        "twice",
+    ];
+    let (_, err) = run(&args);
+    drop(server.stdin.take());
+    assert!(server.wait().unwrap().success(), "the program runs on");
+    assert!(err.contains("(trap 2)"), "{err}");
+    assert!(trace.join("call_stacks.tsv").is_file(), "{err}");
+
+    let rep: serde_json::Value = serde_json::from_str(&run(&["report", d, "--json"]).0).unwrap();
+    let lines = callers_of(&trace, "*");
+    for f in ["inc", "twice"] {
+        let calls = rep["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["function"] == f)
+            .and_then(|r| r["calls"].as_u64())
+            .unwrap_or_else(|| panic!("{f}: {rep}"));
+        assert!(calls > 0, "{rep}");
+        // Every call: its caller and full stack.
+        assert!(
+            lines.contains(&format!("{calls}  main -> {f}")),
+            "{f} ×{calls}: {lines:#?}"
+        );
+        let path = format!("{calls}      {TAIL}");
+        assert!(lines.contains(&path), "{path} in {lines:#?}");
+    }
+    assert_eq!(
+        lines.len(),
+        5,
+        "a header, two callers, a path each: {lines:#?}"
+    );
+}
+
+/// `report --callers FUNC`: the lines, trimmed.
+fn callers_of(dir: &Path, func: &str) -> Vec<String> {
+    let (out, _) = run(&["report", dir.to_str().unwrap(), "--callers", func]);
+    out.lines().map(|l| l.trim().to_string()).collect()
 }
