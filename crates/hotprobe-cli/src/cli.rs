@@ -618,7 +618,6 @@ pub enum RecordMechanism {
     Auto,
     Patch,
     Jump,
-    /// Every probe on a trap (a stop per call and per return).
     Trap,
 }
 
@@ -753,11 +752,7 @@ pub struct ReportArgs {
     /// Filters.
     #[command(flatten)]
     pub query: QueryArgs,
-    /// Sort by this column, descending (default total; with --diff: by
-    /// its change). With --callers: the callers and their paths by their
-    /// calls (the default) or by their calls' times (total, self, avg,
-    /// max; from each call's stack). With --graph: each node's callees
-    /// (total, self, calls, avg; by default in order of first call).
+    /// Sort by this column, descending (default total; --diff: by its change; --callers: by calls, or their calls' total, self, avg or max; --graph: each node's callees, else in order of first call).
     #[arg(short = 's', long = "sort", value_enum)]
     pub sort: Option<SortArg>,
     /// One table per thread (with --callers: the callers per thread).
