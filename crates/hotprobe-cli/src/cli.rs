@@ -313,7 +313,7 @@ pub enum Cmd {
         auto_args: bool,
         /// How function entries are probed: auto (patch, else jump, else
         /// a trap), or force one.
-        #[arg(long, value_enum, default_value_t = RecordMechanism::Auto, conflicts_with = "no_traps")]
+        #[arg(long, value_enum, default_value_t = RecordMechanism::Auto)]
         mechanism: RecordMechanism,
         /// Leave out (and list) the functions that neither patch nor jump
         /// can take instead of recording them through a trap (a ptrace stop
@@ -618,7 +618,6 @@ pub enum RecordMechanism {
     Auto,
     Patch,
     Jump,
-    Trap,
 }
 
 /// `export --format` values.

@@ -72,7 +72,6 @@ impl From<RecordMechanism> for hotprobe::MechanismChoice {
             RecordMechanism::Auto => Self::Auto,
             RecordMechanism::Patch => Self::Patch,
             RecordMechanism::Jump => Self::Jump,
-            RecordMechanism::Trap => Self::Trap,
         }
     }
 }
