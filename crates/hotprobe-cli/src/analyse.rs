@@ -329,17 +329,20 @@ fn report_of(
                     .into()
             ));
         }
+        crate::stacks::refuse_unused(o, markers)?;
         let opts = crate::stacks::CallersOptions {
             func,
             per_thread: o.task,
             json: o.json,
             query: o.query.query(),
+            sort: o.sort,
         };
         return crate::stacks::print_callers(r, dir, &query, &opts);
     }
     if let Some(func) = &o.graph {
+        crate::stacks::refuse_unused(o, markers)?;
         let json = o.json.then(|| o.query.query());
-        return crate::stacks::print_graph(r, &query, func, json.as_ref());
+        return crate::stacks::print_graph(r, &query, func, json.as_ref(), o.sort);
     }
     for m in markers {
         let syms = r.symbols();
@@ -347,7 +350,8 @@ fn report_of(
             errln!("hotprobe: no call matches --marker {m}");
         }
     }
-    let key: SortKey = o.sort.into();
+    let sort = o.sort.unwrap_or_default();
+    let key: SortKey = sort.into();
     let bar = bytes_bar(r, "reading");
     let ctx = || format!("cannot report {}", dir.display());
     if o.flame {
@@ -447,7 +451,7 @@ fn report_of(
                 a: dir,
                 b: dir2,
                 query: o.query.query(),
-                sort: sort_name(o.sort),
+                sort: sort_name(sort),
                 rows: &d.rows,
             });
         }
@@ -475,7 +479,7 @@ fn report_of(
             return print_json(&T {
                 trace: dir,
                 query: o.query.query(),
-                sort: sort_name(o.sort),
+                sort: sort_name(sort),
                 threads: &ts,
             });
         }
@@ -517,7 +521,7 @@ fn report_of(
             return print_json(&P {
                 trace: dir,
                 query: o.query.query(),
-                sort: sort_name(o.sort),
+                sort: sort_name(sort),
                 phases: &rep.phases,
             });
         }
@@ -533,7 +537,7 @@ fn report_of(
         return print_json(&ReportJson {
             trace: dir,
             query: o.query.query(),
-            sort: sort_name(o.sort),
+            sort: sort_name(sort),
             calls: rep.calls(),
             rows: &rep.rows,
             probe_costs: r.overhead_note(),

@@ -751,9 +751,9 @@ pub struct ReportArgs {
     /// Filters.
     #[command(flatten)]
     pub query: QueryArgs,
-    /// Sort by this column, descending (with --diff: by its change).
-    #[arg(short = 's', long = "sort", value_enum, default_value_t = SortArg::Total)]
-    pub sort: SortArg,
+    /// Sort by this column, descending (default total; --diff: by its change; --callers: by calls, or their calls' total, self, avg or max; --graph: each node's callees, else in order of first call).
+    #[arg(short = 's', long = "sort", value_enum)]
+    pub sort: Option<SortArg>,
     /// One table per thread (with --callers: the callers per thread).
     #[arg(long, visible_alias = "per-thread", conflicts_with_all = ["phases", "diff", "hist", "flame"])]
     pub task: bool,

@@ -27,6 +27,7 @@
 //! `--color auto|always|never`.
 
 mod analyse;
+mod caller_times;
 mod cli;
 mod coldpatch;
 mod count;

@@ -345,17 +345,8 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             skipped.add(&sk.label, sk.reason);
         }
         for p in added.placements {
-            // A pending probe (its library not loaded yet) has no function
-            // yet: the name its spec gives.
             let usdt = p.label.starts_with(hotprobe::symbols::USDT_PREFIX);
-            let name = match (&p.function, p.mechanism) {
-                // A USDT marker is named by its spec, not the function
-                // it sits in.
-                _ if usdt => p.label.clone(),
-                (Some(f), _) => f.clone(),
-                (None, hotprobe::Mechanism::Pending) => function_glob(&p.label),
-                (None, _) => p.label.clone(),
-            };
+            let name = trace_name(&p);
             // A typed function's events keep the index of their captured
             // values (hotprobe-trace's values files).
             let typed = typing.is_typed(p.addr.0);
@@ -601,6 +592,20 @@ pub fn never_armed(
 
 /// The function-name glob of a probe spec (`libz.so.1:deflate*` →
 /// `deflate*`); the spec itself when it names no function.
+/// The name a placed probe's calls have in the trace (its symbols, and
+/// the function of its calls' stacks in call_stacks.tsv).
+pub(crate) fn trace_name(p: &hotprobe::Placement) -> String {
+    // A pending probe (its library not loaded yet) has no function yet:
+    // the name its spec gives.
+    match (&p.function, p.mechanism) {
+        // A USDT marker is named by its spec, not the function it sits in.
+        _ if p.label.starts_with(hotprobe::symbols::USDT_PREFIX) => p.label.clone(),
+        (Some(f), _) => f.clone(),
+        (None, hotprobe::Mechanism::Pending) => function_glob(&p.label),
+        (None, _) => p.label.clone(),
+    }
+}
+
 fn function_glob(spec: &str) -> String {
     match spec.parse::<hotprobe::symbols::ProbeSpec>() {
         Ok(hotprobe::symbols::ProbeSpec::Function { name, .. }) => name,

@@ -3,8 +3,12 @@
 //! are captured and symbolized by the library (`Session::stacks`); this
 //! module only prints.
 
+use crate::caller_times::{CallTimes, GroupTimes};
+use crate::cli::{ReportArgs, SortArg};
 use crate::out::{errln, outln};
 use hotprobe::trace::call_stacks::CallStacks;
+use hotprobe::trace::fmt_duration;
+use hotprobe::trace::stacks::Callers;
 use hotprobe::trace::stacks::CapturedStack;
 use hotprobe::trace::{CompiledQuery, TraceReader};
 use hotprobe::{EventSink, Placement, RecordedEvent, Session, SinkError};
@@ -50,16 +54,27 @@ pub fn print_stacks(session: &Session, placed: &[Placement]) {
                 totals.table_full
             );
         }
+        say_unwalked(&totals);
+    }
+}
+
+/// Says on stderr how many trap hits had a stack the tracer could not read.
+fn say_unwalked(totals: &hotprobe::stacks::StackTotals) {
+    if totals.unwalked > 0 {
+        errln!(
+            "hotprobe: --stacks: {} stacks on a trap could not be read (the stack pointer's memory was unreadable): counted as empty, truncated stacks ([unknown] callers)",
+            totals.unwalked
+        );
     }
 }
 
 /// `record --stacks`: in front of the trace's sink, notes the stack of
-/// each recorded entry that carries one (the agent walked it) as the
+/// each recorded entry that carries one (the agent walked it, or the tracer at a trap stop) as the
 /// `n`-th entry of its thread, for `call_stacks.tsv`.
 pub struct CallStackSink<'a> {
     inner: &'a mut dyn EventSink,
     names: Option<hotprobe::stacks::StackNames>,
-    /// Probe id → the function it probes (as stacks.tsv names it).
+    /// Probe id → the function it probes (as the trace's symbols name it).
     functions: HashMap<u32, String>,
     /// Entries seen per thread.
     entries: HashMap<u32, u64>,
@@ -90,8 +105,9 @@ impl<'a> CallStackSink<'a> {
 
     fn learn(&mut self, placed: &[Placement]) {
         for p in placed {
-            let f = p.function.clone().unwrap_or_else(|| p.label.clone());
-            self.functions.insert(p.id.0, f);
+            // As the trace names the probe's calls (a pending probe of a
+            // program a followed process executed: its spec's function).
+            self.functions.insert(p.id.0, crate::record::trace_name(p));
         }
     }
 
@@ -172,6 +188,54 @@ pub fn write_trace_stacks(
             totals.table_full
         );
     }
+    say_unwalked(&totals);
+    Ok(())
+}
+
+/// `-s KEY` as the command line spells it.
+fn sort_key_name(s: SortArg) -> &'static str {
+    match s {
+        SortArg::Total => "total",
+        SortArg::SelfTime => "self",
+        SortArg::Calls => "calls",
+        SortArg::Avg => "avg",
+        SortArg::Max => "max",
+    }
+}
+
+/// `report --callers` and `--graph`: refuses the options they would
+/// otherwise ignore, naming them (`markers`: `--marker`).
+pub fn refuse_unused(o: &ReportArgs, markers: &[String]) -> anyhow::Result<()> {
+    let mode = if o.callers.is_some() {
+        "--callers"
+    } else {
+        "--graph"
+    };
+    if !markers.is_empty() {
+        anyhow::bail!(crate::UsageError(format!(
+            "--marker splits the tables into phases; {mode} has none: give one of them"
+        )));
+    }
+    if o.graph.is_some() && o.sort == Some(SortArg::Max) {
+        anyhow::bail!(crate::UsageError(
+            "--graph -s max: a graph node sums the calls along its path and keeps no \
+             longest call; sort it by total, self, calls or avg"
+                .into()
+        ));
+    }
+    let q = &o.query;
+    let timed = q.min_duration.is_some()
+        || q.since.is_some()
+        || q.until.is_some()
+        || o.sort.is_some_and(|s| s != SortArg::Calls);
+    if o.callers.is_some() && q.raw_times && !timed {
+        anyhow::bail!(crate::UsageError(
+            "--callers --raw-times: --callers counts calls, and the probes' costs change \
+             only times: give it with a time key (-s total, self, avg, max) or a time \
+             filter (-t, --since, --until), or leave it out"
+                .into()
+        ));
+    }
     Ok(())
 }
 
@@ -211,6 +275,18 @@ fn kept_stacks(
     per_thread: bool,
     what: &str,
 ) -> anyhow::Result<Option<Vec<StackGroup>>> {
+    Ok(kept_call_stacks(r, dir, query, per_thread, what)?.map(|(g, _)| g))
+}
+
+/// [`kept_stacks`], with the kept calls' own stacks when the trace has
+/// them (call_stacks.tsv).
+fn kept_call_stacks(
+    r: &TraceReader,
+    dir: &std::path::Path,
+    query: &CompiledQuery,
+    per_thread: bool,
+    what: &str,
+) -> anyhow::Result<Option<(Vec<StackGroup>, Option<CallStacks>)>> {
     use anyhow::Context;
     match read_trace_stacks(dir)? {
         None => Ok(None),
@@ -218,14 +294,15 @@ fn kept_stacks(
             let kept = calls
                 .kept(r, query, None)
                 .with_context(|| format!("cannot filter the stacks of {}", dir.display()))?;
-            Ok(Some(if per_thread {
+            let groups = if per_thread {
                 kept.counted_by_thread()
                     .into_iter()
                     .map(|(tid, s)| (Some(tid), s))
                     .collect()
             } else {
                 vec![(None, kept.counted())]
-            }))
+            };
+            Ok(Some((groups, Some(kept))))
         }
         Some(TraceStacks::Counted(stacks)) => {
             let only = "has only the stacks the target counted (stacks.tsv), not each \
@@ -245,7 +322,7 @@ fn kept_stacks(
                     dir.display()
                 )));
             }
-            Ok(Some(vec![(None, stacks)]))
+            Ok(Some((vec![(None, stacks)], None)))
         }
     }
 }
@@ -264,6 +341,9 @@ struct CallerJson {
     function: String,
     caller: String,
     calls: u64,
+    /// With a time key (-s total, self, avg, max).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    times: Option<CallTimes>,
     paths: Vec<PathJson>,
 }
 
@@ -273,6 +353,9 @@ struct PathJson {
     callers: Vec<String>,
     truncated: bool,
     calls: u64,
+    /// With a time key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    times: Option<CallTimes>,
 }
 
 /// What `report --callers` prints.
@@ -285,6 +368,9 @@ pub struct CallersOptions<'a> {
     pub json: bool,
     /// The filters, as given (for the JSON).
     pub query: hotprobe::trace::Query,
+    /// `-s`: calls (the default), or a time of the calls' (from each
+    /// call's stack and duration).
+    pub sort: Option<SortArg>,
 }
 
 /// `report --callers FUNC`: the direct callers of the functions matching
@@ -297,43 +383,61 @@ pub fn print_callers(
     query: &CompiledQuery,
     o: &CallersOptions<'_>,
 ) -> anyhow::Result<()> {
-    let Some(groups) = kept_stacks(r, dir, query, o.per_thread, "--callers")? else {
+    let Some((groups, kept)) = kept_call_stacks(r, dir, query, o.per_thread, "--callers")? else {
         anyhow::bail!(
             "{} has no captured stacks: record with --stacks",
             dir.display()
         );
     };
+    let time_key = o.sort.filter(|s| *s != SortArg::Calls);
+    let times = match (time_key, &kept) {
+        (None, _) => None,
+        (Some(_), Some(kept)) => Some(crate::caller_times::stack_times(r, kept)?),
+        (Some(key), None) => anyhow::bail!(crate::UsageError(format!(
+            "--callers -s {}: {} has only the stacks the target counted (stacks.tsv), \
+             not each call's (call_stacks.tsv): the times of a caller's calls are not \
+             known; sort by calls (-s calls, the default)",
+            sort_key_name(key),
+            dir.display()
+        ))),
+    };
     let func = o.func;
-    let groups: Vec<(Option<u32>, Vec<hotprobe::trace::stacks::Callers>)> = groups
+    let groups: Vec<(Option<u32>, Vec<Callers>, Option<GroupTimes>)> = groups
         .into_iter()
         .map(|(tid, stacks)| {
-            let c = hotprobe::trace::stacks::callers_of(&stacks, |f| {
+            let mut c = hotprobe::trace::stacks::callers_of(&stacks, |f| {
                 hotprobe::symbols::pattern::matches(func, f)
             });
-            (tid, c)
+            let t = times.as_ref().map(|t| GroupTimes::of(t, tid));
+            if let (Some(t), Some(key)) = (&t, time_key) {
+                t.sort(&mut c, key);
+            }
+            (tid, c, t)
         })
-        .filter(|(tid, c)| tid.is_none() || !c.is_empty())
+        .filter(|(tid, c, _)| tid.is_none() || !c.is_empty())
         .collect();
     if o.json {
         let groups: Vec<CallersJson> = groups
             .into_iter()
-            .map(|(tid, callers)| CallersJson {
+            .map(|(tid, callers, t)| CallersJson {
                 tid,
                 callers: callers
                     .into_iter()
                     .map(|c| CallerJson {
+                        times: t.as_ref().map(|t| t.caller(&c)),
+                        paths: c
+                            .paths
+                            .iter()
+                            .map(|p| PathJson {
+                                callers: p.0.clone(),
+                                truncated: p.1,
+                                calls: p.2,
+                                times: t.as_ref().map(|t| t.path(&c.function, p)),
+                            })
+                            .collect(),
                         function: c.function,
                         caller: c.caller,
                         calls: c.count,
-                        paths: c
-                            .paths
-                            .into_iter()
-                            .map(|(callers, truncated, calls)| PathJson {
-                                callers,
-                                truncated,
-                                calls,
-                            })
-                            .collect(),
                     })
                     .collect(),
             })
@@ -343,6 +447,9 @@ pub fn print_callers(
             trace: &'a std::path::Path,
             query: hotprobe::trace::Query,
             callers_of: &'a str,
+            /// `-s`, when given.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            sort: Option<&'static str>,
             /// Without per thread: the one group's callers.
             #[serde(skip_serializing_if = "Option::is_none")]
             callers: Option<Vec<CallerJson>>,
@@ -360,17 +467,18 @@ pub fn print_callers(
             trace: dir,
             query: o.query.clone(),
             callers_of: func,
+            sort: o.sort.map(sort_key_name),
             callers,
             threads,
         })?;
         outln!("{s}");
         return Ok(());
     }
-    if groups.iter().all(|(_, c)| c.is_empty()) {
+    if groups.iter().all(|(_, c, _)| c.is_empty()) {
         outln!("no call matches --callers {func}");
         return Ok(());
     }
-    for (i, (tid, callers)) in groups.iter().enumerate() {
+    for (i, (tid, callers, t)) in groups.iter().enumerate() {
         if let Some(tid) = tid {
             if i > 0 {
                 outln!();
@@ -378,12 +486,24 @@ pub fn print_callers(
             let calls: u64 = callers.iter().map(|c| c.count).sum();
             outln!("# thread {tid}: {calls} calls");
         }
-        outln!("{:>10}  CALLER -> FUNCTION", "CALLS");
+        // With a time key, its column after the calls.
+        let column = |v: Option<CallTimes>| match (v, time_key) {
+            (Some(v), Some(key)) => format!("  {:>11}", fmt_duration(v.key(key)).trim()),
+            _ => String::new(),
+        };
+        let title = match time_key {
+            Some(key) => format!("  {:>11}", crate::caller_times::key_title(key)),
+            None => String::new(),
+        };
+        outln!("{:>10}{title}  CALLER -> FUNCTION", "CALLS");
         for c in callers {
-            outln!("{:>10}  {} -> {}", c.count, c.caller, c.function);
-            for (path, truncated, n) in &c.paths {
+            let ct = column(t.as_ref().map(|t| t.caller(c)));
+            outln!("{:>10}{ct}  {} -> {}", c.count, c.caller, c.function);
+            for p in &c.paths {
+                let (path, truncated, n) = p;
                 let more = if *truncated { " <- [truncated]" } else { "" };
-                outln!("{:>10}      {}{more}", n, path.join(" <- "));
+                let pt = column(t.as_ref().map(|t| t.path(&c.function, p)));
+                outln!("{:>10}{pt}      {}{more}", n, path.join(" <- "));
             }
         }
     }
@@ -417,20 +537,25 @@ pub fn captured_folded(
 }
 
 /// `report --graph FUNC`: the call graph below the functions matching the
-/// glob `func`, from the recorded call tree; as JSON (with the filters
-/// `json` gives) when asked.
+/// glob `func`, from the recorded call tree, each node's callees in order
+/// of first call or by `sort`; as JSON (with the filters `json` gives)
+/// when asked.
 pub fn print_graph(
     r: &hotprobe::trace::TraceReader,
     query: &hotprobe::trace::CompiledQuery,
     func: &str,
     json: Option<&hotprobe::trace::Query>,
+    sort: Option<SortArg>,
 ) -> anyhow::Result<()> {
-    let roots = hotprobe::trace::graph::call_graph(
+    let mut roots = hotprobe::trace::graph::call_graph(
         r,
         query,
         |f| hotprobe::symbols::pattern::matches(func, f),
         None,
     )?;
+    if let Some(key) = sort {
+        crate::caller_times::sort_graph(&mut roots, key);
+    }
     if let Some(q) = json {
         #[derive(serde::Serialize)]
         struct J<'a> {

@@ -187,9 +187,18 @@ pub struct HitContext<'a> {
     pub(crate) fetch_error: RefCell<Option<TargetError>>,
     /// A watchpoint hit: what was accessed, old and new value.
     pub(crate) watch: Option<crate::WatchHit>,
+    /// The id of the stack the tracer walked at this entry (`--stacks` on
+    /// a trap probe, `crate::stacks::TrapStacks::on_hit`).
+    pub(crate) stack: Option<u32>,
 }
 
 impl HitContext<'_> {
+    /// The id of the stack the tracer walked at this entry (`--stacks` on
+    /// a trap probe at a function's entry), for a recorded entry event.
+    pub(crate) fn stack_id(&self) -> Option<u32> {
+        self.stack
+    }
+
     /// The probe whose handler is running.
     pub fn probe(&self) -> ProbeId {
         self.probe

@@ -492,6 +492,7 @@ impl Session {
                     entry: None,
                     fetch_error: RefCell::new(None),
                     watch: Some(hit),
+                    stack: None,
                 };
                 f(&mut ctx);
                 ctx.fetch_error.into_inner()

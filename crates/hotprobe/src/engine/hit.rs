@@ -31,6 +31,14 @@ impl Engine {
             _ => None,
         };
         let Some(mut f) = slot else { return Ok(()) };
+        // The stack walked at this entry, for this probe's handler alone.
+        let stack = match (self.walked, which) {
+            (Some((p, t, s)), HitKind::Pre | HitKind::Entry) if p == id && t == thread => {
+                self.walked = None;
+                Some(s)
+            }
+            _ => None,
+        };
         let fetch_error = {
             let mut ctx = HitContext {
                 target: RefCell::new(self.target.as_target()),
@@ -44,6 +52,7 @@ impl Engine {
                 entry,
                 fetch_error: RefCell::new(None),
                 watch: None,
+                stack,
             };
             f(&mut ctx);
             ctx.fetch_error.into_inner()
@@ -146,6 +155,7 @@ impl Engine {
                 continue;
             }
             self.count_hit(*id, thread);
+            self.walked = None;
             if self.stack_hook.as_ref().is_some_and(|h| h.has_probe(*id)) {
                 self.walk_stack(*id, thread, &mut hr)?;
             }
@@ -251,7 +261,8 @@ impl Engine {
     /// `--stacks` on a trap probe (issue 24): the stack at this entry hit,
     /// walked in the tracer ([`crate::stacks::TrapStacks::on_hit`]); a
     /// return slot holding the trap return trampoline gives the real
-    /// address its followed call saved.
+    /// address its followed call saved. Its id is kept for the probe's
+    /// handler, which runs next (a recorded entry carries it).
     fn walk_stack(
         &mut self,
         id: ProbeId,
@@ -272,7 +283,9 @@ impl Engine {
                 .and_then(|s| s.iter().rev().find(|i| i.slot == slot && i.swapped))
                 .map_or(word, |i| i.return_addr)
         };
-        hook.on_hit(self.target.as_target(), id, &regs, &fix);
+        self.walked = hook
+            .on_hit(self.target.as_target(), id, &regs, &fix)
+            .map(|s| (id, thread, s));
         Ok(())
     }
 

@@ -234,6 +234,9 @@ pub struct Engine {
     /// `--stacks` on trap probes (issue 24): walks the stack at each hit
     /// of a probe it takes (see `hit.rs`).
     pub(crate) stack_hook: Option<crate::stacks::TrapStacks>,
+    /// The stack just walked at this hit (probe, thread, its id), for
+    /// the probe's entry handler (`HitContext::stack_id`).
+    walked: Option<(ProbeId, ThreadId, u32)>,
     /// Returns by vfork children (their pid), per return probe: not the
     /// process's (see [`Engine::vfork_returns`]).
     vfork_returns: HashMap<ProbeId, Vec<(i32, u64)>>,
@@ -284,6 +287,7 @@ impl Engine {
             fork_restores: Vec::new(),
             vfork_hits: HashMap::new(),
             stack_hook: None,
+            walked: None,
             vfork_returns: HashMap::new(),
         }
     }

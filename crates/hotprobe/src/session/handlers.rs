@@ -217,6 +217,7 @@ impl Session {
                         entry: None,
                         fetch_error: RefCell::new(None),
                         watch: None,
+                        stack: None,
                     };
                     let handler = if call.post {
                         probe.post.as_mut()

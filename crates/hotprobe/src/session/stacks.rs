@@ -228,6 +228,7 @@ impl Session {
         totals.captured += trap_totals.captured;
         totals.truncated += trap_totals.truncated;
         totals.no_region += trap_totals.no_region;
+        totals.unwalked += trap_totals.unwalked;
         // Stacks with the same callers (by name) are one: a loop the
         // compiler unrolled calls from several addresses of one function.
         let mut merged: Vec<ProbeStack> = Vec::new();
@@ -304,6 +305,7 @@ impl Session {
                 totals.torn += t.torn;
                 totals.table_full += t.table_full;
                 totals.no_region += t.no_region;
+                totals.unwalked += t.unwalked;
             }
             let function = p.function.clone().unwrap_or_else(|| p.label.clone());
             out.extend(

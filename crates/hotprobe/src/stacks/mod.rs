@@ -15,4 +15,4 @@ pub use names::{CallStack, StackNames};
 pub use publish::{
     frame_name, read_stacks, RefreshReport, StackCount, StackTables, StackTotals, StacksError,
 };
-pub use trap::TrapStacks;
+pub use trap::{TrapStacks, TRAP_STACK_ID};

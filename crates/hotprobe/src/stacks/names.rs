@@ -2,7 +2,9 @@
 //! `--stacks` fast-path probe carries the id of the stack the agent
 //! stored for it (`RecordedEvent::reserved2`, 1 + its slot in the stack
 //! table); [`StackNames`] names it while the session runs (`trace
-//! --stacks` prints each call's stack with it).
+//! --stacks` prints each call's stack with it). An entry of a trap probe
+//! carries the id of the stack the tracer walked at its stop
+//! ([`super::trap::TRAP_STACK_ID`] set), named the same way.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -57,6 +59,11 @@ impl StackNames {
     /// The stack of id `stack` (an entry event's `reserved2`) of target
     /// `target`; `None` for 0 or an id with no stack.
     pub fn call_stack(&self, target: u32, stack: u32) -> Option<CallStack> {
+        if stack & super::trap::TRAP_STACK_ID != 0 {
+            // Walked by the tracer at a trap stop (any target's: a
+            // followed child's count with its parent's).
+            return super::trap::TrapStacks::call_stack(stack);
+        }
         let (handle, symbols) = self.targets.get(&target)?;
         let symbols = symbols.borrow();
         let mut out = None;

@@ -35,7 +35,7 @@ type Published = (BTreeSet<(PathBuf, u64)>, Vec<ReadableRegion>);
 
 /// The tables published into one process, kept to publish again only what
 /// changed.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct StackTables {
     /// Compiled rows per (module path, load bias).
     cache: HashMap<(PathBuf, u64), Compiled>,
@@ -65,6 +65,19 @@ pub struct RefreshReport {
     /// Modules whose unwind table could not be compiled, with the reason
     /// (their frames are walked by frame pointers).
     pub failed: Vec<(PathBuf, String)>,
+}
+
+impl Default for StackTables {
+    fn default() -> StackTables {
+        let symbols = super::names::SharedSymbols::default();
+        StackTables {
+            cache: HashMap::new(),
+            published: None,
+            trap: super::trap::TrapStacks::named_with(symbols.clone()),
+            symbols,
+            no_agent: false,
+        }
+    }
 }
 
 impl StackTables {
@@ -230,6 +243,9 @@ pub struct StackTotals {
     /// Hits on a stack the tracer had not published yet (walked with
     /// fault-safe reads, or not at all in seccomp strict mode).
     pub no_region: u64,
+    /// Trap hits whose stack the tracer could not read at all (counted
+    /// as an empty truncated stack).
+    pub unwalked: u64,
 }
 
 /// The stacks counted in `view`, most frequent first.
@@ -252,6 +268,7 @@ pub fn read_stacks(view: &StacksView) -> (Vec<StackCount>, StackTotals) {
         torn: c.torn.load(Relaxed),
         table_full: c.table_full.load(Relaxed),
         no_region: c.no_region.load(Relaxed),
+        unwalked: 0,
     };
     (out, totals)
 }

@@ -9,6 +9,7 @@ mod fetch;
 mod machine;
 mod nonlocal;
 mod sites;
+mod stacks;
 
 use crate::engine::Engine;
 use crate::handler::{HitContext, ProbeId, RetProbe};

@@ -42,8 +42,9 @@ pub(crate) struct TrapMech {
     /// probe came to the same address, or into a jump's bytes: see
     /// `plan.rs`): probe → the engine probe that counts on for it.
     pub(crate) handed: HashMap<ProbeId, ProbeId>,
-    /// Record probes push their events here.
-    events: Rc<RefCell<Vec<RecordedEvent>>>,
+    /// Record probes push their events here, each entry with the id of
+    /// the stack the tracer walked at it (`--stacks`; 0: none).
+    events: Rc<RefCell<Vec<(RecordedEvent, u32)>>>,
     /// Bytes captured with the events: an event whose `reserved2` is
     /// `n > 0` carries entry `n - 1` (see [`Capture`]).
     data: Rc<RefCell<Vec<Vec<u8>>>>,
@@ -212,7 +213,8 @@ impl TrapMech {
                 if let Some(c) = &capture {
                     ev.reserved2 = captured(ctx, c, false, &data);
                 }
-                events.borrow_mut().push(ev);
+                let stack = ctx.stack_id().filter(|_| !hit).unwrap_or(0);
+                events.borrow_mut().push((ev, stack));
             });
             (Some(probe), None)
         } else if record {
@@ -231,7 +233,8 @@ impl TrapMech {
                     if let Some(c) = &capture {
                         ev.reserved2 = captured(ctx, c, false, &data);
                     }
-                    events.borrow_mut().push(ev);
+                    let stack = ctx.stack_id().unwrap_or(0);
+                    events.borrow_mut().push((ev, stack));
                 })
                 .ret(move |ctx| {
                     let mut ev = trap_event(ctx, hotprobe_fastpath::KIND_EXIT);
@@ -243,7 +246,7 @@ impl TrapMech {
                     if let Some(c) = &exit_capture {
                         ev.reserved2 = captured(ctx, c, true, &exit_data);
                     }
-                    exits.borrow_mut().push(ev);
+                    exits.borrow_mut().push((ev, 0));
                 });
             (None, Some(rp))
         } else if is_return {
@@ -644,18 +647,18 @@ impl ProbeMechanism for TrapMech {
         // Merged with the agent's rings by the session: trap events were
         // taken at ptrace stops, after every event their thread had
         // written into its ring.
-        let events: Vec<RecordedEvent> = self.events.borrow_mut().drain(..).collect();
+        let events: Vec<(RecordedEvent, u32)> = self.events.borrow_mut().drain(..).collect();
         let mut data: Vec<Option<Vec<u8>>> = self.data.borrow_mut().drain(..).map(Some).collect();
-        for ev in events {
+        for (ev, stack) in events {
             let bytes = ev
                 .reserved2
                 .checked_sub(1)
                 .and_then(|i| data.get_mut(i as usize))
                 .and_then(Option::take);
+            // From here on `reserved2` is the entry's stack id (0: none),
+            // as the agent's events carry it.
             let mut plain = ev;
-            if bytes.is_some() {
-                plain.reserved2 = 0;
-            }
+            plain.reserved2 = stack;
             queued.push((plain, bytes));
         }
         Ok((0, 0))
