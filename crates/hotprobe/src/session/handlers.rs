@@ -64,13 +64,15 @@ impl Session {
     /// instruction), then the trap (a ptrace stop per hit). The first two
     /// only under `--mechanism auto`, on a process with the agent, where no
     /// site is at the address yet (the trap joins or takes over one there:
-    /// `plan.rs`).
+    /// `plan.rs`). `existing`: the id it has already (a pending probe
+    /// armed as its module is loaded: `pending.rs`).
     pub(super) fn place_handler_probe(
         &mut self,
         t: TargetId,
         r: &ResolvedProbe,
         probe: Probe,
         label: String,
+        existing: Option<ProbeId>,
     ) -> Result<Placement, EngineError> {
         let post = probe.post.is_some();
         let handler = HandlerAsk {
@@ -85,7 +87,7 @@ impl Session {
             }
             tried.push(MechKind::InProcess);
             for kind in tried {
-                if let Some(p) = self.place_handler_on(t, kind, r, &handler, &label)? {
+                if let Some(p) = self.place_handler_on(t, kind, r, &handler, &label, existing)? {
                     self.slot(t)?.owner.insert(p.id, kind);
                     self.maybe_release(t.0);
                     return Ok(p);
@@ -96,6 +98,7 @@ impl Session {
         self.before_trap_at(t, r.addr)?;
         let mut ask = self.ask(r, label, (false, false), None);
         ask.handler = Some(&handler);
+        ask.existing = existing;
         let slot = self.slot(t)?;
         let (mut cx, mechs) = slot.parts();
         let reason = Plan::Trap("handlers run in hotprobe".into());
@@ -134,6 +137,7 @@ impl Session {
         r: &ResolvedProbe,
         handler: &HandlerAsk,
         label: &str,
+        existing: Option<ProbeId>,
     ) -> Result<Option<Placement>, EngineError> {
         let symbols;
         let plan = match kind {
@@ -155,6 +159,7 @@ impl Session {
         };
         let mut ask = self.ask(r, label.to_string(), (false, false), None);
         ask.handler = Some(handler);
+        ask.existing = existing;
         if kind == MechKind::InProcess {
             ask.inproc_refusal = self.inproc_refusal(t)?;
         }

@@ -19,6 +19,9 @@ pub(super) struct Pending {
     fast_ok: bool,
     record: bool,
     is_return: bool,
+    /// A probe with handlers ([`Action::Handler`]): placed when armed as
+    /// one placed at once is (`Session::place_handler_probe`).
+    handler: bool,
     /// Where it is armed now.
     armed: Option<Armed>,
     /// Whether it was ever armed (its module loaded at some point).
@@ -32,6 +35,25 @@ struct Armed {
     start: u64,
     end: u64,
     addr: u64,
+}
+
+/// A pending probe armed in a module the program loaded (its `dlopen`),
+/// as an [`crate::EventSink`] is told of it
+/// ([`crate::EventSink::pending_armed`]) before any of its events: what a
+/// sink keeps per placed probe (a condition naming parameters, say) is
+/// made for it here, from the module's file. Armed again after the
+/// module was unloaded and loaded again, it is told again.
+#[derive(Clone, Debug)]
+pub struct ArmedPending {
+    /// The process.
+    pub pid: i32,
+    /// The probe as armed: the pending probe's id and label, the address,
+    /// function, module and mechanism it has in the loaded module.
+    pub placement: Placement,
+    /// What its spec resolved to in the module.
+    pub resolved: ResolvedProbe,
+    /// The module's file (its DWARF names the function's parameters).
+    pub path: PathBuf,
 }
 
 impl Slot {
@@ -63,7 +85,8 @@ impl Session {
 
     /// A probe on a module that is not loaded: pending, armed when the
     /// program maps the module (see [`Pending`]). `why` is the resolver's
-    /// refusal, for targets that cannot follow their loader.
+    /// refusal, for targets that cannot follow their loader. `handler`: a
+    /// probe with handlers (held unarmed on the trap until then).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn add_pending(
         &mut self,
@@ -71,7 +94,7 @@ impl Session {
         spec: &str,
         probe: Option<Probe>,
         rp: Option<RetProbe>,
-        fast_ok: bool,
+        (fast_ok, handler): (bool, bool),
         is_return: bool,
         why: EngineError,
     ) -> Result<Added, EngineError> {
@@ -101,6 +124,7 @@ impl Session {
             fast_ok,
             record,
             is_return,
+            handler,
             armed: None,
             ever_armed: false,
         });
@@ -175,15 +199,21 @@ impl Session {
         mechs.trap.publish(&mut cx);
     }
 
+    /// Arms pending probe `k` of target `t` in the module that now maps
+    /// its spec: a `Count` or `Record` as the plan says (the fast path
+    /// where it takes it, else the trap), a probe with handlers as one
+    /// placed at once is (`Session::place_handler_probe`); told to the
+    /// sink as an [`ArmedPending`].
     pub(super) fn arm_pending(
         &mut self,
         t: TargetId,
         k: usize,
         syms: &hotprobe_symbols::ProcessSymbols,
     ) -> Result<(), EngineError> {
-        let (spec, id, fast_ok, record, is_return) = {
+        let (spec, id, fast_ok, record, is_return, handler, ever_armed) = {
             let p = &self.slot(t)?.pending[k];
-            (p.spec.clone(), p.id, p.fast_ok, p.record, p.is_return)
+            let f = (p.fast_ok, p.record, p.is_return, p.handler, p.ever_armed);
+            (p.spec.clone(), p.id, f.0, f.1, f.2, f.3, f.4)
         };
         let r = self.resolve_one(t, &spec)?;
         if (is_return || record) && !r.is_entry() {
@@ -198,29 +228,71 @@ impl Session {
         let start = m.ranges.iter().map(|r| r.start.0).min().unwrap_or(0);
         let end = m.ranges.iter().map(|r| r.end.0).max().unwrap_or(0);
         let path = m.path.clone();
+        let placement = if handler {
+            self.arm_handler(t, id, &r, &spec, ever_armed)?
+        } else {
+            self.arm_counting(t, id, &r, &spec, (fast_ok, record, is_return), syms)?
+        };
+        if let Some(at) = r.semaphore {
+            // A USDT marker in a library loaded now: its semaphore is
+            // raised as at a placement, so the program reaches it.
+            self.raise_semaphore(t, at)?;
+        }
+        let slot = self.slot(t)?;
+        slot.pending[k].ever_armed = true;
+        slot.pending[k].armed = Some(Armed {
+            path: path.clone(),
+            start,
+            end,
+            addr: r.addr.0,
+        });
+        let pid = slot.pid.unwrap_or(0);
+        self.armed_pending.push(ArmedPending {
+            pid,
+            placement,
+            resolved: r,
+            path,
+        });
+        Ok(())
+    }
+
+    /// Arms pending `Count` or `Record` probe `id` at `r`: on the fast
+    /// path where the plan takes it (not in an image after an exec),
+    /// else on the trap.
+    fn arm_counting(
+        &mut self,
+        t: TargetId,
+        id: ProbeId,
+        r: &ResolvedProbe,
+        spec: &str,
+        (fast_ok, record, is_return): (bool, bool, bool),
+        syms: &hotprobe_symbols::ProcessSymbols,
+    ) -> Result<Placement, EngineError> {
         // An image a followed process executed has no agent (the one the
         // session still holds is the old image's): traps only there, as
         // for the probes placed at its exec (a jump into the old agent's
         // trampolines killed the program with SIGSEGV).
         let fast_ok = fast_ok && !self.slot(t)?.execd;
         let plan = if fast_ok {
-            self.plan_resolved(t, &r, is_return, record, Some(syms))?
+            self.plan_resolved(t, r, is_return, record, Some(syms))?
         } else {
-            Plan::Trap(String::new())
+            Plan::Trap("its module was loaded after the probe was added".into())
         };
         let no_trap = (record && !self.config.record_traps) || self.config.no_traps;
         if let (Plan::Trap(why), true) = (&plan, no_trap) {
             return Err(EngineError::RefusedSpec {
-                spec,
+                spec: spec.to_string(),
                 reason: format!("needs the trap mechanism ({why})"),
             });
         }
         match plan {
             plan @ Plan::Fast { .. } => {
-                self.place_fast(t, &r, plan, record, (None, None), spec.clone(), Some(id))?;
+                let placed =
+                    self.place_fast(t, r, plan, record, (None, None), spec.to_string(), Some(id))?;
                 self.slot(t)?.sync_ledger();
+                Ok(placed)
             }
-            Plan::Trap(_) | Plan::Join(_) | Plan::Plugin(_) => {
+            Plan::Trap(why) | Plan::Join(why) | Plan::Plugin(why) => {
                 let config = self.config.fast_path;
                 let (mut cx, mechs) = self.slot(t)?.parts();
                 mechs.trap.arm(&mut cx, id, r.addr, &config)?;
@@ -228,20 +300,44 @@ impl Session {
                 // placed at once does (a spec placed again after an exec
                 // on a library the new image loads later is one).
                 self.trap_stacks_placed(t, id, r.is_entry());
+                Ok(self.placement(t, id, spec.to_string(), r, Some(why)))
             }
         }
-        if let Some(at) = r.semaphore {
-            // A USDT marker in a library loaded now: its semaphore is
-            // raised as at a placement, so the program reaches it.
-            self.raise_semaphore(t, at)?;
-        }
-        self.slot(t)?.pending[k].ever_armed = true;
-        self.slot(t)?.pending[k].armed = Some(Armed {
-            path,
-            start,
-            end,
-            addr: r.addr.0,
-        });
-        Ok(())
+    }
+
+    /// Arms pending handler probe `id` at `r` as a handler probe placed
+    /// at once is: planned and placed through the mechanisms
+    /// (`Session::place_handler_probe`: a shared-memory handler at a
+    /// patch or jump site or an in-process trap where one fits, else the
+    /// trap), under its own id. One armed before on the trap (its module
+    /// unloaded since) is armed there again, its counts going on.
+    fn arm_handler(
+        &mut self,
+        t: TargetId,
+        id: ProbeId,
+        r: &ResolvedProbe,
+        spec: &str,
+        ever_armed: bool,
+    ) -> Result<Placement, EngineError> {
+        let config = self.config.fast_path;
+        let slot = self.slot(t)?;
+        let probe = match slot.agent.take_handler(id) {
+            // Served through shared memory before its module went.
+            Some(p) => p,
+            None if ever_armed => {
+                let (mut cx, mechs) = slot.parts();
+                mechs.trap.arm(&mut cx, id, r.addr, &config)?;
+                let why = "handlers run in hotprobe".to_string();
+                return Ok(self.placement(t, id, spec.to_string(), r, Some(why)));
+            }
+            // Held unarmed on the trap since it was added: taken out, to
+            // be placed where the plan says (the trap gives it back).
+            None => match slot.engine.probes.remove(&id).map(|p| p.kind) {
+                Some(crate::engine::ProbeKind::Plain { pre, post }) => Probe { pre, post },
+                _ => return Err(EngineError::NoSuchProbe(id)),
+            },
+        };
+        slot.owner.remove(&id);
+        self.place_handler_probe(t, r, probe, spec.to_string(), Some(id))
     }
 }
