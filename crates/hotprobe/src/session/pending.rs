@@ -22,6 +22,9 @@ pub(super) struct Pending {
     /// A probe with handlers ([`Action::Handler`]): placed when armed as
     /// one placed at once is (`Session::place_handler_probe`).
     handler: bool,
+    /// The mechanism asked when it was added (the session's, or the
+    /// spec's: [`Session::add_using`]): planned with it when armed.
+    choice: MechanismChoice,
     /// Where it is armed now.
     armed: Option<Armed>,
     /// Whether it was ever armed (its module loaded at some point).
@@ -72,6 +75,14 @@ impl Slot {
 }
 
 impl Session {
+    /// The pending probes armed so far as their modules were loaded, in
+    /// the order they were armed (one armed again after an unload is
+    /// listed again), as sinks are told of them
+    /// ([`crate::EventSink::pending_armed`]).
+    pub fn armed_pending(&self) -> &[ArmedPending] {
+        &self.armed_pending
+    }
+
     /// Whether probe `id` is a pending one whose module was never loaded
     /// (so it was never armed: a pattern over a library the program does
     /// not use). False for every other probe.
@@ -99,6 +110,7 @@ impl Session {
         why: EngineError,
     ) -> Result<Added, EngineError> {
         let record = fast_ok && rp.as_ref().is_some_and(|r| r.entry.is_some());
+        let choice = self.config.mechanism;
         let slot = self.slot(t)?;
         if !slot.is_process() {
             return Err(why);
@@ -125,6 +137,7 @@ impl Session {
             record,
             is_return,
             handler,
+            choice,
             armed: None,
             ever_armed: false,
         });
@@ -205,6 +218,20 @@ impl Session {
     /// placed at once is (`Session::place_handler_probe`); told to the
     /// sink as an [`ArmedPending`].
     pub(super) fn arm_pending(
+        &mut self,
+        t: TargetId,
+        k: usize,
+        syms: &hotprobe_symbols::ProcessSymbols,
+    ) -> Result<(), EngineError> {
+        let choice = self.slot(t)?.pending[k].choice;
+        // Planned with the mechanism asked when it was added.
+        let session = std::mem::replace(&mut self.config.mechanism, choice);
+        let armed = self.arm_pending_as_asked(t, k, syms);
+        self.config.mechanism = session;
+        armed
+    }
+
+    fn arm_pending_as_asked(
         &mut self,
         t: TargetId,
         k: usize,
