@@ -99,14 +99,18 @@ fn a_condition_on_a_library_loaded_later_counts_the_calls_it_holds_for() {
     let expected = made.iter().filter(|(n, w)| *n >= 2 && *w > -150).count() as u64;
     assert_eq!(expected, 7, "{made:?}");
     let spec = "libcondlib.so:scale if n >= 2 && weight > -150";
-    for extra in [&[][..], &["--mechanism", "trap"][..]] {
+    // The fast path where it takes the function, the trap when asked: the
+    // row shows where the probe was armed.
+    let runs: [(&[&str], &[&str]); 2] = [
+        (&[], &["patch", "jump"]),
+        (&["--mechanism", "trap"], &["trap"]),
+    ];
+    for (extra, on) in runs {
         let (out, err) = count(&prog, &so, spec, extra);
         let table = CountTable::parse(&out, &err);
-        assert_eq!(
-            table.hits("libcondlib.so:scale"),
-            expected,
-            "{extra:?}\n{err}"
-        );
+        let probe = "libcondlib.so:scale";
+        assert_eq!(table.hits(probe), expected, "{extra:?}\n{err}");
+        assert!(on.contains(&&*table.execution(probe)), "{}", table.all);
         assert!(!err.contains("not counted"), "{extra:?}\n{err}");
     }
 }

@@ -83,6 +83,26 @@ impl Session {
         &self.armed_pending
     }
 
+    /// `placed` with each pending probe's placement replaced by where it
+    /// was last armed ([`Session::armed_pending`]): the rows of a table
+    /// printed after the run. One never armed stays as it was.
+    pub fn as_armed(&self, mut placed: Vec<Placement>) -> Vec<Placement> {
+        for p in placed
+            .iter_mut()
+            .filter(|p| p.mechanism == Mechanism::Pending)
+        {
+            if let Some(a) = self
+                .armed_pending
+                .iter()
+                .rev()
+                .find(|a| a.placement.id == p.id)
+            {
+                *p = a.placement.clone();
+            }
+        }
+        placed
+    }
+
     /// Whether probe `id` is a pending one whose module was never loaded
     /// (so it was never armed: a pattern over a library the program does
     /// not use). False for every other probe.
@@ -255,11 +275,15 @@ impl Session {
         let start = m.ranges.iter().map(|r| r.start.0).min().unwrap_or(0);
         let end = m.ranges.iter().map(|r| r.end.0).max().unwrap_or(0);
         let path = m.path.clone();
-        let placement = if handler {
+        let mut placement = if handler {
             self.arm_handler(t, id, &r, &spec, ever_armed)?
         } else {
             self.arm_counting(t, id, &r, &spec, (fast_ok, record, is_return), syms)?
         };
+        placement.reason = format!(
+            "armed when the program loaded {}: {}",
+            r.module, placement.reason
+        );
         if let Some(at) = r.semaphore {
             // A USDT marker in a library loaded now: its semaphore is
             // raised as at a placement, so the program reaches it.
@@ -303,7 +327,7 @@ impl Session {
         let plan = if fast_ok {
             self.plan_resolved(t, r, is_return, record, Some(syms))?
         } else {
-            Plan::Trap("its module was loaded after the probe was added".into())
+            Plan::Trap("an image after an exec: traps (no agent in it)".into())
         };
         let no_trap = (record && !self.config.record_traps) || self.config.no_traps;
         if let (Plan::Trap(why), true) = (&plan, no_trap) {
