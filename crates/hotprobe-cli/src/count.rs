@@ -738,6 +738,15 @@ impl hotprobe::EventSink for ExecConds<'_> {
             match self.by_label.get(&p.label) {
                 None => self.sink.add(p.id, None),
                 Some((_, Some(c))) => self.sink.add(p.id, Some(c.clone())),
+                // On a library the new image loads later: compiled when
+                // it does.
+                Some((text, None)) if p.mechanism == hotprobe::Mechanism::Pending && !usdt => {
+                    let key = (image.index, p.label.clone());
+                    let typing = self.notes.typings.borrow().get(&key).cloned();
+                    let typing = typing.unwrap_or_else(|| Rc::new(Typing::new(image.pid)));
+                    let c = hotprobe::cond::DeferredCond::new(text, typing);
+                    self.sink.add_pending_named(p.id, c, 6);
+                }
                 Some((text, None)) => {
                     match self.notes.compile(image.index, &p.label, usdt, p, text) {
                         Ok(c) if usdt => self.sink.add_usdt(p.id, c),

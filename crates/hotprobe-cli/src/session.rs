@@ -665,6 +665,7 @@ pub fn with_exec_rows(
             rows.push(p.clone());
         }
     }
+    let rows = session.as_armed(rows);
     let comms = rows
         .iter()
         .filter_map(|p| Some((p.id.0, session.comm_of(p.id)?)))

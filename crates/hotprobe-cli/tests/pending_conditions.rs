@@ -156,3 +156,38 @@ fn a_condition_that_does_not_compile_in_the_loaded_library_is_said_and_not_count
         0
     );
 }
+
+/// `count -f` across exec: each program the shell executes loads the
+/// library later; the condition compiles in each, and each row counts its
+/// own process's calls that satisfy it (7 of 12, 3 of 5).
+#[test]
+fn a_condition_on_a_library_an_executed_program_loads_later_counts_in_each() {
+    let (prog, so) = build("condlib_exec", &["-g"]);
+    let (p, s) = (prog.to_str().unwrap(), so.to_str().unwrap());
+    let script = format!("{p} {s} 12; {p} {s} 5");
+    let mut c = Command::new(common::HOTPROBE);
+    c.args([
+        "count",
+        "-f",
+        "libcondlib_exec.so:scale if n >= 2 && weight > -150",
+    ])
+    .args(["--", "/bin/sh", "-c", &script])
+    // Where the resolver finds the library for the shell's spec.
+    .env("LD_LIBRARY_PATH", dir());
+    let o = common::output_within(c, LIMIT);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "{out}\n{err}");
+    let made = calls(&out);
+    assert_eq!(made.len(), 17, "{out}");
+    assert!(!err.contains("not counted"), "{err}");
+    let table = CountTable::parse(&out, &err);
+    let (comm, hits) = (table.col("COMM"), table.col("HITS"));
+    let mut counted: Vec<u64> = table
+        .rows_of("libcondlib_exec.so:scale")
+        .iter()
+        .filter(|r| r[comm] == "dlopen_cond")
+        .map(|r| r[hits].parse().unwrap())
+        .collect();
+    counted.sort();
+    assert_eq!(counted, vec![3, 7], "{}", table.all);
+}
