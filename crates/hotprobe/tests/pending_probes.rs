@@ -6,8 +6,15 @@
 //! once. Its handler sees every call with its arguments, and detach puts
 //! the library's bytes back while the program runs on.
 //!
+//! A library unloaded and loaded again: the probe is armed again (its
+//! handler, or its condition compiled again), every call seen.
+//! [`CountSink::place`]'s condition naming parameters compiles when the
+//! library is loaded, or says why not.
+//!
 //! The C programs are the CLI tests' (crates/hotprobe-cli/tests/programs):
-//! dlopen_cond.c calls scale(n, 100 - 30 * n) for n = 0 .. 11.
+//! dlopen_cond.c calls scale(n, 100 - 30 * n) for n = 0 .. 11;
+//! dlopen_twice.c calls libtest.c's libfn(i) for i = 0 .. 2, unloads the
+//! library, loads it again and calls libfn(i) for i = 0 .. 3.
 
 use std::cell::RefCell;
 use std::fs::File;
@@ -18,7 +25,8 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use hotprobe::{
-    Action, Mechanism, MechanismChoice, Probe, RunEnd, Session, SessionConfig, SpawnOptions,
+    Action, CountSink, Mechanism, MechanismChoice, Probe, RunEnd, Session, SessionConfig,
+    SpawnOptions,
 };
 
 const CALLS: usize = 12;
@@ -254,4 +262,102 @@ fn a_pending_handler_probe_arms_through_the_mechanisms_as_at_the_start() {
 #[test]
 fn a_pending_handler_probe_asked_on_the_trap_arms_on_the_trap() {
     pending_handler(MechanismChoice::Trap, "trap");
+}
+
+/// libtest.so and dlopen_twice.
+fn build_twice() -> (PathBuf, PathBuf) {
+    let d = dir();
+    let so = hotprobe_testkit::compile(
+        "gcc",
+        &source("libtest"),
+        &d.join("libtest.so"),
+        &["-O1", "-g", "-shared", "-fPIC"],
+        &[],
+    );
+    let prog = hotprobe_testkit::compile(
+        "gcc",
+        &source("dlopen_twice"),
+        &d.join("dlopen_twice"),
+        &["-O1", "-g"],
+        &["-ldl"],
+    );
+    (so, prog)
+}
+
+const TWICE_OUTPUT: &str = "first libfn 3\nunloaded yes\nsecond libfn 4\ntotal libfn 7\n";
+
+fn unloaded_and_loaded_again(mechanism: MechanismChoice, tag: &str) {
+    let (so, prog) = build_twice();
+    let (mut s, t, out, w) = spawn(mechanism, &prog, &[so.to_str().unwrap()], tag);
+    drop(w);
+    let seen = Rc::new(RefCell::new(Vec::new()));
+    let noted = seen.clone();
+    let probe = Probe::new().pre(move |ctx| noted.borrow_mut().push(ctx.arg(0).expect("rdi")));
+    let added = s
+        .add(t, "libtest.so:libfn", Action::Handler(probe))
+        .unwrap();
+    let id = added.placements[0].id;
+    assert_eq!(added.placements[0].mechanism, Mechanism::Pending);
+    s.start().unwrap();
+    while s.run().unwrap() != RunEnd::AllExited {}
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), TWICE_OUTPUT);
+    assert_eq!(*seen.borrow(), vec![0, 1, 2, 0, 1, 2, 3]);
+    // Armed at each load, under its id, on the same mechanism.
+    let armed = s.armed_pending();
+    assert_eq!(armed.len(), 2, "{armed:?}");
+    assert!(armed.iter().all(|a| a.placement.id == id), "{armed:?}");
+    assert_eq!(armed[0].placement.mechanism, armed[1].placement.mechanism);
+    if mechanism == MechanismChoice::Trap {
+        assert_eq!(armed[0].placement.mechanism, Mechanism::Trap);
+    } else {
+        assert_ne!(armed[0].placement.mechanism, Mechanism::Trap, "{armed:?}");
+    }
+}
+
+#[test]
+fn a_pending_handler_probe_is_armed_again_when_its_library_is_loaded_again() {
+    unloaded_and_loaded_again(MechanismChoice::Auto, "twice-auto");
+    unloaded_and_loaded_again(MechanismChoice::Trap, "twice-trap");
+}
+
+/// `CountSink::place` with a condition naming libfn's parameter `x`, on
+/// the library not loaded yet: compiled at each load (x >= 1: 2 of the
+/// first 3 calls, 3 of the next 4); on a name it lacks, a notice and
+/// every hit not counted.
+#[test]
+fn a_count_sink_condition_compiles_when_the_library_is_loaded() {
+    let (so, prog) = build_twice();
+    let run = |cond: &str, tag: &str| {
+        let (mut s, t, out, w) = spawn(MechanismChoice::Auto, &prog, &[so.to_str().unwrap()], tag);
+        drop(w);
+        let mut sink = CountSink::new(false);
+        let added = sink
+            .place(&mut s, t, "libtest.so:libfn", Some(cond))
+            .unwrap();
+        assert_eq!(added.placements[0].mechanism, Mechanism::Pending);
+        s.start().unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        while s.run_with(&stop, Some(&mut sink)).unwrap() != RunEnd::AllExited {}
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), TWICE_OUTPUT);
+        (sink, added.placements[0].id)
+    };
+    let (mut sink, id) = run("x >= 1", "sink-x");
+    assert_eq!(sink.hits(id), Some(5));
+    assert_eq!(sink.uncountable_hits(), 0);
+    assert!(sink.take_notices().is_empty());
+
+    let (mut sink, id) = run("size >= 1", "sink-size");
+    assert_eq!(sink.hits(id), Some(0));
+    assert_eq!(sink.uncountable_hits(), 7);
+    let notices = sink.take_notices();
+    assert_eq!(notices.len(), 2, "one per load: {notices:?}");
+    for n in &notices {
+        assert!(
+            n.ends_with(
+                "`libtest.so:libfn if size >= 1`: the condition: libfn has no parameter size; \
+                 its parameters: x; its hits are not counted"
+            ),
+            "{n}"
+        );
+    }
 }
