@@ -108,6 +108,8 @@ pub struct CountSink {
     deferred: HashMap<u32, (DeferredCond, u8)>,
     /// Why a deferred condition did not compile, not taken yet.
     notices: Vec<String>,
+    /// The same, by probe id (the last arming's).
+    not_compiled: HashMap<u32, String>,
 }
 
 impl CountSink {
@@ -293,6 +295,13 @@ impl CountSink {
         std::mem::take(&mut self.notices)
     }
 
+    /// Why the condition of pending probe `id` did not compile when it
+    /// was last armed ([`CountSink::add_pending_named`]): its hits are not
+    /// counted. `None` when it compiled, or was not armed yet.
+    pub fn not_compiled(&self, id: ProbeId) -> Option<&str> {
+        self.not_compiled.get(&id.0).map(String::as_str)
+    }
+
     /// Hits of probes followed with [`CountSink::add_uncountable`]: not
     /// counted.
     pub fn uncountable_hits(&self) -> u64 {
@@ -393,15 +402,20 @@ impl EventSink for CountSink {
             Ok(c)
         });
         match compiled {
-            Ok(c) => self.add(id, Some(c)),
+            Ok(c) => {
+                self.add(id, Some(c));
+                self.not_compiled.remove(&id.0);
+            }
             Err(e) => {
                 self.add_uncountable(id);
-                self.notices.push(format!(
+                let why = format!(
                     "pid {}: `{} if {}`: {e}; its hits are not counted",
                     armed.pid,
                     armed.placement.label,
                     cond.text()
-                ));
+                );
+                self.not_compiled.insert(id.0, why.clone());
+                self.notices.push(why);
             }
         }
         Ok(())
