@@ -206,7 +206,7 @@ impl Session {
                     }
                     r => r?,
                 };
-                let placed = self.place_handler_probe(t, &r, p, spec.to_string(), None)?;
+                let placed = self.place_handler_probe(t, &r, p, spec.to_string())?;
                 return Ok(Added {
                     placements: vec![placed],
                     ..Added::default()

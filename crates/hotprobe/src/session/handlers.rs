@@ -64,22 +64,44 @@ impl Session {
     /// instruction), then the trap (a ptrace stop per hit). The first two
     /// only under `--mechanism auto`, on a process with the agent, where no
     /// site is at the address yet (the trap joins or takes over one there:
-    /// `plan.rs`). `existing`: the id it has already (a pending probe
-    /// armed as its module is loaded: `pending.rs`).
+    /// `plan.rs`).
     pub(super) fn place_handler_probe(
         &mut self,
         t: TargetId,
         r: &ResolvedProbe,
         probe: Probe,
         label: String,
-        existing: Option<ProbeId>,
     ) -> Result<Placement, EngineError> {
-        let post = probe.post.is_some();
-        let handler = HandlerAsk {
+        let handler = self.handler_ask(probe);
+        self.place_handler_ask(t, r, &handler, label, None)
+    }
+
+    /// `probe` as the mechanisms are asked to take it.
+    pub(super) fn handler_ask(&self, probe: Probe) -> HandlerAsk {
+        HandlerAsk {
             probe: RefCell::new(Some(probe)),
             spin: self.spin(),
             timeout: self.handler_timeout(),
-        };
+        }
+    }
+
+    /// [`Session::place_handler_probe`] of the probe in `handler`, under
+    /// `existing`, the id it has already (a pending probe armed as its
+    /// module is loaded: `pending.rs`). Where it fails before a mechanism
+    /// took the probe, the probe is still in `handler`.
+    pub(super) fn place_handler_ask(
+        &mut self,
+        t: TargetId,
+        r: &ResolvedProbe,
+        handler: &HandlerAsk,
+        label: String,
+        existing: Option<ProbeId>,
+    ) -> Result<Placement, EngineError> {
+        let post = handler
+            .probe
+            .borrow()
+            .as_ref()
+            .is_some_and(|p| p.post.is_some());
         if self.shm_handler_fits(t, r)? {
             let mut tried = Vec::new();
             if !post && r.offset == 0 && r.is_entry() && !r.is_return {
@@ -87,7 +109,7 @@ impl Session {
             }
             tried.push(MechKind::InProcess);
             for kind in tried {
-                if let Some(p) = self.place_handler_on(t, kind, r, &handler, &label, existing)? {
+                if let Some(p) = self.place_handler_on(t, kind, r, handler, &label, existing)? {
                     self.slot(t)?.owner.insert(p.id, kind);
                     self.maybe_release(t.0);
                     return Ok(p);
@@ -97,7 +119,7 @@ impl Session {
         self.note_plugin_overlap(t, r.addr, true);
         self.before_trap_at(t, r.addr)?;
         let mut ask = self.ask(r, label, (false, false), None);
-        ask.handler = Some(&handler);
+        ask.handler = Some(handler);
         ask.existing = existing;
         let slot = self.slot(t)?;
         let (mut cx, mechs) = slot.parts();

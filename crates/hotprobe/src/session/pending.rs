@@ -389,6 +389,13 @@ impl Session {
             },
         };
         slot.owner.remove(&id);
-        self.place_handler_probe(t, r, probe, spec.to_string(), Some(id))
+        let handler = self.handler_ask(probe);
+        let placed = self.place_handler_ask(t, r, &handler, spec.to_string(), Some(id));
+        if let (Err(_), Some(probe)) = (&placed, handler.take()) {
+            // Not placed: held unarmed again, for the next load.
+            let slot = self.slot(t)?;
+            slot.engine.add_unarmed(id, Some(probe), None);
+        }
+        placed
     }
 }
