@@ -84,9 +84,12 @@ fn expected() -> Vec<(i64, i64)> {
     (0..CALLS as i64).map(|n| (n, 100 - 30 * n)).collect()
 }
 
+/// The calls a handler saw: (n, weight).
+type Seen = Rc<RefCell<Vec<(i64, i64)>>>;
+
 /// A pre handler noting each call's (n, weight); it stops the run at the
 /// last call.
-fn noting() -> (Probe, Rc<RefCell<Vec<(i64, i64)>>>) {
+fn noting() -> (Probe, Seen) {
     let seen = Rc::new(RefCell::new(Vec::new()));
     let s = seen.clone();
     let probe = Probe::new().pre(move |ctx| {
