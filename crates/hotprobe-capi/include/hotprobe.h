@@ -738,7 +738,9 @@ int hotprobe_ctx_stop(struct hotprobe_ctx *ctx);
  * condition that does not parse (the message gives the column), a
  * `%return` spec, a session that follows forks; for a condition naming
  * parameters, a function without DWARF or without such a parameter (the
- * message lists its parameters), or a target that is no process.
+ * message lists its parameters), or a target that is no process. On a
+ * library the program has not loaded yet, a condition naming parameters
+ * compiles when the library is loaded (see [`hotprobe_count_if_hits`]).
  *
  * # Safety
  * `s` is a live session; `spec` a C string; `cond` null or a C string;
@@ -755,7 +757,10 @@ int hotprobe_count_if(struct hotprobe_session *s,
 /**
  * The calls a [`hotprobe_count_if`] probe counted so far (those whose
  * condition held), in `hits_out`. `HOTPROBE_ERR_NOT_FOUND` for a probe
- * that is not a conditional count.
+ * that is not a conditional count. `HOTPROBE_ERR_REFUSED` for one on a
+ * library loaded after it was placed whose condition names a parameter
+ * the library's DWARF does not give (the error says why; its hits are
+ * not counted).
  *
  * # Safety
  * `s` is a live session; `hits_out` null or writable.

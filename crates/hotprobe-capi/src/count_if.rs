@@ -16,7 +16,7 @@ use crate::args::{handle_arg, put, session_arg, str_arg};
 use crate::error::{guard, Fail};
 use crate::{
     hotprobe_probe, hotprobe_session, hotprobe_target, HOTPROBE_ERR_INVALID,
-    HOTPROBE_ERR_NOT_FOUND, HOTPROBE_OK,
+    HOTPROBE_ERR_NOT_FOUND, HOTPROBE_ERR_REFUSED, HOTPROBE_OK,
 };
 use hotprobe::{CountError, ProbeId, TargetId};
 use std::ffi::{c_char, c_int};
@@ -44,7 +44,9 @@ impl From<CountError> for Fail {
 /// condition that does not parse (the message gives the column), a
 /// `%return` spec, a session that follows forks; for a condition naming
 /// parameters, a function without DWARF or without such a parameter (the
-/// message lists its parameters), or a target that is no process.
+/// message lists its parameters), or a target that is no process. On a
+/// library the program has not loaded yet, a condition naming parameters
+/// compiles when the library is loaded (see [`hotprobe_count_if_hits`]).
 ///
 /// # Safety
 /// `s` is a live session; `spec` a C string; `cond` null or a C string;
@@ -90,7 +92,10 @@ pub unsafe extern "C" fn hotprobe_count_if(
 
 /// The calls a [`hotprobe_count_if`] probe counted so far (those whose
 /// condition held), in `hits_out`. `HOTPROBE_ERR_NOT_FOUND` for a probe
-/// that is not a conditional count.
+/// that is not a conditional count. `HOTPROBE_ERR_REFUSED` for one on a
+/// library loaded after it was placed whose condition names a parameter
+/// the library's DWARF does not give (the error says why; its hits are
+/// not counted).
 ///
 /// # Safety
 /// `s` is a live session; `hits_out` null or writable.
@@ -103,7 +108,14 @@ pub unsafe extern "C" fn hotprobe_count_if_hits(
     guard(|| {
         // SAFETY: per this function's contract.
         let h = unsafe { handle_arg(s) }?;
-        let hits = h.counts.borrow().hits(ProbeId(probe)).ok_or(Fail {
+        let counts = h.counts.borrow();
+        if let Some(why) = counts.not_compiled(ProbeId(probe)) {
+            return Err(Fail {
+                code: HOTPROBE_ERR_REFUSED,
+                msg: why.to_string(),
+            });
+        }
+        let hits = counts.hits(ProbeId(probe)).ok_or(Fail {
             code: HOTPROBE_ERR_NOT_FOUND,
             msg: format!("no conditional count with id {probe}"),
         })?;

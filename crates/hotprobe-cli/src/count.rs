@@ -257,6 +257,9 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
     let mut usdt_ids = Vec::new();
     // The same, per program a followed process executes.
     let exec_notes = ExecNotes::default();
+    // Probes on a library not loaded yet whose condition names parameters:
+    // compiled when it is (CountSink::add_pending_named).
+    let mut pending_named = Vec::new();
     for s in &specs {
         let named = !s.usdt && matches!(&s.cond, Some((_, None)))
             || matches!(o.agg.as_ref().map(|a| &a.source), Some(AggSource::Name(_)));
@@ -321,6 +324,11 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
                             }
                         }
                     }
+                    None if p.mechanism == hotprobe::Mechanism::Pending => {
+                        pending_named.push((p.id, text.clone()));
+                        cond_text.insert(p.id.0, text.clone());
+                        continue;
+                    }
                     None => match crate::cond::named_cond(&typing, p, text) {
                         Ok(c) => c,
                         Err(e) => {
@@ -356,6 +364,10 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
     let agg_conds = conds.clone();
     let mut sink = recording.then(|| {
         let mut s = CountSink::with_conditions(conds.clone(), o.hist, &ids);
+        for (id, text) in &pending_named {
+            let c = hotprobe::cond::DeferredCond::new(text, typing.clone());
+            s.add_pending_named(*id, c, record_args.min(6));
+        }
         for id in &usdt_ids {
             if let Some(c) = conds.get(&id.0) {
                 s.add_usdt(*id, c.clone());
@@ -396,7 +408,10 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         }
         None => t.run(&placed, o.duration, None),
     };
-    if let Some(s) = &sink {
+    if let Some(s) = &mut sink {
+        for n in s.take_notices() {
+            errln!("hotprobe: {n}");
+        }
         if s.uncountable_hits() > 0 {
             errln!(
                 "hotprobe: {} hits not counted: their condition does not compile in the program \
@@ -710,12 +725,28 @@ impl hotprobe::EventSink for ExecConds<'_> {
     fn lost(&mut self, tid: u32, ts: u64, count: u64) -> Result<(), hotprobe::SinkError> {
         self.sink.lost(tid, ts, count)
     }
+    fn pending_armed(&mut self, armed: &hotprobe::ArmedPending) -> Result<(), hotprobe::SinkError> {
+        self.sink.pending_armed(armed)?;
+        for n in self.sink.take_notices() {
+            errln!("hotprobe: {n}");
+        }
+        Ok(())
+    }
     fn exec_image(&mut self, image: &hotprobe::ExecImage) -> Result<(), hotprobe::SinkError> {
         for p in &image.placements {
             let usdt = p.label.starts_with(hotprobe::symbols::USDT_PREFIX);
             match self.by_label.get(&p.label) {
                 None => self.sink.add(p.id, None),
                 Some((_, Some(c))) => self.sink.add(p.id, Some(c.clone())),
+                // On a library the new image loads later: compiled when
+                // it does.
+                Some((text, None)) if p.mechanism == hotprobe::Mechanism::Pending && !usdt => {
+                    let key = (image.index, p.label.clone());
+                    let typing = self.notes.typings.borrow().get(&key).cloned();
+                    let typing = typing.unwrap_or_else(|| Rc::new(Typing::new(image.pid)));
+                    let c = hotprobe::cond::DeferredCond::new(text, typing);
+                    self.sink.add_pending_named(p.id, c, 6);
+                }
                 Some((text, None)) => {
                     match self.notes.compile(image.index, &p.label, usdt, p, text) {
                         Ok(c) if usdt => self.sink.add_usdt(p.id, c),

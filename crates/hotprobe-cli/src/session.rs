@@ -639,6 +639,8 @@ pub fn with_exec_rows(
     placed: Vec<Placement>,
     from_pattern: &mut std::collections::HashSet<u32>,
 ) -> (Vec<Placement>, Option<HashMap<u32, String>>) {
+    // Pending probes armed since: where they went.
+    let placed = session.as_armed(placed);
     let images = session.exec_images();
     let waiting =
         |p: &Placement| p.mechanism == hotprobe::Mechanism::Pending && p.execution == "at exec";
@@ -663,6 +665,7 @@ pub fn with_exec_rows(
             rows.push(p.clone());
         }
     }
+    let rows = session.as_armed(rows);
     let comms = rows
         .iter()
         .filter_map(|p| Some((p.id.0, session.comm_of(p.id)?)))

@@ -65,18 +65,26 @@ pub(crate) struct ConditionalCount {
 }
 
 impl ConditionalCount {
-    fn hits_of(&self, py: Python<'_>, id: u32) -> u64 {
+    /// Probe `id`'s count; a `ValueError` saying why for one on a library
+    /// loaded later whose condition did not compile there (its hits are
+    /// not counted).
+    fn hits_of(&self, py: Python<'_>, id: u32) -> PyResult<u64> {
         let s = self.session.borrow(py);
-        let hits = s.counts.borrow().hits(ProbeId(id));
-        hits.unwrap_or(0)
+        let counts = s.counts.borrow();
+        if let Some(why) = counts.not_compiled(ProbeId(id)) {
+            return Err(PyValueError::new_err(why.to_string()));
+        }
+        Ok(counts.hits(ProbeId(id)).unwrap_or(0))
     }
 }
 
 #[pymethods]
 impl ConditionalCount {
-    /// Calls counted (the condition held) by every probe, summed.
+    /// Calls counted (the condition held) by every probe, summed. A
+    /// `ValueError` when the condition of a probe on a library loaded
+    /// later did not compile there (the message says why).
     #[getter]
-    fn hits(&self, py: Python<'_>) -> u64 {
+    fn hits(&self, py: Python<'_>) -> PyResult<u64> {
         self.probes.iter().map(|p| self.hits_of(py, p.id)).sum()
     }
 
@@ -84,7 +92,7 @@ impl ConditionalCount {
     fn by_label<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
         for p in &self.probes {
-            d.set_item(&p.label, self.hits_of(py, p.id))?;
+            d.set_item(&p.label, self.hits_of(py, p.id)?)?;
         }
         Ok(d)
     }
@@ -114,7 +122,8 @@ impl ConditionalCount {
         format!(
             "ConditionalCount(cond={:?}, hits={}, probes={})",
             self.cond,
-            self.hits(py),
+            self.hits(py)
+                .map_or_else(|_| "not counted".to_string(), |n| n.to_string()),
             self.probes.len()
         )
     }

@@ -34,6 +34,12 @@ impl EventSink for Sink {
         self.0.borrow_mut().lost += count;
         self.1.borrow_mut().lost(tid, ts, count)
     }
+
+    /// A conditional count on a library loaded later: its condition
+    /// compiles now.
+    fn pending_armed(&mut self, armed: &hotprobe::ArmedPending) -> Result<(), SinkError> {
+        self.1.borrow_mut().pending_armed(armed)
+    }
 }
 
 /// Moves a value into `Python::allow_threads`, whose closure must be

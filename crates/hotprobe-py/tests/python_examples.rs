@@ -542,3 +542,56 @@ fn python_typed_capture() {
         assert_eq!(lines, want, "{mechanism}");
     }
 }
+
+/// A conditional count naming a parameter, from Python, on a library the
+/// program loads later (dlopen), unloads and loads again: the condition
+/// compiles at each load and counts the calls it holds for; one naming
+/// what the function lacks is a `ValueError` saying why when read.
+#[test]
+fn python_conditional_count_on_a_library_loaded_later() {
+    let Some(py) = python() else { return };
+    let dir = scratch("py-pending-cond");
+    let programs = root().join("crates/hotprobe-cli/tests/programs");
+    let lib = hotprobe_testkit::compile(
+        "gcc",
+        &programs.join("libtest.c"),
+        &dir.join("libtest.so"),
+        &["-O1", "-g", "-shared", "-fPIC"],
+        &[],
+    );
+    let prog = hotprobe_testkit::compile(
+        "gcc",
+        &programs.join("dlopen_twice.c"),
+        &dir.join("dlopen_twice"),
+        &["-O1", "-g"],
+        &["-ldl"],
+    );
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/pending_cond.py");
+    for mechanism in ["auto", "trap"] {
+        let out_path = dir.join(format!("out-{mechanism}"));
+        let out = py_run(
+            &py,
+            &[
+                script.as_os_str(),
+                prog.as_os_str(),
+                lib.as_os_str(),
+                mechanism.as_ref(),
+                out_path.as_os_str(),
+            ],
+        );
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "placed: ['pending', 'pending']",
+                "run: exited",
+                // 1, 2 then 1, 2, 3.
+                "x >= 1: 5 {'libtest.so:libfn': 5}",
+                "size >= 1: `libtest.so:libfn if size >= 1`: the condition: libfn has no \
+                 parameter size; its parameters: x; its hits are not counted",
+                "program: first libfn 3; unloaded yes; second libfn 4; total libfn 7",
+            ],
+            "{mechanism}"
+        );
+    }
+}

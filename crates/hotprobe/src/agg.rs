@@ -539,6 +539,10 @@ impl<S: EventSink> EventSink for AggSink<'_, S> {
     fn idle(&mut self) {
         self.inner.idle()
     }
+
+    fn pending_armed(&mut self, armed: &crate::ArmedPending) -> Result<(), SinkError> {
+        self.inner.pending_armed(armed)
+    }
 }
 
 impl<'a, S: EventSink> AggSink<'a, S> {

@@ -226,6 +226,45 @@ pub fn named_cond(
     })
 }
 
+/// A condition naming parameters, of a probe still pending (its module
+/// not loaded yet: nothing names its parameters): compiled when the probe
+/// is armed ([`crate::EventSink::pending_armed`]), from the DWARF of the
+/// module's file ([`crate::CountSink::add_pending_named`]).
+#[derive(Clone)]
+pub struct DeferredCond {
+    text: String,
+    typing: std::rc::Rc<crate::typed::Typing>,
+}
+
+impl std::fmt::Debug for DeferredCond {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeferredCond")
+            .field("text", &self.text)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DeferredCond {
+    /// The condition `text`, its names to be read through `typing`.
+    pub fn new(text: &str, typing: std::rc::Rc<crate::typed::Typing>) -> DeferredCond {
+        DeferredCond {
+            text: text.to_string(),
+            typing,
+        }
+    }
+
+    /// The condition's text.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Compiles it for the probe as `armed` placed it ([`named_cond`]).
+    pub fn compile(&self, armed: &crate::ArmedPending) -> Result<Cond, NamedCondError> {
+        self.typing.note_params_in(&armed.resolved, &armed.path);
+        named_cond(&self.typing, &armed.placement, &self.text)
+    }
+}
+
 /// How a condition's parameter names map to argument registers: `None`
 /// for a name the function does not know, else its operand
 /// ([`Operand::Param`]) or why it has none.

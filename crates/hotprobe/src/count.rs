@@ -27,7 +27,7 @@
 //! C API's `hotprobe_count_if` and Python's `Session.count(..., cond=...)`
 //! all aggregate here.
 
-use crate::cond::{named_cond, Cond, CondError, NamedCondError};
+use crate::cond::{named_cond, Cond, CondError, DeferredCond, NamedCondError};
 use crate::typed::Typing;
 use crate::{
     Action, Added, EngineError, EventSink, ProbeId, RecordedEvent, Session, SinkError, TargetId,
@@ -103,6 +103,13 @@ pub struct CountSink {
     uncountable: std::collections::HashSet<u32>,
     /// Their hits: not counted.
     uncountable_hits: u64,
+    /// Pending probes whose condition names parameters: compiled when
+    /// armed, with the argument registers the session records.
+    deferred: HashMap<u32, (DeferredCond, u8)>,
+    /// Why a deferred condition did not compile, not taken yet.
+    notices: Vec<String>,
+    /// The same, by probe id (the last arming's).
+    not_compiled: HashMap<u32, String>,
 }
 
 impl CountSink {
@@ -206,8 +213,12 @@ impl CountSink {
         session.set_capture(None);
         let added = added?;
         let recorded = session.config().fast_path.record_args.min(6);
-        let compiled: Result<Vec<Cond>, CountError> = added
+        // A probe on a library not loaded yet: compiled when it is.
+        let (pending, now): (Vec<_>, Vec<_>) = added
             .placements
+            .iter()
+            .partition(|p| p.mechanism == crate::Mechanism::Pending);
+        let compiled: Result<Vec<Cond>, CountError> = now
             .iter()
             .map(|p| {
                 let c = named_cond(&typing, p, text)?;
@@ -220,8 +231,12 @@ impl CountSink {
             .collect();
         match compiled {
             Ok(conds) => {
-                for (p, c) in added.placements.iter().zip(conds) {
+                for (p, c) in now.iter().zip(conds) {
                     self.add(p.id, Some(c));
+                }
+                for p in pending {
+                    let c = DeferredCond::new(text, typing.clone());
+                    self.add_pending_named(p.id, c, recorded);
                 }
                 Ok(added)
             }
@@ -259,6 +274,32 @@ impl CountSink {
     pub fn add_uncountable(&mut self, id: ProbeId) {
         self.add(id, None);
         self.uncountable.insert(id.0);
+    }
+
+    /// Follows pending probe `id` (its module not loaded yet) whose
+    /// condition `cond` names parameters: compiled when the probe is armed
+    /// ([`EventSink::pending_armed`]), from the module's DWARF, comparing
+    /// at most the `recorded` argument registers the session records.
+    /// Until then, and where it does not compile (no DWARF, no such
+    /// parameter: said in [`CountSink::take_notices`]), its hits are not
+    /// counted ([`CountSink::uncountable_hits`]).
+    pub fn add_pending_named(&mut self, id: ProbeId, cond: DeferredCond, recorded: u8) {
+        self.add_uncountable(id);
+        self.deferred.insert(id.0, (cond, recorded));
+    }
+
+    /// Why conditions of pending probes did not compile when they were
+    /// armed (each a line that names the probe, the condition and the
+    /// reason), since the last call.
+    pub fn take_notices(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.notices)
+    }
+
+    /// Why the condition of pending probe `id` did not compile when it
+    /// was last armed ([`CountSink::add_pending_named`]): its hits are not
+    /// counted. `None` when it compiled, or was not armed yet.
+    pub fn not_compiled(&self, id: ProbeId) -> Option<&str> {
+        self.not_compiled.get(&id.0).map(String::as_str)
     }
 
     /// Hits of probes followed with [`CountSink::add_uncountable`]: not
@@ -344,6 +385,42 @@ impl CountSink {
 }
 
 impl EventSink for CountSink {
+    /// A pending probe with a deferred condition
+    /// ([`CountSink::add_pending_named`]) was armed: its condition
+    /// compiles for the function it is on now, or its hits stay not
+    /// counted and a notice says why.
+    fn pending_armed(&mut self, armed: &crate::ArmedPending) -> Result<(), SinkError> {
+        let id = armed.placement.id;
+        let Some((cond, recorded)) = self.deferred.get(&id.0).cloned() else {
+            return Ok(());
+        };
+        let compiled = cond.compile(armed).map_err(CountError::from).and_then(|c| {
+            let needed = c.args_needed();
+            if needed > recorded {
+                return Err(CountError::TooFewArgs { needed, recorded });
+            }
+            Ok(c)
+        });
+        match compiled {
+            Ok(c) => {
+                self.add(id, Some(c));
+                self.not_compiled.remove(&id.0);
+            }
+            Err(e) => {
+                self.add_uncountable(id);
+                let why = format!(
+                    "pid {}: `{} if {}`: {e}; its hits are not counted",
+                    armed.pid,
+                    armed.placement.label,
+                    cond.text()
+                );
+                self.not_compiled.insert(id.0, why.clone());
+                self.notices.push(why);
+            }
+        }
+        Ok(())
+    }
+
     fn event(&mut self, ev: &RecordedEvent) -> Result<(), SinkError> {
         match ev.kind {
             KIND_ENTRY | KIND_HIT if self.uncountable.contains(&ev.probe_id) => {

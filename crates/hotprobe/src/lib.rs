@@ -65,6 +65,7 @@ pub use hotprobe_resolve::{
 };
 pub use session::stacks::ProbeStack;
 pub use session::watch::{ValueSource, WatchAt, WatchHit, WatchKind, WatchSpec, WatchStats};
+pub use session::ArmedPending;
 pub use session::{
     Action, Added, AggChooser, Capture, CaptureChooser, FastCaptureChooser, Mechanism,
     MechanismChoice, PatchKind, Placement, RunEnd, Session, SessionConfig, Skipped, TargetId,

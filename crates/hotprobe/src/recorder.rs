@@ -40,6 +40,14 @@ pub trait EventSink {
         let _ = image;
         Ok(())
     }
+
+    /// A pending probe was armed in a module the program loaded (see
+    /// [`crate::ArmedPending`]): told before any of its events there.
+    /// Default: nothing.
+    fn pending_armed(&mut self, armed: &crate::ArmedPending) -> Result<(), SinkError> {
+        let _ = armed;
+        Ok(())
+    }
 }
 
 /// An [`EventSink`] failed (e.g. the trace file could not be written).

@@ -176,13 +176,19 @@ impl Typing {
             .into_iter()
             .find(|m| m.start <= r.addr && r.addr < m.end)?
             .path?;
+        self.load_types(r, &path)
+    }
+
+    /// The types of `r`'s module from its file `path`, kept for the next
+    /// probe in it.
+    fn load_types(&self, r: &ResolvedProbe, path: &std::path::Path) -> Option<Rc<DebugTypes>> {
         // The file's own DWARF, else its separate debug file where the
         // distribution puts it (debuglink, build id, debuginfod cache).
-        let d = DebugTypes::load(&path)
+        let d = DebugTypes::load(path)
             .ok()
             .or_else(|| {
-                let bytes = std::fs::read(&path).ok()?;
-                let (dbg, _) = hotprobe_symbols::find_debug_file(&path, &bytes)?;
+                let bytes = std::fs::read(path).ok()?;
+                let (dbg, _) = hotprobe_symbols::find_debug_file(path, &bytes)?;
                 DebugTypes::load(&dbg).ok()
             })
             .map(Rc::new);
@@ -368,45 +374,59 @@ impl Typing {
     pub fn name_chooser(self: &Rc<Self>) -> CaptureChooser {
         let me = self.clone();
         Rc::new(move |r: &ResolvedProbe| -> Option<Capture> {
-            let func = r.function.clone().unwrap_or_default();
-            let sig = me
-                .debug_types(r)
-                .and_then(|d| d.signature(r.link_addr.0).ok().flatten());
-            let regs = sig.map(|sig| {
-                let p = plan_auto(&sig, &func);
-                sig.params
-                    .iter()
-                    .zip(p.entry.iter().zip(&p.entry_shapes))
-                    .map(|(param, (f, shape))| {
-                        use hotprobe_dwarf::Shape as S;
-                        let operand = |reg: u8, size: u8, signed: bool| {
-                            Ok(crate::cond::Operand::Param { reg, size, signed })
-                        };
-                        let reg = match (f, &shape.shape) {
-                            (_, S::Missing(why)) => Err(why.clone()),
-                            (Fetch::Reg(Source::IntArg(k)), s) => match s {
-                                S::Signed(n) => operand(*k, *n, true),
-                                S::Unsigned(n) => operand(*k, *n, false),
-                                S::Bool | S::Char => operand(*k, 1, matches!(s, S::Char)),
-                                S::Enum(_) => operand(*k, 4, true),
-                                S::Ptr | S::Str => operand(*k, 8, false),
-                                _ => Err(format!(
-                                    "not in an integer register ({})",
-                                    param.ty.describe()
-                                )),
-                            },
+            me.note_params(r, me.debug_types(r));
+            None
+        })
+    }
+
+    /// What [`Typing::name_chooser`] notes, for a probe placed at `r` in
+    /// the module whose file is `path` (a library loaded after the probe
+    /// was added: the file is read even when the module is unmapped by
+    /// the time this is asked).
+    pub fn note_params_in(&self, r: &ResolvedProbe, path: &std::path::Path) {
+        let cached = self.modules.borrow().get(&r.module).cloned();
+        let d = cached.unwrap_or_else(|| self.load_types(r, path));
+        self.note_params(r, d);
+    }
+
+    /// Notes the parameters of the function at `r` and their argument
+    /// registers from its module's types `d` (`None`: no DWARF).
+    fn note_params(&self, r: &ResolvedProbe, d: Option<Rc<DebugTypes>>) {
+        let func = r.function.clone().unwrap_or_default();
+        let sig = d.and_then(|d| d.signature(r.link_addr.0).ok().flatten());
+        let regs = sig.map(|sig| {
+            let p = plan_auto(&sig, &func);
+            sig.params
+                .iter()
+                .zip(p.entry.iter().zip(&p.entry_shapes))
+                .map(|(param, (f, shape))| {
+                    use hotprobe_dwarf::Shape as S;
+                    let operand = |reg: u8, size: u8, signed: bool| {
+                        Ok(crate::cond::Operand::Param { reg, size, signed })
+                    };
+                    let reg = match (f, &shape.shape) {
+                        (_, S::Missing(why)) => Err(why.clone()),
+                        (Fetch::Reg(Source::IntArg(k)), s) => match s {
+                            S::Signed(n) => operand(*k, *n, true),
+                            S::Unsigned(n) => operand(*k, *n, false),
+                            S::Bool | S::Char => operand(*k, 1, matches!(s, S::Char)),
+                            S::Enum(_) => operand(*k, 4, true),
+                            S::Ptr | S::Str => operand(*k, 8, false),
                             _ => Err(format!(
                                 "not in an integer register ({})",
                                 param.ty.describe()
                             )),
-                        };
-                        (param.name.clone(), reg)
-                    })
-                    .collect()
-            });
-            me.param_regs.borrow_mut().insert(r.addr.0, regs);
-            None
-        })
+                        },
+                        _ => Err(format!(
+                            "not in an integer register ({})",
+                            param.ty.describe()
+                        )),
+                    };
+                    (param.name.clone(), reg)
+                })
+                .collect()
+        });
+        self.param_regs.borrow_mut().insert(r.addr.0, regs);
     }
 
     /// The parameters of the function placed at `addr` and the argument
@@ -563,6 +583,10 @@ impl EventSink for RegisterTyped<'_> {
 
     fn exec_image(&mut self, image: &crate::ExecImage) -> Result<(), SinkError> {
         self.inner.exec_image(image)
+    }
+
+    fn pending_armed(&mut self, armed: &crate::ArmedPending) -> Result<(), SinkError> {
+        self.inner.pending_armed(armed)
     }
 }
 

@@ -245,4 +245,11 @@ impl EventSink for Keep<'_, '_> {
             s.idle();
         }
     }
+
+    fn pending_armed(&mut self, armed: &crate::ArmedPending) -> Result<(), SinkError> {
+        match self.inner.as_deref_mut() {
+            Some(s) => s.pending_armed(armed),
+            None => Ok(()),
+        }
+    }
 }

@@ -194,7 +194,15 @@ impl Session {
             Action::Handler(p) => {
                 let r = match self.resolve_one(t, spec) {
                     Err(e) if not_loaded(&e) => {
-                        return self.add_pending(t, spec, Some(p), None, false, is_return, e)
+                        return self.add_pending(
+                            t,
+                            spec,
+                            Some(p),
+                            None,
+                            (false, true),
+                            is_return,
+                            e,
+                        )
                     }
                     r => r?,
                 };
@@ -207,7 +215,7 @@ impl Session {
             Action::Return(rp) => {
                 let r = match self.resolve_one(t, spec) {
                     Err(e) if not_loaded(&e) => {
-                        return self.add_pending(t, spec, None, Some(rp), false, true, e)
+                        return self.add_pending(t, spec, None, Some(rp), (false, false), true, e)
                     }
                     r => r?,
                 };
@@ -232,7 +240,7 @@ impl Session {
         let found = match self.resolve_unchecked(t, spec) {
             Err(e) if not_loaded(&e) && !pattern => {
                 let (p, rp) = self.trap_form(t, is_return, record, None, true)?;
-                return self.add_pending(t, spec, p, rp, true, is_return, e);
+                return self.add_pending(t, spec, p, rp, (true, false), is_return, e);
             }
             found => found?,
         };

@@ -28,6 +28,12 @@ impl Session {
                 .map_err(EngineError::Sink)?;
             self.exec_announced += 1;
         }
+        // Pending probes armed since the last pass, before their events.
+        while self.armed_announced < self.armed_pending.len() {
+            sink.pending_armed(&self.armed_pending[self.armed_announced])
+                .map_err(EngineError::Sink)?;
+            self.armed_announced += 1;
+        }
         let mut nap = Duration::from_millis(1);
         let follow = self.config.follow_forks;
         for s in &mut self.slots {

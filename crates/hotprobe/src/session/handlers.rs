@@ -72,12 +72,36 @@ impl Session {
         probe: Probe,
         label: String,
     ) -> Result<Placement, EngineError> {
-        let post = probe.post.is_some();
-        let handler = HandlerAsk {
+        let handler = self.handler_ask(probe);
+        self.place_handler_ask(t, r, &handler, label, None)
+    }
+
+    /// `probe` as the mechanisms are asked to take it.
+    pub(super) fn handler_ask(&self, probe: Probe) -> HandlerAsk {
+        HandlerAsk {
             probe: RefCell::new(Some(probe)),
             spin: self.spin(),
             timeout: self.handler_timeout(),
-        };
+        }
+    }
+
+    /// [`Session::place_handler_probe`] of the probe in `handler`, under
+    /// `existing`, the id it has already (a pending probe armed as its
+    /// module is loaded: `pending.rs`). Where it fails before a mechanism
+    /// took the probe, the probe is still in `handler`.
+    pub(super) fn place_handler_ask(
+        &mut self,
+        t: TargetId,
+        r: &ResolvedProbe,
+        handler: &HandlerAsk,
+        label: String,
+        existing: Option<ProbeId>,
+    ) -> Result<Placement, EngineError> {
+        let post = handler
+            .probe
+            .borrow()
+            .as_ref()
+            .is_some_and(|p| p.post.is_some());
         if self.shm_handler_fits(t, r)? {
             let mut tried = Vec::new();
             if !post && r.offset == 0 && r.is_entry() && !r.is_return {
@@ -85,7 +109,7 @@ impl Session {
             }
             tried.push(MechKind::InProcess);
             for kind in tried {
-                if let Some(p) = self.place_handler_on(t, kind, r, &handler, &label)? {
+                if let Some(p) = self.place_handler_on(t, kind, r, handler, &label, existing)? {
                     self.slot(t)?.owner.insert(p.id, kind);
                     self.maybe_release(t.0);
                     return Ok(p);
@@ -95,7 +119,8 @@ impl Session {
         self.note_plugin_overlap(t, r.addr, true);
         self.before_trap_at(t, r.addr)?;
         let mut ask = self.ask(r, label, (false, false), None);
-        ask.handler = Some(&handler);
+        ask.handler = Some(handler);
+        ask.existing = existing;
         let slot = self.slot(t)?;
         let (mut cx, mechs) = slot.parts();
         let reason = Plan::Trap("handlers run in hotprobe".into());
@@ -134,6 +159,7 @@ impl Session {
         r: &ResolvedProbe,
         handler: &HandlerAsk,
         label: &str,
+        existing: Option<ProbeId>,
     ) -> Result<Option<Placement>, EngineError> {
         let symbols;
         let plan = match kind {
@@ -155,6 +181,7 @@ impl Session {
         };
         let mut ask = self.ask(r, label.to_string(), (false, false), None);
         ask.handler = Some(handler);
+        ask.existing = existing;
         if kind == MechKind::InProcess {
             ask.inproc_refusal = self.inproc_refusal(t)?;
         }

@@ -68,6 +68,7 @@ pub(crate) mod watch;
 pub use exec::{ExecCapture, ExecImage, ExecPlacing, AT_EXEC};
 pub use ledger::{CodeOwner, CodeSite};
 pub use newproc::ProcessMatch;
+pub use pending::ArmedPending;
 use pending::Pending;
 use plan::Plan;
 
@@ -444,6 +445,10 @@ pub struct Session {
     retired_stacks: Vec<stacks::RetiredStacks>,
     /// How many of `exec_images` the sink was told of.
     exec_announced: usize,
+    /// Pending probes armed as their modules were loaded (`pending.rs`).
+    armed_pending: Vec<ArmedPending>,
+    /// How many of `armed_pending` the sink was told of.
+    armed_announced: usize,
     /// Processes that start later (`newproc.rs`).
     new_processes: Option<newproc::NewProcesses>,
     /// A `Record` spec is given for them.
@@ -485,6 +490,8 @@ impl Session {
             retired_stacks: Vec::new(),
             exec_capture: None,
             exec_announced: 0,
+            armed_pending: Vec::new(),
+            armed_announced: 0,
             new_processes: None,
             recording_new: false,
             gate_notices: Vec::new(),

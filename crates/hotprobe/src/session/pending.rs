@@ -19,6 +19,12 @@ pub(super) struct Pending {
     fast_ok: bool,
     record: bool,
     is_return: bool,
+    /// A probe with handlers ([`Action::Handler`]): placed when armed as
+    /// one placed at once is (`Session::place_handler_probe`).
+    handler: bool,
+    /// The mechanism asked when it was added (the session's, or the
+    /// spec's: [`Session::add_using`]): planned with it when armed.
+    choice: MechanismChoice,
     /// Where it is armed now.
     armed: Option<Armed>,
     /// Whether it was ever armed (its module loaded at some point).
@@ -32,6 +38,25 @@ struct Armed {
     start: u64,
     end: u64,
     addr: u64,
+}
+
+/// A pending probe armed in a module the program loaded (its `dlopen`),
+/// as an [`crate::EventSink`] is told of it
+/// ([`crate::EventSink::pending_armed`]) before any of its events: what a
+/// sink keeps per placed probe (a condition naming parameters, say) is
+/// made for it here, from the module's file. Armed again after the
+/// module was unloaded and loaded again, it is told again.
+#[derive(Clone, Debug)]
+pub struct ArmedPending {
+    /// The process.
+    pub pid: i32,
+    /// The probe as armed: the pending probe's id and label, the address,
+    /// function, module and mechanism it has in the loaded module.
+    pub placement: Placement,
+    /// What its spec resolved to in the module.
+    pub resolved: ResolvedProbe,
+    /// The module's file (its DWARF names the function's parameters).
+    pub path: PathBuf,
 }
 
 impl Slot {
@@ -50,6 +75,34 @@ impl Slot {
 }
 
 impl Session {
+    /// The pending probes armed so far as their modules were loaded, in
+    /// the order they were armed (one armed again after an unload is
+    /// listed again), as sinks are told of them
+    /// ([`crate::EventSink::pending_armed`]).
+    pub fn armed_pending(&self) -> &[ArmedPending] {
+        &self.armed_pending
+    }
+
+    /// `placed` with each pending probe's placement replaced by where it
+    /// was last armed ([`Session::armed_pending`]): the rows of a table
+    /// printed after the run. One never armed stays as it was.
+    pub fn as_armed(&self, mut placed: Vec<Placement>) -> Vec<Placement> {
+        for p in placed
+            .iter_mut()
+            .filter(|p| p.mechanism == Mechanism::Pending)
+        {
+            if let Some(a) = self
+                .armed_pending
+                .iter()
+                .rev()
+                .find(|a| a.placement.id == p.id)
+            {
+                *p = a.placement.clone();
+            }
+        }
+        placed
+    }
+
     /// Whether probe `id` is a pending one whose module was never loaded
     /// (so it was never armed: a pattern over a library the program does
     /// not use). False for every other probe.
@@ -63,7 +116,8 @@ impl Session {
 
     /// A probe on a module that is not loaded: pending, armed when the
     /// program maps the module (see [`Pending`]). `why` is the resolver's
-    /// refusal, for targets that cannot follow their loader.
+    /// refusal, for targets that cannot follow their loader. `handler`: a
+    /// probe with handlers (held unarmed on the trap until then).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn add_pending(
         &mut self,
@@ -71,11 +125,12 @@ impl Session {
         spec: &str,
         probe: Option<Probe>,
         rp: Option<RetProbe>,
-        fast_ok: bool,
+        (fast_ok, handler): (bool, bool),
         is_return: bool,
         why: EngineError,
     ) -> Result<Added, EngineError> {
         let record = fast_ok && rp.as_ref().is_some_and(|r| r.entry.is_some());
+        let choice = self.config.mechanism;
         let slot = self.slot(t)?;
         if !slot.is_process() {
             return Err(why);
@@ -101,6 +156,8 @@ impl Session {
             fast_ok,
             record,
             is_return,
+            handler,
+            choice,
             armed: None,
             ever_armed: false,
         });
@@ -175,15 +232,35 @@ impl Session {
         mechs.trap.publish(&mut cx);
     }
 
+    /// Arms pending probe `k` of target `t` in the module that now maps
+    /// its spec: a `Count` or `Record` as the plan says (the fast path
+    /// where it takes it, else the trap), a probe with handlers as one
+    /// placed at once is (`Session::place_handler_probe`); told to the
+    /// sink as an [`ArmedPending`].
     pub(super) fn arm_pending(
         &mut self,
         t: TargetId,
         k: usize,
         syms: &hotprobe_symbols::ProcessSymbols,
     ) -> Result<(), EngineError> {
-        let (spec, id, fast_ok, record, is_return) = {
+        let choice = self.slot(t)?.pending[k].choice;
+        // Planned with the mechanism asked when it was added.
+        let session = std::mem::replace(&mut self.config.mechanism, choice);
+        let armed = self.arm_pending_as_asked(t, k, syms);
+        self.config.mechanism = session;
+        armed
+    }
+
+    fn arm_pending_as_asked(
+        &mut self,
+        t: TargetId,
+        k: usize,
+        syms: &hotprobe_symbols::ProcessSymbols,
+    ) -> Result<(), EngineError> {
+        let (spec, id, fast_ok, record, is_return, handler, ever_armed) = {
             let p = &self.slot(t)?.pending[k];
-            (p.spec.clone(), p.id, p.fast_ok, p.record, p.is_return)
+            let f = (p.fast_ok, p.record, p.is_return, p.handler, p.ever_armed);
+            (p.spec.clone(), p.id, f.0, f.1, f.2, f.3, f.4)
         };
         let r = self.resolve_one(t, &spec)?;
         if (is_return || record) && !r.is_entry() {
@@ -198,29 +275,75 @@ impl Session {
         let start = m.ranges.iter().map(|r| r.start.0).min().unwrap_or(0);
         let end = m.ranges.iter().map(|r| r.end.0).max().unwrap_or(0);
         let path = m.path.clone();
+        let mut placement = if handler {
+            self.arm_handler(t, id, &r, &spec, ever_armed)?
+        } else {
+            self.arm_counting(t, id, &r, &spec, (fast_ok, record, is_return), syms)?
+        };
+        placement.reason = format!(
+            "armed when the program loaded {}: {}",
+            r.module, placement.reason
+        );
+        if let Some(at) = r.semaphore {
+            // A USDT marker in a library loaded now: its semaphore is
+            // raised as at a placement, so the program reaches it.
+            self.raise_semaphore(t, at)?;
+        }
+        let slot = self.slot(t)?;
+        slot.pending[k].ever_armed = true;
+        slot.pending[k].armed = Some(Armed {
+            path: path.clone(),
+            start,
+            end,
+            addr: r.addr.0,
+        });
+        let pid = slot.pid.unwrap_or(0);
+        self.armed_pending.push(ArmedPending {
+            pid,
+            placement,
+            resolved: r,
+            path,
+        });
+        Ok(())
+    }
+
+    /// Arms pending `Count` or `Record` probe `id` at `r`: on the fast
+    /// path where the plan takes it (not in an image after an exec),
+    /// else on the trap.
+    fn arm_counting(
+        &mut self,
+        t: TargetId,
+        id: ProbeId,
+        r: &ResolvedProbe,
+        spec: &str,
+        (fast_ok, record, is_return): (bool, bool, bool),
+        syms: &hotprobe_symbols::ProcessSymbols,
+    ) -> Result<Placement, EngineError> {
         // An image a followed process executed has no agent (the one the
         // session still holds is the old image's): traps only there, as
         // for the probes placed at its exec (a jump into the old agent's
         // trampolines killed the program with SIGSEGV).
         let fast_ok = fast_ok && !self.slot(t)?.execd;
         let plan = if fast_ok {
-            self.plan_resolved(t, &r, is_return, record, Some(syms))?
+            self.plan_resolved(t, r, is_return, record, Some(syms))?
         } else {
-            Plan::Trap(String::new())
+            Plan::Trap("an image after an exec: traps (no agent in it)".into())
         };
         let no_trap = (record && !self.config.record_traps) || self.config.no_traps;
         if let (Plan::Trap(why), true) = (&plan, no_trap) {
             return Err(EngineError::RefusedSpec {
-                spec,
+                spec: spec.to_string(),
                 reason: format!("needs the trap mechanism ({why})"),
             });
         }
         match plan {
             plan @ Plan::Fast { .. } => {
-                self.place_fast(t, &r, plan, record, (None, None), spec.clone(), Some(id))?;
+                let placed =
+                    self.place_fast(t, r, plan, record, (None, None), spec.to_string(), Some(id))?;
                 self.slot(t)?.sync_ledger();
+                Ok(placed)
             }
-            Plan::Trap(_) | Plan::Join(_) | Plan::Plugin(_) => {
+            Plan::Trap(why) | Plan::Join(why) | Plan::Plugin(why) => {
                 let config = self.config.fast_path;
                 let (mut cx, mechs) = self.slot(t)?.parts();
                 mechs.trap.arm(&mut cx, id, r.addr, &config)?;
@@ -228,20 +351,51 @@ impl Session {
                 // placed at once does (a spec placed again after an exec
                 // on a library the new image loads later is one).
                 self.trap_stacks_placed(t, id, r.is_entry());
+                Ok(self.placement(t, id, spec.to_string(), r, Some(why)))
             }
         }
-        if let Some(at) = r.semaphore {
-            // A USDT marker in a library loaded now: its semaphore is
-            // raised as at a placement, so the program reaches it.
-            self.raise_semaphore(t, at)?;
+    }
+
+    /// Arms pending handler probe `id` at `r` as a handler probe placed
+    /// at once is: planned and placed through the mechanisms
+    /// (`Session::place_handler_probe`: a shared-memory handler at a
+    /// patch or jump site or an in-process trap where one fits, else the
+    /// trap), under its own id. One armed before on the trap (its module
+    /// unloaded since) is armed there again, its counts going on.
+    fn arm_handler(
+        &mut self,
+        t: TargetId,
+        id: ProbeId,
+        r: &ResolvedProbe,
+        spec: &str,
+        ever_armed: bool,
+    ) -> Result<Placement, EngineError> {
+        let config = self.config.fast_path;
+        let slot = self.slot(t)?;
+        let probe = match slot.agent.take_handler(id) {
+            // Served through shared memory before its module went.
+            Some(p) => p,
+            None if ever_armed => {
+                let (mut cx, mechs) = slot.parts();
+                mechs.trap.arm(&mut cx, id, r.addr, &config)?;
+                let why = "handlers run in hotprobe".to_string();
+                return Ok(self.placement(t, id, spec.to_string(), r, Some(why)));
+            }
+            // Held unarmed on the trap since it was added: taken out, to
+            // be placed where the plan says (the trap gives it back).
+            None => match slot.engine.probes.remove(&id).map(|p| p.kind) {
+                Some(crate::engine::ProbeKind::Plain { pre, post }) => Probe { pre, post },
+                _ => return Err(EngineError::NoSuchProbe(id)),
+            },
+        };
+        slot.owner.remove(&id);
+        let handler = self.handler_ask(probe);
+        let placed = self.place_handler_ask(t, r, &handler, spec.to_string(), Some(id));
+        if let (Err(_), Some(probe)) = (&placed, handler.take()) {
+            // Not placed: held unarmed again, for the next load.
+            let slot = self.slot(t)?;
+            slot.engine.add_unarmed(id, Some(probe), None);
         }
-        self.slot(t)?.pending[k].ever_armed = true;
-        self.slot(t)?.pending[k].armed = Some(Armed {
-            path,
-            start,
-            end,
-            addr: r.addr.0,
-        });
-        Ok(())
+        placed
     }
 }

@@ -40,7 +40,7 @@ impl FastMech {
         handler: &HandlerAsk,
         plan: Plan,
     ) -> Result<Result<Placement, String>, EngineError> {
-        let (r, label, choice) = (ask.r, ask.label, ask.choice);
+        let (r, label, choice, existing) = (ask.r, ask.label, ask.choice, ask.existing);
         let (spin, timeout) = (handler.spin, handler.timeout);
         let Plan::Fast {
             path,
@@ -78,7 +78,7 @@ impl FastMech {
             Err(e) => return refused(probe, e.to_string()),
         };
         fp.set_handler_wait(spin, timeout);
-        let id = cx.ids.take();
+        let id = existing.unwrap_or_else(|| cx.ids.take());
         cx.agent.add_handler(id, info.probe_id, probe);
         sync_agent_writes(cx.engine, cx.agent, cx.ledger);
         cx.ledger.add_probe(info.addr, (id, false));

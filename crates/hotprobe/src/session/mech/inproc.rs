@@ -54,7 +54,7 @@ impl InProcMech {
         ask: SiteAsk<'_>,
         handler: &HandlerAsk,
     ) -> Result<Result<Placement, String>, EngineError> {
-        let (r, label) = (ask.r, ask.label);
+        let (r, label, existing) = (ask.r, ask.label, ask.existing);
         let (spin, timeout) = (handler.spin, handler.timeout);
         if let Some(why) = ask.inproc_refusal {
             return Ok(Err(why));
@@ -87,7 +87,7 @@ impl InProcMech {
             Err(e) => return refused(probe, &e.to_string()),
         };
         fp.set_handler_wait(spin, timeout);
-        let id = cx.ids.take();
+        let id = existing.unwrap_or_else(|| cx.ids.take());
         cx.agent.add_handler(id, info.probe_id, probe);
         self.insert(id, r.addr.0, true);
         sync_agent_writes(cx.engine, cx.agent, cx.ledger);

@@ -564,7 +564,15 @@ impl ProbeMechanism for TrapMech {
             let Some(probe) = handler.take() else {
                 return Ok(Err("no handler probe left to place".into()));
             };
-            let id = self.add_probe(cx, r.addr, probe, &ask.fast_path)?;
+            let id = match ask.existing {
+                // A pending probe's, armed under the id it was given.
+                Some(id) => {
+                    cx.engine.add_unarmed(id, Some(probe), None);
+                    self.arm(cx, id, r.addr, &ask.fast_path)?;
+                    id
+                }
+                None => self.add_probe(cx, r.addr, probe, &ask.fast_path)?,
+            };
             let process = cx.engine.process().is_some();
             return Ok(Ok(self.placement(
                 cx.engine,
