@@ -301,6 +301,10 @@ impl Target for ProcessTarget {
         // Every int3, the rendezvous one included (a thread stopped there
         // runs the original `ret`).
         self.rendezvous = None;
+        let int3s = match self.forked_children.is_empty() {
+            true => Vec::new(),
+            false => self.int3_originals(),
+        };
         let bps: Vec<u64> = self.breakpoints.keys().copied().collect();
         for a in bps {
             self.remove_int3(RuntimeAddr(a))?;
@@ -332,6 +336,8 @@ impl Target for ProcessTarget {
         }
         self.settle_sigtrap_after_detach_hooks();
         for child in std::mem::take(&mut self.forked_children) {
+            // Held and never released: its copy of the `int3`s goes.
+            let _ = self.write_into_child(child as u64, &int3s);
             let _ = self.sys.detach(child, 0);
         }
         for tid in tids {
@@ -352,19 +358,10 @@ impl Target for ProcessTarget {
         child: u64,
         restores: &[(RuntimeAddr, Vec<u8>)],
     ) -> Result<(), TargetError> {
-        let child = child as i32;
-        if !self.forked_children.contains(&child) {
-            return Ok(());
-        }
-        self.forked_children.retain(|c| *c != child);
-        if !restores.is_empty() {
-            if let Ok(mem) = open_mem(&self.sys, child) {
-                for (addr, bytes) in restores {
-                    let _ = mem.write_at(bytes, addr.0);
-                }
-            }
-        }
-        self.sys.detach(child, 0).map_err(|e| self.sys_err(e))
+        // Without a ledger: this target's own `int3`s go too.
+        let mut all = self.int3_originals();
+        all.extend_from_slice(restores);
+        self.release_fork_child_with(child, &all)
     }
 
     fn forget_breakpoint(&mut self, addr: RuntimeAddr) {

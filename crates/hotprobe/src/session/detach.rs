@@ -43,18 +43,6 @@ impl Slot {
     /// failed; the steps after it still run where they can.
     pub(super) fn detach_by_ledger(&mut self) -> Result<(), EngineError> {
         let mut first_err: Option<EngineError> = None;
-        if !self.inherited.is_empty() {
-            // A followed child still running: its parent's fast-path code
-            // goes (threads are never inside those bytes but at their
-            // first one: each is one instruction). Those bytes are the
-            // parent's ledger's, not this one's.
-            let t = self.engine.target();
-            if t.stop_all().is_ok() {
-                for (a, b) in std::mem::take(&mut self.inherited) {
-                    let _ = t.write_memory(a, &b);
-                }
-            }
-        }
         // 1. Each mechanism makes its sites safe (the agent's first: its
         // wait for threads to leave a site may let them run).
         let mut ready: Vec<(MechKind, Option<DetachReady>)> = Vec::new();
@@ -153,13 +141,28 @@ impl Slot {
         };
         let mut sites = Vec::with_capacity(ledger.sites().len());
         let mut ints = Vec::new();
+        let mut inherited = Vec::new();
         // Both by address: the fast path's writes are walked along the
         // ledger's sites; one the ledger missed (it never should) is taken
         // out all the same.
         let mut next = 0;
         for s in ledger.sites() {
             match s.owner.writer() {
-                MechKind::Fast => {
+                // A followed child's copy of its parent's agent writes
+                // (threads are never inside those bytes but at their
+                // first one: each is one instruction), taken out with the
+                // `int3`s (the trap's preparation stopped every thread).
+                None => {
+                    if let (true, Some(written)) = (traps, s.written()) {
+                        inherited.push(s.start);
+                        sites.push(SiteRestore {
+                            addr: s.start,
+                            expected: written,
+                            original: s.original(),
+                        });
+                    }
+                }
+                Some(MechKind::Fast) => {
                     while writes.get(next).is_some_and(|w| w.addr < s.start) {
                         let w = &writes[next];
                         sites.push(fast_site(w, &w.original));
@@ -178,7 +181,7 @@ impl Slot {
                     };
                     sites.push(fast_site(w, original));
                 }
-                MechKind::Trap => {
+                Some(MechKind::Trap) => {
                     if let Some(b) = under.get(&s.start) {
                         ints.push(s.start);
                         sites.push(SiteRestore {
@@ -188,7 +191,7 @@ impl Slot {
                         });
                     }
                 }
-                MechKind::InProcess | MechKind::Plugin => {}
+                Some(MechKind::InProcess | MechKind::Plugin) => {}
             }
         }
         for w in writes.get(next..).unwrap_or_default() {
@@ -203,7 +206,9 @@ impl Slot {
         let left: BTreeSet<u64> = pt.breakpoints().into_iter().map(|b| b.0).collect();
         let mut found = Vec::new();
         let restored = hotprobe_fastpath::restore_sites(pt, &sites, Some(&left), &mut found);
-        let ints: HashSet<u64> = ints.into_iter().collect();
+        let ints: HashSet<u64> = ints.into_iter().chain(inherited).collect();
+        // The trap's (an `int3` left as found, quietly) and an inherited
+        // site's (no writer of this target's to name it): `Trap`.
         let found = found
             .into_iter()
             .map(|f| match ints.contains(&f.addr) {

@@ -195,13 +195,14 @@ impl Session {
             _ => None,
         };
         if let Some(change) = change {
-            // The image the agent wrote into is gone: nothing is restored
-            // into the new one. Counts and rings stay ours.
+            // The image the mechanisms wrote into is gone: nothing is
+            // restored into the new one, the ledger forgets every entry of
+            // the old one. Counts and rings stay ours.
             let (mut cx, mechs) = slot.parts();
             for m in mechs.all() {
                 m.on_change(&mut cx, &change);
             }
-            slot.ledger.forget_agent();
+            slot.ledger.forget_image();
         }
         if let TargetEvent::Watchpoint {
             thread,
@@ -234,7 +235,6 @@ impl Session {
         slot.engine.handle_holding(ev, holds)?;
         if exec {
             slot.sync_ledger();
-            slot.inherited.clear();
             slot.semaphores.clear();
             let (mut cx, mechs) = slot.parts();
             mechs.trap.publish(&mut cx);
@@ -243,7 +243,7 @@ impl Session {
         let slot = &mut self.slots[i];
         let stop = slot.engine.take_stop();
         for held in slot.inbox.take_children(&mut slot.engine) {
-            self.follow_child(i, held.child, held.fixes);
+            self.take_fork_child(i, held.child, held.fixes);
         }
         self.follow_execd_vfork_children(i);
         Ok(stop)
@@ -315,17 +315,6 @@ impl Session {
             if gone {
                 s.ledger.clear();
                 continue;
-            }
-            if !s.inherited.is_empty() {
-                // A followed child still running: its parent's fast-path
-                // code goes (threads are never inside those bytes but at
-                // their first one: each is one instruction).
-                let t = s.engine.target();
-                if t.stop_all().is_ok() {
-                    for (a, b) in std::mem::take(&mut s.inherited) {
-                        let _ = t.write_memory(a, &b);
-                    }
-                }
             }
             let (mut cx, mechs) = s.parts();
             if let Err(e) = mechs.trap.detach(&mut cx, false) {
