@@ -1,4 +1,4 @@
-//! Detach from a live process in one walk of its code ledger (issue 21):
+//! Detach from a live target in one walk of its code ledger (issue 21):
 //! every byte any mechanism wrote — the trap engine's `int3`s and their
 //! guards, the session's own (return trampoline, loader rendezvous, unwind
 //! hooks), the fast path's patch calls and jumps, the agent's in-process
@@ -21,12 +21,19 @@
 //!    the engine detaches the target (scratch freed, threads let go), the
 //!    trap table is emptied.
 //!
+//! A guest goes the same way: the QEMU plugin turns its callbacks off
+//! (it writes no code byte), the engine stops the vCPUs and moves them
+//! out of its scratch, the walk removes every stub breakpoint the ledger
+//! lists (`Target::stub_breakpoints` took them in) through the target,
+//! and the engine detaches it.
+//!
 //! A site whose bytes another writer changed meanwhile is left as
 //! [`hotprobe_fastpath::ForeignOutcome`] says, and named for the fast
 //! path's sites (an `int3` the program rewrote is left as found, quietly,
 //! as before).
 
 use super::agent::AgentState;
+use super::ledger::CodeLedger;
 use super::mech::{DetachReady, MechKind, Walked};
 use super::Slot;
 use crate::EngineError;
@@ -125,7 +132,10 @@ impl Slot {
             ..
         } = self;
         let Some(pt) = engine.process() else {
-            return Ok(Vec::new());
+            return match traps {
+                true => restore_stub_breakpoints(engine.target(), ledger),
+                false => Ok(Vec::new()),
+            };
         };
         let fp = match &agent.state {
             AgentState::On(fp) if fast => Some(&**fp),
@@ -221,6 +231,31 @@ impl Slot {
     }
 }
 
+/// Step 2 for a target that keeps its breakpoints itself (a guest's
+/// stub breakpoints write no byte): each breakpoint site of the ledger is
+/// removed once, through the target; one that cannot be does not stop the
+/// others, and the first error is returned at the end. (A guest's
+/// out-of-line areas in unused kernel text are the target's own scratch,
+/// put back at its detach, as a process's scratch is unmapped at its.)
+fn restore_stub_breakpoints(
+    target: &mut dyn Target,
+    ledger: &CodeLedger,
+) -> Result<Vec<(MechKind, ForeignWrite)>, EngineError> {
+    let mut first_err = None;
+    for s in ledger.sites() {
+        if s.owner.writer() != Some(MechKind::Trap) {
+            continue;
+        }
+        if let Err(e) = target.remove_breakpoint(RuntimeAddr(s.start)) {
+            first_err.get_or_insert(e);
+        }
+    }
+    match first_err {
+        Some(e) => Err(e.into()),
+        None => Ok(Vec::new()),
+    }
+}
+
 /// The fast path's write `w` to take out, back to `original`.
 fn fast_site<'a>(w: &'a LiveWrite<'_>, original: &'a [u8]) -> SiteRestore<'a> {
     SiteRestore {
@@ -238,4 +273,105 @@ fn take_foreign_of(found: &mut Vec<(MechKind, ForeignWrite)>, kind: MechKind) ->
         .partition(|(k, _)| *k == kind);
     *found = rest;
     mine.into_iter().map(|(_, f)| f).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hotprobe_target::{Registers, ResumeMode, TargetError, TargetEvent, ThreadId};
+    use std::collections::BTreeSet;
+    use std::time::Duration;
+
+    /// A target that keeps its breakpoints itself, as a guest's stub does:
+    /// the removals it was asked for, in order; `stuck` cannot be removed.
+    #[derive(Default)]
+    struct Stub {
+        breakpoints: BTreeSet<u64>,
+        removed: Vec<u64>,
+        stuck: Option<u64>,
+    }
+
+    impl Target for Stub {
+        fn describe(&self) -> String {
+            "stub".into()
+        }
+        fn threads(&self) -> Vec<ThreadId> {
+            Vec::new()
+        }
+        fn read_memory(&mut self, _: RuntimeAddr, _: &mut [u8]) -> Result<(), TargetError> {
+            Ok(())
+        }
+        fn write_memory(&mut self, _: RuntimeAddr, _: &[u8]) -> Result<(), TargetError> {
+            panic!("a stub breakpoint is no byte to write")
+        }
+        fn registers(&mut self, _: ThreadId) -> Result<Registers, TargetError> {
+            Ok(Registers::default())
+        }
+        fn set_registers(&mut self, _: ThreadId, _: &Registers) -> Result<(), TargetError> {
+            Ok(())
+        }
+        fn resume(&mut self, _: ThreadId, _: ResumeMode) -> Result<(), TargetError> {
+            Ok(())
+        }
+        fn wait(&mut self, _: Option<Duration>) -> Result<TargetEvent, TargetError> {
+            Ok(TargetEvent::Timeout)
+        }
+        fn insert_breakpoint(&mut self, a: RuntimeAddr) -> Result<(), TargetError> {
+            self.breakpoints.insert(a.0);
+            Ok(())
+        }
+        fn remove_breakpoint(&mut self, a: RuntimeAddr) -> Result<(), TargetError> {
+            if self.stuck == Some(a.0) {
+                return Err(TargetError::Protocol {
+                    target: self.describe(),
+                    why: "refused".into(),
+                });
+            }
+            self.breakpoints.remove(&a.0);
+            self.removed.push(a.0);
+            Ok(())
+        }
+        fn stub_breakpoints(&self) -> Option<Vec<u64>> {
+            Some(self.breakpoints.iter().copied().collect())
+        }
+        fn stop_all(&mut self) -> Result<(), TargetError> {
+            Ok(())
+        }
+        fn resume_all(&mut self) -> Result<(), TargetError> {
+            Ok(())
+        }
+        fn detach(&mut self) -> Result<(), TargetError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_guests_stub_breakpoints_are_taken_out_in_one_walk_of_the_ledger() {
+        let mut stub = Stub::default();
+        for a in [0x30, 0x10, 0x20] {
+            stub.insert_breakpoint(RuntimeAddr(a)).unwrap();
+        }
+        let mut ledger = CodeLedger::default();
+        ledger.sync_stub_breakpoints(stub.stub_breakpoints().unwrap());
+        // No byte is written for them: the sites have no original.
+        assert!(ledger.sites().iter().all(|s| s.original().is_empty()));
+        assert_eq!(ledger.traps().collect::<Vec<_>>(), [0x10, 0x20, 0x30]);
+        // One that goes is dropped at the next sync.
+        stub.remove_breakpoint(RuntimeAddr(0x20)).unwrap();
+        stub.removed.clear();
+        ledger.sync_stub_breakpoints(stub.stub_breakpoints().unwrap());
+        assert_eq!(ledger.traps().collect::<Vec<_>>(), [0x10, 0x30]);
+        // The walk removes each once, by address, and goes on past one
+        // that fails: its error is the walk's.
+        stub.stuck = Some(0x10);
+        let r = restore_stub_breakpoints(&mut stub, &ledger);
+        assert!(r.is_err());
+        assert_eq!(stub.removed, [0x30]);
+        assert_eq!(stub.breakpoints.iter().copied().collect::<Vec<_>>(), [0x10]);
+        stub.stuck = None;
+        assert!(restore_stub_breakpoints(&mut stub, &ledger)
+            .unwrap()
+            .is_empty());
+        assert!(stub.breakpoints.is_empty());
+    }
 }

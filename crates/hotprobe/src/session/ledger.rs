@@ -520,6 +520,23 @@ impl CodeLedger {
         }
     }
 
+    /// Takes in the breakpoints a target keeps itself (`list`: a guest's
+    /// stub breakpoints, which write no byte: their sites have no
+    /// original), in place of the trap sites the ledger had.
+    pub(crate) fn sync_stub_breakpoints(&mut self, mut list: Vec<u64>) {
+        list.sort_unstable();
+        let mut now: Vec<u64> = self.traps().collect();
+        now.sort_unstable();
+        if now == list {
+            return;
+        }
+        self.sites
+            .retain(|s| !matches!(s.owner, CodeOwner::Trap | CodeOwner::Guard));
+        for a in list {
+            self.insert(a, &[], CodeOwner::Trap);
+        }
+    }
+
     /// The `int3` addresses changed since the last call, for the trap
     /// mechanism's table (`None`: look at all of them).
     pub(crate) fn take_trap_changes(&mut self) -> Option<Vec<u64>> {

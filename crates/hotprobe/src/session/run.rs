@@ -294,38 +294,22 @@ impl Session {
             if !gone {
                 super::usdt::lower_semaphores(s);
             }
-            if !gone && s.is_process() {
-                // One walk of the code ledger (`detach.rs`).
+            if !gone {
+                // One walk of the code ledger, a process's or a guest's
+                // (`detach.rs`).
                 if let Err(e) = s.detach_by_ledger() {
                     first_err.get_or_insert(e);
                 }
                 continue;
             }
+            // Gone: nothing is restored; each mechanism forgets its sites.
             let (mut cx, mechs) = s.parts();
-            // The agent's mechanisms first (the plugin's, the fast path's
-            // and in-process traps' writes), the trap engine last.
             for m in mechs.all() {
                 if m.kind() == MechKind::Trap {
                     continue;
                 }
-                if let Err(e) = m.detach(&mut cx, gone) {
+                if let Err(e) = m.detach(&mut cx, true) {
                     first_err.get_or_insert(e);
-                }
-            }
-            if gone {
-                s.ledger.clear();
-                continue;
-            }
-            let (mut cx, mechs) = s.parts();
-            if let Err(e) = mechs.trap.detach(&mut cx, false) {
-                first_err.get_or_insert(e);
-            }
-            // What of the agent stayed in the target (its unload runs at
-            // the target's detach, last).
-            if let Some(fp) = cx.agent.fast_path_mut() {
-                let left = fp.take_left_behind();
-                for n in left {
-                    cx.notice(n);
                 }
             }
             s.ledger.clear();
