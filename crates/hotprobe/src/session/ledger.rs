@@ -424,15 +424,14 @@ impl CodeLedger {
 
     /// Takes in the agent's writes since the last call (`count` writes
     /// listed now, `removals` as `FastPath::removals` says, `since(from)`
-    /// listing them from the `from`-th on). Returns the writes new to the
-    /// ledger and whether the agent's list was taken in whole again
-    /// (writes left it since): then the returned list is all of them.
+    /// listing them from the `from`-th on); its list is taken in whole
+    /// again when writes left it since.
     pub(crate) fn sync_agent(
         &mut self,
         count: usize,
         removals: u64,
         since: impl FnOnce(usize) -> Vec<(u64, Vec<u8>, bool)>,
-    ) -> (Vec<(u64, Vec<u8>)>, bool) {
+    ) {
         let (synced, seen) = self.agent_synced;
         let whole = !(removals == seen && count >= synced);
         let from = if whole { 0 } else { synced };
@@ -452,14 +451,12 @@ impl CodeLedger {
                 }
             }
         }
-        let mut out = Vec::with_capacity(new.len());
         for (a, original, inproc) in new {
             let owner = match inproc {
                 true => CodeOwner::InProcess,
                 false => CodeOwner::Fast,
             };
             self.insert(a, &original, owner);
-            out.push((a, original));
         }
         if whole {
             // Sites of probes whose bytes are gone (none listed).
@@ -467,7 +464,6 @@ impl CodeLedger {
                 .retain(|s| s.owner != CodeOwner::Fast || !s.original().is_empty());
         }
         self.agent_synced = (count, removals);
-        (out, whole)
     }
 
     /// Takes in the `int3`s written or taken out (`changed`, `None`: every
