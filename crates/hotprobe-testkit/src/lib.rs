@@ -319,48 +319,6 @@ pub fn sigrtmin_plus(n: i32) -> i32 {
     libc::SIGRTMIN() + n
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_build_is_reused_only_for_the_same_command_and_a_failure_says_why() {
-        let d = TempDir::new("testkit");
-        let src = write_source(d.path(), "p.c", "int main(void){return 3;}\n");
-        let out = d.path().join("p");
-        compile("gcc", &src, &out, &["-O0"], &[]);
-        let first = out.metadata().unwrap().modified().unwrap();
-        compile("gcc", &src, &out, &["-O0"], &[]);
-        assert_eq!(out.metadata().unwrap().modified().unwrap(), first);
-        compile("gcc", &src, &out, &["-O1"], &[]);
-        let stamp = std::fs::read_to_string(with_suffix(&out, ".cmd")).unwrap();
-        assert!(stamp.contains("-O1"), "{stamp}");
-        let st = Command::new(&out).status().unwrap();
-        assert_eq!(st.code(), Some(3));
-        let bad = write_source(d.path(), "bad.c", "int main(void){ return x; }\n");
-        let e = try_compile("gcc", &bad, &d.path().join("bad"), &[], &[]).unwrap_err();
-        assert!(e.output.contains("undeclared"), "{e}");
-        assert!(!d.path().join("bad").exists());
-    }
-
-    #[test]
-    fn output_within_kills_a_command_that_runs_too_long() {
-        let mut c = Command::new("sleep");
-        c.arg("30");
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            output_within(c, Duration::from_millis(200))
-        }));
-        assert!(r.is_err());
-        let mut c = Command::new("sh");
-        c.args(["-c", "echo out; echo err >&2; exit 4"]);
-        let o = output_within(c, Duration::from_secs(20));
-        assert_eq!(
-            (text(&o.stdout), text(&o.stderr), o.status.code()),
-            ("out\n".into(), "err\n".into(), Some(4))
-        );
-    }
-}
-
 /// The executable mappings of `file` (of `file_len` bytes) in `pid`:
 /// (start address, file offset, length within the file) of each.
 pub fn code_mappings(pid: u32, file: &Path, file_len: usize) -> Vec<(u64, usize, usize)> {
@@ -401,4 +359,46 @@ pub fn text_differences(pid: u32, file: &Path) -> Vec<(u64, u8, u8)> {
         }
     }
     diffs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_build_is_reused_only_for_the_same_command_and_a_failure_says_why() {
+        let d = TempDir::new("testkit");
+        let src = write_source(d.path(), "p.c", "int main(void){return 3;}\n");
+        let out = d.path().join("p");
+        compile("gcc", &src, &out, &["-O0"], &[]);
+        let first = out.metadata().unwrap().modified().unwrap();
+        compile("gcc", &src, &out, &["-O0"], &[]);
+        assert_eq!(out.metadata().unwrap().modified().unwrap(), first);
+        compile("gcc", &src, &out, &["-O1"], &[]);
+        let stamp = std::fs::read_to_string(with_suffix(&out, ".cmd")).unwrap();
+        assert!(stamp.contains("-O1"), "{stamp}");
+        let st = Command::new(&out).status().unwrap();
+        assert_eq!(st.code(), Some(3));
+        let bad = write_source(d.path(), "bad.c", "int main(void){ return x; }\n");
+        let e = try_compile("gcc", &bad, &d.path().join("bad"), &[], &[]).unwrap_err();
+        assert!(e.output.contains("undeclared"), "{e}");
+        assert!(!d.path().join("bad").exists());
+    }
+
+    #[test]
+    fn output_within_kills_a_command_that_runs_too_long() {
+        let mut c = Command::new("sleep");
+        c.arg("30");
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            output_within(c, Duration::from_millis(200))
+        }));
+        assert!(r.is_err());
+        let mut c = Command::new("sh");
+        c.args(["-c", "echo out; echo err >&2; exit 4"]);
+        let o = output_within(c, Duration::from_secs(20));
+        assert_eq!(
+            (text(&o.stdout), text(&o.stderr), o.status.code()),
+            ("out\n".into(), "err\n".into(), Some(4))
+        );
+    }
 }

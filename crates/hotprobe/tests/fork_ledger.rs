@@ -228,13 +228,14 @@ impl Run {
         }
     }
 
-    /// Lets the child go on and runs to the end: every line printed.
-    fn to_the_end(&mut self, mut got: Vec<String>) -> Vec<String> {
+    /// Lets the child go on: the line it waits for.
+    fn let_the_child_go(&mut self) {
         let mut stdin = self.stdin.take().unwrap();
         stdin.write_all(b"go\n").unwrap();
-        drop(stdin);
-        self.s.run().unwrap();
-        // Up to the parent's last line.
+    }
+
+    /// `got` and the lines printed since, up to the parent's last one.
+    fn lines_to_the_end(&self, mut got: Vec<String>) -> Vec<String> {
         loop {
             let l = self.lines.recv_timeout(Duration::from_secs(60)).unwrap();
             let last = l.starts_with("after ");
@@ -243,6 +244,14 @@ impl Run {
                 return got;
             }
         }
+    }
+
+    /// Lets the child go on and runs the session to the end: every line
+    /// printed.
+    fn run_to_the_end(&mut self, got: Vec<String>) -> Vec<String> {
+        self.let_the_child_go();
+        self.s.run().unwrap();
+        self.lines_to_the_end(got)
     }
 }
 
@@ -286,7 +295,7 @@ fn an_unfollowed_child_gets_the_files_code_back_from_the_ledger() {
         vec![],
         "the parent lost its probes"
     );
-    let got = run.to_the_end(got);
+    let got = run.run_to_the_end(got);
     assert_eq!(without_pid(&got), native(&bin));
     assert!(got
         .iter()
@@ -316,7 +325,7 @@ fn a_followed_child_keeps_the_fast_paths_code_and_counts_exactly() {
     // its own trap probes' int3s.
     let diffs = hotprobe_testkit::text_differences(child as u32, &bin);
     assert!(diffs.len() >= 2, "child {child}: {diffs:?}");
-    let got = run.to_the_end(got);
+    let got = run.run_to_the_end(got);
     assert_eq!(without_pid(&got), native(&bin));
     assert!(got
         .iter()
@@ -379,17 +388,7 @@ fn detaching_a_followed_child_puts_back_what_it_inherited() {
             );
         }
     }
-    let mut stdin = run.stdin.take().unwrap();
-    stdin.write_all(b"go\n").unwrap();
-    drop(stdin);
-    let mut got = got;
-    loop {
-        let l = run.lines.recv_timeout(Duration::from_secs(60)).unwrap();
-        let last = l.starts_with("after ");
-        got.push(l);
-        if last {
-            break;
-        }
-    }
+    run.let_the_child_go();
+    let got = run.lines_to_the_end(got);
     assert_eq!(without_pid(&got), native(&bin));
 }

@@ -120,7 +120,7 @@ pub fn mapped_file(pid: u32, file_name: &str) -> Option<PathBuf> {
     })
 }
 
-pub use hotprobe_testkit::{code_mappings, text_differences};
+use hotprobe_testkit::code_mappings;
 
 /// The signal-state sites of the code of `file` mapped in `pid`: the
 /// `syscall` instructions right after `mov eax, 13|14` (`rt_sigaction`,

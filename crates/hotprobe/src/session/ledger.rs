@@ -651,21 +651,19 @@ mod tests {
         child.insert_inherited(0x20, &[0x55], &[0xcc]);
         // Nothing when the bytes do not pair up.
         child.insert_inherited(0x50, &[1, 2], &[3]);
-        let sites: Vec<(u64, CodeOwner, &[u8], Option<&[u8]>)> = child
+        let sites: Vec<String> = child
             .sites()
             .iter()
-            .map(|s| (s.start, s.owner, s.original(), s.written()))
+            .map(|s| {
+                let w = s.written().unwrap_or_default();
+                format!("{:#x} {:?} {:x?} {:x?}", s.start, s.owner, s.original(), w)
+            })
             .collect();
         assert_eq!(
             sites,
-            vec![
-                (0x20, CodeOwner::Inherited, &[0x55][..], Some(&[0xcc][..])),
-                (
-                    0x30,
-                    CodeOwner::Inherited,
-                    &[1, 2, 3, 4, 5][..],
-                    Some(&[0xe9, 9, 9, 9, 9][..])
-                ),
+            [
+                "0x20 Inherited [55] [cc]",
+                "0x30 Inherited [1, 2, 3, 4, 5] [e9, 9, 9, 9, 9]",
             ]
         );
         assert_eq!(child.site_at(0x33).map(|s| s.end()), Some(0x35));
