@@ -216,16 +216,38 @@ impl Slot {
         let left: BTreeSet<u64> = pt.breakpoints().into_iter().map(|b| b.0).collect();
         let mut found = Vec::new();
         let restored = hotprobe_fastpath::restore_sites(pt, &sites, Some(&left), &mut found);
-        let ints: HashSet<u64> = ints.into_iter().chain(inherited).collect();
-        // The trap's (an `int3` left as found, quietly) and an inherited
-        // site's (no writer of this target's to name it): `Trap`.
+        let ints: HashSet<u64> = ints.into_iter().collect();
+        let inherited: HashSet<u64> = inherited.into_iter().collect();
+        // An inherited site another writer changed has no mechanism of
+        // this target's to name it: named here.
+        let mut notes = Vec::new();
         let found = found
             .into_iter()
-            .map(|f| match ints.contains(&f.addr) {
-                true => (MechKind::Trap, f),
-                false => (MechKind::Fast, f),
-            })
+            .filter_map(
+                |f| match (ints.contains(&f.addr), inherited.contains(&f.addr)) {
+                    (true, _) => Some((MechKind::Trap, f)),
+                    (false, true) => {
+                        use hotprobe_fastpath::ForeignOutcome as O;
+                        let what = match f.outcome {
+                            O::Int3Kept => "its int3 was kept, over the original instructions",
+                            O::Restored => "the original bytes were put back",
+                            O::LeftAsFound | O::LeftDisabled => "it was left as found",
+                        };
+                        notes.push(format!(
+                            "the probe site at {:#x} this followed child inherited from its \
+                         parent's fast path was changed by another writer (hotprobe left \
+                         {:02x?}, found {:02x?}): {what}",
+                            f.addr, f.expected, f.found
+                        ));
+                        None
+                    }
+                    (false, false) => Some((MechKind::Fast, f)),
+                },
+            )
             .collect();
+        for n in notes {
+            self.inbox.notice(&mut self.engine, n);
+        }
         restored?;
         Ok(found)
     }
