@@ -297,6 +297,33 @@ impl CodeLedger {
         out
     }
 
+    /// One walk of the sites against `mapped` (the target's mappings now,
+    /// sorted `(start, end)`): each run of sites no mapping holds any
+    /// more, as the gap between mappings it lies in and the number of
+    /// sites there (a module was unmapped under them).
+    pub(crate) fn unmapped_gaps(&self, mapped: &[(u64, u64)]) -> Vec<(u64, u64, usize)> {
+        let mut gaps: Vec<(u64, u64, usize)> = Vec::new();
+        let mut m = 0;
+        for s in &self.sites {
+            while mapped.get(m).is_some_and(|r| r.1 <= s.start) {
+                m += 1;
+            }
+            if mapped.get(m).is_some_and(|r| r.0 <= s.start) {
+                continue;
+            }
+            let from = match m {
+                0 => 0,
+                _ => mapped[m - 1].1,
+            };
+            let to = mapped.get(m).map_or(u64::MAX, |r| r.0);
+            match gaps.last_mut() {
+                Some(g) if g.0 == from => g.2 += 1,
+                _ => gaps.push((from, to, 1)),
+            }
+        }
+        gaps
+    }
+
     /// Records a site a followed fork child inherited: `written` (as read
     /// in the child) over `original`.
     pub(crate) fn insert_inherited(&mut self, start: u64, original: &[u8], written: &[u8]) {
@@ -677,6 +704,23 @@ mod tests {
         // An exec forgets them with the rest of the image.
         child.forget_image();
         assert!(child.sites().is_empty());
+    }
+
+    #[test]
+    fn sites_no_mapping_holds_are_found_by_gap_in_one_walk() {
+        let mut l = CodeLedger::default();
+        for a in [0x1010, 0x2010, 0x2020, 0x3010, 0x5000] {
+            l.insert(a, &[1], CodeOwner::Trap);
+        }
+        // 0x2000..0x3000 was unmapped; 0x5000 lies past every mapping.
+        let mapped = [(0x1000, 0x2000), (0x3000, 0x4000)];
+        assert_eq!(
+            l.unmapped_gaps(&mapped),
+            [(0x2000, 0x3000, 2), (0x4000, u64::MAX, 1)]
+        );
+        assert!(l
+            .unmapped_gaps(&[(0x1000, 0x4000), (0x5000, 0x6000)])
+            .is_empty());
     }
 
     #[test]

@@ -57,6 +57,7 @@ mod reverted;
 mod run;
 pub(crate) mod stacks;
 mod stats;
+mod unmapped;
 mod untraced;
 mod usdt;
 

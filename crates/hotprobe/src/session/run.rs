@@ -218,6 +218,7 @@ impl Session {
         }
         if matches!(ev, TargetEvent::ModulesChanged { .. }) {
             self.refresh_pending(i);
+            self.slots[i].forget_unmapped_sites();
             if let Some(pid) = self.slots[i].pid {
                 let slot = &mut self.slots[i];
                 crate::nonlocal::sync_unwind_hooks(&mut slot.engine, pid, &mut slot.inbox);
