@@ -301,10 +301,14 @@ impl Target for ProcessTarget {
         // Every int3, the rendezvous one included (a thread stopped there
         // runs the original `ret`).
         self.rendezvous = None;
-        let int3s = match self.forked_children.is_empty() {
-            true => Vec::new(),
-            false => self.int3_originals(),
-        };
+        // Forked children held and never released get their copy of the
+        // `int3`s back first (an error below must not leave them in).
+        if !self.forked_children.is_empty() {
+            let int3s = self.int3_originals();
+            for &child in &self.forked_children {
+                self.write_into_child(child as u64, &int3s);
+            }
+        }
         let bps: Vec<u64> = self.breakpoints.keys().copied().collect();
         for a in bps {
             self.remove_int3(RuntimeAddr(a))?;
@@ -336,8 +340,6 @@ impl Target for ProcessTarget {
         }
         self.settle_sigtrap_after_detach_hooks();
         for child in std::mem::take(&mut self.forked_children) {
-            // Held and never released: its copy of the `int3`s goes.
-            let _ = self.write_into_child(child as u64, &int3s);
             let _ = self.sys.detach(child, 0);
         }
         for tid in tids {
