@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::{gcc, kill_group, line_reader, HOTPROBE};
-use sigtrap_own_support::text_differences;
+use hotprobe_testkit::text_differences;
 
 use hotprobe::fastpath::{ledger_state, UndoState};
 

@@ -263,10 +263,85 @@ impl ProcessTarget {
         }
     }
 
+    /// Lets the forked child `child` (held stopped since its
+    /// [`TargetEvent::Forked`]) run on its own after writing `bytes`
+    /// (address, bytes) into its memory, and nothing else: the caller
+    /// decides every byte the child gets back (the session, from one walk
+    /// of its code ledger: the `int3`s, the agent's writes, the return
+    /// addresses swapped in the forking thread's stack). A write that
+    /// fails does not stop the others.
+    pub fn release_fork_child_with(
+        &mut self,
+        child: u64,
+        bytes: &[(RuntimeAddr, Vec<u8>)],
+    ) -> Result<(), TargetError> {
+        if !self.forked_children.contains(&(child as i32)) {
+            return Ok(());
+        }
+        self.write_into_child(child, bytes);
+        let child = child as i32;
+        self.forked_children.retain(|c| *c != child);
+        self.sys.detach(child, 0).map_err(|e| self.sys_err(e))
+    }
+
+    /// Writes `bytes` into the memory of `child` (a forked child held
+    /// stopped, not yet released or adopted), adjacent writes as one: the
+    /// number of bytes written (a write that fails does not stop the
+    /// others).
+    pub fn write_into_child(&self, child: u64, bytes: &[(RuntimeAddr, Vec<u8>)]) -> usize {
+        let child = child as i32;
+        if bytes.is_empty() || !self.forked_children.contains(&child) {
+            return 0;
+        }
+        let Ok(mem) = open_mem(&self.sys, child) else {
+            return 0;
+        };
+        let mut sorted: Vec<&(RuntimeAddr, Vec<u8>)> = bytes.iter().collect();
+        // Stable: of two writes at one address, the later one wins.
+        sorted.sort_by_key(|(a, _)| a.0);
+        let mut written = 0;
+        let mut span: Option<(u64, Vec<u8>)> = None;
+        let flush = |span: &mut Option<(u64, Vec<u8>)>, written: &mut usize| {
+            if let Some((at, b)) = span.take() {
+                if matches!(mem.write_at(&b, at), Ok(n) if n == b.len()) {
+                    *written += b.len();
+                }
+            }
+        };
+        for (a, b) in sorted {
+            match &mut span {
+                Some((at, v)) if *at + v.len() as u64 >= a.0 => {
+                    let off = (a.0 - *at) as usize;
+                    let end = off + b.len();
+                    if v.len() < end {
+                        v.resize(end, 0);
+                    }
+                    v[off..end].copy_from_slice(b);
+                }
+                _ => {
+                    flush(&mut span, &mut written);
+                    span = Some((a.0, b.clone()));
+                }
+            }
+        }
+        flush(&mut span, &mut written);
+        written
+    }
+
+    /// The original byte under each of this target's `int3`s, as writes
+    /// (what a forked child gets back from a caller without a ledger).
+    pub(crate) fn int3_originals(&self) -> Vec<(RuntimeAddr, Vec<u8>)> {
+        self.breakpoints
+            .iter()
+            .map(|(a, b)| (RuntimeAddr(*a), vec![*b]))
+            .collect()
+    }
+
     /// Takes the forked child `child` (held stopped since its
     /// [`TargetEvent::Forked`]) as a target of its own, stopped, instead of
-    /// releasing it: it keeps whatever other mechanisms wrote into its
-    /// memory (our breakpoints were already taken out of it).
+    /// releasing it. Its memory is its parent's copy, our `int3`s and the
+    /// other mechanisms' writes included: the caller writes back what it
+    /// must not keep (the session, from one walk of its code ledger).
     pub fn adopt_fork_child(&mut self, child: u64) -> Result<ProcessTarget, ProcessError> {
         let child = child as i32;
         if !self.forked_children.contains(&child) {

@@ -301,6 +301,14 @@ impl Target for ProcessTarget {
         // Every int3, the rendezvous one included (a thread stopped there
         // runs the original `ret`).
         self.rendezvous = None;
+        // Forked children held and never released get their copy of the
+        // `int3`s back first (an error below must not leave them in).
+        if !self.forked_children.is_empty() {
+            let int3s = self.int3_originals();
+            for &child in &self.forked_children {
+                self.write_into_child(child as u64, &int3s);
+            }
+        }
         let bps: Vec<u64> = self.breakpoints.keys().copied().collect();
         for a in bps {
             self.remove_int3(RuntimeAddr(a))?;
@@ -352,19 +360,10 @@ impl Target for ProcessTarget {
         child: u64,
         restores: &[(RuntimeAddr, Vec<u8>)],
     ) -> Result<(), TargetError> {
-        let child = child as i32;
-        if !self.forked_children.contains(&child) {
-            return Ok(());
-        }
-        self.forked_children.retain(|c| *c != child);
-        if !restores.is_empty() {
-            if let Ok(mem) = open_mem(&self.sys, child) {
-                for (addr, bytes) in restores {
-                    let _ = mem.write_at(bytes, addr.0);
-                }
-            }
-        }
-        self.sys.detach(child, 0).map_err(|e| self.sys_err(e))
+        // Without a ledger: this target's own `int3`s go too.
+        let mut all = self.int3_originals();
+        all.extend_from_slice(restores);
+        self.release_fork_child_with(child, &all)
     }
 
     fn forget_breakpoint(&mut self, addr: RuntimeAddr) {

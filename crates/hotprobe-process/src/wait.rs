@@ -218,13 +218,11 @@ impl ProcessTarget {
                         None
                     });
                 }
-                // fork: a separate address space with our breakpoints in it.
+                // fork: a separate address space with every code byte of
+                // ours in it, held stopped until it is released or adopted
+                // (the caller decides what it gets back: the session from
+                // its code ledger, see `release_fork_child_with`).
                 if alive {
-                    if let Ok(child_mem) = open_mem(&self.sys, new) {
-                        for (addr, orig) in &self.breakpoints {
-                            let _ = child_mem.write_at(&[*orig], *addr);
-                        }
-                    }
                     self.forked_children.push(new);
                 }
                 return Ok(Some(TargetEvent::Forked {

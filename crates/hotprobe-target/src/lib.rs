@@ -307,6 +307,14 @@ pub trait Target {
     /// Remove a breakpoint inserted earlier, restoring the original bytes.
     fn remove_breakpoint(&mut self, addr: RuntimeAddr) -> Result<(), TargetError>;
 
+    /// The addresses of the breakpoints this target holds, where it keeps
+    /// them itself and writes no byte (a guest's stub breakpoints), for
+    /// the session's code ledger. `None` (the default): it does not list
+    /// them this way (a process lists its `int3`s with their bytes).
+    fn stub_breakpoints(&self) -> Option<Vec<u64>> {
+        None
+    }
+
     /// Stop every thread (stop-the-world, for patching); events that arrive
     /// meanwhile are kept for later [`Target::wait`] calls.
     fn stop_all(&mut self) -> Result<(), TargetError>;

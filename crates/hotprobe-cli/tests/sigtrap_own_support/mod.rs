@@ -120,47 +120,7 @@ pub fn mapped_file(pid: u32, file_name: &str) -> Option<PathBuf> {
     })
 }
 
-/// The executable mappings of `file` (of `file_len` bytes) in `pid`:
-/// (start address, file offset, length within the file) of each.
-pub fn code_mappings(pid: u32, file: &Path, file_len: usize) -> Vec<(u64, usize, usize)> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let name = file.to_str().unwrap();
-    maps.lines()
-        .filter_map(|l| {
-            let w: Vec<&str> = l.split_whitespace().collect();
-            if w.len() < 6 || w[5] != name || !w[1].contains('x') {
-                return None;
-            }
-            let (s, e) = w[0].split_once('-').unwrap();
-            let (s, e) = (
-                u64::from_str_radix(s, 16).unwrap(),
-                u64::from_str_radix(e, 16).unwrap(),
-            );
-            let off = u64::from_str_radix(w[2], 16).unwrap() as usize;
-            Some((s, off, ((e - s) as usize).min(file_len.saturating_sub(off))))
-        })
-        .collect()
-}
-
-/// The bytes of every executable mapping of `file` in process `pid` that
-/// differ from the file: (address, in memory, in the file).
-pub fn text_differences(pid: u32, file: &Path) -> Vec<(u64, u8, u8)> {
-    use std::io::{Read, Seek, SeekFrom};
-    let bytes = std::fs::read(file).unwrap();
-    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
-    let mut diffs = Vec::new();
-    for (s, off, len) in code_mappings(pid, file, bytes.len()) {
-        let mut m = vec![0u8; len];
-        mem.seek(SeekFrom::Start(s)).unwrap();
-        mem.read_exact(&mut m).unwrap();
-        for (i, (a, b)) in m.iter().zip(&bytes[off..off + len]).enumerate() {
-            if a != b {
-                diffs.push((s + i as u64, *a, *b));
-            }
-        }
-    }
-    diffs
-}
+use hotprobe_testkit::code_mappings;
 
 /// The signal-state sites of the code of `file` mapped in `pid`: the
 /// `syscall` instructions after `mov eax, 13|14` (`rt_sigaction`,

@@ -197,6 +197,10 @@ impl Target for GuestTarget {
         r
     }
 
+    fn stub_breakpoints(&self) -> Option<Vec<u64>> {
+        Some(self.breakpoints.iter().copied().collect())
+    }
+
     fn stop_all(&mut self) -> Result<(), TargetError> {
         self.check_alive()?;
         self.stopped_by_stop_all = self.pause()?;

@@ -295,16 +295,16 @@ impl ByProcess {
     }
 }
 
-/// Takes the agent's writes since the last call into the ledger, and hands
-/// the new ones to the engine as the bytes a forked child gets back (only
+/// Takes the agent's writes since the last call into the ledger (only
 /// what is new, unless writes were taken back since: probing N names one
 /// call each stays linear). An in-process trap is the agent's only
-/// one-byte write (a patch call or a jump is 5 bytes at least).
-pub(super) fn sync_agent_writes(engine: &mut Engine, agent: &Agent, ledger: &mut CodeLedger) {
+/// one-byte write (a patch call or a jump is 5 bytes at least). What a
+/// forked child gets back is read from the ledger (`follow.rs`).
+pub(super) fn sync_agent_writes(agent: &Agent, ledger: &mut CodeLedger) {
     let Some(fp) = agent.fast_path() else {
         return;
     };
-    let (new, whole) = ledger.sync_agent(fp.written_count(), fp.removals(), |from| {
+    ledger.sync_agent(fp.written_count(), fp.removals(), |from| {
         fp.written_since(from)
             .into_iter()
             .map(|(a, b)| {
@@ -313,11 +313,4 @@ pub(super) fn sync_agent_writes(engine: &mut Engine, agent: &Agent, ledger: &mut
             })
             .collect()
     });
-    let restores: Vec<(RuntimeAddr, Vec<u8>)> =
-        new.into_iter().map(|(a, b)| (RuntimeAddr(a), b)).collect();
-    if whole {
-        engine.set_fork_restores(restores);
-    } else if !restores.is_empty() {
-        engine.extend_fork_restores(restores);
-    }
 }

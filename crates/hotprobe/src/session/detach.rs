@@ -1,4 +1,4 @@
-//! Detach from a live process in one walk of its code ledger (issue 21):
+//! Detach from a live target in one walk of its code ledger (issue 21):
 //! every byte any mechanism wrote — the trap engine's `int3`s and their
 //! guards, the session's own (return trampoline, loader rendezvous, unwind
 //! hooks), the fast path's patch calls and jumps, the agent's in-process
@@ -21,12 +21,19 @@
 //!    the engine detaches the target (scratch freed, threads let go), the
 //!    trap table is emptied.
 //!
+//! A guest goes the same way: the QEMU plugin turns its callbacks off
+//! (it writes no code byte), the engine stops the vCPUs and moves them
+//! out of its scratch, the walk removes every stub breakpoint the ledger
+//! lists (`Target::stub_breakpoints` took them in) through the target,
+//! and the engine detaches it.
+//!
 //! A site whose bytes another writer changed meanwhile is left as
 //! [`hotprobe_fastpath::ForeignOutcome`] says, and named for the fast
 //! path's sites (an `int3` the program rewrote is left as found, quietly,
 //! as before).
 
 use super::agent::AgentState;
+use super::ledger::CodeLedger;
 use super::mech::{DetachReady, MechKind, Walked};
 use super::Slot;
 use crate::EngineError;
@@ -43,18 +50,6 @@ impl Slot {
     /// failed; the steps after it still run where they can.
     pub(super) fn detach_by_ledger(&mut self) -> Result<(), EngineError> {
         let mut first_err: Option<EngineError> = None;
-        if !self.inherited.is_empty() {
-            // A followed child still running: its parent's fast-path code
-            // goes (threads are never inside those bytes but at their
-            // first one: each is one instruction). Those bytes are the
-            // parent's ledger's, not this one's.
-            let t = self.engine.target();
-            if t.stop_all().is_ok() {
-                for (a, b) in std::mem::take(&mut self.inherited) {
-                    let _ = t.write_memory(a, &b);
-                }
-            }
-        }
         // 1. Each mechanism makes its sites safe (the agent's first: its
         // wait for threads to leave a site may let them run).
         let mut ready: Vec<(MechKind, Option<DetachReady>)> = Vec::new();
@@ -137,7 +132,10 @@ impl Slot {
             ..
         } = self;
         let Some(pt) = engine.process() else {
-            return Ok(Vec::new());
+            return match traps {
+                true => restore_stub_breakpoints(engine.target(), ledger),
+                false => Ok(Vec::new()),
+            };
         };
         let fp = match &agent.state {
             AgentState::On(fp) if fast => Some(&**fp),
@@ -153,13 +151,28 @@ impl Slot {
         };
         let mut sites = Vec::with_capacity(ledger.sites().len());
         let mut ints = Vec::new();
+        let mut inherited = Vec::new();
         // Both by address: the fast path's writes are walked along the
         // ledger's sites; one the ledger missed (it never should) is taken
         // out all the same.
         let mut next = 0;
         for s in ledger.sites() {
             match s.owner.writer() {
-                MechKind::Fast => {
+                // A followed child's copy of its parent's agent writes
+                // (threads are never inside those bytes but at their
+                // first one: each is one instruction), taken out with the
+                // `int3`s (the trap's preparation stopped every thread).
+                None => {
+                    if let (true, Some(written)) = (traps, s.written()) {
+                        inherited.push(s.start);
+                        sites.push(SiteRestore {
+                            addr: s.start,
+                            expected: written,
+                            original: s.original(),
+                        });
+                    }
+                }
+                Some(MechKind::Fast) => {
                     while writes.get(next).is_some_and(|w| w.addr < s.start) {
                         let w = &writes[next];
                         sites.push(fast_site(w, &w.original));
@@ -178,7 +191,7 @@ impl Slot {
                     };
                     sites.push(fast_site(w, original));
                 }
-                MechKind::Trap => {
+                Some(MechKind::Trap) => {
                     if let Some(b) = under.get(&s.start) {
                         ints.push(s.start);
                         sites.push(SiteRestore {
@@ -188,7 +201,7 @@ impl Slot {
                         });
                     }
                 }
-                MechKind::InProcess | MechKind::Plugin => {}
+                Some(MechKind::InProcess | MechKind::Plugin) => {}
             }
         }
         for w in writes.get(next..).unwrap_or_default() {
@@ -204,15 +217,64 @@ impl Slot {
         let mut found = Vec::new();
         let restored = hotprobe_fastpath::restore_sites(pt, &sites, Some(&left), &mut found);
         let ints: HashSet<u64> = ints.into_iter().collect();
+        let inherited: HashSet<u64> = inherited.into_iter().collect();
+        // An inherited site another writer changed has no mechanism of
+        // this target's to name it: named here.
+        let mut notes = Vec::new();
         let found = found
             .into_iter()
-            .map(|f| match ints.contains(&f.addr) {
-                true => (MechKind::Trap, f),
-                false => (MechKind::Fast, f),
-            })
+            .filter_map(
+                |f| match (ints.contains(&f.addr), inherited.contains(&f.addr)) {
+                    (true, _) => Some((MechKind::Trap, f)),
+                    (false, true) => {
+                        use hotprobe_fastpath::ForeignOutcome as O;
+                        let what = match f.outcome {
+                            O::Int3Kept => "its int3 was kept, over the original instructions",
+                            O::Restored => "the original bytes were put back",
+                            O::LeftAsFound | O::LeftDisabled => "it was left as found",
+                        };
+                        notes.push(format!(
+                            "the probe site at {:#x} this followed child inherited from its \
+                         parent's fast path was changed by another writer (hotprobe left \
+                         {:02x?}, found {:02x?}): {what}",
+                            f.addr, f.expected, f.found
+                        ));
+                        None
+                    }
+                    (false, false) => Some((MechKind::Fast, f)),
+                },
+            )
             .collect();
+        for n in notes {
+            self.inbox.notice(&mut self.engine, n);
+        }
         restored?;
         Ok(found)
+    }
+}
+
+/// Step 2 for a target that keeps its breakpoints itself (a guest's
+/// stub breakpoints write no byte): each breakpoint site of the ledger is
+/// removed once, through the target; one that cannot be does not stop the
+/// others, and the first error is returned at the end. (A guest's
+/// out-of-line areas in unused kernel text are the target's own scratch,
+/// put back at its detach, as a process's scratch is unmapped at its.)
+fn restore_stub_breakpoints(
+    target: &mut dyn Target,
+    ledger: &CodeLedger,
+) -> Result<Vec<(MechKind, ForeignWrite)>, EngineError> {
+    let mut first_err = None;
+    for s in ledger.sites() {
+        if s.owner.writer() != Some(MechKind::Trap) {
+            continue;
+        }
+        if let Err(e) = target.remove_breakpoint(RuntimeAddr(s.start)) {
+            first_err.get_or_insert(e);
+        }
+    }
+    match first_err {
+        Some(e) => Err(e.into()),
+        None => Ok(Vec::new()),
     }
 }
 
@@ -233,4 +295,105 @@ fn take_foreign_of(found: &mut Vec<(MechKind, ForeignWrite)>, kind: MechKind) ->
         .partition(|(k, _)| *k == kind);
     *found = rest;
     mine.into_iter().map(|(_, f)| f).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hotprobe_target::{Registers, ResumeMode, TargetError, TargetEvent, ThreadId};
+    use std::collections::BTreeSet;
+    use std::time::Duration;
+
+    /// A target that keeps its breakpoints itself, as a guest's stub does:
+    /// the removals it was asked for, in order; `stuck` cannot be removed.
+    #[derive(Default)]
+    struct Stub {
+        breakpoints: BTreeSet<u64>,
+        removed: Vec<u64>,
+        stuck: Option<u64>,
+    }
+
+    impl Target for Stub {
+        fn describe(&self) -> String {
+            "stub".into()
+        }
+        fn threads(&self) -> Vec<ThreadId> {
+            Vec::new()
+        }
+        fn read_memory(&mut self, _: RuntimeAddr, _: &mut [u8]) -> Result<(), TargetError> {
+            Ok(())
+        }
+        fn write_memory(&mut self, _: RuntimeAddr, _: &[u8]) -> Result<(), TargetError> {
+            panic!("a stub breakpoint is no byte to write")
+        }
+        fn registers(&mut self, _: ThreadId) -> Result<Registers, TargetError> {
+            Ok(Registers::default())
+        }
+        fn set_registers(&mut self, _: ThreadId, _: &Registers) -> Result<(), TargetError> {
+            Ok(())
+        }
+        fn resume(&mut self, _: ThreadId, _: ResumeMode) -> Result<(), TargetError> {
+            Ok(())
+        }
+        fn wait(&mut self, _: Option<Duration>) -> Result<TargetEvent, TargetError> {
+            Ok(TargetEvent::Timeout)
+        }
+        fn insert_breakpoint(&mut self, a: RuntimeAddr) -> Result<(), TargetError> {
+            self.breakpoints.insert(a.0);
+            Ok(())
+        }
+        fn remove_breakpoint(&mut self, a: RuntimeAddr) -> Result<(), TargetError> {
+            if self.stuck == Some(a.0) {
+                return Err(TargetError::Protocol {
+                    target: self.describe(),
+                    why: "refused".into(),
+                });
+            }
+            self.breakpoints.remove(&a.0);
+            self.removed.push(a.0);
+            Ok(())
+        }
+        fn stub_breakpoints(&self) -> Option<Vec<u64>> {
+            Some(self.breakpoints.iter().copied().collect())
+        }
+        fn stop_all(&mut self) -> Result<(), TargetError> {
+            Ok(())
+        }
+        fn resume_all(&mut self) -> Result<(), TargetError> {
+            Ok(())
+        }
+        fn detach(&mut self) -> Result<(), TargetError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_guests_stub_breakpoints_are_taken_out_in_one_walk_of_the_ledger() {
+        let mut stub = Stub::default();
+        for a in [0x30, 0x10, 0x20] {
+            stub.insert_breakpoint(RuntimeAddr(a)).unwrap();
+        }
+        let mut ledger = CodeLedger::default();
+        ledger.sync_stub_breakpoints(stub.stub_breakpoints().unwrap());
+        // No byte is written for them: the sites have no original.
+        assert!(ledger.sites().iter().all(|s| s.original().is_empty()));
+        assert_eq!(ledger.traps().collect::<Vec<_>>(), [0x10, 0x20, 0x30]);
+        // One that goes is dropped at the next sync.
+        stub.remove_breakpoint(RuntimeAddr(0x20)).unwrap();
+        stub.removed.clear();
+        ledger.sync_stub_breakpoints(stub.stub_breakpoints().unwrap());
+        assert_eq!(ledger.traps().collect::<Vec<_>>(), [0x10, 0x30]);
+        // The walk removes each once, by address, and goes on past one
+        // that fails: its error is the walk's.
+        stub.stuck = Some(0x10);
+        let r = restore_stub_breakpoints(&mut stub, &ledger);
+        assert!(r.is_err());
+        assert_eq!(stub.removed, [0x30]);
+        assert_eq!(stub.breakpoints.iter().copied().collect::<Vec<_>>(), [0x10]);
+        stub.stuck = None;
+        assert!(restore_stub_breakpoints(&mut stub, &ledger)
+            .unwrap()
+            .is_empty());
+        assert!(stub.breakpoints.is_empty());
+    }
 }

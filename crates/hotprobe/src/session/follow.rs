@@ -1,18 +1,70 @@
-//! Fork children followed as targets of their own (`--follow-forks`).
+//! Forked children: what each gets back, from one walk of its parent's
+//! code ledger, and those followed as targets of their own
+//! (`--follow-forks`).
 
 use super::*;
 
 impl Session {
-    /// Takes the fork child `child` of slot `i` as a target of its own:
-    /// the fast path's code stays in it (its agent counts into slots of
-    /// its own), the trap `Count`/`Record` probes are placed in it again,
-    /// return addresses swapped in its stack are put back (`fixes`).
-    /// Where that fails the child is released without probes, with a notice.
-    pub(super) fn follow_child(
+    /// A child forked by slot `i`'s process, held stopped since its fork
+    /// (the session holds every fork: what the child gets back is decided
+    /// here, by one walk of the forking process's code ledger). Not
+    /// followed: every byte of every mechanism goes back to its original in
+    /// the child, and the return addresses swapped in the forking thread's
+    /// stack (`fixes`), before it is let go without probes. Followed
+    /// (`--follow-forks`): the `int3`s go back too, the agent's writes
+    /// stay (its agent counts through them into slots of its own; the
+    /// child's ledger takes them in as inherited), and the child is taken
+    /// as a target of its own (see [`Session::follow_child`]).
+    pub(super) fn take_fork_child(
         &mut self,
         i: usize,
         child: u64,
         fixes: Vec<(RuntimeAddr, Vec<u8>)>,
+    ) {
+        let follow = self.slots[i].follow_forks;
+        let slot = &mut self.slots[i];
+        slot.sync_ledger();
+        let Slot { engine, ledger, .. } = slot;
+        let Some(pt) = engine.process() else {
+            return;
+        };
+        let walk = ledger.fork_walk(follow, |a| pt.breakpoint_at(a));
+        let mut put_back: Vec<(RuntimeAddr, Vec<u8>)> = walk
+            .put_back
+            .into_iter()
+            .map(|(a, b)| (RuntimeAddr(a), b))
+            .collect();
+        put_back.extend(fixes);
+        if follow {
+            self.follow_child(i, child, put_back, walk.kept);
+            return;
+        }
+        let released = pt.release_fork_child_with(child, &put_back);
+        let target = pt.describe();
+        let slot = &mut self.slots[i];
+        match released {
+            Ok(()) => slot.notice(format!(
+                "{target}: forked child {child} (released without probes)"
+            )),
+            Err(e) => slot.notice(format!(
+                "{target}: forked child {child} could not be released: {e}"
+            )),
+        }
+    }
+
+    /// Takes the fork child `child` of slot `i` as a target of its own:
+    /// `put_back` (from [`Session::take_fork_child`]'s walk: the `int3`s'
+    /// originals, the return addresses) is written into it, the agent's
+    /// writes it keeps (`kept`: address, original) go into its ledger as
+    /// inherited, and the trap `Count`/`Record` probes are placed in it
+    /// again. Where that fails the child is released without probes (the
+    /// kept bytes put back too), with a notice.
+    fn follow_child(
+        &mut self,
+        i: usize,
+        child: u64,
+        put_back: Vec<(RuntimeAddr, Vec<u8>)>,
+        kept: Vec<(u64, Vec<u8>)>,
     ) {
         // A process that executed another program gives its children the
         // probes of its new image.
@@ -20,33 +72,37 @@ impl Session {
             true => i,
             false => self.slots[i].root.unwrap_or(i),
         };
-        // The agent's writes in the parent's code, from its ledger.
-        let rs = &mut self.slots[root];
-        rs.sync_ledger();
-        let inherited: Vec<(RuntimeAddr, Vec<u8>)> = rs
-            .ledger
-            .agent_writes()
-            .into_iter()
-            .map(|(a, b)| (RuntimeAddr(a), b))
-            .collect();
+        // Written before the child's target is made: it arms the loader's
+        // rendezvous, which it must find as the file has it.
         let adopted = Slot::process(&mut self.slots[i].engine)
             .ok_or_else(|| "not a process".to_string())
-            .and_then(|pt| pt.adopt_fork_child(child).map_err(|e| e.to_string()));
+            .and_then(|pt| {
+                pt.write_into_child(child, &put_back);
+                pt.adopt_fork_child(child).map_err(|e| e.to_string())
+            });
         let mut pt = match adopted {
             Ok(pt) => pt,
             Err(why) => {
                 let slot = &mut self.slots[i];
-                let mut all = inherited;
-                all.extend(fixes);
-                let _ = slot.engine.target().release_fork_child(child, &all);
+                let mut all: Vec<(RuntimeAddr, Vec<u8>)> =
+                    kept.into_iter().map(|(a, b)| (RuntimeAddr(a), b)).collect();
+                all.extend(put_back);
+                if let Some(pt) = slot.engine.process() {
+                    let _ = pt.release_fork_child_with(child, &all);
+                }
                 slot.notice(format!(
                     "cannot follow forked child {child}: {why}; released without probes"
                 ));
                 return;
             }
         };
-        for (a, b) in &fixes {
-            let _ = pt.write_memory(*a, b);
+        // The bytes it keeps, as it got them.
+        let mut inherited = Vec::with_capacity(kept.len());
+        for (a, original) in kept {
+            let mut now = vec![0u8; original.len()];
+            if pt.read_memory(RuntimeAddr(a), &mut now).is_ok() && now != original {
+                inherited.push((a, original, now));
+            }
         }
         let resolver = crate::ProcessResolver::new(child as i32).ok();
         let t = self.push_slot(
@@ -60,7 +116,9 @@ impl Session {
         let followable = self.slots[root].mechs.trap.followable.clone();
         let slot = &mut self.slots[t.0];
         slot.root = Some(root);
-        slot.inherited = inherited;
+        for (a, original, now) in inherited {
+            slot.ledger.insert_inherited(a, &original, &now);
+        }
         slot.recording = recording;
         let mut failed = Vec::new();
         for (rid, addr, is_return, record, exits) in followable {

@@ -36,16 +36,23 @@ pub enum CodeOwner {
     InProcess,
     /// A patch call or a jump of the fast path (and their padding).
     Fast,
+    /// A followed fork child's copy of its parent's agent writes (patch
+    /// calls, jumps, in-process traps): no mechanism of the child's wrote
+    /// them (its agent counts through them into slots of its own); the
+    /// child's ledger walks put them back (detach) or drop them (exec).
+    Inherited,
 }
 
 impl CodeOwner {
     /// The mechanism whose list holds these bytes (the fast path's list
-    /// holds the agent's in-process traps too).
-    pub(crate) fn writer(self) -> super::mech::MechKind {
+    /// holds the agent's in-process traps too); `None` for inherited
+    /// bytes, which only the ledger holds.
+    pub(crate) fn writer(self) -> Option<super::mech::MechKind> {
         use super::mech::MechKind;
         match self {
-            CodeOwner::Trap | CodeOwner::Guard => MechKind::Trap,
-            CodeOwner::Fast | CodeOwner::InProcess => MechKind::Fast,
+            CodeOwner::Trap | CodeOwner::Guard => Some(MechKind::Trap),
+            CodeOwner::Fast | CodeOwner::InProcess => Some(MechKind::Fast),
+            CodeOwner::Inherited => None,
         }
     }
 }
@@ -59,11 +66,13 @@ const MAX_TRAP_CHANGES: usize = 1 << 16;
 const INLINE: usize = 24;
 
 /// The bytes a write replaced, inline when short (no allocation for the
-/// usual site).
+/// usual site); for an inherited site, the original followed by the bytes
+/// written (as many).
 #[derive(Clone, Debug)]
 enum Original {
     Inline(u8, [u8; INLINE]),
     Heap(Box<[u8]>),
+    WithWritten(Box<[u8]>),
 }
 
 impl Original {
@@ -81,6 +90,16 @@ impl Original {
         match self {
             Original::Inline(n, b) => &b[..*n as usize],
             Original::Heap(b) => b,
+            Original::WithWritten(b) => &b[..b.len() / 2],
+        }
+    }
+
+    /// The bytes written over the original, where the site keeps them
+    /// (an inherited site).
+    fn written(&self) -> Option<&[u8]> {
+        match self {
+            Original::WithWritten(b) => Some(&b[b.len() / 2..]),
+            _ => None,
         }
     }
 }
@@ -104,6 +123,12 @@ impl CodeSite {
     /// The bytes the write replaced (the code as it was in the file).
     pub fn original(&self) -> &[u8] {
         self.original.bytes()
+    }
+
+    /// The bytes written over the original, for an inherited site (the
+    /// parent's agent's, as the child got them).
+    pub(crate) fn written(&self) -> Option<&[u8]> {
+        self.original.written()
     }
 
     /// One past the last byte written.
@@ -135,6 +160,20 @@ impl CodeSite {
     fn is_agent(&self) -> bool {
         matches!(self.owner, CodeOwner::Fast | CodeOwner::InProcess)
     }
+}
+
+/// What a forked child's copy of the code gets, from one walk of its
+/// parent's ledger ([`CodeLedger::fork_walk`]).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct ForkBytes {
+    /// (address, bytes) written into the child: the original under each
+    /// site it does not keep.
+    pub put_back: Vec<(u64, Vec<u8>)>,
+    /// (address, original) of the sites a followed child keeps: the
+    /// agent's writes (its agent counts through them into slots of its
+    /// own), inherited ones included. Its ledger takes them in as
+    /// [`CodeOwner::Inherited`].
+    pub kept: Vec<(u64, Vec<u8>)>,
 }
 
 /// Every byte range the mechanisms wrote into one target's code (see the
@@ -219,9 +258,91 @@ impl CodeLedger {
         self.sites.retain(|s| s.start < start || s.start >= end);
     }
 
-    /// Forgets the agent's sites (exec, exit: the image is gone).
-    pub(crate) fn forget_agent(&mut self) {
+    /// Forgets the agent's sites (a whole resync of its list).
+    fn forget_agent(&mut self) {
         self.sites.retain(|s| !s.is_agent());
+    }
+
+    /// Forgets every site of the image (exec, exit: the memory is gone,
+    /// nothing is restored). The `int3`s of a new image are taken in again
+    /// at the next sync (the process target lists them all after an exec).
+    pub(crate) fn forget_image(&mut self) {
+        self.sites.clear();
+    }
+
+    /// What a child forked by this target gets in its copy of the code, in
+    /// one walk of the ledger: not followed (`follow` false), every site's
+    /// original back; followed, the `int3`s' originals back (its own trap
+    /// probes are placed again) and the agent's writes kept. `under(a)`
+    /// is the byte under the `int3` at `a` now (the process target's: a
+    /// write under an `int3` changes it), `None` where none is in the code
+    /// (lifted for a step: the child's copy holds the original).
+    pub(crate) fn fork_walk(&self, follow: bool, under: impl Fn(u64) -> Option<u8>) -> ForkBytes {
+        let mut out = ForkBytes::default();
+        for s in &self.sites {
+            match s.owner {
+                CodeOwner::Trap | CodeOwner::Guard => {
+                    if let Some(b) = under(s.start) {
+                        out.put_back.push((s.start, vec![b]));
+                    }
+                }
+                // A probe's entry with no bytes of its own.
+                CodeOwner::Fast if s.original().is_empty() => {}
+                CodeOwner::Fast | CodeOwner::InProcess | CodeOwner::Inherited => match follow {
+                    true => out.kept.push((s.start, s.original().to_vec())),
+                    false => out.put_back.push((s.start, s.original().to_vec())),
+                },
+            }
+        }
+        out
+    }
+
+    /// One walk of the sites against `mapped` (the target's mappings now,
+    /// sorted `(start, end)`): each run of sites no mapping holds any
+    /// more, as the gap between mappings it lies in and the number of
+    /// sites there (a module was unmapped under them).
+    pub(crate) fn unmapped_gaps(&self, mapped: &[(u64, u64)]) -> Vec<(u64, u64, usize)> {
+        let mut gaps: Vec<(u64, u64, usize)> = Vec::new();
+        let mut m = 0;
+        for s in &self.sites {
+            while mapped.get(m).is_some_and(|r| r.1 <= s.start) {
+                m += 1;
+            }
+            if mapped.get(m).is_some_and(|r| r.0 <= s.start) {
+                continue;
+            }
+            let from = match m {
+                0 => 0,
+                _ => mapped[m - 1].1,
+            };
+            let to = mapped.get(m).map_or(u64::MAX, |r| r.0);
+            match gaps.last_mut() {
+                Some(g) if g.0 == from => g.2 += 1,
+                _ => gaps.push((from, to, 1)),
+            }
+        }
+        gaps
+    }
+
+    /// Records a site a followed fork child inherited: `written` (as read
+    /// in the child) over `original`.
+    pub(crate) fn insert_inherited(&mut self, start: u64, original: &[u8], written: &[u8]) {
+        if original.len() != written.len() || original.is_empty() {
+            return;
+        }
+        let i = self.slot_for(start);
+        let mut both = original.to_vec();
+        both.extend_from_slice(written);
+        self.sites.insert(
+            i,
+            CodeSite {
+                start,
+                owner: CodeOwner::Inherited,
+                original: Original::WithWritten(both.into()),
+                first: None,
+                more: Vec::new(),
+            },
+        );
     }
 
     /// Forgets every site (detach: each writer put its bytes back).
@@ -278,6 +399,7 @@ impl CodeLedger {
             CodeOwner::InProcess => 0,
             CodeOwner::Fast => 1,
             CodeOwner::Trap | CodeOwner::Guard => 2,
+            CodeOwner::Inherited => 3,
         };
         // The sites starting at the last start at or before `addr` (sites
         // do not overlap: a write never goes over another's bytes).
@@ -329,15 +451,14 @@ impl CodeLedger {
 
     /// Takes in the agent's writes since the last call (`count` writes
     /// listed now, `removals` as `FastPath::removals` says, `since(from)`
-    /// listing them from the `from`-th on). Returns the writes new to the
-    /// ledger and whether the agent's list was taken in whole again
-    /// (writes left it since): then the returned list is all of them.
+    /// listing them from the `from`-th on); its list is taken in whole
+    /// again when writes left it since.
     pub(crate) fn sync_agent(
         &mut self,
         count: usize,
         removals: u64,
         since: impl FnOnce(usize) -> Vec<(u64, Vec<u8>, bool)>,
-    ) -> (Vec<(u64, Vec<u8>)>, bool) {
+    ) {
         let (synced, seen) = self.agent_synced;
         let whole = !(removals == seen && count >= synced);
         let from = if whole { 0 } else { synced };
@@ -357,14 +478,12 @@ impl CodeLedger {
                 }
             }
         }
-        let mut out = Vec::with_capacity(new.len());
         for (a, original, inproc) in new {
             let owner = match inproc {
                 true => CodeOwner::InProcess,
                 false => CodeOwner::Fast,
             };
             self.insert(a, &original, owner);
-            out.push((a, original));
         }
         if whole {
             // Sites of probes whose bytes are gone (none listed).
@@ -372,7 +491,6 @@ impl CodeLedger {
                 .retain(|s| s.owner != CodeOwner::Fast || !s.original().is_empty());
         }
         self.agent_synced = (count, removals);
-        (out, whole)
     }
 
     /// Takes in the `int3`s written or taken out (`changed`, `None`: every
@@ -422,6 +540,23 @@ impl CodeLedger {
                 }
                 self.trap_changes = None;
             }
+        }
+    }
+
+    /// Takes in the breakpoints a target keeps itself (`list`: a guest's
+    /// stub breakpoints, which write no byte: their sites have no
+    /// original), in place of the trap sites the ledger had.
+    pub(crate) fn sync_stub_breakpoints(&mut self, mut list: Vec<u64>) {
+        list.sort_unstable();
+        let mut now: Vec<u64> = self.traps().collect();
+        now.sort_unstable();
+        if now == list {
+            return;
+        }
+        self.sites
+            .retain(|s| !matches!(s.owner, CodeOwner::Trap | CodeOwner::Guard));
+        for a in list {
+            self.insert(a, &[], CodeOwner::Trap);
         }
     }
 
@@ -491,6 +626,101 @@ mod tests {
         );
         l.drop_probe(ProbeId(2));
         assert!(l.fast_site(0x100).is_none());
+    }
+
+    /// A ledger of every kind of site: an `int3` and its guard, an
+    /// in-process trap, a jump with a probe, a probe's empty entry.
+    fn every_kind() -> CodeLedger {
+        let mut l = CodeLedger::default();
+        l.sync_traps(
+            Some(vec![0x10, 0x11]),
+            Vec::new,
+            |a| Some(a as u8),
+            |a| a == 0x11,
+        );
+        l.insert(0x20, &[0x55], CodeOwner::InProcess);
+        l.insert(0x30, &[1, 2, 3, 4, 5], CodeOwner::Fast);
+        l.add_probe(0x30, (ProbeId(1), false));
+        l.add_probe(0x40, (ProbeId(2), false));
+        l
+    }
+
+    #[test]
+    fn an_unfollowed_fork_child_gets_every_original_back_in_one_walk() {
+        let l = every_kind();
+        // The int3 at 0x11 is lifted for a step: the child's copy holds
+        // the original there; the one at 0x10 had its byte rewritten.
+        let under = |a: u64| (a == 0x10).then_some(0x90);
+        let w = l.fork_walk(false, under);
+        assert_eq!(
+            w.put_back,
+            vec![
+                (0x10, vec![0x90]),
+                (0x20, vec![0x55]),
+                (0x30, vec![1, 2, 3, 4, 5])
+            ]
+        );
+        assert!(w.kept.is_empty());
+    }
+
+    #[test]
+    fn a_followed_fork_child_keeps_the_agents_writes_as_inherited() {
+        let l = every_kind();
+        let w = l.fork_walk(true, |a| Some(a as u8));
+        assert_eq!(w.put_back, vec![(0x10, vec![0x10]), (0x11, vec![0x11])]);
+        assert_eq!(
+            w.kept,
+            vec![(0x20, vec![0x55]), (0x30, vec![1, 2, 3, 4, 5])]
+        );
+        // The child's ledger: what it inherited, with the bytes written.
+        let mut child = CodeLedger::default();
+        child.insert_inherited(0x30, &[1, 2, 3, 4, 5], &[0xe9, 9, 9, 9, 9]);
+        child.insert_inherited(0x20, &[0x55], &[0xcc]);
+        // Nothing when the bytes do not pair up.
+        child.insert_inherited(0x50, &[1, 2], &[3]);
+        let sites: Vec<String> = child
+            .sites()
+            .iter()
+            .map(|s| {
+                let w = s.written().unwrap_or_default();
+                format!("{:#x} {:?} {:x?} {:x?}", s.start, s.owner, s.original(), w)
+            })
+            .collect();
+        assert_eq!(
+            sites,
+            [
+                "0x20 Inherited [55] [cc]",
+                "0x30 Inherited [1, 2, 3, 4, 5] [e9, 9, 9, 9, 9]",
+            ]
+        );
+        assert_eq!(child.site_at(0x33).map(|s| s.end()), Some(0x35));
+        // A grandchild not followed gets them back too; followed, keeps them.
+        let w = child.fork_walk(false, |_| None);
+        assert_eq!(
+            w.put_back,
+            vec![(0x20, vec![0x55]), (0x30, vec![1, 2, 3, 4, 5])]
+        );
+        assert_eq!(child.fork_walk(true, |_| None).kept.len(), 2);
+        // An exec forgets them with the rest of the image.
+        child.forget_image();
+        assert!(child.sites().is_empty());
+    }
+
+    #[test]
+    fn sites_no_mapping_holds_are_found_by_gap_in_one_walk() {
+        let mut l = CodeLedger::default();
+        for a in [0x1010, 0x2010, 0x2020, 0x3010, 0x5000] {
+            l.insert(a, &[1], CodeOwner::Trap);
+        }
+        // 0x2000..0x3000 was unmapped; 0x5000 lies past every mapping.
+        let mapped = [(0x1000, 0x2000), (0x3000, 0x4000)];
+        assert_eq!(
+            l.unmapped_gaps(&mapped),
+            [(0x2000, 0x3000, 2), (0x4000, u64::MAX, 1)]
+        );
+        assert!(l
+            .unmapped_gaps(&[(0x1000, 0x4000), (0x5000, 0x6000)])
+            .is_empty());
     }
 
     #[test]

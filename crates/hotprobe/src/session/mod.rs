@@ -57,6 +57,7 @@ mod reverted;
 mod run;
 pub(crate) mod stacks;
 mod stats;
+mod unmapped;
 mod untraced;
 mod usdt;
 
@@ -319,9 +320,6 @@ struct Slot {
     /// A followed fork child: the slot of the process the session started
     /// or attached to, whose probes (and fast path) it shares.
     root: Option<usize>,
-    /// A followed child: the code the fast path rewrote, inherited from its
-    /// parent (address, original bytes), restored if it is detached.
-    inherited: Vec<(RuntimeAddr, Vec<u8>)>,
     /// A followed child's probe ids → its root's.
     origin: HashMap<ProbeId, ProbeId>,
     /// The process's modules and the `/proc/PID/maps` they were read from:
@@ -371,7 +369,9 @@ impl Slot {
     /// What the engine holds back at this target's events.
     fn holds(&self) -> crate::engine::Holds {
         crate::engine::Holds {
-            forks: self.follow_forks,
+            // Every fork: what the child gets back, followed or not, is
+            // one walk of the ledger (`follow.rs`).
+            forks: true,
             exec: self.hold_at_exec,
         }
     }
@@ -384,7 +384,7 @@ impl Slot {
     /// Brings the ledger up to date with the writes of every mechanism.
     fn sync_ledger(&mut self) {
         self.mechs.trap.sync(&mut self.engine, &mut self.ledger);
-        agent::sync_agent_writes(&mut self.engine, &self.agent, &mut self.ledger);
+        agent::sync_agent_writes(&self.agent, &mut self.ledger);
     }
 }
 
@@ -599,7 +599,6 @@ impl Session {
             recording: false,
             pending: Vec::new(),
             root: None,
-            inherited: Vec::new(),
             origin: HashMap::new(),
             symbols: None,
             reverted: Default::default(),

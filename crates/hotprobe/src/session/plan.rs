@@ -238,6 +238,14 @@ impl Session {
                      serves both)"
                         .into(),
                 )),
+                CodeOwner::Inherited => Err(EngineError::RefusedSpec {
+                    spec: r.addr.to_string(),
+                    reason: format!(
+                        "{} lies in code this followed child inherited from its parent's fast \
+                         path (at {start:#x})",
+                        r.addr
+                    ),
+                }),
                 CodeOwner::Fast => {
                     let here = start == a && site.has_probes();
                     if let (true, true, Plan::Fast { site, .. }) = (here, fast_ok, &plan) {

@@ -87,7 +87,7 @@ fn check_slot(slot: &mut Slot) {
         .sites()
         .iter()
         .filter(|site| match site.owner {
-            CodeOwner::Guard | CodeOwner::Trap => false,
+            CodeOwner::Guard | CodeOwner::Trap | CodeOwner::Inherited => false,
             CodeOwner::Fast => site.has_probes(),
             CodeOwner::InProcess => true,
         })

@@ -195,13 +195,14 @@ impl Session {
             _ => None,
         };
         if let Some(change) = change {
-            // The image the agent wrote into is gone: nothing is restored
-            // into the new one. Counts and rings stay ours.
+            // The image the mechanisms wrote into is gone: nothing is
+            // restored into the new one, the ledger forgets every entry of
+            // the old one. Counts and rings stay ours.
             let (mut cx, mechs) = slot.parts();
             for m in mechs.all() {
                 m.on_change(&mut cx, &change);
             }
-            slot.ledger.forget_agent();
+            slot.ledger.forget_image();
         }
         if let TargetEvent::Watchpoint {
             thread,
@@ -217,6 +218,7 @@ impl Session {
         }
         if matches!(ev, TargetEvent::ModulesChanged { .. }) {
             self.refresh_pending(i);
+            self.slots[i].forget_unmapped_sites();
             if let Some(pid) = self.slots[i].pid {
                 let slot = &mut self.slots[i];
                 crate::nonlocal::sync_unwind_hooks(&mut slot.engine, pid, &mut slot.inbox);
@@ -234,7 +236,6 @@ impl Session {
         slot.engine.handle_holding(ev, holds)?;
         if exec {
             slot.sync_ledger();
-            slot.inherited.clear();
             slot.semaphores.clear();
             let (mut cx, mechs) = slot.parts();
             mechs.trap.publish(&mut cx);
@@ -243,7 +244,7 @@ impl Session {
         let slot = &mut self.slots[i];
         let stop = slot.engine.take_stop();
         for held in slot.inbox.take_children(&mut slot.engine) {
-            self.follow_child(i, held.child, held.fixes);
+            self.take_fork_child(i, held.child, held.fixes);
         }
         self.follow_execd_vfork_children(i);
         Ok(stop)
@@ -294,49 +295,22 @@ impl Session {
             if !gone {
                 super::usdt::lower_semaphores(s);
             }
-            if !gone && s.is_process() {
-                // One walk of the code ledger (`detach.rs`).
+            if !gone {
+                // One walk of the code ledger, a process's or a guest's
+                // (`detach.rs`).
                 if let Err(e) = s.detach_by_ledger() {
                     first_err.get_or_insert(e);
                 }
                 continue;
             }
+            // Gone: nothing is restored; each mechanism forgets its sites.
             let (mut cx, mechs) = s.parts();
-            // The agent's mechanisms first (the plugin's, the fast path's
-            // and in-process traps' writes), the trap engine last.
             for m in mechs.all() {
                 if m.kind() == MechKind::Trap {
                     continue;
                 }
-                if let Err(e) = m.detach(&mut cx, gone) {
+                if let Err(e) = m.detach(&mut cx, true) {
                     first_err.get_or_insert(e);
-                }
-            }
-            if gone {
-                s.ledger.clear();
-                continue;
-            }
-            if !s.inherited.is_empty() {
-                // A followed child still running: its parent's fast-path
-                // code goes (threads are never inside those bytes but at
-                // their first one: each is one instruction).
-                let t = s.engine.target();
-                if t.stop_all().is_ok() {
-                    for (a, b) in std::mem::take(&mut s.inherited) {
-                        let _ = t.write_memory(a, &b);
-                    }
-                }
-            }
-            let (mut cx, mechs) = s.parts();
-            if let Err(e) = mechs.trap.detach(&mut cx, false) {
-                first_err.get_or_insert(e);
-            }
-            // What of the agent stayed in the target (its unload runs at
-            // the target's detach, last).
-            if let Some(fp) = cx.agent.fast_path_mut() {
-                let left = fp.take_left_behind();
-                for n in left {
-                    cx.notice(n);
                 }
             }
             s.ledger.clear();

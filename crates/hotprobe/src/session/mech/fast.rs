@@ -80,7 +80,7 @@ impl FastMech {
         fp.set_handler_wait(spin, timeout);
         let id = existing.unwrap_or_else(|| cx.ids.take());
         cx.agent.add_handler(id, info.probe_id, probe);
-        sync_agent_writes(cx.engine, cx.agent, cx.ledger);
+        sync_agent_writes(cx.agent, cx.ledger);
         cx.ledger.add_probe(info.addr, (id, false));
         let mechanism = from_fast(info.mechanism);
         Ok(Ok(Placement {
@@ -258,7 +258,7 @@ impl ProbeMechanism for FastMech {
                 cx.notice(n);
             }
         }
-        sync_agent_writes(cx.engine, cx.agent, cx.ledger);
+        sync_agent_writes(cx.agent, cx.ledger);
         cx.ledger.add_probe(info.addr, (id, record));
         let mechanism = from_fast(info.mechanism);
         Ok(Ok(Placement {
@@ -295,7 +295,7 @@ impl ProbeMechanism for FastMech {
         // Its site stays in the ledger while another probe holds it (the
         // fast path took the bytes out otherwise).
         cx.ledger.drop_probe(id);
-        sync_agent_writes(cx.engine, cx.agent, cx.ledger);
+        sync_agent_writes(cx.agent, cx.ledger);
         // Its counters stay readable (stats); no handler call is served
         // any more (a thread waiting in one resumes unmodified).
         cx.agent.take_handler(id);
@@ -343,7 +343,7 @@ impl ProbeMechanism for FastMech {
             TargetChange::Exited => fp.forget(),
             TargetChange::Unmapped { start, end } => fp.forget_range(*start, *end),
         }
-        sync_agent_writes(cx.engine, cx.agent, cx.ledger);
+        sync_agent_writes(cx.agent, cx.ledger);
     }
 
     /// Every thread stopped, none strictly inside a site's bytes (patch

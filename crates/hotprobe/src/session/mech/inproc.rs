@@ -90,7 +90,7 @@ impl InProcMech {
         let id = existing.unwrap_or_else(|| cx.ids.take());
         cx.agent.add_handler(id, info.probe_id, probe);
         self.insert(id, r.addr.0, true);
-        sync_agent_writes(cx.engine, cx.agent, cx.ledger);
+        sync_agent_writes(cx.agent, cx.ledger);
         Ok(Ok(Placement {
             id,
             label,
@@ -214,7 +214,7 @@ impl ProbeMechanism for InProcMech {
         };
         cx.agent.bind(id, info.probe_id, None);
         self.insert(id, r.addr.0, false);
-        sync_agent_writes(cx.engine, cx.agent, cx.ledger);
+        sync_agent_writes(cx.agent, cx.ledger);
         let entry_only = r.no_return.clone().filter(|_| record);
         Ok(Ok(Placement {
             id,

@@ -239,9 +239,9 @@ pub(crate) trait ProbeMechanism {
     /// Reacts to a change of the target, before the engine handles it.
     fn on_change(&mut self, cx: &mut Cx<'_>, change: &TargetChange);
 
-    /// Takes this mechanism out of a target that runs on (or forgets it,
-    /// `gone`: the target is gone): a target the session does not detach
-    /// by one walk of its ledger (a guest), or one gone.
+    /// Takes this mechanism out of a target (or forgets it, `gone`: the
+    /// target is gone; a live one is detached by one walk of its ledger,
+    /// see `session/detach.rs`).
     fn detach(&mut self, cx: &mut Cx<'_>, gone: bool) -> Result<(), EngineError>;
 
     /// Detach from a live process, first step: makes this mechanism's

@@ -154,6 +154,13 @@ impl ProbeMechanism for PluginMech {
     /// A guest has no exec or unmapping the plugin follows.
     fn on_change(&mut self, _cx: &mut Cx<'_>, _change: &TargetChange) {}
 
+    /// The guest runs on without the callbacks' work (the plugin writes
+    /// no code byte: nothing of it is in the ledger's walk).
+    fn prepare_detach(&mut self, _cx: &mut Cx<'_>) -> Result<DetachReady, EngineError> {
+        let _ = self.plugin.host.disable_all();
+        Ok(DetachReady::Nothing)
+    }
+
     /// The guest runs on without the callbacks' work.
     fn detach(&mut self, _cx: &mut Cx<'_>, gone: bool) -> Result<(), EngineError> {
         if !gone {

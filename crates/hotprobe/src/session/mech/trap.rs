@@ -349,9 +349,12 @@ impl TrapMech {
     }
 
     /// Takes the process's `int3` changes into the ledger (the guards
-    /// marked as such).
+    /// marked as such), or a guest's stub breakpoints.
     pub(crate) fn sync(&self, engine: &mut Engine, ledger: &mut CodeLedger) {
         let Some(pt) = engine.process() else {
+            if let Some(list) = engine.target().stub_breakpoints() {
+                ledger.sync_stub_breakpoints(list);
+            }
             return;
         };
         let changed = pt.take_breakpoint_changes();
