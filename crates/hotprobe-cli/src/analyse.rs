@@ -217,8 +217,10 @@ fn print_json(v: &impl Serialize) -> Result<()> {
 
 /// `hotprobe replay DIR [filters] [-f FIELDS]`: the call tree on stdout.
 pub fn replay_cmd(dir: &Path, q: &QueryArgs, fields: &str) -> Result<()> {
+    let fields_spelled = fields;
     let fields = ReplayField::parse_list(fields)
         .map_err(|e| crate::UsageError(format!("-f {fields}: {e}")))?;
+    crate::option_rules::refuse_replay(q, &fields, fields_spelled)?;
     let r = open_timed(dir, q)?;
     replay_of(&r, dir, q, fields)?;
     // Unless nothing was shown ("no call matches").
@@ -283,7 +285,7 @@ struct OnTrap {
     mechanism: String,
 }
 
-fn sort_name(s: SortArg) -> &'static str {
+pub fn sort_name(s: SortArg) -> &'static str {
     match s {
         SortArg::Total => "total",
         SortArg::SelfTime => "self",
@@ -300,6 +302,9 @@ pub fn report_cmd(dir: &Path, phases: bool, markers: &[String], o: &ReportArgs) 
         bail!(crate::UsageError(format!(
             "--marker {m:?}: give a function name"
         )));
+    }
+    if o.callers.is_none() && o.graph.is_none() {
+        crate::option_rules::refuse_report(o, markers, dir)?;
     }
     let r = open_timed(dir, &o.query)?;
     report_of(&r, dir, phases, markers, o)?;
@@ -378,7 +383,10 @@ fn report_of(
         return print(&format!("{}\n", path.display()));
     }
     if let Some(pattern) = &o.hist {
-        let hs = with_bar(&bar, |cb| histograms(r, &query, pattern, Some(cb))).with_context(ctx)?;
+        let mut hs =
+            with_bar(&bar, |cb| histograms(r, &query, pattern, Some(cb))).with_context(ctx)?;
+        let rep = o.sort.map(|_| report_filtered(r, &query, None)).transpose();
+        crate::option_rules::order_histograms(&mut hs, rep.with_context(ctx)?, sort);
         if hs.is_empty() {
             bail!("no function matching `{pattern}` in {}", dir.display());
         }
@@ -393,11 +401,14 @@ fn report_of(
             struct Hs<'a> {
                 trace: &'a Path,
                 query: Query,
+                #[serde(skip_serializing_if = "Option::is_none")]
+                sort: Option<&'static str>,
                 histograms: Vec<H<'a>>,
             }
             return print_json(&Hs {
                 trace: dir,
                 query: o.query.query(),
+                sort: o.sort.map(sort_name),
                 histograms: hs
                     .iter()
                     .map(|(f, h)| H {
@@ -595,6 +606,8 @@ pub struct ExportOptions<'a> {
 /// `hotprobe export DIR --format chrome|ctf|folded|svg|html|otlp|parquet
 /// [-o OUT] [--endpoint URL] [filters]`.
 pub fn export_cmd(o: &ExportOptions<'_>) -> Result<()> {
+    let (q, dir) = (o.query, o.dir);
+    crate::option_rules::refuse_export(o.format, o.calls, o.per_thread, q, dir)?;
     if o.format == ExportFormat::Parquet && o.out.is_none() {
         bail!(crate::UsageError(
             "--format parquet writes a file: give -o FILE".into()

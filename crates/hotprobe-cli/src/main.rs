@@ -36,6 +36,7 @@ mod guest;
 mod guest_syscalls;
 mod kernel;
 mod list;
+mod option_rules;
 mod out;
 mod pager;
 mod record;
