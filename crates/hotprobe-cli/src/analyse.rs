@@ -196,7 +196,7 @@ impl<W: Write> Write for NotePipe<W> {
     }
 }
 
-fn print(text: &str) -> Result<()> {
+pub(crate) fn print(text: &str) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
@@ -209,7 +209,7 @@ fn print(text: &str) -> Result<()> {
 }
 
 /// One line of JSON.
-fn print_json(v: &impl Serialize) -> Result<()> {
+pub(crate) fn print_json(v: &impl Serialize) -> Result<()> {
     let mut s = serde_json::to_string(v).context("cannot encode JSON")?;
     s.push('\n');
     print(&s)
@@ -386,59 +386,12 @@ fn report_of(
         let mut hs =
             with_bar(&bar, |cb| histograms(r, &query, pattern, Some(cb))).with_context(ctx)?;
         let rep = o.sort.map(|_| report_filtered(r, &query, None)).transpose();
-        crate::option_rules::order_histograms(&mut hs, rep.with_context(ctx)?, sort);
+        crate::report_text::order_histograms(&mut hs, rep.with_context(ctx)?, sort);
         if hs.is_empty() {
             bail!("no function matching `{pattern}` in {}", dir.display());
         }
-        if o.json {
-            #[derive(Serialize)]
-            struct H<'a> {
-                function: &'a str,
-                #[serde(flatten)]
-                hist: &'a hotprobe::trace::Histogram,
-            }
-            #[derive(Serialize)]
-            struct Hs<'a> {
-                trace: &'a Path,
-                query: Query,
-                #[serde(skip_serializing_if = "Option::is_none")]
-                sort: Option<&'static str>,
-                histograms: Vec<H<'a>>,
-            }
-            return print_json(&Hs {
-                trace: dir,
-                query: o.query.query(),
-                sort: o.sort.map(sort_name),
-                histograms: hs
-                    .iter()
-                    .map(|(f, h)| H {
-                        function: f,
-                        hist: h,
-                    })
-                    .collect(),
-            });
-        }
-        let mut s = String::new();
-        for (i, (f, h)) in hs.iter().enumerate() {
-            if i > 0 {
-                s.push('\n');
-            }
-            s.push_str(&format!(
-                "# {f}: {} calls, avg {}, min {}, max {}\n",
-                h.count(),
-                hotprobe::trace::fmt_duration(h.avg_ns()).trim(),
-                hotprobe::trace::fmt_duration(h.min_ns()).trim(),
-                hotprobe::trace::fmt_duration(h.max_ns()).trim()
-            ));
-            if h.no_exit() > 0 {
-                s.push_str(&format!(
-                    "# {f}: {} calls without their exit (lost): not in the histogram\n",
-                    h.no_exit()
-                ));
-            }
-            s.push_str(&h.to_text());
-        }
-        return print(&s);
+        let sort = o.sort.map(sort_name);
+        return crate::report_text::print_hist(dir, o.query.query(), sort, &hs, o.json);
     }
     if let Some(dir2) = &o.diff {
         let mut r2 = open(dir2)?;
@@ -536,11 +489,10 @@ fn report_of(
                 phases: &rep.phases,
             });
         }
-        return print(&if rep.phases.is_empty() {
-            "# no calls recorded\n".to_string()
-        } else {
-            rep.to_text()
-        });
+        return print(&crate::report_text::phases_text(
+            &rep,
+            crate::out::colors_on(),
+        ));
     }
     let mut rep = with_bar(&bar, |cb| report_filtered(r, &query, Some(cb))).with_context(ctx)?;
     rep.sort(key);

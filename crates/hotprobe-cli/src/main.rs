@@ -40,6 +40,7 @@ mod option_rules;
 mod out;
 mod pager;
 mod record;
+mod report_text;
 mod session;
 mod signals;
 mod stacks;

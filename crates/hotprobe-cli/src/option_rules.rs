@@ -1,14 +1,14 @@
 //! Which options each mode of `report`, `replay` and `export` takes
 //! (issue 24: nothing silently ignored). An option a mode has no use for
-//! is refused with a usage error (exit 2) naming both; `report --hist`
-//! orders its histograms by `-s`. The table of every mode against every
+//! is refused with a usage error (exit 2) naming both (`report --hist`
+//! takes `-s`: [`crate::report_text::order_histograms`]). The table of every mode against every
 //! option is in docs/ANALYSIS.md ("Which options each mode takes").
 //! `--callers` and `--graph` have their own checks
 //! ([`crate::stacks::refuse_unused`]).
 
-use crate::cli::{ExportFormat, QueryArgs, ReportArgs, SortArg};
+use crate::cli::{ExportFormat, QueryArgs, ReportArgs};
 use anyhow::{bail, Result};
-use hotprobe::trace::{Histogram, ReplayField, Report, SortKey};
+use hotprobe::trace::ReplayField;
 use std::path::Path;
 
 /// Whether the filters compare times (`-t`, `--since`, `--until`): then
@@ -71,22 +71,6 @@ pub fn refuse_report(o: &ReportArgs, markers: &[String], dir: &Path) -> Result<(
         )));
     }
     Ok(())
-}
-
-/// `report --hist FUNC -s KEY`: orders the histograms as the report
-/// table's rows of their functions (`report` is that table, sorted by
-/// KEY: ties by calls, then name); without `-s`, by name as they come.
-pub fn order_histograms(hs: &mut [(String, Histogram)], report: Option<Report>, sort: SortArg) {
-    let Some(mut rep) = report else { return };
-    rep.sort(SortKey::from(sort));
-    let rank = |f: &str| {
-        rep.rows
-            .iter()
-            .position(|r| r.name == f)
-            .unwrap_or(usize::MAX)
-    };
-    // Stable: a function without a row keeps its place among those too.
-    hs.sort_by_cached_key(|(f, _)| rank(f));
 }
 
 /// `replay -f FIELDS --raw-times`: refused when no field shows a time and

@@ -328,3 +328,57 @@ fn export_refuses_stack_options_on_other_formats() {
     assert_eq!(count("path_b;alloc_leaf"), 5, "{captured}");
     assert_eq!(count("path_c_inner;alloc_leaf"), 7, "{captured}");
 }
+
+/// `s` without its SGR sequences (`ESC [ ... m`).
+fn strip_sgr(s: &str) -> String {
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(i) = rest.find("\x1b[") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 2..];
+        let end = after.find('m').expect("an SGR sequence ends in m");
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[test]
+fn color_always_reaches_the_phase_tables_and_histograms() {
+    let d = plain();
+    for args in [
+        &["report", d, "--marker", "path_b"][..],
+        &["report", d, "--hist", "path_*", "-s", "calls"],
+    ] {
+        let plain_out = run(args);
+        let mut a = vec!["--color", "always"];
+        a.extend_from_slice(args);
+        let colored = run(&a);
+        assert_ne!(colored, plain_out, "{args:?}: no colour");
+        assert_eq!(strip_sgr(&colored), plain_out, "{args:?}");
+        // Every function name printed is bold.
+        for f in ["path_a", "path_b", "path_c_inner"] {
+            assert!(
+                colored.contains(&format!("\x1b[1m{f}\x1b[0m")),
+                "{args:?}: {f} not bold: {colored}"
+            );
+        }
+    }
+    // A phase from each of path_b's 5 calls, after the start's: path_a's
+    // 3 calls in the first, one call of path_b in each other. (Measured
+    // times: with the probes' costs taken out, calls that close together
+    // can share a time stamp, and a phase its start.)
+    let phases = run(&["report", d, "--marker", "path_b", "--raw-times"]);
+    let tables: Vec<&str> = phases.split("# phase").skip(1).collect();
+    assert_eq!(tables.len(), 6, "{phases}");
+    let calls_of = |t: &str, f: &str| -> Option<u64> {
+        t.lines()
+            .find(|l| l.split_whitespace().last() == Some(f))
+            .map(|l| l.split_whitespace().rev().nth(1).unwrap().parse().unwrap())
+    };
+    assert_eq!(calls_of(tables[0], "path_a"), Some(3), "{phases}");
+    assert_eq!(calls_of(tables[0], "path_b"), None, "{phases}");
+    for t in &tables[1..] {
+        assert_eq!(calls_of(t, "path_b"), Some(1), "{phases}");
+    }
+}
