@@ -423,7 +423,7 @@ fn report_of(
             "# A: {}\n# B: {}\n{}",
             dir.display(),
             dir2.display(),
-            d.to_text()
+            crate::report_text::diff_text(&d, crate::out::colors_on())
         ));
     }
     if o.task {

@@ -1,13 +1,15 @@
-//! What `report --hist` and `report --phases` print: the histograms (in
-//! the `-s` order, as text or JSON) and the phase tables, with colours
-//! as the report's table has them (function names bold, long times
-//! yellow or red) under `--color`.
+//! What `report --hist`, `--phases`, `--diff` and `--graph` print: the
+//! histograms (in the `-s` order, as text or JSON), the phase tables, the
+//! comparison and the call graphs, with colours under `--color` as the
+//! report's table has them (function names bold; in the phase tables long
+//! times yellow or red too).
 
 use crate::analyse::{print, print_json};
 use crate::cli::SortArg;
 use crate::out::{paint, NAME};
 use anyhow::Result;
-use hotprobe::trace::{fmt_duration, Histogram, PhaseReport, Query, Report, SortKey};
+use hotprobe::trace::graph::GraphNode;
+use hotprobe::trace::{fmt_duration, Histogram, PhaseReport, Query, Report, ReportDiff, SortKey};
 use serde::Serialize;
 use std::path::Path;
 
@@ -106,6 +108,65 @@ pub fn phases_text(rep: &PhaseReport, color: bool) -> String {
             p.calls()
         ));
         s.push_str(&p.report.to_text_colored(color));
+        s.push('\n');
+    }
+    s
+}
+
+/// `line` with the `name` at byte `at` bold.
+fn bold_at(line: &str, at: usize, name: &str) -> String {
+    let end = at + name.len();
+    format!("{}{}{}", &line[..at], paint(NAME, name), &line[end..])
+}
+
+/// `report --diff`'s table ([`ReportDiff::to_text`]), the function names
+/// bold when `color`.
+pub fn diff_text(d: &ReportDiff, color: bool) -> String {
+    let text = d.to_text();
+    if !color {
+        return text;
+    }
+    let mut lines = text.lines();
+    let mut s: String = lines.by_ref().take(2).map(|l| format!("{l}\n")).collect();
+    for (line, r) in lines.zip(&d.rows) {
+        let at = line.len() - r.function.len();
+        match line.ends_with(r.function.as_str()) {
+            true => s.push_str(&bold_at(line, at, &r.function)),
+            false => s.push_str(line),
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// `report --graph`'s text of `g` ([`GraphNode::to_text`]), the function
+/// names bold when `color`.
+pub fn graph_text(g: &GraphNode, color: bool) -> String {
+    fn names<'a>(n: &'a GraphNode, out: &mut Vec<&'a str>) {
+        out.push(&n.function);
+        for c in &n.children {
+            names(c, out);
+        }
+    }
+    let text = g.to_text();
+    if !color {
+        return text;
+    }
+    let mut order = Vec::new();
+    names(g, &mut order);
+    let mut lines = text.lines();
+    // The title, then a line per node in the same (depth-first) order:
+    // `TIME : PREFIX(CALLS) NAME`.
+    let mut s: String = lines.by_ref().take(1).map(|l| format!("{l}\n")).collect();
+    for (line, name) in lines.zip(order) {
+        let mark = format!(") {name}");
+        let at = line
+            .find(" : ")
+            .and_then(|i| line[i..].find(&mark).map(|j| i + j + 2));
+        match at {
+            Some(at) => s.push_str(&bold_at(line, at, name)),
+            None => s.push_str(line),
+        }
         s.push('\n');
     }
     s

@@ -5,7 +5,9 @@
 //! orders their functions; `--marker` with a mode without phases,
 //! `--flame` with `-s` or `--json`, `--raw-times` where nothing shown or
 //! filtered is a time, and `export --calls`/`--per-thread` with formats
-//! that are no stacks are refused, and write nothing.
+//! that are no stacks are refused, and write nothing. `--color always`
+//! reaches every text of `report` (the phase tables, `--hist`, `--diff`,
+//! `--callers`, `--graph`), the same text once its colours are taken out.
 //! stack_paths.c calls path_a 3 times, path_b 5 times, path_c (and under
 //! it path_c_inner) 7 times: orders are checked against these counts and
 //! against the report's own rows (no duration is assumed).
@@ -344,11 +346,14 @@ fn strip_sgr(s: &str) -> String {
 }
 
 #[test]
-fn color_always_reaches_the_phase_tables_and_histograms() {
-    let d = plain();
+fn color_always_reaches_every_report_text() {
+    let (d, s) = (plain(), with_stacks());
     for args in [
         &["report", d, "--marker", "path_b"][..],
         &["report", d, "--hist", "path_*", "-s", "calls"],
+        &["report", d, "--diff", d],
+        &["report", s, "--callers", "alloc_leaf"],
+        &["report", s, "--graph", "main"],
     ] {
         let plain_out = run(args);
         let mut a = vec!["--color", "always"];
