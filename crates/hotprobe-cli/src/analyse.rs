@@ -196,7 +196,7 @@ impl<W: Write> Write for NotePipe<W> {
     }
 }
 
-fn print(text: &str) -> Result<()> {
+pub(crate) fn print(text: &str) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
@@ -209,7 +209,7 @@ fn print(text: &str) -> Result<()> {
 }
 
 /// One line of JSON.
-fn print_json(v: &impl Serialize) -> Result<()> {
+pub(crate) fn print_json(v: &impl Serialize) -> Result<()> {
     let mut s = serde_json::to_string(v).context("cannot encode JSON")?;
     s.push('\n');
     print(&s)
@@ -217,8 +217,10 @@ fn print_json(v: &impl Serialize) -> Result<()> {
 
 /// `hotprobe replay DIR [filters] [-f FIELDS]`: the call tree on stdout.
 pub fn replay_cmd(dir: &Path, q: &QueryArgs, fields: &str) -> Result<()> {
+    let fields_spelled = fields;
     let fields = ReplayField::parse_list(fields)
         .map_err(|e| crate::UsageError(format!("-f {fields}: {e}")))?;
+    crate::option_rules::refuse_replay(q, &fields, fields_spelled)?;
     let r = open_timed(dir, q)?;
     replay_of(&r, dir, q, fields)?;
     // Unless nothing was shown ("no call matches").
@@ -283,7 +285,7 @@ struct OnTrap {
     mechanism: String,
 }
 
-fn sort_name(s: SortArg) -> &'static str {
+pub fn sort_name(s: SortArg) -> &'static str {
     match s {
         SortArg::Total => "total",
         SortArg::SelfTime => "self",
@@ -300,6 +302,9 @@ pub fn report_cmd(dir: &Path, phases: bool, markers: &[String], o: &ReportArgs) 
         bail!(crate::UsageError(format!(
             "--marker {m:?}: give a function name"
         )));
+    }
+    if o.callers.is_none() && o.graph.is_none() {
+        crate::option_rules::refuse_report(o, markers, dir)?;
     }
     let r = open_timed(dir, &o.query)?;
     report_of(&r, dir, phases, markers, o)?;
@@ -378,56 +383,15 @@ fn report_of(
         return print(&format!("{}\n", path.display()));
     }
     if let Some(pattern) = &o.hist {
-        let hs = with_bar(&bar, |cb| histograms(r, &query, pattern, Some(cb))).with_context(ctx)?;
+        let mut hs =
+            with_bar(&bar, |cb| histograms(r, &query, pattern, Some(cb))).with_context(ctx)?;
+        let rep = o.sort.map(|_| report_filtered(r, &query, None)).transpose();
+        crate::report_text::order_histograms(&mut hs, rep.with_context(ctx)?, sort);
         if hs.is_empty() {
             bail!("no function matching `{pattern}` in {}", dir.display());
         }
-        if o.json {
-            #[derive(Serialize)]
-            struct H<'a> {
-                function: &'a str,
-                #[serde(flatten)]
-                hist: &'a hotprobe::trace::Histogram,
-            }
-            #[derive(Serialize)]
-            struct Hs<'a> {
-                trace: &'a Path,
-                query: Query,
-                histograms: Vec<H<'a>>,
-            }
-            return print_json(&Hs {
-                trace: dir,
-                query: o.query.query(),
-                histograms: hs
-                    .iter()
-                    .map(|(f, h)| H {
-                        function: f,
-                        hist: h,
-                    })
-                    .collect(),
-            });
-        }
-        let mut s = String::new();
-        for (i, (f, h)) in hs.iter().enumerate() {
-            if i > 0 {
-                s.push('\n');
-            }
-            s.push_str(&format!(
-                "# {f}: {} calls, avg {}, min {}, max {}\n",
-                h.count(),
-                hotprobe::trace::fmt_duration(h.avg_ns()).trim(),
-                hotprobe::trace::fmt_duration(h.min_ns()).trim(),
-                hotprobe::trace::fmt_duration(h.max_ns()).trim()
-            ));
-            if h.no_exit() > 0 {
-                s.push_str(&format!(
-                    "# {f}: {} calls without their exit (lost): not in the histogram\n",
-                    h.no_exit()
-                ));
-            }
-            s.push_str(&h.to_text());
-        }
-        return print(&s);
+        let sort = o.sort.map(sort_name);
+        return crate::report_text::print_hist(dir, o.query.query(), sort, &hs, o.json);
     }
     if let Some(dir2) = &o.diff {
         let mut r2 = open(dir2)?;
@@ -459,7 +423,7 @@ fn report_of(
             "# A: {}\n# B: {}\n{}",
             dir.display(),
             dir2.display(),
-            d.to_text()
+            crate::report_text::diff_text(&d, crate::out::colors_on())
         ));
     }
     if o.task {
@@ -525,11 +489,10 @@ fn report_of(
                 phases: &rep.phases,
             });
         }
-        return print(&if rep.phases.is_empty() {
-            "# no calls recorded\n".to_string()
-        } else {
-            rep.to_text()
-        });
+        return print(&crate::report_text::phases_text(
+            &rep,
+            crate::out::colors_on(),
+        ));
     }
     let mut rep = with_bar(&bar, |cb| report_filtered(r, &query, Some(cb))).with_context(ctx)?;
     rep.sort(key);
@@ -595,6 +558,8 @@ pub struct ExportOptions<'a> {
 /// `hotprobe export DIR --format chrome|ctf|folded|svg|html|otlp|parquet
 /// [-o OUT] [--endpoint URL] [filters]`.
 pub fn export_cmd(o: &ExportOptions<'_>) -> Result<()> {
+    let (q, dir) = (o.query, o.dir);
+    crate::option_rules::refuse_export(o.format, o.calls, o.per_thread, q, dir)?;
     if o.format == ExportFormat::Parquet && o.out.is_none() {
         bail!(crate::UsageError(
             "--format parquet writes a file: give -o FILE".into()

@@ -751,7 +751,7 @@ pub struct ReportArgs {
     /// Filters.
     #[command(flatten)]
     pub query: QueryArgs,
-    /// Sort by this column, descending (default total; --diff: by its change; --callers: by calls, or their calls' total, self, avg or max; --graph: each node's callees, else in order of first call).
+    /// Sort by this column, descending (default total; --diff: by its change; --callers: by calls, or their calls' total, self, avg or max; --graph: each node's callees, else in order of first call; --hist: the histograms, else by name).
     #[arg(short = 's', long = "sort", value_enum)]
     pub sort: Option<SortArg>,
     /// One table per thread (with --callers: the callers per thread).

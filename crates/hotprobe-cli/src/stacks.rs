@@ -5,7 +5,7 @@
 
 use crate::caller_times::{CallTimes, GroupTimes};
 use crate::cli::{ReportArgs, SortArg};
-use crate::out::{errln, outln};
+use crate::out::{errln, outln, paint, NAME};
 use hotprobe::trace::call_stacks::CallStacks;
 use hotprobe::trace::fmt_duration;
 use hotprobe::trace::stacks::Callers;
@@ -498,11 +498,13 @@ pub fn print_callers(
         outln!("{:>10}{title}  CALLER -> FUNCTION", "CALLS");
         for c in callers {
             let ct = column(t.as_ref().map(|t| t.caller(c)));
-            outln!("{:>10}{ct}  {} -> {}", c.count, c.caller, c.function);
+            let (caller, function) = (paint(NAME, &c.caller), paint(NAME, &c.function));
+            outln!("{:>10}{ct}  {caller} -> {function}", c.count);
             for p in &c.paths {
                 let (path, truncated, n) = p;
                 let more = if *truncated { " <- [truncated]" } else { "" };
                 let pt = column(t.as_ref().map(|t| t.path(&c.function, p)));
+                let path: Vec<String> = path.iter().map(|f| paint(NAME, f)).collect();
                 outln!("{:>10}{pt}      {}{more}", n, path.join(" <- "));
             }
         }
@@ -579,7 +581,7 @@ pub fn print_graph(
     }
     for g in &roots {
         outln!("# call graph of {}", g.function);
-        for line in g.to_text().lines() {
+        for line in crate::report_text::graph_text(g, crate::out::colors_on()).lines() {
             outln!("{line}");
         }
     }
