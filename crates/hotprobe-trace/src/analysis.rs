@@ -677,8 +677,20 @@ pub fn report_phases_filtered(
         per_thread.push((tid, ms, end));
     }
     let trace_end = per_thread.iter().map(|t| t.2).max().unwrap_or(0);
-    let mut global: Vec<(u64, u32)> = per_thread.iter().flat_map(|t| t.1.clone()).collect();
-    global.sort();
+    // Every thread's markers in time order (a thread's own in its order):
+    // (time, tid, its number in the thread, probe).
+    let mut ordered: Vec<(u64, u32, usize, u32)> = per_thread
+        .iter()
+        .flat_map(|(tid, ms, _)| ms.iter().enumerate().map(|(j, m)| (m.0, *tid, j, m.1)))
+        .collect();
+    ordered.sort_unstable();
+    let global: Vec<(u64, u32)> = ordered.iter().map(|m| (m.0, m.3)).collect();
+    // (tid, its marker j) → the phase it starts among all (1-based).
+    let global_phase: HashMap<(u32, usize), usize> = ordered
+        .iter()
+        .enumerate()
+        .map(|(g, m)| ((m.1, m.2), g + 1))
+        .collect();
     let global_names = phase_names(&global, syms);
 
     // Phase order and bounds.
@@ -729,17 +741,39 @@ pub fn report_phases_filtered(
         let st = reader.thread(*tid)?;
         let path = st.path().to_path_buf();
         let mut cs = QueryStack::new(query);
-        let mut visit = |s: Step| {
-            if let Step::Leave { start, .. } = s {
-                let i = names.partition_point(|(_, ts)| *ts <= start);
-                let key = if i == 0 { "(start)" } else { &names[i - 1].0 };
+        // A call's phase: the thread's markers seen when it started, by
+        // record order (`phase_order`: time stamps may tie); among all
+        // threads', also every marker strictly before it in time.
+        let mut order = crate::phase_order::PhaseOrder::default();
+        let mut visit = |s: Step, order: &mut crate::phase_order::PhaseOrder| {
+            if let Step::Leave {
+                start, probe, leaf, ..
+            } = s
+            {
+                let own = order.of_leave(probe, leaf);
+                let i = if spec.per_thread {
+                    own
+                } else {
+                    let own = own
+                        .checked_sub(1)
+                        .and_then(|j| global_phase.get(&(*tid, j)).copied())
+                        .unwrap_or(0);
+                    own.max(names.partition_point(|(_, ts)| *ts < start))
+                };
+                let key = match i.checked_sub(1).and_then(|i| names.get(i)) {
+                    Some(n) => n.0.as_str(),
+                    None => "(start)",
+                };
                 accs.entry(key.to_string()).or_default().leave(&s);
             }
         };
         for r in st {
-            cs.feed(&r?, &mut visit);
+            let r = r?;
+            order.before(&r, marker);
+            cs.feed(&r, |s| visit(s, &mut order));
         }
-        cs.finish(&mut visit);
+        order.finish();
+        cs.finish(|s| visit(s, &mut order));
         done += std::fs::metadata(&path).map_or(0, |m| m.len());
         if let Some(p) = progress.as_mut() {
             p(done, total);

@@ -35,6 +35,7 @@ mod info;
 pub mod kernel;
 mod lz4;
 mod overhead;
+mod phase_order;
 pub mod query;
 mod reader;
 mod replay;
