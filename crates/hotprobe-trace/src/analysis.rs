@@ -607,24 +607,6 @@ impl PhaseReport {
     }
 }
 
-fn phase_names(markers: &[(u64, u32)], syms: &SymbolTable) -> Vec<(String, u64)> {
-    let mut seen: HashMap<u32, u32> = HashMap::new();
-    markers
-        .iter()
-        .map(|&(ts, probe)| {
-            let n = seen.entry(probe).or_insert(0);
-            *n += 1;
-            let name = syms.name(probe);
-            let name = if *n == 1 {
-                name.into_owned()
-            } else {
-                format!("{name}#{n}")
-            };
-            (name, ts)
-        })
-        .collect()
-}
-
 /// Splits the run at the marker probes and reports each phase. A call
 /// belongs to the phase in which it started (a marker's own call starts its
 /// phase).
@@ -691,7 +673,7 @@ pub fn report_phases_filtered(
         .enumerate()
         .map(|(g, m)| ((m.1, m.2), g + 1))
         .collect();
-    let global_names = phase_names(&global, syms);
+    let global_names = crate::phase_order::phase_names(&global, syms);
 
     // Phase order and bounds.
     let mut order: Vec<String> = vec!["(start)".into()];
@@ -709,7 +691,7 @@ pub fn report_phases_filtered(
     };
     if spec.per_thread {
         for (_, ms, end) in &per_thread {
-            add_bounds(&mut order, &phase_names(ms, syms), *end);
+            add_bounds(&mut order, &crate::phase_order::phase_names(ms, syms), *end);
         }
     } else {
         add_bounds(&mut order, &global_names, trace_end);
@@ -734,7 +716,7 @@ pub fn report_phases_filtered(
             continue;
         }
         let names = if spec.per_thread {
-            phase_names(ms, syms)
+            crate::phase_order::phase_names(ms, syms)
         } else {
             global_names.clone()
         };

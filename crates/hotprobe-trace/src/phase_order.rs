@@ -11,7 +11,10 @@
 
 use std::collections::VecDeque;
 
+use std::collections::HashMap;
+
 use crate::Record;
+use crate::SymbolTable;
 
 /// See the module docs.
 #[derive(Debug, Default)]
@@ -66,6 +69,26 @@ impl PhaseOrder {
         }
         self.seen
     }
+}
+
+/// The name of each marker call in `markers` (time, probe), in order:
+/// the probe's name, `#n` from its second call on.
+pub(crate) fn phase_names(markers: &[(u64, u32)], syms: &SymbolTable) -> Vec<(String, u64)> {
+    let mut seen: HashMap<u32, u32> = HashMap::new();
+    markers
+        .iter()
+        .map(|&(ts, probe)| {
+            let n = seen.entry(probe).or_insert(0);
+            *n += 1;
+            let name = syms.name(probe);
+            let name = if *n == 1 {
+                name.into_owned()
+            } else {
+                format!("{name}#{n}")
+            };
+            (name, ts)
+        })
+        .collect()
 }
 
 #[cfg(test)]
