@@ -29,6 +29,7 @@ pub(super) mod fast;
 pub(super) mod inproc;
 pub(super) mod plugin;
 pub(super) mod trap;
+mod trap_event;
 
 use super::agent::{Agent, ByProcess};
 use super::ids::ProbeIds;

@@ -8,6 +8,7 @@
 //! mechanisms, and the events of `Record` probes.
 
 use super::super::ledger::CodeLedger;
+use super::trap_event::{captured, trap_event};
 use super::*;
 use crate::handler::{Probe, RetProbe};
 use crate::session::agent::Agent;
@@ -745,37 +746,6 @@ fn publisher(table: TrapTable) -> Probe {
             }
         }
     })
-}
-
-/// Runs `capture` at a trap record probe's hit; the `reserved2` value
-/// that ties the event to its bytes in `store`.
-fn captured(
-    ctx: &mut crate::HitContext<'_>,
-    capture: &Capture,
-    exit: bool,
-    store: &RefCell<Vec<Vec<u8>>>,
-) -> u32 {
-    let mut bytes = Vec::new();
-    capture(ctx, exit, &mut bytes);
-    let mut store = store.borrow_mut();
-    store.push(bytes);
-    store.len() as u32
-}
-
-/// An event for a trap record probe, stamped now.
-fn trap_event(ctx: &crate::HitContext<'_>, kind: u8) -> RecordedEvent {
-    // SAFETY: rdtsc has no preconditions on x86-64.
-    let tsc = unsafe { core::arch::x86_64::_rdtsc() };
-    RecordedEvent {
-        tsc,
-        probe_id: ctx.probe().0,
-        tid: ctx.thread().0 as u32,
-        kind,
-        nargs: 0,
-        reserved: 0,
-        reserved2: 0,
-        args: [0; 6],
-    }
 }
 
 /// Whether the instruction under the breakpoint at `a` has room for a
