@@ -111,6 +111,9 @@ pub struct LiveTree {
     args: Option<usize>,
     /// Typed probes' shapes (their events come with captured bytes).
     typed: TypedShapes,
+    /// What typed them: asked again for a pending probe's shapes when it
+    /// is armed in a module loaded later.
+    typing: Option<Rc<Typing>>,
     /// Per thread: the open calls (probe, entry time stamp).
     stacks: HashMap<u32, Vec<(u32, u64)>>,
     /// TSC ticks per ns.
@@ -139,6 +142,7 @@ impl LiveTree {
             labels,
             args,
             typed: TypedShapes::default(),
+            typing: None,
             stacks: HashMap::new(),
             ticks_per_ns: tsc_ticks_per_ns(),
             call_stacks: None,
@@ -153,6 +157,13 @@ impl LiveTree {
     /// Prints typed probes' values (see [`hotprobe::typed`]).
     pub fn with_types(mut self, typed: TypedShapes) -> LiveTree {
         self.typed = typed;
+        self
+    }
+
+    /// Pending probes armed later are typed by `typing` (see
+    /// [`EventSink::pending_armed`]).
+    pub fn with_typing(mut self, typing: Rc<Typing>) -> LiveTree {
+        self.typing = Some(typing);
         self
     }
 
@@ -257,6 +268,15 @@ impl EventSink for LiveTree {
             "{:>11} [{tid:>6}] | /* {count} events lost: the ring was full */",
             ""
         );
+        Ok(())
+    }
+
+    /// A pending probe armed in a module the program loaded: its typed
+    /// values are shown from now on (planned at its arming).
+    fn pending_armed(&mut self, armed: &hotprobe::ArmedPending) -> Result<(), SinkError> {
+        if let Some(typing) = &self.typing {
+            self.typed.note_armed(typing, armed);
+        }
         Ok(())
     }
 
@@ -368,13 +388,17 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
         }
     }
     crate::session::note_untyped(&typing);
-    let mut tree = LiveTree::new(&placed, o.args).with_types(TypedShapes::new(&typing, &placed));
+    let mut tree = LiveTree::new(&placed, o.args)
+        .with_types(TypedShapes::new(&typing, &placed))
+        .with_typing(typing.clone());
+    let untyped_at_start = typing.untyped().len();
     if o.stacks {
         tree = tree.with_call_stacks(t.session.stack_names());
     }
     outln!("{HEADER}");
     let mut typed_sink = typed::RegisterTyped::new(&mut tree, &typing, &placed);
     let ran = t.run(&placed, o.duration, Some(&mut typed_sink));
+    note_untyped_armed(&typing, untyped_at_start, "shown without arguments");
     if o.stacks {
         // With the probes placed in each image a followed process executed.
         let (rows, _) =
@@ -411,6 +435,26 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
     }
     ran?;
     Ok(t.exit_code())
+}
+
+/// Says which pending probes armed during the run (their library loaded
+/// later) had no DWARF, so were shown without typed values, as
+/// `note_untyped` says it of those placed at start (`before`: how many
+/// untyped functions were said then; `shown`: how their calls are shown).
+pub(crate) fn note_untyped_armed(typing: &Typing, before: usize, shown: &str) {
+    // Argument names a pending probe's function turned out not to have
+    // (or no DWARF for them): shown without values, said here.
+    if let Err(e) = typing.check() {
+        errln!("hotprobe: {e}: {shown}");
+    }
+    let untyped = typing.untyped();
+    let Some(armed) = untyped.get(before..).filter(|u| !u.is_empty()) else {
+        return;
+    };
+    errln!(
+        "hotprobe: no DWARF for {} in the library the program loaded (build it with -g): {shown}",
+        armed.join(", ")
+    );
 }
 
 #[cfg(test)]
