@@ -373,7 +373,10 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
         match added.and_then(|a| typing.check().map(|()| a).map_err(anyhow::Error::from)) {
             Ok(p) => {
                 for p in p {
-                    if placed.iter().any(|q| q.addr == p.addr) {
+                    // A pending probe has no address yet (0 for all):
+                    // two on a library not loaded are two functions.
+                    let pending = p.mechanism == hotprobe::Mechanism::Pending;
+                    if !pending && placed.iter().any(|q| q.addr == p.addr) {
                         // A pattern's match another spec traces already.
                         let _ = t.session.remove_probe(p.id);
                         continue;

@@ -256,3 +256,131 @@ fn a_stripped_library_loaded_later_is_shown_untyped_with_a_notice() {
         .collect();
     assert_eq!(traced_calls(&replayed, "scale"), want, "{replayed}");
 }
+
+/// A library with a string and a double parameter (`slen`: copied in the
+/// target on the fast path, read at the hit on the trap) and a double in
+/// an xmm register (`half`: the fast path's xmm layout), and the program
+/// that loads it (dlopen) and prints each call's values and result.
+const STRING_LIB: &str = r#"
+__attribute__((noinline)) int slen(const char *s, double f) {
+    int n = 0;
+    while (s[n]) n++;
+    return n + (int)f;
+}
+__attribute__((noinline)) double half(int n, double x) { return x / 2 + n; }
+"#;
+const STRING_MAIN: &str = r#"
+#include <dlfcn.h>
+#include <stdio.h>
+int main(int argc, char **argv) {
+    void *h = dlopen(argv[1], RTLD_NOW);
+    if (!h) return 3;
+    int (*slen)(const char *, double) = (int (*)(const char *, double))dlsym(h, "slen");
+    double (*half)(int, double) = (double (*)(int, double))dlsym(h, "half");
+    const char *words[] = {"alpha", "be", "gamma-ray"};
+    for (int i = 0; i < 3; i++) {
+        printf("slen %s %g = %d\n", words[i], i * 0.5, slen(words[i], i * 0.5));
+        printf("half %d %g = %g\n", i, i + 0.25, half(i, i + 0.25));
+    }
+    return 0;
+}
+"#;
+
+#[test]
+fn strings_and_doubles_of_a_library_loaded_later_are_typed_on_each_mechanism() {
+    let d = dir();
+    std::fs::write(d.join("strlib.c"), STRING_LIB).unwrap();
+    std::fs::write(d.join("strmain.c"), STRING_MAIN).unwrap();
+    let so = hotprobe_testkit::compile(
+        "gcc",
+        &d.join("strlib.c"),
+        &d.join("libstrlib.so"),
+        &["-O1", "-g", "-shared", "-fPIC"],
+        &[],
+    );
+    let prog = hotprobe_testkit::compile(
+        "gcc",
+        &d.join("strmain.c"),
+        &d.join("strmain"),
+        &["-O1"],
+        &["-ldl"],
+    );
+    let o = Command::new(&prog).arg(&so).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let own = text(&o.stdout);
+    assert!(own.contains("slen gamma-ray 1 = 10\n"), "{own}");
+    assert!(own.contains("half 2 2.25 = 3.125\n"), "{own}");
+    let (slen, half) = ("libstrlib.so:slen", "libstrlib.so:half");
+    let want_slen = [
+        ("\"alpha\", 0", "5"),
+        ("\"be\", 0.5", "2"),
+        ("\"gamma-ray\", 1", "10"),
+    ];
+    let want_half = [
+        ("0, 0.25", "0.125"),
+        ("1, 1.25", "1.625"),
+        ("2, 2.25", "3.125"),
+    ];
+    let as_owned = |w: &[(&str, &str)]| -> Vec<(String, String)> {
+        w.iter()
+            .map(|(a, r)| (a.to_string(), r.to_string()))
+            .collect()
+    };
+    for mechanism in [&[][..], &["--mechanism", "trap"][..]] {
+        let mut a = vec!["trace", "-a", "--summary"];
+        a.extend_from_slice(mechanism);
+        a.extend_from_slice(&[
+            slen,
+            half,
+            "--",
+            prog.to_str().unwrap(),
+            so.to_str().unwrap(),
+        ]);
+        let o = hotprobe_within(&a, LIMIT);
+        let (out, err) = (text(&o.stdout), text(&o.stderr));
+        assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+        let mine: String = out
+            .lines()
+            .filter(|l| l.starts_with("slen ") || l.starts_with("half "))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_eq!(mine, own, "{err}");
+        assert_eq!(
+            traced_calls(&out, slen),
+            as_owned(&want_slen),
+            "{mechanism:?}\n{out}\n{err}"
+        );
+        assert_eq!(
+            traced_calls(&out, half),
+            as_owned(&want_half),
+            "{mechanism:?}\n{out}\n{err}"
+        );
+        if mechanism.is_empty() {
+            // On the fast path: the string copied in the target, the
+            // double from its xmm register.
+            assert!(out.contains("typed values copied in the target"), "{out}");
+            assert!(
+                out.contains("float/double values from xmm registers"),
+                "{out}"
+            );
+        }
+    }
+    // record -a then replay: the same values.
+    let dir = trace_dir("pending_typed_strings");
+    let cmd = [prog.to_str().unwrap(), so.to_str().unwrap()];
+    let (out, err) = record(&dir, &["-a", slen, half], &cmd, LIMIT);
+    assert_eq!(out, own, "{err}");
+    let o = hotprobe_within(&["replay", dir.to_str().unwrap()], LIMIT);
+    let replayed = text(&o.stdout);
+    assert!(o.status.success(), "{replayed}");
+    assert_eq!(
+        traced_calls(&replayed, "slen"),
+        as_owned(&want_slen),
+        "{replayed}"
+    );
+    assert_eq!(
+        traced_calls(&replayed, "half"),
+        as_owned(&want_half),
+        "{replayed}"
+    );
+}
