@@ -454,9 +454,13 @@ pub(crate) fn note_untyped_armed(typing: &Typing, before: usize, shown: &str) {
     let Some(armed) = untyped.get(before..).filter(|u| !u.is_empty()) else {
         return;
     };
+    let which = match armed.len() {
+        1..=5 => armed.join(", "),
+        n => format!("{n} functions (e.g. {})", armed[..3].join(", ")),
+    };
     errln!(
-        "hotprobe: no DWARF for {} in the library the program loaded (build it with -g): {shown}",
-        armed.join(", ")
+        "hotprobe: no DWARF for {which} in the library the program loaded (build it with -g): \
+         {shown}"
     );
 }
 
