@@ -384,3 +384,63 @@ fn strings_and_doubles_of_a_library_loaded_later_are_typed_on_each_mechanism() {
         "{replayed}"
     );
 }
+
+/// The typed capture of the C and Python APIs
+/// (`hotprobe::typed_capture::TypedCapture`) on the library loaded later:
+/// each call's parameters and return value, on the fast path and on the
+/// trap.
+#[test]
+fn the_typed_capture_api_types_a_function_in_a_library_loaded_later() {
+    use hotprobe::typed_capture::TypedCapture;
+    use hotprobe::{Mechanism, MechanismChoice, Session, SessionConfig, SpawnOptions};
+    let (prog, so) = build("apilib", &["-g"]);
+    let (lines, made) = untraced(&prog, &so);
+    for trap in [false, true] {
+        let mut config = SessionConfig::default();
+        config.fast_path.record_args = 6;
+        if trap {
+            config.mechanism = MechanismChoice::Trap;
+        }
+        let out = dir().join(format!("api-{trap}.out"));
+        let mut session = Session::with_config(config);
+        let t = session
+            .spawn_with(
+                &prog,
+                &[so.clone().into_os_string(), CALLS.into()],
+                &SpawnOptions {
+                    stdout: Some(std::fs::File::create(&out).unwrap()),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        let mut typed = TypedCapture::new();
+        let added = typed
+            .place(&mut session, t, "libapilib.so:scale(n, weight)")
+            .unwrap();
+        assert_eq!(added.placements[0].mechanism, Mechanism::Pending);
+        session.start().unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        typed.with_sink(None, |sink| session.run_with(&stop, Some(sink)).unwrap());
+        let armed = session.armed_pending();
+        assert_eq!(armed.len(), 1);
+        assert_eq!(armed[0].placement.mechanism == Mechanism::Trap, trap);
+        let shown: Vec<(Vec<String>, bool)> = typed
+            .take_events()
+            .into_iter()
+            .map(|e| (e.values, e.exit))
+            .collect();
+        let want: Vec<(Vec<String>, bool)> = made
+            .iter()
+            .flat_map(|(n, w, r)| {
+                [
+                    (vec![format!("n={n}"), format!("weight={w}")], false),
+                    (vec![r.to_string()], true),
+                ]
+            })
+            .collect();
+        assert_eq!(shown, want, "trap {trap}");
+        drop(session);
+        let own = std::fs::read_to_string(&out).unwrap();
+        assert_eq!(program_lines(&own), lines);
+    }
+}
