@@ -295,9 +295,8 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
         let added = t
             .session
             .add_filtered(t.target, spec, Action::Record, &keep);
-        t.session.set_capture(None);
-        t.session.set_xmm_layout(None);
-        t.session.set_fast_capture(None);
+        // (Cleared after the pending pattern below: its probes keep the
+        // choosers for their arming, typed as those placed now.)
         let added = match added {
             Ok(a) => a,
             // A pattern on a library not loaded yet: one pending probe per
@@ -340,6 +339,9 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
                 bail!("{what}{spec}: cannot record it: {}", reason_of(e));
             }
         };
+        t.session.set_capture(None);
+        t.session.set_xmm_layout(None);
+        t.session.set_fast_capture(None);
         left_out += added.left_out;
         for sk in added.skipped {
             skipped.add(&sk.label, sk.reason);
@@ -349,7 +351,9 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             let name = trace_name(&p);
             // A typed function's events keep the index of their captured
             // values (hotprobe-trace's values files).
-            let typed = typing.is_typed(p.addr.0);
+            // A pending one typed (-a) when its library is loaded.
+            let typed =
+                typing.is_typed(p.addr.0) || (auto && p.mechanism == hotprobe::Mechanism::Pending);
             symbols.push(Symbol {
                 id: p.id.0,
                 name: name.clone(),
@@ -522,11 +526,31 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     // trace's symbols, the processes its info.json.
     let first_id = placed.iter().map(|p| p.id.0 + 1).max().unwrap_or(0);
     let mut exec_sink = hotprobe::ExecTraceSink::new(&mut writer, first_id, o.args, o.args > 0);
-    let mut typed_sink = typed::RegisterTyped::new(&mut exec_sink, &typing, &placed);
     let names = o.stacks.then(|| t.session.stack_names());
-    let mut call_sink = crate::stacks::CallStackSink::new(&mut typed_sink, names, &placed);
-    let ran = t.run(&placed, o.duration, Some(&mut call_sink));
+    let mut call_sink = crate::stacks::CallStackSink::new(&mut exec_sink, names, &placed);
+    // In front: it is told of pending probes armed during the run
+    // (`EventSink::pending_armed`), to type their registers then.
+    let mut typed_sink = typed::RegisterTyped::new(&mut call_sink, &typing, &placed);
+    let untyped_at_start = typing.untyped().len();
+    let ran = t.run(&placed, o.duration, Some(&mut typed_sink));
     let calls = call_sink.finish();
+    // Pending probes armed during the run (their library loaded later)
+    // were typed then: their shapes join types.tsv, written again.
+    let mut shapes = typed::TypedShapes::new(&typing, &placed);
+    let mut armed_typed = false;
+    for a in t.session.armed_pending() {
+        armed_typed |= shapes.note_armed(&typing, a);
+    }
+    if armed_typed {
+        writer
+            .set_value_types(&shapes.value_types())
+            .with_context(|| format!("cannot write the value types in {}", o.out.display()))?;
+    }
+    crate::trace::note_untyped_armed(
+        &typing,
+        untyped_at_start,
+        "recorded untyped, with its first argument register and its return value",
+    );
     let kernel = kernel.map(|k| k.borrow_mut().finish(&mut writer));
     let stats = writer.finish().context("cannot finish the trace")?;
     if o.stacks {

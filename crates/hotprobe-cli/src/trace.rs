@@ -111,6 +111,9 @@ pub struct LiveTree {
     args: Option<usize>,
     /// Typed probes' shapes (their events come with captured bytes).
     typed: TypedShapes,
+    /// What typed them: asked again for a pending probe's shapes when it
+    /// is armed in a module loaded later.
+    typing: Option<Rc<Typing>>,
     /// Per thread: the open calls (probe, entry time stamp).
     stacks: HashMap<u32, Vec<(u32, u64)>>,
     /// TSC ticks per ns.
@@ -139,6 +142,7 @@ impl LiveTree {
             labels,
             args,
             typed: TypedShapes::default(),
+            typing: None,
             stacks: HashMap::new(),
             ticks_per_ns: tsc_ticks_per_ns(),
             call_stacks: None,
@@ -153,6 +157,13 @@ impl LiveTree {
     /// Prints typed probes' values (see [`hotprobe::typed`]).
     pub fn with_types(mut self, typed: TypedShapes) -> LiveTree {
         self.typed = typed;
+        self
+    }
+
+    /// Pending probes armed later are typed by `typing` (see
+    /// [`EventSink::pending_armed`]).
+    pub fn with_typing(mut self, typing: Rc<Typing>) -> LiveTree {
+        self.typing = Some(typing);
         self
     }
 
@@ -260,6 +271,15 @@ impl EventSink for LiveTree {
         Ok(())
     }
 
+    /// A pending probe armed in a module the program loaded: its typed
+    /// values are shown from now on (planned at its arming).
+    fn pending_armed(&mut self, armed: &hotprobe::ArmedPending) -> Result<(), SinkError> {
+        if let Some(typing) = &self.typing {
+            self.typed.note_armed(typing, armed);
+        }
+        Ok(())
+    }
+
     /// `-f` across exec: the probes of the program a process executed,
     /// said in the tree with its pid and command name.
     fn exec_image(&mut self, image: &hotprobe::ExecImage) -> Result<(), SinkError> {
@@ -353,7 +373,10 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
         match added.and_then(|a| typing.check().map(|()| a).map_err(anyhow::Error::from)) {
             Ok(p) => {
                 for p in p {
-                    if placed.iter().any(|q| q.addr == p.addr) {
+                    // A pending probe has no address yet (0 for all):
+                    // two on a library not loaded are two functions.
+                    let pending = p.mechanism == hotprobe::Mechanism::Pending;
+                    if !pending && placed.iter().any(|q| q.addr == p.addr) {
                         // A pattern's match another spec traces already.
                         let _ = t.session.remove_probe(p.id);
                         continue;
@@ -368,13 +391,17 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
         }
     }
     crate::session::note_untyped(&typing);
-    let mut tree = LiveTree::new(&placed, o.args).with_types(TypedShapes::new(&typing, &placed));
+    let mut tree = LiveTree::new(&placed, o.args)
+        .with_types(TypedShapes::new(&typing, &placed))
+        .with_typing(typing.clone());
+    let untyped_at_start = typing.untyped().len();
     if o.stacks {
         tree = tree.with_call_stacks(t.session.stack_names());
     }
     outln!("{HEADER}");
     let mut typed_sink = typed::RegisterTyped::new(&mut tree, &typing, &placed);
     let ran = t.run(&placed, o.duration, Some(&mut typed_sink));
+    note_untyped_armed(&typing, untyped_at_start, "shown without arguments");
     if o.stacks {
         // With the probes placed in each image a followed process executed.
         let (rows, _) =
@@ -411,6 +438,30 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
     }
     ran?;
     Ok(t.exit_code())
+}
+
+/// Says which pending probes armed during the run (their library loaded
+/// later) had no DWARF, so were shown without typed values, as
+/// `note_untyped` says it of those placed at start (`before`: how many
+/// untyped functions were said then; `shown`: how their calls are shown).
+pub(crate) fn note_untyped_armed(typing: &Typing, before: usize, shown: &str) {
+    // Argument names a pending probe's function turned out not to have
+    // (or no DWARF for them): shown without values, said here.
+    if let Err(e) = typing.check() {
+        errln!("hotprobe: {e}: {shown}");
+    }
+    let untyped = typing.untyped();
+    let Some(armed) = untyped.get(before..).filter(|u| !u.is_empty()) else {
+        return;
+    };
+    let which = match armed.len() {
+        1..=5 => armed.join(", "),
+        n => format!("{n} functions (e.g. {})", armed[..3].join(", ")),
+    };
+    errln!(
+        "hotprobe: no DWARF for {which} in the library the program loaded (build it with -g): \
+         {shown}"
+    );
 }
 
 #[cfg(test)]

@@ -12,15 +12,11 @@
 //! Both hand the bytes to the sink with the event; [`TypedShapes`] turns
 //! them back into text.
 
-use crate::{
-    Capture, CaptureChooser, EventSink, FastCaptureChooser, HitContext, Mechanism, RecordedEvent,
-    SinkError, XmmChooser, KIND_EXIT,
-};
+use crate::{Capture, CaptureChooser, FastCaptureChooser, HitContext, XmmChooser};
 use hotprobe_dwarf::{
     capture, format_values, plan_args, plan_auto, ArgExpr, DebugTypes, DwarfError, Fetch, Machine,
     Planned, ShapeItem, Source,
 };
-use hotprobe_fastpath::{EVENT_XMM, EXIT_UNWOUND};
 use hotprobe_symbols::ResolvedProbe;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -105,6 +101,10 @@ type EntryExit = (Vec<Fetch>, Vec<Fetch>);
 /// Shapes of the entry and exit values of each typed probe, by run-time
 /// address (filled as functions are placed).
 pub type ShapeMap = HashMap<u64, (Vec<ShapeItem>, Vec<ShapeItem>)>;
+
+#[path = "typed_register.rs"]
+mod register;
+pub use register::RegisterTyped;
 
 /// The DWARF of the modules probed so far, and what was planned.
 #[derive(Default)]
@@ -508,116 +508,6 @@ fn planned_needs_more(entry: &[Fetch], exit: &[Fetch]) -> bool {
         ..Planned::default()
     }
     .needs_more_than_registers()
-}
-
-/// An [`EventSink`] in front of another: events of typed functions whose
-/// values are all integer registers (recorded by whatever mechanism took
-/// them: the agent's rings, a trap) get those values as captured bytes,
-/// as if read at the hit.
-pub struct RegisterTyped<'a> {
-    inner: &'a mut dyn EventSink,
-    /// The plans by probe id, with the xmm layout's integer count for
-    /// probes the fast path records with it.
-    plans: HashMap<u32, (EntryExit, Option<u8>)>,
-}
-
-impl<'a> RegisterTyped<'a> {
-    /// For the probes `placed` that `typing` planned on registers.
-    pub fn new(
-        inner: &'a mut dyn EventSink,
-        typing: &Typing,
-        placed: &[crate::Placement],
-    ) -> RegisterTyped<'a> {
-        let plans = typing.register_plans.borrow();
-        let xmm = typing.xmm_plans.borrow();
-        let fast = typing.fast_plans.borrow();
-        RegisterTyped {
-            inner,
-            plans: placed
-                .iter()
-                .filter_map(|p| {
-                    let on_fast = matches!(p.mechanism, Mechanism::Patch(_) | Mechanism::Jump);
-                    let at = &p.addr.0;
-                    match (xmm.get(at), fast.get(at), plans.get(at)) {
-                        (Some((plan, k)), _, _) if on_fast => {
-                            Some((p.id.0, (plan.clone(), Some(*k))))
-                        }
-                        // Entries come with the bytes the agent copied
-                        // (`event_data`, passed on); exits are typed here.
-                        (_, Some(plan), _) if on_fast => Some((p.id.0, (plan.clone(), None))),
-                        (_, _, Some(plan)) => Some((p.id.0, (plan.clone(), None))),
-                        _ => None,
-                    }
-                })
-                .collect(),
-        }
-    }
-}
-
-impl EventSink for RegisterTyped<'_> {
-    fn event(&mut self, ev: &RecordedEvent) -> Result<(), SinkError> {
-        let exit = ev.kind == KIND_EXIT;
-        match self.plans.get(&ev.probe_id) {
-            Some(_) if exit && ev.reserved & EXIT_UNWOUND != 0 => self.inner.event(ev),
-            Some(((entry, exit_plan), xmm)) => {
-                let plan = if exit { exit_plan } else { entry };
-                let mut data = Vec::new();
-                capture(plan, &mut Recorded(ev, *xmm), &mut data);
-                self.inner.event_data(ev, &data)
-            }
-            None => self.inner.event(ev),
-        }
-    }
-
-    fn event_data(&mut self, ev: &RecordedEvent, data: &[u8]) -> Result<(), SinkError> {
-        self.inner.event_data(ev, data)
-    }
-
-    fn lost(&mut self, tid: u32, ts: u64, count: u64) -> Result<(), SinkError> {
-        self.inner.lost(tid, ts, count)
-    }
-
-    fn idle(&mut self) {
-        self.inner.idle();
-    }
-
-    fn exec_image(&mut self, image: &crate::ExecImage) -> Result<(), SinkError> {
-        self.inner.exec_image(image)
-    }
-
-    fn pending_armed(&mut self, armed: &crate::ArmedPending) -> Result<(), SinkError> {
-        self.inner.pending_armed(armed)
-    }
-}
-
-/// A recorded event's registers: the argument registers of an entry, rax
-/// (and rdx) of an exit; with the xmm layout (`Some(k)`, and the event
-/// says it has it: `EVENT_XMM`), an entry's first `k` integer registers
-/// then xmm0, xmm1, … and an exit's xmm0 as its third value.
-struct Recorded<'a>(&'a RecordedEvent, Option<u8>);
-
-impl Machine for Recorded<'_> {
-    fn reg(&mut self, s: Source) -> Option<u64> {
-        let ev = self.0;
-        let n = usize::from(ev.nargs).min(ev.args.len());
-        let k = match self.1 {
-            Some(k) if ev.reserved & EVENT_XMM != 0 => Some(usize::from(k)),
-            _ => None,
-        };
-        let at = |i: usize| (i < n).then(|| ev.args[i]);
-        match (s, ev.kind == KIND_EXIT, k) {
-            (Source::IntArg(i), false, None) => at(usize::from(i)),
-            (Source::IntArg(i), false, Some(k)) if usize::from(i) < k => at(usize::from(i)),
-            (Source::Xmm(j), false, Some(k)) => at(k + usize::from(j)),
-            (Source::Rax, true, _) => at(0),
-            (Source::Xmm(0), true, Some(_)) => at(2),
-            _ => None,
-        }
-    }
-
-    fn read(&mut self, _addr: u64, _buf: &mut [u8]) -> bool {
-        false
-    }
 }
 
 /// A stopped thread as [`Machine`] sees it.

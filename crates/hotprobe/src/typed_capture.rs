@@ -138,7 +138,7 @@ impl TypedCapture {
                 .iter()
                 .map(|(typing, placed)| {
                     let ids = placed.iter().map(|p| p.id).collect();
-                    (ids, TypedShapes::new(typing, placed))
+                    (ids, TypedShapes::new(typing, placed), typing.clone())
                 })
                 .collect(),
             events: &mut self.events,
@@ -178,7 +178,8 @@ fn chain<R>(
 /// Keeps the typed probes' events as text, passes the others on.
 struct Keep<'a, 'b> {
     /// The typed probes of each target and their shapes.
-    shapes: Vec<(Vec<ProbeId>, TypedShapes)>,
+    /// (A pending one's shapes join at its arming, from its typing.)
+    shapes: Vec<(Vec<ProbeId>, TypedShapes, Rc<Typing>)>,
     events: &'a mut Vec<TypedEvent>,
     inner: Option<&'a mut (dyn EventSink + 'b)>,
 }
@@ -187,8 +188,8 @@ impl Keep<'_, '_> {
     fn shapes_of(&self, id: u32) -> Option<&TypedShapes> {
         self.shapes
             .iter()
-            .find(|(ids, _)| ids.iter().any(|p| p.0 == id))
-            .map(|(_, s)| s)
+            .find(|(ids, _, _)| ids.iter().any(|p| p.0 == id))
+            .map(|(_, s, _)| s)
     }
 }
 
@@ -247,6 +248,11 @@ impl EventSink for Keep<'_, '_> {
     }
 
     fn pending_armed(&mut self, armed: &crate::ArmedPending) -> Result<(), SinkError> {
+        for (ids, shapes, typing) in &mut self.shapes {
+            if ids.contains(&armed.placement.id) {
+                shapes.note_armed(typing, armed);
+            }
+        }
         match self.inner.as_deref_mut() {
             Some(s) => s.pending_armed(armed),
             None => Ok(()),

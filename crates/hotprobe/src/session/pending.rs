@@ -29,7 +29,29 @@ pub(super) struct Pending {
     armed: Option<Armed>,
     /// Whether it was ever armed (its module loaded at some point).
     ever_armed: bool,
+    /// The typed-value choosers the session had when it was added (a
+    /// `Record` entry probe's): consulted when it is armed, as at a
+    /// placement (`Session::add_filtered`).
+    typing: PendingTyping,
 }
+
+/// The session's typed-value choosers ([`Session::set_xmm_layout`],
+/// [`Session::set_fast_capture`], [`Session::set_capture`]) as they were
+/// when a pending probe was added.
+#[derive(Clone, Default)]
+struct PendingTyping {
+    xmm: Option<XmmChooser>,
+    fast: Option<FastCaptureChooser>,
+    capture: Option<CaptureChooser>,
+}
+
+/// What a pending `Record` probe's typed values are read with once armed:
+/// the fast path's xmm layout or copy program, or a capture at the trap.
+type TypedPick = (
+    Option<u8>,
+    Option<hotprobe_abi::capture::CapturePrograms>,
+    Option<Capture>,
+);
 
 /// Where a pending probe is armed.
 struct Armed {
@@ -148,6 +170,15 @@ impl Session {
         if hotprobe_symbols::find_library(&module, program_dir.as_deref()).is_none() {
             return Err(why);
         }
+        let typing = match record && !is_return {
+            true => PendingTyping {
+                xmm: self.xmm_layout.clone(),
+                fast: self.fast_capture.clone(),
+                capture: self.capture.clone(),
+            },
+            false => PendingTyping::default(),
+        };
+        let slot = self.slot(t)?;
         let (mut cx, mechs) = slot.parts();
         let id = mechs.trap.add_unarmed(&mut cx, probe, rp);
         slot.pending.push(Pending {
@@ -160,6 +191,7 @@ impl Session {
             choice,
             armed: None,
             ever_armed: false,
+            typing,
         });
         if record {
             slot.recording = true;
@@ -262,6 +294,7 @@ impl Session {
             let f = (p.fast_ok, p.record, p.is_return, p.handler, p.ever_armed);
             (p.spec.clone(), p.id, f.0, f.1, f.2, f.3, f.4)
         };
+        let typing = self.slot(t)?.pending[k].typing.clone();
         let r = self.resolve_one(t, &spec)?;
         if (is_return || record) && !r.is_entry() {
             return Err(not_an_entry(&spec, &r));
@@ -278,7 +311,8 @@ impl Session {
         let mut placement = if handler {
             self.arm_handler(t, id, &r, &spec, ever_armed)?
         } else {
-            self.arm_counting(t, id, &r, &spec, (fast_ok, record, is_return), syms)?
+            let flags = (fast_ok, record, is_return);
+            self.arm_counting(t, id, &r, &spec, flags, syms, &typing)?
         };
         placement.reason = format!(
             "armed when the program loaded {}: {}",
@@ -309,7 +343,10 @@ impl Session {
 
     /// Arms pending `Count` or `Record` probe `id` at `r`: on the fast
     /// path where the plan takes it (not in an image after an exec),
-    /// else on the trap.
+    /// else on the trap. A `Record` added with typed values asked
+    /// (`typing`) gets them as a probe placed at once does: the xmm layout
+    /// or a copy program on the fast path, else a capture at the trap.
+    #[allow(clippy::too_many_arguments)]
     fn arm_counting(
         &mut self,
         t: TargetId,
@@ -318,42 +355,156 @@ impl Session {
         spec: &str,
         (fast_ok, record, is_return): (bool, bool, bool),
         syms: &hotprobe_symbols::ProcessSymbols,
+        typing: &PendingTyping,
     ) -> Result<Placement, EngineError> {
         // An image a followed process executed has no agent (the one the
         // session still holds is the old image's): traps only there, as
         // for the probes placed at its exec (a jump into the old agent's
         // trampolines killed the program with SIGSEGV).
         let fast_ok = fast_ok && !self.slot(t)?.execd;
-        let plan = if fast_ok {
+        let mut plan = if fast_ok {
             self.plan_resolved(t, r, is_return, record, Some(syms))?
         } else {
             Plan::Trap("an image after an exec: traps (no agent in it)".into())
         };
-        let no_trap = (record && !self.config.record_traps) || self.config.no_traps;
+        let (xmm, program, mut capture) = self.typed_pick(t, r, &plan, typing);
+        if capture.is_some() && matches!(plan, Plan::Fast { .. }) {
+            plan = Plan::Trap("typed values read at the hit (DWARF)".into());
+        }
+        // Typed values read at the hit need the ptrace trap, as for a
+        // probe placed at once (`Session::add_filtered`).
+        let no_trap =
+            (record && !self.config.record_traps && capture.is_none()) || self.config.no_traps;
         if let (Plan::Trap(why), true) = (&plan, no_trap) {
             return Err(EngineError::RefusedSpec {
                 spec: spec.to_string(),
                 reason: format!("needs the trap mechanism ({why})"),
             });
         }
-        match plan {
-            plan @ Plan::Fast { .. } => {
-                let placed =
-                    self.place_fast(t, r, plan, record, (None, None), spec.to_string(), Some(id))?;
-                self.slot(t)?.sync_ledger();
-                Ok(placed)
+        let why = match plan {
+            Plan::Fast {
+                path,
+                bias,
+                function,
+                reason,
+                site,
+                len,
+            } => {
+                let reason = match (xmm, program) {
+                    (Some(_), _) => format!("{reason}; float/double values from xmm registers"),
+                    (None, Some(_)) => format!("{reason}; typed values copied in the target"),
+                    (None, None) => reason,
+                };
+                let plan = Plan::Fast {
+                    path,
+                    bias,
+                    function,
+                    reason,
+                    site,
+                    len,
+                };
+                let placed = self.place_fast(
+                    t,
+                    r,
+                    plan,
+                    record,
+                    (xmm, program),
+                    spec.to_string(),
+                    Some(id),
+                );
+                match (placed, &typing.capture) {
+                    // The fast path refused the xmm layout or the copy in
+                    // the target: the values are read at the hit instead.
+                    (Err(EngineError::FastPath(why)), Some(choose))
+                        if (xmm.is_some() || program.is_some()) && !self.config.no_traps =>
+                    {
+                        capture = choose(r);
+                        format!("typed values read at the hit (DWARF); fast path: {why}")
+                    }
+                    (placed, _) => {
+                        let placed = placed?;
+                        self.slot(t)?.sync_ledger();
+                        return Ok(placed);
+                    }
+                }
             }
-            Plan::Trap(why) | Plan::Join(why) | Plan::Plugin(why) => {
-                let config = self.config.fast_path;
-                let (mut cx, mechs) = self.slot(t)?.parts();
-                mechs.trap.arm(&mut cx, id, r.addr, &config)?;
-                // `--stacks`: its hits walk in the tracer, as a trap
-                // placed at once does (a spec placed again after an exec
-                // on a library the new image loads later is one).
-                self.trap_stacks_placed(t, id, r.is_entry());
-                Ok(self.placement(t, id, spec.to_string(), r, Some(why)))
-            }
+            Plan::Trap(why) | Plan::Join(why) | Plan::Plugin(why) => why,
+        };
+        if let Some(c) = capture {
+            // Held with the trap form of its action since it was added:
+            // given the capture its typed values are read with.
+            self.give_capture(t, id, is_return, record, c)?;
         }
+        let config = self.config.fast_path;
+        let (mut cx, mechs) = self.slot(t)?.parts();
+        mechs.trap.arm(&mut cx, id, r.addr, &config)?;
+        // `--stacks`: its hits walk in the tracer, as a trap
+        // placed at once does (a spec placed again after an exec
+        // on a library the new image loads later is one).
+        self.trap_stacks_placed(t, id, r.is_entry());
+        Ok(self.placement(t, id, spec.to_string(), r, Some(why)))
+    }
+
+    /// The typed values a pending `Record` probe at `r` gets under `plan`,
+    /// chosen as `Session::add_filtered` chooses them for a probe placed
+    /// at once: the xmm layout or a copy program where the fast path takes
+    /// it (64-byte slots, no fast site there yet), else a capture at the
+    /// hit. Nothing for a probe added without typed values.
+    fn typed_pick(
+        &mut self,
+        t: TargetId,
+        r: &ResolvedProbe,
+        plan: &Plan,
+        typing: &PendingTyping,
+    ) -> TypedPick {
+        let fast = matches!(plan, Plan::Fast { .. }) && self.config.fast_path.record_args > 2;
+        let xmm = match &typing.xmm {
+            Some(choose) if fast => choose(r),
+            _ => None,
+        };
+        let program = match &typing.fast {
+            Some(choose) if fast && xmm.is_none() => choose(r),
+            _ => None,
+        };
+        // A second return hook on a fast site would be taken for a tail
+        // call (see `Session::add_filtered`).
+        let program = program.filter(|_| !self.fast_site_at(t, r.addr));
+        let capture = match &typing.capture {
+            Some(choose) if xmm.is_none() && program.is_none() => choose(r),
+            _ => None,
+        };
+        (xmm, program, capture)
+    }
+
+    /// Gives unarmed pending probe `id` the trap form of its action with
+    /// `capture` (what its entries and returns read at the hit), in place
+    /// of the form it was added with.
+    fn give_capture(
+        &mut self,
+        t: TargetId,
+        id: ProbeId,
+        is_return: bool,
+        record: bool,
+        capture: Capture,
+    ) -> Result<(), EngineError> {
+        let (probe, rp) = self.trap_form(t, is_return, record, Some(capture), true)?;
+        let slot = self.slot(t)?;
+        let Some(entry) = slot.engine.probes.get_mut(&id) else {
+            return Err(EngineError::NoSuchProbe(id));
+        };
+        use crate::engine::ProbeKind;
+        match (&mut entry.kind, probe, rp) {
+            (ProbeKind::Ret { entry, ret, .. }, _, Some(rp)) => {
+                *entry = rp.entry;
+                *ret = rp.ret;
+            }
+            (ProbeKind::Plain { pre, post }, Some(p), None) => {
+                *pre = p.pre;
+                *post = p.post;
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     /// Arms pending handler probe `id` at `r` as a handler probe placed
