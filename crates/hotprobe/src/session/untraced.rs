@@ -3,11 +3,27 @@
 //! Once the targets run ([`Session::start`], and after probes added while
 //! running) a process whose ptrace mechanisms have nothing placed — no
 //! trap probe, no pending probe, no followed forks — runs untraced
-//! ([`hotprobe_process::ProcessTarget::release`]): the in-process traps'
-//! `SIGTRAP`s then cost no ptrace stop at all
-//! ([`Session::ptrace_stops`] stays constant); the process is taken back
-//! (seized again) when the session needs it stopped: to add a probe, to
-//! detach.
+//! ([`hotprobe_process::ProcessTarget::release`]), whether its probes are
+//! on the agent's fast paths (patch, jump) alone, on in-process traps or
+//! agent handlers: the in-process traps' `SIGTRAP`s, the program's own
+//! signals and its thread starts (no clone stop) then cost no ptrace stop
+//! ([`Session::ptrace_stops`] stays constant). Its end (status, a
+//! `SIGKILL`) and an exec are still seen (see `hotprobe-process`'s
+//! `release.rs`); the process is taken back (seized again) when the
+//! session needs it stopped: to add a probe, to detach.
+//!
+//! What the tracer does at a thread's clone stop, and so what keeps a
+//! process traced: `--stacks` publishes the new thread's stack region to
+//! the agent's walk then, and per-process rows (`-f`, new processes) name
+//! the thread's process from it. The agent registers new threads itself
+//! (their counters, rings and shadow stacks are its own).
+//!
+//! Not seen untraced: a vfork child made by a call the preloaded agent's
+//! interposers do not see (glibc's `system`/`popen`, whose `clone` is
+//! internal, a raw `syscall`), between its vfork and its exec, counts its
+//! hits (libc's exec path, if probed) in the forking thread's slot, where
+//! a traced run tells the agent of it at the vfork stop. Such a child runs
+//! only glibc's spawn code before it executes its program.
 
 use super::*;
 
@@ -60,11 +76,13 @@ impl Session {
     /// Lets the started process of slot `i` run untraced when nothing of
     /// its needs ptrace (see the module docs); otherwise leaves it.
     pub(super) fn maybe_release(&mut self, i: usize) {
-        let follow = self.config.follow_forks;
+        // Thread starts the tracer must see (see the module docs): the
+        // stack regions of `--stacks`, the per-process rows.
+        let follow = self.config.follow_forks
+            || self.config.fast_path.stacks
+            || self.new_processes.is_some();
         let slot = &mut self.slots[i];
-        let no_inproc = slot.mechs.inproc.as_ref().is_none_or(|m| m.is_empty());
-        if (no_inproc && slot.agent.handlers.is_empty())
-            || follow
+        if follow
             || !slot.engine.started
             || slot.engine.gone().is_some()
             || !slot.pending.is_empty()
