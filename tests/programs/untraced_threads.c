@@ -15,7 +15,11 @@
  *   serve           prints "ready PID" first (no wait, no round), then
  *                   per line of stdin: "exit N" exits with N, "kill"
  *                   sends itself SIGKILL, any other runs one round;
- *                   exits 0 at EOF */
+ *                   exits 0 at EOF
+ *   await_seize     (no wait, no round) waits up to 10 s for a tracer to
+ *                   take it (as one takes a process whose exec it saw),
+ *                   prints "seized after exec" or "not seized after
+ *                   exec", exits 0 */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -104,6 +108,12 @@ int main(int argc, char **argv) {
         return 0;
     }
     long until = now_ms() + 10000;
+    if (!strcmp(mode, "await_seize")) {
+        while (tracer_of_self() == 0 && now_ms() < until)
+            sched_yield();
+        printf("%s after exec\n", tracer_of_self() != 0 ? "seized" : "not seized");
+        return 0;
+    }
     while (tracer_of_self() != 0 && now_ms() < until)
         sched_yield();
     round_();
