@@ -18,12 +18,16 @@
 //! the thread's process from it. The agent registers new threads itself
 //! (their counters, rings and shadow stacks are its own).
 //!
-//! Not seen untraced: a vfork child made by a call the preloaded agent's
-//! interposers do not see (glibc's `system`/`popen`, whose `clone` is
-//! internal, a raw `syscall`), between its vfork and its exec, counts its
-//! hits (libc's exec path, if probed) in the forking thread's slot, where
-//! a traced run tells the agent of it at the vfork stop. Such a child runs
-//! only glibc's spawn code before it executes its program.
+//! A vfork child runs on its parent's thread pointer: the agent counts its
+//! hits apart only when told of it, by its interposers (`vfork`, `clone`,
+//! `syscall()`, `posix_spawn` of a preloaded agent) or by the tracer at
+//! the vfork stop. So a process that may make a vfork child no interposer
+//! sees stays traced ([`unseen_vfork_reason`]): one whose modules call
+//! glibc's `system`, `popen` or `wordexp` (their `clone` is internal to
+//! libc), or hold a `syscall` instruction of their own (libc, the loader
+//! and the agent aside); with an injected agent (attached), which has no
+//! interposers, also one that calls any of the calls above. Not covered: a
+//! module the program loads while untraced (no loader breakpoint then).
 
 use super::*;
 
@@ -92,6 +96,13 @@ impl Session {
         {
             return;
         }
+        let (Some(pid), spawned) = (slot.pid, slot.spawned) else {
+            return;
+        };
+        if unseen_vfork_reason(pid, spawned).is_some() {
+            return;
+        }
+        let slot = &mut self.slots[i];
         if let Some(pt) = Slot::process(&mut slot.engine) {
             if let Err(e) = pt.release() {
                 slot.notice(format!(
@@ -100,4 +111,120 @@ impl Session {
             }
         }
     }
+}
+
+/// The calls that make a vfork child in glibc without an interposable
+/// call (its internal `clone`).
+const LIBC_INTERNAL_VFORKS: &[&str] = &["system", "popen", "wordexp"];
+
+/// The calls a preloaded agent interposes to see a vfork child.
+const INTERPOSED_VFORKS: &[&str] = &[
+    "vfork",
+    "__vfork",
+    "clone",
+    "clone3",
+    "syscall",
+    "posix_spawn",
+    "posix_spawnp",
+];
+
+/// What one module file may do that makes a vfork child unseen.
+#[derive(Clone, Debug, Default)]
+struct ModuleVforks {
+    /// The calls of [`LIBC_INTERNAL_VFORKS`] and [`INTERPOSED_VFORKS`] it
+    /// imports.
+    imports: Vec<String>,
+    /// Whether its code holds a `syscall`, `sysenter` or `int 0x80`.
+    raw_syscall: bool,
+}
+
+/// A module file: path, device, inode, modification time.
+type FileKey = (PathBuf, u64, u64, i64);
+
+/// Scans of module files, by file (a file's content does not change
+/// under the same inode and time).
+static SCANS: std::sync::Mutex<Option<HashMap<FileKey, ModuleVforks>>> =
+    std::sync::Mutex::new(None);
+
+/// What module file `path` may do (`None`: it cannot be read or parsed).
+fn scan_module(path: &std::path::Path) -> Option<ModuleVforks> {
+    use hotprobe_x86::iced_x86::{Decoder, DecoderOptions, Mnemonic};
+    use object::{Object, ObjectSection, ObjectSymbol, SectionKind};
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    let key = (path.to_path_buf(), meta.dev(), meta.ino(), meta.mtime());
+    if let Some(v) = SCANS
+        .lock()
+        .ok()?
+        .as_ref()
+        .and_then(|m| m.get(&key).cloned())
+    {
+        return Some(v);
+    }
+    let data = std::fs::read(path).ok()?;
+    let file = object::File::parse(&*data).ok()?;
+    let imports = file
+        .dynamic_symbols()
+        .filter(|s| s.is_undefined())
+        .filter_map(|s| s.name().ok())
+        .filter(|n| LIBC_INTERNAL_VFORKS.contains(n) || INTERPOSED_VFORKS.contains(n))
+        .map(str::to_string)
+        .collect();
+    let raw_syscall = file
+        .sections()
+        .filter(|s| s.kind() == SectionKind::Text)
+        .filter_map(|s| Some((s.address(), s.data().ok()?)))
+        // No `0f 05`, `0f 34` or `cd 80` byte pair: no such instruction.
+        .filter(|(_, code)| {
+            code.windows(2)
+                .any(|w| matches!(w, [0x0f, 0x05] | [0x0f, 0x34] | [0xcd, 0x80]))
+        })
+        .any(|(addr, code)| {
+            let mut d = Decoder::with_ip(64, code, addr, DecoderOptions::NONE);
+            d.iter().any(|i| match i.mnemonic() {
+                Mnemonic::Syscall | Mnemonic::Sysenter => true,
+                Mnemonic::Int => i.immediate8() == 0x80,
+                _ => false,
+            })
+        });
+    let v = ModuleVforks {
+        imports,
+        raw_syscall,
+    };
+    if let Ok(mut m) = SCANS.lock() {
+        m.get_or_insert_with(HashMap::new).insert(key, v.clone());
+    }
+    Some(v)
+}
+
+/// Why process `pid` may make a vfork child that neither the agent's
+/// interposers nor (untraced) the tracer would see (see the module docs),
+/// or `None`. `spawned`: the agent was preloaded (its interposers bind
+/// the program's calls); else it was injected and has none.
+pub(super) fn unseen_vfork_reason(pid: i32, spawned: bool) -> Option<String> {
+    let Ok(syms) = hotprobe_symbols::ProcessSymbols::for_pid(pid as u32) else {
+        return Some("its modules cannot be read".into());
+    };
+    for m in syms.modules() {
+        let name = m.name.as_str();
+        if name.starts_with("libhotprobe_agent") {
+            continue;
+        }
+        let libc = name.starts_with("libc.so") || name.starts_with("libc-");
+        let loader = name.starts_with("ld-linux") || name.starts_with("ld64");
+        let Some(v) = scan_module(m.module.path()) else {
+            return Some(format!("{name} cannot be read"));
+        };
+        if !libc && !loader && v.raw_syscall {
+            return Some(format!("{name} makes system calls of its own"));
+        }
+        let unseen = v.imports.iter().find(|n| {
+            LIBC_INTERNAL_VFORKS.contains(&n.as_str())
+                || (!spawned && INTERPOSED_VFORKS.contains(&n.as_str()))
+        });
+        if let Some(n) = unseen {
+            return Some(format!("{name} calls {n}"));
+        }
+    }
+    None
 }
