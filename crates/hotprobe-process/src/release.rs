@@ -187,34 +187,18 @@ impl ProcessTarget {
             // information tells how it ended.
             return Ok(false);
         }
-        if !self.attached
-            || self.exited.is_some()
-            || !self.vfork_children.is_empty()
-            || !self.forked_children.is_empty()
-            || !self.pending.is_empty()
-            || self.rendezvous.as_ref().is_some_and(|r| r.engine_owned)
-            || self.watches.iter().any(Option::is_some)
-        {
-            return Ok(false);
-        }
-        let rendezvous = self.rendezvous.as_ref().map(|r| r.brk);
-        if self
-            .breakpoints
-            .keys()
-            .any(|a| Some(*a) != rendezvous && !self.is_sig_site(*a))
-        {
-            return Ok(false);
-        }
-        if self.threads.values().any(|t| {
-            t.stepping
-                || t.state == RunState::Event
-                || t.unrewound_breakpoint.is_some()
-                || t.at_rendezvous
-                || !t.held_signals.is_empty()
-        }) {
+        if self.held_by_ptrace() {
             return Ok(false);
         }
         self.stop_all()?;
+        // What the threads did before they stopped (a fork, an exec, a
+        // library loaded: events queued for the next `wait`) is the
+        // session's to handle traced.
+        if self.held_by_ptrace() {
+            self.resume_all()?;
+            return Ok(false);
+        }
+        let rendezvous = self.rendezvous.as_ref().map(|r| r.brk);
         // Untraced, no trap of ours resets the program's signal state:
         // the sites are not needed, and what was reset goes back.
         self.disarm_sig_sites();
@@ -237,6 +221,29 @@ impl ProcessTarget {
             pidfd,
         });
         Ok(true)
+    }
+
+    /// Whether something needs ptrace now (see [`ProcessTarget::release`]).
+    fn held_by_ptrace(&self) -> bool {
+        let rendezvous = self.rendezvous.as_ref().map(|r| r.brk);
+        !self.attached
+            || self.exited.is_some()
+            || !self.vfork_children.is_empty()
+            || !self.forked_children.is_empty()
+            || !self.pending.is_empty()
+            || self.rendezvous.as_ref().is_some_and(|r| r.engine_owned)
+            || self.watches.iter().any(Option::is_some)
+            || self
+                .breakpoints
+                .keys()
+                .any(|a| Some(*a) != rendezvous && !self.is_sig_site(*a))
+            || self.threads.values().any(|t| {
+                t.stepping
+                    || t.state == RunState::Event
+                    || t.unrewound_breakpoint.is_some()
+                    || t.at_rendezvous
+                    || !t.held_signals.is_empty()
+            })
     }
 
     /// Whether the process runs untraced ([`ProcessTarget::release`]).

@@ -26,8 +26,16 @@
 //! glibc's `system`, `popen` or `wordexp` (their `clone` is internal to
 //! libc), or hold a `syscall` instruction of their own (libc, the loader
 //! and the agent aside); with an injected agent (attached), which has no
-//! interposers, also one that calls any of the calls above. Not covered: a
-//! module the program loads while untraced (no loader breakpoint then).
+//! interposers, also one that calls `vfork`, `syscall` or `posix_spawn`.
+//! So does one that may fork without running the agent's `pthread_atfork`
+//! handler (`_Fork`, `clone`): a traced run takes the fast path's code out
+//! of such a child at its fork stop; untraced, its hits would count in
+//! the parent's memory. Not covered: a module the program loads while
+//! untraced (no loader breakpoint then), and a fork made through libc's
+//! `syscall()` (`SYS_fork`, or `SYS_clone` without `CLONE_VM`) by a
+//! spawned program: its interposer passes it on unseen, and libstdc++
+//! alone calls `syscall()` (for futexes), so refusing every caller would
+//! keep nearly every program traced.
 
 use super::*;
 
@@ -113,20 +121,18 @@ impl Session {
     }
 }
 
-/// The calls that make a vfork child in glibc without an interposable
-/// call (its internal `clone`).
-const LIBC_INTERNAL_VFORKS: &[&str] = &["system", "popen", "wordexp"];
-
-/// The calls a preloaded agent interposes to see a vfork child.
-const INTERPOSED_VFORKS: &[&str] = &[
-    "vfork",
-    "__vfork",
-    "clone",
-    "clone3",
-    "syscall",
-    "posix_spawn",
-    "posix_spawnp",
+/// The calls that make a child no interposer sees: glibc's spawns
+/// through its internal `clone` (a vfork child), and forks that run no
+/// `pthread_atfork` handler (`_Fork`, a `clone` without `CLONE_VM`: the
+/// child's hits would count in the parent's shared memory, where a traced
+/// run takes the fast path's code out of the child at its fork stop).
+const LIBC_INTERNAL_VFORKS: &[&str] = &[
+    "system", "popen", "wordexp", "_Fork", "clone", "clone3", "__clone", "__clone2",
 ];
+
+/// The calls a preloaded agent interposes to see a vfork child (an
+/// injected agent has no interposers).
+const INTERPOSED_VFORKS: &[&str] = &["vfork", "__vfork", "syscall", "posix_spawn", "posix_spawnp"];
 
 /// What one module file may do that makes a vfork child unseen.
 #[derive(Clone, Debug, Default)]
