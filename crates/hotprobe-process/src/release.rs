@@ -82,14 +82,13 @@ fn comm(pid: i32) -> Option<String> {
 /// while a new image can be read. A process that cannot be read (ending)
 /// has not.
 fn execd(pid: i32, mem: &std::fs::File, before: &[u8]) -> bool {
-    let now = auxv(pid);
-    if now.is_empty() {
-        return false;
-    }
     // Address 0 is never mapped: the old image answers EIO; with no image
-    // left behind the file (its `mm` has no user) the read is empty.
+    // left behind the file (its `mm` has no user) the read is empty. Read
+    // before `auxv`: an image that ends between the two reads leaves
+    // `auxv` empty (an exiting process has none), never the other way.
     let mm_gone = matches!(mem.read_at(&mut [0u8; 1], 0), Ok(0));
-    mm_gone || now != before
+    let now = auxv(pid);
+    !now.is_empty() && (mm_gone || now != before)
 }
 
 /// `PIDFD_GET_INFO` (`_IOWR(0xFF, 11, struct pidfd_info)`, 64 bytes).
@@ -372,10 +371,25 @@ impl ProcessTarget {
                 .is_some_and(|r| execd(self.pid, &self.mem, &r.auxv));
             if changed {
                 let rel = self.released.take();
-                self.seize_all().map_err(|e| TargetError::Protocol {
-                    target: self.describe(),
-                    why: format!("cannot take the process back after its exec: {e}"),
-                })?;
+                if let Err(e) = self.seize_all() {
+                    // An exiting process cannot be seized (EPERM): its
+                    // end is reported by a next pass.
+                    for tid in std::mem::take(&mut self.threads).into_keys() {
+                        let _ = self.sys.detach(tid, 0);
+                    }
+                    let ending = rel
+                        .as_ref()
+                        .and_then(|r| r.pidfd.as_ref())
+                        .is_some_and(|fd| pidfd_ended(fd, Duration::from_millis(100)));
+                    self.released = rel;
+                    if ending {
+                        continue;
+                    }
+                    return Err(TargetError::Protocol {
+                        target: self.describe(),
+                        why: format!("cannot take the process back after its exec: {e}"),
+                    });
+                }
                 if self.threads.is_empty() {
                     // It ended meanwhile: reported by the next pass.
                     self.released = rel;
