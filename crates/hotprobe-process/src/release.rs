@@ -51,8 +51,11 @@ use crate::{exit_status, list_tasks, open_mem, ProcessTarget, RunState, Thread};
 pub(crate) struct Released {
     /// `/proc/PID/auxv` when released: an exec changes it.
     auxv: Vec<u8>,
-    /// The command name when released: an exec sets it.
-    comm: String,
+    /// The command name when last seen in the released image: an exec
+    /// sets it.
+    comm: Vec<u8>,
+    /// `/proc/PID/comm`, open (read again with `pread`: one system call).
+    comm_file: Option<std::fs::File>,
     /// A pidfd of the process: readable once it ended (`None`: its exit is
     /// polled through `waitpid` alone, a spawned child's).
     pidfd: Option<OwnedFd>,
@@ -72,9 +75,11 @@ fn stat_of(pid: i32) -> Option<(String, Vec<String>)> {
     Some((comm, rest.split_whitespace().map(str::to_string).collect()))
 }
 
-/// The kernel's command name of `pid` (a zombie's too).
-fn comm(pid: i32) -> Option<String> {
-    stat_of(pid).map(|(c, _)| c)
+/// The command name `/proc/PID/comm` holds now (a zombie's too).
+fn read_comm(f: &std::fs::File) -> Option<Vec<u8>> {
+    let mut b = [0u8; 64];
+    let n = f.read_at(&mut b, 0).ok()?;
+    (n > 0).then(|| b[..n].to_vec())
 }
 
 /// Whether the process executed another image since it was released:
@@ -209,7 +214,8 @@ impl ProcessTarget {
             self.remove_int3(RuntimeAddr(brk))?;
         }
         let snapshot = auxv(self.pid);
-        let comm = comm(self.pid).unwrap_or_default();
+        let comm_file = std::fs::File::open(format!("/proc/{}/comm", self.pid)).ok();
+        let comm = comm_file.as_ref().and_then(read_comm).unwrap_or_default();
         for tid in self.threads.keys() {
             let _ = self.sys.detach(*tid, 0);
         }
@@ -217,6 +223,7 @@ impl ProcessTarget {
         self.released = Some(Released {
             auxv: snapshot,
             comm,
+            comm_file,
             pidfd,
         });
         Ok(true)
@@ -365,11 +372,20 @@ impl ProcessTarget {
                 }
                 return Ok(TargetEvent::Exited(st));
             }
-            let changed = self
+            // The name first, then whether the image it was read in is
+            // still there (an exec replaces the image before it sets the
+            // name): a name read so is the released image's.
+            let name = self
                 .released
                 .as_ref()
-                .is_some_and(|r| execd(self.pid, &self.mem, &r.auxv));
-            if changed {
+                .and_then(|r| r.comm_file.as_ref())
+                .and_then(read_comm);
+            // Address 0 is never mapped: the image answers EIO; with no
+            // image left behind the file (its `mm` has no user) the read
+            // is empty: an exec if a new image is there (an exiting
+            // process has none: its end is seen by a next pass).
+            let mm_gone = matches!(self.mem.read_at(&mut [0u8; 1], 0), Ok(0));
+            if mm_gone && !auxv(self.pid).is_empty() {
                 let rel = self.released.take();
                 if let Err(e) = self.seize_all() {
                     // An exiting process cannot be seized (EPERM): its
@@ -401,12 +417,8 @@ impl ProcessTarget {
                 }
                 return Ok(TargetEvent::Exec);
             }
-            // Alive, in its image: the name it has now is the one an exec
-            // would change (the program may set its own).
-            if let (Some(rel), Some((c, f))) = (self.released.as_mut(), stat_of(self.pid)) {
-                if f.first().is_some_and(|st| st != "Z" && st != "X") {
-                    rel.comm = c;
-                }
+            if let (Some(rel), Some(name), false) = (self.released.as_mut(), name, mm_gone) {
+                rel.comm = name;
             }
             let now = Instant::now();
             if now >= deadline {
@@ -440,7 +452,12 @@ impl ProcessTarget {
             return None;
         }
         // Ended (or, without a pidfd, maybe): the zombie's name first.
-        let execd = ended.is_some() && comm(self.pid).is_some_and(|c| c != rel.comm);
+        let execd = ended.is_some()
+            && rel
+                .comm_file
+                .as_ref()
+                .and_then(read_comm)
+                .is_some_and(|c| c != rel.comm);
         if self.spawned {
             // Our child: reap it (it is not traced any more).
             match self.sys.waitpid(self.pid, libc::WNOHANG) {

@@ -23,7 +23,8 @@ impl Session {
                 }
             }
         }
-        for s in &mut self.slots {
+        for i in 0..self.slots.len() {
+            let s = &mut self.slots[i];
             if let Some(p) = &mut s.mechs.plugin {
                 let p = &mut p.plugin;
                 // The candidate sites are final before the VM's first
@@ -45,8 +46,13 @@ impl Session {
                          them out)"
                     ));
                 }
-                s.engine.target().resume_all()?;
+                // Let go untraced before it runs, where it may: its
+                // first threads start with no clone stop (a release
+                // after the resume found their clone stops queued, and
+                // kept it traced, 1 run in 2 of an 8-thread start).
                 s.engine.started = true;
+                self.maybe_release(i);
+                self.slots[i].engine.target().resume_all()?;
             }
         }
         for i in 0..self.slots.len() {
