@@ -125,10 +125,7 @@ fn an_exec_of_the_untraced_program_is_noticed() {
         let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
         assert_eq!(out.status.code(), Some(0), "{image:?}: {stderr}");
         assert!(stderr.contains(NOTICE), "{image:?}: {stderr}");
-        assert!(
-            stderr.contains("exited with code 0"),
-            "{image:?}: {stderr}"
-        );
+        assert!(stderr.contains("exited with code 0"), "{image:?}: {stderr}");
         assert_eq!(
             program_output(&stdout),
             format!("{}{said}", round_line()),
@@ -235,11 +232,8 @@ fn count_p_runs_the_process_untraced_and_detaches_with_its_bytes() {
         "{rest:?}"
     );
     // The original bytes are back at work's entry.
-    let addr = u64::from_str_radix(
-        t.row("work")[t.col("ADDRESS")].trim_start_matches("0x"),
-        16,
-    )
-    .unwrap();
+    let addr =
+        u64::from_str_radix(t.row("work")[t.col("ADDRESS")].trim_start_matches("0x"), 16).unwrap();
     let off = file_offset_of(pid, addr);
     let file = std::fs::read(program()).unwrap();
     assert_eq!(
