@@ -96,3 +96,46 @@ fn an_exec_of_an_untraced_process_into_a_running_image_takes_it_back() {
     );
     assert_eq!(status, Some(ExitStatus::Code(0)));
 }
+
+/// An exec the session has not waited for yet when it detaches: said and
+/// handled as any exec, the detach writes nothing into the new image.
+#[test]
+fn a_detach_after_an_unwaited_exec_restores_nothing_into_the_new_image() {
+    use std::io::Write;
+    use std::time::{Duration, Instant};
+    let bin = program("untraced_threads", &["-O1"]);
+    let (read, mut write) = std::io::pipe().unwrap();
+    let iters = ITERS.to_string();
+    let mut c = support::spawn_with_stdin(
+        &bin,
+        &["exec", &iters, "/bin/cat"],
+        Some(std::fs::File::from(std::os::fd::OwnedFd::from(read))),
+    );
+    let t = c.target;
+    c.session.add(t, "work", Action::Count).unwrap();
+    c.session.start().unwrap();
+    assert!(c.session.is_untraced(t));
+    let pid = c.session.pid(t).unwrap();
+    // Until the process runs cat (no wait of the session's meanwhile).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::fs::read_link(format!("/proc/{pid}/exe")).map_or(true, |p| !p.ends_with("cat")) {
+        assert!(Instant::now() < deadline, "pid {pid} never ran cat");
+        std::thread::yield_now();
+    }
+    c.session.detach().unwrap();
+    let notices = c.session.take_notices();
+    assert!(
+        notices
+            .iter()
+            .any(|n| n.contains("exec: 1 fast-path probes dropped")),
+        "{notices:?}"
+    );
+    // cat runs on, unchanged: it copies its input and ends at its EOF.
+    write.write_all(b"cat's line\n").unwrap();
+    drop(write);
+    while !c.output().ends_with("cat's line\n") {
+        assert!(Instant::now() < deadline, "cat's output: {:?}", c.output());
+        std::thread::yield_now();
+    }
+    assert_eq!(c.output(), format!("{}cat's line\n", round_line()));
+}

@@ -295,6 +295,16 @@ impl Session {
         // before the ledger goes.
         self.check_reverted_sites(true);
         let mut first_err = None;
+        // A process running untraced may have executed another program or
+        // ended since the last wait: said and handled as any exec or end
+        // first, so that the detach restores nothing into a new image.
+        for i in 0..self.slots.len() {
+            if self.slots[i].engine.gone().is_none() && self.is_untraced(TargetId(i)) {
+                if let Err(e) = self.poll_slot(i, Some(Duration::ZERO)) {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
         for s in &mut self.slots {
             let gone = s.engine.gone().is_some();
             if !gone {
