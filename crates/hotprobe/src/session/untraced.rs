@@ -1,7 +1,9 @@
 //! Running untraced, and what the in-process trap needs of a target.
 //!
-//! Once the targets run ([`Session::start`], and after probes added while
-//! running) a process whose ptrace mechanisms have nothing placed — no
+//! When the targets start ([`Session::start`]: before a process first
+//! runs, so that no clone stop of its first threads is queued; and after
+//! probes added while running) a process whose ptrace mechanisms have
+//! nothing placed — no
 //! trap probe, no pending probe, no followed forks — runs untraced
 //! ([`hotprobe_process::ProcessTarget::release`]), whether its probes are
 //! on the agent's fast paths (patch, jump) alone, on in-process traps or
@@ -107,7 +109,8 @@ impl Session {
         let (Some(pid), spawned) = (slot.pid, slot.spawned) else {
             return;
         };
-        if unseen_vfork_reason(pid, spawned).is_some() {
+        let released = Slot::process(&mut slot.engine).is_some_and(|p| p.is_released());
+        if released || unseen_vfork_reason(pid, spawned).is_some() {
             return;
         }
         let slot = &mut self.slots[i];
