@@ -230,6 +230,9 @@ impl ProcessTarget {
     }
 
     /// Whether something needs ptrace now (see [`ProcessTarget::release`]).
+    /// A thread stopped at the loader's rendezvous (a spawned process
+    /// before it first runs) needs nothing: it was rewound to the `int3`
+    /// at its stop, and the original instruction goes back at the release.
     fn held_by_ptrace(&self) -> bool {
         let rendezvous = self.rendezvous.as_ref().map(|r| r.brk);
         !self.attached
@@ -247,7 +250,6 @@ impl ProcessTarget {
                 t.stepping
                     || t.state == RunState::Event
                     || t.unrewound_breakpoint.is_some()
-                    || t.at_rendezvous
                     || !t.held_signals.is_empty()
             })
     }
