@@ -275,10 +275,12 @@ impl ProcessTarget {
         if self.threads.is_empty() {
             return self.gone();
         }
-        if execd {
-            self.on_untraced_exec()?;
-            // Said at the next wait as a traced run says it.
-            self.pending.push_back(TargetEvent::Exec);
+        if execd || self.exec_seen_traced() {
+            if !self.exec_seen_traced() {
+                self.on_untraced_exec()?;
+                // Said at the next wait as a traced run says it.
+                self.pending.push_back(TargetEvent::Exec);
+            }
             return Err(TargetError::Protocol {
                 target: self.describe(),
                 why: "it executed another program while untraced: nothing restored".into(),
@@ -286,6 +288,12 @@ impl ProcessTarget {
         }
         self.arm_rendezvous();
         Ok(())
+    }
+
+    /// Whether the stops met while seizing the process again held its
+    /// exec's (`PTRACE_EVENT_EXEC`: the exec was under way).
+    fn exec_seen_traced(&self) -> bool {
+        self.pending.iter().any(|e| matches!(e, TargetEvent::Exec))
     }
 
     /// Seizes and interrupts every task (re-listing until stable), and
@@ -412,6 +420,14 @@ impl ProcessTarget {
                     // It ended meanwhile: reported by the next pass.
                     self.released = rel;
                     continue;
+                }
+                if self.exec_seen_traced() {
+                    // Seized while its exec was still under way: the
+                    // exec's own ptrace stop came, handled as a traced
+                    // exec's (the new image's rendezvous armed once).
+                    if let Some(ev) = self.pending.pop_front() {
+                        return Ok(ev);
+                    }
                 }
                 self.on_untraced_exec()?;
                 if let Some(t) = self.threads.get_mut(&self.pid) {
