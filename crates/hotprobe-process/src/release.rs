@@ -19,13 +19,19 @@
 //! - an exec: the `/proc/PID/mem` file opened before the release reads
 //!   end-of-file once the image it was opened on is gone (its `mm` has no
 //!   user left), while `/proc/PID/auxv` still reads (a new image: an
-//!   exiting process has none), or `auxv` changed. It is taken back and
-//!   the exec reported. An exec whose new image already ended when it is
-//!   looked for is told by the command name the zombie has (the kernel sets
-//!   it at exec): the exec is reported, then the exit. The one case not
-//!   seen: an exec into a program of the same command name whose image
-//!   ends within one poll (≤ 5 ms) of its start — the traced run would
-//!   report it as an exec; nothing of ours is in that image either way.
+//!   exiting process has none). It is taken back and the exec reported
+//!   (seized while its exec is still under way, the exec's own ptrace stop
+//!   says it). An exec whose new image already ended when it is looked for
+//!   is told by the command name the zombie has (the kernel sets it at
+//!   exec; the name is re-read each pass through an open `/proc/PID/comm`,
+//!   kept only while the old image is still there): the exec is reported,
+//!   then the exit. Not seen: an exec into a program of the same command
+//!   name whose image ends within one pass (≤ 5 ms) — the traced run would
+//!   report it as an exec; nothing of ours is in that image either way —
+//!   and, the other way, a program that renames itself (`PR_SET_NAME`)
+//!   and ends within one pass is said to have executed another program.
+//!
+//! A pass costs three system calls (the pidfd's `poll`, two `pread`s).
 //!
 //! What a released process does is not followed: new threads (the agent
 //! registers them itself), forks (the children inherit the agent's code
