@@ -1,25 +1,51 @@
 //! Running untraced: [`ProcessTarget::release`] detaches ptrace from every
 //! thread while the process runs, so that signals — the `SIGTRAP`s of the
-//! agent's in-process traps above all — cost no ptrace stop; any call that
-//! needs the threads stopped (`stop_all`, `detach`) takes them back first
+//! agent's in-process traps above all — and thread starts (no clone stop)
+//! cost no ptrace stop; any call that needs the threads stopped
+//! (`stop_all`, `detach`) takes them back first
 //! ([`ProcessTarget::reacquire`]: `PTRACE_SEIZE` and `PTRACE_INTERRUPT` of
 //! every task, as attach does).
 //!
-//! While released, `wait` only watches for the end of the process (a
-//! spawned child is reaped with `waitpid`; an attached process is watched
-//! through `/proc`) and for an exec (the process's `/proc/PID/auxv`
-//! changes: it is taken back and the exec reported). What a released
-//! process does is not followed: new threads (the agent registers them
-//! itself), forks (the children inherit the agent's code and its dormant
-//! handler), the loader's changes (no pending probes may be in use).
-//! Only a process whose ptrace mechanisms have nothing placed can be
-//! released (no breakpoint of the engine's; the loader's rendezvous
+//! While released, `wait` watches for:
+//! - the end of the process, through a pidfd (readable once the whole
+//!   thread group has exited). Its status: a spawned child is reaped with
+//!   `waitpid`; for an attached process (not our child) the pidfd's exit
+//!   information (`PIDFD_GET_INFO` with `PIDFD_INFO_EXIT`, Linux 6.15: kept
+//!   after its parent reaped it), else the zombie's `exit_code` in
+//!   `/proc/PID/stat`. An attached process is released only where the
+//!   kernel has `PIDFD_GET_INFO` (6.13), so that its status is not lost to
+//!   its parent's reaping on most kernels (between 6.13 and 6.15, only the
+//!   zombie's field: said as `Disconnected` when the parent reaped first);
+//! - an exec: the `/proc/PID/mem` file opened before the release reads
+//!   end-of-file once the image it was opened on is gone (its `mm` has no
+//!   user left), while `/proc/PID/auxv` still reads (a new image: an
+//!   exiting process has none). It is taken back and the exec reported
+//!   (seized while its exec is still under way, the exec's own ptrace stop
+//!   says it). An exec whose new image already ended when it is looked for
+//!   is told by the command name the zombie has (the kernel sets it at
+//!   exec; the name is re-read each pass through an open `/proc/PID/comm`,
+//!   kept only while the old image is still there): the exec is reported,
+//!   then the exit. Not seen: an exec into a program of the same command
+//!   name whose image ends within one pass (≤ 5 ms) — the traced run would
+//!   report it as an exec; nothing of ours is in that image either way —
+//!   and, the other way, a program that renames itself (`PR_SET_NAME`)
+//!   and ends within one pass is said to have executed another program.
+//!
+//! A pass costs three system calls (the pidfd's `poll`, two `pread`s).
+//!
+//! What a released process does is not followed: new threads (the agent
+//! registers them itself), forks (the children inherit the agent's code
+//! and its dormant handler), the loader's changes (no pending probes may
+//! be in use). Only a process whose ptrace mechanisms have nothing placed
+//! can be released (no breakpoint of the engine's; the loader's rendezvous
 //! breakpoint is taken out and put back at reacquire).
 //!
-//! Not covered: an exec between the last `wait` and a `reacquire` is
-//! reported as an error by `reacquire` (nothing is written into the new
-//! image).
+//! An exec between the last `wait` and a `reacquire` is reported as an
+//! error by `reacquire` (nothing is written into the new image) and queued
+//! as the next `wait`'s event.
 
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
 use hotprobe_target::{ExitStatus, RuntimeAddr, Target, TargetError, TargetEvent};
@@ -31,56 +57,158 @@ use crate::{exit_status, list_tasks, open_mem, ProcessTarget, RunState, Thread};
 pub(crate) struct Released {
     /// `/proc/PID/auxv` when released: an exec changes it.
     auxv: Vec<u8>,
+    /// The command name when last seen in the released image: an exec
+    /// sets it.
+    comm: Vec<u8>,
+    /// `/proc/PID/comm`, open (read again with `pread`: one system call).
+    comm_file: Option<std::fs::File>,
+    /// A pidfd of the process: readable once it ended (`None`: its exit is
+    /// polled through `waitpid` alone, a spawned child's).
+    pidfd: Option<OwnedFd>,
 }
 
 fn auxv(pid: i32) -> Vec<u8> {
     std::fs::read(format!("/proc/{pid}/auxv")).unwrap_or_default()
 }
 
-/// Whether the process executed another image since `before` was read.
-/// A process that cannot be read (ending) has not.
-fn execd(pid: i32, before: &[u8]) -> bool {
+/// The fields of `/proc/PID/stat` after the command name, and the name.
+fn stat_of(pid: i32) -> Option<(String, Vec<String>)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let open = s.find('(')?;
+    let close = s.rfind(')')?;
+    let comm = s.get(open + 1..close)?.to_string();
+    let rest = s.get(close + 1..)?;
+    Some((comm, rest.split_whitespace().map(str::to_string).collect()))
+}
+
+/// The command name `/proc/PID/comm` holds now (a zombie's too).
+fn read_comm(f: &std::fs::File) -> Option<Vec<u8>> {
+    let mut b = [0u8; 64];
+    let n = f.read_at(&mut b, 0).ok()?;
+    (n > 0).then(|| b[..n].to_vec())
+}
+
+/// Whether the process executed another image since it was released:
+/// `mem` (opened on the old image) reads end-of-file, or `auxv` changed,
+/// while a new image can be read. A process that cannot be read (ending)
+/// has not.
+fn execd(pid: i32, mem: &std::fs::File, before: &[u8]) -> bool {
+    // Address 0 is never mapped: the old image answers EIO; with no image
+    // left behind the file (its `mm` has no user) the read is empty. Read
+    // before `auxv`: an image that ends between the two reads leaves
+    // `auxv` empty (an exiting process has none), never the other way.
+    let mm_gone = matches!(mem.read_at(&mut [0u8; 1], 0), Ok(0));
     let now = auxv(pid);
-    !now.is_empty() && now != before
+    !now.is_empty() && (mm_gone || now != before)
+}
+
+/// `PIDFD_GET_INFO` (`_IOWR(0xFF, 11, struct pidfd_info)`, 64 bytes).
+const PIDFD_GET_INFO: libc::c_ulong = 0xC040_FF0B;
+/// `PIDFD_INFO_EXIT`: the exit status is asked (and, in the answer's
+/// mask, known).
+const PIDFD_INFO_EXIT: u64 = 1 << 3;
+
+/// The kernel's `struct pidfd_info` up to `exit_code` (its first size).
+#[repr(C)]
+#[derive(Default)]
+struct PidfdInfo {
+    mask: u64,
+    cgroupid: u64,
+    ids: [u32; 11],
+    exit_code: i32,
+}
+
+/// A pidfd of `pid`, or `None` (kernel before 5.3, or it is gone).
+fn pidfd_open(pid: i32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new
+    // descriptor or -1; no memory is passed.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    // SAFETY: a descriptor just returned to us, owned from here on.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// `PIDFD_GET_INFO` of `pidfd` asking for the exit status; `None` where
+/// the kernel has no such request (before 6.13).
+fn pidfd_info(pidfd: &OwnedFd) -> Option<PidfdInfo> {
+    let mut info = PidfdInfo {
+        mask: PIDFD_INFO_EXIT,
+        ..Default::default()
+    };
+    // SAFETY: the request reads and writes a `struct pidfd_info` of the
+    // size encoded in it (64 bytes, `PidfdInfo`'s), which lives across
+    // the call.
+    let r = unsafe {
+        libc::ioctl(
+            pidfd.as_raw_fd(),
+            PIDFD_GET_INFO as _,
+            &mut info as *mut PidfdInfo,
+        )
+    };
+    (r == 0).then_some(info)
+}
+
+/// Whether the process of `pidfd` has ended (its whole thread group).
+fn pidfd_ended(pidfd: &OwnedFd, wait: Duration) -> bool {
+    let mut p = libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = wait.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: one pollfd, valid across the call.
+    let r = unsafe { libc::poll(&mut p, 1, ms) };
+    r > 0 && p.revents & (libc::POLLIN | libc::POLLHUP) != 0
+}
+
+/// The exit status of an ended process that is not our child: the
+/// pidfd's exit information, else its zombie's `exit_code` (a wait
+/// status, `/proc/PID/stat` field 52).
+fn foreign_exit_status(pid: i32, pidfd: &OwnedFd) -> ExitStatus {
+    if let Some(info) = pidfd_info(pidfd).filter(|i| i.mask & PIDFD_INFO_EXIT != 0) {
+        return exit_status(info.exit_code);
+    }
+    let zombie = stat_of(pid).and_then(|(_, f)| {
+        (f.first().map(String::as_str) == Some("Z"))
+            .then(|| f.get(49)?.parse::<i32>().ok())
+            .flatten()
+    });
+    match zombie {
+        Some(st) => exit_status(st),
+        None => ExitStatus::Disconnected(
+            "ended while untraced; its parent reaped it before its status could be read".into(),
+        ),
+    }
 }
 
 impl ProcessTarget {
     /// Stops tracing the process while it runs (see the module docs).
     /// `Ok(false)` (nothing done) when something needs ptrace: a
     /// breakpoint of the engine's, a hardware watchpoint, a thread stopped
-    /// with an event, a stepping thread, a held fork child or vfork child.
+    /// with an event, a stepping thread, a held fork child or vfork child;
+    /// or an attached process whose exit status could not be read
+    /// untraced (no pidfd, or a kernel without `PIDFD_GET_INFO`).
     pub fn release(&mut self) -> Result<bool, TargetError> {
         if self.released.is_some() {
             return Ok(true);
         }
-        if !self.attached
-            || self.exited.is_some()
-            || !self.vfork_children.is_empty()
-            || !self.forked_children.is_empty()
-            || !self.pending.is_empty()
-            || self.rendezvous.as_ref().is_some_and(|r| r.engine_owned)
-            || self.watches.iter().any(Option::is_some)
-        {
+        let pidfd = pidfd_open(self.pid);
+        if !self.spawned && pidfd.as_ref().and_then(pidfd_info).is_none() {
+            // Not our child: only the tracer or the pidfd's exit
+            // information tells how it ended.
             return Ok(false);
         }
-        let rendezvous = self.rendezvous.as_ref().map(|r| r.brk);
-        if self
-            .breakpoints
-            .keys()
-            .any(|a| Some(*a) != rendezvous && !self.is_sig_site(*a))
-        {
-            return Ok(false);
-        }
-        if self.threads.values().any(|t| {
-            t.stepping
-                || t.state == RunState::Event
-                || t.unrewound_breakpoint.is_some()
-                || t.at_rendezvous
-                || !t.held_signals.is_empty()
-        }) {
+        if self.held_by_ptrace() {
             return Ok(false);
         }
         self.stop_all()?;
+        // What the threads did before they stopped (a fork, an exec, a
+        // library loaded: events queued for the next `wait`) is the
+        // session's to handle traced.
+        if self.held_by_ptrace() {
+            self.resume_all()?;
+            return Ok(false);
+        }
+        let rendezvous = self.rendezvous.as_ref().map(|r| r.brk);
         // Untraced, no trap of ours resets the program's signal state:
         // the sites are not needed, and what was reset goes back.
         self.disarm_sig_sites();
@@ -92,12 +220,44 @@ impl ProcessTarget {
             self.remove_int3(RuntimeAddr(brk))?;
         }
         let snapshot = auxv(self.pid);
+        let comm_file = std::fs::File::open(format!("/proc/{}/comm", self.pid)).ok();
+        let comm = comm_file.as_ref().and_then(read_comm).unwrap_or_default();
         for tid in self.threads.keys() {
             let _ = self.sys.detach(*tid, 0);
         }
         self.threads.clear();
-        self.released = Some(Released { auxv: snapshot });
+        self.released = Some(Released {
+            auxv: snapshot,
+            comm,
+            comm_file,
+            pidfd,
+        });
         Ok(true)
+    }
+
+    /// Whether something needs ptrace now (see [`ProcessTarget::release`]).
+    /// A thread stopped at the loader's rendezvous (a spawned process
+    /// before it first runs) needs nothing: it was rewound to the `int3`
+    /// at its stop, and the original instruction goes back at the release.
+    fn held_by_ptrace(&self) -> bool {
+        let rendezvous = self.rendezvous.as_ref().map(|r| r.brk);
+        !self.attached
+            || self.exited.is_some()
+            || !self.vfork_children.is_empty()
+            || !self.forked_children.is_empty()
+            || !self.pending.is_empty()
+            || self.rendezvous.as_ref().is_some_and(|r| r.engine_owned)
+            || self.watches.iter().any(Option::is_some)
+            || self
+                .breakpoints
+                .keys()
+                .any(|a| Some(*a) != rendezvous && !self.is_sig_site(*a))
+            || self.threads.values().any(|t| {
+                t.stepping
+                    || t.state == RunState::Event
+                    || t.unrewound_breakpoint.is_some()
+                    || !t.held_signals.is_empty()
+            })
     }
 
     /// Whether the process runs untraced ([`ProcessTarget::release`]).
@@ -113,7 +273,7 @@ impl ProcessTarget {
         let Some(rel) = self.released.take() else {
             return Ok(());
         };
-        let execd = execd(self.pid, &rel.auxv);
+        let execd = execd(self.pid, &self.mem, &rel.auxv);
         self.seize_all().map_err(|e| TargetError::Protocol {
             target: self.describe(),
             why: format!("cannot take the released process back: {e}"),
@@ -121,8 +281,12 @@ impl ProcessTarget {
         if self.threads.is_empty() {
             return self.gone();
         }
-        if execd {
-            self.on_untraced_exec()?;
+        if execd || self.exec_seen_traced() {
+            if !self.exec_seen_traced() {
+                self.on_untraced_exec()?;
+                // Said at the next wait as a traced run says it.
+                self.pending.push_back(TargetEvent::Exec);
+            }
             return Err(TargetError::Protocol {
                 target: self.describe(),
                 why: "it executed another program while untraced: nothing restored".into(),
@@ -130,6 +294,12 @@ impl ProcessTarget {
         }
         self.arm_rendezvous();
         Ok(())
+    }
+
+    /// Whether the stops met while seizing the process again held its
+    /// exec's (`PTRACE_EVENT_EXEC`: the exec was under way).
+    fn exec_seen_traced(&self) -> bool {
+        self.pending.iter().any(|e| matches!(e, TargetEvent::Exec))
     }
 
     /// Seizes and interrupts every task (re-listing until stable), and
@@ -205,27 +375,65 @@ impl ProcessTarget {
         let deadline = Instant::now() + timeout.unwrap_or(Duration::from_millis(20));
         let mut nap = Duration::from_micros(200);
         loop {
-            if let Some(st) = self.ended_untraced() {
+            if let Some((st, execd)) = self.ended_untraced() {
                 self.released = None;
                 self.threads.clear();
                 self.attached = false;
                 self.exited = Some(st.clone());
+                if execd {
+                    // It executed another program, which ended before
+                    // this look: the exec first, as a traced run says it.
+                    self.pending.push_back(TargetEvent::Exited(st));
+                    return Ok(TargetEvent::Exec);
+                }
                 return Ok(TargetEvent::Exited(st));
             }
-            let changed = self
+            // The name first, then whether the image it was read in is
+            // still there (an exec replaces the image before it sets the
+            // name): a name read so is the released image's.
+            let name = self
                 .released
                 .as_ref()
-                .is_some_and(|r| execd(self.pid, &r.auxv));
-            if changed {
-                self.released = None;
-                self.seize_all().map_err(|e| TargetError::Protocol {
-                    target: self.describe(),
-                    why: format!("cannot take the process back after its exec: {e}"),
-                })?;
+                .and_then(|r| r.comm_file.as_ref())
+                .and_then(read_comm);
+            // Address 0 is never mapped: the image answers EIO; with no
+            // image left behind the file (its `mm` has no user) the read
+            // is empty: an exec if a new image is there (an exiting
+            // process has none: its end is seen by a next pass).
+            let mm_gone = matches!(self.mem.read_at(&mut [0u8; 1], 0), Ok(0));
+            if mm_gone && !auxv(self.pid).is_empty() {
+                let rel = self.released.take();
+                if let Err(e) = self.seize_all() {
+                    // An exiting process cannot be seized (EPERM): its
+                    // end is reported by a next pass.
+                    for tid in std::mem::take(&mut self.threads).into_keys() {
+                        let _ = self.sys.detach(tid, 0);
+                    }
+                    let ending = rel
+                        .as_ref()
+                        .and_then(|r| r.pidfd.as_ref())
+                        .is_some_and(|fd| pidfd_ended(fd, Duration::from_millis(100)));
+                    self.released = rel;
+                    if ending {
+                        continue;
+                    }
+                    return Err(TargetError::Protocol {
+                        target: self.describe(),
+                        why: format!("cannot take the process back after its exec: {e}"),
+                    });
+                }
                 if self.threads.is_empty() {
                     // It ended meanwhile: reported by the next pass.
-                    self.released = Some(Released { auxv: Vec::new() });
+                    self.released = rel;
                     continue;
+                }
+                if self.exec_seen_traced() {
+                    // Seized while its exec was still under way: the
+                    // exec's own ptrace stop came, handled as a traced
+                    // exec's (the new image's rendezvous armed once).
+                    if let Some(ev) = self.pending.pop_front() {
+                        return Ok(ev);
+                    }
                 }
                 self.on_untraced_exec()?;
                 if let Some(t) = self.threads.get_mut(&self.pid) {
@@ -233,45 +441,63 @@ impl ProcessTarget {
                 }
                 return Ok(TargetEvent::Exec);
             }
+            if let (Some(rel), Some(name), false) = (self.released.as_mut(), name, mm_gone) {
+                rel.comm = name;
+            }
             let now = Instant::now();
             if now >= deadline {
                 return Ok(TargetEvent::Timeout);
             }
-            std::thread::sleep(nap.min(deadline - now));
+            let nap_now = nap.min(deadline - now);
+            match self.released.as_ref().and_then(|r| r.pidfd.as_ref()) {
+                // Wakes at once when the process ends.
+                Some(fd) => {
+                    pidfd_ended(fd, nap_now);
+                }
+                None => std::thread::sleep(nap_now),
+            }
             nap = (nap * 2).min(Duration::from_millis(5));
         }
     }
 
-    /// How the released process ended, if it did.
-    fn ended_untraced(&mut self) -> Option<ExitStatus> {
+    /// How the released process ended, if it did, and whether it executed
+    /// another program before (its zombie's command name is not the one
+    /// it had).
+    fn ended_untraced(&mut self) -> Option<(ExitStatus, bool)> {
         if let Some(st) = self.strays.take(self.pid) {
             if libc::WIFEXITED(st) || libc::WIFSIGNALED(st) {
-                return Some(exit_status(st));
+                // Reaped: no zombie to read the name of.
+                return Some((exit_status(st), false));
             }
         }
+        let rel = self.released.as_ref()?;
+        let ended = rel.pidfd.as_ref().map(|fd| pidfd_ended(fd, Duration::ZERO));
+        if ended == Some(false) {
+            return None;
+        }
+        // Ended (or, without a pidfd, maybe): the zombie's name first.
+        let execd = ended.is_some()
+            && rel
+                .comm_file
+                .as_ref()
+                .and_then(read_comm)
+                .is_some_and(|c| c != rel.comm);
         if self.spawned {
             // Our child: reap it (it is not traced any more).
             match self.sys.waitpid(self.pid, libc::WNOHANG) {
                 Ok(Some((_, st))) if libc::WIFEXITED(st) || libc::WIFSIGNALED(st) => {
-                    Some(exit_status(st))
+                    Some((exit_status(st), execd))
                 }
                 Ok(_) => None,
                 Err(e) if e.errno() == libc::ECHILD => {
-                    Some(ExitStatus::Disconnected("reaped elsewhere".into()))
+                    Some((ExitStatus::Disconnected("reaped elsewhere".into()), execd))
                 }
                 Err(_) => None,
             }
         } else {
-            let alive = std::fs::read_to_string(format!("/proc/{}/stat", self.pid))
-                .ok()
-                .and_then(|s| {
-                    let rest = &s[s.rfind(')')? + 1..];
-                    rest.split_whitespace()
-                        .next()
-                        .map(|st| !matches!(st, "Z" | "X"))
-                })
-                .unwrap_or(false);
-            (!alive).then(|| ExitStatus::Disconnected("ended while untraced".into()))
+            // Released only with a pidfd (see `release`).
+            let fd = rel.pidfd.as_ref()?;
+            Some((foreign_exit_status(self.pid, fd), execd))
         }
     }
 }

@@ -23,7 +23,8 @@ impl Session {
                 }
             }
         }
-        for s in &mut self.slots {
+        for i in 0..self.slots.len() {
+            let s = &mut self.slots[i];
             if let Some(p) = &mut s.mechs.plugin {
                 let p = &mut p.plugin;
                 // The candidate sites are final before the VM's first
@@ -45,8 +46,13 @@ impl Session {
                          them out)"
                     ));
                 }
-                s.engine.target().resume_all()?;
+                // Let go untraced before it runs, where it may: its
+                // first threads start with no clone stop (a release
+                // after the resume found their clone stops queued, and
+                // kept it traced, 1 run in 2 of an 8-thread start).
                 s.engine.started = true;
+                self.maybe_release(i);
+                self.slots[i].engine.target().resume_all()?;
             }
         }
         for i in 0..self.slots.len() {
@@ -290,6 +296,16 @@ impl Session {
         // before the ledger goes.
         self.check_reverted_sites(true);
         let mut first_err = None;
+        // A process running untraced may have executed another program or
+        // ended since the last wait: said and handled as any exec or end
+        // first, so that the detach restores nothing into a new image.
+        for i in 0..self.slots.len() {
+            if self.slots[i].engine.gone().is_none() && self.is_untraced(TargetId(i)) {
+                if let Err(e) = self.poll_slot(i, Some(Duration::ZERO)) {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
         for s in &mut self.slots {
             let gone = s.engine.gone().is_some();
             if !gone {

@@ -1,13 +1,43 @@
 //! Running untraced, and what the in-process trap needs of a target.
 //!
-//! Once the targets run ([`Session::start`], and after probes added while
-//! running) a process whose ptrace mechanisms have nothing placed — no
+//! When the targets start ([`Session::start`]: before a process first
+//! runs, so that no clone stop of its first threads is queued; and after
+//! probes added while running) a process whose ptrace mechanisms have
+//! nothing placed — no
 //! trap probe, no pending probe, no followed forks — runs untraced
-//! ([`hotprobe_process::ProcessTarget::release`]): the in-process traps'
-//! `SIGTRAP`s then cost no ptrace stop at all
-//! ([`Session::ptrace_stops`] stays constant); the process is taken back
-//! (seized again) when the session needs it stopped: to add a probe, to
-//! detach.
+//! ([`hotprobe_process::ProcessTarget::release`]), whether its probes are
+//! on the agent's fast paths (patch, jump) alone, on in-process traps or
+//! agent handlers: the in-process traps' `SIGTRAP`s, the program's own
+//! signals and its thread starts (no clone stop) then cost no ptrace stop
+//! ([`Session::ptrace_stops`] stays constant). Its end (status, a
+//! `SIGKILL`) and an exec are still seen (see `hotprobe-process`'s
+//! `release.rs`); the process is taken back (seized again) when the
+//! session needs it stopped: to add a probe, to detach.
+//!
+//! What the tracer does at a thread's clone stop, and so what keeps a
+//! process traced: `--stacks` publishes the new thread's stack region to
+//! the agent's walk then, and per-process rows (`-f`, new processes) name
+//! the thread's process from it. The agent registers new threads itself
+//! (their counters, rings and shadow stacks are its own).
+//!
+//! A vfork child runs on its parent's thread pointer: the agent counts its
+//! hits apart only when told of it, by its interposers (`vfork`, `clone`,
+//! `syscall()`, `posix_spawn` of a preloaded agent) or by the tracer at
+//! the vfork stop. So a process that may make a vfork child no interposer
+//! sees stays traced ([`unseen_vfork_reason`]): one whose modules call
+//! glibc's `system`, `popen` or `wordexp` (their `clone` is internal to
+//! libc), or hold a `syscall` instruction of their own (libc, the loader
+//! and the agent aside); with an injected agent (attached), which has no
+//! interposers, also one that calls `vfork`, `syscall` or `posix_spawn`.
+//! So does one that may fork without running the agent's `pthread_atfork`
+//! handler (`_Fork`, `clone`): a traced run takes the fast path's code out
+//! of such a child at its fork stop; untraced, its hits would count in
+//! the parent's memory. Not covered: a module the program loads while
+//! untraced (no loader breakpoint then), and a fork made through libc's
+//! `syscall()` (`SYS_fork`, or `SYS_clone` without `CLONE_VM`) by a
+//! spawned program: its interposer passes it on unseen, and libstdc++
+//! alone calls `syscall()` (for futexes), so refusing every caller would
+//! keep nearly every program traced.
 
 use super::*;
 
@@ -60,11 +90,13 @@ impl Session {
     /// Lets the started process of slot `i` run untraced when nothing of
     /// its needs ptrace (see the module docs); otherwise leaves it.
     pub(super) fn maybe_release(&mut self, i: usize) {
-        let follow = self.config.follow_forks;
+        // Thread starts the tracer must see (see the module docs): the
+        // stack regions of `--stacks`, the per-process rows.
+        let follow = self.config.follow_forks
+            || self.config.fast_path.stacks
+            || self.new_processes.is_some();
         let slot = &mut self.slots[i];
-        let no_inproc = slot.mechs.inproc.as_ref().is_none_or(|m| m.is_empty());
-        if (no_inproc && slot.agent.handlers.is_empty())
-            || follow
+        if follow
             || !slot.engine.started
             || slot.engine.gone().is_some()
             || !slot.pending.is_empty()
@@ -74,6 +106,14 @@ impl Session {
         {
             return;
         }
+        let (Some(pid), spawned) = (slot.pid, slot.spawned) else {
+            return;
+        };
+        let released = Slot::process(&mut slot.engine).is_some_and(|p| p.is_released());
+        if released || unseen_vfork_reason(pid, spawned).is_some() {
+            return;
+        }
+        let slot = &mut self.slots[i];
         if let Some(pt) = Slot::process(&mut slot.engine) {
             if let Err(e) = pt.release() {
                 slot.notice(format!(
@@ -82,4 +122,118 @@ impl Session {
             }
         }
     }
+}
+
+/// The calls that make a child no interposer sees: glibc's spawns
+/// through its internal `clone` (a vfork child), and forks that run no
+/// `pthread_atfork` handler (`_Fork`, a `clone` without `CLONE_VM`: the
+/// child's hits would count in the parent's shared memory, where a traced
+/// run takes the fast path's code out of the child at its fork stop).
+const LIBC_INTERNAL_VFORKS: &[&str] = &[
+    "system", "popen", "wordexp", "_Fork", "clone", "clone3", "__clone", "__clone2",
+];
+
+/// The calls a preloaded agent interposes to see a vfork child (an
+/// injected agent has no interposers).
+const INTERPOSED_VFORKS: &[&str] = &["vfork", "__vfork", "syscall", "posix_spawn", "posix_spawnp"];
+
+/// What one module file may do that makes a vfork child unseen.
+#[derive(Clone, Debug, Default)]
+struct ModuleVforks {
+    /// The calls of [`LIBC_INTERNAL_VFORKS`] and [`INTERPOSED_VFORKS`] it
+    /// imports.
+    imports: Vec<String>,
+    /// Whether its code holds a `syscall`, `sysenter` or `int 0x80`.
+    raw_syscall: bool,
+}
+
+/// A module file: path, device, inode, modification time.
+type FileKey = (PathBuf, u64, u64, i64);
+
+/// Scans of module files, by file (a file's content does not change
+/// under the same inode and time).
+static SCANS: std::sync::Mutex<Option<HashMap<FileKey, ModuleVforks>>> =
+    std::sync::Mutex::new(None);
+
+/// What module file `path` may do (`None`: it cannot be read or parsed).
+fn scan_module(path: &std::path::Path) -> Option<ModuleVforks> {
+    use hotprobe_x86::iced_x86::{Decoder, DecoderOptions, Mnemonic};
+    use object::{Object, ObjectSection, ObjectSymbol, SectionKind};
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    let key = (path.to_path_buf(), meta.dev(), meta.ino(), meta.mtime());
+    if let Some(v) = SCANS
+        .lock()
+        .ok()?
+        .as_ref()
+        .and_then(|m| m.get(&key).cloned())
+    {
+        return Some(v);
+    }
+    let data = std::fs::read(path).ok()?;
+    let file = object::File::parse(&*data).ok()?;
+    let imports = file
+        .dynamic_symbols()
+        .filter(|s| s.is_undefined())
+        .filter_map(|s| s.name().ok())
+        .filter(|n| LIBC_INTERNAL_VFORKS.contains(n) || INTERPOSED_VFORKS.contains(n))
+        .map(str::to_string)
+        .collect();
+    let raw_syscall = file
+        .sections()
+        .filter(|s| s.kind() == SectionKind::Text)
+        .filter_map(|s| Some((s.address(), s.data().ok()?)))
+        // No `0f 05`, `0f 34` or `cd 80` byte pair: no such instruction.
+        .filter(|(_, code)| {
+            code.windows(2)
+                .any(|w| matches!(w, [0x0f, 0x05] | [0x0f, 0x34] | [0xcd, 0x80]))
+        })
+        .any(|(addr, code)| {
+            let mut d = Decoder::with_ip(64, code, addr, DecoderOptions::NONE);
+            d.iter().any(|i| match i.mnemonic() {
+                Mnemonic::Syscall | Mnemonic::Sysenter => true,
+                Mnemonic::Int => i.immediate8() == 0x80,
+                _ => false,
+            })
+        });
+    let v = ModuleVforks {
+        imports,
+        raw_syscall,
+    };
+    if let Ok(mut m) = SCANS.lock() {
+        m.get_or_insert_with(HashMap::new).insert(key, v.clone());
+    }
+    Some(v)
+}
+
+/// Why process `pid` may make a vfork child that neither the agent's
+/// interposers nor (untraced) the tracer would see (see the module docs),
+/// or `None`. `spawned`: the agent was preloaded (its interposers bind
+/// the program's calls); else it was injected and has none.
+pub(super) fn unseen_vfork_reason(pid: i32, spawned: bool) -> Option<String> {
+    let Ok(syms) = hotprobe_symbols::ProcessSymbols::for_pid(pid as u32) else {
+        return Some("its modules cannot be read".into());
+    };
+    for m in syms.modules() {
+        let name = m.name.as_str();
+        if name.starts_with("libhotprobe_agent") {
+            continue;
+        }
+        let libc = name.starts_with("libc.so") || name.starts_with("libc-");
+        let loader = name.starts_with("ld-linux") || name.starts_with("ld64");
+        let Some(v) = scan_module(m.module.path()) else {
+            return Some(format!("{name} cannot be read"));
+        };
+        if !libc && !loader && v.raw_syscall {
+            return Some(format!("{name} makes system calls of its own"));
+        }
+        let unseen = v.imports.iter().find(|n| {
+            LIBC_INTERNAL_VFORKS.contains(&n.as_str())
+                || (!spawned && INTERPOSED_VFORKS.contains(&n.as_str()))
+        });
+        if let Some(n) = unseen {
+            return Some(format!("{name} calls {n}"));
+        }
+    }
+    None
 }

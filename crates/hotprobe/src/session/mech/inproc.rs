@@ -28,11 +28,6 @@ pub(crate) struct InProcMech {
 }
 
 impl InProcMech {
-    /// Whether no in-process trap is placed.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.probes.is_empty()
-    }
-
     /// The probe on the in-process trap at `addr`.
     pub(crate) fn probe_at(&self, addr: u64) -> Option<ProbeId> {
         self.at.get(&addr).copied()
