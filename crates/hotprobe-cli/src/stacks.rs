@@ -158,6 +158,9 @@ impl EventSink for CallStackSink<'_> {
         self.learn(&image.placements);
         self.inner.exec_image(image)
     }
+    fn pending_armed(&mut self, armed: &hotprobe::ArmedPending) -> Result<(), SinkError> {
+        self.inner.pending_armed(armed)
+    }
 }
 
 /// `record --stacks`: writes the stacks the session captured into the

@@ -364,3 +364,45 @@ fn a_count_sink_condition_compiles_when_the_library_is_loaded() {
         );
     }
 }
+
+/// A pending probe removed before its library is loaded is not armed
+/// when it is: no placement, no hit, the program's calls all its own.
+#[test]
+fn a_pending_probe_removed_is_not_armed_when_its_library_loads() {
+    let (so, dlopening, _) = build();
+    let so_arg = so.to_str().unwrap();
+    let (mut s, t, out, w) = spawn(
+        MechanismChoice::Auto,
+        &dlopening,
+        &[so_arg, "12"],
+        "removed",
+    );
+    drop(w);
+    let (probe, seen) = noting();
+    let added = s
+        .add(t, "libpendh.so:scale", Action::Handler(probe))
+        .unwrap();
+    let id = added.placements[0].id;
+    assert_eq!(added.placements[0].mechanism, Mechanism::Pending);
+    s.remove_probe(id).unwrap();
+    s.start().unwrap();
+    let mut notices = Vec::new();
+    while s.run().unwrap() != RunEnd::AllExited {
+        notices.extend(s.take_notices());
+    }
+    notices.extend(s.take_notices());
+    // Before, the removed spec was still armed at the load: a "cannot
+    // arm libpendh.so:scale: no such probe" notice (its engine probe
+    // gone), or, counting, a placement nobody asked for.
+    assert!(
+        !notices.iter().any(|n| n.contains("libpendh.so:scale")),
+        "{notices:?}"
+    );
+    assert!(s.armed_pending().is_empty(), "{:?}", s.armed_pending());
+    assert!(seen.borrow().is_empty(), "{:?}", seen.borrow());
+    let printed = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(
+        printed.lines().filter(|l| l.starts_with("call ")).count(),
+        CALLS
+    );
+}

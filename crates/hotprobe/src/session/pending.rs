@@ -82,6 +82,12 @@ pub struct ArmedPending {
 }
 
 impl Slot {
+    /// Pending probe `id` removed (`Session::remove_probe`): its spec is
+    /// no longer armed when its module is loaded.
+    pub(super) fn drop_pending(&mut self, id: ProbeId) {
+        self.pending.retain(|p| p.id != id);
+    }
+
     /// A module mapped at `start..end` was unmapped: every mechanism
     /// forgets its sites there (nothing is restored: the memory is gone),
     /// and so does the ledger.

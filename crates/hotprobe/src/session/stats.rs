@@ -21,7 +21,10 @@ impl Session {
 
     /// Remove a probe.
     pub fn remove_probe(&mut self, id: ProbeId) -> Result<(), EngineError> {
-        self.control(id, |m, cx| m.remove(cx, id))
+        self.control(id, |m, cx| m.remove(cx, id))?;
+        // A pending one is not armed when its module loads.
+        self.slot_of(id)?.drop_pending(id);
+        Ok(())
     }
 
     /// Runs `f` on the mechanism that serves probe `id`. The fast path
