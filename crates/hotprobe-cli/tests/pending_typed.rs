@@ -22,31 +22,10 @@ fn dir() -> PathBuf {
     d
 }
 
-fn source(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/programs/{name}.c"))
-}
-
 /// The program, and the library built with `flags` as `lib`NAME`.so` next
 /// to it.
 fn build(lib: &str, flags: &[&str]) -> (PathBuf, PathBuf) {
-    let d = dir();
-    let prog = hotprobe_testkit::compile(
-        "gcc",
-        &source("dlopen_cond"),
-        &d.join("dlopen_cond"),
-        &["-O1", "-g"],
-        &["-ldl"],
-    );
-    let mut f = vec!["-O1", "-shared", "-fPIC"];
-    f.extend_from_slice(flags);
-    let so = hotprobe_testkit::compile(
-        "gcc",
-        &source("dlopen_cond_lib"),
-        &d.join(format!("lib{lib}.so")),
-        &f,
-        &[],
-    );
-    (prog, so)
+    common::dlopen_cond(&dir(), lib, flags)
 }
 
 /// The program's own lines in `out` ("call N WEIGHT", "sum S"), without

@@ -347,3 +347,28 @@ impl Drop for MixServer {
         let _ = self.child.wait();
     }
 }
+
+/// tests/programs/dlopen_cond.c (it dlopens a library by path and calls
+/// its `scale`), and dlopen_cond_lib.c built with `flags` as
+/// `lib`LIB`.so` next to it, both in `dir`.
+pub fn dlopen_cond(dir: &Path, lib: &str, flags: &[&str]) -> (PathBuf, PathBuf) {
+    let source =
+        |name: &str| Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/programs/{name}.c"));
+    let prog = hotprobe_testkit::compile(
+        "gcc",
+        &source("dlopen_cond"),
+        &dir.join("dlopen_cond"),
+        &["-O1", "-g"],
+        &["-ldl"],
+    );
+    let mut f = vec!["-O1", "-shared", "-fPIC"];
+    f.extend_from_slice(flags);
+    let so = hotprobe_testkit::compile(
+        "gcc",
+        &source("dlopen_cond_lib"),
+        &dir.join(format!("lib{lib}.so")),
+        &f,
+        &[],
+    );
+    (prog, so)
+}

@@ -406,27 +406,8 @@ impl Session {
                 });
             }
             let placed = match std::mem::replace(&mut plan, Plan::Trap(String::new())) {
-                Plan::Fast {
-                    path,
-                    bias,
-                    function,
-                    reason,
-                    site,
-                    len,
-                } => {
-                    let reason = match (xmm, program) {
-                        (Some(_), _) => format!("{reason}; float/double values from xmm registers"),
-                        (None, Some(_)) => format!("{reason}; typed values copied in the target"),
-                        (None, None) => reason,
-                    };
-                    let plan = Plan::Fast {
-                        path,
-                        bias,
-                        function,
-                        reason,
-                        site,
-                        len,
-                    };
+                fast @ Plan::Fast { .. } => {
+                    let plan = typed_reason(fast, xmm, program.is_some());
                     let placed =
                         self.place_fast(t, &r, plan, record, (xmm, program), label.clone(), None);
                     match (placed, &self.capture) {
@@ -607,4 +588,17 @@ impl Session {
             .trap
             .form(is_return, record, capture, exits, limits))
     }
+}
+
+/// A fast-path plan's reason, saying where its typed values come from:
+/// xmm registers (`xmm`), or a copy in the target (`copied`).
+pub(super) fn typed_reason(mut plan: Plan, xmm: Option<u8>, copied: bool) -> Plan {
+    if let Plan::Fast { reason, .. } = &mut plan {
+        match (xmm, copied) {
+            (Some(_), _) => reason.push_str("; float/double values from xmm registers"),
+            (None, true) => reason.push_str("; typed values copied in the target"),
+            (None, false) => {}
+        }
+    }
+    plan
 }

@@ -388,27 +388,8 @@ impl Session {
             });
         }
         let why = match plan {
-            Plan::Fast {
-                path,
-                bias,
-                function,
-                reason,
-                site,
-                len,
-            } => {
-                let reason = match (xmm, program) {
-                    (Some(_), _) => format!("{reason}; float/double values from xmm registers"),
-                    (None, Some(_)) => format!("{reason}; typed values copied in the target"),
-                    (None, None) => reason,
-                };
-                let plan = Plan::Fast {
-                    path,
-                    bias,
-                    function,
-                    reason,
-                    site,
-                    len,
-                };
+            fast @ Plan::Fast { .. } => {
+                let plan = super::add::typed_reason(fast, xmm, program.is_some());
                 let placed = self.place_fast(
                     t,
                     r,
