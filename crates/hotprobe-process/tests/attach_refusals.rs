@@ -174,9 +174,16 @@ fn a_process_another_tracer_holds_is_refused() {
             "pid {pid} is already traced by pid {tracer_pid} (tracer): detach that tracer first"
         )
     );
-    // Untouched: still held by its tracer, still sleeping.
+    // Untouched: still held by its tracer, and sleeping (not stopped: a
+    // seize that got through would leave it in a ptrace stop, `t`). Read
+    // until it sleeps: just spawned, `sleep` may still be running on its
+    // way into nanosleep (`R`, seen once).
     assert_eq!(status_field(pid, "TracerPid"), Some(tracer_pid.to_string()));
-    assert_eq!(status_field(pid, "State").as_deref(), Some("S"));
+    wait_for("sleep to sleep", || {
+        let state = status_field(pid, "State");
+        assert_ne!(state.as_deref(), Some("t"), "stopped by the refused attach");
+        state.as_deref() == Some("S")
+    });
 
     // Once the tracer is gone, attaching works.
     drop(tr.stdin.take());
