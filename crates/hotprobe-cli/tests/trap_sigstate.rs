@@ -88,6 +88,26 @@ fn sigtrap_raised_while_threads_start_meets_the_programs_handler() {
     check(&bin, "race", &["--mechanism", "trap"], &["probed"]);
 }
 
+/// Where SIGTRAP is blocked in the program's view only (lifted), what
+/// the program sees of it stays as without hotprobe (found by review):
+/// a forked child's own mask (it inherited the lifted one: the child read
+/// SIGTRAP unblocked, with and without -f); a kill() of the process, which
+/// a worker not blocking SIGTRAP takes (it stayed with the lifted main
+/// thread: the worker never saw it); a value queued with SIGTRAP to a
+/// thread blocking it (it was sent again by the tracer: value 0,
+/// SI_TKILL), on the trap and in a static program (no agent, the default
+/// mechanism).
+#[test]
+fn a_lifted_sigtrap_mask_is_the_programs_in_children_and_queued_signals() {
+    let bin = program(false);
+    for how in ["fork", "prockill", "sigqueue"] {
+        check(&bin, how, &["--mechanism", "trap"], &["probed"]);
+    }
+    check(&bin, "fork", &["-f", "--mechanism", "trap"], &["probed"]);
+    let statik = program(true);
+    check(&statik, "sigqueue", &[], &["probed"]);
+}
+
 #[test]
 fn an_ignored_sigtrap_stays_ignored_under_the_trap() {
     let bin = program(false);

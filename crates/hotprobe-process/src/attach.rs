@@ -281,6 +281,7 @@ impl ProcessTarget {
         self.write_into_child(child, bytes);
         let child = child as i32;
         self.forked_children.retain(|c| *c != child);
+        self.child_mask_back(child);
         self.sys.detach(child, 0).map_err(|e| self.sys_err(e))
     }
 
@@ -358,7 +359,14 @@ impl ProcessTarget {
         );
         // Its statuses may reach any target of the session, and theirs it.
         t.strays = self.strays.clone();
-        t.threads.insert(child, Thread::new(RunState::Parked));
+        let mut th = Thread::new(RunState::Parked);
+        if let Some(i) = self.lifted_children.iter().position(|c| *c == child) {
+            // Forked by a lifted thread: lifted too (`sigtrap.rs`).
+            self.lifted_children.swap_remove(i);
+            th.trap_blocked = true;
+            th.trap_lifted = true;
+        }
+        t.threads.insert(child, th);
         t.arm_rendezvous();
         Ok(t)
     }
@@ -391,7 +399,14 @@ impl ProcessTarget {
         let mut t = ProcessTarget::new(child, program, mem, self.spawned, self.sys.clone());
         t.strays = self.strays.clone();
         t.keep_execd_vfork = self.keep_execd_vfork;
-        t.threads.insert(child, Thread::new(RunState::Parked));
+        let mut th = Thread::new(RunState::Parked);
+        if let Some(i) = self.lifted_children.iter().position(|c| *c == child) {
+            // Forked by a lifted thread: lifted too (`sigtrap.rs`).
+            self.lifted_children.swap_remove(i);
+            th.trap_blocked = true;
+            th.trap_lifted = true;
+        }
+        t.threads.insert(child, th);
         t.arm_rendezvous();
         Ok(t)
     }

@@ -22,6 +22,7 @@ mod rendezvous;
 mod reverted;
 mod sigtrap;
 mod sigtrap_agent;
+mod sigtrap_lift;
 mod spawn;
 mod strays;
 mod target;
@@ -219,8 +220,9 @@ struct Thread {
     /// runs freely.
     trap_mask_reset: bool,
     /// The program's own `SIGTRAP`, pending while blocked, was what that
-    /// trap delivered: sent again once the mask is back.
-    trap_requeue: bool,
+    /// trap delivered: queued again once the mask is back, with this
+    /// siginfo (its 128 bytes).
+    trap_requeue: Option<[u64; 16]>,
     /// The program blocks `SIGTRAP` here but the kernel's mask does not
     /// (`sigtrap.rs`, "lifted"): a trap of ours resets nothing.
     trap_lifted: bool,
@@ -240,7 +242,7 @@ impl Thread {
             pending_watch: 0,
             trap_blocked: false,
             trap_mask_reset: false,
-            trap_requeue: false,
+            trap_requeue: None,
             trap_lifted: false,
         }
     }
@@ -264,6 +266,9 @@ pub struct ProcessTarget {
     vfork_children: Vec<i32>,
     /// Forked children held stopped until the engine releases them.
     forked_children: Vec<i32>,
+    /// Held fork children made by a thread whose `SIGTRAP` was lifted
+    /// (`sigtrap.rs`): their kernel mask lacks it too.
+    lifted_children: Vec<i32>,
     /// Keep vfork children that exec, stopped at their exec, for the
     /// session to take as targets of their own
     /// ([`ProcessTarget::set_keep_execd_vfork_children`]).
@@ -327,6 +332,7 @@ impl ProcessTarget {
             threads: BTreeMap::new(),
             vfork_children: Vec::new(),
             forked_children: Vec::new(),
+            lifted_children: Vec::new(),
             keep_execd_vfork: false,
             execd_vfork_children: Vec::new(),
             breakpoints: HashMap::new(),

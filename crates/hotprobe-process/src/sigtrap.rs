@@ -61,13 +61,15 @@
 //!   next `rt_sigprocmask` sees its own mask back first (the result and
 //!   the old mask it reads are the kernel's for what it set). A `SIGTRAP`
 //!   the program sends to such a thread, which it expects held pending,
-//!   is stopped before delivery: the mask goes back and the signal is sent
-//!   again, pending now (its sender then reads as the tracer). Before
-//!   release, detach and exec every thread gets its mask back. Left: a
-//!   process-directed `SIGTRAP` (`kill`) may then be taken by such a
-//!   thread rather than wait for one that unblocks it, and a thread that
-//!   blocked `SIGTRAP` before the program's handler came is lifted only
-//!   at its next `rt_sigprocmask` or `rt_sigaction(SIGTRAP)`.
+//!   is stopped before delivery: the mask goes back and the signal is
+//!   passed on, which the kernel then queues again as sent (its siginfo
+//!   kept; a process-directed one goes to a thread that does not block
+//!   it, or stays pending). A forked or vforked child gets its mask back
+//!   at its start; before release, detach and exec every thread does.
+//!   Left: a thread that blocked `SIGTRAP` before the program's handler
+//!   came is lifted only at its next `rt_sigprocmask` or
+//!   `rt_sigaction(SIGTRAP)`; a lifted thread's mask read in `/proc`
+//!   (`SigBlk`) lacks `SIGTRAP`.
 //!
 //! Not seen: a `syscall` instruction whose number is not loaded just
 //! before it (libc's `syscall()` function, inline assembly, the Go
@@ -140,6 +142,15 @@ pub(crate) struct SigTrapState {
     detach_blocked: Vec<i32>,
 }
 
+impl SigTrapState {
+    /// Whether a thread's `SIGTRAP` may be lifted (see the module docs):
+    /// the program has a handler for it, the sites are armed, and no
+    /// agent keeps the state itself.
+    pub(crate) fn may_lift(&self) -> bool {
+        self.handler.is_some_and(|h| h > SIG_IGN) && self.armed && !self.agent
+    }
+}
+
 /// `SigBlk`, `SigIgn` and `SigCgt` of `/proc/PID/task/TID/status`.
 fn status_masks(pid: i32, tid: i32) -> Option<(u64, u64, u64)> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
@@ -206,7 +217,9 @@ impl ProcessTarget {
             ignored |= ign & TRAP_BIT != 0;
             caught |= cgt & TRAP_BIT != 0;
             if let Some(t) = self.threads.get_mut(&tid) {
-                t.trap_blocked = blk & TRAP_BIT != 0;
+                // A lifted thread (an adopted fork child's) blocks it in
+                // the program's view.
+                t.trap_blocked = blk & TRAP_BIT != 0 || t.trap_lifted;
             }
         }
         self.sigtrap.handler = if ignored {
@@ -258,9 +271,11 @@ impl ProcessTarget {
             // A SIGTRAP of the program's own pending while blocked is not
             // queued twice: the trap delivered that one (sent by a
             // process, not the kernel), and it must be pending again.
-            let sent = self.sys.getsiginfo(tid).is_ok_and(|i| i.code <= 0);
-            if let Some(t) = self.threads.get_mut(&tid) {
-                t.trap_requeue |= sent;
+            if self.sys.getsiginfo(tid).is_ok_and(|i| i.code <= 0) {
+                let info = crate::sigtrap_lift::siginfo_words(tid);
+                if let Some(t) = self.threads.get_mut(&tid) {
+                    t.trap_requeue = Some(info.unwrap_or([0; 16]));
+                }
             }
         }
         let reset = blocked || handler == Some(SIG_IGN);
@@ -294,8 +309,8 @@ impl ProcessTarget {
                     let _ = self.sys.setsigmask(tid, mask | TRAP_BIT);
                 }
             }
-            if std::mem::take(&mut t.trap_requeue) {
-                let _ = self.sys.tgkill(self.pid, tid, libc::SIGTRAP);
+            if let Some(info) = t.trap_requeue.take() {
+                self.requeue_sent_trap(tid, &info);
             }
         }
         if self.sigtrap.handler_reset {
@@ -683,69 +698,6 @@ impl ProcessTarget {
             }
         }
     }
-
-    /// Takes `SIGTRAP` out of stopped thread `tid`'s kernel mask `mask`
-    /// where the program blocks it, has a handler for it, and has none
-    /// of its own pending there (see "Lifted" in the module docs).
-    fn lift(&mut self, tid: i32, mask: u64) {
-        let caught = self.sigtrap.handler.is_some_and(|h| h > SIG_IGN);
-        if mask & TRAP_BIT == 0
-            || !caught
-            || self.sigtrap.agent
-            || !self.sigtrap.armed
-            || trap_pending(self.pid, tid)
-        {
-            return;
-        }
-        if self.sys.setsigmask(tid, mask & !TRAP_BIT).is_ok() {
-            if let Some(t) = self.threads.get_mut(&tid) {
-                t.trap_lifted = true;
-            }
-        }
-    }
-
-    /// Puts `SIGTRAP` back into stopped thread `tid`'s kernel mask if it
-    /// was lifted.
-    fn unlift(&mut self, tid: i32) {
-        let Some(t) = self.threads.get_mut(&tid) else {
-            return;
-        };
-        if !std::mem::take(&mut t.trap_lifted) {
-            return;
-        }
-        if let Ok(mask) = self.sys.getsigmask(tid) {
-            let _ = self.sys.setsigmask(tid, mask | TRAP_BIT);
-        }
-    }
-
-    /// At `tid`'s signal-delivery stop for `SIGTRAP`: if the program sent
-    /// it to a lifted thread, where it blocks it, it is held pending as
-    /// the program expects (mask back, sent again) and true is returned:
-    /// the thread goes on without it.
-    pub(crate) fn hold_sent_trap(&mut self, tid: i32) -> bool {
-        if !self.threads.get(&tid).is_some_and(|t| t.trap_lifted)
-            || !self.sys.getsiginfo(tid).is_ok_and(|i| i.code <= 0)
-        {
-            return false;
-        }
-        self.unlift(tid);
-        let _ = self.sys.tgkill(self.pid, tid, libc::SIGTRAP);
-        true
-    }
-}
-
-/// Whether `SIGTRAP` is pending for thread `tid` or its process
-/// (`SigPnd`, `ShdPnd`).
-fn trap_pending(pid: i32, tid: i32) -> bool {
-    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")) else {
-        return true;
-    };
-    ["SigPnd:", "ShdPnd:"].iter().any(|k| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(k))
-            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-            .is_some_and(|m| m & TRAP_BIT != 0)
-    })
 }
 
 #[cfg(test)]

@@ -340,6 +340,7 @@ impl Target for ProcessTarget {
         }
         self.settle_sigtrap_after_detach_hooks();
         for child in std::mem::take(&mut self.forked_children) {
+            self.child_mask_back(child);
             let _ = self.sys.detach(child, 0);
         }
         for tid in tids {

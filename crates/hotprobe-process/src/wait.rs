@@ -202,6 +202,8 @@ impl ProcessTarget {
                         self.threads.insert(new, th);
                         self.inherit_sigtrap_state(pid, new);
                         if vfork {
+                            // Its own mask, as the parent's program set it.
+                            self.vfork_mask_back(pid, new);
                             // Before it runs: the agent counts it apart.
                             self.vfork_started(pid, new);
                             if !stopping {
@@ -223,6 +225,11 @@ impl ProcessTarget {
                 // (the caller decides what it gets back: the session from
                 // its code ledger, see `release_fork_child_with`).
                 if alive {
+                    if self.threads.get(&pid).is_some_and(|t| t.trap_lifted) {
+                        // Its mask is the lifted one: put back when it is
+                        // released, kept lifted when it is adopted.
+                        self.lifted_children.push(new);
+                    }
                     self.forked_children.push(new);
                 }
                 return Ok(Some(TargetEvent::Forked {
@@ -404,28 +411,10 @@ impl ProcessTarget {
                 }));
             }
         }
-        if sig == libc::SIGTRAP && self.hold_sent_trap(pid) {
-            // The program's own, to a thread where it blocks it: pending
-            // again now (`sigtrap.rs`, "Lifted"); the thread goes on.
-            let t = self.threads.get_mut(&pid).expect("known thread");
-            t.state = RunState::Running;
-            if t.stepping {
-                return self
-                    .sys
-                    .step(pid, 0)
-                    .map(|_| None)
-                    .map_err(|e| self.sys_err(e));
-            }
-            if stopping && t.interrupt_pending {
-                return self
-                    .sys
-                    .cont(pid, 0)
-                    .map(|_| None)
-                    .map_err(|e| self.sys_err(e));
-            }
-            t.state = RunState::Event;
-            self.park_or_continue(pid, stopping)?;
-            return Ok(None);
+        if sig == libc::SIGTRAP {
+            // The program's own, to a thread where it blocks it: queued
+            // again by the kernel once passed on (`sigtrap.rs`, "Lifted").
+            self.unlift_at_sent_trap(pid);
         }
         // Pass the signal through untouched, unless the thread is stepping
         // an out-of-line slot: then hold it until the step is done.

@@ -19,11 +19,21 @@
 //           glibc's pthread_create blocks every signal around the clone,
 //           so both threads pass through signal-state calls with SIGTRAP
 //           blocked; every raise is handled (natively, always).
+//   fork:   a SIGTRAP handler; main blocks SIGTRAP, 300 calls, forks: the
+//           child prints its own mask (blocked, as its parent's).
+//   prockill: a SIGTRAP handler; main blocks SIGTRAP, 300 calls, then
+//           kill()s its process with SIGTRAP: a worker that does not
+//           block it takes it.
+//   sigqueue: an SA_SIGINFO handler; main blocks SIGTRAP, a thread
+//           queues it to main with a value, 300 calls, main unblocks it:
+//           the handler sees the value and SI_QUEUE.
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 volatile long sink;
@@ -119,6 +129,80 @@ static int race(void) {
     return 5;
 }
 
+static volatile int by_worker, worker_up, got_value = -1, got_code = 99;
+static pthread_t main_thread;
+
+static void on_trap_info(int s, siginfo_t *si, void *uc) {
+    (void)s;
+    (void)uc;
+    got_value = si->si_value.sival_int;
+    got_code = si->si_code;
+}
+
+static void on_trap_worker(int s) {
+    (void)s;
+    if (!pthread_equal(pthread_self(), main_thread))
+        by_worker = 1;
+}
+
+static void *waiting_worker(void *arg) {
+    worker_up = 1;
+    /* Bounded: natively the signal comes within milliseconds. */
+    for (long i = 0; i < 2000000000L && !by_worker; i++)
+        sched_yield();
+    return arg;
+}
+
+static void *queuer(void *arg) {
+    union sigval v;
+    v.sival_int = 42;
+    pthread_sigqueue(main_thread, SIGTRAP, v);
+    return arg;
+}
+
+static int others(const char *how) {
+    pthread_t t;
+    main_thread = pthread_self();
+    if (!strcmp(how, "fork")) {
+        signal(SIGTRAP, on_trap);
+        block_trap(SIG_BLOCK);
+        calls("main", 300);
+        pid_t c = fork();
+        if (c == 0) {
+            printf("child: blocked=%d\n", blocked());
+            _exit(0);
+        }
+        waitpid(c, NULL, 0);
+        printf("main: blocked=%d\n", blocked());
+    } else if (!strcmp(how, "prockill")) {
+        signal(SIGTRAP, on_trap_worker);
+        pthread_create(&t, NULL, waiting_worker, NULL);
+        while (!worker_up)
+            sched_yield();
+        block_trap(SIG_BLOCK);
+        calls("main", 300);
+        kill(getpid(), SIGTRAP);
+        pthread_join(t, NULL);
+        printf("main: handled by the worker=%d\n", by_worker);
+    } else if (!strcmp(how, "sigqueue")) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_trap_info;
+        sa.sa_flags = SA_SIGINFO;
+        sigaction(SIGTRAP, &sa, NULL);
+        block_trap(SIG_BLOCK);
+        pthread_create(&t, NULL, queuer, NULL);
+        pthread_join(t, NULL);
+        calls("main", 300);
+        printf("main: pending=%d\n", pending());
+        block_trap(SIG_UNBLOCK);
+        printf("main: value=%d si_code=%d\n", got_value, got_code);
+    } else {
+        return 2;
+    }
+    return 5;
+}
+
 int main(int argc, char **argv) {
     const char *how = argc > 1 ? argv[1] : "block";
     setvbuf(stdout, NULL, _IONBF, 0);
@@ -141,6 +225,8 @@ int main(int argc, char **argv) {
         }
     } else if (!strcmp(how, "race")) {
         return race();
+    } else if (!strcmp(how, "fork") || !strcmp(how, "prockill") || !strcmp(how, "sigqueue")) {
+        return others(how);
     } else if (!strcmp(how, "inherit")) {
         block_trap(SIG_BLOCK);
         pthread_create(&t, NULL, worker, (void *)1);
