@@ -285,6 +285,7 @@ struct OnTrap {
     mechanism: String,
 }
 
+/// The name `-s` takes for sort key `s`.
 pub fn sort_name(s: SortArg) -> &'static str {
     match s {
         SortArg::Total => "total",

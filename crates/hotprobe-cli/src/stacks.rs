@@ -195,17 +195,6 @@ pub fn write_trace_stacks(
     Ok(())
 }
 
-/// `-s KEY` as the command line spells it.
-fn sort_key_name(s: SortArg) -> &'static str {
-    match s {
-        SortArg::Total => "total",
-        SortArg::SelfTime => "self",
-        SortArg::Calls => "calls",
-        SortArg::Avg => "avg",
-        SortArg::Max => "max",
-    }
-}
-
 /// `report --callers` and `--graph`: refuses the options they would
 /// otherwise ignore, naming them (`markers`: `--marker`).
 pub fn refuse_unused(o: &ReportArgs, markers: &[String]) -> anyhow::Result<()> {
@@ -400,7 +389,7 @@ pub fn print_callers(
             "--callers -s {}: {} has only the stacks the target counted (stacks.tsv), \
              not each call's (call_stacks.tsv): the times of a caller's calls are not \
              known; sort by calls (-s calls, the default)",
-            sort_key_name(key),
+            crate::analyse::sort_name(key),
             dir.display()
         ))),
     };
@@ -470,7 +459,7 @@ pub fn print_callers(
             trace: dir,
             query: o.query.clone(),
             callers_of: func,
-            sort: o.sort.map(sort_key_name),
+            sort: o.sort.map(crate::analyse::sort_name),
             callers,
             threads,
         })?;

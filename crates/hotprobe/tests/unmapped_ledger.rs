@@ -161,7 +161,7 @@ fn a_library_unloaded_under_armed_probes_leaves_the_ledger_in_one_walk() {
     let trap = place("gone_trap", MechanismChoice::Trap, "trap");
     let fast = place("gone_fast", MechanismChoice::Auto, "jump");
     let kept = place("kept", MechanismChoice::Trap, "trap");
-    let in_lib = |s: &mut Session| {
+    let lib_ranges = |s: &mut Session| -> Vec<(u64, u64)> {
         let text = std::fs::read_to_string(format!("/proc/{}/maps", s.pid(t).unwrap())).unwrap();
         let ranges: Vec<(u64, u64)> = text
             .lines()
@@ -179,13 +179,21 @@ fn a_library_unloaded_under_armed_probes_leaves_the_ledger_in_one_walk() {
                 )
             })
             .collect();
+        ranges
+    };
+    let in_ranges = |s: &mut Session, ranges: &[(u64, u64)]| {
         s.code_ledger(t)
             .unwrap()
             .iter()
             .filter(|site| ranges.iter().any(|r| (r.0..r.1).contains(&site.start)))
             .count()
     };
-    assert!(in_lib(&mut s) >= 2, "the library's sites are in the ledger");
+    // The library's mappings while it is loaded.
+    let ranges = lib_ranges(&mut s);
+    assert!(
+        in_ranges(&mut s, &ranges) >= 2,
+        "the library's sites are in the ledger"
+    );
     let sites_before = s.code_ledger(t).unwrap().len();
     stdin.write_all(b"go\n").unwrap();
     got.push(next_line(&mut s, &lines, &seen));
@@ -193,6 +201,11 @@ fn a_library_unloaded_under_armed_probes_leaves_the_ledger_in_one_walk() {
     // The sites went with the library, and a notice says so.
     let ledger = s.code_ledger(t).unwrap().to_vec();
     assert!(ledger.len() + 2 <= sites_before, "{ledger:?}");
+    assert_eq!(
+        in_ranges(&mut s, &ranges),
+        0,
+        "no site left in the library's range"
+    );
     let notices = s.take_notices();
     assert!(
         notices
