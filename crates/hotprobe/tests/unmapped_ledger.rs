@@ -213,6 +213,12 @@ fn a_library_unloaded_under_armed_probes_leaves_the_ledger_in_one_walk() {
             .any(|n| n.contains("went with a module the program unloaded")),
         "{notices:?}"
     );
+    // The user's two probes there, the trap's guard not counted (it was:
+    // 3 for 2 probes).
+    assert!(
+        notices.iter().any(|n| n.contains(": 2 probe site(s) at ")),
+        "{notices:?}"
+    );
     for (id, name) in [(trap, "gone_trap"), (fast, "gone_fast")] {
         let st = s.stats(id).unwrap();
         assert_eq!((st.hits, st.nmissed), (CALLS, 0), "{name}: {st:?}");

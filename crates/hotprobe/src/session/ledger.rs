@@ -300,7 +300,8 @@ impl CodeLedger {
     /// One walk of the sites against `mapped` (the target's mappings now,
     /// sorted `(start, end)`): each run of sites no mapping holds any
     /// more, as the gap between mappings it lies in and the number of
-    /// sites there (a module was unmapped under them).
+    /// probe sites there, guards not counted (a module was unmapped under
+    /// them).
     pub(crate) fn unmapped_gaps(&self, mapped: &[(u64, u64)]) -> Vec<(u64, u64, usize)> {
         let mut gaps: Vec<(u64, u64, usize)> = Vec::new();
         let mut m = 0;
@@ -316,9 +317,11 @@ impl CodeLedger {
                 _ => mapped[m - 1].1,
             };
             let to = mapped.get(m).map_or(u64::MAX, |r| r.0);
+            // A guard is a trap site's second byte: not a probe of its own.
+            let probe = usize::from(s.owner != CodeOwner::Guard);
             match gaps.last_mut() {
-                Some(g) if g.0 == from => g.2 += 1,
-                _ => gaps.push((from, to, 1)),
+                Some(g) if g.0 == from => g.2 += probe,
+                _ => gaps.push((from, to, probe)),
             }
         }
         gaps
@@ -712,6 +715,8 @@ mod tests {
         for a in [0x1010, 0x2010, 0x2020, 0x3010, 0x5000] {
             l.insert(a, &[1], CodeOwner::Trap);
         }
+        // A trap's guard is no probe site of its own.
+        l.insert(0x2021, &[1], CodeOwner::Guard);
         // 0x2000..0x3000 was unmapped; 0x5000 lies past every mapping.
         let mapped = [(0x1000, 0x2000), (0x3000, 0x4000)];
         assert_eq!(

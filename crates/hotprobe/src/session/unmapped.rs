@@ -38,6 +38,10 @@ impl Slot {
         }
         for (start, end, sites) in gaps {
             self.forget_unmapped(start, end);
+            if sites == 0 {
+                // Guards alone (their probe's site went before).
+                continue;
+            }
             self.notice(format!(
                 "pid {pid}: {sites} probe site(s) at {start:#x}..{end:#x} went with a module \
                  the program unloaded: their probes count nothing from now on (a probe \
