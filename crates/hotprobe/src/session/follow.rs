@@ -39,7 +39,8 @@ impl Session {
             self.follow_child(i, child, put_back, walk.kept);
             return;
         }
-        let released = pt.release_fork_child_with(child, &put_back);
+        let written = pt.write_into_child(child, &put_back);
+        let released = pt.release_fork_child_with(child, &[]);
         let target = pt.describe();
         let slot = &mut self.slots[i];
         match released {
@@ -50,6 +51,7 @@ impl Session {
                 "{target}: forked child {child} could not be released: {e}"
             )),
         }
+        slot.note_unwritten(&target, child, &put_back, written);
     }
 
     /// Takes the fork child `child` of slot `i` as a target of its own:
@@ -74,12 +76,16 @@ impl Session {
         };
         // Written before the child's target is made: it arms the loader's
         // rendezvous, which it must find as the file has it.
+        let mut written = None;
         let adopted = Slot::process(&mut self.slots[i].engine)
             .ok_or_else(|| "not a process".to_string())
             .and_then(|pt| {
-                pt.write_into_child(child, &put_back);
+                written = Some((pt.describe(), pt.write_into_child(child, &put_back)));
                 pt.adopt_fork_child(child).map_err(|e| e.to_string())
             });
+        if let (Some((target, n)), Ok(_)) = (&written, &adopted) {
+            self.slots[i].note_unwritten(target, child, &put_back, *n);
+        }
         let mut pt = match adopted {
             Ok(pt) => pt,
             Err(why) => {
@@ -152,5 +158,59 @@ impl Session {
             Ok(()) => slot.engine.started = true,
             Err(e) => slot.notice(format!("forked child {child} could not be resumed: {e}")),
         }
+    }
+}
+
+impl Slot {
+    /// Says which of hotprobe's bytes could not be put back in forked
+    /// child `child` (`written` of the bytes `put_back` spans): it runs
+    /// with them, never silently.
+    fn note_unwritten(
+        &mut self,
+        target: &str,
+        child: u64,
+        put_back: &[(RuntimeAddr, Vec<u8>)],
+        written: usize,
+    ) {
+        let want = spanned(put_back);
+        if written < want {
+            self.notice(format!(
+                "{target}: forked child {child}: {} of {want} bytes of hotprobe's code could \
+                 not be put back (its memory could not be written): it runs with them",
+                want - written
+            ));
+        }
+    }
+}
+
+/// How many bytes `writes` cover (overlapping and adjacent ones once, as
+/// `write_into_child` writes them).
+fn spanned(writes: &[(RuntimeAddr, Vec<u8>)]) -> usize {
+    let mut spans: Vec<(u64, u64)> = writes
+        .iter()
+        .map(|(a, b)| (a.0, a.0 + b.len() as u64))
+        .collect();
+    spans.sort_unstable();
+    let mut total = 0u64;
+    let mut end = 0u64;
+    for (s, e) in spans {
+        let from = s.max(end);
+        if e > from {
+            total += e - from;
+        }
+        end = end.max(e);
+    }
+    total as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spanned_counts_overlapping_and_adjacent_bytes_once() {
+        let w = |a: u64, n: usize| (RuntimeAddr(a), vec![0u8; n]);
+        assert_eq!(spanned(&[]), 0);
+        assert_eq!(spanned(&[w(10, 2), w(12, 3), w(11, 1), w(30, 1)]), 6);
     }
 }
