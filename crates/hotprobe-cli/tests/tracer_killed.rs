@@ -18,7 +18,9 @@
 //! it ran and exits with its own status (7).
 //!
 //! Attached processes only: a program `hotprobe` spawned dies with it
-//! while traced (`PTRACE_O_EXITKILL`, by design). Not covered: a kill
+//! while traced (`PTRACE_O_EXITKILL`, by design); one running untraced
+//! (every probe on the fast path) outlives it, as an attached one does
+//! (trace_loss_cli's killed record). Not covered: a kill
 //! while a thread's registers are borrowed for a remote call or system
 //! call (the agent's injection, trampoline memory): the thread then runs
 //! on with the borrowed registers.
