@@ -170,6 +170,17 @@ impl Session {
             }
             timeout = Some(Duration::ZERO);
         }
+        self.poll_slot_events(i, timeout)
+    }
+
+    /// [`Session::poll_slot`] without serving shared-memory handler calls
+    /// (at detach: a call made after a handler asked to stop waits for a
+    /// next run, and is withdrawn, never served, once the probe goes).
+    pub(super) fn poll_slot_events(
+        &mut self,
+        i: usize,
+        timeout: Option<Duration>,
+    ) -> Result<bool, EngineError> {
         let slot = &mut self.slots[i];
         let ev = match slot.engine.target().wait(timeout) {
             Ok(ev) => ev,
@@ -301,7 +312,7 @@ impl Session {
         // first, so that the detach restores nothing into a new image.
         for i in 0..self.slots.len() {
             if self.slots[i].engine.gone().is_none() && self.is_untraced(TargetId(i)) {
-                if let Err(e) = self.poll_slot(i, Some(Duration::ZERO)) {
+                if let Err(e) = self.poll_slot_events(i, Some(Duration::ZERO)) {
                     first_err.get_or_insert(e);
                 }
             }
