@@ -68,15 +68,7 @@ fn json(args: &[&str]) -> Value {
 
 /// `hotprobe ARGS`: asserts a usage error (exit 2); its stderr.
 fn refused(args: &[&str]) -> String {
-    let o = hotprobe_within(args, LIMIT);
-    let err = text(&o.stderr);
-    assert_eq!(
-        o.status.code(),
-        Some(2),
-        "{args:?}: {}\n{err}",
-        text(&o.stdout)
-    );
-    err
+    common::usage_refused(args, LIMIT)
 }
 
 /// The caller rows of `report --callers` text (`N [TIME] CALLER -> F`):

@@ -72,15 +72,7 @@ fn run(args: &[&str]) -> (String, String) {
 
 /// `hotprobe ARGS`: asserts a usage error (exit 2); its stderr.
 fn refused(args: &[&str]) -> String {
-    let o = hotprobe_within(args, LIMIT);
-    let err = text(&o.stderr);
-    assert_eq!(
-        o.status.code(),
-        Some(2),
-        "{args:?}: {}\n{err}",
-        text(&o.stdout)
-    );
-    err
+    common::usage_refused(args, LIMIT)
 }
 
 /// Folded lines: stack → count.

@@ -372,3 +372,17 @@ pub fn dlopen_cond(dir: &Path, lib: &str, flags: &[&str]) -> (PathBuf, PathBuf) 
     );
     (prog, so)
 }
+
+/// `hotprobe ARGS` within `limit`: asserts a usage error (exit 2); its
+/// stderr.
+pub fn usage_refused(args: &[&str], limit: std::time::Duration) -> String {
+    let o = hotprobe_within(args, limit);
+    let err = text(&o.stderr);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{args:?}: {}\n{err}",
+        text(&o.stdout)
+    );
+    err
+}
