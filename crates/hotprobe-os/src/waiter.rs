@@ -26,9 +26,18 @@
 //! yielding the CPU between looks (the tracee's next stop usually comes
 //! within that): 4 µs a stop in the same runs, and at most 30 µs of CPU
 //! per timed wait that finds nothing.
+//!
+//! A tracer that sleeps on a futex word instead (serving shared-memory
+//! handler calls, whose doorbell the target's agent rings) registers that
+//! word with [`wake_on_child`]: the waiter's next `waitid` that returns
+//! bumps and wakes it, so that one sleep ends on whichever comes first, a
+//! handler call or a stop of a tracee. The bump (not a bare wake) means a
+//! wake that comes before the tracer is asleep is not lost: its futex
+//! compares the word and returns at once.
 
 use crate::ptrace::Waited;
 use crate::sys;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -51,6 +60,10 @@ struct State {
     started: bool,
     /// The waiter thread could not be started.
     failed: bool,
+    /// The futex words of [`ChildWake`]s, by arm number, as addresses:
+    /// each stays mapped while it is listed (its guard borrows it and
+    /// takes it out, under this lock, when dropped).
+    words: Vec<(u64, usize)>,
 }
 
 static STATE: Mutex<State> = Mutex::new(State {
@@ -59,6 +72,7 @@ static STATE: Mutex<State> = Mutex::new(State {
     wanted: false,
     started: false,
     failed: false,
+    words: Vec::new(),
 });
 static CHANGED: Condvar = Condvar::new();
 
@@ -93,6 +107,16 @@ fn run() {
         // tracers look for themselves.
         let Ok(mut s) = STATE.lock() else { return };
         s.woke = epoch;
+        // The words armed before this `waitid` began (a later one waits
+        // for the next, as its tracer may have taken this status itself).
+        for (_, addr) in s.words.iter().filter(|(k, _)| *k <= epoch) {
+            // SAFETY: a listed address is a live `AtomicU32` (see
+            // `State::words`); the lock is held, so its guard cannot
+            // take it out (and its mapping go) meanwhile.
+            let word = unsafe { &*(*addr as *const AtomicU32) };
+            word.fetch_add(1, Ordering::SeqCst);
+            let _ = crate::futex::futex_wake(word, u32::MAX >> 1);
+        }
         if s.arms == epoch {
             s.wanted = false;
         }
@@ -106,6 +130,11 @@ fn run() {
 /// returns this arm's number, or `None` without a waiter.
 fn arm() -> Option<u64> {
     let mut s = STATE.lock().ok()?;
+    arm_locked(&mut s)
+}
+
+/// [`arm`] under the lock held.
+fn arm_locked(s: &mut State) -> Option<u64> {
     if !s.started {
         s.started = true;
         let spawned = std::thread::Builder::new()
@@ -120,6 +149,49 @@ fn arm() -> Option<u64> {
     s.wanted = true;
     CHANGED.notify_all();
     Some(s.arms)
+}
+
+/// A futex word the waiter bumps and wakes (`FUTEX_WAKE`) once a child or
+/// tracee of this process has a wait status to take: made by
+/// [`wake_on_child`], taken out of the waiter's list when dropped.
+#[derive(Debug)]
+pub struct ChildWake<'a> {
+    arm: u64,
+    word: std::marker::PhantomData<&'a AtomicU32>,
+}
+
+impl ChildWake<'_> {
+    /// Whether the waiter has seen a wait status since this was made (the
+    /// word was bumped for it). The status may be another thread's (a
+    /// child of the host program's): the caller looks for its own.
+    pub fn fired(&self) -> bool {
+        STATE.lock().is_ok_and(|s| s.woke >= self.arm)
+    }
+}
+
+impl Drop for ChildWake<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut s) = STATE.lock() {
+            s.words.retain(|(k, _)| *k != self.arm);
+        }
+    }
+}
+
+/// Has the waiter thread bump and wake `word` when a child or tracee of
+/// any thread of this process has a wait status (a stop, an exit), one
+/// already there included: once, for the first `waitid` that returns.
+/// `None` when no waiter thread can be had (the caller polls instead).
+/// The wait consumes nothing (`WNOWAIT`): the status stays for its owner.
+pub fn wake_on_child(word: &AtomicU32) -> Option<ChildWake<'_>> {
+    let mut s = STATE.lock().ok()?;
+    // Listed under the same lock as the arm: the `waitid` that serves
+    // this arm cannot begin before the word is there to bump.
+    let arm = arm_locked(&mut s)?;
+    s.words.push((arm, word as *const AtomicU32 as usize));
+    Some(ChildWake {
+        arm,
+        word: std::marker::PhantomData,
+    })
 }
 
 /// Blocks until a `waitid` begun at arm `k` or later returned, or

@@ -133,3 +133,42 @@ fn a_wake_through_one_mapping_reaches_a_waiter_on_the_other() {
         assert_eq!(waiter.join().unwrap().expect("wait"), FutexWaited::Woken);
     });
 }
+
+/// A futex word of a shared mapping given to `wake_on_child`: a child's
+/// exit (a wait status of this process) bumps it and wakes a sleeper on
+/// it, through the waiter thread, the status left in place for its owner
+/// (`WNOWAIT`: the child is still there to reap, with its exit code). A
+/// word whose guard was dropped is never written, even for a status that
+/// comes later.
+#[test]
+fn a_childs_exit_rings_a_word_given_to_wake_on_child_and_no_dropped_one() {
+    let (_m, a, b) = two_mappings();
+    let (rung, dropped) = (word(&a, 64), word(&a, 128));
+    // Given, then dropped before any child of this test ends. Until the
+    // drop the waiter may bump it (a `waitid` that finds no child at all
+    // returns ECHILD at once, and that wakes too); after it, never.
+    drop(hotprobe_os::wake_on_child(dropped).expect("a waiter thread"));
+    let at_drop = dropped.load(Ordering::SeqCst);
+    let seen = rung.load(Ordering::SeqCst);
+    let wake = hotprobe_os::wake_on_child(rung).expect("a waiter thread");
+    let mut child = std::process::Command::new("sh")
+        .args(["-c", "exit 7"])
+        .spawn()
+        .expect("sh");
+    // Sleeps on the other mapping's word (the same file): ends when the
+    // waiter bumps it (a bound of a minute, far past any wake).
+    let mut waited = Vec::new();
+    while word(&b, 64).load(Ordering::SeqCst) == seen && waited.len() < 60 {
+        waited.push(futex_wait(word(&b, 64), seen, Some(Duration::from_secs(1))).unwrap());
+    }
+    assert_ne!(rung.load(Ordering::SeqCst), seen, "rung: {waited:?}");
+    assert!(wake.fired());
+    drop(wake);
+    // The status stayed for its owner.
+    assert_eq!(child.wait().unwrap().code(), Some(7));
+    assert_eq!(
+        dropped.load(Ordering::SeqCst),
+        at_drop,
+        "a dropped word is not written"
+    );
+}
