@@ -2,7 +2,8 @@
 //! constants, and the arithmetic that places them ([`Layout`]).
 //!
 //! ```text
-//! offset 0            Header (256 bytes; rest of the first page reserved)
+//! offset 0            Header (256 bytes)
+//! offset 256          SlotDirectory (32 bytes; rest of the first page reserved)
 //! sites_offset        SiteSlot[n_site_slots]        (4096, 16 bytes each)
 //! counters_offset     AtomicU64[n_probes]           global counters (threads without a slot)
 //! missed_offset       AtomicU64[n_probes]           events refused per probe (see Header::missed_offset)
@@ -19,6 +20,9 @@
 //!                       +events_offset          event slots: ring_capacity × event_size bytes
 //! agg_offset          the aggregation region (page-aligned, crate::agg::AGG_REGION_SIZE bytes)
 //! capture_offset      the capture table (crate::capture::CAPTURE_REGION_SIZE bytes)
+//! (stacks region, when the tracer made one: crate::stacks)
+//! chunk1_offset       thread slots n_threads.. in chunks of n_threads slots
+//!                       (SlotDirectory; mapped apart, on demand)
 //! ```
 //! Every offset is a multiple of 64 (sections start on a page).
 //!
@@ -62,8 +66,11 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"HOTPROBE");
 /// ([`META_STACK_SHIFT`], [`Event::reserved2`]); 16: the capture table
 /// ([`crate::capture`], [`Layout::capture_offset`]) after the aggregation
 /// region, [`ACTION_CAPTURE`] and [`KIND_DATA`] events; 17: no image
-/// ranges page after the capture slots).
-pub const VERSION: u32 = 17;
+/// ranges page after the capture slots; 18: [`Header::ring_pool`], the
+/// ring starts the tracer made ready, in place of `reserved1`; 19: the
+/// thread slots grow in chunks past the main layout's, described by the
+/// [`crate::SlotDirectory`] after the header).
+pub const VERSION: u32 = 19;
 /// Size of [`Header`] in bytes.
 pub const HEADER_SIZE: usize = 256;
 /// Alignment of every section start (the site table and the thread slots).
@@ -207,7 +214,9 @@ pub struct Header {
     pub n_probes: u32,
     /// Number of slots of the site table (a power of two ≥ 2).
     pub n_site_slots: u32,
-    /// Number of thread slots (each a ring and a counter array).
+    /// Number of thread slots (each a ring and a counter array) of the
+    /// main layout: chunk 0 of a growable memory, whose other chunks
+    /// ([`crate::SlotDirectory`]) hold as many each.
     pub n_threads: u32,
     /// Events per ring (a power of two ≥ 2).
     pub ring_capacity: u32,
@@ -280,8 +289,13 @@ pub struct Header {
     /// [`crate::fast::ThreadBlock::stub_key`]; a tracer builds it into its
     /// stubs.
     pub stub_key: u32,
-    /// Reserved, zero.
-    pub reserved1: u32,
+    /// The ring pool (tracer; see [`crate::RING_POOL_RECORDING`]): 0 while
+    /// no site writes events (a registering thread prepares no ring);
+    /// then [`crate::RING_POOL_RECORDING`] plus the number of thread slots,
+    /// from slot 0, whose ring start ([`crate::Shm::ring_start`]) the
+    /// tracer has already put in memory, so that a thread claiming one
+    /// maps it with no system call. Only grows.
+    pub ring_pool: AtomicU32,
     /// Byte offset of the per-probe missed counters (plain field, written
     /// at creation): `AtomicU64[n_probes]`, indexed by the probe id events
     /// carry, each the events of that probe that were not written (a full
@@ -310,6 +324,7 @@ const _: () = assert!(offset_of!(Header, event_size) == 108);
 const _: () = assert!(offset_of!(Header, reentries) == 184);
 const _: () = assert!(offset_of!(Header, thread_tpoff) == 216);
 const _: () = assert!(offset_of!(Header, stub_key) == 224);
+const _: () = assert!(offset_of!(Header, ring_pool) == 228);
 const _: () = assert!(offset_of!(Header, missed_offset) == 232);
 const _: () = assert!(offset_of!(Header, traps_offset) == 240);
 

@@ -28,9 +28,13 @@ pub mod stacks;
 
 pub use layout::*;
 pub use ring::{Consumer, DataWriter, DrainStats, Producer};
-pub use shm::{LedgerSite, Shm};
+pub use shm::{
+    growable_file_len, LedgerSite, Shm, SlotDirectory, DEFAULT_CHUNK_SLOTS, MAX_SLOTS,
+    MAX_SLOT_CHUNKS, SLOT_DIRECTORY_OFFSET,
+};
 pub use slots::{
-    THREAD_CLAIMING, THREAD_EXITED, THREAD_FREE, THREAD_LIVE, THREAD_RETIRING, THREAD_REUSABLE,
+    RING_POOL_RECORDING, RING_START_BYTES, THREAD_CLAIMING, THREAD_EXITED, THREAD_FREE,
+    THREAD_LIVE, THREAD_RETIRING, THREAD_REUSABLE,
 };
 
 /// Errors of this crate (no_std: `Display` by hand, no `std::error::Error`).

@@ -14,7 +14,12 @@ use crate::layout::{HandlerCtl, HandlerSlot, HANDLER_OFFSET, HANDLER_SLOTS};
 use crate::ring::{Consumer, Producer};
 use crate::AbiError;
 
+mod chunks;
 mod ledger;
+pub use chunks::{
+    growable_file_len, SlotDirectory, DEFAULT_CHUNK_SLOTS, MAX_SLOTS, MAX_SLOT_CHUNKS,
+    SLOT_DIRECTORY_OFFSET,
+};
 pub use ledger::LedgerSite;
 
 /// A validated view of a hotprobe shared-memory mapping.
@@ -28,6 +33,8 @@ pub struct Shm {
     base: NonNull<u8>,
     len: usize,
     layout: Layout,
+    /// The thread-slot chunks past the main layout's (see `chunks`).
+    chunks: chunks::Chunks,
 }
 
 // SAFETY: all shared state is accessed through atomics or volatile copies;
@@ -87,7 +94,12 @@ impl Shm {
                 .write(crate::ledger_capacity(&params) as u32);
             core::ptr::addr_of_mut!((*h).magic).write_volatile(MAGIC);
         }
-        Ok(Shm { base, len, layout })
+        Ok(Shm {
+            base,
+            len,
+            layout,
+            chunks: chunks::Chunks::none(params.n_threads),
+        })
     }
 
     /// Validates the header of an existing mapping (agent side, or a tracer
@@ -130,7 +142,15 @@ impl Shm {
             }
         };
         let layout = Layout::from_header(&f, len)?;
-        Ok(Shm { base, len, layout })
+        // A growable memory's view covers what the tracer mapped at
+        // creation; its chunks are mapped apart (see `chunks`).
+        let (chunks, len) = Shm::read_chunks(ptr, &layout, len)?;
+        Ok(Shm {
+            base,
+            len,
+            layout,
+            chunks,
+        })
     }
 
     /// [`Header::stub_key`] of this memory (see
@@ -302,7 +322,7 @@ impl Shm {
     #[inline(always)]
     fn thread_base(&self, slot: u32) -> Option<*mut u8> {
         if slot >= self.layout.params.n_threads {
-            return None;
+            return self.chunk_slot(slot);
         }
         // SAFETY: slot < n_threads, so the slot lies inside the validated mapping.
         Some(unsafe {
@@ -370,13 +390,13 @@ impl Shm {
         })
     }
 
-    /// Number of thread slots handed out so far (≤ `n_threads`; a slot
-    /// handed out may have been recycled since, see `slots`).
+    /// Number of thread slots handed out so far (≤ [`Shm::slot_capacity`];
+    /// a slot handed out may have been recycled since, see `slots`).
     pub fn threads_in_use(&self) -> u32 {
         self.header()
             .threads_claimed
             .load(Acquire)
-            .min(self.layout.params.n_threads)
+            .min(self.slot_capacity())
     }
 
     /// The hit count of `probe_id`: the global counter plus every thread

@@ -40,7 +40,54 @@ pub const THREAD_REUSABLE: u32 = 3;
 /// writing its owner fields (then [`THREAD_LIVE`]).
 pub const THREAD_CLAIMING: u32 = 4;
 
+/// [`Header::ring_pool`] bit: some site writes events into the rings
+/// (the tracer installed a recording site). The other bits count the
+/// thread slots, from slot 0, whose ring start is in memory already.
+///
+/// [`Header::ring_pool`]: crate::Header::ring_pool
+pub const RING_POOL_RECORDING: u32 = 1 << 31;
+
+/// Bytes at the start of a ring ([`Shm::ring_start`]) put in memory before
+/// its thread writes there: 2,048 events of 32 bytes, 1,024 of 64 — the
+/// start of the first lap, without paying for the whole ring (32 MiB at
+/// 2^20 events). The rest faults in as the first lap writes it.
+pub const RING_START_BYTES: usize = 64 * 1024;
+
 impl Shm {
+    /// The ring pool as [`crate::Header::ring_pool`] holds it: whether any
+    /// site writes events, and how many thread slots (from slot 0) have
+    /// their ring start in memory already.
+    pub fn ring_pool(&self) -> (bool, u32) {
+        // Acquire pairs with the tracer's Release in `set_ring_pool`: the
+        // pages it made ready are there once the count says so.
+        let p = self.header().ring_pool.load(Acquire);
+        (p & RING_POOL_RECORDING != 0, p & !RING_POOL_RECORDING)
+    }
+
+    /// Publishes the ring pool (tracer side, its only writer): recording
+    /// sites exist, and slots `0..ready` have their ring start in memory.
+    /// Never lowers the count.
+    pub fn set_ring_pool(&self, ready: u32) {
+        let ready = ready.min(self.slot_capacity()) & !RING_POOL_RECORDING;
+        // Release: the pages made ready before are in memory for whoever
+        // reads the new count (Acquire in `ring_pool`).
+        self.header()
+            .ring_pool
+            .fetch_max(RING_POOL_RECORDING | ready, Release);
+    }
+
+    /// The page-aligned address and length of thread slot `slot`'s ring
+    /// start: the pages holding its first [`RING_START_BYTES`] of events
+    /// (the whole ring when it is smaller).
+    pub fn ring_start(&self, slot: u32) -> Option<(usize, usize)> {
+        let events = self.ring_events(slot)? as usize;
+        let lay = self.layout();
+        let ring = lay.thread_stride - lay.events_offset;
+        let start = events & !(crate::PAGE - 1);
+        let end = (events + ring.min(RING_START_BYTES)).next_multiple_of(crate::PAGE);
+        Some((start, end - start))
+    }
+
     /// Claims a thread slot for thread `tid` of an unnamed process
     /// ([`RingCtl::owner_pid`] 0: the header's `agent_pid`); see
     /// [`Shm::claim_thread_for`].
@@ -51,7 +98,10 @@ impl Shm {
     /// Claims a thread slot for thread `tid` of process `pid` (agent side,
     /// first hit of a thread): a [`THREAD_REUSABLE`] slot last owned by the
     /// same process first (so that per-process counts stay per process),
-    /// else a slot never used. None when every slot is live or retiring.
+    /// else a slot never used, in a chunk mapped here at its first use
+    /// (see `shm::chunks`). None when every slot up to the cap
+    /// ([`Shm::slot_capacity`]) is live or retiring, or when the chunk of
+    /// a new slot could not be mapped (that slot is then never used).
     /// Only atomics: callable from the agent's hot path and signal
     /// handlers. O(slots handed out so far), on a thread's first hit only.
     pub fn claim_thread_for(&self, pid: u32, tid: u32) -> Option<u32> {
@@ -73,13 +123,13 @@ impl Shm {
                 return Some(self.own_slot(slot, ctl, pid, tid));
             }
         }
-        let n = self.layout().params.n_threads;
+        let n = self.slot_capacity();
         let claimed = &self.header().threads_claimed;
         let mut c = claimed.load(Relaxed);
         loop {
             if c >= n {
                 // Counted as before (the header documents that the
-                // counter may exceed n_threads: a claim that found none).
+                // counter may exceed the slots: a claim that found none).
                 claimed.fetch_add(1, Relaxed);
                 return None;
             }
@@ -156,9 +206,10 @@ impl Shm {
 /// Handler slots ([`HandlerSlot`]): one per thread making shared-memory
 /// handler calls, released when the thread exits.
 impl Shm {
-    /// Claims a free handler slot for thread `tid` (agent side; only
-    /// atomics: callable from a signal handler): its index and the slot.
-    /// None when every slot is taken. The caller keeps the index for the
+    /// Claims a free handler slot for thread `tid` (agent side; atomics,
+    /// and the `mremap` of a chunk's first use: callable from a signal
+    /// handler): its index and the slot. None when every slot up to
+    /// [`Shm::handler_capacity`] is taken. The caller keeps the index for the
     /// thread's later calls and gives it back with
     /// [`Shm::release_handler_slot`].
     pub fn claim_handler_slot(&self, tid: u32) -> Option<(u32, &HandlerSlot)> {
@@ -176,12 +227,21 @@ impl Shm {
                 return Some((i as u32, s));
             }
         }
+        // Every slot of the trap table taken: the chunks' (a memory whose
+        // thread slots grow), in order, each chunk mapped when reached.
+        for i in slots.len() as u32..self.handler_capacity() {
+            let s = self.handler_slot_at(i)?;
+            if s.tid.load(Relaxed) == 0 && s.tid.compare_exchange(0, tid, AcqRel, Relaxed).is_ok() {
+                self.handler_ctl().in_use.fetch_max(i + 1, Relaxed);
+                return Some((i, s));
+            }
+        }
         None
     }
 
     /// Handler slot `index` while thread `tid` owns it.
     pub fn handler_slot_of(&self, index: u32, tid: u32) -> Option<&HandlerSlot> {
-        let s = self.handler_slots().get(index as usize)?;
+        let s = self.handler_slot_at(index)?;
         (s.tid.load(Relaxed) == tid).then_some(s)
     }
 
@@ -189,7 +249,7 @@ impl Shm {
     /// thread exiting, so no call of its own is in progress). A slot left
     /// in another state than idle (a call a dead tracer took) is kept.
     pub fn release_handler_slot(&self, index: u32, tid: u32) {
-        let Some(s) = self.handler_slots().get(index as usize) else {
+        let Some(s) = self.handler_slot_at(index) else {
             return;
         };
         if s.state.load(Acquire) == HANDLER_IDLE {
@@ -201,8 +261,9 @@ impl Shm {
 
     /// Handler slots owned by a thread now (tracer side, for tests).
     pub fn handler_slots_owned(&self) -> u32 {
-        self.handler_slots()
-            .iter()
+        let n = self.handler_ctl().in_use.load(Acquire);
+        (0..n.min(self.handler_capacity()))
+            .filter_map(|i| self.handler_slot_at(i))
             .filter(|s| s.tid.load(Relaxed) != 0)
             .count() as u32
     }

@@ -126,3 +126,29 @@ fn handler_slots_are_given_back() {
     shm.release_handler_slot(k, ktid);
     assert!(shm.handler_slot_of(k, ktid).is_some());
 }
+
+/// The ring pool: nothing recorded until the tracer says so; then a count
+/// that only grows and never passes the thread slots; and a ring start
+/// that covers the slot's first events, page-aligned, within the ring
+/// (the whole ring when it is smaller than `RING_START_BYTES`).
+#[test]
+fn the_ring_pool_only_grows_and_its_ring_starts_cover_each_rings_first_events() {
+    let (_b, shm) = make(4);
+    assert_eq!(shm.ring_pool(), (false, 0));
+    shm.set_ring_pool(2);
+    assert_eq!(shm.ring_pool(), (true, 2));
+    shm.set_ring_pool(1);
+    assert_eq!(shm.ring_pool(), (true, 2), "the count never goes down");
+    shm.set_ring_pool(100);
+    assert_eq!(shm.ring_pool(), (true, 4), "capped at the thread slots");
+    for slot in 0..4 {
+        let events = shm.ring_events(slot).unwrap() as usize;
+        let (start, len) = shm.ring_start(slot).unwrap();
+        assert_eq!(start % PAGE, 0);
+        assert_eq!(len % PAGE, 0);
+        // 8 events of 32 bytes: the ring, inside the pages.
+        assert!(start <= events && events + 8 * 32 <= start + len);
+        assert!(len <= RING_START_BYTES + PAGE, "{len}");
+    }
+    assert_eq!(shm.ring_start(4), None);
+}

@@ -6,12 +6,14 @@
 //! continuation events in front of the entry event, all published at once
 //! ([`hotprobe_abi::Producer::push_with_data`]).
 //!
-//! Memory is read with `process_vm_readv` on our own pid
-//! ([`crate::saferead`]), never directly: memory that
-//! is not mapped gives the unreadable record, never a fault, and no
-//! signal handler is involved. A string is then one system call (at most
-//! [`CAPTURE_STRING_MAX`] bytes, split at a page boundary), a load one.
-//! No allocation, no lock; the bytes go straight into the ring's slots.
+//! Memory is read through [`crate::saferead`], never by a plain load: a
+//! hardware transaction where the processor has one (no system call; a
+//! load that would fault aborts it), else or when it aborts
+//! `process_vm_readv` on our own pid. Memory that is not mapped readable
+//! gives the unreadable record, never a fault, and no signal handler is
+//! involved. A string is at most [`CAPTURE_STRING_MAX`] bytes, read up to
+//! its NUL. No allocation, no lock; the bytes go from a stack buffer
+//! into the ring's slots.
 
 use core::mem::MaybeUninit;
 use core::sync::atomic::Ordering::Relaxed;
@@ -176,11 +178,11 @@ struct Memory {
 }
 
 impl Memory {
-    /// The `size` bytes (1–8) at `a`, zero-extended, through the system
-    /// call (never a direct load: a program may make any page of its own,
-    /// its image's included, unreadable — `mprotect(PROT_NONE)` on a page
-    /// of its `.rodata` was killed by a direct read of a published image
-    /// range).
+    /// The `size` bytes (1–8) at `a`, zero-extended, through
+    /// [`crate::saferead`] (never a plain load: a program may make any page
+    /// of its own, its image's included, unreadable — `mprotect(PROT_NONE)`
+    /// on a page of its `.rodata` was killed by a direct read of a
+    /// published image range).
     #[inline(always)]
     fn value(&self, a: u64, size: u8) -> Option<u64> {
         if a == 0 || !self.reads {
@@ -189,8 +191,9 @@ impl Memory {
         crate::saferead::read_value(self.pid, a, size)
     }
 
-    /// Copies up to `len` bytes at `addr` into `dst` through the system
-    /// call: how many were copied.
+    /// Copies up to `len` bytes at `addr` into `dst`, or up to and
+    /// including a NUL byte (see [`crate::saferead::read_into`]): how many
+    /// were copied.
     ///
     /// # Safety
     /// `dst` is valid for writes of `len` bytes.
@@ -200,7 +203,7 @@ impl Memory {
             return 0;
         }
         // SAFETY: caller contract.
-        unsafe { crate::saferead::read_into(self.pid, addr, dst, len) }
+        unsafe { crate::saferead::read_into(self.pid, addr, dst, len, true) }
     }
 }
 

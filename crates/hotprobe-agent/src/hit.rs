@@ -35,8 +35,10 @@ use hotprobe_abi::{
 pub(crate) use crate::threads::{find_thread, thread_pointer};
 use crate::trampoline::Frame;
 
-/// Entries of the thread table (threads alive at once, with some slack).
-pub(crate) const MAX_THREADS: usize = 4096;
+/// Entries of the thread table (threads alive at once, with some slack;
+/// a power of two): the most threads alive at once that get a thread
+/// slot, whatever the tracer's cap.
+pub(crate) const MAX_THREADS: usize = 16384;
 pub(crate) const EMPTY: u64 = 0;
 pub(crate) const TOMBSTONE: u64 = u64::MAX;
 pub(crate) const NO_SLOT: u32 = u32::MAX;
@@ -58,9 +60,12 @@ pub(crate) struct ThreadEntry {
     pub(crate) slot: AtomicU32,
     pub(crate) tid: AtomicU32,
     pub(crate) hits: AtomicU32,
-    /// The thread's shadow stack ([`Shadow`] × [`SHADOW_CAP`], mmapped at
-    /// registration; 0 if that failed).
+    /// The thread's shadow stack ([`Shadow`] × [`SHADOW_CAP`], mapped at
+    /// its first hooked return, see `threads::shadow_stack`; 0 before, or
+    /// if that failed). An entry keeps it for its next owners.
     pub(crate) shadow: AtomicU64,
+    /// Mapping the shadow stack failed for this owner: not tried again.
+    pub(crate) shadow_refused: AtomicU32,
     /// Live entries of the shadow stack.
     pub(crate) depth: AtomicU32,
     /// The thread's clock mode (`clock::CLOCK_*`).
@@ -111,6 +116,7 @@ pub(crate) const ENTRY_INIT: ThreadEntry = ThreadEntry {
     tid: AtomicU32::new(0),
     hits: AtomicU32::new(0),
     shadow: AtomicU64::new(0),
+    shadow_refused: AtomicU32::new(0),
     depth: AtomicU32::new(0),
     clock: AtomicU32::new(0),
     hslot: AtomicU32::new(0),
@@ -265,7 +271,7 @@ fn act<const HOOK: bool>(
     // longjmp, an exception, a tail call); their unwound exits go first,
     // so that this entry nests where it runs, not inside them.
     let (base, same) = if hook {
-        let base = t.shadow.load(Relaxed) as *mut Shadow;
+        let base = crate::threads::shadow_stack(t);
         let same = if !base.is_null() && frame.slot != 0 {
             pop_dead(Some(shm), t, base, frame.slot, true)
         } else {

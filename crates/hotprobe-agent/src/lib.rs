@@ -56,6 +56,7 @@ mod saferead;
 mod shared_tls;
 mod sigmask;
 mod sigsites;
+mod slots;
 mod stackwalk;
 mod threads;
 mod tls;
@@ -210,13 +211,16 @@ fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
     if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_size <= 0 {
         return Err(AttachError::Map);
     }
-    let len = st.st_size as usize;
+    let file_len = st.st_size as usize;
+    // A memory whose thread slots grow is mapped up to its first chunk;
+    // the chunks are mapped as threads claim their slots.
+    let len = slots::initial_len(fd).unwrap_or(file_len).min(file_len);
     let p = map_far_from_code(fd, len);
     if p == libc::MAP_FAILED {
         return Err(AttachError::Map);
     }
     // SAFETY: the mapping is valid for len bytes and is never unmapped.
-    let shm = match unsafe { Shm::attach(p as *mut u8, len) } {
+    let mut shm = match unsafe { Shm::attach(p as *mut u8, len) } {
         Ok(s) => s,
         Err(_) => {
             // SAFETY: unmapping the mapping made above, unused.
@@ -224,6 +228,8 @@ fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
             return Err(AttachError::Layout);
         }
     };
+    // No chunk past the end of the file: it would fault when touched.
+    shm.limit_slots_to_file(file_len);
     // Unmapped at release (see `release`), never before.
     release::note_mapping(p as u64, len as u64);
     // Once per process (not per attach: a forked child that went dormant

@@ -95,7 +95,12 @@ pub unsafe extern "C" fn hotprobe_agent_release(pages: *const [u64; 2], n: usize
             }
         }
     }
+    // The thread-slot chunks the view mapped past the attach's mapping.
+    let chunks = crate::shm();
     crate::forget_shm();
+    if let Some(s) = chunks {
+        s.unmap_chunks();
+    }
     crate::undo::disarm();
     crate::orphan::uninstall();
     crate::forget_exit_key();

@@ -180,12 +180,11 @@ pub(crate) fn register_thread(shm: &Shm, tp: u64, pid: u32, tid: u32) {
                 // Before the stubs' view: it is keyed off unless `rdtsc` works.
                 e.clock.store(crate::clock::kernel_mode(), Relaxed);
                 set_fast(e, shm, slot);
-                // `depth` is 0 here (never used, or reset by thread_exit or
-                // the fork handler): a signal handler's hit between the CAS
-                // and `busy` above may already have pushed onto it.
-                if e.shadow.load(Relaxed) == 0 {
-                    e.shadow.store(map_shadow(), Relaxed);
-                }
+                // The shadow stack is mapped at the thread's first hooked
+                // return (`shadow_stack`), not here: a thread whose returns
+                // are never hooked (`count`) makes no `mmap`. An entry
+                // keeps the one an earlier owner mapped.
+                e.shadow_refused.store(0, Relaxed);
                 if let Some(key) = crate::exit_key() {
                     // SAFETY: key was created by pthread_key_create; the value
                     // is a pointer to a static entry.
@@ -255,11 +254,6 @@ fn set_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32) {
     });
 }
 
-/// Bytes of a fresh ring faulted in at a thread's first hit (2,048 events
-/// of 32 bytes): the start of the first lap, without making thread start
-/// pay for the whole ring.
-const RING_PREFAULT_BYTES: usize = 64 * 1024;
-
 /// Fills `e`'s stub view of slot `slot`; returns its counters' address.
 fn fill_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32) -> u64 {
     let f = &e.fast;
@@ -281,44 +275,72 @@ fn fill_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32) -> u64 {
     f.events
         .store(shm.ring_events(slot).map_or(0, |p| p as u64), Relaxed);
     // A slot an earlier thread wrote events into (recycled) has its pages
-    // in already: populating them again costs a walk of the whole ring.
-    let fresh = shm.ring_ctl(slot).filter(|c| c.head.load(Relaxed) == 0);
-    if let Some(ctl) = fresh {
-        // Fault the ring's first pages in now (one system call on the
-        // thread's first hit) rather than one page fault per 64 or 128
-        // events on the hot path; the rest fault in as the first lap
-        // writes them (and stay: later laps fault no more). Populating the
-        // whole ring here (32 MiB at the default 2^20 events) took 5–40 ms
-        // per thread, which an 8-thread program's start paid in full
-        // (issue 23: 55–340 ms against 0.3 ms native, `hotprobe-bench
-        // threadstart`). Best effort: older kernels answer EINVAL.
-        // Not the slot's counters: with 2^20 probe ids they are 8 MB, and
-        // only the pages of the probes this thread hits are ever touched
-        // (one fault per 512 probes, not on the hot path of a hot probe).
-        let base = ctl as *const hotprobe_abi::RingCtl as usize;
-        let lay = shm.layout();
-        let ctl_len = core::mem::size_of::<hotprobe_abi::RingCtl>() + (base & 4095);
-        let events = base + lay.events_offset;
-        let events_len =
-            (lay.thread_stride - lay.events_offset).min(RING_PREFAULT_BYTES) + (events & 4095);
-        // Both ranges lie in this thread's slot (the control block; the
-        // ring's events up to the end of the slot), from the start of their
-        // first page, inside the shared mapping (the mapping is
-        // page-granular); populating changes no content. By the system
-        // call: libc's `madvise` may be probed.
-        crate::orphan::syscall(
-            libc::SYS_madvise,
-            [(base & !4095) as u64, ctl_len as u64, 23, 0],
-        );
-        crate::orphan::syscall(
-            libc::SYS_madvise,
-            [(events & !4095) as u64, events_len as u64, 23, 0],
-        );
+    // in already: preparing them again costs a walk of the ring start.
+    if shm
+        .ring_ctl(slot)
+        .is_some_and(|c| c.head.load(Relaxed) == 0)
+    {
+        prepare_ring_start(shm, slot);
     }
     // Stubs read the TSC: keyed off for a thread that may not.
     crate::clock::set_mode(e, Some(shm), e.clock.load(Relaxed));
     counters
 }
+
+/// Maps the start of thread slot `slot`'s fresh ring into this process
+/// before the thread's events go there (one fault per page on the hot
+/// path otherwise), when some site writes events at all (`count` alone
+/// writes none: its threads prepare nothing).
+///
+/// A slot of the tracer's ring pool has its pages in the memory already
+/// (`hotprobe_abi::RING_POOL_RECORDING`): a read of each page maps it, and
+/// the kernel's fault-around maps up to 16 pages a fault, with no system
+/// call. Another slot's pages are put in memory here, by one `madvise`
+/// (zeroing 64 KiB of fresh shared memory, ≈ 20 µs: what an 8-thread
+/// program's start under `record` paid per thread before the pool,
+/// `hotprobe-bench threadstart`). The ring's control block and the
+/// slot's counters are not touched: the claim wrote the control block,
+/// and only the pages of the probes this thread hits are ever touched
+/// (with 2^20 probe ids they are 8 MB).
+fn prepare_ring_start(shm: &Shm, slot: u32) {
+    let (recording, ready) = shm.ring_pool();
+    let Some((start, len)) = shm.ring_start(slot).filter(|_| recording) else {
+        return;
+    };
+    if slot < ready {
+        for page in (start..start + len).step_by(hotprobe_abi::PAGE) {
+            // SAFETY: a page of this thread's own ring (its events, in the
+            // shared mapping, which is never unmapped); nothing else
+            // writes it while the thread owns the slot. The read changes
+            // nothing.
+            unsafe { core::ptr::read_volatile(page as *const u8) };
+        }
+        // The tracer zeroed these pages on another CPU, long ago: each
+        // line the ring's first lap writes would miss the cache on the hot
+        // path (≈ 20 ns an event pair: +20 µs over a thread's first 1,000
+        // recorded calls). Fetched here, for writing, all at once.
+        for line in (start..start + len).step_by(64) {
+            // SAFETY: a hint on mapped memory (the pages just read); no
+            // access, no fault.
+            unsafe {
+                core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_ET0 }>(
+                    line as *const i8,
+                )
+            };
+        }
+    } else {
+        // Best effort (older kernels answer EINVAL: the pages fault in as
+        // the ring is written). Populating changes no content. By the
+        // system call: libc's `madvise` may be probed.
+        crate::orphan::syscall(
+            libc::SYS_madvise,
+            [start as u64, len as u64, MADV_POPULATE_WRITE, 0],
+        );
+    }
+}
+
+/// `madvise` advice (Linux 5.14): fault the range in, writable.
+const MADV_POPULATE_WRITE: u64 = 23;
 
 /// `pthread_key` destructor: the thread is exiting. Its thread slot and
 /// handler slot are given back (see `hotprobe_abi`'s `slots`: a ring
@@ -445,6 +467,30 @@ pub(crate) fn clear_fast(e: &ThreadEntry) {
     f.stub_key.store(0, Relaxed);
 }
 
+/// The shadow stack of thread entry `e` (of the calling thread, its busy
+/// flag held: no signal handler of the thread hooks a return meanwhile),
+/// mapped at its first hooked return; null when that failed (its returns
+/// are then return misses, counted).
+#[inline(always)]
+pub(crate) fn shadow_stack(e: &ThreadEntry) -> *mut crate::hit::Shadow {
+    let base = e.shadow.load(Relaxed);
+    if base != 0 || e.shadow_refused.load(Relaxed) != 0 {
+        return base as *mut crate::hit::Shadow;
+    }
+    new_shadow_stack(e)
+}
+
+#[cold]
+fn new_shadow_stack(e: &ThreadEntry) -> *mut crate::hit::Shadow {
+    let p = map_shadow();
+    if p == 0 {
+        e.shadow_refused.store(1, Relaxed);
+    } else {
+        e.shadow.store(p, Relaxed);
+    }
+    p as *mut crate::hit::Shadow
+}
+
 /// A fresh shadow stack mapping (0 when `mmap` failed).
 pub(crate) fn map_shadow() -> u64 {
     // A fresh private anonymous mapping, by the system call: libc's `mmap`
@@ -514,7 +560,7 @@ pub(crate) fn thread_pointer() -> u64 {
 /// The first slot of [`THREADS`] probed for thread pointer `tp`.
 #[inline(always)]
 pub(crate) fn table_index(tp: u64) -> usize {
-    (tp.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52) as usize
+    (tp.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - MAX_THREADS.trailing_zeros())) as usize
 }
 
 /// The registered entry of thread pointer `tp` (open addressing).

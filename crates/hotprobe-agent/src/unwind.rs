@@ -37,8 +37,9 @@ const NAMES: [&CStr; 4] = [
 ];
 
 fn real(i: usize) -> usize {
-    // The definition after the agent's (libgcc_s, libstdc++).
-    let p = crate::next_symbol::next_symbol(&REAL[i], NAMES[i]);
+    // The definition after the agent's (libgcc_s, libstdc++), or the one
+    // a library the program dlopened brought.
+    let p = crate::next_symbol::next_or_loaded_symbol(&REAL[i], NAMES[i]);
     if p == 0 {
         // SAFETY: abort has no preconditions; with no real unwinder the
         // program could not have thrown.

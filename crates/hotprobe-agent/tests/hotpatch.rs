@@ -498,6 +498,20 @@ fn fast_path_uses_no_vector_registers() {
         })
         .collect();
     let mut seen = std::collections::HashSet::new();
+    // Who first called each function: the chain from a root is printed when
+    // a vector register is found, to say how the fast path got there.
+    let mut called_from = std::collections::HashMap::<String, String>::new();
+    let chain = |called_from: &std::collections::HashMap<String, String>, f: &str| {
+        let mut names = vec![f.to_string()];
+        while let Some(caller) = called_from.get(names.last().unwrap()) {
+            if names.contains(caller) {
+                break;
+            }
+            names.push(caller.clone());
+        }
+        names.reverse();
+        names.join(" -> ")
+    };
     while let Some(f) = todo.pop() {
         if !seen.insert(f.clone()) {
             continue;
@@ -505,7 +519,8 @@ fn fast_path_uses_no_vector_registers() {
         for l in &funcs[&f] {
             assert!(
                 !["xmm", "ymm", "zmm"].iter().any(|r| l.contains(r)),
-                "{f}: {l}"
+                "{}: {l}",
+                chain(&called_from, &f)
             );
             if l.contains("call") {
                 if let Some(n) = l.split_once('<').and_then(|(_, n)| n.strip_suffix('>')) {
@@ -531,8 +546,10 @@ fn fast_path_uses_no_vector_registers() {
                     }
                     assert!(
                         funcs.contains_key(&n),
-                        "fast path calls outside the agent: {l}"
+                        "fast path calls outside the agent: {}: {l}",
+                        chain(&called_from, &f)
                     );
+                    called_from.entry(n.clone()).or_insert_with(|| f.clone());
                     todo.push(n);
                 }
             }

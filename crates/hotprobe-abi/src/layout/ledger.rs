@@ -55,7 +55,10 @@ pub struct LedgerCtl {
     /// agent cannot put those back.
     pub unmirrored: AtomicU64,
     /// The tracer's process id (tracer, at creation): the agent checks
-    /// that it still exists when the heartbeat is late.
+    /// that it still exists when the heartbeat is late. Cleared by the
+    /// tracer once it detached (no session holds the process through this
+    /// memory): a second session refuses a process whose memory names a
+    /// live one (hotprobe-fastpath's `check_not_probed`).
     pub tracer_pid: AtomicU32,
     /// Descriptor number, in the tracer, of the write end of a pipe only
     /// the tracer holds, for as long as its process lives (tracer; 0: none). The agent opens the read end
