@@ -29,6 +29,7 @@ mod waiter;
 
 pub use futex::{futex_wait, futex_wake, FutexWaited};
 pub use shm::{Mapping, Memfd};
+pub use waiter::{wake_on_child, ChildWake};
 
 /// A failed system call of this layer (other than ptrace and wait, whose
 /// errors are [`sys::SysError`]): which call, and the OS error.

@@ -71,6 +71,18 @@ pub trait Os: fmt::Debug + Send + Sync {
     fn kill(&self, pid: i32, sig: i32) -> Result<(), SysError>;
     /// Open `/proc/PID/mem` for reading and writing.
     fn open_mem(&self, pid: i32) -> Result<File, SysError>;
+    /// The state letter of task `tid` of process `pid` (`/proc/PID/task/
+    /// TID/stat`: `R`, `S`, `t`, `Z`...); `None` when it is gone. A
+    /// leader that called `pthread_exit` while other threads run on is
+    /// `Z`: ptrace never reports it stopped.
+    fn task_state(&self, pid: i32, tid: i32) -> Option<char>;
+    /// `waitpid(-1, __WALL | WNOHANG | flags)` of a tracer draining every
+    /// status that is ready before it handles any (so that the kernel's
+    /// order, newest tracee first, cannot starve older threads): `Ok(None)`
+    /// when nothing more is ready. The default makes the real call.
+    fn waitpid_ready(&self, flags: i32) -> Waited {
+        sys::waitpid(-1, flags | libc::WNOHANG)
+    }
     /// `PTRACE_SYSCALL` delivering `sig` (0 for none). The default makes
     /// the real call (a scripted fake need not answer it).
     fn syscall_resume(&self, pid: i32, sig: i32) -> Result<(), SysError> {
@@ -91,6 +103,14 @@ pub trait Os: fmt::Debug + Send + Sync {
     /// `PTRACE_SETFPREGS`. The default makes the real call.
     fn setfpregs(&self, pid: i32, fp: &libc::user_fpregs_struct) -> Result<(), SysError> {
         sys::setfpregs(pid, fp)
+    }
+    /// `PTRACE_GETREGSET` of `NT_X86_XSTATE`. The default makes the real call.
+    fn getxstate(&self, pid: i32) -> Result<Vec<u8>, SysError> {
+        sys::getxstate(pid)
+    }
+    /// `PTRACE_SETREGSET` of `NT_X86_XSTATE`. The default makes the real call.
+    fn setxstate(&self, pid: i32, state: &[u8]) -> Result<(), SysError> {
+        sys::setxstate(pid, state)
     }
 }
 
@@ -164,6 +184,12 @@ impl Os for RealOs {
                 pid,
                 source: e,
             })
+    }
+    fn task_state(&self, pid: i32, tid: i32) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+        // The field after the command name, which may hold parentheses.
+        let (_, rest) = stat.rsplit_once(')')?;
+        rest.trim_start().chars().next()
     }
 }
 
@@ -279,6 +305,14 @@ impl Sys {
     pub fn setfpregs(&self, pid: i32, fp: &libc::user_fpregs_struct) -> Result<(), SysError> {
         self.os.setfpregs(pid, fp)
     }
+    /// See [`Os::getxstate`] (not logged: for remote calls only).
+    pub fn getxstate(&self, pid: i32) -> Result<Vec<u8>, SysError> {
+        self.os.getxstate(pid)
+    }
+    /// See [`Os::setxstate`] (not logged).
+    pub fn setxstate(&self, pid: i32, state: &[u8]) -> Result<(), SysError> {
+        self.os.setxstate(pid, state)
+    }
     /// See [`Os::setsigmask`] (not logged).
     pub fn setsigmask(&self, pid: i32, mask: u64) -> Result<(), SysError> {
         self.os.setsigmask(pid, mask)
@@ -367,6 +401,12 @@ impl Sys {
             }
         }
     }
+    /// See [`Os::waitpid_ready`] (logged as `ready FLAGS`).
+    pub fn waitpid_ready(&self, flags: i32) -> Waited {
+        let r = self.os.waitpid_ready(flags);
+        self.note(|| format!("ready {flags:#x}"), || render_waited(&r));
+        r
+    }
     /// See [`Os::waitpid_timeout`] (the duration is not logged).
     pub fn waitpid_timeout(&self, pid: i32, flags: i32, d: Duration) -> Option<Waited> {
         let r = self.os.waitpid_timeout(pid, flags, d);
@@ -389,6 +429,15 @@ impl Sys {
     /// See [`Os::kill`].
     pub fn kill(&self, pid: i32, sig: i32) -> Result<(), SysError> {
         self.unit(|| format!("kill {pid} {sig}"), self.os.kill(pid, sig))
+    }
+    /// See [`Os::task_state`].
+    pub fn task_state(&self, pid: i32, tid: i32) -> Option<char> {
+        let r = self.os.task_state(pid, tid);
+        self.note(
+            || format!("task_state {pid} {tid}"),
+            || r.map_or_else(|| "gone".into(), String::from),
+        );
+        r
     }
     /// See [`Os::open_mem`].
     pub fn open_mem(&self, pid: i32) -> Result<File, SysError> {

@@ -246,6 +246,49 @@ pub fn getfpregs(pid: i32) -> Result<libc::user_fpregs_struct, SysError> {
     Ok(fp)
 }
 
+/// `NT_X86_XSTATE`: the regset of the whole extended state (x87, SSE,
+/// the upper halves of the AVX registers, AVX-512, PKRU…).
+const NT_X86_XSTATE: usize = 0x202;
+
+/// Room for the extended state: its size is the processor's (`cpuid`
+/// leaf 0xd), 2.7 KiB with AVX-512, more with AMX.
+const XSTATE_ROOM: usize = 16 * 1024;
+
+/// PTRACE_GETREGSET of `NT_X86_XSTATE`: the thread's whole extended
+/// state, as long as the kernel says it is.
+pub fn getxstate(pid: i32) -> Result<Vec<u8>, SysError> {
+    let mut buf = vec![0u8; XSTATE_ROOM];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    ptrace(
+        "ptrace(PTRACE_GETREGSET, NT_X86_XSTATE)",
+        libc::PTRACE_GETREGSET,
+        pid,
+        NT_X86_XSTATE,
+        &mut iov as *mut libc::iovec as usize,
+    )?;
+    buf.truncate(iov.iov_len);
+    Ok(buf)
+}
+
+/// PTRACE_SETREGSET of `NT_X86_XSTATE` with a state [`getxstate`] read.
+pub fn setxstate(pid: i32, state: &[u8]) -> Result<(), SysError> {
+    let mut iov = libc::iovec {
+        iov_base: state.as_ptr() as *mut libc::c_void,
+        iov_len: state.len(),
+    };
+    ptrace(
+        "ptrace(PTRACE_SETREGSET, NT_X86_XSTATE)",
+        libc::PTRACE_SETREGSET,
+        pid,
+        NT_X86_XSTATE,
+        &mut iov as *mut libc::iovec as usize,
+    )
+    .map(drop)
+}
+
 /// PTRACE_SETFPREGS.
 pub fn setfpregs(pid: i32, fp: &libc::user_fpregs_struct) -> Result<(), SysError> {
     ptrace(
@@ -327,6 +370,11 @@ pub fn waitpid_restart(pid: i32, extra_flags: i32) -> Result<Option<(i32, i32)>,
 /// since the last call (the flag is cleared).
 pub fn take_deferred_interrupt() -> bool {
     DEFERRED_EINTR.with(|d| d.replace(false))
+}
+
+/// [`take_deferred_interrupt`] without clearing the flag.
+pub fn deferred_interrupt() -> bool {
+    DEFERRED_EINTR.with(|d| d.get())
 }
 
 /// `tgkill(tgid, tid, sig)`.

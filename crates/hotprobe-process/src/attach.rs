@@ -8,14 +8,16 @@ const PF_KTHREAD: u64 = 0x0020_0000;
 
 /// The fields of `/proc/PID/status` hotprobe reads before attaching.
 #[derive(Debug, Default)]
-struct ProcStatus {
+pub(crate) struct ProcStatus {
     state: char,
     tgid: i32,
     ppid: i32,
-    tracer: i32,
+    /// `TracerPid`: the tracing thread, 0 for none.
+    pub(crate) tracer: i32,
 }
 
-fn proc_status(pid: i32) -> Option<ProcStatus> {
+/// The fields of `/proc/PID/status` the target reads.
+pub(crate) fn proc_status(pid: i32) -> Option<ProcStatus> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let mut st = ProcStatus::default();
     for line in text.lines() {
@@ -35,8 +37,22 @@ fn proc_status(pid: i32) -> Option<ProcStatus> {
     Some(st)
 }
 
+/// A task of process `pid` whose `/proc/TID/` shows the process's memory
+/// and executable: `pid` itself, unless its leader is a zombie while
+/// other threads run on (then the first of those).
+fn live_task_of(pid: i32) -> i32 {
+    let dead = |s: &ProcStatus| matches!(s.state, 'Z' | 'X');
+    if proc_status(pid).is_none_or(|s| !dead(&s)) {
+        return pid;
+    }
+    list_tasks(pid)
+        .into_iter()
+        .find(|tid| *tid != pid && proc_status(*tid).is_some_and(|s| !dead(&s)))
+        .unwrap_or(pid)
+}
+
 /// The calling thread's id (a tracee's `TracerPid` names the tracing thread).
-fn current_tid() -> i32 {
+pub(crate) fn current_tid() -> i32 {
     // SAFETY: gettid has no arguments and cannot fail.
     unsafe { libc::gettid() }
 }
@@ -163,7 +179,11 @@ impl ProcessTarget {
     /// them all stopped (call [`Target::resume_all`] once probes are in).
     pub fn attach(pid: i32) -> Result<Self, ProcessError> {
         Self::check_attachable(pid)?;
-        let program = std::fs::read_link(format!("/proc/{pid}/exe")).map_err(|e| {
+        // A leader that exited while its threads run on (`pthread_exit`)
+        // has no memory left: its process's `/proc/PID/exe` and `mem` are
+        // gone, a live thread's are there.
+        let live = live_task_of(pid);
+        let program = std::fs::read_link(format!("/proc/{live}/exe")).map_err(|e| {
             if e.kind() == std::io::ErrorKind::PermissionDenied {
                 ProcessError::PermissionDenied { pid }
             } else {
@@ -171,56 +191,25 @@ impl ProcessTarget {
             }
         })?;
         let sys = Sys::real();
-        let mem = open_mem(&sys, pid).map_err(|e| match e {
+        let mem = open_mem(&sys, live).map_err(|e| match e {
             ProcessError::Sys(s) if s.errno() == libc::EACCES || s.errno() == libc::EPERM => {
                 ProcessError::PermissionDenied { pid }
             }
             other => other,
         })?;
         let mut t = ProcessTarget::new(pid, program, mem, false, sys);
-        // Seize threads until the list is stable (threads may be created
-        // while we attach; those made by seized threads are auto-attached).
-        loop {
-            let mut new = 0;
-            for tid in list_tasks(pid) {
-                if t.threads.contains_key(&tid) {
-                    continue;
-                }
-                match t.sys.seize(tid, TRACE_OPTIONS) {
-                    Ok(()) => {}
-                    // A thread exiting as we list it, or one a seized
-                    // thread just made (auto-attached: its stop arrives
-                    // with the clone event): nothing to seize.
-                    Err(e)
-                        if e.errno() == libc::EPERM
-                            && !t.threads.is_empty()
-                            && (t.thread_ended(ThreadId(tid as u64))
-                                || proc_status(tid).is_some_and(|s| s.tracer == current_tid())) =>
-                    {
-                        continue
-                    }
-                    Err(e) if e.errno() == libc::EPERM => {
-                        t.attached = !t.threads.is_empty();
-                        if t.threads.is_empty() {
-                            // Checked again: a tracer that came since the
-                            // first check, or a leader now exiting, is named
-                            // as such rather than as a missing permission.
-                            check_attachable(pid)?;
-                            return Err(ProcessError::PermissionDenied { pid });
-                        }
-                        return Err(e.into());
-                    }
-                    Err(e) if e.errno() == libc::ESRCH => continue,
-                    Err(e) => return Err(e.into()),
-                }
-                let mut th = Thread::new(RunState::Running);
-                th.interrupt_pending = true;
-                t.sys.interrupt(tid)?;
-                t.threads.insert(tid, th);
-                new += 1;
+        match t.seize_tasks() {
+            Ok(()) => {}
+            Err(e) if e.errno() == libc::EPERM && t.threads.is_empty() => {
+                // Checked again: a tracer that came since the first
+                // check, or a leader now exiting, is named as such rather
+                // than as a missing permission.
+                check_attachable(pid)?;
+                return Err(ProcessError::PermissionDenied { pid });
             }
-            if new == 0 {
-                break;
+            Err(e) => {
+                t.attached = !t.threads.is_empty();
+                return Err(e.into());
             }
         }
         t.wait_parked()?;
@@ -232,6 +221,63 @@ impl ProcessTarget {
         t.arm_rendezvous();
         t.learn_sigtrap_state();
         Ok(t)
+    }
+
+    /// Seizes and interrupts every task of the process not followed yet,
+    /// listing `/proc/PID/task` again until a pass finds none new (threads
+    /// are made while it runs; those a seized thread makes are
+    /// auto-attached, their stop coming with the clone event). Attach and
+    /// [`ProcessTarget::reacquire`] both take a process so. A task that
+    /// ends meanwhile is simply gone, never the process: `ESRCH`, and
+    /// `EPERM` from a task already exiting (the kernel refuses a zombie),
+    /// from one a seized thread just made (already ours), or from a zombie
+    /// leader whose threads run on, skip that task. The error is the
+    /// `EPERM` of a live task we do not hold (a tracer of its own, no
+    /// permission), or any other failure. (`reacquire` took every `EPERM`
+    /// for the process's: "cannot take the released process back: not
+    /// permitted".)
+    pub(crate) fn seize_tasks(&mut self) -> Result<(), SysError> {
+        let me = current_tid();
+        loop {
+            let mut new = 0;
+            for tid in list_tasks(self.pid) {
+                if self.threads.contains_key(&tid) || tid == self.pid && self.zombie_leader {
+                    continue;
+                }
+                match self.sys.seize(tid, TRACE_OPTIONS) {
+                    Ok(()) => {}
+                    Err(e) if e.errno() == libc::ESRCH => continue,
+                    Err(e)
+                        if e.errno() == libc::EPERM && self.seize_refused_by_zombie_leader(tid) =>
+                    {
+                        continue
+                    }
+                    Err(e)
+                        if e.errno() == libc::EPERM
+                            && tid != self.pid
+                            && (self.thread_ended(ThreadId(tid as u64))
+                                || proc_status(tid).is_some_and(|s| s.tracer == me)) =>
+                    {
+                        continue
+                    }
+                    Err(e) => return Err(e),
+                }
+                match self.sys.interrupt(tid) {
+                    Ok(()) => {}
+                    // Seized, then gone before the interrupt: nothing to
+                    // wait for.
+                    Err(e) if e.errno() == libc::ESRCH => continue,
+                    Err(e) => return Err(e),
+                }
+                let mut th = Thread::new(RunState::Running);
+                th.interrupt_pending = true;
+                self.threads.insert(tid, th);
+                new += 1;
+            }
+            if new == 0 {
+                return Ok(());
+            }
+        }
     }
 
     /// An exec that was ending as we attached — a program started with

@@ -13,10 +13,13 @@
 //! scripted fake.
 
 mod attach;
+mod leader;
 mod maps;
+mod ready;
 mod release;
 mod remote;
 pub mod remote_call;
+mod remote_frame;
 pub mod remote_resumable;
 mod rendezvous;
 mod reverted;
@@ -36,6 +39,10 @@ mod watchpoints;
 mod remote_tests;
 #[cfg(test)]
 mod wait_tests;
+#[cfg(test)]
+mod wait_tests_fair;
+#[cfg(test)]
+mod wait_tests_leader;
 
 /// The ptrace layer ([`hotprobe_os::ptrace`]): every ptrace and wait call
 /// of the target goes through its [`os::Sys`].
@@ -85,12 +92,17 @@ pub struct SpawnOptions {
 /// The int3 opcode.
 const INT3: u8 = 0xCC;
 
-/// ptrace options set on every traced thread.
+/// ptrace options set on every traced thread. `TRACESYSGOOD` marks
+/// system-call stops (`SIGTRAP | 0x80`), and keeps a tracer's death
+/// harmless while a thread runs to one: the kernel then sends the thread
+/// the stop's code, which is SIGTRAP without it (the program dies of it)
+/// and not a signal with it.
 const TRACE_OPTIONS: i32 = libc::PTRACE_O_TRACECLONE
     | libc::PTRACE_O_TRACEFORK
     | libc::PTRACE_O_TRACEVFORK
     | libc::PTRACE_O_TRACEVFORKDONE
-    | libc::PTRACE_O_TRACEEXEC;
+    | libc::PTRACE_O_TRACEEXEC
+    | libc::PTRACE_O_TRACESYSGOOD;
 
 /// Errors starting or attaching to a process.
 #[derive(Debug, thiserror::Error)]
@@ -286,6 +298,8 @@ pub struct ProcessTarget {
     spawned: bool,
     attached: bool,
     syscall_insn: Option<u64>,
+    /// A sigreturn sequence for remote system calls' frames (`remote.rs`).
+    sigreturn_insn: Option<u64>,
     /// The loader's rendezvous breakpoint (internal, invisible to the engine).
     rendezvous: Option<rendezvous::Rendezvous>,
     /// Spawned and stopped before any constructor ran.
@@ -312,6 +326,17 @@ pub struct ProcessTarget {
     agent_vfork: Option<vforks::AgentVforkFns>,
     /// vfork children the agent was told of: (parent thread, child).
     vfork_armed: Vec<(i32, i32)>,
+    /// The leader called `pthread_exit` (or `SYS_exit`) while other
+    /// threads run on: a zombie until the last of them ends, when its
+    /// wait status is the process's. It is not in `threads`: ptrace never
+    /// reports it stopped (`PTRACE_INTERRUPT` on it "succeeds" and no
+    /// stop comes), it cannot be seized or detached, and `/proc/PID/`
+    /// of the process has no `exe`, `mem` or `maps` any more (a live
+    /// thread's `/proc/TID/` has them: [`ProcessTarget::live_task`]).
+    zombie_leader: bool,
+    /// When each task's status was last handled: a batch of ready
+    /// statuses is served least recently served first (`ready.rs`).
+    served: ready::Served,
 }
 
 /// Work for the last moment of a detach (see [`ProcessTarget::on_detach`]).
@@ -343,6 +368,7 @@ impl ProcessTarget {
             spawned,
             attached: true,
             syscall_insn: None,
+            sigreturn_insn: None,
             rendezvous: None,
             before_constructors: false,
             released: None,
@@ -355,6 +381,8 @@ impl ProcessTarget {
             sigtrap: sigtrap::SigTrapState::default(),
             agent_vfork: None,
             vfork_armed: Vec::new(),
+            zombie_leader: false,
+            served: ready::Served::default(),
         }
     }
 
@@ -717,6 +745,10 @@ impl Drop for ProcessTarget {
 
 /// `si_code` of a SIGTRAP from a hardware breakpoint or watchpoint.
 const TRAP_HWBKPT: i32 = 4;
+
+/// `si_code` of a SIGTRAP from an `icebp`, or from a debug exception
+/// whose DR6 said nothing (`watch_slots_without_dr6`).
+const TRAP_BRKPT: i32 = 1;
 
 /// Whether a SIGTRAP is queued to thread `tid` (its `SigPnd`).
 fn sigtrap_pending(tid: i32) -> bool {

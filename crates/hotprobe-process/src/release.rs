@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 
 use hotprobe_target::{ExitStatus, RuntimeAddr, Target, TargetError, TargetEvent};
 
-use crate::{exit_status, list_tasks, open_mem, ProcessTarget, RunState, Thread};
+use crate::{exit_status, open_mem, ProcessTarget, RunState};
 
 /// The state of a released process.
 #[derive(Debug)]
@@ -154,9 +154,17 @@ fn pidfd_ended(pidfd: &OwnedFd, wait: Duration) -> bool {
         events: libc::POLLIN,
         revents: 0,
     };
-    let ms = wait.as_millis().min(i32::MAX as u128) as i32;
-    // SAFETY: one pollfd, valid across the call.
-    let r = unsafe { libc::poll(&mut p, 1, ms) };
+    // `ppoll`, to the microsecond: `poll`'s milliseconds made every nap
+    // under 1 ms a poll that returns at once, and `wait_released` (naps
+    // of 200, 400 and 800 µs) a busy loop on a CPU the released program
+    // needed (an 8-thread start under `record`, whose run loop waits 1 ms
+    // at most, ran 4–18× native).
+    let ts = libc::timespec {
+        tv_sec: wait.as_secs().min(i32::MAX as u64) as libc::time_t,
+        tv_nsec: libc::c_long::from(wait.subsec_nanos() as i32),
+    };
+    // SAFETY: one pollfd and a timespec, valid across the call; no mask.
+    let r = unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) };
     r > 0 && p.revents & (libc::POLLIN | libc::POLLHUP) != 0
 }
 
@@ -225,6 +233,7 @@ impl ProcessTarget {
         for tid in self.threads.keys() {
             let _ = self.sys.detach(*tid, 0);
         }
+        self.detach_unfollowed_tasks();
         self.threads.clear();
         self.released = Some(Released {
             auxv: snapshot,
@@ -258,6 +267,40 @@ impl ProcessTarget {
                     || t.unrewound_breakpoint.is_some()
                     || !t.held_signals.is_empty()
             })
+    }
+
+    /// Detaches the tasks of the process still traced by us that the
+    /// target does not follow yet: a thread whose clone event a wait
+    /// queued (`ready.rs`) but nobody handled before the release. Left
+    /// traced, it kept the process from running untraced ("cannot take
+    /// the released process back: not permitted" at the next seize, a
+    /// released process never seen untraced). Each is waited for at its
+    /// first stop (an auto-attached thread stops at once), at most 1 s.
+    fn detach_unfollowed_tasks(&mut self) {
+        // `TracerPid` names the tracing thread: this one.
+        let me = crate::attach::current_tid();
+        for tid in crate::list_tasks(self.pid) {
+            if self.threads.contains_key(&tid)
+                || crate::attach::proc_status(tid).is_none_or(|s| s.tracer != me)
+            {
+                continue;
+            }
+            let stopped = self.strays.take(tid).is_some() || {
+                let deadline = Instant::now() + Duration::from_secs(1);
+                loop {
+                    match self.sys.waitpid(tid, libc::WNOHANG | libc::__WALL) {
+                        Ok(Some(_)) => break true,
+                        Ok(None) if Instant::now() < deadline => {
+                            std::thread::sleep(Duration::from_micros(100))
+                        }
+                        _ => break false,
+                    }
+                }
+            };
+            if stopped {
+                let _ = self.sys.detach(tid, 0);
+            }
+        }
     }
 
     /// Whether the process runs untraced ([`ProcessTarget::release`]).
@@ -302,32 +345,16 @@ impl ProcessTarget {
         self.pending.iter().any(|e| matches!(e, TargetEvent::Exec))
     }
 
-    /// Seizes and interrupts every task (re-listing until stable), and
-    /// waits until they are parked.
+    /// Seizes and interrupts every task (`ProcessTarget::seize_tasks`: a
+    /// thread that ends meanwhile is skipped), and waits until they are
+    /// parked.
     pub(crate) fn seize_all(&mut self) -> Result<(), crate::ProcessError> {
-        loop {
-            let mut new = 0;
-            for tid in list_tasks(self.pid) {
-                if self.threads.contains_key(&tid) {
-                    continue;
-                }
-                match self.sys.seize(tid, crate::TRACE_OPTIONS) {
-                    Ok(()) => {}
-                    Err(e) if e.errno() == libc::ESRCH => continue,
-                    Err(e) if e.errno() == libc::EPERM => {
-                        return Err(crate::ProcessError::PermissionDenied { pid: self.pid })
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-                let mut th = Thread::new(RunState::Running);
-                th.interrupt_pending = true;
-                self.sys.interrupt(tid)?;
-                self.threads.insert(tid, th);
-                new += 1;
+        match self.seize_tasks() {
+            Ok(()) => {}
+            Err(e) if e.errno() == libc::EPERM => {
+                return Err(crate::ProcessError::PermissionDenied { pid: self.pid })
             }
-            if new == 0 {
-                break;
-            }
+            Err(e) => return Err(e.into()),
         }
         self.wait_parked()?;
         Ok(())
@@ -341,6 +368,7 @@ impl ProcessTarget {
         self.rendezvous = None;
         self.scratch.clear();
         self.syscall_insn = None;
+        self.sigreturn_insn = None;
         self.mem = open_mem(&self.sys, self.pid).map_err(|e| TargetError::Protocol {
             target: self.describe(),
             why: e.to_string(),

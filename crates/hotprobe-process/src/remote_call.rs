@@ -7,15 +7,26 @@
 //! faults at address 0, which the tracer sees as a SIGSEGV stop with
 //! `rip == 0` and swallows. The thread's registers are restored afterwards
 //! (including `orig_rax`, so a system call it was blocked in restarts).
-//! Other threads stay stopped: a call that needs a lock held by a stopped
-//! thread (the loader lock, a malloc arena) would wait forever, so calls are
-//! bounded by a timeout and the thread is interrupted when it expires.
+//! Other threads stay stopped while the call runs. A call of
+//! [`remote_call`] that has not returned after [`LET_OTHERS_RUN_AFTER`]
+//! may wait for a lock a stopped thread holds (the loader's, the thread
+//! stack cache's, a malloc arena's: with 2,000 threads and threads made
+//! all the time, `dlopen` of the agent waited so in most attaches), so the
+//! other parked threads are resumed until the call returns, then stopped
+//! again (their events are queued as a `stop_all`'s). Interrupting the
+//! call instead left the lock held by the call's thread for good: the
+//! program hung. Calls are still bounded by a timeout, and the thread is
+//! interrupted when it expires.
 
 use std::time::{Duration, Instant};
 
-use hotprobe_target::{Target, TargetError};
+use hotprobe_target::{ResumeMode, Target, TargetError, ThreadId};
 
-use crate::{sys, ProcessTarget};
+use crate::{sys, ProcessTarget, RunState};
+
+/// How long a remote call runs with the other threads stopped before they
+/// are let run (see the module docs).
+pub const LET_OTHERS_RUN_AFTER: Duration = Duration::from_millis(100);
 
 /// Runs system call `nr` with up to six arguments on a stopped thread of
 /// `t`; returns the raw result (a negative errno on failure).
@@ -42,13 +53,16 @@ pub fn remote_call(
     timeout: Duration,
 ) -> Result<u64, TargetError> {
     let tid = stopped(t)?;
-    remote_call_on(t, tid, func, args, timeout)
+    remote_call_with(t, tid, func, args, timeout, true)
 }
 
 /// As [`remote_call`], on stopped thread `tid` (a vfork child at its
-/// first stop, its parent at the end of its vfork), its x87/SSE state
-/// kept as well: the callee may use the vector registers, which a
-/// thread stopped between two instructions of its own may hold live.
+/// first stop, its parent at the end of its vfork), its whole extended
+/// state kept as well (x87, SSE, the upper halves of the AVX registers;
+/// the x87/SSE part alone where the kernel gives no `NT_X86_XSTATE`):
+/// the callee may use the vector registers (`memcpy`, `strlen` in
+/// `dlopen`), which a thread stopped between two instructions of its own
+/// may hold live.
 pub(crate) fn remote_call_on(
     t: &mut ProcessTarget,
     tid: i32,
@@ -56,18 +70,58 @@ pub(crate) fn remote_call_on(
     args: &[u64],
     timeout: Duration,
 ) -> Result<u64, TargetError> {
-    let fp = t.sys.getfpregs(tid).map_err(|e| t.sys_err(e))?;
-    let r = remote_call_regs(t, tid, func, args, timeout);
-    let _ = t.sys.setfpregs(tid, &fp);
+    remote_call_with(t, tid, func, args, timeout, false)
+}
+
+/// [`remote_call_on`]; with `let_others_run`, the other parked threads run
+/// while the call has not returned after [`LET_OTHERS_RUN_AFTER`].
+fn remote_call_with(
+    t: &mut ProcessTarget,
+    tid: i32,
+    func: u64,
+    args: &[u64],
+    timeout: Duration,
+    let_others_run: bool,
+) -> Result<u64, TargetError> {
+    // The extended state holds the x87/SSE state too: that alone is kept
+    // only where the kernel gives no extended state.
+    let xstate = t.sys.getxstate(tid).ok();
+    let fp = match xstate {
+        Some(_) => None,
+        None => Some(t.sys.getfpregs(tid).map_err(|e| t.sys_err(e))?),
+    };
+    let mut others = Vec::new();
+    let r = remote_call_regs(t, tid, func, args, timeout, let_others_run, &mut others);
+    if !others.is_empty() {
+        // Stopped again as `stop_all` stops them (the call's thread is
+        // parked: its stop was taken above).
+        let stopped = t.stop_all();
+        if r.is_ok() {
+            stopped?;
+        }
+    }
+    match (&xstate, &fp) {
+        (Some(x), _) => {
+            let _ = t.sys.setxstate(tid, x);
+        }
+        (None, Some(fp)) => {
+            let _ = t.sys.setfpregs(tid, fp);
+        }
+        (None, None) => {}
+    }
     r
 }
 
+/// Runs the call on `tid`; the threads it let run (`let_others_run`) are
+/// added to `others`.
 fn remote_call_regs(
     t: &mut ProcessTarget,
     tid: i32,
     func: u64,
     args: &[u64],
     timeout: Duration,
+    let_others_run: bool,
+    others: &mut Vec<i32>,
 ) -> Result<u64, TargetError> {
     let saved = t.sys.getregs(tid).map_err(|e| t.sys_err(e))?;
     let mut regs = saved;
@@ -83,14 +137,29 @@ fn remote_call_regs(
     crate::remote::set_args(&mut regs, args, crate::remote::ArgConvention::Function);
     t.sys.setregs(tid, &regs).map_err(|e| t.sys_err(e))?;
     t.sys.cont(tid, 0).map_err(|e| t.sys_err(e))?;
-    let deadline = Instant::now() + timeout;
+    let start = Instant::now();
+    let deadline = start + timeout;
     let mut interrupted = false;
+    let mut others_run = !let_others_run;
     let result = loop {
         let r = t
             .sys
             .waitpid(tid, libc::WNOHANG | libc::__WALL)
             .map_err(|e| t.sys_err(e))?;
         let Some((_, status)) = r else {
+            if !others_run && start.elapsed() >= LET_OTHERS_RUN_AFTER {
+                others_run = true;
+                let parked: Vec<i32> = t
+                    .threads
+                    .iter()
+                    .filter(|(o, th)| **o != tid && th.state == RunState::Parked)
+                    .map(|(o, _)| *o)
+                    .collect();
+                for o in parked {
+                    t.resume(ThreadId(o as u64), ResumeMode::Continue)?;
+                    others.push(o);
+                }
+            }
             if !interrupted && Instant::now() >= deadline {
                 t.sys.interrupt(tid).map_err(|e| t.sys_err(e))?;
                 interrupted = true;
@@ -146,9 +215,7 @@ fn remote_call_regs(
             continue;
         }
         // Any other signal: hold it for later delivery, keep running the call.
-        if let Some(th) = t.threads.get_mut(&tid) {
-            th.held_signals.push_back(sig);
-        }
+        t.hold_signal(tid, sig);
         t.sys.cont(tid, 0).map_err(|e| t.sys_err(e))?;
     };
     t.sys.setregs(tid, &saved).map_err(|e| t.sys_err(e))?;

@@ -87,6 +87,9 @@ pub fn remote_call_resumable(
             why: "no stopped thread to run a remote call on: call stop_all first".into(),
         })?;
     let saved = t.sys.getregs(tid).map_err(|e| t.sys_err(e))?;
+    // The whole extended state too (the code calls glibc, whose AVX
+    // functions end with `vzeroupper`): given back with the registers.
+    let xstate = t.sys.getxstate(tid).ok();
     let mut regs = saved;
     // Below the red zone, 16-byte aligned: the code calls functions.
     regs.rsp = resumable_stack(&sys::regs_from_user(&saved));
@@ -137,6 +140,9 @@ pub fn remote_call_resumable(
             && (sig == libc::SIGSEGV || sig == libc::SIGBUS || sig == libc::SIGILL)
         {
             t.sys.setregs(tid, &saved).map_err(|e| t.sys_err(e))?;
+            if let Some(x) = &xstate {
+                let _ = t.sys.setxstate(tid, x);
+            }
             return Err(TargetError::Protocol {
                 target: t.describe(),
                 why: format!(
@@ -147,9 +153,7 @@ pub fn remote_call_resumable(
         }
         if status >> 16 != libc::PTRACE_EVENT_STOP {
             // Any other signal: held for later delivery.
-            if let Some(th) = t.threads.get_mut(&tid) {
-                th.held_signals.push_back(sig);
-            }
+            t.hold_signal(tid, sig);
         }
         t.sys.cont(tid, 0).map_err(|e| t.sys_err(e))?;
     };
@@ -159,6 +163,9 @@ pub fn remote_call_resumable(
     let now = t.sys.getregs(tid).map_err(|e| t.sys_err(e))?;
     if now.rip >= code.0 && now.rip < code.1 {
         t.sys.setregs(tid, &saved).map_err(|e| t.sys_err(e))?;
+        if let Some(x) = &xstate {
+            let _ = t.sys.setxstate(tid, x);
+        }
     }
     if let Some(th) = t.threads.get_mut(&tid) {
         th.regs = None;

@@ -125,7 +125,7 @@ impl ProcessTarget {
             return;
         }
         self.rendezvous = None;
-        let Some((brk, r_debug)) = locate(self.pid) else {
+        let Some((brk, r_debug)) = locate(self.live_task()) else {
             return;
         };
         let mut code = [0u8; 5];

@@ -66,10 +66,22 @@
 //!   kept; a process-directed one goes to a thread that does not block
 //!   it, or stays pending). A forked or vforked child gets its mask back
 //!   at its start; before release, detach and exec every thread does.
-//!   Left: a thread that blocked `SIGTRAP` before the program's handler
-//!   came is lifted only at its next `rt_sigprocmask` or
-//!   `rt_sigaction(SIGTRAP)`; a lifted thread's mask read in `/proc`
-//!   (`SigBlk`) lacks `SIGTRAP`.
+//!   A thread that blocked `SIGTRAP` before the program's handler came
+//!   is lifted when it comes: at that `rt_sigaction` site every running
+//!   thread that blocks it is stopped first, and all are lifted once the
+//!   handler is in; threads found blocking when the sites are armed are
+//!   lifted then (`sigtrap_lift.rs`).
+//! - **The program's own `SIGTRAP` at a stop of ours.** A `SIGTRAP` sent
+//!   by a process (`si_code` ≤ 0) that comes in place of a trap of ours
+//!   (pending when a single-step began, or merged with the step's or an
+//!   `int3`'s trap by the kernel, which keeps one pending `SIGTRAP` per
+//!   queue) is kept with its siginfo and queued again before the thread
+//!   next runs freely; at its delivery it is passed on as sent. Left: a
+//!   thread-directed one that comes in the instant a trap's own `SIGTRAP`
+//!   is pending on that thread is dropped by the kernel, and nothing of
+//!   it is left to see. A lifted thread's mask read in `/proc` (`SigBlk`)
+//!   lacks `SIGTRAP` (see docs/DESIGN.md, "What code patching changes by
+//!   its nature").
 //!
 //! Not seen: a `syscall` instruction whose number is not loaded just
 //! before it (libc's `syscall()` function, inline assembly, the Go
@@ -87,12 +99,12 @@ use crate::ProcessTarget;
 pub(crate) const TRAP_BIT: u64 = 1 << (libc::SIGTRAP - 1);
 
 /// `rt_sigaction`'s system call number.
-const SYS_RT_SIGACTION: u64 = libc::SYS_rt_sigaction as u64;
+pub(crate) const SYS_RT_SIGACTION: u64 = libc::SYS_rt_sigaction as u64;
 /// `rt_sigprocmask`'s system call number.
 const SYS_RT_SIGPROCMASK: u64 = libc::SYS_rt_sigprocmask as u64;
 
 /// `SIG_IGN` as a handler value.
-const SIG_IGN: u64 = 1;
+pub(crate) const SIG_IGN: u64 = 1;
 
 /// The largest executable mapping scanned for system-call sites.
 const MAX_SCAN: u64 = 64 << 20;
@@ -140,6 +152,14 @@ pub(crate) struct SigTrapState {
     detach_action: Option<[u64; 4]>,
     /// At detach, the threads that blocked `SIGTRAP` before the hooks.
     detach_blocked: Vec<i32>,
+    /// Threads are being held for a handler's installation
+    /// (`sigtrap_lift.rs`): a nested site does not hold them again.
+    pub(crate) holding: bool,
+    /// Threads whose own `SIGTRAP` was queued again where they do not
+    /// block it, with the `rip` they were resumed at: the signal-delivery
+    /// stop there is that signal's, delivered as sent
+    /// (`sigtrap_lift.rs`).
+    pub(crate) requeued: HashMap<i32, u64>,
 }
 
 impl SigTrapState {
@@ -288,6 +308,14 @@ impl ProcessTarget {
     /// module docs), before it runs freely. Errors are the thread's end
     /// (ESRCH): nothing to put back then.
     pub(crate) fn restore_sigtrap_state(&mut self, tid: i32) {
+        self.restore_sigtrap_state_then(tid, true);
+    }
+
+    /// [`ProcessTarget::restore_sigtrap_state`]; the program's own
+    /// `SIGTRAP` kept is queued again only when `requeue` (the thread's
+    /// registers and mask are final: it is delivered at once where it is
+    /// not blocked, and noted so).
+    fn restore_sigtrap_state_then(&mut self, tid: i32, requeue: bool) {
         if !self.sigtrap.armed && std::mem::take(&mut self.sigtrap.fresh) {
             // The first thread to run freely since the state was read
             // with every thread stopped, the sites not armed (no ptrace
@@ -309,9 +337,16 @@ impl ProcessTarget {
                     let _ = self.sys.setsigmask(tid, mask | TRAP_BIT);
                 }
             }
-            if let Some(info) = t.trap_requeue.take() {
-                self.requeue_sent_trap(tid, &info);
-            }
+        }
+        // The program's own SIGTRAP a trap of ours delivered (or took the
+        // place of: a single-step's stop, `sigtrap_lift.rs`).
+        if let Some(info) = self
+            .threads
+            .get_mut(&tid)
+            .filter(|_| requeue)
+            .and_then(|t| t.trap_requeue.take())
+        {
+            self.requeue_sent_trap(tid, &info);
         }
         if self.sigtrap.handler_reset {
             if let Some(handler) = self.sigtrap.handler {
@@ -327,7 +362,7 @@ impl ProcessTarget {
     fn read_trap_action(&mut self, tid: i32) -> Result<[u64; 4], TargetError> {
         let regs = self.sys.getregs(tid).map_err(|e| self.sys_err(e))?;
         let buf = (regs.rsp.wrapping_sub(512)) & !15;
-        let r = crate::remote::syscall_quiet(
+        let r = crate::remote::syscall(
             self,
             tid,
             SYS_RT_SIGACTION,
@@ -360,7 +395,7 @@ impl ProcessTarget {
         let buf = (regs.rsp.wrapping_sub(512)) & !15;
         let bytes: Vec<u8> = action.iter().flat_map(|w| w.to_le_bytes()).collect();
         self.write_memory(RuntimeAddr(buf), &bytes)?;
-        let r = crate::remote::syscall_quiet(
+        let r = crate::remote::syscall(
             self,
             tid,
             SYS_RT_SIGACTION,
@@ -459,6 +494,9 @@ impl ProcessTarget {
                 }
             }
         }
+        // Threads that block SIGTRAP where the program has a handler:
+        // lifted now, not at their next signal-state call.
+        self.lift_blocked_threads();
     }
 
     /// Puts back what traps of ours reset before the sites were armed,
@@ -620,16 +658,29 @@ impl ProcessTarget {
         addr: u64,
         stopping: bool,
     ) -> Result<(), TargetError> {
-        self.emulate_sig_site(tid, addr)?;
+        self.emulate_sig_site_in(tid, addr, stopping)?;
         self.park_or_continue(tid, stopping)
     }
 
     /// [`ProcessTarget::on_sig_site`] but for letting the thread go: it
     /// stays stopped (a remote call's thread, which runs on).
     pub(crate) fn emulate_sig_site(&mut self, tid: i32, addr: u64) -> Result<(), TargetError> {
+        self.emulate_sig_site_in(tid, addr, false)
+    }
+
+    /// [`ProcessTarget::emulate_sig_site`]; `stopping`: every thread is
+    /// being stopped (those held for a handler's installation stay so).
+    fn emulate_sig_site_in(
+        &mut self,
+        tid: i32,
+        addr: u64,
+        stopping: bool,
+    ) -> Result<(), TargetError> {
         let site = self.sigtrap.sites[&addr];
         self.note_forced_trap(tid);
-        self.restore_sigtrap_state(tid);
+        // The program's own SIGTRAP kept is queued again once the call
+        // is made, when the thread goes on (its mask and rip final).
+        self.restore_sigtrap_state_then(tid, false);
         let regs = self.sys.getregs(tid).map_err(|e| self.sys_err(e))?;
         let mut after = regs;
         if regs.rax != site.nr {
@@ -650,11 +701,17 @@ impl ProcessTarget {
                 && !self.vfork_children.contains(&tid))
             .then(|| self.held_agent_block())
             .flatten();
+            // A handler coming for SIGTRAP: the threads that block it are
+            // held first, and lifted once it is in (`sigtrap_lift.rs`).
+            let held = match agent {
+                Some(_) => Vec::new(),
+                None => self.hold_for_trap_handler(tid, site.nr, &args)?,
+            };
             let r = match agent {
                 // An injected agent's handler holds the disposition: the
                 // program's action is the agent's copy.
                 Some(block) => self.emulate_trap_action(block, args[1], args[2]),
-                None => crate::remote::syscall_quiet(self, tid, site.nr, &args)?,
+                None => crate::remote::syscall(self, tid, site.nr, &args)?,
             };
             after.rax = r;
             after.rip = addr + 2;
@@ -662,6 +719,10 @@ impl ProcessTarget {
             after.r11 = regs.eflags;
             if r == 0 && agent.is_none() {
                 self.note_sig_call(tid, site.nr, &args);
+            }
+            if !held.is_empty() {
+                self.lift_blocked_threads();
+                self.let_held_go(&held, stopping);
             }
         }
         self.sys.setregs(tid, &after).map_err(|e| self.sys_err(e))?;

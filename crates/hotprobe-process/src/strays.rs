@@ -83,6 +83,15 @@ impl Strays {
         }
     }
 
+    /// Appends `batch`, statuses just reaped (a drain of every ready
+    /// status, `ready.rs`), in its order: they are taken before any later
+    /// one. No pruning: their tasks were there a moment ago.
+    pub(crate) fn queue(&self, batch: Vec<(i32, i32)>) {
+        if let Ok(mut v) = self.0.lock() {
+            v.extend(batch);
+        }
+    }
+
     /// Takes the oldest status of task `pid`.
     pub(crate) fn take(&self, pid: i32) -> Option<i32> {
         self.take_of(|p| p == pid).map(|(_, st)| st)
@@ -104,6 +113,22 @@ impl Strays {
             })
             .unwrap_or_default();
         others.iter().find_map(|o| take_from(o, &mut mine))
+    }
+
+    /// Whether [`Strays::take_of`] would find a status now (none taken).
+    pub(crate) fn has_of(&self, mut mine: impl FnMut(i32) -> bool) -> bool {
+        let mut found = |t: &Table| t.lock().is_ok_and(|v| v.iter().any(|(p, _)| mine(*p)));
+        if found(&self.0) {
+            return true;
+        }
+        TABLES
+            .try_with(|t| {
+                t.borrow()
+                    .iter()
+                    .filter_map(Weak::upgrade)
+                    .any(|o| found(&o))
+            })
+            .unwrap_or(false)
     }
 
     /// Drops every status of a task `gone` accepts (a target's tasks once

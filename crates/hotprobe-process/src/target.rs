@@ -251,8 +251,16 @@ impl Target for ProcessTarget {
             .collect();
         for tid in running {
             match self.sys.interrupt(tid) {
+                // ESRCH: it ended, its exit perhaps reaped already into the
+                // strays by an earlier drain (`ready.rs`). Waited for all
+                // the same: its status there, or ECHILD, takes it out of
+                // the threads. Left "running", it failed the next call
+                // that wants every thread stopped ("thread N is not a
+                // stopped thread" at detach, under thread churn).
                 Ok(()) => self.threads.get_mut(&tid).expect("known").interrupt_pending = true,
-                Err(e) if e.errno() == libc::ESRCH => {}
+                Err(e) if e.errno() == libc::ESRCH => {
+                    self.threads.get_mut(&tid).expect("known").interrupt_pending = true
+                }
                 Err(e) => return Err(self.sys_err(e)),
             }
         }
@@ -380,7 +388,7 @@ impl Target for ProcessTarget {
             why,
         };
         let len = (len + 0xfff) & !0xfff;
-        let maps_text = std::fs::read_to_string(format!("/proc/{}/maps", self.pid))
+        let maps_text = std::fs::read_to_string(format!("/proc/{}/maps", self.live_task()))
             .map_err(|e| no(format!("cannot read maps: {e}"), self))?;
         let lines = parse_maps_lines(&maps_text);
         let Some(addr) = find_free_gap(&lines, near.0, len) else {

@@ -37,7 +37,7 @@ impl ProcessTarget {
         if let Some(f) = self.agent_vfork {
             return Some(f);
         }
-        let maps = std::fs::read_to_string(format!("/proc/{}/maps", self.pid)).ok()?;
+        let maps = std::fs::read_to_string(format!("/proc/{}/maps", self.live_task())).ok()?;
         if !maps.contains("hotprobe_agent") {
             return None;
         }

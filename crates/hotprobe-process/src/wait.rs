@@ -3,6 +3,10 @@
 
 use crate::*;
 
+/// How long [`ProcessTarget::wait_beside_leader`] waits for a stop before
+/// it looks at the leader's state again (ms).
+const LEADER_LOOK_MS: u64 = 10;
+
 impl ProcessTarget {
     /// Stop the process (SIGKILL) and reap it.
     pub fn kill(&mut self) {
@@ -54,8 +58,9 @@ impl ProcessTarget {
                 {
                     Ok(Some(r)) => Some(r),
                     Ok(None) if !leader => None,
-                    Ok(None) => match self.sys.waitpid_restart(-1, libc::__WNOTHREAD) {
-                        Ok(r) => r,
+                    Ok(None) => match self.wait_beside_leader(tid) {
+                        Ok(Some(r)) => r,
+                        Ok(None) => continue,
                         Err(e) if e.errno() == libc::ECHILD => {
                             self.threads.remove(&tid);
                             continue;
@@ -75,6 +80,45 @@ impl ProcessTarget {
                 }
             }
         }
+    }
+
+    /// The next status of any task, while the leader `leader`, being
+    /// stopped, reported nothing (`WNOHANG`): `Ok(None)` when there is
+    /// nothing more to wait for from the leader (it is a zombie: see
+    /// [`ProcessTarget::leader_became_zombie`]) or the wait is to be
+    /// looked at again.
+    ///
+    /// While another thread runs, its status is waited for, blocking (the
+    /// leader of a process that ended reports only once its threads'
+    /// exits are reaped). Once every other thread is stopped, a leader
+    /// that is still to report is either on its way to its stop or a
+    /// zombie (it called `pthread_exit`): the kernel never reports a
+    /// zombie leader stopped, and the wait would never end (detach hung,
+    /// every other thread parked). Its task's state tells; a leader not
+    /// yet a zombie is waited for with a deadline, and looked at again
+    /// (one still in its exit becomes a zombie without a status).
+    fn wait_beside_leader(&mut self, leader: i32) -> Result<Option<Option<(i32, i32)>>, SysError> {
+        let others_stopped = self
+            .threads
+            .iter()
+            .all(|(tid, t)| *tid == leader || t.state != RunState::Running);
+        if others_stopped {
+            if self.sys.task_state(self.pid, leader) == Some('Z') {
+                self.leader_became_zombie();
+                return Ok(None);
+            }
+            match self.sys.waitpid_timeout(
+                -1,
+                libc::__WNOTHREAD,
+                Duration::from_millis(LEADER_LOOK_MS),
+            ) {
+                Some(Ok(None)) => return Ok(None),
+                Some(r) => return r.map(Some),
+                // No timed wait: the blocking one below.
+                None => {}
+            }
+        }
+        self.sys.waitpid_restart(-1, libc::__WNOTHREAD).map(Some)
     }
 
     /// Turn one waitpid status into an event for the engine, or handle it
@@ -147,6 +191,12 @@ impl ProcessTarget {
         }
         if !libc::WIFSTOPPED(status) {
             return Ok(None);
+        }
+        if pid == self.pid && self.zombie_leader && status >> 16 == libc::PTRACE_EVENT_EXEC {
+            // Another thread's exec took the zombie leader's place and
+            // pid: the process has a live leader again.
+            self.zombie_leader = false;
+            self.threads.insert(pid, Thread::new(RunState::Running));
         }
         if !self.threads.contains_key(&pid) {
             // A new thread whose clone event is still to come, or another
@@ -270,6 +320,7 @@ impl ProcessTarget {
                 // The kernel drops a thread's debug registers at exec.
                 self.watches = [None; WATCH_SLOTS];
                 self.syscall_insn = None;
+                self.sigreturn_insn = None;
                 self.mem = open_mem(&self.sys, self.pid).map_err(|e| match e {
                     ProcessError::Sys(s) => self.sys_err(s),
                     other => TargetError::Protocol {
@@ -336,13 +387,10 @@ impl ProcessTarget {
             }
         }
         // A signal-delivery stop.
-        if sig == libc::SIGTRAP
-            && !self.watching()
-            && self
-                .sys
-                .getsiginfo(pid)
-                .is_ok_and(|i| i.code == TRAP_HWBKPT)
-        {
+        let code = (sig == libc::SIGTRAP && !self.watching())
+            .then(|| self.sys.getsiginfo(pid).ok().map(|i| i.code))
+            .flatten();
+        if code == Some(TRAP_HWBKPT) {
             // A hardware watchpoint's trap queued to the thread before its
             // watchpoint was removed (unwatch while it ran): not the
             // program's signal — dropped, as at detach.
@@ -351,8 +399,10 @@ impl ProcessTarget {
             self.park_or_continue(pid, stopping)?;
             return Ok(None);
         }
-        if sig == libc::SIGTRAP {
-            let hits = if self.watching() {
+        // The program's own SIGTRAP queued again: delivered as sent.
+        let resent = sig == libc::SIGTRAP && self.is_requeued_trap(pid, code);
+        if sig == libc::SIGTRAP && !resent {
+            let mut hits = if self.watching() {
                 match watch::take_hits(&self.sys, pid) {
                     Ok(h) => h,
                     // Killed meanwhile: its exit comes next.
@@ -363,9 +413,19 @@ impl ProcessTarget {
                 0
             };
             let regs = self.fetch_regs(pid)?;
-            let bp = regs.rip.wrapping_sub(1);
             let stepping = self.threads.get(&pid).is_some_and(|t| t.stepping);
+            if hits == 0 && !stepping && self.watching() {
+                // A watchpoint's trap whose DR6 came back empty reaches us
+                // as an `icebp`: never the program's.
+                if let Ok(info) = self.sys.getsiginfo(pid) {
+                    if let Some(h) = self.watch_slots_without_dr6(info.code, regs.rip) {
+                        hits = h;
+                    }
+                }
+            }
+            let bp = regs.rip.wrapping_sub(1);
             if !stepping && hits == 0 && self.is_sig_site(bp) {
+                self.hold_sent_trap(pid, code);
                 self.on_sig_site(pid, bp, stopping)?;
                 return Ok(None);
             }
@@ -376,6 +436,8 @@ impl ProcessTarget {
             if ours {
                 // The kernel reset what the thread blocks or ignores.
                 self.note_forced_trap(pid);
+                // The program's own SIGTRAP in its place: kept, sent again.
+                self.hold_sent_trap(pid, code);
             }
             let t = self.threads.get_mut(&pid).expect("known thread");
             if t.stepping {
@@ -449,6 +511,21 @@ impl ProcessTarget {
         }
     }
 
+    /// Whether the next [`Target::wait`] has an event or a status of this
+    /// process at hand that the kernel no longer holds (queued here, or
+    /// reaped by another target of this thread), or its end, or a signal
+    /// that a status wait retried past and that ends the next wait: a
+    /// caller that sleeps until the kernel has a new status must not sleep
+    /// then.
+    pub fn has_taken_events(&self) -> bool {
+        crate::sys::deferred_interrupt()
+            || !self.pending.is_empty()
+            || self.exited.is_some()
+            || self
+                .strays
+                .has_of(|p| p == self.pid || self.threads.contains_key(&p))
+    }
+
     /// [`Target::wait`] of a traced process.
     pub(crate) fn wait_traced(
         &mut self,
@@ -466,11 +543,13 @@ impl ProcessTarget {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut nap = Duration::from_micros(20);
         loop {
-            // Statuses another target of the session reaped for us.
+            // Statuses another target of the session reaped for us, and
+            // the batch of ready ones this wait queued (`ready.rs`).
             while let Some((pid, status)) = self
                 .strays
                 .take_of(|p| p == self.pid || self.threads.contains_key(&p))
             {
+                self.note_served(pid);
                 if let Some(ev) = self.handle_status(pid, status, false)? {
                     return Ok(ev);
                 }
@@ -508,14 +587,9 @@ impl ProcessTarget {
                 Err(e) => return Err(self.sys_err(e)),
             };
             match r {
-                Some((pid, status)) => {
-                    if let Some(ev) = self.handle_status(pid, status, false)? {
-                        return Ok(ev);
-                    }
-                    if let Some(ev) = self.pending.pop_front() {
-                        return Ok(ev);
-                    }
-                }
+                // With every other status ready now, queued fairly
+                // (`ready.rs`) and taken at the top of the loop.
+                Some(first) => self.queue_ready(first),
                 None => {
                     let d = deadline.expect("WNOHANG only with a deadline");
                     let now = Instant::now();

@@ -31,7 +31,7 @@ pub(crate) fn fake_target(pid: i32, tids: &[i32], script: &str) -> (ProcessTarge
 }
 
 /// An event in a line of text, as the cases and fixtures write them.
-fn render(ev: &TargetEvent) -> String {
+pub(crate) fn render(ev: &TargetEvent) -> String {
     match ev {
         TargetEvent::Breakpoint { thread, addr, .. } => {
             format!("breakpoint {} {:#x}", thread.0, addr.0)
@@ -58,7 +58,7 @@ fn render(ev: &TargetEvent) -> String {
 }
 
 /// The register words of a `getregs` line with `rip` (others zero).
-fn regs_at(rip: u64) -> String {
+pub(crate) fn regs_at(rip: u64) -> String {
     let mut w = ["0"; 27].map(String::from);
     w[16] = format!("{rip:x}");
     w.join(",")
@@ -66,7 +66,7 @@ fn regs_at(rip: u64) -> String {
 
 /// What a case does to the target, in order.
 #[derive(Clone, Copy, Debug)]
-enum Op {
+pub(crate) enum Op {
     /// `wait(None)`; its event is recorded.
     Wait,
     /// `stop_all()`.
@@ -78,20 +78,25 @@ enum Op {
 }
 
 /// One table-driven case.
-struct Case {
-    name: &'static str,
+pub(crate) struct Case {
+    /// What it shows.
+    pub(crate) name: &'static str,
     /// Threads followed at the start (running), the leader first.
-    tids: &'static [i32],
+    pub(crate) tids: &'static [i32],
     /// Set up before the ops (watchpoints, stopped threads).
-    setup: fn(&mut ProcessTarget),
-    ops: &'static [Op],
-    script: String,
-    events: &'static [&'static str],
+    pub(crate) setup: fn(&mut ProcessTarget),
+    /// What is done to the target.
+    pub(crate) ops: &'static [Op],
+    /// The OS calls expected and their results.
+    pub(crate) script: String,
+    /// The events reported, rendered.
+    pub(crate) events: &'static [&'static str],
     /// Threads followed at the end.
-    threads_after: &'static [i32],
+    pub(crate) threads_after: &'static [i32],
 }
 
-fn no_setup(_: &mut ProcessTarget) {}
+/// Nothing set up.
+pub(crate) fn no_setup(_: &mut ProcessTarget) {}
 
 fn watch_slot0(t: &mut ProcessTarget) {
     t.watches[0] = Some(HwWatch {
@@ -110,7 +115,8 @@ fn watch_slot1_leader_parked(t: &mut ProcessTarget) {
     t.threads.get_mut(&L).expect("leader").state = RunState::Parked;
 }
 
-fn run(case: &Case) {
+/// Runs `case` on a scripted target and checks what it says.
+pub(crate) fn run(case: &Case) {
     let (mut t, os) = fake_target(case.tids[0], case.tids, &case.script);
     (case.setup)(&mut t);
     let mut events = Vec::new();
@@ -150,7 +156,7 @@ fn run(case: &Case) {
 }
 
 /// `waitpid(-1, __WNOTHREAD)` of a blocking `wait`.
-const WAIT_ANY: &str = "waitpid -1 0x20000000";
+pub(crate) const WAIT_ANY: &str = "waitpid -1 0x20000000";
 
 fn cases() -> Vec<Case> {
     vec![
@@ -274,6 +280,23 @@ fn cases() -> Vec<Case> {
                  get_debugreg {L} 6 = 0xffff0ff1
                  set_debugreg {L} 6 0x0 = ok
                  getregs {L} = {}
+                 cont {L} 0 = ok",
+                regs_at(0x401234)
+            ),
+            events: &["watchpoint 5000001 slots=0x1 rip=0x401234"],
+            threads_after: &[L],
+        },
+        Case {
+            name: "SIGTRAP with DR6 empty (a virtual CPU's) as an icebp: the one watchpoint's hit",
+            tids: &[L],
+            setup: watch_slot0,
+            ops: &[Op::Wait, Op::Resume(L, ResumeMode::Continue)],
+            script: format!(
+                "{WAIT_ANY} = {L} 0x57f
+                 get_debugreg {L} 6 = 0xffff0ff0
+                 getregs {L} = {}
+                 # TRAP_BRKPT, and no icebp before rip (memory unreadable here).
+                 getsiginfo {L} = 5 1
                  cont {L} 0 = ok",
                 regs_at(0x401234)
             ),
@@ -482,45 +505,6 @@ fn a_call_out_of_script_order_fails_the_case() {
         msg.contains(&format!("called `cont {T2} 0`")),
         "unexpected failure: {msg}"
     );
-}
-
-#[test]
-fn statuses_of_other_targets_stay_in_the_shared_table_until_taken() {
-    let other = 6_000_001;
-    let script = format!(
-        "{WAIT_ANY} = {other} 0x137f
-         {WAIT_ANY} = {L} 0x0"
-    );
-    let (mut a, _os) = fake_target(L, &[L], &script);
-    let shared = Strays::new();
-    a.share_strays(&shared);
-    assert_eq!(render(&a.wait(None).expect("wait")), "exited Code(0)");
-    // Another target's stop stays for it (task 6000001 has no /proc entry
-    // but nothing pruned it: prunes happen when a status is stashed).
-    assert_eq!(shared.entries(), vec![(other, 0x137f)]);
-    let (mut b, os_b) = fake_target(other, &[other], "cont 6000001 19 = ok");
-    b.share_strays(&shared);
-    assert_eq!(b.strays.take(other), Some(0x137f));
-    assert_eq!(
-        b.handle_status(other, 0x137f, false).expect("handled"),
-        None
-    );
-    assert!(os_b.remaining().is_empty());
-    assert!(shared.is_empty());
-    b.attached = false;
-    a.attached = false;
-}
-
-#[test]
-fn a_target_forgets_its_strays_when_dropped() {
-    let shared = Strays::new();
-    let (mut t, _os) = fake_target(L, &[L, T2], "");
-    t.share_strays(&shared);
-    shared.stash(T2, 0x0);
-    shared.stash(7_000_001, 0x0);
-    t.attached = false;
-    drop(t);
-    assert_eq!(shared.entries(), vec![(7_000_001, 0x0)]);
 }
 
 /// A `Write` into a buffer the test keeps.

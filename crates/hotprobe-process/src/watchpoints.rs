@@ -2,6 +2,7 @@
 //! registers themselves: `watch.rs`).
 
 use crate::*;
+use hotprobe_target::WATCH_SLOTS_UNKNOWN;
 
 impl ProcessTarget {
     /// The hardware watchpoints set (slot `i` is DR`i`).
@@ -115,11 +116,12 @@ impl ProcessTarget {
                         && libc::WSTOPSIG(st) == libc::SIGTRAP
                         && st >> 16 == 0 =>
                 {
-                    let ours = self
-                        .sys
-                        .getsiginfo(tid)
-                        .map(|i| i.code == TRAP_HWBKPT)
-                        .unwrap_or(false);
+                    // A watchpoint's, DR6 named or not (an empty DR6
+                    // comes as `TRAP_BRKPT`, not after an `icebp`).
+                    let code = self.sys.getsiginfo(tid).map(|i| i.code).unwrap_or(0);
+                    let ours = code == TRAP_HWBKPT
+                        || (code == TRAP_BRKPT
+                            && !self.after_icebp(self.sys.getregs(tid).map_or(0, |r| r.rip)));
                     if !ours {
                         // The program's own: delivered at detach.
                         if let Some(t) = self.threads.get_mut(&tid) {
@@ -136,5 +138,51 @@ impl ProcessTarget {
                 _ => {}
             }
         }
+    }
+}
+
+impl ProcessTarget {
+    /// The watchpoint slots a `SIGTRAP` with `si_code` `code` at `rip`
+    /// stands for when DR6 named none: a debug exception whose DR6 came
+    /// back empty (some virtual CPUs lose it) is reported by the kernel as
+    /// an `icebp` (`TRAP_BRKPT`). Unless the instruction before `rip` is
+    /// an `icebp` of the program's (0xf1), it is a watchpoint's: an execute
+    /// watchpoint at `rip`, else the one data watchpoint, else every data
+    /// watchpoint with [`WATCH_SLOTS_UNKNOWN`] set (the session keeps
+    /// those the accessing instruction touched). `None`: not ours.
+    pub(crate) fn watch_slots_without_dr6(&mut self, code: i32, rip: u64) -> Option<u8> {
+        if code != TRAP_BRKPT || !self.watching() {
+            return None;
+        }
+        if self.after_icebp(rip) {
+            return None;
+        }
+        let mask = |exec: bool| {
+            self.watches
+                .iter()
+                .enumerate()
+                .filter_map(|(i, w)| w.map(|w| (i, w)))
+                .filter(|(_, w)| (w.kind == WatchKind::Execute) == exec)
+                .filter(|(_, w)| !exec || w.addr == rip)
+                .fold(0u8, |m, (i, _)| m | (1 << i))
+        };
+        let exec = mask(true);
+        if exec != 0 {
+            return Some(exec);
+        }
+        let data = mask(false);
+        match data.count_ones() {
+            0 => None,
+            1 => Some(data),
+            _ => Some(data | WATCH_SLOTS_UNKNOWN),
+        }
+    }
+
+    /// Whether the instruction before `rip` is an `icebp` (0xf1): a
+    /// `TRAP_BRKPT` there is the program's own.
+    fn after_icebp(&mut self, rip: u64) -> bool {
+        let mut before = [0u8; 1];
+        hotprobe_target::Target::read_memory(self, RuntimeAddr(rip.wrapping_sub(1)), &mut before)
+            .is_ok_and(|()| before[0] == 0xf1)
     }
 }

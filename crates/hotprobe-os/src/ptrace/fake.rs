@@ -3,7 +3,9 @@
 //! result`, `#` starts a comment), and gets that line's result. A call out
 //! of order, or past the end, panics with the script line expected; a test
 //! then checks [`FakeOs::remaining`] is empty. A recorded log replays as a
-//! script as it is.
+//! script as it is. One call is optional: a drain look (`ready FLAGS`,
+//! [`Os::waitpid_ready`]) the script does not name at that point finds
+//! nothing.
 
 use super::{Os, SigInfo, Waited};
 use crate::sys::SysError;
@@ -216,6 +218,23 @@ impl Os for FakeOs {
         let r = self.answer(format!("waitpid_timeout {pid} {flags:#x}"));
         (r != "unavailable").then(|| waited("waitpid_timeout", pid, &r))
     }
+    fn waitpid_ready(&self, flags: i32) -> Waited {
+        // A drain look the script does not name finds nothing: scripts
+        // written before the drain (and the fixtures recorded then) name
+        // none.
+        let call = format!("ready {flags:#x}");
+        let scripted = self
+            .script
+            .lock()
+            .expect("fake lock")
+            .front()
+            .is_some_and(|l| l.call == call);
+        if !scripted {
+            return Ok(None);
+        }
+        let r = self.answer(call);
+        waited("ready", -1, &r)
+    }
     fn tgkill(&self, tgid: i32, tid: i32, sig: i32) -> Result<(), SysError> {
         let r = self.answer(format!("tgkill {tgid} {tid} {sig}"));
         parse("tgkill", tid, &r, unit)
@@ -223,6 +242,13 @@ impl Os for FakeOs {
     fn kill(&self, pid: i32, sig: i32) -> Result<(), SysError> {
         let r = self.answer(format!("kill {pid} {sig}"));
         parse("kill", pid, &r, unit)
+    }
+    fn task_state(&self, pid: i32, tid: i32) -> Option<char> {
+        let r = self.answer(format!("task_state {pid} {tid}"));
+        match r.as_str() {
+            "gone" => None,
+            s => s.chars().next(),
+        }
     }
     fn open_mem(&self, pid: i32) -> Result<File, SysError> {
         let r = self.answer(format!("open_mem {pid}"));
