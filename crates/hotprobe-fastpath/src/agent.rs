@@ -45,7 +45,8 @@ impl FastPath {
     /// target's maps, e.g. a memfd's — on a descriptor the target opens on
     /// our memfd through `/proc/OUR_PID/fd`). An agent the target already
     /// has (a previous tracer's) is attached again instead, when it speaks
-    /// this layout version.
+    /// this layout version and no other session still probes the process
+    /// ([`crate::check_not_probed`]: refused then).
     pub fn inject(
         t: &mut ProcessTarget,
         agent: &Path,
@@ -102,6 +103,9 @@ impl FastPath {
         let mut hangup_fn = None;
         let mut handle_of_ours = None;
         if let Some((attach, version, release, hangup)) = existing {
+            // Never taken over from a session that still probes the
+            // process (see `owner`): its sites would be lost to the agent.
+            crate::owner::check_not_probed_now(pid)?;
             let v = hotprobe_process::remote_call::remote_call(t, version, &[], timeout)?;
             if v as u32 == hotprobe_abi::VERSION {
                 attach_fn = Some(attach);

@@ -513,15 +513,27 @@ impl FastPath {
             .load(std::sync::atomic::Ordering::Acquire)
     }
 
+    /// Has the doorbell rung (bumped and woken) also when a child or
+    /// tracee of this process has a wait status, by the process's waiter
+    /// thread (`hotprobe_os::wake_on_child`), until the guard is dropped:
+    /// a wait for handler calls then also ends at a ptrace stop of the
+    /// traced target. `None` when no waiter thread can be had. The agent
+    /// only ever adds to the doorbell: a bump by the tracer changes
+    /// nothing for it.
+    pub fn ring_doorbell_on_child(&self) -> Option<hotprobe_os::ChildWake<'_>> {
+        hotprobe_os::wake_on_child(&self.shm().handler_ctl().doorbell)
+    }
+
     /// Waits until the doorbell differs from `seen`: spins for `spin`,
-    /// then sleeps on it (futex) until `deadline`.
-    pub fn wait_handler_calls(&self, seen: u32, spin: Duration, deadline: Instant) {
+    /// then sleeps on it (futex) until `deadline`. False when a signal
+    /// interrupted the sleep (the caller looks at why it was sent).
+    pub fn wait_handler_calls(&self, seen: u32, spin: Duration, deadline: Instant) -> bool {
         let c = self.shm().handler_ctl();
         let start = Instant::now();
         while self.handler_doorbell() == seen {
             let now = Instant::now();
             if now >= deadline {
-                return;
+                return true;
             }
             if now - start < spin {
                 if now - start > Duration::from_micros(2) {
@@ -535,11 +547,17 @@ impl FastPath {
             }
             c.tracer_sleeping
                 .store(1, std::sync::atomic::Ordering::SeqCst);
-            if self.handler_doorbell() == seen {
-                let _ = hotprobe_os::futex_wait(&c.doorbell, seen, Some(deadline - now));
-            }
+            let waited = if self.handler_doorbell() == seen {
+                hotprobe_os::futex_wait(&c.doorbell, seen, Some(deadline - now))
+            } else {
+                Ok(hotprobe_os::FutexWaited::Changed)
+            };
             c.tracer_sleeping.store(0, Relaxed);
+            if matches!(waited, Ok(hotprobe_os::FutexWaited::Interrupted)) {
+                return false;
+            }
         }
+        true
     }
 
     /// Takes one waiting handler call, if any (its thread waits until
@@ -554,13 +572,17 @@ impl FastPath {
     pub fn take_handler_call(&self) -> Option<HandlerCall> {
         use std::sync::atomic::Ordering::Acquire;
         let shm = self.shm();
-        let n = (shm.handler_ctl().in_use.load(Acquire) as usize).min(shm.handler_slots().len());
+        let n =
+            (shm.handler_ctl().in_use.load(Acquire) as usize).min(shm.handler_capacity() as usize);
         if n == 0 {
             return None;
         }
         let first = self.handler_cursor.load(Relaxed) % n;
         for i in (first..n).chain(0..first) {
-            let s = &shm.handler_slots()[i];
+            // Slots past the trap table's are in the thread-slot chunks.
+            let Some(s) = shm.handler_slot_at(i as u32) else {
+                continue;
+            };
             if s.state.load(Relaxed) != HANDLER_REQUEST {
                 continue;
             }
@@ -598,7 +620,7 @@ impl FastPath {
     /// Ends a handler call: the thread resumes with `regs` (when the
     /// handler changed them) and is woken if it sleeps.
     pub fn finish_handler_call(&self, call: &HandlerCall, regs: Option<&Registers>) {
-        let Some(s) = self.shm().handler_slots().get(call.slot) else {
+        let Some(s) = self.shm().handler_slot_at(call.slot as u32) else {
             return;
         };
         if let Some(r) = regs {

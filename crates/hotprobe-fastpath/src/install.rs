@@ -82,7 +82,31 @@ impl FastPath {
         f: &FunctionInfo,
         choice: MechanismChoice,
     ) -> Result<SitePlan, FastPathError> {
-        self.module(path)?.plan(f, choice)
+        let plan = self.module(path)?.plan(f, choice)?;
+        if !plan.punned {
+            return Ok(plan);
+        }
+        // Planned from the file: whether a trampoline fits a window now.
+        match self.pun_check(path, f) {
+            Ok(()) => Ok(plan),
+            Err(why) if choice == MechanismChoice::Jump => Err(FastPathError::Impossible {
+                function: f.name.clone(),
+                mechanism: "jump",
+                why: format!("punned jump: {why}"),
+            }),
+            Err(why) => Ok(SitePlan {
+                mechanism: Mechanism::Trap,
+                reason: format!(
+                    "function shorter than 5 bytes ({} bytes), no padding after it, and no \
+                     punned jump: {why}",
+                    f.size
+                ),
+                site: f.addr,
+                len: 1,
+                exits: vec![],
+                punned: false,
+            }),
+        }
     }
 
     /// Probes function `f` of the module at `path`, loaded with load bias
@@ -100,7 +124,7 @@ impl FastPath {
     ) -> Result<SiteInfo, FastPathError> {
         let function = f.name.as_str();
         let f = f.clone();
-        let plan = self.module(path)?.plan(&f, choice)?;
+        let plan = self.plan(path, &f, choice)?;
         let probe_id = self.next_probe;
         let mut info = SiteInfo {
             function: function.to_string(),
@@ -211,6 +235,10 @@ impl FastPath {
         }
         self.next_probe += 1;
         let bits = action.bits();
+        if bits & hotprobe_abi::ACTION_RECORD != 0 {
+            // Ring starts in memory before a thread's first event.
+            self.shm.keep_rings_ready();
+        }
         t.stop_all()?;
         match plan.mechanism {
             Mechanism::Patch(kind) => {
@@ -303,6 +331,39 @@ impl FastPath {
                         }
                     }
                 }
+            }
+            Mechanism::Jump if plan.punned => {
+                let mut bits = bits;
+                if action.exit {
+                    bits |= ACTION_EXIT;
+                    info.exits = "return hook";
+                }
+                let owned = (f.size + f.padding).min(4) as usize;
+                let fstart = f.addr.wrapping_add(bias);
+                let file = self
+                    .module(path)?
+                    .code(f.addr, owned as u64 + 4)
+                    .map(<[u8]>::to_vec)
+                    .ok_or_else(|| FastPathError::Impossible {
+                        function: function.to_string(),
+                        mechanism: "jump",
+                        why: "the bytes after the function are not in the file".into(),
+                    })?;
+                let mut stub_info = info.clone();
+                let (bytes, tramps) = self.place_pun(t, &f, fstart, &file, |fp, t, tramp| {
+                    let target =
+                        fp.entry_target(t, tramp, probe_id, action, bits, &mut stub_info)?;
+                    Ok(call_rel32(tramp, target).expect("in reach").to_vec())
+                })?;
+                info.stub = stub_info.stub;
+                // The copies' keys (where the jump lands once a probe on
+                // the next function changed its first byte) before the site.
+                for &copy in &tramps[1..] {
+                    self.shm()
+                        .insert_site(copy + 5, probe_id, bits)
+                        .map_err(|e| FastPathError::Shm(e.to_string()))?;
+                }
+                self.install(t, site, &bytes, tramps[0] + 5, probe_id, bits)?;
             }
             Mechanism::Jump => {
                 let mut code = vec![0u8; (f.size + f.padding) as usize];

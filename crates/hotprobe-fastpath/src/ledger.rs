@@ -171,6 +171,9 @@ impl FastPath {
         self.removals += 1;
         self.heartbeat = None;
         self.detached = true;
+        // No session holds the process through this memory any more: a
+        // later one may take the agent over (`owner`).
+        self.shm().ledger_ctl().tracer_pid.store(0, Relaxed);
         // Nothing of ours left mapped in a process we attached to.
         self.unload_agent(t);
     }
@@ -232,16 +235,22 @@ impl FastPath {
         self.detached = true;
     }
 
-    /// Forgets the byte ranges written inside `[start, end)` (a library
-    /// that was unmapped) without restoring them; the other sites stay.
-    pub fn forget_range(&mut self, start: u64, end: u64) {
+    /// Forgets the sites written at `addrs` (sorted: the sites a walk of
+    /// the session's code ledger found in a library that was unmapped)
+    /// without restoring them; the other sites stay. Counters and rings
+    /// stay readable.
+    pub fn forget_sites(&mut self, addrs: &[u64]) {
+        if addrs.is_empty() {
+            return;
+        }
         let shm = self.shm.clone();
         self.removals += 1;
+        let gone = |a: &u64| addrs.binary_search(a).is_ok();
         // A library mapped there again is probed afresh, enabled.
-        self.disabled.retain(|a, _| *a < start || *a >= end);
+        self.disabled.retain(|a, _| !gone(a));
         let free = &mut self.ledger_free;
         self.installed.retain(|s| {
-            let inside = s.addr >= start && s.addr < end;
+            let inside = gone(&s.addr);
             if inside {
                 let _ = shm.shm().set_site_action(s.key, 0);
                 if let Some(i) = s.ledger {

@@ -33,9 +33,11 @@ mod inproc;
 mod install;
 mod ledger;
 mod ledger_view;
+mod owner;
 mod pass;
 mod plan;
 mod pool;
+mod pun;
 mod shm;
 mod stub;
 mod unload;
@@ -62,6 +64,7 @@ pub use hotprobe_abi::{
 pub use inproc::{HandlerCall, InprocInfo, StubHandlerInfo};
 pub use ledger::LiveWrite;
 pub use ledger_view::{ledger_state, LedgerState, UndoState};
+pub use owner::check_not_probed;
 pub use plan::{
     explain, probe_list_path, ExitSite, FunctionInfo, FunctionPlan, Mechanism, MechanismChoice,
     ModuleInfo, PatchKind, SitePlan,
@@ -131,6 +134,29 @@ pub enum FastPathError {
     /// Shared memory setup failed.
     #[error("shared memory: {0}")]
     Shm(String),
+    /// Another hotprobe session probes the process (holds it by ptrace,
+    /// or runs it released with its probes in): see [`check_not_probed`].
+    #[error("pid {pid} is probed by another hotprobe session (pid {session}); detach it first")]
+    ProbedByAnotherSession {
+        /// The process.
+        pid: i32,
+        /// The other session's process.
+        session: u32,
+    },
+    /// A hotprobe session that died left sites in the process that its
+    /// agent has not put back yet: see [`check_not_probed`].
+    #[error(
+        "pid {pid} still holds {sites} probe sites of a hotprobe session (pid {session}) that \
+         died, and its agent has not put them back; try again, or restart the program"
+    )]
+    AbandonedSites {
+        /// The process.
+        pid: i32,
+        /// The dead session's process.
+        session: u32,
+        /// Its sites still in the code.
+        sites: u64,
+    },
     /// Every thread kept running inside the bytes to rewrite.
     #[error("a thread stays inside the bytes at {addr:#x} to rewrite; gave up")]
     Busy {
@@ -304,12 +330,18 @@ pub struct FastPathConfig {
     /// the site table, the global, missed and per-thread counters. Only
     /// the pages of ids in use (and of the site-table slots under probed
     /// text) are ever touched, so a large reservation costs address space,
-    /// not memory: the default, 2^20, is about 800 MB of address space in
-    /// tracer and target with 64 thread slots (most of it the rings), and
+    /// not memory: the default, 2^20, is about 4.6 GB of address space in
+    /// tracer and target with 1,024 thread slots (most of it the rings), and
     /// ≈ 8 bytes of shared memory per probe id used, plus 8 per probe per
     /// thread that hits it.
     pub max_probes: u32,
-    /// Thread slots.
+    /// Cap on thread slots: threads alive at once that get a ring (a
+    /// slot is given back when its thread exits). The slots grow on
+    /// demand in chunks of up to [`hotprobe_abi::DEFAULT_CHUNK_SLOTS`]
+    /// (see [`hotprobe_abi::SlotDirectory`]): a chunk costs address space
+    /// once a thread needs it, and rings are populated as they are
+    /// written. At most [`hotprobe_abi::MAX_SLOTS`]; the agent gives slots
+    /// to 16,384 threads alive at once at most (its thread table).
     pub max_threads: u32,
     /// Events per thread ring (power of two).
     pub ring_capacity: u32,
@@ -333,7 +365,7 @@ impl Default for FastPathConfig {
     fn default() -> Self {
         FastPathConfig {
             max_probes: 1 << 20,
-            max_threads: 64,
+            max_threads: 16384,
             ring_capacity: 1 << 16,
             record_args: 6,
             heartbeat_timeout: Duration::from_secs(2),

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use hotprobe_coldpatch::{ProbeList, SiteKind};
-use hotprobe_x86::plan_jump_padded;
+use hotprobe_x86::{plan_jump_padded, PunPlan, JMP_REL32_LEN};
 use object::{Object, ObjectSection, ObjectSegment};
 
 use crate::FastPathError;
@@ -85,6 +85,23 @@ pub struct SitePlan {
     /// ColdPatch exit placeholders of the function (empty otherwise: exits
     /// then come from the agent's return hook).
     pub exits: Vec<ExitSite>,
+    /// A [`Mechanism::Jump`] over a function shorter than a jump, punned
+    /// (E9Patch-style: the displacement's high bytes are the next
+    /// function's, the trampoline goes where they let it; see
+    /// [`hotprobe_x86::PunPlan`]). `len` is then the bytes it owns (4):
+    /// the next function's byte it keeps is never written.
+    pub punned: bool,
+}
+
+impl SitePlan {
+    /// The mechanism as `hotprobe list` shows it: `jump (punned)` for a
+    /// punned jump, else the mechanism's name.
+    pub fn label(&self) -> String {
+        match (self.mechanism, self.punned) {
+            (Mechanism::Jump, true) => "jump (punned)".into(),
+            (m, _) => m.to_string(),
+        }
+    }
 }
 
 /// A function of a module, as far as the fast path cares.
@@ -119,6 +136,8 @@ pub struct ModuleInfo {
     branch_targets: std::sync::OnceLock<Vec<(u64, u64)>>,
     /// Name → index of the first function of that name in `functions`.
     by_name: std::collections::HashMap<String, usize>,
+    /// Loaded at its link addresses (ET_EXEC, no load bias).
+    fixed_address: bool,
 }
 
 fn read_addr_section(file: &object::File<'_>, name: &str) -> BTreeSet<u64> {
@@ -219,6 +238,7 @@ impl ModuleInfo {
                 (s.address(), off, size)
             })
             .collect();
+        let fixed_address = file.kind() == object::ObjectKind::Executable;
         let pfe = read_addr_section(&file, "__patchable_function_entries");
         let mcount = read_addr_section(&file, "__mcount_loc");
         let probes = match probe_list {
@@ -279,6 +299,7 @@ impl ModuleInfo {
             functions,
             branch_targets: std::sync::OnceLock::new(),
             by_name: std::collections::HashMap::new(),
+            fixed_address,
         };
         m.find_padding();
         let functions = std::mem::take(&mut m.functions);
@@ -417,6 +438,15 @@ impl ModuleInfo {
         None
     }
 
+    /// The link address of the segment mapped from the file's first byte
+    /// (a mapping of the file at offset 0 starts at it plus the load bias).
+    pub(crate) fn first_segment_vaddr(&self) -> Option<u64> {
+        self.segments
+            .iter()
+            .find(|&&(_, off, _)| off == 0)
+            .map(|&(va, _, _)| va & !0xfff)
+    }
+
     /// Whether the module has a ColdPatch probe list.
     pub fn has_probe_list(&self) -> bool {
         self.probes.is_some()
@@ -544,6 +574,7 @@ impl ModuleInfo {
                     site,
                     len,
                     exits,
+                    punned: false,
                 });
             }
             if choice == MechanismChoice::Patch {
@@ -563,6 +594,7 @@ impl ModuleInfo {
                 site: f.addr,
                 len: 1,
                 exits: vec![],
+                punned: false,
             });
         }
         let (site, jump) = self.plan_jump_site(f);
@@ -592,18 +624,98 @@ impl ModuleInfo {
                 site,
                 len: covered,
                 exits: vec![],
+                punned: false,
             }),
-            Err(why) if choice == MechanismChoice::Jump => Err(FastPathError::Impossible {
+            Err(why) if site == f.addr && (1..5).contains(&f.size) => {
+                let why = match self.plan_pun(f) {
+                    Ok(owned) => {
+                        return Ok(SitePlan {
+                            mechanism: Mechanism::Jump,
+                            reason: format!(
+                                "punned jump over the whole {}-byte function{} (no room for a \
+                                 plain jump): its displacement's last byte is the next \
+                                 function's, the trampoline goes in the 16 MiB that allows",
+                                f.size,
+                                match owned as u64 - f.size {
+                                    0 => String::new(),
+                                    p => format!(" and {p} bytes of padding"),
+                                },
+                            ),
+                            site,
+                            len: owned,
+                            exits: vec![],
+                            punned: true,
+                        });
+                    }
+                    Err(pun) => format!("{why}; no punned jump: {pun}"),
+                };
+                self.jump_refused(f, choice, why)
+            }
+            Err(why) => self.jump_refused(f, choice, why),
+        }
+    }
+
+    /// A punned jump over `f` (shorter than a jump), from the file: the
+    /// bytes it owns, or why not. Where the trampoline goes is chosen at
+    /// run time ([`crate::FastPath::plan`] checks that there is room).
+    ///
+    /// Only the encoding whose one fixed byte is the next function's first
+    /// is used (4 bytes owned: a 4-byte function, or a shorter one and its
+    /// padding): a probe on that function may later write an `int3`, a
+    /// `jmp` or a `call` there, and the jump then lands at one of three
+    /// other addresses known now, where a copy of the trampoline waits
+    /// (see the `pun` module). With more fixed bytes a jump written on the
+    /// next function would send this one anywhere.
+    pub fn plan_pun(&self, f: &FunctionInfo) -> Result<usize, String> {
+        let owned = (f.size + f.padding).min(JMP_REL32_LEN as u64 - 1) as usize;
+        if owned < JMP_REL32_LEN - 1 {
+            return Err(format!(
+                "it would fix {} bytes of the next function, which a probe there would change \
+                 (only a 4-byte function, one fixed byte, is punned)",
+                JMP_REL32_LEN - owned
+            ));
+        }
+        let code = self
+            .code(f.addr, owned as u64 + JMP_REL32_LEN as u64 - 1)
+            .ok_or("the bytes after the function are not in the file")?;
+        let pun = PunPlan::new(code, f.size as usize, owned, f.addr).map_err(|e| e.to_string())?;
+        if self.fixed_address && !crate::pun::pun_in_user_space(&pun) {
+            return Err(
+                "its trampoline and the copies where an int3, jmp or patch on the next function \
+                 would send it cannot all be in user space (a non-PIE executable's low \
+                 addresses: the copies would lie below 0)"
+                    .into(),
+            );
+        }
+        if let Some((target, from)) = self.branch_into(f.addr, owned as u64) {
+            return Err(format!(
+                "a branch at {from:#x} elsewhere in the module lands at +{:#x}, inside the \
+                 {owned} bytes it overwrites",
+                target - f.addr
+            ));
+        }
+        Ok(owned)
+    }
+
+    fn jump_refused(
+        &self,
+        f: &FunctionInfo,
+        choice: MechanismChoice,
+        why: String,
+    ) -> Result<SitePlan, FastPathError> {
+        match why {
+            why if choice == MechanismChoice::Jump => Err(FastPathError::Impossible {
                 function: f.name.clone(),
                 mechanism: "jump",
                 why,
             }),
-            Err(why) => Ok(SitePlan {
+            why => Ok(SitePlan {
                 mechanism: Mechanism::Trap,
                 reason: why,
                 site: f.addr,
                 len: 1,
                 exits: vec![],
+                punned: false,
             }),
         }
     }

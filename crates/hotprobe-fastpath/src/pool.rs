@@ -68,7 +68,8 @@ impl FastPath {
                 return Ok(a);
             }
         }
-        let maps = std::fs::read_to_string(format!("/proc/{}/maps", t.pid())).unwrap_or_default();
+        let maps =
+            std::fs::read_to_string(format!("/proc/{}/maps", t.live_task())).unwrap_or_default();
         let lines = hotprobe_process::parse_maps_lines(&maps);
         let grown = POOL_SIZE
             .checked_shl(self.pools.len() as u32)

@@ -8,7 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hotprobe_abi::stacks::{stacks_size, StacksParams, StacksView};
-use hotprobe_abi::{rdtsc, Layout, Params, Shm, EVENT_SIZE_COMPACT, EVENT_SIZE_FULL};
+use hotprobe_abi::{
+    growable_file_len, rdtsc, Layout, Params, Shm, DEFAULT_CHUNK_SLOTS, EVENT_SIZE_COMPACT,
+    EVENT_SIZE_FULL, MAX_SLOTS,
+};
 
 use crate::{FastPathConfig, FastPathError};
 use hotprobe_os::{clock, Mapping, Memfd};
@@ -21,6 +24,9 @@ pub(crate) struct OwnedShm {
     shm: Shm,
     _mapping: Mapping,
     memfd: Memfd,
+    /// The kernel refused to populate ring starts (see
+    /// [`OwnedShm::keep_rings_ready`]): not tried again.
+    pool_refused: AtomicBool,
 }
 
 impl OwnedShm {
@@ -37,6 +43,10 @@ impl OwnedShm {
         config: FastPathConfig,
         memfd: Memfd,
     ) -> Result<OwnedShm, FastPathError> {
+        // `max_threads` is the cap; the main layout holds the first chunk
+        // of slots, and the others are mapped when threads need them
+        // (`hotprobe_abi::SlotDirectory`).
+        let cap = config.max_threads.clamp(1, MAX_SLOTS);
         let params = Params {
             n_probes: config.max_probes,
             // Two slots per probe id: the site table's index keeps neighbouring
@@ -44,7 +54,7 @@ impl OwnedShm {
             // only the pages under probed text are ever touched, whatever
             // the reserved size.
             n_site_slots: (config.max_probes.max(1) * 2).next_power_of_two(),
-            n_threads: config.max_threads,
+            n_threads: cap.min(DEFAULT_CHUNK_SLOTS),
             ring_capacity: config.ring_capacity,
             event_size: if config.record_args <= 2 {
                 EVENT_SIZE_COMPACT
@@ -62,12 +72,25 @@ impl OwnedShm {
             false => 0,
         };
         let total = layout.total_size + stacks_len;
-        memfd.set_len(total as u64).map_err(err)?;
+        let grows = cap > params.n_threads;
+        let file_len = match grows {
+            // Sparse: a chunk costs nothing until a thread writes into it.
+            true => growable_file_len(params, total, cap)
+                .map_err(|e| FastPathError::Shm(e.to_string()))?,
+            false => total,
+        };
+        memfd.set_len(file_len as u64).map_err(err)?;
         let mapping = Mapping::shared(&memfd, total).map_err(err)?;
         // SAFETY: zero-filled, page-aligned, valid until `mapping` drops,
-        // after `shm`.
-        let shm = unsafe { Shm::create(mapping.as_ptr(), total, params) }
-            .map_err(|e| FastPathError::Shm(e.to_string()))?;
+        // after `shm`; a shared mapping of the first `total` bytes of a
+        // file of `file_len` bytes.
+        let shm = unsafe {
+            match grows {
+                true => Shm::create_growable(mapping.as_ptr(), total, params, cap),
+                false => Shm::create(mapping.as_ptr(), total, params),
+            }
+        }
+        .map_err(|e| FastPathError::Shm(e.to_string()))?;
         if config.stacks {
             // SAFETY: the last `stacks_len` bytes of the same mapping,
             // zero-filled and 64-byte aligned (every section of the layout is).
@@ -98,6 +121,7 @@ impl OwnedShm {
             shm,
             _mapping: mapping,
             memfd,
+            pool_refused: AtomicBool::new(false),
         })
     }
 
@@ -107,6 +131,90 @@ impl OwnedShm {
 
     pub(crate) fn shm(&self) -> &Shm {
         &self.shm
+    }
+}
+
+/// Thread slots whose ring start the tracer keeps in memory beyond the
+/// slots handed out so far (see [`OwnedShm::keep_rings_ready`]): 16 × 68
+/// KiB, put in memory in ≈ 0.3 ms.
+const RING_POOL_AHEAD: u32 = 16;
+
+/// Ring starts put in memory by one call of [`OwnedShm::keep_rings_ready`]
+/// at most once the pool exists (≈ 0.1 ms): a drain pass that refills it
+/// is not held up for long.
+const RING_POOL_STEP: u32 = 4;
+
+impl OwnedShm {
+    /// Keeps the ring pool ahead of the threads (see
+    /// `hotprobe_abi::Header::ring_pool`): once a recording site exists,
+    /// the ring starts of the next [`RING_POOL_AHEAD`] thread slots not yet
+    /// handed out are put in memory here, in the tracer, so that a thread's
+    /// first hit maps its ring without a system call instead of zeroing 64
+    /// KiB (≈ 20 µs a thread: an 8-thread program's start under `record`
+    /// was 5–20× native, `hotprobe-bench threadstart`). Called when a
+    /// recording site is installed and at every drain pass; a few loads
+    /// when the pool is full. Populating changes no content, so it may run
+    /// while threads write their rings.
+    pub(crate) fn keep_rings_ready(&self) {
+        let shm = &self.shm;
+        let n = shm.slot_capacity();
+        let claimed = shm.header().threads_claimed.load(Relaxed).min(n);
+        let want = claimed.saturating_add(RING_POOL_AHEAD).min(n);
+        let (recording, ready) = shm.ring_pool();
+        // Refilled once half of it is taken, not at every thread: a burst
+        // of threads is not met by the tracer's populating on the same
+        // CPUs.
+        let low = claimed.saturating_add(RING_POOL_AHEAD / 2).min(n);
+        if recording && ready >= low {
+            return;
+        }
+        // The first fill (at install, before the program runs) in full;
+        // refills by steps.
+        let want = if recording {
+            want.min(ready.saturating_add(RING_POOL_STEP))
+        } else {
+            want
+        };
+        let mut reached = ready;
+        if !self.pool_refused.load(Relaxed) {
+            for slot in ready..want {
+                let ctl = shm.ring_ctl(slot).map(|c| c as *const _ as usize);
+                let (Some(ctl), Some((start, len))) = (ctl, shm.ring_start(slot)) else {
+                    break;
+                };
+                let page = ctl & !(hotprobe_abi::PAGE - 1);
+                // SAFETY: both ranges lie in our shared mapping (the slot's
+                // control page, its ring start: page-aligned, inside the
+                // layout), which outlives `self.shm`; populating writes
+                // nothing.
+                let r = unsafe {
+                    libc::madvise(
+                        page as *mut _,
+                        hotprobe_abi::PAGE,
+                        libc::MADV_POPULATE_WRITE,
+                    ) | libc::madvise(start as *mut _, len, libc::MADV_POPULATE_WRITE)
+                };
+                if r != 0 {
+                    // Older kernels (before 5.14) answer EINVAL: no pool,
+                    // threads prepare their rings themselves.
+                    self.pool_refused.store(true, Relaxed);
+                    break;
+                }
+                reached = slot + 1;
+            }
+        }
+        shm.set_ring_pool(reached);
+    }
+}
+
+impl crate::FastPath {
+    /// Keeps thread slots' ring starts in memory ahead of the threads that
+    /// will claim them, once a recording site exists (the session's drain
+    /// calls this at every pass); see `OwnedShm::keep_rings_ready`.
+    pub fn keep_rings_ready(&self) {
+        if self.shm.shm().ring_pool().0 {
+            self.shm.keep_rings_ready();
+        }
     }
 }
 

@@ -86,7 +86,7 @@ fn unload_now(
 ) -> Vec<String> {
     let mut left = Vec::new();
     let pid = t.pid();
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", t.live_task())).unwrap_or_default();
     let mut code: Vec<(u64, u64)> = hotprobe_process::parse_maps_lines(&maps)
         .into_iter()
         .filter(|m| m.exec && m.name.contains("libhotprobe_agent"))

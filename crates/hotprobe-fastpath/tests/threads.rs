@@ -6,46 +6,18 @@
 
 use std::ffi::OsString;
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use hotprobe_fastpath::*;
 use hotprobe_process::{ProcessTarget, SpawnOptions};
-use hotprobe_target::{ResumeMode, Target, TargetEvent};
+
+mod fastpath_support;
+use fastpath_support::*;
 
 const THREADS: u64 = 16;
 const CALLS: u64 = 100_000;
 const RUNS: usize = 20;
-
-fn tmp() -> PathBuf {
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-}
-
-fn compile(out: &str, flags: &[&str]) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/loop.c");
-    hotprobe_testkit::compile("gcc", &src, &tmp().join(out), flags, &["-lpthread"])
-}
-
-fn run_to_exit(t: &mut ProcessTarget) {
-    t.resume_all().unwrap();
-    loop {
-        match t.wait(None).unwrap() {
-            TargetEvent::Exited(st) => {
-                assert_eq!(
-                    st.to_string(),
-                    hotprobe_target::ExitStatus::Code(0).to_string()
-                );
-                return;
-            }
-            TargetEvent::ModulesChanged { thread }
-            | TargetEvent::Breakpoint { thread, .. }
-            | TargetEvent::Stepped { thread, .. } => {
-                t.resume(thread, ResumeMode::Continue).unwrap()
-            }
-            _ => {}
-        }
-    }
-}
 
 #[test]
 fn sixteen_threads_entry_and_return_exact_twenty_times() {
@@ -59,7 +31,7 @@ fn sixteen_threads_entry_and_return_exact_twenty_times() {
     ]
     .into_iter()
     .map(|(tag, flags)| {
-        let exe = compile(tag, flags);
+        let exe = compile("loop.c", tag, flags);
         let native = Command::new(&exe).args(&args).output().unwrap();
         assert!(native.status.success());
         (tag, exe, native.stdout)
@@ -93,6 +65,10 @@ fn sixteen_threads_entry_and_return_exact_twenty_times() {
                 )
                 .unwrap();
             assert_eq!(info.exits, "return hook", "{tag}: {info:?}");
+            // The recording site put the ring pool in place before the
+            // program runs: 16 slots, one for each of its threads (their
+            // first hits map their rings with no system call).
+            assert_eq!(fp.shm().ring_pool(), (true, 16), "{tag}: ring pool");
             run_to_exit(&mut t);
             assert_eq!(
                 &std::fs::read(&out).unwrap(),

@@ -382,6 +382,35 @@ pub fn plan_jump_padded(
     if site != func_start || code.len() < JMP_REL32_LEN || body.is_empty() {
         return Err(too_short);
     }
+    let instructions = short_body(body, func_start)?;
+    // The padding the jump's tail lands on: nothing but `nop` and `int3`.
+    let pad_start = func_start + body.len() as u64;
+    let mut dec = Decoder::with_ip(64, &code[body.len()..], pad_start, DecoderOptions::NONE);
+    while dec.ip() < func_start + JMP_REL32_LEN as u64 {
+        if !dec.can_decode() {
+            return Err(too_short);
+        }
+        let instr = dec.decode();
+        if instr.mnemonic() != Mnemonic::Nop && instr.code() != Code::Int3 {
+            return Err(too_short);
+        }
+    }
+    Ok(JumpPlan {
+        site,
+        covered: JMP_REL32_LEN,
+        original: code[..JMP_REL32_LEN].to_vec(),
+        instructions,
+    })
+}
+
+/// The instructions of a function shorter than a jump (`body`, at
+/// `func_start`), when all of them can run relocated in a trampoline: no
+/// branch but the last instruction, which must leave the function (`ret`,
+/// `jmp`), no system call, no EIP-relative operand.
+pub(crate) fn short_body(body: &[u8], func_start: u64) -> Result<Vec<Instruction>, JumpError> {
+    let too_short = JumpError::FunctionTooShort {
+        len: body.len() as u64,
+    };
     let mut dec = Decoder::with_ip(64, body, func_start, DecoderOptions::NONE);
     let mut instructions = Vec::new();
     while dec.can_decode() {
@@ -416,24 +445,7 @@ pub fn plan_jump_padded(
         }
         instructions.push(instr);
     }
-    // The padding the jump's tail lands on: nothing but `nop` and `int3`.
-    let pad_start = func_start + body.len() as u64;
-    let mut dec = Decoder::with_ip(64, &code[body.len()..], pad_start, DecoderOptions::NONE);
-    while dec.ip() < func_start + JMP_REL32_LEN as u64 {
-        if !dec.can_decode() {
-            return Err(too_short);
-        }
-        let instr = dec.decode();
-        if instr.mnemonic() != Mnemonic::Nop && instr.code() != Code::Int3 {
-            return Err(too_short);
-        }
-    }
-    Ok(JumpPlan {
-        site,
-        covered: JMP_REL32_LEN,
-        original: code[..JMP_REL32_LEN].to_vec(),
-        instructions,
-    })
+    Ok(instructions)
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ mod emulate;
 mod error;
 pub mod jump;
 mod plan;
+pub mod pun;
 
 pub use access::{data_access, DataAccess};
 pub use decode::{decode, format_instruction, instruction_starts, is_instruction_boundary};
@@ -39,6 +40,7 @@ pub use jump::{plan_jump, plan_jump_padded, JumpError, JumpPlan};
 pub use plan::{
     plan_probe, Condition, Emulation, Execution, Gpr, LoopKind, ProbePlan, SlotImage, StepFixup,
 };
+pub use pun::{PunPlan, PunWindow, PUN_PREFIX};
 
 /// Re-export of the decoder library, so users name the same `Instruction`
 /// type [`decode`] returns.

@@ -54,7 +54,7 @@ static SCANNED: Mutex<Option<Cache>> = Mutex::new(None);
 /// Why process `pid` may get no in-process trap (a module with its own
 /// signal-state `syscall`), or None.
 pub(super) fn refusal(pid: i32) -> Option<String> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let maps = std::fs::read_to_string(hotprobe_symbols::proc_dir(pid as u32).join("maps")).ok()?;
     let mut seen: Vec<&str> = Vec::new();
     for line in maps.lines() {
         let mut w = line.split_whitespace();
