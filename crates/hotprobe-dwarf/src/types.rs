@@ -221,10 +221,7 @@ impl DebugTypes {
                 if e.tag() != gimli::DW_TAG_subprogram {
                     continue;
                 }
-                let Ok(Some(v)) = e.attr_value(gimli::DW_AT_low_pc) else {
-                    continue;
-                };
-                if let Ok(Some(pc)) = dwarf.attr_address(&unit, v) {
+                if let Some(pc) = entry_pc(&dwarf, &unit, e) {
                     by_pc.entry(pc).or_insert((ui, e.offset()));
                 }
             }
@@ -325,6 +322,29 @@ impl DebugTypes {
             abi_changed,
         }))
     }
+}
+
+/// A function DIE's entry address: its `DW_AT_low_pc`, else (a function
+/// in several pieces, as gcc splits a hot part from a `.cold` one, e.g.
+/// glibc's `_IO_new_fclose`) its `DW_AT_entry_pc`, else the start of the
+/// first of its `DW_AT_ranges` (gcc lists the part with the entry first).
+fn entry_pc(
+    dwarf: &gimli::Dwarf<R>,
+    unit: &gimli::Unit<R>,
+    e: &gimli::DebuggingInformationEntry<'_, '_, R>,
+) -> Option<u64> {
+    for at in [gimli::DW_AT_low_pc, gimli::DW_AT_entry_pc] {
+        if let Ok(Some(v)) = e.attr_value(at) {
+            if let Ok(Some(pc)) = dwarf.attr_address(unit, v) {
+                return Some(pc);
+            }
+        }
+    }
+    let v = e.attr_value(gimli::DW_AT_ranges).ok()??;
+    let offset = dwarf.attr_ranges_offset(unit, v).ok()??;
+    let mut ranges = dwarf.ranges(unit, offset).ok()?;
+    let first = ranges.next().ok()??;
+    (first.begin < first.end).then_some(first.begin)
 }
 
 struct Resolver<'a> {

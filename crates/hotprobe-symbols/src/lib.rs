@@ -35,7 +35,7 @@ pub use error::SymbolError;
 pub use kernel::{KernelSymbols, MAX_KALLSYMS_SIZE};
 pub use kind::{Fde, FunctionKind};
 pub use libpath::find_library;
-pub use maps::{parse_maps, read_maps, Mapping, Perms};
+pub use maps::{parse_maps, proc_dir, read_maps, Mapping, Perms};
 pub use noreturn::{no_return_reason, NO_RETURN};
 pub use pattern::{is_pattern, NamePattern, PatternError};
 pub use process::{

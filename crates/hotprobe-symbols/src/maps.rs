@@ -188,9 +188,32 @@ pub fn parse_maps(text: &str) -> Result<Vec<Mapping>, SymbolError> {
     Ok(out)
 }
 
-/// Read and parse `/proc/PID/maps`.
+/// The `/proc` directory that shows process `pid`'s memory, maps and
+/// executable: `/proc/PID`, unless its leader exited while other threads
+/// run on (`pthread_exit` in `main`): then the leader has no memory left
+/// (its `exe` is gone, its `maps` empty) and a live thread's
+/// `/proc/PID/task/TID` is taken.
+pub fn proc_dir(pid: u32) -> PathBuf {
+    let dir = PathBuf::from(format!("/proc/{pid}"));
+    if std::fs::read_link(dir.join("exe")).is_ok() {
+        return dir;
+    }
+    let mut tids: Vec<u32> = std::fs::read_dir(dir.join("task"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    tids.sort_unstable();
+    tids.into_iter()
+        .map(|tid| dir.join(format!("task/{tid}")))
+        .find(|t| std::fs::read_link(t.join("exe")).is_ok())
+        .unwrap_or(dir)
+}
+
+/// Read and parse `/proc/PID/maps` (a live thread's, see [`proc_dir`]).
 pub fn read_maps(pid: u32) -> Result<Vec<Mapping>, SymbolError> {
-    let path = PathBuf::from(format!("/proc/{pid}/maps"));
+    let path = proc_dir(pid).join("maps");
     let text =
         std::fs::read_to_string(&path).map_err(|source| SymbolError::Proc { pid, path, source })?;
     parse_maps(&text)

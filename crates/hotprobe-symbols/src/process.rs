@@ -412,7 +412,7 @@ impl ProcessSymbols {
     /// skipped when none opens.
     pub fn for_pid(pid: u32) -> Result<Self, SymbolError> {
         let maps = read_maps(pid)?;
-        let exe_link = PathBuf::from(format!("/proc/{pid}/exe"));
+        let exe_link = crate::maps::proc_dir(pid).join("exe");
         let exe = std::fs::read_link(&exe_link).map_err(|source| SymbolError::Proc {
             pid,
             path: exe_link.clone(),

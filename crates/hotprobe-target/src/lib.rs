@@ -110,6 +110,12 @@ pub enum TargetEvent {
     Timeout,
 }
 
+/// In [`TargetEvent::Watchpoint`]'s `slots`: the CPU did not say which
+/// watchpoint fired (DR6 empty, as a virtual CPU may leave it), and the
+/// low bits name every one that may have. The engine keeps those the
+/// accessing instruction touched.
+pub const WATCH_SLOTS_UNKNOWN: u8 = 0x80;
+
 /// How a target ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ExitStatus {

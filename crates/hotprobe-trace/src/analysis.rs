@@ -307,7 +307,7 @@ pub fn report_filtered(
 ) -> Result<Report> {
     let mut acc = Acc::for_trace(reader)?;
     visit_threads(reader, query, progress, |tid, s| acc.leave_on(tid, &s))?;
-    Ok(acc.into_report(reader.symbols()))
+    Ok(acc.into_report(reader))
 }
 
 /// One thread's [`Report`].
@@ -343,7 +343,7 @@ pub fn report_by_thread(
         .into_iter()
         .map(|(tid, a)| ThreadReport {
             tid,
-            report: a.into_report(reader.symbols()),
+            report: a.into_report(reader),
         })
         .collect())
 }
@@ -776,7 +776,7 @@ pub fn report_phases_filtered(
             name,
             start_ns,
             end_ns,
-            report: acc.into_report(syms),
+            report: acc.into_report(reader),
         });
     }
     Ok(PhaseReport { phases })

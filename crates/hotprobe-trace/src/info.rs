@@ -12,8 +12,11 @@ pub const FORMAT_NAME: &str = "hotprobe-trace";
 /// 2 added typed values, 3 the host kernel's events (`kernel`), 4 the
 /// captured user stacks (`stacks.tsv`, [`crate::stacks`]), and the
 /// processes a recording followed across exec (`processes`), 5 the stack
-/// of each recorded call (`call_stacks.tsv`, [`crate::call_stacks`]).
-pub const FORMAT_VERSION: u32 = 5;
+/// of each recorded call (`call_stacks.tsv`, [`crate::call_stacks`]), 6
+/// each mechanism's calibrated cost a hit and each probe's mechanism
+/// (`costs.tsv`, [`crate::ProbeCosts`]; a version 5 trace that has the
+/// file, written before the bump, is read with it too).
+pub const FORMAT_VERSION: u32 = 6;
 
 /// A process a recording followed (`record -f` across exec): its pid, the
 /// command name and the program of one of its images, and the probe ids of

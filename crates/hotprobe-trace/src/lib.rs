@@ -78,7 +78,7 @@ pub use info::{Info, ProcessInfo, ThreadInfo, WriteStats, FORMAT_NAME, FORMAT_VE
 pub use kernel::{
     kernel_file_name, KernelEvent, KernelInfo, KernelKind, KernelThreadInfo, ThreadKernel,
 };
-pub use overhead::{MechanismCost, ProbeCosts, COSTS_FILE};
+pub use overhead::{MechanismCost, ProbeCosts, UncalibratedMechanism, COSTS_FILE};
 pub use query::{CompiledQuery, Query, QueryStack, StepStack};
 pub use reader::{StreamFile, ThreadStream, TraceReader};
 pub use summary::{rfc3339, summarize, ThreadSummary, TraceSummary};

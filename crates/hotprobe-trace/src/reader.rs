@@ -9,10 +9,14 @@ use crate::event::{Record, TimeBase};
 use crate::files::{check_regular, open_regular, read_bytes, read_text};
 use crate::format::Decoder;
 use crate::info::{Info, FORMAT_NAME, FORMAT_VERSION};
-use crate::overhead::{OverheadClock, ProbeCosts, COSTS_FILE};
+use crate::overhead::{HeldCalls, LeafScan, OverheadClock, ProbeCosts, COSTS_FILE};
 use crate::symbols::SymbolTable;
 use crate::values::{values_file_name, ThreadValues, ValueTypes, TYPES_FILE};
 use crate::writer::{INFO_FILE, SYMBOLS_FILE};
+
+mod costs;
+pub(crate) use costs::times_line;
+pub(crate) use costs::trap_legend;
 
 /// One thread stream of a trace.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,8 +61,21 @@ pub struct TraceReader {
     costs: Option<ProbeCosts>,
     /// Whether streams leave the probes' costs out of their times.
     correct: bool,
-    /// `costs` as the streams' clocks read them (one table for all).
-    cost_table: Option<std::sync::Arc<Vec<u64>>>,
+    /// `costs` as the streams' clocks read them (one table for all),
+    /// capped by each mechanism's shortest call: scanned at the first
+    /// corrected stream.
+    scan: std::sync::OnceLock<CostScan>,
+    /// The corrected streams' hits, and those the correction held.
+    held: HeldCalls,
+}
+
+/// The probes' costs as taken out ([`LeafScan`]).
+#[derive(Clone, Debug)]
+struct CostScan {
+    /// ns a hit by probe id, capped.
+    table: std::sync::Arc<Vec<crate::overhead::HitCosts>>,
+    /// Each mechanism's shortest leaf call as measured (ns), by index.
+    shortest: Vec<Option<u64>>,
 }
 
 impl TraceReader {
@@ -87,8 +104,9 @@ impl TraceReader {
                 what: format!("format {:?}, expected {FORMAT_NAME:?}", info.format),
             });
         }
-        // Version 1 has no typed values, 2 no kernel events; everything
-        // else is the same.
+        // Version 1 has no typed values, 2 no kernel events, 3 no
+        // processes, 4 no call stacks, 5 no probe costs (costs.tsv: read
+        // wherever it is); everything else is the same.
         if !(1..=FORMAT_VERSION).contains(&info.version) {
             return Err(TraceError::Info {
                 path: ip,
@@ -195,9 +213,10 @@ impl TraceReader {
             streams,
             value_types,
             cuts: Vec::new(),
-            cost_table: costs.as_ref().map(OverheadClock::table),
             costs,
             correct,
+            scan: std::sync::OnceLock::new(),
+            held: HeldCalls::default(),
         };
         if !r.info.complete {
             for s in &r.streams {
@@ -306,20 +325,59 @@ impl TraceReader {
 
     /// Opens the stream of thread `tid`: records with absolute ns times.
     pub fn thread(&self, tid: u32) -> Result<ThreadStream> {
+        let mut st = self.measured_thread(tid)?;
+        if self.correct {
+            if let Some(scan) = self.cost_scan() {
+                st.clock = Some(OverheadClock::new(scan.table.clone()));
+                st.held = Some(self.held.clone());
+            }
+        }
+        Ok(st)
+    }
+
+    /// Thread `tid`'s stream on the measured clock.
+    fn measured_thread(&self, tid: u32) -> Result<ThreadStream> {
         let s = self
             .streams
             .iter()
             .find(|s| s.tid == tid)
             .ok_or_else(|| TraceError::Invalid(format!("no stream for thread {tid}")))?;
-        let mut st = if self.info.complete {
+        if self.info.complete {
             ThreadStream::open(&s.path, self.info.time_base, Some(tid))
         } else {
             ThreadStream::open_unfinished(&s.path, self.info.time_base, tid)
-        }?;
-        if self.correct {
-            st.clock = self.cost_table.clone().map(OverheadClock::new);
         }
-        Ok(st)
+    }
+
+    /// The costs as taken out, scanned once (`None` without costs).
+    fn cost_scan(&self) -> Option<&CostScan> {
+        let costs = self.costs.as_ref()?;
+        Some(self.scan.get_or_init(|| {
+            let mut leaves = LeafScan::new(costs);
+            for s in &self.streams {
+                // A stream that cannot be read is the analysis's error
+                // to give: the scan takes what it read.
+                let Ok(st) = self.measured_thread(s.tid) else {
+                    continue;
+                };
+                leaves.thread();
+                for r in st {
+                    let Ok(r) = r else { break };
+                    leaves.record(&r);
+                    if leaves.full() {
+                        break;
+                    }
+                }
+                if leaves.full() {
+                    break;
+                }
+            }
+            let shortest = leaves.finish();
+            CostScan {
+                table: OverheadClock::table(costs, &shortest),
+                shortest,
+            }
+        }))
     }
 
     /// The probes' calibrated costs per hit and mechanisms, if the
@@ -338,52 +396,6 @@ impl TraceReader {
     /// the probes' costs (`true`: only where the trace has them).
     pub fn set_overhead_correction(&mut self, on: bool) {
         self.correct = on && self.costs.is_some() && self.info.kernel.is_none();
-    }
-
-    /// One line saying whether the times leave the probes' costs out, with
-    /// each mechanism's cost a hit (`None` for a trace without costs).
-    pub fn overhead_note(&self) -> Option<String> {
-        let c = self.costs.as_ref()?;
-        let each = c
-            .mechanisms
-            .iter()
-            .map(|m| format!("{} {}", m.label, crate::overhead::fmt_cost(m.ns_per_hit)))
-            .collect::<Vec<_>>()
-            .join(", ");
-        Some(if self.correct {
-            format!(
-                "times without the probes' costs (a hit: {each}, calibrated when the \
-                 recording started; --raw-times: as measured)"
-            )
-        } else if self.info.kernel.is_some() {
-            format!(
-                "times as measured, the probes' costs in them (a hit: {each}; not taken \
-                 out: the host kernel's events share the clock)"
-            )
-        } else {
-            format!("times as measured, the probes' costs in them (a hit: {each})")
-        })
-    }
-
-    /// The functions probed through a trap (ptrace or in-process), each
-    /// with its mechanism, by name (empty for a trace without costs).
-    pub fn trap_functions(&self) -> Vec<(String, String)> {
-        let Some(c) = &self.costs else {
-            return Vec::new();
-        };
-        let mut v: Vec<(String, String)> = c
-            .probes
-            .keys()
-            .filter_map(|&id| {
-                let m = c.mechanism_of(id)?;
-                m.label
-                    .contains("trap")
-                    .then(|| (self.symbols.name(id).into_owned(), m.label.clone()))
-            })
-            .collect();
-        v.sort();
-        v.dedup();
-        v
     }
 
     /// Opens every stream, in tid order.
@@ -407,6 +419,24 @@ pub struct ThreadStream {
     cut: Option<StreamCut>,
     /// The clock without the probes' costs (a trace with `costs.tsv`).
     clock: Option<OverheadClock>,
+    /// Where the corrected clock's counts go when the stream ends.
+    held: Option<HeldCalls>,
+    /// Hits read on the corrected clock, and those it held.
+    hits: (u64, u64),
+}
+
+/// One more hit on the corrected clock, `held` or not.
+fn count_hit(hits: &mut (u64, u64), held: bool) {
+    hits.0 += 1;
+    hits.1 += u64::from(held);
+}
+
+impl Drop for ThreadStream {
+    fn drop(&mut self) {
+        if let Some(h) = &self.held {
+            h.note(self.tid, self.hits.0, self.hits.1);
+        }
+    }
 }
 
 impl ThreadStream {
@@ -434,6 +464,8 @@ impl ThreadStream {
             unfinished: false,
             cut: None,
             clock: None,
+            held: None,
+            hits: (0, 0),
         })
     }
 
@@ -457,6 +489,8 @@ impl ThreadStream {
                 done: true,
                 unfinished: true,
                 clock: None,
+                held: None,
+                hits: (0, 0),
                 cut: Some(StreamCut {
                     tid,
                     path: path.to_path_buf(),
@@ -520,22 +554,26 @@ impl ThreadStream {
             return r;
         };
         match r {
-            Record::Entry { ts, probe, args } => Record::Entry {
-                ts: k.hit(ts, probe),
-                probe,
-                args,
-            },
+            Record::Entry { ts, probe, args } => {
+                let ts = k.entry(ts, probe);
+                count_hit(&mut self.hits, k.was_held());
+                Record::Entry { ts, probe, args }
+            }
             Record::Exit {
                 ts,
                 probe,
                 ret,
                 unwound,
-            } => Record::Exit {
-                ts: k.hit(ts, probe),
-                probe,
-                ret,
-                unwound,
-            },
+            } => {
+                let ts = k.exit(ts, probe);
+                count_hit(&mut self.hits, k.was_held());
+                Record::Exit {
+                    ts,
+                    probe,
+                    ret,
+                    unwound,
+                }
+            }
             Record::Call {
                 ts,
                 dur,
@@ -543,8 +581,10 @@ impl ThreadStream {
                 args,
                 ret,
             } => {
-                let s = k.hit(ts, probe);
-                let e = k.hit(ts.saturating_add(dur), probe);
+                let s = k.entry(ts, probe);
+                count_hit(&mut self.hits, k.was_held());
+                let e = k.exit(ts.saturating_add(dur), probe);
+                count_hit(&mut self.hits, k.was_held());
                 Record::Call {
                     ts: s,
                     dur: e - s,
@@ -553,11 +593,11 @@ impl ThreadStream {
                     ret,
                 }
             }
-            Record::Hit { ts, probe, args } => Record::Hit {
-                ts: k.hit(ts, probe),
-                probe,
-                args,
-            },
+            Record::Hit { ts, probe, args } => {
+                let ts = k.mid(ts, probe);
+                count_hit(&mut self.hits, k.was_held());
+                Record::Hit { ts, probe, args }
+            }
             Record::Lost { ts, count } => Record::Lost {
                 ts: k.plain(ts),
                 count,

@@ -214,6 +214,15 @@ impl<'r> TypedText<'r> {
 ///    0.120 us [  1234] |   leaf();
 ///    2.000 us [  1234] | }; /* main */
 /// ```
+///
+/// The lines of a function probed through a trap (the trace's
+/// `costs.tsv`) have `*` in their first column, as `report` marks its row,
+/// and the same legend line ends the output:
+///
+/// ```text
+/// *  0.950 us [  1234] |   leaf();
+/// # * on a trap (in-process trap: µs a hit, taken out of these times as calibrated)
+/// ```
 pub fn replay(reader: &TraceReader, out: &mut impl Write, progress: Progress<'_>) -> Result<()> {
     replay_filtered(reader, &CompiledQuery::all(), out, progress)
 }
@@ -298,6 +307,23 @@ pub fn replay_with(
         last_ts = Some(ts);
         c
     };
+    // The trap mechanisms of the lines marked, for the legend at the end.
+    let marked: std::cell::RefCell<Vec<&str>> = Default::default();
+    // A line's start up to its `| `: the columns, `*` in place of their
+    // first space for a line of a function on a trap, as `report` marks
+    // its row (the columns, when any, start with a space).
+    let lead = |columns: String, probe: Option<u32>| -> String {
+        let mut s = columns;
+        s.push(' ');
+        if let Some(label) = probe.and_then(|p| reader.trap_of(p)) {
+            let mut m = marked.borrow_mut();
+            if !m.contains(&label) {
+                m.push(label);
+            }
+            s.replace_range(..1, "*");
+        }
+        s
+    };
     // The host kernel's syscalls per thread (`record --kernel`), printed
     // inside the call tree where they happened: those outside every kept
     // call only when the query keeps everything.
@@ -345,8 +371,8 @@ pub fn replay_with(
                 }
                 writeln!(
                     out,
-                    "{} | {}{}() = {};",
-                    columns(tid, e.start, Some(e.dur())),
+                    "{}| {}{}() = {};",
+                    lead(columns(tid, e.start, Some(e.dur())), None),
                     ind(depth),
                     paint(format!("syscall:{}", e.name()), CYAN),
                     e.ret_text()
@@ -393,8 +419,8 @@ pub fn replay_with(
             if queue.front().is_some_and(|e| e.start < end) {
                 writeln!(
                     out,
-                    "{} | {}{}({}) {{{}",
-                    columns(tid, start, None),
+                    "{}| {}{}({}) {{{}",
+                    lead(columns(tid, start, None), Some(probe)),
                     ind(depth),
                     name(probe),
                     fmt_args(tid, probe, &args),
@@ -403,8 +429,8 @@ pub fn replay_with(
                 flush(out, queue, &mut columns, end, depth + 1)?;
                 return writeln!(
                     out,
-                    "{} | {}}}{}; /* {} */",
-                    columns(tid, end, Some(end - start)),
+                    "{}| {}}}{}; /* {} */",
+                    lead(columns(tid, end, Some(end - start)), Some(probe)),
                     ind(depth),
                     fmt_ret(tid, probe, ret),
                     syms.name(probe)
@@ -419,8 +445,8 @@ pub fn replay_with(
                 args,
             } => writeln!(
                 out,
-                "{} | {}{}({}) {{{}",
-                columns(tid, ts, None),
+                "{}| {}{}({}) {{{}",
+                lead(columns(tid, ts, None), Some(probe)),
                 ind(depth),
                 name(probe),
                 fmt_args(tid, probe, &args),
@@ -443,8 +469,8 @@ pub fn replay_with(
                 if leaf {
                     writeln!(
                         out,
-                        "{} | {}{}({}){};{}",
-                        columns(tid, start, Some(end - start)),
+                        "{}| {}{}({}){};{}",
+                        lead(columns(tid, start, Some(end - start)), Some(probe)),
                         ind(depth),
                         name(probe),
                         fmt_args(tid, probe, &args),
@@ -454,8 +480,8 @@ pub fn replay_with(
                 } else {
                     writeln!(
                         out,
-                        "{} | {}}}{}; /* {} */",
-                        columns(tid, end, Some(end - start)),
+                        "{}| {}}}{}; /* {} */",
+                        lead(columns(tid, end, Some(end - start)), Some(probe)),
                         ind(depth),
                         fmt_ret(tid, probe, ret),
                         syms.name(probe)
@@ -469,16 +495,16 @@ pub fn replay_with(
                 args,
             } => writeln!(
                 out,
-                "{} | {}/* {} hit ({}) */",
-                columns(tid, ts, None),
+                "{}| {}/* {} hit ({}) */",
+                lead(columns(tid, ts, None), Some(probe)),
                 ind(depth),
                 name(probe),
                 fmt_args(tid, probe, &args)
             ),
             Step::Lost { ts, count } => writeln!(
                 out,
-                "{} | {}",
-                columns(tid, ts, None),
+                "{}| {}",
+                lead(columns(tid, ts, None), None),
                 paint(format!("/* lost {count} events */"), RED)
             ),
             Step::Orphan { .. } => Ok(()),
@@ -529,6 +555,14 @@ pub fn replay_with(
             });
         }
         res.and_then(|()| line(out, tid, None)).map_err(io)?;
+    }
+    // The lines marked `*`: what they mean, as under `report`'s table.
+    let legend = crate::reader::trap_legend(
+        marked.borrow().iter().copied(),
+        &reader.corrected_mechanisms(),
+    );
+    if let Some(legend) = legend {
+        writeln!(out, "{legend}").map_err(io)?;
     }
     Ok(())
 }

@@ -8,11 +8,11 @@ use serde::Serialize;
 
 use crate::analysis::{fmt_duration, Step};
 use crate::kernel::ThreadKernel;
-use crate::symbols::SymbolTable;
 
 /// One function's line of a report. Serialized (`--json`) with the field
 /// names `function`, `module`, `calls`, `total_ns`, `self_ns`, `avg_ns`,
-/// `min_ns`, `max_ns`, `no_exit`.
+/// `min_ns`, `max_ns`, `no_exit`, and `on_trap` for a function probed
+/// through a trap.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct ReportRow {
     /// Probe id.
@@ -53,6 +53,11 @@ pub struct ReportRow {
     /// Of `total_ns`, time the thread was in a syscall (idem).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub syscall_ns: Option<u64>,
+    /// The trap mechanism the function was probed through ("in-process
+    /// trap", "ptrace trap"), from the trace's `costs.tsv`: its hits cost
+    /// µs each. `None` on the fast path, or in a trace without costs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub on_trap: Option<String>,
 }
 
 /// What a report is sorted by (descending; ties: calls, then name).
@@ -94,6 +99,10 @@ pub struct Report {
     /// and an in-syscall column.
     #[serde(skip)]
     pub kernel: bool,
+    /// The mechanisms whose calibrated cost a hit these times leave out
+    /// (the text's legend of the rows on a trap says so).
+    #[serde(skip)]
+    pub corrected: Vec<String>,
 }
 
 #[derive(Default)]
@@ -178,12 +187,17 @@ impl Acc {
         }
     }
 
-    pub(crate) fn into_report(self, syms: &SymbolTable) -> Report {
+    /// The report of what was accumulated, with each row's trap mechanism
+    /// and the mechanisms whose costs the times leave out, from `reader`.
+    pub(crate) fn into_report(self, reader: &crate::TraceReader) -> Report {
+        let syms = reader.symbols();
+        let corrected = reader.corrected_mechanisms();
         let rows: Vec<ReportRow> = self
             .by_probe
             .into_values()
             .map(|mut r| {
                 r.name = syms.name(r.probe).into_owned();
+                r.on_trap = reader.trap_of(r.probe).map(str::to_string);
                 r.module = syms
                     .get(r.probe)
                     .map_or_else(String::new, |s| s.module.clone());
@@ -196,7 +210,11 @@ impl Acc {
             })
             .collect();
         let kernel = self.kernel.is_some();
-        let mut rep = Report { rows, kernel };
+        let mut rep = Report {
+            rows,
+            kernel,
+            corrected,
+        };
         rep.sort(SortKey::Total);
         rep
     }
@@ -307,8 +325,11 @@ impl Report {
             } else {
                 String::new()
             };
+            // A function on a trap: `*` in the first column (the legend
+            // after the table).
+            let mark = if r.on_trap.is_some() { '*' } else { ' ' };
             s.push_str(&format!(
-                "  {}  {}{kernel}  {}  {}  {}  {no_exit}{:>10}  {}\n",
+                "{mark} {}  {}{kernel}  {}  {}  {}  {no_exit}{:>10}  {}\n",
                 total,
                 self_time,
                 t(r.avg_ns),
@@ -324,6 +345,20 @@ impl Report {
                 self.no_exit()
             ));
         }
+        if let Some(legend) = self.trap_legend() {
+            s.push_str(&legend);
+            s.push('\n');
+        }
         s
+    }
+
+    /// The legend of the rows marked `*` (functions on a trap), when
+    /// there are some: each trap mechanism, and whether its calibrated
+    /// cost a hit is out of these times.
+    pub fn trap_legend(&self) -> Option<String> {
+        crate::reader::trap_legend(
+            self.rows.iter().filter_map(|r| r.on_trap.as_deref()),
+            &self.corrected,
+        )
     }
 }

@@ -7,12 +7,21 @@
 //! session, agent and kernel paths as a recording: a small program embedded
 //! in the library (calibration/target.c, built by the build script,
 //! written out as a file) calls one of its functions N times and times the
-//! loop itself, once without probes and once recorded (entry and exit)
-//! through the mechanism measured (each the median of batches of 100
-//! calls, so that preempted batches do not count). The difference per
-//! call, halved, is the cost of one hit. The trace keeps the figures
+//! loop itself, without probes and recorded (entry and exit) through the
+//! mechanism measured. On a loaded machine a run's preemptions and cache
+//! misses add to its time, so each figure is a low one: the 10th
+//! percentile of the run's batches of 100 calls, and the least of several
+//! short runs ([`ROUNDS`]). The difference per call, halved, is the cost
+//! of one hit. A figure beyond what the mechanism can cost
+//! ([`CostClass::plausible_ns`]), or a recorded run faster than the
+//! native one by more than noise, is measured again, and refused if it
+//! stays there. Each class stands on its own: a class refused (or whose
+//! runs failed) is left out of the trace's costs with the reason (its
+//! hits stay in the times, and `info` and `report` say so), the others
+//! are used. The trace keeps the figures
 //! ([`hotprobe_trace::ProbeCosts`]); its readers take them out of the
-//! times.
+//! times, each capped at the shortest call measured on its mechanism
+//! (docs/ANALYSIS.md, "Probe costs").
 //!
 //! The target's functions are written in assembly so that each mechanism
 //! takes the one it is for: a 5-byte NOP placeholder (the patch), a 10-byte
@@ -63,18 +72,25 @@ impl CostClass {
         }
     }
 
+    /// The most one hit can plausibly cost, in ns: a fast-path hit is
+    /// some instructions, a trap a kernel entry and a signal or a ptrace
+    /// stop. More means the run was disturbed.
+    pub fn plausible_ns(self) -> f64 {
+        match self {
+            CostClass::Patch | CostClass::Jump => 5_000.0,
+            CostClass::InProcessTrap => 100_000.0,
+            CostClass::Trap => 1_000_000.0,
+        }
+    }
+
     /// The target's function, the mechanism asked for and the calls of
-    /// the loop.
+    /// a run's loop.
     fn plan(self) -> (&'static str, MechanismChoice, u64) {
         match self {
-            CostClass::Patch => (
-                "hotprobe_calibration_patch",
-                MechanismChoice::Patch,
-                100_000,
-            ),
-            CostClass::Jump => ("hotprobe_calibration_leaf", MechanismChoice::Jump, 100_000),
+            CostClass::Patch => ("hotprobe_calibration_patch", MechanismChoice::Patch, 50_000),
+            CostClass::Jump => ("hotprobe_calibration_leaf", MechanismChoice::Jump, 50_000),
             CostClass::InProcessTrap => {
-                ("hotprobe_calibration_short", MechanismChoice::Auto, 3_000)
+                ("hotprobe_calibration_short", MechanismChoice::Auto, 2_000)
             }
             CostClass::Trap => ("hotprobe_calibration_leaf", MechanismChoice::Trap, 1_000),
         }
@@ -111,6 +127,22 @@ pub enum CalibrationError {
         class: &'static str,
         /// Why.
         source: EngineError,
+    },
+    /// Every round measured more than the mechanism can cost, or a
+    /// recorded run faster than the native one by more than noise
+    /// ([`NEGATIVE_SLACK_NS`]): `ns` is negative then, and not finite
+    /// when a run's figure was not.
+    #[error(
+        "calibrating the {class}: {ns:.0} ns a hit in every round, outside what it can \
+         cost (0 to {bound:.0} ns): the machine is too loaded to measure it"
+    )]
+    Implausible {
+        /// The class measured.
+        class: &'static str,
+        /// The least figure measured.
+        ns: f64,
+        /// The class's plausible bound.
+        bound: f64,
     },
     /// The function was placed on another mechanism than the one measured.
     #[error("calibrating the {class}: {function} went to {got}")]
@@ -168,9 +200,106 @@ impl Drop for TargetFile {
     }
 }
 
+/// Runs of each class, native and recorded: the least figure of them
+/// counts.
+pub const ROUNDS: usize = 3;
+
+/// Further rounds when every figure so far is implausible.
+const RETRIES: usize = 2;
+
+/// A recorded run faster than the native one by at most this much a hit
+/// is noise (the hit then costs 0); by more, the figure is implausible.
+pub const NEGATIVE_SLACK_NS: f64 = 50.0;
+
+/// The cost a hit of `class` from a recorded and a native run's ns a call
+/// (a call is two hits), or why it is implausible: not finite, beyond
+/// [`CostClass::plausible_ns`], or negative beyond [`NEGATIVE_SLACK_NS`].
+pub fn per_hit_checked(
+    class: CostClass,
+    probed: f64,
+    native: f64,
+) -> Result<f64, CalibrationError> {
+    let ns = (probed - native) / 2.0;
+    if ns.is_finite() && ns >= -NEGATIVE_SLACK_NS && ns <= class.plausible_ns() {
+        Ok(ns.max(0.0))
+    } else {
+        Err(CalibrationError::Implausible {
+            class: class.label(),
+            ns,
+            bound: class.plausible_ns(),
+        })
+    }
+}
+
+/// Why a class's calibration was refused, in the words a trace keeps
+/// ([`hotprobe_trace::UncalibratedMechanism::why`]): the error without
+/// its class, which the trace names beside it.
+pub fn refusal(e: &CalibrationError) -> String {
+    match e {
+        CalibrationError::Implausible { ns, bound, .. } => format!(
+            "{ns:.0} ns a hit in every round, outside what it can cost (0 to {bound:.0} ns): \
+             the machine was too loaded to measure it"
+        ),
+        CalibrationError::Session { source, .. } => format!("its runs failed: {source}"),
+        CalibrationError::Mechanism { function, got, .. } => {
+            format!("its function {function} went to {got}")
+        }
+        e => e.to_string(),
+    }
+}
+
+/// One class's calibration: its cost, or why it was refused.
+pub type ClassCalibration = (CostClass, Result<MeasuredCost, CalibrationError>);
+
+/// The trace's costs from each class's calibration `measured` and each
+/// probe's class `probes` (probe id, class): a class refused is listed
+/// as uncalibrated with the reason ([`refusal`]), its probes under it;
+/// the others' costs are used.
+pub fn costs_of(
+    measured: Vec<ClassCalibration>,
+    probes: &[(u32, CostClass)],
+) -> hotprobe_trace::ProbeCosts {
+    use hotprobe_trace::{MechanismCost, ProbeCosts, UncalibratedMechanism};
+    let mut costs = ProbeCosts::default();
+    // Class → (calibrated, index in its list).
+    let mut index = Vec::new();
+    for (class, m) in measured {
+        match m {
+            Ok(m) => {
+                let i = costs.mechanism(MechanismCost {
+                    label: class.label().into(),
+                    ns_per_hit: m.ns_per_hit,
+                    how: m.how,
+                });
+                index.push((class, true, i));
+            }
+            Err(e) => {
+                let i = costs.uncalibrated(UncalibratedMechanism {
+                    label: class.label().into(),
+                    why: refusal(&e),
+                });
+                index.push((class, false, i));
+            }
+        }
+    }
+    for &(id, class) in probes {
+        match index.iter().find(|(c, _, _)| *c == class) {
+            Some(&(_, true, i)) => {
+                costs.probes.insert(id, i);
+            }
+            Some(&(_, false, i)) => {
+                costs.uncalibrated_probes.insert(id, i);
+            }
+            None => {}
+        }
+    }
+    costs
+}
+
+/// The target's low figure (`ns_per_call_low`: the 10th-percentile batch).
 fn parse_timing(out: &str) -> Result<f64, CalibrationError> {
     out.lines()
-        .find_map(|l| l.strip_prefix("ns_per_call "))
+        .find_map(|l| l.strip_prefix("ns_per_call_low "))
         .and_then(|v| v.trim().parse::<f64>().ok())
         .filter(|v| v.is_finite() && *v >= 0.0)
         .ok_or_else(|| CalibrationError::Output {
@@ -180,13 +309,18 @@ fn parse_timing(out: &str) -> Result<f64, CalibrationError> {
 
 /// The calibrated costs of the mechanisms `placed` uses, with each
 /// probe's mechanism, as a trace keeps them (`None` when no placement is a
-/// process's: a guest's probes are not calibrated).
+/// process's: a guest's probes are not calibrated). A class whose
+/// calibration was refused is listed uncalibrated with the reason, the
+/// others used ([`costs_of`]); an error only when nothing can be measured.
 pub fn probe_costs(
     placed: &[crate::Placement],
 ) -> Result<Option<hotprobe_trace::ProbeCosts>, CalibrationError> {
-    use hotprobe_trace::{MechanismCost, ProbeCosts};
+    let probes: Vec<(u32, CostClass)> = placed
+        .iter()
+        .filter_map(|p| Some((p.id.0, CostClass::of(p)?)))
+        .collect();
     let mut classes: Vec<CostClass> = Vec::new();
-    for c in placed.iter().filter_map(CostClass::of) {
+    for &(_, c) in &probes {
         if !classes.contains(&c) {
             classes.push(c);
         }
@@ -194,57 +328,46 @@ pub fn probe_costs(
     if classes.is_empty() {
         return Ok(None);
     }
-    let mut costs = ProbeCosts::default();
-    let mut index = Vec::new();
-    for m in calibrate(&classes)? {
-        let i = costs.mechanism(MechanismCost {
-            label: m.class.label().into(),
-            ns_per_hit: m.ns_per_hit,
-            how: m.how,
-        });
-        index.push((m.class, i));
-    }
-    for p in placed {
-        let class = CostClass::of(p);
-        if let Some(&(_, i)) = index.iter().find(|(c, _)| Some(*c) == class) {
-            costs.probes.insert(p.id.0, i);
-        }
-    }
-    Ok(Some(costs))
+    Ok(Some(costs_of(calibrate(&classes)?, &probes)))
 }
 
 /// Measures the cost per hit of each class in `classes` (about 0.1 s a
 /// class; a ptrace trap's in this process's own build, the tracer's speed
-/// being part of it).
-pub fn calibrate(classes: &[CostClass]) -> Result<Vec<MeasuredCost>, CalibrationError> {
+/// being part of it). Each class stands on its own: its figure, or why it
+/// was refused. An error only when the calibration target cannot be
+/// written out (no class can be measured).
+pub fn calibrate(classes: &[CostClass]) -> Result<Vec<ClassCalibration>, CalibrationError> {
     let target = TargetFile::create()?;
     let program = target.path.clone();
-    let mut out = Vec::new();
-    for &class in classes {
-        let (function, mechanism, calls) = class.plan();
-        let argv: Vec<OsString> = vec![function.into(), calls.to_string().into()];
-        // The best of three native runs, and of two recorded ones on the
-        // fast path, so that a preempted run does not count.
-        let mut native = f64::INFINITY;
-        for _ in 0..3 {
-            native = native.min(native_run(&program, &argv)?);
-        }
-        let runs = if matches!(class, CostClass::Patch | CostClass::Jump) {
-            2
-        } else {
-            1
-        };
-        let mut probed = f64::INFINITY;
-        for _ in 0..runs {
-            probed = probed.min(recorded_run(&program, &argv, class, function, mechanism)?);
-        }
-        out.push(MeasuredCost {
-            class,
-            ns_per_hit: ((probed - native) / 2.0).max(0.0),
-            how: format!("{calls} calls recorded: {probed:.1} ns a call, {native:.1} native"),
-        });
+    Ok(classes
+        .iter()
+        .map(|&class| (class, calibrate_class(&program, class)))
+        .collect())
+}
+
+/// [`calibrate`] of one class with the target `program`.
+fn calibrate_class(program: &Path, class: CostClass) -> Result<MeasuredCost, CalibrationError> {
+    let (function, mechanism, calls) = class.plan();
+    let argv: Vec<OsString> = vec![function.into(), calls.to_string().into()];
+    // The least of several short runs each, so that a preempted run does
+    // not count; more rounds while the figure is implausible.
+    let (mut native, mut probed) = (f64::INFINITY, f64::INFINITY);
+    let mut rounds = 0;
+    while rounds < ROUNDS
+        || (rounds < ROUNDS + RETRIES && per_hit_checked(class, probed, native).is_err())
+    {
+        native = native.min(native_run(program, &argv)?);
+        probed = probed.min(recorded_run(program, &argv, class, function, mechanism)?);
+        rounds += 1;
     }
-    Ok(out)
+    Ok(MeasuredCost {
+        class,
+        ns_per_hit: per_hit_checked(class, probed, native)?,
+        how: format!(
+            "{calls} calls recorded, the least of {rounds} runs' 10th-percentile \
+             batches: {probed:.1} ns a call, {native:.1} native"
+        ),
+    })
 }
 
 fn native_run(program: &Path, argv: &[OsString]) -> Result<f64, CalibrationError> {
@@ -341,10 +464,103 @@ mod tests {
 
     #[test]
     fn timing_lines_parse_and_bad_ones_do_not() {
-        assert_eq!(parse_timing("ns_per_call 12.500\n").unwrap(), 12.5);
-        for bad in ["", "ns_per_call x", "ns_per_call -1", "ns_per_call NaN"] {
+        assert_eq!(
+            parse_timing("ns_per_call 14.000\nns_per_call_low 12.500\n").unwrap(),
+            12.5
+        );
+        for bad in [
+            "",
+            "ns_per_call 12.5",
+            "ns_per_call_low x",
+            "ns_per_call_low -1",
+            "ns_per_call_low NaN",
+        ] {
             assert!(parse_timing(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_figure_outside_what_a_class_can_cost_is_refused() {
+        let jump = CostClass::Jump;
+        assert_eq!(per_hit_checked(jump, 30.0, 10.0).unwrap(), 10.0);
+        // Faster recorded than native by noise: the hit costs nothing.
+        assert_eq!(per_hit_checked(jump, 10.0, 60.0).unwrap(), 0.0);
+        for (probed, native) in [
+            // Faster by more than noise: 100 ns a hit below zero.
+            (10.0, 210.0),
+            // Absurd for a jump: 10 µs a hit.
+            (20_010.0, 10.0),
+            (f64::NAN, 10.0),
+            (f64::INFINITY, 10.0),
+        ] {
+            let e = per_hit_checked(jump, probed, native).unwrap_err();
+            assert!(
+                matches!(e, CalibrationError::Implausible { class: "jump", .. }),
+                "{probed} {native}: {e}"
+            );
+        }
+        // 10 µs is within what an in-process trap can cost.
+        assert_eq!(
+            per_hit_checked(CostClass::InProcessTrap, 20_010.0, 10.0).unwrap(),
+            10_000.0
+        );
+    }
+
+    #[test]
+    fn one_class_refused_leaves_the_others_used() {
+        let measured = |class, ns| {
+            Ok(MeasuredCost {
+                class,
+                ns_per_hit: ns,
+                how: "by the test".into(),
+            })
+        };
+        let refused = per_hit_checked(CostClass::InProcessTrap, 1e9, 0.0).unwrap_err();
+        let why = refusal(&refused);
+        let costs = costs_of(
+            vec![
+                (CostClass::Jump, measured(CostClass::Jump, 4.0)),
+                (CostClass::InProcessTrap, Err(refused)),
+                (CostClass::Trap, measured(CostClass::Trap, 9_000.0)),
+            ],
+            &[
+                (0, CostClass::Jump),
+                (1, CostClass::InProcessTrap),
+                (2, CostClass::Trap),
+                (3, CostClass::Jump),
+            ],
+        );
+        let labels: Vec<&str> = costs.mechanisms.iter().map(|m| m.label.as_str()).collect();
+        assert_eq!(labels, ["jump", "ptrace trap"]);
+        assert_eq!(
+            (
+                costs.ns_per_hit(0),
+                costs.ns_per_hit(2),
+                costs.ns_per_hit(3)
+            ),
+            (4.0, 9_000.0, 4.0)
+        );
+        // The refused class: listed with the reason, its probe under it,
+        // at no cost (its times as measured).
+        assert_eq!(costs.uncalibrated.len(), 1);
+        assert_eq!(costs.uncalibrated[0].label, "in-process trap");
+        assert_eq!(costs.uncalibrated[0].why, why);
+        assert!(
+            why.starts_with("500000000 ns a hit in every round, outside what it can cost"),
+            "{why}"
+        );
+        assert_eq!(costs.ns_per_hit(1), 0.0);
+        assert_eq!(costs.label_of(1), Some(("in-process trap", false)));
+        assert_eq!(costs.label_of(2), Some(("ptrace trap", true)));
+        // It round-trips through costs.tsv.
+        let dir = std::env::temp_dir().join(format!("hotprobe-costs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("costs.tsv");
+        costs.write(&path).unwrap();
+        let back =
+            hotprobe_trace::ProbeCosts::parse(&std::fs::read_to_string(&path).unwrap(), &path);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(back.unwrap(), costs);
     }
 
     #[test]
@@ -355,7 +571,11 @@ mod tests {
             CostClass::InProcessTrap,
             CostClass::Trap,
         ];
-        let m = calibrate(&all).expect("calibration");
+        let m: Vec<MeasuredCost> = calibrate(&all)
+            .expect("calibration")
+            .into_iter()
+            .map(|(class, m)| m.unwrap_or_else(|e| panic!("{class:?}: {e}")))
+            .collect();
         assert_eq!(m.iter().map(|c| c.class).collect::<Vec<_>>(), all);
         // A trap costs the thread more than a patch or a jump: a kernel
         // entry at the least (no timing bound: only the order).

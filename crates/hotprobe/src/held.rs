@@ -1,4 +1,4 @@
-//! The target an engine drives, held by its kind: a process, whose own
+//! The target a session (or a standalone engine) holds, by its kind: a process, whose own
 //! abilities (remote calls, release, the fast path's writes) the session
 //! reaches through a typed accessor, or any other [`Target`] (a guest, a
 //! test's mock). No downcast.
@@ -6,7 +6,8 @@
 use hotprobe_process::ProcessTarget;
 use hotprobe_target::Target;
 
-/// A target held by an [`crate::Engine`].
+/// A target, held by a session's slot or by a [`crate::StandaloneEngine`],
+/// and lent to the [`crate::Engine`] for each call that reads or writes it.
 pub enum HeldTarget {
     /// A Linux process.
     Process(Box<ProcessTarget>),

@@ -42,7 +42,7 @@ pub mod typed_capture;
 pub mod typed_program;
 
 pub use count::{tsc_ticks_per_ns, CountError, CountSink};
-pub use engine::{Engine, Outcome, ProbeStats};
+pub use engine::{Engine, EngineView, Outcome, ProbeStats, StandaloneEngine};
 pub use handler::{EntryInfo, Handler, HitContext, HitKind, Probe, ProbeId, RetProbe};
 pub use held::HeldTarget;
 pub use hotprobe_fastpath::{FastPathConfig, RecordedEvent, KIND_ENTRY, KIND_EXIT, KIND_HIT};

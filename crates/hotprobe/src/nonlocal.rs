@@ -18,6 +18,7 @@
 //! they leave by stack pointer.
 
 use crate::engine::Engine;
+use crate::held::HeldTarget;
 use crate::session::inbox::Inbox;
 use crate::EngineError;
 use hotprobe_symbols::{LoadedModule, ProcessSymbols};
@@ -206,7 +207,12 @@ fn cfa_offset(target: &mut dyn Target, addr: RuntimeAddr) -> Option<u32> {
 /// return probes on the trampoline: after a return probe is added and
 /// whenever its modules change. Every thread is stopped while breakpoints
 /// are written. What fails is said in a notice, in the session's `inbox`.
-pub(crate) fn sync_unwind_hooks(engine: &mut Engine, pid: i32, inbox: &mut Inbox) {
+pub(crate) fn sync_unwind_hooks(
+    engine: &mut Engine,
+    target: &mut HeldTarget,
+    pid: i32,
+    inbox: &mut Inbox,
+) {
     if !engine.has_trampoline() || engine.gone().is_some() {
         return;
     }
@@ -220,19 +226,19 @@ pub(crate) fn sync_unwind_hooks(engine: &mut Engine, pid: i32, inbox: &mut Inbox
             return;
         }
     };
-    let hooks = unwind_hooks(&symbols, engine.target());
+    let hooks = unwind_hooks(&symbols, target.as_target());
     if !engine.unwind_hooks_differ(&hooks) {
         return;
     }
     let started = engine.started;
     let r = if started {
-        engine.target().stop_all().map_err(EngineError::from)
+        target.stop_all().map_err(EngineError::from)
     } else {
         Ok(())
     };
-    let r = r.and_then(|()| engine.set_unwind_hooks(&hooks));
+    let r = r.and_then(|()| engine.set_unwind_hooks(target, &hooks));
     let r = match (started, r) {
-        (true, r) => r.and(engine.target().resume_all().map_err(EngineError::from)),
+        (true, r) => r.and(target.resume_all().map_err(EngineError::from)),
         (false, r) => r,
     };
     if let Err(e) = r {

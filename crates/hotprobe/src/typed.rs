@@ -114,9 +114,15 @@ pub struct Typing {
     modules: RefCell<HashMap<String, Option<Rc<DebugTypes>>>>,
     /// What each placed typed function shows.
     shapes: RefCell<ShapeMap>,
+    /// Each module's separate debug file its types came from (none: its
+    /// own file's DWARF).
+    debug_files: RefCell<HashMap<String, std::path::PathBuf>>,
+    /// Typed functions whose types came from elsewhere than their own
+    /// file, by address, in the order they were planned.
+    sources: RefCell<Vec<(u64, String, TypeSource)>>,
     /// A spec's argument expressions that could not be planned.
     errors: RefCell<Vec<TypedError>>,
-    /// Functions without DWARF (shown without arguments).
+    /// Functions without DWARF (shown with their raw registers under `-a`).
     untyped: RefCell<Vec<String>>,
     /// Typed functions whose values are all in integer registers (read
     /// from the recorded registers, on any mechanism), by address.
@@ -136,6 +142,33 @@ pub struct Typing {
     /// parameter): shapes and plans are kept per address, so a second,
     /// different list for one function is refused.
     lists: RefCell<HashMap<u64, Option<Vec<ArgExpr>>>>,
+}
+
+/// Where a function's types came from, when not from the DWARF of its
+/// own file (said to the user: [`Typing::type_sources`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TypeSource {
+    /// A separate debug file: by `.gnu_debuglink`, build id, or from a
+    /// debuginfod cache (a distribution's debug package).
+    DebugFile(std::path::PathBuf),
+    /// hotprobe's table of libc prototypes: no DWARF for the module.
+    LibcPrototypes {
+        /// The module (libc.so.6).
+        module: String,
+    },
+}
+
+impl std::fmt::Display for TypeSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TypeSource::DebugFile(p) => write!(f, "{}", p.display()),
+            TypeSource::LibcPrototypes { module } => write!(
+                f,
+                "hotprobe's table of libc prototypes (no DWARF for {module}: its debug \
+                 package gives parameter names, fields and every function)"
+            ),
+        }
+    }
 }
 
 /// An argument list as the user wrote it, for messages.
@@ -189,7 +222,9 @@ impl Typing {
             .or_else(|| {
                 let bytes = std::fs::read(path).ok()?;
                 let (dbg, _) = hotprobe_symbols::find_debug_file(path, &bytes)?;
-                DebugTypes::load(&dbg).ok()
+                let d = DebugTypes::load(&dbg).ok()?;
+                self.debug_files.borrow_mut().insert(r.module.clone(), dbg);
+                Some(d)
             })
             .map(Rc::new);
         self.modules
@@ -218,10 +253,27 @@ impl Typing {
             });
             return None;
         }
-        let sig = self
+        let from_dwarf = self
             .debug_types(r)
-            .and_then(|d| d.signature(r.link_addr.0).ok().flatten())
-            .or_else(|| libc_prototype_of(r));
+            .and_then(|d| d.signature(r.link_addr.0).ok().flatten());
+        let source = match &from_dwarf {
+            Some(_) => self
+                .debug_files
+                .borrow()
+                .get(&r.module)
+                .cloned()
+                .map(TypeSource::DebugFile),
+            None => Some(TypeSource::LibcPrototypes {
+                module: r.module.clone(),
+            }),
+        };
+        let sig = from_dwarf.or_else(|| libc_prototype_of(r));
+        if let (Some(_), Some(source)) = (&sig, source) {
+            let mut sources = self.sources.borrow_mut();
+            if !sources.iter().any(|(a, _, _)| *a == r.addr.0) {
+                sources.push((r.addr.0, func.clone(), source));
+            }
+        }
         let Some(sig) = sig else {
             match exprs {
                 Some(_) => self.errors.borrow_mut().push(TypedError::NoDwarf {
@@ -436,9 +488,20 @@ impl Typing {
     }
 
     /// The functions every parameter was asked of that have no DWARF
-    /// (shown without arguments), in the order they were placed.
+    /// (shown with their raw registers), in the order they were placed.
     pub fn untyped(&self) -> Vec<String> {
         self.untyped.borrow().clone()
+    }
+
+    /// The typed functions whose types came from elsewhere than their
+    /// own file's DWARF (a separate debug file, the libc prototype
+    /// table), with where, in the order they were planned.
+    pub fn type_sources(&self) -> Vec<(String, TypeSource)> {
+        self.sources
+            .borrow()
+            .iter()
+            .map(|(_, f, s)| (f.clone(), s.clone()))
+            .collect()
     }
 
     /// Whether the function placed at `addr` has typed values.

@@ -306,7 +306,7 @@ impl Session {
                 let Some(resolver) = slot.resolver.as_mut() else {
                     return Err(refused(&spec, "this target has no symbols"));
                 };
-                let (a, size) = resolver.resolve_data(name, slot.engine.target())?;
+                let (a, size) = resolver.resolve_data(name, slot.target.as_target())?;
                 let len = match spec.len {
                     Some(l) => {
                         if size != 0 && l as u64 > size {
@@ -338,13 +338,13 @@ impl Session {
         };
         hw.check().map_err(|why| refused(&spec, why))?;
         let mut bytes = vec![0u8; len as usize];
-        slot.engine
-            .target()
+        slot.target
+            .as_target()
             .read_memory(RuntimeAddr(addr), &mut bytes)
             .map_err(|e| refused(&spec, format!("cannot read it: {e}")))?;
         let mut table = used;
         table[index] = Some(hw);
-        let Some(process) = super::Slot::process(&mut slot.engine) else {
+        let Some(process) = super::Slot::process(&mut slot.target) else {
             return Err(refused(
                 &spec,
                 "watchpoints need a process target (debug registers through ptrace)",
@@ -376,7 +376,7 @@ impl Session {
         if slot.engine.gone().is_some() {
             return Ok(());
         }
-        if let Some(p) = super::Slot::process(&mut slot.engine) {
+        if let Some(p) = super::Slot::process(&mut slot.target) {
             p.set_watchpoints(table)?;
         }
         Ok(())
@@ -411,7 +411,11 @@ impl Session {
         regs: Registers,
     ) -> Result<bool, EngineError> {
         let mut hr = HitRegs::complete(regs);
-        let engine = &mut self.slots[i].engine;
+        // The CPU did not say which (DR6 empty): only a watchpoint the
+        // accessing instruction is found to touch counts the hit.
+        let unsure = fired & hotprobe_target::WATCH_SLOTS_UNKNOWN != 0;
+        let mut counted = false;
+        let super::Slot { engine, target, .. } = &mut self.slots[i];
         for w in self
             .watches
             .list
@@ -424,7 +428,7 @@ impl Session {
             let pc = engine.original_of(pc_after).unwrap_or(pc_after);
             let mut at = regs;
             at.rip = pc;
-            let (target, stop, symbolizer) = engine.handler_parts();
+            let (stop, symbolizer) = engine.handler_parts();
             let found = symbolizer
                 .and_then(|s| s.function_start(RuntimeAddr(pc)))
                 .filter(|f| f.0 < pc && pc - f.0 <= MAX_FUNCTION_DECODE)
@@ -433,6 +437,10 @@ impl Session {
                     target.read_memory(f, &mut code).ok()?;
                     hotprobe_x86::data_access(&code, f.0, &at, w.hw.addr, w.hw.len)
                 });
+            if unsure && found.is_none() {
+                continue;
+            }
+            counted = true;
             let mut bytes = [0u8; 8];
             let memory =
                 match target.read_memory(RuntimeAddr(w.hw.addr), &mut bytes[..w.hw.len as usize]) {
@@ -481,7 +489,7 @@ impl Session {
             };
             let fetch_error = {
                 let mut ctx = HitContext {
-                    target: RefCell::new(target),
+                    target: RefCell::new(target.as_target()),
                     thread,
                     regs: &mut hr,
                     probe: w.id,
@@ -501,7 +509,15 @@ impl Session {
                 return Err(e.into());
             }
         }
-        let target = engine.target();
+        if unsure && !counted {
+            self.slots[i].notice(format!(
+                "a watchpoint trap at {:#x} did not say which watchpoint fired \
+                 (the CPU's DR6 was empty, as a virtual CPU may leave it), and no \
+                 watched address was found in the instruction before: not counted",
+                regs.rip
+            ));
+        }
+        let super::Slot { engine, target, .. } = &mut self.slots[i];
         if let Some(r) = hr.fetched() {
             if *r != regs {
                 target.set_registers(thread, r)?;
@@ -537,8 +553,8 @@ impl Session {
             let len = w.hw.len as usize;
             let mut bytes = [0u8; 8];
             if slot
-                .engine
-                .target()
+                .target
+                .as_target()
                 .read_memory(RuntimeAddr(w.hw.addr), &mut bytes[..len])
                 .is_err()
             {
@@ -569,7 +585,7 @@ impl Session {
     pub(crate) fn watches_exec(&mut self, i: usize) {
         let n = self.watches.list.iter().filter(|w| w.slot == i).count();
         if n > 0 {
-            let who = self.slots[i].engine.target().describe();
+            let who = self.slots[i].target.as_target().describe();
             self.slots[i].notice(format!(
                 "{who}: exec: {n} watchpoints dropped (their counts before the exec are kept)"
             ));

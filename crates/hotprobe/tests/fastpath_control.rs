@@ -32,6 +32,16 @@ fn read_mem(pid: i32, addr: u64, len: usize) -> Vec<u8> {
 }
 
 /// Starts phase `k` (a line on the tracee's stdin) and runs the session
+/// `bin ARGS` spawned under a session, its stdin a pipe that `phase`
+/// writes to: the session, the pipe's writing end, the pid.
+fn spawn_phased(bin: &std::path::Path, args: &[&str]) -> (Captured, std::io::PipeWriter, i32) {
+    let (reader, stdin) = std::io::pipe().unwrap();
+    let reader = std::fs::File::from(std::os::fd::OwnedFd::from(reader));
+    let c = spawn_with_stdin(bin, args, Some(reader));
+    let pid = c.session.pid(c.target).unwrap();
+    (c, stdin, pid)
+}
+
 /// until the tracee printed the phase's result.
 fn phase(c: &mut Captured, stdin: &mut std::io::PipeWriter, k: u32) {
     stdin.write_all(b"go\n").unwrap();
@@ -78,11 +88,8 @@ fn disable_enable_and_remove_count_and_handler_probes_on_patch_and_jump() {
     };
     assert_eq!(native.lines().count(), 5, "{native}");
 
-    let (reader, mut stdin) = std::io::pipe().unwrap();
-    let reader = std::fs::File::from(std::os::fd::OwnedFd::from(reader));
-    let mut c = spawn_with_stdin(&bin, &args, Some(reader));
+    let (mut c, mut stdin, pid) = spawn_phased(&bin, &args);
     let t = c.target;
-    let pid = c.session.pid(t).unwrap();
 
     let names = ["cnt_patched", "cnt_jumped", "h_patched", "h_jumped"];
     let originals: Vec<(u64, Vec<u8>)> = names
@@ -200,22 +207,28 @@ fn disable_enable_and_remove_count_and_handler_probes_on_patch_and_jump() {
     assert_eq!(c.output(), native, "the program's output is unchanged");
 }
 
-/// Two count probes on one patch site: the second writes its call over the
-/// first's. After the first is removed the second counts on (its call
-/// stays in memory); after the second, the original bytes are back (not
-/// the first's call), and no site is reported as another writer's.
+/// Two count probes on one patch site: a site calls the agent for one
+/// probe, so the second is not written over the first's call (issue 21):
+/// the site goes to the trap with the first, which serves both. After the
+/// first is removed the second counts on (its `int3` stays in memory);
+/// after the second, the original bytes are back (not the first's call),
+/// and no site is reported as another writer's.
 #[test]
 fn removing_the_first_of_two_probes_on_one_patch_site_keeps_the_second() {
     let bin = program("fpctl", &["-O2"]);
     let args = ["1", &ITERS.to_string()];
-    let (reader, mut stdin) = std::io::pipe().unwrap();
-    let reader = std::fs::File::from(std::os::fd::OwnedFd::from(reader));
-    let mut c = spawn_with_stdin(&bin, &args, Some(reader));
+    let (mut c, mut stdin, pid) = spawn_phased(&bin, &args);
     let t = c.target;
-    let pid = c.session.pid(t).unwrap();
     let addr = c.session.resolve(t, "cnt_patched").unwrap()[0].addr.0;
     let original = read_mem(pid, addr, 8);
-    // A handler probe keeps the session's loop polling (see above).
+    // Every wait of the session's loop bounded, so that it sees the end of
+    // a phase (a handler probe did that when both probes were patches; a
+    // pass serving handlers waits up to 20 ms for a call, each trap hit
+    // would wait that long).
+    c.session.set_wait_deadline(Some(std::time::Instant::now()));
+    // And a shared-memory handler probe in the same traced process: its
+    // serving must not hold the trap's stops back (each waited up to
+    // 20 ms, and phase 1 did not end within 120 s).
     let probe = hotprobe::Probe::new().pre(|_| {});
     c.session
         .add(t, "h_patched", Action::Handler(probe))
@@ -232,20 +245,32 @@ fn removing_the_first_of_two_probes_on_one_patch_site_keeps_the_second() {
         .unwrap()
         .placements[0]
         .clone();
-    for p in [&first, &second] {
-        assert!(
-            matches!(p.mechanism, Mechanism::Patch(_)),
-            "{:?}",
-            p.mechanism
-        );
-    }
+    assert!(
+        matches!(first.mechanism, Mechanism::Patch(_)),
+        "{:?}",
+        first.mechanism
+    );
+    assert!(
+        matches!(second.mechanism, Mechanism::Trap),
+        "{:?}",
+        second.mechanism
+    );
+    let handed = c.session.take_notices();
+    assert!(
+        handed.iter().any(|n| n.contains("was handed to the trap")),
+        "{handed:?}"
+    );
+    assert!(
+        c.session.execution_of(first.id).is_some(),
+        "both on the trap"
+    );
     c.session.start().unwrap();
     phase(&mut c, &mut stdin, 1);
     let hits = |c: &Captured, p: &hotprobe::Placement| c.session.stats(p.id).unwrap().hits;
     assert_eq!(
-        hits(&c, &second),
-        ITERS,
-        "the second's call is the one in memory"
+        (hits(&c, &first), hits(&c, &second)),
+        (ITERS, ITERS),
+        "both count"
     );
     let second_bytes = read_mem(pid, addr, 8);
 
@@ -253,7 +278,7 @@ fn removing_the_first_of_two_probes_on_one_patch_site_keeps_the_second() {
     assert_eq!(
         read_mem(pid, addr, 8),
         second_bytes,
-        "the second's call stays"
+        "the second's int3 stays"
     );
     phase(&mut c, &mut stdin, 2);
     assert_eq!(hits(&c, &second), 2 * ITERS, "the second counts on");
@@ -271,5 +296,74 @@ fn removing_the_first_of_two_probes_on_one_patch_site_keeps_the_second() {
     stdin.write_all(b"go\n").unwrap();
     drop(stdin);
     assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
-    assert_eq!(hits(&c, &second), 2 * ITERS, "removed: no hit in phase 3");
+    // A trap probe removed has no counts left to read (a fast-path one
+    // keeps them): none may have grown.
+    let after = c.session.stats(second.id).map(|s| s.hits);
+    assert!(
+        after.is_none_or(|h| h == 2 * ITERS),
+        "removed: no hit in phase 3 ({after:?})"
+    );
+}
+
+/// Two count probes on one jump site: the second jump chains on the first
+/// (both on the jump, both counting). Removing the first hands the site to
+/// the trap with both (the later jump's trampoline runs the earlier one's,
+/// so the first would go on counting): the second counts on, the first no
+/// more; removing the second brings the original bytes back, with no site
+/// reported as another writer's.
+#[test]
+fn removing_the_first_of_two_chained_jumps_keeps_the_second_alone() {
+    let bin = program("fpctl", &["-O2"]);
+    let args = ["1", &ITERS.to_string()];
+    let (mut c, mut stdin, pid) = spawn_phased(&bin, &args);
+    let t = c.target;
+    let addr = c.session.resolve(t, "cnt_jumped").unwrap()[0].addr.0;
+    let original = read_mem(pid, addr, 8);
+    c.session.set_wait_deadline(Some(std::time::Instant::now()));
+    let add = |c: &mut Captured| {
+        c.session
+            .add(t, "cnt_jumped", Action::Count)
+            .unwrap()
+            .placements[0]
+            .clone()
+    };
+    let (first, second) = (add(&mut c), add(&mut c));
+    for p in [&first, &second] {
+        assert!(matches!(p.mechanism, Mechanism::Jump), "{:?}", p.mechanism);
+    }
+    c.session.start().unwrap();
+    phase(&mut c, &mut stdin, 1);
+    let hits = |c: &Captured, p: &hotprobe::Placement| c.session.stats(p.id).map(|s| s.hits);
+    assert_eq!(
+        (hits(&c, &first), hits(&c, &second)),
+        (Some(ITERS), Some(ITERS)),
+        "both count"
+    );
+    c.session.take_notices();
+
+    c.session.remove_probe(first.id).unwrap();
+    let handed = c.session.take_notices();
+    assert!(
+        handed.iter().any(|n| n.contains("was handed to the trap")),
+        "{handed:?}"
+    );
+    phase(&mut c, &mut stdin, 2);
+    assert_eq!(hits(&c, &second), Some(2 * ITERS), "the second counts on");
+    // The first, removed, counted nothing more (a trap probe removed has
+    // no counts left to read).
+    let first_after = hits(&c, &first);
+    assert!(
+        first_after.is_none_or(|h| h == ITERS),
+        "the first no more: {first_after:?}"
+    );
+
+    c.session.remove_probe(second.id).unwrap();
+    assert_eq!(read_mem(pid, addr, 8), original, "the original bytes");
+    assert!(
+        c.session.take_notices().is_empty(),
+        "no site reported as another writer's"
+    );
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
 }

@@ -1,371 +1,415 @@
 //! Every pair of mechanisms the per-probe API can place on one function
-//! (issue 21): the trap's entry probe, the trap's return probe, the
-//! in-process trap (a handler probe with a post handler), the fast path's
-//! patch or jump (a count), and a shared-memory handler (a pre handler on
-//! the fast path's handler call), each pair in both orders, on a program
-//! started under the session (the in-process trap is refused in a process
-//! attached to) that runs on after the detach. Each probe
-//! placed counts exactly the calls made; after the detach every address
-//! the code ledger listed holds its original bytes (the file's, for the
-//! program's own code) and the program's output is what it prints unprobed.
+//! (issue 21's "pairs at one function"), in both orders, on a function an
+//! exception is thrown through (C++, `g++ -O1`) and on one `longjmp`
+//! leaves (C, `gcc -O1`):
+//!
+//! - the trap's entry probe (`Count`, [`MechanismChoice::Trap`]);
+//! - the trap's return probe (`leafK%return`, the same);
+//! - the in-process trap: a handler probe with a post handler, which the
+//!   per-probe API puts there (`Action::Handler` under `Auto`: a patch or
+//!   jump cannot run a handler after the entry instruction);
+//! - the fast path's patch (`Count`, [`MechanismChoice::Patch`]: the
+//!   programs are built with `-fpatchable-function-entry=5,0`);
+//! - the fast path's jump (`Count`, [`MechanismChoice::Jump`]: its 5 bytes
+//!   relocated with the instruction after them);
+//! - a shared-memory handler: a pre handler alone (`Auto`), on the site's
+//!   call to the agent.
+//!
+//! Each program has one copy of the function per ordered pair (`leaf0`,
+//! `leaf1`, …), so that one process serves every pair: pair K goes on
+//! `leafK`, placed first then second, and `run K N` calls it N times from
+//! its caller, which catches the throw (or is where the `longjmp` lands)
+//! every third call, the program printing its own counts. The program
+//! runs while the pairs are placed: `leafK` runs with the first probe
+//! alone, then again once the second is added, so the first's counts must
+//! go on across the hand-over of its site.
+//!
+//! Each pair must:
+//! - leave the program's output equal to a native run's given the same
+//!   commands, and its exit status 0;
+//! - count exactly: an entry (count or handler) counts every call made
+//!   while it was in place, a handler runs once per call (its post
+//!   handler too), a return probe counts the calls that returned as
+//!   `returns` and the ones the throw or `longjmp` left as `abandoned`,
+//!   none `nmissed`;
+//! - place its second probe on the site the first holds (joined, or the
+//!   site handed to the trap, which serves both), or refuse it with a
+//!   reason listed in [`ALLOWED_REFUSALS`] (the first mechanism cannot
+//!   serve that action): any other refusal fails;
+//! - after the session detaches from the program, which runs on, leave
+//!   at every address the code ledger ever listed its original bytes, the
+//!   file's in the leaves' code (no two ledger sites overlapping at any
+//!   time, each giving the file's code as its original), and the whole
+//!   text of the program and of the leaves' library equal to the files.
+//!
+//! A process the session started takes all 30 ordered pairs; one it
+//! attached to (`-p`) the 20 without the in-process trap, which is refused
+//! there (the agent injected cannot keep `SIGTRAP` unblocked). A third
+//! variant has the leaves in a library the program opens (`dlopen`) when
+//! told: all 30 pairs are pending when added (before it runs), armed in
+//! the order added when the loader maps it (`pending.rs`), and must fit
+//! each other as pairs placed at once do.
+//!
+//! No second probe is refused in this matrix ([`ALLOWED_REFUSALS`] is
+//! empty): every first mechanism's site either serves the second (the
+//! trap's `int3`) or is handed to the trap, which serves both (a patch,
+//! jump or in-process trap calls the agent for one probe).
 
-mod support;
+use hotprobe::{EngineError, RunEnd, Session, TargetId};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
 
-use hotprobe::{Action, EngineError, MechanismChoice, Probe, ProbeId, Session, SpawnOptions};
-use std::cell::Cell;
-use std::fs::File;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::os::fd::OwnedFd;
-use std::process::{Child, Command, Stdio};
-use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-use support::program;
+mod ledger_pairs_support;
+use ledger_pairs_support::*;
 
-/// Calls of `compute` made while a pair is placed.
-const CALLS: u32 = 20;
-/// The longest one command may take (one still going is a hang).
-const LIMIT: Duration = Duration::from_secs(60);
+#[test]
+fn every_pair_on_a_function_an_exception_goes_through_in_a_process_started() {
+    pairs(Lang::Throw, Mode::Started);
+}
 
-/// One way of probing `compute`.
+#[test]
+fn every_pair_on_a_function_longjmp_leaves_in_a_process_started() {
+    pairs(Lang::Longjmp, Mode::Started);
+}
+
+#[test]
+fn every_pair_on_a_function_an_exception_goes_through_in_a_process_attached_to() {
+    pairs(Lang::Throw, Mode::Attached);
+}
+
+#[test]
+fn every_pair_on_a_function_longjmp_leaves_in_a_process_attached_to() {
+    pairs(Lang::Longjmp, Mode::Attached);
+}
+
+#[test]
+fn every_pair_pending_on_a_library_function_an_exception_goes_through() {
+    pairs(Lang::Throw, Mode::Pending);
+}
+
+#[test]
+fn every_pair_pending_on_a_library_function_longjmp_leaves() {
+    pairs(Lang::Longjmp, Mode::Pending);
+}
+
+/// How the session gets the program, and when the pairs are placed.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Mech {
-    TrapEntry,
-    TrapReturn,
-    InProcess,
-    Fast,
-    ShmHandler,
+enum Mode {
+    /// Spawned by the session; the pairs placed before it runs.
+    Started,
+    /// Started here and attached to (`-p`); no in-process trap.
+    Attached,
+    /// Spawned by the session, its leaves in a library not mapped yet:
+    /// the pairs are pending, armed as the loader maps it.
+    Pending,
 }
 
-const MECHS: [Mech; 5] = [
-    Mech::TrapEntry,
-    Mech::TrapReturn,
-    Mech::InProcess,
-    Mech::Fast,
-    Mech::ShmHandler,
-];
-
-/// `target serve`, its commands sent through stdin, its lines read by a
-/// thread that raises `done` at each `done …` line.
-struct Served {
-    /// Run unprobed, or `None`: started by a session.
-    child: Option<Child>,
-    stdin: Option<Box<dyn Write>>,
-    lines: Receiver<String>,
-    done: Arc<AtomicBool>,
-    pid: i32,
-}
-
-impl Served {
-    /// Started unprobed.
-    fn start(bin: &std::path::Path) -> Served {
-        let mut child = Command::new(bin)
-            .arg("serve")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = Box::new(child.stdin.take().unwrap());
-        let out = child.stdout.take().unwrap();
-        let mut served = Served::reading(out, stdin);
-        served.child = Some(child);
-        served.ready();
-        served
+/// The checks of pair `pair` once both probes are in the target: both
+/// on one site (joined, or the trap holding both), and one ledger site at
+/// the function's entry `entry`.
+fn check_one_site(
+    s: &mut Session,
+    t: TargetId,
+    pair: &Pair,
+    entry: u64,
+    failures: &mut Vec<String>,
+) {
+    let when = format!("{}: {:?} then {:?}", pair.function, pair.first, pair.second);
+    // `execution_of` names trap probes only (one another mechanism
+    // handed to the trap too).
+    let on_trap: Vec<bool> = pair
+        .placed
+        .iter()
+        .map(|(_, p)| s.execution_of(p.id).is_some())
+        .collect();
+    if on_trap.contains(&true) && on_trap.contains(&false) {
+        failures.push(format!("{when}: not on one site: on the trap {on_trap:?}"));
     }
-
-    /// Spawned by `s` (its `ready` line is read once `s` runs it).
-    fn spawn(s: &mut Session, bin: &std::path::Path) -> (Served, hotprobe::TargetId) {
-        let (in_r, in_w) = std::io::pipe().unwrap();
-        let (out_r, out_w) = std::io::pipe().unwrap();
-        let opts = SpawnOptions {
-            stdin: Some(File::from(OwnedFd::from(in_r))),
-            stdout: Some(File::from(OwnedFd::from(out_w))),
-            ..Default::default()
-        };
-        let t = s.spawn_with(bin, &["serve".into()], &opts).unwrap();
-        drop(opts);
-        (Served::reading(out_r, Box::new(in_w)), t)
-    }
-
-    fn reading(out: impl Read + Send + 'static, stdin: Box<dyn Write>) -> Served {
-        let mut out = BufReader::new(out);
-        let done = Arc::new(AtomicBool::new(false));
-        let (tx, lines) = std::sync::mpsc::channel();
-        let seen = done.clone();
-        std::thread::spawn(move || loop {
-            let mut l = String::new();
-            if out.read_line(&mut l).unwrap_or(0) == 0 {
-                return;
-            }
-            let is_done = l.starts_with("done ");
-            if tx.send(l.trim_end().to_string()).is_err() {
-                return;
-            }
-            if is_done {
-                seen.store(true, Ordering::SeqCst);
-            }
-        });
-        Served {
-            child: None,
-            stdin: Some(stdin),
-            lines,
-            done,
-            pid: 0,
-        }
-    }
-
-    /// Reads the `ready PID` line.
-    fn ready(&mut self) {
-        let ready = self.lines.recv_timeout(LIMIT).unwrap();
-        self.pid = ready.strip_prefix("ready ").unwrap().parse().unwrap();
-    }
-
-    /// Closes its input and reads the rest: `bye` as it ends.
-    fn finish(&mut self) -> Vec<String> {
-        self.stdin = None;
-        let mut rest = Vec::new();
-        while let Ok(l) = self.lines.recv_timeout(LIMIT) {
-            rest.push(l);
-        }
-        rest
-    }
-
-    /// Sends `cmd` (its `done` not seen yet).
-    fn send(&mut self, cmd: &str) {
-        self.done.store(false, Ordering::SeqCst);
-        let stdin = self.stdin.as_mut().unwrap();
-        writeln!(stdin, "{cmd}").unwrap();
-        stdin.flush().unwrap();
-    }
-
-    /// The lines of the command sent last, up to its `done` line.
-    fn reply(&mut self) -> Vec<String> {
-        let mut v = Vec::new();
-        loop {
-            match self.lines.recv_timeout(LIMIT) {
-                Ok(l) => {
-                    let done = l.starts_with("done ");
-                    v.push(l);
-                    if done {
-                        return v;
-                    }
-                }
-                Err(RecvTimeoutError::Timeout) => panic!("no `done` line: {v:?}"),
-                Err(RecvTimeoutError::Disconnected) => panic!("the program closed its output"),
-            }
-        }
-    }
-
-    /// Runs `cmd` unprobed.
-    fn run(&mut self, cmd: &str) -> Vec<String> {
-        self.send(cmd);
-        self.reply()
+    let at_entry = s
+        .code_ledger(t)
+        .unwrap()
+        .iter()
+        .filter(|site| site.end() > entry && site.start < entry + 5)
+        .count();
+    if at_entry != 1 {
+        failures.push(format!("{when}: {at_entry} ledger sites at {entry:#x}"));
     }
 }
 
-impl Drop for Served {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.child {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// A probe placed by [`place`]: its id, and the hits its handler saw
-/// (handler probes).
-struct Placed {
-    id: ProbeId,
-    handled: Option<Rc<Cell<u64>>>,
-    mechanism: String,
-}
-
-/// Places `m` on `compute` through the per-probe API.
-fn place(s: &mut Session, t: hotprobe::TargetId, m: Mech) -> Result<Placed, EngineError> {
-    let handled = Rc::new(Cell::new(0u64));
-    let h = handled.clone();
-    let pre = move |_: &mut hotprobe::HitContext<'_>| h.set(h.get() + 1);
-    let (spec, action, choice) = match m {
-        Mech::TrapEntry => ("compute", Action::Count, MechanismChoice::Trap),
-        Mech::TrapReturn => ("compute%return", Action::Count, MechanismChoice::Trap),
-        Mech::Fast => ("compute", Action::Count, MechanismChoice::Auto),
-        Mech::InProcess => (
-            "compute",
-            Action::Handler(Probe::new().pre(pre).post(|_| {})),
-            MechanismChoice::Auto,
-        ),
-        Mech::ShmHandler => (
-            "compute",
-            Action::Handler(Probe::new().pre(pre)),
-            MechanismChoice::Auto,
-        ),
-    };
-    let handler = matches!(action, Action::Handler(_));
-    let added = s.add_using(t, spec, action, choice)?;
-    let [p] = &added.placements[..] else {
-        panic!("{m:?}: {:?}", added.placements.len());
-    };
-    Ok(Placed {
-        id: p.id,
-        handled: handler.then_some(handled),
-        mechanism: format!("{} / {}", p.mechanism, p.execution),
-    })
-}
-
-/// The bytes of process `pid` at `addr` (/proc/PID/mem), if mapped.
-fn memory_at(pid: i32, addr: u64, len: usize) -> Option<Vec<u8>> {
-    use std::os::unix::fs::FileExt;
-    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
-    let mut b = vec![0u8; len];
-    mem.read_exact_at(&mut b, addr).ok().map(|_| b)
-}
-
-/// The file and offset behind `addr` of process `pid`, if a file maps it.
-fn file_behind(pid: i32, addr: u64) -> Option<(String, u64)> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    maps.lines().find_map(|l| {
-        let w: Vec<&str> = l.split_whitespace().collect();
-        let (s, e) = w.first()?.split_once('-')?;
-        let (s, e) = (
-            u64::from_str_radix(s, 16).ok()?,
-            u64::from_str_radix(e, 16).ok()?,
+/// Runs `leafK` [`CALLS`] times in the probed program (served by `s`)
+/// and in the native one, the outputs compared: the program's counts
+/// (calls, returns, left), as the native run printed them.
+fn probed_run(
+    s: &mut Session,
+    t: TargetId,
+    (srv, native): (&mut Served, &mut Served),
+    k: usize,
+    pair: &Pair,
+    failures: &mut Vec<String>,
+) -> (u64, u64, u64) {
+    let cmd = format!("run {k} {CALLS}");
+    srv.send(&cmd);
+    let end = s.run_until(&srv.done).unwrap();
+    if end != RunEnd::Interrupted {
+        panic!(
+            "{}: {:?} then {:?}: {end:?}: {:?}, notices {:?}\n{}",
+            pair.function,
+            pair.first,
+            pair.second,
+            s.exit_status(t),
+            s.take_notices(),
+            failures.join("\n")
         );
-        let offset = u64::from_str_radix(w.get(2)?, 16).ok()?;
-        let path = w.get(5).filter(|p| p.starts_with('/'))?;
-        (s..e)
-            .contains(&addr)
-            .then(|| (path.to_string(), addr - s + offset))
-    })
+    }
+    let probed = srv.reply();
+    let want = native.run(&cmd);
+    if probed != want {
+        failures.push(format!(
+            "{}: {:?} then {:?}: the output changed: {probed:?}, natively {want:?}",
+            pair.function, pair.first, pair.second
+        ));
+    }
+    program_counts(&want[0])
 }
 
-#[test]
-fn every_pair_of_mechanisms_on_one_function_leaves_the_original_bytes_at_detach() {
-    pairs_on_compute(&MECHS, false);
-}
-
-/// The same in a process attached to while it runs (`-p`): the in-process
-/// trap is refused there (the agent injected cannot keep `SIGTRAP`
-/// unblocked), the other four are paired.
-#[test]
-fn every_pair_on_one_function_of_a_process_attached_to_leaves_the_original_bytes() {
+/// Places every ordered pair of the mechanisms (without the in-process
+/// trap when attached to) on its own `leafK` of one `lang` program, runs
+/// each, and detaches (see the module docs). Every failure is collected,
+/// then reported together.
+fn pairs(lang: Lang, mode: Mode) {
+    let began = Instant::now();
     let mechs: Vec<Mech> = MECHS
         .into_iter()
-        .filter(|m| *m != Mech::InProcess)
+        .filter(|m| !(mode == Mode::Attached && *m == Mech::InProcess))
         .collect();
-    pairs_on_compute(&mechs, true);
-}
-
-/// Places every ordered pair of `mechs` on `compute`, each on a `target
-/// serve` of its own, spawned by the session or (`attach`) started and
-/// attached to (see the module docs).
-fn pairs_on_compute(mechs: &[Mech], attach: bool) {
-    let bin = program("target", &["-O2"]);
-    let file = std::fs::read(&bin).unwrap();
-    let bin_path = bin.canonicalize().unwrap();
-    let compute = format!("compute {CALLS}");
-    for &first in mechs {
-        for &second in mechs {
-            if first == second {
-                continue;
+    let ordered: Vec<(Mech, Mech)> = mechs
+        .iter()
+        .flat_map(|&a| mechs.iter().map(move |&b| (a, b)))
+        .filter(|(a, b)| a != b)
+        .collect();
+    let built = build(lang, mode == Mode::Pending);
+    let file = std::fs::read(&built.code).unwrap();
+    let code_path = &built.code;
+    let mut failures = Vec::new();
+    let mut s = Session::new();
+    let (mut srv, t) = match mode {
+        Mode::Attached => {
+            let srv = Served::start(&built.bin, false);
+            let t = s.attach(srv.pid).unwrap();
+            (srv, t)
+        }
+        Mode::Started | Mode::Pending => Served::spawn(&mut s, &built.bin),
+    };
+    let pid = s.pid(t).unwrap();
+    // Every address the ledger listed, with the original bytes it gave
+    // (two different ones at an address: a write over another's bytes,
+    // which the checks after the detach find). No two of its sites may
+    // overlap, and those in the leaves' file hold the file's code as
+    // original.
+    let mut ledger: BTreeMap<u64, BTreeSet<Vec<u8>>> = BTreeMap::new();
+    let mut note_ledger = |s: &mut Session, when: &str, failures: &mut Vec<String>| {
+        let sites = s.code_ledger(t).unwrap();
+        for w in sites.windows(2) {
+            if w[0].end() > w[1].start {
+                failures.push(format!(
+                    "{when}: ledger sites overlap: {:#x}..{:#x} ({:?}) and {:#x} ({:?})",
+                    w[0].start,
+                    w[0].end(),
+                    w[0].owner,
+                    w[1].start,
+                    w[1].owner
+                ));
             }
-            let pair = (first, second, attach);
-            let mut s = Session::new();
-            let (mut srv, t) = match attach {
-                true => {
-                    let srv = Served::start(&bin);
-                    let t = s.attach(srv.pid).unwrap();
-                    (srv, t)
-                }
-                false => Served::spawn(&mut s, &bin),
-            };
-            let a = place(&mut s, t, first).unwrap_or_else(|e| panic!("{pair:?}: {e}"));
-            // The first is on the mechanism asked for.
-            let on = |m: &str| a.mechanism.starts_with(m);
-            let expected = match first {
-                Mech::TrapEntry | Mech::TrapReturn => on("trap /"),
-                Mech::InProcess => on("in-process trap /"),
-                Mech::Fast => (on("jump /") || on("patch /")) && !a.mechanism.contains("handler"),
-                Mech::ShmHandler => {
-                    (on("jump /") || on("patch /")) && a.mechanism.contains("shared-memory handler")
-                }
-            };
-            assert!(expected, "{pair:?}: {first:?} placed as {}", a.mechanism);
-            // The second joins the first's site or is refused with the
-            // reason; it never writes over it.
-            let b = match place(&mut s, t, second) {
-                Ok(b) => Some(b),
-                Err(EngineError::RefusedSpec { reason, .. }) => {
-                    assert!(!reason.is_empty(), "{pair:?}");
-                    None
-                }
-                Err(e) => panic!("{pair:?}: {e}"),
-            };
-            let ledger: Vec<(u64, Vec<u8>)> = s
-                .code_ledger(t)
-                .unwrap()
-                .iter()
-                .map(|site| (site.start, site.original().to_vec()))
-                .collect();
-            assert!(!ledger.is_empty(), "{pair:?}: nothing written");
-            s.start().unwrap();
-            s.set_wait_deadline(Some(Instant::now()));
-            if !attach {
-                srv.ready();
-            }
-            // The same program unprobed, given the same commands.
-            let mut native = Served::start(&bin);
-            srv.send(&compute);
-            let end = s.run_until(&srv.done).unwrap();
-            assert_eq!(end, hotprobe::RunEnd::Interrupted, "{pair:?}");
-            let probed = srv.reply();
-            assert_eq!(probed, native.run(&compute), "{pair:?}: output changed");
-            for (m, p) in [(first, Some(&a)), (second, b.as_ref())] {
-                let Some(p) = p else { continue };
-                let st = s.stats(p.id).unwrap();
-                let counted = match m {
-                    Mech::TrapReturn => st.returns,
-                    _ => st.hits,
-                };
-                assert_eq!(
-                    (counted, st.nmissed),
-                    (u64::from(CALLS), 0),
-                    "{pair:?}: {m:?} on {}: {st:?}",
-                    p.mechanism
-                );
-                if let Some(h) = &p.handled {
-                    assert_eq!(h.get(), u64::from(CALLS), "{pair:?}: {m:?} handler");
+        }
+        for site in sites {
+            if let Some((path, off)) = file_behind(pid, site.start) {
+                let off = off as usize;
+                let original = site.original();
+                if path == *code_path && original != &file[off..off + original.len()] {
+                    failures.push(format!(
+                        "{when}: the ledger's original at {:#x} ({:?}) is not the file's code: \
+                         {original:02x?}",
+                        site.start, site.owner,
+                    ));
                 }
             }
-            s.detach().unwrap();
-            drop(s);
-            // Every address the ledger listed holds its original bytes,
-            // the file's in the program's own code.
-            let mut in_program = 0;
-            for (addr, original) in &ledger {
-                let Some(now) = memory_at(srv.pid, *addr, original.len()) else {
-                    // Scratch memory of ours, unmapped at detach.
-                    assert!(file_behind(srv.pid, *addr).is_none(), "{pair:?}");
-                    continue;
-                };
-                assert_eq!(&now, original, "{pair:?}: {addr:#x}");
-                if let Some((path, off)) = file_behind(srv.pid, *addr) {
-                    if std::path::Path::new(&path) == bin_path {
-                        in_program += 1;
-                        let off = off as usize;
-                        assert_eq!(
-                            &now[..],
-                            &file[off..off + original.len()],
-                            "{pair:?}: {addr:#x} is not the file's code"
-                        );
-                    }
-                }
-            }
-            assert!(in_program > 0, "{pair:?}: no site in compute");
-            // The program runs on, unprobed, as before, to its end.
-            assert_eq!(srv.run("compute 3"), native.run("compute 3"), "{pair:?}");
-            assert_eq!(srv.finish(), ["bye"], "{pair:?}");
+            ledger
+                .entry(site.start)
+                .or_default()
+                .insert(site.original().to_vec());
+        }
+    };
+    // The same program unprobed, given the same commands.
+    let mut native = Served::start(&built.bin, mode == Mode::Pending);
+    // Running while the pairs are placed, their first probes counting
+    // before their second ones come: all but the pending variant.
+    let live = mode != Mode::Pending;
+    if live {
+        s.start().unwrap();
+        s.set_wait_deadline(Some(Instant::now()));
+        if mode == Mode::Started {
+            srv.ready();
         }
     }
+    let mut placed_pairs = Vec::new();
+    for (k, &(first, second)) in ordered.iter().enumerate() {
+        let function = format!("{}leaf{k}", built.module);
+        let a = place(&mut s, t, &function, first)
+            .unwrap_or_else(|e| panic!("{function}: {first:?} first: {e}"));
+        let pending = mode == Mode::Pending;
+        if pending != a.mechanism.starts_with("pending")
+            || !pending && !placed_as_asked(first, &a.mechanism)
+        {
+            failures.push(format!("{function}: {first:?} placed as {}", a.mechanism));
+        }
+        note_ledger(&mut s, &format!("{function}: {first:?}"), &mut failures);
+        let mut pair = Pair {
+            first,
+            second,
+            function,
+            placed: vec![(first, a)],
+            refused: None,
+            alone: (0, 0, 0),
+        };
+        if live {
+            pair.alone = probed_run(&mut s, t, (&mut srv, &mut native), k, &pair, &mut failures);
+        }
+        match place(&mut s, t, &pair.function, second) {
+            Ok(b) => pair.placed.push((second, b)),
+            Err(EngineError::RefusedSpec { reason, .. }) => {
+                let allowed = ALLOWED_REFUSALS
+                    .iter()
+                    .any(|(f, sec, why)| (*f, *sec) == (first, second) && reason.contains(why));
+                if !allowed {
+                    failures.push(format!(
+                        "{}: {first:?} then {second:?}: refused: {reason}",
+                        pair.function
+                    ));
+                }
+                pair.refused = Some(reason);
+            }
+            Err(e) => failures.push(format!("{}: {first:?} then {second:?}: {e}", pair.function)),
+        }
+        if !pending {
+            let entry = pair.placed[0].1.addr;
+            check_one_site(&mut s, t, &pair, entry, &mut failures);
+        }
+        let when = format!("{}: {first:?} then {second:?}", pair.function);
+        note_ledger(&mut s, &when, &mut failures);
+        placed_pairs.push(pair);
+    }
+    match mode {
+        Mode::Attached | Mode::Started => {}
+        Mode::Pending => {
+            s.start().unwrap();
+            s.set_wait_deadline(Some(Instant::now()));
+            // Served up to its `ready` line: the library is loaded, the
+            // pending probes armed.
+            srv.send("load");
+            let end = s.run_until(&srv.done).unwrap();
+            assert_eq!(end, RunEnd::Interrupted);
+            srv.ready();
+            for pair in &placed_pairs {
+                let entry = s.resolve(t, &pair.function).unwrap()[0].addr.0;
+                check_one_site(&mut s, t, pair, entry, &mut failures);
+            }
+            note_ledger(&mut s, "armed", &mut failures);
+        }
+    }
+    for (k, pair) in placed_pairs.iter().enumerate() {
+        let (calls, returns, left) =
+            probed_run(&mut s, t, (&mut srv, &mut native), k, pair, &mut failures);
+        // The program's calls and returns are its totals, `left` this
+        // run's.
+        let (c0, r0, l0) = pair.alone;
+        let first = (calls, returns, l0 + left);
+        let second = (calls - c0, returns - r0, left);
+        check_counts(&s, pair, (first, second), &mut failures);
+    }
+    // The table of what served each pair, for the record.
+    for pair in &placed_pairs {
+        let served: Vec<String> = pair
+            .placed
+            .iter()
+            .map(|(m, p)| format!("{m:?} on {}", p.mechanism))
+            .collect();
+        eprintln!(
+            "{lang:?} {}: {:?} then {:?}: {}{}",
+            pair.function,
+            pair.first,
+            pair.second,
+            served.join("; "),
+            pair.refused
+                .as_deref()
+                .map(|r| format!("; second refused: {r}"))
+                .unwrap_or_default()
+        );
+    }
+    note_ledger(&mut s, "before the detach", &mut failures);
+    for n in s.take_notices() {
+        eprintln!("notice: {n}");
+    }
+    s.detach().unwrap();
+    drop(s);
+    // Every address the ledger listed holds its original bytes, the
+    // file's in the leaves' code.
+    let mut in_code = 0;
+    for (addr, original) in ledger
+        .iter()
+        .flat_map(|(a, o)| o.iter().map(move |o| (a, o)))
+    {
+        let Some(now) = memory_at(srv.pid, *addr, original.len()) else {
+            // Scratch memory of ours, unmapped at detach.
+            if file_behind(srv.pid, *addr).is_some() {
+                failures.push(format!("{addr:#x}: a file's, but unreadable"));
+            }
+            continue;
+        };
+        if &now != original {
+            failures.push(format!("{addr:#x}: {now:02x?}, originally {original:02x?}"));
+        }
+        if let Some((path, off)) = file_behind(srv.pid, *addr) {
+            if path == *code_path {
+                in_code += 1;
+                let off = off as usize;
+                if now[..] != file[off..off + original.len()] {
+                    failures.push(format!("{addr:#x}: {now:02x?} is not the file's code"));
+                }
+            }
+        }
+    }
+    assert!(
+        in_code >= placed_pairs.len(),
+        "{in_code} sites in the leaves' code"
+    );
+    for f in [&built.bin, code_path] {
+        let changed =
+            hotprobe_testkit::text_differences(srv.pid as u32, &f.canonicalize().unwrap());
+        if !changed.is_empty() {
+            failures.push(format!(
+                "{}: text differs from the file: {changed:x?}",
+                f.display()
+            ));
+        }
+    }
+    // The program runs on, unprobed, as before, to its end.
+    for k in 0..placed_pairs.len() {
+        let cmd = format!("run {k} 3");
+        let (after, want) = (srv.run(&cmd), native.run(&cmd));
+        if after != want {
+            failures.push(format!(
+                "leaf{k} after the detach: {after:?}, natively {want:?}"
+            ));
+        }
+    }
+    assert_eq!(srv.finish(), ["bye"]);
+    assert_eq!(srv.exit_code(), Some(0));
+    assert_eq!(native.finish(), ["bye"]);
+    assert_eq!(native.exit_code(), Some(0));
+    eprintln!(
+        "{lang:?}, {mode:?}: {} pairs in {:?}",
+        placed_pairs.len(),
+        began.elapsed()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -240,3 +240,136 @@ fn a_library_unloaded_under_armed_probes_leaves_the_ledger_in_one_walk() {
     let native: Vec<&str> = native.lines().collect();
     assert_eq!(got, native);
 }
+
+/// Calls of `f` before the library is unloaded, and after it is loaded
+/// again, by tests/programs/reloads.c.
+const BEFORE: u64 = 5;
+const AFTER: u64 = 7;
+
+/// The reloading program (tests/programs/reloads.c) and its library
+/// (`f`, long enough for a jump, with a patchable entry; `g`, too short
+/// for a jump and without one: an in-process trap takes it under `auto`;
+/// 3 bytes, as a 4-byte one would take a punned jump).
+fn build_reload() -> (PathBuf, PathBuf) {
+    hotprobe_testkit::reloading_program(
+        &PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("unmapped_reload"),
+    )
+}
+
+/// A probe placed on `func` while its library is loaded, with `choice`: the
+/// program unloads the library (its mappings gone, as it says) and loads
+/// it again. The probe is made pending at the unload (a notice names
+/// it), armed again at the load under its id on the same mechanism, and
+/// counts every call, before and after. After detach the reloaded
+/// library's code is the file's; the program's output and exit status
+/// are its own.
+fn reloaded_probe_counts_on(choice: MechanismChoice, on: &str, func: &str) {
+    let (bin, lib) = build_reload();
+    let native = std::process::Command::new(&bin)
+        .args([lib.to_str().unwrap(), "wait"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let native = {
+        let mut c = native;
+        c.stdin.take().unwrap().write_all(b"go\ngo\n").unwrap();
+        let out = c.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(7), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert!(native.contains("mappings 0\n"), "{native}");
+    let mut s = Session::new();
+    let (in_r, in_w) = std::io::pipe().unwrap();
+    let (out_r, out_w) = std::io::pipe().unwrap();
+    let opts = SpawnOptions {
+        stdin: Some(File::from(OwnedFd::from(in_r))),
+        stdout: Some(File::from(OwnedFd::from(out_w))),
+        ..Default::default()
+    };
+    let args = [lib.to_str().unwrap().into(), "wait".into()];
+    let t = s.spawn_with(&bin, &args, &opts).unwrap();
+    drop(opts);
+    let pid = s.pid(t).unwrap();
+    let mut stdin = File::from(OwnedFd::from(in_w));
+    let (lines, seen) = reading(out_r);
+    s.start().unwrap();
+    let mut got = vec![next_line(&mut s, &lines, &seen)];
+    assert_eq!(got, ["loaded"]);
+    let added = s.add_using(t, func, Action::Count, choice).unwrap();
+    let [placed] = &added.placements[..] else {
+        panic!("{} placements", added.placements.len());
+    };
+    assert!(
+        placed.mechanism.to_string().starts_with(on),
+        "{on}: {placed:?}"
+    );
+    assert_ne!(hotprobe_testkit::text_differences(pid as u32, &lib), vec![]);
+    stdin.write_all(b"go\n").unwrap();
+    got.push(next_line(&mut s, &lines, &seen));
+    assert!(got[1].starts_with("closed "), "{got:?}");
+    got.push(next_line(&mut s, &lines, &seen));
+    assert!(got[2].starts_with("reloaded "), "{got:?}");
+    // The unmap notice names the probe; nothing fails to arm.
+    let notices = s.take_notices();
+    let unloaded: Vec<&String> = notices
+        .iter()
+        .filter(|n| n.contains("went with a module the program unloaded"))
+        .collect();
+    assert_eq!(unloaded.len(), 1, "{notices:?}");
+    assert!(
+        unloaded[0].contains(": 1 probe site(s) at ")
+            && unloaded[0].contains(&format!(": {func}: pending, armed again")),
+        "{notices:?}"
+    );
+    assert!(
+        !notices.iter().any(|n| n.contains("cannot arm")),
+        "{notices:?}"
+    );
+    // Armed again at the load: its id, its mechanism.
+    let armed = s.armed_pending().to_vec();
+    assert_eq!(armed.len(), 1, "{armed:?}");
+    assert_eq!(armed[0].placement.id, placed.id);
+    assert_eq!(armed[0].placement.mechanism, placed.mechanism, "{armed:?}");
+    assert_eq!(armed[0].placement.function.as_deref(), Some(func));
+    // One row, every call counted.
+    let rows = s.as_armed(vec![placed.clone()]);
+    assert_eq!(rows.len(), 1);
+    let st = s.stats(placed.id).unwrap();
+    assert_eq!((st.hits, st.nmissed), (BEFORE + AFTER, 0), "{on}: {st:?}");
+    // The reloaded library is probed until detach, the file's after.
+    assert_ne!(hotprobe_testkit::text_differences(pid as u32, &lib), vec![]);
+    s.detach().unwrap();
+    assert_eq!(hotprobe_testkit::text_differences(pid as u32, &lib), vec![]);
+    assert_eq!(hotprobe_testkit::text_differences(pid as u32, &bin), vec![]);
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    let (_, status) = hotprobe::os::sys::waitpid(pid, 0)
+        .expect("waitpid")
+        .expect("an exit");
+    assert_eq!(status, 7 << 8, "wait status {status:#x}");
+    drop(s);
+    got.extend(lines.iter());
+    let native: Vec<&str> = native.lines().collect();
+    assert_eq!(got, native);
+}
+
+#[test]
+fn a_trap_probe_in_a_reloaded_library_counts_every_call() {
+    reloaded_probe_counts_on(MechanismChoice::Trap, "trap", "f");
+}
+
+#[test]
+fn a_jump_probe_in_a_reloaded_library_counts_every_call() {
+    reloaded_probe_counts_on(MechanismChoice::Jump, "jump", "f");
+}
+
+#[test]
+fn a_patch_probe_in_a_reloaded_library_counts_every_call() {
+    reloaded_probe_counts_on(MechanismChoice::Patch, "patch", "f");
+}
+
+#[test]
+fn an_in_process_trap_in_a_reloaded_library_counts_every_call() {
+    reloaded_probe_counts_on(MechanismChoice::Auto, "in-process trap", "g");
+}

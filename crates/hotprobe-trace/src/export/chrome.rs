@@ -48,7 +48,10 @@ fn values(args: &[u64]) -> serde_json::Value {
 
 /// Writes the trace as Trace Event JSON: an object with `traceEvents`
 /// (`B`/`E` for entries and exits, `X` with `dur` for aggregated calls, `i`
-/// for hits, `M` for process and thread names), times in µs.
+/// for hits, `M` for process and thread names), times in µs. `otherData`
+/// says whether the times leave the probes' costs out (`probe_costs`) and
+/// lists the functions probed through a trap (`on_traps`); their `B` and
+/// `X` events have the trap mechanism as their category (`cat`).
 pub fn export_chrome(
     reader: &TraceReader,
     out: &mut impl Write,
@@ -74,13 +77,23 @@ pub fn export_chrome_filtered(
     let mut stats = ChromeStats::default();
     let total = reader.total_bytes();
     let mut done = 0;
+    let on_traps: Vec<serde_json::Value> = reader
+        .trap_functions()
+        .into_iter()
+        .map(|(f, m)| json!({"function": f, "mechanism": m}))
+        .collect();
     writeln!(
         out,
         "{{\"displayTimeUnit\":\"ns\",\"otherData\":{},\"traceEvents\":[",
         json!({"tracer": "hotprobe", "target": info.target, "version": info.version,
-               "probe_costs": reader.overhead_note()})
+               "probe_costs": reader.overhead_note(), "on_traps": on_traps})
     )
     .map_err(io)?;
+    // A function on a trap: its mechanism, the category of its events.
+    let trap_of = |probe: u32| {
+        let (label, _) = reader.probe_costs()?.label_of(probe)?;
+        label.contains("trap").then_some(label)
+    };
     serde_json::to_writer(
         &mut *out,
         &json!({"ph":"M","name":"process_name","pid":pid,"tid":0,"args":{"name":info.target}}),
@@ -125,6 +138,9 @@ pub fn export_chrome_filtered(
                     stats.begins += 1;
                     let mut e =
                         json!({"ph":"B","name":syms.name(probe),"pid":pid,"tid":tid,"ts":us(ts)});
+                    if let Some(m) = trap_of(probe) {
+                        e["cat"] = m.into();
+                    }
                     if !args.is_empty() {
                         e["args"] = json!({"args": arg_values(probe, &args)});
                     }
@@ -141,7 +157,11 @@ pub fn export_chrome_filtered(
                 } => {
                     let mut e = if leaf {
                         stats.completes += 1;
-                        json!({"ph":"X","name":syms.name(probe),"pid":pid,"tid":tid,"ts":us(start),"dur":us(end - start)})
+                        let mut e = json!({"ph":"X","name":syms.name(probe),"pid":pid,"tid":tid,"ts":us(start),"dur":us(end - start)});
+                        if let Some(m) = trap_of(probe) {
+                            e["cat"] = m.into();
+                        }
+                        e
                     } else {
                         stats.ends += 1;
                         json!({"ph":"E","name":syms.name(probe),"pid":pid,"tid":tid,"ts":us(end)})

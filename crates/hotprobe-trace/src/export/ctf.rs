@@ -69,8 +69,7 @@ fn metadata(reader: &TraceReader) -> String {
         format!("enum : uint32_t {{\n{labels}}}")
     };
     let costs = tsdl_string(
-        &reader
-            .overhead_note()
+        &crate::reader::times_line(reader)
             .unwrap_or_else(|| "not calibrated: times as measured".into()),
     );
     format!(

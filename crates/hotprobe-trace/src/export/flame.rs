@@ -56,7 +56,15 @@ pub fn export_flamegraph(
         FoldedValue::SelfNs => "ns",
         FoldedValue::Calls => "calls",
     };
-    draw_flamegraph(&stacks, &title, count_name, opts.html, out)
+    // Under the title: what the times are, and the functions on a trap.
+    let subtitle = crate::reader::times_line(reader);
+    draw_flamegraph_with(
+        &stacks,
+        (&title, subtitle.as_deref()),
+        count_name,
+        opts.html,
+        out,
+    )
 }
 
 /// Draws folded `stacks` (stack `a;b;c` → value, as [`folded_stacks`]
@@ -70,6 +78,17 @@ pub fn draw_flamegraph(
     html: bool,
     out: &mut impl Write,
 ) -> Result<FlameStats> {
+    draw_flamegraph_with(stacks, (title, None), count_name, html, out)
+}
+
+/// [`draw_flamegraph`] with a subtitle under the title.
+fn draw_flamegraph_with(
+    stacks: &BTreeMap<String, u64>,
+    (title, subtitle): (&str, Option<&str>),
+    count_name: &str,
+    html: bool,
+    out: &mut impl Write,
+) -> Result<FlameStats> {
     let io = |e: std::io::Error| TraceError::io("<flame graph output>", e);
     if stacks.is_empty() {
         return Err(TraceError::Invalid(
@@ -79,6 +98,7 @@ pub fn draw_flamegraph(
     let lines: Vec<String> = stacks.iter().map(|(k, v)| format!("{k} {v}")).collect();
     let mut o = Options::default();
     o.title = title.to_string();
+    o.subtitle = subtitle.map(str::to_string);
     o.count_name = count_name.to_string();
     o.name_type = "Function:".into();
     // Colours from the names: the same function has the same colour in

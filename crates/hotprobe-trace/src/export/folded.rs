@@ -56,7 +56,11 @@ pub fn export_folded_filtered(
 }
 
 /// The folded stacks of the calls `query` keeps: stack (`a;b;c`, `;` in
-/// names replaced by `:`) → value, values of 0 left out.
+/// names replaced by `:`) → value, values of 0 left out. A function probed
+/// through a trap (the trace's `costs.tsv`) has its mechanism after its
+/// name, `s1 [in-process trap]`, as `report` marks its row `*`: its hits
+/// cost µs each (a suffix flamegraph.pl and inferno keep as part of the
+/// frame's name).
 pub fn folded_stacks(
     reader: &TraceReader,
     query: &CompiledQuery,
@@ -64,6 +68,13 @@ pub fn folded_stacks(
     progress: Progress<'_>,
 ) -> Result<BTreeMap<String, u64>> {
     let syms = reader.symbols();
+    let frame = |probe: u32| {
+        let name = syms.name(probe).replace(';', ":");
+        match reader.trap_of(probe) {
+            Some(label) => format!("{name} [{label}]"),
+            None => name,
+        }
+    };
     let mut acc: BTreeMap<String, u64> = BTreeMap::new();
     let mut names: Vec<String> = Vec::new();
     let mut cur: Option<u32> = None;
@@ -78,7 +89,7 @@ pub fn folded_stacks(
             base = names.len();
         }
         match s {
-            Step::Enter { probe, .. } => names.push(syms.name(probe).replace(';', ":")),
+            Step::Enter { probe, .. } => names.push(frame(probe)),
             Step::Leave {
                 probe,
                 self_ns,
@@ -86,7 +97,7 @@ pub fn folded_stacks(
                 ..
             } => {
                 if leaf {
-                    names.push(syms.name(probe).replace(';', ":"));
+                    names.push(frame(probe));
                 }
                 let v = match opts.value {
                     FoldedValue::SelfNs => self_ns,

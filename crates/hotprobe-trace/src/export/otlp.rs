@@ -17,7 +17,11 @@
 //!   thread (attributes `code.function.name`, `hotprobe.module`,
 //!   `thread.id`).
 //! * **Resource** (both): `service.name` (the program's file name),
-//!   `process.pid`, `process.executable.path`, `process.command_line`.
+//!   `process.pid`, `process.executable.path`, `process.command_line`,
+//!   and for a trace with calibrated probe costs `hotprobe.probe_costs`
+//!   (what the times are, and the functions on a trap). A span of a
+//!   function probed through a trap has `hotprobe.on_trap` (its
+//!   mechanism).
 //!
 //! The messages are a hand-written subset of opentelemetry-proto (field
 //! numbers as in its `.proto` files), encoded with prost.
@@ -94,6 +98,7 @@ pub fn export_otlp(
 ) -> Result<OtlpStats> {
     let info = reader.info();
     let syms = reader.symbols();
+    let costs = reader.probe_costs();
     let pid = info.pid.unwrap_or(0);
     // Unix ns of a trace time.
     let reference = match info.time_base {
@@ -118,6 +123,9 @@ pub fn export_otlp(
             ];
             if !info.command.is_empty() {
                 a.push(kv_str("process.command_line", &info.command.join(" ")));
+            }
+            if let Some(t) = crate::reader::times_line(reader) {
+                a.push(kv_str("hotprobe.probe_costs", &t));
             }
             a
         },
@@ -205,6 +213,11 @@ pub fn export_otlp(
                     kv_str("hotprobe.module", module),
                     kv_int("hotprobe.depth", depth as i64),
                 ];
+                if let Some((label, _)) = costs.and_then(|c| c.label_of(probe)) {
+                    if label.contains("trap") {
+                        attributes.push(kv_str("hotprobe.on_trap", label));
+                    }
+                }
                 let texts = typed.typed_args(tid, probe, &args);
                 let ret_text = ret.and_then(|r| typed.typed_ret(tid, probe, r));
                 let is_typed = typed.is_typed(probe);

@@ -10,7 +10,10 @@
 //! running at the end of the trace). Register values are the 64 bits as a
 //! signed integer. Rows are grouped by thread, in the order calls end.
 //! Written with the `parquet` crate's column writers (no Arrow),
-//! uncompressed, dictionary-encoded strings.
+//! uncompressed, dictionary-encoded strings. For a trace with calibrated
+//! probe costs the file's key-value metadata has `hotprobe.probe_costs`
+//! (what the times are, and the functions on a trap) and
+//! `hotprobe.on_traps` (a JSON array of `{"function", "mechanism"}`).
 
 use std::io::Write;
 use std::sync::Arc;
@@ -90,7 +93,25 @@ pub fn export_parquet<W: Write + Send>(
     }
     schema.push_str("  OPTIONAL INT64 retval;\n  REQUIRED BOOLEAN unfinished;\n}\n");
     let schema = Arc::new(parse_message_type(&schema).map_err(perr)?);
-    let props = Arc::new(WriterProperties::builder().build());
+    let metadata = crate::reader::times_line(reader).map(|t| {
+        let traps: Vec<serde_json::Value> = reader
+            .trap_functions()
+            .into_iter()
+            .map(|(f, m)| serde_json::json!({"function": f, "mechanism": m}))
+            .collect();
+        vec![
+            parquet::file::metadata::KeyValue::new("hotprobe.probe_costs".into(), t),
+            parquet::file::metadata::KeyValue::new(
+                "hotprobe.on_traps".into(),
+                serde_json::Value::from(traps).to_string(),
+            ),
+        ]
+    });
+    let props = Arc::new(
+        WriterProperties::builder()
+            .set_key_value_metadata(metadata)
+            .build(),
+    );
     let mut w = SerializedFileWriter::new(out, schema, props).map_err(perr)?;
     let pid = reader.info().pid.unwrap_or(0) as i32;
     let names: Vec<ByteArray> = (0..syms.id_bound())

@@ -1,6 +1,7 @@
 //! Detach: threads out of slots, return addresses back, breakpoints gone.
 
 use super::{Engine, Notice};
+use crate::held::HeldTarget;
 use crate::EngineError;
 use hotprobe_target::{ExitStatus, RuntimeAddr, TargetEvent};
 
@@ -8,9 +9,9 @@ impl Engine {
     /// Detach: no handler runs any more; threads are moved out of slots,
     /// live return addresses put back, breakpoints and scratch removed.
     /// [`Engine::prepare_detach`], then [`Engine::finish_detach`].
-    pub fn detach(&mut self) -> Result<(), EngineError> {
-        if self.prepare_detach()? {
-            self.finish_detach()?;
+    pub fn detach(&mut self, target: &mut HeldTarget) -> Result<(), EngineError> {
+        if self.prepare_detach(target)? {
+            self.finish_detach(target)?;
         }
         Ok(())
     }
@@ -21,17 +22,17 @@ impl Engine {
     /// a session takes every code byte out in one walk of its ledger
     /// before [`Engine::finish_detach`]. False when the target is gone
     /// (before or meanwhile): nothing to take out.
-    pub fn prepare_detach(&mut self) -> Result<bool, EngineError> {
+    pub fn prepare_detach(&mut self, target: &mut HeldTarget) -> Result<bool, EngineError> {
         if self.gone.is_some() {
             return Ok(false);
         }
         for p in self.probes.values_mut() {
             p.enabled = false;
         }
-        self.target.stop_all()?;
+        target.stop_all()?;
         // Finish what the target reported meanwhile, without handlers.
         loop {
-            match self.target.wait(Some(std::time::Duration::ZERO))? {
+            match target.wait(Some(std::time::Duration::ZERO))? {
                 TargetEvent::Timeout => break,
                 TargetEvent::Stepped { thread, mut regs } => {
                     if let Some(st) = self.stepping.get_mut(&thread).and_then(|s| s.pop()) {
@@ -40,11 +41,11 @@ impl Engine {
                                 if let Some(w) = hotprobe_x86::fixup_after_step(
                                     &site.plan, st.site, slot.0, &mut regs,
                                 ) {
-                                    self.target.write_memory(RuntimeAddr(w.addr), &w.bytes)?;
+                                    target.write_memory(RuntimeAddr(w.addr), &w.bytes)?;
                                 }
                             }
                         }
-                        self.target.set_registers(thread, &regs)?;
+                        target.set_registers(thread, &regs)?;
                     }
                 }
                 TargetEvent::Breakpoint {
@@ -53,7 +54,7 @@ impl Engine {
                     mut regs,
                 } if Some(addr) == self.trampoline => {
                     if self.partial_regs {
-                        regs = self.target.registers(thread)?;
+                        regs = target.registers(thread)?;
                     }
                     let popped = regs.rsp.wrapping_sub(8);
                     let live = self.shadow.get_mut(&thread).and_then(|stack| {
@@ -68,7 +69,7 @@ impl Engine {
                     });
                     if let Some(ra) = ra {
                         regs.rip = ra;
-                        self.target.set_registers(thread, &regs)?;
+                        target.set_registers(thread, &regs)?;
                     }
                 }
                 TargetEvent::Exited(st) => {
@@ -80,8 +81,8 @@ impl Engine {
             }
         }
         // Threads inside a slot go back to the original code.
-        for thread in self.target.threads() {
-            let Ok(mut regs) = self.target.registers(thread) else {
+        for thread in target.threads() {
+            let Ok(mut regs) = target.registers(thread) else {
                 continue;
             };
             if !self.in_scratch(RuntimeAddr(regs.rip)) {
@@ -94,7 +95,7 @@ impl Engine {
             match mapped {
                 Some(orig) => {
                     regs.rip = orig;
-                    self.target.set_registers(thread, &regs)?;
+                    target.set_registers(thread, &regs)?;
                 }
                 None => self.notice(Notice::LeftInScratch {
                     thread,
@@ -112,14 +113,10 @@ impl Engine {
             let graves = graves.filter(|i| !live.contains(&i.slot));
             for inst in graves.chain(self.shadow.values().flatten()) {
                 let mut b = [0u8; 8];
-                if self
-                    .target
-                    .read_memory(RuntimeAddr(inst.slot), &mut b)
-                    .is_ok()
+                if target.read_memory(RuntimeAddr(inst.slot), &mut b).is_ok()
                     && u64::from_le_bytes(b) == t.0
                 {
-                    self.target
-                        .write_memory(RuntimeAddr(inst.slot), &inst.return_addr.to_le_bytes())?;
+                    target.write_memory(RuntimeAddr(inst.slot), &inst.return_addr.to_le_bytes())?;
                 }
             }
         }
@@ -133,12 +130,12 @@ impl Engine {
     /// takes out the breakpoints still in (every one, unless a session
     /// took them out already), frees its scratch memory and lets the
     /// threads go.
-    pub fn finish_detach(&mut self) -> Result<(), EngineError> {
+    pub fn finish_detach(&mut self, target: &mut HeldTarget) -> Result<(), EngineError> {
         if self.gone.is_some() {
             return Ok(());
         }
         self.sites.clear();
-        self.target.detach()?;
+        target.detach()?;
         self.gone = Some(ExitStatus::Disconnected("detached".into()));
         Ok(())
     }

@@ -2,17 +2,22 @@
 //! included).
 
 use super::{Engine, Holds, Notice, Outcome, ProbeKind, Report};
+use crate::held::HeldTarget;
 use crate::EngineError;
 use hotprobe_target::{ExitStatus, ResumeMode, ReturnStrategy, RuntimeAddr, TargetEvent, ThreadId};
 
 impl Engine {
     /// Wait for one event (at most `timeout`) and handle it.
-    pub fn poll(&mut self, timeout: Option<std::time::Duration>) -> Result<Outcome, EngineError> {
+    pub fn poll(
+        &mut self,
+        target: &mut HeldTarget,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<Outcome, EngineError> {
         if let Some(st) = &self.gone {
             return Ok(Outcome::Exited(st.clone()));
         }
-        let ev = self.target.wait(timeout)?;
-        self.handle(ev)?;
+        let ev = target.wait(timeout)?;
+        self.handle(target, ev)?;
         if let Some(st) = &self.gone {
             return Ok(Outcome::Exited(st.clone()));
         }
@@ -25,27 +30,28 @@ impl Engine {
     /// Handle one event from the target (an engine on its own: forked
     /// children are released without probes, an exec lets the threads
     /// run on).
-    pub fn handle(&mut self, ev: TargetEvent) -> Result<(), EngineError> {
-        self.handle_holding(ev, Holds::default())
+    pub fn handle(&mut self, target: &mut HeldTarget, ev: TargetEvent) -> Result<(), EngineError> {
+        self.handle_holding(target, ev, Holds::default())
     }
 
     /// Handle one event from the target, holding back what `holds` says
     /// (the session's choice: it follows forked children and execs).
     pub(crate) fn handle_holding(
         &mut self,
+        target: &mut HeldTarget,
         ev: TargetEvent,
         holds: Holds,
     ) -> Result<(), EngineError> {
         match ev {
             TargetEvent::Breakpoint { thread, addr, regs } => {
-                self.on_breakpoint(thread, addr, regs)
+                self.on_breakpoint(target, thread, addr, regs)
             }
-            TargetEvent::Stepped { thread, regs } => self.on_stepped(thread, regs),
+            TargetEvent::Stepped { thread, regs } => self.on_stepped(target, thread, regs),
             TargetEvent::ThreadCreated(_) => Ok(()),
             // Watchpoints are the session's ([`crate::Session::watch`]);
             // an engine on its own lets the thread run on.
             TargetEvent::Watchpoint { thread, .. } => {
-                self.target.resume(thread, ResumeMode::Continue)?;
+                target.resume(thread, ResumeMode::Continue)?;
                 Ok(())
             }
             TargetEvent::ThreadExited(t) => {
@@ -69,10 +75,7 @@ impl Engine {
                     let t = self.trampoline.map_or(0, |t| t.0);
                     for inst in self.graveyard.get(&thread).into_iter().flatten() {
                         let mut b = [0u8; 8];
-                        if self
-                            .target
-                            .read_memory(RuntimeAddr(inst.slot), &mut b)
-                            .is_ok()
+                        if target.read_memory(RuntimeAddr(inst.slot), &mut b).is_ok()
                             && u64::from_le_bytes(b) == t
                         {
                             fixes.push((
@@ -91,15 +94,15 @@ impl Engine {
                 }
                 if holds.forks {
                     self.reports.push(Report::Forked { child, fixes });
-                    self.target.resume(thread, ResumeMode::Continue)?;
+                    target.resume(thread, ResumeMode::Continue)?;
                     return Ok(());
                 }
-                self.target.release_fork_child(child, &fixes)?;
+                target.release_fork_child(child, &fixes)?;
                 self.notice(Notice::ForkReleased {
-                    target: self.target.describe(),
+                    target: target.describe(),
                     child,
                 });
-                self.target.resume(thread, ResumeMode::Continue)?;
+                target.resume(thread, ResumeMode::Continue)?;
                 Ok(())
             }
             TargetEvent::Exec => {
@@ -125,15 +128,15 @@ impl Engine {
                 }
                 if n > 0 {
                     self.notice(Notice::ExecDropped {
-                        target: self.target.describe(),
+                        target: target.describe(),
                         probes: n,
                     });
                 }
                 // Held: the session places probes in the new image first
                 // and resumes it (`follow_exec`).
                 if !holds.exec {
-                    for t in self.target.threads() {
-                        let _ = self.target.resume(t, ResumeMode::Continue);
+                    for t in target.threads() {
+                        let _ = target.resume(t, ResumeMode::Continue);
                     }
                 }
                 Ok(())
@@ -147,7 +150,7 @@ impl Engine {
                     _ => self.user_probes(|p| !p.dropped),
                 };
                 self.notice(Notice::Ended {
-                    target: self.target.describe(),
+                    target: target.describe(),
                     status: st.clone(),
                     probes: n,
                 });
@@ -160,7 +163,7 @@ impl Engine {
                 Ok(())
             }
             TargetEvent::ModulesChanged { thread } => {
-                self.target.resume(thread, ResumeMode::Continue)?;
+                target.resume(thread, ResumeMode::Continue)?;
                 Ok(())
             }
             TargetEvent::Timeout => Ok(()),

@@ -3,6 +3,7 @@
 
 use super::{Engine, ProbeKind, StepState};
 use crate::handler::{EntryInfo, HitContext, HitKind, HitRegs, ProbeId};
+use crate::held::HeldTarget;
 use crate::EngineError;
 use hotprobe_target::{Registers, ResumeMode, ReturnStrategy, RuntimeAddr, ThreadId};
 use hotprobe_x86::{Emulation, Execution};
@@ -13,6 +14,7 @@ impl Engine {
     /// for could not be fetched.
     fn run_handler(
         &mut self,
+        target: &mut HeldTarget,
         id: ProbeId,
         which: HitKind,
         thread: ThreadId,
@@ -41,7 +43,7 @@ impl Engine {
         };
         let fetch_error = {
             let mut ctx = HitContext {
-                target: RefCell::new(self.target.as_target()),
+                target: RefCell::new(target.as_target()),
                 thread,
                 regs,
                 probe: id,
@@ -75,6 +77,7 @@ impl Engine {
     /// Runs one handler on a complete register set.
     pub(super) fn run_handler_on(
         &mut self,
+        target: &mut HeldTarget,
         id: ProbeId,
         which: HitKind,
         thread: ThreadId,
@@ -82,7 +85,7 @@ impl Engine {
         entry: Option<EntryInfo>,
     ) -> Result<(), EngineError> {
         let mut hr = HitRegs::complete(*regs);
-        let r = self.run_handler(id, which, thread, &mut hr, entry);
+        let r = self.run_handler(target, id, which, thread, &mut hr, entry);
         if let Some(full) = hr.fetched() {
             *regs = *full;
         }
@@ -91,6 +94,7 @@ impl Engine {
 
     pub(super) fn on_breakpoint(
         &mut self,
+        target: &mut HeldTarget,
         thread: ThreadId,
         addr: RuntimeAddr,
         regs: Registers,
@@ -102,26 +106,26 @@ impl Engine {
             HitRegs::complete(regs)
         };
         if Some(addr) == self.trampoline {
-            let regs = *hr.fetch(self.target.as_target(), thread)?;
-            return self.on_trampoline(thread, regs);
+            let regs = *hr.fetch(target.as_target(), thread)?;
+            return self.on_trampoline(target, thread, regs);
         }
         if self.strategy == ReturnStrategy::BreakpointAtReturn
             && self.return_waiters.contains_key(&addr.0)
         {
-            let mut regs = *hr.fetch(self.target.as_target(), thread)?;
-            self.match_return_breakpoint(thread, addr, &mut regs)?;
+            let mut regs = *hr.fetch(target.as_target(), thread)?;
+            self.match_return_breakpoint(target, thread, addr, &mut regs)?;
             hr = HitRegs::complete(regs);
         }
         if let Some(hook) = self.unwind_hooks.get(&addr.0).copied() {
-            let regs = *hr.fetch(self.target.as_target(), thread)?;
-            self.on_unwind_hook(thread, hook, &regs)?;
+            let regs = *hr.fetch(target.as_target(), thread)?;
+            self.on_unwind_hook(target, thread, hook, &regs)?;
         }
         let Some(site) = self.sites.get(&addr.0) else {
             // Not ours any more (removed meanwhile): run on.
             if let Some(regs) = hr.fetched() {
-                self.target.set_registers(thread, regs)?;
+                target.set_registers(thread, regs)?;
             }
-            self.target.resume(thread, ResumeMode::Continue)?;
+            target.resume(thread, ResumeMode::Continue)?;
             return Ok(());
         };
         let probes = site.probes.clone();
@@ -139,7 +143,7 @@ impl Engine {
         {
             // A call is about to put its return address at rsp: followed
             // frames whose slot is at or below it are gone (longjmp).
-            let rsp = hr.fetch(self.target.as_target(), thread)?.rsp;
+            let rsp = hr.fetch(target.as_target(), thread)?.rsp;
             self.drop_dead(thread, rsp);
         }
         for id in &probes {
@@ -154,10 +158,10 @@ impl Engine {
                 p.nmissed += 1;
                 continue;
             }
-            self.count_hit(*id, thread);
+            self.count_hit(target, *id, thread);
             self.walked = None;
             if self.stack_hook.as_ref().is_some_and(|h| h.has_probe(*id)) {
-                self.walk_stack(*id, thread, &mut hr)?;
+                self.walk_stack(target, *id, thread, &mut hr)?;
             }
             let Some(p) = self.probes.get(id) else {
                 continue;
@@ -165,11 +169,11 @@ impl Engine {
             match &p.kind {
                 ProbeKind::Plain { post, .. } => {
                     needs_post |= post.is_some();
-                    self.run_handler(*id, HitKind::Pre, thread, &mut hr, None)?;
+                    self.run_handler(target, *id, HitKind::Pre, thread, &mut hr, None)?;
                 }
                 ProbeKind::Ret { .. } => {
-                    let mut regs = *hr.fetch(self.target.as_target(), thread)?;
-                    self.ret_entry(*id, thread, &mut regs)?;
+                    let mut regs = *hr.fetch(target.as_target(), thread)?;
+                    self.ret_entry(target, *id, thread, &mut regs)?;
                     hr = HitRegs::complete(regs);
                 }
             }
@@ -177,9 +181,9 @@ impl Engine {
         if hr.rip() != addr.0 {
             // A handler redirected the thread: skip the instruction (Kprobes' pre returning 1).
             if let Some(regs) = hr.fetched() {
-                self.target.set_registers(thread, regs)?;
+                target.set_registers(thread, regs)?;
             }
-            self.target.resume(thread, ResumeMode::Continue)?;
+            target.resume(thread, ResumeMode::Continue)?;
             return Ok(());
         }
         let site = self.sites.get(&addr.0).expect("site still there");
@@ -192,12 +196,11 @@ impl Engine {
                     Emulation::JmpRel { target } => target,
                     _ => addr.0.wrapping_add(site.plan.len as u64),
                 };
-                self.target.set_pc(thread, next)?;
-                self.target.resume(thread, ResumeMode::Continue)?;
+                target.set_pc(thread, next)?;
+                target.resume(thread, ResumeMode::Continue)?;
             }
             (Execution::Emulate(e), _) => {
                 let len = site.plan.len;
-                let target = &mut self.target;
                 let regs = hr.fetch(target.as_target(), thread)?;
                 let mut read_stack = |a: u64| -> Result<u64, hotprobe_x86::X86Error> {
                     let mut b = [0u8; 8];
@@ -217,42 +220,42 @@ impl Engine {
                         }
                     })?;
                 if let Some(w) = write {
-                    self.target.write_memory(RuntimeAddr(w.addr), &w.bytes)?;
+                    target.write_memory(RuntimeAddr(w.addr), &w.bytes)?;
                 }
                 if needs_post {
-                    self.run_posts(&probes, thread, &mut hr)?;
+                    self.run_posts(target, &probes, thread, &mut hr)?;
                 }
-                let regs = hr.fetch(self.target.as_target(), thread)?;
+                let regs = hr.fetch(target.as_target(), thread)?;
                 let regs = *regs;
-                self.target.set_registers(thread, &regs)?;
-                self.target.resume(thread, ResumeMode::Continue)?;
+                target.set_registers(thread, &regs)?;
+                target.resume(thread, ResumeMode::Continue)?;
             }
             (Execution::Boost, Some(slot)) if !needs_post => {
-                self.move_to(thread, &mut hr, slot.0)?;
-                self.target.resume(thread, ResumeMode::Continue)?;
+                self.move_to(target, thread, &mut hr, slot.0)?;
+                target.resume(thread, ResumeMode::Continue)?;
             }
             (_, Some(slot)) => {
-                self.move_to(thread, &mut hr, slot.0)?;
+                self.move_to(target, thread, &mut hr, slot.0)?;
                 self.stepping.entry(thread).or_default().push(StepState {
                     site: addr.0,
                     in_place: false,
                     run_post: !reentry,
                 });
-                self.target.resume(thread, ResumeMode::Step)?;
+                target.resume(thread, ResumeMode::Step)?;
             }
             (_, None) => {
                 // No scratch memory: lift the breakpoint and step in place.
-                self.target.remove_breakpoint(addr)?;
+                target.remove_breakpoint(addr)?;
                 self.sites.get_mut(&addr.0).expect("site").armed = false;
                 if let Some(regs) = hr.fetched() {
-                    self.target.set_registers(thread, regs)?;
+                    target.set_registers(thread, regs)?;
                 }
                 self.stepping.entry(thread).or_default().push(StepState {
                     site: addr.0,
                     in_place: true,
                     run_post: !reentry,
                 });
-                self.target.resume(thread, ResumeMode::Step)?;
+                target.resume(thread, ResumeMode::Step)?;
             }
         }
         Ok(())
@@ -265,11 +268,12 @@ impl Engine {
     /// handler, which runs next (a recorded entry carries it).
     fn walk_stack(
         &mut self,
+        target: &mut HeldTarget,
         id: ProbeId,
         thread: ThreadId,
         hr: &mut HitRegs,
     ) -> Result<(), EngineError> {
-        let regs = *hr.fetch(self.target.as_target(), thread)?;
+        let regs = *hr.fetch(target.as_target(), thread)?;
         let Some(hook) = &self.stack_hook else {
             return Ok(());
         };
@@ -284,34 +288,41 @@ impl Engine {
                 .map_or(word, |i| i.return_addr)
         };
         self.walked = hook
-            .on_hit(self.target.as_target(), id, &regs, &fix)
+            .on_hit(target.as_target(), id, &regs, &fix)
             .map(|s| (id, thread, s));
         Ok(())
     }
 
     /// Points the thread at `pc`: the whole register set if a handler saw
     /// (and may have changed) it, else `rip` alone.
-    fn move_to(&mut self, thread: ThreadId, hr: &mut HitRegs, pc: u64) -> Result<(), EngineError> {
+    fn move_to(
+        &mut self,
+        target: &mut HeldTarget,
+        thread: ThreadId,
+        hr: &mut HitRegs,
+        pc: u64,
+    ) -> Result<(), EngineError> {
         match hr.fetched() {
             Some(regs) => {
                 let mut regs = *regs;
                 regs.rip = pc;
-                self.target.set_registers(thread, &regs)?;
+                target.set_registers(thread, &regs)?;
             }
-            None => self.target.set_pc(thread, pc)?,
+            None => target.set_pc(thread, pc)?,
         }
         Ok(())
     }
 
     fn run_posts(
         &mut self,
+        target: &mut HeldTarget,
         probes: &[ProbeId],
         thread: ThreadId,
         regs: &mut HitRegs,
     ) -> Result<(), EngineError> {
         for id in probes {
             if self.probes.get(id).is_some_and(|p| p.enabled) {
-                self.run_handler(*id, HitKind::Post, thread, regs, None)?;
+                self.run_handler(target, *id, HitKind::Post, thread, regs, None)?;
             }
         }
         Ok(())
@@ -319,17 +330,18 @@ impl Engine {
 
     pub(super) fn on_stepped(
         &mut self,
+        target: &mut HeldTarget,
         thread: ThreadId,
         stepped: Registers,
     ) -> Result<(), EngineError> {
         let mut regs = stepped;
         let Some(st) = self.stepping.get_mut(&thread).and_then(|s| s.pop()) else {
             // A step we did not ask for: run on.
-            self.target.resume(thread, ResumeMode::Continue)?;
+            target.resume(thread, ResumeMode::Continue)?;
             return Ok(());
         };
         let Some(site) = self.sites.get_mut(&st.site) else {
-            self.target.resume(thread, ResumeMode::Continue)?;
+            target.resume(thread, ResumeMode::Continue)?;
             return Ok(());
         };
         if st.in_place {
@@ -339,30 +351,30 @@ impl Engine {
                 // iteration): step again, or re-arming the breakpoint would
                 // report this execution a second time.
                 self.stepping.entry(thread).or_default().push(st);
-                self.target.resume(thread, ResumeMode::Step)?;
+                target.resume(thread, ResumeMode::Step)?;
                 return Ok(());
             }
             if !site.armed {
                 site.armed = true;
-                self.target.insert_breakpoint(RuntimeAddr(st.site))?;
+                target.insert_breakpoint(RuntimeAddr(st.site))?;
             }
         } else if let Some(slot) = site.slot {
             if regs.rip == slot.0 {
                 // The instruction did not complete (a rep iteration): step again.
                 self.stepping.entry(thread).or_default().push(st);
-                self.target.resume(thread, ResumeMode::Step)?;
+                target.resume(thread, ResumeMode::Step)?;
                 return Ok(());
             }
             if let Some(w) = hotprobe_x86::fixup_after_step(&site.plan, st.site, slot.0, &mut regs)
             {
-                self.target.write_memory(RuntimeAddr(w.addr), &w.bytes)?;
+                target.write_memory(RuntimeAddr(w.addr), &w.bytes)?;
             }
         }
         if st.run_post {
             let probes = site.probes.clone();
             let mut hr = HitRegs::complete(regs);
-            self.run_posts(&probes, thread, &mut hr)?;
-            regs = *hr.fetch(self.target.as_target(), thread)?;
+            self.run_posts(target, &probes, thread, &mut hr)?;
+            regs = *hr.fetch(target.as_target(), thread)?;
         }
         let only_rip_moved = Registers {
             rip: stepped.rip,
@@ -371,11 +383,11 @@ impl Engine {
         if self.partial_regs && only_rip_moved {
             // Only rip moved (back from the slot): the target may send it
             // with the resume.
-            self.target.set_pc(thread, regs.rip)?;
+            target.set_pc(thread, regs.rip)?;
         } else {
-            self.target.set_registers(thread, &regs)?;
+            target.set_registers(thread, &regs)?;
         }
-        self.target.resume(thread, ResumeMode::Continue)?;
+        target.resume(thread, ResumeMode::Continue)?;
         Ok(())
     }
 }

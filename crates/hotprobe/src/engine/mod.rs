@@ -6,8 +6,11 @@
 //! It is the only trap mechanism: a Linux process's trap probes (ptrace) and
 //! a guest kernel's (QEMU's GDB stub, `hotprobe-guest`) are this same engine
 //! over two targets; the guest stub is not a second implementation. The
-//! engine owns its target (a [`HeldTarget`]) and the session reaches the
-//! target through it.
+//! engine holds no target: the session's slot holds it (a [`HeldTarget`])
+//! and lends it to each engine call that reads or writes it (the methods
+//! take `target: &mut HeldTarget`). [`StandaloneEngine`] owns an engine
+//! and its target together, for an engine driven on its own;
+//! [`EngineView`] borrows both from a session (`Session::engine`).
 //!
 //! The files, by job:
 //! - `site`: planning a probed instruction, its slot, the trampoline;
@@ -18,13 +21,14 @@
 //! - `retprobe`: return instances, their returns, frames left by `longjmp`;
 //! - `unwind`: the unwinder's hooks (exceptions, see [`crate::nonlocal`]);
 //! - `detach`: everything the engine changed in the target, undone;
-//! - `report`: what it tells its holder (notices, forked children held).
+//! - `report`: what it tells its holder (notices, forked children held);
+//! - `standalone`: the engine with its target, owned or borrowed.
 //!
 //! Probe ids, notices and followed children are the session's: it hands
 //! the engine the id of each probe (`Engine::add_probe_as`), drains its
 //! reports after each call (`Engine::take_reports`) and says, per event,
 //! what the engine holds back (`Engine::handle_holding`). Only an engine
-//! driven on its own ([`Engine::new`]) numbers its probes itself.
+//! driven on its own ([`StandaloneEngine::new`]) numbers its probes itself.
 
 use crate::handler::{EntryInfo, Handler, ProbeId};
 use crate::held::HeldTarget;
@@ -33,7 +37,7 @@ use crate::session::ids::ProbeIds;
 use crate::EngineError;
 use hotprobe_resolve::Symbolizer;
 use hotprobe_target::{
-    ExitStatus, ReturnStrategy, RuntimeAddr, ScratchRegion, Target, TargetError, ThreadId,
+    ExitStatus, ReturnStrategy, RuntimeAddr, ScratchRegion, TargetError, ThreadId,
 };
 use hotprobe_x86::ProbePlan;
 use std::collections::{HashMap, VecDeque};
@@ -45,9 +49,11 @@ mod hit;
 mod report;
 mod retprobe;
 mod site;
+mod standalone;
 mod unwind;
 
 pub(crate) use report::{Holds, Notice, Report};
+pub use standalone::{EngineView, StandaloneEngine};
 
 /// Size of each scratch region asked of the target (2048 slots).
 const SCRATCH_CHUNK: u64 = 64 * 1024;
@@ -184,13 +190,14 @@ pub struct ProbeStats {
     pub abandoned: u64,
 }
 
-/// The engine for one target.
+/// The engine for one target. It holds no target: whoever holds the
+/// target (the session's slot, or a [`StandaloneEngine`]) lends it to each
+/// call that reads or writes it.
 pub struct Engine {
-    target: HeldTarget,
     symbolizer: Option<Box<dyn Symbolizer>>,
     sites: AddrMap<Site>,
     pub(crate) probes: HashMap<ProbeId, ProbeEntry>,
-    /// The ids of an engine driven on its own ([`Engine::new`]); `None`
+    /// The ids of an engine driven on its own ([`StandaloneEngine::new`]); `None`
     /// for one a session holds: the session hands it every id.
     own_ids: Option<ProbeIds>,
     scratch: Vec<(ScratchRegion, u64)>,
@@ -243,28 +250,17 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// An engine driving `target` on its own; probe ids start at `id_base`.
-    pub fn new(target: Box<dyn Target>, id_base: u32) -> Self {
-        Engine::holding(HeldTarget::Other(target), id_base)
-    }
-
-    /// An engine driving `target` (a process, or any other: see
-    /// [`HeldTarget`]) on its own; probe ids start at `id_base`.
-    pub fn holding(target: HeldTarget, id_base: u32) -> Self {
-        Engine::with_ids(target, Some(ProbeIds::new(id_base)))
-    }
-
     /// The engine of a session's target: the session hands it the id of
-    /// every probe ([`Engine::add_probe_as`]).
-    pub(crate) fn for_session(target: HeldTarget) -> Self {
+    /// every probe ([`Engine::add_probe_as`]). It asks `target` how returns
+    /// are caught and has it report breakpoint hits with `rip` alone.
+    pub(crate) fn for_session(target: &mut HeldTarget) -> Self {
         Engine::with_ids(target, None)
     }
 
-    fn with_ids(mut target: HeldTarget, own_ids: Option<ProbeIds>) -> Self {
+    fn with_ids(target: &mut HeldTarget, own_ids: Option<ProbeIds>) -> Self {
         let strategy = target.as_target().return_strategy();
         let partial_regs = target.as_target().set_partial_breakpoint_registers(true);
         Engine {
-            target,
             symbolizer: None,
             sites: AddrMap::default(),
             probes: HashMap::new(),
@@ -293,15 +289,9 @@ impl Engine {
     }
 
     /// What a handler context outside the engine's probes needs (the
-    /// session's watchpoints): the target, the stop flag, the symbolizer.
-    pub(crate) fn handler_parts(
-        &mut self,
-    ) -> (&mut dyn Target, &mut bool, Option<&dyn Symbolizer>) {
-        (
-            self.target.as_target(),
-            &mut self.stop,
-            self.symbolizer.as_deref(),
-        )
+    /// session's watchpoints): the stop flag, the symbolizer.
+    pub(crate) fn handler_parts(&mut self) -> (&mut bool, Option<&dyn Symbolizer>) {
+        (&mut self.stop, self.symbolizer.as_deref())
     }
 
     /// Set the symbolizer handlers use.
@@ -309,20 +299,10 @@ impl Engine {
         self.symbolizer = Some(s);
     }
 
-    /// The target.
-    pub fn target(&mut self) -> &mut dyn Target {
-        self.target.as_target()
-    }
-
-    /// The process target, when the engine drives a process.
-    pub fn process(&mut self) -> Option<&mut hotprobe_process::ProcessTarget> {
-        self.target.process()
-    }
-
-    /// The target and the handlers' symbolizer together (for handlers the
-    /// session runs itself: shared-memory handlers).
-    pub(crate) fn target_and_symbolizer(&mut self) -> (&mut dyn Target, Option<&dyn Symbolizer>) {
-        (self.target.as_target(), self.symbolizer.as_deref())
+    /// The handlers' symbolizer (also for handlers the session runs
+    /// itself: shared-memory handlers).
+    pub(crate) fn symbolizer(&self) -> Option<&dyn Symbolizer> {
+        self.symbolizer.as_deref()
     }
 
     /// How the target ended, if it has.
@@ -381,10 +361,10 @@ impl Engine {
             .count()
     }
 
-    fn check_alive(&self) -> Result<(), EngineError> {
+    fn check_alive(&self, target: &HeldTarget) -> Result<(), EngineError> {
         match &self.gone {
             Some(st) => Err(EngineError::Target(TargetError::Gone {
-                target: self.target.describe(),
+                target: target.describe(),
                 status: st.clone(),
             })),
             None => Ok(()),
@@ -425,13 +405,9 @@ impl Engine {
 
     /// Counts one hit of probe `id` by thread `thread`: the process's, or
     /// a vfork child's (see [`Engine::vfork_hits`]).
-    pub(crate) fn count_hit(&mut self, id: ProbeId, thread: ThreadId) {
+    pub(crate) fn count_hit(&mut self, target: &HeldTarget, id: ProbeId, thread: ThreadId) {
         let tid = thread.0 as i32;
-        if self
-            .target
-            .process_ref()
-            .is_some_and(|p| p.is_vfork_child(tid))
-        {
+        if target.process_ref().is_some_and(|p| p.is_vfork_child(tid)) {
             let by = self.vfork_hits.entry(id).or_default();
             match by.iter_mut().find(|(p, _)| *p == tid) {
                 Some((_, n)) => *n += 1,
@@ -445,13 +421,14 @@ impl Engine {
     /// Counts a return of probe `id` seen in thread `thread` when it is a
     /// vfork child's (see [`Engine::vfork_returns`]); false when the
     /// return is the process's, for the caller to count.
-    pub(crate) fn count_vfork_return(&mut self, id: ProbeId, thread: ThreadId) -> bool {
+    pub(crate) fn count_vfork_return(
+        &mut self,
+        target: &HeldTarget,
+        id: ProbeId,
+        thread: ThreadId,
+    ) -> bool {
         let tid = thread.0 as i32;
-        if !self
-            .target
-            .process_ref()
-            .is_some_and(|p| p.is_vfork_child(tid))
-        {
+        if !target.process_ref().is_some_and(|p| p.is_vfork_child(tid)) {
             return false;
         }
         let by = self.vfork_returns.entry(id).or_default();

@@ -3,6 +3,7 @@
 
 use super::{Engine, Instance, ProbeEntry, ProbeKind, GRAVEYARD};
 use crate::handler::{EntryInfo, HitKind, ProbeId};
+use crate::held::HeldTarget;
 use crate::EngineError;
 use hotprobe_target::{Registers, ResumeMode, ReturnStrategy, RuntimeAddr, TargetError, ThreadId};
 use std::time::Instant;
@@ -11,6 +12,7 @@ impl Engine {
     /// Kprobes' pre_handler_kretprobe: follow this call if a slot is free.
     pub(super) fn ret_entry(
         &mut self,
+        target: &mut HeldTarget,
         id: ProbeId,
         thread: ThreadId,
         regs: &mut Registers,
@@ -27,7 +29,7 @@ impl Engine {
                 .shadow
                 .keys()
                 .copied()
-                .filter(|&t| t != thread && self.target.thread_ended(t))
+                .filter(|&t| t != thread && target.thread_ended(t))
                 .collect();
             for t in ended {
                 self.drop_thread(t);
@@ -48,7 +50,7 @@ impl Engine {
             return Ok(());
         }
         let mut b = [0u8; 8];
-        self.target.read_memory(RuntimeAddr(regs.rsp), &mut b)?;
+        target.read_memory(RuntimeAddr(regs.rsp), &mut b)?;
         let return_addr = u64::from_le_bytes(b);
         let depth = self.shadow.get(&thread).map_or(0, |s| s.len());
         let inst = Instance {
@@ -68,8 +70,7 @@ impl Engine {
                 let t = self
                     .trampoline
                     .expect("trampoline made with the return probe");
-                self.target
-                    .write_memory(RuntimeAddr(regs.rsp), &t.0.to_le_bytes())?;
+                target.write_memory(RuntimeAddr(regs.rsp), &t.0.to_le_bytes())?;
                 self.shadow.entry(thread).or_default().push(inst);
             }
             ReturnStrategy::BreakpointAtReturn => {
@@ -82,7 +83,7 @@ impl Engine {
                     // `[rsp]` is no code address), this call's return
                     // cannot be seen: a miss, as beyond `maxactive`, and
                     // the thread runs on.
-                    match self.ensure_site(ra) {
+                    match self.ensure_site(target, ra) {
                         Ok(()) => {}
                         Err(
                             EngineError::Refused { .. }
@@ -108,17 +109,18 @@ impl Engine {
         {
             *live += 1;
         }
-        self.run_handler_on(id, HitKind::Entry, thread, regs, Some(inst.entry))
+        self.run_handler_on(target, id, HitKind::Entry, thread, regs, Some(inst.entry))
     }
 
     fn finish_instance(
         &mut self,
+        target: &mut HeldTarget,
         inst: Instance,
         thread: ThreadId,
         regs: &mut Registers,
     ) -> Result<(), EngineError> {
         // A vfork child's return is its own (its pid's row).
-        let vforked = self.count_vfork_return(inst.probe, thread);
+        let vforked = self.count_vfork_return(target, inst.probe, thread);
         if let Some(ProbeEntry {
             kind: ProbeKind::Ret { live, .. },
             returns,
@@ -132,7 +134,14 @@ impl Engine {
         } else {
             return Ok(());
         }
-        self.run_handler_on(inst.probe, HitKind::Return, thread, regs, Some(inst.entry))
+        self.run_handler_on(
+            target,
+            inst.probe,
+            HitKind::Return,
+            thread,
+            regs,
+            Some(inst.entry),
+        )
     }
 
     /// A followed call whose frame was left without a return (see
@@ -212,6 +221,7 @@ impl Engine {
     /// its hooks) and are abandoned.
     pub(super) fn on_trampoline(
         &mut self,
+        target: &mut HeldTarget,
         thread: ThreadId,
         mut regs: Registers,
     ) -> Result<(), EngineError> {
@@ -252,9 +262,9 @@ impl Engine {
             },
         };
         regs.rip = inst.return_addr;
-        self.finish_instance(inst, thread, &mut regs)?;
-        self.target.set_registers(thread, &regs)?;
-        self.target.resume(thread, ResumeMode::Continue)?;
+        self.finish_instance(target, inst, thread, &mut regs)?;
+        target.set_registers(thread, &regs)?;
+        target.resume(thread, ResumeMode::Continue)?;
         Ok(())
     }
 
@@ -262,6 +272,7 @@ impl Engine {
     /// whose stack slot was just popped.
     pub(super) fn match_return_breakpoint(
         &mut self,
+        target: &mut HeldTarget,
         thread: ThreadId,
         addr: RuntimeAddr,
         regs: &mut Registers,
@@ -287,7 +298,7 @@ impl Engine {
                 break;
             }
         }
-        self.finish_instance(inst, thread, regs)?;
+        self.finish_instance(target, inst, thread, regs)?;
         let release = {
             let site = self.sites.get_mut(&addr.0).expect("return site");
             site.return_refs -= 1;
@@ -298,10 +309,10 @@ impl Engine {
         if release {
             let site = self.sites.remove(&addr.0).expect("site");
             if site.armed {
-                self.target.remove_breakpoint(addr)?;
+                target.remove_breakpoint(addr)?;
             }
             // Nothing else to run at this address: resume in place.
-            self.target.set_registers(thread, regs)?;
+            target.set_registers(thread, regs)?;
         }
         Ok(())
     }

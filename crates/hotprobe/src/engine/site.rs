@@ -3,6 +3,7 @@
 
 use super::{Engine, Instance, ProbeEntry, ProbeKind, Site};
 use crate::handler::{ProbeId, RetProbe};
+use crate::held::HeldTarget;
 use crate::EngineError;
 use hotprobe_target::{ReturnStrategy, RuntimeAddr, TargetError};
 use hotprobe_x86::{Execution, ProbePlan, SLOT_SIZE};
@@ -84,6 +85,7 @@ impl Engine {
 
     fn alloc_slot(
         &mut self,
+        target: &mut HeldTarget,
         near: RuntimeAddr,
         len: u64,
     ) -> Result<Option<RuntimeAddr>, TargetError> {
@@ -96,7 +98,7 @@ impl Engine {
             }
         }
         loop {
-            match self.target.alloc_scratch(near, self.scratch_chunk.max(len)) {
+            match target.alloc_scratch(near, self.scratch_chunk.max(len)) {
                 Ok(region) => {
                     self.scratch.push((region, len));
                     return Ok(Some(region.start));
@@ -113,7 +115,11 @@ impl Engine {
     }
 
     /// Plan (and arm) the site at `addr` if it is new.
-    pub(super) fn ensure_site(&mut self, addr: RuntimeAddr) -> Result<(), EngineError> {
+    pub(super) fn ensure_site(
+        &mut self,
+        target: &mut HeldTarget,
+        addr: RuntimeAddr,
+    ) -> Result<(), EngineError> {
         if self.sites.contains_key(&addr.0) {
             return Ok(());
         }
@@ -126,7 +132,7 @@ impl Engine {
         let mut code = [0u8; hotprobe_x86::MAX_INSN_LEN];
         // Read what is there; near the end of a mapping fewer bytes may do.
         let mut n = code.len();
-        while n > 0 && self.target.read_memory(addr, &mut code[..n]).is_err() {
+        while n > 0 && target.read_memory(addr, &mut code[..n]).is_err() {
             n -= 1;
         }
         if n == 0 {
@@ -134,7 +140,7 @@ impl Engine {
                 op: "read",
                 addr: addr.0,
                 len: 1,
-                target: self.target.describe(),
+                target: target.describe(),
             }));
         }
         // Plan against a provisional slot address to learn whether a slot is needed.
@@ -149,7 +155,7 @@ impl Engine {
             }
         };
         let (plan, slot) = if probe_plan.slot.is_some() {
-            match self.alloc_slot(addr, SLOT_SIZE as u64)? {
+            match self.alloc_slot(target, addr, SLOT_SIZE as u64)? {
                 Some(slot) => {
                     let plan =
                         hotprobe_x86::plan_probe(&code[..n], addr.0, slot.0).map_err(|e| {
@@ -159,7 +165,7 @@ impl Engine {
                             }
                         })?;
                     let image = plan.slot.as_ref().expect("slot plan");
-                    self.target.write_memory(slot, &image.bytes)?;
+                    target.write_memory(slot, &image.bytes)?;
                     (plan, Some(slot))
                 }
                 None => (probe_plan, None),
@@ -167,7 +173,7 @@ impl Engine {
         } else {
             (probe_plan, None)
         };
-        self.target.insert_breakpoint(addr)?;
+        target.insert_breakpoint(addr)?;
         self.sites.insert(
             addr.0,
             Site {
@@ -185,21 +191,23 @@ impl Engine {
     /// add probes through the session, which numbers them).
     pub fn add_probe(
         &mut self,
+        target: &mut HeldTarget,
         addr: RuntimeAddr,
         probe: crate::Probe,
     ) -> Result<ProbeId, EngineError> {
-        self.with_own_id(addr, |e, id| e.add_probe_as(id, addr, probe))
+        self.with_own_id(addr, |e, id| e.add_probe_as(target, id, addr, probe))
     }
 
     /// Add a probe at `addr` under id `id` (the session's).
     pub(crate) fn add_probe_as(
         &mut self,
+        target: &mut HeldTarget,
         id: ProbeId,
         addr: RuntimeAddr,
         probe: crate::Probe,
     ) -> Result<ProbeId, EngineError> {
-        self.check_alive()?;
-        self.ensure_site(addr)?;
+        self.check_alive(target)?;
+        self.ensure_site(target, addr)?;
         self.sites.get_mut(&addr.0).expect("site").probes.push(id);
         self.probes.insert(
             id,
@@ -225,29 +233,31 @@ impl Engine {
     /// driven on its own, as [`Engine::add_probe`]).
     pub fn add_retprobe(
         &mut self,
+        target: &mut HeldTarget,
         addr: RuntimeAddr,
         rp: RetProbe,
     ) -> Result<ProbeId, EngineError> {
-        self.with_own_id(addr, |e, id| e.add_retprobe_as(id, addr, rp))
+        self.with_own_id(addr, |e, id| e.add_retprobe_as(target, id, addr, rp))
     }
 
     /// Add a return probe on the function entered at `addr` under id `id`
     /// (the session's).
     pub(crate) fn add_retprobe_as(
         &mut self,
+        target: &mut HeldTarget,
         id: ProbeId,
         addr: RuntimeAddr,
         rp: RetProbe,
     ) -> Result<ProbeId, EngineError> {
-        self.check_alive()?;
+        self.check_alive(target)?;
         if rp.maxactive == 0 {
             return Err(EngineError::Refused {
                 addr: addr.0,
                 reason: "maxactive must be at least 1".into(),
             });
         }
-        self.ensure_trampoline(addr)?;
-        self.ensure_site(addr)?;
+        self.ensure_trampoline(target, addr)?;
+        self.ensure_site(target, addr)?;
         self.sites.get_mut(&addr.0).expect("site").probes.push(id);
         self.probes.insert(
             id,
@@ -273,16 +283,20 @@ impl Engine {
 
     /// The return trampoline (targets with [`ReturnStrategy::Trampoline`]),
     /// allocated near `addr` on first use.
-    fn ensure_trampoline(&mut self, addr: RuntimeAddr) -> Result<(), EngineError> {
+    fn ensure_trampoline(
+        &mut self,
+        target: &mut HeldTarget,
+        addr: RuntimeAddr,
+    ) -> Result<(), EngineError> {
         if self.strategy == ReturnStrategy::Trampoline && self.trampoline.is_none() {
-            let Some(t) = self.alloc_slot(addr, 16)? else {
+            let Some(t) = self.alloc_slot(target, addr, 16)? else {
                 return Err(EngineError::Refused {
                     addr: addr.0,
                     reason: "return probes need scratch memory for their trampoline, and this target has none".into(),
                 });
             };
-            self.target.write_memory(t, &[0x90; 16])?;
-            self.target.insert_breakpoint(t)?;
+            target.write_memory(t, &[0x90; 16])?;
+            target.insert_breakpoint(t)?;
             self.trampoline = Some(t);
         }
         Ok(())
@@ -343,8 +357,13 @@ impl Engine {
 
     /// Arms probe `id` (unarmed: pending, or its library was unmapped) at
     /// `addr`; its counts go on from where they were.
-    pub(crate) fn arm_at(&mut self, id: ProbeId, addr: RuntimeAddr) -> Result<(), EngineError> {
-        self.check_alive()?;
+    pub(crate) fn arm_at(
+        &mut self,
+        target: &mut HeldTarget,
+        id: ProbeId,
+        addr: RuntimeAddr,
+    ) -> Result<(), EngineError> {
+        self.check_alive(target)?;
         let is_ret = matches!(
             self.probes
                 .get(&id)
@@ -353,9 +372,9 @@ impl Engine {
             ProbeKind::Ret { .. }
         );
         if is_ret {
-            self.ensure_trampoline(addr)?;
+            self.ensure_trampoline(target, addr)?;
         }
-        self.ensure_site(addr)?;
+        self.ensure_site(target, addr)?;
         self.sites.get_mut(&addr.0).expect("site").probes.push(id);
         let p = self.probes.get_mut(&id).expect("checked above");
         p.addr = addr;
@@ -364,17 +383,15 @@ impl Engine {
         Ok(())
     }
 
-    /// Forgets every site in `[start, end)` without writing anything (the
-    /// memory was unmapped: a library closed). Their probes stay, unarmed,
-    /// with their counts, and can be armed again with [`Engine::arm_at`].
-    pub(crate) fn forget_range(&mut self, start: u64, end: u64) {
-        let gone: Vec<u64> = self
-            .sites
-            .keys()
-            .copied()
-            .filter(|a| (start..end).contains(a))
-            .collect();
-        for a in gone {
+    /// Forgets the sites at `addrs` without writing anything (the memory
+    /// was unmapped: a library closed; the session's walk of its code
+    /// ledger found them). Their probes stay, unarmed, with their counts,
+    /// and can be armed again with [`Engine::arm_at`]; they are returned,
+    /// the session's own left out.
+    pub(crate) fn forget_sites(&mut self, target: &mut HeldTarget, addrs: &[u64]) -> Vec<ProbeId> {
+        let mut dropped = Vec::new();
+        for &a in addrs {
+            self.unwind_hooks.remove(&a);
             let Some(site) = self.sites.remove(&a) else {
                 continue;
             };
@@ -385,16 +402,18 @@ impl Engine {
                     if let ProbeKind::Ret { live, .. } = &mut p.kind {
                         *live = 0;
                     }
+                    if !p.internal {
+                        dropped.push(id);
+                    }
                 }
             }
             if site.armed {
-                self.target.forget_breakpoint(RuntimeAddr(a));
+                target.forget_breakpoint(RuntimeAddr(a));
             }
         }
-        self.unwind_hooks.retain(|a, _| !(start..end).contains(a));
         let gone = |i: &Instance| {
             let a = self.probes.get(&i.probe).map_or(0, |p| p.addr.0);
-            (start..end).contains(&a)
+            addrs.binary_search(&a).is_ok()
         };
         for stack in self.shadow.values_mut() {
             stack.retain(|i| !gone(i));
@@ -402,6 +421,7 @@ impl Engine {
         for g in self.graveyard.values_mut() {
             g.retain(|i| !gone(i));
         }
+        dropped
     }
 
     /// Enable or disable a probe; a site with no enabled probe keeps its
@@ -416,7 +436,11 @@ impl Engine {
     }
 
     /// Remove a probe; the site's breakpoint goes when its last probe does.
-    pub fn remove_probe(&mut self, id: ProbeId) -> Result<(), EngineError> {
+    pub fn remove_probe(
+        &mut self,
+        target: &mut HeldTarget,
+        id: ProbeId,
+    ) -> Result<(), EngineError> {
         let p = self
             .probes
             .remove(&id)
@@ -431,7 +455,7 @@ impl Engine {
                 let busy = self.stepping.values().flatten().any(|s| s.site == p.addr.0);
                 if !busy {
                     if site.armed {
-                        self.target.remove_breakpoint(p.addr)?;
+                        target.remove_breakpoint(p.addr)?;
                     }
                     self.sites.remove(&p.addr.0);
                 }

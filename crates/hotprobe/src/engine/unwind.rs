@@ -3,6 +3,7 @@
 //! again for the frames that survive it.
 
 use super::{Engine, Instance, Notice};
+use crate::held::HeldTarget;
 use crate::nonlocal::UnwindHook;
 use crate::EngineError;
 use hotprobe_target::{Registers, RuntimeAddr, ThreadId};
@@ -29,9 +30,10 @@ impl Engine {
     /// A hook that cannot be placed is left out with a notice.
     pub(crate) fn set_unwind_hooks(
         &mut self,
+        target: &mut HeldTarget,
         hooks: &[(RuntimeAddr, UnwindHook)],
     ) -> Result<(), EngineError> {
-        self.check_alive()?;
+        self.check_alive(target)?;
         let gone: Vec<u64> = self
             .unwind_hooks
             .keys()
@@ -47,15 +49,15 @@ impl Engine {
             let busy = self.stepping.values().flatten().any(|s| s.site == a);
             if unused && !busy {
                 let site = self.sites.remove(&a).expect("checked");
-                if site.armed && self.target.remove_breakpoint(RuntimeAddr(a)).is_err() {
-                    self.target.forget_breakpoint(RuntimeAddr(a));
+                if site.armed && target.remove_breakpoint(RuntimeAddr(a)).is_err() {
+                    target.forget_breakpoint(RuntimeAddr(a));
                 }
             }
         }
         for (a, h) in hooks {
-            if let Err(e) = self.ensure_site(*a) {
+            if let Err(e) = self.ensure_site(target, *a) {
                 self.notice(Notice::NoUnwindHook {
-                    target: self.target.describe(),
+                    target: target.describe(),
                     addr: *a,
                     error: e.to_string(),
                 });
@@ -84,6 +86,7 @@ impl Engine {
     ///   `_Unwind_Resume`: its `Enter` puts them back again.
     pub(super) fn on_unwind_hook(
         &mut self,
+        target: &mut HeldTarget,
         thread: ThreadId,
         hook: UnwindHook,
         regs: &Registers,
@@ -103,11 +106,10 @@ impl Engine {
                             continue;
                         }
                         let slot = RuntimeAddr(inst.slot);
-                        let ours = self.target.read_memory(slot, &mut b).is_ok()
+                        let ours = target.read_memory(slot, &mut b).is_ok()
                             && u64::from_le_bytes(b) == t.0;
                         if ours {
-                            self.target
-                                .write_memory(slot, &inst.return_addr.to_le_bytes())?;
+                            target.write_memory(slot, &inst.return_addr.to_le_bytes())?;
                             inst.swapped = false;
                         } else {
                             dead.push(k);
@@ -123,11 +125,9 @@ impl Engine {
                     for inst in g.iter().rev().filter(|i| i.slot > regs.rsp) {
                         let mut b = [0u8; 8];
                         let slot = RuntimeAddr(inst.slot);
-                        if self.target.read_memory(slot, &mut b).is_ok()
-                            && u64::from_le_bytes(b) == t.0
+                        if target.read_memory(slot, &mut b).is_ok() && u64::from_le_bytes(b) == t.0
                         {
-                            self.target
-                                .write_memory(slot, &inst.return_addr.to_le_bytes())?;
+                            target.write_memory(slot, &inst.return_addr.to_le_bytes())?;
                         }
                     }
                     g.retain(|i| i.slot <= regs.rsp);
@@ -141,7 +141,7 @@ impl Engine {
                     return Ok(());
                 }
                 let mut b = [0u8; 8];
-                self.target.read_memory(
+                target.read_memory(
                     RuntimeAddr(regs.rdi.wrapping_add(cfa_offset as u64)),
                     &mut b,
                 )?;
@@ -158,9 +158,9 @@ impl Engine {
                     }
                     let slot = RuntimeAddr(inst.slot);
                     let intact = inst.slot >= keep_from
-                        && self.target.read_memory(slot, &mut b).is_ok()
+                        && target.read_memory(slot, &mut b).is_ok()
                         && u64::from_le_bytes(b) == inst.return_addr;
-                    if intact && self.target.write_memory(slot, &t.0.to_le_bytes()).is_ok() {
+                    if intact && target.write_memory(slot, &t.0.to_le_bytes()).is_ok() {
                         inst.swapped = true;
                         kept.push(inst);
                     } else {

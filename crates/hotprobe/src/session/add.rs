@@ -158,14 +158,14 @@ impl Session {
     pub(super) fn end_batch(&mut self, t: TargetId) -> Result<(), EngineError> {
         let slot = self.slot(t)?;
         let started = slot.engine.started;
-        let Slot { engine, agent, .. } = slot;
+        let Slot { target, agent, .. } = slot;
         let Some(fp) = agent.fast_path_mut() else {
             return Ok(());
         };
         if !fp.in_batch() {
             return Ok(());
         }
-        let Some(pt) = Slot::process(engine) else {
+        let Some(pt) = Slot::process(target) else {
             return Ok(());
         };
         let r = fp.end_batch(pt);
@@ -411,6 +411,23 @@ impl Session {
                     let placed =
                         self.place_fast(t, &r, plan, record, (xmm, program), label.clone(), None);
                     match (placed, &self.capture) {
+                        // Reading them at the hit needs the ptrace trap:
+                        // not under --no-traps (issue 23).
+                        (Err(EngineError::FastPath(why)), Some(_))
+                            if (xmm.is_some() || program.is_some()) && self.config.no_traps =>
+                        {
+                            let reason = format!(
+                                "needs a trap (typed values read at the hit; fast path: {why})"
+                            );
+                            if pattern {
+                                added.skipped.push(Skipped { label, reason });
+                                continue;
+                            }
+                            return Err(EngineError::RefusedSpec {
+                                spec: spec.into(),
+                                reason,
+                            });
+                        }
                         // The fast path refused the xmm layout (compact
                         // slots, coldpatch exits) or the copy in the
                         // target (coldpatch, a full capture table): the

@@ -39,6 +39,10 @@ pub(super) struct Agent {
     pub(super) taken: HashMap<u32, u64>,
     /// The unwind tables published for `--stacks` (issue 24, `stacks.rs`).
     pub(super) stack_tables: crate::stacks::StackTables,
+    /// The last serve of handler calls was woken for a wait status that
+    /// was not this process's (a child of the host program's): the next
+    /// one waits in a slice instead (`Session::poll_slot`).
+    pub(super) child_wake_missed: bool,
 }
 
 impl Agent {
@@ -50,6 +54,7 @@ impl Agent {
             handlers: HashMap::new(),
             taken: HashMap::new(),
             stack_tables: crate::stacks::StackTables::new(),
+            child_wake_missed: false,
         }
     }
 
@@ -78,11 +83,11 @@ impl Agent {
     /// on first use; `Err(reason)` when it cannot be had.
     pub(super) fn ensure(
         &mut self,
-        engine: &mut Engine,
+        target: &mut HeldTarget,
         config: &FastPathConfig,
     ) -> Result<&mut FastPath, String> {
         if let AgentState::Injectable = self.state {
-            if engine.process().is_some_and(|pt| pt.loader_busy()) {
+            if target.process().is_some_and(|pt| pt.loader_busy()) {
                 // Attached while ld.so loads or relocates (a program just
                 // started, or inside dlopen): a remote dlopen would run in
                 // an unrelocated libc. Traps for now; a later placement
@@ -95,7 +100,7 @@ impl Agent {
             }
             let r = match hotprobe_fastpath::find_agent() {
                 Err(e) => Err(e.to_string()),
-                Ok(agent) => match engine.process() {
+                Ok(agent) => match target.process() {
                     None => Err("not a process".to_string()),
                     Some(pt) => FastPath::inject(pt, &agent, *config).map_err(|e| e.to_string()),
                 },
@@ -189,6 +194,7 @@ impl Agent {
     pub(super) fn change(
         &mut self,
         engine: &mut Engine,
+        target: &mut HeldTarget,
         inbox: &mut super::Inbox,
         id: ProbeId,
         mut f: impl FnMut(
@@ -213,7 +219,7 @@ impl Agent {
         if fp.is_detached() {
             return Err(refused("the fast path is detached"));
         }
-        let pt = engine.process().ok_or_else(|| refused("not a process"))?;
+        let pt = target.process().ok_or_else(|| refused("not a process"))?;
         // A process running untraced is taken back for the rewrite (the
         // caller lets it go again: `Session::maybe_release`).
         if pt.is_released() {
@@ -243,6 +249,7 @@ impl Agent {
     pub(super) fn rearm(
         &mut self,
         engine: &mut Engine,
+        target: &mut HeldTarget,
         addrs: &[u64],
     ) -> Result<Vec<u64>, EngineError> {
         let started = engine.started;
@@ -252,7 +259,7 @@ impl Agent {
         if fp.is_detached() {
             return Ok(Vec::new());
         }
-        let Some(pt) = engine.process() else {
+        let Some(pt) = target.process() else {
             return Ok(Vec::new());
         };
         if pt.is_released() {

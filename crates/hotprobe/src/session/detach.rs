@@ -126,14 +126,14 @@ impl Slot {
     ) -> Result<Vec<(MechKind, ForeignWrite)>, EngineError> {
         self.sync_ledger();
         let Slot {
-            engine,
+            target,
             agent,
             ledger,
             ..
         } = self;
-        let Some(pt) = engine.process() else {
+        let Some(pt) = target.process() else {
             return match traps {
-                true => restore_stub_breakpoints(engine.target(), ledger),
+                true => restore_stub_breakpoints(target.as_target(), ledger),
                 false => Ok(Vec::new()),
             };
         };

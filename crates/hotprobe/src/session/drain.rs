@@ -79,6 +79,8 @@ impl Session {
                 }
                 continue;
             };
+            // Ring starts in memory ahead of the threads still to come.
+            fp.keep_rings_ready();
             if !queued.is_empty() {
                 // Queued events were taken at ptrace stops, after every
                 // event their thread had written into its ring: one pass
@@ -114,7 +116,7 @@ impl Session {
             let this = if pass.events == 0 {
                 Duration::from_millis(1)
             } else if pass.max_fill < ring_low {
-                Duration::from_micros(100)
+                pass.nap(u64::from(fp.ring_capacity()))
             } else {
                 Duration::ZERO
             };

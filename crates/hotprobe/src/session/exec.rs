@@ -203,7 +203,7 @@ impl Session {
                 // let go, untraced, so that it works as without us.
                 let path = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
                 let slot = &mut self.slots[i];
-                let r = slot.engine.target().detach();
+                let r = slot.target.as_target().detach();
                 slot.notice(match r {
                     Ok(()) => format!(
                         "pid {pid} executed {}, which calls ptrace: let go without probes so \
@@ -219,7 +219,7 @@ impl Session {
         let started = std::mem::replace(&mut self.slots[i].engine.started, false);
         self.place_in_new_image(i);
         self.slots[i].engine.started = started;
-        let t = self.slots[i].engine.target();
+        let t = self.slots[i].target.as_target();
         // The thread stopped at its exec event (a followed process), or
         // parked (a vfork child taken at its exec).
         for th in t.threads() {
@@ -327,12 +327,12 @@ impl Session {
     /// program, then resumed. One that cannot be taken runs on without
     /// probes, with a notice.
     pub(super) fn follow_execd_vfork_children(&mut self, i: usize) {
-        let Some(pt) = Slot::process(&mut self.slots[i].engine) else {
+        let Some(pt) = Slot::process(&mut self.slots[i].target) else {
             return;
         };
         let children = pt.take_execd_vfork_children();
         for child in children {
-            let Some(pt) = Slot::process(&mut self.slots[i].engine) else {
+            let Some(pt) = Slot::process(&mut self.slots[i].target) else {
                 return;
             };
             let adopted = pt.adopt_execd_vfork_child(child);

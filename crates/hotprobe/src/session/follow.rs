@@ -23,9 +23,10 @@ impl Session {
     ) {
         let follow = self.slots[i].follow_forks;
         let slot = &mut self.slots[i];
+        slot.tell_mechanisms_of(&mech::TargetChange::Forked { child });
         slot.sync_ledger();
-        let Slot { engine, ledger, .. } = slot;
-        let Some(pt) = engine.process() else {
+        let Slot { target, ledger, .. } = slot;
+        let Some(pt) = target.process() else {
             return;
         };
         let walk = ledger.fork_walk(follow, |a| pt.breakpoint_at(a));
@@ -77,7 +78,7 @@ impl Session {
         // Written before the child's target is made: it arms the loader's
         // rendezvous, which it must find as the file has it.
         let mut written = None;
-        let adopted = Slot::process(&mut self.slots[i].engine)
+        let adopted = Slot::process(&mut self.slots[i].target)
             .ok_or_else(|| "not a process".to_string())
             .and_then(|pt| {
                 written = Some((pt.describe(), pt.write_into_child(child, &put_back)));
@@ -93,7 +94,7 @@ impl Session {
                 let mut all: Vec<(RuntimeAddr, Vec<u8>)> =
                     kept.into_iter().map(|(a, b)| (RuntimeAddr(a), b)).collect();
                 all.extend(put_back);
-                if let Some(pt) = slot.engine.process() {
+                if let Some(pt) = slot.target.process() {
                     let _ = pt.release_fork_child_with(child, &all);
                 }
                 slot.notice(format!(
@@ -154,7 +155,7 @@ impl Session {
             )
         };
         slot.notice(msg);
-        match slot.engine.target().resume_all() {
+        match slot.target.as_target().resume_all() {
             Ok(()) => slot.engine.started = true,
             Err(e) => slot.notice(format!("forked child {child} could not be resumed: {e}")),
         }

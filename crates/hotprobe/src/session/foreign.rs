@@ -14,7 +14,7 @@ pub(super) fn note_foreign_writes(engine: &mut Engine, agent: &mut Agent, inbox:
     if found.is_empty() {
         return;
     }
-    let symbolizer = engine.target_and_symbolizer().1;
+    let symbolizer = engine.symbolizer();
     let mut notes = Vec::new();
     let hex = |b: &[u8]| {
         b.iter()

@@ -13,6 +13,48 @@ const DEFAULT_HANDLER_SPIN: Duration = Duration::from_micros(50);
 /// withdraws it (see [`Session::set_handler_timeout`]).
 const DEFAULT_HANDLER_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// How long an untimed serve of a process that runs untraced waits for
+/// a call before the loop looks at the process again.
+const UNTIMED_SERVE: Duration = Duration::from_millis(20);
+
+/// How long an untimed serve of a traced process waits when its stops
+/// ring the doorbell too ([`ServeWake::Stops`]): a bound only, since a
+/// stop ends the wait at once (a lost wake would cost this much a stop).
+const UNTIMED_TRACED_SERVE: Duration = Duration::from_secs(1);
+
+/// The longest a traced process's stop waits while the session serves
+/// its handler calls, where its stops cannot ring the doorbell
+/// ([`ServeWake::Slices`]).
+const TRACED_SERVE_SLICE: Duration = Duration::from_millis(1);
+
+/// What besides a handler call ends a serve's wait
+/// ([`Session::serve_handlers`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ServeWake {
+    /// Nothing: the process runs untraced (its end is not a stop), or
+    /// the caller has an event at hand already (it serves with a zero
+    /// timeout), or the target is no process.
+    Calls,
+    /// A wait status of a child or tracee of this process (the traced
+    /// target's stops, a thread's start, its end): the process's waiter
+    /// thread rings the doorbell (`FastPath::ring_doorbell_on_child`).
+    /// Without a waiter thread, as [`ServeWake::Slices`].
+    Stops,
+    /// Nothing, but the wait is cut to `TRACED_SERVE_SLICE`: the last
+    /// ring was for a status not this process's (a host program's
+    /// unreaped child would ring at once every time).
+    Slices,
+}
+
+/// What ended a serve ([`Session::serve_handlers`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Served {
+    /// A handler asked to stop.
+    pub(super) stop: bool,
+    /// A child or tracee had a wait status ([`ServeWake::Stops`]).
+    pub(super) child_rang: bool,
+}
+
 impl Session {
     /// How long each side of a shared-memory handler call spins before it
     /// sleeps on a futex: the target's thread for the answer, the session
@@ -146,7 +188,7 @@ impl Session {
             && slot.mechs.plugin.is_none()
             && slot.engine.execution_of(r.addr).is_none()
             && slot.ledger.site_at(r.addr.0).is_none()
-            && slot.agent.ensure(&mut slot.engine, &config).is_ok())
+            && slot.agent.ensure(&mut slot.target, &config).is_ok())
     }
 
     /// Asks mechanism `kind` (the fast path or the in-process trap) to
@@ -193,14 +235,24 @@ impl Session {
     }
 
     /// Runs the shared-memory handler calls of slot `i` for up to
-    /// `timeout` (20 ms without one): spinning for the next request for
-    /// the handler spin, then sleeping on the doorbell. True when a
-    /// handler asked to stop.
-    pub(super) fn serve_handlers(&mut self, i: usize, timeout: Option<Duration>) -> bool {
+    /// `timeout` (without one: `UNTIMED_SERVE`, or `UNTIMED_TRACED_SERVE`
+    /// when a stop ends the wait): spinning for the next request for the
+    /// handler spin, then sleeping on the doorbell, until a call, or what
+    /// `wake` adds, or a signal.
+    pub(super) fn serve_handlers(
+        &mut self,
+        i: usize,
+        timeout: Option<Duration>,
+        wake: ServeWake,
+    ) -> Served {
         let spin = self.spin();
-        let deadline = Instant::now() + timeout.unwrap_or(Duration::from_millis(20));
         let slot = &mut self.slots[i];
-        let Slot { engine, agent, .. } = slot;
+        let Slot {
+            engine,
+            target,
+            agent,
+            ..
+        } = slot;
         let agent::Agent {
             state,
             handlers: shm_handlers,
@@ -208,8 +260,24 @@ impl Session {
             ..
         } = agent;
         let AgentState::On(fp) = state else {
-            return false;
+            return Served::default();
         };
+        // Made before the first look at the doorbell: a status there
+        // already, or coming from here on, rings it.
+        let rang = match wake {
+            ServeWake::Stops => fp.ring_doorbell_on_child(),
+            _ => None,
+        };
+        let bound = match (wake, &rang) {
+            (ServeWake::Calls, _) => UNTIMED_SERVE,
+            (ServeWake::Stops, Some(_)) => UNTIMED_TRACED_SERVE,
+            _ => TRACED_SERVE_SLICE,
+        };
+        let timeout = match (wake, &rang) {
+            (ServeWake::Calls, _) | (ServeWake::Stops, Some(_)) => timeout,
+            _ => Some(timeout.map_or(bound, |t| t.min(bound))),
+        };
+        let deadline = Instant::now() + timeout.unwrap_or(bound);
         let mut stop = false;
         loop {
             let seen = fp.handler_doorbell();
@@ -227,9 +295,9 @@ impl Session {
                 };
                 let mut regs = crate::handler::HitRegs::complete(call.regs);
                 {
-                    let (target, symbolizer) = engine.target_and_symbolizer();
+                    let symbolizer = engine.symbolizer();
                     let mut ctx = crate::HitContext {
-                        target: RefCell::new(target),
+                        target: RefCell::new(target.as_target()),
                         thread: hotprobe_target::ThreadId(u64::from(call.tid)),
                         regs: &mut regs,
                         probe: *id,
@@ -258,9 +326,10 @@ impl Session {
                 let after = regs.fetched().copied().filter(|r| *r != call.regs);
                 fp.finish_handler_call(&call, after.as_ref());
             }
+            let child_rang = rang.as_ref().is_some_and(|r| r.fired());
             let now = Instant::now();
-            if stop || now >= deadline {
-                return stop;
+            if stop || child_rang || now >= deadline {
+                return Served { stop, child_rang };
             }
             // Without a caller's timeout, a sleep never shorter than the
             // kernel's tick (5 ms past the cycle's end at most): a shorter
@@ -270,7 +339,13 @@ impl Session {
                 None => deadline.max(now + Duration::from_millis(5)),
                 Some(_) => deadline,
             };
-            fp.wait_handler_calls(seen, spin, until);
+            if !fp.wait_handler_calls(seen, spin, until) {
+                // A signal: the loop looks at why it came (Ctrl-C).
+                return Served {
+                    stop,
+                    child_rang: false,
+                };
+            }
         }
     }
 }

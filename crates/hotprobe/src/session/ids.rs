@@ -6,7 +6,7 @@ use crate::handler::ProbeId;
 /// The probe ids of one target: the target's number in the high bits
 /// (see `TARGET_SHIFT` in the session), a count in the low ones. A
 /// session holds one per target; an engine driven on its own
-/// ([`crate::Engine::new`]) holds its own.
+/// ([`crate::StandaloneEngine::new`]) holds its own.
 #[derive(Clone, Debug)]
 pub(crate) struct ProbeIds {
     base: u32,

@@ -176,6 +176,43 @@ pub(crate) struct ForkBytes {
     pub kept: Vec<(u64, Vec<u8>)>,
 }
 
+/// A site the program unmapped under its bytes, as the walk of the
+/// ledger found it ([`CodeLedger::take_unmapped`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct GoneSite {
+    /// Its first byte.
+    pub addr: u64,
+    /// Who wrote it.
+    pub owner: CodeOwner,
+    /// The session probes it served, where the ledger keeps them (a
+    /// fast-path site's; the trap engine and the in-process trap know
+    /// their own by address).
+    pub probes: Vec<ProbeId>,
+}
+
+/// The sites of one gap between the target's mappings (where a module
+/// was), in address order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct UnmappedGap {
+    /// The gap: the end of the mapping before it (0 if none) …
+    pub start: u64,
+    /// … to the start of the one after it (`u64::MAX` if none).
+    pub end: u64,
+    /// The sites no mapping holds any more.
+    pub sites: Vec<GoneSite>,
+}
+
+impl UnmappedGap {
+    /// How many of the user's probe sites the gap held: a guard is a
+    /// trap site's second byte, not a probe of its own.
+    pub(crate) fn probe_sites(&self) -> usize {
+        self.sites
+            .iter()
+            .filter(|s| s.owner != CodeOwner::Guard)
+            .count()
+    }
+}
+
 /// Every byte range the mechanisms wrote into one target's code (see the
 /// module docs).
 #[derive(Default)]
@@ -252,12 +289,6 @@ impl CodeLedger {
         }
     }
 
-    /// Forgets every site starting in `start..end` (an unmapped module:
-    /// nothing is restored, the memory is gone).
-    pub(crate) fn forget_range(&mut self, start: u64, end: u64) {
-        self.sites.retain(|s| s.start < start || s.start >= end);
-    }
-
     /// Forgets the agent's sites (a whole resync of its list).
     fn forget_agent(&mut self) {
         self.sites.retain(|s| !s.is_agent());
@@ -298,32 +329,40 @@ impl CodeLedger {
     }
 
     /// One walk of the sites against `mapped` (the target's mappings now,
-    /// sorted `(start, end)`): each run of sites no mapping holds any
-    /// more, as the gap between mappings it lies in and the number of
-    /// probe sites there, guards not counted (a module was unmapped under
-    /// them).
-    pub(crate) fn unmapped_gaps(&self, mapped: &[(u64, u64)]) -> Vec<(u64, u64, usize)> {
-        let mut gaps: Vec<(u64, u64, usize)> = Vec::new();
+    /// sorted `(start, end)`): takes out every site no mapping holds any
+    /// more (a module was unmapped under them: nothing is restored, the
+    /// memory is gone) and hands them back, grouped by the gap between
+    /// mappings they lay in.
+    pub(crate) fn take_unmapped(&mut self, mapped: &[(u64, u64)]) -> Vec<UnmappedGap> {
+        let mut gaps: Vec<UnmappedGap> = Vec::new();
         let mut m = 0;
-        for s in &self.sites {
+        self.sites.retain_mut(|s| {
             while mapped.get(m).is_some_and(|r| r.1 <= s.start) {
                 m += 1;
             }
             if mapped.get(m).is_some_and(|r| r.0 <= s.start) {
-                continue;
+                return true;
             }
             let from = match m {
                 0 => 0,
                 _ => mapped[m - 1].1,
             };
             let to = mapped.get(m).map_or(u64::MAX, |r| r.0);
-            // A guard is a trap site's second byte: not a probe of its own.
-            let probe = usize::from(s.owner != CodeOwner::Guard);
+            let gone = GoneSite {
+                addr: s.start,
+                owner: s.owner,
+                probes: s.probes().map(|(id, _)| id).collect(),
+            };
             match gaps.last_mut() {
-                Some(g) if g.0 == from => g.2 += probe,
-                _ => gaps.push((from, to, probe)),
+                Some(g) if g.start == from => g.sites.push(gone),
+                _ => gaps.push(UnmappedGap {
+                    start: from,
+                    end: to,
+                    sites: vec![gone],
+                }),
             }
-        }
+            false
+        });
         gaps
     }
 
@@ -376,6 +415,19 @@ impl CodeLedger {
     pub(crate) fn drop_probe(&mut self, id: ProbeId) {
         self.sites
             .retain_mut(|s| s.owner != CodeOwner::Fast || s.drop_probe(id));
+    }
+
+    /// [`CodeLedger::take_unmapped`] as (gap start, end, site addresses,
+    /// probe sites), for tests.
+    #[cfg(test)]
+    fn unmapped_walk_summary(&mut self, mapped: &[(u64, u64)]) -> Vec<(u64, u64, Vec<u64>, usize)> {
+        self.take_unmapped(mapped)
+            .into_iter()
+            .map(|g| {
+                let n = g.probe_sites();
+                (g.start, g.end, g.sites.iter().map(|s| s.addr).collect(), n)
+            })
+            .collect()
     }
 
     /// The fast-path site starting at `start`.
@@ -580,172 +632,5 @@ impl CodeLedger {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sites_stay_sorted_and_found() {
-        let mut l = CodeLedger::default();
-        l.insert(0x100, &[1, 2, 3, 4, 5], CodeOwner::Fast);
-        l.insert(0x200, &[9], CodeOwner::Trap);
-        l.insert(0x180, &[7], CodeOwner::InProcess);
-        let starts: Vec<u64> = l.sites().iter().map(|s| s.start).collect();
-        assert_eq!(starts, [0x100, 0x180, 0x200]);
-        assert_eq!(l.site_at(0x103).map(|s| s.start), Some(0x100));
-        assert_eq!(l.site_at(0x105).map(|s| s.start), None);
-        assert_eq!(
-            l.site_at(0x180).map(|s| s.owner),
-            Some(CodeOwner::InProcess)
-        );
-        assert_eq!(l.first_start_in(0x101, 0x181), Some(0x180));
-        assert_eq!(l.first_start_in(0x101, 0x180), None);
-        assert_eq!(
-            l.originals_in(0x102, 0x104),
-            vec![(0x100, vec![1, 2, 3, 4, 5])]
-        );
-        l.remove(0x180, CodeOwner::InProcess);
-        assert_eq!(l.site_at(0x180).map(|s| s.start), None);
-    }
-
-    #[test]
-    fn a_second_write_keeps_the_files_bytes() {
-        let mut l = CodeLedger::default();
-        l.insert(0x100, &[1, 2], CodeOwner::Fast);
-        l.insert(0x100, &[0xe8, 0, 0], CodeOwner::Fast);
-        assert_eq!(l.sites().len(), 1);
-        assert_eq!(l.sites()[0].original(), &[1, 2, 0]);
-    }
-
-    #[test]
-    fn fast_site_probes_join_and_leave() {
-        let mut l = CodeLedger::default();
-        l.insert(0x100, &[1, 2, 3, 4, 5], CodeOwner::Fast);
-        l.add_probe(0x100, (ProbeId(1), false));
-        l.add_probe(0x100, (ProbeId(2), true));
-        l.drop_probe(ProbeId(1));
-        assert_eq!(
-            l.fast_site(0x100).unwrap().probes().collect::<Vec<_>>(),
-            [(ProbeId(2), true)]
-        );
-        l.drop_probe(ProbeId(2));
-        assert!(l.fast_site(0x100).is_none());
-    }
-
-    /// A ledger of every kind of site: an `int3` and its guard, an
-    /// in-process trap, a jump with a probe, a probe's empty entry.
-    fn every_kind() -> CodeLedger {
-        let mut l = CodeLedger::default();
-        l.sync_traps(
-            Some(vec![0x10, 0x11]),
-            Vec::new,
-            |a| Some(a as u8),
-            |a| a == 0x11,
-        );
-        l.insert(0x20, &[0x55], CodeOwner::InProcess);
-        l.insert(0x30, &[1, 2, 3, 4, 5], CodeOwner::Fast);
-        l.add_probe(0x30, (ProbeId(1), false));
-        l.add_probe(0x40, (ProbeId(2), false));
-        l
-    }
-
-    #[test]
-    fn an_unfollowed_fork_child_gets_every_original_back_in_one_walk() {
-        let l = every_kind();
-        // The int3 at 0x11 is lifted for a step: the child's copy holds
-        // the original there; the one at 0x10 had its byte rewritten.
-        let under = |a: u64| (a == 0x10).then_some(0x90);
-        let w = l.fork_walk(false, under);
-        assert_eq!(
-            w.put_back,
-            vec![
-                (0x10, vec![0x90]),
-                (0x20, vec![0x55]),
-                (0x30, vec![1, 2, 3, 4, 5])
-            ]
-        );
-        assert!(w.kept.is_empty());
-    }
-
-    #[test]
-    fn a_followed_fork_child_keeps_the_agents_writes_as_inherited() {
-        let l = every_kind();
-        let w = l.fork_walk(true, |a| Some(a as u8));
-        assert_eq!(w.put_back, vec![(0x10, vec![0x10]), (0x11, vec![0x11])]);
-        assert_eq!(
-            w.kept,
-            vec![(0x20, vec![0x55]), (0x30, vec![1, 2, 3, 4, 5])]
-        );
-        // The child's ledger: what it inherited, with the bytes written.
-        let mut child = CodeLedger::default();
-        child.insert_inherited(0x30, &[1, 2, 3, 4, 5], &[0xe9, 9, 9, 9, 9]);
-        child.insert_inherited(0x20, &[0x55], &[0xcc]);
-        // Nothing when the bytes do not pair up.
-        child.insert_inherited(0x50, &[1, 2], &[3]);
-        let sites: Vec<String> = child
-            .sites()
-            .iter()
-            .map(|s| {
-                let w = s.written().unwrap_or_default();
-                format!("{:#x} {:?} {:x?} {:x?}", s.start, s.owner, s.original(), w)
-            })
-            .collect();
-        assert_eq!(
-            sites,
-            [
-                "0x20 Inherited [55] [cc]",
-                "0x30 Inherited [1, 2, 3, 4, 5] [e9, 9, 9, 9, 9]",
-            ]
-        );
-        assert_eq!(child.site_at(0x33).map(|s| s.end()), Some(0x35));
-        // A grandchild not followed gets them back too; followed, keeps them.
-        let w = child.fork_walk(false, |_| None);
-        assert_eq!(
-            w.put_back,
-            vec![(0x20, vec![0x55]), (0x30, vec![1, 2, 3, 4, 5])]
-        );
-        assert_eq!(child.fork_walk(true, |_| None).kept.len(), 2);
-        // An exec forgets them with the rest of the image.
-        child.forget_image();
-        assert!(child.sites().is_empty());
-    }
-
-    #[test]
-    fn sites_no_mapping_holds_are_found_by_gap_in_one_walk() {
-        let mut l = CodeLedger::default();
-        for a in [0x1010, 0x2010, 0x2020, 0x3010, 0x5000] {
-            l.insert(a, &[1], CodeOwner::Trap);
-        }
-        // A trap's guard is no probe site of its own.
-        l.insert(0x2021, &[1], CodeOwner::Guard);
-        // 0x2000..0x3000 was unmapped; 0x5000 lies past every mapping.
-        let mapped = [(0x1000, 0x2000), (0x3000, 0x4000)];
-        assert_eq!(
-            l.unmapped_gaps(&mapped),
-            [(0x2000, 0x3000, 2), (0x4000, u64::MAX, 1)]
-        );
-        assert!(l
-            .unmapped_gaps(&[(0x1000, 0x4000), (0x5000, 0x6000)])
-            .is_empty());
-    }
-
-    #[test]
-    fn trap_changes_are_taken_in_and_handed_on() {
-        let mut l = CodeLedger::default();
-        l.sync_traps(
-            Some(vec![0x10, 0x11]),
-            Vec::new,
-            |a| Some(a as u8),
-            |a| a == 0x11,
-        );
-        assert_eq!(l.sites()[1].owner, CodeOwner::Guard);
-        // A new ledger has its trap mechanism look at every int3 first.
-        assert_eq!(l.take_trap_changes(), None);
-        l.sync_traps(Some(vec![0x11]), Vec::new, |_| None, |_| false);
-        assert_eq!(l.traps().collect::<Vec<_>>(), [0x10]);
-        assert_eq!(l.take_trap_changes(), Some(vec![0x11]));
-        l.sync_traps(None, || vec![(0x20, 1)], |_| None, |_| false);
-        assert_eq!(l.traps().collect::<Vec<_>>(), [0x20]);
-        assert_eq!(l.take_trap_changes(), None);
-        assert_eq!(l.take_trap_changes(), Some(vec![]));
-    }
-}
+#[path = "ledger_tests.rs"]
+mod tests;

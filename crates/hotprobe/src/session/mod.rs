@@ -14,8 +14,9 @@
 //! and counts (`stats.rs`), other writers of the code (`foreign.rs`),
 //! probe ids (`ids.rs`), notices and held children (`inbox.rs`).
 
-use crate::engine::Engine;
+use crate::engine::{Engine, EngineView};
 use crate::handler::{Probe, ProbeId, RetProbe};
+use crate::held::HeldTarget;
 use crate::plugin::PluginOptions;
 use crate::recorder::{DrainStats, EventSink, RingDrain};
 use crate::{EngineError, ProbeStats, Resolver};
@@ -57,6 +58,7 @@ mod reverted;
 mod run;
 pub(crate) mod stacks;
 mod stats;
+mod tracer_watch;
 mod unmapped;
 mod untraced;
 mod usdt;
@@ -151,6 +153,15 @@ pub enum Mechanism {
     /// An `int3` taken by the agent's own `SIGTRAP` handler inside the
     /// process: no ptrace stop (`Count` where neither patch nor jump fits).
     InProcessTrap,
+}
+
+impl Mechanism {
+    /// Whether hits stop at a breakpoint: [`Mechanism::Trap`] (a ptrace
+    /// stop) or [`Mechanism::InProcessTrap`] (the agent's `SIGTRAP`
+    /// handler), the mechanisms left where neither patch nor jump fits.
+    pub fn is_trap(self) -> bool {
+        matches!(self, Mechanism::Trap | Mechanism::InProcessTrap)
+    }
 }
 
 impl std::fmt::Display for Mechanism {
@@ -283,8 +294,11 @@ impl Default for SessionConfig {
 
 /// One target and everything active on it.
 struct Slot {
-    /// The trap engine, which holds the target: every mechanism reaches
-    /// the target through it.
+    /// The target. The session holds it; every mechanism, the trap
+    /// engine among them, borrows it for each call (`Cx::target`).
+    target: HeldTarget,
+    /// The trap engine (the trap mechanism's state): it borrows
+    /// [`Slot::target`] for each call that reads or writes it.
     engine: Engine,
     resolver: Option<Box<dyn Resolver>>,
     /// A process's pid (None for guests).
@@ -317,6 +331,11 @@ struct Slot {
     recording: bool,
     /// Probes on modules not loaded (yet, or any more).
     pending: Vec<Pending>,
+    /// Probes placed while their module was loaded, as they were asked:
+    /// made pending again if the module is unloaded (`unmapped.rs`).
+    placed_specs: HashMap<ProbeId, pending::PlacedSpec>,
+    /// Which of its modules the program loaded at run time.
+    unloads: unmapped::Unloads,
     /// A followed fork child: the slot of the process the session started
     /// or attached to, whose probes (and fast path) it shares.
     root: Option<usize>,
@@ -335,6 +354,10 @@ struct Slot {
     execd: bool,
     /// The process's command name when the session took it.
     first_comm: String,
+    /// When to try again to let the process run untraced, after a try
+    /// found something of it needing ptrace, and the delay that gave it
+    /// (doubled at each refusal: `untraced.rs`).
+    release_retry: Option<(std::time::Instant, Duration)>,
 }
 
 impl Slot {
@@ -342,9 +365,9 @@ impl Slot {
         self.pid.is_some()
     }
 
-    /// The process target behind the engine.
-    fn process(engine: &mut Engine) -> Option<&mut ProcessTarget> {
-        engine.process()
+    /// The process, when the target is one.
+    fn process(target: &mut HeldTarget) -> Option<&mut ProcessTarget> {
+        target.process()
     }
 
     /// What the mechanisms borrow, and the mechanisms.
@@ -352,6 +375,7 @@ impl Slot {
         (
             Cx {
                 engine: &mut self.engine,
+                target: &mut self.target,
                 agent: &mut self.agent,
                 ledger: &mut self.ledger,
                 ids: &mut self.ids,
@@ -359,6 +383,14 @@ impl Slot {
             },
             &mut self.mechs,
         )
+    }
+
+    /// Tells every mechanism of the target of `change`.
+    fn tell_mechanisms_of(&mut self, change: &mech::TargetChange) {
+        let (mut cx, mechs) = self.parts();
+        for m in mechs.all() {
+            m.on_change(&mut cx, change);
+        }
     }
 
     /// A notice about this target, after what its engine reported before.
@@ -383,7 +415,7 @@ impl Slot {
 
     /// Brings the ledger up to date with the writes of every mechanism.
     fn sync_ledger(&mut self) {
-        self.mechs.trap.sync(&mut self.engine, &mut self.ledger);
+        self.mechs.trap.sync(&mut self.target, &mut self.ledger);
         agent::sync_agent_writes(&self.agent, &mut self.ledger);
     }
 }
@@ -457,6 +489,8 @@ pub struct Session {
     gate_notices: Vec<String>,
     /// The process of each thread seen created (`Session::process_of_thread`).
     thread_pids: HashMap<u32, i32>,
+    /// New tracers of processes running with in-process traps (`tracer_watch.rs`).
+    tracer_watch: tracer_watch::TracerWatch,
 }
 
 impl Session {
@@ -496,6 +530,7 @@ impl Session {
             recording_new: false,
             gate_notices: Vec::new(),
             thread_pids: HashMap::new(),
+            tracer_watch: Default::default(),
         }
     }
 
@@ -568,18 +603,19 @@ impl Session {
 
     fn push_slot(
         &mut self,
-        target: crate::HeldTarget,
+        mut target: HeldTarget,
         resolver: Option<Box<dyn Resolver>>,
         pid: Option<i32>,
         spawned: bool,
         agent: AgentState,
     ) -> TargetId {
         let id = self.slots.len();
-        let mut engine = Engine::for_session(target);
+        let mut engine = Engine::for_session(&mut target);
         if let Some(r) = &resolver {
             engine.set_symbolizer(r.symbolizer());
         }
         self.slots.push(Slot {
+            target,
             engine,
             resolver,
             pid,
@@ -598,6 +634,8 @@ impl Session {
             drain: RingDrain::default(),
             recording: false,
             pending: Vec::new(),
+            placed_specs: HashMap::new(),
+            unloads: Default::default(),
             root: None,
             origin: HashMap::new(),
             symbols: None,
@@ -605,13 +643,14 @@ impl Session {
             semaphores: Vec::new(),
             execd: false,
             first_comm: pid.map(exec::comm_of).unwrap_or_default(),
+            release_retry: None,
         });
         let follow = self.config.follow_forks && pid.is_some();
         let slot = &mut self.slots[id];
         slot.follow_forks = follow;
         slot.hold_at_exec = follow && self.config.follow_exec;
         let hold = slot.hold_at_exec;
-        if let Some(pt) = Slot::process(&mut slot.engine) {
+        if let Some(pt) = Slot::process(&mut slot.target) {
             pt.set_keep_execd_vfork_children(hold);
         }
         if let Some(fp) = slot.agent.fast_path() {
@@ -644,8 +683,12 @@ impl Session {
     /// The engine of a target (for lower-level control). Probes go in
     /// through the session, which numbers them: the engine's own
     /// [`Engine::add_probe`] refuses.
-    pub fn engine(&mut self, t: TargetId) -> Result<&mut Engine, EngineError> {
-        Ok(&mut self.slot(t)?.engine)
+    pub fn engine(&mut self, t: TargetId) -> Result<EngineView<'_>, EngineError> {
+        let slot = self.slot(t)?;
+        Ok(EngineView {
+            engine: &mut slot.engine,
+            target: &mut slot.target,
+        })
     }
 
     /// The process id of a process target.

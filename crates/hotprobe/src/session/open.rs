@@ -78,12 +78,16 @@ impl Session {
     /// [`Session::start`]. The agent is loaded at once when it can be
     /// (whatever the mechanisms: should hotprobe be killed, the agent undoes
     /// the trap mechanism's `int3`s, see [`hotprobe_fastpath::TrapTable`]);
-    /// when it cannot, probes use traps.
+    /// when it cannot, probes use traps. A process another hotprobe
+    /// session probes is refused ([`hotprobe_fastpath::check_not_probed`]).
     pub fn attach(&mut self, pid: i32) -> Result<TargetId, EngineError> {
         let fast = match hotprobe_fastpath::find_agent() {
             Err(e @ hotprobe_fastpath::FastPathError::AgentOverride { .. }) => return Err(e.into()),
             _ => AgentState::Injectable,
         };
+        // Another session's probes, held or released, are not taken over
+        // (issue 22): refused before anything is done to the process.
+        hotprobe_fastpath::check_not_probed(pid)?;
         let mut t = ProcessTarget::attach(pid)?;
         t.share_strays(&self.strays);
         let r = crate::ProcessResolver::new(pid)?;

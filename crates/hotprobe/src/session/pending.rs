@@ -13,10 +13,17 @@ use super::*;
 pub(super) struct Pending {
     /// The spec, resolved again at each change of the loaded modules.
     spec: String,
+    /// What the user sees: the spec, or, for a probe placed while its
+    /// module was loaded, its placement's label.
+    pub(super) label: String,
     /// The probe (an unarmed engine probe with the trap form of its action).
-    id: ProbeId,
+    pub(super) id: ProbeId,
     /// `Count` or `Record`: the fast path may take it.
     fast_ok: bool,
+    /// It was on the in-process trap before its module went: where the
+    /// plan says trap, an in-process trap is tried first when it is armed
+    /// again.
+    inproc_first: bool,
     record: bool,
     is_return: bool,
     /// A probe with handlers ([`Action::Handler`]): placed when armed as
@@ -25,8 +32,9 @@ pub(super) struct Pending {
     /// The mechanism asked when it was added (the session's, or the
     /// spec's: [`Session::add_using`]): planned with it when armed.
     choice: MechanismChoice,
-    /// Where it is armed now.
-    armed: Option<Armed>,
+    /// Where it is armed now (disarmed by the walk of the ledger when its
+    /// module goes: `unmapped.rs`).
+    pub(super) armed: Option<RuntimeAddr>,
     /// Whether it was ever armed (its module loaded at some point).
     ever_armed: bool,
     /// The typed-value choosers the session had when it was added (a
@@ -53,13 +61,29 @@ type TypedPick = (
     Option<Capture>,
 );
 
-/// Where a pending probe is armed.
-struct Armed {
-    /// The module's path and the span of its mappings.
-    path: PathBuf,
-    start: u64,
-    end: u64,
-    addr: u64,
+/// A probe placed while its module was loaded, as it was asked
+/// (`Session::placed_spec`): made pending again, under its id, with its
+/// mechanism choice and typed values, if the program unloads the module
+/// (`Slot::pend_again`), so that it is armed again when the module comes
+/// back, its counts going on.
+pub(super) struct PlacedSpec {
+    /// `module:function[+offset][%return]`, resolved again at each change
+    /// of the loaded modules; `None`: not one to arm again (an address, a
+    /// USDT marker).
+    spec: Option<String>,
+    /// What the user sees (its placement's label).
+    pub(super) label: String,
+    choice: MechanismChoice,
+    /// `Count` or `Record` (else a probe with handlers).
+    counting: bool,
+    record: bool,
+    is_return: bool,
+    typing: PendingTyping,
+    /// `maxactive` and the argument registers of its trap form.
+    limits: (usize, usize),
+    /// In a module the program loaded at run time (`dlopen`): it may
+    /// unload it.
+    pub(super) unloadable: bool,
 }
 
 /// A pending probe armed in a module the program loaded (its `dlopen`),
@@ -83,22 +107,58 @@ pub struct ArmedPending {
 
 impl Slot {
     /// Pending probe `id` removed (`Session::remove_probe`): its spec is
-    /// no longer armed when its module is loaded.
+    /// no longer armed when its module is loaded (nor made pending again
+    /// when its module goes).
     pub(super) fn drop_pending(&mut self, id: ProbeId) {
         self.pending.retain(|p| p.id != id);
+        self.placed_specs.remove(&id);
     }
 
-    /// A module mapped at `start..end` was unmapped: every mechanism
-    /// forgets its sites there (nothing is restored: the memory is gone),
-    /// and so does the ledger.
-    pub(super) fn forget_unmapped(&mut self, start: u64, end: u64) {
-        self.engine.forget_range(start, end);
-        let (mut cx, mechs) = self.parts();
-        for m in mechs.all() {
-            m.on_change(&mut cx, &mech::TargetChange::Unmapped { start, end });
+    /// Probe `id`, placed while its module was loaded, whose site went
+    /// with the module: pending again (armed again when the module is
+    /// loaded again, under its id, with the mechanism asked), its label
+    /// returned; `Err` with its label or `None`, if it is not one to arm
+    /// again (it counts nothing from now on).
+    pub(super) fn pend_again(&mut self, id: ProbeId) -> Result<String, Option<String>> {
+        let Some(placed) = self.placed_specs.remove(&id) else {
+            return Err(None);
+        };
+        let Some(spec) = placed.spec else {
+            return Err(Some(placed.label));
+        };
+        let on_trap = self.owner(id) == MechKind::Trap;
+        let inproc_first = self.owner(id) == MechKind::InProcess;
+        if placed.counting && !on_trap {
+            // The trap form of its action, unarmed, for a plan that puts
+            // it on the trap when it is armed again (as a pending probe
+            // is held from the start).
+            let (maxactive, nargs) = placed.limits;
+            let form = self.mechs.trap.form(
+                placed.is_return,
+                placed.record,
+                None,
+                true,
+                (maxactive, nargs),
+            );
+            let (mut cx, mechs) = self.parts();
+            mechs.trap.add_unarmed_as(&mut cx, Some(id), form.0, form.1);
+            self.owner.remove(&id);
         }
-        self.ledger.forget_range(start, end);
-        self.sync_ledger();
+        self.pending.push(Pending {
+            spec,
+            label: placed.label.clone(),
+            id,
+            fast_ok: placed.counting,
+            inproc_first,
+            record: placed.record,
+            is_return: placed.is_return,
+            handler: !placed.counting,
+            choice: placed.choice,
+            armed: None,
+            ever_armed: true,
+            typing: placed.typing,
+        });
+        Ok(placed.label)
     }
 }
 
@@ -171,7 +231,7 @@ impl Session {
             }
             _ => return Err(why),
         };
-        let program_dir = Slot::process(&mut slot.engine)
+        let program_dir = Slot::process(&mut slot.target)
             .and_then(|pt| pt.program().parent().map(Path::to_path_buf));
         if hotprobe_symbols::find_library(&module, program_dir.as_deref()).is_none() {
             return Err(why);
@@ -189,8 +249,10 @@ impl Session {
         let id = mechs.trap.add_unarmed(&mut cx, probe, rp);
         slot.pending.push(Pending {
             spec: spec.to_string(),
+            label: spec.to_string(),
             id,
             fast_ok,
+            inproc_first: false,
             record,
             is_return,
             handler,
@@ -220,13 +282,16 @@ impl Session {
     }
 
     /// After the loaded modules changed (the loader's rendezvous, the
-    /// thread stopped there, before any new constructor runs): disarms
-    /// pending probes whose module is gone, arms those whose module is now
-    /// mapped. What fails is said in a notice; the run goes on.
+    /// thread stopped there, before any new constructor runs): the sites
+    /// whose module went are forgotten in one walk of the ledger, their
+    /// probes made pending (`unmapped.rs`); then pending probes whose
+    /// module is now mapped are armed. What fails is said in a notice;
+    /// the run goes on.
     pub(super) fn refresh_pending(&mut self, i: usize) {
         let t = TargetId(i);
+        self.slots[i].forget_unmapped_sites();
         let Some(pid) = self.slots[i].pid else { return };
-        if self.slots[i].pending.is_empty() {
+        if self.slots[i].pending.iter().all(|p| p.armed.is_some()) {
             return;
         }
         let syms = match hotprobe_symbols::ProcessSymbols::for_pid(pid as u32) {
@@ -237,37 +302,71 @@ impl Session {
             }
         };
         for k in 0..self.slots[i].pending.len() {
-            let slot = &mut self.slots[i];
-            let p = &mut slot.pending[k];
-            if let Some(a) = &p.armed {
-                let mapped = syms.modules().iter().any(|m| {
-                    m.path == a.path && m.ranges.iter().any(|r| r.contains(&RuntimeAddr(a.addr)))
-                });
-                if !mapped {
-                    let (start, end) = (a.start, a.end);
-                    p.armed = None;
-                    let spec = p.spec.clone();
-                    slot.forget_unmapped(start, end);
-                    // A marker's semaphore went with its module: nothing
-                    // to take back at detach.
-                    slot.semaphores.retain(|at| !(start..end).contains(&at.0));
-                    slot.notice(format!(
-                        "pid {pid}: {spec}: its module was unloaded; armed again if it is loaded again"
-                    ));
-                }
-            }
             if self.slots[i].pending[k].armed.is_some() {
                 continue;
             }
-            let spec = self.slots[i].pending[k].spec.clone();
+            let label = self.slots[i].pending[k].label.clone();
             match self.arm_pending(t, k, &syms) {
                 Ok(()) => {}
                 Err(e) if not_loaded(&e) => {}
-                Err(e) => self.slots[i].notice(format!("pid {pid}: cannot arm {spec}: {e}")),
+                Err(e) => self.slots[i].notice(format!("pid {pid}: cannot arm {label}: {e}")),
             }
         }
         let (mut cx, mechs) = self.slots[i].parts();
         mechs.trap.publish(&mut cx);
+    }
+
+    /// How probe `ask` is made pending again if its module goes (see
+    /// [`PlacedSpec`]): what was asked, and the session's typed-value
+    /// choosers now (a `Record` entry probe's). `None` in a module the
+    /// program cannot unload (the program, a library its loader mapped at
+    /// the start): nothing to remember.
+    pub(super) fn placed_spec(
+        &mut self,
+        t: TargetId,
+        ask: &mech::SiteAsk<'_>,
+    ) -> Option<PlacedSpec> {
+        let r = ask.r;
+        // Unknown (no modules read): remembered, without keeping the
+        // process traced for it.
+        let unloadable = self
+            .slots
+            .get_mut(t.0)
+            .and_then(|slot| slot.unloadable_at(r.addr, ask.symbols));
+        if unloadable == Some(false) {
+            return None;
+        }
+        let spec = match (&r.function, r.usdt) {
+            (Some(f), false) => {
+                let offset = match r.offset {
+                    0 => String::new(),
+                    o => format!("+{o:#x}"),
+                };
+                let ret = if ask.is_return { "%return" } else { "" };
+                Some(format!("{}:{f}{offset}{ret}", r.module))
+            }
+            _ => None,
+        };
+        let counting = ask.handler.is_none();
+        let typing = match counting && ask.record && !ask.is_return {
+            true => PendingTyping {
+                xmm: self.xmm_layout.clone(),
+                fast: self.fast_capture.clone(),
+                capture: self.capture.clone(),
+            },
+            false => PendingTyping::default(),
+        };
+        Some(PlacedSpec {
+            spec,
+            unloadable: unloadable.unwrap_or(false),
+            label: ask.label.clone(),
+            choice: ask.choice,
+            counting,
+            record: counting && ask.record,
+            is_return: counting && ask.is_return,
+            typing,
+            limits: (ask.maxactive, ask.nargs),
+        })
     }
 
     /// Arms pending probe `k` of target `t` in the module that now maps
@@ -295,11 +394,10 @@ impl Session {
         k: usize,
         syms: &hotprobe_symbols::ProcessSymbols,
     ) -> Result<(), EngineError> {
-        let (spec, id, fast_ok, record, is_return, handler, ever_armed) = {
-            let p = &self.slot(t)?.pending[k];
-            let f = (p.fast_ok, p.record, p.is_return, p.handler, p.ever_armed);
-            (p.spec.clone(), p.id, f.0, f.1, f.2, f.3, f.4)
-        };
+        let p = &self.slot(t)?.pending[k];
+        let (spec, label, id) = (p.spec.clone(), p.label.clone(), p.id);
+        let (fast_ok, record, is_return) = (p.fast_ok, p.record, p.is_return);
+        let (handler, ever_armed, inproc_first) = (p.handler, p.ever_armed, p.inproc_first);
         let typing = self.slot(t)?.pending[k].typing.clone();
         let r = self.resolve_one(t, &spec)?;
         if (is_return || record) && !r.is_entry() {
@@ -311,14 +409,12 @@ impl Session {
                 reason: "no module maps its address".into(),
             });
         };
-        let start = m.ranges.iter().map(|r| r.start.0).min().unwrap_or(0);
-        let end = m.ranges.iter().map(|r| r.end.0).max().unwrap_or(0);
         let path = m.path.clone();
         let mut placement = if handler {
-            self.arm_handler(t, id, &r, &spec, ever_armed)?
+            self.arm_handler(t, id, &r, &label, ever_armed)?
         } else {
-            let flags = (fast_ok, record, is_return);
-            self.arm_counting(t, id, &r, &spec, flags, syms, &typing)?
+            let flags = (fast_ok, record, is_return, inproc_first);
+            self.arm_counting(t, id, &r, &label, flags, syms, &typing)?
         };
         placement.reason = format!(
             "armed when the program loaded {}: {}",
@@ -331,12 +427,7 @@ impl Session {
         }
         let slot = self.slot(t)?;
         slot.pending[k].ever_armed = true;
-        slot.pending[k].armed = Some(Armed {
-            path: path.clone(),
-            start,
-            end,
-            addr: r.addr.0,
-        });
+        slot.pending[k].armed = Some(r.addr);
         let pid = slot.pid.unwrap_or(0);
         self.armed_pending.push(ArmedPending {
             pid,
@@ -359,7 +450,7 @@ impl Session {
         id: ProbeId,
         r: &ResolvedProbe,
         spec: &str,
-        (fast_ok, record, is_return): (bool, bool, bool),
+        (fast_ok, record, is_return, inproc_first): (bool, bool, bool, bool),
         syms: &hotprobe_symbols::ProcessSymbols,
         typing: &PendingTyping,
     ) -> Result<Placement, EngineError> {
@@ -373,6 +464,9 @@ impl Session {
         } else {
             Plan::Trap("an image after an exec: traps (no agent in it)".into())
         };
+        // A site another probe armed or placed there already is joined
+        // or handed to the trap, never written over (`plan.rs`).
+        plan = self.fit_to_ledger(t, r, plan, record || !is_return)?;
         let (xmm, program, mut capture) = self.typed_pick(t, r, &plan, typing);
         if capture.is_some() && matches!(plan, Plan::Fast { .. }) {
             plan = Plan::Trap("typed values read at the hit (DWARF)".into());
@@ -381,7 +475,7 @@ impl Session {
         // probe placed at once (`Session::add_filtered`).
         let no_trap =
             (record && !self.config.record_traps && capture.is_none()) || self.config.no_traps;
-        if let (Plan::Trap(why), true) = (&plan, no_trap) {
+        if let (Plan::Trap(why) | Plan::Join(why), true) = (&plan, no_trap) {
             return Err(EngineError::RefusedSpec {
                 spec: spec.to_string(),
                 reason: format!("needs the trap mechanism ({why})"),
@@ -417,11 +511,17 @@ impl Session {
             }
             Plan::Trap(why) | Plan::Join(why) | Plan::Plugin(why) => why,
         };
+        if inproc_first && fast_ok && capture.is_none() && !is_return {
+            if let Some(placed) = self.arm_inproc(t, id, r, spec, record, &why)? {
+                return Ok(placed);
+            }
+        }
         if let Some(c) = capture {
             // Held with the trap form of its action since it was added:
             // given the capture its typed values are read with.
             self.give_capture(t, id, is_return, record, c)?;
         }
+        self.before_trap_at(t, r.addr)?;
         let config = self.config.fast_path;
         let (mut cx, mechs) = self.slot(t)?.parts();
         mechs.trap.arm(&mut cx, id, r.addr, &config)?;
@@ -430,6 +530,28 @@ impl Session {
         // on a library the new image loads later is one).
         self.trap_stacks_placed(t, id, r.is_entry());
         Ok(self.placement(t, id, spec.to_string(), r, Some(why)))
+    }
+
+    /// Arms probe `id` at `r` on an in-process trap, where it was before
+    /// its module went; `None` when the site cannot take one now (it goes
+    /// on the trap, `why` saying why not the fast path).
+    fn arm_inproc(
+        &mut self,
+        t: TargetId,
+        id: ProbeId,
+        r: &ResolvedProbe,
+        spec: &str,
+        record: bool,
+        why: &str,
+    ) -> Result<Option<Placement>, EngineError> {
+        if self.config.fast_path.stacks {
+            // The in-process trap walks no stacks (`Session::place_inproc`).
+            return Ok(None);
+        }
+        let mut ask = self.ask(r, spec.to_string(), (false, record), None);
+        ask.existing = Some(id);
+        let placed = self.place_on(t, MechKind::InProcess, ask, Plan::Trap(why.into()))?;
+        Ok(placed.ok())
     }
 
     /// The typed values a pending `Record` probe at `r` gets under `plan`,

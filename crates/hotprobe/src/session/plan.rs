@@ -6,11 +6,13 @@
 //!   (the engine serves several probes on one `int3`);
 //! - an in-process trap there: the new probe goes on the ptrace trap,
 //!   which takes the in-process one over (`before_trap_at`);
-//! - a fast-path site starting there, and the fast path can serve the new
-//!   action (count, record): the new probe joins it;
-//! - otherwise a fast-path site whose bytes hold the address (a `%return`
-//!   or a handler at a jump's entry, `mix+3` inside the jump at `mix`):
-//!   the site's probes are handed to the trap engine (their counts go on
+//! - a jump of the fast path starting there, and the new probe is a count
+//!   or record the fast path takes with a jump too: the new jump chains on
+//!   it (its trampoline runs the first's), both count;
+//! - otherwise a fast-path site whose bytes hold the address (a second count, a
+//!   `%return` or a handler at a patch's or jump's entry, `mix+3` inside
+//!   the jump at `mix`): a site calls the agent for one probe, so the
+//!   site's probes are handed to the trap engine (their counts go on
 //!   there; a recording one is refused instead), the original bytes come
 //!   back, and the new probe goes on the trap;
 //! - a jump or patch that would cover another site is planned as a trap.
@@ -32,6 +34,9 @@ pub(super) enum Plan {
         /// The run-time address and length of the bytes it rewrites.
         site: u64,
         len: usize,
+        /// A jump (not a patch's call): a second jump at the same entry
+        /// chains on it (`fit_to_ledger`).
+        jump: bool,
     },
     /// The trap (or, where allowed, an in-process trap), and why.
     Trap(String),
@@ -158,6 +163,8 @@ impl Session {
             }
             MechKind::Fast => {}
         }
+        // Made pending again if its module is unloaded (`unmapped.rs`).
+        let placed_spec = self.placed_spec(t, &ask);
         let slot = self.slot(t)?;
         let stub_there = slot.engine.execution_of(addr).is_some();
         let at_entry = ask.r.is_entry();
@@ -169,6 +176,9 @@ impl Session {
         if let Ok(p) = &placed {
             if kind != MechKind::Trap {
                 slot.owner.insert(p.id, kind);
+            }
+            if let (Some(spec), true) = (placed_spec, slot.pid.is_some()) {
+                slot.placed_specs.insert(p.id, spec);
             }
             if kind == MechKind::Plugin && stub_there {
                 self.note_plugin_overlap(t, addr, false);
@@ -196,10 +206,6 @@ impl Session {
             .placement(&slot.engine, process, (id, label), r, reason)
     }
 
-    /// Fits `plan`, made for a new probe at `r` from the file, to the
-    /// sites already in target `t` (see the module docs). `fast_ok`: the
-    /// fast path could serve the new probe's action (a count or a record
-    /// of entries, nothing read at the hit).
     /// Whether a fast-path site with probes starts at `addr` of target `t`.
     pub(super) fn fast_site_at(&mut self, t: TargetId, addr: RuntimeAddr) -> bool {
         let Ok(slot) = self.slot(t) else {
@@ -214,6 +220,11 @@ impl Session {
         })
     }
 
+    /// Fits `plan`, made for a new probe at `r` from the file, to the
+    /// sites already in target `t` (see the module docs). `fast_ok`: the
+    /// fast path could serve the new probe's action (a count or a record
+    /// of entries, nothing read at the hit), said in the reason when a
+    /// fast-path site is there already.
     pub(super) fn fit_to_ledger(
         &mut self,
         t: TargetId,
@@ -248,15 +259,26 @@ impl Session {
                 }),
                 CodeOwner::Fast => {
                     let here = start == a && site.has_probes();
-                    if let (true, true, Plan::Fast { site, .. }) = (here, fast_ok, &plan) {
-                        if *site == start {
-                            return Ok(plan);
-                        }
+                    // A count or record jump at the entry of a function
+                    // whose entry holds a jump of ours already chains on
+                    // it: its trampoline runs the first jump's, each probe
+                    // counts (the two counts of `count f f`, of C's
+                    // `hotprobe_count_if` beside `hotprobe_count`).
+                    let chains = matches!(&plan, Plan::Fast { site, jump: true, .. } if *site == a);
+                    if here && fast_ok && chains && slot.jump_at(start) {
+                        return Ok(plan);
                     }
+                    // Any other fast-path site calls the agent for one
+                    // probe (one site key, one counter, one action): a
+                    // second probe there goes to the trap with the site's
+                    // probes, never onto the site's bytes (a patch written
+                    // over a patch or a jump took the first's call for the
+                    // original code, and its probe counted nothing).
                     // `before_trap_at` hands the site over.
-                    let why = match here {
-                        true => "the fast path cannot serve this probe",
-                        false => "this address lies in its bytes",
+                    let why = match (here, fast_ok) {
+                        (true, true) => "a fast-path site serves one probe",
+                        (true, false) => "the fast path cannot serve this probe",
+                        (false, _) => "this address lies in its bytes",
                     };
                     Ok(Plan::Join(format!(
                         "the fast-path site at {start:#x} goes to the trap, which serves both \
@@ -292,7 +314,7 @@ impl Session {
     ) -> Result<(), EngineError> {
         let slot = self.slot(t)?;
         let started = slot.engine.started;
-        if let Some(pt) = Slot::process(&mut slot.engine) {
+        if let Some(pt) = Slot::process(&mut slot.target) {
             if pt.is_released() {
                 pt.reacquire()?;
                 if started {
@@ -362,12 +384,17 @@ impl Session {
         }
         let addr = RuntimeAddr(start);
         slot.ledger.take_fast_site(start);
-        for (id, _) in probes {
+        // The last placed first: a jump chained on another (its original
+        // bytes are the earlier jump) is taken out before the one it
+        // chains on, so each puts back what it found and the file's bytes
+        // are there at the end.
+        for (id, _) in probes.into_iter().rev() {
             let (mut cx, mechs) = slot.parts();
             let probe = cx.agent.take_handler(id).unwrap_or_default();
-            cx.agent.change(cx.engine, cx.inbox, id, |fp, pt, c| {
-                fp.remove_probe(pt, c).map(|_| ())
-            })?;
+            cx.agent
+                .change(cx.engine, cx.target, cx.inbox, id, |fp, pt, c| {
+                    fp.remove_probe(pt, c).map(|_| ())
+                })?;
             if let Some(f) = mechs.fast.as_mut() {
                 f.mark_removed(id);
             }
@@ -375,11 +402,22 @@ impl Session {
             slot.owner.insert(id, MechKind::Trap);
         }
         slot.sync_ledger();
-        let who = slot.engine.target().describe();
+        let who = slot.target.as_target().describe();
         slot.notice(format!(
             "{who}: the fast-path site at {start:#x} was handed to the trap for a probe at \
              {at}, which serves both (their counts go on)"
         ));
         Ok(())
+    }
+}
+
+impl Slot {
+    /// Whether the code at `addr` starts with a `jmp rel32` (`e9`): a
+    /// fast-path site there is a jump, not a patch's `call` (`e8`).
+    fn jump_at(&mut self, addr: u64) -> bool {
+        let mut b = [0u8; 1];
+        self.target
+            .read_memory(RuntimeAddr(addr), &mut b)
+            .is_ok_and(|()| b[0] == 0xe9)
     }
 }

@@ -28,7 +28,7 @@ impl Session {
                 spec: spec.into(),
                 reason: "this target has no symbols".into(),
             })?;
-        let found = resolver.resolve(&parsed, slot.engine.target())?;
+        let found = resolver.resolve(&parsed, slot.target.as_target())?;
         slot.engine.set_symbolizer(resolver.symbolizer());
         Ok(found)
     }
@@ -51,7 +51,7 @@ impl Session {
             .originals_in(from, r.addr.0 + hotprobe_x86::MAX_INSN_LEN as u64);
         if let Some(resolver) = slot.resolver.as_ref() {
             resolver
-                .check_over(r, slot.engine.target(), options, &originals)
+                .check_over(r, slot.target.as_target(), options, &originals)
                 .map_err(|reason| EngineError::RefusedSpec {
                     spec: spec.into(),
                     reason,
@@ -97,7 +97,8 @@ impl Session {
         t: TargetId,
         pid: i32,
     ) -> Result<std::sync::Arc<hotprobe_symbols::ProcessSymbols>, EngineError> {
-        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+        let maps = std::fs::read_to_string(hotprobe_symbols::proc_dir(pid as u32).join("maps"))
+            .unwrap_or_default();
         let slot = self.slot(t)?;
         if let Some((seen, syms)) = &slot.symbols {
             if !maps.is_empty() && *seen == maps {

@@ -95,7 +95,7 @@ fn check_slot(slot: &mut Slot) {
         .filter(|(start, original)| !original.is_empty() && !slot.reverted.named.contains(start))
         .collect();
     {
-        let target = slot.engine.target();
+        let target = slot.target.as_target();
         let mut window: (u64, Vec<u8>) = (0, Vec::new());
         for (start, original) in watched {
             let len = original.len();
@@ -126,7 +126,7 @@ fn check_slot(slot: &mut Slot) {
     }
     // The trap's int3s: the target writes them again itself.
     let mut trap = slot
-        .engine
+        .target
         .process()
         .map(|pt| pt.rearm_reverted_breakpoints())
         .unwrap_or_default();
@@ -138,7 +138,7 @@ fn check_slot(slot: &mut Slot) {
     // placement; the calls made between the change and now went uncounted.
     let rearmed = match found.is_empty() {
         true => Vec::new(),
-        false => match slot.agent.rearm(&mut slot.engine, &found) {
+        false => match slot.agent.rearm(&mut slot.engine, &mut slot.target, &found) {
             Ok(r) => r,
             Err(e) => {
                 slot.notice(format!(
@@ -152,7 +152,7 @@ fn check_slot(slot: &mut Slot) {
         found.into_iter().partition(|a| rearmed.contains(a));
     again.extend(trap.rearmed);
     lost.extend(trap.lost);
-    let symbolizer = slot.engine.target_and_symbolizer().1;
+    let symbolizer = slot.engine.symbolizer();
     let names = |sites: &[u64]| -> String {
         let names: Vec<String> = sites
             .iter()

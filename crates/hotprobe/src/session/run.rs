@@ -5,6 +5,8 @@ use super::foreign::uprobes_on_rewritten_sites;
 use super::reverted;
 use super::*;
 
+use super::handlers::ServeWake;
+
 impl Session {
     /// Registers a source of events that follows the processes from
     /// outside (the host kernel's, `crate::kernel_source::KernelSource`):
@@ -52,7 +54,7 @@ impl Session {
                 // kept it traced, 1 run in 2 of an 8-thread start).
                 s.engine.started = true;
                 self.maybe_release(i);
-                self.slots[i].engine.target().resume_all()?;
+                self.slots[i].target.as_target().resume_all()?;
             }
         }
         for i in 0..self.slots.len() {
@@ -128,6 +130,8 @@ impl Session {
             self.drain(None, 0)?;
         }
         self.check_reverted_sites(false);
+        self.watch_tracers();
+        let retry = self.retry_releases();
         let timeout = if recording && sink.is_some() {
             Some(self.drain(sink, 0)?)
         } else if self.new_processes.is_some() {
@@ -138,6 +142,10 @@ impl Session {
             Some(reverted::REVERTED_CHECK_EVERY)
         } else {
             Some(Duration::from_millis(1))
+        };
+        let timeout = match retry {
+            Some(r) => Some(timeout.map_or(r, |t| t.min(r))),
+            None => timeout,
         };
         let timeout = match self.wait_deadline {
             Some(d) => {
@@ -165,10 +173,34 @@ impl Session {
     ) -> Result<bool, EngineError> {
         let mut timeout = timeout;
         if !self.slots[i].agent.handlers.is_empty() && self.slots[i].engine.gone().is_none() {
-            if self.serve_handlers(i, timeout) {
+            // A traced process's stops (a trap hit, a thread's start) end
+            // the wait for handler calls as a call does: the process's
+            // waiter thread rings the doorbell for them. (Unwoken, a stop
+            // waited the whole 20 ms of an untimed serve, twice per trap
+            // hit; cut to 1 ms slices, the tracer woke 1,000 times a
+            // second.) An event already taken from the kernel is handled
+            // first, after the calls waiting now.
+            let slot = &mut self.slots[i];
+            let wake = match Slot::process(&mut slot.target) {
+                Some(p) if p.is_released() => ServeWake::Calls,
+                Some(p) if p.has_taken_events() => {
+                    timeout = Some(Duration::ZERO);
+                    ServeWake::Calls
+                }
+                Some(_) if slot.agent.child_wake_missed => ServeWake::Slices,
+                Some(_) => ServeWake::Stops,
+                None => ServeWake::Calls,
+            };
+            let served = self.serve_handlers(i, timeout, wake);
+            if served.stop {
                 return Ok(true);
             }
-            timeout = Some(Duration::ZERO);
+            let (stop, seen) = self.poll_slot_event(i, Some(Duration::ZERO))?;
+            // Rung for another thread's child: the next serve waits in a
+            // slice (a status nobody takes would ring at once each time),
+            // the one after is rung again.
+            self.slots[i].agent.child_wake_missed = served.child_rang && !seen;
+            return Ok(stop);
         }
         self.poll_slot_events(i, timeout)
     }
@@ -181,12 +213,23 @@ impl Session {
         i: usize,
         timeout: Option<Duration>,
     ) -> Result<bool, EngineError> {
+        self.poll_slot_event(i, timeout).map(|(stop, _)| stop)
+    }
+
+    /// [`Session::poll_slot_events`], also saying whether the target had
+    /// an event (not a timeout).
+    fn poll_slot_event(
+        &mut self,
+        i: usize,
+        timeout: Option<Duration>,
+    ) -> Result<(bool, bool), EngineError> {
         let slot = &mut self.slots[i];
-        let ev = match slot.engine.target().wait(timeout) {
+        let ev = match slot.target.as_target().wait(timeout) {
             Ok(ev) => ev,
-            Err(TargetError::Gone { .. }) => return Ok(false),
+            Err(TargetError::Gone { .. }) => return Ok((false, false)),
             Err(e) => return Err(e.into()),
         };
+        let seen = !matches!(ev, TargetEvent::Timeout);
         let change = match &ev {
             TargetEvent::Exec => Some(mech::TargetChange::Exec),
             TargetEvent::Exited(status) => {
@@ -220,6 +263,11 @@ impl Session {
                 m.on_change(&mut cx, &change);
             }
             slot.ledger.forget_image();
+            // How probes in the old image's modules were asked, and which
+            // of its modules were loaded at run time: neither holds for
+            // the new image (whose probes `exec.rs` places anew).
+            slot.placed_specs.clear();
+            slot.unloads = Default::default();
         }
         if let TargetEvent::Watchpoint {
             thread,
@@ -227,19 +275,16 @@ impl Session {
             regs,
         } = ev
         {
-            return self.on_watchpoint(i, thread, slots, regs);
+            return Ok((self.on_watchpoint(i, thread, slots, regs)?, seen));
         }
         let exec = matches!(ev, TargetEvent::Exec);
         if exec {
             self.watches_exec(i);
         }
         if matches!(ev, TargetEvent::ModulesChanged { .. }) {
+            // Forgets the sites of unloaded modules first, then arms.
             self.refresh_pending(i);
-            self.slots[i].forget_unmapped_sites();
-            if let Some(pid) = self.slots[i].pid {
-                let slot = &mut self.slots[i];
-                crate::nonlocal::sync_unwind_hooks(&mut slot.engine, pid, &mut slot.inbox);
-            }
+            self.slots[i].tell_mechanisms_of(&mech::TargetChange::ModuleMapped);
         }
         if matches!(
             ev,
@@ -250,7 +295,7 @@ impl Session {
         self.note_thread_process(i, &ev);
         let slot = &mut self.slots[i];
         let holds = slot.holds();
-        slot.engine.handle_holding(ev, holds)?;
+        slot.engine.handle_holding(&mut slot.target, ev, holds)?;
         if exec {
             slot.sync_ledger();
             slot.semaphores.clear();
@@ -264,7 +309,7 @@ impl Session {
             self.take_fork_child(i, held.child, held.fixes);
         }
         self.follow_execd_vfork_children(i);
-        Ok(stop)
+        Ok((stop, seen))
     }
 
     /// Ends the run: spawned targets still alive get `grace` to exit on

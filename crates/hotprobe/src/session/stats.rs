@@ -35,6 +35,7 @@ impl Session {
         id: ProbeId,
         f: impl FnOnce(&mut dyn mech::ProbeMechanism, &mut Cx<'_>) -> Result<(), EngineError>,
     ) -> Result<(), EngineError> {
+        self.unchain(id)?;
         let slot = self.slot_of(id)?;
         let kind = slot.owner(id);
         let (mut cx, mechs) = slot.parts();
@@ -44,6 +45,32 @@ impl Session {
             self.maybe_release((id.0 >> TARGET_SHIFT) as usize);
         }
         Ok(())
+    }
+
+    /// Before probe `id` alone is changed: a fast-path site serving it
+    /// and other probes (jumps chained at one entry, `plan.rs`) goes to
+    /// the trap with all of them, so that removing or disabling one leaves
+    /// the others counting (the later jump's trampoline would run the
+    /// earlier one's, removed or not). A recording site stays (its
+    /// events cannot change hands within a call).
+    fn unchain(&mut self, id: ProbeId) -> Result<(), EngineError> {
+        let slot = self.slot_of(id)?;
+        if slot.owner(id) != MechKind::Fast {
+            return Ok(());
+        }
+        slot.sync_ledger();
+        let shared = slot.ledger.sites().iter().find(|s| {
+            s.owner == ledger::CodeOwner::Fast
+                && s.probes().any(|(p, _)| p == id)
+                && s.probes().count() > 1
+                && s.probes().all(|(_, record)| !record)
+        });
+        let Some(start) = shared.map(|s| s.start) else {
+            return Ok(());
+        };
+        let t = TargetId((id.0 >> TARGET_SHIFT) as usize);
+        // A released process taken back first (the trap needs ptrace).
+        self.before_trap_at(t, RuntimeAddr(start))
     }
 
     /// A probe's counts, whatever its mechanism, over every process it
@@ -122,9 +149,12 @@ impl Session {
     }
 
     /// How hits at this probe's address are executed (trap probes: "boosted",
-    /// "emulated", "stepped"…).
+    /// "emulated", "stepped"…; a probe another mechanism handed to the
+    /// trap too).
     pub fn execution_of(&self, id: ProbeId) -> Option<&'static str> {
-        let e = &self.slots.get((id.0 >> TARGET_SHIFT) as usize)?.engine;
+        let slot = self.slots.get((id.0 >> TARGET_SHIFT) as usize)?;
+        let id = slot.mechs.trap.handed.get(&id).copied().unwrap_or(id);
+        let e = &slot.engine;
         e.execution_of(e.probes.get(&id)?.addr)
     }
 

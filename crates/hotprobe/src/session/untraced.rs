@@ -4,7 +4,9 @@
 //! runs, so that no clone stop of its first threads is queued; and after
 //! probes added while running) a process whose ptrace mechanisms have
 //! nothing placed — no
-//! trap probe, no pending probe, no followed forks — runs untraced
+//! trap probe, no pending probe, no followed forks, no probe in a library
+//! the program loaded at run time (its unload is seen at the loader's
+//! rendezvous: `unmapped.rs`) — runs untraced
 //! ([`hotprobe_process::ProcessTarget::release`]), whether its probes are
 //! on the agent's fast paths (patch, jump) alone, on in-process traps or
 //! agent handlers: the in-process traps' `SIGTRAP`s, the program's own
@@ -76,14 +78,14 @@ impl Session {
     /// constant while the process runs (it runs untraced).
     pub fn ptrace_stops(&mut self, t: TargetId) -> Option<u64> {
         let slot = self.slots.get_mut(t.0)?;
-        Slot::process(&mut slot.engine).map(|p| p.ptrace_stops())
+        Slot::process(&mut slot.target).map(|p| p.ptrace_stops())
     }
 
     /// Whether target `t` runs untraced now (see the module docs).
     pub fn is_untraced(&mut self, t: TargetId) -> bool {
         self.slots
             .get_mut(t.0)
-            .and_then(|s| Slot::process(&mut s.engine))
+            .and_then(|s| Slot::process(&mut s.target))
             .is_some_and(|p| p.is_released())
     }
 
@@ -96,10 +98,12 @@ impl Session {
             || self.config.fast_path.stacks
             || self.new_processes.is_some();
         let slot = &mut self.slots[i];
+        let last_delay = slot.release_retry.take().map(|(_, d)| d);
         if follow
             || !slot.engine.started
             || slot.engine.gone().is_some()
             || !slot.pending.is_empty()
+            || slot.watches_unloads()
             || slot.root.is_some()
             || !slot.mechs.trap.followable.is_empty()
             || slot.mechs.plugin.is_some()
@@ -109,20 +113,55 @@ impl Session {
         let (Some(pid), spawned) = (slot.pid, slot.spawned) else {
             return;
         };
-        let released = Slot::process(&mut slot.engine).is_some_and(|p| p.is_released());
+        let released = Slot::process(&mut slot.target).is_some_and(|p| p.is_released());
         if released || unseen_vfork_reason(pid, spawned).is_some() {
             return;
         }
         let slot = &mut self.slots[i];
-        if let Some(pt) = Slot::process(&mut slot.engine) {
-            if let Err(e) = pt.release() {
-                slot.notice(format!(
+        if let Some(pt) = Slot::process(&mut slot.target) {
+            match pt.release() {
+                Ok(true) => {}
+                // A thread stopped with an event, a queued one (a thread
+                // start, a library loaded): tried again in a moment, the
+                // run loop's wait bounded by it. Tried only here, a
+                // process that then made no ptrace event stayed traced
+                // for good (attach_refusals' first `count -p`, now and
+                // then under load).
+                Ok(false) => {
+                    let delay =
+                        last_delay.map_or(RELEASE_RETRY, |d| (d * 2).min(RELEASE_RETRY_MAX));
+                    slot.release_retry = Some((std::time::Instant::now() + delay, delay));
+                }
+                Err(e) => slot.notice(format!(
                     "cannot run untraced: {e}; the process stays traced"
-                ));
+                )),
             }
         }
     }
+
+    /// Tries again, for every live slot whose time came, to let the
+    /// process run untraced; the time until the next try, if any.
+    pub(super) fn retry_releases(&mut self) -> Option<Duration> {
+        let now = std::time::Instant::now();
+        for i in 0..self.slots.len() {
+            if self.slots[i].release_retry.is_some_and(|(at, _)| at <= now) {
+                self.maybe_release(i);
+            }
+        }
+        self.slots
+            .iter()
+            .filter(|s| s.engine.gone().is_none())
+            .filter_map(|s| s.release_retry.map(|(at, _)| at))
+            .min()
+            .map(|at| at.saturating_duration_since(now))
+    }
 }
+
+/// How long after a refused release the next try comes, doubled after
+/// each refusal up to the second (a process that keeps needing ptrace,
+/// such as one with ptrace-trap probes, costs a cheap check a second).
+const RELEASE_RETRY: Duration = Duration::from_millis(10);
+const RELEASE_RETRY_MAX: Duration = Duration::from_secs(1);
 
 /// The calls that make a child no interposer sees: glibc's spawns
 /// through its internal `clone` (a vfork child), and forks that run no

@@ -16,7 +16,7 @@ impl Session {
         at: RuntimeAddr,
     ) -> Result<(), EngineError> {
         let slot = self.slot(t)?;
-        adjust(slot.engine.target(), at, 1)?;
+        adjust(slot.target.as_target(), at, 1)?;
         slot.semaphores.push(at);
         Ok(())
     }
@@ -26,7 +26,7 @@ impl Session {
 /// cannot be written any more keeps nothing of ours to take back.
 pub(super) fn lower_semaphores(slot: &mut Slot) {
     for at in std::mem::take(&mut slot.semaphores) {
-        let _ = adjust(slot.engine.target(), at, -1);
+        let _ = adjust(slot.target.as_target(), at, -1);
     }
 }
 

@@ -60,35 +60,18 @@ pub fn panic_rs() -> PathBuf {
     })
 }
 
-/// `go`, from PATH or where Go's installer and Debian put it.
-pub fn go_tool() -> PathBuf {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|d| d.join("go"))
-        .chain(["/usr/local/go/bin/go".into(), "/usr/lib/go/bin/go".into()])
-        .find(|p| p.is_file())
-        .expect("no go toolchain (scripts/setup.sh installs golang-go)")
-}
-
 /// programs/gofunc built by `go build -ldflags LDFLAGS` as `name`, with
-/// HOME, GOCACHE and GOPATH under the target directory.
+/// HOME, GOCACHE and GOPATH under the target directory (see
+/// [`hotprobe_testkit::go_build`]).
 pub fn go_program(name: &str, ldflags: &str) -> PathBuf {
-    let dir = programs_dir().join("gofunc");
     let base = out_dir("go");
-    build(&dir.join("main.go"), &base.join(name), |part| {
-        let mut c = Command::new(go_tool());
-        c.current_dir(&dir)
-            .args(["build", "-ldflags", ldflags, "-o"])
-            .arg(part)
-            .arg(".")
-            .env("HOME", base.join("home"))
-            .env("GOCACHE", base.join("cache"))
-            .env("GOPATH", base.join("path"))
-            .env("GOFLAGS", "-mod=mod")
-            .env("GOTOOLCHAIN", "local")
-            .env("CGO_ENABLED", "0");
-        c
-    })
+    hotprobe_testkit::go_build(
+        &programs_dir().join("gofunc"),
+        &base.join(name),
+        &base,
+        ldflags,
+        false,
+    )
 }
 
 /// What `bin args` prints on its own (it must succeed).

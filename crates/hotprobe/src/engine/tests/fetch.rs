@@ -1,7 +1,7 @@
 //! The registers a hit fetches, and steps in place, over a mock target
 //! that counts what the engine asks of it.
 
-use crate::engine::{Engine, SCRATCH_CHUNK};
+use crate::engine::{StandaloneEngine, SCRATCH_CHUNK};
 use crate::Probe;
 use hotprobe_target::{
     Registers, ResumeMode, RuntimeAddr, ScratchRegion, Target, TargetError, TargetEvent, ThreadId,
@@ -119,7 +119,7 @@ impl Target for Mock {
 }
 
 /// A hit at `addr` as the mock reports it: `rip` alone.
-fn hit(e: &mut Engine, addr: u64) {
+fn hit(e: &mut StandaloneEngine, addr: u64) {
     e.handle(TargetEvent::Breakpoint {
         thread: ThreadId(1),
         addr: RuntimeAddr(addr),
@@ -143,7 +143,7 @@ fn registers_are_fetched_only_when_a_handler_asks() {
         log: log.clone(),
         no_scratch: false,
     };
-    let mut e = Engine::new(Box::new(mock), 0);
+    let mut e = StandaloneEngine::new(Box::new(mock), 0);
     let boosted = e
         .add_probe(RuntimeAddr(BASE), Probe::new().pre(|_| {}))
         .unwrap();
@@ -218,7 +218,7 @@ fn an_in_place_step_that_did_not_execute_is_stepped_again() {
         log: log.clone(),
         no_scratch: true,
     };
-    let mut e = Engine::new(Box::new(mock), 0);
+    let mut e = StandaloneEngine::new(Box::new(mock), 0);
     let posts = Rc::new(RefCell::new(0));
     let p2 = posts.clone();
     let id = e

@@ -11,7 +11,7 @@ mod nonlocal;
 mod sites;
 mod stacks;
 
-use crate::engine::Engine;
+use crate::engine::StandaloneEngine;
 use crate::handler::{HitContext, ProbeId, RetProbe};
 use hotprobe_target::{ReturnStrategy, RuntimeAddr, TargetEvent};
 use machine::{FakeTarget, Shared, Stop, World, CODE};
@@ -200,14 +200,14 @@ fn program() -> Vec<u8> {
 /// An engine over a fresh machine running [`program`].
 struct Rig {
     world: Shared,
-    engine: Engine,
+    engine: StandaloneEngine,
 }
 
 impl Rig {
     /// Threads `threads`, each stopped at `entry`.
     fn new(entry: u64, threads: &[u64], strategy: ReturnStrategy) -> Rig {
         let world = World::new(program(), entry, threads, strategy);
-        let engine = Engine::new(Box::new(FakeTarget(world.clone())), 0);
+        let engine = StandaloneEngine::new(Box::new(FakeTarget(world.clone())), 0);
         Rig { world, engine }
     }
 

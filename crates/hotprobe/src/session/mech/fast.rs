@@ -63,7 +63,7 @@ impl FastMech {
             return refused(probe, "a post handler runs after the instruction".into());
         }
         let started = cx.engine.started;
-        let (AgentState::On(fp), Some(pt)) = (&mut cx.agent.state, cx.engine.process()) else {
+        let (AgentState::On(fp), Some(pt)) = (&mut cx.agent.state, cx.target.process()) else {
             return refused(probe, "the agent is not loaded".into());
         };
         let placed = fp.add_stub_handler(pt, &path, bias, &function, choice);
@@ -151,7 +151,7 @@ impl ProbeMechanism for FastMech {
         // mapping (`/proc/PID/map_files`), never through its old path,
         // which now names another file (issue 22).
         let (path, bias) = (module.module.path().to_path_buf(), module.bias.0);
-        let fp = match cx.agent.ensure(cx.engine, &ask.fast_path) {
+        let fp = match cx.agent.ensure(cx.target, &ask.fast_path) {
             Ok(fp) => fp,
             Err(why) if !forced => return Ok(Verdict::Pass(why)),
             Err(why) => {
@@ -166,7 +166,32 @@ impl ProbeMechanism for FastMech {
             Err(e) if !forced => return Ok(Verdict::Pass(e.to_string())),
             Err(e) => return Err(e.into()),
         };
-        let plan = fp.plan(&path, &function, choice)?;
+        let mut plan = fp.plan(&path, &function, choice)?;
+        if plan.mechanism
+            == hotprobe_fastpath::Mechanism::Patch(hotprobe_fastpath::PatchKind::Coldpatch)
+            && wants_values(ask)
+        {
+            // A coldpatched -finstrument-functions placeholder runs after
+            // the prologue, with the hook's arguments in the registers,
+            // and its exit before the return value is in rax: no value
+            // read there is the function's. The entry is, on a jump (or
+            // the next mechanism's trap).
+            let why = "arguments and return values are not the function's at a coldpatched \
+                       -finstrument-functions placeholder (it runs after the prologue)";
+            if choice == MechanismChoice::Patch {
+                return Err(EngineError::RefusedSpec {
+                    spec: r.to_string(),
+                    reason: format!("{why}: use --mechanism jump or trap"),
+                });
+            }
+            plan = match fp.plan(&path, &function, MechanismChoice::Jump) {
+                Ok(p) => hotprobe_fastpath::SitePlan {
+                    reason: format!("{} ({why})", p.reason),
+                    ..p
+                },
+                Err(e) => return Ok(Verdict::Pass(format!("{why}; no jump: {e}"))),
+            };
+        }
         Ok(match plan.mechanism {
             hotprobe_fastpath::Mechanism::Trap => Verdict::Pass(plan.reason),
             _ => Verdict::Take(Plan::Fast {
@@ -176,6 +201,7 @@ impl ProbeMechanism for FastMech {
                 reason: plan.reason,
                 site: plan.site.wrapping_add(bias),
                 len: plan.len,
+                jump: plan.mechanism == hotprobe_fastpath::Mechanism::Jump,
             }),
         })
     }
@@ -194,10 +220,18 @@ impl ProbeMechanism for FastMech {
             bias,
             function,
             reason,
+            jump,
             ..
         } = plan
         else {
             return Ok(Err("not a fast-path site".into()));
+        };
+        // A jump planned where the choice alone would give a placeholder
+        // (values read at a coldpatch placeholder's function): installed
+        // as planned.
+        let choice = match (jump, ask.choice) {
+            (true, MechanismChoice::Auto) => MechanismChoice::Jump,
+            (_, c) => c,
         };
         let (r, record, label) = (ask.r, ask.record, ask.label);
         let id = match ask.existing {
@@ -209,7 +243,7 @@ impl ProbeMechanism for FastMech {
             unreachable!("planned on the fast path")
         };
         let pt = cx
-            .engine
+            .target
             .process()
             .ok_or_else(|| EngineError::RefusedSpec {
                 spec: label.clone(),
@@ -247,7 +281,7 @@ impl ProbeMechanism for FastMech {
         if ask.batching {
             fp.begin_batch();
         }
-        let info = fp.add_function(pt, Path::new(&path), bias, &function, action, ask.choice);
+        let info = fp.add_function(pt, Path::new(&path), bias, &function, action, choice);
         if started && !fp.in_batch() {
             pt.resume_all()?;
         }
@@ -279,18 +313,20 @@ impl ProbeMechanism for FastMech {
         if self.removed.contains(&id) {
             return Err(EngineError::NoSuchProbe(id));
         }
-        cx.agent.change(cx.engine, cx.inbox, id, |fp, pt, c| {
-            fp.set_probe_enabled(pt, c, on).map(|_| ())
-        })
+        cx.agent
+            .change(cx.engine, cx.target, cx.inbox, id, |fp, pt, c| {
+                fp.set_probe_enabled(pt, c, on).map(|_| ())
+            })
     }
 
     fn remove(&mut self, cx: &mut Cx<'_>, id: ProbeId) -> Result<(), EngineError> {
         if self.removed.contains(&id) {
             return Err(EngineError::NoSuchProbe(id));
         }
-        cx.agent.change(cx.engine, cx.inbox, id, |fp, pt, c| {
-            fp.remove_probe(pt, c).map(|_| ())
-        })?;
+        cx.agent
+            .change(cx.engine, cx.target, cx.inbox, id, |fp, pt, c| {
+                fp.remove_probe(pt, c).map(|_| ())
+            })?;
         self.removed.insert(id);
         // Its site stays in the ledger while another probe holds it (the
         // fast path took the bytes out otherwise).
@@ -318,9 +354,16 @@ impl ProbeMechanism for FastMech {
         Ok((0, 0))
     }
 
-    /// The image the agent wrote into is gone (exec, exit) or partly gone
-    /// (an unmapped module): its writes there are forgotten, nothing is
-    /// restored. Counts and rings stay the session's.
+    /// The image the agent wrote into is gone (exec, exit): its writes are
+    /// forgotten, nothing is restored. Counts and rings stay the
+    /// session's.
+    ///
+    /// A fork changes nothing here: the session's walk of the ledger puts
+    /// the original bytes back into a child not followed, and a followed
+    /// child's agent counts through the sites it keeps into slots of its
+    /// own (`FastPath::set_follow_forks`). A module mapped changes nothing
+    /// either: pending probes in it are placed by the session
+    /// (`Session::refresh_pending`), the agent's pages are where they were.
     fn on_change(&mut self, cx: &mut Cx<'_>, change: &TargetChange) {
         let AgentState::On(fp) = &mut cx.agent.state else {
             return;
@@ -329,7 +372,7 @@ impl ProbeMechanism for FastMech {
             TargetChange::Exec => {
                 let n = cx.agent.counters.len();
                 if !fp.is_detached() && n > 0 {
-                    let who = cx.engine.target().describe();
+                    let who = cx.target.as_target().describe();
                     cx.inbox.notice(
                         cx.engine,
                         format!(
@@ -341,16 +384,31 @@ impl ProbeMechanism for FastMech {
                 fp.forget();
             }
             TargetChange::Exited => fp.forget(),
-            TargetChange::Unmapped { start, end } => fp.forget_range(*start, *end),
+            TargetChange::Forked { .. } | TargetChange::ModuleMapped => return,
         }
         sync_agent_writes(cx.agent, cx.ledger);
+    }
+
+    /// The agent's writes at those sites (patch calls, jumps, in-process
+    /// traps: its one list) are forgotten, nothing is written; the probes
+    /// the ledger had on them went with them (a shared-memory handler is
+    /// kept for the probe's next arming).
+    fn forget_sites(&mut self, cx: &mut Cx<'_>, gone: &[GoneSite]) -> Vec<ProbeId> {
+        let addrs: Vec<u64> = gone.iter().map(|s| s.addr).collect();
+        if let AgentState::On(fp) = &mut cx.agent.state {
+            fp.forget_sites(&addrs);
+        }
+        sync_agent_writes(cx.agent, cx.ledger);
+        let mut probes: Vec<ProbeId> = gone.iter().flat_map(|s| s.probes.clone()).collect();
+        probes.dedup();
+        probes
     }
 
     /// Every thread stopped, none strictly inside a site's bytes (patch
     /// calls, jumps, in-process traps: the agent's one list), every site's
     /// action off.
     fn prepare_detach(&mut self, cx: &mut Cx<'_>) -> Result<DetachReady, EngineError> {
-        let (AgentState::On(fp), Some(pt)) = (&mut cx.agent.state, cx.engine.process()) else {
+        let (AgentState::On(fp), Some(pt)) = (&mut cx.agent.state, cx.target.process()) else {
             return Ok(DetachReady::Nothing);
         };
         Ok(match fp.prepare_detach(pt)? {
@@ -363,7 +421,7 @@ impl ProbeMechanism for FastMech {
     /// unloaded at the target's detach once its bytes are out; forgotten
     /// when the target is gone; the sites another writer changed named.
     fn finish_detach(&mut self, cx: &mut Cx<'_>, walked: Walked) -> Result<(), EngineError> {
-        if let (AgentState::On(fp), Some(pt)) = (&mut cx.agent.state, cx.engine.process()) {
+        if let (AgentState::On(fp), Some(pt)) = (&mut cx.agent.state, cx.target.process()) {
             match walked {
                 Walked::Restored { foreign } => fp.finish_detach(pt, foreign),
                 Walked::Gone => fp.forget(),
@@ -382,11 +440,25 @@ impl ProbeMechanism for FastMech {
             fp.forget();
             return Ok(());
         }
-        let Some(pt) = cx.engine.process() else {
+        let Some(pt) = cx.target.process() else {
             return Ok(());
         };
         let r = fp.detach(pt);
         note_foreign_writes(cx.engine, cx.agent, cx.inbox);
         Ok(r?)
     }
+}
+
+/// Whether a probe reads values at its site (argument registers, typed
+/// values, a return value, an aggregation of one): not at a coldpatch
+/// placeholder.
+fn wants_values(ask: &SiteAsk<'_>) -> bool {
+    use hotprobe_fastpath::agg::{AGG_SRC_COMM, AGG_SRC_TID};
+    ask.nargs > 0
+        || ask.capture.is_some()
+        || ask.program.is_some()
+        || ask.xmm.is_some()
+        || ask
+            .agg
+            .is_some_and(|a| !matches!(a.source, AGG_SRC_TID | AGG_SRC_COMM))
 }

@@ -67,7 +67,7 @@ impl InProcMech {
         let AgentState::On(fp) = &mut cx.agent.state else {
             return refused(probe, "the agent is not loaded");
         };
-        let Some(pt) = cx.engine.process() else {
+        let Some(pt) = cx.target.process() else {
             return refused(probe, "not a process");
         };
         let placed = fp.add_inproc_handler(pt, r.addr.0, post);
@@ -124,7 +124,7 @@ impl InProcMech {
             return Ok(None);
         };
         let started = cx.engine.started;
-        if let (AgentState::On(fp), Some(pt)) = (&mut cx.agent.state, cx.engine.process()) {
+        if let (AgentState::On(fp), Some(pt)) = (&mut cx.agent.state, cx.target.process()) {
             let r = fp.remove_inproc(pt, addr);
             let resumed = match started {
                 true => pt.resume_all(),
@@ -180,15 +180,17 @@ impl ProbeMechanism for InProcMech {
         if cx.engine.execution_of(r.addr).is_some() {
             return Ok(Err("a trap probe is already at this address".into()));
         }
-        if let Err(why) = cx.agent.ensure(cx.engine, &ask.fast_path) {
+        if let Err(why) = cx.agent.ensure(cx.target, &ask.fast_path) {
             return Ok(Err(why));
         }
         let started = cx.engine.started;
-        let id = cx.ids.take();
+        // A probe made pending when its module went is armed again under
+        // its id.
+        let id = ask.existing.unwrap_or_else(|| cx.ids.take());
         let AgentState::On(fp) = &mut cx.agent.state else {
             return Ok(Err("the agent is not loaded".into()));
         };
-        let Some(pt) = cx.engine.process() else {
+        let Some(pt) = cx.target.process() else {
             return Ok(Err("not a process".into()));
         };
         // A recording probe at a function's entry has its return hooked
@@ -272,10 +274,39 @@ impl ProbeMechanism for InProcMech {
         Ok((0, 0))
     }
 
-    /// The agent's writes are forgotten by the fast path's module (one
-    /// list for both); the probes stay (disabling one of an image that is
-    /// gone writes nothing).
-    fn on_change(&mut self, _cx: &mut Cx<'_>, _change: &TargetChange) {}
+    /// Exec, exit: the agent's writes are forgotten by the fast path's
+    /// module (one list for both), and so are its sites here: a site the
+    /// new image gets at the same address (the same program run again by
+    /// `exec`) is a new probe's, which the old one's removal or disabling
+    /// must not touch. Their counts stay in the agent's counters.
+    ///
+    /// A fork changes nothing here: the session's walk of the ledger puts
+    /// the original bytes back into a child not followed, and a followed
+    /// child's agent takes the traps it keeps with its own counters. A
+    /// module mapped changes nothing either: pending probes in it are
+    /// placed by the session (`Session::refresh_pending`).
+    fn on_change(&mut self, _cx: &mut Cx<'_>, change: &TargetChange) {
+        match change {
+            TargetChange::Exec | TargetChange::Exited => {
+                self.probes.clear();
+                self.at.clear();
+            }
+            TargetChange::Forked { .. } | TargetChange::ModuleMapped => {}
+        }
+    }
+
+    /// Its traps at those sites are forgotten (the fast path's module
+    /// forgets the agent's bytes there): their probes went with them.
+    fn forget_sites(&mut self, _cx: &mut Cx<'_>, gone: &[GoneSite]) -> Vec<ProbeId> {
+        let mut probes = Vec::new();
+        for s in gone {
+            if let Some(id) = self.at.remove(&s.addr) {
+                self.probes.remove(&id);
+                probes.push(id);
+            }
+        }
+        probes
+    }
 
     /// Taken out with the agent's other writes (`FastPath::detach`).
     fn detach(&mut self, _cx: &mut Cx<'_>, _gone: bool) -> Result<(), EngineError> {

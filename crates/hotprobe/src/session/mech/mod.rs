@@ -11,11 +11,12 @@
 //!   `SIGTRAP` handler takes, no ptrace stop).
 //! - [`plugin::PluginMech`]: hotprobe's QEMU TCG plugin of a guest.
 //!
-//! A mechanism borrows what the target shares ([`Cx`]): the engine, which
-//! holds the target (the engine's API is kept as it is, so the target is
-//! reached through it), the agent (the fast path, the in-process traps and
-//! the trap table all live in it), the code ledger, and the session's
-//! probe ids and inbox of the target.
+//! A mechanism borrows what the target shares ([`Cx`]): the target itself
+//! (held by the session's slot, not by any mechanism), the trap engine
+//! (which borrows the target for each call that reads or writes it), the
+//! agent (the fast path, the in-process traps and the trap table all live
+//! in it), the code ledger, and the session's probe ids and inbox of the
+//! target.
 //!
 //! The session keeps, per target, the list of mechanisms and which one
 //! serves each probe (`Slot::owner`), allocates probe ids (`ids.rs`: each
@@ -34,11 +35,11 @@ mod trap_event;
 use super::agent::{Agent, ByProcess};
 use super::ids::ProbeIds;
 use super::inbox::Inbox;
-use super::ledger::CodeLedger;
+use super::ledger::{CodeLedger, CodeOwner, GoneSite};
 use super::{Capture, Placement, Plan};
 use crate::handler::ProbeId;
 use crate::recorder::{EventSink, SinkError};
-use crate::{Engine, EngineError};
+use crate::{Engine, EngineError, HeldTarget};
 use hotprobe_fastpath::{MechanismChoice, RecordedEvent};
 use hotprobe_symbols::ResolvedProbe;
 
@@ -55,10 +56,29 @@ pub(crate) enum MechKind {
     Plugin,
 }
 
+impl MechKind {
+    /// Whether this mechanism is told of a site `owner` wrote when it
+    /// goes: the trap of its `int3`s and their guards, the fast path of
+    /// every write of the agent (its one list holds the in-process traps
+    /// too), the in-process trap of its own. Nobody is told of inherited
+    /// bytes (only the ledger holds them) nor, on a guest, the plugin
+    /// (it writes no code byte).
+    pub(crate) fn serves(self, owner: CodeOwner) -> bool {
+        match self {
+            MechKind::Trap => matches!(owner, CodeOwner::Trap | CodeOwner::Guard),
+            MechKind::Fast => matches!(owner, CodeOwner::Fast | CodeOwner::InProcess),
+            MechKind::InProcess => owner == CodeOwner::InProcess,
+            MechKind::Plugin => false,
+        }
+    }
+}
+
 /// What the mechanisms of a target borrow from it.
 pub(crate) struct Cx<'a> {
-    /// The trap engine, holding the target.
+    /// The trap engine (the trap mechanism's state).
     pub engine: &'a mut Engine,
+    /// The target, held by the session: every mechanism borrows it here.
+    pub target: &'a mut HeldTarget,
     /// The agent (a process target's).
     pub agent: &'a mut Agent,
     /// Every byte written into the target's code.
@@ -154,14 +174,33 @@ pub(crate) enum Verdict {
     Pass(String),
 }
 
-/// A change of the target every mechanism reacts to.
+/// A change of the target every mechanism is told of
+/// ([`ProbeMechanism::on_change`]). A module unmapped is not one of them:
+/// the session's walk of the code ledger tells each mechanism exactly
+/// which of its sites went ([`ProbeMechanism::forget_sites`]).
 pub(crate) enum TargetChange {
-    /// The process ran `execve`: its image is gone.
+    /// The process ran `execve`: its image is gone (before the engine
+    /// handles the exec).
     Exec,
+    /// The process forked (after the engine handled the fork, before the
+    /// session's walk of the ledger decides what the child keeps and
+    /// whether it is followed: `session/follow.rs`).
+    Forked {
+        /// The child's pid.
+        #[expect(
+            dead_code,
+            reason = "every mechanism leaves a fork to the engine and the session's ledger walk \
+                      today (see each `on_change`); the child is named for one that does not"
+        )]
+        child: u64,
+    },
+    /// The dynamic loader's rendezvous: its list of modules changed (a
+    /// `dlopen` mapped a module, or a `dlclose` unmapped one). Told after
+    /// the sites of unmapped modules were forgotten and the pending probes
+    /// of mapped ones armed (`Session::refresh_pending`).
+    ModuleMapped,
     /// The target exited (or died).
     Exited,
-    /// A module was unmapped: the sites in `start..end` are gone.
-    Unmapped { start: u64, end: u64 },
 }
 
 /// How a mechanism stands after the first step of a detach from a live
@@ -237,8 +276,21 @@ pub(crate) trait ProbeMechanism {
         queued: &mut Vec<(RecordedEvent, Option<Vec<u8>>)>,
     ) -> Result<(u64, u64), SinkError>;
 
-    /// Reacts to a change of the target, before the engine handles it.
+    /// Reacts to a change of the target (see [`TargetChange`] for when
+    /// each is told).
     fn on_change(&mut self, cx: &mut Cx<'_>, change: &TargetChange);
+
+    /// The program unmapped memory under some of this mechanism's sites
+    /// (it unloaded a library): `gone` lists exactly those sites, as the
+    /// session's one walk of the code ledger found and took them out (see
+    /// `session/unmapped.rs`), in address order, only sites this
+    /// mechanism wrote or serves ([`MechKind::serves`]). The mechanism
+    /// forgets them without writing anything (the memory is gone) and
+    /// does not look for others. Returns the probes that were served
+    /// there, the session's own left out; their counts stay readable, and
+    /// the session may arm them again under the same ids (a pending
+    /// probe's module loaded again).
+    fn forget_sites(&mut self, cx: &mut Cx<'_>, gone: &[GoneSite]) -> Vec<ProbeId>;
 
     /// Takes this mechanism out of a target (or forgets it, `gone`: the
     /// target is gone; a live one is detached by one walk of its ledger,

@@ -151,8 +151,15 @@ impl ProbeMechanism for PluginMech {
         Ok((n, self.plugin.drops - before))
     }
 
-    /// A guest has no exec or unmapping the plugin follows.
+    /// A guest has no exec, fork, module mapped or unmapped the plugin
+    /// follows (none is told for a guest), and its exit leaves nothing
+    /// to undo: the plugin writes no code byte.
     fn on_change(&mut self, _cx: &mut Cx<'_>, _change: &TargetChange) {}
+
+    /// It writes no code byte: no site of its is ever in the ledger.
+    fn forget_sites(&mut self, _cx: &mut Cx<'_>, _gone: &[GoneSite]) -> Vec<ProbeId> {
+        Vec::new()
+    }
 
     /// The guest runs on without the callbacks' work (the plugin writes
     /// no code byte: nothing of it is in the ledger's walk).

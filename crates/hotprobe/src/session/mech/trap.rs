@@ -20,6 +20,8 @@ use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
+mod table;
+
 /// The trap mechanism's state beside the engine (see the module docs).
 #[derive(Default)]
 pub(crate) struct TrapMech {
@@ -63,7 +65,9 @@ impl TrapMech {
     ) -> Result<ProbeId, EngineError> {
         self.agent_for_traps(cx, config);
         self.prepublish(cx, addr);
-        self.change(cx, |e, ids| ids.place(|id| e.add_probe_as(id, addr, probe)))
+        self.change(cx, |e, t, ids| {
+            ids.place(|id| e.add_probe_as(t, id, addr, probe))
+        })
     }
 
     /// Puts a return probe on the function entered at `addr`, after the
@@ -79,16 +83,16 @@ impl TrapMech {
         self.agent_for_traps(cx, config);
         let table = cx.agent.trap_table();
         self.prepublish(cx, addr);
-        let (id, publishing) = self.change(cx, |e, ids| {
+        let (id, publishing) = self.change(cx, |e, t, ids| {
             let publishing = match table {
-                Some(table) => Some(ids.place(|id| e.add_probe_as(id, addr, publisher(table)))?),
+                Some(table) => Some(ids.place(|id| e.add_probe_as(t, id, addr, publisher(table)))?),
                 None => None,
             };
-            match ids.place(|id| e.add_retprobe_as(id, addr, rp)) {
+            match ids.place(|id| e.add_retprobe_as(t, id, addr, rp)) {
                 Ok(id) => Ok((id, publishing)),
                 Err(err) => {
                     if let Some(p) = publishing {
-                        let _ = e.remove_probe(p);
+                        let _ = e.remove_probe(t, p);
                     }
                     Err(err)
                 }
@@ -98,8 +102,8 @@ impl TrapMech {
             cx.engine.mark_internal(p);
             self.publishers.insert(id, p);
         }
-        if let Some(pid) = cx.engine.process().map(|p| p.pid()) {
-            crate::nonlocal::sync_unwind_hooks(cx.engine, pid, cx.inbox);
+        if let Some(pid) = cx.target.process().map(|p| p.pid()) {
+            crate::nonlocal::sync_unwind_hooks(cx.engine, cx.target, pid, cx.inbox);
         }
         Ok(id)
     }
@@ -112,6 +116,18 @@ impl TrapMech {
         probe: Option<Probe>,
         rp: Option<RetProbe>,
     ) -> ProbeId {
+        self.add_unarmed_as(cx, None, probe, rp)
+    }
+
+    /// [`TrapMech::add_unarmed`], under probe id `id` if given (a probe of
+    /// another mechanism made pending when its module was unloaded).
+    pub(crate) fn add_unarmed_as(
+        &mut self,
+        cx: &mut Cx<'_>,
+        id: Option<ProbeId>,
+        probe: Option<Probe>,
+        rp: Option<RetProbe>,
+    ) -> ProbeId {
         let publishing = match (&rp, cx.agent.trap_table()) {
             (Some(_), Some(table)) => {
                 let p = cx.ids.take();
@@ -119,7 +135,7 @@ impl TrapMech {
             }
             _ => None,
         };
-        let id = cx.ids.take();
+        let id = id.unwrap_or_else(|| cx.ids.take());
         let id = cx.engine.add_unarmed(id, probe, rp);
         if let Some(p) = publishing {
             cx.engine.mark_internal(p);
@@ -136,7 +152,7 @@ impl TrapMech {
         addr: RuntimeAddr,
         config: &FastPathConfig,
     ) -> Result<(), EngineError> {
-        if let Some(pid) = cx.engine.process().map(|p| p.pid()) {
+        if let Some(pid) = cx.target.process().map(|p| p.pid()) {
             if cx.engine.is_return_probe(id) {
                 crate::nonlocal::check_return_probe(pid, addr)?;
             }
@@ -144,11 +160,11 @@ impl TrapMech {
         let publishing = self.publishers.get(&id).copied();
         self.agent_for_traps(cx, config);
         self.prepublish(cx, addr);
-        self.change(cx, |e, _| {
+        self.change(cx, |e, t, _| {
             if let Some(p) = publishing {
-                e.arm_at(p, addr)?;
+                e.arm_at(t, p, addr)?;
             }
-            e.arm_at(id, addr)
+            e.arm_at(t, id, addr)
         })
     }
 
@@ -163,7 +179,9 @@ impl TrapMech {
         probe: Probe,
     ) -> Result<(), EngineError> {
         self.prepublish(cx, addr);
-        let x = self.change(cx, |e, ids| ids.place(|id| e.add_probe_as(id, addr, probe)))?;
+        let x = self.change(cx, |e, t, ids| {
+            ids.place(|id| e.add_probe_as(t, id, addr, probe))
+        })?;
         self.handed.insert(id, x);
         Ok(())
     }
@@ -303,232 +321,6 @@ impl TrapMech {
             entry_only: None,
         }
     }
-
-    /// An attached process gets the agent before its first trap probe
-    /// (quietly: without it, the probes work, only a hotprobe killed with
-    /// them in leaves int3s nobody undoes).
-    fn agent_for_traps(&mut self, cx: &mut Cx<'_>, config: &FastPathConfig) {
-        if matches!(cx.agent.state, super::super::agent::AgentState::Injectable) {
-            let _ = cx.agent.ensure(cx.engine, config);
-            self.publish(cx);
-        }
-    }
-
-    /// Publishes the `int3` about to be written at `addr` (its original
-    /// byte read now), so that no moment passes with an unpublished one.
-    fn prepublish(&mut self, cx: &mut Cx<'_>, addr: RuntimeAddr) {
-        let Some(table) = cx.agent.trap_table() else {
-            return;
-        };
-        // Into the table only: `publish` then takes it as new (and guards
-        // it); a failed placement leaves an entry no int3 uses.
-        let mut b = [0u8];
-        if cx.engine.target().read_memory(addr, &mut b).is_ok() {
-            table.publish(addr.0, b[0], 0);
-        }
-    }
-
-    /// Runs `f`, a change of the engine's breakpoints (a probe added takes
-    /// its id from the target's ids), with every thread stopped, then
-    /// guards and publishes the new set before any thread runs (a guard
-    /// left in an instruction whose breakpoint went would corrupt it).
-    pub(crate) fn change<R>(
-        &mut self,
-        cx: &mut Cx<'_>,
-        f: impl FnOnce(&mut Engine, &mut ProbeIds) -> Result<R, EngineError>,
-    ) -> Result<R, EngineError> {
-        let started = cx.engine.started;
-        if started {
-            cx.engine.target().stop_all()?;
-        }
-        let r = f(cx.engine, cx.ids);
-        self.publish(cx);
-        if started {
-            cx.engine.target().resume_all()?;
-        }
-        r
-    }
-
-    /// Takes the process's `int3` changes into the ledger (the guards
-    /// marked as such), or a guest's stub breakpoints.
-    pub(crate) fn sync(&self, engine: &mut Engine, ledger: &mut CodeLedger) {
-        let Some(pt) = engine.process() else {
-            if let Some(list) = engine.target().stub_breakpoints() {
-                ledger.sync_stub_breakpoints(list);
-            }
-            return;
-        };
-        let changed = pt.take_breakpoint_changes();
-        let pt: &ProcessTarget = pt;
-        ledger.sync_traps(
-            changed,
-            || pt.breakpoints(),
-            |a| pt.breakpoint_at(a),
-            |a| self.guards.contains_key(&a),
-        );
-    }
-
-    /// Brings the agent's trap table in line with the target's `int3`s
-    /// (and out-of-line memory), as the ledger has them: an agent whose
-    /// tracer died undoes them (hotprobe_agent's `orphan` module). Called
-    /// after every change.
-    pub(crate) fn publish(&mut self, cx: &mut Cx<'_>) {
-        self.sync(cx.engine, cx.ledger);
-        let Some(table) = cx.agent.trap_table() else {
-            return;
-        };
-        match cx.ledger.take_trap_changes() {
-            Some(changed) => self.publish_changes(cx, &table, changed),
-            None => {
-                let every = self.every_known(cx);
-                self.publish_changes(cx, &table, every)
-            }
-        }
-    }
-
-    /// [`TrapMech::publish`] for the `int3`s at `changed` (written or
-    /// taken out since the last call): a probe added costs the same with
-    /// 10 or 100,000 in (the whole set is walked only after an exec).
-    ///
-    /// Each new breakpoint whose instruction is 2 bytes or more (and the
-    /// return trampoline's NOPs) gets a guard `int3` one byte in; the
-    /// guards of breakpoints that went are taken out. Should we die while
-    /// a thread is stopped at a breakpoint, the kernel resumes it one byte
-    /// past the `int3`, without the signal: on the guard, which sends it to
-    /// the agent (see [`hotprobe_fastpath::TRAP_GUARD`]). No thread runs a
-    /// guard while we live (it is inside an instruction that never runs in
-    /// place: it runs out of line, or is emulated).
-    fn publish_changes(&mut self, cx: &mut Cx<'_>, table: &TrapTable, mut changed: Vec<u64>) {
-        let Some(pt) = cx.engine.process() else {
-            return;
-        };
-        let regions = pt.scratch_regions();
-        // Guards whose breakpoint went, and guards gone themselves.
-        for &a in &changed {
-            if pt.breakpoint_at(a).is_some() {
-                continue;
-            }
-            let g = a.wrapping_add(1);
-            if self.guards.get(&g) == Some(&a) {
-                self.guards.remove(&g);
-                if pt.breakpoint_at(g).is_some() && pt.remove_breakpoint(RuntimeAddr(g)).is_err() {
-                    // Its memory is gone (an unloaded library).
-                    pt.forget_breakpoint(RuntimeAddr(g));
-                }
-            }
-            self.guards.remove(&a);
-        }
-        // Guards for the new breakpoints.
-        let mut wanted = Vec::new();
-        for &a in &changed {
-            if pt.breakpoint_at(a).is_none()
-                || self.published.contains_key(&a)
-                || self.overflow.contains(&a)
-            {
-                continue;
-            }
-            let g = a.wrapping_add(1);
-            if self.guards.contains_key(&a)
-                || self.guards.get(&g) == Some(&a)
-                || pt.breakpoint_at(g).is_some()
-            {
-                continue;
-            }
-            if guard_fits(pt, &regions, a) {
-                wanted.push(a);
-            }
-        }
-        self.insert_guards(cx.engine, wanted);
-        self.sync(cx.engine, cx.ledger);
-        match cx.ledger.take_trap_changes() {
-            Some(more) => changed.extend(more),
-            None => changed.extend(self.every_known(cx)),
-        }
-        let Some(pt) = cx.engine.process() else {
-            return;
-        };
-        changed.sort_unstable();
-        changed.dedup();
-        let now: Vec<(u64, Option<u8>)> =
-            changed.iter().map(|a| (*a, pt.breakpoint_at(*a))).collect();
-        for (a, at) in now {
-            match at {
-                Some(b) => {
-                    let flags = trap_flags(&self.guards, &regions, a);
-                    self.publish_one(cx, table, a, b, flags);
-                }
-                None => {
-                    self.overflow.remove(&a);
-                    if self.published.remove(&a).is_some() {
-                        table.unpublish(a);
-                    }
-                }
-            }
-        }
-        table.set_regions(&regions);
-    }
-
-    /// Publishes the `int3` at `a` (original byte `b`), or counts it past
-    /// the table.
-    fn publish_one(&mut self, cx: &mut Cx<'_>, table: &TrapTable, a: u64, b: u8, flags: u32) {
-        if self.published.get(&a) == Some(&b) || self.overflow.contains(&a) {
-            return;
-        }
-        if table.publish(a, b, flags) {
-            self.published.insert(a, b);
-        } else {
-            if self.overflow.is_empty() {
-                cx.notice(format!(
-                    "the agent's trap table is full ({} slots, guards included): \
-                     int3s placed past it work, but a hotprobe killed with SIGKILL \
-                     leaves them in",
-                    hotprobe_fastpath::TRAP_SLOTS
-                ));
-            }
-            self.overflow.insert(a);
-        }
-    }
-
-    /// Every address [`TrapMech::publish_changes`] may have to look at:
-    /// the ledger's `int3`s, the published ones, the ones past the table,
-    /// the guards and their sites.
-    fn every_known(&self, cx: &Cx<'_>) -> Vec<u64> {
-        let mut v: Vec<u64> = cx.ledger.traps().collect();
-        v.extend(self.published.keys());
-        v.extend(&self.overflow);
-        v.extend(self.guards.iter().flat_map(|(g, site)| [*g, *site]));
-        v
-    }
-
-    /// Puts the guard `int3` one byte into each breakpoint of `sites`,
-    /// except an instruction stepped in place (it runs where it is).
-    fn insert_guards(&mut self, engine: &mut Engine, mut sites: Vec<u64>) {
-        sites.retain(|a| engine.execution_of(RuntimeAddr(*a)) != Some("stepped in place"));
-        let Some(pt) = engine.process() else {
-            return;
-        };
-        for a in sites {
-            let g = a.wrapping_add(1);
-            if pt.insert_breakpoint(RuntimeAddr(g)).is_ok() {
-                self.guards.insert(g, a);
-            }
-        }
-    }
-
-    /// Empties the trap table (every `int3` taken out, every return
-    /// address put back: detach).
-    fn unpublish(&mut self, agent: &Agent) {
-        if let Some(table) = agent.trap_table() {
-            for a in self.published.keys() {
-                table.unpublish(*a);
-            }
-            table.clear_returns();
-            table.set_regions(&[]);
-        }
-        self.published.clear();
-        self.overflow.clear();
-        self.guards.clear();
-    }
 }
 
 impl ProbeMechanism for TrapMech {
@@ -545,7 +337,7 @@ impl ProbeMechanism for TrapMech {
         before: Option<String>,
     ) -> Result<Verdict, EngineError> {
         Ok(Verdict::Take(Plan::Trap(before.unwrap_or_else(
-            || match cx.engine.process() {
+            || match cx.target.process() {
                 Some(_) => "no other mechanism".into(),
                 None => "guest probes use the GDB stub".into(),
             },
@@ -577,7 +369,7 @@ impl ProbeMechanism for TrapMech {
                 }
                 None => self.add_probe(cx, r.addr, probe, &ask.fast_path)?,
             };
-            let process = cx.engine.process().is_some();
+            let process = cx.target.process().is_some();
             return Ok(Ok(self.placement(
                 cx.engine,
                 process,
@@ -601,7 +393,7 @@ impl ProbeMechanism for TrapMech {
         };
         self.followable
             .push((id, r.addr, ask.is_return, ask.record, entry_only.is_none()));
-        let process = cx.engine.process().is_some();
+        let process = cx.target.process().is_some();
         let mut placed = self.placement(cx.engine, process, (id, ask.label), r, Some(reason));
         placed.entry_only = entry_only;
         Ok(Ok(placed))
@@ -614,13 +406,13 @@ impl ProbeMechanism for TrapMech {
 
     fn remove(&mut self, cx: &mut Cx<'_>, id: ProbeId) -> Result<(), EngineError> {
         if let Some(x) = self.handed.remove(&id) {
-            return self.change(cx, |e, _| e.remove_probe(x));
+            return self.change(cx, |e, t, _| e.remove_probe(t, x));
         }
         let publishing = self.publishers.remove(&id);
-        self.change(cx, |e, _| {
-            e.remove_probe(id)?;
+        self.change(cx, |e, t, _| {
+            e.remove_probe(t, id)?;
             match publishing {
-                Some(p) => e.remove_probe(p),
+                Some(p) => e.remove_probe(t, p),
                 None => Ok(()),
             }
         })
@@ -676,16 +468,39 @@ impl ProbeMechanism for TrapMech {
         Ok((0, 0))
     }
 
-    fn on_change(&mut self, _cx: &mut Cx<'_>, _change: &TargetChange) {
-        // The engine handles the target's events itself (`Engine::handle`);
-        // the table is published again after it (`Session::poll_slot`).
+    /// Exec, exit: nothing here; the engine handles those events itself
+    /// (`Engine::handle_holding`) and the trap table is published again
+    /// after (`Session::poll_slot`). A fork: nothing here either; the
+    /// engine handled it (it reported the child with the return addresses
+    /// to put back) and the session's walk of the ledger puts the `int3`s'
+    /// original bytes back into a child not followed. A module mapped:
+    /// the unwinder hooks are placed or updated, the unwinder (`libgcc_s`)
+    /// may be what was loaded (see [`crate::nonlocal`]).
+    fn on_change(&mut self, cx: &mut Cx<'_>, change: &TargetChange) {
+        if let TargetChange::ModuleMapped = change {
+            if let Some(pid) = cx.target.process().map(|p| p.pid()) {
+                crate::nonlocal::sync_unwind_hooks(cx.engine, cx.target, pid, cx.inbox);
+            }
+        }
+    }
+
+    /// The engine forgets its `int3`s there (`Engine::forget_sites`): their
+    /// probes stay, unarmed, with their counts (the session publishes the
+    /// trap table again after: their guards go).
+    fn forget_sites(&mut self, cx: &mut Cx<'_>, gone: &[GoneSite]) -> Vec<ProbeId> {
+        let trap = |s: &&GoneSite| s.owner == crate::session::ledger::CodeOwner::Trap;
+        let addrs: Vec<u64> = gone.iter().filter(trap).map(|s| s.addr).collect();
+        let probes = cx.engine.forget_sites(cx.target, &addrs);
+        let gone: HashSet<ProbeId> = probes.iter().copied().collect();
+        self.followable.retain(|(id, ..)| !gone.contains(id));
+        probes
     }
 
     /// What the target reported meanwhile finished without handlers,
     /// threads moved out of the scratch slots, live return addresses put
     /// back (`Engine::prepare_detach`); the `int3`s stay for the walk.
     fn prepare_detach(&mut self, cx: &mut Cx<'_>) -> Result<DetachReady, EngineError> {
-        match cx.engine.prepare_detach() {
+        match cx.engine.prepare_detach(cx.target) {
             Ok(true) => Ok(DetachReady::Ready),
             Ok(false) | Err(EngineError::Target(hotprobe_target::TargetError::Gone { .. })) => {
                 Ok(DetachReady::Gone)
@@ -701,7 +516,7 @@ impl ProbeMechanism for TrapMech {
         if matches!(walked, Walked::Gone | Walked::Skipped) {
             return Ok(());
         }
-        match cx.engine.finish_detach() {
+        match cx.engine.finish_detach(cx.target) {
             Ok(()) => {
                 self.unpublish(cx.agent);
                 Ok(())
@@ -716,7 +531,7 @@ impl ProbeMechanism for TrapMech {
         if gone {
             return Ok(());
         }
-        match cx.engine.detach() {
+        match cx.engine.detach(cx.target) {
             Ok(()) => {
                 self.unpublish(cx.agent);
                 Ok(())
@@ -746,30 +561,4 @@ fn publisher(table: TrapTable) -> Probe {
             }
         }
     })
-}
-
-/// Whether the instruction under the breakpoint at `a` has room for a
-/// guard one byte in (2 bytes or more; the return trampoline's `int3` is
-/// followed by NOPs nothing runs).
-fn guard_fits(pt: &mut ProcessTarget, regions: &[(u64, u64)], a: u64) -> bool {
-    if regions.iter().any(|(s, e)| a >= *s && a < *e) {
-        return true;
-    }
-    let mut code = [0u8; 15];
-    match pt.read_memory(RuntimeAddr(a), &mut code) {
-        Ok(()) => hotprobe_x86::decode(&code, a).is_ok_and(|i| i.len() >= 2),
-        Err(_) => false,
-    }
-}
-
-/// The trap table's flags for the `int3` at `a`: a guard, the return
-/// trampoline (the only `int3` in scratch memory), or a probe's.
-fn trap_flags(guards: &HashMap<u64, u64>, regions: &[(u64, u64)], a: u64) -> u32 {
-    if guards.contains_key(&a) {
-        hotprobe_fastpath::TRAP_GUARD
-    } else if regions.iter().any(|(s, e)| a >= *s && a < *e) {
-        hotprobe_fastpath::TRAP_RETURN
-    } else {
-        0
-    }
 }
