@@ -8,40 +8,8 @@ use common::*;
 use std::process::Command;
 
 fn build_example(dir: &std::path::Path) -> std::path::PathBuf {
-    // `cargo test` leaves libhotprobe_c.so in target/<profile>/deps (only
-    // `cargo build` copies it to the .pc's libdir, target/<profile>): the
-    // library is taken where this test's own build put it.
-    let deps = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let pc = Command::new("pkg-config")
-        .arg(format!("--define-variable=libdir={}", deps.display()))
-        .args(["--cflags", "--libs", "hotprobe"])
-        .env("PKG_CONFIG_PATH", lib_dir())
-        .output()
-        .expect("run pkg-config");
-    assert!(
-        pc.status.success(),
-        "pkg-config hotprobe (PKG_CONFIG_PATH={}): {}",
-        lib_dir().display(),
-        text(&pc.stderr)
-    );
-    let flags = text(&pc.stdout);
-    let flags: Vec<&str> = flags.split_whitespace().collect();
-    assert!(flags.contains(&"-lhotprobe_c"), "{flags:?}");
     let src = root().join("examples/c/count_and_patch.c");
-    let out = dir.join("count_and_patch");
-    let o = Command::new("gcc")
-        .args(["-Wall", "-Werror", "-O1", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .args(&flags)
-        .output()
-        .expect("run gcc");
-    assert!(o.status.success(), "gcc: {}", text(&o.stderr));
-    out
+    c_api_program(&src, &dir.join("count_and_patch"))
 }
 
 #[test]

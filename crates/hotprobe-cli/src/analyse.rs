@@ -86,12 +86,13 @@ fn open_timed(dir: &Path, q: &QueryArgs) -> Result<TraceReader> {
     Ok(r)
 }
 
-/// Says on stderr, after a replay or a report to a terminal, whether its
-/// times leave the probes' costs out, and which functions went through a
-/// trap.
+/// Says on stderr, after a replay, a report or an export with stdout at
+/// a terminal, whether its times leave the probes' costs out, and which
+/// functions went through a trap. A pipe gets the data alone, with the
+/// stderr of `| head` left empty: the report's table marks those
+/// functions `*` with a legend line, and the JSON forms, `info` and the
+/// exports' metadata carry the same (`probe_costs`, `on_traps`).
 fn say_times(r: &TraceReader) {
-    // For a reader at a terminal: a pipe gets the data alone (the JSON
-    // forms and `info` carry the same: `probe_costs`, `on_traps`).
     use std::io::IsTerminal;
     if READER_GONE.load(std::sync::atomic::Ordering::Relaxed) || !std::io::stdout().is_terminal() {
         return;
@@ -102,6 +103,16 @@ fn say_times(r: &TraceReader) {
         if !traps.is_empty() {
             let names: Vec<String> = traps.iter().map(|(f, m)| format!("{f} ({m})")).collect();
             errln!("hotprobe: on a trap: {}", names.join(", "));
+        }
+    }
+}
+
+/// Says on stderr, whatever the output, when the probes' calibrated costs
+/// look too high for the calls read (docs/ANALYSIS.md, "Probe costs").
+fn warn_corrected(r: &TraceReader) {
+    if !READER_GONE.load(std::sync::atomic::Ordering::Relaxed) {
+        if let Some(w) = r.correction_warning() {
+            errln!("hotprobe: {w}");
         }
     }
 }
@@ -223,6 +234,7 @@ pub fn replay_cmd(dir: &Path, q: &QueryArgs, fields: &str) -> Result<()> {
     crate::option_rules::refuse_replay(q, &fields, fields_spelled)?;
     let r = open_timed(dir, q)?;
     replay_of(&r, dir, q, fields)?;
+    warn_corrected(&r);
     // Unless nothing was shown ("no call matches").
     if !q.compile(&r)?.filter_matches_nothing() {
         say_times(&r);
@@ -309,6 +321,7 @@ pub fn report_cmd(dir: &Path, phases: bool, markers: &[String], o: &ReportArgs) 
     }
     let r = open_timed(dir, &o.query)?;
     report_of(&r, dir, phases, markers, o)?;
+    warn_corrected(&r);
     // Unless nothing was shown ("no call matches").
     if !o.query.compile(&r)?.filter_matches_nothing() {
         say_times(&r);
@@ -746,5 +759,7 @@ pub fn export_cmd(o: &ExportOptions<'_>) -> Result<()> {
             }
         }
     }
+    warn_corrected(&r);
+    say_times(&r);
     Ok(())
 }

@@ -202,9 +202,9 @@ pub enum Cmd {
         /// (-g): integers, chars, bools, enums by name, floats and doubles
         /// (xmm registers), strings read at the hit, pointers. Typed
         /// functions stay on patch or jump: strings, fields and stack
-        /// arguments are copied in the target, with no ptrace stop. A
-        /// PROBE may also name its arguments: `func(a, b)` or
-        /// 'func name:string p->len'.
+        /// arguments are copied in the target, with no ptrace stop (no
+        /// DWARF: raw registers). A PROBE may also name its arguments:
+        /// `func(a, b)` or 'func name:string p->len'.
         #[arg(short = 'a', long)]
         auto_args: bool,
         /// Live calls followed at once per function (more count as nmissed).
@@ -308,7 +308,7 @@ pub enum Cmd {
         /// (up to 128 bytes), fields through pointers and stack arguments
         /// copied in the target at the hit, floats from xmm registers;
         /// DWARF expressions take the trap. `replay` prints them.
-        /// Functions without DWARF are recorded as without -a.
+        /// Functions without DWARF keep their raw registers.
         #[arg(short = 'a', long)]
         auto_args: bool,
         /// How function entries are probed: auto (patch, else jump, else
@@ -346,10 +346,11 @@ pub enum Cmd {
         /// 2^20), N × 64 with more arguments.
         #[arg(long, value_name = "N", default_value_t = 1 << 20)]
         ring_events: u32,
-        /// Threads that get a ring (events of later threads are dropped,
-        /// and counted).
-        #[arg(long, value_name = "N", default_value_t = 64,
-              value_parser = clap::value_parser!(u32).range(1..=4096))]
+        /// Cap on threads alive at once that get a ring (slots grow 1,024 at
+        /// a time as threads start, given back at thread exit; a thread past
+        /// the cap has its events counted as lost).
+        #[arg(long, value_name = "N", default_value_t = 16384,
+              value_parser = clap::value_parser!(u32).range(1..=16384))]
         max_threads: u32,
         /// Capture the user stack at each function entry and write the
         /// stacks, counted and symbolized, into the trace (stacks.tsv, and

@@ -4,7 +4,8 @@
 //! (a placeholder NOP becomes a `call`), then **jump** (the first
 //! instructions move to a trampoline), both counted in the target by the
 //! hotprobe agent, else **trap**. The table says which mechanism each probe
-//! got and why.
+//! got and why; after it, stderr gives the probes per mechanism and
+//! names each one left on a trap, with why.
 //!
 //! With a condition (`'PROBE if arg0 > 5'`, see [`crate::cond`]) or
 //! `--hist`, the probes record instead of counting: entries (with the
@@ -360,6 +361,10 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         }
         placed.extend(added);
     }
+    if let Err(e) = t.check_placed(&placed) {
+        t.abandon();
+        return Err(e);
+    }
     let ids: Vec<u32> = placed.iter().map(|p| p.id.0).collect();
     let agg_conds = conds.clone();
     let mut sink = recording.then(|| {
@@ -481,6 +486,7 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
         guests: None,
         aggregations: Some(&agg_json).filter(|m| !m.is_empty()),
         comms: None,
+        not_counted: None,
     };
     let hits_of = |p: &Placement| -> u64 {
         match &extras.hits {
@@ -491,15 +497,31 @@ pub fn run(o: &CountOptions<'_>) -> Result<u8> {
                 .map_or(0, |st| st.hits + st.returns + st.nmissed),
         }
     };
+    // Probes whose hits were not counted (a condition that did not
+    // compile where they were placed): `-` in their rows, not 0.
+    let mut not_counted = exec_notes.uncounted.take();
+    if let Some(s) = &sink {
+        not_counted.extend(
+            placed
+                .iter()
+                .filter(|p| s.not_compiled(p.id).is_some())
+                .map(|p| p.id.0),
+        );
+    }
     let extras = TableExtras {
         comms: comms.as_ref(),
+        not_counted: Some(&not_counted),
         ..extras
     };
-    let (shown, hidden): (Vec<Placement>, Vec<Placement>) = placed
-        .iter()
-        .cloned()
-        .partition(|p| o.all || o.json || !from_pattern.contains(&p.id.0) || hits_of(p) > 0);
+    let (shown, hidden): (Vec<Placement>, Vec<Placement>) = placed.iter().cloned().partition(|p| {
+        o.all
+            || o.json
+            || !from_pattern.contains(&p.id.0)
+            || hits_of(p) > 0
+            || not_counted.contains(&p.id.0)
+    });
     print_table_with(&t.session, &shown, per_process, &extras);
+    crate::session::print_mechanisms(&placed);
     if o.stacks {
         crate::stacks::print_stacks(&t.session, &shown);
     }
@@ -621,6 +643,8 @@ fn print_aggregations(
 struct ExecNotes {
     typings: Rc<RefCell<TypingsByImage>>,
     usdt_args: Rc<RefCell<UsdtArgsByImage>>,
+    /// Probe ids whose condition did not compile in an executed program.
+    uncounted: RefCell<std::collections::HashSet<u32>>,
 }
 
 /// The parameters noted in each image, by (image, spec).
@@ -759,6 +783,7 @@ impl hotprobe::EventSink for ExecConds<'_> {
                                 p.label
                             );
                             self.sink.add_uncountable(p.id);
+                            self.notes.uncounted.borrow_mut().insert(p.id.0);
                         }
                     }
                 }

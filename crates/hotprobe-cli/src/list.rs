@@ -107,7 +107,7 @@ fn fast_mechanism(
         m.plan(f, MechanismChoice::Auto).ok()
     });
     match plan {
-        Some(p) if p.mechanism != Mechanism::Trap => (p.mechanism.to_string(), p.reason),
+        Some(p) if p.mechanism != Mechanism::Trap => (p.label(), p.reason),
         Some(p) => (mechanism(code, sym), p.reason),
         None => (mechanism(code, sym), String::new()),
     }
@@ -273,13 +273,14 @@ fn print_rows(rows: &[Row], pattern: Option<&str>, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// The summary's class of a row's mechanism: `patch`, `jump`,
+/// The summary's class of a row's mechanism: `patch`, `jump`, `jump (punned)`,
 /// `in-process trap` (an instruction the agent's SIGTRAP handler boosts or
 /// emulates), `trap` (single-stepped under ptrace) or `refused`.
 fn class(mechanism: &str) -> &'static str {
     match mechanism {
         m if m.starts_with("patch") => "patch",
         "jump" => "jump",
+        "jump (punned)" => "jump (punned)",
         "trap (boosted)" | "trap (emulated)" => "in-process trap",
         m if m.starts_with("trap") => "trap",
         _ => "refused",
@@ -330,13 +331,20 @@ fn print_summary(rows: &[Row], pattern: Option<&str>, what: &str) -> Result<()> 
             None => bail!("{what} has no function symbols"),
         }
     }
-    let classes = ["patch", "jump", "in-process trap", "trap", "refused"];
+    let classes = [
+        "patch",
+        "jump",
+        "jump (punned)",
+        "in-process trap",
+        "trap",
+        "refused",
+    ];
     let mut per: std::collections::BTreeMap<&str, usize> = Default::default();
     let mut reasons: std::collections::BTreeMap<String, usize> = Default::default();
     for r in rows {
         let c = class(&r.mechanism);
         *per.entry(c).or_default() += 1;
-        if c != "patch" && c != "jump" {
+        if !matches!(c, "patch" | "jump" | "jump (punned)") {
             *reasons.entry(reason_kind(&r.why)).or_default() += 1;
         }
     }

@@ -367,8 +367,18 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
                 } else {
                     ProbeKind::Function
                 },
-                nargs: if typed { 1 } else { o.args },
-                retval: typed || o.args > 0,
+                // -a on a function without type information (or pending:
+                // not known yet): its raw argument registers (all six are
+                // recorded) and return value, as `trace -a` shows them. A
+                // typed event keeps one, its values' index.
+                nargs: if typing.is_typed(p.addr.0) {
+                    1
+                } else if auto && !usdt {
+                    6
+                } else {
+                    o.args
+                },
+                retval: typed || auto || o.args > 0,
             });
             if !marker && !pattern::is_pattern(spec) {
                 named
@@ -477,7 +487,11 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
             return Err(e);
         }
     }
-    crate::session::note_untyped(&typing);
+    crate::session::note_untyped(
+        &typing,
+        "recorded with its raw argument registers and return value",
+    );
+    let sources_at_start = crate::trace::note_type_sources(&typing, 0);
     let types = typed::TypedShapes::new(&typing, &placed).value_types();
     let mut writer = match TraceWriter::create(o.out, meta)
         .and_then(|mut w| w.set_value_types(&types).map(|()| w))
@@ -549,8 +563,9 @@ pub fn run(o: &RecordOptions<'_>) -> Result<u8> {
     crate::trace::note_untyped_armed(
         &typing,
         untyped_at_start,
-        "recorded untyped, with its first argument register and its return value",
+        "recorded with its raw argument registers and return value",
     );
+    crate::trace::note_type_sources(&typing, sources_at_start);
     let kernel = kernel.map(|k| k.borrow_mut().finish(&mut writer));
     let stats = writer.finish().context("cannot finish the trace")?;
     if o.stacks {

@@ -40,6 +40,9 @@ pub struct Traced {
     /// Matches of patterns that were not probed, with why: listed at the
     /// end ([`Traced::print_skipped`]).
     pub skipped: Vec<hotprobe::Skipped>,
+    /// Patterns each of whose matches was skipped (`--no-traps`, a forced
+    /// mechanism): the other specs run ([`Traced::check_placed`]).
+    pub unplaced: Vec<String>,
     /// `--exe`/`--comm`: no process of its own; every matching process,
     /// running or started later, is taken ([`Traced::waiting`]).
     pub waiting: Option<hotprobe::ProcessMatch>,
@@ -67,6 +70,7 @@ impl Traced {
             run_stops: None,
             end_said_later: false,
             skipped: Vec::new(),
+            unplaced: Vec::new(),
             waiting: None,
         })
     }
@@ -91,6 +95,7 @@ impl Traced {
             run_stops: None,
             end_said_later: false,
             skipped: Vec::new(),
+            unplaced: Vec::new(),
             waiting: Some(what),
         })
     }
@@ -135,16 +140,39 @@ impl Traced {
                     });
                 }
             };
+            let some_skipped = !added.skipped.is_empty();
             self.skipped.extend(added.skipped);
             if added.placements.is_empty() {
                 bar.suspend(|| self.print_skipped());
-                bail!("no function matching `{spec}` can be probed");
+                if !some_skipped {
+                    bail!("no function matching `{spec}` can be probed");
+                }
+                // Its matches are listed with their reasons: the other
+                // specs' probes run (issue 23: `--no-traps` or a forced
+                // mechanism does not end the run at the first pattern
+                // it leaves empty).
+                self.unplaced.push(spec.clone());
             }
             placed.extend(added.placements);
             bar.inc(1);
         }
         bar.finish_and_clear();
         Ok(placed)
+    }
+
+    /// After every spec was added: an error when nothing at all was
+    /// placed and some pattern had every match skipped, else a line per
+    /// such pattern saying the run goes on without it.
+    pub fn check_placed(&self, placed: &[Placement]) -> Result<()> {
+        if let (true, Some(spec)) = (placed.is_empty(), self.unplaced.first()) {
+            bail!("no function matching `{spec}` can be probed");
+        }
+        for spec in &self.unplaced {
+            errln!(
+                "hotprobe: no function matching `{spec}` can be probed (reasons above): left out"
+            );
+        }
+        Ok(())
     }
 
     /// [`Traced::add_all`] with `--exe`/`--comm`: each spec is placed in
@@ -248,6 +276,8 @@ impl Traced {
         if !self.spawned {
             signals::stop_when_output_closes();
         }
+        // A tracer come to a process with in-process traps is said at once.
+        self.session.set_urgent_notices(|n| errln!("hotprobe: {n}"));
         let stops = self.session.ptrace_stops(self.target);
         let end = self.session.run_with(&signals::STOP, sink.as_deref_mut());
         // The end's own waits (a grace for the program, detach) are not
@@ -363,6 +393,38 @@ pub fn mechanism_summary(placed: &[Placement]) -> String {
         .join(", ")
 }
 
+/// Most functions on a trap [`print_mechanisms`] names one by one.
+const TRAPS_LISTED: usize = 20;
+
+/// `count`'s closing lines on stderr (after the run, pending probes as
+/// armed): the probes per mechanism as `record`'s summary gives them
+/// ([`mechanism_summary`]), then each probe left on a trap (ptrace or
+/// in-process) with its execution and why, as the table's rows give
+/// them, the first [`TRAPS_LISTED`] of
+/// them by name and the rest as a number.
+pub fn print_mechanisms(placed: &[Placement]) {
+    errln!(
+        "hotprobe: {} probes by mechanism: {}",
+        placed.len(),
+        mechanism_summary(placed)
+    );
+    let traps: Vec<&Placement> = placed.iter().filter(|p| p.mechanism.is_trap()).collect();
+    for p in traps.iter().take(TRAPS_LISTED) {
+        errln!(
+            "hotprobe: on a trap: {} ({}): {}",
+            p.label,
+            p.execution,
+            p.reason
+        );
+    }
+    if traps.len() > TRAPS_LISTED {
+        errln!(
+            "hotprobe: on a trap: {} more (the table's EXECUTION and WHY, with --all, give each)",
+            traps.len() - TRAPS_LISTED
+        );
+    }
+}
+
 /// What `count` adds to the table of [`print_table_with`].
 #[derive(Default)]
 pub struct TableExtras<'a> {
@@ -387,6 +449,10 @@ pub struct TableExtras<'a> {
     /// The command name of the image each probe id was placed in (`-f`
     /// across exec): a COMM column after PID (`comm` in JSON).
     pub comms: Option<&'a HashMap<u32, String>>,
+    /// Probe ids whose hits were not counted (`count` with a condition
+    /// that did not compile where the probe was placed): HITS `-` and a
+    /// footnote (`hits` null and `not_counted` true in JSON), not 0.
+    pub not_counted: Option<&'a std::collections::HashSet<u32>>,
 }
 
 /// Print the per-probe table on stdout: spec, address, hits (returns for a
@@ -411,6 +477,7 @@ pub fn print_table_with(
     let mut rows: Vec<Vec<String>> = Vec::new();
     let mut json_rows: Vec<serde_json::Value> = Vec::new();
     let mut aggregated = std::collections::HashSet::new();
+    let mut footnote = false;
     for p in placed {
         note_vfork_uncounted(session, p);
         let by = session.stats_by_process(p.id).unwrap_or_default();
@@ -438,17 +505,22 @@ pub fn print_table_with(
             if let (true, Some(h)) = (per_process, x.process_hits) {
                 hits = h.get(&(p.id.0, pid)).copied().unwrap_or(0);
             }
+            let uncounted = x.not_counted.is_some_and(|n| n.contains(&p.id.0));
+            footnote |= uncounted;
             if x.json {
                 let mut o = serde_json::json!({
                     "probe": p.label,
                     "address": format!("{:#x}", p.addr.0),
-                    "hits": hits,
+                    "hits": Some(hits).filter(|_| !uncounted),
                     "nmissed": missed.parse::<u64>().ok(),
                     "execution": p.execution,
                     "why": p.reason,
                 });
                 if per_process {
                     o["pid"] = pid.into();
+                }
+                if uncounted {
+                    o["not_counted"] = true.into();
                 }
                 if let Some(c) = x.comms.and_then(|c| c.get(&p.id.0)) {
                     o["comm"] = c.as_str().into();
@@ -482,7 +554,11 @@ pub fn print_table_with(
             }
             row.extend([
                 format!("{:#x}", p.addr.0),
-                hits.to_string(),
+                if uncounted {
+                    "-".to_string()
+                } else {
+                    hits.to_string()
+                },
                 missed,
                 p.execution.clone(),
                 p.reason.clone(),
@@ -540,6 +616,12 @@ pub fn print_table_with(
     for r in &rows {
         out.push_str(&line(r));
         out.push('\n');
+    }
+    if footnote {
+        out.push_str(
+            "\nHITS -: not counted: the probe's condition does not compile where it was placed \
+             (said on stderr)\n",
+        );
     }
     if let Some(hists) = x.hists {
         out.push('\n');
@@ -611,18 +693,18 @@ pub fn note_vfork_unrecorded(session: &Session) {
     }
 }
 
-/// Says on stderr which functions `-a` shows without arguments (no DWARF
-/// for them): by name when few, else how many.
-pub fn note_untyped(typing: &hotprobe::typed::Typing) {
+/// Says on stderr which functions `-a` has no DWARF for, and how they are
+/// `shown`: by name when few, else how many.
+pub fn note_untyped(typing: &hotprobe::typed::Typing, shown: &str) {
     let u = typing.untyped();
     match u.len() {
         0 => {}
         1..=5 => errln!(
-            "hotprobe: no DWARF for {} (build with -g): shown without arguments",
+            "hotprobe: no DWARF for {} (build with -g): {shown}",
             u.join(", ")
         ),
         n => errln!(
-            "hotprobe: no DWARF for {n} functions (e.g. {}): shown without arguments",
+            "hotprobe: no DWARF for {n} functions (e.g. {}): {shown}",
             u[..3].join(", ")
         ),
     }

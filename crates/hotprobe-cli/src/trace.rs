@@ -390,8 +390,21 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
             }
         }
     }
-    crate::session::note_untyped(&typing);
-    let mut tree = LiveTree::new(&placed, o.args)
+    if let Err(e) = t.check_placed(&placed) {
+        t.abandon();
+        return Err(e);
+    }
+    // -a: a function without type information shows its raw argument
+    // registers and return value (all six: how many it takes is unknown),
+    // as `--args 6` would; a typed one its values.
+    let shown_args = o.args.or(o.auto_args.then_some(6));
+    let untyped_shown = match shown_args {
+        Some(_) => "shown with its raw argument registers and return value",
+        None => "shown without arguments",
+    };
+    crate::session::note_untyped(&typing, untyped_shown);
+    let sources_at_start = note_type_sources(&typing, 0);
+    let mut tree = LiveTree::new(&placed, shown_args)
         .with_types(TypedShapes::new(&typing, &placed))
         .with_typing(typing.clone());
     let untyped_at_start = typing.untyped().len();
@@ -401,7 +414,8 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
     outln!("{HEADER}");
     let mut typed_sink = typed::RegisterTyped::new(&mut tree, &typing, &placed);
     let ran = t.run(&placed, o.duration, Some(&mut typed_sink));
-    note_untyped_armed(&typing, untyped_at_start, "shown without arguments");
+    note_untyped_armed(&typing, untyped_at_start, untyped_shown);
+    note_type_sources(&typing, sources_at_start);
     if o.stacks {
         // With the probes placed in each image a followed process executed.
         let (rows, _) =
@@ -438,6 +452,34 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
     }
     ran?;
     Ok(t.exit_code())
+}
+
+/// Says where the types of the functions typed since the `before`th came
+/// from, when not from the function's own file (a separate debug file, or
+/// the table of libc prototypes), one line per source; returns how many
+/// functions were said in all.
+pub(crate) fn note_type_sources(typing: &Typing, before: usize) -> usize {
+    let sources = typing.type_sources();
+    let new = sources.get(before..).unwrap_or_default();
+    let mut order: Vec<&hotprobe::typed::TypeSource> = Vec::new();
+    for (_, s) in new {
+        if !order.contains(&s) {
+            order.push(s);
+        }
+    }
+    for source in order {
+        let funcs: Vec<&str> = new
+            .iter()
+            .filter(|(_, s)| s == source)
+            .map(|(f, _)| f.as_str())
+            .collect();
+        let which = match funcs.len() {
+            1..=5 => funcs.join(", "),
+            n => format!("{n} functions (e.g. {})", funcs[..3].join(", ")),
+        };
+        errln!("hotprobe: types of {which} from {source}");
+    }
+    sources.len()
 }
 
 /// Says which pending probes armed during the run (their library loaded

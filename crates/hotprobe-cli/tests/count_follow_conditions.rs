@@ -260,10 +260,20 @@ fn a_condition_that_does_not_compile_in_an_executed_program_is_said() {
     let (first_parent, first_child) = runs[0];
     assert_eq!(table.hits_of("work", first_child), 4, "{out}");
     assert_eq!(table.hits_of("work", first_parent), 2, "{out}");
+    // Where the condition did not compile, the rows do not claim 0: `-`,
+    // and the footnote says why.
+    let (pid, hits) = (table.col("PID"), table.col("HITS"));
     for (parent, child) in &runs[1..] {
-        assert_eq!(table.hits_of("work", *child), 0, "{out}");
-        assert_eq!(table.hits_of("work", *parent), 0, "{out}");
+        for p in [parent, child] {
+            let row = table
+                .rows_of("work")
+                .into_iter()
+                .find(|r| r[pid] == p.to_string())
+                .unwrap_or_else(|| panic!("no row of pid {p}:\n{out}"));
+            assert_eq!(row[hits], "-", "{out}");
+        }
     }
+    assert!(out.contains("\nHITS -: not counted: "), "{out}");
     let said = |pid: i32, comm: &str, why: &str| {
         format!(
             "hotprobe: pid {pid} ({comm}): `work if n > 5`: {why}; its hits there are not counted"

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 mod common;
 use common::{
-    call_tree, gcc, hotprobe_within, line_reader, output_within, program_output, text, CountTable,
-    HOTPROBE,
+    call_tree, gcc, hotprobe_within, line_reader, output_within, program_output, ready_pid, text,
+    CountTable, HOTPROBE,
 };
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -277,8 +277,7 @@ impl Serve {
             .unwrap();
         let stdin = child.stdin.take().unwrap();
         let lines = line_reader(child.stdout.take().unwrap());
-        let ready = lines.recv_timeout(WAIT).expect("serve says ready");
-        let pid = ready.strip_prefix("ready ").unwrap().parse().unwrap();
+        let pid = ready_pid(&lines, WAIT) as i32;
         Serve {
             child,
             stdin,

@@ -2,8 +2,9 @@
 //! of recorded frames replays as the program ran; a SIGALRM handler is
 //! counted exactly, and under `record` what the agent could not write is
 //! reported, not lost silently; and killing hotprobe with SIGKILL while
-//! it is attached (trap probes, fast-path probes) leaves a program that
-//! finishes with its normal output.
+//! it is attached (trap probes, fast-path probes), 20 times at moments
+//! drawn from a printed seed (`HOTPROBE_KILL_SEED` repeats them), leaves
+//! a program that finishes with its normal output.
 //!
 //! The C programs (tests/programs/) print their own counts; every
 //! assertion compares with what they printed.
@@ -17,8 +18,10 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::{
-    call_tree, gcc, hotprobe_within, kill_group, line_reader, text, CountTable, HOTPROBE,
+    call_tree, drops, gcc, hotprobe_within, kill_group, line_reader, printed, text, CountTable,
+    HOTPROBE,
 };
+use hotprobe_testkit::SeededMoments;
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -57,23 +60,6 @@ fn analyse(args: &[&str]) -> String {
     let o = hotprobe_within(args, LIMIT);
     assert!(o.status.success(), "{args:?}: {}", text(&o.stderr));
     text(&o.stdout)
-}
-
-/// The `N` after `prefix` in the program's output.
-fn printed(out: &str, prefix: &str) -> u64 {
-    out.lines()
-        .find_map(|l| l.strip_prefix(prefix))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {prefix:?} in {out}"))
-}
-
-/// The number after `drops:` in record's summary.
-fn drops(err: &str) -> u64 {
-    err.lines()
-        .find_map(|l| l.trim().strip_prefix("drops:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no drops line in {err}"))
 }
 
 /// Calls per function as `report` counts them.
@@ -186,16 +172,6 @@ fn sigalrm_handler_events_lost_under_record_are_reported() {
     );
 }
 
-/// A random number in 0..n (no rand crate: the clock and a counter).
-fn random(n: u64, i: u64) -> u64 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos() as u64;
-    ((t ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33)
-        % n.max(1)
-}
-
 const ROUNDS: u64 = 400;
 
 /// `rounds` run natively: its output after the "ready" line.
@@ -217,9 +193,10 @@ fn rounds_output(prog: &Path) -> String {
 }
 
 /// 20 times: starts `rounds`, attaches `hotprobe count PROBES -p PID`,
-/// lets the program go once the probes are in, reads a random number of
-/// its lines, kills hotprobe with SIGKILL; the program must finish with
-/// its normal output and status.
+/// lets the program go once the probes are in, reads a seeded number of
+/// its lines (the seed printed, `HOTPROBE_KILL_SEED` repeats it), kills
+/// hotprobe with SIGKILL; the program must finish with its normal output
+/// and status.
 fn sigkill_during_count(probes: &[&str], trap: bool) {
     // Every function begins with endbr64: room for a guard int3 one byte
     // into each probed instruction (see hotprobe_abi::TRAP_GUARD; a
@@ -230,7 +207,11 @@ fn sigkill_during_count(probes: &[&str], trap: bool) {
         &["-O1", "-fno-inline", "-fcf-protection=branch"],
     );
     let expected = rounds_output(&prog);
+    let mut moments = SeededMoments::from_env("HOTPROBE_KILL_SEED", "kill moments");
+    let seed = moments.seed();
     for run in 0..20u64 {
+        // The kill moment: after this many lines of the program's output.
+        let lines_before_kill = moments.in_range(0..60);
         let mut child = Command::new(&prog)
             .arg(ROUNDS.to_string())
             .stdin(Stdio::piped())
@@ -270,7 +251,7 @@ fn sigkill_during_count(probes: &[&str], trap: bool) {
         assert_eq!(said.last().unwrap().contains("trap"), trap, "{said:?}");
         child.stdin.take().unwrap().write_all(b"go\n").unwrap();
         let mut out = String::new();
-        for _ in 0..random(60, run) {
+        for _ in 0..lines_before_kill {
             let l = lines.next().unwrap().unwrap();
             out.push_str(&l);
             out.push('\n');
@@ -287,11 +268,15 @@ fn sigkill_during_count(probes: &[&str], trap: bool) {
         kill_group(pgid);
         assert!(
             status.success(),
-            "run {run}: the program ended with {status} after hotprobe was killed\n\
+            "run {run} (HOTPROBE_KILL_SEED={seed}, killed after {lines_before_kill} lines): \
+             the program ended with {status} after hotprobe was killed\n\
              hotprobe said {said:?}\nprogram printed:\n{out}\n{stderr}"
         );
         // The lines read before the kill and after it, together.
-        assert_eq!(out, expected, "run {run}");
+        assert_eq!(
+            out, expected,
+            "run {run} (HOTPROBE_KILL_SEED={seed}, killed after {lines_before_kill} lines)"
+        );
     }
 }
 

@@ -94,6 +94,19 @@ fn a_condition_on_a_library_loaded_later_counts_the_calls_it_holds_for() {
     }
 }
 
+/// The row of `probe` in a count table shows its hits as not counted:
+/// `-` under HITS, and the table's footnote says what `-` means.
+fn not_counted_row(out: &str, err: &str, probe: &str) {
+    let table = CountTable::parse(out, err);
+    assert_eq!(table.row(probe)[table.col("HITS")], "-", "{}", table.all);
+    assert!(
+        out.lines().any(|l| l
+            == "HITS -: not counted: the probe's condition does not compile where it was \
+                placed (said on stderr)"),
+        "{out}"
+    );
+}
+
 #[test]
 fn a_condition_that_does_not_compile_in_the_loaded_library_is_said_and_not_counted() {
     // Stripped at the link: no DWARF names its parameters.
@@ -111,10 +124,19 @@ fn a_condition_that_does_not_compile_in_the_loaded_library_is_said_and_not_count
         err.contains(&format!("hotprobe: {made} hits not counted")),
         "{err}"
     );
-    assert_eq!(
-        CountTable::parse(&out, &err).hits("libcondlib_stripped.so:scale"),
-        0
-    );
+    not_counted_row(&out, &err, "libcondlib_stripped.so:scale");
+    // The same in JSON (the row after the program's output): no number
+    // of hits, and why.
+    let spec = "libcondlib_stripped.so:scale if n > 3";
+    let (p, l) = (prog.to_str().unwrap(), so.to_str().unwrap());
+    let o = hotprobe_within(&["count", "--json", spec, "--", p, l, CALLS], LIMIT);
+    let out = text(&o.stdout);
+    assert!(o.status.success(), "{out}\n{}", text(&o.stderr));
+    let (program, json) = out.rsplit_once("\n[{").expect("a JSON row");
+    assert_eq!(format!("{program}\n"), untraced(&prog, &so));
+    let rows: serde_json::Value = serde_json::from_str(&format!("[{{{json}")).unwrap();
+    assert_eq!(rows[0]["hits"], serde_json::Value::Null, "{rows}");
+    assert_eq!(rows[0]["not_counted"], true, "{rows}");
 
     // With DWARF, a name that is none of the function's parameters.
     let (prog, so) = build("condlib_named", &["-g"]);
@@ -130,10 +152,7 @@ fn a_condition_that_does_not_compile_in_the_loaded_library_is_said_and_not_count
         err.contains(&format!("hotprobe: {made} hits not counted")),
         "{err}"
     );
-    assert_eq!(
-        CountTable::parse(&out, &err).hits("libcondlib_named.so:scale"),
-        0
-    );
+    not_counted_row(&out, &err, "libcondlib_named.so:scale");
 }
 
 /// `count -f` across exec: each program the shell executes loads the

@@ -10,37 +10,16 @@
 
 mod common;
 
+// bpftrace and hotprobe never run beside each other: see
+// common::bpftrace for why.
+use common::bpftrace::no_kernel_uprobes;
 use common::{program_output, text, CountTable};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(300);
-
-/// bpftrace's uprobes are the kernel's: while it runs, an `int3` sits on
-/// every probed libc function of *every* process mapping libc, the
-/// hotprobe targets of the tests running beside it included. An `int3`
-/// written over the first byte of a hotprobe jump makes the kernel run
-/// the file's original first instruction and resume in the middle of
-/// the jump (a SIGSEGV in `__strlen_evex` of the sqlite3 shell, about 1
-/// run in 8 of this binary). Two tools patching one instruction is a
-/// conflict hotprobe detects but cannot undo (docs/DESIGN.md, "Code
-/// shared with other tools"), so a bpftrace run holds this lock
-/// exclusively and every hotprobe run shares it. The lock is this test
-/// binary's: its tests are threads of one process under `cargo test` (as
-/// scripts/test.sh runs them, one binary at a time), not under a runner
-/// that starts a process per test.
-static KERNEL_UPROBES: RwLock<()> = RwLock::new(());
-
-fn no_kernel_uprobes() -> RwLockReadGuard<'static, ()> {
-    KERNEL_UPROBES.read().unwrap_or_else(|e| e.into_inner())
-}
-
-fn kernel_uprobes() -> RwLockWriteGuard<'static, ()> {
-    KERNEL_UPROBES.write().unwrap_or_else(|e| e.into_inner())
-}
 
 fn tmp(name: &str) -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
@@ -77,65 +56,6 @@ fn native(cmd: &[&str], env: &[(&str, &str)]) -> String {
         .unwrap();
     assert!(out.status.success(), "{cmd:?} fails natively: {out:?}");
     text(&out.stdout)
-}
-
-/// bpftrace's counts of uprobes on `functions` of `lib`, for the process
-/// it starts with `cmd` only (`/pid == cpid/`), after checking the
-/// program's output (printed before the maps) is `expected`.
-fn bpftrace_counts(
-    lib: &Path,
-    functions: &[String],
-    cmd: &[&str],
-    env: &[(&str, &str)],
-    expected: &str,
-) -> BTreeMap<String, u64> {
-    let probes: Vec<String> = functions
-        .iter()
-        .map(|f| format!("uprobe:{}:{f}", lib.display()))
-        .collect();
-    let prog = format!(
-        "{} /pid == cpid/ {{ @[probe] = count(); }} END {{ printf(\"--counts--\\n\"); }}",
-        probes.join(",")
-    );
-    let mut c = Command::new("bpftrace");
-    c.args(["-e", &prog, "-c", &cmd.join(" ")])
-        .envs(env.iter().copied())
-        .env("BPFTRACE_MAX_PROBES", "4096");
-    let out = {
-        let _alone = kernel_uprobes();
-        common::output_within(c, LIMIT)
-    };
-    let stdout = text(&out.stdout);
-    let (prog_out, counts) = stdout.split_once("--counts--\n").unwrap_or_else(|| {
-        panic!(
-            "bpftrace did not run (installed by scripts/setup.sh; needs root): {:?}\n{}\n{}",
-            out.status,
-            stdout,
-            text(&out.stderr)
-        )
-    });
-    // bpftrace prints `Attaching N probes...` first and a blank line
-    // after the program's output.
-    let prog_out = match prog_out.split_once('\n') {
-        Some((first, rest)) if first.starts_with("Attaching ") => rest,
-        _ => prog_out,
-    };
-    assert!(
-        prog_out.trim_end() == expected.trim_end(),
-        "the program's output under bpftrace differs from its own ({} bytes, {} expected)",
-        prog_out.len(),
-        expected.len()
-    );
-    let mut m: BTreeMap<String, u64> = functions.iter().map(|f| (f.clone(), 0)).collect();
-    for l in counts.lines() {
-        // @[uprobe:/usr/lib/x86_64-linux-gnu/libc.so.6:malloc]: 1135
-        let Some((k, v)) = l.strip_prefix("@[").and_then(|l| l.split_once("]: ")) else {
-            continue;
-        };
-        let f = k.rsplit(':').next().unwrap().to_string();
-        m.insert(f, v.trim().parse().unwrap());
-    }
-    m
 }
 
 /// `hotprobe count --all SPECS -- CMD` (every row, those without a hit
@@ -199,7 +119,7 @@ fn libc_counts_match_bpftrace(cmd: &[&str], env: &[(&str, &str)]) {
     );
     let mut functions = vec!["malloc".to_string(), "free".to_string()];
     functions.extend(strlens.iter().cloned());
-    let bt = bpftrace_counts(&libc_path(), &functions, cmd, env, &native(cmd, env));
+    let bt = common::bpftrace::counts(&libc_path(), &functions, cmd, env, &native(cmd, env));
     let hotprobe: BTreeMap<String, u64> = functions
         .iter()
         .map(|f| (f.clone(), table.hits(f)))

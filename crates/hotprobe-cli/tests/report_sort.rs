@@ -184,6 +184,72 @@ fn callers_sort_by_calls_and_by_the_times_of_their_calls() {
     }
 }
 
+/// caller_costs.c recorded with its callers' stacks: leaf called twice by
+/// slow_caller with much work, twenty times by fast_caller with little.
+fn costs_trace() -> &'static str {
+    static T: OnceLock<PathBuf> = OnceLock::new();
+    T.get_or_init(|| {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/caller_costs.c");
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("report_sort");
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = gcc(&src, &dir.join("caller_costs"), &["-O2"]);
+        let trace = trace_dir("report-sort-costs");
+        let o = hotprobe_within(
+            &[
+                "record",
+                "-o",
+                trace.to_str().unwrap(),
+                "--stacks",
+                "leaf",
+                "*_caller",
+                "--",
+                bin.to_str().unwrap(),
+            ],
+            LIMIT,
+        );
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        assert_eq!(text(&o.stdout), "leaf calls 22\n");
+        trace
+    })
+    .to_str()
+    .unwrap()
+}
+
+/// A workload whose order by calls is not its order by time: `-s calls`
+/// puts fast_caller (20 calls) first, every time key slow_caller (2 calls
+/// of 100,000 times the work each), in the table and in JSON.
+#[test]
+fn callers_by_time_are_not_callers_by_calls() {
+    let d = costs_trace();
+    let by_calls = caller_rows(&run(&["report", d, "--callers", "leaf", "-s", "calls"]));
+    assert_eq!(
+        by_calls,
+        [
+            (20, "fast_caller".to_string()),
+            (2, "slow_caller".to_string())
+        ],
+    );
+    for key in ["total", "self", "avg", "max"] {
+        let out = run(&["report", d, "--callers", "leaf", "-s", key]);
+        assert_eq!(
+            caller_rows(&out),
+            [
+                (2, "slow_caller".to_string()),
+                (20, "fast_caller".to_string())
+            ],
+            "-s {key}:\n{out}"
+        );
+        let j = json(&["report", d, "--callers", "leaf", "-s", key, "--json"]);
+        let callers: Vec<&str> = j["callers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["caller"].as_str().unwrap())
+            .collect();
+        assert_eq!(callers, ["slow_caller", "fast_caller"], "-s {key}: {j}");
+    }
+}
+
 /// Each level's node names of `report --graph main` text, as printed.
 fn graph_lines(out: &str) -> Vec<String> {
     out.lines()

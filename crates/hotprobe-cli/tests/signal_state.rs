@@ -4,7 +4,8 @@
 //! that ignores and blocks SIGTRAP: each runs as it does alone (output,
 //! exit status, the masks it reads back) and every call is counted. An
 //! agent that cannot see the program's mask changes (injected into a
-//! running process, or in a Go program) gets no in-process trap.
+//! running process, or in a Go program, cgo included) gets no in-process
+//! trap.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -14,7 +15,7 @@ use common::{gcc, hotprobe_within, program_output, text, CountTable, MixServer};
 
 #[path = "../../hotprobe/tests/nonlocal_support/mod.rs"]
 mod nonlocal_support;
-use nonlocal_support::{field, go_program, native_output};
+use nonlocal_support::{field, go_program, native_output, out_dir};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -22,7 +23,10 @@ fn sigstate() -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/sigstate.c");
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("signal-state");
     std::fs::create_dir_all(&dir).unwrap();
-    gcc(&src, &dir.join("sigstate"), &["-O1"])
+    // -no-pie: its 4-byte functions stay on the in-process trap these
+    // tests are about (in a PIE they take a punned jump; a non-PIE's
+    // punned-jump copies would fall below address 0).
+    gcc(&src, &dir.join("sigstate"), &["-O1", "-no-pie"])
 }
 
 /// `hotprobe count tiny -- sigstate MODE`: the program's output (checked
@@ -110,4 +114,54 @@ fn an_attached_process_or_a_go_program_gets_no_in_process_trap() {
     let t = CountTable::parse(&stdout, &stderr);
     assert!(t.execution("main.mid+4").starts_with("trap"), "{stdout}");
     assert!(t.all.contains("a Go runtime sets signal masks"), "{stdout}");
+}
+
+/// tests/programs/cgo_four built with cgo (its Go build cache shared with
+/// `go_program`'s, under the target directory).
+fn cgo_four() -> PathBuf {
+    let base = out_dir("go");
+    let package = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/cgo_four");
+    hotprobe_testkit::go_build(&package, &base.join("cgo_four"), &base, "", true)
+}
+
+/// Issue 22: "a cgo Go program with a 4-byte function: fatal error:
+/// traceback did not unwind completely" under the in-process trap. The C
+/// function `four` (4 bytes of assembly, another function right after it:
+/// too short for a jump, no patchable entry) is called `N` times through
+/// a C loop from 4 goroutines that allocate and yield between their cgo
+/// calls. The Go runtime in the process gets it the ptrace trap instead,
+/// as the table says with the reason; every call is counted, and the
+/// program's output and exit status (3) are what it gives alone.
+#[test]
+fn a_cgo_program_with_a_four_byte_function_is_counted_without_an_in_process_trap() {
+    const N: u64 = 20_000;
+    let bin = cgo_four();
+    let n = N.to_string();
+    let native = std::process::Command::new(&bin).arg(&n).output().unwrap();
+    let want = format!("calls={N} sum={}\n", N * (N + 1) / 2);
+    assert_eq!(
+        (text(&native.stdout), native.status.code()),
+        (want.clone(), Some(3)),
+        "{}",
+        text(&native.stderr)
+    );
+    let out = hotprobe_within(&["count", "four", "--", bin.to_str().unwrap(), &n], LIMIT);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
+    assert!(stderr.contains("exited with code 3"), "{stderr}");
+    assert_eq!(program_output(&stdout), want, "{stderr}");
+    let t = CountTable::parse(&stdout, &stderr);
+    assert_eq!(
+        (t.hits("four"), t.row("four")[t.col("NMISSED")].as_str()),
+        (N, "0"),
+        "{}",
+        t.all
+    );
+    assert!(t.execution("four").starts_with("trap"), "{}", t.all);
+    let why = t.row("four")[t.col("WHY")..].join(" ");
+    assert!(
+        why.contains("in-process trap: a Go runtime sets signal masks with raw system calls"),
+        "{}",
+        t.all
+    );
 }

@@ -25,7 +25,10 @@ fn program(name: &str) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/programs/{name}.c"));
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("signal-state2");
     std::fs::create_dir_all(&dir).unwrap();
-    gcc(&src, &dir.join(name), &["-O1"])
+    // -no-pie: its 4-byte functions stay on the in-process trap these
+    // tests are about (in a PIE they take a punned jump; a non-PIE's
+    // punned-jump copies would fall below address 0).
+    gcc(&src, &dir.join(name), &["-O1", "-no-pie"])
 }
 
 /// `hotprobe count PROBE -- BIN ARGS`: the program's output (hotprobe and
@@ -104,11 +107,11 @@ fn rawsys(inline: bool) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("signal-state2");
     std::fs::create_dir_all(&dir).unwrap();
     match inline {
-        false => gcc(&src, &dir.join("rawsys"), &["-O1"]),
+        false => gcc(&src, &dir.join("rawsys"), &["-O1", "-no-pie"]),
         true => gcc(
             &src,
             &dir.join("rawsys_inline"),
-            &["-O1", "-DINLINE_SYSCALL"],
+            &["-O1", "-no-pie", "-DINLINE_SYSCALL"],
         ),
     }
 }

@@ -2,56 +2,24 @@
 //! here: a `record` killed with SIGKILL at seeded moments leaves a trace
 //! `replay`, `report` and `info` read up to its last whole block (saying
 //! so), holding every call the program logged more than a flush interval
-//! before the kill; a corrupt time base, a FIFO or a device in a trace
-//! directory, an empty or invalid filter are errors; calls whose exits
-//! were lost get no invented duration; on a full disk (a small tmpfs)
-//! `record` stops writing, runs the program to its end and exits with its
-//! status, the loss said on stderr, in `info` and in the trace.
+//! before the kill (a corrupt time base, a FIFO or a device in a trace
+//! directory, an empty or invalid filter are errors: bad_input.rs); calls
+//! whose exits were lost get no invented duration; on a full disk (a tmpfs the test
+//! fills at seeded moments, 10 runs) `record` stops writing, runs the
+//! program to its end and exits with its status, the loss said on stderr,
+//! in `info` and in the trace. The seeds are printed: `HOTPROBE_KILL_SEED`
+//! and `HOTPROBE_DISK_SEED` repeat them.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{gcc, hotprobe_within, kill_group, line_reader, text};
+use common::{kill_group, line_reader, text};
+use hotprobe_testkit::SeededMoments;
 
-fn tmp() -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("trace-loss");
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// `spin [N]`: calls `work(i)` for i = 0, 1, ... (N times, or until
-/// killed), each call a few microseconds of work (so that a drain starved
-/// by a loaded machine keeps up); prints `done K` after every 20,000 calls
-/// and `end N` at the end; exits with status 3.
-///
-/// With each line it raises SIGURG (ignored): a ptrace stop, which wakes
-/// `record`'s event loop. That loop waits for the target in `waitpid`
-/// under a one-shot timer (hotprobe-process, `wake::waitpid_for`); when
-/// the timer fires before `waitpid` starts (a loaded machine), it blocks
-/// until the target's next ptrace stop and drains nothing meanwhile, a
-/// bug of its own (seen here: a run whose stream stayed at its header
-/// while the program printed 334 lines), not what these tests are about.
-const SPIN: &str = r#"
-#include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-__attribute__((noinline)) long work(long i) {
-    volatile long x = i;
-    for (int k = 0; k < 1500; k++) x += k;
-    return x;
-}
-int main(int argc, char **argv) {
-    long n = argc > 1 ? atol(argv[1]) : -1;
-    for (long i = 0; n < 0 || i < n; i++) {
-        work(i);
-        if ((i + 1) % 20000 == 0) { printf("done %ld\n", i + 1); fflush(stdout); raise(SIGURG); }
-    }
-    printf("end %ld\n", n);
-    return 3;
-}
-"#;
+mod record_support;
+use record_support::{json, program, record, row, run, tmp, SPIN};
 
 /// `rec D`: recursion D deep; prints how many calls it made.
 const REC: &str = r#"
@@ -66,63 +34,6 @@ int main(int argc, char **argv) {
     return 0;
 }
 "#;
-
-fn program(name: &str, src: &str) -> PathBuf {
-    let s = hotprobe_testkit::write_source(&tmp(), &format!("{name}.c"), src);
-    gcc(
-        &s,
-        &tmp().join(format!("bin-{name}")),
-        &["-O1", "-fno-inline"],
-    )
-}
-
-/// `hotprobe ARGS` with a time limit; (status code, stdout, stderr).
-fn run(args: &[&str]) -> (i32, String, String) {
-    let o = hotprobe_within(args, Duration::from_secs(60));
-    (
-        o.status.code().unwrap_or(-1),
-        text(&o.stdout),
-        text(&o.stderr),
-    )
-}
-
-/// `hotprobe record -o DIR ARGS -- PROG PARGS`, to completion.
-fn record(dir: &Path, args: &[&str], prog: &Path, pargs: &[&str]) -> (i32, String, String) {
-    let _ = std::fs::remove_dir_all(dir);
-    let mut a = vec!["record", "-o", dir.to_str().unwrap()];
-    a.extend_from_slice(args);
-    a.push("--");
-    a.push(prog.to_str().unwrap());
-    a.extend_from_slice(pargs);
-    run(&a)
-}
-
-fn json(s: &str) -> serde_json::Value {
-    serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
-}
-
-/// The report row of `function` (`report --json`).
-fn row(report: &serde_json::Value, function: &str) -> serde_json::Value {
-    report["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["function"] == function)
-        .unwrap_or_else(|| panic!("no row {function} in {report}"))
-        .clone()
-}
-
-/// A small seeded PRNG (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
 
 /// Kills a process group when dropped (also when the test panics).
 struct Group(i32);
@@ -156,18 +67,8 @@ fn replayed_args(out: &str) -> Vec<u64> {
 
 #[test]
 fn record_killed_at_seeded_moments_leaves_a_readable_trace() {
-    let seed: u64 = std::env::var("HOTPROBE_KILL_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
-    eprintln!("kill moments from seed {seed} (HOTPROBE_KILL_SEED={seed} repeats them)");
-    let mut rng = Rng(seed);
+    let mut rng = SeededMoments::from_env("HOTPROBE_KILL_SEED", "kill moments");
+    let seed = rng.seed();
     let prog = program("spin", SPIN);
     for run_no in 0..10 {
         let dir = tmp().join(format!("killed-{run_no}"));
@@ -208,7 +109,7 @@ fn record_killed_at_seeded_moments_leaves_a_readable_trace() {
                 take(l, &mut logged);
             }
         }
-        let delay = Duration::from_millis(100 + rng.next() % 1500);
+        let delay = Duration::from_millis(rng.in_range(100..1600));
         let until = Instant::now() + delay;
         while let Some(left) = until.checked_duration_since(Instant::now()) {
             if let Ok(l) = lines.recv_timeout(left) {
@@ -297,184 +198,6 @@ fn record_killed_at_seeded_moments_leaves_a_readable_trace() {
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
-}
-
-/// A recorded `spin 3000` (3,000 calls of `work`) in `dir`.
-fn spin_trace(dir: &Path) {
-    let (rc, out, err) = record(dir, &[], &program("spin", SPIN), &["3000"]);
-    assert_eq!(rc, 3, "{err}");
-    assert!(out.ends_with("end 3000\n"), "{out}");
-    let (rc, info, err) = run(&["info", "--json", dir.to_str().unwrap()]);
-    assert_eq!(rc, 0, "{err}");
-    assert_eq!(json(&info)["calls"], 3001, "{info}");
-}
-
-/// Rewrites `info.json`'s time base with `f`.
-fn edit_time_base(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
-    let p = dir.join("info.json");
-    let mut info = json(&std::fs::read_to_string(&p).unwrap());
-    f(&mut info["time_base"]);
-    std::fs::write(&p, serde_json::to_string(&info).unwrap()).unwrap();
-}
-
-#[test]
-fn a_corrupt_time_base_is_an_error() {
-    let good = tmp().join("timebase-good");
-    spin_trace(&good);
-    let d = good.to_str().unwrap();
-    let (rc, rep, err) = run(&["report", "--json", d]);
-    assert_eq!(rc, 0, "{err}");
-    assert_eq!(row(&json(&rep), "work")["calls"], 3000);
-    // Both calibration pairs at the same ns: every time the same (today:
-    // a report of zeros); the first pair moved past the data: times before
-    // ns 0 (today: clamped, zeros again).
-    type Edit = fn(&mut serde_json::Value);
-    let cases: [(&str, Edit); 2] = [
-        ("same-ns", |tb| tb["ns1"] = tb["ns0"].clone()),
-        ("tsc0-late", |tb| {
-            let (t0, t1) = (tb["tsc0"].as_u64().unwrap(), tb["tsc1"].as_u64().unwrap());
-            tb["tsc0"] = (t0 * 1000).into();
-            tb["tsc1"] = (t0 * 1000 + (t1 - t0)).into();
-        }),
-    ];
-    for (name, f) in cases {
-        let dir = tmp().join(format!("timebase-{name}"));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        for e in std::fs::read_dir(&good).unwrap() {
-            let e = e.unwrap();
-            std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
-        }
-        edit_time_base(&dir, f);
-        let d = dir.to_str().unwrap();
-        for cmd in [&["report", d][..], &["replay", d], &["info", d]] {
-            let (rc, out, err) = run(cmd);
-            assert_eq!(rc, 1, "{name}: hotprobe {cmd:?}: {out}{err}");
-            let line = err.lines().find(|l| l.starts_with("hotprobe: error: "));
-            let line = line.unwrap_or_else(|| panic!("{name}: no error line: {err}"));
-            assert!(line.contains("corrupt time base"), "{name}: {line}");
-            assert!(!out.contains("work"), "{name}: {cmd:?} printed {out}");
-        }
-    }
-}
-
-#[test]
-fn fifos_and_devices_in_a_trace_directory_are_refused() {
-    let good = tmp().join("fifo-good");
-    spin_trace(&good);
-    let tid = std::fs::read_dir(&good)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .find(|n| n.starts_with("tid-"))
-        .unwrap();
-    for (file, kind) in [
-        ("info.json", "fifo"),
-        ("symbols.tsv", "fifo"),
-        (tid.as_str(), "fifo"),
-        ("types.tsv", "fifo"),
-        ("symbols.tsv", "device"),
-    ] {
-        let dir = tmp().join(format!("fifo-{kind}-{file}"));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        for e in std::fs::read_dir(&good).unwrap() {
-            let e = e.unwrap();
-            std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
-        }
-        let p = dir.join(file);
-        std::fs::remove_file(&p).unwrap();
-        let what = if kind == "fifo" {
-            let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
-            // SAFETY: a valid NUL-terminated path.
-            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
-            "a FIFO"
-        } else {
-            std::os::unix::fs::symlink("/dev/zero", &p).unwrap();
-            "a character device"
-        };
-        let d = dir.to_str().unwrap();
-        let refused = format!(
-            "{}: not a regular file but {what}: refused (reading it could block or have effects)",
-            p.display()
-        );
-        for cmd in [
-            &["replay", d][..],
-            &["report", d],
-            &["info", d],
-            &["export", "--format", "chrome", d],
-        ] {
-            let t = Instant::now();
-            let (rc, out, err) = run(cmd);
-            assert_eq!(rc, 1, "{file} {kind}: hotprobe {cmd:?}: {out}{err}");
-            assert!(
-                err.lines()
-                    .any(|l| l.starts_with("hotprobe: error: ") && l.ends_with(&refused)),
-                "{file} {kind}: hotprobe {cmd:?}: {err}"
-            );
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "{cmd:?} took {:?}",
-                t.elapsed()
-            );
-        }
-    }
-}
-
-#[test]
-fn invalid_or_empty_filters_are_errors_and_filters_matching_nothing_say_so() {
-    let dir = tmp().join("filters");
-    spin_trace(&dir);
-    let d = dir.to_str().unwrap();
-    let bad = "filter pattern: bad name pattern \"[\": unclosed character class; missing ']'";
-    for (cmd, line) in [
-        (
-            &["replay", "-F", "[", d][..],
-            format!("{bad} (see hotprobe replay --help)"),
-        ),
-        (
-            &["replay", "-F", "", d],
-            "empty filter pattern (it would match nothing) (see hotprobe replay --help)".into(),
-        ),
-        (
-            &["replay", "-N", "", d],
-            "empty notrace pattern (it would match nothing) (see hotprobe replay --help)".into(),
-        ),
-        (
-            &["report", "-F", "[", d],
-            format!("{bad} (see hotprobe report --help)"),
-        ),
-        (
-            &["report", "--marker", "", d],
-            "--marker \"\": give a function name (see hotprobe report --help)".into(),
-        ),
-    ] {
-        let (rc, out, err) = run(cmd);
-        assert_eq!(rc, 2, "hotprobe {cmd:?}: {out}{err}");
-        assert_eq!(out, "", "{cmd:?}");
-        assert_eq!(err, format!("hotprobe: error: {line}\n"), "{cmd:?}");
-    }
-    for cmd in [
-        &["replay", "-F", "nosuch*", d][..],
-        &["report", "-F", "nosuch*", d],
-    ] {
-        let (rc, out, err) = run(cmd);
-        assert_eq!(rc, 0, "hotprobe {cmd:?}: {err}");
-        assert_eq!(out, "", "{cmd:?}");
-        assert_eq!(err, "hotprobe: no call matches -F nosuch*\n", "{cmd:?}");
-    }
-    let (rc, out, err) = run(&["report", "--marker", "nosuch", d]);
-    assert_eq!(rc, 0, "{err}");
-    assert!(
-        err.lines()
-            .any(|l| l == "hotprobe: no call matches --marker nosuch"),
-        "{err}"
-    );
-    assert!(out.contains("work"), "{out}");
-    // A valid filter that matches keeps its calls.
-    let (rc, out, err) = run(&["replay", "-F", "wor?", d]);
-    assert_eq!(rc, 0, "{err}");
-    assert_eq!(out.matches("work();").count(), 3000, "{out}");
 }
 
 #[test]
@@ -578,81 +301,190 @@ impl Drop for Tmpfs {
     }
 }
 
+/// Fills the file system holding `file` from `file`: writes until a write
+/// fails with ENOSPC, in smaller and smaller pieces, so that not a page is
+/// left; then gives back `slack` bytes (rounded to whole pages by the file
+/// system). The bytes written.
+fn fill_disk(file: &Path, slack: u64) -> u64 {
+    use std::io::Write;
+    let mut f = std::fs::File::create(file).unwrap();
+    let mut written = 0u64;
+    for piece in [1 << 20, 64 << 10, 4 << 10, 512, 1] {
+        let buf = vec![0x5au8; piece];
+        loop {
+            match f.write(&buf) {
+                Ok(n) => written += n as u64,
+                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+                Err(e) => panic!("filling {}: {e}", file.display()),
+            }
+        }
+    }
+    let kept = written.saturating_sub(slack);
+    f.set_len(kept).unwrap();
+    kept
+}
+
+/// Calls of `work` per full-disk run (a `done` line every 20,000).
+const FULL_DISK_CALLS: u64 = 60_000;
+
 #[test]
-fn on_a_full_disk_record_stops_writing_and_runs_the_program_to_its_end() {
+fn on_a_full_disk_at_seeded_moments_record_stops_writing_and_runs_the_program_to_its_end() {
+    let mut moments = SeededMoments::from_env("HOTPROBE_DISK_SEED", "full-disk moments");
+    let seed = moments.seed();
     let prog = program("spin", SPIN);
-    let fs = Tmpfs::mount(tmp().join(format!("full-{}", std::process::id())), "256k");
-    let dir = fs.0.join("trace");
-    let d = dir.to_str().unwrap();
-    let (rc, out, err) = record(&dir, &["--args", "1"], &prog, &["300000"]);
-    // The program's own output and status.
-    assert_eq!(rc, 3, "{err}");
-    assert!(out.ends_with("done 300000\nend 300000\n"), "{out}");
-    let info: serde_json::Value = json(&std::fs::read_to_string(dir.join("info.json")).unwrap());
-    let stats = &info["stats"];
-    let dropped = stats["dropped"].as_u64().unwrap();
-    let why = stats["write_error"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{info}"));
-    assert!(
-        why.ends_with("No space left on device (os error 28)"),
-        "{why}"
-    );
-    assert!(dropped > 0, "{info}");
-    assert_eq!(info["complete"], true);
-    let warning = format!(
-        "hotprobe: warning: {why}: stopped writing the trace there and let the program run to \
-         its end; {dropped} events were not written (the trace ends with a lost record \
-         counting them)"
-    );
-    assert!(err.lines().any(|l| l == warning), "{err}");
-    assert!(err.contains("exited with code 3"), "{err}");
-    // Every event is written or counted as dropped (when no ring overflowed).
-    if stats["lost"] == 0 {
-        assert_eq!(
-            stats["events_out"].as_u64().unwrap() + dropped,
-            stats["events_in"].as_u64().unwrap(),
-            "{stats}"
+    let n = FULL_DISK_CALLS.to_string();
+    // The program alone: its output and status.
+    let native = Command::new(&prog).arg(&n).output().unwrap();
+    assert_eq!(native.status.code(), Some(3));
+    let want = text(&native.stdout);
+    assert!(want.ends_with("done 60000\nend 60000\n"), "{want}");
+    // A tmpfs big enough for the whole trace: the test fills it.
+    let fs = Tmpfs::mount(tmp().join(format!("full-{}", std::process::id())), "16m");
+    let started = Instant::now();
+    for run_no in 0..10 {
+        // The moment: once the first block of the stream is on disk
+        // (line 0) or once the program printed its line `after`; the
+        // room then left, `slack` bytes, which record's writer fills.
+        let after = moments.in_range(0..3);
+        let slack = moments.in_range(0..32 << 10);
+        let ctx = format!(
+            "run {run_no} (HOTPROBE_DISK_SEED={seed}): disk filled after line {after}, \
+             {slack} bytes left"
         );
-        assert_eq!(stats["events_in"].as_u64(), Some(600_002));
-    }
-    // The trace reads: calls 0..C of work, then the lost record.
-    let (rc, rep, err) = run(&["replay", d]);
-    assert_eq!(rc, 0, "{err}");
-    let args = replayed_args(&rep);
-    assert!(!args.is_empty());
-    if stats["lost"] == 0 {
-        assert!(args.iter().enumerate().all(|(i, a)| *a == i as u64));
-    }
-    let last = rep.lines().last().unwrap();
-    if stats["lost"] == 0 {
+        let dir = fs.0.join("trace");
+        let _ = std::fs::remove_dir_all(&dir);
+        let filler = fs.0.join("filler");
+        let _ = std::fs::remove_file(&filler);
+        let d = dir.to_str().unwrap();
+        let errf = tmp().join(format!("full-{run_no}.stderr"));
+        use std::os::unix::process::CommandExt;
+        let mut child = Command::new(common::HOTPROBE)
+            .args(["record", "--args", "1", "-o", d, "--"])
+            .arg(&prog)
+            .arg(&n)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&errf).unwrap())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let _group = Group(child.id() as i32);
+        let lines = line_reader(child.stdout.take().unwrap());
+        let mut out = String::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let said = || std::fs::read_to_string(&errf).unwrap_or_default();
+        // Up to the moment: the lines, and the stream's first block.
+        while out.lines().count() < after as usize || stream_size(&dir) <= 20 {
+            assert!(
+                Instant::now() < deadline,
+                "{ctx}: no progress in 60 s: {out}; record said: {}",
+                said()
+            );
+            if let Ok(l) = lines.recv_timeout(Duration::from_millis(5)) {
+                out.push_str(&l);
+                out.push('\n');
+            }
+        }
+        let filled = fill_disk(&filler, slack);
+        // The rest of the program's output, to its end.
+        loop {
+            match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(l) => {
+                    out.push_str(&l);
+                    out.push('\n');
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(_) => panic!("{ctx}: not ended in 60 s: {out}; record said: {}", said()),
+            }
+        }
+        let status = child.wait().unwrap();
+        let err = said();
+        // The program's own output and status, hotprobe's status the program's.
+        assert_eq!(out, want, "{ctx}: {err}");
+        assert_eq!(status.code(), Some(3), "{ctx}: {err}");
+        assert!(err.contains("exited with code 3"), "{ctx}: {err}");
+        // The failed write, in info.json.
+        let info = json(&std::fs::read_to_string(dir.join("info.json")).unwrap());
+        let stats = &info["stats"];
+        let dropped = stats["dropped"].as_u64().unwrap();
+        let why = stats["write_error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{ctx}: no write error: {info}\n{err}"));
         assert!(
-            last.ends_with(&format!("| /* lost {dropped} events */")),
-            "{last}"
+            why.starts_with(d) && why.ends_with("No space left on device (os error 28)"),
+            "{ctx}: {why}"
         );
-    } else {
-        assert!(last.contains("| /* lost "), "{last}");
+        assert!(dropped > 0, "{ctx}: {info}");
+        assert_eq!(info["complete"], true, "{ctx}");
+        // On stderr.
+        let warning = format!(
+            "hotprobe: warning: {why}: stopped writing the trace there and let the program run \
+             to its end; {dropped} events were not written (the trace ends with a lost record \
+             counting them)"
+        );
+        assert!(err.lines().any(|l| l == warning), "{ctx}: {err}");
+        // Every event written or counted as dropped (when no ring overflowed).
+        let no_ring_loss = stats["lost"] == 0;
+        if no_ring_loss {
+            assert_eq!(
+                stats["events_out"].as_u64().unwrap() + dropped,
+                stats["events_in"].as_u64().unwrap(),
+                "{ctx}: {stats}"
+            );
+            // main's entry, work's 60,000 entries and exits, main's exit.
+            assert_eq!(stats["events_in"].as_u64(), Some(120_002), "{ctx}");
+        }
+        // The trace reads whole (no cut-short warning): calls 0..C of
+        // work, in order, then the lost record; nothing after the failure.
+        let (rc, rep, rerr) = run(&["replay", d]);
+        assert_eq!(rc, 0, "{ctx}: {rerr}");
+        assert!(!rerr.contains("cut short"), "{ctx}: {rerr}");
+        let args = replayed_args(&rep);
+        if no_ring_loss {
+            assert!(
+                args.iter().enumerate().all(|(i, a)| *a == i as u64),
+                "{ctx}: replay's work() arguments are not 0..{}",
+                args.len()
+            );
+        }
+        let last = rep.lines().last().unwrap_or_default();
+        if no_ring_loss {
+            assert!(
+                last.ends_with(&format!("| /* lost {dropped} events */")),
+                "{ctx}: {last}"
+            );
+        } else {
+            assert!(last.contains("| /* lost "), "{ctx}: {last}");
+        }
+        // In info.
+        let (rc, txt, ierr) = run(&["info", d]);
+        assert_eq!(rc, 0, "{ctx}: {ierr}");
+        assert!(
+            txt.lines().any(|l| l
+                == format!(
+                    "# write error:   {why}: writing stopped there, {dropped} events not \
+                     written (counted as lost)"
+                )),
+            "{ctx}: {txt}"
+        );
+        // report reads the same calls.
+        let (rc, rep, rerr) = run(&["report", "--json", d]);
+        assert_eq!(rc, 0, "{ctx}: {rerr}");
+        let rep = json(&rep);
+        let work_calls = rep["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["function"] == "work")
+            .map_or(0, |r| r["calls"].as_u64().unwrap());
+        assert_eq!(work_calls, args.len() as u64, "{ctx}: {rep}");
+        eprintln!(
+            "{ctx}: filler {filled} bytes; {} calls written, {dropped} events dropped; the \
+             program ran to its end",
+            args.len()
+        );
     }
-    let (rc, txt, err) = run(&["info", d]);
-    assert_eq!(rc, 0, "{err}");
-    assert!(
-        txt.lines().any(|l| l
-            == format!(
-                "# write error:   {why}: writing stopped there, {dropped} events not written \
-                 (counted as lost)"
-            )),
-        "{txt}"
-    );
-    let (rc, rep, err) = run(&["report", "--json", d]);
-    assert_eq!(rc, 0, "{err}");
-    assert_eq!(
-        row(&json(&rep), "work")["calls"].as_u64(),
-        Some(args.len() as u64)
-    );
-    eprintln!(
-        "full disk: {} calls written, {dropped} events dropped; the program ran to its end",
-        args.len()
-    );
+    eprintln!("10 full-disk runs in {:?}", started.elapsed());
 }
 
 /// `pause K`: K calls of `work`, then `paused K` and a pause (until

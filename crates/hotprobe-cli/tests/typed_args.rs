@@ -363,12 +363,96 @@ fn without_dwarf_args_stay_raw_registers() {
     let stderr = text(&out.stderr);
     assert!(!out.status.success());
     assert!(stderr.contains("greet: no DWARF for it"), "{stderr}");
-    // -a: no arguments to show, said once.
+    // -a: no type information, so the raw registers (issue 23), said once:
+    // all six argument registers (how many it takes is unknown) and the
+    // return value, on a linked program as on a library loaded later
+    // (pending_typed.rs).
     let out = hotprobe(&["trace", "-a", "greet", "--", prog.to_str().unwrap()]);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{stderr}");
-    assert!(stdout.contains("| greet() {"), "{stdout}");
-    assert!(stderr.contains("no DWARF for greet"), "{stderr}");
+    assert_eq!(stderr.matches("no DWARF for greet").count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(
+            "hotprobe: no DWARF for greet (build with -g): shown with its raw argument \
+             registers and return value"
+        ),
+        "{stderr}"
+    );
+    assert_raw_greets(&raw_calls(&stdout, "greet"), &stdout);
+    // record -a keeps the same registers, replay prints them.
+    let dir = tmp().join("raw-greet.trace");
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = hotprobe(&[
+        "record",
+        "-a",
+        "-o",
+        dir.to_str().unwrap(),
+        "greet",
+        "--",
+        prog.to_str().unwrap(),
+    ]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "hotprobe: no DWARF for greet (build with -g): recorded with its raw argument \
+             registers and return value"
+        ),
+        "{stderr}"
+    );
+    let out = hotprobe(&["replay", dir.to_str().unwrap()]);
+    let replayed = text(&out.stdout);
+    assert!(out.status.success(), "{replayed}");
+    assert_raw_greets(&raw_calls(&replayed, "greet"), &replayed);
+}
+
+/// A register value as `trace` (decimal when small) or `replay` (hex
+/// above 2^31) prints it.
+fn register(v: &str) -> u64 {
+    match v.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16).unwrap(),
+        None => v.parse::<i64>().unwrap() as u64,
+    }
+}
+
+/// The raw calls of `name` in a `trace` (`name(ARGS) {` … `} /* name */
+/// = RET`) or `replay` (`name(ARGS) = RET;`) tree: (registers, return).
+fn raw_calls(out: &str, name: &str) -> Vec<(Vec<u64>, u64)> {
+    let mut calls = Vec::new();
+    let mut open = None;
+    for l in out.lines() {
+        let Some((_, body)) = l.split_once("] | ") else {
+            continue;
+        };
+        if let Some(rest) = body.trim().strip_prefix(&format!("{name}(")) {
+            let (args, after) = rest.split_once(')').unwrap();
+            let regs: Vec<u64> = args.split(", ").map(register).collect();
+            match after.trim().strip_prefix("= ") {
+                Some(r) => calls.push((regs, register(r.trim_end_matches(';')))),
+                None => open = Some(regs),
+            }
+        } else if let Some(r) = body.trim().strip_prefix(&format!("}} /* {name} */ = ")) {
+            calls.push((open.take().unwrap(), register(r)));
+        }
+    }
+    calls
+}
+
+/// typed.c's two greet calls, untyped: `greet("world", 0)` and
+/// `greet("hotprobe", -3)`, each returning 5 (as the program logs). The
+/// strings' addresses in rdi (in the program's image), n in esi (-3 with
+/// the register's upper half zero, as gcc -O0 loads an int).
+fn assert_raw_greets(calls: &[(Vec<u64>, u64)], out: &str) {
+    assert_eq!(calls.len(), 2, "{out}");
+    for (regs, ret) in calls {
+        assert_eq!(regs.len(), 6, "{out}");
+        assert!(regs[0] > 0x1000, "a string's address: {out}");
+        assert_eq!(*ret, 5, "{out}");
+    }
+    assert_eq!(calls[0].0[1], 0, "{out}");
+    assert_eq!(calls[1].0[1], u64::from(-3i32 as u32), "{out}");
+    // "world" and "hotprobe" are 6 bytes apart in .rodata.
+    assert_eq!(calls[1].0[0] - calls[0].0[0], 6, "{out}");
 }
 
 #[test]
@@ -495,12 +579,13 @@ fn floats_on_four_threads_o2() {
     floats_on_four_threads("-O2");
 }
 
-/// A coldpatched `-finstrument-functions` build: its exit placeholders run
-/// before the return value is in xmm0, so the fast path refuses the xmm
-/// layout there and the float functions are typed through the trap as
-/// before, with that reason in the summary, and values as logged.
+/// A coldpatched `-finstrument-functions` build: its placeholders run
+/// after the prologue and its exit placeholders before the return value
+/// is in xmm0, so the float functions are typed at a jump on their entry
+/// (xmm registers on the fast path), with that reason in the summary, and
+/// values as logged (before: through the trap).
 #[test]
-fn floats_at_coldpatch_placeholders_fall_back_to_the_trap() {
+fn floats_at_coldpatched_functions_are_read_at_a_jump_on_their_entry() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/typed_threads.c");
     let inst = gcc_with(
         &src,
@@ -539,7 +624,9 @@ fn floats_at_coldpatch_placeholders_fall_back_to_the_trap() {
             .find(|l| l.starts_with(&format!("{f} ")))
             .unwrap_or_else(|| panic!("no row for {f}: {stdout}"));
         assert!(
-            row.contains("trap") && row.contains("not in xmm0 at coldpatch exit placeholders"),
+            row.contains(" jump ")
+                && row.contains("not the function's at a coldpatched -finstrument-functions")
+                && row.contains("float/double values from xmm registers"),
             "{row}"
         );
     }
@@ -552,38 +639,143 @@ fn libc_program() -> PathBuf {
     hotprobe_testkit::compile("gcc", &src, &out, &["-O1"], &[])
 }
 
+/// libc6-dbg's file for the libc.so.6 the programs load (by its build id).
+fn libc_debug_file() -> String {
+    use object::Object as _;
+    let bytes = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
+    let libc = object::File::parse(&*bytes).unwrap();
+    let id = libc.build_id().unwrap().expect("libc.so.6 has a build id");
+    let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    let path = format!("/usr/lib/debug/.build-id/{}/{}.debug", &hex[..2], &hex[2..]);
+    assert!(
+        Path::new(&path).exists(),
+        "{path}: libc6-dbg is not installed (setup.sh installs it)"
+    );
+    path
+}
+
+/// The call lines of a `trace` tree (`name(args) {`, `} /* name */ = r`),
+/// without the duration and thread columns, the pointer `ptr` (a returned
+/// FILE *) written `PTR`.
+fn tree_lines(out: &str) -> Vec<String> {
+    let lines: Vec<&str> = out
+        .lines()
+        .filter_map(|l| Some(l.split_once("] | ")?.1))
+        .collect();
+    let ptr = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("} /* fopen64 */ = "))
+        .map(str::to_string);
+    lines
+        .iter()
+        .map(|l| match &ptr {
+            Some(p) => l.replace(p.as_str(), "PTR"),
+            None => l.to_string(),
+        })
+        .collect()
+}
+
 /// Issue 23: typed values of libc from where Debian puts its debug
 /// information (libc6-dbg, found by build id: `fopen64`'s DWARF entry is
-/// `_IO_new_fopen`, found by address), and from the prototype table when
-/// debug files are hidden.
+/// `_IO_new_fopen`, and `fclose`'s `_IO_new_fclose` is in two pieces,
+/// found by address), and from the prototype table when debug files are
+/// hidden. `-a` prints the same values from either; which one typed them
+/// is told on stderr, and what only DWARF has (the parameter names
+/// `filename` and `fp`, a field of the FILE through `fp`) works with the
+/// debug file only.
 #[test]
 fn libc_values_from_its_debug_package_and_from_the_prototype_table() {
     let bin = libc_program();
     let b = bin.to_str().unwrap();
-    for hidden in [false, true] {
+    let debug_file = libc_debug_file();
+    let run = |specs: &[&str], hidden: bool| {
         let mut c = std::process::Command::new(common::HOTPROBE);
-        c.args([
-            "trace",
-            "-a",
-            "libc:fopen64",
-            "libc:write(fd, nbytes)",
-            "--",
-            b,
-        ]);
+        c.arg("trace").args(specs).args(["--", b]);
         if hidden {
             c.env("HOTPROBE_NO_DEBUG_FILES", "1");
         }
         let out = c.output().unwrap();
-        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-        assert!(out.status.success(), "hidden {hidden}: {stderr}");
+        (out.status.success(), text(&out.stdout), text(&out.stderr))
+    };
+    let every = [
+        "-a",
+        "libc:fopen64",
+        "libc:fclose",
+        "libc:write(fd, nbytes)",
+    ];
+    // The program's own line on stderr (written through libc's write).
+    let program_line = |stderr: &str| {
+        let l = stderr
+            .lines()
+            .find(|l| l.starts_with("fopen64(\"/etc/hostname\", \"rb\") fileno "))
+            .unwrap_or_else(|| panic!("the program's line: {stderr}"));
+        l.len() + 1
+    };
+    for hidden in [false, true] {
+        let (ok, stdout, stderr) = run(&every, hidden);
+        assert!(ok, "hidden {hidden}: {stderr}");
         assert!(stdout.contains("typed\n"), "{stdout}");
-        assert!(
-            stdout.contains("| fopen64(\"/etc/hostname\", \"rb\") {"),
+        let n = program_line(&stderr);
+        let want = [
+            "fopen64(\"/etc/hostname\", \"rb\") {".to_string(),
+            "} /* fopen64 */ = PTR".into(),
+            "fclose(PTR) {".into(),
+            "} /* fclose */ = 0".into(),
+            "write(fd=1, nbytes=6) {".into(),
+            "} /* write */ = 6".into(),
+            format!("write(fd=2, nbytes={n}) {{"),
+            format!("}} /* write */ = {n}"),
+        ];
+        assert_eq!(
+            tree_lines(&stdout),
+            want,
             "hidden {hidden}: {stdout}\n{stderr}"
         );
-        assert!(
-            stdout.contains("| write(fd=1, nbytes=6) {"),
-            "hidden {hidden}: {stdout}\n{stderr}"
-        );
+        let from = if hidden {
+            "hotprobe's table of libc prototypes (no DWARF for libc.so.6: its debug package \
+             gives parameter names, fields and every function)"
+                .to_string()
+        } else {
+            debug_file.clone()
+        };
+        let said = format!("hotprobe: types of fopen64, fclose, write from {from}\n");
+        assert!(stderr.contains(&said), "hidden {hidden}: {stderr}");
+        assert_eq!(stderr.matches("hotprobe: types of").count(), 1, "{stderr}");
     }
+    // What only DWARF knows: glibc's parameter names and a field through
+    // a pointer, equal to what the program printed.
+    let named = ["libc:fopen64(filename, mode)", "libc:fclose(fp->_fileno)"];
+    let (ok, stdout, stderr) = run(&named, false);
+    assert!(ok, "{stderr}");
+    let fd = stderr
+        .split_once(" fileno ")
+        .and_then(|(_, r)| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("the program's line: {stderr}"));
+    let lines = tree_lines(&stdout);
+    assert_eq!(
+        lines[..4],
+        [
+            "fopen64(filename=\"/etc/hostname\", mode=\"rb\") {".to_string(),
+            "} /* fopen64 */ = PTR".to_string(),
+            format!("fclose(fp->_fileno={fd}) {{"),
+            "} /* fclose */ = 0".to_string(),
+        ],
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "hotprobe: types of fopen64, fclose from {debug_file}\n"
+        )),
+        "{stderr}"
+    );
+    // Hidden: the table's names only, said before the program runs.
+    let (ok, stdout, stderr) = run(&named, true);
+    assert!(!ok, "{stdout}");
+    assert!(
+        stderr.contains(
+            "fopen64 has no parameter filename; its parameters: path (char *), mode (char *)"
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("fileno"), "the program ran: {stderr}");
 }

@@ -82,22 +82,12 @@ fn record_a_copies_strings_and_stack_arguments_on_the_fast_path() {
             untraced(&bin, "40"),
             "{err}"
         );
-        let probes = err
-            .lines()
-            .find(|l| l.trim_start().starts_with("probes:"))
-            .unwrap_or_else(|| panic!("{opt}: no probes line:\n{err}"));
+        let probes = probes_line(&err);
         assert!(
             probes.contains("4 functions (") && !probes.contains("trap"),
             "{opt}: {probes}"
         );
-        let replay = hotprobe(&["replay", dir.to_str().unwrap()]);
-        assert!(replay.status.success(), "{}", text(&replay.stderr));
-        // Leaf calls: `| name(args) = ret;`.
-        let shown: Vec<String> = tree_bodies(&text(&replay.stdout))
-            .into_iter()
-            .filter_map(|b| b.strip_suffix(';'))
-            .map(str::to_string)
-            .collect();
+        let shown = replayed_leaf_calls(&dir);
         let want = logged(&out, &["word", "slen", "tag", "eight"]);
         // word 40 times, slen 42 (one string of exactly the 128 bytes
         // copied, shown whole), eight 40, tag twice.
@@ -372,4 +362,111 @@ fn typed_values_across_exec_are_said_to_be_missing() {
         err.contains("probes placed in programs started by exec show no typed values"),
         "{err}"
     );
+}
+
+/// The four values tests/programs/typed_strings.c's racy string can hold.
+const RACY: [&str; 4] = ["\"Axyzw\"", "\"Bxyzw\"", "\"Axyz\"", "\"Bxyz\""];
+
+/// Checks `shown` (`show(S, k) = k` per call) against the calls
+/// tests/programs/typed_strings.c logged in `out`: equal, but for the
+/// racy calls, each of which shows one of [`RACY`].
+fn assert_edge_strings(shown: &[String], out: &str, racy_calls: usize, what: &str) {
+    let want: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("CALL "))
+        .collect();
+    assert_eq!(want.len(), 6 + racy_calls, "{what}: {out}");
+    assert_eq!(shown.len(), want.len(), "{what}: {shown:?}");
+    for (s, w) in shown.iter().zip(&want) {
+        if *w == "show(racy, 7) = 7" {
+            assert!(
+                RACY.iter().any(|r| *s == format!("show({r}, 7) = 7")),
+                "{what}: {s}"
+            );
+        } else {
+            assert_eq!(s, w, "{what}");
+        }
+    }
+}
+
+/// Strings at the edges of readable memory, copied in the target (a
+/// hardware transaction where the processor has one, else or when it
+/// aborts `process_vm_readv`): NULL, a string whose NUL is the last byte
+/// before an unmapped page (whole), one running into a `PROT_NONE` page
+/// (cut), an anonymous page never touched and a file mapping not yet
+/// faulted in (read, not unreadable), 300 bytes (cut at 128), and a
+/// string another thread rewrites during the calls (each call shows one
+/// of the values it can hold), by `record -a` + `replay` and by
+/// `trace -a`; the function stays on a jump or patch, and the program's
+/// output and exit status are unchanged.
+#[test]
+fn strings_at_the_edges_of_readable_memory_are_copied_exactly() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs/typed_strings.c");
+    let bin = gcc(&src, &tmp().join("typed_strings"), &["-O2"]);
+    let b = bin.to_str().unwrap();
+    let calls = 300;
+    let n = calls.to_string();
+    let dir = tmp().join("strings");
+    let _ = std::fs::remove_dir_all(&dir);
+    let rec = hotprobe(&[
+        "record",
+        "-a",
+        "show",
+        "-o",
+        dir.to_str().unwrap(),
+        "--",
+        b,
+        &n,
+    ]);
+    let (out, err) = (text(&rec.stdout), text(&rec.stderr));
+    assert_eq!(
+        (out.clone(), rec.status.code()),
+        untraced(&bin, &n),
+        "{err}"
+    );
+    let probes = probes_line(&err);
+    assert!(
+        probes.contains("1 functions (") && !probes.contains("trap"),
+        "{probes}"
+    );
+    let shown = replayed_leaf_calls(&dir);
+    assert_edge_strings(&shown, &out, calls, "record -a + replay");
+
+    let t = hotprobe(&["trace", "-a", "--summary", "show", "--", b, &n]);
+    let (out, err) = (text(&t.stdout), text(&t.stderr));
+    assert_eq!(t.status.code(), Some(3), "{err}");
+    let mut shown = Vec::new();
+    let mut open = None;
+    for l in tree_bodies(&out) {
+        if let Some(e) = l.strip_suffix(" {") {
+            open = Some(e.to_string());
+        } else if let Some(r) = l.strip_prefix("} /* show */ = ") {
+            shown.push(format!("{} = {r}", open.take().expect("entry first")));
+        }
+    }
+    assert_edge_strings(&shown, &out, calls, "trace -a");
+    let row = summary_row(&out, "show");
+    assert!(
+        row.contains("typed values copied in the target") && !row.contains("trap"),
+        "{row}"
+    );
+}
+
+/// record's summary line `probes: …` in `err`.
+fn probes_line(err: &str) -> &str {
+    err.lines()
+        .find(|l| l.trim_start().starts_with("probes:"))
+        .unwrap_or_else(|| panic!("no probes line:\n{err}"))
+}
+
+/// The leaf calls `replay` shows of the trace in `dir`: the bodies of its
+/// `| name(args) = ret;` lines, without the `;`.
+fn replayed_leaf_calls(dir: &std::path::Path) -> Vec<String> {
+    let replay = hotprobe(&["replay", dir.to_str().unwrap()]);
+    assert!(replay.status.success(), "{}", text(&replay.stderr));
+    tree_bodies(&text(&replay.stdout))
+        .into_iter()
+        .filter_map(|b| b.strip_suffix(';'))
+        .map(str::to_string)
+        .collect()
 }

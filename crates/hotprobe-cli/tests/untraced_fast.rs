@@ -8,7 +8,8 @@
 mod common;
 
 use common::{
-    file_offset_of, hotprobe, line_reader, memory_at, program_output, text, CountTable, HOTPROBE,
+    file_offset_of, hotprobe, line_reader, memory_at, program_output, text, untraced, CountTable,
+    HOTPROBE,
 };
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -178,17 +179,6 @@ impl Drop for Served {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// Every task of `pid` has no tracer.
-fn untraced(pid: u32) -> bool {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
-    tasks.filter_map(Result::ok).all(|t| {
-        let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
-        status
-            .lines()
-            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["TracerPid:", "0"])
-    })
 }
 
 /// `count -p` on `s`, up to its "attached" line, then until the process

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod common;
-use common::{gcc, hotprobe_within, line_reader, text};
+use common::{gcc, hotprobe_within, line_reader, ready_pid, text};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -22,8 +22,7 @@ fn watch_with_a_duration_under_thread_churn_ends_cleanly_five_times() {
         .spawn()
         .unwrap();
     let out = line_reader(prog.stdout.take().unwrap());
-    let ready = out.recv_timeout(LIMIT).expect("the program's ready line");
-    let pid = ready.strip_prefix("ready ").expect("ready PID").to_string();
+    let pid = ready_pid(&out, LIMIT).to_string();
     let mut failures = Vec::new();
     for run in 0..5 {
         let o = hotprobe_within(

@@ -287,7 +287,11 @@ fn python_trace_reader_decodes_typed_values() {
     costs.probes.insert(0, jump);
     w.set_probe_costs(&costs).expect("costs");
     // work(16, "abc", NULL) = 2.5, entered at 2000 ticks (1000 ns), left
-    // at 4000 (2000 ns): 1000 ns measured, 900 without its own halves.
+    // at 4000 (2000 ns): 1000 ns measured, 900 without the part of its
+    // hits' cost between its stamps (100 ns: no leaf call on the jump caps
+    // it); its entry's time moves back by its whole entry cost (100 ns,
+    // before the stamp: docs/ANALYSIS.md, "Probe costs"), its exit's by
+    // both.
     let mut entry = vec![0u8];
     entry.extend(16u64.to_le_bytes());
     entry.extend([1, 0]);
@@ -311,9 +315,9 @@ fn python_trace_reader_decodes_typed_values() {
     assert_eq!(
         out.lines().collect::<Vec<_>>(),
         [
-            "(7, 'entry', 'work', 950, None, [16, 'abc', None], None, 0)",
+            "(7, 'entry', 'work', 900, None, [16, 'abc', None], None, 0)",
             "(7, 'call', 'plain', 1200, 200, [42], 5, 0)",
-            "(7, 'exit', 'work', 1850, None, [], 2.5, 0)",
+            "(7, 'exit', 'work', 1800, None, [], 2.5, 0)",
         ]
     );
 }
@@ -594,4 +598,41 @@ fn python_conditional_count_on_a_library_loaded_later() {
             "{mechanism}"
         );
     }
+}
+
+/// Issue 21's structure check with a Python host: a Python program that
+/// installs its own SIGRTMIN+6 handler with `signal.signal` runs sessions
+/// (ptrace traps, then the default mechanisms) on two children of
+/// tests/programs/compute.c to their exit; its handler is still its own
+/// (Python's table and the C-level `sigaction`), did not run meanwhile,
+/// and runs on `os.kill(os.getpid(), SIGRTMIN+6)`. The children's counts
+/// and output are the program's.
+#[test]
+fn python_host_keeps_its_own_sigrtmin_6_handler() {
+    let Some(py) = python() else { return };
+    let dir = scratch("py-host-signal");
+    let prog = compute(&dir, &[]);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/host_signal.py");
+    let out = py_run(
+        &py,
+        &[script.as_os_str(), prog.as_os_str(), dir.as_os_str()],
+    );
+    let plain = text(&run_ok(Command::new(&prog).arg("2000")).stdout);
+    // Sum of squares 0..1999.
+    assert_eq!(plain, "sum 2664667000 last 1999 twice 4000\n");
+    let mut want = vec!["installed: True True".to_string()];
+    for m in ["trap", "auto"] {
+        want.extend([
+            format!("{m} run: exited"),
+            format!("{m} hits: [2000, 2000]"),
+            format!("{m} exit: [('exited', 0), ('exited', 0)]"),
+            format!("{m} program: {}", plain.trim()),
+            format!("{m} program: {}", plain.trim()),
+            format!("{m} ran during the session: 0"),
+            format!("{m} python handler kept: True"),
+            format!("{m} C handler kept: True"),
+            format!("{m} handler runs: True"),
+        ]);
+    }
+    assert_eq!(out.lines().collect::<Vec<_>>(), want);
 }

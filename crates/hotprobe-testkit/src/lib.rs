@@ -111,6 +111,92 @@ pub fn run_ok(cmd: &mut Command) -> Output {
     o
 }
 
+/// `go`, from PATH or where Go's installer and Debian put it.
+pub fn go_tool() -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join("go"))
+        .chain(["/usr/local/go/bin/go".into(), "/usr/lib/go/bin/go".into()])
+        .find(|p| p.is_file())
+        .expect("no go toolchain (scripts/setup.sh installs golang-go)")
+}
+
+/// `go build -ldflags LDFLAGS` of the Go package in folder `package`
+/// (its own `go.mod`, the standard library only) into `out` through
+/// [`build`] (fresh while `out` is newer than every file of the package),
+/// with cgo on or off. HOME, GOCACHE and GOPATH are under `cache` (in the
+/// target directory): a clean clone builds offline, with no module
+/// download and nothing written outside the target directory.
+pub fn go_build(package: &Path, out: &Path, cache: &Path, ldflags: &str, cgo: bool) -> PathBuf {
+    let newest = std::fs::read_dir(package)
+        .unwrap_or_else(|e| panic!("{}: {e}", package.display()))
+        .filter_map(|e| {
+            let e = e.ok()?;
+            Some((e.metadata().ok()?.modified().ok()?, e.path()))
+        })
+        .max()
+        .map(|(_, p)| p)
+        .unwrap_or_else(|| panic!("{}: no file", package.display()));
+    build(&newest, out, |part| {
+        let mut c = Command::new(go_tool());
+        c.current_dir(package)
+            .args(["build", "-ldflags", ldflags, "-o"])
+            .arg(part)
+            .arg(".")
+            .env("HOME", cache.join("home"))
+            .env("GOCACHE", cache.join("cache"))
+            .env("GOPATH", cache.join("path"))
+            .env("GOFLAGS", "-mod=mod")
+            .env("GOTOOLCHAIN", "local")
+            .env("CGO_ENABLED", if cgo { "1" } else { "0" });
+        c
+    })
+}
+
+/// The workspace's root (canonical).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+/// `tests/programs` at the workspace's root: the programs the tests of
+/// several crates share.
+pub fn shared_programs() -> PathBuf {
+    repo_root().join("tests/programs")
+}
+
+/// The program that unloads a library and loads it again
+/// (tests/programs/reloads.c: `reloads LIB [wait]`, 5 calls of each
+/// function before the unload, 7 after, exit status 7) and its library
+/// (tests/programs/reload_lib.c, every entry patchable), built into
+/// `dir` with `-O2 -g`: (program, library), canonical paths.
+pub fn reloading_program(dir: &Path) -> (PathBuf, PathBuf) {
+    let programs = shared_programs();
+    let lib = compile(
+        "gcc",
+        &programs.join("reload_lib.c"),
+        &dir.join("libreload.so"),
+        &[
+            "-O2",
+            "-g",
+            "-shared",
+            "-fPIC",
+            "-fpatchable-function-entry=5",
+        ],
+        &[],
+    );
+    let prog = compile(
+        "gcc",
+        &programs.join("reloads.c"),
+        &dir.join("reloads"),
+        &["-O2", "-g"],
+        &["-ldl"],
+    );
+    (prog.canonicalize().unwrap(), lib.canonicalize().unwrap())
+}
+
 /// Writes `source` to `dir/name` (only when it differs, so that a cached
 /// build stays fresh) and returns the path.
 pub fn write_source(dir: &Path, name: &str, source: &str) -> PathBuf {
@@ -188,6 +274,17 @@ pub fn line_reader(r: impl Read + Send + 'static) -> Receiver<String> {
         }
     });
     rx
+}
+
+/// The pid a program says first, in its line `ready PID`, read from
+/// `lines` (a [`line_reader`]'s) within `limit`.
+pub fn ready_pid(lines: &Receiver<String>, limit: Duration) -> u32 {
+    let l = lines
+        .recv_timeout(limit)
+        .expect("the program's `ready PID` line");
+    l.strip_prefix("ready ")
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("not a `ready PID` line: {l:?}"))
 }
 
 /// SIGKILL to every process of group `pgid` (none left is fine), unless
@@ -319,10 +416,16 @@ pub fn sigrtmin_plus(n: i32) -> i32 {
     libc::SIGRTMIN() + n
 }
 
+/// The `/proc` directory that shows process `pid`'s memory and maps:
+/// `/proc/PID`, or a live thread's `/proc/PID/task/TID` when its leader
+/// exited while other threads run on (the symbol layer's own,
+/// [`hotprobe_symbols::proc_dir`]).
+pub use hotprobe_symbols::proc_dir;
+
 /// The executable mappings of `file` (of `file_len` bytes) in `pid`:
 /// (start address, file offset, length within the file) of each.
 pub fn code_mappings(pid: u32, file: &Path, file_len: usize) -> Vec<(u64, usize, usize)> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let maps = std::fs::read_to_string(proc_dir(pid).join("maps")).unwrap();
     let name = file.to_str().unwrap();
     maps.lines()
         .filter_map(|l| {
@@ -341,12 +444,37 @@ pub fn code_mappings(pid: u32, file: &Path, file_len: usize) -> Vec<(u64, usize,
         .collect()
 }
 
+/// What `/proc/PID/stat` says of process `pid`: "state R", "state Z
+/// (ended, not reaped yet)", or "gone (reaped)".
+pub fn process_state(pid: u32) -> String {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return "gone (reaped)".into();
+    };
+    match stat
+        .rsplit_once(')')
+        .and_then(|(_, r)| r.split_whitespace().next())
+    {
+        Some("Z") => "state Z (ended, not reaped yet)".into(),
+        Some(s) => format!("state {s}"),
+        None => format!("unreadable stat {stat:?}"),
+    }
+}
+
 /// The bytes of every executable mapping of `file` in process `pid` that
 /// differ from the file: (address, in memory, in the file).
 pub fn text_differences(pid: u32, file: &Path) -> Vec<(u64, u8, u8)> {
     use std::io::{Read, Seek, SeekFrom};
     let bytes = std::fs::read(file).unwrap();
-    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let path = proc_dir(pid).join("mem");
+    // An ended process's `mem` cannot be opened (ESRCH, even for root,
+    // while it waits to be reaped): say so rather than "No such process".
+    let mut mem = std::fs::File::open(&path).unwrap_or_else(|e| {
+        panic!(
+            "cannot open {}: {e}; process {pid}: {}",
+            path.display(),
+            process_state(pid)
+        )
+    });
     let mut diffs = Vec::new();
     for (s, off, len) in code_mappings(pid, file, bytes.len()) {
         let mut m = vec![0u8; len];
@@ -359,6 +487,71 @@ pub fn text_differences(pid: u32, file: &Path) -> Vec<(u64, u8, u8)> {
         }
     }
     diffs
+}
+
+/// The moments of a test that kills or starves something at random
+/// (a tracer's SIGKILL, a disk that fills): numbers drawn from a seed the
+/// test prints, so that a failing run can be repeated. The seed is the
+/// environment variable the test names (e.g. `HOTPROBE_KILL_SEED`) when it
+/// is set to a number, else the clock's. A small xorshift64* generator: no
+/// statistics wanted, only a spread of moments and their repetition.
+#[derive(Debug)]
+pub struct SeededMoments {
+    seed: u64,
+    state: u64,
+}
+
+impl SeededMoments {
+    /// The seed from `$var`, or from the clock when `$var` is unset (a
+    /// value that is not a number is a mistake: panics); prints
+    /// "`what` from seed N (`var`=N repeats them)" on stderr.
+    pub fn from_env(var: &str, what: &str) -> SeededMoments {
+        let seed = match std::env::var(var) {
+            Ok(s) => s
+                .trim()
+                .parse::<u64>()
+                .unwrap_or_else(|_| panic!("{var}={s:?}: not a number")),
+            Err(_) => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("the clock is past 1970")
+                .as_nanos() as u64,
+        };
+        eprintln!("{what} from seed {seed} ({var}={seed} repeats them)");
+        SeededMoments::new(seed)
+    }
+
+    /// The moments of `seed`.
+    pub fn new(seed: u64) -> SeededMoments {
+        // Every bit of the seed mixed in (splitmix64's finalizer), and a
+        // state that is not 0 (xorshift never leaves 0).
+        let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        SeededMoments {
+            seed,
+            state: if z == 0 { 1 } else { z },
+        }
+    }
+
+    /// The seed (for the messages of a failed run).
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The next number.
+    pub fn next_u64(&mut self) -> u64 {
+        self.state ^= self.state >> 12;
+        self.state ^= self.state << 25;
+        self.state ^= self.state >> 27;
+        self.state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A number in `range` (`lo..hi`, `hi > lo`).
+    pub fn in_range(&mut self, range: std::ops::Range<u64>) -> u64 {
+        assert!(range.end > range.start, "empty range {range:?}");
+        range.start + self.next_u64() % (range.end - range.start)
+    }
 }
 
 #[cfg(test)]
@@ -400,5 +593,19 @@ mod tests {
             (text(&o.stdout), text(&o.stderr), o.status.code()),
             ("out\n".into(), "err\n".into(), Some(4))
         );
+    }
+
+    #[test]
+    fn seeded_moments_repeat_with_their_seed() {
+        let draw = |seed| {
+            let mut m = SeededMoments::new(seed);
+            (0..20).map(|_| m.in_range(10..20)).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(42), draw(42));
+        assert_ne!(draw(42), draw(43));
+        assert!(draw(7).iter().all(|v| (10..20).contains(v)));
+        std::env::set_var("HOTPROBE_TESTKIT_SEED", "77");
+        let m = SeededMoments::from_env("HOTPROBE_TESTKIT_SEED", "unit test moments");
+        assert_eq!(m.seed(), 77);
     }
 }

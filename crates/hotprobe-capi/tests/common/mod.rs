@@ -42,3 +42,41 @@ pub fn compute(dir: &Path, flags: &[&str]) -> PathBuf {
     f.extend_from_slice(flags);
     gcc(&src, &dir.join("compute"), &f)
 }
+
+/// The C program `src` built with gcc into `out` against the build tree's
+/// libhotprobe_c through `pkg-config --cflags --libs hotprobe` (warnings
+/// are errors). `cargo test` leaves libhotprobe_c.so in target/<profile>/deps
+/// (only `cargo build` copies it to the .pc's libdir, target/<profile>):
+/// the library is taken where this test's own build put it.
+pub fn c_api_program(src: &Path, out: &Path) -> PathBuf {
+    use std::process::Command;
+    let deps = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let pc = Command::new("pkg-config")
+        .arg(format!("--define-variable=libdir={}", deps.display()))
+        .args(["--cflags", "--libs", "hotprobe"])
+        .env("PKG_CONFIG_PATH", lib_dir())
+        .output()
+        .expect("run pkg-config");
+    assert!(
+        pc.status.success(),
+        "pkg-config hotprobe (PKG_CONFIG_PATH={}): {}",
+        lib_dir().display(),
+        text(&pc.stderr)
+    );
+    let flags = text(&pc.stdout);
+    let flags: Vec<&str> = flags.split_whitespace().collect();
+    assert!(flags.contains(&"-lhotprobe_c"), "{flags:?}");
+    let o = Command::new("gcc")
+        .args(["-Wall", "-Werror", "-O1", "-o"])
+        .arg(out)
+        .arg(src)
+        .args(&flags)
+        .output()
+        .expect("run gcc");
+    assert!(o.status.success(), "gcc: {}", text(&o.stderr));
+    out.to_path_buf()
+}

@@ -199,7 +199,7 @@ pub(super) fn print_summary(s: &Summary<'_>) {
 pub(super) fn calibrate_costs(
     placed: &[hotprobe::Placement],
 ) -> Option<hotprobe::trace::ProbeCosts> {
-    hotprobe::calibration::probe_costs(placed)
+    let costs = hotprobe::calibration::probe_costs(placed)
         .map_err(|e| {
             errln!(
                 "hotprobe: warning: cannot calibrate the probes' costs ({e}): the trace keeps \
@@ -207,5 +207,15 @@ pub(super) fn calibrate_costs(
             )
         })
         .ok()
-        .flatten()
+        .flatten()?;
+    // A class refused stands alone: the others' costs are taken out.
+    for u in &costs.uncalibrated {
+        errln!(
+            "hotprobe: warning: the {} was not calibrated ({}): its hits' cost stays in the \
+             times",
+            u.label,
+            u.why
+        );
+    }
+    Some(costs)
 }

@@ -7,11 +7,28 @@ pub mod record;
 /// calls.c's log and recorded runs, for analyse_cli.rs and export_cli.rs.
 pub mod calls_log;
 
+/// two_sessions.c, for attach_refusals.rs and foreign_tracer.rs.
+pub mod two_sessions;
+
+/// bpftrace's uprobe counts of a workload, never beside a hotprobe run.
+pub mod bpftrace;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 #[allow(unused_imports)] // each test binary uses its own subset
-pub use hotprobe_testkit::{kill_group, line_reader, output_within, reader, text};
+pub use hotprobe_testkit::{kill_group, line_reader, output_within, reader, ready_pid, text};
+
+/// Every task of `pid` has no tracer.
+pub fn untraced(pid: u32) -> bool {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    tasks.filter_map(Result::ok).all(|t| {
+        let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+        status
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["TracerPid:", "0"])
+    })
+}
 
 /// The `hotprobe` binary under test.
 pub const HOTPROBE: &str = env!("CARGO_BIN_EXE_hotprobe");
@@ -385,4 +402,21 @@ pub fn usage_refused(args: &[&str], limit: std::time::Duration) -> String {
         text(&o.stdout)
     );
     err
+}
+
+/// The `N` after `prefix` in the program's output.
+pub fn printed(out: &str, prefix: &str) -> u64 {
+    out.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {prefix:?} in {out}"))
+}
+
+/// The number after `drops:` in record's summary.
+pub fn drops(err: &str) -> u64 {
+    err.lines()
+        .find_map(|l| l.trim().strip_prefix("drops:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no drops line in {err}"))
 }

@@ -6,7 +6,8 @@
  *   jmp_first:  jmp rel8 over padding to a loop (sqlite3ExprAffinity)
  *   jcc_first:  test; je rel8
  *   sub_jump:   sub $8,%rsp; call jumper      (jumper may longjmp out)
- * and t_short (4 bytes), t_loop (its loop lands at +4), t_ok, which a
+ * and t_short (3 bytes, the next function right after it: too short for
+ * a punned jump too), t_loop (its loop lands at +4), t_ok, which a
  * pattern `t_*` selects. c_wrap and c_tiny are C: with -fcf-protection
  * they start with endbr64; c_wrap is also called through a pointer.
  *   prologues [N]       N rounds, then a longjmp through sub_jump; prints
@@ -71,7 +72,7 @@ __asm__(".text\n"
         ".cfi_endproc\n.size sub_jump, .-sub_jump\n"
 
         ".globl t_short\n.type t_short, @function\nt_short:\n"
-        "  lea (%rdi,%rdi), %eax\n  ret\n"
+        "  mov %edi, %eax\n  ret\n"
         ".size t_short, .-t_short\n"
 
         ".globl t_loop\n.type t_loop, @function\nt_loop:\n"

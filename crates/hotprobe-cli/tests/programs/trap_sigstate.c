@@ -15,7 +15,8 @@
 //           which inherits the mask, 300 calls.
 //   race:   a SIGTRAP handler; a raiser thread raises SIGTRAP at itself
 //           over and over while the main thread creates 100 threads one
-//           after the other, each calling probed 3 times (300 calls).
+//           after the other, each calling probed 3 times (300 calls),
+//           each created once the raiser has raised again.
 //           glibc's pthread_create blocks every signal around the clone,
 //           so both threads pass through signal-state calls with SIGTRAP
 //           blocked; every raise is handled (natively, always).
@@ -114,10 +115,17 @@ static void *three(void *arg) {
 
 static int race(void) {
     pthread_t r, t;
+    long seen = 0;
     signal(SIGTRAP, on_trap);
     if (pthread_create(&r, NULL, raiser, NULL) != 0)
         return 1;
     for (int i = 0; i < 100; i++) {
+        /* The raiser raises again before each creation: on a loaded
+           machine it was not run at all before the last one (raised=0,
+           natively too). */
+        while (raised == seen)
+            sched_yield();
+        seen = raised;
         if (pthread_create(&t, NULL, three, NULL) != 0)
             return 1;
         pthread_join(t, NULL);

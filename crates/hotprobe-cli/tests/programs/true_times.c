@@ -1,7 +1,8 @@
 /* True timings (issue 23): busy_a and busy_b spin for durations they
  * measure themselves (only the spinning, never the calls between), and
- * call 4-byte functions that only a trap takes (s1, s2: the in-process
- * trap) ten times between spins. A report's self times of busy_a and
+ * call functions that only a trap takes (s1, 3 bytes, and s2, 1 byte, with
+ * no padding after them: the in-process trap; a 4-byte one would take a
+ * punned jump) ten times between spins. A report's self times of busy_a and
  * busy_b should be what the program measured, and s1's and s2's durations
  * near native, once the probes' costs are taken out. */
 #include <stdio.h>
@@ -24,8 +25,8 @@ static inline __attribute__((always_inline)) void spin(double *acc, double ns) {
     *acc += t - t0;
 }
 
-__attribute__((noinline)) int s1(int x) { return x + 1; }
-__attribute__((noinline)) int s2(int x) { return x + x; }
+__attribute__((noinline)) int s1(int x) { return x; }
+__attribute__((noinline)) void s2(void) { __asm__ volatile(""); }
 
 __attribute__((noinline)) void busy_a(int r) {
     for (int k = 0; k < 5; k++) {
@@ -38,8 +39,10 @@ __attribute__((noinline)) void busy_a(int r) {
 __attribute__((noinline)) void busy_b(int r) {
     for (int k = 0; k < 5; k++) {
         spin(&spun_b, 80000);
-        for (int j = 0; j < 10; j++)
-            sink += s2(j + r);
+        for (int j = 0; j < 10; j++) {
+            s2();
+            sink += j + r;
+        }
     }
 }
 

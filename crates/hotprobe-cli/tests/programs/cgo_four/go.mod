@@ -1,0 +1,3 @@
+module cgofour
+
+go 1.19
