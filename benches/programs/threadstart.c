@@ -1,11 +1,13 @@
 /* Thread start under a tracer (issue 23's benchmark row): main takes the
  * time, starts argv[1] threads (default 8), each calling work() argv[2]
  * times (default 1000), joins them, and prints
- *   "threads N start_ns S total_ns T"
+ *   "threads N start_ns S total_ns T cpu_first_ns F cpu_all_ns A"
  * S: from before the first pthread_create until every thread made its
  * first call (what a tracer's per-thread set-up delays); T: until all
  * joined. The program times itself, so the tracer's own start-up and
- * exit are left out. */
+ * exit are left out. F and A: the CPU time of the threads (summed) until
+ * their first call returned, and until their last; unlike S and T, a
+ * load on the machine changes them little. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -29,14 +31,24 @@ static long now_ns(void) {
 
 static long n_threads;
 static atomic_long all_at;
+static atomic_long cpu_first, cpu_all;
+
+static long cpu_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return t.tv_sec * 1000000000L + t.tv_nsec;
+}
 
 static void *worker(void *arg) {
     long id = (long)arg;
     work(id);
+    long first = cpu_ns();
     if (atomic_fetch_add(&started, 1) + 1 == n_threads)
         atomic_store(&all_at, now_ns());
     for (long i = 1; i < calls; i++)
         work(i + id);
+    atomic_fetch_add(&cpu_first, first);
+    atomic_fetch_add(&cpu_all, cpu_ns());
     return NULL;
 }
 
@@ -52,7 +64,7 @@ int main(int argc, char **argv) {
     for (long i = 0; i < n_threads; i++)
         pthread_join(t[i], NULL);
     long t1 = now_ns();
-    printf("threads %ld start_ns %ld total_ns %ld\n", n_threads, atomic_load(&all_at) - t0,
-           t1 - t0);
+    printf("threads %ld start_ns %ld total_ns %ld cpu_first_ns %ld cpu_all_ns %ld\n", n_threads,
+           atomic_load(&all_at) - t0, t1 - t0, atomic_load(&cpu_first), atomic_load(&cpu_all));
     return 0;
 }

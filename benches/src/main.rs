@@ -95,6 +95,11 @@ enum What {
         /// Runs per row (the median is reported).
         #[arg(long, default_value_t = 3)]
         runs: usize,
+        /// Another hotprobe binary (an earlier build) whose `record -a`
+        /// runs alternate with this one's, as a column of its own, for a
+        /// before/after comparison in the same run.
+        #[arg(long)]
+        baseline: Option<PathBuf>,
     },
     /// SQLite (amalgamation) inserting rows, every function: native,
     /// `hotprobe count '*'`, `hotprobe record`, `uftrace record` (issue 14).
@@ -163,9 +168,14 @@ enum What {
         /// Calls of `work` per thread.
         #[arg(long, default_value_t = 1000)]
         calls: u64,
-        /// Runs per row (the median is reported).
+        /// Rounds (one run of every row each; quartiles are reported).
         #[arg(long, default_value_t = 9)]
         runs: usize,
+        /// Another hotprobe binary (an earlier build) whose `count` and
+        /// `record` rows run in the same rounds, for a before/after
+        /// comparison side by side.
+        #[arg(long)]
+        baseline: Option<PathBuf>,
     },
     /// `report`'s times with the probes' costs taken out against the
     /// program's own measure (issue 23, true timings).
@@ -196,14 +206,19 @@ fn main() -> Result<()> {
         What::Stacks { cpu, calls, runs } => stacks::run(cpu, calls, runs),
         What::RecordTrap { calls, runs } => record_trap(calls, runs),
         What::Inproc { cpu, hits, runs } => inproc::run(cpu, hits, runs),
-        What::Typed { calls, runs } => typed(calls, runs),
+        What::Typed {
+            calls,
+            runs,
+            baseline,
+        } => typed(calls, runs, baseline.as_deref()),
         What::Sqlite { rows, runs } => sqlite::sqlite(rows, runs),
         What::Stock { rows, runs } => stock::run_all(rows, runs),
         What::Threadstart {
             threads,
             calls,
             runs,
-        } => threadstart::run_all(threads, calls, runs),
+            baseline,
+        } => threadstart::run_all(threads, calls, runs, baseline.as_deref()),
         What::Truetimes { runs } => truetimes::run_all(runs),
         What::Handlers { cpu, hits, runs } => handlers::run(cpu, hits, runs),
         What::Scale {
@@ -647,40 +662,61 @@ fn timed(cmd: &mut Command) -> Result<f64> {
     loop_ns(&String::from_utf8_lossy(&out.stdout))
 }
 
-fn typed(calls: u64, runs: usize) -> Result<()> {
+fn typed(calls: u64, runs: usize, baseline: Option<&Path>) -> Result<()> {
     let hp = hotprobe_bin()?;
     let bin = build("typed", &["-O2", "-g"])?;
     let pg = build("typed", &["-O2", "-g", "-pg"])?;
     let dir = std::env::temp_dir().join(format!("hotprobe-bench-typed-{}", std::process::id()));
     let n = calls.to_string();
     println!("Typed arguments ({calls} calls per run, median of {runs} runs; ns per call of the loop as the program measures it)");
+    if let Some(b) = baseline {
+        println!(
+            "baseline (its `record -a` runs alternate with this build's): {}",
+            b.display()
+        );
+    }
     println!();
     println!(
-        "| function | native | hotprobe record --args 2 | hotprobe record -a | uftrace record -a |"
+        "| function | native | hotprobe record --args 2 | hotprobe record -a |{} uftrace record -a |",
+        if baseline.is_some() { " baseline record -a |" } else { "" }
     );
-    println!("|---|---:|---:|---:|---:|");
+    println!(
+        "|---|---:|---:|---:|{}---:|",
+        if baseline.is_some() { "---:|" } else { "" }
+    );
     for (mode, func) in [("int", "add"), ("str", "slen"), ("dbl", "scale")] {
         let med = |f: &mut dyn FnMut() -> Result<f64>| -> Result<f64> {
             Ok(median((0..runs).map(|_| f()).collect::<Result<_>>()?))
         };
         let native = med(&mut || timed(Command::new(&bin).args([n.as_str(), mode])))?;
-        let record = |extra: &'static str| {
-            let (hp, bin, dir, n) = (hp.clone(), bin.clone(), dir.clone(), n.clone());
-            move || {
-                timed(
-                    Command::new(&hp)
-                        .args(["record", "--force", "-o"])
-                        .arg(&dir)
-                        .args(extra.split(' '))
-                        .arg(func)
-                        .arg("--")
-                        .arg(&bin)
-                        .args([n.as_str(), mode]),
-                )
-            }
+        let record = |hp: &Path, extra: &str| {
+            timed(
+                Command::new(hp)
+                    .args(["record", "--force", "-o"])
+                    .arg(&dir)
+                    .args(extra.split(' '))
+                    .arg(func)
+                    .arg("--")
+                    .arg(&bin)
+                    .args([n.as_str(), mode]),
+            )
         };
-        let raw = med(&mut record("--args 2"))?;
-        let auto = med(&mut record("-a"))?;
+        let raw = med(&mut || record(&hp, "--args 2"))?;
+        // This build's and the baseline's runs alternate.
+        let (mut autos, mut bases) = (Vec::new(), Vec::new());
+        for _ in 0..runs {
+            autos.push(record(&hp, "-a")?);
+            if let Some(b) = baseline {
+                bases.push(record(b, "-a")?);
+            }
+        }
+        let auto = median(autos);
+        let base = if baseline.is_some() {
+            let v = median(bases);
+            format!(" {v:.0} ({:.0}×) |", v / native)
+        } else {
+            String::new()
+        };
         let uft = if have("uftrace") {
             let v = med(&mut || {
                 timed(
@@ -697,7 +733,7 @@ fn typed(calls: u64, runs: usize) -> Result<()> {
             "–".into()
         };
         println!(
-            "| `{func}` ({mode}) | {native:.1} | {raw:.0} ({:.0}×) | {auto:.0} ({:.0}×) | {uft} |",
+            "| `{func}` ({mode}) | {native:.1} | {raw:.0} ({:.0}×) | {auto:.0} ({:.0}×) |{base} {uft} |",
             raw / native,
             auto / native
         );

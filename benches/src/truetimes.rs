@@ -2,7 +2,7 @@
 //! times `report` gives, with the calibrated probe costs taken out, come
 //! to what the program measured itself. crates/hotprobe-cli/tests/
 //! programs/true_times.c spins in busy_a and busy_b for durations it
-//! measures (printing `spun busy_a NS`), with 4-byte functions s1 and s2
+//! measures (printing `spun busy_a NS`), with short functions s1 (3 bytes) and s2 (1 byte)
 //! (only the in-process trap takes them) called between spins. Per run:
 //! `hotprobe record`, then `report --json` and `report --json
 //! --raw-times`; the table gives the medians of the busy functions' self
