@@ -11,6 +11,7 @@
 //! - where the code allows, the thread's state waits on its stack as a
 //!   signal frame, which the call returns into (`remote_frame.rs`).
 
+use crate::remote_frame::FrameFor;
 use crate::ProcessTarget;
 use hotprobe_target::{RuntimeAddr, Target, TargetError};
 use std::os::unix::fs::FileExt;
@@ -102,16 +103,7 @@ pub(crate) fn syscall(
     args: &[u64],
 ) -> Result<u64, TargetError> {
     let (saved, result, held) = run_remote(t, tid, nr, args)?;
-    // Restored at a system-call exit stop, not a signal stop: the kernel
-    // runs no restart logic on the way out, so a system call the thread
-    // was interrupted in (`-ERESTARTSYS` and the like) is set up to
-    // restart here, as the kernel would have.
-    let back = crate::remote_resumable::resume_context(&crate::sys::regs_from_user(&saved));
-    let mut back = crate::sys::regs_to_user(&back);
-    if back.rip != saved.rip {
-        back.orig_rax = u64::MAX;
-    }
-    t.sys.setregs(tid, &back).map_err(|e| t.sys_err(e))?;
+    restore_at_syscall_stop(t, tid, &saved)?;
     if let Some(th) = t.threads.get_mut(&tid) {
         th.held_signals.extend(held);
         th.regs = None;
@@ -150,11 +142,42 @@ pub(crate) fn set_args(regs: &mut libc::user_regs_struct, args: &[u64], conv: Ar
 /// registers as before.
 fn resumable_frame(t: &mut ProcessTarget, tid: i32, saved: &libc::user_regs_struct) -> Option<u64> {
     let sigreturn = t.sigreturn_insn?;
+    write_frame(t, tid, saved, sigreturn, FrameFor::Syscall)
+}
+
+/// Writes below the stack of thread `tid` (stopped with `saved`) the
+/// signal frame that gives it its state back by a sigreturn at
+/// `sigreturn`; where it starts. None where the thread's extended state
+/// or mask cannot be had, or the stack cannot be written.
+pub(crate) fn write_frame(
+    t: &mut ProcessTarget,
+    tid: i32,
+    saved: &libc::user_regs_struct,
+    sigreturn: u64,
+    used_by: FrameFor,
+) -> Option<u64> {
     let xstate = t.sys.getxstate(tid).ok()?;
     let blocked = t.sys.getsigmask(tid).ok()?;
-    let frame = crate::remote_frame::signal_frame(saved, &xstate, blocked, sigreturn)?;
+    let frame = crate::remote_frame::signal_frame(saved, &xstate, blocked, sigreturn, used_by)?;
     t.write_memory(RuntimeAddr(frame.at), &frame.bytes).ok()?;
     Some(frame.at)
+}
+
+/// Sets back at a system-call stop the registers `saved` thread `tid`
+/// had: the kernel runs no restart logic on the way out of such a stop,
+/// so a system call the thread was interrupted in (`-ERESTARTSYS` and
+/// the like) is set up to restart here, as the kernel would have.
+pub(crate) fn restore_at_syscall_stop(
+    t: &mut ProcessTarget,
+    tid: i32,
+    saved: &libc::user_regs_struct,
+) -> Result<(), TargetError> {
+    let back = crate::remote_resumable::resume_context(&crate::sys::regs_from_user(saved));
+    let mut back = crate::sys::regs_to_user(&back);
+    if back.rip != saved.rip {
+        back.orig_rax = u64::MAX;
+    }
+    t.sys.setregs(tid, &back).map_err(|e| t.sys_err(e))
 }
 
 /// Whether the target's memory at `addr` holds `pattern` now, with no

@@ -3,10 +3,22 @@
 //! attach function).
 //!
 //! A call runs the thread from the function's first instruction on a stack
-//! carved below the red zone, with a return address of 0: the `ret` then
+//! carved below the red zone. Where it can, [`remote_call`] makes a call
+//! that a tracer killed in its midst does not leave half done (issue 22
+//! item 3): its return address is [`crate::remote_frame::RETURN_STUB`],
+//! in an executable page mapped for the call (and unmapped after it),
+//! above a signal frame holding the thread's own state, and the thread
+//! runs to its system-call stops (`PTRACE_SYSCALL`). The tracer takes the
+//! result at the stub's `rt_sigreturn` entry stop, skips that system call
+//! and sets the registers back itself; should the tracer die first, the
+//! thread runs the stub, and `rt_sigreturn` takes it back to where it was.
+//! The function's own system calls (a `dlopen` makes a few dozen) stop
+//! too, and go on at once. Elsewhere (a vfork's calls, no extended state
+//! to put in a frame, no page) the return address is 0: the `ret` then
 //! faults at address 0, which the tracer sees as a SIGSEGV stop with
-//! `rip == 0` and swallows. The thread's registers are restored afterwards
-//! (including `orig_rax`, so a system call it was blocked in restarts).
+//! `rip == 0` and swallows, and a tracer's death meanwhile kills the
+//! program. The thread's registers are restored afterwards (including
+//! `orig_rax`, so a system call it was blocked in restarts).
 //! Other threads stay stopped while the call runs. A call of
 //! [`remote_call`] that has not returned after [`LET_OTHERS_RUN_AFTER`]
 //! may wait for a lock a stopped thread holds (the loader's, the thread
@@ -54,6 +66,65 @@ pub fn remote_call(
 ) -> Result<u64, TargetError> {
     let tid = stopped(t)?;
     remote_call_with(t, tid, func, args, timeout, true)
+}
+
+/// How a remote function call comes back to the tracer.
+#[derive(Clone, Copy)]
+enum Return {
+    /// To address 0: a SIGSEGV stop with `rip` 0.
+    ToZero,
+    /// Into the return stub at `stub`, over a signal frame: the stub's
+    /// `rt_sigreturn` entry stop, the result in `rdi`.
+    Stub { stub: u64 },
+}
+
+impl Return {
+    /// Runs thread `tid` on to its next stop of the kind this return
+    /// needs.
+    fn resume(self, t: &mut ProcessTarget, tid: i32) -> Result<(), TargetError> {
+        match self {
+            Return::ToZero => t.sys.cont(tid, 0),
+            Return::Stub { .. } => t.sys.syscall_resume(tid, 0),
+        }
+        .map_err(|e| t.sys_err(e))
+    }
+}
+
+/// Maps an executable page in the target, with
+/// [`crate::remote_frame::RETURN_STUB`] at its start; None where it cannot
+/// be had.
+fn map_return_stub(t: &mut ProcessTarget, tid: i32) -> Option<u64> {
+    let page = crate::remote::syscall(
+        t,
+        tid,
+        libc::SYS_mmap as u64,
+        &[
+            0,
+            4096,
+            (libc::PROT_READ | libc::PROT_EXEC) as u64,
+            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+            u64::MAX,
+            0,
+        ],
+    )
+    .ok()?;
+    if (page as i64) < 0 {
+        return None;
+    }
+    let stub = &crate::remote_frame::RETURN_STUB;
+    if t.write_memory(hotprobe_target::RuntimeAddr(page), stub)
+        .is_err()
+    {
+        unmap_return_stub(t, tid, page);
+        return None;
+    }
+    Some(page)
+}
+
+/// Unmaps the page of [`map_return_stub`] (best effort: a page left is
+/// 4 KiB of the program's address space, nothing it runs).
+fn unmap_return_stub(t: &mut ProcessTarget, tid: i32, page: u64) {
+    let _ = crate::remote::syscall(t, tid, libc::SYS_munmap as u64, &[page, 4096]);
 }
 
 /// As [`remote_call`], on stopped thread `tid` (a vfork child at its
@@ -125,30 +196,85 @@ fn remote_call_regs(
 ) -> Result<u64, TargetError> {
     let saved = t.sys.getregs(tid).map_err(|e| t.sys_err(e))?;
     let mut regs = saved;
-    // Below the red zone, 16-byte aligned, then the fake return address 0:
-    // at the callee's first instruction rsp ≡ 8 (mod 16) as the ABI wants.
-    let sp = (saved.rsp.wrapping_sub(256)) & !15;
-    let sp = sp - 8;
-    t.write_memory(hotprobe_target::RuntimeAddr(sp), &0u64.to_le_bytes())?;
-    regs.rsp = sp;
+    // The frame of a call that survives the tracer (the vfork calls,
+    // which do not let others run, keep the older way).
+    let stub = if let_others_run {
+        map_return_stub(t, tid)
+    } else {
+        None
+    };
+    let frame = stub.and_then(|s| {
+        crate::remote::write_frame(t, tid, &saved, s, crate::remote_frame::FrameFor::Call)
+    });
+    let ret = match (stub, frame) {
+        (Some(stub), Some(at)) => {
+            regs.rsp = at;
+            Return::Stub { stub }
+        }
+        _ => {
+            if let Some(page) = stub {
+                unmap_return_stub(t, tid, page);
+            }
+            // Below the red zone, 16-byte aligned, then the fake return
+            // address 0: at the callee's first instruction rsp ≡ 8 (mod
+            // 16) as the ABI wants.
+            let sp = ((saved.rsp.wrapping_sub(256)) & !15) - 8;
+            t.write_memory(hotprobe_target::RuntimeAddr(sp), &0u64.to_le_bytes())?;
+            regs.rsp = sp;
+            Return::ToZero
+        }
+    };
     regs.rip = func;
     regs.rax = 0;
     regs.orig_rax = u64::MAX;
     crate::remote::set_args(&mut regs, args, crate::remote::ArgConvention::Function);
+    let others = let_others_run.then_some(others);
+    let result = call_and_wait(t, tid, regs, ret, timeout, others);
+    match (ret, &result) {
+        (Return::Stub { .. }, Ok(_)) => crate::remote::restore_at_syscall_stop(t, tid, &saved)?,
+        _ => t.sys.setregs(tid, &saved).map_err(|e| t.sys_err(e))?,
+    }
+    if let Some(th) = t.threads.get_mut(&tid) {
+        th.regs = None;
+    }
+    if let Return::Stub { stub } = ret {
+        unmap_return_stub(t, tid, stub);
+    }
+    result
+}
+
+/// Runs thread `tid` with `regs` (at a function's first instruction, its
+/// stack set up for `ret`) until the call returns, faults or times out;
+/// the result. The thread is left stopped, its registers the call's. With
+/// `others`, the other parked threads run after [`LET_OTHERS_RUN_AFTER`]
+/// and are added there.
+fn call_and_wait(
+    t: &mut ProcessTarget,
+    tid: i32,
+    regs: libc::user_regs_struct,
+    ret: Return,
+    timeout: Duration,
+    mut others: Option<&mut Vec<i32>>,
+) -> Result<u64, TargetError> {
+    let func = regs.rip;
     t.sys.setregs(tid, &regs).map_err(|e| t.sys_err(e))?;
-    t.sys.cont(tid, 0).map_err(|e| t.sys_err(e))?;
+    ret.resume(t, tid)?;
     let start = Instant::now();
+    // A stop follows a resume within microseconds, most often: the first
+    // look that finds none yields, later ones sleep.
+    let mut looked_in_vain = false;
     let deadline = start + timeout;
     let mut interrupted = false;
-    let mut others_run = !let_others_run;
     let result = loop {
         let r = t
             .sys
             .waitpid(tid, libc::WNOHANG | libc::__WALL)
             .map_err(|e| t.sys_err(e))?;
         let Some((_, status)) = r else {
-            if !others_run && start.elapsed() >= LET_OTHERS_RUN_AFTER {
-                others_run = true;
+            if let Some(others) = others
+                .as_deref_mut()
+                .filter(|o| o.is_empty() && start.elapsed() >= LET_OTHERS_RUN_AFTER)
+            {
                 let parked: Vec<i32> = t
                     .threads
                     .iter()
@@ -164,9 +290,15 @@ fn remote_call_regs(
                 t.sys.interrupt(tid).map_err(|e| t.sys_err(e))?;
                 interrupted = true;
             }
-            std::thread::sleep(Duration::from_micros(200));
+            if looked_in_vain {
+                std::thread::sleep(Duration::from_micros(200));
+            } else {
+                std::thread::yield_now();
+            }
+            looked_in_vain = true;
             continue;
         };
+        looked_in_vain = false;
         if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
             return Err(TargetError::Gone {
                 target: t.describe(),
@@ -175,8 +307,24 @@ fn remote_call_regs(
         }
         let sig = libc::WSTOPSIG(status);
         let after = t.sys.getregs(tid).map_err(|e| t.sys_err(e))?;
-        if sig == libc::SIGSEGV && after.rip == 0 {
+        if matches!(ret, Return::ToZero) && sig == libc::SIGSEGV && after.rip == 0 {
             break Ok(after.rax);
+        }
+        if sig == libc::SIGTRAP | 0x80 && status >> 16 == 0 {
+            match ret {
+                Return::Stub { stub }
+                    if after.rip == stub + crate::remote_frame::RETURN_STUB.len() as u64
+                        && after.orig_rax == libc::SYS_rt_sigreturn as u64 =>
+                {
+                    skip_to_exit_stop(t, tid, after)?;
+                    break Ok(after.rdi);
+                }
+                // One of the function's own system calls.
+                _ => {
+                    ret.resume(t, tid)?;
+                    continue;
+                }
+            }
         }
         if status >> 16 == libc::PTRACE_EVENT_STOP {
             if interrupted {
@@ -185,7 +333,7 @@ fn remote_call_regs(
                     why: format!("remote call of {func:#x} did not return within {timeout:?}"),
                 });
             }
-            t.sys.cont(tid, 0).map_err(|e| t.sys_err(e))?;
+            ret.resume(t, tid)?;
             continue;
         }
         if sig == libc::SIGSEGV || sig == libc::SIGBUS || sig == libc::SIGILL {
@@ -204,23 +352,51 @@ fn remote_call_regs(
             let mut r = sys::regs_from_user(&after);
             r.rip -= 1;
             t.emulate_return(tid, &mut r)?;
-            t.sys.cont(tid, 0).map_err(|e| t.sys_err(e))?;
+            ret.resume(t, tid)?;
             continue;
         }
         if sig == libc::SIGTRAP && t.is_sig_site(after.rip.wrapping_sub(1)) {
             // A signal-state system call of the program's code the call
             // runs through (see `sigtrap.rs`): made, noted, run on.
             t.emulate_sig_site(tid, after.rip - 1)?;
-            t.sys.cont(tid, 0).map_err(|e| t.sys_err(e))?;
+            ret.resume(t, tid)?;
             continue;
         }
         // Any other signal: hold it for later delivery, keep running the call.
         t.hold_signal(tid, sig);
-        t.sys.cont(tid, 0).map_err(|e| t.sys_err(e))?;
+        ret.resume(t, tid)?;
     };
-    t.sys.setregs(tid, &saved).map_err(|e| t.sys_err(e))?;
-    if let Some(th) = t.threads.get_mut(&tid) {
-        th.regs = None;
-    }
     result
+}
+
+/// At the entry stop of the return stub's `rt_sigreturn` (registers
+/// `at_entry`): skips that system call (the tracer sets the registers back
+/// itself) and runs the thread to its exit stop, where registers set are
+/// the ones it resumes with.
+fn skip_to_exit_stop(
+    t: &mut ProcessTarget,
+    tid: i32,
+    mut at_entry: libc::user_regs_struct,
+) -> Result<(), TargetError> {
+    at_entry.orig_rax = u64::MAX;
+    t.sys.setregs(tid, &at_entry).map_err(|e| t.sys_err(e))?;
+    loop {
+        t.sys.syscall_resume(tid, 0).map_err(|e| t.sys_err(e))?;
+        let Some((_, status)) = t.sys.waitpid_restart(tid, 0).map_err(|e| t.sys_err(e))? else {
+            continue;
+        };
+        if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+            return Err(TargetError::Gone {
+                target: t.describe(),
+                status: crate::exit_status(status),
+            });
+        }
+        if status >> 16 == 0 && libc::WSTOPSIG(status) == libc::SIGTRAP | 0x80 {
+            return Ok(());
+        }
+        if status >> 16 == 0 {
+            // A signal that came meanwhile: for later delivery.
+            t.hold_signal(tid, libc::WSTOPSIG(status));
+        }
+    }
 }

@@ -41,6 +41,13 @@ pub(crate) const SIGRETURNS: [&[u8]; 2] = [
     &[0xb8, 0x0f, 0, 0, 0, 0x0f, 0x05],
 ];
 
+/// The code a remote function call returns into (`remote_call.rs`), in
+/// a page of its own: `mov %rax, %rdi` (the result, where the tracer reads
+/// it at the next stop), then a sigreturn sequence (`mov $15, %eax;
+/// syscall`). The function's `ret` leaves the stack pointer just past the
+/// frame's first word, where `rt_sigreturn` wants it.
+pub(crate) const RETURN_STUB: [u8; 10] = [0x48, 0x89, 0xc7, 0xb8, 0x0f, 0, 0, 0, 0x0f, 0x05];
+
 /// The red zone and, below it, the room callers of remote system calls
 /// write their buffers into (`sigtrap.rs`: a `sigaction` at `rsp - 512`
 /// and `rsp - 640`): the frame stays below both.
@@ -94,26 +101,40 @@ fn xsave_len(features: u64) -> usize {
         .fold(XSAVE_MIN, usize::max)
 }
 /// A frame to write at `at`; the borrowed stack pointer is `at` (its first
-/// word, the return address of the `syscall; ret`).
+/// word, the return address of the `syscall; ret`, or of the function a
+/// remote call runs).
 #[derive(Debug)]
 pub(crate) struct SignalFrame {
-    /// Where it goes (64-byte aligned, below the red zone of the thread).
+    /// Where it goes, below the red zone of the thread: 64-byte aligned,
+    /// or 8 below that for a function call ([`FrameFor::Call`]).
     pub(crate) at: u64,
     /// Its bytes.
     pub(crate) bytes: Vec<u8>,
 }
 
+/// What the stack pointer at a frame's start is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FrameFor {
+    /// A `syscall; ret`: the frame 64-byte aligned.
+    Syscall,
+    /// A function's first instruction, the frame's first word its return
+    /// address: the frame starts 8 below a 16-byte boundary, as the ABI
+    /// wants a function's stack pointer at its entry.
+    Call,
+}
+
 /// The frame that gives a thread stopped with `regs` (blocking `blocked`,
 /// with extended state `xstate` as `PTRACE_GETREGSET` gave it) its state
 /// back by `rt_sigreturn` from `sigreturn`, an address of one of
-/// [`SIGRETURNS`]. None when the extended state is not one (shorter
-/// than the features XCR0 names, or without x87/SSE), or the stack
-/// pointer leaves no room.
+/// [`SIGRETURNS`] (or of code ending in one, [`RETURN_STUB`]). None when
+/// the extended state is not one (shorter than the features XCR0 names,
+/// or without x87/SSE), or the stack pointer leaves no room.
 pub(crate) fn signal_frame(
     regs: &libc::user_regs_struct,
     xstate: &[u8],
     blocked: u64,
     sigreturn: u64,
+    used_by: FrameFor,
 ) -> Option<SignalFrame> {
     // NT_X86_XSTATE: the standard-format XSAVE area, XCR0 in the
     // software bytes. The frame's copy says in those bytes what it holds,
@@ -125,12 +146,20 @@ pub(crate) fn signal_frame(
     if xcr0 & 3 != 3 || xlen > xstate.len() {
         return None;
     }
-    let total = FPSTATE_AT + xlen + 4;
-    let at = regs
+    // A call's frame starts 8 below the 64-byte boundary; its extended
+    // state stays 64-byte aligned.
+    let skew = match used_by {
+        FrameFor::Syscall => 0,
+        FrameFor::Call => 8,
+    };
+    let fpstate_at = FPSTATE_AT + skew;
+    let total = fpstate_at + xlen + 4;
+    let at = (regs
         .rsp
         .checked_sub(RED_ZONE + CALLERS_ROOM + total as u64)?
         .checked_sub(63)?
-        & !63;
+        & !63)
+        .checked_sub(skew as u64)?;
     let resume = regs_to_user(&resume_context(&regs_from_user(regs)));
     let mut b = vec![0u8; total];
     let mut put = |off: usize, v: u64| b[off..off + 8].copy_from_slice(&v.to_le_bytes());
@@ -150,17 +179,17 @@ pub(crate) fn signal_frame(
     let segments = (r.cs & 0xffff) | (r.ss & 0xffff) << 48;
     put(UC_MCONTEXT + 144, segments);
     // fpstate, then the mask.
-    put(UC_MCONTEXT + 184, at + FPSTATE_AT as u64);
+    put(UC_MCONTEXT + 184, at + fpstate_at as u64);
     put(UC_SIGMASK, blocked);
-    b[FPSTATE_AT..FPSTATE_AT + xlen].copy_from_slice(&xstate[..xlen]);
+    b[fpstate_at..fpstate_at + xlen].copy_from_slice(&xstate[..xlen]);
     // struct _fpx_sw_bytes: magic1, extended size, features, size.
-    let sw = FPSTATE_AT + SW_BYTES_AT;
+    let sw = fpstate_at + SW_BYTES_AT;
     b[sw..sw + 48].fill(0);
     b[sw..sw + 4].copy_from_slice(&FP_XSTATE_MAGIC1.to_le_bytes());
     b[sw + 4..sw + 8].copy_from_slice(&(xlen as u32 + 4).to_le_bytes());
     b[sw + 8..sw + 16].copy_from_slice(&features.to_le_bytes());
     b[sw + 16..sw + 20].copy_from_slice(&(xlen as u32).to_le_bytes());
-    b[FPSTATE_AT + xlen..].copy_from_slice(&FP_XSTATE_MAGIC2.to_le_bytes());
+    b[fpstate_at + xlen..].copy_from_slice(&FP_XSTATE_MAGIC2.to_le_bytes());
     Some(SignalFrame { at, bytes: b })
 }
 
