@@ -28,8 +28,16 @@ int main(int argc, char **argv) {
 }
 "#;
 
-/// The program built with DWARF 5 and 4, -O0 and -O2, compressed sections.
+/// The program built with DWARF 5 and 4, -O0 and -O2, compressed sections:
+/// built once for the tests of this binary, which run at once (each
+/// building its own, under the same names, removed one another's).
 fn seeds() -> Vec<Vec<u8>> {
+    static BUILT: std::sync::OnceLock<Vec<Vec<u8>>> = std::sync::OnceLock::new();
+    BUILT.get_or_init(build_seeds).clone()
+}
+
+/// [`seeds`], built.
+fn build_seeds() -> Vec<Vec<u8>> {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dwarf-fuzz");
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join("prog.c");
