@@ -42,7 +42,7 @@ fn short_functions_and_mid_function_instructions_count_exactly_without_ptrace_st
         ids.push(p.id);
     }
     c.session.start().unwrap();
-    assert!(c.session.is_untraced(t), "runs untraced after setup");
+    support::run_until_untraced(&mut c.session, t);
     let stops = c.session.ptrace_stops(t).unwrap();
     assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
     assert_eq!(
@@ -89,7 +89,7 @@ fn detach_restores_the_original_bytes_and_the_program_runs_on() {
         assert_eq!(read_mem(pid, *a, 1), vec![0xcc]);
     }
     c.session.start().unwrap();
-    assert!(c.session.is_untraced(t));
+    support::run_until_untraced(&mut c.session, t);
     // Let it hit the sites for a while.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while c.session.stats(placed[0].0).unwrap().hits < 10_000 {
@@ -176,7 +176,7 @@ fn handler_changes_result(spin: std::time::Duration) {
         "in-process trap (boosted, shared-memory handler)"
     );
     c.session.start().unwrap();
-    assert!(c.session.is_untraced(t));
+    support::run_until_untraced(&mut c.session, t);
     let stops = c.session.ptrace_stops(t).unwrap();
     assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
     assert_eq!(c.session.ptrace_stops(t).unwrap(), stops, "no ptrace stop");
@@ -330,7 +330,7 @@ fn a_watchpoint_keeps_the_process_traced_and_one_added_while_it_runs_untraced_ta
     let t = c.target;
     let two = c.session.add(t, "two_byte", Action::Count).unwrap();
     c.session.start().unwrap();
-    assert!(c.session.is_untraced(t), "runs untraced after setup");
+    support::run_until_untraced(&mut c.session, t);
     let w = c.session.watch(t, bias(), Action::Count).unwrap();
     assert!(!c.session.is_untraced(t), "taken back for the watchpoint");
     assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
@@ -393,7 +393,7 @@ fn record_through_in_process_traps_one_event_per_call_without_ptrace_stops() {
         "in-process trap (boosted, recorded: hit events)"
     );
     c.session.start().unwrap();
-    assert!(c.session.is_untraced(t), "runs untraced after setup");
+    support::run_until_untraced(&mut c.session, t);
     let stops = c.session.ptrace_stops(t).unwrap();
     let mut sink = Collect::default();
     let end = c
@@ -527,7 +527,7 @@ fn stub_handlers_change_results(
         ids.push((p.id, seen));
     }
     c.session.start().unwrap();
-    assert!(c.session.is_untraced(t), "runs untraced after setup");
+    support::run_until_untraced(&mut c.session, t);
     let stops = c.session.ptrace_stops(t).unwrap();
     assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
     assert_eq!(c.session.ptrace_stops(t).unwrap(), stops, "no ptrace stop");
@@ -643,7 +643,7 @@ fn post_handlers_through_shared_memory_see_the_instruction_done() {
     let o = c.session.add(t, "one_byte", Action::Handler(one)).unwrap();
     assert_eq!(o.placements[0].mechanism, Mechanism::InProcessTrap);
     c.session.start().unwrap();
-    assert!(c.session.is_untraced(t), "runs untraced after setup");
+    support::run_until_untraced(&mut c.session, t);
     let stops = c.session.ptrace_stops(t).unwrap();
     assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
     assert_eq!(c.session.ptrace_stops(t).unwrap(), stops, "no ptrace stop");

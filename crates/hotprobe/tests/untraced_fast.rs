@@ -33,7 +33,7 @@ fn run(args: &[&str]) -> (Vec<String>, String, Option<ExitStatus>) {
         "{p:?}"
     );
     c.session.start().unwrap();
-    assert!(c.session.is_untraced(t), "runs untraced after the start");
+    support::run_until_untraced(&mut c.session, t);
     let stops = c.session.ptrace_stops(t).unwrap();
     assert_eq!(c.session.run().unwrap(), RunEnd::AllExited);
     let notices = c.session.take_notices();
@@ -114,7 +114,7 @@ fn a_detach_after_an_unwaited_exec_restores_nothing_into_the_new_image() {
     let t = c.target;
     c.session.add(t, "work", Action::Count).unwrap();
     c.session.start().unwrap();
-    assert!(c.session.is_untraced(t));
+    support::run_until_untraced(&mut c.session, t);
     let pid = c.session.pid(t).unwrap();
     // Until the process runs cat (no wait of the session's meanwhile).
     let deadline = Instant::now() + Duration::from_secs(60);

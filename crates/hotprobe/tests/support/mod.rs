@@ -108,3 +108,48 @@ static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize:
 pub fn lines_with<'a>(out: &'a str, prefix: &str) -> Vec<&'a str> {
     out.lines().filter(|l| l.starts_with(prefix)).collect()
 }
+
+/// Runs `session` until target `t` runs untraced, after its `start`: a
+/// release refused then (a thread start or a library load still queued,
+/// now and then under load) is tried again by the run loop, tens of
+/// milliseconds later. The loop's waits are bounded to 1 ms meanwhile,
+/// and it is interrupted once the process's tasks have no tracer. Panics
+/// if that takes a minute, or the run ends otherwise.
+pub fn run_until_untraced(session: &mut Session, t: TargetId) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+    if session.is_untraced(t) {
+        return;
+    }
+    let pid = session.pid(t).expect("a process");
+    let released = std::sync::Arc::new(AtomicBool::new(false));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let watcher = {
+        let released = released.clone();
+        std::thread::spawn(move || {
+            while Instant::now() < deadline {
+                let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+                let untraced = tasks.filter_map(Result::ok).all(|task| {
+                    std::fs::read_to_string(task.path().join("status"))
+                        .unwrap_or_default()
+                        .lines()
+                        .any(|l| l.split_whitespace().eq(["TracerPid:", "0"]))
+                });
+                if untraced {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            released.store(true, Ordering::Relaxed);
+        })
+    };
+    session.set_wait_deadline(Some(Instant::now()));
+    let end = session.run_until(&released);
+    session.set_wait_deadline(None);
+    watcher.join().unwrap();
+    assert_eq!(end.unwrap(), hotprobe::RunEnd::Interrupted);
+    assert!(
+        session.is_untraced(t),
+        "pid {pid} not untraced after a minute"
+    );
+}
