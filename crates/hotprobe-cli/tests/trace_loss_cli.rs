@@ -358,11 +358,15 @@ fn on_a_full_disk_at_seeded_moments_record_stops_writing_and_runs_the_program_to
         let d = dir.to_str().unwrap();
         let errf = tmp().join(format!("full-{run_no}.stderr"));
         use std::os::unix::process::CommandExt;
+        // The program waits after each of its lines until the test has
+        // read it (and filled the disk at its moment): a test reading its
+        // lines late, under load, filled the disk once the whole trace
+        // was written.
         let mut child = Command::new(common::HOTPROBE)
             .args(["record", "--args", "1", "-o", d, "--"])
             .arg(&prog)
-            .arg(&n)
-            .stdin(Stdio::null())
+            .args([&n, "pause"])
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&errf).unwrap())
             .process_group(0)
@@ -370,6 +374,12 @@ fn on_a_full_disk_at_seeded_moments_record_stops_writing_and_runs_the_program_to
             .unwrap();
         let _group = Group(child.id() as i32);
         let lines = line_reader(child.stdout.take().unwrap());
+        let mut go_on = child.stdin.take().unwrap();
+        let mut go_on = move || {
+            use std::io::Write;
+            // Written to a program that may have ended: no error then.
+            let _ = go_on.write_all(b"go\n").and_then(|_| go_on.flush());
+        };
         let mut out = String::new();
         let deadline = Instant::now() + Duration::from_secs(60);
         let said = || std::fs::read_to_string(&errf).unwrap_or_default();
@@ -383,13 +393,24 @@ fn on_a_full_disk_at_seeded_moments_record_stops_writing_and_runs_the_program_to
             if let Ok(l) = lines.recv_timeout(Duration::from_millis(5)) {
                 out.push_str(&l);
                 out.push('\n');
+                // Paused at line `after` (not at all for 0) until the
+                // disk is full.
+                if out.lines().count() != after as usize {
+                    go_on();
+                }
             }
         }
         let filled = fill_disk(&filler, slack);
+        if after > 0 {
+            go_on();
+        }
         // The rest of the program's output, to its end.
         loop {
             match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
                 Ok(l) => {
+                    if l.starts_with("done ") {
+                        go_on();
+                    }
                     out.push_str(&l);
                     out.push('\n');
                 }

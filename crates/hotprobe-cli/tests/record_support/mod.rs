@@ -32,6 +32,7 @@ pub const SPIN: &str = r#"
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 __attribute__((noinline)) long work(long i) {
     volatile long x = i;
     for (int k = 0; k < 1500; k++) x += k;
@@ -39,9 +40,16 @@ __attribute__((noinline)) long work(long i) {
 }
 int main(int argc, char **argv) {
     long n = argc > 1 ? atol(argv[1]) : -1;
+    /* "pause": after each "done" line, waits for a line of its input (or
+       its end) before it goes on. */
+    int pause = argc > 2 && !strcmp(argv[2], "pause");
     for (long i = 0; n < 0 || i < n; i++) {
         work(i);
-        if ((i + 1) % 20000 == 0) { printf("done %ld\n", i + 1); fflush(stdout); raise(SIGURG); }
+        if ((i + 1) % 20000 == 0) {
+            printf("done %ld\n", i + 1); fflush(stdout); raise(SIGURG);
+            char line[8];
+            if (pause && !fgets(line, sizeof line, stdin)) pause = 0;
+        }
     }
     printf("end %ld\n", n);
     return 3;
