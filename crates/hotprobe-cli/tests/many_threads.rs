@@ -128,8 +128,16 @@ fn count_p_on_two_thousand_threads_under_churn_counts_exactly_and_detaches() {
     let t = CountTable::parse(&stdout, &stderr);
     assert_eq!(t.hits("work"), calls, "{stdout}\n{stderr}");
 
-    // Detached: untraced, its text as in the file, and it runs on.
+    // Detached: untraced, nothing of hotprobe's mapped (the agent
+    // unloaded), its text as in the file, and it runs on.
     assert_eq!(traced_tasks(pid), Vec::<String>::new(), "after the detach");
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let ours: Vec<&str> = maps.lines().filter(|l| l.contains("hotprobe")).collect();
+    assert_eq!(
+        ours,
+        Vec::<&str>::new(),
+        "left mapped after the detach:\n{stderr}"
+    );
     assert_eq!(hotprobe_testkit::text_differences(pid, &bin), vec![]);
     round(&mut stdin, &out, "after detach");
     drop(stdin);

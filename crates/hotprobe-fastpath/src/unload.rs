@@ -216,12 +216,19 @@ fn call_release(
         }
         t.write_memory(RuntimeAddr(list), &page_list)
             .map_err(|x| e(&x))?;
-        t.write_memory(RuntimeAddr(data), &[0u8; 24])
+        t.write_memory(RuntimeAddr(data), &[0u8; DATA_LEN])
             .map_err(|x| e(&x))?;
         t.write_memory(RuntimeAddr(base), &code)
             .map_err(|x| e(&x))?;
-        remote_call_resumable(t, base, (base, base + room), data + DATA_DONE, CALL_TIMEOUT)
-            .map_err(|x| e(&x))?;
+        remote_call_resumable(
+            t,
+            base,
+            (base, base + room),
+            data + DATA_DONE,
+            Some(data + DATA_RELEASED),
+            CALL_TIMEOUT,
+        )
+        .map_err(|x| e(&x))?;
         let mut w = [0u8; 16];
         t.read_memory(RuntimeAddr(data), &mut w)
             .map_err(|x| e(&x))?;
@@ -251,8 +258,13 @@ fn call_release(
 /// Room for the release code and its constants (under 400 bytes).
 const CODE_ROOM: u64 = 512;
 /// Offsets in the results (on the thread's stack): `hotprobe_agent_release`'s
-/// result at 0, dlclose's (+ 1) at 8, the done word.
+/// result at 0, dlclose's (+ 1) at 8, the done word, and a word set once
+/// the release returned, before `dlclose`: from then on nothing of the
+/// agent's runs in the other threads, which may run while `dlclose` waits
+/// for a lock one of them holds (`hotprobe_process`'s `lend.rs`).
 const DATA_DONE: u64 = 16;
+const DATA_RELEASED: u64 = 24;
+const DATA_LEN: usize = 32;
 
 /// The release code at `base` (see [`call_release`]), its results at
 /// `data`: calls the release with the page list at `list`, then (unless it refused)
@@ -284,6 +296,7 @@ fn release_code(
     a.mov(qword_ptr(rcx), rax)?;
     a.test(eax, eax)?;
     a.js(skip)?;
+    a.mov(qword_ptr(rcx + DATA_RELEASED as i32), 1i32)?;
     a.mov(rax, qword_ptr(dlclose_fn))?;
     a.test(rax, rax)?;
     a.jz(skip)?;

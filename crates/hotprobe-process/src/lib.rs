@@ -14,6 +14,7 @@
 
 mod attach;
 mod leader;
+mod lend;
 mod maps;
 mod ready;
 mod release;

@@ -32,9 +32,9 @@
 
 use std::time::{Duration, Instant};
 
-use hotprobe_target::{ResumeMode, Target, TargetError, ThreadId};
+use hotprobe_target::{Target, TargetError};
 
-use crate::{sys, ProcessTarget, RunState};
+use crate::{sys, ProcessTarget};
 
 /// How long a remote call runs with the other threads stopped before they
 /// are let run (see the module docs).
@@ -161,12 +161,12 @@ fn remote_call_with(
         Some(_) => None,
         None => Some(t.sys.getfpregs(tid).map_err(|e| t.sys_err(e))?),
     };
-    let mut others = Vec::new();
-    let r = remote_call_regs(t, tid, func, args, timeout, let_others_run, &mut others);
-    if !others.is_empty() {
+    let mut lent = crate::lend::Lent::default();
+    let r = remote_call_regs(t, tid, func, args, timeout, let_others_run, &mut lent);
+    if !lent.is_empty() {
         // Stopped again as `stop_all` stops them (the call's thread is
         // parked: its stop was taken above).
-        let stopped = t.stop_all();
+        let stopped = t.take_back(lent);
         if r.is_ok() {
             stopped?;
         }
@@ -184,7 +184,7 @@ fn remote_call_with(
 }
 
 /// Runs the call on `tid`; the threads it let run (`let_others_run`) are
-/// added to `others`.
+/// in `lent`.
 fn remote_call_regs(
     t: &mut ProcessTarget,
     tid: i32,
@@ -192,7 +192,7 @@ fn remote_call_regs(
     args: &[u64],
     timeout: Duration,
     let_others_run: bool,
-    others: &mut Vec<i32>,
+    lent: &mut crate::lend::Lent,
 ) -> Result<u64, TargetError> {
     let saved = t.sys.getregs(tid).map_err(|e| t.sys_err(e))?;
     let mut regs = saved;
@@ -228,8 +228,8 @@ fn remote_call_regs(
     regs.rax = 0;
     regs.orig_rax = u64::MAX;
     crate::remote::set_args(&mut regs, args, crate::remote::ArgConvention::Function);
-    let others = let_others_run.then_some(others);
-    let result = call_and_wait(t, tid, regs, ret, timeout, others);
+    let lent = let_others_run.then_some(lent);
+    let result = call_and_wait(t, tid, regs, ret, timeout, lent);
     match (ret, &result) {
         (Return::Stub { .. }, Ok(_)) => crate::remote::restore_at_syscall_stop(t, tid, &saved)?,
         _ => t.sys.setregs(tid, &saved).map_err(|e| t.sys_err(e))?,
@@ -246,15 +246,15 @@ fn remote_call_regs(
 /// Runs thread `tid` with `regs` (at a function's first instruction, its
 /// stack set up for `ret`) until the call returns, faults or times out;
 /// the result. The thread is left stopped, its registers the call's. With
-/// `others`, the other parked threads run after [`LET_OTHERS_RUN_AFTER`]
-/// and are added there.
+/// `lent`, the other threads run after [`LET_OTHERS_RUN_AFTER`] (see
+/// `lend.rs`) and are noted there.
 fn call_and_wait(
     t: &mut ProcessTarget,
     tid: i32,
     regs: libc::user_regs_struct,
     ret: Return,
     timeout: Duration,
-    mut others: Option<&mut Vec<i32>>,
+    mut lent: Option<&mut crate::lend::Lent>,
 ) -> Result<u64, TargetError> {
     let func = regs.rip;
     t.sys.setregs(tid, &regs).map_err(|e| t.sys_err(e))?;
@@ -263,6 +263,7 @@ fn call_and_wait(
     // A stop follows a resume within microseconds, most often: the first
     // look that finds none yields, later ones sleep.
     let mut looked_in_vain = false;
+    let mut lent_once = false;
     let deadline = start + timeout;
     let mut interrupted = false;
     let result = loop {
@@ -271,19 +272,10 @@ fn call_and_wait(
             .waitpid(tid, libc::WNOHANG | libc::__WALL)
             .map_err(|e| t.sys_err(e))?;
         let Some((_, status)) = r else {
-            if let Some(others) = others
-                .as_deref_mut()
-                .filter(|o| o.is_empty() && start.elapsed() >= LET_OTHERS_RUN_AFTER)
-            {
-                let parked: Vec<i32> = t
-                    .threads
-                    .iter()
-                    .filter(|(o, th)| **o != tid && th.state == RunState::Parked)
-                    .map(|(o, _)| *o)
-                    .collect();
-                for o in parked {
-                    t.resume(ThreadId(o as u64), ResumeMode::Continue)?;
-                    others.push(o);
+            if let Some(lent) = lent.as_deref_mut() {
+                if !lent_once && start.elapsed() >= LET_OTHERS_RUN_AFTER {
+                    lent_once = true;
+                    *lent = t.lend_others(tid)?;
                 }
             }
             if !interrupted && Instant::now() >= deadline {

@@ -71,14 +71,40 @@ pub fn resumable_stack(regs: &Registers) -> u64 {
 /// thread [`resumable_thread_registers`] names, with the stack pointer
 /// [`resumable_stack`], until the word at `done` is not 0; then stops the
 /// thread and restores its registers (unless it already left `code` on
-/// its own). Other threads stay stopped. Fails after `timeout`, the
-/// thread interrupted and, if still in `code`, restored.
+/// its own). Other threads stay stopped, unless the word at `lend_once`
+/// is not 0 and the code has run for
+/// [`crate::remote_call::LET_OTHERS_RUN_AFTER`]: they then run until it
+/// is done (see `lend.rs`: the code may wait for a lock one of them
+/// holds). Fails after `timeout`, the thread interrupted and, if still in
+/// `code`, restored.
 pub fn remote_call_resumable(
     t: &mut ProcessTarget,
     entry: u64,
     code: (u64, u64),
     done: u64,
+    lend_once: Option<u64>,
     timeout: Duration,
+) -> Result<(), TargetError> {
+    let mut lent = crate::lend::Lent::default();
+    let r = run_resumable(t, entry, code, done, lend_once, timeout, &mut lent);
+    if !lent.is_empty() {
+        let stopped = t.take_back(lent);
+        if r.is_ok() {
+            stopped?;
+        }
+    }
+    r
+}
+
+/// [`remote_call_resumable`], the threads it lends noted in `lent`.
+fn run_resumable(
+    t: &mut ProcessTarget,
+    entry: u64,
+    code: (u64, u64),
+    done: u64,
+    lend_once: Option<u64>,
+    timeout: Duration,
+    lent: &mut crate::lend::Lent,
 ) -> Result<(), TargetError> {
     let tid = t
         .thread_for_remote()?
@@ -97,14 +123,26 @@ pub fn remote_call_resumable(
     regs.orig_rax = u64::MAX;
     t.sys.setregs(tid, &regs).map_err(|e| t.sys_err(e))?;
     t.sys.cont(tid, 0).map_err(|e| t.sys_err(e))?;
-    let deadline = Instant::now() + timeout;
+    let start = Instant::now();
+    let deadline = start + timeout;
     let mut interrupted = false;
     let mut finished = false;
+    let mut lent_once = false;
     let result = loop {
         if !interrupted {
             let mut w = [0u8; 8];
             if t.read_memory(RuntimeAddr(done), &mut w).is_ok() && w != [0; 8] {
                 finished = true;
+            }
+            if let Some(word) = lend_once.filter(|_| !finished && !lent_once) {
+                let mut w = [0u8; 8];
+                if start.elapsed() >= crate::remote_call::LET_OTHERS_RUN_AFTER
+                    && t.read_memory(RuntimeAddr(word), &mut w).is_ok()
+                    && w != [0; 8]
+                {
+                    lent_once = true;
+                    *lent = t.lend_others(tid)?;
+                }
             }
             if finished || Instant::now() >= deadline {
                 t.sys.interrupt(tid).map_err(|e| t.sys_err(e))?;

@@ -351,6 +351,9 @@ impl Target for ProcessTarget {
             self.child_mask_back(child);
             let _ = self.sys.detach(child, 0);
         }
+        // Read again: a hook's remote call may have let the threads run
+        // (`lend.rs`), and they may have made threads meanwhile.
+        let tids: Vec<i32> = self.threads.keys().copied().collect();
         for tid in tids {
             let sig = self
                 .threads

@@ -1,0 +1,146 @@
+//! `count -p` on a plugin-loading server (tests/programs/plugin_loader.c:
+//! threads that `dlopen`, call and `dlclose` a plugin without end), over
+//! several attach and detach cycles: each attach gets its probes in,
+//! counts exactly the calls the program made while attached, and each
+//! detach leaves the process untraced, its text as in the file and
+//! nothing of hotprobe's mapped; the program runs on to its usual end.
+//!
+//! Before, the agent's injection and unload ran with the other threads
+//! stopped, and a loader thread stopped inside its own `dlopen` holds the
+//! loader's lock: the injection's `dlsym` waited for it for good (`count
+//! -p` hung), and the unload's `dlclose` gave up after 10 s, leaving the
+//! agent in. A loader thread that reached the loader's rendezvous
+//! breakpoint while let run stopped there holding the lock. Now a blocked
+//! remote call lets the others run, the rendezvous `int3` lifted
+//! meanwhile (`hotprobe-process` `lend.rs`).
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::sync::mpsc::Receiver;
+use std::time::Duration;
+
+mod common;
+use common::{gcc, line_reader, CountTable, HOTPROBE};
+
+const LIMIT: Duration = Duration::from_secs(60);
+/// Threads loading the plugin all the time.
+const LOADERS: &str = "2";
+/// Attach and detach cycles.
+const CYCLES: usize = 5;
+/// `work`'s calls in a round, and the sum of their results (3 i + 1).
+const ROUND: u64 = 100_000;
+const ROUND_SUM: u64 = 3 * (ROUND * (ROUND - 1) / 2) + ROUND;
+
+/// The program, killed if the test ends before it does.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Sends a line and checks the round's line (every call's result as
+/// without hotprobe).
+fn round(stdin: &mut std::process::ChildStdin, out: &Receiver<String>, what: &str) {
+    writeln!(stdin, "go").unwrap();
+    stdin.flush().unwrap();
+    let line = out.recv_timeout(LIMIT).expect("the round's line");
+    assert_eq!(
+        line,
+        format!("round: calls {ROUND} sum {ROUND_SUM}"),
+        "{what}"
+    );
+}
+
+#[test]
+fn count_p_on_a_plugin_loading_server_attaches_counts_and_detaches_every_time() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("plugin-loader");
+    let programs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs");
+    let plugin = gcc(
+        &programs.join("plugin_lib.c"),
+        &dir.join("libplugin.so"),
+        &["-O2", "-shared", "-fPIC"],
+    );
+    let bin = gcc(
+        &programs.join("plugin_loader.c"),
+        &dir.join("plugin_loader"),
+        &["-O2", "-pthread"],
+    );
+    let mut prog = Killed(
+        Command::new(&bin)
+            .args([plugin.to_str().unwrap(), LOADERS])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = prog.0.id();
+    let mut stdin = prog.0.stdin.take().unwrap();
+    let out = line_reader(prog.0.stdout.take().unwrap());
+    assert_eq!(out.recv_timeout(LIMIT).unwrap(), format!("ready {pid}"));
+    round(&mut stdin, &out, "before attach");
+    for cycle in 0..CYCLES {
+        let what = format!("cycle {cycle}");
+        let mut hp = Command::new(HOTPROBE)
+            .args(["count", "-p", &pid.to_string(), "work"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let err = line_reader(hp.stderr.take().unwrap());
+        let hp_out = common::reader(hp.stdout.take().unwrap());
+        let first = match err.recv_timeout(LIMIT) {
+            Ok(l) => l,
+            Err(_) => {
+                let _ = hp.kill();
+                panic!("{what}: hotprobe never said it attached");
+            }
+        };
+        assert!(
+            first.starts_with(&format!("hotprobe: attached to pid {pid}")),
+            "{what}: {first}\n{}",
+            err.try_iter().collect::<Vec<_>>().join("\n")
+        );
+        // The round starts after hotprobe said its probes are in, and
+        // hotprobe is stopped after the round's line.
+        round(&mut stdin, &out, &what);
+        // SAFETY: a signal to the hotprobe this test started.
+        assert_eq!(unsafe { libc::kill(hp.id() as i32, libc::SIGINT) }, 0);
+        let status = hp.wait().unwrap();
+        let stdout = common::text(&hp_out.join().unwrap());
+        let rest: Vec<String> = err.iter().collect();
+        let stderr = format!("{first}\n{}", rest.join("\n"));
+        assert!(
+            status.success(),
+            "{what}: hotprobe {status}\n{stdout}\n{stderr}"
+        );
+        let t = CountTable::parse(&stdout, &stderr);
+        assert_eq!(t.hits("work"), ROUND, "{what}:\n{stdout}\n{stderr}");
+        assert!(
+            !stderr.contains("stays") && !stderr.contains("could not be loaded:"),
+            "{what}: {stderr}"
+        );
+        assert!(
+            common::untraced(pid),
+            "{what}: still traced after the detach"
+        );
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+        let ours: Vec<&str> = maps.lines().filter(|l| l.contains("hotprobe")).collect();
+        assert_eq!(ours, Vec::<&str>::new(), "{what}: left mapped\n{stderr}");
+        assert_eq!(
+            hotprobe_testkit::text_differences(pid, &bin),
+            vec![],
+            "{what}"
+        );
+    }
+    round(&mut stdin, &out, "after the last detach");
+    drop(stdin);
+    let last = out.recv_timeout(LIMIT).expect("the program's last line");
+    let end = prog.0.wait().unwrap();
+    assert!(end.success(), "the program ended with {end}: {last}");
+    assert_eq!(last, "loads>0 1 bad 0");
+}

@@ -1,0 +1,161 @@
+//! The other threads a blocked remote call lets run (issue 22).
+//!
+//! A remote call into libc (the agent's `dlopen` and `dlsym` at attach,
+//! its `dlclose` at detach) runs with every other thread stopped. One of
+//! them may hold a lock the call needs: the loader's (a thread inside a
+//! `dlopen` of its own, or creating a thread, when it was stopped), the
+//! thread stack cache's, a malloc arena's. So a call that has not returned
+//! after [`crate::remote_call::LET_OTHERS_RUN_AFTER`] lends the others:
+//! they run until the call returns, then are stopped again as `stop_all`
+//! stops them (their events queued).
+//!
+//! A thread inside a `dlopen` of its own reaches the loader's rendezvous
+//! (`_dl_debug_state`, where the target keeps an `int3`, `rendezvous.rs`)
+//! holding the loader's lock. Stopped there, it would hold the call up as
+//! before: a plugin-loading program (threads that `dlopen` and `dlclose`
+//! all the time) hung `count -p` for good in its third `dlsym`. So, while
+//! threads are lent:
+//! - the rendezvous `int3` is lifted (unless the engine has its own
+//!   breakpoint there), so that no lent thread stops on it;
+//! - a thread that had stopped there before, its `ModulesChanged` event
+//!   waiting for the engine, is lent too: the event is taken out of the
+//!   queue, the thread runs the bare `ret` and goes on.
+//!
+//! When the threads are taken back the `int3` goes in again, and a
+//! `ModulesChanged` event is queued, on a thread stopped for it, when one
+//! was taken out or the executable mappings changed meanwhile (a library
+//! loaded while lent is then armed late: its constructors may have run
+//! unprobed). A lent thread that stops for anything else (a signal, a
+//! probe's breakpoint) stays stopped until the take-back, which queues
+//! its event: should it hold the lock, the call waits out its timeout.
+
+use hotprobe_target::{RuntimeAddr, Target, TargetError, TargetEvent, ThreadId};
+
+use crate::{ProcessTarget, RunState};
+
+/// Threads lent by [`ProcessTarget::lend_others`].
+#[derive(Debug, Default)]
+pub(crate) struct Lent {
+    /// The threads resumed.
+    tids: Vec<i32>,
+    /// The rendezvous `int3` lifted meanwhile.
+    lifted: Option<u64>,
+    /// A thread's `ModulesChanged` event was taken out of the queue.
+    event_taken: bool,
+    /// The executable file mappings (start, path) when lent.
+    modules_before: Vec<(u64, String)>,
+}
+
+impl Lent {
+    /// Whether no thread was lent.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.tids.is_empty()
+    }
+}
+
+impl ProcessTarget {
+    /// Lets every stopped thread other than `call_tid` run (see the module
+    /// docs): the parked ones, and the ones stopped at the rendezvous with
+    /// their `ModulesChanged` event queued.
+    pub(crate) fn lend_others(&mut self, call_tid: i32) -> Result<Lent, TargetError> {
+        let mut lent = Lent {
+            modules_before: self.exec_mappings(),
+            ..Lent::default()
+        };
+        if let Some(brk) = self
+            .rendezvous
+            .as_ref()
+            .filter(|r| !r.engine_owned)
+            .map(|r| r.brk)
+        {
+            if self.breakpoints.contains_key(&brk) && self.remove_int3(RuntimeAddr(brk)).is_ok() {
+                lent.lifted = Some(brk);
+            }
+        }
+        // No `int3` at the rendezvous any more (lifted now, or taken out
+        // with the others at detach): a thread stopped there runs its
+        // `ret`.
+        let rendezvous_free = self
+            .rendezvous
+            .as_ref()
+            .is_none_or(|r| !self.breakpoints.contains_key(&r.brk));
+        let mut tids: Vec<i32> = Vec::new();
+        for (&tid, th) in &self.threads {
+            let at_rendezvous_event =
+                th.state == RunState::Event && th.at_rendezvous && rendezvous_free;
+            if tid != call_tid && (th.state == RunState::Parked || at_rendezvous_event) {
+                tids.push(tid);
+            }
+        }
+        for tid in tids {
+            let at_rendezvous = self.threads.get(&tid).is_some_and(|t| t.at_rendezvous);
+            if at_rendezvous {
+                let before = self.pending.len();
+                self.pending.retain(
+                    |e| !matches!(e, TargetEvent::ModulesChanged { thread } if thread.0 == tid as u64),
+                );
+                if self.pending.len() == before {
+                    // Its event was handed to the engine already: the
+                    // engine resumes it.
+                    continue;
+                }
+                lent.event_taken = true;
+                // Resumed from the rendezvous: `resume` runs its `ret`.
+                if let Some(t) = self.threads.get_mut(&tid) {
+                    t.state = RunState::Parked;
+                }
+            }
+            self.resume(ThreadId(tid as u64), hotprobe_target::ResumeMode::Continue)?;
+            lent.tids.push(tid);
+        }
+        Ok(lent)
+    }
+
+    /// Stops the threads of `lent` again, as `stop_all` does, puts the
+    /// rendezvous `int3` back and queues a `ModulesChanged` event if one was
+    /// taken out or the libraries changed (see the module docs).
+    pub(crate) fn take_back(&mut self, lent: Lent) -> Result<(), TargetError> {
+        let stopped = self.stop_all();
+        if let Some(brk) = lent.lifted {
+            if !self.breakpoints.contains_key(&brk) {
+                self.insert_int3(RuntimeAddr(brk))?;
+            }
+            // The states read now: a change begun while lent is reported
+            // when it ends, at the next hit.
+            self.rendezvous_hit();
+        }
+        if lent.event_taken || self.exec_mappings() != lent.modules_before {
+            let already = self
+                .pending
+                .iter()
+                .any(|e| matches!(e, TargetEvent::ModulesChanged { .. }));
+            let parked = self
+                .threads
+                .iter()
+                .find(|(_, t)| t.state == RunState::Parked)
+                .map(|(tid, _)| *tid);
+            if let (false, Some(tid)) = (already, parked) {
+                if let Some(t) = self.threads.get_mut(&tid) {
+                    t.state = RunState::Event;
+                }
+                self.pending.push_back(TargetEvent::ModulesChanged {
+                    thread: ThreadId(tid as u64),
+                });
+            }
+        }
+        stopped
+    }
+
+    /// The executable file mappings of the process (start, path), to
+    /// tell whether a library came or went; hotprobe's own (the agent a
+    /// lent call loads, our pages) left out.
+    fn exec_mappings(&self) -> Vec<(u64, String)> {
+        let text =
+            std::fs::read_to_string(format!("/proc/{}/maps", self.live_task())).unwrap_or_default();
+        crate::parse_maps_lines(&text)
+            .into_iter()
+            .filter(|l| l.exec && l.name.starts_with('/') && !l.name.contains("hotprobe"))
+            .map(|l| (l.start, l.name))
+            .collect()
+    }
+}
