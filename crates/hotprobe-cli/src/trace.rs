@@ -12,10 +12,22 @@
 //! else a trap return probe. The session hands the recorded entries and
 //! exits to [`LiveTree`], which prints them as they are drained;
 //! indentation is the call depth of followed calls on that thread.
+//!
+//! The lines of a function placed on a trap (in-process or ptrace: µs a
+//! hit, in its times) have `*` in their first column, as `replay` and
+//! `report` mark them, and the same legend line follows the tree:
+//!
+//! ```text
+//! *           [ 41234] |   leaf() {
+//! *  3.210 us [ 41234] |   } /* leaf */
+//! # * on a trap (in-process trap: µs a hit, left in these times)
+//! ```
 
 use crate::out::{self, errln, outln};
 use crate::session::Traced;
 use anyhow::{bail, Result};
+use hotprobe::calibration::CostClass;
+use hotprobe::trace::{fmt_duration, TrapMarks};
 use hotprobe::typed::{self, TypedShapes, Typing};
 use hotprobe::{
     Action, EventSink, FastPathConfig, MechanismChoice, Placement, RecordedEvent, SessionConfig,
@@ -75,31 +87,37 @@ pub fn format_value(v: u64) -> String {
     }
 }
 
-/// A duration in a fixed 11-character column: `1234.567 us`-style with
-/// three decimals and the unit (us, ms, s).
-pub fn format_duration(d: Duration) -> String {
-    let ns = d.as_nanos() as f64;
-    let (v, unit) = if ns < 1e6 {
-        (ns / 1e3, "us")
-    } else if ns < 1e9 {
-        (ns / 1e6, "ms")
-    } else {
-        (ns / 1e9, " s")
-    };
-    format!("{v:8.3} {unit}")
+/// A line's start up to its thread: the mark column (`*` for a function
+/// placed on the trap mechanism `on_trap`, noted in `marks` for the
+/// legend, as `replay` marks its lines), then the call's duration `dur`
+/// as `replay` writes it (`  1.234 us`, yellow from 1 ms and red from 1 s
+/// when stdout has colours), or blanks for a line without one.
+fn lead(marks: &mut TrapMarks, on_trap: Option<&str>, dur: Option<Duration>) -> String {
+    let mut s = String::from(" ");
+    marks.mark(&mut s, on_trap);
+    match dur {
+        Some(d) => {
+            let text = fmt_duration(d.as_nanos() as u64);
+            s.push_str(&if d >= Duration::from_secs(1) {
+                out::paint(out::SLOWER, &text)
+            } else if d >= Duration::from_millis(1) {
+                out::paint(out::SLOW, &text)
+            } else {
+                text
+            });
+        }
+        None => s.push_str(&" ".repeat(10)),
+    }
+    s
 }
 
-/// [`format_duration`], yellow from 1 ms and red from 1 s when stdout has
-/// colours.
-fn painted_duration(d: Duration) -> String {
-    let text = format_duration(d);
-    if d >= Duration::from_secs(1) {
-        out::paint(out::SLOWER, &text)
-    } else if d >= Duration::from_millis(1) {
-        out::paint(out::SLOW, &text)
-    } else {
-        text
-    }
+/// The trap mechanism `p` was placed on, by the name `record` gives it
+/// in a trace's costs and `replay` and `report` mark its lines with
+/// ("in-process trap", "ptrace trap"); `None` on the fast path.
+fn trap_label(p: &Placement) -> Option<&'static str> {
+    CostClass::of(p)
+        .filter(|_| p.mechanism.is_trap())
+        .map(CostClass::label)
 }
 
 /// The live call tree: an [`EventSink`] printing each recorded entry and
@@ -114,6 +132,11 @@ pub struct LiveTree {
     /// What typed them: asked again for a pending probe's shapes when it
     /// is armed in a module loaded later.
     typing: Option<Rc<Typing>>,
+    /// Probe id → the trap mechanism it was placed on (none for the fast
+    /// path): its lines are marked.
+    traps: HashMap<u32, &'static str>,
+    /// The mechanisms of the lines marked so far.
+    marks: TrapMarks,
     /// Per thread: the open calls (probe, entry time stamp).
     stacks: HashMap<u32, Vec<(u32, u64)>>,
     /// TSC ticks per ns.
@@ -137,9 +160,15 @@ impl LiveTree {
             })
             .collect();
         let labels = placed.iter().map(|p| (p.id.0, p.label.clone())).collect();
+        let traps = placed
+            .iter()
+            .filter_map(|p| Some((p.id.0, trap_label(p)?)))
+            .collect();
         LiveTree {
             names,
             labels,
+            traps,
+            marks: TrapMarks::default(),
             args,
             typed: TypedShapes::default(),
             typing: None,
@@ -174,6 +203,13 @@ impl LiveTree {
         self
     }
 
+    /// The legend of the lines marked `*` (functions placed on a trap),
+    /// worded as `replay`'s: their times hold the traps' costs. `None`
+    /// when no line was marked.
+    pub fn trap_legend(&self) -> Option<String> {
+        self.marks.legend(&[])
+    }
+
     fn print(&mut self, ev: &RecordedEvent, typed: Option<Vec<String>>) {
         let tid = ev.tid;
         let name = self
@@ -181,6 +217,8 @@ impl LiveTree {
             .get(&ev.probe_id)
             .map_or("?", String::as_str)
             .to_string();
+        let on_trap = self.traps.get(&ev.probe_id).copied();
+        let marks = &mut self.marks;
         let stack = self.stacks.entry(tid).or_default();
         match ev.kind {
             KIND_EXIT => {
@@ -207,7 +245,7 @@ impl LiveTree {
                 };
                 outln!(
                     "{} [{tid:>6}] | {indent}}} /* {name} */{ret}",
-                    painted_duration(dur)
+                    lead(marks, on_trap, Some(dur))
                 );
             }
             KIND_HIT => {
@@ -217,8 +255,8 @@ impl LiveTree {
                 // A typed hit (a USDT marker's arguments) shows its values.
                 let values = typed.map_or(String::new(), |v| format!(" ({})", v.join(", ")));
                 outln!(
-                    "{:>11} [{tid:>6}] | {indent}/* {}{values} */",
-                    "",
+                    "{} [{tid:>6}] | {indent}/* {}{values} */",
+                    lead(marks, on_trap, None),
                     out::paint(out::NAME, label)
                 );
             }
@@ -242,8 +280,8 @@ impl LiveTree {
                     None => String::new(),
                 };
                 outln!(
-                    "{:>11} [{tid:>6}] | {indent}{}({args}) {{{from}",
-                    "",
+                    "{} [{tid:>6}] | {indent}{}({args}) {{{from}",
+                    lead(marks, on_trap, None),
                     out::paint(out::NAME, &name)
                 );
             }
@@ -274,6 +312,12 @@ impl EventSink for LiveTree {
     /// A pending probe armed in a module the program loaded: its typed
     /// values are shown from now on (planned at its arming).
     fn pending_armed(&mut self, armed: &hotprobe::ArmedPending) -> Result<(), SinkError> {
+        // Its lines are marked as the mechanism it was armed on says.
+        let p = &armed.placement;
+        match trap_label(p) {
+            Some(label) => self.traps.insert(p.id.0, label),
+            None => self.traps.remove(&p.id.0),
+        };
         if let Some(typing) = &self.typing {
             self.typed.note_armed(typing, armed);
         }
@@ -286,6 +330,7 @@ impl EventSink for LiveTree {
         let more = LiveTree::new(&image.placements, self.args);
         self.names.extend(more.names);
         self.labels.extend(more.labels);
+        self.traps.extend(more.traps);
         outln!(
             "{:>11} [{:>6}] | /* pid {} executed {} ({}) */",
             "",
@@ -414,6 +459,11 @@ pub fn run(o: &TraceOptions<'_>) -> Result<u8> {
     outln!("{HEADER}");
     let mut typed_sink = typed::RegisterTyped::new(&mut tree, &typing, &placed);
     let ran = t.run(&placed, o.duration, Some(&mut typed_sink));
+    // The lines marked `*`: what they mean, after the tree as `replay`
+    // says it.
+    if let Some(legend) = tree.trap_legend() {
+        outln!("{legend}");
+    }
     note_untyped_armed(&typing, untyped_at_start, untyped_shown);
     note_type_sources(&typing, sources_at_start);
     if o.stacks {
@@ -515,9 +565,21 @@ mod tests {
         assert_eq!(format_value(7), "7");
         assert_eq!(format_value(u64::MAX), "-1");
         assert_eq!(format_value(0x7ffd_1234_5678), "0x7ffd12345678");
-        assert_eq!(format_duration(Duration::from_nanos(1234)), "   1.234 us");
-        assert_eq!(format_duration(Duration::from_micros(2500)), "   2.500 ms");
-        assert_eq!(format_duration(Duration::from_millis(1500)), "   1.500  s");
-        assert_eq!(format_duration(Duration::ZERO).len(), 11);
+        let mut marks = TrapMarks::default();
+        let mut lead = |on_trap, d| lead(&mut marks, on_trap, d);
+        assert_eq!(lead(None, Some(Duration::from_nanos(1234))), "   1.234 us");
+        assert_eq!(lead(None, Some(Duration::from_micros(2500))), "   2.500 ms");
+        assert_eq!(lead(None, Some(Duration::from_millis(1500))), "   1.500  s");
+        // A call of 1000 s or more keeps the mark column.
+        assert_eq!(lead(None, Some(Duration::from_secs(1234))), " 1234.000  s");
+        assert_eq!(lead(None, None), " ".repeat(11));
+        assert_eq!(lead(None, Some(Duration::ZERO)).len(), 11);
+        let trap = Some("in-process trap");
+        assert_eq!(lead(trap, Some(Duration::from_nanos(950))), "*  0.950 us");
+        assert_eq!(lead(trap, None), format!("*{}", " ".repeat(10)));
+        assert_eq!(
+            marks.legend(&[]).as_deref(),
+            Some("# * on a trap (in-process trap: µs a hit, left in these times)")
+        );
     }
 }

@@ -3,7 +3,9 @@
 //! a multi-threaded program logs itself, babeltrace2 and serde_json read
 //! the exports with the recorded event counts, the minimum-duration filter
 //! keeps exactly the long calls, marker functions split phases with the
-//! program's own counts, and truncated streams give one error line.
+//! program's own counts, and truncated streams give one error line. The
+//! live tree of `hotprobe trace` marks the lines of a function on a trap
+//! and ends with the legend as `replay` does.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -564,4 +566,147 @@ fn arguments_and_return_values_are_recorded() {
         let want: Vec<i64> = [3, 5, 7].iter().flat_map(|&n| 0..n).collect();
         assert_eq!(seen, want, "--args {nargs}");
     }
+}
+
+/// `hotprobe trace`'s live tree of tests/programs/trap_marks.c
+/// (`t_tiny`, only a trap takes it, called `n` times, then the jump-probed
+/// `t_work` `m` times) with `extra` options: the program's output and
+/// exit status as when it runs alone, hotprobe's stderr, the tree's lines
+/// (header, program output and legend left out) and the stdout lines after
+/// the tree (the legend, when any).
+struct LiveRun {
+    err: String,
+    tree: Vec<String>,
+    after: Vec<String>,
+}
+
+fn trace_trap_marks(extra: &[&str], n: usize, m: usize) -> LiveRun {
+    let prog = program_with("trap_marks", "o2", &["-O2"]);
+    let (n, m) = (n.to_string(), m.to_string());
+    let native = Command::new(&prog).args([&n, &m]).output().unwrap();
+    assert_eq!(native.status.code(), Some(3));
+    let mut args = vec!["trace"];
+    args.extend_from_slice(extra);
+    args.extend(["t_tiny", "t_work", "--", prog.to_str().unwrap(), &n, &m]);
+    let o = hotprobe(&args);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), native.status.code(), "{out}\n{err}");
+    let mut lines = out.lines();
+    assert_eq!(
+        lines.next(),
+        Some("# DURATION     TID     FUNCTION"),
+        "{out}"
+    );
+    let (mut tree, mut program, mut after) = (Vec::new(), String::new(), Vec::new());
+    for l in lines {
+        if l.contains("] | ") {
+            assert!(after.is_empty(), "a tree line after the legend: {out}");
+            tree.push(l.to_string());
+        } else if l.starts_with('#') {
+            after.push(l.to_string());
+        } else {
+            program.push_str(l);
+            program.push('\n');
+        }
+    }
+    assert_eq!(program, text(&native.stdout), "{out}");
+    LiveRun { err, tree, after }
+}
+
+/// The function of a tree line and whether it is an entry (`f() {`) or an
+/// exit (`} /* f */`).
+fn live_line(l: &str) -> (String, bool) {
+    let body = l.split_once("] | ").unwrap().1;
+    match body.strip_prefix("} /* ") {
+        Some(exit) => (exit.trim_end_matches(" */").to_string(), false),
+        None => (body.trim_end_matches("() {").to_string(), true),
+    }
+}
+
+/// `trace`: the lines of a function placed on a trap have `*` in the first column, as `replay` and `report` mark them, the
+/// others a blank, and the tree ends with replay's legend; a function on
+/// the in-process trap, then every function on the ptrace trap
+/// (`--mechanism trap`).
+#[test]
+fn trace_marks_the_lines_of_functions_on_a_trap() {
+    let (n, m) = (7, 4);
+    let run = trace_trap_marks(&[], n, m);
+    // The premise: t_tiny on the in-process trap, t_work on a jump.
+    assert!(
+        run.err.contains(" 2 probes (in-process 1, jump 1)\n"),
+        "{}",
+        run.err
+    );
+    let mut seen: BTreeMap<(String, bool), usize> = BTreeMap::new();
+    for l in &run.tree {
+        let (f, entry) = live_line(l);
+        let on_trap = f == "t_tiny";
+        assert!(on_trap || f == "t_work", "{l}");
+        assert_eq!(l.starts_with('*'), on_trap, "{l}");
+        assert_eq!(l.starts_with(' '), !on_trap, "{l}");
+        // An entry's columns are blank but for the mark.
+        if entry {
+            let mark = if on_trap { '*' } else { ' ' };
+            assert!(l.starts_with(&format!("{mark}{}[", " ".repeat(11))), "{l}");
+        }
+        *seen.entry((f, entry)).or_default() += 1;
+    }
+    let want: BTreeMap<(String, bool), usize> = [
+        (("t_tiny".to_string(), true), n),
+        (("t_tiny".to_string(), false), n),
+        (("t_work".to_string(), true), m),
+        (("t_work".to_string(), false), m),
+    ]
+    .into();
+    assert_eq!(seen, want, "{:#?}", run.tree);
+    let legend = "# * on a trap (in-process trap: µs a hit, left in these times)";
+    assert_eq!(run.after, [legend], "{:#?}", run.tree);
+
+    // The same program recorded: replay marks t_tiny's lines (a leaf: one
+    // line a call) and, with the times as measured as trace shows them,
+    // ends with the same legend.
+    let dir = tmp().join(format!("trap-marks-{}", std::process::id()));
+    let prog = program_with("trap_marks", "o2", &["-O2"]);
+    let (n_arg, m_arg) = (n.to_string(), m.to_string());
+    let o = hotprobe(&[
+        "record",
+        "--force",
+        "-o",
+        dir.to_str().unwrap(),
+        "t_tiny",
+        "t_work",
+        "--",
+        prog.to_str().unwrap(),
+        &n_arg,
+        &m_arg,
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o.stderr));
+    let replay = analyse(&["replay", "--raw-times", dir.to_str().unwrap()]);
+    assert_eq!(replay.lines().last(), Some(legend), "{replay}");
+    let marked: Vec<&str> = replay.lines().filter(|l| l.starts_with('*')).collect();
+    assert_eq!(marked.len(), n, "{replay}");
+    assert!(
+        marked.iter().all(|l| l.ends_with("] | t_tiny();")),
+        "{replay}"
+    );
+
+    // --mechanism trap: both functions on the ptrace trap, every line
+    // marked.
+    let (n, m) = (2, 1);
+    let run = trace_trap_marks(&["--mechanism", "trap"], n, m);
+    assert!(run.err.contains(" 2 probes (trap 2)\n"), "{}", run.err);
+    assert_eq!(run.tree.len(), 2 * (n + m), "{:#?}", run.tree);
+    assert!(
+        run.tree.iter().all(|l| l.starts_with('*')),
+        "{:#?}",
+        run.tree
+    );
+    let tiny = run.tree.iter().filter(|l| live_line(l).0 == "t_tiny");
+    assert_eq!(tiny.count(), 2 * n, "{:#?}", run.tree);
+    assert_eq!(
+        run.after,
+        ["# * on a trap (ptrace trap: µs a hit, left in these times)"],
+        "{:#?}",
+        run.tree
+    );
 }

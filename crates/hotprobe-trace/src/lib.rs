@@ -44,6 +44,7 @@ pub mod stacks;
 mod stacks_tsv;
 mod summary;
 mod symbols;
+mod trap_marks;
 mod values;
 pub mod varint;
 mod writer;
@@ -83,6 +84,7 @@ pub use query::{CompiledQuery, Query, QueryStack, StepStack};
 pub use reader::{StreamFile, ThreadStream, TraceReader};
 pub use summary::{rfc3339, summarize, ThreadSummary, TraceSummary};
 pub use symbols::{ProbeKind, Symbol, SymbolTable};
+pub use trap_marks::{mark_column, trap_legend, TrapMarks, TRAP_MARK};
 pub use values::{values_file_name, ThreadValues, ValueTypes, MAX_VALUES_LEN, TYPES_FILE};
 pub use writer::{
     stream_file_name, TraceMeta, TraceWriter, FLUSH_EVERY, IDLE_FLUSH, INFO_FILE, SYMBOLS_FILE,

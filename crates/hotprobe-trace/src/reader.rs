@@ -16,7 +16,6 @@ use crate::writer::{INFO_FILE, SYMBOLS_FILE};
 
 mod costs;
 pub(crate) use costs::times_line;
-pub(crate) use costs::trap_legend;
 
 /// One thread stream of a trace.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -308,20 +308,15 @@ pub fn replay_with(
         c
     };
     // The trap mechanisms of the lines marked, for the legend at the end.
-    let marked: std::cell::RefCell<Vec<&str>> = Default::default();
+    let marks: std::cell::RefCell<crate::TrapMarks> = Default::default();
     // A line's start up to its `| `: the columns, `*` in place of their
     // first space for a line of a function on a trap, as `report` marks
     // its row (the columns, when any, start with a space).
     let lead = |columns: String, probe: Option<u32>| -> String {
         let mut s = columns;
         s.push(' ');
-        if let Some(label) = probe.and_then(|p| reader.trap_of(p)) {
-            let mut m = marked.borrow_mut();
-            if !m.contains(&label) {
-                m.push(label);
-            }
-            s.replace_range(..1, "*");
-        }
+        let on_trap = probe.and_then(|p| reader.trap_of(p));
+        marks.borrow_mut().mark(&mut s, on_trap);
         s
     };
     // The host kernel's syscalls per thread (`record --kernel`), printed
@@ -557,11 +552,7 @@ pub fn replay_with(
         res.and_then(|()| line(out, tid, None)).map_err(io)?;
     }
     // The lines marked `*`: what they mean, as under `report`'s table.
-    let legend = crate::reader::trap_legend(
-        marked.borrow().iter().copied(),
-        &reader.corrected_mechanisms(),
-    );
-    if let Some(legend) = legend {
+    if let Some(legend) = marks.borrow().legend(&reader.corrected_mechanisms()) {
         writeln!(out, "{legend}").map_err(io)?;
     }
     Ok(())

@@ -327,7 +327,7 @@ impl Report {
             };
             // A function on a trap: `*` in the first column (the legend
             // after the table).
-            let mark = if r.on_trap.is_some() { '*' } else { ' ' };
+            let mark = crate::mark_column(r.on_trap.is_some());
             s.push_str(&format!(
                 "{mark} {}  {}{kernel}  {}  {}  {}  {no_exit}{:>10}  {}\n",
                 total,
@@ -356,7 +356,7 @@ impl Report {
     /// there are some: each trap mechanism, and whether its calibrated
     /// cost a hit is out of these times.
     pub fn trap_legend(&self) -> Option<String> {
-        crate::reader::trap_legend(
+        crate::trap_legend(
             self.rows.iter().filter_map(|r| r.on_trap.as_deref()),
             &self.corrected,
         )

@@ -133,35 +133,6 @@ impl TraceReader {
     }
 }
 
-/// The legend of the lines marked `*` (functions on a trap) in `report`'s
-/// table and `replay`'s tree: `# * on a trap (LABEL: µs a hit, taken out
-/// of these times as calibrated; …)`, each mechanism of `labels` once,
-/// sorted, `left in these times` for one not in `corrected`. `None` when
-/// `labels` is empty.
-pub(crate) fn trap_legend<'a>(
-    labels: impl IntoIterator<Item = &'a str>,
-    corrected: &[String],
-) -> Option<String> {
-    let mut labels: Vec<&str> = labels.into_iter().collect();
-    labels.sort_unstable();
-    labels.dedup();
-    if labels.is_empty() {
-        return None;
-    }
-    let each: Vec<String> = labels
-        .iter()
-        .map(|l| {
-            let how = if corrected.iter().any(|c| c == l) {
-                "taken out of these times as calibrated"
-            } else {
-                "left in these times"
-            };
-            format!("{l}: µs a hit, {how}")
-        })
-        .collect();
-    Some(format!("# * on a trap ({})", each.join("; ")))
-}
-
 /// One line saying what `reader`'s times are
 /// ([`TraceReader::overhead_note`]) and which functions went through a
 /// trap, for exports with room for a line of text (`None` for a trace
