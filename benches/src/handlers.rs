@@ -74,9 +74,9 @@ fn driver(mut cmd: Command, n: u64, what: &str) -> Result<f64> {
     loop_ns(&text)
 }
 
-/// The C driver (benches/programs/c_handler.c) built against the release
-/// libhotprobe_c through pkg-config.
-fn build_c() -> Result<PathBuf> {
+/// Builds the C API library in release (`cargo build --release -p
+/// hotprobe-capi`) and returns the directory of `libhotprobe_c.so`.
+pub(crate) fn build_capi() -> Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let st = Command::new(cargo)
         .args(["build", "--release", "--locked", "-p", "hotprobe-capi"])
@@ -86,6 +86,13 @@ fn build_c() -> Result<PathBuf> {
     if !st.success() {
         bail!("cargo build --release -p hotprobe-capi failed");
     }
+    Ok(root().join("target/release"))
+}
+
+/// The C driver (benches/programs/c_handler.c) built against the release
+/// libhotprobe_c through pkg-config.
+fn build_c() -> Result<PathBuf> {
+    build_capi()?;
     let pc = Command::new("pkg-config")
         .args(["--cflags", "--libs", "hotprobe"])
         .env("PKG_CONFIG_PATH", root().join("target/release"))

@@ -11,6 +11,7 @@
 //! cargo run --release -p hotprobe-bench -- sqlite           # every function of SQLite: count, record, uftrace
 //! cargo run --release -p hotprobe-bench -- handlers         # Rust, C, Python handlers vs Frida's JS
 //! cargo run --release -p hotprobe-bench -- scale --n 1000,10000,100000   # issue 14: N probes
+//! cargo run --release -p hotprobe-bench -- handlerwait      # issue 22: ptrace stops beside a shared-memory handler
 //! ```
 //!
 //! Prints a markdown table: ns per hit and × native. Not a test: timing
@@ -184,6 +185,27 @@ enum What {
         #[arg(long, default_value_t = 9)]
         runs: usize,
     },
+    /// Serving handler calls of a traced process (issue 22): a C tool (the
+    /// C API) with a shared-memory pre handler on `h` and a ptrace-trap
+    /// return probe on `t`: µs a call of `t`, of `t` then `h`, and the
+    /// tool's context switches while the target sleeps.
+    Handlerwait {
+        /// Calls of `t` alone, then iterations of `t` and `h`, per run.
+        #[arg(long, default_value_t = 2000)]
+        calls: u64,
+        /// Rounds (one run of every row each; the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// The window (ms) over which the tool's context switches are
+        /// counted; the target sleeps 0.5 s more on each side of it.
+        #[arg(long, default_value_t = 1000)]
+        idle_ms: u64,
+        /// The directory of another build's `libhotprobe_c.so` (an earlier
+        /// commit): the same tool linked against it, runs alternating, for
+        /// a before/after comparison.
+        #[arg(long)]
+        baseline_lib: Option<PathBuf>,
+    },
     /// One measurement of `scale`, in a process of its own (internal).
     #[command(hide = true)]
     ScaleOne {
@@ -195,6 +217,7 @@ enum What {
 }
 
 mod handlers;
+mod handlerwait;
 mod stock;
 mod threadstart;
 mod truetimes;
@@ -221,6 +244,12 @@ fn main() -> Result<()> {
         } => threadstart::run_all(threads, calls, runs, baseline.as_deref()),
         What::Truetimes { runs } => truetimes::run_all(runs),
         What::Handlers { cpu, hits, runs } => handlers::run(cpu, hits, runs),
+        What::Handlerwait {
+            calls,
+            runs,
+            idle_ms,
+            baseline_lib,
+        } => handlerwait::run(calls, runs, idle_ms, baseline_lib.as_deref()),
         What::Scale {
             n,
             runs,
