@@ -224,12 +224,19 @@ impl Session {
         timeout: Option<Duration>,
     ) -> Result<(bool, bool), EngineError> {
         let slot = &mut self.slots[i];
+        let stops = |slot: &mut Slot| Slot::process(&mut slot.target).map(|p| p.ptrace_stops());
+        let stops_before = stops(slot);
         let ev = match slot.target.as_target().wait(timeout) {
             Ok(ev) => ev,
             Err(TargetError::Gone { .. }) => return Ok((false, false)),
             Err(e) => return Err(e.into()),
         };
-        let seen = !matches!(ev, TargetEvent::Timeout);
+        // A stop the target handled itself (a signal it forwarded, an
+        // in-process trap's SIGTRAP passed on) is one of this process's
+        // too, though no event comes of it: the doorbell rung for it was
+        // not another child's (else the next serve waited in 1 ms slices,
+        // `hotprobe-bench handlerwait`).
+        let seen = !matches!(ev, TargetEvent::Timeout) || stops(slot) != stops_before;
         let change = match &ev {
             TargetEvent::Exec => Some(mech::TargetChange::Exec),
             TargetEvent::Exited(status) => {
