@@ -168,6 +168,28 @@ fn pidfd_ended(pidfd: &OwnedFd, wait: Duration) -> bool {
     r > 0 && p.revents & (libc::POLLIN | libc::POLLHUP) != 0
 }
 
+/// Sleeps up to `wait`, until `pidfd` (if any) is readable (its process
+/// ended); whether a signal cut the sleep short.
+fn nap_interrupted(pidfd: Option<&OwnedFd>, wait: Duration) -> bool {
+    let mut p = pidfd.map(|fd| libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    let ts = libc::timespec {
+        tv_sec: wait.as_secs().min(i32::MAX as u64) as libc::time_t,
+        tv_nsec: libc::c_long::from(wait.subsec_nanos() as i32),
+    };
+    let (fds, n) = match p.as_mut() {
+        Some(p) => (p as *mut libc::pollfd, 1),
+        None => (std::ptr::null_mut(), 0),
+    };
+    // SAFETY: `n` pollfds at `fds` (none: a plain sleep) and a timespec,
+    // valid across the call; no mask.
+    let r = unsafe { libc::ppoll(fds, n, &ts, std::ptr::null()) };
+    r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+}
+
 /// The exit status of an ended process that is not our child: the
 /// pidfd's exit information, else its zombie's `exit_code` (a wait
 /// status, `/proc/PID/stat` field 52).
@@ -477,12 +499,12 @@ impl ProcessTarget {
                 return Ok(TargetEvent::Timeout);
             }
             let nap_now = nap.min(deadline - now);
-            match self.released.as_ref().and_then(|r| r.pidfd.as_ref()) {
-                // Wakes at once when the process ends.
-                Some(fd) => {
-                    pidfd_ended(fd, nap_now);
-                }
-                None => std::thread::sleep(nap_now),
+            // Wakes at once when the process ends (its pidfd), or a signal
+            // comes: the caller's loop checks its interrupt flag (Ctrl-C
+            // waited out the rest of a 1 s wait before).
+            let pidfd = self.released.as_ref().and_then(|r| r.pidfd.as_ref());
+            if nap_interrupted(pidfd, nap_now) {
+                return Ok(TargetEvent::Timeout);
             }
             nap = (nap * 2).min(Duration::from_millis(5));
         }
