@@ -20,23 +20,14 @@
 mod common;
 use common::*;
 use hotprobe_c::{HOTPROBE_MECH_AUTO, HOTPROBE_MECH_TRAP};
+use hotprobe_testkit::Killed;
 use hotprobe_testkit::{code_mappings, line_reader, text_differences};
 use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
-
-/// Kills a process when dropped (also when the test panics).
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// A program the host started, the test's once the host is gone (the
 /// test is a child subreaper): killed and reaped when dropped.

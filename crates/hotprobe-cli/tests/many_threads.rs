@@ -12,6 +12,7 @@
 //! released process is taken back, skips a thread that ends or that a
 //! just-seized thread made (`ProcessTarget::seize_tasks`).
 
+use hotprobe_testkit::Killed;
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::mpsc::Receiver;
@@ -68,16 +69,6 @@ fn traced_tasks(pid: u32) -> Vec<String> {
                 .then(|| format!("{}: {tracer}", t.file_name().to_string_lossy()))
         })
         .collect()
-}
-
-/// The program, killed if the test ends before it does.
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[test]

@@ -14,6 +14,7 @@
 //! remote call lets the others run, the rendezvous `int3` lifted
 //! meanwhile (`hotprobe-process` `lend.rs`).
 
+use hotprobe_testkit::Killed;
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::mpsc::Receiver;
@@ -30,16 +31,6 @@ const CYCLES: usize = 5;
 /// `work`'s calls in a round, and the sum of their results (3 i + 1).
 const ROUND: u64 = 100_000;
 const ROUND_SUM: u64 = 3 * (ROUND * (ROUND - 1) / 2) + ROUND;
-
-/// The program, killed if the test ends before it does.
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Sends a line and checks the round's line (every call's result as
 /// without hotprobe).

@@ -10,12 +10,13 @@
 //! in `info` and in the trace. The seeds are printed: `HOTPROBE_KILL_SEED`
 //! and `HOTPROBE_DISK_SEED` repeat them.
 
+use hotprobe_testkit::GroupKilled;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{kill_group, line_reader, text};
+use common::{line_reader, text};
 use hotprobe_testkit::SeededMoments;
 
 mod record_support;
@@ -34,15 +35,6 @@ int main(int argc, char **argv) {
     return 0;
 }
 "#;
-
-/// Kills a process group when dropped (also when the test panics).
-struct Group(i32);
-
-impl Drop for Group {
-    fn drop(&mut self) {
-        kill_group(self.0);
-    }
-}
 
 /// The stream file of a trace directory being written, if any.
 fn stream_size(dir: &Path) -> u64 {
@@ -86,7 +78,7 @@ fn record_killed_at_seeded_moments_leaves_a_readable_trace() {
             .unwrap();
         let pgid = child.id() as i32;
         // Whatever happens, nothing it started outlives the test.
-        let _group = Group(pgid);
+        let _group = GroupKilled(pgid);
         let lines = line_reader(child.stdout.take().unwrap());
         // (calls done, when the line came)
         let mut logged: Vec<(u64, Instant)> = Vec::new();
@@ -372,7 +364,7 @@ fn on_a_full_disk_at_seeded_moments_record_stops_writing_and_runs_the_program_to
             .process_group(0)
             .spawn()
             .unwrap();
-        let _group = Group(child.id() as i32);
+        let _group = GroupKilled(child.id() as i32);
         let lines = line_reader(child.stdout.take().unwrap());
         let mut go_on = child.stdin.take().unwrap();
         let mut go_on = move || {
@@ -543,7 +535,7 @@ fn record_killed_while_the_program_pauses_keeps_every_call() {
         .process_group(0)
         .spawn()
         .unwrap();
-    let _group = Group(child.id() as i32);
+    let _group = GroupKilled(child.id() as i32);
     let lines = line_reader(child.stdout.take().unwrap());
     let line = lines.recv_timeout(Duration::from_secs(30)).unwrap();
     assert_eq!(line, "paused 5000");

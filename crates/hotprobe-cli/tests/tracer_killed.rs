@@ -25,6 +25,8 @@
 //! not covered: one during the remote function calls of the agent's
 //! injection (docs/DESIGN.md, "Remote system calls and a tracer's death").
 
+use hotprobe_testkit::GroupKilled;
+use hotprobe_testkit::Killed;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -32,7 +34,7 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{gcc, kill_group, line_reader, HOTPROBE};
+use common::{gcc, line_reader, HOTPROBE};
 use hotprobe_testkit::text_differences;
 
 use hotprobe::fastpath::{ledger_state, UndoState};
@@ -112,16 +114,6 @@ impl Rng {
     }
 }
 
-/// Kills a process when dropped (also when the test panics).
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Fails, saying how, when `child` (the program) ended: what these tests
 /// catch is a program killed around the tracer's death, and the memory of
 /// an ended process cannot be read (`/proc/PID/mem` gives ESRCH once it is
@@ -130,15 +122,6 @@ impl Drop for Killed {
 fn assert_running(child: &mut Child, what: impl FnOnce() -> String) {
     if let Some(status) = child.try_wait().unwrap() {
         panic!("{}: the program ended: {status:?}", what());
-    }
-}
-
-/// Kills a process group when dropped.
-struct Group(i32);
-
-impl Drop for Group {
-    fn drop(&mut self) {
-        kill_group(self.0);
     }
 }
 
@@ -214,7 +197,7 @@ fn run(prog: &Path, phase: Phase, rng: &mut Rng, ctx: &str) -> String {
         .process_group(0)
         .spawn()
         .unwrap();
-    let _group = Group(hp.id() as i32);
+    let _group = GroupKilled(hp.id() as i32);
     let errs = line_reader(hp.stderr.take().unwrap());
     let mut said: Vec<String> = Vec::new();
     let attached = |said: &[String]| said.iter().any(|l| l.contains("attached to pid"));
@@ -423,7 +406,7 @@ fn kill_seed() -> u64 {
 /// it said.
 /// `count -p PID --mechanism trap probed`, its stderr read until a line
 /// holds `until`: (hotprobe, its process group, the lines read).
-fn attach_trap(pid: u32, ctx: &str, until: &str) -> (Child, Group, Vec<String>) {
+fn attach_trap(pid: u32, ctx: &str, until: &str) -> (Child, GroupKilled, Vec<String>) {
     use std::os::unix::process::CommandExt;
     let mut hp = Command::new(HOTPROBE)
         .args([
@@ -440,7 +423,7 @@ fn attach_trap(pid: u32, ctx: &str, until: &str) -> (Child, Group, Vec<String>) 
         .process_group(0)
         .spawn()
         .unwrap();
-    let group = Group(hp.id() as i32);
+    let group = GroupKilled(hp.id() as i32);
     let errs = line_reader(hp.stderr.take().unwrap());
     let mut said = Vec::new();
     let deadline = Instant::now() + LIMIT;

@@ -218,6 +218,18 @@ fn part_path(out: &Path, n: usize) -> PathBuf {
     with_suffix(out, &format!(".{}.{n}.part", std::process::id()))
 }
 
+/// A child process killed and reaped when dropped (also when the test
+/// panics): the program a test runs beside hotprobe.
+#[derive(Debug)]
+pub struct Killed(pub std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A temporary folder, removed on drop.
 pub struct TempDir(PathBuf);
 
@@ -296,6 +308,17 @@ pub fn kill_group(pgid: i32) {
         if pgid != libc::getpgrp() {
             libc::kill(-pgid, libc::SIGKILL);
         }
+    }
+}
+
+/// A process group killed ([`kill_group`]) when dropped (also when the
+/// test panics).
+#[derive(Debug)]
+pub struct GroupKilled(pub i32);
+
+impl Drop for GroupKilled {
+    fn drop(&mut self) {
+        kill_group(self.0);
     }
 }
 
