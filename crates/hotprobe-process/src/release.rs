@@ -149,28 +149,27 @@ fn pidfd_info(pidfd: &OwnedFd) -> Option<PidfdInfo> {
 
 /// Whether the process of `pidfd` has ended (its whole thread group).
 fn pidfd_ended(pidfd: &OwnedFd, wait: Duration) -> bool {
-    let mut p = libc::pollfd {
-        fd: pidfd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // `ppoll`, to the microsecond: `poll`'s milliseconds made every nap
-    // under 1 ms a poll that returns at once, and `wait_released` (naps
-    // of 200, 400 and 800 µs) a busy loop on a CPU the released program
-    // needed (an 8-thread start under `record`, whose run loop waits 1 ms
-    // at most, ran 4–18× native).
-    let ts = libc::timespec {
-        tv_sec: wait.as_secs().min(i32::MAX as u64) as libc::time_t,
-        tv_nsec: libc::c_long::from(wait.subsec_nanos() as i32),
-    };
-    // SAFETY: one pollfd and a timespec, valid across the call; no mask.
-    let r = unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) };
-    r > 0 && p.revents & (libc::POLLIN | libc::POLLHUP) != 0
+    poll_pidfd(Some(pidfd), wait) == Polled::Ready
 }
 
-/// Sleeps up to `wait`, until `pidfd` (if any) is readable (its process
-/// ended); whether a signal cut the sleep short.
-fn nap_interrupted(pidfd: Option<&OwnedFd>, wait: Duration) -> bool {
+/// What [`poll_pidfd`] found.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Polled {
+    /// The pidfd is readable: its process ended.
+    Ready,
+    /// A signal cut the wait short.
+    Interrupted,
+    /// Neither, within the wait.
+    TimedOut,
+}
+
+/// Waits up to `wait` for `pidfd` (if any; without one, a plain sleep).
+/// `ppoll`, to the microsecond: `poll`'s milliseconds made every nap
+/// under 1 ms a poll that returns at once, and `wait_released` (naps of
+/// 200, 400 and 800 µs) a busy loop on a CPU the released program needed
+/// (an 8-thread start under `record`, whose run loop waits 1 ms at most,
+/// ran 4–18× native).
+fn poll_pidfd(pidfd: Option<&OwnedFd>, wait: Duration) -> Polled {
     let mut p = pidfd.map(|fd| libc::pollfd {
         fd: fd.as_raw_fd(),
         events: libc::POLLIN,
@@ -187,7 +186,14 @@ fn nap_interrupted(pidfd: Option<&OwnedFd>, wait: Duration) -> bool {
     // SAFETY: `n` pollfds at `fds` (none: a plain sleep) and a timespec,
     // valid across the call; no mask.
     let r = unsafe { libc::ppoll(fds, n, &ts, std::ptr::null()) };
-    r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+    let ready = p.is_some_and(|p| p.revents & (libc::POLLIN | libc::POLLHUP) != 0);
+    match r {
+        -1 if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) => {
+            Polled::Interrupted
+        }
+        r if r > 0 && ready => Polled::Ready,
+        _ => Polled::TimedOut,
+    }
 }
 
 /// The exit status of an ended process that is not our child: the
@@ -503,7 +509,7 @@ impl ProcessTarget {
             // comes: the caller's loop checks its interrupt flag (Ctrl-C
             // waited out the rest of a 1 s wait before).
             let pidfd = self.released.as_ref().and_then(|r| r.pidfd.as_ref());
-            if nap_interrupted(pidfd, nap_now) {
+            if poll_pidfd(pidfd, nap_now) == Polled::Interrupted {
                 return Ok(TargetEvent::Timeout);
             }
             nap = (nap * 2).min(Duration::from_millis(5));
