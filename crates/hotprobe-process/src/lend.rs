@@ -47,9 +47,10 @@ pub(crate) struct Lent {
 }
 
 impl Lent {
-    /// Whether no thread was lent.
+    /// Whether nothing was lent or changed (no [`ProcessTarget::take_back`]
+    /// needed).
     pub(crate) fn is_empty(&self) -> bool {
-        self.tids.is_empty()
+        self.tids.is_empty() && self.lifted.is_none() && !self.event_taken
     }
 }
 
@@ -57,34 +58,35 @@ impl ProcessTarget {
     /// Lets every stopped thread other than `call_tid` run (see the module
     /// docs): the parked ones, and the ones stopped at the rendezvous with
     /// their `ModulesChanged` event queued.
-    pub(crate) fn lend_others(&mut self, call_tid: i32) -> Result<Lent, TargetError> {
-        let mut lent = Lent {
-            modules_before: self.exec_mappings(),
-            ..Lent::default()
-        };
-        if let Some(brk) = self
+    pub(crate) fn lend_others(&mut self, call_tid: i32) -> Lent {
+        let liftable = self
             .rendezvous
             .as_ref()
-            .filter(|r| !r.engine_owned)
-            .map(|r| r.brk)
-        {
-            if self.breakpoints.contains_key(&brk) && self.remove_int3(RuntimeAddr(brk)).is_ok() {
-                lent.lifted = Some(brk);
-            }
+            .filter(|r| !r.engine_owned || !self.breakpoints.contains_key(&r.brk))
+            .map(|r| r.brk);
+        // A thread stopped at the rendezvous is lent when no `int3` stays
+        // there (lifted below, or taken out with the others at detach):
+        // it runs its `ret`.
+        let free_after = self.rendezvous.is_none() || liftable.is_some();
+        let tids: Vec<i32> = self
+            .threads
+            .iter()
+            .filter(|(&tid, th)| {
+                let at_rendezvous_event =
+                    th.state == RunState::Event && th.at_rendezvous && free_after;
+                tid != call_tid && (th.state == RunState::Parked || at_rendezvous_event)
+            })
+            .map(|(&tid, _)| tid)
+            .collect();
+        let mut lent = Lent::default();
+        if tids.is_empty() {
+            // Nothing to lend: nothing changes (the `int3` stays).
+            return lent;
         }
-        // No `int3` at the rendezvous any more (lifted now, or taken out
-        // with the others at detach): a thread stopped there runs its
-        // `ret`.
-        let rendezvous_free = self
-            .rendezvous
-            .as_ref()
-            .is_none_or(|r| !self.breakpoints.contains_key(&r.brk));
-        let mut tids: Vec<i32> = Vec::new();
-        for (&tid, th) in &self.threads {
-            let at_rendezvous_event =
-                th.state == RunState::Event && th.at_rendezvous && rendezvous_free;
-            if tid != call_tid && (th.state == RunState::Parked || at_rendezvous_event) {
-                tids.push(tid);
+        lent.modules_before = self.exec_mappings();
+        if let Some(brk) = liftable.filter(|b| self.breakpoints.contains_key(b)) {
+            if self.remove_int3(RuntimeAddr(brk)).is_ok() {
+                lent.lifted = Some(brk);
             }
         }
         for tid in tids {
@@ -105,10 +107,16 @@ impl ProcessTarget {
                     t.state = RunState::Parked;
                 }
             }
-            self.resume(ThreadId(tid as u64), hotprobe_target::ResumeMode::Continue)?;
-            lent.tids.push(tid);
+            // A thread that cannot be resumed (it ended) is left to
+            // `stop_all`.
+            if self
+                .resume(ThreadId(tid as u64), hotprobe_target::ResumeMode::Continue)
+                .is_ok()
+            {
+                lent.tids.push(tid);
+            }
         }
-        Ok(lent)
+        lent
     }
 
     /// Stops the threads of `lent` again, as `stop_all` does, puts the

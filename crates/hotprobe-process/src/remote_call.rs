@@ -275,7 +275,7 @@ fn call_and_wait(
             if let Some(lent) = lent.as_deref_mut() {
                 if !lent_once && start.elapsed() >= LET_OTHERS_RUN_AFTER {
                     lent_once = true;
-                    *lent = t.lend_others(tid)?;
+                    *lent = t.lend_others(tid);
                 }
             }
             if !interrupted && Instant::now() >= deadline {

@@ -1,0 +1,116 @@
+//! A remote call that runs long lends the other threads (`lend.rs`) and
+//! lifts the loader's rendezvous `int3` meanwhile: once it returns, the
+//! `int3` is back, with or without threads to lend. Before, a long call in
+//! a one-thread process lifted it for good: the loads that followed were
+//! never reported (a pending probe of a library the program loaded was
+//! never armed) and the process could not be released.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::FileExt;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use hotprobe_testkit::{compile, shared_programs, Killed, TempDir};
+
+/// The byte at `_dl_debug_state` in `pid`'s memory, as the process sees it
+/// (not through the target, which shows the bytes under its `int3`s).
+fn rendezvous_byte(pid: u32) -> u8 {
+    let syms = hotprobe_symbols::ProcessSymbols::for_pid(pid).expect("the maps");
+    let ld = syms
+        .modules()
+        .iter()
+        .find(|m| m.name.starts_with("ld-linux"))
+        .expect("the loader");
+    let at = ld.runtime(
+        ld.module
+            .find("_dl_debug_state")
+            .expect("_dl_debug_state")
+            .addr,
+    );
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut b = [0u8];
+    mem.read_exact_at(&mut b, at.0).unwrap();
+    b[0]
+}
+
+/// libc's `usleep` in `pid`.
+fn usleep_of(pid: u32) -> u64 {
+    let syms = hotprobe_symbols::ProcessSymbols::for_pid(pid).expect("the maps");
+    let libc = syms
+        .modules()
+        .iter()
+        .find(|m| m.name.starts_with("libc.so"))
+        .expect("libc");
+    libc.runtime(libc.module.find("usleep").expect("usleep").addr)
+        .0
+}
+
+/// Attaches to the program `args` starts (past its ready line), makes a
+/// 300 ms remote call of `usleep`, and checks the rendezvous `int3` before
+/// and after; the program then ends as it does alone.
+fn long_call_keeps_the_rendezvous(prog: &std::path::Path, args: &[&str], end: &str) {
+    let mut child = Killed(
+        Command::new(prog)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = child.0.id();
+    let mut out = BufReader::new(child.0.stdout.take().unwrap());
+    let mut ready = String::new();
+    out.read_line(&mut ready).unwrap();
+    assert_eq!(ready.trim_end(), format!("ready {pid}"));
+    let mut t = hotprobe_process::ProcessTarget::attach(pid as i32).expect("attach");
+    assert_eq!(rendezvous_byte(pid), 0xcc, "armed at attach");
+    let r = hotprobe_process::remote_call::remote_call(
+        &mut t,
+        usleep_of(pid),
+        &[300_000],
+        Duration::from_secs(10),
+    )
+    .expect("remote usleep");
+    assert_eq!(r as u32, 0, "usleep's result");
+    assert_eq!(rendezvous_byte(pid), 0xcc, "back after the call");
+    hotprobe_target::Target::detach(&mut t).expect("detach");
+    assert_ne!(rendezvous_byte(pid), 0xcc, "taken out at detach");
+    let mut stdin = child.0.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert_eq!(rest, end);
+    assert!(child.0.wait().unwrap().success());
+}
+
+#[test]
+fn a_long_remote_call_in_a_one_thread_process_puts_the_rendezvous_back() {
+    let dir = TempDir::new("remote-lend-one");
+    let prog = compile(
+        "gcc",
+        &shared_programs().join("vector_state.c"),
+        &dir.path().join("vector_state"),
+        &["-O1", "-mno-avx"],
+        &[],
+    );
+    long_call_keeps_the_rendezvous(&prog, &[], "checks>0 1 changed 0\n");
+}
+
+#[test]
+fn a_long_remote_call_that_lends_threads_puts_the_rendezvous_back() {
+    let dir = TempDir::new("remote-lend-threads");
+    let prog = compile(
+        "gcc",
+        &shared_programs().join("threads.c"),
+        &dir.path().join("threads"),
+        &["-O1"],
+        &["-lpthread"],
+    );
+    // 8 threads × 1000 calls of work(i) = i + 1, i < 1000.
+    long_call_keeps_the_rendezvous(
+        &prog,
+        &["1000", "wait"],
+        "threads 8 iters 1000 calls 8000 total 4004000\n",
+    );
+}
