@@ -29,9 +29,15 @@
 //! probe's breakpoint) stays stopped until the take-back, which queues
 //! its event: should it hold the lock, the call waits out its timeout.
 
+use std::time::{Duration, Instant};
+
 use hotprobe_target::{RuntimeAddr, Target, TargetError, TargetEvent, ThreadId};
 
 use crate::{ProcessTarget, RunState};
+
+/// How long [`ProcessTarget::settle_loader`] lets the threads run at a
+/// time, at most.
+const SETTLE_SLICE: Duration = Duration::from_millis(5);
 
 /// Threads lent by [`ProcessTarget::lend_others`].
 #[derive(Debug, Default)]
@@ -152,6 +158,39 @@ impl ProcessTarget {
             }
         }
         stopped
+    }
+
+    /// Lets the threads run, a few milliseconds at a time, until the
+    /// dynamic loader is not in the middle of a change with every thread
+    /// stopped (another thread's `dlopen` or `dlclose`, in a program that
+    /// loads plugins all the time), for at most `within`; whether it got
+    /// there. A process that may still be starting (its leader in the
+    /// loader's code, or one thread alone: the loader relocating it, an
+    /// IFUNC resolver or a constructor of its libraries running) is left
+    /// as it is: its libc may not be initialised yet, and a remote `dlopen`
+    /// must not run there.
+    pub fn settle_loader(&mut self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        loop {
+            if !self.loader_busy() {
+                return true;
+            }
+            if self.threads.len() < 2 || self.leader_in_loader() || Instant::now() >= deadline {
+                return false;
+            }
+            let lent = self.lend_others(0);
+            if lent.is_empty() {
+                // No thread that could end the change runs.
+                return false;
+            }
+            let slice = Instant::now() + SETTLE_SLICE;
+            while Instant::now() < slice && self.base_namespace_changing() {
+                std::thread::yield_now();
+            }
+            if self.take_back(lent).is_err() {
+                return false;
+            }
+        }
     }
 
     /// The executable file mappings of the process (start, path), to

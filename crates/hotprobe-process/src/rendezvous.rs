@@ -156,9 +156,12 @@ impl ProcessTarget {
     /// agent) is unsafe then. `false` without a rendezvous (static program,
     /// unknown loader): nothing tells.
     pub fn loader_busy(&mut self) -> bool {
-        if self.leader_in_loader() {
-            return true;
-        }
+        self.leader_in_loader() || self.base_namespace_changing()
+    }
+
+    /// Whether the base namespace's `r_state` says a change is under way
+    /// (or it has no objects yet); `false` without a rendezvous.
+    pub(crate) fn base_namespace_changing(&mut self) -> bool {
         let Some(r_debug) = self.rendezvous.as_ref().map(|r| r.r_debug) else {
             return false;
         };
@@ -173,7 +176,7 @@ impl ProcessTarget {
     /// the jump to the entry), or in the lazy binder or a `dlopen`. A
     /// remote `dlopen` from there faulted once with `r_state` consistent
     /// (attach_to_own_child, attached right after spawn).
-    fn leader_in_loader(&self) -> bool {
+    pub(crate) fn leader_in_loader(&self) -> bool {
         let Some(base) = read_auxv(self.pid, libc::AT_BASE).filter(|b| *b != 0) else {
             return false;
         };

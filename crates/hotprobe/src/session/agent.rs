@@ -9,6 +9,11 @@
 use super::foreign::note_foreign_writes;
 use super::*;
 
+/// How long an attach lets another thread's `dlopen` or `dlclose` run to
+/// its end before it loads the agent (a program loading plugins all the
+/// time is inside one at most moments).
+const LOADER_SETTLE: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Whether the target has the agent.
 pub(super) enum AgentState {
     /// Not used, and why.
@@ -87,10 +92,14 @@ impl Agent {
         config: &FastPathConfig,
     ) -> Result<&mut FastPath, String> {
         if let AgentState::Injectable = self.state {
-            if target.process().is_some_and(|pt| pt.loader_busy()) {
+            if target
+                .process()
+                .is_some_and(|pt| pt.loader_busy() && !pt.settle_loader(LOADER_SETTLE))
+            {
                 // Attached while ld.so loads or relocates (a program just
-                // started, or inside dlopen): a remote dlopen would run in
-                // an unrelocated libc. Traps for now; a later placement
+                // started: a remote dlopen would run in an unrelocated
+                // libc), or while another thread's dlopen did not end
+                // within LOADER_SETTLE. Traps for now; a later placement
                 // tries again.
                 return Err(
                     "the agent could not be loaded yet: the program's dynamic loader \
