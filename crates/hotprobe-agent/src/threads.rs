@@ -213,11 +213,23 @@ pub(crate) fn rehome_threads(shm: &Shm) {
         if k == EMPTY || k == TOMBSTONE {
             continue;
         }
+        forget_shadow_actions(e);
+        if e.fast.busy.load(Relaxed) != 0 {
+            // Stopped inside a stub or the agent, half-way through an
+            // event of the earlier memory: its block stays that memory's
+            // until the event is done (filled now, the stub committed an
+            // unwritten event into the new rings: injected.rs's
+            // `stubs_of_a_vanished_tracer_…`, 3 runs in 10). Its next hit
+            // goes to the generic path (a stub key of 0 matches none),
+            // which claims it a slot of the new memory (PENDING_SLOT).
+            e.slot.store(PENDING_SLOT, Relaxed);
+            e.fast.stub_key.store(0, Relaxed);
+            continue;
+        }
         let tid = e.tid.load(Relaxed);
         let slot = shm.claim_thread_for(pid, tid).unwrap_or(NO_SLOT);
         e.slot.store(slot, Relaxed);
         fill_fast(e, shm, slot);
-        forget_shadow_actions(e);
     }
 }
 
