@@ -19,7 +19,8 @@ use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
 mod common;
-use common::{gcc, line_reader, CountTable, HOTPROBE};
+use common::attached::{hotprobe_mappings, CountAttached};
+use common::{gcc, line_reader, CountTable};
 
 const LIMIT: Duration = Duration::from_secs(120);
 /// Worker threads, each calling `work` 10 times a round.
@@ -91,30 +92,17 @@ fn count_p_on_two_thousand_threads_under_churn_counts_exactly_and_detaches() {
     assert_eq!(out.recv_timeout(LIMIT).unwrap(), format!("ready {pid}"));
     round(&mut stdin, &out, "before attach");
 
-    let mut hp = Command::new(HOTPROBE)
-        .args(["count", "-p", &pid.to_string(), "work"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let err = line_reader(hp.stderr.take().unwrap());
-    let hp_out = common::reader(hp.stdout.take().unwrap());
-    let first = err.recv_timeout(LIMIT).expect("hotprobe's first line");
+    let session = CountAttached::start(pid, &["work"], LIMIT);
+    let first = session.first.clone();
     assert!(
         first.starts_with(&format!("hotprobe: attached to pid {pid}")),
-        "{first}\n{}",
-        err.try_iter().collect::<Vec<_>>().join("\n")
+        "{first}\n{:?}",
+        session.said_so_far()
     );
     // Every call of this round is made while the probes are in: it starts
     // after hotprobe said so, and hotprobe is stopped after its line.
     let calls = round(&mut stdin, &out, "attached");
-    // SAFETY: a signal to the hotprobe this test started.
-    assert_eq!(unsafe { libc::kill(hp.id() as i32, libc::SIGINT) }, 0);
-    let status = hp.wait().unwrap();
-    let stdout = common::text(&hp_out.join().unwrap());
-    let stderr: Vec<String> = err.iter().collect();
-    let stderr = format!("{first}\n{}", stderr.join("\n"));
+    let (status, stdout, stderr) = session.interrupt();
     assert!(status.success(), "hotprobe: {status}\n{stdout}\n{stderr}");
     let t = CountTable::parse(&stdout, &stderr);
     assert_eq!(t.hits("work"), calls, "{stdout}\n{stderr}");
@@ -122,11 +110,9 @@ fn count_p_on_two_thousand_threads_under_churn_counts_exactly_and_detaches() {
     // Detached: untraced, nothing of hotprobe's mapped (the agent
     // unloaded), its text as in the file, and it runs on.
     assert_eq!(traced_tasks(pid), Vec::<String>::new(), "after the detach");
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let ours: Vec<&str> = maps.lines().filter(|l| l.contains("hotprobe")).collect();
     assert_eq!(
-        ours,
-        Vec::<&str>::new(),
+        hotprobe_mappings(pid),
+        Vec::<String>::new(),
         "left mapped after the detach:\n{stderr}"
     );
     assert_eq!(hotprobe_testkit::text_differences(pid, &bin), vec![]);

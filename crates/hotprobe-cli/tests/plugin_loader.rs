@@ -24,7 +24,8 @@ use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
 mod common;
-use common::{gcc, line_reader, CountTable, HOTPROBE};
+use common::attached::{hotprobe_mappings, CountAttached};
+use common::{gcc, line_reader, CountTable};
 
 const LIMIT: Duration = Duration::from_secs(60);
 /// Threads loading the plugin all the time.
@@ -78,40 +79,21 @@ fn count_p_on_a_plugin_loading_server_attaches_counts_and_detaches_every_time() 
     round(&mut stdin, &out, "before attach");
     for cycle in 0..CYCLES {
         let what = format!("cycle {cycle}");
-        let mut hp = Command::new(HOTPROBE)
-            .args(["count", "-p", &pid.to_string(), "work"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let err = line_reader(hp.stderr.take().unwrap());
-        let hp_out = common::reader(hp.stdout.take().unwrap());
-        let first = match err.recv_timeout(LIMIT) {
-            Ok(l) => l,
-            Err(_) => {
-                let _ = hp.kill();
-                panic!("{what}: hotprobe never said it attached");
-            }
-        };
+        let session = CountAttached::start(pid, &["work"], LIMIT);
+        let first = session.first.clone();
         // The agent in, its jump placed: a loader thread inside its own
         // `dlopen` at the attach is let run to its end first (a trap
         // otherwise, "the agent could not be loaded yet").
         assert_eq!(
             first,
             format!("hotprobe: attached to pid {pid}: 1 probes (jump 1)"),
-            "{what}: {}",
-            err.try_iter().collect::<Vec<_>>().join("\n")
+            "{what}: {:?}",
+            session.said_so_far()
         );
         // The round starts after hotprobe said its probes are in, and
         // hotprobe is stopped after the round's line.
         round(&mut stdin, &out, &what);
-        // SAFETY: a signal to the hotprobe this test started.
-        assert_eq!(unsafe { libc::kill(hp.id() as i32, libc::SIGINT) }, 0);
-        let status = hp.wait().unwrap();
-        let stdout = common::text(&hp_out.join().unwrap());
-        let rest: Vec<String> = err.iter().collect();
-        let stderr = format!("{first}\n{}", rest.join("\n"));
+        let (status, stdout, stderr) = session.interrupt();
         assert!(
             status.success(),
             "{what}: hotprobe {status}\n{stdout}\n{stderr}"
@@ -126,9 +108,11 @@ fn count_p_on_a_plugin_loading_server_attaches_counts_and_detaches_every_time() 
             common::untraced(pid),
             "{what}: still traced after the detach"
         );
-        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-        let ours: Vec<&str> = maps.lines().filter(|l| l.contains("hotprobe")).collect();
-        assert_eq!(ours, Vec::<&str>::new(), "{what}: left mapped\n{stderr}");
+        assert_eq!(
+            hotprobe_mappings(pid),
+            Vec::<String>::new(),
+            "{what}: left mapped\n{stderr}"
+        );
         assert_eq!(
             hotprobe_testkit::text_differences(pid, &bin),
             vec![],

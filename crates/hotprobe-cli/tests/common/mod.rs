@@ -13,6 +13,9 @@ pub mod two_sessions;
 /// bpftrace's uprobe counts of a workload, never beside a hotprobe run.
 pub mod bpftrace;
 
+/// `count -p` beside a test, interrupted as Ctrl-C does.
+pub mod attached;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 

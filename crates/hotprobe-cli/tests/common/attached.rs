@@ -1,0 +1,74 @@
+//! `hotprobe count -p PID PROBE…` running beside a test: started, its
+//! first line taken, then interrupted as Ctrl-C does.
+
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::Receiver;
+use std::time::Duration;
+
+use super::{line_reader, reader, text, HOTPROBE};
+
+/// A `count -p` session past its first line.
+pub struct CountAttached {
+    hp: Child,
+    err: Receiver<String>,
+    out: std::thread::JoinHandle<Vec<u8>>,
+    /// Its first line on stderr ("hotprobe: attached to pid …").
+    pub first: String,
+}
+
+impl CountAttached {
+    /// Starts `hotprobe count -p PID PROBES` and takes its first line
+    /// within `limit` (hotprobe is killed and the test fails otherwise).
+    pub fn start(pid: u32, probes: &[&str], limit: Duration) -> CountAttached {
+        let mut hp = Command::new(HOTPROBE)
+            .args(["count", "-p", &pid.to_string()])
+            .args(probes)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let err = line_reader(hp.stderr.take().unwrap());
+        let out = reader(hp.stdout.take().unwrap());
+        let Ok(first) = err.recv_timeout(limit) else {
+            let _ = hp.kill();
+            panic!("count -p {pid}: no first line within {limit:?}");
+        };
+        CountAttached {
+            hp,
+            err,
+            out,
+            first,
+        }
+    }
+
+    /// The lines it wrote on stderr since the first, so far.
+    pub fn said_so_far(&self) -> Vec<String> {
+        self.err.try_iter().collect()
+    }
+
+    /// SIGINT (Ctrl-C), then its end: exit status, stdout, and stderr from
+    /// its first line on.
+    pub fn interrupt(mut self) -> (ExitStatus, String, String) {
+        // SAFETY: a signal to the hotprobe this helper started.
+        assert_eq!(unsafe { libc::kill(self.hp.id() as i32, libc::SIGINT) }, 0);
+        let status = self.hp.wait().unwrap();
+        let stdout = text(&self.out.join().unwrap());
+        let rest: Vec<String> = self.err.iter().collect();
+        (
+            status,
+            stdout,
+            format!("{}\n{}", self.first, rest.join("\n")),
+        )
+    }
+}
+
+/// The lines of `pid`'s maps that name hotprobe (its agent, its memfds):
+/// none once a session detached and unloaded the agent.
+pub fn hotprobe_mappings(pid: u32) -> Vec<String> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    maps.lines()
+        .filter(|l| l.contains("hotprobe"))
+        .map(str::to_string)
+        .collect()
+}
