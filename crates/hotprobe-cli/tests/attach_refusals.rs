@@ -13,58 +13,45 @@
 
 mod common;
 
+use common::attached::CountAttached;
 use common::two_sessions::{program, tracer_of, under_count, Program, N, WAIT};
-use common::{hotprobe_within, line_reader, text, untraced, CountTable, HOTPROBE};
+use common::{hotprobe_within, text, untraced, CountTable};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::Receiver;
 use std::time::Instant;
 
 /// A `count -p` session, past its "attached" line (and, `released`, until
 /// the process runs untraced).
-struct Attached {
-    hp: Child,
-    err: Receiver<String>,
-}
+struct Attached(CountAttached);
 
 impl Attached {
     fn start(pid: u32, probes: &[&str], released: bool) -> Attached {
-        let mut hp = Command::new(HOTPROBE)
-            .arg("count")
-            .args(probes)
-            .args(["-p", &pid.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let err = line_reader(hp.stderr.take().unwrap());
-        let l = err.recv_timeout(WAIT).expect("hotprobe says it attached");
-        assert!(l.contains(&format!("attached to pid {pid}")), "{l}");
+        let s = CountAttached::start(pid, probes, WAIT);
+        assert!(
+            s.first.contains(&format!("attached to pid {pid}")),
+            "{}",
+            s.first
+        );
         let deadline = Instant::now() + WAIT;
         while released != untraced(pid) {
             if Instant::now() >= deadline {
                 // What hotprobe said meanwhile (a notice such as "cannot
                 // run untraced" says why it kept the process traced).
-                let said: Vec<String> = err.try_iter().collect();
-                panic!("pid {pid}: released {released}? hotprobe said: {said:?}");
+                panic!(
+                    "pid {pid}: released {released}? hotprobe said: {:?}",
+                    s.said_so_far()
+                );
             }
             std::thread::yield_now();
         }
-        Attached { hp, err }
+        Attached(s)
     }
 
     /// Ctrl-C: the session detaches; its count table.
     fn interrupt(self) -> CountTable {
-        // SAFETY: sending a signal to our own child.
-        assert_eq!(unsafe { libc::kill(self.hp.id() as i32, libc::SIGINT) }, 0);
-        let out = self.hp.wait_with_output().unwrap();
-        let rest: Vec<String> = self.err.iter().collect();
-        assert!(out.status.success(), "{rest:?}");
-        assert!(
-            rest.iter().any(|l| l.contains("interrupted: detached")),
-            "{rest:?}"
-        );
-        CountTable::parse(&text(&out.stdout), &rest.join("\n"))
+        let (status, stdout, stderr) = self.0.interrupt();
+        assert!(status.success(), "{stderr}");
+        assert!(stderr.contains("interrupted: detached"), "{stderr}");
+        CountTable::parse(&stdout, &stderr)
     }
 }
 
@@ -108,8 +95,8 @@ fn a_session_holding_or_releasing_an_attached_process_keeps_it_from_a_second() {
     // Released: `work` takes a jump, nothing keeps the process traced.
     let first = Attached::start(pid, &["work"], true);
     p.round();
-    refused(pid, "work", first.hp.id());
-    refused(pid, "tiny", first.hp.id());
+    refused(pid, "work", first.0.id());
+    refused(pid, "tiny", first.0.id());
     p.round();
     let t = first.interrupt();
     assert_eq!(t.hits("work"), 2 * N);
@@ -118,9 +105,9 @@ fn a_session_holding_or_releasing_an_attached_process_keeps_it_from_a_second() {
     // trap (the agent injected into a running process cannot keep
     // SIGTRAP unblocked for an in-process one).
     let second = Attached::start(pid, &["work", "tiny"], false);
-    assert_eq!(second.hp.id() as i32, tracer_of(pid));
+    assert_eq!(second.0.id() as i32, tracer_of(pid));
     p.round();
-    refused(pid, "work", second.hp.id());
+    refused(pid, "work", second.0.id());
     p.round();
     let t = second.interrupt();
     assert_eq!((t.hits("work"), t.hits("tiny")), (2 * N, 2 * N));
@@ -169,10 +156,9 @@ fn a_second_session_on_a_started_process_with_in_process_traps_is_refused() {
 fn a_killed_sessions_agent_is_taken_over_once_its_sites_are_back() {
     let (child, mut p) = started();
     let pid = p.pid;
-    let mut first = Attached::start(pid, &["work"], true);
+    let first = Attached::start(pid, &["work"], true);
     p.round();
-    first.hp.kill().unwrap();
-    first.hp.wait().unwrap();
+    first.0.kill();
     p.round();
     let second = Attached::start(pid, &["work"], true);
     p.round();

@@ -42,6 +42,17 @@ impl CountAttached {
         }
     }
 
+    /// Its pid.
+    pub fn id(&self) -> u32 {
+        self.hp.id()
+    }
+
+    /// SIGKILL, and its end waited for.
+    pub fn kill(mut self) {
+        self.hp.kill().unwrap();
+        self.hp.wait().unwrap();
+    }
+
     /// The lines it wrote on stderr since the first, so far.
     pub fn said_so_far(&self) -> Vec<String> {
         self.err.try_iter().collect()
