@@ -196,9 +196,14 @@ fn remote_call_regs(
 ) -> Result<u64, TargetError> {
     let saved = t.sys.getregs(tid).map_err(|e| t.sys_err(e))?;
     let mut regs = saved;
-    // The frame of a call that survives the tracer (the vfork calls,
-    // which do not let others run, keep the older way).
-    let stub = if let_others_run {
+    // The frame of a call that survives the tracer, for a process we
+    // attached to. A process we spawned dies with us while traced anyway,
+    // and the call there (the preloaded agent's attach) cost each of its
+    // later threads' starts about 8 µs of CPU through it (count of an
+    // 8-thread start, `hotprobe-bench threadstart`: 1.51× native against
+    // 1.25× without). The vfork calls, which do not let others run, keep
+    // the older way too.
+    let stub = if let_others_run && !t.spawned {
         map_return_stub(t, tid)
     } else {
         None
