@@ -13,8 +13,9 @@
 //! and sets the registers back itself; should the tracer die first, the
 //! thread runs the stub, and `rt_sigreturn` takes it back to where it was.
 //! The function's own system calls (a `dlopen` makes a few dozen) stop
-//! too, and go on at once. Elsewhere (a vfork's calls, no extended state
-//! to put in a frame, no page) the return address is 0: the `ret` then
+//! too, and go on at once. Elsewhere (a process we spawned, which dies
+//! with us while traced anyway; a vfork's calls; no extended state to put
+//! in a frame, no page) the return address is 0: the `ret` then
 //! faults at address 0, which the tracer sees as a SIGSEGV stop with
 //! `rip == 0` and swallows, and a tracer's death meanwhile kills the
 //! program. The thread's registers are restored afterwards (including
