@@ -113,7 +113,8 @@ pub fn lines_with<'a>(out: &'a str, prefix: &str) -> Vec<&'a str> {
 /// release refused then (a thread start or a library load still queued,
 /// now and then under load) is tried again by the run loop, tens of
 /// milliseconds later. The loop's waits are bounded to 1 ms meanwhile,
-/// and it is interrupted once the process's tasks have no tracer. Panics
+/// and it is interrupted once the process's tasks have no tracer (watched
+/// by a thread that reads their status, yielding between reads). Panics
 /// if that takes a minute, or the run ends otherwise.
 pub fn run_until_untraced(session: &mut Session, t: TargetId) {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -138,7 +139,7 @@ pub fn run_until_untraced(session: &mut Session, t: TargetId) {
                 if untraced {
                     break;
                 }
-                std::thread::sleep(Duration::from_millis(1));
+                std::thread::yield_now();
             }
             released.store(true, Ordering::Relaxed);
         })
