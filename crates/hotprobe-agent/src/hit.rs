@@ -57,7 +57,7 @@ pub(crate) struct ThreadEntry {
     /// write `limit`.
     pub(crate) fast: ThreadBlock,
     pub(crate) key: AtomicU64,
-    pub(crate) slot: AtomicU32,
+    pub(crate) slot: crate::threads::SlotWord,
     pub(crate) tid: AtomicU32,
     pub(crate) hits: AtomicU32,
     /// The thread's shadow stack ([`Shadow`] × [`SHADOW_CAP`], mapped at
@@ -112,7 +112,7 @@ pub(crate) const ENTRY_INIT: ThreadEntry = ThreadEntry {
         busy: AtomicU32::new(0),
     },
     key: AtomicU64::new(EMPTY),
-    slot: AtomicU32::new(NO_SLOT),
+    slot: crate::threads::SlotWord::no_slot(),
     tid: AtomicU32::new(0),
     hits: AtomicU32::new(0),
     shadow: AtomicU64::new(0),
@@ -122,7 +122,9 @@ pub(crate) const ENTRY_INIT: ThreadEntry = ThreadEntry {
     hslot: AtomicU32::new(0),
 };
 
-pub(crate) static THREADS: [ThreadEntry; MAX_THREADS] = [ENTRY_INIT; MAX_THREADS];
+/// The thread table, page-aligned (see [`crate::threads::ThreadTable`]).
+pub(crate) static THREADS: crate::threads::ThreadTable =
+    crate::threads::ThreadTable([ENTRY_INIT; MAX_THREADS]);
 
 /// What a thread's TLS word points at while the thread registers (the slow
 /// path, which may take a while: a system call to fault its ring in): its
@@ -428,6 +430,11 @@ fn take_hit(shm: &Shm, frame: &Frame, kind: u32, probe: u32, action: u32, contro
         // Several threads on this block (see `shared_tls`): locked counts.
         refuse(shm, None, kind, probe, action, control);
         return 0;
+    }
+    if word == 0 {
+        // Not registered (or without a slot): its entry's page may be
+        // untouched.
+        crate::threads::touch_entry(tp);
     }
     let Some(t) = find_thread(tp) else {
         if word == registering() || word == crate::threads::exited() {

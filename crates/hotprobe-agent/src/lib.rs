@@ -58,6 +58,7 @@ mod sigmask;
 mod sigsites;
 mod slots;
 mod stackwalk;
+mod thread_memory;
 mod threads;
 mod tls;
 pub mod trampoline;

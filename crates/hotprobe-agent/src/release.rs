@@ -32,8 +32,9 @@
 use core::sync::atomic::Ordering::{Relaxed, Release};
 use core::sync::atomic::{AtomicU64, AtomicUsize};
 
-use crate::hit::{Shadow, EMPTY, SHADOW_BYTES, SHADOW_RESTORED, THREADS, TOMBSTONE};
+use crate::hit::{Shadow, EMPTY, SHADOW_BYTES, SHADOW_RESTORED, TOMBSTONE};
 use crate::orphan::{syscall, syscall6};
+use crate::threads::used_entries;
 
 /// The most shared memories one process attaches to in its life (one per
 /// tracer that attached; each is unmapped at release).
@@ -73,14 +74,11 @@ pub(crate) fn note_mapping(addr: u64, len: u64) {
 pub unsafe extern "C" fn hotprobe_agent_release(pages: *const [u64; 2], n: usize) -> i32 {
     // Nothing here unwinds (atomics and raw system calls, and libc's
     // `pthread_key_delete` and `sigaction`).
-    if THREADS
-        .iter()
-        .any(|e| live(e) && e.fast.busy.load(Relaxed) != 0)
-    {
+    if used_entries().any(|(_, e)| live(e) && e.fast.busy.load(Relaxed) != 0) {
         return -RELEASE_BUSY;
     }
     let ret = crate::trampoline::hotprobe_agent_return_trampoline as *const () as usize as u64;
-    for e in THREADS.iter() {
+    for (_, e) in used_entries() {
         let shadow = e.shadow.load(Relaxed);
         if live(e) && shadow != 0 {
             let depth = (e.depth.load(Relaxed) as usize).min(crate::hit::SHADOW_CAP);
@@ -104,7 +102,9 @@ pub unsafe extern "C" fn hotprobe_agent_release(pages: *const [u64; 2], n: usize
     crate::undo::disarm();
     crate::orphan::uninstall();
     crate::forget_exit_key();
-    for e in THREADS.iter() {
+    // Untouched pages of the table hold nothing to reset (and writing
+    // them would put 2 MiB of it in memory).
+    for (_, e) in used_entries() {
         let shadow = e.shadow.swap(0, Relaxed);
         if shadow != 0 {
             syscall(libc::SYS_munmap, [shadow, SHADOW_BYTES as u64, 0, 0]);
@@ -122,6 +122,8 @@ pub unsafe extern "C" fn hotprobe_agent_release(pages: *const [u64; 2], n: usize
         f.limit.store(0, Relaxed);
         e.key.store(EMPTY, Release);
     }
+    crate::vfork::forget_spare_shadows();
+    crate::thread_memory::forget_shadow_arena();
     for (a, l) in MAPPINGS.iter() {
         let addr = a.swap(0, Relaxed);
         if addr != 0 {

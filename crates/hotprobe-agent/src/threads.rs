@@ -4,13 +4,14 @@
 
 use core::sync::atomic::compiler_fence;
 use core::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use hotprobe_abi::fast::ThreadBlock;
 use hotprobe_abi::{Shm, CONTROL_FOLLOW_FORKS};
 
 use crate::hit::{
-    registering, ThreadEntry, EMPTY, ENTRY_INIT, MAX_THREADS, NO_SLOT, PENDING_SLOT, SHADOW_BYTES,
-    THREADS, TOMBSTONE,
+    registering, ThreadEntry, EMPTY, ENTRY_INIT, MAX_THREADS, NO_SLOT, PENDING_SLOT, THREADS,
+    TOMBSTONE,
 };
 
 /// What a thread's TLS word points at while the agent itself calls a
@@ -92,6 +93,81 @@ pub(crate) fn as_own_call<R>(f: impl FnOnce() -> R) -> R {
     out
 }
 
+/// The thread table: [`MAX_THREADS`] entries, page-aligned so that each
+/// page holds whole entries ([`ENTRIES_A_PAGE`]). Most pages are never
+/// touched: see [`used_entries`].
+#[repr(C, align(4096))]
+pub(crate) struct ThreadTable(pub(crate) [ThreadEntry; MAX_THREADS]);
+
+impl core::ops::Deref for ThreadTable {
+    type Target = [ThreadEntry; MAX_THREADS];
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+/// [`ThreadEntry::slot`]: a thread slot, [`NO_SLOT`] or [`PENDING_SLOT`],
+/// held as the slot + 1 so that a fresh entry ([`NO_SLOT`]) is all zeros:
+/// the thread table is then zero-initialised memory (`.bss`, anonymous),
+/// not 2 MiB of the agent's file (`.data`), whose pages a read maps
+/// read-only, fault-around and all, and a thread's first write then
+/// copies, flushing the TLB of every CPU (see [`USED_PAGES`]).
+#[repr(transparent)]
+pub(crate) struct SlotWord(AtomicU32);
+
+impl SlotWord {
+    /// A word holding [`NO_SLOT`].
+    pub(crate) const fn no_slot() -> Self {
+        Self(AtomicU32::new(0))
+    }
+
+    /// The slot held.
+    #[inline(always)]
+    pub(crate) fn load(&self, order: Ordering) -> u32 {
+        self.0.load(order).wrapping_sub(1)
+    }
+
+    /// Holds `slot`.
+    #[inline(always)]
+    pub(crate) fn store(&self, slot: u32, order: Ordering) {
+        self.0.store(slot.wrapping_add(1), order)
+    }
+}
+
+/// Thread-table entries a page holds.
+const ENTRIES_A_PAGE: usize = hotprobe_abi::PAGE / core::mem::size_of::<ThreadEntry>();
+const _: () = assert!(hotprobe_abi::PAGE.is_multiple_of(core::mem::size_of::<ThreadEntry>()));
+
+/// Bit `p`: page `p` of the thread table may hold a claimed entry (set
+/// before the claim; never cleared). An untouched page is all
+/// `ENTRY_INIT`, so the walks over every thread ([`used_entries`]) skip
+/// it: a read would map the shared zero page there, and the next thread
+/// to claim an entry of it would pay a copy-on-write fault and its TLB
+/// flush of every CPU (≈ 24 µs a thread in a VM; the attach's re-homing
+/// walk used to map all 512 pages so).
+static USED_PAGES: [AtomicU64; MAX_THREADS / ENTRIES_A_PAGE / 64] =
+    [const { AtomicU64::new(0) }; MAX_THREADS / ENTRIES_A_PAGE / 64];
+
+/// Notes that entry `i` may be claimed.
+#[inline(always)]
+fn note_used(i: usize) {
+    let page = (i % MAX_THREADS) / ENTRIES_A_PAGE;
+    if let Some(w) = USED_PAGES.get(page / 64) {
+        w.fetch_or(1 << (page % 64), Relaxed);
+    }
+}
+
+/// Every thread-table entry that may have been claimed, with its index:
+/// those of the pages [`note_used`] marked (the others are all empty).
+pub(crate) fn used_entries() -> impl Iterator<Item = (usize, &'static ThreadEntry)> {
+    THREADS.iter().enumerate().filter(|(i, _)| {
+        let page = i / ENTRIES_A_PAGE;
+        USED_PAGES
+            .get(page / 64)
+            .is_some_and(|w| w.load(Relaxed) & (1 << (page % 64)) != 0)
+    })
+}
+
 /// Registers the calling thread (thread pointer `tp`): thread-table
 /// entry, shared-memory thread slot, shadow stack, exit destructor. True
 /// when it has an entry afterwards. Atomics and system calls (`mmap`,
@@ -100,12 +176,47 @@ pub(crate) fn as_own_call<R>(f: impl FnOnce() -> R) -> R {
 /// the in-process trap's `SIGTRAP` handler too.
 pub(crate) fn register_current(shm: &Shm, tp: u64) -> bool {
     crate::tls::set(registering());
+    touch_entry(tp);
     match find_thread(tp) {
         None => register_thread(shm, tp, getpid(), gettid()),
         Some(e) if e.slot.load(Relaxed) == PENDING_SLOT => claim_slot(e, shm),
         Some(e) => set_fast(e, shm, e.slot.load(Relaxed)),
     }
     find_thread(tp).is_some()
+}
+
+/// Touches the first thread-table entry of thread pointer `tp` for
+/// writing, before anything reads it: called where an unregistered
+/// thread's hit first looks itself up. A read of an untouched page of the
+/// table would map the shared zero page, and the claim's write would then
+/// replace it: a copy-on-write fault whose TLB flush interrupts every
+/// other CPU the process runs on (in a VM, ≈ 24 µs of every thread's
+/// first hit: perf of `hotprobe-bench threadstart`, `count`'s whole extra
+/// start). Written first (adding 0), the page is a plain fresh one.
+#[inline(always)]
+pub(crate) fn touch_entry(tp: u64) {
+    let i = table_index(tp);
+    if let Some(e) = THREADS.get(i) {
+        note_used(i);
+        touch_for_write(&e.key);
+    }
+}
+
+/// Writes `w` without changing it (a locked add of 0), so that its page,
+/// if untouched, comes in as a fresh writable one rather than as the
+/// shared zero page a read would map. (An atomic add of 0 is compiled to
+/// a plain load: hence the asm.)
+#[inline(always)]
+fn touch_for_write(w: &AtomicU64) {
+    // SAFETY: a locked add of 0 to an atomic word: its value is unchanged
+    // for every thread.
+    unsafe {
+        core::arch::asm!(
+            "lock add qword ptr [{}], 0",
+            in(reg) w.as_ptr(),
+            options(nostack)
+        )
+    };
 }
 
 /// A system call without arguments, made here rather than through libc:
@@ -164,6 +275,7 @@ pub(crate) fn register_thread(shm: &Shm, tp: u64, pid: u32, tid: u32) {
         let e = &THREADS[i % MAX_THREADS];
         let k = e.key.load(Relaxed);
         if k == EMPTY || k == TOMBSTONE {
+            note_used(i);
             // Only this thread uses key `tp`; the CAS arbitrates the entry
             // with other threads registering concurrently. Acquire pairs
             // with the Release store of TOMBSTONE in `thread_exit`.
@@ -207,8 +319,15 @@ pub(crate) fn register_thread(shm: &Shm, tp: u64, pid: u32, tid: u32) {
 /// slot in it, and its stubs' view is re-pointed (its TLS word, which
 /// points at its entry, stays; threads are stopped by the tracer).
 pub(crate) fn rehome_threads(shm: &Shm) {
+    // Threads are stopped (or there is only one): a first write to the
+    // page of the used-pages bits costs no other CPU an interrupt now, as
+    // it would at a thread's registration (see `touch_entry`).
+    for w in USED_PAGES.iter() {
+        touch_for_write(w);
+    }
+    crate::thread_memory::prepare_shadow_arena();
     let pid = getpid();
-    for e in THREADS.iter() {
+    for (_, e) in used_entries() {
         let k = e.key.load(Relaxed);
         if k == EMPTY || k == TOMBSTONE {
             continue;
@@ -292,67 +411,12 @@ fn fill_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32) -> u64 {
         .ring_ctl(slot)
         .is_some_and(|c| c.head.load(Relaxed) == 0)
     {
-        prepare_ring_start(shm, slot);
+        crate::thread_memory::prepare_ring_start(shm, slot);
     }
     // Stubs read the TSC: keyed off for a thread that may not.
     crate::clock::set_mode(e, Some(shm), e.clock.load(Relaxed));
     counters
 }
-
-/// Maps the start of thread slot `slot`'s fresh ring into this process
-/// before the thread's events go there (one fault per page on the hot
-/// path otherwise), when some site writes events at all (`count` alone
-/// writes none: its threads prepare nothing).
-///
-/// A slot of the tracer's ring pool has its pages in the memory already
-/// (`hotprobe_abi::RING_POOL_RECORDING`): a read of each page maps it, and
-/// the kernel's fault-around maps up to 16 pages a fault, with no system
-/// call. Another slot's pages are put in memory here, by one `madvise`
-/// (zeroing 64 KiB of fresh shared memory, ≈ 20 µs: what an 8-thread
-/// program's start under `record` paid per thread before the pool,
-/// `hotprobe-bench threadstart`). The ring's control block and the
-/// slot's counters are not touched: the claim wrote the control block,
-/// and only the pages of the probes this thread hits are ever touched
-/// (with 2^20 probe ids they are 8 MB).
-fn prepare_ring_start(shm: &Shm, slot: u32) {
-    let (recording, ready) = shm.ring_pool();
-    let Some((start, len)) = shm.ring_start(slot).filter(|_| recording) else {
-        return;
-    };
-    if slot < ready {
-        for page in (start..start + len).step_by(hotprobe_abi::PAGE) {
-            // SAFETY: a page of this thread's own ring (its events, in the
-            // shared mapping, which is never unmapped); nothing else
-            // writes it while the thread owns the slot. The read changes
-            // nothing.
-            unsafe { core::ptr::read_volatile(page as *const u8) };
-        }
-        // The tracer zeroed these pages on another CPU, long ago: each
-        // line the ring's first lap writes would miss the cache on the hot
-        // path (≈ 20 ns an event pair: +20 µs over a thread's first 1,000
-        // recorded calls). Fetched here, for writing, all at once.
-        for line in (start..start + len).step_by(64) {
-            // SAFETY: a hint on mapped memory (the pages just read); no
-            // access, no fault.
-            unsafe {
-                core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_ET0 }>(
-                    line as *const i8,
-                )
-            };
-        }
-    } else {
-        // Best effort (older kernels answer EINVAL: the pages fault in as
-        // the ring is written). Populating changes no content. By the
-        // system call: libc's `madvise` may be probed.
-        crate::orphan::syscall(
-            libc::SYS_madvise,
-            [start as u64, len as u64, MADV_POPULATE_WRITE, 0],
-        );
-    }
-}
-
-/// `madvise` advice (Linux 5.14): fault the range in, writable.
-const MADV_POPULATE_WRITE: u64 = 23;
 
 /// `pthread_key` destructor: the thread is exiting. Its thread slot and
 /// handler slot are given back (see `hotprobe_abi`'s `slots`: a ring
@@ -448,7 +512,7 @@ fn forget_other_threads(tp: u64, mine: Option<&'static ThreadEntry>) {
             .unwrap_or(0)
     });
     let start = table_index(tp) % MAX_THREADS;
-    for (i, e) in THREADS.iter().enumerate() {
+    for (i, e) in used_entries() {
         if Some(i) == at {
             continue;
         }
@@ -494,36 +558,13 @@ pub(crate) fn shadow_stack(e: &ThreadEntry) -> *mut crate::hit::Shadow {
 
 #[cold]
 fn new_shadow_stack(e: &ThreadEntry) -> *mut crate::hit::Shadow {
-    let p = map_shadow();
+    let p = crate::thread_memory::map_shadow();
     if p == 0 {
         e.shadow_refused.store(1, Relaxed);
     } else {
         e.shadow.store(p, Relaxed);
     }
     p as *mut crate::hit::Shadow
-}
-
-/// A fresh shadow stack mapping (0 when `mmap` failed).
-pub(crate) fn map_shadow() -> u64 {
-    // A fresh private anonymous mapping, by the system call: libc's `mmap`
-    // may be probed, and this runs inside a hit (a thread's first).
-    let p = crate::orphan::syscall6(
-        libc::SYS_mmap,
-        [
-            0,
-            SHADOW_BYTES as u64,
-            (libc::PROT_READ | libc::PROT_WRITE) as u64,
-            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
-            u64::MAX,
-            0,
-        ],
-    );
-    // Errors are -4095..-1.
-    if p > u64::MAX - 4095 {
-        0
-    } else {
-        p
-    }
 }
 
 /// The calling thread's handler slot, claimed at its first handler call
@@ -593,4 +634,43 @@ pub(crate) fn find_thread(tp: u64) -> Option<&'static ThreadEntry> {
         n += 1;
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The thread table must be zero-initialised memory (`.bss`): were a
+    /// fresh entry not all zero bytes, the table would be 2 MiB of the
+    /// agent's file, whose pages a read maps read-only (fault-around and
+    /// all) and a thread's first write copies, flushing the TLB of every
+    /// CPU the process runs on.
+    #[test]
+    fn a_fresh_thread_entry_is_all_zero_bytes_and_has_no_slot() {
+        let e = ENTRY_INIT;
+        // SAFETY: the bytes of a local value, read within its size.
+        let bytes = unsafe {
+            core::slice::from_raw_parts(
+                &e as *const ThreadEntry as *const u8,
+                core::mem::size_of::<ThreadEntry>(),
+            )
+        };
+        assert!(bytes.iter().all(|b| *b == 0));
+        assert_eq!(e.slot.load(Relaxed), NO_SLOT);
+        e.slot.store(PENDING_SLOT, Relaxed);
+        assert_eq!(e.slot.load(Relaxed), PENDING_SLOT);
+        e.slot.store(0, Relaxed);
+        assert_eq!(e.slot.load(Relaxed), 0);
+    }
+
+    /// Each page of the table holds whole entries, and the table starts on
+    /// a page: the used-pages bits describe whole pages.
+    #[test]
+    fn the_thread_table_is_page_aligned() {
+        assert_eq!(THREADS.as_ptr() as usize % hotprobe_abi::PAGE, 0);
+        assert_eq!(
+            ENTRIES_A_PAGE * core::mem::size_of::<ThreadEntry>(),
+            hotprobe_abi::PAGE
+        );
+    }
 }

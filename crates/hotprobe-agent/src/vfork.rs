@@ -106,6 +106,23 @@ fn saved_of(e: &ThreadEntry) -> Option<&'static Saved> {
     SAVED.get(at / core::mem::size_of::<ThreadEntry>())
 }
 
+/// Unmaps the vfork children's shadow stacks (at release, every thread
+/// stopped), but one in use by a vfork child now (it is the thread
+/// entry's shadow stack then, unmapped with it).
+pub(crate) fn forget_spare_shadows() {
+    for (_, e) in crate::threads::used_entries() {
+        let spare = saved_of(e)
+            .filter(|s| s.active.load(Relaxed) == 0)
+            .map_or(0, |s| s.spare_shadow.swap(0, Relaxed));
+        if spare != 0 {
+            crate::orphan::syscall(
+                libc::SYS_munmap,
+                [spare, crate::hit::SHADOW_BYTES as u64, 0, 0],
+            );
+        }
+    }
+}
+
 /// The stubs' view words of `e`, in [`Saved::fast`]'s order.
 fn fast_words(e: &ThreadEntry) -> [&AtomicU64; 6] {
     let f = &e.fast;
@@ -158,7 +175,8 @@ fn arm_caller() -> Option<(&'static ThreadEntry, &'static Saved)> {
     s.ret.store(0, Relaxed);
     s.pid.store(crate::threads::getpid(), Relaxed);
     if s.spare_shadow.load(Relaxed) == 0 {
-        s.spare_shadow.store(crate::threads::map_shadow(), Relaxed);
+        s.spare_shadow
+            .store(crate::thread_memory::map_shadow(), Relaxed);
     }
     Some((e, s))
 }
@@ -369,7 +387,8 @@ pub extern "C" fn hotprobe_agent_vfork_child(parent_pid: u32, parent_tid: u32) -
         s.ret.store(0, Relaxed);
         s.pid.store(parent_pid, Relaxed);
         if s.spare_shadow.load(Relaxed) == 0 {
-            s.spare_shadow.store(crate::threads::map_shadow(), Relaxed);
+            s.spare_shadow
+                .store(crate::thread_memory::map_shadow(), Relaxed);
         }
         arm(e, s);
         Some(2)
