@@ -14,9 +14,8 @@
 mod common;
 
 use common::attached::CountAttached;
-use common::two_sessions::{program, tracer_of, under_count, Program, N, WAIT};
+use common::two_sessions::{exit_3, program, started, tracer_of, under_count, N, WAIT};
 use common::{hotprobe_within, text, untraced, CountTable};
-use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
 /// A `count -p` session, past its "attached" line (and, `released`, until
@@ -68,24 +67,6 @@ fn refused(pid: u32, probe: &str, session: u32) {
     );
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(text(&out.stdout), "");
-}
-
-/// The program started by the test (no session holds it yet).
-fn started() -> (Child, Program) {
-    let mut child = Command::new(program())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let p = Program::new(child.stdin.take().unwrap(), child.stdout.take().unwrap());
-    (child, p)
-}
-
-/// Ends the program with status 3 and asserts it (its own exit).
-fn exit_3(mut child: Child, mut p: Program) {
-    p.say("exit 3");
-    assert_eq!(child.wait().unwrap().code(), Some(3));
-    assert!(p.lines.recv_timeout(WAIT).is_err(), "nothing more printed");
 }
 
 #[test]

@@ -1,5 +1,6 @@
-//! `hotprobe count -p PID PROBE…` running beside a test: started, its
-//! first line taken, then interrupted as Ctrl-C does.
+//! `hotprobe count -p PID PROBE…` (or another command's `-p`) running
+//! beside a test: started, its first line taken, then interrupted as
+//! Ctrl-C does.
 
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::Receiver;
@@ -12,7 +13,8 @@ pub struct CountAttached {
     hp: Child,
     err: Receiver<String>,
     out: std::thread::JoinHandle<Vec<u8>>,
-    /// Its first line on stderr ("hotprobe: attached to pid …").
+    /// Its first line on stderr ("hotprobe: attached to pid …"; `record`'s
+    /// "recording … into DIR" before it is skipped).
     pub first: String,
 }
 
@@ -20,8 +22,15 @@ impl CountAttached {
     /// Starts `hotprobe count -p PID PROBES` and takes its first line
     /// within `limit` (hotprobe is killed and the test fails otherwise).
     pub fn start(pid: u32, probes: &[&str], limit: Duration) -> CountAttached {
+        Self::start_as(&["count"], pid, probes, limit)
+    }
+
+    /// Starts `hotprobe COMMAND… -p PID PROBES` (`command`: `["count"]`,
+    /// `["record", "-o", DIR]`…) and takes its first line within `limit`.
+    pub fn start_as(command: &[&str], pid: u32, probes: &[&str], limit: Duration) -> CountAttached {
         let mut hp = Command::new(HOTPROBE)
-            .args(["count", "-p", &pid.to_string()])
+            .args(command)
+            .args(["-p", &pid.to_string()])
             .args(probes)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -30,10 +39,17 @@ impl CountAttached {
             .unwrap();
         let err = line_reader(hp.stderr.take().unwrap());
         let out = reader(hp.stdout.take().unwrap());
-        let Ok(first) = err.recv_timeout(limit) else {
-            let _ = hp.kill();
-            panic!("count -p {pid}: no first line within {limit:?}");
+        let mut line = || {
+            err.recv_timeout(limit).unwrap_or_else(|_| {
+                let _ = hp.kill();
+                panic!("{command:?} -p {pid}: no first line within {limit:?}");
+            })
         };
+        let mut first = line();
+        // `record` says where it records before it attaches.
+        if first.starts_with("hotprobe: recording ") {
+            first = line();
+        }
         CountAttached {
             hp,
             err,

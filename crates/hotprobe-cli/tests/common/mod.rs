@@ -7,13 +7,14 @@ pub mod record;
 /// calls.c's log and recorded runs, for analyse_cli.rs and export_cli.rs.
 pub mod calls_log;
 
-/// two_sessions.c, for attach_refusals.rs and foreign_tracer.rs.
+/// two_sessions.c, for attach_refusals.rs, foreign_tracer.rs and
+/// left_as_found.rs.
 pub mod two_sessions;
 
 /// bpftrace's uprobe counts of a workload, never beside a hotprobe run.
 pub mod bpftrace;
 
-/// `count -p` beside a test, interrupted as Ctrl-C does.
+/// `count -p` (or `record -p`) beside a test, interrupted as Ctrl-C does.
 pub mod attached;
 
 use std::path::{Path, PathBuf};

@@ -72,6 +72,25 @@ impl Program {
     }
 }
 
+/// The program, started by the test (no session holds it yet), past its
+/// ready line.
+pub fn started() -> (Child, Program) {
+    let mut child = Command::new(program())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let p = Program::new(child.stdin.take().unwrap(), child.stdout.take().unwrap());
+    (child, p)
+}
+
+/// Ends the program with status 3 and asserts it (its own exit).
+pub fn exit_3(mut child: Child, mut p: Program) {
+    p.say("exit 3");
+    assert_eq!(child.wait().unwrap().code(), Some(3));
+    assert!(p.lines.recv_timeout(WAIT).is_err(), "nothing more printed");
+}
+
 /// The tracer of `pid`'s main thread, as its process (0: none).
 pub fn tracer_of(pid: u32) -> i32 {
     let field = |path: String, key: &str| -> i32 {
