@@ -273,28 +273,57 @@ impl ProcessTarget {
     }
 
     /// Whether something needs ptrace now (see [`ProcessTarget::release`]).
-    /// A thread stopped at the loader's rendezvous (a spawned process
-    /// before it first runs) needs nothing: it was rewound to the `int3`
-    /// at its stop, and the original instruction goes back at the release.
     fn held_by_ptrace(&self) -> bool {
+        self.ptrace_need().is_some()
+    }
+
+    /// What keeps the process traced now, if anything (see
+    /// [`ProcessTarget::release`]), in a few words for a notice. A thread
+    /// stopped at the loader's rendezvous (a spawned process before it
+    /// first runs) needs nothing: it was rewound to the `int3` at its
+    /// stop, and the original instruction goes back at the release.
+    pub fn ptrace_need(&self) -> Option<&'static str> {
+        let thread_need = |t: &crate::Thread| {
+            if t.stepping {
+                Some("a thread is single-stepping")
+            } else if t.state == RunState::Event {
+                Some("a thread is stopped with an event not yet handled")
+            } else if t.unrewound_breakpoint.is_some() {
+                Some("a thread is stopped at a breakpoint")
+            } else if !t.held_signals.is_empty() {
+                Some("a thread holds a signal not yet delivered")
+            } else {
+                None
+            }
+        };
+        if self.probes_need_ptrace() {
+            Some("a breakpoint or watchpoint is set")
+        } else if !self.attached {
+            Some("it is not attached yet")
+        } else if self.exited.is_some() {
+            Some("it exited")
+        } else if !self.vfork_children.is_empty() {
+            Some("a vfork child is held")
+        } else if !self.forked_children.is_empty() {
+            Some("a fork child is held")
+        } else if !self.pending.is_empty() {
+            Some("an event is queued")
+        } else {
+            self.threads.values().find_map(thread_need)
+        }
+    }
+
+    /// Whether the process stays traced for as long as its probes are in
+    /// (a breakpoint of the engine's, a hardware watchpoint), by design,
+    /// rather than for a passing state of its threads.
+    pub fn probes_need_ptrace(&self) -> bool {
         let rendezvous = self.rendezvous.as_ref().map(|r| r.brk);
-        !self.attached
-            || self.exited.is_some()
-            || !self.vfork_children.is_empty()
-            || !self.forked_children.is_empty()
-            || !self.pending.is_empty()
-            || self.rendezvous.as_ref().is_some_and(|r| r.engine_owned)
+        self.rendezvous.as_ref().is_some_and(|r| r.engine_owned)
             || self.watches.iter().any(Option::is_some)
             || self
                 .breakpoints
                 .keys()
                 .any(|a| Some(*a) != rendezvous && !self.is_sig_site(*a))
-            || self.threads.values().any(|t| {
-                t.stepping
-                    || t.state == RunState::Event
-                    || t.unrewound_breakpoint.is_some()
-                    || !t.held_signals.is_empty()
-            })
     }
 
     /// Detaches the tasks of the process still traced by us that the

@@ -358,6 +358,9 @@ struct Slot {
     /// found something of it needing ptrace, and the delay that gave it
     /// (doubled at each refusal: `untraced.rs`).
     release_retry: Option<(std::time::Instant, Duration)>,
+    /// Since when the tries to let the process run untraced have been
+    /// refused, and whether a notice said why (`untraced.rs`).
+    release_refused: Option<(std::time::Instant, bool)>,
 }
 
 impl Slot {
@@ -644,6 +647,7 @@ impl Session {
             execd: false,
             first_comm: pid.map(exec::comm_of).unwrap_or_default(),
             release_retry: None,
+            release_refused: None,
         });
         let follow = self.config.follow_forks && pid.is_some();
         let slot = &mut self.slots[id];

@@ -120,7 +120,7 @@ impl Session {
         let slot = &mut self.slots[i];
         if let Some(pt) = Slot::process(&mut slot.target) {
             match pt.release() {
-                Ok(true) => {}
+                Ok(true) => slot.release_refused = None,
                 // A thread stopped with an event, a queued one (a thread
                 // start, a library loaded): tried again in a moment, the
                 // run loop's wait bounded by it. Tried only here, a
@@ -128,9 +128,25 @@ impl Session {
                 // for good (attach_refusals' first `count -p`, now and
                 // then under load).
                 Ok(false) => {
+                    let why = pt
+                        .ptrace_need()
+                        .unwrap_or("its exit status would not be readable untraced");
+                    // Probes that need ptrace keep it traced by design.
+                    let passing = !pt.probes_need_ptrace();
+                    let now = std::time::Instant::now();
                     let delay =
                         last_delay.map_or(RELEASE_RETRY, |d| (d * 2).min(RELEASE_RETRY_MAX));
-                    slot.release_retry = Some((std::time::Instant::now() + delay, delay));
+                    slot.release_retry = Some((now + delay, delay));
+                    // Said once, when it lasts: the process is slower
+                    // traced, and the user may wonder why.
+                    let (since, told) = *slot.release_refused.get_or_insert((now, false));
+                    if passing && !told && now.duration_since(since) >= RELEASE_STUCK {
+                        slot.release_refused = Some((since, true));
+                        slot.notice(format!(
+                            "pid {pid}: still traced after {} s ({why}); trying again",
+                            RELEASE_STUCK.as_secs()
+                        ));
+                    }
                 }
                 Err(e) => slot.notice(format!(
                     "cannot run untraced: {e}; the process stays traced"
@@ -162,6 +178,8 @@ impl Session {
 /// such as one with ptrace-trap probes, costs a cheap check a second).
 const RELEASE_RETRY: Duration = Duration::from_millis(10);
 const RELEASE_RETRY_MAX: Duration = Duration::from_secs(1);
+/// Refusals to let a process run untraced for this long are told once.
+const RELEASE_STUCK: Duration = Duration::from_secs(2);
 
 /// The calls that make a child no interposer sees: glibc's spawns
 /// through its internal `clone` (a vfork child), and forks that run no
