@@ -1,13 +1,15 @@
 /* Thread start under a tracer (issue 23's benchmark row): main takes the
  * time, starts argv[1] threads (default 8), each calling work() argv[2]
  * times (default 1000), joins them, and prints
- *   "threads N start_ns S total_ns T cpu_first_ns F cpu_all_ns A"
+ *   "threads N start_ns S total_ns T cpu_first_ns F cpu_all_ns A main_cpu_ns M"
  * S: from before the first pthread_create until every thread made its
  * first call (what a tracer's per-thread set-up delays); T: until all
  * joined. The program times itself, so the tracer's own start-up and
  * exit are left out. F and A: the CPU time of the threads (summed) until
  * their first call returned, and until their last; unlike S and T, a
- * load on the machine changes them little. */
+ * load on the machine changes them little. M: main's own CPU time in its
+ * pthread_create loop (what a tracer adds to making a thread, in the
+ * creator). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -18,7 +20,21 @@ static long calls;
 static atomic_long started;
 static volatile long sink;
 
+/* Built with -DSPIN=N, work() first busy-waits N TSC cycles: a native
+ * program whose calls cost what a tracer adds to each (the bench's
+ * `--spin` row), to tell a tracer's per-thread set-up from its per-call
+ * cost, which the other threads' calls also put into the start on a
+ * machine with fewer CPUs than threads. */
+#ifdef SPIN
+#include <x86intrin.h>
+#endif
+
 __attribute__((noinline)) long work(long x) {
+#ifdef SPIN
+    unsigned long until = __rdtsc() + SPIN;
+    while (__rdtsc() < until)
+        ;
+#endif
     sink += x;
     return x + 1;
 }
@@ -59,12 +75,15 @@ int main(int argc, char **argv) {
         return 2;
     pthread_t t[256];
     long t0 = now_ns();
+    long m0 = cpu_ns();
     for (long i = 0; i < n_threads; i++)
         pthread_create(&t[i], NULL, worker, (void *)i);
+    long m1 = cpu_ns();
     for (long i = 0; i < n_threads; i++)
         pthread_join(t[i], NULL);
     long t1 = now_ns();
-    printf("threads %ld start_ns %ld total_ns %ld cpu_first_ns %ld cpu_all_ns %ld\n", n_threads,
-           atomic_load(&all_at) - t0, t1 - t0, atomic_load(&cpu_first), atomic_load(&cpu_all));
+    printf("threads %ld start_ns %ld total_ns %ld cpu_first_ns %ld cpu_all_ns %ld main_cpu_ns %ld\n",
+           n_threads, atomic_load(&all_at) - t0, t1 - t0, atomic_load(&cpu_first),
+           atomic_load(&cpu_all), m1 - m0);
     return 0;
 }

@@ -177,6 +177,10 @@ enum What {
         /// comparison side by side.
         #[arg(long)]
         baseline: Option<PathBuf>,
+        /// Adds a native row whose `work` first busy-waits this many TSC
+        /// cycles: what a per-call cost alone does to the start.
+        #[arg(long)]
+        spin: Option<u64>,
     },
     /// `report`'s times with the probes' costs taken out against the
     /// program's own measure (issue 23, true timings).
@@ -241,7 +245,8 @@ fn main() -> Result<()> {
             calls,
             runs,
             baseline,
-        } => threadstart::run_all(threads, calls, runs, baseline.as_deref()),
+            spin,
+        } => threadstart::run_all(threads, calls, runs, baseline.as_deref(), spin),
         What::Truetimes { runs } => truetimes::run_all(runs),
         What::Handlers { cpu, hits, runs } => handlers::run(cpu, hits, runs),
         What::Handlerwait {
