@@ -148,12 +148,18 @@ const _: () = assert!(hotprobe_abi::PAGE.is_multiple_of(core::mem::size_of::<Thr
 static USED_PAGES: [AtomicU64; MAX_THREADS / ENTRIES_A_PAGE / 64] =
     [const { AtomicU64::new(0) }; MAX_THREADS / ENTRIES_A_PAGE / 64];
 
-/// Notes that entry `i` may be claimed.
+/// Notes that entry `i` may be claimed (a load alone once noted: a
+/// thread without a slot comes here at every hit, and the words are
+/// shared by all threads).
 #[inline(always)]
 fn note_used(i: usize) {
     let page = (i % MAX_THREADS) / ENTRIES_A_PAGE;
-    if let Some(w) = USED_PAGES.get(page / 64) {
-        w.fetch_or(1 << (page % 64), Relaxed);
+    let bit = 1 << (page % 64);
+    if let Some(w) = USED_PAGES
+        .get(page / 64)
+        .filter(|w| w.load(Relaxed) & bit == 0)
+    {
+        w.fetch_or(bit, Relaxed);
     }
 }
 
