@@ -42,7 +42,7 @@ pub(crate) fn prepare_ring_start(shm: &Shm, slot: u32) {
     }
 }
 
-/// Maps pool slot `slot`'s ring start (`start`, `len`) in this process:
+/// Maps a pool slot's ring start (`start`, `len` bytes) in this process:
 /// the tracer made the pages, so a read maps them writable (shared memory
 /// has no write notification), and one `madvise` maps them all (≈ 2.5 µs
 /// for 17 pages here, where a read of each page, fault-around and all,
@@ -67,7 +67,7 @@ const MADV_POPULATE_READ: u64 = 22;
 /// `madvise` advice (Linux 5.14): fault the range in, writable.
 const MADV_POPULATE_WRITE: u64 = 23;
 
-/// Shadow stacks mapped by one `mmap` ([`map_shadow`]): 16 × 128 KiB of
+/// Shadow stacks mapped by one `mmap` ([`map_shadow`]): 16 × 96 KiB of
 /// address space, faulted in as used.
 const SHADOW_ARENA_STACKS: u64 = 16;
 const _: () = assert!(
@@ -125,7 +125,7 @@ pub(crate) fn map_shadow() -> u64 {
 /// program's threads stopped; a spawned program has not started): its
 /// threads' first hooked returns then neither race to map one nor make
 /// the first page of their stack come in, each a fault the others' wait
-/// on. 64 KiB of memory (one page of each stack) and 2 MiB of address
+/// on. 64 KiB of memory (one page of each stack) and 1.5 MiB of address
 /// space, unmapped at release.
 pub(crate) fn prepare_shadow_arena() {
     if SHADOW_ARENA.load(Acquire) != 0 {
