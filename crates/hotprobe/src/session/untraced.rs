@@ -128,11 +128,10 @@ impl Session {
                 // for good (attach_refusals' first `count -p`, now and
                 // then under load).
                 Ok(false) => {
-                    let why = pt
-                        .ptrace_need()
-                        .unwrap_or("its exit status would not be readable untraced");
-                    // Probes that need ptrace keep it traced by design.
-                    let passing = !pt.probes_need_ptrace();
+                    // Probes that need ptrace keep it traced by design, as
+                    // does a kernel that cannot tell an attached process's
+                    // exit untraced (no reason named: before Linux 6.13).
+                    let why = pt.ptrace_need().filter(|_| !pt.probes_need_ptrace());
                     let now = std::time::Instant::now();
                     let delay =
                         last_delay.map_or(RELEASE_RETRY, |d| (d * 2).min(RELEASE_RETRY_MAX));
@@ -140,7 +139,9 @@ impl Session {
                     // Said once, when it lasts: the process is slower
                     // traced, and the user may wonder why.
                     let (since, told) = *slot.release_refused.get_or_insert((now, false));
-                    if passing && !told && now.duration_since(since) >= RELEASE_STUCK {
+                    if let Some(why) =
+                        why.filter(|_| !told && now.duration_since(since) >= RELEASE_STUCK)
+                    {
                         slot.release_refused = Some((since, true));
                         slot.notice(format!(
                             "pid {pid}: still traced after {} s ({why}); trying again",
