@@ -3,7 +3,7 @@
 use super::{Engine, Notice};
 use crate::held::HeldTarget;
 use crate::EngineError;
-use hotprobe_target::{ExitStatus, RuntimeAddr, TargetEvent};
+use hotprobe_target::{ExitStatus, RuntimeAddr, TargetEvent, ThreadId};
 
 impl Engine {
     /// Detach: no handler runs any more; threads are moved out of slots,
@@ -56,18 +56,7 @@ impl Engine {
                     if self.partial_regs {
                         regs = target.registers(thread)?;
                     }
-                    let popped = regs.rsp.wrapping_sub(8);
-                    let live = self.shadow.get_mut(&thread).and_then(|stack| {
-                        let pos = stack.iter().rposition(|i| i.slot == popped)?;
-                        let ra = stack[pos].return_addr;
-                        stack.truncate(pos);
-                        Some(ra)
-                    });
-                    let ra = live.or_else(|| {
-                        self.find_elsewhere(thread, popped)
-                            .map(|(i, _)| i.return_addr)
-                    });
-                    if let Some(ra) = ra {
+                    if let Some(ra) = self.popped_return(thread, regs.rsp) {
                         regs.rip = ra;
                         target.set_registers(thread, &regs)?;
                     }
@@ -88,9 +77,19 @@ impl Engine {
             if !self.in_scratch(RuntimeAddr(regs.rip)) {
                 continue;
             }
-            let mapped = self.sites.iter().find_map(|(addr, s)| {
-                let slot = s.slot?;
-                hotprobe_x86::slot_to_original(&s.plan, *addr, slot.0, regs.rip)
+            // Stopped on the return trampoline's int3 before running it
+            // (it had just returned there): it goes to the real return
+            // address, as at the trampoline's stop above. Left there, it
+            // took the int3 after the detach and died of SIGTRAP
+            // (trap_call_stacks' attached case, 1 run in 5).
+            let returned = (Some(RuntimeAddr(regs.rip)) == self.trampoline)
+                .then(|| self.popped_return(thread, regs.rsp))
+                .flatten();
+            let mapped = returned.or_else(|| {
+                self.sites.iter().find_map(|(addr, s)| {
+                    let slot = s.slot?;
+                    hotprobe_x86::slot_to_original(&s.plan, *addr, slot.0, regs.rip)
+                })
             });
             match mapped {
                 Some(orig) => {
@@ -124,6 +123,23 @@ impl Engine {
         self.graveyard.clear();
         self.unwind_hooks.clear();
         Ok(true)
+    }
+
+    /// The real return address of the hooked return `thread` just took
+    /// into the trampoline (its stack pointer `rsp`, past the popped
+    /// slot), taken off its shadow stack.
+    fn popped_return(&mut self, thread: ThreadId, rsp: u64) -> Option<u64> {
+        let popped = rsp.wrapping_sub(8);
+        let live = self.shadow.get_mut(&thread).and_then(|stack| {
+            let pos = stack.iter().rposition(|i| i.slot == popped)?;
+            let ra = stack[pos].return_addr;
+            stack.truncate(pos);
+            Some(ra)
+        });
+        live.or_else(|| {
+            self.find_elsewhere(thread, popped)
+                .map(|(i, _)| i.return_addr)
+        })
     }
 
     /// Detach, last step, after [`Engine::prepare_detach`]: the target
