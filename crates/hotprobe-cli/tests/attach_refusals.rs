@@ -16,7 +16,6 @@ mod common;
 use common::attached::CountAttached;
 use common::two_sessions::{exit_3, program, started, tracer_of, under_count, N, WAIT};
 use common::{hotprobe_within, text, untraced, CountTable};
-use std::time::Instant;
 
 /// A `count -p` session, past its "attached" line (and, `released`, until
 /// the process runs untraced).
@@ -30,18 +29,7 @@ impl Attached {
             "{}",
             s.first
         );
-        let deadline = Instant::now() + WAIT;
-        while released != untraced(pid) {
-            if Instant::now() >= deadline {
-                // What hotprobe said meanwhile (a notice such as "cannot
-                // run untraced" says why it kept the process traced).
-                panic!(
-                    "pid {pid}: released {released}? hotprobe said: {:?}",
-                    s.said_so_far()
-                );
-            }
-            std::thread::yield_now();
-        }
+        s.until_released(pid, released, WAIT);
         Attached(s)
     }
 

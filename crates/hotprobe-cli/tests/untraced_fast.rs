@@ -7,14 +7,14 @@
 
 mod common;
 
+use common::attached::CountAttached;
 use common::{
     file_offset_of, hotprobe, line_reader, memory_at, program_output, text, untraced, CountTable,
-    HOTPROBE,
 };
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const ITERS: u64 = 1000;
 /// How long a step the test waits for may take on a loaded machine.
@@ -183,44 +183,29 @@ impl Drop for Served {
 
 /// `count -p` on `s`, up to its "attached" line, then until the process
 /// runs untraced (it is traced while the probes go in).
-fn attach(s: &Served) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+fn attach(s: &Served) -> CountAttached {
     let pid = s.child.id();
-    let mut hp = Command::new(HOTPROBE)
-        .args(["count", "work", "-p", &pid.to_string()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let err = line_reader(hp.stderr.take().unwrap());
-    let l = err.recv_timeout(WAIT).expect("hotprobe says it attached");
-    assert!(l.contains(&format!("attached to pid {pid}")), "{l}");
-    let deadline = Instant::now() + WAIT;
-    while !untraced(pid) {
-        assert!(Instant::now() < deadline, "pid {pid} still traced");
-        std::thread::yield_now();
-    }
-    (hp, err)
+    let hp = CountAttached::start(pid, &["work"], WAIT);
+    assert!(
+        hp.first.contains(&format!("attached to pid {pid}")),
+        "{}",
+        hp.first
+    );
+    hp.until_released(pid, true, WAIT);
+    hp
 }
 
 #[test]
 fn count_p_runs_the_process_untraced_and_detaches_with_its_bytes() {
     let mut s = Served::start();
     let pid = s.child.id();
-    let (mut hp, err) = attach(&s);
+    let hp = attach(&s);
     assert_eq!(s.round(), round_line(), "threads started untraced");
-    // SAFETY: sending a signal to our own child.
-    assert_eq!(unsafe { libc::kill(hp.id() as i32, libc::SIGINT) }, 0);
-    let mut stdout = String::new();
-    std::io::Read::read_to_string(&mut hp.stdout.take().unwrap(), &mut stdout).unwrap();
-    assert!(hp.wait().unwrap().success());
-    let rest: Vec<String> = err.iter().collect();
-    let t = CountTable::parse(&stdout, &rest.join("\n"));
+    let (status, stdout, stderr) = hp.interrupt();
+    assert!(status.success());
+    let t = CountTable::parse(&stdout, &stderr);
     assert_eq!(t.hits("work"), 8 * ITERS);
-    assert!(
-        rest.iter().any(|l| l.contains("interrupted: detached")),
-        "{rest:?}"
-    );
+    assert!(stderr.contains("interrupted: detached"), "{stderr}");
     // The original bytes are back at work's entry.
     let addr =
         u64::from_str_radix(t.row("work")[t.col("ADDRESS")].trim_start_matches("0x"), 16).unwrap();
@@ -241,14 +226,13 @@ fn count_p_reports_the_untraced_process_exit_status_and_sigkill() {
         ("kill", "killed by signal 9", 128 + 9),
     ] {
         let mut s = Served::start();
-        let (hp, err) = attach(&s);
+        let hp = attach(&s);
         assert_eq!(s.round(), round_line());
         s.say(line);
-        let out = hp.wait_with_output().unwrap();
-        let rest: Vec<String> = err.iter().collect();
-        assert!(rest.iter().any(|l| l.contains(said)), "{line}: {rest:?}");
-        assert_eq!(out.status.code(), Some(code), "{line}: {rest:?}");
-        let t = CountTable::parse(&text(&out.stdout), &rest.join("\n"));
+        let (status, stdout, stderr) = hp.end();
+        assert!(stderr.contains(said), "{line}: {stderr}");
+        assert_eq!(status.code(), Some(code), "{line}: {stderr}");
+        let t = CountTable::parse(&stdout, &stderr);
         assert_eq!(t.hits("work"), 8 * ITERS, "{line}");
     }
 }

@@ -4,7 +4,7 @@
 
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::Receiver;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{line_reader, reader, text, HOTPROBE};
 
@@ -74,11 +74,33 @@ impl CountAttached {
         self.err.try_iter().collect()
     }
 
+    /// Waits until process `pid` runs untraced (`released`) or traced,
+    /// within `limit`; the test fails otherwise, with what hotprobe said
+    /// meanwhile (a notice such as "still traced" says why).
+    pub fn until_released(&self, pid: u32, released: bool, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while released != super::untraced(pid) {
+            if Instant::now() >= deadline {
+                panic!(
+                    "pid {pid}: released {released}? hotprobe said: {:?}",
+                    self.said_so_far()
+                );
+            }
+            std::thread::yield_now();
+        }
+    }
+
     /// SIGINT (Ctrl-C), then its end: exit status, stdout, and stderr from
     /// its first line on.
-    pub fn interrupt(mut self) -> (ExitStatus, String, String) {
+    pub fn interrupt(self) -> (ExitStatus, String, String) {
         // SAFETY: a signal to the hotprobe this helper started.
         assert_eq!(unsafe { libc::kill(self.hp.id() as i32, libc::SIGINT) }, 0);
+        self.end()
+    }
+
+    /// Its end, however it comes (the process's exit): exit status,
+    /// stdout, and stderr from its first line on.
+    pub fn end(mut self) -> (ExitStatus, String, String) {
         let status = self.hp.wait().unwrap();
         let stdout = text(&self.out.join().unwrap());
         let rest: Vec<String> = self.err.iter().collect();
