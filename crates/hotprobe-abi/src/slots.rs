@@ -80,11 +80,23 @@ impl Shm {
     /// start: the pages holding its first [`RING_START_BYTES`] of events
     /// (the whole ring when it is smaller).
     pub fn ring_start(&self, slot: u32) -> Option<(usize, usize)> {
+        self.ring_pages_from(slot, 0)
+    }
+
+    /// The page-aligned address and length of the pages of thread slot
+    /// `slot`'s ring that its next [`RING_START_BYTES`] of events go to
+    /// when its head is `head`: from the head's event slot to the end of
+    /// the ring at most (the ring start when `head` is 0). A slot given to
+    /// another thread of the process goes on from its last head, past the
+    /// pages its last owner wrote.
+    pub fn ring_pages_from(&self, slot: u32, head: u64) -> Option<(usize, usize)> {
         let events = self.ring_events(slot)? as usize;
         let lay = self.layout();
-        let ring = lay.thread_stride - lay.events_offset;
-        let start = events & !(crate::PAGE - 1);
-        let end = (events + ring.min(RING_START_BYTES)).next_multiple_of(crate::PAGE);
+        let ring = (lay.params.ring_capacity as usize) << lay.event_shift;
+        let at = ((head & (u64::from(lay.params.ring_capacity) - 1)) << lay.event_shift) as usize;
+        let from = events + at;
+        let start = from & !(crate::PAGE - 1);
+        let end = (from + (ring - at).min(RING_START_BYTES)).next_multiple_of(crate::PAGE);
         Some((start, end - start))
     }
 

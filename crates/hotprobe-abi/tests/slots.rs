@@ -152,3 +152,26 @@ fn the_ring_pool_only_grows_and_its_ring_starts_cover_each_rings_first_events() 
     }
     assert_eq!(shm.ring_start(4), None);
 }
+
+/// A slot another thread takes over goes on from its last head: the pages
+/// its next events go to start at that head's event slot and end at the
+/// ring's end at most (a head a lap further gives the same pages).
+#[test]
+fn the_pages_from_a_head_cover_the_next_events_and_stay_in_the_ring() {
+    let (_b, shm) = make(4);
+    let events = shm.ring_events(1).unwrap() as usize;
+    let (capacity, size) = (8usize, 32usize);
+    assert_eq!(shm.ring_pages_from(1, 0), shm.ring_start(1));
+    for head in [1u64, 5, 7, 8 + 5] {
+        let at = events + (head as usize % capacity) * size;
+        let (start, len) = shm.ring_pages_from(1, head).unwrap();
+        assert_eq!((start % PAGE, len % PAGE), (0, 0));
+        assert!(start <= at && at < start + len, "head {head}");
+        assert!(
+            start + len <= (events + capacity * size).next_multiple_of(PAGE),
+            "head {head}: past the ring's last page"
+        );
+    }
+    assert_eq!(shm.ring_pages_from(1, 5), shm.ring_pages_from(1, 13));
+    assert_eq!(shm.ring_pages_from(4, 0), None);
+}
