@@ -135,6 +135,18 @@ pub extern "C" fn hotprobe_agent_hangup_fd(fd: c_int) -> c_int {
     }
 }
 
+/// Maps, in this process, the ring starts of the tracer's ring pool (see
+/// `thread_memory::map_ring_pool`), so that the next threads' first hits
+/// map nothing. The tracer calls it once a recording site is in, with
+/// every thread stopped. Returns the thread slots mapped (0 unattached).
+#[no_mangle]
+pub extern "C" fn hotprobe_agent_map_rings() -> c_int {
+    match shm() {
+        Some(s) => thread_memory::map_ring_pool(s) as c_int,
+        None => 0,
+    }
+}
+
 /// Maps the shared memory behind `fd` (which stays open, owned by the
 /// caller) and attaches to it. Returns 0, or a negated [`AttachError`].
 #[no_mangle]
@@ -206,6 +218,8 @@ fn map_far_from_code(fd: c_int, len: usize) -> *mut libc::c_void {
 }
 
 fn map_and_attach(fd: c_int) -> Result<(), AttachError> {
+    // What was mapped ahead was another memory's.
+    thread_memory::forget_ring_pool();
     // SAFETY: an all-zero stat is a valid value to be overwritten.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: fstat writes into `st`, a valid stat.

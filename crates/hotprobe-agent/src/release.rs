@@ -124,6 +124,7 @@ pub unsafe extern "C" fn hotprobe_agent_release(pages: *const [u64; 2], n: usize
     }
     crate::vfork::forget_spare_shadows();
     crate::thread_memory::forget_shadow_arena();
+    crate::thread_memory::forget_ring_pool();
     for (a, l) in MAPPINGS.iter() {
         let addr = a.swap(0, Relaxed);
         if addr != 0 {

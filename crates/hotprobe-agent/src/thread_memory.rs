@@ -4,8 +4,8 @@
 //! threads starting at once do not queue on the process's address-space
 //! lock (`hotprobe-bench threadstart`, issue 23).
 
-use core::sync::atomic::AtomicU64;
-use core::sync::atomic::Ordering::{AcqRel, Acquire};
+use core::sync::atomic::Ordering::{AcqRel, Acquire, Release};
+use core::sync::atomic::{AtomicU32, AtomicU64};
 
 use hotprobe_abi::Shm;
 
@@ -25,6 +25,10 @@ use crate::hit::SHADOW_BYTES;
 /// probes this thread hits are ever touched (with 2^20 probe ids they are
 /// 8 MB).
 pub(crate) fn prepare_ring_start(shm: &Shm, slot: u32) {
+    if slot < MAPPED_AHEAD.load(Acquire) {
+        // Mapped at the attach already ([`map_ring_pool`]).
+        return;
+    }
     let (recording, ready) = shm.ring_pool();
     let Some((start, len)) = shm.ring_start(slot).filter(|_| recording) else {
         return;
@@ -42,17 +46,85 @@ pub(crate) fn prepare_ring_start(shm: &Shm, slot: u32) {
     }
 }
 
+/// Puts in memory and maps the pages of slot `slot`'s ring that its next
+/// events go to, from `head` on, when some site writes events: for a slot
+/// another thread of the process wrote into, its new owner's events go
+/// on past the pages written so far, where each first write took a page
+/// fault of a fresh page, ≈ 8 µs each here (15 faults a thread that took
+/// the slot of one that had exited, in `hotprobe-bench threadstart`).
+/// One `madvise` instead; best effort, as for [`prepare_ring_start`].
+pub(crate) fn prepare_ring_from(shm: &Shm, slot: u32, head: u64) {
+    if !shm.ring_pool().0 {
+        return;
+    }
+    if let Some((start, len)) = shm.ring_pages_from(slot, head) {
+        crate::orphan::syscall(
+            libc::SYS_madvise,
+            [start as u64, len as u64, MADV_POPULATE_WRITE, 0],
+        );
+    }
+}
+
+/// The thread slots below which every slot's control page and ring start
+/// are mapped in this process already ([`map_ring_pool`]); 0 when none
+/// are, as after a fork (a child's shared mappings start with no pages
+/// mapped), a release or a new attach.
+static MAPPED_AHEAD: AtomicU32 = AtomicU32::new(0);
+
+/// Maps, in this process, the control page and the ring start of every
+/// slot of the tracer's ring pool not handed out yet, so that the threads
+/// that claim them next map nothing at their first hit. Called by the
+/// tracer (a remote call, every thread stopped) once a recording site is
+/// in: the threads of a program starting at once then each skipped ≈ 10
+/// µs of `madvise` and the page tables of their slot, where they queued
+/// on the address-space lock and on each other's faults (perf of
+/// `hotprobe-bench threadstart --calls 1` under `record`). The memory is
+/// the tracer's already; this maps it. Returns the slots mapped.
+pub(crate) fn map_ring_pool(shm: &Shm) -> u32 {
+    let (recording, ready) = shm.ring_pool();
+    let claimed = shm.header().threads_claimed.load(Acquire);
+    if !recording || claimed >= ready {
+        return 0;
+    }
+    let mut mapped = 0;
+    for slot in claimed..ready {
+        let (Some(ctl), Some((start, len))) = (shm.ring_ctl(slot), shm.ring_start(slot)) else {
+            break;
+        };
+        let page = (ctl as *const hotprobe_abi::RingCtl as usize) & !(hotprobe_abi::PAGE - 1);
+        if !populate_read(page, hotprobe_abi::PAGE) || !populate_read(start, len) {
+            // Before Linux 5.14: the threads map their own as before.
+            break;
+        }
+        mapped += 1;
+    }
+    MAPPED_AHEAD.store(claimed + mapped, Release);
+    mapped
+}
+
+/// Forgets what [`map_ring_pool`] mapped (a release, a new attach, a
+/// fork's child).
+pub(crate) fn forget_ring_pool() {
+    MAPPED_AHEAD.store(0, Release);
+}
+
+/// Maps `len` bytes from `start` readable (writable too, for shared
+/// memory: see [`map_pooled`]) by one `madvise`; false on a kernel
+/// without `MADV_POPULATE_READ`.
+fn populate_read(start: usize, len: usize) -> bool {
+    crate::orphan::syscall(
+        libc::SYS_madvise,
+        [start as u64, len as u64, MADV_POPULATE_READ, 0],
+    ) == 0
+}
+
 /// Maps a pool slot's ring start (`start`, `len` bytes) in this process:
 /// the tracer made the pages, so a read maps them writable (shared memory
 /// has no write notification), and one `madvise` maps them all (≈ 2.5 µs
 /// for 17 pages here, where a read of each page, fault-around and all,
 /// took 4–7 µs). On kernels before 5.14, a read of each page.
 fn map_pooled(start: usize, len: usize) {
-    let mapped = crate::orphan::syscall(
-        libc::SYS_madvise,
-        [start as u64, len as u64, MADV_POPULATE_READ, 0],
-    ) == 0;
-    if !mapped {
+    if !populate_read(start, len) {
         for p in (start..start + len).step_by(hotprobe_abi::PAGE) {
             // SAFETY: a page of this thread's own ring (in the shared
             // mapping, never unmapped while attached); the read changes

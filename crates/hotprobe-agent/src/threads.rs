@@ -411,13 +411,12 @@ fn fill_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32) -> u64 {
     );
     f.events
         .store(shm.ring_events(slot).map_or(0, |p| p as u64), Relaxed);
-    // A slot an earlier thread wrote events into (recycled) has its pages
-    // in already: preparing them again costs a walk of the ring start.
-    if shm
-        .ring_ctl(slot)
-        .is_some_and(|c| c.head.load(Relaxed) == 0)
-    {
-        crate::thread_memory::prepare_ring_start(shm, slot);
+    // A slot an earlier thread of the process wrote events into (given
+    // back, claimed again) goes on from its head, past the pages it wrote.
+    match shm.ring_ctl(slot).map(|c| c.head.load(Relaxed)) {
+        Some(0) => crate::thread_memory::prepare_ring_start(shm, slot),
+        Some(head) => crate::thread_memory::prepare_ring_from(shm, slot, head),
+        None => {}
     }
     // Stubs read the TSC: keyed off for a thread that may not.
     crate::clock::set_mode(e, Some(shm), e.clock.load(Relaxed));
@@ -478,6 +477,8 @@ pub(crate) extern "C" fn after_fork_child() {
         let mine = find_thread(tp);
         forget_other_threads(tp, mine);
         crate::tls::set(0);
+        // A child's shared mappings start with no page mapped.
+        crate::thread_memory::forget_ring_pool();
         if follow {
             crate::forget_attaching();
         } else {
