@@ -90,6 +90,7 @@ impl FastPath {
                     f("hotprobe_agent_version")?,
                     f("hotprobe_agent_release"),
                     f("hotprobe_agent_hangup_fd"),
+                    f(MAP_RINGS),
                 ))
             });
         let dlclose = libc_fn(&["dlclose", "__libc_dlclose"]);
@@ -101,8 +102,9 @@ impl FastPath {
         // How to take the agent out again at detach (see `unload`).
         let mut release_fn = None;
         let mut hangup_fn = None;
+        let mut map_rings_fn = None;
         let mut handle_of_ours = None;
-        if let Some((attach, version, release, hangup)) = existing {
+        if let Some((attach, version, release, hangup, map_rings)) = existing {
             // Never taken over from a session that still probes the
             // process (see `owner`): its sites would be lost to the agent.
             crate::owner::check_not_probed_now(pid)?;
@@ -111,6 +113,7 @@ impl FastPath {
                 attach_fn = Some(attach);
                 release_fn = release;
                 hangup_fn = hangup;
+                map_rings_fn = map_rings;
             }
         }
         // Scratch page for the strings.
@@ -148,10 +151,12 @@ impl FastPath {
         const ATTACH_NAME: &[u8] = b"hotprobe_agent_attach_fd\0";
         const RELEASE_NAME: &[u8] = b"hotprobe_agent_release\0";
         const HANGUP_NAME: &[u8] = b"hotprobe_agent_hangup_fd\0";
+        const MAP_RINGS_NAME: &[u8] = b"hotprobe_agent_map_rings\0";
         t.write_memory(RuntimeAddr(page), agent_c.as_bytes())?;
         t.write_memory(RuntimeAddr(page + 3072), ATTACH_NAME)?;
         t.write_memory(RuntimeAddr(page + 3584), RELEASE_NAME)?;
         t.write_memory(RuntimeAddr(page + 3840), HANGUP_NAME)?;
+        t.write_memory(RuntimeAddr(page + 3968), MAP_RINGS_NAME)?;
         if attach_fn.is_none() {
             let handle = hotprobe_process::remote_call::remote_call(
                 t,
@@ -194,6 +199,13 @@ impl FastPath {
                     timeout,
                 )?;
                 hangup_fn = (h != 0).then_some(h);
+                let m = hotprobe_process::remote_call::remote_call(
+                    t,
+                    dlsym,
+                    &[handle, page + 3968],
+                    timeout,
+                )?;
+                map_rings_fn = (m != 0).then_some(m);
             }
             handle_of_ours = Some(handle);
             if attach_fn.is_none() {
@@ -234,6 +246,7 @@ impl FastPath {
             let _ = crate::pass::pass_hangup(t, hangup);
         }
         let mut fp = FastPath::new(shm, t, config.stubs)?;
+        fp.map_rings = map_rings_fn;
         fp.unload = release_fn.map(|release| crate::unload::Unload {
             release,
             dlclose: dlclose.zip(handle_of_ours),
@@ -250,25 +263,31 @@ impl PendingFastPath {
     pub fn attach(self, t: &mut ProcessTarget) -> Result<FastPath, FastPathError> {
         let pid = t.pid();
         let syms = hotprobe_symbols::ProcessSymbols::for_pid(pid as u32)?;
-        let attach_fn = syms
-            .modules()
-            .iter()
-            .filter(|m| m.name.starts_with("libhotprobe_agent"))
-            .find_map(|m| {
-                m.module
-                    .find("hotprobe_agent_attach_fd")
-                    .map(|s| m.runtime(s.addr).0)
-            })
-            .ok_or_else(|| FastPathError::AgentNotAttached {
+        let agent_fn = |name: &str| {
+            syms.modules()
+                .iter()
+                .filter(|m| m.name.starts_with("libhotprobe_agent"))
+                .find_map(|m| m.module.find(name).map(|s| m.runtime(s.addr).0))
+        };
+        let attach_fn = agent_fn("hotprobe_agent_attach_fd").ok_or_else(|| {
+            FastPathError::AgentNotAttached {
                 pid,
                 why: "the agent is not mapped (LD_PRELOAD ignored? a setuid or static binary?)"
                     .into(),
-            })?;
+            }
+        })?;
+        let map_rings_fn = agent_fn(MAP_RINGS);
         drop(syms);
         remote_attach(t, &self.shm, attach_fn, None)?;
-        FastPath::new(self.shm, t, self.stubs)
+        let mut fp = FastPath::new(self.shm, t, self.stubs)?;
+        fp.map_rings = map_rings_fn;
+        Ok(fp)
     }
 }
+
+/// The agent's export that maps the ring pool in its process
+/// (`hotprobe_agent_map_rings`; an older agent may lack it).
+const MAP_RINGS: &str = "hotprobe_agent_map_rings";
 
 /// A fresh read-write page in the stopped target (a remote `mmap`), for
 /// the strings of remote calls; the caller unmaps it.

@@ -240,6 +240,10 @@ impl FastPath {
             self.shm.keep_rings_ready();
         }
         t.stop_all()?;
+        if bits & hotprobe_abi::ACTION_RECORD != 0 {
+            // And mapped in the target before its next threads start.
+            self.map_ring_pool(t);
+        }
         match plan.mechanism {
             Mechanism::Patch(kind) => {
                 let mut bits = bits;

@@ -562,6 +562,9 @@ pub struct FastPath {
     ledger_next: u32,
     /// How to unload the agent at detach: set when we injected it.
     unload: Option<unload::Unload>,
+    /// The agent's `hotprobe_agent_map_rings` in the target, until it has
+    /// been called (see [`FastPath::map_ring_pool`]).
+    map_rings: Option<u64>,
     /// What stayed in the target at detach, and why (see `unload`):
     /// filled at the target's detach.
     left_behind: Arc<std::sync::Mutex<Vec<String>>>,
@@ -604,6 +607,7 @@ impl FastPath {
             ledger_free: Vec::new(),
             ledger_next: 0,
             unload: None,
+            map_rings: None,
             left_behind: Arc::default(),
         })
     }

@@ -216,6 +216,28 @@ impl crate::FastPath {
             self.shm.keep_rings_ready();
         }
     }
+
+    /// Has the agent map the ring pool in the stopped target `t` (its
+    /// `hotprobe_agent_map_rings`, by a remote call), once, after the
+    /// first recording site: the program's next threads then find their
+    /// slot's control page and ring start mapped, instead of each paying
+    /// ≈ 10 µs of `madvise` and page tables at its first hit, queued on
+    /// the others' (`hotprobe-bench threadstart --calls 1`, issue 23). Best
+    /// effort: an agent without the export, or a failed call, leaves each
+    /// thread to map its own, as before.
+    pub(crate) fn map_ring_pool(&mut self, t: &mut hotprobe_process::ProcessTarget) {
+        if !self.shm.shm().ring_pool().0 {
+            return;
+        }
+        if let Some(f) = self.map_rings.take() {
+            let _ = hotprobe_process::remote_call::remote_call(
+                t,
+                f,
+                &[],
+                std::time::Duration::from_secs(10),
+            );
+        }
+    }
 }
 
 /// How long the TSC rate is measured (it sizes the heartbeat timeout: a
