@@ -4,8 +4,8 @@
 //! threads starting at once do not queue on the process's address-space
 //! lock (`hotprobe-bench threadstart`, issue 23).
 
+use core::sync::atomic::AtomicU64;
 use core::sync::atomic::Ordering::{AcqRel, Acquire, Release};
-use core::sync::atomic::{AtomicU32, AtomicU64};
 
 use hotprobe_abi::Shm;
 
@@ -25,8 +25,8 @@ use crate::hit::SHADOW_BYTES;
 /// probes this thread hits are ever touched (with 2^20 probe ids they are
 /// 8 MB).
 pub(crate) fn prepare_ring_start(shm: &Shm, slot: u32) {
-    if slot < MAPPED_AHEAD.load(Acquire) {
-        // Mapped at the attach already ([`map_ring_pool`]).
+    if mapped_ahead(MAPPED_AHEAD.load(Acquire), slot) {
+        // Mapped ahead already ([`map_ring_pool`]).
         return;
     }
     let (recording, ready) = shm.ring_pool();
@@ -65,11 +65,11 @@ pub(crate) fn prepare_ring_from(shm: &Shm, slot: u32, head: u64) {
     }
 }
 
-/// The thread slots below which every slot's control page and ring start
-/// are mapped in this process already ([`map_ring_pool`]); 0 when none
+/// The thread slots whose control page and ring start are mapped in this
+/// process already ([`map_ring_pool`]): `first << 32 | end`; 0 when none
 /// are, as after a fork (a child's shared mappings start with no pages
 /// mapped), a release or a new attach.
-static MAPPED_AHEAD: AtomicU32 = AtomicU32::new(0);
+static MAPPED_AHEAD: AtomicU64 = AtomicU64::new(0);
 
 /// Maps, in this process, the control page and the ring start of every
 /// slot of the tracer's ring pool not handed out yet, so that the threads
@@ -98,8 +98,18 @@ pub(crate) fn map_ring_pool(shm: &Shm) -> u32 {
         }
         mapped += 1;
     }
-    MAPPED_AHEAD.store(claimed + mapped, Release);
+    MAPPED_AHEAD.store(mapped_range(claimed, claimed + mapped), Release);
     mapped
+}
+
+/// [`MAPPED_AHEAD`]'s word for slots `first..end`.
+fn mapped_range(first: u32, end: u32) -> u64 {
+    u64::from(first) << 32 | u64::from(end)
+}
+
+/// Whether `slot` is in the range [`MAPPED_AHEAD`]'s `word` holds.
+fn mapped_ahead(word: u64, slot: u32) -> bool {
+    (word >> 32..word & u64::from(u32::MAX)).contains(&u64::from(slot))
 }
 
 /// Forgets what [`map_ring_pool`] mapped (a release, a new attach, a
@@ -265,5 +275,24 @@ fn map_anonymous(len: u64) -> u64 {
         0
     } else {
         p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Slots mapped ahead are those of the range only: not the ones
+    /// claimed before the pool was mapped (a thread's slot from before the
+    /// first recording site, whose ring start nobody prepared), nor the
+    /// ones past it; none after a release or in a fork's child.
+    #[test]
+    fn only_the_slots_of_the_range_count_as_mapped_ahead() {
+        let w = mapped_range(2, 18);
+        assert!(!mapped_ahead(w, 0) && !mapped_ahead(w, 1));
+        assert!(mapped_ahead(w, 2) && mapped_ahead(w, 17));
+        assert!(!mapped_ahead(w, 18) && !mapped_ahead(w, u32::MAX));
+        assert!(!mapped_ahead(0, 0) && !mapped_ahead(0, 5));
+        assert!(!mapped_ahead(mapped_range(3, 3), 3));
     }
 }
