@@ -53,6 +53,10 @@ use hotprobe_abi::{
 };
 use iced_x86::code_asm::*;
 
+/// Bytes past the event being written whose ring line a record stub asks
+/// for, for writing (`hotprobe_abi`'s `Producer::push` does the same).
+const PREFETCH_AHEAD: i32 = 256;
+
 /// Which registers an event records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum StubKind {
@@ -225,6 +229,18 @@ pub(crate) fn build(ip: u64, p: &StubParams) -> Result<Vec<u8>, StubError> {
         a.shl(rdx, 32)?;
         a.or(rax, rdx)?;
         a.mov(qword_ptr(r10), rax)?;
+        // The ring's line 256 bytes ahead, asked for writing (as the
+        // agent's `Producer::push` does): rax = events + ((slot - events +
+        // 256) & (ring bytes - 1)). A prefetch never faults.
+        a.mov(rax, r10)?;
+        a.sub(rax, qword_ptr(r11 + d(TB_EVENTS)))?;
+        a.add(rax, PREFETCH_AHEAD)?;
+        a.mov(rdx, qword_ptr(r11 + d(TB_MASK)))?;
+        a.shl(rdx, p.event_size.trailing_zeros())?;
+        a.or(rdx, p.event_size as i32 - 1)?;
+        a.and(rax, rdx)?;
+        a.add(rax, qword_ptr(r11 + d(TB_EVENTS)))?;
+        a.prefetchw(byte_ptr(rax))?;
         // Publish: x86 stores are not reordered with older stores, so this
         // plain read-modify-write of head (single writer; `busy` keeps a
         // signal handler on this thread out) is the Release that pairs
@@ -497,6 +513,18 @@ mod tests {
             let tsc = t.find("mov [r10],rax").expect("tsc store");
             let publish = t.find("inc qword ptr [r10]").expect("head publish");
             assert!(tsc < publish, "{t}");
+            // The line 256 bytes ahead asked for, wrapped in the ring
+            // (mask << shift | size - 1), before the publish.
+            let ahead = t.find("prefetchw [rax]").expect("prefetch ahead");
+            assert!(tsc < ahead && ahead < publish, "{t}");
+            assert!(t.contains("add rax,100h\n"), "{t}");
+            assert!(
+                t.contains(&format!(
+                    "shl rdx,{shift}\nor rdx,{:X}h\nand rax,rdx",
+                    event_size - 1
+                )),
+                "{t}"
+            );
             // The meta word's immediate: probe 5, the kind, the values.
             let (k, n) = match kind {
                 StubKind::Entry => (KIND_ENTRY, if event_size == 64 { 6 } else { 2 }),
