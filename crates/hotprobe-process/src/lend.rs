@@ -125,6 +125,41 @@ impl ProcessTarget {
         lent
     }
 
+    /// The threads other than `call_tid` that did not run while a remote
+    /// call waited, in words, for the error of a call that timed out (one
+    /// of them may hold the lock it waited for): each stopped thread not
+    /// in `lent`, with why it is stopped and where; and how many were lent.
+    pub(crate) fn held_up_by(&self, call_tid: i32, lent: &Lent) -> String {
+        let held: Vec<String> = self
+            .threads
+            .iter()
+            .filter(|(tid, t)| {
+                **tid != call_tid && t.state != RunState::Running && !lent.tids.contains(tid)
+            })
+            .map(|(tid, t)| {
+                let why = match (t.state, t.at_rendezvous) {
+                    (RunState::Event, true) => "at the loader's rendezvous, its event not handled",
+                    (RunState::Event, false) => "an event not handled",
+                    _ if t.stepping => "stepping",
+                    _ => "stopped",
+                };
+                let at = self
+                    .fetch_regs(*tid)
+                    .map_or_else(|_| "?".to_string(), |r| format!("{:#x}", r.rip));
+                format!("{tid} ({why}) at {at}")
+            })
+            .collect();
+        format!(
+            "{} other threads let run; not run: {}",
+            lent.tids.len(),
+            if held.is_empty() {
+                "none".to_string()
+            } else {
+                held.join(", ")
+            }
+        )
+    }
+
     /// Stops the threads of `lent` again, as `stop_all` does, puts the
     /// rendezvous `int3` back and queues a `ModulesChanged` event if one was
     /// taken out or the libraries changed (see the module docs).

@@ -235,9 +235,11 @@ fn remote_call_regs(
     regs.orig_rax = u64::MAX;
     crate::remote::set_args(&mut regs, args, crate::remote::ArgConvention::Function);
     let lent = let_others_run.then_some(lent);
-    let result = call_and_wait(t, tid, regs, ret, timeout, lent);
+    let mut at_syscall_exit = false;
+    let result = call_and_wait(t, tid, regs, ret, timeout, lent, &mut at_syscall_exit);
     match (ret, &result) {
         (Return::Stub { .. }, Ok(_)) => crate::remote::restore_at_syscall_stop(t, tid, &saved)?,
+        _ if at_syscall_exit => crate::remote::restore_at_syscall_stop(t, tid, &saved)?,
         _ => t.sys.setregs(tid, &saved).map_err(|e| t.sys_err(e))?,
     }
     if let Some(th) = t.threads.get_mut(&tid) {
@@ -253,7 +255,8 @@ fn remote_call_regs(
 /// stack set up for `ret`) until the call returns, faults or times out;
 /// the result. The thread is left stopped, its registers the call's. With
 /// `lent`, the other threads run after [`LET_OTHERS_RUN_AFTER`] (see
-/// `lend.rs`) and are noted there.
+/// `lend.rs`) and are noted there. `at_syscall_exit` is set when a timed
+/// out call left the thread at a system call's exit stop.
 fn call_and_wait(
     t: &mut ProcessTarget,
     tid: i32,
@@ -261,6 +264,7 @@ fn call_and_wait(
     ret: Return,
     timeout: Duration,
     mut lent: Option<&mut crate::lend::Lent>,
+    at_syscall_exit: &mut bool,
 ) -> Result<u64, TargetError> {
     let func = regs.rip;
     t.sys.setregs(tid, &regs).map_err(|e| t.sys_err(e))?;
@@ -317,6 +321,16 @@ fn call_and_wait(
                     skip_to_exit_stop(t, tid, after)?;
                     break Ok(after.rdi);
                 }
+                // Interrupted inside a system call of the function's: with
+                // PTRACE_SYSCALL in effect the interrupt is reported as a
+                // system-call stop, not an event stop, and resuming lost it
+                // (a call blocked in a system call never timed out). It
+                // ends at that call's exit stop.
+                _ if interrupted => {
+                    to_syscall_exit_stop(t, tid, after)?;
+                    *at_syscall_exit = true;
+                    break Err(timed_out(t, tid, func, timeout, lent.as_deref()));
+                }
                 // One of the function's own system calls.
                 _ => {
                     ret.resume(t, tid)?;
@@ -326,10 +340,7 @@ fn call_and_wait(
         }
         if status >> 16 == libc::PTRACE_EVENT_STOP {
             if interrupted {
-                break Err(TargetError::Protocol {
-                    target: t.describe(),
-                    why: format!("remote call of {func:#x} did not return within {timeout:?}"),
-                });
+                break Err(timed_out(t, tid, func, timeout, lent.as_deref()));
             }
             ret.resume(t, tid)?;
             continue;
@@ -365,6 +376,36 @@ fn call_and_wait(
         ret.resume(t, tid)?;
     };
     result
+}
+
+/// The error of a call of `func` on `tid` that did not return within
+/// `timeout`, with what the other threads did meanwhile (`lent`).
+fn timed_out(
+    t: &ProcessTarget,
+    tid: i32,
+    func: u64,
+    timeout: Duration,
+    lent: Option<&crate::lend::Lent>,
+) -> TargetError {
+    let held = lent.map_or_else(String::new, |l| format!(" ({})", t.held_up_by(tid, l)));
+    TargetError::Protocol {
+        target: t.describe(),
+        why: format!("remote call of {func:#x} did not return within {timeout:?}{held}"),
+    }
+}
+
+/// From a system-call stop of `tid` (registers `at`) to that call's exit
+/// stop: an entry stop (rax holds -ENOSYS there, as the kernel sets it
+/// before the stop) has its call skipped first.
+fn to_syscall_exit_stop(
+    t: &mut ProcessTarget,
+    tid: i32,
+    at: libc::user_regs_struct,
+) -> Result<(), TargetError> {
+    if at.rax as i64 == -(libc::ENOSYS as i64) {
+        skip_to_exit_stop(t, tid, at)?;
+    }
+    Ok(())
 }
 
 /// At the entry stop of the return stub's `rt_sigreturn` (registers

@@ -169,7 +169,10 @@ fn run_resumable(
                 true => Ok(()),
                 false => Err(TargetError::Protocol {
                     target: t.describe(),
-                    why: format!("remote call at {entry:#x} did not finish within {timeout:?}"),
+                    why: format!(
+                        "remote call at {entry:#x} did not finish within {timeout:?} ({})",
+                        t.held_up_by(tid, lent)
+                    ),
                 }),
             };
         }

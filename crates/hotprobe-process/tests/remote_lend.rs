@@ -114,3 +114,60 @@ fn a_long_remote_call_that_lends_threads_puts_the_rendezvous_back() {
         "threads 8 iters 1000 calls 8000 total 4004000\n",
     );
 }
+
+/// A remote call that does not return in time fails with what the other
+/// threads did meanwhile (one of them may hold the lock it waited for: a
+/// plugin loader's detach failed so, "did not finish within 10s", with
+/// nothing to tell why): how many were let run, and each one left stopped
+/// with why. The thread is brought back, and the program ends as alone.
+#[test]
+fn a_remote_call_that_times_out_says_which_threads_ran_meanwhile() {
+    let dir = TempDir::new("remote-lend-timeout");
+    let prog = compile(
+        "gcc",
+        &shared_programs().join("threads.c"),
+        &dir.path().join("threads"),
+        &["-O1"],
+        &["-lpthread"],
+    );
+    let mut child = Killed(
+        Command::new(&prog)
+            .args(["1000", "wait"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = child.0.id();
+    let mut out = BufReader::new(child.0.stdout.take().unwrap());
+    let mut ready = String::new();
+    out.read_line(&mut ready).unwrap();
+    assert_eq!(ready.trim_end(), format!("ready {pid}"));
+    let mut t = hotprobe_process::ProcessTarget::attach(pid as i32).expect("attach");
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .count();
+    let e = hotprobe_process::remote_call::remote_call(
+        &mut t,
+        usleep_of(pid),
+        &[5_000_000],
+        Duration::from_millis(400),
+    )
+    .expect_err("a 5 s usleep within 400 ms");
+    let why = e.to_string();
+    assert!(
+        why.contains(&format!(
+            "did not return within 400ms ({} other threads let run; not run: none)",
+            threads - 1
+        )),
+        "{why}"
+    );
+    hotprobe_target::Target::detach(&mut t).expect("detach");
+    let mut stdin = child.0.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert_eq!(rest, "threads 8 iters 1000 calls 8000 total 4004000\n");
+    assert!(child.0.wait().unwrap().success());
+}
