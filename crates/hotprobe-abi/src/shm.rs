@@ -353,6 +353,7 @@ impl Shm {
         })
     }
 
+    #[inline(always)]
     fn events(&self, slot: u32) -> Option<*mut u8> {
         // SAFETY: in bounds per layout.
         self.thread_base(slot)
