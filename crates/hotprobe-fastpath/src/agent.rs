@@ -178,34 +178,20 @@ impl FastPath {
             // The symbol of the copy just loaded, whatever its file is
             // called in the target's maps (a memfd's name).
             if let Some(dlsym) = dlsym {
-                let a = hotprobe_process::remote_call::remote_call(
-                    t,
-                    dlsym,
-                    &[handle, page + 3072],
-                    timeout,
-                )?;
-                attach_fn = (a != 0).then_some(a);
-                let r = hotprobe_process::remote_call::remote_call(
-                    t,
-                    dlsym,
-                    &[handle, page + 3584],
-                    timeout,
-                )?;
-                release_fn = (r != 0).then_some(r);
-                let h = hotprobe_process::remote_call::remote_call(
-                    t,
-                    dlsym,
-                    &[handle, page + 3840],
-                    timeout,
-                )?;
-                hangup_fn = (h != 0).then_some(h);
-                let m = hotprobe_process::remote_call::remote_call(
-                    t,
-                    dlsym,
-                    &[handle, page + 3968],
-                    timeout,
-                )?;
-                map_rings_fn = (m != 0).then_some(m);
+                // Each name's address (0: not found) by a remote `dlsym`.
+                let mut find = |name_at: u64| {
+                    hotprobe_process::remote_call::remote_call(
+                        t,
+                        dlsym,
+                        &[handle, page + name_at],
+                        timeout,
+                    )
+                    .map(|a| (a != 0).then_some(a))
+                };
+                attach_fn = find(3072)?;
+                release_fn = find(3584)?;
+                hangup_fn = find(3840)?;
+                map_rings_fn = find(3968)?;
             }
             handle_of_ours = Some(handle);
             if attach_fn.is_none() {

@@ -7,7 +7,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::FileExt;
-use std::process::{Command, Stdio};
+use std::process::{ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use hotprobe_testkit::{compile, shared_programs, Killed, TempDir};
@@ -49,19 +49,7 @@ fn usleep_of(pid: u32) -> u64 {
 /// 300 ms remote call of `usleep`, and checks the rendezvous `int3` before
 /// and after; the program then ends as it does alone.
 fn long_call_keeps_the_rendezvous(prog: &std::path::Path, args: &[&str], end: &str) {
-    let mut child = Killed(
-        Command::new(prog)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let pid = child.0.id();
-    let mut out = BufReader::new(child.0.stdout.take().unwrap());
-    let mut ready = String::new();
-    out.read_line(&mut ready).unwrap();
-    assert_eq!(ready.trim_end(), format!("ready {pid}"));
+    let (child, mut out, pid) = started(prog, args);
     let mut t = hotprobe_process::ProcessTarget::attach(pid as i32).expect("attach");
     assert_eq!(rendezvous_byte(pid), 0xcc, "armed at attach");
     let r = hotprobe_process::remote_call::remote_call(
@@ -75,11 +63,48 @@ fn long_call_keeps_the_rendezvous(prog: &std::path::Path, args: &[&str], end: &s
     assert_eq!(rendezvous_byte(pid), 0xcc, "back after the call");
     hotprobe_target::Target::detach(&mut t).expect("detach");
     assert_ne!(rendezvous_byte(pid), 0xcc, "taken out at detach");
+    ends_as(child, &mut out, end);
+}
+
+/// tests/programs/threads.c, built in `dir`: 8 threads calling `work`,
+/// started on a line read (`ITERS wait`).
+fn threads_program(dir: &TempDir) -> std::path::PathBuf {
+    compile(
+        "gcc",
+        &shared_programs().join("threads.c"),
+        &dir.path().join("threads"),
+        &["-O1"],
+        &["-lpthread"],
+    )
+}
+
+/// The program `args` starts, past its ready line: the child, its
+/// stdout, its pid.
+fn started(prog: &std::path::Path, args: &[&str]) -> (Killed, BufReader<ChildStdout>, u32) {
+    let mut child = Killed(
+        Command::new(prog)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = child.0.id();
+    let mut out = BufReader::new(child.0.stdout.take().unwrap());
+    let mut ready = String::new();
+    out.read_line(&mut ready).unwrap();
+    assert_eq!(ready.trim_end(), format!("ready {pid}"));
+    (child, out, pid)
+}
+
+/// Sends the program its "go", and checks that the rest of its output is
+/// `end` and that it exits 0.
+fn ends_as(mut child: Killed, out: &mut BufReader<ChildStdout>, end: &str) {
     let mut stdin = child.0.stdin.take().unwrap();
     stdin.write_all(b"go\n").unwrap();
     drop(stdin);
     let mut rest = String::new();
-    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    std::io::Read::read_to_string(out, &mut rest).unwrap();
     assert_eq!(rest, end);
     assert!(child.0.wait().unwrap().success());
 }
@@ -100,13 +125,7 @@ fn a_long_remote_call_in_a_one_thread_process_puts_the_rendezvous_back() {
 #[test]
 fn a_long_remote_call_that_lends_threads_puts_the_rendezvous_back() {
     let dir = TempDir::new("remote-lend-threads");
-    let prog = compile(
-        "gcc",
-        &shared_programs().join("threads.c"),
-        &dir.path().join("threads"),
-        &["-O1"],
-        &["-lpthread"],
-    );
+    let prog = threads_program(&dir);
     // 8 threads × 1000 calls of work(i) = i + 1, i < 1000.
     long_call_keeps_the_rendezvous(
         &prog,
@@ -123,26 +142,8 @@ fn a_long_remote_call_that_lends_threads_puts_the_rendezvous_back() {
 #[test]
 fn a_remote_call_that_times_out_says_which_threads_ran_meanwhile() {
     let dir = TempDir::new("remote-lend-timeout");
-    let prog = compile(
-        "gcc",
-        &shared_programs().join("threads.c"),
-        &dir.path().join("threads"),
-        &["-O1"],
-        &["-lpthread"],
-    );
-    let mut child = Killed(
-        Command::new(&prog)
-            .args(["1000", "wait"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let pid = child.0.id();
-    let mut out = BufReader::new(child.0.stdout.take().unwrap());
-    let mut ready = String::new();
-    out.read_line(&mut ready).unwrap();
-    assert_eq!(ready.trim_end(), format!("ready {pid}"));
+    let prog = threads_program(&dir);
+    let (child, mut out, pid) = started(&prog, &["1000", "wait"]);
     let mut t = hotprobe_process::ProcessTarget::attach(pid as i32).expect("attach");
     let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
@@ -163,11 +164,9 @@ fn a_remote_call_that_times_out_says_which_threads_ran_meanwhile() {
         "{why}"
     );
     hotprobe_target::Target::detach(&mut t).expect("detach");
-    let mut stdin = child.0.stdin.take().unwrap();
-    stdin.write_all(b"go\n").unwrap();
-    drop(stdin);
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
-    assert_eq!(rest, "threads 8 iters 1000 calls 8000 total 4004000\n");
-    assert!(child.0.wait().unwrap().success());
+    ends_as(
+        child,
+        &mut out,
+        "threads 8 iters 1000 calls 8000 total 4004000\n",
+    );
 }
