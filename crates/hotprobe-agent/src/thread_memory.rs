@@ -11,57 +11,40 @@ use hotprobe_abi::Shm;
 
 use crate::hit::SHADOW_BYTES;
 
-/// Maps the start of thread slot `slot`'s fresh ring into this process
-/// before the thread's events go there (one fault per page on the hot
-/// path otherwise), when some site writes events at all (`count` alone
-/// writes none: its threads prepare nothing).
+/// Makes the pages of thread slot `slot`'s ring that its next events go
+/// to (from `head` on: [`Shm::ring_pages_from`]) ready in this process
+/// before the thread writes there (one fault per page on the hot path
+/// otherwise), when some site writes events at all (`count` alone writes
+/// none: its threads prepare nothing).
 ///
-/// A slot of the tracer's ring pool has its pages in the memory already
-/// (`hotprobe_abi::RING_POOL_RECORDING`): they are only mapped here
-/// ([`map_pooled`]). Another slot's pages are put in memory here, by one
-/// `madvise` (zeroing 64 KiB of fresh shared memory, ≈ 20 µs: what an
-/// 8-thread program's start under `record` paid per thread before the
-/// pool). The slot's counters are not touched: only the pages of the
-/// probes this thread hits are ever touched (with 2^20 probe ids they are
-/// 8 MB).
-pub(crate) fn prepare_ring_start(shm: &Shm, slot: u32) {
-    if mapped_ahead(MAPPED_AHEAD.load(Acquire), slot) {
-        // Mapped ahead already ([`map_ring_pool`]).
+/// A fresh ring (`head` 0) of the tracer's ring pool has its pages in the
+/// memory already (`hotprobe_abi::RING_POOL_RECORDING`): they are only
+/// mapped here ([`map_pooled`]), if [`map_ring_pool`] has not mapped them
+/// ahead. Other pages are put in memory here by one `madvise` (zeroing
+/// 64 KiB of fresh shared memory, ≈ 20 µs: what an 8-thread program's
+/// start under `record` paid per thread before the pool). That includes
+/// a slot another thread of the process wrote into (given back, claimed
+/// again): its new owner's events go on past the pages written so far,
+/// where each first write took a fault of a fresh page, ≈ 8 µs each here
+/// (15 faults a thread that took the slot of one that had exited, in
+/// `hotprobe-bench threadstart`). The slot's counters are not touched:
+/// only the pages of the probes this thread hits are ever touched (with
+/// 2^20 probe ids they are 8 MB).
+pub(crate) fn prepare_ring(shm: &Shm, slot: u32, head: u64) {
+    let fresh = head == 0;
+    if fresh && mapped_ahead(MAPPED_AHEAD.load(Acquire), slot) {
         return;
     }
     let (recording, ready) = shm.ring_pool();
-    let Some((start, len)) = shm.ring_start(slot).filter(|_| recording) else {
+    let Some((start, len)) = shm.ring_pages_from(slot, head).filter(|_| recording) else {
         return;
     };
-    if slot < ready {
+    if fresh && slot < ready {
         map_pooled(start, len);
     } else {
         // Best effort (older kernels answer EINVAL: the pages fault in as
-        // the ring is written). Populating changes no content. By the
-        // system call: libc's `madvise` may be probed.
-        crate::orphan::syscall(
-            libc::SYS_madvise,
-            [start as u64, len as u64, MADV_POPULATE_WRITE, 0],
-        );
-    }
-}
-
-/// Puts in memory and maps the pages of slot `slot`'s ring that its next
-/// events go to, from `head` on, when some site writes events: for a slot
-/// another thread of the process wrote into, its new owner's events go
-/// on past the pages written so far, where each first write took a page
-/// fault of a fresh page, ≈ 8 µs each here (15 faults a thread that took
-/// the slot of one that had exited, in `hotprobe-bench threadstart`).
-/// One `madvise` instead; best effort, as for [`prepare_ring_start`].
-pub(crate) fn prepare_ring_from(shm: &Shm, slot: u32, head: u64) {
-    if !shm.ring_pool().0 {
-        return;
-    }
-    if let Some((start, len)) = shm.ring_pages_from(slot, head) {
-        crate::orphan::syscall(
-            libc::SYS_madvise,
-            [start as u64, len as u64, MADV_POPULATE_WRITE, 0],
-        );
+        // the ring is written). Populating changes no content.
+        populate(start, len, MADV_POPULATE_WRITE);
     }
 }
 
@@ -92,7 +75,9 @@ pub(crate) fn map_ring_pool(shm: &Shm) -> u32 {
             break;
         };
         let page = (ctl as *const hotprobe_abi::RingCtl as usize) & !(hotprobe_abi::PAGE - 1);
-        if !populate_read(page, hotprobe_abi::PAGE) || !populate_read(start, len) {
+        if !populate(page, hotprobe_abi::PAGE, MADV_POPULATE_READ)
+            || !populate(start, len, MADV_POPULATE_READ)
+        {
             // Before Linux 5.14: the threads map their own as before.
             break;
         }
@@ -118,14 +103,13 @@ pub(crate) fn forget_ring_pool() {
     MAPPED_AHEAD.store(0, Release);
 }
 
-/// Maps `len` bytes from `start` readable (writable too, for shared
-/// memory: see [`map_pooled`]) by one `madvise`; false on a kernel
-/// without `MADV_POPULATE_READ`.
-fn populate_read(start: usize, len: usize) -> bool {
-    crate::orphan::syscall(
-        libc::SYS_madvise,
-        [start as u64, len as u64, MADV_POPULATE_READ, 0],
-    ) == 0
+/// Faults `len` bytes from `start` in by one `madvise` of `advice`
+/// ([`MADV_POPULATE_READ`]: mapped readable, and writable too for shared
+/// memory, see [`map_pooled`]; [`MADV_POPULATE_WRITE`]: put in memory,
+/// writable); false on a kernel without it (before 5.14). By the system
+/// call: libc's `madvise` may be probed.
+fn populate(start: usize, len: usize, advice: u64) -> bool {
+    crate::orphan::syscall(libc::SYS_madvise, [start as u64, len as u64, advice, 0]) == 0
 }
 
 /// Maps a pool slot's ring start (`start`, `len` bytes) in this process:
@@ -134,7 +118,7 @@ fn populate_read(start: usize, len: usize) -> bool {
 /// for 17 pages here, where a read of each page, fault-around and all,
 /// took 4–7 µs). On kernels before 5.14, a read of each page.
 fn map_pooled(start: usize, len: usize) {
-    if !populate_read(start, len) {
+    if !populate(start, len, MADV_POPULATE_READ) {
         for p in (start..start + len).step_by(hotprobe_abi::PAGE) {
             // SAFETY: a page of this thread's own ring (in the shared
             // mapping, never unmapped while attached); the read changes

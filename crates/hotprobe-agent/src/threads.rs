@@ -153,25 +153,25 @@ static USED_PAGES: [AtomicU64; MAX_THREADS / ENTRIES_A_PAGE / 64] =
 /// shared by all threads).
 #[inline(always)]
 fn note_used(i: usize) {
-    let page = (i % MAX_THREADS) / ENTRIES_A_PAGE;
-    let bit = 1 << (page % 64);
-    if let Some(w) = USED_PAGES
-        .get(page / 64)
-        .filter(|w| w.load(Relaxed) & bit == 0)
-    {
+    if let Some((w, bit)) = used_bit(i).filter(|(w, bit)| w.load(Relaxed) & bit == 0) {
         w.fetch_or(bit, Relaxed);
     }
+}
+
+/// The [`USED_PAGES`] word and bit of entry `i`'s page.
+#[inline(always)]
+fn used_bit(i: usize) -> Option<(&'static AtomicU64, u64)> {
+    let page = (i % MAX_THREADS) / ENTRIES_A_PAGE;
+    Some((USED_PAGES.get(page / 64)?, 1 << (page % 64)))
 }
 
 /// Every thread-table entry that may have been claimed, with its index:
 /// those of the pages [`note_used`] marked (the others are all empty).
 pub(crate) fn used_entries() -> impl Iterator<Item = (usize, &'static ThreadEntry)> {
-    THREADS.iter().enumerate().filter(|(i, _)| {
-        let page = i / ENTRIES_A_PAGE;
-        USED_PAGES
-            .get(page / 64)
-            .is_some_and(|w| w.load(Relaxed) & (1 << (page % 64)) != 0)
-    })
+    THREADS
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| used_bit(*i).is_some_and(|(w, bit)| w.load(Relaxed) & bit != 0))
 }
 
 /// Registers the calling thread (thread pointer `tp`): thread-table
@@ -411,12 +411,10 @@ fn fill_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32) -> u64 {
     );
     f.events
         .store(shm.ring_events(slot).map_or(0, |p| p as u64), Relaxed);
-    // A slot an earlier thread of the process wrote events into (given
-    // back, claimed again) goes on from its head, past the pages it wrote.
-    match shm.ring_ctl(slot).map(|c| c.head.load(Relaxed)) {
-        Some(0) => crate::thread_memory::prepare_ring_start(shm, slot),
-        Some(head) => crate::thread_memory::prepare_ring_from(shm, slot, head),
-        None => {}
+    // From its head: a slot an earlier thread of the process wrote events
+    // into (given back, claimed again) goes on past the pages it wrote.
+    if let Some(c) = shm.ring_ctl(slot) {
+        crate::thread_memory::prepare_ring(shm, slot, c.head.load(Relaxed));
     }
     // Stubs read the TSC: keyed off for a thread that may not.
     crate::clock::set_mode(e, Some(shm), e.clock.load(Relaxed));
