@@ -137,11 +137,12 @@ impl ProcessTarget {
                 **tid != call_tid && t.state != RunState::Running && !lent.tids.contains(tid)
             })
             .map(|(tid, t)| {
-                let why = match (t.state, t.at_rendezvous) {
-                    (RunState::Event, true) => "at the loader's rendezvous, its event not handled",
-                    (RunState::Event, false) => "an event not handled",
-                    _ if t.stepping => "stepping",
-                    _ => "stopped",
+                let why = match t.held_for() {
+                    Some(_) if t.at_rendezvous && t.state == RunState::Event => {
+                        "stopped at the loader's rendezvous with an event not yet handled"
+                    }
+                    Some(why) => why,
+                    None => "parked",
                 };
                 let at = self
                     .fetch_regs(*tid)

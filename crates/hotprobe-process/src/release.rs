@@ -282,34 +282,25 @@ impl ProcessTarget {
     /// stopped at the loader's rendezvous (a spawned process before it
     /// first runs) needs nothing: it was rewound to the `int3` at its
     /// stop, and the original instruction goes back at the release.
-    pub fn ptrace_need(&self) -> Option<&'static str> {
-        let thread_need = |t: &crate::Thread| {
-            if t.stepping {
-                Some("a thread is single-stepping")
-            } else if t.state == RunState::Event {
-                Some("a thread is stopped with an event not yet handled")
-            } else if t.unrewound_breakpoint.is_some() {
-                Some("a thread is stopped at a breakpoint")
-            } else if !t.held_signals.is_empty() {
-                Some("a thread holds a signal not yet delivered")
-            } else {
-                None
-            }
-        };
+    pub fn ptrace_need(&self) -> Option<String> {
+        let whole = |why: &str| Some(why.to_string());
         if self.probes_need_ptrace() {
-            Some("a breakpoint or watchpoint is set")
+            whole("a breakpoint or watchpoint is set")
         } else if !self.attached {
-            Some("it is not attached yet")
+            whole("it is not attached yet")
         } else if self.exited.is_some() {
-            Some("it exited")
+            whole("it exited")
         } else if !self.vfork_children.is_empty() {
-            Some("a vfork child is held")
+            whole("a vfork child is held")
         } else if !self.forked_children.is_empty() {
-            Some("a fork child is held")
+            whole("a fork child is held")
         } else if !self.pending.is_empty() {
-            Some("an event is queued")
+            whole("an event is queued")
         } else {
-            self.threads.values().find_map(thread_need)
+            self.threads
+                .values()
+                .find_map(crate::Thread::held_for)
+                .map(|why| format!("a thread is {why}"))
         }
     }
 
@@ -583,6 +574,26 @@ impl ProcessTarget {
             // Released only with a pidfd (see `release`).
             let fd = rel.pidfd.as_ref()?;
             Some((foreign_exit_status(self.pid, fd), execd))
+        }
+    }
+}
+
+impl crate::Thread {
+    /// Why this stopped thread needs ptrace, in a few words ("a thread
+    /// is …"), or `None` when it is merely parked: stepping, an event of
+    /// its own the engine has not handled, a breakpoint it has not been
+    /// moved off, a signal held for it.
+    pub(crate) fn held_for(&self) -> Option<&'static str> {
+        if self.stepping {
+            Some("single-stepping")
+        } else if self.state == RunState::Event {
+            Some("stopped with an event not yet handled")
+        } else if self.unrewound_breakpoint.is_some() {
+            Some("stopped at a breakpoint")
+        } else if !self.held_signals.is_empty() {
+            Some("holding a signal not yet delivered")
+        } else {
+            None
         }
     }
 }
