@@ -224,9 +224,12 @@ impl crate::FastPath {
     /// ≈ 10 µs of `madvise` and page tables at its first hit, queued on
     /// the others' (`hotprobe-bench threadstart --calls 1`, issue 23). Best
     /// effort: an agent without the export, or a failed call, leaves each
-    /// thread to map its own, as before.
+    /// thread to map its own, as before. No call when the pool holds no
+    /// slot yet to hand out (a kernel without `MADV_POPULATE_WRITE`: the
+    /// tracer made none).
     pub(crate) fn map_ring_pool(&mut self, t: &mut hotprobe_process::ProcessTarget) {
-        if !self.shm.shm().ring_pool().0 {
+        let shm = self.shm.shm();
+        if shm.ring_pool().1 <= shm.header().threads_claimed.load(Relaxed) {
             return;
         }
         if let Some(f) = self.map_rings.take() {
