@@ -35,8 +35,14 @@ pub struct ThreadBlock {
     /// plus the ring's capacity; event `head` may be written while
     /// `head < limit` (0 forces a refresh; see [`crate::Producer::push`]).
     pub limit: AtomicU64,
-    /// Reserved, zero.
-    pub reserved0: AtomicU64,
+    /// Address of the agent's `hotprobe_agent_hook_entry`, 0 if none: a
+    /// record stub of a function whose return is hooked calls it (with
+    /// `r11` = this block, `r10` = the return-address slot, `eax` = the
+    /// probe id) to push the thread's shadow stack and swap the return
+    /// address; it returns `eax` = 0 when it did, else non-zero having
+    /// changed nothing (the stub then takes the generic path). It
+    /// clobbers only rax, rdx, r10 and the flags.
+    pub hook_entry: AtomicU64,
     /// Address of the shared memory's [`crate::Header`].
     pub header: AtomicU64,
     /// [`crate::Header::stub_key`] of the memory this block points into. A
@@ -63,6 +69,8 @@ pub const TB_EVENTS: i32 = offset_of!(ThreadBlock, events) as i32;
 pub const TB_MASK: i32 = offset_of!(ThreadBlock, mask) as i32;
 /// Offset of [`ThreadBlock::limit`].
 pub const TB_LIMIT: i32 = offset_of!(ThreadBlock, limit) as i32;
+/// Offset of [`ThreadBlock::hook_entry`].
+pub const TB_HOOK_ENTRY: i32 = offset_of!(ThreadBlock, hook_entry) as i32;
 /// Offset of [`ThreadBlock::header`].
 pub const TB_HEADER: i32 = offset_of!(ThreadBlock, header) as i32;
 /// Offset of [`ThreadBlock::busy`].
@@ -83,5 +91,7 @@ pub const HDR_CONTROL: i32 = offset_of!(crate::Header, control) as i32;
 pub const HDR_STATUS: i32 = offset_of!(crate::Header, status) as i32;
 /// Offset of [`crate::Header::heartbeat_tsc`].
 pub const HDR_HEARTBEAT: i32 = offset_of!(crate::Header, heartbeat_tsc) as i32;
+/// Offset of [`crate::Header::event_size`].
+pub const HDR_EVENT_SIZE: i32 = offset_of!(crate::Header, event_size) as i32;
 /// Offset of [`crate::Header::heartbeat_timeout_tsc`].
 pub const HDR_HEARTBEAT_TIMEOUT: i32 = offset_of!(crate::Header, heartbeat_timeout_tsc) as i32;

@@ -69,8 +69,10 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"HOTPROBE");
 /// ranges page after the capture slots; 18: [`Header::ring_pool`], the
 /// ring starts the tracer made ready, in place of `reserved1`; 19: the
 /// thread slots grow in chunks past the main layout's, described by the
-/// [`crate::SlotDirectory`] after the header).
-pub const VERSION: u32 = 19;
+/// [`crate::SlotDirectory`] after the header; 20:
+/// [`crate::fast::ThreadBlock::hook_entry`], the agent's return hook for
+/// record stubs, in place of `reserved0`).
+pub const VERSION: u32 = 20;
 /// Size of [`Header`] in bytes.
 pub const HEADER_SIZE: usize = 256;
 /// Alignment of every section start (the site table and the thread slots).

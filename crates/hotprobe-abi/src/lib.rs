@@ -27,7 +27,7 @@ mod slots;
 pub mod stacks;
 
 pub use layout::*;
-pub use ring::{Consumer, DataWriter, DrainStats, Producer};
+pub use ring::{Consumer, DataWriter, DrainStats, Producer, PREFETCH_AHEAD};
 pub use shm::{
     growable_file_len, LedgerSite, Shm, SlotDirectory, DEFAULT_CHUNK_SLOTS, MAX_SLOTS,
     MAX_SLOT_CHUNKS, SLOT_DIRECTORY_OFFSET,

@@ -127,7 +127,7 @@ impl Producer<'_> {
 
 /// How far ahead of the event being written [`Producer::push`] asks for
 /// the ring's next line: 4 lines (8 compact events, 4 full ones).
-const PREFETCH_AHEAD: u64 = 256;
+pub const PREFETCH_AHEAD: u64 = 256;
 
 impl Producer<'_> {
     /// Appends `ev` preceded by the continuation events
