@@ -44,7 +44,7 @@ static STACKS: [Range; MAX_STACKS] = [const {
     }
 }; MAX_STACKS];
 /// Slots of [`STACKS`] ever used (a high-water mark).
-static USED: AtomicU32 = AtomicU32::new(0);
+pub(crate) static USED: AtomicU32 = AtomicU32::new(0);
 /// Coroutine stacks that did not fit in the table (their entries are taken
 /// as the thread stack's).
 static OVERFLOW: AtomicU64 = AtomicU64::new(0);

@@ -106,7 +106,7 @@ pub(crate) const ENTRY_INIT: ThreadEntry = ThreadEntry {
         events: AtomicU64::new(0),
         mask: AtomicU64::new(0),
         limit: AtomicU64::new(0),
-        reserved0: AtomicU64::new(0),
+        hook_entry: AtomicU64::new(0),
         header: AtomicU64::new(0),
         stub_key: AtomicU32::new(0),
         busy: AtomicU32::new(0),

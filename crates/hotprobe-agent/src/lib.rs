@@ -46,6 +46,7 @@ mod coro;
 mod env;
 mod gotbind;
 mod hit;
+mod hooked;
 mod inproc;
 mod next_symbol;
 mod orphan;

@@ -119,6 +119,7 @@ pub unsafe extern "C" fn hotprobe_agent_release(pages: *const [u64; 2], n: usize
         f.ctl.store(0, Relaxed);
         f.events.store(0, Relaxed);
         f.header.store(0, Relaxed);
+        f.hook_entry.store(0, Relaxed);
         f.limit.store(0, Relaxed);
         e.key.store(EMPTY, Release);
     }

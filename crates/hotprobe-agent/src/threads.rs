@@ -400,6 +400,10 @@ fn fill_fast(e: &'static ThreadEntry, shm: &Shm, slot: u32) -> u64 {
     // generic path, which knows none of their sites.
     f.stub_key.store(shm.stub_key(), Relaxed);
     f.header.store(shm.as_ptr() as u64, Relaxed);
+    f.hook_entry.store(
+        crate::hooked::hotprobe_agent_hook_entry as *const () as usize as u64,
+        Relaxed,
+    );
     f.mask
         .store(shm.layout().params.ring_capacity as u64 - 1, Relaxed);
     let counters = shm.thread_counters(slot).map_or(0, |c| c.as_ptr() as u64);
@@ -545,6 +549,7 @@ pub(crate) fn clear_fast(e: &ThreadEntry) {
     f.events.store(0, Relaxed);
     f.limit.store(0, Relaxed);
     f.header.store(0, Relaxed);
+    f.hook_entry.store(0, Relaxed);
     f.stub_key.store(0, Relaxed);
 }
 

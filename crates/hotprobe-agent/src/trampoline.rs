@@ -183,6 +183,8 @@ macro_rules! const_str {
     };
 }
 
+pub(crate) use const_str;
+
 trampoline!(
     /// Entry trampoline: for function-entry placeholders; records rdi..r9.
     hotprobe_agent_entry_trampoline, KIND_ENTRY, "", "", "8"
@@ -197,63 +199,7 @@ trampoline!(
     hotprobe_agent_mid_trampoline, KIND_HIT, "pushfq\ncld", "popfq", "16"
 );
 
-/// Return trampoline: a hooked function returns here (its return address
-/// was swapped by the entry hook, see `ACTION_EXIT`). Asks the agent for the
-/// real return address (popping the thread's shadow stack and recording the
-/// exit), and returns there with every general register as the function
-/// left it: not only rax and rdx (the return value) but also rcx, rsi, rdi
-/// and r8–r11, because gcc's `-fipa-ra` lets a caller keep values in
-/// call-clobbered registers across a call to a callee known not to touch
-/// them (a frameless `-O2` leaf). xmm registers are left alone by the
-/// integer-only Rust code in release builds (checked by the test
-/// `fast_path_uses_no_vector_registers`) and saved in debug builds. Flags
-/// are not saved: gcc treats them as clobbered by every call, `-fipa-ra` or
-/// not (fixed registers are always marked used).
-///
-/// # Safety
-/// Only reached by a `ret` whose return address the agent swapped.
-#[unsafe(naked)]
-#[no_mangle]
-pub unsafe extern "C" fn hotprobe_agent_return_trampoline() {
-    core::arch::naked_asm!(
-        // rsp = slot + 8 (the ret popped the swapped address from `slot`);
-        // the real address goes back into `slot` ([rbp+8]) for our `ret`.
-        "sub rsp, 8",
-        "push rbp",
-        "mov rbp, rsp",
-        "and rsp, -16",
-        "sub rsp, 80",
-        "mov [rsp], rax",
-        "mov [rsp+8], rdx",
-        "mov [rsp+16], rcx",
-        "mov [rsp+24], rsi",
-        "mov [rsp+32], rdi",
-        "mov [rsp+40], r8",
-        "mov [rsp+48], r9",
-        "mov [rsp+56], r10",
-        "mov [rsp+64], r11",
-        const_str!(SAVE_XMM_ALWAYS),
-        "lea rdi, [rbp+8]",
-        "mov rsi, rax",
-        "movq rcx, xmm0",
-        "call {ret}",
-        "mov [rbp+8], rax",
-        const_str!(RESTORE_XMM_ALWAYS),
-        "mov rax, [rsp]",
-        "mov rdx, [rsp+8]",
-        "mov rcx, [rsp+16]",
-        "mov rsi, [rsp+24]",
-        "mov rdi, [rsp+32]",
-        "mov r8, [rsp+40]",
-        "mov r9, [rsp+48]",
-        "mov r10, [rsp+56]",
-        "mov r11, [rsp+64]",
-        "mov rsp, rbp",
-        "pop rbp",
-        "ret",
-        ret = sym crate::hit::ret_hit,
-    );
-}
+pub use crate::hooked::hotprobe_agent_return_trampoline;
 
 /// Handler trampoline: a patched site or jump trampoline of a probe whose
 /// handler runs in the tracer calls it (`call rel32`, through a near stub
