@@ -21,6 +21,32 @@ use crate::{
     ModuleInfo, PatchKind, SiteInfo, SitePlan,
 };
 
+/// Which stub a site gets: the registers it records, its counter and
+/// probe id, and whether it hooks the function's return.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StubSite {
+    /// Entry or exit registers.
+    pub kind: StubKind,
+    /// Counter index incremented on each hit.
+    pub counter: u32,
+    /// Probe id written into events.
+    pub probe: u32,
+    /// Hook the return (see [`stub::StubParams::hook`]).
+    pub hook: bool,
+}
+
+impl StubSite {
+    /// An exit placeholder's stub: exit `counter`, events of `probe`.
+    fn exit(counter: u32, probe: u32) -> StubSite {
+        StubSite {
+            kind: StubKind::Exit,
+            counter,
+            probe,
+            hook: false,
+        }
+    }
+}
+
 impl FastPath {
     pub(crate) fn module(&mut self, path: &Path) -> Result<&ModuleInfo, FastPathError> {
         if !self.modules.contains_key(path) {
@@ -283,9 +309,7 @@ impl FastPath {
                                 let target = match self.stub(
                                     t,
                                     a,
-                                    StubKind::Exit,
-                                    exit_id,
-                                    probe_id,
+                                    StubSite::exit(exit_id, probe_id),
                                     action,
                                 )? {
                                     Some(s) => s,
@@ -312,9 +336,7 @@ impl FastPath {
                                 let exit_tramp = match self.stub(
                                     t,
                                     a,
-                                    StubKind::Exit,
-                                    exit_id,
-                                    probe_id,
+                                    StubSite::exit(exit_id, probe_id),
                                     action,
                                 )? {
                                     Some(s) => s,
@@ -402,8 +424,9 @@ impl FastPath {
     /// `near` and returns its address; `None` when stubs are off or the
     /// agent published no TLS offset (the generic trampoline is used then).
     /// Where the entry `call` at `at` (a site or a jump trampoline) goes:
-    /// a per-site stub, or — when the return hook is wanted, which swaps the
-    /// return address — the agent's generic entry trampoline.
+    /// a per-site stub (which, for a recorded entry whose return is hooked,
+    /// hooks it through the agent's `ThreadBlock::hook_entry`), or the
+    /// agent's generic entry trampoline.
     pub(crate) fn entry_target(
         &mut self,
         t: &mut ProcessTarget,
@@ -413,14 +436,21 @@ impl FastPath {
         bits: u32,
         info: &mut SiteInfo,
     ) -> Result<u64, FastPathError> {
-        // A return hook, an aggregation, a stack walk or a typed capture
-        // needs the agent's generic path: stubs do none of them.
-        let generic = ACTION_EXIT
-            | hotprobe_abi::ACTION_AGG
-            | hotprobe_abi::ACTION_STACK
-            | hotprobe_abi::ACTION_CAPTURE;
-        let stub = if bits & generic == 0 {
-            self.stub(t, at, StubKind::Entry, probe_id, probe_id, action)?
+        // An aggregation, a stack walk or a typed capture needs the
+        // agent's generic path: stubs do none of them. A return hook needs
+        // it too, but for a recorded entry without xmm values (the stub
+        // hooks through the agent).
+        let generic =
+            hotprobe_abi::ACTION_AGG | hotprobe_abi::ACTION_STACK | hotprobe_abi::ACTION_CAPTURE;
+        let hook = bits & ACTION_EXIT != 0;
+        let stub = if bits & generic == 0 && (!hook || (action.record && action.xmm.is_none())) {
+            let site = StubSite {
+                kind: StubKind::Entry,
+                counter: probe_id,
+                probe: probe_id,
+                hook,
+            };
+            self.stub(t, at, site, action)?
         } else {
             None
         };
@@ -431,15 +461,22 @@ impl FastPath {
         }
     }
 
+    /// Writes the per-site stub of `site` near `near` (see
+    /// [`stub::StubParams`]); `None` when stubs are off, the agent has no
+    /// TLS word, or the action is an aggregation.
     pub(crate) fn stub(
         &mut self,
         t: &mut ProcessTarget,
         near: u64,
-        kind: StubKind,
-        counter: u32,
-        probe: u32,
+        site: StubSite,
         action: Action,
     ) -> Result<Option<u64>, FastPathError> {
+        let StubSite {
+            kind,
+            counter,
+            probe,
+            hook,
+        } = site;
         let (record, xmm) = (action.record, action.xmm);
         let h = self.shm().header();
         let tpoff = h.thread_tpoff.load(Relaxed);
@@ -463,6 +500,7 @@ impl FastPath {
             key: self.shm().stub_key(),
             missed_offset: self.shm().layout().missed_offset as u64,
             xmm_ints: if record { xmm } else { None },
+            hook,
         };
         let err = |e: stub::StubError| FastPathError::Assemble {
             addr: near,

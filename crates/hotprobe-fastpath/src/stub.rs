@@ -45,7 +45,8 @@
 
 use hotprobe_abi::fast::{
     HDR_CONTROL, HDR_HEARTBEAT, HDR_HEARTBEAT_TIMEOUT, HDR_STATUS, RING_DROPPED, RING_HEAD,
-    RING_TAIL, TB_BUSY, TB_COUNTERS, TB_CTL, TB_EVENTS, TB_HEADER, TB_LIMIT, TB_MASK, TB_STUB_KEY,
+    RING_TAIL, TB_BUSY, TB_COUNTERS, TB_CTL, TB_EVENTS, TB_HEADER, TB_HOOK_ENTRY, TB_LIMIT,
+    TB_MASK, TB_STUB_KEY,
 };
 use hotprobe_abi::{
     pack_meta, slot_values, CONTROL_RECORD, EVENT_SIZE_COMPACT, EVENT_SIZE_FULL, EVENT_XMM,
@@ -55,7 +56,7 @@ use iced_x86::code_asm::*;
 
 /// Bytes past the event being written whose ring line a record stub asks
 /// for, for writing (`hotprobe_abi`'s `Producer::push` does the same).
-const PREFETCH_AHEAD: i32 = 256;
+const PREFETCH_AHEAD: i32 = hotprobe_abi::PREFETCH_AHEAD as i32;
 
 /// Which registers an event records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,6 +97,13 @@ pub(crate) struct StubParams {
     /// 64 bits of xmm0, xmm1, … (`movq`, one store each); an exit stores
     /// rax, rdx and xmm0. Events carry `EVENT_XMM`. Needs 64-byte slots.
     pub xmm_ints: Option<u8>,
+    /// Hook the function's return too (an entry record stub without an
+    /// xmm layout): before counting, the stub calls the agent's
+    /// `ThreadBlock::hook_entry` with the return-address slot and the
+    /// probe id; a thread without one, or whose hook declines (dead
+    /// frames to pop, no shadow stack yet, …), and a hit while recording
+    /// is off, go to the generic trampoline with nothing done.
+    pub hook: bool,
 }
 
 /// Why a stub could not be built.
@@ -126,6 +134,11 @@ pub(crate) fn build(ip: u64, p: &StubParams) -> Result<Vec<u8>, StubError> {
     }
     if p.xmm_ints.is_some() && p.event_size != EVENT_SIZE_FULL {
         return Err(StubError::Params("the xmm layout needs 64-byte slots"));
+    }
+    if p.hook && (p.kind != StubKind::Entry || !p.record || p.xmm_ints.is_some()) {
+        return Err(StubError::Params(
+            "only an entry record stub without an xmm layout hooks returns",
+        ));
     }
     let missed = i32::try_from(p.missed_offset + 8 * p.probe as u64)
         .map_err(|_| StubError::Params("missed counters beyond 2 GiB"))?;
@@ -168,13 +181,40 @@ pub(crate) fn build(ip: u64, p: &StubParams) -> Result<Vec<u8>, StubError> {
         a.push(rax)?;
         a.push(rdx)?;
         a.push(r10)?;
-        // Saved: [rsp] r10, +8 rdx, +16 rax, +24 r11, +32 the key.
-        a.mov(r10, qword_ptr(r11 + d(TB_COUNTERS)))?;
-        a.inc(qword_ptr(r10 + cdisp))?;
-        a.mov(r10, qword_ptr(r11 + d(TB_HEADER)))?;
-        a.test(byte_ptr(r10 + d(HDR_CONTROL)), CONTROL_RECORD as i32)?;
-        a.jz(done)?;
-        a.mov(dword_ptr(r11 + d(TB_BUSY)), 1)?;
+        // Saved: [rsp] r10, +8 rdx, +16 rax, +24 r11, +32 the key, and
+        // at +40 the function's return address (an entry site).
+        let mut unsaved = a.create_label();
+        if p.hook {
+            // The return hooked first, so that a declined hook leaves
+            // nothing done for the generic path to do again.
+            let mut hooked = a.create_label();
+            a.mov(r10, qword_ptr(r11 + d(TB_HEADER)))?;
+            a.test(byte_ptr(r10 + d(HDR_CONTROL)), CONTROL_RECORD as i32)?;
+            a.jz(unsaved)?;
+            a.cmp(qword_ptr(r11 + d(TB_HOOK_ENTRY)), 0)?;
+            a.je(unsaved)?;
+            a.mov(dword_ptr(r11 + d(TB_BUSY)), 1)?;
+            a.lea(r10, qword_ptr(rsp + 40))?;
+            a.mov(eax, p.probe)?;
+            a.call(qword_ptr(r11 + d(TB_HOOK_ENTRY)))?;
+            a.test(eax, eax)?;
+            a.jz(hooked)?;
+            // Declined: nothing done.
+            a.mov(dword_ptr(r11 + d(TB_BUSY)), 0)?;
+            a.jmp(unsaved)?;
+            a.set_label(&mut hooked)?;
+            // The hook clobbered rdx, an argument the event records.
+            a.mov(rdx, qword_ptr(rsp + 8))?;
+            a.mov(r10, qword_ptr(r11 + d(TB_COUNTERS)))?;
+            a.inc(qword_ptr(r10 + cdisp))?;
+        } else {
+            a.mov(r10, qword_ptr(r11 + d(TB_COUNTERS)))?;
+            a.inc(qword_ptr(r10 + cdisp))?;
+            a.mov(r10, qword_ptr(r11 + d(TB_HEADER)))?;
+            a.test(byte_ptr(r10 + d(HDR_CONTROL)), CONTROL_RECORD as i32)?;
+            a.jz(done)?;
+            a.mov(dword_ptr(r11 + d(TB_BUSY)), 1)?;
+        }
         // r10 = head (a relaxed load of our own counter: single writer).
         a.mov(r10, qword_ptr(r11 + d(TB_CTL)))?;
         a.mov(r10, qword_ptr(r10 + d(RING_HEAD)))?;
@@ -294,6 +334,14 @@ pub(crate) fn build(ip: u64, p: &StubParams) -> Result<Vec<u8>, StubError> {
         a.lock()
             .or(dword_ptr(r10 + d(HDR_STATUS)), STATUS_ORPHANED as i32)?;
         a.jmp(unbusy)?;
+        if p.hook {
+            // Declined before anything was done: the generic path, with
+            // the registers as the site left them.
+            a.set_label(&mut unsaved)?;
+            a.pop(r10)?;
+            a.pop(rdx)?;
+            a.pop(rax)?;
+        }
     }
     a.set_label(&mut slow)?;
     a.pop(r11)?;
@@ -323,6 +371,8 @@ struct Template {
     counter_at: usize,
     /// Offsets of the meta imm32 and the missed counter's disp32 (record).
     record_at: Option<(usize, usize)>,
+    /// Offset of the probe id's imm32 passed to the return hook (hook).
+    probe_at: Option<usize>,
 }
 
 /// Sentinels: values whose encodings occur once in a stub.
@@ -345,6 +395,7 @@ fn same_shape(a: &StubParams, b: &StubParams) -> bool {
         && a.key == b.key
         && a.missed_offset == b.missed_offset
         && a.xmm_ints == b.xmm_ints
+        && a.hook == b.hook
 }
 
 fn meta_of(p: &StubParams) -> i32 {
@@ -375,10 +426,16 @@ impl Template {
         } else {
             None
         };
+        let probe_at = if p.hook {
+            Some(find_once(&code, SENTINEL_PROBE as i32)?)
+        } else {
+            None
+        };
         Some(Template {
             code,
             counter_at,
             record_at,
+            probe_at,
         })
     }
 }
@@ -416,275 +473,12 @@ impl StubTemplates {
             code[meta_at..meta_at + 4].copy_from_slice(&meta_of(p).to_le_bytes());
             code[missed_at..missed_at + 4].copy_from_slice(&missed.to_le_bytes());
         }
+        if let Some(at) = t.probe_at {
+            code[at..at + 4].copy_from_slice(&p.probe.to_le_bytes());
+        }
         Ok(code)
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter};
-
-    fn text(code: &[u8], ip: u64) -> String {
-        let mut dec = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
-        let mut f = IntelFormatter::new();
-        let mut out = String::new();
-        for ins in &mut dec {
-            f.format(&ins, &mut out);
-            out.push('\n');
-        }
-        out
-    }
-
-    #[test]
-    fn count_stub_reads_tls_and_increments_one_counter() {
-        let p = StubParams {
-            tpoff: (-8i64) as u64,
-            counter: 3,
-            probe: 3,
-            kind: StubKind::Entry,
-            record: false,
-            generic: 0x1122_3344_5566_7788,
-            event_size: EVENT_SIZE_FULL,
-            key: 0x1234_5678,
-            missed_offset: 0x3000,
-            xmm_ints: None,
-        };
-        let code = build(0x1000, &p).unwrap();
-        let t = text(&code, 0x1000);
-        assert!(
-            t.starts_with("push r11\nmov r11,fs:[0FFFFFFFFFFFFFFF8h]\ntest r11,r11\nje "),
-            "{t}"
-        );
-        assert!(t.contains("inc qword ptr [r11+18h]"), "{t}");
-        assert!(t.contains("cmp dword ptr [r11+38h],12345678h\njne "), "{t}");
-        assert!(code.ends_with(&0x1122_3344_5566_7788u64.to_le_bytes()));
-    }
-
-    /// The record stub's stores into the slot (`[r10...]`), as text.
-    fn slot_stores(t: &str) -> Vec<&str> {
-        t.lines()
-            .filter(|l| l.starts_with("mov qword ptr [r10") || l.starts_with("mov [r10"))
-            .collect()
-    }
-
-    #[test]
-    fn record_stub_writes_only_the_words_the_slot_uses_and_publishes_head() {
-        // (kind, slot size, words stored: tsc, meta, values; log2 of the size)
-        let cases = [
-            (StubKind::Entry, EVENT_SIZE_FULL, 8, 6),
-            (StubKind::Entry, EVENT_SIZE_COMPACT, 4, 5),
-            (StubKind::Exit, EVENT_SIZE_FULL, 4, 6),
-            (StubKind::Exit, EVENT_SIZE_COMPACT, 4, 5),
-        ];
-        for (kind, event_size, words, shift) in cases {
-            let p = StubParams {
-                tpoff: (-16i64) as u64,
-                counter: 7,
-                probe: 5,
-                kind,
-                record: true,
-                generic: 0x4000,
-                event_size,
-                key: 0x7fff_0001,
-                missed_offset: 0x3000,
-                xmm_ints: None,
-            };
-            let code = build(0x2000, &p).unwrap();
-            let t = text(&code, 0x2000);
-            let stores = slot_stores(&t);
-            assert_eq!(stores.len(), words, "{kind:?} {event_size}: {t}");
-            // Words 0..words, each once (in any order).
-            for i in 0..words {
-                let off = match 8 * i {
-                    0 => "[r10],".to_string(),
-                    o if o < 10 => format!("[r10+{o}],"),
-                    o => format!("[r10+{o:X}h],"),
-                };
-                let n = stores.iter().filter(|s| s.contains(&off)).count();
-                assert_eq!(n, 1, "word {i} ({off}): {t}");
-            }
-            assert!(t.contains(&format!("shl r10,{shift}")), "{t}");
-            assert!(!t.contains("imul"), "{t}");
-            assert!(t.contains("rdtsc"), "{t}");
-            // Key and busy checked with one compare before anything else.
-            assert!(t.contains("cmp qword ptr [r11+38h],7FFF0001h\njne "), "{t}");
-            // Head published last, after the tsc.
-            let tsc = t.find("mov [r10],rax").expect("tsc store");
-            let publish = t.find("inc qword ptr [r10]").expect("head publish");
-            assert!(tsc < publish, "{t}");
-            // The line 256 bytes ahead asked for, wrapped in the ring
-            // (mask << shift | size - 1), before the publish.
-            let ahead = t.find("prefetchw [rax]").expect("prefetch ahead");
-            assert!(tsc < ahead && ahead < publish, "{t}");
-            assert!(t.contains("add rax,100h\n"), "{t}");
-            assert!(
-                t.contains(&format!(
-                    "shl rdx,{shift}\nor rdx,{:X}h\nand rax,rdx",
-                    event_size - 1
-                )),
-                "{t}"
-            );
-            // The meta word's immediate: probe 5, the kind, the values.
-            let (k, n) = match kind {
-                StubKind::Entry => (KIND_ENTRY, if event_size == 64 { 6 } else { 2 }),
-                StubKind::Exit => (KIND_EXIT, 2),
-            };
-            let meta = pack_meta(5, k, n, 0);
-            assert!(
-                t.contains(&format!("mov qword ptr [r10+8],{meta:X}h")),
-                "{meta:#x}: {t}"
-            );
-            // The values come straight from their registers.
-            let first = match kind {
-                StubKind::Entry => "mov [r10+10h],rdi",
-                StubKind::Exit => "mov [r10+10h],rax",
-            };
-            assert!(t.contains(first), "{t}");
-        }
-    }
-
-    #[test]
-    fn xmm_layout_stores_ints_then_xmm_registers_and_flags_the_event() {
-        let base = StubParams {
-            tpoff: (-16i64) as u64,
-            counter: 2,
-            probe: 9,
-            kind: StubKind::Entry,
-            record: true,
-            generic: 0x4000,
-            event_size: EVENT_SIZE_FULL,
-            key: 0x10,
-            missed_offset: 0x3000,
-            xmm_ints: Some(2),
-        };
-        let t = text(&build(0x2000, &base).unwrap(), 0x2000);
-        let stores = slot_stores(&t);
-        let want = [
-            "mov [r10+10h],rdi",
-            "mov [r10+18h],rsi",
-            "movq [r10+20h],xmm0",
-            "movq [r10+28h],xmm1",
-            "movq [r10+30h],xmm2",
-            "movq [r10+38h],xmm3",
-        ];
-        for line in want {
-            assert!(t.contains(line), "{line}: {t}");
-        }
-        // tsc, meta and the six values: nothing else written to the slot.
-        let movq = t.lines().filter(|l| l.starts_with("movq [r10")).count();
-        assert_eq!(stores.len() + movq, 8, "{t}");
-        let meta = pack_meta(9, KIND_ENTRY, 6, EVENT_XMM);
-        assert!(
-            t.contains(&format!("mov qword ptr [r10+8],{meta:X}h")),
-            "{t}"
-        );
-        // No xmm register is written: the program's values stay.
-        assert!(!t.lines().any(|l| l.starts_with("movq xmm")), "{t}");
-        let exit = StubParams {
-            kind: StubKind::Exit,
-            ..base
-        };
-        let t = text(&build(0x2000, &exit).unwrap(), 0x2000);
-        assert!(t.contains("mov [r10+10h],rax"), "{t}");
-        assert!(t.contains("mov [r10+18h],rdx"), "{t}");
-        assert!(t.contains("movq [r10+20h],xmm0"), "{t}");
-        let meta = pack_meta(9, KIND_EXIT, 3, EVENT_XMM);
-        assert!(
-            t.contains(&format!("mov qword ptr [r10+8],{meta:X}h")),
-            "{t}"
-        );
-        // Compact slots cannot carry it.
-        let compact = StubParams {
-            event_size: EVENT_SIZE_COMPACT,
-            ..base
-        };
-        assert!(build(0x2000, &compact).is_err());
-    }
-
-    #[test]
-    fn stub_refuses_what_the_slot_cannot_carry() {
-        let p = StubParams {
-            tpoff: 8,
-            counter: 0,
-            probe: 1 << 24,
-            kind: StubKind::Entry,
-            record: true,
-            generic: 0x4000,
-            event_size: EVENT_SIZE_FULL,
-            key: 1,
-            missed_offset: 0x3000,
-            xmm_ints: None,
-        };
-        assert!(build(0x2000, &p).is_err());
-        assert!(build(
-            0x2000,
-            &StubParams {
-                probe: 1,
-                event_size: 72,
-                ..p
-            }
-        )
-        .is_err());
-        assert!(build(
-            0x2000,
-            &StubParams {
-                probe: 1,
-                key: 0,
-                ..p
-            }
-        )
-        .is_err());
-        assert!(build(0x2000, &StubParams { probe: 1, ..p }).is_ok());
-    }
-
-    #[test]
-    fn templates_give_the_bytes_assembly_gives() {
-        let mut t = StubTemplates::default();
-        for record in [false, true] {
-            for kind in [StubKind::Entry, StubKind::Exit] {
-                for (event_size, xmm_ints) in [
-                    (EVENT_SIZE_COMPACT, None),
-                    (EVENT_SIZE_FULL, None),
-                    (EVENT_SIZE_FULL, Some(2)),
-                ] {
-                    if xmm_ints.is_some() && !record {
-                        continue;
-                    }
-                    for (counter, probe) in [
-                        (0, 0),
-                        (3, 3),
-                        (15, 15),
-                        (16, 16),
-                        (17, 99),
-                        (1000, 1000),
-                        (99_999, 99_999),
-                        (1 << 20, (1 << 24) - 1),
-                    ] {
-                        let p = StubParams {
-                            tpoff: (-40i64) as u64,
-                            counter,
-                            probe,
-                            kind,
-                            record,
-                            generic: 0x7f00_1234_5678,
-                            event_size,
-                            key: 0x2345_6789,
-                            missed_offset: 0x40_0000,
-                            xmm_ints,
-                        };
-                        let want = build(0x5555_0000_1000, &p).unwrap();
-                        let got = t.build(&p).unwrap();
-                        assert_eq!(got, want, "{p:?}");
-                    }
-                }
-            }
-        }
-        // Every shape without an xmm layout had a template; those with one
-        // are assembled (and still equal, above).
-        assert!(t
-            .shapes
-            .iter()
-            .all(|(p, t)| t.is_some() == p.xmm_ints.is_none()));
-    }
-}
+mod tests;
