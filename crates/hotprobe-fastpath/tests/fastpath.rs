@@ -203,6 +203,9 @@ fn record_args_and_return_values_through_recursion() {
             )
             .unwrap();
         assert_eq!(fact.exits, "return hook", "{tag}: {fact:?}");
+        // A recorded entry with a hooked return is on a per-site stub,
+        // which hooks the return through the agent's assembly.
+        assert!(fact.stub && work.stub, "{tag}: {fact:?} {work:?}");
         run_to_exit(&mut t);
         assert_eq!(
             std::fs::read_to_string(&out).unwrap(),
@@ -281,6 +284,9 @@ fn jump_probes_with_exits_keep_every_register_of_the_caller() {
         for i in &infos {
             assert_eq!(i.mechanism, Mechanism::Jump, "{tag}: {i:?}");
             assert_eq!(i.exits, "return hook", "{tag}: {i:?}");
+            // Recording: the stub hooks the return; counting with a
+            // return hook is the generic trampoline's.
+            assert_eq!(i.stub, action.record, "{tag}: {i:?}");
         }
         run_to_exit(&mut t);
         assert_eq!(std::fs::read_to_string(&out).unwrap(), native, "{tag}");
