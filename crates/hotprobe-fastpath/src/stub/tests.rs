@@ -3,6 +3,24 @@
 use super::*;
 use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter};
 
+/// A record entry stub's parameters, which each test changes where it
+/// looks.
+fn params() -> StubParams {
+    StubParams {
+        tpoff: (-16i64) as u64,
+        counter: 7,
+        probe: 5,
+        kind: StubKind::Entry,
+        record: true,
+        generic: 0x4000,
+        event_size: EVENT_SIZE_FULL,
+        key: 0x7fff_0001,
+        missed_offset: 0x3000,
+        xmm_ints: None,
+        hook: false,
+    }
+}
+
 fn text(code: &[u8], ip: u64) -> String {
     let mut dec = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
     let mut f = IntelFormatter::new();
@@ -20,14 +38,10 @@ fn count_stub_reads_tls_and_increments_one_counter() {
         tpoff: (-8i64) as u64,
         counter: 3,
         probe: 3,
-        kind: StubKind::Entry,
         record: false,
         generic: 0x1122_3344_5566_7788,
-        event_size: EVENT_SIZE_FULL,
         key: 0x1234_5678,
-        missed_offset: 0x3000,
-        xmm_ints: None,
-        hook: false,
+        ..params()
     };
     let code = build(0x1000, &p).unwrap();
     let t = text(&code, 0x1000);
@@ -58,17 +72,9 @@ fn record_stub_writes_only_the_words_the_slot_uses_and_publishes_head() {
     ];
     for (kind, event_size, words, shift) in cases {
         let p = StubParams {
-            tpoff: (-16i64) as u64,
-            counter: 7,
-            probe: 5,
             kind,
-            record: true,
-            generic: 0x4000,
             event_size,
-            key: 0x7fff_0001,
-            missed_offset: 0x3000,
-            xmm_ints: None,
-            hook: false,
+            ..params()
         };
         let code = build(0x2000, &p).unwrap();
         let t = text(&code, 0x2000);
@@ -127,17 +133,11 @@ fn record_stub_writes_only_the_words_the_slot_uses_and_publishes_head() {
 #[test]
 fn xmm_layout_stores_ints_then_xmm_registers_and_flags_the_event() {
     let base = StubParams {
-        tpoff: (-16i64) as u64,
         counter: 2,
         probe: 9,
-        kind: StubKind::Entry,
-        record: true,
-        generic: 0x4000,
-        event_size: EVENT_SIZE_FULL,
         key: 0x10,
-        missed_offset: 0x3000,
         xmm_ints: Some(2),
-        hook: false,
+        ..params()
     };
     let t = text(&build(0x2000, &base).unwrap(), 0x2000);
     let stores = slot_stores(&t);
@@ -186,17 +186,11 @@ fn xmm_layout_stores_ints_then_xmm_registers_and_flags_the_event() {
 #[test]
 fn hook_stub_hooks_the_return_before_counting_and_declines_with_nothing_done() {
     let p = StubParams {
-        tpoff: (-16i64) as u64,
-        counter: 7,
         probe: 0x1234,
-        kind: StubKind::Entry,
-        record: true,
-        generic: 0x4000,
         event_size: EVENT_SIZE_COMPACT,
         key: 0x55,
-        missed_offset: 0x3000,
-        xmm_ints: None,
         hook: true,
+        ..params()
     };
     let t = text(&build(0x2000, &p).unwrap(), 0x2000);
     let at = |needle: &str| t.find(needle).unwrap_or_else(|| panic!("{needle}: {t}"));
@@ -248,14 +242,8 @@ fn stub_refuses_what_the_slot_cannot_carry() {
         tpoff: 8,
         counter: 0,
         probe: 1 << 24,
-        kind: StubKind::Entry,
-        record: true,
-        generic: 0x4000,
-        event_size: EVENT_SIZE_FULL,
         key: 1,
-        missed_offset: 0x3000,
-        xmm_ints: None,
-        hook: false,
+        ..params()
     };
     assert!(build(0x2000, &p).is_err());
     assert!(build(
