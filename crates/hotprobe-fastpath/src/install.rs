@@ -420,9 +420,6 @@ impl FastPath {
         Ok(info)
     }
 
-    /// Writes a per-site stub (see the `stub` module) within ±2 GiB of
-    /// `near` and returns its address; `None` when stubs are off or the
-    /// agent published no TLS offset (the generic trampoline is used then).
     /// Where the entry `call` at `at` (a site or a jump trampoline) goes:
     /// a per-site stub (which, for a recorded entry whose return is hooked,
     /// hooks it through the agent's `ThreadBlock::hook_entry`), or the
@@ -461,9 +458,10 @@ impl FastPath {
         }
     }
 
-    /// Writes the per-site stub of `site` near `near` (see
-    /// [`stub::StubParams`]); `None` when stubs are off, the agent has no
-    /// TLS word, or the action is an aggregation.
+    /// Writes the per-site stub of `site` (see the `stub` module) within
+    /// ±2 GiB of `near` and returns its address; `None` when stubs are
+    /// off, the agent published no TLS offset, or the action is an
+    /// aggregation (the generic trampoline is used then).
     pub(crate) fn stub(
         &mut self,
         t: &mut ProcessTarget,

@@ -25,6 +25,13 @@
 //!   then drops and counts (the ring's drops, the probe's missed events),
 //!   and checks the tracer's heartbeat (a stale one clears
 //!   `CONTROL_RECORD` and sets `STATUS_ORPHANED`, as the agent does).
+//! * record with a hooked return (an entry without xmm values): the
+//!   same, but before counting, with `busy` set, it calls the agent's
+//!   return hook through the thread block (`call [r11+hook_entry]`, `r10`
+//!   = the function's return-address slot, `eax` = the probe id), which
+//!   pushes the shadow stack and swaps the return address; a hook that
+//!   declines, a block without one, and recording off send the hit to
+//!   the generic trampoline with nothing done.
 //!
 //! Stubs only go where the SysV ABI leaves the flags dead: a function's
 //! first instruction or a `call` site (the placeholders of the patch
