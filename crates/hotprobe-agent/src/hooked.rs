@@ -16,8 +16,9 @@
 //!   the shadow stack, and returns to the real address.
 //!
 //! Each takes its fast path only when nothing unusual is in the way, and
-//! changes nothing before it knows it will finish; anything else goes the
-//! way it went before, to the Rust code, with every register as it was:
+//! changes nothing before it knows it will finish (but the thread's
+//! `busy` flag, put back); anything else goes the way it went before, to
+//! the Rust code, with every register as it was:
 //! a thread whose stubs are keyed off (no slot, another memory, a clock
 //! other than the TSC, a TLS block shared by several threads: its
 //! `stub_key` is 0), a busy thread (a signal handler inside the agent), a
@@ -25,7 +26,8 @@
 //! one, dead frames to pop first (longjmp, exceptions, tail calls), a
 //! slot already swapped, a shadow entry with more to do than recording
 //! (xmm0, a typed capture, an aggregation, an unwound frame), recording
-//! off, a ring whose cached limit is reached.
+//! off, a full ring (a cached limit reached is refreshed from the
+//! consumer's tail first, as the stubs do).
 //!
 //! What the thread's TLS word points at is its own entry when its
 //! `stub_key` is non-zero (the sentinel blocks of `threads` and `vfork`
