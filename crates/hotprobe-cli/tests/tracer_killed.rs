@@ -125,6 +125,22 @@ fn assert_running(child: &mut Child, what: impl FnOnce() -> String) {
     }
 }
 
+/// The program's code bytes that differ from the file
+/// ([`text_differences`]); a program that ended meanwhile fails the test
+/// with its wait status, which names the signal that ended it, if one did.
+fn code_differences(
+    child: &mut Child,
+    prog: &Path,
+    what: impl FnOnce() -> String,
+) -> Vec<(u64, u8, u8)> {
+    let pid = child.id();
+    if std::fs::File::open(format!("/proc/{pid}/mem")).is_err() {
+        let status = child.wait().unwrap();
+        panic!("{}: the program ended: {status:?}", what());
+    }
+    text_differences(pid, prog)
+}
+
 /// Where a kill is aimed.
 #[derive(Clone, Copy, Debug)]
 enum Phase {
@@ -224,7 +240,10 @@ fn run(prog: &Path, phase: Phase, rng: &mut Rng, ctx: &str) -> String {
             loop {
                 assert_running(&mut target.0, || format!("{ctx} (arming): {said:?}"));
                 let published = ledger_state(pid).unwrap().map_or(0, |s| s.published);
-                if published > 0 && !text_differences(pid, prog).is_empty() {
+                if published > 0
+                    && !code_differences(&mut target.0, prog, || format!("{ctx} (arming)"))
+                        .is_empty()
+                {
                     polls += 1;
                     if polls > extra {
                         break format!("{published} sites published and written ({extra} polls)");
@@ -281,7 +300,10 @@ fn run(prog: &Path, phase: Phase, rng: &mut Rng, ctx: &str) -> String {
                 // sites still in the ledger, or just taken out).
                 loop {
                     assert_running(&mut target.0, || format!("{ctx} (detach): {said:?}"));
-                    if text_differences(pid, prog).is_empty() {
+                    let diffs = code_differences(&mut target.0, prog, || {
+                        format!("{ctx} (detach): {said:?}")
+                    });
+                    if diffs.is_empty() {
                         break;
                     }
                     assert!(Instant::now() < deadline, "{ctx}: no detach: {said:?}");
@@ -307,7 +329,9 @@ fn run(prog: &Path, phase: Phase, rng: &mut Rng, ctx: &str) -> String {
         let state = ledger_state(pid).unwrap();
         let settled = state.is_none_or(|s| s.published == 0 && s.undo != UndoState::Running);
         if settled {
-            let diffs = text_differences(pid, prog);
+            let diffs = code_differences(&mut target.0, prog, || {
+                format!("{ctx} (killed {moment}): hotprobe said {said:?}")
+            });
             if diffs.is_empty() {
                 break state;
             }
