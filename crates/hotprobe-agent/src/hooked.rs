@@ -54,8 +54,10 @@ const SH_SLOT: usize = offset_of!(Shadow, slot);
 const SH_REAL: usize = offset_of!(Shadow, real);
 const SH_PROBE: usize = offset_of!(Shadow, probe);
 const SH_FLAGS: usize = offset_of!(Shadow, flags);
-const _: () = assert!(size_of::<Shadow>() == 24);
-const _: () = assert!(SH_SLOT == 0 && SH_REAL == 8 && SH_PROBE == 16 && SH_FLAGS == 20);
+const SH_SIZE: usize = size_of::<Shadow>();
+// The entry's address is `base + 24 × depth` (`lea [x + x*2]`, `*8`),
+// and its slot is the word the entry's address points at.
+const _: () = assert!(SH_SIZE == 24 && SH_SLOT == 0);
 /// `CONTROL_ENABLED | CONTROL_RECORD`: both needed to record an exit.
 const RECORDING: u32 = CONTROL_ENABLED | CONTROL_RECORD;
 /// The meta word of an exit event without its probe id: two values.
@@ -95,7 +97,7 @@ pub unsafe extern "C" fn hotprobe_agent_hook_entry() {
         "jz 2f",
         // The top entry's slot must be above this one: else frames at or
         // below it are dead, and their unwound exits go first (Rust).
-        "cmp qword ptr [rdx - 24], r10",
+        "cmp qword ptr [rdx - {sh_size}], r10",
         "jbe 9f",
         "2:",
         // A slot already swapped (a tail call from a hooked frame): Rust.
@@ -106,9 +108,9 @@ pub unsafe extern "C" fn hotprobe_agent_hook_entry() {
         "cmp rsi, rdi",
         "je 9f",
         "mov qword ptr [rdx], r10",
-        "mov qword ptr [rdx + 8], rsi",
-        "mov dword ptr [rdx + 16], eax",
-        "mov dword ptr [rdx + 20], {record_flag}",
+        "mov qword ptr [rdx + {sh_real}], rsi",
+        "mov dword ptr [rdx + {sh_probe}], eax",
+        "mov dword ptr [rdx + {sh_flags}], {record_flag}",
         "inc ecx",
         "mov dword ptr [r11 + {te_depth}], ecx",
         "mov qword ptr [r10], rdi",
@@ -128,6 +130,10 @@ pub unsafe extern "C" fn hotprobe_agent_hook_entry() {
         te_depth = const TE_DEPTH,
         cap = const SHADOW_CAP,
         record_flag = const SHADOW_RECORD,
+        sh_real = const SH_REAL,
+        sh_probe = const SH_PROBE,
+        sh_flags = const SH_FLAGS,
+        sh_size = const SH_SIZE,
     );
 }
 
@@ -187,11 +193,11 @@ pub unsafe extern "C" fn hotprobe_agent_return_trampoline() {
         "jz 7f",
         // rdx = the top entry; it must be this slot's (none dead below).
         "lea rax, [rcx + rcx*2]",
-        "lea rdx, [rdx + rax*8 - 24]",
+        "lea rdx, [rdx + rax*8 - {sh_size}]",
         "lea rax, [rsp + 40]",
         "cmp qword ptr [rdx], rax",
         "jne 7f",
-        "mov eax, dword ptr [rdx + 20]",
+        "mov eax, dword ptr [rdx + {sh_flags}]",
         "test eax, eax",
         "jz 3f",
         "cmp eax, {record_flag}",
@@ -221,12 +227,12 @@ pub unsafe extern "C" fn hotprobe_agent_return_trampoline() {
         "mov qword ptr [r10 + 16], rax",
         "mov rax, qword ptr [rsp + 24]",
         "mov qword ptr [r10 + 24], rax",
-        "mov eax, dword ptr [rdx + 16]",
+        "mov eax, dword ptr [rdx + {sh_probe}]",
         "and eax, {probe_mask}",
         "or eax, {exit_meta}",
         "mov qword ptr [r10 + 8], rax",
         // Popped: the real address into the slot, depth − 1.
-        "mov rax, qword ptr [rdx + 8]",
+        "mov rax, qword ptr [rdx + {sh_real}]",
         "mov qword ptr [rsp + 40], rax",
         "dec ecx",
         "mov dword ptr [r11 + {te_depth}], ecx",
@@ -269,7 +275,7 @@ pub unsafe extern "C" fn hotprobe_agent_return_trampoline() {
         "jmp qword ptr [rsp - 8]",
         // Nothing recorded for this return: popped only.
         "3:",
-        "mov rax, qword ptr [rdx + 8]",
+        "mov rax, qword ptr [rdx + {sh_real}]",
         "mov qword ptr [rsp + 40], rax",
         "dec ecx",
         "mov dword ptr [r11 + {te_depth}], ecx",
@@ -342,6 +348,10 @@ pub unsafe extern "C" fn hotprobe_agent_return_trampoline() {
         te_shadow = const TE_SHADOW,
         te_depth = const TE_DEPTH,
         record_flag = const SHADOW_RECORD,
+        sh_real = const SH_REAL,
+        sh_probe = const SH_PROBE,
+        sh_flags = const SH_FLAGS,
+        sh_size = const SH_SIZE,
         hdr_control = const HDR_CONTROL,
         hdr_event_size = const HDR_EVENT_SIZE,
         recording = const RECORDING,
