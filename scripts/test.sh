@@ -9,6 +9,14 @@ cd "$(dirname "$0")/.."
 # quick when they are): a fresh clone has no .cache/kernel yet.
 ./scripts/setup.sh
 
+# Disk: a full run takes several GB under target/. Say what there is, so a
+# run that fails on a full disk says so at its top. A one-shot CI build has
+# no use for incremental caches (GBs of their own): leave them out there.
+df -h "$PWD" | awk 'NR == 2 {print "== disk: " $4 " free on " $6}'
+if [[ -n "${CI:-}" ]]; then
+    export CARGO_INCREMENTAL=0
+fi
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
@@ -26,4 +34,6 @@ status=0
 cargo test --workspace --locked --no-fail-fast || status=$?
 echo "== the agent's release build: no vector register on its hot path"
 cargo test --release --locked -p hotprobe-agent --test hotpatch fast_path_uses_no_vector_registers || status=$?
+df -h "$PWD" | awk 'NR == 2 {print "== disk: " $4 " free on " $6 " at the end"}'
+du -sh target 2>/dev/null | awk '{print "== target/ takes " $1}'
 exit "$status"

@@ -76,4 +76,7 @@ fn install_sh_puts_binary_man_pages_completions_and_c_api_under_a_prefix() {
     let ldd = run(Command::new("ldd").arg(&exe).env_remove("LD_LIBRARY_PATH"));
     let lib = prefix.join("lib/libhotprobe_c.so");
     assert!(ldd.contains(&lib.display().to_string()), "{ldd}");
+    // Two installed copies of the static library are large: leave no disk
+    // taken once the test has passed (a failure keeps them to look at).
+    std::fs::remove_dir_all(&tmp).unwrap();
 }
