@@ -385,6 +385,12 @@ fn handle(info: &libc::siginfo_t, uc: &mut libc::ucontext_t) -> bool {
         if crate::undo::resume_at_site(shm, at, gregs) {
             return true;
         }
+        // The first byte of a site a tracer killed mid-write left (it
+        // writes an `int3` there first), reached before the undo began.
+        if crate::undo::is_site_at(shm, at) && tracer_gone(shm) {
+            crate::undo::undo_all(shm);
+            return crate::undo::resume_at_site(shm, at, gregs);
+        }
         // Only a site's int3 (the program's own int3s, in a process run
         // untraced, are the program's: no undo for them).
         if !crate::sigsites::is_site_at(at) || !tracer_gone(shm) {

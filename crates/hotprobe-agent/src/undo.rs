@@ -25,16 +25,19 @@
 //! One thread does it ([`hotprobe_abi::LedgerCtl::undo`]); the others go
 //! on meanwhile through the trampolines and stubs, which stay valid. Each
 //! entry of the ledger is claimed (`LIVE` → `UNDOING`); where the site
-//! holds exactly the bytes the tracer wrote, a site of several bytes gets
-//! an `int3` over its first byte, then its other original bytes, then its
-//! first original byte, each by one write through `/proc/self/mem` (which
-//! ignores page protections): no thread ever runs a half-restored
+//! holds the bytes the tracer wrote — whole, or torn by its death in the
+//! middle of the write, each byte the written one or the original, the
+//! first perhaps its `int3` ([`torn_or_whole`]) — a site of several bytes
+//! gets an `int3` over its first byte, then its other original bytes, then
+//! its first original byte, each by one write through `/proc/self/mem`
+//! (which ignores page protections): no thread ever runs a half-restored
 //! instruction. A thread that reaches the `int3` meanwhile traps; the
 //! `SIGTRAP` handler finds the site in the ledger, finishes its restore
 //! itself (the same bytes: harmless if both write them) and resumes the
-//! thread at the site ([`resume_at_site`]). Bytes that are neither the
-//! tracer's nor the original (another writer's) are left as found and
-//! counted. Then every published `int3` of the trap table is put back,
+//! thread at the site ([`resume_at_site`]), claiming the site first if the
+//! undo has not come to it (a torn site's `int3` reached before the undo
+//! began starts the undo). Bytes that are neither the tracer's nor the
+//! original (another writer's) are left as found and counted. Then every published `int3` of the trap table is put back,
 //! except the return trampoline (threads still return through it, and the
 //! handler completes those returns) and guarded sites (a thread the tracer
 //! had stopped there may resume one byte in: the handler deals with it at
@@ -462,8 +465,30 @@ fn read_site(mem: &Mem, addr: u64, len: usize) -> Option<[u8; LEDGER_BYTES]> {
     (n == len as i64).then_some(live)
 }
 
-/// Puts `site`'s original back where it holds the tracer's bytes, int3
-/// first: `Some(true)` restored, `Some(false)` the original was there
+/// Whether bytes `from..len` of `live` are each the original's or the
+/// written's: the tracer's bytes, whole or torn. A write through
+/// `/proc/PID/mem` goes page by page in address order and stops short when
+/// its writer gets SIGKILL (the kernel checks for a fatal signal before
+/// each page), so a tracer killed mid-write may leave a site with its
+/// first bytes new and its last ones old. The tracer writes a site's first
+/// byte as an `int3` before the others and its real first byte last
+/// (`hotprobe-fastpath`'s `pool::write_spans_head_last`): a torn site
+/// starts with `int3`, unless it was written by an older tracer. Loops of
+/// its own (no `memcmp`, which a probe could be on).
+fn torn_or_whole(live: &[u8; LEDGER_BYTES], site: &LedgerSite, from: usize) -> bool {
+    let mut i = from;
+    while i < site.len && i < LEDGER_BYTES {
+        if live[i] != site.original[i] && live[i] != site.written[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// Puts `site`'s original back where it holds the tracer's bytes, whole
+/// or torn ([`torn_or_whole`]; the first byte may be the tracer's `int3`),
+/// int3 first: `Some(true)` restored, `Some(false)` the original was there
 /// already (a disabled site, or one not written yet), `None` other bytes
 /// there (another writer's: left as found) or unreadable.
 fn restore(mem: &Mem, site: &LedgerSite) -> Option<bool> {
@@ -471,7 +496,8 @@ fn restore(mem: &Mem, site: &LedgerSite) -> Option<bool> {
     if same(&live, &site.original, 0, site.len) {
         return Some(false);
     }
-    if !same(&live, &site.written, 0, site.len) {
+    let head_ours = live[0] == INT3 || live[0] == site.original[0] || live[0] == site.written[0];
+    if !head_ours || !torn_or_whole(&live, site, 1) {
         return None;
     }
     finish(mem, site);
@@ -491,29 +517,51 @@ fn finish(mem: &Mem, site: &LedgerSite) {
 /// A thread trapped on `at` (`rip - 1`), an `int3` no table of the trap
 /// mechanism knows: if it is the first byte of a ledger site being put
 /// back, its restore is finished here and the thread resumes at the site.
+///
+/// A site still [`LEDGER_LIVE`] (the tracer was writing it when it died:
+/// its first byte goes in as an `int3`, and the undo, on another thread,
+/// has not come to it yet) is claimed and put back here; the undo then
+/// skips it. A memory's undo runs only once its tracer is gone (each
+/// session has a memory of its own), so no live tracer's site is claimed.
 pub(crate) fn resume_at_site(shm: &Shm, at: u64, gregs: &mut [libc::greg_t]) -> bool {
-    if shm.ledger_ctl().undo.load(Acquire) == UNDO_IDLE {
+    let ctl = shm.ledger_ctl();
+    if ctl.undo.load(Acquire) == UNDO_IDLE {
         return false;
     }
     let Some(e) = shm
         .ledger_in_use()
         .iter()
-        .find(|e| e.addr.load(Relaxed) == at && e.state.load(Acquire) >= LEDGER_UNDOING)
+        .find(|e| e.addr.load(Relaxed) == at && e.state.load(Acquire) >= LEDGER_LIVE)
     else {
-        return false;
-    };
-    let Some(site) = site_of(e) else {
         return false;
     };
     let Some(mem) = Mem::open() else {
         return false;
     };
+    if e.state
+        .compare_exchange(LEDGER_LIVE, LEDGER_UNDOING, AcqRel, Acquire)
+        .is_ok()
+    {
+        if let Some(site) = site_of(e) {
+            match restore(&mem, &site) {
+                Some(true) => ctl.undone.fetch_add(1, Relaxed),
+                Some(false) => 0,
+                None => ctl.left.fetch_add(1, Relaxed),
+            };
+        }
+        e.state.store(LEDGER_UNDONE, Release);
+    }
+    let Some(site) = site_of(e) else {
+        mem.close();
+        return false;
+    };
     let ours = match read_site(&mem, at, site.len) {
-        // Our int3 with the rest the tracer's or the original already: a
-        // restore under way, finished here; anything else is not ours.
+        // Our int3 with the rest the tracer's, the original, or a mix of
+        // the two (a torn write, see `torn_or_whole`): a restore under
+        // way, or a site the tracer was writing when it died, finished
+        // here; anything else is not ours.
         Some(live) if live[0] == INT3 => {
-            let rest =
-                same(&live, &site.written, 1, site.len) || same(&live, &site.original, 1, site.len);
+            let rest = torn_or_whole(&live, &site, 1);
             if rest {
                 finish(&mem, &site);
             }
@@ -530,6 +578,15 @@ pub(crate) fn resume_at_site(shm: &Shm, at: u64, gregs: &mut [libc::greg_t]) -> 
         }
     }
     ours
+}
+
+/// Whether a site of the ledger starts at `at` (published, or being put
+/// back): an `int3` there may be the first byte of a site the tracer was
+/// writing when it died (see [`resume_at_site`]).
+pub(crate) fn is_site_at(shm: &Shm, at: u64) -> bool {
+    shm.ledger_in_use()
+        .iter()
+        .any(|e| e.addr.load(Relaxed) == at && e.state.load(Acquire) >= LEDGER_LIVE)
 }
 
 /// `/proc/self/mem` opened with `flags` (close-on-exec added). A process

@@ -54,7 +54,7 @@ impl FastPath {
                 outcome,
             });
         }
-        t.write_memory(RuntimeAddr(s.addr), &live)?;
+        crate::head_last::write_site(t, s.addr, &live)?;
         Ok(())
     }
 
@@ -121,7 +121,7 @@ impl FastPath {
                     self.disabled.insert(addr, (patched, action));
                     continue;
                 }
-                t.write_memory(RuntimeAddr(addr), &patched)?;
+                crate::head_last::write_site(t, addr, &patched)?;
                 self.shm()
                     .set_site_action(key, action)
                     .map_err(|e| FastPathError::Shm(e.to_string()))?;
@@ -175,7 +175,7 @@ impl FastPath {
             }
             wait_pcs_outside(t, addr, len as u64)?;
             let written = self.installed[i].written.clone();
-            t.write_memory(RuntimeAddr(addr), &written)?;
+            crate::head_last::write_site(t, addr, &written)?;
             done.push(addr);
         }
         Ok(done)

@@ -135,7 +135,7 @@ pub(crate) fn restore_spans(
                     .read_memory(RuntimeAddr(s.addr), &mut live)
                     .and_then(|()| {
                         check(s, &mut live);
-                        t.write_memory(RuntimeAddr(s.addr), &live)
+                        crate::head_last::write_site(t, s.addr, &live)
                     });
                 if let Err(e) = r {
                     first_err.get_or_insert(e);
@@ -144,11 +144,13 @@ pub(crate) fn restore_spans(
         } else {
             let mut buf = vec![0u8; (end - start) as usize];
             let r = t.read_memory(RuntimeAddr(start), &mut buf).and_then(|()| {
+                let old = buf.clone();
                 for s in group {
                     let o = (s.addr - start) as usize;
                     check(s, &mut buf[o..o + s.expected.len()]);
                 }
-                t.write_memory(RuntimeAddr(start), &buf)
+                let heads = group.iter().map(|s| (s.addr, s.expected.len()));
+                crate::head_last::write_span(t, start, &old, &buf, heads)
             });
             if let Err(e) = r {
                 first_err.get_or_insert(e);

@@ -607,8 +607,8 @@ impl FastPath {
         let (pooled, sites): (Vec<_>, Vec<_>) = writes
             .into_iter()
             .partition(|(a, _)| self.pools.iter().any(|p| (p.start..p.end).contains(a)));
-        write_spans(t, pooled, Some(&bps))?;
-        write_spans(t, sites, Some(&bps))
+        write_spans(t, pooled, Some(&bps), false)?;
+        write_spans(t, sites, Some(&bps), true)
     }
 
     /// Writes `bytes` at `addr` once no thread's PC lies strictly inside
@@ -636,7 +636,10 @@ impl FastPath {
         };
         // In the ledger before the bytes go in (see the `ledger` module).
         let ledger = self.ledger_publish(addr, &original, bytes, owner);
-        self.write(t, addr, bytes)?;
+        match &mut self.batch {
+            Some(b) => b.push((addr, bytes.to_vec())),
+            None => crate::head_last::write_site(t, addr, bytes)?,
+        }
         self.installed.push(Installed {
             addr,
             original,

@@ -29,6 +29,7 @@ mod agent;
 mod agent_check;
 mod control;
 mod foreign;
+mod head_last;
 mod inproc;
 mod install;
 mod ledger;

@@ -5,6 +5,7 @@ use hotprobe_abi::patch::jmp_rel32;
 use hotprobe_process::ProcessTarget;
 use hotprobe_target::{RuntimeAddr, Target};
 
+use crate::head_last::{write_site, write_span};
 use crate::{FastPath, FastPathError};
 
 /// Size of the first page pool mapped for stubs and trampolines; each
@@ -139,10 +140,16 @@ pub(crate) fn span_from(
     (j, start, end)
 }
 
+/// Writes `writes` (address and bytes, in order for one address) span by
+/// span ([`span_from`]): one read and one write per span, or each alone
+/// where a breakpoint of the engine lies in the span. `sites`: they are
+/// sites a thread may run, written head last
+/// ([`crate::head_last`]; pool memory no site reaches yet is not).
 pub(crate) fn write_spans(
     t: &mut dyn Target,
     mut writes: Vec<(u64, Vec<u8>)>,
     bps: Option<&std::collections::BTreeSet<u64>>,
+    sites: bool,
 ) -> Result<(), FastPathError> {
     // Stable: writes to one address keep their order.
     writes.sort_by_key(|w| w.0);
@@ -152,16 +159,27 @@ pub(crate) fn write_spans(
         let group = &writes[i..j];
         if group.len() == 1 || bps.is_none_or(|b| b.range(start..end).next().is_some()) {
             for (a, b) in group {
-                t.write_memory(RuntimeAddr(*a), b)?;
+                if sites {
+                    write_site(t, *a, b)?;
+                } else {
+                    t.write_memory(RuntimeAddr(*a), b)?;
+                }
             }
         } else {
             let mut buf = vec![0u8; (end - start) as usize];
             t.read_memory(RuntimeAddr(start), &mut buf)?;
+            let old = sites.then(|| buf.clone());
             for (a, b) in group {
                 let o = (a - start) as usize;
                 buf[o..o + b.len()].copy_from_slice(b);
             }
-            t.write_memory(RuntimeAddr(start), &buf)?;
+            match old {
+                Some(old) => {
+                    let heads = group.iter().map(|(a, b)| (*a, b.len()));
+                    write_span(t, start, &old, &buf, heads)?;
+                }
+                None => t.write_memory(RuntimeAddr(start), &buf)?,
+            }
         }
         i = j;
     }

@@ -69,7 +69,27 @@ fn tracer_child(pid: i32) -> ! {
         .add(&mut t, "work", Action::record(), MechanismChoice::Auto)
         .unwrap();
     assert_eq!(info.probe_id, 0);
-    t.resume_all().unwrap();
+    match std::env::var("HOTPROBE_TORN").ok().as_deref() {
+        // Killed while the program runs.
+        None => t.resume_all().unwrap(),
+        // Killed mid-write, the threads stopped: the site as a write cut
+        // short by the kernel leaves it (new bytes first, old after).
+        Some(mode) => {
+            let w = &fp.live_writes()[0];
+            let (now, original) = (w.now.to_vec(), w.original.to_vec());
+            let torn: Vec<u8> = match mode {
+                // A whole write cut before its last byte (an older
+                // tracer's, or any write not made head last).
+                "tail" => [&now[..now.len() - 1], &original[now.len() - 1..]].concat(),
+                // The first of two head-last writes cut after two bytes.
+                "int3" => [&[0xcc][..], &now[1..2], &original[2..]].concat(),
+                m => panic!("HOTPROBE_TORN={m}"),
+            };
+            assert_ne!(torn, original);
+            t.write_memory(hotprobe_target::RuntimeAddr(w.addr), &torn)
+                .unwrap();
+        }
+    }
     // Every memfd of ours (the engine's scratch memory is one too); the
     // test keeps the one holding a valid hotprobe header.
     let fds: Vec<String> = std::fs::read_dir("/proc/self/fd")
@@ -92,22 +112,41 @@ fn tracer_child(pid: i32) -> ! {
 
 #[test]
 fn sigkill_of_the_tracer_leaves_the_target_running() {
+    killed_tracer("sigkill_of_the_tracer_leaves_the_target_running", None);
+}
+
+/// A tracer killed in the middle of writing a site (a `/proc/PID/mem`
+/// write stops short at a page when its writer gets SIGKILL) leaves the
+/// site torn: the agent puts it back all the same before the program runs
+/// it. Before, a jump with four new bytes and its last one old was left
+/// ("another writer's") and the program jumped 208 MiB away (SIGSEGV; seen
+/// in `hotprobe-cli`'s `tracer_killed`).
+#[test]
+fn a_site_torn_by_a_killed_tracer_is_put_back_before_the_program_runs_it() {
+    let name = "a_site_torn_by_a_killed_tracer_is_put_back_before_the_program_runs_it";
+    killed_tracer(name, Some("tail"));
+    killed_tracer(name, Some("int3"));
+}
+
+/// Runs `tracer_child` (re-executing test `name`, `torn` its
+/// `HOTPROBE_TORN`) on a sleeper program, SIGKILLs it, and checks that the
+/// program runs its own code to the end, the site put back.
+fn killed_tracer(name: &str, torn: Option<&str>) {
     if let Some(pid) = std::env::var_os("HOTPROBE_TRACER_CHILD") {
         tracer_child(pid.to_str().unwrap().parse().unwrap());
     }
     const CALLS: u64 = 200_000;
-    let (mut target, mut stdout) = start_sleeper("sleeper-kill", CALLS);
-    let mut tracer = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "sigkill_of_the_tracer_leaves_the_target_running",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    let (mut target, mut stdout) = start_sleeper(&format!("sleeper-kill-{torn:?}"), CALLS);
+    let before = text_of(target.id() as i32);
+    let mut tracer = Command::new(std::env::current_exe().unwrap());
+    tracer
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
         .env("HOTPROBE_TRACER_CHILD", target.id().to_string())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .stdout(Stdio::piped());
+    if let Some(mode) = torn {
+        tracer.env("HOTPROBE_TORN", mode);
+    }
+    let mut tracer = tracer.spawn().unwrap();
     let tracer_out = BufReader::new(tracer.stdout.take().unwrap());
     let fds = tracer_out
         .lines()
@@ -170,6 +209,25 @@ fn sigkill_of_the_tracer_leaves_the_target_running() {
         );
         std::thread::yield_now();
     }
+    // The program's code (its first mapping: the site is there) is as it
+    // was. (The loader's rendezvous `int3` this bare ProcessTarget put in
+    // ld.so stays: a session publishes it in the trap table, which this
+    // test does not.)
+    let after = text_of(target.id() as i32);
+    for (addr, bytes) in &before[..1] {
+        let now = after.iter().find(|(a, _)| a == addr).map(|(_, b)| b);
+        let differ: Option<Vec<(usize, u8, u8)>> = now.map(|b| {
+            (b.iter().zip(bytes).enumerate())
+                .filter(|(_, (x, y))| x != y)
+                .map(|(i, (x, y))| (i, *y, *x))
+                .collect()
+        });
+        assert_eq!(
+            differ,
+            Some(vec![]),
+            "(offset, was, is) of the code mapped at {addr:#x}"
+        );
+    }
     target.stdin.take().unwrap().write_all(b"go\n").unwrap();
     let mut rest = String::new();
     stdout.read_to_string(&mut rest).unwrap();
@@ -182,6 +240,7 @@ fn sigkill_of_the_tracer_leaves_the_target_running() {
     );
     assert_eq!(ledger.undo.load(Relaxed), hotprobe_abi::UNDO_DONE, "undone");
     assert_eq!(ledger.undone.load(Relaxed), 1, "the one site put back");
+    assert_eq!(ledger.left.load(Relaxed), 0, "no site left as found");
     assert_eq!(shm.counter(0), 0, "no call went through the probe");
     // SAFETY: our mapping, no view left.
     unsafe { libc::munmap(p, len) };
