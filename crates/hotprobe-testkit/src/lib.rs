@@ -483,6 +483,37 @@ pub fn process_state(pid: u32) -> String {
     }
 }
 
+/// Where each thread of process `pid` is, for a test that timed out: its
+/// state and tracer (`/proc/PID/task/TID/status`), the kernel function it
+/// sleeps in (`wchan`) and its system call (`syscall`: number, arguments).
+pub fn threads_at(pid: u32, what: &str) -> String {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return format!("{what} (pid {pid}) is gone");
+    };
+    let mut out = format!("{what} (pid {pid}):");
+    for t in tasks.filter_map(Result::ok) {
+        let read = |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default();
+        let status = read("status");
+        let field = |k: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(k))
+                .unwrap_or("?")
+                .trim()
+                .to_string()
+        };
+        out += &format!(
+            " [tid {} {} tracer {} wchan {} syscall {}]",
+            t.file_name().to_string_lossy(),
+            field("State:"),
+            field("TracerPid:"),
+            read("wchan"),
+            read("syscall").trim()
+        );
+    }
+    out
+}
+
 /// The bytes of every executable mapping of `file` in process `pid` that
 /// differ from the file: (address, in memory, in the file).
 pub fn text_differences(pid: u32, file: &Path) -> Vec<(u64, u8, u8)> {

@@ -109,7 +109,15 @@ fn next_line(s: &mut Session, lines: &Receiver<String>, seen: &AtomicBool) -> St
             seen.store(false, Ordering::SeqCst);
             return l;
         }
-        assert!(Instant::now() < deadline, "no line from the program");
+        assert!(
+            Instant::now() < deadline,
+            "no line from the program: {}",
+            // Each test here has one target, the first.
+            s.pid(hotprobe::TargetId(0))
+                .map_or("no process".into(), |p| hotprobe_testkit::threads_at(
+                    p as u32, "it"
+                ))
+        );
         s.set_wait_deadline(Some(Instant::now()));
         s.run_until(seen).unwrap();
     }

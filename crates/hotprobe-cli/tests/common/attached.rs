@@ -84,8 +84,8 @@ impl CountAttached {
                 panic!(
                     "pid {pid}: released {released}? hotprobe said: {:?}; {}; {}",
                     self.said_so_far(),
-                    where_is(pid, "the program"),
-                    where_is(self.hp.id(), "hotprobe"),
+                    hotprobe_testkit::threads_at(pid, "the program"),
+                    hotprobe_testkit::threads_at(self.hp.id(), "hotprobe"),
                 );
             }
             std::thread::yield_now();
@@ -112,37 +112,6 @@ impl CountAttached {
             format!("{}\n{}", self.first, rest.join("\n")),
         )
     }
-}
-
-/// Where each thread of process `pid` is, for a test that timed out: its
-/// state and tracer (`/proc/PID/task/TID/status`), the kernel function it
-/// sleeps in (`wchan`) and its system call (`syscall`: number, arguments).
-fn where_is(pid: u32, what: &str) -> String {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return format!("{what} (pid {pid}) is gone");
-    };
-    let mut out = format!("{what} (pid {pid}):");
-    for t in tasks.filter_map(Result::ok) {
-        let read = |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default();
-        let status = read("status");
-        let field = |k: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(k))
-                .unwrap_or("?")
-                .trim()
-                .to_string()
-        };
-        out += &format!(
-            " [tid {} {} tracer {} wchan {} syscall {}]",
-            t.file_name().to_string_lossy(),
-            field("State:"),
-            field("TracerPid:"),
-            read("wchan"),
-            read("syscall").trim()
-        );
-    }
-    out
 }
 
 /// The lines of `pid`'s maps that name hotprobe (its agent, its memfds):
