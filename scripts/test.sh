@@ -10,10 +10,12 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 
 # Disk: a full run takes several GB under target/. Say what there is, so a
-# run that fails on a full disk says so at its top. A one-shot CI build has
-# no use for incremental caches (GBs of their own): leave them out there.
+# run that fails on a full disk says so at its top. A one-shot build (CI,
+# or a fresh clone: no target/ yet) has no use for incremental caches
+# (GBs of their own): leave them out there. (Not always: a later plain
+# `cargo test` would then rebuild the workspace once.)
 df -h "$PWD" | awk 'NR == 2 {print "== disk: " $4 " free on " $6}'
-if [[ -n "${CI:-}" ]]; then
+if [[ -n "${CI:-}" || ! -d target ]]; then
     export CARGO_INCREMENTAL=0
 fi
 
