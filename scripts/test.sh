@@ -5,19 +5,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Make sure the system packages and the guest kernel are there (idempotent,
-# quick when they are): a fresh clone has no .cache/kernel yet.
-./scripts/setup.sh
-
 # Disk: a full run takes several GB under target/. Say what there is, so a
 # run that fails on a full disk says so at its top. A one-shot build (CI,
-# or a fresh clone: no target/ yet) has no use for incremental caches
-# (GBs of their own): leave them out there. (Not always: a later plain
-# `cargo test` would then rebuild the workspace once.)
+# or a fresh clone: no target/ before setup.sh makes one) has no use for
+# incremental caches (GBs of their own): leave them out there. (Not
+# always: a later plain `cargo test` would then rebuild the workspace.)
 df -h "$PWD" | awk 'NR == 2 {print "== disk: " $4 " free on " $6}'
 if [[ -n "${CI:-}" || ! -d target ]]; then
     export CARGO_INCREMENTAL=0
 fi
+
+# Make sure the system packages and the guest kernel are there (idempotent,
+# quick when they are): a fresh clone has no .cache/kernel yet.
+./scripts/setup.sh
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
