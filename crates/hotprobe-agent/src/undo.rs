@@ -37,11 +37,11 @@
 //! thread at the site ([`resume_at_site`]), claiming the site first if the
 //! undo has not come to it (a torn site's `int3` reached before the undo
 //! began starts the undo). Bytes that are neither the tracer's nor the
-//! original (another writer's) are left as found and counted. Then every published `int3` of the trap table is put back,
-//! except the return trampoline (threads still return through it, and the
-//! handler completes those returns) and guarded sites (a thread the tracer
-//! had stopped there may resume one byte in: the handler deals with it at
-//! its guard). Last, the `int3`s the process layer put on libc's
+//! original (another writer's) are left as found and counted. Then every
+//! published `int3` of the trap table is put back, except the return
+//! trampoline (threads still return through it, and the handler completes
+//! those returns) and guarded sites (a thread the tracer had stopped there
+//! may resume one byte in: the handler deals with it at its guard). Last, the `int3`s the process layer put on libc's
 //! signal-state system calls go (`sigsites`: found by their bytes).
 //!
 //! Only raw system calls and atomics: it runs in a signal handler.
@@ -472,7 +472,7 @@ fn read_site(mem: &Mem, addr: u64, len: usize) -> Option<[u8; LEDGER_BYTES]> {
 /// each page), so a tracer killed mid-write may leave a site with its
 /// first bytes new and its last ones old. The tracer writes a site's first
 /// byte as an `int3` before the others and its real first byte last
-/// (`hotprobe-fastpath`'s `pool::write_spans_head_last`): a torn site
+/// (`hotprobe-fastpath`'s `head_last` module): a torn site
 /// starts with `int3`, unless it was written by an older tracer. Loops of
 /// its own (no `memcmp`, which a probe could be on).
 fn torn_or_whole(live: &[u8; LEDGER_BYTES], site: &LedgerSite, from: usize) -> bool {
