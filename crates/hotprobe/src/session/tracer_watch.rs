@@ -31,14 +31,16 @@ pub(super) struct TracerWatch {
     /// The tracer each process had at the last look (0: none).
     seen: HashMap<i32, i32>,
     /// Where urgent notices go ([`Session::set_urgent_notices`]).
-    hook: Option<UrgentHook>,
+    pub(super) hook: Option<UrgentHook>,
 }
 
 impl Session {
     /// Hands the notices that cannot wait for the run's end to `hook` as
     /// they arise, instead of keeping them for [`Session::take_notices`]:
     /// a tracer that attached to a process running with in-process traps
-    /// (see `tracer_watch.rs`), which must pass their `SIGTRAP`s on.
+    /// (see `tracer_watch.rs`), which must pass their `SIGTRAP`s on; a
+    /// process that stays traced for a passing reason, seconds on (see
+    /// `untraced.rs`).
     pub fn set_urgent_notices(&mut self, hook: impl FnMut(&str) + 'static) {
         self.tracer_watch.hook = Some(Box::new(hook));
     }

@@ -102,10 +102,7 @@ impl Session {
         if follow
             || !slot.engine.started
             || slot.engine.gone().is_some()
-            || !slot.pending.is_empty()
-            || slot.watches_unloads()
             || slot.root.is_some()
-            || !slot.mechs.trap.followable.is_empty()
             || slot.mechs.plugin.is_some()
         {
             return;
@@ -114,10 +111,29 @@ impl Session {
             return;
         };
         let released = Slot::process(&mut slot.target).is_some_and(|p| p.is_released());
-        if released || unseen_vfork_reason(pid, spawned).is_some() {
+        if released {
             return;
         }
-        let slot = &mut self.slots[i];
+        // What may change while the program runs (a module loaded or
+        // read, a probe armed) is looked at again in a moment: a process
+        // let go by no later event stayed traced for good, the session
+        // waiting on it in silence (attach_refusals' takeover, now and
+        // then in CI).
+        let waits = !slot.pending.is_empty()
+            || slot.watches_unloads()
+            || !slot.mechs.trap.followable.is_empty();
+        let unseen = if waits {
+            None
+        } else {
+            unseen_vfork_reason(pid, spawned)
+        };
+        if waits || unseen.as_ref().is_some_and(|(_, may_change)| *may_change) {
+            slot.release_retry = Some(next_release_retry(last_delay));
+            return;
+        }
+        if unseen.is_some() {
+            return;
+        }
         if let Some(pt) = Slot::process(&mut slot.target) {
             match pt.release() {
                 Ok(true) => slot.release_refused = None,
@@ -133,9 +149,7 @@ impl Session {
                     // exit untraced (no reason named: before Linux 6.13).
                     let why = pt.ptrace_need().filter(|_| !pt.probes_need_ptrace());
                     let now = std::time::Instant::now();
-                    let delay =
-                        last_delay.map_or(RELEASE_RETRY, |d| (d * 2).min(RELEASE_RETRY_MAX));
-                    slot.release_retry = Some((now + delay, delay));
+                    slot.release_retry = Some(next_release_retry(last_delay));
                     // Said once, when it lasts: the process is slower
                     // traced, and the user may wonder why.
                     let (since, told) = *slot.release_refused.get_or_insert((now, false));
@@ -143,10 +157,16 @@ impl Session {
                         why.filter(|_| !told && now.duration_since(since) >= RELEASE_STUCK)
                     {
                         slot.release_refused = Some((since, true));
-                        slot.notice(format!(
+                        let n = format!(
                             "pid {pid}: still traced after {} s ({why}); trying again",
                             RELEASE_STUCK.as_secs()
-                        ));
+                        );
+                        // Said as it happens where the caller asked for
+                        // that (the CLI): at the end it is no use.
+                        match &mut self.tracer_watch.hook {
+                            Some(hook) => hook(&n),
+                            None => slot.notice(n),
+                        }
                     }
                 }
                 Err(e) => slot.notice(format!(
@@ -172,6 +192,13 @@ impl Session {
             .min()
             .map(|at| at.saturating_duration_since(now))
     }
+}
+
+/// When to try a release again, and the delay, after one whose delay was
+/// `last` (none: the first refusal).
+fn next_release_retry(last: Option<Duration>) -> (std::time::Instant, Duration) {
+    let delay = last.map_or(RELEASE_RETRY, |d| (d * 2).min(RELEASE_RETRY_MAX));
+    (std::time::Instant::now() + delay, delay)
 }
 
 /// How long after a refused release the next try comes, doubled after
@@ -266,11 +293,13 @@ fn scan_module(path: &std::path::Path) -> Option<ModuleVforks> {
 
 /// Why process `pid` may make a vfork child that neither the agent's
 /// interposers nor (untraced) the tracer would see (see the module docs),
-/// or `None`. `spawned`: the agent was preloaded (its interposers bind
-/// the program's calls); else it was injected and has none.
-pub(super) fn unseen_vfork_reason(pid: i32, spawned: bool) -> Option<String> {
+/// or `None`; with whether the answer may change without a module loaded
+/// (a module that could not be read). `spawned`: the agent was preloaded
+/// (its interposers bind the program's calls); else it was injected and
+/// has none.
+pub(super) fn unseen_vfork_reason(pid: i32, spawned: bool) -> Option<(String, bool)> {
     let Ok(syms) = hotprobe_symbols::ProcessSymbols::for_pid(pid as u32) else {
-        return Some("its modules cannot be read".into());
+        return Some(("its modules cannot be read".into(), true));
     };
     for m in syms.modules() {
         let name = m.name.as_str();
@@ -280,17 +309,17 @@ pub(super) fn unseen_vfork_reason(pid: i32, spawned: bool) -> Option<String> {
         let libc = name.starts_with("libc.so") || name.starts_with("libc-");
         let loader = name.starts_with("ld-linux") || name.starts_with("ld64");
         let Some(v) = scan_module(m.module.path()) else {
-            return Some(format!("{name} cannot be read"));
+            return Some((format!("{name} cannot be read"), true));
         };
         if !libc && !loader && v.raw_syscall {
-            return Some(format!("{name} makes system calls of its own"));
+            return Some((format!("{name} makes system calls of its own"), false));
         }
         let unseen = v.imports.iter().find(|n| {
             LIBC_INTERNAL_VFORKS.contains(&n.as_str())
                 || (!spawned && INTERPOSED_VFORKS.contains(&n.as_str()))
         });
         if let Some(n) = unseen {
-            return Some(format!("{name} calls {n}"));
+            return Some((format!("{name} calls {n}"), false));
         }
     }
     None
