@@ -116,9 +116,9 @@ impl Session {
         }
         // What may change while the program runs (a module loaded or
         // read, a probe armed) is looked at again in a moment: a process
-        // let go by no later event stayed traced for good, the session
-        // waiting on it in silence (attach_refusals' takeover, now and
-        // then in CI).
+        // that made no later event stayed traced for good, the session
+        // waiting on it in silence (perhaps what attach_refusals' takeover
+        // test saw now and then in CI; not proven).
         let waits = !slot.pending.is_empty()
             || slot.watches_unloads()
             || !slot.mechs.trap.followable.is_empty();
