@@ -21,7 +21,7 @@ use hotprobe_target::{RuntimeAddr, Target, TargetError};
 const INT3: u8 = 0xcc;
 
 /// Writes `bytes` at `addr` as one site: the first byte last (see the
-/// module docs); one write for a single byte or bytes already there.
+/// module docs); one write for a single byte.
 pub(crate) fn write_site(t: &mut dyn Target, addr: u64, bytes: &[u8]) -> Result<(), TargetError> {
     if bytes.len() > 1 {
         let mut staged = bytes.to_vec();
