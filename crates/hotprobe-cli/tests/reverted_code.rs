@@ -49,6 +49,17 @@ fn program(r: Reverter) -> PathBuf {
 /// the site is armed again (the calls in between are not: said so, by
 /// name); the count table.
 fn count_rearmed(r: Reverter, mechanism: &str, probe: &str) -> CountTable {
+    count_rearmed_with(r, mechanism, probe, &[]).0
+}
+
+/// As [`count_rearmed`], the program given `extra` arguments after its
+/// count; also hotprobe's stderr.
+fn count_rearmed_with(
+    r: Reverter,
+    mechanism: &str,
+    probe: &str,
+    extra: &[&str],
+) -> (CountTable, String) {
     let bin = program(r);
     let b = bin.to_str().unwrap();
     let native = std::process::Command::new(&bin)
@@ -60,7 +71,11 @@ fn count_rearmed(r: Reverter, mechanism: &str, probe: &str) -> CountTable {
     assert_eq!(want, "before 1000\nafter 1 sum=1\n");
     let what = format!("{} {mechanism} {probe}", r.name);
     let out = hotprobe_within(
-        &["count", "--mechanism", mechanism, probe, "--", b, "1000"],
+        &[
+            &["count", "--mechanism", mechanism, probe, "--", b, "1000"],
+            extra,
+        ]
+        .concat(),
         Duration::from_secs(60),
     );
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
@@ -89,13 +104,20 @@ fn count_rearmed(r: Reverter, mechanism: &str, probe: &str) -> CountTable {
         stderr.contains("; calls made in between (up to 1 s) were not counted"),
         "{what}: {stderr}"
     );
-    t
+    (t, stderr)
 }
 
+/// The fast path's sites: armed again, and the process, taken back for
+/// that, runs untraced again (before, it stayed traced for good, in
+/// silence).
 #[test]
 fn sites_whose_pages_were_dropped_are_armed_again_and_named() {
     for mechanism in ["auto", "jump"] {
-        count_rearmed(DROPPED, mechanism, "work");
+        let (_, stderr) = count_rearmed_with(DROPPED, mechanism, "work", &["untraced"]);
+        assert!(
+            stderr.contains("dropped_text: armed again and untraced\n"),
+            "{mechanism}: {stderr}"
+        );
     }
 }
 

@@ -307,6 +307,9 @@ pub struct ProcessTarget {
     before_constructors: bool,
     /// Running untraced (see [`ProcessTarget::release`]).
     released: Option<release::Released>,
+    /// Taken back since the session last asked
+    /// ([`ProcessTarget::take_taken_back`]).
+    taken_back: bool,
     /// ptrace stops of this target's tasks handled so far.
     stops: u64,
     /// Hardware watchpoints set on every thread (DR0–DR3, DR7).
@@ -373,6 +376,7 @@ impl ProcessTarget {
             rendezvous: None,
             before_constructors: false,
             released: None,
+            taken_back: false,
             stops: 0,
             watches: [None; WATCH_SLOTS],
             sys,

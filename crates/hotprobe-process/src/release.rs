@@ -356,6 +356,15 @@ impl ProcessTarget {
         self.released.is_some()
     }
 
+    /// Whether the process was taken back ([`ProcessTarget::reacquire`],
+    /// or a [`hotprobe_target::Target::stop_all`] of a released process)
+    /// since the last call: whoever took it back for a moment (a probe
+    /// added, a reverted site armed again) leaves it traced, and the
+    /// caller that lets it go untraced must try again.
+    pub fn take_taken_back(&mut self) -> bool {
+        std::mem::take(&mut self.taken_back)
+    }
+
     /// Takes a released process back: every thread seized and stopped
     /// (parked), the loader's rendezvous breakpoint armed again. An error
     /// if the process executed another image meanwhile (nothing of ours
@@ -364,6 +373,7 @@ impl ProcessTarget {
         let Some(rel) = self.released.take() else {
             return Ok(());
         };
+        self.taken_back = true;
         let execd = execd(self.pid, &self.mem, &rel.auxv);
         self.seize_all().map_err(|e| TargetError::Protocol {
             target: self.describe(),

@@ -361,6 +361,8 @@ struct Slot {
     /// Since when the tries to let the process run untraced have been
     /// refused, and whether a notice said why (`untraced.rs`).
     release_refused: Option<(std::time::Instant, bool)>,
+    /// The last answer said by `HOTPROBE_DEBUG_RELEASE` (`untraced.rs`).
+    release_logged: Option<String>,
 }
 
 impl Slot {
@@ -648,6 +650,7 @@ impl Session {
             first_comm: pid.map(exec::comm_of).unwrap_or_default(),
             release_retry: None,
             release_refused: None,
+            release_logged: None,
         });
         let follow = self.config.follow_forks && pid.is_some();
         let slot = &mut self.slots[id];

@@ -99,19 +99,30 @@ impl Session {
             || self.new_processes.is_some();
         let slot = &mut self.slots[i];
         let last_delay = slot.release_retry.take().map(|(_, d)| d);
-        if follow
-            || !slot.engine.started
-            || slot.engine.gone().is_some()
-            || slot.root.is_some()
-            || slot.mechs.plugin.is_some()
-        {
+        let early = if follow {
+            Some("thread starts are followed")
+        } else if !slot.engine.started {
+            Some("not started")
+        } else if slot.engine.gone().is_some() {
+            Some("gone")
+        } else if slot.root.is_some() || slot.mechs.plugin.is_some() {
+            Some("not a process")
+        } else if slot.pid.is_none() {
+            Some("no pid")
+        } else {
+            None
+        };
+        if let Some(why) = early {
+            self.log_release(i, why);
             return;
         }
+        let slot = &mut self.slots[i];
         let (Some(pid), spawned) = (slot.pid, slot.spawned) else {
             return;
         };
         let released = Slot::process(&mut slot.target).is_some_and(|p| p.is_released());
         if released {
+            self.log_release(i, "released");
             return;
         }
         // What may change while the program runs (a module loaded or
@@ -129,13 +140,35 @@ impl Session {
         };
         if waits || unseen.as_ref().is_some_and(|(_, may_change)| *may_change) {
             slot.release_retry = Some(next_release_retry(last_delay));
+            let why = match &unseen {
+                Some((why, _)) => format!("retry: {why}"),
+                None => format!(
+                    "retry: pending {}, unload watch {}, trap follow {}",
+                    slot.pending.len(),
+                    slot.watches_unloads(),
+                    slot.mechs.trap.followable.len()
+                ),
+            };
+            self.log_release(i, &why);
             return;
         }
-        if unseen.is_some() {
+        if let Some((why, _)) = unseen {
+            self.log_release(i, &format!("kept: {why}"));
             return;
         }
         if let Some(pt) = Slot::process(&mut slot.target) {
-            match pt.release() {
+            let tried = pt.release();
+            let why = match &tried {
+                Ok(true) => "released".to_string(),
+                Ok(false) => format!("refused: {:?}", pt.ptrace_need()),
+                Err(e) => format!("failed: {e}"),
+            };
+            self.log_release(i, &why);
+            let slot = &mut self.slots[i];
+            let Some(pt) = Slot::process(&mut slot.target) else {
+                return;
+            };
+            match tried {
                 Ok(true) => slot.release_refused = None,
                 // A thread stopped with an event, a queued one (a thread
                 // start, a library loaded): tried again in a moment, the
@@ -176,12 +209,41 @@ impl Session {
         }
     }
 
+    /// With `HOTPROBE_DEBUG_RELEASE` set (a diagnostic, for tests that
+    /// wait for a release): each new answer of [`Session::maybe_release`]
+    /// for slot `i`, said as it happens.
+    fn log_release(&mut self, i: usize, why: &str) {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if !*ON.get_or_init(|| std::env::var_os("HOTPROBE_DEBUG_RELEASE").is_some()) {
+            return;
+        }
+        let slot = &mut self.slots[i];
+        if slot.release_logged.as_deref() == Some(why) {
+            return;
+        }
+        slot.release_logged = Some(why.to_string());
+        let n = format!("release of slot {i}: {why}");
+        match &mut self.tracer_watch.hook {
+            Some(hook) => hook(&n),
+            None => eprintln!("hotprobe: {n}"),
+        }
+    }
+
     /// Tries again, for every live slot whose time came, to let the
     /// process run untraced; the time until the next try, if any.
     pub(super) fn retry_releases(&mut self) -> Option<Duration> {
         let now = std::time::Instant::now();
         for i in 0..self.slots.len() {
-            if self.slots[i].release_retry.is_some_and(|(at, _)| at <= now) {
+            // Taken back for a moment by something that does not let it go
+            // again itself (a reverted site armed again: the process then
+            // stayed traced for good, in silence): tried now.
+            let taken_back = Slot::process(&mut self.slots[i].target)
+                .is_some_and(|p| p.take_taken_back() && !p.is_released());
+            if taken_back {
+                self.slots[i].release_logged = None;
+                self.log_release(i, "taken back");
+            }
+            if taken_back || self.slots[i].release_retry.is_some_and(|(at, _)| at <= now) {
                 self.maybe_release(i);
             }
         }
