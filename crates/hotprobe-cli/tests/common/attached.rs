@@ -16,6 +16,8 @@ pub struct CountAttached {
     /// Its first line on stderr ("hotprobe: attached to pid …"; `record`'s
     /// "recording … into DIR" before it is skipped).
     pub first: String,
+    /// `HOTPROBE_DEBUG_RELEASE`'s lines that came before `first`.
+    release_lines: Vec<String>,
 }
 
 impl CountAttached {
@@ -28,7 +30,29 @@ impl CountAttached {
     /// Starts `hotprobe COMMAND… -p PID PROBES` (`command`: `["count"]`,
     /// `["record", "-o", DIR]`…) and takes its first line within `limit`.
     pub fn start_as(command: &[&str], pid: u32, probes: &[&str], limit: Duration) -> CountAttached {
-        let mut hp = Command::new(HOTPROBE)
+        Self::start_with(command, pid, probes, limit, false)
+    }
+
+    /// As [`CountAttached::start`], hotprobe saying each answer of its
+    /// release tries as it happens (`HOTPROBE_DEBUG_RELEASE`): a test that
+    /// waits for a release then says why it did not come. Those lines are
+    /// kept out of `first`.
+    pub fn start_explaining_release(pid: u32, probes: &[&str], limit: Duration) -> CountAttached {
+        Self::start_with(&["count"], pid, probes, limit, true)
+    }
+
+    fn start_with(
+        command: &[&str],
+        pid: u32,
+        probes: &[&str],
+        limit: Duration,
+        explain_release: bool,
+    ) -> CountAttached {
+        let mut cmd = Command::new(HOTPROBE);
+        if explain_release {
+            cmd.env("HOTPROBE_DEBUG_RELEASE", "1");
+        }
+        let mut hp = cmd
             .args(command)
             .args(["-p", &pid.to_string()])
             .args(probes)
@@ -46,8 +70,14 @@ impl CountAttached {
             })
         };
         let mut first = line();
+        let mut release_lines = Vec::new();
         // `record` says where it records before it attaches.
-        if first.starts_with("hotprobe: recording ") {
+        while first.starts_with("hotprobe: recording ")
+            || first.starts_with("hotprobe: release of slot ")
+        {
+            if first.starts_with("hotprobe: release of slot ") {
+                release_lines.push(std::mem::take(&mut first));
+            }
             first = line();
         }
         CountAttached {
@@ -55,6 +85,7 @@ impl CountAttached {
             err,
             out,
             first,
+            release_lines,
         }
     }
 
@@ -71,7 +102,9 @@ impl CountAttached {
 
     /// The lines it wrote on stderr since the first, so far.
     pub fn said_so_far(&self) -> Vec<String> {
-        self.err.try_iter().collect()
+        let mut said = self.release_lines.clone();
+        said.extend(self.err.try_iter());
+        said
     }
 
     /// Waits until process `pid` runs untraced (`released`) or traced,
