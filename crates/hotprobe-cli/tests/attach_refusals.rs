@@ -133,10 +133,9 @@ fn a_killed_sessions_agent_is_taken_over_once_its_sites_are_back() {
     p.round();
     let t = second.interrupt();
     assert_eq!(t.hits("work"), N);
-    // Nothing took the process back while the second session ran (its
-    // code changed under it, say: a late write of the dead session's
-    // agent), which left it traced now and then in CI before such
-    // take-backs were followed by a release.
+    // Nothing took the process back while the second session ran (a
+    // site found reverted, say): a take-back is followed by a release
+    // now, but nothing here changes the program's code.
     for unexpected in [
         "release of slot 0: taken back",
         "held the original code again",

@@ -6,6 +6,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 mod common;
 use common::{file_offset_of, memory_at, mix_program, while_attached, CountTable};
@@ -52,11 +53,25 @@ fn a_program_rebuilt_at_its_path_is_probed_from_the_code_it_runs() {
     let pid = server.id().to_string();
     // The request is made once hotprobe is attached (its probes are in);
     // it detaches when --duration ends.
-    let (during, status, stdout, stderr) =
-        while_attached(&["count", "-p", &pid, "--duration", "2", "mix"], || {
-            ask(100)
-        });
+    // Its probes are on jumps: it runs untraced meanwhile, as any
+    // attached process does (before, a program whose file was replaced
+    // counted as a library loaded at run time, its probes kept it traced
+    // for good to watch an unload; libc's too, its start's libraries not
+    // read from the program's file).
+    let server_pid = server.id();
+    let ((released, during), status, stdout, stderr) = while_attached(
+        &["count", "-p", &pid, "--duration", "5", "mix", "libc:qsort"],
+        || {
+            let deadline = Instant::now() + Duration::from_secs(4);
+            while !common::untraced(server_pid) && Instant::now() < deadline {
+                std::thread::yield_now();
+            }
+            (common::untraced(server_pid), ask(100))
+        },
+    );
     assert!(status.success(), "{stdout}\n{stderr}");
+    assert!(released, "still traced 4 s after the attach: {stderr}");
+    assert!(t_execution_is_jump(&stdout, &stderr), "{stdout}\n{stderr}");
     assert_eq!(
         during, before,
         "the program computed something else under the probe"
@@ -77,4 +92,13 @@ fn a_program_rebuilt_at_its_path_is_probed_from_the_code_it_runs() {
     assert_eq!(ask(100), before);
     drop(input);
     assert!(server.wait().unwrap().success());
+}
+
+/// Whether both probes of the table took a jump (nothing that keeps the
+/// process traced by design).
+fn t_execution_is_jump(stdout: &str, stderr: &str) -> bool {
+    let t = CountTable::parse(stdout, stderr);
+    ["mix", "libc:qsort"]
+        .iter()
+        .all(|p| t.execution(p).starts_with("jump"))
 }

@@ -178,12 +178,23 @@ impl Unloads {
             return known;
         }
         let path = m.module.path().to_path_buf();
-        let is_program = |p: &Path| same_file(p, program);
+        // The executable as the process maps it: `program` names a file
+        // that may have been replaced since the start (a rebuilt or
+        // upgraded program runs on from the deleted file, which its
+        // module reads through /proc/PID/exe). Before, such a program
+        // counted as a library loaded at run time, and its probes kept
+        // the process traced for good to watch an unload.
+        let main = syms.main_module();
+        let is_program = |p: &Path| {
+            main.is_some_and(|mm| std::ptr::eq(mm, m) || mm.ranges == m.ranges)
+                || same_file(p, program)
+        };
         let answer = if is_program(&path) {
             false
         } else {
             if self.startup.is_none() {
-                self.startup = Some(self.startup_names(syms, program));
+                let exe = main.map_or(program, |mm| mm.module.path());
+                self.startup = Some(self.startup_names(syms, exe));
             }
             let (soname, _) = self.dynamic_of(&path);
             let name = soname.unwrap_or_else(|| m.name.clone());
