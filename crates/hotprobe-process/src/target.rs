@@ -340,6 +340,28 @@ impl Target for ProcessTarget {
                 }
             }
         }
+        // A thread stopped at the loader's rendezvous with its event
+        // handed out (and dropped: nothing handles events now) is parked,
+        // its `int3` gone: a hook's remote call lends it like the others
+        // (`lend.rs`). Left in its event stop it was never lent, and it
+        // holds the loader's lock there: the agent's `dlclose` waited for
+        // it until its timeout and the agent stayed (plugin_loader under
+        // load, its loaders inside `dlopen` and `dlclose` all the time).
+        let at_rendezvous: Vec<i32> = self
+            .threads
+            .iter()
+            .filter(|(_, t)| t.state == RunState::Event && t.at_rendezvous)
+            .map(|(tid, _)| *tid)
+            .collect();
+        for tid in at_rendezvous {
+            self.pending.retain(
+                |e| !matches!(e, TargetEvent::ModulesChanged { thread } if thread.0 == tid as u64),
+            );
+            if let Some(t) = self.threads.get_mut(&tid) {
+                t.state = RunState::Parked;
+                t.at_rendezvous = false;
+            }
+        }
         // What our remote calls reset in the program's SIGTRAP state goes
         // back before and after the hooks (see `sigtrap.rs`).
         self.settle_sigtrap_before_detach_hooks();

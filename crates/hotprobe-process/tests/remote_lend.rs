@@ -3,7 +3,8 @@
 //! `int3` is back, with or without threads to lend. Before, a long call in
 //! a one-thread process lifted it for good: the loads that followed were
 //! never reported (a pending probe of a library the program loaded was
-//! never armed) and the process could not be released.
+//! never armed) and the process could not be released. And a detach
+//! hook's call lends a thread held at the rendezvous with its event taken.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::FileExt;
@@ -169,4 +170,108 @@ fn a_remote_call_that_times_out_says_which_threads_ran_meanwhile() {
         &mut out,
         "threads 8 iters 1000 calls 8000 total 4004000\n",
     );
+}
+
+/// A program whose one loader thread `dlopen`s and `dlclose`s a plugin
+/// without end; the main thread prints "ready PID", reads its stdin to
+/// its end, then stops the loader and prints "loads>0 1".
+const LOADER: &str = r#"
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <unistd.h>
+static const char *plugin;
+static volatile int stop;
+static long loads;
+static void *loader(void *arg) {
+    (void)arg;
+    while (!stop) {
+        void *h = dlopen(plugin, RTLD_NOW | RTLD_LOCAL);
+        if (h) { dlclose(h); loads++; }
+    }
+    return 0;
+}
+int main(int argc, char **argv) {
+    (void)argc;
+    plugin = argv[1];
+    pthread_t t;
+    pthread_create(&t, 0, loader, 0);
+    printf("ready %d\n", getpid());
+    fflush(stdout);
+    char line[64];
+    while (fgets(line, sizeof line, stdin)) {}
+    stop = 1;
+    pthread_join(t, 0);
+    printf("loads>0 %d\n", loads > 0);
+    return 0;
+}
+"#;
+
+/// A thread stopped at the loader's rendezvous inside its `dlopen` (the
+/// loader's lock held), whose event the caller took and never handled,
+/// is lent by a detach hook's remote call that needs the lock. Before,
+/// only a thread whose event was still queued was lent: the agent's
+/// `dlclose` at detach waited out its timeout, and the agent stayed
+/// (hotprobe-cli's plugin_loader test under load).
+#[test]
+fn a_detach_hooks_remote_call_lends_a_thread_held_at_the_rendezvous() {
+    let dir = TempDir::new("remote-lend-rendezvous");
+    let src = hotprobe_testkit::write_source(dir.path(), "loader.c", LOADER);
+    let plugin_src = hotprobe_testkit::write_source(
+        dir.path(),
+        "plugin.c",
+        "int plugin_value(void) { return 42; }\n",
+    );
+    let plugin = compile(
+        "gcc",
+        &plugin_src,
+        &dir.path().join("libplugin.so"),
+        &["-O1", "-shared", "-fPIC"],
+        &[],
+    );
+    let prog = compile(
+        "gcc",
+        &src,
+        &dir.path().join("loader"),
+        &["-O1"],
+        &["-ldl", "-lpthread"],
+    );
+    let (child, mut out, pid) = started(&prog, &[plugin.to_str().unwrap()]);
+    let mut t = hotprobe_process::ProcessTarget::attach(pid as i32).expect("attach");
+    use hotprobe_target::{Target, TargetEvent};
+    t.resume_all().unwrap();
+    // The loader's next load stops at the rendezvous: its event is taken
+    // here and never handled.
+    let held = match t.wait(Some(Duration::from_secs(30))).expect("wait") {
+        TargetEvent::ModulesChanged { thread } => thread,
+        TargetEvent::Timeout => panic!("no load within 30 s"),
+        e => panic!("unexpected event {e:?}"),
+    };
+    assert_ne!(held.0 as u32, pid, "the loader thread, not main");
+    t.stop_all().unwrap();
+    let dlopen = {
+        let syms = hotprobe_symbols::ProcessSymbols::for_pid(pid).expect("the maps");
+        let libc = syms
+            .modules()
+            .iter()
+            .find(|m| m.name.starts_with("libc.so"))
+            .expect("libc");
+        libc.runtime(libc.module.find("dlopen").expect("dlopen").addr)
+            .0
+    };
+    // `dlopen(NULL)` takes the loader's lock, as the agent's `dlclose` does.
+    let (tx, rx) = std::sync::mpsc::channel();
+    t.on_detach(move |t| {
+        let r = hotprobe_process::remote_call::remote_call(
+            t,
+            dlopen,
+            &[0, libc::RTLD_NOW as u64],
+            Duration::from_secs(10),
+        );
+        tx.send(r.map_err(|e| e.to_string())).unwrap();
+    });
+    t.detach().expect("detach");
+    let handle = rx.recv().unwrap().expect("the hook's dlopen(NULL)");
+    assert_ne!(handle, 0, "dlopen(NULL) returned NULL");
+    ends_as(child, &mut out, "loads>0 1\n");
 }
