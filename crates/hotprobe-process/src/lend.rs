@@ -19,7 +19,11 @@
 //!   breakpoint there), so that no lent thread stops on it;
 //! - a thread that had stopped there before, its `ModulesChanged` event
 //!   waiting for the engine, is lent too: the event is taken out of the
-//!   queue, the thread runs the bare `ret` and goes on.
+//!   queue, the thread runs the bare `ret` and goes on. One whose event
+//!   was handed out already is the engine's to resume, and is not lent;
+//!   but at detach, where nothing handles events any more, `detach`
+//!   parks it before its hooks run (the agent's `dlclose` waited for its
+//!   lock until the timeout).
 //!
 //! When the threads are taken back the `int3` goes in again, and a
 //! `ModulesChanged` event is queued, on a thread stopped for it, when one
