@@ -211,7 +211,8 @@ impl Session {
 
     /// With `HOTPROBE_DEBUG_RELEASE` set (a diagnostic, for tests that
     /// wait for a release): each new answer of [`Session::maybe_release`]
-    /// for slot `i`, said as it happens.
+    /// for slot `i`, said as it happens (through the urgent-notice hook;
+    /// without one, a notice).
     fn log_release(&mut self, i: usize, why: &str) {
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         if !*ON.get_or_init(|| std::env::var_os("HOTPROBE_DEBUG_RELEASE").is_some()) {
@@ -225,7 +226,7 @@ impl Session {
         let n = format!("release of slot {i}: {why}");
         match &mut self.tracer_watch.hook {
             Some(hook) => hook(&n),
-            None => eprintln!("hotprobe: {n}"),
+            None => self.slots[i].notice(n),
         }
     }
 
