@@ -71,7 +71,7 @@ fn a_program_rebuilt_at_its_path_is_probed_from_the_code_it_runs() {
     );
     assert!(status.success(), "{stdout}\n{stderr}");
     assert!(released, "still traced 4 s after the attach: {stderr}");
-    assert!(t_execution_is_jump(&stdout, &stderr), "{stdout}\n{stderr}");
+    assert!(both_on_jumps(&stdout, &stderr), "{stdout}\n{stderr}");
     assert_eq!(
         during, before,
         "the program computed something else under the probe"
@@ -96,7 +96,7 @@ fn a_program_rebuilt_at_its_path_is_probed_from_the_code_it_runs() {
 
 /// Whether both probes of the table took a jump (nothing that keeps the
 /// process traced by design).
-fn t_execution_is_jump(stdout: &str, stderr: &str) -> bool {
+fn both_on_jumps(stdout: &str, stderr: &str) -> bool {
     let t = CountTable::parse(stdout, stderr);
     ["mix", "libc:qsort"]
         .iter()
