@@ -36,14 +36,18 @@ fn rendezvous_byte(pid: u32) -> u8 {
 
 /// libc's `usleep` in `pid`.
 fn usleep_of(pid: u32) -> u64 {
+    libc_function(pid, "usleep")
+}
+
+/// The address of libc's function `name` in `pid`.
+fn libc_function(pid: u32, name: &str) -> u64 {
     let syms = hotprobe_symbols::ProcessSymbols::for_pid(pid).expect("the maps");
     let libc = syms
         .modules()
         .iter()
         .find(|m| m.name.starts_with("libc.so"))
         .expect("libc");
-    libc.runtime(libc.module.find("usleep").expect("usleep").addr)
-        .0
+    libc.runtime(libc.module.find(name).expect(name).addr).0
 }
 
 /// Attaches to the program `args` starts (past its ready line), makes a
@@ -249,16 +253,7 @@ fn a_detach_hooks_remote_call_lends_a_thread_held_at_the_rendezvous() {
     };
     assert_ne!(held.0 as u32, pid, "the loader thread, not main");
     t.stop_all().unwrap();
-    let dlopen = {
-        let syms = hotprobe_symbols::ProcessSymbols::for_pid(pid).expect("the maps");
-        let libc = syms
-            .modules()
-            .iter()
-            .find(|m| m.name.starts_with("libc.so"))
-            .expect("libc");
-        libc.runtime(libc.module.find("dlopen").expect("dlopen").addr)
-            .0
-    };
+    let dlopen = libc_function(pid, "dlopen");
     // `dlopen(NULL)` takes the loader's lock, as the agent's `dlclose` does.
     let (tx, rx) = std::sync::mpsc::channel();
     t.on_detach(move |t| {
