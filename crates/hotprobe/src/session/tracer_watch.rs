@@ -45,6 +45,16 @@ impl Session {
         self.tracer_watch.hook = Some(Box::new(hook));
     }
 
+    /// Notice `n` of slot `i`, to the hook of
+    /// [`Session::set_urgent_notices`] at once, else kept with the
+    /// slot's notices.
+    pub(super) fn urgent_notice(&mut self, i: usize, n: String) {
+        match &mut self.tracer_watch.hook {
+            Some(hook) => hook(&n),
+            None => self.slots[i].notice(n),
+        }
+    }
+
     /// Looks for a new tracer of every live process target that runs
     /// untraced with in-process traps in (see the module docs).
     pub(super) fn watch_tracers(&mut self) {
@@ -74,10 +84,7 @@ impl Session {
             }
         }
         for (i, n) in notices {
-            match &mut self.tracer_watch.hook {
-                Some(hook) => hook(&n),
-                None => self.slots[i].notice(n),
-            }
+            self.urgent_notice(i, n);
         }
     }
 }

@@ -105,15 +105,13 @@ impl Session {
             Some("not started")
         } else if slot.engine.gone().is_some() {
             Some("gone")
-        } else if slot.root.is_some() || slot.mechs.plugin.is_some() {
+        } else if slot.root.is_some() || slot.mechs.plugin.is_some() || slot.pid.is_none() {
             Some("not a process")
-        } else if slot.pid.is_none() {
-            Some("no pid")
         } else {
             None
         };
         if let Some(why) = early {
-            self.log_release(i, why);
+            self.log_release(i, |_| why.into());
             return;
         }
         let slot = &mut self.slots[i];
@@ -122,14 +120,13 @@ impl Session {
         };
         let released = Slot::process(&mut slot.target).is_some_and(|p| p.is_released());
         if released {
-            self.log_release(i, "released");
+            self.log_release(i, |_| "released".into());
             return;
         }
         // What may change while the program runs (a module loaded or
         // read, a probe armed) is looked at again in a moment: a process
         // that made no later event stayed traced for good, the session
-        // waiting on it in silence (perhaps what attach_refusals' takeover
-        // test saw now and then in CI; not proven).
+        // waiting on it in silence.
         let waits = !slot.pending.is_empty()
             || slot.watches_unloads()
             || !slot.mechs.trap.followable.is_empty();
@@ -140,7 +137,7 @@ impl Session {
         };
         if waits || unseen.as_ref().is_some_and(|(_, may_change)| *may_change) {
             slot.release_retry = Some(next_release_retry(last_delay));
-            let why = match &unseen {
+            self.log_release(i, |slot| match &unseen {
                 Some((why, _)) => format!("retry: {why}"),
                 None => format!(
                     "retry: pending {}, unload watch {}, trap follow {}",
@@ -148,22 +145,23 @@ impl Session {
                     slot.watches_unloads(),
                     slot.mechs.trap.followable.len()
                 ),
-            };
-            self.log_release(i, &why);
+            });
             return;
         }
         if let Some((why, _)) = unseen {
-            self.log_release(i, &format!("kept: {why}"));
+            self.log_release(i, |_| format!("kept: {why}"));
             return;
         }
         if let Some(pt) = Slot::process(&mut slot.target) {
             let tried = pt.release();
-            let why = match &tried {
-                Ok(true) => "released".to_string(),
-                Ok(false) => format!("refused: {:?}", pt.ptrace_need()),
+            self.log_release(i, |slot| match &tried {
+                Ok(true) => "released".into(),
+                Ok(false) => format!(
+                    "refused: {:?}",
+                    Slot::process(&mut slot.target).and_then(|p| p.ptrace_need())
+                ),
                 Err(e) => format!("failed: {e}"),
-            };
-            self.log_release(i, &why);
+            });
             let slot = &mut self.slots[i];
             let Some(pt) = Slot::process(&mut slot.target) else {
                 return;
@@ -190,16 +188,15 @@ impl Session {
                         why.filter(|_| !told && now.duration_since(since) >= RELEASE_STUCK)
                     {
                         slot.release_refused = Some((since, true));
-                        let n = format!(
-                            "pid {pid}: still traced after {} s ({why}); trying again",
-                            RELEASE_STUCK.as_secs()
-                        );
                         // Said as it happens where the caller asked for
                         // that (the CLI): at the end it is no use.
-                        match &mut self.tracer_watch.hook {
-                            Some(hook) => hook(&n),
-                            None => slot.notice(n),
-                        }
+                        self.urgent_notice(
+                            i,
+                            format!(
+                                "pid {pid}: still traced after {} s ({why}); trying again",
+                                RELEASE_STUCK.as_secs()
+                            ),
+                        );
                     }
                 }
                 Err(e) => slot.notice(format!(
@@ -211,23 +208,21 @@ impl Session {
 
     /// With `HOTPROBE_DEBUG_RELEASE` set (a diagnostic, for tests that
     /// wait for a release): each new answer of [`Session::maybe_release`]
-    /// for slot `i`, said as it happens (through the urgent-notice hook;
-    /// without one, a notice).
-    fn log_release(&mut self, i: usize, why: &str) {
+    /// for slot `i` (`why` of the slot, worked out only then), said as it
+    /// happens ([`Session::urgent_notice`]).
+    fn log_release(&mut self, i: usize, why: impl FnOnce(&mut Slot) -> String) {
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         if !*ON.get_or_init(|| std::env::var_os("HOTPROBE_DEBUG_RELEASE").is_some()) {
             return;
         }
         let slot = &mut self.slots[i];
-        if slot.release_logged.as_deref() == Some(why) {
+        let why = why(slot);
+        if slot.release_logged.as_deref() == Some(why.as_str()) {
             return;
         }
-        slot.release_logged = Some(why.to_string());
         let n = format!("release of slot {i}: {why}");
-        match &mut self.tracer_watch.hook {
-            Some(hook) => hook(&n),
-            None => self.slots[i].notice(n),
-        }
+        slot.release_logged = Some(why);
+        self.urgent_notice(i, n);
     }
 
     /// Tries again, for every live slot whose time came, to let the
@@ -242,7 +237,7 @@ impl Session {
                 .is_some_and(|p| p.take_taken_back() && !p.is_released());
             if taken_back {
                 self.slots[i].release_logged = None;
-                self.log_release(i, "taken back");
+                self.log_release(i, |_| "taken back".into());
             }
             if taken_back || self.slots[i].release_retry.is_some_and(|(at, _)| at <= now) {
                 self.maybe_release(i);
