@@ -310,6 +310,8 @@ pub struct ProcessTarget {
     /// Taken back since the session last asked
     /// ([`ProcessTarget::take_taken_back`]).
     taken_back: bool,
+    /// Its end was seen while it ran untraced ([`ProcessTarget::ended_untraced`]).
+    ended_untraced: bool,
     /// ptrace stops of this target's tasks handled so far.
     stops: u64,
     /// Hardware watchpoints set on every thread (DR0–DR3, DR7).
@@ -377,6 +379,7 @@ impl ProcessTarget {
             before_constructors: false,
             released: None,
             taken_back: false,
+            ended_untraced: false,
             stops: 0,
             watches: [None; WATCH_SLOTS],
             sys,

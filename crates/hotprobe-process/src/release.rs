@@ -356,6 +356,12 @@ impl ProcessTarget {
         self.released.is_some()
     }
 
+    /// Whether the process ended while it ran untraced (its end seen by
+    /// the pidfd or its status, not by a ptrace stop).
+    pub fn ended_while_untraced(&self) -> bool {
+        self.ended_untraced
+    }
+
     /// Whether the process was taken back ([`ProcessTarget::reacquire`],
     /// or a [`hotprobe_target::Target::stop_all`] of a released process)
     /// since the last call: whoever took it back for a moment (a probe
@@ -463,6 +469,7 @@ impl ProcessTarget {
         loop {
             if let Some((st, execd)) = self.ended_untraced() {
                 self.released = None;
+                self.ended_untraced = true;
                 self.threads.clear();
                 self.attached = false;
                 self.exited = Some(st.clone());

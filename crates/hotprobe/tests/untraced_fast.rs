@@ -44,6 +44,7 @@ fn run(args: &[&str]) -> (Vec<String>, String, Option<ExitStatus>) {
             stops,
             "no ptrace stop after the start"
         );
+        assert!(c.session.ended_untraced(t), "its end seen untraced");
     }
     assert_eq!(c.session.stats(p.id).unwrap().hits, 8 * ITERS);
     (notices, c.output(), c.session.exit_status(t))

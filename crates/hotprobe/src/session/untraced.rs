@@ -81,6 +81,15 @@ impl Session {
         Slot::process(&mut slot.target).map(|p| p.ptrace_stops())
     }
 
+    /// Whether target `t`'s process ended while it ran untraced (see the
+    /// module docs): a run that ended with no ptrace stop at its end.
+    pub fn ended_untraced(&mut self, t: TargetId) -> bool {
+        self.slots
+            .get_mut(t.0)
+            .and_then(|s| Slot::process(&mut s.target))
+            .is_some_and(|p| p.ended_while_untraced())
+    }
+
     /// Whether target `t` runs untraced now (see the module docs).
     pub fn is_untraced(&mut self, t: TargetId) -> bool {
         self.slots

@@ -115,8 +115,8 @@ pub fn lines_with<'a>(out: &'a str, prefix: &str) -> Vec<&'a str> {
 /// milliseconds later. The loop's waits are bounded to 1 ms meanwhile,
 /// and it is interrupted once the process's tasks have no tracer (watched
 /// by a thread that reads their status, yielding between reads), or once
-/// the process ended (a program that ends when released may do so before
-/// the watcher looks: its own output must say what it saw). Panics if
+/// the process ended while released (a program that ends when released
+/// may do so before the watcher looks). Panics if
 /// that takes a minute, or the run ends otherwise.
 pub fn run_until_untraced(session: &mut Session, t: TargetId) {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -159,10 +159,11 @@ pub fn run_until_untraced(session: &mut Session, t: TargetId) {
             "pid {pid} not untraced after a minute"
         ),
         // Released, it ran to its end before the watcher looked (a
-        // program that waits for its release, then ends; under load):
-        // what the program saw (its threads' tracer) says whether it
-        // was released.
-        hotprobe::RunEnd::AllExited => {}
+        // program that waits for its release, then ends; under load).
+        hotprobe::RunEnd::AllExited => assert!(
+            session.ended_untraced(t),
+            "pid {pid} ended traced, never released"
+        ),
         other => panic!("pid {pid}: the run ended before its release: {other:?}"),
     }
 }
